@@ -1,0 +1,80 @@
+"""Atomic reads and writes on any fsspec URL (local path, ``file://``, ``memory://``, ``hdfs://``, ``s3://``).
+
+Writes go to a hidden temporary name in the destination directory and are renamed into place, so a reader
+never sees a half-written file and a failed write leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import struct
+import uuid
+from typing import Any
+
+import fsspec
+
+__all__ = ["atomic_write_bytes", "read_bytes", "make_dirs", "join", "filesystem", "read_safetensors_metadata"]
+
+
+def filesystem(url: str) -> tuple[Any, str]:
+    """``(fs, path)`` for a URL or local path."""
+    return fsspec.core.url_to_fs(url)
+
+
+def join(directory: str, name: str) -> str:
+    """Join a directory URL and a file name without mangling the ``scheme://`` part."""
+    return directory.rstrip("/") + "/" + name if "://" in directory else posixpath.join(directory, name)
+
+
+def make_dirs(url: str, error: type[Exception], what: str = "directory") -> None:
+    """Create a directory (and parents); raise ``error`` naming it when that is impossible."""
+    fs, path = filesystem(url)
+    try:
+        fs.makedirs(path, exist_ok=True)
+    except (OSError, ValueError) as e:
+        raise error(f"cannot create {what} {url!r}: {e}. Choose a writable location.") from e
+    if fs.exists(path) and not fs.isdir(path):
+        raise error(f"{what} {url!r} exists and is not a directory. Choose another location.")
+
+
+def atomic_write_bytes(url: str, data: bytes, error: type[Exception]) -> str:
+    """Write ``data`` to ``url`` atomically (temp name, then rename). Raises ``error`` naming the path."""
+    fs, path = filesystem(url)
+    parent, name = posixpath.split(path)
+    tmp = posixpath.join(parent, f".{name}.tmp-{uuid.uuid4().hex}")
+    try:
+        with fs.open(tmp, "wb") as f:
+            f.write(data)
+        fs.mv(tmp, path)
+    except (OSError, ValueError) as e:
+        try:
+            if fs.exists(tmp):
+                fs.rm(tmp)
+        except OSError:
+            pass
+        raise error(f"cannot write {url!r}: {e}. Check that the directory exists and is writable.") from e
+    return url
+
+
+def read_bytes(url: str, error: type[Exception]) -> bytes:
+    """Read a whole file; a missing or unreadable file raises ``error`` naming it."""
+    fs, path = filesystem(url)
+    try:
+        with fs.open(path, "rb") as f:
+            return f.read()
+    except (OSError, ValueError) as e:
+        raise error(f"cannot read {url!r}: {e}") from e
+
+
+def read_safetensors_metadata(blob: bytes) -> dict[str, str]:
+    """The ``__metadata__`` of safetensors bytes (``{}`` when absent). Raises ValueError on a malformed header."""
+    if len(blob) < 8:
+        raise ValueError(f"too short for safetensors: {len(blob)} bytes")
+    (n,) = struct.unpack("<Q", blob[:8])
+    if n > len(blob) - 8:
+        raise ValueError(f"safetensors header claims {n} bytes but only {len(blob) - 8} follow (truncated?)")
+    header = json.loads(blob[8 : 8 + n])
+    if not isinstance(header, dict):
+        raise ValueError("safetensors header is not a JSON object")
+    return dict(header.get("__metadata__") or {})

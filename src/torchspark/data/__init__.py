@@ -1,0 +1,31 @@
+"""Training data: :class:`DataSet`/:class:`MultiDataSet`, minibatching, and safetensors batch files.
+
+Built-in datasets (scikit-learn digits, synthetic data, MNIST IDX files) live in :mod:`torchspark.datasets`.
+"""
+
+from __future__ import annotations
+
+from torchspark.data.batchfiles import (
+    dataset_from_bytes,
+    dataset_to_bytes,
+    list_batches,
+    load_batch,
+    save_batch,
+    save_batches,
+)
+from torchspark.data.batching import Batch, iterate_minibatches, rebatch
+from torchspark.data.dataset import DataSet, MultiDataSet
+
+__all__ = [
+    "Batch",
+    "DataSet",
+    "MultiDataSet",
+    "dataset_from_bytes",
+    "dataset_to_bytes",
+    "iterate_minibatches",
+    "list_batches",
+    "load_batch",
+    "rebatch",
+    "save_batch",
+    "save_batches",
+]

@@ -1,0 +1,189 @@
+"""Built-in datasets for examples, tests and benchmarks. None of them touches the network.
+
+- :func:`digits`: scikit-learn's bundled 8x8 handwritten digits, a fixed stratified train/test split.
+- :func:`synthetic_classification` / :func:`synthetic_images`: learnable random data of any size, seeded.
+- :func:`read_idx`: MNIST-style IDX files the user already has (local path or fsspec URL, optionally gzipped).
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import math
+from typing import Any
+
+import fsspec
+import numpy as np
+import torch
+
+from torchspark.data.dataset import DataSet
+from torchspark.errors import ConfigError, DataError
+
+__all__ = ["DIGITS_SPLITS", "digits", "synthetic_classification", "synthetic_images", "read_idx"]
+
+DIGITS_SPLITS = ("train", "test")
+
+
+@functools.lru_cache(maxsize=1)
+def _digits_arrays() -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    # Imported lazily: scikit-learn is slow to import and only this function needs it.
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    bunch = load_digits()
+    x = (bunch.data.astype(np.float32) / 16.0).reshape(-1, 1, 8, 8)  # (1797, 1, 8, 8) in [0, 1]
+    y = bunch.target.astype(np.int64)  # (1797,)
+    x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.2, stratify=y, random_state=0)
+    return {"train": (x_train, y_train), "test": (x_test, y_test)}
+
+
+def digits(split: str = "train") -> DataSet:
+    """scikit-learn's 1,797 handwritten 8x8 digits (bundled with scikit-learn, no download).
+
+    Features are float32 in [0, 1] shaped ``(N, 1, 8, 8)``; labels are int64 classes 0-9. The split is fixed
+    (stratified 80/20, ``random_state=0``), so results are comparable across runs and machines.
+
+    Args:
+        split: ``"train"`` (1,437 examples) or ``"test"`` (360 examples).
+
+    Raises:
+        ConfigError: ``split`` is not one of ``DIGITS_SPLITS``.
+    """
+    if split not in DIGITS_SPLITS:
+        raise ConfigError(f"digits split must be one of {list(DIGITS_SPLITS)}, got {split!r}")
+    x, y = _digits_arrays()[split]
+    # Copies, so a caller modifying its tensors cannot corrupt the cached arrays.
+    return DataSet(torch.tensor(x), torch.tensor(y))
+
+
+def _check_positive(**values: Any) -> None:
+    for name, value in values.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
+
+
+def _balanced_labels(n: int, n_classes: int, generator: torch.Generator) -> torch.Tensor:
+    """Each class ``n // n_classes`` or one more times, in random order; int64 ``(n,)``."""
+    labels = torch.arange(n, dtype=torch.int64) % n_classes
+    return labels[torch.randperm(n, generator=generator)]
+
+
+def synthetic_classification(
+    n: int, n_features: int, n_classes: int, seed: int = 0, noise: float = 1.0
+) -> DataSet:
+    """Gaussian blobs: one random centroid per class (spread 3 per dimension) plus Gaussian noise.
+
+    Args:
+        n: number of examples.
+        n_features: features per example.
+        n_classes: number of classes (>= 2); classes are balanced.
+        seed: same seed, same data.
+        noise: noise standard deviation; 1.0 is easy for a small MLP with 10+ features, raise it to make the
+            task harder.
+
+    Returns:
+        float32 features ``(n, n_features)`` and int64 labels ``(n,)``.
+
+    Raises:
+        ConfigError: a non-positive size, fewer than 2 classes, or a negative ``noise``.
+    """
+    _check_positive(n=n, n_features=n_features, n_classes=n_classes)
+    if n_classes < 2:
+        raise ConfigError(f"n_classes must be >= 2 for classification, got {n_classes}")
+    if not isinstance(noise, (int, float)) or not math.isfinite(noise) or noise < 0:
+        raise ConfigError(f"noise must be a finite number >= 0, got {noise!r}")
+    generator = torch.Generator().manual_seed(seed)
+    centroids = torch.randn(n_classes, n_features, generator=generator) * 3.0  # (C, F)
+    labels = _balanced_labels(n, n_classes, generator)  # (n,)
+    features = centroids[labels] + noise * torch.randn(n, n_features, generator=generator)  # (n, F)
+    return DataSet(features, labels)
+
+
+def synthetic_images(
+    n: int,
+    channels: int = 1,
+    height: int = 28,
+    width: int = 28,
+    n_classes: int = 10,
+    seed: int = 0,
+) -> DataSet:
+    """Image-like data: each class has a smooth random template; examples are template + pixel noise.
+
+    Values are float32 in [0, 1] shaped ``(n, channels, height, width)``, so it drops in for MNIST in
+    benchmarks (LeNet on 28x28) without a download. A small CNN learns it to high accuracy in one epoch.
+
+    Raises:
+        ConfigError: a non-positive size or fewer than 2 classes.
+    """
+    _check_positive(n=n, channels=channels, height=height, width=width, n_classes=n_classes)
+    if n_classes < 2:
+        raise ConfigError(f"n_classes must be >= 2 for classification, got {n_classes}")
+    generator = torch.Generator().manual_seed(seed)
+    coarse = torch.randn(n_classes, channels, max(2, height // 4), max(2, width // 4), generator=generator)
+    templates = torch.nn.functional.interpolate(coarse, size=(height, width), mode="bilinear",
+                                                align_corners=False)  # (C, ch, H, W), smooth blobs
+    labels = _balanced_labels(n, n_classes, generator)  # (n,)
+    features = torch.empty(n, channels, height, width)
+    chunk = 4096  # bounds the temporary noise tensor for large n
+    for start in range(0, n, chunk):
+        stop = min(start + chunk, n)
+        block = 0.5 + 0.2 * templates[labels[start:stop]]
+        block += 0.25 * torch.randn(block.shape, generator=generator)
+        features[start:stop] = block.clamp_(0.0, 1.0)
+    return DataSet(features, labels)
+
+
+def _read_bytes(path: str) -> bytes:
+    try:
+        with fsspec.open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError as exc:
+        raise DataError(f"IDX file not found: {path}") from exc
+    except OSError as exc:
+        raise DataError(f"cannot read IDX file {path} ({exc})") from exc
+    if data[:2] == b"\x1f\x8b":  # gzip magic: decompress whatever the file is called
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError) as exc:
+            raise DataError(f"IDX file {path} is a corrupt or truncated gzip file ({exc})") from exc
+    return data
+
+
+def _parse_idx(data: bytes, path: str, ndim: int) -> np.ndarray:
+    """IDX: 2 zero bytes, dtype code (0x08 = uint8), number of dims, then big-endian uint32 dims and data."""
+    if len(data) < 4 or data[:2] != b"\x00\x00" or data[2] != 0x08:
+        raise DataError(f"{path} is not an unsigned-byte IDX file (bad magic {data[:4].hex() or 'empty'}); "
+                        f"expected 0000 08 0{ndim}, as in the MNIST files")
+    if data[3] != ndim:
+        raise DataError(f"{path} has {data[3]} dimensions, expected {ndim}; did you swap images and labels?")
+    header = 4 + 4 * ndim
+    if len(data) < header:
+        raise DataError(f"{path} is truncated: {len(data)} bytes, shorter than its {header}-byte header")
+    dims = [int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim)]
+    expected = header + math.prod(dims)
+    if len(data) != expected:
+        raise DataError(f"{path} has {len(data)} bytes but its header (dims {dims}) needs {expected}; "
+                        f"the file is truncated or corrupt")
+    return np.frombuffer(data, dtype=np.uint8, offset=header).reshape(dims)
+
+
+def read_idx(images: str, labels: str) -> DataSet:
+    """Read an MNIST-style pair of IDX files (e.g. ``train-images-idx3-ubyte.gz``) that you have locally.
+
+    Args:
+        images: path or fsspec URL of the images file (uint8, 3 dims N x H x W); gzipped or not.
+        labels: path or fsspec URL of the labels file (uint8, 1 dim N); gzipped or not.
+
+    Returns:
+        float32 features in [0, 1] shaped ``(N, 1, H, W)`` and int64 labels ``(N,)``.
+
+    Raises:
+        DataError: a missing file, bad magic, wrong size, or different counts; the message names the file.
+    """
+    pixels = _parse_idx(_read_bytes(images), images, ndim=3)  # (N, H, W) uint8
+    targets = _parse_idx(_read_bytes(labels), labels, ndim=1)  # (N,) uint8
+    if pixels.shape[0] != targets.shape[0]:
+        raise DataError(f"{images} has {pixels.shape[0]} images but {labels} has {targets.shape[0]} labels; "
+                        f"pair files from the same split")
+    features = torch.from_numpy(pixels.astype(np.float32) / 255.0).unsqueeze(1)  # (N, 1, H, W)
+    return DataSet(features, torch.from_numpy(targets.astype(np.int64)))

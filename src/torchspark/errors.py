@@ -1,0 +1,54 @@
+"""The exceptions torchspark raises.
+
+Every error names the bad value and says what to change. Catch :class:`TorchSparkError` to catch them all.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "TorchSparkError",
+    "ConfigError",
+    "DataError",
+    "TrainingError",
+    "EncodingError",
+    "SerializationError",
+    "SetupError",
+    "WorkerError",
+    "WaitTimeout",
+]
+
+
+class TorchSparkError(Exception):
+    """Base class of every torchspark error."""
+
+
+class ConfigError(TorchSparkError, ValueError):
+    """A configuration value is invalid (bad option, unknown name, out-of-range knob)."""
+
+
+class DataError(TorchSparkError, ValueError):
+    """Training or evaluation data is malformed: shapes, labels, NaN/Inf, empty data, bad batch files."""
+
+
+class TrainingError(TorchSparkError, RuntimeError):
+    """Training went wrong at run time: NaN loss, diverged replicas, a failed worker."""
+
+
+class EncodingError(TorchSparkError, ValueError):
+    """An encoded update could not be decoded: foreign, truncated or of an unknown version."""
+
+
+class SerializationError(TorchSparkError, ValueError):
+    """A saved model could not be written or read (missing files, pickle not allowed, unknown spec)."""
+
+
+class SetupError(TorchSparkError, RuntimeError):
+    """The environment cannot run the job: no Java, too few Spark task slots, workers cannot import torch."""
+
+
+class WorkerError(TrainingError):
+    """A worker raised; the message carries the last lines of the worker's traceback."""
+
+
+class WaitTimeout(TorchSparkError, TimeoutError):
+    """A blocking wait ran out of time; the message names the knob that sets the timeout."""

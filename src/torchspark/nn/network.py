@@ -1,0 +1,498 @@
+"""``Network``: a PyTorch module bundled with its loss, its updater and flat views for distributed training.
+
+DL4J's MultiLayerNetwork and ComputationGraph kept all parameters in one flat array; so does this class: every
+parameter is a view into one contiguous float buffer, so ``params()``, ``set_params()`` and the all-reduces of
+the training masters touch a single tensor instead of one per layer.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any, Callable, Iterable, Sequence, Union
+
+import torch
+
+from torchspark.data import DataSet, MultiDataSet, iterate_minibatches
+from torchspark.errors import ConfigError, DataError, TrainingError
+from torchspark.nn.losses import Loss, LossLike, resolve_loss
+from torchspark.optim import SGD, UpdaterLike, UpdaterSpec, resolve_updater
+
+__all__ = ["Network", "Batch"]
+
+log = logging.getLogger(__name__)
+
+Batch = Union[DataSet, MultiDataSet]
+ModuleLike = Union[torch.nn.Module, Callable[[], torch.nn.Module]]
+Tensors = Union[torch.Tensor, Sequence[torch.Tensor]]
+
+
+def _as_list(x: Any) -> list[Any]:
+    return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+class Network:
+    """A trainable network: module + loss + updater, with flat parameter and updater-state views.
+
+    Args:
+        module: a ``torch.nn.Module`` or a zero-argument factory returning one. Modules return logits.
+            Zoo models (:mod:`torchspark.models`) and :func:`torchspark.nn.from_factory` modules save as JSON.
+        loss: ``"cross_entropy"`` (class-index or one-hot labels, softmax outputs), ``"mse"``,
+            ``"bce_with_logits"`` (multi-label, sigmoid outputs), a callable ``(outputs, labels) -> loss``, an import
+            path ``"pkg.mod:fn"``, or for several outputs a list of those (summed).
+        updater: a :mod:`torchspark.optim` spec (``SGD(lr=0.01)`` by default), a name such as ``"adam"``, or a
+            callable ``params -> torch.optim.Optimizer``.
+        seed: seeds weight initialisation. With a factory, the factory runs under this seed; with a module
+            instance, its layers are re-initialised (``reset_parameters``) under this seed. ``None`` keeps the
+            weights as they are.
+        weight_decay: L2 penalty handed to the optimizer (decoupled for AdamW). 0 disables; 1e-4 is a common start.
+        gradient_clip: clip the global gradient norm to this value before the updater runs (None = off). Try 1-5
+            for recurrent or unstable networks.
+        device: where the network lives (``"cpu"``, ``"cuda:0"``); default CPU.
+    """
+
+    def __init__(
+        self,
+        module: ModuleLike,
+        loss: LossLike | Sequence[LossLike] = "cross_entropy",
+        updater: UpdaterLike | None = None,
+        seed: int | None = None,
+        weight_decay: float = 0.0,
+        gradient_clip: float | None = None,
+        device: str | torch.device | None = None,
+    ) -> None:
+        if not isinstance(weight_decay, (int, float)) or not math.isfinite(weight_decay) or weight_decay < 0:
+            raise ConfigError(f"weight_decay must be a finite number >= 0, got {weight_decay!r}")
+        if gradient_clip is not None and (
+            not isinstance(gradient_clip, (int, float)) or not math.isfinite(gradient_clip) or gradient_clip <= 0
+        ):
+            raise ConfigError(f"gradient_clip must be None or a number > 0, got {gradient_clip!r}")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise ConfigError(f"seed must be an integer or None, got {seed!r}")
+        self.seed = seed
+        self.weight_decay = float(weight_decay)
+        self.gradient_clip = None if gradient_clip is None else float(gradient_clip)
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.module = self._build_module(module, seed).to(self.device)
+        self.losses: list[Loss] = [resolve_loss(lo) for lo in _as_list(loss)]
+        self.updater = resolve_updater(updater if updater is not None else SGD(lr=0.01))
+        self._params: list[torch.nn.Parameter] = list(self.module.parameters())
+        if not self._params:
+            raise ConfigError(f"module {type(self.module).__name__} has no parameters to train")
+        self._flat = self._flatten_parameters()
+        self.optimizer = self._make_optimizer(self._params)
+        self._materialize_updater_state()
+        self.iteration = 0
+        self.epoch = 0
+        self.last_score = float("nan")
+        #: Tensors that training masters attach to the model (gradient-sharing residuals, threshold state);
+        #: saved with the model and restored by :meth:`load`.
+        self.extra_state: dict[str, torch.Tensor] = {}
+        #: JSON-serialisable companions of :attr:`extra_state`.
+        self.extra_config: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ construction
+    @staticmethod
+    def _build_module(module: ModuleLike, seed: int | None) -> torch.nn.Module:
+        if isinstance(module, torch.nn.Module):
+            if seed is not None:
+                with torch.random.fork_rng(devices=[]):
+                    torch.manual_seed(seed)
+                    for sub in module.modules():
+                        reset = getattr(sub, "reset_parameters", None)
+                        if callable(reset):
+                            reset()
+            return module
+        if callable(module):
+            with torch.random.fork_rng(devices=[]):
+                if seed is not None:
+                    torch.manual_seed(seed)
+                built = module()
+            if not isinstance(built, torch.nn.Module):
+                raise ConfigError(f"module factory returned {type(built).__name__}, expected a torch.nn.Module")
+            return built
+        raise ConfigError(f"module must be a torch.nn.Module or a zero-argument factory, got {module!r}")
+
+    def _flatten_parameters(self) -> torch.Tensor:
+        dtypes = {p.dtype for p in self._params}
+        if len(dtypes) != 1 or not next(iter(dtypes)).is_floating_point:
+            raise ConfigError(f"all parameters must share one floating dtype, got {sorted(map(str, dtypes))}")
+        flat = torch.cat([p.detach().reshape(-1) for p in self._params])
+        offset = 0
+        for p in self._params:
+            n = p.numel()
+            p.data = flat[offset : offset + n].view_as(p)
+            offset += n
+        return flat
+
+    def _make_optimizer(self, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+        if isinstance(self.updater, UpdaterSpec):
+            return self.updater.build(params, weight_decay=self.weight_decay)
+        opt = self.updater(params)
+        if not isinstance(opt, torch.optim.Optimizer):
+            raise ConfigError(f"updater callable returned {type(opt).__name__}, expected a torch.optim.Optimizer")
+        return opt
+
+    def _materialize_updater_state(self) -> None:
+        """Create every optimizer state tensor now (zeros), so the flat updater view has a fixed layout.
+
+        The layout is discovered by stepping a throw-away optimizer once with zero gradients on zero-filled
+        clones; zero state is exactly "before the first step" for SGD momentum, Adam(W), RMSprop and AdaGrad.
+        """
+        missing = [i for i, p in enumerate(self._params) if not self.optimizer.state.get(p)]
+        if not missing:
+            return
+        clones = [torch.zeros_like(p, requires_grad=True) for p in self._params]
+        for c in clones:
+            c.grad = torch.zeros_like(c)
+        probe = self._make_optimizer(clones)
+        probe.step()
+        for i in missing:
+            state = probe.state.get(clones[i], {})
+            self.optimizer.state[self._params[i]] = {
+                k: torch.zeros_like(v) for k, v in state.items() if isinstance(v, torch.Tensor)
+            }
+
+    # ------------------------------------------------------------------ flat views
+    def num_params(self) -> int:
+        """Number of trainable scalars (the length of :meth:`params`)."""
+        return self._flat.numel()
+
+    def params(self) -> torch.Tensor:
+        """A 1-D copy of all parameters, in ``module.parameters()`` order."""
+        return self._flat.detach().clone()
+
+    def params_view(self) -> torch.Tensor:
+        """The live flat parameter buffer (no copy). Writes change the network; use with care."""
+        return self._flat
+
+    def set_params(self, flat: torch.Tensor) -> None:
+        """Overwrite all parameters from a 1-D tensor of length :meth:`num_params`."""
+        flat = torch.as_tensor(flat)
+        if flat.dim() != 1 or flat.numel() != self._flat.numel():
+            raise DataError(
+                f"set_params needs a 1-D tensor of {self._flat.numel()} values, got shape {tuple(flat.shape)}"
+            )
+        with torch.no_grad():
+            self._flat.copy_(flat)
+
+    def _state_tensors(self) -> list[torch.Tensor]:
+        out: list[torch.Tensor] = []
+        for p in self._params:
+            state = self.optimizer.state.get(p, {})
+            out.extend(v for _, v in sorted(state.items()) if isinstance(v, torch.Tensor))
+        return out
+
+    def updater_state_size(self) -> int:
+        """Length of :meth:`updater_state` (0 for plain SGD)."""
+        return sum(t.numel() for t in self._state_tensors())
+
+    def updater_state(self) -> torch.Tensor:
+        """All optimizer state as one float32 1-D tensor, in a stable order (zeros before the first step)."""
+        tensors = self._state_tensors()
+        if not tensors:
+            return torch.zeros(0, dtype=torch.float32, device=self.device)
+        return torch.cat([t.detach().reshape(-1).to(torch.float32, copy=True) for t in tensors])
+
+    def set_updater_state(self, flat: torch.Tensor) -> None:
+        """Overwrite all optimizer state from :meth:`updater_state` output."""
+        tensors = self._state_tensors()
+        size = sum(t.numel() for t in tensors)
+        flat = torch.as_tensor(flat)
+        if flat.dim() != 1 or flat.numel() != size:
+            raise DataError(f"set_updater_state needs a 1-D tensor of {size} values, got shape {tuple(flat.shape)}")
+        offset = 0
+        with torch.no_grad():
+            for t in tensors:
+                n = t.numel()
+                t.copy_(flat[offset : offset + n].view_as(t).to(t.dtype))
+                offset += n
+
+    def reset_updater_state(self) -> None:
+        """Zero the optimizer state (as before the first step)."""
+        with torch.no_grad():
+            for t in self._state_tensors():
+                t.zero_()
+
+    # ------------------------------------------------------------------ forward / loss
+    def _unpack(self, batch: Batch) -> tuple[list[torch.Tensor], list[torch.Tensor] | None, Any, Any]:
+        if isinstance(batch, DataSet):
+            feats = [batch.features]
+            labels = None if batch.labels is None else [batch.labels]
+            fmask = batch.features_mask
+            lmasks = None if batch.labels_mask is None else [batch.labels_mask]
+        elif isinstance(batch, MultiDataSet):
+            feats = list(batch.features)
+            labels = None if batch.labels is None else list(batch.labels)
+            fmask = batch.features_masks
+            lmasks = batch.labels_masks
+        else:
+            raise DataError(f"expected a DataSet or MultiDataSet, got {type(batch).__name__}")
+        dev = self.device
+        feats = [f.to(dev, non_blocking=True) for f in feats]
+        if labels is not None:
+            labels = [lab.to(dev, non_blocking=True) for lab in labels]
+        return feats, labels, fmask, lmasks
+
+    def _forward(self, feats: list[torch.Tensor], fmask: Any = None) -> list[torch.Tensor]:
+        kwargs: dict[str, Any] = {}
+        if fmask is not None:
+            kwargs["features_mask"] = fmask.to(self.device) if isinstance(fmask, torch.Tensor) else fmask
+        try:
+            out = self.module(*feats, **kwargs)
+        except (RuntimeError, TypeError, ValueError, IndexError) as e:
+            shapes = ", ".join(str(tuple(f.shape)) for f in feats)
+            raise DataError(
+                f"the network ({type(self.module).__name__}) cannot take features of shape {shapes}: {e}. "
+                "Check the feature shape (reshape the data or build the model for this input size)."
+            ) from e
+        return _as_list(out)
+
+    def _losses_for(self, n_outputs: int) -> list[Loss]:
+        if len(self.losses) == n_outputs:
+            return self.losses
+        if len(self.losses) == 1:
+            return self.losses * n_outputs
+        raise ConfigError(f"the network has {n_outputs} outputs but {len(self.losses)} losses were given")
+
+    def _check_labels(self, outputs: list[torch.Tensor], labels: list[torch.Tensor]) -> None:
+        if len(labels) != len(outputs):
+            raise DataError(f"the data has {len(labels)} label arrays but the network has {len(outputs)} outputs")
+        for k, (out, lab, loss) in enumerate(zip(outputs, labels, self._losses_for(len(outputs)))):
+            if loss.classification and not lab.is_floating_point() and out.dim() >= 2 and lab.numel():
+                lo, hi = int(lab.min()), int(lab.max())
+                if lo < 0 or hi >= out.shape[1]:
+                    bad = hi if hi >= out.shape[1] else lo
+                    raise DataError(
+                        f"label index {bad} is out of range for output {k} with {out.shape[1]} classes; "
+                        f"labels must be in [0, {out.shape[1] - 1}] (or build the model with more outputs)"
+                    )
+
+    def _per_example_losses(
+        self, outputs: list[torch.Tensor], labels: list[torch.Tensor], lmasks: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Summed per-example loss over outputs ``(N,)`` and per-example weights ``(N,)`` (from label masks)."""
+        total: torch.Tensor | None = None
+        weight = torch.ones(outputs[0].shape[0], device=self.device)
+        for k, (out, lab, loss) in enumerate(zip(outputs, labels, self._losses_for(len(outputs)))):
+            per = loss.per_example(out, lab)
+            if lmasks is not None and lmasks[k] is not None:
+                m = lmasks[k].to(self.device, dtype=per.dtype)
+                m = m.reshape(m.shape[0], -1).amax(dim=1) if m.dim() > 1 else m
+                per = per * m
+                weight = torch.minimum(weight, m) if k else m
+            total = per if total is None else total + per
+        assert total is not None
+        return total, weight
+
+    def _batch_loss(self, batch: Batch, validate: bool) -> tuple[torch.Tensor, int]:
+        feats, labels, fmask, lmasks = self._unpack(batch)
+        if labels is None:
+            raise DataError("training and scoring need labels, but the batch has labels=None")
+        if validate:
+            batch.check_finite("training features")
+        outputs = self._forward(feats, fmask)
+        self._check_labels(outputs, labels)
+        per, weight = self._per_example_losses(outputs, labels, lmasks)
+        loss = per.sum() / weight.sum().clamp(min=1.0)
+        return loss, outputs[0].shape[0]
+
+    # ------------------------------------------------------------------ training
+    def train_step(self, batch: Batch, validate: bool = False) -> float:
+        """One minibatch: forward, backward, optional clipping, one updater step. Returns the loss."""
+        self.module.train()
+        loss, _ = self._batch_loss(batch, validate)
+        value = float(loss.detach())
+        if not math.isfinite(value):
+            try:
+                batch.check_finite("training features")
+            except DataError as e:
+                raise TrainingError(f"loss is {value} at iteration {self.iteration}: {e}") from e
+            raise TrainingError(
+                f"loss turned {value} at iteration {self.iteration}; the updater diverged. "
+                f"Lower the learning rate (updater={self.updater!r}) or set gradient_clip."
+            )
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.gradient_clip is not None:
+            torch.nn.utils.clip_grad_norm_(self._params, self.gradient_clip)
+        self.optimizer.step()
+        self.iteration += 1
+        self.last_score = value
+        return value
+
+    def compute_update(self, batch: Batch, validate: bool = False) -> torch.Tensor:
+        """The step the updater would take on ``batch`` (``params_before - params_after``), without taking it.
+
+        The updater's own state (momentum, Adam moments) does advance, as it would on a real step. This is what
+        gradient sharing encodes; :meth:`apply_update` applies such a step.
+        """
+        before = self._flat.detach().clone()
+        self.train_step(batch, validate)
+        with torch.no_grad():
+            update = before - self._flat
+            self._flat.copy_(before)
+        return update
+
+    def apply_update(self, update: torch.Tensor) -> None:
+        """``params -= update`` (a flat tensor of length :meth:`num_params`)."""
+        if update.dim() != 1 or update.numel() != self._flat.numel():
+            raise DataError(
+                f"apply_update needs a 1-D tensor of {self._flat.numel()} values, got shape {tuple(update.shape)}"
+            )
+        with torch.no_grad():
+            self._flat.sub_(update.to(self._flat.device, self._flat.dtype))
+
+    def fit(self, data: Batch | Iterable[Batch], epochs: int = 1, batch_size: int = 32) -> "Network":
+        """Train on one process.
+
+        Args:
+            data: a DataSet/MultiDataSet (split into minibatches of ``batch_size``, in order) or an iterable of
+                them (used as they come; must be re-iterable, such as a list, when ``epochs > 1``).
+            epochs: passes over the data.
+            batch_size: minibatch size when ``data`` is a single DataSet/MultiDataSet.
+        Returns:
+            self, trained.
+        """
+        if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+            raise ConfigError(f"epochs must be an integer >= 1, got {epochs!r}")
+        if epochs > 1 and not isinstance(data, (DataSet, MultiDataSet)) and iter(data) is data:  # type: ignore[arg-type]
+            raise ConfigError("data is a one-shot iterator but epochs > 1; pass a list or a DataSet instead")
+        for _ in range(epochs):
+            seen = 0
+            for batch in iterate_minibatches(data, batch_size):
+                self.train_step(batch, validate=(seen == 0))
+                seen += 1
+            if seen == 0:
+                raise DataError("fit got no data: the DataSet or iterable is empty")
+            self.epoch += 1
+        return self
+
+    # ------------------------------------------------------------------ inference and scoring
+    def output(self, features: Tensors | Any, train: bool = False, batch_size: int | None = None) -> Any:
+        """Network outputs with the loss's output activation (softmax / sigmoid / identity).
+
+        Args:
+            features: a tensor (or numpy array) of examples, or a list of them for several inputs.
+            train: run in training mode (dropout active, batch-norm batch statistics) when True.
+            batch_size: evaluate in chunks of this many examples to bound memory (None: all at once).
+        Returns:
+            a tensor on the CPU, or a tuple of tensors for several outputs.
+        """
+        feats = [torch.as_tensor(f) for f in _as_list(features)]
+        n = feats[0].shape[0]
+        step = n if not batch_size else batch_size
+        if step <= 0:
+            raise DataError(f"batch_size must be >= 1, got {batch_size!r}")
+        self.module.train(train)
+        chunks: list[list[torch.Tensor]] = []
+        with torch.set_grad_enabled(train):
+            for start in range(0, max(n, 1), max(step, 1)):
+                part = [f[start : start + step].to(self.device) for f in feats]
+                outs = self._forward(part)
+                acts = [lo.activation(o) for lo, o in zip(self._losses_for(len(outs)), outs)]
+                chunks.append([a.detach().cpu() for a in acts])
+        merged = [torch.cat([c[k] for c in chunks]) for k in range(len(chunks[0]))]
+        return merged[0] if len(merged) == 1 else tuple(merged)
+
+    def score_examples(self, data: Batch | Iterable[Batch], batch_size: int = 256) -> torch.Tensor:
+        """Per-example loss (summed over outputs), in data order, as a 1-D CPU tensor."""
+        self.module.eval()
+        parts: list[torch.Tensor] = []
+        with torch.no_grad():
+            for batch in iterate_minibatches(data, batch_size):
+                feats, labels, fmask, lmasks = self._unpack(batch)
+                if labels is None:
+                    raise DataError("scoring needs labels, but the batch has labels=None")
+                outputs = self._forward(feats, fmask)
+                self._check_labels(outputs, labels)
+                per, _ = self._per_example_losses(outputs, labels, lmasks)
+                parts.append(per.cpu())
+        if not parts:
+            raise DataError("score got no data: the DataSet or iterable is empty")
+        return torch.cat(parts)
+
+    def score(self, data: Batch | Iterable[Batch], batch_size: int = 256) -> float:
+        """Mean loss over all examples (label-masked examples excluded)."""
+        total, count = 0.0, 0.0
+        self.module.eval()
+        with torch.no_grad():
+            for batch in iterate_minibatches(data, batch_size):
+                feats, labels, fmask, lmasks = self._unpack(batch)
+                if labels is None:
+                    raise DataError("scoring needs labels, but the batch has labels=None")
+                outputs = self._forward(feats, fmask)
+                self._check_labels(outputs, labels)
+                per, weight = self._per_example_losses(outputs, labels, lmasks)
+                total += float(per.sum())
+                count += float(weight.sum())
+        if count == 0:
+            raise DataError("score got no data: the DataSet or iterable is empty")
+        return total / count
+
+    def default_evaluation(self) -> Any:
+        """The evaluation that fits this network's (first) loss: classification, binary or regression."""
+        from torchspark.evaluation import Evaluation, EvaluationBinary, RegressionEvaluation
+
+        name = self.losses[0].name
+        if name == "cross_entropy":
+            return Evaluation()
+        if name == "bce_with_logits":
+            return EvaluationBinary()
+        return RegressionEvaluation()
+
+    def evaluate(self, data: Batch | Iterable[Batch], *evaluations: Any, batch_size: int = 256) -> Any:
+        """Fill evaluations with this network's outputs on ``data`` (first output and labels).
+
+        Returns the evaluation (default: one that fits the loss, e.g. :class:`~torchspark.evaluation.Evaluation`
+        for cross-entropy), or a tuple when several are given.
+        """
+        evs = list(evaluations) or [self.default_evaluation()]
+        self.module.eval()
+        seen = 0
+        with torch.no_grad():
+            for batch in iterate_minibatches(data, batch_size):
+                feats, labels, fmask, lmasks = self._unpack(batch)
+                if labels is None:
+                    raise DataError("evaluation needs labels, but the batch has labels=None")
+                outputs = self._forward(feats, fmask)
+                self._check_labels(outputs, labels)
+                probs = self.losses[0].activation(outputs[0]).cpu()
+                mask = None if lmasks is None or lmasks[0] is None else lmasks[0].cpu()
+                for ev in evs:
+                    ev.eval(labels[0].cpu(), probs, mask)
+                seen += 1
+        if seen == 0:
+            raise DataError("evaluate got no data: the DataSet or iterable is empty")
+        return evs[0] if len(evs) == 1 else tuple(evs)
+
+    # ------------------------------------------------------------------ persistence
+    def save(self, path: str, save_updater: bool = True, allow_pickle: bool = False) -> str:
+        """Save to a directory (any fsspec URL): ``config.json``, ``weights.safetensors``, ``updater.safetensors``.
+
+        Zoo models, ``from_factory`` modules, named losses and updater specs are written as JSON. A module
+        instance without a spec, a custom callable loss or updater can only be stored with
+        ``allow_pickle=True`` (and then loaded only with ``allow_pickle=True``).
+        """
+        from torchspark.nn.serialization import save_network
+
+        return save_network(self, path, save_updater=save_updater, allow_pickle=allow_pickle)
+
+    @classmethod
+    def load(cls, path: str, allow_pickle: bool = False) -> "Network":
+        """Load a network written by :meth:`save`."""
+        from torchspark.nn.serialization import load_network
+
+        return load_network(path, allow_pickle=allow_pickle)
+
+    def copy(self) -> "Network":
+        """A deep copy with the same weights, updater state and counters (through the in-memory blueprint)."""
+        from torchspark.nn.serialization import NetworkBlueprint
+
+        return NetworkBlueprint.of(self).build()
+
+    def __repr__(self) -> str:
+        return (
+            f"Network({type(self.module).__name__}, params={self.num_params()}, "
+            f"loss={[lo.name for lo in self.losses]}, updater={self.updater!r}, iteration={self.iteration})"
+        )

@@ -1,0 +1,226 @@
+"""Saving and loading networks, and the in-memory blueprint that ships a network to workers.
+
+On disk a network is a directory:
+
+- ``config.json``: architecture spec, loss, updater, knobs and counters (JSON, no code);
+- ``weights.safetensors``: the module's ``state_dict`` (parameters and buffers);
+- ``updater.safetensors``: the flat optimizer state (when saved);
+- ``extra.safetensors``: training-master state such as gradient-sharing residuals (when present);
+- ``objects.pkl``: only with ``allow_pickle=True``, the parts that have no JSON form.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import cloudpickle
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from torchspark._io import atomic_write_bytes, filesystem, join, make_dirs, read_bytes, read_safetensors_metadata
+from torchspark.errors import SerializationError
+from torchspark.nn.network import Network
+from torchspark.nn.spec import build_from_spec, module_spec
+from torchspark.optim import UpdaterSpec, updater_from_dict
+
+__all__ = ["save_network", "load_network", "NetworkBlueprint"]
+
+FORMAT = "torchspark.network"
+VERSION = 1
+
+
+def _portable_parts(net: Network) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Split the network's description into JSON parts and the objects only pickle can store."""
+    config: dict[str, Any] = {
+        "format": FORMAT,
+        "version": VERSION,
+        "seed": net.seed,
+        "weight_decay": net.weight_decay,
+        "gradient_clip": net.gradient_clip,
+        "iteration": net.iteration,
+        "epoch": net.epoch,
+        "num_params": net.num_params(),
+        "extra_config": net.extra_config,
+    }
+    objects: dict[str, Any] = {}
+    spec = module_spec(net.module)
+    if spec is not None:
+        config["module"] = spec
+    else:
+        objects["module"] = net.module
+    loss_names = [lo.to_json_value() for lo in net.losses]
+    if all(n is not None for n in loss_names):
+        config["loss"] = loss_names
+    else:
+        objects["loss"] = net.losses
+    if isinstance(net.updater, UpdaterSpec):
+        config["updater"] = net.updater.to_dict()
+    else:
+        objects["updater"] = net.updater
+    return config, objects
+
+
+def _weights(net: Network) -> dict[str, torch.Tensor]:
+    # clone: parameters are views of one flat buffer, which safetensors refuses as shared storage
+    return {k: v.detach().cpu().clone().contiguous() for k, v in net.module.state_dict().items()}
+
+
+def _rebuild(config: dict[str, Any], objects: dict[str, Any], device: str | torch.device | None = None) -> Network:
+    module = objects["module"] if "module" in objects else build_from_spec(config["module"])
+    loss = objects["loss"] if "loss" in objects else config["loss"]
+    updater = objects["updater"] if "updater" in objects else updater_from_dict(config["updater"])
+    net = Network(
+        module,
+        loss=loss if len(loss) > 1 else loss[0],
+        updater=updater,
+        seed=None,
+        weight_decay=config["weight_decay"],
+        gradient_clip=config["gradient_clip"],
+        device=device,
+    )
+    net.seed = config.get("seed")
+    net.iteration = int(config.get("iteration", 0))
+    net.epoch = int(config.get("epoch", 0))
+    net.extra_config = dict(config.get("extra_config") or {})
+    return net
+
+
+def _load_weights(net: Network, weights: dict[str, torch.Tensor], source: str) -> None:
+    try:
+        net.module.load_state_dict(weights)
+    except RuntimeError as e:
+        raise SerializationError(f"weights in {source} do not fit the network architecture: {e}") from e
+
+
+def save_network(net: Network, path: str, save_updater: bool = True, allow_pickle: bool = False) -> str:
+    """Write ``net`` to the directory ``path`` (see the module docstring). Returns ``path``."""
+    config, objects = _portable_parts(net)
+    if objects and not allow_pickle:
+        raise SerializationError(
+            f"cannot save {sorted(objects)} of this network as JSON: build the module with a zoo model or "
+            "torchspark.nn.from_factory('pkg.mod:factory', ...), use a named loss/updater spec or an import path, "
+            "or pass allow_pickle=True (then only trusted code should load it)"
+        )
+    make_dirs(path, SerializationError, "model directory")
+    config["files"] = ["weights.safetensors"]
+    atomic_write_bytes(join(path, "weights.safetensors"), st_save(_weights(net), {"format": FORMAT}),
+                       SerializationError)
+    if save_updater:
+        atomic_write_bytes(join(path, "updater.safetensors"),
+                           st_save({"updater_state": net.updater_state().cpu().contiguous()}), SerializationError)
+        config["files"].append("updater.safetensors")
+    if net.extra_state:
+        extra = {k: v.detach().cpu().contiguous() for k, v in net.extra_state.items()}
+        atomic_write_bytes(join(path, "extra.safetensors"), st_save(extra), SerializationError)
+        config["files"].append("extra.safetensors")
+    if objects:
+        atomic_write_bytes(join(path, "objects.pkl"), cloudpickle.dumps(objects), SerializationError)
+        config["files"].append("objects.pkl")
+        config["pickled"] = sorted(objects)
+    # config.json last: its presence marks a complete model
+    atomic_write_bytes(join(path, "config.json"), json.dumps(config, indent=2).encode(), SerializationError)
+    return path
+
+
+def _load_tensors(url: str) -> dict[str, torch.Tensor]:
+    raw = read_bytes(url, SerializationError)
+    try:
+        return st_load(raw)
+    except Exception as e:  # safetensors raises its own error types for corrupt files
+        raise SerializationError(f"{url!r} is not a valid safetensors file: {e}") from e
+
+
+def load_network(path: str, allow_pickle: bool = False) -> Network:
+    """Load a network written by :func:`save_network`."""
+    fs, root = filesystem(path)
+    if not fs.exists(root):
+        raise SerializationError(f"no saved network at {path!r} (the directory does not exist)")
+    raw = read_bytes(join(path, "config.json"), SerializationError)
+    try:
+        config = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise SerializationError(f"{join(path, 'config.json')!r} is not valid JSON: {e}") from e
+    if not isinstance(config, dict) or config.get("format") != FORMAT:
+        raise SerializationError(f"{path!r} does not hold a torchspark network (config.json has no format marker)")
+    if int(config.get("version", 0)) > VERSION:
+        raise SerializationError(
+            f"{path!r} was saved by a newer torchspark (format version {config['version']}); upgrade torchspark"
+        )
+    objects: dict[str, Any] = {}
+    if config.get("pickled"):
+        if not allow_pickle:
+            raise SerializationError(
+                f"{path!r} stores {config['pickled']} as pickle, which can run arbitrary code; "
+                "pass allow_pickle=True only if you trust this file"
+            )
+        objects = cloudpickle.loads(read_bytes(join(path, "objects.pkl"), SerializationError))
+    net = _rebuild(config, objects)
+    files = config.get("files", [])
+    _load_weights(net, _load_tensors(join(path, "weights.safetensors")), path)
+    if "updater.safetensors" in files:
+        net.set_updater_state(_load_tensors(join(path, "updater.safetensors"))["updater_state"])
+    if "extra.safetensors" in files:
+        net.extra_state = dict(_load_tensors(join(path, "extra.safetensors")))
+    return net
+
+
+@dataclass
+class NetworkBlueprint:
+    """Everything needed to rebuild a network on a worker: JSON config, weights, updater and extra state.
+
+    Parts without a JSON form (a plain module instance, a lambda loss) travel cloudpickled *in memory* (as
+    Spark itself ships closures); nothing pickled is written to disk.
+    """
+
+    config: dict[str, Any]
+    weights: dict[str, torch.Tensor]
+    updater_state: torch.Tensor
+    extra_state: dict[str, torch.Tensor] = field(default_factory=dict)
+    pickled: bytes | None = None
+
+    @classmethod
+    def of(cls, net: Network) -> "NetworkBlueprint":
+        config, objects = _portable_parts(net)
+        return cls(
+            config=config,
+            weights=_weights(net),
+            updater_state=net.updater_state().cpu(),
+            extra_state={k: v.detach().cpu().clone() for k, v in net.extra_state.items()},
+            pickled=cloudpickle.dumps(objects) if objects else None,
+        )
+
+    def build(self, device: str | torch.device | None = None) -> Network:
+        """A fresh network with these weights and state (on ``device``)."""
+        objects = cloudpickle.loads(self.pickled) if self.pickled else {}
+        net = _rebuild(self.config, objects, device)
+        _load_weights(net, self.weights, "the blueprint")
+        net.set_updater_state(self.updater_state)
+        net.extra_state = {k: v.to(net.device, copy=True) for k, v in self.extra_state.items()}
+        return net
+
+    def to_bytes(self) -> bytes:
+        """One safetensors blob (config and any in-memory pickle ride in its metadata)."""
+        tensors = {f"w.{k}": v.contiguous() for k, v in self.weights.items()}
+        tensors["updater_state"] = self.updater_state.contiguous()
+        tensors.update({f"x.{k}": v.contiguous() for k, v in self.extra_state.items()})
+        meta = {"config": json.dumps(self.config)}
+        if self.pickled:
+            meta["pickled"] = base64.b64encode(self.pickled).decode()
+        return st_save(tensors, meta)
+
+    @classmethod
+    def from_bytes(cls, blob: bytes) -> "NetworkBlueprint":
+        tensors = st_load(blob)
+        meta = read_safetensors_metadata(blob)
+        return cls(
+            config=json.loads(meta["config"]),
+            weights={k[2:]: v for k, v in tensors.items() if k.startswith("w.")},
+            updater_state=tensors["updater_state"],
+            extra_state={k[2:]: v for k, v in tensors.items() if k.startswith("x.")},
+            pickled=base64.b64decode(meta["pickled"]) if "pickled" in meta else None,
+        )
+

@@ -1,0 +1,197 @@
+"""Updater specs: serializable descriptions of a PyTorch optimizer (DL4J calls them *updaters*).
+
+A spec is a frozen dataclass that builds a ``torch.optim.Optimizer`` and round-trips through JSON, so a saved
+network and every Spark worker rebuild exactly the same updater without pickle.
+
+Tuning, in short: start with ``Adam(lr=1e-3)``; with plain ``SGD`` use ``lr`` around 0.01-0.1 and
+``momentum=0.9`` once training is stable. Under gradient sharing the updater runs on each worker *before*
+encoding, so the encoded values are steps (lr already applied), as in DL4J.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Iterable, Union
+
+import torch
+
+from torchspark.errors import ConfigError
+
+__all__ = [
+    "UpdaterSpec",
+    "SGD",
+    "Adam",
+    "AdamW",
+    "RMSprop",
+    "AdaGrad",
+    "updater_from_dict",
+    "UpdaterLike",
+]
+
+
+def _check_positive(name: str, value: float, cls: str) -> None:
+    if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{cls}: {name} must be a finite number > 0, got {value!r}")
+
+
+def _check_range(name: str, value: float, lo: float, hi: float, cls: str) -> None:
+    if not isinstance(value, (int, float)) or not (lo <= value < hi):
+        raise ConfigError(f"{cls}: {name} must be in [{lo}, {hi}), got {value!r}")
+
+
+@dataclass(frozen=True)
+class UpdaterSpec:
+    """Base class of the updater specs. Subclasses define ``build`` and register a name."""
+
+    name: ClassVar[str] = ""
+
+    def build(self, params: Iterable[torch.nn.Parameter], weight_decay: float = 0.0) -> torch.optim.Optimizer:
+        raise NotImplementedError
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["type"] = self.name
+        return d
+
+
+@dataclass(frozen=True)
+class SGD(UpdaterSpec):
+    """Stochastic gradient descent, optionally with (Nesterov) momentum.
+
+    Args:
+        lr: learning rate; 0.01-0.1 for most networks.
+        momentum: 0 (off) or about 0.9; momentum smooths noisy minibatch gradients.
+        nesterov: Nesterov momentum (needs ``momentum > 0``).
+    """
+
+    name: ClassVar[str] = "sgd"
+    lr: float = 0.01
+    momentum: float = 0.0
+    nesterov: bool = False
+
+    def __post_init__(self) -> None:
+        _check_positive("lr", self.lr, "SGD")
+        _check_range("momentum", self.momentum, 0.0, 1.0, "SGD")
+        if self.nesterov and self.momentum <= 0:
+            raise ConfigError("SGD: nesterov=True needs momentum > 0 (try momentum=0.9)")
+
+    def build(self, params: Iterable[torch.nn.Parameter], weight_decay: float = 0.0) -> torch.optim.Optimizer:
+        return torch.optim.SGD(
+            params, lr=self.lr, momentum=self.momentum, nesterov=self.nesterov, weight_decay=weight_decay
+        )
+
+
+@dataclass(frozen=True)
+class Adam(UpdaterSpec):
+    """Adam. ``lr=1e-3`` is a sane default; lower it if the loss turns NaN.
+
+    Args:
+        lr: learning rate.
+        betas: decay rates of the first and second moment estimates.
+        eps: added to the denominator for numerical stability.
+    """
+
+    name: ClassVar[str] = "adam"
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+
+    def __post_init__(self) -> None:
+        _check_positive("lr", self.lr, type(self).__name__)
+        _check_positive("eps", self.eps, type(self).__name__)
+        betas = tuple(self.betas)
+        if len(betas) != 2:
+            raise ConfigError(f"{type(self).__name__}: betas must be two numbers, got {self.betas!r}")
+        for b in betas:
+            _check_range("betas", b, 0.0, 1.0, type(self).__name__)
+        object.__setattr__(self, "betas", (float(betas[0]), float(betas[1])))
+
+    def build(self, params: Iterable[torch.nn.Parameter], weight_decay: float = 0.0) -> torch.optim.Optimizer:
+        return torch.optim.Adam(params, lr=self.lr, betas=self.betas, eps=self.eps, weight_decay=weight_decay)
+
+
+@dataclass(frozen=True)
+class AdamW(Adam):
+    """Adam with decoupled weight decay (the network's ``weight_decay``, default here 0.01 if the network's is 0)."""
+
+    name: ClassVar[str] = "adamw"
+
+    def build(self, params: Iterable[torch.nn.Parameter], weight_decay: float = 0.0) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(params, lr=self.lr, betas=self.betas, eps=self.eps, weight_decay=weight_decay)
+
+
+@dataclass(frozen=True)
+class RMSprop(UpdaterSpec):
+    """RMSprop. ``lr`` around 1e-3; ``alpha`` is the decay of the squared-gradient average."""
+
+    name: ClassVar[str] = "rmsprop"
+    lr: float = 1e-3
+    alpha: float = 0.99
+    eps: float = 1e-8
+    momentum: float = 0.0
+
+    def __post_init__(self) -> None:
+        _check_positive("lr", self.lr, "RMSprop")
+        _check_range("alpha", self.alpha, 0.0, 1.0, "RMSprop")
+        _check_positive("eps", self.eps, "RMSprop")
+        _check_range("momentum", self.momentum, 0.0, 1.0, "RMSprop")
+
+    def build(self, params: Iterable[torch.nn.Parameter], weight_decay: float = 0.0) -> torch.optim.Optimizer:
+        return torch.optim.RMSprop(
+            params, lr=self.lr, alpha=self.alpha, eps=self.eps, momentum=self.momentum, weight_decay=weight_decay
+        )
+
+
+@dataclass(frozen=True)
+class AdaGrad(UpdaterSpec):
+    """AdaGrad. ``lr`` around 0.01-0.1; the effective step shrinks as squared gradients accumulate."""
+
+    name: ClassVar[str] = "adagrad"
+    lr: float = 0.01
+    eps: float = 1e-10
+
+    def __post_init__(self) -> None:
+        _check_positive("lr", self.lr, "AdaGrad")
+        _check_positive("eps", self.eps, "AdaGrad")
+
+    def build(self, params: Iterable[torch.nn.Parameter], weight_decay: float = 0.0) -> torch.optim.Optimizer:
+        return torch.optim.Adagrad(params, lr=self.lr, eps=self.eps, weight_decay=weight_decay)
+
+
+_REGISTRY: dict[str, type[UpdaterSpec]] = {c.name: c for c in (SGD, Adam, AdamW, RMSprop, AdaGrad)}
+
+#: What ``Network(updater=...)`` accepts: a spec, a registered name ("adam"), or a callable params -> optimizer.
+UpdaterLike = Union[UpdaterSpec, str, Callable[..., torch.optim.Optimizer]]
+
+
+def updater_from_dict(d: dict[str, Any]) -> UpdaterSpec:
+    """Rebuild a spec from :meth:`UpdaterSpec.to_dict` output."""
+    d = dict(d)
+    kind = d.pop("type", None)
+    cls = _REGISTRY.get(str(kind))
+    if cls is None:
+        raise ConfigError(f"unknown updater {kind!r}; choose one of {sorted(_REGISTRY)}")
+    if "betas" in d:
+        d["betas"] = tuple(d["betas"])
+    try:
+        return cls(**d)
+    except TypeError as e:
+        raise ConfigError(f"bad options for updater {kind!r}: {e}") from e
+
+
+def resolve_updater(updater: UpdaterLike) -> UpdaterSpec | Callable[..., torch.optim.Optimizer]:
+    """A spec, a registry name with default options, or a callable; anything else is a ConfigError."""
+    if isinstance(updater, UpdaterSpec):
+        return updater
+    if isinstance(updater, str):
+        cls = _REGISTRY.get(updater.lower())
+        if cls is None:
+            raise ConfigError(f"unknown updater {updater!r}; choose one of {sorted(_REGISTRY)} or pass a spec")
+        return cls()
+    if callable(updater):
+        return updater
+    raise ConfigError(
+        f"updater must be a torchspark.optim spec (e.g. SGD(lr=0.01)), a name or a callable, got {updater!r}"
+    )
