@@ -1,0 +1,244 @@
+"""Running ``run_worker`` inside a Spark barrier stage: rendezvous, device choice, and driver-side supervision.
+
+Worker side (:func:`barrier_task`): every task of the stage learns the address of task 0 through
+``BarrierTaskContext.allGather``, task 0 hosts a ``TCPStore`` on a free port, and all of them build a
+torch.distributed group (gloo on CPU, nccl on CUDA) with ``rendezvous_timeout_s`` as the collective timeout.
+
+Driver side (:func:`run_barrier_stage`): runs the stage under its own job group, cancels it on failure or
+Ctrl-C, and turns a worker exception into a :class:`WorkerError` carrying the worker's traceback.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import re
+import socket
+import subprocess
+import threading
+import traceback
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator
+
+import torch
+
+from torchspark.errors import ConfigError, SetupError, TorchSparkError, WaitTimeout, WorkerError
+from torchspark.training.comm import TorchDistCommunicator
+from torchspark.training.devices import backend_for_device, device_for_task, gpu_addresses
+from torchspark.training.hooks import WorkerHooks
+from torchspark.training.worker import ItemSource, WorkerResult, WorkerTask, run_worker
+
+__all__ = ["RendezvousSettings", "barrier_task", "run_barrier_stage", "LOCAL_ADDRESS_ENV", "pick_local_address"]
+
+log = logging.getLogger(__name__)
+
+#: Overrides the address a worker advertises to its peers (DL4J's ``DL4J_VOID_IP``).
+LOCAL_ADDRESS_ENV = "TORCHSPARK_LOCAL_IP"
+
+
+@dataclass(frozen=True)
+class RendezvousSettings:
+    """How workers find each other.
+
+    Args:
+        timeout_s: limit for every rendezvous and collective wait (``rendezvous_timeout_s``).
+        port: TCP port task 0 listens on; 0 picks a free one.
+        network_mask: CIDR such as ``"10.0.0.0/16"``: advertise the local interface address inside it
+            (needed on hosts with several interfaces, e.g. YARN or EC2).
+        controller_address: a fixed address for task 0 to advertise (overrides the mask).
+    The environment variable ``TORCHSPARK_LOCAL_IP`` on an executor overrides the address it advertises.
+    """
+
+    timeout_s: float = 300.0
+    port: int = 0
+    network_mask: str | None = None
+    controller_address: str | None = None
+
+    def __post_init__(self) -> None:
+        if not (self.timeout_s > 0):
+            raise ConfigError(f"rendezvous_timeout_s must be > 0, got {self.timeout_s!r}")
+        if not (0 <= int(self.port) <= 65535):
+            raise ConfigError(f"port must be in [0, 65535] (0 = any free port), got {self.port!r}")
+        if self.network_mask is not None:
+            try:
+                ipaddress.ip_network(self.network_mask, strict=False)
+            except ValueError as e:
+                raise ConfigError(f"network_mask must be a CIDR such as '10.0.0.0/16', got {self.network_mask!r}") from e
+
+
+def _interface_addresses() -> list[str]:
+    addrs: set[str] = set()
+    try:
+        for info in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET):
+            addrs.add(str(info[4][0]))
+    except OSError:
+        pass
+    try:  # Linux: every configured IPv4 address
+        out = subprocess.run(["hostname", "-I"], capture_output=True, text=True, timeout=5).stdout
+        addrs.update(a for a in out.split() if "." in a)
+    except (OSError, ValueError, subprocess.SubprocessError):
+        pass
+    addrs.add("127.0.0.1")
+    return sorted(addrs)
+
+
+def pick_local_address(task_host: str, settings: RendezvousSettings, env: dict[str, str] | None = None,
+                       candidates: list[str] | None = None) -> str:
+    """The address this task advertises: env override, then controller address, then mask match, then Spark's."""
+    env = os.environ if env is None else env
+    if env.get(LOCAL_ADDRESS_ENV):
+        return env[LOCAL_ADDRESS_ENV]
+    if settings.controller_address:
+        return settings.controller_address
+    if settings.network_mask:
+        net = ipaddress.ip_network(settings.network_mask, strict=False)
+        for addr in candidates if candidates is not None else _interface_addresses():
+            if ipaddress.ip_address(addr) in net:
+                return addr
+        raise SetupError(
+            f"no local interface address is inside network_mask={settings.network_mask!r} on {socket.gethostname()}"
+            f"; fix the mask or set {LOCAL_ADDRESS_ENV} on the executors"
+        )
+    return task_host
+
+
+def _rendezvous(ctx: Any, settings: RendezvousSettings, backend: str, device: str) -> TorchDistCommunicator:
+    import datetime
+
+    import torch.distributed as dist
+
+    rank = ctx.partitionId()
+    infos = ctx.getTaskInfos()
+    world = len(infos)
+    task_host = infos[rank].address.rsplit(":", 1)[0]
+    timeout = datetime.timedelta(seconds=settings.timeout_s)
+    store: Any = None
+    if rank == 0:
+        host = pick_local_address(task_host, settings)
+        store = dist.TCPStore(host, settings.port, world, is_master=True, timeout=timeout, wait_for_workers=False)
+        message = f"{host}:{store.port}"
+    else:
+        message = ""
+    try:
+        gathered = ctx.allGather(message)
+    except Exception as e:  # py4j/Spark errors carry no stable type
+        raise WaitTimeout(
+            f"barrier allGather failed or timed out ({e}); all {world} tasks must start together: check free task "
+            "slots and raise spark.barrier.sync.timeout / rendezvous_timeout_s if executors start slowly"
+        ) from e
+    host, port = gathered[0].rsplit(":", 1)
+    if rank != 0:
+        try:
+            store = dist.TCPStore(host, int(port), world, is_master=False, timeout=timeout)
+        except (RuntimeError, OSError) as e:
+            raise WaitTimeout(
+                f"worker {rank} could not reach task 0 at {host}:{port} within rendezvous_timeout_s="
+                f"{settings.timeout_s}: {e}. Executors must reach each other on that port: check firewalls, "
+                f"set network_mask or {LOCAL_ADDRESS_ENV}, or use averaging_via='spark'"
+            ) from e
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", _ifname_for(host) or "")
+    if not os.environ["GLOO_SOCKET_IFNAME"]:
+        del os.environ["GLOO_SOCKET_IFNAME"]
+    return TorchDistCommunicator(store, rank, world, backend, device, settings.timeout_s)
+
+
+def _ifname_for(address: str) -> str | None:
+    """The loopback interface name when peers talk over loopback (gloo otherwise resolves the hostname)."""
+    try:
+        if ipaddress.ip_address(address).is_loopback:
+            return "lo"
+    except ValueError:
+        return None
+    return None
+
+
+def barrier_task(task_bc: Any, settings: RendezvousSettings, progress: Any = None) -> Callable[[Iterable[Any]], Iterator[WorkerResult]]:
+    """The ``mapPartitions`` function of the training stage (module level: nothing hidden in a closure)."""
+
+    def run(items: Iterable[Any]) -> Iterator[WorkerResult]:
+        from pyspark import BarrierTaskContext
+
+        ctx = BarrierTaskContext.get()
+        task: WorkerTask = task_bc.value
+        device = device_for_task(gpu_addresses(ctx.resources()), os.environ.get("CUDA_VISIBLE_DEVICES"),
+                                 torch.cuda.is_available())
+        if device.startswith("cuda"):
+            torch.cuda.set_device(torch.device(device))
+        cpus = ctx.cpus() if hasattr(ctx, "cpus") else 1
+        task = _with_threads(task, cpus)
+        hooks = progress(ctx.partitionId()) if progress is not None else WorkerHooks()
+        comm = _rendezvous(ctx, settings, backend_for_device(device), device)
+        try:
+            result = run_worker(task, ItemSource(items), comm, device, hooks)
+        except BaseException:
+            report = getattr(hooks, "report_error", None)
+            if report is not None:
+                report(traceback.format_exc())
+            raise
+        finally:
+            comm.close()
+            closer = getattr(hooks, "close", None)
+            if closer is not None:
+                closer()
+        yield result
+
+    return run
+
+
+def _with_threads(task: WorkerTask, cpus: int) -> WorkerTask:
+    from dataclasses import replace
+
+    return task if task.num_threads else replace(task, num_threads=max(1, int(cpus)))
+
+
+_PY_TRACE = re.compile(r"(Traceback \(most recent call last\):.*?)(?:\n\tat |\n\s*at org\.apache|\Z)", re.S)
+
+
+def worker_traceback(error: BaseException) -> str:
+    """The Python traceback of a failed task, dug out of Spark's Java exception text."""
+    text = str(error)
+    found = _PY_TRACE.findall(text)
+    return found[-1].strip() if found else text.strip()
+
+
+def _root_message(tb: str) -> str:
+    lines = [ln for ln in tb.splitlines() if ln.strip()]
+    return lines[-1].strip() if lines else tb
+
+
+def run_barrier_stage(sc: Any, rdd: Any, fn: Callable[[Iterable[Any]], Iterator[WorkerResult]],
+                      description: str) -> list[WorkerResult]:
+    """Run ``fn`` as a barrier stage over ``rdd`` under a fresh job group; cancel it and re-raise on failure."""
+    group = f"torchspark-{uuid.uuid4().hex[:12]}"
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        sc.setJobGroup(group, description, interruptOnCancel=True)
+        try:
+            box["results"] = rdd.barrier().mapPartitions(fn).collect()
+        except BaseException as e:  # noqa: BLE001 - re-raised on the calling thread
+            box["error"] = e
+        finally:
+            sc.setLocalProperty("spark.jobGroup.id", None)
+
+    thread = threading.Thread(target=target, name="torchspark-barrier-stage", daemon=True)
+    thread.start()
+    try:
+        while thread.is_alive():
+            thread.join(timeout=0.5)
+    except BaseException:
+        sc.cancelJobGroup(group)
+        thread.join(timeout=60)
+        raise
+    if "error" in box:
+        sc.cancelJobGroup(group)
+        err = box["error"]
+        if isinstance(err, TorchSparkError):
+            raise err
+        tb = worker_traceback(err)
+        tail = "\n".join(tb.splitlines()[-20:])
+        raise WorkerError(f"a training worker failed: {_root_message(tb)}\n--- worker traceback ---\n{tail}") from None
+    results: list[WorkerResult] = box["results"]
+    return sorted(results, key=lambda r: r.rank)

@@ -1,0 +1,174 @@
+"""Training masters: frozen, validated configurations that say *how* a SparkNetwork trains.
+
+``ParameterAveragingTrainingMaster`` is DL4J's synchronous parameter averaging; ``SharedTrainingMaster`` (in
+:mod:`torchspark.spark.shared`) is threshold-encoded gradient sharing. Both round-trip through JSON.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from torchspark.errors import ConfigError
+
+__all__ = ["TrainingMaster", "ParameterAveragingTrainingMaster", "master_from_json", "REPARTITION", "STRATEGIES",
+           "APPROACHES"]
+
+REPARTITION = ("always", "never", "num_partitions_workers_differs")
+STRATEGIES = ("balanced", "spark_default")
+APPROACHES = ("export", "direct")
+AVERAGING_ROUTES = ("torch", "spark")
+
+
+def _positive_int(cls: str, name: str, value: Any, minimum: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{cls}: {name} must be an integer >= {minimum}, got {value!r}")
+
+
+def _choice(cls: str, name: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{cls}: {name} must be one of {list(choices)}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class TrainingMaster:
+    """Options every training master shares.
+
+    Args:
+        batch_size_per_worker: examples per minibatch on each worker (DL4J default 16). Larger batches mean fewer,
+            cheaper synchronisations; scale the learning rate with it.
+        num_workers: training workers, one Spark task slot each (default: the session's default parallelism).
+        worker_prefetch_num_batches: minibatches a background thread loads ahead on each worker (0 = off).
+        repartition: ``"always"`` (balance every fit), ``"never"`` (each worker trains its own partition, in
+            order; needs as many partitions as workers) or ``"num_partitions_workers_differs"``.
+        repartition_strategy: ``"balanced"`` (exactly equal minibatch counts per worker, +-1) or
+            ``"spark_default"`` (``rdd.repartition``: cheaper, roughly equal).
+        rdd_training_approach: ``"export"`` (write the data once as batch files under ``export_directory`` and
+            train from the paths; reused across fits of the same RDD; the seeds' recommendation) or ``"direct"``
+            (train from the RDD, persisted at ``storage_level``).
+        export_directory: where ``export`` writes (any fsspec URL; must be shared storage on a real cluster).
+            Default: a ``torchspark-export`` folder under the system temp directory.
+        storage_level: persistence of the prepared RDD with ``direct`` (a ``pyspark.StorageLevel`` name).
+        collect_training_stats: record per-phase timings (see ``SparkNetwork.training_stats``).
+        rng_seed: seeds the shuffle of minibatches across workers (None: keep data order, no shuffle).
+        rendezvous_timeout_s: limit for every barrier/rendezvous/collective wait; a stuck peer fails the fit
+            after this long.
+        data_timeout_s: limit for waiting on one minibatch from storage.
+    """
+
+    kind: ClassVar[str] = ""
+    batch_size_per_worker: int = 16
+    num_workers: int | None = None
+    worker_prefetch_num_batches: int = 2
+    repartition: str = "always"
+    repartition_strategy: str = "balanced"
+    rdd_training_approach: str = "export"
+    export_directory: str | None = None
+    storage_level: str = "MEMORY_ONLY"
+    collect_training_stats: bool = False
+    rng_seed: int | None = None
+    rendezvous_timeout_s: float = 300.0
+    data_timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        name = type(self).__name__
+        _positive_int(name, "batch_size_per_worker", self.batch_size_per_worker)
+        if self.num_workers is not None:
+            _positive_int(name, "num_workers", self.num_workers)
+        _positive_int(name, "worker_prefetch_num_batches", self.worker_prefetch_num_batches, 0)
+        _choice(name, "repartition", self.repartition, REPARTITION)
+        _choice(name, "repartition_strategy", self.repartition_strategy, STRATEGIES)
+        _choice(name, "rdd_training_approach", self.rdd_training_approach, APPROACHES)
+        if self.rng_seed is not None:
+            _positive_int(name, "rng_seed", self.rng_seed, 0)
+        for knob in ("rendezvous_timeout_s", "data_timeout_s"):
+            value = getattr(self, knob)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise ConfigError(f"{name}: {knob} must be a number of seconds > 0, got {value!r}")
+
+    # -- the worker side of the master
+    def algorithm_settings(self) -> dict[str, Any]:
+        """The settings the worker algorithm receives."""
+        raise NotImplementedError
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["type"] = self.kind
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "TrainingMaster":
+        master = master_from_json(text)
+        if not isinstance(master, cls):
+            raise ConfigError(f"the JSON describes a {type(master).__name__}, not a {cls.__name__}")
+        return master
+
+
+@dataclass(frozen=True)
+class ParameterAveragingTrainingMaster(TrainingMaster):
+    """Synchronous parameter averaging (DL4J's ParameterAveragingTrainingMaster).
+
+    Every worker fits ``averaging_frequency`` minibatches from the common parameters, then all workers replace
+    their parameters (and updater state) by the example-weighted mean. One epoch runs inside one Spark barrier
+    stage with ``torch.distributed`` all-reduces (``averaging_via="torch"``), or as DL4J did with one Spark job
+    and a ``treeAggregate`` per round (``averaging_via="spark"``: no worker-to-worker ports needed, slower).
+
+    Args:
+        averaging_frequency: minibatches between averages (DL4J default 5). 1 = synchronous SGD with a bigger
+            effective batch; 5-10 cuts communication; past ~20 convergence suffers.
+        save_updater: average and keep the updater state (momentum, Adam moments) across rounds. False resets
+            it each round: half the traffic, but adaptive updaters restart every round.
+        averaging_via: ``"torch"`` (fast all-reduce inside one barrier stage) or ``"spark"``.
+        aggregation_depth: ``treeAggregate`` depth for ``averaging_via="spark"``.
+    See :class:`TrainingMaster` for the shared options.
+    """
+
+    kind: ClassVar[str] = "parameter_averaging"
+    mode: ClassVar[str] = "averaging"
+    averaging_frequency: int = 5
+    save_updater: bool = True
+    averaging_via: str = "torch"
+    aggregation_depth: int = 2
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        name = type(self).__name__
+        _positive_int(name, "averaging_frequency", self.averaging_frequency)
+        _positive_int(name, "aggregation_depth", self.aggregation_depth)
+        _choice(name, "averaging_via", self.averaging_via, AVERAGING_ROUTES)
+        if not isinstance(self.save_updater, bool):
+            raise ConfigError(f"{name}: save_updater must be True or False, got {self.save_updater!r}")
+
+    def algorithm_settings(self) -> dict[str, Any]:
+        return {"averaging_frequency": self.averaging_frequency, "save_updater": self.save_updater}
+
+
+_MASTERS: dict[str, type[TrainingMaster]] = {ParameterAveragingTrainingMaster.kind: ParameterAveragingTrainingMaster}
+
+
+def register_master(cls: type[TrainingMaster]) -> type[TrainingMaster]:
+    """Add a master class to the JSON registry (used by ``SharedTrainingMaster``)."""
+    _MASTERS[cls.kind] = cls
+    return cls
+
+
+def master_from_json(text: str) -> TrainingMaster:
+    """Rebuild any training master from its ``to_json()`` output."""
+    try:
+        d = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"training master JSON is invalid: {e}") from e
+    kind = d.pop("type", None)
+    cls = _MASTERS.get(kind)
+    if cls is None:
+        raise ConfigError(f"unknown training master type {kind!r}; known: {sorted(_MASTERS)}")
+    fields = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - fields)
+    if unknown:
+        raise ConfigError(f"unknown option(s) {unknown} for {cls.__name__}")
+    return cls(**d)

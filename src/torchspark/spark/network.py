@@ -1,0 +1,214 @@
+"""``SparkNetwork``: train, evaluate and run a :class:`~torchspark.Network` on data that lives in Spark.
+
+DL4J's SparkDl4jMultiLayer and SparkComputationGraph in one class: the training master decides how workers
+synchronise; Spark moves the data and runs the workers; PyTorch does the math.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import tempfile
+import uuid
+from typing import Any, Sequence
+
+from torchspark._io import filesystem, join
+from torchspark.errors import ConfigError, DataError
+from torchspark.nn import Network, NetworkBlueprint
+from torchspark.spark.barrier import RendezvousSettings, barrier_task, run_barrier_stage
+from torchspark.spark.data import (
+    check_export_directory,
+    export_rdd,
+    group_paths,
+    rebatch_partition,
+    storage_level_by_name,
+    to_batch_rdd,
+    worker_rdd_direct,
+    worker_rdd_from_paths,
+)
+from torchspark.spark.masters import TrainingMaster
+from torchspark.spark.preflight import preflight
+from torchspark.spark.session import spark_context
+from torchspark.training.worker import WorkerResult, WorkerTask, merge_results
+
+__all__ = ["SparkNetwork"]
+
+log = logging.getLogger(__name__)
+
+
+class SparkNetwork:
+    """A network plus a training master, bound to a Spark session.
+
+    Args:
+        spark: a SparkSession or SparkContext (``torchspark.spark.local_session()`` for one machine).
+        network: the :class:`~torchspark.Network` to train; it is updated in place by :meth:`fit`.
+        training_master: how to train (``ParameterAveragingTrainingMaster`` or ``SharedTrainingMaster``); may be
+            None when the object is used only for evaluation or inference.
+    """
+
+    def __init__(self, spark: Any, network: Network, training_master: TrainingMaster | None = None) -> None:
+        if not isinstance(network, Network):
+            raise ConfigError(f"network must be a torchspark.Network, got {type(network).__name__}")
+        if training_master is not None and not isinstance(training_master, TrainingMaster):
+            raise ConfigError(f"training_master must be a TrainingMaster, got {type(training_master).__name__}")
+        self.sc = spark_context(spark)
+        self.spark = spark
+        self.network = network
+        self.training_master = training_master
+        self._score = math.nan
+        self._exports: dict[tuple[int, int], tuple[str, list[tuple[int, str]]]] = {}
+        self._preflight_done: set[int] = set()
+        self.last_results: list[WorkerResult] = []
+
+    # ------------------------------------------------------------------ public training API
+    def get_score(self) -> float:
+        """Mean over workers of their last minibatch loss in the last fit (NaN before any fit)."""
+        return self._score
+
+    def fit(
+        self,
+        data: Any,
+        epochs: int = 1,
+        features_col: str = "features",
+        label_col: str | None = "label",
+        feature_shape: Sequence[int] | None = None,
+    ) -> Network:
+        """Train on an ``RDD[DataSet | MultiDataSet]`` or a DataFrame for ``epochs`` epochs; returns the network.
+
+        DataSets of any size are re-batched to ``batch_size_per_worker``. A DataFrame's ``features_col`` /
+        ``label_col`` may be array or ML Vector columns; ``feature_shape`` reshapes each row (e.g. ``(1, 28, 28)``);
+        rows stream to the workers through Arrow and are never collected on the driver.
+        """
+        master = self._master()
+        _check_epochs(epochs)
+        rdd = to_batch_rdd(data, features_col, label_col, feature_shape, self.network.losses[0].classification)
+        n = self._num_workers(master)
+        worker_rdd = self._prepare(rdd, master, n)
+        return self._train(worker_rdd, master, n, epochs)
+
+    def fit_paths(self, paths: Any, epochs: int = 1) -> Network:
+        """Train from batch files (``save_batches`` output): a list of paths/URLs or an RDD of them.
+
+        The seeds' recommended route: preprocess once, save minibatch files to HDFS/S3, train from the paths.
+        Files are used as they are (one minibatch each).
+        """
+        master = self._master()
+        _check_epochs(epochs)
+        n = self._num_workers(master)
+        if isinstance(paths, (list, tuple)):
+            indexed = [(0, str(p)) for p in paths]
+            partitions = 1
+        else:
+            indexed = paths.mapPartitionsWithIndex(lambda i, it: ((i, str(p)) for p in it)).collect()
+            partitions = paths.getNumPartitions()
+        if not indexed:
+            raise DataError("fit_paths got no paths: the list or RDD of batch files is empty")
+        by_partition = self._keep_partitions(master, partitions, n)
+        groups = group_paths(indexed, n, master.rng_seed, by_partition)
+        return self._train(worker_rdd_from_paths(self.sc, groups), master, n, epochs)
+
+    def delete_temp_files(self) -> None:
+        """Remove the batch files that ``rdd_training_approach="export"`` wrote for this object."""
+        for directory, _ in self._exports.values():
+            fs, path = filesystem(directory)
+            if fs.exists(path):
+                fs.rm(path, recursive=True)
+        self._exports.clear()
+
+    # ------------------------------------------------------------------ internals
+    def _master(self) -> TrainingMaster:
+        if self.training_master is None:
+            raise ConfigError("this SparkNetwork has no training_master; pass one to train")
+        return self.training_master
+
+    def _num_workers(self, master: TrainingMaster) -> int:
+        return master.num_workers or self.sc.defaultParallelism
+
+    @staticmethod
+    def _keep_partitions(master: TrainingMaster, partitions: int, n: int) -> bool:
+        if master.repartition == "never":
+            if partitions != n:
+                raise ConfigError(
+                    f"repartition='never' trains one input partition per worker, but the data has {partitions} "
+                    f"partitions and num_workers={n}; repartition the data to {n} partitions, set num_workers, "
+                    "or use repartition='always'"
+                )
+            return True
+        return master.repartition == "num_partitions_workers_differs" and partitions == n
+
+    def _export_base(self, master: TrainingMaster) -> str:
+        if master.export_directory:
+            return master.export_directory
+        return os.path.join(tempfile.gettempdir(), "torchspark-export")
+
+    def _prepare(self, rdd: Any, master: TrainingMaster, n: int) -> Any:
+        """An RDD with one partition per worker holding that worker's minibatches (paths or bytes), in order."""
+        keep = self._keep_partitions(master, rdd.getNumPartitions(), n)
+        bsz = master.batch_size_per_worker
+        if master.rdd_training_approach == "export":
+            key = (rdd.id(), bsz)
+            if key not in self._exports:
+                directory = join(self._export_base(master), f"{uuid.uuid4().hex[:12]}-rdd{rdd.id()}")
+                check_export_directory(directory)
+                self._exports[key] = (directory, export_rdd(rdd, directory, bsz))
+            paths = self._exports[key][1]
+            if not paths:
+                raise DataError("the training data is empty: the RDD holds no examples")
+            if not keep and master.repartition_strategy == "spark_default":
+                return self.sc.parallelize([p for _, p in paths]).repartition(n)
+            return worker_rdd_from_paths(self.sc, group_paths(paths, n, master.rng_seed, keep))
+        level = storage_level_by_name(master.storage_level)
+        batches = rdd.mapPartitions(rebatch_partition(bsz))
+        if keep:
+            prepared = batches.persist(level)
+        elif master.repartition_strategy == "spark_default":
+            prepared = batches.repartition(n).persist(level)
+        else:
+            prepared = worker_rdd_direct(batches, n, master.rng_seed, level)
+        if prepared.isEmpty():
+            raise DataError("the training data is empty: the RDD holds no examples")
+        return prepared
+
+    def _train(self, worker_rdd: Any, master: TrainingMaster, n: int, epochs: int) -> Network:
+        if worker_rdd.getNumPartitions() != n:
+            worker_rdd = worker_rdd.coalesce(n) if worker_rdd.getNumPartitions() > n else worker_rdd.repartition(n)
+        if id(self.sc) not in self._preflight_done:
+            preflight(self.sc, n, wait_s=min(60.0, master.rendezvous_timeout_s))
+            self._preflight_done.add(id(self.sc))
+        else:
+            preflight(self.sc, n, wait_s=min(60.0, master.rendezvous_timeout_s), check_imports=False)
+        task = WorkerTask(
+            mode=master.mode,  # type: ignore[attr-defined]
+            settings=master.algorithm_settings(),
+            blueprint=NetworkBlueprint.of(self.network).to_bytes(),
+            epochs=epochs,
+            prefetch=master.worker_prefetch_num_batches,
+            data_timeout_s=master.data_timeout_s,
+            collect_stats=master.collect_training_stats,
+        )
+        task_bc = self.sc.broadcast(task)
+        try:
+            fn = barrier_task(task_bc, _rendezvous_settings(master))
+            results = run_barrier_stage(self.sc, worker_rdd, fn, f"torchspark fit: {n} workers, {epochs} epoch(s)")
+        finally:
+            task_bc.unpersist()
+        self._score = merge_results(self.network, results)
+        self.network.epoch += epochs
+        self.last_results = results
+        return self.network
+
+
+def _rendezvous_settings(master: TrainingMaster) -> RendezvousSettings:
+    return RendezvousSettings(
+        timeout_s=master.rendezvous_timeout_s,
+        port=getattr(master, "port", 0),
+        network_mask=getattr(master, "network_mask", None),
+        controller_address=getattr(master, "controller_address", None),
+    )
+
+
+def _check_epochs(epochs: Any) -> None:
+    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+        raise ConfigError(f"epochs must be an integer >= 1, got {epochs!r}")
+

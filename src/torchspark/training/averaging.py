@@ -1,0 +1,109 @@
+"""Synchronous parameter averaging (DL4J's ParameterAveragingTrainingMaster), as a worker loop.
+
+Each round:
+  1. every worker fits up to ``averaging_frequency`` minibatches of its own data, from the common parameters;
+  2. one all-reduce sums ``[params * n, updater_state * n, n, score * n, active]`` over workers, where ``n`` is
+     the number of examples the worker fitted this round;
+  3. every worker sets ``params = sum(params * n) / sum(n)`` (likewise the updater state when ``save_updater``,
+     else resets it): the example-weighted mean, so uneven rounds are weighted fairly.
+A worker whose data ran out keeps joining rounds with ``n = 0``; the loop ends, on every worker at once, when the
+all-reduced ``active`` count is zero. So unequal partitions never hang and all workers agree on the rounds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+import torch
+
+from torchspark.data import Batch
+from torchspark.nn import Network
+from torchspark.training.comm import Communicator
+from torchspark.training.hooks import ProgressUpdate, WorkerHooks
+
+__all__ = ["AveragingSettings", "EpochOutcome", "averaging_epoch"]
+
+
+@dataclass(frozen=True)
+class AveragingSettings:
+    """The knobs of the averaging loop (validated by the training master that builds them).
+
+    Args:
+        averaging_frequency: minibatches per worker between averaging rounds. Low values cost communication,
+            values far above ~20 hurt convergence; 5 is DL4J's default.
+        save_updater: average and keep the updater state (momentum, Adam moments) across rounds; False resets
+            it every round (less traffic, worse for adaptive updaters).
+    """
+
+    averaging_frequency: int = 5
+    save_updater: bool = True
+
+
+@dataclass
+class EpochOutcome:
+    """What one worker did in one epoch."""
+
+    examples: int = 0
+    iterations: int = 0
+    rounds: int = 0
+    last_score: float = float("nan")
+
+
+def averaging_epoch(
+    net: Network,
+    batches: Iterable[Batch],
+    comm: Communicator,
+    settings: AveragingSettings,
+    hooks: WorkerHooks,
+    epoch: int = 0,
+    validate_first: bool = True,
+) -> EpochOutcome:
+    """Run one epoch of parameter averaging on this worker (see the module docstring for the steps)."""
+    out = EpochOutcome()
+    it = iter(batches)
+    exhausted = False
+    rec = hooks.recorder
+    n_params = net.num_params()
+    while True:
+        n_round = 0
+        round_score = float("nan")
+        # 1. fit up to averaging_frequency minibatches
+        for _ in range(settings.averaging_frequency):
+            if exhausted:
+                break
+            with rec.phase("data_wait"):
+                batch = next(it, None)
+            if batch is None:
+                exhausted = True
+                break
+            with rec.phase("fit", examples=len(batch)):
+                round_score = net.train_step(batch, validate=validate_first and out.iterations == 0)
+            n_round += len(batch)
+            out.iterations += 1
+            out.examples += len(batch)
+            rec.record_score(net.iteration, round_score)
+            if hooks.progress is not None and out.iterations % hooks.progress_every == 0:
+                hooks.progress(ProgressUpdate(comm.rank, epoch, out.iterations, out.examples, round_score))
+        # 2. one all-reduce of weighted params, updater state and bookkeeping
+        with rec.phase("averaging"):
+            w = float(n_round)
+            parts = [net.params_view() * w]
+            if settings.save_updater:
+                parts.append(net.updater_state().to(net.device) * w)
+            score_w = round_score * w if n_round else 0.0
+            parts.append(torch.tensor([w, score_w, 0.0 if exhausted else 1.0], device=net.device))
+            buf = torch.cat([p.to(torch.float32) for p in parts])
+            comm.all_reduce_sum(buf)
+            total_w, total_score, active = (float(v) for v in buf[-3:])
+            # 3. example-weighted mean
+            if total_w > 0:
+                net.set_params(buf[:n_params] / total_w)
+                if settings.save_updater:
+                    net.set_updater_state(buf[n_params:-3] / total_w)
+                else:
+                    net.reset_updater_state()
+                out.rounds += 1
+                out.last_score = total_score / total_w
+        if active == 0:
+            return out

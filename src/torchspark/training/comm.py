@@ -1,0 +1,197 @@
+"""Communicators: the collectives a training worker needs, over torch.distributed or in-process threads.
+
+A communicator sums tensors across workers and gathers variable-length byte messages. The training loops use
+nothing else, so the same loop runs inside a Spark barrier stage (gloo/nccl), in local processes
+(``ParallelWrapper``) or in threads of one process (tests, the in-process runner).
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import threading
+from typing import Protocol
+
+import torch
+import torch.distributed as dist
+
+from torchspark.errors import SetupError, WaitTimeout
+
+__all__ = ["Communicator", "SoloCommunicator", "ThreadGroup", "ThreadCommunicator", "TorchDistCommunicator"]
+
+log = logging.getLogger(__name__)
+
+
+class Communicator(Protocol):
+    """What a training loop needs from its peers. Every call is collective: all ranks call it in the same order."""
+
+    rank: int
+    world_size: int
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum ``tensor`` over all workers, in place; every rank gets bit-identical results. Returns it."""
+        ...
+
+    def all_gather_bytes(self, payload: bytes) -> list[bytes]:
+        """Every worker's ``payload`` (lengths may differ), indexed by rank."""
+        ...
+
+    def close(self) -> None:
+        """Release the group (idempotent)."""
+        ...
+
+
+class SoloCommunicator:
+    """A world of one: collectives are identities."""
+
+    rank = 0
+    world_size = 1
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor
+
+    def all_gather_bytes(self, payload: bytes) -> list[bytes]:
+        return [payload]
+
+    def close(self) -> None:
+        return None
+
+
+class ThreadGroup:
+    """Shared state of ``world_size`` in-process workers (one thread each).
+
+    Args:
+        world_size: number of threads that will call the collectives.
+        timeout_s: how long one collective waits for the slowest thread before raising :class:`WaitTimeout`.
+    """
+
+    def __init__(self, world_size: int, timeout_s: float = 300.0) -> None:
+        self.world_size = world_size
+        self.timeout_s = timeout_s
+        self._barrier = threading.Barrier(world_size, timeout=timeout_s)
+        self._slots: list[object] = [None] * world_size
+
+    def communicator(self, rank: int) -> "ThreadCommunicator":
+        return ThreadCommunicator(self, rank)
+
+    def abort(self) -> None:
+        """Wake every waiting thread with an error (a peer failed)."""
+        self._barrier.abort()
+
+    def _exchange(self, rank: int, value: object) -> list[object]:
+        self._slots[rank] = value
+        self._wait()
+        values = list(self._slots)
+        self._wait()  # nobody overwrites a slot before everyone has read it
+        return values
+
+    def _wait(self) -> None:
+        try:
+            self._barrier.wait()
+        except threading.BrokenBarrierError as e:
+            raise WaitTimeout(
+                f"a peer worker did not reach the collective within rendezvous_timeout_s={self.timeout_s} "
+                "(or failed); raise rendezvous_timeout_s if workers are merely slow"
+            ) from e
+
+
+class ThreadCommunicator:
+    """One thread's view of a :class:`ThreadGroup`."""
+
+    def __init__(self, group: ThreadGroup, rank: int) -> None:
+        self.group = group
+        self.rank = rank
+        self.world_size = group.world_size
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        parts = self.group._exchange(self.rank, tensor.detach().clone())
+        total = parts[0].clone()  # type: ignore[union-attr]
+        for p in parts[1:]:  # rank order: identical arithmetic on every rank
+            total += p  # type: ignore[operator]
+        tensor.copy_(total)
+        return tensor
+
+    def all_gather_bytes(self, payload: bytes) -> list[bytes]:
+        return [bytes(p) for p in self.group._exchange(self.rank, payload)]  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        return None
+
+
+class TorchDistCommunicator:
+    """A torch.distributed process group (gloo on CPU, nccl on CUDA) built from a ``TCPStore``.
+
+    Args:
+        store: a ``torch.distributed.Store`` every rank can reach (rank 0 hosts it).
+        rank, world_size: this worker's place.
+        backend: ``"gloo"`` or ``"nccl"``.
+        device: where collective buffers live (CUDA for nccl).
+        timeout_s: the collective timeout (``rendezvous_timeout_s``); a peer that never arrives fails the job
+            after this long instead of hanging it.
+    """
+
+    def __init__(
+        self,
+        store: dist.Store,
+        rank: int,
+        world_size: int,
+        backend: str = "gloo",
+        device: torch.device | str = "cpu",
+        timeout_s: float = 300.0,
+    ) -> None:
+        if dist.is_initialized():
+            raise SetupError(
+                "a torch.distributed process group is already active in this worker process; "
+                "torchspark needs its own (is another training job running in the same Python worker?)"
+            )
+        self.rank = rank
+        self.world_size = world_size
+        self.device = torch.device(device)
+        self.timeout_s = timeout_s
+        dist.init_process_group(
+            backend, store=store, rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s)
+        )
+        self._open = True
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.device != self.device:
+            moved = tensor.to(self.device)
+            self._call(lambda: dist.all_reduce(moved))
+            tensor.copy_(moved)
+        else:
+            self._call(lambda: dist.all_reduce(tensor))
+        return tensor
+
+    def all_gather_bytes(self, payload: bytes) -> list[bytes]:
+        n = torch.tensor([len(payload)], dtype=torch.int64, device=self.device)
+        sizes = [torch.zeros_like(n) for _ in range(self.world_size)]
+        self._call(lambda: dist.all_gather(sizes, n))
+        lengths = [int(s.item()) for s in sizes]
+        width = max(max(lengths), 1)
+        buf = torch.zeros(width, dtype=torch.uint8)
+        if payload:
+            buf[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+        buf = buf.to(self.device)
+        outs = [torch.empty(width, dtype=torch.uint8, device=self.device) for _ in range(self.world_size)]
+        self._call(lambda: dist.all_gather(outs, buf))
+        return [o[:length].cpu().numpy().tobytes() for o, length in zip(outs, lengths)]
+
+    def _call(self, fn: "object") -> None:
+        try:
+            fn()  # type: ignore[operator]
+        except RuntimeError as e:
+            text = str(e)
+            if "timed out" in text.lower() or "timeout" in text.lower():
+                raise WaitTimeout(
+                    f"a collective did not complete within rendezvous_timeout_s={self.timeout_s}: {text}. "
+                    "A peer worker is stuck or gone; raise rendezvous_timeout_s if it is merely slow."
+                ) from e
+            raise
+
+    def close(self) -> None:
+        if self._open and dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except (RuntimeError, ValueError) as e:  # already torn down by a failed peer
+                log.debug("destroy_process_group: %s", e)
+        self._open = False

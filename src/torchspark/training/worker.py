@@ -1,0 +1,171 @@
+"""The worker side of distributed training: one function every runner calls (Spark barrier task, local process,
+thread).
+
+``run_worker`` builds the network once per fit from the broadcast blueprint, pins torch's thread count, then
+runs the master's algorithm for every epoch over the worker's data and returns a :class:`WorkerResult`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
+
+import torch
+
+from torchspark.data import Batch, DataSet, MultiDataSet, dataset_from_bytes, load_batch
+from torchspark.nn import Network, NetworkBlueprint
+from torchspark.training.algorithms import ALGORITHMS
+from torchspark.training.comm import Communicator
+from torchspark.training.hooks import WorkerHooks
+from torchspark.training.prefetch import prefetch
+
+__all__ = ["WorkerTask", "WorkerResult", "EpochSource", "ItemSource", "run_worker", "load_item"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WorkerTask:
+    """Everything a worker needs besides its data and its peers (small; broadcast once per fit).
+
+    Args:
+        mode: the algorithm (``"averaging"`` or ``"sharing"``), a key of :data:`ALGORITHMS`.
+        settings: the algorithm's settings as a JSON-able dict.
+        blueprint: ``NetworkBlueprint.to_bytes()`` of the driver's network.
+        epochs: passes over the data inside this one stage.
+        prefetch: minibatches loaded ahead on a background thread (0 = none).
+        data_timeout_s: how long to wait for one minibatch before failing.
+        num_threads: torch intra-op threads (the cores the task owns); None leaves torch's default.
+        collect_stats: record phases for the training stats.
+    """
+
+    mode: str
+    settings: dict[str, Any]
+    blueprint: bytes
+    epochs: int = 1
+    prefetch: int = 2
+    data_timeout_s: float = 600.0
+    num_threads: int | None = None
+    collect_stats: bool = False
+
+
+@dataclass
+class WorkerResult:
+    """What a worker hands back to the driver. Only rank 0 carries the (identical) parameters."""
+
+    rank: int
+    examples: int
+    iterations: int
+    score: float
+    params: torch.Tensor | None = None
+    updater_state: torch.Tensor | None = None
+    extra_state: dict[str, torch.Tensor] = field(default_factory=dict)
+    extra_config: dict[str, Any] = field(default_factory=dict)
+    stats: Any = None
+
+
+def load_item(item: Any) -> Batch:
+    """A batch from whatever a data source yields: a batch, a batch-file path, or serialized batch bytes."""
+    if isinstance(item, (DataSet, MultiDataSet)):
+        return item
+    if isinstance(item, str):
+        return load_batch(item)
+    if isinstance(item, (bytes, bytearray, memoryview)):
+        return dataset_from_bytes(bytes(item))
+    raise TypeError(f"cannot turn a {type(item).__name__} into a minibatch")
+
+
+class EpochSource(Protocol):
+    """A worker's data, iterable once per epoch. Items are batches, batch-file paths or batch bytes."""
+
+    def epoch(self, index: int) -> Iterable[Any]: ...
+
+
+class ItemSource:
+    """Items from an iterator, remembered during the first epoch so later epochs replay them.
+
+    For a Spark partition iterator (read once) this keeps the partition's serialized batches in the worker's
+    memory across epochs, like an RDD persisted in memory; batch-file paths (the ``export`` approach) cost
+    only their names.
+    """
+
+    def __init__(self, items: Iterable[Any]) -> None:
+        self._items: Iterator[Any] | None = iter(items)
+        self._cache: list[Any] = []
+
+    def epoch(self, index: int) -> Iterable[Any]:
+        if self._items is None:
+            return list(self._cache)
+        return self._first_pass()
+
+    def _first_pass(self) -> Iterator[Any]:
+        assert self._items is not None
+        for item in self._items:
+            self._cache.append(item)
+            yield item
+        self._items = None
+
+
+def run_worker(
+    task: WorkerTask,
+    source: EpochSource,
+    comm: Communicator,
+    device: str = "cpu",
+    hooks: WorkerHooks | None = None,
+    network_factory: Callable[[WorkerTask, str], Network] | None = None,
+) -> WorkerResult:
+    """Train this worker's share for ``task.epochs`` epochs and return its result.
+
+    Every step that waits on peers goes through ``comm`` (collectives with a timeout), every wait for data
+    through the prefetcher (``data_timeout_s``), so a stuck peer or source fails instead of hanging.
+    """
+    hooks = hooks or WorkerHooks()
+    if task.num_threads:
+        torch.set_num_threads(max(1, int(task.num_threads)))
+    with hooks.recorder.phase("network_init"):
+        net = (network_factory or _build_network)(task, device)
+    algorithm = ALGORITHMS[task.mode].from_settings(task.settings)
+    state = algorithm.start(net, comm)
+    examples = iterations = 0
+    score = math.nan
+    for e in range(task.epochs):
+        batches = prefetch(source.epoch(e), task.prefetch, task.data_timeout_s, transform=load_item)
+        outcome = algorithm.epoch(state, net, batches, comm, hooks, e)
+        examples += outcome.examples
+        iterations += outcome.iterations
+        score = outcome.last_score
+        net.epoch += 1
+    extra_state, extra_config = algorithm.finish(state, net, comm)
+    lead = comm.rank == 0
+    return WorkerResult(
+        rank=comm.rank,
+        examples=examples,
+        iterations=iterations,
+        score=score,
+        params=net.params().cpu() if lead else None,
+        updater_state=net.updater_state().cpu() if lead else None,
+        extra_state=extra_state,
+        extra_config=extra_config if lead else {},
+    )
+
+
+def _build_network(task: WorkerTask, device: str) -> Network:
+    return NetworkBlueprint.from_bytes(task.blueprint).build(device)
+
+
+def merge_results(net: Network, results: Sequence[WorkerResult]) -> float:
+    """Apply the workers' results to the driver's network; returns the mean of the workers' last scores."""
+    lead = next((r for r in results if r.rank == 0), None)
+    if lead is None or lead.params is None:
+        raise RuntimeError("no result from worker rank 0")
+    net.set_params(lead.params)
+    if lead.updater_state is not None:
+        net.set_updater_state(lead.updater_state)
+    for r in results:
+        net.extra_state.update(r.extra_state)
+    net.extra_config.update(lead.extra_config)
+    net.iteration += max(r.iterations for r in results)
+    scores = [r.score for r in results if not math.isnan(r.score)]
+    return sum(scores) / len(scores) if scores else math.nan
