@@ -200,7 +200,8 @@ def worker_traceback(error: BaseException) -> str:
     """The Python traceback of a failed task, dug out of Spark's Java exception text."""
     text = str(error)
     found = _PY_TRACE.findall(text)
-    return found[-1].strip() if found else text.strip()
+    tb = found[-1] if found else text
+    return "\n".join(ln for ln in tb.strip().splitlines() if not ln.strip().startswith("SQLSTATE"))
 
 
 def _root_message(tb: str) -> str:
@@ -238,7 +239,8 @@ def run_barrier_stage(sc: Any, rdd: Any, fn: Callable[[Iterable[Any]], Iterator[
         if isinstance(err, TorchSparkError):
             raise err
         tb = worker_traceback(err)
-        tail = "\n".join(tb.splitlines()[-20:])
+        lines = tb.splitlines()
+        tail = "\n".join(lines if len(lines) <= 20 else ["Traceback (most recent call last):", "  ...", *lines[-18:]])
         raise WorkerError(f"a training worker failed: {_root_message(tb)}\n--- worker traceback ---\n{tail}") from None
     results: list[WorkerResult] = box["results"]
     return sorted(results, key=lambda r: r.rank)

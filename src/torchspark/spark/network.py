@@ -166,11 +166,22 @@ class SparkNetwork:
             prepared = batches.repartition(n).persist(level)
         else:
             prepared = worker_rdd_direct(batches, n, master.rng_seed, level)
-        if prepared.isEmpty():
-            raise DataError("the training data is empty: the RDD holds no examples")
         return prepared
 
+    def _validate_sample(self, worker_rdd: Any) -> None:
+        """Fail fast on the driver: run the network on a few examples of the first minibatch."""
+        from torchspark.training.worker import load_item
+
+        first = worker_rdd.take(1)
+        if not first:
+            raise DataError("the training data is empty: no minibatches reached the workers")
+        batch = load_item(first[0])
+        sample = batch.slice(0, min(4, len(batch)))
+        sample.check_finite("training features")
+        self.network.score(sample)
+
     def _train(self, worker_rdd: Any, master: TrainingMaster, n: int, epochs: int) -> Network:
+        self._validate_sample(worker_rdd)
         if worker_rdd.getNumPartitions() != n:
             worker_rdd = worker_rdd.coalesce(n) if worker_rdd.getNumPartitions() > n else worker_rdd.repartition(n)
         if id(self.sc) not in self._preflight_done:

@@ -1,0 +1,57 @@
+"""Gradient-sharing codec: Strom 2015 threshold encoding with residuals.
+
+Split as in GRACE: :mod:`.codec` (compressor: encode/decode), :mod:`.residual` (memory post-processing),
+:mod:`.threshold` (policies), :mod:`.wire` (bytes), :mod:`.encoder` (one step per minibatch), :mod:`.stats`.
+"""
+
+from __future__ import annotations
+
+from torchspark.encoding.codec import EncodedUpdate, decode, decode_sum, threshold_encode
+from torchspark.encoding.encoder import EncoderConfig, EncoderState, encode_step
+from torchspark.encoding.residual import (
+    RESIDUAL_POST_PROCESSORS,
+    NoResidualPostProcessing,
+    ResidualClipping,
+    ResidualPostProcessor,
+    residual_post_processor_from_dict,
+)
+from torchspark.encoding.stats import EncodingStats
+from torchspark.encoding.threshold import (
+    THRESHOLD_POLICIES,
+    AdaptiveThreshold,
+    FixedThreshold,
+    TargetSparsityThreshold,
+    ThresholdPolicy,
+    ThresholdState,
+    average_states,
+    shake_up_threshold,
+    threshold_policy_from_dict,
+)
+from torchspark.encoding.wire import from_bytes, to_bytes
+
+__all__ = [
+    "EncodedUpdate",
+    "threshold_encode",
+    "decode",
+    "decode_sum",
+    "to_bytes",
+    "from_bytes",
+    "EncodingStats",
+    "ThresholdState",
+    "ThresholdPolicy",
+    "FixedThreshold",
+    "AdaptiveThreshold",
+    "TargetSparsityThreshold",
+    "THRESHOLD_POLICIES",
+    "average_states",
+    "shake_up_threshold",
+    "threshold_policy_from_dict",
+    "ResidualPostProcessor",
+    "ResidualClipping",
+    "NoResidualPostProcessing",
+    "RESIDUAL_POST_PROCESSORS",
+    "residual_post_processor_from_dict",
+    "EncoderConfig",
+    "EncoderState",
+    "encode_step",
+]

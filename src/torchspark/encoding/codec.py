@@ -1,0 +1,201 @@
+"""Threshold encoding of flat float32 updates (Strom 2015), the *compressor* of the GRACE split.
+
+An update is never sent at full precision. It is added to a per-worker residual, and every residual entry whose
+magnitude reaches the threshold ``t`` is sent as exactly one ``±t`` step and subtracted from the residual. What is
+not sent stays in the residual for later steps, so nothing is lost: the sum of all decoded messages plus the final
+residual equals the sum of all updates.
+
+Two formats, chosen per message by wire size (header included, the header is the same for both):
+
+* ``"sparse"``: int32 signed 1-based indices, ``+(i+1)`` for ``+t`` and ``-(i+1)`` for ``-t``, ascending by ``i``.
+  4 bytes per entry.
+* ``"bitmap"``: 2 bits per element (codes 0, ``+t``, ``-t``), i.e. ``ceil(N/4)`` bytes, 16x smaller than float32.
+  Chosen exactly when it is strictly smaller than the sparse message, i.e. when more than ``ceil(N/4) // 4``
+  entries (about N/16) reach the threshold.
+* ``"empty"``: fewer than ``min_entries`` entries reach ``t``; nothing is sent and the residual keeps everything.
+
+Unlike DL4J, the format is chosen after counting and before the residual is touched, so switching formats never
+loses residual mass, and the bitmap has no "half threshold" state.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+
+from torchspark.encoding import _kernels
+from torchspark.errors import ConfigError, EncodingError
+
+__all__ = [
+    "FORMATS",
+    "HEADER_NBYTES",
+    "MAX_LENGTH",
+    "EncodedUpdate",
+    "threshold_encode",
+    "decode",
+    "decode_sum",
+]
+
+Format = Literal["sparse", "bitmap", "empty"]
+FORMATS: tuple[str, ...] = ("empty", "sparse", "bitmap")  # position = format byte on the wire
+
+# Wire header (see torchspark.encoding.wire): magic 4, version 1, format 1, reserved 2, length u64, entries u64,
+# threshold f32. Kept here because the format choice compares whole-message sizes.
+HEADER_NBYTES = 28
+
+# Sparse indices are int32 and 1-based, so a message can address at most 2**31 - 1 elements (DL4J has the same
+# limit). Split larger models into several flat buffers.
+MAX_LENGTH = 2**31 - 1
+
+
+@dataclass(frozen=True, eq=False)  # eq on a tensor field would be ambiguous; compare payloads explicitly
+class EncodedUpdate:
+    """One threshold-encoded message.
+
+    Attributes:
+        format: ``"sparse"``, ``"bitmap"`` or ``"empty"``.
+        length: N, the number of elements of the update this message encodes.
+        threshold: the step size ``t`` (a float32 value); every entry is ``+t`` or ``-t``.
+        payload: int32 signed 1-based indices (sparse), uint8 packed 2-bit codes (bitmap, ``ceil(N/4)`` bytes) or
+            an empty int32 tensor (empty). On the device of the residual it was encoded from.
+        num_entries: how many elements carry a ``±t`` step.
+    """
+
+    format: Format
+    length: int
+    threshold: float
+    payload: torch.Tensor
+    num_entries: int
+
+    def __post_init__(self) -> None:
+        if self.format not in FORMATS:
+            raise EncodingError(f"format must be one of {FORMATS}, got {self.format!r}")
+        if not 0 <= self.length <= MAX_LENGTH:
+            raise EncodingError(f"length must be in [0, {MAX_LENGTH}], got {self.length}")
+        if not 0 <= self.num_entries <= self.length:
+            raise EncodingError(f"num_entries must be in [0, length={self.length}], got {self.num_entries}")
+
+    @property
+    def nbytes(self) -> int:
+        """Size in bytes of this message on the wire (header + payload), i.e. ``len(to_bytes(self))``."""
+        return HEADER_NBYTES + self.payload.numel() * self.payload.element_size()
+
+    @property
+    def density(self) -> float:
+        """Fraction of the N elements that carry a step (``num_entries / length``; 0 for an empty update)."""
+        return self.num_entries / self.length if self.length else 0.0
+
+
+def _sparse_limit(length: int) -> int:
+    """Largest entry count for which the sparse message is no larger than the bitmap one (ties go to sparse)."""
+    return _kernels.bitmap_nbytes(length) // 4
+
+
+def _check_threshold(threshold: float) -> float:
+    t32 = float(np.float32(threshold))
+    if not (math.isfinite(t32) and t32 > 0):
+        raise ConfigError(f"threshold must be a finite number > 0 (as float32), got {threshold!r}; "
+                          "a typical starting value is 1e-3 for SGD updates")
+    return t32
+
+
+def _check_flat(name: str, t: torch.Tensor) -> None:
+    if t.dtype != torch.float32 or t.dim() != 1 or not t.is_contiguous():
+        raise EncodingError(f"{name} must be a contiguous 1-D float32 tensor, got dtype={t.dtype}, "
+                            f"shape={tuple(t.shape)}, contiguous={t.is_contiguous()}; flatten it first "
+                            "(e.g. torch.nn.utils.parameters_to_vector)")
+
+
+def threshold_encode(update: torch.Tensor | None, residual: torch.Tensor, threshold: float, *,
+                     min_entries: int = 1, _force_torch: bool = False) -> EncodedUpdate:
+    """Encode ``residual + update`` with threshold ``threshold``; mutates ``residual`` in place.
+
+    Steps:
+        1. ``residual += update`` (skipped when ``update`` is None, to flush the residual alone).
+        2. Count the entries with ``|r| >= t`` and choose the format (empty / sparse / bitmap by wire size) before
+           touching the residual again.
+        3. Every such entry is sent as one ``sign(r)*t`` step and ``r -= sign(r)*t`` (one step per entry per call,
+           even if ``|r| >= 2t``; the rest goes out in later calls).
+
+    Args:
+        update: flat float32 update (what the optimizer would subtract from the parameters), or None.
+        residual: flat float32 residual, same length and device as ``update``; changed in place.
+        threshold: step size ``t`` (> 0, rounded to float32). Larger = fewer, coarser entries per message.
+        min_entries: send nothing unless at least this many entries reach ``t`` (DL4J used 2). Default 1.
+
+    Returns:
+        The :class:`EncodedUpdate`; its payload lives on the residual's device.
+
+    Raises:
+        ConfigError: ``threshold`` is not a finite positive float32, or ``min_entries < 1``.
+        EncodingError: the tensors are not contiguous 1-D float32 of equal length on one device, or longer than
+            :data:`MAX_LENGTH`.
+    """
+    t = _check_threshold(threshold)
+    if min_entries < 1:
+        raise ConfigError(f"min_entries must be >= 1, got {min_entries}")
+    _check_flat("residual", residual)
+    if residual.requires_grad:
+        raise EncodingError("residual must not require grad; create it with torch.zeros(n) (no requires_grad)")
+    if update is not None:
+        _check_flat("update", update)
+        if update.shape != residual.shape or update.device != residual.device:
+            raise EncodingError(f"update has {update.numel()} elements on {update.device} but the residual has "
+                                f"{residual.numel()} on {residual.device}; they must match")
+    n = residual.numel()
+    if n > MAX_LENGTH:
+        raise EncodingError(f"cannot encode {n} elements, the limit is {MAX_LENGTH}; split the update")
+    with torch.no_grad():
+        upd = None if update is None else update.detach()
+        limit = _sparse_limit(n)
+        # 1 + 2: accumulate and count, no subtraction yet
+        count, indices = _kernels.accumulate_and_find(residual, upd, t, limit, _force_torch)
+        if count < min_entries:
+            return EncodedUpdate("empty", n, t, torch.empty(0, dtype=torch.int32, device=residual.device), 0)
+        # 3: subtract one ±t per entry, in the chosen format
+        if indices is not None:
+            payload = _kernels.apply_sparse(residual, indices, t, _force_torch)
+            return EncodedUpdate("sparse", n, t, payload.to(residual.device), count)
+        payload = _kernels.apply_bitmap(residual, t, _force_torch)
+        return EncodedUpdate("bitmap", n, t, payload.to(residual.device), count)
+
+
+def decode(message: EncodedUpdate, out: torch.Tensor, *, _force_torch: bool = False) -> torch.Tensor:
+    """Add the ``±t`` steps of ``message`` into ``out`` (in place) and return ``out``.
+
+    Args:
+        message: an encoded update (from :func:`threshold_encode` or :func:`torchspark.encoding.from_bytes`).
+        out: contiguous 1-D float32 tensor of length ``message.length``, on any device.
+
+    Returns:
+        ``out``, with ``+t`` / ``-t`` added at the encoded entries.
+
+    Raises:
+        EncodingError: ``out`` is not a contiguous 1-D float32 tensor or its length differs from the message's.
+    """
+    _check_flat("out", out)
+    if out.numel() != message.length:
+        raise EncodingError(f"message encodes {message.length} elements but out has {out.numel()}; "
+                            "decode into a buffer of the encoded length")
+    with torch.no_grad():
+        if message.format == "sparse":
+            _kernels.add_sparse(out, message.payload.to(out.device), message.threshold, _force_torch)
+        elif message.format == "bitmap":
+            _kernels.add_bitmap(out, message.payload.to(out.device), message.threshold, _force_torch)
+    return out
+
+
+def decode_sum(messages: Iterable[EncodedUpdate], out: torch.Tensor) -> torch.Tensor:
+    """Add every message into ``out`` (in place) and return it; messages may carry different thresholds.
+
+    Raises:
+        EncodingError: as :func:`decode`, for the first message whose length differs from ``out``'s.
+    """
+    for message in messages:
+        decode(message, out)
+    return out

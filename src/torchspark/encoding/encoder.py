@@ -1,0 +1,145 @@
+"""One encoder step per minibatch: threshold policy + shake-up + codec + residual post-processing.
+
+This is what a gradient-sharing worker calls once per minibatch::
+
+    state = EncoderState.create(EncoderConfig(), num_params)
+    for step, update in enumerate(updates):          # update: flat float32, what the optimizer would apply
+        message, state = encode_step(update, state, step)
+        broadcast(to_bytes(message))                 # every replica (own included) applies decode(message, ...)
+
+The residual tensor is mutated in place (no params-sized copy per step); the returned state shares it and carries
+the new threshold state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from torchspark.encoding.codec import EncodedUpdate, threshold_encode
+from torchspark.encoding.residual import (
+    ResidualClipping,
+    ResidualPostProcessor,
+    residual_post_processor_from_dict,
+)
+from torchspark.encoding.threshold import (
+    AdaptiveThreshold,
+    ThresholdPolicy,
+    ThresholdState,
+    shake_up_threshold,
+    threshold_policy_from_dict,
+)
+from torchspark.errors import ConfigError, EncodingError
+
+__all__ = ["EncoderConfig", "EncoderState", "encode_step"]
+
+
+@dataclass(frozen=True)
+class EncoderConfig:
+    """Knobs of the per-worker encoder.
+
+    Args:
+        threshold_policy: how the threshold moves; default :class:`AdaptiveThreshold` (DL4J's default).
+        residual_post_processor: what happens to the residual after each encode; default
+            :class:`ResidualClipping` (clip to ±5t every 5 steps). Use ``NoResidualPostProcessing()`` to never
+            drop update mass.
+        shake_frequency: every this many steps encode with ``t/3`` to flush small residuals; 0 (default) = never.
+            Try 50..500 if many parameters never reach the threshold.
+        min_entries: send nothing unless at least this many entries reach the threshold (DL4J: 2).
+    """
+
+    threshold_policy: ThresholdPolicy = field(default_factory=AdaptiveThreshold)
+    residual_post_processor: ResidualPostProcessor = field(default_factory=ResidualClipping)
+    shake_frequency: int = 0
+    min_entries: int = 1
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.shake_frequency, int) and self.shake_frequency >= 0):
+            raise ConfigError(f"shake_frequency must be an int >= 0 (0 = off), got {self.shake_frequency!r}")
+        if not (isinstance(self.min_entries, int) and self.min_entries >= 1):
+            raise ConfigError(f"min_entries must be an int >= 1, got {self.min_entries!r}; DL4J uses 2")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"threshold_policy": self.threshold_policy.to_dict(),
+                "residual_post_processor": self.residual_post_processor.to_dict(),
+                "shake_frequency": self.shake_frequency, "min_entries": self.min_entries}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EncoderConfig:
+        return cls(threshold_policy=threshold_policy_from_dict(data["threshold_policy"]),
+                   residual_post_processor=residual_post_processor_from_dict(data["residual_post_processor"]),
+                   shake_frequency=int(data.get("shake_frequency", 0)), min_entries=int(data.get("min_entries", 1)))
+
+
+@dataclass(frozen=True)
+class EncoderState:
+    """Everything one worker's encoder carries between steps.
+
+    Attributes:
+        config: the encoder's knobs.
+        residual: flat float32 residual (N,), mutated in place by :func:`encode_step`.
+        threshold_state: threshold for the next step and the last step's sparsity.
+    """
+
+    config: EncoderConfig
+    residual: torch.Tensor
+    threshold_state: ThresholdState
+
+    @classmethod
+    def create(cls, config: EncoderConfig, length: int, device: torch.device | str | None = None,
+               threshold_state: ThresholdState | None = None) -> EncoderState:
+        """A zero residual of ``length`` elements and the policy's initial (or the given, e.g. averaged) state."""
+        return cls(config, torch.zeros(length, dtype=torch.float32, device=device),
+                   threshold_state if threshold_state is not None else config.threshold_policy.initial_state())
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        """Tensors to save (e.g. with safetensors) next to the model: residual and threshold state."""
+        return {"residual": self.residual, "threshold_state": self.threshold_state.to_tensor()}
+
+    @classmethod
+    def load_state_tensors(cls, config: EncoderConfig, tensors: dict[str, torch.Tensor],
+                           device: torch.device | str | None = None) -> EncoderState:
+        """Inverse of :meth:`state_tensors`.
+
+        Raises:
+            EncodingError: a tensor is missing or the residual is not flat float32.
+        """
+        missing = {"residual", "threshold_state"} - set(tensors)
+        if missing:
+            raise EncodingError(f"encoder state is missing tensors {sorted(missing)}; save it with state_tensors()")
+        residual = tensors["residual"].to(device=device).contiguous()
+        if residual.dtype != torch.float32 or residual.dim() != 1:
+            raise EncodingError(f"saved residual must be 1-D float32, got dtype={residual.dtype}, "
+                                f"shape={tuple(residual.shape)}")
+        return cls(config, residual, ThresholdState.from_tensor(tensors["threshold_state"]))
+
+
+def encode_step(update: torch.Tensor | None, state: EncoderState, step: int) -> tuple[EncodedUpdate, EncoderState]:
+    """Encode one update and advance the threshold state.
+
+    Steps:
+        1. ``t`` = the state's threshold; on shake-up steps encode with ``t/3`` instead.
+        2. :func:`threshold_encode` (``residual += update``; send every ``|r| >= t`` entry as ``±t``).
+        3. Post-process the residual with ``t`` (default: clip to ±5t when ``step % 5 == 0``).
+        4. Next threshold from this step's sparsity; shake-up steps leave the threshold state alone, since their
+           sparsity (measured at ``t/3``) would wrongly push the threshold up.
+
+    Args:
+        update: flat float32 update of the residual's length and device, or None to flush the residual only.
+        state: from :meth:`EncoderState.create` or a previous call.
+        step: the worker's iteration counter (0-based); drives clipping and shake-up schedules.
+
+    Returns:
+        ``(message, new_state)``; ``new_state.residual`` is the same (mutated) tensor as ``state.residual``.
+    """
+    config = state.config
+    threshold = state.threshold_state.threshold
+    step_threshold = shake_up_threshold(threshold, step, config.shake_frequency)
+    message = threshold_encode(update, state.residual, step_threshold, min_entries=config.min_entries)
+    config.residual_post_processor.process(state.residual, threshold, step)
+    if step_threshold != threshold:
+        return message, state
+    return message, replace(state, threshold_state=config.threshold_policy.next_threshold(state.threshold_state,
+                                                                                          message.density))

@@ -1,0 +1,100 @@
+"""Versioned byte format of an :class:`~torchspark.encoding.codec.EncodedUpdate` (no pickle).
+
+Layout, little-endian, 28-byte header then payload::
+
+    offset  size  field
+    0       4     magic b"TSEU" (TorchSpark Encoded Update)
+    4       1     version (currently 1)
+    5       1     format: 0 = empty, 1 = sparse, 2 = bitmap
+    6       2     reserved, 0
+    8       8     length N (u64)
+    16      8     entry count (u64)
+    24      4     threshold (f32)
+    28      ...   payload: sparse = count x int32 signed 1-based indices; bitmap = ceil(N/4) bytes; empty = nothing
+
+Every reader check raises :class:`~torchspark.errors.EncodingError` naming what was wrong, so a corrupted or
+foreign message is refused instead of being decoded into garbage updates.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+
+import numpy as np
+import torch
+
+from torchspark.encoding import _kernels
+from torchspark.encoding.codec import FORMATS, HEADER_NBYTES, MAX_LENGTH, EncodedUpdate
+from torchspark.errors import EncodingError
+
+__all__ = ["MAGIC", "VERSION", "to_bytes", "from_bytes"]
+
+MAGIC = b"TSEU"
+VERSION = 1
+_HEADER = struct.Struct("<4sBBHQQf")
+assert _HEADER.size == HEADER_NBYTES
+
+
+def to_bytes(message: EncodedUpdate) -> bytes:
+    """Serialise ``message`` (payload copied to CPU); ``len(result) == message.nbytes``."""
+    header = _HEADER.pack(MAGIC, VERSION, FORMATS.index(message.format), 0, message.length, message.num_entries,
+                          message.threshold)
+    if message.format == "sparse":
+        body = message.payload.detach().cpu().numpy().astype("<i4", copy=False).tobytes()
+    elif message.format == "bitmap":
+        body = message.payload.detach().cpu().numpy().astype(np.uint8, copy=False).tobytes()
+    else:
+        body = b""
+    return header + body
+
+
+def from_bytes(data: bytes | bytearray | memoryview) -> EncodedUpdate:
+    """Parse bytes written by :func:`to_bytes`; the payload comes back as a CPU tensor.
+
+    Raises:
+        EncodingError: bad magic (not a torchspark message), unsupported version, unknown format byte, truncated
+            or over-long data (``expected X bytes, got Y``), an invalid threshold, out-of-range indices or
+            impossible bitmap codes.
+    """
+    buf = memoryview(data).cast("B")
+    if len(buf) < HEADER_NBYTES:
+        raise EncodingError(f"truncated encoded update: expected at least {HEADER_NBYTES} header bytes, "
+                            f"got {len(buf)}")
+    magic, version, fmt, _reserved, length, count, threshold = _HEADER.unpack_from(buf, 0)
+    if magic != MAGIC:
+        raise EncodingError(f"bad magic {bytes(magic)!r}, expected {MAGIC!r}: these bytes are not a torchspark "
+                            "encoded update")
+    if version != VERSION:
+        raise EncodingError(f"unsupported encoded-update version {version}; this torchspark reads version "
+                            f"{VERSION}; use the same torchspark version on every worker")
+    if fmt >= len(FORMATS):
+        raise EncodingError(f"unknown format byte {fmt}; expected 0 (empty), 1 (sparse) or 2 (bitmap)")
+    name = FORMATS[fmt]
+    if length > MAX_LENGTH or count > length:
+        raise EncodingError(f"corrupt header: length {length} (max {MAX_LENGTH}) and entry count {count} "
+                            "(must be <= length)")
+    if not (math.isfinite(threshold) and threshold > 0):
+        raise EncodingError(f"corrupt header: threshold {threshold} must be finite and > 0")
+    payload_nbytes = {"empty": 0, "sparse": 4 * count, "bitmap": _kernels.bitmap_nbytes(length)}[name]
+    expected = HEADER_NBYTES + payload_nbytes
+    if len(buf) != expected:
+        what = "truncated" if len(buf) < expected else "over-long"
+        raise EncodingError(f"{what} {name} encoded update: expected {expected} bytes, got {len(buf)}")
+    if name == "empty":
+        if count:
+            raise EncodingError(f"corrupt empty message: entry count {count}, expected 0")
+        return EncodedUpdate("empty", length, threshold, torch.empty(0, dtype=torch.int32), 0)
+    raw = np.frombuffer(buf, dtype=np.uint8 if name == "bitmap" else "<i4", offset=HEADER_NBYTES,
+                        count=payload_nbytes if name == "bitmap" else count)
+    payload = torch.from_numpy(raw.astype(np.uint8 if name == "bitmap" else np.int32))  # copy: writable, owned
+    if name == "sparse":
+        magnitude = np.abs(raw.astype(np.int64))
+        if count and (magnitude.min() < 1 or magnitude.max() > length):
+            raise EncodingError(f"corrupt sparse message: indices must be in [1, {length}] in magnitude, got "
+                                f"range [{magnitude.min()}, {magnitude.max()}]")
+        if count > 1 and not np.all(np.diff(magnitude) > 0):
+            raise EncodingError("corrupt sparse message: indices must be strictly ascending by magnitude")
+    elif _kernels.bitmap_has_invalid_code(payload):
+        raise EncodingError("corrupt bitmap message: an element has both its value and sign bit set (code 3)")
+    return EncodedUpdate(name, length, threshold, payload, count)

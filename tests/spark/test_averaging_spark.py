@@ -1,0 +1,212 @@
+"""Parameter averaging on a real local[2] Spark session with real torch."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+from torchspark import DataSet, Network, datasets, models, optim
+from torchspark.errors import ConfigError, DataError, SetupError, WorkerError
+from torchspark.spark import ParameterAveragingTrainingMaster, SparkNetwork
+
+pytestmark = pytest.mark.spark
+
+
+def _small(n: int = 96, seed: int = 0) -> DataSet:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(n, 1, 8, 8, generator=g)
+    y = torch.randint(0, 10, (n,), generator=g)
+    return DataSet(x, y)
+
+
+def test_digits_lenet_reaches_95_percent(spark, sc) -> None:
+    train, test = datasets.digits("train"), datasets.digits("test")
+    net = Network(models.lenet(1, 10, 8, 8), updater=optim.Adam(lr=1e-3), seed=0)
+    master = ParameterAveragingTrainingMaster(batch_size_per_worker=16, averaging_frequency=5, rng_seed=0)
+    spark_net = SparkNetwork(spark, net, master)
+    spark_net.fit(sc.parallelize(train.split(64), 4), epochs=8)
+    accuracy = net.evaluate(test).accuracy()
+    assert accuracy >= 0.95, accuracy
+    assert net.epoch == 8
+    assert np.isfinite(spark_net.get_score())
+    spark_net.delete_temp_files()
+
+
+@pytest.mark.parametrize("approach", ["export", "direct"])
+def test_identical_shards_equal_single_worker(spark, sc, approach: str) -> None:
+    """N workers on identical shards with plain SGD reproduce one worker (catches wrong averaging divisors)."""
+    batches = _small(90).split(10)  # 9 minibatches; averaging_frequency=4 leaves a partial last round
+    rdd = sc.parallelize([b for _ in range(2) for b in batches], 2)  # partition i = the same 9 batches
+    net = Network(models.mlp(64, 16, 10), updater=optim.SGD(lr=0.1), seed=3)
+    reference = net.copy()
+    master = ParameterAveragingTrainingMaster(
+        batch_size_per_worker=10, averaging_frequency=4, repartition="never", rdd_training_approach=approach,
+        num_workers=2,
+    )
+    SparkNetwork(spark, net, master).fit(rdd, epochs=2)
+    reference.fit(batches, epochs=2)
+    torch.testing.assert_close(net.params(), reference.params(), atol=1e-5, rtol=0)
+
+
+def test_export_and_direct_give_same_parameters(spark, sc) -> None:
+    data = _small(200, seed=1)
+    rdd = sc.parallelize(data.split(7), 3)  # odd sizes: both routes must re-batch identically
+    results = []
+    for approach in ("export", "direct"):
+        net = Network(models.mlp(64, 16, 10), updater=optim.SGD(lr=0.05, momentum=0.9), seed=5)
+        master = ParameterAveragingTrainingMaster(batch_size_per_worker=16, averaging_frequency=2, rng_seed=11,
+                                                  rdd_training_approach=approach, num_workers=2)
+        spark_net = SparkNetwork(spark, net, master)
+        spark_net.fit(rdd, epochs=2)
+        spark_net.delete_temp_files()
+        results.append(net.params())
+    torch.testing.assert_close(results[0], results[1], atol=0, rtol=0)
+
+
+def test_balanced_repartition_equal_counts_and_skew_finishes(spark, sc) -> None:
+    big, small = _small(220, seed=2), _small(22, seed=3)
+    skewed = sc.parallelize([big, small], 2)  # one partition 10x larger
+    for repartition in ("always", "never"):
+        net = Network(models.mlp(64, 8, 10), updater=optim.SGD(lr=0.05), seed=0)
+        master = ParameterAveragingTrainingMaster(batch_size_per_worker=11, averaging_frequency=3,
+                                                  repartition=repartition, num_workers=2)
+        spark_net = SparkNetwork(spark, net, master)
+        spark_net.fit(skewed, epochs=1)
+        counts = sorted(r.examples for r in spark_net.last_results)
+        if repartition == "always":
+            assert counts == [121, 121], counts  # 22 minibatches of 11 -> 11 each
+        else:
+            assert counts == [22, 220], counts  # each worker its own partition; the short one waits, no hang
+        assert torch.isfinite(net.params()).all()
+        spark_net.delete_temp_files()
+
+
+def test_dataframe_input_trains_like_rdd_input(spark, sc) -> None:
+    data = _small(160, seed=4)
+    flat = data.features.reshape(160, 64).numpy()
+    rows = [(flat[i].tolist(), int(data.labels[i])) for i in range(160)]
+    df = spark.createDataFrame(rows, "features array<float>, label int").coalesce(1)
+    rdd = sc.parallelize([data], 1)
+    params = []
+    for source, kwargs in ((df, {"feature_shape": (1, 8, 8)}), (rdd, {})):
+        net = Network(models.lenet(1, 10, 8, 8), updater=optim.SGD(lr=0.05), seed=2)
+        master = ParameterAveragingTrainingMaster(batch_size_per_worker=16, averaging_frequency=2, num_workers=2,
+                                                  rdd_training_approach="direct")
+        SparkNetwork(spark, net, master).fit(source, epochs=1, **kwargs)
+        params.append(net.params())
+    torch.testing.assert_close(params[0], params[1], atol=1e-6, rtol=0)
+
+
+def test_dataframe_vector_column_and_fit_paths(spark, sc, tmp_path) -> None:
+    from pyspark.ml.linalg import Vectors
+
+    from torchspark import save_batches
+
+    data = datasets.synthetic_classification(200, 6, 3, seed=0)
+    rows = [(Vectors.dense(data.features[i].tolist()), float(data.labels[i])) for i in range(200)]
+    df = spark.createDataFrame(rows, ["vec", "y"])
+    net = Network(models.mlp(6, 16, 3), updater=optim.Adam(lr=1e-2), seed=0)
+    master = ParameterAveragingTrainingMaster(batch_size_per_worker=16, averaging_frequency=2, num_workers=2)
+    SparkNetwork(spark, net, master).fit(df, epochs=5, features_col="vec", label_col="y")
+    assert net.evaluate(data).accuracy() > 0.85
+
+    paths = save_batches(data.split(20), str(tmp_path / "batches"))
+    net2 = Network(models.mlp(6, 16, 3), updater=optim.Adam(lr=1e-2), seed=0)
+    spark_net = SparkNetwork(spark, net2, master)
+    spark_net.fit_paths(paths, epochs=5)
+    assert net2.evaluate(data).accuracy() > 0.85
+    spark_net.fit_paths(sc.parallelize(paths, 2), epochs=1)
+
+
+def test_save_updater_false_resets_state(spark, sc) -> None:
+    net = Network(models.mlp(64, 8, 10), updater=optim.Adam(lr=1e-3), seed=0)
+    master = ParameterAveragingTrainingMaster(batch_size_per_worker=16, save_updater=False, num_workers=2)
+    SparkNetwork(spark, net, master).fit(sc.parallelize([_small(64)], 2), epochs=1)
+    assert torch.count_nonzero(net.updater_state()) == 0
+    net_keep = Network(models.mlp(64, 8, 10), updater=optim.Adam(lr=1e-3), seed=0)
+    SparkNetwork(spark, net_keep, ParameterAveragingTrainingMaster(batch_size_per_worker=16, num_workers=2)).fit(
+        sc.parallelize([_small(64)], 2), epochs=1)
+    assert torch.count_nonzero(net_keep.updater_state()) > 0
+
+
+# ------------------------------------------------------------------ bad input fails fast
+def _net() -> Network:
+    return Network(models.mlp(64, 8, 10), seed=0)
+
+
+def _master(**kw) -> ParameterAveragingTrainingMaster:
+    return ParameterAveragingTrainingMaster(batch_size_per_worker=8, num_workers=2, **kw)
+
+
+def test_empty_rdd(spark, sc) -> None:
+    with pytest.raises(DataError, match="empty"):
+        SparkNetwork(spark, _net(), _master()).fit(sc.parallelize([], 2))
+    with pytest.raises(DataError, match="empty"):
+        SparkNetwork(spark, _net(), _master(rdd_training_approach="direct")).fit(sc.parallelize([], 2))
+
+
+def test_wrong_feature_shape(spark, sc) -> None:
+    bad = DataSet(torch.rand(16, 1, 5, 5), torch.zeros(16, dtype=torch.long))
+    with pytest.raises(DataError, match=r"\(4, 1, 5, 5\)"):
+        SparkNetwork(spark, _net(), _master()).fit(sc.parallelize([bad], 2))
+
+
+def test_label_out_of_range(spark, sc) -> None:
+    bad = DataSet(torch.rand(16, 1, 8, 8), torch.full((16,), 12, dtype=torch.long))
+    with pytest.raises(DataError, match="label index 12"):
+        SparkNetwork(spark, _net(), _master(rdd_training_approach="direct")).fit(sc.parallelize([bad], 2))
+
+
+def test_unwritable_export_directory(spark, sc, tmp_path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    with pytest.raises(DataError, match="a-file"):
+        SparkNetwork(spark, _net(), _master(export_directory=str(blocker / "sub"))).fit(
+            sc.parallelize([_small(16)], 2))
+
+
+def test_more_workers_than_slots(spark, sc) -> None:
+    with pytest.raises(SetupError, match="num_workers=3 .* 2 task slot"):
+        SparkNetwork(spark, _net(), _master().__class__(num_workers=3)).fit(sc.parallelize([_small(32)], 2))
+
+
+def test_repartition_never_needs_matching_partitions(spark, sc) -> None:
+    with pytest.raises(ConfigError, match="3 partitions and num_workers=2"):
+        SparkNetwork(spark, _net(), _master(repartition="never")).fit(sc.parallelize([_small(16)] * 3, 3))
+
+
+def test_worker_error_surfaces_traceback_and_cleans_up(spark, sc) -> None:
+    # the first minibatch is fine (driver check passes); a later one carries NaN -> the worker raises mid-fit
+    good = _small(32)
+    x = torch.rand(32, 1, 8, 8)
+    x[5] = float("nan")
+    poisoned = DataSet(x, torch.zeros(32, dtype=torch.long))
+    before = {t.name for t in threading.enumerate()}
+    with pytest.raises(WorkerError, match="NaN at example 5") as info:
+        SparkNetwork(spark, _net(), _master(rdd_training_approach="direct", repartition="never")).fit(
+            sc.parallelize([good, poisoned], 2))
+    assert "Traceback" in str(info.value)
+    assert not dist.is_initialized()
+    leftover = {t.name for t in threading.enumerate()} - before
+    assert not [n for n in leftover if n.startswith("torchspark")], leftover
+    # the session still works after a failed fit
+    assert sc.parallelize(range(4), 2).sum() == 6
+
+
+def test_master_json_round_trip_and_validation() -> None:
+    master = ParameterAveragingTrainingMaster(batch_size_per_worker=32, averaging_frequency=3, rng_seed=4,
+                                              repartition="never", rdd_training_approach="direct")
+    assert ParameterAveragingTrainingMaster.from_json(master.to_json()) == master
+    for bad, match in [
+        ({"batch_size_per_worker": 0}, "batch_size_per_worker must be an integer >= 1, got 0"),
+        ({"averaging_frequency": -1}, "averaging_frequency"),
+        ({"repartition": "sometimes"}, "repartition must be one of"),
+        ({"rdd_training_approach": "stream"}, "rdd_training_approach"),
+        ({"rendezvous_timeout_s": 0}, "rendezvous_timeout_s"),
+    ]:
+        with pytest.raises(ConfigError, match=match):
+            ParameterAveragingTrainingMaster(**bad)
