@@ -27,7 +27,8 @@ import torch
 from torchspark.errors import ConfigError, SetupError, TorchSparkError, WaitTimeout, WorkerError
 from torchspark.training.comm import TorchDistCommunicator
 from torchspark.training.devices import backend_for_device, device_for_task, gpu_addresses
-from torchspark.training.hooks import WorkerHooks
+from torchspark.training.reporting import open_worker_hooks
+from torchspark.training.runner import traceback_tail
 from torchspark.training.worker import ItemSource, WorkerResult, WorkerTask, run_worker
 
 __all__ = ["RendezvousSettings", "barrier_task", "run_barrier_stage", "LOCAL_ADDRESS_ENV", "pick_local_address"]
@@ -154,7 +155,9 @@ def _ifname_for(address: str) -> str | None:
     return None
 
 
-def barrier_task(task_bc: Any, settings: RendezvousSettings, progress: Any = None) -> Callable[[Iterable[Any]], Iterator[WorkerResult]]:
+def barrier_task(
+    task_bc: Any, settings: RendezvousSettings, progress_address: tuple[str, int] | None = None
+) -> Callable[[Iterable[Any]], Iterator[WorkerResult]]:
     """The ``mapPartitions`` function of the training stage (module level: nothing hidden in a closure)."""
 
     def run(items: Iterable[Any]) -> Iterator[WorkerResult]:
@@ -168,20 +171,20 @@ def barrier_task(task_bc: Any, settings: RendezvousSettings, progress: Any = Non
             torch.cuda.set_device(torch.device(device))
         cpus = ctx.cpus() if hasattr(ctx, "cpus") else 1
         task = _with_threads(task, cpus)
-        hooks = progress(ctx.partitionId()) if progress is not None else WorkerHooks()
-        comm = _rendezvous(ctx, settings, backend_for_device(device), device)
+        hooks = open_worker_hooks(ctx.partitionId(), task.collect_stats, progress_address)
+        comm: TorchDistCommunicator | None = None
         try:
+            comm = _rendezvous(ctx, settings, backend_for_device(device), device)
             result = run_worker(task, ItemSource(items), comm, device, hooks)
         except BaseException:
-            report = getattr(hooks, "report_error", None)
-            if report is not None:
-                report(traceback.format_exc())
+            if hooks.report_error is not None:
+                hooks.report_error(traceback.format_exc())
             raise
         finally:
-            comm.close()
-            closer = getattr(hooks, "close", None)
-            if closer is not None:
-                closer()
+            if comm is not None:
+                comm.close()
+            if hooks.close is not None:
+                hooks.close()
         yield result
 
     return run
@@ -239,8 +242,8 @@ def run_barrier_stage(sc: Any, rdd: Any, fn: Callable[[Iterable[Any]], Iterator[
         if isinstance(err, TorchSparkError):
             raise err
         tb = worker_traceback(err)
-        lines = tb.splitlines()
-        tail = "\n".join(lines if len(lines) <= 20 else ["Traceback (most recent call last):", "  ...", *lines[-18:]])
-        raise WorkerError(f"a training worker failed: {_root_message(tb)}\n--- worker traceback ---\n{tail}") from None
+        raise WorkerError(
+            f"a training worker failed: {_root_message(tb)}\n--- worker traceback ---\n{traceback_tail(tb)}"
+        ) from None
     results: list[WorkerResult] = box["results"]
     return sorted(results, key=lambda r: r.rank)

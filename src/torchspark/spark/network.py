@@ -11,7 +11,7 @@ import math
 import os
 import tempfile
 import uuid
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from torchspark._io import filesystem, join
 from torchspark.errors import ConfigError, DataError
@@ -30,6 +30,10 @@ from torchspark.spark.data import (
 from torchspark.spark.masters import TrainingMaster
 from torchspark.spark.preflight import preflight
 from torchspark.spark.session import spark_context
+from torchspark.stats import DRIVER_ID, StatsCollector, TrainingStats
+from torchspark.training.hooks import ProgressUpdate
+from torchspark.training.progress import ProgressBar, ProgressServer
+from torchspark.training.reporting import worker_id
 from torchspark.training.worker import WorkerResult, WorkerTask, merge_results
 
 __all__ = ["SparkNetwork"]
@@ -45,9 +49,18 @@ class SparkNetwork:
         network: the :class:`~torchspark.Network` to train; it is updated in place by :meth:`fit`.
         training_master: how to train (``ParameterAveragingTrainingMaster`` or ``SharedTrainingMaster``); may be
             None when the object is used only for evaluation or inference.
+        progress: draw a progress bar (examples/s, latest score) while training: None = only when stderr is a
+            terminal, False = never. Workers stream progress and errors to the driver either way; see
+            :meth:`add_progress_listener`.
     """
 
-    def __init__(self, spark: Any, network: Network, training_master: TrainingMaster | None = None) -> None:
+    def __init__(
+        self,
+        spark: Any,
+        network: Network,
+        training_master: TrainingMaster | None = None,
+        progress: bool | None = None,
+    ) -> None:
         if not isinstance(network, Network):
             raise ConfigError(f"network must be a torchspark.Network, got {type(network).__name__}")
         if training_master is not None and not isinstance(training_master, TrainingMaster):
@@ -60,6 +73,26 @@ class SparkNetwork:
         self._exports: dict[tuple[int, int], tuple[str, list[tuple[int, str]]]] = {}
         self._preflight_done: set[int] = set()
         self.last_results: list[WorkerResult] = []
+        self.progress = progress
+        self._listeners: list[Callable[[ProgressUpdate], None]] = []
+        self._collect_stats = bool(training_master and training_master.collect_training_stats)
+        self._stats: TrainingStats | None = None
+        self._driver_stats = StatsCollector(DRIVER_ID, enabled=False)
+
+    # ------------------------------------------------------------------ stats and progress
+    def set_collect_training_stats(self, collect: bool) -> None:
+        """Record per-phase timings of the next fits (see :attr:`training_stats`)."""
+        self._collect_stats = bool(collect)
+
+    @property
+    def training_stats(self) -> TrainingStats | None:
+        """Timings of the last fit (per worker and phase, aligned to the driver's clock), or None when not
+        collected. ``summary()`` gives totals; ``export_html(path)`` writes the timeline report."""
+        return self._stats
+
+    def add_progress_listener(self, listener: Callable[[ProgressUpdate], None]) -> None:
+        """Call ``listener(update)`` (on a driver thread) for every progress report workers send while training."""
+        self._listeners.append(listener)
 
     # ------------------------------------------------------------------ public training API
     def get_score(self) -> float:
@@ -82,6 +115,7 @@ class SparkNetwork:
         """
         master = self._master()
         _check_epochs(epochs)
+        self._driver_stats = StatsCollector(DRIVER_ID, enabled=self._collect_stats)
         rdd = to_batch_rdd(data, features_col, label_col, feature_shape, self.network.losses[0].classification)
         n = self._num_workers(master)
         worker_rdd = self._prepare(rdd, master, n)
@@ -95,6 +129,7 @@ class SparkNetwork:
         """
         master = self._master()
         _check_epochs(epochs)
+        self._driver_stats = StatsCollector(DRIVER_ID, enabled=self._collect_stats)
         n = self._num_workers(master)
         if isinstance(paths, (list, tuple)):
             indexed = [(0, str(p)) for p in paths]
@@ -151,7 +186,8 @@ class SparkNetwork:
             if key not in self._exports:
                 directory = join(self._export_base(master), f"{uuid.uuid4().hex[:12]}-rdd{rdd.id()}")
                 check_export_directory(directory)
-                self._exports[key] = (directory, export_rdd(rdd, directory, bsz))
+                with self._driver_stats.phase("export"):
+                    self._exports[key] = (directory, export_rdd(rdd, directory, bsz))
             paths = self._exports[key][1]
             if not paths:
                 raise DataError("the training data is empty: the RDD holds no examples")
@@ -165,7 +201,8 @@ class SparkNetwork:
         elif master.repartition_strategy == "spark_default":
             prepared = batches.repartition(n).persist(level)
         else:
-            prepared = worker_rdd_direct(batches, n, master.rng_seed, level)
+            with self._driver_stats.phase("repartition"):
+                prepared = worker_rdd_direct(batches, n, master.rng_seed, level)
         return prepared
 
     def _validate_sample(self, worker_rdd: Any) -> None:
@@ -181,6 +218,7 @@ class SparkNetwork:
         self.network.score(sample)
 
     def _train(self, worker_rdd: Any, master: TrainingMaster, n: int, epochs: int) -> Network:
+        collector = self._driver_stats
         self._validate_sample(worker_rdd)
         if worker_rdd.getNumPartitions() != n:
             worker_rdd = worker_rdd.coalesce(n) if worker_rdd.getNumPartitions() > n else worker_rdd.repartition(n)
@@ -189,25 +227,51 @@ class SparkNetwork:
             self._preflight_done.add(id(self.sc))
         else:
             preflight(self.sc, n, wait_s=min(60.0, master.rendezvous_timeout_s), check_imports=False)
-        task = WorkerTask(
-            mode=master.mode,  # type: ignore[attr-defined]
-            settings=master.algorithm_settings(),
-            blueprint=NetworkBlueprint.of(self.network).to_bytes(),
-            epochs=epochs,
-            prefetch=master.worker_prefetch_num_batches,
-            data_timeout_s=master.data_timeout_s,
-            collect_stats=master.collect_training_stats,
-        )
-        task_bc = self.sc.broadcast(task)
+        with collector.phase("broadcast"):
+            task = WorkerTask(
+                mode=master.mode,  # type: ignore[attr-defined]
+                settings=master.algorithm_settings(),
+                blueprint=NetworkBlueprint.of(self.network).to_bytes(),
+                epochs=epochs,
+                prefetch=master.worker_prefetch_num_batches,
+                data_timeout_s=master.data_timeout_s,
+                collect_stats=self._collect_stats,
+            )
+            task_bc = self.sc.broadcast(task)
+        host = self.sc.getConf().get("spark.driver.host", "127.0.0.1")
+        server = ProgressServer(host="0.0.0.0", advertise_host=host, listeners=self._listeners).start()
+        bar = ProgressBar(desc=f"fit x{epochs}", enabled=self.progress)
+        server.add_listener(bar.update)
         try:
-            fn = barrier_task(task_bc, _rendezvous_settings(master))
-            results = run_barrier_stage(self.sc, worker_rdd, fn, f"torchspark fit: {n} workers, {epochs} epoch(s)")
+            fn = barrier_task(task_bc, _rendezvous_settings(master), server.address)
+            with collector.phase("fit"):
+                results = run_barrier_stage(self.sc, worker_rdd, fn, f"torchspark fit: {n} workers, {epochs} epoch(s)")
         finally:
+            bar.close()
+            server.close()
             task_bc.unpersist()
-        self._score = merge_results(self.network, results)
+        with collector.phase("aggregation"):
+            self._score = merge_results(self.network, results)
         self.network.epoch += epochs
         self.last_results = results
+        self._finish_stats(results, epochs)
         return self.network
+
+    def _finish_stats(self, results: Sequence[WorkerResult], epochs: int) -> None:
+        if not self._collect_stats:
+            self._stats = None
+            return
+        stats = TrainingStats()
+        stats.add_worker_payload(DRIVER_ID, self._driver_stats.drain())
+        for r in results:
+            if r.stats is not None:
+                stats.add_worker_payload(worker_id(r.rank), r.stats)
+        stats.set_summary("examples", sum(r.examples for r in results))
+        stats.set_summary("epochs", epochs)
+        for key, value in self.network.extra_config.items():
+            if isinstance(value, (int, float, bool, str)):
+                stats.set_summary(key, value)
+        self._stats = stats
 
 
 def _rendezvous_settings(master: TrainingMaster) -> RendezvousSettings:

@@ -63,3 +63,7 @@ class WorkerHooks:
     recorder: PhaseRecorder = field(default_factory=NullRecorder)
     progress: Callable[[ProgressUpdate], None] | None = None
     progress_every: int = 10
+    #: called with the worker's traceback text when it fails (e.g. sent to the driver's progress server)
+    report_error: Callable[[str], None] | None = None
+    #: releases what the hooks hold (progress connection); called once when the worker ends
+    close: Callable[[], None] | None = None

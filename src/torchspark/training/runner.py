@@ -16,7 +16,15 @@ from torchspark.training.comm import SoloCommunicator, ThreadGroup
 from torchspark.training.hooks import WorkerHooks
 from torchspark.training.worker import EpochSource, WorkerResult, WorkerTask, run_worker
 
-__all__ = ["Runner", "InProcessRunner"]
+__all__ = ["Runner", "InProcessRunner", "traceback_tail"]
+
+
+def traceback_tail(tb: str, max_lines: int = 20) -> str:
+    """The last lines of a traceback, keeping its ``Traceback (most recent call last):`` header."""
+    lines = [ln for ln in tb.strip().splitlines() if not ln.strip().startswith("SQLSTATE")]
+    if len(lines) <= max_lines:
+        return "\n".join(lines)
+    return "\n".join(["Traceback (most recent call last):", "  ...", *lines[-(max_lines - 2):]])
 
 
 class Runner(Protocol):
@@ -63,6 +71,5 @@ class InProcessRunner:
             # the first failure is the cause; the others are usually peers woken by the abort
             errors.sort(key=lambda e: "BrokenBarrier" in e[2] or "rendezvous_timeout_s" in e[2])
             rank, err, tb = errors[0]
-            raise WorkerError(f"worker {rank} failed: {err}\n--- worker traceback (last lines) ---\n"
-                              + "\n".join(tb.strip().splitlines()[-15:])) from err
+            raise WorkerError(f"worker {rank} failed: {err}\n--- worker traceback ---\n{traceback_tail(tb)}") from err
         return [r for r in results if r is not None]

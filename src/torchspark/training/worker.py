@@ -138,6 +138,7 @@ def run_worker(
         score = outcome.last_score
         net.epoch += 1
     extra_state, extra_config = algorithm.finish(state, net, comm)
+    drain = getattr(hooks.recorder, "drain", None)
     lead = comm.rank == 0
     return WorkerResult(
         rank=comm.rank,
@@ -148,6 +149,7 @@ def run_worker(
         updater_state=net.updater_state().cpu() if lead else None,
         extra_state=extra_state,
         extra_config=extra_config if lead else {},
+        stats=drain() if drain is not None else None,
     )
 
 

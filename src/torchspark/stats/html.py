@@ -1,0 +1,258 @@
+"""The offline HTML report of a fit: one self-contained file (inline SVG + CSS, no JavaScript, no network).
+
+Sections: summary tables, a worker x time timeline, per-worker phase shares, duration histograms per phase, score vs
+iteration, and gradient-encoding series when present. Everything is aggregated before drawing (timeline bucketed
+into ``buckets`` columns, histograms binned, series downsampled), so the file stays a few MB for millions of events.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import logging
+import os
+import tempfile
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from torchspark.errors import ConfigError
+from torchspark.stats._svg import (FONT, esc, fmt, histogram_chart, line_chart, nice_ticks, phase_color,
+                                   series_color)
+from torchspark.stats.aggregate import (downsample_series, log_histogram, mean_by_key, stacked_fractions,
+                                        timeline_occupancy)
+
+if TYPE_CHECKING:
+    from torchspark.stats.training_stats import TrainingStats
+
+__all__ = ["render_html", "write_html", "atomic_write_text"]
+
+log = logging.getLogger(__name__)
+
+_CSS = (f"body{{{FONT};margin:24px;color:#222;max-width:1200px}}h1{{font-size:22px}}h2{{font-size:17px;"
+        "margin-top:32px;border-bottom:1px solid #ddd}}table{border-collapse:collapse;font-size:13px}"
+        "td,th{padding:3px 10px;border-bottom:1px solid #eee;text-align:right}td:first-child,th:first-child"
+        "{text-align:left}.sw{display:inline-block;width:11px;height:11px;margin-right:5px;vertical-align:-1px}"
+        ".legend span{margin-right:14px;font-size:13px;white-space:nowrap}.grid{display:flex;flex-wrap:wrap;gap:8px}"
+        ".note{color:#666;font-size:12px}")
+
+
+def render_html(stats: TrainingStats, *, title: str = "torchspark training stats", buckets: int = 400,
+                max_points: int = 2000) -> str:
+    """The report as one HTML string.
+
+    Args:
+        stats: the merged stats.
+        title: page title.
+        buckets: timeline columns per worker; 400 fits a laptop screen, more adds detail and bytes.
+        max_points: cap on points per series line (score, encoding).
+
+    Raises:
+        ConfigError: ``buckets`` or ``max_points`` below 10.
+    """
+    if buckets < 10 or max_points < 10:
+        raise ConfigError(f"buckets and max_points must be >= 10, got buckets={buckets}, max_points={max_points}")
+    summary = stats.summary()
+    phases = stats.phase_names
+    workers = stats.worker_ids
+    colors = {p: phase_color(p, i) for i, p in enumerate(phases)}
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    parts = [f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{esc(title)}</title>'
+             f"<style>{_CSS}</style></head><body><h1>{esc(title)}</h1>"
+             f'<p class="note">Generated {stamp}. {summary["workers"]} workers, {summary["events"]} events, '
+             f'{fmt(summary["wall_seconds"])} s wall time. Times are on the driver\'s clock.</p>',
+             "<h2>Summary</h2>", _summary_table(summary), _phase_table(stats, phases, colors),
+             "<h2>Timeline</h2>", _legend(phases, colors), _timeline(stats, workers, phases, colors, buckets),
+             "<h2>Time per phase per worker</h2>", _shares(stats, workers, phases, colors),
+             "<h2>Phase durations</h2>", _histograms(stats, phases, colors),
+             "<h2>Score</h2>", _scores(stats, workers, max_points)]
+    if len(stats.encoding()):
+        parts += ["<h2>Gradient encoding</h2>", _encoding(stats, max_points)]
+    parts.append("</body></html>\n")
+    return "".join(parts)
+
+
+def write_html(stats: TrainingStats, path: str | os.PathLike[str], **kwargs: Any) -> None:
+    """Render with :func:`render_html` (``kwargs`` passed on) and write ``path`` atomically."""
+    text = render_html(stats, **kwargs)
+    atomic_write_text(path, text)
+    log.info("wrote training stats report %s (%.1f kB)", os.fspath(path), len(text) / 1024)
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` (UTF-8) to a temporary file next to ``path``, then rename it over ``path``.
+
+    Readers never see a half-written file; on failure the temporary file is removed.
+    """
+    target = os.path.abspath(os.fspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(target) + ".", suffix=".tmp", dir=os.path.dirname(target))
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, target)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+# ---- sections -----------------------------------------------------------------------------------------------------
+
+def _legend(phases: list[str], colors: dict[str, str]) -> str:
+    items = "".join(f'<span><i class="sw" style="background:{colors[p]}"></i>{esc(p)}</span>' for p in phases)
+    return f'<div class="legend">{items}</div>'
+
+
+def _summary_table(summary: dict[str, Any]) -> str:
+    rows = []
+    for key, value in summary.items():
+        if key in ("seconds", "counts"):
+            continue
+        if key == "worker_ids":
+            value = ", ".join(value)
+        elif isinstance(value, float):
+            value = fmt(value)
+        rows.append(f"<tr><td>{esc(key)}</td><td>{esc(value)}</td></tr>")
+    return f"<table>{''.join(rows)}</table>"
+
+
+def _phase_table(stats: TrainingStats, phases: list[str], colors: dict[str, str]) -> str:
+    ev = stats.events()
+    code = {p: i for i, p in enumerate(ev.phase_names)}
+    grand = float(ev.duration.sum()) or 1.0
+    rows = ["<tr><th>phase</th><th>events</th><th>total s</th><th>share</th><th>mean ms</th><th>p50 ms</th>"
+            "<th>p95 ms</th><th>max ms</th></tr>"]
+    for p in phases:
+        d = ev.duration[ev.phase == code[p]]
+        p50, p95 = np.percentile(d, [50, 95]) * 1e3
+        rows.append(f'<tr><td><i class="sw" style="background:{colors[p]}"></i>{esc(p)}</td><td>{d.size}</td>'
+                    f"<td>{fmt(float(d.sum()))}</td><td>{100 * d.sum() / grand:.1f}%</td>"
+                    f"<td>{fmt(float(d.mean()) * 1e3)}</td><td>{fmt(p50)}</td><td>{fmt(p95)}</td>"
+                    f"<td>{fmt(float(d.max()) * 1e3)}</td></tr>")
+    return f"<h3>Phases (all workers)</h3><table>{''.join(rows)}</table>"
+
+
+def _timeline(stats: TrainingStats, workers: list[str], phases: list[str], colors: dict[str, str],
+              buckets: int) -> str:
+    ev = stats.events()
+    if not len(ev):
+        return '<p class="note">No phase events recorded.</p>'
+    t0 = float(ev.start.min())
+    t1 = max(float((ev.start + ev.duration).max()), t0 + 1e-6)
+    # Rows and phases in display order, so colours and stacking match the legend.
+    wmap = np.array([workers.index(w) for w in ev.worker_names], dtype=np.int64)
+    pmap = np.array([phases.index(p) for p in ev.phase_names], dtype=np.int64)
+    occ = timeline_occupancy(wmap[ev.worker], pmap[ev.phase], ev.start, ev.duration, len(workers), len(phases),
+                             t0, t1, buckets)
+    bsec = (t1 - t0) / buckets
+    cum = stacked_fractions(occ, bsec)  # (W, P, B) cumulative fractions
+    label_w, bw, row_h, bar_h, top = 110, 2, 20, 16, 28
+    plot_w = buckets * bw
+    width, height = label_w + plot_w + 20, top + row_h * len(workers) + 40
+    body = []
+    for r, wid in enumerate(workers):
+        base = top + r * row_h + bar_h
+        body.append(f'<text x="{label_w - 6}" y="{base - 4}" text-anchor="end">{esc(wid)}</text>'
+                    f'<rect x="{label_w}" y="{base - bar_h}" width="{plot_w}" height="{bar_h}" fill="#f2f2f2"/>')
+        # Draw the tallest cumulative band first; each later (lower) band covers it, leaving phase p's own slice.
+        for p in range(len(phases) - 1, -1, -1):
+            below = cum[r, p - 1] if p else 0.0
+            if not (cum[r, p] - below > 1e-9).any():
+                continue
+            body.append(f'<path fill="{colors[phases[p]]}" d="{_step_path(cum[r, p] * bar_h, label_w, bw, base)}">'
+                        f"<title>{esc(wid)}: {esc(phases[p])}</title></path>")
+    axis_y = top + row_h * len(workers) + 2
+    for t in nice_ticks(0.0, t1 - t0, 8):
+        x = label_w + t / (t1 - t0) * plot_w
+        body.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{top}" y2="{axis_y}" stroke="#000" stroke-opacity="0.15"/>'
+                    f'<text x="{x:.1f}" y="{axis_y + 12}" text-anchor="middle">{fmt(t)}</text>')
+    body.append(f'<text x="{label_w + plot_w / 2}" y="{axis_y + 28}" text-anchor="middle">seconds since first event '
+                f"(one column = {fmt(bsec, 3)} s)</text>"
+                f'<text x="{width / 2}" y="16" text-anchor="middle" font-size="13" font-weight="600">'
+                f"Worker timeline: share of each time column spent in each phase</text>")
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+            f'style="{FONT};font-size:11px">{"".join(body)}</svg>')
+
+
+def _step_path(heights: np.ndarray, x0: int, bw: int, base: float) -> str:
+    """A filled step shape of ``heights`` (px per column) standing on ``base``; equal neighbours are merged."""
+    h = np.round(heights, 1)
+    change = np.flatnonzero(np.diff(h)) + 1
+    starts = np.concatenate([[0], change]).tolist()
+    ends = np.concatenate([change, [h.size]]).tolist()
+    parts = [f"M{x0},{base}"]
+    for s, e in zip(starts, ends):
+        parts.append(f"V{base - h[s]:.1f}H{x0 + e * bw}")
+    parts.append(f"V{base}Z")
+    return "".join(parts)
+
+
+def _shares(stats: TrainingStats, workers: list[str], phases: list[str], colors: dict[str, str]) -> str:
+    ev = stats.events()
+    if not len(ev):
+        return ""
+    wmap = np.array([workers.index(w) for w in ev.worker_names], dtype=np.int64)
+    pmap = np.array([phases.index(p) for p in ev.phase_names], dtype=np.int64)
+    tot = np.zeros((len(workers), len(phases)))
+    np.add.at(tot, (wmap[ev.worker], pmap[ev.phase]), ev.duration)
+    label_w, plot_w, row_h, top = 110, 600, 16, 24
+    body = []
+    for r, wid in enumerate(workers):
+        y, x, s = top + r * row_h, float(label_w), tot[r].sum() or 1.0
+        body.append(f'<text x="{label_w - 6}" y="{y + 11}" text-anchor="end">{esc(wid)}</text>')
+        for p, sec in enumerate(tot[r]):
+            if sec > 0:
+                w = sec / s * plot_w
+                body.append(f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{row_h - 3}" fill="{colors[phases[p]]}">'
+                            f"<title>{esc(wid)} {esc(phases[p])}: {fmt(sec)} s ({100 * sec / s:.1f}%)</title></rect>")
+                x += w
+        body.append(f'<text x="{label_w + plot_w + 6}" y="{y + 11}">{fmt(s)} s</text>')
+    height = top + row_h * len(workers) + 8
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{label_w + plot_w + 80}" height="{height}" '
+            f'style="{FONT};font-size:11px"><text x="{label_w}" y="14" font-size="13" font-weight="600">'
+            f"Share of recorded phase time per worker (total seconds at right)</text>{''.join(body)}</svg>")
+
+
+def _histograms(stats: TrainingStats, phases: list[str], colors: dict[str, str]) -> str:
+    ev = stats.events()
+    code = {p: i for i, p in enumerate(ev.phase_names)}
+    charts = []
+    for p in phases:
+        edges, counts = log_histogram(ev.duration[ev.phase == code[p]])
+        charts.append(histogram_chart(edges, counts, title=f"{p} duration", xlabel="milliseconds (log bins)",
+                                      color=colors[p], scale=1e3))
+    return f'<div class="grid">{"".join(charts)}</div>' if charts else '<p class="note">No phase events.</p>'
+
+
+def _scores(stats: TrainingStats, workers: list[str], max_points: int) -> str:
+    sc = stats.scores()
+    if not len(sc):
+        return '<p class="note">No scores recorded.</p>'
+    present = [w for w in workers if w in sc.worker_names and (sc.worker == sc.worker_names.index(w)).any()]
+    per_series = min(max_points, max(200, 4 * max_points // len(present)))
+    series = []
+    for i, wid in enumerate(present):
+        m = sc.worker == sc.worker_names.index(wid)
+        x, y = downsample_series(sc.iteration[m], sc.score[m], per_series)
+        series.append((wid, x, y, series_color(i, len(present))))
+    return line_chart(series, title="Score vs iteration", xlabel="iteration", ylabel="score",
+                      width=900, height=320)
+
+
+def _encoding(stats: TrainingStats, max_points: int) -> str:
+    enc = stats.encoding()
+    steps, sent = mean_by_key(enc.step, enc.bytes_sent, "sum")
+    _, dense = mean_by_key(enc.step, enc.dense_bytes, "sum")
+    _, sparsity = mean_by_key(enc.step, enc.sparsity)
+    _, threshold = mean_by_key(enc.step, enc.threshold)
+    ds = lambda y: downsample_series(steps, y, max_points)  # noqa: E731
+    charts = [
+        line_chart([("bytes sent", *ds(sent), "#ff7f0e"), ("dense bytes", *ds(dense), "#7f7f7f")],
+                   title="Bytes per step (all workers)", xlabel="step", ylabel="bytes", log_y=True),
+        line_chart([("sparsity", *ds(sparsity), "#1f77b4")], title="Sparsity (fraction sent, mean over workers)",
+                   xlabel="step", ylabel="fraction", log_y=True, legend=False),
+        line_chart([("threshold", *ds(threshold), "#2ca02c")], title="Threshold (mean over workers)",
+                   xlabel="step", ylabel="threshold", log_y=True, legend=False),
+    ]
+    counts = np.bincount(enc.format, minlength=len(enc.format_names))
+    fmts = ", ".join(f"{esc(n)}: {c}" for n, c in zip(enc.format_names, counts.tolist()))
+    return f'<p class="note">Message formats (steps x workers): {fmts}</p><div class="grid">{"".join(charts)}</div>'

@@ -1,0 +1,340 @@
+"""The merged statistics of one fit: events of every worker and of the driver, score and encoding series, summary.
+
+Build it on the driver from the payloads the workers return (:meth:`TrainingStats.add_worker_payload`), let the
+master set what only it knows (``set_summary("epochs", 3)``), then read :meth:`summary`, save :meth:`to_json` or
+write the offline HTML report with :meth:`export_html`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any, Iterable
+
+import numpy as np
+
+from torchspark.errors import ConfigError, DataError, SerializationError
+from torchspark.stats.events import (DRIVER_ID, PAYLOAD_FORMAT, STANDARD_PHASES, EncodingTable, EventTable,
+                                     ScoreTable)
+
+__all__ = ["TrainingStats"]
+
+_ENC_INT = ("step", "bytes_sent", "dense_bytes")
+_ENC_FLOAT = ("sparsity", "threshold")
+
+
+class TrainingStats:
+    """Events and series from all workers of a fit, merged on the driver's time axis.
+
+    Worker ids and phase names are kept in order of first appearance; events are stored column-wise in chunks and
+    concatenated on first read, so adding a payload is O(payload).
+    """
+
+    def __init__(self) -> None:
+        self._workers: list[str] = []
+        self._phases: list[str] = []
+        self._formats: list[str] = []
+        self._event_chunks: list[dict[str, Any]] = []
+        self._score_chunks: list[dict[str, np.ndarray]] = []
+        self._enc_chunks: list[dict[str, np.ndarray]] = []
+        self._summary: dict[str, Any] = {}
+        self._cache: dict[str, Any] = {}
+
+    # ---- building -----------------------------------------------------------------------------------------------
+
+    @classmethod
+    def from_payloads(cls, payloads: Iterable[dict[str, Any]]) -> TrainingStats:
+        """A new object holding ``payloads`` (each named by its own ``"worker"`` field)."""
+        return cls().merge(payloads)
+
+    def merge(self, payloads: Iterable[dict[str, Any] | TrainingStats]) -> TrainingStats:
+        """Add collector payloads (or other :class:`TrainingStats`) to this object; returns ``self``."""
+        for item in payloads:
+            if isinstance(item, TrainingStats):
+                self._merge_stats(item)
+            else:
+                self.add_worker_payload(_require(item, "worker", str), item)
+        return self
+
+    def add_worker_payload(self, worker_id: str, payload: dict[str, Any], clock_offset: float = 0.0) -> None:
+        """Add one :meth:`StatsCollector.drain` payload.
+
+        Args:
+            worker_id: timeline row the events go to (overrides ``payload["worker"]``).
+            payload: the collector's payload.
+            clock_offset: worker-minus-driver clock offset still to remove from the payload's starts; 0.0 when the
+                worker's collector already applied it (its ``clock_offset`` argument).
+
+        Raises:
+            DataError: the payload is not a torchspark stats payload or its columns disagree in length.
+        """
+        if not isinstance(payload, dict) or payload.get("format") != PAYLOAD_FORMAT:
+            got = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
+            raise DataError(f"not a stats payload (format {got!r}, expected {PAYLOAD_FORMAT!r}); pass what "
+                            "StatsCollector.drain() or snapshot() returned")
+        w = self._code(self._workers, str(worker_id))
+        ph = _require(payload, "phases", dict)
+        n = len(ph["code"])
+        cols = {"start": np.asarray(ph["start"], dtype=np.float64) - float(clock_offset),
+                "duration": np.asarray(ph["duration"], dtype=np.float64)}
+        attrs = {k: np.asarray(v, dtype=np.float64) for k, v in ph.get("attrs", {}).items()}
+        if any(len(c) != n for c in [*cols.values(), *attrs.values()]):
+            raise DataError(f"stats payload of {worker_id!r} has phase columns of different lengths; it was "
+                            "corrupted on the way (build payloads only with StatsCollector)")
+        remap = np.array([self._code(self._phases, str(name)) for name in ph["names"]] or [0], dtype=np.int32)
+        codes = np.asarray(ph["code"], dtype=np.int64)
+        if n:
+            self._event_chunks.append({"worker": np.full(n, w, dtype=np.int32), "phase": remap[codes], **cols,
+                                       "attrs": attrs})
+        sc = _require(payload, "scores", dict)
+        if len(sc["score"]):
+            self._score_chunks.append({"worker": np.full(len(sc["score"]), w, dtype=np.int32),
+                                       "iteration": np.asarray(sc["iteration"], dtype=np.int64),
+                                       "score": np.asarray(sc["score"], dtype=np.float64)})
+        enc = _require(payload, "encoding", dict)
+        if len(enc["step"]):
+            fremap = np.array([self._code(self._formats, str(f)) for f in enc["format_names"]] or [0], dtype=np.int32)
+            chunk = {k: np.asarray(enc[k], dtype=np.int64) for k in _ENC_INT}
+            chunk.update({k: np.asarray(enc[k], dtype=np.float64) for k in _ENC_FLOAT})
+            chunk["format"] = fremap[np.asarray(enc["format"], dtype=np.int64)]
+            chunk["worker"] = np.full(len(enc["step"]), w, dtype=np.int32)
+            self._enc_chunks.append(chunk)
+        self._cache.clear()
+
+    def set_summary(self, key: str, value: Any) -> None:
+        """Set a summary field only the master knows (``examples``, ``epochs``, ``replicas_identical``, or any
+        other JSON-serialisable value); it overrides the value :meth:`summary` would compute.
+
+        Raises:
+            ConfigError: the value is not JSON-serialisable.
+        """
+        try:
+            json.dumps(value, allow_nan=False)
+        except (TypeError, ValueError) as err:
+            raise ConfigError(f"summary field {key!r}={value!r} is not JSON-serialisable; pass a number, string, "
+                              "bool, None, or a list/dict of those") from err
+        self._summary[str(key)] = value
+
+    def _merge_stats(self, other: TrainingStats) -> None:
+        for wid in other.worker_ids:
+            self._code(self._workers, wid)
+        for payload in other._as_payloads():
+            self.add_worker_payload(payload["worker"], payload)
+        for key, value in other._summary.items():
+            self._summary.setdefault(key, value)
+
+    @staticmethod
+    def _code(table: list[str], name: str) -> int:
+        try:
+            return table.index(name)
+        except ValueError:
+            table.append(name)
+            return len(table) - 1
+
+    # ---- reading ------------------------------------------------------------------------------------------------
+
+    @property
+    def worker_ids(self) -> list[str]:
+        """Every worker id, the driver first, then workers in natural order (``worker-2`` before ``worker-10``)."""
+        return sorted(self._workers, key=_natural_key)
+
+    @property
+    def phase_names(self) -> list[str]:
+        """Every phase that occurred: standard phases in pipeline order, then the others in order of appearance."""
+        seen = set(self.events().phase_names[c] for c in np.unique(self.events().phase))
+        return [p for p in STANDARD_PHASES if p in seen] + [p for p in self._phases
+                                                            if p in seen and p not in STANDARD_PHASES]
+
+    def events(self) -> EventTable:
+        """All phase events, column-wise (see :class:`EventTable`)."""
+        if "events" not in self._cache:
+            chunks = self._event_chunks
+            keys = sorted({k for c in chunks for k in c["attrs"]})
+            cat = (lambda name, dt: np.concatenate([c[name] for c in chunks]) if chunks else np.zeros(0, dt))
+            attrs = {k: np.concatenate([c["attrs"].get(k, np.full(len(c["start"]), np.nan)) for c in chunks])
+                     for k in keys}
+            self._cache["events"] = EventTable(tuple(self._workers), tuple(self._phases), cat("worker", np.int32),
+                                               cat("phase", np.int32), cat("start", np.float64),
+                                               cat("duration", np.float64), attrs)
+        return self._cache["events"]
+
+    def scores(self) -> ScoreTable:
+        """Score vs iteration of every worker (see :class:`ScoreTable`)."""
+        if "scores" not in self._cache:
+            c = self._score_chunks
+            cat = (lambda name, dt: np.concatenate([x[name] for x in c]) if c else np.zeros(0, dt))
+            self._cache["scores"] = ScoreTable(tuple(self._workers), cat("worker", np.int32),
+                                               cat("iteration", np.int64), cat("score", np.float64))
+        return self._cache["scores"]
+
+    def encoding(self) -> EncodingTable:
+        """Per-step encoding stats of every worker (see :class:`EncodingTable`)."""
+        if "encoding" not in self._cache:
+            c = self._enc_chunks
+            cat = (lambda name, dt: np.concatenate([x[name] for x in c]) if c else np.zeros(0, dt))
+            self._cache["encoding"] = EncodingTable(
+                tuple(self._workers), tuple(self._formats), cat("worker", np.int32),
+                *(cat(k, np.int64) for k in _ENC_INT), *(cat(k, np.float64) for k in _ENC_FLOAT),
+                cat("format", np.int32))
+        return self._cache["encoding"]
+
+    def summary(self) -> dict[str, Any]:
+        """Headline numbers of the fit.
+
+        Returns:
+            A JSON-ready dict with ``examples`` (sum of the ``examples`` attribute of ``fit`` events), ``iterations``
+            (most ``fit`` events on one worker, i.e. steps per replica; falls back to the longest score series),
+            ``minibatches`` (all ``fit`` events), ``epochs`` (None unless set), ``workers`` (ids other than
+            ``"driver"``), ``worker_ids``, ``events``, ``seconds`` (phase -> total seconds over all workers),
+            ``counts`` (phase -> events), ``wall_seconds`` (first start to last end), and when encoding stats exist
+            ``bytes_sent``, ``dense_bytes``, ``compression_ratio`` (dense / sent) and ``mean_sparsity``. Fields set
+            with :meth:`set_summary` override the computed ones.
+        """
+        ev = self.events()
+        names = self.phase_names
+        codes = {name: i for i, name in enumerate(ev.phase_names)}
+        totals = np.bincount(ev.phase, weights=ev.duration, minlength=len(ev.phase_names))
+        counts = np.bincount(ev.phase, minlength=len(ev.phase_names))
+        fit = ev.phase == codes["fit"] if "fit" in codes else np.zeros(len(ev), dtype=bool)
+        examples = ev.attrs.get("examples")
+        per_worker_fit = np.bincount(ev.worker[fit], minlength=len(self._workers)) if fit.any() else np.zeros(1)
+        sc = self.scores()
+        per_worker_scores = np.bincount(sc.worker, minlength=len(self._workers)) if len(sc) else np.zeros(1)
+        out: dict[str, Any] = {
+            "examples": int(np.nansum(examples[fit])) if examples is not None else 0,
+            "iterations": int(per_worker_fit.max() or per_worker_scores.max()),
+            "minibatches": int(fit.sum()),
+            "epochs": None,
+            "workers": sum(1 for w in self._workers if w != DRIVER_ID),
+            "worker_ids": self.worker_ids,
+            "events": len(ev),
+            "seconds": {p: float(totals[codes[p]]) for p in names},
+            "counts": {p: int(counts[codes[p]]) for p in names},
+            "wall_seconds": float((ev.start + ev.duration).max() - ev.start.min()) if len(ev) else 0.0,
+        }
+        enc = self.encoding()
+        if len(enc):
+            sent, dense = int(enc.bytes_sent.sum()), int(enc.dense_bytes.sum())
+            out.update(bytes_sent=sent, dense_bytes=dense,
+                       compression_ratio=(dense / sent) if sent else None,
+                       mean_sparsity=float(enc.sparsity.mean()))
+        out.update(self._summary)
+        return out
+
+    # ---- persistence --------------------------------------------------------------------------------------------
+
+    def to_json(self) -> str:
+        """The whole object as a JSON string (exact round trip through :meth:`from_json`; NaN is written as null)."""
+        return json.dumps({"format": PAYLOAD_FORMAT, "summary_fields": self._summary,
+                           "workers": self._workers, "phases": self._phases,
+                           "formats": self._formats, "payloads": [_jsonable(p) for p in self._as_payloads()]},
+                          allow_nan=False, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> TrainingStats:
+        """Rebuild from :meth:`to_json` output.
+
+        Raises:
+            SerializationError: not JSON, or not written by :meth:`to_json`.
+        """
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise SerializationError(f"training stats JSON does not parse ({err}); pass what to_json() wrote") from err
+        if not isinstance(doc, dict) or doc.get("format") != PAYLOAD_FORMAT:
+            raise SerializationError(f"not a training stats document (format {doc.get('format') if isinstance(doc, dict) else None!r}, "
+                                     f"expected {PAYLOAD_FORMAT!r})")
+        stats = cls()
+        try:
+            stats._workers = [str(w) for w in doc["workers"]]
+            stats._phases = [str(p) for p in doc["phases"]]
+            stats._formats = [str(f) for f in doc["formats"]]
+            for p in doc["payloads"]:
+                stats.add_worker_payload(p["worker"], _from_jsonable(p))
+            stats._summary = dict(doc["summary_fields"])
+        except (KeyError, TypeError, ValueError, IndexError) as err:
+            raise SerializationError(f"training stats JSON is incomplete or damaged ({type(err).__name__}: {err}); "
+                                     "write it again with TrainingStats.to_json()") from err
+        return stats
+
+    def save_json(self, path: str | os.PathLike[str]) -> None:
+        """Write :meth:`to_json` to ``path`` atomically (temporary name, then rename)."""
+        from torchspark.stats.html import atomic_write_text  # local: html is the heavier module
+
+        atomic_write_text(path, self.to_json())
+
+    def export_html(self, path: str | os.PathLike[str]) -> None:
+        """Write the self-contained offline HTML report (timeline, histograms, series, summary) to ``path``.
+
+        The file is written atomically and stays a few MB at most even for millions of events; see
+        :func:`torchspark.stats.html.render_html`.
+        """
+        from torchspark.stats.html import write_html
+
+        write_html(self, path)
+
+    def _as_payloads(self) -> list[dict[str, Any]]:
+        """One collector-style payload per worker (what JSON and merging go through)."""
+        ev, sc, enc = self.events(), self.scores(), self.encoding()
+        out = []
+        for w, wid in enumerate(self._workers):
+            m = ev.worker == w
+            used = np.unique(ev.phase[m])
+            local = np.searchsorted(used, ev.phase[m]).astype(np.int32)
+            attrs = {k: v[m] for k, v in ev.attrs.items() if not np.isnan(v[m]).all()}
+            ms, me = sc.worker == w, enc.worker == w
+            fused = np.unique(enc.format[me])
+            encoding = {k: getattr(enc, k)[me] for k in (*_ENC_INT, *_ENC_FLOAT)}
+            encoding.update(format=np.searchsorted(fused, enc.format[me]).astype(np.int32),
+                            format_names=[enc.format_names[f] for f in fused])
+            out.append({"format": PAYLOAD_FORMAT, "worker": wid, "clock_offset": 0.0,
+                        "phases": {"names": [ev.phase_names[p] for p in used], "code": local,
+                                   "start": ev.start[m], "duration": ev.duration[m], "attrs": attrs},
+                        "scores": {"iteration": sc.iteration[ms], "score": sc.score[ms]},
+                        "encoding": encoding})
+        return out
+
+    def __repr__(self) -> str:
+        return (f"TrainingStats(workers={len(self._workers)}, events={len(self.events())}, "
+                f"scores={len(self.scores())}, encoding_steps={len(self.encoding())})")
+
+
+def _natural_key(name: str) -> tuple[int, list[Any]]:
+    import re
+
+    parts = [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+    return (0 if name == DRIVER_ID else 1, [(0, p, "") if isinstance(p, int) else (1, 0, p) for p in parts])
+
+
+def _require(doc: dict[str, Any], key: str, kind: type) -> Any:
+    value = doc.get(key)
+    if not isinstance(value, kind):
+        raise DataError(f"stats payload field {key!r} should be a {kind.__name__}, got {type(value).__name__}; "
+                        "pass what StatsCollector.drain() returned")
+    return value
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, np.ndarray):
+        values = obj.tolist()
+        if obj.dtype.kind == "f" and not np.isfinite(obj).all():
+            # JSON has no NaN/inf: NaN -> null, +-inf -> "inf"/"-inf"
+            values = [None if math.isnan(v) else (str(v) if math.isinf(v) else v) for v in values]
+        return values
+    return obj
+
+
+def _from_jsonable(p: dict[str, Any]) -> dict[str, Any]:
+    floats = lambda v: np.array([math.nan if x is None else float(x) for x in v], dtype=np.float64)  # noqa: E731
+    ph, sc, enc = p["phases"], p["scores"], p["encoding"]
+    return {"format": PAYLOAD_FORMAT, "worker": p["worker"], "clock_offset": p["clock_offset"],
+            "phases": {"names": ph["names"], "code": np.array(ph["code"], dtype=np.int32),
+                       "start": floats(ph["start"]), "duration": floats(ph["duration"]),
+                       "attrs": {k: floats(v) for k, v in ph["attrs"].items()}},
+            "scores": {"iteration": np.array(sc["iteration"], dtype=np.int64), "score": floats(sc["score"])},
+            "encoding": {**{k: np.array(enc[k], dtype=np.int64) for k in _ENC_INT},
+                         **{k: floats(enc[k]) for k in _ENC_FLOAT},
+                         "format": np.array(enc["format"], dtype=np.int32), "format_names": enc["format_names"]}}

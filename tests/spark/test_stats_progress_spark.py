@@ -1,0 +1,51 @@
+"""Training stats and live progress from a real 2-worker Spark fit."""
+
+from __future__ import annotations
+
+import pytest
+
+from torchspark import Network, datasets, models, optim
+from torchspark.spark import ParameterAveragingTrainingMaster, SparkNetwork
+from torchspark.stats import STANDARD_PHASES
+
+pytestmark = pytest.mark.spark
+
+
+def test_stats_html_names_workers_and_phases_and_progress_arrives_live(spark, sc, tmp_path) -> None:
+    data = datasets.synthetic_classification(640, 16, 4, seed=0)
+    net = Network(models.mlp(16, 16, 4), updater=optim.Adam(lr=1e-2), seed=0)
+    master = ParameterAveragingTrainingMaster(batch_size_per_worker=8, averaging_frequency=2, num_workers=2,
+                                              collect_training_stats=True)
+    spark_net = SparkNetwork(spark, net, master, progress=False)
+    during_job: list[bool] = []
+    updates = []
+
+    def listener(update) -> None:  # runs on a driver thread while the barrier job is running
+        updates.append(update)
+        during_job.append(bool(sc.statusTracker().getActiveJobsIds()))
+
+    spark_net.add_progress_listener(listener)
+    spark_net.fit(sc.parallelize(data.split(32), 2), epochs=2)
+
+    assert updates, "no progress reached the driver"
+    assert all(during_job), "progress arrived only after the training job ended"
+    assert {u.rank for u in updates} == {0, 1}
+
+    stats = spark_net.training_stats
+    summary = stats.summary()
+    assert summary["workers"] == 2
+    assert summary["examples"] == 2 * 640
+    assert summary["epochs"] == 2
+    assert summary["iterations"] == 2 * 640 // 8 // 2  # per worker
+    for phase in ("fit", "data_wait", "averaging", "network_init", "export", "broadcast", "aggregation"):
+        assert summary["seconds"].get(phase, 0) > 0, phase
+    path = tmp_path / "stats.html"
+    stats.export_html(str(path))
+    html = path.read_text()
+    for name in ("worker-0", "worker-1", "driver", "fit", "averaging", "data_wait", "network_init"):
+        assert name in html, name
+    assert set(summary["seconds"]) <= set(STANDARD_PHASES)
+    # the JSON round trip keeps the summary
+    from torchspark.stats import TrainingStats
+
+    assert TrainingStats.from_json(stats.to_json()).summary()["examples"] == 2 * 640

@@ -1,0 +1,141 @@
+"""The training machinery without Spark: in-process runner, averaging loop, devices, addresses, assignment."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from torchspark import DataSet, Network, models, optim
+from torchspark.errors import ConfigError, SetupError, WaitTimeout, WorkerError
+from torchspark.nn import NetworkBlueprint
+from torchspark.spark.barrier import RendezvousSettings, pick_local_address
+from torchspark.spark.data import assign_balanced
+from torchspark.training import InProcessRunner, ItemSource, ThreadGroup, WorkerTask, device_for_task
+from torchspark.training.devices import backend_for_device, gpu_addresses
+from torchspark.training.prefetch import prefetch
+
+
+def _batches(n: int, size: int = 8, seed: int = 0) -> list[DataSet]:
+    g = torch.Generator().manual_seed(seed)
+    return DataSet(torch.rand(n * size, 1, 8, 8, generator=g), torch.randint(0, 10, (n * size,), generator=g)).split(size)
+
+
+def _task(net: Network, **settings) -> WorkerTask:
+    settings = {"averaging_frequency": 3, "save_updater": True, **settings}
+    return WorkerTask("averaging", settings, NetworkBlueprint.of(net).to_bytes(), epochs=1, prefetch=2)
+
+
+def test_weighted_average_of_unequal_rounds_matches_manual_average() -> None:
+    """Worker 0 fits 2 batches of 8, worker 1 one batch of 4: the average weights them 16:4."""
+    net = Network(models.mlp(64, 8, 10), updater=optim.SGD(lr=0.1), seed=0)
+    a, b = _batches(2, 8, seed=1), _batches(1, 4, seed=2)
+    results = InProcessRunner().run(_task(net, averaging_frequency=5), [ItemSource(a), ItemSource(b)])
+    wa, wb = net.copy(), net.copy()
+    wa.fit(a)
+    wb.fit(b)
+    expected = (wa.params() * 16 + wb.params() * 4) / 20
+    torch.testing.assert_close(results[0].params, expected, atol=1e-6, rtol=0)
+    assert [r.examples for r in results] == [16, 4]
+
+
+def test_unequal_shards_terminate_and_agree() -> None:
+    net = Network(models.mlp(64, 8, 10), updater=optim.SGD(lr=0.1), seed=0)
+    shards = [ItemSource(_batches(10)), ItemSource(_batches(1)), ItemSource([])]
+    results = InProcessRunner(timeout_s=30).run(_task(net), shards)
+    assert [r.iterations for r in results] == [10, 1, 0]
+    assert results[0].params is not None and torch.isfinite(results[0].params).all()
+
+
+def test_worker_failure_aborts_peers_with_traceback() -> None:
+    net = Network(models.mlp(64, 8, 10), seed=0)
+    bad = DataSet(torch.rand(8, 1, 8, 8), torch.full((8,), 99, dtype=torch.long))
+    before = threading.active_count()
+    with pytest.raises(WorkerError, match="label index 99") as info:
+        InProcessRunner(timeout_s=30).run(_task(net), [ItemSource(_batches(5)), ItemSource(_batches(2) + [bad])])
+    assert "Traceback" in str(info.value)
+    assert threading.active_count() <= before + 1  # prefetch threads are joined
+
+
+def test_thread_group_timeout_names_the_knob() -> None:
+    group = ThreadGroup(2, timeout_s=0.2)
+    with pytest.raises(WaitTimeout, match="rendezvous_timeout_s"):
+        group.communicator(0).all_reduce_sum(torch.ones(3))
+
+
+def test_prefetch_reraises_source_errors_and_times_out() -> None:
+    def broken():
+        yield 1
+        raise ValueError("disk on fire")
+
+    it = prefetch(broken(), depth=2, timeout_s=5)
+    assert next(it) == 1
+    with pytest.raises(ValueError, match="disk on fire"):
+        next(it)
+
+    stuck = threading.Event()
+
+    def slow():
+        stuck.wait(10)
+        yield 1
+
+    with pytest.raises(WaitTimeout, match="data_timeout_s"):
+        next(prefetch(slow(), depth=1, timeout_s=0.2))
+    stuck.set()
+
+
+@pytest.mark.parametrize(
+    "addresses, visible, expected",
+    [
+        (None, None, "cpu"),
+        ([], "0,1", "cpu"),
+        (["1"], None, "cuda:1"),
+        (["3"], "2,3", "cuda:1"),
+        (["2"], "2,3", "cuda:0"),
+        (["GPU-abc"], "GPU-xyz,GPU-abc", "cuda:1"),
+    ],
+)
+def test_gpu_mapping(addresses, visible, expected) -> None:
+    assert device_for_task(addresses, visible, cuda_available=True) == expected
+    assert backend_for_device(expected) == ("nccl" if expected.startswith("cuda") else "gloo")
+
+
+def test_gpu_mapping_errors() -> None:
+    with pytest.raises(SetupError, match="no CUDA"):
+        device_for_task(["0"], None, cuda_available=False)
+    with pytest.raises(SetupError, match="hides it"):
+        device_for_task(["5"], "0,1", cuda_available=True)
+
+
+def test_gpu_addresses_from_resources() -> None:
+    class Info:
+        addresses = ["0", "1"]
+
+    assert gpu_addresses({"gpu": Info()}) == ["0", "1"]
+    assert gpu_addresses({}) == []
+
+
+def test_local_address_choice() -> None:
+    plain = RendezvousSettings()
+    assert pick_local_address("10.1.2.3", plain, env={}) == "10.1.2.3"
+    assert pick_local_address("10.1.2.3", plain, env={"TORCHSPARK_LOCAL_IP": "192.168.9.9"}) == "192.168.9.9"
+    masked = RendezvousSettings(network_mask="172.16.0.0/12")
+    assert pick_local_address("10.1.2.3", masked, env={}, candidates=["127.0.0.1", "172.17.0.5"]) == "172.17.0.5"
+    with pytest.raises(SetupError, match="network_mask"):
+        pick_local_address("10.1.2.3", masked, env={}, candidates=["127.0.0.1"])
+    assert pick_local_address("h", RendezvousSettings(controller_address="1.2.3.4"), env={}) == "1.2.3.4"
+    with pytest.raises(ConfigError, match="CIDR"):
+        RendezvousSettings(network_mask="not-a-mask")
+
+
+@pytest.mark.parametrize("total, workers", [(10, 3), (7, 7), (100, 4), (5, 2)])
+@pytest.mark.parametrize("seed", [None, 3])
+def test_balanced_assignment(total: int, workers: int, seed) -> None:
+    plan = assign_balanced(total, workers, seed)
+    counts = np.bincount(plan[:, 0], minlength=workers)
+    assert counts.max() - counts.min() <= 1 and counts.sum() == total
+    assert sorted(plan[:, 1].tolist()) == list(range(total))  # every minibatch exactly once
+    if seed is None:
+        assert plan[:, 0].tolist() == sorted(plan[:, 0].tolist())  # contiguous blocks in data order
