@@ -12,7 +12,7 @@ from torchspark import DataSet, Network, models, optim
 from torchspark.errors import ConfigError, SetupError, WaitTimeout, WorkerError
 from torchspark.nn import NetworkBlueprint
 from torchspark.spark.barrier import RendezvousSettings, pick_local_address
-from torchspark.spark.data import assign_balanced
+from torchspark.training.assignment import assign_balanced
 from torchspark.training import InProcessRunner, ItemSource, ThreadGroup, WorkerTask, device_for_task
 from torchspark.training.devices import backend_for_device, gpu_addresses
 from torchspark.training.prefetch import prefetch

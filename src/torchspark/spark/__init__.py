@@ -3,6 +3,7 @@
 from torchspark.spark.masters import ParameterAveragingTrainingMaster, TrainingMaster, master_from_json
 from torchspark.spark.network import SparkNetwork
 from torchspark.spark.session import check_java, local_session
+from torchspark.spark.shared import SharedTrainingMaster
 
-__all__ = ["SparkNetwork", "ParameterAveragingTrainingMaster", "TrainingMaster", "master_from_json",
-           "local_session", "check_java"]
+__all__ = ["SparkNetwork", "ParameterAveragingTrainingMaster", "SharedTrainingMaster", "TrainingMaster",
+           "master_from_json", "local_session", "check_java"]

@@ -17,6 +17,7 @@ import re
 import socket
 import subprocess
 import threading
+import time
 import traceback
 import uuid
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from torchspark.errors import ConfigError, SetupError, TorchSparkError, WaitTime
 from torchspark.training.comm import TorchDistCommunicator
 from torchspark.training.devices import backend_for_device, device_for_task, gpu_addresses
 from torchspark.training.reporting import open_worker_hooks
-from torchspark.training.runner import traceback_tail
+from torchspark.training.runner import is_peer_failure, root_cause, traceback_tail
 from torchspark.training.worker import ItemSource, WorkerResult, WorkerTask, run_worker
 
 __all__ = ["RendezvousSettings", "barrier_task", "run_barrier_stage", "LOCAL_ADDRESS_ENV", "pick_local_address"]
@@ -207,14 +208,34 @@ def worker_traceback(error: BaseException) -> str:
     return "\n".join(ln for ln in tb.strip().splitlines() if not ln.strip().startswith("SQLSTATE"))
 
 
+def _pick_traceback(spark_tb: str, reported_errors: Callable[[], list[tuple[int, str]]] | None,
+                    wait_s: float = 3.0) -> str:
+    """Spark's traceback unless it is a peer's symptom and a worker reported the cause over the progress channel."""
+    if reported_errors is None or not is_peer_failure(spark_tb):
+        return spark_tb
+    deadline = time.monotonic() + wait_s
+    while True:
+        found = root_cause(reported_errors())
+        if found is not None and not is_peer_failure(found[1]):
+            return found[1]
+        if time.monotonic() >= deadline:
+            return spark_tb
+        time.sleep(0.05)
+
+
 def _root_message(tb: str) -> str:
     lines = [ln for ln in tb.splitlines() if ln.strip()]
     return lines[-1].strip() if lines else tb
 
 
 def run_barrier_stage(sc: Any, rdd: Any, fn: Callable[[Iterable[Any]], Iterator[WorkerResult]],
-                      description: str) -> list[WorkerResult]:
-    """Run ``fn`` as a barrier stage over ``rdd`` under a fresh job group; cancel it and re-raise on failure."""
+                      description: str,
+                      reported_errors: Callable[[], list[tuple[int, str]]] | None = None) -> list[WorkerResult]:
+    """Run ``fn`` as a barrier stage over ``rdd`` under a fresh job group; cancel it and re-raise on failure.
+
+    Spark reports whichever task failed first, which is often a peer that merely saw the failing worker's
+    connection drop. ``reported_errors`` (the progress channel's error list) lets the driver show the root cause.
+    """
     group = f"torchspark-{uuid.uuid4().hex[:12]}"
     box: dict[str, Any] = {}
 
@@ -241,7 +262,7 @@ def run_barrier_stage(sc: Any, rdd: Any, fn: Callable[[Iterable[Any]], Iterator[
         err = box["error"]
         if isinstance(err, TorchSparkError):
             raise err
-        tb = worker_traceback(err)
+        tb = _pick_traceback(worker_traceback(err), reported_errors)
         raise WorkerError(
             f"a training worker failed: {_root_message(tb)}\n--- worker traceback ---\n{traceback_tail(tb)}"
         ) from None

@@ -18,13 +18,13 @@ import torch
 from torchspark._io import atomic_write_bytes, join, make_dirs
 from torchspark.data import DataSet, MultiDataSet, dataset_from_bytes, dataset_to_bytes, rebatch, save_batch
 from torchspark.errors import ConfigError, DataError
+from torchspark.training.assignment import assign_balanced, split_for_workers
 
 __all__ = [
     "dataframe_to_batches",
     "to_batch_rdd",
     "rebatch_partition",
     "export_rdd",
-    "assign_balanced",
     "worker_rdd_from_paths",
     "worker_rdd_direct",
     "check_export_directory",
@@ -173,19 +173,6 @@ def export_rdd(rdd: Any, directory: str, batch_size: int) -> list[tuple[int, str
 
 
 # ------------------------------------------------------------------ assignment of minibatches to workers
-def assign_balanced(total: int, num_workers: int, rng_seed: int | None) -> np.ndarray:
-    """Worker index of each minibatch ``0..total-1``: contiguous, equal (+-1) blocks after an optional permutation.
-
-    Returns ``(worker, position)`` pairs packed as an ``(total, 2)`` int64 array: minibatch ``g`` goes to
-    ``worker[g]`` at ``position[g]`` in that worker's order.
-    """
-    order = np.arange(total) if rng_seed is None else np.random.default_rng(rng_seed).permutation(total)
-    slot = np.empty(total, dtype=np.int64)
-    slot[order] = np.arange(total)  # slot[g]: where minibatch g lands in the permuted order
-    workers = slot * num_workers // max(total, 1)
-    return np.stack([workers, slot], axis=1)
-
-
 def worker_rdd_from_paths(sc: Any, groups: list[list[str]]) -> Any:
     """An RDD with one partition per worker holding that worker's batch-file paths, in order."""
     n = len(groups)
@@ -200,11 +187,7 @@ def group_paths(paths: Sequence[tuple[int, str]], num_workers: int, rng_seed: in
         for part, path in paths:
             groups[part].append(path)
         return groups
-    plan = assign_balanced(len(paths), num_workers, rng_seed)
-    buckets: list[list[tuple[int, str]]] = [[] for _ in range(num_workers)]
-    for (_, path), (w, pos) in zip(paths, plan):
-        buckets[int(w)].append((int(pos), path))
-    return [[p for _, p in sorted(b)] for b in buckets]
+    return split_for_workers([p for _, p in paths], num_workers, rng_seed)
 
 
 def worker_rdd_direct(rdd_bytes: Any, num_workers: int, rng_seed: int | None, storage_level: Any) -> Any:

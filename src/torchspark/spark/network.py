@@ -33,7 +33,7 @@ from torchspark.spark.session import spark_context
 from torchspark.stats import DRIVER_ID, StatsCollector, TrainingStats
 from torchspark.training.hooks import ProgressUpdate
 from torchspark.training.progress import ProgressBar, ProgressServer
-from torchspark.training.reporting import worker_id
+from torchspark.training.reporting import build_training_stats
 from torchspark.training.worker import WorkerResult, WorkerTask, merge_results
 
 __all__ = ["SparkNetwork"]
@@ -245,7 +245,8 @@ class SparkNetwork:
         try:
             fn = barrier_task(task_bc, _rendezvous_settings(master), server.address)
             with collector.phase("fit"):
-                results = run_barrier_stage(self.sc, worker_rdd, fn, f"torchspark fit: {n} workers, {epochs} epoch(s)")
+                results = run_barrier_stage(self.sc, worker_rdd, fn, f"torchspark fit: {n} workers, {epochs} epoch(s)",
+                                            reported_errors=server.errors)
         finally:
             bar.close()
             server.close()
@@ -258,20 +259,8 @@ class SparkNetwork:
         return self.network
 
     def _finish_stats(self, results: Sequence[WorkerResult], epochs: int) -> None:
-        if not self._collect_stats:
-            self._stats = None
-            return
-        stats = TrainingStats()
-        stats.add_worker_payload(DRIVER_ID, self._driver_stats.drain())
-        for r in results:
-            if r.stats is not None:
-                stats.add_worker_payload(worker_id(r.rank), r.stats)
-        stats.set_summary("examples", sum(r.examples for r in results))
-        stats.set_summary("epochs", epochs)
-        for key, value in self.network.extra_config.items():
-            if isinstance(value, (int, float, bool, str)):
-                stats.set_summary(key, value)
-        self._stats = stats
+        self._stats = (build_training_stats(self._driver_stats, results, epochs, self.network.extra_config)
+                       if self._collect_stats else None)
 
 
 def _rendezvous_settings(master: TrainingMaster) -> RendezvousSettings:

@@ -17,6 +17,7 @@ from torchspark.nn import Network
 from torchspark.training.averaging import AveragingSettings, EpochOutcome, averaging_epoch
 from torchspark.training.comm import Communicator
 from torchspark.training.hooks import WorkerHooks
+from torchspark.training.sharing import SharingAlgorithm
 
 __all__ = ["Algorithm", "AveragingAlgorithm", "ALGORITHMS"]
 
@@ -59,4 +60,4 @@ class AveragingAlgorithm:
         return asdict(self.settings)
 
 
-ALGORITHMS: dict[str, Any] = {"averaging": AveragingAlgorithm}
+ALGORITHMS: dict[str, Any] = {"averaging": AveragingAlgorithm, "sharing": SharingAlgorithm}

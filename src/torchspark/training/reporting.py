@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Sequence
 
-from torchspark.stats import StatsCollector
+from torchspark.stats import DRIVER_ID, StatsCollector, TrainingStats
 from torchspark.training.hooks import NullRecorder, WorkerHooks
 from torchspark.training.progress import ProgressClient
+from torchspark.training.worker import WorkerResult
 
-__all__ = ["open_worker_hooks", "worker_id"]
+__all__ = ["open_worker_hooks", "worker_id", "build_training_stats"]
 
 log = logging.getLogger(__name__)
 
@@ -43,3 +44,20 @@ def open_worker_hooks(
         report_error=client.send_error if client is not None else None,
         close=client.close if client is not None else None,
     )
+
+
+def build_training_stats(driver: StatsCollector, results: Sequence[WorkerResult], epochs: int,
+                         extra: dict[str, Any] | None = None) -> TrainingStats:
+    """The stats of one fit: the driver's phases, every worker's payload, and summary fields (examples, epochs,
+    and any scalar in ``extra`` such as gradient sharing's ``replicas_identical`` and byte counts)."""
+    stats = TrainingStats()
+    stats.add_worker_payload(DRIVER_ID, driver.drain())
+    for r in results:
+        if r.stats is not None:
+            stats.add_worker_payload(worker_id(r.rank), r.stats)
+    stats.set_summary("examples", sum(r.examples for r in results))
+    stats.set_summary("epochs", epochs)
+    for key, value in (extra or {}).items():
+        if isinstance(value, (int, float, bool, str)):
+            stats.set_summary(key, value)
+    return stats

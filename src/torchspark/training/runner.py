@@ -7,6 +7,7 @@ The training masters hand a :class:`WorkerTask` and the workers' data to a runne
 
 from __future__ import annotations
 
+import re
 import threading
 import traceback
 from typing import Any, Protocol, Sequence
@@ -16,7 +17,30 @@ from torchspark.training.comm import SoloCommunicator, ThreadGroup
 from torchspark.training.hooks import WorkerHooks
 from torchspark.training.worker import EpochSource, WorkerResult, WorkerTask, run_worker
 
-__all__ = ["Runner", "InProcessRunner", "traceback_tail"]
+__all__ = ["Runner", "InProcessRunner", "traceback_tail", "is_peer_failure", "root_cause"]
+
+# What a worker sees when a *peer* died or was aborted: secondary failures, never the cause.
+_PEER_FAILURE = re.compile(
+    r"Connection reset by peer|Connection closed by peer|Broken pipe|BrokenBarrier|transport/tcp|"
+    r"NCCL (?:error|communicator was aborted)|ProcessGroup.*abort|peer (?:left|failed|aborted)|"
+    r"rendezvous_timeout_s|barrier\(\) timed out|TaskKilled|was killed|cancelled|aborted",
+    re.I,
+)
+
+
+def is_peer_failure(tb: str) -> bool:
+    """True when a worker's traceback says a peer went away (the symptom), not what went wrong (the cause)."""
+    return bool(_PEER_FAILURE.search(tb))
+
+
+def root_cause(errors: Sequence[tuple[int, str]]) -> tuple[int, str] | None:
+    """The error to show the user: the first that is not a peer's reaction to another worker's failure."""
+    if not errors:
+        return None
+    for rank, tb in errors:
+        if not is_peer_failure(tb):
+            return rank, tb
+    return errors[0]
 
 
 def traceback_tail(tb: str, max_lines: int = 20) -> str:
@@ -69,7 +93,7 @@ class InProcessRunner:
             t.join()
         if errors:
             # the first failure is the cause; the others are usually peers woken by the abort
-            errors.sort(key=lambda e: "BrokenBarrier" in e[2] or "rendezvous_timeout_s" in e[2])
-            rank, err, tb = errors[0]
+            rank, tb = root_cause([(r, t) for r, _, t in errors])  # type: ignore[misc]
+            err = next(e for r, e, _ in errors if r == rank)
             raise WorkerError(f"worker {rank} failed: {err}\n--- worker traceback ---\n{traceback_tail(tb)}") from err
         return [r for r in results if r is not None]

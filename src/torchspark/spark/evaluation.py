@@ -1,0 +1,453 @@
+"""Distributed evaluation: fill several mergeable evaluations in one pass over data that lives in Spark.
+
+DL4J's ``SparkDl4jMultiLayer.doEvaluation`` / ``evaluate*`` in Python:
+
+1. the network travels to the executors once, as a broadcast blueprint (:func:`ship_network`);
+2. ``mapPartitions`` re-batches each partition to ``batch_size`` examples and fills fresh, empty copies of the
+   evaluations with a network leased from the executor process's :class:`NetworkCache` (DL4J's
+   ``EvaluationRunner``: at most ``eval_workers`` copies at once, reused by later tasks in the same Python
+   worker);
+3. each partition returns its evaluations as JSON (no pickle); ``treeAggregate`` merges them with
+   :meth:`~torchspark.evaluation.BaseEvaluation.merge`, which is exact for counts (accuracy, confusion matrix,
+   binned ROC), so the result equals one local pass over the same data;
+4. the merged result is added into the evaluation objects the caller passed, which are returned.
+
+The executor-side helpers here (:class:`NetworkCache`, :func:`ship_network`, :func:`run_job`,
+:func:`batch_items`) are shared with :mod:`torchspark.spark.inference`.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import uuid
+from collections import OrderedDict
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from itertools import chain
+from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
+
+from torchspark import errors
+from torchspark.data import DataSet, MultiDataSet, rebatch
+from torchspark.errors import ConfigError, DataError, TorchSparkError, WorkerError
+from torchspark.evaluation import ROC, BaseEvaluation, RegressionEvaluation, ROCMultiClass, evaluation_from_json
+from torchspark.nn import Network, NetworkBlueprint
+from torchspark.spark.data import to_batch_rdd
+from torchspark.spark.session import spark_context
+from torchspark.training.runner import traceback_tail
+
+__all__ = [
+    "DEFAULT_BATCH_SIZE",
+    "DEFAULT_EVAL_WORKERS",
+    "DEFAULT_ROC_THRESHOLD_STEPS",
+    "NetworkCache",
+    "ShippedNetwork",
+    "ship_network",
+    "run_job",
+    "batch_items",
+    "load_batch_item",
+    "check_positive",
+    "peek_nonempty",
+    "do_evaluation",
+    "evaluate",
+    "evaluate_regression",
+    "evaluate_roc",
+    "evaluate_roc_multi_class",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BATCH_SIZE = 64  # DL4J's DEFAULT_EVAL_SCORE_BATCH_SIZE
+DEFAULT_EVAL_WORKERS = 4  # DL4J's DEFAULT_EVAL_WORKERS
+DEFAULT_ROC_THRESHOLD_STEPS = 32  # DL4J's DEFAULT_ROC_THRESHOLD_STEPS
+
+_T = TypeVar("_T")
+
+
+# ------------------------------------------------------------------ executor-side network cache
+@dataclass
+class _Entry:
+    semaphore: threading.BoundedSemaphore
+    limit: int
+    free: list[Network] = field(default_factory=list)
+    built: int = 0
+
+
+class NetworkCache:
+    """Networks rebuilt from broadcast blueprints, kept per Python process and leased to tasks.
+
+    PySpark runs each task in a Python worker process and, with ``spark.python.worker.reuse`` (on in
+    :func:`~torchspark.spark.local_session`), later tasks run in the same processes. A task leases a copy for
+    a broadcast key; the copy goes back to the pool afterwards, so the next task in that process reuses it
+    instead of deserialising the network again. A ``BoundedSemaphore(limit)`` per key caps how many leases -
+    and so how many copies - exist at once in the process (threads beyond it wait).
+
+    Args:
+        max_keys: how many broadcast keys to keep; the oldest key's idle copies are dropped when a new key
+            arrives, so repeated evaluations of changing networks do not pile up copies. 2 keeps the current and
+            the previous network.
+    """
+
+    def __init__(self, max_keys: int = 2) -> None:
+        if not isinstance(max_keys, int) or isinstance(max_keys, bool) or max_keys < 1:
+            raise ConfigError(f"max_keys must be an integer >= 1, got {max_keys!r}")
+        self.max_keys = max_keys
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[str, _Entry] = OrderedDict()
+
+    def _entry(self, key: str, limit: int) -> _Entry:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                entry = _Entry(threading.BoundedSemaphore(limit), limit)
+                self._entries[key] = entry
+                while len(self._entries) > self.max_keys:
+                    self._entries.popitem(last=False)
+            self._entries.move_to_end(key)
+            return entry
+
+    @contextmanager
+    def lease(self, key: str, limit: int, build: Callable[[], Network]) -> Iterator[Network]:
+        """Hold one network copy for ``key`` while the ``with`` block runs.
+
+        Args:
+            key: the broadcast's key (one per shipped network).
+            limit: most copies of this key alive at once in this process (the first lease fixes it).
+            build: makes a new copy when no idle one exists (called without the lock held).
+        """
+        entry = self._entry(key, limit)
+        entry.semaphore.acquire()
+        try:
+            with self._lock:
+                net = entry.free.pop() if entry.free else None
+            if net is None:
+                net = build()
+                with self._lock:
+                    entry.built += 1
+            try:
+                yield net
+            finally:
+                with self._lock:
+                    if self._entries.get(key) is entry:  # an evicted key's copy is simply dropped
+                        entry.free.append(net)
+        finally:
+            entry.semaphore.release()
+
+    def copies(self, key: str) -> int:
+        """How many copies were built for ``key`` in this process (0 for an unknown or evicted key)."""
+        with self._lock:
+            entry = self._entries.get(key)
+            return entry.built if entry is not None else 0
+
+    def keys(self) -> list[str]:
+        """The cached keys, oldest first."""
+        with self._lock:
+            return list(self._entries)
+
+
+# one per Python process: on an executor this is the per-worker-process cache of shipped networks
+_CACHE = NetworkCache()
+
+
+@dataclass(frozen=True)
+class ShippedNetwork:
+    """A network broadcast to the executors; pickles as its key plus the broadcast handle (not the weights)."""
+
+    key: str
+    broadcast: Any
+
+    def lease(self, limit: int = DEFAULT_EVAL_WORKERS) -> Any:
+        """Context manager yielding this process's copy of the network (see :class:`NetworkCache`)."""
+        return _CACHE.lease(self.key, limit, self._build)
+
+    def _build(self) -> Network:
+        log.debug("building network copy for broadcast %s", self.key)
+        return NetworkBlueprint.from_bytes(self.broadcast.value).build()
+
+    def release(self) -> None:
+        """Drop the broadcast from the executors (call only after every job that uses it has run)."""
+        self.broadcast.unpersist()
+
+
+def ship_network(sc: Any, network: Network) -> ShippedNetwork:
+    """Broadcast ``network``'s blueprint (safetensors bytes) under a fresh key."""
+    if not isinstance(network, Network):
+        raise ConfigError(f"network must be a torchspark.Network, got {type(network).__name__}")
+    blob = NetworkBlueprint.of(network).to_bytes()
+    return ShippedNetwork(key=uuid.uuid4().hex, broadcast=sc.broadcast(blob))
+
+
+# ------------------------------------------------------------------ running jobs, turning task errors into ours
+_PY_TRACE = re.compile(r"(Traceback \(most recent call last\):.*?)(?:\n\tat |\n\s*at org\.apache|\Z)", re.S)
+_OUR_ERROR = re.compile(r"^torchspark\.errors\.(\w+): (.*)$")
+
+
+def _task_error(error: BaseException, description: str) -> TorchSparkError:
+    """Our error for a failed Spark task: the executor's DataError/ConfigError/... class when it raised one."""
+    found = _PY_TRACE.findall(str(error))
+    tb = found[-1] if found else str(error)
+    lines = [ln for ln in tb.strip().splitlines() if ln.strip() and not ln.strip().startswith("SQLSTATE")]
+    root = lines[-1].strip() if lines else str(error)
+    tail = traceback_tail("\n".join(lines))
+    match = _OUR_ERROR.match(root)
+    cls = getattr(errors, match.group(1), None) if match else None
+    if isinstance(cls, type) and issubclass(cls, TorchSparkError) and cls is not WorkerError:
+        return cls(f"{match.group(2)}\n--- executor traceback ({description}) ---\n{tail}")  # type: ignore[union-attr]
+    return WorkerError(f"{description} failed on an executor: {root}\n--- executor traceback ---\n{tail}")
+
+
+def run_job(sc: Any, description: str, job: Callable[[], _T]) -> _T:
+    """Run a Spark action; a failed task raises our error class (DataError, ...) with the executor traceback.
+
+    Raises:
+        TorchSparkError: the error an executor raised (same class when it was one of ours, else WorkerError).
+    """
+    from py4j.protocol import Py4JJavaError
+    from pyspark.errors import PySparkException
+
+    sc.setJobDescription(description)
+    try:
+        return job()
+    except (PySparkException, Py4JJavaError) as e:
+        raise _task_error(e, description) from None
+    finally:
+        sc.setJobDescription(None)
+
+
+# ------------------------------------------------------------------ data sources
+def load_batch_item(item: Any) -> DataSet | MultiDataSet:
+    """A batch from an RDD item: a DataSet/MultiDataSet, serialized batch bytes or a batch-file path."""
+    from torchspark.training.worker import load_item
+
+    try:
+        return load_item(item)
+    except TypeError:
+        raise DataError(
+            f"the data holds a {type(item).__name__}; expected DataSet, MultiDataSet, batch bytes or a batch-file "
+            "path"
+        ) from None
+
+
+def batch_items(
+    sc: Any,
+    data: Any,
+    features_col: str = "features",
+    label_col: str | None = "label",
+    feature_shape: Sequence[int] | None = None,
+    integer_labels: bool = True,
+) -> Any:
+    """An RDD whose items :func:`load_batch_item` turns into batches.
+
+    Args:
+        data: an RDD of DataSet/MultiDataSet (or batch bytes, or batch-file paths), a DataFrame (columns as for
+            ``fit``), or a list of batch-file paths/URLs (``save_batches`` output).
+    Raises:
+        DataError: an empty path list, a DataFrame without the named columns, or another type.
+    """
+    if isinstance(data, (list, tuple)):
+        if not data:
+            raise DataError("the list of batch-file paths is empty; pass at least one path")
+        bad = [p for p in data if not isinstance(p, str)]
+        if bad:
+            raise DataError(f"a list input must hold batch-file paths (str), got a {type(bad[0]).__name__}; "
+                            "parallelize DataSets into an RDD instead")
+        return sc.parallelize(list(data), max(1, min(len(data), sc.defaultParallelism)))
+    return to_batch_rdd(data, features_col, label_col, feature_shape, integer_labels)
+
+
+def peek_nonempty(items: Iterable[Any]) -> Iterator[Any] | None:
+    """``items`` as an iterator, or None when it is empty (so empty partitions never build a network)."""
+    it = iter(items)
+    first = next(it, _EMPTY)
+    return None if first is _EMPTY else chain([first], it)
+
+
+_EMPTY = object()
+
+
+def check_positive(**values: Any) -> None:
+    """ConfigError unless every value is an integer >= 1."""
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+# ------------------------------------------------------------------ evaluation
+_Partial = tuple[int, "list[str] | None"]  # (examples, evaluation JSONs); (0, None) is the neutral element
+
+
+def _evaluate_partition(
+    shipped: ShippedNetwork, templates: list[str], batch_size: int, eval_workers: int
+) -> Callable[[Iterable[Any]], Iterator[_Partial]]:
+    def run(items: Iterable[Any]) -> Iterator[_Partial]:
+        stream = peek_nonempty(items)
+        if stream is None:
+            return
+        evaluations = [evaluation_from_json(t) for t in templates]
+        for ev in evaluations:
+            ev.reset()
+        count = 0
+        with shipped.lease(eval_workers) as net:
+            for batch in rebatch((load_batch_item(i) for i in stream), batch_size):
+                net.evaluate(batch, *evaluations, batch_size=batch_size)
+                count += len(batch)
+        yield count, [ev.to_json() for ev in evaluations]
+
+    return run
+
+
+def _merge_partials(a: _Partial, b: _Partial) -> _Partial:
+    if a[1] is None:
+        return b
+    if b[1] is None:
+        return a
+    merged = [evaluation_from_json(x).merge(evaluation_from_json(y)).to_json() for x, y in zip(a[1], b[1])]
+    return a[0] + b[0], merged
+
+
+def do_evaluation(
+    sc: Any,
+    network: Network,
+    data: Any,
+    *evaluations: BaseEvaluation,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    eval_workers: int = DEFAULT_EVAL_WORKERS,
+    features_col: str = "features",
+    label_col: str | None = "label",
+    feature_shape: Sequence[int] | None = None,
+) -> Any:
+    """Fill several evaluations in one distributed pass over ``data`` (DL4J's ``doEvaluation``).
+
+    Args:
+        sc: SparkContext or SparkSession.
+        network: the network to evaluate (first output against the first labels, as ``Network.evaluate``).
+        data: an RDD of DataSet/MultiDataSet (any sizes), a DataFrame (``features_col`` / ``label_col`` /
+            ``feature_shape`` as for ``fit``), or batch-file paths (a list of str, or an RDD of str).
+        *evaluations: evaluation objects such as ``Evaluation()``, ``ROC(32)``; each partition fills fresh copies
+            made from their settings, and the merged result is added into these objects.
+        batch_size: examples per forward pass on the executors; bigger is faster until memory runs out. 64 is
+            DL4J's default; 256-1024 suits small networks.
+        eval_workers: most network copies alive at once in one executor Python process (DL4J's
+            ``evalNumWorkers``). Each PySpark task has its own Python worker process, so the number of copies
+            per executor is also bounded by its running tasks (``spark.executor.cores / spark.task.cpus``);
+            raise ``spark.task.cpus`` to run fewer, larger evaluation tasks when networks are big.
+        features_col, label_col, feature_shape: DataFrame input only.
+    Returns:
+        the evaluation when one is given, else a tuple in the order given.
+    Raises:
+        ConfigError: no evaluations, a non-evaluation argument, or a bad ``batch_size`` / ``eval_workers``.
+        DataError: the data is empty, a DataFrame column is missing, or an executor found bad data (the message
+            carries the executor's traceback).
+        WorkerError: any other executor failure.
+    """
+    check_positive(batch_size=batch_size, eval_workers=eval_workers)
+    if not evaluations:
+        raise ConfigError("do_evaluation needs at least one evaluation, e.g. do_evaluation(sc, net, data, "
+                          "Evaluation(), ROCMultiClass(32))")
+    for ev in evaluations:
+        if not isinstance(ev, BaseEvaluation):
+            raise ConfigError(f"evaluations must be torchspark.evaluation objects, got {type(ev).__name__}")
+    sc = spark_context(sc)
+    rdd = batch_items(sc, data, features_col, label_col, feature_shape, network.losses[0].classification)
+    shipped = ship_network(sc, network)
+    templates = [ev.to_json() for ev in evaluations]
+    names = ", ".join(type(ev).__name__ for ev in evaluations)
+    try:
+        count, jsons = run_job(
+            sc,
+            f"torchspark evaluate: {names}",
+            lambda: rdd.mapPartitions(_evaluate_partition(shipped, templates, batch_size, eval_workers))
+            .treeAggregate((0, None), _merge_partials, _merge_partials),
+        )
+    finally:
+        shipped.release()
+    if jsons is None or count == 0:
+        raise DataError("evaluation got no data: the RDD, DataFrame or path list holds no examples")
+    for ev, text in zip(evaluations, jsons):
+        ev.merge(evaluation_from_json(text))  # type: ignore[arg-type]
+    log.debug("evaluated %d examples (%s)", count, names)
+    return evaluations[0] if len(evaluations) == 1 else tuple(evaluations)
+
+
+def evaluate(
+    sc: Any,
+    network: Network,
+    data: Any,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    eval_workers: int = DEFAULT_EVAL_WORKERS,
+    features_col: str = "features",
+    label_col: str | None = "label",
+    feature_shape: Sequence[int] | None = None,
+    labels: Sequence[str] | None = None,
+) -> Any:
+    """The evaluation that fits the network's loss (``Evaluation`` for cross-entropy), filled on ``data``.
+
+    Args:
+        labels: class names for ``Evaluation.stats()`` (classification networks only).
+        Other arguments: as for :func:`do_evaluation`.
+    """
+    ev = network.default_evaluation()
+    if labels is not None:
+        if not hasattr(ev, "labels"):
+            raise ConfigError(f"labels= applies to classification networks; this one evaluates with "
+                              f"{type(ev).__name__}")
+        ev = type(ev)(labels=list(labels))
+    return do_evaluation(sc, network, data, ev, batch_size=batch_size, eval_workers=eval_workers,
+                         features_col=features_col, label_col=label_col, feature_shape=feature_shape)
+
+
+def evaluate_regression(
+    sc: Any,
+    network: Network,
+    data: Any,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    eval_workers: int = DEFAULT_EVAL_WORKERS,
+    features_col: str = "features",
+    label_col: str | None = "label",
+    feature_shape: Sequence[int] | None = None,
+) -> RegressionEvaluation:
+    """MSE, MAE, RMSE, RSE, R^2 and Pearson per output column (see :func:`do_evaluation` for the arguments)."""
+    return do_evaluation(sc, network, data, RegressionEvaluation(), batch_size=batch_size,
+                         eval_workers=eval_workers, features_col=features_col, label_col=label_col,
+                         feature_shape=feature_shape)
+
+
+def evaluate_roc(
+    sc: Any,
+    network: Network,
+    data: Any,
+    threshold_steps: int = DEFAULT_ROC_THRESHOLD_STEPS,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    eval_workers: int = DEFAULT_EVAL_WORKERS,
+    features_col: str = "features",
+    label_col: str | None = "label",
+    feature_shape: Sequence[int] | None = None,
+) -> ROC:
+    """ROC / AUC of a binary classifier (1 sigmoid or 2 softmax outputs).
+
+    Args:
+        threshold_steps: bins of the ROC curve. 32 (DL4J's Spark default) keeps each partition's state tiny but
+            approximates the AUC; 0 is exact but ships every score to the driver - use 0 only for modest data,
+            or 200-1000 for a close approximation at any size.
+        Other arguments: as for :func:`do_evaluation`.
+    """
+    return do_evaluation(sc, network, data, ROC(threshold_steps), batch_size=batch_size, eval_workers=eval_workers,
+                         features_col=features_col, label_col=label_col, feature_shape=feature_shape)
+
+
+def evaluate_roc_multi_class(
+    sc: Any,
+    network: Network,
+    data: Any,
+    threshold_steps: int = DEFAULT_ROC_THRESHOLD_STEPS,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    eval_workers: int = DEFAULT_EVAL_WORKERS,
+    features_col: str = "features",
+    label_col: str | None = "label",
+    feature_shape: Sequence[int] | None = None,
+) -> ROCMultiClass:
+    """One-vs-all ROC per class (``auc(c)``, ``average_auc()``); ``threshold_steps`` as for :func:`evaluate_roc`."""
+    return do_evaluation(sc, network, data, ROCMultiClass(threshold_steps), batch_size=batch_size,
+                         eval_workers=eval_workers, features_col=features_col, label_col=label_col,
+                         feature_shape=feature_shape)

@@ -1,0 +1,362 @@
+"""Gradient sharing (Strom 2015, DL4J's SharedTrainingMaster) as a worker loop.
+
+Per minibatch ``t`` on every worker:
+  1. ``u_t = net.compute_update(batch)``: the step the worker's own updater would take (its updater state
+     advances; the parameters do not move);
+  2. ``m_t = encode_step(u_t, residual)``: threshold encoding against the worker's residual (what is not sent stays
+     in the residual and goes out later);
+  3. every worker's ``[active flag | to_bytes(m_t)]`` is exchanged with ``comm.all_gather_bytes``;
+  4. every worker decodes all messages **in rank order** into one zeroed buffer ``S_t`` (own message included) and
+     applies ``params -= S_t``. Nobody applies its own full-precision update, and the decode order and arithmetic
+     are the same everywhere, so all replicas stay bit-identical (checked by :meth:`SharingAlgorithm.finish`).
+
+Staleness (``overlap=True``, the default). The exchange of step ``t`` (gather + decode) runs on a background thread
+while step ``t+1`` computes, and ``S_t`` is applied right after ``u_{t+1}`` is encoded, before step ``t+2``
+computes. So the parameters used to compute ``u_{t+1}`` contain ``S_0 .. S_{t-1}`` but not ``S_t``: every update is
+computed from parameters missing exactly the most recent step (staleness one step, never more). In order::
+
+    compute u_{t+1} | exchange t in flight  ->  wait S_t, apply S_t  ->  start exchange t+1  ->  compute u_{t+2} ...
+
+With ``overlap=False`` the loop is synchronous: exchange ``t``, apply ``S_t``, then compute ``u_{t+1}`` (no
+staleness). Either way every worker applies the same sequence ``S_0, S_1, ...``. Only the background thread issues
+collectives during an epoch (one single-thread executor per epoch), the main thread only computes and applies.
+
+Termination. A worker whose data ran out sends an inactive flag and no message, and keeps joining exchanges. The
+epoch ends on every worker at once, after the first exchange in which every worker was inactive (so nothing is
+pending). All decisions come from gathered values, so unequal partitions never hang; every wait is a collective
+and carries the communicator's timeout (``rendezvous_timeout_s``).
+
+Stats (``hooks.recorder``). Phases: ``data_wait`` (next minibatch), ``fit`` (compute_update + encode),
+``exchange`` (with overlap: only the time the main thread waits for the in-flight exchange and applies it, i.e.
+the part not hidden behind computation; without: the whole exchange). Per encoded step ``record_encoding`` with
+``bytes_sent`` = payload handed to the exchange (1 flag byte + message; the transport may pad messages to the
+longest one of the round) and ``dense_bytes = 4 * num_params``. Inactive rounds (1 byte) are counted in the fit's
+``sharing.bytes_sent`` total but not recorded as encoding steps.
+
+State across epochs, fits and saves. Residuals and the threshold state live for the whole fit. At the end of a fit
+(:meth:`SharingAlgorithm.finish`) the updater state and the threshold state are averaged over workers (DL4J), the
+replicas are compared, and each rank returns its residual as ``net.extra_state["sharing.residual.<rank>"]`` plus
+``"sharing.threshold_state"`` and ``"sharing.world_size"``; ``Network.save`` writes them, and the next fit
+restores them (see :meth:`SharingAlgorithm.start`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import torch
+
+from torchspark.data import Batch
+from torchspark.encoding import (
+    EncoderConfig,
+    EncoderState,
+    FixedThreshold,
+    ThresholdState,
+    decode,
+    encode_step,
+    from_bytes,
+    to_bytes,
+)
+from torchspark.errors import ConfigError, EncodingError, TrainingError
+from torchspark.nn import Network
+from torchspark.training.averaging import EpochOutcome
+from torchspark.training.comm import Communicator
+from torchspark.training.hooks import ProgressUpdate, WorkerHooks
+
+__all__ = ["SharingSettings", "SharingState", "SharingAlgorithm", "RESIDUAL_KEY", "THRESHOLD_KEY", "WORLD_KEY",
+           "restore_residual"]
+
+log = logging.getLogger(__name__)
+
+#: ``extra_state`` keys: ``RESIDUAL_KEY.format(rank=r)`` per rank, the averaged threshold state, the world size.
+RESIDUAL_KEY = "sharing.residual.{rank}"
+THRESHOLD_KEY = "sharing.threshold_state"
+WORLD_KEY = "sharing.world_size"
+
+_INACTIVE = b"\x00"
+_ACTIVE = b"\x01"
+# How long a failing worker waits for its in-flight exchange before leaving (peers still alive finish it at once).
+_DRAIN_S = 10.0
+
+
+@dataclass(frozen=True)
+class SharingSettings:
+    """The knobs of the gradient-sharing loop (validated by the master that builds them).
+
+    Args:
+        encoder: threshold policy, residual post-processor, shake-up frequency (see
+            :class:`~torchspark.encoding.EncoderConfig`).
+        overlap: exchange step ``t`` in the background while step ``t+1`` computes (staleness one step). False
+            gives the synchronous loop: no staleness, but computation waits for every exchange.
+    """
+
+    encoder: EncoderConfig = field(default_factory=EncoderConfig)
+    overlap: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.encoder, EncoderConfig):
+            raise ConfigError(f"encoder must be an EncoderConfig, got {type(self.encoder).__name__}; build it with "
+                              "EncoderConfig(...) or SharingSettings.from_dict")
+        if not isinstance(self.overlap, bool):
+            raise ConfigError(f"overlap must be True or False, got {self.overlap!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form: ``{"encoder": EncoderConfig.to_dict(), "overlap": bool}``."""
+        return {"encoder": self.encoder.to_dict(), "overlap": self.overlap}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SharingSettings:
+        encoder = data.get("encoder")
+        config = EncoderConfig() if encoder is None else (
+            encoder if isinstance(encoder, EncoderConfig) else EncoderConfig.from_dict(encoder))
+        return cls(encoder=config, overlap=data.get("overlap", True))
+
+
+@dataclass
+class SharingState:
+    """One worker's gradient-sharing state for a fit (mutable: replaced encoder states are stored back here).
+
+    Attributes:
+        encoder: residual + threshold state.
+        bytes_sent: payload bytes this worker handed to the exchange (flag byte included) in this fit.
+        dense_bytes: what dense float32 exchange of the same updates would have sent (``4 * num_params`` each).
+        steps: updates encoded in this fit.
+    """
+
+    encoder: EncoderState
+    bytes_sent: int = 0
+    dense_bytes: int = 0
+    steps: int = 0
+
+
+@dataclass(frozen=True)
+class _Round:
+    """The outcome of one exchange: how many workers were active and the decoded sum (None: nothing sent)."""
+
+    active: int
+    total: torch.Tensor | None
+
+
+def restore_residual(extra_state: dict[str, torch.Tensor], rank: int, world_size: int, length: int,
+                     device: torch.device | str) -> torch.Tensor:
+    """This rank's starting residual from a previous fit's ``extra_state`` (zeros when there is none).
+
+    Same world size as saved: rank ``r`` gets ``sharing.residual.<r>``. Different world size: rank 0 gets the sum of
+    all saved residuals and the others zeros, so the total unsent update mass is preserved (it is what the whole
+    group still owes the parameters, whoever sends it).
+
+    Raises:
+        TrainingError: a saved residual does not have ``length`` elements (the state belongs to another model).
+    """
+    residual = torch.zeros(length, dtype=torch.float32, device=device)
+    if WORLD_KEY not in extra_state:
+        return residual
+    saved_world = int(extra_state[WORLD_KEY].reshape(-1)[0])
+    saved = [extra_state[k] for k in (RESIDUAL_KEY.format(rank=r) for r in range(saved_world)) if k in extra_state]
+    for t in saved:
+        if t.numel() != length:
+            raise TrainingError(f"a saved gradient-sharing residual has {t.numel()} elements but the network has "
+                                f"{length} parameters; remove the 'sharing.*' entries from net.extra_state")
+    with torch.no_grad():
+        if saved_world == world_size:
+            key = RESIDUAL_KEY.format(rank=rank)
+            if key in extra_state:
+                residual.copy_(extra_state[key].reshape(-1).to(device, torch.float32))
+        elif rank == 0:
+            for t in saved:
+                residual.add_(t.reshape(-1).to(device, torch.float32))
+    return residual
+
+
+@dataclass(frozen=True)
+class SharingAlgorithm:
+    """Threshold-encoded gradient sharing (see the module docstring for the steps and the staleness)."""
+
+    settings: SharingSettings
+
+    @classmethod
+    def from_settings(cls, settings: dict[str, Any]) -> SharingAlgorithm:
+        return cls(SharingSettings.from_dict(settings))
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.settings.to_dict()
+
+    # ------------------------------------------------------------------ start
+    def start(self, net: Network, comm: Communicator) -> SharingState:
+        """Per-fit state: the residual and threshold state of a previous fit when ``net.extra_state`` has them.
+
+        The threshold state is the averaged one of the previous fit, except with :class:`FixedThreshold` (stateless:
+        the configured value wins). Residuals: see :func:`restore_residual`.
+        """
+        config = self.settings.encoder
+        residual = restore_residual(net.extra_state, comm.rank, comm.world_size, net.num_params(), net.device)
+        threshold_state = None
+        if THRESHOLD_KEY in net.extra_state and not isinstance(config.threshold_policy, FixedThreshold):
+            threshold_state = ThresholdState.from_tensor(net.extra_state[THRESHOLD_KEY].cpu())
+        if threshold_state is None:
+            threshold_state = config.threshold_policy.initial_state()
+        return SharingState(EncoderState(config, residual, threshold_state))
+
+    # ------------------------------------------------------------------ epoch
+    def epoch(self, state: SharingState, net: Network, batches: Iterable[Batch], comm: Communicator,
+              hooks: WorkerHooks, epoch: int) -> EpochOutcome:
+        """One pass over this worker's batches; returns when every worker's data ran out."""
+        out = EpochOutcome()
+        it = iter(batches)
+        exhausted = False
+        rec = hooks.recorder
+        n = net.num_params()
+        executor = ThreadPoolExecutor(1, thread_name_prefix="torchspark-sharing-exchange") \
+            if self.settings.overlap else None
+        pending: Future[_Round] | None = None
+        try:
+            while True:
+                # 1 + 2: compute and encode (overlaps the exchange of the previous step)
+                batch = None
+                if not exhausted:
+                    with rec.phase("data_wait"):
+                        batch = next(it, None)
+                    exhausted = batch is None
+                payload = _INACTIVE if batch is None else self._compute_and_encode(state, net, batch, out, hooks,
+                                                                                  comm.rank, epoch)
+                # 3 + 4: exchange, decode in rank order, apply
+                if executor is None:
+                    with rec.phase("exchange"):
+                        done = _apply(net, _exchange(comm, payload, n, net.device))
+                else:
+                    if pending is not None:
+                        with rec.phase("exchange"):
+                            in_flight, pending = pending, None  # _shutdown must not wait on it again
+                            if _apply(net, in_flight.result()):
+                                break  # every worker was inactive in the previous round, so is in this one
+                    pending = executor.submit(_exchange, comm, payload, n, net.device)
+                    done = False
+                state.bytes_sent += len(payload)
+                out.rounds += 1
+                if done:
+                    break
+        finally:
+            if executor is not None:
+                _shutdown(executor, pending)
+        return out
+
+    def _compute_and_encode(self, state: SharingState, net: Network, batch: Batch, out: EpochOutcome,
+                            hooks: WorkerHooks, rank: int, epoch: int) -> bytes:
+        rec = hooks.recorder
+        step = net.iteration
+        with rec.phase("fit", examples=len(batch)):
+            update = net.compute_update(batch, validate=(epoch == 0 and out.iterations == 0))
+            message, state.encoder = encode_step(update, state.encoder, step)
+        payload = _ACTIVE if message.format == "empty" else _ACTIVE + to_bytes(message)
+        dense = 4 * update.numel()
+        state.dense_bytes += dense
+        state.steps += 1
+        rec.record_encoding(step, len(payload), dense, message.density, message.threshold, message.format)
+        out.iterations += 1
+        out.examples += len(batch)
+        out.last_score = net.last_score
+        rec.record_score(net.iteration, net.last_score)
+        if hooks.progress is not None and out.iterations % hooks.progress_every == 0:
+            hooks.progress(ProgressUpdate(rank, epoch, out.iterations, out.examples, net.last_score))
+        return payload
+
+    # ------------------------------------------------------------------ finish
+    def finish(self, state: SharingState, net: Network, comm: Communicator
+               ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """End of fit: average updater and threshold state, verify the replicas, hand back what must persist.
+
+        Returns:
+            ``extra_state``: this rank's residual (``sharing.residual.<rank>``), the averaged threshold state and the
+            world size; ``extra_config``: world size, ``replicas_identical`` and the fit's summed ``bytes_sent`` /
+            ``dense_bytes`` over all workers (all ranks return the same config; the driver keeps rank 0's).
+
+        Raises:
+            TrainingError: the replicas' parameters differ (a worker applied a different message sequence).
+        """
+        world = comm.world_size
+        # 1. updater state: local during the fit, averaged now (DL4J)
+        updater = net.updater_state().to(net.device)
+        if updater.numel():
+            comm.all_reduce_sum(updater)
+            net.set_updater_state(updater / world)
+        # 2. threshold state, average_states semantics: mean threshold, mean sparsity over workers that have one
+        ts = state.encoder.threshold_state
+        has_sparsity = ts.last_sparsity is not None
+        summary = torch.tensor([ts.threshold, ts.last_sparsity if has_sparsity else 0.0, float(has_sparsity),
+                                float(state.bytes_sent), float(state.dense_bytes)], dtype=torch.float64,
+                               device=net.device)
+        comm.all_reduce_sum(summary)
+        threshold, sparsity_sum, with_sparsity, bytes_sent, dense_bytes = (float(v) for v in summary.cpu())
+        averaged = ThresholdState(threshold / world, sparsity_sum / with_sparsity if with_sparsity else None)
+        # 3. the replicas must be bit-identical
+        digest = hashlib.sha256(net.params().cpu().numpy().tobytes()).digest()
+        digests = comm.all_gather_bytes(digest)
+        differing = [r for r, d in enumerate(digests) if d != digests[0]]
+        if differing:
+            raise TrainingError(f"gradient-sharing replicas diverged: the parameters of worker(s) {differing} differ "
+                                "from worker 0's after the fit; every worker must apply the same messages (check that "
+                                "all workers run the same torchspark/torch versions and devices)")
+        extra_state = {
+            RESIDUAL_KEY.format(rank=comm.rank): state.encoder.residual.detach().cpu().clone(),
+            THRESHOLD_KEY: averaged.to_tensor(),
+            WORLD_KEY: torch.tensor([world], dtype=torch.int64),
+        }
+        extra_config = {
+            "sharing.world_size": world,
+            "sharing.replicas_identical": True,
+            "sharing.bytes_sent": int(bytes_sent),
+            "sharing.dense_bytes": int(dense_bytes),
+            "sharing.threshold": averaged.threshold,
+        }
+        return extra_state, extra_config
+
+
+def _exchange(comm: Communicator, payload: bytes, length: int, device: torch.device | str) -> _Round:
+    """Steps 3 + 4a: gather every worker's payload and decode the messages, in rank order, into one sum."""
+    gathered = comm.all_gather_bytes(payload)
+    active = 0
+    total: torch.Tensor | None = None
+    for rank, data in enumerate(gathered):
+        flag, body = data[:1], data[1:]
+        if flag not in (_ACTIVE, _INACTIVE) or (flag == _INACTIVE and body):
+            raise EncodingError(f"worker {rank} sent a malformed gradient-sharing payload (flag {flag!r}, "
+                                f"{len(body)} body bytes); all workers must run the same torchspark version")
+        active += flag == _ACTIVE
+        if not body:
+            continue
+        message = from_bytes(body)
+        if message.length != length:
+            raise EncodingError(f"worker {rank} sent an update of {message.length} elements but this network has "
+                                f"{length} parameters; all workers must train the same network")
+        if total is None:
+            total = torch.zeros(length, dtype=torch.float32, device=device)
+        decode(message, total)
+    return _Round(active, total)
+
+
+def _apply(net: Network, result: _Round) -> bool:
+    """Step 4b: ``params -= S_t``. Returns True when no worker was active (the epoch is over everywhere)."""
+    if result.total is not None:
+        net.apply_update(result.total)
+    return result.active == 0
+
+
+def _shutdown(executor: ThreadPoolExecutor, pending: Future[_Round] | None) -> None:
+    """Leave no exchange thread behind. Normal exit: nothing pending. On an error: let the in-flight exchange
+    finish (live peers complete it at once) for up to ``_DRAIN_S`` seconds, so the process group is not torn
+    down under a running collective."""
+    if pending is not None:
+        try:
+            pending.result(timeout=_DRAIN_S)
+        except FutureTimeout:
+            log.warning("an in-flight gradient exchange did not finish within %.0f s after a worker error", _DRAIN_S)
+            executor.shutdown(wait=False, cancel_futures=True)
+            return
+        except Exception as e:  # noqa: BLE001 - the error that ended the epoch is already propagating
+            log.debug("in-flight gradient exchange failed during shutdown: %s", e)
+    executor.shutdown(wait=True)

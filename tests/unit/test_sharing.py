@@ -1,0 +1,222 @@
+"""Gradient sharing worker loop (torchspark.training.sharing) in threads of one process, against a reference loop."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from torchspark import DataSet, Network, datasets, models, optim
+from torchspark.encoding import (
+    AdaptiveThreshold,
+    EncoderConfig,
+    EncoderState,
+    FixedThreshold,
+    ThresholdState,
+    average_states,
+    decode_sum,
+    encode_step,
+)
+from torchspark.errors import ConfigError, EncodingError, TrainingError, WorkerError
+from torchspark.nn import NetworkBlueprint
+from torchspark.training import ALGORITHMS, InProcessRunner, ItemSource, SoloCommunicator, ThreadGroup, WorkerTask
+from torchspark.training import merge_results
+from torchspark.training.sharing import (
+    RESIDUAL_KEY,
+    THRESHOLD_KEY,
+    WORLD_KEY,
+    SharingAlgorithm,
+    SharingSettings,
+    _exchange,
+    restore_residual,
+)
+
+ENCODER = EncoderConfig(threshold_policy=AdaptiveThreshold(initial=1e-3), shake_frequency=4)
+
+
+def _batches(n_batches: int, seed: int, size: int = 8) -> list[DataSet]:
+    data = datasets.synthetic_classification(n_batches * size, 12, 3, seed=seed)
+    return data.split(size)
+
+
+def _net(seed: int = 0) -> Network:
+    return Network(models.mlp(12, 16, 3), updater=optim.SGD(lr=0.1, momentum=0.9), seed=seed)
+
+
+def _fit(net: Network, shards: list[list[DataSet]], epochs: int, overlap: bool, timeout_s: float = 30.0):
+    settings = SharingSettings(ENCODER, overlap=overlap)
+    task = WorkerTask(mode="sharing", settings=settings.to_dict(), blueprint=NetworkBlueprint.of(net).to_bytes(),
+                      epochs=epochs, prefetch=0)
+    results = InProcessRunner(timeout_s).run(task, [ItemSource(s) for s in shards])
+    merge_results(net, results)
+    return results
+
+
+def _reference(net: Network, shards: list[list[DataSet]], epochs: int, overlap: bool):
+    """The algorithm in a few lines: W replicas, encode, decode all messages in rank order, apply (one step late
+    with overlap). Returns the replicas and encoder states."""
+    nets = [net.copy() for _ in shards]
+    states = [EncoderState.create(ENCODER, net.num_params()) for _ in shards]
+    for _ in range(epochs):
+        pending = None
+        for t in range(max(len(s) for s in shards)):
+            messages = []
+            for r, shard in enumerate(shards):
+                if t < len(shard):
+                    step = nets[r].iteration
+                    messages.append(None)
+                    messages[-1], states[r] = encode_step(nets[r].compute_update(shard[t]), states[r], step)
+            total = decode_sum(messages, torch.zeros(net.num_params()))
+            if overlap:
+                total, pending = pending, total
+            for replica in nets:
+                if total is not None:
+                    replica.apply_update(total)
+        for replica in nets:
+            if pending is not None:
+                replica.apply_update(pending)
+    return nets, states
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+@pytest.mark.parametrize("layout", ["one_worker", "identical_shards", "distinct_shards"])
+def test_distributed_run_matches_reference_loop(overlap: bool, layout: str) -> None:
+    batches = _batches(6, seed=1)
+    shards = {"one_worker": [batches], "identical_shards": [batches, batches],
+              "distinct_shards": [batches, _batches(6, seed=2)]}[layout]
+    net = _net()
+    replicas, states = _reference(net, shards, epochs=2, overlap=overlap)
+    results = _fit(net, shards, epochs=2, overlap=overlap)
+
+    torch.testing.assert_close(net.params(), replicas[0].params())
+    for replica in replicas[1:]:  # the reference replicas agree too (they apply the same sums)
+        torch.testing.assert_close(replica.params(), replicas[0].params(), atol=0, rtol=0)
+    updater = torch.stack([r.updater_state() for r in replicas]).mean(0)
+    torch.testing.assert_close(net.updater_state(), updater)
+    for rank, state in enumerate(states):
+        torch.testing.assert_close(net.extra_state[RESIDUAL_KEY.format(rank=rank)], state.residual)
+    expected = average_states([s.threshold_state for s in states])
+    saved = ThresholdState.from_tensor(net.extra_state[THRESHOLD_KEY])
+    assert saved.threshold == pytest.approx(expected.threshold)
+    assert saved.last_sparsity == pytest.approx(expected.last_sparsity)
+    assert [r.iterations for r in results] == [12] * len(shards)
+    assert net.extra_config["sharing.replicas_identical"] is True
+    assert net.extra_config["sharing.world_size"] == len(shards)
+    assert 0 < net.extra_config["sharing.bytes_sent"] < net.extra_config["sharing.dense_bytes"]
+    assert net.extra_config["sharing.dense_bytes"] == 4 * net.num_params() * 12 * len(shards)
+    assert not torch.equal(net.params(), _net().params())  # it trained
+
+
+def test_unequal_shards_terminate_and_match_reference() -> None:
+    shards = [_batches(7, seed=3), _batches(2, seed=4), []]  # one worker has no data at all
+    for overlap in (True, False):
+        net = _net(seed=1)
+        replicas, _ = _reference(net, shards, epochs=2, overlap=overlap)
+        results = _fit(net, shards, epochs=2, overlap=overlap, timeout_s=20.0)
+        assert [r.iterations for r in results] == [14, 4, 0]
+        torch.testing.assert_close(net.params(), replicas[0].params())
+        assert net.extra_config["sharing.replicas_identical"] is True
+
+
+def test_state_carries_across_fits_and_save_load(tmp_path) -> None:
+    """Two fits of one epoch equal one fit of two epochs (identical shards: the end-of-fit averages are no-ops),
+    which holds only if residuals, threshold state and the step counter survive the first fit -- and a save/load."""
+    batches = _batches(5, seed=5)
+    shards = [batches, batches]
+    once = _net()
+    _fit(once, shards, epochs=2, overlap=True)
+
+    twice = _net()
+    _fit(twice, shards, epochs=1, overlap=True)
+    assert {RESIDUAL_KEY.format(rank=0), RESIDUAL_KEY.format(rank=1), THRESHOLD_KEY, WORLD_KEY} <= set(
+        twice.extra_state)
+    assert torch.count_nonzero(twice.extra_state[RESIDUAL_KEY.format(rank=0)]) > 0
+    twice.save(str(tmp_path / "model"))
+    loaded = Network.load(str(tmp_path / "model"))
+    _fit(twice, shards, epochs=1, overlap=True)
+    torch.testing.assert_close(twice.params(), once.params())
+
+    _fit(loaded, shards, epochs=1, overlap=True)
+    torch.testing.assert_close(loaded.params(), once.params())
+    torch.testing.assert_close(loaded.extra_state[RESIDUAL_KEY.format(rank=1)],
+                               once.extra_state[RESIDUAL_KEY.format(rank=1)])
+
+    fresh = _net()  # without the carried state the second epoch differs: the comparison above has teeth
+    _fit(fresh, shards, epochs=1, overlap=True)
+    fresh.extra_state.clear()
+    _fit(fresh, shards, epochs=1, overlap=True)
+    assert not torch.allclose(fresh.params(), once.params())
+
+
+def test_restore_residual_same_and_different_world_size() -> None:
+    r0, r1 = torch.tensor([1.0, -2.0, 0.5]), torch.tensor([0.25, 1.0, -0.5])
+    saved = {RESIDUAL_KEY.format(rank=0): r0, RESIDUAL_KEY.format(rank=1): r1,
+             RESIDUAL_KEY.format(rank=2): torch.full((3,), 9.0),  # stale key of an earlier, larger fit: ignored
+             WORLD_KEY: torch.tensor([2])}
+    assert torch.equal(restore_residual(saved, 1, 2, 3, "cpu"), r1)
+    assert torch.equal(restore_residual(saved, 0, 3, 3, "cpu"), r0 + r1)  # mass preserved on rank 0
+    assert torch.equal(restore_residual(saved, 2, 3, 3, "cpu"), torch.zeros(3))
+    assert torch.equal(restore_residual({}, 0, 2, 3, "cpu"), torch.zeros(3))
+    with pytest.raises(TrainingError, match="3 elements but the network has 4"):
+        restore_residual(saved, 0, 2, 4, "cpu")
+
+
+def test_fixed_threshold_ignores_saved_threshold_state() -> None:
+    net = _net()
+    net.extra_state[THRESHOLD_KEY] = ThresholdState(0.5, 0.01).to_tensor()
+    adaptive = SharingAlgorithm(SharingSettings(EncoderConfig(AdaptiveThreshold())))
+    assert adaptive.start(net, SoloCommunicator()).encoder.threshold_state.threshold == 0.5
+    fixed = SharingAlgorithm(SharingSettings(EncoderConfig(FixedThreshold(2e-3))))
+    assert fixed.start(net, SoloCommunicator()).encoder.threshold_state.threshold == 2e-3
+
+
+def test_diverged_replicas_raise_training_error() -> None:
+    group = ThreadGroup(2, timeout_s=10)
+    algo = SharingAlgorithm(SharingSettings())
+    errors: list[BaseException] = []
+
+    def finish(rank: int) -> None:
+        net = _net()
+        if rank == 1:
+            net.apply_update(torch.full((net.num_params(),), 1e-6))
+        comm = group.communicator(rank)
+        try:
+            algo.finish(algo.start(net, comm), net, comm)
+        except TrainingError as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=finish, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(errors) == 2 and all("worker(s) [1]" in str(e) for e in errors), errors
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_worker_error_mid_fit_is_clean(overlap: bool) -> None:
+    poisoned = _batches(6, seed=6)
+    x = poisoned[3].features.clone()
+    x[2] = float("nan")
+    poisoned[3] = DataSet(x, poisoned[3].labels)
+    before = {t.name for t in threading.enumerate()}
+    with pytest.raises(WorkerError, match="worker 1 failed"):
+        _fit(_net(), [_batches(6, seed=7), poisoned], epochs=1, overlap=overlap, timeout_s=20.0)
+    leftover = {t.name for t in threading.enumerate()} - before
+    assert not [n for n in leftover if n.startswith("torchspark")], leftover
+
+
+def test_malformed_payload_and_settings_are_refused() -> None:
+    with pytest.raises(EncodingError, match="worker 0 sent a malformed"):
+        _exchange(SoloCommunicator(), b"\x07", 10, "cpu")
+    with pytest.raises(EncodingError, match="update of 10 elements but this network has 12"):
+        message, _ = encode_step(torch.ones(10), EncoderState.create(EncoderConfig(FixedThreshold(0.5)), 10), 0)
+        from torchspark.encoding import to_bytes
+
+        _exchange(SoloCommunicator(), b"\x01" + to_bytes(message), 12, "cpu")
+    with pytest.raises(ConfigError, match="overlap must be True or False"):
+        SharingSettings(overlap="yes")  # type: ignore[arg-type]
+    settings = SharingSettings(ENCODER, overlap=False)
+    assert SharingSettings.from_dict(settings.to_dict()) == settings
+    assert ALGORITHMS["sharing"].from_settings(settings.to_dict()).settings == settings
