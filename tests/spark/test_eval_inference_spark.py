@@ -272,3 +272,26 @@ def test_executor_processes_build_one_copy_each(sc, net) -> None:
     assert len(seen) == 8
     assert all(copies == 1 for _, copies in seen), seen
     assert len({pid for pid, _ in seen}) < 8  # processes were reused, so the copies were too
+
+
+# ------------------------------------------------------------------ the same API on SparkNetwork
+def test_spark_network_methods_equal_local_results(spark, net, data, rdd) -> None:
+    from torchspark.spark import SparkNetwork
+
+    snet = SparkNetwork(spark, net)
+    local = net.evaluate(data, batch_size=50)
+    np.testing.assert_array_equal(snet.evaluate(rdd, batch_size=50).confusion_matrix(), local.confusion_matrix())
+    ev, roc = snet.do_evaluation(rdd, Evaluation(), ROCMultiClass(32), batch_size=50)
+    assert ev.accuracy() == local.accuracy()
+    assert roc.average_auc() == net.evaluate(data, ROCMultiClass(32), batch_size=50).average_auc()
+    assert snet.evaluate_roc_multi_class(rdd, batch_size=50).average_auc() == roc.average_auc()
+    assert snet.calculate_score(rdd, batch_size=50) == pytest.approx(net.score(data), rel=1e-5)
+    losses = snet.score_examples(rdd, batch_size=50).collect()
+    assert len(losses) == N and np.mean(losses) == pytest.approx(net.score(data), rel=1e-5)
+    keyed = snet.feed_forward_with_key(spark.sparkContext.parallelize(
+        [(i, data.features[i]) for i in range(10)], 2)).collectAsMap()
+    torch.testing.assert_close(keyed[3], net.output(data.features[3:4])[0])
+    df = spark.createDataFrame([(data.features[i].tolist(), i) for i in range(20)], ["features", "id"])
+    got = {r["id"]: r["prediction"] for r in snet.predict(df, output="class").collect()}
+    want = net.output(data.features[:20]).argmax(1).tolist()
+    assert [got[i] for i in range(20)] == want

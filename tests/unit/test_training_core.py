@@ -139,3 +139,15 @@ def test_balanced_assignment(total: int, workers: int, seed) -> None:
     assert sorted(plan[:, 1].tolist()) == list(range(total))  # every minibatch exactly once
     if seed is None:
         assert plan[:, 0].tolist() == sorted(plan[:, 0].tolist())  # contiguous blocks in data order
+
+
+def test_root_cause_prefers_the_failing_worker_over_peers_that_lost_it() -> None:
+    from torchspark.training.runner import is_peer_failure, root_cause
+
+    peer = ("Traceback (most recent call last):\n  ...\nRuntimeError: [gloo/transport/tcp/pair.cc:537] Read error "
+            "[127.0.0.1]:7915: Connection reset by peer")
+    cause = "Traceback (most recent call last):\n  ...\ntorchspark.errors.DataError: NaN at example 5"
+    assert is_peer_failure(peer) and not is_peer_failure(cause)
+    assert root_cause([(1, peer), (0, cause)]) == (0, cause)
+    assert root_cause([(1, peer)]) == (1, peer)  # nothing better known: the only error is shown
+    assert root_cause([]) is None

@@ -28,7 +28,8 @@ from torchspark.spark.data import (
     worker_rdd_from_paths,
 )
 from torchspark.spark.masters import TrainingMaster
-from torchspark.spark.preflight import preflight
+from torchspark.spark.network_inference import InferenceMethods
+from torchspark.spark.preflight import executor_count, preflight
 from torchspark.spark.session import spark_context
 from torchspark.stats import DRIVER_ID, StatsCollector, TrainingStats
 from torchspark.training.hooks import ProgressUpdate
@@ -41,7 +42,7 @@ __all__ = ["SparkNetwork"]
 log = logging.getLogger(__name__)
 
 
-class SparkNetwork:
+class SparkNetwork(InferenceMethods):
     """A network plus a training master, bound to a Spark session.
 
     Args:
@@ -158,6 +159,9 @@ class SparkNetwork:
         return self.training_master
 
     def _num_workers(self, master: TrainingMaster) -> int:
+        resolve = getattr(master, "resolve_num_workers", None)
+        if resolve is not None:  # SharedTrainingMaster: workers_per_node x executors
+            return int(resolve(self.sc.defaultParallelism, executor_count(self.sc)))
         return master.num_workers or self.sc.defaultParallelism
 
     @staticmethod

@@ -8,7 +8,7 @@ from typing import Any
 
 from torchspark.errors import SetupError
 
-__all__ = ["task_slots", "preflight"]
+__all__ = ["task_slots", "executor_count", "preflight"]
 
 
 def _task_cpus(sc: Any) -> int:
@@ -26,6 +26,15 @@ def task_slots(sc: Any) -> int:
         return int(jsc.maxNumConcurrentTasks(profile))
     except Exception:  # noqa: BLE001 - private API; fall back to the public estimate
         return max(1, sc.defaultParallelism // _task_cpus(sc))
+
+
+def executor_count(sc: Any) -> int:
+    """Executors registered now (1 in local mode, where the driver is the executor)."""
+    try:
+        hosts = sc._jsc.sc().getExecutorMemoryStatus().size()  # the driver is listed too
+        return max(1, int(hosts) - (0 if sc.master.startswith("local[") or sc.master == "local" else 1))
+    except Exception:  # noqa: BLE001 - private API; one executor is the safe guess
+        return 1
 
 
 def _probe(_: Any) -> str:

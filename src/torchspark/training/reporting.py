@@ -60,4 +60,11 @@ def build_training_stats(driver: StatsCollector, results: Sequence[WorkerResult]
     for key, value in (extra or {}).items():
         if isinstance(value, (int, float, bool, str)):
             stats.set_summary(key, value)
+            short = key.split(".", 1)[-1]
+            if key.startswith("sharing.") and short in _SHARING_HEADLINES:
+                stats.set_summary(short, value)
     return stats
+
+
+#: gradient sharing's headline numbers, also given in the summary without their ``sharing.`` prefix
+_SHARING_HEADLINES = ("bytes_sent", "dense_bytes", "replicas_identical", "threshold")
