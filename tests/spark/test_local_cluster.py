@@ -29,3 +29,14 @@ def test_averaging_on_local_cluster() -> None:
     assert result["accuracy"] >= 0.95, result
     assert result["driver_pid"] not in result["executor_pids"]
     assert len(result["executor_pids"]) >= 2  # separate executor processes did the work
+    assert result["distributed_accuracy"] == result["accuracy"]  # evaluation on the executors, merged exactly
+
+
+def test_gradient_sharing_on_local_cluster() -> None:
+    result = _run("sharing")
+    assert result["accuracy"] >= 0.95, result
+    assert len(result["executor_pids"]) >= 2 and result["driver_pid"] not in result["executor_pids"]
+    extra = result["extra"]
+    assert extra["sharing.replicas_identical"] is True
+    assert extra["sharing.world_size"] == 2
+    assert 0 < extra["sharing.bytes_sent"] <= 0.05 * extra["sharing.dense_bytes"], extra

@@ -18,9 +18,11 @@ try:
     rdd = sc.parallelize(train.split(64), 4)
     net = Network(models.lenet(1, 10, 8, 8), updater=optim.Adam(lr=1e-3), seed=0)
     if mode == "sharing":
+        from torchspark.encoding import AdaptiveThreshold
         from torchspark.spark import SharedTrainingMaster
 
-        master = SharedTrainingMaster(batch_size_per_worker=16, num_workers=2, rng_seed=0)
+        master = SharedTrainingMaster(batch_size_per_worker=16, num_workers=2, rng_seed=0,
+                                      threshold_algorithm=AdaptiveThreshold(initial=1e-2))
     else:
         from torchspark.spark import ParameterAveragingTrainingMaster
 
@@ -30,7 +32,8 @@ try:
     spark_net.fit(rdd, epochs=8)
     spark_net.delete_temp_files()
     pids = sorted(set(sc.parallelize(range(8), 4).map(lambda _: os.getpid()).collect()))
-    print(json.dumps({"accuracy": net.evaluate(test).accuracy(), "executor_pids": pids, "driver_pid": os.getpid(),
+    distributed = spark_net.evaluate(sc.parallelize(test.split(50), 3)).accuracy()
+    print(json.dumps({"accuracy": net.evaluate(test).accuracy(), "distributed_accuracy": distributed, "executor_pids": pids, "driver_pid": os.getpid(),
                       "extra": {k: v for k, v in net.extra_config.items() if isinstance(v, (int, float, bool))}}))
 finally:
     spark.stop()
