@@ -49,3 +49,35 @@ def test_stats_html_names_workers_and_phases_and_progress_arrives_live(spark, sc
     from torchspark.stats import TrainingStats
 
     assert TrainingStats.from_json(stats.to_json()).summary()["examples"] == 2 * 640
+
+
+def test_direct_route_times_count_and_repartition(spark, sc) -> None:
+    data = datasets.synthetic_classification(256, 8, 3, seed=1)
+    net = Network(models.mlp(8, 8, 3), seed=0)
+    master = ParameterAveragingTrainingMaster(batch_size_per_worker=16, num_workers=2, rdd_training_approach="direct",
+                                              collect_training_stats=True)
+    spark_net = SparkNetwork(spark, net, master, progress=False)
+    spark_net.fit(sc.parallelize(data.split(64), 3), epochs=1)
+    seconds = spark_net.training_stats.summary()["seconds"]
+    for phase in ("count", "repartition", "broadcast", "fit", "averaging"):
+        assert seconds.get(phase, 0) > 0, phase
+
+
+def test_sharing_stats_report_traffic_and_identical_replicas(spark, sc, tmp_path) -> None:
+    from torchspark.encoding import AdaptiveThreshold
+    from torchspark.spark import SharedTrainingMaster
+
+    data = datasets.synthetic_classification(512, 16, 4, seed=2)
+    net = Network(models.mlp(16, 32, 4), updater=optim.Adam(lr=1e-2), seed=0)
+    master = SharedTrainingMaster(batch_size_per_worker=16, num_workers=2, collect_training_stats=True,
+                                  threshold_algorithm=AdaptiveThreshold(initial=1e-2))
+    spark_net = SparkNetwork(spark, net, master, progress=False)
+    spark_net.fit(sc.parallelize(data.split(64), 2), epochs=1)
+    summary = spark_net.training_stats.summary()
+    assert summary["replicas_identical"] is True
+    assert 0 < summary["bytes_sent"] < summary["dense_bytes"]
+    assert summary["seconds"].get("exchange", 0) > 0
+    path = tmp_path / "sharing.html"
+    spark_net.training_stats.export_html(str(path))
+    html = path.read_text()
+    assert "Gradient encoding" in html and "exchange" in html

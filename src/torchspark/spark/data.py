@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from functools import partial
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
@@ -56,7 +57,8 @@ def _column_to_tensor(col: Any, shape: Sequence[int] | None, integer_labels: boo
         if arr.ndim == 1 and np.issubdtype(arr.dtype, np.floating) and not np.all(np.mod(arr, 1) == 0):
             raise DataError(f"label column {name!r} holds non-integer values but the loss expects class indices")
         return torch.as_tensor(arr.astype(np.int64)) if arr.ndim == 1 else torch.as_tensor(arr.astype(np.float32))
-    t = torch.as_tensor(np.ascontiguousarray(arr, dtype=np.float32))
+    arr = np.ascontiguousarray(arr, dtype=np.float32)
+    t = torch.from_numpy(arr if arr.flags.writeable else arr.copy())  # Arrow buffers are read-only
     if shape:
         try:
             t = t.reshape(n, *shape)
@@ -190,25 +192,30 @@ def group_paths(paths: Sequence[tuple[int, str]], num_workers: int, rng_seed: in
     return split_for_workers([p for _, p in paths], num_workers, rng_seed)
 
 
-def worker_rdd_direct(rdd_bytes: Any, num_workers: int, rng_seed: int | None, storage_level: Any) -> Any:
-    """Balanced repartition of serialized minibatches to ``num_workers`` partitions, same plan as export."""
-    indexed = rdd_bytes.zipWithIndex()
-    total = indexed.count()
+def worker_rdd_direct(indexed: Any, total: int, num_workers: int, rng_seed: int | None, storage_level: Any) -> Any:
+    """Balanced repartition of serialized minibatches to ``num_workers`` partitions, same plan as export.
+
+    Args:
+        indexed: ``rdd_of_batch_bytes.zipWithIndex()``; ``total`` is its ``count()`` (the caller times both).
+    """
     plan = assign_balanced(total, num_workers, rng_seed)
-    sc = rdd_bytes.context
-    plan_bc = sc.broadcast(plan)
-
-    def key(pair: tuple[bytes, int]) -> tuple[int, bytes]:
-        blob, g = pair
-        return int(plan_bc.value[g][1]), blob
-
-    def partition_of(slot: int) -> int:
-        return slot * num_workers // max(total, 1)
-
-    out = indexed.map(key).repartitionAndSortWithinPartitions(num_workers, partitionFunc=partition_of).values()
+    plan_bc = indexed.context.broadcast(plan)
+    out = (indexed.map(partial(_slot_key, plan_bc))
+           .repartitionAndSortWithinPartitions(num_workers, partitionFunc=partial(_slot_partition, num_workers,
+                                                                                    max(total, 1)))
+           .values())
     if storage_level is not None:
         out = out.persist(storage_level)
     return out
+
+
+def _slot_key(plan_bc: Any, pair: tuple[bytes, int]) -> tuple[int, bytes]:
+    blob, g = pair
+    return int(plan_bc.value[g][1]), blob
+
+
+def _slot_partition(num_workers: int, total: int, slot: int) -> int:
+    return slot * num_workers // total
 
 
 def storage_level_by_name(name: str) -> Any:

@@ -205,8 +205,11 @@ class SparkNetwork(InferenceMethods):
         elif master.repartition_strategy == "spark_default":
             prepared = batches.repartition(n).persist(level)
         else:
+            with self._driver_stats.phase("count"):
+                indexed = batches.zipWithIndex()
+                total = indexed.count()
             with self._driver_stats.phase("repartition"):
-                prepared = worker_rdd_direct(batches, n, master.rng_seed, level)
+                prepared = worker_rdd_direct(indexed, total, n, master.rng_seed, level)
         return prepared
 
     def _validate_sample(self, worker_rdd: Any) -> None:
