@@ -37,6 +37,27 @@ def test_digits_lenet_accuracy_traffic_and_identical_replicas(spark, sc) -> None
     assert {"sharing.residual.0", "sharing.residual.1", "sharing.threshold_state"} <= set(net.extra_state)
 
 
+@pytest.mark.parametrize("identical", [True, False])
+def test_spark_run_matches_the_reference_loop(spark, sc, identical: bool) -> None:
+    from reference_loops import sharing_reference
+
+    from torchspark.encoding import EncoderConfig
+
+    data = datasets.synthetic_classification(96, 12, 3, seed=1)
+    first = data.split(8)
+    second = first if identical else datasets.synthetic_classification(96, 12, 3, seed=2).split(8)
+    encoder = EncoderConfig(threshold_policy=AdaptiveThreshold(initial=1e-3), shake_frequency=4)
+    net = Network(models.mlp(12, 16, 3), updater=optim.SGD(lr=0.1, momentum=0.9), seed=0)
+    replicas, _ = sharing_reference(net, [first, second], epochs=2, overlap=True, encoder=encoder)
+    master = SharedTrainingMaster(batch_size_per_worker=8, num_workers=2, repartition="never",
+                                  threshold_algorithm=encoder.threshold_policy, shake_frequency=4)
+    spark_net = SparkNetwork(spark, net, master, progress=False)
+    spark_net.fit(sc.parallelize(first + second, 2), epochs=2)
+    spark_net.delete_temp_files()
+    torch.testing.assert_close(net.params(), replicas[0].params())
+    torch.testing.assert_close(net.updater_state(), torch.stack([r.updater_state() for r in replicas]).mean(0))
+
+
 def test_worker_error_fails_cleanly(spark, sc) -> None:
     g = torch.Generator().manual_seed(0)
     good = DataSet(torch.rand(32, 1, 8, 8, generator=g), torch.zeros(32, dtype=torch.long))

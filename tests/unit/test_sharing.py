@@ -22,6 +22,7 @@ from torchspark.errors import ConfigError, EncodingError, TrainingError, WorkerE
 from torchspark.nn import NetworkBlueprint
 from torchspark.training import ALGORITHMS, InProcessRunner, ItemSource, SoloCommunicator, ThreadGroup, WorkerTask
 from torchspark.training import merge_results
+from reference_loops import sharing_reference
 from torchspark.training.sharing import (
     RESIDUAL_KEY,
     THRESHOLD_KEY,
@@ -54,29 +55,7 @@ def _fit(net: Network, shards: list[list[DataSet]], epochs: int, overlap: bool, 
 
 
 def _reference(net: Network, shards: list[list[DataSet]], epochs: int, overlap: bool):
-    """The algorithm in a few lines: W replicas, encode, decode all messages in rank order, apply (one step late
-    with overlap). Returns the replicas and encoder states."""
-    nets = [net.copy() for _ in shards]
-    states = [EncoderState.create(ENCODER, net.num_params()) for _ in shards]
-    for _ in range(epochs):
-        pending = None
-        for t in range(max(len(s) for s in shards)):
-            messages = []
-            for r, shard in enumerate(shards):
-                if t < len(shard):
-                    step = nets[r].iteration
-                    messages.append(None)
-                    messages[-1], states[r] = encode_step(nets[r].compute_update(shard[t]), states[r], step)
-            total = decode_sum(messages, torch.zeros(net.num_params()))
-            if overlap:
-                total, pending = pending, total
-            for replica in nets:
-                if total is not None:
-                    replica.apply_update(total)
-        for replica in nets:
-            if pending is not None:
-                replica.apply_update(pending)
-    return nets, states
+    return sharing_reference(net, shards, epochs, overlap, ENCODER)
 
 
 @pytest.mark.parametrize("overlap", [True, False])

@@ -1,0 +1,35 @@
+"""Reference loops of the distributed algorithms, a few lines each, that the distributed runs must reproduce."""
+
+from __future__ import annotations
+
+import torch
+
+from torchspark import DataSet, Network
+from torchspark.encoding import EncoderConfig, EncoderState, decode_sum, encode_step
+
+
+def sharing_reference(net: Network, shards: list[list[DataSet]], epochs: int, overlap: bool,
+                      encoder: EncoderConfig) -> tuple[list[Network], list[EncoderState]]:
+    """The algorithm in a few lines: W replicas, encode, decode all messages in rank order, apply (one step late
+    with overlap). Returns the replicas and encoder states."""
+    nets = [net.copy() for _ in shards]
+    states = [EncoderState.create(encoder, net.num_params()) for _ in shards]
+    for _ in range(epochs):
+        pending = None
+        for t in range(max(len(s) for s in shards)):
+            messages = []
+            for r, shard in enumerate(shards):
+                if t < len(shard):
+                    step = nets[r].iteration  # before compute_update advances it: the worker's 0-based step
+                    message, states[r] = encode_step(nets[r].compute_update(shard[t]), states[r], step)
+                    messages.append(message)
+            total = decode_sum(messages, torch.zeros(net.num_params()))
+            if overlap:
+                total, pending = pending, total
+            for replica in nets:
+                if total is not None:
+                    replica.apply_update(total)
+        for replica in nets:
+            if pending is not None:
+                replica.apply_update(pending)
+    return nets, states
