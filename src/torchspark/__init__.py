@@ -8,20 +8,40 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from torchspark import datasets, errors, models, optim
+import importlib
+from typing import Any
+
+from torchspark import datasets, encoding, errors, evaluation, models, optim, stats
 from torchspark.data import DataSet, MultiDataSet, load_batch, save_batches
+from torchspark.evaluation import Evaluation, RegressionEvaluation
 from torchspark.nn import Network, from_factory
+
+# imported on first use: ``spark`` needs pyspark, ``parallel`` starts nothing but is not needed by most users
+_LAZY = ("spark", "parallel")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return importlib.import_module(f"torchspark.{name}")
+    raise AttributeError(f"module 'torchspark' has no attribute {name!r}")
 
 __all__ = [
     "__version__",
     "DataSet",
+    "Evaluation",
+    "RegressionEvaluation",
     "MultiDataSet",
     "Network",
     "datasets",
+    "encoding",
     "errors",
+    "evaluation",
     "from_factory",
     "load_batch",
     "models",
     "optim",
+    "parallel",
     "save_batches",
+    "spark",
+    "stats",
 ]

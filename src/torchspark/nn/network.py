@@ -395,19 +395,23 @@ class Network:
         merged = [torch.cat([c[k] for c in chunks]) for k in range(len(chunks[0]))]
         return merged[0] if len(merged) == 1 else tuple(merged)
 
+    def batch_losses(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(per_example_loss, weight)`` of one batch in the current mode, without gradients being required:
+        the loss summed over outputs per example, and each example's weight (0 where every label is masked)."""
+        feats, labels, fmask, lmasks = self._unpack(batch)
+        if labels is None:
+            raise DataError("scoring needs labels, but the batch has labels=None")
+        outputs = self._forward(feats, fmask)
+        self._check_labels(outputs, labels)
+        return self._per_example_losses(outputs, labels, lmasks)
+
     def score_examples(self, data: Batch | Iterable[Batch], batch_size: int = 256) -> torch.Tensor:
         """Per-example loss (summed over outputs), in data order, as a 1-D CPU tensor."""
         self.module.eval()
         parts: list[torch.Tensor] = []
         with torch.no_grad():
             for batch in iterate_minibatches(data, batch_size):
-                feats, labels, fmask, lmasks = self._unpack(batch)
-                if labels is None:
-                    raise DataError("scoring needs labels, but the batch has labels=None")
-                outputs = self._forward(feats, fmask)
-                self._check_labels(outputs, labels)
-                per, _ = self._per_example_losses(outputs, labels, lmasks)
-                parts.append(per.cpu())
+                parts.append(self.batch_losses(batch)[0].cpu())
         if not parts:
             raise DataError("score got no data: the DataSet or iterable is empty")
         return torch.cat(parts)
@@ -418,12 +422,7 @@ class Network:
         self.module.eval()
         with torch.no_grad():
             for batch in iterate_minibatches(data, batch_size):
-                feats, labels, fmask, lmasks = self._unpack(batch)
-                if labels is None:
-                    raise DataError("scoring needs labels, but the batch has labels=None")
-                outputs = self._forward(feats, fmask)
-                self._check_labels(outputs, labels)
-                per, weight = self._per_example_losses(outputs, labels, lmasks)
+                per, weight = self.batch_losses(batch)
                 total += float(per.sum())
                 count += float(weight.sum())
         if count == 0:

@@ -229,12 +229,7 @@ def score_examples_with_key(
 
 def _loss_sums(net: Network, batch: DataSet | MultiDataSet) -> tuple[float, float]:
     """(sum of per-example losses, number of unmasked examples) of one batch, as ``Network.score`` counts."""
-    feats, labels, fmask, lmasks = net._unpack(batch)
-    if labels is None:
-        raise DataError("scoring needs labels, but the batch has labels=None")
-    outputs = net._forward(feats, fmask)
-    net._check_labels(outputs, labels)
-    per, weight = net._per_example_losses(outputs, labels, lmasks)
+    per, weight = net.batch_losses(batch)
     return float(per.sum()), float(weight.sum())
 
 
