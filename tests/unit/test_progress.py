@@ -14,7 +14,6 @@ import pytest
 from torchspark.errors import ConfigError
 from torchspark.training.hooks import ProgressUpdate, WorkerHooks
 from torchspark.training.progress import (
-    ClockSample,
     ProgressBar,
     ProgressClient,
     ProgressServer,
@@ -199,12 +198,13 @@ def test_clock_offset_is_estimated_against_a_skewed_driver_clock() -> None:
 
 
 @pytest.mark.parametrize(("samples", "expected"), [
-    ([ClockSample(0.0, 10.5, 1.0)], 10.0),
+    ([(0.0, 10.5, 1.0)], 10.0),
     # the quiet probe (round trip 0.2) wins over the slow one whose reply was stamped late
-    ([ClockSample(0.0, 12.0, 2.0), ClockSample(5.0, 15.1, 5.2), ClockSample(6.0, 16.0, 6.4)], 10.0),
-    ([ClockSample(100.0, 40.0, 100.0)], -60.0),  # the driver's clock may be behind
+    ([(0.0, 12.0, 2.0), (5.0, 15.1, 5.2), (6.0, 16.0, 6.4)], 10.0),
+    ([(100.0, 40.0, 100.0)], -60.0),  # the driver's clock may be behind
 ])
-def test_estimate_clock_offset_uses_the_smallest_round_trip(samples: list[ClockSample], expected: float) -> None:
+def test_estimate_clock_offset_uses_the_smallest_round_trip(samples: list[tuple[float, float, float]],
+                                                            expected: float) -> None:
     assert estimate_clock_offset(samples) == pytest.approx(expected)
 
 

@@ -41,17 +41,16 @@ import socketserver
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Sequence, TextIO
 
 from torchspark.errors import ConfigError, SetupError
+from torchspark.stats.clock import best_clock_sample
 from torchspark.training.hooks import ProgressUpdate
 
 __all__ = [
     "ProgressServer",
     "ProgressClient",
     "ProgressBar",
-    "ClockSample",
     "estimate_clock_offset",
     "ProgressListener",
     "ErrorListener",
@@ -174,42 +173,18 @@ def _call_listeners(listeners: Sequence[Callable[..., None]], *args: Any) -> Non
 
 # --- clock offset -----------------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class ClockSample:
-    """One clock probe: worker time at send, driver time at reply, worker time at receipt (seconds)."""
+def estimate_clock_offset(probes: Sequence[tuple[float, float, float]]) -> float:
+    """``driver_time - worker_time`` from ``(t_send, t_driver, t_recv)`` probes sent by the worker (Cristian's
+    algorithm: the probe with the smallest round trip wins; its error is at most half that round trip).
 
-    t_send: float
-    t_driver: float
-    t_recv: float
-
-    @property
-    def round_trip(self) -> float:
-        return self.t_recv - self.t_send
-
-    @property
-    def offset(self) -> float:
-        """``driver_time - worker_time``, assuming the reply was stamped half-way through the round trip."""
-        return self.t_driver - (self.t_send + self.t_recv) / 2.0
-
-
-def estimate_clock_offset(samples: Sequence[ClockSample]) -> float:
-    """Estimate ``driver_time - worker_time`` from clock probes (Cristian's algorithm).
-
-    The probe with the smallest round trip is the one least disturbed by queueing, so its error is at most
-    half its round trip; that probe's offset is returned.
-
-    Args:
-        samples: at least one probe.
-
-    Returns:
-        Seconds to add to a worker timestamp to put it on the driver's clock.
+    The same arithmetic as :func:`torchspark.stats.best_clock_sample`, seen from the worker's side.
 
     Raises:
-        ConfigError: ``samples`` is empty.
+        ConfigError: ``probes`` is empty.
     """
-    if not samples:
-        raise ConfigError("estimate_clock_offset needs at least one ClockSample, got none")
-    return min(samples, key=lambda s: s.round_trip).offset
+    if not probes:
+        raise ConfigError("estimate_clock_offset needs at least one (t_send, t_driver, t_recv) probe, got none")
+    return best_clock_sample(probes).offset
 
 
 # --- driver side ------------------------------------------------------------------------------------------------
@@ -557,7 +532,7 @@ class ProgressClient:
         """
         if samples < 1:
             raise ConfigError(f"measure_clock_offset samples must be >= 1, got {samples}")
-        got: list[ClockSample] = []
+        got: list[tuple[float, float, float]] = []
         if not self.active:
             return 0.0
         if not self._read_lock.acquire(timeout=self.timeout_s):
@@ -573,7 +548,7 @@ class ProgressClient:
             self._read_lock.release()
         return estimate_clock_offset(got) if got else 0.0
 
-    def _probe(self) -> ClockSample | None:
+    def _probe(self) -> tuple[float, float, float] | None:
         assert self._reader is not None
         self._probe_id += 1
         t_send = self._clock()
@@ -587,7 +562,7 @@ class ProgressClient:
                     raise OSError("driver closed the connection")
                 reply = json.loads(line.decode("utf-8"))
                 if isinstance(reply, dict) and reply.get("id", self._probe_id) == self._probe_id:
-                    return ClockSample(t_send, float(reply["t_driver"]), t_recv)
+                    return t_send, float(reply["t_driver"]), t_recv
         except (OSError, ValueError, KeyError, TypeError) as e:
             logger.warning("worker %d: clock probe failed (%s); using the probes so far", self.rank, e)
             return None
