@@ -119,6 +119,7 @@ class SparkNetwork(InferenceMethods):
         self._driver_stats = StatsCollector(DRIVER_ID, enabled=self._collect_stats)
         rdd = to_batch_rdd(data, features_col, label_col, feature_shape, self.network.losses[0].classification)
         n = self._num_workers(master)
+        self._preflight(master, n)
         worker_rdd = self._prepare(rdd, master, n)
         return self._train(worker_rdd, master, n, epochs)
 
@@ -132,6 +133,7 @@ class SparkNetwork(InferenceMethods):
         _check_epochs(epochs)
         self._driver_stats = StatsCollector(DRIVER_ID, enabled=self._collect_stats)
         n = self._num_workers(master)
+        self._preflight(master, n)
         if isinstance(paths, (list, tuple)):
             indexed = [(0, str(p)) for p in paths]
             partitions = 1
@@ -157,6 +159,12 @@ class SparkNetwork(InferenceMethods):
         if self.training_master is None:
             raise ConfigError("this SparkNetwork has no training_master; pass one to train")
         return self.training_master
+
+    def _preflight(self, master: TrainingMaster, n: int) -> None:
+        """Before any job touches the executors: slots, dynamic allocation, and (once per session) imports."""
+        first = id(self.sc) not in self._preflight_done
+        preflight(self.sc, n, wait_s=min(60.0, master.rendezvous_timeout_s), check_imports=first)
+        self._preflight_done.add(id(self.sc))
 
     def _num_workers(self, master: TrainingMaster) -> int:
         resolve = getattr(master, "resolve_num_workers", None)
@@ -229,11 +237,6 @@ class SparkNetwork(InferenceMethods):
         self._validate_sample(worker_rdd)
         if worker_rdd.getNumPartitions() != n:
             worker_rdd = worker_rdd.coalesce(n) if worker_rdd.getNumPartitions() > n else worker_rdd.repartition(n)
-        if id(self.sc) not in self._preflight_done:
-            preflight(self.sc, n, wait_s=min(60.0, master.rendezvous_timeout_s))
-            self._preflight_done.add(id(self.sc))
-        else:
-            preflight(self.sc, n, wait_s=min(60.0, master.rendezvous_timeout_s), check_imports=False)
         with collector.phase("broadcast"):
             task = WorkerTask(
                 mode=master.mode,  # type: ignore[attr-defined]

@@ -77,8 +77,11 @@ def preflight(sc: Any, num_workers: int, wait_s: float = 60.0, check_imports: bo
         except Exception as e:  # noqa: BLE001 - py4j wraps the worker's ImportError
             from torchspark.spark.barrier import worker_traceback
 
+            tb = worker_traceback(e)
+            cause = [ln.strip() for ln in tb.splitlines() if ln.strip()][-1:] or ["unknown error"]
+            python = sc.pythonExec if hasattr(sc, "pythonExec") else "the executors' python"
             raise SetupError(
-                "Spark executors cannot import torch/torchspark: install torchspark (and torch) in the executors' "
-                "Python, or point spark.pyspark.python at an environment that has them.\n"
-                + "\n".join(worker_traceback(e).splitlines()[-6:])
+                f"Spark executors cannot import torch/torchspark ({cause[0]}) with the interpreter {python}: "
+                "install torchspark and torch there, or point PYSPARK_PYTHON (spark.pyspark.python on a cluster) "
+                "at an environment that has them.\n" + "\n".join(tb.splitlines()[-6:])
             ) from None

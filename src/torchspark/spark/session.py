@@ -79,9 +79,9 @@ def local_session(
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.ui.enabled", "false")
         .config("spark.barrier.sync.timeout", str(int(rendezvous_timeout_s)))
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
     )
+    if url.startswith("local"):  # one machine: stay on loopback; a cluster must reach the driver's real address
+        builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
     for key, value in (conf or {}).items():
         builder = builder.config(key, str(value))
     session = builder.getOrCreate()

@@ -1,0 +1,43 @@
+"""Preflight refuses sessions a barrier stage cannot use, before launching anything, with a message that says
+what to change. Each check needs its own SparkSession, so they run in one child process."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.spark
+
+SCRIPT = Path(__file__).parent / "scripts" / "preflight_checks.py"
+
+
+def _python_without_torch() -> str | None:
+    for candidate in ("/usr/bin/python3", shutil.which("python3")):
+        if not candidate or os.path.realpath(candidate) == os.path.realpath(sys.executable):
+            continue
+        probe = subprocess.run([candidate, "-c", "import sys; import torch"], capture_output=True, timeout=60)
+        version = subprocess.run([candidate, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True,
+                                 text=True, timeout=60).stdout.strip()
+        if probe.returncode != 0 and version == str(sys.version_info[:2]):
+            return candidate
+    return None
+
+
+def test_dynamic_allocation_and_executors_without_torch_fail_fast() -> None:
+    other = _python_without_torch()
+    if other is None:
+        pytest.skip("no interpreter of this Python version without torch on this machine")
+    proc = subprocess.run([sys.executable, str(SCRIPT), other], capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, PYSPARK_PYTHON=sys.executable))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1])
+    assert "spark.dynamicAllocation.enabled=false" in result["dynamic_allocation"], result
+    assert "cannot import torch" in result["executor_without_torch"], result
+    assert "No module named" in result["executor_without_torch"], result
+    assert other in result["executor_without_torch"], result  # names the interpreter to fix
