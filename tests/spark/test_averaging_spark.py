@@ -197,6 +197,33 @@ def test_worker_error_surfaces_traceback_and_cleans_up(spark, sc) -> None:
     assert sc.parallelize(range(4), 2).sum() == 6
 
 
+def test_ctrl_c_cancels_the_job_and_cleans_up(spark, sc) -> None:
+    import _thread
+    import time
+
+    data = _small(960, seed=3)
+    spark_net = SparkNetwork(spark, _net(), _master(averaging_frequency=1), progress=False)
+    interrupted = threading.Event()
+
+    def press_ctrl_c(update) -> None:  # called on a driver thread while the workers train
+        if not interrupted.is_set():
+            interrupted.set()
+            _thread.interrupt_main()
+
+    spark_net.add_progress_listener(press_ctrl_c)
+    before = {t.name for t in threading.enumerate()}
+    with pytest.raises(KeyboardInterrupt):
+        spark_net.fit(sc.parallelize(data.split(96), 2), epochs=50)
+    assert interrupted.is_set()
+    deadline = time.monotonic() + 60
+    while sc.statusTracker().getActiveJobsIds() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not sc.statusTracker().getActiveJobsIds(), "the training job kept running after Ctrl-C"
+    leftover = {t.name for t in threading.enumerate()} - before
+    assert not [n for n in leftover if n.startswith("torchspark")], leftover
+    assert sc.parallelize(range(4), 2).sum() == 6
+
+
 def test_master_json_round_trip_and_validation() -> None:
     master = ParameterAveragingTrainingMaster(batch_size_per_worker=32, averaging_frequency=3, rng_seed=4,
                                               repartition="never", rdd_training_approach="direct")

@@ -247,15 +247,20 @@ def run_barrier_stage(sc: Any, rdd: Any, fn: Callable[[Iterable[Any]], Iterator[
             box["error"] = e
         finally:
             sc.setLocalProperty("spark.jobGroup.id", None)
+            done.set()
 
+    # wait on an Event, not Thread.join: a Ctrl-C inside join() marks the still-running thread as stopped (CPython
+    # bpo-45274 handling), after which join() no longer waits for it
+    done = threading.Event()
     thread = threading.Thread(target=target, name="torchspark-barrier-stage", daemon=True)
     thread.start()
     try:
-        while thread.is_alive():
-            thread.join(timeout=0.5)
+        while not done.wait(timeout=0.5):
+            pass
     except BaseException:
         sc.cancelJobGroup(group)
-        thread.join(timeout=60)
+        if not done.wait(timeout=60):
+            log.warning("the cancelled training job did not stop within 60 s; it is left to Spark")
         raise
     if "error" in box:
         sc.cancelJobGroup(group)
