@@ -1,16 +1,24 @@
 """The local-process runner: ``run_worker`` in spawned processes on this machine, talking over torch.distributed.
 
 The parent hosts the ``TCPStore`` for the rendezvous, feeds driver-side data through one bounded queue per worker
-(prefetch), collects results, and supervises: if any worker fails or the user presses Ctrl-C, every worker is
-terminated and joined before the error is re-raised, so no process is left behind.
+(serialized minibatches, like Spark's direct route), collects results, and supervises:
+
+1. a worker that raises sends its traceback; the parent waits briefly for the other workers' errors and raises
+   :class:`WorkerError` with the root cause (not a peer's "Connection reset");
+2. a worker that dies without a word (killed, out of memory, native crash) is noticed by polling;
+3. on any failure, or Ctrl-C in the parent, every worker is terminated and joined in ``finally`` before the
+   error propagates, so no process is left behind. Workers ignore SIGINT (the parent decides) and exit on their
+   own if the parent dies.
 """
 
 from __future__ import annotations
 
 import datetime
 import logging
-import torch.multiprocessing as mp
+import multiprocessing
+import os
 import queue
+import signal
 import threading
 import time
 import traceback
@@ -19,20 +27,29 @@ from typing import Any, Iterable, Sequence
 
 import torch
 import torch.distributed as dist
+import torch.multiprocessing as mp
 
-from torchspark.errors import WaitTimeout, WorkerError
+from torchspark.data import DataSet, MultiDataSet, dataset_to_bytes
+from torchspark.errors import DataError, WaitTimeout, WorkerError
 from torchspark.training.comm import TorchDistCommunicator
-from torchspark.training.devices import backend_for_device
 from torchspark.training.reporting import open_worker_hooks
 from torchspark.training.runner import is_peer_failure, root_cause, traceback_tail
 from torchspark.training.worker import ItemSource, WorkerResult, WorkerTask, run_worker
 
-__all__ = ["LocalProcessRunner", "QueueSource", "EPOCH_END"]
+__all__ = ["LocalProcessRunner", "QueueSource", "EPOCH_END", "backend_for_devices"]
 
 log = logging.getLogger(__name__)
 
 EPOCH_END = "__torchspark_epoch_end__"
 _POLL_S = 0.2
+
+
+def backend_for_devices(devices: Sequence[str]) -> str:
+    """nccl when every worker has its own GPU; gloo otherwise (CPU, mixed, or a GPU shared by several workers,
+    which nccl refuses)."""
+    if all(d.startswith("cuda") for d in devices) and len(set(devices)) == len(devices):
+        return "nccl"
+    return "gloo"
 
 
 class QueueSource:
@@ -61,14 +78,30 @@ class _ChildArgs:
     world_size: int
     store_port: int
     device: str
+    backend: str
     task: WorkerTask
     paths: list[str] | None
     progress_address: tuple[str, int] | None
     timeout_s: float
 
 
+def _exit_with_parent() -> None:
+    """Hard-exit this worker if the parent dies (SIGKILL leaves no chance to terminate us)."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        parent.join()
+        os._exit(3)
+
+    threading.Thread(target=watch, name="torchspark-parent-watch", daemon=True).start()
+
+
 def _child_main(args: _ChildArgs, data_queue: Any, results: Any) -> None:
     """Entry point of a worker process (module level so ``spawn`` can import it)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group; the parent decides
+    _exit_with_parent()
     comm: TorchDistCommunicator | None = None
     hooks = None
     try:
@@ -77,16 +110,15 @@ def _child_main(args: _ChildArgs, data_queue: Any, results: Any) -> None:
         hooks = open_worker_hooks(args.rank, args.task.collect_stats, args.progress_address)
         store = dist.TCPStore("127.0.0.1", args.store_port, args.world_size, is_master=False,
                               timeout=datetime.timedelta(seconds=args.timeout_s))
-        comm = TorchDistCommunicator(store, args.rank, args.world_size, backend_for_device(args.device), args.device,
-                                     args.timeout_s)
-        source: Any = ItemSource(args.paths) if args.paths is not None else QueueSource(data_queue,
-                                                                                        args.task.data_timeout_s)
+        comm_device = args.device if args.backend == "nccl" else "cpu"  # gloo collectives run on host copies
+        comm = TorchDistCommunicator(store, args.rank, args.world_size, args.backend, comm_device, args.timeout_s)
+        source: Any = (ItemSource(args.paths) if args.paths is not None
+                       else QueueSource(data_queue, args.task.data_timeout_s))
         result = run_worker(args.task, source, comm, args.device, hooks)
         # tensors travel as numpy: torch's fd sharing would dangle once this process exits
         results.put(("ok", args.rank, _to_numpy(result)))
     except BaseException:  # noqa: BLE001 - the parent re-raises it with this traceback
-        tb = traceback.format_exc()
-        results.put(("error", args.rank, tb))
+        results.put(("error", args.rank, traceback.format_exc()))
     finally:
         if comm is not None:
             comm.close()
@@ -95,57 +127,76 @@ def _child_main(args: _ChildArgs, data_queue: Any, results: Any) -> None:
 
 
 class LocalProcessRunner:
-    """Run one worker per device in spawned processes.
+    """Run one worker per device in spawned processes and supervise them.
 
     Args:
         devices: one device string per worker (``"cpu"``, ``"cuda:0"``...).
         threads_per_worker: torch intra-op threads in each worker (cores / workers is right for CPU training).
         timeout_s: rendezvous and collective timeout (``rendezvous_timeout_s``).
         prefetch: queued minibatches per worker for driver-fed data.
-        progress_address: the parent's ProgressServer, for progress, errors and clock alignment.
+        progress_address: the parent's ProgressServer, for progress and clock alignment.
+        exit_timeout_s: how long finished workers get to exit before they are terminated.
     """
 
     def __init__(self, devices: Sequence[str], threads_per_worker: int = 1, timeout_s: float = 300.0,
-                 prefetch: int = 2, progress_address: tuple[str, int] | None = None) -> None:
+                 prefetch: int = 2, progress_address: tuple[str, int] | None = None,
+                 exit_timeout_s: float = 30.0) -> None:
         self.devices = list(devices)
         self.threads_per_worker = threads_per_worker
         self.timeout_s = timeout_s
         self.prefetch = max(1, prefetch)
         self.progress_address = progress_address
+        self.exit_timeout_s = exit_timeout_s
+        #: the worker processes of the last run (all joined when :meth:`run` returns or raises)
         self.children: list[Any] = []
 
     def run(self, task: WorkerTask, feeds: Sequence[Sequence[Any]] | None = None,
             paths: Sequence[Sequence[str]] | None = None, stream: Iterable[Any] | None = None) -> list[WorkerResult]:
-        """Run the workers on their data: ``paths`` (read by the workers), ``feeds`` (per-worker lists fed through
-        the queues, every epoch) or ``stream`` (one-shot iterable dealt round-robin, one epoch)."""
+        """Run the workers on exactly one kind of data and return their results by rank.
+
+        Args:
+            feeds: per-worker lists of minibatches, fed through the queues every epoch.
+            paths: per-worker lists of batch-file paths, read by the workers themselves.
+            stream: a one-shot iterable of minibatches dealt round-robin (``task.epochs`` must be 1).
+        """
+        if sum(x is not None for x in (feeds, paths, stream)) != 1:
+            raise ValueError("pass exactly one of feeds, paths or stream")
+        if stream is not None and task.epochs != 1:
+            raise ValueError(f"a one-shot stream feeds one epoch, but task.epochs={task.epochs}")
         n = len(self.devices)
         ctx = mp.get_context("spawn")
+        child_task = replace(task, num_threads=self.threads_per_worker,
+                             prefetch=task.prefetch if paths is not None else 0)  # the queue already prefetches
+        backend = backend_for_devices(self.devices)
         store = dist.TCPStore("127.0.0.1", 0, n + 1, is_master=True,
                               timeout=datetime.timedelta(seconds=self.timeout_s), wait_for_workers=False)
-        child_task = replace(task, num_threads=self.threads_per_worker,
-                             prefetch=task.prefetch if paths is not None else 0)
         queues = [ctx.Queue(maxsize=self.prefetch) for _ in range(n)]
         results_q = ctx.Queue()
-        self.children = []
-        for rank, device in enumerate(self.devices):
-            args = _ChildArgs(rank, n, store.port, device, child_task, list(paths[rank]) if paths else None,
-                              self.progress_address, self.timeout_s)
-            proc = ctx.Process(target=_child_main, args=(args, queues[rank], results_q),
-                               name=f"torchspark-worker-{rank}", daemon=True)
-            proc.start()
-            self.children.append(proc)
         stop = threading.Event()
         feeder_error: list[BaseException] = []
-        feeder = None
-        if paths is None:
-            feeder = threading.Thread(target=self._feed, args=(queues, task.epochs, feeds, stream, stop, feeder_error),
-                                      name="torchspark-feeder", daemon=True)
-            feeder.start()
+        feeder: threading.Thread | None = None
+        finished = False
+        self.children = []
         try:
-            return self._collect(results_q, n, feeder_error)
+            for rank, device in enumerate(self.devices):
+                args = _ChildArgs(rank, n, store.port, device, backend, child_task,
+                                  list(paths[rank]) if paths is not None else None, self.progress_address,
+                                  self.timeout_s)
+                proc = ctx.Process(target=_child_main, args=(args, queues[rank], results_q),
+                                   name=f"torchspark-worker-{rank}", daemon=True)
+                self.children.append(proc)
+                proc.start()
+            if paths is None:
+                feeder = threading.Thread(target=self._feed, args=(queues, task.epochs, feeds, stream, stop,
+                                                                   feeder_error),
+                                          name="torchspark-feeder", daemon=True)
+                feeder.start()
+            results = self._collect(results_q, n, feeder_error)
+            finished = True
+            return results
         finally:
             stop.set()
-            self._shutdown()
+            self._shutdown(graceful=finished)
             if feeder is not None:
                 feeder.join(timeout=10)
             for q in (*queues, results_q):
@@ -172,16 +223,16 @@ class LocalProcessRunner:
                     longest = max((len(f) for f in feeds), default=0)
                     for k in range(longest):  # interleave so every worker's queue fills in step
                         for w in range(n):
-                            if k < len(feeds[w]) and not self._put(queues[w], feeds[w][k], stop):
+                            if k < len(feeds[w]) and not self._put(queues[w], _wire(feeds[w][k]), stop):
                                 return
                 else:
                     for i, item in enumerate(stream or ()):
-                        if not self._put(queues[i % n], item, stop):
+                        if not self._put(queues[i % n], _wire(item), stop):
                             return
                 for q in queues:
                     if not self._put(q, EPOCH_END, stop):
                         return
-        except BaseException as e:  # noqa: BLE001 - surfaced by _collect
+        except BaseException as e:  # noqa: BLE001 - surfaced by _collect on the calling thread
             errors.append(e)
 
     def _collect(self, results_q: Any, n: int, feeder_error: list[BaseException]) -> list[WorkerResult]:
@@ -192,37 +243,50 @@ class LocalProcessRunner:
             try:
                 kind, rank, payload = results_q.get(timeout=_POLL_S)
             except queue.Empty:
-                dead = [p for p in self.children if not p.is_alive() and p.exitcode not in (0, None)]
-                if dead:
+                if self._dead_children():
                     self._raise_worker_error(results_q, [])
-                    raise WorkerError(f"worker process {dead[0].name} died with exit code {dead[0].exitcode} "
-                                      "(killed, out of memory, or crashed in native code)")
                 continue
             if kind == "error":
                 self._raise_worker_error(results_q, [(rank, payload)])
             results[rank] = _to_torch(payload)
         return [results[r] for r in range(n)]
 
-    def _raise_worker_error(self, results_q: Any, errors: list[tuple[int, str]], wait_s: float = 2.0) -> None:
-        """Gather the other workers' errors for a moment, then raise the root cause (not a peer's symptom)."""
+    def _dead_children(self) -> list[Any]:
+        """Workers that ended abnormally (a worker that raised still exits with 0 after reporting)."""
+        return [p for p in self.children if not p.is_alive() and p.exitcode not in (0, None)]
+
+    def _raise_worker_error(self, results_q: Any, errors: list[tuple[int, str]], wait_s: float = 3.0) -> None:
+        """Gather the other workers' errors for a moment, then raise the root cause: a worker's own error, else
+        a worker's death (its peers' "connection closed" is only the symptom of either)."""
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline and not any(not is_peer_failure(tb) for _, tb in errors):
             try:
                 kind, rank, payload = results_q.get(timeout=_POLL_S)
             except queue.Empty:
+                if self._dead_children():
+                    break  # a worker died without a word: the queue is drained, nothing more will explain it
                 continue
             if kind == "error":
                 errors.append((rank, payload))
         found = root_cause(errors)
+        dead = self._dead_children()
+        if dead and (found is None or is_peer_failure(found[1])):
+            symptom = f"; then worker {found[0]} failed: {_last_line(found[1])}" if found else ""
+            raise WorkerError(f"worker process {dead[0].name} died with {_exit_status(dead[0].exitcode)}: killed, "
+                              "out of memory, crashed in native code, or failed to start (a script that calls fit "
+                              "at top level needs `if __name__ == '__main__':`, since workers are spawned and import "
+                              f"it){symptom}")
         if found is None:
             return
         rank, tb = found
         raise WorkerError(f"worker {rank} failed: {_last_line(tb)}\n--- worker traceback ---\n{traceback_tail(tb)}")
 
-    def _shutdown(self) -> None:
-        for p in self.children:
-            if p.is_alive():
-                p.join(timeout=2.0)
+    def _shutdown(self, graceful: bool) -> None:
+        """Join every worker; after a failure or Ctrl-C terminate them at once (then kill the stubborn)."""
+        if graceful:
+            deadline = time.monotonic() + self.exit_timeout_s
+            for p in self.children:
+                p.join(timeout=max(0.0, deadline - time.monotonic()))
         for p in self.children:
             if p.is_alive():
                 p.terminate()
@@ -231,6 +295,17 @@ class LocalProcessRunner:
             if p.is_alive():
                 p.kill()
                 p.join(timeout=5.0)
+            if p.is_alive():
+                log.error("worker process %s (pid %s) survived SIGKILL", p.name, p.pid)
+
+
+def _wire(item: Any) -> Any:
+    """Minibatches cross the process boundary as batch bytes (no shared-memory file descriptors to leak)."""
+    if isinstance(item, (DataSet, MultiDataSet)):
+        return dataset_to_bytes(item)
+    if isinstance(item, (bytes, str)):
+        return item
+    raise DataError(f"cannot send a {type(item).__name__} to a worker; expected a DataSet or MultiDataSet")
 
 
 def _map_tensors(result: WorkerResult, fn: Any) -> WorkerResult:
@@ -248,6 +323,15 @@ def _to_numpy(result: WorkerResult) -> WorkerResult:
 
 def _to_torch(result: WorkerResult) -> WorkerResult:
     return _map_tensors(result, torch.from_numpy)
+
+
+def _exit_status(code: int) -> str:
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
 
 
 def _last_line(tb: str) -> str:

@@ -3,21 +3,33 @@
 DL4J sent single-box users (many cores, several GPUs) to ParallelWrapper: the same algorithms with less overhead,
 and a way to try on a laptop the configuration that will run on the cluster. Workers are spawned processes that
 run the very same worker loop, codec and averaging code as the Spark masters (:func:`run_worker`), connected by
-``torch.distributed`` (gloo on CPU, nccl on CUDA).
+``torch.distributed`` (gloo on CPU, nccl on distinct GPUs); :class:`LocalProcessRunner` supervises them.
+
+Workers are *spawned* (not forked), so a script that calls :meth:`ParallelWrapper.fit` at top level needs the
+``if __name__ == "__main__":`` guard, and custom modules must be importable (defined in a module, not in
+``__main__`` of an interactive session).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import logging
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 
-from torchspark.data import DataSet, MultiDataSet
-from torchspark.encoding import AdaptiveThreshold, EncoderConfig, ResidualClipping
+from torchspark.data import DataSet, MultiDataSet, rebatch
+from torchspark.encoding import (
+    AdaptiveThreshold,
+    EncoderConfig,
+    ResidualClipping,
+    residual_post_processor_from_dict,
+    threshold_policy_from_dict,
+)
 from torchspark.errors import ConfigError, DataError
 from torchspark.nn import Network, NetworkBlueprint
 from torchspark.parallel.runner import LocalProcessRunner
@@ -28,46 +40,156 @@ from torchspark.training.hooks import ProgressUpdate
 from torchspark.training.progress import ProgressBar, ProgressServer
 from torchspark.training.reporting import build_training_stats
 from torchspark.training.sharing import SharingSettings
-from torchspark.training.worker import WorkerResult, WorkerTask, merge_results
+from torchspark.training.worker import WorkerResult, WorkerTask, load_item, merge_results
 
-__all__ = ["ParallelWrapper", "TRAINING_MODES"]
+__all__ = ["ParallelWrapper", "TRAINING_MODES", "plan_devices"]
 
 log = logging.getLogger(__name__)
 
-#: ParallelWrapper's training modes and the worker algorithm each runs.
+#: ParallelWrapper's training modes (DL4J's names) and the worker algorithm each runs.
 TRAINING_MODES = {"averaging": "averaging", "shared_gradients": "sharing"}
 
+_BATCH_TYPES = (DataSet, MultiDataSet)
+_PATH_TYPES = (str, os.PathLike)
 
-def _default_devices(workers: int | None) -> list[str]:
+
+# ------------------------------------------------------------------ devices
+def _parse_device(value: Any, gpu_count: int, index: int) -> str:
+    text = str(value).strip() if isinstance(value, (str, torch.device)) else None
+    if text == "cpu":
+        return "cpu"
+    if text is not None and (text == "cuda" or text.startswith("cuda:")):
+        gpu = text.partition(":")[2] or "0"
+        if not gpu.isdigit():
+            raise ConfigError(f"devices[{index}]={value!r} is not a device; use 'cuda:<index>', e.g. 'cuda:0'")
+        if int(gpu) >= gpu_count:
+            fix = f"use cuda:0..cuda:{gpu_count - 1}" if gpu_count else "use devices=['cpu']"
+            raise ConfigError(f"devices[{index}]={value!r} but torch sees {gpu_count} CUDA GPU(s) here; {fix}")
+        return f"cuda:{int(gpu)}"
+    raise ConfigError(f"devices[{index}]={value!r} is not a device ParallelWrapper can train on; use 'cpu' or "
+                      "'cuda:<index>'")
+
+
+def plan_devices(workers: int | None, devices: Sequence[Any] | None, gpu_count: int, cpu_count: int) -> list[str]:
+    """One device per worker (a pure function of the machine's counts, so it is testable anywhere).
+
+    Args:
+        workers: worker count; None = one per listed device, else one per GPU, else one per CPU core.
+        devices: devices to deal round-robin (``"cpu"``, ``"cuda"``, ``"cuda:1"``); None = every GPU, else CPU.
+        gpu_count, cpu_count: what this machine has.
+    Returns:
+        ``workers`` device strings, e.g. ``["cuda:0", "cuda:1", "cuda:0"]`` for 3 workers on 2 GPUs.
+    Raises:
+        ConfigError: an unknown device name, a GPU index this machine lacks, or an empty ``devices`` list.
+    """
+    if devices is not None:
+        if isinstance(devices, (str, torch.device)) or len(devices) == 0:
+            raise ConfigError(f"devices must be a non-empty list such as ['cpu'] or ['cuda:0', 'cuda:1'], got "
+                              f"{devices!r}")
+        pool = [_parse_device(d, gpu_count, i) for i, d in enumerate(devices)]
+    else:
+        pool = [f"cuda:{i}" for i in range(gpu_count)] or ["cpu"]
+    n = workers if workers is not None else (len(pool) if devices is not None or gpu_count else max(1, cpu_count))
+    return [pool[i % len(pool)] for i in range(n)]
+
+
+def _default_devices(workers: int | None, devices: Sequence[Any] | None = None) -> list[str]:
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if workers is None:
-        return [f"cuda:{i}" for i in range(gpus)] if gpus else ["cpu"] * (os.cpu_count() or 1)
-    return [f"cuda:{i % gpus}" for i in range(workers)] if gpus else ["cpu"] * workers
+    return plan_devices(workers, devices, gpus, os.cpu_count() or 1)
 
 
+def _policy(name: str, value: Any, from_dict: Callable[[dict[str, Any]], Any], methods: tuple[str, ...],
+            example: str) -> Any:
+    if isinstance(value, dict):
+        return from_dict(value)
+    if all(callable(getattr(value, m, None)) for m in methods):
+        return value
+    raise ConfigError(f"{name} must be a policy object such as {example} or its to_dict() form, got {value!r}")
+
+
+# ------------------------------------------------------------------ data routing
 @dataclass
+class _DataPlan:
+    """Where each worker's minibatches come from: exactly one of feeds / paths / stream is set."""
+
+    sample: Any
+    feeds: list[list[Any]] | None = None
+    paths: list[list[str]] | None = None
+    stream: Iterator[Any] | None = None
+
+
+def _route(data: Any, workers: int, batch_size: int, epochs: int, rng_seed: int | None) -> _DataPlan:
+    """Split ``data`` over the workers with the plan Spark uses (:func:`split_for_workers`)."""
+    if isinstance(data, _BATCH_TYPES):
+        if len(data) == 0:
+            raise DataError("fit got an empty DataSet (0 examples)")
+        batches = data.split(batch_size)
+        return _DataPlan(batches[0], feeds=split_for_workers(batches, workers, rng_seed))
+    if isinstance(data, (_PATH_TYPES, bytes)):
+        raise DataError(f"data is a single {type(data).__name__} ({data!r}); pass a list of batch-file paths "
+                        "(torchspark.data.list_batches(directory) lists a directory)")
+    if not isinstance(data, Iterable):
+        raise DataError(f"cannot train on a {type(data).__name__}; pass a DataSet, a list of DataSets or a list of "
+                        "batch-file paths (for Spark RDDs and DataFrames use SparkNetwork)")
+    items = iter(data)
+    first = next(items, None)
+    if first is None:
+        raise DataError("fit got no data: the list or iterable is empty")
+    if isinstance(first, _PATH_TYPES):  # paths are cheap: always materialised, so any epochs work
+        paths = _checked(itertools.chain([first], items), _PATH_TYPES, "batch-file path")
+        return _DataPlan(paths[0], paths=split_for_workers([os.fspath(p) for p in paths], workers, rng_seed))
+    if isinstance(data, (list, tuple)):
+        batches = list(rebatch(_checked(data, _BATCH_TYPES, "DataSet or MultiDataSet"), batch_size))
+        return _DataPlan(batches[0], feeds=split_for_workers(batches, workers, rng_seed))
+    if epochs != 1:
+        raise ConfigError(f"a one-shot iterable ({type(data).__name__}) trains one epoch only, got epochs={epochs}; "
+                          "pass a list (e.g. list(data)) or a DataSet to train several epochs")
+    if not isinstance(first, _BATCH_TYPES):
+        raise DataError(f"data[0] is a {type(first).__name__}; expected a DataSet, MultiDataSet or batch-file path")
+    return _DataPlan(first, stream=rebatch(itertools.chain([first], items), batch_size))
+
+
+def _checked(items: Iterable[Any], types: tuple[type, ...], what: str) -> list[Any]:
+    out = list(items)
+    for i, item in enumerate(out):
+        if not isinstance(item, types):
+            raise DataError(f"data[{i}] is a {type(item).__name__}; every item must be a {what} (do not mix them)")
+    return out
+
+
+# ------------------------------------------------------------------ the wrapper
+@dataclass(eq=False)  # a trainer with state, compared by identity
 class ParallelWrapper:
-    """Train a network with several local worker processes.
+    """Train a network with several local worker processes, the Spark masters' algorithms without Spark.
 
     Args:
         network: the :class:`~torchspark.Network` to train (updated in place by :meth:`fit`).
-        workers: number of worker processes; None = one per GPU when there are GPUs, else one per core.
-        training_mode: ``"averaging"`` (synchronous parameter averaging) or ``"shared_gradients"``
-            (threshold-encoded gradient sharing with residuals).
-        averaging_frequency: minibatches per worker between averages (averaging mode). DL4J's default here is 1;
-            5 trades a little convergence for far less synchronisation.
-        average_updaters: also average the updater state (averaging mode).
-        prefetch_buffer: minibatches queued ahead for each worker.
-        report_score_after_averaging: log the averaged score after each fit.
-        threshold_algorithm, residual_post_processor, shake_frequency: the gradient-sharing encoder (see
-            :mod:`torchspark.encoding`); defaults as in DL4J (adaptive threshold from 1e-4, clip to 5x threshold
-            every 5 steps, no shake-up).
-        overlap: gradient sharing exchanges step t while step t+1 computes (one step of staleness).
-        devices: devices assigned round-robin to workers (``"cpu"``, ``"cuda:0"``...); default as ``workers``.
-        progress: progress bar on this process (None = only on a terminal).
-        collect_training_stats: per-phase timings in :attr:`training_stats`.
-        rng_seed: shuffles minibatches across workers (None keeps data order) — the same plan as Spark's.
-        rendezvous_timeout_s: limit for every rendezvous/collective wait.
+        workers: worker processes. None = one per listed device, else one per GPU, else one per CPU core. Each
+            CPU worker gets cores // workers torch threads, and every extra worker adds synchronisation, so on
+            CPU try 2-4 workers before one per core.
+        training_mode: ``"averaging"`` (synchronous parameter averaging, ParameterAveragingTrainingMaster) or
+            ``"shared_gradients"`` (threshold-encoded gradient sharing, SharedTrainingMaster).
+        averaging_frequency: minibatches per worker between averages (averaging). 1 = synchronous SGD with a
+            bigger batch; 5 (default) cuts synchronisation 5x at little convergence cost; past ~20 it suffers.
+        average_updaters: also average the updater state (momentum, Adam moments) (averaging). False resets it
+            every round: less traffic, but adaptive updaters restart each round.
+        prefetch_buffer: minibatches queued ahead for each worker; 2 hides loading, more only costs memory.
+        report_score_after_averaging: log (INFO) the workers' averaged score when a fit ends.
+        threshold_algorithm: how the sharing threshold moves (``AdaptiveThreshold()``, ``FixedThreshold``...,
+            or a ``to_dict()`` form). Start near 10x the updater's step size: with Adam at lr=1e-3,
+            ``AdaptiveThreshold(initial=1e-2)`` skips ~150 dense warm-up steps of the default 1e-4 start.
+        residual_post_processor: what happens to unsent residuals; default clip to 5x threshold every 5 steps.
+        shake_frequency: every this many steps also flush residuals above t/3 (0 = off; try 50-500).
+        overlap: sharing exchanges step t while step t+1 computes (one step stale, faster); False = synchronous.
+        devices: devices dealt round-robin to the workers (``["cuda:0", "cuda:1"]``); default: every GPU, else
+            CPU. GPUs shared by several workers, or mixed CPU/GPU, talk over gloo instead of nccl.
+        progress: progress bar (examples/s, score) on this process: True, False, or None = only on a terminal.
+        collect_training_stats: per-worker, per-phase timings in :attr:`training_stats` (``export_html(path)``).
+        rng_seed: seeded shuffle of minibatches across workers (None keeps data order): the same plan as Spark's
+            ``rng_seed``, so both train on identical per-worker sequences.
+        threads_per_worker: torch threads in each worker; None = cores // workers. Use 1 to reproduce a Spark run
+            (``spark.task.cpus=1``) to the last bit.
+        rendezvous_timeout_s: limit for every rendezvous/collective wait; a stuck worker fails the fit after it.
         data_timeout_s: limit for waiting on one minibatch.
     """
 
@@ -83,116 +205,127 @@ class ParallelWrapper:
     shake_frequency: int = 0
     overlap: bool = True
     devices: Sequence[str] | None = None
-    progress: bool | None = None
+    progress: bool | None = True
     collect_training_stats: bool = False
     rng_seed: int | None = None
+    threads_per_worker: int | None = None
     rendezvous_timeout_s: float = 300.0
     data_timeout_s: float = 600.0
-    training_stats: TrainingStats | None = field(default=None, init=False)
-    last_results: list[WorkerResult] = field(default_factory=list, init=False)
-    _listeners: list[Callable[[ProgressUpdate], None]] = field(default_factory=list, init=False)
-    _score: float = field(default=math.nan, init=False)
+    #: timings of the last fit (None unless ``collect_training_stats``)
+    training_stats: TrainingStats | None = field(default=None, init=False, repr=False)
+    #: every worker's result of the last fit, by rank
+    last_results: list[WorkerResult] = field(default_factory=list, init=False, repr=False)
+    _devices: list[str] = field(default_factory=list, init=False, repr=False)
+    _listeners: list[Callable[[ProgressUpdate], None]] = field(default_factory=list, init=False, repr=False)
+    _score: float = field(default=math.nan, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.network, Network):
             raise ConfigError(f"network must be a torchspark.Network, got {type(self.network).__name__}")
-        if self.training_mode not in TRAINING_MODES:
+        if not isinstance(self.training_mode, str) or self.training_mode not in TRAINING_MODES:
             raise ConfigError(f"training_mode must be one of {list(TRAINING_MODES)}, got {self.training_mode!r}")
-        if self.workers is not None and (isinstance(self.workers, bool) or not isinstance(self.workers, int)
-                                         or self.workers < 1):
-            raise ConfigError(f"workers must be an integer >= 1 or None, got {self.workers!r}")
-        for name in ("averaging_frequency", "prefetch_buffer"):
+        for name, minimum, optional in (("workers", 1, True), ("averaging_frequency", 1, False),
+                                        ("prefetch_buffer", 1, False), ("shake_frequency", 0, False),
+                                        ("rng_seed", 0, True), ("threads_per_worker", 1, True)):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
-        if self.devices is not None:
-            if not self.devices:
-                raise ConfigError("devices must list at least one device, e.g. ['cpu'] or ['cuda:0', 'cuda:1']")
-            n = self.workers or len(self.devices)
-            self.devices = [str(self.devices[i % len(self.devices)]) for i in range(n)]
-            for d in self.devices:
-                torch.device(d)  # raises on nonsense like "gpu7"
-        # the encoder settings are validated now, not inside the workers
-        self._settings()
+            if optional and value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise ConfigError(f"{name} must be an integer >= {minimum}{' or None' if optional else ''}, got "
+                                  f"{value!r}")
+        for name in ("rendezvous_timeout_s", "data_timeout_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ConfigError(f"{name} must be a number of seconds > 0, got {value!r}")
+        for name in ("average_updaters", "overlap", "collect_training_stats", "report_score_after_averaging"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.progress not in (True, False, None):
+            raise ConfigError(f"progress must be True, False or None (only on a terminal), got {self.progress!r}")
+        self.threshold_algorithm = _policy("threshold_algorithm", self.threshold_algorithm, threshold_policy_from_dict,
+                                           ("initial_state", "next_threshold", "to_dict"), "AdaptiveThreshold()")
+        self.residual_post_processor = _policy("residual_post_processor", self.residual_post_processor,
+                                               residual_post_processor_from_dict, ("process", "to_dict"),
+                                               "ResidualClipping()")
+        self._devices = _default_devices(self.workers, self.devices)
 
     # ------------------------------------------------------------------ public API
+    @property
+    def worker_devices(self) -> list[str]:
+        """The device of each worker, by rank (e.g. ``["cpu", "cpu"]``)."""
+        return list(self._devices)
+
     def add_progress_listener(self, listener: Callable[[ProgressUpdate], None]) -> None:
-        """Call ``listener(update)`` for every progress report the workers send while training."""
+        """Call ``listener(update)`` (on a background thread) for every progress report workers send."""
         self._listeners.append(listener)
 
+    def get_score(self) -> float:
+        """Mean over workers of their last minibatch loss in the last fit (NaN before any fit)."""
+        return self._score
+
     def fit(self, data: Any, epochs: int = 1, batch_size: int = 32) -> Network:
-        """Train for ``epochs`` epochs; returns the trained network.
+        """Train for ``epochs`` epochs; returns the (updated in place) network.
 
         Args:
-            data: a DataSet/MultiDataSet (split into minibatches of ``batch_size``), a list of them (used as they
-                come), a one-shot iterable of them (dealt round-robin, one epoch), or a list of batch-file paths
-                (read by the workers themselves).
+            data: a DataSet/MultiDataSet (split into minibatches of ``batch_size``); a list of them (re-batched to
+                ``batch_size`` in order, as SparkNetwork re-batches); a list of batch-file paths
+                (:func:`~torchspark.data.save_batches` output, one minibatch each, read by the workers); or a
+                one-shot iterable of DataSets (re-batched and dealt round-robin; one epoch only).
+            epochs: passes over the data, all inside one launch of the workers.
+            batch_size: examples per minibatch on each worker (Spark's ``batch_size_per_worker``).
+        Raises:
+            ConfigError: bad ``epochs`` / ``batch_size``. DataError: empty or malformed data.
+            WorkerError: a worker failed; the message holds its traceback (the root cause, not a peer's symptom).
         """
-        if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
-            raise ConfigError(f"epochs must be an integer >= 1, got {epochs!r}")
-        devices = list(self.devices) if self.devices else _default_devices(self.workers)
-        n = len(devices)
-        feeds = paths = stream = None
-        if isinstance(data, (DataSet, MultiDataSet)):
-            feeds = split_for_workers(data.split(batch_size), n, self.rng_seed)
-        elif isinstance(data, (list, tuple)) and data and all(isinstance(x, str) for x in data):
-            paths = split_for_workers(list(data), n, self.rng_seed)
-        elif isinstance(data, (list, tuple)):
-            for i, item in enumerate(data):
-                if not isinstance(item, (DataSet, MultiDataSet)):
-                    raise DataError(f"data[{i}] is a {type(item).__name__}; expected DataSet, MultiDataSet or a path")
-            feeds = split_for_workers(list(data), n, self.rng_seed)
-        elif isinstance(data, Iterable):
-            if epochs > 1:
-                raise ConfigError("a one-shot iterable can be trained for one epoch only; pass a list or a DataSet")
-            stream = data
-        else:
-            raise DataError(f"cannot train on a {type(data).__name__}; pass a DataSet, a list of them or of paths")
-        if (feeds is not None and not any(feeds)) or (paths is not None and not any(paths)):
-            raise DataError("fit got no data: the DataSet or list is empty")
-        return self._run(devices, epochs, feeds, paths, stream)
+        for name, value in (("epochs", epochs), ("batch_size", batch_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+        plan = _route(data, len(self._devices), batch_size, epochs, self.rng_seed)
+        self._check_sample(plan.sample)
+        return self._run(plan, epochs)
 
     # ------------------------------------------------------------------ internals
+    def _check_sample(self, item: Any) -> None:
+        """Fail fast, before any process starts: run the network on a few examples of the first minibatch."""
+        batch = load_item(os.fspath(item) if isinstance(item, os.PathLike) else item)
+        sample = batch.slice(0, min(4, len(batch)))
+        sample.check_finite("training features")
+        self.network.score(sample)
+
     def _settings(self) -> tuple[str, dict[str, Any]]:
         mode = TRAINING_MODES[self.training_mode]
         if mode == "averaging":
-            return mode, vars(AveragingSettings(self.averaging_frequency, self.average_updaters)).copy()
+            return mode, dataclasses.asdict(AveragingSettings(self.averaging_frequency, self.average_updaters))
         encoder = EncoderConfig(threshold_policy=self.threshold_algorithm,
                                 residual_post_processor=self.residual_post_processor,
                                 shake_frequency=self.shake_frequency)
         return mode, SharingSettings(encoder=encoder, overlap=self.overlap).to_dict()
 
-    def _run(self, devices: list[str], epochs: int, feeds: Any, paths: Any, stream: Any) -> Network:
+    def _run(self, plan: _DataPlan, epochs: int) -> Network:
         driver = StatsCollector(DRIVER_ID, enabled=self.collect_training_stats)
         mode, settings = self._settings()
         with driver.phase("broadcast"):
             task = WorkerTask(mode=mode, settings=settings, blueprint=NetworkBlueprint.of(self.network).to_bytes(),
                               epochs=epochs, prefetch=self.prefetch_buffer, data_timeout_s=self.data_timeout_s,
                               collect_stats=self.collect_training_stats)
-        cpu_workers = sum(1 for d in devices if d == "cpu")
-        threads = max(1, (os.cpu_count() or 1) // max(1, cpu_workers))
+        threads = self.threads_per_worker or max(1, (os.cpu_count() or 1) // len(self._devices))
         server = ProgressServer(host="127.0.0.1", listeners=self._listeners).start()
         bar = ProgressBar(desc=f"fit x{epochs}", enabled=self.progress)
         server.add_listener(bar.update)
-        runner = LocalProcessRunner(devices, threads, self.rendezvous_timeout_s, self.prefetch_buffer,
+        runner = LocalProcessRunner(self._devices, threads, self.rendezvous_timeout_s, self.prefetch_buffer,
                                     server.address)
         try:
             with driver.phase("fit"):
-                results = runner.run(task, feeds=feeds, paths=paths, stream=stream)
+                results = runner.run(task, feeds=plan.feeds, paths=plan.paths, stream=plan.stream)
         finally:
             bar.close()
             server.close()
         with driver.phase("aggregation"):
-            score = merge_results(self.network, results)
+            self._score = merge_results(self.network, results)
         self.network.epoch += epochs
         self.last_results = results
-        if self.report_score_after_averaging and not math.isnan(score):
-            log.info("score after fit: %.6f", score)
-        self._score = score
+        if self.report_score_after_averaging and not math.isnan(self._score):
+            log.info("score after fit (mean of the workers' last minibatches): %.6f", self._score)
         self.training_stats = (build_training_stats(driver, results, epochs, self.network.extra_config)
                                if self.collect_training_stats else None)
         return self.network
-
-    def get_score(self) -> float:
-        """Mean over workers of their last minibatch loss in the last fit."""
-        return self._score

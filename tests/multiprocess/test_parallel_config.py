@@ -1,0 +1,175 @@
+"""ParallelWrapper's construction, input checks and device plan: pure logic, no worker process starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from torchspark import DataSet, Network, datasets, models, optim
+from torchspark.encoding import FixedThreshold
+from torchspark.errors import ConfigError, DataError
+from torchspark.parallel import ParallelWrapper, plan_devices
+from torchspark.parallel import wrapper as wrapper_module
+from torchspark.parallel.runner import backend_for_devices
+from torchspark.training.assignment import split_for_workers
+
+
+def _net() -> Network:
+    return Network(models.mlp(4, 4, 2), updater=optim.SGD(lr=0.1), seed=0)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"workers": 0}, "workers must be an integer >= 1 or None, got 0"),
+        ({"workers": True}, "workers must be an integer"),
+        ({"training_mode": "sync"}, "training_mode must be one of ['averaging', 'shared_gradients'], got 'sync'"),
+        ({"devices": ["gpu7"]}, "devices[0]='gpu7' is not a device"),
+        ({"devices": ["cpu", "cuda:x"]}, "devices[1]='cuda:x'"),
+        ({"devices": []}, "devices must be a non-empty list"),
+        ({"devices": "cpu"}, "devices must be a non-empty list"),
+        ({"averaging_frequency": 0}, "averaging_frequency must be an integer >= 1, got 0"),
+        ({"prefetch_buffer": -1}, "prefetch_buffer must be an integer >= 1, got -1"),
+        ({"rng_seed": -3}, "rng_seed must be an integer >= 0 or None, got -3"),
+        ({"threads_per_worker": 0}, "threads_per_worker must be an integer >= 1 or None, got 0"),
+        ({"rendezvous_timeout_s": 0}, "rendezvous_timeout_s must be a number of seconds > 0, got 0"),
+        ({"overlap": "yes"}, "overlap must be True or False, got 'yes'"),
+        ({"progress": "yes"}, "progress must be True, False or None"),
+        ({"training_mode": ["averaging"]}, "training_mode must be one of"),
+        ({"threshold_algorithm": 1e-3}, "threshold_algorithm must be a policy object"),
+    ],
+)
+def test_bad_settings_are_refused_at_construction(kwargs: dict, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        ParallelWrapper(_net(), **kwargs)
+    assert message in str(info.value)
+
+
+def test_network_must_be_a_torchspark_network() -> None:
+    with pytest.raises(ConfigError, match="network must be a torchspark.Network, got Linear"):
+        ParallelWrapper(torch.nn.Linear(2, 2))  # type: ignore[arg-type]
+
+
+def test_policy_dicts_are_accepted() -> None:
+    wrapper = ParallelWrapper(_net(), workers=2, training_mode="shared_gradients",
+                              threshold_algorithm=FixedThreshold(1e-3).to_dict())
+    assert isinstance(wrapper.threshold_algorithm, FixedThreshold)
+
+
+@pytest.mark.parametrize(
+    ("data", "error", "message"),
+    [
+        (DataSet(torch.zeros(0, 4), torch.zeros(0, dtype=torch.long)), DataError, "empty DataSet (0 examples)"),
+        ([], DataError, "the list or iterable is empty"),
+        (iter([]), DataError, "the list or iterable is empty"),
+        ("/data/batches", DataError, "data is a single str ('/data/batches')"),
+        (42, DataError, "cannot train on a int"),
+        (["a.safetensors", 3], DataError, "data[1] is a int"),
+        ([datasets.synthetic_classification(8, 4, 2), "x.safetensors"], DataError, "data[1] is a str"),
+        ([torch.zeros(3)], DataError, "data[0] is a Tensor"),
+        (["/nonexistent/batch_000000.safetensors"], DataError, "batch file not found"),
+    ],
+)
+def test_bad_data_is_refused_before_any_worker_starts(data, error, message: str) -> None:
+    with pytest.raises(error) as info:
+        ParallelWrapper(_net(), workers=2, progress=False).fit(data)
+    assert message in str(info.value)
+
+
+def test_bad_fit_arguments() -> None:
+    wrapper = ParallelWrapper(_net(), workers=2, progress=False)
+    data = datasets.synthetic_classification(8, 4, 2)
+    with pytest.raises(ConfigError, match="epochs must be an integer >= 1, got 0"):
+        wrapper.fit(data, epochs=0)
+    with pytest.raises(ConfigError, match="batch_size must be an integer >= 1, got 0"):
+        wrapper.fit(data, batch_size=0)
+    with pytest.raises(ConfigError, match="trains one epoch only, got epochs=2"):
+        wrapper.fit(iter(data.split(4)), epochs=2)
+    bad = DataSet(torch.full((8, 4), float("nan")), torch.zeros(8, dtype=torch.long))
+    with pytest.raises(DataError, match="NaN"):
+        wrapper.fit(bad)
+
+
+@pytest.mark.parametrize(
+    ("workers", "devices", "gpus", "cores", "expected"),
+    [
+        (None, None, 0, 4, ["cpu"] * 4),  # no GPU: one worker per core
+        (2, None, 0, 8, ["cpu", "cpu"]),
+        (None, None, 2, 8, ["cuda:0", "cuda:1"]),  # one worker per GPU
+        (3, None, 2, 8, ["cuda:0", "cuda:1", "cuda:0"]),  # round-robin
+        (None, ["cuda:1"], 2, 8, ["cuda:1"]),
+        (4, ["cuda:1", "cpu"], 2, 8, ["cuda:1", "cpu", "cuda:1", "cpu"]),
+        (None, ["cuda"], 1, 8, ["cuda:0"]),
+        (None, [torch.device("cpu"), "cpu"], 0, 8, ["cpu", "cpu"]),
+    ],
+)
+def test_plan_devices(workers, devices, gpus: int, cores: int, expected: list[str]) -> None:
+    assert plan_devices(workers, devices, gpus, cores) == expected
+
+
+@pytest.mark.parametrize(("devices", "gpus", "message"), [
+    (["cuda:0"], 0, "devices[0]='cuda:0' but torch sees 0 CUDA GPU(s) here; use devices=['cpu']"),
+    (["cuda:0", "cuda:2"], 2, "devices[1]='cuda:2' but torch sees 2 CUDA GPU(s) here; use cuda:0..cuda:1"),
+    (["tpu"], 2, "devices[0]='tpu' is not a device"),
+])
+def test_plan_devices_refuses_missing_gpus(devices: list[str], gpus: int, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        plan_devices(None, devices, gpus, 8)
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize("gpus", [0, 2])
+def test_default_devices_follow_the_machine(monkeypatch: pytest.MonkeyPatch, gpus: int) -> None:
+    # pure-logic test: pretend about the GPU count; nothing touches a GPU
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(wrapper_module.os, "cpu_count", lambda: 3)
+    expected = ["cuda:0", "cuda:1"] if gpus else ["cpu"] * 3
+    assert wrapper_module._default_devices(None) == expected
+    assert ParallelWrapper(_net()).worker_devices == expected
+    assert ParallelWrapper(_net(), workers=3).worker_devices == (["cuda:0", "cuda:1", "cuda:0"] if gpus
+                                                                 else ["cpu"] * 3)
+
+
+@pytest.mark.parametrize(("devices", "backend"), [
+    (["cpu", "cpu"], "gloo"),
+    (["cuda:0", "cuda:1"], "nccl"),
+    (["cuda:0", "cuda:0"], "gloo"),  # nccl refuses two ranks on one GPU
+    (["cuda:0", "cpu"], "gloo"),
+])
+def test_backend_for_devices(devices: list[str], backend: str) -> None:
+    assert backend_for_devices(devices) == backend
+
+
+def _rows(batches) -> list[list[float]]:
+    return [b.features[:, 0].tolist() for b in batches]
+
+
+def test_a_dataset_is_split_with_sparks_plan() -> None:
+    data = datasets.synthetic_classification(50, 4, 2, seed=3)
+    plan = wrapper_module._route(data, 2, 8, 1, rng_seed=5)
+    expected = split_for_workers(data.split(8), 2, 5)
+    assert [_rows(f) for f in plan.feeds] == [_rows(f) for f in expected]
+    assert plan.paths is None and plan.stream is None
+
+
+def test_a_list_of_odd_sized_datasets_is_rebatched_like_spark() -> None:
+    data = datasets.synthetic_classification(50, 4, 2, seed=3)
+    pieces = data.split(7)  # SparkNetwork re-batches what it gets to batch_size_per_worker, in order
+    plan = wrapper_module._route(pieces, 2, 8, 1, rng_seed=None)
+    assert [len(b) for f in plan.feeds for b in f] == [8] * 6 + [2]
+    assert [_rows(f) for f in plan.feeds] == [_rows(f) for f in split_for_workers(data.split(8), 2, None)]
+
+
+def test_paths_are_split_with_sparks_plan() -> None:
+    paths = [f"/b/batch_{i:06d}.safetensors" for i in range(9)]
+    plan = wrapper_module._route([Path(p) for p in paths], 2, 8, 3, rng_seed=1)
+    assert plan.paths == split_for_workers(paths, 2, 1)
+
+
+def test_a_one_shot_iterable_streams_rebatched_minibatches() -> None:
+    data = datasets.synthetic_classification(20, 4, 2, seed=3)
+    plan = wrapper_module._route((d for d in data.split(3)), 2, 8, 1, rng_seed=None)
+    assert plan.feeds is None and [len(b) for b in plan.stream] == [8, 8, 4]

@@ -1,0 +1,149 @@
+"""A failing worker or Ctrl-C stops every worker, re-raises the real cause, and leaves no process behind."""
+
+from __future__ import annotations
+
+import _thread
+import multiprocessing
+import os
+import queue
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from _faulty import FailingForward
+
+from torchspark import DataSet, Network, datasets, models, optim
+from torchspark.errors import WorkerError
+from torchspark.parallel import LocalProcessRunner, ParallelWrapper
+from torchspark.parallel import wrapper as wrapper_module
+
+
+@pytest.fixture
+def runners(monkeypatch: pytest.MonkeyPatch) -> list[LocalProcessRunner]:
+    """Every LocalProcessRunner the wrapper creates, so a test can look at its worker processes afterwards."""
+    created: list[LocalProcessRunner] = []
+
+    class Recording(LocalProcessRunner):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            created.append(self)
+
+    monkeypatch.setattr(wrapper_module, "LocalProcessRunner", Recording)
+    return created
+
+
+def _spawned_children() -> list[int]:
+    """Pids of live (or unreaped) processes whose parent is this process and that multiprocessing spawned."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (entry / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == os.getpid() and b"spawn_main" in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def _assert_no_workers_left(runners: list[LocalProcessRunner]) -> None:
+    assert runners and len(runners[-1].children) == 2
+    for proc in runners[-1].children:
+        assert not proc.is_alive() and proc.exitcode is not None, proc
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("torchspark-worker")]
+    if Path("/proc/self/stat").exists():
+        assert _spawned_children() == []
+
+
+def test_nan_in_a_later_minibatch_names_the_nan_not_a_peer_error(runners) -> None:
+    data = datasets.synthetic_classification(96, 12, 3, seed=1)
+    x = data.features.clone()
+    x[3 * 8 + 2, 5] = float("nan")  # minibatch 3 (worker 0's 4th): the first one passes the driver's check
+    net = Network(models.mlp(12, 16, 3), updater=optim.SGD(lr=0.1), seed=0)
+    wrapper = ParallelWrapper(net, workers=2, training_mode="averaging", averaging_frequency=2, progress=False)
+    before = net.params().clone()
+
+    with pytest.raises(WorkerError) as info:
+        wrapper.fit(DataSet(x, data.labels), epochs=1, batch_size=8)
+
+    message = str(info.value)
+    assert message.startswith("worker 0 failed: torchspark.errors.TrainingError: loss is nan at iteration 3")
+    assert "NaN" in message and "--- worker traceback ---" in message
+    assert "Connection" not in message.splitlines()[0]
+    torch.testing.assert_close(net.params(), before)  # a failed fit leaves the driver's network alone
+    _assert_no_workers_left(runners)
+
+
+def test_user_exception_in_one_worker_is_reported_with_its_traceback(runners) -> None:
+    data = datasets.synthetic_classification(96, 12, 3, seed=1)
+    net = Network(FailingForward(12, 3, after=4, rank=1), updater=optim.SGD(lr=0.1), seed=0)
+    wrapper = ParallelWrapper(net, workers=2, training_mode="shared_gradients", progress=False)
+
+    with pytest.raises(WorkerError) as info:
+        wrapper.fit(data, epochs=1, batch_size=8)
+
+    message = str(info.value)
+    assert message.startswith("worker 1 failed: _faulty.InjectedFailure: injected failure in forward call 5"), message
+    assert "_faulty.py" in message  # the worker's own traceback, down to the user's line
+    _assert_no_workers_left(runners)
+
+
+def test_ctrl_c_in_the_parent_stops_all_workers_and_propagates(runners) -> None:
+    data = datasets.synthetic_classification(8000, 12, 3, seed=1)  # far more work than the test waits for
+    net = Network(models.mlp(12, 16, 3), updater=optim.SGD(lr=0.01), seed=0)
+    wrapper = ParallelWrapper(net, workers=2, training_mode="averaging", averaging_frequency=1, progress=False)
+    interrupted_at: list[float] = []
+    lock = threading.Lock()
+
+    def press_ctrl_c(update) -> None:  # a progress listener: runs on a background thread while workers train
+        with lock:
+            if not interrupted_at:
+                interrupted_at.append(time.monotonic())
+                _thread.interrupt_main()  # what SIGINT from the terminal does to the main thread
+
+    wrapper.add_progress_listener(press_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        wrapper.fit(data, epochs=5, batch_size=2)
+
+    assert interrupted_at, "training ended before the interrupt"
+    assert time.monotonic() - interrupted_at[0] < 15, "shutdown after Ctrl-C took too long"
+    assert net.epoch == 0
+    _assert_no_workers_left(runners)
+
+
+def test_a_killed_worker_is_named_not_its_peers_connection_error(runners) -> None:
+    data = datasets.synthetic_classification(8000, 12, 3, seed=1)
+    net = Network(models.mlp(12, 16, 3), updater=optim.SGD(lr=0.01), seed=0)
+    wrapper = ParallelWrapper(net, workers=2, training_mode="averaging", averaging_frequency=1, progress=False)
+    killed: list[int] = []
+    lock = threading.Lock()
+
+    def kill_worker_1(update) -> None:  # the OOM killer, or a native crash, from the outside
+        with lock:
+            if not killed:
+                killed.append(runners[-1].children[1].pid)
+                os.kill(killed[0], signal.SIGKILL)
+
+    wrapper.add_progress_listener(kill_worker_1)
+    with pytest.raises(WorkerError) as info:
+        wrapper.fit(data, epochs=5, batch_size=2)
+
+    assert str(info.value).startswith("worker process torchspark-worker-1 died with signal SIGKILL"), info.value
+    _assert_no_workers_left(runners)
+
+
+def test_the_root_cause_wins_over_a_peer_error_that_arrives_first() -> None:
+    peer = "Traceback (most recent call last):\nRuntimeError: [gloo/transport/tcp/pair.cc] Connection closed by peer"
+    cause = "Traceback (most recent call last):\n  File \"model.py\", line 3\nValueError: bad input in layer 2"
+    later: queue.Queue = queue.Queue()
+    later.put(("error", 1, cause))
+    runner = LocalProcessRunner(["cpu", "cpu"])
+    with pytest.raises(WorkerError) as info:
+        runner._raise_worker_error(later, [(0, peer)], wait_s=5.0)
+    assert str(info.value).startswith("worker 1 failed: ValueError: bad input in layer 2")
+    assert 'File "model.py", line 3' in str(info.value)
