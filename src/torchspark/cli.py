@@ -1,8 +1,14 @@
-"""The ``torchspark`` command: train, evaluate and predict with Spark (or ParallelWrapper) from the shell."""
+"""The ``torchspark`` command: train, evaluate and predict with Spark (or ParallelWrapper) from the shell.
+
+``torchspark train`` trains a zoo model on the built-in digits dataset (gradient sharing by default, as the seeds
+recommend) and writes the model, ``metrics.json``, ``stats.json`` and the ``stats.html`` timeline; ``evaluate`` and
+``predict`` run the distributed evaluation and inference of a saved model.
+"""
 
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import logging
 import os
@@ -10,7 +16,7 @@ import sys
 import time
 from typing import Any, Sequence
 
-from torchspark.errors import TorchSparkError
+from torchspark.errors import ConfigError, TorchSparkError
 
 __all__ = ["main", "build_parser"]
 
@@ -18,41 +24,105 @@ log = logging.getLogger("torchspark.cli")
 
 MODELS = ("lenet", "mlp")
 UPDATERS = ("adam", "sgd", "adamw", "rmsprop", "adagrad")
+MODES = {"sharing": "shared_gradients", "averaging": "averaging"}  # CLI mode -> ParallelWrapper training_mode
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    try:
+        dims = tuple(int(d) for d in text.replace("x", ",").split(",") if d.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a shape such as 1,28,28") from None
+    if not dims or min(dims) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a shape such as 1,28,28")
+    return dims
+
+
+def _add_spark_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--master", default=None,
+                   help="Spark master URL (default local[WORKERS]); e.g. local-cluster[2,1,1024], spark://h:7077, yarn")
+    p.add_argument("--workers", type=_positive_int, default=2, help="Spark task slots / training workers")
+    p.add_argument("-v", "--verbose", action="store_true", help="log what happens")
+
+
+def _add_data_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data", default="digits:test",
+                   help="digits:test | digits:train | a directory or glob of batch files (.safetensors) | Parquet")
+    p.add_argument("--features-col", default="features", help="Parquet: features column (array or ML Vector)")
+    p.add_argument("--label-col", default="label", help="Parquet: label column")
+    p.add_argument("--feature-shape", type=_shape, default=None, help="Parquet: reshape each row, e.g. 1,28,28")
+    p.add_argument("--batch-size", type=_positive_int, default=256, help="examples per forward pass on executors")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="torchspark",
-        description="Distributed training of PyTorch networks on Apache Spark.",
-    )
+    parser = argparse.ArgumentParser(prog="torchspark",
+                                     description="Distributed training of PyTorch networks on Apache Spark.")
     sub = parser.add_subparsers(dest="command", required=True)
+    fmt = argparse.ArgumentDefaultsHelpFormatter
 
-    train = sub.add_parser(
-        "train",
-        help="train a zoo model on a built-in dataset",
-        description="Train a zoo model on the built-in digits dataset (or batch files) with Spark, print the "
-        "evaluation on the test split, and write the model and metrics.json to --output.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+    train = sub.add_parser("train", help="train a zoo model on a built-in dataset", formatter_class=fmt,
+                           description="Train a zoo model on the built-in digits dataset with Spark (or --parallel "
+                           "without Spark), print the evaluation on the test split, and write the model, "
+                           "metrics.json, stats.json and stats.html to --output.")
     train.add_argument("--dataset", default="digits", choices=["digits"], help="built-in training dataset")
     train.add_argument("--model", default="lenet", choices=MODELS, help="zoo model to train")
-    train.add_argument("--epochs", type=int, default=8, help="passes over the training data")
-    train.add_argument("--mode", default="averaging", choices=["averaging"],
-                       help="training master: synchronous parameter averaging")
-    train.add_argument("--master", default=None,
-                       help="Spark master URL (default local[WORKERS]); e.g. local-cluster[2,1,1024], spark://h:7077")
-    train.add_argument("--workers", type=int, default=2, help="training workers (Spark task slots)")
-    train.add_argument("--batch-size-per-worker", type=int, default=16, help="minibatch size on each worker")
-    train.add_argument("--averaging-frequency", type=int, default=5,
-                       help="minibatches between parameter averages (averaging mode)")
+    train.add_argument("--epochs", type=_positive_int, default=8, help="passes over the training data")
+    train.add_argument("--mode", default="sharing", choices=list(MODES),
+                       help="sharing: threshold-encoded gradient sharing; averaging: synchronous parameter averaging")
+    train.add_argument("--parallel", action="store_true",
+                       help="train with ParallelWrapper (local worker processes), without Spark or Java")
+    train.add_argument("--batch-size-per-worker", type=_positive_int, default=16, help="minibatch size per worker")
+    train.add_argument("--averaging-frequency", type=_positive_int, default=5,
+                       help="averaging mode: minibatches between parameter averages")
+    train.add_argument("--threshold", type=_positive_float, default=1e-2,
+                       help="sharing mode: initial threshold of the adaptive policy (~10x the updater's step size)")
     train.add_argument("--updater", default="adam", choices=UPDATERS, help="optimizer")
-    train.add_argument("--lr", type=float, default=1e-3, help="learning rate")
+    train.add_argument("--lr", type=_positive_float, default=1e-3, help="learning rate")
     train.add_argument("--seed", type=int, default=0, help="seed for weights and data shuffling")
-    train.add_argument("--output", default="torchspark-output", help="directory for the model and metrics.json")
-    train.add_argument("-v", "--verbose", action="store_true", help="log what happens")
+    train.add_argument("--output", default="torchspark-output", help="directory for the model, metrics and stats")
+    train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_spark_options(train)
+
+    evaluate = sub.add_parser("evaluate", help="evaluate a saved model on the cluster", formatter_class=fmt,
+                              description="Distributed evaluation of a saved model (SparkNetwork.evaluate).")
+    evaluate.add_argument("--model", required=True, help="directory written by Network.save / torchspark train")
+    _add_data_options(evaluate)
+    evaluate.add_argument("--output", default=None, help="also write the evaluation as JSON to this file")
+    _add_spark_options(evaluate)
+
+    predict = sub.add_parser("predict", help="add a prediction column to Parquet data", formatter_class=fmt,
+                             description="Distributed inference of a saved model (SparkNetwork.predict): read "
+                             "Parquet (or digits:test), add the prediction column, write Parquet.")
+    predict.add_argument("--model", required=True, help="directory written by Network.save / torchspark train")
+    _add_data_options(predict)
+    predict.add_argument("--output", required=True, help="Parquet directory to write")
+    predict.add_argument("--output-col", default="prediction", help="name of the new column")
+    predict.add_argument("--class", dest="as_class", action="store_true",
+                         help="write the predicted class index instead of the output probabilities")
+    _add_spark_options(predict)
     return parser
 
 
+# ------------------------------------------------------------------ helpers
 def _updater(name: str, lr: float) -> Any:
     from torchspark import optim
 
@@ -70,56 +140,170 @@ def _model(name: str, sample_shape: Sequence[int], n_classes: int) -> Any:
     return models.mlp(c * h * w, 128, n_classes)
 
 
+def _write_json(path: str, obj: Any) -> None:
+    from torchspark._io import atomic_write_bytes
+
+    atomic_write_bytes(path, json.dumps(obj, indent=2, sort_keys=True, default=str).encode("utf-8"), ConfigError)
+
+
+def _load_model(path: str) -> Any:
+    from torchspark import Network
+
+    if not os.path.isdir(path):
+        raise ConfigError(f"--model {path!r} is not a directory; pass the directory written by `torchspark train` "
+                          "(OUTPUT/model) or Network.save")
+    return Network.load(path)
+
+
+def _digits_split(spec: str) -> str | None:
+    if spec.startswith("digits"):
+        split = spec.partition(":")[2] or "test"
+        if split not in ("train", "test"):
+            raise ConfigError(f"--data {spec!r}: the digits splits are digits:train and digits:test")
+        return split
+    return None
+
+
+def _data_for_evaluation(spark: Any, args: argparse.Namespace) -> Any:
+    """An RDD of DataSets, a list of batch-file paths, or a DataFrame."""
+    from torchspark import datasets
+
+    split = _digits_split(args.data)
+    if split is not None:
+        return spark.sparkContext.parallelize(datasets.digits(split).split(args.batch_size), args.workers)
+    batch_files = _batch_files(args.data)
+    if batch_files:
+        return batch_files
+    return _read_parquet(spark, args.data)
+
+
+def _batch_files(spec: str) -> list[str]:
+    pattern = os.path.join(spec, "*.safetensors") if os.path.isdir(spec) else spec
+    return sorted(glob.glob(pattern)) if pattern.endswith(".safetensors") else []
+
+
+def _read_parquet(spark: Any, path: str) -> Any:
+    if not os.path.exists(path) and "://" not in path:
+        raise ConfigError(f"--data {path!r} does not exist; pass digits:test, a directory of batch files or a "
+                          "Parquet path")
+    return spark.read.parquet(path)
+
+
+def _digits_frame(spark: Any, split: str) -> Any:
+    from torchspark import datasets
+
+    data = datasets.digits(split)
+    rows = [(data.features[i].flatten().tolist(), int(data.labels[i])) for i in range(len(data))]  # type: ignore[index]
+    return spark.createDataFrame(rows, ["features", "label"])
+
+
+# ------------------------------------------------------------------ commands
 def cmd_train(args: argparse.Namespace) -> int:
     from torchspark import Network, datasets
-    from torchspark.spark import ParameterAveragingTrainingMaster, SparkNetwork, check_java, local_session
+    from torchspark.encoding import AdaptiveThreshold
 
-    check_java()
-    train_data = datasets.digits("train")
-    test_data = datasets.digits("test")
+    train_data, test_data = datasets.digits("train"), datasets.digits("test")
     net = Network(_model(args.model, tuple(train_data.features.shape[1:]), 10),
                   updater=_updater(args.updater, args.lr), seed=args.seed)
-    master = ParameterAveragingTrainingMaster(
-        batch_size_per_worker=args.batch_size_per_worker,
-        averaging_frequency=args.averaging_frequency,
-        num_workers=args.workers,
-        rng_seed=args.seed,
-    )
-    spark = local_session(cores=args.workers, master=args.master)
-    try:
-        rdd = spark.sparkContext.parallelize(train_data.split(64), max(args.workers, 2))
-        spark_net = SparkNetwork(spark, net, master)
-        start = time.time()
-        spark_net.fit(rdd, epochs=args.epochs)
-        seconds = time.time() - start
-        spark_net.delete_temp_files()
-    finally:
-        spark.stop()
+    threshold = AdaptiveThreshold(initial=args.threshold)
+    start = time.time()
+    if args.parallel:
+        from torchspark.parallel import ParallelWrapper
+
+        wrapper = ParallelWrapper(net, workers=args.workers, training_mode=MODES[args.mode],
+                                  averaging_frequency=args.averaging_frequency, threshold_algorithm=threshold,
+                                  collect_training_stats=True, rng_seed=args.seed, progress=not args.no_progress)
+        wrapper.fit(train_data, epochs=args.epochs, batch_size=args.batch_size_per_worker)
+        stats, score, runner = wrapper.training_stats, wrapper.get_score(), "ParallelWrapper"
+    else:
+        stats, score = _train_on_spark(args, net, train_data, threshold)
+        runner = "SparkNetwork"
+    seconds = time.time() - start
     evaluation = net.evaluate(test_data)
     print(evaluation.stats())
     os.makedirs(args.output, exist_ok=True)
     model_dir = os.path.join(args.output, "model")
     net.save(model_dir)
+    summary = stats.summary() if stats is not None else {}
     metrics = {
-        "accuracy": evaluation.accuracy(),
-        "f1_macro": evaluation.f1(),
-        "score": spark_net.get_score(),
-        "epochs": args.epochs,
-        "workers": args.workers,
-        "mode": args.mode,
-        "train_seconds": seconds,
+        "accuracy": evaluation.accuracy(), "f1_macro": evaluation.f1(), "score": score, "epochs": args.epochs,
+        "workers": args.workers, "mode": args.mode, "runner": runner, "train_seconds": seconds,
         "examples_per_second": len(train_data) * args.epochs / seconds,
+        **{k: summary[k] for k in ("bytes_sent", "dense_bytes", "replicas_identical") if k in summary},
     }
-    tmp = os.path.join(args.output, ".metrics.json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(metrics, f, indent=2)
-    os.replace(tmp, os.path.join(args.output, "metrics.json"))
-    print(f"accuracy {evaluation.accuracy():.4f} on {len(test_data)} test digits; "
-          f"model written to {model_dir}, metrics to {os.path.join(args.output, 'metrics.json')}")
+    _write_json(os.path.join(args.output, "metrics.json"), metrics)
+    written = [model_dir, os.path.join(args.output, "metrics.json")]
+    if stats is not None:
+        _write_json(os.path.join(args.output, "stats.json"), json.loads(stats.to_json()))
+        stats.export_html(os.path.join(args.output, "stats.html"))
+        written += [os.path.join(args.output, "stats.json"), os.path.join(args.output, "stats.html")]
+    print(f"accuracy {evaluation.accuracy():.4f} on {len(test_data)} test digits ({args.mode}, {runner}); wrote "
+          + ", ".join(written))
     return 0
 
 
-COMMANDS = {"train": cmd_train}
+def _train_on_spark(args: argparse.Namespace, net: Any, train_data: Any, threshold: Any) -> tuple[Any, float]:
+    from torchspark.spark import ParameterAveragingTrainingMaster, SharedTrainingMaster, SparkNetwork, check_java
+    from torchspark.spark import session_scope
+
+    check_java()
+    common = dict(batch_size_per_worker=args.batch_size_per_worker, num_workers=args.workers, rng_seed=args.seed,
+                  collect_training_stats=True)
+    master: Any
+    if args.mode == "sharing":
+        master = SharedTrainingMaster(threshold_algorithm=threshold, **common)  # type: ignore[arg-type]
+    else:
+        master = ParameterAveragingTrainingMaster(averaging_frequency=args.averaging_frequency,
+                                                  **common)  # type: ignore[arg-type]
+    with session_scope(cores=args.workers, master=args.master) as spark:
+        rdd = spark.sparkContext.parallelize(train_data.split(64), max(args.workers, 2))
+        spark_net = SparkNetwork(spark, net, master, progress=False if args.no_progress else None)
+        try:
+            spark_net.fit(rdd, epochs=args.epochs)
+        finally:
+            spark_net.delete_temp_files()
+        return spark_net.training_stats, spark_net.get_score()
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from torchspark.spark import SparkNetwork, check_java, session_scope
+
+    net = _load_model(args.model)
+    check_java()
+    with session_scope(cores=args.workers, master=args.master) as spark:
+        data = _data_for_evaluation(spark, args)
+        evaluation = SparkNetwork(spark, net).evaluate(data, batch_size=args.batch_size,
+                                                       features_col=args.features_col, label_col=args.label_col,
+                                                       feature_shape=args.feature_shape)
+    print(evaluation.stats())
+    if args.output:
+        _write_json(args.output, json.loads(evaluation.to_json()))
+        print(f"evaluation written to {args.output}")
+    return 0
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from torchspark.spark import SparkNetwork, check_java, session_scope
+
+    net = _load_model(args.model)
+    check_java()
+    with session_scope(cores=args.workers, master=args.master) as spark:
+        split = _digits_split(args.data)
+        frame = _digits_frame(spark, split) if split is not None else _read_parquet(spark, args.data)
+        shape = args.feature_shape or ((1, 8, 8) if split is not None else None)
+        if args.features_col not in frame.columns:
+            raise ConfigError(f"--features-col {args.features_col!r} is not a column of {args.data!r} "
+                              f"(columns: {frame.columns})")
+        out = SparkNetwork(spark, net).predict(frame, features_col=args.features_col, output_col=args.output_col,
+                                               feature_shape=shape, batch_size=args.batch_size,
+                                               output="class" if args.as_class else "probabilities")
+        out.write.mode("overwrite").parquet(args.output)
+        rows = spark.read.parquet(args.output).count()
+    print(f"wrote {rows} rows with column {args.output_col!r} to {args.output}")
+    return 0
+
+
+COMMANDS = {"train": cmd_train, "evaluate": cmd_evaluate, "predict": cmd_predict}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
-from typing import Any
+from typing import Any, Iterator
 
 from torchspark.errors import ConfigError, SetupError
 
-__all__ = ["local_session", "check_java", "spark_context"]
+__all__ = ["local_session", "session_scope", "check_java", "spark_context"]
 
 JAVA_HINT = (
     "Spark needs Java 17 or newer. Install it (Debian/Ubuntu: `apt-get install -y openjdk-17-jre-headless`; "
@@ -87,6 +88,23 @@ def local_session(
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     return session
+
+
+@contextlib.contextmanager
+def session_scope(cores: int | None = None, master: str | None = None, app_name: str = "torchspark") -> Iterator[Any]:
+    """A session for the duration of a block: the active one when there is one (left running), else a new
+    :func:`local_session` (stopped at the end)."""
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        yield active
+        return
+    spark = local_session(cores=cores, master=master, app_name=app_name)
+    try:
+        yield spark
+    finally:
+        spark.stop()
 
 
 def spark_context(spark: Any) -> Any:
