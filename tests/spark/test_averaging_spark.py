@@ -237,3 +237,8 @@ def test_master_json_round_trip_and_validation() -> None:
     ]:
         with pytest.raises(ConfigError, match=match):
             ParameterAveragingTrainingMaster(**bad)
+
+
+def test_averaging_via_spark_is_refused_until_implemented() -> None:
+    with pytest.raises(ConfigError, match="averaging_via='spark'.*not implemented"):
+        ParameterAveragingTrainingMaster(averaging_via="spark")

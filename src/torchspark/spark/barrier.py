@@ -138,7 +138,7 @@ def _rendezvous(ctx: Any, settings: RendezvousSettings, backend: str, device: st
             raise WaitTimeout(
                 f"worker {rank} could not reach task 0 at {host}:{port} within rendezvous_timeout_s="
                 f"{settings.timeout_s}: {e}. Executors must reach each other on that port: check firewalls, "
-                f"set network_mask or {LOCAL_ADDRESS_ENV}, or use averaging_via='spark'"
+                f"set network_mask or {LOCAL_ADDRESS_ENV} so workers advertise an address their peers can reach"
             ) from e
     os.environ.setdefault("GLOO_SOCKET_IFNAME", _ifname_for(host) or "")
     if not os.environ["GLOO_SOCKET_IFNAME"]:

@@ -116,14 +116,15 @@ class ParameterAveragingTrainingMaster(TrainingMaster):
     Every worker fits ``averaging_frequency`` minibatches from the common parameters, then all workers replace
     their parameters (and updater state) by the example-weighted mean. One epoch runs inside one Spark barrier
     stage with ``torch.distributed`` all-reduces (``averaging_via="torch"``), or as DL4J did with one Spark job
-    and a ``treeAggregate`` per round (``averaging_via="spark"``: no worker-to-worker ports needed, slower).
+    and a ``treeAggregate`` per round (``averaging_via="spark"``: no worker-to-worker ports needed, slower; planned,
+    not implemented yet — it is refused with a ConfigError).
 
     Args:
         averaging_frequency: minibatches between averages (DL4J default 5). 1 = synchronous SGD with a bigger
             effective batch; 5-10 cuts communication; past ~20 convergence suffers.
         save_updater: average and keep the updater state (momentum, Adam moments) across rounds. False resets
             it each round: half the traffic, but adaptive updaters restart every round.
-        averaging_via: ``"torch"`` (fast all-reduce inside one barrier stage) or ``"spark"``.
+        averaging_via: ``"torch"`` (fast all-reduce inside one barrier stage); ``"spark"`` is reserved (planned).
         aggregation_depth: ``treeAggregate`` depth for ``averaging_via="spark"``.
     See :class:`TrainingMaster` for the shared options.
     """
@@ -141,6 +142,10 @@ class ParameterAveragingTrainingMaster(TrainingMaster):
         _positive_int(name, "averaging_frequency", self.averaging_frequency)
         _positive_int(name, "aggregation_depth", self.aggregation_depth)
         _choice(name, "averaging_via", self.averaging_via, AVERAGING_ROUTES)
+        if self.averaging_via == "spark":
+            raise ConfigError(f"{name}: averaging_via='spark' (one Spark job and treeAggregate per round) is not "
+                              "implemented yet; use averaging_via='torch'. If executors cannot reach each other, set "
+                              "network_mask or the TORCHSPARK_LOCAL_IP environment variable on the executors.")
         if not isinstance(self.save_updater, bool):
             raise ConfigError(f"{name}: save_updater must be True or False, got {self.save_updater!r}")
 
