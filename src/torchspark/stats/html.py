@@ -10,7 +10,6 @@ from __future__ import annotations
 import datetime as _dt
 import logging
 import os
-import tempfile
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -79,20 +78,13 @@ def write_html(stats: TrainingStats, path: str | os.PathLike[str], **kwargs: Any
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
-    """Write ``text`` (UTF-8) to a temporary file next to ``path``, then rename it over ``path``.
+    """Write ``text`` (UTF-8) to ``path`` (a local path or fsspec URL) under a temporary name, then rename it.
 
     Readers never see a half-written file; on failure the temporary file is removed.
     """
-    target = os.path.abspath(os.fspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(target) + ".", suffix=".tmp", dir=os.path.dirname(target))
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    from torchspark._io import atomic_write_bytes
+
+    atomic_write_bytes(os.fspath(path), text.encode("utf-8"), OSError)
 
 
 # ---- sections -----------------------------------------------------------------------------------------------------
