@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from torchspark.errors import SetupError, WaitTimeout
+from torchspark.training.shm import SharedMemoryReducer
 
 __all__ = ["Communicator", "SoloCommunicator", "ThreadGroup", "ThreadCommunicator", "TorchDistCommunicator"]
 
@@ -128,6 +129,9 @@ class TorchDistCommunicator:
         device: where collective buffers live (CUDA for nccl).
         timeout_s: the collective timeout (``rendezvous_timeout_s``); a peer that never arrives fails the job
             after this long instead of hanging it.
+        shared_memory: with gloo, sum large float32 tensors through ``/dev/shm`` when every rank is on the same
+            host (:mod:`torchspark.training.shm`; about 2x faster than loopback TCP). Ranks on different hosts,
+            or without a usable ``/dev/shm``, agree to stay on gloo.
     """
 
     def __init__(
@@ -138,6 +142,7 @@ class TorchDistCommunicator:
         backend: str = "gloo",
         device: torch.device | str = "cpu",
         timeout_s: float = 300.0,
+        shared_memory: bool = True,
     ) -> None:
         if dist.is_initialized():
             raise SetupError(
@@ -152,8 +157,27 @@ class TorchDistCommunicator:
             backend, store=store, rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s)
         )
         self._open = True
+        self._shm: SharedMemoryReducer | None = None
+        if shared_memory and backend == "gloo" and world_size > 1:
+            self._shm = SharedMemoryReducer.for_host(store, rank, world_size, self._barrier, self._all_agree)
+
+    @property
+    def uses_shared_memory(self) -> bool:
+        """Whether large sums go through shared memory (all ranks on one host) rather than the network."""
+        return self._shm is not None and not self._shm.disabled
+
+    def _barrier(self) -> None:
+        flag = torch.zeros(1)
+        self._call(lambda: dist.all_reduce(flag))
+
+    def _all_agree(self, ok: bool) -> bool:
+        flag = torch.tensor([1.0 if ok else 0.0])
+        self._call(lambda: dist.all_reduce(flag))
+        return int(flag.item()) == self.world_size
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self._shm is not None and self._shm.accepts(tensor) and self._shm.all_reduce_sum(tensor):
+            return tensor
         if tensor.device != self.device:
             moved = tensor.to(self.device)
             self._call(lambda: dist.all_reduce(moved))
@@ -189,6 +213,9 @@ class TorchDistCommunicator:
             raise
 
     def close(self) -> None:
+        if self._shm is not None:
+            self._shm.close()
+            self._shm = None
         if self._open and dist.is_initialized():
             try:
                 dist.destroy_process_group()
