@@ -176,6 +176,10 @@ class Network:
         with torch.no_grad():
             self._flat.copy_(flat)
 
+    def updater_state_tensors(self) -> list[torch.Tensor]:
+        """The live optimizer state tensors, in :meth:`updater_state` order (no copy; writes change the updater)."""
+        return self._state_tensors()
+
     def _state_tensors(self) -> list[torch.Tensor]:
         out: list[torch.Tensor] = []
         for p in self._params:

@@ -22,7 +22,7 @@ from torchspark.nn import Network
 from torchspark.training.comm import Communicator
 from torchspark.training.hooks import ProgressUpdate, WorkerHooks
 
-__all__ = ["AveragingSettings", "EpochOutcome", "averaging_epoch"]
+__all__ = ["AveragingSettings", "EpochOutcome", "averaging_epoch", "RoundBuffer"]
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ def averaging_epoch(
     it = iter(batches)
     exhausted = False
     rec = hooks.recorder
-    n_params = net.num_params()
+    packer = RoundBuffer(net, settings.save_updater)
     while True:
         n_round = 0
         round_score = float("nan")
@@ -88,22 +88,65 @@ def averaging_epoch(
         # 2. one all-reduce of weighted params, updater state and bookkeeping
         with rec.phase("averaging"):
             w = float(n_round)
-            parts = [net.params_view() * w]
-            if settings.save_updater:
-                parts.append(net.updater_state().to(net.device) * w)
             score_w = round_score * w if n_round else 0.0
-            parts.append(torch.tensor([w, score_w, 0.0 if exhausted else 1.0], device=net.device))
-            buf = torch.cat([p.to(torch.float32) for p in parts])
+            buf = packer.pack(w, score_w, 0.0 if exhausted else 1.0)
             comm.all_reduce_sum(buf)
             total_w, total_score, active = (float(v) for v in buf[-3:])
             # 3. example-weighted mean
             if total_w > 0:
-                net.set_params(buf[:n_params] / total_w)
-                if settings.save_updater:
-                    net.set_updater_state(buf[n_params:-3] / total_w)
-                else:
-                    net.reset_updater_state()
+                packer.unpack(buf, total_w)
                 out.rounds += 1
                 out.last_score = total_score / total_w
         if active == 0:
             return out
+
+
+class RoundBuffer:
+    """One preallocated all-reduce buffer ``[params * w | updater_state * w | w, score * w, active]``.
+
+    Packing writes straight from the network's live tensors into the buffer and unpacking divides straight back
+    into them: no intermediate copies, which matters when a round's compute is only a few milliseconds.
+    With ``save_updater=False`` the updater state is not sent and is reset after every average.
+    """
+
+    def __init__(self, net: Network, save_updater: bool) -> None:
+        self.net = net
+        self.save_updater = save_updater
+        self.n_params = net.num_params()
+        n_state = net.updater_state_size() if save_updater else 0
+        self.buf = torch.empty(self.n_params + n_state + 3, dtype=torch.float32, device=net.device)
+
+    def pack(self, w: float, score_w: float, active: float) -> torch.Tensor:
+        buf, n = self.buf, self.n_params
+        params = self.net.params_view()
+        torch.mul(params.to(torch.float32), w, out=buf[:n])
+        if self.save_updater:
+            offset = n
+            for t in self.net.updater_state_tensors():
+                k = t.numel()
+                torch.mul(t.detach().reshape(-1).to(torch.float32), w, out=buf[offset : offset + k])
+                offset += k
+        buf[-3:] = torch.tensor([w, score_w, active], dtype=torch.float32)
+        return buf
+
+    def unpack(self, buf: torch.Tensor, total_w: float) -> None:
+        """Set the network's params (and updater state) to ``buf / total_w``."""
+        n = self.n_params
+        with torch.no_grad():
+            params = self.net.params_view()
+            if params.dtype == torch.float32:
+                torch.div(buf[:n], total_w, out=params)
+            else:
+                params.copy_(buf[:n] / total_w)
+            if not self.save_updater:
+                self.net.reset_updater_state()
+                return
+            offset = n
+            for t in self.net.updater_state_tensors():
+                k = t.numel()
+                part = buf[offset : offset + k].view_as(t)
+                if t.dtype == torch.float32:
+                    torch.div(part, total_w, out=t)
+                else:
+                    t.copy_((part / total_w).to(t.dtype))
+                offset += k
