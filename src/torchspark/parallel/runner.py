@@ -1,7 +1,9 @@
 """The local-process runner: ``run_worker`` in spawned processes on this machine, talking over torch.distributed.
 
-The parent hosts the ``TCPStore`` for the rendezvous, feeds driver-side data through one bounded queue per worker
-(serialized minibatches, like Spark's direct route), collects results, and supervises:
+The parent hosts the ``TCPStore`` for the rendezvous, hands each worker its data (a list of minibatches is
+serialized once and sent with the worker's start arguments, then replayed every epoch, like Spark's direct route;
+batch-file paths are read by the workers; a one-shot iterable streams through one bounded queue per worker),
+collects results, and supervises:
 
 1. a worker that raises sends its traceback; the parent waits briefly for the other workers' errors and raises
    :class:`WorkerError` with the root cause (not a peer's "Connection reset");
@@ -80,7 +82,8 @@ class _ChildArgs:
     device: str
     backend: str
     task: WorkerTask
-    paths: list[str] | None
+    #: the worker's whole share when known up front (batch-file paths or serialized batches); None = fed by queue
+    items: list[str | bytes] | None
     progress_address: tuple[str, int] | None
     timeout_s: float
 
@@ -112,7 +115,7 @@ def _child_main(args: _ChildArgs, data_queue: Any, results: Any) -> None:
                               timeout=datetime.timedelta(seconds=args.timeout_s))
         comm_device = args.device if args.backend == "nccl" else "cpu"  # gloo collectives run on host copies
         comm = TorchDistCommunicator(store, args.rank, args.world_size, args.backend, comm_device, args.timeout_s)
-        source: Any = (ItemSource(args.paths) if args.paths is not None
+        source: Any = (ItemSource(args.items) if args.items is not None
                        else QueueSource(data_queue, args.task.data_timeout_s))
         result = run_worker(args.task, source, comm, args.device, hooks)
         # tensors travel as numpy: torch's fd sharing would dangle once this process exits
@@ -155,7 +158,7 @@ class LocalProcessRunner:
         """Run the workers on exactly one kind of data and return their results by rank.
 
         Args:
-            feeds: per-worker lists of minibatches, fed through the queues every epoch.
+            feeds: per-worker lists of minibatches, sent once to each worker (serialized) and replayed every epoch.
             paths: per-worker lists of batch-file paths, read by the workers themselves.
             stream: a one-shot iterable of minibatches dealt round-robin (``task.epochs`` must be 1).
         """
@@ -166,7 +169,7 @@ class LocalProcessRunner:
         n = len(self.devices)
         ctx = mp.get_context("spawn")
         child_task = replace(task, num_threads=self.threads_per_worker,
-                             prefetch=task.prefetch if paths is not None else 0)  # the queue already prefetches
+                             prefetch=task.prefetch if stream is None else 0)  # the queue already prefetches
         backend = backend_for_devices(self.devices)
         store = dist.TCPStore("127.0.0.1", 0, n + 1, is_master=True,
                               timeout=datetime.timedelta(seconds=self.timeout_s), wait_for_workers=False)
@@ -179,16 +182,14 @@ class LocalProcessRunner:
         self.children = []
         try:
             for rank, device in enumerate(self.devices):
-                args = _ChildArgs(rank, n, store.port, device, backend, child_task,
-                                  list(paths[rank]) if paths is not None else None, self.progress_address,
-                                  self.timeout_s)
+                args = _ChildArgs(rank, n, store.port, device, backend, child_task, _share(rank, feeds, paths),
+                                  self.progress_address, self.timeout_s)
                 proc = ctx.Process(target=_child_main, args=(args, queues[rank], results_q),
                                    name=f"torchspark-worker-{rank}", daemon=True)
                 self.children.append(proc)
                 proc.start()
-            if paths is None:
-                feeder = threading.Thread(target=self._feed, args=(queues, task.epochs, feeds, stream, stop,
-                                                                   feeder_error),
+            if stream is not None:
+                feeder = threading.Thread(target=self._feed, args=(queues, stream, stop, feeder_error),
                                           name="torchspark-feeder", daemon=True)
                 feeder.start()
             results = self._collect(results_q, n, feeder_error)
@@ -214,24 +215,17 @@ class LocalProcessRunner:
                 continue
         return False
 
-    def _feed(self, queues: list[Any], epochs: int, feeds: Sequence[Sequence[Any]] | None,
-              stream: Iterable[Any] | None, stop: threading.Event, errors: list[BaseException]) -> None:
+    def _feed(self, queues: list[Any], stream: Iterable[Any], stop: threading.Event,
+              errors: list[BaseException]) -> None:
+        """Deal a one-shot stream of minibatches round-robin, then close the (only) epoch on every queue."""
         n = len(queues)
         try:
-            for _ in range(epochs if feeds is not None else 1):
-                if feeds is not None:
-                    longest = max((len(f) for f in feeds), default=0)
-                    for k in range(longest):  # interleave so every worker's queue fills in step
-                        for w in range(n):
-                            if k < len(feeds[w]) and not self._put(queues[w], _wire(feeds[w][k]), stop):
-                                return
-                else:
-                    for i, item in enumerate(stream or ()):
-                        if not self._put(queues[i % n], _wire(item), stop):
-                            return
-                for q in queues:
-                    if not self._put(q, EPOCH_END, stop):
-                        return
+            for i, item in enumerate(stream):
+                if not self._put(queues[i % n], _wire(item), stop):
+                    return
+            for q in queues:
+                if not self._put(q, EPOCH_END, stop):
+                    return
         except BaseException as e:  # noqa: BLE001 - surfaced by _collect on the calling thread
             errors.append(e)
 
@@ -297,6 +291,16 @@ class LocalProcessRunner:
                 p.join(timeout=5.0)
             if p.is_alive():
                 log.error("worker process %s (pid %s) survived SIGKILL", p.name, p.pid)
+
+
+def _share(rank: int, feeds: Sequence[Sequence[Any]] | None,
+           paths: Sequence[Sequence[str]] | None) -> list[str | bytes] | None:
+    """What worker ``rank`` receives at start: its paths, or its minibatches serialized once (None: a stream)."""
+    if paths is not None:
+        return list(paths[rank])
+    if feeds is not None:
+        return [_wire(b) for b in feeds[rank]]
+    return None
 
 
 def _wire(item: Any) -> Any:
