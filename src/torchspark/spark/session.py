@@ -52,6 +52,7 @@ def local_session(
         rendezvous_timeout_s: becomes ``spark.barrier.sync.timeout`` so a barrier task waiting for a peer fails
             instead of hanging.
     Settings applied: executors use this interpreter (``PYSPARK_PYTHON=sys.executable``), Python worker reuse on,
+    Python workers forked from a daemon that has imported torch already (``torchspark.spark._daemon``),
     ``spark.locality.wait=0`` (the seeds' advice: do not wait for data-local slots), Arrow for pandas conversions,
     Spark's console progress bar off (torchspark draws its own).
     """
@@ -75,6 +76,7 @@ def local_session(
         .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
         .config("spark.executorEnv.PYTHONPATH", os.environ["PYTHONPATH"])
         .config("spark.python.worker.reuse", "true")
+        .config("spark.python.daemon.module", "torchspark.spark._daemon")
         .config("spark.locality.wait", "0")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.ui.showConsoleProgress", "false")
