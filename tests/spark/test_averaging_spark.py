@@ -239,6 +239,9 @@ def test_master_json_round_trip_and_validation() -> None:
             ParameterAveragingTrainingMaster(**bad)
 
 
-def test_averaging_via_spark_is_refused_until_implemented() -> None:
-    with pytest.raises(ConfigError, match="averaging_via='spark'.*not implemented"):
-        ParameterAveragingTrainingMaster(averaging_via="spark")
+def test_averaging_routes_are_validated() -> None:
+    assert ParameterAveragingTrainingMaster(averaging_via="spark").averaging_via == "spark"  # implemented
+    with pytest.raises(ConfigError, match=r"averaging_via must be one of \['torch', 'spark'\], got 'mpi'"):
+        ParameterAveragingTrainingMaster(averaging_via="mpi")
+    with pytest.raises(ConfigError, match="aggregation_depth must be an integer >= 1, got 0"):
+        ParameterAveragingTrainingMaster(averaging_via="spark", aggregation_depth=0)

@@ -186,8 +186,8 @@ class LocalProcessRunner:
                                   self.progress_address, self.timeout_s)
                 proc = ctx.Process(target=_child_main, args=(args, queues[rank], results_q),
                                    name=f"torchspark-worker-{rank}", daemon=True)
-                self.children.append(proc)
                 proc.start()
+                self.children.append(proc)  # only started processes: _shutdown joins every child
             if stream is not None:
                 feeder = threading.Thread(target=self._feed, args=(queues, stream, stop, feeder_error),
                                           name="torchspark-feeder", daemon=True)

@@ -1,8 +1,8 @@
 """Running ``run_worker`` inside a Spark barrier stage: rendezvous, device choice, and driver-side supervision.
 
-Worker side (:func:`barrier_task`): every task of the stage learns the address of task 0 through
-``BarrierTaskContext.allGather``, task 0 hosts a ``TCPStore`` on a free port, and all of them build a
-torch.distributed group (gloo on CPU, nccl on CUDA) with ``rendezvous_timeout_s`` as the collective timeout.
+Worker side (:func:`barrier_task`): task 0 hosts a ``TCPStore`` on a free port and publishes its address
+through a relay store on the driver (:func:`open_relay`; ``BarrierTaskContext.allGather`` without one), and all
+of them build a torch.distributed group (gloo on CPU, nccl on CUDA) with ``rendezvous_timeout_s`` as the collective timeout.
 
 Driver side (:func:`run_barrier_stage`): runs the stage under its own job group, cancels it on failure or
 Ctrl-C, and turns a worker exception into a :class:`WorkerError` carrying the worker's traceback.
@@ -32,9 +32,13 @@ from torchspark.training.reporting import open_worker_hooks
 from torchspark.training.runner import is_peer_failure, root_cause, traceback_tail
 from torchspark.training.worker import ItemSource, WorkerResult, WorkerTask, run_worker
 
-__all__ = ["RendezvousSettings", "barrier_task", "run_barrier_stage", "LOCAL_ADDRESS_ENV", "pick_local_address"]
+__all__ = ["RendezvousSettings", "barrier_task", "open_relay", "run_barrier_stage", "LOCAL_ADDRESS_ENV",
+           "pick_local_address"]
 
 log = logging.getLogger(__name__)
+
+#: How long a worker tries to connect to the driver's rendezvous store before failing with advice.
+RELAY_CONNECT_TIMEOUT_S = 60.0
 
 #: Overrides the address a worker advertises to its peers (DL4J's ``DL4J_VOID_IP``).
 LOCAL_ADDRESS_ENV = "TORCHSPARK_LOCAL_IP"
@@ -50,6 +54,7 @@ class RendezvousSettings:
         network_mask: CIDR such as ``"10.0.0.0/16"``: advertise the local interface address inside it
             (needed on hosts with several interfaces, e.g. YARN or EC2).
         controller_address: a fixed address for task 0 to advertise (overrides the mask).
+        shared_memory: let workers on one host sum through ``/dev/shm`` (see :mod:`torchspark.training.shm`).
     The environment variable ``TORCHSPARK_LOCAL_IP`` on an executor overrides the address it advertises.
     """
 
@@ -57,6 +62,7 @@ class RendezvousSettings:
     port: int = 0
     network_mask: str | None = None
     controller_address: str | None = None
+    shared_memory: bool = True
 
     def __post_init__(self) -> None:
         if not (self.timeout_s > 0):
@@ -106,7 +112,63 @@ def pick_local_address(task_host: str, settings: RendezvousSettings, env: dict[s
     return task_host
 
 
-def _rendezvous(ctx: Any, settings: RendezvousSettings, backend: str, device: str) -> TorchDistCommunicator:
+def open_relay(advertise_host: str, timeout_s: float) -> tuple[Any, tuple[str, int]]:
+    """A small key-value store on the driver through which task 0 tells its peers where its store listens.
+
+    Spark's ``BarrierTaskContext.allGather`` would do, but it polls once a second on the JVM side, which costs
+    about one second per fit; a ``TCPStore`` ``get`` returns the moment the key is set. Executors must reach the
+    driver on this port, as they already must for the progress channel. Keep the returned store referenced for
+    the whole fit; dropping it closes the port.
+    """
+    import datetime
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore(advertise_host, 0, None, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=timeout_s))
+    return store, (advertise_host, int(store.port))
+
+
+def _publish_address(ctx: Any, rank: int, world: int, message: str, relay_address: tuple[str, int] | None,
+                     timeout: Any) -> str:
+    """Task 0's ``host:port`` on every task: through the driver's relay store, else Spark's allGather."""
+    import datetime
+
+    import torch.distributed as dist
+
+    if relay_address is None:
+        try:
+            return str(ctx.allGather(message)[0])
+        except Exception as e:  # py4j/Spark errors carry no stable type
+            raise WaitTimeout(
+                f"barrier allGather failed or timed out ({e}); all {world} tasks must start together: check free "
+                "task slots and raise spark.barrier.sync.timeout / rendezvous_timeout_s if executors start slowly"
+            ) from e
+    host, port = relay_address
+    connect_s = min(timeout.total_seconds(), RELAY_CONNECT_TIMEOUT_S)
+    try:
+        relay = dist.TCPStore(host, int(port), None, is_master=False, timeout=datetime.timedelta(seconds=connect_s))
+    except (RuntimeError, OSError) as e:
+        raise WaitTimeout(
+            f"worker {rank} could not reach the driver's rendezvous store at {host}:{port} within {connect_s:.0f} s "
+            f"({e}). Open that port from the executors to the driver (spark.driver.host), or set "
+            "rendezvous_via='barrier' on the training master to rendezvous through Spark instead"
+        ) from e
+    relay.set_timeout(timeout)
+    try:
+        if rank == 0:
+            relay.set("torchspark/store", message)
+            return message
+        return relay.get("torchspark/store").decode()
+    except (RuntimeError, OSError) as e:
+        raise WaitTimeout(
+            f"worker 0 did not publish its address on the driver within rendezvous_timeout_s="
+            f"{timeout.total_seconds():.0f} ({e}); it failed to start or is very slow to start"
+        ) from e
+
+
+def _rendezvous(ctx: Any, settings: RendezvousSettings, backend: str, device: str,
+                relay_address: tuple[str, int] | None = None) -> TorchDistCommunicator:
     import datetime
 
     import torch.distributed as dist
@@ -123,14 +185,7 @@ def _rendezvous(ctx: Any, settings: RendezvousSettings, backend: str, device: st
         message = f"{host}:{store.port}"
     else:
         message = ""
-    try:
-        gathered = ctx.allGather(message)
-    except Exception as e:  # py4j/Spark errors carry no stable type
-        raise WaitTimeout(
-            f"barrier allGather failed or timed out ({e}); all {world} tasks must start together: check free task "
-            "slots and raise spark.barrier.sync.timeout / rendezvous_timeout_s if executors start slowly"
-        ) from e
-    host, port = gathered[0].rsplit(":", 1)
+    host, port = _publish_address(ctx, rank, world, message, relay_address, timeout).rsplit(":", 1)
     if rank != 0:
         try:
             store = dist.TCPStore(host, int(port), world, is_master=False, timeout=timeout)
@@ -143,7 +198,7 @@ def _rendezvous(ctx: Any, settings: RendezvousSettings, backend: str, device: st
     os.environ.setdefault("GLOO_SOCKET_IFNAME", _ifname_for(host) or "")
     if not os.environ["GLOO_SOCKET_IFNAME"]:
         del os.environ["GLOO_SOCKET_IFNAME"]
-    return TorchDistCommunicator(store, rank, world, backend, device, settings.timeout_s)
+    return TorchDistCommunicator(store, rank, world, backend, device, settings.timeout_s, settings.shared_memory)
 
 
 def _ifname_for(address: str) -> str | None:
@@ -157,9 +212,12 @@ def _ifname_for(address: str) -> str | None:
 
 
 def barrier_task(
-    task_bc: Any, settings: RendezvousSettings, progress_address: tuple[str, int] | None = None
+    task_bc: Any, settings: RendezvousSettings, progress_address: tuple[str, int] | None = None,
+    relay_address: tuple[str, int] | None = None,
 ) -> Callable[[Iterable[Any]], Iterator[WorkerResult]]:
-    """The ``mapPartitions`` function of the training stage (module level: nothing hidden in a closure)."""
+    """The ``mapPartitions`` function of the training stage (module level: nothing hidden in a closure).
+
+    ``relay_address`` is the driver's :func:`open_relay` store (None: rendezvous through Spark's allGather)."""
 
     def run(items: Iterable[Any]) -> Iterator[WorkerResult]:
         from pyspark import BarrierTaskContext
@@ -175,7 +233,7 @@ def barrier_task(
         hooks = open_worker_hooks(ctx.partitionId(), task.collect_stats, progress_address)
         comm: TorchDistCommunicator | None = None
         try:
-            comm = _rendezvous(ctx, settings, backend_for_device(device), device)
+            comm = _rendezvous(ctx, settings, backend_for_device(device), device, relay_address)
             result = run_worker(task, ItemSource(items), comm, device, hooks)
         except BaseException:
             if hooks.report_error is not None:

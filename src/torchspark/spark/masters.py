@@ -20,6 +20,7 @@ REPARTITION = ("always", "never", "num_partitions_workers_differs")
 STRATEGIES = ("balanced", "spark_default")
 APPROACHES = ("export", "direct")
 AVERAGING_ROUTES = ("torch", "spark")
+RENDEZVOUS_ROUTES = ("driver", "barrier")
 
 
 def _positive_int(cls: str, name: str, value: Any, minimum: int = 1) -> None:
@@ -55,6 +56,12 @@ class TrainingMaster:
         rng_seed: seeds the shuffle of minibatches across workers (None: keep data order, no shuffle).
         rendezvous_timeout_s: limit for every barrier/rendezvous/collective wait; a stuck peer fails the fit
             after this long.
+        rendezvous_via: how the workers of a barrier stage learn worker 0's address: ``"driver"`` (a small store
+            on the driver; executors must reach the driver on one extra port, as for the progress bar) or
+            ``"barrier"`` (Spark's ``BarrierTaskContext.allGather``: no extra port, about 1 s slower per fit).
+        shared_memory_allreduce: workers that all run on one host (``local[N]``, one big executor) sum through
+            ``/dev/shm`` instead of loopback TCP (about 2x faster all-reduces); workers on several hosts always use
+            gloo/nccl. Turn off only to rule it out when debugging.
         data_timeout_s: limit for waiting on one minibatch from storage.
     """
 
@@ -71,6 +78,8 @@ class TrainingMaster:
     rng_seed: int | None = None
     rendezvous_timeout_s: float = 300.0
     data_timeout_s: float = 600.0
+    rendezvous_via: str = "driver"
+    shared_memory_allreduce: bool = True
 
     def __post_init__(self) -> None:
         name = type(self).__name__
@@ -81,6 +90,10 @@ class TrainingMaster:
         _choice(name, "repartition", self.repartition, REPARTITION)
         _choice(name, "repartition_strategy", self.repartition_strategy, STRATEGIES)
         _choice(name, "rdd_training_approach", self.rdd_training_approach, APPROACHES)
+        _choice(name, "rendezvous_via", self.rendezvous_via, RENDEZVOUS_ROUTES)
+        if not isinstance(self.shared_memory_allreduce, bool):
+            raise ConfigError(f"{name}: shared_memory_allreduce must be True or False, got "
+                              f"{self.shared_memory_allreduce!r}")
         if self.rng_seed is not None:
             _positive_int(name, "rng_seed", self.rng_seed, 0)
         for knob in ("rendezvous_timeout_s", "data_timeout_s"):
@@ -114,18 +127,30 @@ class ParameterAveragingTrainingMaster(TrainingMaster):
     """Synchronous parameter averaging (DL4J's ParameterAveragingTrainingMaster).
 
     Every worker fits ``averaging_frequency`` minibatches from the common parameters, then all workers replace
-    their parameters (and updater state) by the example-weighted mean. One epoch runs inside one Spark barrier
-    stage with ``torch.distributed`` all-reduces (``averaging_via="torch"``), or as DL4J did with one Spark job
-    and a ``treeAggregate`` per round (``averaging_via="spark"``: no worker-to-worker ports needed, slower; planned,
-    not implemented yet — it is refused with a ConfigError).
+    their parameters (and updater state) by the example-weighted mean. Two routes give the same result (same data,
+    seed and settings -> the same parameters, up to float rounding):
+
+    * ``averaging_via="torch"`` (default): the whole fit runs inside one Spark barrier stage and the workers
+      all-reduce over ``torch.distributed``. Fast (no per-round scheduling), but executors must reach each other
+      on a TCP port (set ``TORCHSPARK_LOCAL_IP`` on executors with several network interfaces).
+    * ``averaging_via="spark"``: DL4J's original route for clusters where executors cannot open ports to each
+      other. Each round is one Spark job: the driver broadcasts the parameters, every worker fits its next
+      ``averaging_frequency`` minibatches and returns ``params * n``, ``treeAggregate`` sums the results and the
+      driver averages. Nothing but Spark traffic, and a failed task is simply retried by Spark; but every round
+      pays a job (tens to hundreds of milliseconds of scheduling) and a broadcast of the parameters, so use a
+      larger ``averaging_frequency`` (10-20) and ``rdd_training_approach="export"`` (with ``"direct"`` every round
+      streams the worker's whole cached partition to Python). See :mod:`torchspark.spark.rounds`.
 
     Args:
         averaging_frequency: minibatches between averages (DL4J default 5). 1 = synchronous SGD with a bigger
             effective batch; 5-10 cuts communication; past ~20 convergence suffers.
         save_updater: average and keep the updater state (momentum, Adam moments) across rounds. False resets
             it each round: half the traffic, but adaptive updaters restart every round.
-        averaging_via: ``"torch"`` (fast all-reduce inside one barrier stage); ``"spark"`` is reserved (planned).
-        aggregation_depth: ``treeAggregate`` depth for ``averaging_via="spark"``.
+        averaging_via: ``"torch"`` (all-reduce inside one barrier stage) or ``"spark"`` (one Spark job and
+            ``treeAggregate`` per round; no worker-to-worker connections).
+        aggregation_depth: ``treeAggregate`` depth for ``averaging_via="spark"`` (DL4J default 2). Each level
+            sums partial results on executors before the driver receives them: 2 suits up to a few hundred
+            workers; raise it to 3 when the driver's network or memory is the bottleneck with very many workers.
     See :class:`TrainingMaster` for the shared options.
     """
 
@@ -142,10 +167,6 @@ class ParameterAveragingTrainingMaster(TrainingMaster):
         _positive_int(name, "averaging_frequency", self.averaging_frequency)
         _positive_int(name, "aggregation_depth", self.aggregation_depth)
         _choice(name, "averaging_via", self.averaging_via, AVERAGING_ROUTES)
-        if self.averaging_via == "spark":
-            raise ConfigError(f"{name}: averaging_via='spark' (one Spark job and treeAggregate per round) is not "
-                              "implemented yet; use averaging_via='torch'. If executors cannot reach each other, set "
-                              "network_mask or the TORCHSPARK_LOCAL_IP environment variable on the executors.")
         if not isinstance(self.save_updater, bool):
             raise ConfigError(f"{name}: save_updater must be True or False, got {self.save_updater!r}")
 

@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 from torchspark._io import filesystem, join
 from torchspark.errors import ConfigError, DataError
 from torchspark.nn import Network, NetworkBlueprint
-from torchspark.spark.barrier import RendezvousSettings, barrier_task, run_barrier_stage
+from torchspark.spark.barrier import RendezvousSettings, barrier_task, open_relay, run_barrier_stage
 from torchspark.spark.data import (
     check_export_directory,
     export_rdd,
@@ -30,6 +30,7 @@ from torchspark.spark.data import (
 from torchspark.spark.masters import TrainingMaster
 from torchspark.spark.network_inference import InferenceMethods
 from torchspark.spark.preflight import executor_count, preflight
+from torchspark.spark.rounds import train_in_rounds
 from torchspark.spark.session import spark_context
 from torchspark.stats import DRIVER_ID, StatsCollector, TrainingStats
 from torchspark.training.hooks import ProgressUpdate
@@ -72,6 +73,7 @@ class SparkNetwork(InferenceMethods):
         self.training_master = training_master
         self._score = math.nan
         self._exports: dict[tuple[int, int], tuple[str, list[tuple[int, str]]]] = {}
+        self._prepared: dict[tuple[Any, ...], Any] = {}
         self._preflight_done: set[int] = set()
         self.last_results: list[WorkerResult] = []
         self.progress = progress
@@ -147,7 +149,11 @@ class SparkNetwork(InferenceMethods):
         return self._train(worker_rdd_from_paths(self.sc, groups), master, n, epochs)
 
     def delete_temp_files(self) -> None:
-        """Remove the batch files that ``rdd_training_approach="export"`` wrote for this object."""
+        """Remove the batch files that ``rdd_training_approach="export"`` wrote for this object, and unpersist the
+        prepared RDDs that ``"direct"`` keeps for later fits of the same data."""
+        for prepared in self._prepared.values():
+            prepared.unpersist()
+        self._prepared.clear()
         for directory, _ in self._exports.values():
             fs, path = filesystem(directory)
             if fs.exists(path):
@@ -207,6 +213,15 @@ class SparkNetwork(InferenceMethods):
                 return self.sc.parallelize([p for _, p in paths]).repartition(n)
             return worker_rdd_from_paths(self.sc, group_paths(paths, n, master.rng_seed, keep))
         level = storage_level_by_name(master.storage_level)
+        # later fits of the same RDD reuse the persisted, repartitioned minibatches (no count, no shuffle); only the
+        # latest data stays persisted
+        cache_key = (rdd.id(), bsz, n, keep, master.repartition_strategy, master.rng_seed, master.storage_level)
+        cached = self._prepared.get(cache_key)
+        if cached is not None:
+            return cached
+        for old in self._prepared.values():
+            old.unpersist()
+        self._prepared.clear()
         batches = rdd.mapPartitions(rebatch_partition(bsz))
         if keep:
             prepared = batches.persist(level)
@@ -218,16 +233,17 @@ class SparkNetwork(InferenceMethods):
                 total = indexed.count()
             with self._driver_stats.phase("repartition"):
                 prepared = worker_rdd_direct(indexed, total, n, master.rng_seed, level)
+        self._prepared[cache_key] = prepared
         return prepared
 
     def _validate_sample(self, worker_rdd: Any) -> None:
         """Fail fast on the driver: run the network on a few examples of the first minibatch."""
         from torchspark.training.worker import load_item
 
-        first = worker_rdd.take(1)
-        if not first:
+        first = first_item(self.sc, worker_rdd)
+        if first is None:
             raise DataError("the training data is empty: no minibatches reached the workers")
-        batch = load_item(first[0])
+        batch = load_item(first)
         sample = batch.slice(0, min(4, len(batch)))
         sample.check_finite("training features")
         self.network.score(sample)
@@ -237,6 +253,12 @@ class SparkNetwork(InferenceMethods):
         self._validate_sample(worker_rdd)
         if worker_rdd.getNumPartitions() != n:
             worker_rdd = worker_rdd.coalesce(n) if worker_rdd.getNumPartitions() > n else worker_rdd.repartition(n)
+        if getattr(master, "averaging_via", "torch") == "spark":  # DL4J's route: one Spark job per round
+            outcome = train_in_rounds(self.sc, self.network, worker_rdd, master, epochs,  # type: ignore[arg-type]
+                                      collector=collector, listeners=self._listeners, progress=self.progress,
+                                      collect_stats=self._collect_stats)
+            self._score, self.last_results, self._stats = outcome.score, outcome.results, outcome.stats
+            return self.network
         with collector.phase("broadcast"):
             task = WorkerTask(
                 mode=master.mode,  # type: ignore[attr-defined]
@@ -252,14 +274,19 @@ class SparkNetwork(InferenceMethods):
         server = ProgressServer(host="0.0.0.0", advertise_host=host, listeners=self._listeners).start()
         bar = ProgressBar(desc=f"fit x{epochs}", enabled=self.progress)
         server.add_listener(bar.update)
+        relay: Any = None
         try:
-            fn = barrier_task(task_bc, _rendezvous_settings(master), server.address)
+            relay_address = None
+            if master.rendezvous_via == "driver":
+                relay, relay_address = open_relay(host, master.rendezvous_timeout_s)
+            fn = barrier_task(task_bc, _rendezvous_settings(master), server.address, relay_address)
             with collector.phase("fit"):
                 results = run_barrier_stage(self.sc, worker_rdd, fn, f"torchspark fit: {n} workers, {epochs} epoch(s)",
                                             reported_errors=server.errors)
         finally:
             bar.close()
             server.close()
+            del relay  # closes the driver's rendezvous port
             task_bc.unpersist()
         with collector.phase("aggregation"):
             self._score = merge_results(self.network, results)
@@ -273,12 +300,37 @@ class SparkNetwork(InferenceMethods):
                        if self._collect_stats else None)
 
 
+def first_item(sc: Any, rdd: Any) -> Any:
+    """The first item of the first non-empty partition, or None.
+
+    Unlike ``rdd.take(1)``, every partition it touches is read to the end: a Python worker that stops reading
+    early cannot be reused, and its replacement would pay ``import torch`` again in the training stage.
+    """
+    for index in range(rdd.getNumPartitions()):
+        found = sc.runJob(rdd, _first_and_drain, partitions=[index])
+        if found:
+            return found[0]
+    return None
+
+
+def _first_and_drain(items: Any) -> list[Any]:
+    it = iter(items)
+    first = next(it, _NOTHING)
+    for _ in it:
+        pass
+    return [] if first is _NOTHING else [first]
+
+
+_NOTHING = object()
+
+
 def _rendezvous_settings(master: TrainingMaster) -> RendezvousSettings:
     return RendezvousSettings(
         timeout_s=master.rendezvous_timeout_s,
         port=getattr(master, "port", 0),
         network_mask=getattr(master, "network_mask", None),
         controller_address=getattr(master, "controller_address", None),
+        shared_memory=master.shared_memory_allreduce,
     )
 
 

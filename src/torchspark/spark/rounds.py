@@ -1,0 +1,453 @@
+"""Parameter averaging with one Spark job per round (``averaging_via="spark"``): DL4J's original route.
+
+The default route (``averaging_via="torch"``) runs a whole fit inside one barrier stage whose tasks all-reduce
+over ``torch.distributed``, so executors must reach each other on a port. This route needs nothing but Spark: the
+driver broadcasts the parameters, every task trains from them and returns one record, ``treeAggregate`` sums the
+records and the driver averages. It pays one Spark job and one broadcast per round (tens to hundreds of
+milliseconds of scheduling each, whatever the model), but works wherever Spark jobs work, and since a round only
+reads broadcasts and its own data, Spark may simply retry a failed task.
+
+Per fit (driver):
+  1. count the minibatches of every worker partition (one small job); rounds per epoch = ceil(max count / f);
+  2. broadcast the network blueprint once (each Python worker builds the network once per fit and caches it).
+Per round ``r`` of every epoch (the rounds and arithmetic of :func:`torchspark.training.averaging.averaging_epoch`):
+  3. broadcast the current parameters, plus the updater state when ``save_updater`` (and in the fit's first round,
+     which starts from the driver's updater state like the torch route's blueprint does);
+  4. one job: each partition sets them (resetting the updater when no state came), fits its minibatches
+     ``[r*f, (r+1)*f)`` and yields one :class:`RoundRecord` ``(params*n | updater_state*n, n, score*n)``; a
+     partition with no minibatch left yields ``n = 0``; ``treeAggregate(depth=aggregation_depth)`` sums them;
+  5. the driver sets ``params = sum(params*n) / sum(n)`` (likewise the updater state when ``save_updater``, else
+     it resets it) and advances ``iteration`` by the round's most minibatches on one worker.
+If a round fails or is interrupted, the driver's network holds the result of the last completed round.
+
+Progress listeners get one :class:`ProgressUpdate` per worker and round from the driver (no connection from the
+executors to the driver is needed). ``last_results`` holds one :class:`WorkerResult` per worker with its totals
+and its own last minibatch loss; rank 0 carries the final parameters. With ``collect_training_stats`` the workers'
+``network_init`` / ``data_wait`` / ``fit`` phases are shipped in the round records, timed on the executors' own
+clocks (this route has no channel to align them with the driver's clock).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+import uuid
+from dataclasses import dataclass, field
+from functools import partial
+from itertools import islice
+from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
+
+import torch
+
+from torchspark.errors import TorchSparkError, WorkerError
+from torchspark.nn import Network, NetworkBlueprint
+from torchspark.spark.barrier import worker_traceback
+from torchspark.spark.data import storage_level_by_name
+from torchspark.spark.masters import ParameterAveragingTrainingMaster
+from torchspark.stats import StatsCollector, TrainingStats
+from torchspark.training.devices import device_for_task, gpu_addresses
+from torchspark.training.hooks import PhaseRecorder, ProgressUpdate
+from torchspark.training.prefetch import prefetch
+from torchspark.training.progress import ProgressBar
+from torchspark.training.reporting import build_training_stats, worker_id
+from torchspark.training.runner import traceback_tail
+from torchspark.training.worker import WorkerResult, load_item
+
+__all__ = ["FitSpec", "RoundInput", "RoundRecord", "WorkerRound", "RoundsOutcome", "train_in_rounds",
+           "fit_round_partition", "merge_records", "run_job"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+# ------------------------------------------------------------------ what travels
+@dataclass(frozen=True)
+class FitSpec:
+    """What every round of one fit shares; broadcast once per fit.
+
+    Args:
+        fit_id: names this fit in the workers' network cache.
+        blueprint: ``NetworkBlueprint.to_bytes()`` of the driver's network at the start of the fit.
+        averaging_frequency: minibatches per worker and round (``f``).
+        save_updater: return the updater state for averaging (else the driver resets it after every round).
+        prefetch: minibatches loaded ahead on a background thread (0 = none).
+        data_timeout_s: how long to wait for one minibatch before failing.
+        collect_stats: record the workers' phases.
+    """
+
+    fit_id: str
+    blueprint: bytes
+    averaging_frequency: int
+    save_updater: bool = True
+    prefetch: int = 0
+    data_timeout_s: float = 600.0
+    collect_stats: bool = False
+
+
+@dataclass(frozen=True)
+class RoundInput:
+    """The state one round starts from; broadcast every round.
+
+    Args:
+        epoch: epoch of the fit (0-based); ``round``: round within the epoch (0-based).
+        iteration: the driver network's iteration counter before the round (for the workers' error messages).
+        params: ``(P,)`` parameters, the network's dtype.
+        updater_state: ``(S,)`` float32 updater state; None = reset the updater before fitting.
+    """
+
+    epoch: int
+    round: int
+    iteration: int
+    params: torch.Tensor
+    updater_state: torch.Tensor | None
+
+
+@dataclass
+class WorkerRound:
+    """What one worker did in one round."""
+
+    examples: int = 0
+    iterations: int = 0
+    score: float = math.nan  # loss of its last minibatch in the round
+    stats: dict[str, Any] | None = None  # StatsCollector payload when collecting stats
+
+
+@dataclass
+class RoundRecord:
+    """One partition's contribution to a round, and the sum of several (what ``treeAggregate`` adds up)."""
+
+    weighted: torch.Tensor | None = None  # (P + S,) float32: params*n | updater_state*n; None when n == 0
+    examples: int = 0  # n: examples fitted
+    score_sum: float = 0.0  # last minibatch loss * n
+    workers: dict[int, WorkerRound] = field(default_factory=dict)
+
+
+def merge_records(a: RoundRecord, b: RoundRecord) -> RoundRecord:
+    """Sum two records (``treeAggregate``'s seqOp and combOp). ``a`` is updated in place and returned.
+
+    In-place is safe: Spark hands every call freshly deserialized records (or the per-task copy of the zero value).
+    """
+    if b.weighted is not None:
+        a.weighted = b.weighted if a.weighted is None else a.weighted.add_(b.weighted)
+    a.examples += b.examples
+    a.score_sum += b.score_sum
+    a.workers.update(b.workers)
+    return a
+
+
+# ------------------------------------------------------------------ worker side
+# The network a Python worker built for a fit, keyed by (fit id, device): a reused Python worker trains every
+# round of the fit with it instead of rebuilding it from the blueprint. A Python worker runs one task at a time,
+# so no two running tasks share an entry. Bounded: entries of finished fits are evicted oldest first.
+_NETWORKS: dict[tuple[str, str], Network] = {}
+_MAX_CACHED_NETWORKS = 2
+
+
+def count_items(index: int, items: Iterable[Any]) -> Iterator[tuple[int, int]]:
+    """``mapPartitionsWithIndex`` function of step 1: ``(partition, number of minibatches)``."""
+    yield index, sum(1 for _ in items)
+
+
+def fit_round_partition(spec_bc: Any, round_bc: Any, index: int, items: Iterable[Any]) -> Iterator[RoundRecord]:
+    """``mapPartitionsWithIndex`` function of one round (step 4): fit this partition's share, yield one record."""
+    spec: FitSpec = spec_bc.value
+    rnd: RoundInput = round_bc.value
+    f = spec.averaging_frequency
+    it = iter(items)
+    chunk = list(islice(it, rnd.round * f, (rnd.round + 1) * f))  # f paths or serialized batches at most
+    for _ in it:  # read to the end: a Python worker that leaves input unread is not reused (and would rebuild)
+        pass
+    if not chunk:  # this worker's data ran out: it joins the round with n = 0
+        yield RoundRecord()
+        return
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    torch.set_num_threads(max(1, int(ctx.cpus())) if ctx is not None else 1)
+    device = "cpu" if ctx is None else device_for_task(gpu_addresses(ctx.resources()),
+                                                       os.environ.get("CUDA_VISIBLE_DEVICES"),
+                                                       torch.cuda.is_available())
+    if device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(device))
+    recorder = StatsCollector(worker_id(index), enabled=spec.collect_stats)
+    net = _network_for(spec, device, recorder)
+    net.set_params(rnd.params)
+    if rnd.updater_state is not None:
+        net.set_updater_state(rnd.updater_state)
+    else:
+        net.reset_updater_state()
+    net.iteration = rnd.iteration
+    done = _fit_chunk(net, chunk, spec, validate_first=(rnd.epoch == 0 and rnd.round == 0), recorder=recorder)
+    w = float(done.examples)
+    parts = [net.params_view().to(torch.float32) * w]  # (P,), the same float32 product as the all-reduce route
+    if spec.save_updater:
+        parts.append(net.updater_state() * w)  # (S,)
+    done.stats = recorder.drain() if spec.collect_stats else None
+    yield RoundRecord(weighted=torch.cat(parts).cpu(), examples=done.examples, score_sum=done.score * w,
+                      workers={index: done})
+
+
+def _network_for(spec: FitSpec, device: str, recorder: PhaseRecorder) -> Network:
+    key = (spec.fit_id, device)
+    net = _NETWORKS.get(key)
+    if net is None:
+        with recorder.phase("network_init"):
+            net = NetworkBlueprint.from_bytes(spec.blueprint).build(device)
+        _NETWORKS[key] = net
+        while len(_NETWORKS) > _MAX_CACHED_NETWORKS:
+            del _NETWORKS[next(iter(_NETWORKS))]
+    return net
+
+
+def _fit_chunk(net: Network, chunk: Sequence[Any], spec: FitSpec, validate_first: bool,
+               recorder: PhaseRecorder) -> WorkerRound:
+    """Fit the round's minibatches in order (the first step of the fit validates its input)."""
+    out = WorkerRound()
+    batches = prefetch(chunk, spec.prefetch, spec.data_timeout_s, transform=load_item)
+    try:
+        while True:
+            with recorder.phase("data_wait"):
+                batch = next(batches, None)
+            if batch is None:
+                return out
+            with recorder.phase("fit", examples=len(batch)):
+                out.score = net.train_step(batch, validate=validate_first and out.iterations == 0)
+            out.examples += len(batch)
+            out.iterations += 1
+            recorder.record_score(net.iteration, out.score)
+    finally:
+        close = getattr(batches, "close", None)
+        if close is not None:
+            close()  # stops the prefetch thread when a step raised
+
+
+# ------------------------------------------------------------------ driver side
+@dataclass
+class RoundsOutcome:
+    """What a fit in rounds hands back to ``SparkNetwork``: per-worker results, the last averaged score, stats."""
+
+    results: list[WorkerResult]
+    score: float
+    stats: TrainingStats | None = None
+
+
+def train_in_rounds(
+    sc: Any,
+    network: Network,
+    worker_rdd: Any,
+    master: ParameterAveragingTrainingMaster,
+    epochs: int,
+    *,
+    collector: StatsCollector,
+    listeners: Sequence[Callable[[ProgressUpdate], None]] = (),
+    progress: bool | None = None,
+    collect_stats: bool = False,
+) -> RoundsOutcome:
+    """Train ``network`` in place for ``epochs`` epochs with one Spark job per averaging round (module docstring).
+
+    Args:
+        sc: the SparkContext.
+        network: the driver's network; it holds the latest average after every round.
+        worker_rdd: one partition per worker holding that worker's minibatch items in order (paths or bytes).
+        master: ``averaging_frequency``, ``save_updater``, ``aggregation_depth``, prefetch and storage settings.
+        epochs: passes over the data.
+        collector: the driver's stats collector (phases ``count``, ``broadcast``, ``fit``, ``aggregation``).
+        listeners: called on this thread with every :class:`ProgressUpdate` (one per worker and round).
+        progress: draw a progress bar (None = only when stderr is a terminal).
+        collect_stats: build the fit's :class:`TrainingStats`.
+    Raises:
+        WorkerError: a task failed; the message carries the end of its Python traceback.
+    """
+    n = worker_rdd.getNumPartitions()
+    owned = not worker_rdd.is_cached
+    if owned:  # every round re-reads the partitions: keep their content and order fixed for the whole fit
+        worker_rdd = worker_rdd.persist(storage_level_by_name(master.storage_level))
+    bar = ProgressBar(desc=f"fit x{epochs}", enabled=progress)
+    tally = _Tally(n)
+    spec_bc: Any = None
+    score = math.nan
+    try:
+        # 1. minibatches per worker, hence rounds per epoch
+        with collector.phase("count"):
+            counts = run_job(sc, f"torchspark: count the minibatches of {n} workers",
+                             partial(_count_all, worker_rdd, n))
+        rounds = math.ceil(max(counts) / master.averaging_frequency)
+        # 2. the network, once per fit
+        with collector.phase("broadcast"):
+            spec_bc = sc.broadcast(FitSpec(
+                fit_id=uuid.uuid4().hex, blueprint=NetworkBlueprint.of(network).to_bytes(),
+                averaging_frequency=master.averaging_frequency, save_updater=master.save_updater,
+                prefetch=master.worker_prefetch_num_batches, data_timeout_s=master.data_timeout_s,
+                collect_stats=collect_stats))
+        for epoch in range(epochs):
+            tally.start_epoch()
+            for r in range(rounds):
+                record = _run_round(sc, network, worker_rdd, spec_bc, master, epoch, r, rounds, collector)
+                with collector.phase("aggregation"):
+                    score = _apply_average(network, record, master.save_updater)
+                for update in tally.add(record, epoch):
+                    _notify([*listeners, bar.update], update)
+            network.epoch += 1
+    finally:
+        bar.close()
+        if spec_bc is not None:
+            _destroy(spec_bc)
+        if owned:
+            worker_rdd.unpersist()
+    results = tally.results(network)
+    stats = _training_stats(collector, results, tally.payloads, epochs, network) if collect_stats else None
+    return RoundsOutcome(results, score, stats)
+
+
+def _count_all(worker_rdd: Any, n: int) -> list[int]:
+    counts = [0] * n
+    for index, count in worker_rdd.mapPartitionsWithIndex(count_items).collect():
+        counts[index] = count
+    return counts
+
+
+def _run_round(sc: Any, network: Network, worker_rdd: Any, spec_bc: Any, master: ParameterAveragingTrainingMaster,
+               epoch: int, r: int, rounds: int, collector: StatsCollector) -> RoundRecord:
+    # 3. the state the round starts from (the fit's first round also carries the driver's updater state, which the
+    # torch route's workers get from the blueprint)
+    with collector.phase("broadcast"):
+        send_state = master.save_updater or (epoch == 0 and r == 0)
+        round_bc = sc.broadcast(RoundInput(epoch, r, network.iteration, network.params().cpu(),
+                                           network.updater_state().cpu() if send_state else None))
+    # 4. one job: every partition fits from it, treeAggregate sums the records
+    try:
+        with collector.phase("fit"):
+            return run_job(sc, f"torchspark averaging: epoch {epoch + 1}, round {r + 1}/{rounds}",
+                           partial(_fit_and_sum, worker_rdd, spec_bc, round_bc, master.aggregation_depth))
+    finally:
+        _destroy(round_bc)
+
+
+def _fit_and_sum(worker_rdd: Any, spec_bc: Any, round_bc: Any, depth: int) -> RoundRecord:
+    fit = partial(fit_round_partition, spec_bc, round_bc)
+    return worker_rdd.mapPartitionsWithIndex(fit).treeAggregate(RoundRecord(), merge_records, merge_records, depth)
+
+
+def _apply_average(network: Network, record: RoundRecord, save_updater: bool) -> float:
+    """Step 5: the example-weighted mean into the driver's network; returns the round's weighted score."""
+    if record.weighted is None or record.examples == 0:  # cannot happen: every round has a worker with data
+        raise TorchSparkError("an averaging round fitted no examples; please report this as a bug")
+    mean = record.weighted / float(record.examples)  # (P + S,) float32, as the all-reduce route divides
+    p = network.num_params()
+    network.set_params(mean[:p])
+    if save_updater:
+        network.set_updater_state(mean[p:])
+    else:
+        network.reset_updater_state()
+    network.iteration += max(w.iterations for w in record.workers.values())
+    return record.score_sum / record.examples
+
+
+class _Tally:
+    """The driver's per-worker totals over one fit: progress updates, ``last_results`` and stats payloads."""
+
+    def __init__(self, workers: int) -> None:
+        self.examples = [0] * workers
+        self.iterations = [0] * workers
+        self.scores = [math.nan] * workers
+        self.epoch_examples = [0] * workers
+        self.epoch_iterations = [0] * workers
+        self.payloads: list[tuple[int, dict[str, Any]]] = []
+
+    def start_epoch(self) -> None:
+        self.epoch_examples = [0] * len(self.examples)
+        self.epoch_iterations = [0] * len(self.examples)
+
+    def add(self, record: RoundRecord, epoch: int) -> list[ProgressUpdate]:
+        """Count one round; returns a progress update per worker that trained in it (counts within the epoch)."""
+        updates = []
+        for rank, w in sorted(record.workers.items()):
+            self.examples[rank] += w.examples
+            self.iterations[rank] += w.iterations
+            self.epoch_examples[rank] += w.examples
+            self.epoch_iterations[rank] += w.iterations
+            self.scores[rank] = w.score
+            if w.stats is not None:
+                self.payloads.append((rank, w.stats))
+            updates.append(ProgressUpdate(rank, epoch, self.epoch_iterations[rank], self.epoch_examples[rank],
+                                          w.score))
+        return updates
+
+    def results(self, network: Network) -> list[WorkerResult]:
+        """One result per worker (its totals and own last loss); rank 0 carries the final parameters."""
+        return [
+            WorkerResult(rank=rank, examples=self.examples[rank], iterations=self.iterations[rank],
+                         score=self.scores[rank], params=network.params() if rank == 0 else None,
+                         updater_state=network.updater_state() if rank == 0 else None)
+            for rank in range(len(self.examples))
+        ]
+
+
+def _training_stats(collector: StatsCollector, results: Sequence[WorkerResult],
+                    payloads: Sequence[tuple[int, dict[str, Any]]], epochs: int, network: Network) -> TrainingStats:
+    stats = build_training_stats(collector, results, epochs, network.extra_config)
+    for rank, payload in payloads:
+        stats.add_worker_payload(worker_id(rank), payload)
+    return stats
+
+
+def _notify(listeners: Sequence[Callable[[ProgressUpdate], None]], update: ProgressUpdate) -> None:
+    for fn in listeners:
+        try:
+            fn(update)
+        except Exception:  # a broken display must never stop training
+            log.warning("a progress listener failed", exc_info=True)
+
+
+def _destroy(bc: Any) -> None:
+    try:
+        bc.destroy()
+    except Exception:  # the context may already be gone; nothing is left to free then
+        log.debug("could not destroy a broadcast", exc_info=True)
+
+
+def run_job(sc: Any, description: str, action: Callable[[], T]) -> T:
+    """Run ``action`` (which submits Spark jobs) under a fresh job group; cancel the group on failure or Ctrl-C.
+
+    The barrier route's :func:`~torchspark.spark.barrier.run_barrier_stage` does the same for one barrier stage;
+    this version returns any value. A task's exception becomes a :class:`WorkerError` with its Python traceback.
+    """
+    group = f"torchspark-{uuid.uuid4().hex[:12]}"
+    box: dict[str, Any] = {}
+    done = threading.Event()
+
+    def target() -> None:
+        sc.setJobGroup(group, description, interruptOnCancel=True)
+        try:
+            box["value"] = action()
+        except BaseException as e:  # noqa: BLE001 - re-raised on the calling thread
+            box["error"] = e
+        finally:
+            sc.setLocalProperty("spark.jobGroup.id", None)
+            done.set()
+
+    # wait on an Event, not Thread.join: a Ctrl-C inside join() marks the still-running thread as stopped (CPython
+    # bpo-45274 handling), after which join() no longer waits for it
+    thread = threading.Thread(target=target, name="torchspark-round-job", daemon=True)
+    thread.start()
+    try:
+        while not done.wait(timeout=0.1):
+            pass
+    except BaseException:
+        sc.cancelJobGroup(group)
+        if not done.wait(timeout=60):
+            log.warning("the cancelled job %r did not stop within 60 s; it is left to Spark", description)
+        raise
+    if "error" in box:
+        sc.cancelJobGroup(group)
+        err = box["error"]
+        if isinstance(err, TorchSparkError):
+            raise err
+        tb = worker_traceback(err)
+        lines = [ln.strip() for ln in tb.splitlines() if ln.strip()]
+        raise WorkerError(f"a training worker failed ({description}): {lines[-1] if lines else tb}\n"
+                          f"--- worker traceback ---\n{traceback_tail(tb)}") from None
+    return box["value"]  # type: ignore[no-any-return]

@@ -1,0 +1,95 @@
+"""How training stages run on Spark: rendezvous routes, warm Python workers, shared-memory all-reduce, reuse of
+the prepared data across fits."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+from torchspark import DataSet, Network, models, optim
+from torchspark.errors import ConfigError
+from torchspark.spark import ParameterAveragingTrainingMaster, SparkNetwork
+from torchspark.spark.network import _first_and_drain, first_item
+
+pytestmark = pytest.mark.spark
+
+
+def _data(n: int = 128, seed: int = 0) -> DataSet:
+    g = torch.Generator().manual_seed(seed)
+    return DataSet(torch.rand(n, 64, generator=g), torch.randint(0, 10, (n,), generator=g))
+
+
+def _fit(spark, rdd, **master_kw) -> tuple[SparkNetwork, Network]:
+    net = Network(models.mlp(64, 16, 10), updater=optim.Adam(lr=1e-2), seed=1)
+    master = ParameterAveragingTrainingMaster(batch_size_per_worker=8, averaging_frequency=3, num_workers=2,
+                                              **master_kw)
+    snet = SparkNetwork(spark, net, master, progress=False)
+    snet.fit(rdd, epochs=2)
+    return snet, net
+
+
+def test_both_rendezvous_routes_and_both_transports_train_to_the_same_parameters(spark, sc) -> None:
+    rdd = sc.parallelize(_data().split(16), 2)
+    results = {}
+    for via, shm in [("driver", True), ("barrier", True), ("driver", False)]:
+        snet, net = _fit(spark, rdd, rendezvous_via=via, shared_memory_allreduce=shm)
+        results[(via, shm)] = net.params()
+        snet.delete_temp_files()
+    reference = results[("driver", True)]
+    assert not torch.equal(reference, Network(models.mlp(64, 16, 10), seed=1).params()), "training changed nothing"
+    for key, params in results.items():
+        torch.testing.assert_close(params, reference, atol=1e-6, rtol=0, msg=f"route {key} differs")
+
+
+def test_rendezvous_options_are_validated_and_round_trip() -> None:
+    master = ParameterAveragingTrainingMaster(rendezvous_via="barrier", shared_memory_allreduce=False)
+    assert ParameterAveragingTrainingMaster.from_json(master.to_json()) == master
+    with pytest.raises(ConfigError, match=r"rendezvous_via must be one of \['driver', 'barrier'\], got 'mpi'"):
+        ParameterAveragingTrainingMaster(rendezvous_via="mpi")
+    with pytest.raises(ConfigError, match="shared_memory_allreduce must be True or False, got 'yes'"):
+        ParameterAveragingTrainingMaster(shared_memory_allreduce="yes")
+
+
+def test_python_workers_fork_from_the_preloading_daemon(sc) -> None:
+    def probe(_: object) -> tuple[str, bool]:
+        main = sys.modules["__main__"]
+        spec = getattr(main, "__spec__", None)
+        return (spec.name if spec is not None else "", "torch" in sys.modules)
+
+    seen = set(sc.parallelize(range(2), 2).map(probe).collect())
+    assert seen == {("torchspark.spark._daemon", True)}
+
+
+def test_direct_route_reuses_its_prepared_rdd_and_releases_it(spark, sc) -> None:
+    def persisted() -> int:
+        return int(sc._jsc.getPersistentRDDs().size())
+
+    before = persisted()
+    rdd = sc.parallelize(_data(96, seed=2).split(12), 3)
+    snet, net = _fit(spark, rdd, rdd_training_approach="direct")
+    first = snet._prepared.copy()
+    snet.fit(rdd, epochs=1)
+    assert snet._prepared == first and len(first) == 1, "a second fit of the same RDD reuses the prepared data"
+    assert persisted() == before + 1
+    other = sc.parallelize(_data(64, seed=3).split(8), 2)
+    snet.fit(other, epochs=1)
+    assert persisted() == before + 1, "only the latest data stays persisted"
+    snet.delete_temp_files()
+    assert persisted() == before
+
+
+def test_first_item_skips_empty_partitions_and_reads_partitions_to_the_end(sc) -> None:
+    rdd = sc.parallelize([[], ["a", "b", "c"], ["d"]], 3).flatMap(lambda x: x)
+    assert first_item(sc, rdd) == "a"
+    assert first_item(sc, sc.parallelize([], 2)) is None
+    consumed: list[int] = []
+
+    def items():
+        for i in range(5):
+            consumed.append(i)
+            yield i
+
+    assert _first_and_drain(items()) == [0]
+    assert consumed == [0, 1, 2, 3, 4]
