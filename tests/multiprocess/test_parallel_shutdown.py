@@ -51,6 +51,15 @@ def _spawned_children() -> list[int]:
     return found
 
 
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is still a process that is not a zombie (workers may be children of the fork server)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
 def _assert_no_workers_left(runners: list[LocalProcessRunner]) -> None:
     assert runners and len(runners[-1].children) == 2
     for proc in runners[-1].children:
@@ -58,6 +67,11 @@ def _assert_no_workers_left(runners: list[LocalProcessRunner]) -> None:
     assert not [p for p in multiprocessing.active_children() if p.name.startswith("torchspark-worker")]
     if Path("/proc/self/stat").exists():
         assert _spawned_children() == []
+        pids = [proc.pid for proc in runners[-1].children]
+        deadline = time.monotonic() + 10.0  # the fork server reaps its children asynchronously
+        while any(_running(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not [pid for pid in pids if _running(pid)], "a worker process is still running"
 
 
 def test_nan_in_a_later_minibatch_names_the_nan_not_a_peer_error(runners) -> None:

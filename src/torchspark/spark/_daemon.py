@@ -19,6 +19,7 @@ def preload() -> None:
     """Import what every training task needs (stdout stays untouched: it is the daemon's protocol channel)."""
     try:
         import torch  # noqa: F401
+        import torch._dynamo  # noqa: F401  - what torch.optim pulls in on the first optimizer (about 1 s)
 
         import torchspark.spark.barrier  # noqa: F401
         import torchspark.training.worker  # noqa: F401
