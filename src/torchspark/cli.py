@@ -98,6 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--updater", default="adam", choices=UPDATERS, help="optimizer")
     train.add_argument("--lr", type=_positive_float, default=1e-3, help="learning rate")
     train.add_argument("--seed", type=int, default=0, help="seed for weights and data shuffling")
+    train.add_argument("--memory-format", default="contiguous", choices=["contiguous", "channels_last"],
+                       help="layout of convolution weights; channels_last trains CNNs faster on CPU")
     train.add_argument("--output", default="torchspark-output", help="directory for the model, metrics and stats")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_spark_options(train)
@@ -204,7 +206,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     train_data, test_data = datasets.digits("train"), datasets.digits("test")
     net = Network(_model(args.model, tuple(train_data.features.shape[1:]), 10),
-                  updater=_updater(args.updater, args.lr), seed=args.seed)
+                  updater=_updater(args.updater, args.lr), seed=args.seed, memory_format=args.memory_format)
     threshold = AdaptiveThreshold(initial=args.threshold)
     start = time.time()
     if args.parallel:

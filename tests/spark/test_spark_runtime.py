@@ -93,3 +93,23 @@ def test_first_item_skips_empty_partitions_and_reads_partitions_to_the_end(sc) -
 
     assert _first_and_drain(items()) == [0]
     assert consumed == [0, 1, 2, 3, 4]
+
+
+def test_channels_last_network_trains_on_spark_like_contiguous(spark, sc) -> None:
+    from torchspark import datasets
+
+    data = datasets.synthetic_images(96, 1, 12, 12, n_classes=10, seed=4)
+    rdd = sc.parallelize(data.split(12), 2)
+    results = []
+    for fmt in ("contiguous", "channels_last"):
+        net = Network(models.lenet(1, 10, 12, 12), updater=optim.Adam(lr=1e-3), seed=0, memory_format=fmt)
+        master = ParameterAveragingTrainingMaster(batch_size_per_worker=12, averaging_frequency=2, num_workers=2)
+        snet = SparkNetwork(spark, net, master, progress=False)
+        snet.fit(rdd, epochs=2)
+        snet.delete_temp_files()
+        assert net.memory_format == fmt
+        results.append([p.detach().clone() for p in net.module.parameters()])
+    start = Network(models.lenet(1, 10, 12, 12), seed=0).module.parameters()
+    assert max(float((a - s).detach().abs().max()) for a, s in zip(results[0], start)) > 1e-3
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, atol=2e-4, rtol=0)

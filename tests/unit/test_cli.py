@@ -18,6 +18,7 @@ def test_defaults_train_with_gradient_sharing_on_spark() -> None:
     (["train", "--epochs", "two"], "--epochs: 'two' is not an integer"),
     (["train", "--lr", "-1"], "--lr: must be > 0"),
     (["train", "--mode", "sync"], "invalid choice: 'sync'"),
+    (["train", "--memory-format", "nhwc"], "invalid choice: 'nhwc'"),
     (["evaluate", "--model", "m", "--feature-shape", "1,a"], "is not a shape such as 1,28,28"),
     (["predict", "--model", "m"], "--output"),
 ])
@@ -40,3 +41,12 @@ def test_parallel_training_needs_no_spark(tmp_path) -> None:
                  "--output", str(out)]) == 0
     for name in ("metrics.json", "stats.json", "stats.html", "model"):
         assert (out / name).exists(), name
+
+
+def test_memory_format_reaches_the_saved_network(tmp_path) -> None:
+    from torchspark import Network
+
+    out = tmp_path / "cl"
+    assert main(["train", "--parallel", "--mode", "averaging", "--epochs", "1", "--no-progress",
+                 "--memory-format", "channels_last", "--output", str(out)]) == 0
+    assert Network.load(str(out / "model")).memory_format == "channels_last"

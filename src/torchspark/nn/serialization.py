@@ -41,6 +41,7 @@ def _portable_parts(net: Network) -> tuple[dict[str, Any], dict[str, Any]]:
         "seed": net.seed,
         "weight_decay": net.weight_decay,
         "gradient_clip": net.gradient_clip,
+        "memory_format": net.memory_format,
         "iteration": net.iteration,
         "epoch": net.epoch,
         "num_params": net.num_params(),
@@ -81,6 +82,7 @@ def _rebuild(config: dict[str, Any], objects: dict[str, Any], device: str | torc
         weight_decay=config["weight_decay"],
         gradient_clip=config["gradient_clip"],
         device=device,
+        memory_format=config.get("memory_format", "contiguous"),
     )
     net.seed = config.get("seed")
     net.iteration = int(config.get("iteration", 0))
