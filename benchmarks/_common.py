@@ -27,7 +27,7 @@ RESULTS_DIR = BENCH_DIR / "results"
 BENCHMARKS_MD = ROOT / "BENCHMARKS.md"
 
 #: Order of the sections in BENCHMARKS.md.
-SECTIONS = ("throughput", "sharing", "codec")
+SECTIONS = ("throughput", "throughput_channels_last", "sharing", "codec")
 
 NOTES_START = "<!-- notes:start -->"
 NOTES_END = "<!-- notes:end -->"
@@ -193,7 +193,7 @@ machine is small (2 cores) and shared, so read ratios, not absolute samples/s, a
 ```bash
 .venv/bin/python benchmarks/run_all.py            # everything, about 15 minutes on 2 cores; rewrites this file
 .venv/bin/python benchmarks/run_all.py --quick    # smaller sizes and fewer repetitions (about 4 minutes)
-.venv/bin/python benchmarks/bench_throughput.py [--quick] [--models mlp,lenet] [--methods ...]
+.venv/bin/python benchmarks/bench_throughput.py [--quick] [--models mlp,lenet] [--methods ...] [--memory-format channels_last] [--no-write]
 .venv/bin/python benchmarks/bench_sharing.py [--quick]
 .venv/bin/python benchmarks/bench_codec.py [--quick] [--n 10000000] [--reps 7]
 ```

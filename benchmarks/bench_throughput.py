@@ -74,17 +74,33 @@ def make_data(model: str, n: int) -> Any:
     return ds
 
 
+#: environment variable carrying ``--memory-format`` into every process (spawned workers, TorchDistributor ranks)
+FORMAT_ENV = "TORCHSPARK_BENCH_MEMORY_FORMAT"
+
+
+def memory_format(model: str) -> str:
+    """LeNet's weight memory format for this run (the MLP has no convolutions: always contiguous)."""
+    return os.environ.get(FORMAT_ENV, "contiguous") if model == "lenet" else "contiguous"
+
+
 def make_module(model: str) -> torch.nn.Module:
     from torchspark import models
 
-    return models.mlp(784, 500, 10) if model == "mlp" else models.lenet(1, 10, 28, 28)
+    module = models.mlp(784, 500, 10) if model == "mlp" else models.lenet(1, 10, 28, 28)
+    if memory_format(model) == "channels_last":
+        module = module.to(memory_format=torch.channels_last)
+    return module
 
 
 def make_network(model: str) -> Any:
     import torchspark as ts
     from torchspark import optim
 
-    return ts.Network(make_module(model), loss="cross_entropy", updater=optim.Adam(lr=LR), seed=SEED)
+    from torchspark import models
+
+    module = models.mlp(784, 500, 10) if model == "mlp" else models.lenet(1, 10, 28, 28)
+    return ts.Network(module, loss="cross_entropy", updater=optim.Adam(lr=LR), seed=SEED,
+                      memory_format=memory_format(model))
 
 
 def contiguous_chunks(ds: Any, size: int) -> list[Any]:
@@ -535,9 +551,16 @@ def main() -> None:
                         help="before each measurement, wait up to this long for other processes to go quiet")
     parser.add_argument("--no-diagnose", dest="diagnose", action="store_false",
                         help="skip the extra call with training stats")
-    parser.add_argument("--no-write", dest="write", action="store_true", default=False,
-                        help=argparse.SUPPRESS)
+    parser.add_argument("--no-write", dest="write", action="store_false", default=True,
+                        help="print the tables only; leave BENCHMARKS.md and benchmarks/results/ alone")
+    parser.add_argument("--memory-format", choices=["contiguous", "channels_last"], default="contiguous",
+                        help="memory format of LeNet's convolution weights in EVERY method, plain baseline included "
+                             "(channels_last: torchspark Network(memory_format='channels_last'), module.to(...) "
+                             "elsewhere); results go to the section throughput_channels_last")
     args = parser.parse_args()
+    os.environ[FORMAT_ENV] = args.memory_format
+    if args.memory_format == "channels_last" and args.models == "mlp,lenet":
+        args.models = "lenet"  # the MLP has no convolution: its numbers would repeat the default run's
     args.epochs = args.epochs or (1 if args.quick else 2)
     args.reps = args.reps or (1 if args.quick else 3)
     args.n_mlp = args.n_mlp or (4096 if args.quick else 8192)
@@ -619,8 +642,15 @@ def report(results: dict[str, dict[str, Measurement]], methods: list[str], model
     targets = evaluate_targets(ratios, models_)
     json_out["targets"] = targets
     diag = diagnostics_markdown(results, models_, args)
+    fmt_note = ("" if args.memory_format == "contiguous" else
+                f"**Memory format: `{args.memory_format}` in every method**: LeNet's convolution weights are "
+                "channels_last in the plain loop, the independent processes and DDP (`module.to(memory_format=...)`) "
+                "and in torchspark (`Network(..., memory_format='channels_last')`), so every ratio compares like with "
+                "like. Absolute samples/s are what moved (see the default-format section for comparison).\n")
     md = [
-        "## Training throughput\n",
+        "## Training throughput" + ("" if args.memory_format == "contiguous"
+                                    else f" with `memory_format=\"{args.memory_format}\"`") + "\n",
+        fmt_note,
         C.stamp() + f" Run time {elapsed / 60:.1f} min{' (--quick)' if args.quick else ''}; "
         f"Spark session start (excluded): {t_session:.1f} s. {source_note}\n",
         "What is measured: `benchmarks/bench_throughput.py` (its docstring has the details). Synthetic 28x28 "
@@ -648,7 +678,14 @@ def report(results: dict[str, dict[str, Measurement]], methods: list[str], model
         diag,
     ]
     json_out["diagnostics_markdown"] = diag
-    C.write_section("throughput", "\n".join(md), json_out)
+    if args.write:
+        C.write_section(section_name(args), "\n".join(md), json_out)
+    else:
+        print("\n".join(md))
+
+
+def section_name(args: argparse.Namespace) -> str:
+    return "throughput" if args.memory_format == "contiguous" else f"throughput_{args.memory_format}"
 
 
 def model_title(model: str) -> str:

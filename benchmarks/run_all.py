@@ -19,7 +19,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import _common as C  # noqa: E402
 
-SCRIPTS = {"throughput": "bench_throughput.py", "sharing": "bench_sharing.py", "codec": "bench_codec.py"}
+#: section name -> (script, extra arguments)
+SCRIPTS = {
+    "throughput": ("bench_throughput.py", []),
+    "throughput_channels_last": ("bench_throughput.py", ["--memory-format", "channels_last"]),
+    "sharing": ("bench_sharing.py", []),
+    "codec": ("bench_codec.py", []),
+}
 
 
 def main() -> None:
@@ -40,7 +46,8 @@ def main() -> None:
     t0 = time.perf_counter()
     durations: dict[str, float] = {}
     for name in names:
-        cmd = [sys.executable, os.path.join(C.BENCH_DIR, SCRIPTS[name])] + (["--quick"] if args.quick else [])
+        script, extra = SCRIPTS[name]
+        cmd = [sys.executable, os.path.join(C.BENCH_DIR, script), *extra] + (["--quick"] if args.quick else [])
         C.log(f"running {' '.join(cmd)}")
         t = time.perf_counter()
         proc = subprocess.Popen(cmd, cwd=C.ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
