@@ -77,3 +77,18 @@ def test_a_one_shot_iterable_trains_every_example_once() -> None:
     assert sum(r.examples for r in wrapper.last_results) == 200
     assert sorted(r.iterations for r in wrapper.last_results) == [12, 13]
     assert net.epoch == 1 and net.extra_config["sharing.replicas_identical"] is True
+
+
+@pytest.mark.parametrize("mode", ["averaging", "shared_gradients"])
+def test_batchnorm_statistics_reach_the_calling_process(mode: str) -> None:
+    import torch
+
+    module = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(),
+                                 torch.nn.Linear(16, 3))
+    net = Network(module, updater=optim.SGD(lr=0.1), seed=0)
+    data = datasets.synthetic_classification(64, 12, 3, seed=8)
+    initial = net.buffers()
+    ParallelWrapper(net, workers=2, training_mode=mode, averaging_frequency=2, progress=False).fit(
+        data, epochs=1, batch_size=8)
+    assert torch.isfinite(net.buffers()).all() and not torch.allclose(net.buffers(), initial)
+    assert int(net.module[1].num_batches_tracked) == 4  # worker 0's minibatches

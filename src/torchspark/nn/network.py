@@ -253,6 +253,51 @@ class Network:
             for t in self._state_tensors():
                 t.zero_()
 
+    # ------------------------------------------------------------------ buffers
+    def buffer_tensors(self) -> list[torch.Tensor]:
+        """The live floating-point buffers (BatchNorm running mean/var), in ``module.buffers()`` order.
+
+        Training masters average these with the parameters (DL4J kept them in its parameter vector). Integer
+        buffers such as ``num_batches_tracked`` are not in this list: they count steps, which all workers take in
+        lockstep, and the driver takes worker 0's (see :meth:`buffer_state`)."""
+        return [b for b in self.module.buffers() if b.is_floating_point()]
+
+    def buffer_size(self) -> int:
+        """Length of :meth:`buffers` (0 for modules without floating-point buffers)."""
+        return sum(b.numel() for b in self.buffer_tensors())
+
+    def buffers(self) -> torch.Tensor:
+        """All floating-point buffers as one float32 1-D copy (empty when the module has none)."""
+        tensors = self.buffer_tensors()
+        if not tensors:
+            return torch.zeros(0, dtype=torch.float32, device=self.device)
+        return torch.cat([b.detach().reshape(-1).to(torch.float32) for b in tensors])
+
+    def set_buffers(self, flat: torch.Tensor) -> None:
+        """Overwrite the floating-point buffers from :meth:`buffers` output."""
+        tensors = self.buffer_tensors()
+        size = sum(b.numel() for b in tensors)
+        flat = torch.as_tensor(flat)
+        if flat.dim() != 1 or flat.numel() != size:
+            raise DataError(f"set_buffers needs a 1-D tensor of {size} values, got shape {tuple(flat.shape)}")
+        offset = 0
+        with torch.no_grad():
+            for b in tensors:
+                n = b.numel()
+                b.copy_(flat[offset : offset + n].view_as(b).to(b.dtype))
+                offset += n
+
+    def buffer_state(self) -> dict[str, torch.Tensor]:
+        """Every buffer by name, integer ones included, as CPU copies (what a worker hands back to the driver)."""
+        return {name: b.detach().cpu().clone() for name, b in self.module.named_buffers()}
+
+    def load_buffer_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Copy :meth:`buffer_state` output into this network's buffers (names it does not have are ignored)."""
+        with torch.no_grad():
+            for name, b in self.module.named_buffers():
+                if name in state:
+                    b.copy_(torch.as_tensor(state[name]).to(b.device, b.dtype))
+
     # ------------------------------------------------------------------ forward / loss
     def _unpack(self, batch: Batch) -> tuple[list[torch.Tensor], list[torch.Tensor] | None, Any, Any]:
         if isinstance(batch, DataSet):

@@ -337,6 +337,7 @@ def _map_tensors(result: WorkerResult, fn: Any) -> WorkerResult:
         params=None if result.params is None else fn(result.params),
         updater_state=None if result.updater_state is None else fn(result.updater_state),
         extra_state={k: fn(v) for k, v in result.extra_state.items()},
+        buffers=None if result.buffers is None else {k: fn(v) for k, v in result.buffers.items()},
     )
 
 

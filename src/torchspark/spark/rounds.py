@@ -14,7 +14,7 @@ Per round ``r`` of every epoch (the rounds and arithmetic of :func:`torchspark.t
   3. broadcast the current parameters, plus the updater state when ``save_updater`` (and in the fit's first round,
      which starts from the driver's updater state like the torch route's blueprint does);
   4. one job: each partition sets them (resetting the updater when no state came), fits its minibatches
-     ``[r*f, (r+1)*f)`` and yields one :class:`RoundRecord` ``(params*n | updater_state*n, n, score*n)``; a
+     ``[r*f, (r+1)*f)`` and yields one :class:`RoundRecord` ``(params*n | updater_state*n | buffers*n, n, score*n)``; a
      partition with no minibatch left yields ``n = 0``; ``treeAggregate(depth=aggregation_depth)`` sums them;
   5. the driver sets ``params = sum(params*n) / sum(n)`` (likewise the updater state when ``save_updater``, else
      it resets it) and advances ``iteration`` by the round's most minibatches on one worker.
@@ -96,6 +96,10 @@ class RoundInput:
         iteration: the driver network's iteration counter before the round (for the workers' error messages).
         params: ``(P,)`` parameters, the network's dtype.
         updater_state: ``(S,)`` float32 updater state; None = reset the updater before fitting.
+        buffers: ``(B,)`` float32 floating-point module buffers (BatchNorm running statistics), averaged like the
+            parameters.
+        int_buffers: integer buffers by name (BatchNorm's ``num_batches_tracked``): worker 0's values, as the
+            torch route returns them.
     """
 
     epoch: int
@@ -103,6 +107,8 @@ class RoundInput:
     iteration: int
     params: torch.Tensor
     updater_state: torch.Tensor | None
+    buffers: torch.Tensor | None = None
+    int_buffers: dict[str, torch.Tensor] | None = None
 
 
 @dataclass
@@ -119,10 +125,11 @@ class WorkerRound:
 class RoundRecord:
     """One partition's contribution to a round, and the sum of several (what ``treeAggregate`` adds up)."""
 
-    weighted: torch.Tensor | None = None  # (P + S,) float32: params*n | updater_state*n; None when n == 0
+    weighted: torch.Tensor | None = None  # (P + S + B,) float32: params*n | updater_state*n | buffers*n
     examples: int = 0  # n: examples fitted
     score_sum: float = 0.0  # last minibatch loss * n
     workers: dict[int, WorkerRound] = field(default_factory=dict)
+    int_buffers: dict[str, torch.Tensor] | None = None  # worker 0's integer buffers when it trained this round
 
 
 def merge_records(a: RoundRecord, b: RoundRecord) -> RoundRecord:
@@ -135,6 +142,8 @@ def merge_records(a: RoundRecord, b: RoundRecord) -> RoundRecord:
     a.examples += b.examples
     a.score_sum += b.score_sum
     a.workers.update(b.workers)
+    if b.int_buffers is not None:
+        a.int_buffers = b.int_buffers
     return a
 
 
@@ -175,6 +184,10 @@ def fit_round_partition(spec_bc: Any, round_bc: Any, index: int, items: Iterable
     recorder = StatsCollector(worker_id(index), enabled=spec.collect_stats)
     net = _network_for(spec, device, recorder)
     net.set_params(rnd.params)
+    if rnd.int_buffers:
+        net.load_buffer_state(rnd.int_buffers)
+    if rnd.buffers is not None:
+        net.set_buffers(rnd.buffers)
     if rnd.updater_state is not None:
         net.set_updater_state(rnd.updater_state)
     else:
@@ -185,9 +198,12 @@ def fit_round_partition(spec_bc: Any, round_bc: Any, index: int, items: Iterable
     parts = [net.params_view().to(torch.float32) * w]  # (P,), the same float32 product as the all-reduce route
     if spec.save_updater:
         parts.append(net.updater_state() * w)  # (S,)
+    parts.append(net.buffers() * w)  # (B,)
     done.stats = recorder.drain() if spec.collect_stats else None
+    int_buffers = ({k: v for k, v in net.buffer_state().items() if not v.is_floating_point()} if index == 0
+                   else None)
     yield RoundRecord(weighted=torch.cat(parts).cpu(), examples=done.examples, score_sum=done.score * w,
-                      workers={index: done})
+                      workers={index: done}, int_buffers=int_buffers)
 
 
 def _network_for(spec: FitSpec, device: str, recorder: PhaseRecorder) -> Network:
@@ -316,7 +332,8 @@ def _run_round(sc: Any, network: Network, worker_rdd: Any, spec_bc: Any, master:
     with collector.phase("broadcast"):
         send_state = master.save_updater or (epoch == 0 and r == 0)
         round_bc = sc.broadcast(RoundInput(epoch, r, network.iteration, network.params().cpu(),
-                                           network.updater_state().cpu() if send_state else None))
+                                           network.updater_state().cpu() if send_state else None,
+                                           network.buffers().cpu(), _int_buffers(network)))
     # 4. one job: every partition fits from it, treeAggregate sums the records
     try:
         with collector.phase("fit"):
@@ -335,15 +352,23 @@ def _apply_average(network: Network, record: RoundRecord, save_updater: bool) ->
     """Step 5: the example-weighted mean into the driver's network; returns the round's weighted score."""
     if record.weighted is None or record.examples == 0:  # cannot happen: every round has a worker with data
         raise TorchSparkError("an averaging round fitted no examples; please report this as a bug")
-    mean = record.weighted / float(record.examples)  # (P + S,) float32, as the all-reduce route divides
+    mean = record.weighted / float(record.examples)  # (P + S + B,) float32, as the all-reduce route divides
     p = network.num_params()
+    s = network.updater_state_size() if save_updater else 0
     network.set_params(mean[:p])
+    network.set_buffers(mean[p + s :])
+    if record.int_buffers:
+        network.load_buffer_state(record.int_buffers)
     if save_updater:
-        network.set_updater_state(mean[p:])
+        network.set_updater_state(mean[p : p + s])
     else:
         network.reset_updater_state()
     network.iteration += max(w.iterations for w in record.workers.values())
     return record.score_sum / record.examples
+
+
+def _int_buffers(network: Network) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in network.buffer_state().items() if not v.is_floating_point()}
 
 
 class _Tally:
@@ -381,7 +406,8 @@ class _Tally:
         return [
             WorkerResult(rank=rank, examples=self.examples[rank], iterations=self.iterations[rank],
                          score=self.scores[rank], params=network.params() if rank == 0 else None,
-                         updater_state=network.updater_state() if rank == 0 else None)
+                         updater_state=network.updater_state() if rank == 0 else None,
+                         buffers=network.buffer_state() if rank == 0 else None)
             for rank in range(len(self.examples))
         ]
 

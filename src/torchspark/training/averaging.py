@@ -2,10 +2,11 @@
 
 Each round:
   1. every worker fits up to ``averaging_frequency`` minibatches of its own data, from the common parameters;
-  2. one all-reduce sums ``[params * n, updater_state * n, n, score * n, active]`` over workers, where ``n`` is
-     the number of examples the worker fitted this round;
-  3. every worker sets ``params = sum(params * n) / sum(n)`` (likewise the updater state when ``save_updater``,
-     else resets it): the example-weighted mean, so uneven rounds are weighted fairly.
+  2. one all-reduce sums ``[params * n, updater_state * n, buffers * n, n, score * n, active]`` over workers,
+     where ``n`` is the number of examples the worker fitted this round and ``buffers`` the module's
+     floating-point buffers (BatchNorm running statistics);
+  3. every worker sets ``params = sum(params * n) / sum(n)`` (likewise the buffers, and the updater state when
+     ``save_updater``, else resets it): the example-weighted mean, so uneven rounds are weighted fairly.
 A worker whose data ran out keeps joining rounds with ``n = 0``; the loop ends, on every worker at once, when the
 all-reduced ``active`` count is zero. So unequal partitions never hang and all workers agree on the rounds.
 """
@@ -102,11 +103,12 @@ def averaging_epoch(
 
 
 class RoundBuffer:
-    """One preallocated all-reduce buffer ``[params * w | updater_state * w | w, score * w, active]``.
+    """One preallocated all-reduce buffer ``[params * w | updater_state * w | buffers * w | w, score * w, active]``.
 
     Packing writes straight from the network's live tensors into the buffer and unpacking divides straight back
     into them: no intermediate copies, which matters when a round's compute is only a few milliseconds.
-    With ``save_updater=False`` the updater state is not sent and is reset after every average.
+    With ``save_updater=False`` the updater state is not sent and is reset after every average. ``buffers`` are
+    the floating-point module buffers (BatchNorm running statistics), averaged like the parameters.
     """
 
     def __init__(self, net: Network, save_updater: bool) -> None:
@@ -114,23 +116,28 @@ class RoundBuffer:
         self.save_updater = save_updater
         self.n_params = net.num_params()
         n_state = net.updater_state_size() if save_updater else 0
-        self.buf = torch.empty(self.n_params + n_state + 3, dtype=torch.float32, device=net.device)
+        n_buffers = net.buffer_size()
+        self.buf = torch.empty(self.n_params + n_state + n_buffers + 3, dtype=torch.float32, device=net.device)
+
+    def _live(self) -> list[torch.Tensor]:
+        """The tensors after the parameters, in buffer order."""
+        state = self.net.updater_state_tensors() if self.save_updater else []
+        return [*state, *self.net.buffer_tensors()]
 
     def pack(self, w: float, score_w: float, active: float) -> torch.Tensor:
         buf, n = self.buf, self.n_params
         params = self.net.params_view()
         torch.mul(params.to(torch.float32), w, out=buf[:n])
-        if self.save_updater:
-            offset = n
-            for t in self.net.updater_state_tensors():
-                k = t.numel()
-                torch.mul(t.detach().reshape(-1).to(torch.float32), w, out=buf[offset : offset + k])
-                offset += k
+        offset = n
+        for t in self._live():
+            k = t.numel()
+            torch.mul(t.detach().reshape(-1).to(torch.float32), w, out=buf[offset : offset + k])
+            offset += k
         buf[-3:] = torch.tensor([w, score_w, active], dtype=torch.float32)
         return buf
 
     def unpack(self, buf: torch.Tensor, total_w: float) -> None:
-        """Set the network's params (and updater state) to ``buf / total_w``."""
+        """Set the network's params (updater state, buffers) to ``buf / total_w``."""
         n = self.n_params
         with torch.no_grad():
             params = self.net.params_view()
@@ -138,11 +145,8 @@ class RoundBuffer:
                 torch.div(buf[:n], total_w, out=params)
             else:
                 params.copy_(buf[:n] / total_w)
-            if not self.save_updater:
-                self.net.reset_updater_state()
-                return
             offset = n
-            for t in self.net.updater_state_tensors():
+            for t in self._live():
                 k = t.numel()
                 part = buf[offset : offset + k].view_as(t)
                 if t.dtype == torch.float32:
@@ -150,3 +154,5 @@ class RoundBuffer:
                 else:
                     t.copy_((part / total_w).to(t.dtype))
                 offset += k
+            if not self.save_updater:
+                self.net.reset_updater_state()

@@ -34,7 +34,8 @@ longest one of the round) and ``dense_bytes = 4 * num_params``. Inactive rounds 
 ``sharing.bytes_sent`` total but not recorded as encoding steps.
 
 State across epochs, fits and saves. Residuals and the threshold state live for the whole fit. At the end of a fit
-(:meth:`SharingAlgorithm.finish`) the updater state and the threshold state are averaged over workers (DL4J), the
+(:meth:`SharingAlgorithm.finish`) the updater state, the module's floating-point buffers (BatchNorm running
+statistics) and the threshold state are averaged over workers (DL4J), the
 replicas are compared, and each rank returns its residual as ``net.extra_state["sharing.residual.<rank>"]`` plus
 ``"sharing.threshold_state"`` and ``"sharing.world_size"``; ``Network.save`` writes them, and the next fit
 restores them (see :meth:`SharingAlgorithm.start`).
@@ -284,6 +285,11 @@ class SharingAlgorithm:
         if updater.numel():
             comm.all_reduce_sum(updater)
             net.set_updater_state(updater / world)
+        # 1b. floating-point module buffers (BatchNorm running statistics): local during the fit, averaged now
+        buffers = net.buffers()
+        if buffers.numel():
+            comm.all_reduce_sum(buffers)
+            net.set_buffers(buffers / world)
         # 2. threshold state, average_states semantics: mean threshold, mean sparsity over workers that have one
         ts = state.encoder.threshold_state
         has_sparsity = ts.last_sparsity is not None

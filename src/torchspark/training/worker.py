@@ -64,6 +64,8 @@ class WorkerResult:
     extra_state: dict[str, torch.Tensor] = field(default_factory=dict)
     extra_config: dict[str, Any] = field(default_factory=dict)
     stats: Any = None
+    #: every module buffer by name (BatchNorm running statistics, counters); rank 0 only
+    buffers: dict[str, torch.Tensor] | None = None
 
 
 def load_item(item: Any) -> Batch:
@@ -147,6 +149,7 @@ def run_worker(
         score=score,
         params=net.params().cpu() if lead else None,
         updater_state=net.updater_state().cpu() if lead else None,
+        buffers=net.buffer_state() if lead else None,
         extra_state=extra_state,
         extra_config=extra_config if lead else {},
         stats=drain() if drain is not None else None,
@@ -165,6 +168,8 @@ def merge_results(net: Network, results: Sequence[WorkerResult]) -> float:
     net.set_params(lead.params)
     if lead.updater_state is not None:
         net.set_updater_state(lead.updater_state)
+    if lead.buffers:
+        net.load_buffer_state(lead.buffers)
     for r in results:
         net.extra_state.update(r.extra_state)
     net.extra_config.update(lead.extra_config)
