@@ -63,21 +63,22 @@ def test_python_workers_fork_from_the_preloading_daemon(sc) -> None:
 
 
 def test_direct_route_reuses_its_prepared_rdd_and_releases_it(spark, sc) -> None:
-    def persisted() -> int:
-        return int(sc._jsc.getPersistentRDDs().size())
+    def persisted(rdd) -> bool:
+        return bool(sc._jsc.getPersistentRDDs().containsKey(rdd.id()))
 
-    before = persisted()
     rdd = sc.parallelize(_data(96, seed=2).split(12), 3)
     snet, net = _fit(spark, rdd, rdd_training_approach="direct")
-    first = snet._prepared.copy()
+    (first,) = snet._prepared.values()
+    assert persisted(first)
     snet.fit(rdd, epochs=1)
-    assert snet._prepared == first and len(first) == 1, "a second fit of the same RDD reuses the prepared data"
-    assert persisted() == before + 1
+    assert list(snet._prepared.values()) == [first], "a second fit of the same RDD reuses the prepared data"
     other = sc.parallelize(_data(64, seed=3).split(8), 2)
     snet.fit(other, epochs=1)
-    assert persisted() == before + 1, "only the latest data stays persisted"
+    (second,) = snet._prepared.values()
+    assert second is not first and persisted(second)
+    assert not persisted(first), "only the latest data stays persisted"
     snet.delete_temp_files()
-    assert persisted() == before
+    assert not persisted(second) and snet._prepared == {}
 
 
 def test_first_item_skips_empty_partitions_and_reads_partitions_to_the_end(sc) -> None:
