@@ -41,6 +41,20 @@ def _looks_like_input_mismatch(message: str) -> bool:
     return "out of memory" not in lower and any(h in lower for h in _INPUT_MISMATCH)
 
 
+def _scatter(tensors: list[torch.Tensor], flat: Any, what: str) -> None:
+    """Copy consecutive slices of the 1-D ``flat`` into ``tensors`` (in their logical layout and dtypes)."""
+    size = sum(t.numel() for t in tensors)
+    flat = torch.as_tensor(flat)
+    if flat.dim() != 1 or flat.numel() != size:
+        raise DataError(f"{what} needs a 1-D tensor of {size} values, got shape {tuple(flat.shape)}")
+    offset = 0
+    with torch.no_grad():
+        for t in tensors:
+            n = t.numel()
+            t.copy_(flat[offset : offset + n].view_as(t).to(t.dtype))
+            offset += n
+
+
 def _as_list(x: Any) -> list[Any]:
     return list(x) if isinstance(x, (list, tuple)) else [x]
 
@@ -228,24 +242,16 @@ class Network:
 
     def updater_state(self) -> torch.Tensor:
         """All optimizer state as one float32 1-D tensor, in a stable order (zeros before the first step)."""
-        tensors = self._state_tensors()
-        if not tensors:
-            return torch.zeros(0, dtype=torch.float32, device=self.device)
-        return torch.cat([t.detach().reshape(-1).to(torch.float32, copy=True) for t in tensors])
+        return self._gather(self._state_tensors())
 
     def set_updater_state(self, flat: torch.Tensor) -> None:
         """Overwrite all optimizer state from :meth:`updater_state` output."""
-        tensors = self._state_tensors()
-        size = sum(t.numel() for t in tensors)
-        flat = torch.as_tensor(flat)
-        if flat.dim() != 1 or flat.numel() != size:
-            raise DataError(f"set_updater_state needs a 1-D tensor of {size} values, got shape {tuple(flat.shape)}")
-        offset = 0
-        with torch.no_grad():
-            for t in tensors:
-                n = t.numel()
-                t.copy_(flat[offset : offset + n].view_as(t).to(t.dtype))
-                offset += n
+        _scatter(self._state_tensors(), flat, "set_updater_state")
+
+    def _gather(self, tensors: list[torch.Tensor]) -> torch.Tensor:
+        if not tensors:
+            return torch.zeros(0, dtype=torch.float32, device=self.device)
+        return torch.cat([t.detach().reshape(-1).to(torch.float32, copy=True) for t in tensors])
 
     def reset_updater_state(self) -> None:
         """Zero the optimizer state (as before the first step)."""
@@ -268,24 +274,11 @@ class Network:
 
     def buffers(self) -> torch.Tensor:
         """All floating-point buffers as one float32 1-D copy (empty when the module has none)."""
-        tensors = self.buffer_tensors()
-        if not tensors:
-            return torch.zeros(0, dtype=torch.float32, device=self.device)
-        return torch.cat([b.detach().reshape(-1).to(torch.float32) for b in tensors])
+        return self._gather(self.buffer_tensors())
 
     def set_buffers(self, flat: torch.Tensor) -> None:
         """Overwrite the floating-point buffers from :meth:`buffers` output."""
-        tensors = self.buffer_tensors()
-        size = sum(b.numel() for b in tensors)
-        flat = torch.as_tensor(flat)
-        if flat.dim() != 1 or flat.numel() != size:
-            raise DataError(f"set_buffers needs a 1-D tensor of {size} values, got shape {tuple(flat.shape)}")
-        offset = 0
-        with torch.no_grad():
-            for b in tensors:
-                n = b.numel()
-                b.copy_(flat[offset : offset + n].view_as(b).to(b.dtype))
-                offset += n
+        _scatter(self.buffer_tensors(), flat, "set_buffers")
 
     def buffer_state(self) -> dict[str, torch.Tensor]:
         """Every buffer by name, integer ones included, as CPU copies (what a worker hands back to the driver)."""

@@ -21,7 +21,7 @@ import time
 import traceback
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 import torch
 
@@ -32,10 +32,12 @@ from torchspark.training.reporting import open_worker_hooks
 from torchspark.training.runner import is_peer_failure, root_cause, traceback_tail
 from torchspark.training.worker import ItemSource, WorkerResult, WorkerTask, run_worker
 
-__all__ = ["RendezvousSettings", "barrier_task", "open_relay", "run_barrier_stage", "LOCAL_ADDRESS_ENV",
+__all__ = ["RendezvousSettings", "barrier_task", "open_relay", "run_barrier_stage", "run_in_job_group", "LOCAL_ADDRESS_ENV",
            "pick_local_address"]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 #: How long a worker tries to connect to the driver's rendezvous store before failing with advice.
 RELAY_CONNECT_TIMEOUT_S = 60.0
@@ -286,6 +288,44 @@ def _root_message(tb: str) -> str:
     return lines[-1].strip() if lines else tb
 
 
+def run_in_job_group(sc: Any, description: str, action: Callable[[], T], thread_name: str = "torchspark-job") -> T:
+    """Run ``action`` (which submits Spark jobs) on a helper thread under a fresh job group and return its value.
+
+    Ctrl-C (or any exception) on the calling thread cancels the group and waits up to 60 s for the thread; an
+    exception raised by ``action`` cancels the group and is re-raised unchanged on the calling thread.
+    """
+    group = f"torchspark-{uuid.uuid4().hex[:12]}"
+    box: dict[str, Any] = {}
+    # wait on an Event, not Thread.join: a Ctrl-C inside join() marks the still-running thread as stopped (CPython
+    # bpo-45274 handling), after which join() no longer waits for it
+    done = threading.Event()
+
+    def target() -> None:
+        sc.setJobGroup(group, description, interruptOnCancel=True)
+        try:
+            box["value"] = action()
+        except BaseException as e:  # noqa: BLE001 - re-raised on the calling thread
+            box["error"] = e
+        finally:
+            sc.setLocalProperty("spark.jobGroup.id", None)
+            done.set()
+
+    thread = threading.Thread(target=target, name=thread_name, daemon=True)
+    thread.start()
+    try:
+        while not done.wait(timeout=0.1):
+            pass
+    except BaseException:
+        sc.cancelJobGroup(group)
+        if not done.wait(timeout=60):
+            log.warning("the cancelled job %r did not stop within 60 s; it is left to Spark", description)
+        raise
+    if "error" in box:
+        sc.cancelJobGroup(group)
+        raise box["error"]
+    return box["value"]  # type: ignore[no-any-return]
+
+
 def run_barrier_stage(sc: Any, rdd: Any, fn: Callable[[Iterable[Any]], Iterator[WorkerResult]],
                       description: str,
                       reported_errors: Callable[[], list[tuple[int, str]]] | None = None) -> list[WorkerResult]:
@@ -294,40 +334,14 @@ def run_barrier_stage(sc: Any, rdd: Any, fn: Callable[[Iterable[Any]], Iterator[
     Spark reports whichever task failed first, which is often a peer that merely saw the failing worker's
     connection drop. ``reported_errors`` (the progress channel's error list) lets the driver show the root cause.
     """
-    group = f"torchspark-{uuid.uuid4().hex[:12]}"
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        sc.setJobGroup(group, description, interruptOnCancel=True)
-        try:
-            box["results"] = rdd.barrier().mapPartitions(fn).collect()
-        except BaseException as e:  # noqa: BLE001 - re-raised on the calling thread
-            box["error"] = e
-        finally:
-            sc.setLocalProperty("spark.jobGroup.id", None)
-            done.set()
-
-    # wait on an Event, not Thread.join: a Ctrl-C inside join() marks the still-running thread as stopped (CPython
-    # bpo-45274 handling), after which join() no longer waits for it
-    done = threading.Event()
-    thread = threading.Thread(target=target, name="torchspark-barrier-stage", daemon=True)
-    thread.start()
     try:
-        while not done.wait(timeout=0.5):
-            pass
-    except BaseException:
-        sc.cancelJobGroup(group)
-        if not done.wait(timeout=60):
-            log.warning("the cancelled training job did not stop within 60 s; it is left to Spark")
+        results: list[WorkerResult] = run_in_job_group(
+            sc, description, lambda: rdd.barrier().mapPartitions(fn).collect(), "torchspark-barrier-stage")
+    except TorchSparkError:
         raise
-    if "error" in box:
-        sc.cancelJobGroup(group)
-        err = box["error"]
-        if isinstance(err, TorchSparkError):
-            raise err
+    except Exception as err:  # Spark/py4j errors carry no stable type
         tb = _pick_traceback(worker_traceback(err), reported_errors)
         raise WorkerError(
             f"a training worker failed: {_root_message(tb)}\n--- worker traceback ---\n{traceback_tail(tb)}"
         ) from None
-    results: list[WorkerResult] = box["results"]
     return sorted(results, key=lambda r: r.rank)

@@ -32,7 +32,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import threading
 import uuid
 from dataclasses import dataclass, field
 from functools import partial
@@ -43,7 +42,7 @@ import torch
 
 from torchspark.errors import TorchSparkError, WorkerError
 from torchspark.nn import Network, NetworkBlueprint
-from torchspark.spark.barrier import worker_traceback
+from torchspark.spark.barrier import run_in_job_group, worker_traceback
 from torchspark.spark.data import storage_level_by_name
 from torchspark.spark.masters import ParameterAveragingTrainingMaster
 from torchspark.stats import StatsCollector, TrainingStats
@@ -438,42 +437,14 @@ def _destroy(bc: Any) -> None:
 def run_job(sc: Any, description: str, action: Callable[[], T]) -> T:
     """Run ``action`` (which submits Spark jobs) under a fresh job group; cancel the group on failure or Ctrl-C.
 
-    The barrier route's :func:`~torchspark.spark.barrier.run_barrier_stage` does the same for one barrier stage;
-    this version returns any value. A task's exception becomes a :class:`WorkerError` with its Python traceback.
+    A task's exception becomes a :class:`WorkerError` with its Python traceback (our own errors pass unchanged).
     """
-    group = f"torchspark-{uuid.uuid4().hex[:12]}"
-    box: dict[str, Any] = {}
-    done = threading.Event()
-
-    def target() -> None:
-        sc.setJobGroup(group, description, interruptOnCancel=True)
-        try:
-            box["value"] = action()
-        except BaseException as e:  # noqa: BLE001 - re-raised on the calling thread
-            box["error"] = e
-        finally:
-            sc.setLocalProperty("spark.jobGroup.id", None)
-            done.set()
-
-    # wait on an Event, not Thread.join: a Ctrl-C inside join() marks the still-running thread as stopped (CPython
-    # bpo-45274 handling), after which join() no longer waits for it
-    thread = threading.Thread(target=target, name="torchspark-round-job", daemon=True)
-    thread.start()
     try:
-        while not done.wait(timeout=0.1):
-            pass
-    except BaseException:
-        sc.cancelJobGroup(group)
-        if not done.wait(timeout=60):
-            log.warning("the cancelled job %r did not stop within 60 s; it is left to Spark", description)
+        return run_in_job_group(sc, description, action, "torchspark-round-job")
+    except TorchSparkError:
         raise
-    if "error" in box:
-        sc.cancelJobGroup(group)
-        err = box["error"]
-        if isinstance(err, TorchSparkError):
-            raise err
+    except Exception as err:  # Spark/py4j errors carry no stable type
         tb = worker_traceback(err)
         lines = [ln.strip() for ln in tb.splitlines() if ln.strip()]
         raise WorkerError(f"a training worker failed ({description}): {lines[-1] if lines else tb}\n"
                           f"--- worker traceback ---\n{traceback_tail(tb)}") from None
-    return box["value"]  # type: ignore[no-any-return]
