@@ -11,13 +11,15 @@ Per fit (driver):
   1. count the minibatches of every worker partition (one small job); rounds per epoch = ceil(max count / f);
   2. broadcast the network blueprint once (each Python worker builds the network once per fit and caches it).
 Per round ``r`` of every epoch (the rounds and arithmetic of :func:`torchspark.training.averaging.averaging_epoch`):
-  3. broadcast the current parameters, plus the updater state when ``save_updater`` (and in the fit's first round,
-     which starts from the driver's updater state like the torch route's blueprint does);
+  3. broadcast the current parameters and module buffers (the averaged floating-point ones, worker 0's integer
+     ones), plus the updater state when ``save_updater`` (and in the fit's first round, which starts from the
+     driver's updater state like the torch route's blueprint does);
   4. one job: each partition sets them (resetting the updater when no state came), fits its minibatches
      ``[r*f, (r+1)*f)`` and yields one :class:`RoundRecord` ``(params*n | updater_state*n | buffers*n, n, score*n)``; a
      partition with no minibatch left yields ``n = 0``; ``treeAggregate(depth=aggregation_depth)`` sums them;
-  5. the driver sets ``params = sum(params*n) / sum(n)`` (likewise the updater state when ``save_updater``, else
-     it resets it) and advances ``iteration`` by the round's most minibatches on one worker.
+  5. the driver sets ``params = sum(params*n) / sum(n)`` (likewise the floating-point buffers, and the updater
+     state when ``save_updater``, else it resets it), takes partition 0's integer buffers when it trained, and
+     advances ``iteration`` by the round's most minibatches on one worker.
 If a round fails or is interrupted, the driver's network holds the result of the last completed round.
 
 Progress listeners get one :class:`ProgressUpdate` per worker and round from the driver (no connection from the

@@ -7,6 +7,8 @@ Each round:
      floating-point buffers (BatchNorm running statistics);
   3. every worker sets ``params = sum(params * n) / sum(n)`` (likewise the buffers, and the updater state when
      ``save_updater``, else resets it): the example-weighted mean, so uneven rounds are weighted fairly.
+Integer buffers (BatchNorm's ``num_batches_tracked``) are not averaged: they count a worker's own steps, so each
+worker keeps its count and the driver takes worker 0's (:class:`~torchspark.training.worker.WorkerResult`).
 A worker whose data ran out keeps joining rounds with ``n = 0``; the loop ends, on every worker at once, when the
 all-reduced ``active`` count is zero. So unequal partitions never hang and all workers agree on the rounds.
 """

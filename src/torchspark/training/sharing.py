@@ -35,8 +35,9 @@ longest one of the round) and ``dense_bytes = 4 * num_params``. Inactive rounds 
 
 State across epochs, fits and saves. Residuals and the threshold state live for the whole fit. At the end of a fit
 (:meth:`SharingAlgorithm.finish`) the updater state, the module's floating-point buffers (BatchNorm running
-statistics) and the threshold state are averaged over workers (DL4J), the
-replicas are compared, and each rank returns its residual as ``net.extra_state["sharing.residual.<rank>"]`` plus
+statistics; integer ones such as ``num_batches_tracked`` stay per worker) and the threshold state are averaged over
+workers (DL4J), the replicas (parameters and buffers) are compared, and each rank returns its residual as
+``net.extra_state["sharing.residual.<rank>"]`` plus
 ``"sharing.threshold_state"`` and ``"sharing.world_size"``; ``Network.save`` writes them, and the next fit
 restores them (see :meth:`SharingAlgorithm.start`).
 """
@@ -269,7 +270,8 @@ class SharingAlgorithm:
     # ------------------------------------------------------------------ finish
     def finish(self, state: SharingState, net: Network, comm: Communicator
                ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-        """End of fit: average updater and threshold state, verify the replicas, hand back what must persist.
+        """End of fit: average updater state, module buffers and threshold state, verify the replicas, hand back
+        what must persist.
 
         Returns:
             ``extra_state``: this rank's residual (``sharing.residual.<rank>``), the averaged threshold state and the
@@ -277,7 +279,8 @@ class SharingAlgorithm:
             ``dense_bytes`` over all workers (all ranks return the same config; the driver keeps rank 0's).
 
         Raises:
-            TrainingError: the replicas' parameters differ (a worker applied a different message sequence).
+            TrainingError: the replicas' parameters differ (a worker applied a different message sequence), or their
+                averaged buffers do (the communicator returned different sums).
         """
         world = comm.world_size
         # 1. updater state: local during the fit, averaged now (DL4J)
@@ -285,7 +288,12 @@ class SharingAlgorithm:
         if updater.numel():
             comm.all_reduce_sum(updater)
             net.set_updater_state(updater / world)
-        # 1b. floating-point module buffers (BatchNorm running statistics): local during the fit, averaged now
+        # 1b. floating-point module buffers (BatchNorm running statistics): local during the fit, averaged now.
+        # Averaging once is as good as after every step: the replicas share their parameters and step count, so
+        # each worker's running statistic is the same moving average of its own batch statistics, and the mean of
+        # those averages is the moving average of the mean batch statistics. Nor do they feed back into training
+        # (train-mode BatchNorm normalises with the batch's own statistics). Integer buffers (num_batches_tracked)
+        # stay per worker; the driver takes worker 0's.
         buffers = net.buffers()
         if buffers.numel():
             comm.all_reduce_sum(buffers)
@@ -299,14 +307,16 @@ class SharingAlgorithm:
         comm.all_reduce_sum(summary)
         threshold, sparsity_sum, with_sparsity, bytes_sent, dense_bytes = (float(v) for v in summary.cpu())
         averaged = ThresholdState(threshold / world, sparsity_sum / with_sparsity if with_sparsity else None)
-        # 3. the replicas must be bit-identical
-        digest = hashlib.sha256(net.params().cpu().numpy().tobytes()).digest()
-        digests = comm.all_gather_bytes(digest)
+        # 3. the replicas must be bit-identical: the parameters, and the buffers just averaged (all-reduce results
+        # are identical on every rank, so a difference there means a broken transport; empty without buffers)
+        digest = hashlib.sha256(net.params().cpu().numpy().tobytes())
+        digest.update(net.buffers().cpu().numpy().tobytes())
+        digests = comm.all_gather_bytes(digest.digest())
         differing = [r for r, d in enumerate(digests) if d != digests[0]]
         if differing:
-            raise TrainingError(f"gradient-sharing replicas diverged: the parameters of worker(s) {differing} differ "
-                                "from worker 0's after the fit; every worker must apply the same messages (check that "
-                                "all workers run the same torchspark/torch versions and devices)")
+            raise TrainingError(f"gradient-sharing replicas diverged: the parameters or averaged buffers of worker(s) "
+                                f"{differing} differ from worker 0's after the fit; every worker must apply the same "
+                                "messages (check that all workers run the same torchspark/torch versions and devices)")
         extra_state = {
             RESIDUAL_KEY.format(rank=comm.rank): state.encoder.residual.detach().cpu().clone(),
             THRESHOLD_KEY: averaged.to_tensor(),
