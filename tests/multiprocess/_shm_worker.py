@@ -43,6 +43,25 @@ def run_rank(rank: int, world: int, port: int, shared_memory: bool, shm_dir: str
         comm.all_reduce_sum(t)
         report["ok"].append(bool(torch.allclose(t, _expected(shape, world, seed), atol=1e-5)))
         report["digest"].append(hashlib.sha256(t.contiguous().numpy().tobytes()).hexdigest())
+    # staged sums: input written in place, result read in place; a larger plain sum in between grows (replaces)
+    # the segment, and the staged sum must follow it; a small one stays on the portable path
+    from torchspark.training.comm import StagedSum, staged_sum
+
+    report["staged_kind"] = []
+    for seed, numel in ((10, 200_000), (11, 900_000), (12, 200_000), (13, 100)):
+        staged = staged_sum(comm, numel)
+        report["staged_kind"].append(type(staged).__name__)
+        for rep in range(2):
+            buf = staged.buffer()
+            buf.copy_(_values((numel,), rank, seed * 10 + rep))
+            total = staged.reduce()
+            report["ok"].append(bool(torch.allclose(total, _expected((numel,), world, seed * 10 + rep), atol=1e-5)))
+            report["digest"].append(hashlib.sha256(total.contiguous().numpy().tobytes()).hexdigest())
+        if seed == 11:
+            big = _values((1_500_000,), rank, 99)
+            comm.all_reduce_sum(big)  # grows the segment past the staged sum's
+            report["ok"].append(bool(torch.allclose(big, _expected((1_500_000,), world, 99), atol=1e-5)))
+    report["staged_is_base"] = [k == StagedSum.__name__ for k in report["staged_kind"]]
     report["segments_left"] = glob.glob(os.path.join(shm.SHM_DIR, f"torchspark-{os.getpid()}-*"))
     report["shm_after"] = comm.uses_shared_memory
     comm.close()

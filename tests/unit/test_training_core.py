@@ -151,3 +151,40 @@ def test_root_cause_prefers_the_failing_worker_over_peers_that_lost_it() -> None
     assert root_cause([(1, peer), (0, cause)]) == (0, cause)
     assert root_cause([(1, peer)]) == (1, peer)  # nothing better known: the only error is shown
     assert root_cause([]) is None
+
+
+def test_item_source_decodes_serialized_batches_once_and_replays_them() -> None:
+    from torchspark.data import dataset_to_bytes
+
+    batches = _batches(3)
+    source = ItemSource(iter([dataset_to_bytes(b) for b in batches]))
+    first = list(source.epoch(0))
+    assert all(isinstance(b, DataSet) for b in first)
+    for got, want in zip(first, batches):
+        assert torch.equal(got.features, want.features) and torch.equal(got.labels, want.labels)
+    again = source.epoch(1)
+    assert isinstance(again, list) and [id(b) for b in again] == [id(b) for b in first], "decoded once, kept"
+    paths = ItemSource(iter(["/data/a.safetensors", "/data/b.safetensors"]))
+    assert list(paths.epoch(0)) == paths.epoch(1) == ["/data/a.safetensors", "/data/b.safetensors"]
+
+
+def test_ready_minibatches_skip_the_prefetch_thread(monkeypatch) -> None:
+    """Batches already in memory go straight to the loop; anything to load still goes through the prefetcher."""
+    import torchspark.training.worker as worker_mod
+    from torchspark.data import dataset_to_bytes
+
+    calls: list[int] = []
+
+    def spy(items, depth, timeout_s, transform=None):
+        calls.append(depth)
+        return prefetch(items, depth, timeout_s, transform)
+
+    monkeypatch.setattr(worker_mod, "prefetch", spy)
+    net = Network(models.mlp(64, 8, 10), updater=optim.SGD(lr=0.1), seed=0)
+    InProcessRunner().run(_task(net), [ItemSource(_batches(4)), ItemSource(_batches(4))])
+    assert calls == []
+    serialized = [ItemSource(iter([dataset_to_bytes(b) for b in _batches(4)])) for _ in range(2)]
+    task = WorkerTask("averaging", {"averaging_frequency": 2, "save_updater": True},
+                      NetworkBlueprint.of(net).to_bytes(), epochs=2, prefetch=2)
+    InProcessRunner().run(task, serialized)
+    assert calls == [2, 2], "first epoch decodes on the prefetch thread; the second replays decoded batches"

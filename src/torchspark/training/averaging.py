@@ -22,7 +22,7 @@ import torch
 
 from torchspark.data import Batch
 from torchspark.nn import Network
-from torchspark.training.comm import Communicator
+from torchspark.training.comm import Communicator, StagedSum, staged_sum
 from torchspark.training.hooks import ProgressUpdate, WorkerHooks
 
 __all__ = ["AveragingSettings", "EpochOutcome", "averaging_epoch", "RoundBuffer"]
@@ -67,7 +67,7 @@ def averaging_epoch(
     it = iter(batches)
     exhausted = False
     rec = hooks.recorder
-    packer = RoundBuffer(net, settings.save_updater)
+    packer = RoundBuffer(net, settings.save_updater, comm)
     while True:
         n_round = 0
         round_score = float("nan")
@@ -92,12 +92,12 @@ def averaging_epoch(
         with rec.phase("averaging"):
             w = float(n_round)
             score_w = round_score * w if n_round else 0.0
-            buf = packer.pack(w, score_w, 0.0 if exhausted else 1.0)
-            comm.all_reduce_sum(buf)
-            total_w, total_score, active = (float(v) for v in buf[-3:])
+            packer.pack(w, score_w, 0.0 if exhausted else 1.0)
+            total = packer.reduce()
+            total_w, total_score, active = (float(v) for v in total[-3:])
             # 3. example-weighted mean
             if total_w > 0:
-                packer.unpack(buf, total_w)
+                packer.unpack(total, total_w)
                 out.rounds += 1
                 out.last_score = total_score / total_w
         if active == 0:
@@ -105,21 +105,31 @@ def averaging_epoch(
 
 
 class RoundBuffer:
-    """One preallocated all-reduce buffer ``[params * w | updater_state * w | buffers * w | w, score * w, active]``.
+    """One all-reduce buffer per round: ``[params * w | updater_state * w | buffers * w | w, score * w, active]``.
 
-    Packing writes straight from the network's live tensors into the buffer and unpacking divides straight back
-    into them: no intermediate copies, which matters when a round's compute is only a few milliseconds.
-    With ``save_updater=False`` the updater state is not sent and is reset after every average. ``buffers`` are
-    the floating-point module buffers (BatchNorm running statistics), averaged like the parameters.
+    Packing writes straight from the network's live tensors into the sum's input and unpacking divides straight
+    from the sum's result back into them. With a shared-memory communicator the input is this worker's slot of the
+    shared segment and the result its result area (:func:`~torchspark.training.comm.staged_sum`), so a round
+    touches the parameters' bytes only four times (pack, sum, unpack) instead of six: this matters when a round's
+    compute is only a few milliseconds. With ``save_updater=False`` the updater state is not sent and is reset
+    after every average. ``buffers`` are the floating-point module buffers (BatchNorm running statistics),
+    averaged like the parameters.
+
+    Args:
+        net: the worker's network.
+        save_updater: whether the updater state is part of the sum.
+        comm: the communicator; None gives a private buffer (pack/unpack only, e.g. for tests).
     """
 
-    def __init__(self, net: Network, save_updater: bool) -> None:
+    def __init__(self, net: Network, save_updater: bool, comm: Communicator | None = None) -> None:
         self.net = net
         self.save_updater = save_updater
         self.n_params = net.num_params()
         n_state = net.updater_state_size() if save_updater else 0
         n_buffers = net.buffer_size()
-        self.buf = torch.empty(self.n_params + n_state + n_buffers + 3, dtype=torch.float32, device=net.device)
+        numel = self.n_params + n_state + n_buffers + 3
+        self._sum: StagedSum | None = staged_sum(comm, numel, net.device) if comm is not None else None
+        self._own = torch.empty(numel, dtype=torch.float32, device=net.device) if comm is None else None
 
     def _live(self) -> list[torch.Tensor]:
         """The tensors after the parameters, in buffer order."""
@@ -127,7 +137,10 @@ class RoundBuffer:
         return [*state, *self.net.buffer_tensors()]
 
     def pack(self, w: float, score_w: float, active: float) -> torch.Tensor:
-        buf, n = self.buf, self.n_params
+        """Write ``[params * w | ... | w, score_w, active]`` into the sum's input; returns it."""
+        buf = self._sum.buffer() if self._sum is not None else self._own
+        assert buf is not None
+        n = self.n_params
         params = self.net.params_view()
         torch.mul(params.to(torch.float32), w, out=buf[:n])
         offset = n
@@ -137,6 +150,13 @@ class RoundBuffer:
             offset += k
         buf[-3:] = torch.tensor([w, score_w, active], dtype=torch.float32)
         return buf
+
+    def reduce(self) -> torch.Tensor:
+        """Sum the packed buffers over workers (collective); the result is read-only and valid until the next
+        collective."""
+        if self._sum is None:
+            raise RuntimeError("RoundBuffer was built without a communicator")
+        return self._sum.reduce()
 
     def unpack(self, buf: torch.Tensor, total_w: float) -> None:
         """Set the network's params (updater state, buffers) to ``buf / total_w``."""

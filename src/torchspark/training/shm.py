@@ -110,25 +110,48 @@ class SharedMemoryReducer:
         """Sum ``tensor`` over ranks in place. Returns False (tensor untouched, on every rank) when the segment
         could not be set up; the caller then uses its network backend and this reducer stays off."""
         n = tensor.numel()
-        if self._segment is None or self._segment.capacity < n:
-            if not self._grow(n):
-                return False
-        seg = self._segment
-        assert seg is not None
+        if not self.stage(n):
+            return False
         flat = tensor.view(-1) if tensor.is_contiguous() else tensor.reshape(-1)
-        seg.slots[self.rank, :n].copy_(flat)
+        self.slot(n).copy_(flat)
+        total = self.reduce_slots(n)
+        if tensor.is_contiguous():
+            flat.copy_(total)
+        else:
+            tensor.copy_(total.view_as(tensor))
+        return True
+
+    # -- staged sums: the caller writes its input straight into its slot and reads the sum straight from the
+    # -- result area, which saves the two copies of all_reduce_sum (most of the cost for a few MB)
+    def stage(self, numel: int) -> bool:
+        """Collectively make room for sums of ``numel`` elements. False (on every rank) when shared memory is
+        unavailable; the reducer is then disabled."""
+        if self.disabled:
+            return False
+        if self._segment is None or self._segment.capacity < numel:
+            return self._grow(numel)
+        return True
+
+    def slot(self, numel: int) -> torch.Tensor:
+        """This rank's input slot (its first ``numel`` elements; :meth:`stage` first). Fetch it anew for every
+        sum: a later, larger sum replaces the segment."""
+        assert self._segment is not None and self._segment.capacity >= numel, "stage(numel) first"
+        return self._segment.slots[self.rank, :numel]
+
+    def reduce_slots(self, numel: int) -> torch.Tensor:
+        """Sum the first ``numel`` elements of every rank's slot: a barrier (all slots written), each rank sums
+        its chunk into the result area, a barrier (the result is complete). Returns the result: shared by all
+        ranks, read-only, valid until the next sum through this reducer."""
+        seg = self._segment
+        assert seg is not None and seg.capacity >= numel, "stage(numel) first"
         self._barrier()  # every input slot is written
-        lo, hi = self.rank * n // self.world_size, (self.rank + 1) * n // self.world_size
+        lo, hi = self.rank * numel // self.world_size, (self.rank + 1) * numel // self.world_size
         if hi > lo:
             torch.add(seg.slots[0, lo:hi], seg.slots[1, lo:hi], out=seg.out[lo:hi])
             for k in range(2, self.world_size):
                 seg.out[lo:hi].add_(seg.slots[k, lo:hi])
         self._barrier()  # every chunk of the result is written
-        if tensor.is_contiguous():
-            flat.copy_(seg.out[:n])
-        else:
-            tensor.copy_(seg.out[:n].view_as(tensor))
-        return True
+        return seg.out[:numel]
 
     def _grow(self, numel: int) -> bool:
         """Collectively replace the segment by one holding ``numel`` elements per slot."""
