@@ -78,6 +78,16 @@ def make_data(model: str, n: int) -> Any:
 FORMAT_ENV = "TORCHSPARK_BENCH_MEMORY_FORMAT"
 
 
+#: environment variable carrying ``--no-flush-denormal`` into every process ("0" = keep IEEE denormals)
+DENORMAL_ENV = "TORCHSPARK_BENCH_FLUSH_DENORMAL"
+
+
+def flush_denormal() -> bool:
+    """Whether every method flushes denormals to zero (default: yes, like torchspark's workers by default; a plain
+    loop that does not slows down 2x after a few epochs on this CPU, which would flatter every 2-worker method)."""
+    return os.environ.get(DENORMAL_ENV, "1") != "0"
+
+
 def memory_format(model: str) -> str:
     """LeNet's weight memory format for this run (the MLP has no convolutions: always contiguous)."""
     return os.environ.get(FORMAT_ENV, "contiguous") if model == "lenet" else "contiguous"
@@ -173,7 +183,8 @@ class SparkMethod(Method):
         from torchspark.spark import ParameterAveragingTrainingMaster, SharedTrainingMaster, SparkNetwork
 
         per_worker = args.batch // 2
-        common = dict(batch_size_per_worker=per_worker, num_workers=2, export_directory=self._export_dir())
+        common = dict(batch_size_per_worker=per_worker, num_workers=2, export_directory=self._export_dir(),
+                      flush_denormal=flush_denormal())
         if self.shared:
             master = SharedTrainingMaster(threshold_algorithm=AdaptiveThreshold(initial=SHARING_INITIAL_THRESHOLD),
                                           **common)
@@ -225,7 +236,7 @@ class ParallelWrapperMethod(Method):
 
         self.pw = ParallelWrapper(make_network(model), workers=2, training_mode=self.mode, averaging_frequency=5,
                                   threshold_algorithm=AdaptiveThreshold(initial=SHARING_INITIAL_THRESHOLD),
-                                  progress=False)
+                                  progress=False, flush_denormal=flush_denormal())
 
     def run(self, epochs: int) -> None:
         self.pw.fit(self.data, epochs=epochs, batch_size=self.args.batch // 2)
@@ -250,7 +261,7 @@ class PWShared(ParallelWrapperMethod):
 
 
 def _ddp_train(model: str, features: Any, labels: Any, batch_per_rank: int, epochs: int, lr: float,
-               seed: int) -> dict[str, Any]:
+               seed: int, flush: bool = True) -> dict[str, Any]:
     """The TorchDistributor training function (runs under torchrun; pickled by value, so imports are local)."""
     import time as _time
 
@@ -264,6 +275,7 @@ def _ddp_train(model: str, features: Any, labels: Any, batch_per_rank: int, epoc
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     _torch.set_num_threads(1)  # torchrun also sets OMP_NUM_THREADS=1; 2 ranks on 2 cores
+    _torch.set_flush_denormal(flush)  # before the first torch op: like every other method (see flush_denormal())
     _torch.manual_seed(seed)
     module = _models.mlp(784, 500, 10) if model == "mlp" else _models.lenet(1, 10, 28, 28)
     ddp = DistributedDataParallel(module)
@@ -320,6 +332,7 @@ class DDP(Method):
 def _independent_worker(model: str, n: int, rank: int, world: int, batch: int, epochs: int, done: Any) -> None:
     """One of ``world`` processes training its share alone: 1 thread, no communication at all."""
     torch.set_num_threads(1)
+    torch.set_flush_denormal(flush_denormal())
     data = make_data(model, n)
     per = n // world
     x, y = data.features[rank * per:(rank + 1) * per], data.labels[rank * per:(rank + 1) * per]
@@ -557,8 +570,14 @@ def main() -> None:
                         help="memory format of LeNet's convolution weights in EVERY method, plain baseline included "
                              "(channels_last: torchspark Network(memory_format='channels_last'), module.to(...) "
                              "elsewhere); results go to the section throughput_channels_last")
+    parser.add_argument("--no-flush-denormal", dest="flush_denormal", action="store_false", default=True,
+                        help="keep IEEE denormals in EVERY method (plain included; torchspark: flush_denormal=False); "
+                             "the default flushes them everywhere. For exploring with --no-write: the ratios then "
+                             "depend on how far each method's network has trained")
     args = parser.parse_args()
     os.environ[FORMAT_ENV] = args.memory_format
+    os.environ[DENORMAL_ENV] = "1" if args.flush_denormal else "0"
+    torch.set_flush_denormal(args.flush_denormal)  # before any torch op: the intra-op threads inherit it
     if args.memory_format == "channels_last" and args.models == "mlp,lenet":
         args.models = "lenet"  # the MLP has no convolution: its numbers would repeat the default run's
     args.epochs = args.epochs or (1 if args.quick else 2)
@@ -667,7 +686,14 @@ def report(results: dict[str, dict[str, Measurement]], methods: list[str], model
         f"`{k} x N / (min T({k + 1}) - min T(1))` over the best plain run. The end-to-end column is what a user sees for one call, overhead included (session start "
         "excluded). Spark paths use the default `rdd_training_approach=\"export\"`: batch files are written once "
         "(in the untimed warm-up call) and read by the workers every epoch. "
-        f"Sharing paths use `AdaptiveThreshold(initial={SHARING_INITIAL_THRESHOLD:g})`.\n",
+        f"Sharing paths use `AdaptiveThreshold(initial={SHARING_INITIAL_THRESHOLD:g})`. "
+        + ("Denormal floats are flushed to zero in every method (plain loop, DDP and independent processes: "
+           "`torch.set_flush_denormal(True)` before their first torch operation; torchspark: its default "
+           "`flush_denormal=True`): without it Adam's tiny second moments slow every step of any method down as "
+           "its network trains (2x on this CPU after a few epochs), which would make ratios depend on how long "
+           "each method's network had trained.\n" if args.flush_denormal else
+           "**Denormals kept (IEEE) in every method** (`--no-flush-denormal`): per-step cost grows as each "
+           "network trains, so ratios depend on training history.\n"),
         *body,
         "#### Targets\n",
         C.markdown_table(["target", "measured", "verdict"],

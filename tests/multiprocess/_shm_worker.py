@@ -33,7 +33,8 @@ def run_rank(rank: int, world: int, port: int, shared_memory: bool, shm_dir: str
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=datetime.timedelta(seconds=60))
     comm = TorchDistCommunicator(store, rank, world, "gloo", "cpu", 60.0, shared_memory=shared_memory)
-    report: dict[str, Any] = {"rank": rank, "shm": comm.uses_shared_memory, "ok": [], "digest": []}
+    report: dict[str, Any] = {"rank": rank, "shm": comm.uses_shared_memory, "ok": [], "digest": [],
+                              "fifo": comm._fifo is not None}
     cases: list[tuple[tuple[int, ...], bool]] = [((100_003,), False), ((400_001,), False), ((50,), False),
                                                  ((700, 300), True)]
     for seed, (shape, transposed) in enumerate(cases):

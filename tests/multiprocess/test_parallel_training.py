@@ -92,3 +92,16 @@ def test_batchnorm_statistics_reach_the_calling_process(mode: str) -> None:
         data, epochs=1, batch_size=8)
     assert torch.isfinite(net.buffers()).all() and not torch.allclose(net.buffers(), initial)
     assert int(net.module[1].num_batches_tracked) == 4  # worker 0's minibatches
+
+
+def test_workers_flush_denormals_unless_told_not_to() -> None:
+    from denormal_case import DENORMAL, denormal_net, watched, zero_feature_data
+
+    got = {}
+    for flush in (True, False):
+        net = denormal_net()
+        ParallelWrapper(net, workers=2, averaging_frequency=2, progress=False, flush_denormal=flush).fit(
+            zero_feature_data(64), epochs=1, batch_size=8)
+        got[flush] = watched(net)
+    assert got[True] == 0.0
+    assert got[False] == pytest.approx(DENORMAL, rel=1e-3)

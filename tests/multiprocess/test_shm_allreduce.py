@@ -42,6 +42,7 @@ def test_shared_memory_sums_are_exact_and_identical_on_every_rank(world: int) ->
     reports = _run(world)
     for r in reports:
         assert r["shm"] and r["shm_after"], "co-located ranks must use the shared-memory path"
+        assert r["fifo"], "and order it with the FIFO barrier"
         assert all(r["ok"]), r["ok"]  # grown segment, small (gloo) and non-contiguous tensors included
         assert r["segments_left"] == [], "segments are unlinked as soon as every rank has mapped them"
         # staged sums of >= MIN_NUMEL values use the shared segment; 100 values stay on gloo
@@ -52,7 +53,7 @@ def test_shared_memory_sums_are_exact_and_identical_on_every_rank(world: int) ->
 def test_without_dev_shm_every_rank_falls_back_to_gloo(tmp_path) -> None:
     reports = _run(2, shm_dir=str(tmp_path / "missing"))
     for r in reports:
-        assert not r["shm"]
+        assert not r["shm"] and not r["fifo"]
         assert all(r["ok"])
         assert all(r["staged_is_base"]), "without shared memory every staged sum is the portable one"
     assert reports[0]["digest"] == reports[1]["digest"]

@@ -114,3 +114,22 @@ def test_channels_last_network_trains_on_spark_like_contiguous(spark, sc) -> Non
     assert max(float((a - s).detach().abs().max()) for a, s in zip(results[0], start)) > 1e-3
     for a, b in zip(*results):
         torch.testing.assert_close(a, b, atol=2e-4, rtol=0)
+
+
+@pytest.mark.parametrize("via", ["torch", "spark"])
+def test_flush_denormal_reaches_the_spark_workers(spark, sc, via: str) -> None:
+    """A denormal weight without gradient is flushed to 0 by the workers by default, kept when switched off."""
+    from denormal_case import DENORMAL, denormal_net, watched, zero_feature_data
+
+    rdd = sc.parallelize(zero_feature_data(64).split(8), 2)
+    got = {}
+    for flush in (True, False):
+        net = denormal_net()
+        master = ParameterAveragingTrainingMaster(batch_size_per_worker=8, averaging_frequency=2, num_workers=2,
+                                                  averaging_via=via, flush_denormal=flush)
+        snet = SparkNetwork(spark, net, master, progress=False)
+        snet.fit(rdd)
+        snet.delete_temp_files()
+        got[flush] = watched(net)
+    assert got[True] == 0.0
+    assert got[False] == pytest.approx(DENORMAL, rel=1e-3)

@@ -191,6 +191,11 @@ class ParallelWrapper:
             (``spark.task.cpus=1``) to the last bit.
         rendezvous_timeout_s: limit for every rendezvous/collective wait; a stuck worker fails the fit after it.
         data_timeout_s: limit for waiting on one minibatch.
+        flush_denormal: flush denormal floats (below ~1.2e-38) to zero in the workers (default True): Adam's second
+            moments and tiny gradients drift there after some epochs and x86 CPUs compute on them many times
+            slower (measured: an MLP epoch 0.52 s -> 1.03 s after four epochs without it). False keeps IEEE
+            denormals. The calling process is not touched; a plain loop there can call
+            ``torch.set_flush_denormal(True)`` before its first torch operation.
     """
 
     network: Network
@@ -211,6 +216,7 @@ class ParallelWrapper:
     threads_per_worker: int | None = None
     rendezvous_timeout_s: float = 300.0
     data_timeout_s: float = 600.0
+    flush_denormal: bool = True
     #: timings of the last fit (None unless ``collect_training_stats``)
     training_stats: TrainingStats | None = field(default=None, init=False, repr=False)
     #: every worker's result of the last fit, by rank
@@ -237,7 +243,8 @@ class ParallelWrapper:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ConfigError(f"{name} must be a number of seconds > 0, got {value!r}")
-        for name in ("average_updaters", "overlap", "collect_training_stats", "report_score_after_averaging"):
+        for name in ("average_updaters", "overlap", "collect_training_stats", "report_score_after_averaging",
+                     "flush_denormal"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.progress not in (True, False, None):
@@ -307,7 +314,7 @@ class ParallelWrapper:
         with driver.phase("broadcast"):
             task = WorkerTask(mode=mode, settings=settings, blueprint=NetworkBlueprint.of(self.network).to_bytes(),
                               epochs=epochs, prefetch=self.prefetch_buffer, data_timeout_s=self.data_timeout_s,
-                              collect_stats=self.collect_training_stats)
+                              collect_stats=self.collect_training_stats, flush_denormal=self.flush_denormal)
         threads = self.threads_per_worker or max(1, (os.cpu_count() or 1) // len(self._devices))
         server = ProgressServer(host="127.0.0.1", listeners=self._listeners).start()
         bar = ProgressBar(desc=f"fit x{epochs}", enabled=self.progress)

@@ -63,6 +63,11 @@ class TrainingMaster:
             ``/dev/shm`` instead of loopback TCP (about 2x faster all-reduces); workers on several hosts always use
             gloo/nccl. Turn off only to rule it out when debugging.
         data_timeout_s: limit for waiting on one minibatch from storage.
+        flush_denormal: flush denormal floats (below ~1.2e-38) to zero on the workers' CPU threads (default
+            True). Adam's second moments and tiny gradients drift there after some epochs and x86 CPUs compute on
+            them many times slower (measured: an MLP epoch 0.52 s -> 1.03 s after four epochs without it). Values
+            that small do not change training in practice; False keeps IEEE denormals (bit-for-bit comparisons
+            with a process that does not flush).
     """
 
     kind: ClassVar[str] = ""
@@ -80,6 +85,7 @@ class TrainingMaster:
     data_timeout_s: float = 600.0
     rendezvous_via: str = "driver"
     shared_memory_allreduce: bool = True
+    flush_denormal: bool = True
 
     def __post_init__(self) -> None:
         name = type(self).__name__
@@ -91,9 +97,9 @@ class TrainingMaster:
         _choice(name, "repartition_strategy", self.repartition_strategy, STRATEGIES)
         _choice(name, "rdd_training_approach", self.rdd_training_approach, APPROACHES)
         _choice(name, "rendezvous_via", self.rendezvous_via, RENDEZVOUS_ROUTES)
-        if not isinstance(self.shared_memory_allreduce, bool):
-            raise ConfigError(f"{name}: shared_memory_allreduce must be True or False, got "
-                              f"{self.shared_memory_allreduce!r}")
+        for flag in ("shared_memory_allreduce", "flush_denormal"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ConfigError(f"{name}: {flag} must be True or False, got {getattr(self, flag)!r}")
         if self.rng_seed is not None:
             _positive_int(name, "rng_seed", self.rng_seed, 0)
         for knob in ("rendezvous_timeout_s", "data_timeout_s"):

@@ -268,6 +268,7 @@ class SparkNetwork(InferenceMethods):
                 prefetch=master.worker_prefetch_num_batches,
                 data_timeout_s=master.data_timeout_s,
                 collect_stats=self._collect_stats,
+                flush_denormal=master.flush_denormal,
             )
             task_bc = self.sc.broadcast(task)
         host = self.sc.getConf().get("spark.driver.host", "127.0.0.1")

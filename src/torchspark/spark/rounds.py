@@ -48,7 +48,7 @@ from torchspark.spark.barrier import run_in_job_group, worker_traceback
 from torchspark.spark.data import storage_level_by_name
 from torchspark.spark.masters import ParameterAveragingTrainingMaster
 from torchspark.stats import StatsCollector, TrainingStats
-from torchspark.training.devices import device_for_task, gpu_addresses
+from torchspark.training.devices import device_for_task, flush_denormals, gpu_addresses
 from torchspark.training.hooks import PhaseRecorder, ProgressUpdate
 from torchspark.training.prefetch import prefetch
 from torchspark.training.progress import ProgressBar
@@ -77,6 +77,7 @@ class FitSpec:
         prefetch: minibatches loaded ahead on a background thread (0 = none).
         data_timeout_s: how long to wait for one minibatch before failing.
         collect_stats: record the workers' phases.
+        flush_denormal: flush denormal floats to zero while the partition trains (the master's option).
     """
 
     fit_id: str
@@ -86,6 +87,7 @@ class FitSpec:
     prefetch: int = 0
     data_timeout_s: float = 600.0
     collect_stats: bool = False
+    flush_denormal: bool = True
 
 
 @dataclass(frozen=True)
@@ -183,6 +185,19 @@ def fit_round_partition(spec_bc: Any, round_bc: Any, index: int, items: Iterable
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
     recorder = StatsCollector(worker_id(index), enabled=spec.collect_stats)
+    if spec.flush_denormal:  # before any torch work of this task (threads inherit the mode); back off at the end
+        flush_denormals(True)
+    try:
+        record = _fit_round(spec, rnd, index, chunk, device, recorder)
+    finally:
+        if spec.flush_denormal:
+            flush_denormals(False)
+    yield record
+
+
+def _fit_round(spec: FitSpec, rnd: RoundInput, index: int, chunk: list[Any], device: str,
+               recorder: StatsCollector) -> RoundRecord:
+    """Step 4 of the module docstring on this partition: set the round's state, fit ``chunk``, weigh the result."""
     net = _network_for(spec, device, recorder)
     net.set_params(rnd.params)
     if rnd.int_buffers:
@@ -203,8 +218,8 @@ def fit_round_partition(spec_bc: Any, round_bc: Any, index: int, items: Iterable
     done.stats = recorder.drain() if spec.collect_stats else None
     int_buffers = ({k: v for k, v in net.buffer_state().items() if not v.is_floating_point()} if index == 0
                    else None)
-    yield RoundRecord(weighted=torch.cat(parts).cpu(), examples=done.examples, score_sum=done.score * w,
-                      workers={index: done}, int_buffers=int_buffers)
+    return RoundRecord(weighted=torch.cat(parts).cpu(), examples=done.examples, score_sum=done.score * w,
+                       workers={index: done}, int_buffers=int_buffers)
 
 
 def _network_for(spec: FitSpec, device: str, recorder: PhaseRecorder) -> Network:
@@ -298,7 +313,7 @@ def train_in_rounds(
                 fit_id=uuid.uuid4().hex, blueprint=NetworkBlueprint.of(network).to_bytes(),
                 averaging_frequency=master.averaging_frequency, save_updater=master.save_updater,
                 prefetch=master.worker_prefetch_num_batches, data_timeout_s=master.data_timeout_s,
-                collect_stats=collect_stats))
+                collect_stats=collect_stats, flush_denormal=master.flush_denormal))
         for epoch in range(epochs):
             tally.start_epoch()
             for r in range(rounds):

@@ -16,6 +16,8 @@ import torch
 import torch.distributed as dist
 
 from torchspark.errors import SetupError, WaitTimeout
+from torchspark.training.fifo_barrier import FifoBarrier
+from torchspark.training import shm as _shm
 from torchspark.training.shm import MIN_NUMEL, SharedMemoryReducer
 
 __all__ = ["Communicator", "SoloCommunicator", "ThreadGroup", "ThreadCommunicator", "TorchDistCommunicator",
@@ -203,8 +205,13 @@ class TorchDistCommunicator:
         )
         self._open = True
         self._shm: SharedMemoryReducer | None = None
+        self._fifo: FifoBarrier | None = None
         if shared_memory and backend == "gloo" and world_size > 1:
             self._shm = SharedMemoryReducer.for_host(store, rank, world_size, self._barrier, self._all_agree)
+            if self._shm is not None:  # same host: its barriers go through FIFOs when they can (else gloo)
+                self._fifo = FifoBarrier.create(store, rank, world_size, self._all_agree, timeout_s, _shm.SHM_DIR)
+                if self._fifo is not None:
+                    self._shm.set_barrier(self._fifo.wait)
 
     @property
     def uses_shared_memory(self) -> bool:
@@ -269,6 +276,9 @@ class TorchDistCommunicator:
         if self._shm is not None:
             self._shm.close()
             self._shm = None
+        if self._fifo is not None:
+            self._fifo.close()
+            self._fifo = None
         if self._open and dist.is_initialized():
             try:
                 dist.destroy_process_group()

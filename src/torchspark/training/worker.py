@@ -18,6 +18,7 @@ from torchspark.data import Batch, DataSet, MultiDataSet, dataset_from_bytes, lo
 from torchspark.nn import Network, NetworkBlueprint
 from torchspark.training.algorithms import ALGORITHMS
 from torchspark.training.comm import Communicator
+from torchspark.training.devices import flush_denormals
 from torchspark.training.hooks import WorkerHooks
 from torchspark.training.prefetch import prefetch
 
@@ -39,6 +40,9 @@ class WorkerTask:
         data_timeout_s: how long to wait for one minibatch before failing.
         num_threads: torch intra-op threads (the cores the task owns); None leaves torch's default.
         collect_stats: record phases for the training stats.
+        flush_denormal: flush denormal floats to zero on the worker's CPU threads (see
+            :data:`~torchspark.training.devices.FLUSH_DENORMAL_DOC`); restored to IEEE mode for the calling thread
+            when the worker returns.
     """
 
     mode: str
@@ -49,6 +53,7 @@ class WorkerTask:
     data_timeout_s: float = 600.0
     num_threads: int | None = None
     collect_stats: bool = False
+    flush_denormal: bool = True
 
 
 @dataclass
@@ -133,6 +138,17 @@ def run_worker(
     hooks = hooks or WorkerHooks()
     if task.num_threads:
         torch.set_num_threads(max(1, int(task.num_threads)))
+    if task.flush_denormal:  # before the network is built: torch's CPU threads inherit the mode when created
+        flush_denormals(True)
+    try:
+        return _train(task, source, comm, device, hooks, network_factory)
+    finally:
+        if task.flush_denormal:
+            flush_denormals(False)
+
+
+def _train(task: WorkerTask, source: EpochSource, comm: Communicator, device: str, hooks: WorkerHooks,
+           network_factory: Callable[[WorkerTask, str], Network] | None) -> WorkerResult:
     with hooks.recorder.phase("network_init"):
         net = (network_factory or _build_network)(task, device)
     algorithm = ALGORITHMS[task.mode].from_settings(task.settings)
