@@ -128,10 +128,14 @@ def test_ctrl_c_cancels_the_round_job(spark, sc) -> None:
     def never_ending_job() -> list[int]:
         return sc.parallelize(range(2), 2).map(sleep_until_cancelled).collect()
 
+    job_ids: list[int] = []
+
     def press_ctrl_c_once_running() -> None:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            if sc.statusTracker().getActiveJobsIds():
+            active = sc.statusTracker().getActiveJobsIds()
+            if active:
+                job_ids.extend(active)
                 _thread.interrupt_main()
                 return
             time.sleep(0.05)
@@ -143,6 +147,8 @@ def test_ctrl_c_cancels_the_round_job(spark, sc) -> None:
     while sc.statusTracker().getActiveJobsIds() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not sc.statusTracker().getActiveJobsIds(), "the round's job kept running after Ctrl-C"
+    info = sc.statusTracker().getJobInfo(job_ids[0])
+    assert info is not None and info.status == "FAILED", "the job must be cancelled, not run to completion"
     assert sc.parallelize(range(4), 2).sum() == 6
 
 

@@ -198,7 +198,8 @@ def _task_error(error: BaseException, description: str) -> TorchSparkError:
 
 
 def run_job(sc: Any, description: str, job: Callable[[], _T]) -> _T:
-    """Run a Spark action; a failed task raises our error class (DataError, ...) with the executor traceback.
+    """Run a Spark action under its own job group: Ctrl-C (or any error) on the caller cancels it; a failed task
+    raises our error class (DataError, ...) with the executor traceback.
 
     Raises:
         TorchSparkError: the error an executor raised (same class when it was one of ours, else WorkerError).
@@ -206,13 +207,12 @@ def run_job(sc: Any, description: str, job: Callable[[], _T]) -> _T:
     from py4j.protocol import Py4JJavaError
     from pyspark.errors import PySparkException
 
-    sc.setJobDescription(description)
+    from torchspark.spark.barrier import run_in_job_group
+
     try:
-        return job()
+        return run_in_job_group(sc, description, job, "torchspark-eval-job")
     except (PySparkException, Py4JJavaError) as e:
         raise _task_error(e, description) from None
-    finally:
-        sc.setJobDescription(None)
 
 
 # ------------------------------------------------------------------ data sources
