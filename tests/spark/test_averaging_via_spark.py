@@ -119,37 +119,10 @@ def test_worker_error_fails_the_fit_with_the_workers_message(spark, sc) -> None:
 
 
 def test_ctrl_c_cancels_the_round_job(spark, sc) -> None:
-    import _thread
+    from ctrl_c import assert_ctrl_c_cancels, never_ending_job
 
-    def sleep_until_cancelled(x: int) -> int:  # local, so Spark pickles it by value (tests are not importable)
-        time.sleep(120)  # stands in for a long round; the test cancels it long before
-        return x
-
-    def never_ending_job() -> list[int]:
-        return sc.parallelize(range(2), 2).map(sleep_until_cancelled).collect()
-
-    job_ids: list[int] = []
-
-    def press_ctrl_c_once_running() -> None:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            active = sc.statusTracker().getActiveJobsIds()
-            if active:
-                job_ids.extend(active)
-                _thread.interrupt_main()
-                return
-            time.sleep(0.05)
-
-    threading.Thread(target=press_ctrl_c_once_running, daemon=True).start()
-    with pytest.raises(KeyboardInterrupt):
-        run_job(sc, "test: a round that only ends when cancelled", never_ending_job)
-    deadline = time.monotonic() + 60
-    while sc.statusTracker().getActiveJobsIds() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not sc.statusTracker().getActiveJobsIds(), "the round's job kept running after Ctrl-C"
-    info = sc.statusTracker().getJobInfo(job_ids[0])
-    assert info is not None and info.status == "FAILED", "the job must be cancelled, not run to completion"
-    assert sc.parallelize(range(4), 2).sum() == 6
+    job = never_ending_job(sc)  # stands in for a long round; the test cancels it long before
+    assert_ctrl_c_cancels(sc, lambda: run_job(sc, "test: a round that only ends when cancelled", job), "round")
 
 
 # ------------------------------------------------------------------ aggregation

@@ -299,32 +299,8 @@ def test_spark_network_methods_equal_local_results(spark, net, data, rdd) -> Non
 
 def test_ctrl_c_cancels_an_evaluation_job(sc) -> None:
     """Evaluation and inference jobs run in their own job group: Ctrl-C cancels the Spark job, not only Python."""
-    import _thread
+    from ctrl_c import assert_ctrl_c_cancels, never_ending_job
 
-    def sleep_until_cancelled(x: int) -> int:  # local, so Spark pickles it by value
-        time.sleep(120)
-        return x
-
-    job_ids: list[int] = []
-
-    def press_ctrl_c_once_running() -> None:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            active = sc.statusTracker().getActiveJobsIds()
-            if active:
-                job_ids.extend(active)
-                _thread.interrupt_main()
-                return
-            time.sleep(0.05)
-
-    threading.Thread(target=press_ctrl_c_once_running, daemon=True).start()
-    with pytest.raises(KeyboardInterrupt):
-        spark_eval.run_job(sc, "test: an evaluation that only ends when cancelled",
-                           lambda: sc.parallelize(range(2), 2).map(sleep_until_cancelled).collect())
-    deadline = time.monotonic() + 60
-    while sc.statusTracker().getActiveJobsIds() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not sc.statusTracker().getActiveJobsIds(), "the evaluation job kept running after Ctrl-C"
-    info = sc.statusTracker().getJobInfo(job_ids[0])
-    assert info is not None and info.status == "FAILED", "the job must be cancelled, not run to completion"
-    assert sc.parallelize(range(4), 2).sum() == 6
+    job = never_ending_job(sc)
+    assert_ctrl_c_cancels(sc, lambda: spark_eval.run_job(sc, "test: an evaluation that only ends when cancelled", job),
+                          "evaluation")
