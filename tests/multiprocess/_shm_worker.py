@@ -62,6 +62,21 @@ def run_rank(rank: int, world: int, port: int, shared_memory: bool, shm_dir: str
             big = _values((1_500_000,), rank, 99)
             comm.all_reduce_sum(big)  # grows the segment past the staged sum's
             report["ok"].append(bool(torch.allclose(big, _expected((1_500_000,), world, 99), atol=1e-5)))
+    # byte gathers: varying lengths, an empty payload, one rank's payload far larger than the slots (every rank
+    # grows the segment), and a float sum in between
+    report["gather_ok"] = []
+    for seed, sizes in enumerate(([10, 3000, 0], [8_000_000, 7, 1], [0, 0, 0], [64, 2_000_000, 65])):
+        payloads = [bytes([(r * 31 + seed + i) % 256 for i in range(min(n, 256))]) * (n // 256 + 1)
+                    for r, n in enumerate(sizes[:world])]
+        payloads = [p_[:n] for p_, n in zip(payloads, sizes[:world])]
+        got = comm.all_gather_bytes(payloads[rank])
+        report["gather_ok"].append(got == payloads)
+        if seed == 1:
+            t = _values((300_000,), rank, 77)
+            comm.all_reduce_sum(t)
+            report["gather_ok"].append(bool(torch.allclose(t, _expected((300_000,), world, 77), atol=1e-5)))
+    seg = comm._shm._segment if comm._shm is not None else None
+    report["slot_bytes"] = seg.capacity * 4 if seg is not None else 0
     report["staged_is_base"] = [k == StagedSum.__name__ for k in report["staged_kind"]]
     report["segments_left"] = glob.glob(os.path.join(shm.SHM_DIR, f"torchspark-{os.getpid()}-*"))
     report["shm_after"] = comm.uses_shared_memory

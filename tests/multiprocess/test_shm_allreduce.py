@@ -44,6 +44,8 @@ def test_shared_memory_sums_are_exact_and_identical_on_every_rank(world: int) ->
         assert r["shm"] and r["shm_after"], "co-located ranks must use the shared-memory path"
         assert r["fifo"], "and order it with the FIFO barrier"
         assert all(r["ok"]), r["ok"]  # grown segment, small (gloo) and non-contiguous tensors included
+        assert all(r["gather_ok"]), r["gather_ok"]  # byte gathers through the segment, growth included
+        assert r["slot_bytes"] >= 8 + 8_000_000, "the 8 MB payload grew the segment (larger than any sum before)"
         assert r["segments_left"] == [], "segments are unlinked as soon as every rank has mapped them"
         # staged sums of >= MIN_NUMEL values use the shared segment; 100 values stay on gloo
         assert r["staged_is_base"] == [False, False, False, True], r["staged_kind"]
@@ -56,10 +58,11 @@ def test_without_dev_shm_every_rank_falls_back_to_gloo(tmp_path) -> None:
         assert not r["shm"] and not r["fifo"]
         assert all(r["ok"])
         assert all(r["staged_is_base"]), "without shared memory every staged sum is the portable one"
+        assert all(r["gather_ok"]), "byte gathers fall back to gloo"
     assert reports[0]["digest"] == reports[1]["digest"]
 
 
 def test_switched_off_uses_gloo() -> None:
     reports = _run(2, shared_memory=False)
     assert [r["shm"] for r in reports] == [False, False]
-    assert all(all(r["ok"]) and all(r["staged_is_base"]) for r in reports)
+    assert all(all(r["ok"]) and all(r["staged_is_base"]) and all(r["gather_ok"]) for r in reports)

@@ -7,6 +7,11 @@ keeps the process group's timeout; FIFOs replace them when they can, :mod:`~torc
 On 2 cores this sums 5 MB in about 2 ms instead of gloo's 4-5 ms over
 loopback TCP, which is most of the averaging cost of small models.
 
+Byte gathers (gradient sharing's per-step messages, :meth:`SharedMemoryReducer.all_gather_bytes`) use the same
+slots: each rank writes ``[length][payload]`` into its slot, and every rank reads every slot between two barriers
+(about 0.1 ms for a few KB instead of two gloo all-gathers; MLP gradient sharing went from 0.29x to 0.46x of the
+plain loop).
+
 Every element is summed by exactly one rank, in rank order, and every rank copies the same result: results are
 bit-identical across ranks, as the :class:`~torchspark.training.comm.Communicator` contract requires.
 
@@ -24,12 +29,13 @@ import logging
 import mmap
 import os
 import socket
+import struct
 import uuid
 from typing import Any, Callable
 
 import torch
 
-__all__ = ["SharedMemoryReducer", "SHM_DIR", "MIN_NUMEL", "host_id"]
+__all__ = ["SharedMemoryReducer", "SHM_DIR", "MIN_NUMEL", "GATHER_MIN_BYTES", "host_id"]
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +43,10 @@ log = logging.getLogger(__name__)
 SHM_DIR = "/dev/shm"
 #: tensors smaller than this (in elements) go through gloo: two barriers cost more than sending them
 MIN_NUMEL = 32_768
+#: the smallest segment slot (bytes) set up for byte gathers: room for most sparse gradient-sharing messages
+GATHER_MIN_BYTES = 1 << 20
 _KEY = "torchspark/shm"
+_LEN = struct.Struct("<q")
 
 
 def host_id() -> str:
@@ -59,9 +68,25 @@ class _Segment:
         whole = torch.frombuffer(mm, dtype=torch.float32, count=(world + 1) * capacity)
         self.slots = whole[: world * capacity].view(world, capacity)
         self.out = whole[world * capacity :]
+        self.raw = memoryview(mm)  # the slots as bytes, for gathers
+
+    def write_message(self, rank: int, payload: bytes, with_body: bool) -> None:
+        """Slot ``rank`` := ``[len(payload)][payload]`` (the body only when ``with_body``)."""
+        base = rank * self.capacity * 4
+        _LEN.pack_into(self.raw, base, len(payload))
+        if with_body:
+            self.raw[base + _LEN.size : base + _LEN.size + len(payload)] = payload
+
+    def message_length(self, rank: int) -> int:
+        return int(_LEN.unpack_from(self.raw, rank * self.capacity * 4)[0])
+
+    def read_message(self, rank: int, length: int) -> bytes:
+        base = rank * self.capacity * 4 + _LEN.size
+        return self.raw[base : base + length].tobytes()
 
     def close(self) -> None:
         del self.slots, self.out
+        self.raw.release()
         try:
             self.mm.close()
         except BufferError:  # a caller still holds a view; the mapping goes away with the process
@@ -158,6 +183,32 @@ class SharedMemoryReducer:
                 seg.out[lo:hi].add_(seg.slots[k, lo:hi])
         self._barrier()  # every chunk of the result is written
         return seg.out[:numel]
+
+    # -- byte gathers (gradient sharing's per-step messages): length-prefixed payloads in the slots
+    def all_gather_bytes(self, payload: bytes) -> list[bytes] | None:
+        """Every rank's ``payload`` (lengths may differ), indexed by rank, through the segment: the payload goes
+        into this rank's slot after its length, a barrier, every rank reads every slot, a barrier (nobody writes
+        the next message before all have read). A payload larger than the slots makes every rank grow the segment
+        (they all see the lengths) and write again. None (on every rank) when the segment cannot be set up."""
+        if not self.stage(GATHER_MIN_BYTES // 4):  # the same size on every rank: growing is collective
+            return None
+        seg = self._segment
+        assert seg is not None
+        seg.write_message(self.rank, payload, with_body=_LEN.size + len(payload) <= seg.capacity * 4)
+        self._barrier()  # every length (and every payload that fits) is written
+        lengths = [seg.message_length(r) for r in range(self.world_size)]
+        need = _LEN.size + max(lengths)
+        if need > seg.capacity * 4:  # somebody's payload did not fit: all ranks know it and grow together
+            self._barrier()  # every rank has read the lengths before the segment is replaced
+            if not self.stage(need // 4 + 1):
+                return None
+            seg = self._segment
+            assert seg is not None
+            seg.write_message(self.rank, payload, with_body=True)
+            self._barrier()
+        out = [seg.read_message(r, n) for r, n in enumerate(lengths)]
+        self._barrier()  # every rank has read every slot
+        return out
 
     def _grow(self, numel: int) -> bool:
         """Collectively replace the segment by one holding ``numel`` elements per slot."""
