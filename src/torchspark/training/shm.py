@@ -9,7 +9,7 @@ loopback TCP, which is most of the averaging cost of small models.
 
 Byte gathers (gradient sharing's per-step messages, :meth:`SharedMemoryReducer.all_gather_bytes`) use the same
 slots: each rank writes ``[length][payload]`` into its slot, and every rank reads every slot between two barriers
-(about 0.1 ms for a few KB instead of two gloo all-gathers; MLP gradient sharing went from 0.29x to 0.46x of the
+(about 0.1 ms for a few KB instead of two gloo all-gathers; MLP gradient sharing went from ~0.27x to ~0.4x of the
 plain loop).
 
 Every element is summed by exactly one rank, in rank order, and every rank copies the same result: results are
