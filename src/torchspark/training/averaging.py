@@ -118,18 +118,18 @@ class RoundBuffer:
     Args:
         net: the worker's network.
         save_updater: whether the updater state is part of the sum.
-        comm: the communicator; None gives a private buffer (pack/unpack only, e.g. for tests).
+        comm: the communicator (its fastest :func:`~torchspark.training.comm.staged_sum`; building one is
+            collective).
     """
 
-    def __init__(self, net: Network, save_updater: bool, comm: Communicator | None = None) -> None:
+    def __init__(self, net: Network, save_updater: bool, comm: Communicator) -> None:
         self.net = net
         self.save_updater = save_updater
         self.n_params = net.num_params()
         n_state = net.updater_state_size() if save_updater else 0
         n_buffers = net.buffer_size()
         numel = self.n_params + n_state + n_buffers + 3
-        self._sum: StagedSum | None = staged_sum(comm, numel, net.device) if comm is not None else None
-        self._own = torch.empty(numel, dtype=torch.float32, device=net.device) if comm is None else None
+        self._sum: StagedSum = staged_sum(comm, numel, net.device)
 
     def _live(self) -> list[torch.Tensor]:
         """The tensors after the parameters, in buffer order."""
@@ -138,8 +138,7 @@ class RoundBuffer:
 
     def pack(self, w: float, score_w: float, active: float) -> torch.Tensor:
         """Write ``[params * w | ... | w, score_w, active]`` into the sum's input; returns it."""
-        buf = self._sum.buffer() if self._sum is not None else self._own
-        assert buf is not None
+        buf = self._sum.buffer()
         n = self.n_params
         params = self.net.params_view()
         torch.mul(params.to(torch.float32), w, out=buf[:n])
@@ -154,8 +153,6 @@ class RoundBuffer:
     def reduce(self) -> torch.Tensor:
         """Sum the packed buffers over workers (collective); the result is read-only and valid until the next
         collective."""
-        if self._sum is None:
-            raise RuntimeError("RoundBuffer was built without a communicator")
         return self._sum.reduce()
 
     def unpack(self, buf: torch.Tensor, total_w: float) -> None:

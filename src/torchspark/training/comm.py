@@ -248,7 +248,7 @@ class TorchDistCommunicator:
         return tensor
 
     def all_gather_bytes(self, payload: bytes) -> list[bytes]:
-        if self._shm is not None and not self._shm.disabled:
+        if self._shm is not None:  # None back (on every rank) when shared memory is unavailable
             gathered = self._shm.all_gather_bytes(payload)
             if gathered is not None:
                 return gathered

@@ -13,14 +13,6 @@ from torchspark.errors import SetupError
 
 __all__ = ["device_for_task", "backend_for_device", "gpu_addresses", "flush_denormals"]
 
-#: what :func:`flush_denormals` documents and the masters' ``flush_denormal`` option refers to
-FLUSH_DENORMAL_DOC = (
-    "flush denormal floats (below ~1.2e-38) to zero on the worker's CPU threads. Adam's second moments, tiny "
-    "gradients and unused weights drift into that range after some epochs, and x86 CPUs compute on denormals "
-    "up to 100x slower per operation: measured here, an MLP epoch slowed from 0.52 s to 1.03 s over four epochs "
-    "without it and stayed at 0.52 s with it. The flushed values are below float32's normal range, so training "
-    "results do not change in practice (TensorFlow flushes by default on CPU). False keeps IEEE denormals.")
-
 
 def device_for_task(
     gpu_addresses: Sequence[str] | None,

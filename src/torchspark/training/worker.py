@@ -40,9 +40,9 @@ class WorkerTask:
         data_timeout_s: how long to wait for one minibatch before failing.
         num_threads: torch intra-op threads (the cores the task owns); None leaves torch's default.
         collect_stats: record phases for the training stats.
-        flush_denormal: flush denormal floats to zero on the worker's CPU threads (see
-            :data:`~torchspark.training.devices.FLUSH_DENORMAL_DOC`); restored to IEEE mode for the calling thread
-            when the worker returns.
+        flush_denormal: flush denormal floats to zero on the worker's CPU threads (why: the ``flush_denormal``
+            option of :class:`~torchspark.spark.TrainingMaster`); restored to IEEE mode for the calling thread when
+            the worker returns.
     """
 
     mode: str
@@ -102,7 +102,7 @@ class ItemSource:
     def __init__(self, items: Iterable[Any]) -> None:
         self._items: Iterator[Any] | None = None
         self._cache: list[Any] = []
-        if isinstance(items, (list, tuple)) and all(isinstance(i, (DataSet, MultiDataSet)) for i in items):
+        if _ready(items):
             self._cache = list(items)
         else:
             self._items = iter(items)
