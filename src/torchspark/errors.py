@@ -15,6 +15,7 @@ __all__ = [
     "SetupError",
     "WorkerError",
     "WaitTimeout",
+    "PeerLost",
 ]
 
 
@@ -52,3 +53,10 @@ class WorkerError(TrainingError):
 
 class WaitTimeout(TorchSparkError, TimeoutError):
     """A blocking wait ran out of time; the message names the knob that sets the timeout."""
+
+
+class PeerLost(WaitTimeout):
+    """A peer worker exited or failed while this one waited for it: a symptom of the peer's failure, not a cause.
+
+    Runners recognise it by name in a worker's traceback and show the failing peer's own error instead.
+    """

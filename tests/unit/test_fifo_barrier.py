@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 import pytest
 
-from torchspark.errors import WaitTimeout
+from torchspark.errors import PeerLost, WaitTimeout
 from torchspark.training.fifo_barrier import FifoBarrier
 
 
@@ -107,7 +107,7 @@ def test_a_peer_that_exits_fails_the_wait_at_once(tmp_path) -> None:
     barriers = _create_all(2, str(tmp_path), timeout_s=60)
     assert barriers[0] is not None and barriers[1] is not None
     barriers[1].close()  # the peer's process is gone: its write end closes
-    with pytest.raises(WaitTimeout, match="left the shared-memory barrier"):
+    with pytest.raises(PeerLost, match="left the shared-memory barrier"):  # a symptom: runners look for the cause
         barriers[0].wait()
     barriers[0].close()
 

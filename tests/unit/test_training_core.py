@@ -153,6 +153,21 @@ def test_root_cause_prefers_the_failing_worker_over_peers_that_lost_it() -> None
     assert root_cause([]) is None
 
 
+@pytest.mark.parametrize("symptom", [
+    "torchspark.errors.PeerLost: every peer worker left the shared-memory barrier (exited or failed)",
+    "torchspark.errors.PeerLost: a peer worker left the shared-memory barrier ([Errno 32] Broken pipe); it has failed",
+    "torchspark.errors.WaitTimeout: a peer worker did not reach the shared-memory barrier within "
+    "rendezvous_timeout_s=60; it is stuck or gone",
+])
+def test_a_peer_leaving_the_shared_memory_barrier_is_a_symptom(symptom: str) -> None:
+    from torchspark.training.runner import is_peer_failure, root_cause
+
+    peer = f"Traceback (most recent call last):\n  ...\n{symptom}"
+    cause = "Traceback (most recent call last):\n  ...\ntorchspark.errors.DataError: NaN at example 4"
+    assert is_peer_failure(peer)
+    assert root_cause([(0, peer), (1, cause)]) == (1, cause)
+
+
 def test_item_source_decodes_serialized_batches_once_and_replays_them() -> None:
     from torchspark.data import dataset_to_bytes
 

@@ -23,7 +23,7 @@ import select
 import uuid
 from typing import Any, Callable
 
-from torchspark.errors import WaitTimeout
+from torchspark.errors import PeerLost, WaitTimeout
 
 __all__ = ["FifoBarrier"]
 
@@ -84,7 +84,7 @@ class FifoBarrier:
             try:
                 os.write(fd, b"\x01")
             except OSError as e:
-                raise WaitTimeout(f"a peer worker left the shared-memory barrier ({e}); it has failed or exited") \
+                raise PeerLost(f"a peer worker left the shared-memory barrier ({e}); it has failed or exited") \
                     from e
         need = self.world_size - 1
         while need:
@@ -97,7 +97,7 @@ class FifoBarrier:
             except BlockingIOError:  # woken without data (spurious): poll again
                 continue
             if not got:  # end of file: no peer holds a write end any more
-                raise WaitTimeout("every peer worker left the shared-memory barrier (exited or failed)")
+                raise PeerLost("every peer worker left the shared-memory barrier (exited or failed)")
             need -= len(got)
 
     def close(self) -> None:

@@ -23,7 +23,7 @@ __all__ = ["Runner", "InProcessRunner", "traceback_tail", "is_peer_failure", "ro
 _PEER_FAILURE = re.compile(
     r"Connection reset by peer|Connection closed by peer|Broken pipe|BrokenBarrier|transport/tcp|"
     r"NCCL (?:error|communicator was aborted)|ProcessGroup.*abort|peer (?:left|failed|aborted)|"
-    r"rendezvous_timeout_s|barrier\(\) timed out|TaskKilled|was killed|cancelled|aborted",
+    r"rendezvous_timeout_s|barrier\(\) timed out|TaskKilled|was killed|cancelled|aborted|PeerLost",
     re.I,
 )
 
