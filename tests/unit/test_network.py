@@ -30,6 +30,14 @@ UPDATERS = [
     optim.AdamW(lr=1e-2),
     optim.RMSprop(lr=1e-3),
     optim.AdaGrad(lr=0.05),
+    optim.Adam(lr=1e-2, fused=False),
+]
+
+FUSABLE = [
+    (optim.SGD(lr=0.05, momentum=0.9), torch.optim.SGD, dict(lr=0.05, momentum=0.9)),
+    (optim.Adam(lr=1e-2), torch.optim.Adam, dict(lr=1e-2)),
+    (optim.AdamW(lr=1e-2), torch.optim.AdamW, dict(lr=1e-2, weight_decay=0.0)),  # the network's decay: 0
+    (optim.AdaGrad(lr=0.05), torch.optim.Adagrad, dict(lr=0.05)),
 ]
 
 
@@ -268,3 +276,41 @@ def test_empty_data_and_bad_batch_size() -> None:
 def test_updater_spec_json_round_trip() -> None:
     for spec in UPDATERS:
         assert optim.updater_from_dict(spec.to_dict()) == spec
+    assert optim.updater_from_dict({"type": "adam", "lr": 0.1}).fused is None  # configs saved before the option
+
+
+def _train_module(make_opt, steps: int = 12) -> torch.Tensor:
+    """Parameters of a small MLP after ``steps`` minibatches with the optimizer ``make_opt(params)`` builds."""
+    torch.manual_seed(0)
+    module = models.mlp(64, 16, 10)
+    opt = make_opt(list(module.parameters()))
+    data = _data(16 * steps)
+    for batch in data.split(16):
+        opt.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(module(batch.features.reshape(16, 64)), batch.labels).backward()
+        opt.step()
+    return torch.cat([p.detach().reshape(-1) for p in module.parameters()])
+
+
+@pytest.mark.parametrize("spec,torch_cls,kwargs", FUSABLE, ids=lambda v: getattr(v, "__name__", repr(v)))
+def test_fused_kernels_by_default_and_equal_to_the_unfused_loop(spec, torch_cls, kwargs) -> None:
+    from dataclasses import replace
+
+    opt = spec.build([torch.nn.Parameter(torch.zeros(3))])
+    assert opt.defaults["fused"] is True, "CPU parameters get PyTorch's fused kernel by default"
+    reference = _train_module(lambda ps: torch_cls(ps, **kwargs))  # torch's default (for-loop) implementation
+    fused = _train_module(spec.build)
+    unfused = _train_module(replace(spec, fused=False).build)
+    assert torch.equal(unfused, reference), "fused=False is the default torch optimizer, bit for bit"
+    torch.testing.assert_close(fused, reference, rtol=1e-5, atol=1e-6)
+
+
+def test_fused_is_skipped_where_torch_has_no_kernel_and_validated() -> None:
+    from torchspark.optim import _use_fused
+
+    assert _use_fused(None, [torch.nn.Parameter(torch.zeros(2))]) is True
+    assert _use_fused(None, [torch.nn.Parameter(torch.zeros(2, device="meta"))]) is False  # no fused kernel on meta
+    assert _use_fused(False, [torch.nn.Parameter(torch.zeros(2))]) is False
+    assert optim.RMSprop().build([torch.nn.Parameter(torch.zeros(2))]) is not None  # RMSprop has no fused option
+    with pytest.raises(ConfigError, match="fused must be None"):
+        optim.Adam(fused="yes")  # type: ignore[arg-type]
