@@ -12,7 +12,7 @@ Same model, same data, same global batch size (``--batch``, default 64), same nu
 - ``spark_shared``: ``SparkNetwork`` + ``SharedTrainingMaster`` (AdaptiveThreshold(initial=1e-2)), 2 workers;
 - ``ddp``: ``pyspark.ml.torch.distributor.TorchDistributor(local_mode=True, num_processes=2, use_gpu=False)``
   running ``DistributedDataParallel`` over gloo, each rank a contiguous half of the data, batch/2 per rank;
-- ``independent``: the ceiling of any 2-worker scheme here: 2 spawned processes, 1 thread and half the data each,
+- ``independent``: the ceiling of any 2-worker scheme here: 2 processes started like ParallelWrapper's, 1 thread and half the data each,
   batch/2, no communication at all (what 2 workers x 1 thread can do on this machine);
 - ``pw_avg`` / ``pw_shared``: ``ParallelWrapper`` with 2 worker processes, "averaging" (frequency 5) and
   "shared_gradients" (AdaptiveThreshold(initial=1e-2)).
@@ -348,15 +348,17 @@ def _independent_worker(model: str, n: int, rank: int, world: int, batch: int, e
 
 
 class Independent(Method):
-    """The ceiling of any 2-worker data-parallel scheme on this machine: 2 spawned processes, 1 thread each,
-    batch/2 each, same per-call process start-up as ParallelWrapper, and no synchronisation whatsoever."""
+    """The ceiling of any 2-worker data-parallel scheme on this machine: 2 processes, 1 thread each, batch/2 each,
+    no synchronisation whatsoever. They start like ParallelWrapper's workers (forked from a fork server with torch
+    preloaded): freshly spawned processes import torch in 1-2 s, and that start-up varied by +-0.5 s between the
+    calls, more than the 2 epochs that ``T(3) - T(1)`` measures (ratios of 0.96x-2.9x in one run)."""
 
     name = "independent"
 
     def run(self, epochs: int) -> None:
-        import multiprocessing as mp
+        from torchspark.parallel.runner import worker_context
 
-        ctx = mp.get_context("spawn")
+        ctx = worker_context()
         done = ctx.Queue()
         procs = [ctx.Process(target=_independent_worker, args=(self.model, len(self.data), r, 2, self.args.batch // 2,
                                                               epochs, done), daemon=True) for r in range(2)]
