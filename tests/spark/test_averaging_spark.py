@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import re
 import threading
 
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
 
 from torchspark import DataSet, Network, datasets, models, optim
 from torchspark.errors import ConfigError, DataError, SetupError, WorkerError
@@ -179,22 +180,79 @@ def test_repartition_never_needs_matching_partitions(spark, sc) -> None:
         SparkNetwork(spark, _net(), _master(repartition="never")).fit(sc.parallelize([_small(16)] * 3, 3))
 
 
+def _torchspark_shm_files() -> set[str]:
+    """Names of the shared-memory segments and FIFOs in /dev/shm (``torchspark-<pid>-*``, ``torchspark-fifo-<pid>-*``)."""
+    from torchspark.training.shm import SHM_DIR
+
+    return {n for n in os.listdir(SHM_DIR) if n.startswith("torchspark-")} if os.path.isdir(SHM_DIR) else set()
+
+
+def _descendants(root: int) -> set[int]:
+    """Process ids below ``root`` now (Linux /proc): this test's JVM, its Python daemon and workers."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            parents[int(entry)] = int(fields[1])
+        except (ValueError, OSError, IndexError):  # not a process, or it ended meanwhile
+            continue
+    found, frontier = set(), {root}
+    while frontier:
+        frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def _owner_pid(name: str) -> int:
+    return int(re.match(r"torchspark-(?:fifo-)?(\d+)-", name).group(1))  # type: ignore[union-attr]
+
+
 def test_worker_error_surfaces_traceback_and_cleans_up(spark, sc) -> None:
+    """After a worker fails mid-fit: no Spark job left running, no torchspark thread on the driver, no shared-memory
+    segment or FIFO left in /dev/shm by this session's workers, and the next fit in the session trains."""
     # the first minibatch is fine (driver check passes); a later one carries NaN -> the worker raises mid-fit
     good = _small(32)
     x = torch.rand(32, 1, 8, 8)
     x[5] = float("nan")
     poisoned = DataSet(x, torch.zeros(32, dtype=torch.long))
+    # big enough (38,922 parameters >= shm.MIN_NUMEL) that the averaging sums go through a shared-memory segment
+    net = Network(models.mlp(64, 512, 10), seed=0)
     before = {t.name for t in threading.enumerate()}
-    with pytest.raises(WorkerError, match="NaN at example 5") as info:
-        SparkNetwork(spark, _net(), _master(rdd_training_approach="direct", repartition="never")).fit(
-            sc.parallelize([good, poisoned], 2))
+    shm_before = _torchspark_shm_files()
+    # other sessions on this machine may use /dev/shm too: watch which processes are ours during the fit
+    ours, stop = _descendants(os.getpid()), threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(0.02):
+            ours.update(_descendants(os.getpid()))
+
+    watcher = threading.Thread(target=watch, name="test-process-watch", daemon=True)
+    watcher.start()
+    try:
+        with pytest.raises(WorkerError, match="NaN at example 5") as info:
+            SparkNetwork(spark, net, _master(rdd_training_approach="direct", repartition="never")).fit(
+                sc.parallelize([good, poisoned], 2))
+    finally:
+        stop.set()
+        watcher.join()
     assert "Traceback" in str(info.value)
-    assert not dist.is_initialized()
+    assert not sc.statusTracker().getActiveJobsIds(), "the failed fit left a Spark job running"
+    assert not sc.statusTracker().getActiveStageIds(), "the failed fit left a Spark stage running"
     leftover = {t.name for t in threading.enumerate()} - before
     assert not [n for n in leftover if n.startswith("torchspark")], leftover
-    # the session still works after a failed fit
-    assert sc.parallelize(range(4), 2).sum() == 6
+    ours.update(_descendants(os.getpid()))
+    leaked = [n for n in _torchspark_shm_files() - shm_before if _owner_pid(n) in ours]
+    assert not leaked, f"segments/FIFOs of the failed fit left in /dev/shm: {leaked}"
+    # the next fit in the same session trains: fresh or reused Python workers carry no stale process group,
+    # segment or FIFO of the failed one
+    net = Network(models.mlp(64, 512, 10), seed=0)
+    start = net.params()
+    snet = SparkNetwork(spark, net, _master(rdd_training_approach="direct", repartition="never"), progress=False)
+    snet.fit(sc.parallelize([good, _small(32, seed=9)], 2))
+    assert sorted(r.examples for r in snet.last_results) == [32, 32]
+    assert torch.isfinite(net.params()).all() and not torch.equal(net.params(), start)
+    snet.delete_temp_files()
 
 
 def test_ctrl_c_cancels_the_job_and_cleans_up(spark, sc) -> None:
