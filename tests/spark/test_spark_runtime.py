@@ -83,6 +83,19 @@ def test_rendezvous_options_are_validated_and_round_trip() -> None:
         ParameterAveragingTrainingMaster(shared_memory_allreduce="yes")
 
 
+def test_a_bare_spark_context_trains_like_the_session(spark, sc) -> None:
+    rdd = sc.parallelize(_data(96, seed=5).split(12), 2)
+    params = {}
+    for name, handle in (("SparkContext", sc), ("SparkSession", spark)):
+        snet, net = _fit(handle, rdd)
+        assert snet.sc is sc
+        assert sorted(r.examples for r in snet.last_results) == [96, 96]  # 48 examples per worker, 2 epochs
+        snet.delete_temp_files()
+        params[name] = net.params()
+    assert not torch.equal(params["SparkContext"], Network(models.mlp(64, 16, 10), seed=1).params())
+    torch.testing.assert_close(params["SparkContext"], params["SparkSession"], atol=1e-6, rtol=0)
+
+
 def test_python_workers_fork_from_the_preloading_daemon(sc) -> None:
     def probe(_: object) -> tuple[str, bool]:
         main = sys.modules["__main__"]
