@@ -1,7 +1,8 @@
 """The ``torchspark`` command: train, evaluate and predict with Spark (or ParallelWrapper) from the shell.
 
 ``torchspark train`` trains a zoo model on the built-in digits dataset (gradient sharing by default, as the seeds
-recommend) and writes the model, ``metrics.json``, ``stats.json`` and the ``stats.html`` timeline; ``evaluate`` and
+recommend) and writes the model, ``metrics.json`` (on Spark also the ``spark_master`` and ``training_master`` settings
+it used), ``stats.json`` and the ``stats.html`` timeline; ``evaluate`` and
 ``predict`` run the distributed evaluation and inference of a saved model.
 """
 
@@ -217,8 +218,9 @@ def cmd_train(args: argparse.Namespace) -> int:
                                   collect_training_stats=True, rng_seed=args.seed, progress=not args.no_progress)
         wrapper.fit(train_data, epochs=args.epochs, batch_size=args.batch_size_per_worker)
         stats, score, runner = wrapper.training_stats, wrapper.get_score(), "ParallelWrapper"
+        used: dict[str, Any] = {}
     else:
-        stats, score = _train_on_spark(args, net, train_data, threshold)
+        stats, score, used = _train_on_spark(args, net, train_data, threshold)
         runner = "SparkNetwork"
     seconds = time.time() - start
     evaluation = net.evaluate(test_data)
@@ -232,6 +234,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         "workers": args.workers, "mode": args.mode, "runner": runner, "train_seconds": seconds,
         "examples_per_second": len(train_data) * args.epochs / seconds,
         **{k: summary[k] for k in ("bytes_sent", "dense_bytes", "replicas_identical") if k in summary},
+        **used,
     }
     _write_json(os.path.join(args.output, "metrics.json"), metrics)
     written = [model_dir, os.path.join(args.output, "metrics.json")]
@@ -244,7 +247,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _train_on_spark(args: argparse.Namespace, net: Any, train_data: Any, threshold: Any) -> tuple[Any, float]:
+def _train_on_spark(args: argparse.Namespace, net: Any, train_data: Any,
+                    threshold: Any) -> tuple[Any, float, dict[str, Any]]:
+    """Train on Spark; returns the training stats, the score, and what was used (for metrics.json): the session's
+    ``spark_master`` and the ``training_master``'s settings."""
     from torchspark.spark import ParameterAveragingTrainingMaster, SharedTrainingMaster, SparkNetwork, check_java
     from torchspark.spark import session_scope
 
@@ -264,7 +270,8 @@ def _train_on_spark(args: argparse.Namespace, net: Any, train_data: Any, thresho
             spark_net.fit(rdd, epochs=args.epochs)
         finally:
             spark_net.delete_temp_files()
-        return spark_net.training_stats, spark_net.get_score()
+        used = {"spark_master": spark.sparkContext.master, "training_master": master.to_dict()}
+        return spark_net.training_stats, spark_net.get_score(), used
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import re
 import threading
 
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
 
 from torchspark import DataSet, Network, datasets, models, optim
 from torchspark.errors import ConfigError, DataError, SetupError, WorkerError
@@ -50,6 +51,54 @@ def test_identical_shards_equal_single_worker(spark, sc, approach: str) -> None:
     SparkNetwork(spark, net, master).fit(rdd, epochs=2)
     reference.fit(batches, epochs=2)
     torch.testing.assert_close(net.params(), reference.params(), atol=1e-5, rtol=0)
+
+
+def _averaging_reference(module: torch.nn.Module, shards: list[list[DataSet]], lr: float,
+                         frequency: int) -> tuple[list[float], torch.nn.Module]:
+    """Parameter averaging as a plain torch loop, for shards of equal size: every replica takes ``frequency`` SGD
+    steps on its own shard from the common parameters, then all take the plain mean. Returns each replica's last
+    minibatch loss (taken before its last step, as a training step reports it) and the averaged module."""
+    import copy
+
+    import torch.nn.functional as F
+
+    replicas = [copy.deepcopy(module) for _ in shards]
+    last = [float("nan")] * len(shards)
+    for start in range(0, len(shards[0]), frequency):
+        for i, (replica, shard) in enumerate(zip(replicas, shards)):
+            opt = torch.optim.SGD(replica.parameters(), lr=lr)
+            for batch in shard[start:start + frequency]:
+                loss = F.cross_entropy(replica(batch.features), batch.labels)
+                last[i] = float(loss.detach())
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+        with torch.no_grad():
+            for params in zip(*(r.parameters() for r in replicas)):
+                mean = torch.stack(params).mean(0)
+                for p in params:
+                    p.copy_(mean)
+    return last, replicas[0]
+
+
+@pytest.mark.parametrize("via", ["torch", "spark"])
+def test_get_score_is_the_mean_of_the_workers_last_minibatch_loss(spark, sc, via: str) -> None:
+    """Two workers, three minibatches each, averaging every 2: the last round is one minibatch per worker, taken
+    from the averaged parameters. get_score() equals the mean of those two losses computed by a plain torch loop."""
+    shards = [_small(24, seed=20).split(8), _small(24, seed=21).split(8)]  # different data: different losses
+    net = Network(models.mlp(64, 16, 10), updater=optim.SGD(lr=0.1), seed=7)
+    losses, reference = _averaging_reference(net.copy().module, shards, lr=0.1, frequency=2)
+    master = ParameterAveragingTrainingMaster(batch_size_per_worker=8, averaging_frequency=2, num_workers=2,
+                                              repartition="never", rdd_training_approach="direct",
+                                              averaging_via=via)
+    snet = SparkNetwork(spark, net, master, progress=False)
+    assert np.isnan(snet.get_score()), "NaN before any fit"
+    snet.fit(sc.parallelize([b for shard in shards for b in shard], 2))  # partition i = shard i
+    snet.delete_temp_files()
+    assert losses[0] != pytest.approx(losses[1], rel=1e-3), "the workers' losses must differ to test the mean"
+    assert snet.get_score() == pytest.approx(sum(losses) / 2, rel=1e-5, abs=1e-6)
+    reference_params = torch.cat([p.detach().reshape(-1) for p in reference.parameters()])
+    torch.testing.assert_close(net.params(), reference_params, atol=1e-5, rtol=0)
 
 
 def test_export_and_direct_give_same_parameters(spark, sc) -> None:
@@ -179,22 +228,79 @@ def test_repartition_never_needs_matching_partitions(spark, sc) -> None:
         SparkNetwork(spark, _net(), _master(repartition="never")).fit(sc.parallelize([_small(16)] * 3, 3))
 
 
+def _torchspark_shm_files() -> set[str]:
+    """Shared-memory segments and FIFOs in /dev/shm (``torchspark-<pid>-*``, ``torchspark-fifo-<pid>-*``)."""
+    from torchspark.training.shm import SHM_DIR
+
+    return {n for n in os.listdir(SHM_DIR) if n.startswith("torchspark-")} if os.path.isdir(SHM_DIR) else set()
+
+
+def _descendants(root: int) -> set[int]:
+    """Process ids below ``root`` now (Linux /proc): this test's JVM, its Python daemon and workers."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            parents[int(entry)] = int(fields[1])
+        except (ValueError, OSError, IndexError):  # not a process, or it ended meanwhile
+            continue
+    found, frontier = set(), {root}
+    while frontier:
+        frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def _owner_pid(name: str) -> int:
+    return int(re.match(r"torchspark-(?:fifo-)?(\d+)-", name).group(1))  # type: ignore[union-attr]
+
+
 def test_worker_error_surfaces_traceback_and_cleans_up(spark, sc) -> None:
+    """After a worker fails mid-fit: no Spark job left running, no torchspark thread on the driver, no shared-memory
+    segment or FIFO left in /dev/shm by this session's workers, and the next fit in the session trains."""
     # the first minibatch is fine (driver check passes); a later one carries NaN -> the worker raises mid-fit
     good = _small(32)
     x = torch.rand(32, 1, 8, 8)
     x[5] = float("nan")
     poisoned = DataSet(x, torch.zeros(32, dtype=torch.long))
+    # big enough (38,922 parameters >= shm.MIN_NUMEL) that the averaging sums go through a shared-memory segment
+    net = Network(models.mlp(64, 512, 10), seed=0)
     before = {t.name for t in threading.enumerate()}
-    with pytest.raises(WorkerError, match="NaN at example 5") as info:
-        SparkNetwork(spark, _net(), _master(rdd_training_approach="direct", repartition="never")).fit(
-            sc.parallelize([good, poisoned], 2))
+    shm_before = _torchspark_shm_files()
+    # other sessions on this machine may use /dev/shm too: watch which processes are ours during the fit
+    ours, stop = _descendants(os.getpid()), threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(0.02):
+            ours.update(_descendants(os.getpid()))
+
+    watcher = threading.Thread(target=watch, name="test-process-watch", daemon=True)
+    watcher.start()
+    try:
+        with pytest.raises(WorkerError, match="NaN at example 5") as info:
+            SparkNetwork(spark, net, _master(rdd_training_approach="direct", repartition="never")).fit(
+                sc.parallelize([good, poisoned], 2))
+    finally:
+        stop.set()
+        watcher.join()
     assert "Traceback" in str(info.value)
-    assert not dist.is_initialized()
+    assert not sc.statusTracker().getActiveJobsIds(), "the failed fit left a Spark job running"
+    assert not sc.statusTracker().getActiveStageIds(), "the failed fit left a Spark stage running"
     leftover = {t.name for t in threading.enumerate()} - before
     assert not [n for n in leftover if n.startswith("torchspark")], leftover
-    # the session still works after a failed fit
-    assert sc.parallelize(range(4), 2).sum() == 6
+    ours.update(_descendants(os.getpid()))
+    leaked = [n for n in _torchspark_shm_files() - shm_before if _owner_pid(n) in ours]
+    assert not leaked, f"segments/FIFOs of the failed fit left in /dev/shm: {leaked}"
+    # the next fit in the same session trains: fresh or reused Python workers carry no stale process group,
+    # segment or FIFO of the failed one
+    net = Network(models.mlp(64, 512, 10), seed=0)
+    start = net.params()
+    snet = SparkNetwork(spark, net, _master(rdd_training_approach="direct", repartition="never"), progress=False)
+    snet.fit(sc.parallelize([good, _small(32, seed=9)], 2))
+    assert sorted(r.examples for r in snet.last_results) == [32, 32]
+    assert torch.isfinite(net.params()).all() and not torch.equal(net.params(), start)
+    snet.delete_temp_files()
 
 
 def test_ctrl_c_cancels_the_job_and_cleans_up(spark, sc) -> None:

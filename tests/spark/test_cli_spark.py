@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -46,3 +49,27 @@ def test_averaging_mode_and_bad_data(spark, tmp_path, capsys) -> None:
     assert "digits:train and digits:test" in capsys.readouterr().err
     assert main(["evaluate", "--model", str(out / "model"), "--data", str(tmp_path / "nothing")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_train_options_reach_spark_and_the_training_master(tmp_path) -> None:
+    """``torchspark train --master ...`` in a fresh process (no active session, so --master is used): the session
+    runs on that master, and the workers train with --batch-size-per-worker and --averaging-frequency."""
+    from torchspark.stats import TrainingStats
+
+    out = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if k != "PYSPARK_PYTHON"}
+    cmd = [sys.executable, "-m", "torchspark.cli", "train", "--master", "local[3]", "--workers", "2", "--mode",
+           "averaging", "--model", "mlp", "--epochs", "1", "--batch-size-per-worker", "32",
+           "--averaging-frequency", "3", "--no-progress", "--output", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["spark_master"] == "local[3]", metrics  # the default would be local[2] (--workers)
+    master = metrics["training_master"]
+    assert (master["batch_size_per_worker"], master["averaging_frequency"], master["num_workers"]) == (32, 3, 2)
+    # what the workers did: 1437 digits in minibatches of at most 32 (the 2 input partitions are re-batched
+    # separately, so up to 2 short ones), averaged every 3 minibatches plus the round in which the data ran out
+    summary = TrainingStats.from_json((out / "stats.json").read_text()).summary()
+    assert summary["examples"] == 1437
+    assert 45 <= summary["minibatches"] <= 47, summary  # ceil(1437 / 32) = 45; the default 16 gives >= 90
+    assert summary["counts"]["averaging"] == 2 * (summary["iterations"] // 3 + 1), summary

@@ -29,15 +29,25 @@ def _python_without_torch() -> str | None:
     return None
 
 
-def test_dynamic_allocation_and_executors_without_torch_fail_fast() -> None:
+def _run_check(*args: str) -> dict[str, str]:
+    proc = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, PYSPARK_PYTHON=sys.executable))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1])
+
+
+def test_dynamic_allocation_fails_fast() -> None:
+    result = _run_check("dynamic_allocation")
+    message = result["dynamic_allocation"]
+    assert message.startswith("spark.dynamicAllocation.enabled=true, but barrier stages need a fixed set"), result
+    assert "spark.dynamicAllocation.enabled=false" in message, result  # says what to change
+
+
+def test_executors_without_torch_fail_fast() -> None:
     other = _python_without_torch()
     if other is None:
         pytest.skip("no interpreter of this Python version without torch on this machine")
-    proc = subprocess.run([sys.executable, str(SCRIPT), other], capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, PYSPARK_PYTHON=sys.executable))
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    result = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1])
-    assert "spark.dynamicAllocation.enabled=false" in result["dynamic_allocation"], result
+    result = _run_check("executor_without_torch", other)
     assert "cannot import torch" in result["executor_without_torch"], result
     assert "No module named" in result["executor_without_torch"], result
     assert other in result["executor_without_torch"], result  # names the interpreter to fix

@@ -43,6 +43,37 @@ def test_both_rendezvous_routes_and_both_transports_train_to_the_same_parameters
         torch.testing.assert_close(params, reference, atol=1e-6, rtol=0, msg=f"route {key} differs")
 
 
+def test_barrier_rendezvous_gives_up_after_rendezvous_timeout_s_not_the_sessions_limit(sc) -> None:
+    """Worker 0 rendezvous through Spark's allGather (``rendezvous_via="barrier"``) while worker 1 never arrives: the
+    wait ends after the master's ``rendezvous_timeout_s`` (2 s), not the session's far longer
+    ``spark.barrier.sync.timeout``, and the driver shows worker 0's WaitTimeout."""
+    from torchspark.errors import WorkerError
+    from torchspark.spark.barrier import run_barrier_stage
+
+    assert float(sc.getConf().get("spark.barrier.sync.timeout")) >= 60, "the session must not end the wait itself"
+
+    def stage(items):
+        import time
+
+        from pyspark import BarrierTaskContext
+
+        from torchspark.spark.barrier import RendezvousSettings, _rendezvous
+
+        ctx = BarrierTaskContext.get()
+        if ctx.partitionId() == 1:  # the peer that never arrives; Spark kills it when worker 0 fails the stage
+            time.sleep(60)
+            return
+        _rendezvous(ctx, RendezvousSettings(timeout_s=2), "gloo", "cpu", relay_address=None)
+        yield "rendezvous completed"
+
+    with pytest.raises(WorkerError) as info:
+        run_barrier_stage(sc, sc.parallelize(range(2), 2), stage, "a peer that never arrives")
+    message = str(info.value)
+    assert "WaitTimeout: worker 0 of 2 in Spark's barrier allGather did not return within rendezvous_timeout_s=2 s" \
+        in message, message
+    assert sc.parallelize(range(4), 2).sum() == 6  # the session still works
+
+
 def test_rendezvous_options_are_validated_and_round_trip() -> None:
     master = ParameterAveragingTrainingMaster(rendezvous_via="barrier", shared_memory_allreduce=False)
     assert ParameterAveragingTrainingMaster.from_json(master.to_json()) == master
@@ -50,6 +81,19 @@ def test_rendezvous_options_are_validated_and_round_trip() -> None:
         ParameterAveragingTrainingMaster(rendezvous_via="mpi")
     with pytest.raises(ConfigError, match="shared_memory_allreduce must be True or False, got 'yes'"):
         ParameterAveragingTrainingMaster(shared_memory_allreduce="yes")
+
+
+def test_a_bare_spark_context_trains_like_the_session(spark, sc) -> None:
+    rdd = sc.parallelize(_data(96, seed=5).split(12), 2)
+    params = {}
+    for name, handle in (("SparkContext", sc), ("SparkSession", spark)):
+        snet, net = _fit(handle, rdd)
+        assert snet.sc is sc
+        assert sorted(r.examples for r in snet.last_results) == [96, 96]  # 48 examples per worker, 2 epochs
+        snet.delete_temp_files()
+        params[name] = net.params()
+    assert not torch.equal(params["SparkContext"], Network(models.mlp(64, 16, 10), seed=1).params())
+    torch.testing.assert_close(params["SparkContext"], params["SparkSession"], atol=1e-6, rtol=0)
 
 
 def test_python_workers_fork_from_the_preloading_daemon(sc) -> None:

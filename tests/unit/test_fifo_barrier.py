@@ -127,3 +127,12 @@ def test_every_rank_falls_back_when_one_cannot_create_its_fifo(tmp_path) -> None
         t.join(30)
     assert out == [None, None]
     assert os.listdir(tmp_path) == [], "rank 0 removes the FIFO it made"
+
+
+def test_a_peer_lost_during_the_set_up_leaves_no_fifo_behind(tmp_path) -> None:
+    def agree(ok: bool) -> bool:  # the peer's process ended before it voted
+        raise PeerLost("a peer worker exited during the agreement")
+
+    with pytest.raises(PeerLost):
+        FifoBarrier.create(DictStore(), 0, 2, agree, 5.0, str(tmp_path))
+    assert os.listdir(tmp_path) == [], "a FIFO left in /dev/shm would outlive every worker"

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import torch
 
+from torchspark.errors import PeerLost
 from torchspark.training import shm
 
 
@@ -37,6 +39,18 @@ def test_a_peer_that_cannot_map_the_segment_turns_it_off_everywhere(tmp_path, mo
     assert reducer.disabled and not reducer.accepts(t)
     assert torch.equal(t, torch.ones(shm.MIN_NUMEL)), "the tensor is untouched when the segment is refused"
     assert os.listdir(tmp_path) == [], "rank 0 removes the segment file it created"
+
+
+def test_rank0_removes_its_segment_file_when_a_peer_is_lost_while_agreeing(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(shm, "SHM_DIR", str(tmp_path))
+
+    def agree(ok: bool) -> bool:  # the peer's process ended before it voted
+        raise PeerLost("a peer worker exited during the agreement")
+
+    reducer = shm.SharedMemoryReducer(DictStore(), 0, 2, barrier=lambda: None, agree=agree)
+    with pytest.raises(PeerLost):
+        reducer.stage(shm.MIN_NUMEL)
+    assert os.listdir(tmp_path) == [], "a segment file left in /dev/shm would outlive every worker"
 
 
 def test_rank0_without_space_publishes_nothing_and_everyone_falls_back(tmp_path, monkeypatch) -> None:

@@ -1,7 +1,8 @@
 """Running ``run_worker`` inside a Spark barrier stage: rendezvous, device choice, and driver-side supervision.
 
 Worker side (:func:`barrier_task`): task 0 hosts a ``TCPStore`` on a free port and publishes its address
-through a relay store on the driver (:func:`open_relay`; ``BarrierTaskContext.allGather`` without one), and all
+through a relay store on the driver (:func:`open_relay`; ``BarrierTaskContext.allGather`` without one, bounded by
+``rendezvous_timeout_s`` on any session: :mod:`torchspark.spark.barrier_wait`), and all
 of them build a torch.distributed group (gloo on CPU, nccl on CUDA) with ``rendezvous_timeout_s`` as the collective timeout.
 
 Driver side (:func:`run_barrier_stage`): runs the stage under its own job group, cancels it on failure or
@@ -26,6 +27,7 @@ from typing import Any, Callable, Iterable, Iterator, TypeVar
 import torch
 
 from torchspark.errors import ConfigError, SetupError, TorchSparkError, WaitTimeout, WorkerError
+from torchspark.spark.barrier_wait import wait_bounded
 from torchspark.training.comm import TorchDistCommunicator
 from torchspark.training.devices import backend_for_device, device_for_task, gpu_addresses
 from torchspark.training.reporting import open_worker_hooks
@@ -139,13 +141,18 @@ def _publish_address(ctx: Any, rank: int, world: int, message: str, relay_addres
     import torch.distributed as dist
 
     if relay_address is None:
+        # bounded here: Spark's own limit (spark.barrier.sync.timeout) is a session setting, 365 days by default
         try:
-            return str(ctx.allGather(message)[0])
+            gathered = wait_bounded(lambda: ctx.allGather(message), timeout.total_seconds(),
+                                    f"worker {rank} of {world} in Spark's barrier allGather")
+        except WaitTimeout:
+            raise
         except Exception as e:  # py4j/Spark errors carry no stable type
             raise WaitTimeout(
                 f"barrier allGather failed or timed out ({e}); all {world} tasks must start together: check free "
                 "task slots and raise spark.barrier.sync.timeout / rendezvous_timeout_s if executors start slowly"
             ) from e
+        return str(gathered[0])
     host, port = relay_address
     connect_s = min(timeout.total_seconds(), RELAY_CONNECT_TIMEOUT_S)
     try:

@@ -56,26 +56,30 @@ class FifoBarrier:
         except OSError as e:
             log.info("cannot create a FIFO in %s: %s", directory, e)
             path = ""
-        store.set(f"{_KEY}/{rank}", path)
         write_fds: list[int] = []
-        ok = agree(read_fd >= 0)  # every rank has its FIFO open for reading
-        if ok:
-            try:
-                for r in range(world_size):
-                    if r != rank:
-                        peer = store.get(f"{_KEY}/{r}")
-                        peer_path = peer.decode() if isinstance(peer, (bytes, bytearray)) else str(peer)
-                        write_fds.append(os.open(peer_path, os.O_WRONLY | os.O_NONBLOCK))
-            except OSError as e:  # another IPC namespace: the path is not this rank's FIFO
-                log.info("cannot open a peer's FIFO: %s", e)
-                ok = False
-        ok = agree(ok)  # every rank has opened every peer's FIFO
-        if path:
-            _unlink(path)
-        if not ok:
-            for fd in [read_fd, *write_fds]:
-                if fd >= 0:
-                    os.close(fd)
+        ready = False  # stays False when a peer is lost during the set-up (agree or the store raises)
+        try:
+            store.set(f"{_KEY}/{rank}", path)
+            ok = agree(read_fd >= 0)  # every rank has its FIFO open for reading
+            if ok:
+                try:
+                    for r in range(world_size):
+                        if r != rank:
+                            peer = store.get(f"{_KEY}/{r}")
+                            peer_path = peer.decode() if isinstance(peer, (bytes, bytearray)) else str(peer)
+                            write_fds.append(os.open(peer_path, os.O_WRONLY | os.O_NONBLOCK))
+                except OSError as e:  # another IPC namespace: the path is not this rank's FIFO
+                    log.info("cannot open a peer's FIFO: %s", e)
+                    ok = False
+            ready = agree(ok)  # every rank has opened every peer's FIFO
+        finally:  # whatever happened: nobody else would ever remove this rank's FIFO
+            if path:
+                _unlink(path)
+            if not ready:
+                for fd in [read_fd, *write_fds]:
+                    if fd >= 0:
+                        os.close(fd)
+        if not ready:
             return None
         return cls(read_fd, write_fds, world_size, timeout_s)
 

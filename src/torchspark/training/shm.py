@@ -223,9 +223,11 @@ class SharedMemoryReducer:
         else:
             path = _text(self._store.get(key))
             mm = _attach(path, nbytes) if path else None
-        ok = self._agree(mm is not None)  # every rank has mapped it (or someone failed)
-        if self.rank == 0 and path:
-            _unlink(path)
+        try:
+            ok = self._agree(mm is not None)  # every rank has mapped it (or someone failed)
+        finally:  # also when a peer is lost during the agreement: nobody else would ever remove the file
+            if self.rank == 0 and path:
+                _unlink(path)
         if not ok:
             if mm is not None:
                 mm.close()

@@ -71,6 +71,9 @@ class WorkerResult:
     stats: Any = None
     #: every module buffer by name (BatchNorm running statistics, counters); rank 0 only
     buffers: dict[str, torch.Tensor] | None = None
+    #: torch intra-op threads the worker trained with (``torch.get_num_threads()``; on Spark the task's
+    #: ``spark.task.cpus``); None when the runner does not report it
+    threads: int | None = None
 
 
 def load_item(item: Any) -> Batch:
@@ -178,6 +181,7 @@ def _train(task: WorkerTask, source: EpochSource, comm: Communicator, device: st
         extra_state=extra_state,
         extra_config=extra_config if lead else {},
         stats=drain() if drain is not None else None,
+        threads=torch.get_num_threads(),
     )
 
 
