@@ -3,12 +3,16 @@ the same minibatches as ParallelWrapper's plan, and where the export route's fil
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 import numpy as np
 import pytest
 import torch
 
 from torchspark import DataSet, Network, datasets, models, optim
 from torchspark.spark import ParameterAveragingTrainingMaster, SparkNetwork
+from torchspark.spark.export import EXPORT_FOLDER
 from torchspark.training.assignment import split_examples
 from torchspark.training.worker import load_item
 
@@ -77,3 +81,24 @@ def test_repartition_never_keeps_each_partitions_own_minibatches(spark, sc) -> N
         got = _prepared_minibatches(spark, rdd, _master(approach, 2, repartition="never"), 2)
         assert [[len(b) for b in mine] for mine in got] == [[8, 8, 4], [8, 5]], approach
         torch.testing.assert_close(got[1][0].features, parts[1].features[:8], atol=0, rtol=0)
+
+
+def test_delete_temp_files_removes_the_exported_files(spark, sc, tmp_path) -> None:
+    spark_net = SparkNetwork(spark, _net(), _master("export", 2, export_directory=str(tmp_path)), progress=False)
+    spark_net.fit(sc.parallelize(_parts(), len(SIZES)), epochs=1)
+    assert len(list(tmp_path.rglob("*.safetensors"))) >= 143 // BATCH
+    spark_net.delete_temp_files()
+    assert list(tmp_path.rglob("*.safetensors")) == []
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_default_export_goes_under_sparks_local_dir_and_is_removed(spark, sc) -> None:
+    local_dir = sc.getConf().get("spark.local.dir", None)
+    expected_base = os.path.join((local_dir or tempfile.gettempdir()).split(",")[0].strip(), EXPORT_FOLDER)
+    spark_net = SparkNetwork(spark, _net(), _master("export", 2), progress=False)
+    spark_net.fit(sc.parallelize(_parts(), len(SIZES)), epochs=1)
+    directories = [export.directory for export in spark_net._exports.values()]
+    assert directories and all(os.path.dirname(d) == expected_base for d in directories)
+    assert all(any(name.endswith(".safetensors") for name in os.listdir(d)) for d in directories)
+    spark_net.delete_temp_files()
+    assert not any(os.path.exists(d) for d in directories)

@@ -1,5 +1,5 @@
-"""The exact balanced plan (:mod:`torchspark.training.assignment`) against a few-line reference, and its
-export-file form; no Spark session needed."""
+"""The exact balanced plan (:mod:`torchspark.training.assignment`) against a few-line reference, its export-file
+form, and where exports go (:func:`torchspark.spark.export.export_base`); no Spark session needed."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import torch
 from torchspark import DataSet, datasets
 from torchspark.data import recut, save_batch
 from torchspark.errors import ConfigError, DataError
+from torchspark.spark.export import EXPORT_FOLDER, export_base
 from torchspark.training.assignment import FileSlices, file_items, grid_heads, plan_balanced, split_examples
 from torchspark.training.worker import load_item
 
@@ -112,3 +113,21 @@ def test_export_items_load_the_same_minibatches_as_in_memory_data(tmp_path, work
     assert kinds.count(str) > kinds.count(FileSlices)  # most minibatches are whole files
     with pytest.raises(DataError, match="counted"):
         file_items(plan_balanced([s + 1 for s in sizes], 8, workers, seed), files)
+
+
+@pytest.mark.parametrize(("export_directory", "master", "local_dir", "expected"), [
+    (None, "local[2]", None, f"/tmp/{EXPORT_FOLDER}"),
+    (None, "local", "/data/spark", f"/data/spark/{EXPORT_FOLDER}"),
+    (None, "local-cluster[2,1,1024]", "/fast/a, /fast/b", f"/fast/a/{EXPORT_FOLDER}"),
+    (None, "local[*]", "", f"/tmp/{EXPORT_FOLDER}"),
+    ("hdfs://nn/exports", "yarn", None, "hdfs://nn/exports"),
+    ("/shared/mount", "spark://host:7077", "/local", "/shared/mount"),
+])
+def test_export_base(export_directory, master: str, local_dir, expected: str) -> None:
+    assert export_base(export_directory, master, local_dir, "/tmp") == expected
+
+
+@pytest.mark.parametrize("master", ["yarn", "spark://host:7077", "k8s://https://api:6443", "localhost:7077"])
+def test_export_base_refuses_a_cluster_without_export_directory(master: str) -> None:
+    with pytest.raises(ConfigError, match=r"export_directory.*(hdfs://|s3://).*rdd_training_approach='direct'"):
+        export_base(None, master, "/local", "/tmp")

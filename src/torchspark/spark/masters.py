@@ -52,8 +52,14 @@ class TrainingMaster:
         rdd_training_approach: ``"export"`` (write the data once as batch files under ``export_directory`` and
             train from the paths; reused across fits of the same RDD; the seeds' recommendation) or ``"direct"``
             (train from the RDD, persisted at ``storage_level``).
-        export_directory: where ``export`` writes (any fsspec URL; must be shared storage on a real cluster).
-            Default: a ``torchspark-export`` folder under the system temp directory.
+        export_directory: where ``export`` writes (any fsspec URL). On a cluster it must be storage every executor
+            can read: an ``hdfs://`` or ``s3://`` URL or a directory mounted on all hosts. Default (None): for
+            local masters (``local``, ``local[N]``, ``local-cluster[...]``, one host) a ``torchspark-export``
+            folder under Spark's local directory (``spark.local.dir``, else the system temp directory); any other
+            master then fails before the first job with a ConfigError asking for an export_directory (or
+            ``rdd_training_approach="direct"``), since executors would write to their own disks and workers on
+            other hosts would get paths that do not exist there. ``SparkNetwork.delete_temp_files()`` removes the
+            files.
         storage_level: persistence of the prepared RDD with ``direct`` (a ``pyspark.StorageLevel`` name).
         collect_training_stats: record per-phase timings (see ``SparkNetwork.training_stats``).
         rng_seed: seeds the shuffle of minibatches across workers (None: keep data order, no shuffle). The same

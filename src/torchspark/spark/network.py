@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import tempfile
 import uuid
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ from torchspark.spark.data import (
     worker_rdd_balanced,
     worker_rdd_from_paths,
 )
-from torchspark.spark.export import check_export_directory, export_rdd
+from torchspark.spark.export import check_export_directory, export_base, export_rdd
 from torchspark.spark.masters import TrainingMaster
 from torchspark.spark.network_inference import InferenceMethods
 from torchspark.spark.preflight import executor_count, preflight
@@ -123,8 +122,8 @@ class SparkNetwork(InferenceMethods):
         self._driver_stats = StatsCollector(DRIVER_ID, enabled=self._collect_stats)
         rdd = to_batch_rdd(data, features_col, label_col, feature_shape, self.network.losses[0].classification)
         n = self._num_workers(master)
+        base = self._export_base(master) if master.rdd_training_approach == "export" else None  # before any job
         self._preflight(master, n)
-        base = self._export_base(master) if master.rdd_training_approach == "export" else None
         worker_rdd = self._prepare(rdd, master, n, base)
         return self._train(worker_rdd, master, n, epochs)
 
@@ -194,9 +193,8 @@ class SparkNetwork(InferenceMethods):
         return master.repartition == "num_partitions_workers_differs" and partitions == n
 
     def _export_base(self, master: TrainingMaster) -> str:
-        if master.export_directory:
-            return master.export_directory
-        return os.path.join(tempfile.gettempdir(), "torchspark-export")
+        local_dir = self.sc.getConf().get("spark.local.dir", None)
+        return export_base(master.export_directory, self.sc.master, local_dir, tempfile.gettempdir())
 
     def _prepare(self, rdd: Any, master: TrainingMaster, n: int, base: str | None) -> Any:
         """An RDD with one partition per worker holding that worker's minibatches (paths, FileSlices or bytes), in
