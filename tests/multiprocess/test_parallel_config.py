@@ -13,7 +13,7 @@ from torchspark.errors import ConfigError, DataError
 from torchspark.parallel import ParallelWrapper, plan_devices
 from torchspark.parallel import wrapper as wrapper_module
 from torchspark.parallel.runner import backend_for_devices
-from torchspark.training.assignment import split_for_workers
+from torchspark.training.assignment import split_examples, split_for_workers
 
 
 def _net() -> Network:
@@ -150,17 +150,24 @@ def _rows(batches) -> list[list[float]]:
 def test_a_dataset_is_split_with_sparks_plan() -> None:
     data = datasets.synthetic_classification(50, 4, 2, seed=3)
     plan = wrapper_module._route(data, 2, 8, 1, rng_seed=5)
-    expected = split_for_workers(data.split(8), 2, 5)
+    expected = split_examples([data], 8, 2, 5)
     assert [_rows(f) for f in plan.feeds] == [_rows(f) for f in expected]
+    assert [sum(len(b) for b in f) for f in plan.feeds] == [25, 25]  # equal examples, not only minibatches
     assert plan.paths is None and plan.stream is None
 
 
-def test_a_list_of_odd_sized_datasets_is_rebatched_like_spark() -> None:
+def test_a_list_of_odd_sized_datasets_is_cut_like_one_dataset() -> None:
     data = datasets.synthetic_classification(50, 4, 2, seed=3)
-    pieces = data.split(7)  # SparkNetwork re-batches what it gets to batch_size_per_worker, in order
+    pieces = data.split(7)  # SparkNetwork cuts what it gets on one grid over the whole data, in order
     plan = wrapper_module._route(pieces, 2, 8, 1, rng_seed=None)
-    assert [len(b) for f in plan.feeds for b in f] == [8] * 6 + [2]
-    assert [_rows(f) for f in plan.feeds] == [_rows(f) for f in split_for_workers(data.split(8), 2, None)]
+    assert [[len(b) for b in f] for f in plan.feeds] == [[8, 8, 8, 1], [7, 8, 8, 2]]
+    assert [_rows(f) for f in plan.feeds] == [_rows(f) for f in split_examples([data], 8, 2, None)]
+
+
+def test_a_list_mixing_dataset_kinds_is_refused() -> None:
+    data = datasets.synthetic_classification(16, 4, 2, seed=3)
+    with pytest.raises(DataError, match="mixes"):
+        wrapper_module._route([data, data.to_multi()], 2, 8, 1, rng_seed=None)
 
 
 def test_paths_are_split_with_sparks_plan() -> None:

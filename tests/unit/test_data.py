@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from torchspark.data import DataSet, MultiDataSet, iterate_minibatches, rebatch
+from torchspark.data import DataSet, MultiDataSet, iterate_minibatches, rebatch, recut
 from torchspark.errors import DataError
 
 
@@ -250,6 +250,16 @@ def test_rebatch_multi_and_empty_and_errors() -> None:
         list(rebatch([make(2), make_multi(2)], 3))
     with pytest.raises(DataError, match="batch_size"):
         list(rebatch([make(2)], -2))
+
+
+def test_recut_cuts_given_sizes_in_order() -> None:
+    stream = [make(5), make(1, offset=5), make(10, offset=6)]
+    out = list(recut(stream, [3, 1, 8, 2]))
+    assert [len(b) for b in out] == [3, 1, 8, 2] and [i for b in out for i in ids(b)] == list(range(14))
+    assert [len(b) for b in recut(stream, [4, 100])] == [4, 12]  # the stream ends inside a piece: it is short
+    assert [len(b) for b in recut(stream, [4])] == [4]  # sizes run out: the rest is dropped (callers check)
+    with pytest.raises(DataError, match="piece sizes must be ints >= 1"):
+        list(recut(stream, [2, 0]))
 
 
 def test_rebatch_tail_does_not_keep_the_large_input_alive() -> None:

@@ -13,7 +13,7 @@ from torchspark.data.batchfiles import (
     save_batch,
     save_batches,
 )
-from torchspark.data.batching import Batch, iterate_minibatches, rebatch
+from torchspark.data.batching import Batch, iterate_minibatches, rebatch, recut
 from torchspark.data.dataset import DataSet, MultiDataSet
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "list_batches",
     "load_batch",
     "rebatch",
+    "recut",
     "save_batch",
     "save_batches",
 ]

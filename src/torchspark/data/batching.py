@@ -2,17 +2,22 @@
 
 :func:`rebatch` is what the Spark export step runs on each partition (DL4J's BatchAndExportDataSetsFunction):
 partitions hold DataSets of whatever size the user produced; workers want files of exactly ``batch_size``.
+:func:`recut` is the general form (pieces of given sizes) that the balanced routes use to cut a partition where
+the plan of :mod:`torchspark.training.assignment` says.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator
 from typing import Union
+
+import numpy as np
 
 from torchspark.data.dataset import DataSet, MultiDataSet
 from torchspark.errors import DataError
 
-__all__ = ["Batch", "iterate_minibatches", "rebatch"]
+__all__ = ["Batch", "iterate_minibatches", "rebatch", "recut"]
 
 Batch = Union[DataSet, MultiDataSet]
 
@@ -61,10 +66,6 @@ def iterate_minibatches(data: Batch | Iterable[Batch], batch_size: int) -> Itera
 def rebatch(stream: Iterable[Batch], batch_size: int) -> Iterator[Batch]:
     """Re-cut a stream of datasets of any sizes into batches of exactly ``batch_size`` examples, in order.
 
-    Steps: (1) take examples from the current item until the pending batch is full; (2) when full, merge the
-    pending pieces and yield them; (3) keep an incomplete tail as a copy so the big item it came from can be
-    freed; (4) at the end, yield the remainder (the only batch that may be smaller).
-
     Memory: holds fewer than ``batch_size`` pending examples plus the current input item.
 
     Args:
@@ -76,24 +77,58 @@ def rebatch(stream: Iterable[Batch], batch_size: int) -> Iterator[Batch]:
         DataError: bad ``batch_size``; an item is not a DataSet/MultiDataSet; items cannot be merged.
     """
     _check_batch_size(batch_size)
+    yield from _cut(stream, itertools.repeat(batch_size), "rebatch")
+
+
+def recut(stream: Iterable[Batch], sizes: Iterable[int]) -> Iterator[Batch]:
+    """Re-cut a stream of datasets into consecutive pieces of ``sizes[0]``, ``sizes[1]``, ... examples, in order.
+
+    :func:`rebatch` is ``recut(stream, repeat(batch_size))``; the balanced Spark routes cut each input partition at
+    the places their plan says (:mod:`torchspark.training.assignment`).
+
+    Steps: (1) take examples from the current item until the pending piece is full; (2) when full, merge the
+    pending parts and yield them, then move to the next size; (3) keep an incomplete tail as a copy so the big item
+    it came from can be freed; (4) when the stream ends, yield the remainder (the only piece that may be smaller
+    than its size). Examples left over when ``sizes`` runs out are dropped, so callers that must see every example
+    compare the yielded lengths with what they expected.
+
+    Memory: holds fewer than one piece of pending examples plus the current input item.
+
+    Raises:
+        DataError: a size < 1; an item is not a DataSet/MultiDataSet; items cannot be merged.
+    """
+    yield from _cut(stream, sizes, "recut")
+
+
+def _cut(stream: Iterable[Batch], sizes: Iterable[int], what: str) -> Iterator[Batch]:
+    targets = iter(sizes)
+    target = _next_size(targets, what)
     pending: list[Batch] = []
     pending_n = 0
     kind: type[DataSet] | type[MultiDataSet] | None = None
-    for position, item in enumerate(_checked_items(stream, "rebatch")):
+    for position, item in enumerate(_checked_items(stream, what)):
         kind = kind or type(item)
         if type(item) is not kind:
-            raise DataError(f"rebatch: item {position} of the stream is a {type(item).__name__} but earlier items "
+            raise DataError(f"{what}: item {position} of the stream is a {type(item).__name__} but earlier items "
                             f"are {kind.__name__}s; do not mix them (DataSet.to_multi converts)")
         start, n = 0, len(item)
-        while start < n:
-            take = min(batch_size - pending_n, n - start)  # (1)
+        while start < n and target is not None:
+            take = min(target - pending_n, n - start)  # (1)
             piece = item if (start == 0 and take == n) else item.slice(start, start + take)
             start += take
-            if pending_n + take == batch_size:  # (2)
+            if pending_n + take == target:  # (2)
                 yield kind.merge([*pending, piece]) if pending else piece
                 pending, pending_n = [], 0
-            else:  # (3) only an item's tail can leave the batch incomplete
+                target = _next_size(targets, what)
+            else:  # (3) only an item's tail can leave the piece incomplete
                 pending.append(piece._map(lambda t: t.clone()))
                 pending_n += take
     if pending:  # (4)
         yield type(pending[0]).merge(pending)
+
+
+def _next_size(sizes: Iterator[int], what: str) -> int | None:
+    size = next(sizes, None)
+    if size is not None and (not isinstance(size, (int, np.integer)) or isinstance(size, bool) or size < 1):
+        raise DataError(f"{what}: piece sizes must be ints >= 1, got {size!r}")
+    return None if size is None else int(size)

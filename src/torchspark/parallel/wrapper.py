@@ -34,7 +34,7 @@ from torchspark.errors import ConfigError, DataError
 from torchspark.nn import Network, NetworkBlueprint
 from torchspark.parallel.runner import LocalProcessRunner
 from torchspark.stats import DRIVER_ID, StatsCollector, TrainingStats
-from torchspark.training.assignment import split_for_workers
+from torchspark.training.assignment import split_examples, split_for_workers
 from torchspark.training.averaging import AveragingSettings
 from torchspark.training.hooks import ProgressUpdate
 from torchspark.training.progress import ProgressBar, ProgressServer
@@ -119,12 +119,13 @@ class _DataPlan:
 
 
 def _route(data: Any, workers: int, batch_size: int, epochs: int, rng_seed: int | None) -> _DataPlan:
-    """Split ``data`` over the workers with the plan Spark uses (:func:`split_for_workers`)."""
+    """Split ``data`` over the workers with the plans Spark uses: in-memory data exactly balanced by examples
+    (:func:`split_examples`, Spark's ``repartition_strategy="balanced"``), batch files whole
+    (:func:`split_for_workers`, Spark's ``fit_paths``)."""
     if isinstance(data, _BATCH_TYPES):
         if len(data) == 0:
             raise DataError("fit got an empty DataSet (0 examples)")
-        batches = data.split(batch_size)
-        return _DataPlan(batches[0], feeds=split_for_workers(batches, workers, rng_seed))
+        return _feeds([data], workers, batch_size, rng_seed)
     if isinstance(data, (_PATH_TYPES, bytes)):
         raise DataError(f"data is a single {type(data).__name__} ({data!r}); pass a list of batch-file paths "
                         "(torchspark.data.list_batches(directory) lists a directory)")
@@ -139,14 +140,23 @@ def _route(data: Any, workers: int, batch_size: int, epochs: int, rng_seed: int 
         paths = _checked(itertools.chain([first], items), _PATH_TYPES, "batch-file path")
         return _DataPlan(paths[0], paths=split_for_workers([os.fspath(p) for p in paths], workers, rng_seed))
     if isinstance(data, (list, tuple)):
-        batches = list(rebatch(_checked(data, _BATCH_TYPES, "DataSet or MultiDataSet"), batch_size))
-        return _DataPlan(batches[0], feeds=split_for_workers(batches, workers, rng_seed))
+        items = _checked(data, _BATCH_TYPES, "DataSet or MultiDataSet")
+        if len({type(item) for item in items}) > 1:
+            raise DataError("data mixes DataSets and MultiDataSets; pass one kind (DataSet.to_multi converts)")
+        if not any(len(item) for item in items):
+            raise DataError("fit got no data: every DataSet in the list is empty")
+        return _feeds(items, workers, batch_size, rng_seed)
     if epochs != 1:
         raise ConfigError(f"a one-shot iterable ({type(data).__name__}) trains one epoch only, got epochs={epochs}; "
                           "pass a list (e.g. list(data)) or a DataSet to train several epochs")
     if not isinstance(first, _BATCH_TYPES):
         raise DataError(f"data[0] is a {type(first).__name__}; expected a DataSet, MultiDataSet or batch-file path")
     return _DataPlan(first, stream=rebatch(itertools.chain([first], items), batch_size))
+
+
+def _feeds(items: Sequence[Any], workers: int, batch_size: int, rng_seed: int | None) -> _DataPlan:
+    feeds = split_examples(items, batch_size, workers, rng_seed)
+    return _DataPlan(next(b for feed in feeds for b in feed), feeds=feeds)
 
 
 def _checked(items: Iterable[Any], types: tuple[type, ...], what: str) -> list[Any]:
@@ -186,7 +196,7 @@ class ParallelWrapper:
         progress: progress bar (examples/s, score) on this process: True, False, or None = only on a terminal.
         collect_training_stats: per-worker, per-phase timings in :attr:`training_stats` (``export_html(path)``).
         rng_seed: seeded shuffle of minibatches across workers (None keeps data order): the same plan as Spark's
-            ``rng_seed``, so both train on identical per-worker sequences.
+            ``rng_seed`` (:mod:`torchspark.training.assignment`), so both train on identical per-worker sequences.
         threads_per_worker: torch threads in each worker; None = cores // workers. Use 1 to reproduce a Spark run
             (``spark.task.cpus=1``) to the last bit.
         rendezvous_timeout_s: limit for every rendezvous/collective wait; a stuck worker fails the fit after it.
@@ -274,8 +284,9 @@ class ParallelWrapper:
         """Train for ``epochs`` epochs; returns the (updated in place) network.
 
         Args:
-            data: a DataSet/MultiDataSet (split into minibatches of ``batch_size``); a list of them (re-batched to
-                ``batch_size`` in order, as SparkNetwork re-batches); a list of batch-file paths
+            data: a DataSet/MultiDataSet, or a list of them (read in order as one sequence of examples): every
+                worker gets an equal share of the examples (+-1) in minibatches of ``batch_size``, as SparkNetwork
+                with ``repartition_strategy="balanced"`` gives them; a list of batch-file paths
                 (:func:`~torchspark.data.save_batches` output, one minibatch each, read by the workers); or a
                 one-shot iterable of DataSets (re-batched and dealt round-robin; one epoch only).
             epochs: passes over the data, all inside one launch of the workers.

@@ -1,34 +1,45 @@
-"""Turning Spark data into the workers' minibatches: DataFrames through Arrow, re-batching, export to batch files,
-and the balanced assignment of minibatches to workers.
+"""Turning Spark data into the workers' minibatches: DataFrames through Arrow, re-batching, counting, and the
+balanced repartition (the export to batch files is in :mod:`torchspark.spark.export`).
 
-Every route produces one global order of minibatches (input partition order, then order inside the partition),
-then assigns minibatch ``p`` of ``L`` to worker ``p * n // L`` after an optional seeded permutation. Export and
-Direct use the same order and the same assignment, so they train identically for the same seed.
+Balanced (``repartition_strategy="balanced"``): a cheap job counts the examples of every input partition
+(:func:`count_examples`), the driver plans every worker's minibatches with
+:func:`torchspark.training.assignment.plan_balanced` (only counts and the plan live on the driver), then
+
+* ``export`` writes each partition as batch files cut on the plan's grid (``export_rdd`` with ``grid_heads``),
+  independent of the worker count and seed so later fits reuse them, and hands every worker its minibatches as
+  paths or file slices (:func:`~torchspark.training.assignment.file_items`);
+* ``direct`` cuts each partition into the plan's pieces on the executors, shuffles them to their workers and
+  joins the few minibatches made of several pieces (:func:`worker_rdd_balanced`).
+
+Both give the same per-worker minibatch sequences. With ``repartition="never"`` (or matching partition and worker
+counts) and with ``"spark_default"``, every partition is re-batched on its own instead (:func:`rebatch_partition`).
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
-import uuid
 from functools import partial
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
 
-from torchspark._io import atomic_write_bytes, join, make_dirs
-from torchspark.data import DataSet, MultiDataSet, dataset_from_bytes, dataset_to_bytes, rebatch, save_batch
+from torchspark._io import read_safetensors_metadata
+from torchspark.data import DataSet, MultiDataSet, dataset_from_bytes, dataset_to_bytes, rebatch, recut
 from torchspark.errors import ConfigError, DataError
-from torchspark.training.assignment import assign_balanced, split_for_workers
+from torchspark.training.assignment import BalancedPlan, split_for_workers
 
 __all__ = [
     "dataframe_to_batches",
     "to_batch_rdd",
+    "as_batch",
     "rebatch_partition",
-    "export_rdd",
+    "count_examples",
     "worker_rdd_from_paths",
-    "worker_rdd_direct",
-    "check_export_directory",
+    "worker_rdd_balanced",
+    "group_paths",
+    "storage_level_by_name",
 ]
 
 log = logging.getLogger(__name__)
@@ -126,7 +137,8 @@ def to_batch_rdd(
     )
 
 
-def _as_batch(item: Any) -> DataSet | MultiDataSet:
+def as_batch(item: Any) -> DataSet | MultiDataSet:
+    """An RDD item as a batch: DataSets and MultiDataSets as they are, serialized batches decoded."""
     if isinstance(item, (DataSet, MultiDataSet)):
         return item
     if isinstance(item, (bytes, bytearray)):
@@ -138,52 +150,46 @@ def rebatch_partition(batch_size: int) -> Callable[[Iterable[Any]], Iterator[byt
     """``mapPartitions`` function: re-batch a partition to exactly ``batch_size`` examples, serialized."""
 
     def fn(items: Iterable[Any]) -> Iterator[bytes]:
-        for ds in rebatch((_as_batch(i) for i in items), batch_size):
+        for ds in rebatch((as_batch(i) for i in items), batch_size):
             yield dataset_to_bytes(ds)
 
     return fn
 
 
-# ------------------------------------------------------------------ export
-def check_export_directory(directory: str) -> None:
-    """Fail fast, on the driver, when the export directory cannot be created or written."""
-    make_dirs(directory, DataError, "export directory")
-    probe = join(directory, f".probe-{uuid.uuid4().hex}")
-    atomic_write_bytes(probe, b"ok", DataError)
-    from torchspark._io import filesystem
-
-    fs, path = filesystem(probe)
-    fs.rm(path)
+def count_examples(rdd: Any) -> list[int]:
+    """Examples in every partition, in partition order: one cheap job (DataSets are only measured, serialized
+    batches only have their header read) whose result, one int per partition, is all that reaches the driver."""
+    return [int(c) for c in rdd.mapPartitions(_count_partition).collect()]
 
 
-def _export_partition(directory: str, batch_size: int) -> Callable[[int, Iterable[Any]], Iterator[tuple[int, int, str]]]:
-    def fn(index: int, items: Iterable[Any]) -> Iterator[tuple[int, int, str]]:
-        token = uuid.uuid4().hex[:8]
-        for i, ds in enumerate(rebatch((_as_batch(x) for x in items), batch_size)):
-            path = join(directory, f"part{index:05d}-{token}_{i:06d}.safetensors")
-            save_batch(ds, path)
-            yield index, i, path
-
-    return fn
+def _count_partition(items: Iterable[Any]) -> Iterator[int]:
+    yield sum(_num_examples(item) for item in items)
 
 
-def export_rdd(rdd: Any, directory: str, batch_size: int) -> list[tuple[int, str]]:
-    """Write every partition as batch files of ``batch_size`` examples; returns ``(partition, path)`` in order."""
-    rows = rdd.mapPartitionsWithIndex(_export_partition(directory, batch_size)).collect()
-    rows.sort(key=lambda r: (r[0], r[1]))
-    return [(part, path) for part, _, path in rows]
+def _num_examples(item: Any) -> int:
+    if isinstance(item, (bytes, bytearray)):
+        try:
+            claimed = read_safetensors_metadata(bytes(item)).get("num_examples", "")
+        except ValueError:
+            claimed = ""
+        if claimed.isdigit():
+            return int(claimed)
+    return len(as_batch(item))
 
 
 # ------------------------------------------------------------------ assignment of minibatches to workers
-def worker_rdd_from_paths(sc: Any, groups: list[list[str]]) -> Any:
-    """An RDD with one partition per worker holding that worker's batch-file paths, in order."""
+def worker_rdd_from_paths(sc: Any, groups: Sequence[Sequence[Any]]) -> Any:
+    """An RDD with one partition per worker holding that worker's items (batch-file paths or FileSlices), in
+    order. Only the names travel; the workers read the files."""
     n = len(groups)
     return sc.parallelize(range(n), n).mapPartitionsWithIndex(lambda i, _: iter(groups[i]))
 
 
 def group_paths(paths: Sequence[tuple[int, str]], num_workers: int, rng_seed: int | None,
                 by_partition: bool) -> list[list[str]]:
-    """Split exported paths into per-worker lists (balanced, or one input partition per worker)."""
+    """Split batch-file paths into per-worker lists: one input partition per worker (``by_partition``), or whole
+    files balanced by count (:func:`~torchspark.training.assignment.split_for_workers`; ``fit_paths`` trains the
+    user's files as they are)."""
     if by_partition:
         groups: list[list[str]] = [[] for _ in range(num_workers)]
         for part, path in paths:
@@ -192,30 +198,52 @@ def group_paths(paths: Sequence[tuple[int, str]], num_workers: int, rng_seed: in
     return split_for_workers([p for _, p in paths], num_workers, rng_seed)
 
 
-def worker_rdd_direct(indexed: Any, total: int, num_workers: int, rng_seed: int | None, storage_level: Any) -> Any:
-    """Balanced repartition of serialized minibatches to ``num_workers`` partitions, same plan as export.
+def worker_rdd_balanced(rdd: Any, plan: BalancedPlan, storage_level: Any) -> Any:
+    """The direct route's balanced repartition: one partition per worker holding its planned minibatches,
+    serialized, in order.
 
-    Args:
-        indexed: ``rdd_of_batch_bytes.zipWithIndex()``; ``total`` is its ``count()`` (the caller times both).
+    Steps: (1) every input partition is cut into the plan's pieces, each keyed ``(worker, position, begin)``;
+    (2) a shuffle sends each piece to its worker's partition, sorted by key; (3) consecutive pieces of one
+    minibatch (only those straddling an input-partition boundary) are joined.
     """
-    plan = assign_balanced(total, num_workers, rng_seed)
-    plan_bc = indexed.context.broadcast(plan)
-    out = (indexed.map(partial(_slot_key, plan_bc))
-           .repartitionAndSortWithinPartitions(num_workers, partitionFunc=partial(_slot_partition, num_workers,
-                                                                                    max(total, 1)))
-           .values())
+    plan_bc = rdd.context.broadcast(plan)
+    out = (rdd.mapPartitionsWithIndex(partial(_cut_partition, plan_bc))  # (1)
+           .repartitionAndSortWithinPartitions(plan.num_workers, partitionFunc=_worker_of)  # (2)
+           .mapPartitions(_join_pieces))  # (3)
     if storage_level is not None:
         out = out.persist(storage_level)
     return out
 
 
-def _slot_key(plan_bc: Any, pair: tuple[bytes, int]) -> tuple[int, bytes]:
-    blob, g = pair
-    return int(plan_bc.value[g][1]), blob
+def _cut_partition(plan_bc: Any, index: int, items: Iterable[Any]) -> Iterator[tuple[tuple[int, int, int], bytes]]:
+    plan: BalancedPlan = plan_bc.value
+    rows = plan.partition_rows(index)
+    lengths = (plan.stop[rows] - plan.start[rows]).tolist()
+    # one more, unbounded piece catches examples the count did not see
+    pieces = recut((as_batch(x) for x in items), itertools.chain(lengths, [np.iinfo(np.int64).max]))
+    seen = 0
+    for k, piece in enumerate(pieces):
+        seen += len(piece)
+        if k < len(rows):
+            r = rows[k]
+            yield (int(plan.worker[r]), int(plan.position[r]), int(plan.begin[r])), dataset_to_bytes(piece)
+    if seen != sum(lengths):
+        raise DataError(f"input partition {index} held {sum(lengths)} examples when counted but {seen} now; the RDD "
+                        "must give the same data every time it is computed (persist it, or seed its sampling)")
 
 
-def _slot_partition(num_workers: int, total: int, slot: int) -> int:
-    return slot * num_workers // total
+def _worker_of(key: tuple[int, int, int]) -> int:
+    return key[0]
+
+
+def _join_pieces(pairs: Iterable[tuple[tuple[int, int, int], bytes]]) -> Iterator[bytes]:
+    for _, group in itertools.groupby(pairs, key=lambda pair: pair[0][:2]):  # (worker, position): one minibatch
+        blobs = [blob for _, blob in group]
+        if len(blobs) == 1:
+            yield blobs[0]
+        else:
+            parts = [dataset_from_bytes(blob) for blob in blobs]
+            yield dataset_to_bytes(type(parts[0]).merge(parts))
 
 
 def storage_level_by_name(name: str) -> Any:

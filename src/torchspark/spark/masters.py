@@ -44,16 +44,26 @@ class TrainingMaster:
         worker_prefetch_num_batches: minibatches a background thread loads ahead on each worker (0 = off).
         repartition: ``"always"`` (balance every fit), ``"never"`` (each worker trains its own partition, in
             order; needs as many partitions as workers) or ``"num_partitions_workers_differs"``.
-        repartition_strategy: ``"balanced"`` (exactly equal minibatch counts per worker, +-1) or
-            ``"spark_default"`` (``rdd.repartition``: cheaper, roughly equal).
+        repartition_strategy: ``"balanced"`` (every worker trains ``floor(N/n)`` or ``ceil(N/n)`` of the ``N``
+            examples, in minibatches of ``batch_size_per_worker`` except at most a short first and last one each;
+            costs one extra pass that counts the examples of every partition, once per RDD with ``export``; see
+            :mod:`torchspark.training.assignment`) or ``"spark_default"`` (``rdd.repartition`` of every
+            partition's own minibatches: no counting pass, roughly equal shares).
         rdd_training_approach: ``"export"`` (write the data once as batch files under ``export_directory`` and
             train from the paths; reused across fits of the same RDD; the seeds' recommendation) or ``"direct"``
             (train from the RDD, persisted at ``storage_level``).
-        export_directory: where ``export`` writes (any fsspec URL; must be shared storage on a real cluster).
-            Default: a ``torchspark-export`` folder under the system temp directory.
+        export_directory: where ``export`` writes (any fsspec URL). On a cluster it must be storage every executor
+            can read: an ``hdfs://`` or ``s3://`` URL or a directory mounted on all hosts. Default (None): for
+            local masters (``local``, ``local[N]``, ``local-cluster[...]``, one host) a ``torchspark-export``
+            folder under Spark's local directory (``spark.local.dir``, else the system temp directory); any other
+            master then fails before the first job with a ConfigError asking for an export_directory (or
+            ``rdd_training_approach="direct"``), since executors would write to their own disks and workers on
+            other hosts would get paths that do not exist there. ``SparkNetwork.delete_temp_files()`` removes the
+            files.
         storage_level: persistence of the prepared RDD with ``direct`` (a ``pyspark.StorageLevel`` name).
         collect_training_stats: record per-phase timings (see ``SparkNetwork.training_stats``).
-        rng_seed: seeds the shuffle of minibatches across workers (None: keep data order, no shuffle).
+        rng_seed: seeds the shuffle of minibatches across workers (None: keep data order, no shuffle). The same
+            seed and data give the same per-worker sequences with ``export``, ``direct`` and ``ParallelWrapper``.
         rendezvous_timeout_s: limit for every barrier/rendezvous/collective wait; a stuck peer fails the fit
             after this long.
         rendezvous_via: how the workers of a barrier stage learn worker 0's address: ``"driver"`` (a small store

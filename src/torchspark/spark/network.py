@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import tempfile
 import uuid
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from torchspark._io import filesystem, join
@@ -18,21 +18,22 @@ from torchspark.errors import ConfigError, DataError
 from torchspark.nn import Network, NetworkBlueprint
 from torchspark.spark.barrier import RendezvousSettings, barrier_task, open_relay, run_barrier_stage
 from torchspark.spark.data import (
-    check_export_directory,
-    export_rdd,
+    count_examples,
     group_paths,
     rebatch_partition,
     storage_level_by_name,
     to_batch_rdd,
-    worker_rdd_direct,
+    worker_rdd_balanced,
     worker_rdd_from_paths,
 )
+from torchspark.spark.export import check_export_directory, export_base, export_rdd
 from torchspark.spark.masters import TrainingMaster
 from torchspark.spark.network_inference import InferenceMethods
 from torchspark.spark.preflight import executor_count, preflight
 from torchspark.spark.rounds import train_in_rounds
 from torchspark.spark.session import spark_context
 from torchspark.stats import DRIVER_ID, StatsCollector, TrainingStats
+from torchspark.training.assignment import file_items, grid_heads, plan_balanced
 from torchspark.training.hooks import ProgressUpdate
 from torchspark.training.progress import ProgressBar, ProgressServer
 from torchspark.training.reporting import build_training_stats
@@ -72,7 +73,7 @@ class SparkNetwork(InferenceMethods):
         self.network = network
         self.training_master = training_master
         self._score = math.nan
-        self._exports: dict[tuple[int, int], tuple[str, list[tuple[int, str]]]] = {}
+        self._exports: dict[tuple[int, int, bool], _Export] = {}
         self._prepared: dict[tuple[Any, ...], Any] = {}
         self._preflight_done: set[int] = set()
         self.last_results: list[WorkerResult] = []
@@ -121,8 +122,9 @@ class SparkNetwork(InferenceMethods):
         self._driver_stats = StatsCollector(DRIVER_ID, enabled=self._collect_stats)
         rdd = to_batch_rdd(data, features_col, label_col, feature_shape, self.network.losses[0].classification)
         n = self._num_workers(master)
+        base = self._export_base(master) if master.rdd_training_approach == "export" else None  # before any job
         self._preflight(master, n)
-        worker_rdd = self._prepare(rdd, master, n)
+        worker_rdd = self._prepare(rdd, master, n, base)
         return self._train(worker_rdd, master, n, epochs)
 
     def fit_paths(self, paths: Any, epochs: int = 1) -> Network:
@@ -154,8 +156,8 @@ class SparkNetwork(InferenceMethods):
         for prepared in self._prepared.values():
             prepared.unpersist()
         self._prepared.clear()
-        for directory, _ in self._exports.values():
-            fs, path = filesystem(directory)
+        for export in self._exports.values():
+            fs, path = filesystem(export.directory)
             if fs.exists(path):
                 fs.rm(path, recursive=True)
         self._exports.clear()
@@ -191,27 +193,52 @@ class SparkNetwork(InferenceMethods):
         return master.repartition == "num_partitions_workers_differs" and partitions == n
 
     def _export_base(self, master: TrainingMaster) -> str:
-        if master.export_directory:
-            return master.export_directory
-        return os.path.join(tempfile.gettempdir(), "torchspark-export")
+        local_dir = self.sc.getConf().get("spark.local.dir", None)
+        return export_base(master.export_directory, self.sc.master, local_dir, tempfile.gettempdir())
 
-    def _prepare(self, rdd: Any, master: TrainingMaster, n: int) -> Any:
-        """An RDD with one partition per worker holding that worker's minibatches (paths or bytes), in order."""
+    def _prepare(self, rdd: Any, master: TrainingMaster, n: int, base: str | None) -> Any:
+        """An RDD with one partition per worker holding that worker's minibatches (paths, FileSlices or bytes), in
+        order."""
         keep = self._keep_partitions(master, rdd.getNumPartitions(), n)
-        bsz = master.batch_size_per_worker
+        balanced = not keep and master.repartition_strategy == "balanced"
         if master.rdd_training_approach == "export":
-            key = (rdd.id(), bsz)
-            if key not in self._exports:
-                directory = join(self._export_base(master), f"{uuid.uuid4().hex[:12]}-rdd{rdd.id()}")
-                check_export_directory(directory)
-                with self._driver_stats.phase("export"):
-                    self._exports[key] = (directory, export_rdd(rdd, directory, bsz))
-            paths = self._exports[key][1]
-            if not paths:
-                raise DataError("the training data is empty: the RDD holds no examples")
-            if not keep and master.repartition_strategy == "spark_default":
-                return self.sc.parallelize([p for _, p in paths]).repartition(n)
-            return worker_rdd_from_paths(self.sc, group_paths(paths, n, master.rng_seed, keep))
+            assert base is not None
+            return self._prepare_export(rdd, master, n, base, keep, balanced)
+        return self._prepare_direct(rdd, master, n, keep, balanced)
+
+    def _export(self, rdd: Any, master: TrainingMaster, base: str, on_grid: bool) -> _Export:
+        """Batch files of ``rdd`` (written once, reused by later fits): on the balanced plan's global grid when
+        ``on_grid`` (any worker count and seed reuses them), else every partition on its own grid."""
+        bsz = master.batch_size_per_worker
+        key = (rdd.id(), bsz, on_grid)
+        if key not in self._exports:
+            directory = join(base, f"{uuid.uuid4().hex[:12]}-rdd{rdd.id()}")
+            check_export_directory(directory)
+            sizes = heads = None
+            if on_grid:
+                with self._driver_stats.phase("count"):
+                    sizes = count_examples(rdd)
+                heads = grid_heads(sizes, bsz)
+            with self._driver_stats.phase("export"):
+                self._exports[key] = _Export(directory, export_rdd(rdd, directory, bsz, heads), sizes)
+        return self._exports[key]
+
+    def _prepare_export(self, rdd: Any, master: TrainingMaster, n: int, base: str, keep: bool,
+                        balanced: bool) -> Any:
+        export = self._export(rdd, master, base, on_grid=balanced)
+        if not export.files:
+            raise DataError("the training data is empty: the RDD holds no examples")
+        if balanced:
+            assert export.sizes is not None
+            plan = plan_balanced(export.sizes, master.batch_size_per_worker, n, master.rng_seed)
+            return worker_rdd_from_paths(self.sc, file_items(plan, export.files))
+        paths = [(part, path) for part, path, _ in export.files]
+        if not keep:  # spark_default
+            return self.sc.parallelize([p for _, p in paths]).repartition(n)
+        return worker_rdd_from_paths(self.sc, group_paths(paths, n, master.rng_seed, by_partition=True))
+
+    def _prepare_direct(self, rdd: Any, master: TrainingMaster, n: int, keep: bool, balanced: bool) -> Any:
+        bsz = master.batch_size_per_worker
         level = storage_level_by_name(master.storage_level)
         # later fits of the same RDD reuse the persisted, repartitioned minibatches (no count, no shuffle); only the
         # latest data stays persisted
@@ -222,17 +249,15 @@ class SparkNetwork(InferenceMethods):
         for old in self._prepared.values():
             old.unpersist()
         self._prepared.clear()
-        batches = rdd.mapPartitions(rebatch_partition(bsz))
-        if keep:
-            prepared = batches.persist(level)
-        elif master.repartition_strategy == "spark_default":
-            prepared = batches.repartition(n).persist(level)
-        else:
+        if balanced:
             with self._driver_stats.phase("count"):
-                indexed = batches.zipWithIndex()
-                total = indexed.count()
+                sizes = count_examples(rdd)
+            plan = plan_balanced(sizes, bsz, n, master.rng_seed)
             with self._driver_stats.phase("repartition"):
-                prepared = worker_rdd_direct(indexed, total, n, master.rng_seed, level)
+                prepared = worker_rdd_balanced(rdd, plan, level)
+        else:
+            batches = rdd.mapPartitions(rebatch_partition(bsz))
+            prepared = batches.persist(level) if keep else batches.repartition(n).persist(level)
         self._prepared[cache_key] = prepared
         return prepared
 
@@ -299,6 +324,16 @@ class SparkNetwork(InferenceMethods):
     def _finish_stats(self, results: Sequence[WorkerResult], epochs: int) -> None:
         self._stats = (build_training_stats(self._driver_stats, results, epochs, self.network.extra_config)
                        if self._collect_stats else None)
+
+
+@dataclass(frozen=True)
+class _Export:
+    """Batch files written for one RDD: where, ``(partition, path, examples)`` in data order, and the partitions'
+    example counts (only for exports cut on the balanced plan's grid)."""
+
+    directory: str
+    files: list[tuple[int, str, int]]
+    sizes: list[int] | None
 
 
 def first_item(sc: Any, rdd: Any) -> Any:

@@ -1,21 +1,226 @@
-"""Which worker trains which minibatch: one deterministic plan shared by Spark and ParallelWrapper.
+"""Which worker trains which examples: deterministic plans shared by Spark and ParallelWrapper.
 
-Minibatches keep one global order; after an optional seeded permutation, minibatch ``p`` of ``L`` goes to worker
-``p * n // L``: contiguous, equal (+-1) blocks. Because Spark's export and direct routes and ParallelWrapper all
-use this plan, they train on identical per-worker sequences for the same seed.
+Two plans live here.
+
+**Exact balance** (:func:`plan_balanced`, used by ``repartition_strategy="balanced"`` on both Spark routes and by
+ParallelWrapper for in-memory data). It gives every one of ``n`` workers ``floor(N/n)`` or ``ceil(N/n)`` of the
+``N`` examples, in minibatches of ``batch_size`` except at most a short first and a short last one per worker:
+
+1. Lay one *grid* over the examples in data order (input partition 0, then 1, ...): grid minibatch ``g`` holds
+   global examples ``[g*B, (g+1)*B)``; only the last one may be short. The grid depends on ``N`` and ``B`` alone,
+   not on how the data is partitioned, so Spark (many partitions) and ParallelWrapper (one DataSet) agree.
+2. Order the grid minibatches: with ``rng_seed``, a seeded permutation of the full ones; the short remainder
+   stays last, so it can only end the last worker's sequence.
+3. Read the ordered minibatches as one sequence of ``N`` examples and cut it at ``w*N//n`` for ``w = 0..n``:
+   worker ``w`` gets the range ``[w*N//n, (w+1)*N//n)``. A grid minibatch that a cut falls into becomes a short
+   last minibatch of one worker and a short first minibatch of the next.
+4. Split every worker minibatch at input-partition boundaries into *pieces* ``(partition, start, stop)`` (in the
+   partition's own example numbering). A minibatch is the concatenation of its pieces in data order; most have
+   one piece, only those that straddle a partition boundary have more.
+
+Consumers turn pieces into data where the data lives: the ``direct`` route cuts each partition into its pieces on
+the executors and shuffles them to their workers (:func:`torchspark.spark.data.worker_rdd_balanced`); the
+``export`` route writes files cut on the grid and partition boundaries (:func:`grid_heads`), and a worker loads a
+minibatch as a whole file or as :class:`FileSlices`; ParallelWrapper slices its in-memory data
+(:func:`split_examples`). All three give identical per-worker minibatch sequences for the same seed.
+
+**Whole items** (:func:`assign_balanced`, :func:`split_for_workers`): batch files given by the user are trained as
+they are, one minibatch each, so only their count can be balanced: minibatch ``p`` of ``L`` (after an optional
+seeded permutation) goes to worker ``p * n // L``.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence, TypeVar
 
 import numpy as np
 
-__all__ = ["assign_balanced", "split_for_workers"]
+from torchspark.data import Batch, load_batch
+from torchspark.errors import ConfigError, DataError
+
+__all__ = [
+    "BalancedPlan",
+    "FileSlices",
+    "plan_balanced",
+    "grid_heads",
+    "split_examples",
+    "file_items",
+    "assign_balanced",
+    "split_for_workers",
+]
 
 T = TypeVar("T")
 
 
+# ------------------------------------------------------------------ exact balance
+@dataclass(frozen=True, eq=False)
+class BalancedPlan:
+    """The pieces of every worker's minibatches; one row per piece, sorted by (worker, position, begin).
+
+    Attributes (int64 arrays of one length, ``S`` pieces):
+        worker: the worker that trains the piece.
+        position: index of the piece's minibatch in that worker's sequence.
+        partition: the input partition holding the piece.
+        start, stop: the piece's examples in the partition's own numbering.
+        begin: the piece's first example in the global numbering (data order); orders pieces in a minibatch.
+        num_workers: ``n``.
+    """
+
+    worker: np.ndarray
+    position: np.ndarray
+    partition: np.ndarray
+    start: np.ndarray
+    stop: np.ndarray
+    begin: np.ndarray
+    num_workers: int
+
+    def examples_per_worker(self) -> list[int]:
+        """How many examples each worker trains per epoch (they differ by at most one)."""
+        counts = np.bincount(self.worker, weights=self.stop - self.start, minlength=self.num_workers)
+        return [int(c) for c in counts]
+
+    def minibatches(self, worker: int) -> list[np.ndarray]:
+        """Worker ``worker``'s minibatches in training order, each as the row indices of its pieces."""
+        rows = np.flatnonzero(self.worker == worker)
+        if rows.size == 0:
+            return []
+        breaks = np.flatnonzero(np.diff(self.position[rows])) + 1
+        return np.split(rows, breaks)
+
+    def partition_rows(self, partition: int) -> np.ndarray:
+        """Row indices of the pieces of one input partition, in the partition's order (they tile it)."""
+        rows = np.flatnonzero(self.partition == partition)
+        return rows[np.argsort(self.start[rows], kind="stable")]
+
+
+def plan_balanced(sizes: Sequence[int], batch_size: int, num_workers: int, rng_seed: int | None) -> BalancedPlan:
+    """Plan exactly balanced per-worker minibatches over partitions of ``sizes`` examples (steps in the module doc).
+
+    Args:
+        sizes: examples in each input partition, in data order (zeros allowed).
+        batch_size: examples per minibatch (``batch_size_per_worker``).
+        num_workers: ``n``; when there are fewer examples than workers, some workers get none.
+        rng_seed: seeds the order of the full grid minibatches; None keeps data order.
+    Raises:
+        ConfigError: ``batch_size`` or ``num_workers`` < 1. DataError: a negative size, or no examples at all.
+    """
+    if batch_size < 1 or num_workers < 1:
+        raise ConfigError(f"batch_size and num_workers must be >= 1, got {batch_size} and {num_workers}")
+    part_size = np.asarray(list(sizes), dtype=np.int64)
+    if (part_size < 0).any():
+        raise DataError(f"partition sizes must be >= 0, got {part_size.tolist()}")
+    total = int(part_size.sum())
+    if total == 0:
+        raise DataError("the training data is empty: the RDD holds no examples")
+    b, n = batch_size, num_workers
+    # 1. the grid: minibatch g = global examples [g*b, g*b + length[g])
+    grid = -(-total // b)
+    length = np.full(grid, b, dtype=np.int64)
+    length[-1] = total - (grid - 1) * b
+    # 2. slot k of the training sequence holds grid minibatch order[k]; the short remainder stays last
+    order = np.arange(grid, dtype=np.int64)
+    full = total // b
+    if rng_seed is not None:
+        order[:full] = np.random.default_rng(rng_seed).permutation(full)
+    slot_of = np.empty(grid, dtype=np.int64)
+    slot_of[order] = np.arange(grid)
+    slot_start = np.concatenate([[0], np.cumsum(length[order])])  # (grid + 1,) sequence offset of every slot
+    # 3. worker cuts in the sequence, and where the inner ones fall in global numbering
+    cuts = np.arange(n + 1, dtype=np.int64) * total // n
+    inner = cuts[1:-1]
+    cut_slot = np.searchsorted(slot_start, inner, side="right") - 1
+    cut_global = order[cut_slot] * b + (inner - slot_start[cut_slot])
+    # 4. pieces: cut the global numbering at grid, partition and worker boundaries
+    part_start = np.concatenate([[0], np.cumsum(part_size)])
+    bounds = np.unique(np.concatenate([np.arange(0, total, b), part_start, cut_global]))
+    begin, end = bounds[:-1], bounds[1:]
+    slot = slot_of[begin // b]
+    in_sequence = slot_start[slot] + begin - (begin // b) * b
+    worker = np.searchsorted(cuts, in_sequence, side="right") - 1  # 'right': skips workers with no examples
+    first_slot = np.searchsorted(slot_start, cuts[:-1], side="right") - 1
+    partition = np.searchsorted(part_start, begin, side="right") - 1  # 'right': skips empty partitions
+    rows = np.lexsort((begin, slot, worker))
+    worker, slot, partition, begin, end = worker[rows], slot[rows], partition[rows], begin[rows], end[rows]
+    return BalancedPlan(worker=worker, position=slot - first_slot[worker], partition=partition,
+                        start=begin - part_start[partition], stop=end - part_start[partition], begin=begin,
+                        num_workers=n)
+
+
+def grid_heads(sizes: Sequence[int], batch_size: int) -> list[int]:
+    """For each partition, the examples before its first grid boundary (0 when it starts on one).
+
+    Cutting partition ``p`` into ``heads[p]`` (when > 0), then ``batch_size``, ``batch_size``, ... examples cuts
+    the data exactly on the grid and on partition boundaries: the export route's batch files. Every piece of any
+    :func:`plan_balanced` plan over these sizes lies inside one such file, whatever the seed or worker count.
+    """
+    offsets = np.concatenate([[0], np.cumsum(np.asarray(list(sizes), dtype=np.int64))[:-1]])
+    return [int(h) for h in (-offsets) % batch_size]
+
+
+def split_examples(batches: Sequence[Batch], batch_size: int, num_workers: int,
+                   rng_seed: int | None) -> list[list[Batch]]:
+    """In-memory data cut into per-worker minibatches by :func:`plan_balanced`, each item of ``batches`` taken as
+    one input partition (ParallelWrapper's route: the same minibatches as Spark for the same data and seed)."""
+    plan = plan_balanced([len(b) for b in batches], batch_size, num_workers, rng_seed)
+    out: list[list[Batch]] = []
+    for w in range(num_workers):
+        minibatches = []
+        for rows in plan.minibatches(w):
+            pieces = [batches[int(plan.partition[r])].slice(int(plan.start[r]), int(plan.stop[r])) for r in rows]
+            minibatches.append(pieces[0] if len(pieces) == 1 else type(pieces[0]).merge(pieces))
+        out.append(minibatches)
+    return out
+
+
+@dataclass(frozen=True)
+class FileSlices:
+    """A minibatch made of parts of batch files: ``(path, start, stop)`` slices concatenated in order.
+
+    The export route's item for a minibatch that is not one whole file (cut by a worker boundary, or straddling an
+    input-partition boundary). Workers read the files every epoch, as they read whole-file paths.
+    """
+
+    slices: tuple[tuple[str, int, int], ...]
+
+    def load(self) -> Batch:
+        parts = [load_batch(path).slice(start, stop) for path, start, stop in self.slices]
+        return parts[0] if len(parts) == 1 else type(parts[0]).merge(parts)
+
+
+def file_items(plan: BalancedPlan, files: Sequence[tuple[int, str, int]]) -> list[list[str | FileSlices]]:
+    """Every worker's minibatches as export items: a path when the minibatch is one whole file, else FileSlices.
+
+    Args:
+        plan: from :func:`plan_balanced` over the partition sizes the files were cut with.
+        files: ``(partition, path, examples)`` of every batch file in data order, cut as :func:`grid_heads` says.
+    Raises:
+        DataError: the files do not cover the plan's examples (the data changed between counting and export).
+    """
+    examples = np.asarray([f[2] for f in files], dtype=np.int64)
+    file_begin = np.concatenate([[0], np.cumsum(examples)])
+    total = int(plan.stop.sum() - plan.start.sum())
+    if int(file_begin[-1]) != total:
+        raise DataError(f"the export holds {int(file_begin[-1])} examples but the data had {total} when counted; "
+                        "the RDD must give the same data every time it is computed (persist it, or seed its "
+                        "sampling)")
+    index = np.searchsorted(file_begin, plan.begin, side="right") - 1
+    offset = plan.begin - file_begin[index]
+    size = plan.stop - plan.start
+    if (offset + size > examples[index]).any():
+        raise DataError("a planned minibatch piece crosses a batch-file boundary: the export was not cut on the grid")
+    items: list[list[str | FileSlices]] = []
+    for w in range(plan.num_workers):
+        mine: list[str | FileSlices] = []
+        for rows in plan.minibatches(w):
+            slices = tuple((files[int(index[r])][1], int(offset[r]), int(offset[r] + size[r])) for r in rows)
+            whole = len(rows) == 1 and offset[rows[0]] == 0 and size[rows[0]] == examples[index[rows[0]]]
+            mine.append(slices[0][0] if whole else FileSlices(slices))
+        items.append(mine)
+    return items
+
+
+# ------------------------------------------------------------------ whole items (user's batch files)
 def assign_balanced(total: int, num_workers: int, rng_seed: int | None) -> np.ndarray:
     """Worker index of each minibatch ``0..total-1``: contiguous, equal (+-1) blocks after an optional permutation.
 

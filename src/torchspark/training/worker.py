@@ -17,6 +17,7 @@ import torch
 from torchspark.data import Batch, DataSet, MultiDataSet, dataset_from_bytes, load_batch
 from torchspark.nn import Network, NetworkBlueprint
 from torchspark.training.algorithms import ALGORITHMS
+from torchspark.training.assignment import FileSlices
 from torchspark.training.comm import Communicator
 from torchspark.training.devices import flush_denormals
 from torchspark.training.hooks import WorkerHooks
@@ -77,11 +78,14 @@ class WorkerResult:
 
 
 def load_item(item: Any) -> Batch:
-    """A batch from whatever a data source yields: a batch, a batch-file path, or serialized batch bytes."""
+    """A batch from whatever a data source yields: a batch, a batch-file path, slices of batch files
+    (:class:`~torchspark.training.assignment.FileSlices`, the balanced export route), or serialized batch bytes."""
     if isinstance(item, (DataSet, MultiDataSet)):
         return item
     if isinstance(item, str):
         return load_batch(item)
+    if isinstance(item, FileSlices):
+        return item.load()
     if isinstance(item, (bytes, bytearray, memoryview)):
         return dataset_from_bytes(bytes(item))
     raise TypeError(f"cannot turn a {type(item).__name__} into a minibatch")
@@ -99,7 +103,8 @@ class ItemSource:
     For a Spark partition iterator (read once) this keeps the partition's batches in the worker's memory across
     epochs, like an RDD persisted in memory. Serialized batches (bytes) are decoded once, during the first epoch
     (on the prefetch thread), and kept decoded: later epochs replay ready minibatches without decoding or a
-    prefetch thread. Batch-file paths (the ``export`` approach) cost only their names and are read every epoch.
+    prefetch thread. Batch-file paths and FileSlices (the ``export`` approach) cost only their names and are read
+    every epoch.
     """
 
     def __init__(self, items: Iterable[Any]) -> None:

@@ -1,0 +1,98 @@
+"""The ``export`` approach: write the training RDD once as batch files, then train from their names.
+
+Where the files go (:func:`export_base`): ``export_directory`` when set, which must be storage every executor can
+read (``hdfs://``, ``s3://``, a mount shared by all hosts). Without it only local masters (``local``,
+``local[N]``, ``local-cluster[...]``) work: all executors share one host, so a folder under Spark's local
+directory (``spark.local.dir``, else the temp directory) is readable by all of them. Any other master fails before
+the first job instead of handing workers paths that exist only on another host.
+
+How the files are cut (:func:`export_rdd`): each partition on its own grid of ``batch_size`` (for
+``repartition="never"`` and ``"spark_default"``), or on the balanced plan's global grid when given the partitions'
+``heads`` (:func:`torchspark.training.assignment.grid_heads`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import uuid
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+from torchspark._io import atomic_write_bytes, filesystem, join, make_dirs
+from torchspark.data import recut, save_batch
+from torchspark.errors import ConfigError, DataError
+from torchspark.spark.data import as_batch
+
+__all__ = ["EXPORT_FOLDER", "is_local_master", "export_base", "check_export_directory", "export_rdd"]
+
+#: the folder under Spark's local directory that holds exports when ``export_directory`` is not set
+EXPORT_FOLDER = "torchspark-export"
+
+
+def is_local_master(master: str) -> bool:
+    """Whether every executor of ``master`` runs on the driver's host (``local``, ``local[4]``,
+    ``local-cluster[2,1,1024]``)."""
+    return master == "local" or master.startswith(("local[", "local-cluster["))
+
+
+def export_base(export_directory: str | None, master: str, spark_local_dir: str | None, temp_dir: str) -> str:
+    """The directory exports go under (a pure decision, so it is testable without a cluster).
+
+    Args:
+        export_directory: the master's ``export_directory``; used as it is when set.
+        master: the Spark master URL (``sc.master``).
+        spark_local_dir: the ``spark.local.dir`` setting (comma-separated directories; the first is used) or None.
+        temp_dir: the temp directory to fall back on (``tempfile.gettempdir()``).
+    Raises:
+        ConfigError: no ``export_directory`` and a master whose executors may run on other hosts.
+    """
+    if export_directory:
+        return export_directory
+    if not is_local_master(master):
+        raise ConfigError(
+            f"export_directory is not set and the Spark master {master!r} is not local: executors on other hosts "
+            "would write batch files to their own disks, where workers elsewhere cannot read them. Set "
+            "export_directory to storage every executor can read (an hdfs:// or s3:// URL, or a directory mounted "
+            "on all hosts), or use rdd_training_approach='direct'"
+        )
+    local_dirs = [d.strip() for d in (spark_local_dir or "").split(",") if d.strip()]
+    return os.path.join(local_dirs[0] if local_dirs else temp_dir, EXPORT_FOLDER)
+
+
+def check_export_directory(directory: str) -> None:
+    """Fail fast, on the driver, when the export directory cannot be created or written."""
+    make_dirs(directory, DataError, "export directory")
+    probe = join(directory, f".probe-{uuid.uuid4().hex}")
+    atomic_write_bytes(probe, b"ok", DataError)
+    fs, path = filesystem(probe)
+    fs.rm(path)
+
+
+def export_rdd(rdd: Any, directory: str, batch_size: int,
+               heads: Sequence[int] | None = None) -> list[tuple[int, str, int]]:
+    """Write every partition as batch files of ``batch_size`` examples; ``(partition, path, examples)`` in order.
+
+    Only the file names and counts reach the driver.
+
+    Args:
+        heads: per partition, the size of its first file (then ``batch_size`` each; 0 = start with a full one),
+            so the files follow the balanced plan's global grid. None: every partition on its own grid (the last
+            file of each may be short).
+    """
+    rows = rdd.mapPartitionsWithIndex(_export_partition(directory, batch_size, heads)).collect()
+    rows.sort(key=lambda r: (r[0], r[1]))
+    return [(part, path, examples) for part, _, path, examples in rows]
+
+
+def _export_partition(directory: str, batch_size: int, heads: Sequence[int] | None
+                      ) -> Callable[[int, Iterable[Any]], Iterator[tuple[int, int, str, int]]]:
+    def fn(index: int, items: Iterable[Any]) -> Iterator[tuple[int, int, str, int]]:
+        token = uuid.uuid4().hex[:8]
+        head = heads[index] if heads else 0
+        sizes = itertools.chain([head] if head else [], itertools.repeat(batch_size))
+        for i, ds in enumerate(recut((as_batch(x) for x in items), sizes)):
+            path = join(directory, f"part{index:05d}-{token}_{i:06d}.safetensors")
+            save_batch(ds, path)
+            yield index, i, path, len(ds)
+
+    return fn

@@ -1,0 +1,133 @@
+"""The exact balanced plan (:mod:`torchspark.training.assignment`) against a few-line reference, its export-file
+form, and where exports go (:func:`torchspark.spark.export.export_base`); no Spark session needed."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from torchspark import DataSet, datasets
+from torchspark.data import recut, save_batch
+from torchspark.errors import ConfigError, DataError
+from torchspark.spark.export import EXPORT_FOLDER, export_base
+from torchspark.training.assignment import FileSlices, file_items, grid_heads, plan_balanced, split_examples
+from torchspark.training.worker import load_item
+
+SIZES = [[37, 5, 100, 1], [100], [0, 3, 0, 0, 2], [1, 1, 1], [16, 16], [7, 0, 9]]
+
+
+def _reference(total: int, batch: int, workers: int, seed: int | None) -> list[list[list[int]]]:
+    """Per worker, its minibatches as lists of global example indices: the module docstring's steps, literally."""
+    grid = [list(range(start, min(start + batch, total))) for start in range(0, total, batch)]
+    full = total // batch
+    order = list(range(len(grid)))
+    if seed is not None:
+        order[:full] = np.random.default_rng(seed).permutation(full).tolist()
+    sequence = [(slot, example) for slot, g in enumerate(order) for example in grid[g]]
+    out = []
+    for w in range(workers):
+        mine = sequence[w * total // workers:(w + 1) * total // workers]
+        out.append([[e for _, e in group] for _, group in itertools.groupby(mine, key=lambda t: t[0])])
+    return out
+
+
+def _global(plan, sizes: list[int]) -> list[list[list[int]]]:
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    return [[[int(offsets[plan.partition[r]]) + i for r in rows for i in range(plan.start[r], plan.stop[r])]
+             for rows in plan.minibatches(w)] for w in range(plan.num_workers)]
+
+
+@pytest.mark.parametrize("sizes", SIZES)
+@pytest.mark.parametrize("batch", [8, 3])
+@pytest.mark.parametrize("workers", [1, 2, 3, 5])
+@pytest.mark.parametrize("seed", [None, 0, 7])
+def test_balanced_plan_matches_the_reference(sizes: list[int], batch: int, workers: int, seed) -> None:
+    total = sum(sizes)
+    plan = plan_balanced(sizes, batch, workers, seed)
+    assert _global(plan, sizes) == _reference(total, batch, workers, seed)
+    counts = plan.examples_per_worker()
+    assert sum(counts) == total and set(counts) <= {total // workers, -(-total // workers)}
+    for w in range(workers):  # full minibatches except a short first and a short last one
+        lengths = [int((plan.stop[rows] - plan.start[rows]).sum()) for rows in plan.minibatches(w)]
+        assert all(n == batch for n in lengths[1:-1]) and all(0 < n <= batch for n in lengths), lengths
+    for p, size in enumerate(sizes):  # every example of every partition exactly once
+        rows = plan.partition_rows(p)
+        assert plan.start[rows].tolist() == [0, *plan.stop[rows][:-1].tolist()][:len(rows)]
+        assert (plan.stop[rows][-1] if len(rows) else 0) == size
+    # partitioning only splits minibatches into pieces: one partition of all the data gives the same minibatches
+    assert _global(plan_balanced([total], batch, workers, seed), [total]) == _global(plan, sizes)
+
+
+def test_seeded_plans_are_deterministic_and_seeds_differ() -> None:
+    sizes = [37, 5, 100, 1]
+    first, again = (_global(plan_balanced(sizes, 8, 3, 11), sizes) for _ in range(2))
+    assert first == again
+    assert _global(plan_balanced(sizes, 8, 3, 12), sizes) != first
+    assert _global(plan_balanced(sizes, 8, 3, None), sizes) != first
+
+
+@pytest.mark.parametrize(("sizes", "batch", "workers", "error"), [
+    ([0, 0], 8, 2, DataError), ([], 8, 2, DataError), ([5, -1], 8, 2, DataError), ([5], 0, 2, ConfigError),
+    ([5], 8, 0, ConfigError),
+])
+def test_balanced_plan_refuses_bad_input(sizes, batch, workers, error) -> None:
+    with pytest.raises(error):
+        plan_balanced(sizes, batch, workers, None)
+
+
+def test_grid_heads_cut_files_on_the_global_grid() -> None:
+    assert grid_heads([37, 5, 100, 1], 8) == [0, 3, 6, 2]  # offsets 0, 37, 42, 142
+    assert grid_heads([16, 0, 8], 8) == [0, 0, 0]
+
+
+def _parts(sizes: list[int]) -> list[DataSet]:
+    data = datasets.synthetic_classification(sum(sizes), 4, 3, seed=1)
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).tolist()
+    return [data.slice(a, b) for a, b in zip(offsets[:-1], offsets[1:])]
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+@pytest.mark.parametrize("seed", [None, 4])
+def test_export_items_load_the_same_minibatches_as_in_memory_data(tmp_path, workers: int, seed) -> None:
+    """The export route's files + items give what ParallelWrapper slices from memory (Spark's direct route is
+    compared with both in tests/spark/test_balanced_spark.py)."""
+    sizes = [37, 5, 100, 1]
+    parts = _parts(sizes)
+    files = []  # what export_rdd writes: each partition cut at its grid head, then every batch
+    for p, (part, head) in enumerate(zip(parts, grid_heads(sizes, 8))):
+        cuts = itertools.chain([head] if head else [], itertools.repeat(8))
+        for i, piece in enumerate(recut(part.split(10), cuts)):
+            files.append((p, save_batch(piece, str(tmp_path / f"p{p}_{i}.safetensors")), len(piece)))
+    items = file_items(plan_balanced(sizes, 8, workers, seed), files)
+    expected = split_examples(parts, 8, workers, seed)
+    assert [len(mine) for mine in items] == [len(mine) for mine in expected]
+    for mine, theirs in zip(items, expected):
+        for item, batch in zip(mine, theirs):
+            loaded = load_item(item)
+            torch.testing.assert_close(loaded.features, batch.features, atol=0, rtol=0)
+            torch.testing.assert_close(loaded.labels, batch.labels, atol=0, rtol=0)
+    kinds = [type(item) for mine in items for item in mine]
+    assert kinds.count(str) > kinds.count(FileSlices)  # most minibatches are whole files
+    with pytest.raises(DataError, match="counted"):
+        file_items(plan_balanced([s + 1 for s in sizes], 8, workers, seed), files)
+
+
+@pytest.mark.parametrize(("export_directory", "master", "local_dir", "expected"), [
+    (None, "local[2]", None, f"/tmp/{EXPORT_FOLDER}"),
+    (None, "local", "/data/spark", f"/data/spark/{EXPORT_FOLDER}"),
+    (None, "local-cluster[2,1,1024]", "/fast/a, /fast/b", f"/fast/a/{EXPORT_FOLDER}"),
+    (None, "local[*]", "", f"/tmp/{EXPORT_FOLDER}"),
+    ("hdfs://nn/exports", "yarn", None, "hdfs://nn/exports"),
+    ("/shared/mount", "spark://host:7077", "/local", "/shared/mount"),
+])
+def test_export_base(export_directory, master: str, local_dir, expected: str) -> None:
+    assert export_base(export_directory, master, local_dir, "/tmp") == expected
+
+
+@pytest.mark.parametrize("master", ["yarn", "spark://host:7077", "k8s://https://api:6443", "localhost:7077"])
+def test_export_base_refuses_a_cluster_without_export_directory(master: str) -> None:
+    with pytest.raises(ConfigError, match=r"export_directory.*(hdfs://|s3://).*rdd_training_approach='direct'"):
+        export_base(None, master, "/local", "/tmp")
