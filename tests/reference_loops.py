@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from torchspark import DataSet, Network
@@ -33,3 +35,31 @@ def sharing_reference(net: Network, shards: list[list[DataSet]], epochs: int, ov
             if pending is not None:
                 replica.apply_update(pending)
     return nets, states
+
+
+def averaging_reference(net: Network, shards: list[list[DataSet]], epochs: int, frequency: int,
+                        save_updater: bool) -> Network:
+    """Parameter averaging in a few lines: each replica fits up to ``frequency`` minibatches, then params (and the
+    updater state when ``save_updater``, else it is zeroed) become the example-weighted mean. Returns replica 0."""
+    nets = [net.copy() for _ in shards]
+    for _ in range(epochs):
+        streams = [iter(shard) for shard in shards]
+        while True:
+            weights = []
+            for replica, stream in zip(nets, streams):
+                batches = list(itertools.islice(stream, frequency))
+                for batch in batches:
+                    replica.train_step(batch)
+                weights.append(float(sum(len(b) for b in batches)))
+            total = sum(weights)
+            if total == 0:
+                break
+            params = sum(r.params() * w for r, w in zip(nets, weights)) / total
+            state = sum(r.updater_state() * w for r, w in zip(nets, weights)) / total
+            for replica in nets:
+                replica.set_params(params)
+                if save_updater:
+                    replica.set_updater_state(state)
+                else:
+                    replica.reset_updater_state()
+    return nets[0]

@@ -55,18 +55,21 @@ def test_identical_shards_equal_single_worker(spark, sc, approach: str) -> None:
 
 def _averaging_reference(module: torch.nn.Module, shards: list[list[DataSet]], lr: float,
                          frequency: int) -> tuple[list[float], torch.nn.Module]:
-    """Parameter averaging as a plain torch loop, for shards of equal size: every replica takes ``frequency`` SGD
-    steps on its own shard from the common parameters, then all take the plain mean. Returns each replica's last
-    minibatch loss (taken before its last step, as a training step reports it) and the averaged module."""
+    """Parameter averaging as a plain torch loop: every replica takes up to ``frequency`` SGD steps on its own
+    shard from the common parameters, then all take the example-weighted mean of the replicas that trained in the
+    round (a replica whose shard ran out sits the round out). Returns each replica's last minibatch loss (taken
+    before its last step, as a training step reports it) and the averaged module."""
     import copy
 
     import torch.nn.functional as F
 
     replicas = [copy.deepcopy(module) for _ in shards]
     last = [float("nan")] * len(shards)
-    for start in range(0, len(shards[0]), frequency):
+    for start in range(0, max(len(shard) for shard in shards), frequency):
+        weights = []
         for i, (replica, shard) in enumerate(zip(replicas, shards)):
             opt = torch.optim.SGD(replica.parameters(), lr=lr)
+            weights.append(sum(len(b) for b in shard[start:start + frequency]))
             for batch in shard[start:start + frequency]:
                 loss = F.cross_entropy(replica(batch.features), batch.labels)
                 last[i] = float(loss.detach())
@@ -75,7 +78,7 @@ def _averaging_reference(module: torch.nn.Module, shards: list[list[DataSet]], l
                 opt.step()
         with torch.no_grad():
             for params in zip(*(r.parameters() for r in replicas)):
-                mean = torch.stack(params).mean(0)
+                mean = sum(p * w for p, w in zip(params, weights)) / sum(weights)
                 for p in params:
                     p.copy_(mean)
     return last, replicas[0]
@@ -83,9 +86,10 @@ def _averaging_reference(module: torch.nn.Module, shards: list[list[DataSet]], l
 
 @pytest.mark.parametrize("via", ["torch", "spark"])
 def test_get_score_is_the_mean_of_the_workers_last_minibatch_loss(spark, sc, via: str) -> None:
-    """Two workers, three minibatches each, averaging every 2: the last round is one minibatch per worker, taken
-    from the averaged parameters. get_score() equals the mean of those two losses computed by a plain torch loop."""
-    shards = [_small(24, seed=20).split(8), _small(24, seed=21).split(8)]  # different data: different losses
+    """Two workers, averaging every 2 minibatches of 8: worker 0 has three, worker 1 one. Round 1 averages 2:1,
+    round 2 is worker 0's alone. get_score() is the plain mean of each worker's own last minibatch loss (worker
+    1's from round 1), computed by a plain torch loop: not the last round's score, not weighted by examples."""
+    shards = [_small(24, seed=20).split(8), _small(8, seed=21).split(8)]  # different data: different losses
     net = Network(models.mlp(64, 16, 10), updater=optim.SGD(lr=0.1), seed=7)
     losses, reference = _averaging_reference(net.copy().module, shards, lr=0.1, frequency=2)
     master = ParameterAveragingTrainingMaster(batch_size_per_worker=8, averaging_frequency=2, num_workers=2,
@@ -93,10 +97,11 @@ def test_get_score_is_the_mean_of_the_workers_last_minibatch_loss(spark, sc, via
                                               averaging_via=via)
     snet = SparkNetwork(spark, net, master, progress=False)
     assert np.isnan(snet.get_score()), "NaN before any fit"
-    snet.fit(sc.parallelize([b for shard in shards for b in shard], 2))  # partition i = shard i
+    snet.fit(sc.parallelize([shards[0], shards[1]], 2).flatMap(lambda shard: shard))  # partition i = shard i
     snet.delete_temp_files()
     assert losses[0] != pytest.approx(losses[1], rel=1e-3), "the workers' losses must differ to test the mean"
     assert snet.get_score() == pytest.approx(sum(losses) / 2, rel=1e-5, abs=1e-6)
+    assert [r.examples for r in snet.last_results] == [24, 8]
     reference_params = torch.cat([p.detach().reshape(-1) for p in reference.parameters()])
     torch.testing.assert_close(net.params(), reference_params, atol=1e-5, rtol=0)
 

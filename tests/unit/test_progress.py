@@ -12,7 +12,7 @@ from typing import Callable, Iterator
 import pytest
 
 from torchspark.errors import ConfigError
-from torchspark.training.hooks import ProgressUpdate, WorkerHooks
+from torchspark.training.hooks import ProgressUpdate, ScoreReport, WorkerHooks
 from torchspark.training.progress import (
     ProgressBar,
     ProgressClient,
@@ -289,6 +289,40 @@ def test_full_queue_drops_the_oldest_update_without_blocking(server: ProgressSer
     client.close()
     listener.wait_until(lambda ups: ups and ups[-1].iteration == 50)
     assert server.latest()[0].iteration == 50  # the newest update always survives
+
+
+def test_score_reports_are_never_dropped_and_a_draining_close_reads_them_all() -> None:
+    """Progress is lossy by design, score reports are not: overfill the queue while the socket is held, then
+    close the client and the server with ``drain_s``; every report arrives, in order, before close returns."""
+    got: list[ScoreReport] = []
+    listener = _Collector()
+    server = ProgressServer(host="127.0.0.1", listeners=[listener], score_listeners=[got.append]).start()
+    client = ProgressClient(*server.address, rank=0, timeout_s=WAIT_S, queue_size=2).connect()
+    client.send(ProgressUpdate(0, 0, 0, 0, 0.0))
+    listener.wait_until(lambda ups: len(ups) == 1)  # the server has accepted this connection: drain waits for it
+    reports = [ScoreReport(epoch=e, round=r, examples=32, score=1.0 / (1 + 3 * e + r)) for e in range(2)
+               for r in (1, 2, 3)] + [ScoreReport(epoch=2, round=None, examples=60, score=0.25)]
+    with client._write_lock:
+        for i, report in enumerate(reports):
+            client.send(ProgressUpdate(0, 0, i + 1, i + 1, 0.0))
+            client.send(ProgressUpdate(0, 0, i + 1, i + 1, 0.0))
+            client.send_score(report)
+        assert client.dropped > 0  # progress lost some updates meanwhile
+    client.close()
+    server.close(drain_s=WAIT_S)
+    assert got == reports
+
+
+def test_malformed_score_message_is_counted_not_delivered(server: ProgressServer) -> None:
+    got: list[ScoreReport] = []
+    arrived = threading.Event()
+    server.add_score_listener(lambda report: (got.append(report), arrived.set()))
+    with _raw_connection(server) as sock:
+        sock.sendall(b'{"kind": "score", "epoch": "one", "round": 1, "examples": 8, "score": 0.5}\n'
+                     b'{"kind": "score", "epoch": 0, "round": null, "examples": 8, "score": 0.5}\n')
+        _wait_for("score report", arrived)
+    assert got == [ScoreReport(epoch=0, round=None, examples=8, score=0.5)]
+    assert server.malformed_count() == 1
 
 
 def test_start_errors_and_bad_settings_name_the_fix() -> None:

@@ -1,4 +1,7 @@
-"""The local-process runner: ``run_worker`` in spawned processes on this machine, talking over torch.distributed.
+"""The local-process runner: ``run_worker`` in worker processes on this machine, talking over torch.distributed.
+
+Workers start from a fork server with torch preloaded (:func:`worker_context`; ``spawn`` where there is none), never
+by forking the caller.
 
 The parent hosts the ``TCPStore`` for the rendezvous, hands each worker its data (a list of minibatches is
 serialized once and sent with the worker's start arguments, then replayed every epoch, like Spark's direct route;
@@ -129,7 +132,8 @@ def _child_main(args: _ChildArgs, data_queue: Any, results: Any) -> None:
     try:
         if args.device.startswith("cuda"):
             torch.cuda.set_device(torch.device(args.device))
-        hooks = open_worker_hooks(args.rank, args.task.collect_stats, args.progress_address)
+        hooks = open_worker_hooks(args.rank, args.task.collect_stats, args.progress_address,
+                                  report_scores=args.task.report_scores)
         store = dist.TCPStore("127.0.0.1", args.store_port, args.world_size, is_master=False,
                               timeout=datetime.timedelta(seconds=args.timeout_s))
         comm_device = args.device if args.backend == "nccl" else "cpu"  # gloo collectives run on host copies
@@ -149,7 +153,7 @@ def _child_main(args: _ChildArgs, data_queue: Any, results: Any) -> None:
 
 
 class LocalProcessRunner:
-    """Run one worker per device in spawned processes and supervise them.
+    """Run one worker per device in fresh processes (:func:`worker_context`) and supervise them.
 
     Args:
         devices: one device string per worker (``"cpu"``, ``"cuda:0"``...).
@@ -287,8 +291,8 @@ class LocalProcessRunner:
             symptom = f"; then worker {found[0]} failed: {_last_line(found[1])}" if found else ""
             raise WorkerError(f"worker process {dead[0].name} died with {_exit_status(dead[0].exitcode)}: killed, "
                               "out of memory, crashed in native code, or failed to start (a script that calls fit "
-                              "at top level needs `if __name__ == '__main__':`, since workers are spawned and import "
-                              f"it){symptom}")
+                              "at top level needs `if __name__ == '__main__':`, since workers start in fresh "
+                              f"processes that import it){symptom}")
         if found is None:
             return
         rank, tb = found

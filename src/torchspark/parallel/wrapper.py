@@ -1,13 +1,14 @@
 """``ParallelWrapper``: the Spark training masters' algorithms on one machine, without Spark.
 
 DL4J sent single-box users (many cores, several GPUs) to ParallelWrapper: the same algorithms with less overhead,
-and a way to try on a laptop the configuration that will run on the cluster. Workers are spawned processes that
+and a way to try on a laptop the configuration that will run on the cluster. Workers are separate processes that
 run the very same worker loop, codec and averaging code as the Spark masters (:func:`run_worker`), connected by
 ``torch.distributed`` (gloo on CPU, nccl on distinct GPUs); :class:`LocalProcessRunner` supervises them.
 
-Workers are *spawned* (not forked), so a script that calls :meth:`ParallelWrapper.fit` at top level needs the
-``if __name__ == "__main__":`` guard, and custom modules must be importable (defined in a module, not in
-``__main__`` of an interactive session).
+Workers are started by a fork server with torch preloaded (``spawn`` where the platform has no fork server): never
+forked from the calling process, so its threads, CUDA context and locks are not inherited. Like ``spawn``, this
+means a script that calls :meth:`ParallelWrapper.fit` at top level needs the ``if __name__ == "__main__":`` guard,
+and custom modules must be importable (defined in a module, not in ``__main__`` of an interactive session).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from torchspark.parallel.runner import LocalProcessRunner
 from torchspark.stats import DRIVER_ID, StatsCollector, TrainingStats
 from torchspark.training.assignment import split_examples, split_for_workers
 from torchspark.training.averaging import AveragingSettings
-from torchspark.training.hooks import ProgressUpdate
+from torchspark.training.hooks import ProgressUpdate, ScoreReport
 from torchspark.training.progress import ProgressBar, ProgressServer
 from torchspark.training.reporting import build_training_stats
 from torchspark.training.sharing import SharingSettings
@@ -167,6 +168,20 @@ def _checked(items: Iterable[Any], types: tuple[type, ...], what: str) -> list[A
     return out
 
 
+def _log_score(report: ScoreReport) -> None:
+    """The ``report_score_after_averaging`` log line (a progress-server listener, on this process)."""
+    if report.round is None:
+        log.info("epoch %d: mean score over all workers' minibatches %.6f (%d examples)", report.epoch,
+                 report.score, report.examples, extra={"score_report": report})
+    else:
+        log.info("epoch %d, averaging round %d: averaged score %.6f (%d examples)", report.epoch, report.round,
+                 report.score, report.examples, extra={"score_report": report})
+
+
+#: how long a finished fit waits for the workers' last progress messages (they have exited: it returns at once)
+_DRAIN_S = 10.0
+
+
 # ------------------------------------------------------------------ the wrapper
 @dataclass(eq=False)  # a trainer with state, compared by identity
 class ParallelWrapper:
@@ -183,8 +198,13 @@ class ParallelWrapper:
             bigger batch; 5 (default) cuts synchronisation 5x at little convergence cost; past ~20 it suffers.
         average_updaters: also average the updater state (momentum, Adam moments) (averaging). False resets it
             every round: less traffic, but adaptive updaters restart each round.
-        prefetch_buffer: minibatches queued ahead for each worker; 2 hides loading, more only costs memory.
-        report_score_after_averaging: log (INFO) the workers' averaged score when a fit ends.
+        prefetch_buffer: minibatches loaded ahead for each worker: the bounded queue a one-shot iterable is fed
+            through, and the read-ahead thread for batch files. 2 hides loading; more only costs memory.
+        report_score_after_averaging: log (INFO, logger ``torchspark.parallel.wrapper``, on this process) the score
+            all workers agree on, live: averaging logs after every round the example-weighted mean over workers of
+            their last minibatch loss in the round; gradient sharing has no averaging rounds and logs once per epoch
+            the example-weighted mean loss of every minibatch of every worker (one extra small all-reduce per
+            epoch). Each record carries the :class:`~torchspark.training.hooks.ScoreReport` as ``score_report``.
         threshold_algorithm: how the sharing threshold moves (``AdaptiveThreshold()``, ``FixedThreshold``...,
             or a ``to_dict()`` form). Start near 10x the updater's step size: with Adam at lr=1e-3,
             ``AdaptiveThreshold(initial=1e-2)`` skips ~150 dense warm-up steps of the default 1e-4 start.
@@ -325,25 +345,26 @@ class ParallelWrapper:
         with driver.phase("broadcast"):
             task = WorkerTask(mode=mode, settings=settings, blueprint=NetworkBlueprint.of(self.network).to_bytes(),
                               epochs=epochs, prefetch=self.prefetch_buffer, data_timeout_s=self.data_timeout_s,
-                              collect_stats=self.collect_training_stats, flush_denormal=self.flush_denormal)
+                              collect_stats=self.collect_training_stats, flush_denormal=self.flush_denormal,
+                              report_scores=self.report_score_after_averaging)
         threads = self.threads_per_worker or max(1, (os.cpu_count() or 1) // len(self._devices))
-        server = ProgressServer(host="127.0.0.1", listeners=self._listeners).start()
+        server = ProgressServer(host="127.0.0.1", listeners=self._listeners, score_listeners=[_log_score]).start()
         bar = ProgressBar(desc=f"fit x{epochs}", enabled=self.progress)
         server.add_listener(bar.update)
         runner = LocalProcessRunner(self._devices, threads, self.rendezvous_timeout_s, self.prefetch_buffer,
                                     server.address)
+        results: list[WorkerResult] | None = None
         try:
             with driver.phase("fit"):
                 results = runner.run(task, feeds=plan.feeds, paths=plan.paths, stream=plan.stream)
         finally:
             bar.close()
-            server.close()
+            # after a clean run the workers have exited: read what they sent last (the last round's score)
+            server.close(drain_s=_DRAIN_S if results is not None else 0.0)
         with driver.phase("aggregation"):
             self._score = merge_results(self.network, results)
         self.network.epoch += epochs
         self.last_results = results
-        if self.report_score_after_averaging and not math.isnan(self._score):
-            log.info("score after fit (mean of the workers' last minibatches): %.6f", self._score)
         self.training_stats = (build_training_stats(driver, results, epochs, self.network.extra_config)
                                if self.collect_training_stats else None)
         return self.network

@@ -54,7 +54,7 @@ from torchspark.training.prefetch import prefetch
 from torchspark.training.progress import ProgressBar
 from torchspark.training.reporting import build_training_stats, worker_id
 from torchspark.training.runner import traceback_tail
-from torchspark.training.worker import WorkerResult, load_item
+from torchspark.training.worker import WorkerResult, load_item, mean_score
 
 __all__ = ["FitSpec", "RoundInput", "RoundRecord", "WorkerRound", "RoundsOutcome", "train_in_rounds",
            "fit_round_partition", "merge_records", "run_job"]
@@ -259,7 +259,8 @@ def _fit_chunk(net: Network, chunk: Sequence[Any], spec: FitSpec, validate_first
 # ------------------------------------------------------------------ driver side
 @dataclass
 class RoundsOutcome:
-    """What a fit in rounds hands back to ``SparkNetwork``: per-worker results, the last averaged score, stats."""
+    """What a fit in rounds hands back to ``SparkNetwork``: per-worker results, the fit's score (:func:`mean_score`),
+    stats."""
 
     results: list[WorkerResult]
     score: float
@@ -300,7 +301,6 @@ def train_in_rounds(
     bar = ProgressBar(desc=f"fit x{epochs}", enabled=progress)
     tally = _Tally(n)
     spec_bc: Any = None
-    score = math.nan
     try:
         # 1. minibatches per worker, hence rounds per epoch
         with collector.phase("count"):
@@ -319,7 +319,8 @@ def train_in_rounds(
             for r in range(rounds):
                 record = _run_round(sc, network, worker_rdd, spec_bc, master, epoch, r, rounds, collector)
                 with collector.phase("aggregation"):
-                    score = _apply_average(network, record, master.save_updater)
+                    round_score = _apply_average(network, record, master.save_updater)
+                log.debug("epoch %d, round %d/%d: example-weighted score %.6f", epoch, r + 1, rounds, round_score)
                 for update in tally.add(record, epoch):
                     _notify([*listeners, bar.update], update)
             network.epoch += 1
@@ -331,7 +332,7 @@ def train_in_rounds(
             worker_rdd.unpersist()
     results = tally.results(network)
     stats = _training_stats(collector, results, tally.payloads, epochs, network) if collect_stats else None
-    return RoundsOutcome(results, score, stats)
+    return RoundsOutcome(results, mean_score(results), stats)
 
 
 def _count_all(worker_rdd: Any, n: int) -> list[int]:

@@ -11,6 +11,8 @@ Integer buffers (BatchNorm's ``num_batches_tracked``) are not averaged: they cou
 worker keeps its count and the driver takes worker 0's (:class:`~torchspark.training.worker.WorkerResult`).
 A worker whose data ran out keeps joining rounds with ``n = 0``; the loop ends, on every worker at once, when the
 all-reduced ``active`` count is zero. So unequal partitions never hang and all workers agree on the rounds.
+With ``hooks.report_score`` set, rank 0 reports the round's averaged score (``sum(score * n) / sum(n)`` of step 2,
+where ``score`` is the worker's last minibatch loss of the round) after every round that fitted any example.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import torch
 from torchspark.data import Batch
 from torchspark.nn import Network
 from torchspark.training.comm import Communicator, StagedSum, staged_sum
-from torchspark.training.hooks import ProgressUpdate, WorkerHooks
+from torchspark.training.hooks import ProgressUpdate, ScoreReport, WorkerHooks
 
 __all__ = ["AveragingSettings", "EpochOutcome", "averaging_epoch", "RoundBuffer"]
 
@@ -50,7 +52,10 @@ class EpochOutcome:
     examples: int = 0
     iterations: int = 0
     rounds: int = 0
+    #: this worker's own loss on its last minibatch of the epoch (NaN if it had none)
     last_score: float = float("nan")
+    #: sum over this worker's minibatches of ``loss * examples`` (for an epoch's mean score)
+    score_sum: float = 0.0
 
 
 def averaging_epoch(
@@ -83,6 +88,8 @@ def averaging_epoch(
             with rec.phase("fit", examples=len(batch)):
                 round_score = net.train_step(batch, validate=validate_first and out.iterations == 0)
             n_round += len(batch)
+            out.last_score = round_score
+            out.score_sum += round_score * len(batch)
             out.iterations += 1
             out.examples += len(batch)
             rec.record_score(net.iteration, round_score)
@@ -99,7 +106,8 @@ def averaging_epoch(
             if total_w > 0:
                 packer.unpack(total, total_w)
                 out.rounds += 1
-                out.last_score = total_score / total_w
+                if hooks.report_score is not None and comm.rank == 0:  # every rank has the same value
+                    hooks.report_score(ScoreReport(epoch, out.rounds, int(total_w), total_score / total_w))
         if active == 0:
             return out
 

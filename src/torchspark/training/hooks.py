@@ -10,7 +10,7 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Iterator, Protocol
 
-__all__ = ["PhaseRecorder", "NullRecorder", "WorkerHooks", "ProgressUpdate"]
+__all__ = ["PhaseRecorder", "NullRecorder", "WorkerHooks", "ProgressUpdate", "ScoreReport"]
 
 
 class PhaseRecorder(Protocol):
@@ -50,6 +50,23 @@ class ProgressUpdate:
     score: float
 
 
+@dataclass(frozen=True)
+class ScoreReport:
+    """The score every worker agrees on after a synchronisation, sent by rank 0 to the driver.
+
+    Averaging: after each round, the example-weighted mean over workers of each worker's last minibatch loss in
+    the round (the value the round's all-reduce already carries). Gradient sharing has no rounds that average
+    anything, so it reports once per epoch the example-weighted mean loss of every minibatch every worker trained.
+    """
+
+    epoch: int
+    #: 1-based number of the averaging round within the epoch; None for a gradient-sharing epoch score
+    round: int | None
+    #: examples behind the score, summed over workers (the round's, or the epoch's)
+    examples: int
+    score: float
+
+
 @dataclass
 class WorkerHooks:
     """Where a loop's reports go.
@@ -58,11 +75,15 @@ class WorkerHooks:
         recorder: timed phases and series (a :class:`torchspark.stats.StatsCollector` or :class:`NullRecorder`).
         progress: called with a :class:`ProgressUpdate` every ``progress_every`` minibatches (None = off).
         progress_every: how often to report; each report is one small message to the driver.
+        report_score: called on rank 0 with a :class:`ScoreReport` after every averaging round / sharing epoch
+            (None = off). Set it on every rank or on none: with it, gradient sharing runs one extra small
+            all-reduce per epoch, which all ranks must join.
     """
 
     recorder: PhaseRecorder = field(default_factory=NullRecorder)
     progress: Callable[[ProgressUpdate], None] | None = None
     progress_every: int = 10
+    report_score: Callable[[ScoreReport], None] | None = None
     #: called with the worker's traceback text when it fails (e.g. sent to the driver's progress server)
     report_error: Callable[[str], None] | None = None
     #: releases what the hooks hold (progress connection); called once when the worker ends

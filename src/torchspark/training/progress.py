@@ -14,9 +14,13 @@ Wire protocol: newline-delimited JSON objects, one per line (UTF-8), worker -> d
    ``{"t_driver": float, "id": int}`` (``id`` echoed so a late reply is never mistaken for the next one).
 3. ``{"kind": "error", "rank", "traceback": str}`` -> kept in :meth:`ProgressServer.errors` and given to every
    error listener, so a worker's traceback reaches the driver even when Spark truncates its own error.
+4. ``{"kind": "score", "epoch", "round", "examples", "score"}`` -> a :class:`ScoreReport` (the score all workers
+   agree on after an averaging round or a gradient-sharing epoch) for every score listener.
 
 Progress is best-effort by design: a worker never blocks on the driver and never fails because the driver
-is unreachable. Typical wiring (the Spark / local-process runners do this)::
+is unreachable. Score reports are never dropped to make room (a few per epoch); a driver that wants all of them
+closes the server with ``drain_s`` after the workers exited. Typical wiring (the Spark / local-process runners do
+this)::
 
     bar = ProgressBar(total_examples=n_examples * epochs)
     with ProgressServer(listeners=[bar.update]) as server:      # driver
@@ -45,7 +49,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence, TextIO
 
 from torchspark.errors import ConfigError, SetupError
 from torchspark.stats.clock import best_clock_sample
-from torchspark.training.hooks import ProgressUpdate
+from torchspark.training.hooks import ProgressUpdate, ScoreReport
 
 __all__ = [
     "ProgressServer",
@@ -54,12 +58,14 @@ __all__ = [
     "estimate_clock_offset",
     "ProgressListener",
     "ErrorListener",
+    "ScoreListener",
 ]
 
 logger = logging.getLogger(__name__)
 
 ProgressListener = Callable[[ProgressUpdate], None]
 ErrorListener = Callable[[int, str], None]
+ScoreListener = Callable[[ScoreReport], None]
 
 # A line longer than this is dropped as malformed: it bounds the memory one bad peer can take on the driver.
 _MAX_LINE_BYTES = 1 << 20
@@ -99,6 +105,12 @@ def _progress_from_msg(msg: dict[str, Any]) -> ProgressUpdate:
     return ProgressUpdate(rank=_int_field(msg, "rank"), epoch=_int_field(msg, "epoch"),
                           iteration=_int_field(msg, "iteration"), examples=_int_field(msg, "examples"),
                           score=_float_field(msg, "score"))
+
+
+def _score_from_msg(msg: dict[str, Any]) -> ScoreReport:
+    round_ = msg.get("round")
+    return ScoreReport(epoch=_int_field(msg, "epoch"), round=None if round_ is None else _int_field(msg, "round"),
+                       examples=_int_field(msg, "examples"), score=_float_field(msg, "score"))
 
 
 def _parse_line(line: bytes) -> dict[str, Any]:
@@ -213,6 +225,7 @@ class ProgressServer:
         port: TCP port; 0 picks a free ephemeral port (recommended: no clashes between concurrent jobs).
         listeners: progress listeners, called with each :class:`ProgressUpdate`.
         error_listeners: called with ``(rank, traceback_text)`` for each worker error.
+        score_listeners: called with each :class:`ScoreReport`.
         clock: the driver's time function used to answer clock probes (injectable for tests).
         advertise_host: the host name workers should dial; default: ``host``, or for a wildcard bind this
             machine's outbound IP address. Spark runners should pass ``spark.driver.host``.
@@ -220,7 +233,7 @@ class ProgressServer:
 
     def __init__(self, host: str = "0.0.0.0", port: int = 0, listeners: Iterable[ProgressListener] = (),
                  error_listeners: Iterable[ErrorListener] = (), clock: Callable[[], float] = time.time,
-                 advertise_host: str | None = None) -> None:
+                 advertise_host: str | None = None, score_listeners: Iterable[ScoreListener] = ()) -> None:
         if not 0 <= port <= 65535:
             raise ConfigError(f"ProgressServer port must be in 0..65535 (0 = any free port), got {port}")
         self._host = host
@@ -229,6 +242,7 @@ class ProgressServer:
         self._clock = clock
         self._listeners: list[ProgressListener] = list(listeners)
         self._error_listeners: list[ErrorListener] = list(error_listeners)
+        self._score_listeners: list[ScoreListener] = list(score_listeners)
         self._lock = threading.Lock()
         self._latest: dict[int, ProgressUpdate] = {}
         self._tally = _ExampleTally()
@@ -275,13 +289,18 @@ class ProgressServer:
             return _outbound_ip(), port
         return self._host, port
 
-    def close(self, timeout_s: float = 5.0) -> None:
+    def close(self, timeout_s: float = 5.0, drain_s: float = 0.0) -> None:
         """Stop accepting, disconnect every worker and join the server's threads. Idempotent.
 
         Args:
             timeout_s: how long to wait for each thread; a thread still alive after it is logged (all server
                 threads are daemons, so one stuck thread never blocks interpreter exit).
+            drain_s: first wait up to this long for the workers to disconnect on their own, so everything they
+                sent before exiting is read (0 = cut them off at once). Use it once the workers have ended: it
+                returns as soon as their connections close.
         """
+        if drain_s > 0:
+            self._drain(drain_s)
         with self._lock:
             if self._closed:
                 return
@@ -303,6 +322,20 @@ class ProgressServer:
             if t.is_alive():
                 logger.warning("progress server thread %s did not stop within %.1f s", t.name, timeout_s)
 
+    def _drain(self, drain_s: float) -> None:
+        """Wait (up to ``drain_s``) until every connection thread has read its worker's stream to the end."""
+        deadline = time.monotonic() + drain_s
+        while True:
+            with self._lock:
+                live = [t for t in self._conns if t.is_alive()]
+            remaining = deadline - time.monotonic()
+            if not live or remaining <= 0:
+                if live:
+                    logger.warning("progress server: %d worker connection(s) still open after %.1f s; closing them",
+                                   len(live), drain_s)
+                return
+            live[0].join(remaining)
+
     def __enter__(self) -> ProgressServer:
         return self.start()
 
@@ -314,6 +347,11 @@ class ProgressServer:
         """Call ``fn(update)`` for every progress message received from now on."""
         with self._lock:
             self._listeners = [*self._listeners, fn]  # copy-on-write: readers iterate without the lock
+
+    def add_score_listener(self, fn: ScoreListener) -> None:
+        """Call ``fn(report)`` for every score report received from now on."""
+        with self._lock:
+            self._score_listeners = [*self._score_listeners, fn]
 
     def add_error_listener(self, fn: ErrorListener) -> None:
         """Call ``fn(rank, traceback_text)`` for every worker error received from now on."""
@@ -387,8 +425,13 @@ class ProgressServer:
                 if not isinstance(tb, str):
                     raise _Malformed(f"field 'traceback' must be a string, got {type(tb).__name__}")
                 self._on_error(rank, tb)
+            elif kind == "score":
+                report = _score_from_msg(msg)
+                with self._lock:
+                    listeners = self._score_listeners
+                _call_listeners(listeners, report)
             else:
-                raise _Malformed(f"unknown kind {kind!r} (expected progress, clock or error)")
+                raise _Malformed(f"unknown kind {kind!r} (expected progress, clock, error or score)")
         except _Malformed as e:
             with self._lock:
                 self._malformed += 1
@@ -426,6 +469,7 @@ class ProgressClient:
 
     Progress goes through a bounded queue drained by one background thread, so :meth:`send` never blocks
     training; when the queue is full the oldest update is dropped (only the newest matter for a display).
+    Score reports (:meth:`send_score`) go through the same thread but are never dropped.
     If the driver cannot be reached the client logs one warning and does nothing from then on.
 
     Args:
@@ -453,6 +497,7 @@ class ProgressClient:
         self._read_lock = threading.Lock()
         self._cond = threading.Condition()
         self._pending: collections.deque[bytes] = collections.deque(maxlen=queue_size)
+        self._scores: list[bytes] = []  # unbounded: a few per epoch, each one a log line the user asked for
         self._dropped = 0
         self._closing = False
         self._broken = False
@@ -501,6 +546,16 @@ class ProgressClient:
             self._cond.notify()
 
     __call__ = send
+
+    def send_score(self, report: ScoreReport) -> None:
+        """Queue ``report`` for the driver; never blocks and, unlike progress, never drops it."""
+        if not self.active:
+            return
+        line = _encode({"kind": "score", "epoch": report.epoch, "round": report.round, "examples": report.examples,
+                        "score": report.score})
+        with self._cond:
+            self._scores.append(line)
+            self._cond.notify()
 
     def send_error(self, traceback_text: str) -> None:
         """Send a traceback to the driver now (best effort, bounded by ``timeout_s``; never raises)."""
@@ -589,10 +644,11 @@ class ProgressClient:
     def _sender_loop(self) -> None:
         while True:
             with self._cond:
-                while not self._pending and not self._closing:
+                while not self._pending and not self._scores and not self._closing:
                     self._cond.wait(_POLL_S)
-                batch = list(self._pending)
+                batch = [*self._scores, *self._pending]
                 self._pending.clear()
+                self._scores.clear()
                 closing = self._closing
             if batch and not self._write(b"".join(batch)):
                 return

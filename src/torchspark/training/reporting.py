@@ -26,10 +26,12 @@ def open_worker_hooks(
     progress_address: tuple[str, int] | None,
     progress_every: int = 10,
     timeout_s: float = 10.0,
+    report_scores: bool = False,
 ) -> WorkerHooks:
     """Hooks for one worker: progress and errors stream to ``progress_address`` (the driver's
     :class:`~torchspark.training.progress.ProgressServer`), phases go to a :class:`StatsCollector` whose clock
-    is aligned to the driver's by pinging that server (no NTP needed)."""
+    is aligned to the driver's by pinging that server (no NTP needed). With ``report_scores`` (pass the same value
+    on every rank) the score after each averaging round / sharing epoch goes there too (sent by rank 0)."""
     client: ProgressClient | None = None
     if progress_address is not None:
         client = ProgressClient(progress_address[0], int(progress_address[1]), rank, timeout_s=timeout_s).connect()
@@ -41,6 +43,7 @@ def open_worker_hooks(
         recorder=recorder,
         progress=client,
         progress_every=progress_every,
+        report_score=client.send_score if client is not None and report_scores else None,
         report_error=client.send_error if client is not None else None,
         close=client.close if client is not None else None,
     )

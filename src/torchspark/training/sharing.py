@@ -26,6 +26,11 @@ epoch ends on every worker at once, after the first exchange in which every work
 pending). All decisions come from gathered values, so unequal partitions never hang; every wait is a collective
 and carries the communicator's timeout (``rendezvous_timeout_s``).
 
+Score reports (``hooks.report_score``). No round averages anything here, so the analogue of parameter averaging's
+averaged round score is per epoch: after the epoch, one small all-reduce of ``[sum(loss * examples), examples]``
+over every minibatch of every worker, and rank 0 reports the example-weighted mean loss of the epoch. Only when the
+hook is set (on every rank, so all join the all-reduce); otherwise the loop runs no extra collective.
+
 Stats (``hooks.recorder``). Phases: ``data_wait`` (next minibatch), ``fit`` (compute_update + encode),
 ``exchange`` (with overlap: only the time the main thread waits for the in-flight exchange and applies it, i.e.
 the part not hidden behind computation; without: the whole exchange). Per encoded step ``record_encoding`` with
@@ -68,7 +73,7 @@ from torchspark.errors import ConfigError, EncodingError, TrainingError
 from torchspark.nn import Network
 from torchspark.training.averaging import EpochOutcome
 from torchspark.training.comm import Communicator
-from torchspark.training.hooks import ProgressUpdate, WorkerHooks
+from torchspark.training.hooks import ProgressUpdate, ScoreReport, WorkerHooks
 
 __all__ = ["SharingSettings", "SharingState", "SharingAlgorithm", "RESIDUAL_KEY", "THRESHOLD_KEY", "WORLD_KEY",
            "restore_residual"]
@@ -245,6 +250,8 @@ class SharingAlgorithm:
         finally:
             if executor is not None:
                 _shutdown(executor, pending)
+        if hooks.report_score is not None:
+            _report_epoch_score(out, net, comm, hooks, epoch)
         return out
 
     def _compute_and_encode(self, state: SharingState, net: Network, batch: Batch, out: EpochOutcome,
@@ -262,6 +269,7 @@ class SharingAlgorithm:
         out.iterations += 1
         out.examples += len(batch)
         out.last_score = net.last_score
+        out.score_sum += net.last_score * len(batch)
         rec.record_score(net.iteration, net.last_score)
         if hooks.progress is not None and out.iterations % hooks.progress_every == 0:
             hooks.progress(ProgressUpdate(rank, epoch, out.iterations, out.examples, net.last_score))
@@ -330,6 +338,15 @@ class SharingAlgorithm:
             "sharing.threshold": averaged.threshold,
         }
         return extra_state, extra_config
+
+
+def _report_epoch_score(out: EpochOutcome, net: Network, comm: Communicator, hooks: WorkerHooks, epoch: int) -> None:
+    """The epoch's example-weighted mean loss over all workers (one all-reduce every rank joins); rank 0 reports."""
+    totals = torch.tensor([out.score_sum, float(out.examples)], dtype=torch.float64, device=net.device)
+    comm.all_reduce_sum(totals)
+    score_sum, examples = (float(v) for v in totals.cpu())
+    if comm.rank == 0 and examples > 0 and hooks.report_score is not None:
+        hooks.report_score(ScoreReport(epoch, None, int(examples), score_sum / examples))
 
 
 def _exchange(comm: Communicator, payload: bytes, length: int, device: torch.device | str) -> _Round:

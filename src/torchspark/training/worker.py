@@ -23,7 +23,8 @@ from torchspark.training.devices import flush_denormals
 from torchspark.training.hooks import WorkerHooks
 from torchspark.training.prefetch import prefetch
 
-__all__ = ["WorkerTask", "WorkerResult", "EpochSource", "ItemSource", "run_worker", "load_item"]
+__all__ = ["WorkerTask", "WorkerResult", "EpochSource", "ItemSource", "run_worker", "load_item", "merge_results",
+           "mean_score"]
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,8 @@ class WorkerTask:
         data_timeout_s: how long to wait for one minibatch before failing.
         num_threads: torch intra-op threads (the cores the task owns); None leaves torch's default.
         collect_stats: record phases for the training stats.
+        report_scores: send the driver the score every worker agrees on after each averaging round (each epoch
+            with gradient sharing, at the cost of one small all-reduce); the runner wires it into the hooks.
         flush_denormal: flush denormal floats to zero on the worker's CPU threads (why: the ``flush_denormal``
             option of :class:`~torchspark.spark.TrainingMaster`); restored to IEEE mode for the calling thread when
             the worker returns.
@@ -55,6 +58,7 @@ class WorkerTask:
     num_threads: int | None = None
     collect_stats: bool = False
     flush_denormal: bool = True
+    report_scores: bool = False
 
 
 @dataclass
@@ -201,7 +205,7 @@ def _build_network(task: WorkerTask, device: str) -> Network:
 
 
 def merge_results(net: Network, results: Sequence[WorkerResult]) -> float:
-    """Apply the workers' results to the driver's network; returns the mean of the workers' last scores."""
+    """Apply the workers' results to the driver's network; returns :func:`mean_score` of the results."""
     lead = next((r for r in results if r.rank == 0), None)
     if lead is None or lead.params is None:
         raise RuntimeError("no result from worker rank 0")
@@ -214,5 +218,11 @@ def merge_results(net: Network, results: Sequence[WorkerResult]) -> float:
         net.extra_state.update(r.extra_state)
     net.extra_config.update(lead.extra_config)
     net.iteration += max(r.iterations for r in results)
+    return mean_score(results)
+
+
+def mean_score(results: Sequence[WorkerResult]) -> float:
+    """A fit's score (``get_score()``): the plain mean over the workers of each one's own last minibatch loss, as
+    DL4J reports it (score sum / workers). Workers that trained nothing are left out; NaN if none trained."""
     scores = [r.score for r in results if not math.isnan(r.score)]
     return sum(scores) / len(scores) if scores else math.nan
