@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 
 from torchspark.cli import build_parser, main
@@ -35,11 +39,30 @@ def test_missing_model_directory_is_a_one_line_error(tmp_path, capsys) -> None:
     assert err.startswith("torchspark: error: --model") and "Traceback" not in err
 
 
-def test_parallel_training_needs_no_spark(tmp_path) -> None:
+_NO_SPARK = """
+import json, sys
+from torchspark.cli import main
+rc = main(sys.argv[1:])
+print(json.dumps({"rc": rc, "pyspark": sorted(m for m in sys.modules if m.split(".")[0] in ("pyspark", "py4j"))}))
+"""
+
+
+def test_parallel_training_runs_parallelwrapper_without_starting_spark(tmp_path) -> None:
+    """In a fresh interpreter (this one may have imported pyspark for other tests): ``--parallel`` trains with
+    ParallelWrapper's 2 worker processes and never imports pyspark or py4j, so no JVM can have started."""
     out = tmp_path / "par"
-    assert main(["train", "--parallel", "--mode", "averaging", "--epochs", "1", "--no-progress",
-                 "--output", str(out)]) == 0
-    for name in ("metrics.json", "stats.json", "stats.html", "model"):
+    proc = subprocess.run([sys.executable, "-c", _NO_SPARK, "train", "--parallel", "--workers", "2", "--mode",
+                           "averaging", "--epochs", "1", "--no-progress", "--output", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report == {"rc": 0, "pyspark": []}
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["runner"] == "ParallelWrapper" and metrics["workers"] == 2
+    assert "spark_master" not in metrics and metrics["accuracy"] > 0.5
+    stats = json.loads((out / "stats.json").read_text())
+    assert sorted(w for w in stats["workers"] if w != "driver") == ["worker-0", "worker-1"]
+    for name in ("stats.html", "model"):
         assert (out / name).exists(), name
 
 
