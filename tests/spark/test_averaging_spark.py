@@ -209,6 +209,26 @@ def test_wrong_feature_shape(spark, sc) -> None:
         SparkNetwork(spark, _net(), _master()).fit(sc.parallelize([bad], 2))
 
 
+@pytest.mark.parametrize("approach, strategy", [("export", "balanced"), ("export", "spark_default"),
+                                                ("direct", "balanced"), ("direct", "spark_default")])
+def test_bad_dataframe_and_rdd_items_raise_data_error_on_the_driver(spark, sc, tmp_path, approach: str,
+                                                                    strategy: str) -> None:
+    """Bad data found on the executors (a feature_shape that does not fit the rows, an RDD of tuples) raises
+    DataError naming it, not a raw Spark exception; a failed export leaves no files behind."""
+    df = spark.createDataFrame([([0.5] * 64, i % 10) for i in range(32)], "features array<float>, label int")
+    export_dir = tmp_path / "export"
+    master = _master(rdd_training_approach=approach, repartition_strategy=strategy, export_directory=str(export_dir))
+    with pytest.raises(DataError, match=r"64 values to feature_shape=\(1, 5, 5\); fix feature_shape"):
+        SparkNetwork(spark, _lenet(), master, progress=False).fit(df, feature_shape=(1, 5, 5))
+    with pytest.raises(DataError, match="the RDD holds a tuple; expected DataSet"):
+        SparkNetwork(spark, _lenet(), master, progress=False).fit(sc.parallelize([(1, 2)] * 4, 2))
+    assert not export_dir.exists() or not any(export_dir.iterdir()), sorted(export_dir.rglob("*"))
+
+
+def _lenet() -> Network:
+    return Network(models.lenet(1, 10, 8, 8), updater=optim.SGD(lr=0.1), seed=0)
+
+
 def test_label_out_of_range(spark, sc) -> None:
     bad = DataSet(torch.rand(16, 1, 8, 8), torch.full((16,), 12, dtype=torch.long))
     with pytest.raises(DataError, match="label index 12"):

@@ -19,7 +19,6 @@ The executor-side helpers here (:class:`NetworkCache`, :func:`ship_network`, :fu
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import uuid
 from collections import OrderedDict
@@ -28,14 +27,13 @@ from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
-from torchspark import errors
 from torchspark.data import DataSet, MultiDataSet, rebatch
-from torchspark.errors import ConfigError, DataError, TorchSparkError, WorkerError
+from torchspark.errors import ConfigError, DataError
 from torchspark.evaluation import ROC, BaseEvaluation, RegressionEvaluation, ROCMultiClass, evaluation_from_json
 from torchspark.nn import Network, NetworkBlueprint
+from torchspark.spark import jobs
 from torchspark.spark.data import to_batch_rdd
 from torchspark.spark.session import spark_context
-from torchspark.training.runner import traceback_tail
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",
@@ -178,41 +176,11 @@ def ship_network(sc: Any, network: Network) -> ShippedNetwork:
     return ShippedNetwork(key=uuid.uuid4().hex, broadcast=sc.broadcast(blob))
 
 
-# ------------------------------------------------------------------ running jobs, turning task errors into ours
-_PY_TRACE = re.compile(r"(Traceback \(most recent call last\):.*?)(?:\n\tat |\n\s*at org\.apache|\Z)", re.S)
-_OUR_ERROR = re.compile(r"^torchspark\.errors\.(\w+): (.*)$")
-
-
-def _task_error(error: BaseException, description: str) -> TorchSparkError:
-    """Our error for a failed Spark task: the executor's DataError/ConfigError/... class when it raised one."""
-    found = _PY_TRACE.findall(str(error))
-    tb = found[-1] if found else str(error)
-    lines = [ln for ln in tb.strip().splitlines() if ln.strip() and not ln.strip().startswith("SQLSTATE")]
-    root = lines[-1].strip() if lines else str(error)
-    tail = traceback_tail("\n".join(lines))
-    match = _OUR_ERROR.match(root)
-    cls = getattr(errors, match.group(1), None) if match else None
-    if isinstance(cls, type) and issubclass(cls, TorchSparkError) and cls is not WorkerError:
-        return cls(f"{match.group(2)}\n--- executor traceback ({description}) ---\n{tail}")  # type: ignore[union-attr]
-    return WorkerError(f"{description} failed on an executor: {root}\n--- executor traceback ---\n{tail}")
-
-
+# ------------------------------------------------------------------ running jobs
 def run_job(sc: Any, description: str, job: Callable[[], _T]) -> _T:
-    """Run a Spark action under its own job group: Ctrl-C (or any error) on the caller cancels it; a failed task
-    raises our error class (DataError, ...) with the executor traceback.
-
-    Raises:
-        TorchSparkError: the error an executor raised (same class when it was one of ours, else WorkerError).
-    """
-    from py4j.protocol import Py4JJavaError
-    from pyspark.errors import PySparkException
-
-    from torchspark.spark.barrier import run_in_job_group
-
-    try:
-        return run_in_job_group(sc, description, job, "torchspark-eval-job")
-    except (PySparkException, Py4JJavaError) as e:
-        raise _task_error(e, description) from None
+    """:func:`torchspark.spark.jobs.run_job` under an evaluation job group (a failed task raises our error
+    class with the executor traceback)."""
+    return jobs.run_job(sc, description, job, "torchspark-eval-job")
 
 
 # ------------------------------------------------------------------ data sources

@@ -27,6 +27,7 @@ from torchspark.spark.data import (
     worker_rdd_from_paths,
 )
 from torchspark.spark.export import check_export_directory, export_base, export_rdd
+from torchspark.spark.jobs import run_job
 from torchspark.spark.masters import TrainingMaster
 from torchspark.spark.network_inference import InferenceMethods
 from torchspark.spark.preflight import executor_count, preflight
@@ -142,7 +143,8 @@ class SparkNetwork(InferenceMethods):
             indexed = [(0, str(p)) for p in paths]
             partitions = 1
         else:
-            indexed = paths.mapPartitionsWithIndex(lambda i, it: ((i, str(p)) for p in it)).collect()
+            indexed = run_job(self.sc, "torchspark: list the batch-file paths",
+                              paths.mapPartitionsWithIndex(lambda i, it: ((i, str(p)) for p in it)).collect)
             partitions = paths.getNumPartitions()
         if not indexed:
             raise DataError("fit_paths got no paths: the list or RDD of batch files is empty")
@@ -214,13 +216,21 @@ class SparkNetwork(InferenceMethods):
         if key not in self._exports:
             directory = join(base, f"{uuid.uuid4().hex[:12]}-rdd{rdd.id()}")
             check_export_directory(directory)
-            sizes = heads = None
-            if on_grid:
-                with self._driver_stats.phase("count"):
-                    sizes = count_examples(rdd)
-                heads = grid_heads(sizes, bsz)
-            with self._driver_stats.phase("export"):
-                self._exports[key] = _Export(directory, export_rdd(rdd, directory, bsz, heads), sizes)
+            try:
+                sizes = heads = None
+                if on_grid:
+                    with self._driver_stats.phase("count"):
+                        sizes = _count(self.sc, rdd)
+                    heads = grid_heads(sizes, bsz)
+                with self._driver_stats.phase("export"):
+                    files = run_job(self.sc, f"torchspark: export the training data to {directory}",
+                                    lambda: export_rdd(rdd, directory, bsz, heads))
+            except BaseException:  # bad data or Ctrl-C: leave no half-written export behind
+                fs, path = filesystem(directory)
+                if fs.exists(path):
+                    fs.rm(path, recursive=True)
+                raise
+            self._exports[key] = _Export(directory, files, sizes)
         return self._exports[key]
 
     def _prepare_export(self, rdd: Any, master: TrainingMaster, n: int, base: str, keep: bool,
@@ -251,7 +261,7 @@ class SparkNetwork(InferenceMethods):
         self._prepared.clear()
         if balanced:
             with self._driver_stats.phase("count"):
-                sizes = count_examples(rdd)
+                sizes = _count(self.sc, rdd)
             plan = plan_balanced(sizes, bsz, n, master.rng_seed)
             with self._driver_stats.phase("repartition"):
                 prepared = worker_rdd_balanced(rdd, plan, level)
@@ -265,7 +275,7 @@ class SparkNetwork(InferenceMethods):
         """Fail fast on the driver: run the network on a few examples of the first minibatch."""
         from torchspark.training.worker import load_item
 
-        first = first_item(self.sc, worker_rdd)
+        first = run_job(self.sc, "torchspark: read the first minibatch", lambda: first_item(self.sc, worker_rdd))
         if first is None:
             raise DataError("the training data is empty: no minibatches reached the workers")
         batch = load_item(first)
@@ -334,6 +344,12 @@ class _Export:
     directory: str
     files: list[tuple[int, str, int]]
     sizes: list[int] | None
+
+
+def _count(sc: Any, rdd: Any) -> list[int]:
+    """:func:`count_examples` as a job whose bad data (a wrong ``feature_shape``, a non-DataSet item) raises
+    :class:`DataError` on the driver."""
+    return run_job(sc, "torchspark: count the training examples", lambda: count_examples(rdd))
 
 
 def first_item(sc: Any, rdd: Any) -> Any:
