@@ -39,6 +39,7 @@ __all__ = [
     "worker_rdd_from_paths",
     "worker_rdd_balanced",
     "group_paths",
+    "spread_round_robin",
     "storage_level_by_name",
 ]
 
@@ -254,3 +255,29 @@ def storage_level_by_name(name: str) -> Any:
     if not isinstance(level, StorageLevel):
         raise ConfigError(f"unknown storage_level {name!r}; use a pyspark.StorageLevel name such as 'MEMORY_ONLY'")
     return level
+
+
+def spread_round_robin(rdd: Any, num_partitions: int) -> Any:
+    """``repartition_strategy="spark_default"``: deal every partition's items round-robin over ``num_partitions``
+    partitions, one shuffle, no counting pass (what Scala's ``rdd.repartition`` does per item).
+
+    PySpark's own ``repartition`` shuffles pickled *batches* of up to 10 items, so an RDD of a few dozen
+    minibatches can land on one partition and leave a worker idle; keying each item by its turn avoids that.
+    Partition ``p`` starts dealing at ``p % num_partitions``, so single-item partitions spread too.
+    """
+    return rdd.mapPartitionsWithIndex(_RoundRobinKeys(num_partitions)).partitionBy(num_partitions, _own_key).values()
+
+
+class _RoundRobinKeys:
+    """``mapPartitionsWithIndex`` function: ``(target partition, item)`` pairs, dealt round-robin."""
+
+    def __init__(self, num_partitions: int) -> None:
+        self.num_partitions = num_partitions
+
+    def __call__(self, index: int, items: Iterable[Any]) -> Iterator[tuple[int, Any]]:
+        for i, item in enumerate(items):
+            yield (index + i) % self.num_partitions, item
+
+
+def _own_key(key: int) -> int:
+    return key

@@ -47,8 +47,9 @@ class TrainingMaster:
         repartition_strategy: ``"balanced"`` (every worker trains ``floor(N/n)`` or ``ceil(N/n)`` of the ``N``
             examples, in minibatches of ``batch_size_per_worker`` except at most a short first and last one each;
             costs one extra pass that counts the examples of every partition, once per RDD with ``export``; see
-            :mod:`torchspark.training.assignment`) or ``"spark_default"`` (``rdd.repartition`` of every
-            partition's own minibatches: no counting pass, roughly equal shares).
+            :mod:`torchspark.training.assignment`) or ``"spark_default"`` (every partition's own
+            minibatches dealt round-robin over the workers in one shuffle, like Scala's ``rdd.repartition``: no
+            counting pass; worker shares differ by up to one minibatch per input partition).
         rdd_training_approach: ``"export"`` (write the data once as batch files under ``export_directory`` and
             train from the paths; reused across fits of the same RDD; the seeds' recommendation) or ``"direct"``
             (train from the RDD, persisted at ``storage_level``).

@@ -21,6 +21,7 @@ from torchspark.spark.data import (
     count_examples,
     group_paths,
     rebatch_partition,
+    spread_round_robin,
     storage_level_by_name,
     to_batch_rdd,
     worker_rdd_balanced,
@@ -244,7 +245,7 @@ class SparkNetwork(InferenceMethods):
             return worker_rdd_from_paths(self.sc, file_items(plan, export.files))
         paths = [(part, path) for part, path, _ in export.files]
         if not keep:  # spark_default
-            return self.sc.parallelize([p for _, p in paths]).repartition(n)
+            return spread_round_robin(self.sc.parallelize([p for _, p in paths]), n)
         return worker_rdd_from_paths(self.sc, group_paths(paths, n, master.rng_seed, by_partition=True))
 
     def _prepare_direct(self, rdd: Any, master: TrainingMaster, n: int, keep: bool, balanced: bool) -> Any:
@@ -267,7 +268,7 @@ class SparkNetwork(InferenceMethods):
                 prepared = worker_rdd_balanced(rdd, plan, level)
         else:
             batches = rdd.mapPartitions(rebatch_partition(bsz))
-            prepared = batches.persist(level) if keep else batches.repartition(n).persist(level)
+            prepared = (batches if keep else spread_round_robin(batches, n)).persist(level)
         self._prepared[cache_key] = prepared
         return prepared
 
@@ -287,7 +288,8 @@ class SparkNetwork(InferenceMethods):
         collector = self._driver_stats
         self._validate_sample(worker_rdd)
         if worker_rdd.getNumPartitions() != n:
-            worker_rdd = worker_rdd.coalesce(n) if worker_rdd.getNumPartitions() > n else worker_rdd.repartition(n)
+            worker_rdd = (worker_rdd.coalesce(n) if worker_rdd.getNumPartitions() > n
+                          else spread_round_robin(worker_rdd, n))
         if getattr(master, "averaging_via", "torch") == "spark":  # DL4J's route: one Spark job per round
             outcome = train_in_rounds(self.sc, self.network, worker_rdd, master, epochs,  # type: ignore[arg-type]
                                       collector=collector, listeners=self._listeners, progress=self.progress,
