@@ -10,20 +10,21 @@ import pytest
 from sklearn import metrics
 
 from torchspark.errors import ConfigError, DataError
-from torchspark.evaluation import Evaluation, EvaluationBinary, evaluation_from_json
+from torchspark.evaluation import ROC, Evaluation, EvaluationBinary, ROCMultiClass, evaluation_from_json
 
-RNG = np.random.default_rng(16)
 
 
 def _binary_problem(n: int = 300) -> tuple[np.ndarray, np.ndarray]:
-    labels = (RNG.random(n) < 0.35).astype(np.int64)
-    p1 = np.clip(0.35 * labels + 0.65 * RNG.random(n), 0.0, 1.0)  # P(class 1), better than chance
+    rng = np.random.default_rng(16)
+    labels = (rng.random(n) < 0.35).astype(np.int64)
+    p1 = np.clip(0.35 * labels + 0.65 * rng.random(n), 0.0, 1.0)  # P(class 1), better than chance
     return labels, np.stack([1 - p1, p1], axis=1)
 
 
 def _multiclass_problem(n: int = 400, classes: int = 4) -> tuple[np.ndarray, np.ndarray]:
-    labels = RNG.integers(0, classes, n)
-    logits = RNG.normal(size=(n, classes)) + 1.2 * np.eye(classes)[labels]
+    rng = np.random.default_rng(17)
+    labels = rng.integers(0, classes, n)
+    logits = rng.normal(size=(n, classes)) + 1.2 * np.eye(classes)[labels]
     return labels, np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
 
 
@@ -161,8 +162,9 @@ def test_threshold_and_cost_settings_are_validated() -> None:
 
 
 def test_evaluation_binary_one_threshold_per_output() -> None:
-    labels = (RNG.random((200, 3)) < 0.4).astype(float)
-    probs = np.clip(0.3 * labels + 0.7 * RNG.random((200, 3)), 0, 1)
+    rng = np.random.default_rng(19)
+    labels = (rng.random((200, 3)) < 0.4).astype(float)
+    probs = np.clip(0.3 * labels + 0.7 * rng.random((200, 3)), 0, 1)
     thresholds = [0.2, 0.5, 0.75]
     evaluation = EvaluationBinary(decision_threshold=thresholds)
     evaluation.eval(labels, probs)
@@ -184,3 +186,74 @@ def test_evaluation_binary_one_threshold_per_output() -> None:
         EvaluationBinary(decision_threshold=[0.5, 1.5])
     with pytest.raises(DataError, match="2 columns"):
         EvaluationBinary(decision_threshold=thresholds).eval(labels[:, :2], probs[:, :2])
+
+
+def _scores(n: int = 300) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(18)
+    labels = (rng.random(n) < 0.4).astype(int)
+    scores = np.round(np.clip(0.3 * labels + 0.7 * rng.random(n), 0, 1), 2)  # rounding makes ties
+    return labels, scores
+
+
+@pytest.mark.parametrize("steps", [0, 10])
+def test_precision_recall_curve_matches_sklearn(steps: int) -> None:
+    labels, scores = _scores()
+    roc = ROC(threshold_steps=steps)
+    for start in range(0, len(labels), 70):
+        roc.eval(labels[start:start + 70], scores[start:start + 70])
+    # binned mode evaluates the scores rounded down to the grid k/steps
+    seen = scores if steps == 0 else np.floor(scores * steps) / steps
+    curve = roc.precision_recall_curve()
+    precision, recall, thresholds = metrics.precision_recall_curve(labels, seen)
+    if steps:  # the grid keeps empty bins: compare at sklearn's thresholds (distinct seen scores)
+        keep = np.isin(curve.thresholds, np.append(thresholds, np.inf))
+        assert keep.sum() == thresholds.size + 1
+        assert curve.num_points == steps + 2
+    else:
+        keep = np.ones(curve.num_points, dtype=bool)
+    np.testing.assert_allclose(curve.thresholds[keep], np.append(thresholds, np.inf))
+    np.testing.assert_allclose(curve.precision[keep], precision)
+    np.testing.assert_allclose(curve.recall[keep], recall)
+    assert curve.auprc() == pytest.approx(metrics.average_precision_score(labels, seen))
+    assert curve.auprc() == pytest.approx(roc.auprc())
+    assert curve.num_positives == labels.sum() and curve.num_negatives == (1 - labels).sum()
+
+
+def test_precision_recall_curve_lookups() -> None:
+    labels, scores = _scores()
+    roc = ROC()
+    roc.eval(labels, scores)
+    curve = roc.precision_recall_curve()
+    # by threshold: exact hit, and a value between two scores rounds up to the next higher threshold
+    exact = curve.point_at_threshold(0.5)
+    assert exact.threshold == 0.5
+    between = curve.point_at_threshold(0.505)
+    assert between.threshold == min(t for t in scores if t >= 0.505)
+    assert curve.point_at_threshold(2.0).threshold == np.inf
+    for threshold in (0.3, 0.5, 0.505, 0.81):
+        confusion = curve.confusion_at_threshold(threshold)
+        predicted = scores >= confusion.threshold
+        tn, fp, fn, tp = metrics.confusion_matrix(labels, predicted).ravel()
+        assert (confusion.true_positives, confusion.false_positives, confusion.true_negatives,
+                confusion.false_negatives) == (tp, fp, tn, fn)
+        point = curve.point_at_threshold(threshold)
+        assert point.precision == pytest.approx(metrics.precision_score(labels, predicted, zero_division=1))
+        assert point.recall == pytest.approx(metrics.recall_score(labels, predicted))
+    # by precision: the lowest threshold reaching it; by recall: the highest threshold reaching it (brute force)
+    distinct = np.unique(scores)
+    for target in (0.5, 0.7, 0.9):
+        found = curve.point_at_precision(target)
+        reaching = [t for t in distinct
+                    if metrics.precision_score(labels, scores >= t, zero_division=1) >= target]
+        assert found.threshold == min(reaching) and found.precision >= target
+    for target in (0.2, 0.5, 0.95, 1.0):
+        found = curve.point_at_recall(target)
+        reaching = [t for t in distinct if metrics.recall_score(labels, scores >= t) >= target]
+        assert found.threshold == max(reaching) and found.recall >= target
+    with pytest.raises(ConfigError, match="precision must be"):
+        curve.point_at_precision(1.5)
+    # per column on the multi-column ROCs
+    multi = ROCMultiClass()
+    probs = np.stack([1 - scores, scores], axis=1)
+    multi.eval(labels, probs)
+    np.testing.assert_allclose(multi.precision_recall_curve(1).precision, curve.precision)
