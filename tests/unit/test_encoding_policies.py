@@ -230,3 +230,18 @@ def test_encode_step_matches_plain_threshold_encode() -> None:
         b = threshold_encode(update, residual, 0.5)
         assert a.payload.equal(b.payload)
     assert state.residual.equal(residual)
+
+
+def test_encoder_config_boundary_caps_every_step_and_round_trips() -> None:
+    config = EncoderConfig(threshold_policy=FixedThreshold(1.0), residual_post_processor=NoResidualPostProcessing(),
+                           boundary=3)
+    assert EncoderConfig.from_dict(config.to_dict()) == config
+    state = EncoderState.create(config, 10)
+    sent = []
+    for step in range(4):
+        message, state = encode_step(torch.ones(10) if step == 0 else None, state, step)
+        sent.append(message.num_entries)
+    assert sent == [3, 3, 3, 1]  # ten entries leave three at a time; nothing is lost
+    assert float(state.residual.abs().sum()) == 0.0
+    with pytest.raises(ConfigError, match="boundary"):
+        EncoderConfig(boundary=0)
