@@ -181,7 +181,8 @@ def test_stats_from_message() -> None:
     assert isinstance(msg, EncodedUpdate) and msg.density == 0.005
 
 
-def capped_reference(residual: torch.Tensor, update: torch.Tensor, t: float, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def capped_reference(residual: torch.Tensor, update: torch.Tensor, t: float,
+                     k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference for ``boundary=k``: only the first ``k`` entries (by index) with ``|r| >= t`` take a step."""
     steps, _ = reference(residual, update, t)
     over = torch.nonzero(steps).squeeze(1)[k:]

@@ -239,16 +239,23 @@ def threshold_policy_from_dict(data: dict[str, Any]) -> ThresholdPolicy:
 
 
 def average_states(states: Sequence[ThresholdState]) -> ThresholdState:
-    """Mean threshold and mean last sparsity (ignoring workers that never stepped), DL4J's end-of-fit reducer.
+    """DL4J's end-of-fit reducer: mean threshold and mean last sparsity over the workers that stepped.
+
+    A state whose ``last_sparsity`` is None never stepped (a worker without data in this fit: gradient sharing
+    starts every fit's state without a sparsity) and is skipped entirely, so an idle worker's unchanged starting
+    threshold does not drag the average back. When no worker stepped, the result is the mean of the (unchanged)
+    thresholds with no sparsity.
 
     Raises:
         ConfigError: ``states`` is empty.
     """
     if not states:
         raise ConfigError("average_states needs at least one state, got none")
-    sparsities = [s.last_sparsity for s in states if s.last_sparsity is not None]
-    return ThresholdState(threshold=sum(s.threshold for s in states) / len(states),
-                          last_sparsity=sum(sparsities) / len(sparsities) if sparsities else None)
+    stepped = [s for s in states if s.last_sparsity is not None]
+    if not stepped:
+        return ThresholdState(threshold=sum(s.threshold for s in states) / len(states))
+    return ThresholdState(threshold=sum(s.threshold for s in stepped) / len(stepped),
+                          last_sparsity=sum(s.last_sparsity or 0.0 for s in stepped) / len(stepped))
 
 
 def shake_up_threshold(threshold: float, step: int, shake_frequency: int, divisor: float = 3.0) -> float:
