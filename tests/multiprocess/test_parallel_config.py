@@ -153,17 +153,17 @@ def test_a_dataset_is_split_with_sparks_plan() -> None:
     data = datasets.synthetic_classification(50, 4, 2, seed=3)
     plan = wrapper_module._route(data, 2, 8, 1, rng_seed=5)
     expected = split_examples([data], 8, 2, 5)
-    assert [_rows(f) for f in plan.feeds] == [_rows(f) for f in expected]
-    assert [sum(len(b) for b in f) for f in plan.feeds] == [25, 25]  # equal examples, not only minibatches
-    assert plan.paths is None and plan.stream is None
+    assert [_rows(f) for f in plan.shares.feeds] == [_rows(f) for f in expected]
+    assert [sum(len(b) for b in f) for f in plan.shares.feeds] == [25, 25]  # equal examples, not only minibatches
+    assert plan.shares.paths is None and plan.shares.stream is None
 
 
 def test_a_list_of_odd_sized_datasets_is_cut_like_one_dataset() -> None:
     data = datasets.synthetic_classification(50, 4, 2, seed=3)
     pieces = data.split(7)  # SparkNetwork cuts what it gets on one grid over the whole data, in order
     plan = wrapper_module._route(pieces, 2, 8, 1, rng_seed=None)
-    assert [[len(b) for b in f] for f in plan.feeds] == [[8, 8, 8, 1], [7, 8, 8, 2]]
-    assert [_rows(f) for f in plan.feeds] == [_rows(f) for f in split_examples([data], 8, 2, None)]
+    assert [[len(b) for b in f] for f in plan.shares.feeds] == [[8, 8, 8, 1], [7, 8, 8, 2]]
+    assert [_rows(f) for f in plan.shares.feeds] == [_rows(f) for f in split_examples([data], 8, 2, None)]
 
 
 def test_a_list_mixing_dataset_kinds_is_refused() -> None:
@@ -177,12 +177,12 @@ def test_paths_are_rebatched_with_sparks_plan(tmp_path) -> None:
     paths = save_batches([data.slice(0, 5), data.slice(5, 25), data.slice(25, 27), data.slice(27, 45)],
                          str(tmp_path))  # files of 5, 20, 2 and 18 examples
     plan = wrapper_module._route([Path(p) for p in paths], 2, 8, 3, rng_seed=1)
-    assert plan.paths == plan_files(list(zip(paths, [5, 20, 2, 18])), 8, 2, 1)
-    sizes = [[len(load_item(item)) for item in worker] for worker in plan.paths]
+    assert plan.shares.paths == plan_files(list(zip(paths, [5, 20, 2, 18])), 8, 2, 1)
+    sizes = [[len(load_item(item)) for item in worker] for worker in plan.shares.paths]
     assert sorted(map(sum, sizes)) == [22, 23] and all(s <= 8 for worker in sizes for s in worker)
 
 
 def test_a_one_shot_iterable_streams_rebatched_minibatches() -> None:
     data = datasets.synthetic_classification(20, 4, 2, seed=3)
     plan = wrapper_module._route((d for d in data.split(3)), 2, 8, 1, rng_seed=None)
-    assert plan.feeds is None and [len(b) for b in plan.stream] == [8, 8, 4]
+    assert plan.shares.feeds is None and [len(b) for b in plan.shares.stream] == [8, 8, 4]

@@ -23,8 +23,11 @@ from torchspark.encoding.threshold import (
     TargetSparsityThreshold,
     ThresholdPolicy,
     ThresholdState,
+    NUM_SUMMANDS,
+    average_from_sums,
     average_states,
     shake_up_threshold,
+    state_summands,
     threshold_policy_from_dict,
 )
 from torchspark.encoding.wire import from_bytes, to_bytes
@@ -43,8 +46,11 @@ __all__ = [
     "AdaptiveThreshold",
     "TargetSparsityThreshold",
     "THRESHOLD_POLICIES",
+    "NUM_SUMMANDS",
+    "average_from_sums",
     "average_states",
     "shake_up_threshold",
+    "state_summands",
     "threshold_policy_from_dict",
     "ResidualPostProcessor",
     "ResidualClipping",

@@ -33,6 +33,7 @@ __all__ = [
     "average_states",
     "shake_up_threshold",
     "threshold_policy_from_dict",
+    "NUM_SUMMANDS",
 ]
 
 DEFAULT_DECAY = 0.5 ** (1 / 20)  # at most x2 per 20 steps (x100 in ~132, x1000 in ~200)
@@ -251,11 +252,30 @@ def average_states(states: Sequence[ThresholdState]) -> ThresholdState:
     """
     if not states:
         raise ConfigError("average_states needs at least one state, got none")
-    stepped = [s for s in states if s.last_sparsity is not None]
+    sums = [sum(column) for column in zip(*(state_summands(s) for s in states))]
+    return average_from_sums(sums, len(states))
+
+
+def state_summands(state: ThresholdState) -> tuple[float, float, float, float]:
+    """One worker's ``(threshold if stepped else 0, last sparsity if stepped else 0, 1 if stepped else 0,
+    threshold)``, where "stepped" means it has a last sparsity: summed over workers (by a list sum or an
+    all-reduce), :func:`average_from_sums` turns them into :func:`average_states`' result."""
+    stepped = state.last_sparsity is not None
+    return (state.threshold if stepped else 0.0, state.last_sparsity if stepped else 0.0, float(stepped),
+            state.threshold)
+
+
+#: how many values :func:`state_summands` returns (the width of the all-reduced threshold summary)
+NUM_SUMMANDS = 4
+
+
+def average_from_sums(sums: Sequence[float], workers: int) -> ThresholdState:
+    """:func:`average_states` from the sums over ``workers`` workers of their :func:`state_summands`: the means
+    over the workers that stepped, or the mean of all thresholds when none did."""
+    threshold, sparsity, stepped, threshold_all = (float(v) for v in sums)
     if not stepped:
-        return ThresholdState(threshold=sum(s.threshold for s in states) / len(states))
-    return ThresholdState(threshold=sum(s.threshold for s in stepped) / len(stepped),
-                          last_sparsity=sum(s.last_sparsity or 0.0 for s in stepped) / len(stepped))
+        return ThresholdState(threshold=threshold_all / workers)
+    return ThresholdState(threshold=threshold / stepped, last_sparsity=sparsity / stepped)
 
 
 def shake_up_threshold(threshold: float, step: int, shake_frequency: int, divisor: float = 3.0) -> float:

@@ -64,9 +64,12 @@ from torchspark.encoding import (
     EncoderState,
     FixedThreshold,
     ThresholdState,
+    NUM_SUMMANDS,
+    average_from_sums,
     decode,
     encode_step,
     from_bytes,
+    state_summands,
     to_bytes,
 )
 from torchspark.errors import ConfigError, EncodingError, TrainingError
@@ -310,15 +313,12 @@ class SharingAlgorithm:
             net.set_buffers(buffers / world)
         # 2. threshold state, average_states semantics: means over the workers that stepped in this fit (those
         # with a sparsity); the plain mean of the unchanged thresholds when none did
-        ts = state.encoder.threshold_state
-        stepped = ts.last_sparsity is not None
-        summary = torch.tensor([ts.threshold if stepped else 0.0, ts.last_sparsity if stepped else 0.0, float(stepped),
-                                ts.threshold, float(state.bytes_sent), float(state.dense_bytes)], dtype=torch.float64,
-                               device=net.device)
+        summary = torch.tensor([*state_summands(state.encoder.threshold_state), float(state.bytes_sent),
+                                float(state.dense_bytes)], dtype=torch.float64, device=net.device)
         comm.all_reduce_sum(summary)
-        threshold, sparsity_sum, n_stepped, threshold_all, bytes_sent, dense_bytes = (float(v) for v in summary.cpu())
-        averaged = (ThresholdState(threshold / n_stepped, sparsity_sum / n_stepped) if n_stepped
-                    else ThresholdState(threshold_all / world))
+        totals = [float(v) for v in summary.cpu()]
+        averaged = average_from_sums(totals[:NUM_SUMMANDS], world)
+        bytes_sent, dense_bytes = totals[NUM_SUMMANDS:]
         # 3. the replicas must be bit-identical: the parameters, and the buffers just averaged (all-reduce results
         # are identical on every rank, so a difference there means a broken transport; empty without buffers)
         digest = hashlib.sha256(net.params().cpu().numpy().tobytes())
