@@ -11,31 +11,30 @@ Ctrl-C, and turns a worker exception into a :class:`WorkerError` carrying the wo
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 import re
-import socket
-import subprocess
 import threading
 import time
 import traceback
 import uuid
+from dataclasses import replace
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 import torch
 
-from torchspark.errors import SetupError, TorchSparkError, WaitTimeout, WorkerError
+from torchspark.errors import TorchSparkError, WaitTimeout, WorkerError
 from torchspark.spark.barrier_wait import wait_bounded
 from torchspark.training.comm import TorchDistCommunicator
 from torchspark.training.mesh import MeshConfig
+from torchspark.training.netif import LOCAL_ADDRESS_ENV, Endpoint, choose_endpoint, socket_interface
 from torchspark.training.devices import backend_for_device, device_for_task, gpu_addresses
 from torchspark.training.reporting import open_worker_hooks
 from torchspark.training.runner import is_peer_failure, root_cause, traceback_tail
 from torchspark.training.worker import ItemSource, WorkerResult, WorkerTask, run_worker
 
-__all__ = ["RendezvousSettings", "barrier_task", "open_relay", "run_barrier_stage", "run_in_job_group", "LOCAL_ADDRESS_ENV",
-           "pick_local_address"]
+__all__ = ["RendezvousSettings", "barrier_task", "open_relay", "run_barrier_stage", "run_in_job_group",
+           "LOCAL_ADDRESS_ENV"]
 
 log = logging.getLogger(__name__)
 
@@ -44,48 +43,19 @@ T = TypeVar("T")
 #: How long a worker tries to connect to the driver's rendezvous store before failing with advice.
 RELAY_CONNECT_TIMEOUT_S = 60.0
 
-#: Overrides the address a worker advertises to its peers (DL4J's ``DL4J_VOID_IP``).
-LOCAL_ADDRESS_ENV = "TORCHSPARK_LOCAL_IP"
 
 
 #: How workers find each other: the master's :class:`~torchspark.training.mesh.MeshConfig` (the old name stays).
 RendezvousSettings = MeshConfig
 
 
-def _interface_addresses() -> list[str]:
-    addrs: set[str] = set()
-    try:
-        for info in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET):
-            addrs.add(str(info[4][0]))
-    except OSError:
-        pass
-    try:  # Linux: every configured IPv4 address
-        out = subprocess.run(["hostname", "-I"], capture_output=True, text=True, timeout=5).stdout
-        addrs.update(a for a in out.split() if "." in a)
-    except (OSError, ValueError, subprocess.SubprocessError):
-        pass
-    addrs.add("127.0.0.1")
-    return sorted(addrs)
-
-
-def pick_local_address(task_host: str, settings: RendezvousSettings, env: dict[str, str] | None = None,
-                       candidates: list[str] | None = None) -> str:
-    """The address this task advertises: env override, then controller address, then mask match, then Spark's."""
-    env = os.environ if env is None else env
-    if env.get(LOCAL_ADDRESS_ENV):
-        return env[LOCAL_ADDRESS_ENV]
-    if settings.controller_address:
-        return settings.controller_address
-    if settings.network_mask:
-        net = ipaddress.ip_network(settings.network_mask, strict=False)
-        for addr in candidates if candidates is not None else _interface_addresses():
-            if ipaddress.ip_address(addr) in net:
-                return addr
-        raise SetupError(
-            f"no local interface address is inside network_mask={settings.network_mask!r} on {socket.gethostname()}"
-            f"; fix the mask or set {LOCAL_ADDRESS_ENV} on the executors"
-        )
-    return task_host
+def _endpoint(rank: int, task_host: str, settings: MeshConfig, driver_host: str | None) -> Endpoint:
+    """This task's :class:`Endpoint` (:func:`torchspark.training.netif.choose_endpoint`); on worker 0 a
+    ``controller_address`` replaces the address its store advertises (the interface stays the local choice)."""
+    local = choose_endpoint(driver_host, task_host, settings.network_mask)
+    if rank == 0 and settings.controller_address and local.source != "env":
+        return Endpoint(settings.controller_address, local.interface, "controller_address")
+    return local
 
 
 def open_relay(advertise_host: str, timeout_s: float) -> tuple[Any, tuple[str, int]]:
@@ -149,7 +119,9 @@ def _publish_address(ctx: Any, rank: int, world: int, message: str, relay_addres
 
 
 def _rendezvous(ctx: Any, settings: RendezvousSettings, backend: str, device: str,
-                relay_address: tuple[str, int] | None = None) -> TorchDistCommunicator:
+                relay_address: tuple[str, int] | None = None,
+                driver_host: str | None = None) -> tuple[TorchDistCommunicator, dict[str, Any]]:
+    """Build the process group; returns it and what this worker chose (address, interface, source)."""
     import datetime
 
     import torch.distributed as dist
@@ -159,11 +131,12 @@ def _rendezvous(ctx: Any, settings: RendezvousSettings, backend: str, device: st
     world = len(infos)
     task_host = infos[rank].address.rsplit(":", 1)[0]
     timeout = datetime.timedelta(seconds=settings.rendezvous_timeout_s)
+    me = _endpoint(rank, task_host, settings, driver_host)
     store: Any = None
     if rank == 0:
-        host = pick_local_address(task_host, settings)
-        store = dist.TCPStore(host, settings.port, world, is_master=True, timeout=timeout, wait_for_workers=False)
-        message = f"{host}:{store.port}"
+        store = dist.TCPStore(me.address, settings.port, world, is_master=True, timeout=timeout,
+                              wait_for_workers=False)
+        message = f"{me.address}:{store.port}"
     else:
         message = ""
     host, port = _publish_address(ctx, rank, world, message, relay_address, timeout).rsplit(":", 1)
@@ -176,21 +149,14 @@ def _rendezvous(ctx: Any, settings: RendezvousSettings, backend: str, device: st
                 f"{settings.rendezvous_timeout_s}: {e}. Executors must reach each other on that port: check firewalls, "
                 f"set network_mask or {LOCAL_ADDRESS_ENV} so workers advertise an address their peers can reach"
             ) from e
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", _ifname_for(host) or "")
-    if not os.environ["GLOO_SOCKET_IFNAME"]:
-        del os.environ["GLOO_SOCKET_IFNAME"]
-    return TorchDistCommunicator(store, rank, world, backend, device, settings.rendezvous_timeout_s,
-                                 settings.shared_memory_allreduce)
-
-
-def _ifname_for(address: str) -> str | None:
-    """The loopback interface name when peers talk over loopback (gloo otherwise resolves the hostname)."""
-    try:
-        if ipaddress.ip_address(address).is_loopback:
-            return "lo"
-    except ValueError:
-        return None
-    return None
+    # gloo/NCCL advertise what the hostname resolves to unless told an interface: often loopback (127.0.1.1)
+    with socket_interface(me.interface) as in_effect:
+        comm = TorchDistCommunicator(store, rank, world, backend, device, settings.rendezvous_timeout_s,
+                                     settings.shared_memory_allreduce, host_address=me.address)
+    chosen = {"address": me.address, "interface": me.interface, "source": me.source,
+              "socket_ifname": in_effect.get("GLOO_SOCKET_IFNAME"), "shared_memory": comm.uses_shared_memory,
+              "store": f"{host}:{port}"}
+    return comm, chosen
 
 
 def barrier_task(
@@ -215,8 +181,9 @@ def barrier_task(
         hooks = open_worker_hooks(ctx.partitionId(), task.collect_stats, progress_address)
         comm: TorchDistCommunicator | None = None
         try:
-            comm = _rendezvous(ctx, settings, backend_for_device(device), device, relay_address)
-            result = run_worker(task, ItemSource(items), comm, device, hooks)
+            comm, chosen = _rendezvous(ctx, settings, backend_for_device(device), device, relay_address,
+                                       _driver_host(relay_address, progress_address))
+            result = replace(run_worker(task, ItemSource(items), comm, device, hooks), network=chosen)
         except BaseException:
             if hooks.report_error is not None:
                 hooks.report_error(traceback.format_exc())
@@ -231,9 +198,12 @@ def barrier_task(
     return run
 
 
-def _with_threads(task: WorkerTask, cpus: int) -> WorkerTask:
-    from dataclasses import replace
+def _driver_host(*addresses: tuple[str, int] | None) -> str | None:
+    """The driver's host as the executors dial it (the relay's or the progress server's advertised host)."""
+    return next((a[0] for a in addresses if a is not None), None)
 
+
+def _with_threads(task: WorkerTask, cpus: int) -> WorkerTask:
     return task if task.num_threads else replace(task, num_threads=max(1, int(cpus)))
 
 
