@@ -29,6 +29,7 @@ from torchspark.training.comm import TorchDistCommunicator
 from torchspark.training.mesh import MeshConfig
 from torchspark.training.netif import LOCAL_ADDRESS_ENV, Endpoint, choose_endpoint, socket_interface
 from torchspark.training.devices import backend_for_device, device_for_task, gpu_addresses
+from torchspark.training.ports import listen_in_range
 from torchspark.training.reporting import open_worker_hooks
 from torchspark.training.runner import is_peer_failure, root_cause, traceback_tail
 from torchspark.training.worker import ItemSource, WorkerResult, WorkerTask, run_worker
@@ -58,7 +59,8 @@ def _endpoint(rank: int, task_host: str, settings: MeshConfig, driver_host: str 
     return local
 
 
-def open_relay(advertise_host: str, timeout_s: float) -> tuple[Any, tuple[str, int]]:
+def open_relay(advertise_host: str, timeout_s: float,
+               port_range: tuple[int, int] | None = None) -> tuple[Any, tuple[str, int]]:
     """A small key-value store on the driver through which task 0 tells its peers where its store listens.
 
     Spark's ``BarrierTaskContext.allGather`` would do, but it polls once a second on the JVM side, which costs
@@ -70,8 +72,10 @@ def open_relay(advertise_host: str, timeout_s: float) -> tuple[Any, tuple[str, i
 
     import torch.distributed as dist
 
-    store = dist.TCPStore(advertise_host, 0, None, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=timeout_s))
+    store = listen_in_range(
+        lambda port: dist.TCPStore(advertise_host, port, None, is_master=True, wait_for_workers=False,
+                                   timeout=datetime.timedelta(seconds=timeout_s)),
+        port_range, "the driver's rendezvous relay")
     return store, (advertise_host, int(store.port))
 
 
@@ -134,8 +138,10 @@ def _rendezvous(ctx: Any, settings: RendezvousSettings, backend: str, device: st
     me = _endpoint(rank, task_host, settings, driver_host)
     store: Any = None
     if rank == 0:
-        store = dist.TCPStore(me.address, settings.port, world, is_master=True, timeout=timeout,
-                              wait_for_workers=False)
+        store = listen_in_range(
+            lambda port: dist.TCPStore(me.address, port, world, is_master=True, timeout=timeout,
+                                       wait_for_workers=False),
+            settings.port_range, "worker 0's rendezvous store", settings.port)
         message = f"{me.address}:{store.port}"
     else:
         message = ""

@@ -16,6 +16,7 @@ from typing import Any, Callable, Sequence
 from torchspark._io import filesystem, join
 from torchspark.errors import ConfigError, DataError
 from torchspark.nn import Network, NetworkBlueprint
+from torchspark.training.ports import listen_in_range
 from torchspark.spark.barrier import barrier_task, open_relay, run_barrier_stage
 from torchspark.spark.data import (
     count_examples,
@@ -309,14 +310,17 @@ class SparkNetwork(InferenceMethods):
             )
             task_bc = self.sc.broadcast(task)
         host = self.sc.getConf().get("spark.driver.host", "127.0.0.1")
-        server = ProgressServer(host="0.0.0.0", advertise_host=host, listeners=self._listeners).start()
+        server = listen_in_range(
+            lambda port: ProgressServer(host="0.0.0.0", port=port, advertise_host=host,
+                                        listeners=self._listeners).start(),
+            master.mesh.port_range, "the driver's progress server")
         bar = ProgressBar(desc=f"fit x{epochs}", enabled=self.progress)
         server.add_listener(bar.update)
         relay: Any = None
         try:
             relay_address = None
             if master.rendezvous_via == "driver":
-                relay, relay_address = open_relay(host, master.rendezvous_timeout_s)
+                relay, relay_address = open_relay(host, master.rendezvous_timeout_s, master.mesh.port_range)
             fn = barrier_task(task_bc, master.mesh, server.address, relay_address)
             with collector.phase("fit"):
                 results = run_barrier_stage(self.sc, worker_rdd, fn, f"torchspark fit: {n} workers, {epochs} epoch(s)",
