@@ -20,7 +20,7 @@ Usage (root and ``ip netns`` needed; :func:`unavailable_reason` says why not)::
         spark = cluster.session("my-app")              # a driver in this process (one SparkContext per process)
         ...
         out = cluster.run_driver(["script.py", "arg"])  # or a driver in a fresh interpreter
-        cluster.shape_links("100mbit", "0.5ms")        # tc tbf + netem on every host link
+        cluster.shape_links("100mbit", "0.5ms")        # tc tbf (+ netem when the kernel has it) on every link
 
 Everything is torn down on exit of the ``with`` block, on :meth:`NetnsCluster.stop`, and at interpreter exit
 (``atexit``): Spark processes (by process group and by namespace), namespaces, veths, the bridge and the
@@ -44,7 +44,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-__all__ = ["Host", "NetnsCluster", "HarnessError", "unavailable_reason", "cleanup_stale", "spark_home"]
+__all__ = ["Host", "NetnsCluster", "HarnessError", "unavailable_reason", "cleanup_stale", "spark_home",
+           "netem_available"]
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +119,17 @@ def unavailable_reason() -> str | None:
     except HarnessError as e:
         return str(e)
     return None
+
+
+def netem_available() -> bool:
+    """Whether this kernel has the netem qdisc (link delay); some VM kernels ship tbf but not netem."""
+    probe = f"{_PREFIX}nq{os.getpid() % 100000}"[:15]
+    if _run("ip", "link", "add", probe, "type", "veth", "peer", "name", probe[:-1] + "p", check=False).returncode:
+        return False
+    try:
+        return _run("tc", "qdisc", "add", "dev", probe, "root", "netem", "delay", "1ms", check=False).returncode == 0
+    finally:
+        _run("ip", "link", "del", probe, check=False)
 
 
 def _free_port(host: str) -> int:
@@ -314,19 +326,25 @@ class NetnsCluster:
             with open(f"/etc/netns/{ns}/hosts", "w") as f:
                 f.write(f"127.0.0.1\tlocalhost\n127.0.1.1\t{host.hostname}\n")
 
-    def shape_links(self, rate: str, delay: str) -> None:
-        """Shape both directions of every host's bridge link: ``tc`` netem ``delay`` then tbf ``rate``.
+    def shape_links(self, rate: str, delay: str | None = None) -> None:
+        """Shape both directions of every host's bridge link: ``tc`` tbf at ``rate``, then netem ``delay``.
 
-        ``rate`` such as ``"1gbit"`` / ``"100mbit"``, ``delay`` such as ``"0.1ms"``. :meth:`unshape_links` undoes it.
+        ``rate`` such as ``"1gbit"`` / ``"100mbit"``, ``delay`` such as ``"0.1ms"`` (one way, per direction: a
+        round trip between two hosts crosses four shaped queues). Needs the kernel's ``sch_tbf`` and, for a delay,
+        ``sch_netem`` (:func:`netem_available`); raises :class:`HarnessError` naming the missing one.
+        :meth:`unshape_links` undoes it.
         """
+        if delay is not None and not netem_available():
+            raise HarnessError(f"this kernel has no netem qdisc (sch_netem), so delay={delay!r} cannot be emulated; "
+                               "shape the rate only (delay=None) or load sch_netem")
         self.unshape_links()
         for host in self.hosts:
             for ns_args, dev in ((["ip", "netns", "exec", host.netns], host.interface), ([], host.root_veth)):
-                cmd = ns_args + ["tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "netem", "delay", delay]
-                _run(*cmd)
-                cmd = ns_args + ["tc", "qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:", "tbf",
-                                 "rate", rate, "burst", "256kb", "latency", "50ms"]
-                _run(*cmd)
+                _run(*ns_args, "tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "tbf", "rate", rate,
+                     "burst", "256kb", "latency", "100ms")
+                if delay is not None:
+                    _run(*ns_args, "tc", "qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:", "netem",
+                         "delay", delay, "limit", "100000")
 
     def unshape_links(self) -> None:
         for host in self.hosts:
@@ -431,6 +449,8 @@ class NetnsCluster:
             "spark.dynamicAllocation.enabled": "false",
             "spark.locality.wait": "0s",
             "spark.ui.enabled": "false",
+            # Python workers fork from a daemon that imported torch once (as local_session does)
+            "spark.python.daemon.module": "torchspark.spark._daemon",
             "spark.sql.shuffle.partitions": str(self.cores * self.workers),
             # executors must all be up before a barrier stage is scheduled
             "spark.scheduler.minRegisteredResourcesRatio": "1.0",
