@@ -9,7 +9,7 @@ import socket
 import pytest
 
 from torchspark.errors import SetupError
-from torchspark.spark.barrier import _endpoint
+from torchspark.spark.barrier import _store_address
 from torchspark.training.mesh import MeshConfig
 from torchspark.training.netif import (choose_endpoint, host_identity, interface_addresses, interface_of,
                                        route_address, socket_interface)
@@ -52,12 +52,13 @@ def test_env_override_wins_over_everything() -> None:
     assert (nat.address, nat.interface) == ("203.0.113.5", None)  # not local: gloo keeps its own choice
 
 
-def test_controller_address_is_worker_zeros_store_address_only(monkeypatch) -> None:
-    monkeypatch.delenv("TORCHSPARK_LOCAL_IP", raising=False)
+def test_controller_address_is_what_worker_zeros_store_advertises() -> None:
+    routed = choose_endpoint("198.18.1.1", "x", env={}, interfaces=HOST, route=_route_via("198.18.1.11"))
     mesh = MeshConfig(controller_address="203.0.113.9")
-    assert _endpoint(0, "127.0.0.1", mesh, "127.0.0.1").address == "203.0.113.9"
-    assert _endpoint(0, "127.0.0.1", mesh, "127.0.0.1").interface == "lo"
-    assert _endpoint(1, "127.0.0.1", mesh, "127.0.0.1").address == "127.0.0.1"
+    assert _store_address(routed, mesh) == "203.0.113.9"
+    assert _store_address(routed, MeshConfig()) == "198.18.1.11"
+    forced = choose_endpoint("198.18.1.1", "x", env={"TORCHSPARK_LOCAL_IP": "198.18.2.11"}, interfaces=HOST)
+    assert _store_address(forced, mesh) == "198.18.2.11"  # the executor's own override wins
 
 
 def test_this_machine_interfaces_and_route() -> None:

@@ -50,13 +50,12 @@ RELAY_CONNECT_TIMEOUT_S = 60.0
 RendezvousSettings = MeshConfig
 
 
-def _endpoint(rank: int, task_host: str, settings: MeshConfig, driver_host: str | None) -> Endpoint:
-    """This task's :class:`Endpoint` (:func:`torchspark.training.netif.choose_endpoint`); on worker 0 a
-    ``controller_address`` replaces the address its store advertises (the interface stays the local choice)."""
-    local = choose_endpoint(driver_host, task_host, settings.network_mask)
-    if rank == 0 and settings.controller_address and local.source != "env":
-        return Endpoint(settings.controller_address, local.interface, "controller_address")
-    return local
+def _store_address(local: Endpoint, settings: MeshConfig) -> str:
+    """The address worker 0's store advertises: ``controller_address`` (e.g. a NAT address) unless
+    ``TORCHSPARK_LOCAL_IP`` forced one, else the local choice. Host identity and gloo keep the local one."""
+    if settings.controller_address and local.source != "env":
+        return settings.controller_address
+    return local.address
 
 
 def open_relay(advertise_host: str, timeout_s: float,
@@ -135,14 +134,15 @@ def _rendezvous(ctx: Any, settings: RendezvousSettings, backend: str, device: st
     world = len(infos)
     task_host = infos[rank].address.rsplit(":", 1)[0]
     timeout = datetime.timedelta(seconds=settings.rendezvous_timeout_s)
-    me = _endpoint(rank, task_host, settings, driver_host)
+    me = choose_endpoint(driver_host, task_host, settings.network_mask)
     store: Any = None
     if rank == 0:
+        advertised = _store_address(me, settings)
         store = listen_in_range(
-            lambda port: dist.TCPStore(me.address, port, world, is_master=True, timeout=timeout,
+            lambda port: dist.TCPStore(advertised, port, world, is_master=True, timeout=timeout,
                                        wait_for_workers=False),
             settings.port_range, "worker 0's rendezvous store", settings.port)
-        message = f"{me.address}:{store.port}"
+        message = f"{advertised}:{store.port}"
     else:
         message = ""
     host, port = _publish_address(ctx, rank, world, message, relay_address, timeout).rsplit(":", 1)
