@@ -27,8 +27,10 @@ class MeshConfig:
         port: TCP port of the rendezvous store on worker 0 (0 = any free port, the default: no clashes between
             concurrent fits). Set it only when a firewall opens one fixed port between executors.
         network_mask: CIDR such as ``"10.0.0.0/16"``: workers advertise the local interface address inside it
-            (hosts with several interfaces: YARN, EC2). The environment variable ``TORCHSPARK_LOCAL_IP`` on an
-            executor overrides the address it advertises (DL4J's ``DL4J_VOID_IP``).
+            and gloo/NCCL use that interface. Default (None): the address each executor reaches the driver with,
+            which is right on almost every cluster (:mod:`torchspark.training.netif`); set a mask when executors
+            talk to each other on another network than to the driver. The environment variable
+            ``TORCHSPARK_LOCAL_IP`` on an executor overrides both (DL4J's ``DL4J_VOID_IP``).
         controller_address: fixed address worker 0 advertises (overrides the mask).
         rendezvous_via: how the workers of a barrier stage learn worker 0's address: ``"driver"`` (a small store
             on the driver; executors must reach the driver on one extra port, as for the progress bar) or
