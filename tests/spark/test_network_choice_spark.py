@@ -8,7 +8,7 @@ import socket
 import pytest
 
 import torchspark.spark.barrier as barrier_module
-import torchspark.spark.network as network_module
+import torchspark.training.driver as driver_module
 from torchspark import Network, datasets, models, optim
 from torchspark.spark import ParameterAveragingTrainingMaster, SparkNetwork
 
@@ -68,7 +68,7 @@ def test_every_listener_opens_inside_port_range(spark, sc, monkeypatch) -> None:
 
         monkeypatch.setattr(module, "listen_in_range", record)
 
-    spy(network_module)
+    spy(driver_module)
     spy(barrier_module)  # the driver's relay (worker 0's store opens in an executor: reported below)
     results = _fit(spark, sc, port_range=(first, first + 19)).last_results
     whats = sorted(w for w, _ in opened)
