@@ -7,7 +7,7 @@ Split as in GRACE: :mod:`.codec` (compressor: encode/decode), :mod:`.residual` (
 from __future__ import annotations
 
 from torchspark.encoding.codec import EncodedUpdate, decode, decode_sum, threshold_encode
-from torchspark.encoding.encoder import EncoderConfig, EncoderState, encode_step
+from torchspark.encoding.encoder import EncoderConfig, EncoderState, encode_step, local_calibration, with_calibration
 from torchspark.encoding.residual import (
     RESIDUAL_POST_PROCESSORS,
     NoResidualPostProcessing,
@@ -17,13 +17,16 @@ from torchspark.encoding.residual import (
 )
 from torchspark.encoding.stats import EncodingStats
 from torchspark.encoding.threshold import (
+    CALIBRATED,
     THRESHOLD_POLICIES,
     AdaptiveThreshold,
     FixedThreshold,
     TargetSparsityThreshold,
     ThresholdPolicy,
     ThresholdState,
+    agree_threshold,
     average_states,
+    calibrated_threshold,
     shake_up_threshold,
     threshold_policy_from_dict,
 )
@@ -43,6 +46,9 @@ __all__ = [
     "AdaptiveThreshold",
     "TargetSparsityThreshold",
     "THRESHOLD_POLICIES",
+    "CALIBRATED",
+    "calibrated_threshold",
+    "agree_threshold",
     "average_states",
     "shake_up_threshold",
     "threshold_policy_from_dict",
@@ -54,4 +60,6 @@ __all__ = [
     "EncoderConfig",
     "EncoderState",
     "encode_step",
+    "local_calibration",
+    "with_calibration",
 ]
