@@ -11,31 +11,31 @@ Ctrl-C, and turns a worker exception into a :class:`WorkerError` carrying the wo
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 import re
-import socket
-import subprocess
 import threading
 import time
 import traceback
 import uuid
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 import torch
 
-from torchspark.errors import ConfigError, SetupError, TorchSparkError, WaitTimeout, WorkerError
+from torchspark.errors import TorchSparkError, WaitTimeout, WorkerError
 from torchspark.spark.barrier_wait import wait_bounded
 from torchspark.training.comm import TorchDistCommunicator
+from torchspark.training.mesh import MeshConfig
+from torchspark.training.netif import LOCAL_ADDRESS_ENV, Endpoint, choose_endpoint, socket_interface
 from torchspark.training.devices import backend_for_device, device_for_task, gpu_addresses
+from torchspark.training.ports import listen_in_range
 from torchspark.training.reporting import open_worker_hooks
 from torchspark.training.runner import is_peer_failure, root_cause, traceback_tail
 from torchspark.training.worker import ItemSource, WorkerResult, WorkerTask, run_worker
 
-__all__ = ["RendezvousSettings", "barrier_task", "open_relay", "run_barrier_stage", "run_in_job_group", "LOCAL_ADDRESS_ENV",
-           "pick_local_address"]
+__all__ = ["RendezvousSettings", "barrier_task", "open_relay", "run_barrier_stage", "run_in_job_group",
+           "LOCAL_ADDRESS_ENV"]
 
 log = logging.getLogger(__name__)
 
@@ -44,79 +44,23 @@ T = TypeVar("T")
 #: How long a worker tries to connect to the driver's rendezvous store before failing with advice.
 RELAY_CONNECT_TIMEOUT_S = 60.0
 
-#: Overrides the address a worker advertises to its peers (DL4J's ``DL4J_VOID_IP``).
-LOCAL_ADDRESS_ENV = "TORCHSPARK_LOCAL_IP"
 
 
-@dataclass(frozen=True)
-class RendezvousSettings:
-    """How workers find each other.
-
-    Args:
-        timeout_s: limit for every rendezvous and collective wait (``rendezvous_timeout_s``).
-        port: TCP port task 0 listens on; 0 picks a free one.
-        network_mask: CIDR such as ``"10.0.0.0/16"``: advertise the local interface address inside it
-            (needed on hosts with several interfaces, e.g. YARN or EC2).
-        controller_address: a fixed address for task 0 to advertise (overrides the mask).
-        shared_memory: let workers on one host sum through ``/dev/shm`` (see :mod:`torchspark.training.shm`).
-    The environment variable ``TORCHSPARK_LOCAL_IP`` on an executor overrides the address it advertises.
-    """
-
-    timeout_s: float = 300.0
-    port: int = 0
-    network_mask: str | None = None
-    controller_address: str | None = None
-    shared_memory: bool = True
-
-    def __post_init__(self) -> None:
-        if not (self.timeout_s > 0):
-            raise ConfigError(f"rendezvous_timeout_s must be > 0, got {self.timeout_s!r}")
-        if not (0 <= int(self.port) <= 65535):
-            raise ConfigError(f"port must be in [0, 65535] (0 = any free port), got {self.port!r}")
-        if self.network_mask is not None:
-            try:
-                ipaddress.ip_network(self.network_mask, strict=False)
-            except ValueError as e:
-                raise ConfigError(f"network_mask must be a CIDR such as '10.0.0.0/16', got {self.network_mask!r}") from e
+#: How workers find each other: the master's :class:`~torchspark.training.mesh.MeshConfig` (the old name stays).
+RendezvousSettings = MeshConfig
 
 
-def _interface_addresses() -> list[str]:
-    addrs: set[str] = set()
-    try:
-        for info in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET):
-            addrs.add(str(info[4][0]))
-    except OSError:
-        pass
-    try:  # Linux: every configured IPv4 address
-        out = subprocess.run(["hostname", "-I"], capture_output=True, text=True, timeout=5).stdout
-        addrs.update(a for a in out.split() if "." in a)
-    except (OSError, ValueError, subprocess.SubprocessError):
-        pass
-    addrs.add("127.0.0.1")
-    return sorted(addrs)
+def _endpoint(rank: int, task_host: str, settings: MeshConfig, driver_host: str | None) -> Endpoint:
+    """This task's :class:`Endpoint` (:func:`torchspark.training.netif.choose_endpoint`); on worker 0 a
+    ``controller_address`` replaces the address its store advertises (the interface stays the local choice)."""
+    local = choose_endpoint(driver_host, task_host, settings.network_mask)
+    if rank == 0 and settings.controller_address and local.source != "env":
+        return Endpoint(settings.controller_address, local.interface, "controller_address")
+    return local
 
 
-def pick_local_address(task_host: str, settings: RendezvousSettings, env: dict[str, str] | None = None,
-                       candidates: list[str] | None = None) -> str:
-    """The address this task advertises: env override, then controller address, then mask match, then Spark's."""
-    env = os.environ if env is None else env
-    if env.get(LOCAL_ADDRESS_ENV):
-        return env[LOCAL_ADDRESS_ENV]
-    if settings.controller_address:
-        return settings.controller_address
-    if settings.network_mask:
-        net = ipaddress.ip_network(settings.network_mask, strict=False)
-        for addr in candidates if candidates is not None else _interface_addresses():
-            if ipaddress.ip_address(addr) in net:
-                return addr
-        raise SetupError(
-            f"no local interface address is inside network_mask={settings.network_mask!r} on {socket.gethostname()}"
-            f"; fix the mask or set {LOCAL_ADDRESS_ENV} on the executors"
-        )
-    return task_host
-
-
-def open_relay(advertise_host: str, timeout_s: float) -> tuple[Any, tuple[str, int]]:
+def open_relay(advertise_host: str, timeout_s: float,
+               port_range: tuple[int, int] | None = None) -> tuple[Any, tuple[str, int]]:
     """A small key-value store on the driver through which task 0 tells its peers where its store listens.
 
     Spark's ``BarrierTaskContext.allGather`` would do, but it polls once a second on the JVM side, which costs
@@ -128,8 +72,10 @@ def open_relay(advertise_host: str, timeout_s: float) -> tuple[Any, tuple[str, i
 
     import torch.distributed as dist
 
-    store = dist.TCPStore(advertise_host, 0, None, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=timeout_s))
+    store = listen_in_range(
+        lambda port: dist.TCPStore(advertise_host, port, None, is_master=True, wait_for_workers=False,
+                                   timeout=datetime.timedelta(seconds=timeout_s)),
+        port_range, "the driver's rendezvous relay")
     return store, (advertise_host, int(store.port))
 
 
@@ -177,7 +123,9 @@ def _publish_address(ctx: Any, rank: int, world: int, message: str, relay_addres
 
 
 def _rendezvous(ctx: Any, settings: RendezvousSettings, backend: str, device: str,
-                relay_address: tuple[str, int] | None = None) -> TorchDistCommunicator:
+                relay_address: tuple[str, int] | None = None,
+                driver_host: str | None = None) -> tuple[TorchDistCommunicator, dict[str, Any]]:
+    """Build the process group; returns it and what this worker chose (address, interface, source)."""
     import datetime
 
     import torch.distributed as dist
@@ -186,12 +134,15 @@ def _rendezvous(ctx: Any, settings: RendezvousSettings, backend: str, device: st
     infos = ctx.getTaskInfos()
     world = len(infos)
     task_host = infos[rank].address.rsplit(":", 1)[0]
-    timeout = datetime.timedelta(seconds=settings.timeout_s)
+    timeout = datetime.timedelta(seconds=settings.rendezvous_timeout_s)
+    me = _endpoint(rank, task_host, settings, driver_host)
     store: Any = None
     if rank == 0:
-        host = pick_local_address(task_host, settings)
-        store = dist.TCPStore(host, settings.port, world, is_master=True, timeout=timeout, wait_for_workers=False)
-        message = f"{host}:{store.port}"
+        store = listen_in_range(
+            lambda port: dist.TCPStore(me.address, port, world, is_master=True, timeout=timeout,
+                                       wait_for_workers=False),
+            settings.port_range, "worker 0's rendezvous store", settings.port)
+        message = f"{me.address}:{store.port}"
     else:
         message = ""
     host, port = _publish_address(ctx, rank, world, message, relay_address, timeout).rsplit(":", 1)
@@ -201,23 +152,17 @@ def _rendezvous(ctx: Any, settings: RendezvousSettings, backend: str, device: st
         except (RuntimeError, OSError) as e:
             raise WaitTimeout(
                 f"worker {rank} could not reach task 0 at {host}:{port} within rendezvous_timeout_s="
-                f"{settings.timeout_s}: {e}. Executors must reach each other on that port: check firewalls, "
+                f"{settings.rendezvous_timeout_s}: {e}. Executors must reach each other on that port: check firewalls, "
                 f"set network_mask or {LOCAL_ADDRESS_ENV} so workers advertise an address their peers can reach"
             ) from e
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", _ifname_for(host) or "")
-    if not os.environ["GLOO_SOCKET_IFNAME"]:
-        del os.environ["GLOO_SOCKET_IFNAME"]
-    return TorchDistCommunicator(store, rank, world, backend, device, settings.timeout_s, settings.shared_memory)
-
-
-def _ifname_for(address: str) -> str | None:
-    """The loopback interface name when peers talk over loopback (gloo otherwise resolves the hostname)."""
-    try:
-        if ipaddress.ip_address(address).is_loopback:
-            return "lo"
-    except ValueError:
-        return None
-    return None
+    # gloo/NCCL advertise what the hostname resolves to unless told an interface: often loopback (127.0.1.1)
+    with socket_interface(me.interface) as in_effect:
+        comm = TorchDistCommunicator(store, rank, world, backend, device, settings.rendezvous_timeout_s,
+                                     settings.shared_memory_allreduce, host_address=me.address)
+    chosen = {"address": me.address, "interface": me.interface, "source": me.source,
+              "socket_ifname": in_effect.get("GLOO_SOCKET_IFNAME"), "shared_memory": comm.uses_shared_memory,
+              "store": f"{host}:{port}"}
+    return comm, chosen
 
 
 def barrier_task(
@@ -242,8 +187,9 @@ def barrier_task(
         hooks = open_worker_hooks(ctx.partitionId(), task.collect_stats, progress_address)
         comm: TorchDistCommunicator | None = None
         try:
-            comm = _rendezvous(ctx, settings, backend_for_device(device), device, relay_address)
-            result = run_worker(task, ItemSource(items), comm, device, hooks)
+            comm, chosen = _rendezvous(ctx, settings, backend_for_device(device), device, relay_address,
+                                       _driver_host(relay_address, progress_address))
+            result = replace(run_worker(task, ItemSource(items), comm, device, hooks), network=chosen)
         except BaseException:
             if hooks.report_error is not None:
                 hooks.report_error(traceback.format_exc())
@@ -258,9 +204,12 @@ def barrier_task(
     return run
 
 
-def _with_threads(task: WorkerTask, cpus: int) -> WorkerTask:
-    from dataclasses import replace
+def _driver_host(*addresses: tuple[str, int] | None) -> str | None:
+    """The driver's host as the executors dial it (the relay's or the progress server's advertised host)."""
+    return next((a[0] for a in addresses if a is not None), None)
 
+
+def _with_threads(task: WorkerTask, cpus: int) -> WorkerTask:
     return task if task.num_threads else replace(task, num_threads=max(1, int(cpus)))
 
 
