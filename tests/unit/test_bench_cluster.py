@@ -58,7 +58,7 @@ def test_crossover_needs_both_methods_on_both_links() -> None:
 
 def test_arguments_quick_defaults_and_unknown_names() -> None:
     args = B.parse_args(["--quick"])
-    assert args.links == "100mbit" and args.budget_s == 60.0 and args.target == 0.7
+    assert args.links == "100mbit" and args.budget_s == 120.0 and args.target == 0.7
     full = B.parse_args([])
     assert full.links == "1gbit,100mbit" and full.methods == "sharing,avg5,avg1,ddp" and full.target == 0.9
     assert B.hard_limit_s(full) > 2 * full.budget_s
