@@ -47,17 +47,21 @@ TARGET_PP = 0.5
 DEFAULT_NAME = "AdaptiveThreshold() [default: calibrated start, band 1e-4..1e-2]"
 
 
-def sharing_configs(quick: bool) -> list[tuple[str, Any]]:
+#: short names for ``--configs``: the two dense baselines and the sharing settings, in table order
+CONFIG_KEYS = ("f5", "f1", "default", "dl4j", "tuned", "target", "fixed")
+
+
+def sharing_configs(keys: list[str]) -> list[tuple[str, Any]]:
     from torchspark.encoding import AdaptiveThreshold, FixedThreshold, TargetSparsityThreshold
 
-    configs = [
-        (DEFAULT_NAME, AdaptiveThreshold()),
-        ("AdaptiveThreshold(initial=1e-4) [DL4J's fixed start]", AdaptiveThreshold(initial=1e-4)),
-        ("AdaptiveThreshold(initial=1e-2) [hand-tuned start]", AdaptiveThreshold(initial=1e-2)),
-        ("TargetSparsityThreshold(target=1e-3) [calibrated start]", TargetSparsityThreshold()),
-        ("FixedThreshold(1e-3)", FixedThreshold(1e-3)),
-    ]
-    return configs[:2] if quick else configs
+    configs = {
+        "default": (DEFAULT_NAME, AdaptiveThreshold()),
+        "dl4j": ("AdaptiveThreshold(initial=1e-4) [DL4J's fixed start]", AdaptiveThreshold(initial=1e-4)),
+        "tuned": ("AdaptiveThreshold(initial=1e-2) [hand-tuned start]", AdaptiveThreshold(initial=1e-2)),
+        "target": ("TargetSparsityThreshold(target=1e-3) [calibrated start]", TargetSparsityThreshold()),
+        "fixed": ("FixedThreshold(1e-3)", FixedThreshold(1e-3)),
+    }
+    return [configs[k] for k in keys if k in configs]
 
 
 def make_network(seed: int) -> Any:
@@ -103,7 +107,13 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--epochs", type=int, default=None)
     parser.add_argument("--seeds", default=None, help="network seeds, comma-separated")
+    parser.add_argument("--configs", default=None, help=f"comma-separated subset of {', '.join(CONFIG_KEYS)} "
+                        "(default: all; --quick: f5,f1,default,dl4j); f5 is the baseline and always runs")
     args = parser.parse_args()
+    keys = (args.configs or ("f5,f1,default,dl4j" if args.quick else ",".join(CONFIG_KEYS))).split(",")
+    unknown = sorted(set(keys) - set(CONFIG_KEYS))
+    if unknown:
+        parser.error(f"unknown configs {unknown}; known: {', '.join(CONFIG_KEYS)}")
     epochs = args.epochs or (4 if args.quick else 15)
     seeds = [int(s) for s in (args.seeds or ("0" if args.quick else "0,1,2")).split(",")]
 
@@ -122,13 +132,15 @@ def main() -> None:
     configs: list[tuple[str, str, Any]] = [
         ("dense", "ParameterAveraging, averaging_frequency=5", ParameterAveragingTrainingMaster(
             averaging_frequency=5, **common)),
-        ("dense", "ParameterAveraging, averaging_frequency=1", ParameterAveragingTrainingMaster(
-            averaging_frequency=1, **common)),
     ]
+    if "f1" in keys:
+        configs.append(("dense", "ParameterAveraging, averaging_frequency=1", ParameterAveragingTrainingMaster(
+            averaging_frequency=1, **common)))
     configs += [("sharing", name, SharedTrainingMaster(threshold_algorithm=policy, **common))
-                for name, policy in sharing_configs(args.quick)]
+                for name, policy in sharing_configs(keys)]
     # single-process reference (same epochs, global batch 32)
     results: dict[str, list[dict[str, Any]]] = {name: [] for _, name, _ in configs}
+    results.setdefault("ParameterAveraging, averaging_frequency=1", [])
     results["single process Network.fit (reference)"] = []
     watch = C.SourceWatch()
     t_all = time.perf_counter()
@@ -190,7 +202,7 @@ def report(results: dict[str, list[dict[str, Any]]], configs: list[tuple[str, st
         ratio_dense_steps = (_mean([r["dense_step_bytes"] for r in rs]) / b) if "dense_step_bytes" in rs[0] else None
         rows.append([name, 100 * acc, per_seed, "-" if name == base_name else f"{diff_pp:+.2f}",
                      f"{b:,.0f}" if b == b else "-", "-" if name == base_name or b != b else f"{ratio_f5:,.0f}x",
-                     "-" if name == sync_name else (f"{ratio_f1:,.0f}x" if b == b else "-"),
+                     "-" if name == sync_name else (f"{ratio_f1:,.0f}x" if ratio_f1 == ratio_f1 else "-"),
                      f"{ratio_dense_steps:,.0f}x" if ratio_dense_steps else "-",
                      (f"{_mean([r['threshold_start'] for r in rs]):.3g} -> {_mean([r['threshold_end'] for r in rs]):.3g}"
                       if "threshold_start" in rs[0] else "-"), _mean([r["fit_s"] for r in rs])])
