@@ -27,7 +27,7 @@ RESULTS_DIR = BENCH_DIR / "results"
 BENCHMARKS_MD = ROOT / "BENCHMARKS.md"
 
 #: Order of the sections in BENCHMARKS.md.
-SECTIONS = ("throughput", "throughput_channels_last", "sharing", "codec")
+SECTIONS = ("throughput", "throughput_channels_last", "sharing", "codec", "cluster")
 
 NOTES_START = "<!-- notes:start -->"
 NOTES_END = "<!-- notes:end -->"
@@ -196,7 +196,11 @@ machine is small (2 cores) and shared, so read ratios, not absolute samples/s, a
 .venv/bin/python benchmarks/bench_throughput.py [--quick] [--models mlp,lenet] [--methods ...] [--memory-format channels_last] [--no-write]
 .venv/bin/python benchmarks/bench_sharing.py [--quick]
 .venv/bin/python benchmarks/bench_codec.py [--quick] [--n 10000000] [--reps 7]
+.venv/bin/python benchmarks/bench_cluster.py [--quick] [--links 1gbit,100mbit] [--methods sharing,avg5,avg1,ddp] [--budget-s 300]
 ```
+
+The "cluster" section needs root and `ip netns` (it builds a 2-host Spark standalone cluster from network
+namespaces); elsewhere it is skipped with the reason.
 
 Raw numbers of the last run: `benchmarks/results/*.json`.
 """
@@ -259,6 +263,8 @@ def write_section(name: str, body: str, results: dict[str, Any]) -> None:
     pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
     if pattern.search(text):
         text = pattern.sub(lambda _: block, text)
+    elif "\n## Caveats" in text:  # a section new to this file goes after the others, before the caveats
+        text = text.replace("\n## Caveats", "\n" + block + "\n\n## Caveats", 1)
     else:
         text = text.rstrip() + "\n\n" + block + "\n"
     BENCHMARKS_MD.write_text(_with_targets(text))

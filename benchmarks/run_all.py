@@ -25,6 +25,8 @@ SCRIPTS = {
     "throughput_channels_last": ("bench_throughput.py", ["--memory-format", "channels_last"]),
     "sharing": ("bench_sharing.py", []),
     "codec": ("bench_codec.py", []),
+    # optional: runs only as root with `ip netns` (a namespace cluster); otherwise it writes a "skipped" section
+    "cluster": ("bench_cluster.py", []),
 }
 
 

@@ -7,7 +7,15 @@ import itertools
 import torch
 
 from torchspark import DataSet, Network
-from torchspark.encoding import EncoderConfig, EncoderState, decode_sum, encode_step
+from torchspark.encoding import (
+    EncoderConfig,
+    EncoderState,
+    agree_threshold,
+    decode_sum,
+    encode_step,
+    local_calibration,
+    with_calibration,
+)
 
 
 def sharing_reference(net: Network, shards: list[list[DataSet]], epochs: int, overlap: bool,
@@ -19,11 +27,15 @@ def sharing_reference(net: Network, shards: list[list[DataSet]], epochs: int, ov
     for _ in range(epochs):
         pending = None
         for t in range(max(len(s) for s in shards)):
+            steps = [nets[r].iteration for r in range(len(shards))]  # the workers' 0-based steps
+            updates = [nets[r].compute_update(shard[t]) if t < len(shard) else None for r, shard in enumerate(shards)]
+            if t == 0 and not states[0].threshold_state.calibrated:  # calibrated start: agree on one threshold
+                agreed = agree_threshold([local_calibration(u, s) for u, s in zip(updates, states)])
+                states = [with_calibration(s, agreed) for s in states]
             messages = []
-            for r, shard in enumerate(shards):
-                if t < len(shard):
-                    step = nets[r].iteration  # before compute_update advances it: the worker's 0-based step
-                    message, states[r] = encode_step(nets[r].compute_update(shard[t]), states[r], step)
+            for r, update in enumerate(updates):
+                if update is not None:
+                    message, states[r] = encode_step(update, states[r], steps[r])
                     messages.append(message)
             total = decode_sum(messages, torch.zeros(net.num_params()))
             if overlap:

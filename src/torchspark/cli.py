@@ -48,6 +48,16 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _threshold(text: str) -> float | str:
+    if text == "calibrated":
+        return text
+    try:
+        return _positive_float(text)
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(f"{e}; use 'calibrated' (the default) or a threshold > 0 such as "
+                                         "DL4J's 1e-4") from None
+
+
 def _shape(text: str) -> tuple[int, ...]:
     try:
         dims = tuple(int(d) for d in text.replace("x", ",").split(",") if d.strip())
@@ -94,8 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--batch-size-per-worker", type=_positive_int, default=16, help="minibatch size per worker")
     train.add_argument("--averaging-frequency", type=_positive_int, default=5,
                        help="averaging mode: minibatches between parameter averages")
-    train.add_argument("--threshold", type=_positive_float, default=1e-2,
-                       help="sharing mode: initial threshold of the adaptive policy (~10x the updater's step size)")
+    train.add_argument("--threshold", type=_threshold, default="calibrated",
+                       help="sharing mode: initial threshold of the adaptive policy: 'calibrated' (default: chosen "
+                            "from the first update for ~1e-3 sparsity) or a fixed start such as DL4J's 1e-4")
     train.add_argument("--updater", default="adam", choices=UPDATERS, help="optimizer")
     train.add_argument("--lr", type=_positive_float, default=1e-3, help="learning rate")
     train.add_argument("--seed", type=int, default=0, help="seed for weights and data shuffling")

@@ -14,13 +14,15 @@ from torchspark.cli import build_parser, main
 def test_defaults_train_with_gradient_sharing_on_spark() -> None:
     args = build_parser().parse_args(["train"])
     assert args.mode == "sharing" and not args.parallel
-    assert args.threshold == 1e-2 and args.workers == 2 and args.epochs == 8
+    assert args.threshold == "calibrated" and args.workers == 2 and args.epochs == 8
+    assert build_parser().parse_args(["train", "--threshold", "1e-4"]).threshold == 1e-4  # DL4J's fixed start
 
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["train", "--workers", "0"], "--workers: must be >= 1, got 0"),
     (["train", "--epochs", "two"], "--epochs: 'two' is not an integer"),
     (["train", "--lr", "-1"], "--lr: must be > 0"),
+    (["train", "--threshold", "auto"], "'auto' is not a number; use 'calibrated'"),
     (["train", "--mode", "sync"], "invalid choice: 'sync'"),
     (["train", "--memory-format", "nhwc"], "invalid choice: 'nhwc'"),
     (["evaluate", "--model", "m", "--feature-shape", "1,a"], "is not a shape such as 1,28,28"),

@@ -37,7 +37,7 @@ DECAY = 0.5 ** (1 / 20)
 @pytest.mark.parametrize("sparsity,factor", [(1e-5, DECAY), (0.0, DECAY), (1e-3, 1.0), (1e-4, 1.0),
                                              (1e-2, 1.0), (0.05, 1 / DECAY), (1 / 16, 1 / DECAY)])
 def test_adaptive_rule(sparsity: float, factor: float) -> None:
-    policy = AdaptiveThreshold()
+    policy = AdaptiveThreshold(initial=1e-4)  # DL4J's start
     state = policy.next_threshold(policy.initial_state(), sparsity)
     assert state.threshold == pytest.approx(1e-4 * factor)
     assert state.last_sparsity == sparsity
@@ -45,7 +45,7 @@ def test_adaptive_rule(sparsity: float, factor: float) -> None:
 
 @pytest.mark.parametrize("sparsity,factor", [(1e-4, DECAY), (1e-3, 1.0), (1e-2, 1 / DECAY)])
 def test_target_sparsity_rule(sparsity: float, factor: float) -> None:
-    policy = TargetSparsityThreshold()
+    policy = TargetSparsityThreshold(initial=1e-4)
     assert policy.next_threshold(policy.initial_state(), sparsity).threshold == pytest.approx(1e-4 * factor)
 
 

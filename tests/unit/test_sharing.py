@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import threading
 
 import pytest
@@ -14,7 +15,9 @@ from torchspark.encoding import (
     EncoderState,
     FixedThreshold,
     ThresholdState,
+    agree_threshold,
     average_states,
+    calibrated_threshold,
     decode_sum,
     encode_step,
 )
@@ -45,8 +48,9 @@ def _net(seed: int = 0) -> Network:
     return Network(models.mlp(12, 16, 3), updater=optim.SGD(lr=0.1, momentum=0.9), seed=seed)
 
 
-def _fit(net: Network, shards: list[list[DataSet]], epochs: int, overlap: bool, timeout_s: float = 30.0):
-    settings = SharingSettings(ENCODER, overlap=overlap)
+def _fit(net: Network, shards: list[list[DataSet]], epochs: int, overlap: bool, timeout_s: float = 30.0,
+         encoder: EncoderConfig = ENCODER):
+    settings = SharingSettings(encoder, overlap=overlap)
     task = WorkerTask(mode="sharing", settings=settings.to_dict(), blueprint=NetworkBlueprint.of(net).to_bytes(),
                       epochs=epochs, prefetch=0)
     results = InProcessRunner(timeout_s).run(task, [ItemSource(s) for s in shards])
@@ -85,6 +89,49 @@ def test_distributed_run_matches_reference_loop(overlap: bool, layout: str) -> N
     assert 0 < net.extra_config["sharing.bytes_sent"] < net.extra_config["sharing.dense_bytes"]
     assert net.extra_config["sharing.dense_bytes"] == 4 * net.num_params() * 12 * len(shards)
     assert not torch.equal(net.params(), _net().params())  # it trained
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+@pytest.mark.parametrize("layout", ["distinct_shards", "worker_without_data"])
+def test_calibrated_start_is_agreed_and_matches_reference(overlap: bool, layout: str) -> None:
+    """The default (calibrated) start: every worker calibrates from its first update, all start from the geometric
+    mean (a worker without data does not vote), the run equals the reference loop and the replicas agree."""
+    shards = {"distinct_shards": [_batches(6, seed=1), _batches(6, seed=2)],
+              "worker_without_data": [_batches(6, seed=1), [], _batches(3, seed=2)]}[layout]
+    encoder = EncoderConfig()  # AdaptiveThreshold(initial="calibrated")
+    net = _net()
+    replicas, states = sharing_reference(net, shards, 2, overlap, encoder)
+    results = _fit(net, shards, epochs=2, overlap=overlap, encoder=encoder)
+
+    torch.testing.assert_close(net.params(), replicas[0].params())
+    for rank, state in enumerate(states):
+        torch.testing.assert_close(net.extra_state[RESIDUAL_KEY.format(rank=rank)], state.residual)
+    firsts = [_net().compute_update(shard[0]) if shard else None for shard in shards]  # from the start
+    locals_ = [calibrated_threshold(u, 1e-3) if u is not None else None for u in firsts]
+    assert len({t for t in locals_ if t is not None}) == 2  # the workers really had different values to agree on
+    assert net.extra_config["sharing.start_threshold"] == pytest.approx(agree_threshold(locals_), rel=1e-12)
+    # finish() compared every rank's checksum with rank 0's; rank 0's is the driver's merged model
+    digest = hashlib.sha256(net.params().numpy().tobytes())
+    digest.update(net.buffers().numpy().tobytes())
+    assert net.extra_config["sharing.replica_sha256"] == digest.hexdigest()
+    assert [r.iterations for r in results] == [2 * len(shard) for shard in shards]
+    assert net.extra_config["sharing.replicas_identical"] is True
+
+
+def test_a_calibrated_threshold_state_is_kept_by_the_next_fit() -> None:
+    shards = [_batches(4, seed=1), _batches(4, seed=2)]
+    net = _net()
+    _fit(net, shards, epochs=1, overlap=True, encoder=EncoderConfig())
+    saved = ThresholdState.from_tensor(net.extra_state[THRESHOLD_KEY])
+    assert saved.calibrated
+    state = SharingAlgorithm(SharingSettings(EncoderConfig())).start(net, SoloCommunicator())
+    # the threshold carries over; the sparsity does not ("stepped" means stepped in this fit)
+    assert state.encoder.threshold_state == ThresholdState(saved.threshold)
+    assert state.start_threshold == saved.threshold
+    # a state saved before any calibration (no data anywhere) starts over, also with DL4J's fixed start
+    net.extra_state[THRESHOLD_KEY] = ThresholdState(None).to_tensor()
+    fixed = SharingAlgorithm(SharingSettings(EncoderConfig(AdaptiveThreshold(initial=1e-4))))
+    assert fixed.start(net, SoloCommunicator()).encoder.threshold_state == ThresholdState(1e-4)
 
 
 def test_unequal_shards_terminate_and_match_reference() -> None:

@@ -7,7 +7,7 @@ Split as in GRACE: :mod:`.codec` (compressor: encode/decode), :mod:`.residual` (
 from __future__ import annotations
 
 from torchspark.encoding.codec import EncodedUpdate, decode, decode_sum, threshold_encode
-from torchspark.encoding.encoder import EncoderConfig, EncoderState, encode_step
+from torchspark.encoding.encoder import EncoderConfig, EncoderState, encode_step, local_calibration, with_calibration
 from torchspark.encoding.residual import (
     RESIDUAL_POST_PROCESSORS,
     NoResidualPostProcessing,
@@ -17,6 +17,7 @@ from torchspark.encoding.residual import (
 )
 from torchspark.encoding.stats import EncodingStats
 from torchspark.encoding.threshold import (
+    CALIBRATED,
     THRESHOLD_POLICIES,
     AdaptiveThreshold,
     FixedThreshold,
@@ -25,7 +26,9 @@ from torchspark.encoding.threshold import (
     ThresholdState,
     NUM_SUMMANDS,
     average_from_sums,
+    agree_threshold,
     average_states,
+    calibrated_threshold,
     shake_up_threshold,
     state_summands,
     threshold_policy_from_dict,
@@ -48,6 +51,9 @@ __all__ = [
     "THRESHOLD_POLICIES",
     "NUM_SUMMANDS",
     "average_from_sums",
+    "CALIBRATED",
+    "calibrated_threshold",
+    "agree_threshold",
     "average_states",
     "shake_up_threshold",
     "state_summands",
@@ -60,4 +66,6 @@ __all__ = [
     "EncoderConfig",
     "EncoderState",
     "encode_step",
+    "local_calibration",
+    "with_calibration",
 ]

@@ -28,12 +28,13 @@ from torchspark.encoding.threshold import (
     AdaptiveThreshold,
     ThresholdPolicy,
     ThresholdState,
+    calibrated_threshold,
     shake_up_threshold,
     threshold_policy_from_dict,
 )
 from torchspark.errors import ConfigError, EncodingError
 
-__all__ = ["EncoderConfig", "EncoderState", "encode_step"]
+__all__ = ["EncoderConfig", "EncoderState", "encode_step", "local_calibration", "with_calibration"]
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,8 @@ class EncoderConfig:
     """Knobs of the per-worker encoder.
 
     Args:
-        threshold_policy: how the threshold moves; default :class:`AdaptiveThreshold` (DL4J's default).
+        threshold_policy: how the threshold moves; default :class:`AdaptiveThreshold` (DL4J's default policy,
+            with a start calibrated from the first update; ``AdaptiveThreshold(initial=1e-4)`` is DL4J's start).
         residual_post_processor: what happens to the residual after each encode; default
             :class:`ResidualClipping` (clip to ±5t every 5 steps). Use ``NoResidualPostProcessing()`` to never
             drop update mass.
@@ -123,10 +125,31 @@ class EncoderState:
         return cls(config, residual, ThresholdState.from_tensor(tensors["threshold_state"]))
 
 
+def local_calibration(update: torch.Tensor | None, state: EncoderState) -> float | None:
+    """This worker's calibrated threshold for ``update``, or None (already calibrated, fixed start, no update,
+    or an all-zero update). Workers then agree on one value with
+    :func:`~torchspark.encoding.agree_threshold` and apply it with :func:`with_calibration`."""
+    target = state.config.threshold_policy.calibration_target()
+    if state.threshold_state.calibrated or target is None or update is None:
+        return None
+    return calibrated_threshold(update, target)
+
+
+def with_calibration(state: EncoderState, threshold: float | None) -> EncoderState:
+    """``state`` starting from the calibrated ``threshold`` (unchanged if it is None or already calibrated)."""
+    if threshold is None or state.threshold_state.calibrated:
+        return state
+    return replace(state, threshold_state=state.config.threshold_policy.calibrated_state(threshold))
+
+
 def encode_step(update: torch.Tensor | None, state: EncoderState, step: int) -> tuple[EncodedUpdate, EncoderState]:
     """Encode one update and advance the threshold state.
 
     Steps:
+        0. Not calibrated yet (a calibrated start, see :mod:`torchspark.encoding.threshold`): calibrate from this
+           update alone. Several workers calibrate together beforehand instead (:func:`local_calibration`, agree,
+           :func:`with_calibration`), so they start from one threshold. Nothing to calibrate from (no update or an
+           all-zero one): send nothing and stay uncalibrated.
         1. ``t`` = the state's threshold; on shake-up steps encode with ``t/3`` instead.
         2. :func:`threshold_encode` (``residual += update``; send every ``|r| >= t`` entry as ``±t``).
         3. Post-process the residual with ``t`` (default: clip to ±5t when ``step % 5 == 0``).
@@ -142,7 +165,13 @@ def encode_step(update: torch.Tensor | None, state: EncoderState, step: int) -> 
         ``(message, new_state)``; ``new_state.residual`` is the same (mutated) tensor as ``state.residual``.
     """
     config = state.config
+    state = with_calibration(state, local_calibration(update, state))
     threshold = state.threshold_state.threshold
+    if threshold is None:  # 0. nothing to calibrate from yet; the residual is untouched (a None update adds nothing)
+        if update is not None:
+            state.residual.add_(update)
+        return EncodedUpdate("empty", state.residual.numel(), 0.0,
+                             torch.empty(0, dtype=torch.int32, device=state.residual.device), 0), state
     step_threshold = shake_up_threshold(threshold, step, config.shake_frequency)
     message = threshold_encode(update, state.residual, step_threshold, min_entries=config.min_entries,
                                boundary=config.boundary)

@@ -9,6 +9,14 @@ Each policy is a frozen, validated config with two methods:
 The state is tiny (threshold and last sparsity), JSON- and tensor-serialisable, and can be averaged across workers
 with :func:`average_states` at the end of a fit (DL4J's reducer) and carried into the next fit.
 
+Calibrated start (the default of :class:`AdaptiveThreshold` and :class:`TargetSparsityThreshold`). DL4J starts at
+a fixed 1e-4, which is 10-100x too small for typical Adam/SGD steps: the first ~150 messages are dense bitmaps and
+dominate the traffic of a short fit. With ``initial="calibrated"`` the policy's initial state has no threshold yet
+(``threshold=None``); the first update picks it: :func:`calibrated_threshold` finds the ``t`` at which that
+update's magnitudes would give the policy's target sparsity, the workers agree on one value
+(:func:`agree_threshold`, the gradient-sharing loop gathers every worker's value once) and
+:meth:`calibrated_state` clamps it to the policy's bounds. Pass a float as ``initial`` for DL4J's fixed start.
+
 Unlike DL4J, a bitmap step is not assumed to have sparsity 1/16: the encoder always knows the real count.
 """
 
@@ -30,6 +38,9 @@ __all__ = [
     "AdaptiveThreshold",
     "TargetSparsityThreshold",
     "THRESHOLD_POLICIES",
+    "CALIBRATED",
+    "calibrated_threshold",
+    "agree_threshold",
     "average_states",
     "shake_up_threshold",
     "threshold_policy_from_dict",
@@ -38,39 +49,66 @@ __all__ = [
 
 DEFAULT_DECAY = 0.5 ** (1 / 20)  # at most x2 per 20 steps (x100 in ~132, x1000 in ~200)
 
+#: ``initial`` value that makes a policy calibrate its first threshold from the first update.
+CALIBRATED = "calibrated"
+
+# Calibration looks at a strided sample of at most this many entries: the threshold is a distribution statistic,
+# and a bounded sample keeps the one-off cost at a few ms for any model size.
+_CALIBRATION_SAMPLES = 1 << 20
+_BISECTION_STEPS = 60
+
 
 @dataclass(frozen=True)
 class ThresholdState:
-    """Threshold for the next step and the sparsity the last step achieved (None before the first step)."""
+    """Threshold for the next step and the sparsity the last step achieved (None before the first step).
 
-    threshold: float
+    ``threshold`` is None while a calibrated start still waits for its first update (see the module docstring).
+    """
+
+    threshold: float | None
     last_sparsity: float | None = None
+
+    @property
+    def calibrated(self) -> bool:
+        """True once the state has a threshold (always, for a fixed start)."""
+        return self.threshold is not None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ThresholdState:
-        last = data.get("last_sparsity")
-        return cls(threshold=float(data["threshold"]), last_sparsity=None if last is None else float(last))
+        threshold, last = data.get("threshold"), data.get("last_sparsity")
+        return cls(threshold=None if threshold is None else float(threshold),
+                   last_sparsity=None if last is None else float(last))
 
     def to_tensor(self) -> torch.Tensor:
         """float64 tensor ``[threshold, last_sparsity]`` (NaN for None), for saving next to model weights."""
+        threshold = math.nan if self.threshold is None else self.threshold
         last = math.nan if self.last_sparsity is None else self.last_sparsity
-        return torch.tensor([self.threshold, last], dtype=torch.float64)
+        return torch.tensor([threshold, last], dtype=torch.float64)
 
     @classmethod
     def from_tensor(cls, t: torch.Tensor) -> ThresholdState:
         if t.numel() != 2:
             raise ConfigError(f"a threshold-state tensor has 2 values [threshold, last_sparsity], got {t.numel()}")
         threshold, last = (float(v) for v in t.reshape(-1).tolist())
-        return cls(threshold=threshold, last_sparsity=None if math.isnan(last) else last)
+        return cls(threshold=None if math.isnan(threshold) else threshold,
+                   last_sparsity=None if math.isnan(last) else last)
 
 
 class ThresholdPolicy(Protocol):
-    """What the encoder needs from a threshold policy."""
+    """What the encoder needs from a threshold policy.
+
+    ``initial_state()`` has ``threshold=None`` exactly when ``calibration_target()`` is not None: the first update
+    then chooses the threshold, aiming at that sparsity, and ``calibrated_state(t)`` is the state to start from.
+    """
 
     def initial_state(self) -> ThresholdState: ...
+
+    def calibration_target(self) -> float | None: ...
+
+    def calibrated_state(self, threshold: float) -> ThresholdState: ...
 
     def next_threshold(self, state: ThresholdState, last_sparsity: float) -> ThresholdState: ...
 
@@ -88,10 +126,21 @@ def _check_decay(value: float) -> None:
                           "changes the threshold by at most x2 per 20 steps")
 
 
-def _check_bounds(min_threshold: float, max_threshold: float, initial: float) -> None:
+def _check_initial(value: float | str) -> None:
+    if value == CALIBRATED:
+        return
+    if isinstance(value, str) or isinstance(value, bool):
+        raise ConfigError(f"initial must be {CALIBRATED!r} (the default: chosen from the first update) or a "
+                          f"threshold > 0 such as DL4J's 1e-4, got {value!r}")
+    _check_positive("initial", value, f"use {CALIBRATED!r} (the default) or DL4J's 1e-4")
+
+
+def _check_bounds(min_threshold: float, max_threshold: float, initial: float | str) -> None:
     _check_positive("min_threshold", min_threshold, "the default 1e-10 only guards against underflow")
     _check_positive("max_threshold", max_threshold, "the default 1e10 only guards against overflow")
-    if not min_threshold <= initial <= max_threshold:
+    if min_threshold > max_threshold:
+        raise ConfigError(f"min_threshold={min_threshold!r} must be <= max_threshold={max_threshold!r}")
+    if initial != CALIBRATED and not min_threshold <= initial <= max_threshold:  # type: ignore[operator]
         raise ConfigError(f"initial threshold {initial!r} must lie in [min_threshold={min_threshold!r}, "
                           f"max_threshold={max_threshold!r}]; widen the bounds or change the initial value")
 
@@ -130,20 +179,54 @@ class FixedThreshold(_Serialisable):
     def initial_state(self) -> ThresholdState:
         return ThresholdState(self.threshold)
 
+    def calibration_target(self) -> float | None:
+        """None: a fixed threshold is never calibrated."""
+        return None
+
+    def calibrated_state(self, threshold: float) -> ThresholdState:
+        """The fixed threshold, whatever was calibrated."""
+        return ThresholdState(self.threshold)
+
     def next_threshold(self, state: ThresholdState, last_sparsity: float) -> ThresholdState:
         return ThresholdState(self.threshold, last_sparsity)
 
 
+class _StartMixin:
+    """``initial_state`` / ``calibration_target`` / ``calibrated_state`` of the policies with a calibratable start."""
+
+    initial: float | str
+    min_threshold: float
+    max_threshold: float
+
+    def _target(self) -> float:
+        raise NotImplementedError
+
+    def initial_state(self) -> ThresholdState:
+        """``ThresholdState(initial)``, or ``ThresholdState(None)`` (to be calibrated) for ``initial="calibrated"``."""
+        return ThresholdState(None if self.initial == CALIBRATED else float(self.initial))
+
+    def calibration_target(self) -> float | None:
+        """The sparsity a calibrated start aims at; None for a fixed ``initial``."""
+        return self._target() if self.initial == CALIBRATED else None
+
+    def calibrated_state(self, threshold: float) -> ThresholdState:
+        """The state to start from with a calibrated ``threshold``, kept in ``[min_threshold, max_threshold]``."""
+        return ThresholdState(min(max(float(threshold), self.min_threshold), self.max_threshold))
+
+
 @dataclass(frozen=True)
-class AdaptiveThreshold(_Serialisable):
+class AdaptiveThreshold(_StartMixin, _Serialisable):
     """DL4J's default: keep the sparsity of each message inside ``[min_target_sparsity, max_target_sparsity]``.
 
     Rule, once per step: last sparsity below the band -> ``t *= decay_rate`` (send more); above -> ``t /= decay_rate``
     (send less); inside -> unchanged. The threshold is kept in ``[min_threshold, max_threshold]``.
 
     Args:
-        initial: first threshold. Its exact value matters little: with the default decay the policy moves x2
-            per 20 steps, so a start 100x off is corrected in ~130 steps.
+        initial: first threshold. ``"calibrated"`` (default): chosen from the first update so that its magnitudes
+            give the middle of the band, ``sqrt(min_target_sparsity * max_target_sparsity)`` (1e-3 with the
+            defaults), agreed across workers (see :func:`calibrated_threshold`). A float is DL4J's fixed start
+            (DL4J: 1e-4): the policy then moves x2 per 20 steps, so a start 100x too small costs ~130 dense steps
+            (with Adam at lr=1e-3, 1e-4 gives ~50x compression on a short fit where the calibrated start gives ~300x).
         min_target_sparsity: lower edge of the band (fraction of elements sent per message).
         max_target_sparsity: upper edge; keep below 1/16 or messages become bitmaps.
         decay_rate: multiplicative step in [0.5, 1); closer to 1 = smoother but slower adaptation.
@@ -151,7 +234,7 @@ class AdaptiveThreshold(_Serialisable):
     """
 
     name: ClassVar[str] = "adaptive"
-    initial: float = 1e-4
+    initial: float | str = CALIBRATED
     min_target_sparsity: float = 1e-4
     max_target_sparsity: float = 1e-2
     decay_rate: float = DEFAULT_DECAY
@@ -159,7 +242,7 @@ class AdaptiveThreshold(_Serialisable):
     max_threshold: float = 1e10
 
     def __post_init__(self) -> None:
-        _check_positive("initial", self.initial, "the DL4J default is 1e-4")
+        _check_initial(self.initial)
         _check_decay(self.decay_rate)
         _check_bounds(self.min_threshold, self.max_threshold, self.initial)
         if not 0 < self.min_target_sparsity <= self.max_target_sparsity < 1:
@@ -167,11 +250,11 @@ class AdaptiveThreshold(_Serialisable):
                               f"min_target_sparsity={self.min_target_sparsity!r}, "
                               f"max_target_sparsity={self.max_target_sparsity!r}; the defaults are 1e-4 and 1e-2")
 
-    def initial_state(self) -> ThresholdState:
-        return ThresholdState(self.initial)
+    def _target(self) -> float:
+        return math.sqrt(self.min_target_sparsity * self.max_target_sparsity)
 
     def next_threshold(self, state: ThresholdState, last_sparsity: float) -> ThresholdState:
-        t = state.threshold
+        t = _require_threshold(state)
         if last_sparsity < self.min_target_sparsity:
             t *= self.decay_rate
         elif last_sparsity > self.max_target_sparsity:
@@ -180,14 +263,15 @@ class AdaptiveThreshold(_Serialisable):
 
 
 @dataclass(frozen=True)
-class TargetSparsityThreshold(_Serialisable):
+class TargetSparsityThreshold(_StartMixin, _Serialisable):
     """Multiplicative steps toward a single sparsity target.
 
     Rule: last sparsity below ``target`` -> ``t *= decay_rate``; above -> ``t /= decay_rate``. The sparsity then
     oscillates within about one decay step around the target.
 
     Args:
-        initial: first threshold (DL4J default 1e-4).
+        initial: first threshold: ``"calibrated"`` (default, chosen from the first update to give ``target``) or a
+            float (DL4J's fixed start, 1e-4).
         target: fraction of elements to send per message, in (0, 1/16) so messages stay sparse. 1e-3 is a good
             start; Strom 2015 reports no accuracy loss at ~1e-3..1e-4 for speech models.
         decay_rate: multiplicative step in [0.5, 1).
@@ -195,30 +279,104 @@ class TargetSparsityThreshold(_Serialisable):
     """
 
     name: ClassVar[str] = "target_sparsity"
-    initial: float = 1e-4
+    initial: float | str = CALIBRATED
     target: float = 1e-3
     decay_rate: float = DEFAULT_DECAY
     min_threshold: float = 1e-10
     max_threshold: float = 1e10
 
     def __post_init__(self) -> None:
-        _check_positive("initial", self.initial, "the DL4J default is 1e-4")
+        _check_initial(self.initial)
         _check_decay(self.decay_rate)
         _check_bounds(self.min_threshold, self.max_threshold, self.initial)
         if not (isinstance(self.target, (int, float)) and 0 < self.target < 1 / 16):
             raise ConfigError(f"target must be in (0, 1/16), got {self.target!r}; above 1/16 messages become "
                               "bitmaps and compression is lost; try 1e-3")
 
-    def initial_state(self) -> ThresholdState:
-        return ThresholdState(self.initial)
+    def _target(self) -> float:
+        return float(self.target)
 
     def next_threshold(self, state: ThresholdState, last_sparsity: float) -> ThresholdState:
-        t = state.threshold
+        t = _require_threshold(state)
         if last_sparsity < self.target:
             t *= self.decay_rate
         elif last_sparsity > self.target:
             t /= self.decay_rate
         return ThresholdState(min(max(t, self.min_threshold), self.max_threshold), last_sparsity)
+
+
+def _require_threshold(state: ThresholdState) -> float:
+    if state.threshold is None:
+        raise ConfigError("the threshold state is not calibrated yet (threshold=None); calibrate it with "
+                          "policy.calibrated_state(calibrated_threshold(update, policy.calibration_target()))")
+    return state.threshold
+
+
+def calibrated_threshold(update: torch.Tensor, target_sparsity: float, *,
+                         max_samples: int = _CALIBRATION_SAMPLES) -> float | None:
+    """The threshold at which updates like ``update`` would be sent with sparsity ``target_sparsity``.
+
+    Model: a residual entry that receives steps of size ``a`` with random signs grows like ``a * sqrt(k)`` after
+    ``k`` steps, so it reaches ``t`` about every ``(t / a)**2`` steps, i.e. is sent with frequency
+    ``min(1, (a / t)**2)``. The calibrated ``t`` solves ``mean_i min(1, (a_i / t)**2) = target_sparsity`` over the
+    update's entries ``a_i = |update_i|``. Entries whose steps keep one sign are sent more often (``a / t``), entries
+    that stop changing less; the threshold policy corrects the rest from the sparsity it then measures.
+
+    Steps:
+        1. ``a = |update|``, on a strided sample of at most ``max_samples`` entries (float64), non-finite dropped.
+        2. No entry > 0: None (nothing to calibrate from). At most ``target_sparsity`` of the entries are > 0:
+           the smallest positive ``a`` (every non-zero entry is sent, which is already sparse enough).
+        3. Otherwise bisect ``log t`` between ``min(a > 0)`` (sparsity >= the fraction of non-zero entries, above
+           the target) and ``max(a) / sqrt(target_sparsity)`` (sparsity <= target).
+
+    Args:
+        update: the first update (any shape; flattened), e.g. Adam's first step (all entries ~ lr).
+        target_sparsity: fraction of entries to send per step, in (0, 1).
+        max_samples: sample size bound (>= 1).
+
+    Returns:
+        The threshold (a float > 0), or None when the update is all zero or non-finite.
+
+    Raises:
+        ConfigError: ``target_sparsity`` not in (0, 1) or ``max_samples < 1``.
+    """
+    if not (isinstance(target_sparsity, (int, float)) and 0 < target_sparsity < 1):
+        raise ConfigError(f"target_sparsity must be in (0, 1), got {target_sparsity!r}; try 1e-3")
+    if not (isinstance(max_samples, int) and max_samples >= 1):
+        raise ConfigError(f"max_samples must be an int >= 1, got {max_samples!r}")
+    # 1. magnitudes of a strided sample
+    flat = update.detach().reshape(-1)
+    stride = max(1, -(-flat.numel() // max_samples))
+    a = flat[::stride].to(torch.float64).abs()
+    total = a.numel()
+    a = a[torch.isfinite(a) & (a > 0)]
+    # 2. degenerate cases
+    if a.numel() == 0:
+        return None
+    lo, hi = float(a.min()), float(a.max()) / math.sqrt(target_sparsity)
+    if a.numel() <= target_sparsity * total:
+        return lo
+    # 3. bisection on log t: sparsity(t) = mean(min(1, (a/t)^2)) decreases in t; keep sparsity(lo) > target >= ...(hi)
+    a2 = a * a
+    for _ in range(_BISECTION_STEPS):
+        mid = math.sqrt(lo * hi)
+        if float(torch.clamp(a2 / (mid * mid), max=1.0).sum()) / total > target_sparsity:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def agree_threshold(thresholds: Sequence[float | None]) -> float | None:
+    """One threshold from every worker's calibrated value: the geometric mean of those that are finite and > 0.
+
+    Computed from the gathered values in rank order, so every worker gets the same number. None when no worker had
+    a value (no worker had data or a non-zero update yet).
+    """
+    values = [t for t in thresholds if t is not None and math.isfinite(t) and t > 0]
+    if not values:
+        return None
+    return math.exp(sum(math.log(t) for t in values) / len(values))
 
 
 THRESHOLD_POLICIES: dict[str, type[Any]] = {
@@ -245,7 +403,8 @@ def average_states(states: Sequence[ThresholdState]) -> ThresholdState:
     A state whose ``last_sparsity`` is None never stepped (a worker without data in this fit: gradient sharing
     starts every fit's state without a sparsity) and is skipped entirely, so an idle worker's unchanged starting
     threshold does not drag the average back. When no worker stepped, the result is the mean of the (unchanged)
-    thresholds with no sparsity.
+    thresholds with no sparsity, over the workers that have one (a calibrated start has none until the first
+    update); None when no worker has a threshold.
 
     Raises:
         ConfigError: ``states`` is empty.
@@ -256,25 +415,27 @@ def average_states(states: Sequence[ThresholdState]) -> ThresholdState:
     return average_from_sums(sums, len(states))
 
 
-def state_summands(state: ThresholdState) -> tuple[float, float, float, float]:
+def state_summands(state: ThresholdState) -> tuple[float, float, float, float, float]:
     """One worker's ``(threshold if stepped else 0, last sparsity if stepped else 0, 1 if stepped else 0,
-    threshold)``, where "stepped" means it has a last sparsity: summed over workers (by a list sum or an
+    threshold if set else 0, 1 if set else 0)``, where "stepped" means it has a last sparsity and "set" that its
+    threshold is not None (a calibrated start before its first update): summed over workers (by a list sum or an
     all-reduce), :func:`average_from_sums` turns them into :func:`average_states`' result."""
-    stepped = state.last_sparsity is not None
+    stepped = state.last_sparsity is not None and state.threshold is not None
+    has_threshold = state.threshold is not None
     return (state.threshold if stepped else 0.0, state.last_sparsity if stepped else 0.0, float(stepped),
-            state.threshold)
+            state.threshold if has_threshold else 0.0, float(has_threshold))
 
 
 #: how many values :func:`state_summands` returns (the width of the all-reduced threshold summary)
-NUM_SUMMANDS = 4
+NUM_SUMMANDS = 5
 
 
 def average_from_sums(sums: Sequence[float], workers: int) -> ThresholdState:
     """:func:`average_states` from the sums over ``workers`` workers of their :func:`state_summands`: the means
-    over the workers that stepped, or the mean of all thresholds when none did."""
-    threshold, sparsity, stepped, threshold_all = (float(v) for v in sums)
+    over the workers that stepped, or the mean of the thresholds that are set when none did (None if none is)."""
+    threshold, sparsity, stepped, threshold_all, with_threshold = (float(v) for v in sums)
     if not stepped:
-        return ThresholdState(threshold=threshold_all / workers)
+        return ThresholdState(threshold=threshold_all / with_threshold if with_threshold else None)
     return ThresholdState(threshold=threshold / stepped, last_sparsity=sparsity / stepped)
 
 

@@ -187,8 +187,8 @@ class ParallelWrapper:
             the example-weighted mean loss of every minibatch of every worker (one extra small all-reduce per
             epoch). Each record carries the :class:`~torchspark.training.hooks.ScoreReport` as ``score_report``.
         threshold_algorithm: how the sharing threshold moves (``AdaptiveThreshold()``, ``FixedThreshold``...,
-            or a ``to_dict()`` form). Start near 10x the updater's step size: with Adam at lr=1e-3,
-            ``AdaptiveThreshold(initial=1e-2)`` skips ~150 dense warm-up steps of the default 1e-4 start.
+            or a ``to_dict()`` form). The default start is calibrated from the workers' first updates (no tuning);
+            ``AdaptiveThreshold(initial=1e-4)`` is DL4J's fixed start (dense warm-up steps with Adam at lr=1e-3).
         residual_post_processor: what happens to unsent residuals; default clip to 5x threshold every 5 steps.
         shake_frequency: every this many steps also flush residuals above t/3 (0 = off; try 50-500).
         overlap: sharing exchanges step t while step t+1 computes (one step stale, faster); False = synchronous.

@@ -72,4 +72,4 @@ def build_training_stats(driver: StatsCollector, results: Sequence[WorkerResult]
 
 
 #: gradient sharing's headline numbers, also given in the summary without their ``sharing.`` prefix
-_SHARING_HEADLINES = ("bytes_sent", "dense_bytes", "replicas_identical", "threshold")
+_SHARING_HEADLINES = ("bytes_sent", "dense_bytes", "replicas_identical", "threshold", "start_threshold")

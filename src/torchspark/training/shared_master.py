@@ -50,9 +50,10 @@ class SharedTrainingMaster(TrainingMaster):
     Args:
         threshold_algorithm: how the encoding threshold moves (:class:`~torchspark.encoding.AdaptiveThreshold`,
             :class:`~torchspark.encoding.FixedThreshold`, :class:`~torchspark.encoding.TargetSparsityThreshold`, or
-            their ``to_dict()`` form). Default ``AdaptiveThreshold()`` (start 1e-4, sparsity band [1e-4, 1e-2]).
-            The start should be near the size of the updater's steps times ~10: with Adam at lr=1e-3 every step is
-            ~1e-3 per parameter, so ``AdaptiveThreshold(initial=1e-2)`` avoids ~150 dense warm-up steps.
+            their ``to_dict()`` form). Default ``AdaptiveThreshold()``: sparsity band [1e-4, 1e-2] and a start
+            calibrated from the workers' first updates (aiming at 1e-3, one value agreed by all workers), so it
+            needs no tuning. ``AdaptiveThreshold(initial=1e-4)`` is DL4J's fixed start; with Adam at lr=1e-3 its
+            first ~130 steps go out dense.
         residual_post_processor: what happens to unsent residuals; default ``ResidualClipping()`` (clip to ±5t every
             5 steps). ``NoResidualPostProcessing()`` never drops update mass but lets stale residuals pile up.
         shake_frequency: every this many steps also flush residual entries above t/3 (0 = off, the default). Try
@@ -84,7 +85,8 @@ class SharedTrainingMaster(TrainingMaster):
         name = type(self).__name__
         object.__setattr__(self, "threshold_algorithm", _policy(
             "threshold_algorithm", self.threshold_algorithm, threshold_policy_from_dict,
-            ("initial_state", "next_threshold", "to_dict"), "AdaptiveThreshold(initial=1e-3)"))
+            ("initial_state", "calibration_target", "calibrated_state", "next_threshold", "to_dict"),
+            "AdaptiveThreshold()"))
         object.__setattr__(self, "residual_post_processor", _policy(
             "residual_post_processor", self.residual_post_processor, residual_post_processor_from_dict,
             ("process", "to_dict"), "ResidualClipping()"))

@@ -10,6 +10,13 @@ Per minibatch ``t`` on every worker:
      applies ``params -= S_t``. Nobody applies its own full-precision update, and the decode order and arithmetic
      are the same everywhere, so all replicas stay bit-identical (checked by :meth:`SharingAlgorithm.finish`).
 
+Calibrated start (the default threshold policies). Before the first encode of an epoch whose threshold state is
+not calibrated yet (the first epoch of a fresh fit), every worker computes its first update, calibrates a threshold
+from it (:func:`~torchspark.encoding.local_calibration`; NaN without data), the values are exchanged with one
+all-gather of 8 bytes per worker, and every worker starts from their geometric mean
+(:func:`~torchspark.encoding.agree_threshold`), computed in rank order from the same gathered bytes: all workers
+use one threshold, as if one process had calibrated. A restored threshold state (next fit) is never recalibrated.
+
 Staleness (``overlap=True``, the default). The exchange of step ``t`` (gather + decode) runs on a background thread
 while step ``t+1`` computes, and ``S_t`` is applied right after ``u_{t+1}`` is encoded, before step ``t+2``
 computes. So the parameters used to compute ``u_{t+1}`` contain ``S_0 .. S_{t-1}`` but not ``S_t``: every update is
@@ -51,6 +58,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
+import struct
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -65,12 +74,15 @@ from torchspark.encoding import (
     FixedThreshold,
     ThresholdState,
     NUM_SUMMANDS,
+    agree_threshold,
     average_from_sums,
     decode,
     encode_step,
     from_bytes,
+    local_calibration,
     state_summands,
     to_bytes,
+    with_calibration,
 )
 from torchspark.errors import ConfigError, EncodingError, TrainingError
 from torchspark.nn import Network
@@ -136,12 +148,14 @@ class SharingState:
         bytes_sent: payload bytes this worker handed to the exchange (flag byte included) in this fit.
         dense_bytes: what dense float32 exchange of the same updates would have sent (``4 * num_params`` each).
         steps: updates encoded in this fit.
+        start_threshold: the threshold the fit started from (calibrated, restored or configured; None until known).
     """
 
     encoder: EncoderState
     bytes_sent: int = 0
     dense_bytes: int = 0
     steps: int = 0
+    start_threshold: float | None = None
 
 
 @dataclass(frozen=True)
@@ -201,7 +215,8 @@ class SharingAlgorithm:
         """Per-fit state: the residual and threshold state of a previous fit when ``net.extra_state`` has them.
 
         The threshold state is the averaged one of the previous fit, except with :class:`FixedThreshold` (stateless:
-        the configured value wins). Residuals: see :func:`restore_residual`.
+        the configured value wins) or when that fit never calibrated one (then the policy's initial state, calibrated
+        in the first epoch for a calibrated start). Residuals: see :func:`restore_residual`.
         """
         config = self.settings.encoder
         residual = restore_residual(net.extra_state, comm.rank, comm.world_size, net.num_params(), net.device)
@@ -210,9 +225,9 @@ class SharingAlgorithm:
             # the threshold carries over; the sparsity does not, so "no sparsity" means "not stepped in this fit"
             # and the end-of-fit average skips a worker that got no data (average_states)
             threshold_state = ThresholdState(ThresholdState.from_tensor(net.extra_state[THRESHOLD_KEY].cpu()).threshold)
-        if threshold_state is None:
+        if threshold_state is None or not threshold_state.calibrated:  # nothing saved, or saved before calibrating
             threshold_state = config.threshold_policy.initial_state()
-        return SharingState(EncoderState(config, residual, threshold_state))
+        return SharingState(EncoderState(config, residual, threshold_state), start_threshold=threshold_state.threshold)
 
     # ------------------------------------------------------------------ epoch
     def epoch(self, state: SharingState, net: Network, batches: Iterable[Batch], comm: Communicator,
@@ -234,8 +249,14 @@ class SharingAlgorithm:
                     with rec.phase("data_wait"):
                         batch = next(it, None)
                     exhausted = batch is None
-                payload = _INACTIVE if batch is None else self._compute_and_encode(state, net, batch, out, hooks,
-                                                                                  comm.rank, epoch)
+                # calibrate on the first round: the same decision on every worker, and nothing is in flight yet
+                calibrate = out.rounds == 0 and not state.encoder.threshold_state.calibrated
+                if batch is None:
+                    if calibrate:
+                        _calibrate(state, None, comm)
+                    payload = _INACTIVE
+                else:
+                    payload = self._compute_and_encode(state, net, batch, out, hooks, comm, epoch, calibrate)
                 # 3 + 4: exchange, decode in rank order, apply
                 if executor is None:
                     with rec.phase("exchange"):
@@ -260,11 +281,14 @@ class SharingAlgorithm:
         return out
 
     def _compute_and_encode(self, state: SharingState, net: Network, batch: Batch, out: EpochOutcome,
-                            hooks: WorkerHooks, rank: int, epoch: int) -> bytes:
+                            hooks: WorkerHooks, comm: Communicator, epoch: int, calibrate: bool) -> bytes:
         rec = hooks.recorder
+        rank = comm.rank
         step = net.iteration
         with rec.phase("fit", examples=len(batch)):
             update = net.compute_update(batch, validate=(epoch == 0 and out.iterations == 0))
+            if calibrate:
+                _calibrate(state, update, comm)
             message, state.encoder = encode_step(update, state.encoder, step)
         payload = _ACTIVE if message.format == "empty" else _ACTIVE + to_bytes(message)
         dense = 4 * update.numel()
@@ -288,8 +312,10 @@ class SharingAlgorithm:
 
         Returns:
             ``extra_state``: this rank's residual (``sharing.residual.<rank>``), the averaged threshold state and the
-            world size; ``extra_config``: world size, ``replicas_identical`` and the fit's summed ``bytes_sent`` /
-            ``dense_bytes`` over all workers (all ranks return the same config; the driver keeps rank 0's).
+            world size; ``extra_config``: world size, ``replicas_identical``, the fit's summed ``bytes_sent`` /
+            ``dense_bytes`` over all workers, the averaged end ``threshold``, the ``start_threshold`` (calibrated or
+            configured) and ``replica_sha256`` (hex SHA-256 of every replica's float32 parameters followed by its
+            averaged buffers, equal on all ranks); all ranks return the same config, the driver keeps rank 0's.
 
         Raises:
             TrainingError: the replicas' parameters differ (a worker applied a different message sequence), or their
@@ -340,8 +366,22 @@ class SharingAlgorithm:
             "sharing.bytes_sent": int(bytes_sent),
             "sharing.dense_bytes": int(dense_bytes),
             "sharing.threshold": averaged.threshold,
+            "sharing.start_threshold": state.start_threshold,
+            "sharing.replica_sha256": digests[0].hex(),
         }
         return extra_state, extra_config
+
+
+def _calibrate(state: SharingState, update: torch.Tensor | None, comm: Communicator) -> None:
+    """Agree on the calibrated start threshold: gather every worker's value (NaN: none), take the geometric mean."""
+    local = local_calibration(update, state.encoder)
+    gathered = comm.all_gather_bytes(struct.pack("<d", math.nan if local is None else local))
+    agreed = agree_threshold([struct.unpack("<d", data)[0] for data in gathered])
+    state.encoder = with_calibration(state.encoder, agreed)
+    if agreed is not None:
+        state.start_threshold = state.encoder.threshold_state.threshold
+        log.info("gradient sharing: calibrated start threshold %.3g (this worker alone: %s)", agreed,
+                 "no data" if local is None else f"{local:.3g}")
 
 
 def _report_epoch_score(out: EpochOutcome, net: Network, comm: Communicator, hooks: WorkerHooks, epoch: int) -> None:
