@@ -57,11 +57,12 @@ class SharedTrainingMaster(TrainingMaster):
             5 steps). ``NoResidualPostProcessing()`` never drops update mass but lets stale residuals pile up.
         shake_frequency: every this many steps also flush residual entries above t/3 (0 = off, the default). Try
             50-500 when many parameters never reach the threshold.
-        workers_per_node: -1 (default): one worker per Spark task, and when Spark schedules GPUs
-            (``spark.task.resource.gpu.amount=1``) each task trains on the GPU Spark assigned it, i.e. one worker per
-            GPU of the executor. A value k >= 1 means k workers on each executor; the number of workers is then
-            ``num_workers`` if set, else ``k * executors`` (see :meth:`resolve_num_workers`); each worker is still
-            one task slot, so executors need k task slots.
+        workers_per_node: -1 (default): ``num_workers`` workers (default: one per task slot), and when Spark
+            schedules GPUs (``spark.task.resource.gpu.amount=1``) each task trains on the GPU Spark assigned it, i.e.
+            one worker per GPU of the executor. A value k >= 1 means k workers on every executor the session has
+            when the fit starts: ``k * executors`` workers (executors still registering are waited for); each worker
+            is one task slot, so a fit whose executors have fewer than k slots each fails with SetupError. Set
+            either this or ``num_workers``, not both.
         port: TCP port of the rendezvous store on worker 0 (0 = any free port).
         network_mask: CIDR such as ``"10.0.0.0/16"``: workers advertise the local interface address inside it
             (hosts with several interfaces: YARN, EC2). The environment variable ``TORCHSPARK_LOCAL_IP`` on an
@@ -103,6 +104,9 @@ class SharedTrainingMaster(TrainingMaster):
                 or not (self.workers_per_node == -1 or self.workers_per_node >= 1):
             raise ConfigError(f"{name}: workers_per_node must be -1 (one per GPU, else one per task) or an integer "
                               f">= 1, got {self.workers_per_node!r}")
+        if self.workers_per_node >= 1 and self.num_workers is not None:
+            raise ConfigError(f"{name}: set num_workers={self.num_workers} or workers_per_node="
+                              f"{self.workers_per_node} (k workers on every executor), not both")
         if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= 65535:
             raise ConfigError(f"{name}: port must be an integer in [0, 65535] (0 = any free port), got {self.port!r}")
         if self.network_mask is not None:
@@ -131,13 +135,11 @@ class SharedTrainingMaster(TrainingMaster):
         return SharingSettings(encoder=self.encoder_config(), overlap=self.overlap).to_dict()
 
     def resolve_num_workers(self, default_parallelism: int, executors: int) -> int:
-        """How many workers a fit uses: ``num_workers`` if set; else ``workers_per_node * executors`` when
-        ``workers_per_node >= 1``; else (-1) one per task slot, ``default_parallelism``."""
-        if self.num_workers is not None:
-            return self.num_workers
+        """How many workers a fit uses: ``workers_per_node * executors`` when ``workers_per_node >= 1``; else
+        ``num_workers`` if set; else one per task slot, ``default_parallelism``."""
         if self.workers_per_node >= 1:
             return self.workers_per_node * max(1, executors)
-        return default_parallelism
+        return self.num_workers or default_parallelism
 
     def to_dict(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

@@ -7,6 +7,7 @@ runs the master's algorithm for every epoch over the worker's data and returns a
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ from torchspark.training.hooks import WorkerHooks
 from torchspark.training.prefetch import prefetch
 
 __all__ = ["WorkerTask", "WorkerResult", "EpochSource", "ItemSource", "run_worker", "load_item", "merge_results",
-           "mean_score"]
+           "mean_score", "param_checksum"]
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,9 @@ class WorkerResult:
     #: torch intra-op threads the worker trained with (``torch.get_num_threads()``; on Spark the task's
     #: ``spark.task.cpus``); None when the runner does not report it
     threads: int | None = None
+    #: :func:`param_checksum` of this rank's replica after the fit (every rank): equal on all ranks when the
+    #: replicas are identical; None when the route keeps no replicas (``averaging_via="spark"``)
+    param_checksum: str | None = None
 
 
 def load_item(item: Any) -> Batch:
@@ -191,7 +195,16 @@ def _train(task: WorkerTask, source: EpochSource, comm: Communicator, device: st
         extra_config=extra_config if lead else {},
         stats=drain() if drain is not None else None,
         threads=torch.get_num_threads(),
+        param_checksum=param_checksum(net),
     )
+
+
+def param_checksum(net: Network) -> str:
+    """SHA-256 (hex, first 16 digits) of a replica's parameters and floating-point buffers, as stored: two ranks
+    give the same checksum exactly when their replicas are bit-identical (up to a hash collision)."""
+    digest = hashlib.sha256(net.params().detach().cpu().numpy().tobytes())
+    digest.update(net.buffers().detach().cpu().numpy().tobytes())
+    return digest.hexdigest()[:16]
 
 
 def _ready(items: Iterable[Any]) -> bool:
