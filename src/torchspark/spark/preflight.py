@@ -77,8 +77,10 @@ def executors_for_workers_per_node(sc: Any, workers_per_node: int, wait_s: float
 
 
 def _probe(_: Any) -> tuple[str, str]:
-    """Runs on an executor: (which executor, what it imported). The executor is told apart by the directory Spark
-    gives each executor JVM for ``SparkFiles`` (unique per executor, shared by its Python workers)."""
+    """Runs on an executor: (which executor, what it imported). Executors are told apart by host and the absolute
+    ``SparkFiles`` directory: an executor's working directory (relative ``"."``; one per executor on standalone,
+    YARN and Kubernetes, shared by its Python workers), the driver's temporary directory in local mode."""
+    import os
     import socket
 
     from pyspark import SparkFiles
@@ -87,7 +89,7 @@ def _probe(_: Any) -> tuple[str, str]:
 
     import torchspark
 
-    return (f"{socket.gethostname()}:{SparkFiles.getRootDirectory()}",
+    return (f"{socket.gethostname()}:{os.path.realpath(SparkFiles.getRootDirectory())}",
             f"torch {torch.__version__}, torchspark {torchspark.__version__}")
 
 
