@@ -19,7 +19,7 @@ import torch
 from torchspark import Network, datasets, models, optim
 from torchspark.errors import ConfigError, SetupError
 from torchspark.spark import ParameterAveragingTrainingMaster, SharedTrainingMaster, SparkNetwork
-from torchspark.spark.masters import STORAGE_LEVELS
+from torchspark.training.masters import STORAGE_LEVELS
 from torchspark.spark.preflight import probe_executors
 from torchspark.training.worker import param_checksum
 

@@ -35,7 +35,7 @@ def test_unknown_storage_level_is_refused_at_construction(master, level) -> None
 
 @pytest.mark.parametrize("master", MASTERS)
 def test_every_storage_level_name_is_accepted(master) -> None:
-    from torchspark.spark.masters import STORAGE_LEVELS
+    from torchspark.training.masters import STORAGE_LEVELS
 
     for level in STORAGE_LEVELS:
         assert master(storage_level=level).storage_level == level

@@ -21,14 +21,14 @@ import threading
 import time
 import traceback
 import uuid
-from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 import torch
 
-from torchspark.errors import ConfigError, SetupError, TorchSparkError, WaitTimeout, WorkerError
+from torchspark.errors import SetupError, TorchSparkError, WaitTimeout, WorkerError
 from torchspark.spark.barrier_wait import wait_bounded
 from torchspark.training.comm import TorchDistCommunicator
+from torchspark.training.mesh import MeshConfig
 from torchspark.training.devices import backend_for_device, device_for_task, gpu_addresses
 from torchspark.training.reporting import open_worker_hooks
 from torchspark.training.runner import is_peer_failure, root_cause, traceback_tail
@@ -48,36 +48,8 @@ RELAY_CONNECT_TIMEOUT_S = 60.0
 LOCAL_ADDRESS_ENV = "TORCHSPARK_LOCAL_IP"
 
 
-@dataclass(frozen=True)
-class RendezvousSettings:
-    """How workers find each other.
-
-    Args:
-        timeout_s: limit for every rendezvous and collective wait (``rendezvous_timeout_s``).
-        port: TCP port task 0 listens on; 0 picks a free one.
-        network_mask: CIDR such as ``"10.0.0.0/16"``: advertise the local interface address inside it
-            (needed on hosts with several interfaces, e.g. YARN or EC2).
-        controller_address: a fixed address for task 0 to advertise (overrides the mask).
-        shared_memory: let workers on one host sum through ``/dev/shm`` (see :mod:`torchspark.training.shm`).
-    The environment variable ``TORCHSPARK_LOCAL_IP`` on an executor overrides the address it advertises.
-    """
-
-    timeout_s: float = 300.0
-    port: int = 0
-    network_mask: str | None = None
-    controller_address: str | None = None
-    shared_memory: bool = True
-
-    def __post_init__(self) -> None:
-        if not (self.timeout_s > 0):
-            raise ConfigError(f"rendezvous_timeout_s must be > 0, got {self.timeout_s!r}")
-        if not (0 <= int(self.port) <= 65535):
-            raise ConfigError(f"port must be in [0, 65535] (0 = any free port), got {self.port!r}")
-        if self.network_mask is not None:
-            try:
-                ipaddress.ip_network(self.network_mask, strict=False)
-            except ValueError as e:
-                raise ConfigError(f"network_mask must be a CIDR such as '10.0.0.0/16', got {self.network_mask!r}") from e
+#: How workers find each other: the master's :class:`~torchspark.training.mesh.MeshConfig` (the old name stays).
+RendezvousSettings = MeshConfig
 
 
 def _interface_addresses() -> list[str]:
@@ -186,7 +158,7 @@ def _rendezvous(ctx: Any, settings: RendezvousSettings, backend: str, device: st
     infos = ctx.getTaskInfos()
     world = len(infos)
     task_host = infos[rank].address.rsplit(":", 1)[0]
-    timeout = datetime.timedelta(seconds=settings.timeout_s)
+    timeout = datetime.timedelta(seconds=settings.rendezvous_timeout_s)
     store: Any = None
     if rank == 0:
         host = pick_local_address(task_host, settings)
@@ -201,13 +173,14 @@ def _rendezvous(ctx: Any, settings: RendezvousSettings, backend: str, device: st
         except (RuntimeError, OSError) as e:
             raise WaitTimeout(
                 f"worker {rank} could not reach task 0 at {host}:{port} within rendezvous_timeout_s="
-                f"{settings.timeout_s}: {e}. Executors must reach each other on that port: check firewalls, "
+                f"{settings.rendezvous_timeout_s}: {e}. Executors must reach each other on that port: check firewalls, "
                 f"set network_mask or {LOCAL_ADDRESS_ENV} so workers advertise an address their peers can reach"
             ) from e
     os.environ.setdefault("GLOO_SOCKET_IFNAME", _ifname_for(host) or "")
     if not os.environ["GLOO_SOCKET_IFNAME"]:
         del os.environ["GLOO_SOCKET_IFNAME"]
-    return TorchDistCommunicator(store, rank, world, backend, device, settings.timeout_s, settings.shared_memory)
+    return TorchDistCommunicator(store, rank, world, backend, device, settings.rendezvous_timeout_s,
+                                 settings.shared_memory_allreduce)
 
 
 def _ifname_for(address: str) -> str | None:

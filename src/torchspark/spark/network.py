@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 from torchspark._io import filesystem, join
 from torchspark.errors import ConfigError, DataError
 from torchspark.nn import Network, NetworkBlueprint
-from torchspark.spark.barrier import RendezvousSettings, barrier_task, open_relay, run_barrier_stage
+from torchspark.spark.barrier import barrier_task, open_relay, run_barrier_stage
 from torchspark.spark.data import (
     count_examples,
     group_paths,
@@ -30,7 +30,6 @@ from torchspark.spark.data import (
 )
 from torchspark.spark.export import check_export_directory, export_base, export_rdd
 from torchspark.spark.jobs import run_job
-from torchspark.spark.masters import TrainingMaster
 from torchspark.spark.network_inference import InferenceMethods
 from torchspark.spark.preflight import executors_for_workers_per_node, preflight
 from torchspark.spark.rounds import train_in_rounds
@@ -38,6 +37,7 @@ from torchspark.spark.session import spark_context
 from torchspark.stats import DRIVER_ID, StatsCollector, TrainingStats
 from torchspark.training.assignment import file_items, grid_heads, plan_balanced
 from torchspark.training.hooks import ProgressUpdate
+from torchspark.training.masters import TrainingMaster
 from torchspark.training.progress import ProgressBar, ProgressServer
 from torchspark.training.reporting import build_training_stats
 from torchspark.training.worker import WorkerResult, WorkerTask, merge_results
@@ -319,7 +319,7 @@ class SparkNetwork(InferenceMethods):
             relay_address = None
             if master.rendezvous_via == "driver":
                 relay, relay_address = open_relay(host, master.rendezvous_timeout_s)
-            fn = barrier_task(task_bc, _rendezvous_settings(master), server.address, relay_address)
+            fn = barrier_task(task_bc, master.mesh, server.address, relay_address)
             with collector.phase("fit"):
                 results = run_barrier_stage(self.sc, worker_rdd, fn, f"torchspark fit: {n} workers, {epochs} epoch(s)",
                                             reported_errors=server.errors)
@@ -378,16 +378,6 @@ def _first_and_drain(items: Any) -> list[Any]:
 
 
 _NOTHING = object()
-
-
-def _rendezvous_settings(master: TrainingMaster) -> RendezvousSettings:
-    return RendezvousSettings(
-        timeout_s=master.rendezvous_timeout_s,
-        port=getattr(master, "port", 0),
-        network_mask=getattr(master, "network_mask", None),
-        controller_address=getattr(master, "controller_address", None),
-        shared_memory=master.shared_memory_allreduce,
-    )
 
 
 def _check_epochs(epochs: Any) -> None:

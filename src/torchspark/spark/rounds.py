@@ -46,7 +46,7 @@ from torchspark.errors import TorchSparkError, WorkerError
 from torchspark.nn import Network, NetworkBlueprint
 from torchspark.spark.barrier import run_in_job_group, worker_traceback
 from torchspark.spark.data import storage_level_by_name
-from torchspark.spark.masters import ParameterAveragingTrainingMaster
+from torchspark.training.masters import ParameterAveragingTrainingMaster
 from torchspark.stats import StatsCollector, TrainingStats
 from torchspark.training.devices import device_for_task, flush_denormals, gpu_addresses
 from torchspark.training.hooks import PhaseRecorder, ProgressUpdate
