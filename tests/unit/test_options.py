@@ -207,3 +207,33 @@ def test_diverged_sharing_replicas_still_raise() -> None:
     for t in threads:
         t.join(30)
     assert len(errors) == 2 and all("replicas diverged" in str(e) for e in errors), errors
+
+
+def test_a_source_that_bounds_its_own_waits_skips_the_loader(monkeypatch) -> None:
+    """The parent-fed queue of ParallelWrapper times out by itself: no loader thread per step there; any other
+    source with ``prefetch=0`` goes through the loader that applies ``data_timeout_s``."""
+    import torchspark.training.worker as worker_mod
+
+    calls: list[int] = []
+
+    def spy(items, depth, timeout_s, transform=None):
+        calls.append(depth)
+        return prefetch(items, depth, timeout_s, transform)
+
+    monkeypatch.setattr(worker_mod, "prefetch", spy)
+    net = Network(models.mlp(12, 8, 3), updater=optim.SGD(lr=0.1), seed=0)
+    batches = datasets.synthetic_classification(32, 12, 3, seed=0).split(8)
+
+    class Source:
+        def __init__(self, bounded: bool) -> None:
+            self.bounded_wait = bounded
+
+        def epoch(self, index: int):
+            return iter(batches)
+
+    task = WorkerTask("averaging", {"averaging_frequency": 2, "save_updater": True},
+                      NetworkBlueprint.of(net).to_bytes(), prefetch=0)
+    InProcessRunner().run(task, [Source(True)])
+    assert calls == []
+    InProcessRunner().run(task, [Source(False)])
+    assert calls == [0]

@@ -173,8 +173,7 @@ def _train(task: WorkerTask, source: EpochSource, comm: Communicator, device: st
     score = math.nan
     for e in range(task.epochs):
         items = source.epoch(e)
-        batches = (iter(items) if _ready(items)
-                   else prefetch(items, task.prefetch, task.data_timeout_s, transform=load_item))
+        batches = _batches(task, source, items)
         outcome = algorithm.epoch(state, net, batches, comm, hooks, e)
         examples += outcome.examples
         iterations += outcome.iterations
@@ -205,6 +204,17 @@ def param_checksum(net: Network) -> str:
     digest = hashlib.sha256(net.params().detach().cpu().numpy().tobytes())
     digest.update(net.buffers().detach().cpu().numpy().tobytes())
     return digest.hexdigest()[:16]
+
+
+def _batches(task: WorkerTask, source: EpochSource, items: Iterable[Any]) -> Iterator[Batch]:
+    """The epoch's minibatches: ready ones as they are; without prefetch, straight from a source whose waits are
+    already bounded by ``data_timeout_s`` (``bounded_wait``: a queue fed by the parent); else through the
+    prefetcher, which bounds every wait by ``data_timeout_s`` (with ``prefetch=0`` too, without read-ahead)."""
+    if _ready(items):
+        return iter(items)  # type: ignore[arg-type]
+    if task.prefetch <= 0 and getattr(source, "bounded_wait", False):
+        return map(load_item, items)
+    return prefetch(items, task.prefetch, task.data_timeout_s, transform=load_item)
 
 
 def _ready(items: Iterable[Any]) -> bool:
