@@ -1,12 +1,12 @@
-"""Running ``run_worker`` inside a Spark barrier stage: rendezvous, device choice, and driver-side supervision.
+"""The worker side of the Spark barrier stage: rendezvous, device choice, then ``run_worker``.
 
 Worker side (:func:`barrier_task`): task 0 hosts a ``TCPStore`` on a free port and publishes its address
 through a relay store on the driver (:func:`open_relay`; ``BarrierTaskContext.allGather`` without one, bounded by
 ``rendezvous_timeout_s`` on any session: :mod:`torchspark.spark.barrier_wait`), and all
 of them build a torch.distributed group (gloo on CPU, nccl on CUDA) with ``rendezvous_timeout_s`` as the collective timeout.
 
-Driver side (:func:`run_barrier_stage`): runs the stage under its own job group, cancels it on failure or
-Ctrl-C, and turns a worker exception into a :class:`WorkerError` carrying the worker's traceback.
+The driver side (running the stage under its own job group, turning a worker's exception into our error) is
+:func:`torchspark.spark.jobs.run_barrier_stage`.
 """
 
 from __future__ import annotations
@@ -14,32 +14,24 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
-import re
 import socket
 import subprocess
-import threading
-import time
 import traceback
-import uuid
-from typing import Any, Callable, Iterable, Iterator, TypeVar
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
-from torchspark.errors import SetupError, TorchSparkError, WaitTimeout, WorkerError
+from torchspark.errors import SetupError, WaitTimeout
 from torchspark.spark.barrier_wait import wait_bounded
 from torchspark.training.comm import TorchDistCommunicator
-from torchspark.training.mesh import MeshConfig
 from torchspark.training.devices import backend_for_device, device_for_task, gpu_addresses
+from torchspark.training.mesh import MeshConfig
 from torchspark.training.reporting import open_worker_hooks
-from torchspark.training.runner import is_peer_failure, root_cause, traceback_tail
 from torchspark.training.worker import ItemSource, WorkerResult, WorkerTask, run_worker
 
-__all__ = ["RendezvousSettings", "barrier_task", "open_relay", "run_barrier_stage", "run_in_job_group", "LOCAL_ADDRESS_ENV",
-           "pick_local_address"]
+__all__ = ["RendezvousSettings", "barrier_task", "open_relay", "LOCAL_ADDRESS_ENV", "pick_local_address"]
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 #: How long a worker tries to connect to the driver's rendezvous store before failing with advice.
 RELAY_CONNECT_TIMEOUT_S = 60.0
@@ -235,93 +227,3 @@ def _with_threads(task: WorkerTask, cpus: int) -> WorkerTask:
     from dataclasses import replace
 
     return task if task.num_threads else replace(task, num_threads=max(1, int(cpus)))
-
-
-_PY_TRACE = re.compile(r"(Traceback \(most recent call last\):.*?)(?:\n\tat |\n\s*at org\.apache|\Z)", re.S)
-
-
-def worker_traceback(error: BaseException) -> str:
-    """The Python traceback of a failed task, dug out of Spark's Java exception text."""
-    text = str(error)
-    found = _PY_TRACE.findall(text)
-    tb = found[-1] if found else text
-    return "\n".join(ln for ln in tb.strip().splitlines() if not ln.strip().startswith("SQLSTATE"))
-
-
-def _pick_traceback(spark_tb: str, reported_errors: Callable[[], list[tuple[int, str]]] | None,
-                    wait_s: float = 3.0) -> str:
-    """Spark's traceback unless it is a peer's symptom and a worker reported the cause over the progress channel."""
-    if reported_errors is None or not is_peer_failure(spark_tb):
-        return spark_tb
-    deadline = time.monotonic() + wait_s
-    while True:
-        found = root_cause(reported_errors())
-        if found is not None and not is_peer_failure(found[1]):
-            return found[1]
-        if time.monotonic() >= deadline:
-            return spark_tb
-        time.sleep(0.05)
-
-
-def _root_message(tb: str) -> str:
-    lines = [ln for ln in tb.splitlines() if ln.strip()]
-    return lines[-1].strip() if lines else tb
-
-
-def run_in_job_group(sc: Any, description: str, action: Callable[[], T], thread_name: str = "torchspark-job") -> T:
-    """Run ``action`` (which submits Spark jobs) on a helper thread under a fresh job group and return its value.
-
-    Ctrl-C (or any exception) on the calling thread cancels the group and waits up to 60 s for the thread; an
-    exception raised by ``action`` cancels the group and is re-raised unchanged on the calling thread.
-    """
-    group = f"torchspark-{uuid.uuid4().hex[:12]}"
-    box: dict[str, Any] = {}
-    # wait on an Event, not Thread.join: a Ctrl-C inside join() marks the still-running thread as stopped (CPython
-    # bpo-45274 handling), after which join() no longer waits for it
-    done = threading.Event()
-
-    def target() -> None:
-        sc.setJobGroup(group, description, interruptOnCancel=True)
-        try:
-            box["value"] = action()
-        except BaseException as e:  # noqa: BLE001 - re-raised on the calling thread
-            box["error"] = e
-        finally:
-            sc.setLocalProperty("spark.jobGroup.id", None)
-            done.set()
-
-    thread = threading.Thread(target=target, name=thread_name, daemon=True)
-    thread.start()
-    try:
-        while not done.wait(timeout=0.1):
-            pass
-    except BaseException:
-        sc.cancelJobGroup(group)
-        if not done.wait(timeout=60):
-            log.warning("the cancelled job %r did not stop within 60 s; it is left to Spark", description)
-        raise
-    if "error" in box:
-        sc.cancelJobGroup(group)
-        raise box["error"]
-    return box["value"]  # type: ignore[no-any-return]
-
-
-def run_barrier_stage(sc: Any, rdd: Any, fn: Callable[[Iterable[Any]], Iterator[WorkerResult]],
-                      description: str,
-                      reported_errors: Callable[[], list[tuple[int, str]]] | None = None) -> list[WorkerResult]:
-    """Run ``fn`` as a barrier stage over ``rdd`` under a fresh job group; cancel it and re-raise on failure.
-
-    Spark reports whichever task failed first, which is often a peer that merely saw the failing worker's
-    connection drop. ``reported_errors`` (the progress channel's error list) lets the driver show the root cause.
-    """
-    try:
-        results: list[WorkerResult] = run_in_job_group(
-            sc, description, lambda: rdd.barrier().mapPartitions(fn).collect(), "torchspark-barrier-stage")
-    except TorchSparkError:
-        raise
-    except Exception as err:  # Spark/py4j errors carry no stable type
-        tb = _pick_traceback(worker_traceback(err), reported_errors)
-        raise WorkerError(
-            f"a training worker failed: {_root_message(tb)}\n--- worker traceback ---\n{traceback_tail(tb)}"
-        ) from None
-    return sorted(results, key=lambda r: r.rank)

@@ -121,7 +121,7 @@ def probe_executors(sc: Any, attempts: int = 3) -> dict[str, str]:
 
 
 def _import_error(sc: Any, e: BaseException) -> SetupError:
-    from torchspark.spark.barrier import worker_traceback
+    from torchspark.spark.jobs import worker_traceback
 
     tb = worker_traceback(e)
     cause = [ln.strip() for ln in tb.splitlines() if ln.strip()][-1:] or ["unknown error"]

@@ -30,9 +30,12 @@ STORAGE_LEVELS = ("DISK_ONLY", "DISK_ONLY_2", "DISK_ONLY_3", "MEMORY_AND_DISK", 
                   "MEMORY_AND_DISK_DESER", "MEMORY_ONLY", "MEMORY_ONLY_2", "NONE", "OFF_HEAP")
 
 
-def _positive_int(cls: str, name: str, value: Any, minimum: int = 1) -> None:
+def _positive_int(cls: str, name: str, value: Any, minimum: int = 1, optional: bool = False) -> None:
+    if optional and value is None:
+        return
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{cls}: {name} must be an integer >= {minimum}, got {value!r}")
+        raise ConfigError(f"{cls}: {name} must be an integer >= {minimum}{' or None' if optional else ''}, got "
+                          f"{value!r}")
 
 
 def _choice(cls: str, name: str, value: Any, choices: tuple[str, ...]) -> None:
@@ -111,8 +114,7 @@ class TrainingMaster:
     def __post_init__(self) -> None:
         name = type(self).__name__
         _positive_int(name, "batch_size_per_worker", self.batch_size_per_worker)
-        if self.num_workers is not None:
-            _positive_int(name, "num_workers", self.num_workers)
+        _positive_int(name, "num_workers", self.num_workers, optional=True)
         _positive_int(name, "worker_prefetch_num_batches", self.worker_prefetch_num_batches, 0)
         _choice(name, "repartition", self.repartition, REPARTITION)
         _choice(name, "repartition_strategy", self.repartition_strategy, STRATEGIES)
@@ -120,8 +122,7 @@ class TrainingMaster:
         _choice(name, "storage_level", self.storage_level, STORAGE_LEVELS)
         if not isinstance(self.flush_denormal, bool):
             raise ConfigError(f"{name}: flush_denormal must be True or False, got {self.flush_denormal!r}")
-        if self.rng_seed is not None:
-            _positive_int(name, "rng_seed", self.rng_seed, 0)
+        _positive_int(name, "rng_seed", self.rng_seed, 0, optional=True)
         value = self.data_timeout_s
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
             raise ConfigError(f"{name}: data_timeout_s must be a number of seconds > 0, got {value!r}")

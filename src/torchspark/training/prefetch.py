@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import queue
 import threading
+from functools import partial
 from typing import Callable, Generic, Iterable, Iterator, TypeVar
 
-from torchspark.errors import WaitTimeout
+from torchspark.training.waiting import get_within, put_until_stopped
 
 __all__ = ["prefetch"]
 
@@ -33,13 +34,7 @@ class _Prefetcher(Generic[T]):
         self._thread.start()
 
     def _put(self, item: object) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
+        return put_until_stopped(self._queue, item, self._stop)
 
     def _run(self, source: Iterable[T]) -> None:
         try:
@@ -53,10 +48,7 @@ class _Prefetcher(Generic[T]):
     def __iter__(self) -> Iterator[T]:
         try:
             while True:
-                try:
-                    item = self._queue.get(timeout=self._timeout_s)
-                except queue.Empty:
-                    raise _timeout(self._timeout_s) from None
+                item = get_within(self._queue, self._timeout_s, partial(_timeout_message, self._timeout_s))
                 if item is _END:
                     return
                 if isinstance(item, _Failure):
@@ -94,10 +86,7 @@ class _OnDemand(Generic[T]):
         try:
             while True:
                 self._requests.put(True)
-                try:
-                    item = self._items.get(timeout=self._timeout_s)
-                except queue.Empty:
-                    raise _timeout(self._timeout_s) from None
+                item = get_within(self._items, self._timeout_s, partial(_timeout_message, self._timeout_s))
                 if item is _END:
                     return
                 if isinstance(item, _Failure):
@@ -107,9 +96,9 @@ class _OnDemand(Generic[T]):
             self._requests.put(False)  # a loader stuck in the source exits when the source returns (daemon thread)
 
 
-def _timeout(timeout_s: float) -> WaitTimeout:
-    return WaitTimeout(f"no minibatch arrived within data_timeout_s={timeout_s}; the data source is stuck or very "
-                       "slow (raise data_timeout_s for slow storage)")
+def _timeout_message(timeout_s: float) -> str:
+    return (f"no minibatch arrived within data_timeout_s={timeout_s}; the data source is stuck or very slow (raise "
+            "data_timeout_s for slow storage)")
 
 
 def prefetch(source: Iterable[T], depth: int, timeout_s: float = 600.0,

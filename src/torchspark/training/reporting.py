@@ -53,12 +53,14 @@ def build_training_stats(driver: StatsCollector, results: Sequence[WorkerResult]
                          extra: dict[str, Any] | None = None) -> TrainingStats:
     """The stats of one fit: the driver's phases, every worker's payload, and summary fields (examples, epochs,
     any scalar in ``extra`` such as gradient sharing's byte counts, and every rank's ``param_checksums`` with
-    ``replicas_identical`` computed from them -- a measurement, not the workers' word)."""
+    ``replicas_identical`` computed from them -- a measurement, not the workers' word). A result's ``stats`` is one
+    payload, or a list of them (the rounds route ships one per round)."""
     stats = TrainingStats()
     stats.add_worker_payload(DRIVER_ID, driver.drain())
     for r in results:
-        if r.stats is not None:
-            stats.add_worker_payload(worker_id(r.rank), r.stats)
+        for payload in r.stats if isinstance(r.stats, list) else [r.stats]:
+            if payload is not None:
+                stats.add_worker_payload(worker_id(r.rank), payload)
     stats.set_summary("examples", sum(r.examples for r in results))
     stats.set_summary("epochs", epochs)
     for key, value in (extra or {}).items():
