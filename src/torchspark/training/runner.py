@@ -106,8 +106,10 @@ class RunContext(Protocol):
     recorder: PhaseRecorder
     description: str
 
-    def progress_address(self, host: str = "127.0.0.1", advertise_host: str | None = None) -> tuple[str, int]:
-        """Open the fit's progress channel (once) and return the address workers connect to."""
+    def progress_address(self, host: str = "127.0.0.1", advertise_host: str | None = None,
+                         port_range: tuple[int, int] | None = None) -> tuple[str, int]:
+        """Open the fit's progress channel (once, on a port inside ``port_range`` when set) and return the
+        address workers connect to."""
         ...
 
     def reported_errors(self) -> list[tuple[int, str]]:

@@ -83,6 +83,9 @@ class WorkerResult:
     #: :func:`param_checksum` of this rank's replica after the fit (every rank): equal on all ranks when the
     #: replicas are identical; None when the route keeps no replicas (``averaging_via="spark"``)
     param_checksum: str | None = None
+    #: how this worker reached its peers on a Spark barrier stage (address, interface, which rule chose them,
+    #: whether sums went through shared memory); None on other runners
+    network: dict[str, Any] | None = None
 
 
 def load_item(item: Any) -> Batch:
