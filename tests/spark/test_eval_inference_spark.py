@@ -77,10 +77,10 @@ def test_several_evaluations_in_one_pass_equal_separate_passes(sc, net, rdd) -> 
     assert mine.num_examples() == N
 
 
-def test_eval_workers_one_and_odd_batch_sizes_stay_exact(sc, net, data) -> None:
+def test_odd_batch_sizes_stay_exact(sc, net, data) -> None:
     ragged = sc.parallelize(data.split(7), 3)  # re-batched on the executors
     local = net.evaluate(data, batch_size=50)
-    dist = spark_eval.evaluate(sc, net, ragged, batch_size=50, eval_workers=1)
+    dist = spark_eval.evaluate(sc, net, ragged, batch_size=50)
     np.testing.assert_array_equal(dist.confusion_matrix(), local.confusion_matrix())
 
 
@@ -198,7 +198,7 @@ def test_executor_data_errors_come_back_as_data_errors(sc, net) -> None:
     with pytest.raises(DataError, match="label index 7") as info:
         spark_eval.evaluate(sc, net, sc.parallelize([bad], 1))
     assert "executor traceback" in str(info.value)
-    with pytest.raises(ConfigError, match="eval_workers"):
+    with pytest.raises(ConfigError, match="eval_workers=0 is no longer supported"):
         spark_eval.evaluate(sc, net, sc.parallelize([bad], 1), eval_workers=0)
     with pytest.raises(ConfigError, match="at least one evaluation"):
         spark_eval.do_evaluation(sc, net, sc.parallelize([bad], 1))

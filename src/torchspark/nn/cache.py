@@ -1,8 +1,8 @@
 """Networks rebuilt from shipped blueprints, kept per process and leased to tasks: the one network cache.
 
-Spark evaluation and inference lease a copy per broadcast (at most ``eval_workers`` at once); the averaging rounds
-of ``averaging_via="spark"`` lease the network of their fit, so a reused Python worker trains every round with the
-network it built in the first one instead of rebuilding it from the blueprint.
+Spark evaluation and inference lease a copy per broadcast (one per running task: each PySpark task has its own
+Python worker); the averaging rounds of ``averaging_via="spark"`` lease the network of their fit, so a reused Python
+worker trains every round with the network it built in the first one instead of rebuilding it from the blueprint.
 """
 
 from __future__ import annotations

@@ -81,6 +81,9 @@ def worker_context() -> Any:
 class QueueSource:
     """A worker's data fed by the parent through a queue; ``EPOCH_END`` closes each epoch."""
 
+    #: every wait is bounded by ``data_timeout_s`` here, so the worker needs no loader thread to bound it
+    bounded_wait = True
+
     def __init__(self, q: Any, timeout_s: float) -> None:
         self._q = q
         self._timeout_s = timeout_s

@@ -12,7 +12,9 @@ Balanced (``repartition_strategy="balanced"``): a cheap job counts the examples 
   joins the few minibatches made of several pieces (:func:`worker_rdd_balanced`).
 
 Both give the same per-worker minibatch sequences. With ``repartition="never"`` (or matching partition and worker
-counts) and with ``"spark_default"``, every partition is re-batched on its own instead (:func:`rebatch_partition`).
+counts) and with ``"spark_default"``, every partition is re-batched on its own instead (:func:`rebatch_partition`);
+an ``rng_seed`` then shuffles the order of each worker's minibatches (:func:`shuffle_partitions`,
+:func:`group_paths`, :func:`spread_round_robin`), the same way on every run.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ __all__ = [
     "group_paths",
     "plan_path_files",
     "spread_round_robin",
+    "shuffle_partitions",
+    "seeded_order",
     "storage_level_by_name",
 ]
 
@@ -196,21 +200,45 @@ def group_paths(paths: Sequence[tuple[int, str]], num_workers: int, rng_seed: in
         groups: list[list[str]] = [[] for _ in range(num_workers)]
         for part, path in paths:
             groups[part].append(path)
+        if rng_seed is not None:  # each worker trains its own partition, in a seeded order
+            groups = [[g[k] for k in seeded_order(len(g), rng_seed, part)] for part, g in enumerate(groups)]
         return groups
     return split_for_workers([p for _, p in paths], num_workers, rng_seed)
+
+
+def seeded_order(length: int, rng_seed: int, stream: int) -> list[int]:
+    """A permutation of ``range(length)`` fixed by ``(rng_seed, stream)`` (``stream``: the partition index), the
+    same on every run and host."""
+    return np.random.default_rng([rng_seed, stream]).permutation(length).tolist()
+
+
+def shuffle_partitions(rdd: Any, rng_seed: int | None) -> Any:
+    """``rdd`` with every partition's items in the order :func:`seeded_order` gives (``rng_seed=None``: as is).
+    A partition is held in memory while it is reordered (the workers keep theirs in memory anyway)."""
+    if rng_seed is None:
+        return rdd
+    return rdd.mapPartitionsWithIndex(partial(_shuffle_partition, rng_seed))
+
+
+def _shuffle_partition(rng_seed: int, index: int, items: Iterable[Any]) -> Iterator[Any]:
+    held = list(items)
+    return iter([held[k] for k in seeded_order(len(held), rng_seed, index)])
 
 
 def plan_path_files(files: Sequence[tuple[int, str, int]], num_workers: int, batch_size: int, rng_seed: int | None,
                     by_partition: bool) -> list[list[str | FileSlices]]:
     """``fit_paths``: the user's files ``(partition, path, examples)`` of any size re-batched to ``batch_size``
     (:func:`~torchspark.training.assignment.plan_files`): over all files, balanced by examples; or with
-    ``by_partition`` within each input partition, which stays one worker's data in order."""
+    ``by_partition`` within each input partition, which stays one worker's data (in order; in a seeded order with
+    ``rng_seed``)."""
     if not by_partition:
         return plan_files([(path, count) for _, path, count in files], batch_size, num_workers, rng_seed)
     groups: list[list[str | FileSlices]] = []
     for w in range(num_workers):
         mine = [(path, count) for part, path, count in files if part == w]
         groups.append(plan_files(mine, batch_size, 1, None)[0] if sum(c for _, c in mine) else [])
+    if rng_seed is not None:  # each worker trains its own partition, in a seeded order
+        groups = [[g[k] for k in seeded_order(len(g), rng_seed, w)] for w, g in enumerate(groups)]
     return groups
 
 
@@ -272,26 +300,40 @@ def storage_level_by_name(name: str) -> Any:
     return level
 
 
-def spread_round_robin(rdd: Any, num_partitions: int) -> Any:
+def spread_round_robin(rdd: Any, num_partitions: int, rng_seed: int | None = None) -> Any:
     """``repartition_strategy="spark_default"``: deal every partition's items round-robin over ``num_partitions``
     partitions, one shuffle, no counting pass (what Scala's ``rdd.repartition`` does per item).
 
     PySpark's own ``repartition`` shuffles pickled *batches* of up to 10 items, so an RDD of a few dozen
     minibatches can land on one partition and leave a worker idle; keying each item by its turn avoids that.
     Partition ``p`` starts dealing at ``p % num_partitions``, so single-item partitions spread too.
+
+    With ``rng_seed``, the deal starts ``rng_seed % num_partitions`` partitions further on and every target partition
+    holds its items sorted by a seeded random key: a shuffled order, the same on every run (same data, same seed).
     """
-    return rdd.mapPartitionsWithIndex(_RoundRobinKeys(num_partitions)).partitionBy(num_partitions, _own_key).values()
+    keyed = rdd.mapPartitionsWithIndex(_RoundRobinKeys(num_partitions, rng_seed))
+    if rng_seed is None:
+        return keyed.partitionBy(num_partitions, _own_key).values()
+    return keyed.repartitionAndSortWithinPartitions(num_partitions, partitionFunc=_worker_of).values()
 
 
 class _RoundRobinKeys:
-    """``mapPartitionsWithIndex`` function: ``(target partition, item)`` pairs, dealt round-robin."""
+    """``mapPartitionsWithIndex`` function: ``(target partition, item)`` pairs, dealt round-robin; with a seed the
+    key is ``(target, random sort key, partition, position)``."""
 
-    def __init__(self, num_partitions: int) -> None:
+    def __init__(self, num_partitions: int, rng_seed: int | None = None) -> None:
         self.num_partitions = num_partitions
+        self.rng_seed = rng_seed
 
-    def __call__(self, index: int, items: Iterable[Any]) -> Iterator[tuple[int, Any]]:
+    def __call__(self, index: int, items: Iterable[Any]) -> Iterator[tuple[Any, Any]]:
+        if self.rng_seed is None:
+            for i, item in enumerate(items):
+                yield (index + i) % self.num_partitions, item
+            return
+        rng = np.random.default_rng([self.rng_seed, index])
+        start = index + self.rng_seed
         for i, item in enumerate(items):
-            yield (index + i) % self.num_partitions, item
+            yield ((start + i) % self.num_partitions, float(rng.random()), index, i), item
 
 
 def _own_key(key: int) -> int:

@@ -4,9 +4,9 @@ DL4J's ``SparkDl4jMultiLayer.doEvaluation`` / ``evaluate*`` in Python:
 
 1. the network travels to the executors once, as a broadcast blueprint (:func:`ship_network`);
 2. ``mapPartitions`` re-batches each partition to ``batch_size`` examples and fills fresh, empty copies of the
-   evaluations with a network leased from the executor process's :class:`NetworkCache` (DL4J's
-   ``EvaluationRunner``: at most ``eval_workers`` copies at once, reused by later tasks in the same Python
-   worker);
+   evaluations with a network leased from the executor process's :class:`NetworkCache` (one copy per Python
+   worker, reused by later tasks in the same process; DL4J's ``evalNumWorkers`` has no PySpark equivalent, see
+   :func:`refuse_eval_workers`);
 3. each partition returns its evaluations as JSON (no pickle); ``treeAggregate`` merges them with
    :meth:`~torchspark.evaluation.BaseEvaluation.merge`, which is exact for counts (accuracy, confusion matrix,
    binned ROC), so the result equals one local pass over the same data;
@@ -43,6 +43,7 @@ __all__ = [
     "batch_items",
     "load_batch_item",
     "check_positive",
+    "refuse_eval_workers",
     "peek_nonempty",
     "do_evaluation",
     "evaluate",
@@ -54,9 +55,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 DEFAULT_BATCH_SIZE = 64  # DL4J's DEFAULT_EVAL_SCORE_BATCH_SIZE
-DEFAULT_EVAL_WORKERS = 4  # DL4J's DEFAULT_EVAL_WORKERS
+#: most copies of one network a Python process holds at once (only threads of one process share a cache)
+DEFAULT_EVAL_WORKERS = 4
 DEFAULT_ROC_THRESHOLD_STEPS = 32  # DL4J's DEFAULT_ROC_THRESHOLD_STEPS
-
 
 
 # one per Python process: on an executor this is the per-worker-process cache of shipped networks
@@ -149,12 +150,29 @@ def check_positive(**values: Any) -> None:
             raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
 
 
+def refuse_eval_workers(eval_workers: Any) -> None:
+    """ConfigError for any ``eval_workers`` value (DL4J's ``evalNumWorkers``, removed).
+
+    In DL4J the tasks of one executor JVM share ``evalNumWorkers`` network copies. PySpark runs every task in its
+    own Python worker process, so a running task always holds exactly one copy and a cap per process never binds;
+    the copies per executor are its concurrently running tasks, which Spark's own settings control.
+    """
+    if eval_workers is not None:
+        raise ConfigError(
+            f"eval_workers={eval_workers!r} is no longer supported: PySpark runs each task in its own Python worker, "
+            "so every running evaluation task holds one network copy and a per-executor cap cannot be enforced "
+            "from Python. Drop the argument; to hold fewer copies per executor run fewer tasks at once "
+            "(spark.task.cpus=2 halves them on executors with spark.executor.cores cores), or repartition the data "
+            "to fewer partitions."
+        )
+
+
 # ------------------------------------------------------------------ evaluation
 _Partial = tuple[int, "list[str] | None"]  # (examples, evaluation JSONs); (0, None) is the neutral element
 
 
 def _evaluate_partition(
-    shipped: ShippedNetwork, templates: list[str], batch_size: int, eval_workers: int
+    shipped: ShippedNetwork, templates: list[str], batch_size: int
 ) -> Callable[[Iterable[Any]], Iterator[_Partial]]:
     def run(items: Iterable[Any]) -> Iterator[_Partial]:
         stream = peek_nonempty(items)
@@ -164,7 +182,7 @@ def _evaluate_partition(
         for ev in evaluations:
             ev.reset()
         count = 0
-        with shipped.lease(eval_workers) as net:
+        with shipped.lease() as net:
             for batch in rebatch((load_batch_item(i) for i in stream), batch_size):
                 net.evaluate(batch, *evaluations, batch_size=batch_size)
                 count += len(batch)
@@ -188,7 +206,7 @@ def do_evaluation(
     data: Any,
     *evaluations: BaseEvaluation,
     batch_size: int = DEFAULT_BATCH_SIZE,
-    eval_workers: int = DEFAULT_EVAL_WORKERS,
+    eval_workers: int | None = None,
     features_col: str = "features",
     label_col: str | None = "label",
     feature_shape: Sequence[int] | None = None,
@@ -204,20 +222,20 @@ def do_evaluation(
             made from their settings, and the merged result is added into these objects.
         batch_size: examples per forward pass on the executors; bigger is faster until memory runs out. 64 is
             DL4J's default; 256-1024 suits small networks.
-        eval_workers: most network copies alive at once in one executor Python process (DL4J's
-            ``evalNumWorkers``). Each PySpark task has its own Python worker process, so the number of copies
-            per executor is also bounded by its running tasks (``spark.executor.cores / spark.task.cpus``);
-            raise ``spark.task.cpus`` to run fewer, larger evaluation tasks when networks are big.
+        eval_workers: removed; any value raises ConfigError (see :func:`refuse_eval_workers`). Network copies per
+            executor equal its running tasks (``spark.executor.cores / spark.task.cpus``): raise
+            ``spark.task.cpus`` to run fewer, larger evaluation tasks when networks are big.
         features_col, label_col, feature_shape: DataFrame input only.
     Returns:
         the evaluation when one is given, else a tuple in the order given.
     Raises:
-        ConfigError: no evaluations, a non-evaluation argument, or a bad ``batch_size`` / ``eval_workers``.
+        ConfigError: no evaluations, a non-evaluation argument, a bad ``batch_size``, or ``eval_workers``.
         DataError: the data is empty, a DataFrame column is missing, or an executor found bad data (the message
             carries the executor's traceback).
         WorkerError: any other executor failure.
     """
-    check_positive(batch_size=batch_size, eval_workers=eval_workers)
+    refuse_eval_workers(eval_workers)
+    check_positive(batch_size=batch_size)
     if not evaluations:
         raise ConfigError("do_evaluation needs at least one evaluation, e.g. do_evaluation(sc, net, data, "
                           "Evaluation(), ROCMultiClass(32))")
@@ -233,7 +251,7 @@ def do_evaluation(
         count, jsons = jobs.run_job(
             sc,
             f"torchspark evaluate: {names}",
-            lambda: rdd.mapPartitions(_evaluate_partition(shipped, templates, batch_size, eval_workers))
+            lambda: rdd.mapPartitions(_evaluate_partition(shipped, templates, batch_size))
             .treeAggregate((0, None), _merge_partials, _merge_partials),
             "torchspark-eval-job",
         )
@@ -252,7 +270,7 @@ def evaluate(
     network: Network,
     data: Any,
     batch_size: int = DEFAULT_BATCH_SIZE,
-    eval_workers: int = DEFAULT_EVAL_WORKERS,
+    eval_workers: int | None = None,
     features_col: str = "features",
     label_col: str | None = "label",
     feature_shape: Sequence[int] | None = None,
@@ -279,7 +297,7 @@ def evaluate_regression(
     network: Network,
     data: Any,
     batch_size: int = DEFAULT_BATCH_SIZE,
-    eval_workers: int = DEFAULT_EVAL_WORKERS,
+    eval_workers: int | None = None,
     features_col: str = "features",
     label_col: str | None = "label",
     feature_shape: Sequence[int] | None = None,
@@ -296,7 +314,7 @@ def evaluate_roc(
     data: Any,
     threshold_steps: int = DEFAULT_ROC_THRESHOLD_STEPS,
     batch_size: int = DEFAULT_BATCH_SIZE,
-    eval_workers: int = DEFAULT_EVAL_WORKERS,
+    eval_workers: int | None = None,
     features_col: str = "features",
     label_col: str | None = "label",
     feature_shape: Sequence[int] | None = None,
@@ -319,7 +337,7 @@ def evaluate_roc_multi_class(
     data: Any,
     threshold_steps: int = DEFAULT_ROC_THRESHOLD_STEPS,
     batch_size: int = DEFAULT_BATCH_SIZE,
-    eval_workers: int = DEFAULT_EVAL_WORKERS,
+    eval_workers: int | None = None,
     features_col: str = "features",
     label_col: str | None = "label",
     feature_shape: Sequence[int] | None = None,

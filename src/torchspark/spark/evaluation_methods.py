@@ -20,8 +20,9 @@ __all__ = ["EvaluationMethods"]
 class EvaluationMethods:
     """Distributed evaluation of ``self.network`` on ``self.sc``.
 
-    ``batch_size`` is the examples per forward pass on the executors (bigger is faster until memory runs out);
-    ``eval_workers`` caps the network copies alive at once per executor Python process (DL4J's evalNumWorkers).
+    ``batch_size`` is the examples per forward pass on the executors (bigger is faster until memory runs out).
+    ``eval_workers`` (DL4J's evalNumWorkers) is refused with ConfigError: every running PySpark task holds one
+    network copy, so ``spark.task.cpus`` is what bounds the copies per executor.
     """
 
     sc: Any
@@ -29,7 +30,7 @@ class EvaluationMethods:
     network: Network
 
     def evaluate(self, data: Any, batch_size: int = _ev.DEFAULT_BATCH_SIZE,
-                 eval_workers: int = _ev.DEFAULT_EVAL_WORKERS, features_col: str = "features",
+                 eval_workers: int | None = None, features_col: str = "features",
                  label_col: str | None = "label", feature_shape: Sequence[int] | None = None,
                  labels: Sequence[str] | None = None) -> Any:
         """The evaluation matching the loss (``Evaluation`` for classifiers, ``RegressionEvaluation`` for mse),
@@ -38,7 +39,7 @@ class EvaluationMethods:
                             feature_shape, labels)
 
     def evaluate_regression(self, data: Any, batch_size: int = _ev.DEFAULT_BATCH_SIZE,
-                            eval_workers: int = _ev.DEFAULT_EVAL_WORKERS, features_col: str = "features",
+                            eval_workers: int | None = None, features_col: str = "features",
                             label_col: str | None = "label",
                             feature_shape: Sequence[int] | None = None) -> RegressionEvaluation:
         """MSE, MAE, RMSE, RSE, R^2 and Pearson correlation per output column."""
@@ -46,7 +47,7 @@ class EvaluationMethods:
                                        label_col, feature_shape)
 
     def evaluate_roc(self, data: Any, threshold_steps: int = _ev.DEFAULT_ROC_THRESHOLD_STEPS,
-                     batch_size: int = _ev.DEFAULT_BATCH_SIZE, eval_workers: int = _ev.DEFAULT_EVAL_WORKERS,
+                     batch_size: int = _ev.DEFAULT_BATCH_SIZE, eval_workers: int | None = None,
                      features_col: str = "features", label_col: str | None = "label",
                      feature_shape: Sequence[int] | None = None) -> ROC:
         """ROC/AUC of a binary classifier. ``threshold_steps``: 32 bins (DL4J's default) keeps partition state
@@ -56,7 +57,7 @@ class EvaluationMethods:
 
     def evaluate_roc_multi_class(self, data: Any, threshold_steps: int = _ev.DEFAULT_ROC_THRESHOLD_STEPS,
                                  batch_size: int = _ev.DEFAULT_BATCH_SIZE,
-                                 eval_workers: int = _ev.DEFAULT_EVAL_WORKERS, features_col: str = "features",
+                                 eval_workers: int | None = None, features_col: str = "features",
                                  label_col: str | None = "label",
                                  feature_shape: Sequence[int] | None = None) -> ROCMultiClass:
         """One-vs-all ROC per class (``auc(c)``, ``average_auc()``); ``threshold_steps`` as in evaluate_roc."""
@@ -64,7 +65,7 @@ class EvaluationMethods:
                                             features_col, label_col, feature_shape)
 
     def do_evaluation(self, data: Any, *evaluations: BaseEvaluation, batch_size: int = _ev.DEFAULT_BATCH_SIZE,
-                      eval_workers: int = _ev.DEFAULT_EVAL_WORKERS, features_col: str = "features",
+                      eval_workers: int | None = None, features_col: str = "features",
                       label_col: str | None = "label", feature_shape: Sequence[int] | None = None) -> Any:
         """Fill several evaluations in one pass (e.g. ``Evaluation(), ROCMultiClass(64)``); returns the one given,
         or a tuple in the order given."""

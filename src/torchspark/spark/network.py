@@ -22,6 +22,7 @@ from torchspark.spark.data import (
     group_paths,
     plan_path_files,
     rebatch_partition,
+    shuffle_partitions,
     spread_round_robin,
     storage_level_by_name,
     to_batch_rdd,
@@ -32,7 +33,7 @@ from torchspark.spark.export import check_export_directory, export_base, export_
 from torchspark.spark.jobs import run_job
 from torchspark.spark.evaluation_methods import EvaluationMethods
 from torchspark.spark.inference_methods import InferenceMethods
-from torchspark.spark.preflight import executor_count, preflight
+from torchspark.spark.preflight import executors_for_workers_per_node, preflight
 from torchspark.spark.runners import SparkBarrierRunner, SparkRoundsRunner, SparkWorkerData
 from torchspark.spark.session import spark_context
 from torchspark.stats import DRIVER_ID, StatsCollector, TrainingStats
@@ -191,9 +192,9 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         self._preflight_done.add(id(self.sc))
 
     def _num_workers(self, master: TrainingMaster) -> int:
-        resolve = getattr(master, "resolve_num_workers", None)
-        if resolve is not None:  # SharedTrainingMaster: workers_per_node x executors
-            return int(resolve(self.sc.defaultParallelism, executor_count(self.sc)))
+        per_node = getattr(master, "workers_per_node", -1)
+        if per_node >= 1:  # SharedTrainingMaster: k workers on every executor the session has
+            return executors_for_workers_per_node(self.sc, per_node, min(60.0, master.rendezvous_timeout_s))
         return master.num_workers or self.sc.defaultParallelism
 
     @staticmethod
@@ -258,7 +259,7 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
             return worker_rdd_from_paths(self.sc, file_items(plan, export.files))
         paths = [(part, path) for part, path, _ in export.files]
         if not keep:  # spark_default
-            return spread_round_robin(self.sc.parallelize([p for _, p in paths]), n)
+            return spread_round_robin(self.sc.parallelize([p for _, p in paths]), n, master.rng_seed)
         return worker_rdd_from_paths(self.sc, group_paths(paths, n, master.rng_seed, by_partition=True))
 
     def _prepare_direct(self, rdd: Any, master: TrainingMaster, n: int, keep: bool, balanced: bool) -> Any:
@@ -281,7 +282,8 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
                 prepared = worker_rdd_balanced(rdd, plan, level)
         else:
             batches = rdd.mapPartitions(rebatch_partition(bsz))
-            prepared = (batches if keep else spread_round_robin(batches, n)).persist(level)
+            prepared = (shuffle_partitions(batches, master.rng_seed) if keep
+                        else spread_round_robin(batches, n, master.rng_seed)).persist(level)
         self._prepared[cache_key] = prepared
         return prepared
 

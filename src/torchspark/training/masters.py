@@ -18,12 +18,16 @@ from torchspark.errors import ConfigError
 from torchspark.training.mesh import MESH_FIELDS, RENDEZVOUS_ROUTES, MeshConfig
 
 __all__ = ["TrainingMaster", "ParameterAveragingTrainingMaster", "master_from_json", "register_master",
-           "REPARTITION", "STRATEGIES", "APPROACHES", "AVERAGING_ROUTES", "RENDEZVOUS_ROUTES"]
+           "REPARTITION", "STRATEGIES", "APPROACHES", "AVERAGING_ROUTES", "RENDEZVOUS_ROUTES", "STORAGE_LEVELS"]
 
 REPARTITION = ("always", "never", "num_partitions_workers_differs")
 STRATEGIES = ("balanced", "spark_default")
 APPROACHES = ("export", "direct")
 AVERAGING_ROUTES = ("torch", "spark")
+#: the names of ``pyspark.StorageLevel``'s levels, spelled out so masters validate without importing pyspark (a test
+#: checks this equals pyspark's own set)
+STORAGE_LEVELS = ("DISK_ONLY", "DISK_ONLY_2", "DISK_ONLY_3", "MEMORY_AND_DISK", "MEMORY_AND_DISK_2",
+                  "MEMORY_AND_DISK_DESER", "MEMORY_ONLY", "MEMORY_ONLY_2", "NONE", "OFF_HEAP")
 
 
 def _positive_int(cls: str, name: str, value: Any, minimum: int = 1, optional: bool = False) -> None:
@@ -67,10 +71,14 @@ class TrainingMaster:
             ``rdd_training_approach="direct"``), since executors would write to their own disks and workers on
             other hosts would get paths that do not exist there. ``SparkNetwork.delete_temp_files()`` removes the
             files.
-        storage_level: persistence of the prepared RDD with ``direct`` (a ``pyspark.StorageLevel`` name).
+        storage_level: persistence of the prepared RDD with ``direct``: a ``pyspark.StorageLevel`` name
+            (:data:`STORAGE_LEVELS`, e.g. ``"MEMORY_AND_DISK"`` when the data does not fit in executor memory).
         collect_training_stats: record per-phase timings (see ``SparkNetwork.training_stats``).
-        rng_seed: seeds the shuffle of minibatches across workers (None: keep data order, no shuffle). The same
-            seed and data give the same per-worker sequences with ``export``, ``direct`` and ``ParallelWrapper``.
+        rng_seed: seeds the shuffle of minibatches (None: keep data order, no shuffle); the same seed and data give
+            the same per-worker sequences on every run. ``"balanced"``: minibatches are shuffled across workers,
+            identically with ``export``, ``direct`` and ``ParallelWrapper``. ``"spark_default"``: the round-robin
+            deal starts at a seeded worker and each worker's minibatches are in a seeded random order.
+            ``repartition="never"`` (or a kept partition): each worker's own minibatches in a seeded random order.
         data_timeout_s: limit for waiting on one minibatch from storage.
         flush_denormal: flush denormal floats (below ~1.2e-38) to zero on the workers' CPU threads (default
             True). Adam's second moments and tiny gradients drift there after some epochs and x86 CPUs compute on
@@ -115,6 +123,7 @@ class TrainingMaster:
         _choice(name, "repartition", self.repartition, REPARTITION)
         _choice(name, "repartition_strategy", self.repartition_strategy, STRATEGIES)
         _choice(name, "rdd_training_approach", self.rdd_training_approach, APPROACHES)
+        _choice(name, "storage_level", self.storage_level, STORAGE_LEVELS)
         if not isinstance(self.flush_denormal, bool):
             raise ConfigError(f"{name}: flush_denormal must be True or False, got {self.flush_denormal!r}")
         _positive_int(name, "rng_seed", self.rng_seed, 0, optional=True)

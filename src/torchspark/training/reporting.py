@@ -10,7 +10,7 @@ from torchspark.training.hooks import NullRecorder, WorkerHooks
 from torchspark.training.progress import ProgressClient
 from torchspark.training.worker import WorkerResult
 
-__all__ = ["open_worker_hooks", "worker_id", "build_training_stats"]
+__all__ = ["open_worker_hooks", "worker_id", "build_training_stats", "replica_checksums"]
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +52,9 @@ def open_worker_hooks(
 def build_training_stats(driver: StatsCollector, results: Sequence[WorkerResult], epochs: int,
                          extra: dict[str, Any] | None = None) -> TrainingStats:
     """The stats of one fit: the driver's phases, every worker's payload, and summary fields (examples, epochs,
-    and any scalar in ``extra`` such as gradient sharing's ``replicas_identical`` and byte counts). A result's
-    ``stats`` is one payload, or a list of them (the rounds route ships one per round)."""
+    any scalar in ``extra`` such as gradient sharing's byte counts, and every rank's ``param_checksums`` with
+    ``replicas_identical`` computed from them -- a measurement, not the workers' word). A result's ``stats`` is one
+    payload, or a list of them (the rounds route ships one per round)."""
     stats = TrainingStats()
     stats.add_worker_payload(DRIVER_ID, driver.drain())
     for r in results:
@@ -68,7 +69,18 @@ def build_training_stats(driver: StatsCollector, results: Sequence[WorkerResult]
             short = key.split(".", 1)[-1]
             if key.startswith("sharing.") and short in _SHARING_HEADLINES:
                 stats.set_summary(short, value)
+    checksums = replica_checksums(results)
+    if checksums:
+        stats.set_summary("param_checksums", checksums)
+        stats.set_summary("replicas_identical", len(set(checksums.values())) == 1)
     return stats
+
+
+def replica_checksums(results: Sequence[WorkerResult]) -> dict[str, str]:
+    """Every rank's parameter checksum (``{"0": "3fa1...", "1": ...}``; keys are strings so the summary stays JSON),
+    empty when the route keeps no replicas. Equal values are the measurement behind ``replicas_identical``."""
+    return {str(r.rank): r.param_checksum for r in sorted(results, key=lambda r: r.rank)
+            if r.param_checksum is not None}
 
 
 #: gradient sharing's headline numbers, also given in the summary without their ``sharing.`` prefix

@@ -58,11 +58,12 @@ class SharedTrainingMaster(TrainingMaster):
             5 steps). ``NoResidualPostProcessing()`` never drops update mass but lets stale residuals pile up.
         shake_frequency: every this many steps also flush residual entries above t/3 (0 = off, the default). Try
             50-500 when many parameters never reach the threshold.
-        workers_per_node: -1 (default): one worker per Spark task, and when Spark schedules GPUs
-            (``spark.task.resource.gpu.amount=1``) each task trains on the GPU Spark assigned it, i.e. one worker per
-            GPU of the executor. A value k >= 1 means k workers on each executor; the number of workers is then
-            ``num_workers`` if set, else ``k * executors`` (see :meth:`resolve_num_workers`); each worker is still
-            one task slot, so executors need k task slots.
+        workers_per_node: -1 (default): ``num_workers`` workers (default: one per task slot), and when Spark
+            schedules GPUs (``spark.task.resource.gpu.amount=1``) each task trains on the GPU Spark assigned it, i.e.
+            one worker per GPU of the executor. A value k >= 1 means k workers on every executor the session has
+            when the fit starts: ``k * executors`` workers (executors still registering are waited for); each worker
+            is one task slot, so a fit whose executors have fewer than k slots each fails with SetupError. Set
+            either this or ``num_workers``, not both.
         overlap: exchange step t in the background while step t+1 computes (updates one step stale); False waits
             for every exchange (no staleness, slower when the exchange is slow).
 
@@ -98,6 +99,9 @@ class SharedTrainingMaster(TrainingMaster):
                 or not (self.workers_per_node == -1 or self.workers_per_node >= 1):
             raise ConfigError(f"{name}: workers_per_node must be -1 (one per GPU, else one per task) or an integer "
                               f">= 1, got {self.workers_per_node!r}")
+        if self.workers_per_node >= 1 and self.num_workers is not None:
+            raise ConfigError(f"{name}: set num_workers={self.num_workers} or workers_per_node="
+                              f"{self.workers_per_node} (k workers on every executor), not both")
         if not isinstance(self.overlap, bool):
             raise ConfigError(f"{name}: overlap must be True or False, got {self.overlap!r}")
         # builds (and so validates) the encoder config once, here, not on the workers
@@ -114,13 +118,11 @@ class SharedTrainingMaster(TrainingMaster):
         return SharingSettings(encoder=self.encoder_config(), overlap=self.overlap).to_dict()
 
     def resolve_num_workers(self, default_parallelism: int, executors: int) -> int:
-        """How many workers a fit uses: ``num_workers`` if set; else ``workers_per_node * executors`` when
-        ``workers_per_node >= 1``; else (-1) one per task slot, ``default_parallelism``."""
-        if self.num_workers is not None:
-            return self.num_workers
+        """How many workers a fit uses: ``workers_per_node * executors`` when ``workers_per_node >= 1``; else
+        ``num_workers`` if set; else one per task slot, ``default_parallelism``."""
         if self.workers_per_node >= 1:
             return self.workers_per_node * max(1, executors)
-        return default_parallelism
+        return self.num_workers or default_parallelism
 
     def to_dict(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

@@ -362,7 +362,7 @@ class SharingAlgorithm:
         }
         extra_config = {
             "sharing.world_size": world,
-            "sharing.replicas_identical": True,
+            "sharing.replicas_identical": not differing,  # measured above (the raise keeps it True)
             "sharing.bytes_sent": int(bytes_sent),
             "sharing.dense_bytes": int(dense_bytes),
             "sharing.threshold": averaged.threshold,

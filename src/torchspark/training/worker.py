@@ -7,6 +7,7 @@ runs the master's algorithm for every epoch over the worker's data and returns a
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ from torchspark.training.hooks import WorkerHooks
 from torchspark.training.prefetch import prefetch
 
 __all__ = ["WorkerTask", "WorkerResult", "EpochSource", "ItemSource", "run_worker", "load_item", "merge_results",
-           "mean_score"]
+           "mean_score", "param_checksum"]
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,9 @@ class WorkerResult:
     #: torch intra-op threads the worker trained with (``torch.get_num_threads()``; on Spark the task's
     #: ``spark.task.cpus``); None when the runner does not report it
     threads: int | None = None
+    #: :func:`param_checksum` of this rank's replica after the fit (every rank): equal on all ranks when the
+    #: replicas are identical; None when the route keeps no replicas (``averaging_via="spark"``)
+    param_checksum: str | None = None
     #: how this worker reached its peers on a Spark barrier stage (address, interface, which rule chose them,
     #: whether sums went through shared memory); None on other runners
     network: dict[str, Any] | None = None
@@ -172,8 +176,7 @@ def _train(task: WorkerTask, source: EpochSource, comm: Communicator, device: st
     score = math.nan
     for e in range(task.epochs):
         items = source.epoch(e)
-        batches = (iter(items) if _ready(items)
-                   else prefetch(items, task.prefetch, task.data_timeout_s, transform=load_item))
+        batches = _batches(task, source, items)
         outcome = algorithm.epoch(state, net, batches, comm, hooks, e)
         examples += outcome.examples
         iterations += outcome.iterations
@@ -194,7 +197,27 @@ def _train(task: WorkerTask, source: EpochSource, comm: Communicator, device: st
         extra_config=extra_config if lead else {},
         stats=drain() if drain is not None else None,
         threads=torch.get_num_threads(),
+        param_checksum=param_checksum(net),
     )
+
+
+def param_checksum(net: Network) -> str:
+    """SHA-256 (hex, first 16 digits) of a replica's parameters and floating-point buffers, as stored: two ranks
+    give the same checksum exactly when their replicas are bit-identical (up to a hash collision)."""
+    digest = hashlib.sha256(net.params().detach().cpu().numpy().tobytes())
+    digest.update(net.buffers().detach().cpu().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def _batches(task: WorkerTask, source: EpochSource, items: Iterable[Any]) -> Iterator[Batch]:
+    """The epoch's minibatches: ready ones as they are; without prefetch, straight from a source whose waits are
+    already bounded by ``data_timeout_s`` (``bounded_wait``: a queue fed by the parent); else through the
+    prefetcher, which bounds every wait by ``data_timeout_s`` (with ``prefetch=0`` too, without read-ahead)."""
+    if _ready(items):
+        return iter(items)  # type: ignore[arg-type]
+    if task.prefetch <= 0 and getattr(source, "bounded_wait", False):
+        return map(load_item, items)
+    return prefetch(items, task.prefetch, task.data_timeout_s, transform=load_item)
 
 
 def _ready(items: Iterable[Any]) -> bool:
