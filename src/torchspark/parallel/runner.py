@@ -36,9 +36,12 @@ import torch.multiprocessing as mp
 
 from torchspark.data import DataSet, MultiDataSet, dataset_to_bytes
 from torchspark.errors import DataError, WaitTimeout, WorkerError
+from torchspark.training.auth import new_token
 from torchspark.training.comm import TorchDistCommunicator
+from torchspark.training.progress import ProgressEndpoint
 from torchspark.training.reporting import open_worker_hooks
 from torchspark.training.runner import is_peer_failure, root_cause, traceback_tail
+from torchspark.training.stores import listening_store, private_store
 from torchspark.training.worker import ItemSource, WorkerResult, WorkerTask, run_worker
 
 __all__ = ["LocalProcessRunner", "QueueSource", "EPOCH_END", "backend_for_devices"]
@@ -106,8 +109,10 @@ class _ChildArgs:
     task: WorkerTask
     #: the worker's whole share when known up front (batch-file paths or serialized batches); None = fed by queue
     items: list[str | bytes] | None
-    progress_address: tuple[str, int] | None
+    progress_address: ProgressEndpoint | None
     timeout_s: float
+    #: this run's secret: names the store's keys (the store listens on loopback and has no authentication)
+    token: bytes
 
 
 def _exit_with_parent() -> None:
@@ -134,8 +139,8 @@ def _child_main(args: _ChildArgs, data_queue: Any, results: Any) -> None:
             torch.cuda.set_device(torch.device(args.device))
         hooks = open_worker_hooks(args.rank, args.task.collect_stats, args.progress_address,
                                   report_scores=args.task.report_scores)
-        store = dist.TCPStore("127.0.0.1", args.store_port, args.world_size, is_master=False,
-                              timeout=datetime.timedelta(seconds=args.timeout_s))
+        store = private_store(dist.TCPStore("127.0.0.1", args.store_port, args.world_size, is_master=False,
+                                            timeout=datetime.timedelta(seconds=args.timeout_s)), args.token)
         comm_device = args.device if args.backend == "nccl" else "cpu"  # gloo collectives run on host copies
         comm = TorchDistCommunicator(store, args.rank, args.world_size, args.backend, comm_device, args.timeout_s)
         source: Any = (ItemSource(args.items) if args.items is not None
@@ -160,12 +165,13 @@ class LocalProcessRunner:
         threads_per_worker: torch intra-op threads in each worker (cores / workers is right for CPU training).
         timeout_s: rendezvous and collective timeout (``rendezvous_timeout_s``).
         prefetch: queued minibatches per worker for driver-fed data.
-        progress_address: the parent's ProgressServer, for progress and clock alignment.
+        progress_address: the parent's ``ProgressServer.endpoint`` (address and token), for progress and clock
+            alignment.
         exit_timeout_s: how long finished workers get to exit before they are terminated.
     """
 
     def __init__(self, devices: Sequence[str], threads_per_worker: int = 1, timeout_s: float = 300.0,
-                 prefetch: int = 2, progress_address: tuple[str, int] | None = None,
+                 prefetch: int = 2, progress_address: ProgressEndpoint | None = None,
                  exit_timeout_s: float = 30.0) -> None:
         self.devices = list(devices)
         self.threads_per_worker = threads_per_worker
@@ -194,8 +200,8 @@ class LocalProcessRunner:
         child_task = replace(task, num_threads=self.threads_per_worker,
                              prefetch=task.prefetch if stream is None else 0)  # the queue already prefetches
         backend = backend_for_devices(self.devices)
-        store = dist.TCPStore("127.0.0.1", 0, n + 1, is_master=True,
-                              timeout=datetime.timedelta(seconds=self.timeout_s), wait_for_workers=False)
+        store = listening_store("127.0.0.1", 0, n + 1, self.timeout_s)  # loopback only: the workers are local
+        token = new_token()
         queues = [ctx.Queue(maxsize=self.prefetch) for _ in range(n)]
         results_q = ctx.Queue()
         stop = threading.Event()
@@ -206,7 +212,7 @@ class LocalProcessRunner:
         try:
             for rank, device in enumerate(self.devices):
                 args = _ChildArgs(rank, n, store.port, device, backend, child_task, _share(rank, feeds, paths),
-                                  self.progress_address, self.timeout_s)
+                                  self.progress_address, self.timeout_s, token)
                 proc = ctx.Process(target=_child_main, args=(args, queues[rank], results_q),
                                    name=f"torchspark-worker-{rank}", daemon=True)
                 proc.start()

@@ -352,7 +352,7 @@ class ParallelWrapper:
         bar = ProgressBar(desc=f"fit x{epochs}", enabled=self.progress)
         server.add_listener(bar.update)
         runner = LocalProcessRunner(self._devices, threads, self.rendezvous_timeout_s, self.prefetch_buffer,
-                                    server.address)
+                                    server.endpoint)
         results: list[WorkerResult] | None = None
         try:
             with driver.phase("fit"):

@@ -28,10 +28,13 @@ import torch
 
 from torchspark.errors import ConfigError, SetupError, TorchSparkError, WaitTimeout, WorkerError
 from torchspark.spark.barrier_wait import wait_bounded
+from torchspark.training import env as task_env
 from torchspark.training.comm import TorchDistCommunicator
 from torchspark.training.devices import backend_for_device, device_for_task, gpu_addresses
+from torchspark.training.progress import ProgressEndpoint
 from torchspark.training.reporting import open_worker_hooks
 from torchspark.training.runner import is_peer_failure, root_cause, traceback_tail
+from torchspark.training.stores import fetch, listening_store, private_store, publish
 from torchspark.training.worker import ItemSource, WorkerResult, WorkerTask, run_worker
 
 __all__ = ["RendezvousSettings", "barrier_task", "open_relay", "run_barrier_stage", "run_in_job_group", "LOCAL_ADDRESS_ENV",
@@ -116,25 +119,22 @@ def pick_local_address(task_host: str, settings: RendezvousSettings, env: dict[s
     return task_host
 
 
-def open_relay(advertise_host: str, timeout_s: float) -> tuple[Any, tuple[str, int]]:
+def open_relay(advertise_host: str, timeout_s: float, bind_host: str | None = None) -> tuple[Any, tuple[str, int]]:
     """A small key-value store on the driver through which task 0 tells its peers where its store listens.
 
     Spark's ``BarrierTaskContext.allGather`` would do, but it polls once a second on the JVM side, which costs
     about one second per fit; a ``TCPStore`` ``get`` returns the moment the key is set. Executors must reach the
-    driver on this port, as they already must for the progress channel. Keep the returned store referenced for
-    the whole fit; dropping it closes the port.
+    driver on this port, as they already must for the progress channel. It listens on ``bind_host`` (default
+    ``advertise_host``) only; the key and value are derived from and signed with the fit's token
+    (:mod:`torchspark.training.stores`). Keep the returned store referenced for the whole fit; dropping it closes
+    the port.
     """
-    import datetime
-
-    import torch.distributed as dist
-
-    store = dist.TCPStore(advertise_host, 0, None, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=timeout_s))
+    store = listening_store(bind_host or advertise_host, 0, None, timeout_s)
     return store, (advertise_host, int(store.port))
 
 
 def _publish_address(ctx: Any, rank: int, world: int, message: str, relay_address: tuple[str, int] | None,
-                     timeout: Any) -> str:
+                     timeout: Any, token: bytes) -> str:
     """Task 0's ``host:port`` on every task: through the driver's relay store, else Spark's allGather."""
     import datetime
 
@@ -166,9 +166,9 @@ def _publish_address(ctx: Any, rank: int, world: int, message: str, relay_addres
     relay.set_timeout(timeout)
     try:
         if rank == 0:
-            relay.set("torchspark/store", message)
+            publish(relay, token, _STORE_ADDRESS, message)
             return message
-        return relay.get("torchspark/store").decode()
+        return fetch(relay, token, _STORE_ADDRESS)
     except (RuntimeError, OSError) as e:
         raise WaitTimeout(
             f"worker 0 did not publish its address on the driver within rendezvous_timeout_s="
@@ -176,12 +176,23 @@ def _publish_address(ctx: Any, rank: int, world: int, message: str, relay_addres
         ) from e
 
 
+#: what the relay holds: worker 0's store address (the key is derived from this and the fit's token)
+_STORE_ADDRESS = "worker-0-store"
+
+
 def _rendezvous(ctx: Any, settings: RendezvousSettings, backend: str, device: str,
-                relay_address: tuple[str, int] | None = None) -> TorchDistCommunicator:
+                relay_address: tuple[str, int] | None = None, token: bytes | None = None,
+                environment: task_env.TaskEnvironment | None = None) -> TorchDistCommunicator:
     import datetime
 
     import torch.distributed as dist
 
+    from torchspark.training.auth import new_token
+
+    if token is None and relay_address is not None:
+        raise SetupError("a rendezvous through the driver's relay needs the fit's token; pass token= to barrier_task")
+    # no token from the driver (allGather route): worker 0 draws one and Spark's allGather carries it to its peers
+    shared_token = token is None
     rank = ctx.partitionId()
     infos = ctx.getTaskInfos()
     world = len(infos)
@@ -190,11 +201,19 @@ def _rendezvous(ctx: Any, settings: RendezvousSettings, backend: str, device: st
     store: Any = None
     if rank == 0:
         host = pick_local_address(task_host, settings)
-        store = dist.TCPStore(host, settings.port, world, is_master=True, timeout=timeout, wait_for_workers=False)
+        store = listening_store(host, settings.port, world, settings.timeout_s)
         message = f"{host}:{store.port}"
+        if shared_token:
+            token = new_token()
+            message = f"{token.hex()}@{message}"
     else:
         message = ""
-    host, port = _publish_address(ctx, rank, world, message, relay_address, timeout).rsplit(":", 1)
+    published = _publish_address(ctx, rank, world, message, relay_address, timeout, token or b"")
+    if shared_token:
+        token_hex, published = published.split("@", 1)
+        token = bytes.fromhex(token_hex)
+    assert token is not None
+    host, port = published.rsplit(":", 1)
     if rank != 0:
         try:
             store = dist.TCPStore(host, int(port), world, is_master=False, timeout=timeout)
@@ -204,10 +223,10 @@ def _rendezvous(ctx: Any, settings: RendezvousSettings, backend: str, device: st
                 f"{settings.timeout_s}: {e}. Executors must reach each other on that port: check firewalls, "
                 f"set network_mask or {LOCAL_ADDRESS_ENV} so workers advertise an address their peers can reach"
             ) from e
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", _ifname_for(host) or "")
-    if not os.environ["GLOO_SOCKET_IFNAME"]:
-        del os.environ["GLOO_SOCKET_IFNAME"]
-    return TorchDistCommunicator(store, rank, world, backend, device, settings.timeout_s, settings.shared_memory)
+    # the caller's scope restores it when the task ends (without one it stays set, as for a one-off process)
+    (environment or task_env.TaskEnvironment()).setdefault(task_env.GLOO_SOCKET_IFNAME, _ifname_for(host))
+    return TorchDistCommunicator(private_store(store, token), rank, world, backend, device, settings.timeout_s,
+                                 settings.shared_memory)
 
 
 def _ifname_for(address: str) -> str | None:
@@ -221,19 +240,23 @@ def _ifname_for(address: str) -> str | None:
 
 
 def barrier_task(
-    task_bc: Any, settings: RendezvousSettings, progress_address: tuple[str, int] | None = None,
-    relay_address: tuple[str, int] | None = None,
+    task_bc: Any, settings: RendezvousSettings, progress_address: ProgressEndpoint | None = None,
+    relay_address: tuple[str, int] | None = None, token: bytes | None = None,
 ) -> Callable[[Iterable[Any]], Iterator[WorkerResult]]:
     """The ``mapPartitions`` function of the training stage (module level: nothing hidden in a closure).
 
-    ``relay_address`` is the driver's :func:`open_relay` store (None: rendezvous through Spark's allGather)."""
+    ``relay_address`` is the driver's :func:`open_relay` store (None: rendezvous through Spark's allGather);
+    ``token`` the fit's secret (default: the progress endpoint's), which names and signs the rendezvous keys.
+    Environment variables the task sets are restored when it ends (PySpark reuses Python workers)."""
+    if token is None and progress_address is not None:
+        token = progress_address.token
 
     def run(items: Iterable[Any]) -> Iterator[WorkerResult]:
         from pyspark import BarrierTaskContext
 
         ctx = BarrierTaskContext.get()
         task: WorkerTask = task_bc.value
-        device = device_for_task(gpu_addresses(ctx.resources()), os.environ.get("CUDA_VISIBLE_DEVICES"),
+        device = device_for_task(gpu_addresses(ctx.resources()), task_env.read(task_env.CUDA_VISIBLE_DEVICES),
                                  torch.cuda.is_available())
         if device.startswith("cuda"):
             torch.cuda.set_device(torch.device(device))
@@ -241,8 +264,9 @@ def barrier_task(
         task = _with_threads(task, cpus)
         hooks = open_worker_hooks(ctx.partitionId(), task.collect_stats, progress_address)
         comm: TorchDistCommunicator | None = None
+        environment = task_env.TaskEnvironment()
         try:
-            comm = _rendezvous(ctx, settings, backend_for_device(device), device, relay_address)
+            comm = _rendezvous(ctx, settings, backend_for_device(device), device, relay_address, token, environment)
             result = run_worker(task, ItemSource(items), comm, device, hooks)
         except BaseException:
             if hooks.report_error is not None:
@@ -251,6 +275,7 @@ def barrier_task(
         finally:
             if comm is not None:
                 comm.close()
+            environment.restore()
             if hooks.close is not None:
                 hooks.close()
         yield result

@@ -27,6 +27,7 @@ from torchspark.spark.data import (
     worker_rdd_balanced,
     worker_rdd_from_paths,
 )
+from torchspark.spark.driver_address import driver_listen_address
 from torchspark.spark.export import check_export_directory, export_base, export_rdd
 from torchspark.spark.jobs import run_job
 from torchspark.spark.masters import TrainingMaster
@@ -308,16 +309,16 @@ class SparkNetwork(InferenceMethods):
                 flush_denormal=master.flush_denormal,
             )
             task_bc = self.sc.broadcast(task)
-        host = self.sc.getConf().get("spark.driver.host", "127.0.0.1")
-        server = ProgressServer(host="0.0.0.0", advertise_host=host, listeners=self._listeners).start()
+        bind, host = driver_listen_address(self.sc)
+        server = ProgressServer(host=bind, advertise_host=host, listeners=self._listeners).start()
         bar = ProgressBar(desc=f"fit x{epochs}", enabled=self.progress)
         server.add_listener(bar.update)
         relay: Any = None
         try:
             relay_address = None
             if master.rendezvous_via == "driver":
-                relay, relay_address = open_relay(host, master.rendezvous_timeout_s)
-            fn = barrier_task(task_bc, _rendezvous_settings(master), server.address, relay_address)
+                relay, relay_address = open_relay(host, master.rendezvous_timeout_s, bind_host=bind)
+            fn = barrier_task(task_bc, _rendezvous_settings(master), server.endpoint, relay_address)
             with collector.phase("fit"):
                 results = run_barrier_stage(self.sc, worker_rdd, fn, f"torchspark fit: {n} workers, {epochs} epoch(s)",
                                             reported_errors=server.errors)
