@@ -24,6 +24,7 @@ from torchspark.training.hooks import ProgressUpdate
 from torchspark.training.progress.client import ProgressEndpoint
 from torchspark.training.progress.listeners import (
     ErrorListener,
+    ErrorLog,
     ExampleTally,
     ProgressListener,
     ScoreListener,
@@ -98,9 +99,7 @@ class ProgressServer:
         self._idle = threading.Condition(self._lock)  # notified whenever a connection closes
         self._latest: dict[int, ProgressUpdate] = {}
         self._tally = ExampleTally()
-        self._errors: list[tuple[int, str]] = []
-        self._error_bytes = 0
-        self._errors_dropped = 0
+        self._errors = ErrorLog(limits.max_error_chars, limits.max_error_bytes, limits.max_errors)
         self._malformed = 0
         self._rejected = 0
         self._conns: dict[socket.socket, _Conn] = {}  # touched only by the serving thread (count read under lock)
@@ -234,17 +233,17 @@ class ProgressServer:
     def errors(self) -> list[tuple[int, str]]:
         """``(rank, traceback_text)`` of every worker error kept, in arrival order."""
         with self._lock:
-            return list(self._errors)
+            return list(self._errors.kept)
 
     def retained_error_bytes(self) -> int:
         """Bytes of traceback text kept (at most ``limits.max_error_bytes``)."""
         with self._lock:
-            return self._error_bytes
+            return self._errors.bytes
 
     def dropped_error_count(self) -> int:
         """Errors whose text was dropped because ``limits.max_error_bytes`` or ``max_errors`` was reached."""
         with self._lock:
-            return self._errors_dropped
+            return self._errors.dropped
 
     def malformed_count(self) -> int:
         """How many received lines were malformed and ignored."""
@@ -405,24 +404,14 @@ class ProgressServer:
         call_listeners(listeners, update)
 
     def _on_error(self, rank: int, tb: str) -> None:
-        limits = self._limits
-        if len(tb) > limits.max_error_chars:
-            tb = "...[truncated]\n" + tb[-limits.max_error_chars:]
-        size = len(tb.encode("utf-8", "replace"))
         with self._lock:
-            if len(self._errors) >= limits.max_errors or self._error_bytes + size > limits.max_error_bytes:
-                self._errors_dropped += 1
-                first_drop = self._errors_dropped == 1
-                keep = False
-            else:
-                self._errors.append((rank, tb))
-                self._error_bytes += size
-                keep = True
+            kept = self._errors.add(rank, tb)
+            first_drop = kept is None and self._errors.dropped == 1
             listeners = self._error_listeners
-        if not keep:
+        if kept is None:
             if first_drop:
-                logger.warning("progress server: error text over max_error_bytes=%d / max_errors=%d; later worker "
-                               "errors are counted, not kept", limits.max_error_bytes, limits.max_errors)
+                logger.warning("progress server: worker error text over max_error_bytes=%d / max_errors=%d; later "
+                               "errors are counted, not kept", self._limits.max_error_bytes, self._limits.max_errors)
             return
-        logger.error("worker %d reported an error:\n%s", rank, tb)
-        call_listeners(listeners, rank, tb)
+        logger.error("worker %d reported an error:\n%s", rank, kept)
+        call_listeners(listeners, rank, kept)
