@@ -47,13 +47,61 @@ def _listening_ports_of_this_process() -> set[int]:
     return ports
 
 
+def _descendants(root: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        found.add(pid)
+        todo.extend(children.get(pid, []))
+    return found
+
+
+def _wildcard_listeners(pids: set[int]) -> set[tuple[int, int]]:
+    """``(pid, port)`` of every socket of ``pids`` listening on all interfaces (0.0.0.0 or ::)."""
+    wildcard: dict[str, int] = {}
+    for table, any_addr in (("/proc/net/tcp", "00000000"), ("/proc/net/tcp6", "0" * 32)):
+        with open(table) as f:
+            for row in f.read().splitlines()[1:]:
+                fields = row.split()
+                addr, port = fields[1].rsplit(":", 1)
+                if fields[3] == "0A" and addr == any_addr:
+                    wildcard[fields[9]] = int(port, 16)
+    found = set()
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if link.startswith("socket:[") and link[8:-1] in wildcard:
+                found.add((pid, wildcard[link[8:-1]]))
+    return found
+
+
 class Stranger:
     """Watches for listeners the driver opens during a fit and attacks each at once: a ``TCPStore`` gets the
-    rendezvous key the relay used to read set to a bogus address (attack a); anything else gets fake
+    rendezvous key the relay used to read set to a bogus address, again and again until the fit ends (attack a); anything else gets fake
     ``{"kind": "error"}`` lines (attack b)."""
 
     def __init__(self) -> None:
         self._baseline = _listening_ports_of_this_process()
+        self._wildcard_before = _wildcard_listeners(_descendants(os.getpid()))
+        #: sockets of this process or its descendants (JVM, Python workers) that began listening on every
+        #: interface during the attack
+        self.wildcard: set[tuple[int, int]] = set()
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self.attacked: dict[int, str] = {}
@@ -75,7 +123,11 @@ class Stranger:
             return set(self.attacked.values())
 
     def _watch(self) -> None:
+        rounds = 0
         while not self._stop.wait(0.005):
+            rounds += 1
+            if rounds % 10 == 0:
+                self.wildcard |= _wildcard_listeners(_descendants(os.getpid())) - self._wildcard_before
             for port in _listening_ports_of_this_process() - self._baseline:
                 with self._lock:
                     if port in self.attacked:
@@ -94,9 +146,11 @@ class Stranger:
             try:
                 store = dist.TCPStore("127.0.0.1", port, None, is_master=False,
                                       timeout=datetime.timedelta(seconds=2))
-                store.num_keys()  # only a real store answers
                 store.set("torchspark/store", BOGUS_ADDRESS)
+                store.num_keys()  # only a real store answers
                 is_store.set()
+                while not self._stop.wait(0.002):  # keep the key pointing at the bogus address all fit long
+                    store.set("torchspark/store", BOGUS_ADDRESS)
             except Exception:  # noqa: BLE001 - not a store
                 pass
 
@@ -138,6 +192,7 @@ def test_a_strangers_relay_key_and_fake_errors_do_not_change_the_fit(spark, sc, 
         disturbed = _fit(spark, sc, shards)
     assert {"store", "progress"} <= stranger.kinds(), stranger.attacked  # the relay and the progress server
     torch.testing.assert_close(disturbed.params(), undisturbed.params(), rtol=0, atol=0)
+    assert not stranger.wildcard, f"listening on every interface during the fit: {stranger.wildcard}"
     assert PLANTED not in caplog.text
 
 
