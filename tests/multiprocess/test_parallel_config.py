@@ -151,17 +151,17 @@ def test_a_dataset_is_split_with_sparks_plan() -> None:
     data = datasets.synthetic_classification(50, 4, 2, seed=3)
     plan = wrapper_module._route(data, 2, 8, 1, rng_seed=5)
     expected = split_examples([data], 8, 2, 5)
-    assert [_rows(f) for f in plan.feeds] == [_rows(f) for f in expected]
-    assert [sum(len(b) for b in f) for f in plan.feeds] == [25, 25]  # equal examples, not only minibatches
-    assert plan.paths is None and plan.stream is None
+    assert [_rows(f) for f in plan.shares.feeds] == [_rows(f) for f in expected]
+    assert [sum(len(b) for b in f) for f in plan.shares.feeds] == [25, 25]  # equal examples, not only minibatches
+    assert plan.shares.paths is None and plan.shares.stream is None
 
 
 def test_a_list_of_odd_sized_datasets_is_cut_like_one_dataset() -> None:
     data = datasets.synthetic_classification(50, 4, 2, seed=3)
     pieces = data.split(7)  # SparkNetwork cuts what it gets on one grid over the whole data, in order
     plan = wrapper_module._route(pieces, 2, 8, 1, rng_seed=None)
-    assert [[len(b) for b in f] for f in plan.feeds] == [[8, 8, 8, 1], [7, 8, 8, 2]]
-    assert [_rows(f) for f in plan.feeds] == [_rows(f) for f in split_examples([data], 8, 2, None)]
+    assert [[len(b) for b in f] for f in plan.shares.feeds] == [[8, 8, 8, 1], [7, 8, 8, 2]]
+    assert [_rows(f) for f in plan.shares.feeds] == [_rows(f) for f in split_examples([data], 8, 2, None)]
 
 
 def test_a_list_mixing_dataset_kinds_is_refused() -> None:
@@ -173,10 +173,10 @@ def test_a_list_mixing_dataset_kinds_is_refused() -> None:
 def test_paths_are_split_with_sparks_plan() -> None:
     paths = [f"/b/batch_{i:06d}.safetensors" for i in range(9)]
     plan = wrapper_module._route([Path(p) for p in paths], 2, 8, 3, rng_seed=1)
-    assert plan.paths == split_for_workers(paths, 2, 1)
+    assert plan.shares.paths == split_for_workers(paths, 2, 1)
 
 
 def test_a_one_shot_iterable_streams_rebatched_minibatches() -> None:
     data = datasets.synthetic_classification(20, 4, 2, seed=3)
     plan = wrapper_module._route((d for d in data.split(3)), 2, 8, 1, rng_seed=None)
-    assert plan.feeds is None and [len(b) for b in plan.stream] == [8, 8, 4]
+    assert plan.shares.feeds is None and [len(b) for b in plan.shares.stream] == [8, 8, 4]

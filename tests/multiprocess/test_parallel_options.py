@@ -15,7 +15,6 @@ from reference_loops import averaging_reference
 
 from torchspark import Network, datasets, models, optim
 from torchspark.parallel import LocalProcessRunner, ParallelWrapper
-from torchspark.parallel import wrapper as wrapper_module
 from torchspark.training.assignment import split_examples
 from torchspark.training.hooks import ScoreReport
 
@@ -116,8 +115,7 @@ def test_average_updaters_false_resets_adam_every_round_as_the_reference_does() 
 
 # ------------------------------------------------------------------ prefetch_buffer
 @pytest.mark.parametrize("prefetch", [1, 4])
-def test_prefetch_buffer_bounds_how_far_a_one_shot_iterable_is_read_ahead(tmp_path: Path, monkeypatch,
-                                                                          prefetch: int) -> None:
+def test_prefetch_buffer_bounds_how_far_a_one_shot_iterable_is_read_ahead(tmp_path: Path, prefetch: int) -> None:
     """Workers wait in their first forward until a gate opens; the parent's feeder keeps reading the iterable and
     dealing minibatches round-robin. The first time it finds a worker's queue full, the test notes how many
     minibatches the iterable has given and opens the gate. Each worker holds one minibatch and its queue
@@ -142,9 +140,9 @@ def test_prefetch_buffer_bounds_how_far_a_one_shot_iterable_is_read_ahead(tmp_pa
                 gate.touch()  # read far past any bound while the workers hold still: fail, do not hang
             yield batch
 
-    monkeypatch.setattr(wrapper_module, "LocalProcessRunner", Watched)
     net = Network(GatedLinear(12, 3, str(gate)), updater=optim.SGD(lr=0.1), seed=0)
-    wrapper = ParallelWrapper(net, workers=WORKERS, prefetch_buffer=prefetch, progress=False)
+    wrapper = ParallelWrapper(net, workers=WORKERS, prefetch_buffer=prefetch, progress=False,
+                              runner=Watched(["cpu"] * WORKERS))  # the queue bound comes from the wrapper's option
     wrapper.fit(one_shot(), batch_size=BATCH)
 
     assert at_first_full, f"no worker queue was ever full; the iterable was read {len(drawn)} minibatches ahead"

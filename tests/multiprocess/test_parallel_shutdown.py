@@ -18,21 +18,12 @@ from _faulty import FailingForward
 from torchspark import DataSet, Network, datasets, models, optim
 from torchspark.errors import WorkerError
 from torchspark.parallel import LocalProcessRunner, ParallelWrapper
-from torchspark.parallel import wrapper as wrapper_module
 
 
 @pytest.fixture
-def runners(monkeypatch: pytest.MonkeyPatch) -> list[LocalProcessRunner]:
-    """Every LocalProcessRunner the wrapper creates, so a test can look at its worker processes afterwards."""
-    created: list[LocalProcessRunner] = []
-
-    class Recording(LocalProcessRunner):
-        def __init__(self, *args, **kwargs) -> None:
-            super().__init__(*args, **kwargs)
-            created.append(self)
-
-    monkeypatch.setattr(wrapper_module, "LocalProcessRunner", Recording)
-    return created
+def runner() -> LocalProcessRunner:
+    """The runner the wrapper under test uses (injected), so a test can look at its worker processes afterwards."""
+    return LocalProcessRunner(["cpu", "cpu"], threads_per_worker=1)
 
 
 def _spawned_children() -> list[int]:
@@ -60,26 +51,27 @@ def _running(pid: int) -> bool:
     return state != "Z"
 
 
-def _assert_no_workers_left(runners: list[LocalProcessRunner]) -> None:
-    assert runners and len(runners[-1].children) == 2
-    for proc in runners[-1].children:
+def _assert_no_workers_left(runner: LocalProcessRunner) -> None:
+    assert len(runner.children) == 2
+    for proc in runner.children:
         assert not proc.is_alive() and proc.exitcode is not None, proc
     assert not [p for p in multiprocessing.active_children() if p.name.startswith("torchspark-worker")]
     if Path("/proc/self/stat").exists():
         assert _spawned_children() == []
-        pids = [proc.pid for proc in runners[-1].children]
+        pids = [proc.pid for proc in runner.children]
         deadline = time.monotonic() + 10.0  # the fork server reaps its children asynchronously
         while any(_running(pid) for pid in pids) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not [pid for pid in pids if _running(pid)], "a worker process is still running"
 
 
-def test_nan_in_a_later_minibatch_names_the_nan_not_a_peer_error(runners) -> None:
+def test_nan_in_a_later_minibatch_names_the_nan_not_a_peer_error(runner) -> None:
     data = datasets.synthetic_classification(96, 12, 3, seed=1)
     x = data.features.clone()
     x[3 * 8 + 2, 5] = float("nan")  # minibatch 3 (worker 0's 4th): the first one passes the driver's check
     net = Network(models.mlp(12, 16, 3), updater=optim.SGD(lr=0.1), seed=0)
-    wrapper = ParallelWrapper(net, workers=2, training_mode="averaging", averaging_frequency=2, progress=False)
+    wrapper = ParallelWrapper(net, workers=2, training_mode="averaging", averaging_frequency=2, progress=False,
+                              runner=runner)
     before = net.params().clone()
 
     with pytest.raises(WorkerError) as info:
@@ -90,13 +82,14 @@ def test_nan_in_a_later_minibatch_names_the_nan_not_a_peer_error(runners) -> Non
     assert "NaN" in message and "--- worker traceback ---" in message
     assert "Connection" not in message.splitlines()[0]
     torch.testing.assert_close(net.params(), before)  # a failed fit leaves the driver's network alone
-    _assert_no_workers_left(runners)
+    _assert_no_workers_left(runner)
 
 
-def test_user_exception_in_one_worker_is_reported_with_its_traceback(runners) -> None:
+def test_user_exception_in_one_worker_is_reported_with_its_traceback(runner) -> None:
     data = datasets.synthetic_classification(96, 12, 3, seed=1)
     net = Network(FailingForward(12, 3, after=4, rank=1), updater=optim.SGD(lr=0.1), seed=0)
-    wrapper = ParallelWrapper(net, workers=2, training_mode="shared_gradients", progress=False)
+    wrapper = ParallelWrapper(net, workers=2, training_mode="shared_gradients", progress=False,
+                              runner=runner)
 
     with pytest.raises(WorkerError) as info:
         wrapper.fit(data, epochs=1, batch_size=8)
@@ -104,13 +97,14 @@ def test_user_exception_in_one_worker_is_reported_with_its_traceback(runners) ->
     message = str(info.value)
     assert message.startswith("worker 1 failed: _faulty.InjectedFailure: injected failure in forward call 5"), message
     assert "_faulty.py" in message  # the worker's own traceback, down to the user's line
-    _assert_no_workers_left(runners)
+    _assert_no_workers_left(runner)
 
 
-def test_ctrl_c_in_the_parent_stops_all_workers_and_propagates(runners) -> None:
+def test_ctrl_c_in_the_parent_stops_all_workers_and_propagates(runner) -> None:
     data = datasets.synthetic_classification(8000, 12, 3, seed=1)  # far more work than the test waits for
     net = Network(models.mlp(12, 16, 3), updater=optim.SGD(lr=0.01), seed=0)
-    wrapper = ParallelWrapper(net, workers=2, training_mode="averaging", averaging_frequency=1, progress=False)
+    wrapper = ParallelWrapper(net, workers=2, training_mode="averaging", averaging_frequency=1, progress=False,
+                              runner=runner)
     interrupted_at: list[float] = []
     lock = threading.Lock()
 
@@ -127,20 +121,21 @@ def test_ctrl_c_in_the_parent_stops_all_workers_and_propagates(runners) -> None:
     assert interrupted_at, "training ended before the interrupt"
     assert time.monotonic() - interrupted_at[0] < 15, "shutdown after Ctrl-C took too long"
     assert net.epoch == 0
-    _assert_no_workers_left(runners)
+    _assert_no_workers_left(runner)
 
 
-def test_a_killed_worker_is_named_not_its_peers_connection_error(runners) -> None:
+def test_a_killed_worker_is_named_not_its_peers_connection_error(runner) -> None:
     data = datasets.synthetic_classification(8000, 12, 3, seed=1)
     net = Network(models.mlp(12, 16, 3), updater=optim.SGD(lr=0.01), seed=0)
-    wrapper = ParallelWrapper(net, workers=2, training_mode="averaging", averaging_frequency=1, progress=False)
+    wrapper = ParallelWrapper(net, workers=2, training_mode="averaging", averaging_frequency=1, progress=False,
+                              runner=runner)
     killed: list[int] = []
     lock = threading.Lock()
 
     def kill_worker_1(update) -> None:  # the OOM killer, or a native crash, from the outside
         with lock:
             if not killed:
-                killed.append(runners[-1].children[1].pid)
+                killed.append(runner.children[1].pid)
                 os.kill(killed[0], signal.SIGKILL)
 
     wrapper.add_progress_listener(kill_worker_1)
@@ -148,7 +143,7 @@ def test_a_killed_worker_is_named_not_its_peers_connection_error(runners) -> Non
         wrapper.fit(data, epochs=5, batch_size=2)
 
     assert str(info.value).startswith("worker process torchspark-worker-1 died with signal SIGKILL"), info.value
-    _assert_no_workers_left(runners)
+    _assert_no_workers_left(runner)
 
 
 def test_the_root_cause_wins_over_a_peer_error_that_arrives_first() -> None:

@@ -17,7 +17,8 @@ from torch.testing import assert_close
 from torchspark import DataSet, Network, datasets, models, optim
 from torchspark.errors import WorkerError
 from torchspark.spark import ParameterAveragingTrainingMaster, SparkNetwork, master_from_json
-from torchspark.spark.rounds import RoundRecord, WorkerRound, merge_records, run_job
+from torchspark.spark.jobs import run_job
+from torchspark.spark.rounds import RoundRecord, WorkerRound, merge_records
 
 pytestmark = pytest.mark.spark
 
@@ -164,7 +165,7 @@ def test_learns_reports_progress_per_round_and_times_the_driver_phases(spark, sc
     assert [u.examples for u in updates if u.rank == 0 and u.epoch == 4] == [80, 160]
     summary = spark_net.training_stats.summary()
     assert summary["examples"] == 5 * 320 and summary["epochs"] == 5 and summary["workers"] == 2
-    assert summary["counts"]["aggregation"] == 10
+    assert summary["counts"]["aggregation"] == 10 + 1  # every round's average, then the driver's merge
     assert summary["counts"]["broadcast"] == 11  # the blueprint once, then the parameters every round
     for phase in ("count", "broadcast", "fit", "aggregation", "data_wait"):
         assert summary["seconds"].get(phase, 0) > 0, phase

@@ -48,7 +48,7 @@ def test_barrier_rendezvous_gives_up_after_rendezvous_timeout_s_not_the_sessions
     wait ends after the master's ``rendezvous_timeout_s`` (2 s), not the session's far longer
     ``spark.barrier.sync.timeout``, and the driver shows worker 0's WaitTimeout."""
     from torchspark.errors import WorkerError
-    from torchspark.spark.barrier import run_barrier_stage
+    from torchspark.spark.jobs import run_barrier_stage
 
     assert float(sc.getConf().get("spark.barrier.sync.timeout")) >= 60, "the session must not end the wait itself"
 
@@ -57,13 +57,14 @@ def test_barrier_rendezvous_gives_up_after_rendezvous_timeout_s_not_the_sessions
 
         from pyspark import BarrierTaskContext
 
-        from torchspark.spark.barrier import RendezvousSettings, _rendezvous
+        from torchspark.spark.barrier import _rendezvous
+        from torchspark.training.mesh import MeshConfig
 
         ctx = BarrierTaskContext.get()
         if ctx.partitionId() == 1:  # the peer that never arrives; Spark kills it when worker 0 fails the stage
             time.sleep(60)
             return
-        _rendezvous(ctx, RendezvousSettings(timeout_s=2), "gloo", "cpu", relay_address=None)
+        _rendezvous(ctx, MeshConfig(rendezvous_timeout_s=2), "gloo", "cpu", relay_address=None)
         yield "rendezvous completed"
 
     with pytest.raises(WorkerError) as info:

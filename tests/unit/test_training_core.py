@@ -11,7 +11,8 @@ import torch
 from torchspark import DataSet, Network, models, optim
 from torchspark.errors import ConfigError, SetupError, WaitTimeout, WorkerError
 from torchspark.nn import NetworkBlueprint
-from torchspark.spark.barrier import RendezvousSettings, pick_local_address
+from torchspark.spark.barrier import pick_local_address
+from torchspark.training.mesh import MeshConfig
 from torchspark.training.assignment import assign_balanced
 from torchspark.training import InProcessRunner, ItemSource, ThreadGroup, WorkerTask, device_for_task
 from torchspark.training.devices import backend_for_device, gpu_addresses
@@ -118,16 +119,16 @@ def test_gpu_addresses_from_resources() -> None:
 
 
 def test_local_address_choice() -> None:
-    plain = RendezvousSettings()
+    plain = MeshConfig()
     assert pick_local_address("10.1.2.3", plain, env={}) == "10.1.2.3"
     assert pick_local_address("10.1.2.3", plain, env={"TORCHSPARK_LOCAL_IP": "192.168.9.9"}) == "192.168.9.9"
-    masked = RendezvousSettings(network_mask="172.16.0.0/12")
+    masked = MeshConfig(network_mask="172.16.0.0/12")
     assert pick_local_address("10.1.2.3", masked, env={}, candidates=["127.0.0.1", "172.17.0.5"]) == "172.17.0.5"
     with pytest.raises(SetupError, match="network_mask"):
         pick_local_address("10.1.2.3", masked, env={}, candidates=["127.0.0.1"])
-    assert pick_local_address("h", RendezvousSettings(controller_address="1.2.3.4"), env={}) == "1.2.3.4"
+    assert pick_local_address("h", MeshConfig(controller_address="1.2.3.4"), env={}) == "1.2.3.4"
     with pytest.raises(ConfigError, match="CIDR"):
-        RendezvousSettings(network_mask="not-a-mask")
+        MeshConfig(network_mask="not-a-mask")
 
 
 @pytest.mark.parametrize("total, workers", [(10, 3), (7, 7), (100, 4), (5, 2)])

@@ -23,8 +23,10 @@ from torchspark.encoding.threshold import (
     TargetSparsityThreshold,
     ThresholdPolicy,
     ThresholdState,
+    average_from_sums,
     average_states,
     shake_up_threshold,
+    state_summands,
     threshold_policy_from_dict,
 )
 from torchspark.encoding.wire import from_bytes, to_bytes
@@ -43,8 +45,10 @@ __all__ = [
     "AdaptiveThreshold",
     "TargetSparsityThreshold",
     "THRESHOLD_POLICIES",
+    "average_from_sums",
     "average_states",
     "shake_up_threshold",
+    "state_summands",
     "threshold_policy_from_dict",
     "ResidualPostProcessor",
     "ResidualClipping",

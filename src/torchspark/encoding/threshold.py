@@ -246,9 +246,22 @@ def average_states(states: Sequence[ThresholdState]) -> ThresholdState:
     """
     if not states:
         raise ConfigError("average_states needs at least one state, got none")
-    sparsities = [s.last_sparsity for s in states if s.last_sparsity is not None]
-    return ThresholdState(threshold=sum(s.threshold for s in states) / len(states),
-                          last_sparsity=sum(sparsities) / len(sparsities) if sparsities else None)
+    sums = [sum(column) for column in zip(*(state_summands(s) for s in states))]
+    return average_from_sums(sums, len(states))
+
+
+def state_summands(state: ThresholdState) -> tuple[float, float, float]:
+    """One worker's ``(threshold, last sparsity or 0, 1 if it has one else 0)``: summed over workers (by a list sum
+    or an all-reduce), :func:`average_from_sums` turns them into :func:`average_states`' result."""
+    has = state.last_sparsity is not None
+    return state.threshold, state.last_sparsity if has else 0.0, float(has)
+
+
+def average_from_sums(sums: Sequence[float], workers: int) -> ThresholdState:
+    """:func:`average_states` from the sums over ``workers`` workers of their :func:`state_summands`."""
+    threshold, sparsity, with_sparsity = (float(v) for v in sums)
+    return ThresholdState(threshold=threshold / workers,
+                          last_sparsity=sparsity / with_sparsity if with_sparsity else None)
 
 
 def shake_up_threshold(threshold: float, step: int, shake_frequency: int, divisor: float = 3.0) -> float:

@@ -18,6 +18,7 @@ collects results, and supervises:
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import multiprocessing
@@ -35,16 +36,17 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from torchspark.data import DataSet, MultiDataSet, dataset_to_bytes
-from torchspark.errors import DataError, WaitTimeout, WorkerError
+from torchspark.errors import DataError, WorkerError
 from torchspark.training.auth import new_token
 from torchspark.training.comm import TorchDistCommunicator
 from torchspark.training.progress import ProgressEndpoint
 from torchspark.training.reporting import open_worker_hooks
-from torchspark.training.runner import is_peer_failure, root_cause, traceback_tail
+from torchspark.training.runner import RunContext, is_peer_failure, root_cause, traceback_tail, worker_error_type
 from torchspark.training.stores import listening_store, private_store
-from torchspark.training.worker import ItemSource, WorkerResult, WorkerTask, run_worker
+from torchspark.training.waiting import get_within, put_until_stopped
+from torchspark.training.worker import EpochSource, ItemSource, WorkerResult, WorkerTask, run_worker
 
-__all__ = ["LocalProcessRunner", "QueueSource", "EPOCH_END", "backend_for_devices"]
+__all__ = ["LocalProcessRunner", "WorkerShares", "QueueSource", "EPOCH_END", "backend_for_devices"]
 
 log = logging.getLogger(__name__)
 
@@ -88,15 +90,43 @@ class QueueSource:
 
     def epoch(self, index: int) -> Iterable[Any]:
         while True:
-            try:
-                item = self._q.get(timeout=self._timeout_s)
-            except queue.Empty:
-                raise WaitTimeout(
-                    f"no minibatch arrived from the parent within data_timeout_s={self._timeout_s}"
-                ) from None
+            item = get_within(self._q, self._timeout_s,
+                              lambda: f"no minibatch arrived from the parent within data_timeout_s={self._timeout_s}")
             if isinstance(item, str) and item == EPOCH_END:
                 return
             yield item
+
+
+@dataclass
+class WorkerShares:
+    """The workers' data as ``ParallelWrapper`` routes it: exactly one of ``feeds`` / ``paths`` / ``stream``.
+
+    Args:
+        workers: how many workers share it.
+        feeds: per-worker lists of minibatches, sent once to each worker (serialized) and replayed every epoch.
+        paths: per-worker lists of batch-file paths, read by the workers themselves.
+        stream: a one-shot iterable of minibatches dealt round-robin (one epoch only).
+    """
+
+    workers: int
+    feeds: Sequence[Sequence[Any]] | None = None
+    paths: Sequence[Sequence[str]] | None = None
+    stream: Iterable[Any] | None = None
+
+    def __post_init__(self) -> None:
+        if sum(x is not None for x in (self.feeds, self.paths, self.stream)) != 1:
+            raise ValueError("pass exactly one of feeds, paths or stream")
+
+    def local_sources(self) -> list[EpochSource]:
+        """Per-worker sources readable in this process (a stream is dealt round-robin here, as the feeder does)."""
+        if self.stream is not None:
+            dealt: list[list[Any]] = [[] for _ in range(self.workers)]
+            for i, item in enumerate(self.stream):
+                dealt[i % self.workers].append(item)
+            return [ItemSource(items) for items in dealt]
+        shares = self.feeds if self.feeds is not None else self.paths
+        assert shares is not None
+        return [ItemSource(list(share)) for share in shares]
 
 
 @dataclass(frozen=True)
@@ -113,6 +143,7 @@ class _ChildArgs:
     timeout_s: float
     #: this run's secret: names the store's keys (the store listens on loopback and has no authentication)
     token: bytes
+    shared_memory: bool = True
 
 
 def _exit_with_parent() -> None:
@@ -142,7 +173,8 @@ def _child_main(args: _ChildArgs, data_queue: Any, results: Any) -> None:
         store = private_store(dist.TCPStore("127.0.0.1", args.store_port, args.world_size, is_master=False,
                                             timeout=datetime.timedelta(seconds=args.timeout_s)), args.token)
         comm_device = args.device if args.backend == "nccl" else "cpu"  # gloo collectives run on host copies
-        comm = TorchDistCommunicator(store, args.rank, args.world_size, args.backend, comm_device, args.timeout_s)
+        comm = TorchDistCommunicator(store, args.rank, args.world_size, args.backend, comm_device, args.timeout_s,
+                                     args.shared_memory)
         source: Any = (ItemSource(args.items) if args.items is not None
                        else QueueSource(data_queue, args.task.data_timeout_s))
         result = run_worker(args.task, source, comm, args.device, hooks)
@@ -164,35 +196,41 @@ class LocalProcessRunner:
         devices: one device string per worker (``"cpu"``, ``"cuda:0"``...).
         threads_per_worker: torch intra-op threads in each worker (cores / workers is right for CPU training).
         timeout_s: rendezvous and collective timeout (``rendezvous_timeout_s``).
-        prefetch: queued minibatches per worker for driver-fed data.
-        progress_address: the parent's ``ProgressServer.endpoint`` (address and token), for progress and clock
-            alignment.
+        prefetch: queued minibatches per worker for a one-shot stream; None (default): the task's ``prefetch``
+            (the master's ``worker_prefetch_num_batches``, ParallelWrapper's ``prefetch_buffer``), at least 1.
+        progress_address: the parent's ``ProgressServer.endpoint`` (address and the fit's token), for progress
+            and clock alignment, when the runner is used without a driver context (the driver's context opens
+            one on 127.0.0.1 otherwise).
         exit_timeout_s: how long finished workers get to exit before they are terminated.
+        shared_memory: let the workers sum through ``/dev/shm`` (the master's ``shared_memory_allreduce``).
     """
 
     def __init__(self, devices: Sequence[str], threads_per_worker: int = 1, timeout_s: float = 300.0,
-                 prefetch: int = 2, progress_address: ProgressEndpoint | None = None,
-                 exit_timeout_s: float = 30.0) -> None:
+                 prefetch: int | None = None, progress_address: ProgressEndpoint | None = None,
+                 exit_timeout_s: float = 30.0, shared_memory: bool = True) -> None:
         self.devices = list(devices)
         self.threads_per_worker = threads_per_worker
         self.timeout_s = timeout_s
-        self.prefetch = max(1, prefetch)
+        self.prefetch = prefetch
         self.progress_address = progress_address
         self.exit_timeout_s = exit_timeout_s
+        self.shared_memory = shared_memory
         #: the worker processes of the last run (all joined when :meth:`run` returns or raises)
         self.children: list[Any] = []
 
-    def run(self, task: WorkerTask, feeds: Sequence[Sequence[Any]] | None = None,
-            paths: Sequence[Sequence[str]] | None = None, stream: Iterable[Any] | None = None) -> list[WorkerResult]:
-        """Run the workers on exactly one kind of data and return their results by rank.
+    def run(self, task: WorkerTask, data: WorkerShares, context: RunContext | None = None) -> list[WorkerResult]:
+        """Run one worker per device on its share of ``data`` and return their results by rank (the
+        :class:`~torchspark.training.runner.Runner` protocol; ``context`` gives the progress channel and the
+        driver's ``fit`` phase)."""
+        if data.workers != len(self.devices):
+            raise ValueError(f"the data is split for {data.workers} workers but the runner has "
+                             f"{len(self.devices)} devices")
+        progress_address = context.progress_address("127.0.0.1") if context is not None else self.progress_address
+        with context.recorder.phase("fit") if context is not None else contextlib.nullcontext():
+            return self._run(task, data.feeds, data.paths, data.stream, progress_address)
 
-        Args:
-            feeds: per-worker lists of minibatches, sent once to each worker (serialized) and replayed every epoch.
-            paths: per-worker lists of batch-file paths, read by the workers themselves.
-            stream: a one-shot iterable of minibatches dealt round-robin (``task.epochs`` must be 1).
-        """
-        if sum(x is not None for x in (feeds, paths, stream)) != 1:
-            raise ValueError("pass exactly one of feeds, paths or stream")
+    def _run(self, task: WorkerTask, feeds: Sequence[Sequence[Any]] | None, paths: Sequence[Sequence[str]] | None,
+             stream: Iterable[Any] | None, progress_address: ProgressEndpoint | None) -> list[WorkerResult]:
         if stream is not None and task.epochs != 1:
             raise ValueError(f"a one-shot stream feeds one epoch, but task.epochs={task.epochs}")
         n = len(self.devices)
@@ -202,7 +240,8 @@ class LocalProcessRunner:
         backend = backend_for_devices(self.devices)
         store = listening_store("127.0.0.1", 0, n + 1, self.timeout_s)  # loopback only: the workers are local
         token = new_token()
-        queues = [ctx.Queue(maxsize=self.prefetch) for _ in range(n)]
+        depth = max(1, task.prefetch if self.prefetch is None else self.prefetch)
+        queues = [ctx.Queue(maxsize=depth) for _ in range(n)]
         results_q = ctx.Queue()
         stop = threading.Event()
         feeder_error: list[BaseException] = []
@@ -212,7 +251,7 @@ class LocalProcessRunner:
         try:
             for rank, device in enumerate(self.devices):
                 args = _ChildArgs(rank, n, store.port, device, backend, child_task, _share(rank, feeds, paths),
-                                  self.progress_address, self.timeout_s, token)
+                                  progress_address, self.timeout_s, token, self.shared_memory)
                 proc = ctx.Process(target=_child_main, args=(args, queues[rank], results_q),
                                    name=f"torchspark-worker-{rank}", daemon=True)
                 proc.start()
@@ -236,13 +275,7 @@ class LocalProcessRunner:
 
     # ------------------------------------------------------------------ parent side
     def _put(self, q: Any, item: Any, stop: threading.Event) -> bool:
-        while not stop.is_set():
-            try:
-                q.put(item, timeout=_POLL_S)
-                return True
-            except queue.Full:
-                continue
-        return False
+        return put_until_stopped(q, item, stop, _POLL_S)
 
     def _feed(self, queues: list[Any], stream: Iterable[Any], stop: threading.Event,
               errors: list[BaseException]) -> None:
@@ -302,7 +335,8 @@ class LocalProcessRunner:
         if found is None:
             return
         rank, tb = found
-        raise WorkerError(f"worker {rank} failed: {_last_line(tb)}\n--- worker traceback ---\n{traceback_tail(tb)}")
+        raise worker_error_type(tb)(f"worker {rank} failed: {_last_line(tb)}\n--- worker traceback ---\n"
+                                    f"{traceback_tail(tb)}")
 
     def _shutdown(self, graceful: bool) -> None:
         """Join every worker; after a failure or Ctrl-C terminate them at once (then kill the stubborn)."""

@@ -13,42 +13,31 @@ and custom modules must be importable (defined in a module, not in ``__main__`` 
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
 from torchspark.data import DataSet, MultiDataSet, rebatch
-from torchspark.encoding import (
-    AdaptiveThreshold,
-    EncoderConfig,
-    ResidualClipping,
-    residual_post_processor_from_dict,
-    threshold_policy_from_dict,
-)
+from torchspark.encoding import AdaptiveThreshold, ResidualClipping
 from torchspark.errors import ConfigError, DataError
-from torchspark.nn import Network, NetworkBlueprint
-from torchspark.parallel.runner import LocalProcessRunner
+from torchspark.nn import Network
+from torchspark.parallel.options import OPTION_DEFAULTS, TRAINING_MODES, check_local_master, master_from_options
+from torchspark.parallel.runner import LocalProcessRunner, WorkerShares
 from torchspark.stats import DRIVER_ID, StatsCollector, TrainingStats
 from torchspark.training.assignment import split_examples, split_for_workers
-from torchspark.training.averaging import AveragingSettings
+from torchspark.training.driver import build_task, run_fit
 from torchspark.training.hooks import ProgressUpdate, ScoreReport
-from torchspark.training.progress import ProgressBar, ProgressServer
-from torchspark.training.reporting import build_training_stats
-from torchspark.training.sharing import SharingSettings
-from torchspark.training.worker import WorkerResult, WorkerTask, load_item, merge_results
+from torchspark.training.masters import TrainingMaster
+from torchspark.training.worker import WorkerResult, load_item
 
 __all__ = ["ParallelWrapper", "TRAINING_MODES", "plan_devices"]
 
 log = logging.getLogger(__name__)
-
-#: ParallelWrapper's training modes (DL4J's names) and the worker algorithm each runs.
-TRAINING_MODES = {"averaging": "averaging", "shared_gradients": "sharing"}
 
 _BATCH_TYPES = (DataSet, MultiDataSet)
 _PATH_TYPES = (str, os.PathLike)
@@ -99,24 +88,13 @@ def _default_devices(workers: int | None, devices: Sequence[Any] | None = None) 
     return plan_devices(workers, devices, gpus, os.cpu_count() or 1)
 
 
-def _policy(name: str, value: Any, from_dict: Callable[[dict[str, Any]], Any], methods: tuple[str, ...],
-            example: str) -> Any:
-    if isinstance(value, dict):
-        return from_dict(value)
-    if all(callable(getattr(value, m, None)) for m in methods):
-        return value
-    raise ConfigError(f"{name} must be a policy object such as {example} or its to_dict() form, got {value!r}")
-
-
 # ------------------------------------------------------------------ data routing
 @dataclass
 class _DataPlan:
-    """Where each worker's minibatches come from: exactly one of feeds / paths / stream is set."""
+    """The workers' shares of the data, and a first minibatch to check the network against."""
 
     sample: Any
-    feeds: list[list[Any]] | None = None
-    paths: list[list[str]] | None = None
-    stream: Iterator[Any] | None = None
+    shares: WorkerShares
 
 
 def _route(data: Any, workers: int, batch_size: int, epochs: int, rng_seed: int | None) -> _DataPlan:
@@ -139,7 +117,8 @@ def _route(data: Any, workers: int, batch_size: int, epochs: int, rng_seed: int 
         raise DataError("fit got no data: the list or iterable is empty")
     if isinstance(first, _PATH_TYPES):  # paths are cheap: always materialised, so any epochs work
         paths = _checked(itertools.chain([first], items), _PATH_TYPES, "batch-file path")
-        return _DataPlan(paths[0], paths=split_for_workers([os.fspath(p) for p in paths], workers, rng_seed))
+        return _DataPlan(paths[0], WorkerShares(workers, paths=split_for_workers([os.fspath(p) for p in paths],
+                                                                                 workers, rng_seed)))
     if isinstance(data, (list, tuple)):
         items = _checked(data, _BATCH_TYPES, "DataSet or MultiDataSet")
         if len({type(item) for item in items}) > 1:
@@ -152,12 +131,12 @@ def _route(data: Any, workers: int, batch_size: int, epochs: int, rng_seed: int 
                           "pass a list (e.g. list(data)) or a DataSet to train several epochs")
     if not isinstance(first, _BATCH_TYPES):
         raise DataError(f"data[0] is a {type(first).__name__}; expected a DataSet, MultiDataSet or batch-file path")
-    return _DataPlan(first, stream=rebatch(itertools.chain([first], items), batch_size))
+    return _DataPlan(first, WorkerShares(workers, stream=rebatch(itertools.chain([first], items), batch_size)))
 
 
 def _feeds(items: Sequence[Any], workers: int, batch_size: int, rng_seed: int | None) -> _DataPlan:
     feeds = split_examples(items, batch_size, workers, rng_seed)
-    return _DataPlan(next(b for feed in feeds for b in feed), feeds=feeds)
+    return _DataPlan(next(b for feed in feeds for b in feed), WorkerShares(workers, feeds=feeds))
 
 
 def _checked(items: Iterable[Any], types: tuple[type, ...], what: str) -> list[Any]:
@@ -178,20 +157,22 @@ def _log_score(report: ScoreReport) -> None:
                  report.score, report.examples, extra={"score_report": report})
 
 
-#: how long a finished fit waits for the workers' last progress messages (they have exited: it returns at once)
-_DRAIN_S = 10.0
-
-
 # ------------------------------------------------------------------ the wrapper
 @dataclass(eq=False)  # a trainer with state, compared by identity
 class ParallelWrapper:
     """Train a network with several local worker processes, the Spark masters' algorithms without Spark.
 
+    How to train is a training master, the object ``SparkNetwork`` takes: ``master=SharedTrainingMaster(...)`` or
+    ``ParameterAveragingTrainingMaster(...)`` (its ``batch_size_per_worker`` is :meth:`fit`'s default batch size;
+    Spark-only options such as ``export_directory`` or ``averaging_via="spark"`` are refused). Without one, the
+    keyword options from ``training_mode`` to ``flush_denormal`` below build it (the effective one is
+    :attr:`master`); passing both is a ConfigError.
+
     Args:
         network: the :class:`~torchspark.Network` to train (updated in place by :meth:`fit`).
-        workers: worker processes. None = one per listed device, else one per GPU, else one per CPU core. Each
-            CPU worker gets cores // workers torch threads, and every extra worker adds synchronisation, so on
-            CPU try 2-4 workers before one per core.
+        workers: worker processes. None = the master's ``num_workers``, else one per listed device, else one per
+            GPU, else one per CPU core. Each CPU worker gets cores // workers torch threads, and every extra worker
+            adds synchronisation, so on CPU try 2-4 workers before one per core.
         training_mode: ``"averaging"`` (synchronous parameter averaging, ParameterAveragingTrainingMaster) or
             ``"shared_gradients"`` (threshold-encoded gradient sharing, SharedTrainingMaster).
         averaging_frequency: minibatches per worker between averages (averaging). 1 = synchronous SGD with a
@@ -226,6 +207,10 @@ class ParallelWrapper:
             slower (measured: an MLP epoch 0.52 s -> 1.03 s after four epochs without it). False keeps IEEE
             denormals. The calling process is not touched; a plain loop there can call
             ``torch.set_flush_denormal(True)`` before its first torch operation.
+        master: the training master (instead of the options above).
+        runner: how workers run (a :class:`~torchspark.training.runner.Runner`); default: a
+            :class:`~torchspark.parallel.runner.LocalProcessRunner` on :attr:`worker_devices` with
+            ``threads_per_worker``. Tests pass :class:`~torchspark.training.runner.InProcessRunner` (threads).
     """
 
     network: Network
@@ -247,6 +232,8 @@ class ParallelWrapper:
     rendezvous_timeout_s: float = 300.0
     data_timeout_s: float = 600.0
     flush_denormal: bool = True
+    master: TrainingMaster | None = None
+    runner: Any = None
     #: timings of the last fit (None unless ``collect_training_stats``)
     training_stats: TrainingStats | None = field(default=None, init=False, repr=False)
     #: every worker's result of the last fit, by rank
@@ -258,33 +245,33 @@ class ParallelWrapper:
     def __post_init__(self) -> None:
         if not isinstance(self.network, Network):
             raise ConfigError(f"network must be a torchspark.Network, got {type(self.network).__name__}")
-        if not isinstance(self.training_mode, str) or self.training_mode not in TRAINING_MODES:
-            raise ConfigError(f"training_mode must be one of {list(TRAINING_MODES)}, got {self.training_mode!r}")
-        for name, minimum, optional in (("workers", 1, True), ("averaging_frequency", 1, False),
-                                        ("prefetch_buffer", 1, False), ("shake_frequency", 0, False),
-                                        ("rng_seed", 0, True), ("threads_per_worker", 1, True)):
+        for name, optional in (("workers", True), ("prefetch_buffer", False), ("threads_per_worker", True)):
             value = getattr(self, name)
             if optional and value is None:
                 continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                raise ConfigError(f"{name} must be an integer >= {minimum}{' or None' if optional else ''}, got "
-                                  f"{value!r}")
-        for name in ("rendezvous_timeout_s", "data_timeout_s"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ConfigError(f"{name} must be a number of seconds > 0, got {value!r}")
-        for name in ("average_updaters", "overlap", "collect_training_stats", "report_score_after_averaging",
-                     "flush_denormal"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
+            # prefetch_buffer also bounds the queue a one-shot iterable is fed through: at least one minibatch
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be an integer >= 1{' or None' if optional else ''}, got {value!r}")
         if self.progress not in (True, False, None):
             raise ConfigError(f"progress must be True, False or None (only on a terminal), got {self.progress!r}")
-        self.threshold_algorithm = _policy("threshold_algorithm", self.threshold_algorithm, threshold_policy_from_dict,
-                                           ("initial_state", "next_threshold", "to_dict"), "AdaptiveThreshold()")
-        self.residual_post_processor = _policy("residual_post_processor", self.residual_post_processor,
-                                               residual_post_processor_from_dict, ("process", "to_dict"),
-                                               "ResidualClipping()")
-        self._devices = _default_devices(self.workers, self.devices)
+        if not isinstance(self.report_score_after_averaging, bool):
+            raise ConfigError(f"report_score_after_averaging must be True or False, got "
+                              f"{self.report_score_after_averaging!r}")
+        if self.runner is not None and not callable(getattr(self.runner, "run", None)):
+            raise ConfigError(f"runner must have a run(task, data, context) method (a Runner), got "
+                              f"{type(self.runner).__name__}")
+        options = {name: getattr(self, name) for name in OPTION_DEFAULTS}
+        if self.master is None:
+            self.master = master_from_options(options)
+            for name in ("threshold_algorithm", "residual_post_processor"):  # their dict forms, as policy objects
+                if hasattr(self.master, name):
+                    setattr(self, name, getattr(self.master, name))
+        else:
+            check_local_master(self.master, options)
+        wanted = self.master.num_workers
+        if self.workers is not None and wanted is not None and self.workers != wanted:
+            raise ConfigError(f"workers={self.workers} but the master's num_workers={wanted}; set one of them")
+        self._devices = _default_devices(self.workers if self.workers is not None else wanted, self.devices)
 
     # ------------------------------------------------------------------ public API
     @property
@@ -300,7 +287,7 @@ class ParallelWrapper:
         """Mean over workers of their last minibatch loss in the last fit (NaN before any fit)."""
         return self._score
 
-    def fit(self, data: Any, epochs: int = 1, batch_size: int = 32) -> Network:
+    def fit(self, data: Any, epochs: int = 1, batch_size: int | None = None) -> Network:
         """Train for ``epochs`` epochs; returns the (updated in place) network.
 
         Args:
@@ -310,15 +297,18 @@ class ParallelWrapper:
                 (:func:`~torchspark.data.save_batches` output, one minibatch each, read by the workers); or a
                 one-shot iterable of DataSets (re-batched and dealt round-robin; one epoch only).
             epochs: passes over the data, all inside one launch of the workers.
-            batch_size: examples per minibatch on each worker (Spark's ``batch_size_per_worker``).
+            batch_size: examples per minibatch on each worker; None = the master's ``batch_size_per_worker`` (32
+                when the keyword options built the master).
         Raises:
             ConfigError: bad ``epochs`` / ``batch_size``. DataError: empty or malformed data.
             WorkerError: a worker failed; the message holds its traceback (the root cause, not a peer's symptom).
         """
+        assert self.master is not None
+        batch_size = self.master.batch_size_per_worker if batch_size is None else batch_size
         for name, value in (("epochs", epochs), ("batch_size", batch_size)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
-        plan = _route(data, len(self._devices), batch_size, epochs, self.rng_seed)
+        plan = _route(data, len(self._devices), batch_size, epochs, self.master.rng_seed)
         self._check_sample(plan.sample)
         return self._run(plan, epochs)
 
@@ -330,41 +320,22 @@ class ParallelWrapper:
         sample.check_finite("training features")
         self.network.score(sample)
 
-    def _settings(self) -> tuple[str, dict[str, Any]]:
-        mode = TRAINING_MODES[self.training_mode]
-        if mode == "averaging":
-            return mode, dataclasses.asdict(AveragingSettings(self.averaging_frequency, self.average_updaters))
-        encoder = EncoderConfig(threshold_policy=self.threshold_algorithm,
-                                residual_post_processor=self.residual_post_processor,
-                                shake_frequency=self.shake_frequency)
-        return mode, SharingSettings(encoder=encoder, overlap=self.overlap).to_dict()
+    def _runner(self) -> Any:
+        if self.runner is not None:
+            return self.runner
+        assert self.master is not None
+        threads = self.threads_per_worker or max(1, (os.cpu_count() or 1) // len(self._devices))
+        return LocalProcessRunner(self._devices, threads, self.master.rendezvous_timeout_s,
+                                  shared_memory=self.master.shared_memory_allreduce)
 
     def _run(self, plan: _DataPlan, epochs: int) -> Network:
-        driver = StatsCollector(DRIVER_ID, enabled=self.collect_training_stats)
-        mode, settings = self._settings()
-        with driver.phase("broadcast"):
-            task = WorkerTask(mode=mode, settings=settings, blueprint=NetworkBlueprint.of(self.network).to_bytes(),
-                              epochs=epochs, prefetch=self.prefetch_buffer, data_timeout_s=self.data_timeout_s,
-                              collect_stats=self.collect_training_stats, flush_denormal=self.flush_denormal,
-                              report_scores=self.report_score_after_averaging)
-        threads = self.threads_per_worker or max(1, (os.cpu_count() or 1) // len(self._devices))
-        server = ProgressServer(host="127.0.0.1", listeners=self._listeners, score_listeners=[_log_score]).start()
-        bar = ProgressBar(desc=f"fit x{epochs}", enabled=self.progress)
-        server.add_listener(bar.update)
-        runner = LocalProcessRunner(self._devices, threads, self.rendezvous_timeout_s, self.prefetch_buffer,
-                                    server.endpoint)
-        results: list[WorkerResult] | None = None
-        try:
-            with driver.phase("fit"):
-                results = runner.run(task, feeds=plan.feeds, paths=plan.paths, stream=plan.stream)
-        finally:
-            bar.close()
-            # after a clean run the workers have exited: read what they sent last (the last round's score)
-            server.close(drain_s=_DRAIN_S if results is not None else 0.0)
-        with driver.phase("aggregation"):
-            self._score = merge_results(self.network, results)
-        self.network.epoch += epochs
-        self.last_results = results
-        self.training_stats = (build_training_stats(driver, results, epochs, self.network.extra_config)
-                               if self.collect_training_stats else None)
+        master = self.master
+        assert master is not None
+        recorder = StatsCollector(DRIVER_ID, enabled=master.collect_training_stats)
+        task = build_task(self.network, master, epochs, master.collect_training_stats, recorder,
+                          report_scores=self.report_score_after_averaging)
+        outcome = run_fit(self.network, task, self._runner(), plan.shares, recorder=recorder,
+                          description=f"ParallelWrapper fit: {len(self._devices)} workers, {epochs} epoch(s)",
+                          listeners=self._listeners, score_listeners=[_log_score], progress=self.progress)
+        self._score, self.last_results, self.training_stats = outcome.score, outcome.results, outcome.stats
         return self.network

@@ -1,9 +1,11 @@
-"""Spark integration: sessions, ``SparkNetwork`` and the training masters. The only package importing pyspark."""
+"""Spark integration: sessions and ``SparkNetwork``; re-exports the training masters (which live in
+:mod:`torchspark.training`). The only package importing pyspark."""
 
-from torchspark.spark.masters import ParameterAveragingTrainingMaster, TrainingMaster, master_from_json
 from torchspark.spark.network import SparkNetwork
 from torchspark.spark.session import check_java, local_session, session_scope
-from torchspark.spark.shared import SharedTrainingMaster
+from torchspark.training.masters import ParameterAveragingTrainingMaster, TrainingMaster, master_from_json
+from torchspark.training.mesh import MeshConfig
+from torchspark.training.shared_master import SharedTrainingMaster
 
 __all__ = ["SparkNetwork", "ParameterAveragingTrainingMaster", "SharedTrainingMaster", "TrainingMaster",
-           "master_from_json", "local_session", "session_scope", "check_java"]
+           "master_from_json", "MeshConfig", "local_session", "session_scope", "check_java"]

@@ -1,12 +1,12 @@
-"""Running ``run_worker`` inside a Spark barrier stage: rendezvous, device choice, and driver-side supervision.
+"""The worker side of the Spark barrier stage: rendezvous, device choice, then ``run_worker``.
 
 Worker side (:func:`barrier_task`): task 0 hosts a ``TCPStore`` on a free port and publishes its address
 through a relay store on the driver (:func:`open_relay`; ``BarrierTaskContext.allGather`` without one, bounded by
 ``rendezvous_timeout_s`` on any session: :mod:`torchspark.spark.barrier_wait`), and all
 of them build a torch.distributed group (gloo on CPU, nccl on CUDA) with ``rendezvous_timeout_s`` as the collective timeout.
 
-Driver side (:func:`run_barrier_stage`): runs the stage under its own job group, cancels it on failure or
-Ctrl-C, and turns a worker exception into a :class:`WorkerError` carrying the worker's traceback.
+The driver side (running the stage under its own job group, turning a worker's exception into our error) is
+:func:`torchspark.spark.jobs.run_barrier_stage`.
 """
 
 from __future__ import annotations
@@ -14,35 +14,27 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
-import re
 import socket
 import subprocess
-import threading
-import time
 import traceback
-import uuid
-from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, TypeVar
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
-from torchspark.errors import ConfigError, SetupError, TorchSparkError, WaitTimeout, WorkerError
+from torchspark.errors import SetupError, WaitTimeout
 from torchspark.spark.barrier_wait import wait_bounded
 from torchspark.training import env as task_env
 from torchspark.training.comm import TorchDistCommunicator
 from torchspark.training.devices import backend_for_device, device_for_task, gpu_addresses
+from torchspark.training.mesh import MeshConfig
 from torchspark.training.progress import ProgressEndpoint
 from torchspark.training.reporting import open_worker_hooks
-from torchspark.training.runner import is_peer_failure, root_cause, traceback_tail
 from torchspark.training.stores import fetch, listening_store, private_store, publish
 from torchspark.training.worker import ItemSource, WorkerResult, WorkerTask, run_worker
 
-__all__ = ["RendezvousSettings", "barrier_task", "open_relay", "run_barrier_stage", "run_in_job_group", "LOCAL_ADDRESS_ENV",
-           "pick_local_address"]
+__all__ = ["RendezvousSettings", "barrier_task", "open_relay", "LOCAL_ADDRESS_ENV", "pick_local_address"]
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 #: How long a worker tries to connect to the driver's rendezvous store before failing with advice.
 RELAY_CONNECT_TIMEOUT_S = 60.0
@@ -51,36 +43,8 @@ RELAY_CONNECT_TIMEOUT_S = 60.0
 LOCAL_ADDRESS_ENV = "TORCHSPARK_LOCAL_IP"
 
 
-@dataclass(frozen=True)
-class RendezvousSettings:
-    """How workers find each other.
-
-    Args:
-        timeout_s: limit for every rendezvous and collective wait (``rendezvous_timeout_s``).
-        port: TCP port task 0 listens on; 0 picks a free one.
-        network_mask: CIDR such as ``"10.0.0.0/16"``: advertise the local interface address inside it
-            (needed on hosts with several interfaces, e.g. YARN or EC2).
-        controller_address: a fixed address for task 0 to advertise (overrides the mask).
-        shared_memory: let workers on one host sum through ``/dev/shm`` (see :mod:`torchspark.training.shm`).
-    The environment variable ``TORCHSPARK_LOCAL_IP`` on an executor overrides the address it advertises.
-    """
-
-    timeout_s: float = 300.0
-    port: int = 0
-    network_mask: str | None = None
-    controller_address: str | None = None
-    shared_memory: bool = True
-
-    def __post_init__(self) -> None:
-        if not (self.timeout_s > 0):
-            raise ConfigError(f"rendezvous_timeout_s must be > 0, got {self.timeout_s!r}")
-        if not (0 <= int(self.port) <= 65535):
-            raise ConfigError(f"port must be in [0, 65535] (0 = any free port), got {self.port!r}")
-        if self.network_mask is not None:
-            try:
-                ipaddress.ip_network(self.network_mask, strict=False)
-            except ValueError as e:
-                raise ConfigError(f"network_mask must be a CIDR such as '10.0.0.0/16', got {self.network_mask!r}") from e
+#: How workers find each other: the master's :class:`~torchspark.training.mesh.MeshConfig` (the old name stays).
+RendezvousSettings = MeshConfig
 
 
 def _interface_addresses() -> list[str]:
@@ -197,11 +161,11 @@ def _rendezvous(ctx: Any, settings: RendezvousSettings, backend: str, device: st
     infos = ctx.getTaskInfos()
     world = len(infos)
     task_host = infos[rank].address.rsplit(":", 1)[0]
-    timeout = datetime.timedelta(seconds=settings.timeout_s)
+    timeout = datetime.timedelta(seconds=settings.rendezvous_timeout_s)
     store: Any = None
     if rank == 0:
         host = pick_local_address(task_host, settings)
-        store = listening_store(host, settings.port, world, settings.timeout_s)
+        store = listening_store(host, settings.port, world, settings.rendezvous_timeout_s)
         message = f"{host}:{store.port}"
         if shared_token:
             token = new_token()
@@ -220,13 +184,13 @@ def _rendezvous(ctx: Any, settings: RendezvousSettings, backend: str, device: st
         except (RuntimeError, OSError) as e:
             raise WaitTimeout(
                 f"worker {rank} could not reach task 0 at {host}:{port} within rendezvous_timeout_s="
-                f"{settings.timeout_s}: {e}. Executors must reach each other on that port: check firewalls, "
+                f"{settings.rendezvous_timeout_s}: {e}. Executors must reach each other on that port: check firewalls, "
                 f"set network_mask or {LOCAL_ADDRESS_ENV} so workers advertise an address their peers can reach"
             ) from e
     # the caller's scope restores it when the task ends (without one it stays set, as for a one-off process)
     (environment or task_env.TaskEnvironment()).setdefault(task_env.GLOO_SOCKET_IFNAME, _ifname_for(host))
-    return TorchDistCommunicator(private_store(store, token), rank, world, backend, device, settings.timeout_s,
-                                 settings.shared_memory)
+    return TorchDistCommunicator(private_store(store, token), rank, world, backend, device,
+                                 settings.rendezvous_timeout_s, settings.shared_memory_allreduce)
 
 
 def _ifname_for(address: str) -> str | None:
@@ -287,93 +251,3 @@ def _with_threads(task: WorkerTask, cpus: int) -> WorkerTask:
     from dataclasses import replace
 
     return task if task.num_threads else replace(task, num_threads=max(1, int(cpus)))
-
-
-_PY_TRACE = re.compile(r"(Traceback \(most recent call last\):.*?)(?:\n\tat |\n\s*at org\.apache|\Z)", re.S)
-
-
-def worker_traceback(error: BaseException) -> str:
-    """The Python traceback of a failed task, dug out of Spark's Java exception text."""
-    text = str(error)
-    found = _PY_TRACE.findall(text)
-    tb = found[-1] if found else text
-    return "\n".join(ln for ln in tb.strip().splitlines() if not ln.strip().startswith("SQLSTATE"))
-
-
-def _pick_traceback(spark_tb: str, reported_errors: Callable[[], list[tuple[int, str]]] | None,
-                    wait_s: float = 3.0) -> str:
-    """Spark's traceback unless it is a peer's symptom and a worker reported the cause over the progress channel."""
-    if reported_errors is None or not is_peer_failure(spark_tb):
-        return spark_tb
-    deadline = time.monotonic() + wait_s
-    while True:
-        found = root_cause(reported_errors())
-        if found is not None and not is_peer_failure(found[1]):
-            return found[1]
-        if time.monotonic() >= deadline:
-            return spark_tb
-        time.sleep(0.05)
-
-
-def _root_message(tb: str) -> str:
-    lines = [ln for ln in tb.splitlines() if ln.strip()]
-    return lines[-1].strip() if lines else tb
-
-
-def run_in_job_group(sc: Any, description: str, action: Callable[[], T], thread_name: str = "torchspark-job") -> T:
-    """Run ``action`` (which submits Spark jobs) on a helper thread under a fresh job group and return its value.
-
-    Ctrl-C (or any exception) on the calling thread cancels the group and waits up to 60 s for the thread; an
-    exception raised by ``action`` cancels the group and is re-raised unchanged on the calling thread.
-    """
-    group = f"torchspark-{uuid.uuid4().hex[:12]}"
-    box: dict[str, Any] = {}
-    # wait on an Event, not Thread.join: a Ctrl-C inside join() marks the still-running thread as stopped (CPython
-    # bpo-45274 handling), after which join() no longer waits for it
-    done = threading.Event()
-
-    def target() -> None:
-        sc.setJobGroup(group, description, interruptOnCancel=True)
-        try:
-            box["value"] = action()
-        except BaseException as e:  # noqa: BLE001 - re-raised on the calling thread
-            box["error"] = e
-        finally:
-            sc.setLocalProperty("spark.jobGroup.id", None)
-            done.set()
-
-    thread = threading.Thread(target=target, name=thread_name, daemon=True)
-    thread.start()
-    try:
-        while not done.wait(timeout=0.1):
-            pass
-    except BaseException:
-        sc.cancelJobGroup(group)
-        if not done.wait(timeout=60):
-            log.warning("the cancelled job %r did not stop within 60 s; it is left to Spark", description)
-        raise
-    if "error" in box:
-        sc.cancelJobGroup(group)
-        raise box["error"]
-    return box["value"]  # type: ignore[no-any-return]
-
-
-def run_barrier_stage(sc: Any, rdd: Any, fn: Callable[[Iterable[Any]], Iterator[WorkerResult]],
-                      description: str,
-                      reported_errors: Callable[[], list[tuple[int, str]]] | None = None) -> list[WorkerResult]:
-    """Run ``fn`` as a barrier stage over ``rdd`` under a fresh job group; cancel it and re-raise on failure.
-
-    Spark reports whichever task failed first, which is often a peer that merely saw the failing worker's
-    connection drop. ``reported_errors`` (the progress channel's error list) lets the driver show the root cause.
-    """
-    try:
-        results: list[WorkerResult] = run_in_job_group(
-            sc, description, lambda: rdd.barrier().mapPartitions(fn).collect(), "torchspark-barrier-stage")
-    except TorchSparkError:
-        raise
-    except Exception as err:  # Spark/py4j errors carry no stable type
-        tb = _pick_traceback(worker_traceback(err), reported_errors)
-        raise WorkerError(
-            f"a training worker failed: {_root_message(tb)}\n--- worker traceback ---\n{traceback_tail(tb)}"
-        ) from None
-    return sorted(results, key=lambda r: r.rank)

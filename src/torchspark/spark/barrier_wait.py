@@ -5,7 +5,8 @@
 365 days, and only :func:`torchspark.spark.local_session` sets it to ``rendezvous_timeout_s``. On a session built
 elsewhere a task whose peers never start would wait for a year.
 
-:func:`wait_bounded` runs the blocking call on a helper thread and stops waiting after ``timeout_s``, so the
+:func:`wait_bounded` runs the blocking call on a helper thread
+(:func:`~torchspark.training.waiting.call_on_thread`) and stops waiting after ``timeout_s``, so the
 master's timeout holds on any session; whichever of the two limits is shorter ends the wait. The helper thread
 cannot be interrupted and stays blocked in Spark's socket read, which is harmless: the timeout fails the task,
 Spark then fails the whole barrier stage and ends the task's Python worker, thread included.
@@ -13,10 +14,9 @@ Spark then fails the whole barrier stage and ends the task's Python worker, thre
 
 from __future__ import annotations
 
-import threading
-from typing import Any, Callable, TypeVar
+from typing import Callable, TypeVar
 
-from torchspark.errors import WaitTimeout
+from torchspark.training.waiting import call_on_thread
 
 __all__ = ["wait_bounded", "BARRIER_WAIT_THREAD"]
 
@@ -40,25 +40,8 @@ def wait_bounded(call: Callable[[], T], timeout_s: float, what: str) -> T:
             raise) and ``spark.barrier.sync.timeout`` (Spark's own, session-wide limit).
         BaseException: whatever ``call`` raised, unchanged.
     """
-    box: dict[str, Any] = {}
-    done = threading.Event()
-
-    def target() -> None:
-        try:
-            box["value"] = call()
-        except BaseException as e:  # noqa: BLE001 - re-raised on the calling thread
-            box["error"] = e
-        finally:
-            done.set()
-
-    threading.Thread(target=target, name=BARRIER_WAIT_THREAD, daemon=True).start()
-    if not done.wait(timeout=timeout_s):
-        raise WaitTimeout(
-            f"{what} did not return within rendezvous_timeout_s={timeout_s:g} s: not every task of the barrier "
-            "stage arrived. All workers must start together: check that the cluster has a free task slot per "
-            "worker, and raise rendezvous_timeout_s if executors are merely slow to start. (Spark's own limit, "
-            "the session's spark.barrier.sync.timeout, also ends the wait when it is shorter.)"
-        )
-    if "error" in box:
-        raise box["error"]
-    return box["value"]  # type: ignore[no-any-return]
+    return call_on_thread(call, BARRIER_WAIT_THREAD, timeout_s, lambda: (
+        f"{what} did not return within rendezvous_timeout_s={timeout_s:g} s: not every task of the barrier "
+        "stage arrived. All workers must start together: check that the cluster has a free task slot per "
+        "worker, and raise rendezvous_timeout_s if executors are merely slow to start. (Spark's own limit, "
+        "the session's spark.barrier.sync.timeout, also ends the wait when it is shorter.)"))

@@ -12,25 +12,23 @@ DL4J's ``SparkDl4jMultiLayer.doEvaluation`` / ``evaluate*`` in Python:
    binned ROC), so the result equals one local pass over the same data;
 4. the merged result is added into the evaluation objects the caller passed, which are returned.
 
-The executor-side helpers here (:class:`NetworkCache`, :func:`ship_network`, :func:`run_job`,
-:func:`batch_items`) are shared with :mod:`torchspark.spark.inference`.
+The executor-side helpers here (:func:`ship_network`, :func:`batch_items`; the cache is
+:class:`torchspark.nn.cache.NetworkCache`) are shared with :mod:`torchspark.spark.inference`.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import uuid
-from collections import OrderedDict
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import chain
-from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from torchspark.data import DataSet, MultiDataSet, rebatch
 from torchspark.errors import ConfigError, DataError
 from torchspark.evaluation import ROC, BaseEvaluation, RegressionEvaluation, ROCMultiClass, evaluation_from_json
 from torchspark.nn import Network, NetworkBlueprint
+from torchspark.nn.cache import NetworkCache
 from torchspark.spark import jobs
 from torchspark.spark.data import to_batch_rdd
 from torchspark.spark.session import spark_context
@@ -42,7 +40,6 @@ __all__ = [
     "NetworkCache",
     "ShippedNetwork",
     "ship_network",
-    "run_job",
     "batch_items",
     "load_batch_item",
     "check_positive",
@@ -60,88 +57,6 @@ DEFAULT_BATCH_SIZE = 64  # DL4J's DEFAULT_EVAL_SCORE_BATCH_SIZE
 DEFAULT_EVAL_WORKERS = 4  # DL4J's DEFAULT_EVAL_WORKERS
 DEFAULT_ROC_THRESHOLD_STEPS = 32  # DL4J's DEFAULT_ROC_THRESHOLD_STEPS
 
-_T = TypeVar("_T")
-
-
-# ------------------------------------------------------------------ executor-side network cache
-@dataclass
-class _Entry:
-    semaphore: threading.BoundedSemaphore
-    limit: int
-    free: list[Network] = field(default_factory=list)
-    built: int = 0
-
-
-class NetworkCache:
-    """Networks rebuilt from broadcast blueprints, kept per Python process and leased to tasks.
-
-    PySpark runs each task in a Python worker process and, with ``spark.python.worker.reuse`` (on in
-    :func:`~torchspark.spark.local_session`), later tasks run in the same processes. A task leases a copy for
-    a broadcast key; the copy goes back to the pool afterwards, so the next task in that process reuses it
-    instead of deserialising the network again. A ``BoundedSemaphore(limit)`` per key caps how many leases -
-    and so how many copies - exist at once in the process (threads beyond it wait).
-
-    Args:
-        max_keys: how many broadcast keys to keep; the oldest key's idle copies are dropped when a new key
-            arrives, so repeated evaluations of changing networks do not pile up copies. 2 keeps the current and
-            the previous network.
-    """
-
-    def __init__(self, max_keys: int = 2) -> None:
-        if not isinstance(max_keys, int) or isinstance(max_keys, bool) or max_keys < 1:
-            raise ConfigError(f"max_keys must be an integer >= 1, got {max_keys!r}")
-        self.max_keys = max_keys
-        self._lock = threading.Lock()
-        self._entries: OrderedDict[str, _Entry] = OrderedDict()
-
-    def _entry(self, key: str, limit: int) -> _Entry:
-        with self._lock:
-            entry = self._entries.get(key)
-            if entry is None:
-                entry = _Entry(threading.BoundedSemaphore(limit), limit)
-                self._entries[key] = entry
-                while len(self._entries) > self.max_keys:
-                    self._entries.popitem(last=False)
-            self._entries.move_to_end(key)
-            return entry
-
-    @contextmanager
-    def lease(self, key: str, limit: int, build: Callable[[], Network]) -> Iterator[Network]:
-        """Hold one network copy for ``key`` while the ``with`` block runs.
-
-        Args:
-            key: the broadcast's key (one per shipped network).
-            limit: most copies of this key alive at once in this process (the first lease fixes it).
-            build: makes a new copy when no idle one exists (called without the lock held).
-        """
-        entry = self._entry(key, limit)
-        entry.semaphore.acquire()
-        try:
-            with self._lock:
-                net = entry.free.pop() if entry.free else None
-            if net is None:
-                net = build()
-                with self._lock:
-                    entry.built += 1
-            try:
-                yield net
-            finally:
-                with self._lock:
-                    if self._entries.get(key) is entry:  # an evicted key's copy is simply dropped
-                        entry.free.append(net)
-        finally:
-            entry.semaphore.release()
-
-    def copies(self, key: str) -> int:
-        """How many copies were built for ``key`` in this process (0 for an unknown or evicted key)."""
-        with self._lock:
-            entry = self._entries.get(key)
-            return entry.built if entry is not None else 0
-
-    def keys(self) -> list[str]:
-        """The cached keys, oldest first."""
-        with self._lock:
-            return list(self._entries)
 
 
 # one per Python process: on an executor this is the per-worker-process cache of shipped networks
@@ -174,13 +89,6 @@ def ship_network(sc: Any, network: Network) -> ShippedNetwork:
         raise ConfigError(f"network must be a torchspark.Network, got {type(network).__name__}")
     blob = NetworkBlueprint.of(network).to_bytes()
     return ShippedNetwork(key=uuid.uuid4().hex, broadcast=sc.broadcast(blob))
-
-
-# ------------------------------------------------------------------ running jobs
-def run_job(sc: Any, description: str, job: Callable[[], _T]) -> _T:
-    """:func:`torchspark.spark.jobs.run_job` under an evaluation job group (a failed task raises our error
-    class with the executor traceback)."""
-    return jobs.run_job(sc, description, job, "torchspark-eval-job")
 
 
 # ------------------------------------------------------------------ data sources
@@ -322,11 +230,12 @@ def do_evaluation(
     templates = [ev.to_json() for ev in evaluations]
     names = ", ".join(type(ev).__name__ for ev in evaluations)
     try:
-        count, jsons = run_job(
+        count, jsons = jobs.run_job(
             sc,
             f"torchspark evaluate: {names}",
             lambda: rdd.mapPartitions(_evaluate_partition(shipped, templates, batch_size, eval_workers))
             .treeAggregate((0, None), _merge_partials, _merge_partials),
+            "torchspark-eval-job",
         )
     finally:
         shipped.release()

@@ -30,9 +30,9 @@ from torchspark.spark.evaluation import (
     batch_items,
     check_positive,
     load_batch_item,
-    run_job,
     ship_network,
 )
+from torchspark.spark.jobs import run_job
 from torchspark.spark.session import spark_context
 
 __all__ = [
@@ -279,7 +279,7 @@ def calculate_score(
     try:
         total, count = run_job(sc, "torchspark calculate_score",
                                lambda: rdd.mapPartitions(_sum_partition(shipped, batch_size))
-                               .treeAggregate((0.0, 0.0), _add, _add))
+                               .treeAggregate((0.0, 0.0), _add, _add), "torchspark-eval-job")
     finally:
         shipped.release()
     if count == 0:

@@ -15,8 +15,7 @@ from typing import Any, Callable, Sequence
 
 from torchspark._io import filesystem, join
 from torchspark.errors import ConfigError, DataError
-from torchspark.nn import Network, NetworkBlueprint
-from torchspark.spark.barrier import RendezvousSettings, barrier_task, open_relay, run_barrier_stage
+from torchspark.nn import Network
 from torchspark.spark.data import (
     count_examples,
     group_paths,
@@ -27,27 +26,27 @@ from torchspark.spark.data import (
     worker_rdd_balanced,
     worker_rdd_from_paths,
 )
-from torchspark.spark.driver_address import driver_listen_address
 from torchspark.spark.export import check_export_directory, export_base, export_rdd
 from torchspark.spark.jobs import run_job
-from torchspark.spark.masters import TrainingMaster
-from torchspark.spark.network_inference import InferenceMethods
+from torchspark.spark.evaluation_methods import EvaluationMethods
+from torchspark.spark.inference_methods import InferenceMethods
 from torchspark.spark.preflight import executor_count, preflight
-from torchspark.spark.rounds import train_in_rounds
+from torchspark.spark.runners import SparkBarrierRunner, SparkRoundsRunner, SparkWorkerData
 from torchspark.spark.session import spark_context
 from torchspark.stats import DRIVER_ID, StatsCollector, TrainingStats
 from torchspark.training.assignment import file_items, grid_heads, plan_balanced
+from torchspark.training.driver import build_task, run_fit
 from torchspark.training.hooks import ProgressUpdate
-from torchspark.training.progress import ProgressBar, ProgressServer
-from torchspark.training.reporting import build_training_stats
-from torchspark.training.worker import WorkerResult, WorkerTask, merge_results
+from torchspark.training.masters import TrainingMaster
+from torchspark.training.runner import Runner
+from torchspark.training.worker import WorkerResult
 
 __all__ = ["SparkNetwork"]
 
 log = logging.getLogger(__name__)
 
 
-class SparkNetwork(InferenceMethods):
+class SparkNetwork(EvaluationMethods, InferenceMethods):
     """A network plus a training master, bound to a Spark session.
 
     Args:
@@ -58,6 +57,10 @@ class SparkNetwork(InferenceMethods):
         progress: draw a progress bar (examples/s, latest score) while training: None = only when stderr is a
             terminal, False = never. Workers stream progress and errors to the driver either way; see
             :meth:`add_progress_listener`.
+        runner: how workers run (a :class:`~torchspark.training.runner.Runner`); default (None): the master's
+            route, one Spark barrier stage (:class:`~torchspark.spark.runners.SparkBarrierRunner`) or one Spark job
+            per averaging round (``averaging_via="spark"``). Tests pass
+            :class:`~torchspark.training.runner.InProcessRunner` to train the prepared partitions in threads.
     """
 
     def __init__(
@@ -66,6 +69,7 @@ class SparkNetwork(InferenceMethods):
         network: Network,
         training_master: TrainingMaster | None = None,
         progress: bool | None = None,
+        runner: Runner | None = None,
     ) -> None:
         if not isinstance(network, Network):
             raise ConfigError(f"network must be a torchspark.Network, got {type(network).__name__}")
@@ -81,6 +85,10 @@ class SparkNetwork(InferenceMethods):
         self._preflight_done: set[int] = set()
         self.last_results: list[WorkerResult] = []
         self.progress = progress
+        if runner is not None and not callable(getattr(runner, "run", None)):
+            raise ConfigError(f"runner must have a run(task, data, context) method (a Runner), got "
+                              f"{type(runner).__name__}")
+        self.runner = runner
         self._listeners: list[Callable[[ProgressUpdate], None]] = []
         self._collect_stats = bool(training_master and training_master.collect_training_stats)
         self._stats: TrainingStats | None = None
@@ -291,52 +299,22 @@ class SparkNetwork(InferenceMethods):
         if worker_rdd.getNumPartitions() != n:
             worker_rdd = (worker_rdd.coalesce(n) if worker_rdd.getNumPartitions() > n
                           else spread_round_robin(worker_rdd, n))
-        if getattr(master, "averaging_via", "torch") == "spark":  # DL4J's route: one Spark job per round
-            outcome = train_in_rounds(self.sc, self.network, worker_rdd, master, epochs,  # type: ignore[arg-type]
-                                      collector=collector, listeners=self._listeners, progress=self.progress,
-                                      collect_stats=self._collect_stats)
-            self._score, self.last_results, self._stats = outcome.score, outcome.results, outcome.stats
-            return self.network
-        with collector.phase("broadcast"):
-            task = WorkerTask(
-                mode=master.mode,  # type: ignore[attr-defined]
-                settings=master.algorithm_settings(),
-                blueprint=NetworkBlueprint.of(self.network).to_bytes(),
-                epochs=epochs,
-                prefetch=master.worker_prefetch_num_batches,
-                data_timeout_s=master.data_timeout_s,
-                collect_stats=self._collect_stats,
-                flush_denormal=master.flush_denormal,
-            )
-            task_bc = self.sc.broadcast(task)
-        bind, host = driver_listen_address(self.sc)
-        server = ProgressServer(host=bind, advertise_host=host, listeners=self._listeners).start()
-        bar = ProgressBar(desc=f"fit x{epochs}", enabled=self.progress)
-        server.add_listener(bar.update)
-        relay: Any = None
-        try:
-            relay_address = None
-            if master.rendezvous_via == "driver":
-                relay, relay_address = open_relay(host, master.rendezvous_timeout_s, bind_host=bind)
-            fn = barrier_task(task_bc, _rendezvous_settings(master), server.endpoint, relay_address)
-            with collector.phase("fit"):
-                results = run_barrier_stage(self.sc, worker_rdd, fn, f"torchspark fit: {n} workers, {epochs} epoch(s)",
-                                            reported_errors=server.errors)
-        finally:
-            bar.close()
-            server.close()
-            del relay  # closes the driver's rendezvous port
-            task_bc.unpersist()
-        with collector.phase("aggregation"):
-            self._score = merge_results(self.network, results)
-        self.network.epoch += epochs
-        self.last_results = results
-        self._finish_stats(results, epochs)
+        task = build_task(self.network, master, epochs, self._collect_stats, collector)
+        outcome = run_fit(self.network, task, self._runner(master), SparkWorkerData(self.sc, worker_rdd),
+                          recorder=collector, description=f"torchspark fit: {n} workers, {epochs} epoch(s)",
+                          listeners=self._listeners, progress=self.progress)
+        self._score, self.last_results, self._stats = outcome.score, outcome.results, outcome.stats
         return self.network
 
-    def _finish_stats(self, results: Sequence[WorkerResult], epochs: int) -> None:
-        self._stats = (build_training_stats(self._driver_stats, results, epochs, self.network.extra_config)
-                       if self._collect_stats else None)
+    def _runner(self, master: TrainingMaster) -> Runner:
+        """The injected runner, else the master's route: one Spark job per round (DL4J's ``averaging_via="spark"``)
+        or one barrier stage."""
+        if self.runner is not None:
+            return self.runner
+        if getattr(master, "averaging_via", "torch") == "spark":
+            return SparkRoundsRunner(self.sc, master.aggregation_depth,  # type: ignore[attr-defined]
+                                     master.storage_level)
+        return SparkBarrierRunner(self.sc, master.mesh)
 
 
 @dataclass(frozen=True)
@@ -377,16 +355,6 @@ def _first_and_drain(items: Any) -> list[Any]:
 
 
 _NOTHING = object()
-
-
-def _rendezvous_settings(master: TrainingMaster) -> RendezvousSettings:
-    return RendezvousSettings(
-        timeout_s=master.rendezvous_timeout_s,
-        port=getattr(master, "port", 0),
-        network_mask=getattr(master, "network_mask", None),
-        controller_address=getattr(master, "controller_address", None),
-        shared_memory=master.shared_memory_allreduce,
-    )
 
 
 def _check_epochs(epochs: Any) -> None:

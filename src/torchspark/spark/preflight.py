@@ -75,7 +75,7 @@ def preflight(sc: Any, num_workers: int, wait_s: float = 60.0, check_imports: bo
         try:
             sc.parallelize([0], 1).map(_probe).collect()
         except Exception as e:  # noqa: BLE001 - py4j wraps the worker's ImportError
-            from torchspark.spark.barrier import worker_traceback
+            from torchspark.spark.jobs import worker_traceback
 
             tb = worker_traceback(e)
             cause = [ln.strip() for ln in tb.splitlines() if ln.strip()][-1:] or ["unknown error"]

@@ -7,9 +7,10 @@ records and the driver averages. It pays one Spark job and one broadcast per rou
 milliseconds of scheduling each, whatever the model), but works wherever Spark jobs work, and since a round only
 reads broadcasts and its own data, Spark may simply retry a failed task.
 
-Per fit (driver):
+Per fit (driver, :class:`SparkRoundsRunner`, run by :func:`torchspark.training.driver.run_fit`):
   1. count the minibatches of every worker partition (one small job); rounds per epoch = ceil(max count / f);
-  2. broadcast the network blueprint once (each Python worker builds the network once per fit and caches it).
+  2. broadcast the task's network blueprint once (each Python worker builds the network once per fit and keeps it
+     in its :class:`~torchspark.nn.cache.NetworkCache`).
 Per round ``r`` of every epoch (the rounds and arithmetic of :func:`torchspark.training.averaging.averaging_epoch`):
   3. broadcast the current parameters and module buffers (the averaged floating-point ones, worker 0's integer
      ones), plus the updater state when ``save_updater`` (and in the fit's first round, which starts from the
@@ -18,8 +19,9 @@ Per round ``r`` of every epoch (the rounds and arithmetic of :func:`torchspark.t
      ``[r*f, (r+1)*f)`` and yields one :class:`RoundRecord` ``(params*n | updater_state*n | buffers*n, n, score*n)``; a
      partition with no minibatch left yields ``n = 0``; ``treeAggregate(depth=aggregation_depth)`` sums them;
   5. the driver sets ``params = sum(params*n) / sum(n)`` (likewise the floating-point buffers, and the updater
-     state when ``save_updater``, else it resets it), takes partition 0's integer buffers when it trained, and
-     advances ``iteration`` by the round's most minibatches on one worker.
+     state when ``save_updater``, else it resets it) -- :func:`~torchspark.training.averaging.apply_weighted_mean`,
+     the all-reduce route's rule --, takes partition 0's integer buffers when it trained, and advances
+     ``iteration`` by the round's most minibatches on one worker.
 If a round fails or is interrupted, the driver's network holds the result of the last completed round.
 
 Progress listeners get one :class:`ProgressUpdate` per worker and round from the driver (no connection from the
@@ -37,31 +39,29 @@ import uuid
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import islice
-from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
+from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 
-from torchspark.errors import TorchSparkError, WorkerError
+from torchspark.errors import ConfigError, TorchSparkError
 from torchspark.nn import Network, NetworkBlueprint
-from torchspark.spark.barrier import run_in_job_group, worker_traceback
+from torchspark.nn.cache import NetworkCache
 from torchspark.spark.data import storage_level_by_name
-from torchspark.spark.masters import ParameterAveragingTrainingMaster
-from torchspark.stats import StatsCollector, TrainingStats
+from torchspark.spark.jobs import run_job
+from torchspark.stats import StatsCollector
 from torchspark.training import env as task_env
+from torchspark.training.averaging import AveragingSettings, apply_weighted_mean, pack_weighted
 from torchspark.training.devices import device_for_task, flush_denormals, gpu_addresses
 from torchspark.training.hooks import PhaseRecorder, ProgressUpdate
 from torchspark.training.prefetch import prefetch
-from torchspark.training.progress import ProgressBar
-from torchspark.training.reporting import build_training_stats, worker_id
-from torchspark.training.runner import traceback_tail
-from torchspark.training.worker import WorkerResult, load_item, mean_score
+from torchspark.training.reporting import worker_id
+from torchspark.training.runner import RunContext
+from torchspark.training.worker import WorkerResult, WorkerTask, load_item
 
-__all__ = ["FitSpec", "RoundInput", "RoundRecord", "WorkerRound", "RoundsOutcome", "train_in_rounds",
-           "fit_round_partition", "merge_records", "run_job"]
+__all__ = ["FitSpec", "RoundInput", "RoundRecord", "WorkerRound", "SparkRoundsRunner", "fit_round_partition",
+           "merge_records"]
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 
 # ------------------------------------------------------------------ what travels
@@ -151,11 +151,10 @@ def merge_records(a: RoundRecord, b: RoundRecord) -> RoundRecord:
 
 
 # ------------------------------------------------------------------ worker side
-# The network a Python worker built for a fit, keyed by (fit id, device): a reused Python worker trains every
-# round of the fit with it instead of rebuilding it from the blueprint. A Python worker runs one task at a time,
-# so no two running tasks share an entry. Bounded: entries of finished fits are evicted oldest first.
-_NETWORKS: dict[tuple[str, str], Network] = {}
-_MAX_CACHED_NETWORKS = 2
+# The network a Python worker built for a fit, keyed by fit id and device: a reused Python worker trains every
+# round of the fit with it instead of rebuilding it from the blueprint. One copy per key (a Python worker runs one
+# task at a time); the networks of finished fits are evicted oldest first.
+_NETWORKS = NetworkCache(max_keys=2)
 
 
 def count_items(index: int, items: Iterable[Any]) -> Iterator[tuple[int, int]]:
@@ -198,7 +197,12 @@ def fit_round_partition(spec_bc: Any, round_bc: Any, index: int, items: Iterable
 def _fit_round(spec: FitSpec, rnd: RoundInput, index: int, chunk: list[Any], device: str,
                recorder: StatsCollector) -> RoundRecord:
     """Step 4 of the module docstring on this partition: set the round's state, fit ``chunk``, weigh the result."""
-    net = _network_for(spec, device, recorder)
+    with _NETWORKS.lease(f"{spec.fit_id}/{device}", 1, partial(_build, spec, device, recorder)) as net:
+        return _fit_leased(net, spec, rnd, index, chunk, recorder)
+
+
+def _fit_leased(net: Network, spec: FitSpec, rnd: RoundInput, index: int, chunk: list[Any],
+                recorder: StatsCollector) -> RoundRecord:
     net.set_params(rnd.params)
     if rnd.int_buffers:
         net.load_buffer_state(rnd.int_buffers)
@@ -211,27 +215,17 @@ def _fit_round(spec: FitSpec, rnd: RoundInput, index: int, chunk: list[Any], dev
     net.iteration = rnd.iteration
     done = _fit_chunk(net, chunk, spec, validate_first=(rnd.epoch == 0 and rnd.round == 0), recorder=recorder)
     w = float(done.examples)
-    parts = [net.params_view().to(torch.float32) * w]  # (P,), the same float32 product as the all-reduce route
-    if spec.save_updater:
-        parts.append(net.updater_state() * w)  # (S,)
-    parts.append(net.buffers() * w)  # (B,)
+    weighted = pack_weighted(net, w, spec.save_updater).cpu()  # (P + S + B,): the all-reduce route's packing
     done.stats = recorder.drain() if spec.collect_stats else None
     int_buffers = ({k: v for k, v in net.buffer_state().items() if not v.is_floating_point()} if index == 0
                    else None)
-    return RoundRecord(weighted=torch.cat(parts).cpu(), examples=done.examples, score_sum=done.score * w,
+    return RoundRecord(weighted=weighted, examples=done.examples, score_sum=done.score * w,
                        workers={index: done}, int_buffers=int_buffers)
 
 
-def _network_for(spec: FitSpec, device: str, recorder: PhaseRecorder) -> Network:
-    key = (spec.fit_id, device)
-    net = _NETWORKS.get(key)
-    if net is None:
-        with recorder.phase("network_init"):
-            net = NetworkBlueprint.from_bytes(spec.blueprint).build(device)
-        _NETWORKS[key] = net
-        while len(_NETWORKS) > _MAX_CACHED_NETWORKS:
-            del _NETWORKS[next(iter(_NETWORKS))]
-    return net
+def _build(spec: FitSpec, device: str, recorder: PhaseRecorder) -> Network:
+    with recorder.phase("network_init"):
+        return NetworkBlueprint.from_bytes(spec.blueprint).build(device)
 
 
 def _fit_chunk(net: Network, chunk: Sequence[Any], spec: FitSpec, validate_first: bool,
@@ -257,82 +251,94 @@ def _fit_chunk(net: Network, chunk: Sequence[Any], spec: FitSpec, validate_first
 
 
 # ------------------------------------------------------------------ driver side
-@dataclass
-class RoundsOutcome:
-    """What a fit in rounds hands back to ``SparkNetwork``: per-worker results, the fit's score (:func:`mean_score`),
-    stats."""
+class SparkRoundsRunner:
+    """The :class:`~torchspark.training.runner.Runner` of ``averaging_via="spark"``: a driver loop of Spark jobs,
+    one per averaging round (the module docstring's steps).
 
-    results: list[WorkerResult]
-    score: float
-    stats: TrainingStats | None = None
-
-
-def train_in_rounds(
-    sc: Any,
-    network: Network,
-    worker_rdd: Any,
-    master: ParameterAveragingTrainingMaster,
-    epochs: int,
-    *,
-    collector: StatsCollector,
-    listeners: Sequence[Callable[[ProgressUpdate], None]] = (),
-    progress: bool | None = None,
-    collect_stats: bool = False,
-) -> RoundsOutcome:
-    """Train ``network`` in place for ``epochs`` epochs with one Spark job per averaging round (module docstring).
+    It keeps the fit's state in the driver's network (``context.network``), which holds the latest average after
+    every round: a failed or interrupted fit leaves the last completed round. Progress goes to the listeners from
+    the driver (``context.notify``, one update per worker and round; no connection from the executors is needed).
+    Returns one :class:`WorkerResult` per worker with its totals, its own last minibatch loss and, with stats, its
+    per-round payloads; rank 0 carries the final parameters.
 
     Args:
         sc: the SparkContext.
-        network: the driver's network; it holds the latest average after every round.
-        worker_rdd: one partition per worker holding that worker's minibatch items in order (paths or bytes).
-        master: ``averaging_frequency``, ``save_updater``, ``aggregation_depth``, prefetch and storage settings.
-        epochs: passes over the data.
-        collector: the driver's stats collector (phases ``count``, ``broadcast``, ``fit``, ``aggregation``).
-        listeners: called on this thread with every :class:`ProgressUpdate` (one per worker and round).
-        progress: draw a progress bar (None = only when stderr is a terminal).
-        collect_stats: build the fit's :class:`TrainingStats`.
-    Raises:
-        WorkerError: a task failed; the message carries the end of its Python traceback.
+        aggregation_depth: ``treeAggregate`` depth (the master's ``aggregation_depth``).
+        storage_level: persistence of the worker RDD across rounds when it is not cached yet.
     """
-    n = worker_rdd.getNumPartitions()
-    owned = not worker_rdd.is_cached
-    if owned:  # every round re-reads the partitions: keep their content and order fixed for the whole fit
-        worker_rdd = worker_rdd.persist(storage_level_by_name(master.storage_level))
-    bar = ProgressBar(desc=f"fit x{epochs}", enabled=progress)
-    tally = _Tally(n)
-    spec_bc: Any = None
-    try:
-        # 1. minibatches per worker, hence rounds per epoch
-        with collector.phase("count"):
-            counts = run_job(sc, f"torchspark: count the minibatches of {n} workers",
-                             partial(_count_all, worker_rdd, n))
-        rounds = math.ceil(max(counts) / master.averaging_frequency)
-        # 2. the network, once per fit
-        with collector.phase("broadcast"):
+
+    def __init__(self, sc: Any, aggregation_depth: int = 2, storage_level: str = "MEMORY_ONLY") -> None:
+        self.sc = sc
+        self.aggregation_depth = aggregation_depth
+        self.storage_level = storage_level
+
+    def run(self, task: WorkerTask, data: Any, context: RunContext) -> list[WorkerResult]:
+        """Train ``context.network`` in place for ``task.epochs`` epochs on ``data`` (a
+        :class:`~torchspark.spark.runners.SparkWorkerData`: one partition per worker, its minibatches in order).
+
+        Raises:
+            ConfigError: the task is not parameter averaging (only averaging has rounds).
+            WorkerError: a task failed; the message carries the end of its Python traceback.
+        """
+        if task.mode != "averaging":
+            raise ConfigError(f"averaging_via='spark' runs parameter averaging in rounds; the task's algorithm is "
+                              f"{task.mode!r} (use SharedTrainingMaster without averaging_via, or "
+                              "ParameterAveragingTrainingMaster)")
+        settings = AveragingSettings(**task.settings)
+        sc, network, rec = self.sc, context.network, context.recorder
+        worker_rdd = data.rdd
+        n = worker_rdd.getNumPartitions()
+        owned = not worker_rdd.is_cached
+        if owned:  # every round re-reads the partitions: keep their content and order fixed for the whole fit
+            worker_rdd = worker_rdd.persist(storage_level_by_name(self.storage_level))
+        tally = _Tally(n)
+        spec_bc: Any = None
+        try:
+            # 1. minibatches per worker, hence rounds per epoch
+            with rec.phase("count"):
+                counts = run_job(sc, f"torchspark: count the minibatches of {n} workers",
+                                 partial(_count_all, worker_rdd, n), "torchspark-round-job")
+            rounds = math.ceil(max(counts) / settings.averaging_frequency)
+            # 2. the network, once per fit (the driver timed building the blueprint as its broadcast phase)
             spec_bc = sc.broadcast(FitSpec(
-                fit_id=uuid.uuid4().hex, blueprint=NetworkBlueprint.of(network).to_bytes(),
-                averaging_frequency=master.averaging_frequency, save_updater=master.save_updater,
-                prefetch=master.worker_prefetch_num_batches, data_timeout_s=master.data_timeout_s,
-                collect_stats=collect_stats, flush_denormal=master.flush_denormal))
-        for epoch in range(epochs):
-            tally.start_epoch()
-            for r in range(rounds):
-                record = _run_round(sc, network, worker_rdd, spec_bc, master, epoch, r, rounds, collector)
-                with collector.phase("aggregation"):
-                    round_score = _apply_average(network, record, master.save_updater)
-                log.debug("epoch %d, round %d/%d: example-weighted score %.6f", epoch, r + 1, rounds, round_score)
-                for update in tally.add(record, epoch):
-                    _notify([*listeners, bar.update], update)
-            network.epoch += 1
-    finally:
-        bar.close()
-        if spec_bc is not None:
-            _destroy(spec_bc)
-        if owned:
-            worker_rdd.unpersist()
-    results = tally.results(network)
-    stats = _training_stats(collector, results, tally.payloads, epochs, network) if collect_stats else None
-    return RoundsOutcome(results, mean_score(results), stats)
+                fit_id=uuid.uuid4().hex, blueprint=task.blueprint, averaging_frequency=settings.averaging_frequency,
+                save_updater=settings.save_updater, prefetch=task.prefetch, data_timeout_s=task.data_timeout_s,
+                collect_stats=task.collect_stats, flush_denormal=task.flush_denormal))
+            for epoch in range(task.epochs):
+                tally.start_epoch()
+                for r in range(rounds):
+                    record = self._round(network, worker_rdd, spec_bc, settings, epoch, r, rounds, rec)
+                    with rec.phase("aggregation"):
+                        round_score = _apply_average(network, record, settings.save_updater)
+                    log.debug("epoch %d, round %d/%d: example-weighted score %.6f", epoch, r + 1, rounds,
+                              round_score)
+                    for update in tally.add(record, epoch):
+                        context.notify(update)
+                network.epoch += 1
+        finally:
+            if spec_bc is not None:
+                _destroy(spec_bc)
+            if owned:
+                worker_rdd.unpersist()
+        return tally.results(network)
+
+    def _round(self, network: Network, worker_rdd: Any, spec_bc: Any, settings: AveragingSettings, epoch: int,
+               r: int, rounds: int, rec: PhaseRecorder) -> RoundRecord:
+        # 3. the state the round starts from (the fit's first round also carries the driver's updater state, which
+        # the torch route's workers get from the blueprint)
+        with rec.phase("broadcast"):
+            send_state = settings.save_updater or (epoch == 0 and r == 0)
+            round_bc = self.sc.broadcast(RoundInput(epoch, r, network.iteration, network.params().cpu(),
+                                                    network.updater_state().cpu() if send_state else None,
+                                                    network.buffers().cpu(), _int_buffers(network)))
+        # 4. one job: every partition fits from it, treeAggregate sums the records
+        try:
+            with rec.phase("fit"):
+                return run_job(self.sc, f"torchspark averaging: epoch {epoch + 1}, round {r + 1}/{rounds}",
+                               partial(_fit_and_sum, worker_rdd, spec_bc, round_bc, self.aggregation_depth),
+                               "torchspark-round-job")
+        finally:
+            _destroy(round_bc)
 
 
 def _count_all(worker_rdd: Any, n: int) -> list[int]:
@@ -340,24 +346,6 @@ def _count_all(worker_rdd: Any, n: int) -> list[int]:
     for index, count in worker_rdd.mapPartitionsWithIndex(count_items).collect():
         counts[index] = count
     return counts
-
-
-def _run_round(sc: Any, network: Network, worker_rdd: Any, spec_bc: Any, master: ParameterAveragingTrainingMaster,
-               epoch: int, r: int, rounds: int, collector: StatsCollector) -> RoundRecord:
-    # 3. the state the round starts from (the fit's first round also carries the driver's updater state, which the
-    # torch route's workers get from the blueprint)
-    with collector.phase("broadcast"):
-        send_state = master.save_updater or (epoch == 0 and r == 0)
-        round_bc = sc.broadcast(RoundInput(epoch, r, network.iteration, network.params().cpu(),
-                                           network.updater_state().cpu() if send_state else None,
-                                           network.buffers().cpu(), _int_buffers(network)))
-    # 4. one job: every partition fits from it, treeAggregate sums the records
-    try:
-        with collector.phase("fit"):
-            return run_job(sc, f"torchspark averaging: epoch {epoch + 1}, round {r + 1}/{rounds}",
-                           partial(_fit_and_sum, worker_rdd, spec_bc, round_bc, master.aggregation_depth))
-    finally:
-        _destroy(round_bc)
 
 
 def _fit_and_sum(worker_rdd: Any, spec_bc: Any, round_bc: Any, depth: int) -> RoundRecord:
@@ -369,17 +357,9 @@ def _apply_average(network: Network, record: RoundRecord, save_updater: bool) ->
     """Step 5: the example-weighted mean into the driver's network; returns the round's weighted score."""
     if record.weighted is None or record.examples == 0:  # cannot happen: every round has a worker with data
         raise TorchSparkError("an averaging round fitted no examples; please report this as a bug")
-    mean = record.weighted / float(record.examples)  # (P + S + B,) float32, as the all-reduce route divides
-    p = network.num_params()
-    s = network.updater_state_size() if save_updater else 0
-    network.set_params(mean[:p])
-    network.set_buffers(mean[p + s :])
+    apply_weighted_mean(network, record.weighted, float(record.examples), save_updater)
     if record.int_buffers:
         network.load_buffer_state(record.int_buffers)
-    if save_updater:
-        network.set_updater_state(mean[p : p + s])
-    else:
-        network.reset_updater_state()
     network.iteration += max(w.iterations for w in record.workers.values())
     return record.score_sum / record.examples
 
@@ -389,7 +369,7 @@ def _int_buffers(network: Network) -> dict[str, torch.Tensor]:
 
 
 class _Tally:
-    """The driver's per-worker totals over one fit: progress updates, ``last_results`` and stats payloads."""
+    """The driver's per-worker totals over one fit: progress updates, results and stats payloads."""
 
     def __init__(self, workers: int) -> None:
         self.examples = [0] * workers
@@ -397,7 +377,7 @@ class _Tally:
         self.scores = [math.nan] * workers
         self.epoch_examples = [0] * workers
         self.epoch_iterations = [0] * workers
-        self.payloads: list[tuple[int, dict[str, Any]]] = []
+        self.payloads: list[list[dict[str, Any]]] = [[] for _ in range(workers)]
 
     def start_epoch(self) -> None:
         self.epoch_examples = [0] * len(self.examples)
@@ -413,36 +393,22 @@ class _Tally:
             self.epoch_iterations[rank] += w.iterations
             self.scores[rank] = w.score
             if w.stats is not None:
-                self.payloads.append((rank, w.stats))
+                self.payloads[rank].append(w.stats)
             updates.append(ProgressUpdate(rank, epoch, self.epoch_iterations[rank], self.epoch_examples[rank],
                                           w.score))
         return updates
 
     def results(self, network: Network) -> list[WorkerResult]:
-        """One result per worker (its totals and own last loss); rank 0 carries the final parameters."""
+        """One result per worker (its totals, own last loss and per-round stats); rank 0 carries the final
+        parameters."""
         return [
             WorkerResult(rank=rank, examples=self.examples[rank], iterations=self.iterations[rank],
                          score=self.scores[rank], params=network.params() if rank == 0 else None,
                          updater_state=network.updater_state() if rank == 0 else None,
-                         buffers=network.buffer_state() if rank == 0 else None)
+                         buffers=network.buffer_state() if rank == 0 else None,
+                         stats=self.payloads[rank] or None)
             for rank in range(len(self.examples))
         ]
-
-
-def _training_stats(collector: StatsCollector, results: Sequence[WorkerResult],
-                    payloads: Sequence[tuple[int, dict[str, Any]]], epochs: int, network: Network) -> TrainingStats:
-    stats = build_training_stats(collector, results, epochs, network.extra_config)
-    for rank, payload in payloads:
-        stats.add_worker_payload(worker_id(rank), payload)
-    return stats
-
-
-def _notify(listeners: Sequence[Callable[[ProgressUpdate], None]], update: ProgressUpdate) -> None:
-    for fn in listeners:
-        try:
-            fn(update)
-        except Exception:  # a broken display must never stop training
-            log.warning("a progress listener failed", exc_info=True)
 
 
 def _destroy(bc: Any) -> None:
@@ -450,19 +416,3 @@ def _destroy(bc: Any) -> None:
         bc.destroy()
     except Exception:  # the context may already be gone; nothing is left to free then
         log.debug("could not destroy a broadcast", exc_info=True)
-
-
-def run_job(sc: Any, description: str, action: Callable[[], T]) -> T:
-    """Run ``action`` (which submits Spark jobs) under a fresh job group; cancel the group on failure or Ctrl-C.
-
-    A task's exception becomes a :class:`WorkerError` with its Python traceback (our own errors pass unchanged).
-    """
-    try:
-        return run_in_job_group(sc, description, action, "torchspark-round-job")
-    except TorchSparkError:
-        raise
-    except Exception as err:  # Spark/py4j errors carry no stable type
-        tb = worker_traceback(err)
-        lines = [ln.strip() for ln in tb.splitlines() if ln.strip()]
-        raise WorkerError(f"a training worker failed ({description}): {lines[-1] if lines else tb}\n"
-                          f"--- worker traceback ---\n{traceback_tail(tb)}") from None

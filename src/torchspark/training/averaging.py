@@ -27,7 +27,7 @@ from torchspark.nn import Network
 from torchspark.training.comm import Communicator, StagedSum, staged_sum
 from torchspark.training.hooks import ProgressUpdate, ScoreReport, WorkerHooks
 
-__all__ = ["AveragingSettings", "EpochOutcome", "averaging_epoch", "RoundBuffer"]
+__all__ = ["AveragingSettings", "EpochOutcome", "averaging_epoch", "RoundBuffer", "pack_weighted", "apply_weighted_mean"]
 
 
 @dataclass(frozen=True)
@@ -112,6 +112,65 @@ def averaging_epoch(
             return out
 
 
+def _live(net: Network, save_updater: bool) -> list[torch.Tensor]:
+    """The tensors after the parameters in an averaging buffer, in order: updater state (when saved), buffers."""
+    state = net.updater_state_tensors() if save_updater else []
+    return [*state, *net.buffer_tensors()]
+
+
+def pack_weighted(net: Network, w: float, save_updater: bool, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Step 2's contribution of one worker: ``[params * w | updater_state * w | buffers * w]`` as float32.
+
+    The one packing rule of both averaging routes: the all-reduce route writes it into its sum's input (``out``),
+    the treeAggregate route (:mod:`torchspark.spark.rounds`) ships it in its round record.
+
+    Args:
+        net: the worker's network.
+        w: its weight, the examples it fitted this round.
+        save_updater: include the updater state.
+        out: ``(P + S + B,)`` float32 to write into (None: a new tensor).
+    """
+    n = net.num_params()
+    buf = out
+    if buf is None:
+        size = n + (net.updater_state_size() if save_updater else 0) + net.buffer_size()
+        buf = torch.empty(size, dtype=torch.float32, device=net.device)
+    torch.mul(net.params_view().to(torch.float32), w, out=buf[:n])
+    offset = n
+    for t in _live(net, save_updater):
+        k = t.numel()
+        torch.mul(t.detach().reshape(-1).to(torch.float32), w, out=buf[offset : offset + k])
+        offset += k
+    return buf
+
+
+def apply_weighted_mean(net: Network, total: torch.Tensor, total_w: float, save_updater: bool) -> None:
+    """Step 3: set the network's params (updater state, buffers) to ``total / total_w``, the example-weighted mean
+    of every worker's :func:`pack_weighted`; without ``save_updater`` the updater state is reset instead.
+
+    The one averaging rule of both routes: every worker applies it after the all-reduce, the driver after
+    ``treeAggregate``. ``total`` may be longer than the packed part (the all-reduce's bookkeeping tail).
+    """
+    n = net.num_params()
+    with torch.no_grad():
+        params = net.params_view()
+        if params.dtype == torch.float32:
+            torch.div(total[:n], total_w, out=params)
+        else:
+            params.copy_(total[:n] / total_w)
+        offset = n
+        for t in _live(net, save_updater):
+            k = t.numel()
+            part = total[offset : offset + k].view_as(t)
+            if t.dtype == torch.float32:
+                torch.div(part, total_w, out=t)
+            else:
+                t.copy_((part / total_w).to(t.dtype))
+            offset += k
+        if not save_updater:
+            net.reset_updater_state()
+
+
 class RoundBuffer:
     """One all-reduce buffer per round: ``[params * w | updater_state * w | buffers * w | w, score * w, active]``.
 
@@ -139,22 +198,10 @@ class RoundBuffer:
         numel = self.n_params + n_state + n_buffers + 3
         self._sum: StagedSum = staged_sum(comm, numel, net.device)
 
-    def _live(self) -> list[torch.Tensor]:
-        """The tensors after the parameters, in buffer order."""
-        state = self.net.updater_state_tensors() if self.save_updater else []
-        return [*state, *self.net.buffer_tensors()]
-
     def pack(self, w: float, score_w: float, active: float) -> torch.Tensor:
         """Write ``[params * w | ... | w, score_w, active]`` into the sum's input; returns it."""
         buf = self._sum.buffer()
-        n = self.n_params
-        params = self.net.params_view()
-        torch.mul(params.to(torch.float32), w, out=buf[:n])
-        offset = n
-        for t in self._live():
-            k = t.numel()
-            torch.mul(t.detach().reshape(-1).to(torch.float32), w, out=buf[offset : offset + k])
-            offset += k
+        pack_weighted(self.net, w, self.save_updater, out=buf[:-3])
         buf[-3:] = torch.tensor([w, score_w, active], dtype=torch.float32)
         return buf
 
@@ -164,22 +211,5 @@ class RoundBuffer:
         return self._sum.reduce()
 
     def unpack(self, buf: torch.Tensor, total_w: float) -> None:
-        """Set the network's params (updater state, buffers) to ``buf / total_w``."""
-        n = self.n_params
-        with torch.no_grad():
-            params = self.net.params_view()
-            if params.dtype == torch.float32:
-                torch.div(buf[:n], total_w, out=params)
-            else:
-                params.copy_(buf[:n] / total_w)
-            offset = n
-            for t in self._live():
-                k = t.numel()
-                part = buf[offset : offset + k].view_as(t)
-                if t.dtype == torch.float32:
-                    torch.div(part, total_w, out=t)
-                else:
-                    t.copy_((part / total_w).to(t.dtype))
-                offset += k
-            if not self.save_updater:
-                self.net.reset_updater_state()
+        """Set the network's params (updater state, buffers) to ``buf / total_w`` (:func:`apply_weighted_mean`)."""
+        apply_weighted_mean(self.net, buf, total_w, self.save_updater)

@@ -11,7 +11,7 @@ import queue
 import threading
 from typing import Callable, Generic, Iterable, Iterator, TypeVar
 
-from torchspark.errors import WaitTimeout
+from torchspark.training.waiting import get_within, put_until_stopped
 
 __all__ = ["prefetch"]
 
@@ -33,13 +33,7 @@ class _Prefetcher(Generic[T]):
         self._thread.start()
 
     def _put(self, item: object) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
+        return put_until_stopped(self._queue, item, self._stop)
 
     def _run(self, source: Iterable[T]) -> None:
         try:
@@ -53,13 +47,9 @@ class _Prefetcher(Generic[T]):
     def __iter__(self) -> Iterator[T]:
         try:
             while True:
-                try:
-                    item = self._queue.get(timeout=self._timeout_s)
-                except queue.Empty:
-                    raise WaitTimeout(
-                        f"no minibatch arrived within data_timeout_s={self._timeout_s}; the data source is stuck "
-                        "or very slow (raise data_timeout_s for slow storage)"
-                    ) from None
+                item = get_within(self._queue, self._timeout_s, lambda: (
+                    f"no minibatch arrived within data_timeout_s={self._timeout_s}; the data source is stuck "
+                    "or very slow (raise data_timeout_s for slow storage)"))
                 if item is _END:
                     return
                 if isinstance(item, _Failure):

@@ -52,12 +52,14 @@ def open_worker_hooks(
 def build_training_stats(driver: StatsCollector, results: Sequence[WorkerResult], epochs: int,
                          extra: dict[str, Any] | None = None) -> TrainingStats:
     """The stats of one fit: the driver's phases, every worker's payload, and summary fields (examples, epochs,
-    and any scalar in ``extra`` such as gradient sharing's ``replicas_identical`` and byte counts)."""
+    and any scalar in ``extra`` such as gradient sharing's ``replicas_identical`` and byte counts). A result's
+    ``stats`` is one payload, or a list of them (the rounds route ships one per round)."""
     stats = TrainingStats()
     stats.add_worker_payload(DRIVER_ID, driver.drain())
     for r in results:
-        if r.stats is not None:
-            stats.add_worker_payload(worker_id(r.rank), r.stats)
+        for payload in r.stats if isinstance(r.stats, list) else [r.stats]:
+            if payload is not None:
+                stats.add_worker_payload(worker_id(r.rank), payload)
     stats.set_summary("examples", sum(r.examples for r in results))
     stats.set_summary("epochs", epochs)
     for key, value in (extra or {}).items():

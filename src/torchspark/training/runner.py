@@ -1,23 +1,39 @@
-"""Runners launch ``run_worker`` on N workers and collect their results.
+"""Runners launch ``run_worker`` on N workers and collect their results: the one protocol every route implements.
 
-The training masters hand a :class:`WorkerTask` and the workers' data to a runner; which runner is injectable:
-:class:`InProcessRunner` (threads of this process, for tests and tiny jobs), the local-process runner of
-:mod:`torchspark.parallel`, and the Spark barrier runner of :mod:`torchspark.spark`.
+The driver (:mod:`torchspark.training.driver`) hands a runner the :class:`WorkerTask`, the workers' data and a
+:class:`RunContext` (the fit's progress channel, stats and network); the runner starts the workers, supervises them
+and returns their results by rank. Implementations:
+
+* :class:`InProcessRunner` (here): threads of this process with an in-memory communicator; any adapter's data
+  (``SparkNetwork(..., runner=InProcessRunner())`` too), so tests check a master's logic without processes;
+* :class:`~torchspark.parallel.runner.LocalProcessRunner`: worker processes on this machine (``ParallelWrapper``);
+* :class:`~torchspark.spark.runners.SparkBarrierRunner`: one Spark barrier stage whose tasks all-reduce;
+* :class:`~torchspark.spark.runners.SparkRoundsRunner`: one Spark job per averaging round (``averaging_via="spark"``).
+
+A worker's failure becomes a :class:`~torchspark.errors.WorkerError` carrying the end of its traceback; when the
+worker raised one of our errors (a ``DataError`` found mid-training) the error is that class too
+(:func:`worker_error_type`), on every route.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 import traceback
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
-from torchspark.errors import WorkerError
+from torchspark import errors
+from torchspark.errors import TorchSparkError, WorkerError
+from torchspark.nn import Network
 from torchspark.training.comm import SoloCommunicator, ThreadGroup
-from torchspark.training.hooks import WorkerHooks
+from torchspark.training.hooks import PhaseRecorder, ProgressUpdate, WorkerHooks
+from torchspark.training.progress import ProgressEndpoint
+from torchspark.training.reporting import open_worker_hooks
 from torchspark.training.worker import EpochSource, WorkerResult, WorkerTask, run_worker
 
-__all__ = ["Runner", "InProcessRunner", "traceback_tail", "is_peer_failure", "root_cause"]
+__all__ = ["Runner", "RunContext", "WorkerData", "InProcessRunner", "traceback_tail", "is_peer_failure",
+           "root_cause", "worker_error_type"]
 
 # What a worker sees when a *peer* died or was aborted: secondary failures, never the cause.
 _PEER_FAILURE = re.compile(
@@ -26,6 +42,7 @@ _PEER_FAILURE = re.compile(
     r"rendezvous_timeout_s|barrier\(\) timed out|TaskKilled|was killed|cancelled|aborted|PeerLost",
     re.I,
 )
+_OUR_ERROR = re.compile(r"^torchspark\.errors\.(\w+): ")
 
 
 def is_peer_failure(tb: str) -> bool:
@@ -51,9 +68,82 @@ def traceback_tail(tb: str, max_lines: int = 20) -> str:
     return "\n".join(["Traceback (most recent call last):", "  ...", *lines[-(max_lines - 2):]])
 
 
+_MIXED: dict[type, type[WorkerError]] = {}
+
+
+def worker_error_type(tb: str) -> type[WorkerError]:
+    """The class of the error the driver raises for a worker that failed with traceback ``tb``.
+
+    :class:`WorkerError`, or, when the worker raised one of our errors ``X`` (``DataError``, ``ConfigError``...), a
+    subclass of both (``WorkerDataError``), so ``except DataError`` catches bad data whether the driver or a worker
+    found it, and ``except WorkerError`` still catches every worker failure.
+    """
+    lines = [ln.strip() for ln in tb.strip().splitlines() if ln.strip()]
+    match = _OUR_ERROR.match(lines[-1]) if lines else None
+    cls = getattr(errors, match.group(1), None) if match else None
+    if not isinstance(cls, type) or not issubclass(cls, TorchSparkError) or issubclass(cls, WorkerError) \
+            or issubclass(WorkerError, cls):  # WorkerError already is a TrainingError, a TorchSparkError
+        return WorkerError
+    if cls not in _MIXED:
+        try:
+            _MIXED[cls] = type(f"Worker{cls.__name__}", (WorkerError, cls),
+                               {"__module__": errors.__name__, "__doc__": f"A worker raised {cls.__name__}."})
+        except TypeError:  # a base whose instance layout cannot mix with RuntimeError's (TimeoutError)
+            _MIXED[cls] = WorkerError
+    return _MIXED[cls]
+
+
+class RunContext(Protocol):
+    """What the driver offers a runner during one fit (implemented by :class:`~torchspark.training.driver.FitContext`).
+
+    Attributes:
+        network: the driver's network. Runners that keep the fit's state on the driver between jobs (the rounds
+            route) update it in place, so a failed fit leaves the last completed round; the others leave it alone.
+        recorder: the driver's stats recorder; a runner times the workers' run as its ``fit`` phase.
+        description: a short name of the fit for job descriptions and messages.
+    """
+
+    network: Network
+    recorder: PhaseRecorder
+    description: str
+
+    def progress_address(self, host: str = "127.0.0.1", advertise_host: str | None = None) -> ProgressEndpoint:
+        """Open the fit's progress channel (once), listening on ``host``, and return what workers need to connect:
+        the address and the fit's token (ship it inside the task)."""
+        ...
+
+    def reported_errors(self) -> list[tuple[int, str]]:
+        """``(rank, traceback)`` of every error workers reported over the progress channel so far."""
+        ...
+
+    def notify(self, update: ProgressUpdate) -> None:
+        """Progress computed on the driver (runners whose workers do not stream progress themselves)."""
+        ...
+
+
+@runtime_checkable
+class WorkerData(Protocol):
+    """The workers' data as an adapter prepared it for its runner (a Spark RDD, per-worker lists, a stream).
+
+    Every kind can also give plain per-worker sources, which is how :class:`InProcessRunner` runs any adapter's
+    data in this process.
+    """
+
+    @property
+    def workers(self) -> int: ...
+
+    def local_sources(self) -> list[EpochSource]:
+        """One :class:`EpochSource` per worker, in rank order, readable in this process."""
+        ...
+
+
 class Runner(Protocol):
-    def run(self, task: WorkerTask, sources: Sequence[EpochSource]) -> list[WorkerResult]:
-        """Run one worker per source and return the results ordered by rank."""
+    def run(self, task: WorkerTask, data: Any, context: RunContext) -> list[WorkerResult]:
+        """Run one worker per share of ``data`` and return the results ordered by rank.
+
+        Raises:
+            WorkerError: a worker failed (the root cause, not a peer's symptom); the workers are stopped first.
+        """
         ...
 
 
@@ -62,38 +152,58 @@ class InProcessRunner:
 
     Args:
         timeout_s: collective timeout; a worker that fails aborts the others, which then raise.
-        hooks_factory: builds each rank's hooks (stats recorder, progress) — default: none.
+        hooks_factory: builds each rank's hooks (stats recorder, progress). Default: with a driver context, the
+            real progress channel (progress, errors, stats on the driver's clock), as worker processes get it;
+            without one, none.
     """
 
-    def __init__(self, timeout_s: float = 300.0, hooks_factory: Any = None) -> None:
+    def __init__(self, timeout_s: float = 300.0,
+                 hooks_factory: Callable[[int], WorkerHooks] | None = None) -> None:
         self.timeout_s = timeout_s
         self.hooks_factory = hooks_factory
 
-    def run(self, task: WorkerTask, sources: Sequence[EpochSource]) -> list[WorkerResult]:
+    def run(self, task: WorkerTask, data: Sequence[EpochSource] | WorkerData,
+            context: RunContext | None = None) -> list[WorkerResult]:
+        """Run the workers on ``data`` (per-worker sources, or any adapter's :class:`WorkerData`)."""
+        sources = data.local_sources() if isinstance(data, WorkerData) else list(data)
+        address = context.progress_address() if context is not None else None
+
+        def hooks_for(rank: int) -> WorkerHooks:
+            if self.hooks_factory is not None:
+                return self.hooks_factory(rank)
+            if address is not None:
+                return open_worker_hooks(rank, task.collect_stats, address, report_scores=task.report_scores)
+            return WorkerHooks()
+
         n = len(sources)
-        if n == 1:
-            hooks = self.hooks_factory(0) if self.hooks_factory else WorkerHooks()
-            return [run_worker(task, sources[0], SoloCommunicator(), hooks=hooks)]
-        group = ThreadGroup(n, self.timeout_s)
+        group = ThreadGroup(n, self.timeout_s) if n > 1 else None
         results: list[WorkerResult | None] = [None] * n
-        errors: list[tuple[int, BaseException, str]] = []
+        failures: list[tuple[int, str]] = []
 
         def target(rank: int) -> None:
+            hooks = None
             try:
-                hooks = self.hooks_factory(rank) if self.hooks_factory else WorkerHooks()
-                results[rank] = run_worker(task, sources[rank], group.communicator(rank), hooks=hooks)
-            except BaseException as e:  # noqa: BLE001 - reported below with the traceback
-                errors.append((rank, e, traceback.format_exc()))
-                group.abort()
+                hooks = hooks_for(rank)
+                comm = group.communicator(rank) if group is not None else SoloCommunicator()
+                results[rank] = run_worker(task, sources[rank], comm, hooks=hooks)
+            except BaseException:  # noqa: BLE001 - reported below with the traceback
+                failures.append((rank, traceback.format_exc()))
+                if group is not None:
+                    group.abort()
+            finally:
+                if hooks is not None and hooks.close is not None:
+                    hooks.close()
 
         threads = [threading.Thread(target=target, args=(r,), name=f"torchspark-worker-{r}") for r in range(n)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
+        with context.recorder.phase("fit") if context is not None else contextlib.nullcontext():
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        if failures:
             # the first failure is the cause; the others are usually peers woken by the abort
-            rank, tb = root_cause([(r, t) for r, _, t in errors])  # type: ignore[misc]
-            err = next(e for r, e, _ in errors if r == rank)
-            raise WorkerError(f"worker {rank} failed: {err}\n--- worker traceback ---\n{traceback_tail(tb)}") from err
+            rank, tb = root_cause(failures)  # type: ignore[misc]
+            lines = [ln for ln in tb.strip().splitlines() if ln.strip()]
+            raise worker_error_type(tb)(f"worker {rank} failed: {lines[-1] if lines else tb}\n"
+                                        f"--- worker traceback ---\n{traceback_tail(tb)}")
         return [r for r in results if r is not None]

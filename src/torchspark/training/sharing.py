@@ -64,9 +64,11 @@ from torchspark.encoding import (
     EncoderState,
     FixedThreshold,
     ThresholdState,
+    average_from_sums,
     decode,
     encode_step,
     from_bytes,
+    state_summands,
     to_bytes,
 )
 from torchspark.errors import ConfigError, EncodingError, TrainingError
@@ -307,14 +309,12 @@ class SharingAlgorithm:
             comm.all_reduce_sum(buffers)
             net.set_buffers(buffers / world)
         # 2. threshold state, average_states semantics: mean threshold, mean sparsity over workers that have one
-        ts = state.encoder.threshold_state
-        has_sparsity = ts.last_sparsity is not None
-        summary = torch.tensor([ts.threshold, ts.last_sparsity if has_sparsity else 0.0, float(has_sparsity),
-                                float(state.bytes_sent), float(state.dense_bytes)], dtype=torch.float64,
-                               device=net.device)
+        summary = torch.tensor([*state_summands(state.encoder.threshold_state), float(state.bytes_sent),
+                                float(state.dense_bytes)], dtype=torch.float64, device=net.device)
         comm.all_reduce_sum(summary)
-        threshold, sparsity_sum, with_sparsity, bytes_sent, dense_bytes = (float(v) for v in summary.cpu())
-        averaged = ThresholdState(threshold / world, sparsity_sum / with_sparsity if with_sparsity else None)
+        totals = [float(v) for v in summary.cpu()]
+        averaged = average_from_sums(totals[:3], world)
+        bytes_sent, dense_bytes = totals[3:]
         # 3. the replicas must be bit-identical: the parameters, and the buffers just averaged (all-reduce results
         # are identical on every rank, so a difference there means a broken transport; empty without buffers)
         digest = hashlib.sha256(net.params().cpu().numpy().tobytes())

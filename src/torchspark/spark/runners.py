@@ -1,0 +1,85 @@
+"""The Spark runners of :func:`torchspark.training.driver.run_fit`, and the workers' data as ``SparkNetwork``
+prepares it.
+
+* :class:`SparkBarrierRunner`: the whole fit inside one barrier stage whose tasks find each other
+  (:mod:`torchspark.spark.barrier`) and all-reduce or share gradients over ``torch.distributed``;
+* :class:`~torchspark.spark.rounds.SparkRoundsRunner`: one Spark job per averaging round (``averaging_via="spark"``).
+
+Both take a :class:`SparkWorkerData`; so does :class:`~torchspark.training.runner.InProcessRunner`, which reads the
+partitions on the driver and trains them in threads (tests: ``SparkNetwork(..., runner=InProcessRunner())``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from torchspark.spark.barrier import barrier_task, open_relay
+from torchspark.spark.driver_address import driver_listen_address
+from torchspark.spark.jobs import run_barrier_stage, run_job
+from torchspark.spark.rounds import SparkRoundsRunner
+from torchspark.training.mesh import MeshConfig
+from torchspark.training.runner import RunContext
+from torchspark.training.worker import EpochSource, ItemSource, WorkerResult, WorkerTask
+
+__all__ = ["SparkWorkerData", "SparkBarrierRunner", "SparkRoundsRunner"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SparkWorkerData:
+    """An RDD with one partition per worker holding that worker's minibatch items in order (batch-file paths,
+    file slices or serialized batches)."""
+
+    sc: Any
+    rdd: Any
+
+    @property
+    def workers(self) -> int:
+        return int(self.rdd.getNumPartitions())
+
+    def local_sources(self) -> list[EpochSource]:
+        """Every partition's items, read on the driver (for in-process runs of small data)."""
+        def read(index: int) -> list[Any]:
+            return run_job(self.sc, f"torchspark: read worker {index}'s minibatches",
+                           lambda: self.sc.runJob(self.rdd, list, partitions=[index]))
+
+        return [ItemSource(read(i)) for i in range(self.workers)]
+
+
+class SparkBarrierRunner:
+    """Run the fit as one Spark barrier stage: one task per worker, all started together.
+
+    The task travels as a broadcast; the workers stream progress, errors and stats to the driver's progress server
+    (bound to ``spark.driver.bindAddress`` / ``spark.driver.host``, loopback for a local master; advertised as
+    ``spark.driver.host``; workers get the fit's token inside the task) and find worker 0 through the driver's relay
+    store (``rendezvous_via="driver"``) or Spark's allGather. A failed stage raises the failing worker's own error
+    (:func:`~torchspark.spark.jobs.run_barrier_stage`), not a peer's symptom.
+
+    Args:
+        sc: the SparkContext.
+        mesh: how workers find and talk to each other (the master's ``mesh``).
+    """
+
+    def __init__(self, sc: Any, mesh: MeshConfig) -> None:
+        self.sc = sc
+        self.mesh = mesh
+
+    def run(self, task: WorkerTask, data: SparkWorkerData, context: RunContext) -> list[WorkerResult]:
+        bind, host = driver_listen_address(self.sc)
+        task_bc = self.sc.broadcast(task)
+        relay: Any = None
+        try:
+            progress = context.progress_address(host=bind, advertise_host=host)
+            relay_address = None
+            if self.mesh.rendezvous_via == "driver":
+                relay, relay_address = open_relay(host, self.mesh.rendezvous_timeout_s, bind_host=bind)
+            fn = barrier_task(task_bc, self.mesh, progress, relay_address)
+            with context.recorder.phase("fit"):
+                return run_barrier_stage(self.sc, data.rdd, fn, context.description,
+                                         reported_errors=context.reported_errors)
+        finally:
+            del relay  # closes the driver's rendezvous port
+            task_bc.unpersist()

@@ -1,0 +1,232 @@
+"""Training masters: frozen, validated configurations that say *how* a fit trains, on Spark or on one machine.
+
+``ParameterAveragingTrainingMaster`` is DL4J's synchronous parameter averaging; ``SharedTrainingMaster`` (in
+:mod:`torchspark.training.shared_master`) is threshold-encoded gradient sharing. Both round-trip through JSON, and
+both are plain training configuration: ``SparkNetwork`` and ``ParallelWrapper`` take the same objects
+(``torchspark.spark`` re-exports them). The worker-mesh options are validated once, by
+:class:`~torchspark.training.mesh.MeshConfig` (``master.mesh``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from torchspark.errors import ConfigError
+from torchspark.training.mesh import MESH_FIELDS, RENDEZVOUS_ROUTES, MeshConfig
+
+__all__ = ["TrainingMaster", "ParameterAveragingTrainingMaster", "master_from_json", "register_master",
+           "REPARTITION", "STRATEGIES", "APPROACHES", "AVERAGING_ROUTES", "RENDEZVOUS_ROUTES"]
+
+REPARTITION = ("always", "never", "num_partitions_workers_differs")
+STRATEGIES = ("balanced", "spark_default")
+APPROACHES = ("export", "direct")
+AVERAGING_ROUTES = ("torch", "spark")
+
+
+def _positive_int(cls: str, name: str, value: Any, minimum: int = 1, optional: bool = False) -> None:
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{cls}: {name} must be an integer >= {minimum}{' or None' if optional else ''}, got "
+                          f"{value!r}")
+
+
+def _choice(cls: str, name: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{cls}: {name} must be one of {list(choices)}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class TrainingMaster:
+    """Options every training master shares.
+
+    Args:
+        batch_size_per_worker: examples per minibatch on each worker (DL4J default 16). Larger batches mean fewer,
+            cheaper synchronisations; scale the learning rate with it.
+        num_workers: training workers, one Spark task slot each (default: the session's default parallelism).
+        worker_prefetch_num_batches: minibatches a background thread loads ahead on each worker (0 = off).
+        repartition: ``"always"`` (balance every fit), ``"never"`` (each worker trains its own partition, in
+            order; needs as many partitions as workers) or ``"num_partitions_workers_differs"``.
+        repartition_strategy: ``"balanced"`` (every worker trains ``floor(N/n)`` or ``ceil(N/n)`` of the ``N``
+            examples, in minibatches of ``batch_size_per_worker`` except at most a short first and last one each;
+            costs one extra pass that counts the examples of every partition, once per RDD with ``export``; see
+            :mod:`torchspark.training.assignment`) or ``"spark_default"`` (every partition's own
+            minibatches dealt round-robin over the workers in one shuffle, like Scala's ``rdd.repartition``: no
+            counting pass; worker shares differ by up to one minibatch per input partition).
+        rdd_training_approach: ``"export"`` (write the data once as batch files under ``export_directory`` and
+            train from the paths; reused across fits of the same RDD; the seeds' recommendation) or ``"direct"``
+            (train from the RDD, persisted at ``storage_level``).
+        export_directory: where ``export`` writes (any fsspec URL). On a cluster it must be storage every executor
+            can read: an ``hdfs://`` or ``s3://`` URL or a directory mounted on all hosts. Default (None): for
+            local masters (``local``, ``local[N]``, ``local-cluster[...]``, one host) a ``torchspark-export``
+            folder under Spark's local directory (``spark.local.dir``, else the system temp directory); any other
+            master then fails before the first job with a ConfigError asking for an export_directory (or
+            ``rdd_training_approach="direct"``), since executors would write to their own disks and workers on
+            other hosts would get paths that do not exist there. ``SparkNetwork.delete_temp_files()`` removes the
+            files.
+        storage_level: persistence of the prepared RDD with ``direct`` (a ``pyspark.StorageLevel`` name).
+        collect_training_stats: record per-phase timings (see ``SparkNetwork.training_stats``).
+        rng_seed: seeds the shuffle of minibatches across workers (None: keep data order, no shuffle). The same
+            seed and data give the same per-worker sequences with ``export``, ``direct`` and ``ParallelWrapper``.
+        data_timeout_s: limit for waiting on one minibatch from storage.
+        flush_denormal: flush denormal floats (below ~1.2e-38) to zero on the workers' CPU threads (default
+            True). Adam's second moments and tiny gradients drift there after some epochs and x86 CPUs compute on
+            them many times slower (measured: an MLP epoch 0.52 s -> 1.03 s after four epochs without it). Values
+            that small do not change training in practice; False keeps IEEE denormals (bit-for-bit comparisons
+            with a process that does not flush).
+        port, network_mask, controller_address, rendezvous_via, rendezvous_timeout_s, shared_memory_allreduce:
+            the worker-mesh options (how workers find and talk to each other), validated and documented by
+            :class:`~torchspark.training.mesh.MeshConfig`; :attr:`mesh` returns them as one frozen object and
+            :meth:`with_mesh` sets them all from one.
+    """
+
+    kind: ClassVar[str] = ""
+    batch_size_per_worker: int = 16
+    num_workers: int | None = None
+    worker_prefetch_num_batches: int = 2
+    repartition: str = "always"
+    repartition_strategy: str = "balanced"
+    rdd_training_approach: str = "export"
+    export_directory: str | None = None
+    storage_level: str = "MEMORY_ONLY"
+    collect_training_stats: bool = False
+    rng_seed: int | None = None
+    rendezvous_timeout_s: float = 300.0
+    data_timeout_s: float = 600.0
+    rendezvous_via: str = "driver"
+    shared_memory_allreduce: bool = True
+    flush_denormal: bool = True
+    port: int = 0
+    network_mask: str | None = None
+    controller_address: str | None = None
+
+    def __post_init__(self) -> None:
+        name = type(self).__name__
+        _positive_int(name, "batch_size_per_worker", self.batch_size_per_worker)
+        _positive_int(name, "num_workers", self.num_workers, optional=True)
+        _positive_int(name, "worker_prefetch_num_batches", self.worker_prefetch_num_batches, 0)
+        _choice(name, "repartition", self.repartition, REPARTITION)
+        _choice(name, "repartition_strategy", self.repartition_strategy, STRATEGIES)
+        _choice(name, "rdd_training_approach", self.rdd_training_approach, APPROACHES)
+        if not isinstance(self.flush_denormal, bool):
+            raise ConfigError(f"{name}: flush_denormal must be True or False, got {self.flush_denormal!r}")
+        _positive_int(name, "rng_seed", self.rng_seed, 0, optional=True)
+        value = self.data_timeout_s
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise ConfigError(f"{name}: data_timeout_s must be a number of seconds > 0, got {value!r}")
+        try:
+            self.mesh  # noqa: B018 - builds the MeshConfig: the one place the mesh options are checked
+        except ConfigError as e:
+            raise ConfigError(f"{name}: {e}") from None
+
+    @property
+    def mesh(self) -> MeshConfig:
+        """The worker-mesh options as one frozen, validated object (what the runners receive)."""
+        return MeshConfig(**{f: getattr(self, f) for f in MESH_FIELDS})
+
+    def with_mesh(self, mesh: MeshConfig) -> "TrainingMaster":
+        """A copy of this master with every worker-mesh option taken from ``mesh``."""
+        if not isinstance(mesh, MeshConfig):
+            raise ConfigError(f"mesh must be a MeshConfig, got {type(mesh).__name__}")
+        return dataclasses.replace(self, **mesh.to_dict())
+
+    # -- the worker side of the master
+    def algorithm_settings(self) -> dict[str, Any]:
+        """The settings the worker algorithm receives."""
+        raise NotImplementedError
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["type"] = self.kind
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "TrainingMaster":
+        master = master_from_json(text)
+        if not isinstance(master, cls):
+            raise ConfigError(f"the JSON describes a {type(master).__name__}, not a {cls.__name__}")
+        return master
+
+
+@dataclass(frozen=True)
+class ParameterAveragingTrainingMaster(TrainingMaster):
+    """Synchronous parameter averaging (DL4J's ParameterAveragingTrainingMaster).
+
+    Every worker fits ``averaging_frequency`` minibatches from the common parameters, then all workers replace
+    their parameters (and updater state) by the example-weighted mean. Two routes give the same result (same data,
+    seed and settings -> the same parameters, up to float rounding):
+
+    * ``averaging_via="torch"`` (default): the whole fit runs inside one Spark barrier stage and the workers
+      all-reduce over ``torch.distributed``. Fast (no per-round scheduling), but executors must reach each other
+      on a TCP port (set ``TORCHSPARK_LOCAL_IP`` on executors with several network interfaces).
+    * ``averaging_via="spark"``: DL4J's original route for clusters where executors cannot open ports to each
+      other. Each round is one Spark job: the driver broadcasts the parameters, every worker fits its next
+      ``averaging_frequency`` minibatches and returns ``params * n``, ``treeAggregate`` sums the results and the
+      driver averages. Nothing but Spark traffic, and a failed task is simply retried by Spark; but every round
+      pays a job (tens to hundreds of milliseconds of scheduling) and a broadcast of the parameters, so use a
+      larger ``averaging_frequency`` (10-20) and ``rdd_training_approach="export"`` (with ``"direct"`` every round
+      streams the worker's whole cached partition to Python). See :mod:`torchspark.spark.rounds`.
+
+    Args:
+        averaging_frequency: minibatches between averages (DL4J default 5). 1 = synchronous SGD with a bigger
+            effective batch; 5-10 cuts communication; past ~20 convergence suffers.
+        save_updater: average and keep the updater state (momentum, Adam moments) across rounds. False resets
+            it each round: half the traffic, but adaptive updaters restart every round.
+        averaging_via: ``"torch"`` (all-reduce inside one barrier stage) or ``"spark"`` (one Spark job and
+            ``treeAggregate`` per round; no worker-to-worker connections).
+        aggregation_depth: ``treeAggregate`` depth for ``averaging_via="spark"`` (DL4J default 2). Each level
+            sums partial results on executors before the driver receives them: 2 suits up to a few hundred
+            workers; raise it to 3 when the driver's network or memory is the bottleneck with very many workers.
+    See :class:`TrainingMaster` for the shared options.
+    """
+
+    kind: ClassVar[str] = "parameter_averaging"
+    mode: ClassVar[str] = "averaging"
+    averaging_frequency: int = 5
+    save_updater: bool = True
+    averaging_via: str = "torch"
+    aggregation_depth: int = 2
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        name = type(self).__name__
+        _positive_int(name, "averaging_frequency", self.averaging_frequency)
+        _positive_int(name, "aggregation_depth", self.aggregation_depth)
+        _choice(name, "averaging_via", self.averaging_via, AVERAGING_ROUTES)
+        if not isinstance(self.save_updater, bool):
+            raise ConfigError(f"{name}: save_updater must be True or False, got {self.save_updater!r}")
+
+    def algorithm_settings(self) -> dict[str, Any]:
+        return {"averaging_frequency": self.averaging_frequency, "save_updater": self.save_updater}
+
+
+_MASTERS: dict[str, type[TrainingMaster]] = {ParameterAveragingTrainingMaster.kind: ParameterAveragingTrainingMaster}
+
+
+def register_master(cls: type[TrainingMaster]) -> type[TrainingMaster]:
+    """Add a master class to the JSON registry (used by ``SharedTrainingMaster``)."""
+    _MASTERS[cls.kind] = cls
+    return cls
+
+
+def master_from_json(text: str) -> TrainingMaster:
+    """Rebuild any training master from its ``to_json()`` output."""
+    try:
+        d = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"training master JSON is invalid: {e}") from e
+    kind = d.pop("type", None)
+    cls = _MASTERS.get(kind)
+    if cls is None:
+        raise ConfigError(f"unknown training master type {kind!r}; known: {sorted(_MASTERS)}")
+    fields = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - fields)
+    if unknown:
+        raise ConfigError(f"unknown option(s) {unknown} for {cls.__name__}")
+    return cls(**d)

@@ -1,0 +1,87 @@
+"""How the workers of one fit find and talk to each other: the worker-mesh options, validated in one place.
+
+Both training masters carry these options as flat keyword arguments (``port=``, ``network_mask=`` ...) and hand
+them to the runners as one :class:`MeshConfig` (``master.mesh``), which is where they are checked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+from dataclasses import dataclass
+from typing import Any
+
+from torchspark.errors import ConfigError
+
+__all__ = ["MeshConfig", "MESH_FIELDS", "RENDEZVOUS_ROUTES"]
+
+#: How the workers of a barrier stage learn worker 0's address.
+RENDEZVOUS_ROUTES = ("driver", "barrier")
+
+
+@dataclass(frozen=True)
+class MeshConfig:
+    """The worker-mesh options of a fit.
+
+    Args:
+        port: TCP port of the rendezvous store on worker 0 (0 = any free port, the default: no clashes between
+            concurrent fits). Set it only when a firewall opens one fixed port between executors.
+        network_mask: CIDR such as ``"10.0.0.0/16"``: workers advertise the local interface address inside it
+            (hosts with several interfaces: YARN, EC2). The environment variable ``TORCHSPARK_LOCAL_IP`` on an
+            executor overrides the address it advertises (DL4J's ``DL4J_VOID_IP``).
+        controller_address: fixed address worker 0 advertises (overrides the mask).
+        rendezvous_via: how the workers of a barrier stage learn worker 0's address: ``"driver"`` (a small store
+            on the driver; executors must reach the driver on one extra port, as for the progress bar) or
+            ``"barrier"`` (Spark's ``BarrierTaskContext.allGather``: no extra port, about 1 s slower per fit).
+        rendezvous_timeout_s: limit for every barrier/rendezvous/collective wait; a stuck peer fails the fit
+            after this long (default 300 s; raise it when executors are slow to start).
+        shared_memory_allreduce: workers that all run on one host (``local[N]``, one big executor,
+            ``ParallelWrapper``) sum through ``/dev/shm`` instead of loopback TCP (about 2x faster all-reduces);
+            workers on several hosts always use gloo/nccl. Turn off only to rule it out when debugging.
+    Raises:
+        ConfigError: a value out of range, naming it and the fix.
+    """
+
+    port: int = 0
+    network_mask: str | None = None
+    controller_address: str | None = None
+    rendezvous_via: str = "driver"
+    rendezvous_timeout_s: float = 300.0
+    shared_memory_allreduce: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= 65535:
+            raise ConfigError(f"port must be an integer in [0, 65535] (0 = any free port), got {self.port!r}")
+        if self.network_mask is not None:
+            try:
+                ipaddress.ip_network(self.network_mask, strict=False)
+            except (TypeError, ValueError) as e:
+                raise ConfigError(f"network_mask must be a CIDR such as '10.0.0.0/16', got "
+                                  f"{self.network_mask!r}") from e
+        if self.controller_address is not None and (
+                not isinstance(self.controller_address, str) or not self.controller_address.strip()):
+            raise ConfigError(f"controller_address must be a non-empty host or IP string or None, got "
+                              f"{self.controller_address!r}")
+        if self.rendezvous_via not in RENDEZVOUS_ROUTES:
+            raise ConfigError(f"rendezvous_via must be one of {list(RENDEZVOUS_ROUTES)}, got "
+                              f"{self.rendezvous_via!r}")
+        value = self.rendezvous_timeout_s
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ConfigError(f"rendezvous_timeout_s must be a number of seconds > 0, got {value!r}")
+        if not isinstance(self.shared_memory_allreduce, bool):
+            raise ConfigError(f"shared_memory_allreduce must be True or False, got "
+                              f"{self.shared_memory_allreduce!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> MeshConfig:
+        unknown = sorted(set(d) - set(MESH_FIELDS))
+        if unknown:
+            raise ConfigError(f"unknown mesh option(s) {unknown}; known: {list(MESH_FIELDS)}")
+        return cls(**d)
+
+
+#: The option names, as they appear flat on the training masters.
+MESH_FIELDS = tuple(f.name for f in dataclasses.fields(MeshConfig))

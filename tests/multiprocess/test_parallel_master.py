@@ -1,0 +1,83 @@
+"""ParallelWrapper takes the training master SparkNetwork takes; its keyword options build that master."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from torchspark import DataSet, Network, datasets, models, optim
+from torchspark.encoding import FixedThreshold
+from torchspark.errors import ConfigError, DataError, WorkerError
+from torchspark.parallel import ParallelWrapper
+from torchspark.training import InProcessRunner, ParameterAveragingTrainingMaster, SharedTrainingMaster
+
+DATA = datasets.synthetic_classification(96, 12, 3, seed=4)
+
+
+def _net() -> Network:
+    return Network(models.mlp(12, 16, 3), updater=optim.Adam(lr=1e-2), seed=0)
+
+
+@pytest.mark.parametrize("mode", ["averaging", "shared_gradients"])
+def test_a_master_trains_like_the_options_that_build_it(mode: str) -> None:
+    if mode == "averaging":
+        master = ParameterAveragingTrainingMaster(batch_size_per_worker=8, averaging_frequency=3, rng_seed=2)
+        options = {"training_mode": mode, "averaging_frequency": 3, "rng_seed": 2}
+    else:
+        master = SharedTrainingMaster(batch_size_per_worker=8, threshold_algorithm=FixedThreshold(1e-3), rng_seed=2)
+        options = {"training_mode": mode, "threshold_algorithm": FixedThreshold(1e-3), "rng_seed": 2}
+    with_master, with_options = _net(), _net()
+    a = ParallelWrapper(with_master, workers=2, master=master, progress=False, runner=InProcessRunner(timeout_s=60))
+    a.fit(DATA, epochs=2)  # batch_size: the master's batch_size_per_worker
+    b = ParallelWrapper(with_options, workers=2, progress=False, runner=InProcessRunner(timeout_s=60), **options)
+    assert type(b.master) is type(master)
+    b.fit(DATA, epochs=2, batch_size=8)
+    torch.testing.assert_close(with_master.params(), with_options.params(), atol=0, rtol=0)
+    assert with_master.iteration == with_options.iteration == 12  # 48 examples per worker and epoch, 8 a batch
+    assert [r.examples for r in a.last_results] == [96, 96]
+
+
+def test_the_in_process_runner_gives_the_worker_processes_result() -> None:
+    master = ParameterAveragingTrainingMaster(batch_size_per_worker=8, averaging_frequency=2)
+    in_threads, in_processes = _net(), _net()
+    ParallelWrapper(in_threads, workers=2, master=master, progress=False,
+                    runner=InProcessRunner(timeout_s=60)).fit(DATA, epochs=2)
+    ParallelWrapper(in_processes, workers=2, master=master, progress=False, threads_per_worker=1).fit(DATA, epochs=2)
+    torch.testing.assert_close(in_threads.params(), in_processes.params(), atol=1e-6, rtol=1e-5)
+    assert in_threads.iteration == in_processes.iteration
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"master": "averaging"}, "master must be a ParameterAveragingTrainingMaster or SharedTrainingMaster"),
+    ({"master": ParameterAveragingTrainingMaster(), "averaging_frequency": 3},
+     r"pass either master= or the options that build one, not both: \['averaging_frequency'\]"),
+    ({"master": SharedTrainingMaster(), "training_mode": "shared_gradients"}, r"not both: \['training_mode'\]"),
+    ({"master": ParameterAveragingTrainingMaster(averaging_via="spark")}, "averaging_via='spark' would be ignored"),
+    ({"master": SharedTrainingMaster(export_directory="/tmp/x", port=5000)},
+     "export_directory='/tmp/x', port=5000 would be ignored"),
+    ({"master": ParameterAveragingTrainingMaster(num_workers=3), "workers": 2},
+     "workers=2 but the master's num_workers=3"),
+    ({"average_updaters": "yes"}, r"save_updater must be True or False, got 'yes' \(average_updaters is the "
+                                  r"master's save_updater\)"),
+    ({"runner": object()}, "runner must have a run"),
+])
+def test_conflicting_or_ignored_settings_are_refused(kwargs: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        ParallelWrapper(_net(), progress=False, **kwargs)
+
+
+def test_the_masters_worker_count_is_used() -> None:
+    wrapper = ParallelWrapper(_net(), master=ParameterAveragingTrainingMaster(num_workers=3), devices=["cpu"],
+                              progress=False)
+    assert wrapper.worker_devices == ["cpu", "cpu", "cpu"]
+
+
+@pytest.mark.parametrize("in_process", [True, False])
+def test_a_data_error_a_worker_meets_stays_a_data_error(in_process: bool) -> None:
+    labels = DATA.labels.clone()
+    labels[60:70] = 9  # past the first minibatch, which the driver checks
+    runner = InProcessRunner(timeout_s=60) if in_process else None
+    wrapper = ParallelWrapper(_net(), workers=2, progress=False, runner=runner, threads_per_worker=1)
+    with pytest.raises(DataError, match="label index 9") as info:
+        wrapper.fit(DataSet(DATA.features, labels), batch_size=8)
+    assert isinstance(info.value, WorkerError) and "--- worker traceback ---" in str(info.value)
