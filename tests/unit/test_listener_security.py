@@ -235,3 +235,16 @@ def test_task_environment_restores_set_unset_and_user_values(monkeypatch: pytest
     assert "TS_TEST_A" not in os.environ
     assert os.environ["TS_TEST_B"] == "user" and os.environ["TS_TEST_C"] == ""
     assert task_env.read("TS_TEST_C") is None and task_env.read("TS_TEST_B") == "user"
+
+
+@pytest.mark.parametrize(("master", "conf", "expected"), [
+    ("local[2]", {"spark.driver.host": "10.1.2.3"}, ("127.0.0.1", "127.0.0.1")),
+    ("local-cluster[2,1,1024]", {}, ("127.0.0.1", "127.0.0.1")),
+    ("spark://m:7077", {"spark.driver.host": "127.0.0.1"}, ("127.0.0.1", "127.0.0.1")),
+    ("yarn", {"spark.driver.host": "10.1.2.3", "spark.driver.bindAddress": "127.0.0.1"}, ("127.0.0.1", "10.1.2.3")),
+])
+def test_driver_listeners_bind_where_workers_reach_the_driver(master: str, conf: dict[str, str],
+                                                              expected: tuple[str, str]) -> None:
+    from torchspark.spark.driver_address import listen_address_for
+
+    assert listen_address_for(master, conf.get) == expected
