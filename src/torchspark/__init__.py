@@ -11,7 +11,7 @@ __version__ = "0.1.0"
 import importlib
 from typing import Any
 
-from torchspark import datasets, encoding, errors, evaluation, models, optim, stats
+from torchspark import datasets, encoding, errors, evaluation, models, optim, schedules, stats
 from torchspark.data import DataSet, MultiDataSet, load_batch, save_batches
 from torchspark.evaluation import Evaluation, RegressionEvaluation
 from torchspark.nn import Network, from_factory
@@ -42,6 +42,7 @@ __all__ = [
     "optim",
     "parallel",
     "save_batches",
+    "schedules",
     "spark",
     "stats",
 ]

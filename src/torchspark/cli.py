@@ -230,8 +230,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     net.save(model_dir)
     summary = stats.summary() if stats is not None else {}
     metrics = {
-        "accuracy": evaluation.accuracy(), "f1_macro": evaluation.f1(), "score": score, "epochs": args.epochs,
-        "workers": args.workers, "mode": args.mode, "runner": runner, "train_seconds": seconds,
+        "accuracy": evaluation.accuracy(), "f1_macro": evaluation.f1(average="macro"), "score": score,
+        "epochs": args.epochs, "workers": args.workers, "mode": args.mode, "runner": runner, "train_seconds": seconds,
         "examples_per_second": len(train_data) * args.epochs / seconds,
         **{k: summary[k] for k in ("bytes_sent", "dense_bytes", "replicas_identical") if k in summary},
         **used,

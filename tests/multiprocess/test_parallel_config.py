@@ -8,12 +8,14 @@ import pytest
 import torch
 
 from torchspark import DataSet, Network, datasets, models, optim
+from torchspark.data import save_batches
 from torchspark.encoding import FixedThreshold
 from torchspark.errors import ConfigError, DataError
 from torchspark.parallel import ParallelWrapper, plan_devices
 from torchspark.parallel import wrapper as wrapper_module
 from torchspark.parallel.runner import backend_for_devices
-from torchspark.training.assignment import split_examples, split_for_workers
+from torchspark.training.assignment import plan_files, split_examples
+from torchspark.training.worker import load_item
 
 
 def _net() -> Network:
@@ -170,10 +172,14 @@ def test_a_list_mixing_dataset_kinds_is_refused() -> None:
         wrapper_module._route([data, data.to_multi()], 2, 8, 1, rng_seed=None)
 
 
-def test_paths_are_split_with_sparks_plan() -> None:
-    paths = [f"/b/batch_{i:06d}.safetensors" for i in range(9)]
+def test_paths_are_rebatched_with_sparks_plan(tmp_path) -> None:
+    data = datasets.synthetic_classification(45, 4, 2, seed=3)
+    paths = save_batches([data.slice(0, 5), data.slice(5, 25), data.slice(25, 27), data.slice(27, 45)],
+                         str(tmp_path))  # files of 5, 20, 2 and 18 examples
     plan = wrapper_module._route([Path(p) for p in paths], 2, 8, 3, rng_seed=1)
-    assert plan.shares.paths == split_for_workers(paths, 2, 1)
+    assert plan.shares.paths == plan_files(list(zip(paths, [5, 20, 2, 18])), 8, 2, 1)
+    sizes = [[len(load_item(item)) for item in worker] for worker in plan.shares.paths]
+    assert sorted(map(sum, sizes)) == [22, 23] and all(s <= 8 for worker in sizes for s in worker)
 
 
 def test_a_one_shot_iterable_streams_rebatched_minibatches() -> None:

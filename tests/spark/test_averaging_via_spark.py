@@ -165,9 +165,13 @@ def test_learns_reports_progress_per_round_and_times_the_driver_phases(spark, sc
     assert [u.examples for u in updates if u.rank == 0 and u.epoch == 4] == [80, 160]
     summary = spark_net.training_stats.summary()
     assert summary["examples"] == 5 * 320 and summary["epochs"] == 5 and summary["workers"] == 2
-    assert summary["counts"]["aggregation"] == 10 + 1  # every round's average, then the driver's merge
-    assert summary["counts"]["broadcast"] == 11  # the blueprint once, then the parameters every round
-    for phase in ("count", "broadcast", "fit", "aggregation", "data_wait"):
+    assert summary["driver_counts"]["aggregation"] == 10 + 1  # every round's average, then the driver's merge
+    assert summary["driver_counts"]["broadcast"] == 11  # the blueprint once, then the parameters every round
+    assert summary["driver_counts"]["fit"] == 10  # the driver's span of each round's job
+    assert summary["counts"]["fit"] == summary["minibatches"] == 2 * 50  # one per minibatch trained, not 60
+    for phase in ("count", "broadcast", "fit", "aggregation"):
+        assert summary["driver_seconds"].get(phase, 0) > 0, phase
+    for phase in ("fit", "data_wait"):
         assert summary["seconds"].get(phase, 0) > 0, phase
     # reused Python workers keep the network built for this fit instead of rebuilding it every round
     assert 1 <= summary["counts"]["network_init"] <= 4

@@ -301,6 +301,8 @@ def test_ctrl_c_cancels_an_evaluation_job(sc) -> None:
     """Evaluation and inference jobs run in their own job group: Ctrl-C cancels the Spark job, not only Python."""
     from ctrl_c import assert_ctrl_c_cancels, never_ending_job
 
+    from torchspark.spark.jobs import run_job
+
     job = never_ending_job(sc)
-    assert_ctrl_c_cancels(sc, lambda: spark_eval.run_job(sc, "test: an evaluation that only ends when cancelled", job),
-                          "evaluation")
+    assert_ctrl_c_cancels(sc, lambda: run_job(sc, "test: an evaluation that only ends when cancelled", job,
+                                              "torchspark-eval-job"), "evaluation")

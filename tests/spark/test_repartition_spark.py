@@ -121,3 +121,27 @@ def test_spread_round_robin_deals_a_few_items_evenly(sc) -> None:
     assert sorted(x for part in spread for x in part) == list(range(13))
     assert max(map(len, spread)) - min(map(len, spread)) <= 3
     assert spread_round_robin(sc.parallelize(range(4), 4), 3).glom().map(len).collect() == [2, 1, 1]
+
+
+def test_fit_paths_rebatches_files_like_the_export_route(spark, sc, tmp_path) -> None:
+    """Files of any size train in minibatches of batch_size_per_worker (DL4J re-batches exported data): the same
+    minibatches, hence the same parameters, as fitting an RDD of the same examples on the export route."""
+    data = datasets.synthetic_classification(90, 6, 3, seed=4)
+    cuts = [0, 5, 30, 32, 70, 90]  # files of 5, 25, 2, 38 and 20 examples
+    pieces = [data.slice(a, b) for a, b in zip(cuts[:-1], cuts[1:])]
+    paths = save_batches(pieces, str(tmp_path / "batches"))
+    master = ParameterAveragingTrainingMaster(batch_size_per_worker=BATCH, averaging_frequency=2, num_workers=2,
+                                              rng_seed=3, collect_training_stats=True)
+    from_files = _net()
+    files_net = SparkNetwork(spark, from_files, master, progress=False)
+    files_net.fit_paths(paths, epochs=2)
+    from_rdd = _net()
+    rdd_net = SparkNetwork(spark, from_rdd, master, progress=False)
+    rdd_net.fit(sc.parallelize(pieces, 2), epochs=2)
+    rdd_net.delete_temp_files()
+
+    assert [r.examples for r in files_net.last_results] == [2 * 45, 2 * 45]
+    assert [r.iterations for r in files_net.last_results] == [r.iterations for r in rdd_net.last_results]
+    # 11 full minibatches, the 2-example remainder, and one full minibatch cut in two at the workers' split
+    assert files_net.training_stats.summary()["minibatches"] == 2 * 13
+    torch.testing.assert_close(from_files.params(), from_rdd.params())

@@ -37,14 +37,19 @@ def test_stats_html_names_workers_and_phases_and_progress_arrives_live(spark, sc
     assert summary["examples"] == 2 * 640
     assert summary["epochs"] == 2
     assert summary["iterations"] == 2 * 640 // 8 // 2  # per worker
-    for phase in ("fit", "data_wait", "averaging", "network_init", "export", "broadcast", "aggregation"):
+    # worker phases and driver phases are counted apart: one worker "fit" per minibatch trained
+    assert summary["counts"]["fit"] == summary["minibatches"] == 2 * 640 // 8
+    for phase in ("fit", "data_wait", "averaging", "network_init"):
         assert summary["seconds"].get(phase, 0) > 0, phase
+    for phase in ("export", "broadcast", "fit", "aggregation"):
+        assert summary["driver_seconds"].get(phase, 0) > 0, phase
+    assert summary["driver_counts"]["fit"] == 1  # the driver's span of the one barrier stage
     path = tmp_path / "stats.html"
     stats.export_html(str(path))
     html = path.read_text()
     for name in ("worker-0", "worker-1", "driver", "fit", "averaging", "data_wait", "network_init"):
         assert name in html, name
-    assert set(summary["seconds"]) <= set(STANDARD_PHASES)
+    assert set(summary["seconds"]) | set(summary["driver_seconds"]) <= set(STANDARD_PHASES)
     # the JSON round trip keeps the summary
     from torchspark.stats import TrainingStats
 
@@ -58,9 +63,11 @@ def test_direct_route_times_count_and_repartition(spark, sc) -> None:
                                               collect_training_stats=True)
     spark_net = SparkNetwork(spark, net, master, progress=False)
     spark_net.fit(sc.parallelize(data.split(64), 3), epochs=1)
-    seconds = spark_net.training_stats.summary()["seconds"]
-    for phase in ("count", "repartition", "broadcast", "fit", "averaging"):
-        assert seconds.get(phase, 0) > 0, phase
+    summary = spark_net.training_stats.summary()
+    for phase in ("count", "repartition", "broadcast", "fit"):
+        assert summary["driver_seconds"].get(phase, 0) > 0, phase
+    for phase in ("fit", "averaging"):
+        assert summary["seconds"].get(phase, 0) > 0, phase
 
 
 def test_sharing_stats_report_traffic_and_identical_replicas(spark, sc, tmp_path) -> None:

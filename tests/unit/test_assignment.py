@@ -131,3 +131,24 @@ def test_export_base(export_directory, master: str, local_dir, expected: str) ->
 def test_export_base_refuses_a_cluster_without_export_directory(master: str) -> None:
     with pytest.raises(ConfigError, match=r"export_directory.*(hdfs://|s3://).*rdd_training_approach='direct'"):
         export_base(None, master, "/local", "/tmp")
+
+
+def test_plan_files_rebatches_user_files_of_any_size(tmp_path) -> None:
+    """DL4J re-batches exported data to batch_size_per_worker: files of 5, 20, 2, 18 and 0 examples become
+    minibatches of 8 (short only where a worker's share starts or ends), the data order kept."""
+    from torchspark.data import batch_num_examples, save_batches
+    from torchspark.training.assignment import plan_files
+
+    features = torch.arange(45, dtype=torch.float32).reshape(45, 1)
+    data = DataSet(features, torch.zeros(45, dtype=torch.long))
+    cuts = [0, 5, 25, 27, 45, 45]
+    paths = save_batches([data.slice(a, b) for a, b in zip(cuts[:-1], cuts[1:])], str(tmp_path))
+    assert [batch_num_examples(p) for p in paths] == [5, 20, 2, 18, 0]
+    groups = plan_files([(p, batch_num_examples(p)) for p in paths], 8, 2, None)
+    loaded = [[load_item(item) for item in worker] for worker in groups]
+    assert [[len(b) for b in worker] for worker in loaded] == [[8, 8, 6], [2, 8, 8, 5]]
+    order = torch.cat([b.features for worker in loaded for b in worker]).reshape(-1)
+    assert torch.equal(order, features.reshape(-1))  # every example once, in data order
+    seeded = plan_files([(p, batch_num_examples(p)) for p in paths], 8, 2, 3)
+    seeded_order = torch.cat([load_item(i).features for worker in seeded for i in worker]).reshape(-1)
+    assert sorted(seeded_order.tolist()) == features.reshape(-1).tolist() and not torch.equal(seeded_order, order)

@@ -179,3 +179,49 @@ def test_stats_from_message() -> None:
     assert stats.nbytes == HEADER_NBYTES + 20 and stats.threshold == 0.5
     assert stats.to_dict()["entries"] == 5
     assert isinstance(msg, EncodedUpdate) and msg.density == 0.005
+
+
+def capped_reference(residual: torch.Tensor, update: torch.Tensor, t: float,
+                     k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference for ``boundary=k``: only the first ``k`` entries (by index) with ``|r| >= t`` take a step."""
+    steps, _ = reference(residual, update, t)
+    over = torch.nonzero(steps).squeeze(1)[k:]
+    steps[over] = 0.0
+    return steps, residual + update - steps
+
+
+@pytest.mark.parametrize("force_torch", PATHS)
+@pytest.mark.parametrize(("n", "boundary"), [(10, 3), (1000, 100)])
+def test_boundary_on_all_ones_leaves_the_rest_in_the_residual(force_torch: bool, n: int, boundary: int) -> None:
+    """DL4J's boundary cases: n ones, threshold 1, boundary k -> k entries sent, sum n - k left behind."""
+    residual = torch.ones(n)
+    msg = threshold_encode(None, residual, 1.0, boundary=boundary, _force_torch=force_torch)
+    assert msg.num_entries == boundary
+    assert float(residual.sum()) == n - boundary
+    assert residual[:boundary].eq(0).all() and residual[boundary:].eq(1).all()  # the first k by index go out
+    assert decode(msg, torch.zeros(n)).sum() == boundary
+    uncapped = threshold_encode(None, torch.ones(n), 1.0, boundary=n, _force_torch=force_torch)
+    assert uncapped.num_entries == n  # a boundary at or above the count changes nothing
+
+
+@pytest.mark.parametrize("force_torch", PATHS)
+@pytest.mark.parametrize("boundary", [1, 5, 40, 300, 5000])  # sparse, sparse, bitmap, bitmap, uncapped
+def test_boundary_matches_reference_in_both_formats(force_torch: bool, boundary: int) -> None:
+    n = 2000
+    g = torch.Generator().manual_seed(boundary)
+    residual = torch.randn(n, generator=g) * 0.5
+    update = torch.randn(n, generator=g)
+    reaching = int((reference(residual, update, 1.0)[0] != 0).sum())  # ~630 entries reach t
+    steps, r_after = capped_reference(residual, update, 1.0, boundary)
+    msg = threshold_encode(update, residual, 1.0, boundary=boundary, _force_torch=force_torch)
+    assert residual.equal(r_after)
+    assert msg.num_entries == min(boundary, reaching)
+    assert msg.format == ("bitmap" if 4 * msg.num_entries > (n + 3) // 4 else "sparse")
+    for m in (msg, from_bytes(to_bytes(msg))):
+        assert decode(m, torch.zeros(n)).equal(steps)
+
+
+def test_boundary_is_validated() -> None:
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ConfigError, match="boundary"):
+            threshold_encode(None, torch.ones(4), 1.0, boundary=bad)  # type: ignore[arg-type]

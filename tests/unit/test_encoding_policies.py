@@ -85,10 +85,12 @@ def test_target_sparsity_converges() -> None:
     assert 1.5e-3 <= sum(tail) / len(tail) <= 6e-3, tail
 
 
-def test_average_states() -> None:
+def test_average_states_skips_workers_that_never_stepped() -> None:
+    """DL4J's reducer adds only threshold algorithms that ran: the idle worker's 3.0 is left out of both means."""
     avg = average_states([ThresholdState(1.0, 0.1), ThresholdState(3.0, None), ThresholdState(2.0, 0.3)])
-    assert avg.threshold == 2.0 and avg.last_sparsity == pytest.approx(0.2)
-    assert average_states([ThresholdState(1.0)]).last_sparsity is None
+    assert avg.threshold == 1.5 and avg.last_sparsity == pytest.approx(0.2)
+    none_stepped = average_states([ThresholdState(1.0), ThresholdState(3.0)])
+    assert none_stepped.threshold == 2.0 and none_stepped.last_sparsity is None
     with pytest.raises(ConfigError):
         average_states([])
 
@@ -230,3 +232,18 @@ def test_encode_step_matches_plain_threshold_encode() -> None:
         b = threshold_encode(update, residual, 0.5)
         assert a.payload.equal(b.payload)
     assert state.residual.equal(residual)
+
+
+def test_encoder_config_boundary_caps_every_step_and_round_trips() -> None:
+    config = EncoderConfig(threshold_policy=FixedThreshold(1.0), residual_post_processor=NoResidualPostProcessing(),
+                           boundary=3)
+    assert EncoderConfig.from_dict(config.to_dict()) == config
+    state = EncoderState.create(config, 10)
+    sent = []
+    for step in range(4):
+        message, state = encode_step(torch.ones(10) if step == 0 else None, state, step)
+        sent.append(message.num_entries)
+    assert sent == [3, 3, 3, 1]  # ten entries leave three at a time; nothing is lost
+    assert float(state.residual.abs().sum()) == 0.0
+    with pytest.raises(ConfigError, match="boundary"):
+        EncoderConfig(boundary=0)

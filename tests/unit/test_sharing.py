@@ -98,6 +98,22 @@ def test_unequal_shards_terminate_and_match_reference() -> None:
         assert net.extra_config["sharing.replicas_identical"] is True
 
 
+def test_threshold_average_skips_the_worker_that_never_stepped() -> None:
+    shards = [_batches(7, seed=3), _batches(2, seed=4), []]  # rank 2 gets no data
+    net = _net(seed=1)
+    _, states = _reference(net, shards, epochs=1, overlap=False)
+    _fit(net, shards, epochs=1, overlap=False)
+    saved = ThresholdState.from_tensor(net.extra_state[THRESHOLD_KEY])
+    stepped = [s.threshold_state for s in states[:2]]
+    assert saved.threshold == pytest.approx(sum(s.threshold for s in stepped) / 2)
+    assert saved.last_sparsity == pytest.approx(sum(s.last_sparsity for s in stepped) / 2)
+    with_idle = sum(s.threshold_state.threshold for s in states) / 3
+    assert saved.threshold != pytest.approx(with_idle), "the idle worker's initial threshold must be left out"
+    # the next fit starts from the averaged threshold without a sparsity: "stepped" means "stepped in that fit"
+    carried = SharingAlgorithm(SharingSettings(ENCODER)).start(net, SoloCommunicator()).encoder.threshold_state
+    assert carried == ThresholdState(saved.threshold)
+
+
 def test_state_carries_across_fits_and_save_load(tmp_path) -> None:
     """Two fits of one epoch equal one fit of two epochs (identical shards: the end-of-fit averages are no-ops),
     which holds only if residuals, threshold state and the step counter survive the first fit -- and a save/load."""

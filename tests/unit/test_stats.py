@@ -14,6 +14,7 @@ from torchspark.errors import ConfigError, DataError, SerializationError
 from torchspark.stats import (PAYLOAD_FORMAT, STANDARD_PHASES, ClockSample, Phase, StatsCollector, TrainingStats,
                               best_clock_sample, clock_offset, clock_sample, to_driver_time)
 from torchspark.stats.aggregate import downsample_series, log_histogram, stacked_fractions, timeline_occupancy
+from torchspark.stats.html import render_html
 
 
 # ---- collector --------------------------------------------------------------------------------------------------
@@ -145,8 +146,9 @@ def test_summary_matches_what_was_recorded() -> None:
     assert s["seconds"]["fit"] == pytest.approx(rec["fit"])
     assert s["seconds"]["data_wait"] == pytest.approx(rec["data_wait"])
     assert s["seconds"]["averaging"] == pytest.approx(1.0) and s["counts"]["averaging"] == 2
-    assert s["seconds"]["my_custom_phase"] == pytest.approx(0.3)
-    assert list(s["seconds"]) == ["broadcast", "data_wait", "fit", "averaging", "my_custom_phase"]
+    assert list(s["seconds"]) == ["data_wait", "fit", "averaging"]  # the workers' phases
+    assert s["driver_seconds"] == pytest.approx({"broadcast": 0.2, "my_custom_phase": 0.3})
+    assert s["driver_counts"] == {"broadcast": 1, "my_custom_phase": 1}
     assert s["wall_seconds"] == pytest.approx(1011.3 - 999.0)
     assert s["bytes_sent"] == rec["bytes"] and s["dense_bytes"] == rec["dense"]
     assert s["compression_ratio"] == pytest.approx(rec["dense"] / rec["bytes"])
@@ -159,6 +161,22 @@ def test_summary_matches_what_was_recorded() -> None:
     with pytest.raises(ConfigError, match="JSON"):
         stats.set_summary("bad", object())
     json.dumps(s2)  # JSON-ready
+
+
+def test_driver_fit_span_is_not_a_minibatch() -> None:
+    """The driver records one ``fit`` span per fit (or per averaging round): never counted as a minibatch."""
+    stats, rec = _two_worker_stats()
+    driver = StatsCollector("driver")
+    for r in range(3):  # three rounds of 2 s each
+        driver.record_phase("fit", 2.0, start=999.5 + r)
+    stats.merge([driver.drain()])
+    s = stats.summary()
+    assert s["minibatches"] == s["counts"]["fit"] == 11  # 5 + 6 trained on the workers
+    assert s["iterations"] == 6 and s["examples"] == rec["examples"]
+    assert s["seconds"]["fit"] == pytest.approx(rec["fit"])  # no driver wall time in the per-minibatch total
+    assert s["driver_counts"]["fit"] == 3 and s["driver_seconds"]["fit"] == pytest.approx(6.0)
+    html = render_html(stats)
+    assert "fit (driver) duration" in html and ">fit (driver)<" in html
 
 
 def test_add_worker_payload_applies_offset_and_renames() -> None:

@@ -11,7 +11,6 @@ import torch
 from torchspark import DataSet, Network, models, optim
 from torchspark.errors import ConfigError, SetupError, WaitTimeout, WorkerError
 from torchspark.nn import NetworkBlueprint
-from torchspark.spark.barrier import pick_local_address
 from torchspark.training.mesh import MeshConfig
 from torchspark.training.assignment import assign_balanced
 from torchspark.training import InProcessRunner, ItemSource, ThreadGroup, WorkerTask, device_for_task
@@ -118,15 +117,7 @@ def test_gpu_addresses_from_resources() -> None:
     assert gpu_addresses({}) == []
 
 
-def test_local_address_choice() -> None:
-    plain = MeshConfig()
-    assert pick_local_address("10.1.2.3", plain, env={}) == "10.1.2.3"
-    assert pick_local_address("10.1.2.3", plain, env={"TORCHSPARK_LOCAL_IP": "192.168.9.9"}) == "192.168.9.9"
-    masked = MeshConfig(network_mask="172.16.0.0/12")
-    assert pick_local_address("10.1.2.3", masked, env={}, candidates=["127.0.0.1", "172.17.0.5"]) == "172.17.0.5"
-    with pytest.raises(SetupError, match="network_mask"):
-        pick_local_address("10.1.2.3", masked, env={}, candidates=["127.0.0.1"])
-    assert pick_local_address("h", MeshConfig(controller_address="1.2.3.4"), env={}) == "1.2.3.4"
+def test_network_mask_must_be_a_cidr() -> None:
     with pytest.raises(ConfigError, match="CIDR"):
         MeshConfig(network_mask="not-a-mask")
 

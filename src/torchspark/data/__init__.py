@@ -6,6 +6,7 @@ Built-in datasets (scikit-learn digits, synthetic data, MNIST IDX files) live in
 from __future__ import annotations
 
 from torchspark.data.batchfiles import (
+    batch_num_examples,
     dataset_from_bytes,
     dataset_to_bytes,
     list_batches,
@@ -19,6 +20,7 @@ from torchspark.data.dataset import DataSet, MultiDataSet
 __all__ = [
     "Batch",
     "DataSet",
+    "batch_num_examples",
     "MultiDataSet",
     "dataset_from_bytes",
     "dataset_to_bytes",

@@ -36,6 +36,7 @@ __all__ = [
     "save_batch",
     "save_batches",
     "load_batch",
+    "batch_num_examples",
     "list_batches",
 ]
 
@@ -231,6 +232,33 @@ def load_batch(path: str) -> DataSet | MultiDataSet:
     except OSError as exc:
         raise DataError(f"cannot read batch file {path} ({exc})") from exc
     return dataset_from_bytes(data, source=path)
+
+
+def batch_num_examples(path: str) -> int:
+    """The number of examples in a batch file, read from its header only (the tensors are not read).
+
+    Raises:
+        DataError: the file is missing, unreadable or not a torchspark batch file; the message names ``path``.
+    """
+    fs, fs_path = fsspec.core.url_to_fs(path)
+    try:
+        with fs.open(fs_path, "rb") as f:
+            head = f.read(8)
+            header_len = int.from_bytes(head, "little") if len(head) == 8 else -1
+            if not 0 <= header_len <= 100_000_000:
+                raise DataError(f"{path} is empty or not a safetensors file; re-export it with save_batches")
+            header_bytes = f.read(header_len)
+    except FileNotFoundError as exc:
+        raise DataError(f"batch file not found: {path}; check the path or re-export the data") from exc
+    except OSError as exc:
+        raise DataError(f"cannot read batch file {path} ({exc})") from exc
+    try:
+        metadata = json.loads(header_bytes.decode("utf-8")).get("__metadata__") or {}
+        if metadata.get("format") == BATCH_FORMAT and metadata.get("num_examples") is not None:
+            return int(metadata["num_examples"])
+    except (UnicodeDecodeError, ValueError, AttributeError):
+        pass
+    return len(load_batch(path))  # no count in the header: read the file (which also reports what is wrong)
 
 
 def list_batches(directory: str) -> list[str]:

@@ -95,6 +95,15 @@ def _accumulate_and_find_np(residual: torch.Tensor, update: torch.Tensor | None,
     return count, torch.from_numpy(idx)
 
 
+def first_indices(residual: torch.Tensor, threshold: float, k: int) -> torch.Tensor:
+    """int64 0-based indices of the first ``k`` entries (by index) with ``|r| >= t`` (the ``boundary`` cap).
+
+    One extra pass over the residual, taken only when a message is capped.
+    """
+    mask = residual.abs() >= threshold  # float32 compare, as the counting pass
+    return torch.nonzero(mask).squeeze(1)[:k]
+
+
 # --- step 3, sparse: subtract one ±t per found entry and emit signed 1-based indices ------------------------------
 
 def apply_sparse(residual: torch.Tensor, indices: torch.Tensor, threshold: float, force_torch: bool) -> torch.Tensor:
@@ -158,6 +167,16 @@ def apply_bitmap(residual: torch.Tensor, threshold: float, force_torch: bool) ->
         codes = torch.cat([codes, codes.new_zeros(pad)])
     residual.sub_(torch.where(pos, threshold, 0.0) - torch.where(neg, threshold, 0.0))
     shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device=residual.device)
+    quads = codes.view(-1, 4) << shifts  # (ceil(N/4), 4), disjoint bits
+    return quads[:, 0] | quads[:, 1] | quads[:, 2] | quads[:, 3]
+
+
+def sparse_to_bitmap(payload: torch.Tensor, length: int) -> torch.Tensor:
+    """The packed bitmap of a signed 1-based sparse payload (same entries, same ``±t``)."""
+    codes = torch.zeros(length + (-length) % 4, dtype=torch.uint8, device=payload.device)
+    idx = (payload.abs() - 1).long()
+    codes[idx] = torch.where(payload > 0, 1, 2).to(torch.uint8)
+    shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device=payload.device)
     quads = codes.view(-1, 4) << shifts  # (ceil(N/4), 4), disjoint bits
     return quads[:, 0] | quads[:, 1] | quads[:, 2] | quads[:, 3]
 

@@ -112,33 +112,41 @@ def _check_flat(name: str, t: torch.Tensor) -> None:
 
 
 def threshold_encode(update: torch.Tensor | None, residual: torch.Tensor, threshold: float, *,
-                     min_entries: int = 1, _force_torch: bool = False) -> EncodedUpdate:
+                     min_entries: int = 1, boundary: int | None = None,
+                     _force_torch: bool = False) -> EncodedUpdate:
     """Encode ``residual + update`` with threshold ``threshold``; mutates ``residual`` in place.
 
     Steps:
         1. ``residual += update`` (skipped when ``update`` is None, to flush the residual alone).
-        2. Count the entries with ``|r| >= t`` and choose the format (empty / sparse / bitmap by wire size) before
-           touching the residual again.
-        3. Every such entry is sent as one ``sign(r)*t`` step and ``r -= sign(r)*t`` (one step per entry per call,
-           even if ``|r| >= 2t``; the rest goes out in later calls).
+        2. Count the entries with ``|r| >= t``; with ``boundary=k`` keep only the first ``k`` of them (lowest
+           indices, as DL4J). Choose the format (empty / sparse / bitmap by wire size) before touching the residual
+           again.
+        3. Every kept entry is sent as one ``sign(r)*t`` step and ``r -= sign(r)*t`` (one step per entry per call,
+           even if ``|r| >= 2t``; the rest, and every entry over the boundary, stays for later calls).
 
     Args:
         update: flat float32 update (what the optimizer would subtract from the parameters), or None.
         residual: flat float32 residual, same length and device as ``update``; changed in place.
         threshold: step size ``t`` (> 0, rounded to float32). Larger = fewer, coarser entries per message.
         min_entries: send nothing unless at least this many entries reach ``t`` (DL4J used 2). Default 1.
+        boundary: at most this many entries per message (DL4J's ``boundary``); entries beyond it stay in the
+            residual untouched. ``None`` (default) = no cap. It bounds message size when the threshold is far too
+            low for the update (DL4J passes N/16, where a bitmap costs the same); the cap favours low indices,
+            so a small boundary delays high-index entries until the low ones fall below ``t``.
 
     Returns:
         The :class:`EncodedUpdate`; its payload lives on the residual's device.
 
     Raises:
-        ConfigError: ``threshold`` is not a finite positive float32, or ``min_entries < 1``.
+        ConfigError: ``threshold`` is not a finite positive float32, ``min_entries < 1`` or ``boundary < 1``.
         EncodingError: the tensors are not contiguous 1-D float32 of equal length on one device, or longer than
             :data:`MAX_LENGTH`.
     """
     t = _check_threshold(threshold)
     if min_entries < 1:
         raise ConfigError(f"min_entries must be >= 1, got {min_entries}")
+    if boundary is not None and (isinstance(boundary, bool) or not isinstance(boundary, int) or boundary < 1):
+        raise ConfigError(f"boundary must be None (no cap) or an int >= 1, got {boundary!r}; DL4J uses N/16")
     _check_flat("residual", residual)
     if residual.requires_grad:
         raise EncodingError("residual must not require grad; create it with torch.zeros(n) (no requires_grad)")
@@ -155,12 +163,20 @@ def threshold_encode(update: torch.Tensor | None, residual: torch.Tensor, thresh
         limit = _sparse_limit(n)
         # 1 + 2: accumulate and count, no subtraction yet
         count, indices = _kernels.accumulate_and_find(residual, upd, t, limit, _force_torch)
+        capped = boundary is not None and count > boundary
+        if capped:  # 2b: only the first `boundary` entries go out
+            count = boundary
+            indices = _kernels.first_indices(residual, t, boundary) if indices is None else indices[:boundary]
         if count < min_entries:
             return EncodedUpdate("empty", n, t, torch.empty(0, dtype=torch.int32, device=residual.device), 0)
         # 3: subtract one ±t per entry, in the chosen format
-        if indices is not None:
+        if indices is not None and count <= limit:
             payload = _kernels.apply_sparse(residual, indices, t, _force_torch)
             return EncodedUpdate("sparse", n, t, payload.to(residual.device), count)
+        if capped:  # a capped message still too big for sparse: the same entries as a bitmap
+            signed = _kernels.apply_sparse(residual, indices, t, _force_torch)
+            payload = _kernels.sparse_to_bitmap(signed.to(residual.device), n)
+            return EncodedUpdate("bitmap", n, t, payload, count)
         payload = _kernels.apply_bitmap(residual, t, _force_torch)
         return EncodedUpdate("bitmap", n, t, payload.to(residual.device), count)
 

@@ -48,29 +48,36 @@ class EncoderConfig:
         shake_frequency: every this many steps encode with ``t/3`` to flush small residuals; 0 (default) = never.
             Try 50..500 if many parameters never reach the threshold.
         min_entries: send nothing unless at least this many entries reach the threshold (DL4J: 2).
+        boundary: at most this many entries per message, the rest stay in the residual (DL4J's ``boundary``;
+            see :func:`~torchspark.encoding.threshold_encode`). None (default) = no cap.
     """
 
     threshold_policy: ThresholdPolicy = field(default_factory=AdaptiveThreshold)
     residual_post_processor: ResidualPostProcessor = field(default_factory=ResidualClipping)
     shake_frequency: int = 0
     min_entries: int = 1
+    boundary: int | None = None
 
     def __post_init__(self) -> None:
         if not (isinstance(self.shake_frequency, int) and self.shake_frequency >= 0):
             raise ConfigError(f"shake_frequency must be an int >= 0 (0 = off), got {self.shake_frequency!r}")
         if not (isinstance(self.min_entries, int) and self.min_entries >= 1):
             raise ConfigError(f"min_entries must be an int >= 1, got {self.min_entries!r}; DL4J uses 2")
+        if self.boundary is not None and (isinstance(self.boundary, bool) or not isinstance(self.boundary, int)
+                                          or self.boundary < 1):
+            raise ConfigError(f"boundary must be None (no cap) or an int >= 1, got {self.boundary!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return {"threshold_policy": self.threshold_policy.to_dict(),
                 "residual_post_processor": self.residual_post_processor.to_dict(),
-                "shake_frequency": self.shake_frequency, "min_entries": self.min_entries}
+                "shake_frequency": self.shake_frequency, "min_entries": self.min_entries, "boundary": self.boundary}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> EncoderConfig:
         return cls(threshold_policy=threshold_policy_from_dict(data["threshold_policy"]),
                    residual_post_processor=residual_post_processor_from_dict(data["residual_post_processor"]),
-                   shake_frequency=int(data.get("shake_frequency", 0)), min_entries=int(data.get("min_entries", 1)))
+                   shake_frequency=int(data.get("shake_frequency", 0)), min_entries=int(data.get("min_entries", 1)),
+                   boundary=None if data.get("boundary") is None else int(data["boundary"]))
 
 
 @dataclass(frozen=True)
@@ -137,7 +144,8 @@ def encode_step(update: torch.Tensor | None, state: EncoderState, step: int) -> 
     config = state.config
     threshold = state.threshold_state.threshold
     step_threshold = shake_up_threshold(threshold, step, config.shake_frequency)
-    message = threshold_encode(update, state.residual, step_threshold, min_entries=config.min_entries)
+    message = threshold_encode(update, state.residual, step_threshold, min_entries=config.min_entries,
+                               boundary=config.boundary)
     config.residual_post_processor.process(state.residual, threshold, step)
     if step_threshold != threshold:
         return message, state

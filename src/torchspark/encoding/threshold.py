@@ -33,6 +33,7 @@ __all__ = [
     "average_states",
     "shake_up_threshold",
     "threshold_policy_from_dict",
+    "NUM_SUMMANDS",
 ]
 
 DEFAULT_DECAY = 0.5 ** (1 / 20)  # at most x2 per 20 steps (x100 in ~132, x1000 in ~200)
@@ -239,7 +240,12 @@ def threshold_policy_from_dict(data: dict[str, Any]) -> ThresholdPolicy:
 
 
 def average_states(states: Sequence[ThresholdState]) -> ThresholdState:
-    """Mean threshold and mean last sparsity (ignoring workers that never stepped), DL4J's end-of-fit reducer.
+    """DL4J's end-of-fit reducer: mean threshold and mean last sparsity over the workers that stepped.
+
+    A state whose ``last_sparsity`` is None never stepped (a worker without data in this fit: gradient sharing
+    starts every fit's state without a sparsity) and is skipped entirely, so an idle worker's unchanged starting
+    threshold does not drag the average back. When no worker stepped, the result is the mean of the (unchanged)
+    thresholds with no sparsity.
 
     Raises:
         ConfigError: ``states`` is empty.
@@ -250,18 +256,26 @@ def average_states(states: Sequence[ThresholdState]) -> ThresholdState:
     return average_from_sums(sums, len(states))
 
 
-def state_summands(state: ThresholdState) -> tuple[float, float, float]:
-    """One worker's ``(threshold, last sparsity or 0, 1 if it has one else 0)``: summed over workers (by a list sum
-    or an all-reduce), :func:`average_from_sums` turns them into :func:`average_states`' result."""
-    has = state.last_sparsity is not None
-    return state.threshold, state.last_sparsity if has else 0.0, float(has)
+def state_summands(state: ThresholdState) -> tuple[float, float, float, float]:
+    """One worker's ``(threshold if stepped else 0, last sparsity if stepped else 0, 1 if stepped else 0,
+    threshold)``, where "stepped" means it has a last sparsity: summed over workers (by a list sum or an
+    all-reduce), :func:`average_from_sums` turns them into :func:`average_states`' result."""
+    stepped = state.last_sparsity is not None
+    return (state.threshold if stepped else 0.0, state.last_sparsity if stepped else 0.0, float(stepped),
+            state.threshold)
+
+
+#: how many values :func:`state_summands` returns (the width of the all-reduced threshold summary)
+NUM_SUMMANDS = 4
 
 
 def average_from_sums(sums: Sequence[float], workers: int) -> ThresholdState:
-    """:func:`average_states` from the sums over ``workers`` workers of their :func:`state_summands`."""
-    threshold, sparsity, with_sparsity = (float(v) for v in sums)
-    return ThresholdState(threshold=threshold / workers,
-                          last_sparsity=sparsity / with_sparsity if with_sparsity else None)
+    """:func:`average_states` from the sums over ``workers`` workers of their :func:`state_summands`: the means
+    over the workers that stepped, or the mean of all thresholds when none did."""
+    threshold, sparsity, stepped, threshold_all = (float(v) for v in sums)
+    if not stepped:
+        return ThresholdState(threshold=threshold_all / workers)
+    return ThresholdState(threshold=threshold / stepped, last_sparsity=sparsity / stepped)
 
 
 def shake_up_threshold(threshold: float, step: int, shake_frequency: int, divisor: float = 3.0) -> float:

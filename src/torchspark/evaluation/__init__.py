@@ -16,11 +16,13 @@ inputs) is applied. :class:`RegressionEvaluation` uses predictions as they are.
 
 Classes:
 
-* :class:`Evaluation` - accuracy, precision/recall/F1 (per class, macro, micro, weighted), top-N accuracy,
-  confusion matrix, Matthews correlation.
-* :class:`EvaluationBinary` - per-output binary metrics for multi-label models.
+* :class:`Evaluation` - accuracy, precision/recall/F1/F-beta/G-measure (per class, binary = class 1 of two,
+  macro, micro, weighted), top-N accuracy, confusion matrix, Matthews correlation; a binary decision threshold or
+  a cost array.
+* :class:`EvaluationBinary` - per-output binary metrics for multi-label models (one threshold per output).
 * :class:`RegressionEvaluation` - MSE, MAE, RMSE, RSE, R^2, Pearson per column.
-* :class:`ROC`, :class:`ROCBinary`, :class:`ROCMultiClass` - ROC curve, AUC, AUPRC (exact or binned).
+* :class:`ROC`, :class:`ROCBinary`, :class:`ROCMultiClass` - ROC curve, AUC, AUPRC (exact or binned), and a
+  :class:`PrecisionRecallCurve` per column (points, lookups by threshold/precision/recall, confusion counts).
 * :class:`EvaluationCalibration` - reliability diagrams, expected calibration error, histograms.
 """
 
@@ -30,16 +32,20 @@ from torchspark.evaluation.base import BaseEvaluation
 from torchspark.evaluation.binary import EvaluationBinary
 from torchspark.evaluation.calibration import EvaluationCalibration
 from torchspark.evaluation.classification import Evaluation
+from torchspark.evaluation.pr_curve import BinaryConfusion, CurvePoint, PrecisionRecallCurve
 from torchspark.evaluation.registry import EVALUATION_TYPES, evaluation_from_json
 from torchspark.evaluation.regression import RegressionEvaluation
 from torchspark.evaluation.roc import ROC, ROCBinary, ROCMultiClass
 
 __all__ = [
     "BaseEvaluation",
+    "BinaryConfusion",
+    "CurvePoint",
     "EVALUATION_TYPES",
     "Evaluation",
     "EvaluationBinary",
     "EvaluationCalibration",
+    "PrecisionRecallCurve",
     "ROC",
     "ROCBinary",
     "ROCMultiClass",

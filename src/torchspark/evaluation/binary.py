@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -16,32 +17,52 @@ __all__ = ["EvaluationBinary"]
 _COUNTS = ("tp", "fp", "tn", "fn")
 
 
+def _check_thresholds(value: float | Sequence[float], num_outputs: int | None) -> float | list[float]:
+    """One float, or a list of floats (one per output), each in (0, 1)."""
+    single = isinstance(value, (int, float)) and not isinstance(value, bool)
+    try:
+        values = [float(value)] if single else [float(v) for v in value]  # type: ignore[union-attr]
+    except (TypeError, ValueError):
+        raise ConfigError(f"decision_threshold must be a number or one number per output, got {value!r}") from None
+    if not values or not all(math.isfinite(v) and 0.0 < v < 1.0 for v in values):
+        raise ConfigError(f"decision_threshold must be in (0, 1), got {value!r}; 0.5 is typical")
+    if single:
+        return values[0]
+    if num_outputs is not None and len(values) != num_outputs:
+        raise ConfigError(f"decision_threshold has {len(values)} thresholds but num_outputs={num_outputs}; give one "
+                          f"per output or a single number")
+    return values
+
+
 class EvaluationBinary(BaseEvaluation):
     """Accuracy, precision, recall, F1 and false-alarm rate of each output column treated as its own binary task.
 
     Labels are 0/1 of shape (N, C) (or (N,) for one output); predictions are per-output probabilities (or logits,
-    which get a sigmoid). An output is predicted positive when its probability is **strictly greater** than
-    ``decision_threshold`` (DL4J's rule). Undefined ratios (0/0) are reported as 0, as scikit-learn does with
+    which get a sigmoid). An output is predicted positive when its probability is **strictly greater** than its
+    decision threshold (DL4J's rule). Undefined ratios (0/0) are reported as 0, as scikit-learn does with
     ``zero_division=0``. ``average_*`` methods are unweighted means over outputs (scikit-learn ``"macro"``).
 
     Args:
-        num_outputs: number of output columns; ``None`` infers it from the first batch.
-        decision_threshold: probability above which an output counts as positive, in (0, 1). 0.5 is the usual
-            start; lower it to trade precision for recall on rare labels.
+        num_outputs: number of output columns; ``None`` infers it from the first batch (or from a list of
+            thresholds).
+        decision_threshold: probability above which an output counts as positive, in (0, 1): one number for every
+            output, or one per output (DL4J's threshold array), e.g. ``[0.5, 0.2]`` when label 1 is rare. 0.5 is
+            the usual start; lower it to trade precision for recall.
 
     Raises:
-        ConfigError: ``num_outputs < 1`` or a threshold outside (0, 1).
+        ConfigError: ``num_outputs < 1``, a threshold outside (0, 1), or a list whose length differs from
+            ``num_outputs``.
     """
 
     type_name = "EvaluationBinary"
 
-    def __init__(self, num_outputs: int | None = None, decision_threshold: float = 0.5) -> None:
+    def __init__(self, num_outputs: int | None = None, decision_threshold: float | Sequence[float] = 0.5) -> None:
         if num_outputs is not None and (not isinstance(num_outputs, int) or num_outputs < 1):
             raise ConfigError(f"num_outputs must be an int >= 1 or None (infer), got {num_outputs!r}")
-        if not 0.0 < float(decision_threshold) < 1.0:
-            raise ConfigError(f"decision_threshold must be in (0, 1), got {decision_threshold!r}; 0.5 is typical")
+        self.decision_threshold = _check_thresholds(decision_threshold, num_outputs)
+        if num_outputs is None and isinstance(self.decision_threshold, list):
+            num_outputs = len(self.decision_threshold)
         self._initial_num_outputs = num_outputs
-        self.decision_threshold = float(decision_threshold)
         self.reset()
 
     def reset(self) -> None:
@@ -72,7 +93,7 @@ class EvaluationBinary(BaseEvaluation):
         counts = self._ensure_outputs(n_cols)
         actual = binary_labels(labels, n_rows, n_cols)  # bool (N, C)
         keep = element_mask(mask, n_rows, n_cols)  # bool (N, C)
-        predicted = probs > self.decision_threshold
+        predicted = probs > np.asarray(self.decision_threshold)  # (N, C) > scalar or (C,)
         counts["tp"] += np.sum(actual & predicted & keep, axis=0)
         counts["fp"] += np.sum(~actual & predicted & keep, axis=0)
         counts["tn"] += np.sum(~actual & ~predicted & keep, axis=0)
@@ -176,7 +197,8 @@ class EvaluationBinary(BaseEvaluation):
             return "EvaluationBinary: no data (call eval first)"
         header = f"{'Output':>8}{'Acc':>9}{'F1':>9}{'Prec':>9}{'Recall':>9}{'FAR':>9}{'Total':>9}{'TP':>8}{'FP':>8}"
         header += f"{'TN':>8}{'FN':>8}"
-        lines = [f"EvaluationBinary (decision threshold > {self.decision_threshold})", header]
+        lines = [f"EvaluationBinary (positive when probability > decision threshold {self.decision_threshold})",
+                 header]
         for i in range(int(self._num_outputs or 0)):
             lines.append(
                 f"{i:>8}{self.accuracy(i):>9.4f}{self.f1(i):>9.4f}{self.precision(i):>9.4f}{self.recall(i):>9.4f}"

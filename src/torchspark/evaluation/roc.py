@@ -27,6 +27,7 @@ from torchspark.evaluation._inputs import (
     softmax_if_logits,
 )
 from torchspark.evaluation.base import BaseEvaluation
+from torchspark.evaluation.pr_curve import PrecisionRecallCurve
 from torchspark.evaluation.roc_state import ScoreAccumulator
 
 __all__ = ["ROC", "ROCBinary", "ROCMultiClass"]
@@ -88,6 +89,11 @@ class _ROCColumns(BaseEvaluation):
     def roc_curve(self, index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(fpr, tpr, thresholds) of ``index``; thresholds decrease from +inf."""
         return self._column(index).roc_curve()
+
+    def precision_recall_curve(self, index: int) -> PrecisionRecallCurve:
+        """The precision-recall curve of ``index`` with lookups by threshold, precision and recall (DL4J's
+        ``getPrecisionRecallCurve``); see :class:`~torchspark.evaluation.PrecisionRecallCurve`."""
+        return PrecisionRecallCurve.from_counts(*self._column(index).counts())
 
     def num_positives(self, index: int) -> int:
         """Positive examples seen for ``index``."""
@@ -179,6 +185,10 @@ class ROC(_ROCColumns):
     def roc_curve(self, index: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(fpr, tpr, thresholds), as ``sklearn.metrics.roc_curve(..., drop_intermediate=False)`` when exact."""
         return super().roc_curve(index)
+
+    def precision_recall_curve(self, index: int = 0) -> PrecisionRecallCurve:
+        """Precision-recall curve; its arrays equal ``sklearn.metrics.precision_recall_curve`` when exact."""
+        return super().precision_recall_curve(index)
 
     def num_positives(self, index: int = 0) -> int:
         return super().num_positives(index)

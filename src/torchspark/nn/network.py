@@ -74,6 +74,9 @@ class Network:
             instance, its layers are re-initialised (``reset_parameters``) under this seed. ``None`` keeps the
             weights as they are.
         weight_decay: L2 penalty handed to the optimizer (decoupled for AdamW). 0 disables; 1e-4 is a common start.
+        l1: L1 penalty ``l1 * sum(|w|)``: ``l1 * sign(w)`` is added to every gradient before the updater runs
+            (after ``gradient_clip``, as DL4J does), which drives small weights to exactly 0 with SGD. 0 disables;
+            1e-5..1e-4 is a common start. Reported losses do not include the penalty.
         gradient_clip: clip the global gradient norm to this value before the updater runs (None = off). Try 1-5
             for recurrent or unstable networks.
         device: where the network lives (``"cpu"``, ``"cuda:0"``); default CPU.
@@ -96,11 +99,14 @@ class Network:
         gradient_clip: float | None = None,
         device: str | torch.device | None = None,
         memory_format: str = "contiguous",
+        l1: float = 0.0,
     ) -> None:
         if memory_format not in MEMORY_FORMATS:
             raise ConfigError(f"memory_format must be one of {list(MEMORY_FORMATS)}, got {memory_format!r}")
         if not isinstance(weight_decay, (int, float)) or not math.isfinite(weight_decay) or weight_decay < 0:
             raise ConfigError(f"weight_decay must be a finite number >= 0, got {weight_decay!r}")
+        if isinstance(l1, bool) or not isinstance(l1, (int, float)) or not math.isfinite(l1) or l1 < 0:
+            raise ConfigError(f"l1 must be a finite number >= 0, got {l1!r}; 1e-5..1e-4 is a common start")
         if gradient_clip is not None and (
             not isinstance(gradient_clip, (int, float)) or not math.isfinite(gradient_clip) or gradient_clip <= 0
         ):
@@ -109,6 +115,7 @@ class Network:
             raise ConfigError(f"seed must be an integer or None, got {seed!r}")
         self.seed = seed
         self.weight_decay = float(weight_decay)
+        self.l1 = float(l1)
         self.gradient_clip = None if gradient_clip is None else float(gradient_clip)
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.memory_format = memory_format
@@ -402,10 +409,35 @@ class Network:
         loss.backward()
         if self.gradient_clip is not None:
             torch.nn.utils.clip_grad_norm_(self._params, self.gradient_clip)
+        if self.l1:
+            self._add_l1_gradient()
+        self._apply_lr_schedule()
         self.optimizer.step()
         self.iteration += 1
         self.last_score = value
         return value
+
+    def _add_l1_gradient(self) -> None:
+        """grad += l1 * sign(w): the gradient of ``l1 * sum(|w|)`` (0 at w = 0, as autograd's abs)."""
+        with torch.no_grad():
+            for p in self._params:
+                if p.grad is not None:
+                    p.grad.add_(torch.sign(p), alpha=self.l1)
+
+    def _apply_lr_schedule(self) -> None:
+        """Set the optimizer's learning rate from the updater's schedule for this step (no-op for a fixed rate)."""
+        schedule = self.updater.lr_schedule if isinstance(self.updater, UpdaterSpec) else None
+        if schedule is not None:
+            lr = schedule.value(self.iteration, self.epoch)
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+
+    def current_lr(self) -> float:
+        """The learning rate the next step will use (the schedule's value at the current counters)."""
+        schedule = self.updater.lr_schedule if isinstance(self.updater, UpdaterSpec) else None
+        if schedule is not None:
+            return schedule.value(self.iteration, self.epoch)
+        return float(self.optimizer.param_groups[0]["lr"])
 
     def compute_update(self, batch: Batch, validate: bool = False) -> torch.Tensor:
         """The step the updater would take on ``batch`` (``params_before - params_after``), without taking it.

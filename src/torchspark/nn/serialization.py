@@ -40,6 +40,7 @@ def _portable_parts(net: Network) -> tuple[dict[str, Any], dict[str, Any]]:
         "version": VERSION,
         "seed": net.seed,
         "weight_decay": net.weight_decay,
+        "l1": net.l1,
         "gradient_clip": net.gradient_clip,
         "memory_format": net.memory_format,
         "iteration": net.iteration,
@@ -83,6 +84,7 @@ def _rebuild(config: dict[str, Any], objects: dict[str, Any], device: str | torc
         gradient_clip=config["gradient_clip"],
         device=device,
         memory_format=config.get("memory_format", "contiguous"),
+        l1=float(config.get("l1", 0.0)),
     )
     net.seed = config.get("seed")
     net.iteration = int(config.get("iteration", 0))

@@ -22,14 +22,14 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
-from torchspark.data import DataSet, MultiDataSet, rebatch
+from torchspark.data import DataSet, MultiDataSet, batch_num_examples, rebatch
 from torchspark.encoding import AdaptiveThreshold, ResidualClipping
 from torchspark.errors import ConfigError, DataError
 from torchspark.nn import Network
 from torchspark.parallel.options import OPTION_DEFAULTS, TRAINING_MODES, check_local_master, master_from_options
 from torchspark.parallel.runner import LocalProcessRunner, WorkerShares
 from torchspark.stats import DRIVER_ID, StatsCollector, TrainingStats
-from torchspark.training.assignment import split_examples, split_for_workers
+from torchspark.training.assignment import plan_files, split_examples
 from torchspark.training.driver import build_task, run_fit
 from torchspark.training.hooks import ProgressUpdate, ScoreReport
 from torchspark.training.masters import TrainingMaster
@@ -99,8 +99,8 @@ class _DataPlan:
 
 def _route(data: Any, workers: int, batch_size: int, epochs: int, rng_seed: int | None) -> _DataPlan:
     """Split ``data`` over the workers with the plans Spark uses: in-memory data exactly balanced by examples
-    (:func:`split_examples`, Spark's ``repartition_strategy="balanced"``), batch files whole
-    (:func:`split_for_workers`, Spark's ``fit_paths``)."""
+    (:func:`split_examples`, Spark's ``repartition_strategy="balanced"``), batch files of any size re-batched to
+    ``batch_size`` (:func:`plan_files`, Spark's ``fit_paths``)."""
     if isinstance(data, _BATCH_TYPES):
         if len(data) == 0:
             raise DataError("fit got an empty DataSet (0 examples)")
@@ -117,8 +117,8 @@ def _route(data: Any, workers: int, batch_size: int, epochs: int, rng_seed: int 
         raise DataError("fit got no data: the list or iterable is empty")
     if isinstance(first, _PATH_TYPES):  # paths are cheap: always materialised, so any epochs work
         paths = _checked(itertools.chain([first], items), _PATH_TYPES, "batch-file path")
-        return _DataPlan(paths[0], WorkerShares(workers, paths=split_for_workers([os.fspath(p) for p in paths],
-                                                                                 workers, rng_seed)))
+        files = [(os.fspath(p), batch_num_examples(os.fspath(p))) for p in paths]  # re-batched, as fit_paths
+        return _DataPlan(paths[0], WorkerShares(workers, paths=plan_files(files, batch_size, workers, rng_seed)))
     if isinstance(data, (list, tuple)):
         items = _checked(data, _BATCH_TYPES, "DataSet or MultiDataSet")
         if len({type(item) for item in items}) > 1:
@@ -294,7 +294,8 @@ class ParallelWrapper:
             data: a DataSet/MultiDataSet, or a list of them (read in order as one sequence of examples): every
                 worker gets an equal share of the examples (+-1) in minibatches of ``batch_size``, as SparkNetwork
                 with ``repartition_strategy="balanced"`` gives them; a list of batch-file paths
-                (:func:`~torchspark.data.save_batches` output, one minibatch each, read by the workers); or a
+                (:func:`~torchspark.data.save_batches` output, files of any size re-batched to ``batch_size`` and
+                balanced by examples as ``SparkNetwork.fit_paths`` does, read by the workers); or a
                 one-shot iterable of DataSets (re-batched and dealt round-robin; one epoch only).
             epochs: passes over the data, all inside one launch of the workers.
             batch_size: examples per minibatch on each worker; None = the master's ``batch_size_per_worker`` (32

@@ -11,79 +11,50 @@ The driver side (running the stage under its own job group, turning a worker's e
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
-import socket
-import subprocess
 import traceback
+from dataclasses import replace
 from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
-from torchspark.errors import SetupError, WaitTimeout
+from torchspark.errors import WaitTimeout
 from torchspark.spark.barrier_wait import wait_bounded
 from torchspark.training import env as task_env
 from torchspark.training.comm import TorchDistCommunicator
 from torchspark.training.devices import backend_for_device, device_for_task, gpu_addresses
 from torchspark.training.mesh import MeshConfig
+from torchspark.training.netif import LOCAL_ADDRESS_ENV, Endpoint, choose_endpoint, socket_interface
+from torchspark.training.ports import listen_in_range
 from torchspark.training.progress import ProgressEndpoint
 from torchspark.training.reporting import open_worker_hooks
 from torchspark.training.stores import fetch, listening_store, private_store, publish
 from torchspark.training.worker import ItemSource, WorkerResult, WorkerTask, run_worker
 
-__all__ = ["RendezvousSettings", "barrier_task", "open_relay", "LOCAL_ADDRESS_ENV", "pick_local_address"]
+__all__ = ["RendezvousSettings", "barrier_task", "open_relay", "LOCAL_ADDRESS_ENV"]
 
 log = logging.getLogger(__name__)
 
 #: How long a worker tries to connect to the driver's rendezvous store before failing with advice.
 RELAY_CONNECT_TIMEOUT_S = 60.0
 
-#: Overrides the address a worker advertises to its peers (DL4J's ``DL4J_VOID_IP``).
-LOCAL_ADDRESS_ENV = "TORCHSPARK_LOCAL_IP"
 
 
 #: How workers find each other: the master's :class:`~torchspark.training.mesh.MeshConfig` (the old name stays).
 RendezvousSettings = MeshConfig
 
 
-def _interface_addresses() -> list[str]:
-    addrs: set[str] = set()
-    try:
-        for info in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET):
-            addrs.add(str(info[4][0]))
-    except OSError:
-        pass
-    try:  # Linux: every configured IPv4 address
-        out = subprocess.run(["hostname", "-I"], capture_output=True, text=True, timeout=5).stdout
-        addrs.update(a for a in out.split() if "." in a)
-    except (OSError, ValueError, subprocess.SubprocessError):
-        pass
-    addrs.add("127.0.0.1")
-    return sorted(addrs)
-
-
-def pick_local_address(task_host: str, settings: RendezvousSettings, env: dict[str, str] | None = None,
-                       candidates: list[str] | None = None) -> str:
-    """The address this task advertises: env override, then controller address, then mask match, then Spark's."""
-    env = os.environ if env is None else env
-    if env.get(LOCAL_ADDRESS_ENV):
-        return env[LOCAL_ADDRESS_ENV]
-    if settings.controller_address:
+def _store_address(local: Endpoint, settings: MeshConfig) -> str:
+    """The address worker 0's store advertises: ``controller_address`` (e.g. a NAT address) unless
+    ``TORCHSPARK_LOCAL_IP`` forced one, else the local choice. Host identity and gloo keep the local one."""
+    if settings.controller_address and local.source != "env":
         return settings.controller_address
-    if settings.network_mask:
-        net = ipaddress.ip_network(settings.network_mask, strict=False)
-        for addr in candidates if candidates is not None else _interface_addresses():
-            if ipaddress.ip_address(addr) in net:
-                return addr
-        raise SetupError(
-            f"no local interface address is inside network_mask={settings.network_mask!r} on {socket.gethostname()}"
-            f"; fix the mask or set {LOCAL_ADDRESS_ENV} on the executors"
-        )
-    return task_host
+    return local.address
 
 
-def open_relay(advertise_host: str, timeout_s: float, bind_host: str | None = None) -> tuple[Any, tuple[str, int]]:
+def open_relay(advertise_host: str, timeout_s: float, port_range: tuple[int, int] | None = None,
+               bind_host: str | None = None) -> tuple[Any, tuple[str, int]]:
     """A small key-value store on the driver through which task 0 tells its peers where its store listens.
 
     Spark's ``BarrierTaskContext.allGather`` would do, but it polls once a second on the JVM side, which costs
@@ -93,7 +64,8 @@ def open_relay(advertise_host: str, timeout_s: float, bind_host: str | None = No
     (:mod:`torchspark.training.stores`). Keep the returned store referenced for the whole fit; dropping it closes
     the port.
     """
-    store = listening_store(bind_host or advertise_host, 0, None, timeout_s)
+    store = listen_in_range(lambda port: listening_store(bind_host or advertise_host, port, None, timeout_s),
+                            port_range, "the driver's rendezvous relay")
     return store, (advertise_host, int(store.port))
 
 
@@ -145,8 +117,10 @@ _STORE_ADDRESS = "worker-0-store"
 
 
 def _rendezvous(ctx: Any, settings: RendezvousSettings, backend: str, device: str,
-                relay_address: tuple[str, int] | None = None, token: bytes | None = None,
-                environment: task_env.TaskEnvironment | None = None) -> TorchDistCommunicator:
+                relay_address: tuple[str, int] | None = None,
+                driver_host: str | None = None, token: bytes | None = None,
+) -> tuple[TorchDistCommunicator, dict[str, Any]]:
+    """Build the process group; returns it and what this worker chose (address, interface, source)."""
     import datetime
 
     import torch.distributed as dist
@@ -162,11 +136,14 @@ def _rendezvous(ctx: Any, settings: RendezvousSettings, backend: str, device: st
     world = len(infos)
     task_host = infos[rank].address.rsplit(":", 1)[0]
     timeout = datetime.timedelta(seconds=settings.rendezvous_timeout_s)
+    me = choose_endpoint(driver_host, task_host, settings.network_mask)
     store: Any = None
     if rank == 0:
-        host = pick_local_address(task_host, settings)
-        store = listening_store(host, settings.port, world, settings.rendezvous_timeout_s)
-        message = f"{host}:{store.port}"
+        advertised = _store_address(me, settings)
+        store = listen_in_range(
+            lambda port: listening_store(advertised, port, world, settings.rendezvous_timeout_s),
+            settings.port_range, "worker 0's rendezvous store", settings.port)
+        message = f"{advertised}:{store.port}"
         if shared_token:
             token = new_token()
             message = f"{token.hex()}@{message}"
@@ -187,20 +164,14 @@ def _rendezvous(ctx: Any, settings: RendezvousSettings, backend: str, device: st
                 f"{settings.rendezvous_timeout_s}: {e}. Executors must reach each other on that port: check firewalls, "
                 f"set network_mask or {LOCAL_ADDRESS_ENV} so workers advertise an address their peers can reach"
             ) from e
-    # the caller's scope restores it when the task ends (without one it stays set, as for a one-off process)
-    (environment or task_env.TaskEnvironment()).setdefault(task_env.GLOO_SOCKET_IFNAME, _ifname_for(host))
-    return TorchDistCommunicator(private_store(store, token), rank, world, backend, device,
-                                 settings.rendezvous_timeout_s, settings.shared_memory_allreduce)
-
-
-def _ifname_for(address: str) -> str | None:
-    """The loopback interface name when peers talk over loopback (gloo otherwise resolves the hostname)."""
-    try:
-        if ipaddress.ip_address(address).is_loopback:
-            return "lo"
-    except ValueError:
-        return None
-    return None
+    # gloo/NCCL advertise what the hostname resolves to unless told an interface: often loopback (127.0.1.1)
+    with socket_interface(me.interface) as in_effect:
+        comm = TorchDistCommunicator(private_store(store, token), rank, world, backend, device, settings.rendezvous_timeout_s,
+                                     settings.shared_memory_allreduce, host_address=me.address)
+    chosen = {"address": me.address, "interface": me.interface, "source": me.source,
+              "socket_ifname": in_effect.get("GLOO_SOCKET_IFNAME"), "shared_memory": comm.uses_shared_memory,
+              "store": f"{host}:{port}"}
+    return comm, chosen
 
 
 def barrier_task(
@@ -228,10 +199,10 @@ def barrier_task(
         task = _with_threads(task, cpus)
         hooks = open_worker_hooks(ctx.partitionId(), task.collect_stats, progress_address)
         comm: TorchDistCommunicator | None = None
-        environment = task_env.TaskEnvironment()
         try:
-            comm = _rendezvous(ctx, settings, backend_for_device(device), device, relay_address, token, environment)
-            result = run_worker(task, ItemSource(items), comm, device, hooks)
+            comm, chosen = _rendezvous(ctx, settings, backend_for_device(device), device, relay_address,
+                                       _driver_host(relay_address, progress_address), token)
+            result = replace(run_worker(task, ItemSource(items), comm, device, hooks), network=chosen)
         except BaseException:
             if hooks.report_error is not None:
                 hooks.report_error(traceback.format_exc())
@@ -239,7 +210,6 @@ def barrier_task(
         finally:
             if comm is not None:
                 comm.close()
-            environment.restore()
             if hooks.close is not None:
                 hooks.close()
         yield result
@@ -247,7 +217,10 @@ def barrier_task(
     return run
 
 
-def _with_threads(task: WorkerTask, cpus: int) -> WorkerTask:
-    from dataclasses import replace
+def _driver_host(*addresses: tuple[str, int] | None) -> str | None:
+    """The driver's host as the executors dial it (the relay's or the progress server's advertised host)."""
+    return next((a[0] for a in addresses if a is not None), None)
 
+
+def _with_threads(task: WorkerTask, cpus: int) -> WorkerTask:
     return task if task.num_threads else replace(task, num_threads=max(1, int(cpus)))

@@ -28,7 +28,7 @@ import torch
 from torchspark._io import read_safetensors_metadata
 from torchspark.data import DataSet, MultiDataSet, dataset_from_bytes, dataset_to_bytes, rebatch, recut
 from torchspark.errors import ConfigError, DataError
-from torchspark.training.assignment import BalancedPlan, split_for_workers
+from torchspark.training.assignment import BalancedPlan, FileSlices, plan_files, split_for_workers
 
 __all__ = [
     "dataframe_to_batches",
@@ -39,6 +39,7 @@ __all__ = [
     "worker_rdd_from_paths",
     "worker_rdd_balanced",
     "group_paths",
+    "plan_path_files",
     "spread_round_robin",
     "storage_level_by_name",
 ]
@@ -188,15 +189,29 @@ def worker_rdd_from_paths(sc: Any, groups: Sequence[Sequence[Any]]) -> Any:
 
 def group_paths(paths: Sequence[tuple[int, str]], num_workers: int, rng_seed: int | None,
                 by_partition: bool) -> list[list[str]]:
-    """Split batch-file paths into per-worker lists: one input partition per worker (``by_partition``), or whole
-    files balanced by count (:func:`~torchspark.training.assignment.split_for_workers`; ``fit_paths`` trains the
-    user's files as they are)."""
+    """Split batch-file paths into per-worker lists, each file one minibatch: one input partition per worker
+    (``by_partition``), or whole files balanced by count (:func:`~torchspark.training.assignment.split_for_workers`).
+    For files cut to the batch size already (the export route's)."""
     if by_partition:
         groups: list[list[str]] = [[] for _ in range(num_workers)]
         for part, path in paths:
             groups[part].append(path)
         return groups
     return split_for_workers([p for _, p in paths], num_workers, rng_seed)
+
+
+def plan_path_files(files: Sequence[tuple[int, str, int]], num_workers: int, batch_size: int, rng_seed: int | None,
+                    by_partition: bool) -> list[list[str | FileSlices]]:
+    """``fit_paths``: the user's files ``(partition, path, examples)`` of any size re-batched to ``batch_size``
+    (:func:`~torchspark.training.assignment.plan_files`): over all files, balanced by examples; or with
+    ``by_partition`` within each input partition, which stays one worker's data in order."""
+    if not by_partition:
+        return plan_files([(path, count) for _, path, count in files], batch_size, num_workers, rng_seed)
+    groups: list[list[str | FileSlices]] = []
+    for w in range(num_workers):
+        mine = [(path, count) for part, path, count in files if part == w]
+        groups.append(plan_files(mine, batch_size, 1, None)[0] if sum(c for _, c in mine) else [])
+    return groups
 
 
 def worker_rdd_balanced(rdd: Any, plan: BalancedPlan, storage_level: Any) -> Any:

@@ -52,16 +52,16 @@ PREDICT_OUTPUTS = ("probabilities", "class")
 
 
 def regularization_score(network: Network) -> float:
-    """The L2 penalty ``0.5 * weight_decay * ||params||^2`` (0 when ``weight_decay`` is 0).
+    """The penalty ``0.5 * weight_decay * ||params||^2 + l1 * sum(|params|)`` (0 when both are 0).
 
     This is DL4J's ``includeRegularization`` term: the loss the updater effectively minimises is the data loss
-    plus this. It covers every parameter (biases too), because ``Network`` hands ``weight_decay`` to the
-    optimizer for all parameters.
+    plus this. It covers every parameter (biases too), because ``Network`` applies ``weight_decay`` and ``l1``
+    to all parameters.
     """
-    if network.weight_decay == 0:
+    if network.weight_decay == 0 and network.l1 == 0:
         return 0.0
     flat = network.params_view().detach().double()
-    return 0.5 * network.weight_decay * float(flat.dot(flat))
+    return 0.5 * network.weight_decay * float(flat.dot(flat)) + network.l1 * float(flat.abs().sum())
 
 
 def _chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
@@ -166,7 +166,7 @@ def score_examples(
     Args:
         data: an RDD of DataSet/MultiDataSet (or batch bytes / batch-file paths), a DataFrame (columns as for
             ``fit``) or a list of batch-file paths.
-        include_regularization: add :func:`regularization_score` (``0.5 * weight_decay * ||params||^2``) to each
+        include_regularization: add :func:`regularization_score` (the L2 and L1 penalties) to each
             example's loss, as DL4J does; False gives the pure data loss (summed over outputs).
         batch_size: examples per forward pass.
     Returns:

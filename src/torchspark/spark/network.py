@@ -14,11 +14,13 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from torchspark._io import filesystem, join
+from torchspark.data import batch_num_examples
 from torchspark.errors import ConfigError, DataError
 from torchspark.nn import Network
 from torchspark.spark.data import (
     count_examples,
     group_paths,
+    plan_path_files,
     rebatch_partition,
     spread_round_robin,
     storage_level_by_name,
@@ -142,7 +144,9 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         """Train from batch files (``save_batches`` output): a list of paths/URLs or an RDD of them.
 
         The seeds' recommended route: preprocess once, save minibatch files to HDFS/S3, train from the paths.
-        Files are used as they are (one minibatch each).
+        Files of any size are re-batched to ``batch_size_per_worker`` (as DL4J does), balanced by examples over
+        the workers (with ``repartition="never"``: within each input partition); their example counts are read
+        from the file headers first.
         """
         master = self._master()
         _check_epochs(epochs)
@@ -150,16 +154,16 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         n = self._num_workers(master)
         self._preflight(master, n)
         if isinstance(paths, (list, tuple)):
-            indexed = [(0, str(p)) for p in paths]
+            indexed = [(0, str(p), batch_num_examples(str(p))) for p in paths]
             partitions = 1
-        else:
-            indexed = run_job(self.sc, "torchspark: list the batch-file paths",
-                              paths.mapPartitionsWithIndex(lambda i, it: ((i, str(p)) for p in it)).collect)
+        else:  # the executors read the headers
+            indexed = run_job(self.sc, "torchspark: list the batch-file paths", paths.mapPartitionsWithIndex(
+                lambda i, it: ((i, str(p), batch_num_examples(str(p))) for p in it)).collect)
             partitions = paths.getNumPartitions()
         if not indexed:
             raise DataError("fit_paths got no paths: the list or RDD of batch files is empty")
         by_partition = self._keep_partitions(master, partitions, n)
-        groups = group_paths(indexed, n, master.rng_seed, by_partition)
+        groups = plan_path_files(indexed, n, master.batch_size_per_worker, master.rng_seed, by_partition)
         return self._train(worker_rdd_from_paths(self.sc, groups), master, n, epochs)
 
     def delete_temp_files(self) -> None:

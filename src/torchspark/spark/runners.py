@@ -72,10 +72,12 @@ class SparkBarrierRunner:
         task_bc = self.sc.broadcast(task)
         relay: Any = None
         try:
-            progress = context.progress_address(host=bind, advertise_host=host)
+            progress = context.progress_address(host=bind, advertise_host=host, port_range=self.mesh.port_range,
+                                                  bind_host=bind)
             relay_address = None
             if self.mesh.rendezvous_via == "driver":
-                relay, relay_address = open_relay(host, self.mesh.rendezvous_timeout_s, bind_host=bind)
+                relay, relay_address = open_relay(host, self.mesh.rendezvous_timeout_s, self.mesh.port_range,
+                                                  bind_host=bind)
             fn = barrier_task(task_bc, self.mesh, progress, relay_address)
             with context.recorder.phase("fit"):
                 return run_barrier_stage(self.sc, data.rdd, fn, context.description,

@@ -97,7 +97,7 @@ def _legend(phases: list[str], colors: dict[str, str]) -> str:
 def _summary_table(summary: dict[str, Any]) -> str:
     rows = []
     for key, value in summary.items():
-        if key in ("seconds", "counts"):
+        if key in ("seconds", "counts", "driver_seconds", "driver_counts"):
             continue
         if key == "worker_ids":
             value = ", ".join(value)
@@ -107,20 +107,32 @@ def _summary_table(summary: dict[str, Any]) -> str:
     return f"<table>{''.join(rows)}</table>"
 
 
-def _phase_table(stats: TrainingStats, phases: list[str], colors: dict[str, str]) -> str:
+def _phase_groups(stats: TrainingStats, phases: list[str]) -> list[tuple[str, str, np.ndarray]]:
+    """(label, phase, durations) of every phase on the workers, then every phase on the driver ("fit (driver)"):
+    a worker's fit is one minibatch, the driver's a whole fit or round, so their durations are never pooled."""
     ev = stats.events()
     code = {p: i for i, p in enumerate(ev.phase_names)}
-    grand = float(ev.duration.sum()) or 1.0
+    on_driver = stats.driver_mask()
+    groups = []
+    for scope, suffix in ((~on_driver, ""), (on_driver, " (driver)")):
+        for p in phases:
+            d = ev.duration[(ev.phase == code[p]) & scope]
+            if d.size:
+                groups.append((p + suffix, p, d))
+    return groups
+
+
+def _phase_table(stats: TrainingStats, phases: list[str], colors: dict[str, str]) -> str:
+    grand = float(stats.events().duration.sum()) or 1.0
     rows = ["<tr><th>phase</th><th>events</th><th>total s</th><th>share</th><th>mean ms</th><th>p50 ms</th>"
             "<th>p95 ms</th><th>max ms</th></tr>"]
-    for p in phases:
-        d = ev.duration[ev.phase == code[p]]
+    for label, p, d in _phase_groups(stats, phases):
         p50, p95 = np.percentile(d, [50, 95]) * 1e3
-        rows.append(f'<tr><td><i class="sw" style="background:{colors[p]}"></i>{esc(p)}</td><td>{d.size}</td>'
+        rows.append(f'<tr><td><i class="sw" style="background:{colors[p]}"></i>{esc(label)}</td><td>{d.size}</td>'
                     f"<td>{fmt(float(d.sum()))}</td><td>{100 * d.sum() / grand:.1f}%</td>"
                     f"<td>{fmt(float(d.mean()) * 1e3)}</td><td>{fmt(p50)}</td><td>{fmt(p95)}</td>"
                     f"<td>{fmt(float(d.max()) * 1e3)}</td></tr>")
-    return f"<h3>Phases (all workers)</h3><table>{''.join(rows)}</table>"
+    return f"<h3>Phases (workers, then driver)</h3><table>{''.join(rows)}</table>"
 
 
 def _timeline(stats: TrainingStats, workers: list[str], phases: list[str], colors: dict[str, str],
@@ -205,12 +217,10 @@ def _shares(stats: TrainingStats, workers: list[str], phases: list[str], colors:
 
 
 def _histograms(stats: TrainingStats, phases: list[str], colors: dict[str, str]) -> str:
-    ev = stats.events()
-    code = {p: i for i, p in enumerate(ev.phase_names)}
     charts = []
-    for p in phases:
-        edges, counts = log_histogram(ev.duration[ev.phase == code[p]])
-        charts.append(histogram_chart(edges, counts, title=f"{p} duration", xlabel="milliseconds (log bins)",
+    for label, p, d in _phase_groups(stats, phases):
+        edges, counts = log_histogram(d)
+        charts.append(histogram_chart(edges, counts, title=f"{label} duration", xlabel="milliseconds (log bins)",
                                       color=colors[p], scale=1e3))
     return f'<div class="grid">{"".join(charts)}</div>' if charts else '<p class="note">No phase events.</p>'
 

@@ -179,24 +179,49 @@ class TrainingStats:
                 cat("format", np.int32))
         return self._cache["encoding"]
 
+    def driver_mask(self) -> np.ndarray:
+        """bool (events,): which events the driver (the training master) recorded, as opposed to the workers.
+
+        The two are counted apart: the driver's ``fit`` is the span of a whole fit (or averaging round) and its
+        ``broadcast``/``aggregation`` happen once per fit or round, while a worker's ``fit`` is one minibatch.
+        """
+        ev = self.events()
+        if DRIVER_ID not in self._workers:
+            return np.zeros(len(ev), dtype=bool)
+        return ev.worker == self._workers.index(DRIVER_ID)
+
+    def _phase_totals(self, keep: np.ndarray) -> tuple[dict[str, float], dict[str, int]]:
+        """(phase -> total seconds, phase -> events) over the events where ``keep`` (only phases that occur there)."""
+        ev = self.events()
+        totals = np.bincount(ev.phase[keep], weights=ev.duration[keep], minlength=len(ev.phase_names))
+        counts = np.bincount(ev.phase[keep], minlength=len(ev.phase_names))
+        codes = {name: i for i, name in enumerate(ev.phase_names)}
+        present = [p for p in self.phase_names if counts[codes[p]]]
+        return {p: float(totals[codes[p]]) for p in present}, {p: int(counts[codes[p]]) for p in present}
+
     def summary(self) -> dict[str, Any]:
         """Headline numbers of the fit.
 
+        Worker and driver phases are counted apart: ``seconds``/``counts`` hold the workers' phases (``fit`` is
+        one minibatch), ``driver_seconds``/``driver_counts`` the driver's (export, count, broadcast, its ``fit``
+        span of each fit or averaging round, aggregation).
+
         Returns:
-            A JSON-ready dict with ``examples`` (sum of the ``examples`` attribute of ``fit`` events), ``iterations``
-            (most ``fit`` events on one worker, i.e. steps per replica; falls back to the longest score series),
-            ``minibatches`` (all ``fit`` events), ``epochs`` (None unless set), ``workers`` (ids other than
-            ``"driver"``), ``worker_ids``, ``events``, ``seconds`` (phase -> total seconds over all workers),
-            ``counts`` (phase -> events), ``wall_seconds`` (first start to last end), and when encoding stats exist
-            ``bytes_sent``, ``dense_bytes``, ``compression_ratio`` (dense / sent) and ``mean_sparsity``. Fields set
-            with :meth:`set_summary` override the computed ones.
+            A JSON-ready dict with ``examples`` (sum of the ``examples`` attribute of the workers' ``fit`` events),
+            ``iterations`` (most ``fit`` events on one worker, i.e. steps per replica; falls back to the longest
+            score series), ``minibatches`` (the workers' ``fit`` events), ``epochs`` (None unless set), ``workers``
+            (ids other than ``"driver"``), ``worker_ids``, ``events`` (all, the driver's included), ``seconds``
+            (phase -> total seconds over all workers), ``counts`` (phase -> events on the workers),
+            ``driver_seconds`` and ``driver_counts`` (the same for the driver), ``wall_seconds`` (first start to
+            last end), and when encoding stats exist ``bytes_sent``, ``dense_bytes``, ``compression_ratio``
+            (dense / sent) and ``mean_sparsity``. Fields set with :meth:`set_summary` override the computed ones.
         """
         ev = self.events()
-        names = self.phase_names
         codes = {name: i for i, name in enumerate(ev.phase_names)}
-        totals = np.bincount(ev.phase, weights=ev.duration, minlength=len(ev.phase_names))
-        counts = np.bincount(ev.phase, minlength=len(ev.phase_names))
-        fit = ev.phase == codes["fit"] if "fit" in codes else np.zeros(len(ev), dtype=bool)
+        on_driver = self.driver_mask()
+        seconds, counts = self._phase_totals(~on_driver)
+        driver_seconds, driver_counts = self._phase_totals(on_driver)
+        fit = (ev.phase == codes["fit"]) & ~on_driver if "fit" in codes else np.zeros(len(ev), dtype=bool)
         examples = ev.attrs.get("examples")
         per_worker_fit = np.bincount(ev.worker[fit], minlength=len(self._workers)) if fit.any() else np.zeros(1)
         sc = self.scores()
@@ -209,8 +234,10 @@ class TrainingStats:
             "workers": sum(1 for w in self._workers if w != DRIVER_ID),
             "worker_ids": self.worker_ids,
             "events": len(ev),
-            "seconds": {p: float(totals[codes[p]]) for p in names},
-            "counts": {p: int(counts[codes[p]]) for p in names},
+            "seconds": seconds,
+            "counts": counts,
+            "driver_seconds": driver_seconds,
+            "driver_counts": driver_counts,
             "wall_seconds": float((ev.start + ev.duration).max() - ev.start.min()) if len(ev) else 0.0,
         }
         enc = self.encoding()

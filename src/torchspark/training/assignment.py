@@ -24,9 +24,15 @@ the executors and shuffles them to their workers (:func:`torchspark.spark.data.w
 minibatch as a whole file or as :class:`FileSlices`; ParallelWrapper slices its in-memory data
 (:func:`split_examples`). All three give identical per-worker minibatch sequences for the same seed.
 
-**Whole items** (:func:`assign_balanced`, :func:`split_for_workers`): batch files given by the user are trained as
-they are, one minibatch each, so only their count can be balanced: minibatch ``p`` of ``L`` (after an optional
-seeded permutation) goes to worker ``p * n // L``.
+**User batch files** (:func:`plan_files`, Spark's ``fit_paths`` and ParallelWrapper's path route): files of any
+size are re-batched to ``batch_size`` as DL4J does, by the exact-balance plan with every file taken as one input
+partition, so ``batch_size_per_worker`` means the same on every route. Workers read whole files or
+:class:`FileSlices` (a file larger than the batch size is read once per minibatch cut from it, so files of
+``batch_size`` examples, e.g. ``save_batches(data.split(batch_size))``, are read once per epoch).
+
+**Whole items** (:func:`assign_balanced`, :func:`split_for_workers`): items trained as they are, one minibatch
+each, so only their count can be balanced: minibatch ``p`` of ``L`` (after an optional seeded permutation) goes to
+worker ``p * n // L``.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ __all__ = [
     "grid_heads",
     "split_examples",
     "file_items",
+    "plan_files",
     "assign_balanced",
     "split_for_workers",
 ]
@@ -220,7 +227,24 @@ def file_items(plan: BalancedPlan, files: Sequence[tuple[int, str, int]]) -> lis
     return items
 
 
-# ------------------------------------------------------------------ whole items (user's batch files)
+def plan_files(files: Sequence[tuple[str, int]], batch_size: int, num_workers: int,
+               rng_seed: int | None) -> list[list[str | FileSlices]]:
+    """User batch files of any size re-batched to ``batch_size``: every worker's minibatches as export items.
+
+    Args:
+        files: ``(path, examples)`` of every file, in data order (:func:`torchspark.data.batch_num_examples`
+            reads the count from a file's header).
+        batch_size: examples per minibatch (``batch_size_per_worker``).
+        num_workers: ``n``; workers get ``floor`` or ``ceil`` of the examples over ``n``.
+        rng_seed: seeds the order of the full minibatches; None keeps data order.
+    Raises:
+        DataError: the files hold no examples at all.
+    """
+    plan = plan_balanced([n for _, n in files], batch_size, num_workers, rng_seed)
+    return file_items(plan, [(k, path, n) for k, (path, n) in enumerate(files)])
+
+
+# ------------------------------------------------------------------ whole items
 def assign_balanced(total: int, num_workers: int, rng_seed: int | None) -> np.ndarray:
     """Worker index of each minibatch ``0..total-1``: contiguous, equal (+-1) blocks after an optional permutation.
 

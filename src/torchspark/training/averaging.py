@@ -9,8 +9,11 @@ Each round:
      ``save_updater``, else resets it): the example-weighted mean, so uneven rounds are weighted fairly.
 Integer buffers (BatchNorm's ``num_batches_tracked``) are not averaged: they count a worker's own steps, so each
 worker keeps its count and the driver takes worker 0's (:class:`~torchspark.training.worker.WorkerResult`).
-A worker whose data ran out keeps joining rounds with ``n = 0``; the loop ends, on every worker at once, when the
-all-reduced ``active`` count is zero. So unequal partitions never hang and all workers agree on the rounds.
+``active`` is 1 while the worker has data left *after* this round: it reads one minibatch ahead, so the round that
+fits its last minibatch already says so, and an epoch has exactly ``ceil(most minibatches / averaging_frequency)``
+rounds (as DL4J), never a trailing empty one. A worker whose data ran out keeps joining rounds with ``n = 0``; the
+loop ends, on every worker at once, after the first round whose all-reduced ``active`` count is zero. So unequal
+partitions never hang and all workers agree on the rounds.
 With ``hooks.report_score`` set, rank 0 reports the round's averaged score (``sum(score * n) / sum(n)`` of step 2,
 where ``score`` is the worker's last minibatch loss of the round) after every round that fitted any example.
 """
@@ -70,21 +73,20 @@ def averaging_epoch(
     """Run one epoch of parameter averaging on this worker (see the module docstring for the steps)."""
     out = EpochOutcome()
     it = iter(batches)
-    exhausted = False
     rec = hooks.recorder
     packer = RoundBuffer(net, settings.save_updater, comm)
+    with rec.phase("data_wait"):
+        upcoming = next(it, None)  # one minibatch ahead: "is this my last round?" is known from the data position
     while True:
         n_round = 0
         round_score = float("nan")
         # 1. fit up to averaging_frequency minibatches
         for _ in range(settings.averaging_frequency):
-            if exhausted:
+            if upcoming is None:
                 break
+            batch = upcoming
             with rec.phase("data_wait"):
-                batch = next(it, None)
-            if batch is None:
-                exhausted = True
-                break
+                upcoming = next(it, None)
             with rec.phase("fit", examples=len(batch)):
                 round_score = net.train_step(batch, validate=validate_first and out.iterations == 0)
             n_round += len(batch)
@@ -99,7 +101,7 @@ def averaging_epoch(
         with rec.phase("averaging"):
             w = float(n_round)
             score_w = round_score * w if n_round else 0.0
-            packer.pack(w, score_w, 0.0 if exhausted else 1.0)
+            packer.pack(w, score_w, 0.0 if upcoming is None else 1.0)
             total = packer.reduce()
             total_w, total_score, active = (float(v) for v in total[-3:])
             # 3. example-weighted mean

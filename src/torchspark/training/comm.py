@@ -180,6 +180,8 @@ class TorchDistCommunicator:
             every rank is on the same host (:mod:`torchspark.training.shm`; about 2x faster than loopback TCP for
             sums, ~10x for small gathers). Ranks on different hosts, or without a usable ``/dev/shm``, agree to
             stay on gloo.
+        host_address: the address this worker advertises to its peers; with the network namespace it tells
+            which ranks share a host (None: the hostname, right for local process groups).
     """
 
     def __init__(
@@ -191,6 +193,7 @@ class TorchDistCommunicator:
         device: torch.device | str = "cpu",
         timeout_s: float = 300.0,
         shared_memory: bool = True,
+        host_address: str | None = None,
     ) -> None:
         if dist.is_initialized():
             raise SetupError(
@@ -208,7 +211,8 @@ class TorchDistCommunicator:
         self._shm: SharedMemoryReducer | None = None
         self._fifo: FifoBarrier | None = None
         if shared_memory and backend == "gloo" and world_size > 1:
-            self._shm = SharedMemoryReducer.for_host(store, rank, world_size, self._barrier, self._all_agree)
+            self._shm = SharedMemoryReducer.for_host(store, rank, world_size, self._barrier, self._all_agree,
+                                                     host_address)
             if self._shm is not None:  # same host: its barriers go through FIFOs when they can (else gloo)
                 self._fifo = FifoBarrier.create(store, rank, world_size, self._all_agree, timeout_s, _shm.SHM_DIR)
                 if self._fifo is not None:

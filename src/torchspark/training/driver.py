@@ -26,6 +26,7 @@ from torchspark.nn import Network, NetworkBlueprint
 from torchspark.stats import StatsCollector, TrainingStats
 from torchspark.training.hooks import PhaseRecorder, ProgressUpdate, ScoreReport
 from torchspark.training.masters import TrainingMaster
+from torchspark.training.ports import listen_in_range
 from torchspark.training.progress import ProgressBar, ProgressEndpoint, ProgressServer
 from torchspark.training.reporting import build_training_stats
 from torchspark.training.runner import Runner
@@ -72,12 +73,15 @@ class FitContext:
         self._score_listeners = list(score_listeners)
         self._server: ProgressServer | None = None
 
-    def progress_address(self, host: str = "127.0.0.1", advertise_host: str | None = None) -> ProgressEndpoint:
-        """Start the progress server on ``host`` (once per fit) and return the address workers dial with the fit's
-        token (a connection without it is dropped unread)."""
+    def progress_address(self, host: str = "127.0.0.1", advertise_host: str | None = None,
+                         port_range: tuple[int, int] | None = None) -> ProgressEndpoint:
+        """Start the progress server on ``host`` (once per fit; on a port inside ``port_range`` when set, the mesh
+        option) and return the address workers dial."""
         if self._server is None:
-            self._server = ProgressServer(host=host, advertise_host=advertise_host, listeners=self._listeners,
-                                          score_listeners=self._score_listeners).start()
+            self._server = listen_in_range(
+                lambda port: ProgressServer(host=host, port=port, advertise_host=advertise_host,
+                                            listeners=self._listeners, score_listeners=self._score_listeners).start(),
+                port_range, "the driver's progress server")
         return self._server.endpoint
 
     def reported_errors(self) -> list[tuple[int, str]]:

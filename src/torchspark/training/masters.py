@@ -77,7 +77,8 @@ class TrainingMaster:
             them many times slower (measured: an MLP epoch 0.52 s -> 1.03 s after four epochs without it). Values
             that small do not change training in practice; False keeps IEEE denormals (bit-for-bit comparisons
             with a process that does not flush).
-        port, network_mask, controller_address, rendezvous_via, rendezvous_timeout_s, shared_memory_allreduce:
+        port, port_range, network_mask, controller_address, rendezvous_via, rendezvous_timeout_s,
+        shared_memory_allreduce:
             the worker-mesh options (how workers find and talk to each other), validated and documented by
             :class:`~torchspark.training.mesh.MeshConfig`; :attr:`mesh` returns them as one frozen object and
             :meth:`with_mesh` sets them all from one.
@@ -102,9 +103,12 @@ class TrainingMaster:
     port: int = 0
     network_mask: str | None = None
     controller_address: str | None = None
+    port_range: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         name = type(self).__name__
+        if isinstance(self.port_range, list):  # from JSON
+            object.__setattr__(self, "port_range", tuple(self.port_range))
         _positive_int(name, "batch_size_per_worker", self.batch_size_per_worker)
         _positive_int(name, "num_workers", self.num_workers, optional=True)
         _positive_int(name, "worker_prefetch_num_batches", self.worker_prefetch_num_batches, 0)

@@ -27,14 +27,21 @@ class MeshConfig:
         port: TCP port of the rendezvous store on worker 0 (0 = any free port, the default: no clashes between
             concurrent fits). Set it only when a firewall opens one fixed port between executors.
         network_mask: CIDR such as ``"10.0.0.0/16"``: workers advertise the local interface address inside it
-            (hosts with several interfaces: YARN, EC2). The environment variable ``TORCHSPARK_LOCAL_IP`` on an
-            executor overrides the address it advertises (DL4J's ``DL4J_VOID_IP``).
+            and gloo/NCCL use that interface. Default (None): the address each executor reaches the driver with,
+            which is right on almost every cluster (:mod:`torchspark.training.netif`); set a mask when executors
+            talk to each other on another network than to the driver. The environment variable
+            ``TORCHSPARK_LOCAL_IP`` on an executor overrides both (DL4J's ``DL4J_VOID_IP``).
         controller_address: fixed address worker 0 advertises (overrides the mask).
         rendezvous_via: how the workers of a barrier stage learn worker 0's address: ``"driver"`` (a small store
             on the driver; executors must reach the driver on one extra port, as for the progress bar) or
             ``"barrier"`` (Spark's ``BarrierTaskContext.allGather``: no extra port, about 1 s slower per fit).
         rendezvous_timeout_s: limit for every barrier/rendezvous/collective wait; a stuck peer fails the fit
             after this long (default 300 s; raise it when executors are slow to start).
+        port_range: ``(first, last)`` inclusive, e.g. ``(40000, 40100)``: every port torchspark listens on (the
+            driver's rendezvous relay and progress server, worker 0's store) is taken from this range, for clusters
+            whose firewalls open only a known range. Gloo's own data connections use the OS's ephemeral ports,
+            which torch cannot pin: confine them with the executors' ``net.ipv4.ip_local_port_range`` (README).
+            Give the range room for concurrent fits (three ports per fit). Exclusive with ``port``.
         shared_memory_allreduce: workers that all run on one host (``local[N]``, one big executor,
             ``ParallelWrapper``) sum through ``/dev/shm`` instead of loopback TCP (about 2x faster all-reduces);
             workers on several hosts always use gloo/nccl. Turn off only to rule it out when debugging.
@@ -48,6 +55,7 @@ class MeshConfig:
     rendezvous_via: str = "driver"
     rendezvous_timeout_s: float = 300.0
     shared_memory_allreduce: bool = True
+    port_range: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= 65535:
@@ -68,6 +76,11 @@ class MeshConfig:
         value = self.rendezvous_timeout_s
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
             raise ConfigError(f"rendezvous_timeout_s must be a number of seconds > 0, got {value!r}")
+        if self.port_range is not None:
+            object.__setattr__(self, "port_range", _port_range(self.port_range))
+            if self.port:
+                raise ConfigError(f"set port ({self.port}) or port_range ({self.port_range}), not both: port_range "
+                                  "already covers worker 0's store")
         if not isinstance(self.shared_memory_allreduce, bool):
             raise ConfigError(f"shared_memory_allreduce must be True or False, got "
                               f"{self.shared_memory_allreduce!r}")
@@ -81,6 +94,16 @@ class MeshConfig:
         if unknown:
             raise ConfigError(f"unknown mesh option(s) {unknown}; known: {list(MESH_FIELDS)}")
         return cls(**d)
+
+
+def _port_range(value: Any) -> tuple[int, int]:
+    """``value`` as a validated ``(first, last)`` tuple (JSON gives a list)."""
+    ok = (isinstance(value, (tuple, list)) and len(value) == 2
+          and all(isinstance(v, int) and not isinstance(v, bool) for v in value))
+    if not ok or not 1 <= value[0] <= value[1] <= 65535:
+        raise ConfigError(f"port_range must be (first, last) with 1 <= first <= last <= 65535, e.g. (40000, 40100), "
+                          f"got {value!r}")
+    return int(value[0]), int(value[1])
 
 
 #: The option names, as they appear flat on the training masters.

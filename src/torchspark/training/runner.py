@@ -107,9 +107,10 @@ class RunContext(Protocol):
     recorder: PhaseRecorder
     description: str
 
-    def progress_address(self, host: str = "127.0.0.1", advertise_host: str | None = None) -> ProgressEndpoint:
-        """Open the fit's progress channel (once), listening on ``host``, and return what workers need to connect:
-        the address and the fit's token (ship it inside the task)."""
+    def progress_address(self, host: str = "127.0.0.1", advertise_host: str | None = None,
+                         port_range: tuple[int, int] | None = None) -> ProgressEndpoint:
+        """Open the fit's progress channel (once, on a port inside ``port_range`` when set) and return the
+        address workers connect to, with the fit's token."""
         ...
 
     def reported_errors(self) -> list[tuple[int, str]]:

@@ -64,6 +64,7 @@ from torchspark.encoding import (
     EncoderState,
     FixedThreshold,
     ThresholdState,
+    NUM_SUMMANDS,
     average_from_sums,
     decode,
     encode_step,
@@ -206,7 +207,9 @@ class SharingAlgorithm:
         residual = restore_residual(net.extra_state, comm.rank, comm.world_size, net.num_params(), net.device)
         threshold_state = None
         if THRESHOLD_KEY in net.extra_state and not isinstance(config.threshold_policy, FixedThreshold):
-            threshold_state = ThresholdState.from_tensor(net.extra_state[THRESHOLD_KEY].cpu())
+            # the threshold carries over; the sparsity does not, so "no sparsity" means "not stepped in this fit"
+            # and the end-of-fit average skips a worker that got no data (average_states)
+            threshold_state = ThresholdState(ThresholdState.from_tensor(net.extra_state[THRESHOLD_KEY].cpu()).threshold)
         if threshold_state is None:
             threshold_state = config.threshold_policy.initial_state()
         return SharingState(EncoderState(config, residual, threshold_state))
@@ -308,13 +311,14 @@ class SharingAlgorithm:
         if buffers.numel():
             comm.all_reduce_sum(buffers)
             net.set_buffers(buffers / world)
-        # 2. threshold state, average_states semantics: mean threshold, mean sparsity over workers that have one
+        # 2. threshold state, average_states semantics: means over the workers that stepped in this fit (those
+        # with a sparsity); the plain mean of the unchanged thresholds when none did
         summary = torch.tensor([*state_summands(state.encoder.threshold_state), float(state.bytes_sent),
                                 float(state.dense_bytes)], dtype=torch.float64, device=net.device)
         comm.all_reduce_sum(summary)
         totals = [float(v) for v in summary.cpu()]
-        averaged = average_from_sums(totals[:3], world)
-        bytes_sent, dense_bytes = totals[3:]
+        averaged = average_from_sums(totals[:NUM_SUMMANDS], world)
+        bytes_sent, dense_bytes = totals[NUM_SUMMANDS:]
         # 3. the replicas must be bit-identical: the parameters, and the buffers just averaged (all-reduce results
         # are identical on every rank, so a difference there means a broken transport; empty without buffers)
         digest = hashlib.sha256(net.params().cpu().numpy().tobytes())

@@ -28,12 +28,13 @@ from __future__ import annotations
 import logging
 import mmap
 import os
-import socket
 import struct
 import uuid
 from typing import Any, Callable
 
 import torch
+
+from torchspark.training.netif import host_identity
 
 __all__ = ["SharedMemoryReducer", "SHM_DIR", "MIN_NUMEL", "GATHER_MIN_BYTES", "host_id"]
 
@@ -49,14 +50,11 @@ _KEY = "torchspark/shm"
 _LEN = struct.Struct("<q")
 
 
-def host_id() -> str:
-    """Hostname plus kernel boot id: equal for processes that can share ``/dev/shm`` (a first filter only)."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-    except OSError:
-        boot = ""
-    return f"{socket.gethostname()}|{boot}"
+def host_id(address: str | None = None) -> str:
+    """Who shares a host: the worker's advertised address (None: the hostname), network namespace and boot id
+    (:func:`torchspark.training.netif.host_identity`). Network namespaces and containers of one machine often
+    share ``/dev/shm`` but are different hosts to their peers, so a shared directory alone proves nothing."""
+    return host_identity(address)
 
 
 class _Segment:
@@ -116,11 +114,12 @@ class SharedMemoryReducer:
 
     @classmethod
     def for_host(cls, store: Any, rank: int, world_size: int, barrier: Callable[[], None],
-                 agree: Callable[[bool], bool]) -> "SharedMemoryReducer | None":
-        """A reducer when every rank reports the same :func:`host_id` and ``/dev/shm`` exists, else None."""
+                 agree: Callable[[bool], bool], address: str | None = None) -> "SharedMemoryReducer | None":
+        """A reducer when every rank reports the same :func:`host_id` (of its advertised ``address``) and
+        ``/dev/shm`` exists, else None."""
         if world_size < 2:
             return None
-        me = host_id()
+        me = host_id(address)
         store.set(f"{_KEY}/host/{rank}", me)
         same = all(_text(store.get(f"{_KEY}/host/{r}")) == me for r in range(world_size))
         if not agree(same and os.path.isdir(SHM_DIR)):

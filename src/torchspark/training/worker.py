@@ -79,6 +79,9 @@ class WorkerResult:
     #: torch intra-op threads the worker trained with (``torch.get_num_threads()``; on Spark the task's
     #: ``spark.task.cpus``); None when the runner does not report it
     threads: int | None = None
+    #: how this worker reached its peers on a Spark barrier stage (address, interface, which rule chose them,
+    #: whether sums went through shared memory); None on other runners
+    network: dict[str, Any] | None = None
 
 
 def load_item(item: Any) -> Batch:

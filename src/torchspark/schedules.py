@@ -1,0 +1,246 @@
+"""Learning-rate schedules (DL4J's ``ISchedule``): serializable specs an updater evaluates before every step.
+
+Pass one as an updater's ``lr``: ``SGD(lr=StepSchedule(0.1, decay_rate=0.5, step=1000))``. Before each
+minibatch the network sets the optimizer's learning rate to ``schedule.value(iteration, epoch)``, where
+``iteration`` counts the minibatches the network has trained so far (0 for the first) and ``epoch`` the finished
+epochs. Both counters are saved with the network and shipped to every worker, so a schedule continues where it
+left off after ``Network.load`` and on Spark/ParallelWrapper workers; with parameter averaging a worker counts its
+own minibatches, as in DL4J.
+
+``unit`` chooses which counter ``t`` is: ``"iteration"`` (default) or ``"epoch"``.
+
+============================  ===================================================  ==============================
+schedule                      value at ``t``                                        DL4J class
+============================  ===================================================  ==============================
+``StepSchedule``              ``initial * decay_rate ** floor(t / step)``           ``StepSchedule``
+``ExponentialSchedule``       ``initial * gamma ** t``                              ``ExponentialSchedule``
+``InverseSchedule``           ``initial / (1 + gamma * t) ** power``                ``InverseSchedule``
+``PolySchedule``              ``initial * max(0, 1 - t / max_iter) ** power``       ``PolySchedule``
+``SigmoidSchedule``           ``initial / (1 + exp(-gamma * (t - step_size)))``     ``SigmoidSchedule``
+``MapSchedule``               ``values[k]`` for the largest key ``k <= t``          ``MapSchedule``
+============================  ===================================================  ==============================
+
+``PolySchedule`` stays at 0 after ``max_iter`` (DL4J's formula would go negative or NaN there).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from torchspark.errors import ConfigError
+
+__all__ = [
+    "Schedule",
+    "StepSchedule",
+    "ExponentialSchedule",
+    "InverseSchedule",
+    "PolySchedule",
+    "SigmoidSchedule",
+    "MapSchedule",
+    "SCHEDULES",
+    "schedule_from_dict",
+]
+
+UNITS = ("iteration", "epoch")
+
+
+def _check_number(cls: str, name: str, value: Any, *, positive: bool = False, minimum: float | None = None) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if ok and positive:
+        ok = value > 0
+    if ok and minimum is not None:
+        ok = value >= minimum
+    if not ok:
+        need = "> 0" if positive else f">= {minimum}" if minimum is not None else "finite"
+        raise ConfigError(f"{cls}: {name} must be a finite number {need}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Base class: ``initial`` value and the counter (``unit``) that drives it. Subclasses define ``_at(t)``."""
+
+    name: ClassVar[str] = ""
+
+    def _check_base(self, initial: float, unit: str) -> None:
+        cls = type(self).__name__
+        _check_number(cls, "initial", initial, positive=True)
+        if unit not in UNITS:
+            raise ConfigError(f"{cls}: unit must be one of {list(UNITS)}, got {unit!r}")
+
+    def value(self, iteration: int, epoch: int) -> float:
+        """The scheduled value for the step after ``iteration`` minibatches and ``epoch`` finished epochs."""
+        return float(self._at(iteration if getattr(self, "unit") == "iteration" else epoch))
+
+    def _at(self, t: int) -> float:
+        raise NotImplementedError
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"type": <name>, **fields}``; inverse of :func:`schedule_from_dict`."""
+        return {"type": self.name, **dataclasses.asdict(self)}
+
+
+@dataclass(frozen=True)
+class StepSchedule(Schedule):
+    """Multiply by ``decay_rate`` every ``step`` units: ``initial * decay_rate ** floor(t / step)``.
+
+    Args:
+        initial: starting value (e.g. the learning rate 0.1).
+        decay_rate: factor per step, usually 0.1-0.5.
+        step: units between drops (e.g. 30 epochs with ``unit="epoch"``).
+        unit: ``"iteration"`` or ``"epoch"``.
+    """
+
+    name: ClassVar[str] = "step"
+    initial: float
+    decay_rate: float
+    step: float
+    unit: str = "iteration"
+
+    def __post_init__(self) -> None:
+        self._check_base(self.initial, self.unit)
+        _check_number("StepSchedule", "decay_rate", self.decay_rate, positive=True)
+        _check_number("StepSchedule", "step", self.step, positive=True)
+
+    def _at(self, t: int) -> float:
+        return self.initial * self.decay_rate ** math.floor(t / self.step)
+
+
+@dataclass(frozen=True)
+class ExponentialSchedule(Schedule):
+    """``initial * gamma ** t``; ``gamma`` slightly below 1 (0.99 per epoch, 0.9999 per iteration)."""
+
+    name: ClassVar[str] = "exponential"
+    initial: float
+    gamma: float
+    unit: str = "iteration"
+
+    def __post_init__(self) -> None:
+        self._check_base(self.initial, self.unit)
+        _check_number("ExponentialSchedule", "gamma", self.gamma, positive=True)
+
+    def _at(self, t: int) -> float:
+        return self.initial * self.gamma**t
+
+
+@dataclass(frozen=True)
+class InverseSchedule(Schedule):
+    """``initial / (1 + gamma * t) ** power`` (Caffe's "inv" policy); e.g. ``gamma=1e-4, power=0.75``."""
+
+    name: ClassVar[str] = "inverse"
+    initial: float
+    gamma: float
+    power: float
+    unit: str = "iteration"
+
+    def __post_init__(self) -> None:
+        self._check_base(self.initial, self.unit)
+        _check_number("InverseSchedule", "gamma", self.gamma, minimum=0.0)
+        _check_number("InverseSchedule", "power", self.power)
+
+    def _at(self, t: int) -> float:
+        return self.initial / (1.0 + self.gamma * t) ** self.power
+
+
+@dataclass(frozen=True)
+class PolySchedule(Schedule):
+    """``initial * (1 - t / max_iter) ** power`` down to 0 at ``max_iter`` (0 afterwards); ``power=1`` is linear."""
+
+    name: ClassVar[str] = "poly"
+    initial: float
+    power: float
+    max_iter: int
+    unit: str = "iteration"
+
+    def __post_init__(self) -> None:
+        self._check_base(self.initial, self.unit)
+        _check_number("PolySchedule", "power", self.power, positive=True)
+        if isinstance(self.max_iter, bool) or not isinstance(self.max_iter, int) or self.max_iter < 1:
+            raise ConfigError(f"PolySchedule: max_iter must be an int >= 1, got {self.max_iter!r}")
+
+    def _at(self, t: int) -> float:
+        return self.initial * max(0.0, 1.0 - t / self.max_iter) ** self.power
+
+
+@dataclass(frozen=True)
+class SigmoidSchedule(Schedule):
+    """``initial / (1 + exp(-gamma * (t - step_size)))``: a smooth ramp (``gamma > 0``) or drop (``gamma < 0``)
+    centred on ``step_size``."""
+
+    name: ClassVar[str] = "sigmoid"
+    initial: float
+    gamma: float
+    step_size: int
+    unit: str = "iteration"
+
+    def __post_init__(self) -> None:
+        self._check_base(self.initial, self.unit)
+        _check_number("SigmoidSchedule", "gamma", self.gamma)
+        _check_number("SigmoidSchedule", "step_size", self.step_size, minimum=0)
+
+    def _at(self, t: int) -> float:
+        z = -self.gamma * (t - self.step_size)
+        return 0.0 if z > 700 else self.initial / (1.0 + math.exp(z))  # exp overflows past ~709
+
+
+@dataclass(frozen=True)
+class MapSchedule(Schedule):
+    """Piecewise constant: the value of the largest key ``<= t``. Keys are ints and must include 0.
+
+    Example: ``MapSchedule({0: 0.1, 1000: 0.01, 5000: 0.001})``. JSON turns the keys into strings; they are
+    converted back.
+    """
+
+    name: ClassVar[str] = "map"
+    values: dict[int, float]
+    unit: str = "iteration"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.values, dict) or not self.values:
+            raise ConfigError(f"MapSchedule: values must be a non-empty dict {{t: value}}, got {self.values!r}")
+        try:
+            values = {int(k): float(v) for k, v in self.values.items()}
+        except (TypeError, ValueError):
+            raise ConfigError(f"MapSchedule: keys must be ints and values numbers, got {self.values!r}") from None
+        if 0 not in values or min(values) < 0:
+            raise ConfigError(f"MapSchedule: keys must be >= 0 and include 0 (the starting value), got "
+                              f"{sorted(values)}")
+        for v in values.values():
+            _check_number("MapSchedule", "every value", v, positive=True)
+        if self.unit not in UNITS:
+            raise ConfigError(f"MapSchedule: unit must be one of {list(UNITS)}, got {self.unit!r}")
+        object.__setattr__(self, "values", dict(sorted(values.items())))
+
+    def __hash__(self) -> int:  # the dict field would make the generated hash fail
+        return hash((tuple(self.values.items()), self.unit))
+
+    def _at(self, t: int) -> float:
+        return next(v for k, v in reversed(self.values.items()) if k <= t)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.name, "values": {str(k): v for k, v in self.values.items()}, "unit": self.unit}
+
+
+SCHEDULES: dict[str, type[Schedule]] = {
+    cls.name: cls
+    for cls in (StepSchedule, ExponentialSchedule, InverseSchedule, PolySchedule, SigmoidSchedule, MapSchedule)
+}
+
+
+def schedule_from_dict(data: dict[str, Any]) -> Schedule:
+    """Rebuild a schedule from :meth:`Schedule.to_dict` output.
+
+    Raises:
+        ConfigError: unknown ``type`` (the message lists the known ones) or bad fields.
+    """
+    fields = dict(data)
+    kind = fields.pop("type", None)
+    cls = SCHEDULES.get(str(kind))
+    if cls is None:
+        raise ConfigError(f"unknown schedule type {kind!r}; known: {sorted(SCHEDULES)}")
+    try:
+        return cls(**fields)
+    except TypeError as e:
+        raise ConfigError(f"bad fields for schedule {kind!r}: {sorted(fields)} ({e})") from e
