@@ -12,6 +12,7 @@ from typing import Callable, Iterator
 import pytest
 
 from torchspark.errors import ConfigError
+from torchspark.training.auth import hello, new_token
 from torchspark.training.hooks import ProgressUpdate, ScoreReport, WorkerHooks
 from torchspark.training.progress import (
     ProgressBar,
@@ -29,9 +30,15 @@ def server() -> Iterator[ProgressServer]:
         yield s
 
 
-def _raw_connection(server: ProgressServer) -> socket.socket:
+def _client(server: ProgressServer, rank: int, **kwargs: object) -> ProgressClient:
+    return ProgressClient.to(server.endpoint, rank, **kwargs)  # type: ignore[arg-type]
+
+
+def _raw_connection(server: ProgressServer, authenticated: bool = True) -> socket.socket:
     sock = socket.create_connection(server.address, timeout=WAIT_S)
     sock.settimeout(WAIT_S)
+    if authenticated:
+        sock.sendall(hello(server.token))
     return sock
 
 
@@ -70,7 +77,7 @@ def test_two_workers_stream_progress_in_order_while_still_training(server: Progr
     def worker(rank: int) -> None:
         try:
             host, port = server.address
-            client = ProgressClient(host, port, rank, timeout_s=WAIT_S).connect()
+            client = ProgressClient(host, port, rank, timeout_s=WAIT_S, token=server.token).connect()
             hooks = WorkerHooks(progress=client, progress_every=1)
             assert hooks.progress is not None
             for i in range(1, n_updates + 1):
@@ -101,7 +108,7 @@ def test_two_workers_stream_progress_in_order_while_still_training(server: Progr
 def test_total_examples_sums_cumulative_counts_over_epochs_and_ignores_stale_reports(server: ProgressServer) -> None:
     listener = _Collector()
     server.add_listener(listener)
-    with ProgressClient(*server.address, rank=0, timeout_s=WAIT_S) as client:
+    with _client(server, rank=0, timeout_s=WAIT_S) as client:
         for epoch, examples in [(0, 10), (0, 30), (0, 20), (1, 5), (1, 15)]:  # (0, 20) arrives late
             client(ProgressUpdate(0, epoch, 1, examples, 0.5))
         listener.wait_until(lambda ups: len(ups) == 5)
@@ -117,7 +124,7 @@ def test_listener_exception_is_logged_and_other_listeners_still_run(server: Prog
     good = _Collector()
     server.add_listener(broken)
     server.add_listener(good)
-    with ProgressClient(*server.address, rank=3, timeout_s=WAIT_S) as client:
+    with _client(server, rank=3, timeout_s=WAIT_S) as client:
         client.send(ProgressUpdate(3, 0, 1, 4, 0.1))
         client.send(ProgressUpdate(3, 0, 2, 8, 0.1))
         good.wait_until(lambda ups: len(ups) == 2)
@@ -140,7 +147,7 @@ def test_malformed_lines_are_ignored_and_the_server_keeps_serving(server: Progre
     assert server.malformed_count() == len(bad_lines)
     assert listener.updates[0].rank == 5 and listener.updates[0].score != listener.updates[0].score  # None -> NaN
     # and new connections are still accepted
-    with ProgressClient(*server.address, rank=6, timeout_s=WAIT_S) as client:
+    with _client(server, rank=6, timeout_s=WAIT_S) as client:
         client.send(ProgressUpdate(6, 0, 1, 1, 0.0))
         listener.wait_until(lambda ups: len(ups) == 2)
     assert server.errors() == []
@@ -168,7 +175,7 @@ def test_worker_traceback_reaches_the_driver(server: ProgressServer) -> None:
         got.set()
 
     server.add_error_listener(on_error)
-    with ProgressClient(*server.address, rank=2, timeout_s=WAIT_S) as client:
+    with _client(server, rank=2, timeout_s=WAIT_S) as client:
         with pytest.raises(ZeroDivisionError):
             with client.reporting_errors():
                 1 / 0  # noqa: B018 - the worker's failure
@@ -181,7 +188,7 @@ def test_worker_traceback_reaches_the_driver(server: ProgressServer) -> None:
 def test_send_error_sends_a_plain_traceback_text(server: ProgressServer) -> None:
     got = threading.Event()
     server.add_error_listener(lambda rank, tb: got.set())
-    with ProgressClient(*server.address, rank=1, timeout_s=WAIT_S) as client:
+    with _client(server, rank=1, timeout_s=WAIT_S) as client:
         client.send_error("Traceback (most recent call last):\nValueError: bad shard 7\n")
         _wait_for("error listener", got)
     assert server.errors() == [(1, "Traceback (most recent call last):\nValueError: bad shard 7\n")]
@@ -191,7 +198,7 @@ def test_send_error_sends_a_plain_traceback_text(server: ProgressServer) -> None
 
 def test_clock_offset_is_estimated_against_a_skewed_driver_clock() -> None:
     with ProgressServer(host="127.0.0.1", clock=lambda: time.time() + 123.4) as server:
-        with ProgressClient(*server.address, rank=0, timeout_s=WAIT_S) as client:
+        with _client(server, rank=0, timeout_s=WAIT_S) as client:
             client.send(ProgressUpdate(0, 0, 1, 1, 0.0))  # progress traffic on the same connection is fine
             offset = client.measure_clock_offset(samples=5)
     assert abs(offset - 123.4) < 0.05
@@ -224,7 +231,7 @@ def _closed_port() -> int:
 
 def test_unreachable_driver_makes_the_client_a_noop(caplog: pytest.LogCaptureFixture) -> None:
     before = set(threading.enumerate())
-    client = ProgressClient("127.0.0.1", _closed_port(), rank=4, timeout_s=2.0)
+    client = ProgressClient("127.0.0.1", _closed_port(), rank=4, timeout_s=2.0, token=new_token())
     client.connect()
     assert not client.active
     assert "cannot reach the driver" in caplog.text
@@ -239,7 +246,7 @@ def test_unreachable_driver_makes_the_client_a_noop(caplog: pytest.LogCaptureFix
 
 def test_client_survives_the_driver_going_away() -> None:
     server = ProgressServer(host="127.0.0.1").start()
-    client = ProgressClient(*server.address, rank=0, timeout_s=2.0).connect()
+    client = _client(server, rank=0, timeout_s=2.0).connect()
     server.close()
     for i in range(200):  # the first sends may still succeed; later ones hit the closed connection
         client.send(ProgressUpdate(0, 0, i, i, 0.0))
@@ -252,7 +259,7 @@ def test_close_joins_every_thread_and_is_idempotent() -> None:
     before = set(threading.enumerate())
     listener = _Collector()
     server = ProgressServer(host="127.0.0.1", listeners=[listener]).start()
-    clients = [ProgressClient(*server.address, rank=r, timeout_s=WAIT_S).connect() for r in range(2)]
+    clients = [_client(server, rank=r, timeout_s=WAIT_S).connect() for r in range(2)]
     for c in clients:
         c.send(ProgressUpdate(c.rank, 0, 1, 1, 0.0))
     listener.wait_until(lambda ups: len(ups) == 2)
@@ -268,7 +275,7 @@ def test_close_joins_every_thread_and_is_idempotent() -> None:
 def test_client_close_flushes_queued_updates(server: ProgressServer) -> None:
     listener = _Collector()
     server.add_listener(listener)
-    client = ProgressClient(*server.address, rank=0, timeout_s=WAIT_S, queue_size=1000).connect()
+    client = _client(server, rank=0, timeout_s=WAIT_S, queue_size=1000).connect()
     for i in range(1, 301):
         client.send(ProgressUpdate(0, 0, i, i, 0.0))
     client.close()
@@ -280,7 +287,7 @@ def test_client_close_flushes_queued_updates(server: ProgressServer) -> None:
 def test_full_queue_drops_the_oldest_update_without_blocking(server: ProgressServer) -> None:
     listener = _Collector()
     server.add_listener(listener)
-    client = ProgressClient(*server.address, rank=0, timeout_s=WAIT_S, queue_size=2).connect()
+    client = _client(server, rank=0, timeout_s=WAIT_S, queue_size=2).connect()
     # hold the socket so the sender thread cannot drain the queue while we overfill it
     with client._write_lock:
         for i in range(1, 51):
@@ -297,7 +304,7 @@ def test_score_reports_are_never_dropped_and_a_draining_close_reads_them_all() -
     got: list[ScoreReport] = []
     listener = _Collector()
     server = ProgressServer(host="127.0.0.1", listeners=[listener], score_listeners=[got.append]).start()
-    client = ProgressClient(*server.address, rank=0, timeout_s=WAIT_S, queue_size=2).connect()
+    client = _client(server, rank=0, timeout_s=WAIT_S, queue_size=2).connect()
     client.send(ProgressUpdate(0, 0, 0, 0, 0.0))
     listener.wait_until(lambda ups: len(ups) == 1)  # the server has accepted this connection: drain waits for it
     reports = [ScoreReport(epoch=e, round=r, examples=32, score=1.0 / (1 + 3 * e + r)) for e in range(2)
@@ -334,9 +341,9 @@ def test_start_errors_and_bad_settings_name_the_fix() -> None:
     with pytest.raises(Exception, match="start"):
         _ = ProgressServer().address
     with pytest.raises(ConfigError, match="timeout_s"):
-        ProgressClient("127.0.0.1", 1, 0, timeout_s=0)
+        ProgressClient("127.0.0.1", 1, 0, timeout_s=0, token=new_token())
     with pytest.raises(ConfigError, match="queue_size"):
-        ProgressClient("127.0.0.1", 1, 0, queue_size=0)
+        ProgressClient("127.0.0.1", 1, 0, queue_size=0, token=new_token())
 
 
 # --- progress bar -----------------------------------------------------------------------------------------------
@@ -384,7 +391,7 @@ def test_bar_fed_by_the_server_counts_all_workers(server: ProgressServer) -> Non
     done = _Collector()
     server.add_listener(bar.update)
     server.add_listener(done)
-    clients = [ProgressClient(*server.address, rank=r, timeout_s=WAIT_S).connect() for r in range(3)]
+    clients = [_client(server, rank=r, timeout_s=WAIT_S).connect() for r in range(3)]
     for c in clients:
         for i in range(1, 4):
             c.send(ProgressUpdate(c.rank, 0, i, 10 * i, float(c.rank)))

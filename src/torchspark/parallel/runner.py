@@ -37,9 +37,12 @@ import torch.multiprocessing as mp
 
 from torchspark.data import DataSet, MultiDataSet, dataset_to_bytes
 from torchspark.errors import DataError, WorkerError
+from torchspark.training.auth import new_token
 from torchspark.training.comm import TorchDistCommunicator
+from torchspark.training.progress import ProgressEndpoint
 from torchspark.training.reporting import open_worker_hooks
 from torchspark.training.runner import RunContext, is_peer_failure, root_cause, traceback_tail, worker_error_type
+from torchspark.training.stores import listening_store, private_store
 from torchspark.training.waiting import get_within, put_until_stopped
 from torchspark.training.worker import EpochSource, ItemSource, WorkerResult, WorkerTask, run_worker
 
@@ -139,8 +142,10 @@ class _ChildArgs:
     task: WorkerTask
     #: the worker's whole share when known up front (batch-file paths or serialized batches); None = fed by queue
     items: list[str | bytes] | None
-    progress_address: tuple[str, int] | None
+    progress_address: ProgressEndpoint | None
     timeout_s: float
+    #: this run's secret: names the store's keys (the store listens on loopback and has no authentication)
+    token: bytes
     shared_memory: bool = True
 
 
@@ -168,8 +173,8 @@ def _child_main(args: _ChildArgs, data_queue: Any, results: Any) -> None:
             torch.cuda.set_device(torch.device(args.device))
         hooks = open_worker_hooks(args.rank, args.task.collect_stats, args.progress_address,
                                   report_scores=args.task.report_scores)
-        store = dist.TCPStore("127.0.0.1", args.store_port, args.world_size, is_master=False,
-                              timeout=datetime.timedelta(seconds=args.timeout_s))
+        store = private_store(dist.TCPStore("127.0.0.1", args.store_port, args.world_size, is_master=False,
+                                            timeout=datetime.timedelta(seconds=args.timeout_s)), args.token)
         comm_device = args.device if args.backend == "nccl" else "cpu"  # gloo collectives run on host copies
         comm = TorchDistCommunicator(store, args.rank, args.world_size, args.backend, comm_device, args.timeout_s,
                                      args.shared_memory)
@@ -196,14 +201,15 @@ class LocalProcessRunner:
         timeout_s: rendezvous and collective timeout (``rendezvous_timeout_s``).
         prefetch: queued minibatches per worker for a one-shot stream; None (default): the task's ``prefetch``
             (the master's ``worker_prefetch_num_batches``, ParallelWrapper's ``prefetch_buffer``), at least 1.
-        progress_address: the parent's ProgressServer, for progress and clock alignment, when the runner is used
-            without a driver context (the driver's context opens one on 127.0.0.1 otherwise).
+        progress_address: the parent's ``ProgressServer.endpoint`` (address and the fit's token), for progress
+            and clock alignment, when the runner is used without a driver context (the driver's context opens
+            one on 127.0.0.1 otherwise).
         exit_timeout_s: how long finished workers get to exit before they are terminated.
         shared_memory: let the workers sum through ``/dev/shm`` (the master's ``shared_memory_allreduce``).
     """
 
     def __init__(self, devices: Sequence[str], threads_per_worker: int = 1, timeout_s: float = 300.0,
-                 prefetch: int | None = None, progress_address: tuple[str, int] | None = None,
+                 prefetch: int | None = None, progress_address: ProgressEndpoint | None = None,
                  exit_timeout_s: float = 30.0, shared_memory: bool = True) -> None:
         self.devices = list(devices)
         self.threads_per_worker = threads_per_worker
@@ -227,7 +233,7 @@ class LocalProcessRunner:
             return self._run(task, data.feeds, data.paths, data.stream, progress_address)
 
     def _run(self, task: WorkerTask, feeds: Sequence[Sequence[Any]] | None, paths: Sequence[Sequence[str]] | None,
-             stream: Iterable[Any] | None, progress_address: tuple[str, int] | None) -> list[WorkerResult]:
+             stream: Iterable[Any] | None, progress_address: ProgressEndpoint | None) -> list[WorkerResult]:
         if stream is not None and task.epochs != 1:
             raise ValueError(f"a one-shot stream feeds one epoch, but task.epochs={task.epochs}")
         n = len(self.devices)
@@ -235,8 +241,8 @@ class LocalProcessRunner:
         child_task = replace(task, num_threads=self.threads_per_worker,
                              prefetch=task.prefetch if stream is None else 0)  # the queue already prefetches
         backend = backend_for_devices(self.devices)
-        store = dist.TCPStore("127.0.0.1", 0, n + 1, is_master=True,
-                              timeout=datetime.timedelta(seconds=self.timeout_s), wait_for_workers=False)
+        store = listening_store("127.0.0.1", 0, n + 1, self.timeout_s)  # loopback only: the workers are local
+        token = new_token()
         depth = max(1, task.prefetch if self.prefetch is None else self.prefetch)
         queues = [ctx.Queue(maxsize=depth) for _ in range(n)]
         results_q = ctx.Queue()
@@ -248,7 +254,7 @@ class LocalProcessRunner:
         try:
             for rank, device in enumerate(self.devices):
                 args = _ChildArgs(rank, n, store.port, device, backend, child_task, _share(rank, feeds, paths),
-                                  progress_address, self.timeout_s, self.shared_memory)
+                                  progress_address, self.timeout_s, token, self.shared_memory)
                 proc = ctx.Process(target=_child_main, args=(args, queues[rank], results_q),
                                    name=f"torchspark-worker-{rank}", daemon=True)
                 proc.start()

@@ -21,12 +21,15 @@ import torch
 
 from torchspark.errors import WaitTimeout
 from torchspark.spark.barrier_wait import wait_bounded
+from torchspark.training import env as task_env
 from torchspark.training.comm import TorchDistCommunicator
 from torchspark.training.devices import backend_for_device, device_for_task, gpu_addresses
 from torchspark.training.mesh import MeshConfig
 from torchspark.training.netif import LOCAL_ADDRESS_ENV, Endpoint, choose_endpoint, socket_interface
 from torchspark.training.ports import listen_in_range
+from torchspark.training.progress import ProgressEndpoint
 from torchspark.training.reporting import open_worker_hooks
+from torchspark.training.stores import fetch, listening_store, private_store, publish
 from torchspark.training.worker import ItemSource, WorkerResult, WorkerTask, run_worker
 
 __all__ = ["RendezvousSettings", "barrier_task", "open_relay", "LOCAL_ADDRESS_ENV"]
@@ -50,28 +53,24 @@ def _store_address(local: Endpoint, settings: MeshConfig) -> str:
     return local.address
 
 
-def open_relay(advertise_host: str, timeout_s: float,
-               port_range: tuple[int, int] | None = None) -> tuple[Any, tuple[str, int]]:
+def open_relay(advertise_host: str, timeout_s: float, port_range: tuple[int, int] | None = None,
+               bind_host: str | None = None) -> tuple[Any, tuple[str, int]]:
     """A small key-value store on the driver through which task 0 tells its peers where its store listens.
 
     Spark's ``BarrierTaskContext.allGather`` would do, but it polls once a second on the JVM side, which costs
     about one second per fit; a ``TCPStore`` ``get`` returns the moment the key is set. Executors must reach the
-    driver on this port, as they already must for the progress channel. Keep the returned store referenced for
-    the whole fit; dropping it closes the port.
+    driver on this port, as they already must for the progress channel. It listens on ``bind_host`` (default
+    ``advertise_host``) only; the key and value are derived from and signed with the fit's token
+    (:mod:`torchspark.training.stores`). Keep the returned store referenced for the whole fit; dropping it closes
+    the port.
     """
-    import datetime
-
-    import torch.distributed as dist
-
-    store = listen_in_range(
-        lambda port: dist.TCPStore(advertise_host, port, None, is_master=True, wait_for_workers=False,
-                                   timeout=datetime.timedelta(seconds=timeout_s)),
-        port_range, "the driver's rendezvous relay")
+    store = listen_in_range(lambda port: listening_store(bind_host or advertise_host, port, None, timeout_s),
+                            port_range, "the driver's rendezvous relay")
     return store, (advertise_host, int(store.port))
 
 
 def _publish_address(ctx: Any, rank: int, world: int, message: str, relay_address: tuple[str, int] | None,
-                     timeout: Any) -> str:
+                     timeout: Any, token: bytes) -> str:
     """Task 0's ``host:port`` on every task: through the driver's relay store, else Spark's allGather."""
     import datetime
 
@@ -103,9 +102,9 @@ def _publish_address(ctx: Any, rank: int, world: int, message: str, relay_addres
     relay.set_timeout(timeout)
     try:
         if rank == 0:
-            relay.set("torchspark/store", message)
+            publish(relay, token, _STORE_ADDRESS, message)
             return message
-        return relay.get("torchspark/store").decode()
+        return fetch(relay, token, _STORE_ADDRESS)
     except (RuntimeError, OSError) as e:
         raise WaitTimeout(
             f"worker 0 did not publish its address on the driver within rendezvous_timeout_s="
@@ -113,14 +112,25 @@ def _publish_address(ctx: Any, rank: int, world: int, message: str, relay_addres
         ) from e
 
 
+#: what the relay holds: worker 0's store address (the key is derived from this and the fit's token)
+_STORE_ADDRESS = "worker-0-store"
+
+
 def _rendezvous(ctx: Any, settings: RendezvousSettings, backend: str, device: str,
                 relay_address: tuple[str, int] | None = None,
-                driver_host: str | None = None) -> tuple[TorchDistCommunicator, dict[str, Any]]:
+                driver_host: str | None = None, token: bytes | None = None,
+) -> tuple[TorchDistCommunicator, dict[str, Any]]:
     """Build the process group; returns it and what this worker chose (address, interface, source)."""
     import datetime
 
     import torch.distributed as dist
 
+    from torchspark.training.auth import new_token
+
+    if token is None and relay_address is not None:
+        raise SetupError("a rendezvous through the driver's relay needs the fit's token; pass token= to barrier_task")
+    # no token from the driver (allGather route): worker 0 draws one and Spark's allGather carries it to its peers
+    shared_token = token is None
     rank = ctx.partitionId()
     infos = ctx.getTaskInfos()
     world = len(infos)
@@ -131,13 +141,20 @@ def _rendezvous(ctx: Any, settings: RendezvousSettings, backend: str, device: st
     if rank == 0:
         advertised = _store_address(me, settings)
         store = listen_in_range(
-            lambda port: dist.TCPStore(advertised, port, world, is_master=True, timeout=timeout,
-                                       wait_for_workers=False),
+            lambda port: listening_store(advertised, port, world, settings.rendezvous_timeout_s),
             settings.port_range, "worker 0's rendezvous store", settings.port)
         message = f"{advertised}:{store.port}"
+        if shared_token:
+            token = new_token()
+            message = f"{token.hex()}@{message}"
     else:
         message = ""
-    host, port = _publish_address(ctx, rank, world, message, relay_address, timeout).rsplit(":", 1)
+    published = _publish_address(ctx, rank, world, message, relay_address, timeout, token or b"")
+    if shared_token:
+        token_hex, published = published.split("@", 1)
+        token = bytes.fromhex(token_hex)
+    assert token is not None
+    host, port = published.rsplit(":", 1)
     if rank != 0:
         try:
             store = dist.TCPStore(host, int(port), world, is_master=False, timeout=timeout)
@@ -149,7 +166,7 @@ def _rendezvous(ctx: Any, settings: RendezvousSettings, backend: str, device: st
             ) from e
     # gloo/NCCL advertise what the hostname resolves to unless told an interface: often loopback (127.0.1.1)
     with socket_interface(me.interface) as in_effect:
-        comm = TorchDistCommunicator(store, rank, world, backend, device, settings.rendezvous_timeout_s,
+        comm = TorchDistCommunicator(private_store(store, token), rank, world, backend, device, settings.rendezvous_timeout_s,
                                      settings.shared_memory_allreduce, host_address=me.address)
     chosen = {"address": me.address, "interface": me.interface, "source": me.source,
               "socket_ifname": in_effect.get("GLOO_SOCKET_IFNAME"), "shared_memory": comm.uses_shared_memory,
@@ -158,19 +175,23 @@ def _rendezvous(ctx: Any, settings: RendezvousSettings, backend: str, device: st
 
 
 def barrier_task(
-    task_bc: Any, settings: RendezvousSettings, progress_address: tuple[str, int] | None = None,
-    relay_address: tuple[str, int] | None = None,
+    task_bc: Any, settings: RendezvousSettings, progress_address: ProgressEndpoint | None = None,
+    relay_address: tuple[str, int] | None = None, token: bytes | None = None,
 ) -> Callable[[Iterable[Any]], Iterator[WorkerResult]]:
     """The ``mapPartitions`` function of the training stage (module level: nothing hidden in a closure).
 
-    ``relay_address`` is the driver's :func:`open_relay` store (None: rendezvous through Spark's allGather)."""
+    ``relay_address`` is the driver's :func:`open_relay` store (None: rendezvous through Spark's allGather);
+    ``token`` the fit's secret (default: the progress endpoint's), which names and signs the rendezvous keys.
+    Environment variables the task sets are restored when it ends (PySpark reuses Python workers)."""
+    if token is None and progress_address is not None:
+        token = progress_address.token
 
     def run(items: Iterable[Any]) -> Iterator[WorkerResult]:
         from pyspark import BarrierTaskContext
 
         ctx = BarrierTaskContext.get()
         task: WorkerTask = task_bc.value
-        device = device_for_task(gpu_addresses(ctx.resources()), os.environ.get("CUDA_VISIBLE_DEVICES"),
+        device = device_for_task(gpu_addresses(ctx.resources()), task_env.read(task_env.CUDA_VISIBLE_DEVICES),
                                  torch.cuda.is_available())
         if device.startswith("cuda"):
             torch.cuda.set_device(torch.device(device))
@@ -180,7 +201,7 @@ def barrier_task(
         comm: TorchDistCommunicator | None = None
         try:
             comm, chosen = _rendezvous(ctx, settings, backend_for_device(device), device, relay_address,
-                                       _driver_host(relay_address, progress_address))
+                                       _driver_host(relay_address, progress_address), token)
             result = replace(run_worker(task, ItemSource(items), comm, device, hooks), network=chosen)
         except BaseException:
             if hooks.report_error is not None:

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import uuid
 from dataclasses import dataclass, field
 from functools import partial
@@ -50,6 +49,7 @@ from torchspark.nn.cache import NetworkCache
 from torchspark.spark.data import storage_level_by_name
 from torchspark.spark.jobs import run_job
 from torchspark.stats import StatsCollector
+from torchspark.training import env as task_env
 from torchspark.training.averaging import AveragingSettings, apply_weighted_mean, pack_weighted
 from torchspark.training.devices import device_for_task, flush_denormals, gpu_addresses
 from torchspark.training.hooks import PhaseRecorder, ProgressUpdate
@@ -179,7 +179,7 @@ def fit_round_partition(spec_bc: Any, round_bc: Any, index: int, items: Iterable
     ctx = TaskContext.get()
     torch.set_num_threads(max(1, int(ctx.cpus())) if ctx is not None else 1)
     device = "cpu" if ctx is None else device_for_task(gpu_addresses(ctx.resources()),
-                                                       os.environ.get("CUDA_VISIBLE_DEVICES"),
+                                                       task_env.read(task_env.CUDA_VISIBLE_DEVICES),
                                                        torch.cuda.is_available())
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from torchspark.spark.barrier import barrier_task, open_relay
+from torchspark.spark.driver_address import driver_listen_address
 from torchspark.spark.jobs import run_barrier_stage, run_job
 from torchspark.spark.rounds import SparkRoundsRunner
 from torchspark.training.mesh import MeshConfig
@@ -52,7 +53,8 @@ class SparkBarrierRunner:
     """Run the fit as one Spark barrier stage: one task per worker, all started together.
 
     The task travels as a broadcast; the workers stream progress, errors and stats to the driver's progress server
-    (bound on all interfaces, advertised as ``spark.driver.host``) and find worker 0 through the driver's relay
+    (bound to ``spark.driver.bindAddress`` / ``spark.driver.host``, loopback for a local master; advertised as
+    ``spark.driver.host``; workers get the fit's token inside the task) and find worker 0 through the driver's relay
     store (``rendezvous_via="driver"``) or Spark's allGather. A failed stage raises the failing worker's own error
     (:func:`~torchspark.spark.jobs.run_barrier_stage`), not a peer's symptom.
 
@@ -66,14 +68,16 @@ class SparkBarrierRunner:
         self.mesh = mesh
 
     def run(self, task: WorkerTask, data: SparkWorkerData, context: RunContext) -> list[WorkerResult]:
-        host = self.sc.getConf().get("spark.driver.host", "127.0.0.1")
+        bind, host = driver_listen_address(self.sc)
         task_bc = self.sc.broadcast(task)
         relay: Any = None
         try:
-            progress = context.progress_address(host="0.0.0.0", advertise_host=host, port_range=self.mesh.port_range)
+            progress = context.progress_address(host=bind, advertise_host=host, port_range=self.mesh.port_range,
+                                                  bind_host=bind)
             relay_address = None
             if self.mesh.rendezvous_via == "driver":
-                relay, relay_address = open_relay(host, self.mesh.rendezvous_timeout_s, self.mesh.port_range)
+                relay, relay_address = open_relay(host, self.mesh.rendezvous_timeout_s, self.mesh.port_range,
+                                                  bind_host=bind)
             fn = barrier_task(task_bc, self.mesh, progress, relay_address)
             with context.recorder.phase("fit"):
                 return run_barrier_stage(self.sc, data.rdd, fn, context.description,

@@ -27,7 +27,7 @@ from torchspark.stats import StatsCollector, TrainingStats
 from torchspark.training.hooks import PhaseRecorder, ProgressUpdate, ScoreReport
 from torchspark.training.masters import TrainingMaster
 from torchspark.training.ports import listen_in_range
-from torchspark.training.progress import ProgressBar, ProgressServer
+from torchspark.training.progress import ProgressBar, ProgressEndpoint, ProgressServer
 from torchspark.training.reporting import build_training_stats
 from torchspark.training.runner import Runner
 from torchspark.training.worker import WorkerResult, WorkerTask, merge_results
@@ -74,7 +74,7 @@ class FitContext:
         self._server: ProgressServer | None = None
 
     def progress_address(self, host: str = "127.0.0.1", advertise_host: str | None = None,
-                         port_range: tuple[int, int] | None = None) -> tuple[str, int]:
+                         port_range: tuple[int, int] | None = None) -> ProgressEndpoint:
         """Start the progress server on ``host`` (once per fit; on a port inside ``port_range`` when set, the mesh
         option) and return the address workers dial."""
         if self._server is None:
@@ -82,7 +82,7 @@ class FitContext:
                 lambda port: ProgressServer(host=host, port=port, advertise_host=advertise_host,
                                             listeners=self._listeners, score_listeners=self._score_listeners).start(),
                 port_range, "the driver's progress server")
-        return self._server.address
+        return self._server.endpoint
 
     def reported_errors(self) -> list[tuple[int, str]]:
         return self._server.errors() if self._server is not None else []

@@ -7,7 +7,7 @@ from typing import Any, Sequence
 
 from torchspark.stats import DRIVER_ID, StatsCollector, TrainingStats
 from torchspark.training.hooks import NullRecorder, WorkerHooks
-from torchspark.training.progress import ProgressClient
+from torchspark.training.progress import ProgressClient, ProgressEndpoint
 from torchspark.training.worker import WorkerResult
 
 __all__ = ["open_worker_hooks", "worker_id", "build_training_stats", "replica_checksums"]
@@ -23,18 +23,18 @@ def worker_id(rank: int) -> str:
 def open_worker_hooks(
     rank: int,
     collect_stats: bool,
-    progress_address: tuple[str, int] | None,
+    progress_address: ProgressEndpoint | None,
     progress_every: int = 10,
     timeout_s: float = 10.0,
     report_scores: bool = False,
 ) -> WorkerHooks:
     """Hooks for one worker: progress and errors stream to ``progress_address`` (the driver's
-    :class:`~torchspark.training.progress.ProgressServer`), phases go to a :class:`StatsCollector` whose clock
+    :class:`~torchspark.training.progress.ProgressServer`: its ``endpoint``, with the fit's token), phases go to a :class:`StatsCollector` whose clock
     is aligned to the driver's by pinging that server (no NTP needed). With ``report_scores`` (pass the same value
     on every rank) the score after each averaging round / sharing epoch goes there too (sent by rank 0)."""
     client: ProgressClient | None = None
     if progress_address is not None:
-        client = ProgressClient(progress_address[0], int(progress_address[1]), rank, timeout_s=timeout_s).connect()
+        client = ProgressClient.to(progress_address, rank, timeout_s=timeout_s).connect()
     recorder: Any = NullRecorder()
     if collect_stats:
         driver_minus_worker = client.measure_clock_offset() if client is not None else 0.0

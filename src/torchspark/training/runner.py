@@ -28,6 +28,7 @@ from torchspark.errors import TorchSparkError, WorkerError
 from torchspark.nn import Network
 from torchspark.training.comm import SoloCommunicator, ThreadGroup
 from torchspark.training.hooks import PhaseRecorder, ProgressUpdate, WorkerHooks
+from torchspark.training.progress import ProgressEndpoint
 from torchspark.training.reporting import open_worker_hooks
 from torchspark.training.worker import EpochSource, WorkerResult, WorkerTask, run_worker
 
@@ -107,9 +108,9 @@ class RunContext(Protocol):
     description: str
 
     def progress_address(self, host: str = "127.0.0.1", advertise_host: str | None = None,
-                         port_range: tuple[int, int] | None = None) -> tuple[str, int]:
+                         port_range: tuple[int, int] | None = None) -> ProgressEndpoint:
         """Open the fit's progress channel (once, on a port inside ``port_range`` when set) and return the
-        address workers connect to."""
+        address workers connect to, with the fit's token."""
         ...
 
     def reported_errors(self) -> list[tuple[int, str]]:

@@ -1,0 +1,73 @@
+"""The per-fit secret shared by the driver and its workers, and what it proves.
+
+Every listener a fit opens (the driver's progress server, the driver's rendezvous relay, worker 0's store) is
+reachable by any process that can reach its address. The driver draws a fresh random token per fit and ships it
+to the workers inside the task; with it:
+
+1. a progress connection starts with :func:`hello` (an HMAC of the token, never the token itself) and is dropped
+   unless :func:`check_hello` accepts it;
+2. keys in torch's ``TCPStore`` (which has no authentication) are named by :func:`derive_key`, so nobody can
+   write a key before its owner does without the token;
+3. values there carry an HMAC tag (:func:`sign` / :func:`verify`), so a value a stranger wrote is detected, never
+   followed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+
+from torchspark.errors import ConfigError
+
+__all__ = ["TOKEN_BYTES", "HELLO_BYTES", "new_token", "hello", "check_hello", "derive_key", "sign", "verify"]
+
+#: token length: 256 random bits, as for an HMAC-SHA256 key
+TOKEN_BYTES = 32
+_MAGIC = b"TSPROG1:"
+#: the fixed size of a progress hello: a magic string then a SHA-256 tag
+HELLO_BYTES = len(_MAGIC) + hashlib.sha256().digest_size
+_TAG_HEX = 2 * hashlib.sha256().digest_size
+
+
+def new_token() -> bytes:
+    """A fresh random per-fit token (``secrets.token_bytes``)."""
+    return secrets.token_bytes(TOKEN_BYTES)
+
+
+def _check(token: bytes) -> bytes:
+    if not isinstance(token, bytes) or len(token) < 16:
+        raise ConfigError(f"a fit token must be at least 16 random bytes (use new_token()), got {token!r:.40}")
+    return token
+
+
+def _tag(token: bytes, purpose: bytes, data: bytes = b"") -> bytes:
+    return hmac.new(_check(token), purpose + b"\x00" + data, hashlib.sha256).digest()
+
+
+def hello(token: bytes) -> bytes:
+    """The :data:`HELLO_BYTES` a progress client sends first (proves it holds ``token`` without revealing it)."""
+    return _MAGIC + _tag(token, b"progress-hello")
+
+
+def check_hello(token: bytes, data: bytes) -> bool:
+    """True when ``data`` is exactly the hello of ``token`` (constant-time comparison)."""
+    return len(data) == HELLO_BYTES and hmac.compare_digest(data, hello(token))
+
+
+def derive_key(token: bytes, purpose: str) -> str:
+    """An unguessable store key (or key prefix) for ``purpose``: without the token nobody can name it."""
+    return "torchspark/" + _tag(token, b"key", purpose.encode()).hex()[:32]
+
+
+def sign(token: bytes, purpose: str, value: str) -> str:
+    """``value`` with an HMAC tag bound to ``purpose`` (a value signed for one key cannot be replayed at another)."""
+    return _tag(token, purpose.encode(), value.encode()).hex() + value
+
+
+def verify(token: bytes, purpose: str, signed: str) -> str | None:
+    """The value inside ``signed`` if its tag is right, else None (a stranger wrote it)."""
+    tag, value = signed[:_TAG_HEX], signed[_TAG_HEX:]
+    if len(tag) != _TAG_HEX or not hmac.compare_digest(tag, _tag(token, purpose.encode(), value.encode()).hex()):
+        return None
+    return value

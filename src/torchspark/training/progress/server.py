@@ -1,0 +1,417 @@
+"""The driver's side of the progress channel: one thread serving every worker connection through a selector.
+
+Who may talk: a connection must first send the fit's hello (:func:`torchspark.training.auth.hello`); the server
+reads exactly that many bytes, with a deadline, and drops the connection unless it proves the token, so a
+stranger's bytes never reach a listener and never take more memory than one hello. How much: no thread per
+connection (one selector thread serves them all), at most ``max_pending`` connections owing their hello (the
+oldest is dropped first) and ``max_connections`` authenticated ones, lines and kept tracebacks bounded by
+:class:`ChannelLimits`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import selectors
+import socket
+import threading
+import time
+from typing import Any, Callable, Iterable
+
+from torchspark.errors import ConfigError, SetupError
+from torchspark.training import auth
+from torchspark.training.hooks import ProgressUpdate
+from torchspark.training.progress.client import ProgressEndpoint
+from torchspark.training.progress.listeners import (
+    ErrorListener,
+    ErrorLog,
+    ExampleTally,
+    ProgressListener,
+    ScoreListener,
+    call_listeners,
+)
+from torchspark.training.progress.wire import (
+    ChannelLimits,
+    LineSplitter,
+    Malformed,
+    encode,
+    int_field,
+    parse_line,
+    progress_from_msg,
+    score_from_msg,
+)
+
+__all__ = ["ProgressServer"]
+
+logger = logging.getLogger(__name__)
+
+# How often the selector wakes up to expire hellos and re-check for shutdown.
+_POLL_S = 0.1
+# A clock reply is one short line; a peer that does not read it within this is cut off.
+_REPLY_TIMEOUT_S = 1.0
+
+
+class _Conn:
+    """One accepted connection: authenticated or still owing its hello."""
+
+    def __init__(self, sock: socket.socket, peer: Any, deadline: float, max_line_bytes: int) -> None:
+        self.sock, self.peer, self.deadline = sock, peer, deadline
+        self.hello = bytearray()
+        self.authed = False
+        self.lines = LineSplitter(max_line_bytes)
+
+
+class ProgressServer:
+    """Driver-side receiver of worker progress, clock probes, scores and tracebacks.
+
+    Listeners run on the server's one thread, so they must be quick; a listener that raises is logged and skipped.
+    Updates of one rank arrive in the order the worker sent them.
+
+    Args:
+        host: the address to listen on: the one workers use to reach the driver (``spark.driver.host``), and
+            ``"127.0.0.1"`` (the default) when the workers run on this machine. Avoid ``"0.0.0.0"``: it also
+            listens where no worker is.
+        port: TCP port; 0 picks a free ephemeral port (recommended: no clashes between concurrent jobs).
+        listeners: progress listeners, called with each :class:`ProgressUpdate`.
+        error_listeners: called with ``(rank, traceback_text)`` for each worker error kept.
+        clock: the driver's time function used to answer clock probes (injectable for tests).
+        advertise_host: the host name workers should dial; default ``host``.
+        score_listeners: called with each :class:`ScoreReport`.
+        token: the fit's secret (:func:`torchspark.training.auth.new_token`); default: a fresh one. Workers need
+            it: ship :attr:`endpoint` to them inside the task.
+        limits: bounds on connections, lines and kept error text (:class:`ChannelLimits`).
+    """
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, listeners: Iterable[ProgressListener] = (),
+                 error_listeners: Iterable[ErrorListener] = (), clock: Callable[[], float] = time.time,
+                 advertise_host: str | None = None, score_listeners: Iterable[ScoreListener] = (),
+                 token: bytes | None = None, limits: ChannelLimits = ChannelLimits()) -> None:
+        if not 0 <= port <= 65535:
+            raise ConfigError(f"ProgressServer port must be in 0..65535 (0 = any free port), got {port}")
+        self._token = auth.new_token() if token is None else token
+        auth.hello(self._token)  # validates it
+        self._host, self._port, self._advertise_host = host, port, advertise_host
+        self._clock, self._limits = clock, limits
+        self._listeners: list[ProgressListener] = list(listeners)
+        self._error_listeners: list[ErrorListener] = list(error_listeners)
+        self._score_listeners: list[ScoreListener] = list(score_listeners)
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)  # notified whenever a connection closes
+        self._latest: dict[int, ProgressUpdate] = {}
+        self._tally = ExampleTally()
+        self._errors = ErrorLog(limits.max_error_chars, limits.max_error_bytes, limits.max_errors)
+        self._malformed = 0
+        self._rejected = 0
+        self._conns: dict[socket.socket, _Conn] = {}  # touched only by the serving thread (count read under lock)
+        self._open = 0
+        self._listener: socket.socket | None = None
+        self._selector: selectors.BaseSelector | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._closed = False
+
+    # lifecycle
+    def start(self) -> ProgressServer:
+        """Bind and start serving on a background thread; returns ``self``.
+
+        Raises:
+            SetupError: the address cannot be bound, or the server was already started or closed.
+        """
+        if self._listener is not None or self._closed:
+            raise SetupError("ProgressServer.start() called twice or after close(); create a new server")
+        try:
+            infos = socket.getaddrinfo(self._host, self._port, type=socket.SOCK_STREAM)
+            family, _, _, _, addr = infos[0]
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind(addr)
+                sock.listen(128)
+            except OSError:
+                sock.close()
+                raise
+        except OSError as e:
+            raise SetupError(f"ProgressServer cannot bind {self._host}:{self._port}: {e}; "
+                             "pass port=0 for a free port or the address workers reach this machine on") from e
+        sock.setblocking(False)
+        self._listener = sock
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(sock, selectors.EVENT_READ, None)
+        self._thread = threading.Thread(target=self._serve, name="torchspark-progress-server", daemon=True)
+        self._thread.start()
+        logger.debug("progress server listening on %s:%d", *sock.getsockname()[:2])
+        return self
+
+    @property
+    def token(self) -> bytes:
+        """The fit's secret; a connection that does not prove it is dropped unread."""
+        return self._token
+
+    @property
+    def bound_address(self) -> tuple[str, int]:
+        """``(address, port)`` the listening socket is bound to."""
+        if self._listener is None:
+            raise SetupError("ProgressServer.bound_address is known only after start(); call start() first")
+        host, port = self._listener.getsockname()[:2]
+        return str(host), int(port)
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """``(host, port)`` workers should connect to.
+
+        Raises:
+            SetupError: the server is not started.
+        """
+        if self._listener is None:
+            raise SetupError("ProgressServer.address is known only after start(); call start() first")
+        return self._advertise_host or self._host, self.bound_address[1]
+
+    @property
+    def endpoint(self) -> ProgressEndpoint:
+        """What a worker needs to connect: :attr:`address` and :attr:`token` (ship it inside the task)."""
+        host, port = self.address
+        return ProgressEndpoint(host, port, self._token)
+
+    def close(self, timeout_s: float = 5.0, drain_s: float = 0.0) -> None:
+        """Stop accepting, disconnect every worker and join the server's thread. Idempotent.
+
+        Args:
+            timeout_s: how long to wait for the thread; still alive after it is logged (it is a daemon).
+            drain_s: first wait up to this long for the workers to disconnect on their own, so everything they
+                sent before exiting is read (0 = cut them off at once). Use it once the workers have ended: it
+                returns as soon as their connections close.
+        """
+        if drain_s > 0 and self._thread is not None:
+            with self._idle:
+                if not self._idle.wait_for(lambda: self._open == 0 or self._closed, timeout=drain_s):
+                    logger.warning("progress server: %d connection(s) still open after %.1f s; closing them",
+                                   self._open, drain_s)
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                logger.warning("progress server thread did not stop within %.1f s", timeout_s)
+                return  # it closes its sockets itself when it stops
+        self._close_all()
+
+    def __enter__(self) -> ProgressServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # listeners and state
+    def add_listener(self, fn: ProgressListener) -> None:
+        """Call ``fn(update)`` for every progress message received from now on."""
+        with self._lock:
+            self._listeners = [*self._listeners, fn]  # copy-on-write: readers iterate without the lock
+
+    def add_score_listener(self, fn: ScoreListener) -> None:
+        """Call ``fn(report)`` for every score report received from now on."""
+        with self._lock:
+            self._score_listeners = [*self._score_listeners, fn]
+
+    def add_error_listener(self, fn: ErrorListener) -> None:
+        """Call ``fn(rank, traceback_text)`` for every worker error kept from now on."""
+        with self._lock:
+            self._error_listeners = [*self._error_listeners, fn]
+
+    def latest(self) -> dict[int, ProgressUpdate]:
+        """The latest update of each rank that reported."""
+        with self._lock:
+            return dict(self._latest)
+
+    def total_examples(self) -> int:
+        """Examples reported by all workers over all epochs (updates carry cumulative per-epoch counts)."""
+        with self._lock:
+            return self._tally.total
+
+    def errors(self) -> list[tuple[int, str]]:
+        """``(rank, traceback_text)`` of every worker error kept, in arrival order."""
+        with self._lock:
+            return list(self._errors.kept)
+
+    def retained_error_bytes(self) -> int:
+        """Bytes of traceback text kept (at most ``limits.max_error_bytes``)."""
+        with self._lock:
+            return self._errors.bytes
+
+    def dropped_error_count(self) -> int:
+        """Errors whose text was dropped because ``limits.max_error_bytes`` or ``max_errors`` was reached."""
+        with self._lock:
+            return self._errors.dropped
+
+    def malformed_count(self) -> int:
+        """How many received lines were malformed and ignored."""
+        with self._lock:
+            return self._malformed
+
+    def rejected_count(self) -> int:
+        """Connections dropped without a valid hello (wrong token, too slow, or over ``max_pending``)."""
+        with self._lock:
+            return self._rejected
+
+    def open_connections(self) -> int:
+        """Connections currently open (authenticated or owing their hello)."""
+        with self._lock:
+            return self._open
+
+    # the serving thread
+    def _serve(self) -> None:
+        assert self._selector is not None
+        try:
+            while not self._stop.is_set():
+                for key, _ in self._selector.select(timeout=_POLL_S):
+                    if key.data is None:
+                        self._accept()
+                    else:
+                        self._read(key.data)
+                self._expire_hellos()
+        except Exception:  # noqa: BLE001 - progress is best effort; never take the driver down
+            logger.exception("progress server stopped on an unexpected error; live progress is off")
+        finally:
+            if self._stop.is_set():
+                self._close_all()
+
+    def _accept(self) -> None:
+        assert self._listener is not None and self._selector is not None
+        limits = self._limits
+        while True:
+            try:
+                sock, peer = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:  # e.g. out of file descriptors: leave the rest in the backlog for now
+                logger.warning("progress server: accept failed (%s)", e)
+                return
+            pending = [c for c in self._conns.values() if not c.authed]
+            if len(pending) >= limits.max_pending:
+                self._drop(min(pending, key=lambda c: c.deadline), rejected=True)
+            sock.setblocking(False)
+            conn = _Conn(sock, peer, time.monotonic() + limits.hello_timeout_s, limits.max_line_bytes)
+            self._conns[sock] = conn
+            self._selector.register(sock, selectors.EVENT_READ, conn)
+            with self._lock:
+                self._open = len(self._conns)
+
+    def _expire_hellos(self) -> None:
+        now = time.monotonic()
+        for conn in [c for c in self._conns.values() if not c.authed and c.deadline <= now]:
+            self._drop(conn, rejected=True)
+
+    def _drop(self, conn: _Conn, rejected: bool = False) -> None:
+        if self._conns.pop(conn.sock, None) is None:
+            return
+        with contextlib.suppress(KeyError, ValueError, OSError):
+            assert self._selector is not None
+            self._selector.unregister(conn.sock)
+        with contextlib.suppress(OSError):
+            conn.sock.close()
+        with self._idle:
+            self._rejected += rejected
+            self._open = len(self._conns)
+            self._idle.notify_all()
+
+    def _close_all(self) -> None:
+        for conn in list(self._conns.values()):
+            self._drop(conn)
+        if self._listener is not None:
+            with contextlib.suppress(OSError):
+                self._listener.close()
+        if self._selector is not None:
+            with contextlib.suppress(OSError):
+                self._selector.close()
+
+    def _read(self, conn: _Conn) -> None:
+        # a connection owing its hello is read only up to the hello's size: nothing more reaches memory
+        want = auth.HELLO_BYTES - len(conn.hello) if not conn.authed else 65536
+        try:
+            chunk = conn.sock.recv(want)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as e:
+            logger.debug("progress connection from %s ended: %s", conn.peer, e)
+            self._drop(conn)
+            return
+        if not chunk:
+            self._drop(conn, rejected=not conn.authed)
+            return
+        if not conn.authed:
+            conn.hello += chunk
+            if len(conn.hello) < auth.HELLO_BYTES:
+                return
+            if not auth.check_hello(self._token, bytes(conn.hello)):
+                logger.debug("progress server: dropped a connection from %s without the fit's token", conn.peer)
+                self._drop(conn, rejected=True)
+                return
+            if sum(c.authed for c in self._conns.values()) >= self._limits.max_connections:
+                logger.warning("progress server: over max_connections=%d; dropped %s",
+                               self._limits.max_connections, conn.peer)
+                self._drop(conn, rejected=True)
+                return
+            conn.authed = True
+            return
+        for line in conn.lines.feed(chunk):
+            if line.strip():
+                self._handle_line(line, conn)
+
+    def _handle_line(self, line: bytes, conn: _Conn) -> None:
+        try:
+            msg = parse_line(line)
+            kind = msg["kind"]
+            if kind == "progress":
+                self._on_progress(progress_from_msg(msg))
+            elif kind == "clock":
+                reply: dict[str, Any] = {"t_driver": self._clock()}
+                if "id" in msg:
+                    reply["id"] = msg["id"]
+                self._reply(conn, encode(reply))
+            elif kind == "error":
+                rank, tb = int_field(msg, "rank"), msg.get("traceback")
+                if not isinstance(tb, str):
+                    raise Malformed(f"field 'traceback' must be a string, got {type(tb).__name__}")
+                self._on_error(rank, tb)
+            elif kind == "score":
+                report = score_from_msg(msg)
+                with self._lock:
+                    listeners = self._score_listeners
+                call_listeners(listeners, report)
+            else:
+                raise Malformed(f"unknown kind {kind!r} (expected progress, clock, error or score)")
+        except Malformed as e:
+            with self._lock:
+                self._malformed += 1
+            logger.warning("progress server: ignoring malformed line from %s (%s): %.200r", conn.peer, e, line)
+
+    def _reply(self, conn: _Conn, data: bytes) -> None:
+        try:
+            conn.sock.settimeout(_REPLY_TIMEOUT_S)
+            conn.sock.sendall(data)
+            conn.sock.setblocking(False)
+        except OSError as e:
+            logger.debug("progress server: cannot answer %s (%s); dropped", conn.peer, e)
+            self._drop(conn)
+
+    def _on_progress(self, update: ProgressUpdate) -> None:
+        with self._lock:
+            self._latest[update.rank] = update
+            self._tally.add(update)
+            listeners = self._listeners
+        call_listeners(listeners, update)
+
+    def _on_error(self, rank: int, tb: str) -> None:
+        with self._lock:
+            kept = self._errors.add(rank, tb)
+            first_drop = kept is None and self._errors.dropped == 1
+            listeners = self._error_listeners
+        if kept is None:
+            if first_drop:
+                logger.warning("progress server: worker error text over max_error_bytes=%d / max_errors=%d; later "
+                               "errors are counted, not kept", self._limits.max_error_bytes, self._limits.max_errors)
+            return
+        logger.error("worker %d reported an error:\n%s", rank, kept)
+        call_listeners(listeners, rank, kept)
