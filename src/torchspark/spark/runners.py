@@ -72,8 +72,7 @@ class SparkBarrierRunner:
         task_bc = self.sc.broadcast(task)
         relay: Any = None
         try:
-            progress = context.progress_address(host=bind, advertise_host=host, port_range=self.mesh.port_range,
-                                                  bind_host=bind)
+            progress = context.progress_address(host=bind, advertise_host=host, port_range=self.mesh.port_range)
             relay_address = None
             if self.mesh.rendezvous_via == "driver":
                 relay, relay_address = open_relay(host, self.mesh.rendezvous_timeout_s, self.mesh.port_range,
