@@ -51,6 +51,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -440,28 +441,31 @@ def orchestrate(args: argparse.Namespace) -> None:
     t_all = time.perf_counter()
     workdir = tempfile.mkdtemp(prefix="torchspark-bench-cluster-")
     os.chmod(workdir, 0o755)
-    C.log(f"writing {args.n_train} training examples as minibatch files under {workdir}")
-    data = prepare_data(os.path.join(workdir, "data"), args.n_train)
-    data_file = os.path.join(workdir, "data.json")
-    with open(data_file, "w") as f:
-        json.dump(data, f)
-    cluster_info: dict[str, Any] = {}
-    link_settings: dict[str, str] = {}
-    with NetnsCluster(workers=2, cores=1, memory="2g", executor_memory="1g") as cluster:
-        cluster_info = {"master": cluster.master_url, "hosts": [h.address for h in cluster.hosts]}
-        for link in links:
-            rate, delay = LINKS[link]
-            link_settings[link] = shape(cluster, rate, delay)
-            C.log(f"links shaped: {link_settings[link]}")
-            try:
-                for method in methods:
-                    C.log(f"{link}: {method}")
-                    results[link][method] = run_method(cluster, method, link, data_file, args, workdir)
-                    summarise_one(results[link][method])
-            finally:
-                cluster.unshape_links()
-    elapsed = time.perf_counter() - t_all
-    report(results, links, methods, data, args, info, cluster_info, link_settings, elapsed, watch.note())
+    try:  # the generated data set is removed however the run ends
+        C.log(f"writing {args.n_train} training examples as minibatch files under {workdir}")
+        data = prepare_data(os.path.join(workdir, "data"), args.n_train)
+        data_file = os.path.join(workdir, "data.json")
+        with open(data_file, "w") as f:
+            json.dump(data, f)
+        cluster_info: dict[str, Any] = {}
+        link_settings: dict[str, str] = {}
+        with NetnsCluster(workers=2, cores=1, memory="2g", executor_memory="1g") as cluster:
+            cluster_info = {"master": cluster.master_url, "hosts": [h.address for h in cluster.hosts]}
+            for link in links:
+                rate, delay = LINKS[link]
+                link_settings[link] = shape(cluster, rate, delay)
+                C.log(f"links shaped: {link_settings[link]}")
+                try:
+                    for method in methods:
+                        C.log(f"{link}: {method}")
+                        results[link][method] = run_method(cluster, method, link, data_file, args, workdir)
+                        summarise_one(results[link][method])
+                finally:
+                    cluster.unshape_links()
+        elapsed = time.perf_counter() - t_all
+        report(results, links, methods, data, args, info, cluster_info, link_settings, elapsed, watch.note())
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def shape(cluster: Any, rate: str, delay: str) -> str:
