@@ -25,6 +25,7 @@ import torch
 from torchspark.data import DataSet, MultiDataSet, batch_num_examples, rebatch
 from torchspark.encoding import AdaptiveThreshold, ResidualClipping
 from torchspark.errors import ConfigError, DataError
+from torchspark.listeners import TrainingEvents, TrainingListener
 from torchspark.nn import Network
 from torchspark.parallel.options import OPTION_DEFAULTS, TRAINING_MODES, check_local_master, master_from_options
 from torchspark.parallel.runner import LocalProcessRunner, WorkerShares
@@ -240,6 +241,7 @@ class ParallelWrapper:
     last_results: list[WorkerResult] = field(default_factory=list, init=False, repr=False)
     _devices: list[str] = field(default_factory=list, init=False, repr=False)
     _listeners: list[Callable[[ProgressUpdate], None]] = field(default_factory=list, init=False, repr=False)
+    _training_listeners: list[TrainingListener] = field(default_factory=list, init=False, repr=False)
     _score: float = field(default=math.nan, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -282,6 +284,15 @@ class ParallelWrapper:
     def add_progress_listener(self, listener: Callable[[ProgressUpdate], None]) -> None:
         """Call ``listener(update)`` (on a background thread) for every progress report workers send."""
         self._listeners.append(listener)
+
+    def add_training_listener(self, listener: TrainingListener) -> None:
+        """Tell ``listener`` (a :class:`~torchspark.listeners.TrainingListener`, e.g. ``MlflowListener`` or
+        ``TensorBoardListener``) about every later fit: its start, progress, epochs and end. With a listener the
+        workers also report the score they agree on (as ``report_score_after_averaging`` does)."""
+        if not isinstance(listener, TrainingListener):
+            raise ConfigError(f"add_training_listener takes a torchspark.listeners.TrainingListener, got "
+                              f"{type(listener).__name__}; use add_progress_listener for a plain callable")
+        self._training_listeners.append(listener)
 
     def get_score(self) -> float:
         """Mean over workers of their last minibatch loss in the last fit (NaN before any fit)."""
@@ -334,9 +345,14 @@ class ParallelWrapper:
         assert master is not None
         recorder = StatsCollector(DRIVER_ID, enabled=master.collect_training_stats)
         task = build_task(self.network, master, epochs, master.collect_training_stats, recorder,
-                          report_scores=self.report_score_after_averaging)
+                          report_scores=self.report_score_after_averaging or bool(self._training_listeners))
+        events = (TrainingEvents(self._training_listeners, runner="ParallelWrapper", master=master,
+                                 network=self.network, epochs=epochs, num_workers=len(self._devices))
+                  if self._training_listeners else None)
+        score_listeners = [_log_score] if self.report_score_after_averaging else []
         outcome = run_fit(self.network, task, self._runner(), plan.shares, recorder=recorder,
                           description=f"ParallelWrapper fit: {len(self._devices)} workers, {epochs} epoch(s)",
-                          listeners=self._listeners, score_listeners=[_log_score], progress=self.progress)
+                          listeners=self._listeners, score_listeners=score_listeners, progress=self.progress,
+                          events=events)
         self._score, self.last_results, self.training_stats = outcome.score, outcome.results, outcome.stats
         return self.network

@@ -197,7 +197,8 @@ def barrier_task(
             torch.cuda.set_device(torch.device(device))
         cpus = ctx.cpus() if hasattr(ctx, "cpus") else 1
         task = _with_threads(task, cpus)
-        hooks = open_worker_hooks(ctx.partitionId(), task.collect_stats, progress_address)
+        hooks = open_worker_hooks(ctx.partitionId(), task.collect_stats, progress_address,
+                                  report_scores=task.report_scores)
         comm: TorchDistCommunicator | None = None
         try:
             comm, chosen = _rendezvous(ctx, settings, backend_for_device(device), device, relay_address,

@@ -16,6 +16,7 @@ from typing import Any, Callable, Sequence
 from torchspark._io import filesystem, join
 from torchspark.data import batch_num_examples
 from torchspark.errors import ConfigError, DataError
+from torchspark.listeners import TrainingEvents, TrainingListener
 from torchspark.nn import Network
 from torchspark.spark.data import (
     count_examples,
@@ -93,6 +94,7 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
                               f"{type(runner).__name__}")
         self.runner = runner
         self._listeners: list[Callable[[ProgressUpdate], None]] = []
+        self._training_listeners: list[TrainingListener] = []
         self._collect_stats = bool(training_master and training_master.collect_training_stats)
         self._stats: TrainingStats | None = None
         self._driver_stats = StatsCollector(DRIVER_ID, enabled=False)
@@ -111,6 +113,15 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
     def add_progress_listener(self, listener: Callable[[ProgressUpdate], None]) -> None:
         """Call ``listener(update)`` (on a driver thread) for every progress report workers send while training."""
         self._listeners.append(listener)
+
+    def add_training_listener(self, listener: TrainingListener) -> None:
+        """Tell ``listener`` (a :class:`~torchspark.listeners.TrainingListener`, e.g. ``MlflowListener`` or
+        ``TensorBoardListener``) about every later fit: its start, progress, epochs and end. With a listener the
+        workers also report the score they agree on each epoch (gradient sharing: one small all-reduce per epoch)."""
+        if not isinstance(listener, TrainingListener):
+            raise ConfigError(f"add_training_listener takes a torchspark.listeners.TrainingListener, got "
+                              f"{type(listener).__name__}; use add_progress_listener for a plain callable")
+        self._training_listeners.append(listener)
 
     # ------------------------------------------------------------------ public training API
     def get_score(self) -> float:
@@ -305,10 +316,14 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         if worker_rdd.getNumPartitions() != n:
             worker_rdd = (worker_rdd.coalesce(n) if worker_rdd.getNumPartitions() > n
                           else spread_round_robin(worker_rdd, n))
-        task = build_task(self.network, master, epochs, self._collect_stats, collector)
+        task = build_task(self.network, master, epochs, self._collect_stats, collector,
+                          report_scores=bool(self._training_listeners))
+        events = (TrainingEvents(self._training_listeners, runner="SparkNetwork", master=master,
+                                 network=self.network, epochs=epochs, num_workers=n)
+                  if self._training_listeners else None)
         outcome = run_fit(self.network, task, self._runner(master), SparkWorkerData(self.sc, worker_rdd),
                           recorder=collector, description=f"torchspark fit: {n} workers, {epochs} epoch(s)",
-                          listeners=self._listeners, progress=self.progress)
+                          listeners=self._listeners, progress=self.progress, events=events)
         self._score, self.last_results, self._stats = outcome.score, outcome.results, outcome.stats
         return self.network
 

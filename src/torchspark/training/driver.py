@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from torchspark.nn import Network, NetworkBlueprint
 from torchspark.stats import StatsCollector, TrainingStats
@@ -31,6 +31,9 @@ from torchspark.training.progress import ProgressBar, ProgressEndpoint, Progress
 from torchspark.training.reporting import build_training_stats
 from torchspark.training.runner import Runner
 from torchspark.training.worker import WorkerResult, WorkerTask, merge_results
+
+if TYPE_CHECKING:
+    from torchspark.listeners.hub import TrainingEvents
 
 __all__ = ["FitContext", "FitOutcome", "build_task", "run_fit"]
 
@@ -121,7 +124,7 @@ def build_task(network: Network, master: TrainingMaster, epochs: int, collect_st
 def run_fit(network: Network, task: WorkerTask, runner: Runner, data: Any, *, recorder: StatsCollector,
             description: str, listeners: Sequence[Callable[[ProgressUpdate], None]] = (),
             score_listeners: Sequence[Callable[[ScoreReport], None]] = (),
-            progress: bool | None = None) -> FitOutcome:
+            progress: bool | None = None, events: TrainingEvents | None = None) -> FitOutcome:
     """Steps 2-6 of the module docstring: run ``task`` on ``data`` through ``runner`` and update ``network``.
 
     Args:
@@ -134,21 +137,33 @@ def run_fit(network: Network, task: WorkerTask, runner: Runner, data: Any, *, re
         listeners: the caller's progress listeners.
         score_listeners: called with the scores workers report (``task.report_scores``).
         progress: draw a progress bar (None: only when stderr is a terminal).
+        events: the fit's training listeners (:class:`~torchspark.listeners.TrainingEvents`): fed by the progress
+            channel, told when the fit starts and ends (also when it fails).
     Raises:
         WorkerError: a worker failed; the network keeps what it had (the rounds route: the last completed round).
     """
     bar = ProgressBar(desc=f"fit x{task.epochs}", enabled=progress)
+    if events is not None:
+        listeners, score_listeners = [*listeners, events.on_progress], [*score_listeners, events.on_score]
+        events.start()
     context = FitContext(network, recorder, description, [*listeners, bar.update], score_listeners)
     start = (network.iteration, network.epoch)
     results: list[WorkerResult] | None = None
     try:
-        results = runner.run(task, data, context)
-    finally:
-        bar.close()
-        context.close(drain_s=DRAIN_S if results is not None else 0.0)
+        try:
+            results = runner.run(task, data, context)
+        finally:
+            bar.close()
+            context.close(drain_s=DRAIN_S if results is not None else 0.0)
+    except BaseException as e:
+        if events is not None:
+            events.end(network, float("nan"), error=e)
+        raise
     with recorder.phase("aggregation"):
         network.iteration, network.epoch = start
         score = merge_results(network, results)
     network.epoch += task.epochs
     stats = build_training_stats(recorder, results, task.epochs, network.extra_config) if task.collect_stats else None
+    if events is not None:
+        events.end(network, score, stats)
     return FitOutcome(results, score, stats)

@@ -48,6 +48,10 @@ class ProgressUpdate:
     iteration: int
     examples: int
     score: float
+    #: gradient sharing: payload bytes this worker handed to the exchange so far in the fit (0 for averaging)
+    bytes_sent: int = 0
+    #: gradient sharing: what dense float32 exchange of the same updates would have sent so far in the fit
+    dense_bytes: int = 0
 
 
 @dataclass(frozen=True)

@@ -301,7 +301,8 @@ class SharingAlgorithm:
         out.score_sum += net.last_score * len(batch)
         rec.record_score(net.iteration, net.last_score)
         if hooks.progress is not None and out.iterations % hooks.progress_every == 0:
-            hooks.progress(ProgressUpdate(rank, epoch, out.iterations, out.examples, net.last_score))
+            hooks.progress(ProgressUpdate(rank, epoch, out.iterations, out.examples, net.last_score,
+                                           state.bytes_sent + len(payload), state.dense_bytes))
         return payload
 
     # ------------------------------------------------------------------ finish

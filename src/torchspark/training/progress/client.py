@@ -133,7 +133,8 @@ class ProgressClient:
         if not self.active:
             return
         line = encode({"kind": "progress", "rank": update.rank, "epoch": update.epoch,
-                        "iteration": update.iteration, "examples": update.examples, "score": update.score})
+                        "iteration": update.iteration, "examples": update.examples, "score": update.score,
+                       "bytes_sent": update.bytes_sent, "dense_bytes": update.dense_bytes})
         with self._cond:
             if len(self._pending) == self._pending.maxlen:
                 self._dropped += 1

@@ -4,7 +4,8 @@ A connection starts with :func:`torchspark.training.auth.hello` (``HELLO_BYTES``
 that much and drops the connection unless it proves the fit's token. Then one JSON object per line (UTF-8),
 worker -> driver:
 
-1. ``{"kind": "progress", "rank", "epoch", "iteration", "examples", "score"}`` -> a :class:`ProgressUpdate`;
+1. ``{"kind": "progress", "rank", "epoch", "iteration", "examples", "score"}`` (optionally ``"bytes_sent"`` and
+   ``"dense_bytes"``, gradient sharing's traffic so far; 0 when absent) -> a :class:`ProgressUpdate`;
 2. ``{"kind": "clock", "t_worker": float, "id": int}`` -> the driver replies at once with one line
    ``{"t_driver": float, "id": int}`` (``id`` echoed so a late reply is never mistaken for the next one);
 3. ``{"kind": "error", "rank", "traceback": str}`` -> a worker's traceback;
@@ -90,7 +91,18 @@ def _float_field(msg: dict[str, Any], key: str) -> float:
 def progress_from_msg(msg: dict[str, Any]) -> ProgressUpdate:
     return ProgressUpdate(rank=int_field(msg, "rank"), epoch=int_field(msg, "epoch"),
                           iteration=int_field(msg, "iteration"), examples=int_field(msg, "examples"),
-                          score=_float_field(msg, "score"))
+                          score=_float_field(msg, "score"), bytes_sent=_count_field(msg, "bytes_sent"),
+                          dense_bytes=_count_field(msg, "dense_bytes"))
+
+
+def _count_field(msg: dict[str, Any], key: str) -> int:
+    """An optional non-negative integer (0 when absent: older workers and averaging send none)."""
+    if key not in msg:
+        return 0
+    v = int_field(msg, key)
+    if v < 0:
+        raise Malformed(f"field {key!r} must be >= 0, got {v}")
+    return v
 
 
 def score_from_msg(msg: dict[str, Any]) -> ScoreReport:
