@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
 from torchspark import Network, models, optim
 from torchspark.listeners import EpochEvent, FitEnded, FitStarted, IterationEvent, TrainingEvents, TrainingListener
@@ -157,3 +158,62 @@ def test_progress_messages_carry_sharing_traffic_optionally() -> None:
         progress_from_msg({**base, "bytes_sent": -1})
     with pytest.raises(Malformed, match="dense_bytes"):
         progress_from_msg({**base, "dense_bytes": "many"})
+
+
+def test_parallel_wrapper_fit_logs_to_mlflow_and_a_failed_fit_marks_the_run_failed(tmp_path, monkeypatch) -> None:
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    from torchspark import DataSet, datasets
+    from torchspark.errors import ConfigError, WorkerError
+    from torchspark.listeners.mlflow_listener import MlflowListener
+    from torchspark.parallel import ParallelWrapper
+    from torchspark.training import InProcessRunner
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    uri = (tmp_path / "mlruns").as_uri()
+    listener = MlflowListener(tracking_uri=uri, log_model=False, log_stats=False)
+    data = datasets.synthetic_classification(96, 4, 2, seed=0)
+    net = Network(models.mlp(4, 8, 2), updater=optim.Adam(lr=1e-2), seed=0)
+    wrapper = ParallelWrapper(net, workers=2, progress=False, runner=InProcessRunner(timeout_s=60),
+                              training_mode="averaging", averaging_frequency=2, collect_training_stats=True)
+    wrapper.add_training_listener(listener)
+    wrapper.fit(data, epochs=2, batch_size=8)
+    client = MlflowClient(tracking_uri=uri)
+    run = client.get_run(listener.run_id)
+    assert run.info.status == "FINISHED" and run.data.params["master.type"] == "parameter_averaging"
+    epochs = sorted((m.step, m.value) for m in client.get_metric_history(listener.run_id, "epoch_examples"))
+    assert epochs == [(0, 96.0), (1, 96.0)]
+    assert wrapper.training_stats is not None
+    assert client.list_artifacts(listener.run_id) == []  # log_model=False, log_stats=False
+    # labels out of range only after the first minibatch (the driver checks the first): a worker fails
+    bad = DataSet(data.features[:32], torch.full((32,), 7))
+    with pytest.raises(WorkerError):
+        wrapper.fit([data.slice(0, 64), bad], epochs=1, batch_size=8)
+    assert client.get_run(listener.run_ids[-1]).info.status == "FAILED"
+    with pytest.raises(ConfigError, match="add_progress_listener"):
+        wrapper.add_training_listener(print)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="log_every"):
+        MlflowListener(tracking_uri=uri, log_every=-1)
+
+
+def test_tensorboard_every_option_thins_the_iteration_scalars(tmp_path) -> None:
+    pytest.importorskip("tensorboardX")
+    from torchspark.errors import ConfigError
+    from torchspark.listeners.tensorboard_listener import TensorBoardListener, read_scalars
+
+    all_reports, every_third = TensorBoardListener(tmp_path / "a"), TensorBoardListener(tmp_path / "b", every=3)
+    ev, _, _, _ = _events(listeners=[all_reports, every_third], workers=1)
+    ev.start()
+    for i in range(1, 7):
+        ev.on_progress(ProgressUpdate(0, 0, i, 8 * i, 1.0 / i, bytes_sent=10 * i, dense_bytes=400 * i))
+    ev.end(None, 1 / 6)
+    all_reports.close()
+    every_third.close()
+    a, b = read_scalars(tmp_path / "a"), read_scalars(tmp_path / "b")
+    assert [s for s, _ in a["train/score"]] == [1, 2, 3, 4, 5, 6]
+    assert [s for s, _ in b["train/score"]] == [1, 4]
+    assert a["sharing/compression"][0][1] == pytest.approx(40.0)
+    assert [s for s, _ in a["epoch/score"]] == [0, 1]
+    with pytest.raises(ConfigError, match="every"):
+        TensorBoardListener(tmp_path / "c", every=0)
