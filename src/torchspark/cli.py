@@ -114,6 +114,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="layout of convolution weights; channels_last trains CNNs faster on CPU")
     train.add_argument("--output", default="torchspark-output", help="directory for the model, metrics and stats")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    train.add_argument("--config", default=None,
+                       help="YAML (.yaml/.yml) or JSON file of train settings by option name (epochs: 4, mode: "
+                            "averaging, ...); options on the command line override it")
+    train.add_argument("--print-config", nargs="?", const="yaml", default=None, choices=["yaml", "json"],
+                       help="print the settings this command would train with (YAML, or json) and exit: the "
+                            "start of a --config file")
     _add_spark_options(train)
 
     evaluate = sub.add_parser("evaluate", help="evaluate a saved model on the cluster", formatter_class=fmt,
@@ -323,14 +329,29 @@ def cmd_predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def _with_config(parser: argparse.ArgumentParser, argv: Sequence[str] | None,
+                 args: argparse.Namespace) -> argparse.Namespace:
+    """``train --config FILE``: the file's settings under the command line's (:mod:`torchspark.config_files`)."""
+    from torchspark.config_files import apply_train_config
+
+    return apply_train_config(parser, None if argv is None else list(argv), args)
+
+
 COMMANDS = {"train": cmd_train, "evaluate": cmd_evaluate, "predict": cmd_predict}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
+    parser = build_parser()
+    args = parser.parse_args(argv)
     try:
+        args = _with_config(parser, argv, args)
+        logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
+                            format="%(levelname)s %(name)s: %(message)s")
+        if getattr(args, "print_config", None):
+            from torchspark.config_files import dump_mapping, train_settings
+
+            print(dump_mapping(train_settings(parser, args), args.print_config), end="")
+            return 0
         return COMMANDS[args.command](args)
     except TorchSparkError as e:
         print(f"torchspark: error: {e}", file=sys.stderr)

@@ -166,6 +166,22 @@ class TrainingMaster:
             raise ConfigError(f"the JSON describes a {type(master).__name__}, not a {cls.__name__}")
         return master
 
+    def to_yaml(self) -> str:
+        """:meth:`to_json`'s mapping as YAML (needs the ``[yaml]`` extra); :meth:`from_yaml` reads it back."""
+        from torchspark.config_files import master_to_yaml
+
+        return master_to_yaml(self)
+
+    @classmethod
+    def from_yaml(cls, text: str) -> "TrainingMaster":
+        """Rebuild a master from :meth:`to_yaml` output (read with PyYAML's safe loader)."""
+        from torchspark.config_files import master_from_yaml
+
+        master = master_from_yaml(text)
+        if not isinstance(master, cls):
+            raise ConfigError(f"the YAML describes a {type(master).__name__}, not a {cls.__name__}")
+        return master
+
 
 @dataclass(frozen=True)
 class ParameterAveragingTrainingMaster(TrainingMaster):

@@ -1,0 +1,199 @@
+"""Configuration files: training masters and ``torchspark train`` settings as YAML or JSON.
+
+* Masters: :func:`master_to_yaml` / :func:`master_from_yaml` (and ``master.to_yaml()`` /
+  ``TrainingMaster.from_yaml``) write and read the same mapping as ``to_json()``; :func:`save_master` /
+  :func:`load_master` pick the format from the file name (``.yaml``/``.yml`` or ``.json``).
+* ``torchspark train --config run.yaml``: the file holds the train options by name (``epochs: 4``,
+  ``mode: averaging``, ``batch_size_per_worker: 32``; dashes or underscores); options given on the command line
+  override it. ``--print-config`` prints the settings a command would train with, to start such a file.
+
+YAML needs the ``[yaml]`` extra (PyYAML). Files are read with PyYAML's *safe* loader: plain mappings, lists,
+strings and numbers only; a tag that would build a Python object (``!!python/object``) is refused. The loader
+also reads ``1e-4`` as a number (YAML 1.2; PyYAML's YAML 1.1 would read it as a string).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+from typing import Any
+
+from torchspark._io import atomic_write_bytes
+from torchspark.errors import ConfigError
+from torchspark.training.masters import TrainingMaster, master_from_json
+
+__all__ = ["load_mapping", "dump_mapping", "master_to_yaml", "master_from_yaml", "save_master", "load_master",
+           "TRAIN_SETTINGS_EXCLUDED", "train_settings", "load_train_settings", "apply_train_config"]
+
+YAML_SUFFIXES = (".yaml", ".yml")
+#: train options that are about this invocation, not the run's settings
+TRAIN_SETTINGS_EXCLUDED = ("command", "config", "print_config")
+
+
+def _yaml() -> Any:
+    try:
+        import yaml
+    except ImportError as e:
+        raise ConfigError("YAML files need PyYAML: pip install 'torchspark[yaml]' (or write the file as JSON)") from e
+    return yaml
+
+
+def _safe_loader() -> Any:
+    """PyYAML's ``SafeLoader`` (no Python objects) that also reads ``1e-4`` / ``1E+3`` as floats."""
+    yaml = _yaml()
+
+    class Loader(yaml.SafeLoader):  # type: ignore[name-defined,misc]
+        pass
+
+    Loader.add_implicit_resolver(
+        "tag:yaml.org,2002:float",
+        re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+                    |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+                    |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+                    |[-+]?\.(?:inf|Inf|INF)
+                    |\.(?:nan|NaN|NAN))$""", re.X),
+        list("-+0123456789."))
+    return Loader
+
+
+def _is_yaml(path: str) -> bool:
+    return os.fspath(path).lower().endswith(YAML_SUFFIXES)
+
+
+def load_mapping(text: str, fmt: str, source: str = "the configuration") -> dict[str, Any]:
+    """Parse ``text`` (``fmt`` ``"yaml"`` or ``"json"``) into a mapping.
+
+    Raises:
+        ConfigError: not valid YAML/JSON, or not a mapping at the top; the message names ``source``.
+    """
+    if fmt == "yaml":
+        yaml = _yaml()
+        try:
+            data = yaml.load(text, Loader=_safe_loader())  # a SafeLoader: never builds Python objects
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{source} is not valid YAML (plain mappings, lists, strings and numbers only): "
+                              f"{e}") from e
+    elif fmt == "json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{source} is not valid JSON: {e}") from e
+    else:
+        raise ConfigError(f"configuration format must be 'yaml' or 'json', got {fmt!r}")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source} must hold a mapping of option names to values, got {type(data).__name__}")
+    return data
+
+
+def dump_mapping(data: dict[str, Any], fmt: str) -> str:
+    """``data`` as YAML (keys in the given order) or indented JSON."""
+    if fmt == "yaml":
+        return _yaml().safe_dump(data, sort_keys=False, default_flow_style=False)
+    if fmt == "json":
+        return json.dumps(data, indent=2) + "\n"
+    raise ConfigError(f"configuration format must be 'yaml' or 'json', got {fmt!r}")
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError as e:
+        raise ConfigError(f"cannot read the configuration file {path!r}: {e}") from e
+
+
+# ------------------------------------------------------------------ training masters
+def master_to_yaml(master: TrainingMaster) -> str:
+    """The master's ``to_dict()`` (with its ``type``) as YAML; :func:`master_from_yaml` reads it back."""
+    return dump_mapping(json.loads(master.to_json()), "yaml")
+
+
+def master_from_yaml(text: str) -> TrainingMaster:
+    """Rebuild any training master from YAML (the mapping ``to_json()`` writes, as YAML)."""
+    return master_from_json(json.dumps(load_mapping(text, "yaml", "the training master YAML")))
+
+
+def save_master(master: TrainingMaster, path: str) -> None:
+    """Write ``master`` to ``path``: YAML for ``.yaml``/``.yml``, else JSON (written to a temp name, then renamed)."""
+    text = master_to_yaml(master) if _is_yaml(path) else master.to_json() + "\n"
+    atomic_write_bytes(path, text.encode("utf-8"), ConfigError)
+
+
+def load_master(path: str) -> TrainingMaster:
+    """Read a master written by :func:`save_master` (or by hand): YAML for ``.yaml``/``.yml``, else JSON."""
+    text = _read(path)
+    if _is_yaml(path):
+        return master_from_json(json.dumps(load_mapping(text, "yaml", path)))
+    return master_from_json(text)
+
+
+# ------------------------------------------------------------------ `torchspark train` settings
+def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    for action in parser._actions:  # argparse keeps subcommands only in its private list of actions
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices[command]
+    raise ConfigError(f"the parser has no {command!r} command")
+
+
+def _settable(sub: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    return {a.dest: a for a in sub._actions
+            if a.dest not in TRAIN_SETTINGS_EXCLUDED and a.dest != "help" and a.option_strings}
+
+
+def train_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
+    """The settings of a parsed ``train`` command as a plain mapping (what ``--config`` reads back)."""
+    out: dict[str, Any] = {}
+    for dest in _settable(_subparser(parser, "train")):
+        value = getattr(args, dest)
+        out[dest] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def _convert(action: argparse.Action, key: str, value: Any, source: str) -> Any:
+    if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{source}: {key} must be true or false, got {value!r}")
+        return value
+    if value is None:
+        if action.default is None:
+            return None
+        raise ConfigError(f"{source}: {key} needs a value (default {action.default!r}); remove the line to use it")
+    if isinstance(value, (dict, list)):
+        raise ConfigError(f"{source}: {key} must be a single value, got {value!r}")
+    try:  # the command line's own converter, so a file and the command line accept the same values
+        converted = action.type(str(value)) if callable(action.type) else str(value)
+    except (argparse.ArgumentTypeError, ValueError, TypeError) as e:
+        raise ConfigError(f"{source}: {key}: {e}") from None
+    if action.choices is not None and converted not in action.choices:
+        raise ConfigError(f"{source}: {key} must be one of {list(action.choices)}, got {value!r}")
+    return converted
+
+
+def load_train_settings(parser: argparse.ArgumentParser, path: str) -> dict[str, Any]:
+    """Read and validate a ``--config`` file against the ``train`` options.
+
+    Raises:
+        ConfigError: unreadable file, an unknown option (the message lists the known ones) or a bad value (the
+            message names the option and what it takes).
+    """
+    data = load_mapping(_read(path), "yaml" if _is_yaml(path) else "json", path)
+    actions = _settable(_subparser(parser, "train"))
+    out: dict[str, Any] = {}
+    for raw_key, value in data.items():
+        key = str(raw_key).replace("-", "_")
+        if key not in actions:
+            raise ConfigError(f"{path}: unknown train option {raw_key!r}; known: {sorted(actions)}")
+        out[key] = _convert(actions[key], key, value, path)
+    return out
+
+
+def apply_train_config(parser: argparse.ArgumentParser, argv: list[str] | None,
+                       args: argparse.Namespace) -> argparse.Namespace:
+    """``args`` with the ``--config`` file's settings under the command line's: the file's values become the
+    ``train`` defaults and ``argv`` is parsed again (so an option typed on the command line wins)."""
+    if getattr(args, "command", None) != "train" or not getattr(args, "config", None):
+        return args
+    _subparser(parser, "train").set_defaults(**load_train_settings(parser, args.config))
+    return parser.parse_args(argv)
