@@ -139,6 +139,10 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--class", dest="as_class", action="store_true",
                          help="write the predicted class index instead of the output probabilities")
     _add_spark_options(predict)
+
+    from torchspark.advise.command import add_parser as add_advise_parser
+
+    add_advise_parser(sub, fmt, _positive_int, _positive_float, _shape)
     return parser
 
 
@@ -337,7 +341,13 @@ def _with_config(parser: argparse.ArgumentParser, argv: Sequence[str] | None,
     return apply_train_config(parser, None if argv is None else list(argv), args)
 
 
-COMMANDS = {"train": cmd_train, "evaluate": cmd_evaluate, "predict": cmd_predict}
+def cmd_advise(args: argparse.Namespace) -> int:
+    from torchspark.advise.command import cmd_advise as run
+
+    return run(args)
+
+
+COMMANDS = {"train": cmd_train, "evaluate": cmd_evaluate, "predict": cmd_predict, "advise": cmd_advise}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
