@@ -119,8 +119,10 @@ def _advise_json(argv: list[str], capsys) -> dict:
 
 def test_the_command_prints_the_models_numbers(capsys) -> None:
     out = _advise_json(["--model", "mlp", "--input-shape", "16", "--classes", "3", "--batch-size", "8",
-                        "--workers", "3", "--link", "100mbit", "--latency-ms", "0.5"], capsys)
+                        "--workers", "3", "--link", "100mbit", "--latency-ms", "0.5", "--threads", "1",
+                        "--iterations", "3", "--warmup", "1"], capsys)
     m = out["measurement"]
+    assert (m["threads"], m["iterations"], m["warmup"]) == (1, 3, 1)
     assert m["batch_size"] == 8 and m["num_params"] == Network(models.mlp(16, 128, 3)).num_params()  # the CLI's mlp
     assert out["workers"] == 3 and out["link"] == {"bits_per_second": 1e8, "latency_s": 0.0005}
     workload = Workload(m["ms_per_iteration"] / 1e3, m["param_bytes"], m["updater_state_bytes"],

@@ -172,7 +172,8 @@ def test_parallel_wrapper_fit_logs_to_mlflow_and_a_failed_fit_marks_the_run_fail
 
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     uri = (tmp_path / "mlruns").as_uri()
-    listener = MlflowListener(tracking_uri=uri, log_model=False, log_stats=False)
+    listener = MlflowListener(tracking_uri=uri, experiment="pw", run_name="first", tags={"team": "ml"},
+                              log_model=False, log_stats=False)
     data = datasets.synthetic_classification(96, 4, 2, seed=0)
     net = Network(models.mlp(4, 8, 2), updater=optim.Adam(lr=1e-2), seed=0)
     wrapper = ParallelWrapper(net, workers=2, progress=False, runner=InProcessRunner(timeout_s=60),
@@ -182,6 +183,8 @@ def test_parallel_wrapper_fit_logs_to_mlflow_and_a_failed_fit_marks_the_run_fail
     client = MlflowClient(tracking_uri=uri)
     run = client.get_run(listener.run_id)
     assert run.info.status == "FINISHED" and run.data.params["master.type"] == "parameter_averaging"
+    assert run.info.run_name == "first" and run.data.tags["team"] == "ml"
+    assert run.info.experiment_id == client.get_experiment_by_name("pw").experiment_id
     epochs = sorted((m.step, m.value) for m in client.get_metric_history(listener.run_id, "epoch_examples"))
     assert epochs == [(0, 96.0), (1, 96.0)]
     assert wrapper.training_stats is not None

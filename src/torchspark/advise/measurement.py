@@ -36,6 +36,7 @@ class Measurement:
 
     batch_size: int
     iterations: int
+    warmup: int
     num_params: int
     param_bytes: int
     updater_state_bytes: int
@@ -95,7 +96,7 @@ def measure(network: Any, batch: Any, iterations: int = 20, warmup: int = 3, spa
         encode_times.append(time.perf_counter() - start)
         net.apply_update(out)
         sizes.append(1 + len(payload))  # the exchange adds one flag byte
-    return Measurement(batch_size=len(batch), iterations=iterations, num_params=net.num_params(),
+    return Measurement(batch_size=len(batch), iterations=iterations, warmup=warmup, num_params=net.num_params(),
                        param_bytes=4 * net.num_params(), updater_state_bytes=4 * net.updater_state_size(),
                        ms_per_iteration=statistics.median(times) * 1e3,
                        shared_bytes_per_step=statistics.fmean(sizes), encode_ms=statistics.median(encode_times) * 1e3,

@@ -42,15 +42,15 @@ class TensorBoardListener(TrainingListener):
             steps continuing from the network's counters).
         every: write the per-iteration scalars every this many progress reports (1 = all). Workers report every
             ``progress_every`` minibatches already; raise it for very long fits.
-        flush_secs: how often the writer flushes to disk (seconds).
+    The writer flushes to disk every 10 seconds and at the end of every fit.
     """
 
-    def __init__(self, log_dir: str | os.PathLike[str], every: int = 1, flush_secs: int = 10) -> None:
+    def __init__(self, log_dir: str | os.PathLike[str], every: int = 1) -> None:
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ConfigError(f"TensorBoardListener: every must be an integer >= 1, got {every!r}")
         self.log_dir = os.fspath(log_dir)
         self.every = every
-        self.writer = _tensorboardx().SummaryWriter(logdir=self.log_dir, flush_secs=flush_secs)
+        self.writer = _tensorboardx().SummaryWriter(logdir=self.log_dir, flush_secs=10)
         self._reports = 0
 
     def on_fit_start(self, event: FitStarted) -> None:
