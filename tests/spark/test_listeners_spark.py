@@ -90,3 +90,36 @@ def test_mlflow_and_tensorboard_follow_a_sharing_fit_then_an_averaging_fit(spark
     assert [s for s, _ in scalars["epoch/score"]] == [0, 1, 2]
     assert _history(client, run2.info.run_id, "epoch_score")[0][1] == pytest.approx(scalars["epoch/score"][2][1])
     assert os.listdir(tmp_path / "tb")
+
+
+def test_the_rounds_route_feeds_listeners_from_the_driver(spark, sc) -> None:
+    """``averaging_via="spark"``: no progress connection from executors; the driver reports every round."""
+    from torchspark.listeners import EpochEvent, FitEnded, IterationEvent, TrainingListener
+
+    class Recorder(TrainingListener):
+        def __init__(self) -> None:
+            self.iterations: list[IterationEvent] = []
+            self.epochs: list[EpochEvent] = []
+            self.ended: list[FitEnded] = []
+
+        def on_iteration(self, event: IterationEvent) -> None:
+            self.iterations.append(event)
+
+        def on_epoch_end(self, event: EpochEvent) -> None:
+            self.epochs.append(event)
+
+        def on_fit_end(self, event: FitEnded) -> None:
+            self.ended.append(event)
+
+    data = datasets.synthetic_classification(256, 8, 3, seed=4)
+    net = Network(models.mlp(8, 8, 3), seed=0)
+    master = ParameterAveragingTrainingMaster(batch_size_per_worker=16, averaging_frequency=4, num_workers=2,
+                                              averaging_via="spark")
+    spark_net = SparkNetwork(spark, net, master, progress=False)
+    rec = Recorder()
+    spark_net.add_training_listener(rec)
+    spark_net.fit(sc.parallelize(data.split(32), 2), epochs=2)
+    assert [(e.epoch, e.examples) for e in rec.epochs] == [(0, 256), (1, 256)]
+    assert rec.iterations and rec.iterations[-1].examples == 512
+    assert rec.iterations[-1].iteration == net.iteration  # the furthest worker's minibatches: the network's counter
+    assert len(rec.ended) == 1 and rec.ended[0].error is None and rec.ended[0].network is net
