@@ -234,8 +234,10 @@ def master_from_json(text: str) -> TrainingMaster:
         d = json.loads(text)
     except json.JSONDecodeError as e:
         raise ConfigError(f"training master JSON is invalid: {e}") from e
+    if not isinstance(d, dict):
+        raise ConfigError(f"training master JSON must be an object with a 'type' field, got {type(d).__name__}")
     kind = d.pop("type", None)
-    cls = _MASTERS.get(kind)
+    cls = _MASTERS.get(kind) if isinstance(kind, str) else None  # a registry lookup: nothing is imported
     if cls is None:
         raise ConfigError(f"unknown training master type {kind!r}; known: {sorted(_MASTERS)}")
     fields = {f.name for f in dataclasses.fields(cls)}
