@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import json
+import posixpath
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +31,7 @@ from torchspark.nn.spec import build_from_spec, module_spec
 from torchspark.nn.trust import CodePolicy, Factories, code_policy
 from torchspark.optim import UpdaterSpec, updater_from_dict
 
-__all__ = ["save_network", "load_network", "NetworkBlueprint"]
+__all__ = ["save_network", "load_network", "check_save_target", "NetworkBlueprint"]
 
 FORMAT = "torchspark.network"
 VERSION = 1
@@ -140,6 +141,19 @@ def _check_replaceable(names: list[str]) -> str | None:
     if names and "config.json" not in names:
         return "is not empty and holds no saved network; save to a new or empty directory"
     return None
+
+
+def check_save_target(path: str, error: type[Exception] = SerializationError) -> None:
+    """Raise ``error`` now if :func:`save_network` would refuse ``path`` (a file, or a directory holding other
+    things than a saved network), so a long run can check its destination before it starts."""
+    fs, root = filesystem(path)
+    if not fs.exists(root):
+        return
+    if not fs.isdir(root):
+        raise error(f"{path!r} exists and is not a directory; save to a directory path")
+    reason = _check_replaceable([posixpath.basename(p.rstrip("/")) for p in fs.ls(root, detail=False)])
+    if reason:
+        raise error(f"{path!r} {reason}")
 
 
 def save_network(net: Network, path: str, save_updater: bool = True, allow_pickle: bool = False) -> str:
