@@ -89,7 +89,8 @@ def check_output_file(value: str, option: str = "--output") -> None:
         return
     path = _local(value)
     if os.path.isdir(path):
-        raise ConfigError(f"{option} {value!r} is a directory; pass a file path such as {os.path.join(value, 'evaluation.json')!r}")
+        example = os.path.join(value, "evaluation.json")
+        raise ConfigError(f"{option} {value!r} is a directory; pass a file path such as {example!r}")
     parent = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(parent):
         _probe(parent, option, value)

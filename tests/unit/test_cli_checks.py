@@ -42,7 +42,8 @@ def where(tmp_path: Path) -> dict[str, str]:
 CASES: list[tuple[str, list[str], str]] = [
     ("train output under /proc", ["train", "--output", "/proc/torchspark-out"], "cannot write in '/proc'"),
     ("train output is a file", ["train", "--output", "{tmp}/a-file"], "is a file, not a directory"),
-    ("train output below a file", ["train", "--output", "{tmp}/a-file/sub"], "is a file, so the path cannot be created"),
+    ("train output below a file", ["train", "--output", "{tmp}/a-file/sub"],
+     "is a file, so the path cannot be created"),
     ("train output model dir holds other files", ["train", "--output", "{tmp}/out"],
      "holds files that are not part of a saved network (['notes.txt'])"),
     ("evaluate output is a directory", ["evaluate", "--model", "{tmp}/model", "--output", "{tmp}"],

@@ -72,6 +72,7 @@ def make_private_dir(base: str) -> str:
     """
     remove_stale(base)
     try:
+        os.makedirs(base, mode=0o700, exist_ok=True)  # a spark.local.dir Spark has not created yet
         path = tempfile.mkdtemp(prefix=PREFIX, dir=base)
     except OSError as e:
         raise DataError(f"cannot create a private export directory under {base!r}: {e}. Set spark.local.dir (or "
