@@ -103,17 +103,14 @@ def test_cross_validator_picks_the_better_learning_rate(array_df) -> None:
     assert cv_model.bestModel.network.updater.lr == 0.3
 
 
-def test_batch_size_param_reaches_the_workers(array_df) -> None:
-    # 192 examples on 2 workers: 96 each; minibatches of 8 -> 12 steps per epoch (the master's 16 would give 6)
-    model = _estimator(epochs=1, batchSize=8).fit(array_df)
-    assert model.network.iteration == 12
-
-
-def test_network_from_a_saved_path_starts_from_its_weights(array_df, tmp_path) -> None:
+def test_saved_network_path_learning_rate_and_batch_size_params(array_df, tmp_path) -> None:
     start = Network(models.mlp(F, 16, C), updater=optim.SGD(lr=0.1), seed=7)
     start.save(str(tmp_path / "start"))
-    model = _estimator(network=str(tmp_path / "start"), epochs=1, learningRate=1e-9).fit(array_df)
+    model = _estimator(network=str(tmp_path / "start"), epochs=1, learningRate=1e-9, batchSize=8).fit(array_df)
     assert model.network.updater.lr == 1e-9
+    # 192 examples on 2 workers: 96 each; minibatches of 8 -> 12 steps (the master's 16 would give 6)
+    assert model.network.iteration == 12
+    # a tiny learning rate: the trained weights are the saved ones, not a fresh initialisation
     torch.testing.assert_close(model.network.params(), start.params(), atol=1e-6, rtol=0)
     fresh = SPEC.build()
     assert not torch.allclose(model.network.params(), fresh.params(), atol=1e-3)
