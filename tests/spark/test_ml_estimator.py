@@ -142,3 +142,22 @@ def test_bad_params_are_refused_before_training(array_df, kwargs, match) -> None
             est.set(est.getParam(name), value)
     with pytest.raises(ConfigError, match=match):
         est.fit(array_df)
+
+
+@pytest.mark.parametrize("loss, n_out", [("mse", 1), ("mse", 2), ("bce_with_logits", 2)])
+def test_model_columns_for_regression_and_multi_label_networks(array_df, loss, n_out) -> None:
+    net = Network(models.mlp(F, 8, n_out), loss=loss, seed=3)
+    out = TorchModel(net).transform(array_df)
+    rows = out.limit(10).collect()
+    expected = net.output(torch.tensor([r.features for r in rows], dtype=torch.float32))
+    if loss == "mse":
+        assert "probability" not in out.columns  # a regression has no probabilities
+        if n_out == 1:
+            assert isinstance(out.schema["prediction"].dataType, DoubleType)
+            np.testing.assert_allclose([r.prediction for r in rows], expected[:, 0].numpy(), atol=1e-6)
+        else:
+            np.testing.assert_allclose(np.array([r.prediction.toArray() for r in rows]), expected.numpy(), atol=1e-6)
+    else:  # multi-label: one 0/1 flag per output at 0.5, sigmoids as probabilities
+        flags = np.array([r.prediction.toArray() for r in rows])
+        np.testing.assert_array_equal(flags, (expected.numpy() >= 0.5).astype(float))
+        np.testing.assert_allclose(np.array([r.probability.toArray() for r in rows]), expected.numpy(), atol=1e-6)
