@@ -161,3 +161,13 @@ def test_model_columns_for_regression_and_multi_label_networks(array_df, loss, n
         flags = np.array([r.prediction.toArray() for r in rows])
         np.testing.assert_array_equal(flags, (expected.numpy() >= 0.5).astype(float))
         np.testing.assert_allclose(np.array([r.probability.toArray() for r in rows]), expected.numpy(), atol=1e-6)
+
+
+def test_feature_shape_and_inference_batch_size_params_are_used(array_df) -> None:
+    from torchspark.errors import DataError
+
+    with pytest.raises(DataError, match="feature_shape"):  # 4 values per row cannot become (5,)
+        _estimator(featureShape=[5]).fit(array_df)
+    model = TorchModel(SPEC.build())
+    with pytest.raises(ConfigError, match="batch_size"):
+        model.copy({model.inferenceBatchSize: 0}).transform(array_df)
