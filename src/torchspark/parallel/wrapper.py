@@ -337,6 +337,7 @@ class ParallelWrapper:
                           report_scores=self.report_score_after_averaging)
         outcome = run_fit(self.network, task, self._runner(), plan.shares, recorder=recorder,
                           description=f"ParallelWrapper fit: {len(self._devices)} workers, {epochs} epoch(s)",
-                          listeners=self._listeners, score_listeners=[_log_score], progress=self.progress)
+                          listeners=self._listeners, score_listeners=[_log_score], progress=self.progress,
+                          max_failures=master.max_failures)
         self._score, self.last_results, self.training_stats = outcome.score, outcome.results, outcome.stats
         return self.network

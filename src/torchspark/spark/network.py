@@ -308,7 +308,7 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         task = build_task(self.network, master, epochs, self._collect_stats, collector)
         outcome = run_fit(self.network, task, self._runner(master), SparkWorkerData(self.sc, worker_rdd),
                           recorder=collector, description=f"torchspark fit: {n} workers, {epochs} epoch(s)",
-                          listeners=self._listeners, progress=self.progress)
+                          listeners=self._listeners, progress=self.progress, max_failures=master.max_failures)
         self._score, self.last_results, self._stats = outcome.score, outcome.results, outcome.stats
         return self.network
 

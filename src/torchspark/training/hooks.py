@@ -48,6 +48,8 @@ class ProgressUpdate:
     iteration: int
     examples: int
     score: float
+    #: the worker process's id (set by the progress channel; lets the driver name the process in a failure)
+    pid: int | None = None
 
 
 @dataclass(frozen=True)

@@ -85,6 +85,12 @@ class TrainingMaster:
             them many times slower (measured: an MLP epoch 0.52 s -> 1.03 s after four epochs without it). Values
             that small do not change training in practice; False keeps IEEE denormals (bit-for-bit comparisons
             with a process that does not flush).
+        max_failures: how many lost workers a fit survives (default 3; 0 = fail at the first). A worker, its
+            process or its executor lost mid-fit (killed, out of memory, a node gone) or a peer that stops
+            responding for ``rendezvous_timeout_s`` fails the running attempt; the driver then relaunches all
+            workers (new processes / a new barrier stage) from the newest state it holds and the fit goes on.
+            Errors in the user's code or data (``DataError``, a diverged loss, an exception in the model) are
+            never retried. See :mod:`torchspark.training.recovery`.
         port, port_range, network_mask, controller_address, rendezvous_via, rendezvous_timeout_s,
         shared_memory_allreduce:
             the worker-mesh options (how workers find and talk to each other), validated and documented by
@@ -108,6 +114,7 @@ class TrainingMaster:
     rendezvous_via: str = "driver"
     shared_memory_allreduce: bool = True
     flush_denormal: bool = True
+    max_failures: int = 3
     port: int = 0
     network_mask: str | None = None
     controller_address: str | None = None
@@ -127,6 +134,7 @@ class TrainingMaster:
         if not isinstance(self.flush_denormal, bool):
             raise ConfigError(f"{name}: flush_denormal must be True or False, got {self.flush_denormal!r}")
         _positive_int(name, "rng_seed", self.rng_seed, 0, optional=True)
+        _positive_int(name, "max_failures", self.max_failures, 0)
         value = self.data_timeout_s
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
             raise ConfigError(f"{name}: data_timeout_s must be a number of seconds > 0, got {value!r}")

@@ -45,6 +45,7 @@ class WorkerTask:
         collect_stats: record phases for the training stats.
         report_scores: send the driver the score every worker agrees on after each averaging round (each epoch
             with gradient sharing, at the cost of one small all-reduce); the runner wires it into the hooks.
+        attempt: which launch of the workers this is (0 first; the driver's recovery adds one per relaunch).
         flush_denormal: flush denormal floats to zero on the worker's CPU threads (why: the ``flush_denormal``
             option of :class:`~torchspark.spark.TrainingMaster`); restored to IEEE mode for the calling thread when
             the worker returns.
@@ -60,6 +61,7 @@ class WorkerTask:
     collect_stats: bool = False
     flush_denormal: bool = True
     report_scores: bool = False
+    attempt: int = 0
 
 
 @dataclass
