@@ -13,7 +13,9 @@ pick a :class:`~torchspark.training.runner.Runner`; then :func:`run_fit`
   5. merges the results into the driver's network (rank 0's parameters, updater state and buffers; the iteration
      and epoch counters advance by the fit's totals, whatever a runner did to them in between);
   6. builds the fit's :class:`~torchspark.stats.TrainingStats` when stats are collected.
-A change to "what happens when a worker dies" (retry, checkpoint) belongs here, once for every route.
+A change to "what happens when a worker dies" (retry, checkpoint) belongs here, once for every route. Before the
+workers start, :func:`~torchspark.training.checkpoint.resume_task` turns the task into the one that continues the
+run's newest checkpoint, when the fit checkpoints and its run has one (``fit(..., run_id=...)``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any, Callable, Sequence
 
 from torchspark.nn import Network, NetworkBlueprint
 from torchspark.stats import StatsCollector, TrainingStats
+from torchspark.training.checkpoint import plan_for, resume_task
 from torchspark.training.hooks import PhaseRecorder, ProgressUpdate, ScoreReport
 from torchspark.training.masters import TrainingMaster
 from torchspark.training.ports import listen_in_range
@@ -101,9 +104,17 @@ class FitContext:
 
 
 def build_task(network: Network, master: TrainingMaster, epochs: int, collect_stats: bool,
-               recorder: PhaseRecorder, *, report_scores: bool = False) -> WorkerTask:
+               recorder: PhaseRecorder, *, report_scores: bool = False, run_id: str | None = None) -> WorkerTask:
     """Step 1: the task every worker receives (timed as the driver's ``broadcast`` phase: the blueprint is the
-    network's weights)."""
+    network's weights).
+
+    With a ``checkpoint_directory`` on the master the task carries the fit's
+    :class:`~torchspark.training.checkpoint.CheckpointPlan`: run ``run_id`` (a fresh id when None).
+
+    Raises:
+        ConfigError: ``run_id`` without a ``checkpoint_directory``, or a malformed ``run_id``.
+    """
+    plan = plan_for(master, run_id, network.iteration, network.epoch)
     with recorder.phase("broadcast"):
         return WorkerTask(
             mode=master.mode,  # type: ignore[attr-defined]
@@ -115,6 +126,7 @@ def build_task(network: Network, master: TrainingMaster, epochs: int, collect_st
             collect_stats=collect_stats,
             flush_denormal=master.flush_denormal,
             report_scores=report_scores,
+            checkpoint=plan,
         )
 
 
@@ -140,6 +152,9 @@ def run_fit(network: Network, task: WorkerTask, runner: Runner, data: Any, *, re
     bar = ProgressBar(desc=f"fit x{task.epochs}", enabled=progress)
     context = FitContext(network, recorder, description, [*listeners, bar.update], score_listeners)
     start = (network.iteration, network.epoch)
+    task, point = resume_task(task)  # a run_id with checkpoints continues from the newest one
+    if point is not None:  # the counters as they were when the run's fit started (maybe in another process)
+        start = (point.fit_start_iteration, point.fit_start_epoch)
     results: list[WorkerResult] | None = None
     try:
         results = runner.run(task, data, context)
