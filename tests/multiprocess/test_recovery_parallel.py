@@ -3,12 +3,14 @@ relaunched and the fit completes; user errors are not retried; max_failures boun
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import os
 import signal
 import threading
 
 import pytest
+import torch
 from _faulty import FailingForward
 
 from torchspark import Network, datasets, models, optim
@@ -62,13 +64,15 @@ MASTERS = {
 
 @pytest.fixture(scope="module")
 def undisturbed() -> dict[str, float]:
-    """Test accuracy of the same fits without a fault (the noise reference), per master."""
+    """Test accuracy of the same fits without a fault (the noise reference), per master; ``params-<name>``: the
+    parameters the fit ends with."""
     train, test = datasets.digits("train"), datasets.digits("test")
     found = {}
     for name, master in MASTERS.items():
         net = _lenet()
         ParallelWrapper(net, workers=2, master=master, progress=False).fit(train, epochs=EPOCHS, batch_size=16)
         found[name] = net.evaluate(test).accuracy()
+        found[f"params-{name}"] = net.params().clone()
     return found
 
 
@@ -94,6 +98,30 @@ def test_a_killed_worker_is_relaunched_and_the_fit_completes(name, leftovers, un
     assert failure["reached_epoch"] >= 1  # the fault came in epoch 1: that work was lost and redone
     assert summary["recovered_from"] == {"attempt": 1, "epoch": 0, "iteration": 0, "checkpoint": None}
     assert summary["examples"] == EPOCHS * 1437  # the successful attempt trained every epoch once
+
+
+def test_with_checkpoints_recovery_loses_at_most_one_interval(tmp_path, leftovers, undisturbed) -> None:
+    train, test = datasets.digits("train"), datasets.digits("test")
+    net = _lenet()
+    fault = _Fault(signal.SIGKILL, epoch=1)  # in the second epoch: the first epoch's checkpoint is complete
+    master = dataclasses.replace(MASTERS["averaging"], checkpoint_directory=str(tmp_path))  # once per epoch
+    wrapper = ParallelWrapper(net, workers=2, master=master, progress=False)
+    wrapper.add_progress_listener(fault)
+    wrapper.fit(train, epochs=EPOCHS, batch_size=16)
+    leftovers.assert_clean(gone=fault.all_pids)
+
+    summary = wrapper.training_stats.summary()
+    [failure] = summary["failures"]
+    recovered = summary["recovered_from"]
+    assert recovered["checkpoint"] is not None and recovered["checkpoint"].startswith(str(tmp_path)), recovered
+    # restarted from the checkpoint written at the end of the epoch before the failure: only the failed epoch's
+    # part up to the fault was lost (less than one checkpoint interval), not the epochs before it
+    assert recovered["epoch"] == failure["reached_epoch"] == 1, (recovered, failure)
+    assert recovered["iteration"] > 0
+    accuracy = net.evaluate(test).accuracy()
+    assert abs(accuracy - undisturbed["averaging"]) <= 0.02, (accuracy, undisturbed["averaging"])
+    # resuming continues the same dynamics: the parameters are those of the undisturbed fit
+    torch.testing.assert_close(net.params(), undisturbed["params-averaging"], rtol=1e-4, atol=1e-5)
 
 
 def test_a_stopped_worker_makes_its_peers_give_up_and_the_fit_recovers(leftovers, undisturbed) -> None:

@@ -12,13 +12,15 @@ pick a :class:`~torchspark.training.runner.Runner`; then :func:`run_fit`
      executor or hung peer to :class:`~torchspark.errors.WorkerLost`;
   3a. on ``WorkerLost``, while ``max_failures`` allows (:func:`torchspark.training.recovery.decide`), records the
      failure and runs the workers again as a new *attempt* (new processes / barrier stage, a new progress server
-     and token, rendezvous keys named by the attempt) from the newest state the driver holds: the task the fit
-     started with (:func:`restart_task` is the seam a checkpoint plugs into);
+     and token, rendezvous keys named by the attempt) from the newest state the driver can reach: the fit's newest
+     checkpoint, else the task the fit started with (:func:`restart_task`);
   4. always closes the bar and each attempt's progress server, reading what finished workers sent last;
   5. merges the results into the driver's network (rank 0's parameters, updater state and buffers; the iteration
      and epoch counters advance by the fit's totals, whatever a runner did to them in between);
   6. builds the fit's :class:`~torchspark.stats.TrainingStats` when stats are collected.
-A change to "what happens when a worker dies" (retry, checkpoint) belongs here, once for every route.
+A change to "what happens when a worker dies" (retry, checkpoint) belongs here, once for every route. Before the
+workers start, :func:`~torchspark.training.checkpoint.resume_task` turns the task into the one that continues the
+run's newest checkpoint, when the fit checkpoints and its run has one (``fit(..., run_id=...)``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any, Callable, Sequence
 from torchspark.errors import WorkerLost
 from torchspark.nn import Network, NetworkBlueprint
 from torchspark.stats import StatsCollector, TrainingStats
+from torchspark.training.checkpoint import plan_for, resume_task
 from torchspark.training.hooks import PhaseRecorder, ProgressUpdate, ScoreReport
 from torchspark.training.masters import TrainingMaster
 from torchspark.training.ports import listen_in_range
@@ -132,9 +135,17 @@ class FitContext:
 
 
 def build_task(network: Network, master: TrainingMaster, epochs: int, collect_stats: bool,
-               recorder: PhaseRecorder, *, report_scores: bool = False) -> WorkerTask:
+               recorder: PhaseRecorder, *, report_scores: bool = False, run_id: str | None = None) -> WorkerTask:
     """Step 1: the task every worker receives (timed as the driver's ``broadcast`` phase: the blueprint is the
-    network's weights)."""
+    network's weights).
+
+    With a ``checkpoint_directory`` on the master the task carries the fit's
+    :class:`~torchspark.training.checkpoint.CheckpointPlan`: run ``run_id`` (a fresh id when None).
+
+    Raises:
+        ConfigError: ``run_id`` without a ``checkpoint_directory``, or a malformed ``run_id``.
+    """
+    plan = plan_for(master, run_id, network.iteration, network.epoch)
     with recorder.phase("broadcast"):
         return WorkerTask(
             mode=master.mode,  # type: ignore[attr-defined]
@@ -146,15 +157,25 @@ def build_task(network: Network, master: TrainingMaster, epochs: int, collect_st
             collect_stats=collect_stats,
             flush_denormal=master.flush_denormal,
             report_scores=report_scores,
+            checkpoint=plan,
         )
 
 
 def restart_task(task: WorkerTask, attempt: int) -> tuple[WorkerTask, dict[str, Any]]:
     """The task attempt ``attempt`` runs and where it restarts from (``summary()["recovered_from"]``).
 
-    Without checkpoints the newest state the driver holds is the one the fit started with: the original task.
+    The newest state the driver can reach: the fit's newest complete checkpoint
+    (:func:`~torchspark.training.checkpoint.resume_task`; the lost work is then at most one ``checkpoint_every``
+    interval), else the state the fit started with (the original task: all of the failed attempt's work is lost).
+    ``recovered_from`` says which: ``checkpoint`` (its path, or None), ``epoch`` (epochs of the fit done there) and
+    ``iteration`` (the fit's iterations done there).
     """
-    return replace(task, attempt=attempt), {"attempt": attempt, "epoch": 0, "iteration": 0, "checkpoint": None}
+    resumed, point = resume_task(task)
+    resumed = replace(resumed, attempt=attempt)
+    if point is None:
+        return resumed, {"attempt": attempt, "epoch": 0, "iteration": 0, "checkpoint": None}
+    return resumed, {"attempt": attempt, "epoch": point.fit_epoch,
+                     "iteration": point.iteration - point.fit_start_iteration, "checkpoint": point.path}
 
 
 def run_fit(network: Network, task: WorkerTask, runner: Runner, data: Any, *, recorder: StatsCollector,
@@ -181,6 +202,9 @@ def run_fit(network: Network, task: WorkerTask, runner: Runner, data: Any, *, re
     """
     bar = ProgressBar(desc=f"fit x{task.epochs}", enabled=progress)
     start = (network.iteration, network.epoch)
+    task, point = resume_task(task)  # a run_id with checkpoints continues from the newest one
+    if point is not None:  # the counters as they were when the run's fit started (maybe in another process)
+        start = (point.fit_start_iteration, point.fit_start_epoch)
     start_state = _network_state(network)
     failures: list[FailureRecord] = []
     recovered_from: dict[str, Any] | None = None

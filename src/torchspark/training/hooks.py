@@ -90,3 +90,7 @@ class WorkerHooks:
     report_error: Callable[[str], None] | None = None
     #: releases what the hooks hold (progress connection); called once when the worker ends
     close: Callable[[], None] | None = None
+    #: called by a loop at every consistent cut inside an epoch (after an averaging round / an applied exchange)
+    #: with ``(outcome so far, algorithm tensors, algorithm record)``; the worker wires it to the fit's checkpoint
+    #: writer (None: the fit does not checkpoint). Same calls on every rank.
+    checkpoint: Callable[[Any, dict[str, Any], dict[str, Any]], None] | None = None

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from torchspark.errors import ConfigError
+from torchspark.training.checkpoint.config import DEFAULT_KEEP, check_options
 from torchspark.training.mesh import MESH_FIELDS, RENDEZVOUS_ROUTES, MeshConfig
 
 __all__ = ["TrainingMaster", "ParameterAveragingTrainingMaster", "master_from_json", "register_master",
@@ -91,6 +92,16 @@ class TrainingMaster:
             workers (new processes / a new barrier stage) from the newest state it holds and the fit goes on.
             Errors in the user's code or data (``DataError``, a diverged loss, an exception in the model) are
             never retried. See :mod:`torchspark.training.recovery`.
+        checkpoint_directory: where the fit writes checkpoints (any fsspec URL; on a cluster shared storage every
+            executor can write and the driver can read, e.g. ``hdfs://...``/``s3://...``); None (default): no
+            checkpoints. Each fit writes under ``<checkpoint_directory>/<run_id>/``; ``fit(..., run_id="r1")``
+            continues run ``r1`` from its newest checkpoint (a new driver process too). See
+            :mod:`torchspark.training.checkpoint`.
+        checkpoint_every: averaging rounds (parameter averaging) or exchange iterations (gradient sharing) between
+            checkpoints; None (default): once per epoch. Work lost to a fault is at most one interval; each
+            checkpoint writes every rank's state (parameters, updater state, residuals) once, so an interval of a
+            few seconds of training or more keeps the overhead small.
+        keep_checkpoints: the newest complete checkpoints kept per run (default 2; older ones are deleted).
         port, port_range, network_mask, controller_address, rendezvous_via, rendezvous_timeout_s,
         shared_memory_allreduce:
             the worker-mesh options (how workers find and talk to each other), validated and documented by
@@ -119,9 +130,13 @@ class TrainingMaster:
     network_mask: str | None = None
     controller_address: str | None = None
     port_range: tuple[int, int] | None = None
+    checkpoint_directory: str | None = None
+    checkpoint_every: int | None = None
+    keep_checkpoints: int = DEFAULT_KEEP
 
     def __post_init__(self) -> None:
         name = type(self).__name__
+        check_options(name, self.checkpoint_directory, self.checkpoint_every, self.keep_checkpoints)
         if isinstance(self.port_range, list):  # from JSON
             object.__setattr__(self, "port_range", tuple(self.port_range))
         _positive_int(name, "batch_size_per_worker", self.batch_size_per_worker)
@@ -222,6 +237,11 @@ class ParameterAveragingTrainingMaster(TrainingMaster):
         _choice(name, "averaging_via", self.averaging_via, AVERAGING_ROUTES)
         if not isinstance(self.save_updater, bool):
             raise ConfigError(f"{name}: save_updater must be True or False, got {self.save_updater!r}")
+        if self.averaging_via == "spark" and self.checkpoint_directory is not None:
+            raise ConfigError(f"{name}: checkpoint_directory={self.checkpoint_directory!r} is not supported with "
+                              "averaging_via='spark' (its state lives on the driver between rounds, and Spark "
+                              "retries a failed round's tasks itself); use averaging_via='torch' to checkpoint, or "
+                              "save the network between fits with net.save(...)")
 
     def algorithm_settings(self) -> dict[str, Any]:
         return {"averaging_frequency": self.averaging_frequency, "save_updater": self.save_updater}
