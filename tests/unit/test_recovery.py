@@ -150,7 +150,7 @@ def _fit(runner, max_failures: int, listeners=()):
     return net, outcome, before
 
 
-def test_a_lost_attempt_is_run_again_with_fresh_names_and_recorded() -> None:
+def test_a_lost_attempt_is_run_again_with_fresh_names_and_recorded(tmp_path) -> None:
     runner = LosesFirstAttempts(2)
     net, outcome, _ = _fit(runner, max_failures=2)
     reference, _, _ = _fit(LosesFirstAttempts(0), max_failures=0)
@@ -164,6 +164,11 @@ def test_a_lost_attempt_is_run_again_with_fresh_names_and_recorded() -> None:
     assert [f["attempt"] for f in summary["failures"]] == [0, 1]
     assert summary["failures"][0]["rank"] == 1 and summary["failures"][0]["exit_status"] == "signal SIGKILL"
     assert summary["recovered_from"] == {"attempt": 2, "epoch": 0, "iteration": 0, "checkpoint": None}
+    path = tmp_path / "stats.html"
+    outcome.stats.export_html(str(path))
+    html = path.read_text()
+    assert html.count('class="failure"') == 2 and "lost: attempt 1" in html  # each failure on the timeline
+    assert "the shaded work was lost and trained again" in html
 
 
 def test_a_stale_token_is_refused_by_the_next_attempts_server() -> None:
