@@ -48,8 +48,9 @@ class ProgressUpdate:
     iteration: int
     examples: int
     score: float
-    #: the worker process's id (set by the progress channel; lets the driver name the process in a failure)
-    pid: int | None = None
+    #: the worker process's id (set by the progress channel; lets the driver name the process in a failure);
+    #: transport metadata, left out of comparisons
+    pid: int | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
