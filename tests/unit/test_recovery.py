@@ -39,6 +39,14 @@ times, most recent failure: Lost task 1.0 in stage 4.0 (TID 9) (10.0.0.5 executo
 Driver stacktrace:
 \tat org.apache.spark.scheduler.DAGScheduler.failJobAndIndependentStages(DAGScheduler.scala:2856)
 """
+# ... when Spark reports first the peer that saw the killed worker's connection drop (the Python traceback follows
+# on the same line as Spark's words)
+PEER_FIRST = """org.apache.spark.SparkException: Job aborted due to stage failure: Could not recover from a failed barrier ResultStage. Most recent failure reason: Stage failed because barrier task ResultTask(9, 0) finished unsuccessfully.
+org.apache.spark.api.python.PythonException: [PYTHON_EXCEPTION] An exception was thrown from the Python worker: Traceback (most recent call last):
+  File "worker.py", line 1, in run
+torchspark.errors.PeerLost: a peer worker left the shared-memory barrier ([Errno 32] Broken pipe)
+	at org.apache.spark.api.python.BasePythonRunner$ReaderIterator.handlePythonException(PythonRunner.scala:1)
+"""
 USER_ERROR = """org.apache.spark.SparkException: Job aborted due to stage failure: Task 0 failed: \
 org.apache.spark.api.python.PythonException: Traceback (most recent call last):
   File "model.py", line 3, in forward
@@ -83,6 +91,12 @@ def test_sparks_reason_names_the_worker_and_what_happened() -> None:
     assert lost is not None and lost.executor == "2" and lost.rank == 1
     assert lost.exit_status == "exit code 137 (signal SIGKILL)"
     assert "ExecutorLostFailure (executor 2 exited caused by one of the running tasks)" in lost.reason
+
+    peer = task_error(Exception(PEER_FIRST), "fit")
+    assert isinstance(peer, WorkerLost) and peer.rank is None  # rank 0 only saw it; the driver infers who was lost
+    assert peer.reason.endswith("worker 0 saw: torchspark.errors.PeerLost: a peer worker left the shared-memory "
+                                "barrier ([Errno 32] Broken pipe)"), peer.reason
+    assert "File " not in peer.reason
 
     user = task_error(Exception(USER_ERROR), "fit")
     assert not isinstance(user, WorkerLost)  # the user's code failed: not retried

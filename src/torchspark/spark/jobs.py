@@ -58,7 +58,10 @@ def spark_reason(error: BaseException | str, max_chars: int = 600) -> str:
     lines = text[start.end():].splitlines() if start else text.splitlines()
     kept: list[str] = []
     for line in lines:
-        if line.lstrip().startswith("Traceback (most recent call last)"):
+        if "Traceback (most recent call last)" in line:  # the Python part is shown apart, from its end
+            head = line.split("Traceback (most recent call last)", 1)[0].strip()
+            if head:
+                kept.append(head.replace("org.apache.spark.SparkException: ", ""))
             break
         if _JAVA_NOISE.match(line) or not line.strip():
             if kept and line.lstrip().startswith("at "):
@@ -98,6 +101,10 @@ def lost_worker(error: BaseException, description: str, tb: str | None) -> Worke
         return None
     rank_match = _TASK_RANK.search(text)
     rank = next((int(g) for g in rank_match.groups() if g is not None), None) if rank_match else None
+    if tb is not None:  # Spark names the peer that saw the loss, not the lost worker (the driver infers that one)
+        lines = [ln.strip() for ln in tb.splitlines() if ln.strip()]
+        reason = f"{reason} {'a worker' if rank is None else f'worker {rank}'} saw: {lines[-1] if lines else '?'}"
+        rank = None
     exec_match = _EXECUTOR.search(text)
     executor = next((g for g in exec_match.groups() if g is not None), None) if exec_match else None
     status = _exit_status(reason)

@@ -116,6 +116,15 @@ class FitContext:
             return {}
         return {rank: state.pid for rank, state in self._server.liveness.snapshot().items()}
 
+    def suspect(self) -> int | None:
+        """The rank most likely lost when the error does not say: of the ranks that reported no error, the one
+        whose progress connection closed first (a killed process's socket closes at once)."""
+        if self._server is None:
+            return None
+        reporting = {rank for rank, _ in self._server.errors()}
+        ended = [(s.last_seen, r) for r, s in self._server.liveness.snapshot().items() if s.ended and r not in reporting]
+        return min(ended)[1] if ended else None
+
     def reached(self) -> tuple[int, int] | None:
         """``(epoch, iteration within it)`` the furthest worker reported (None: no progress heard)."""
         latest = self._server.latest() if self._server is not None else {}
@@ -221,7 +230,8 @@ def run_fit(network: Network, task: WorkerTask, runner: Runner, data: Any, *, re
                 recovered_from = restart
             except WorkerLost as error:
                 reached = context.reached()
-                failures.append(record_failure(error, attempt, started, reached, context.worker_pids()))
+                failures.append(record_failure(error, attempt, started, reached, context.worker_pids(),
+                                               context.suspect()))
                 verdict = decide(error, len(failures), max_failures)
                 if verdict is Decision.EXHAUSTED:
                     raise exhausted_error(failures, max_failures, error) from error

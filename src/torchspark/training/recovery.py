@@ -79,15 +79,17 @@ def decide(error: BaseException, failures_so_far: int, max_failures: int) -> Dec
 
 
 def record_failure(error: WorkerLost, attempt: int, started: float, reached: tuple[int, int] | None,
-                   pids: dict[int, int | None] | None = None) -> FailureRecord:
+                   pids: dict[int, int | None] | None = None, suspect: int | None = None) -> FailureRecord:
     """The :class:`FailureRecord` of ``error``, seen now; ``reached`` is the attempt's furthest
-    ``(epoch, iteration)``, ``pids`` each rank's process id."""
+    ``(epoch, iteration)``, ``pids`` each rank's process id, ``suspect`` the rank the driver believes lost when
+    the error names none (the first whose progress connection closed without an error)."""
     reason = error.reason or (str(error).splitlines() or ["unknown"])[0]
-    return FailureRecord(attempt=attempt, rank=error.rank, executor=error.executor, exit_status=error.exit_status,
+    rank = error.rank if error.rank is not None else suspect
+    return FailureRecord(attempt=attempt, rank=rank, executor=error.executor, exit_status=error.exit_status,
                          reason=reason, time=time.time(), started=started,
                          reached_epoch=reached[0] if reached else None,
                          reached_iteration=reached[1] if reached else None,
-                         pid=(pids or {}).get(error.rank) if error.rank is not None else None)
+                         pid=(pids or {}).get(rank) if rank is not None else None)
 
 
 def exhausted_error(failures: Sequence[FailureRecord], max_failures: int, last: WorkerLost) -> WorkerError:
