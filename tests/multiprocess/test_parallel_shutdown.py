@@ -143,8 +143,9 @@ def test_a_killed_worker_is_named_not_its_peers_connection_error(runner) -> None
     with pytest.raises(WorkerError) as info:
         wrapper.fit(data, epochs=5, batch_size=2)
 
-    assert str(info.value).startswith("worker process torchspark-worker-1 (pid "), info.value
-    assert "died with signal SIGKILL" in str(info.value).splitlines()[0]
+    first = str(info.value).splitlines()[0]
+    assert first.startswith("attempt 0: worker 1 on executor torchspark-worker-1 (pid "), first
+    assert "signal SIGKILL" in first and "worker process torchspark-worker-1" in str(info.value)
     assert "max_failures=0" in str(info.value)
     _assert_no_workers_left(runner)
 

@@ -95,10 +95,10 @@ def record_failure(error: WorkerLost, attempt: int, started: float, reached: tup
 def exhausted_error(failures: Sequence[FailureRecord], max_failures: int, last: WorkerLost) -> WorkerError:
     """The error a fit ends with after ``max_failures`` recovered failures and one more."""
     listed = "\n".join(f"  {f.describe()}" for f in failures)
-    first = (str(last).splitlines() or ["a worker was lost"])[0]
+    final = failures[-1]
     error = WorkerLost(
-        f"{first}\nthe fit lost workers {len(failures)} time(s), more than max_failures={max_failures} allows; "
-        f"raise max_failures on the training master if such faults are expected, else fix their cause:\n{listed}"
-        f"\n--- the last failure ---\n{last}",
-        rank=last.rank, executor=last.executor, exit_status=last.exit_status, reason=last.reason)
+        f"{final.describe()}\nthe fit lost workers {len(failures)} time(s), more than max_failures={max_failures} "
+        f"allows; raise max_failures on the training master if such faults are expected, else fix their cause:\n"
+        f"{listed}\n--- the last failure ---\n{last}",
+        rank=final.rank, executor=final.executor, exit_status=final.exit_status, reason=final.reason)
     return error
