@@ -22,3 +22,61 @@ def spark():
 @pytest.fixture(scope="session")
 def sc(spark):
     return spark.sparkContext
+
+
+class Leftovers:
+    """What a fit left behind: processes, ``/dev/shm`` segments and FIFOs, temp files.
+
+    Segments, FIFOs and the files workers create carry the creating process's id in their names
+    (``torchspark-<pid>-...``, ``torchspark-fifo-<pid>-...``); other fits on the machine make their own, so only
+    names holding one of the fit's worker pids count (the pids workers report over the progress channel).
+    """
+
+    def __init__(self) -> None:
+        import tempfile
+
+        self.shm_dir = "/dev/shm"
+        self.tmp_dir = tempfile.gettempdir()
+        self.before = self._entries()
+
+    def _entries(self) -> set[str]:
+        found = set()
+        for directory in (self.shm_dir, self.tmp_dir):
+            if os.path.isdir(directory):
+                found |= {os.path.join(directory, name) for name in os.listdir(directory)}
+        return found
+
+    @staticmethod
+    def running(pid: int) -> bool:
+        """Whether ``pid`` is a live process that is not a zombie (stopped processes count as running)."""
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except (OSError, IndexError):
+            return False
+
+    def assert_clean(self, gone: set[int] | list[int], pids: set[int] | list[int] = (), wait_s: float = 30.0) -> None:
+        """Every pid in ``gone`` has ended (waiting up to ``wait_s``: a killed executor's workers end when their
+        collectives time out); no process in ``pids`` is stopped; no new segment, FIFO or temp file names any of
+        ``gone | pids``."""
+        import time
+
+        deadline = time.monotonic() + wait_s
+        while any(self.running(p) for p in gone) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [p for p in gone if self.running(p)], f"processes left running: {sorted(gone)}"
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    state = f.read().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue
+            assert state not in ("T", "t"), f"process {pid} left stopped"
+        marks = [f"-{p}-" for p in {*gone, *pids}]
+        new = sorted(e for e in self._entries() - self.before if any(m in os.path.basename(e) for m in marks))
+        assert not new, f"left behind: {new}"
+
+
+@pytest.fixture
+def leftovers() -> Leftovers:
+    return Leftovers()

@@ -14,6 +14,7 @@ __all__ = [
     "SerializationError",
     "SetupError",
     "WorkerError",
+    "WorkerLost",
     "WaitTimeout",
     "PeerLost",
 ]
@@ -49,6 +50,26 @@ class SetupError(TorchSparkError, RuntimeError):
 
 class WorkerError(TrainingError):
     """A worker raised; the message carries the last lines of the worker's traceback."""
+
+
+class WorkerLost(WorkerError):
+    """A worker, its process or its executor was lost (killed, out of memory, a hung peer), not a bug in the user's
+    code or data: the failure automatic recovery (``max_failures``) retries.
+
+    Attributes:
+        rank: the lost worker's rank (None when it is not known).
+        executor: Spark's executor id or the worker process's name (None when not known).
+        exit_status: ``"signal SIGKILL"``, ``"exit code 137"``... (None when not known).
+        reason: the runner's or Spark's own words for what happened.
+    """
+
+    def __init__(self, message: str, *, rank: int | None = None, executor: str | None = None,
+                 exit_status: str | None = None, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.executor = executor
+        self.exit_status = exit_status
+        self.reason = reason
 
 
 class WaitTimeout(TorchSparkError, TimeoutError):

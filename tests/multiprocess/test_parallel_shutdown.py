@@ -18,6 +18,7 @@ from _faulty import FailingForward
 from torchspark import DataSet, Network, datasets, models, optim
 from torchspark.errors import WorkerError
 from torchspark.parallel import LocalProcessRunner, ParallelWrapper
+from torchspark.training.masters import ParameterAveragingTrainingMaster
 
 
 @pytest.fixture
@@ -127,8 +128,8 @@ def test_ctrl_c_in_the_parent_stops_all_workers_and_propagates(runner) -> None:
 def test_a_killed_worker_is_named_not_its_peers_connection_error(runner) -> None:
     data = datasets.synthetic_classification(8000, 12, 3, seed=1)
     net = Network(models.mlp(12, 16, 3), updater=optim.SGD(lr=0.01), seed=0)
-    wrapper = ParallelWrapper(net, workers=2, training_mode="averaging", averaging_frequency=1, progress=False,
-                              runner=runner)
+    master = ParameterAveragingTrainingMaster(averaging_frequency=1, max_failures=0)  # no recovery: the error
+    wrapper = ParallelWrapper(net, workers=2, master=master, progress=False, runner=runner)
     killed: list[int] = []
     lock = threading.Lock()
 
@@ -142,7 +143,10 @@ def test_a_killed_worker_is_named_not_its_peers_connection_error(runner) -> None
     with pytest.raises(WorkerError) as info:
         wrapper.fit(data, epochs=5, batch_size=2)
 
-    assert str(info.value).startswith("worker process torchspark-worker-1 died with signal SIGKILL"), info.value
+    first = str(info.value).splitlines()[0]
+    assert first.startswith("attempt 0: worker 1 on executor torchspark-worker-1 (pid "), first
+    assert "signal SIGKILL" in first and "worker process torchspark-worker-1" in str(info.value)
+    assert "max_failures=0" in str(info.value)
     _assert_no_workers_left(runner)
 
 

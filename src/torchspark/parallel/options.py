@@ -26,6 +26,7 @@ OPTION_DEFAULTS: dict[str, Any] = {
     "threshold_algorithm": AdaptiveThreshold(), "residual_post_processor": ResidualClipping(),
     "shake_frequency": 0, "overlap": True, "collect_training_stats": False, "rng_seed": None,
     "rendezvous_timeout_s": 300.0, "data_timeout_s": 600.0, "flush_denormal": True,
+    "checkpoint_directory": None, "checkpoint_every": None, "keep_checkpoints": 2, "max_failures": 3,
 }
 
 #: ParallelWrapper's default minibatch size (``fit(batch_size=...)``), the master's ``batch_size_per_worker``
@@ -59,7 +60,9 @@ def master_from_options(options: dict[str, Any]) -> TrainingMaster:
     common = {"batch_size_per_worker": DEFAULT_BATCH_SIZE, "worker_prefetch_num_batches": o["prefetch_buffer"],
               "collect_training_stats": o["collect_training_stats"], "rng_seed": o["rng_seed"],
               "rendezvous_timeout_s": o["rendezvous_timeout_s"], "data_timeout_s": o["data_timeout_s"],
-              "flush_denormal": o["flush_denormal"]}
+              "flush_denormal": o["flush_denormal"], "checkpoint_directory": o["checkpoint_directory"],
+              "checkpoint_every": o["checkpoint_every"], "keep_checkpoints": o["keep_checkpoints"],
+              "max_failures": o["max_failures"]}
     try:
         averaging = ParameterAveragingTrainingMaster(averaging_frequency=o["averaging_frequency"],
                                                      save_updater=o["average_updaters"], **common)

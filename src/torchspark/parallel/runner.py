@@ -10,7 +10,10 @@ collects results, and supervises:
 
 1. a worker that raises sends its traceback; the parent waits briefly for the other workers' errors and raises
    :class:`WorkerError` with the root cause (not a peer's "Connection reset");
-2. a worker that dies without a word (killed, out of memory, native crash) is noticed by polling;
+2. a worker that dies without a word (killed, out of memory, native crash) is noticed by polling and raises
+   :class:`~torchspark.errors.WorkerLost` (name, pid, signal or exit code), as does a worker that stops responding:
+   its peers time out after ``rendezvous_timeout_s`` and report only that symptom, or (with a driver context) its
+   heartbeats stop; the driver's recovery then relaunches the workers;
 3. on any failure, or Ctrl-C in the parent, every worker is terminated and joined in ``finally`` before the
    error propagates, so no process is left behind. Workers ignore SIGINT (the parent decides) and exit on their
    own if the parent dies.
@@ -36,7 +39,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from torchspark.data import DataSet, MultiDataSet, dataset_to_bytes
-from torchspark.errors import DataError, WorkerError
+from torchspark.errors import DataError, WorkerError, WorkerLost
 from torchspark.training.auth import new_token
 from torchspark.training.comm import TorchDistCommunicator
 from torchspark.training.progress import ProgressEndpoint
@@ -220,6 +223,7 @@ class LocalProcessRunner:
         self.shared_memory = shared_memory
         #: the worker processes of the last run (all joined when :meth:`run` returns or raises)
         self.children: list[Any] = []
+        self._context: RunContext | None = None
 
     def run(self, task: WorkerTask, data: WorkerShares, context: RunContext | None = None) -> list[WorkerResult]:
         """Run one worker per device on its share of ``data`` and return their results by rank (the
@@ -229,6 +233,7 @@ class LocalProcessRunner:
             raise ValueError(f"the data is split for {data.workers} workers but the runner has "
                              f"{len(self.devices)} devices")
         progress_address = context.progress_address("127.0.0.1") if context is not None else self.progress_address
+        self._context = context
         with context.recorder.phase("fit") if context is not None else contextlib.nullcontext():
             return self._run(task, data.feeds, data.paths, data.stream, progress_address)
 
@@ -304,6 +309,9 @@ class LocalProcessRunner:
             except queue.Empty:
                 if self._dead_children():
                     self._raise_worker_error(results_q, [])
+                stalled = self._context.stalled(n, self.timeout_s) if self._context is not None else None
+                if stalled is not None:
+                    raise stalled
                 continue
             if kind == "error":
                 self._raise_worker_error(results_q, [(rank, payload)])
@@ -331,13 +339,25 @@ class LocalProcessRunner:
         dead = self._dead_children()
         if dead and (found is None or is_peer_failure(found[1])):
             symptom = f"; then worker {found[0]} failed: {_last_line(found[1])}" if found else ""
-            raise WorkerError(f"worker process {dead[0].name} died with {_exit_status(dead[0].exitcode)}: killed, "
-                              "out of memory, crashed in native code, or failed to start (a script that calls fit "
-                              "at top level needs `if __name__ == '__main__':`, since workers start in fresh "
-                              f"processes that import it){symptom}")
+            status = _exit_status(dead[0].exitcode)
+            raise WorkerLost(f"worker process {dead[0].name} (pid {dead[0].pid}) died with {status}: killed, "
+                             "out of memory, crashed in native code, or failed to start (a script that calls fit "
+                             "at top level needs `if __name__ == '__main__':`, since workers start in fresh "
+                             f"processes that import it){symptom}", rank=_rank_of(dead[0]),
+                             executor=f"{dead[0].name} (pid {dead[0].pid})", exit_status=status,
+                             reason=f"worker process died with {status}")
         if found is None:
             return
         rank, tb = found
+        if is_peer_failure(tb):  # every report is a peer's symptom: whoever did not report stopped responding
+            silent = [r for r in range(len(self.children)) if r not in {e[0] for e in errors}]
+            who = silent[0] if silent else None
+            proc = self.children[who] if who is not None else None
+            raise WorkerLost(
+                f"worker {who if who is not None else '?'} stopped responding: its peers gave up waiting for it "
+                f"(rendezvous_timeout_s={self.timeout_s:g}); worker {rank} reported: {_last_line(tb)}", rank=who,
+                executor=f"{proc.name} (pid {proc.pid})" if proc is not None else None, exit_status="no response",
+                reason=f"peers timed out: {_last_line(tb)}")
         raise worker_error_type(tb)(f"worker {rank} failed: {_last_line(tb)}\n--- worker traceback ---\n"
                                     f"{traceback_tail(tb)}")
 
@@ -350,6 +370,8 @@ class LocalProcessRunner:
         for p in self.children:
             if p.is_alive():
                 p.terminate()
+                with contextlib.suppress(OSError):  # a stopped (SIGSTOP) worker acts on SIGTERM only once resumed
+                    os.kill(p.pid, signal.SIGCONT)
         for p in self.children:
             p.join(timeout=10.0)
             if p.is_alive():
@@ -403,6 +425,12 @@ def _exit_status(code: int) -> str:
         except ValueError:
             return f"signal {-code}"
     return f"exit code {code}"
+
+
+def _rank_of(proc: Any) -> int | None:
+    """The rank in a worker process's name (``torchspark-worker-3`` -> 3)."""
+    tail = str(proc.name).rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else None
 
 
 def _last_line(tb: str) -> str:

@@ -208,6 +208,14 @@ class ParallelWrapper:
             slower (measured: an MLP epoch 0.52 s -> 1.03 s after four epochs without it). False keeps IEEE
             denormals. The calling process is not touched; a plain loop there can call
             ``torch.set_flush_denormal(True)`` before its first torch operation.
+        checkpoint_directory: where fits write checkpoints (a local path or any fsspec URL); None: none. A fit
+            with ``run_id="r1"`` continues run ``r1`` from its newest checkpoint, in this or a new process (see
+            the training master's option of the same name).
+        checkpoint_every: averaging rounds / sharing iterations between checkpoints; None: once per epoch.
+        keep_checkpoints: the newest checkpoints kept per run (default 2).
+        max_failures: worker processes lost mid-fit (killed, out of memory, stopped responding) that a fit
+            survives by relaunching the workers from the newest checkpoint, else from the fit's start (default 3;
+            0 = fail at the first). Errors in the model or data are never retried.
         master: the training master (instead of the options above).
         runner: how workers run (a :class:`~torchspark.training.runner.Runner`); default: a
             :class:`~torchspark.parallel.runner.LocalProcessRunner` on :attr:`worker_devices` with
@@ -233,6 +241,10 @@ class ParallelWrapper:
     rendezvous_timeout_s: float = 300.0
     data_timeout_s: float = 600.0
     flush_denormal: bool = True
+    checkpoint_directory: str | None = None
+    checkpoint_every: int | None = None
+    keep_checkpoints: int = 2
+    max_failures: int = 3
     master: TrainingMaster | None = None
     runner: Any = None
     #: timings of the last fit (None unless ``collect_training_stats``)
@@ -298,7 +310,7 @@ class ParallelWrapper:
         """Mean over workers of their last minibatch loss in the last fit (NaN before any fit)."""
         return self._score
 
-    def fit(self, data: Any, epochs: int = 1, batch_size: int | None = None) -> Network:
+    def fit(self, data: Any, epochs: int = 1, batch_size: int | None = None, run_id: str | None = None) -> Network:
         """Train for ``epochs`` epochs; returns the (updated in place) network.
 
         Args:
@@ -311,8 +323,11 @@ class ParallelWrapper:
             epochs: passes over the data, all inside one launch of the workers.
             batch_size: examples per minibatch on each worker; None = the master's ``batch_size_per_worker`` (32
                 when the keyword options built the master).
+            run_id: with a ``checkpoint_directory``: the run this fit continues (from its newest checkpoint, skipping
+                the epochs and minibatches already done) or starts; None: a fresh run id. Resume with the same data,
+                options and number of workers.
         Raises:
-            ConfigError: bad ``epochs`` / ``batch_size``. DataError: empty or malformed data.
+            ConfigError: bad ``epochs`` / ``batch_size``; ``run_id`` without ``checkpoint_directory``. DataError: empty or malformed data.
             WorkerError: a worker failed; the message holds its traceback (the root cause, not a peer's symptom).
         """
         assert self.master is not None
@@ -322,7 +337,7 @@ class ParallelWrapper:
                 raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
         plan = _route(data, len(self._devices), batch_size, epochs, self.master.rng_seed)
         self._check_sample(plan.sample)
-        return self._run(plan, epochs)
+        return self._run(plan, epochs, run_id)
 
     # ------------------------------------------------------------------ internals
     def _check_sample(self, item: Any) -> None:
@@ -340,12 +355,13 @@ class ParallelWrapper:
         return LocalProcessRunner(self._devices, threads, self.master.rendezvous_timeout_s,
                                   shared_memory=self.master.shared_memory_allreduce)
 
-    def _run(self, plan: _DataPlan, epochs: int) -> Network:
+    def _run(self, plan: _DataPlan, epochs: int, run_id: str | None = None) -> Network:
         master = self.master
         assert master is not None
         recorder = StatsCollector(DRIVER_ID, enabled=master.collect_training_stats)
         task = build_task(self.network, master, epochs, master.collect_training_stats, recorder,
-                          report_scores=self.report_score_after_averaging or bool(self._training_listeners))
+                          report_scores=self.report_score_after_averaging or bool(self._training_listeners),
+                          run_id=run_id)
         events = (TrainingEvents(self._training_listeners, runner="ParallelWrapper", master=master,
                                  network=self.network, epochs=epochs, num_workers=len(self._devices))
                   if self._training_listeners else None)
@@ -353,6 +369,6 @@ class ParallelWrapper:
         outcome = run_fit(self.network, task, self._runner(), plan.shares, recorder=recorder,
                           description=f"ParallelWrapper fit: {len(self._devices)} workers, {epochs} epoch(s)",
                           listeners=self._listeners, score_listeners=score_listeners, progress=self.progress,
-                          events=events)
+                          events=events, max_failures=master.max_failures)
         self._score, self.last_results, self.training_stats = outcome.score, outcome.results, outcome.stats
         return self.network

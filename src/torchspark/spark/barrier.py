@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
-from torchspark.errors import WaitTimeout
+from torchspark.errors import SetupError, WaitTimeout
 from torchspark.spark.barrier_wait import wait_bounded
 from torchspark.training import env as task_env
 from torchspark.training.comm import TorchDistCommunicator
@@ -32,7 +32,7 @@ from torchspark.training.reporting import open_worker_hooks
 from torchspark.training.stores import fetch, listening_store, private_store, publish
 from torchspark.training.worker import ItemSource, WorkerResult, WorkerTask, run_worker
 
-__all__ = ["RendezvousSettings", "barrier_task", "open_relay", "LOCAL_ADDRESS_ENV"]
+__all__ = ["RendezvousSettings", "barrier_task", "open_relay", "relay_key", "LOCAL_ADDRESS_ENV"]
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ def open_relay(advertise_host: str, timeout_s: float, port_range: tuple[int, int
 
 
 def _publish_address(ctx: Any, rank: int, world: int, message: str, relay_address: tuple[str, int] | None,
-                     timeout: Any, token: bytes) -> str:
+                     timeout: Any, token: bytes, attempt: int = 0) -> str:
     """Task 0's ``host:port`` on every task: through the driver's relay store, else Spark's allGather."""
     import datetime
 
@@ -101,10 +101,11 @@ def _publish_address(ctx: Any, rank: int, world: int, message: str, relay_addres
         ) from e
     relay.set_timeout(timeout)
     try:
+        key = relay_key(attempt, int(ctx.stageId()))
         if rank == 0:
-            publish(relay, token, _STORE_ADDRESS, message)
+            publish(relay, token, key, message)
             return message
-        return fetch(relay, token, _STORE_ADDRESS)
+        return fetch(relay, token, key)
     except (RuntimeError, OSError) as e:
         raise WaitTimeout(
             f"worker 0 did not publish its address on the driver within rendezvous_timeout_s="
@@ -116,9 +117,15 @@ def _publish_address(ctx: Any, rank: int, world: int, message: str, relay_addres
 _STORE_ADDRESS = "worker-0-store"
 
 
+def relay_key(attempt: int, stage_id: int) -> str:
+    """The relay key worker 0 publishes its address under: named by the driver's recovery attempt and Spark's
+    stage, so a relaunched stage never reads the address of a worker 0 that a failed one started."""
+    return f"{_STORE_ADDRESS}/attempt-{attempt}/stage-{stage_id}"
+
+
 def _rendezvous(ctx: Any, settings: RendezvousSettings, backend: str, device: str,
                 relay_address: tuple[str, int] | None = None,
-                driver_host: str | None = None, token: bytes | None = None,
+                driver_host: str | None = None, token: bytes | None = None, attempt: int = 0,
 ) -> tuple[TorchDistCommunicator, dict[str, Any]]:
     """Build the process group; returns it and what this worker chose (address, interface, source)."""
     import datetime
@@ -149,7 +156,7 @@ def _rendezvous(ctx: Any, settings: RendezvousSettings, backend: str, device: st
             message = f"{token.hex()}@{message}"
     else:
         message = ""
-    published = _publish_address(ctx, rank, world, message, relay_address, timeout, token or b"")
+    published = _publish_address(ctx, rank, world, message, relay_address, timeout, token or b"", attempt)
     if shared_token:
         token_hex, published = published.split("@", 1)
         token = bytes.fromhex(token_hex)
@@ -202,7 +209,7 @@ def barrier_task(
         comm: TorchDistCommunicator | None = None
         try:
             comm, chosen = _rendezvous(ctx, settings, backend_for_device(device), device, relay_address,
-                                       _driver_host(relay_address, progress_address), token)
+                                       _driver_host(relay_address, progress_address), token, task.attempt)
             result = replace(run_worker(task, ItemSource(items), comm, device, hooks), network=chosen)
         except BaseException:
             if hooks.report_error is not None:

@@ -3,7 +3,10 @@
 Every job torchspark submits (counting, exporting, the training barrier stage, each averaging round, evaluation)
 runs through :func:`run_job`: on a helper thread under its own job group, so Ctrl-C (or an error) on the driver
 cancels it, and a failed task becomes a torchspark error carrying the end of the executor's Python traceback
-(:func:`task_error`). A task that raised one of our errors keeps its class: an executor ``DataError`` (a bad
+(:func:`task_error`), or, when no Python code failed (the Python worker was killed, the executor was lost or
+stopped responding) a :class:`~torchspark.errors.WorkerLost` naming the worker, the executor, the exit code and
+Spark's own reason (:func:`spark_reason`), which the driver's recovery retries. A task that raised one of our
+errors keeps its class: an executor ``DataError`` (a bad
 feature shape, a non-DataSet RDD item, a label out of range found mid-training) is caught by ``except DataError``
 whichever job found it. When it happened inside training it is also a
 :class:`~torchspark.errors.WorkerError` (:func:`~torchspark.training.runner.worker_error_type`).
@@ -13,16 +16,18 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 import time
 import uuid
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
-from torchspark.errors import TorchSparkError
+from torchspark.errors import TorchSparkError, WorkerLost
 from torchspark.training.runner import is_peer_failure, root_cause, traceback_tail, worker_error_type
 from torchspark.training.waiting import call_on_thread
 from torchspark.training.worker import WorkerResult
 
-__all__ = ["run_job", "run_in_job_group", "run_barrier_stage", "task_error", "worker_traceback"]
+__all__ = ["run_job", "run_in_job_group", "run_barrier_stage", "task_error", "worker_traceback", "spark_reason",
+           "lost_worker"]
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +37,82 @@ _OUR_ERROR = re.compile(r"^torchspark\.errors\.(\w+): (.*)$")
 
 #: how long a failed stage waits for the progress channel to bring the failing worker's own traceback
 ROOT_CAUSE_WAIT_S = 3.0
+
+# Spark's words for a task whose Python worker or executor went away (no Python code raised)
+_LOST = re.compile(r"Python worker exited unexpectedly|ExecutorLostFailure|Executor heartbeat timed out|"
+                   r"exited caused by one of the running tasks|Command exited with code|worker lost|"
+                   r"Executor .* (?:lost|exited)|Remote RPC client disassociated|Connection reset by peer", re.I)
+_TASK_RANK = re.compile(r"barrier task ResultTask\(\d+, (\d+)\)|Lost task (\d+)\.\d+ in stage")
+_EXECUTOR = re.compile(r"ExecutorLostFailure \(executor (\S+?)[ )]|\(\S+ executor (\S+?)\)")
+_EXIT_CODE = re.compile(r"exit(?:ed)?(?: with)? code (-?\d+)", re.I)
+_REASON_START = re.compile(r"(?:Job aborted due to stage failure|Most recent failure reason): ")
+_JAVA_NOISE = re.compile(r"^\s*(?:at |\.\.\. \d+ more|Caused by: java\.io\.EOFException|Driver stacktrace)")
+
+
+def spark_reason(error: BaseException | str, max_chars: int = 600) -> str:
+    """Spark's own account of a failed job, without Java stack frames: e.g. ``Stage failed because barrier task
+    ResultTask(0, 1) finished unsuccessfully. Python worker exited unexpectedly (crashed)`` or ``ExecutorLostFailure
+    (executor 1 exited caused by one of the running tasks) Reason: Command exited with code 137``."""
+    text = str(error)
+    start = _REASON_START.search(text)
+    lines = text[start.end():].splitlines() if start else text.splitlines()
+    kept: list[str] = []
+    for line in lines:
+        if "Traceback (most recent call last)" in line:  # the Python part is shown apart, from its end
+            head = line.split("Traceback (most recent call last)", 1)[0].strip()
+            if head:
+                kept.append(head.replace("org.apache.spark.SparkException: ", ""))
+            break
+        if _JAVA_NOISE.match(line) or not line.strip():
+            if kept and line.lstrip().startswith("at "):
+                break  # the first stack frame ends the reason
+            continue
+        kept.append(line.strip().replace("org.apache.spark.SparkException: ", ""))
+    reason = " ".join(kept).replace("Could not recover from a failed barrier ResultStage. ", "")
+    reason = reason.replace("Most recent failure reason: ", "")
+    return reason[:max_chars] + ("..." if len(reason) > max_chars else "")
+
+
+def _exit_status(reason: str) -> str | None:
+    match = _EXIT_CODE.search(reason)
+    if match is None:
+        return None
+    code = int(match.group(1))
+    if code > 128:  # a shell's / Spark's way of saying "killed by signal code - 128"
+        import signal
+
+        try:
+            return f"exit code {code} (signal {signal.Signals(code - 128).name})"
+        except ValueError:
+            pass
+    return f"exit code {code}"
+
+
+def lost_worker(error: BaseException, description: str, tb: str | None) -> WorkerLost | None:
+    """A :class:`WorkerLost` when Spark says the worker's process or executor went away (``tb`` is None: no
+    Python traceback) or the only Python error is a peer's symptom (``tb``, a hung or lost peer); else None."""
+    from torchspark.training.runner import is_peer_failure
+
+    text = str(error)
+    if tb is not None and not is_peer_failure(tb):
+        return None
+    reason = spark_reason(text)
+    if tb is None and not _LOST.search(text):
+        return None
+    rank_match = _TASK_RANK.search(text)
+    rank = next((int(g) for g in rank_match.groups() if g is not None), None) if rank_match else None
+    if tb is not None:  # Spark names the peer that saw the loss, not the lost worker (the driver infers that one)
+        lines = [ln.strip() for ln in tb.splitlines() if ln.strip()]
+        reason = f"{reason} {'a worker' if rank is None else f'worker {rank}'} saw: {lines[-1] if lines else '?'}"
+        rank = None
+    exec_match = _EXECUTOR.search(text)
+    executor = next((g for g in exec_match.groups() if g is not None), None) if exec_match else None
+    status = _exit_status(reason)
+    who = "a worker" if rank is None else f"worker {rank}"
+    where = f" on executor {executor}" if executor else ""
+    peer = f"\n--- a peer's traceback (a symptom) ---\n{traceback_tail(tb, 8)}" if tb is not None else ""
+    return WorkerLost(f"{description}: {who}{where} was lost{f' ({status})' if status else ''}: {reason}{peer}",
+                      rank=rank, executor=executor, exit_status=status, reason=reason)
 
 
 def worker_traceback(error: BaseException) -> str:
@@ -67,9 +148,16 @@ def task_error(error: BaseException, description: str,
             first, often a peer that merely saw the failing worker's connection drop; a worker's own report of the
             cause wins over such a symptom.
     Returns:
-        The executor's own class when it raised one of ours (as a WorkerError as well), else a WorkerError.
+        :func:`lost_worker`'s WorkerLost when the worker's process or executor was lost; the executor's own class
+        when it raised one of ours (as a WorkerError as well); else a WorkerError.
     """
-    tb = _pick_traceback(worker_traceback(error), reported_errors)
+    has_python = bool(_PY_TRACE.findall(str(error)))
+    tb = _pick_traceback(worker_traceback(error), reported_errors) if has_python else None
+    lost = lost_worker(error, description, tb)
+    if lost is not None:
+        return lost
+    if tb is None:
+        tb = worker_traceback(error)
     lines = [ln.strip() for ln in tb.splitlines() if ln.strip()]
     root = lines[-1] if lines else str(error)
     tail = traceback_tail(tb)
@@ -77,16 +165,39 @@ def task_error(error: BaseException, description: str,
     match = _OUR_ERROR.match(root)
     if match and cls.__name__ != "WorkerError":
         return cls(f"{match.group(2)}\n--- executor traceback ({description}) ---\n{tail}")
-    return cls(f"{description} failed on an executor: {root}\n--- executor traceback ---\n{tail}")
+    return cls(f"{description} failed on an executor: {root}\n--- Spark's reason ---\n{spark_reason(error)}\n"
+               f"--- executor traceback ---\n{tail}")
 
 
-def run_in_job_group(sc: Any, description: str, action: Callable[[], _T], thread_name: str = "torchspark-job") -> _T:
+#: how often a running job's watchdog is asked whether the workers are still alive
+WATCH_S = 0.5
+
+
+def run_in_job_group(sc: Any, description: str, action: Callable[[], _T], thread_name: str = "torchspark-job",
+                     watchdog: Callable[[], BaseException | None] | None = None) -> _T:
     """Run ``action`` (which submits Spark jobs) on a helper thread under a fresh job group and return its value.
 
     Ctrl-C (or any exception) on the calling thread cancels the group and waits up to 60 s for the thread; an
     exception raised by ``action`` cancels the group and is re-raised unchanged on the calling thread.
+    ``watchdog`` (polled every :data:`WATCH_S` while the job runs) returns an error when the job will never
+    finish well (a worker stopped responding): the group is cancelled and that error raised instead of Spark's.
     """
     group = f"torchspark-{uuid.uuid4().hex[:12]}"
+    tripped: list[BaseException] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        assert watchdog is not None
+        while not stop.wait(WATCH_S):
+            found = watchdog()
+            if found is not None:
+                log.warning("cancelling %r: %s", description, found)
+                tripped.append(found)
+                sc.cancelJobGroup(group)
+                return
+
+    if watchdog is not None:
+        threading.Thread(target=watch, name=f"{thread_name}-watchdog", daemon=True).start()
 
     def in_group() -> _T:
         sc.setJobGroup(group, description, interruptOnCancel=True)
@@ -97,13 +208,18 @@ def run_in_job_group(sc: Any, description: str, action: Callable[[], _T], thread
 
     try:
         return call_on_thread(in_group, thread_name, on_interrupt=lambda: sc.cancelJobGroup(group))
-    except BaseException:
+    except BaseException as e:
         sc.cancelJobGroup(group)  # a failed action may leave sibling jobs of the group running
+        if tripped:
+            raise tripped[0] from e
         raise
+    finally:
+        stop.set()
 
 
 def run_job(sc: Any, description: str, job: Callable[[], _T], thread_name: str = "torchspark-job",
-            reported_errors: Callable[[], list[tuple[int, str]]] | None = None) -> _T:
+            reported_errors: Callable[[], list[tuple[int, str]]] | None = None,
+            watchdog: Callable[[], BaseException | None] | None = None) -> _T:
     """Run ``job`` (a callable that submits Spark actions) under its own job group: Ctrl-C (or any error) on the
     caller cancels it; a failed task raises :func:`task_error`.
 
@@ -115,17 +231,19 @@ def run_job(sc: Any, description: str, job: Callable[[], _T], thread_name: str =
     from pyspark.errors import PySparkException
 
     try:
-        return run_in_job_group(sc, description, job, thread_name)
+        return run_in_job_group(sc, description, job, thread_name, watchdog)
     except TorchSparkError:
         raise
     except (PySparkException, Py4JJavaError) as e:
-        raise task_error(e, description, reported_errors) from None
+        raise task_error(e, description, reported_errors) from e
 
 
 def run_barrier_stage(sc: Any, rdd: Any, fn: Callable[[Iterable[Any]], Iterator[WorkerResult]],
                       description: str,
-                      reported_errors: Callable[[], list[tuple[int, str]]] | None = None) -> list[WorkerResult]:
-    """Run ``fn`` as a barrier stage over ``rdd`` (:func:`run_job`); the workers' results by rank."""
+                      reported_errors: Callable[[], list[tuple[int, str]]] | None = None,
+                      watchdog: Callable[[], BaseException | None] | None = None) -> list[WorkerResult]:
+    """Run ``fn`` as a barrier stage over ``rdd`` (:func:`run_job`, ``watchdog`` as there); the workers' results
+    by rank."""
     results: list[WorkerResult] = run_job(sc, description, lambda: rdd.barrier().mapPartitions(fn).collect(),
-                                          "torchspark-barrier-stage", reported_errors)
+                                          "torchspark-barrier-stage", reported_errors, watchdog)
     return sorted(results, key=lambda r: r.rank)

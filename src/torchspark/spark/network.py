@@ -42,6 +42,7 @@ from torchspark.spark.runners import SparkBarrierRunner, SparkRoundsRunner, Spar
 from torchspark.spark.session import spark_context
 from torchspark.stats import DRIVER_ID, StatsCollector, TrainingStats
 from torchspark.training.assignment import file_items, grid_heads, plan_balanced
+from torchspark.training.checkpoint import plan_for
 from torchspark.training.driver import build_task, run_fit
 from torchspark.training.hooks import ProgressUpdate
 from torchspark.training.masters import TrainingMaster
@@ -156,33 +157,39 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         features_col: str = "features",
         label_col: str | None = "label",
         feature_shape: Sequence[int] | None = None,
+        run_id: str | None = None,
     ) -> Network:
         """Train on an ``RDD[DataSet | MultiDataSet]`` or a DataFrame for ``epochs`` epochs; returns the network.
 
         DataSets of any size are re-batched to ``batch_size_per_worker``. A DataFrame's ``features_col`` /
         ``label_col`` may be array or ML Vector columns; ``feature_shape`` reshapes each row (e.g. ``(1, 28, 28)``);
         rows stream to the workers through Arrow and are never collected on the driver.
+        With the master's ``checkpoint_directory``, ``run_id`` names the run: a fit with the id of an interrupted
+        run (in this or a new driver process) continues from its newest checkpoint, skipping the epochs and
+        minibatches already done; resume with the same data, master and number of workers.
         """
         master = self._master()
         _check_epochs(epochs)
+        plan_for(master, run_id, 0, 0)  # a run_id without checkpoint_directory fails before any Spark job
         self._driver_stats = StatsCollector(DRIVER_ID, enabled=self._collect_stats)
         rdd = to_batch_rdd(data, features_col, label_col, feature_shape, self.network.losses[0].classification)
         n = self._num_workers(master)
         base = self._export_base(master) if master.rdd_training_approach == "export" else None  # before any job
         self._preflight(master, n)
         worker_rdd = self._prepare(rdd, master, n, base)
-        return self._train(worker_rdd, master, n, epochs)
+        return self._train(worker_rdd, master, n, epochs, run_id)
 
-    def fit_paths(self, paths: Any, epochs: int = 1) -> Network:
+    def fit_paths(self, paths: Any, epochs: int = 1, run_id: str | None = None) -> Network:
         """Train from batch files (``save_batches`` output): a list of paths/URLs or an RDD of them.
 
         The seeds' recommended route: preprocess once, save minibatch files to HDFS/S3, train from the paths.
         Files of any size are re-batched to ``batch_size_per_worker`` (as DL4J does), balanced by examples over
         the workers (with ``repartition="never"``: within each input partition); their example counts are read
-        from the file headers first.
+        from the file headers first. ``run_id``: as in :meth:`fit`.
         """
         master = self._master()
         _check_epochs(epochs)
+        plan_for(master, run_id, 0, 0)
         self._driver_stats = StatsCollector(DRIVER_ID, enabled=self._collect_stats)
         n = self._num_workers(master)
         self._preflight(master, n)
@@ -197,7 +204,7 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
             raise DataError("fit_paths got no paths: the list or RDD of batch files is empty")
         by_partition = self._keep_partitions(master, partitions, n)
         groups = plan_path_files(indexed, n, master.batch_size_per_worker, master.rng_seed, by_partition)
-        return self._train(worker_rdd_from_paths(self.sc, groups), master, n, epochs)
+        return self._train(worker_rdd_from_paths(self.sc, groups), master, n, epochs, run_id)
 
     def delete_temp_files(self) -> None:
         """Remove the batch files that ``rdd_training_approach="export"`` wrote for this object, and unpersist the
@@ -345,20 +352,22 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         sample.check_finite("training features")
         self.network.score(sample)
 
-    def _train(self, worker_rdd: Any, master: TrainingMaster, n: int, epochs: int) -> Network:
+    def _train(self, worker_rdd: Any, master: TrainingMaster, n: int, epochs: int,
+               run_id: str | None = None) -> Network:
         collector = self._driver_stats
         self._validate_sample(worker_rdd)
         if worker_rdd.getNumPartitions() != n:
             worker_rdd = (worker_rdd.coalesce(n) if worker_rdd.getNumPartitions() > n
                           else spread_round_robin(worker_rdd, n))
         task = build_task(self.network, master, epochs, self._collect_stats, collector,
-                          report_scores=bool(self._training_listeners))
+                          report_scores=bool(self._training_listeners), run_id=run_id)
         events = (TrainingEvents(self._training_listeners, runner="SparkNetwork", master=master,
                                  network=self.network, epochs=epochs, num_workers=n)
                   if self._training_listeners else None)
         outcome = run_fit(self.network, task, self._runner(master), SparkWorkerData(self.sc, worker_rdd),
                           recorder=collector, description=f"torchspark fit: {n} workers, {epochs} epoch(s)",
-                          listeners=self._listeners, progress=self.progress, events=events)
+                          listeners=self._listeners, progress=self.progress, events=events,
+                          max_failures=master.max_failures)
         self._score, self.last_results, self._stats = outcome.score, outcome.results, outcome.stats
         return self.network
 

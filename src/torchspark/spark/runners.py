@@ -56,7 +56,10 @@ class SparkBarrierRunner:
     (bound to ``spark.driver.bindAddress`` / ``spark.driver.host``, loopback for a local master; advertised as
     ``spark.driver.host``; workers get the fit's token inside the task) and find worker 0 through the driver's relay
     store (``rendezvous_via="driver"``) or Spark's allGather. A failed stage raises the failing worker's own error
-    (:func:`~torchspark.spark.jobs.run_barrier_stage`), not a peer's symptom.
+    (:func:`~torchspark.spark.jobs.run_barrier_stage`), not a peer's symptom; a lost Python worker or executor,
+    or a worker whose heartbeats stop for ``rendezvous_timeout_s`` (the driver's watchdog cancels the stage then,
+    without waiting for Spark's 120 s executor heartbeat timeout), raises :class:`~torchspark.errors.WorkerLost`,
+    which the driver's recovery retries as a new attempt (a new stage, relay and progress token).
 
     Args:
         sc: the SparkContext.
@@ -78,9 +81,12 @@ class SparkBarrierRunner:
                 relay, relay_address = open_relay(host, self.mesh.rendezvous_timeout_s, self.mesh.port_range,
                                                   bind_host=bind)
             fn = barrier_task(task_bc, self.mesh, progress, relay_address)
+            stalled = getattr(context, "stalled", None)
+            world, timeout_s = data.workers, self.mesh.rendezvous_timeout_s
             with context.recorder.phase("fit"):
                 return run_barrier_stage(self.sc, data.rdd, fn, context.description,
-                                         reported_errors=context.reported_errors)
+                                         reported_errors=context.reported_errors,
+                                         watchdog=(lambda: stalled(world, timeout_s)) if stalled else None)
         finally:
             del relay  # closes the driver's rendezvous port
             task_bc.unpersist()

@@ -99,6 +99,9 @@ def _summary_table(summary: dict[str, Any]) -> str:
     for key, value in summary.items():
         if key in ("seconds", "counts", "driver_seconds", "driver_counts"):
             continue
+        if key == "failures":
+            value = "; ".join(f"attempt {f.get('attempt')}: worker {f.get('rank')} lost "
+                              f"({f.get('exit_status') or 'unknown'}): {f.get('reason', '')}" for f in value) or "none"
         if key == "worker_ids":
             value = ", ".join(value)
         elif isinstance(value, float):
@@ -165,6 +168,7 @@ def _timeline(stats: TrainingStats, workers: list[str], phases: list[str], color
             body.append(f'<path fill="{colors[phases[p]]}" d="{_step_path(cum[r, p] * bar_h, label_w, bw, base)}">'
                         f"<title>{esc(wid)}: {esc(phases[p])}</title></path>")
     axis_y = top + row_h * len(workers) + 2
+    body += _failure_marks(stats.summary().get("failures") or [], t0, t1, label_w, plot_w, top, axis_y)
     for t in nice_ticks(0.0, t1 - t0, 8):
         x = label_w + t / (t1 - t0) * plot_w
         body.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{top}" y2="{axis_y}" stroke="#000" stroke-opacity="0.15"/>'
@@ -175,6 +179,28 @@ def _timeline(stats: TrainingStats, workers: list[str], phases: list[str], color
                 f"Worker timeline: share of each time column spent in each phase</text>")
     return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
             f'style="{FONT};font-size:11px">{"".join(body)}</svg>')
+
+
+def _failure_marks(failures: list[dict[str, Any]], t0: float, t1: float, label_w: int, plot_w: int, top: int,
+                   bottom: int) -> list[str]:
+    """Each failed attempt (``summary()["failures"]``) on the timeline: its lost interval (from the attempt's start
+    to the failure: the work recovery trained again) shaded red, the failure itself a red line."""
+    marks = []
+
+    def x(t: float) -> float:
+        return label_w + min(max(t - t0, 0.0), t1 - t0) / (t1 - t0) * plot_w
+
+    for f in failures:
+        start, end = x(float(f.get("started", t0))), x(float(f.get("time", t1)))
+        who = "a worker" if f.get("rank") is None else f"worker {f['rank']}"
+        label = esc(f"attempt {f.get('attempt')}: {who} lost ({f.get('exit_status') or 'unknown'}): "
+                    f"{f.get('reason', '')}; the shaded work was lost and trained again")
+        marks.append(f'<rect x="{start:.1f}" y="{top}" width="{max(end - start, 1.0):.1f}" height="{bottom - top}" '
+                     f'fill="#d62728" fill-opacity="0.12"><title>{label}</title></rect>'
+                     f'<line x1="{end:.1f}" x2="{end:.1f}" y1="{top}" y2="{bottom}" stroke="#d62728" '
+                     f'stroke-width="2" class="failure"><title>{label}</title></line>'
+                     f'<text x="{end + 2:.1f}" y="{top - 2}" fill="#d62728">lost: attempt {f.get("attempt")}</text>')
+    return marks
 
 
 def _step_path(heights: np.ndarray, x0: int, bw: int, base: float) -> str:

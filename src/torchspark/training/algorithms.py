@@ -34,6 +34,14 @@ class Algorithm(Protocol):
     def finish(self, state: Any, net: Network, comm: Communicator) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         ...
 
+    def rank_state(self, state: Any) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """This rank's algorithm state for a checkpoint: tensors and a JSON-able record."""
+        ...
+
+    def restore(self, state: Any, net: Network, tensors: dict[str, torch.Tensor], record: dict[str, Any]) -> None:
+        """Inverse of :meth:`rank_state`, applied to the state :meth:`start` returned."""
+        ...
+
 
 @dataclass(frozen=True)
 class AveragingAlgorithm:
@@ -55,6 +63,12 @@ class AveragingAlgorithm:
 
     def finish(self, state: None, net: Network, comm: Communicator) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         return {}, {}
+
+    def rank_state(self, state: None) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        return {}, {}  # everything lives in the network (parameters, updater state, buffers)
+
+    def restore(self, state: None, net: Network, tensors: dict[str, torch.Tensor], record: dict[str, Any]) -> None:
+        return None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self.settings)

@@ -112,6 +112,8 @@ def averaging_epoch(
                     hooks.report_score(ScoreReport(epoch, out.rounds, int(total_w), total_score / total_w))
         if active == 0:
             return out
+        if hooks.checkpoint is not None:  # a consistent cut: every worker holds the same averaged state
+            hooks.checkpoint(out, {}, {})
 
 
 def _live(net: Network, save_updater: bool) -> list[torch.Tensor]:

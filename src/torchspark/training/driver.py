@@ -8,26 +8,37 @@ pick a :class:`~torchspark.training.runner.Runner`; then :func:`run_fit`
      progress server workers stream to (:class:`FitContext`);
   3. runs the workers through the runner (which times the driver's ``fit`` phase: the rounds route has one per
      round, between its ``broadcast`` and ``aggregation`` phases); the runner maps a worker's failure to
-     :class:`~torchspark.errors.WorkerError` (the root cause, with its traceback);
-  4. always closes the bar and the progress server, reading what finished workers sent last;
+     :class:`~torchspark.errors.WorkerError` (the root cause, with its traceback), and a lost worker, process,
+     executor or hung peer to :class:`~torchspark.errors.WorkerLost`;
+  3a. on ``WorkerLost``, while ``max_failures`` allows (:func:`torchspark.training.recovery.decide`), records the
+     failure and runs the workers again as a new *attempt* (new processes / barrier stage, a new progress server
+     and token, rendezvous keys named by the attempt) from the newest state the driver can reach: the fit's newest
+     checkpoint, else the task the fit started with (:func:`restart_task`);
+  4. always closes the bar and each attempt's progress server, reading what finished workers sent last;
   5. merges the results into the driver's network (rank 0's parameters, updater state and buffers; the iteration
      and epoch counters advance by the fit's totals, whatever a runner did to them in between);
   6. builds the fit's :class:`~torchspark.stats.TrainingStats` when stats are collected.
-A change to "what happens when a worker dies" (retry, checkpoint) belongs here, once for every route.
+A change to "what happens when a worker dies" (retry, checkpoint) belongs here, once for every route. Before the
+workers start, :func:`~torchspark.training.checkpoint.resume_task` turns the task into the one that continues the
+run's newest checkpoint, when the fit checkpoints and its run has one (``fit(..., run_id=...)``).
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+from torchspark.errors import WorkerLost
 from torchspark.nn import Network, NetworkBlueprint
 from torchspark.stats import StatsCollector, TrainingStats
+from torchspark.training.checkpoint import plan_for, resume_task
 from torchspark.training.hooks import PhaseRecorder, ProgressUpdate, ScoreReport
 from torchspark.training.masters import TrainingMaster
 from torchspark.training.ports import listen_in_range
 from torchspark.training.progress import ProgressBar, ProgressEndpoint, ProgressServer
+from torchspark.training.recovery import Decision, FailureRecord, decide, exhausted_error, record_failure
 from torchspark.training.reporting import build_training_stats
 from torchspark.training.runner import Runner
 from torchspark.training.worker import WorkerResult, WorkerTask, merge_results
@@ -35,7 +46,7 @@ from torchspark.training.worker import WorkerResult, WorkerTask, merge_results
 if TYPE_CHECKING:
     from torchspark.listeners.hub import TrainingEvents
 
-__all__ = ["FitContext", "FitOutcome", "build_task", "run_fit"]
+__all__ = ["FitContext", "FitOutcome", "build_task", "run_fit", "restart_task"]
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +61,8 @@ class FitOutcome:
     results: list[WorkerResult]
     score: float
     stats: TrainingStats | None
+    #: the failed attempts the fit recovered from (empty when nothing failed)
+    failures: list[FailureRecord] | None = None
 
 
 class FitContext:
@@ -64,14 +77,18 @@ class FitContext:
         description: names the fit in job descriptions.
         listeners: progress listeners (the caller's and the bar's), called on driver threads.
         score_listeners: called with each :class:`ScoreReport` workers send.
+        attempt: which launch of the workers this is (0 first; each recovery adds one). Runners name everything
+            an attempt's workers read by it (rendezvous keys, job descriptions), and each attempt has its own
+            progress server and token, so nothing a failed attempt left behind is read by the next.
     """
 
     def __init__(self, network: Network, recorder: PhaseRecorder, description: str,
                  listeners: Sequence[Callable[[ProgressUpdate], None]] = (),
-                 score_listeners: Sequence[Callable[[ScoreReport], None]] = ()) -> None:
+                 score_listeners: Sequence[Callable[[ScoreReport], None]] = (), attempt: int = 0) -> None:
         self.network = network
         self.recorder = recorder
-        self.description = description
+        self.attempt = attempt
+        self.description = description if attempt == 0 else f"{description} (attempt {attempt})"
         self._listeners = list(listeners)
         self._score_listeners = list(score_listeners)
         self._server: ProgressServer | None = None
@@ -90,6 +107,32 @@ class FitContext:
     def reported_errors(self) -> list[tuple[int, str]]:
         return self._server.errors() if self._server is not None else []
 
+    def stalled(self, world_size: int, timeout_s: float) -> WorkerLost | None:
+        """The watchdog: a :class:`WorkerLost` when a rank stopped sending heartbeats for ``timeout_s``, or every
+        rank finished but the runner still waits ``timeout_s`` later (:mod:`torchspark.training.progress.liveness`);
+        None while all is well or without a progress server."""
+        return self._server.liveness.stalled(world_size, timeout_s) if self._server is not None else None
+
+    def worker_pids(self) -> dict[int, int | None]:
+        """Each rank's process id as its progress connection reported it (ranks not heard from are missing)."""
+        if self._server is None:
+            return {}
+        return {rank: state.pid for rank, state in self._server.liveness.snapshot().items()}
+
+    def suspect(self) -> int | None:
+        """The rank most likely lost when the error does not say: of the ranks that reported no error, the one
+        whose progress connection closed first (a killed process's socket closes at once)."""
+        if self._server is None:
+            return None
+        reporting = {rank for rank, _ in self._server.errors()}
+        ended = [(s.last_seen, r) for r, s in self._server.liveness.snapshot().items() if s.ended and r not in reporting]
+        return min(ended)[1] if ended else None
+
+    def reached(self) -> tuple[int, int] | None:
+        """``(epoch, iteration within it)`` the furthest worker reported (None: no progress heard)."""
+        latest = self._server.latest() if self._server is not None else {}
+        return max(((u.epoch, u.iteration) for u in latest.values()), default=None)
+
     def notify(self, update: ProgressUpdate) -> None:
         for fn in self._listeners:
             try:
@@ -104,9 +147,17 @@ class FitContext:
 
 
 def build_task(network: Network, master: TrainingMaster, epochs: int, collect_stats: bool,
-               recorder: PhaseRecorder, *, report_scores: bool = False) -> WorkerTask:
+               recorder: PhaseRecorder, *, report_scores: bool = False, run_id: str | None = None) -> WorkerTask:
     """Step 1: the task every worker receives (timed as the driver's ``broadcast`` phase: the blueprint is the
-    network's weights)."""
+    network's weights).
+
+    With a ``checkpoint_directory`` on the master the task carries the fit's
+    :class:`~torchspark.training.checkpoint.CheckpointPlan`: run ``run_id`` (a fresh id when None).
+
+    Raises:
+        ConfigError: ``run_id`` without a ``checkpoint_directory``, or a malformed ``run_id``.
+    """
+    plan = plan_for(master, run_id, network.iteration, network.epoch)
     with recorder.phase("broadcast"):
         return WorkerTask(
             mode=master.mode,  # type: ignore[attr-defined]
@@ -118,13 +169,32 @@ def build_task(network: Network, master: TrainingMaster, epochs: int, collect_st
             collect_stats=collect_stats,
             flush_denormal=master.flush_denormal,
             report_scores=report_scores,
+            checkpoint=plan,
         )
+
+
+def restart_task(task: WorkerTask, attempt: int) -> tuple[WorkerTask, dict[str, Any]]:
+    """The task attempt ``attempt`` runs and where it restarts from (``summary()["recovered_from"]``).
+
+    The newest state the driver can reach: the fit's newest complete checkpoint
+    (:func:`~torchspark.training.checkpoint.resume_task`; the lost work is then at most one ``checkpoint_every``
+    interval), else the state the fit started with (the original task: all of the failed attempt's work is lost).
+    ``recovered_from`` says which: ``checkpoint`` (its path, or None), ``epoch`` (epochs of the fit done there) and
+    ``iteration`` (the fit's iterations done there).
+    """
+    resumed, point = resume_task(task)
+    resumed = replace(resumed, attempt=attempt)
+    if point is None:
+        return resumed, {"attempt": attempt, "epoch": 0, "iteration": 0, "checkpoint": None}
+    return resumed, {"attempt": attempt, "epoch": point.fit_epoch,
+                     "iteration": point.iteration - point.fit_start_iteration, "checkpoint": point.path}
 
 
 def run_fit(network: Network, task: WorkerTask, runner: Runner, data: Any, *, recorder: StatsCollector,
             description: str, listeners: Sequence[Callable[[ProgressUpdate], None]] = (),
             score_listeners: Sequence[Callable[[ScoreReport], None]] = (),
-            progress: bool | None = None, events: TrainingEvents | None = None) -> FitOutcome:
+            progress: bool | None = None, events: TrainingEvents | None = None,
+            max_failures: int = 0) -> FitOutcome:
     """Steps 2-6 of the module docstring: run ``task`` on ``data`` through ``runner`` and update ``network``.
 
     Args:
@@ -139,22 +209,51 @@ def run_fit(network: Network, task: WorkerTask, runner: Runner, data: Any, *, re
         progress: draw a progress bar (None: only when stderr is a terminal).
         events: the fit's training listeners (:class:`~torchspark.listeners.TrainingEvents`): fed by the progress
             channel, told when the fit starts and ends (also when it fails).
+        max_failures: lost workers the fit recovers from (the master's ``max_failures``); 0 = none.
     Raises:
-        WorkerError: a worker failed; the network keeps what it had (the rounds route: the last completed round).
+        WorkerError: a worker failed (the user's error, never retried), or ``max_failures`` was exhausted (then a
+            :class:`WorkerLost` listing every failure); the network keeps what it had (the rounds route: the last
+            completed round).
     """
     bar = ProgressBar(desc=f"fit x{task.epochs}", enabled=progress)
     if events is not None:
         listeners, score_listeners = [*listeners, events.on_progress], [*score_listeners, events.on_score]
         events.start()
-    context = FitContext(network, recorder, description, [*listeners, bar.update], score_listeners)
     start = (network.iteration, network.epoch)
+    task, point = resume_task(task)  # a run_id with checkpoints continues from the newest one
+    if point is not None:  # the counters as they were when the run's fit started (maybe in another process)
+        start = (point.fit_start_iteration, point.fit_start_epoch)
+    start_state = _network_state(network)
+    failures: list[FailureRecord] = []
+    recovered_from: dict[str, Any] | None = None
     results: list[WorkerResult] | None = None
     try:
         try:
-            results = runner.run(task, data, context)
+            attempt = 0
+            while results is None:
+                attempt_task, restart = (task, None) if attempt == 0 else restart_task(task, attempt)
+                context = FitContext(network, recorder, description, [*listeners, bar.update], score_listeners,
+                                     attempt=attempt)
+                started = time.time()
+                try:
+                    results = runner.run(attempt_task, data, context)
+                    recovered_from = restart
+                except WorkerLost as error:
+                    reached = context.reached()
+                    failures.append(record_failure(error, attempt, started, reached, context.worker_pids(),
+                                                   context.suspect()))
+                    verdict = decide(error, len(failures), max_failures)
+                    if verdict is Decision.EXHAUSTED:
+                        raise exhausted_error(failures, max_failures, error) from error
+                    log.warning("%s; recovering: attempt %d of at most %d", failures[-1].describe(), attempt + 1,
+                                max_failures + 1)
+                    _restore(network, start, start_state)  # runners that train the driver's network in place
+                    attempt += 1
+                    continue
+                finally:
+                    context.close(drain_s=DRAIN_S if results is not None else 0.0)
         finally:
             bar.close()
-            context.close(drain_s=DRAIN_S if results is not None else 0.0)
     except BaseException as e:
         if events is not None:
             events.end(network, float("nan"), error=e)
@@ -164,6 +263,22 @@ def run_fit(network: Network, task: WorkerTask, runner: Runner, data: Any, *, re
         score = merge_results(network, results)
     network.epoch += task.epochs
     stats = build_training_stats(recorder, results, task.epochs, network.extra_config) if task.collect_stats else None
+    if stats is not None:
+        stats.set_summary("failures", [f.to_dict() for f in failures])
+        stats.set_summary("recovered_from", recovered_from)
     if events is not None:
         events.end(network, score, stats)
-    return FitOutcome(results, score, stats)
+    return FitOutcome(results, score, stats, failures)
+
+
+def _network_state(network: Network) -> tuple[Any, Any, Any]:
+    return (network.params().detach().clone(), network.updater_state().detach().clone(),
+            {k: v.clone() for k, v in network.buffer_state().items()})
+
+
+def _restore(network: Network, start: tuple[int, int], state: tuple[Any, Any, Any]) -> None:
+    params, updater, buffers = state
+    network.set_params(params)
+    network.set_updater_state(updater)
+    network.load_buffer_state(buffers)
+    network.iteration, network.epoch = start

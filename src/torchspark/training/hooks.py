@@ -52,6 +52,9 @@ class ProgressUpdate:
     bytes_sent: int = 0
     #: gradient sharing: what dense float32 exchange of the same updates would have sent so far in the fit
     dense_bytes: int = 0
+    #: the worker process's id (set by the progress channel; lets the driver name the process in a failure);
+    #: transport metadata, left out of comparisons
+    pid: int | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -92,3 +95,7 @@ class WorkerHooks:
     report_error: Callable[[str], None] | None = None
     #: releases what the hooks hold (progress connection); called once when the worker ends
     close: Callable[[], None] | None = None
+    #: called by a loop at every consistent cut inside an epoch (after an averaging round / an applied exchange)
+    #: with ``(outcome so far, algorithm tensors, algorithm record)``; the worker wires it to the fit's checkpoint
+    #: writer (None: the fit does not checkpoint). Same calls on every rank.
+    checkpoint: Callable[[Any, dict[str, Any], dict[str, Any]], None] | None = None

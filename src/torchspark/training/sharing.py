@@ -62,7 +62,7 @@ import math
 import struct
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
 import torch
@@ -149,6 +149,8 @@ class SharingState:
         dense_bytes: what dense float32 exchange of the same updates would have sent (``4 * num_params`` each).
         steps: updates encoded in this fit.
         start_threshold: the threshold the fit started from (calibrated, restored or configured; None until known).
+        pending_payload: a payload encoded but not yet exchanged when a checkpoint was taken (``overlap=True``);
+            set by :meth:`SharingAlgorithm.restore`, exchanged first by the next epoch.
     """
 
     encoder: EncoderState
@@ -156,6 +158,7 @@ class SharingState:
     dense_bytes: int = 0
     steps: int = 0
     start_threshold: float | None = None
+    pending_payload: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -241,7 +244,14 @@ class SharingAlgorithm:
         executor = ThreadPoolExecutor(1, thread_name_prefix="torchspark-sharing-exchange") \
             if self.settings.overlap else None
         pending: Future[_Round] | None = None
+        resumed, state.pending_payload = state.pending_payload, None
         try:
+            if resumed is not None:  # a checkpoint's in-flight step goes out first, as it did before the cut
+                if executor is None:
+                    raise TrainingError("a checkpoint taken with overlap=True cannot resume with overlap=False")
+                pending = executor.submit(_exchange, comm, resumed, n, net.device)
+                state.bytes_sent += len(resumed)
+                out.rounds += 1
             while True:
                 # 1 + 2: compute and encode (overlaps the exchange of the previous step)
                 batch = None
@@ -267,12 +277,16 @@ class SharingAlgorithm:
                             in_flight, pending = pending, None  # _shutdown must not wait on it again
                             if _apply(net, in_flight.result()):
                                 break  # every worker was inactive in the previous round, so is in this one
+                    if hooks.checkpoint is not None:  # the cut: S_{t-1} applied, this step's payload not yet sent
+                        hooks.checkpoint(out, *self._cut_state(state, payload))
                     pending = executor.submit(_exchange, comm, payload, n, net.device)
                     done = False
                 state.bytes_sent += len(payload)
                 out.rounds += 1
                 if done:
                     break
+                if executor is None and hooks.checkpoint is not None:  # the cut: this step applied everywhere
+                    hooks.checkpoint(out, *self._cut_state(state, None))
         finally:
             if executor is not None:
                 _shutdown(executor, pending)
@@ -304,6 +318,32 @@ class SharingAlgorithm:
             hooks.progress(ProgressUpdate(rank, epoch, out.iterations, out.examples, net.last_score,
                                            state.bytes_sent + len(payload), state.dense_bytes))
         return payload
+
+    # ------------------------------------------------------------------ checkpoints
+    def rank_state(self, state: SharingState) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """This rank's part of a checkpoint: its residual and threshold state (tensors), its traffic counters."""
+        return self._cut_state(state, None)
+
+    def _cut_state(self, state: SharingState, pending: bytes | None) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        tensors = {"residual": state.encoder.residual, "threshold_state": state.encoder.threshold_state.to_tensor()}
+        if pending is not None:
+            tensors["pending"] = torch.frombuffer(bytearray(pending), dtype=torch.uint8)
+        record = {"bytes_sent": state.bytes_sent, "dense_bytes": state.dense_bytes, "steps": state.steps,
+                  "start_threshold": state.start_threshold}
+        return tensors, record
+
+    def restore(self, state: SharingState, net: Network, tensors: dict[str, torch.Tensor],
+                record: dict[str, Any]) -> None:
+        """Inverse of :meth:`rank_state` (and of a cut's state with its pending payload)."""
+        with torch.no_grad():
+            state.encoder.residual.copy_(tensors["residual"].reshape(-1).to(state.encoder.residual.device))
+        state.encoder = replace(state.encoder, threshold_state=ThresholdState.from_tensor(tensors["threshold_state"]))
+        state.bytes_sent = int(record.get("bytes_sent", 0))
+        state.dense_bytes = int(record.get("dense_bytes", 0))
+        state.steps = int(record.get("steps", 0))
+        state.start_threshold = record.get("start_threshold")
+        pending = tensors.get("pending")
+        state.pending_payload = bytes(pending.numpy().tobytes()) if pending is not None else None
 
     # ------------------------------------------------------------------ finish
     def finish(self, state: SharingState, net: Network, comm: Communicator

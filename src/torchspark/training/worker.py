@@ -7,7 +7,9 @@ runs the master's algorithm for every epoch over the worker's data and returns a
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import itertools
 import logging
 import math
 from dataclasses import dataclass, field
@@ -19,6 +21,7 @@ from torchspark.data import Batch, DataSet, MultiDataSet, dataset_from_bytes, lo
 from torchspark.nn import Network, NetworkBlueprint
 from torchspark.training.algorithms import ALGORITHMS
 from torchspark.training.assignment import FileSlices
+from torchspark.training.checkpoint import CheckpointPlan, CheckpointWriter, RankProgress, ResumePoint, restore_rank
 from torchspark.training.comm import Communicator
 from torchspark.training.devices import flush_denormals
 from torchspark.training.hooks import WorkerHooks
@@ -45,9 +48,14 @@ class WorkerTask:
         collect_stats: record phases for the training stats.
         report_scores: send the driver the score every worker agrees on after each averaging round (each epoch
             with gradient sharing, at the cost of one small all-reduce); the runner wires it into the hooks.
+        attempt: which launch of the workers this is (0 first; the driver's recovery adds one per relaunch).
         flush_denormal: flush denormal floats to zero on the worker's CPU threads (why: the ``flush_denormal``
             option of :class:`~torchspark.spark.TrainingMaster`); restored to IEEE mode for the calling thread when
             the worker returns.
+        checkpoint: where and how often the workers checkpoint the fit (None: never); see
+            :mod:`torchspark.training.checkpoint`.
+        resume: the checkpoint this launch continues from (set by
+            :func:`~torchspark.training.checkpoint.resume_task`; None: start from the blueprint, epoch 0).
     """
 
     mode: str
@@ -60,6 +68,9 @@ class WorkerTask:
     collect_stats: bool = False
     flush_denormal: bool = True
     report_scores: bool = False
+    attempt: int = 0
+    checkpoint: CheckpointPlan | None = None
+    resume: ResumePoint | None = None
 
 
 @dataclass
@@ -172,24 +183,41 @@ def _train(task: WorkerTask, source: EpochSource, comm: Communicator, device: st
         net = (network_factory or _build_network)(task, device)
     algorithm = ALGORITHMS[task.mode].from_settings(task.settings)
     state = algorithm.start(net, comm)
-    examples = iterations = 0
-    score = math.nan
-    for e in range(task.epochs):
+    progress = RankProgress()
+    first_epoch, skip = 0, 0
+    if task.resume is not None:  # this rank's own state and data position from the checkpoint
+        skip, progress, algo_tensors, algo_meta = restore_rank(task.resume, comm.rank, comm.world_size, net)
+        algorithm.restore(state, net, algo_tensors, algo_meta)
+        first_epoch = task.resume.fit_epoch
+    writer = None
+    if task.checkpoint is not None:
+        writer = CheckpointWriter(task.checkpoint, comm.rank, comm.world_size, task.mode, task.settings,
+                                  task.blueprint, step=task.resume.step if task.resume is not None else 0)
+    for e in range(first_epoch, task.epochs):
         items = source.epoch(e)
+        if skip:  # the minibatches of this epoch the checkpoint says are done (skipped before loading)
+            items = items[skip:] if isinstance(items, (list, tuple)) else itertools.islice(items, skip, None)
         batches = _batches(task, source, items)
-        outcome = algorithm.epoch(state, net, batches, comm, hooks, e)
-        examples += outcome.examples
-        iterations += outcome.iterations
-        score = outcome.last_score
+        epoch_hooks = hooks if writer is None else dataclasses.replace(
+            hooks, checkpoint=_round_checkpoint(writer, net, e, skip, progress, hooks.recorder))
+        outcome = algorithm.epoch(state, net, batches, comm, epoch_hooks, e)
+        progress.examples += outcome.examples
+        progress.iterations += outcome.iterations
+        if outcome.iterations or not skip:  # a resumed epoch whose part after the cut was empty keeps its score
+            progress.score = outcome.last_score
+        skip = 0
         net.epoch += 1
+        if writer is not None:
+            with hooks.recorder.phase("checkpoint"):
+                writer.epoch_end(net, e + 1, e + 1 == task.epochs, progress, *algorithm.rank_state(state))
     extra_state, extra_config = algorithm.finish(state, net, comm)
     drain = getattr(hooks.recorder, "drain", None)
     lead = comm.rank == 0
     return WorkerResult(
         rank=comm.rank,
-        examples=examples,
-        iterations=iterations,
-        score=score,
+        examples=progress.examples,
+        iterations=progress.iterations,
+        score=progress.score,
         params=net.params().cpu() if lead else None,
         updater_state=net.updater_state().cpu() if lead else None,
         buffers=net.buffer_state() if lead else None,
@@ -199,6 +227,20 @@ def _train(task: WorkerTask, source: EpochSource, comm: Communicator, device: st
         threads=torch.get_num_threads(),
         param_checksum=param_checksum(net),
     )
+
+
+def _round_checkpoint(writer: CheckpointWriter, net: Network, fit_epoch: int, skipped: int,
+                      progress: RankProgress, recorder: Any) -> Callable[[Any, dict[str, Any], dict[str, Any]], None]:
+    """The ``hooks.checkpoint`` of one epoch: the fit's totals and the data position at a cut inside the epoch
+    (``skipped``: minibatches of this epoch done before a resume, which the loop's own count does not include)."""
+
+    def checkpoint(outcome: Any, algo_tensors: dict[str, Any], algo_meta: dict[str, Any]) -> None:
+        totals = RankProgress(progress.examples + outcome.examples, progress.iterations + outcome.iterations,
+                              outcome.last_score if outcome.iterations else progress.score)
+        with recorder.phase("checkpoint"):
+            writer.round_end(net, fit_epoch, skipped + outcome.iterations, totals, algo_tensors, algo_meta)
+
+    return checkpoint
 
 
 def param_checksum(net: Network) -> str:

@@ -6,6 +6,7 @@ import collections
 import contextlib
 import json
 import logging
+import os
 import socket
 import threading
 import time
@@ -25,6 +26,8 @@ logger = logging.getLogger(__name__)
 _MAX_TRACEBACK_CHARS = ChannelLimits.max_error_chars - 64
 # How often the idle sender wakes up to re-check for shutdown.
 _POLL_S = 0.1
+#: how often a connected worker tells the driver it is alive (the driver's watchdog allows rendezvous_timeout_s)
+HEARTBEAT_S = 2.0
 
 
 class ProgressEndpoint(NamedTuple):
@@ -123,6 +126,8 @@ class ProgressClient:
             self._broken = True
             return self
         self._sock, self._reader = sock, LineReader(sock)
+        self._pid = os.getpid()
+        self._alive_line = encode({"kind": "alive", "rank": self.rank, "pid": self._pid})
         self._thread = threading.Thread(target=self._sender_loop, daemon=True,
                                         name=f"torchspark-progress-sender-{self.rank}")
         self._thread.start()
@@ -134,7 +139,7 @@ class ProgressClient:
             return
         line = encode({"kind": "progress", "rank": update.rank, "epoch": update.epoch,
                         "iteration": update.iteration, "examples": update.examples, "score": update.score,
-                       "bytes_sent": update.bytes_sent, "dense_bytes": update.dense_bytes})
+                        "bytes_sent": update.bytes_sent, "dense_bytes": update.dense_bytes, "pid": self._pid})
         with self._cond:
             if len(self._pending) == self._pending.maxlen:
                 self._dropped += 1
@@ -238,11 +243,16 @@ class ProgressClient:
             self._write_lock.release()
 
     def _sender_loop(self) -> None:
+        next_beat = 0.0  # the first heartbeat goes out at once: it tells the driver this rank's process id
         while True:
             with self._cond:
-                while not self._pending and not self._scores and not self._closing:
+                while not self._pending and not self._scores and not self._closing \
+                        and time.monotonic() < next_beat:
                     self._cond.wait(_POLL_S)
                 batch = [*self._scores, *self._pending]
+                if time.monotonic() >= next_beat:
+                    batch.append(self._alive_line)
+                    next_beat = time.monotonic() + HEARTBEAT_S
                 self._pending.clear()
                 self._scores.clear()
                 closing = self._closing

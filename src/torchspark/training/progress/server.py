@@ -22,6 +22,7 @@ from torchspark.errors import ConfigError, SetupError
 from torchspark.training import auth
 from torchspark.training.hooks import ProgressUpdate
 from torchspark.training.progress.client import ProgressEndpoint
+from torchspark.training.progress.liveness import Liveness
 from torchspark.training.progress.listeners import (
     ErrorListener,
     ErrorLog,
@@ -59,6 +60,7 @@ class _Conn:
         self.hello = bytearray()
         self.authed = False
         self.lines = LineSplitter(max_line_bytes)
+        self.rank: int | None = None  # from its first ``alive`` or progress message
 
 
 class ProgressServer:
@@ -99,6 +101,8 @@ class ProgressServer:
         self._idle = threading.Condition(self._lock)  # notified whenever a connection closes
         self._latest: dict[int, ProgressUpdate] = {}
         self._tally = ExampleTally()
+        #: every rank's last message and whether its connection closed (the driver's watchdog reads it)
+        self.liveness = Liveness()
         self._errors = ErrorLog(limits.max_error_chars, limits.max_error_bytes, limits.max_errors)
         self._malformed = 0
         self._rejected = 0
@@ -306,6 +310,8 @@ class ProgressServer:
     def _drop(self, conn: _Conn, rejected: bool = False) -> None:
         if self._conns.pop(conn.sock, None) is None:
             return
+        if conn.rank is not None:
+            self.liveness.ended(conn.rank)
         with contextlib.suppress(KeyError, ValueError, OSError):
             assert self._selector is not None
             self._selector.unregister(conn.sock)
@@ -364,7 +370,13 @@ class ProgressServer:
             msg = parse_line(line)
             kind = msg["kind"]
             if kind == "progress":
-                self._on_progress(progress_from_msg(msg))
+                update = progress_from_msg(msg)
+                conn.rank = update.rank
+                self.liveness.seen(update.rank, update.pid)
+                self._on_progress(update)
+            elif kind == "alive":
+                conn.rank = int_field(msg, "rank")
+                self.liveness.seen(conn.rank, int_field(msg, "pid"))
             elif kind == "clock":
                 reply: dict[str, Any] = {"t_driver": self._clock()}
                 if "id" in msg:
@@ -381,7 +393,7 @@ class ProgressServer:
                     listeners = self._score_listeners
                 call_listeners(listeners, report)
             else:
-                raise Malformed(f"unknown kind {kind!r} (expected progress, clock, error or score)")
+                raise Malformed(f"unknown kind {kind!r} (expected progress, clock, error, score or alive)")
         except Malformed as e:
             with self._lock:
                 self._malformed += 1

@@ -9,7 +9,10 @@ worker -> driver:
 2. ``{"kind": "clock", "t_worker": float, "id": int}`` -> the driver replies at once with one line
    ``{"t_driver": float, "id": int}`` (``id`` echoed so a late reply is never mistaken for the next one);
 3. ``{"kind": "error", "rank", "traceback": str}`` -> a worker's traceback;
-4. ``{"kind": "score", "epoch", "round", "examples", "score"}`` -> a :class:`ScoreReport`.
+4. ``{"kind": "score", "epoch", "round", "examples", "score"}`` -> a :class:`ScoreReport`;
+5. ``{"kind": "alive", "rank", "pid"}`` -> a heartbeat, sent on connect and every few seconds while the worker
+   lives (the driver's watchdog names a rank that stops sending them, :class:`~torchspark.training.progress.server.
+   ProgressServer.liveness`). Progress messages carry ``"pid"`` too.
 """
 
 from __future__ import annotations
@@ -92,7 +95,8 @@ def progress_from_msg(msg: dict[str, Any]) -> ProgressUpdate:
     return ProgressUpdate(rank=int_field(msg, "rank"), epoch=int_field(msg, "epoch"),
                           iteration=int_field(msg, "iteration"), examples=int_field(msg, "examples"),
                           score=_float_field(msg, "score"), bytes_sent=_count_field(msg, "bytes_sent"),
-                          dense_bytes=_count_field(msg, "dense_bytes"))
+                          dense_bytes=_count_field(msg, "dense_bytes"),
+                          pid=int_field(msg, "pid") if "pid" in msg else None)
 
 
 def _count_field(msg: dict[str, Any], key: str) -> int:

@@ -1,0 +1,104 @@
+"""Automatic recovery: what a failed attempt was, and whether the driver starts another one.
+
+The driver (:func:`torchspark.training.driver.run_fit`) runs the workers as *attempts*: attempt 0 first; when the
+runner raises :class:`~torchspark.errors.WorkerLost` (a worker, its process or its executor lost, or a peer that
+stopped responding), it records a :class:`FailureRecord` and, while :func:`decide` says so, starts the next attempt
+(new processes / a new barrier stage, a new progress token and rendezvous keys) from the newest state it holds.
+
+Errors that are the user's (a ``DataError`` or ``ConfigError`` a worker raised, a diverged loss, an exception in
+the user's module) are never retried: running the same code on the same data again would fail the same way.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from enum import Enum
+from typing import Any, Sequence
+
+from torchspark.errors import WorkerError, WorkerLost
+
+__all__ = ["FailureRecord", "Decision", "decide", "record_failure", "exhausted_error"]
+
+
+@dataclass(frozen=True)
+class FailureRecord:
+    """One failed attempt, as ``summary()["failures"]`` lists it (JSON-able through :meth:`to_dict`).
+
+    Args:
+        attempt: the attempt that failed (0 = the first launch).
+        rank: the lost worker's rank (None when unknown).
+        executor: Spark's executor id, or the worker process's name on one machine.
+        pid: the lost worker's process id, as its progress connection reported it (None when unknown).
+        exit_status: ``"signal SIGKILL"`` / ``"exit code 137"`` / ``"no heartbeat"`` (None when unknown).
+        reason: Spark's or the runner's own words.
+        time: wall-clock time (``time.time()``, the driver's clock) when the driver saw the failure.
+        started: wall-clock time the failed attempt started (the lost interval on the timeline is
+            ``[restart point, time]``).
+        reached_epoch, reached_iteration: how far the failed attempt got (epoch of the fit and minibatch within
+            it, the furthest worker's last progress report); the work from the attempt's restart point to here is
+            lost and trained again (None when no progress was heard).
+    """
+
+    attempt: int
+    rank: int | None
+    executor: str | None
+    exit_status: str | None
+    reason: str
+    time: float
+    started: float
+    reached_epoch: int | None = None
+    reached_iteration: int | None = None
+    pid: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def describe(self) -> str:
+        who = "a worker" if self.rank is None else f"worker {self.rank}"
+        where = f" on executor {self.executor}" if self.executor else ""
+        where += f" (pid {self.pid})" if self.pid is not None and f"pid {self.pid}" not in where else ""
+        status = f" ({self.exit_status})" if self.exit_status else ""
+        return f"attempt {self.attempt}: {who}{where} lost{status}: {self.reason}"
+
+
+class Decision(Enum):
+    """What the driver does after a failed attempt."""
+
+    RETRY = "retry"            # start the next attempt
+    RAISE = "raise"            # the user's error: re-raise it unchanged
+    EXHAUSTED = "exhausted"    # lost workers, but max_failures attempts failed already
+
+
+def decide(error: BaseException, failures_so_far: int, max_failures: int) -> Decision:
+    """Retry a lost worker while fewer than ``max_failures`` failures happened (``failures_so_far`` counts the
+    one just seen); never retry the user's errors."""
+    if not isinstance(error, WorkerLost):
+        return Decision.RAISE
+    return Decision.RETRY if failures_so_far <= max_failures else Decision.EXHAUSTED
+
+
+def record_failure(error: WorkerLost, attempt: int, started: float, reached: tuple[int, int] | None,
+                   pids: dict[int, int | None] | None = None, suspect: int | None = None) -> FailureRecord:
+    """The :class:`FailureRecord` of ``error``, seen now; ``reached`` is the attempt's furthest
+    ``(epoch, iteration)``, ``pids`` each rank's process id, ``suspect`` the rank the driver believes lost when
+    the error names none (the first whose progress connection closed without an error)."""
+    reason = error.reason or (str(error).splitlines() or ["unknown"])[0]
+    rank = error.rank if error.rank is not None else suspect
+    return FailureRecord(attempt=attempt, rank=rank, executor=error.executor, exit_status=error.exit_status,
+                         reason=reason, time=time.time(), started=started,
+                         reached_epoch=reached[0] if reached else None,
+                         reached_iteration=reached[1] if reached else None,
+                         pid=(pids or {}).get(rank) if rank is not None else None)
+
+
+def exhausted_error(failures: Sequence[FailureRecord], max_failures: int, last: WorkerLost) -> WorkerError:
+    """The error a fit ends with after ``max_failures`` recovered failures and one more."""
+    listed = "\n".join(f"  {f.describe()}" for f in failures)
+    final = failures[-1]
+    error = WorkerLost(
+        f"{final.describe()}\nthe fit lost workers {len(failures)} time(s), more than max_failures={max_failures} "
+        f"allows; raise max_failures on the training master if such faults are expected, else fix their cause:\n"
+        f"{listed}\n--- the last failure ---\n{last}",
+        rank=final.rank, executor=final.executor, exit_status=final.exit_status, reason=final.reason)
+    return error

@@ -1,0 +1,49 @@
+"""Recovery from a lost executor on local-cluster[3,1,1024] (separate executor JVMs): 2 workers train, the
+executor JVM under rank 1 is killed (SIGKILL) or stopped (SIGSTOP) mid-fit; the driver relaunches the stage on
+the executors left and the fit completes, without waiting for Spark's 120 s executor heartbeat timeout."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.spark, pytest.mark.cluster]
+
+SCRIPT = Path(__file__).parent / "scripts" / "recovery_cluster_fit.py"
+
+
+def _run(mode: str) -> dict:
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
+    proc = subprocess.run([sys.executable, str(SCRIPT), mode], capture_output=True, text=True, timeout=900, env=env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    assert lines, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return json.loads(lines[-1])
+
+
+def test_a_killed_executor_is_replaced_and_the_fit_completes(leftovers) -> None:
+    result = _run("kill")
+    assert "error" not in result, result.get("error")
+    assert len(result["jvms"]) == 1 and result["jvms"][0] != result["driver_pid"]
+    assert abs(result["accuracy"] - result["undisturbed_accuracy"]) <= 0.02, result
+    [failure] = result["failures"]
+    assert failure["rank"] == 1 and failure["attempt"] == 0, failure
+    assert failure["executor"] is not None, failure  # Spark's executor id
+    assert result["recovered_from"]["attempt"] == 1
+    leftovers.assert_clean(gone=[*result["jvms"], *result["workers"]], pids=result["all_pids"])
+
+
+def test_a_stopped_executor_is_noticed_within_the_rendezvous_timeout(leftovers) -> None:
+    result = _run("stop")
+    assert "error" not in result, result.get("error")
+    assert abs(result["accuracy"] - result["undisturbed_accuracy"]) <= 0.02, result
+    [failure] = result["failures"]
+    assert failure["attempt"] == 0, failure
+    # noticed by the peers' timeout or the driver's watchdog (20 s), not by Spark's 120 s heartbeat timeout
+    assert failure["time"] - failure["started"] < 120, failure
+    leftovers.assert_clean(gone=result["workers"], pids=result["all_pids"])
