@@ -11,7 +11,7 @@ import interrupting
 from interrupting import InterruptingMLP
 from torchspark import DataSet, Network, optim
 from torchspark.data import save_batches
-from torchspark.errors import WorkerError
+from torchspark.errors import ConfigError, WorkerError
 from torchspark.spark import ParameterAveragingTrainingMaster, SharedTrainingMaster, SparkNetwork
 from torchspark.training.checkpoint import newest_checkpoint
 from torchspark.training.checkpoint import store
@@ -76,3 +76,11 @@ def test_a_fit_resumed_by_run_id_on_spark_matches_an_uninterrupted_one(spark, sc
     else:
         assert torch.equal(resumed.params(), reference.params())
     assert (resumed.iteration, resumed.epoch) == (reference.iteration, EPOCHS)
+
+
+def test_run_id_without_a_checkpoint_directory_fails_before_any_job(spark, sc) -> None:
+    spark_net = SparkNetwork(spark, _net(), _master("averaging"), progress=False)
+    with pytest.raises(ConfigError, match="run_id='r1'.*no checkpoint_directory"):
+        spark_net.fit(sc.parallelize(_data().split(BATCH), 2), run_id="r1")
+    with pytest.raises(ConfigError, match="run_id='r1'.*no checkpoint_directory"):
+        spark_net.fit_paths(["never-read.safetensors"], run_id="r1")
