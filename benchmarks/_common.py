@@ -27,7 +27,7 @@ RESULTS_DIR = BENCH_DIR / "results"
 BENCHMARKS_MD = ROOT / "BENCHMARKS.md"
 
 #: Order of the sections in BENCHMARKS.md.
-SECTIONS = ("throughput", "throughput_channels_last", "sharing", "codec", "cluster")
+SECTIONS = ("throughput", "throughput_channels_last", "sharing", "codec", "cluster", "checkpoint")
 
 NOTES_START = "<!-- notes:start -->"
 NOTES_END = "<!-- notes:end -->"
@@ -197,6 +197,7 @@ machine is small (2 cores) and shared, so read ratios, not absolute samples/s, a
 .venv/bin/python benchmarks/bench_sharing.py [--quick]
 .venv/bin/python benchmarks/bench_codec.py [--quick] [--n 10000000] [--reps 7]
 .venv/bin/python benchmarks/bench_cluster.py [--quick] [--links 1gbit,100mbit] [--methods sharing,avg5,avg1,ddp] [--budget-s 300]
+.venv/bin/python benchmarks/bench_checkpoint.py [--quick] [--methods spark_avg,spark_shared,pw_avg] [--reps 5]
 ```
 
 The "cluster" section needs root and `ip netns` (it builds a 2-host Spark standalone cluster from network

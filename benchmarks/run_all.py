@@ -27,6 +27,7 @@ SCRIPTS = {
     "codec": ("bench_codec.py", []),
     # optional: runs only as root with `ip netns` (a namespace cluster); otherwise it writes a "skipped" section
     "cluster": ("bench_cluster.py", []),
+    "checkpoint": ("bench_checkpoint.py", []),
 }
 
 

@@ -221,6 +221,9 @@ def run_fit(network: Network, task: WorkerTask, runner: Runner, data: Any, *, re
         events.start()
     start = (network.iteration, network.epoch)
     task, point = resume_task(task)  # a run_id with checkpoints continues from the newest one
+    if task.checkpoint is not None:
+        log.info("%s: checkpoints of run %r go to %s; fit(..., run_id=%r) continues it", description,
+                 task.checkpoint.run_id, task.checkpoint.directory, task.checkpoint.run_id)
     if point is not None:  # the counters as they were when the run's fit started (maybe in another process)
         start = (point.fit_start_iteration, point.fit_start_epoch)
     start_state = _network_state(network)

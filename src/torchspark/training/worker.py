@@ -193,6 +193,9 @@ def _train(task: WorkerTask, source: EpochSource, comm: Communicator, device: st
     if task.checkpoint is not None:
         writer = CheckpointWriter(task.checkpoint, comm.rank, comm.world_size, task.mode, task.settings,
                                   task.blueprint, step=task.resume.step if task.resume is not None else 0)
+    for e in range(first_epoch):  # epochs the checkpoint says are done: read past them untrained (a source may
+        for _ in source.epoch(e):  # hand its epochs out in order only, or cache its items on the first pass)
+            pass
     for e in range(first_epoch, task.epochs):
         items = source.epoch(e)
         if skip:  # the minibatches of this epoch the checkpoint says are done (skipped before loading)
@@ -211,6 +214,8 @@ def _train(task: WorkerTask, source: EpochSource, comm: Communicator, device: st
             with hooks.recorder.phase("checkpoint"):
                 writer.epoch_end(net, e + 1, e + 1 == task.epochs, progress, *algorithm.rank_state(state))
     extra_state, extra_config = algorithm.finish(state, net, comm)
+    if writer is not None:  # after finish's collectives every rank's last file is written: prune to the limit now
+        writer.close()
     drain = getattr(hooks.recorder, "drain", None)
     lead = comm.rank == 0
     return WorkerResult(

@@ -13,7 +13,8 @@ sharing every rank has its own residual, threshold and updater state, and gather
 ``world_size`` times the parameter size on every checkpoint. Rank 0 writes the manifest after its own file; a
 checkpoint is **complete** when its manifest exists and names a rank file for every rank that exists. Readers ignore
 incomplete ones (a rank killed mid-write leaves none of its file, and a peer may still be writing), and pruning
-counts only complete ones, so the newest complete checkpoint is never deleted.
+counts only complete ones, so the newest complete checkpoint is never deleted. (So while a peer is still writing,
+one checkpoint more than ``keep_checkpoints`` may exist until rank 0's next write or the end of the fit.)
 """
 
 from __future__ import annotations

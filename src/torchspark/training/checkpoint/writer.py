@@ -122,6 +122,13 @@ class CheckpointWriter:
                   self.step, self.plan.run_id, fit_epoch, done)
 
 
+    def close(self) -> None:
+        """End of the fit (called after a collective, so every rank's files are written): rank 0 prunes once more,
+        since a peer still writing its file of the newest checkpoint made it incomplete when rank 0 last pruned."""
+        if self.rank == 0 and self.written:
+            store.prune(self.plan.directory, self.plan.run_id, self.plan.keep)
+
+
 def restore_rank(point: ResumePoint, rank: int, world_size: int, net: Network
                  ) -> tuple[int, RankProgress, dict[str, torch.Tensor], dict[str, Any]]:
     """Restore this rank's network state from checkpoint ``point``; returns ``(done, progress, algorithm tensors,

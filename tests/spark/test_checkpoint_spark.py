@@ -1,0 +1,86 @@
+"""Checkpoints on Spark (barrier route, local[2]): a fit interrupted mid-epoch by a worker fault and resumed with the
+same run id ends with the parameters of an uninterrupted fit (both masters; the RDD and the batch-file routes)."""
+
+from __future__ import annotations
+
+import cloudpickle
+import pytest
+import torch
+
+import interrupting
+from interrupting import InterruptingMLP
+from torchspark import DataSet, Network, optim
+from torchspark.data import save_batches
+from torchspark.errors import ConfigError, WorkerError
+from torchspark.spark import ParameterAveragingTrainingMaster, SharedTrainingMaster, SparkNetwork
+from torchspark.training.checkpoint import newest_checkpoint
+from torchspark.training.checkpoint import store
+
+pytestmark = pytest.mark.spark
+
+cloudpickle.register_pickle_by_value(interrupting)  # executors rebuild the model without the tests on their path
+
+BATCH = 8
+EPOCHS = 3
+PER_WORKER = 6  # 96 examples, 2 workers, minibatches of 8
+
+
+def _data() -> DataSet:
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(96, 12, generator=g)
+    y = torch.nn.functional.one_hot((x[:, 0] + x[:, 1] > 0).long() + (x[:, 2] > 1).long(), 3).float()
+    return DataSet(x, y)
+
+
+def _net(after: int | None = None) -> Network:
+    return Network(InterruptingMLP(12, 16, 3, after=after), updater=optim.Adam(lr=0.01), seed=0)
+
+
+def _master(mode: str, **checkpoints):
+    common = dict(batch_size_per_worker=BATCH, num_workers=2, rng_seed=5, **checkpoints)
+    if mode == "averaging":
+        return ParameterAveragingTrainingMaster(averaging_frequency=3, **common)
+    return SharedTrainingMaster(**common)
+
+
+@pytest.mark.parametrize("mode, route", [("averaging", "rdd"), ("sharing", "paths")])
+def test_a_fit_resumed_by_run_id_on_spark_matches_an_uninterrupted_one(spark, sc, tmp_path, mode, route) -> None:
+    data = _data()
+    paths = save_batches(data.split(BATCH), str(tmp_path / "batches")) if route == "paths" else None
+
+    def fit(net: Network, master, run_id: str | None = None) -> SparkNetwork:
+        spark_net = SparkNetwork(spark, net, master, progress=False)
+        try:
+            if paths is None:
+                spark_net.fit(sc.parallelize(data.split(BATCH), 2), epochs=EPOCHS, run_id=run_id)
+            else:
+                spark_net.fit_paths(paths, epochs=EPOCHS, run_id=run_id)
+        finally:
+            spark_net.delete_temp_files()
+        return spark_net
+
+    reference = _net()
+    fit(reference, _master(mode))
+
+    checkpoints = dict(checkpoint_directory=str(tmp_path / "ckpt"), checkpoint_every=1 if mode == "averaging" else 2)
+    with pytest.raises(WorkerError, match="worker stopped after 16 minibatches"):
+        fit(_net(after=16), _master(mode, **checkpoints), run_id="r1")  # the 5th minibatch of epoch 2
+    cut = newest_checkpoint(checkpoints["checkpoint_directory"], "r1")
+    done = [store.read_rank_file(cut.path, rank)[1]["done"] for rank in (0, 1)]
+    assert cut.manifest["fit_epoch"] == 2 and 0 < done[0] == done[1] < PER_WORKER
+
+    resumed = _net(after=PER_WORKER - done[0])  # trains only what was left, or fails
+    fit(resumed, _master(mode, **checkpoints), run_id="r1")
+    if mode == "averaging":
+        torch.testing.assert_close(resumed.params(), reference.params(), rtol=0, atol=1e-6)
+    else:
+        assert torch.equal(resumed.params(), reference.params())
+    assert (resumed.iteration, resumed.epoch) == (reference.iteration, EPOCHS)
+
+
+def test_run_id_without_a_checkpoint_directory_fails_before_any_job(spark, sc) -> None:
+    spark_net = SparkNetwork(spark, _net(), _master("averaging"), progress=False)
+    with pytest.raises(ConfigError, match="run_id='r1'.*no checkpoint_directory"):
+        spark_net.fit(sc.parallelize(_data().split(BATCH), 2), run_id="r1")
+    with pytest.raises(ConfigError, match="run_id='r1'.*no checkpoint_directory"):
+        spark_net.fit_paths(["never-read.safetensors"], run_id="r1")
