@@ -115,6 +115,8 @@ def build_task(network: Network, master: TrainingMaster, epochs: int, collect_st
             collect_stats=collect_stats,
             flush_denormal=master.flush_denormal,
             report_scores=report_scores,
+            first_epoch=network.epoch,
+            shuffle_seed=getattr(master, "rng_seed", None),
         )
 
 
