@@ -147,6 +147,7 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=16)
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--workdir", default=None, help="where the export and parquet go (default: a temp dir)")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "memory.json"))
     args = parser.parse_args()
 
     from torchspark import Network, models, optim
@@ -202,7 +203,7 @@ def main() -> None:
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
-    out = ROOT / "benchmarks" / "results" / "memory.json"
+    out = Path(args.out)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
 

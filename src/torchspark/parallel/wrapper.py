@@ -208,8 +208,9 @@ class ParallelWrapper:
             CPU. GPUs shared by several workers, or mixed CPU/GPU, talk over gloo instead of nccl.
         progress: progress bar (examples/s, score) on this process: True, False, or None = only on a terminal.
         collect_training_stats: per-worker, per-phase timings in :attr:`training_stats` (``export_html(path)``).
-        rng_seed: seeded shuffle of minibatches across workers (None keeps data order): the same plan as Spark's
-            ``rng_seed`` (:mod:`torchspark.training.assignment`), so both train on identical per-worker sequences.
+        rng_seed: seeded shuffle of minibatches across workers (None keeps data order), a new order every epoch:
+            the same plans as Spark's ``rng_seed`` (:mod:`torchspark.training.assignment`), so both train on
+            identical per-worker sequences. In-memory data is then fed to the workers epoch by epoch.
         threads_per_worker: torch threads in each worker; None = cores // workers. Use 1 to reproduce a Spark run
             (``spark.task.cpus=1``) to the last bit.
         rendezvous_timeout_s: limit for every rendezvous/collective wait; a stuck worker fails the fit after it.
@@ -307,7 +308,8 @@ class ParallelWrapper:
                 worker gets an equal share of the examples (+-1) in minibatches of ``batch_size``, as SparkNetwork
                 with ``repartition_strategy="balanced"`` gives them; a list of batch-file paths
                 (:func:`~torchspark.data.save_batches` output, files of any size re-batched to ``batch_size`` and
-                balanced by examples as ``SparkNetwork.fit_paths`` does, read by the workers); or a
+                balanced by examples as ``SparkNetwork.fit_paths`` does, read by the workers; a directory or a
+                glob names them too); or a
                 one-shot iterable of DataSets (re-batched and dealt round-robin; one epoch only).
             epochs: passes over the data, all inside one launch of the workers.
             batch_size: examples per minibatch on each worker; None = the master's ``batch_size_per_worker`` (32
