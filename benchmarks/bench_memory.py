@@ -54,7 +54,8 @@ def _as_arrow(rows_per_partition: int, batches):
         for index in rb.column(0).to_pylist():
             for ds in _generate(rows_per_partition, index):
                 x = ds.features.numpy()
-                values = pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), FEATURES)
+                offsets = pa.array(np.arange(0, x.size + 1, FEATURES, dtype=np.int32))
+                values = pa.ListArray.from_arrays(offsets, pa.array(x.reshape(-1)))
                 yield pa.RecordBatch.from_arrays([values, pa.array(ds.labels.numpy())], names=["features", "label"])
 
 

@@ -63,8 +63,9 @@ def test_dataframe_with_several_feature_and_label_columns_trains_evaluates_and_p
     data = _data(160)
     x1, x2 = data.features
     cls, reg = data.labels
-    rows = [(x1[i].tolist(), x2[i].tolist(), int(cls[i]), reg[i].tolist()) for i in range(len(data))]
-    df = spark.createDataFrame(rows, "x1 array<float>, x2 array<float>, cls long, reg array<float>").repartition(3)
+    rows = [(i, x1[i].tolist(), x2[i].tolist(), int(cls[i]), reg[i].tolist()) for i in range(len(data))]
+    df = spark.createDataFrame(rows, "id long, x1 array<float>, x2 array<float>, cls long, reg array<float>"
+                               ).repartition(3)
     net = _two_head()
     before = net.score(data)
     master = ParameterAveragingTrainingMaster(batch_size_per_worker=16, averaging_frequency=2, num_workers=2)
@@ -80,8 +81,9 @@ def test_dataframe_with_several_feature_and_label_columns_trains_evaluates_and_p
     assert evals[0].accuracy() == local[0].accuracy()
     np.testing.assert_allclose(evals[1].mean_squared_error(0), local[1].mean_squared_error(0), rtol=1e-4)
 
-    out = spark_net.predict(df, features_col=["x1", "x2"], output_index=1).select("x1", "prediction").collect()
-    got = {tuple(np.round(r["x1"], 5)): r["prediction"][0] for r in out}
+    out = spark_net.predict(df, features_col=["x1", "x2"], output_index=1).select("id", "prediction").collect()
+    got = {r["id"]: r["prediction"][0] for r in out}
     expected = net.output([x1, x2])[1][:, 0]
+    assert sorted(got) == list(range(len(data)))
     for i in range(len(data)):
-        assert got[tuple(np.round(x1[i].numpy(), 5))] == pytest.approx(float(expected[i]), rel=1e-4, abs=1e-5)
+        assert got[i] == pytest.approx(float(expected[i]), rel=1e-4, abs=1e-5)
