@@ -66,7 +66,7 @@ def test_policy_dicts_are_accepted() -> None:
         (DataSet(torch.zeros(0, 4), torch.zeros(0, dtype=torch.long)), DataError, "empty DataSet (0 examples)"),
         ([], DataError, "the list or iterable is empty"),
         (iter([]), DataError, "the list or iterable is empty"),
-        ("/data/batches", DataError, "data is a single str ('/data/batches')"),
+        ("/data/batches", DataError, "'/data/batches' does not exist"),
         (42, DataError, "cannot train on a int"),
         (["a.safetensors", 3], DataError, "data[1] is a int"),
         ([datasets.synthetic_classification(8, 4, 2), "x.safetensors"], DataError, "data[1] is a str"),

@@ -16,6 +16,7 @@ from torchspark.data.batchfiles import (
 )
 from torchspark.data.batching import Batch, iterate_minibatches, rebatch, recut
 from torchspark.data.dataset import DataSet, MultiDataSet
+from torchspark.data.paths import resolve_paths
 
 __all__ = [
     "Batch",
@@ -29,6 +30,7 @@ __all__ = [
     "load_batch",
     "rebatch",
     "recut",
+    "resolve_paths",
     "save_batch",
     "save_batches",
 ]

@@ -53,6 +53,27 @@ def _as_labels(value: Any, name: str) -> torch.Tensor:
     return tensor
 
 
+def _compact(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` itself when it owns exactly its bytes, else a compact copy.
+
+    A view (a slice from ``split``, a row selection) pickles the whole storage it views: one 17 KB minibatch of a
+    60000-example dataset would travel as the full dataset. Copying only what the view shows keeps shipping
+    proportional to the examples shipped.
+    """
+    if tensor.layout != torch.strided:
+        return tensor
+    own = tensor.numel() * tensor.element_size()
+    if tensor.is_contiguous() and tensor.storage_offset() == 0 and tensor.untyped_storage().nbytes() == own:
+        return tensor
+    return tensor.clone(memory_format=torch.contiguous_format)
+
+
+def _rebuild(kind: str, named: dict[str, torch.Tensor]) -> DataSet | MultiDataSet:
+    """Unpickle a DataSet/MultiDataSet (see ``_Examples.__reduce__``)."""
+    cls = DataSet if kind == "DataSet" else MultiDataSet
+    return cls._from_named(named)
+
+
 def _describe(tensor: torch.Tensor | None) -> str:
     if tensor is None:
         return "None"
@@ -88,6 +109,11 @@ class _Examples:
 
     def _map(self: _E, fn: Callable[[torch.Tensor], torch.Tensor]) -> _E:
         return type(self)._from_named({name: fn(t) for name, t in self._named().items()})
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle only this object's own examples, never the larger storage a view shares (Spark's
+        ``parallelize(data.split(64))`` ships each part at its own size)."""
+        return _rebuild, (type(self).__name__, {name: _compact(t) for name, t in self._named().items()})
 
     def num_examples(self) -> int:
         """Number of examples (the shared first dimension)."""

@@ -547,40 +547,39 @@ class Network:
             raise DataError("score got no data: the DataSet or iterable is empty")
         return total / count
 
-    def default_evaluation(self) -> Any:
-        """The evaluation that fits this network's (first) loss: classification, binary or regression."""
+    def default_evaluation(self, output_index: int = 0) -> Any:
+        """The evaluation that fits the loss of output ``output_index``: classification, binary or regression."""
         from torchspark.evaluation import Evaluation, EvaluationBinary, RegressionEvaluation
 
-        name = self.losses[0].name
+        losses = self.losses
+        name = losses[output_index if output_index < len(losses) else 0].name
         if name == "cross_entropy":
             return Evaluation()
         if name == "bce_with_logits":
             return EvaluationBinary()
         return RegressionEvaluation()
 
-    def evaluate(self, data: Batch | Iterable[Batch], *evaluations: Any, batch_size: int = 256) -> Any:
-        """Fill evaluations with this network's outputs on ``data`` (first output and labels).
+    def evaluate(self, data: Batch | Iterable[Batch], *evaluations: Any, batch_size: int = 256,
+                 output_index: int | None = None) -> Any:
+        """Fill evaluations with this network's outputs on ``data``.
 
-        Returns the evaluation (default: one that fits the loss, e.g. :class:`~torchspark.evaluation.Evaluation`
-        for cross-entropy), or a tuple when several are given.
+        Args:
+            evaluations: evaluation objects, all filled from output ``output_index`` (output 0 when None).
+                None given: the evaluation that fits the loss; a network with one loss per output and
+                ``output_index=None`` gets one per output, returned as a list (``evals[k]`` for output ``k``).
+            output_index: which output (and label array) of a several-output network to evaluate.
+        Returns:
+            the evaluation, a tuple when several are given, or the per-output list described above.
+        Raises:
+            ConfigError: an output index the network does not have. DataError: no data or no labels.
         """
-        evs = list(evaluations) or [self.default_evaluation()]
-        self.module.eval()
-        seen = 0
-        with torch.no_grad():
-            for batch in iterate_minibatches(data, batch_size):
-                feats, labels, fmask, lmasks = self._unpack(batch)
-                if labels is None:
-                    raise DataError("evaluation needs labels, but the batch has labels=None")
-                outputs = self._forward(feats, fmask)
-                self._check_labels(outputs, labels)
-                probs = self.losses[0].activation(outputs[0]).cpu()
-                mask = None if lmasks is None or lmasks[0] is None else lmasks[0].cpu()
-                for ev in evs:
-                    ev.eval(labels[0].cpu(), probs, mask)
-                seen += 1
-        if seen == 0:
+        from torchspark.nn.outputs import default_targets, fill_evaluations
+
+        evs, targets = default_targets(self, evaluations, output_index)
+        if fill_evaluations(self, iterate_minibatches(data, batch_size), evs, targets) == 0:
             raise DataError("evaluate got no data: the DataSet or iterable is empty")
+        if not evaluations and len(set(targets)) > 1:
+            return evs
         return evs[0] if len(evs) == 1 else tuple(evs)
 
     # ------------------------------------------------------------------ persistence

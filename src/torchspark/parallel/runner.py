@@ -47,6 +47,7 @@ from torchspark.training.reporting import open_worker_hooks
 from torchspark.training.runner import RunContext, is_peer_failure, root_cause, traceback_tail, worker_error_type
 from torchspark.training.stores import listening_store, private_store
 from torchspark.training.waiting import get_within, put_until_stopped
+from torchspark.training.assignment import EpochItems
 from torchspark.training.worker import EpochSource, ItemSource, WorkerResult, WorkerTask, run_worker
 
 __all__ = ["LocalProcessRunner", "WorkerShares", "QueueSource", "EPOCH_END", "backend_for_devices"]
@@ -105,11 +106,14 @@ class QueueSource:
 
 @dataclass
 class WorkerShares:
-    """The workers' data as ``ParallelWrapper`` routes it: exactly one of ``feeds`` / ``paths`` / ``stream``.
+    """The workers' data as ``ParallelWrapper`` routes it: exactly one of ``feeds`` / ``epoch_feeds`` / ``paths`` /
+    ``stream``.
 
     Args:
         workers: how many workers share it.
         feeds: per-worker lists of minibatches, sent once to each worker (serialized) and replayed every epoch.
+        epoch_feeds: ``epoch_feeds[e][w]``: worker ``w``'s minibatches in epoch ``e`` of the fit (a new seeded
+            plan every epoch), sent through each worker's queue epoch by epoch. ``first_epoch`` numbers them.
         paths: per-worker lists of batch-file paths, read by the workers themselves.
         stream: a one-shot iterable of minibatches dealt round-robin (one epoch only).
     """
@@ -118,10 +122,12 @@ class WorkerShares:
     feeds: Sequence[Sequence[Any]] | None = None
     paths: Sequence[Sequence[str]] | None = None
     stream: Iterable[Any] | None = None
+    epoch_feeds: Sequence[Sequence[Sequence[Any]]] | None = None
+    first_epoch: int = 0
 
     def __post_init__(self) -> None:
-        if sum(x is not None for x in (self.feeds, self.paths, self.stream)) != 1:
-            raise ValueError("pass exactly one of feeds, paths or stream")
+        if sum(x is not None for x in (self.feeds, self.paths, self.stream, self.epoch_feeds)) != 1:
+            raise ValueError("pass exactly one of feeds, epoch_feeds, paths or stream")
 
     def local_sources(self) -> list[EpochSource]:
         """Per-worker sources readable in this process (a stream is dealt round-robin here, as the feeder does)."""
@@ -130,6 +136,9 @@ class WorkerShares:
             for i, item in enumerate(self.stream):
                 dealt[i % self.workers].append(item)
             return [ItemSource(items) for items in dealt]
+        if self.epoch_feeds is not None:
+            return [ItemSource([EpochItems(self.first_epoch + e, tuple(plan[w]))
+                                for e, plan in enumerate(self.epoch_feeds)]) for w in range(self.workers)]
         shares = self.feeds if self.feeds is not None else self.paths
         assert shares is not None
         return [ItemSource(list(share)) for share in shares]
@@ -235,16 +244,18 @@ class LocalProcessRunner:
         progress_address = context.progress_address("127.0.0.1") if context is not None else self.progress_address
         self._context = context
         with context.recorder.phase("fit") if context is not None else contextlib.nullcontext():
-            return self._run(task, data.feeds, data.paths, data.stream, progress_address)
+            return self._run(task, data.feeds, data.paths, data.stream, progress_address, data.epoch_feeds)
 
     def _run(self, task: WorkerTask, feeds: Sequence[Sequence[Any]] | None, paths: Sequence[Sequence[str]] | None,
-             stream: Iterable[Any] | None, progress_address: ProgressEndpoint | None) -> list[WorkerResult]:
+             stream: Iterable[Any] | None, progress_address: ProgressEndpoint | None,
+             epoch_feeds: Sequence[Sequence[Sequence[Any]]] | None = None) -> list[WorkerResult]:
         if stream is not None and task.epochs != 1:
             raise ValueError(f"a one-shot stream feeds one epoch, but task.epochs={task.epochs}")
         n = len(self.devices)
         ctx = worker_context()
+        queued = stream is not None or epoch_feeds is not None
         child_task = replace(task, num_threads=self.threads_per_worker,
-                             prefetch=task.prefetch if stream is None else 0)  # the queue already prefetches
+                             prefetch=task.prefetch if not queued else 0)  # the queue already prefetches
         backend = backend_for_devices(self.devices)
         store = listening_store("127.0.0.1", 0, n + 1, self.timeout_s)  # loopback only: the workers are local
         token = new_token()
@@ -253,7 +264,7 @@ class LocalProcessRunner:
         results_q = ctx.Queue()
         stop = threading.Event()
         feeder_error: list[BaseException] = []
-        feeder: threading.Thread | None = None
+        feeders: list[threading.Thread] = []
         finished = False
         self.children = []
         try:
@@ -265,8 +276,13 @@ class LocalProcessRunner:
                 proc.start()
                 self.children.append(proc)  # only started processes: _shutdown joins every child
             if stream is not None:
-                feeder = threading.Thread(target=self._feed, args=(queues, stream, stop, feeder_error),
-                                          name="torchspark-feeder", daemon=True)
+                feeders = [threading.Thread(target=self._feed, args=(queues, stream, stop, feeder_error),
+                                            name="torchspark-feeder", daemon=True)]
+            elif epoch_feeds is not None:  # one feeder per worker: a full queue must never starve a peer
+                feeders = [threading.Thread(target=self._feed_epochs,
+                                            args=(queues[w], [plan[w] for plan in epoch_feeds], stop, feeder_error),
+                                            name=f"torchspark-feeder-{w}", daemon=True) for w in range(n)]
+            for feeder in feeders:
                 feeder.start()
             results = self._collect(results_q, n, feeder_error)
             finished = True
@@ -274,7 +290,7 @@ class LocalProcessRunner:
         finally:
             stop.set()
             self._shutdown(graceful=finished)
-            if feeder is not None:
+            for feeder in feeders:
                 feeder.join(timeout=10)
             for q in (*queues, results_q):
                 q.cancel_join_thread()
@@ -294,6 +310,19 @@ class LocalProcessRunner:
                 if not self._put(queues[i % n], _wire(item), stop):
                     return
             for q in queues:
+                if not self._put(q, EPOCH_END, stop):
+                    return
+        except BaseException as e:  # noqa: BLE001 - surfaced by _collect on the calling thread
+            errors.append(e)
+
+    def _feed_epochs(self, q: Any, epochs: Sequence[Sequence[Any]], stop: threading.Event,
+                     errors: list[BaseException]) -> None:
+        """Send one worker its minibatches epoch by epoch, closing each epoch."""
+        try:
+            for items in epochs:
+                for item in items:
+                    if not self._put(q, _wire(item), stop):
+                        return
                 if not self._put(q, EPOCH_END, stop):
                     return
         except BaseException as e:  # noqa: BLE001 - surfaced by _collect on the calling thread

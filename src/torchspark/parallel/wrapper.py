@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
-from torchspark.data import DataSet, MultiDataSet, batch_num_examples, rebatch
+from torchspark.data import DataSet, MultiDataSet, batch_num_examples, rebatch, resolve_paths
 from torchspark.encoding import AdaptiveThreshold, ResidualClipping
 from torchspark.errors import ConfigError, DataError
 from torchspark.listeners import TrainingEvents, TrainingListener
@@ -30,7 +30,7 @@ from torchspark.nn import Network
 from torchspark.parallel.options import OPTION_DEFAULTS, TRAINING_MODES, check_local_master, master_from_options
 from torchspark.parallel.runner import LocalProcessRunner, WorkerShares
 from torchspark.stats import DRIVER_ID, StatsCollector, TrainingStats
-from torchspark.training.assignment import plan_files, split_examples
+from torchspark.training.assignment import epoch_seed, per_epoch, plan_files, split_examples
 from torchspark.training.driver import build_task, run_fit
 from torchspark.training.hooks import ProgressUpdate, ScoreReport
 from torchspark.training.masters import TrainingMaster
@@ -98,17 +98,20 @@ class _DataPlan:
     shares: WorkerShares
 
 
-def _route(data: Any, workers: int, batch_size: int, epochs: int, rng_seed: int | None) -> _DataPlan:
+def _route(data: Any, workers: int, batch_size: int, epochs: int, rng_seed: int | None,
+           first_epoch: int = 0) -> _DataPlan:
     """Split ``data`` over the workers with the plans Spark uses: in-memory data exactly balanced by examples
     (:func:`split_examples`, Spark's ``repartition_strategy="balanced"``), batch files of any size re-batched to
     ``batch_size`` (:func:`plan_files`, Spark's ``fit_paths``)."""
     if isinstance(data, _BATCH_TYPES):
         if len(data) == 0:
             raise DataError("fit got an empty DataSet (0 examples)")
-        return _feeds([data], workers, batch_size, rng_seed)
-    if isinstance(data, (_PATH_TYPES, bytes)):
-        raise DataError(f"data is a single {type(data).__name__} ({data!r}); pass a list of batch-file paths "
-                        "(torchspark.data.list_batches(directory) lists a directory)")
+        return _feeds([data], workers, batch_size, rng_seed, epochs, first_epoch)
+    if isinstance(data, _PATH_TYPES):  # a directory, a glob or one batch file
+        data = resolve_paths(data)
+    if isinstance(data, bytes):
+        raise DataError("data is bytes; pass a DataSet, a list of them, or batch-file paths (load the bytes with "
+                        "torchspark.data.dataset_from_bytes)")
     if not isinstance(data, Iterable):
         raise DataError(f"cannot train on a {type(data).__name__}; pass a DataSet, a list of DataSets or a list of "
                         "batch-file paths (for Spark RDDs and DataFrames use SparkNetwork)")
@@ -119,14 +122,15 @@ def _route(data: Any, workers: int, batch_size: int, epochs: int, rng_seed: int 
     if isinstance(first, _PATH_TYPES):  # paths are cheap: always materialised, so any epochs work
         paths = _checked(itertools.chain([first], items), _PATH_TYPES, "batch-file path")
         files = [(os.fspath(p), batch_num_examples(os.fspath(p))) for p in paths]  # re-batched, as fit_paths
-        return _DataPlan(paths[0], WorkerShares(workers, paths=plan_files(files, batch_size, workers, rng_seed)))
+        shares = per_epoch(lambda s: plan_files(files, batch_size, workers, s), workers, rng_seed, first_epoch, epochs)
+        return _DataPlan(paths[0], WorkerShares(workers, paths=shares))
     if isinstance(data, (list, tuple)):
         items = _checked(data, _BATCH_TYPES, "DataSet or MultiDataSet")
         if len({type(item) for item in items}) > 1:
             raise DataError("data mixes DataSets and MultiDataSets; pass one kind (DataSet.to_multi converts)")
         if not any(len(item) for item in items):
             raise DataError("fit got no data: every DataSet in the list is empty")
-        return _feeds(items, workers, batch_size, rng_seed)
+        return _feeds(items, workers, batch_size, rng_seed, epochs, first_epoch)
     if epochs != 1:
         raise ConfigError(f"a one-shot iterable ({type(data).__name__}) trains one epoch only, got epochs={epochs}; "
                           "pass a list (e.g. list(data)) or a DataSet to train several epochs")
@@ -135,9 +139,17 @@ def _route(data: Any, workers: int, batch_size: int, epochs: int, rng_seed: int 
     return _DataPlan(first, WorkerShares(workers, stream=rebatch(itertools.chain([first], items), batch_size)))
 
 
-def _feeds(items: Sequence[Any], workers: int, batch_size: int, rng_seed: int | None) -> _DataPlan:
-    feeds = split_examples(items, batch_size, workers, rng_seed)
-    return _DataPlan(next(b for feed in feeds for b in feed), WorkerShares(workers, feeds=feeds))
+def _feeds(items: Sequence[Any], workers: int, batch_size: int, rng_seed: int | None, epochs: int = 1,
+           first_epoch: int = 0) -> _DataPlan:
+    """In-memory data: one plan replayed every epoch, or with ``rng_seed`` (past the network's first epoch, or
+    over several) a new plan per epoch, as Spark's routes give them (:func:`~torchspark.training.assignment.per_epoch`),
+    fed to the workers epoch by epoch."""
+    if rng_seed is None or (epochs == 1 and first_epoch == 0):
+        feeds = split_examples(items, batch_size, workers, rng_seed)
+        return _DataPlan(next(b for feed in feeds for b in feed), WorkerShares(workers, feeds=feeds))
+    plans = [split_examples(items, batch_size, workers, epoch_seed(rng_seed, first_epoch + e)) for e in range(epochs)]
+    sample = next(b for feed in plans[0] for b in feed)
+    return _DataPlan(sample, WorkerShares(workers, epoch_feeds=plans, first_epoch=first_epoch))
 
 
 def _checked(items: Iterable[Any], types: tuple[type, ...], what: str) -> list[Any]:
@@ -197,8 +209,9 @@ class ParallelWrapper:
             CPU. GPUs shared by several workers, or mixed CPU/GPU, talk over gloo instead of nccl.
         progress: progress bar (examples/s, score) on this process: True, False, or None = only on a terminal.
         collect_training_stats: per-worker, per-phase timings in :attr:`training_stats` (``export_html(path)``).
-        rng_seed: seeded shuffle of minibatches across workers (None keeps data order): the same plan as Spark's
-            ``rng_seed`` (:mod:`torchspark.training.assignment`), so both train on identical per-worker sequences.
+        rng_seed: seeded shuffle of minibatches across workers (None keeps data order), a new order every epoch:
+            the same plans as Spark's ``rng_seed`` (:mod:`torchspark.training.assignment`), so both train on
+            identical per-worker sequences. In-memory data is then fed to the workers epoch by epoch.
         threads_per_worker: torch threads in each worker; None = cores // workers. Use 1 to reproduce a Spark run
             (``spark.task.cpus=1``) to the last bit.
         rendezvous_timeout_s: limit for every rendezvous/collective wait; a stuck worker fails the fit after it.
@@ -318,7 +331,8 @@ class ParallelWrapper:
                 worker gets an equal share of the examples (+-1) in minibatches of ``batch_size``, as SparkNetwork
                 with ``repartition_strategy="balanced"`` gives them; a list of batch-file paths
                 (:func:`~torchspark.data.save_batches` output, files of any size re-batched to ``batch_size`` and
-                balanced by examples as ``SparkNetwork.fit_paths`` does, read by the workers); or a
+                balanced by examples as ``SparkNetwork.fit_paths`` does, read by the workers; a directory or a
+                glob names them too); or a
                 one-shot iterable of DataSets (re-batched and dealt round-robin; one epoch only).
             epochs: passes over the data, all inside one launch of the workers.
             batch_size: examples per minibatch on each worker; None = the master's ``batch_size_per_worker`` (32
@@ -335,7 +349,7 @@ class ParallelWrapper:
         for name, value in (("epochs", epochs), ("batch_size", batch_size)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
-        plan = _route(data, len(self._devices), batch_size, epochs, self.master.rng_seed)
+        plan = _route(data, len(self._devices), batch_size, epochs, self.master.rng_seed, self.network.epoch)
         self._check_sample(plan.sample)
         return self._run(plan, epochs, run_id)
 

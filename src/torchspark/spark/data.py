@@ -30,16 +30,18 @@ import torch
 from torchspark._io import read_safetensors_metadata
 from torchspark.data import DataSet, MultiDataSet, dataset_from_bytes, dataset_to_bytes, rebatch, recut
 from torchspark.errors import ConfigError, DataError
-from torchspark.training.assignment import BalancedPlan, FileSlices, plan_files, split_for_workers
+from torchspark.training.assignment import BalancedPlan, EpochItems, FileSlices, plan_files, split_for_workers
 
 __all__ = [
     "dataframe_to_batches",
     "to_batch_rdd",
+    "feature_shapes",
     "as_batch",
     "rebatch_partition",
     "count_examples",
     "worker_rdd_from_paths",
     "worker_rdd_balanced",
+    "worker_rdd_balanced_epochs",
     "group_paths",
     "plan_path_files",
     "spread_round_robin",
@@ -87,20 +89,62 @@ def _column_to_tensor(col: Any, shape: Sequence[int] | None, integer_labels: boo
     return t
 
 
+def _columns(value: str | Sequence[str] | None, what: str) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    cols = list(value)
+    if not cols or not all(isinstance(c, str) for c in cols):
+        raise DataError(f"{what} must be a column name or a non-empty list of column names, got {value!r}")
+    return cols
+
+
+def feature_shapes(feature_shape: Any, count: int) -> list[Sequence[int] | None]:
+    """One shape (or None) per features column: a shape like ``(1, 28, 28)`` for one column, or a list with one
+    shape or None per column."""
+    if feature_shape is None:
+        return [None] * count
+    items = list(feature_shape)
+    if all(isinstance(d, int) for d in items):
+        if count != 1:
+            raise DataError(f"feature_shape={tuple(items)} is one shape but there are {count} features columns; "
+                            "pass a list with one shape (or None) per column")
+        return [items]
+    if len(items) != count:
+        raise DataError(f"feature_shape has {len(items)} entries but there are {count} features columns; give one "
+                        "shape (or None) per column")
+    return items
+
+
 def dataframe_to_batches(
-    features_col: str, label_col: str | None, feature_shape: Sequence[int] | None, integer_labels: bool
+    features_col: str | Sequence[str], label_col: str | Sequence[str] | None, feature_shape: Any,
+    integer_labels: bool | Sequence[bool]
 ) -> Callable[[Iterable[Any]], Iterator[Any]]:
-    """A ``mapInArrow`` function: Arrow record batches -> one serialized DataSet per record batch."""
+    """A ``mapInArrow`` function: Arrow record batches -> one serialized batch per record batch.
+
+    One features column and at most one label column (given as plain names) give a DataSet; lists of columns
+    give a MultiDataSet with one features array per features column (one network input each) and one labels
+    array per label column (one output each).
+    """
     import pyarrow as pa
+
+    fcols, lcols = _columns(features_col, "features_col"), _columns(label_col, "label_col")
+    shapes = feature_shapes(feature_shape, len(fcols))
+    multi = not isinstance(features_col, str) or (label_col is not None and not isinstance(label_col, str))
+    # one flag per label column (a network's losses differ per output); a single flag applies to every column
+    flags = list(integer_labels) if isinstance(integer_labels, (list, tuple)) else [integer_labels]
+    ints = [bool(flags[k] if k < len(flags) else flags[-1]) for k in range(len(lcols))]
 
     def convert(batches: Iterable[Any]) -> Iterator[Any]:
         for rb in batches:
             if rb.num_rows == 0:
                 continue
-            x = _column_to_tensor(rb.column(features_col), feature_shape, False, features_col)
-            y = None if label_col is None else _column_to_tensor(rb.column(label_col), None, integer_labels,
-                                                                   label_col)
-            blob = dataset_to_bytes(DataSet(x, y))
+            xs = [_column_to_tensor(rb.column(c), shape, False, c) for c, shape in zip(fcols, shapes)]
+            ys = [_column_to_tensor(rb.column(c), None, ints[k], c) for k, c in enumerate(lcols)]
+            batch = (MultiDataSet(xs, ys or None) if multi
+                     else DataSet(xs[0], ys[0] if ys else None))
+            blob = dataset_to_bytes(batch)
             yield pa.RecordBatch.from_arrays([pa.array([blob], type=pa.binary())], names=["batch"])
 
     return convert
@@ -108,15 +152,16 @@ def dataframe_to_batches(
 
 def to_batch_rdd(
     data: Any,
-    features_col: str = "features",
-    label_col: str | None = "label",
-    feature_shape: Sequence[int] | None = None,
-    integer_labels: bool = True,
+    features_col: str | Sequence[str] = "features",
+    label_col: str | Sequence[str] | None = "label",
+    feature_shape: Any = None,
+    integer_labels: bool | Sequence[bool] = True,
 ) -> Any:
     """An RDD of DataSet/MultiDataSet (or serialized batches) from an RDD or a DataFrame.
 
     DataFrames stream through Arrow (``mapInArrow``) on the executors; nothing is collected on the driver.
-    ML ``Vector`` columns are converted with ``vector_to_array``.
+    ML ``Vector`` columns are converted with ``vector_to_array``. Lists of feature/label columns give
+    MultiDataSets (one network input per features column, one output per label column).
     """
     from pyspark import RDD
     from pyspark.sql import DataFrame
@@ -127,13 +172,14 @@ def to_batch_rdd(
         from pyspark.ml.functions import vector_to_array
         from pyspark.ml.linalg import VectorUDT
 
-        cols = [features_col] + ([label_col] if label_col else [])
+        cols = _columns(features_col, "features_col") + _columns(label_col, "label_col")
         missing = [c for c in cols if c not in data.columns]
         if missing:
             raise DataError(f"DataFrame has no column(s) {missing}; it has {data.columns}. "
                             "Pass features_col= / label_col=")
-        df = data.select(*cols)
-        for c in cols:
+        feature_shapes(feature_shape, len(_columns(features_col, "features_col")))  # on the driver: a clear error
+        df = data.select(*dict.fromkeys(cols))
+        for c in dict.fromkeys(cols):
             if isinstance(df.schema[c].dataType, VectorUDT):
                 df = df.withColumn(c, vector_to_array(c, "float32"))
         fn = dataframe_to_batches(features_col, label_col, feature_shape, integer_labels)
@@ -226,17 +272,17 @@ def _shuffle_partition(rng_seed: int, index: int, items: Iterable[Any]) -> Itera
 
 
 def plan_path_files(files: Sequence[tuple[int, str, int]], num_workers: int, batch_size: int, rng_seed: int | None,
-                    by_partition: bool) -> list[list[str | FileSlices]]:
+                    by_partition: bool, loader: Callable[[str], Any] | None = None) -> list[list[str | FileSlices]]:
     """``fit_paths``: the user's files ``(partition, path, examples)`` of any size re-batched to ``batch_size``
     (:func:`~torchspark.training.assignment.plan_files`): over all files, balanced by examples; or with
     ``by_partition`` within each input partition, which stays one worker's data (in order; in a seeded order with
     ``rng_seed``)."""
     if not by_partition:
-        return plan_files([(path, count) for _, path, count in files], batch_size, num_workers, rng_seed)
+        return plan_files([(path, count) for _, path, count in files], batch_size, num_workers, rng_seed, loader)
     groups: list[list[str | FileSlices]] = []
     for w in range(num_workers):
         mine = [(path, count) for part, path, count in files if part == w]
-        groups.append(plan_files(mine, batch_size, 1, None)[0] if sum(c for _, c in mine) else [])
+        groups.append(plan_files(mine, batch_size, 1, None, loader)[0] if sum(c for _, c in mine) else [])
     if rng_seed is not None:  # each worker trains its own partition, in a seeded order
         groups = [[g[k] for k in seeded_order(len(g), rng_seed, w)] for w, g in enumerate(groups)]
     return groups
@@ -288,6 +334,44 @@ def _join_pieces(pairs: Iterable[tuple[tuple[int, int, int], bytes]]) -> Iterato
         else:
             parts = [dataset_from_bytes(blob) for blob in blobs]
             yield dataset_to_bytes(type(parts[0]).merge(parts))
+
+
+def worker_rdd_balanced_epochs(rdd: Any, plans: Sequence[BalancedPlan], first_epoch: int) -> Any:
+    """The direct route with a new plan every epoch (``rng_seed`` and several epochs): as
+    :func:`worker_rdd_balanced`, with every piece keyed ``(worker, epoch, position, begin)`` so each worker's
+    partition streams its epochs in turn, one :class:`~torchspark.training.assignment.EpochItems` per minibatch.
+
+    Each input partition is held in memory while it is cut (once per epoch's plan). Not persisted: the epochs
+    stay in Spark's shuffle files (on disk) and a worker reads each epoch's minibatches when it gets there.
+    """
+    plans_bc = rdd.context.broadcast(list(plans))
+    return (rdd.mapPartitionsWithIndex(partial(_cut_partition_epochs, plans_bc, first_epoch))
+            .repartitionAndSortWithinPartitions(plans[0].num_workers, partitionFunc=_worker_of)
+            .mapPartitions(_join_epoch_pieces))
+
+
+def _cut_partition_epochs(plans_bc: Any, first_epoch: int, index: int,
+                          items: Iterable[Any]) -> Iterator[tuple[tuple[int, int, int, int], bytes]]:
+    held = [as_batch(x) for x in items]
+    for e, plan in enumerate(plans_bc.value):
+        for (worker, position, begin), blob in _cut_partition(_Value(plan), index, held):
+            yield (worker, first_epoch + e, position, begin), blob
+
+
+class _Value:
+    """Stands in for a broadcast (``.value``) when the plan is already at hand."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+def _join_epoch_pieces(pairs: Iterable[tuple[tuple[int, int, int, int], bytes]]) -> Iterator[EpochItems]:
+    for key, group in itertools.groupby(pairs, key=lambda pair: pair[0][:3]):  # (worker, epoch, position)
+        blobs = [blob for _, blob in group]
+        if len(blobs) > 1:
+            parts = [dataset_from_bytes(blob) for blob in blobs]
+            blobs = [dataset_to_bytes(type(parts[0]).merge(parts))]
+        yield EpochItems(key[1], (blobs[0],))
 
 
 def storage_level_by_name(name: str) -> Any:

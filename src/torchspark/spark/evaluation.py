@@ -19,16 +19,18 @@ The executor-side helpers here (:func:`ship_network`, :func:`batch_items`; the c
 from __future__ import annotations
 
 import logging
+import os
 import uuid
 from dataclasses import dataclass
 from itertools import chain
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-from torchspark.data import DataSet, MultiDataSet, rebatch
+from torchspark.data import DataSet, MultiDataSet, rebatch, resolve_paths
 from torchspark.errors import ConfigError, DataError
 from torchspark.evaluation import ROC, BaseEvaluation, RegressionEvaluation, ROCMultiClass, evaluation_from_json
 from torchspark.nn import Network, NetworkBlueprint
 from torchspark.nn.cache import NetworkCache
+from torchspark.nn.outputs import check_output_index, default_targets, fill_evaluations
 from torchspark.spark import jobs
 from torchspark.spark.data import to_batch_rdd
 from torchspark.spark.session import spark_context
@@ -118,18 +120,15 @@ def batch_items(
 
     Args:
         data: an RDD of DataSet/MultiDataSet (or batch bytes, or batch-file paths), a DataFrame (columns as for
-            ``fit``), or a list of batch-file paths/URLs (``save_batches`` output).
+            ``fit``), or batch files (``export_batches`` / ``save_batches`` output): a directory, a glob, one file
+            or a list of paths/URLs.
     Raises:
-        DataError: an empty path list, a DataFrame without the named columns, or another type.
+        DataError: an empty path list, a missing location, a directory or glob without batch files, a DataFrame
+            without the named columns, or another type.
     """
-    if isinstance(data, (list, tuple)):
-        if not data:
-            raise DataError("the list of batch-file paths is empty; pass at least one path")
-        bad = [p for p in data if not isinstance(p, str)]
-        if bad:
-            raise DataError(f"a list input must hold batch-file paths (str), got a {type(bad[0]).__name__}; "
-                            "parallelize DataSets into an RDD instead")
-        return sc.parallelize(list(data), max(1, min(len(data), sc.defaultParallelism)))
+    if isinstance(data, (str, os.PathLike, list, tuple)):  # a directory, a glob, one file or a list of files
+        paths = resolve_paths(data)
+        return sc.parallelize(paths, max(1, min(len(paths), sc.defaultParallelism)))
     return to_batch_rdd(data, features_col, label_col, feature_shape, integer_labels)
 
 
@@ -172,7 +171,7 @@ _Partial = tuple[int, "list[str] | None"]  # (examples, evaluation JSONs); (0, N
 
 
 def _evaluate_partition(
-    shipped: ShippedNetwork, templates: list[str], batch_size: int
+    shipped: ShippedNetwork, templates: list[str], batch_size: int, targets: list[int]
 ) -> Callable[[Iterable[Any]], Iterator[_Partial]]:
     def run(items: Iterable[Any]) -> Iterator[_Partial]:
         stream = peek_nonempty(items)
@@ -181,14 +180,25 @@ def _evaluate_partition(
         evaluations = [evaluation_from_json(t) for t in templates]
         for ev in evaluations:
             ev.reset()
-        count = 0
+        counted = _Counter()
         with shipped.lease() as net:
-            for batch in rebatch((load_batch_item(i) for i in stream), batch_size):
-                net.evaluate(batch, *evaluations, batch_size=batch_size)
-                count += len(batch)
-        yield count, [ev.to_json() for ev in evaluations]
+            batches = rebatch((load_batch_item(i) for i in stream), batch_size)
+            fill_evaluations(net, counted.through(batches), evaluations, targets)
+        yield counted.examples, [ev.to_json() for ev in evaluations]
 
     return run
+
+
+class _Counter:
+    """Counts the examples of the batches passing through."""
+
+    def __init__(self) -> None:
+        self.examples = 0
+
+    def through(self, batches: Iterable[Any]) -> Iterator[Any]:
+        for batch in batches:
+            self.examples += len(batch)
+            yield batch
 
 
 def _merge_partials(a: _Partial, b: _Partial) -> _Partial:
@@ -210,12 +220,14 @@ def do_evaluation(
     features_col: str = "features",
     label_col: str | None = "label",
     feature_shape: Sequence[int] | None = None,
+    output_index: int = 0,
+    _targets: Sequence[int] | None = None,
 ) -> Any:
     """Fill several evaluations in one distributed pass over ``data`` (DL4J's ``doEvaluation``).
 
     Args:
         sc: SparkContext or SparkSession.
-        network: the network to evaluate (first output against the first labels, as ``Network.evaluate``).
+        network: the network to evaluate (output ``output_index`` against the labels of that index).
         data: an RDD of DataSet/MultiDataSet (any sizes), a DataFrame (``features_col`` / ``label_col`` /
             ``feature_shape`` as for ``fit``), or batch-file paths (a list of str, or an RDD of str).
         *evaluations: evaluation objects such as ``Evaluation()``, ``ROC(32)``; each partition fills fresh copies
@@ -225,7 +237,10 @@ def do_evaluation(
         eval_workers: removed; any value raises ConfigError (see :func:`refuse_eval_workers`). Network copies per
             executor equal its running tasks (``spark.executor.cores / spark.task.cpus``): raise
             ``spark.task.cpus`` to run fewer, larger evaluation tasks when networks are big.
-        features_col, label_col, feature_shape: DataFrame input only.
+        features_col, label_col, feature_shape: DataFrame input only (lists of columns give several inputs /
+            outputs).
+        output_index: which output of a several-output network every evaluation looks at (DL4J's
+            ``evaluate(data, outputIndex)``); :func:`evaluate` without it fills one evaluation per output.
     Returns:
         the evaluation when one is given, else a tuple in the order given.
     Raises:
@@ -242,8 +257,11 @@ def do_evaluation(
     for ev in evaluations:
         if not isinstance(ev, BaseEvaluation):
             raise ConfigError(f"evaluations must be torchspark.evaluation objects, got {type(ev).__name__}")
+    check_output_index(network, output_index)
+    targets = list(_targets) if _targets is not None else [output_index] * len(evaluations)
     sc = spark_context(sc)
-    rdd = batch_items(sc, data, features_col, label_col, feature_shape, network.losses[0].classification)
+    rdd = batch_items(sc, data, features_col, label_col, feature_shape,
+                      [lo.classification for lo in network.losses])
     shipped = ship_network(sc, network)
     templates = [ev.to_json() for ev in evaluations]
     names = ", ".join(type(ev).__name__ for ev in evaluations)
@@ -251,7 +269,7 @@ def do_evaluation(
         count, jsons = jobs.run_job(
             sc,
             f"torchspark evaluate: {names}",
-            lambda: rdd.mapPartitions(_evaluate_partition(shipped, templates, batch_size))
+            lambda: rdd.mapPartitions(_evaluate_partition(shipped, templates, batch_size, targets))
             .treeAggregate((0, None), _merge_partials, _merge_partials),
             "torchspark-eval-job",
         )
@@ -271,25 +289,30 @@ def evaluate(
     data: Any,
     batch_size: int = DEFAULT_BATCH_SIZE,
     eval_workers: int | None = None,
-    features_col: str = "features",
-    label_col: str | None = "label",
-    feature_shape: Sequence[int] | None = None,
+    features_col: str | Sequence[str] = "features",
+    label_col: str | Sequence[str] | None = "label",
+    feature_shape: Any = None,
     labels: Sequence[str] | None = None,
+    output_index: int | None = None,
 ) -> Any:
     """The evaluation that fits the network's loss (``Evaluation`` for cross-entropy), filled on ``data``.
 
     Args:
         labels: class names for ``Evaluation.stats()`` (classification networks only).
+        output_index: evaluate this output only; None with a network of one loss per output (several losses)
+            fills one evaluation per output in one pass and returns them as a list (``evals[k]``: output ``k``).
         Other arguments: as for :func:`do_evaluation`.
     """
-    ev = network.default_evaluation()
+    evs, targets = default_targets(network, (), output_index)
     if labels is not None:
-        if not hasattr(ev, "labels"):
+        if not all(hasattr(ev, "labels") for ev in evs):
             raise ConfigError(f"labels= applies to classification networks; this one evaluates with "
-                              f"{type(ev).__name__}")
-        ev = type(ev)(labels=list(labels))
-    return do_evaluation(sc, network, data, ev, batch_size=batch_size, eval_workers=eval_workers,
-                         features_col=features_col, label_col=label_col, feature_shape=feature_shape)
+                              f"{', '.join(type(ev).__name__ for ev in evs)}")
+        evs = [type(ev)(labels=list(labels)) for ev in evs]
+    out = do_evaluation(sc, network, data, *evs, batch_size=batch_size, eval_workers=eval_workers,
+                        features_col=features_col, label_col=label_col, feature_shape=feature_shape,
+                        _targets=targets)
+    return list(out) if len(evs) > 1 else out
 
 
 def evaluate_regression(

@@ -32,11 +32,13 @@ class EvaluationMethods:
     def evaluate(self, data: Any, batch_size: int = _ev.DEFAULT_BATCH_SIZE,
                  eval_workers: int | None = None, features_col: str = "features",
                  label_col: str | None = "label", feature_shape: Sequence[int] | None = None,
-                 labels: Sequence[str] | None = None) -> Any:
+                 labels: Sequence[str] | None = None, output_index: int | None = None) -> Any:
         """The evaluation matching the loss (``Evaluation`` for classifiers, ``RegressionEvaluation`` for mse),
-        computed over the cluster and merged with treeAggregate. ``labels`` names the classes in ``stats()``."""
+        computed over the cluster and merged with treeAggregate. ``labels`` names the classes in ``stats()``.
+        A network with one loss per output gets a list with one evaluation per output (``output_index`` picks
+        one instead)."""
         return _ev.evaluate(self.sc, self.network, data, batch_size, eval_workers, features_col, label_col,
-                            feature_shape, labels)
+                            feature_shape, labels, output_index)
 
     def evaluate_regression(self, data: Any, batch_size: int = _ev.DEFAULT_BATCH_SIZE,
                             eval_workers: int | None = None, features_col: str = "features",
@@ -66,9 +68,10 @@ class EvaluationMethods:
 
     def do_evaluation(self, data: Any, *evaluations: BaseEvaluation, batch_size: int = _ev.DEFAULT_BATCH_SIZE,
                       eval_workers: int | None = None, features_col: str = "features",
-                      label_col: str | None = "label", feature_shape: Sequence[int] | None = None) -> Any:
-        """Fill several evaluations in one pass (e.g. ``Evaluation(), ROCMultiClass(64)``); returns the one given,
-        or a tuple in the order given."""
+                      label_col: str | None = "label", feature_shape: Sequence[int] | None = None,
+                      output_index: int = 0) -> Any:
+        """Fill several evaluations in one pass (e.g. ``Evaluation(), ROCMultiClass(64)``) from output
+        ``output_index``; returns the one given, or a tuple in the order given."""
         return _ev.do_evaluation(self.sc, self.network, data, *evaluations, batch_size=batch_size,
                                  eval_workers=eval_workers, features_col=features_col, label_col=label_col,
-                                 feature_shape=feature_shape)
+                                 feature_shape=feature_shape, output_index=output_index)

@@ -32,6 +32,8 @@ from torchspark.spark.evaluation import (
     load_batch_item,
     ship_network,
 )
+from torchspark.nn.outputs import check_output_index
+from torchspark.spark.data import feature_shapes
 from torchspark.spark.jobs import run_job
 from torchspark.spark.session import spark_context
 
@@ -174,7 +176,8 @@ def score_examples(
     """
     check_positive(batch_size=batch_size)
     sc = spark_context(sc)
-    rdd = batch_items(sc, data, features_col, label_col, feature_shape, network.losses[0].classification)
+    rdd = batch_items(sc, data, features_col, label_col, feature_shape,
+                      [lo.classification for lo in network.losses])
     shipped = ship_network(sc, network)
     return rdd.mapPartitions(_score_partition(shipped, batch_size, include_regularization))
 
@@ -274,7 +277,8 @@ def calculate_score(
     """
     check_positive(batch_size=batch_size)
     sc = spark_context(sc)
-    rdd = batch_items(sc, data, features_col, label_col, feature_shape, network.losses[0].classification)
+    rdd = batch_items(sc, data, features_col, label_col, feature_shape,
+                      [lo.classification for lo in network.losses])
     shipped = ship_network(sc, network)
     try:
         total, count = run_job(sc, "torchspark calculate_score",
@@ -312,27 +316,37 @@ def _to_classes(probs: torch.Tensor) -> np.ndarray:
     return flat.argmax(dim=1).numpy()
 
 
-def _predict_udf(shipped: ShippedNetwork, feature_shape: Sequence[int] | None, batch_size: int,
-                 output: str) -> Any:
+def _predict_udf(shipped: ShippedNetwork, shapes: Sequence[Sequence[int] | None], batch_size: int,
+                 output: str, output_index: int = 0) -> Any:
     from typing import Iterator as TypingIterator
+    from typing import Tuple
 
     import pandas as pd
     from pyspark.sql.functions import pandas_udf
     from pyspark.sql.types import ArrayType, FloatType, LongType
 
+    several = len(shapes) > 1
+
     def predict_batches(batches: Any) -> Any:
         with shipped.lease(DEFAULT_EVAL_WORKERS) as net:
             dtype = net.params_view().dtype
-            for series in batches:
-                out = net.output(_series_to_tensor(series, feature_shape, dtype), batch_size=batch_size)
-                probs = out[0] if isinstance(out, tuple) else out  # first output of a multi-output network
+            for batch in batches:
+                columns = list(batch) if several else [batch]
+                feats = [_series_to_tensor(c, shape, dtype) for c, shape in zip(columns, shapes)]
+                out = net.output(feats if several else feats[0], batch_size=batch_size)
+                outs = out if isinstance(out, tuple) else (out,)
+                if output_index >= len(outs):
+                    raise DataError(f"predict: output_index={output_index} but the network gives {len(outs)} "
+                                    "output(s)")
+                probs = outs[output_index]
                 if output == "class":
                     yield pd.Series(_to_classes(probs))
                 else:
                     yield pd.Series(list(probs.reshape(probs.shape[0], -1).float().numpy()))
 
     # real objects, not strings: Spark reads these hints to pick the iterator-of-Series UDF type
-    predict_batches.__annotations__ = {"batches": TypingIterator[pd.Series], "return": TypingIterator[pd.Series]}
+    arg = TypingIterator[Tuple[(pd.Series,) * len(shapes)]] if several else TypingIterator[pd.Series]
+    predict_batches.__annotations__ = {"batches": arg, "return": TypingIterator[pd.Series]}
     return_type = LongType() if output == "class" else ArrayType(FloatType(), containsNull=False)
     return pandas_udf(predict_batches, returnType=return_type)  # type: ignore[call-overload]
 
@@ -341,11 +355,12 @@ def predict(
     spark: Any,
     network: Network,
     dataframe: Any,
-    features_col: str = "features",
+    features_col: str | Sequence[str] = "features",
     output_col: str = "prediction",
-    feature_shape: Sequence[int] | None = None,
+    feature_shape: Any = None,
     batch_size: int = 1024,
     output: str = "probabilities",
+    output_index: int = 0,
 ) -> Any:
     """``dataframe`` with a prediction column, computed by a batched Arrow (pandas iterator) UDF.
 
@@ -354,11 +369,15 @@ def predict(
 
     Args:
         spark: SparkSession or SparkContext (unused beyond validation; the DataFrame's session runs the UDF).
-        network: the network to run; its first output is used.
+        network: the network to run; output ``output_index`` is used.
         dataframe: a Spark DataFrame; every column is kept.
-        features_col: an ``array<float>``/``array<double>``, ML ``Vector`` or numeric column.
+        features_col: an ``array<float>``/``array<double>``, ML ``Vector`` or numeric column; a list of them for
+            a network with several inputs (one column per input, in order).
         output_col: the new column's name (replaces a column of that name).
-        feature_shape: reshape each row's values, e.g. ``(1, 28, 28)`` for a CNN.
+        feature_shape: reshape each row's values, e.g. ``(1, 28, 28)`` for a CNN; with several features columns,
+            a list with one shape (or None) per column.
+        output_index: which output of a several-output network fills the column (call once per output for
+            several columns).
         batch_size: examples per forward pass; 1024 suits small networks, lower it for large ones.
         output: ``"probabilities"`` -> ``array<float>`` of the output activations (softmax probabilities for
             classifiers; take the argmax with ``F.array_position(col, F.array_max(col)) - 1``), or ``"class"`` ->
@@ -379,12 +398,16 @@ def predict(
         raise ConfigError(f"output must be one of {PREDICT_OUTPUTS}, got {output!r}")
     if not isinstance(dataframe, DataFrame):
         raise DataError(f"predict needs a Spark DataFrame, got {type(dataframe).__name__}")
-    if features_col not in dataframe.columns:
-        raise DataError(f"DataFrame has no column {features_col!r}; it has {dataframe.columns}. Pass features_col=")
+    check_output_index(network, output_index)
+    cols = [features_col] if isinstance(features_col, str) else list(features_col)
+    missing = [c for c in cols if c not in dataframe.columns]
+    if not cols or missing:
+        raise DataError(f"DataFrame has no column(s) {missing or cols!r}; it has {dataframe.columns}. "
+                        "Pass features_col=")
+    shapes = feature_shapes(feature_shape, len(cols))
     sc = spark_context(spark)
     shipped = ship_network(sc, network)
-    features = col(features_col)
-    if isinstance(dataframe.schema[features_col].dataType, VectorUDT):
-        features = vector_to_array(features, "float32")
-    udf = _predict_udf(shipped, feature_shape, batch_size, output)
-    return dataframe.withColumn(output_col, udf(features))
+    features = [vector_to_array(col(c), "float32") if isinstance(dataframe.schema[c].dataType, VectorUDT) else col(c)
+                for c in cols]
+    udf = _predict_udf(shipped, shapes, batch_size, output, output_index)
+    return dataframe.withColumn(output_col, udf(*features))

@@ -50,10 +50,11 @@ class InferenceMethods:
         return float(_inf.calculate_score(self.sc, self.network, data, average, batch_size, features_col,
                                           label_col, feature_shape))
 
-    def predict(self, dataframe: Any, features_col: str = "features", output_col: str = "prediction",
-                feature_shape: Sequence[int] | None = None, batch_size: int = 1024,
-                output: str = "probabilities") -> Any:
+    def predict(self, dataframe: Any, features_col: str | Sequence[str] = "features",
+                output_col: str = "prediction", feature_shape: Any = None, batch_size: int = 1024,
+                output: str = "probabilities", output_index: int = 0) -> Any:
         """``dataframe`` plus ``output_col`` from a batched Arrow UDF that builds the network once per Python
-        worker. ``output="probabilities"`` gives ``array<float>``; ``"class"`` gives the argmax as ``bigint``."""
+        worker. ``output="probabilities"`` gives ``array<float>``; ``"class"`` gives the argmax as ``bigint``.
+        A list of ``features_col`` feeds a network with several inputs; ``output_index`` picks the output."""
         return _inf.predict(self.spark, self.network, dataframe, features_col, output_col, feature_shape,
-                            batch_size, output)
+                            batch_size, output, output_index)

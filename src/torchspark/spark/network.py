@@ -13,10 +13,11 @@ import tempfile
 import uuid
 import weakref
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable, Sequence
 
 from torchspark._io import filesystem, join
-from torchspark.data import batch_num_examples
+from torchspark.data import batch_num_examples, resolve_paths
 from torchspark.errors import ConfigError, DataError
 from torchspark.listeners import TrainingEvents, TrainingListener
 from torchspark.nn import Network
@@ -30,6 +31,7 @@ from torchspark.spark.data import (
     storage_level_by_name,
     to_batch_rdd,
     worker_rdd_balanced,
+    worker_rdd_balanced_epochs,
     worker_rdd_from_paths,
 )
 from torchspark.spark.export import check_export_directory, export_base, export_rdd
@@ -41,7 +43,14 @@ from torchspark.spark.private_dirs import make_private_dir, remove_dirs
 from torchspark.spark.runners import SparkBarrierRunner, SparkRoundsRunner, SparkWorkerData
 from torchspark.spark.session import spark_context
 from torchspark.stats import DRIVER_ID, StatsCollector, TrainingStats
-from torchspark.training.assignment import file_items, grid_heads, plan_balanced
+from torchspark.training.assignment import (
+    epoch_seed,
+    file_items,
+    grid_heads,
+    load_with,
+    per_epoch,
+    plan_balanced,
+)
 from torchspark.training.checkpoint import plan_for
 from torchspark.training.driver import build_task, run_fit
 from torchspark.training.hooks import ProgressUpdate
@@ -172,38 +181,65 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         _check_epochs(epochs)
         plan_for(master, run_id, 0, 0)  # a run_id without checkpoint_directory fails before any Spark job
         self._driver_stats = StatsCollector(DRIVER_ID, enabled=self._collect_stats)
-        rdd = to_batch_rdd(data, features_col, label_col, feature_shape, self.network.losses[0].classification)
+        rdd = to_batch_rdd(data, features_col, label_col, feature_shape, [lo.classification for lo in self.network.losses])
         n = self._num_workers(master)
         base = self._export_base(master) if master.rdd_training_approach == "export" else None  # before any job
         self._preflight(master, n)
-        worker_rdd = self._prepare(rdd, master, n, base)
+        worker_rdd = self._prepare(rdd, master, n, base, self._planned_epochs(master, epochs))
         return self._train(worker_rdd, master, n, epochs, run_id)
 
-    def fit_paths(self, paths: Any, epochs: int = 1, run_id: str | None = None) -> Network:
-        """Train from batch files (``save_batches`` output): a list of paths/URLs or an RDD of them.
+    def fit_paths(self, paths: Any, epochs: int = 1, loader: Callable[[str], Any] | None = None,
+                  run_id: str | None = None) -> Network:
+        """Train from files: batch files (``export_batches`` / ``save_batches`` output), or any files a ``loader``
+        turns into DataSets.
 
-        The seeds' recommended route: preprocess once, save minibatch files to HDFS/S3, train from the paths.
-        Files of any size are re-batched to ``batch_size_per_worker`` (as DL4J does), balanced by examples over
-        the workers (with ``repartition="never"``: within each input partition); their example counts are read
-        from the file headers first. ``run_id``: as in :meth:`fit`.
+        The seeds' recommended route: preprocess once (:func:`~torchspark.spark.export_batches`), keep the batch
+        files on HDFS/S3, train many times from the paths. Files of any size are re-batched to
+        ``batch_size_per_worker`` (as DL4J does), balanced by examples over the workers (with
+        ``repartition="never"``: within each input partition). With ``rng_seed`` every epoch trains the
+        minibatches in a new seeded order across workers (a pure function of the seed and the epoch number).
+
+        Args:
+            paths: a directory, a glob (``"s3://bucket/train/*.safetensors"``), one file, a list of paths, or an
+                RDD of paths; any fsspec URL the executors can read.
+            epochs: passes over the data.
+            loader: ``fn(path) -> DataSet | MultiDataSet`` for files that are not batch files (images, CSV shards;
+                DL4J's ``DataSetLoader``). It runs on the executors: once per file to count its examples, then
+                every time a minibatch needs the file, so a loader should be cheap next to a training step (one
+                file per minibatch or a few examples per file). It must be picklable (a module-level function, or
+                a closure Spark's cloudpickle can ship). A directory then means every non-hidden file in it.
+            run_id: as in :meth:`fit`.
+        Raises:
+            DataError: an empty list/RDD, a location that does not exist, a directory or glob without files, a file
+                that is not a batch file (without ``loader``), or a loader that returns something else.
         """
+        from pyspark import RDD
+
         master = self._master()
         _check_epochs(epochs)
         plan_for(master, run_id, 0, 0)
+        if loader is not None and not callable(loader):
+            raise ConfigError(f"loader must be a function path -> DataSet, got {type(loader).__name__}")
         self._driver_stats = StatsCollector(DRIVER_ID, enabled=self._collect_stats)
         n = self._num_workers(master)
         self._preflight(master, n)
-        if isinstance(paths, (list, tuple)):
-            indexed = [(0, str(p), batch_num_examples(str(p))) for p in paths]
-            partitions = 1
-        else:  # the executors read the headers
-            indexed = run_job(self.sc, "torchspark: list the batch-file paths", paths.mapPartitionsWithIndex(
-                lambda i, it: ((i, str(p), batch_num_examples(str(p))) for p in it)).collect)
+        if isinstance(paths, RDD):  # the executors read the headers (or run the loader)
             partitions = paths.getNumPartitions()
+            indexed = self._count_files(paths, loader)
+        else:
+            resolved = resolve_paths(paths, any_file=loader is not None)
+            partitions = 1
+            if loader is None:  # headers are cheap to read here
+                indexed = [(0, p, batch_num_examples(p)) for p in resolved]
+            else:  # the loader runs on the executors; the list stays one input partition
+                spread = self.sc.parallelize(resolved, max(1, min(len(resolved), self.sc.defaultParallelism)))
+                indexed = [(0, p, c) for _, p, c in self._count_files(spread, loader)]
         if not indexed:
-            raise DataError("fit_paths got no paths: the list or RDD of batch files is empty")
+            raise DataError("fit_paths got no paths: the list or RDD of files is empty")
         by_partition = self._keep_partitions(master, partitions, n)
-        groups = plan_path_files(indexed, n, master.batch_size_per_worker, master.rng_seed, by_partition)
+        bsz, seed = master.batch_size_per_worker, master.rng_seed
+        groups = per_epoch(lambda s: plan_path_files(indexed, n, bsz, s, by_partition, loader), n, seed,
+                           self.network.epoch, self._planned_epochs(master, epochs) if not by_partition else None)
         return self._train(worker_rdd_from_paths(self.sc, groups), master, n, epochs, run_id)
 
     def delete_temp_files(self) -> None:
@@ -267,14 +303,26 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         os.mkdir(directory, 0o700)
         return directory
 
-    def _prepare(self, rdd: Any, master: TrainingMaster, n: int, base: str | None) -> Any:
+    def _count_files(self, paths: Any, loader: Callable[[str], Any] | None) -> list[tuple[int, str, int]]:
+        return run_job(self.sc, "torchspark: count the examples of every file",
+                       paths.mapPartitionsWithIndex(partial(_count_files, loader)).collect)
+
+    @staticmethod
+    def _planned_epochs(master: TrainingMaster, epochs: int) -> int | None:
+        """Epochs the driver plans across workers at once: all of them, except on the rounds route (None: one
+        Spark job per round reads each worker partition as it is, so the fit's epochs share one plan)."""
+        return None if getattr(master, "averaging_via", "torch") == "spark" else epochs
+
+    def _prepare(self, rdd: Any, master: TrainingMaster, n: int, base: str | None, epochs: int | None = None) -> Any:
         """An RDD with one partition per worker holding that worker's minibatches (paths, FileSlices or bytes), in
         order."""
         keep = self._keep_partitions(master, rdd.getNumPartitions(), n)
         balanced = not keep and master.repartition_strategy == "balanced"
         if master.rdd_training_approach == "export":
             assert base is not None
-            return self._prepare_export(rdd, master, n, base, keep, balanced)
+            return self._prepare_export(rdd, master, n, base, keep, balanced, epochs)
+        if balanced and master.rng_seed is not None and epochs is not None and (epochs > 1 or self.network.epoch):
+            return self._prepare_direct_epochs(rdd, master, n, epochs)
         return self._prepare_direct(rdd, master, n, keep, balanced)
 
     def _export(self, rdd: Any, master: TrainingMaster, base: str, on_grid: bool) -> _Export:
@@ -302,18 +350,31 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         return self._exports[key]
 
     def _prepare_export(self, rdd: Any, master: TrainingMaster, n: int, base: str, keep: bool,
-                        balanced: bool) -> Any:
+                        balanced: bool, epochs: int | None = None) -> Any:
         export = self._export(rdd, master, base, on_grid=balanced)
         if not export.files:
             raise DataError("the training data is empty: the RDD holds no examples")
-        if balanced:
-            assert export.sizes is not None
-            plan = plan_balanced(export.sizes, master.batch_size_per_worker, n, master.rng_seed)
-            return worker_rdd_from_paths(self.sc, file_items(plan, export.files))
+        if balanced:  # every epoch in its own seeded order across workers (only names travel)
+            sizes, bsz = export.sizes, master.batch_size_per_worker
+            assert sizes is not None
+            groups = per_epoch(lambda s: file_items(plan_balanced(sizes, bsz, n, s), export.files), n,
+                               master.rng_seed, self.network.epoch, epochs)
+            return worker_rdd_from_paths(self.sc, groups)
         paths = [(part, path) for part, path, _ in export.files]
         if not keep:  # spark_default
             return spread_round_robin(self.sc.parallelize([p for _, p in paths]), n, master.rng_seed)
         return worker_rdd_from_paths(self.sc, group_paths(paths, n, master.rng_seed, by_partition=True))
+
+    def _prepare_direct_epochs(self, rdd: Any, master: TrainingMaster, n: int, epochs: int) -> Any:
+        """The direct route with a new seeded plan across workers every epoch (not kept for later fits: the plans
+        depend on the network's epoch counter)."""
+        seed, bsz, first = master.rng_seed, master.batch_size_per_worker, self.network.epoch
+        assert seed is not None
+        with self._driver_stats.phase("count"):
+            sizes = _count(self.sc, rdd)
+        plans = [plan_balanced(sizes, bsz, n, epoch_seed(seed, first + e)) for e in range(epochs)]
+        with self._driver_stats.phase("repartition"):
+            return worker_rdd_balanced_epochs(rdd, plans, first)
 
     def _prepare_direct(self, rdd: Any, master: TrainingMaster, n: int, keep: bool, balanced: bool) -> Any:
         bsz = master.batch_size_per_worker
@@ -396,6 +457,14 @@ def _count(sc: Any, rdd: Any) -> list[int]:
     """:func:`count_examples` as a job whose bad data (a wrong ``feature_shape``, a non-DataSet item) raises
     :class:`DataError` on the driver."""
     return run_job(sc, "torchspark: count the training examples", lambda: count_examples(rdd))
+
+
+def _count_files(loader: Callable[[str], Any] | None, index: int, paths: Any) -> Any:
+    """``mapPartitionsWithIndex`` function: ``(partition, path, examples)`` of every file, from the batch-file
+    header, or by running the user's loader."""
+    for p in paths:
+        path = str(p)
+        yield index, path, batch_num_examples(path) if loader is None else len(load_with(loader, path))
 
 
 def first_item(sc: Any, rdd: Any) -> Any:

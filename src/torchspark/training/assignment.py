@@ -38,26 +38,50 @@ worker ``p * n // L``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence, TypeVar
+from typing import Any, Callable, Sequence, TypeVar
 
 import numpy as np
 
-from torchspark.data import Batch, load_batch
+from torchspark.data import Batch, DataSet, MultiDataSet, load_batch
 from torchspark.errors import ConfigError, DataError
 
 __all__ = [
     "BalancedPlan",
+    "EpochItems",
     "FileSlices",
+    "epoch_seed",
+    "load_with",
     "plan_balanced",
     "grid_heads",
     "split_examples",
     "file_items",
     "plan_files",
+    "per_epoch",
     "assign_balanced",
     "split_for_workers",
 ]
 
 T = TypeVar("T")
+
+
+# ------------------------------------------------------------------ epochs
+def epoch_seed(rng_seed: int, epoch: int) -> int:
+    """The seed of epoch ``epoch``'s order: ``rng_seed`` itself for epoch 0, then a fresh seed per epoch drawn from
+    ``(rng_seed, epoch)`` alone, so the order of any epoch is a pure function of the seed and the epoch number
+    (the network's epoch counter: two ``fit(epochs=1)`` calls train two different orders, as one ``fit(epochs=2)``
+    does, and a run resumed at epoch ``e`` replays epoch ``e``'s order)."""
+    if epoch == 0:
+        return rng_seed
+    return int(np.random.SeedSequence([rng_seed, epoch]).generate_state(1, np.uint64)[0] >> 1)
+
+
+@dataclass(frozen=True)
+class EpochItems:
+    """One epoch's minibatch items of one worker (paths or :class:`FileSlices`): the routes that can give every
+    epoch a new order across workers (files: only names travel) hand each worker one of these per epoch."""
+
+    epoch: int
+    items: tuple[Any, ...]
 
 
 # ------------------------------------------------------------------ exact balance
@@ -189,18 +213,36 @@ class FileSlices:
     """
 
     slices: tuple[tuple[str, int, int], ...]
+    #: the user's ``path -> DataSet`` function for files that are not batch files (``fit_paths(loader=...)``)
+    loader: Callable[[str], Batch] | None = None
 
     def load(self) -> Batch:
-        parts = [load_batch(path).slice(start, stop) for path, start, stop in self.slices]
+        parts = [(load_batch(path) if self.loader is None else load_with(self.loader, path)).slice(start, stop)
+                 for path, start, stop in self.slices]
         return parts[0] if len(parts) == 1 else type(parts[0]).merge(parts)
 
 
-def file_items(plan: BalancedPlan, files: Sequence[tuple[int, str, int]]) -> list[list[str | FileSlices]]:
+def load_with(loader: Callable[[str], Batch], path: str) -> Batch:
+    """``loader(path)``, checked: it must return a DataSet or MultiDataSet (DL4J's ``DataSetLoader``).
+
+    Raises:
+        DataError: the loader returned something else; the message names the path and the type.
+    """
+    batch = loader(path)
+    if not isinstance(batch, (DataSet, MultiDataSet)):
+        raise DataError(f"the loader returned a {type(batch).__name__} for {path}; it must return a DataSet or "
+                        "MultiDataSet (e.g. DataSet(features, labels))")
+    return batch
+
+
+def file_items(plan: BalancedPlan, files: Sequence[tuple[int, str, int]],
+               loader: Callable[[str], Batch] | None = None) -> list[list[str | FileSlices]]:
     """Every worker's minibatches as export items: a path when the minibatch is one whole file, else FileSlices.
 
     Args:
         plan: from :func:`plan_balanced` over the partition sizes the files were cut with.
         files: ``(partition, path, examples)`` of every batch file in data order, cut as :func:`grid_heads` says.
+        loader: read the files with this ``path -> DataSet`` function (every item is then a FileSlices).
     Raises:
         DataError: the files do not cover the plan's examples (the data changed between counting and export).
     """
@@ -222,13 +264,13 @@ def file_items(plan: BalancedPlan, files: Sequence[tuple[int, str, int]]) -> lis
         for rows in plan.minibatches(w):
             slices = tuple((files[int(index[r])][1], int(offset[r]), int(offset[r] + size[r])) for r in rows)
             whole = len(rows) == 1 and offset[rows[0]] == 0 and size[rows[0]] == examples[index[rows[0]]]
-            mine.append(slices[0][0] if whole else FileSlices(slices))
+            mine.append(slices[0][0] if whole and loader is None else FileSlices(slices, loader))
         items.append(mine)
     return items
 
 
 def plan_files(files: Sequence[tuple[str, int]], batch_size: int, num_workers: int,
-               rng_seed: int | None) -> list[list[str | FileSlices]]:
+               rng_seed: int | None, loader: Callable[[str], Batch] | None = None) -> list[list[str | FileSlices]]:
     """User batch files of any size re-batched to ``batch_size``: every worker's minibatches as export items.
 
     Args:
@@ -237,11 +279,29 @@ def plan_files(files: Sequence[tuple[str, int]], batch_size: int, num_workers: i
         batch_size: examples per minibatch (``batch_size_per_worker``).
         num_workers: ``n``; workers get ``floor`` or ``ceil`` of the examples over ``n``.
         rng_seed: seeds the order of the full minibatches; None keeps data order.
+        loader: the user's ``path -> DataSet`` function when the files are not batch files.
     Raises:
         DataError: the files hold no examples at all.
     """
     plan = plan_balanced([n for _, n in files], batch_size, num_workers, rng_seed)
-    return file_items(plan, [(k, path, n) for k, (path, n) in enumerate(files)])
+    return file_items(plan, [(k, path, n) for k, (path, n) in enumerate(files)], loader)
+
+
+def per_epoch(plan: Callable[[int | None], list[list[T]]], num_workers: int, rng_seed: int | None,
+              first_epoch: int, epochs: int | None) -> list[list[Any]]:
+    """Every worker's items for a fit of ``epochs`` epochs starting at epoch ``first_epoch``.
+
+    ``plan(seed)`` gives the per-worker items for one seed. Without ``rng_seed`` that is the fit's single plan,
+    trained every epoch. With it, every epoch gets the plan of :func:`epoch_seed` ``(rng_seed, epoch)`` -- a new
+    order across workers each epoch -- as one :class:`EpochItems` per epoch and worker. ``epochs=None``: a route
+    that cannot take per-epoch items (one Spark job per round) gets the first epoch's plan, plain.
+    """
+    if rng_seed is None:
+        return plan(None)
+    if epochs is None:
+        return plan(epoch_seed(rng_seed, first_epoch))
+    plans = [plan(epoch_seed(rng_seed, first_epoch + e)) for e in range(epochs)]
+    return [[EpochItems(first_epoch + e, tuple(plans[e][w])) for e in range(epochs)] for w in range(num_workers)]
 
 
 # ------------------------------------------------------------------ whole items

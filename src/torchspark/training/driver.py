@@ -170,6 +170,8 @@ def build_task(network: Network, master: TrainingMaster, epochs: int, collect_st
             flush_denormal=master.flush_denormal,
             report_scores=report_scores,
             checkpoint=plan,
+            first_epoch=network.epoch,
+            shuffle_seed=getattr(master, "rng_seed", None),
         )
 
 

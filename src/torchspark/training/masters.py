@@ -82,6 +82,9 @@ class TrainingMaster:
             identically with ``export``, ``direct`` and ``ParallelWrapper``. ``"spark_default"``: the round-robin
             deal starts at a seeded worker and each worker's minibatches are in a seeded random order.
             ``repartition="never"`` (or a kept partition): each worker's own minibatches in a seeded random order.
+            Every epoch gets a new order, a pure function of the seed and the network's epoch counter
+            (:func:`torchspark.training.assignment.epoch_seed`): across workers on the balanced routes and
+            ``fit_paths``, within each worker otherwise; ``averaging_via="spark"`` keeps one order per fit.
         data_timeout_s: limit for waiting on one minibatch from storage.
         flush_denormal: flush denormal floats (below ~1.2e-38) to zero on the workers' CPU threads (default
             True). Adam's second moments and tiny gradients drift there after some epochs and x86 CPUs compute on

@@ -88,4 +88,6 @@ def resume_task(task: "WorkerTask") -> tuple["WorkerTask", ResumePoint | None]:
     net.iteration, net.epoch = int(meta["iteration"]), int(meta["epoch"])
     log.info("resuming run %s from %s: epoch %d of the fit, step %d", point.run_id, point.path, point.fit_epoch,
              point.step)
-    return dataclasses.replace(base, blueprint=NetworkBlueprint.of(net).to_bytes(), resume=point), point
+    # first_epoch: the per-epoch shuffle order is a function of the run's epochs, also from a new driver process
+    return dataclasses.replace(base, blueprint=NetworkBlueprint.of(net).to_bytes(), resume=point,
+                               first_epoch=point.fit_start_epoch), point

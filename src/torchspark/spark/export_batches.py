@@ -1,0 +1,118 @@
+"""``export_batches``: "preprocess once" as a public API (DL4J's ``BatchAndExportDataSetsFunction``).
+
+Turn an RDD of DataSets, an RDD of raw records plus your function, or a DataFrame into safetensors batch files of
+exactly ``batch_size`` examples, written by the executors; then train and evaluate many times from the paths
+(``SparkNetwork.fit_paths(directory)``, ``evaluate(directory)``). Nothing but file names and counts reaches the
+driver, so the data may be far larger than the driver's memory.
+
+Steps: (1) every partition is re-batched on its executor; its full batches are written as
+``part{p}-{token}_{i}.safetensors`` and its remainder (fewer than ``batch_size`` examples) as a hidden
+``.rest-...`` file; (2) one small task reads the remainders in partition order, merges them into full batches
+(the last may be short) written as ``rest-{token}_{i}.safetensors``, and deletes them. Hidden files are never
+listed as batch files, so a crash leaves no half-export behind in a listing.
+"""
+
+from __future__ import annotations
+
+import uuid
+from functools import partial
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+from torchspark._io import filesystem, join
+from torchspark.data import DataSet, MultiDataSet, load_batch, rebatch, save_batch
+from torchspark.errors import ConfigError, DataError
+from torchspark.spark.data import as_batch, to_batch_rdd
+from torchspark.spark.export import check_export_directory
+from torchspark.spark.jobs import run_job
+
+__all__ = ["export_batches"]
+
+_Row = tuple[int, int, str, int]  # (partition, index, path, examples)
+
+
+def export_batches(
+    data: Any,
+    directory: str,
+    batch_size: int,
+    record_fn: Callable[[Any], DataSet | MultiDataSet] | None = None,
+    features_col: str | Sequence[str] = "features",
+    label_col: str | Sequence[str] | None = "label",
+    feature_shape: Sequence[int] | None = None,
+    integer_labels: bool = True,
+) -> list[str]:
+    """Write ``data`` as batch files of exactly ``batch_size`` examples under ``directory``; returns their paths.
+
+    Args:
+        data: an ``RDD[DataSet | MultiDataSet]`` (items of any size), an RDD of raw records with ``record_fn``,
+            or a DataFrame (columns as for ``SparkNetwork.fit``; lists of columns give a MultiDataSet).
+        directory: any fsspec URL every executor can write and every worker can read (``hdfs://``, ``s3://``, a
+            shared mount; a local path only for local masters). Created if missing.
+        batch_size: examples per file; use the ``batch_size_per_worker`` you will train with, so each file is one
+            minibatch read once per epoch (any size works: ``fit_paths`` re-batches).
+        record_fn: ``fn(record) -> DataSet | MultiDataSet`` turning one raw record (a CSV line, an image's bytes)
+            into examples; runs on the executors.
+        features_col, label_col, feature_shape, integer_labels: DataFrame input only (``integer_labels``: labels
+            are class indices; False keeps them as float targets).
+    Returns:
+        The paths/URLs of the batch files, full ones in partition order, then the merged remainders; only the
+        last file may hold fewer than ``batch_size`` examples.
+    Raises:
+        ConfigError: a bad ``batch_size`` or a ``record_fn`` that is not callable.
+        DataError: an unwritable directory, or data an executor could not turn into batches (the message names
+            the record's type or the column).
+    """
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ConfigError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    if record_fn is not None and not callable(record_fn):
+        raise ConfigError(f"record_fn must be a function record -> DataSet, got {type(record_fn).__name__}")
+    rdd = to_batch_rdd(data, features_col, label_col, feature_shape, integer_labels)
+    if record_fn is not None:
+        rdd = rdd.map(partial(_apply_record_fn, record_fn))
+    check_export_directory(directory)
+    sc = rdd.context
+    token = uuid.uuid4().hex[:8]
+    rows: list[_Row] = run_job(  # (1)
+        sc, f"torchspark: export batches to {directory}",
+        rdd.mapPartitionsWithIndex(partial(_export_partition, directory, batch_size, token)).collect)
+    rows.sort()
+    full = [r for r in rows if r[0] >= 0]
+    rests = [r[2] for r in rows if r[0] < 0]
+    merged: list[_Row] = []
+    if rests:  # (2) a few small files, merged in one task
+        merged = run_job(sc, "torchspark: merge the partitions' remainders",
+                         sc.parallelize([rests], 1).flatMap(partial(_merge_rests, directory, batch_size,
+                                                                    token)).collect)
+    return [path for _, _, path, _ in full + sorted(merged)]
+
+
+def _apply_record_fn(fn: Callable[[Any], Any], record: Any) -> DataSet | MultiDataSet:
+    out = fn(record)
+    if not isinstance(out, (DataSet, MultiDataSet)):
+        raise DataError(f"record_fn returned a {type(out).__name__} for a {type(record).__name__} record; it must "
+                        "return a DataSet or MultiDataSet (e.g. DataSet(features[None], labels[None]) for one "
+                        "example)")
+    return out
+
+
+def _export_partition(directory: str, batch_size: int, token: str, index: int,
+                      items: Iterable[Any]) -> Iterator[_Row]:
+    """Full batches as files; the remainder as a hidden rest file, reported with partition ``-1 - index``."""
+    for i, ds in enumerate(rebatch((as_batch(x) for x in items), batch_size)):
+        if len(ds) == batch_size:
+            path = join(directory, f"part{index:05d}-{token}_{i:06d}.safetensors")
+            yield index, i, save_batch(ds, path), len(ds)
+        else:  # rebatch yields at most one short batch: the last
+            path = join(directory, f".rest-part{index:05d}-{token}.safetensors")
+            yield -1 - index, 0, save_batch(ds, path), len(ds)
+
+
+def _merge_rests(directory: str, batch_size: int, token: str, rest_paths: Sequence[str]) -> Iterator[_Row]:
+    ordered = sorted(rest_paths)  # partition order (zero-padded names)
+    for i, ds in enumerate(rebatch((load_batch(p) for p in ordered), batch_size)):
+        path = join(directory, f"rest-{token}_{i:06d}.safetensors")
+        yield 1 << 30, i, save_batch(ds, path), len(ds)
+    for p in ordered:
+        fs, fs_path = filesystem(p)
+        fs.rm(fs_path)
+
+
