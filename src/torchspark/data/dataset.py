@@ -48,7 +48,8 @@ def _as_labels(value: Any, name: str) -> torch.Tensor:
     if tensor.dim() == 1:
         raise DataError(
             f"{name} is 1-D with float dtype {tensor.dtype} (shape {tuple(tensor.shape)}); pass class indices "
-            f"as an integer array of shape (N,), or dense targets shaped (N, k), e.g. labels.reshape(-1, 1)"
+            f"as an integer array of shape (N,) for loss='cross_entropy' (labels.astype('int64')), or dense "
+            f"targets shaped (N, k) for 'mse'/'bce_with_logits' (labels.reshape(-1, 1))"
         )
     return tensor
 

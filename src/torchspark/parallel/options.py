@@ -25,7 +25,8 @@ OPTION_DEFAULTS: dict[str, Any] = {
     "training_mode": "averaging", "averaging_frequency": 5, "average_updaters": True, "prefetch_buffer": 2,
     "threshold_algorithm": AdaptiveThreshold(), "residual_post_processor": ResidualClipping(),
     "shake_frequency": 0, "overlap": True, "collect_training_stats": False, "rng_seed": None,
-    "rendezvous_timeout_s": 300.0, "data_timeout_s": 600.0, "flush_denormal": True,
+    "rendezvous_timeout_s": 300.0, "data_timeout_s": 600.0, "flush_denormal": True, "drop_last": False,
+    "on_divergence": "fail",
 }
 
 #: ParallelWrapper's default minibatch size (``fit(batch_size=...)``), the master's ``batch_size_per_worker``
@@ -59,13 +60,14 @@ def master_from_options(options: dict[str, Any]) -> TrainingMaster:
     common = {"batch_size_per_worker": DEFAULT_BATCH_SIZE, "worker_prefetch_num_batches": o["prefetch_buffer"],
               "collect_training_stats": o["collect_training_stats"], "rng_seed": o["rng_seed"],
               "rendezvous_timeout_s": o["rendezvous_timeout_s"], "data_timeout_s": o["data_timeout_s"],
-              "flush_denormal": o["flush_denormal"]}
+              "flush_denormal": o["flush_denormal"], "drop_last": o["drop_last"]}
     try:
         averaging = ParameterAveragingTrainingMaster(averaging_frequency=o["averaging_frequency"],
                                                      save_updater=o["average_updaters"], **common)
         sharing = SharedTrainingMaster(threshold_algorithm=o["threshold_algorithm"],
                                        residual_post_processor=o["residual_post_processor"],
-                                       shake_frequency=o["shake_frequency"], overlap=o["overlap"], **common)
+                                       shake_frequency=o["shake_frequency"], overlap=o["overlap"],
+                                       on_divergence=o["on_divergence"], **common)
     except ConfigError as e:
         renamed = [f"{ours} is the master's {theirs}" for ours, theirs in _RENAMED.items() if theirs in str(e)]
         if not renamed:

@@ -91,20 +91,23 @@ def _default_devices(workers: int | None, devices: Sequence[Any] | None = None) 
 # ------------------------------------------------------------------ data routing
 @dataclass
 class _DataPlan:
-    """The workers' shares of the data, and a first minibatch to check the network against."""
+    """The workers' shares of the data, a first minibatch to check the network against, and the examples one
+    epoch trains when known (the progress bar's total)."""
 
     sample: Any
     shares: WorkerShares
+    examples: int | None = None
 
 
-def _route(data: Any, workers: int, batch_size: int, epochs: int, rng_seed: int | None) -> _DataPlan:
+def _route(data: Any, workers: int, batch_size: int, epochs: int, rng_seed: int | None,
+           drop_last: bool = False) -> _DataPlan:
     """Split ``data`` over the workers with the plans Spark uses: in-memory data exactly balanced by examples
     (:func:`split_examples`, Spark's ``repartition_strategy="balanced"``), batch files of any size re-batched to
     ``batch_size`` (:func:`plan_files`, Spark's ``fit_paths``)."""
     if isinstance(data, _BATCH_TYPES):
         if len(data) == 0:
             raise DataError("fit got an empty DataSet (0 examples)")
-        return _feeds([data], workers, batch_size, rng_seed)
+        return _feeds([data], workers, batch_size, rng_seed, drop_last)
     if isinstance(data, (_PATH_TYPES, bytes)):
         raise DataError(f"data is a single {type(data).__name__} ({data!r}); pass a list of batch-file paths "
                         "(torchspark.data.list_batches(directory) lists a directory)")
@@ -118,25 +121,33 @@ def _route(data: Any, workers: int, batch_size: int, epochs: int, rng_seed: int 
     if isinstance(first, _PATH_TYPES):  # paths are cheap: always materialised, so any epochs work
         paths = _checked(itertools.chain([first], items), _PATH_TYPES, "batch-file path")
         files = [(os.fspath(p), batch_num_examples(os.fspath(p))) for p in paths]  # re-batched, as fit_paths
-        return _DataPlan(paths[0], WorkerShares(workers, paths=plan_files(files, batch_size, workers, rng_seed)))
+        total = sum(n for _, n in files)
+        return _DataPlan(paths[0], WorkerShares(workers, paths=plan_files(files, batch_size, workers, rng_seed,
+                                                                          drop_last)),
+                         total // batch_size * batch_size if drop_last else total)
     if isinstance(data, (list, tuple)):
         items = _checked(data, _BATCH_TYPES, "DataSet or MultiDataSet")
         if len({type(item) for item in items}) > 1:
             raise DataError("data mixes DataSets and MultiDataSets; pass one kind (DataSet.to_multi converts)")
         if not any(len(item) for item in items):
             raise DataError("fit got no data: every DataSet in the list is empty")
-        return _feeds(items, workers, batch_size, rng_seed)
+        return _feeds(items, workers, batch_size, rng_seed, drop_last)
     if epochs != 1:
         raise ConfigError(f"a one-shot iterable ({type(data).__name__}) trains one epoch only, got epochs={epochs}; "
                           "pass a list (e.g. list(data)) or a DataSet to train several epochs")
+    if drop_last:
+        raise ConfigError(f"drop_last=True needs data whose size is known before training (a DataSet, a list of them "
+                          f"or of batch-file paths), got a one-shot {type(data).__name__}; pass list(data)")
     if not isinstance(first, _BATCH_TYPES):
         raise DataError(f"data[0] is a {type(first).__name__}; expected a DataSet, MultiDataSet or batch-file path")
     return _DataPlan(first, WorkerShares(workers, stream=rebatch(itertools.chain([first], items), batch_size)))
 
 
-def _feeds(items: Sequence[Any], workers: int, batch_size: int, rng_seed: int | None) -> _DataPlan:
-    feeds = split_examples(items, batch_size, workers, rng_seed)
-    return _DataPlan(next(b for feed in feeds for b in feed), WorkerShares(workers, feeds=feeds))
+def _feeds(items: Sequence[Any], workers: int, batch_size: int, rng_seed: int | None,
+           drop_last: bool = False) -> _DataPlan:
+    feeds = split_examples(items, batch_size, workers, rng_seed, drop_last)
+    return _DataPlan(next(b for feed in feeds for b in feed), WorkerShares(workers, feeds=feeds),
+                     sum(len(b) for feed in feeds for b in feed))
 
 
 def _checked(items: Iterable[Any], types: tuple[type, ...], what: str) -> list[Any]:
@@ -207,6 +218,10 @@ class ParallelWrapper:
             slower (measured: an MLP epoch 0.52 s -> 1.03 s after four epochs without it). False keeps IEEE
             denormals. The calling process is not touched; a plain loop there can call
             ``torch.set_flush_denormal(True)`` before its first torch operation.
+        drop_last: train only full minibatches of ``batch_size`` (the remainder is not trained), as
+            ``DataLoader(drop_last=True)``; see the master's ``drop_last``.
+        on_divergence: gradient sharing: ``"fail"`` (default) or ``"warn"`` when an update explodes or is not
+            finite (see ``SharedTrainingMaster.on_divergence``).
         master: the training master (instead of the options above).
         runner: how workers run (a :class:`~torchspark.training.runner.Runner`); default: a
             :class:`~torchspark.parallel.runner.LocalProcessRunner` on :attr:`worker_devices` with
@@ -232,6 +247,8 @@ class ParallelWrapper:
     rendezvous_timeout_s: float = 300.0
     data_timeout_s: float = 600.0
     flush_denormal: bool = True
+    drop_last: bool = False
+    on_divergence: str = "fail"
     master: TrainingMaster | None = None
     runner: Any = None
     #: timings of the last fit (None unless ``collect_training_stats``)
@@ -309,7 +326,7 @@ class ParallelWrapper:
         for name, value in (("epochs", epochs), ("batch_size", batch_size)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
-        plan = _route(data, len(self._devices), batch_size, epochs, self.master.rng_seed)
+        plan = _route(data, len(self._devices), batch_size, epochs, self.master.rng_seed, self.master.drop_last)
         self._check_sample(plan.sample)
         return self._run(plan, epochs)
 
@@ -337,6 +354,7 @@ class ParallelWrapper:
                           report_scores=self.report_score_after_averaging)
         outcome = run_fit(self.network, task, self._runner(), plan.shares, recorder=recorder,
                           description=f"ParallelWrapper fit: {len(self._devices)} workers, {epochs} epoch(s)",
-                          listeners=self._listeners, score_listeners=[_log_score], progress=self.progress)
+                          listeners=self._listeners, score_listeners=[_log_score], progress=self.progress,
+                          total_examples=None if plan.examples is None else plan.examples * epochs)
         self._score, self.last_results, self.training_stats = outcome.score, outcome.results, outcome.stats
         return self.network

@@ -59,6 +59,9 @@ def _column_to_tensor(col: Any, shape: Sequence[int] | None, integer_labels: boo
 
     n = len(col)
     if pa.types.is_list(col.type) or pa.types.is_large_list(col.type) or pa.types.is_fixed_size_list(col.type):
+        if col.null_count:
+            raise DataError(f"column {name!r} has {col.null_count} null row(s) (the whole array is null); drop "
+                            f"them first: df.dropna(subset=[{name!r}])")
         flat = col.flatten()
         if flat.null_count:
             raise DataError(f"column {name!r} has null values inside its arrays; fill or drop them first")
@@ -134,6 +137,7 @@ def to_batch_rdd(
                             "Pass features_col= / label_col=")
         df = data.select(*cols)
         for c in cols:
+            _check_column_type(c, df.schema[c].dataType)
             if isinstance(df.schema[c].dataType, VectorUDT):
                 df = df.withColumn(c, vector_to_array(c, "float32"))
         fn = dataframe_to_batches(features_col, label_col, feature_shape, integer_labels)
@@ -141,6 +145,22 @@ def to_batch_rdd(
     raise DataError(
         f"training data must be an RDD of DataSet/MultiDataSet or a Spark DataFrame, got {type(data).__name__}"
     )
+
+
+def _check_column_type(name: str, data_type: Any) -> None:
+    """Features and labels must be numbers, arrays of numbers or ML Vectors: say which column is not, before any
+    job runs."""
+    from pyspark.ml.linalg import VectorUDT
+    from pyspark.sql.types import ArrayType, BooleanType, NumericType
+
+    element = data_type
+    while isinstance(element, ArrayType):
+        element = element.elementType
+    if isinstance(data_type, VectorUDT) or isinstance(element, (NumericType, BooleanType)):
+        return
+    raise DataError(f"DataFrame column {name!r} has type {data_type.simpleString()}; features and labels must be "
+                    "numbers, arrays of numbers or ML Vectors. Convert it first (e.g. F.col(...).cast('double'), "
+                    "StringIndexer for class names, VectorAssembler for several numeric columns)")
 
 
 def as_batch(item: Any) -> DataSet | MultiDataSet:
@@ -226,17 +246,17 @@ def _shuffle_partition(rng_seed: int, index: int, items: Iterable[Any]) -> Itera
 
 
 def plan_path_files(files: Sequence[tuple[int, str, int]], num_workers: int, batch_size: int, rng_seed: int | None,
-                    by_partition: bool) -> list[list[str | FileSlices]]:
+                    by_partition: bool, drop_last: bool = False) -> list[list[str | FileSlices]]:
     """``fit_paths``: the user's files ``(partition, path, examples)`` of any size re-batched to ``batch_size``
     (:func:`~torchspark.training.assignment.plan_files`): over all files, balanced by examples; or with
     ``by_partition`` within each input partition, which stays one worker's data (in order; in a seeded order with
     ``rng_seed``)."""
     if not by_partition:
-        return plan_files([(path, count) for _, path, count in files], batch_size, num_workers, rng_seed)
+        return plan_files([(path, count) for _, path, count in files], batch_size, num_workers, rng_seed, drop_last)
     groups: list[list[str | FileSlices]] = []
     for w in range(num_workers):
         mine = [(path, count) for part, path, count in files if part == w]
-        groups.append(plan_files(mine, batch_size, 1, None)[0] if sum(c for _, c in mine) else [])
+        groups.append(plan_files(mine, batch_size, 1, None, drop_last)[0] if sum(c for _, c in mine) else [])
     if rng_seed is not None:  # each worker trains its own partition, in a seeded order
         groups = [[g[k] for k in seeded_order(len(g), rng_seed, w)] for w, g in enumerate(groups)]
     return groups
@@ -271,8 +291,9 @@ def _cut_partition(plan_bc: Any, index: int, items: Iterable[Any]) -> Iterator[t
         if k < len(rows):
             r = rows[k]
             yield (int(plan.worker[r]), int(plan.position[r]), int(plan.begin[r])), dataset_to_bytes(piece)
-    if seen != sum(lengths):
-        raise DataError(f"input partition {index} held {sum(lengths)} examples when counted but {seen} now; the RDD "
+    counted = int(plan.sizes[index]) if plan.sizes is not None else sum(lengths)  # drop_last: more than planned
+    if seen != counted:
+        raise DataError(f"input partition {index} held {counted} examples when counted but {seen} now; the RDD "
                         "must give the same data every time it is computed (persist it, or seed its sampling)")
 
 

@@ -96,6 +96,7 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         self._collect_stats = bool(training_master and training_master.collect_training_stats)
         self._stats: TrainingStats | None = None
         self._driver_stats = StatsCollector(DRIVER_ID, enabled=False)
+        self._epoch_examples: int | None = None  # set by _prepare when the split knows it (progress bar total)
 
     # ------------------------------------------------------------------ stats and progress
     def set_collect_training_stats(self, collect: bool) -> None:
@@ -134,6 +135,7 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         master = self._master()
         _check_epochs(epochs)
         self._driver_stats = StatsCollector(DRIVER_ID, enabled=self._collect_stats)
+        self._epoch_examples = None
         rdd = to_batch_rdd(data, features_col, label_col, feature_shape, self.network.losses[0].classification)
         n = self._num_workers(master)
         base = self._export_base(master) if master.rdd_training_approach == "export" else None  # before any job
@@ -164,7 +166,9 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         if not indexed:
             raise DataError("fit_paths got no paths: the list or RDD of batch files is empty")
         by_partition = self._keep_partitions(master, partitions, n)
-        groups = plan_path_files(indexed, n, master.batch_size_per_worker, master.rng_seed, by_partition)
+        groups = plan_path_files(indexed, n, master.batch_size_per_worker, master.rng_seed, by_partition,
+                                 master.drop_last)
+        self._epoch_examples = None if master.drop_last else sum(count for _, _, count in indexed)
         return self._train(worker_rdd_from_paths(self.sc, groups), master, n, epochs)
 
     def delete_temp_files(self) -> None:
@@ -218,6 +222,10 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         order."""
         keep = self._keep_partitions(master, rdd.getNumPartitions(), n)
         balanced = not keep and master.repartition_strategy == "balanced"
+        if master.drop_last and not balanced:
+            raise ConfigError(f"drop_last=True needs the balanced split, but the data's {n} partitions are kept as "
+                              "they are (repartition='num_partitions_workers_differs'); set repartition='always' "
+                              "or drop_last=False")
         if master.rdd_training_approach == "export":
             assert base is not None
             return self._prepare_export(rdd, master, n, base, keep, balanced)
@@ -255,9 +263,11 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
             raise DataError("the training data is empty: the RDD holds no examples")
         if balanced:
             assert export.sizes is not None
-            plan = plan_balanced(export.sizes, master.batch_size_per_worker, n, master.rng_seed)
+            plan = plan_balanced(export.sizes, master.batch_size_per_worker, n, master.rng_seed, master.drop_last)
+            self._epoch_examples = sum(plan.examples_per_worker())
             return worker_rdd_from_paths(self.sc, file_items(plan, export.files))
         paths = [(part, path) for part, path, _ in export.files]
+        self._epoch_examples = sum(count for _, _, count in export.files)
         if not keep:  # spark_default
             return spread_round_robin(self.sc.parallelize([p for _, p in paths]), n, master.rng_seed)
         return worker_rdd_from_paths(self.sc, group_paths(paths, n, master.rng_seed, by_partition=True))
@@ -267,7 +277,8 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         level = storage_level_by_name(master.storage_level)
         # later fits of the same RDD reuse the persisted, repartitioned minibatches (no count, no shuffle); only the
         # latest data stays persisted
-        cache_key = (rdd.id(), bsz, n, keep, master.repartition_strategy, master.rng_seed, master.storage_level)
+        cache_key = (rdd.id(), bsz, n, keep, master.repartition_strategy, master.rng_seed, master.storage_level,
+                     master.drop_last)
         cached = self._prepared.get(cache_key)
         if cached is not None:
             return cached
@@ -277,7 +288,8 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         if balanced:
             with self._driver_stats.phase("count"):
                 sizes = _count(self.sc, rdd)
-            plan = plan_balanced(sizes, bsz, n, master.rng_seed)
+            plan = plan_balanced(sizes, bsz, n, master.rng_seed, master.drop_last)
+            self._epoch_examples = sum(plan.examples_per_worker())
             with self._driver_stats.phase("repartition"):
                 prepared = worker_rdd_balanced(rdd, plan, level)
         else:
@@ -308,7 +320,8 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         task = build_task(self.network, master, epochs, self._collect_stats, collector)
         outcome = run_fit(self.network, task, self._runner(master), SparkWorkerData(self.sc, worker_rdd),
                           recorder=collector, description=f"torchspark fit: {n} workers, {epochs} epoch(s)",
-                          listeners=self._listeners, progress=self.progress)
+                          listeners=self._listeners, progress=self.progress,
+                          total_examples=None if self._epoch_examples is None else self._epoch_examples * epochs)
         self._score, self.last_results, self._stats = outcome.score, outcome.results, outcome.stats
         return self.network
 

@@ -19,6 +19,7 @@ A change to "what happens when a worker dies" (retry, checkpoint) belongs here, 
 from __future__ import annotations
 
 import logging
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -121,7 +122,7 @@ def build_task(network: Network, master: TrainingMaster, epochs: int, collect_st
 def run_fit(network: Network, task: WorkerTask, runner: Runner, data: Any, *, recorder: StatsCollector,
             description: str, listeners: Sequence[Callable[[ProgressUpdate], None]] = (),
             score_listeners: Sequence[Callable[[ScoreReport], None]] = (),
-            progress: bool | None = None) -> FitOutcome:
+            progress: bool | None = None, total_examples: int | None = None) -> FitOutcome:
     """Steps 2-6 of the module docstring: run ``task`` on ``data`` through ``runner`` and update ``network``.
 
     Args:
@@ -134,10 +135,12 @@ def run_fit(network: Network, task: WorkerTask, runner: Runner, data: Any, *, re
         listeners: the caller's progress listeners.
         score_listeners: called with the scores workers report (``task.report_scores``).
         progress: draw a progress bar (None: only when stderr is a terminal).
+        total_examples: examples the whole fit trains (all epochs), when known: the bar then shows the total, the
+            percentage and the time left.
     Raises:
         WorkerError: a worker failed; the network keeps what it had (the rounds route: the last completed round).
     """
-    bar = ProgressBar(desc=f"fit x{task.epochs}", enabled=progress)
+    bar = ProgressBar(total_examples=total_examples, desc=f"fit x{task.epochs}", enabled=progress)
     context = FitContext(network, recorder, description, [*listeners, bar.update], score_listeners)
     start = (network.iteration, network.epoch)
     results: list[WorkerResult] | None = None
@@ -150,5 +153,8 @@ def run_fit(network: Network, task: WorkerTask, runner: Runner, data: Any, *, re
         network.iteration, network.epoch = start
         score = merge_results(network, results)
     network.epoch += task.epochs
+    diverged = network.extra_config.get("sharing.divergence")
+    if diverged:  # a worker only warned (on_divergence="warn"): say it where the user is
+        warnings.warn(f"training diverged: {diverged}", RuntimeWarning, stacklevel=3)
     stats = build_training_stats(recorder, results, task.epochs, network.extra_config) if task.collect_stats else None
     return FitOutcome(results, score, stats)
