@@ -184,7 +184,7 @@ def save_batch(ds: DataSet | MultiDataSet, path: str) -> str:
         _remove_quietly(fs, tmp)
         if isinstance(exc, OSError):
             raise DataError(f"cannot write batch file {path} in directory {directory_display} ({exc}); "
-                            f"check that the directory is writable") from exc
+                            f"check that the directory is writable and has free space") from exc
         raise
     return path
 

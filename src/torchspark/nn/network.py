@@ -415,7 +415,8 @@ class Network:
     def _batch_loss(self, batch: Batch, validate: bool) -> tuple[torch.Tensor, int]:
         feats, labels, fmask, lmasks = self._unpack(batch)
         if labels is None:
-            raise DataError("training and scoring need labels, but the batch has labels=None")
+            raise DataError("training and scoring need labels, but the batch has labels=None; pass "
+                            "DataSet(features, labels) (predict with net.output(features) needs none)")
         if validate:
             batch.check_finite("training features")
         outputs = self._forward(feats, fmask)
@@ -513,7 +514,8 @@ class Network:
                 self.train_step(batch, validate=(seen == 0))
                 seen += 1
             if seen == 0:
-                raise DataError("fit got no data: the DataSet or iterable is empty")
+                raise DataError("fit got no data: the DataSet or iterable is empty (0 examples); pass data with at "
+                                "least one example")
             self.epoch += 1
         return self
 

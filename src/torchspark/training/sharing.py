@@ -283,6 +283,8 @@ class SharingAlgorithm:
         finally:
             if executor is not None:
                 _shutdown(executor, pending)
+        if hooks.progress is not None and out.iterations % hooks.progress_every:  # the epoch's last count
+            hooks.progress(ProgressUpdate(comm.rank, epoch, out.iterations, out.examples, out.last_score))
         if hooks.report_score is not None:
             _report_epoch_score(out, net, comm, hooks, epoch)
         return out
