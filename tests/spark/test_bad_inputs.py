@@ -259,12 +259,15 @@ def test_bad_input(case: Case, tmp_path: Path, request: pytest.FixtureRequest,
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     monkeypatch.chdir(work)
     ctx = Ctx(work, spark=request.getfixturevalue("spark") if case.spark else None)
+    if case.spark:
+        (work / "export").mkdir()  # the user's export_directory: kept, but must hold nothing after a failed fit
     try:
         ctx.made = case.setup(ctx) if case.setup else None
         before = _listing(work)
         with pytest.raises(case.error) as info:
             case.run(ctx)
         message = str(info.value)
+        print(f"{case.id}: {type(info.value).__name__}: {message.splitlines()[0]}")
         for part in case.says:
             assert part.lower() in message.lower(), f"{part!r} not in: {message}"
         assert _listing(work) == before, "the failed call left files behind"

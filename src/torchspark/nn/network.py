@@ -498,7 +498,9 @@ class Network:
 
         Args:
             data: a DataSet/MultiDataSet (split into minibatches of ``batch_size``, in order) or an iterable of
-                them (used as they come; must be re-iterable, such as a list, when ``epochs > 1``).
+                them (used as they come; must be re-iterable, such as a list, when ``epochs > 1``). Floating-point
+                features are cast to the parameters' dtype (numpy's float64 default trains a float32 network);
+                integer features are passed as they are (token ids for an embedding).
             epochs: passes over the data.
             batch_size: minibatch size when ``data`` is a single DataSet/MultiDataSet.
         Returns:
@@ -539,7 +541,8 @@ class Network:
         chunks: list[list[torch.Tensor]] = []
         with torch.set_grad_enabled(train):
             for start in range(0, max(n, 1), max(step, 1)):
-                part = [f[start : start + step].to(self.device) for f in feats]
+                part = [f[start : start + step].to(self.device, dtype=self._flat.dtype if f.is_floating_point()
+                                                     else f.dtype) for f in feats]
                 outs = self._forward(part)
                 acts = [lo.activation(o) for lo, o in zip(self._losses_for(len(outs)), outs)]
                 chunks.append([a.detach().cpu() for a in acts])

@@ -66,8 +66,12 @@ def _column_to_tensor(col: Any, shape: Sequence[int] | None, integer_labels: boo
         if flat.null_count:
             raise DataError(f"column {name!r} has null values inside its arrays; fill or drop them first")
         values = flat.to_numpy(zero_copy_only=False)
-        if n and values.size % n:
-            raise DataError(f"column {name!r} has arrays of different lengths; every row needs the same length")
+        lengths = pa.compute.list_value_length(col).to_numpy(zero_copy_only=False) if n else np.zeros(0)
+        if n and lengths.min() != lengths.max():  # equal totals (3 x 6 + 2 = 4 x 5) must not pass as a reshape
+            row = int(np.flatnonzero(lengths != lengths[0])[0])
+            raise DataError(f"column {name!r} has arrays of different lengths ({int(lengths[0])} in its first row "
+                            f"of this batch, {int(lengths[row])} in row {row}); every row needs the same length: "
+                            "fix or drop the odd rows")
         arr = values.reshape(n, -1) if n else values.reshape(0, 0)
     else:
         if col.null_count:
