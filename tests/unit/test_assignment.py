@@ -39,7 +39,7 @@ def _reference(total: int, batch: int, workers: int, seed: int | None) -> list[l
                 elif len(groups[k]) == 1 and k + 1 < len(groups):
                     groups[k + 1] = groups[k] + groups[k + 1]
                     groups[k] = []
-            groups = [g for g in groups if g]
+            groups = [sorted(g) for g in groups if g]  # a merged minibatch's examples in data order
         out.append(groups)
     return out
 

@@ -173,6 +173,9 @@ def plan_balanced(sizes: Sequence[int], batch_size: int, num_workers: int, rng_s
     position = slot - first_slot[worker]
     if b > 1:  # 5.
         position = _merge_single_examples(worker, position, end - begin)
+        # pieces of a minibatch in data order (a merged one spans two slots), as every consumer joins them
+        rows = np.lexsort((begin, position, worker))
+        worker, position, partition, begin, end = worker[rows], position[rows], partition[rows], begin[rows], end[rows]
     return BalancedPlan(worker=worker, position=position, partition=partition,
                         start=begin - part_start[partition], stop=end - part_start[partition], begin=begin,
                         num_workers=n, sizes=part_size)
