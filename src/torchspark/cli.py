@@ -17,6 +17,7 @@ import sys
 import time
 from typing import Any, Sequence
 
+from torchspark.cli_checks import check_arguments
 from torchspark.errors import ConfigError, TorchSparkError
 
 __all__ = ["main", "build_parser"]
@@ -120,6 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate = sub.add_parser("evaluate", help="evaluate a saved model on the cluster", formatter_class=fmt,
                               description="Distributed evaluation of a saved model (SparkNetwork.evaluate).")
     evaluate.add_argument("--model", required=True, help="directory written by Network.save / torchspark train")
+    evaluate.add_argument("--trust-code", action="store_true",
+                          help="let the model's config.json name your own module factory or loss (imports it)")
     _add_data_options(evaluate)
     evaluate.add_argument("--output", default=None, help="also write the evaluation as JSON to this file")
     _add_spark_options(evaluate)
@@ -128,6 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
                              description="Distributed inference of a saved model (SparkNetwork.predict): read "
                              "Parquet (or digits:test), add the prediction column, write Parquet.")
     predict.add_argument("--model", required=True, help="directory written by Network.save / torchspark train")
+    predict.add_argument("--trust-code", action="store_true",
+                         help="let the model's config.json name your own module factory or loss (imports it)")
     _add_data_options(predict)
     predict.add_argument("--output", required=True, help="Parquet directory to write")
     predict.add_argument("--output-col", default="prediction", help="name of the new column")
@@ -161,13 +166,13 @@ def _write_json(path: str, obj: Any) -> None:
     atomic_write_bytes(path, json.dumps(obj, indent=2, sort_keys=True, default=str).encode("utf-8"), ConfigError)
 
 
-def _load_model(path: str) -> Any:
+def _load_model(path: str, trust_code: bool = False) -> Any:
     from torchspark import Network
 
     if not os.path.isdir(path):
         raise ConfigError(f"--model {path!r} is not a directory; pass the directory written by `torchspark train` "
                           "(OUTPUT/model) or Network.save")
-    return Network.load(path)
+    return Network.load(path, trust_code=trust_code)
 
 
 def _digits_split(spec: str) -> str | None:
@@ -293,7 +298,7 @@ def _train_on_spark(args: argparse.Namespace, net: Any, train_data: Any,
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from torchspark.spark import SparkNetwork, check_java, session_scope
 
-    net = _load_model(args.model)
+    net = _load_model(args.model, args.trust_code)
     check_java()
     with session_scope(cores=args.workers, master=args.master, quiet=not args.verbose) as spark:
         data = _data_for_evaluation(spark, args)
@@ -310,7 +315,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def cmd_predict(args: argparse.Namespace) -> int:
     from torchspark.spark import SparkNetwork, check_java, session_scope
 
-    net = _load_model(args.model)
+    net = _load_model(args.model, args.trust_code)
     check_java()
     with session_scope(cores=args.workers, master=args.master, quiet=not args.verbose) as spark:
         split = _digits_split(args.data)
@@ -336,6 +341,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
+        check_arguments(args)  # outputs and master first: fail in a second, not after training
         return COMMANDS[args.command](args)
     except TorchSparkError as e:
         print(f"torchspark: error: {e}", file=sys.stderr)

@@ -254,7 +254,10 @@ UpdaterLike = Union[UpdaterSpec, str, Callable[..., torch.optim.Optimizer]]
 
 
 def updater_from_dict(d: dict[str, Any]) -> UpdaterSpec:
-    """Rebuild a spec from :meth:`UpdaterSpec.to_dict` output."""
+    """Rebuild a spec from :meth:`UpdaterSpec.to_dict` output (a registry lookup by ``"type"``: nothing is
+    imported)."""
+    if not isinstance(d, dict):
+        raise ConfigError(f"an updater spec must be an object with a 'type' field, got {d!r}")
     d = dict(d)
     kind = d.pop("type", None)
     cls = _REGISTRY.get(str(kind))

@@ -235,6 +235,8 @@ def schedule_from_dict(data: dict[str, Any]) -> Schedule:
     Raises:
         ConfigError: unknown ``type`` (the message lists the known ones) or bad fields.
     """
+    if not isinstance(data, dict):
+        raise ConfigError(f"a schedule must be an object with a 'type' field, got {data!r}")
     fields = dict(data)
     kind = fields.pop("type", None)
     cls = SCHEDULES.get(str(kind))

@@ -12,7 +12,7 @@ import torch
 
 from torchspark import DataSet, Network, datasets, models, optim
 from torchspark.spark import ParameterAveragingTrainingMaster, SparkNetwork
-from torchspark.spark.export import EXPORT_FOLDER
+from torchspark.spark.private_dirs import PREFIX
 from torchspark.training.assignment import split_examples
 from torchspark.training.worker import load_item
 
@@ -97,11 +97,13 @@ def test_delete_temp_files_removes_the_exported_files(spark, sc, tmp_path) -> No
 
 def test_default_export_goes_under_sparks_local_dir_and_is_removed(spark, sc) -> None:
     local_dir = sc.getConf().get("spark.local.dir", None)
-    expected_base = os.path.join((local_dir or tempfile.gettempdir()).split(",")[0].strip(), EXPORT_FOLDER)
+    expected_base = (local_dir or tempfile.gettempdir()).split(",")[0].strip()
     spark_net = SparkNetwork(spark, _net(), _master("export", 2), progress=False)
     spark_net.fit(sc.parallelize(_parts(), len(SIZES)), epochs=1)
     directories = [export.directory for export in spark_net._exports.values()]
-    assert directories and all(os.path.dirname(d) == expected_base for d in directories)
+    private = {os.path.dirname(d) for d in directories}
+    assert len(private) == 1 and all(os.path.dirname(p) == expected_base for p in private)
+    assert all(os.path.basename(p).startswith(PREFIX) for p in private)
     assert all(any(name.endswith(".safetensors") for name in os.listdir(d)) for d in directories)
     spark_net.delete_temp_files()
-    assert not any(os.path.exists(d) for d in directories)
+    assert not any(os.path.exists(d) for d in [*directories, *private])

@@ -12,7 +12,7 @@ import torch
 from torchspark import DataSet, datasets
 from torchspark.data import recut, save_batch
 from torchspark.errors import ConfigError, DataError
-from torchspark.spark.export import EXPORT_FOLDER, export_base
+from torchspark.spark.export import export_base
 from torchspark.training.assignment import FileSlices, file_items, grid_heads, plan_balanced, split_examples
 from torchspark.training.worker import load_item
 
@@ -160,10 +160,10 @@ def test_export_items_load_the_same_minibatches_as_in_memory_data(tmp_path, work
 
 
 @pytest.mark.parametrize(("export_directory", "master", "local_dir", "expected"), [
-    (None, "local[2]", None, f"/tmp/{EXPORT_FOLDER}"),
-    (None, "local", "/data/spark", f"/data/spark/{EXPORT_FOLDER}"),
-    (None, "local-cluster[2,1,1024]", "/fast/a, /fast/b", f"/fast/a/{EXPORT_FOLDER}"),
-    (None, "local[*]", "", f"/tmp/{EXPORT_FOLDER}"),
+    (None, "local[2]", None, "/tmp"),  # a private torchspark-export-* directory is made there
+    (None, "local", "/data/spark", "/data/spark"),
+    (None, "local-cluster[2,1,1024]", "/fast/a, /fast/b", "/fast/a"),
+    (None, "local[*]", "", "/tmp"),
     ("hdfs://nn/exports", "yarn", None, "hdfs://nn/exports"),
     ("/shared/mount", "spark://host:7077", "/local", "/shared/mount"),
 ])

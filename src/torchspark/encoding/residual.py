@@ -96,9 +96,10 @@ def residual_post_processor_from_dict(data: dict[str, Any]) -> ResidualPostProce
     Raises:
         ConfigError: unknown ``type`` (the message lists the known ones) or bad fields.
     """
-    cls = RESIDUAL_POST_PROCESSORS.get(data.get("type", ""))
+    kind = data.get("type") if isinstance(data, dict) else None
+    cls = RESIDUAL_POST_PROCESSORS.get(kind) if isinstance(kind, str) else None
     if cls is None:
-        raise ConfigError(f"unknown residual post-processor type {data.get('type')!r}; "
+        raise ConfigError(f"unknown residual post-processor type {kind!r}; "
                           f"known: {sorted(RESIDUAL_POST_PROCESSORS)}")
     try:
         processor: ResidualPostProcessor = cls.from_dict(data)

@@ -390,9 +390,10 @@ def threshold_policy_from_dict(data: dict[str, Any]) -> ThresholdPolicy:
     Raises:
         ConfigError: unknown ``type`` (the message lists the known ones) or bad fields.
     """
-    cls = THRESHOLD_POLICIES.get(data.get("type", ""))
+    kind = data.get("type") if isinstance(data, dict) else None
+    cls = THRESHOLD_POLICIES.get(kind) if isinstance(kind, str) else None
     if cls is None:
-        raise ConfigError(f"unknown threshold policy type {data.get('type')!r}; known: {sorted(THRESHOLD_POLICIES)}")
+        raise ConfigError(f"unknown threshold policy type {kind!r}; known: {sorted(THRESHOLD_POLICIES)}")
     policy: ThresholdPolicy = cls.from_dict(data)
     return policy
 

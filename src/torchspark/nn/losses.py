@@ -9,7 +9,7 @@ A custom loss is a callable ``(logits, labels) -> per-example losses (N,)`` or a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Union
+from typing import Any, Callable, Union
 
 import torch
 import torch.nn.functional as F
@@ -79,15 +79,19 @@ def _wrap_callable(name: str, fn: LossFn) -> Loss:
     return Loss(name, per_example, lambda x: x, False)
 
 
-def resolve_loss(loss: LossLike) -> Loss:
-    """A registered name, an import path, a callable, or a :class:`Loss`."""
+def resolve_loss(loss: LossLike, importer: Callable[[str], Any] = import_object) -> Loss:
+    """A registered name, an import path, a callable, or a :class:`Loss`.
+
+    ``importer`` turns an import path into the function; loading a saved network passes one that only allows
+    what the caller trusts (:class:`~torchspark.nn.trust.CodePolicy`) instead of importing whatever a file names.
+    """
     if isinstance(loss, Loss):
         return loss
     if isinstance(loss, str):
         if loss in LOSSES:
             return LOSSES[loss]
         if ":" in loss:
-            return _wrap_callable(loss, import_object(loss))
+            return _wrap_callable(loss, importer(loss))
         raise ConfigError(
             f"unknown loss {loss!r}; choose one of {sorted(LOSSES)}, an import path 'pkg.mod:fn', or a callable"
         )

@@ -632,11 +632,17 @@ class Network:
         return save_network(self, path, save_updater=save_updater, allow_pickle=allow_pickle)
 
     @classmethod
-    def load(cls, path: str, allow_pickle: bool = False) -> "Network":
-        """Load a network written by :meth:`save`."""
+    def load(cls, path: str, allow_pickle: bool = False, factories: Any = None,
+             trust_code: bool = False) -> "Network":
+        """Load a network written by :meth:`save`.
+
+        No code runs because a file names it: ``config.json`` may name torchspark's zoo models and built-in
+        losses; a module factory or loss function of yours must be passed (``factories=[build]``), or the file
+        trusted as code (``trust_code=True``). See :func:`torchspark.nn.load_network`.
+        """
         from torchspark.nn.serialization import load_network
 
-        return load_network(path, allow_pickle=allow_pickle)
+        return load_network(path, allow_pickle=allow_pickle, factories=factories, trust_code=trust_code)
 
     def copy(self) -> "Network":
         """A deep copy with the same weights, updater state and counters (through the in-memory blueprint)."""

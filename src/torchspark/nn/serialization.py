@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import json
+import posixpath
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,16 +22,23 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from torchspark._io import atomic_write_bytes, filesystem, join, make_dirs, read_bytes, read_safetensors_metadata
-from torchspark.errors import SerializationError
+from torchspark._atomic_dir import write_directory
+from torchspark._io import filesystem, join, read_bytes, read_safetensors_metadata
+from torchspark.errors import ConfigError, SerializationError
 from torchspark.nn.network import Network
+from torchspark.nn.losses import LOSSES, Loss, resolve_loss
 from torchspark.nn.spec import build_from_spec, module_spec
+from torchspark.nn.trust import CodePolicy, Factories, code_policy
 from torchspark.optim import UpdaterSpec, updater_from_dict
 
-__all__ = ["save_network", "load_network", "NetworkBlueprint"]
+__all__ = ["save_network", "load_network", "check_save_target", "NetworkBlueprint"]
 
 FORMAT = "torchspark.network"
 VERSION = 1
+
+#: every file a saved network directory may hold; saving replaces a directory only when it holds nothing else
+MODEL_FILES = frozenset({"config.json", "weights.safetensors", "updater.safetensors", "extra.safetensors",
+                         "objects.pkl"})
 
 
 def _portable_parts(net: Network) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -71,25 +79,49 @@ def _weights(net: Network) -> dict[str, torch.Tensor]:
     return {k: v.detach().cpu().clone().contiguous() for k, v in net.module.state_dict().items()}
 
 
-def _rebuild(config: dict[str, Any], objects: dict[str, Any], device: str | torch.device | None = None) -> Network:
-    module = objects["module"] if "module" in objects else build_from_spec(config["module"])
-    loss = objects["loss"] if "loss" in objects else config["loss"]
-    updater = objects["updater"] if "updater" in objects else updater_from_dict(config["updater"])
-    net = Network(
-        module,
-        loss=loss if len(loss) > 1 else loss[0],
-        updater=updater,
-        seed=None,
-        weight_decay=config["weight_decay"],
-        gradient_clip=config["gradient_clip"],
-        device=device,
-        memory_format=config.get("memory_format", "contiguous"),
-        l1=float(config.get("l1", 0.0)),
-    )
-    net.seed = config.get("seed")
-    net.iteration = int(config.get("iteration", 0))
-    net.epoch = int(config.get("epoch", 0))
-    net.extra_config = dict(config.get("extra_config") or {})
+def _losses(value: Any, policy: CodePolicy, source: str) -> list[Loss]:
+    names = value if isinstance(value, list) else [value]
+    if not names:
+        raise SerializationError(f"{source} names no loss")
+    losses = []
+    for name in names:
+        if not isinstance(name, str) or (name not in LOSSES and ":" not in name):
+            raise SerializationError(f"{source} names the unknown loss {name!r}; saved losses are one of "
+                                     f"{sorted(LOSSES)} or an import path 'pkg.mod:fn'")
+        losses.append(resolve_loss(name, importer=lambda path: policy.resolve(path, "loss function", source)))
+    return losses
+
+
+def _rebuild(config: dict[str, Any], objects: dict[str, Any], device: str | torch.device | None = None,
+             policy: CodePolicy | None = None, source: str = "the network config") -> Network:
+    """A network from its JSON config (names resolved through ``policy``: see :mod:`torchspark.nn.trust`)."""
+    policy = policy or CodePolicy()
+    try:
+        module = objects["module"] if "module" in objects else build_from_spec(config["module"], policy, source)
+        loss = objects["loss"] if "loss" in objects else _losses(config["loss"], policy, source)
+        updater = objects["updater"] if "updater" in objects else updater_from_dict(config["updater"])
+        net = Network(
+            module,
+            loss=loss if len(loss) > 1 else loss[0],
+            updater=updater,
+            seed=None,
+            weight_decay=config["weight_decay"],
+            gradient_clip=config["gradient_clip"],
+            device=device,
+            memory_format=config.get("memory_format", "contiguous"),
+            l1=float(config.get("l1", 0.0)),
+        )
+        net.seed = config.get("seed")
+        net.iteration = int(config.get("iteration", 0))
+        net.epoch = int(config.get("epoch", 0))
+        net.extra_config = dict(config.get("extra_config") or {})
+    except SerializationError:
+        raise
+    except KeyError as e:
+        raise SerializationError(f"{source} has no {e.args[0]!r} entry; the file is damaged or not a torchspark "
+                                 "model") from e
+    except (ConfigError, TypeError, ValueError, AttributeError) as e:
+        raise SerializationError(f"{source} describes a network that cannot be built: {e}") from e
     return net
 
 
@@ -100,8 +132,38 @@ def _load_weights(net: Network, weights: dict[str, torch.Tensor], source: str) -
         raise SerializationError(f"weights in {source} do not fit the network architecture: {e}") from e
 
 
+def _check_replaceable(names: list[str]) -> str | None:
+    """Why an existing directory must not be replaced by a saved model (None: it is empty or a model)."""
+    foreign = sorted(n for n in names if n not in MODEL_FILES and not n.startswith("."))
+    if foreign:
+        return (f"holds files that are not part of a saved network ({foreign[:5]}); saving replaces the whole "
+                "directory. Save to a new or empty directory, or move those files away")
+    if names and "config.json" not in names:
+        return "is not empty and holds no saved network; save to a new or empty directory"
+    return None
+
+
+def check_save_target(path: str, error: type[Exception] = SerializationError) -> None:
+    """Raise ``error`` now if :func:`save_network` would refuse ``path`` (a file, or a directory holding other
+    things than a saved network), so a long run can check its destination before it starts."""
+    fs, root = filesystem(path)
+    if not fs.exists(root):
+        return
+    if not fs.isdir(root):
+        raise error(f"{path!r} exists and is not a directory; save to a directory path")
+    reason = _check_replaceable([posixpath.basename(p.rstrip("/")) for p in fs.ls(root, detail=False)])
+    if reason:
+        raise error(f"{path!r} {reason}")
+
+
 def save_network(net: Network, path: str, save_updater: bool = True, allow_pickle: bool = False) -> str:
-    """Write ``net`` to the directory ``path`` (see the module docstring). Returns ``path``."""
+    """Write ``net`` to the directory ``path`` (see the module docstring). Returns ``path``.
+
+    The whole directory is written under a temporary name and then swapped in (see
+    :func:`torchspark._atomic_dir.write_directory`): a failed save (a full disk) leaves any model already at
+    ``path`` unchanged, never new weights under an old config. An existing ``path`` is replaced only when it holds
+    a saved network or nothing.
+    """
     config, objects = _portable_parts(net)
     if objects and not allow_pickle:
         raise SerializationError(
@@ -109,25 +171,17 @@ def save_network(net: Network, path: str, save_updater: bool = True, allow_pickl
             "torchspark.nn.from_factory('pkg.mod:factory', ...), use a named loss/updater spec or an import path, "
             "or pass allow_pickle=True (then only trusted code should load it)"
         )
-    make_dirs(path, SerializationError, "model directory")
-    config["files"] = ["weights.safetensors"]
-    atomic_write_bytes(join(path, "weights.safetensors"), st_save(_weights(net), {"format": FORMAT}),
-                       SerializationError)
+    files: dict[str, bytes] = {"weights.safetensors": st_save(_weights(net), {"format": FORMAT})}
     if save_updater:
-        atomic_write_bytes(join(path, "updater.safetensors"),
-                           st_save({"updater_state": net.updater_state().cpu().contiguous()}), SerializationError)
-        config["files"].append("updater.safetensors")
+        files["updater.safetensors"] = st_save({"updater_state": net.updater_state().cpu().contiguous()})
     if net.extra_state:
-        extra = {k: v.detach().cpu().contiguous() for k, v in net.extra_state.items()}
-        atomic_write_bytes(join(path, "extra.safetensors"), st_save(extra), SerializationError)
-        config["files"].append("extra.safetensors")
+        files["extra.safetensors"] = st_save({k: v.detach().cpu().contiguous() for k, v in net.extra_state.items()})
     if objects:
-        atomic_write_bytes(join(path, "objects.pkl"), cloudpickle.dumps(objects), SerializationError)
-        config["files"].append("objects.pkl")
+        files["objects.pkl"] = cloudpickle.dumps(objects)
         config["pickled"] = sorted(objects)
-    # config.json last: its presence marks a complete model
-    atomic_write_bytes(join(path, "config.json"), json.dumps(config, indent=2).encode(), SerializationError)
-    return path
+    config["files"] = list(files)
+    files["config.json"] = json.dumps(config, indent=2).encode()
+    return write_directory(path, files, SerializationError, _check_replaceable)
 
 
 def _load_tensors(url: str) -> dict[str, torch.Tensor]:
@@ -138,22 +192,49 @@ def _load_tensors(url: str) -> dict[str, torch.Tensor]:
         raise SerializationError(f"{url!r} is not a valid safetensors file: {e}") from e
 
 
-def load_network(path: str, allow_pickle: bool = False) -> Network:
-    """Load a network written by :func:`save_network`."""
+def _read_config(path: str) -> dict[str, Any]:
+    url = join(path, "config.json")
+    raw = read_bytes(url, SerializationError)
+    try:
+        config = json.loads(raw)
+    except ValueError as e:  # JSONDecodeError, and UnicodeDecodeError for bytes that are not text
+        raise SerializationError(f"{url!r} is not valid JSON ({type(e).__name__}: {e}); it is damaged or not a "
+                                 "torchspark model's config") from e
+    if not isinstance(config, dict) or config.get("format") != FORMAT:
+        raise SerializationError(f"{path!r} does not hold a torchspark network (config.json has no format marker)")
+    version = config.get("version", 0)
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise SerializationError(f"{url!r} has version {version!r}, expected an integer; the file is damaged")
+    if version > VERSION:
+        raise SerializationError(
+            f"{path!r} was saved by a newer torchspark (format version {version}); upgrade torchspark"
+        )
+    return config
+
+
+def load_network(path: str, allow_pickle: bool = False, factories: Factories = None,
+                 trust_code: bool = False) -> Network:
+    """Load a network written by :func:`save_network`.
+
+    Args:
+        path: the model directory (local path or fsspec URL).
+        allow_pickle: also load ``objects.pkl`` (parts saved with ``allow_pickle=True``). Unpickling runs code, so
+            this trusts the file completely and implies ``trust_code``.
+        factories: functions ``config.json`` may name besides torchspark's zoo: module factories you built the
+            network with (``from_factory("mypkg.models:build", ...)`` -> ``factories=[build]``) and custom loss
+            functions saved by import path. A list (each named by its ``module:qualname``) or a
+            ``{"pkg.mod:fn": fn}`` mapping.
+        trust_code: import and call any function ``config.json`` names. Only for files you trust as you trust
+            code: a hostile ``config.json`` could name ``"os:system"``.
+    Raises:
+        SerializationError: missing or damaged files, pickle not allowed, or a name ``config.json`` gives that is
+            not allowed (nothing is imported then).
+    """
+    policy = code_policy(factories, trust_code=bool(trust_code) or allow_pickle is True)
     fs, root = filesystem(path)
     if not fs.exists(root):
         raise SerializationError(f"no saved network at {path!r} (the directory does not exist)")
-    raw = read_bytes(join(path, "config.json"), SerializationError)
-    try:
-        config = json.loads(raw)
-    except json.JSONDecodeError as e:
-        raise SerializationError(f"{join(path, 'config.json')!r} is not valid JSON: {e}") from e
-    if not isinstance(config, dict) or config.get("format") != FORMAT:
-        raise SerializationError(f"{path!r} does not hold a torchspark network (config.json has no format marker)")
-    if int(config.get("version", 0)) > VERSION:
-        raise SerializationError(
-            f"{path!r} was saved by a newer torchspark (format version {config['version']}); upgrade torchspark"
-        )
+    config = _read_config(path)
     objects: dict[str, Any] = {}
     if config.get("pickled"):
         if not allow_pickle:
@@ -162,7 +243,7 @@ def load_network(path: str, allow_pickle: bool = False) -> Network:
                 "pass allow_pickle=True only if you trust this file"
             )
         objects = cloudpickle.loads(read_bytes(join(path, "objects.pkl"), SerializationError))
-    net = _rebuild(config, objects)
+    net = _rebuild(config, objects, policy=policy, source=repr(join(path, "config.json")))
     files = config.get("files", [])
     _load_weights(net, _load_tensors(join(path, "weights.safetensors")), path)
     if "updater.safetensors" in files:
@@ -200,7 +281,9 @@ class NetworkBlueprint:
     def build(self, device: str | torch.device | None = None) -> Network:
         """A fresh network with these weights and state (on ``device``)."""
         objects = cloudpickle.loads(self.pickled) if self.pickled else {}
-        net = _rebuild(self.config, objects, device)
+        # trusted: the blueprint is the driver's own network in memory (its factories are code the driver already
+        # ran, shipped as Spark ships closures), never a file
+        net = _rebuild(self.config, objects, device, policy=CodePolicy(trust_code=True), source="the blueprint")
         _load_weights(net, self.weights, "the blueprint")
         net.set_updater_state(self.updater_state)
         net.extra_state = {k: v.to(net.device, copy=True) for k, v in self.extra_state.items()}

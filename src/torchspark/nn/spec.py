@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import importlib
 import json
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
 from torchspark.errors import ConfigError, SerializationError
+
+if TYPE_CHECKING:
+    from torchspark.nn.trust import CodePolicy
 
 __all__ = ["from_factory", "module_spec", "build_from_spec", "import_object", "SPEC_ATTR"]
 
@@ -67,12 +70,37 @@ def module_spec(module: torch.nn.Module) -> dict[str, Any] | None:
     return dict(spec) if isinstance(spec, dict) else None
 
 
-def build_from_spec(spec: dict[str, Any]) -> torch.nn.Module:
-    """Rebuild a module from :func:`module_spec` output."""
+def build_from_spec(spec: dict[str, Any], policy: "CodePolicy | None" = None,
+                    source: str = "the module spec") -> torch.nn.Module:
+    """Rebuild a module from :func:`module_spec` output.
+
+    Args:
+        spec: ``{"factory": "pkg.mod:fn", "kwargs": {...}}``.
+        policy: which factories may be called (:class:`~torchspark.nn.trust.CodePolicy`); default: only
+            torchspark's zoo. A spec read from a file must never import what the file names unchecked.
+        source: where the spec came from, in messages.
+    Raises:
+        SerializationError: no factory entry, a factory the policy does not allow, or kwargs that are not an
+            object.
+    """
+    from torchspark.nn.trust import CodePolicy
+
+    if not isinstance(spec, dict) or "factory" not in spec:
+        raise SerializationError(f"{source}: module spec {spec!r} has no 'factory' entry")
+    kwargs = spec.get("kwargs", {})
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+        raise SerializationError(f"{source}: the kwargs of module factory {spec['factory']!r} must be a JSON "
+                                 f"object, got {kwargs!r}")
+    factory = (policy or CodePolicy()).resolve(spec["factory"], "module factory", source)
     try:
-        return from_factory(spec["factory"], **spec.get("kwargs", {}))
-    except KeyError as e:
-        raise SerializationError(f"module spec {spec!r} has no 'factory' entry") from e
+        module = factory(**kwargs)
+    except (TypeError, ConfigError) as e:
+        raise SerializationError(f"{source}: module factory {spec['factory']!r} refused its kwargs {kwargs!r}: "
+                                 f"{e}") from e
+    if not isinstance(module, torch.nn.Module):
+        raise SerializationError(f"{source}: factory {spec['factory']!r} returned {type(module).__name__}, "
+                                 "expected a torch.nn.Module")
+    return attach_spec(module, spec["factory"], kwargs)
 
 
 Factory = Callable[[], torch.nn.Module]

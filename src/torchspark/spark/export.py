@@ -1,10 +1,12 @@
 """The ``export`` approach: write the training RDD once as batch files, then train from their names.
 
 Where the files go (:func:`export_base`): ``export_directory`` when set, which must be storage every executor can
-read (``hdfs://``, ``s3://``, a mount shared by all hosts). Without it only local masters (``local``,
-``local[N]``, ``local-cluster[...]``) work: all executors share one host, so a folder under Spark's local
-directory (``spark.local.dir``, else the temp directory) is readable by all of them. Any other master fails before
-the first job instead of handing workers paths that exist only on another host.
+read (``hdfs://``, ``s3://``, a mount shared by all hosts); its exports stay until ``delete_temp_files()``/``close()``.
+Without it only local masters (``local``, ``local[N]``, ``local-cluster[...]``) work: all executors share one host,
+so a private directory under Spark's local directory (``spark.local.dir``, else the temp directory) is readable by
+all of them (see :mod:`torchspark.spark.private_dirs`: 0700, a fresh ``mkdtemp`` name, removed on close, garbage
+collection and interpreter exit, and by the next run if the driver was killed). Any other master fails before the
+first job instead of handing workers paths that exist only on another host.
 
 How the files are cut (:func:`export_rdd`): each partition on its own grid of ``batch_size`` (for
 ``repartition="never"`` and ``"spark_default"``), or on the balanced plan's global grid when given the partitions'
@@ -23,11 +25,7 @@ from torchspark.data import recut, save_batch
 from torchspark.errors import ConfigError, DataError
 from torchspark.spark.data import as_batch
 
-__all__ = ["EXPORT_FOLDER", "is_local_master", "export_base", "check_export_directory", "export_rdd"]
-
-#: the folder under Spark's local directory that holds exports when ``export_directory`` is not set
-EXPORT_FOLDER = "torchspark-export"
-
+__all__ = ["is_local_master", "export_base", "check_export_directory", "export_rdd"]
 
 def is_local_master(master: str) -> bool:
     """Whether every executor of ``master`` runs on the driver's host (``local``, ``local[4]``,
@@ -36,7 +34,8 @@ def is_local_master(master: str) -> bool:
 
 
 def export_base(export_directory: str | None, master: str, spark_local_dir: str | None, temp_dir: str) -> str:
-    """The directory exports go under (a pure decision, so it is testable without a cluster).
+    """The directory exports go under (a pure decision, so it is testable without a cluster): ``export_directory``,
+    or for local masters the local directory in which a private ``torchspark-export-*`` directory is created.
 
     Args:
         export_directory: the master's ``export_directory``; used as it is when set.
@@ -56,7 +55,7 @@ def export_base(export_directory: str | None, master: str, spark_local_dir: str 
             "on all hosts), or use rdd_training_approach='direct'"
         )
     local_dirs = [d.strip() for d in (spark_local_dir or "").split(",") if d.strip()]
-    return os.path.join(local_dirs[0] if local_dirs else temp_dir, EXPORT_FOLDER)
+    return local_dirs[0] if local_dirs else temp_dir
 
 
 def check_export_directory(directory: str) -> None:

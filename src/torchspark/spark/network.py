@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import tempfile
 import uuid
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -34,6 +36,7 @@ from torchspark.spark.jobs import run_job
 from torchspark.spark.evaluation_methods import EvaluationMethods
 from torchspark.spark.inference_methods import InferenceMethods
 from torchspark.spark.preflight import executors_for_workers_per_node, preflight
+from torchspark.spark.private_dirs import make_private_dir, remove_dirs
 from torchspark.spark.runners import SparkBarrierRunner, SparkRoundsRunner, SparkWorkerData
 from torchspark.spark.session import spark_context
 from torchspark.stats import DRIVER_ID, StatsCollector, TrainingStats
@@ -97,6 +100,24 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         self._stats: TrainingStats | None = None
         self._driver_stats = StatsCollector(DRIVER_ID, enabled=False)
         self._epoch_examples: int | None = None  # set by _prepare when the split knows it (progress bar total)
+        # private default-export directories; the finalizer holds the list, not self, so garbage collection and
+        # interpreter exit remove them (see torchspark.spark.private_dirs)
+        self._private_dirs: list[str] = []
+        self._finalizer = weakref.finalize(self, remove_dirs, self._private_dirs)
+
+    def __enter__(self) -> "SparkNetwork":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Remove this object's exported batch files and unpersist its prepared RDDs (:meth:`delete_temp_files`).
+
+        ``with SparkNetwork(...) as spark_net:`` calls it at the end of the block. Default exports (no
+        ``export_directory``) are also removed when the object is garbage-collected and at interpreter exit;
+        exports under an explicit ``export_directory`` only here or by :meth:`delete_temp_files`."""
+        self.delete_temp_files()
 
     # ------------------------------------------------------------------ stats and progress
     def set_collect_training_stats(self, collect: bool) -> None:
@@ -182,6 +203,7 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
             if fs.exists(path):
                 fs.rm(path, recursive=True)
         self._exports.clear()
+        remove_dirs(self._private_dirs)
 
     # ------------------------------------------------------------------ internals
     def _master(self) -> TrainingMaster:
@@ -217,6 +239,20 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         local_dir = self.sc.getConf().get("spark.local.dir", None)
         return export_base(master.export_directory, self.sc.master, local_dir, tempfile.gettempdir())
 
+    def _export_directory(self, master: TrainingMaster, base: str, rdd_id: int) -> str:
+        """A new directory for one export: under ``export_directory`` as it is, else inside this object's private
+        directory (created on first use, 0700)."""
+        name = f"{uuid.uuid4().hex[:12]}-rdd{rdd_id}"
+        if master.export_directory:
+            directory = join(base, name)
+            check_export_directory(directory)
+            return directory
+        if not self._private_dirs:
+            self._private_dirs.append(make_private_dir(base))
+        directory = join(self._private_dirs[0], name)
+        os.mkdir(directory, 0o700)
+        return directory
+
     def _prepare(self, rdd: Any, master: TrainingMaster, n: int, base: str | None) -> Any:
         """An RDD with one partition per worker holding that worker's minibatches (paths, FileSlices or bytes), in
         order."""
@@ -237,8 +273,7 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         bsz = master.batch_size_per_worker
         key = (rdd.id(), bsz, on_grid)
         if key not in self._exports:
-            directory = join(base, f"{uuid.uuid4().hex[:12]}-rdd{rdd.id()}")
-            check_export_directory(directory)
+            directory = self._export_directory(master, base, rdd.id())
             try:
                 sizes = heads = None
                 if on_grid:

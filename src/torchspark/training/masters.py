@@ -65,12 +65,14 @@ class TrainingMaster:
             (train from the RDD, persisted at ``storage_level``).
         export_directory: where ``export`` writes (any fsspec URL). On a cluster it must be storage every executor
             can read: an ``hdfs://`` or ``s3://`` URL or a directory mounted on all hosts. Default (None): for
-            local masters (``local``, ``local[N]``, ``local-cluster[...]``, one host) a ``torchspark-export``
-            folder under Spark's local directory (``spark.local.dir``, else the system temp directory); any other
+            local masters (``local``, ``local[N]``, ``local-cluster[...]``, one host) a private (0700, fresh
+            ``mkdtemp`` name) ``torchspark-export-*`` directory under Spark's local directory
+            (``spark.local.dir``, else the system temp directory), removed on ``SparkNetwork.close()``, garbage
+            collection, interpreter exit, or by the next run when the driver was killed; any other
             master then fails before the first job with a ConfigError asking for an export_directory (or
             ``rdd_training_approach="direct"``), since executors would write to their own disks and workers on
-            other hosts would get paths that do not exist there. ``SparkNetwork.delete_temp_files()`` removes the
-            files.
+            other hosts would get paths that do not exist there. ``SparkNetwork.delete_temp_files()`` (or
+            ``close()``) removes the files; an explicit ``export_directory``'s exports stay until then.
         storage_level: persistence of the prepared RDD with ``direct``: a ``pyspark.StorageLevel`` name
             (:data:`STORAGE_LEVELS`, e.g. ``"MEMORY_AND_DISK"`` when the data does not fit in executor memory).
         drop_last: train only full minibatches of ``batch_size_per_worker`` (as ``DataLoader(drop_last=True)``):
@@ -246,8 +248,10 @@ def master_from_json(text: str) -> TrainingMaster:
         d = json.loads(text)
     except json.JSONDecodeError as e:
         raise ConfigError(f"training master JSON is invalid: {e}") from e
+    if not isinstance(d, dict):
+        raise ConfigError(f"training master JSON must be an object with a 'type' field, got {type(d).__name__}")
     kind = d.pop("type", None)
-    cls = _MASTERS.get(kind)
+    cls = _MASTERS.get(kind) if isinstance(kind, str) else None  # a registry lookup: nothing is imported
     if cls is None:
         raise ConfigError(f"unknown training master type {kind!r}; known: {sorted(_MASTERS)}")
     fields = {f.name for f in dataclasses.fields(cls)}

@@ -1,0 +1,180 @@
+"""What the ``torchspark`` command checks before it works: outputs it can write and a master it can reach.
+
+A run that trains for minutes and then cannot write its model, or a master URL Spark rejects with a Java stack
+trace, should fail in the first second with one line (exit code 2) that names the option, the value and the fix.
+Nothing here starts Spark or leaves anything behind: writability is probed with a temporary file or directory that
+is removed at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import socket
+import tempfile
+from typing import Callable
+from urllib.parse import urlsplit
+
+from torchspark.errors import ConfigError
+
+__all__ = ["check_arguments", "check_master", "check_output_directory", "check_output_file", "check_parquet_output",
+           "MASTER_CONNECT_TIMEOUT_S"]
+
+#: how long ``check_master`` waits for a TCP connection to a ``spark://`` or ``k8s://`` master
+MASTER_CONNECT_TIMEOUT_S = 10.0
+
+_LOCAL = re.compile(r"local(\[\s*(\*|[1-9][0-9]*)\s*(,\s*[0-9]+\s*)?\])?$")
+_LOCAL_CLUSTER = re.compile(r"local-cluster\[\s*[1-9][0-9]*\s*,\s*[1-9][0-9]*\s*,\s*[1-9][0-9]*\s*\]$")
+_FORMS = "local, local[N], local[*], local-cluster[N,CORES,MB], spark://HOST:PORT, yarn or k8s://https://HOST:PORT"
+
+
+def _is_remote(path: str) -> bool:
+    return "://" in path and not path.startswith("file://")
+
+
+def _local(path: str) -> str:
+    return path[len("file://"):] if path.startswith("file://") else path
+
+
+def _existing_ancestor(path: str) -> str:
+    current = os.path.abspath(path)
+    while not os.path.lexists(current):
+        parent = os.path.dirname(current)
+        if parent == current:
+            break
+        current = parent
+    return current
+
+
+def _probe(directory: str, option: str, value: str) -> None:
+    """Create and remove a temporary directory in ``directory`` (root ignores permission bits, so os.access is not
+    enough: /proc, read-only mounts and full disks only show when something is created)."""
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".torchspark-probe-", dir=directory))
+    except OSError as e:
+        raise ConfigError(f"{option} {value!r}: cannot write in {directory!r} ({e.strerror or e}); choose a "
+                          "writable location") from e
+
+
+def _check_creatable(path: str, option: str, value: str) -> None:
+    """``path`` does not exist: its nearest existing ancestor must be a writable directory."""
+    ancestor = _existing_ancestor(path)
+    if not os.path.isdir(ancestor):
+        raise ConfigError(f"{option} {value!r}: {ancestor!r} is a file, so the path cannot be created; choose "
+                          "another location")
+    _probe(ancestor, option, value)
+
+
+def check_output_directory(value: str, option: str = "--output",
+                           inner: Callable[[str], None] | None = None) -> None:
+    """``value`` is (or can be created as) a writable local directory; ``inner(path)`` checks more (the model
+    directory inside it). Remote URLs are left to the writer."""
+    if _is_remote(value):
+        return
+    path = _local(value)
+    if os.path.lexists(path):
+        if not os.path.isdir(path):
+            raise ConfigError(f"{option} {value!r} is a file, not a directory; pass a directory path")
+        _probe(path, option, value)
+    else:
+        _check_creatable(path, option, value)
+    if inner is not None:
+        inner(path)
+
+
+def check_output_file(value: str, option: str = "--output") -> None:
+    """``value`` can be written as a file: not a directory, in a writable (or creatable) directory."""
+    if _is_remote(value):
+        return
+    path = _local(value)
+    if os.path.isdir(path):
+        example = os.path.join(value, "evaluation.json")
+        raise ConfigError(f"{option} {value!r} is a directory; pass a file path such as {example!r}")
+    parent = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(parent):
+        _probe(parent, option, value)
+    else:
+        _check_creatable(parent, option, value)
+
+
+def check_parquet_output(value: str, data: str | None, option: str = "--output") -> None:
+    """A Parquet output directory: not a file, writable, and not the input (overwriting it would delete the data
+    while Spark still reads it)."""
+    if data and not data.startswith("digits") and os.path.abspath(_local(data)) == os.path.abspath(_local(value)):
+        raise ConfigError(f"{option} {value!r} is the input --data; writing would delete the data while it is read. "
+                          "Write to another directory")
+    check_output_directory(value, option)
+
+
+def _reachable(host: str, port: int, timeout_s: float) -> str | None:
+    """None when a TCP connection to ``host:port`` opens within ``timeout_s``, else why not."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return None
+    except socket.timeout:
+        return f"no answer within {timeout_s:g} s"
+    except OSError as e:
+        return e.strerror or str(e)
+
+
+def check_master(master: str | None, option: str = "--master", timeout_s: float = MASTER_CONNECT_TIMEOUT_S) -> None:
+    """A Spark master URL of a known form, and for ``spark://``/``k8s://`` one that accepts TCP connections.
+
+    Raises:
+        ConfigError: an unknown form, a missing port, an unreachable master (after ``timeout_s`` at most per
+            address), or ``yarn`` without ``HADOOP_CONF_DIR``/``YARN_CONF_DIR``.
+    """
+    if master is None:
+        return
+    if _LOCAL.match(master) or _LOCAL_CLUSTER.match(master):
+        return
+    if master == "yarn":
+        if not (os.environ.get("HADOOP_CONF_DIR") or os.environ.get("YARN_CONF_DIR")):
+            raise ConfigError(f"{option} yarn needs HADOOP_CONF_DIR or YARN_CONF_DIR set to the cluster's Hadoop "
+                              "configuration directory")
+        return
+    if master.startswith("spark://"):
+        addresses = master[len("spark://"):].split(",")
+    elif master.startswith("k8s://"):
+        api = master[len("k8s://"):]
+        parts = urlsplit(api if "://" in api else "https://" + api)
+        addresses = [f"{parts.hostname}:{parts.port or (80 if parts.scheme == 'http' else 443)}"]
+    else:
+        raise ConfigError(f"{option} {master!r} is not a Spark master URL; use {_FORMS}")
+    reasons = []
+    for address in addresses:
+        host, _, port = address.strip().rpartition(":")
+        if not host or not port.isdigit():
+            raise ConfigError(f"{option} {master!r}: {address!r} is not HOST:PORT (the standalone master's default "
+                              "port is 7077: spark://HOST:7077)")
+        reason = _reachable(host.strip("[]"), int(port), timeout_s)
+        if reason is None:
+            return
+        reasons.append(f"{address.strip()}: {reason}")
+    raise ConfigError(f"{option} {master!r}: cannot reach the master ({'; '.join(reasons)}); check the host and port "
+                      "and that the master is running")
+
+
+def _model_directory(output: str) -> None:
+    from torchspark.nn.serialization import check_save_target
+
+    check_save_target(os.path.join(output, "model"), ConfigError)
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """Everything the command can check before it loads data, starts Spark or trains.
+
+    Raises:
+        ConfigError: the first problem found (the CLI prints it as one line and exits with code 2).
+    """
+    command = args.command
+    if not getattr(args, "parallel", False):
+        check_master(getattr(args, "master", None))
+    output = getattr(args, "output", None)
+    if command == "train":
+        check_output_directory(output, inner=_model_directory)
+    elif command == "evaluate" and output:
+        check_output_file(output)
+    elif command == "predict":
+        check_parquet_output(output, getattr(args, "data", None))

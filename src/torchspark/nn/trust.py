@@ -1,0 +1,116 @@
+"""Which functions a saved file may name: no code runs because a data or config file says so.
+
+A saved network's ``config.json`` names its module factory (``"torchspark.models:lenet"``) and may name custom
+loss functions (``"mypkg.losses:focal"``). Importing and calling whatever a file names would let a downloaded model
+run ``"os:system"``, so loading resolves names through a :class:`CodePolicy`:
+
+1. torchspark's own zoo (:data:`ZOO_FACTORIES`) is always allowed;
+2. functions the caller passes (``Network.load(path, factories=[build])``) are allowed under their import path
+   (``f"{fn.__module__}:{fn.__qualname__}"``, exactly what :func:`~torchspark.nn.from_factory` records), or under
+   the names of a ``{"pkg.mod:build": build}`` mapping;
+3. anything else is imported only with ``trust_code=True`` (the caller vouches for the file).
+
+Registries elsewhere (updaters, schedules, threshold policies, training masters, evaluations, batch kinds) map a
+file's ``"type"`` to a class through a dict and never import, so a hostile name there is just an unknown name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Union
+
+from torchspark.errors import ConfigError, SerializationError
+
+__all__ = ["CodePolicy", "ZOO_FACTORIES", "import_path_of", "code_policy"]
+
+#: import paths of the zoo's factories (resolved lazily: the zoo imports this package)
+ZOO_FACTORIES: tuple[str, ...] = ("torchspark.models:mlp", "torchspark.models:lenet")
+
+Factories = Union[Iterable[Callable[..., Any]], Mapping[str, Callable[..., Any]], None]
+
+
+def import_path_of(fn: Callable[..., Any]) -> str:
+    """``"package.module:qualname"`` of a function: the name :func:`~torchspark.nn.from_factory` records."""
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+    if not module or not qualname:
+        raise ConfigError(f"factories must be functions with an import path (a module and a name), got {fn!r}")
+    return f"{module}:{qualname}"
+
+
+def _zoo(path: str) -> Callable[..., Any] | None:
+    if path not in ZOO_FACTORIES:
+        return None
+    from torchspark import models  # local: torchspark.models imports torchspark.nn
+
+    return getattr(models, path.partition(":")[2])
+
+
+@dataclass(frozen=True)
+class CodePolicy:
+    """What a file may make us call: the zoo, the caller's ``factories``, or anything with ``trust_code``.
+
+    Args:
+        factories: import path -> function the caller allows (build it with :func:`code_policy`).
+        trust_code: import and call any ``"pkg.mod:fn"`` a file names. Only for files you trust as you trust
+            code: a hostile file could name ``"os:system"``.
+    """
+
+    factories: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
+    trust_code: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.trust_code, bool):
+            raise ConfigError(f"trust_code must be True or False, got {self.trust_code!r}")
+
+    def resolve(self, path: Any, what: str, source: str) -> Callable[..., Any]:
+        """The function a file names as ``path``.
+
+        Args:
+            path: the ``"package.module:function"`` read from the file.
+            what: what the name is for, in messages (``"module factory"``, ``"loss function"``).
+            source: the file, in messages.
+        Raises:
+            SerializationError: the name is not allowed (nothing was imported), or not a valid import path.
+        """
+        if not isinstance(path, str) or ":" not in path:
+            raise SerializationError(f"{source} names the {what} {path!r}, which is not an import path "
+                                     "'package.module:function'; the file is damaged or not a torchspark model")
+        found = _zoo(path) or self.factories.get(path)
+        if found is not None:
+            return found
+        if not self.trust_code:
+            allowed = sorted({*ZOO_FACTORIES, *self.factories})
+            raise SerializationError(
+                f"{source} names the {what} {path!r}, which is neither in torchspark's zoo nor among the factories "
+                f"passed (allowed: {allowed}); loading it would import and run code named by a file. Pass the "
+                f"function yourself (Network.load(path, factories=[{path.rpartition(':')[2]}])), or "
+                "trust_code=True if you trust this file as you trust code"
+            )
+        from torchspark.nn.spec import import_object
+
+        try:
+            return import_object(path)
+        except ConfigError as e:
+            raise SerializationError(f"{source}: {e}") from e
+
+
+def code_policy(factories: Factories = None, trust_code: bool = False) -> CodePolicy:
+    """A :class:`CodePolicy` from what ``Network.load`` accepts: a list of functions (named by their import
+    path) or a ``{"pkg.mod:fn": fn}`` mapping, and ``trust_code``."""
+    if factories is None:
+        allowed: dict[str, Callable[..., Any]] = {}
+    elif isinstance(factories, Mapping):
+        allowed = dict(factories)
+        bad = [k for k, v in allowed.items() if not isinstance(k, str) or not callable(v)]
+        if bad:
+            raise ConfigError(f"factories must map 'pkg.mod:fn' names to functions; bad entries: {bad}")
+    elif isinstance(factories, (str, bytes)) or not isinstance(factories, Iterable):
+        raise ConfigError(f"factories must be a list of functions or a {{'pkg.mod:fn': fn}} mapping, "
+                          f"got {factories!r}")
+    else:
+        allowed = {}
+        for fn in factories:
+            if not callable(fn):
+                raise ConfigError(f"factories must be functions, got {fn!r}")
+            allowed[import_path_of(fn)] = fn
+    return CodePolicy(allowed, trust_code)

@@ -1,0 +1,134 @@
+"""Private scratch directories for default exports: unique, 0700, never through a symlink, never left behind.
+
+Without ``export_directory`` the training data is written as batch files on the driver's host. Those files are the
+user's whole training set, so the directory that holds them is:
+
+1. created with :func:`tempfile.mkdtemp` (a fresh, unpredictable name, mode 0700, created with ``O_EXCL``
+   semantics: a symlink or directory planted at that name makes creation fail instead of being followed);
+2. marked with an owner file (driver pid, its start time, host) so that
+3. the next run on the host removes directories whose driver is gone (killed with SIGKILL, out of memory, power
+   loss): :func:`remove_stale`;
+4. removed by its :class:`~torchspark.spark.SparkNetwork` on ``close()``/``delete_temp_files()``, when the object is
+   garbage-collected, and at interpreter exit (:func:`remove_dirs` through ``weakref.finalize``).
+
+Nothing here imports pyspark.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import socket
+import stat
+import tempfile
+from torchspark.errors import DataError
+
+__all__ = ["PREFIX", "OWNER_FILE", "make_private_dir", "remove_stale", "remove_dirs"]
+
+log = logging.getLogger(__name__)
+
+#: name prefix of every default export directory (``<spark.local.dir or temp dir>/torchspark-export-XXXXXXXX``)
+PREFIX = "torchspark-export-"
+#: the owner record inside each directory (JSON: pid, start, host)
+OWNER_FILE = ".torchspark-owner.json"
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (Linux), to tell a reused pid from the owner."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return fields[19].decode()  # field 22 of stat; fields[0] is field 3
+    except (OSError, IndexError):
+        return None
+
+
+def _owner_record() -> dict[str, object]:
+    return {"pid": os.getpid(), "start": _start_time(os.getpid()), "host": socket.gethostname()}
+
+
+def _alive(owner: dict[str, object]) -> bool:
+    pid = owner.get("pid")
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+        return True  # not a record we wrote: leave it alone
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process holds that pid now: the owner may be gone, but we cannot tell
+    start = owner.get("start")
+    now = _start_time(pid)
+    return not (start and now and start != now)  # same pid, other start time: the pid was reused
+
+
+def make_private_dir(base: str) -> str:
+    """A new private directory under ``base`` (after removing stale ones there); returns its path.
+
+    Raises:
+        DataError: ``base`` does not exist or is not writable (the message names it and the setting).
+    """
+    remove_stale(base)
+    try:
+        os.makedirs(base, mode=0o700, exist_ok=True)  # a spark.local.dir Spark has not created yet
+        path = tempfile.mkdtemp(prefix=PREFIX, dir=base)
+    except OSError as e:
+        raise DataError(f"cannot create a private export directory under {base!r}: {e}. Set spark.local.dir (or "
+                        "TMPDIR) to a writable local directory, or set export_directory") from e
+    fd = os.open(os.path.join(path, OWNER_FILE), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(_owner_record(), f)
+    return path
+
+
+def _read_owner(path: str) -> dict[str, object] | None:
+    try:
+        fd = os.open(os.path.join(path, OWNER_FILE), os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as f:
+            owner = json.loads(f.read(4096))
+    except (OSError, ValueError):
+        return None
+    return owner if isinstance(owner, dict) else None
+
+
+def remove_stale(base: str) -> list[str]:
+    """Remove this user's default export directories under ``base`` whose driver process is gone.
+
+    Only real directories (not symlinks) named :data:`PREFIX`\\*, owned by this user, with an owner record from this
+    host naming a process that no longer runs, are removed. Returns the removed paths.
+    """
+    removed: list[str] = []
+    try:
+        entries = list(os.scandir(base))
+    except OSError:
+        return removed
+    host, uid = socket.gethostname(), os.getuid()
+    for entry in entries:
+        if not entry.name.startswith(PREFIX):
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid:
+            continue
+        owner = _read_owner(entry.path)
+        if owner is None or owner.get("host") != host or _alive(owner):
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        if not os.path.lexists(entry.path):
+            log.info("removed %s, left by driver process %s that is gone", entry.path, owner.get("pid"))
+            removed.append(entry.path)
+    return removed
+
+
+def remove_dirs(paths: list[str]) -> None:
+    """Remove the directories in ``paths`` (which is emptied); what is already gone is skipped.
+
+    Used as a ``weakref.finalize`` callback, so it takes the owner's list, not the owner.
+    """
+    while paths:
+        shutil.rmtree(paths.pop(), ignore_errors=True)
+

@@ -1,0 +1,132 @@
+"""Default exports leak nothing: a private 0700 directory with a fresh name (no symlink followed), removed on
+close, with-block exit, garbage collection and interpreter exit; a killed driver's directory is removed by the next
+run. An explicit ``export_directory`` is kept until ``close()``/``delete_temp_files()``, as before."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from torchspark import DataSet, Network, datasets, models, optim
+from torchspark.errors import DataError
+from torchspark.spark import ParameterAveragingTrainingMaster, SparkNetwork
+from torchspark.spark.private_dirs import OWNER_FILE, PREFIX, make_private_dir, remove_stale
+
+pytestmark = pytest.mark.spark
+
+SCRIPT = Path(__file__).parent / "scripts" / "export_leftovers.py"
+
+
+def _master(**kw) -> ParameterAveragingTrainingMaster:
+    return ParameterAveragingTrainingMaster(batch_size_per_worker=8, averaging_frequency=2, num_workers=2,
+                                            rdd_training_approach="export", **kw)
+
+
+def _net() -> Network:
+    return Network(models.mlp(6, 8, 3), updater=optim.SGD(lr=0.05), seed=0)
+
+
+def _rdd(sc, labels_offset: int = 0):
+    data = datasets.synthetic_classification(96, 6, 3, seed=1)
+    if labels_offset:
+        data = DataSet(data.features, data.labels + labels_offset)
+    return sc.parallelize(data.split(16), 3)
+
+
+@pytest.fixture()
+def temp_base(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sc) -> Path:
+    """Default exports go under tmp_path (the session sets no spark.local.dir; the temp directory is the base)."""
+    if sc.getConf().get("spark.local.dir", None):
+        pytest.skip("the session sets spark.local.dir; these tests steer the base through the temp directory")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    return tmp_path
+
+
+def _private(base: Path) -> list[Path]:
+    return sorted(p for p in base.iterdir() if p.name.startswith(PREFIX))
+
+
+def test_default_export_is_private_and_removed_on_close(spark, sc, temp_base: Path) -> None:
+    # a symlink planted at the old fixed path and one at a likely name: neither is followed
+    victim = temp_base / "victim"
+    victim.mkdir()
+    (temp_base / "torchspark-export").symlink_to(victim)
+    snet = SparkNetwork(spark, _net(), _master(), progress=False)
+    snet.fit(_rdd(sc), epochs=1)
+    [private] = _private(temp_base)
+    mode = private.lstat().st_mode
+    assert stat.S_ISDIR(mode) and not stat.S_ISLNK(mode) and stat.S_IMODE(mode) == 0o700
+    assert (private / OWNER_FILE).exists()
+    assert len(list(private.rglob("*.safetensors"))) >= 96 // 8 // 2
+    assert list(victim.iterdir()) == []
+    snet.close()
+    assert _private(temp_base) == [] and list(victim.iterdir()) == []
+
+
+def test_with_block_removes_the_export_even_when_the_fit_fails(spark, sc, temp_base: Path) -> None:
+    with pytest.raises(DataError, match="out of range"):
+        with SparkNetwork(spark, _net(), _master(), progress=False) as snet:
+            snet.fit(_rdd(sc, labels_offset=5), epochs=1)  # labels 5..7 for 3 classes: found after the export
+    assert snet._private_dirs == [] and _private(temp_base) == []
+
+
+def test_garbage_collection_removes_the_export(spark, sc, temp_base: Path) -> None:
+    snet = SparkNetwork(spark, _net(), _master(), progress=False)
+    snet.fit(_rdd(sc), epochs=1)
+    assert len(_private(temp_base)) == 1
+    del snet
+    gc.collect()
+    assert _private(temp_base) == []
+
+
+def test_explicit_export_directory_is_kept_until_close(spark, sc, tmp_path: Path) -> None:
+    snet = SparkNetwork(spark, _net(), _master(export_directory=str(tmp_path / "exports")), progress=False)
+    snet.fit(_rdd(sc), epochs=1)
+    del snet
+    gc.collect()
+    assert list((tmp_path / "exports").rglob("*.safetensors"))  # not removed by garbage collection
+    assert _private(tmp_path) == []
+
+
+def _run(how: str, base: Path) -> subprocess.Popen:
+    env = {**os.environ, "TMPDIR": str(base)}
+    return subprocess.Popen([sys.executable, str(SCRIPT), how], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+
+
+def test_interpreter_exit_removes_the_export(tmp_path: Path) -> None:
+    proc = _run("exit", tmp_path)
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    report = json.loads(out.strip().splitlines()[-1])
+    assert report["files"] >= 2 and report["directory"].startswith(str(tmp_path))
+    assert not os.path.exists(report["directory"]) and _private(tmp_path) == []
+
+
+def test_a_killed_drivers_export_is_removed_by_the_next_run(spark, sc, temp_base: Path) -> None:
+    proc = _run("hang", temp_base)
+    try:
+        line = proc.stdout.readline()  # blocks until the fit is done (the script's timeouts bound it)
+        assert line, proc.stderr.read()[-3000:]
+        report = json.loads(line)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=60)
+    leftover = Path(report["directory"])
+    assert leftover.is_dir() and any(leftover.rglob("*.safetensors"))  # SIGKILL: nothing could clean up
+    alive = make_private_dir(str(temp_base))  # a live owner's directory (this process) is never taken
+    snet = SparkNetwork(spark, _net(), _master(), progress=False)
+    snet.fit(_rdd(sc), epochs=1)  # the next run
+    assert not leftover.exists()
+    assert Path(alive).is_dir() and len(_private(temp_base)) == 2
+    snet.close()
+    assert remove_stale(str(temp_base)) == [] and _private(temp_base) == [Path(alive)]
