@@ -9,7 +9,9 @@ README's "Errors" section lists these cases. Cases marked ``spark`` run on the s
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import socket
 import subprocess
 import tempfile
 from pathlib import Path
@@ -25,6 +27,12 @@ from torchspark.parallel import ParallelWrapper
 from torchspark.training.assignment import plan_balanced
 from torchspark.training.masters import ParameterAveragingTrainingMaster, master_from_json
 from torchspark.training.shared_master import SharedTrainingMaster
+
+
+def _evaluation_from_json(text: str) -> Any:
+    from torchspark.evaluation import evaluation_from_json
+
+    return evaluation_from_json(text)
 
 X = np.random.default_rng(0).random((20, 6), dtype=np.float32)
 Y = np.random.default_rng(1).integers(0, 3, 20)
@@ -84,12 +92,12 @@ def _a_file(ctx: Ctx) -> str:
     return str(path)
 
 
-def _full_disk(ctx: Ctx) -> str:
+def _full_disk(ctx: Ctx, size: str = "64k") -> str:
     if os.geteuid() != 0:
         pytest.skip("mounting a small tmpfs needs root")
     mount = ctx.work / "full"
     mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], check=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], check=True)
     ctx.cleanup.append(lambda: subprocess.run(["umount", str(mount)], check=False))
     return str(mount)
 
@@ -108,6 +116,58 @@ def _spark_fit(ctx: Ctx, data: Any, **master: Any) -> Any:
 
 def _rows(n: int = 8, width: int = 6) -> list[tuple[list[float], int]]:
     return [([float(i + j) for j in range(width)], i % 3) for i in range(n)]
+
+
+# ------------------------------------------------------------------ saved models and the CLI (hardening items 1-4)
+def _saved(ctx: Ctx, name: str = "model", hidden: int = 8) -> str:
+    path = str(ctx.work / name)
+    Network(models.mlp(64, hidden, 10), updater=optim.Adam(lr=1e-3), seed=0).save(path)
+    return path
+
+
+def _hostile_factory(ctx: Ctx) -> str:
+    path = _saved(ctx)
+    config = json.loads(Path(path, "config.json").read_text())
+    config["module"] = {"factory": "os:system", "kwargs": {"command": f"touch {ctx.work / 'pwned'}"}}
+    Path(path, "config.json").write_text(json.dumps(config))
+    return path
+
+
+def _garbage_config(ctx: Ctx) -> str:
+    path = _saved(ctx)
+    Path(path, "config.json").write_bytes(b"\x80\x81 binary garbage")
+    return path
+
+
+def _foreign_directory(ctx: Ctx) -> str:
+    (ctx.work / "mine").mkdir()
+    (ctx.work / "mine" / "notes.txt").write_text("my notes")
+    return str(ctx.work / "mine")
+
+
+def _model_on_a_full_disk(ctx: Ctx) -> str:
+    return _saved(ctx, os.path.join(_full_disk(ctx, "160k"), "model"), hidden=128)  # ~116 KB of 160 KiB
+
+
+def _evaluation_json(kind: str) -> str:
+    from torchspark.evaluation import Evaluation
+
+    data = json.loads(Evaluation().to_json())
+    data["type"] = kind
+    return json.dumps(data)
+
+
+def _cli_check(*argv: str) -> None:
+    from torchspark import cli
+    from torchspark.cli_checks import check_arguments
+
+    check_arguments(cli.build_parser().parse_args(list(argv)))
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 CASES = [
@@ -213,6 +273,30 @@ CASES = [
         setup=_full_disk),
     Case("model-directory-missing", lambda c: Network.load(str(c.work / "no-model")), SerializationError,
          ("no-model",)),
+    # -- no code from files, atomic saves, CLI checks first (items 1, 2, 4)
+    Case("model-config-names-os-system", lambda c: Network.load(c.made), SerializationError,
+         ("'os:system'", "factories=[system]", "trust_code=True"), setup=_hostile_factory),
+    Case("model-config-not-json", lambda c: Network.load(c.made), SerializationError,
+         ("config.json", "is not valid JSON"), setup=_garbage_config),
+    Case("master-json-names-os-system", lambda c: master_from_json('{"type": "os:system"}'), ConfigError,
+         ("'os:system'", "known: ['parameter_averaging', 'shared_gradients']")),
+    Case("evaluation-json-names-os-system", lambda c: _evaluation_from_json(_evaluation_json("os:system")),
+         SerializationError, ("'os:system'", "known types")),
+    Case("save-over-a-directory-of-other-files", lambda c: _net().save(c.made), SerializationError,
+         ("['notes.txt']", "save to a new or empty directory"), setup=_foreign_directory),
+    Case("save-onto-a-file", lambda c: _net().save(c.made), SerializationError,
+         ("a-file", "exists and is not a directory", "save to a directory path"), setup=_a_file),
+    Case("save-model-on-a-full-disk", lambda c: Network(models.mlp(64, 128, 10), updater=optim.Adam(lr=1e-3),
+                                                        seed=1).save(c.made),
+         SerializationError, ("the disk is full", "unchanged"), setup=_model_on_a_full_disk),
+    Case("cli-output-under-proc", lambda c: _cli_check("train", "--output", "/proc/torchspark-out"), ConfigError,
+         ("'/proc/torchspark-out'", "choose a writable location")),
+    Case("cli-output-is-a-file", lambda c: _cli_check("train", "--output", c.made), ConfigError,
+         ("a-file", "pass a directory path"), setup=_a_file),
+    Case("cli-master-unknown-scheme", lambda c: _cli_check("train", "--master", "foo://"), ConfigError,
+         ("'foo://'", "spark://HOST:PORT")),
+    Case("cli-master-unreachable", lambda c: _cli_check("train", "--master", f"spark://127.0.0.1:{c.made}"),
+         ConfigError, ("cannot reach the master", "check the host and port"), setup=lambda c: _closed_port()),
     # -- Spark: DataFrame columns, data kinds, workers
     Case("dataframe-missing-column", lambda c: _spark_fit(c, _frame(c, _rows(), "x array<double>, label long")),
          DataError, ("['features']", "features_col="), spark=True),
