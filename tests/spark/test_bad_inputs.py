@@ -314,7 +314,7 @@ CASES = [
         TrainingError, ("'features'", "different lengths"), spark=True),
     Case("dataframe-fractional-labels", lambda c: _spark_fit(c, _frame(
         c, [(r, y + 0.5) for r, y in _rows()], "features array<double>, label double")),
-        TrainingError, ("'label'", "non-integer", "class indices"), spark=True),
+        TrainingError, ("'label'", "non-integer values (e.g. 0.5)", "loss='mse'"), spark=True),
     Case("spark-data-is-a-list", lambda c: _spark_fit(c, [DataSet(X, Y)]), DataError,
          ("got list", "RDD"), spark=True),
     Case("spark-too-many-workers", lambda c: _spark_fit(c, c.spark.sparkContext.parallelize([DataSet(X, Y)], 1),

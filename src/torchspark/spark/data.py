@@ -79,7 +79,9 @@ def _column_to_tensor(col: Any, shape: Sequence[int] | None, integer_labels: boo
         arr = col.to_numpy(zero_copy_only=False)
     if integer_labels:
         if arr.ndim == 1 and np.issubdtype(arr.dtype, np.floating) and not np.all(np.mod(arr, 1) == 0):
-            raise DataError(f"label column {name!r} holds non-integer values but the loss expects class indices")
+            bad = float(arr[np.flatnonzero(np.mod(arr, 1) != 0)[0]])
+            raise DataError(f"label column {name!r} holds non-integer values (e.g. {bad:g}) but the loss expects class "
+                            "indices; cast the column to integers, or train a regression loss (loss='mse')")
         return torch.as_tensor(arr.astype(np.int64)) if arr.ndim == 1 else torch.as_tensor(arr.astype(np.float32))
     arr = np.ascontiguousarray(arr, dtype=np.float32)
     t = torch.from_numpy(arr if arr.flags.writeable else arr.copy())  # Arrow buffers are read-only
