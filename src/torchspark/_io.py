@@ -14,12 +14,37 @@ from typing import Any
 
 import fsspec
 
+from torchspark.errors import ConfigError
+
 __all__ = ["atomic_write_bytes", "read_bytes", "make_dirs", "join", "filesystem", "read_safetensors_metadata"]
 
 
 def filesystem(url: str) -> tuple[Any, str]:
-    """``(fs, path)`` for a URL or local path."""
-    return fsspec.core.url_to_fs(url)
+    """``(fs, path)`` for a URL or local path.
+
+    Raises:
+        ConfigError: the URL's protocol is unknown to fsspec, or its backend is not installed or cannot load (the
+            message names the protocol, the backend class and what it needs, e.g. ``s3fs`` for ``s3://``).
+    """
+    try:
+        return fsspec.core.url_to_fs(url)
+    except (ImportError, OSError, ValueError) as e:
+        raise ConfigError(_backend_advice(url, e)) from e
+
+
+def _backend_advice(url: str, error: Exception) -> str:
+    from fsspec.registry import known_implementations
+
+    protocol = url.split("://", 1)[0] if "://" in url else "file"
+    detail = (str(error).splitlines() or [type(error).__name__])[0]
+    known = known_implementations.get(protocol)
+    if known is None:
+        return (f"{url!r}: fsspec knows no filesystem for protocol {protocol!r} ({detail}); use a local path or a "
+                "URL fsspec supports (file://, hdfs://, s3://, gs://, memory:// ...)")
+    needs = known.get("err") or detail
+    return (f"{url!r}: the fsspec backend for {protocol}:// ({known['class']}) is missing or cannot load: {needs}"
+            f"{'' if detail == needs else f' ({detail})'}. Install it on the driver and every executor, or use a "
+            "local path")
 
 
 def join(directory: str, name: str) -> str:

@@ -64,7 +64,14 @@ def test_train_options_reach_spark_and_the_training_master(tmp_path) -> None:
            "--averaging-frequency", "3", "--no-progress", "--output", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
+    # a quiet start: none of the JVM's start-up warnings (they were the first ten lines) without --verbose
+    for chatter in ("incubator modules", "log4j", "NativeCodeLoader", "resolves to a loopback address"):
+        assert chatter not in proc.stderr, proc.stderr[:2000]
     metrics = json.loads((out / "metrics.json").read_text())
+    # training throughput over the fit alone; the session's start is reported apart
+    assert metrics["startup_seconds"] > 0 and metrics["fit_seconds"] > 0
+    assert metrics["examples_per_second"] == pytest.approx(1437 / metrics["fit_seconds"])
+    assert metrics["train_seconds"] >= metrics["startup_seconds"] + metrics["fit_seconds"]
     assert metrics["spark_master"] == "local[3]", metrics  # the default would be local[2] (--workers)
     master = metrics["training_master"]
     assert (master["batch_size_per_worker"], master["averaging_frequency"], master["num_workers"]) == (32, 3, 2)
@@ -74,3 +81,13 @@ def test_train_options_reach_spark_and_the_training_master(tmp_path) -> None:
     assert summary["examples"] == 1437
     assert 45 <= summary["minibatches"] <= 46, summary  # ceil(1437 / 32) = 45; the default 16 gives >= 90
     assert summary["counts"]["averaging"] == 2 * math.ceil(summary["iterations"] / 3), summary
+
+
+def test_verbose_shows_what_the_jvm_prints(tmp_path) -> None:
+    """``--verbose`` keeps the JVM's own stderr (its start-up notices, Spark's log) on the terminal."""
+    env = {k: v for k, v in os.environ.items() if k != "PYSPARK_PYTHON"}
+    cmd = [sys.executable, "-m", "torchspark.cli", "train", "--verbose", "--workers", "1", "--mode", "averaging",
+           "--model", "mlp", "--epochs", "1", "--no-progress", "--output", str(tmp_path / "run")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "log4j" in proc.stderr or "WARN" in proc.stderr, proc.stderr[:2000]

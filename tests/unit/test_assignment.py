@@ -30,7 +30,17 @@ def _reference(total: int, batch: int, workers: int, seed: int | None) -> list[l
     out = []
     for w in range(workers):
         mine = sequence[w * total // workers:(w + 1) * total // workers]
-        out.append([[e for _, e in group] for _, group in itertools.groupby(mine, key=lambda t: t[0])])
+        groups = [[e for _, e in group] for _, group in itertools.groupby(mine, key=lambda t: t[0])]
+        if batch > 1:  # step 5: a 1-example minibatch joins its neighbour (the previous one, else the next one)
+            for k in range(len(groups)):
+                if len(groups[k]) == 1 and k > 0:
+                    groups[k - 1] += groups[k]
+                    groups[k] = []
+                elif len(groups[k]) == 1 and k + 1 < len(groups):
+                    groups[k + 1] = groups[k] + groups[k + 1]
+                    groups[k] = []
+            groups = [sorted(g) for g in groups if g]  # a merged minibatch's examples in data order
+        out.append(groups)
     return out
 
 
@@ -52,13 +62,47 @@ def test_balanced_plan_matches_the_reference(sizes: list[int], batch: int, worke
     assert sum(counts) == total and set(counts) <= {total // workers, -(-total // workers)}
     for w in range(workers):  # full minibatches except a short first and a short last one
         lengths = [int((plan.stop[rows] - plan.start[rows]).sum()) for rows in plan.minibatches(w)]
-        assert all(n == batch for n in lengths[1:-1]) and all(0 < n <= batch for n in lengths), lengths
+        assert all(n == batch for n in lengths[1:-1]) and all(0 < n <= batch + 2 for n in lengths), lengths
+        assert batch == 1 or len(lengths) == 1 or 1 not in lengths, lengths  # no avoidable 1-example minibatch
     for p, size in enumerate(sizes):  # every example of every partition exactly once
         rows = plan.partition_rows(p)
         assert plan.start[rows].tolist() == [0, *plan.stop[rows][:-1].tolist()][:len(rows)]
         assert (plan.stop[rows][-1] if len(rows) else 0) == size
     # partitioning only splits minibatches into pieces: one partition of all the data gives the same minibatches
     assert _global(plan_balanced([total], batch, workers, seed), [total]) == _global(plan, sizes)
+
+
+def test_no_one_example_minibatch_from_the_split() -> None:
+    """66 examples, 2 workers, batch 16 used to give worker 0 the minibatches 16, 16, 1 (BatchNorm fails on 1)."""
+    plan = plan_balanced([66], 16, 2, None)
+    lengths = [[int((plan.stop[r] - plan.start[r]).sum()) for r in plan.minibatches(w)] for w in range(2)]
+    assert lengths == [[16, 17], [15, 16, 2]]
+    assert plan.examples_per_worker() == [33, 33]
+
+
+@pytest.mark.parametrize("sizes", [[66], [30, 36], [37, 5, 100, 1], [16, 16]])
+@pytest.mark.parametrize("workers", [1, 2, 3])
+@pytest.mark.parametrize("seed", [None, 3])
+def test_drop_last_trains_only_full_minibatches(sizes: list[int], workers: int, seed) -> None:
+    total, batch = sum(sizes), 16
+    plan = plan_balanced(sizes, batch, workers, seed, drop_last=True)
+    lengths = [[int((plan.stop[r] - plan.start[r]).sum()) for r in plan.minibatches(w)] for w in range(workers)]
+    assert all(n == batch for mine in lengths for n in mine), lengths
+    counts = [len(mine) for mine in lengths]
+    assert sum(counts) == total // batch and max(counts) - min(counts) <= 1
+    globals_ = sorted(e for mine in _global(plan, sizes) for mb in mine for e in mb)
+    assert len(set(globals_)) == len(globals_) == total // batch * batch
+    # the same full minibatches as without drop_last: only the remainder goes
+    kept = {tuple(mb) for mine in _global(plan, sizes) for mb in mine}
+    grid = {tuple(range(g * batch, (g + 1) * batch)) for g in range(total // batch)}
+    assert kept == grid
+    assert plan_balanced(sizes, batch, workers, seed, drop_last=False).examples_per_worker() != \
+        plan.examples_per_worker() or total % batch == 0
+
+
+def test_drop_last_refuses_data_smaller_than_a_batch() -> None:
+    with pytest.raises(DataError, match=r"holds 5 examples.*batch_size=8.*drop_last=False"):
+        plan_balanced([5], 8, 2, None, drop_last=True)
 
 
 def test_seeded_plans_are_deterministic_and_seeds_differ() -> None:

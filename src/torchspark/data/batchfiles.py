@@ -24,6 +24,7 @@ import safetensors.torch
 import torch
 from safetensors import SafetensorError
 
+from torchspark._io import filesystem
 from torchspark.data.dataset import DataSet, MultiDataSet
 from torchspark.errors import DataError
 
@@ -168,7 +169,7 @@ def save_batch(ds: DataSet | MultiDataSet, path: str) -> str:
             message); ``path`` is an existing directory.
     """
     data = dataset_to_bytes(ds)
-    fs, fs_path = fsspec.core.url_to_fs(path)
+    fs, fs_path = filesystem(path)
     directory_display = posixpath.dirname(path.rstrip("/")) or "."
     parent = fs._parent(fs_path)
     _makedirs(fs, parent, directory_display)
@@ -183,7 +184,7 @@ def save_batch(ds: DataSet | MultiDataSet, path: str) -> str:
         _remove_quietly(fs, tmp)
         if isinstance(exc, OSError):
             raise DataError(f"cannot write batch file {path} in directory {directory_display} ({exc}); "
-                            f"check that the directory is writable") from exc
+                            f"check that the directory is writable and has free space") from exc
         raise
     return path
 
@@ -206,7 +207,7 @@ def save_batches(
     """
     if not isinstance(prefix, str) or not prefix or "/" in prefix or prefix.startswith("."):
         raise DataError(f"prefix must be a non-empty file name part without '/' or a leading '.', got {prefix!r}")
-    fs, fs_path = fsspec.core.url_to_fs(directory)
+    fs, fs_path = filesystem(directory)
     _makedirs(fs, fs_path, directory)
     paths = []
     for i, ds in enumerate(datasets):
@@ -223,7 +224,7 @@ def load_batch(path: str) -> DataSet | MultiDataSet:
     Raises:
         DataError: the file is missing, unreadable, empty, truncated or foreign; the message names ``path``.
     """
-    fs, fs_path = fsspec.core.url_to_fs(path)
+    fs, fs_path = filesystem(path)
     try:
         with fs.open(fs_path, "rb") as f:
             data = f.read()
@@ -240,7 +241,7 @@ def batch_num_examples(path: str) -> int:
     Raises:
         DataError: the file is missing, unreadable or not a torchspark batch file; the message names ``path``.
     """
-    fs, fs_path = fsspec.core.url_to_fs(path)
+    fs, fs_path = filesystem(path)
     try:
         with fs.open(fs_path, "rb") as f:
             head = f.read(8)
@@ -267,7 +268,7 @@ def list_batches(directory: str) -> list[str]:
     Raises:
         DataError: ``directory`` does not exist or is not a directory.
     """
-    fs, fs_path = fsspec.core.url_to_fs(directory)
+    fs, fs_path = filesystem(directory)
     if not fs.isdir(fs_path):
         raise DataError(f"batch directory not found: {directory}; export the data first or fix the path")
     names = (posixpath.basename(p.rstrip("/")) for p in fs.ls(fs_path, detail=False))

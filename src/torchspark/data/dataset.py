@@ -25,6 +25,11 @@ _E = TypeVar("_E", bound="_Examples")
 
 def _as_tensor(value: Any, name: str) -> torch.Tensor:
     """Convert ``value`` (tensor, numpy array, nested list) to a tensor with at least one dimension."""
+    kind = getattr(getattr(value, "dtype", None), "kind", None)
+    if kind in ("U", "S", "O"):  # numpy strings or Python objects: torch's own message lists every dtype it knows
+        raise DataError(f"{name} is a numpy array of dtype {value.dtype} ({'objects' if kind == 'O' else 'strings'}); "
+                        "convert it to numbers first (class names to indices: np.unique(values, "
+                        "return_inverse=True)[1]; numeric text: values.astype('float32'))")
     try:
         tensor = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
     except (TypeError, ValueError, RuntimeError) as exc:
@@ -48,7 +53,8 @@ def _as_labels(value: Any, name: str) -> torch.Tensor:
     if tensor.dim() == 1:
         raise DataError(
             f"{name} is 1-D with float dtype {tensor.dtype} (shape {tuple(tensor.shape)}); pass class indices "
-            f"as an integer array of shape (N,), or dense targets shaped (N, k), e.g. labels.reshape(-1, 1)"
+            f"as an integer array of shape (N,) for loss='cross_entropy' (labels.astype('int64')), or dense "
+            f"targets shaped (N, k) for 'mse'/'bce_with_logits' (labels.reshape(-1, 1))"
         )
     return tensor
 

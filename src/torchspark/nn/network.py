@@ -15,6 +15,7 @@ import torch
 
 from torchspark.data import DataSet, MultiDataSet, iterate_minibatches
 from torchspark.errors import ConfigError, DataError, TrainingError
+from torchspark.nn.divergence import diverged_message
 from torchspark.nn.losses import Loss, LossLike, resolve_loss
 from torchspark.optim import SGD, UpdaterLike, UpdaterSpec, resolve_updater
 
@@ -53,6 +54,28 @@ def _scatter(tensors: list[torch.Tensor], flat: Any, what: str) -> None:
             n = t.numel()
             t.copy_(flat[offset : offset + n].view_as(t).to(t.dtype))
             offset += n
+
+
+def _check_label_shape(k: int, out: torch.Tensor, lab: torch.Tensor, loss: Loss) -> None:
+    """Labels whose shape the built-in loss cannot take: a DataError naming the loss, both shapes and the fix
+    (instead of torch's "0D or 1D target tensor expected" or "shape ... is invalid")."""
+    got = f"labels of shape {tuple(lab.shape)} ({str(lab.dtype).replace('torch.', '')})"
+    if loss.name == "cross_entropy" and out.dim() == 2:
+        indices = lab.dim() == 1 and not lab.is_floating_point()
+        dense = lab.dim() == 2 and lab.is_floating_point() and lab.shape[1] == out.shape[1]
+        if not (indices or dense) and lab.dim() == 2 and lab.shape[1] == 1:
+            raise DataError(f"loss 'cross_entropy' (output {k}, {out.shape[1]} classes) takes class indices of shape "
+                            f"(N,) as integers or one-hot targets (N, {out.shape[1]}), got {got}; flatten the labels "
+                            "to integer class indices (labels.reshape(-1).astype('int64'))")
+        if not (indices or dense) and lab.dim() == 2:
+            raise DataError(f"loss 'cross_entropy' (output {k}) needs one-hot targets of shape (N, {out.shape[1]}) "
+                            f"or class indices (N,), got {got}; match the number of classes or rebuild the model")
+    elif loss.name in ("mse", "bce_with_logits") and lab.numel() != out.numel():
+        fix = (f"one-hot encode class indices (torch.nn.functional.one_hot(labels, {out.shape[1]})) or use "
+               "loss='cross_entropy'") if not lab.is_floating_point() and lab.dim() == 1 and out.dim() == 2 \
+            else "give labels of the outputs' shape"
+        raise DataError(f"loss {loss.name!r} (output {k}) needs labels shaped like the outputs {tuple(out.shape)}, "
+                        f"got {got}; {fix}")
 
 
 def _as_list(x: Any) -> list[Any]:
@@ -313,7 +336,10 @@ class Network:
         else:
             raise DataError(f"expected a DataSet or MultiDataSet, got {type(batch).__name__}")
         dev = self.device
-        feats = [f.to(dev, non_blocking=True) for f in feats]
+        # floating features take the parameters' dtype (numpy's float64 default meets a float32 network); integer
+        # features (token ids) stay as they are
+        dtype = self._flat.dtype
+        feats = [f.to(dev, dtype=dtype if f.is_floating_point() else f.dtype, non_blocking=True) for f in feats]
         if labels is not None:
             labels = [lab.to(dev, non_blocking=True) for lab in labels]
         return feats, labels, fmask, lmasks
@@ -335,6 +361,13 @@ class Network:
             if not _looks_like_input_mismatch(text):
                 raise  # e.g. out of memory, or a bug in the module: not the data's fault
             shapes = ", ".join(str(tuple(f.shape)) for f in feats)
+            if "dtype" in text.lower() or "expected scalar type" in text.lower():
+                dtypes = ", ".join(str(f.dtype).replace("torch.", "") for f in feats)
+                raise DataError(
+                    f"the network ({type(self.module).__name__}) cannot take features of dtype {dtypes} (shape "
+                    f"{shapes}); its parameters are {str(self._flat.dtype).replace('torch.', '')}: {text.splitlines()[0]}. "
+                    "Cast the features (e.g. features.astype('float32')) or embed integer inputs in the model"
+                ) from e
             raise DataError(
                 f"the network ({type(self.module).__name__}) cannot take features of shape {shapes}: {e}. "
                 "Check the feature shape (reshape the data or build the model for this input size)."
@@ -352,6 +385,7 @@ class Network:
         if len(labels) != len(outputs):
             raise DataError(f"the data has {len(labels)} label arrays but the network has {len(outputs)} outputs")
         for k, (out, lab, loss) in enumerate(zip(outputs, labels, self._losses_for(len(outputs)))):
+            _check_label_shape(k, out, lab, loss)
             if loss.classification and not lab.is_floating_point() and out.dim() >= 2 and lab.numel():
                 lo, hi = int(lab.min()), int(lab.max())
                 if lo < 0 or hi >= out.shape[1]:
@@ -381,7 +415,8 @@ class Network:
     def _batch_loss(self, batch: Batch, validate: bool) -> tuple[torch.Tensor, int]:
         feats, labels, fmask, lmasks = self._unpack(batch)
         if labels is None:
-            raise DataError("training and scoring need labels, but the batch has labels=None")
+            raise DataError("training and scoring need labels, but the batch has labels=None; pass "
+                            "DataSet(features, labels) (predict with net.output(features) needs none)")
         if validate:
             batch.check_finite("training features")
         outputs = self._forward(feats, fmask)
@@ -401,10 +436,7 @@ class Network:
                 batch.check_finite("training features")
             except DataError as e:
                 raise TrainingError(f"loss is {value} at iteration {self.iteration}: {e}") from e
-            raise TrainingError(
-                f"loss turned {value} at iteration {self.iteration}; the updater diverged. "
-                f"Lower the learning rate (updater={self.updater!r}) or set gradient_clip."
-            )
+            raise TrainingError(diverged_message(f"loss turned {value}", self.iteration, self.updater))
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if self.gradient_clip is not None:
@@ -466,7 +498,9 @@ class Network:
 
         Args:
             data: a DataSet/MultiDataSet (split into minibatches of ``batch_size``, in order) or an iterable of
-                them (used as they come; must be re-iterable, such as a list, when ``epochs > 1``).
+                them (used as they come; must be re-iterable, such as a list, when ``epochs > 1``). Floating-point
+                features are cast to the parameters' dtype (numpy's float64 default trains a float32 network);
+                integer features are passed as they are (token ids for an embedding).
             epochs: passes over the data.
             batch_size: minibatch size when ``data`` is a single DataSet/MultiDataSet.
         Returns:
@@ -482,7 +516,8 @@ class Network:
                 self.train_step(batch, validate=(seen == 0))
                 seen += 1
             if seen == 0:
-                raise DataError("fit got no data: the DataSet or iterable is empty")
+                raise DataError("fit got no data: the DataSet or iterable is empty (0 examples); pass data with at "
+                                "least one example")
             self.epoch += 1
         return self
 
@@ -506,7 +541,8 @@ class Network:
         chunks: list[list[torch.Tensor]] = []
         with torch.set_grad_enabled(train):
             for start in range(0, max(n, 1), max(step, 1)):
-                part = [f[start : start + step].to(self.device) for f in feats]
+                part = [f[start : start + step].to(self.device, dtype=self._flat.dtype if f.is_floating_point()
+                                                     else f.dtype) for f in feats]
                 outs = self._forward(part)
                 acts = [lo.activation(o) for lo, o in zip(self._losses_for(len(outs)), outs)]
                 chunks.append([a.detach().cpu() for a in acts])

@@ -25,7 +25,8 @@ OPTION_DEFAULTS: dict[str, Any] = {
     "training_mode": "averaging", "averaging_frequency": 5, "average_updaters": True, "prefetch_buffer": 2,
     "threshold_algorithm": AdaptiveThreshold(), "residual_post_processor": ResidualClipping(),
     "shake_frequency": 0, "overlap": True, "collect_training_stats": False, "rng_seed": None,
-    "rendezvous_timeout_s": 300.0, "data_timeout_s": 600.0, "flush_denormal": True,
+    "rendezvous_timeout_s": 300.0, "data_timeout_s": 600.0, "flush_denormal": True, "drop_last": False,
+    "on_divergence": "fail",
     "checkpoint_directory": None, "checkpoint_every": None, "keep_checkpoints": 2, "max_failures": 3,
 }
 
@@ -62,13 +63,14 @@ def master_from_options(options: dict[str, Any]) -> TrainingMaster:
               "rendezvous_timeout_s": o["rendezvous_timeout_s"], "data_timeout_s": o["data_timeout_s"],
               "flush_denormal": o["flush_denormal"], "checkpoint_directory": o["checkpoint_directory"],
               "checkpoint_every": o["checkpoint_every"], "keep_checkpoints": o["keep_checkpoints"],
-              "max_failures": o["max_failures"]}
+              "max_failures": o["max_failures"], "drop_last": o["drop_last"]}
     try:
         averaging = ParameterAveragingTrainingMaster(averaging_frequency=o["averaging_frequency"],
                                                      save_updater=o["average_updaters"], **common)
         sharing = SharedTrainingMaster(threshold_algorithm=o["threshold_algorithm"],
                                        residual_post_processor=o["residual_post_processor"],
-                                       shake_frequency=o["shake_frequency"], overlap=o["overlap"], **common)
+                                       shake_frequency=o["shake_frequency"], overlap=o["overlap"],
+                                       on_divergence=o["on_divergence"], **common)
     except ConfigError as e:
         renamed = [f"{ours} is the master's {theirs}" for ours, theirs in _RENAMED.items() if theirs in str(e)]
         if not renamed:

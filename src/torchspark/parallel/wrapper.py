@@ -92,21 +92,23 @@ def _default_devices(workers: int | None, devices: Sequence[Any] | None = None) 
 # ------------------------------------------------------------------ data routing
 @dataclass
 class _DataPlan:
-    """The workers' shares of the data, and a first minibatch to check the network against."""
+    """The workers' shares of the data, a first minibatch to check the network against, and the examples one
+    epoch trains when known (the progress bar's total)."""
 
     sample: Any
     shares: WorkerShares
+    examples: int | None = None
 
 
 def _route(data: Any, workers: int, batch_size: int, epochs: int, rng_seed: int | None,
-           first_epoch: int = 0) -> _DataPlan:
+           first_epoch: int = 0, drop_last: bool = False) -> _DataPlan:
     """Split ``data`` over the workers with the plans Spark uses: in-memory data exactly balanced by examples
     (:func:`split_examples`, Spark's ``repartition_strategy="balanced"``), batch files of any size re-batched to
     ``batch_size`` (:func:`plan_files`, Spark's ``fit_paths``)."""
     if isinstance(data, _BATCH_TYPES):
         if len(data) == 0:
             raise DataError("fit got an empty DataSet (0 examples)")
-        return _feeds([data], workers, batch_size, rng_seed, epochs, first_epoch)
+        return _feeds([data], workers, batch_size, rng_seed, epochs, first_epoch, drop_last)
     if isinstance(data, _PATH_TYPES):  # a directory, a glob or one batch file
         data = resolve_paths(data)
     if isinstance(data, bytes):
@@ -122,34 +124,43 @@ def _route(data: Any, workers: int, batch_size: int, epochs: int, rng_seed: int 
     if isinstance(first, _PATH_TYPES):  # paths are cheap: always materialised, so any epochs work
         paths = _checked(itertools.chain([first], items), _PATH_TYPES, "batch-file path")
         files = [(os.fspath(p), batch_num_examples(os.fspath(p))) for p in paths]  # re-batched, as fit_paths
-        shares = per_epoch(lambda s: plan_files(files, batch_size, workers, s), workers, rng_seed, first_epoch, epochs)
-        return _DataPlan(paths[0], WorkerShares(workers, paths=shares))
+        shares = per_epoch(lambda s: plan_files(files, batch_size, workers, s, drop_last=drop_last), workers, rng_seed,
+                           first_epoch, epochs)
+        total = sum(n for _, n in files)
+        return _DataPlan(paths[0], WorkerShares(workers, paths=shares),
+                         total // batch_size * batch_size if drop_last else total)
     if isinstance(data, (list, tuple)):
         items = _checked(data, _BATCH_TYPES, "DataSet or MultiDataSet")
         if len({type(item) for item in items}) > 1:
             raise DataError("data mixes DataSets and MultiDataSets; pass one kind (DataSet.to_multi converts)")
         if not any(len(item) for item in items):
             raise DataError("fit got no data: every DataSet in the list is empty")
-        return _feeds(items, workers, batch_size, rng_seed, epochs, first_epoch)
+        return _feeds(items, workers, batch_size, rng_seed, epochs, first_epoch, drop_last)
     if epochs != 1:
         raise ConfigError(f"a one-shot iterable ({type(data).__name__}) trains one epoch only, got epochs={epochs}; "
                           "pass a list (e.g. list(data)) or a DataSet to train several epochs")
+    if drop_last:
+        raise ConfigError(f"drop_last=True needs data whose size is known before training (a DataSet, a list of them "
+                          f"or of batch-file paths), got a one-shot {type(data).__name__}; pass list(data)")
     if not isinstance(first, _BATCH_TYPES):
         raise DataError(f"data[0] is a {type(first).__name__}; expected a DataSet, MultiDataSet or batch-file path")
     return _DataPlan(first, WorkerShares(workers, stream=rebatch(itertools.chain([first], items), batch_size)))
 
 
 def _feeds(items: Sequence[Any], workers: int, batch_size: int, rng_seed: int | None, epochs: int = 1,
-           first_epoch: int = 0) -> _DataPlan:
+           first_epoch: int = 0, drop_last: bool = False) -> _DataPlan:
     """In-memory data: one plan replayed every epoch, or with ``rng_seed`` (past the network's first epoch, or
     over several) a new plan per epoch, as Spark's routes give them (:func:`~torchspark.training.assignment.per_epoch`),
     fed to the workers epoch by epoch."""
     if rng_seed is None or (epochs == 1 and first_epoch == 0):
-        feeds = split_examples(items, batch_size, workers, rng_seed)
-        return _DataPlan(next(b for feed in feeds for b in feed), WorkerShares(workers, feeds=feeds))
-    plans = [split_examples(items, batch_size, workers, epoch_seed(rng_seed, first_epoch + e)) for e in range(epochs)]
+        feeds = split_examples(items, batch_size, workers, rng_seed, drop_last)
+        return _DataPlan(next(b for feed in feeds for b in feed), WorkerShares(workers, feeds=feeds),
+                         sum(len(b) for feed in feeds for b in feed))
+    plans = [split_examples(items, batch_size, workers, epoch_seed(rng_seed, first_epoch + e), drop_last)
+             for e in range(epochs)]
     sample = next(b for feed in plans[0] for b in feed)
-    return _DataPlan(sample, WorkerShares(workers, epoch_feeds=plans, first_epoch=first_epoch))
+    return _DataPlan(sample, WorkerShares(workers, epoch_feeds=plans, first_epoch=first_epoch),
+                     sum(len(b) for feed in plans[0] for b in feed))
 
 
 def _checked(items: Iterable[Any], types: tuple[type, ...], what: str) -> list[Any]:
@@ -229,6 +240,10 @@ class ParallelWrapper:
         max_failures: worker processes lost mid-fit (killed, out of memory, stopped responding) that a fit
             survives by relaunching the workers from the newest checkpoint, else from the fit's start (default 3;
             0 = fail at the first). Errors in the model or data are never retried.
+        drop_last: train only full minibatches of ``batch_size`` (the remainder is not trained), as
+            ``DataLoader(drop_last=True)``; see the master's ``drop_last``.
+        on_divergence: gradient sharing: ``"fail"`` (default) or ``"warn"`` when an update explodes or is not
+            finite (see ``SharedTrainingMaster.on_divergence``).
         master: the training master (instead of the options above).
         runner: how workers run (a :class:`~torchspark.training.runner.Runner`); default: a
             :class:`~torchspark.parallel.runner.LocalProcessRunner` on :attr:`worker_devices` with
@@ -258,6 +273,8 @@ class ParallelWrapper:
     checkpoint_every: int | None = None
     keep_checkpoints: int = 2
     max_failures: int = 3
+    drop_last: bool = False
+    on_divergence: str = "fail"
     master: TrainingMaster | None = None
     runner: Any = None
     #: timings of the last fit (None unless ``collect_training_stats``)
@@ -349,7 +366,8 @@ class ParallelWrapper:
         for name, value in (("epochs", epochs), ("batch_size", batch_size)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
-        plan = _route(data, len(self._devices), batch_size, epochs, self.master.rng_seed, self.network.epoch)
+        plan = _route(data, len(self._devices), batch_size, epochs, self.master.rng_seed, self.network.epoch,
+                      self.master.drop_last)
         self._check_sample(plan.sample)
         return self._run(plan, epochs, run_id)
 
@@ -383,6 +401,7 @@ class ParallelWrapper:
         outcome = run_fit(self.network, task, self._runner(), plan.shares, recorder=recorder,
                           description=f"ParallelWrapper fit: {len(self._devices)} workers, {epochs} epoch(s)",
                           listeners=self._listeners, score_listeners=score_listeners, progress=self.progress,
-                          events=events, max_failures=master.max_failures)
+                          events=events, max_failures=master.max_failures,
+                          total_examples=None if plan.examples is None else plan.examples * epochs)
         self._score, self.last_results, self.training_stats = outcome.score, outcome.results, outcome.stats
         return self.network

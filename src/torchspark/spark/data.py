@@ -61,12 +61,19 @@ def _column_to_tensor(col: Any, shape: Sequence[int] | None, integer_labels: boo
 
     n = len(col)
     if pa.types.is_list(col.type) or pa.types.is_large_list(col.type) or pa.types.is_fixed_size_list(col.type):
+        if col.null_count:
+            raise DataError(f"column {name!r} has {col.null_count} null row(s) (the whole array is null); drop "
+                            f"them first: df.dropna(subset=[{name!r}])")
         flat = col.flatten()
         if flat.null_count:
             raise DataError(f"column {name!r} has null values inside its arrays; fill or drop them first")
         values = flat.to_numpy(zero_copy_only=False)
-        if n and values.size % n:
-            raise DataError(f"column {name!r} has arrays of different lengths; every row needs the same length")
+        lengths = pa.compute.list_value_length(col).to_numpy(zero_copy_only=False) if n else np.zeros(0)
+        if n and lengths.min() != lengths.max():  # equal totals (3 x 6 + 2 = 4 x 5) must not pass as a reshape
+            row = int(np.flatnonzero(lengths != lengths[0])[0])
+            raise DataError(f"column {name!r} has arrays of different lengths ({int(lengths[0])} in its first row "
+                            f"of this batch, {int(lengths[row])} in row {row}); every row needs the same length: "
+                            "fix or drop the odd rows")
         arr = values.reshape(n, -1) if n else values.reshape(0, 0)
     else:
         if col.null_count:
@@ -74,7 +81,9 @@ def _column_to_tensor(col: Any, shape: Sequence[int] | None, integer_labels: boo
         arr = col.to_numpy(zero_copy_only=False)
     if integer_labels:
         if arr.ndim == 1 and np.issubdtype(arr.dtype, np.floating) and not np.all(np.mod(arr, 1) == 0):
-            raise DataError(f"label column {name!r} holds non-integer values but the loss expects class indices")
+            bad = float(arr[np.flatnonzero(np.mod(arr, 1) != 0)[0]])
+            raise DataError(f"label column {name!r} holds non-integer values (e.g. {bad:g}) but the loss expects class "
+                            "indices; cast the column to integers, or train a regression loss (loss='mse')")
         return torch.as_tensor(arr.astype(np.int64)) if arr.ndim == 1 else torch.as_tensor(arr.astype(np.float32))
     arr = np.ascontiguousarray(arr, dtype=np.float32)
     t = torch.from_numpy(arr if arr.flags.writeable else arr.copy())  # Arrow buffers are read-only
@@ -180,6 +189,7 @@ def to_batch_rdd(
         feature_shapes(feature_shape, len(_columns(features_col, "features_col")))  # on the driver: a clear error
         df = data.select(*dict.fromkeys(cols))
         for c in dict.fromkeys(cols):
+            _check_column_type(c, df.schema[c].dataType)
             if isinstance(df.schema[c].dataType, VectorUDT):
                 df = df.withColumn(c, vector_to_array(c, "float32"))
         fn = dataframe_to_batches(features_col, label_col, feature_shape, integer_labels)
@@ -187,6 +197,22 @@ def to_batch_rdd(
     raise DataError(
         f"training data must be an RDD of DataSet/MultiDataSet or a Spark DataFrame, got {type(data).__name__}"
     )
+
+
+def _check_column_type(name: str, data_type: Any) -> None:
+    """Features and labels must be numbers, arrays of numbers or ML Vectors: say which column is not, before any
+    job runs."""
+    from pyspark.ml.linalg import VectorUDT
+    from pyspark.sql.types import ArrayType, BooleanType, NumericType
+
+    element = data_type
+    while isinstance(element, ArrayType):
+        element = element.elementType
+    if isinstance(data_type, VectorUDT) or isinstance(element, (NumericType, BooleanType)):
+        return
+    raise DataError(f"DataFrame column {name!r} has type {data_type.simpleString()}; features and labels must be "
+                    "numbers, arrays of numbers or ML Vectors. Convert it first (e.g. F.col(...).cast('double'), "
+                    "StringIndexer for class names, VectorAssembler for several numeric columns)")
 
 
 def as_batch(item: Any) -> DataSet | MultiDataSet:
@@ -272,17 +298,19 @@ def _shuffle_partition(rng_seed: int, index: int, items: Iterable[Any]) -> Itera
 
 
 def plan_path_files(files: Sequence[tuple[int, str, int]], num_workers: int, batch_size: int, rng_seed: int | None,
-                    by_partition: bool, loader: Callable[[str], Any] | None = None) -> list[list[str | FileSlices]]:
+                    by_partition: bool, loader: Callable[[str], Any] | None = None,
+                    drop_last: bool = False) -> list[list[str | FileSlices]]:
     """``fit_paths``: the user's files ``(partition, path, examples)`` of any size re-batched to ``batch_size``
     (:func:`~torchspark.training.assignment.plan_files`): over all files, balanced by examples; or with
     ``by_partition`` within each input partition, which stays one worker's data (in order; in a seeded order with
     ``rng_seed``)."""
     if not by_partition:
-        return plan_files([(path, count) for _, path, count in files], batch_size, num_workers, rng_seed, loader)
+        return plan_files([(path, count) for _, path, count in files], batch_size, num_workers, rng_seed, loader,
+                          drop_last)
     groups: list[list[str | FileSlices]] = []
     for w in range(num_workers):
         mine = [(path, count) for part, path, count in files if part == w]
-        groups.append(plan_files(mine, batch_size, 1, None, loader)[0] if sum(c for _, c in mine) else [])
+        groups.append(plan_files(mine, batch_size, 1, None, loader, drop_last)[0] if sum(c for _, c in mine) else [])
     if rng_seed is not None:  # each worker trains its own partition, in a seeded order
         groups = [[g[k] for k in seeded_order(len(g), rng_seed, w)] for w, g in enumerate(groups)]
     return groups
@@ -317,8 +345,9 @@ def _cut_partition(plan_bc: Any, index: int, items: Iterable[Any]) -> Iterator[t
         if k < len(rows):
             r = rows[k]
             yield (int(plan.worker[r]), int(plan.position[r]), int(plan.begin[r])), dataset_to_bytes(piece)
-    if seen != sum(lengths):
-        raise DataError(f"input partition {index} held {sum(lengths)} examples when counted but {seen} now; the RDD "
+    counted = int(plan.sizes[index]) if plan.sizes is not None else sum(lengths)  # drop_last: more than planned
+    if seen != counted:
+        raise DataError(f"input partition {index} held {counted} examples when counted but {seen} now; the RDD "
                         "must give the same data every time it is computed (persist it, or seed its sampling)")
 
 

@@ -111,6 +111,7 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         self._collect_stats = bool(training_master and training_master.collect_training_stats)
         self._stats: TrainingStats | None = None
         self._driver_stats = StatsCollector(DRIVER_ID, enabled=False)
+        self._epoch_examples: int | None = None  # set by _prepare when the split knows it (progress bar total)
         # private default-export directories; the finalizer holds the list, not self, so garbage collection and
         # interpreter exit remove them (see torchspark.spark.private_dirs)
         self._private_dirs: list[str] = []
@@ -181,6 +182,7 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         _check_epochs(epochs)
         plan_for(master, run_id, 0, 0)  # a run_id without checkpoint_directory fails before any Spark job
         self._driver_stats = StatsCollector(DRIVER_ID, enabled=self._collect_stats)
+        self._epoch_examples = None
         rdd = to_batch_rdd(data, features_col, label_col, feature_shape, [lo.classification for lo in self.network.losses])
         n = self._num_workers(master)
         base = self._export_base(master) if master.rdd_training_approach == "export" else None  # before any job
@@ -238,8 +240,9 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
             raise DataError("fit_paths got no paths: the list or RDD of files is empty")
         by_partition = self._keep_partitions(master, partitions, n)
         bsz, seed = master.batch_size_per_worker, master.rng_seed
-        groups = per_epoch(lambda s: plan_path_files(indexed, n, bsz, s, by_partition, loader), n, seed,
-                           self.network.epoch, self._planned_epochs(master, epochs) if not by_partition else None)
+        groups = per_epoch(lambda s: plan_path_files(indexed, n, bsz, s, by_partition, loader, master.drop_last), n,
+                           seed, self.network.epoch, self._planned_epochs(master, epochs) if not by_partition else None)
+        self._epoch_examples = None if master.drop_last else sum(count for _, _, count in indexed)
         return self._train(worker_rdd_from_paths(self.sc, groups), master, n, epochs, run_id)
 
     def delete_temp_files(self) -> None:
@@ -318,6 +321,10 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         order."""
         keep = self._keep_partitions(master, rdd.getNumPartitions(), n)
         balanced = not keep and master.repartition_strategy == "balanced"
+        if master.drop_last and not balanced:
+            raise ConfigError(f"drop_last=True needs the balanced split, but the data's {n} partitions are kept as "
+                              "they are (repartition='num_partitions_workers_differs'); set repartition='always' "
+                              "or drop_last=False")
         if master.rdd_training_approach == "export":
             assert base is not None
             return self._prepare_export(rdd, master, n, base, keep, balanced, epochs)
@@ -357,10 +364,12 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         if balanced:  # every epoch in its own seeded order across workers (only names travel)
             sizes, bsz = export.sizes, master.batch_size_per_worker
             assert sizes is not None
-            groups = per_epoch(lambda s: file_items(plan_balanced(sizes, bsz, n, s), export.files), n,
+            self._epoch_examples = sum(plan_balanced(sizes, bsz, n, None, master.drop_last).examples_per_worker())
+            groups = per_epoch(lambda s: file_items(plan_balanced(sizes, bsz, n, s, master.drop_last), export.files), n,
                                master.rng_seed, self.network.epoch, epochs)
             return worker_rdd_from_paths(self.sc, groups)
         paths = [(part, path) for part, path, _ in export.files]
+        self._epoch_examples = sum(count for _, _, count in export.files)
         if not keep:  # spark_default
             return spread_round_robin(self.sc.parallelize([p for _, p in paths]), n, master.rng_seed)
         return worker_rdd_from_paths(self.sc, group_paths(paths, n, master.rng_seed, by_partition=True))
@@ -372,7 +381,8 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         assert seed is not None
         with self._driver_stats.phase("count"):
             sizes = _count(self.sc, rdd)
-        plans = [plan_balanced(sizes, bsz, n, epoch_seed(seed, first + e)) for e in range(epochs)]
+        plans = [plan_balanced(sizes, bsz, n, epoch_seed(seed, first + e), master.drop_last) for e in range(epochs)]
+        self._epoch_examples = sum(plans[0].examples_per_worker())
         with self._driver_stats.phase("repartition"):
             return worker_rdd_balanced_epochs(rdd, plans, first)
 
@@ -381,7 +391,8 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         level = storage_level_by_name(master.storage_level)
         # later fits of the same RDD reuse the persisted, repartitioned minibatches (no count, no shuffle); only the
         # latest data stays persisted
-        cache_key = (rdd.id(), bsz, n, keep, master.repartition_strategy, master.rng_seed, master.storage_level)
+        cache_key = (rdd.id(), bsz, n, keep, master.repartition_strategy, master.rng_seed, master.storage_level,
+                     master.drop_last)
         cached = self._prepared.get(cache_key)
         if cached is not None:
             return cached
@@ -391,7 +402,8 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         if balanced:
             with self._driver_stats.phase("count"):
                 sizes = _count(self.sc, rdd)
-            plan = plan_balanced(sizes, bsz, n, master.rng_seed)
+            plan = plan_balanced(sizes, bsz, n, master.rng_seed, master.drop_last)
+            self._epoch_examples = sum(plan.examples_per_worker())
             with self._driver_stats.phase("repartition"):
                 prepared = worker_rdd_balanced(rdd, plan, level)
         else:
@@ -428,7 +440,8 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         outcome = run_fit(self.network, task, self._runner(master), SparkWorkerData(self.sc, worker_rdd),
                           recorder=collector, description=f"torchspark fit: {n} workers, {epochs} epoch(s)",
                           listeners=self._listeners, progress=self.progress, events=events,
-                          max_failures=master.max_failures)
+                          max_failures=master.max_failures,
+                          total_examples=None if self._epoch_examples is None else self._epoch_examples * epochs)
         self._score, self.last_results, self._stats = outcome.score, outcome.results, outcome.stats
         return self.network
 

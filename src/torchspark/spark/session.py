@@ -40,6 +40,7 @@ def local_session(
     master: str | None = None,
     conf: dict[str, Any] | None = None,
     rendezvous_timeout_s: float = 300.0,
+    quiet: bool = False,
 ) -> Any:
     """A SparkSession on this machine with sane defaults for training.
 
@@ -51,6 +52,10 @@ def local_session(
         conf: extra Spark settings, applied last.
         rendezvous_timeout_s: becomes ``spark.barrier.sync.timeout`` so a barrier task waiting for a peer fails
             instead of hanging.
+        quiet: start without the JVM's start-up chatter (the incubator-module notice, loopback hostname,
+            native-hadoop and log4j-profile warnings): the driver JVM's own stderr goes to ``os.devnull`` and
+            Spark logs only errors. Spark's errors still reach Python as exceptions; leave it False (the default,
+            or ``torchspark ... --verbose``) to see everything the JVM prints.
     Settings applied: executors use this interpreter (``PYSPARK_PYTHON=sys.executable``), Python worker reuse on,
     Python workers forked from a daemon that has imported torch already (``torchspark.spark._daemon``),
     ``spark.locality.wait=0`` (the seeds' advice: do not wait for data-local slots), Arrow for pandas conversions,
@@ -87,22 +92,44 @@ def local_session(
         builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
     for key, value in (conf or {}).items():
         builder = builder.config(key, str(value))
-    session = builder.getOrCreate()
+    with _jvm_stderr_silenced(quiet):
+        session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     return session
 
 
 @contextlib.contextmanager
-def session_scope(cores: int | None = None, master: str | None = None, app_name: str = "torchspark") -> Iterator[Any]:
+def _jvm_stderr_silenced(quiet: bool) -> Iterator[None]:
+    """While the block runs, file descriptor 2 points at ``os.devnull``, so a JVM launched in it inherits a silent
+    stderr for good; this process gets its own stderr back afterwards. Does nothing unless ``quiet``."""
+    if not quiet:
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+@contextlib.contextmanager
+def session_scope(cores: int | None = None, master: str | None = None, app_name: str = "torchspark",
+                  quiet: bool = False) -> Iterator[Any]:
     """A session for the duration of a block: the active one when there is one (left running), else a new
-    :func:`local_session` (stopped at the end)."""
+    :func:`local_session` (stopped at the end; ``quiet``: see there)."""
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()
     if active is not None:
         yield active
         return
-    spark = local_session(cores=cores, master=master, app_name=app_name)
+    spark = local_session(cores=cores, master=master, app_name=app_name, quiet=quiet)
     try:
         yield spark
     finally:

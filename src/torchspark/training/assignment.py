@@ -17,6 +17,15 @@ ParallelWrapper for in-memory data). It gives every one of ``n`` workers ``floor
 4. Split every worker minibatch at input-partition boundaries into *pieces* ``(partition, start, stop)`` (in the
    partition's own example numbering). A minibatch is the concatenation of its pieces in data order; most have
    one piece, only those that straddle a partition boundary have more.
+5. No accidental 1-example minibatches (BatchNorm cannot train on one example): when ``batch_size > 1``, a
+   worker's minibatch of one example is merged into that worker's neighbouring minibatch (the previous one, or
+   the next one when it is the first), which then holds ``batch_size + 1`` examples (``+ 2`` when a worker's
+   first and last minibatches both join the one between them). Only a worker with one
+   example in all keeps it (66 examples, 2 workers, batch 16: worker 0 trains 16 + 17, not 16 + 16 + 1).
+
+``drop_last=True`` (as ``torch.utils.data.DataLoader``'s): every minibatch holds exactly ``batch_size`` examples.
+The ``N % batch_size`` examples of the short grid remainder are not trained, and whole grid minibatches are dealt
+to the workers (``floor`` or ``ceil`` of ``N // batch_size`` over ``n`` each), so no cut falls inside one.
 
 Consumers turn pieces into data where the data lives: the ``direct`` route cuts each partition into its pieces on
 the executors and shuffles them to their workers (:func:`torchspark.spark.data.worker_rdd_balanced`); the
@@ -96,6 +105,7 @@ class BalancedPlan:
         start, stop: the piece's examples in the partition's own numbering.
         begin: the piece's first example in the global numbering (data order); orders pieces in a minibatch.
         num_workers: ``n``.
+        sizes: examples in each input partition (all of them, trained or dropped).
     """
 
     worker: np.ndarray
@@ -105,6 +115,7 @@ class BalancedPlan:
     stop: np.ndarray
     begin: np.ndarray
     num_workers: int
+    sizes: np.ndarray | None = None
 
     def examples_per_worker(self) -> list[int]:
         """How many examples each worker trains per epoch (they differ by at most one)."""
@@ -120,12 +131,14 @@ class BalancedPlan:
         return np.split(rows, breaks)
 
     def partition_rows(self, partition: int) -> np.ndarray:
-        """Row indices of the pieces of one input partition, in the partition's order (they tile it)."""
+        """Row indices of the pieces of one input partition, in the partition's order (they tile it, except for
+        examples ``drop_last`` dropped at its end)."""
         rows = np.flatnonzero(self.partition == partition)
         return rows[np.argsort(self.start[rows], kind="stable")]
 
 
-def plan_balanced(sizes: Sequence[int], batch_size: int, num_workers: int, rng_seed: int | None) -> BalancedPlan:
+def plan_balanced(sizes: Sequence[int], batch_size: int, num_workers: int, rng_seed: int | None,
+                  drop_last: bool = False) -> BalancedPlan:
     """Plan exactly balanced per-worker minibatches over partitions of ``sizes`` examples (steps in the module doc).
 
     Args:
@@ -133,8 +146,11 @@ def plan_balanced(sizes: Sequence[int], batch_size: int, num_workers: int, rng_s
         batch_size: examples per minibatch (``batch_size_per_worker``).
         num_workers: ``n``; when there are fewer examples than workers, some workers get none.
         rng_seed: seeds the order of the full grid minibatches; None keeps data order.
+        drop_last: train only full minibatches of ``batch_size`` (the remainder is dropped; workers then differ by
+            up to one minibatch instead of one example).
     Raises:
-        ConfigError: ``batch_size`` or ``num_workers`` < 1. DataError: a negative size, or no examples at all.
+        ConfigError: ``batch_size`` or ``num_workers`` < 1. DataError: a negative size, no examples at all, or
+        (with ``drop_last``) fewer examples than ``batch_size``.
     """
     if batch_size < 1 or num_workers < 1:
         raise ConfigError(f"batch_size and num_workers must be >= 1, got {batch_size} and {num_workers}")
@@ -145,26 +161,31 @@ def plan_balanced(sizes: Sequence[int], batch_size: int, num_workers: int, rng_s
     if total == 0:
         raise DataError("the training data is empty: the RDD holds no examples")
     b, n = batch_size, num_workers
-    # 1. the grid: minibatch g = global examples [g*b, g*b + length[g])
-    grid = -(-total // b)
+    if drop_last and total < b:
+        raise DataError(f"drop_last=True drops every example: the data holds {total} examples, fewer than "
+                        f"batch_size={b}; lower the batch size or set drop_last=False")
+    # 1. the grid: minibatch g = global examples [g*b, g*b + length[g]); drop_last keeps the full ones only
+    full = total // b
+    grid = full if drop_last else -(-total // b)
+    used = grid * b if drop_last else total
     length = np.full(grid, b, dtype=np.int64)
-    length[-1] = total - (grid - 1) * b
+    length[-1] = used - (grid - 1) * b
     # 2. slot k of the training sequence holds grid minibatch order[k]; the short remainder stays last
     order = np.arange(grid, dtype=np.int64)
-    full = total // b
     if rng_seed is not None:
         order[:full] = np.random.default_rng(rng_seed).permutation(full)
     slot_of = np.empty(grid, dtype=np.int64)
     slot_of[order] = np.arange(grid)
     slot_start = np.concatenate([[0], np.cumsum(length[order])])  # (grid + 1,) sequence offset of every slot
-    # 3. worker cuts in the sequence, and where the inner ones fall in global numbering
-    cuts = np.arange(n + 1, dtype=np.int64) * total // n
+    # 3. worker cuts in the sequence (drop_last: on slot boundaries), and where the inner ones fall globally
+    ranks = np.arange(n + 1, dtype=np.int64)
+    cuts = slot_start[ranks * grid // n] if drop_last else ranks * used // n
     inner = cuts[1:-1]
-    cut_slot = np.searchsorted(slot_start, inner, side="right") - 1
-    cut_global = order[cut_slot] * b + (inner - slot_start[cut_slot])
+    cut_slot = np.minimum(np.searchsorted(slot_start, inner, side="right") - 1, grid - 1)
+    cut_global = np.where(inner >= used, used, order[cut_slot] * b + (inner - slot_start[cut_slot]))
     # 4. pieces: cut the global numbering at grid, partition and worker boundaries
     part_start = np.concatenate([[0], np.cumsum(part_size)])
-    bounds = np.unique(np.concatenate([np.arange(0, total, b), part_start, cut_global]))
+    bounds = np.unique(np.concatenate([np.arange(0, used, b), part_start[part_start <= used], cut_global, [used]]))
     begin, end = bounds[:-1], bounds[1:]
     slot = slot_of[begin // b]
     in_sequence = slot_start[slot] + begin - (begin // b) * b
@@ -173,9 +194,37 @@ def plan_balanced(sizes: Sequence[int], batch_size: int, num_workers: int, rng_s
     partition = np.searchsorted(part_start, begin, side="right") - 1  # 'right': skips empty partitions
     rows = np.lexsort((begin, slot, worker))
     worker, slot, partition, begin, end = worker[rows], slot[rows], partition[rows], begin[rows], end[rows]
-    return BalancedPlan(worker=worker, position=slot - first_slot[worker], partition=partition,
+    position = slot - first_slot[worker]
+    if b > 1:  # 5.
+        position = _merge_single_examples(worker, position, end - begin)
+        # pieces of a minibatch in data order (a merged one spans two slots), as every consumer joins them
+        rows = np.lexsort((begin, position, worker))
+        worker, position, partition, begin, end = worker[rows], position[rows], partition[rows], begin[rows], end[rows]
+    return BalancedPlan(worker=worker, position=position, partition=partition,
                         start=begin - part_start[partition], stop=end - part_start[partition], begin=begin,
-                        num_workers=n)
+                        num_workers=n, sizes=part_size)
+
+
+def _merge_single_examples(worker: np.ndarray, position: np.ndarray, size: np.ndarray) -> np.ndarray:
+    """Step 5: positions renumbered so that a 1-example minibatch shares its neighbour's (pieces sorted by
+    worker, position, begin; a worker's minibatches are numbered 0, 1, ... again afterwards)."""
+    key = worker * (int(position.max()) + 2) + position  # one value per (worker, minibatch), increasing
+    uniq, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    examples = np.bincount(inverse, weights=size)
+    owner = worker[first]
+    target = np.arange(len(uniq))
+    for m in np.flatnonzero(examples == 1):
+        if m > 0 and owner[m - 1] == owner[m]:
+            target[m] = target[m - 1]  # into the previous minibatch (already final: merges go left first)
+        elif m + 1 < len(uniq) and owner[m + 1] == owner[m]:
+            target[m] = m + 1  # the worker's first minibatch: into the next one
+    merged = target[inverse]
+    # renumber per worker: rank of the merged minibatch among the worker's minibatches
+    group_first = np.concatenate([[True], (merged[1:] != merged[:-1])])
+    counter = np.cumsum(group_first) - 1
+    worker_first = np.concatenate([[True], worker[1:] != worker[:-1]])
+    base = np.maximum.accumulate(np.where(worker_first, counter, 0))
+    return (counter - base).astype(np.int64)
 
 
 def grid_heads(sizes: Sequence[int], batch_size: int) -> list[int]:
@@ -190,10 +239,10 @@ def grid_heads(sizes: Sequence[int], batch_size: int) -> list[int]:
 
 
 def split_examples(batches: Sequence[Batch], batch_size: int, num_workers: int,
-                   rng_seed: int | None) -> list[list[Batch]]:
+                   rng_seed: int | None, drop_last: bool = False) -> list[list[Batch]]:
     """In-memory data cut into per-worker minibatches by :func:`plan_balanced`, each item of ``batches`` taken as
     one input partition (ParallelWrapper's route: the same minibatches as Spark for the same data and seed)."""
-    plan = plan_balanced([len(b) for b in batches], batch_size, num_workers, rng_seed)
+    plan = plan_balanced([len(b) for b in batches], batch_size, num_workers, rng_seed, drop_last)
     out: list[list[Batch]] = []
     for w in range(num_workers):
         minibatches = []
@@ -248,7 +297,7 @@ def file_items(plan: BalancedPlan, files: Sequence[tuple[int, str, int]],
     """
     examples = np.asarray([f[2] for f in files], dtype=np.int64)
     file_begin = np.concatenate([[0], np.cumsum(examples)])
-    total = int(plan.stop.sum() - plan.start.sum())
+    total = int(plan.sizes.sum()) if plan.sizes is not None else int(plan.stop.sum() - plan.start.sum())
     if int(file_begin[-1]) != total:
         raise DataError(f"the export holds {int(file_begin[-1])} examples but the data had {total} when counted; "
                         "the RDD must give the same data every time it is computed (persist it, or seed its "
@@ -270,7 +319,8 @@ def file_items(plan: BalancedPlan, files: Sequence[tuple[int, str, int]],
 
 
 def plan_files(files: Sequence[tuple[str, int]], batch_size: int, num_workers: int,
-               rng_seed: int | None, loader: Callable[[str], Batch] | None = None) -> list[list[str | FileSlices]]:
+               rng_seed: int | None, loader: Callable[[str], Batch] | None = None,
+               drop_last: bool = False) -> list[list[str | FileSlices]]:
     """User batch files of any size re-batched to ``batch_size``: every worker's minibatches as export items.
 
     Args:
@@ -280,10 +330,11 @@ def plan_files(files: Sequence[tuple[str, int]], batch_size: int, num_workers: i
         num_workers: ``n``; workers get ``floor`` or ``ceil`` of the examples over ``n``.
         rng_seed: seeds the order of the full minibatches; None keeps data order.
         loader: the user's ``path -> DataSet`` function when the files are not batch files.
+        drop_last: only full minibatches (see :func:`plan_balanced`).
     Raises:
         DataError: the files hold no examples at all.
     """
-    plan = plan_balanced([n for _, n in files], batch_size, num_workers, rng_seed)
+    plan = plan_balanced([n for _, n in files], batch_size, num_workers, rng_seed, drop_last)
     return file_items(plan, [(k, path, n) for k, (path, n) in enumerate(files)], loader)
 
 

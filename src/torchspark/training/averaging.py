@@ -111,6 +111,8 @@ def averaging_epoch(
                 if hooks.report_score is not None and comm.rank == 0:  # every rank has the same value
                     hooks.report_score(ScoreReport(epoch, out.rounds, int(total_w), total_score / total_w))
         if active == 0:
+            if hooks.progress is not None and out.iterations % hooks.progress_every:  # the epoch's last count
+                hooks.progress(ProgressUpdate(comm.rank, epoch, out.iterations, out.examples, out.last_score))
             return out
         if hooks.checkpoint is not None:  # a consistent cut: every worker holds the same averaged state
             hooks.checkpoint(out, {}, {})

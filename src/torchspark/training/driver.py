@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
@@ -196,7 +197,7 @@ def run_fit(network: Network, task: WorkerTask, runner: Runner, data: Any, *, re
             description: str, listeners: Sequence[Callable[[ProgressUpdate], None]] = (),
             score_listeners: Sequence[Callable[[ScoreReport], None]] = (),
             progress: bool | None = None, events: TrainingEvents | None = None,
-            max_failures: int = 0) -> FitOutcome:
+            max_failures: int = 0, total_examples: int | None = None) -> FitOutcome:
     """Steps 2-6 of the module docstring: run ``task`` on ``data`` through ``runner`` and update ``network``.
 
     Args:
@@ -212,12 +213,14 @@ def run_fit(network: Network, task: WorkerTask, runner: Runner, data: Any, *, re
         events: the fit's training listeners (:class:`~torchspark.listeners.TrainingEvents`): fed by the progress
             channel, told when the fit starts and ends (also when it fails).
         max_failures: lost workers the fit recovers from (the master's ``max_failures``); 0 = none.
+        total_examples: examples the whole fit trains (all epochs), when known: the bar then shows the total, the
+            percentage and the time left.
     Raises:
         WorkerError: a worker failed (the user's error, never retried), or ``max_failures`` was exhausted (then a
             :class:`WorkerLost` listing every failure); the network keeps what it had (the rounds route: the last
             completed round).
     """
-    bar = ProgressBar(desc=f"fit x{task.epochs}", enabled=progress)
+    bar = ProgressBar(total_examples=total_examples, desc=f"fit x{task.epochs}", enabled=progress)
     if events is not None:
         listeners, score_listeners = [*listeners, events.on_progress], [*score_listeners, events.on_score]
         events.start()
@@ -267,6 +270,9 @@ def run_fit(network: Network, task: WorkerTask, runner: Runner, data: Any, *, re
         network.iteration, network.epoch = start
         score = merge_results(network, results)
     network.epoch += task.epochs
+    diverged = network.extra_config.get("sharing.divergence")
+    if diverged:  # a worker only warned (on_divergence="warn"): say it where the user is
+        warnings.warn(f"training diverged: {diverged}", RuntimeWarning, stacklevel=3)
     stats = build_training_stats(recorder, results, task.epochs, network.extra_config) if task.collect_stats else None
     if stats is not None:
         stats.set_summary("failures", [f.to_dict() for f in failures])

@@ -76,6 +76,11 @@ class TrainingMaster:
             ``close()``) removes the files; an explicit ``export_directory``'s exports stay until then.
         storage_level: persistence of the prepared RDD with ``direct``: a ``pyspark.StorageLevel`` name
             (:data:`STORAGE_LEVELS`, e.g. ``"MEMORY_AND_DISK"`` when the data does not fit in executor memory).
+        drop_last: train only full minibatches of ``batch_size_per_worker`` (as ``DataLoader(drop_last=True)``):
+            the ``N % batch_size_per_worker`` remainder is not trained and workers get whole minibatches (their
+            example counts then differ by up to one minibatch). Default False trains every example; either way the
+            balanced split never leaves a worker an avoidable 1-example minibatch (BatchNorm cannot train on one).
+            Needs ``repartition_strategy="balanced"`` and a repartition (not kept input partitions).
         collect_training_stats: record per-phase timings (see ``SparkNetwork.training_stats``).
         rng_seed: seeds the shuffle of minibatches (None: keep data order, no shuffle); the same seed and data give
             the same per-worker sequences on every run. ``"balanced"``: minibatches are shuffled across workers,
@@ -124,6 +129,7 @@ class TrainingMaster:
     export_directory: str | None = None
     storage_level: str = "MEMORY_ONLY"
     collect_training_stats: bool = False
+    drop_last: bool = False
     rng_seed: int | None = None
     rendezvous_timeout_s: float = 300.0
     data_timeout_s: float = 600.0
@@ -151,6 +157,12 @@ class TrainingMaster:
         _choice(name, "repartition_strategy", self.repartition_strategy, STRATEGIES)
         _choice(name, "rdd_training_approach", self.rdd_training_approach, APPROACHES)
         _choice(name, "storage_level", self.storage_level, STORAGE_LEVELS)
+        if not isinstance(self.drop_last, bool):
+            raise ConfigError(f"{name}: drop_last must be True or False, got {self.drop_last!r}")
+        if self.drop_last and (self.repartition_strategy != "balanced" or self.repartition == "never"):
+            raise ConfigError(f"{name}: drop_last=True needs repartition_strategy='balanced' and a repartition, got "
+                              f"repartition_strategy={self.repartition_strategy!r}, repartition={self.repartition!r}; "
+                              "use the defaults or set drop_last=False")
         if not isinstance(self.flush_denormal, bool):
             raise ConfigError(f"{name}: flush_denormal must be True or False, got {self.flush_denormal!r}")
         _positive_int(name, "rng_seed", self.rng_seed, 0, optional=True)

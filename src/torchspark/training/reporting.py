@@ -52,7 +52,8 @@ def open_worker_hooks(
 def build_training_stats(driver: StatsCollector, results: Sequence[WorkerResult], epochs: int,
                          extra: dict[str, Any] | None = None) -> TrainingStats:
     """The stats of one fit: the driver's phases, every worker's payload, and summary fields (examples, epochs,
-    any scalar in ``extra`` such as gradient sharing's byte counts, and every rank's ``param_checksums`` with
+    any scalar in ``extra`` such as gradient sharing's byte counts -- the headline ones under their short name only,
+    ``bytes_sent`` not also ``sharing.bytes_sent`` --, and every rank's ``param_checksums`` with
     ``replicas_identical`` computed from them -- a measurement, not the workers' word). A result's ``stats`` is one
     payload, or a list of them (the rounds route ships one per round)."""
     stats = TrainingStats()
@@ -65,10 +66,10 @@ def build_training_stats(driver: StatsCollector, results: Sequence[WorkerResult]
     stats.set_summary("epochs", epochs)
     for key, value in (extra or {}).items():
         if isinstance(value, (int, float, bool, str)):
-            stats.set_summary(key, value)
+            # sharing's headline numbers appear once, under their short name (bytes_sent, threshold ...)
             short = key.split(".", 1)[-1]
-            if key.startswith("sharing.") and short in _SHARING_HEADLINES:
-                stats.set_summary(short, value)
+            headline = key.startswith("sharing.") and short in _SHARING_HEADLINES
+            stats.set_summary(short if headline else key, value)
     checksums = replica_checksums(results)
     if checksums:
         stats.set_summary("param_checksums", checksums)

@@ -23,6 +23,7 @@ from torchspark.encoding import (
     threshold_policy_from_dict,
 )
 from torchspark.errors import ConfigError
+from torchspark.nn.divergence import check_on_divergence
 from torchspark.training.masters import TrainingMaster, register_master
 from torchspark.training.sharing import SharingSettings
 
@@ -66,6 +67,12 @@ class SharedTrainingMaster(TrainingMaster):
             either this or ``num_workers``, not both.
         overlap: exchange step t in the background while step t+1 computes (updates one step stale); False waits
             for every exchange (no staleness, slower when the exchange is slow).
+        on_divergence: ``"fail"`` (default): a worker whose update is not finite or explodes (norm over 1000x the
+            parameters', :mod:`torchspark.nn.divergence`) ends the fit with TrainingError, "... the updater
+            diverged. Lower the learning rate ...", as a NaN loss does under parameter averaging. ``"warn"``: log
+            it and train on; the fit then warns (RuntimeWarning) and ``net.extra_config["sharing.divergence"]``
+            holds the message. Threshold encoding keeps a diverged fit's loss finite, so without this check it
+            would end normally at chance accuracy.
 
     See :class:`~torchspark.training.masters.TrainingMaster` for the shared options (``batch_size_per_worker``,
     ``rdd_training_approach``, ``export_directory`` and ``rng_seed`` -- both honoured, unlike in DL4J --,
@@ -80,6 +87,7 @@ class SharedTrainingMaster(TrainingMaster):
     shake_frequency: int = 0
     workers_per_node: int = -1
     overlap: bool = True
+    on_divergence: str = "fail"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -104,6 +112,7 @@ class SharedTrainingMaster(TrainingMaster):
                               f"{self.workers_per_node} (k workers on every executor), not both")
         if not isinstance(self.overlap, bool):
             raise ConfigError(f"{name}: overlap must be True or False, got {self.overlap!r}")
+        check_on_divergence(name, self.on_divergence)
         # builds (and so validates) the encoder config once, here, not on the workers
         self.encoder_config()
 
@@ -115,7 +124,8 @@ class SharedTrainingMaster(TrainingMaster):
 
     def algorithm_settings(self) -> dict[str, Any]:
         """JSON-able settings of :class:`~torchspark.training.sharing.SharingAlgorithm`."""
-        return SharingSettings(encoder=self.encoder_config(), overlap=self.overlap).to_dict()
+        return SharingSettings(encoder=self.encoder_config(), overlap=self.overlap,
+                               on_divergence=self.on_divergence).to_dict()
 
     def resolve_num_workers(self, default_parallelism: int, executors: int) -> int:
         """How many workers a fit uses: ``workers_per_node * executors`` when ``workers_per_node >= 1``; else

@@ -86,6 +86,7 @@ from torchspark.encoding import (
 )
 from torchspark.errors import ConfigError, EncodingError, TrainingError
 from torchspark.nn import Network
+from torchspark.nn.divergence import check_on_divergence, update_divergence
 from torchspark.training.averaging import EpochOutcome
 from torchspark.training.comm import Communicator
 from torchspark.training.hooks import ProgressUpdate, ScoreReport, WorkerHooks
@@ -115,10 +116,13 @@ class SharingSettings:
             :class:`~torchspark.encoding.EncoderConfig`).
         overlap: exchange step ``t`` in the background while step ``t+1`` computes (staleness one step). False
             gives the synchronous loop: no staleness, but computation waits for every exchange.
+        on_divergence: ``"fail"`` (raise TrainingError when an update is not finite or explodes, see
+            :mod:`torchspark.nn.divergence`) or ``"warn"`` (log it once, keep training, the driver warns).
     """
 
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
     overlap: bool = True
+    on_divergence: str = "fail"
 
     def __post_init__(self) -> None:
         if not isinstance(self.encoder, EncoderConfig):
@@ -126,17 +130,18 @@ class SharingSettings:
                               "EncoderConfig(...) or SharingSettings.from_dict")
         if not isinstance(self.overlap, bool):
             raise ConfigError(f"overlap must be True or False, got {self.overlap!r}")
+        check_on_divergence("SharingSettings", self.on_divergence)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able form: ``{"encoder": EncoderConfig.to_dict(), "overlap": bool}``."""
-        return {"encoder": self.encoder.to_dict(), "overlap": self.overlap}
+        """JSON-able form: ``{"encoder": EncoderConfig.to_dict(), "overlap": bool, "on_divergence": str}``."""
+        return {"encoder": self.encoder.to_dict(), "overlap": self.overlap, "on_divergence": self.on_divergence}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SharingSettings:
         encoder = data.get("encoder")
         config = EncoderConfig() if encoder is None else (
             encoder if isinstance(encoder, EncoderConfig) else EncoderConfig.from_dict(encoder))
-        return cls(encoder=config, overlap=data.get("overlap", True))
+        return cls(encoder=config, overlap=data.get("overlap", True), on_divergence=data.get("on_divergence", "fail"))
 
 
 @dataclass
@@ -151,6 +156,7 @@ class SharingState:
         start_threshold: the threshold the fit started from (calibrated, restored or configured; None until known).
         pending_payload: a payload encoded but not yet exchanged when a checkpoint was taken (``overlap=True``);
             set by :meth:`SharingAlgorithm.restore`, exchanged first by the next epoch.
+        divergence: the first divergence message of this fit on this worker (``on_divergence="warn"``), or None.
     """
 
     encoder: EncoderState
@@ -159,6 +165,7 @@ class SharingState:
     steps: int = 0
     start_threshold: float | None = None
     pending_payload: bytes | None = None
+    divergence: str | None = None
 
 
 @dataclass(frozen=True)
@@ -290,6 +297,8 @@ class SharingAlgorithm:
         finally:
             if executor is not None:
                 _shutdown(executor, pending)
+        if hooks.progress is not None and out.iterations % hooks.progress_every:  # the epoch's last count
+            hooks.progress(ProgressUpdate(comm.rank, epoch, out.iterations, out.examples, out.last_score))
         if hooks.report_score is not None:
             _report_epoch_score(out, net, comm, hooks, epoch)
         return out
@@ -301,6 +310,7 @@ class SharingAlgorithm:
         step = net.iteration
         with rec.phase("fit", examples=len(batch)):
             update = net.compute_update(batch, validate=(epoch == 0 and out.iterations == 0))
+            self._check_divergence(state, net, update, step)
             if calibrate:
                 _calibrate(state, update, comm)
             message, state.encoder = encode_step(update, state.encoder, step)
@@ -345,6 +355,17 @@ class SharingAlgorithm:
         pending = tensors.get("pending")
         state.pending_payload = bytes(pending.numpy().tobytes()) if pending is not None else None
 
+    def _check_divergence(self, state: SharingState, net: Network, update: torch.Tensor, step: int) -> None:
+        """Divergence never passes silently: raise, or (``on_divergence="warn"``) log once and remember it."""
+        message = update_divergence(float(update.norm()), float(net.params_view().norm()), net.last_score, step,
+                                    net.updater)
+        if message is None or state.divergence is not None:
+            return
+        if self.settings.on_divergence == "fail":
+            raise TrainingError(f"{message} (on_divergence='warn' only warns)")
+        state.divergence = message
+        log.warning("gradient sharing: %s Training goes on (on_divergence='warn').", message)
+
     # ------------------------------------------------------------------ finish
     def finish(self, state: SharingState, net: Network, comm: Communicator
                ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -355,7 +376,8 @@ class SharingAlgorithm:
             ``extra_state``: this rank's residual (``sharing.residual.<rank>``), the averaged threshold state and the
             world size; ``extra_config``: world size, ``replicas_identical``, the fit's summed ``bytes_sent`` /
             ``dense_bytes`` over all workers, the averaged end ``threshold``, the ``start_threshold`` (calibrated or
-            configured) and ``replica_sha256`` (hex SHA-256 of every replica's float32 parameters followed by its
+            configured), ``divergence`` (the first worker's divergence message with ``on_divergence="warn"``, else
+            None) and ``replica_sha256`` (hex SHA-256 of every replica's float32 parameters followed by its
             averaged buffers, equal on all ranks); all ranks return the same config, the driver keeps rank 0's.
 
         Raises:
@@ -396,6 +418,8 @@ class SharingAlgorithm:
             raise TrainingError(f"gradient-sharing replicas diverged: the parameters or averaged buffers of worker(s) "
                                 f"{differing} differ from worker 0's after the fit; every worker must apply the same "
                                 "messages (check that all workers run the same torchspark/torch versions and devices)")
+        # 4. divergence a worker only warned about (on_divergence="warn"): every rank learns the first one
+        warned = [d.decode() for d in comm.all_gather_bytes((state.divergence or "").encode()) if d]
         extra_state = {
             RESIDUAL_KEY.format(rank=comm.rank): state.encoder.residual.detach().cpu().clone(),
             THRESHOLD_KEY: averaged.to_tensor(),
@@ -409,6 +433,7 @@ class SharingAlgorithm:
             "sharing.threshold": averaged.threshold,
             "sharing.start_threshold": state.start_threshold,
             "sharing.replica_sha256": digests[0].hex(),
+            "sharing.divergence": warned[0] if warned else None,
         }
         return extra_state, extra_config
 
