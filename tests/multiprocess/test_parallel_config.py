@@ -177,8 +177,12 @@ def test_paths_are_rebatched_with_sparks_plan(tmp_path) -> None:
     paths = save_batches([data.slice(0, 5), data.slice(5, 25), data.slice(25, 27), data.slice(27, 45)],
                          str(tmp_path))  # files of 5, 20, 2 and 18 examples
     plan = wrapper_module._route([Path(p) for p in paths], 2, 8, 3, rng_seed=1)
-    assert plan.shares.paths == plan_files(list(zip(paths, [5, 20, 2, 18])), 8, 2, 1)
-    sizes = [[len(load_item(item)) for item in worker] for worker in plan.shares.paths]
+    # with a seed, every epoch has its own plan (epoch 0's is the seed's plan, as in Spark's fit_paths)
+    assert [[e.epoch for e in worker] for worker in plan.shares.paths] == [[0, 1, 2], [0, 1, 2]]
+    first = [list(worker[0].items) for worker in plan.shares.paths]
+    assert first == plan_files(list(zip(paths, [5, 20, 2, 18])), 8, 2, 1)
+    assert [list(worker[1].items) for worker in plan.shares.paths] != first  # a new order in the next epoch
+    sizes = [[len(load_item(item)) for item in worker] for worker in first]
     assert sorted(map(sum, sizes)) == [22, 23] and all(s <= 8 for worker in sizes for s in worker)
 
 
