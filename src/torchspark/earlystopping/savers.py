@@ -1,0 +1,152 @@
+"""Where early stopping keeps the best (and latest) model: in memory or in a directory.
+
+DL4J's ``InMemoryModelSaver`` and ``LocalFileModelSaver``. The directory saver writes the network in torchspark's
+format (``config.json`` + safetensors, no pickle) and switches models atomically: each save goes to a new
+subdirectory, then a small JSON pointer (``best_model.json`` / ``latest_model.json``) is renamed into place, then
+the previous subdirectory is removed. A reader, or a run that crashes mid-save, sees either the old complete model
+or the new one, never a mix.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import uuid
+from typing import Any, Protocol
+
+from torchspark._io import atomic_write_bytes, filesystem, join, make_dirs, read_bytes
+from torchspark.errors import ConfigError, SerializationError
+from torchspark.nn import Network, module_spec
+from torchspark.optim import UpdaterSpec
+
+__all__ = ["ModelSaver", "InMemoryModelSaver", "DirectoryModelSaver", "check_saveable"]
+
+log = logging.getLogger(__name__)
+
+
+class ModelSaver(Protocol):
+    """Keeps the best and the latest model of an early-stopping run."""
+
+    def save_best(self, network: Network, epoch: int, score: float) -> None: ...
+
+    def save_latest(self, network: Network, epoch: int, score: float) -> None: ...
+
+    def get_best(self) -> Network | None: ...
+
+    def get_latest(self) -> Network | None: ...
+
+
+class InMemoryModelSaver:
+    """Copies of the networks in driver memory (the default). Costs one copy of the weights and updater state
+    per kept model; use :class:`DirectoryModelSaver` for large models or to keep the best model after a crash."""
+
+    def __init__(self) -> None:
+        self._best: Network | None = None
+        self._latest: Network | None = None
+
+    def save_best(self, network: Network, epoch: int, score: float) -> None:
+        self._best = network.copy()
+
+    def save_latest(self, network: Network, epoch: int, score: float) -> None:
+        self._latest = network.copy()
+
+    def get_best(self) -> Network | None:
+        return self._best
+
+    def get_latest(self) -> Network | None:
+        return self._latest
+
+
+def check_saveable(network: Network) -> None:
+    """Refuse, before training, a network that cannot be written without pickle (module without a spec,
+    callable loss or updater)."""
+    problems = []
+    if module_spec(network.module) is None:
+        problems.append("its module has no spec (build it with torchspark.models or torchspark.nn.from_factory)")
+    if any(loss.to_json_value() is None for loss in network.losses):
+        problems.append("its loss is a callable (use a named loss or an import path 'pkg.mod:fn')")
+    if not isinstance(network.updater, UpdaterSpec):
+        problems.append("its updater is a callable (use a torchspark.optim spec such as Adam(lr=1e-3))")
+    if problems:
+        raise ConfigError("DirectoryModelSaver cannot save this network: " + "; ".join(problems) +
+                          ". Or use InMemoryModelSaver.")
+
+
+class DirectoryModelSaver:
+    """Best and latest models as torchspark network directories under ``directory`` (any fsspec URL).
+
+    Layout: ``best_model.json`` ``{"path": ..., "epoch": ..., "score": ...}`` points to the current best model's
+    subdirectory (``best_model-<id>/``, loadable with ``Network.load``); the same for ``latest_model``.
+    :meth:`load_best` reads a finished run's best model back.
+
+    Args:
+        directory: where to write; created when missing. Point it at durable storage to keep the best model
+            if the driver dies.
+        save_updater: also store the updater state (momentum, Adam moments): needed to continue training from the
+            saved model, twice the bytes (Adam: three times) otherwise unneeded.
+    """
+
+    def __init__(self, directory: str, save_updater: bool = True) -> None:
+        if not isinstance(directory, str) or not directory:
+            raise ConfigError(f"DirectoryModelSaver: directory must be a non-empty path or URL, got {directory!r}")
+        if not isinstance(save_updater, bool):
+            raise ConfigError(f"DirectoryModelSaver: save_updater must be True or False, got {save_updater!r}")
+        self.directory = directory
+        self.save_updater = save_updater
+
+    def check(self, network: Network) -> None:
+        """Fail before training when ``network`` cannot be saved here."""
+        check_saveable(network)
+        make_dirs(self.directory, ConfigError, "early-stopping model directory")
+
+    def save_best(self, network: Network, epoch: int, score: float) -> None:
+        self._save("best_model", network, epoch, score)
+
+    def save_latest(self, network: Network, epoch: int, score: float) -> None:
+        self._save("latest_model", network, epoch, score)
+
+    def get_best(self) -> Network | None:
+        return self._load("best_model")
+
+    def get_latest(self) -> Network | None:
+        return self._load("latest_model")
+
+    @classmethod
+    def load_best(cls, directory: str) -> Network:
+        """The best model a run saved in ``directory``."""
+        net = cls(directory)._load("best_model")
+        if net is None:
+            raise SerializationError(f"no best model saved in {directory!r} (best_model.json is missing)")
+        return net
+
+    def pointer(self, name: str) -> dict[str, Any] | None:
+        """The pointer ``{"path", "epoch", "score"}`` of ``"best_model"`` or ``"latest_model"`` (None if unsaved)."""
+        fs, path = filesystem(join(self.directory, f"{name}.json"))
+        if not fs.exists(path):
+            return None
+        return json.loads(read_bytes(join(self.directory, f"{name}.json"), SerializationError))
+
+    def _save(self, name: str, network: Network, epoch: int, score: float) -> None:
+        old = self.pointer(name)
+        sub = f"{name}-{uuid.uuid4().hex[:12]}"
+        network.save(join(self.directory, sub), save_updater=self.save_updater)  # 1. the new model, complete
+        record = {"path": sub, "epoch": epoch, "score": score if math.isfinite(score) else str(score)}
+        atomic_write_bytes(join(self.directory, f"{name}.json"), json.dumps(record).encode(),  # 2. switch
+                           SerializationError)
+        if old is not None and old.get("path") != sub:  # 3. drop the replaced model
+            fs, path = filesystem(join(self.directory, str(old["path"])))
+            try:
+                if fs.exists(path):
+                    fs.rm(path, recursive=True)
+            except OSError:  # a leftover directory wastes space but is harmless
+                log.warning("could not remove the replaced model %s", path, exc_info=True)
+
+    def _load(self, name: str) -> Network | None:
+        record = self.pointer(name)
+        if record is None:
+            return None
+        sub = str(record.get("path", ""))
+        if not sub.startswith(f"{name}-") or "/" in sub or ".." in sub:
+            raise SerializationError(f"{name}.json in {self.directory!r} points outside its directory: {sub!r}")
+        return Network.load(join(self.directory, sub))

@@ -1,0 +1,100 @@
+"""A whole network (zoo architecture, loss, updater, seed) as a small JSON document, built without importing code.
+
+What a Spark ML ``TorchEstimator`` stores in its ``network`` param, what a config file names::
+
+    {"model": "mlp", "kwargs": {"n_in": 4, "hidden": 16, "n_out": 3},
+     "loss": "cross_entropy", "updater": {"type": "adam", "lr": 0.001}, "seed": 0}
+
+``model`` must be a zoo name (:data:`ZOO`): the spec names architectures, it never names a module to import, so a
+spec from an untrusted file cannot run code. Losses are limited to the named ones for the same reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from torch import nn
+
+from torchspark import models
+from torchspark.errors import ConfigError
+from torchspark.nn.losses import LOSSES
+from torchspark.nn.network import Network
+from torchspark.optim import UpdaterSpec, updater_from_dict
+
+__all__ = ["NetworkSpec", "ZOO"]
+
+#: zoo name -> factory (the only architectures a spec can name)
+ZOO: dict[str, Callable[..., nn.Module]] = {"mlp": models.mlp, "lenet": models.lenet}
+
+
+@dataclass(frozen=True)
+class NetworkSpec:
+    """A zoo network with its loss and updater.
+
+    Args:
+        model: a :data:`ZOO` name (``"mlp"``, ``"lenet"``).
+        kwargs: the zoo factory's arguments (``torchspark.models.mlp(n_in, hidden, n_out)`` ...).
+        loss: a named loss (``"cross_entropy"``, ``"mse"``, ``"bce_with_logits"``).
+        updater: a :mod:`torchspark.optim` spec as its ``to_dict()`` (default SGD(lr=0.01)).
+        seed: weight initialisation seed (None: random each build).
+        weight_decay, l1, gradient_clip: as for :class:`~torchspark.Network`.
+    """
+
+    model: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    loss: str = "cross_entropy"
+    updater: dict[str, Any] = field(default_factory=lambda: {"type": "sgd", "lr": 0.01})
+    seed: int | None = 0
+    weight_decay: float = 0.0
+    l1: float = 0.0
+    gradient_clip: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.model not in ZOO:
+            raise ConfigError(f"network spec: unknown model {self.model!r}; choose one of {sorted(ZOO)}")
+        if not isinstance(self.kwargs, dict):
+            raise ConfigError(f"network spec: kwargs must be an object of the factory's arguments, got "
+                              f"{self.kwargs!r}")
+        if self.loss not in LOSSES:
+            raise ConfigError(f"network spec: loss must be one of {sorted(LOSSES)}, got {self.loss!r}")
+        if isinstance(self.updater, UpdaterSpec):
+            object.__setattr__(self, "updater", self.updater.to_dict())
+        updater_from_dict(self.updater)  # refuses an unknown type or bad options now
+
+    def build(self, learning_rate: float | None = None) -> Network:
+        """A fresh network; ``learning_rate`` (when given) replaces the updater's ``lr``."""
+        try:
+            module = ZOO[self.model](**self.kwargs)
+        except TypeError as e:
+            raise ConfigError(f"network spec: bad kwargs for model {self.model!r}: {e}") from e
+        updater = updater_from_dict(self.updater)
+        if learning_rate is not None:
+            if isinstance(learning_rate, bool) or not isinstance(learning_rate, (int, float)) or not (
+                    math.isfinite(learning_rate) and learning_rate > 0):
+                raise ConfigError(f"learning rate must be a finite number > 0, got {learning_rate!r}")
+            updater = dataclasses.replace(updater, lr=float(learning_rate))  # type: ignore[call-arg]
+        return Network(module, loss=self.loss, updater=updater, seed=self.seed, weight_decay=self.weight_decay,
+                       l1=self.l1, gradient_clip=self.gradient_clip)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "NetworkSpec":
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"network spec is not valid JSON: {e}") from e
+        if not isinstance(d, dict):
+            raise ConfigError(f"network spec must be a JSON object, got {text!r}")
+        unknown = sorted(set(d) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ConfigError(f"network spec: unknown key(s) {unknown}; known: "
+                              f"{[f.name for f in dataclasses.fields(cls)]}")
+        if "model" not in d:
+            raise ConfigError(f"network spec needs a 'model' (one of {sorted(ZOO)}), got {text!r}")
+        return cls(**d)

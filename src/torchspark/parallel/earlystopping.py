@@ -1,0 +1,76 @@
+"""Early stopping with :class:`~torchspark.parallel.ParallelWrapper` (DL4J's ``EarlyStoppingParallelTrainer``).
+
+One epoch is one ``wrapper.fit(train, epochs=1)`` (the worker processes start once per epoch); the score is
+computed on this process with the local calculators (:class:`~torchspark.earlystopping.LossCalculator`,
+:class:`~torchspark.earlystopping.EvaluationCalculator`). The loop, conditions and savers are
+:mod:`torchspark.earlystopping`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from torchspark.earlystopping.trainer import (
+    EarlyStoppingConfiguration,
+    EarlyStoppingListener,
+    EarlyStoppingResult,
+    LiveChecks,
+    run_early_stopping,
+)
+from torchspark.errors import ConfigError
+from torchspark.parallel.wrapper import ParallelWrapper
+from torchspark.training.hooks import ProgressUpdate
+
+__all__ = ["EarlyStoppingParallelTrainer"]
+
+
+class EarlyStoppingParallelTrainer:
+    """Train ``wrapper.network`` epoch by epoch with ``wrapper`` until the configuration says stop.
+
+    Args:
+        wrapper: the :class:`~torchspark.parallel.ParallelWrapper`; its network is trained in place (after the run
+            it holds the last epoch's weights; ``result.best_model`` the best).
+        config: the :class:`~torchspark.earlystopping.EarlyStoppingConfiguration`.
+        train_data: what ``ParallelWrapper.fit`` takes, re-readable (a DataSet, a list of DataSets or of batch-file
+            paths; a one-shot iterator would be empty after the first epoch and is refused).
+        batch_size: as for ``ParallelWrapper.fit`` (None: the master's).
+        listener: an :class:`~torchspark.earlystopping.EarlyStoppingListener`.
+    """
+
+    def __init__(self, wrapper: ParallelWrapper, config: EarlyStoppingConfiguration, train_data: Any,
+                 batch_size: int | None = None, listener: EarlyStoppingListener | None = None) -> None:
+        if not isinstance(wrapper, ParallelWrapper):
+            raise ConfigError(f"wrapper must be a ParallelWrapper, got {type(wrapper).__name__}")
+        if not isinstance(config, EarlyStoppingConfiguration):
+            raise ConfigError(f"config must be an EarlyStoppingConfiguration, got {type(config).__name__}")
+        if isinstance(train_data, Iterator):
+            raise ConfigError("train_data is a one-shot iterator, but early stopping trains it once per epoch; "
+                              "pass a list (e.g. list(data)), a DataSet or batch-file paths")
+        self.wrapper, self.config, self.listener = wrapper, config, listener
+        self.train_data, self.batch_size = train_data, batch_size
+        self._live: LiveChecks | None = None
+        wrapper.add_progress_listener(self._on_progress)
+
+    def _on_progress(self, update: ProgressUpdate) -> None:
+        live = self._live
+        if live is not None:
+            live(update)
+
+    def _fit_epoch(self) -> float:
+        self.wrapper.fit(self.train_data, epochs=1, batch_size=self.batch_size)
+        return self.wrapper.get_score()
+
+    def fit(self) -> EarlyStoppingResult:
+        """Run until a termination condition fires; returns the result (best model, scores, reason)."""
+        check = getattr(self.config.model_saver, "check", None)
+        if callable(check):
+            check(self.wrapper.network)
+        start = time.monotonic()
+        self._live = LiveChecks(self.config.iteration_conditions, start, time.monotonic)
+        try:
+            return run_early_stopping(self.config, self.wrapper.network, self._fit_epoch, self.listener,
+                                      live=self._live, start=start)
+        finally:
+            self._live = None

@@ -1,0 +1,164 @@
+"""Early stopping on Spark (DL4J's ``SparkEarlyStoppingTrainer`` and its distributed score calculators).
+
+One epoch is one ``SparkNetwork.fit(train, epochs=1)``; after it the score is computed over the validation RDD or
+DataFrame on the cluster (:class:`SparkLossCalculator`, :class:`SparkEvaluationCalculator`: partial results merged
+with ``treeAggregate``, nothing but the totals reaches the driver). The loop itself, the conditions and the savers
+are :mod:`torchspark.earlystopping`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+from torchspark.earlystopping.scores import Metric, metric_by_name
+from torchspark.earlystopping.trainer import (
+    EarlyStoppingConfiguration,
+    EarlyStoppingListener,
+    EarlyStoppingResult,
+    LiveChecks,
+    run_early_stopping,
+)
+from torchspark.errors import ConfigError
+from torchspark.nn import Network
+from torchspark.spark.data import to_batch_rdd
+from torchspark.spark.evaluation import DEFAULT_BATCH_SIZE, do_evaluation
+from torchspark.spark.inference import calculate_score
+from torchspark.spark.network import SparkNetwork
+from torchspark.spark.session import spark_context
+from torchspark.training.hooks import ProgressUpdate
+
+__all__ = ["SparkLossCalculator", "SparkEvaluationCalculator", "SparkEarlyStoppingTrainer"]
+
+
+class _DataArgs:
+    """Validation data and how to read it (what ``SparkNetwork.fit`` accepts)."""
+
+    def __init__(self, spark: Any, data: Any, batch_size: int, features_col: str, label_col: str | None,
+                 feature_shape: Sequence[int] | None) -> None:
+        self.sc = spark_context(spark)
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ConfigError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+        if data is None:
+            raise ConfigError("validation data is None; pass an RDD of DataSets, a DataFrame or batch-file paths")
+        self.data, self.batch_size = data, batch_size
+        self.features_col, self.label_col = features_col, label_col
+        self.feature_shape = tuple(feature_shape) if feature_shape else None
+
+
+class SparkLossCalculator(_DataArgs):
+    """The loss over validation data, computed on the cluster (DL4J's SparkDataSetLossCalculator).
+
+    Args:
+        spark: SparkSession or SparkContext.
+        data: an RDD of DataSet/MultiDataSet, a DataFrame (``features_col``, ``label_col``, ``feature_shape`` as for
+            ``SparkNetwork.fit``) or batch-file paths. Persist an RDD or DataFrame that is costly to recompute: it is
+            read once per evaluated epoch.
+        average: mean loss per example (True) or the sum.
+        batch_size: examples per forward pass on the executors.
+    """
+
+    minimize = True
+
+    def __init__(self, spark: Any, data: Any, average: bool = True, batch_size: int = DEFAULT_BATCH_SIZE,
+                 features_col: str = "features", label_col: str | None = "label",
+                 feature_shape: Sequence[int] | None = None) -> None:
+        super().__init__(spark, data, batch_size, features_col, label_col, feature_shape)
+        self.average = bool(average)
+
+    def calculate(self, network: Network) -> float:
+        return float(calculate_score(self.sc, network, self.data, self.average, self.batch_size, self.features_col,
+                                     self.label_col, self.feature_shape))
+
+
+class SparkEvaluationCalculator(_DataArgs):
+    """A metric of :data:`torchspark.earlystopping.METRICS` (accuracy, f1, auc, mse, r2 ...) or a custom
+    :class:`~torchspark.earlystopping.Metric` over validation data, computed on the cluster with mergeable
+    evaluations (exact: equals one local pass). Arguments as for :class:`SparkLossCalculator`."""
+
+    def __init__(self, spark: Any, data: Any, metric: str | Metric = "accuracy", batch_size: int = DEFAULT_BATCH_SIZE,
+                 features_col: str = "features", label_col: str | None = "label",
+                 feature_shape: Sequence[int] | None = None) -> None:
+        super().__init__(spark, data, batch_size, features_col, label_col, feature_shape)
+        self.metric = metric_by_name(metric)
+        self.minimize = self.metric.minimize
+
+    def calculate(self, network: Network) -> float:
+        ev = do_evaluation(self.sc, network, self.data, self.metric.evaluation(), batch_size=self.batch_size,
+                           features_col=self.features_col, label_col=self.label_col, feature_shape=self.feature_shape)
+        return self.metric.value(ev)
+
+
+class _Forward:
+    """The progress listener registered once on the SparkNetwork; forwards to the running fit's live checks."""
+
+    def __init__(self) -> None:
+        self.target: LiveChecks | None = None
+
+    def __call__(self, update: ProgressUpdate) -> None:
+        target = self.target
+        if target is not None:
+            target(update)
+
+
+class SparkEarlyStoppingTrainer:
+    """Train ``spark_network`` epoch by epoch on ``train_data`` until the configuration says stop.
+
+    Args:
+        spark_network: a :class:`~torchspark.spark.SparkNetwork` with its training master; its network is trained
+            in place (after the run it holds the *last* epoch's weights; ``result.best_model`` the best).
+        config: the :class:`~torchspark.earlystopping.EarlyStoppingConfiguration`.
+        train_data: what ``SparkNetwork.fit`` takes: an RDD of DataSet/MultiDataSet or a DataFrame (``fit_paths``
+            data: pass ``paths=`` instead).
+        features_col, label_col, feature_shape: DataFrame columns, as for ``SparkNetwork.fit``.
+        paths: batch-file paths (a list or an RDD of str) trained with ``fit_paths`` instead of ``train_data``.
+        listener: an :class:`~torchspark.earlystopping.EarlyStoppingListener`.
+
+    Each epoch is its own fit (a new barrier stage). A DataFrame is turned into one RDD of Arrow-built minibatches
+    up front, so that every epoch fits the same RDD: ``SparkNetwork`` then prepares it (export or repartition) once
+    and later epochs reuse that.
+    """
+
+    def __init__(self, spark_network: SparkNetwork, config: EarlyStoppingConfiguration, train_data: Any = None,
+                 features_col: str = "features", label_col: str | None = "label",
+                 feature_shape: Sequence[int] | None = None, paths: Any = None,
+                 listener: EarlyStoppingListener | None = None) -> None:
+        if not isinstance(spark_network, SparkNetwork):
+            raise ConfigError(f"spark_network must be a SparkNetwork, got {type(spark_network).__name__}")
+        if spark_network.training_master is None:
+            raise ConfigError("the SparkNetwork has no training_master; pass one to train")
+        if not isinstance(config, EarlyStoppingConfiguration):
+            raise ConfigError(f"config must be an EarlyStoppingConfiguration, got {type(config).__name__}")
+        if (train_data is None) == (paths is None):
+            raise ConfigError("pass exactly one of train_data (an RDD or DataFrame) and paths (batch files)")
+        self.spark_network, self.config, self.listener = spark_network, config, listener
+        self.paths = paths
+        self.feature_shape = tuple(feature_shape) if feature_shape else None
+        # one RDD for every epoch (a DataFrame would become a new RDD, exported again, at every fit)
+        self.train_data = None if train_data is None else to_batch_rdd(
+            train_data, features_col, label_col, self.feature_shape,
+            spark_network.network.losses[0].classification)
+        self._forward = _Forward()
+        spark_network.add_progress_listener(self._forward)
+
+    def _fit_epoch(self) -> float:
+        net = self.spark_network
+        if self.paths is not None:
+            net.fit_paths(self.paths, epochs=1)
+        else:
+            net.fit(self.train_data, epochs=1)
+        return net.get_score()
+
+    def fit(self) -> EarlyStoppingResult:
+        """Run until a termination condition fires; returns the result (best model, scores, reason)."""
+        check = getattr(self.config.model_saver, "check", None)
+        if callable(check):
+            check(self.spark_network.network)
+        start = time.monotonic()
+        live = LiveChecks(self.config.iteration_conditions, start, time.monotonic)
+        self._forward.target = live
+        try:
+            return run_early_stopping(self.config, self.spark_network.network, self._fit_epoch, self.listener,
+                                      live=live, start=start)
+        finally:
+            self._forward.target = None
