@@ -136,16 +136,18 @@ def _copy_distribution(dist: md.Distribution, site: Path) -> int:
                 size += _place(root, site / root.name)
                 continue
             for path in root.rglob("*"):
-                if path.is_file() and "__pycache__" not in path.parts:
+                if path.is_file():  # compiled __pycache__ too: see below
                     size += _place(path, site / root.name / path.relative_to(root))
         for path in info_dir.iterdir():
             if path.is_file() and path.name not in ("RECORD", "direct_url.json"):
                 size += _place(path, site / info_dir.name / path.name)
         return size
-    # 2. a regular install: every file its RECORD lists inside site-packages (scripts in bin/ are not needed)
+    # 2. a regular install: every file its RECORD lists inside site-packages (scripts in bin/ are not needed),
+    #    with the compiled .pyc files: without them every executor's first `import torch` compiles thousands of
+    #    modules (minutes on a busy node); they stay valid because links and tar keep the sources' mtimes
     for rel in dist.files or []:
         parts = Path(str(rel)).parts
-        if not parts or parts[0] == ".." or "__pycache__" in parts:
+        if not parts or parts[0] == "..":
             continue
         src = Path(str(dist.locate_file(rel)))
         if src.is_file():

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from torchspark.errors import ConfigError
 from torchspark.shipping import TORCH_BUILD_ONLY, archive_conf, build_environment, pack_environment
 
 SCRIPT = Path(__file__).parent / "scripts" / "shipped_env_fit.py"
@@ -72,8 +71,9 @@ def test_built_environment_holds_the_closure_without_pyspark(shipped_archive) ->
     # the editable torchspark became a regular copy: no path file pointing back at the source tree
     assert (env.site_packages / "torchspark" / "__init__.py").is_file()
     assert not list(env.site_packages.glob("__editable__*"))
-    out = subprocess.run([str(env.prefix / "bin" / "python"), "-c", "import sys, torchspark; print(sys.prefix, "
-                          "torchspark.__file__)"], capture_output=True, text=True, timeout=120, env={"PATH": "/usr/bin:/bin"})
+    code = "import sys, torchspark; print(sys.prefix, torchspark.__file__)"
+    out = subprocess.run([str(env.prefix / "bin" / "python"), "-c", code], capture_output=True, text=True,
+                         timeout=120, env={"PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, out.stderr
     prefix, module = out.stdout.split()
     assert Path(module).is_relative_to(env.prefix) and Path(prefix) == env.prefix
@@ -81,6 +81,7 @@ def test_built_environment_holds_the_closure_without_pyspark(shipped_archive) ->
 
 @pytest.mark.spark
 @pytest.mark.cluster
+@pytest.mark.shipping
 def test_fit_on_local_cluster_with_only_the_shipped_interpreter(shipped_archive) -> None:
     drop = ("PYTHONPATH", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "VIRTUAL_ENV", "PYTHONHOME")
     env = {k: v for k, v in os.environ.items() if k not in drop}  # nothing may point executors at this venv
@@ -104,33 +105,17 @@ def test_fit_on_local_cluster_with_only_the_shipped_interpreter(shipped_archive)
         for name, path in w["modules"].items():
             assert Path(path).is_relative_to(unpacked), (name, path)
         # sys.path: the executor's working directory (holding the unpacked copy), the base interpreter's
-        # standard library, and Spark's own pyspark/py4j zips (Spark provides pyspark to every Python worker)
+        # standard library, and the zips/jars of Spark's own install (Spark provides pyspark to every worker)
         for entry in w["path"]:
-            resolved = Path(entry).resolve()
-            spark_zip = resolved.name == "pyspark.zip" or resolved.name.startswith("py4j-")
-            assert (resolved.is_relative_to(Path(w["cwd"]).resolve()) or spark_zip
+            resolved = (Path(w["cwd"]) / entry).resolve()  # relative entries (".") are the worker's cwd
+            spark_home = Path(w["spark_home"]).resolve()
+            from_spark = resolved.suffix in (".zip", ".jar") and resolved.is_relative_to(spark_home)
+            assert (resolved.is_relative_to(Path(w["cwd"]).resolve()) or from_spark
                     or resolved.is_relative_to(Path(w["base_prefix"]).resolve())), entry
             assert not resolved.is_relative_to(source_tree / "src"), entry
         site = [p for p in w["path"] if p.endswith("site-packages")]
         assert site and all(Path(p).resolve().is_relative_to(unpacked) for p in site), site
+        assert "pyspark.zip" in w["pyspark"]  # Spark's own pyspark, none in the archive
+        assert w["torch_include"] is False  # pack_environment's exclude reached the archive
         assert w["token"] == shipped_archive["token"]  # a module only the archive carries imports there
     assert len({(Path(w["cwd"]) / "environment").resolve() for w in workers}) >= 2  # unpacked per executor
-
-
-def test_archive_conf_follows_the_guide() -> None:
-    assert archive_conf("hdfs:///envs/ts.tar.gz") == {"spark.archives": "hdfs:///envs/ts.tar.gz#environment",
-                                                      "spark.pyspark.python": "./environment/bin/python"}
-    assert archive_conf("env.zip", alias="py")["spark.pyspark.python"] == "./py/bin/python"
-    with pytest.raises(ConfigError, match="archive must end with"):
-        archive_conf("env.rar")
-    with pytest.raises(ConfigError, match="alias must be a plain directory name"):
-        archive_conf("env.tar.gz", alias="../x")
-
-
-def test_pack_refuses_bad_arguments(tmp_path) -> None:
-    with pytest.raises(ConfigError, match="output must end with"):
-        pack_environment(tmp_path, tmp_path / "env.7z")
-    with pytest.raises(ConfigError, match="compress_level must be an integer in 0..9, got 11"):
-        pack_environment(tmp_path, tmp_path / "env.tar.gz", compress_level=11)
-    with pytest.raises(ConfigError, match="already exists"):
-        build_environment(tmp_path)

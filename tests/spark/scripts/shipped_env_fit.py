@@ -35,6 +35,7 @@ def describe(_: object) -> dict:
     import sys as _sys
 
     import numpy
+    import pyspark
     import torch
 
     import torchspark
@@ -45,8 +46,11 @@ def describe(_: object) -> dict:
         token = marker.TOKEN
     except ImportError:
         token = None
+    torch_dir = _os.path.dirname(torch.__file__)
     return {"pid": _os.getpid(), "cwd": _os.getcwd(), "executable": _sys.executable, "prefix": _sys.prefix,
             "base_prefix": _sys.base_prefix, "path": list(_sys.path), "token": token,
+            "spark_home": _os.environ.get("SPARK_HOME"), "pyspark": pyspark.__file__,
+            "torch_include": _os.path.isdir(_os.path.join(torch_dir, "include")),
             "modules": {m.__name__: _os.path.realpath(m.__file__) for m in (torch, numpy, torchspark)}}
 
 
