@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import cloudpickle
 import numpy as np
 import pytest
 
@@ -25,8 +26,11 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 def _load(name: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(f"examples_{name}", EXAMPLES / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # cloudpickle pickles the example's own classes by value from here
+    sys.modules[spec.name] = module
     spec.loader.exec_module(module)
+    # run as a script, an example's classes live in __main__ and travel to the executors by value; imported
+    # here they would be pickled by reference to a module the executors cannot import
+    cloudpickle.register_pickle_by_value(module)
     return module
 
 
