@@ -103,17 +103,14 @@ def test_cross_validator_picks_the_better_learning_rate(array_df) -> None:
     assert cv_model.bestModel.network.updater.lr == 0.3
 
 
-def test_batch_size_param_reaches_the_workers(array_df) -> None:
-    # 192 examples on 2 workers: 96 each; minibatches of 8 -> 12 steps per epoch (the master's 16 would give 6)
-    model = _estimator(epochs=1, batchSize=8).fit(array_df)
-    assert model.network.iteration == 12
-
-
-def test_network_from_a_saved_path_starts_from_its_weights(array_df, tmp_path) -> None:
+def test_saved_network_path_learning_rate_and_batch_size_params(array_df, tmp_path) -> None:
     start = Network(models.mlp(F, 16, C), updater=optim.SGD(lr=0.1), seed=7)
     start.save(str(tmp_path / "start"))
-    model = _estimator(network=str(tmp_path / "start"), epochs=1, learningRate=1e-9).fit(array_df)
+    model = _estimator(network=str(tmp_path / "start"), epochs=1, learningRate=1e-9, batchSize=8).fit(array_df)
     assert model.network.updater.lr == 1e-9
+    # 192 examples on 2 workers: 96 each; minibatches of 8 -> 12 steps (the master's 16 would give 6)
+    assert model.network.iteration == 12
+    # a tiny learning rate: the trained weights are the saved ones, not a fresh initialisation
     torch.testing.assert_close(model.network.params(), start.params(), atol=1e-6, rtol=0)
     fresh = SPEC.build()
     assert not torch.allclose(model.network.params(), fresh.params(), atol=1e-3)
@@ -145,3 +142,32 @@ def test_bad_params_are_refused_before_training(array_df, kwargs, match) -> None
             est.set(est.getParam(name), value)
     with pytest.raises(ConfigError, match=match):
         est.fit(array_df)
+
+
+@pytest.mark.parametrize("loss, n_out", [("mse", 1), ("mse", 2), ("bce_with_logits", 2)])
+def test_model_columns_for_regression_and_multi_label_networks(array_df, loss, n_out) -> None:
+    net = Network(models.mlp(F, 8, n_out), loss=loss, seed=3)
+    out = TorchModel(net).transform(array_df)
+    rows = out.limit(10).collect()
+    expected = net.output(torch.tensor([r.features for r in rows], dtype=torch.float32))
+    if loss == "mse":
+        assert "probability" not in out.columns  # a regression has no probabilities
+        if n_out == 1:
+            assert isinstance(out.schema["prediction"].dataType, DoubleType)
+            np.testing.assert_allclose([r.prediction for r in rows], expected[:, 0].numpy(), atol=1e-6)
+        else:
+            np.testing.assert_allclose(np.array([r.prediction.toArray() for r in rows]), expected.numpy(), atol=1e-6)
+    else:  # multi-label: one 0/1 flag per output at 0.5, sigmoids as probabilities
+        flags = np.array([r.prediction.toArray() for r in rows])
+        np.testing.assert_array_equal(flags, (expected.numpy() >= 0.5).astype(float))
+        np.testing.assert_allclose(np.array([r.probability.toArray() for r in rows]), expected.numpy(), atol=1e-6)
+
+
+def test_feature_shape_and_inference_batch_size_params_are_used(array_df) -> None:
+    from torchspark.errors import DataError
+
+    with pytest.raises(DataError, match="feature_shape"):  # 4 values per row cannot become (5,)
+        _estimator(featureShape=[5]).fit(array_df)
+    model = TorchModel(SPEC.build())
+    with pytest.raises(ConfigError, match="batch_size"):
+        model.copy({model.inferenceBatchSize: 0}).transform(array_df)

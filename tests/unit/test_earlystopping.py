@@ -292,3 +292,11 @@ def test_configuration_refusals(kwargs, match) -> None:
 def test_configuration_needs_a_score_calculator() -> None:
     with pytest.raises(ConfigError, match="score_calculator"):
         EarlyStoppingConfiguration(None, epoch_conditions=[MaxEpochs(2)])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("save_updater", [True, False])
+def test_directory_saver_save_updater_option(tmp_path, save_updater) -> None:
+    saver = DirectoryModelSaver(str(tmp_path), save_updater=save_updater)
+    saver.save_best(_net(), 0, 0.5)
+    sub = json.loads((tmp_path / "best_model.json").read_text())["path"]
+    assert (tmp_path / sub / "updater.safetensors").exists() is save_updater

@@ -59,7 +59,8 @@ def best_epoch(history: Mapping[int, float], minimize: bool, min_improvement: fl
     best, best_score = -1, math.nan
     for epoch in sorted(history):
         score = history[epoch]
-        if (best < 0 and not math.isnan(score)) or (best >= 0 and _better(score, best_score, minimize, min_improvement)):
+        first = best < 0 and not math.isnan(score)
+        if first or (best >= 0 and _better(score, best_score, minimize, min_improvement)):
             best, best_score = epoch, score
     return best
 

@@ -31,7 +31,7 @@ from torchspark.nn import Network
 from torchspark.training.hooks import ProgressUpdate
 
 __all__ = ["EarlyStoppingConfiguration", "EarlyStoppingResult", "EarlyStoppingListener", "TerminationReason",
-           "run_early_stopping"]
+           "run_early_stopping", "LiveChecks"]
 
 log = logging.getLogger(__name__)
 

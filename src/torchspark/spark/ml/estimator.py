@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import Any
 
 from pyspark import keyword_only
 from pyspark.ml import Estimator, Model
