@@ -39,9 +39,9 @@ class TwoInTwoOut(nn.Module):
 
 
 def make_data(n: int, seed: int) -> MultiDataSet:
+    centers = torch.randn(3, 6, generator=torch.Generator().manual_seed(1234)) * 2  # one task for every split
     g = torch.Generator().manual_seed(seed)
     classes = torch.randint(0, 3, (n,), generator=g)
-    centers = torch.randn(3, 6, generator=g) * 2
     signal = centers[classes] + torch.randn(n, 6, generator=g)
     context = torch.randn(n, 3, generator=g)
     score = (signal[:, :1] * 0.5 + context[:, :1] - context[:, 1:2]).clone()  # (n, 1)
