@@ -6,7 +6,14 @@ Split as in GRACE: :mod:`.codec` (compressor: encode/decode), :mod:`.residual` (
 
 from __future__ import annotations
 
-from torchspark.encoding.codec import EncodedUpdate, decode, decode_sum, threshold_encode
+from torchspark.encoding.codec import (
+    EncodedUpdate,
+    accumulate_step,
+    decode,
+    decode_sum,
+    sparse_decode_sum,
+    threshold_encode,
+)
 from torchspark.encoding.encoder import EncoderConfig, EncoderState, encode_step, local_calibration, with_calibration
 from torchspark.encoding.residual import (
     RESIDUAL_POST_PROCESSORS,
@@ -40,6 +47,8 @@ __all__ = [
     "threshold_encode",
     "decode",
     "decode_sum",
+    "sparse_decode_sum",
+    "accumulate_step",
     "to_bytes",
     "from_bytes",
     "EncodingStats",

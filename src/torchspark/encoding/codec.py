@@ -39,6 +39,8 @@ __all__ = [
     "threshold_encode",
     "decode",
     "decode_sum",
+    "sparse_decode_sum",
+    "accumulate_step",
 ]
 
 Format = Literal["sparse", "bitmap", "empty"]
@@ -215,3 +217,55 @@ def decode_sum(messages: Iterable[EncodedUpdate], out: torch.Tensor) -> torch.Te
     for message in messages:
         decode(message, out)
     return out
+
+
+def sparse_decode_sum(messages: Iterable[EncodedUpdate]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sum of sparse messages where it can be non-zero: ``(indices, sums)``.
+
+    ``indices`` (int64, ascending, unique) is the union of the messages' entries; ``sums[j]`` is exactly what
+    :func:`decode_sum` into a zeroed buffer leaves at ``indices[j]`` (the ``±t`` values added from 0 in message
+    order), and every other element of that buffer would stay 0. So ``x[indices] -= sums`` is bit-identical to
+    ``x -= decode_sum(messages, zeros)`` while touching only the sent entries. CPU payloads.
+
+    Raises:
+        EncodingError: a message is not sparse or not on the CPU, or the messages' lengths differ.
+    """
+    messages = list(messages)
+    if not messages:
+        return torch.empty(0, dtype=torch.int64), torch.empty(0, dtype=torch.float32)
+    for m in messages:
+        if m.format != "sparse" or m.payload.device.type != "cpu" or m.length != messages[0].length:
+            raise EncodingError(f"sparse_decode_sum needs sparse CPU messages of one length, got a {m.format} message "
+                                f"of {m.length} elements on {m.payload.device}; use decode_sum for the others")
+    return _kernels.sparse_sum([m.payload for m in messages], [m.threshold for m in messages])
+
+
+def accumulate_step(residual: torch.Tensor, before: torch.Tensor, after: torch.Tensor, update: torch.Tensor, *,
+                    _force_torch: bool = False) -> tuple[float, float]:
+    """Move an optimizer step from the parameters into the residual, in one pass: ``update = before - after``,
+    ``after[:] = before`` (the parameters are restored), ``residual += update``.
+
+    Bit-identical to ``update = before - after; after.copy_(before); residual.add_(update)`` (so to encoding
+    ``update`` with :func:`threshold_encode`, whose step 1 is that add: call it with ``update=None`` afterwards),
+    without a temporary per step; on CPU each cache-sized chunk is read once.
+
+    Args:
+        residual: flat float32 residual, changed in place.
+        before: the parameters before the step (unchanged).
+        after: the live parameters after the step; overwritten with ``before``.
+        update: a buffer for the update (overwritten), e.g. reused every step.
+
+    Returns:
+        ``(norm(update), norm(before))``, float32 partial sums added in float64; may differ from ``torch.norm`` in
+        the last bits. Non-finite when the update or the parameters are.
+
+    Raises:
+        EncodingError: the four tensors are not contiguous 1-D float32 of one length on one device.
+    """
+    for name, t in (("residual", residual), ("before", before), ("after", after), ("update", update)):
+        _check_flat(name, t)
+        if t.shape != residual.shape or t.device != residual.device:
+            raise EncodingError(f"{name} has {t.numel()} elements on {t.device} but the residual has "
+                                f"{residual.numel()} on {residual.device}; they must match")
+    with torch.no_grad():
+        return _kernels.step_into_residual(residual, before, after, update, _force_torch)

@@ -493,6 +493,16 @@ class Network:
         with torch.no_grad():
             self._flat.sub_(update.to(self._flat.device, self._flat.dtype))
 
+    def apply_update_at(self, indices: torch.Tensor, values: torch.Tensor) -> None:
+        """``params[indices] -= values``: :meth:`apply_update` of an update that is zero except at ``indices``
+        (unique int64 indices). Bit-identical to it (``x - 0`` is ``x``), but touches only those elements."""
+        if indices.dim() != 1 or indices.shape != values.shape:
+            raise DataError(f"apply_update_at needs 1-D indices and values of one length, got shapes "
+                            f"{tuple(indices.shape)} and {tuple(values.shape)}")
+        with torch.no_grad():
+            idx = indices.to(self._flat.device)
+            self._flat[idx] = self._flat[idx] - values.to(self._flat.device, self._flat.dtype)
+
     def fit(self, data: Batch | Iterable[Batch], epochs: int = 1, batch_size: int = 32) -> "Network":
         """Train on one process.
 

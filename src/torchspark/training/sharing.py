@@ -69,17 +69,20 @@ import torch
 
 from torchspark.data import Batch
 from torchspark.encoding import (
+    EncodedUpdate,
     EncoderConfig,
     EncoderState,
     FixedThreshold,
     ThresholdState,
     NUM_SUMMANDS,
+    accumulate_step,
     agree_threshold,
     average_from_sums,
     decode,
     encode_step,
     from_bytes,
     local_calibration,
+    sparse_decode_sum,
     state_summands,
     to_bytes,
     with_calibration,
@@ -157,6 +160,8 @@ class SharingState:
         pending_payload: a payload encoded but not yet exchanged when a checkpoint was taken (``overlap=True``);
             set by :meth:`SharingAlgorithm.restore`, exchanged first by the next epoch.
         divergence: the first divergence message of this fit on this worker (``on_divergence="warn"``), or None.
+        step_buffers: ``(before, update)``, two parameter-sized buffers reused by every step (see
+            :func:`_step_into_residual`); None until the first step.
     """
 
     encoder: EncoderState
@@ -166,14 +171,20 @@ class SharingState:
     start_threshold: float | None = None
     pending_payload: bytes | None = None
     divergence: str | None = None
+    step_buffers: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 @dataclass(frozen=True)
 class _Round:
-    """The outcome of one exchange: how many workers were active and the decoded sum (None: nothing sent)."""
+    """The outcome of one exchange: how many workers were active and the decoded sum (None: nothing sent).
+
+    ``indices`` None: ``total`` is the dense sum (N,). Otherwise ``total`` holds the sum at these int64 indices only
+    (ascending, unique; zero elsewhere), as :func:`_exchange_sparse` returns it.
+    """
 
     active: int
     total: torch.Tensor | None
+    indices: torch.Tensor | None = None
 
 
 def restore_residual(extra_state: dict[str, torch.Tensor], rank: int, world_size: int, length: int,
@@ -256,7 +267,7 @@ class SharingAlgorithm:
             if resumed is not None:  # a checkpoint's in-flight step goes out first, as it did before the cut
                 if executor is None:
                     raise TrainingError("a checkpoint taken with overlap=True cannot resume with overlap=False")
-                pending = executor.submit(_exchange, comm, resumed, n, net.device)
+                pending = executor.submit(_exchange_sparse, comm, resumed, n, net.device)
                 state.bytes_sent += len(resumed)
                 out.rounds += 1
             while True:
@@ -277,7 +288,7 @@ class SharingAlgorithm:
                 # 3 + 4: exchange, decode in rank order, apply
                 if executor is None:
                     with rec.phase("exchange"):
-                        done = _apply(net, _exchange(comm, payload, n, net.device))
+                        done = _apply(net, _exchange_sparse(comm, payload, n, net.device))
                 else:
                     if pending is not None:
                         with rec.phase("exchange"):
@@ -286,7 +297,7 @@ class SharingAlgorithm:
                                 break  # every worker was inactive in the previous round, so is in this one
                     if hooks.checkpoint is not None:  # the cut: S_{t-1} applied, this step's payload not yet sent
                         hooks.checkpoint(out, *self._cut_state(state, payload))
-                    pending = executor.submit(_exchange, comm, payload, n, net.device)
+                    pending = executor.submit(_exchange_sparse, comm, payload, n, net.device)
                     done = False
                 state.bytes_sent += len(payload)
                 out.rounds += 1
@@ -308,14 +319,19 @@ class SharingAlgorithm:
         rec = hooks.recorder
         rank = comm.rank
         step = net.iteration
+        validate = epoch == 0 and out.iterations == 0
         with rec.phase("fit", examples=len(batch)):
-            update = net.compute_update(batch, validate=(epoch == 0 and out.iterations == 0))
-            self._check_divergence(state, net, update, step)
-            if calibrate:
-                _calibrate(state, update, comm)
-            message, state.encoder = encode_step(update, state.encoder, step)
+            if calibrate or not _can_fuse(state, net):
+                update = net.compute_update(batch, validate=validate)
+                self._check_divergence(state, net, update, step)
+                if calibrate:
+                    _calibrate(state, update, comm)
+                message, state.encoder = encode_step(update, state.encoder, step)
+            else:  # the same steps, the update moved into the residual while the parameters are restored
+                self._report_divergence(state, net, *_step_into_residual(state, net, batch, validate), step)
+                message, state.encoder = encode_step(None, state.encoder, step)
         payload = _ACTIVE if message.format == "empty" else _ACTIVE + to_bytes(message)
-        dense = 4 * update.numel()
+        dense = 4 * net.num_params()
         state.dense_bytes += dense
         state.steps += 1
         rec.record_encoding(step, len(payload), dense, message.density, message.threshold, message.format)
@@ -357,8 +373,11 @@ class SharingAlgorithm:
 
     def _check_divergence(self, state: SharingState, net: Network, update: torch.Tensor, step: int) -> None:
         """Divergence never passes silently: raise, or (``on_divergence="warn"``) log once and remember it."""
-        message = update_divergence(float(update.norm()), float(net.params_view().norm()), net.last_score, step,
-                                    net.updater)
+        self._report_divergence(state, net, float(update.norm()), float(net.params_view().norm()), step)
+
+    def _report_divergence(self, state: SharingState, net: Network, update_norm: float, param_norm: float,
+                           step: int) -> None:
+        message = update_divergence(update_norm, param_norm, net.last_score, step, net.updater)
         if message is None or state.divergence is not None:
             return
         if self.settings.on_divergence == "fail":
@@ -450,6 +469,32 @@ def _calibrate(state: SharingState, update: torch.Tensor | None, comm: Communica
                  "no data" if local is None else f"{local:.3g}")
 
 
+def _can_fuse(state: SharingState, net: Network) -> bool:
+    """Whether :func:`_step_into_residual` + ``encode_step(None, ...)`` does exactly what ``compute_update`` +
+    ``encode_step(update, ...)`` would: the encoder will not calibrate from this update, and float32 parameters."""
+    encoder = state.encoder
+    return (net.params_view().dtype == torch.float32
+            and (encoder.threshold_state.calibrated or encoder.config.threshold_policy.calibration_target() is None))
+
+
+def _step_into_residual(state: SharingState, net: Network, batch: Batch, validate: bool) -> tuple[float, float]:
+    """Steps 1 + 2a fused: one updater step, then in one pass ``u = before - after``, the parameters restored and
+    ``residual += u`` (:func:`~torchspark.encoding.accumulate_step`, bit-identical to ``compute_update`` followed by
+    the encoder's add). Returns ``(norm(u), norm(params))`` for the divergence check (exact torch norms when one is
+    not finite, so the message is the unfused path's)."""
+    flat = net.params_view()
+    if state.step_buffers is None:
+        state.step_buffers = (torch.empty_like(flat), torch.empty_like(flat))
+    before, update = state.step_buffers
+    with torch.no_grad():
+        before.copy_(flat)
+    net.train_step(batch, validate)
+    update_norm, param_norm = accumulate_step(state.encoder.residual, before, flat, update)
+    if not (math.isfinite(update_norm) and math.isfinite(param_norm)):
+        update_norm, param_norm = float(update.norm()), float(before.norm())
+    return update_norm, param_norm
+
+
 def _report_epoch_score(out: EpochOutcome, net: Network, comm: Communicator, hooks: WorkerHooks, epoch: int) -> None:
     """The epoch's example-weighted mean loss over all workers (one all-reduce every rank joins); rank 0 reports."""
     totals = torch.tensor([out.score_sum, float(out.examples)], dtype=torch.float64, device=net.device)
@@ -460,10 +505,30 @@ def _report_epoch_score(out: EpochOutcome, net: Network, comm: Communicator, hoo
 
 
 def _exchange(comm: Communicator, payload: bytes, length: int, device: torch.device | str) -> _Round:
-    """Steps 3 + 4a: gather every worker's payload and decode the messages, in rank order, into one sum."""
+    """Steps 3 + 4a: gather every worker's payload and decode the messages, in rank order, into one dense sum."""
+    active, messages = _gather_messages(comm, payload, length)
+    return _Round(active, _dense_sum(messages, length, device))
+
+
+def _exchange_sparse(comm: Communicator, payload: bytes, length: int, device: torch.device | str) -> _Round:
+    """:func:`_exchange` for the training loop: when every message of the round is sparse (or empty) and the
+    parameters live on the CPU, the sum is kept at the union of the messages' indices only (``_Round.indices``), so
+    no parameter-sized buffer is zeroed, decoded into and subtracted; same values, same order of additions."""
+    active, messages = _gather_messages(comm, payload, length)
+    if torch.device(device).type != "cpu" or any(m.format == "bitmap" for m in messages):
+        return _Round(active, _dense_sum(messages, length, device))
+    sparse = [m for m in messages if m.format == "sparse"]
+    if not sparse:
+        return _Round(active, None)
+    indices, total = sparse_decode_sum(sparse)
+    return _Round(active, total, indices)
+
+
+def _gather_messages(comm: Communicator, payload: bytes, length: int) -> tuple[int, list[EncodedUpdate]]:
+    """Step 3: all-gather the payloads; returns the number of active workers and their messages in rank order."""
     gathered = comm.all_gather_bytes(payload)
     active = 0
-    total: torch.Tensor | None = None
+    messages = []
     for rank, data in enumerate(gathered):
         flag, body = data[:1], data[1:]
         if flag not in (_ACTIVE, _INACTIVE) or (flag == _INACTIVE and body):
@@ -476,16 +541,27 @@ def _exchange(comm: Communicator, payload: bytes, length: int, device: torch.dev
         if message.length != length:
             raise EncodingError(f"worker {rank} sent an update of {message.length} elements but this network has "
                                 f"{length} parameters; all workers must train the same network")
-        if total is None:
-            total = torch.zeros(length, dtype=torch.float32, device=device)
+        messages.append(message)
+    return active, messages
+
+
+def _dense_sum(messages: list[EncodedUpdate], length: int, device: torch.device | str) -> torch.Tensor | None:
+    """Step 4a: decode the messages in rank order into one zeroed buffer (None when there is no message)."""
+    if not messages:
+        return None
+    total = torch.zeros(length, dtype=torch.float32, device=device)
+    for message in messages:
         decode(message, total)
-    return _Round(active, total)
+    return total
 
 
 def _apply(net: Network, result: _Round) -> bool:
     """Step 4b: ``params -= S_t``. Returns True when no worker was active (the epoch is over everywhere)."""
     if result.total is not None:
-        net.apply_update(result.total)
+        if result.indices is not None:
+            net.apply_update_at(result.indices, result.total)
+        else:
+            net.apply_update(result.total)
     return result.active == 0
 
 

@@ -1,0 +1,145 @@
+"""Per-step microprofile of one gradient-sharing worker: where the milliseconds of a step go, 1 torch thread.
+
+Run: ``.venv/bin/python benchmarks/profile_sharing_step.py [--steps 400] [--model mlp|lenet]`` (about 20 s).
+Prints a table only (nothing is written).
+
+Two copies of the same network (MLP 784-500-10 or LeNet, Adam lr 1e-3, batch 32, the throughput benchmark's
+``AdaptiveThreshold(initial=1e-2)``) train on the same minibatches, step by step interleaved, so machine load hits
+both alike:
+
+- ``reference``: the unfused steps (``Network.compute_update``, divergence check on two ``torch.norm``,
+  ``encode_step(update)``, ``to_bytes``, the dense ``_exchange``: ``from_bytes`` + decode of every message into a
+  zeroed buffer, ``net.apply_update``);
+- ``fused``: what the training loop runs (``_step_into_residual``: the updater's step moved into the residual in
+  one pass with the divergence norms, ``encode_step(None)``, ``to_bytes``, ``_exchange_sparse``: the sum kept at
+  the sent indices only, ``net.apply_update_at``).
+
+The exchange gathers ``--workers`` copies of this worker's own payload (what a peer's message costs to decode; no
+transport). At the end both copies must hold bit-identical parameters and residuals (asserted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from collections import defaultdict
+
+import torch
+
+
+class _EchoComm:
+    """A communicator double whose all-gather returns ``workers`` copies of the caller's payload."""
+
+    def __init__(self, workers: int) -> None:
+        self.rank, self.world_size, self.workers = 0, workers, workers
+
+    def all_gather_bytes(self, payload: bytes) -> list[bytes]:
+        return [payload] * self.workers
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--warmup", type=int, default=30)
+    parser.add_argument("--model", choices=("mlp", "lenet"), default="mlp")
+    parser.add_argument("--workers", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    torch.set_flush_denormal(True)
+
+    import torchspark as ts
+    from torchspark import datasets, models, optim
+    from torchspark.data import DataSet
+    from torchspark.encoding import AdaptiveThreshold, EncoderConfig, EncoderState, encode_step, to_bytes
+    from torchspark.training import sharing as S
+
+    n = 32 * (args.steps + args.warmup)
+    data = datasets.synthetic_images(n, 1, 28, 28, n_classes=10, seed=0)
+    if args.model == "mlp":
+        data = DataSet(data.features.reshape(n, 784).contiguous(), data.labels)
+    batches = [DataSet(b.features.clone(), b.labels.clone()) for b in data.split(32)]
+    config = EncoderConfig(threshold_policy=AdaptiveThreshold(initial=1e-2))
+    algo = S.SharingAlgorithm(S.SharingSettings(encoder=config))
+    comm = _EchoComm(args.workers)
+
+    def build() -> tuple[ts.Network, S.SharingState]:
+        module = models.mlp(784, 500, 10) if args.model == "mlp" else models.lenet(1, 10, 28, 28)
+        net = ts.Network(module, loss="cross_entropy", updater=optim.Adam(lr=1e-3), seed=0)
+        return net, S.SharingState(EncoderState.create(config, net.num_params()))
+
+    times: dict[str, dict[str, list[float]]] = {"reference": defaultdict(list), "fused": defaultdict(list)}
+
+    def reference(net: ts.Network, st: S.SharingState, batch: DataSet, keep: bool) -> None:
+        marks = [("start", time.perf_counter())]
+        step = net.iteration
+        update = net.compute_update(batch)
+        marks.append(("compute_update (train_step + copies)", time.perf_counter()))
+        algo._check_divergence(st, net, update, step)
+        marks.append(("divergence norms", time.perf_counter()))
+        message, st.encoder = encode_step(update, st.encoder, step)
+        marks.append(("encode_step", time.perf_counter()))
+        payload = b"\x01" + to_bytes(message)
+        marks.append(("to_bytes", time.perf_counter()))
+        result = S._exchange(comm, payload, net.num_params(), "cpu")
+        marks.append(("exchange: parse + decode", time.perf_counter()))
+        S._apply(net, result)
+        marks.append(("apply", time.perf_counter()))
+        _record(times["reference"], marks, keep)
+
+    def fused(net: ts.Network, st: S.SharingState, batch: DataSet, keep: bool) -> None:
+        marks = [("start", time.perf_counter())]
+        step = net.iteration
+        norms = S._step_into_residual(st, net, batch, False)
+        marks.append(("compute_update (train_step + copies)", time.perf_counter()))
+        algo._report_divergence(st, net, *norms, step)
+        marks.append(("divergence norms", time.perf_counter()))
+        message, st.encoder = encode_step(None, st.encoder, step)
+        marks.append(("encode_step", time.perf_counter()))
+        payload = b"\x01" + to_bytes(message)
+        marks.append(("to_bytes", time.perf_counter()))
+        result = S._exchange_sparse(comm, payload, net.num_params(), "cpu")
+        marks.append(("exchange: parse + decode", time.perf_counter()))
+        S._apply(net, result)
+        marks.append(("apply", time.perf_counter()))
+        _record(times["fused"], marks, keep)
+
+    (ref_net, ref_state), (fused_net, fused_state) = build(), build()
+    plain_net = build()[0]
+    plain: list[float] = []
+    for i, batch in enumerate(batches):
+        keep = i >= args.warmup
+        if i % 2:  # alternate the order, so neither path always runs on the other's cache
+            fused(fused_net, fused_state, batch, keep)
+            reference(ref_net, ref_state, batch, keep)
+        else:
+            reference(ref_net, ref_state, batch, keep)
+            fused(fused_net, fused_state, batch, keep)
+        t0 = time.perf_counter()
+        plain_net.train_step(batch)
+        if keep:
+            plain.append(time.perf_counter() - t0)
+    assert torch.equal(ref_net.params(), fused_net.params()), "fused and reference parameters differ"
+    assert torch.equal(ref_state.encoder.residual, fused_state.encoder.residual), "residuals differ"
+
+    print(f"{args.model}, {args.workers} messages per exchange, {args.steps} steps, 1 thread; "
+          f"load average {' / '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    print(f"{'component (median ms per step)':40s} {'reference':>10s} {'fused':>10s}")
+    for name in times["reference"]:
+        ref, fus = (statistics.median(times[k][name]) * 1e3 for k in ("reference", "fused"))
+        print(f"{name:40s} {ref:10.3f} {fus:10.3f}")
+    ref_total, fused_total = (statistics.median(map(sum, zip(*times[k].values()))) * 1e3 for k in times)
+    print(f"{'total':40s} {ref_total:10.3f} {fused_total:10.3f}")
+    print(f"{'plain train_step (no sharing)':40s} {statistics.median(plain) * 1e3:10.3f}")
+    print("parameters and residuals bit-identical: yes")
+
+
+def _record(into: dict[str, list[float]], marks: list[tuple[str, float]], keep: bool) -> None:
+    if keep:
+        for (_, t0), (name, t1) in zip(marks, marks[1:]):
+            into[name].append(t1 - t0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,194 @@
+"""The fused hot path of gradient sharing against the unfused reference steps it replaces (bit for bit)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from torchspark import Network, datasets, models, optim
+from torchspark.encoding import (
+    AdaptiveThreshold,
+    EncoderConfig,
+    EncoderState,
+    accumulate_step,
+    decode_sum,
+    encode_step,
+    sparse_decode_sum,
+    threshold_encode,
+    to_bytes,
+)
+from torchspark.errors import EncodingError
+from torchspark.training import ThreadGroup
+from torchspark.training.sharing import (
+    SharingAlgorithm,
+    SharingSettings,
+    SharingState,
+    _apply,
+    _can_fuse,
+    _exchange,
+    _exchange_sparse,
+    _step_into_residual,
+)
+
+
+def _bits(t: torch.Tensor) -> bytes:
+    return t.contiguous().numpy().tobytes()
+
+
+@pytest.mark.parametrize("force_torch", [False, True], ids=["numpy", "torch"])
+def test_accumulate_step_equals_the_unfused_steps(force_torch: bool) -> None:
+    g = torch.Generator().manual_seed(0)
+    before = torch.randn(10_001, generator=g)
+    after = before - torch.randn(10_001, generator=g) * 1e-3
+    residual = torch.randn(10_001, generator=g) * 1e-2
+    want_update = before - after
+    want_residual = residual.clone().add_(want_update)
+    update = torch.full_like(before, 7.0)  # stale contents must not matter
+    live = after.clone()
+    update_norm, param_norm = accumulate_step(residual, before, live, update, _force_torch=force_torch)
+    assert _bits(update) == _bits(want_update)
+    assert _bits(residual) == _bits(want_residual)
+    assert _bits(live) == _bits(before)  # the parameters are restored
+    assert update_norm == pytest.approx(float(want_update.norm()), rel=1e-5)
+    assert param_norm == pytest.approx(float(before.norm()), rel=1e-5)
+
+
+def test_accumulate_step_reports_non_finite_updates_and_refuses_mismatched_buffers() -> None:
+    before = torch.zeros(8)
+    after = before.clone()
+    after[3] = float("nan")
+    update_norm, _ = accumulate_step(torch.zeros(8), before, after, torch.empty(8))
+    assert update_norm != update_norm  # NaN
+    with pytest.raises(EncodingError, match="update has 7 elements"):
+        accumulate_step(torch.zeros(8), before, after, torch.empty(7))
+
+
+def _messages(length: int) -> list:
+    """Sparse messages with overlapping entries and thresholds whose float32 sum depends on the order of addition."""
+    out = []
+    # at element 5: (0 + 1) + 1e8 - 1e8 = 0 in float32, but (0 - 1e8) + 1e8 + 1 = 1
+    for seed, t, sign in ((0, 1.0, 1), (1, 1e8, 1), (2, 1e8, -1)):
+        g = torch.Generator().manual_seed(seed)
+        update = torch.randn(length, generator=g) * 3 * t
+        update[torch.rand(length, generator=g) > 0.05] = 0
+        update[5] = sign * 1.5 * t
+        out.append(threshold_encode(update, torch.zeros(length), t))
+    assert all(m.format == "sparse" for m in out)
+    return out
+
+
+def test_sparse_decode_sum_equals_dense_decode_then_subtract() -> None:
+    length = 4_000
+    messages = _messages(length)
+    params = torch.randn(length)
+    want = params - decode_sum(messages, torch.zeros(length))
+    indices, sums = sparse_decode_sum(messages)
+    got = params.clone()
+    got[indices] -= sums
+    assert _bits(got) == _bits(want)
+    reversed_order = params - decode_sum(messages[::-1], torch.zeros(length))
+    assert _bits(reversed_order) != _bits(want)  # the order of additions matters for these values, and is kept
+
+
+def test_sparse_decode_sum_refuses_bitmap_messages() -> None:
+    dense = threshold_encode(torch.ones(64), torch.zeros(64), 0.5)
+    assert dense.format == "bitmap"
+    with pytest.raises(EncodingError, match="sparse_decode_sum needs sparse"):
+        sparse_decode_sum([dense])
+
+
+def test_apply_update_at_equals_apply_update() -> None:
+    a = Network(models.mlp(12, 16, 3), updater=optim.SGD(lr=0.1), seed=0)
+    b = Network(models.mlp(12, 16, 3), updater=optim.SGD(lr=0.1), seed=0)
+    indices = torch.tensor([0, 5, 17, a.num_params() - 1])
+    values = torch.tensor([1e-3, -2.5, 7e-8, 0.25])
+    dense = torch.zeros(a.num_params())
+    dense[indices] = values
+    a.apply_update(dense)
+    b.apply_update_at(indices, values)
+    assert _bits(a.params()) == _bits(b.params())
+
+
+@pytest.mark.parametrize("kinds", [("sparse", "sparse", "sparse"), ("sparse", "bitmap", "inactive"),
+                                   ("empty", "sparse", "inactive"), ("empty", "inactive", "empty")])
+def test_exchange_sparse_applies_exactly_what_the_dense_exchange_applies(kinds: tuple[str, ...]) -> None:
+    length = 4_000
+    sparse = _messages(length)
+    payloads = []
+    for rank, kind in enumerate(kinds):
+        if kind == "inactive":
+            payloads.append(b"\x00")
+        elif kind == "empty":
+            payloads.append(b"\x01" + to_bytes(threshold_encode(torch.zeros(length), torch.zeros(length), 1.0)))
+        elif kind == "bitmap":
+            payloads.append(b"\x01" + to_bytes(threshold_encode(torch.ones(length), torch.zeros(length), 0.5)))
+        else:
+            payloads.append(b"\x01" + to_bytes(sparse[rank]))
+    group = ThreadGroup(len(kinds))
+    start = Network(models.mlp(50, 70, 10), updater=optim.SGD(lr=0.1), seed=0).params()[:length]
+    for exchange_fn in (_exchange, _exchange_sparse):
+        results = [None] * len(kinds)
+
+        def run(rank: int, fn=exchange_fn, out=results) -> None:
+            out[rank] = fn(group.communicator(rank), payloads[rank], length, "cpu")
+
+        threads = [threading.Thread(target=run, args=(r,)) for r in range(len(kinds))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        if exchange_fn is _exchange:
+            dense = results
+        else:
+            fused = results
+    for d, f in zip(dense, fused):
+        assert d.active == f.active == sum(k != "inactive" for k in kinds)
+        a, b = _Flat(start), _Flat(start)
+        _apply(a, d)
+        _apply(b, f)
+        assert _bits(a.flat) == _bits(b.flat)
+    if "bitmap" not in kinds and "sparse" in kinds:
+        assert fused[0].indices is not None  # the sparse representation was used
+
+
+class _Flat:
+    """The two methods of Network that ``_apply`` calls, on a plain tensor."""
+
+    def __init__(self, start: torch.Tensor) -> None:
+        self.flat = start.clone()
+
+    def apply_update(self, update: torch.Tensor) -> None:
+        self.flat -= update
+
+    def apply_update_at(self, indices: torch.Tensor, values: torch.Tensor) -> None:
+        self.flat[indices] = self.flat[indices] - values
+
+
+def test_step_into_residual_equals_compute_update_then_encode() -> None:
+    data = datasets.synthetic_classification(64, 12, 3, seed=0).split(8)
+    config = EncoderConfig(threshold_policy=AdaptiveThreshold(initial=1e-3))
+    nets = [Network(models.mlp(12, 16, 3), updater=optim.Adam(lr=1e-2), seed=0) for _ in range(2)]
+    states = [SharingState(EncoderState.create(config, nets[0].num_params())) for _ in range(2)]
+    assert _can_fuse(states[1], nets[1])
+    for step, batch in enumerate(data):
+        update = nets[0].compute_update(batch)
+        want, states[0].encoder = encode_step(update, states[0].encoder, step)
+        update_norm, param_norm = _step_into_residual(states[1], nets[1], batch, False)
+        got, states[1].encoder = encode_step(None, states[1].encoder, step)
+        assert to_bytes(got) == to_bytes(want)
+        assert update_norm == pytest.approx(float(update.norm()), rel=1e-5)
+        assert param_norm == pytest.approx(float(nets[0].params_view().norm()), rel=1e-5)
+        for net, message in zip(nets, (want, got)):
+            net.apply_update(decode_sum([message], torch.zeros(net.num_params())))
+        assert _bits(nets[0].params()) == _bits(nets[1].params())
+        assert _bits(states[0].encoder.residual) == _bits(states[1].encoder.residual)
+        assert _bits(nets[0].updater_state()) == _bits(nets[1].updater_state())
+
+
+def test_a_calibrating_encoder_takes_the_unfused_path() -> None:
+    config = EncoderConfig(threshold_policy=AdaptiveThreshold())  # calibrated start: calibrates from an update
+    net = Network(models.mlp(12, 16, 3), updater=optim.Adam(lr=1e-2), seed=0)
+    state = SharingState(EncoderState.create(config, net.num_params()))
+    assert not _can_fuse(state, net)
