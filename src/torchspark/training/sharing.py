@@ -10,6 +10,13 @@ Per minibatch ``t`` on every worker:
      applies ``params -= S_t``. Nobody applies its own full-precision update, and the decode order and arithmetic
      are the same everywhere, so all replicas stay bit-identical (checked by :meth:`SharingAlgorithm.finish`).
 
+Hot path (same arithmetic, fewer passes over the parameters; ``tests/unit/test_sharing_fused.py``). Once the
+threshold is calibrated, steps 1 + 2a run as one updater step followed by one pass that moves it into the residual
+and restores the parameters (:func:`_step_into_residual`, reused buffers, the divergence norms from two dot
+products). When every message of a round is sparse (the usual case), step 4 sums them at the union of their indices
+only (from 0, in rank order, as the zeroed buffer would) and subtracts there (:func:`_exchange_sparse`); ``x - 0 ==
+x`` elsewhere, so the parameters are bit-identical to the dense decode and apply.
+
 Calibrated start (the default threshold policies). Before the first encode of an epoch whose threshold state is
 not calibrated yet (the first epoch of a fresh fit), every worker computes its first update, calibrates a threshold
 from it (:func:`~torchspark.encoding.local_calibration`; NaN without data), the values are exchanged with one
