@@ -118,11 +118,19 @@ class SharingSettings:
             gives the synchronous loop: no staleness, but computation waits for every exchange.
         on_divergence: ``"fail"`` (raise TrainingError when an update is not finite or explodes, see
             :mod:`torchspark.nn.divergence`) or ``"warn"`` (log it once, keep training, the driver warns).
+        topology: how messages travel: ``"all_gather"`` (every worker receives and decodes every message),
+            ``"sharded"`` (reduce-scatter by index shards then all-gather of the sums, see
+            :mod:`torchspark.training.sharded_exchange`; receive bytes ~ ``min(N*m, dense)`` instead of ``N*m``,
+            decode work / N, one more round trip) or ``"auto"`` (sharded above ``shard_above_workers`` workers).
+            Both give bit-identical results.
+        shard_above_workers: ``"auto"`` shards when the number of workers is larger than this.
     """
 
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
     overlap: bool = True
     on_divergence: str = "fail"
+    topology: str = "auto"
+    shard_above_workers: int = 16
 
     def __post_init__(self) -> None:
         if not isinstance(self.encoder, EncoderConfig):
@@ -131,17 +139,22 @@ class SharingSettings:
         if not isinstance(self.overlap, bool):
             raise ConfigError(f"overlap must be True or False, got {self.overlap!r}")
         check_on_divergence("SharingSettings", self.on_divergence)
+        from torchspark.training.sharded_exchange import check_topology  # imports this module
+        check_topology("SharingSettings", self.topology, self.shard_above_workers)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able form: ``{"encoder": EncoderConfig.to_dict(), "overlap": bool, "on_divergence": str}``."""
-        return {"encoder": self.encoder.to_dict(), "overlap": self.overlap, "on_divergence": self.on_divergence}
+        """JSON-able form: ``{"encoder": EncoderConfig.to_dict(), "overlap": bool, "on_divergence": str,
+        "topology": str, "shard_above_workers": int}``."""
+        return {"encoder": self.encoder.to_dict(), "overlap": self.overlap, "on_divergence": self.on_divergence,
+                "topology": self.topology, "shard_above_workers": self.shard_above_workers}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SharingSettings:
         encoder = data.get("encoder")
         config = EncoderConfig() if encoder is None else (
             encoder if isinstance(encoder, EncoderConfig) else EncoderConfig.from_dict(encoder))
-        return cls(encoder=config, overlap=data.get("overlap", True), on_divergence=data.get("on_divergence", "fail"))
+        return cls(encoder=config, overlap=data.get("overlap", True), on_divergence=data.get("on_divergence", "fail"),
+                   topology=data.get("topology", "auto"), shard_above_workers=data.get("shard_above_workers", 16))
 
 
 @dataclass
@@ -248,6 +261,7 @@ class SharingAlgorithm:
         exhausted = False
         rec = hooks.recorder
         n = net.num_params()
+        exchange = _exchange_function(self.settings, comm.world_size)
         executor = ThreadPoolExecutor(1, thread_name_prefix="torchspark-sharing-exchange") \
             if self.settings.overlap else None
         pending: Future[_Round] | None = None
@@ -256,7 +270,7 @@ class SharingAlgorithm:
             if resumed is not None:  # a checkpoint's in-flight step goes out first, as it did before the cut
                 if executor is None:
                     raise TrainingError("a checkpoint taken with overlap=True cannot resume with overlap=False")
-                pending = executor.submit(_exchange, comm, resumed, n, net.device)
+                pending = executor.submit(exchange, comm, resumed, n, net.device)
                 state.bytes_sent += len(resumed)
                 out.rounds += 1
             while True:
@@ -277,7 +291,7 @@ class SharingAlgorithm:
                 # 3 + 4: exchange, decode in rank order, apply
                 if executor is None:
                     with rec.phase("exchange"):
-                        done = _apply(net, _exchange(comm, payload, n, net.device))
+                        done = _apply(net, exchange(comm, payload, n, net.device))
                 else:
                     if pending is not None:
                         with rec.phase("exchange"):
@@ -286,7 +300,7 @@ class SharingAlgorithm:
                                 break  # every worker was inactive in the previous round, so is in this one
                     if hooks.checkpoint is not None:  # the cut: S_{t-1} applied, this step's payload not yet sent
                         hooks.checkpoint(out, *self._cut_state(state, payload))
-                    pending = executor.submit(_exchange, comm, payload, n, net.device)
+                    pending = executor.submit(exchange, comm, payload, n, net.device)
                     done = False
                 state.bytes_sent += len(payload)
                 out.rounds += 1
@@ -434,6 +448,7 @@ class SharingAlgorithm:
             "sharing.start_threshold": state.start_threshold,
             "sharing.replica_sha256": digests[0].hex(),
             "sharing.divergence": warned[0] if warned else None,
+            "sharing.topology": _topology(self.settings, world),
         }
         return extra_state, extra_config
 
@@ -480,6 +495,19 @@ def _exchange(comm: Communicator, payload: bytes, length: int, device: torch.dev
             total = torch.zeros(length, dtype=torch.float32, device=device)
         decode(message, total)
     return _Round(active, total)
+
+
+def _topology(settings: SharingSettings, world_size: int) -> str:
+    from torchspark.training.sharded_exchange import resolve_topology  # imports this module
+    return resolve_topology(settings.topology, settings.shard_above_workers, world_size)
+
+
+def _exchange_function(settings: SharingSettings, world_size: int) -> Any:
+    """The exchange of this fit's topology (the same on every rank: it depends on the world size only)."""
+    if _topology(settings, world_size) == "sharded":
+        from torchspark.training.sharded_exchange import sharded_exchange
+        return sharded_exchange
+    return _exchange
 
 
 def _apply(net: Network, result: _Round) -> bool:
