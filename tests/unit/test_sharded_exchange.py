@@ -13,13 +13,13 @@ from torchspark.errors import ConfigError, EncodingError, WaitTimeout
 from torchspark.training import ThreadGroup
 from torchspark.training.comm import SoloCommunicator
 from torchspark.training.sharded_exchange import (
-    resolve_topology,
     shard_bounds,
     shard_sum_bytes,
     sharded_exchange,
     split_message,
 )
 from torchspark.training.sharing import SharingSettings, _exchange
+from torchspark.training.topology import resolve_topology
 
 
 def _run(world: int, fn, timeout_s: float = 20.0) -> list:

@@ -41,39 +41,16 @@ import torch
 from torchspark.encoding import EncodedUpdate, decode, from_bytes
 from torchspark.encoding import _kernels
 from torchspark.encoding.wire import MAGIC, VERSION
-from torchspark.errors import ConfigError, EncodingError
+from torchspark.errors import EncodingError
 from torchspark.training.comm import Communicator
 from torchspark.training.sharing import _ACTIVE, _INACTIVE, _Round
 
-__all__ = ["TOPOLOGIES", "DEFAULT_SHARD_ABOVE_WORKERS", "check_topology", "resolve_topology", "shard_bounds",
-           "split_message", "shard_sum_bytes", "sharded_exchange"]
-
-#: ``topology`` values: ``"auto"`` (sharded above ``shard_above_workers`` workers), ``"all_gather"``, ``"sharded"``.
-TOPOLOGIES: tuple[str, ...] = ("auto", "all_gather", "sharded")
-#: default worker count above which ``topology="auto"`` shards (provisional, see docs/scaling.md)
-DEFAULT_SHARD_ABOVE_WORKERS = 16
+__all__ = ["shard_bounds", "split_message", "shard_sum_bytes", "sharded_exchange"]
 
 _MALFORMED = 0xFF
 _NO_MESSAGE, _NOTHING_HERE, _SPARSE, _BITMAP = 0, 1, 2, 3
 _PIECE = struct.Struct("<BBQf")  # flag, marker, message length, threshold
 _WIRE = struct.Struct("<4sBBHQQf")  # the wire header of torchspark.encoding.wire (to validate pieces with from_bytes)
-
-
-def check_topology(owner: str, topology: object, shard_above_workers: object) -> None:
-    """Raise ConfigError naming the bad value and the choices (``owner`` prefixes the message)."""
-    if not isinstance(topology, str) or topology not in TOPOLOGIES:
-        raise ConfigError(f"{owner}: topology must be one of {list(TOPOLOGIES)}, got {topology!r}; 'auto' shards "
-                          "above shard_above_workers workers")
-    if isinstance(shard_above_workers, bool) or not isinstance(shard_above_workers, int) or shard_above_workers < 1:
-        raise ConfigError(f"{owner}: shard_above_workers must be an integer >= 1, got {shard_above_workers!r} "
-                          f"(default {DEFAULT_SHARD_ABOVE_WORKERS})")
-
-
-def resolve_topology(topology: str, shard_above_workers: int, world_size: int) -> str:
-    """The topology a fit of ``world_size`` workers uses: ``"sharded"`` or ``"all_gather"`` (same on every rank)."""
-    if topology == "auto":
-        return "sharded" if world_size > shard_above_workers else "all_gather"
-    return topology
 
 
 def shard_bounds(length: int, parts: int) -> list[tuple[int, int]]:

@@ -26,6 +26,7 @@ from torchspark.errors import ConfigError
 from torchspark.nn.divergence import check_on_divergence
 from torchspark.training.masters import TrainingMaster, register_master
 from torchspark.training.sharing import SharingSettings
+from torchspark.training.topology import DEFAULT_SHARD_ABOVE_WORKERS, check_topology
 
 __all__ = ["SharedTrainingMaster"]
 
@@ -73,6 +74,15 @@ class SharedTrainingMaster(TrainingMaster):
             it and train on; the fit then warns (RuntimeWarning) and ``net.extra_config["sharing.divergence"]``
             holds the message. Threshold encoding keeps a diverged fit's loss finite, so without this check it
             would end normally at chance accuracy.
+        topology: how the workers exchange messages: ``"all_gather"`` (every worker receives and decodes every
+            message: receive bytes and decode work grow with the worker count N), ``"sharded"`` (reduce-scatter by
+            parameter-index shards, then all-gather of the summed shards: receive bytes ~ ``min(N*m, dense)``
+            instead of ``N*m``, decode work / N, one more round trip per step; :mod:`torchspark.training.
+            sharded_exchange`) or ``"auto"`` (default: sharded when there are more than ``shard_above_workers``
+            workers). Results are bit-identical either way; ``net.extra_config["sharing.topology"]`` says which
+            one a fit used.
+        shard_above_workers: the worker count above which ``topology="auto"`` shards (default 16, see
+            ``docs/scaling.md``).
 
     See :class:`~torchspark.training.masters.TrainingMaster` for the shared options (``batch_size_per_worker``,
     ``rdd_training_approach``, ``export_directory`` and ``rng_seed`` -- both honoured, unlike in DL4J --,
@@ -88,6 +98,8 @@ class SharedTrainingMaster(TrainingMaster):
     workers_per_node: int = -1
     overlap: bool = True
     on_divergence: str = "fail"
+    topology: str = "auto"
+    shard_above_workers: int = DEFAULT_SHARD_ABOVE_WORKERS
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -113,6 +125,7 @@ class SharedTrainingMaster(TrainingMaster):
         if not isinstance(self.overlap, bool):
             raise ConfigError(f"{name}: overlap must be True or False, got {self.overlap!r}")
         check_on_divergence(name, self.on_divergence)
+        check_topology(name, self.topology, self.shard_above_workers)
         # builds (and so validates) the encoder config once, here, not on the workers
         self.encoder_config()
 
@@ -125,7 +138,8 @@ class SharedTrainingMaster(TrainingMaster):
     def algorithm_settings(self) -> dict[str, Any]:
         """JSON-able settings of :class:`~torchspark.training.sharing.SharingAlgorithm`."""
         return SharingSettings(encoder=self.encoder_config(), overlap=self.overlap,
-                               on_divergence=self.on_divergence).to_dict()
+                               on_divergence=self.on_divergence, topology=self.topology,
+                               shard_above_workers=self.shard_above_workers).to_dict()
 
     def resolve_num_workers(self, default_parallelism: int, executors: int) -> int:
         """How many workers a fit uses: ``workers_per_node * executors`` when ``workers_per_node >= 1``; else

@@ -90,6 +90,7 @@ from torchspark.nn.divergence import check_on_divergence, update_divergence
 from torchspark.training.averaging import EpochOutcome
 from torchspark.training.comm import Communicator
 from torchspark.training.hooks import ProgressUpdate, ScoreReport, WorkerHooks
+from torchspark.training.topology import DEFAULT_SHARD_ABOVE_WORKERS, check_topology, resolve_topology
 
 __all__ = ["SharingSettings", "SharingState", "SharingAlgorithm", "RESIDUAL_KEY", "THRESHOLD_KEY", "WORLD_KEY",
            "restore_residual"]
@@ -130,7 +131,7 @@ class SharingSettings:
     overlap: bool = True
     on_divergence: str = "fail"
     topology: str = "auto"
-    shard_above_workers: int = 16
+    shard_above_workers: int = DEFAULT_SHARD_ABOVE_WORKERS
 
     def __post_init__(self) -> None:
         if not isinstance(self.encoder, EncoderConfig):
@@ -139,7 +140,6 @@ class SharingSettings:
         if not isinstance(self.overlap, bool):
             raise ConfigError(f"overlap must be True or False, got {self.overlap!r}")
         check_on_divergence("SharingSettings", self.on_divergence)
-        from torchspark.training.sharded_exchange import check_topology  # imports this module
         check_topology("SharingSettings", self.topology, self.shard_above_workers)
 
     def to_dict(self) -> dict[str, Any]:
@@ -154,7 +154,7 @@ class SharingSettings:
         config = EncoderConfig() if encoder is None else (
             encoder if isinstance(encoder, EncoderConfig) else EncoderConfig.from_dict(encoder))
         return cls(encoder=config, overlap=data.get("overlap", True), on_divergence=data.get("on_divergence", "fail"),
-                   topology=data.get("topology", "auto"), shard_above_workers=data.get("shard_above_workers", 16))
+                   topology=data.get("topology", "auto"), shard_above_workers=data.get("shard_above_workers", DEFAULT_SHARD_ABOVE_WORKERS))
 
 
 @dataclass
@@ -498,14 +498,13 @@ def _exchange(comm: Communicator, payload: bytes, length: int, device: torch.dev
 
 
 def _topology(settings: SharingSettings, world_size: int) -> str:
-    from torchspark.training.sharded_exchange import resolve_topology  # imports this module
     return resolve_topology(settings.topology, settings.shard_above_workers, world_size)
 
 
 def _exchange_function(settings: SharingSettings, world_size: int) -> Any:
     """The exchange of this fit's topology (the same on every rank: it depends on the world size only)."""
     if _topology(settings, world_size) == "sharded":
-        from torchspark.training.sharded_exchange import sharded_exchange
+        from torchspark.training.sharded_exchange import sharded_exchange  # imports this module
         return sharded_exchange
     return _exchange
 
