@@ -160,28 +160,29 @@ def shard_sum_bytes(shard: torch.Tensor | None, size: int) -> bytes:
     bits = values.view(torch.int32)
     idx = torch.nonzero(bits, as_tuple=True)[0]
     if 8 * idx.numel() < 4 * size:
-        return b"S" + idx.to(torch.int32).numpy().astype("<i4").tobytes() + values[idx].numpy().astype("<f4").tobytes()
-    return b"D" + values.numpy().astype("<f4").tobytes()
+        return (b"S" + idx.to(torch.int32).numpy().astype("<i4", copy=False).tobytes()
+                + values[idx].numpy().astype("<f4", copy=False).tobytes())
+    return b"D" + values.numpy().astype("<f4", copy=False).tobytes()
 
 
 def _assemble(shards: list[bytes], bounds: list[tuple[int, int]], length: int,
               device: torch.device | str) -> torch.Tensor:
     """Phase 2: S_t from every owner's :func:`shard_sum_bytes` (or raise the error an owner reported)."""
     total = torch.zeros(length, dtype=torch.float32)
+    flat = total.numpy()  # written in place: one copy per shard
     for rank, (data, (lo, hi)) in enumerate(zip(shards, bounds)):
         kind, body = data[:1], data[1:]
         if kind == b"E":
             raise EncodingError(f"worker {rank} received a corrupt gradient-sharing piece: "
                                 f"{body.decode(errors='replace')}")
         if kind == b"D" and len(body) == 4 * (hi - lo):
-            total[lo:hi] = torch.from_numpy(np.frombuffer(body, dtype="<f4").astype(np.float32))
+            flat[lo:hi] = np.frombuffer(body, dtype="<f4")
             continue
         if kind == b"S" and len(body) % 8 == 0:
             k = len(body) // 8
             idx = np.frombuffer(body, dtype="<i4", count=k).astype(np.int64)
             if k == 0 or (idx.min() >= 0 and idx.max() < hi - lo):
-                total[torch.from_numpy(idx + lo)] = torch.from_numpy(
-                    np.frombuffer(body, dtype="<f4", offset=4 * k).astype(np.float32))
+                flat[idx + lo] = np.frombuffer(body, dtype="<f4", offset=4 * k)
                 continue
         raise EncodingError(f"worker {rank} sent a malformed shard sum ({len(data)} bytes, kind {kind!r}) for "
                             f"elements [{lo}, {hi}); all workers must run the same torchspark version")
