@@ -4,11 +4,16 @@ point-to-point, one of them slowed by a module that sleeps on its rank."""
 from __future__ import annotations
 
 import hashlib
+import multiprocessing
+import time
 
+import pytest
+from _faulty import FailingForward
 from _slow import SlowOnRank
 
 from torchspark import Network, datasets, models, optim
 from torchspark.encoding import AdaptiveThreshold
+from torchspark.errors import WorkerError
 from torchspark.parallel import ParallelWrapper
 
 
@@ -55,3 +60,18 @@ def test_unequal_partitions_and_a_worker_without_data_do_not_hang() -> None:
     cfg = net.extra_config
     assert cfg["sharing.messages_sent"] == 2 and cfg["sharing.messages_applied"] == 6
     assert cfg["sharing.replicas_identical"] is True
+
+
+def test_a_failing_worker_is_reported_and_its_peers_stop() -> None:
+    """Worker 1 raises mid-epoch while worker 0 waits on its messages: the fit fails with worker 1's own error
+    (not a peer's dropped connection), well before the rendezvous timeout."""
+    data = datasets.synthetic_classification(400, 12, 3, seed=1)
+    net = Network(FailingForward(12, 3, after=4, rank=1), updater=optim.SGD(lr=0.1), seed=0)
+    wrapper = ParallelWrapper(net, workers=2, training_mode="shared_gradients", progress=False, max_staleness=1,
+                              rendezvous_timeout_s=120.0)
+    started = time.monotonic()
+    with pytest.raises(WorkerError) as info:
+        wrapper.fit(data, epochs=1, batch_size=8)
+    assert str(info.value).startswith("worker 1 failed: _faulty.InjectedFailure: injected failure in forward call 5")
+    assert time.monotonic() - started < 120.0  # not the timeout: the peer was stopped
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("torchspark-worker")]

@@ -17,7 +17,7 @@ import torch
 
 from torchspark import DataSet, Network, datasets, models, optim
 from torchspark.encoding import AdaptiveThreshold, EncoderConfig
-from torchspark.errors import ConfigError, TrainingError, WaitTimeout
+from torchspark.errors import ConfigError, TrainingError, WaitTimeout, WorkerError
 from torchspark.nn import NetworkBlueprint
 from torchspark.training import InProcessRunner, ItemSource, ThreadGroup, WorkerTask, merge_results
 from torchspark.training.hooks import WorkerHooks
@@ -202,3 +202,20 @@ def test_max_staleness_refuses_combinations_that_cannot_work(tmp_path) -> None:
     assert master.algorithm_settings()["max_staleness"] == 3
     assert SharedTrainingMaster().algorithm_settings()["max_staleness"] is None
     assert master_from_json(json.dumps(master.to_dict())).max_staleness == 3
+
+
+def test_worker_error_mid_fit_is_reported_and_leaves_no_thread() -> None:
+    """A worker failing mid-epoch (NaN data) aborts the group: its peer stops waiting at once (not after the
+    timeout), the driver names the failing worker, no mailbox thread is left."""
+    poisoned = _batches(6, seed=6)
+    x = poisoned[3].features.clone()
+    x[2] = float("nan")
+    poisoned[3] = DataSet(x, poisoned[3].labels)
+    net = _net()
+    task = WorkerTask(mode="sharing", settings=SharingSettings(ENCODER, max_staleness=1).to_dict(),
+                      blueprint=NetworkBlueprint.of(net).to_bytes(), epochs=1, prefetch=0)
+    before = {t.name for t in threading.enumerate()}
+    with pytest.raises(WorkerError, match="worker 1 failed"):
+        InProcessRunner(300.0).run(task, [ItemSource(_batches(40, seed=7)), ItemSource(poisoned)])
+    leftover = {t.name for t in threading.enumerate()} - before
+    assert not [n for n in leftover if n.startswith("torchspark")], leftover

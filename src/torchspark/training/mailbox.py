@@ -46,7 +46,7 @@ END = 1
 _HEADER_TAG = 7_100
 _PAYLOAD_TAG = 7_101
 # how long close() waits for the transport thread after an error (the process is failing anyway)
-_ERROR_JOIN_S = 5.0
+_ERROR_JOIN_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -200,10 +200,11 @@ class TorchDistMailbox:
 
     def close(self, failed: bool = False, timeout_s: float = 300.0) -> None:
         """Normal end (every peer's END received): wait up to ``timeout_s`` until the peers received all we sent.
-        After an error: give the threads a few seconds, then leave them (daemons) to the group's teardown."""
+        After an error: give the sender up to 2 s, leave the receivers (daemons) to the group's teardown."""
         self._outgoing.put(None)
         deadline = time.monotonic() + (_ERROR_JOIN_S if failed else timeout_s)
-        for t in self._threads:
+        # after an error a receiver may wait for a peer that will never send: only the sender is waited for
+        for t in self._threads[:1] if failed else self._threads:
             t.join(max(0.0, deadline - time.monotonic()))
         alive = [t.name for t in self._threads if t.is_alive()]
         if failed:
