@@ -27,6 +27,7 @@ import logging
 import queue
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -81,6 +82,10 @@ def open_mailbox(comm: Any, epoch: int) -> tuple[Mailbox, float]:
     if isinstance(comm, ThreadCommunicator):
         return ThreadMailbox(comm), comm.group.timeout_s
     if isinstance(comm, TorchDistCommunicator):
+        backend = dist.get_backend()
+        if backend != "gloo":
+            raise ConfigError(f"max_staleness sends point-to-point over gloo, but the workers' process group uses "
+                              f"{backend!r} (GPU workers); use max_staleness=None (synchronous sharing) on GPUs")
         return TorchDistMailbox(comm.rank, comm.world_size, epoch), comm.timeout_s
     if isinstance(comm, SoloCommunicator) or getattr(comm, "world_size", None) == 1:
         return ThreadMailbox(None), 300.0
@@ -128,7 +133,7 @@ class _Inbox:
 class ThreadMailbox:
     """Mailbox between threads of one process: ``post`` appends to every peer's queue for this sender.
 
-    The queues live on the :class:`~torchspark.training.comm.ThreadGroup` (created by whichever rank comes first),
+    The queues belong to the :class:`~torchspark.training.comm.ThreadGroup` (created by whichever rank comes first),
     so messages a fast peer posts for its next epoch wait there until this worker opens its next mailbox.
     """
 
@@ -139,9 +144,7 @@ class ThreadMailbox:
         self._inboxes: list[_Inbox] = []
         if self._group is not None:
             with _GROUP_LOCK:
-                if not hasattr(self._group, "_mailbox_inboxes"):
-                    self._group._mailbox_inboxes = [_Inbox() for _ in range(self.world)]  # type: ignore[attr-defined]
-            self._inboxes = self._group._mailbox_inboxes  # type: ignore[attr-defined]
+                self._inboxes = _GROUP_INBOXES.setdefault(self._group, [_Inbox() for _ in range(self.world)])
 
     def post(self, envelope: Envelope) -> None:
         for peer, inbox in enumerate(self._inboxes):
@@ -159,6 +162,8 @@ class ThreadMailbox:
 
 
 _GROUP_LOCK = threading.Lock()
+# every ThreadGroup's inboxes, by receiver rank, for as long as the group lives
+_GROUP_INBOXES: "weakref.WeakKeyDictionary[Any, list[_Inbox]]" = weakref.WeakKeyDictionary()
 
 
 class TorchDistMailbox:

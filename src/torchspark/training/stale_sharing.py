@@ -35,8 +35,9 @@ slowest unfinished peer when it computed an update; never more than ``k``), ``sh
 
 Not supported with ``max_staleness`` (ConfigError when the master is built): ``overlap=False`` (the synchronous
 loop), ``checkpoint_directory`` (a cut would need every in-flight message), ``topology="sharded"`` (a collective
-topology). Every wait carries the communicator's timeout (``rendezvous_timeout_s``); only the mailbox threads talk
-during an epoch, and collectives (calibration, epoch score, finish) run only while no mailbox is open.
+topology); and GPU workers on nccl (the mailbox is gloo-only: ConfigError when the epoch starts). Every wait carries
+the communicator's timeout (``rendezvous_timeout_s``); only the mailbox threads talk during an epoch, and
+collectives (calibration, epoch score, finish) run only while no mailbox is open.
 """
 
 from __future__ import annotations
