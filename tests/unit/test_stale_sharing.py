@@ -248,3 +248,13 @@ def test_parallel_wrapper_passes_max_staleness_to_its_master() -> None:
         ParallelWrapper(_net(), workers=2, training_mode="shared_gradients", max_staleness=-3)
     with pytest.raises(ConfigError, match="pass either master= or the options .*max_staleness"):
         ParallelWrapper(_net(), workers=2, master=SharedTrainingMaster(), max_staleness=1)
+
+
+def test_max_staleness_refuses_the_sharded_topology() -> None:
+    """Point-to-point messages have no collective topology to shard (active once the topology option exists)."""
+    import dataclasses
+
+    if "topology" not in {f.name for f in dataclasses.fields(SharedTrainingMaster)}:
+        pytest.skip("SharedTrainingMaster has no topology option in this build")
+    with pytest.raises(ConfigError, match="topology='sharded'"):
+        SharedTrainingMaster(max_staleness=1, topology="sharded")

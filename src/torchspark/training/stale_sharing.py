@@ -20,7 +20,8 @@ messages of the epoch from 0 and is checked on receipt (:class:`PeerLedger`): a 
 raises TrainingError. End of epoch: a worker whose data ran out posts an ``END`` marker carrying its message count;
 its epoch ends once it has applied every peer's messages up to that peer's marker. So every worker applies exactly
 every message every worker sent (``messages_applied == world_size * messages_sent``), and unequal partitions end
-without hanging: nobody waits for a step a finished peer will never send.
+without hanging: nobody waits for a step a finished peer will never send. An epoch's end is thus a
+synchronisation point: step numbers (and lags) start again from 0 in the next epoch.
 
 Calibrated start (the default threshold policies): the calibration all-gather runs before the epoch's mailbox opens
 (after the first update is computed, or at once on a worker without data), as in the synchronous loop.
