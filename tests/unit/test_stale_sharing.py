@@ -131,6 +131,11 @@ def test_one_worker_equals_the_synchronous_loop_without_overlap() -> None:
     assert torch.equal(stale[0].params(), sync_net.params())
     assert torch.equal(stale[0].updater_state(), sync_net.updater_state())
     assert stale[2]["sharing.messages_applied"] == 16 and stale[2]["sharing.replica_divergence"] == 0.0
+    solo_net = _net()  # the in-process runner gives a lone worker a SoloCommunicator (no group at all)
+    task = WorkerTask(mode="sharing", settings=SharingSettings(ENCODER, max_staleness=0).to_dict(),
+                      blueprint=NetworkBlueprint.of(solo_net).to_bytes(), epochs=2, prefetch=0)
+    merge_results(solo_net, InProcessRunner(30.0).run(task, [ItemSource(shards[0])]))
+    assert torch.equal(solo_net.params(), sync_net.params())
 
 
 def test_unequal_partitions_and_a_worker_without_data_end() -> None:
