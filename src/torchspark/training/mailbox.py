@@ -175,9 +175,10 @@ class TorchDistMailbox:
     that peer's ``END`` marker, so a closed mailbox leaves no receive posted and the group is free for collectives.
 
     Why threads and blocking waits: in torch 2.13 a gloo send/recv ``Work`` never reports ``is_completed()`` before
-    ``wait()``, so one polling thread cannot work; and gloo point-to-point calls from several threads of a process
-    are safe (each pair is guarded by gloo's own lock; ``tests/multiprocess/test_stale_sharing_parallel.py`` runs
-    it with three processes). A gloo receive cannot be cancelled (``Work`` has no ``abort``): after an error the
+    ``wait()`` (checked), so one polling thread cannot work. Point-to-point calls on one gloo group from several
+    threads of a process are not documented as safe; they work in torch 2.13 under test
+    (``tests/multiprocess/test_mailbox_gloo.py``: three processes, each a sender and two receiver threads, payloads
+    up to 240 kB, a collective between epochs). Distinct tags keep them apart from collectives. A gloo receive cannot be cancelled (``Work`` has no ``abort``): after an error the
     receiver threads (daemons) end when the process group is destroyed, which the worker does on its way out.
     """
 
