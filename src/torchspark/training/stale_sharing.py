@@ -23,6 +23,10 @@ every message every worker sent (``messages_applied == world_size * messages_sen
 without hanging: nobody waits for a step a finished peer will never send. An epoch's end is thus a
 synchronisation point: step numbers (and lags) start again from 0 in the next epoch.
 
+Stats (``hooks.recorder``): ``data_wait`` and ``fit`` (compute + encode, with ``record_encoding`` per step) as in the
+synchronous loop; ``exchange`` is the time spent waiting for peers and applying their messages (own messages are
+applied inside the step). Per fit, :class:`StaleStats` on the worker's state keeps every step's lag.
+
 Calibrated start (the default threshold policies): the calibration all-gather runs before the epoch's mailbox opens
 (after the first update is computed, or at once on a worker without data), as in the synchronous loop.
 
