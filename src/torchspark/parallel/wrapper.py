@@ -244,6 +244,10 @@ class ParallelWrapper:
             ``DataLoader(drop_last=True)``; see the master's ``drop_last``.
         on_divergence: gradient sharing: ``"fail"`` (default) or ``"warn"`` when an update explodes or is not
             finite (see ``SharedTrainingMaster.on_divergence``).
+        max_staleness: gradient sharing: None (default) = synchronous exchange; an integer ``k >= 0`` =
+            bounded-staleness asynchronous sharing, where a worker waits only when it is more than ``k`` steps ahead
+            of its slowest peer and the replicas are averaged at the end (see
+            ``SharedTrainingMaster.max_staleness``; not with ``overlap=False`` or ``checkpoint_directory``).
         master: the training master (instead of the options above).
         runner: how workers run (a :class:`~torchspark.training.runner.Runner`); default: a
             :class:`~torchspark.parallel.runner.LocalProcessRunner` on :attr:`worker_devices` with
@@ -275,6 +279,7 @@ class ParallelWrapper:
     max_failures: int = 3
     drop_last: bool = False
     on_divergence: str = "fail"
+    max_staleness: int | None = None
     master: TrainingMaster | None = None
     runner: Any = None
     #: timings of the last fit (None unless ``collect_training_stats``)
