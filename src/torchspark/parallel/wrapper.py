@@ -245,6 +245,10 @@ class ParallelWrapper:
             ``DataLoader(drop_last=True)``; see the master's ``drop_last``.
         on_divergence: gradient sharing: ``"fail"`` (default) or ``"warn"`` when an update explodes or is not
             finite (see ``SharedTrainingMaster.on_divergence``).
+        max_staleness: gradient sharing: None (default) = synchronous exchange; an integer ``k >= 0`` =
+            bounded-staleness asynchronous sharing, where a worker waits only when it is more than ``k`` steps ahead
+            of its slowest peer and the replicas are averaged at the end (see
+            ``SharedTrainingMaster.max_staleness``; not with ``overlap=False`` or ``checkpoint_directory``).
         topology: gradient sharing's exchange: ``"all_gather"``, ``"sharded"`` (reduce-scatter by index shards
             then all-gather of the sums: receive bytes ~ ``min(N*m, dense)`` instead of ``N*m``, decode work / N)
             or ``"auto"`` (default: sharded above ``shard_above_workers`` workers); see
@@ -281,6 +285,7 @@ class ParallelWrapper:
     max_failures: int = 3
     drop_last: bool = False
     on_divergence: str = "fail"
+    max_staleness: int | None = None
     topology: str = "auto"
     shard_above_workers: int = DEFAULT_SHARD_ABOVE_WORKERS
     master: TrainingMaster | None = None
