@@ -215,3 +215,9 @@ def test_sharing_settings_round_trip_topology() -> None:
     back = SharingSettings.from_dict(s.to_dict())
     assert (back.topology, back.shard_above_workers) == ("sharded", 4)
     assert SharingSettings.from_dict({}).topology == "auto"
+
+
+def test_sharded_topology_refuses_the_asynchronous_mode() -> None:
+    with pytest.raises(ConfigError, match="topology='sharded'"):
+        SharingSettings(topology="sharded", max_staleness=1)
+    assert SharingSettings(topology="auto", max_staleness=1).topology == "auto"
