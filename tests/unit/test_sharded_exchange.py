@@ -13,6 +13,7 @@ from torchspark.errors import ConfigError, EncodingError, WaitTimeout
 from torchspark.training import ThreadGroup
 from torchspark.training.comm import SoloCommunicator
 from torchspark.training.sharded_exchange import (
+    _sum_pieces,
     shard_bounds,
     shard_sum_bytes,
     sharded_exchange,
@@ -157,9 +158,7 @@ def test_split_pieces_decode_to_the_message(kind: str, length: int, parts: int) 
     pieces = split_message(message, bounds)
     assert len(pieces) == parts
     whole = decode(message, torch.zeros(length))
-    group = ThreadGroup(1)
     # route the pieces through the exchange's own owner logic, one shard at a time
-    from torchspark.training.sharded_exchange import _sum_pieces
     rebuilt = torch.zeros(length)
     for (lo, hi), piece in zip(bounds, pieces):
         active, any_message, shard = _sum_pieces([piece], length, lo, hi, "cpu")
@@ -168,7 +167,6 @@ def test_split_pieces_decode_to_the_message(kind: str, length: int, parts: int) 
             rebuilt[lo:hi] = shard
         else:
             assert not whole[lo:hi].any()
-    del group
     assert torch.equal(rebuilt, whole)
 
 
