@@ -112,3 +112,22 @@ def test_master_json_round_trip_and_validation() -> None:
     ]:
         with pytest.raises(ConfigError, match=match):
             SharedTrainingMaster(**bad)
+
+
+def test_max_staleness_on_spark_averages_the_replicas_at_the_end(spark, sc) -> None:
+    """Bounded staleness inside a Spark barrier stage (gloo point-to-point between the tasks)."""
+    data = datasets.synthetic_classification(192, 12, 3, seed=1)
+    net = Network(models.mlp(12, 16, 3), updater=optim.SGD(lr=0.1, momentum=0.9), seed=0)
+    master = SharedTrainingMaster(batch_size_per_worker=8, num_workers=2, max_staleness=2,
+                                  threshold_algorithm=AdaptiveThreshold(initial=1e-3))
+    assert master_from_json(master.to_json()).max_staleness == 2
+    spark_net = SparkNetwork(spark, net, master, progress=False)
+    spark_net.fit(sc.parallelize(data.split(8), 2), epochs=2)
+    spark_net.delete_temp_files()
+    cfg = net.extra_config
+    steps = sum(r.iterations for r in spark_net.last_results)
+    assert steps == 2 * 24
+    assert cfg["sharing.max_staleness"] == 2 and 0 <= cfg["sharing.max_lag_steps"] <= 2
+    assert cfg["sharing.messages_sent"] == steps and cfg["sharing.messages_applied"] == 2 * steps
+    assert cfg["sharing.replicas_identical"] is True
+    assert net.evaluate(data).accuracy() > 0.5

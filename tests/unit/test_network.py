@@ -215,6 +215,22 @@ def test_copy_is_independent() -> None:
     assert not torch.equal(twin.params(), net.params())
 
 
+def test_deepcopy_keeps_the_flat_parameter_view() -> None:
+    import copy
+
+    net = Network(models.mlp(64, 8, 10), updater=optim.Adam(lr=1e-2), seed=0)
+    net.fit(_data(), batch_size=16)
+    twin = copy.deepcopy(net)
+    assert twin.iteration == net.iteration and torch.equal(twin.updater_state(), net.updater_state())
+    batch = _data(seed=1).slice(0, 8)
+    expected = net.copy().compute_update(batch)
+    got = twin.compute_update(batch)
+    assert got.abs().sum() > 0 and torch.equal(got, expected)  # trains through its own flat buffer
+    twin.train_step(batch)
+    assert not torch.equal(twin.params(), net.params())  # independent of the original
+    assert twin.params_view().data_ptr() == next(twin.module.parameters()).data_ptr()
+
+
 # ------------------------------------------------------------------ bad input
 def test_bad_feature_shape_names_shape() -> None:
     net = Network(models.mlp(64, 8, 10), seed=0)

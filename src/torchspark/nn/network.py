@@ -664,6 +664,14 @@ class Network:
 
         return NetworkBlueprint.of(self).build()
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> "Network":
+        """``copy.deepcopy(net)`` is :meth:`copy`: a field-by-field deep copy would give the module parameters their
+        own storage, detached from the flat buffer the network trains through (``compute_update`` would then return
+        zeros)."""
+        twin = self.copy()
+        memo[id(self)] = twin
+        return twin
+
     def __repr__(self) -> str:
         return (
             f"Network({type(self.module).__name__}, params={self.num_params()}, "

@@ -13,6 +13,7 @@ from torchspark.encoding import AdaptiveThreshold, ResidualClipping
 from torchspark.errors import ConfigError
 from torchspark.training.masters import ParameterAveragingTrainingMaster, TrainingMaster
 from torchspark.training.shared_master import SharedTrainingMaster
+from torchspark.training.topology import DEFAULT_SHARD_ABOVE_WORKERS
 
 __all__ = ["TRAINING_MODES", "OPTION_DEFAULTS", "master_from_options", "check_local_master"]
 
@@ -26,7 +27,8 @@ OPTION_DEFAULTS: dict[str, Any] = {
     "threshold_algorithm": AdaptiveThreshold(), "residual_post_processor": ResidualClipping(),
     "shake_frequency": 0, "overlap": True, "collect_training_stats": False, "rng_seed": None,
     "rendezvous_timeout_s": 300.0, "data_timeout_s": 600.0, "flush_denormal": True, "drop_last": False,
-    "on_divergence": "fail",
+    "on_divergence": "fail", "max_staleness": None, "topology": "auto",
+    "shard_above_workers": DEFAULT_SHARD_ABOVE_WORKERS,
     "checkpoint_directory": None, "checkpoint_every": None, "keep_checkpoints": 2, "max_failures": 3,
 }
 
@@ -70,7 +72,9 @@ def master_from_options(options: dict[str, Any]) -> TrainingMaster:
         sharing = SharedTrainingMaster(threshold_algorithm=o["threshold_algorithm"],
                                        residual_post_processor=o["residual_post_processor"],
                                        shake_frequency=o["shake_frequency"], overlap=o["overlap"],
-                                       on_divergence=o["on_divergence"], **common)
+                                       on_divergence=o["on_divergence"], max_staleness=o["max_staleness"],
+                                       topology=o["topology"], shard_above_workers=o["shard_above_workers"],
+                                       **common)
     except ConfigError as e:
         renamed = [f"{ours} is the master's {theirs}" for ours, theirs in _RENAMED.items() if theirs in str(e)]
         if not renamed:

@@ -35,6 +35,7 @@ from torchspark.training.driver import build_task, run_fit
 from torchspark.training.hooks import ProgressUpdate, ScoreReport
 from torchspark.training.masters import TrainingMaster
 from torchspark.training.worker import WorkerResult, load_item
+from torchspark.training.topology import DEFAULT_SHARD_ABOVE_WORKERS
 
 __all__ = ["ParallelWrapper", "TRAINING_MODES", "plan_devices"]
 
@@ -244,6 +245,15 @@ class ParallelWrapper:
             ``DataLoader(drop_last=True)``; see the master's ``drop_last``.
         on_divergence: gradient sharing: ``"fail"`` (default) or ``"warn"`` when an update explodes or is not
             finite (see ``SharedTrainingMaster.on_divergence``).
+        max_staleness: gradient sharing: None (default) = synchronous exchange; an integer ``k >= 0`` =
+            bounded-staleness asynchronous sharing, where a worker waits only when it is more than ``k`` steps ahead
+            of its slowest peer and the replicas are averaged at the end (see
+            ``SharedTrainingMaster.max_staleness``; not with ``overlap=False`` or ``checkpoint_directory``).
+        topology: gradient sharing's exchange: ``"all_gather"``, ``"sharded"`` (reduce-scatter by index shards
+            then all-gather of the sums: receive bytes ~ ``min(N*m, dense)`` instead of ``N*m``, decode work / N)
+            or ``"auto"`` (default: sharded above ``shard_above_workers`` workers); see
+            ``SharedTrainingMaster.topology``.
+        shard_above_workers: the worker count above which ``topology="auto"`` shards (default 16).
         master: the training master (instead of the options above).
         runner: how workers run (a :class:`~torchspark.training.runner.Runner`); default: a
             :class:`~torchspark.parallel.runner.LocalProcessRunner` on :attr:`worker_devices` with
@@ -275,6 +285,9 @@ class ParallelWrapper:
     max_failures: int = 3
     drop_last: bool = False
     on_divergence: str = "fail"
+    max_staleness: int | None = None
+    topology: str = "auto"
+    shard_above_workers: int = DEFAULT_SHARD_ABOVE_WORKERS
     master: TrainingMaster | None = None
     runner: Any = None
     #: timings of the last fit (None unless ``collect_training_stats``)

@@ -40,6 +40,11 @@ class Communicator(Protocol):
         """Every worker's ``payload`` (lengths may differ), indexed by rank."""
         ...
 
+    def all_to_all_bytes(self, payloads: list[bytes]) -> list[bytes]:
+        """Personalised exchange: ``payloads[j]`` goes to rank ``j`` (one per rank, lengths may differ); returns
+        what every rank sent to this one, indexed by source rank."""
+        ...
+
     def close(self) -> None:
         """Release the group (idempotent)."""
         ...
@@ -101,6 +106,10 @@ class SoloCommunicator:
     def all_gather_bytes(self, payload: bytes) -> list[bytes]:
         return [payload]
 
+    def all_to_all_bytes(self, payloads: list[bytes]) -> list[bytes]:
+        _check_payloads(payloads, 1)
+        return [bytes(payloads[0])]
+
     def close(self) -> None:
         return None
 
@@ -161,6 +170,11 @@ class ThreadCommunicator:
 
     def all_gather_bytes(self, payload: bytes) -> list[bytes]:
         return [bytes(p) for p in self.group._exchange(self.rank, payload)]  # type: ignore[arg-type]
+
+    def all_to_all_bytes(self, payloads: list[bytes]) -> list[bytes]:
+        _check_payloads(payloads, self.world_size)
+        sent = self.group._exchange(self.rank, list(payloads))
+        return [bytes(row[self.rank]) for row in sent]  # type: ignore[index]
 
     def close(self) -> None:
         return None
@@ -269,6 +283,26 @@ class TorchDistCommunicator:
         self._call(lambda: dist.all_gather(outs, buf))
         return [o[:length].cpu().numpy().tobytes() for o, length in zip(outs, lengths)]
 
+    def all_to_all_bytes(self, payloads: list[bytes]) -> list[bytes]:
+        """Two ``all_to_all_single`` calls: the N sizes, then one uint8 buffer split unevenly (works on gloo, where
+        the list form ``all_to_all`` needs equal sizes, and on nccl). Shared memory is not used for this one."""
+        _check_payloads(payloads, self.world_size)
+        send_sizes = torch.tensor([len(p) for p in payloads], dtype=torch.int64, device=self.device)
+        recv_sizes = torch.empty_like(send_sizes)
+        self._call(lambda: dist.all_to_all_single(recv_sizes, send_sizes))
+        ins = [int(v) for v in send_sizes.cpu()]
+        outs = [int(v) for v in recv_sizes.cpu()]
+        joined = b"".join(payloads)
+        send = torch.frombuffer(bytearray(joined), dtype=torch.uint8) if joined else torch.empty(0, dtype=torch.uint8)
+        send = send.to(self.device)
+        recv = torch.empty(sum(outs), dtype=torch.uint8, device=self.device)
+        self._call(lambda: dist.all_to_all_single(recv, send, output_split_sizes=outs, input_split_sizes=ins))
+        data = recv.cpu().numpy().tobytes()
+        offsets = [0]
+        for size in outs:
+            offsets.append(offsets[-1] + size)
+        return [data[a:b] for a, b in zip(offsets, offsets[1:])]
+
     def _call(self, fn: "object") -> None:
         try:
             fn()  # type: ignore[operator]
@@ -294,3 +328,8 @@ class TorchDistCommunicator:
             except (RuntimeError, ValueError) as e:  # already torn down by a failed peer
                 log.debug("destroy_process_group: %s", e)
         self._open = False
+
+
+def _check_payloads(payloads: list[bytes], world_size: int) -> None:
+    if len(payloads) != world_size:
+        raise ValueError(f"all_to_all_bytes needs one payload per rank ({world_size}), got {len(payloads)}")

@@ -25,7 +25,8 @@ from torchspark.encoding import (
 from torchspark.errors import ConfigError
 from torchspark.nn.divergence import check_on_divergence
 from torchspark.training.masters import TrainingMaster, register_master
-from torchspark.training.sharing import SharingSettings
+from torchspark.training.sharing import SharingSettings, check_max_staleness
+from torchspark.training.topology import DEFAULT_SHARD_ABOVE_WORKERS, check_topology
 
 __all__ = ["SharedTrainingMaster"]
 
@@ -73,6 +74,24 @@ class SharedTrainingMaster(TrainingMaster):
             it and train on; the fit then warns (RuntimeWarning) and ``net.extra_config["sharing.divergence"]``
             holds the message. Threshold encoding keeps a diverged fit's loss finite, so without this check it
             would end normally at chance accuracy.
+        max_staleness: None (default): synchronous sharing as above, replicas identical at every step. An integer
+            ``k >= 0``: bounded-staleness asynchronous sharing: each worker applies its own update at once and its
+            peers' as they arrive, and waits only when it is more than ``k`` steps ahead of its slowest peer, so a
+            slow worker stalls the others only after ``k`` steps (``k = 0``: wait for every peer's previous step).
+            The replicas drift apart by the messages in flight and are averaged at the end of the fit;
+            ``extra_config`` reports ``sharing.max_lag_steps``, ``sharing.replica_divergence`` (before that
+            average), ``sharing.messages_sent`` / ``sharing.messages_applied``. Not with ``overlap=False``,
+            ``checkpoint_directory`` or ``topology="sharded"`` (ConfigError); see
+            :mod:`torchspark.training.stale_sharing`.
+        topology: how the workers exchange messages: ``"all_gather"`` (every worker receives and decodes every
+            message: receive bytes and decode work grow with the worker count N), ``"sharded"`` (reduce-scatter by
+            parameter-index shards, then all-gather of the summed shards: receive bytes ~ ``min(N*m, dense)``
+            instead of ``N*m``, decode work / N, one more round trip per step; :mod:`torchspark.training.
+            sharded_exchange`) or ``"auto"`` (default: sharded when there are more than ``shard_above_workers``
+            workers). Results are bit-identical either way; ``net.extra_config["sharing.topology"]`` says which
+            one a fit used.
+        shard_above_workers: the worker count above which ``topology="auto"`` shards (default 16, see
+            ``docs/scaling.md``).
 
     See :class:`~torchspark.training.masters.TrainingMaster` for the shared options (``batch_size_per_worker``,
     ``rdd_training_approach``, ``export_directory`` and ``rng_seed`` -- both honoured, unlike in DL4J --,
@@ -88,6 +107,9 @@ class SharedTrainingMaster(TrainingMaster):
     workers_per_node: int = -1
     overlap: bool = True
     on_divergence: str = "fail"
+    max_staleness: int | None = None
+    topology: str = "auto"
+    shard_above_workers: int = DEFAULT_SHARD_ABOVE_WORKERS
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -113,6 +135,16 @@ class SharedTrainingMaster(TrainingMaster):
         if not isinstance(self.overlap, bool):
             raise ConfigError(f"{name}: overlap must be True or False, got {self.overlap!r}")
         check_on_divergence(name, self.on_divergence)
+        check_max_staleness(name, self.max_staleness, self.overlap)
+        if self.max_staleness is not None and self.checkpoint_directory is not None:
+            raise ConfigError(f"{name}: max_staleness={self.max_staleness} cannot checkpoint (a cut would have to "
+                              f"capture every message in flight); set checkpoint_directory=None or "
+                              "max_staleness=None")
+        if self.max_staleness is not None and getattr(self, "topology", None) == "sharded":
+            raise ConfigError(f"{name}: max_staleness={self.max_staleness} sends point-to-point, so "
+                              "topology='sharded' (a collective exchange) does not apply; use topology='auto' or "
+                              "max_staleness=None")
+        check_topology(name, self.topology, self.shard_above_workers)
         # builds (and so validates) the encoder config once, here, not on the workers
         self.encoder_config()
 
@@ -125,7 +157,8 @@ class SharedTrainingMaster(TrainingMaster):
     def algorithm_settings(self) -> dict[str, Any]:
         """JSON-able settings of :class:`~torchspark.training.sharing.SharingAlgorithm`."""
         return SharingSettings(encoder=self.encoder_config(), overlap=self.overlap,
-                               on_divergence=self.on_divergence).to_dict()
+                               on_divergence=self.on_divergence, max_staleness=self.max_staleness,
+                               topology=self.topology, shard_above_workers=self.shard_above_workers).to_dict()
 
     def resolve_num_workers(self, default_parallelism: int, executors: int) -> int:
         """How many workers a fit uses: ``workers_per_node * executors`` when ``workers_per_node >= 1``; else

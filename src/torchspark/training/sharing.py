@@ -35,6 +35,10 @@ With ``overlap=False`` the loop is synchronous: exchange ``t``, apply ``S_t``, t
 staleness). Either way every worker applies the same sequence ``S_0, S_1, ...``. Only the background thread issues
 collectives during an epoch (one single-thread executor per epoch), the main thread only computes and applies.
 
+Bounded staleness (``max_staleness=k``, default None = the loop described here): a worker applies its peers'
+messages as they arrive and waits only when it is more than ``k`` steps ahead of its slowest peer; the replicas are
+averaged at the end of the fit. That loop lives in :mod:`torchspark.training.stale_sharing`.
+
 Termination. A worker whose data ran out sends an inactive flag and no message, and keeps joining exchanges. The
 epoch ends on every worker at once, after the first exchange in which every worker was inactive (so nothing is
 pending). All decisions come from gathered values, so unequal partitions never hang; every wait is a collective
@@ -100,9 +104,10 @@ from torchspark.nn.divergence import check_on_divergence, update_divergence
 from torchspark.training.averaging import EpochOutcome
 from torchspark.training.comm import Communicator
 from torchspark.training.hooks import ProgressUpdate, ScoreReport, WorkerHooks
+from torchspark.training.topology import DEFAULT_SHARD_ABOVE_WORKERS, check_topology, resolve_topology
 
 __all__ = ["SharingSettings", "SharingState", "SharingAlgorithm", "RESIDUAL_KEY", "THRESHOLD_KEY", "WORLD_KEY",
-           "restore_residual"]
+           "restore_residual", "check_max_staleness"]
 
 log = logging.getLogger(__name__)
 
@@ -128,11 +133,24 @@ class SharingSettings:
             gives the synchronous loop: no staleness, but computation waits for every exchange.
         on_divergence: ``"fail"`` (raise TrainingError when an update is not finite or explodes, see
             :mod:`torchspark.nn.divergence`) or ``"warn"`` (log it once, keep training, the driver warns).
+        topology: how messages travel: ``"all_gather"`` (every worker receives and decodes every message),
+            ``"sharded"`` (reduce-scatter by index shards then all-gather of the sums, see
+            :mod:`torchspark.training.sharded_exchange`; receive bytes ~ ``min(N*m, dense)`` instead of ``N*m``,
+            decode work / N, one more round trip) or ``"auto"`` (sharded above ``shard_above_workers`` workers).
+            Both give bit-identical results.
+        shard_above_workers: ``"auto"`` shards when the number of workers is larger than this.
+        max_staleness: None (default): the synchronous exchange above. An integer ``k >= 0``: bounded-staleness
+            asynchronous sharing, where a worker applies its peers' messages as they arrive and waits only when it
+            is more than ``k`` steps ahead of its slowest peer (:mod:`torchspark.training.stale_sharing`; needs
+            ``overlap=True``).
     """
 
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
     overlap: bool = True
     on_divergence: str = "fail"
+    topology: str = "auto"
+    shard_above_workers: int = DEFAULT_SHARD_ABOVE_WORKERS
+    max_staleness: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.encoder, EncoderConfig):
@@ -141,17 +159,41 @@ class SharingSettings:
         if not isinstance(self.overlap, bool):
             raise ConfigError(f"overlap must be True or False, got {self.overlap!r}")
         check_on_divergence("SharingSettings", self.on_divergence)
+        check_max_staleness("SharingSettings", self.max_staleness, self.overlap)
+        check_topology("SharingSettings", self.topology, self.shard_above_workers)
+        if self.max_staleness is not None and self.topology == "sharded":
+            raise ConfigError("SharingSettings: topology='sharded' is an exchange of the synchronous loop and "
+                              f"max_staleness={self.max_staleness} the asynchronous mode (its own transport); use "
+                              "topology='auto' or 'all_gather' with max_staleness, or max_staleness=None")
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able form: ``{"encoder": EncoderConfig.to_dict(), "overlap": bool, "on_divergence": str}``."""
-        return {"encoder": self.encoder.to_dict(), "overlap": self.overlap, "on_divergence": self.on_divergence}
+        """JSON-able form: ``{"encoder": EncoderConfig.to_dict(), "overlap": bool, "on_divergence": str,
+        "max_staleness": int | None, "topology": str, "shard_above_workers": int}``."""
+        return {"encoder": self.encoder.to_dict(), "overlap": self.overlap, "on_divergence": self.on_divergence,
+                "max_staleness": self.max_staleness, "topology": self.topology,
+                "shard_above_workers": self.shard_above_workers}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SharingSettings:
         encoder = data.get("encoder")
         config = EncoderConfig() if encoder is None else (
             encoder if isinstance(encoder, EncoderConfig) else EncoderConfig.from_dict(encoder))
-        return cls(encoder=config, overlap=data.get("overlap", True), on_divergence=data.get("on_divergence", "fail"))
+        return cls(encoder=config, overlap=data.get("overlap", True), on_divergence=data.get("on_divergence", "fail"),
+                   max_staleness=data.get("max_staleness"), topology=data.get("topology", "auto"),
+                   shard_above_workers=data.get("shard_above_workers", DEFAULT_SHARD_ABOVE_WORKERS))
+
+
+def check_max_staleness(owner: str, value: Any, overlap: bool) -> None:
+    """``max_staleness`` is None or an integer >= 0, and asks for ``overlap=True`` (ConfigError naming the value)."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{owner}: max_staleness must be None (synchronous sharing) or an integer >= 0 (steps a "
+                          f"worker may run ahead of its slowest peer), got {value!r}")
+    if overlap is False:
+        raise ConfigError(f"{owner}: max_staleness={value} is the asynchronous mode and overlap=False the "
+                          "synchronous loop without staleness; set one of them (max_staleness=0 waits for every "
+                          "peer's previous step)")
 
 
 @dataclass
@@ -178,6 +220,8 @@ class SharingState:
     start_threshold: float | None = None
     pending_payload: bytes | None = None
     divergence: str | None = None
+    #: the bounded-staleness loop's counters (:class:`~torchspark.training.stale_sharing.StaleStats`), else None
+    staleness: Any = None
     step_buffers: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
@@ -261,11 +305,15 @@ class SharingAlgorithm:
     def epoch(self, state: SharingState, net: Network, batches: Iterable[Batch], comm: Communicator,
               hooks: WorkerHooks, epoch: int) -> EpochOutcome:
         """One pass over this worker's batches; returns when every worker's data ran out."""
+        if self.settings.max_staleness is not None:  # the asynchronous loop has its own module
+            from torchspark.training.stale_sharing import stale_epoch
+            return stale_epoch(self, state, net, batches, comm, hooks, epoch)
         out = EpochOutcome()
         it = iter(batches)
         exhausted = False
         rec = hooks.recorder
         n = net.num_params()
+        exchange = _exchange_function(self.settings, comm.world_size)
         executor = ThreadPoolExecutor(1, thread_name_prefix="torchspark-sharing-exchange") \
             if self.settings.overlap else None
         pending: Future[_Round] | None = None
@@ -274,7 +322,7 @@ class SharingAlgorithm:
             if resumed is not None:  # a checkpoint's in-flight step goes out first, as it did before the cut
                 if executor is None:
                     raise TrainingError("a checkpoint taken with overlap=True cannot resume with overlap=False")
-                pending = executor.submit(_exchange_sparse, comm, resumed, n, net.device)
+                pending = executor.submit(exchange, comm, resumed, n, net.device)
                 state.bytes_sent += len(resumed)
                 out.rounds += 1
             while True:
@@ -295,7 +343,7 @@ class SharingAlgorithm:
                 # 3 + 4: exchange, decode in rank order, apply
                 if executor is None:
                     with rec.phase("exchange"):
-                        done = _apply(net, _exchange_sparse(comm, payload, n, net.device))
+                        done = _apply(net, exchange(comm, payload, n, net.device))
                 else:
                     if pending is not None:
                         with rec.phase("exchange"):
@@ -304,7 +352,7 @@ class SharingAlgorithm:
                                 break  # every worker was inactive in the previous round, so is in this one
                     if hooks.checkpoint is not None:  # the cut: S_{t-1} applied, this step's payload not yet sent
                         hooks.checkpoint(out, *self._cut_state(state, payload))
-                    pending = executor.submit(_exchange_sparse, comm, payload, n, net.device)
+                    pending = executor.submit(exchange, comm, payload, n, net.device)
                     done = False
                 state.bytes_sent += len(payload)
                 out.rounds += 1
@@ -411,6 +459,10 @@ class SharingAlgorithm:
                 averaged buffers do (the communicator returned different sums).
         """
         world = comm.world_size
+        stale: dict[str, Any] = {}
+        if self.settings.max_staleness is not None:  # 0. the replicas drifted apart: average their parameters
+            from torchspark.training.stale_sharing import reconcile
+            stale = reconcile(state, net, comm, self.settings.max_staleness)
         # 1. updater state: local during the fit, averaged now (DL4J)
         updater = net.updater_state().to(net.device)
         if updater.numel():
@@ -460,7 +512,10 @@ class SharingAlgorithm:
             "sharing.start_threshold": state.start_threshold,
             "sharing.replica_sha256": digests[0].hex(),
             "sharing.divergence": warned[0] if warned else None,
+            **stale,
         }
+        if self.settings.max_staleness is None:  # the synchronous loop's exchange (the async mode has its own)
+            extra_config["sharing.topology"] = _topology(self.settings, world)
         return extra_state, extra_config
 
 
@@ -560,6 +615,18 @@ def _dense_sum(messages: list[EncodedUpdate], length: int, device: torch.device 
     for message in messages:
         decode(message, total)
     return total
+
+
+def _topology(settings: SharingSettings, world_size: int) -> str:
+    return resolve_topology(settings.topology, settings.shard_above_workers, world_size)
+
+
+def _exchange_function(settings: SharingSettings, world_size: int) -> Any:
+    """The exchange of this fit's topology (the same on every rank: it depends on the world size only)."""
+    if _topology(settings, world_size) == "sharded":
+        from torchspark.training.sharded_exchange import sharded_exchange  # imports this module
+        return sharded_exchange
+    return _exchange_sparse  # the dense _exchange is its reference (same parameters after _apply)
 
 
 def _apply(net: Network, result: _Round) -> bool:

@@ -1,0 +1,213 @@
+"""The sharded exchange for many workers: sparse reduce-scatter by index shards, then all-gather of the sums.
+
+The plain exchange (``topology="all_gather"``, :func:`torchspark.training.sharing._exchange`) hands every worker
+every other worker's message: with N workers of message size m, each one receives ``N*m`` bytes and decodes N
+messages of the full length, every step. The sharded exchange cuts the parameter index range into N contiguous
+shards and makes rank ``j`` the owner of shard ``j``:
+
+1. **Reduce-scatter** (:meth:`Communicator.all_to_all_bytes`): every worker cuts its encoded message into N
+   pieces, one per shard, without decoding it (sparse indices by range, bitmap bytes by 4-element blocks) and
+   sends piece ``j`` to rank ``j``. Rank ``j`` decodes the N pieces it received **in rank order into a zeroed
+   shard buffer**: per element exactly the additions of the plain exchange, so the sum is bit-identical.
+2. **All-gather** of the summed shards: each owner sends its shard sum losslessly (the indices and float32 values
+   of its non-zero elements, or the dense float32 shard, whichever is smaller; these are sums of already
+   quantised steps, they are never thresholded again) and every worker assembles ``S_t`` from the N shards.
+
+When it pays. Per worker and step, the plain exchange receives ``N*m`` bytes and decodes ``N`` full messages; the
+sharded one receives ``~m`` (its pieces) plus the assembled sum, at most ``min(N*m', 4*P)`` bytes for P
+parameters (``m'`` the sparse size of a message, 8 bytes per distinct non-zero element), and decodes N pieces of
+``P/N`` elements, i.e. 1/N of the decode work. It costs one more collective round (two latencies instead of one).
+So it wins when many workers send messages that overlap or approach dense size (``N*m`` well above ``4*P``), or
+when the decode of N full messages dominates the step; with few workers or tiny messages the extra round trip
+costs more than it saves. ``topology="auto"`` switches to it above ``shard_above_workers`` workers; the cost
+model with measured crossovers is in ``docs/scaling.md``.
+
+Protocol (all ranks take identical decisions from exchanged bytes, so nobody waits on a collective its peers skip):
+a phase-1 piece is ``[flag]`` (inactive worker), ``[0xFF | reason]`` (the sender's payload was malformed: every
+rank raises :class:`EncodingError` naming it), or ``[flag | marker | length u64 | threshold f32 | body]`` with
+marker 0 = the sender had no message (format ``"empty"``), 1 = nothing in this shard, 2 = sparse piece (shard-local
+signed 1-based int32 indices), 3 = bitmap piece. Phase 2 runs only when some worker sent a message (so ``total`` is
+None exactly when the plain exchange's would be); a shard is ``b"D" + float32s``, ``b"S" + int32 indices + float32
+values`` or ``b"E" + reason`` (its owner found a corrupt piece: every rank raises).
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import torch
+
+from torchspark.encoding import EncodedUpdate, decode, from_bytes
+from torchspark.encoding import _kernels
+from torchspark.encoding.wire import MAGIC, VERSION
+from torchspark.errors import EncodingError
+from torchspark.training.comm import Communicator
+from torchspark.training.sharing import _ACTIVE, _INACTIVE, _Round
+
+__all__ = ["shard_bounds", "split_message", "shard_sum_bytes", "sharded_exchange"]
+
+_MALFORMED = 0xFF
+_NO_MESSAGE, _NOTHING_HERE, _SPARSE, _BITMAP = 0, 1, 2, 3
+_PIECE = struct.Struct("<BBQf")  # flag, marker, message length, threshold
+_WIRE = struct.Struct("<4sBBHQQf")  # the wire header of torchspark.encoding.wire (to validate pieces with from_bytes)
+
+
+def shard_bounds(length: int, parts: int) -> list[tuple[int, int]]:
+    """``parts`` contiguous ``[lo, hi)`` ranges covering ``range(length)``; every boundary but the end is a multiple
+    of 4 or the end (bitmap pieces are whole bytes). Shards are ``4*ceil(length/(4*parts))`` long; trailing ones may be
+    shorter or empty (``parts > length/4``)."""
+    if parts < 1 or length < 0:
+        raise ValueError(f"need parts >= 1 and length >= 0, got parts={parts}, length={length}")
+    size = 4 * -(-length // (4 * parts)) if length else 0
+    return [(min(j * size, length), min((j + 1) * size, length)) for j in range(parts)]
+
+
+def split_message(message: EncodedUpdate, bounds: list[tuple[int, int]]) -> list[bytes]:
+    """Cut ``message`` into one phase-1 piece per shard (flag byte included), without decoding it."""
+    head = _ACTIVE[0]
+    t = message.threshold
+    if message.format == "empty":
+        return [_PIECE.pack(head, _NO_MESSAGE, message.length, t)] * len(bounds)
+    payload = message.payload.detach().cpu().numpy()
+    pieces = []
+    if message.format == "sparse":
+        signed = payload.astype(np.int64, copy=False)
+        cuts = np.searchsorted(np.abs(signed), np.array([lo for lo, _ in bounds] + [bounds[-1][1]]) + 1)
+        for (lo, _hi), a, b in zip(bounds, cuts[:-1], cuts[1:]):
+            if a == b:
+                pieces.append(_PIECE.pack(head, _NOTHING_HERE, message.length, t))
+                continue
+            part = signed[a:b]
+            local = np.where(part > 0, part - lo, part + lo).astype("<i4")
+            pieces.append(_PIECE.pack(head, _SPARSE, message.length, t) + local.tobytes())
+        return pieces
+    for lo, hi in bounds:  # bitmap: a non-empty shard starts at a multiple of 4, so it is whole bytes
+        part = payload[lo // 4:(hi + 3) // 4] if hi > lo else payload[:0]
+        if not part.any():
+            pieces.append(_PIECE.pack(head, _NOTHING_HERE, message.length, t))
+        else:
+            pieces.append(_PIECE.pack(head, _BITMAP, message.length, t) + part.tobytes())
+    return pieces
+
+
+def _own_pieces(payload: bytes, length: int, bounds: list[tuple[int, int]]) -> list[bytes]:
+    """This worker's phase-1 pieces; a malformed payload becomes ``[0xFF | reason]`` to every rank."""
+    flag, body = payload[:1], payload[1:]
+    reason = None
+    if flag not in (_ACTIVE, _INACTIVE) or (flag == _INACTIVE and body):
+        reason = f"flag {flag!r}, {len(body)} body bytes"
+    elif flag == _INACTIVE:
+        return [_INACTIVE] * len(bounds)
+    elif not body:
+        return [_PIECE.pack(_ACTIVE[0], _NO_MESSAGE, length, 1.0)] * len(bounds)
+    else:
+        try:
+            message = from_bytes(body)
+        except EncodingError as e:
+            reason = str(e)
+        else:
+            if message.length != length:
+                reason = f"an update of {message.length} elements for a network of {length} parameters"
+            else:
+                return split_message(message, bounds)
+    return [bytes([_MALFORMED]) + reason.encode()] * len(bounds)
+
+
+def _sum_pieces(pieces: list[bytes], length: int, lo: int, hi: int,
+                device: torch.device | str) -> tuple[int, bool, torch.Tensor | None]:
+    """Phase 1 on the owner of ``[lo, hi)``: (active workers, whether any sent a message, the shard sum or None
+    when no piece touched the shard). Decodes in rank order into one zeroed buffer."""
+    active = 0
+    any_message = False
+    shard: torch.Tensor | None = None
+    for rank, piece in enumerate(pieces):
+        if piece[:1] == bytes([_MALFORMED]):
+            raise EncodingError(f"worker {rank} sent a malformed gradient-sharing payload "
+                                f"({piece[1:].decode(errors='replace')}); all workers must run the same torchspark "
+                                "version and train the same network")
+        if piece == _INACTIVE:
+            continue
+        if len(piece) < _PIECE.size or piece[:1] != _ACTIVE or piece[1] > _BITMAP:
+            raise EncodingError(f"worker {rank} sent a malformed gradient-sharing piece ({len(piece)} bytes, "
+                                f"starting {piece[:2]!r}); all workers must run the same torchspark version")
+        _flag, marker, message_length, threshold = _PIECE.unpack_from(piece)
+        active += 1
+        if marker == _NO_MESSAGE:
+            continue
+        if message_length != length:
+            raise EncodingError(f"worker {rank} sent an update of {message_length} elements but this network has "
+                                f"{length} parameters; all workers must train the same network")
+        any_message = True
+        if marker == _NOTHING_HERE:
+            continue
+        body = piece[_PIECE.size:]
+        fmt = 1 if marker == _SPARSE else 2
+        count = len(body) // 4 if marker == _SPARSE else 0
+        part = from_bytes(_WIRE.pack(MAGIC, VERSION, fmt, 0, hi - lo, count, threshold) + body)  # validates it
+        if shard is None:
+            shard = torch.zeros(hi - lo, dtype=torch.float32, device=device)
+        decode(part, shard)
+    return active, any_message, shard
+
+
+def shard_sum_bytes(shard: torch.Tensor | None, size: int) -> bytes:
+    """A summed shard, lossless: ``b"S"`` + int32 indices + float32 values of its non-zero elements (bit pattern
+    not +0.0) when that is smaller than ``b"D"`` + the dense float32 shard."""
+    if shard is None:
+        return b"S"
+    values = shard.detach().cpu().contiguous()
+    bits = values.view(torch.int32)
+    idx = torch.nonzero(bits, as_tuple=True)[0]
+    if 8 * idx.numel() < 4 * size:
+        return (b"S" + idx.to(torch.int32).numpy().astype("<i4", copy=False).tobytes()
+                + values[idx].numpy().astype("<f4", copy=False).tobytes())
+    return b"D" + values.numpy().astype("<f4", copy=False).tobytes()
+
+
+def _assemble(shards: list[bytes], bounds: list[tuple[int, int]], length: int,
+              device: torch.device | str) -> torch.Tensor:
+    """Phase 2: S_t from every owner's :func:`shard_sum_bytes` (or raise the error an owner reported)."""
+    total = torch.zeros(length, dtype=torch.float32)
+    flat = total.numpy()  # written in place: one copy per shard
+    for rank, (data, (lo, hi)) in enumerate(zip(shards, bounds)):
+        kind, body = data[:1], data[1:]
+        if kind == b"E":
+            raise EncodingError(f"worker {rank} received a corrupt gradient-sharing piece: "
+                                f"{body.decode(errors='replace')}")
+        if kind == b"D" and len(body) == 4 * (hi - lo):
+            flat[lo:hi] = np.frombuffer(body, dtype="<f4")
+            continue
+        if kind == b"S" and len(body) % 8 == 0:
+            k = len(body) // 8
+            idx = np.frombuffer(body, dtype="<i4", count=k).astype(np.int64)
+            if k == 0 or (idx.min() >= 0 and idx.max() < hi - lo):
+                flat[idx + lo] = np.frombuffer(body, dtype="<f4", offset=4 * k)
+                continue
+        raise EncodingError(f"worker {rank} sent a malformed shard sum ({len(data)} bytes, kind {kind!r}) for "
+                            f"elements [{lo}, {hi}); all workers must run the same torchspark version")
+    return total.to(device)
+
+
+def sharded_exchange(comm: Communicator, payload: bytes, length: int, device: torch.device | str) -> _Round:
+    """The contract of :func:`torchspark.training.sharing._exchange` (same flag-byte payload, same result bit for
+    bit, same EncodingError on malformed input) over a reduce-scatter by index shards and an all-gather of the
+    shard sums (see the module docstring for when it pays). Every wait is a collective with the communicator's
+    timeout."""
+    world, rank = comm.world_size, comm.rank
+    bounds = shard_bounds(length, world)
+    received = comm.all_to_all_bytes(_own_pieces(payload, length, bounds))
+    lo, hi = bounds[rank]
+    error = None
+    try:
+        active, any_message, shard = _sum_pieces(received, length, lo, hi, device)
+    except EncodingError as e:
+        if any(p[:1] == bytes([_MALFORMED]) for p in received):
+            raise  # every rank received the same reason: all raise here, before phase 2
+        error = str(e)
+        active, any_message, shard = 0, True, None
+    if not any_message:
+        return _Round(active, None)
+    mine = b"E" + error.encode() if error is not None else shard_sum_bytes(shard, hi - lo)
+    total = _assemble(comm.all_gather_bytes(mine), bounds, length, device)
+    return _Round(active, total)

@@ -1,0 +1,61 @@
+"""Child side of test_all_to_all: one rank of a gloo group exercising all_to_all_bytes and the sharded exchange."""
+
+from __future__ import annotations
+
+import datetime
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+def run_rank(rank: int, world: int, port: int, shared_memory: bool, timeout_case: bool, out: Any) -> None:
+    import sys
+
+    sys.path.insert(0, __file__.rsplit("/", 1)[0].rsplit("/", 1)[0] + "/unit")
+    from test_sharded_exchange import _payload
+
+    import numpy as np
+
+    from torchspark.errors import WaitTimeout
+    from torchspark.training.comm import TorchDistCommunicator
+    from torchspark.training.sharded_exchange import sharded_exchange
+    from torchspark.training.sharing import _exchange
+
+    torch.set_num_threads(1)
+    store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=datetime.timedelta(seconds=60))
+    comm = TorchDistCommunicator(store, rank, world, "gloo", "cpu", 3.0 if timeout_case else 60.0,
+                                 shared_memory=shared_memory)
+    report: dict[str, Any] = {"rank": rank}
+    try:
+        if timeout_case:
+            if rank == 0:
+                try:
+                    comm.all_to_all_bytes([b"x"] * world)
+                    report["error"] = None
+                except WaitTimeout as e:
+                    report["error"] = str(e)
+            else:
+                time.sleep(8)  # never joins: rank 0 must give up after its 3 s timeout
+            return
+        # payload j -> rank j: variable lengths, empty ones included
+        sent = [bytes([rank, j]) * (rank * j) for j in range(world)]
+        report["received"] = comm.all_to_all_bytes(sent)
+        # the sharded exchange over gloo against the plain one, for every message kind
+        kinds = ["sparse", "bitmap", "empty", "inactive"]
+        report["same"], report["active"] = [], []
+        for trial in range(8):
+            rng = np.random.default_rng(trial * 10 + rank)
+            kind = kinds[(trial + rank) % 4]
+            payload = _payload(kind, 1001, rng)
+            plain = _exchange(comm, payload, 1001, "cpu")
+            sharded = sharded_exchange(comm, payload, 1001, "cpu")
+            report["active"].append((plain.active, sharded.active))
+            report["same"].append(None if plain.total is None else plain.total.numpy().tobytes() ==
+                                  (sharded.total.numpy().tobytes() if sharded.total is not None else None))
+            report.setdefault("digests", []).append(
+                None if sharded.total is None else sharded.total.numpy().tobytes())
+    finally:
+        out.put(report)
+        comm.close()
