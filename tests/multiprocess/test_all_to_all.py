@@ -2,38 +2,17 @@
 
 from __future__ import annotations
 
-import multiprocessing
-import socket
 from typing import Any
 
 import pytest
 from _a2a_worker import run_rank
+from _ranks import run_ranks
 
 pytestmark = pytest.mark.multiprocess
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _run(world: int, shared_memory: bool, timeout_case: bool = False) -> list[dict[str, Any]]:
-    ctx = multiprocessing.get_context("spawn")
-    out = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=run_rank, args=(r, world, port, shared_memory, timeout_case, out), daemon=True)
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    try:
-        reports = [out.get(timeout=180) for _ in procs]
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-    return sorted(reports, key=lambda r: r["rank"])
+    return run_ranks(run_rank, world, shared_memory, timeout_case)
 
 
 @pytest.mark.parametrize("shared_memory", [False, True])

@@ -2,39 +2,17 @@
 
 from __future__ import annotations
 
-import multiprocessing
-import socket
 from typing import Any
 
 import pytest
 from _shm_worker import run_rank
+from _ranks import run_ranks
 
 pytestmark = pytest.mark.multiprocess
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _run(world: int, shared_memory: bool = True, shm_dir: str | None = None) -> list[dict[str, Any]]:
-    ctx = multiprocessing.get_context("spawn")
-    out = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=run_rank, args=(r, world, port, shared_memory, shm_dir, out), daemon=True)
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    try:
-        reports = [out.get(timeout=180) for _ in procs]
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
-    return sorted(reports, key=lambda r: r["rank"])
+    return run_ranks(run_rank, world, shared_memory, shm_dir, check_exit=True)
 
 
 @pytest.mark.parametrize("world", [2, 3])
