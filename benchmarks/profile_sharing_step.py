@@ -10,12 +10,13 @@ both alike:
 - ``reference``: the unfused steps (``Network.compute_update``, divergence check on two ``torch.norm``,
   ``encode_step(update)``, ``to_bytes``, the dense ``_exchange``: ``from_bytes`` + decode of every message into a
   zeroed buffer, ``net.apply_update``);
-- ``fused``: what the training loop runs (``_step_into_residual``: the updater's step moved into the residual in
-  one pass with the divergence norms, ``encode_step(None)``, ``to_bytes``, ``_exchange_sparse``: the sum kept at
+- ``fused``: what the training loop runs (``_step_into_residual``: the updater's step lands in the residual
+  directly (``Network.train_step_into``), the divergence norms from two dot products, ``encode_step(None)``, ``to_bytes``, ``_exchange_sparse``: the sum kept at
   the sent indices only, ``net.apply_update_at``).
 
 The exchange gathers ``--workers`` copies of this worker's own payload (what a peer's message costs to decode; no
-transport). At the end both copies must hold bit-identical parameters and residuals (asserted).
+transport). The direct step adds each update without the rounding of ``p - (p - u)``, so the two copies drift apart
+(threshold encoding amplifies last-bit differences); the largest differences are printed at the end.
 """
 
 from __future__ import annotations
@@ -120,8 +121,8 @@ def main() -> None:
         plain_net.train_step(batch)
         if keep:
             plain.append(time.perf_counter() - t0)
-    assert torch.equal(ref_net.params(), fused_net.params()), "fused and reference parameters differ"
-    assert torch.equal(ref_state.encoder.residual, fused_state.encoder.residual), "residuals differ"
+    param_diff = float((ref_net.params() - fused_net.params()).abs().max())
+    residual_diff = float((ref_state.encoder.residual - fused_state.encoder.residual).abs().max())
 
     print(f"{args.model}, {args.workers} messages per exchange, {args.steps} steps, 1 thread; "
           f"load average {' / '.join(f'{v:.2f}' for v in os.getloadavg())}")
@@ -132,7 +133,9 @@ def main() -> None:
     ref_total, fused_total = (statistics.median(map(sum, zip(*times[k].values()))) * 1e3 for k in times)
     print(f"{'total':40s} {ref_total:10.3f} {fused_total:10.3f}")
     print(f"{'plain train_step (no sharing)':40s} {statistics.median(plain) * 1e3:10.3f}")
-    print("parameters and residuals bit-identical: yes")
+    print(f"largest difference fused vs reference after {len(batches)} steps: parameters {param_diff:.3g}, "
+          f"residuals {residual_diff:.3g} (the fused step adds the update into the residual directly, without the "
+          "rounding of (p - (p - u)))")
 
 
 def _record(into: dict[str, list[float]], marks: list[tuple[str, float]], keep: bool) -> None:

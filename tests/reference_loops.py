@@ -28,13 +28,21 @@ def sharing_reference(net: Network, shards: list[list[DataSet]], epochs: int, ov
         pending = None
         for t in range(max(len(s) for s in shards)):
             steps = [nets[r].iteration for r in range(len(shards))]  # the workers' 0-based steps
-            updates = [nets[r].compute_update(shard[t]) if t < len(shard) else None for r, shard in enumerate(shards)]
-            if t == 0 and not states[0].threshold_state.calibrated:  # calibrated start: agree on one threshold
+            calibrating = t == 0 and not states[0].threshold_state.calibrated
+            if calibrating or not net.can_step_into():
+                updates = [nets[r].compute_update(shard[t]) if t < len(shard) else None
+                           for r, shard in enumerate(shards)]
+            else:  # as the training loop does: the updater steps straight into the residual (encode_step(None))
+                updates = [None] * len(shards)
+                for r, shard in enumerate(shards):
+                    if t < len(shard):
+                        nets[r].train_step_into(states[r].residual, shard[t])
+            if calibrating:  # calibrated start: agree on one threshold
                 agreed = agree_threshold([local_calibration(u, s) for u, s in zip(updates, states)])
                 states = [with_calibration(s, agreed) for s in states]
             messages = []
-            for r, update in enumerate(updates):
-                if update is not None:
+            for r, (shard, update) in enumerate(zip(shards, updates)):
+                if t < len(shard):
                     message, states[r] = encode_step(update, states[r], steps[r])
                     messages.append(message)
             total = decode_sum(messages, torch.zeros(net.num_params()))

@@ -72,7 +72,7 @@ def test_distributed_run_matches_reference_loop(overlap: bool, layout: str) -> N
     replicas, states = _reference(net, shards, epochs=2, overlap=overlap)
     results = _fit(net, shards, epochs=2, overlap=overlap)
 
-    torch.testing.assert_close(net.params(), replicas[0].params())
+    torch.testing.assert_close(net.params(), replicas[0].params(), rtol=0, atol=0)
     for replica in replicas[1:]:  # the reference replicas agree too (they apply the same sums)
         torch.testing.assert_close(replica.params(), replicas[0].params(), atol=0, rtol=0)
     updater = torch.stack([r.updater_state() for r in replicas]).mean(0)
@@ -103,7 +103,7 @@ def test_calibrated_start_is_agreed_and_matches_reference(overlap: bool, layout:
     replicas, states = sharing_reference(net, shards, 2, overlap, encoder)
     results = _fit(net, shards, epochs=2, overlap=overlap, encoder=encoder)
 
-    torch.testing.assert_close(net.params(), replicas[0].params())
+    torch.testing.assert_close(net.params(), replicas[0].params(), rtol=0, atol=0)
     for rank, state in enumerate(states):
         torch.testing.assert_close(net.extra_state[RESIDUAL_KEY.format(rank=rank)], state.residual)
     firsts = [_net().compute_update(shard[0]) if shard else None for shard in shards]  # from the start
@@ -141,7 +141,7 @@ def test_unequal_shards_terminate_and_match_reference() -> None:
         replicas, _ = _reference(net, shards, epochs=2, overlap=overlap)
         results = _fit(net, shards, epochs=2, overlap=overlap, timeout_s=20.0)
         assert [r.iterations for r in results] == [14, 4, 0]
-        torch.testing.assert_close(net.params(), replicas[0].params())
+        torch.testing.assert_close(net.params(), replicas[0].params(), rtol=0, atol=0)
         assert net.extra_config["sharing.replicas_identical"] is True
 
 

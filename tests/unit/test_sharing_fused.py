@@ -167,11 +167,14 @@ class _Flat:
 
 
 def test_step_into_residual_equals_compute_update_then_encode() -> None:
+    """The snapshot path (taken where the updater cannot step into the residual: here weight decay, which reads the
+    parameters) is bit-identical to compute_update + encode."""
     data = datasets.synthetic_classification(64, 12, 3, seed=0).split(8)
     config = EncoderConfig(threshold_policy=AdaptiveThreshold(initial=1e-3))
-    nets = [Network(models.mlp(12, 16, 3), updater=optim.Adam(lr=1e-2), seed=0) for _ in range(2)]
+    nets = [Network(models.mlp(12, 16, 3), updater=optim.Adam(lr=1e-2), seed=0, weight_decay=1e-4)
+            for _ in range(2)]
     states = [SharingState(EncoderState.create(config, nets[0].num_params())) for _ in range(2)]
-    assert _can_fuse(states[1], nets[1])
+    assert _can_fuse(states[1], nets[1]) and not nets[1].can_step_into()
     for step, batch in enumerate(data):
         update = nets[0].compute_update(batch)
         want, states[0].encoder = encode_step(update, states[0].encoder, step)
@@ -192,3 +195,28 @@ def test_a_calibrating_encoder_takes_the_unfused_path() -> None:
     net = Network(models.mlp(12, 16, 3), updater=optim.Adam(lr=1e-2), seed=0)
     state = SharingState(EncoderState.create(config, net.num_params()))
     assert not _can_fuse(state, net)
+
+
+def test_step_straight_into_the_residual_adds_the_update_and_keeps_the_parameters() -> None:
+    """The default path (torchspark's updaters, no weight decay): the updater's step lands in the residual, the
+    parameters stay, the updater state advances exactly as compute_update's; the residual equals compute_update's
+    update added in, up to the rounding of (p - (p - u)), and the returned norms are the residual's and the
+    parameters'."""
+    data = datasets.synthetic_classification(64, 12, 3, seed=0).split(8)
+    config = EncoderConfig(threshold_policy=AdaptiveThreshold(initial=1e-3))
+    ref = Network(models.mlp(12, 16, 3), updater=optim.Adam(lr=1e-2), seed=0)
+    net = Network(models.mlp(12, 16, 3), updater=optim.Adam(lr=1e-2), seed=0)
+    state = SharingState(EncoderState.create(config, net.num_params()))
+    assert net.can_step_into()
+    for batch in data:
+        before = _bits(net.params())
+        residual = state.encoder.residual.clone()
+        update = ref.compute_update(batch)
+        update_norm, param_norm = _step_into_residual(state, net, batch, False)
+        assert _bits(net.params()) == before  # the parameters did not move
+        torch.testing.assert_close(state.encoder.residual, residual + update, rtol=0, atol=1e-6)
+        assert update.abs().max() > 1e-4  # a real step was compared
+        assert update_norm == pytest.approx(float(state.encoder.residual.norm()), rel=1e-5)
+        assert param_norm == pytest.approx(float(net.params_view().norm()), rel=1e-5)
+        assert _bits(net.updater_state()) == _bits(ref.updater_state())
+        assert net.iteration == ref.iteration

@@ -10,10 +10,13 @@ Per minibatch ``t`` on every worker:
      applies ``params -= S_t``. Nobody applies its own full-precision update, and the decode order and arithmetic
      are the same everywhere, so all replicas stay bit-identical (checked by :meth:`SharingAlgorithm.finish`).
 
-Hot path (same arithmetic, fewer passes over the parameters; ``tests/unit/test_sharing_fused.py``). Once the
-threshold is calibrated, steps 1 + 2a run as one updater step followed by one pass that moves it into the residual
-and restores the parameters (:func:`_step_into_residual`, reused buffers, the divergence norms from two dot
-products). When every message of a round is sparse (the usual case), step 4 sums them at the union of their indices
+Hot path (fewer passes over the parameters; ``tests/unit/test_sharing_fused.py``). Once the threshold is calibrated,
+steps 1 + 2a are one updater step that lands in the residual itself (:meth:`Network.train_step_into`: the parameters
+do not move, no snapshot and no restore; exact for torchspark's updaters without weight decay, whose step does not
+read the parameter values; ``u`` is then added without the rounding of ``p - (p - u)``, so the residual differs
+from ``compute_update``'s in the last bits). With weight decay or a user-built optimizer: one updater step, then
+one pass that moves it into the residual and restores the parameters (bit-identical to the unfused steps).
+Divergence norms from dot products (with the direct step the residual's norm stands in for the update's). When every message of a round is sparse (the usual case), step 4 sums them at the union of their indices
 only (from 0, in rank order, as the zeroed buffer would) and subtracts there (:func:`_exchange_sparse`); ``x - 0 ==
 x`` elsewhere, so the parameters are bit-identical to the dense decode and apply.
 
@@ -540,11 +543,23 @@ def _can_fuse(state: SharingState, net: Network) -> bool:
 
 
 def _step_into_residual(state: SharingState, net: Network, batch: Batch, validate: bool) -> tuple[float, float]:
-    """Steps 1 + 2a fused: one updater step, then in one pass ``u = before - after``, the parameters restored and
-    ``residual += u`` (:func:`~torchspark.encoding.accumulate_step`, bit-identical to ``compute_update`` followed by
-    the encoder's add). Returns ``(norm(u), norm(params))`` for the divergence check (exact torch norms when one is
-    not finite, so the message is the unfused path's)."""
+    """Steps 1 + 2a fused. When the network can (:meth:`Network.can_step_into`) the updater steps straight into the
+    residual and ``(norm(residual), norm(params))`` is returned for the divergence check; otherwise one updater
+    step, then in one pass ``u = before - after``, the parameters restored and ``residual += u``
+    (:func:`~torchspark.encoding.accumulate_step`, bit-identical to ``compute_update`` followed by the encoder's
+    add), returning ``(norm(u), norm(params))``. Exact torch norms when one is not finite, so the message is the
+    unfused path's."""
     flat = net.params_view()
+    if net.can_step_into():  # the updater steps straight into the residual: no snapshot, no restore
+        residual = state.encoder.residual
+        net.train_step_into(residual, batch, validate)
+        # the residual after the add stands in for the update's norm: it differs from it by the residual before
+        # the step, which the threshold and the residual post-processor keep at a few thresholds per entry
+        update_norm = math.sqrt(float(torch.dot(residual, residual)))
+        param_norm = math.sqrt(float(torch.dot(flat, flat)))
+        if not (math.isfinite(update_norm) and math.isfinite(param_norm)):
+            update_norm, param_norm = float(residual.norm()), float(flat.norm())
+        return update_norm, param_norm
     if state.step_buffers is None:
         state.step_buffers = (torch.empty_like(flat), torch.empty_like(flat))
     before, update = state.step_buffers
