@@ -253,7 +253,7 @@ class ParallelWrapper:
             then all-gather of the sums: receive bytes ~ ``min(N*m, dense)`` instead of ``N*m``, decode work / N)
             or ``"auto"`` (default: sharded above ``shard_above_workers`` workers); see
             ``SharedTrainingMaster.topology``.
-        shard_above_workers: the worker count above which ``topology="auto"`` shards (default 16).
+        shard_above_workers: the worker count above which ``topology="auto"`` shards (default 128).
         master: the training master (instead of the options above).
         runner: how workers run (a :class:`~torchspark.training.runner.Runner`); default: a
             :class:`~torchspark.parallel.runner.LocalProcessRunner` on :attr:`worker_devices` with

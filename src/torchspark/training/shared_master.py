@@ -86,12 +86,13 @@ class SharedTrainingMaster(TrainingMaster):
         topology: how the workers exchange messages: ``"all_gather"`` (every worker receives and decodes every
             message: receive bytes and decode work grow with the worker count N), ``"sharded"`` (reduce-scatter by
             parameter-index shards, then all-gather of the summed shards: receive bytes ~ ``min(N*m, dense)``
-            instead of ``N*m``, decode work / N, one more round trip per step; :mod:`torchspark.training.
-            sharded_exchange`) or ``"auto"`` (default: sharded when there are more than ``shard_above_workers``
+            instead of ``N*m``, which pays once the union of the workers' messages nears a dense update (many
+            workers, or dense bitmap messages), at the price of about three times the per-step latency;
+            :mod:`torchspark.training.sharded_exchange`) or ``"auto"`` (default: sharded when there are more than ``shard_above_workers``
             workers). Results are bit-identical either way; ``net.extra_config["sharing.topology"]`` says which
             one a fit used.
-        shard_above_workers: the worker count above which ``topology="auto"`` shards (default 16, see
-            ``docs/scaling.md``).
+        shard_above_workers: the worker count above which ``topology="auto"`` shards (default 128, from the cost
+            model in ``docs/scaling.md``).
 
     See :class:`~torchspark.training.masters.TrainingMaster` for the shared options (``batch_size_per_worker``,
     ``rdd_training_approach``, ``export_directory`` and ``rng_seed`` -- both honoured, unlike in DL4J --,

@@ -14,8 +14,11 @@ __all__ = ["TOPOLOGIES", "DEFAULT_SHARD_ABOVE_WORKERS", "check_topology", "resol
 
 #: ``topology`` values: ``"auto"`` (sharded above ``shard_above_workers`` workers), ``"all_gather"``, ``"sharded"``.
 TOPOLOGIES: tuple[str, ...] = ("auto", "all_gather", "sharded")
-#: default worker count above which ``topology="auto"`` shards (provisional, see docs/scaling.md)
-DEFAULT_SHARD_ABOVE_WORKERS = 16
+#: default worker count above which ``topology="auto"`` shards: the cost model of docs/scaling.md puts the crossover
+#: near 85 workers when messages carry 1% of the parameters (the adaptive threshold's upper band) and past 1,000
+#: at 0.1%; below ~100 workers sharding never paid in the model or in the loopback measurements (provisional until
+#: the model is checked on the namespace cluster)
+DEFAULT_SHARD_ABOVE_WORKERS = 128
 
 
 def check_topology(owner: str, topology: object, shard_above_workers: object) -> None:
