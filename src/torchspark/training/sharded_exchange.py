@@ -15,8 +15,10 @@ shards and makes rank ``j`` the owner of shard ``j``:
 
 When it pays. Per worker and step, the plain exchange receives ``N*m`` bytes and decodes ``N`` full messages; the
 sharded one receives ``~m`` (its pieces) plus the assembled sum, at most ``min(N*m', 4*P)`` bytes for P
-parameters (``m'`` the sparse size of a message, 8 bytes per distinct non-zero element), and decodes N pieces of
-``P/N`` elements, i.e. 1/N of the decode work. It costs one more collective round (two latencies instead of one).
+parameters (``m'`` the sparse size of a message, 8 bytes per distinct non-zero element); it decodes N pieces of
+``P/N`` elements (one message's worth instead of N messages), then assembles the N shard sums, whose entries are the
+union of all messages (the same number the plain exchange applies). It costs more collective rounds (the all-to-all
+of sizes and of pieces, then the all-gather: about three latencies instead of one).
 So it wins when many workers send messages that overlap or approach dense size (``N*m`` well above ``4*P``), or
 when the decode of N full messages dominates the step; with few workers or tiny messages the extra round trip
 costs more than it saves. ``topology="auto"`` switches to it above ``shard_above_workers`` workers; the cost
