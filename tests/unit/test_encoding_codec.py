@@ -48,6 +48,24 @@ def test_encode_matches_reference_and_round_trips(force_torch: bool, n: int, sca
     assert len(to_bytes(msg)) == msg.nbytes
 
 
+@pytest.mark.parametrize("find_chunk", [1000, 1 << 20])  # several search chunks, or one
+@pytest.mark.parametrize("scale", [0.3, 3.0])
+def test_encode_without_update_matches_reference_in_any_chunking(monkeypatch: pytest.MonkeyPatch, find_chunk: int,
+                                                                 scale: float) -> None:
+    """The training loop's encode (``update=None``: the updater stepped into the residual) searches in its own,
+    larger chunks: every chunking gives the reference's message and residual."""
+    from torchspark.encoding import _kernels
+
+    monkeypatch.setattr(_kernels, "_FIND_CHUNK", find_chunk)
+    n = 3 * 1000 + 5
+    residual = torch.randn(n, generator=torch.Generator().manual_seed(7)) * scale
+    steps, r_after = reference(residual, None, 1.0)
+    msg = threshold_encode(None, residual, 1.0)
+    assert residual.equal(r_after)
+    assert msg.num_entries == int((steps != 0).sum()) > 0
+    assert decode(msg, torch.zeros(n)).equal(steps)
+
+
 def test_sparse_payload_is_sorted_signed_one_based() -> None:
     residual = torch.zeros(100)
     update = torch.zeros(100)

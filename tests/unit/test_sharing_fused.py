@@ -220,3 +220,25 @@ def test_step_straight_into_the_residual_adds_the_update_and_keeps_the_parameter
         assert param_norm == pytest.approx(float(net.params_view().norm()), rel=1e-5)
         assert _bits(net.updater_state()) == _bits(ref.updater_state())
         assert net.iteration == ref.iteration
+
+
+def test_direct_path_refreshes_the_parameter_norm_every_param_norm_every_steps() -> None:
+    """The divergence check's parameter norm is recomputed on steps 0, K, 2K, ... (K = PARAM_NORM_EVERY) and reused
+    in between; a non-finite cached norm is never reused."""
+    from torchspark.training.sharing import PARAM_NORM_EVERY
+
+    data = datasets.synthetic_classification(8, 12, 3, seed=0).split(8)
+    config = EncoderConfig(threshold_policy=AdaptiveThreshold(initial=1e-3))
+    net = Network(models.mlp(12, 16, 3), updater=optim.Adam(lr=1e-2), seed=0)
+    state = SharingState(EncoderState.create(config, net.num_params()))
+    first = _step_into_residual(state, net, data[0], False)[1]
+    assert first == pytest.approx(float(net.params_view().norm()), rel=1e-5)
+    with torch.no_grad():
+        net.params_view().mul_(2.0)  # the parameters move (as applied messages would move them)
+    for step in range(1, PARAM_NORM_EVERY):
+        state.steps = step
+        assert _step_into_residual(state, net, data[0], False)[1] == first  # reused
+    state.steps = PARAM_NORM_EVERY
+    assert _step_into_residual(state, net, data[0], False)[1] == pytest.approx(2 * first, rel=1e-5)  # refreshed
+    state.steps, state.param_norm = PARAM_NORM_EVERY + 1, float("nan")
+    assert _step_into_residual(state, net, data[0], False)[1] == pytest.approx(2 * first, rel=1e-5)

@@ -26,6 +26,10 @@ __all__: list[str] = []  # private module
 # Elements per cache-sized chunk on the CPU path: 64 Ki float32 = 256 KiB, so the add, abs and compare passes of a
 # chunk hit L2 instead of DRAM. Measured best of 16 Ki..256 Ki; must be a multiple of 4 (bitmap bytes).
 _CHUNK = 1 << 16
+# The search without an add (the training loop's: the updater already stepped into the residual) has two passes per
+# chunk, and each chunk costs ~4 numpy calls of fixed overhead: whole chunks of 1 Mi elements measured 0.12 ms
+# instead of 0.19 ms for a 0.4 M-parameter MLP, and the same time as 64 Ki chunks at 3.7 M (2-core dev box).
+_FIND_CHUNK = 1 << 20
 
 _SHIFTS_NP = np.array([0, 2, 4, 6], dtype=np.uint8)
 
@@ -97,13 +101,14 @@ def _accumulate_and_find_np(residual: torch.Tensor, update: torch.Tensor | None,
     u = None if update is None else update.detach().numpy()
     t = np.float32(threshold)
     n = r.shape[0]
-    scratch = np.empty(min(_CHUNK, n), dtype=np.float32)
-    mask = np.empty(min(_CHUNK, n), dtype=np.bool_)
+    chunk = _CHUNK if u is not None else _FIND_CHUNK
+    scratch = np.empty(min(chunk, n), dtype=np.float32)
+    mask = np.empty(min(chunk, n), dtype=np.bool_)
     found: list[np.ndarray] = []
     count = 0
     keep = True
-    for start in range(0, n, _CHUNK):
-        rc = r[start:start + _CHUNK]
+    for start in range(0, n, chunk):
+        rc = r[start:start + chunk]
         m = rc.shape[0]
         if u is not None:
             np.add(rc, u[start:start + m], out=rc)
@@ -117,12 +122,12 @@ def _accumulate_and_find_np(residual: torch.Tensor, update: torch.Tensor | None,
                 keep = False
                 found.clear()
             elif idx.shape[0]:
-                found.append(idx + start)
+                found.append(idx + start if start else idx)
         else:
             count += int(np.count_nonzero(mask[:m]))
     if not keep:
         return count, None
-    idx = np.concatenate(found) if found else np.empty(0, dtype=np.int64)
+    idx = (found[0] if len(found) == 1 else np.concatenate(found)) if found else np.empty(0, dtype=np.int64)
     return count, torch.from_numpy(idx)
 
 

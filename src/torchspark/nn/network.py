@@ -479,10 +479,15 @@ class Network:
             raise ConfigError(f"train_step_into needs a 1-D float32 tensor of {self._flat.numel()} values on "
                               f"{self._flat.device}, got {tuple(target.shape)} {target.dtype} on {target.device}")
         real = [p.data for p in self._params]
-        views, offset = [], 0
-        for p in self._params:
-            views.append(target[offset: offset + p.numel()].view_as(p))
-            offset += p.numel()
+        cached = getattr(self, "_into_views", None)  # the same target every step (a sharing residual): reuse its views
+        if cached is not None and cached[0] is target:
+            views = cached[1]
+        else:
+            views, offset = [], 0
+            for p in self._params:
+                views.append(target[offset: offset + p.numel()].view_as(p))
+                offset += p.numel()
+            self._into_views = (target, views)
         groups = self.optimizer.param_groups
         self._step_hook = (real, views, groups)
         try:

@@ -123,6 +123,8 @@ _INACTIVE = b"\x00"
 _ACTIVE = b"\x01"
 # How long a failing worker waits for its in-flight exchange before leaving (peers still alive finish it at once).
 _DRAIN_S = 10.0
+#: steps between two computations of the parameters' norm for the divergence check on the direct path
+PARAM_NORM_EVERY = 16
 
 
 @dataclass(frozen=True)
@@ -214,6 +216,8 @@ class SharingState:
         divergence: the first divergence message of this fit on this worker (``on_divergence="warn"``), or None.
         step_buffers: ``(before, update)``, two parameter-sized buffers reused by every step (see
             :func:`_step_into_residual`); None until the first step.
+        param_norm: the parameters' norm for the divergence check, refreshed every :data:`PARAM_NORM_EVERY` steps
+            of the direct path (None until the first).
     """
 
     encoder: EncoderState
@@ -226,6 +230,7 @@ class SharingState:
     #: the bounded-staleness loop's counters (:class:`~torchspark.training.stale_sharing.StaleStats`), else None
     staleness: Any = None
     step_buffers: tuple[torch.Tensor, torch.Tensor] | None = None
+    param_norm: float | None = None
 
 
 @dataclass(frozen=True)
@@ -556,7 +561,11 @@ def _step_into_residual(state: SharingState, net: Network, batch: Batch, validat
         # the residual after the add stands in for the update's norm: it differs from it by the residual before
         # the step, which the threshold and the residual post-processor keep at a few thresholds per entry
         update_norm = math.sqrt(float(torch.dot(residual, residual)))
-        param_norm = math.sqrt(float(torch.dot(flat, flat)))
+        # the parameters move only by the exchanged +-t steps, a tiny fraction of their norm per step: a norm up to
+        # PARAM_NORM_EVERY - 1 steps old judges "the update is 1000x the parameters" the same (one pass saved)
+        if state.param_norm is None or state.steps % PARAM_NORM_EVERY == 0 or not math.isfinite(state.param_norm):
+            state.param_norm = math.sqrt(float(torch.dot(flat, flat)))
+        param_norm = state.param_norm
         if not (math.isfinite(update_norm) and math.isfinite(param_norm)):
             update_norm, param_norm = float(residual.norm()), float(flat.norm())
         return update_norm, param_norm
