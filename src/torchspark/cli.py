@@ -49,6 +49,16 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
 def _threshold(text: str) -> float | str:
     if text == "calibrated":
         return text
@@ -109,6 +119,15 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--threshold", type=_threshold, default="calibrated",
                        help="sharing mode: initial threshold of the adaptive policy: 'calibrated' (default: chosen "
                             "from the first update for ~1e-3 sparsity) or a fixed start such as DL4J's 1e-4")
+    train.add_argument("--topology", default="auto", choices=["auto", "all_gather", "sharded"],
+                       help="sharing mode: how the workers exchange their messages each step: all_gather (every "
+                            "worker receives every message), sharded (reduce-scatter by index shards, then "
+                            "all-gather: for many workers or dense messages), auto (sharded above 128 workers); "
+                            "see docs/scaling.md")
+    train.add_argument("--max-staleness", type=_non_negative_int, default=None, metavar="K",
+                       help="sharing mode: bounded staleness: apply peers' updates as they arrive and wait only "
+                            "when more than K steps ahead of the slowest worker (default: synchronous exchange); "
+                            "helps when workers are slow at different times")
     train.add_argument("--updater", default="adam", choices=UPDATERS, help="optimizer")
     train.add_argument("--lr", type=_positive_float, default=1e-3, help="learning rate")
     train.add_argument("--seed", type=int, default=0, help="seed for weights and data shuffling")
@@ -242,7 +261,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
         wrapper = ParallelWrapper(net, workers=args.workers, training_mode=MODES[args.mode],
                                   averaging_frequency=args.averaging_frequency, threshold_algorithm=threshold,
-                                  collect_training_stats=True, rng_seed=args.seed, progress=not args.no_progress)
+                                  collect_training_stats=True, rng_seed=args.seed, progress=not args.no_progress,
+                                  **_sharing_options(args))
         wrapper.fit(train_data, epochs=args.epochs, batch_size=args.batch_size_per_worker)
         stats, score, runner = wrapper.training_stats, wrapper.get_score(), "ParallelWrapper"
         used: dict[str, Any] = {"startup_seconds": 0.0, "fit_seconds": time.time() - start}
@@ -275,6 +295,25 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sharing_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``--topology`` and ``--max-staleness`` for the sharing master (nothing in averaging mode, where
+    :func:`check_mode_options` refused them)."""
+    if args.mode != "sharing":
+        return {}
+    return {"topology": args.topology, "max_staleness": args.max_staleness}
+
+
+def check_mode_options(args: argparse.Namespace) -> None:
+    """Sharing-only options with ``--mode averaging`` are a mistake, not something to ignore silently."""
+    if getattr(args, "command", None) != "train" or args.mode == "sharing":
+        return
+    for option, value, default in (("--topology", args.topology, "auto"),
+                                   ("--max-staleness", args.max_staleness, None)):
+        if value != default:
+            raise ConfigError(f"{option} {value} applies to gradient sharing only, but --mode is {args.mode!r}; "
+                              f"use --mode sharing or drop {option}")
+
+
 def _train_on_spark(args: argparse.Namespace, net: Any, train_data: Any,
                     threshold: Any) -> tuple[Any, float, dict[str, Any]]:
     """Train on Spark; returns the training stats, the score, and what was used (for metrics.json): the seconds the
@@ -287,7 +326,8 @@ def _train_on_spark(args: argparse.Namespace, net: Any, train_data: Any,
                   collect_training_stats=True)
     master: Any
     if args.mode == "sharing":
-        master = SharedTrainingMaster(threshold_algorithm=threshold, **common)  # type: ignore[arg-type]
+        master = SharedTrainingMaster(threshold_algorithm=threshold, **_sharing_options(args),
+                                      **common)  # type: ignore[arg-type]
     else:
         master = ParameterAveragingTrainingMaster(averaging_frequency=args.averaging_frequency,
                                                   **common)  # type: ignore[arg-type]
@@ -372,6 +412,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             print(dump_mapping(train_settings(parser, args), args.print_config), end="")
             return 0
+        check_mode_options(args)
         check_arguments(args)  # outputs and master first: fail in a second, not after training
         return COMMANDS[args.command](args)
     except TorchSparkError as e:

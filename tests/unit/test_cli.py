@@ -25,6 +25,9 @@ def test_defaults_train_with_gradient_sharing_on_spark() -> None:
     (["train", "--threshold", "auto"], "'auto' is not a number; use 'calibrated'"),
     (["train", "--mode", "sync"], "invalid choice: 'sync'"),
     (["train", "--memory-format", "nhwc"], "invalid choice: 'nhwc'"),
+    (["train", "--max-staleness", "-1"], "--max-staleness: must be >= 0, got -1"),
+    (["train", "--max-staleness", "two"], "--max-staleness: 'two' is not an integer"),
+    (["train", "--topology", "ring"], "invalid choice: 'ring'"),
     (["evaluate", "--model", "m", "--feature-shape", "1,a"], "is not a shape such as 1,28,28"),
     (["predict", "--model", "m"], "--output"),
 ])
@@ -75,3 +78,34 @@ def test_memory_format_reaches_the_saved_network(tmp_path) -> None:
     assert main(["train", "--parallel", "--mode", "averaging", "--epochs", "1", "--no-progress",
                  "--memory-format", "channels_last", "--output", str(out)]) == 0
     assert Network.load(str(out / "model")).memory_format == "channels_last"
+
+
+@pytest.mark.parametrize(("option", "value"), [("--max-staleness", "1"), ("--topology", "sharded")])
+def test_sharing_options_with_averaging_mode_are_refused(option: str, value: str, tmp_path, capsys) -> None:
+    assert main(["train", "--parallel", "--mode", "averaging", option, value, "--output", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert f"{option} {value} applies to gradient sharing only" in err and "--mode sharing" in err
+    assert not (tmp_path / "o").exists()  # refused before anything was written
+
+
+@pytest.mark.parametrize(("options", "expected"), [
+    (["--max-staleness", "2"], {"sharing.max_staleness": 2}),
+    (["--topology", "sharded"], {"sharing.topology": "sharded"}),  # 2 workers: "auto" would pick all_gather
+])
+def test_sharing_options_reach_the_training(options: list[str], expected: dict, tmp_path) -> None:
+    """--max-staleness and --topology train with the bounded-staleness loop / the sharded exchange: the saved
+    network's extra_config says which ran (absent or different when the option is ignored)."""
+    from torchspark import Network
+
+    out = tmp_path / "run"
+    assert main(["train", "--parallel", "--model", "mlp", "--epochs", "1", "--no-progress", *options,
+                 "--output", str(out)]) == 0
+    config = Network.load(str(out / "model")).extra_config
+    assert {k: config.get(k) for k in expected} == expected, config
+
+
+def test_bounded_staleness_with_the_sharded_topology_is_a_one_line_error(tmp_path, capsys) -> None:
+    assert main(["train", "--parallel", "--max-staleness", "1", "--topology", "sharded", "--no-progress",
+                 "--output", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("torchspark: error:") and "sharded" in err and "Traceback" not in err
