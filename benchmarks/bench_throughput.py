@@ -20,6 +20,9 @@ Same model, same data, same global batch size (``--batch``, default 64), same nu
   thread can do on this machine);
 - ``pw_avg`` / ``pw_shared``: ``ParallelWrapper`` with 2 worker processes, "averaging" (frequency 5) and
   "shared_gradients" (AdaptiveThreshold(initial=1e-2)).
+- ``spark_shared_stale`` / ``pw_shared_stale`` (not in the default list; ``--methods`` names them): the sharing
+  methods with bounded staleness, ``max_staleness=STALENESS`` (4): a worker waits for its peers only when it is
+  more than 4 steps ahead, so it absorbs the jitter that averaging (one synchronisation every 5 steps) absorbs too.
 
 Steady-state throughput of every method is ``k * N / (T(k+1) - T(1))``, where ``T(e)`` is the wall time of one
 call that trains ``e`` epochs (``fit``/``run``, measured on the driver): per-call costs (Spark stage launch and
@@ -52,6 +55,10 @@ import torch  # noqa: E402
 import _common as C  # noqa: E402
 
 ALL_METHODS = ("plain", "plain_fused", "network", "independent", "spark_avg", "spark_shared", "ddp", "pw_avg", "pw_shared")
+#: methods run only when --methods names them
+EXTRA_METHODS = ("spark_shared_stale", "pw_shared_stale")
+#: max_staleness of the *_stale methods
+STALENESS = 4
 LABELS = {
     "plain": "(a) plain PyTorch loop, 1 process, 2 threads (baseline)",
     "plain_fused": "(a2) the same loop with torch.optim.Adam(fused=True) (torchspark's default kernel)",
@@ -62,6 +69,8 @@ LABELS = {
     "ddp": "(d) TorchDistributor (local_mode) + DDP/gloo, 2 processes",
     "pw_avg": "(e) ParallelWrapper averaging, 2 workers",
     "pw_shared": "(f) ParallelWrapper shared_gradients, 2 workers",
+    "spark_shared_stale": f"(c') SparkNetwork + SharedTrainingMaster(max_staleness={STALENESS}), local[2]",
+    "pw_shared_stale": f"(f') ParallelWrapper shared_gradients, max_staleness={STALENESS}, 2 workers",
 }
 LR = 1e-3
 SEED = 0
@@ -187,6 +196,7 @@ class NetworkFit(Method):
 
 class SparkMethod(Method):
     shared = False
+    max_staleness: int | None = None
 
     def setup(self, model: str, data: Any, args: argparse.Namespace, spark: Any) -> None:
         super().setup(model, data, args, spark)
@@ -198,7 +208,7 @@ class SparkMethod(Method):
                       flush_denormal=flush_denormal())
         if self.shared:
             master = SharedTrainingMaster(threshold_algorithm=AdaptiveThreshold(initial=SHARING_INITIAL_THRESHOLD),
-                                          **common)
+                                          max_staleness=self.max_staleness, **common)
         else:
             master = ParameterAveragingTrainingMaster(averaging_frequency=5, **common)
         self.master = master
@@ -237,8 +247,14 @@ class SparkShared(SparkMethod):
     shared = True
 
 
+class SparkSharedStale(SparkShared):
+    name = "spark_shared_stale"
+    max_staleness = STALENESS
+
+
 class ParallelWrapperMethod(Method):
     mode = "averaging"
+    max_staleness: int | None = None
 
     def setup(self, model: str, data: Any, args: argparse.Namespace, spark: Any) -> None:
         super().setup(model, data, args, spark)
@@ -247,7 +263,8 @@ class ParallelWrapperMethod(Method):
 
         self.pw = ParallelWrapper(make_network(model), workers=2, training_mode=self.mode, averaging_frequency=5,
                                   threshold_algorithm=AdaptiveThreshold(initial=SHARING_INITIAL_THRESHOLD),
-                                  progress=False, flush_denormal=flush_denormal())
+                                  progress=False, flush_denormal=flush_denormal(),
+                                  **({} if self.max_staleness is None else {"max_staleness": self.max_staleness}))
 
     def run(self, epochs: int) -> None:
         self.pw.fit(self.data, epochs=epochs, batch_size=self.args.batch // 2)
@@ -269,6 +286,11 @@ class PWAvg(ParallelWrapperMethod):
 class PWShared(ParallelWrapperMethod):
     name = "pw_shared"
     mode = "shared_gradients"
+
+
+class PWSharedStale(PWShared):
+    name = "pw_shared_stale"
+    max_staleness = STALENESS
 
 
 def _ddp_train(model: str, features: Any, labels: Any, batch_per_rank: int, epochs: int, lr: float,
@@ -386,7 +408,7 @@ class Independent(Method):
 METHOD_CLASSES: dict[str, Callable[[], Method]] = {
     "independent": Independent,
     "plain": Plain, "plain_fused": PlainFused, "network": NetworkFit, "spark_avg": SparkAvg, "spark_shared": SparkShared, "ddp": DDP,
-    "pw_avg": PWAvg, "pw_shared": PWShared,
+    "pw_avg": PWAvg, "pw_shared": PWShared, "spark_shared_stale": SparkSharedStale, "pw_shared_stale": PWSharedStale,
 }
 
 
@@ -601,9 +623,9 @@ def main() -> None:
     args.diagnose_epochs = 1
     args.retry_budget_s = 30.0 if args.quick else 120.0
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    unknown = sorted(set(methods) - set(ALL_METHODS))
+    unknown = sorted(set(methods) - set(ALL_METHODS) - set(EXTRA_METHODS))
     if unknown:
-        parser.error(f"unknown methods {unknown}; known: {ALL_METHODS}")
+        parser.error(f"unknown methods {unknown}; known: {ALL_METHODS + EXTRA_METHODS}")
     if "plain" not in methods:
         methods.insert(0, "plain")
     models_ = [m.strip() for m in args.models.split(",") if m.strip()]
