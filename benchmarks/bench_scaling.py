@@ -59,6 +59,11 @@ def rate_bytes_per_s(rate: str) -> float:
     raise ValueError(f"link rate must look like '100mbit' or '1gbit', got {rate!r}")
 
 
+def burst_for(rate: str, burst_ms: float) -> str:
+    """tbf's bucket for ``rate``: ``burst_ms`` of line time, at least 16 kB (tc's ``b`` unit: bytes)."""
+    return f"{max(16384, int(rate_bytes_per_s(rate) * burst_ms / 1e3))}b"
+
+
 def parse_links(text: str) -> list[tuple[str, str | None]]:
     """``"1gbit:0.1ms,100mbit:0.5ms"`` -> ``[("1gbit", "0.1ms"), ("100mbit", "0.5ms")]`` (``:delay`` optional)."""
     links = []
@@ -186,6 +191,23 @@ def _row(op: str, density_set: float | None, fmt: str | None, walls: list[float]
             "ratio": wall / model_s if model_s > 0 else float("nan"), **extra}
 
 
+def remodel(data: dict[str, Any]) -> dict[str, Any]:
+    """Recompute the model columns of stored results with the current ``scaling_model`` (after changing it)."""
+    params = data["conditions"]["params"]
+    for s in data["settings"]:
+        link, cpu_only, n = Link(s["link_bandwidth_Bps"], s["hop_latency_s"]), Link(math.inf, 0.0), s["workers"]
+        for r in s["rows"]:
+            if r["op"] == "dense ring":
+                model, cpu = dense_ring_s(n, params, link), dense_ring_s(n, params, cpu_only)
+            else:
+                fn = all_gather_s if r["op"] == "all_gather" else sharded_s
+                model, cpu = fn(n, params, r["density"], link), fn(n, params, r["density"], cpu_only)
+            r.update(model_s=model, model_cpu_s=cpu, model_net_s=model - cpu, ratio=r["wall_s"] / model)
+    data["fits"] = fits(data["settings"], params)
+    data["conditions"]["rates"] = Rates().__dict__
+    return data
+
+
 def _quantile(values: list[float], q: float) -> float:
     vals = sorted(values)
     return vals[min(len(vals) - 1, int(q * len(vals)))] if vals else float("nan")
@@ -244,7 +266,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workers", default="2,4,8", help="worker counts, comma-separated (each >= 2)")
     p.add_argument("--links", default="1gbit:0.1ms,100mbit:0.5ms",
                    help="rate[:delay] per link setting; the delay needs netem (dropped with a note when absent)")
-    p.add_argument("--burst", default="32kb", help="tc tbf bucket (small, so small messages see the rate)")
+    p.add_argument("--burst-ms", type=float, default=2.0,
+                   help="tc tbf bucket as milliseconds of line time (at least 16 kB): a message smaller than the "
+                        "bucket leaves at full speed after an idle moment, so keep it small")
     p.add_argument("--params", type=float, default=3.7e6, help="network size L (float32 parameters)")
     p.add_argument("--densities", default="0.001,0.01,0.1", help="message densities; >= 0.0625 gives bitmaps")
     p.add_argument("--reps", type=int, default=30, help="timed calls per (density, topology)")
@@ -254,6 +278,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per (link, N) before everything is killed")
     p.add_argument("--out", default=RESULTS)
+    p.add_argument("--report", metavar="JSON", help="measure nothing: print (and re-model, in place) stored results")
     args = p.parse_args(argv)
     args.workers = [int(w) for w in args.workers.split(",") if w.strip()]
     if not args.workers or min(args.workers) < 2:
@@ -262,6 +287,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.densities = [float(d) for d in args.densities.split(",") if d.strip()]
     if not args.densities or not all(0 < d <= 1 for d in args.densities):
         p.error(f"--densities must lie in (0, 1], got {args.densities}")
+    if args.burst_ms <= 0:
+        p.error(f"--burst-ms must be > 0, got {args.burst_ms}")
     if args.reps < 1 or args.dense_reps < 0 or args.warmup < 1 or args.probe_reps < 1:
         p.error("--reps, --warmup and --probe-reps must be >= 1, --dense-reps >= 0")
     if args.params < 16:
@@ -283,7 +310,8 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
            "timeout_s": max(60.0, args.timeout / 2)}
     has_netem = netem_available()
     data: dict[str, Any] = {"machine": C.machine_info(), "conditions": {
-        "workers": args.workers, "links": args.links, "burst": args.burst, "netem": has_netem,
+        "workers": args.workers, "links": args.links, "burst_ms": args.burst_ms,
+        "bursts": {rate: burst_for(rate, args.burst_ms) for rate, _ in args.links}, "netem": has_netem,
         "params": args.params, "densities": args.densities, "reps": args.reps, "dense_reps": args.dense_reps,
         "warmup": args.warmup, "load_at_start": C.load_average(), "rates": Rates().__dict__},
         "settings": []}
@@ -293,7 +321,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
             NetnsCluster(workers=max(args.workers), with_spark=False) as cluster:
         for rate, delay in args.links:
             applied = delay if (delay and has_netem) else None
-            cluster.shape_links(rate, applied, burst=args.burst)
+            cluster.shape_links(rate, applied, burst=burst_for(rate, args.burst_ms))
             for world in args.workers:
                 port += 1
                 C.log(f"{rate} (delay {applied or 'none'}), {world} workers ...")
@@ -325,6 +353,12 @@ def report(data: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.report:
+        with open(args.report) as f:
+            data = remodel(json.load(f))
+        _save(data, args.report)
+        report(data)
+        return 0
     data = run(args)
     if data is not None:
         report(data)
