@@ -269,6 +269,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--burst-ms", type=float, default=2.0,
                    help="tc tbf bucket as milliseconds of line time (at least 16 kB): a message smaller than the "
                         "bucket leaves at full speed after an idle moment, so keep it small")
+    p.add_argument("--slow-start-after-idle", choices=("kernel", "0", "1"), default="kernel",
+                   help="net.ipv4.tcp_slow_start_after_idle in every host namespace (kernel: leave its default); "
+                        "1 makes TCP restart slow start on a connection idle for longer than its RTO")
     p.add_argument("--params", type=float, default=3.7e6, help="network size L (float32 parameters)")
     p.add_argument("--densities", default="0.001,0.01,0.1", help="message densities; >= 0.0625 gives bitmaps")
     p.add_argument("--reps", type=int, default=30, help="timed calls per (density, topology)")
@@ -297,6 +300,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _slow_start(cluster: Any, value: str) -> str:
+    """Set (unless ``"kernel"``) and read back ``tcp_slow_start_after_idle`` in every host namespace."""
+    key = "net.ipv4.tcp_slow_start_after_idle"
+    seen = set()
+    for host in cluster.hosts:
+        if value != "kernel":
+            done = cluster.exec_in(host, "sysctl", "-w", f"{key}={value}")
+            if done.returncode != 0:
+                raise BenchError(f"cannot set {key}={value} in {host.netns}: {done.stderr.strip()}")
+        seen.add(cluster.exec_in(host, "sysctl", "-n", key).stdout.strip())
+    return ",".join(sorted(seen))
+
+
 def run(args: argparse.Namespace) -> dict[str, Any] | None:
     """The whole measurement; None (after saying why) when namespaces cannot be built here."""
     from cluster_harness import NetnsCluster, netem_available, unavailable_reason
@@ -311,7 +327,8 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
     has_netem = netem_available()
     data: dict[str, Any] = {"machine": C.machine_info(), "conditions": {
         "workers": args.workers, "links": args.links, "burst_ms": args.burst_ms,
-        "bursts": {rate: burst_for(rate, args.burst_ms) for rate, _ in args.links}, "netem": has_netem,
+        "bursts": {rate: burst_for(rate, args.burst_ms) for rate, _ in args.links},
+        "tcp_slow_start_after_idle": args.slow_start_after_idle, "netem": has_netem,
         "params": args.params, "densities": args.densities, "reps": args.reps, "dense_reps": args.dense_reps,
         "warmup": args.warmup, "load_at_start": C.load_average(), "rates": Rates().__dict__},
         "settings": []}
@@ -319,6 +336,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
     port = 29400 + os.getpid() % 500
     with tempfile.TemporaryDirectory(prefix="bench-scaling-") as workdir, \
             NetnsCluster(workers=max(args.workers), with_spark=False) as cluster:
+        data["conditions"]["tcp_slow_start_after_idle"] = _slow_start(cluster, args.slow_start_after_idle)
         for rate, delay in args.links:
             applied = delay if (delay and has_netem) else None
             cluster.shape_links(rate, applied, burst=burst_for(rate, args.burst_ms))

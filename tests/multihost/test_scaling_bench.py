@@ -42,12 +42,13 @@ def test_two_hosts_same_sum_both_topologies_and_the_json_fields(tmp_path) -> Non
     out = tmp_path / "scaling.json"
     args = B.parse_args(["--workers", "2", "--links", "100mbit", "--params", str(PARAMS), "--densities",
                          ",".join(map(str, DENSITIES)), "--reps", "3", "--dense-reps", "2", "--warmup", "1",
-                         "--probe-reps", "2", "--seed", "5", "--burst-ms", "4", "--timeout", "120", "--out", str(out)])
+                         "--probe-reps", "2", "--seed", "5", "--burst-ms", "4", "--slow-start-after-idle", "0", "--timeout", "120", "--out", str(out)])
     returned = B.run(args)
     with open(out) as f:
         data = json.load(f)
     assert data == json.loads(json.dumps(returned))  # what run() returns is what it wrote
     assert data["conditions"]["params"] == PARAMS and data["conditions"]["bursts"] == {"100mbit": "50000b"}
+    assert data["conditions"]["tcp_slow_start_after_idle"] == "0"  # set in every host namespace and read back
     assert data["conditions"]["load_at_start"] and data["conditions"]["load_at_end"] and data["machine"]["date"]
     (setting,) = data["settings"]
     assert setting["workers"] == 2 and setting["rate"] == "100mbit" and setting["link_bandwidth_Bps"] == 12.5e6
