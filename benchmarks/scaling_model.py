@@ -108,7 +108,8 @@ def sharded_s(workers: int, params: float, density: float, link: Link, rates: Ra
     union = min(workers * density * params, params)
     per_shard = union / workers
     sum_bytes = min(8 * per_shard, 4 * shard) + HEADER_BYTES
-    scatter = 2 * (workers - 1) * link.latency + (workers - 1) / workers * message_bytes(params, density) / link.bandwidth
+    scatter = (2 * (workers - 1) * link.latency
+               + (workers - 1) / workers * message_bytes(params, density) / link.bandwidth)
     # N pieces (one message's entries) decoded into a fresh shard, which is then scanned for its non-zeros
     pieces = (workers * rates.per_message + _decode_s(params, density, rates)
               + shard * (rates.fresh_element + rates.copy_element))

@@ -42,7 +42,8 @@ def test_two_hosts_same_sum_both_topologies_and_the_json_fields(tmp_path) -> Non
     out = tmp_path / "scaling.json"
     args = B.parse_args(["--workers", "2", "--links", "100mbit", "--params", str(PARAMS), "--densities",
                          ",".join(map(str, DENSITIES)), "--reps", "3", "--dense-reps", "2", "--warmup", "1",
-                         "--probe-reps", "2", "--seed", "5", "--burst-ms", "4", "--slow-start-after-idle", "0", "--timeout", "120", "--out", str(out)])
+                         "--probe-reps", "2", "--seed", "5", "--burst-ms", "4", "--slow-start-after-idle", "0",
+                         "--timeout", "120", "--out", str(out)])
     returned = B.run(args)
     with open(out) as f:
         data = json.load(f)
