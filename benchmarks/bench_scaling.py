@@ -2,7 +2,7 @@
 
 Run (root and ``ip netns`` needed; otherwise it says why and exits 0)::
 
-    flock /work/.../bench.lock .venv/bin/python benchmarks/bench_scaling.py [--workers 2,4,8] \\
+    flock <lock file> .venv/bin/python benchmarks/bench_scaling.py [--workers 2,4,8] \\
         [--links 1gbit:0.1ms,100mbit:0.5ms] [--params 3.7e6] [--densities 0.001,0.01,0.1] [--reps 30]
 
 It builds one :class:`~cluster_harness.NetnsCluster` (``with_spark=False``) of ``max(workers)`` namespace hosts,
