@@ -326,12 +326,14 @@ class NetnsCluster:
             with open(f"/etc/netns/{ns}/hosts", "w") as f:
                 f.write(f"127.0.0.1\tlocalhost\n127.0.1.1\t{host.hostname}\n")
 
-    def shape_links(self, rate: str, delay: str | None = None) -> None:
+    def shape_links(self, rate: str, delay: str | None = None, burst: str = "256kb") -> None:
         """Shape both directions of every host's bridge link: ``tc`` tbf at ``rate``, then netem ``delay``.
 
         ``rate`` such as ``"1gbit"`` / ``"100mbit"``, ``delay`` such as ``"0.1ms"`` (one way, per direction: a
         round trip between two hosts crosses four shaped queues). Needs the kernel's ``sch_tbf`` and, for a delay,
         ``sch_netem`` (:func:`netem_available`); raises :class:`HarnessError` naming the missing one.
+        ``burst``: tbf's bucket; that many bytes leave at full speed after an idle moment, so a message smaller
+        than it barely sees ``rate`` (lower it, e.g. ``"16kb"``, to time small messages against the rate).
         :meth:`unshape_links` undoes it.
         """
         if delay is not None and not netem_available():
@@ -341,7 +343,7 @@ class NetnsCluster:
         for host in self.hosts:
             for ns_args, dev in ((["ip", "netns", "exec", host.netns], host.interface), ([], host.root_veth)):
                 _run(*ns_args, "tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "tbf", "rate", rate,
-                     "burst", "256kb", "latency", "100ms")
+                     "burst", burst, "latency", "100ms")
                 if delay is not None:
                     _run(*ns_args, "tc", "qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:", "netem",
                          "delay", delay, "limit", "100000")

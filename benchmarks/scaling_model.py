@@ -9,19 +9,24 @@ aim, 1e-2 its upper band), link bandwidth ``B`` bytes/s per direction and a per-
 
 - **dense ring all-reduce** (DDP, parameter averaging with ``averaging_frequency=1``): every worker sends and
   receives ``2 (N-1)/N * 4L`` bytes in ``2 (N-1)`` latency-bound steps, and adds ``(N-1)/N * L`` floats;
-- **plain all-gather** (``topology="all_gather"``): gloo's allgather is a ring, ``N-1`` steps each forwarding one
-  worker's message, so every worker receives ``(N-1) m`` bytes (``m = 4k + 28``), then decodes ``N`` messages and
-  applies the union of their entries (``min(N k, L)``);
-- **sharded** (``topology="sharded"``): an all-to-all of sizes and one of pieces (``~m/N`` each, ``2 (N-1)``
-  latency steps), each worker decodes its shard's ``N`` pieces (``~k`` entries in all) and encodes the shard sum
-  (``s`` bytes: sparse ``8 u`` for ``u = min(k, L/N)`` distinct entries when messages do not overlap, or dense
-  ``4 L/N``, whichever is smaller), then a ring all-gather of the ``N`` shard sums (``(N-1)`` steps, ``(N-1) s``
-  bytes) and the same apply of the union.
+- **plain all-gather** (``topology="all_gather"``): two gloo allgathers (the sizes, then the messages), each a
+  ring of ``N-1`` steps forwarding one worker's message, so every worker receives ``(N-1) m`` bytes
+  (``m = 4k + 29``) in ``2 (N-1)`` latencies; then it merges the ``N`` sparse messages into a sum at the union of
+  their entries (``min(N k, L)``, ``sparse_decode_sum``) and applies that (bitmap messages: decoded into a fresh
+  dense sum, applied densely);
+- **sharded** (``topology="sharded"``): an all-to-all of sizes and one of pieces (``~m/N`` each, counted as
+  ``2 (N-1)`` latency steps), each worker decodes its shard's ``N`` pieces (``~k`` entries in all) into a fresh
+  shard buffer and encodes the shard sum (``s`` bytes: sparse ``8 u`` for ``u = min(k, L/N)`` distinct entries
+  when messages do not overlap, or dense ``4 L/N``, whichever is smaller), then the byte all-gather of the ``N``
+  shard sums (``2 (N-1)`` latencies, ``(N-1) s`` bytes), assembled in a fresh parameter-sized buffer ``S_t`` and
+  applied densely.
 
-Constants (``Rates``) are the measured ones of this repository's benchmarks on one core of the development VM:
-per-entry decode and apply from ``bench_codec.py`` and ``profile_sharing_step.py``, a fixed per-message cost (parse,
-validate, Python) from the same profile. The model ignores CPU contention between workers and overlap with
-computation (``overlap=True`` hides up to one compute step of exchange time).
+Constants (``Rates``) are per core of the development VM: per-entry decode and apply, per bitmap element and the
+per-message cost from ``bench_codec.py`` and ``profile_sharing_step.py``; the union merge (``sum_entry``) and the
+fresh-buffer cost (``fresh_element``) fitted to the namespace-cluster measurements of ``bench_scaling.py``. The
+model ignores CPU contention between workers, gloo's own copies and the kernel's TCP work (measured: a few ms per
+step at 1 Gbit/s, see docs/scaling.md), and overlap with computation (``overlap=True`` hides up to one compute step
+of exchange time).
 """
 
 from __future__ import annotations
@@ -47,15 +52,18 @@ class Link:
 
 @dataclass(frozen=True)
 class Rates:
-    """Per-core CPU costs (seconds): per decoded or applied sparse entry, per element of a decoded bitmap, per
-    element copied, per float added, per message handled (parse, validate, Python)."""
+    """Per-core CPU costs (seconds). ``sum_entry`` and ``fresh_element`` were fitted to the namespace-cluster
+    measurements (``bench_scaling.py``, docs/scaling.md); the others come from ``bench_codec.py`` and
+    ``profile_sharing_step.py``."""
 
-    decode_entry: float = 12e-9
-    apply_entry: float = 10e-9
-    bitmap_element: float = 0.52e-9
-    copy_element: float = 0.28e-9
-    add_float: float = 0.25e-9
-    per_message: float = 100e-6
+    decode_entry: float = 12e-9  # per sparse entry decoded into a dense buffer
+    sum_entry: float = 45e-9  # per entry merged into the sparse union sum (sparse_decode_sum), 3.7x decode_entry
+    apply_entry: float = 10e-9  # per entry of params[indices] -= values
+    bitmap_element: float = 0.52e-9  # per element of a decoded bitmap
+    copy_element: float = 0.28e-9  # per float copied or scanned (torch.nonzero)
+    add_float: float = 0.25e-9  # per float added (dense)
+    fresh_element: float = 0.8e-9  # per element of a new zeroed float32 buffer (torch.zeros of a shard or of S_t)
+    per_message: float = 100e-6  # per message handled: parse, validate, Python
 
 
 def message_bytes(params: float, density: float) -> float:
@@ -63,9 +71,13 @@ def message_bytes(params: float, density: float) -> float:
     return min(4 * density * params, params / 4) + HEADER_BYTES
 
 
+def _is_bitmap(params: float, density: float) -> bool:
+    return 4 * density * params > params / 4
+
+
 def _decode_s(params: float, density: float, rates: Rates) -> float:
     k = density * params
-    return k * rates.decode_entry if 4 * k <= params / 4 else params * rates.bitmap_element
+    return params * rates.bitmap_element if _is_bitmap(params, density) else k * rates.decode_entry
 
 
 def dense_ring_s(workers: int, params: float, link: Link, rates: Rates = Rates()) -> float:
@@ -79,8 +91,13 @@ def dense_ring_s(workers: int, params: float, link: Link, rates: Rates = Rates()
 def all_gather_s(workers: int, params: float, density: float, link: Link, rates: Rates = Rates()) -> float:
     """Seconds for one plain all-gather step: ring transfer of every message, decode of all, apply of the union."""
     union = min(workers * density * params, params)  # no overlap between the workers' entries: the worst case
-    transfer = (workers - 1) * (link.latency + message_bytes(params, density) / link.bandwidth)
-    decode = workers * (rates.per_message + _decode_s(params, density, rates))
+    # two ring all-gathers (the sizes, then the messages padded to the largest)
+    transfer = (workers - 1) * (2 * link.latency + message_bytes(params, density) / link.bandwidth)
+    if _is_bitmap(params, density):  # bitmaps are decoded into a fresh dense sum, applied densely
+        decode = workers * (rates.per_message + _decode_s(params, density, rates))
+        return transfer + decode + params * (rates.fresh_element + rates.add_float)
+    # sparse (the training loop's _exchange_sparse): the N messages merged into a sum at the union's indices
+    decode = workers * (rates.per_message + density * params * rates.sum_entry)
     return transfer + decode + union * rates.apply_entry
 
 
@@ -91,12 +108,17 @@ def sharded_s(workers: int, params: float, density: float, link: Link, rates: Ra
     union = min(workers * density * params, params)
     per_shard = union / workers
     sum_bytes = min(8 * per_shard, 4 * shard) + HEADER_BYTES
-    scatter = 2 * (workers - 1) * link.latency + (workers - 1) / workers * message_bytes(params, density) / link.bandwidth
-    pieces = workers * rates.per_message + _decode_s(params, density, rates)  # N pieces, one message's entries
-    gather = (workers - 1) * (link.latency + sum_bytes / link.bandwidth)
+    scatter = (2 * (workers - 1) * link.latency
+               + (workers - 1) / workers * message_bytes(params, density) / link.bandwidth)
+    # N pieces (one message's entries) decoded into a fresh shard, which is then scanned for its non-zeros
+    pieces = (workers * rates.per_message + _decode_s(params, density, rates)
+              + shard * (rates.fresh_element + rates.copy_element))
+    gather = (workers - 1) * (2 * link.latency + sum_bytes / link.bandwidth)  # two ring all-gathers, as above
     dense_sums = 8 * per_shard > 4 * shard
-    assemble = workers * rates.per_message + (params * rates.copy_element if dense_sums else union * rates.decode_entry)
-    return scatter + pieces + gather + assemble + union * rates.apply_entry
+    # S_t is assembled in a fresh parameter-sized buffer and applied densely, however few entries it has
+    assemble = (workers * rates.per_message + params * rates.fresh_element
+                + (params * rates.copy_element if dense_sums else union * rates.decode_entry))
+    return scatter + pieces + gather + assemble + params * rates.add_float
 
 
 def crossover(first, second, params: float, density: float, link: Link, rates: Rates = Rates(),

@@ -18,7 +18,8 @@ sharded one receives ``~m`` (its pieces) plus the assembled sum, at most ``min(N
 parameters (``m'`` the sparse size of a message, 8 bytes per distinct non-zero element); it decodes N pieces of
 ``P/N`` elements (one message's worth instead of N messages), then assembles the N shard sums, whose entries are the
 union of all messages (the same number the plain exchange applies). It costs more collective rounds (the all-to-all
-of sizes and of pieces, then the all-gather: about three latencies instead of one).
+of sizes and of pieces, then the byte all-gather of the sums: four collectives where the plain exchange has two,
+about twice the latency).
 So it wins when many workers send messages that overlap or approach dense size (``N*m`` well above ``4*P``), or
 when the decode of N full messages dominates the step; with few workers or tiny messages the extra round trip
 costs more than it saves. ``topology="auto"`` switches to it above ``shard_above_workers`` workers; the cost
