@@ -18,8 +18,9 @@ aim, 1e-2 its upper band), link bandwidth ``B`` bytes/s per direction and a per-
   ``2 (N-1)`` latency steps), each worker decodes its shard's ``N`` pieces (``~k`` entries in all) into a fresh
   shard buffer and encodes the shard sum (``s`` bytes: sparse ``8 u`` for ``u = min(k, L/N)`` distinct entries
   when messages do not overlap, or dense ``4 L/N``, whichever is smaller), then the byte all-gather of the ``N``
-  shard sums (``2 (N-1)`` latencies, ``(N-1) s`` bytes), assembled in a fresh parameter-sized buffer ``S_t`` and
-  applied densely.
+  shard sums (``2 (N-1)`` latencies, ``(N-1) s`` bytes); a union of at most 1/8 of the parameters stays values at
+  its indices and is applied there, a larger one (or dense shard sums) is assembled in a fresh parameter-sized
+  buffer ``S_t`` and applied densely.
 
 Constants (``Rates``) are per core of the development VM: per-entry decode and apply, per bitmap element and the
 per-message cost from ``bench_codec.py`` and ``profile_sharing_step.py``; the union merge (``sum_entry``) and the
@@ -37,6 +38,10 @@ from dataclasses import dataclass
 
 __all__ = ["Link", "Rates", "dense_ring_s", "all_gather_s", "sharded_s", "crossover", "message_bytes",
            "HEADER_BYTES"]
+
+#: torchspark.training.sharded_exchange.SPARSE_APPLY_MAX_FRACTION: a sharded step applies S_t at its indices while
+#: it has at most this fraction of the parameters non-zero, densely beyond
+SPARSE_APPLY_MAX_FRACTION = 1 / 8
 
 #: bytes of an encoded message's header (``torchspark.encoding.wire``) plus the flag byte
 HEADER_BYTES = 29
@@ -115,10 +120,12 @@ def sharded_s(workers: int, params: float, density: float, link: Link, rates: Ra
               + shard * (rates.fresh_element + rates.copy_element))
     gather = (workers - 1) * (2 * link.latency + sum_bytes / link.bandwidth)  # two ring all-gathers, as above
     dense_sums = 8 * per_shard > 4 * shard
-    # S_t is assembled in a fresh parameter-sized buffer and applied densely, however few entries it has
-    assemble = (workers * rates.per_message + params * rates.fresh_element
-                + (params * rates.copy_element if dense_sums else union * rates.decode_entry))
-    return scatter + pieces + gather + assemble + params * rates.add_float
+    if dense_sums or union > params * SPARSE_APPLY_MAX_FRACTION:  # a fresh parameter-sized S_t, applied densely
+        assemble = workers * rates.per_message + params * (rates.fresh_element + rates.copy_element)
+        return scatter + pieces + gather + assemble + params * rates.add_float
+    # sparse shard sums: S_t stays values at the union's indices, applied there (no parameter-sized buffer)
+    assemble = workers * rates.per_message + union * rates.decode_entry
+    return scatter + pieces + gather + assemble + union * rates.apply_entry
 
 
 def crossover(first, second, params: float, density: float, link: Link, rates: Rates = Rates(),

@@ -10,11 +10,12 @@ import torch
 import torch.distributed as dist
 
 
+
 def run_rank(rank: int, world: int, port: int, shared_memory: bool, timeout_case: bool, out: Any) -> None:
     import sys
 
     sys.path.insert(0, __file__.rsplit("/", 1)[0].rsplit("/", 1)[0] + "/unit")
-    from test_sharded_exchange import _payload
+    from test_sharded_exchange import _applied, _payload
 
     import numpy as np
 
@@ -52,10 +53,8 @@ def run_rank(rank: int, world: int, port: int, shared_memory: bool, timeout_case
             plain = _exchange(comm, payload, 1001, "cpu")
             sharded = sharded_exchange(comm, payload, 1001, "cpu")
             report["active"].append((plain.active, sharded.active))
-            report["same"].append(None if plain.total is None else plain.total.numpy().tobytes() ==
-                                  (sharded.total.numpy().tobytes() if sharded.total is not None else None))
-            report.setdefault("digests", []).append(
-                None if sharded.total is None else sharded.total.numpy().tobytes())
+            report["same"].append(None if plain.total is None else _applied(plain, 1001) == _applied(sharded, 1001))
+            report.setdefault("digests", []).append(None if sharded.total is None else _applied(sharded, 1001))
     finally:
         out.put(report)
         comm.close()

@@ -38,16 +38,30 @@ def test_all_gather_of_bitmaps_sums_into_a_fresh_dense_buffer() -> None:
 
 
 def test_sharded_matches_the_formula_by_hand() -> None:
-    rates = M.Rates(decode_entry=10e-9, copy_element=1e-9, add_float=0.5e-9, fresh_element=2e-9, per_message=1e-4)
+    rates = M.Rates(decode_entry=10e-9, apply_entry=5e-9, copy_element=1e-9, add_float=0.5e-9, fresh_element=2e-9,
+                    per_message=1e-4)
     n, length, k = 4, 1e6, 1e3
     m, shard, union = 4 * k + M.HEADER_BYTES, length / n, n * k
     sums = 8 * union / n + M.HEADER_BYTES  # sparse shard sums: 8 bytes per entry beat the dense 4 L / N
     expected = (2 * 3 * 50e-6 + 3 / 4 * m / 125e6  # all-to-all of sizes and pieces
                 + n * 1e-4 + k * 10e-9 + shard * (2e-9 + 1e-9)  # pieces decoded into a fresh shard, scanned
                 + 3 * (2 * 50e-6 + sums / 125e6)  # all-gather of the shard sums
-                + n * 1e-4 + length * 2e-9 + union * 10e-9  # assembled in a fresh dense S_t
-                + length * 0.5e-9)  # applied densely
+                + n * 1e-4 + union * 10e-9  # S_t kept as values at the union's indices
+                + union * 5e-9)  # applied there
     assert M.sharded_s(n, length, 1e-3, LINK, rates) == pytest.approx(expected)
+
+
+def test_sharded_with_dense_shard_sums_assembles_a_fresh_buffer() -> None:
+    rates = M.Rates(bitmap_element=1e-9, copy_element=1e-9, add_float=0.5e-9, fresh_element=2e-9, per_message=1e-4)
+    n, length = 4, 1e6
+    m, shard = length / 4 + M.HEADER_BYTES, length / n  # 20% density: bitmap messages, dense shard sums
+    sums = 4 * shard + M.HEADER_BYTES
+    expected = (2 * 3 * 50e-6 + 3 / 4 * m / 125e6
+                + n * 1e-4 + length * 1e-9 + shard * (2e-9 + 1e-9)
+                + 3 * (2 * 50e-6 + sums / 125e6)
+                + n * 1e-4 + length * (2e-9 + 1e-9)  # assembled in a fresh dense S_t
+                + length * 0.5e-9)  # applied densely
+    assert M.sharded_s(n, length, 0.2, LINK, rates) == pytest.approx(expected)
 
 
 def test_messages_switch_to_the_bitmap_when_it_is_smaller() -> None:
@@ -71,6 +85,6 @@ def test_crossover_is_the_first_worker_count_where_the_second_is_faster() -> Non
     assert n is not None
     assert M.sharded_s(n, 3.7e6, 1e-2, LINK) < M.all_gather_s(n, 3.7e6, 1e-2, LINK)
     assert M.sharded_s(n - 1, 3.7e6, 1e-2, LINK) >= M.all_gather_s(n - 1, 3.7e6, 1e-2, LINK)
-    # denser messages shard sooner; tiny ones never within the limit
-    assert M.crossover(M.all_gather_s, M.sharded_s, 3.7e6, 0.1, LINK) < n
+    # sparser messages shard later (0.1%: hundreds of workers); tiny ones never within the limit
+    assert M.crossover(M.all_gather_s, M.sharded_s, 3.7e6, 1e-3, LINK, limit=5000) > 10 * n
     assert M.crossover(M.all_gather_s, M.sharded_s, 3.7e6, 1e-4, LINK, limit=2000) is None

@@ -76,6 +76,19 @@ def _bits(t: torch.Tensor | None) -> bytes | None:
     return None if t is None else t.numpy().tobytes()
 
 
+def _applied(result, length: int) -> bytes:
+    """The parameters after the training loop's ``_apply`` of ``result`` to a fixed start (the exchanges'
+    contract: the same parameters, whether the sum comes dense or as values at ascending indices)."""
+    params = torch.linspace(-1.0, 1.0, length)
+    if result.total is not None:
+        if result.indices is not None:
+            assert bool((result.indices[1:] > result.indices[:-1]).all())  # ascending, unique
+            params[result.indices] -= result.total
+        else:
+            params -= result.total
+    return params.numpy().tobytes()
+
+
 @pytest.mark.parametrize("world", [1, 2, 3, 5])
 @pytest.mark.parametrize("length", [1, 7, 64, 1001])
 def test_sharded_is_bit_identical_to_all_gather(world: int, length: int) -> None:
@@ -88,7 +101,7 @@ def test_sharded_is_bit_identical_to_all_gather(world: int, length: int) -> None
         sharded = _run(world, lambda c: sharded_exchange(c, payloads[c.rank], length, "cpu"))
         for p, s in zip(plain, sharded):
             assert s.active == p.active == sum(k != "inactive" for k in mix)
-            assert _bits(s.total) == _bits(p.total), (mix, length)
+            assert _applied(s, length) == _applied(p, length), (mix, length)
             assert (s.total is None) == all(k in ("empty", "inactive") for k in mix)
 
 
@@ -109,7 +122,25 @@ def test_sharded_sums_collide_exactly() -> None:
     for data in reversed(payloads):
         decode(from_bytes(data[1:]), reversed_sum)
     assert not torch.equal(reversed_sum, plain[0].total)  # the order matters for these values ...
-    assert all(_bits(s.total) == _bits(plain[0].total) for s in sharded)  # ... and sharding keeps it
+    assert all(_applied(s, length) == _applied(plain[0], length) for s in sharded)  # ... and sharding keeps it
+    assert all(s.indices is None for s in sharded)  # 90% density: the shard sums travel (and apply) dense
+
+
+def test_sparse_shard_sums_apply_at_their_indices_only() -> None:
+    """Sparse messages: every rank gets S_t as values at the union of the sent indices (no parameter-sized buffer),
+    the same parameters after applying as the plain exchange's dense sum."""
+    length, world = 1000, 3
+    payloads = []
+    for r in range(world):
+        signed = torch.tensor([1 + 7 * r, 500, 999 - r], dtype=torch.int32) * (1 if r % 2 else -1)
+        payloads.append(b"\x01" + to_bytes(EncodedUpdate("sparse", length, 0.25, signed, 3)))
+    plain = _run(world, lambda c: _exchange(c, payloads[c.rank], length, "cpu"))
+    sharded = _run(world, lambda c: sharded_exchange(c, payloads[c.rank], length, "cpu"))
+    nonzero = torch.nonzero(plain[0].total.view(torch.int32)).squeeze(1)  # where the dense sum is not +0.0
+    assert 3 <= nonzero.numel() < 10
+    for s in sharded:
+        assert s.indices is not None and torch.equal(s.indices, nonzero)
+        assert _applied(s, length) == _applied(plain[0], length)
 
 
 @pytest.mark.parametrize("bad", [b"\x02", b"\x00junk", b"\x01TSEUgarbage"])
