@@ -322,6 +322,25 @@ def run_one(cluster: Any, slowdown: str, rep: int, ks: list[str], data_file: str
     return record
 
 
+#: settings that must match for two invocations' records to be summarised together
+_SAME = ("ks", "epochs", "n_train", "target", "rate", "delay")
+
+
+def appended_to(doc: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """``--append``: the records of the results file so far, then this run's (same settings required)."""
+    if not os.path.exists(args.out):
+        return doc
+    with open(args.out) as f:
+        prior = json.load(f)
+    differ = [k for k in _SAME if prior.get("args", {}).get(k) != getattr(args, k)]
+    if differ:
+        raise SystemExit(f"--append: {args.out} was measured with other {differ}; use the same settings or a new --out")
+    earlier = prior.get("invocations", []) or [{k: prior.get(k) for k in ("started", "load_start", "load_end",
+                                                                          "elapsed_s", "source")}
+                                               | {"slowdowns": prior["args"]["slowdowns"]}]
+    return {**doc, "records": prior["records"], "invocations": earlier, "started": prior.get("started")}
+
+
 def orchestrate(args: argparse.Namespace) -> None:
     from cluster_harness import NetnsCluster
 
@@ -335,6 +354,8 @@ def orchestrate(args: argparse.Namespace) -> None:
     watch = C.SourceWatch()
     doc: dict[str, Any] = {"args": vars(args), "machine": C.machine_info(), "load_start": C.load_average(),
                            "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "records": []}
+    if args.append:
+        doc = appended_to(doc, args)
     t_all = time.perf_counter()
     workdir = tempfile.mkdtemp(prefix="torchspark-bench-straggler-")
     os.chmod(workdir, 0o755)
@@ -353,6 +374,11 @@ def orchestrate(args: argparse.Namespace) -> None:
                     order = slowdowns if rep % 2 == 0 else slowdowns[::-1]
                     k_order = ks[rep % len(ks):] + ks[:rep % len(ks)]
                     for slowdown in order:
+                        last = max((r["driver_wall_s"] for r in doc["records"]), default=0.0)
+                        if time.perf_counter() - t_all + last > args.max_minutes * 60:
+                            C.log(f"skipping rep {rep} {slowdown}: it would end past --max-minutes {args.max_minutes}")
+                            doc.setdefault("skipped", []).append({"rep": rep, "slowdown": slowdown})
+                            continue
                         C.log(f"rep {rep}: slowdown {slowdown}, k order {k_order}")
                         doc["records"].append(run_one(cluster, slowdown, rep, k_order, data_file, args, workdir))
                         if not args.no_write:
@@ -362,6 +388,11 @@ def orchestrate(args: argparse.Namespace) -> None:
         doc["elapsed_s"] = time.perf_counter() - t_all
         doc["load_end"] = C.load_average()
         doc["source"] = watch.note()
+        if "invocations" in doc:
+            doc["invocations"].append({"started": time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(time.time()
+                                       - doc["elapsed_s"])), "load_start": doc["load_start"], "load_end":
+                                       doc["load_end"], "elapsed_s": doc["elapsed_s"], "source": doc["source"],
+                                       "slowdowns": args.slowdowns})
         doc["summary"] = summarise(doc, args)
         if not args.no_write:
             save_results(doc, args.out)
@@ -476,6 +507,7 @@ def report(doc: dict[str, Any], args: argparse.Namespace) -> str:
         if rec["slowdown"] != "none":
             applied.setdefault(rec["slowdown"], []).append(
                 {"foreign_cpu_cores": round(rec.get("foreign_cpu_cores") or 0, 2),
+                 "host2_worker_in_cgroup": [_in_cgroup(rec, run["epochs"]) for run in rec["runs"]],
                  **{k: a.get(k) for k in ("processes_in_cgroup", "processes_outside", "throttled_s", "cgroup_removed",
                                        "slow_fraction", "switches") if k in a}})
     lines = [
@@ -488,6 +520,7 @@ def report(doc: dict[str, Any], args: argparse.Namespace) -> str:
         "\nSlowdowns as applied (per repetition): " + json.dumps(applied),
     ]
     errors = [f"- {r['slowdown']} rep {r['rep']}: {r['error']}" for r in doc["records"] if r.get("error")]
+    errors += [f"- {s['slowdown']} rep {s['rep']}: not run (time limit)" for s in doc.get("skipped", [])]
     if errors:
         lines.append("\nErrors:\n" + "\n".join(errors))
     return "\n".join(lines)
@@ -510,8 +543,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--flap-fast-s", default="0.6,2.0", help="flapping: normal phase length range, s")
     p.add_argument("--epoch-limit-s", type=float, default=90.0, help="hard limit per epoch (driver timeout)")
     p.add_argument("--startup-s", type=float, default=180.0, help="driver start-up allowance")
+    p.add_argument("--max-minutes", type=float, default=25.0,
+                   help="start no driver that would (judging by the previous one) end after this many minutes")
     p.add_argument("--out", default=RESULTS)
     p.add_argument("--no-write", action="store_true", help="print only; do not write the results JSON")
+    p.add_argument("--append", action="store_true",
+                   help="add this run's records to the --out file's (same ks, epochs, n-train, target, link)")
     p.add_argument("--role", default="orchestrator", choices=["orchestrator", "driver"], help=argparse.SUPPRESS)
     p.add_argument("--data", help=argparse.SUPPRESS)
     p.add_argument("--slowed-netns", help=argparse.SUPPRESS)

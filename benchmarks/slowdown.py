@@ -248,11 +248,22 @@ class CpuQuota:
             f.write(value)
 
 
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            raw = f.read()
+        return raw[raw.rfind(")") + 2:].split()[0]  # R, S, Z (exited, not reaped) ...
+    except OSError:
+        return "gone"
+
+
 def membership(quota: CpuQuota, netns: str) -> dict[str, Any]:
-    """Which processes of ``netns`` are in ``quota``'s cgroup: ``{"in": [comm...], "out": [comm...]}``."""
+    """Which processes of ``netns`` are in ``quota``'s cgroup: ``{"in": [comm...], "out": ["comm (pid, state)"...]}``
+    (a process that has exited but is not reaped yet, state Z, may no longer show its cgroup)."""
     pids = pids_in_netns(netns)
     inside = [p for p in pids if quota.contains(p)]
-    return {"in": sorted(_comm(p) for p in inside), "out": sorted(_comm(p) for p in pids if p not in inside)}
+    return {"in": sorted(_comm(p) for p in inside),
+            "out": sorted(f"{_comm(p)} ({p}, {_state(p)})" for p in pids if p not in inside)}
 
 
 class PeerLinkShaper:

@@ -182,7 +182,7 @@ def test_peer_link_shaper_slows_host_to_host_traffic_only_and_cpu_quota_takes_a_
                 with CpuQuota(0.5, name=f"torchspark-test-host-{os.getpid()}") as quota:
                     quota.add(pids_in_netns(h2.netns))
                     seen = membership(quota, h2.netns)
-                    assert seen["in"] == ["sleep"] and seen["out"] == []
+                    assert seen["in"] == ["sleep"] and seen["out"] == [], seen
                     assert membership(quota, h1.netns)["in"] == []
             finally:
                 sleeper.kill()
