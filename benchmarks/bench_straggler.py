@@ -489,7 +489,8 @@ def report(doc: dict[str, Any], args: argparse.Namespace) -> str:
         return "-" if v is None or v != v else f"{v:.{digits}f} [{row.get(key + '_range', '')}]"
 
     headers = ["slowdown of host 2", "k", "train s/epoch", "wall s/epoch", f"train s to {args.target:.0%}",
-               "reached", "test acc per epoch", "exchange s: host 2 / host 1 (mean)", "max lag", "replica div",
+               "reached", "test acc per epoch", "in exchange, s per worker over all epochs: host 2 / host 1 (mean)",
+               "max lag", "replica div",
                "msgs sent/applied (rep 1)"]
     rows = []
     for r in doc["summary"]:
@@ -514,8 +515,11 @@ def report(doc: dict[str, Any], args: argparse.Namespace) -> str:
         f"## Stragglers: bounded staleness on a 2-host namespace cluster ({doc.get('started')})\n",
         f"Link: {doc.get('link')}. {args.epochs} epochs of {doc['data']['n_train']} examples "
         f"(2 workers x {B.BATCH_PER_WORKER}), one fit per epoch; medians over {args.reps} repetitions "
-        f"[min-max]. Load average start {doc['load_start']}, end {doc.get('load_end')}. Run time "
-        f"{doc.get('elapsed_s', 0) / 60:.1f} min. {doc.get('source', '')}\n",
+        f"[min-max]. " + ("; ".join(f"Run of {i['slowdowns']} from {i['started']}: load average {i['load_start']} "
+                                    f"-> {i['load_end']}, {i['elapsed_s'] / 60:.1f} min. {i['source']}"
+                                    for i in doc["invocations"]) if doc.get("invocations") else
+                          f"Load average start {doc['load_start']}, end {doc.get('load_end')}. Run time "
+                          f"{doc.get('elapsed_s', 0) / 60:.1f} min. {doc.get('source', '')}") + "\n",
         C.markdown_table(headers, rows),
         "\nSlowdowns as applied (per repetition): " + json.dumps(applied),
     ]
