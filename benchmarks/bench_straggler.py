@@ -3,7 +3,8 @@ cluster.
 
 Run (root, ``ip netns``, a cgroup ``cpu`` controller for the CPU slowdowns):
 ``.venv/bin/python benchmarks/bench_straggler.py [--slowdowns none,cpu,cpu-flap,link] [--ks sync,0,1,4] [--reps 2]
-[--epochs 5] [--n-train 4096] [--target 0.85] [--no-write]``
+[--epochs 4] [--n-train 4096] [--target 0.8] [--append] [--no-write]`` (the defaults; about 22 minutes for 4
+slowdowns x 2 repetitions on 2 cores; ``--append`` adds another invocation's slowdowns to the same results file).
 
 A Spark standalone cluster of 2 namespace hosts x 1 core (``cluster_harness.NetnsCluster``), every host link shaped
 like ``bench_cluster.py``'s ``1gbit`` link (tbf 1 Gbit/s, + netem 0.1 ms when the kernel has it). Host 2 is then
@@ -535,9 +536,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--slowdowns", default="none,cpu,cpu-flap,link", help=f"subset of {', '.join(SLOWDOWNS)}")
     p.add_argument("--ks", default=",".join(KS), help="comma-separated: sync and/or max_staleness values")
     p.add_argument("--reps", type=int, default=2)
-    p.add_argument("--epochs", type=int, default=5)
+    p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--n-train", type=int, default=4096)
-    p.add_argument("--target", type=float, default=0.85)
+    p.add_argument("--target", type=float, default=0.8)
     p.add_argument("--rate", default="1gbit", help="every host link's rate")
     p.add_argument("--delay", default="0.1ms", help="every host link's netem delay (dropped without netem)")
     p.add_argument("--cpu-quota", type=float, default=0.5, help="cpu: host 2's share of one CPU")
