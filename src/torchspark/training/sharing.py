@@ -27,8 +27,8 @@ all-gather of 8 bytes per worker, and every worker starts from their geometric m
 (:func:`~torchspark.encoding.agree_threshold`), computed in rank order from the same gathered bytes: all workers
 use one threshold, as if one process had calibrated. A restored threshold state (next fit) is never recalibrated.
 
-Staleness (``overlap=True``, the default). The exchange of step ``t`` (gather + decode) runs on a background thread
-while step ``t+1`` computes, and ``S_t`` is applied right after ``u_{t+1}`` is encoded, before step ``t+2``
+Staleness (``overlap=True``, the default). The exchange of step ``t`` (the all-gather; with the sharded topology
+also its decoding) runs on a background thread while step ``t+1`` computes, and ``S_t`` is applied right after ``u_{t+1}`` is encoded, before step ``t+2``
 computes. So the parameters used to compute ``u_{t+1}`` contain ``S_0 .. S_{t-1}`` but not ``S_t``: every update is
 computed from parameters missing exactly the most recent step (staleness one step, never more). In order::
 
@@ -36,7 +36,8 @@ computed from parameters missing exactly the most recent step (staleness one ste
 
 With ``overlap=False`` the loop is synchronous: exchange ``t``, apply ``S_t``, then compute ``u_{t+1}`` (no
 staleness). Either way every worker applies the same sequence ``S_0, S_1, ...``. Only the background thread issues
-collectives during an epoch (one single-thread executor per epoch), the main thread only computes and applies.
+collectives during an epoch (one single-thread executor per epoch), the main thread only computes, decodes and
+applies (:func:`_exchange_phases` says why it decodes).
 
 Bounded staleness (``max_staleness=k``, default None = the loop described here): a worker applies its peers'
 messages as they arrive and waits only when it is more than ``k`` steps ahead of its slowest peer; the replicas are
@@ -77,7 +78,7 @@ import struct
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -321,7 +322,7 @@ class SharingAlgorithm:
         exhausted = False
         rec = hooks.recorder
         n = net.num_params()
-        exchange = _exchange_function(self.settings, comm.world_size)
+        transport, finish = _exchange_phases(self.settings, comm.world_size, n, net.device)
         executor = ThreadPoolExecutor(1, thread_name_prefix="torchspark-sharing-exchange") \
             if self.settings.overlap else None
         pending: Future[_Round] | None = None
@@ -330,7 +331,7 @@ class SharingAlgorithm:
             if resumed is not None:  # a checkpoint's in-flight step goes out first, as it did before the cut
                 if executor is None:
                     raise TrainingError("a checkpoint taken with overlap=True cannot resume with overlap=False")
-                pending = executor.submit(exchange, comm, resumed, n, net.device)
+                pending = executor.submit(transport, comm, resumed)
                 state.bytes_sent += len(resumed)
                 out.rounds += 1
             while True:
@@ -351,16 +352,16 @@ class SharingAlgorithm:
                 # 3 + 4: exchange, decode in rank order, apply
                 if executor is None:
                     with rec.phase("exchange"):
-                        done = _apply(net, exchange(comm, payload, n, net.device))
+                        done = _apply(net, finish(transport(comm, payload)))
                 else:
                     if pending is not None:
                         with rec.phase("exchange"):
                             in_flight, pending = pending, None  # _shutdown must not wait on it again
-                            if _apply(net, in_flight.result()):
+                            if _apply(net, finish(in_flight.result())):
                                 break  # every worker was inactive in the previous round, so is in this one
                     if hooks.checkpoint is not None:  # the cut: S_{t-1} applied, this step's payload not yet sent
                         hooks.checkpoint(out, *self._cut_state(state, payload))
-                    pending = executor.submit(exchange, comm, payload, n, net.device)
+                    pending = executor.submit(transport, comm, payload)
                     done = False
                 state.bytes_sent += len(payload)
                 out.rounds += 1
@@ -600,7 +601,12 @@ def _exchange_sparse(comm: Communicator, payload: bytes, length: int, device: to
     """:func:`_exchange` for the training loop: when every message of the round is sparse (or empty) and the
     parameters live on the CPU, the sum is kept at the union of the messages' indices only (``_Round.indices``), so
     no parameter-sized buffer is zeroed, decoded into and subtracted; same values, same order of additions."""
-    active, messages = _gather_messages(comm, payload, length)
+    return _round_from_gathered(comm.all_gather_bytes(payload), length, device)
+
+
+def _round_from_gathered(gathered: list[bytes], length: int, device: torch.device | str) -> _Round:
+    """The second half of :func:`_exchange_sparse`: parse the gathered payloads and sum them."""
+    active, messages = _parse_gathered(gathered, length)
     if torch.device(device).type != "cpu" or any(m.format == "bitmap" for m in messages):
         return _Round(active, _dense_sum(messages, length, device))
     sparse = [m for m in messages if m.format == "sparse"]
@@ -612,7 +618,11 @@ def _exchange_sparse(comm: Communicator, payload: bytes, length: int, device: to
 
 def _gather_messages(comm: Communicator, payload: bytes, length: int) -> tuple[int, list[EncodedUpdate]]:
     """Step 3: all-gather the payloads; returns the number of active workers and their messages in rank order."""
-    gathered = comm.all_gather_bytes(payload)
+    return _parse_gathered(comm.all_gather_bytes(payload), length)
+
+
+def _parse_gathered(gathered: list[bytes], length: int) -> tuple[int, list[EncodedUpdate]]:
+    """The gathered payloads as (active workers, their messages in rank order); EncodingError for a bad one."""
     active = 0
     messages = []
     for rank, data in enumerate(gathered):
@@ -651,6 +661,22 @@ def _exchange_function(settings: SharingSettings, world_size: int) -> Any:
         from torchspark.training.sharded_exchange import sharded_exchange  # imports this module
         return sharded_exchange
     return _exchange_sparse  # the dense _exchange is its reference (same parameters after _apply)
+
+
+def _exchange_phases(settings: SharingSettings, world_size: int, length: int, device: torch.device | str
+                     ) -> tuple[Callable[[Communicator, bytes], Any], Callable[[Any], _Round]]:
+    """This fit's exchange as ``(transport, finish)``: ``finish(transport(comm, payload))`` is
+    :func:`_exchange_function`'s exchange. With ``overlap`` the transport runs on the exchange thread and ``finish``
+    on the training thread. For all-gather the transport is the all-gather alone (the thread only waits on the
+    wire, where it does not hold the GIL) and the parsing, summing and applying run on the training thread between
+    steps, instead of competing with it for the GIL: +11% samples/s for the MLP benchmark's sharing on 2 workers
+    (6 paired runs). The sharded exchange interleaves its decoding with two collectives, so it runs whole on the
+    thread."""
+    if _topology(settings, world_size) == "sharded":
+        exchange = _exchange_function(settings, world_size)
+        return (lambda comm, payload: exchange(comm, payload, length, device)), (lambda result: result)
+    return (lambda comm, payload: comm.all_gather_bytes(payload)), \
+        (lambda gathered: _round_from_gathered(gathered, length, device))
 
 
 def _apply(net: Network, result: _Round) -> bool:
