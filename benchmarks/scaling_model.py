@@ -123,7 +123,9 @@ def sharded_s(workers: int, params: float, density: float, link: Link, rates: Ra
     gather = (workers - 1) * (2 * link.latency + sum_bytes / link.bandwidth)  # two ring all-gathers, as above
     dense_sums = 8 * per_shard > 4 * shard
     if dense_sums or union > params * SPARSE_APPLY_MAX_FRACTION:  # a fresh parameter-sized S_t, applied densely
-        assemble = workers * rates.per_message + params * (rates.fresh_element + rates.copy_element)
+        # dense shard sums are copied in; sparse ones scattered at their indices (measured: not free, see the doc)
+        fill = params * rates.copy_element if dense_sums else union * rates.decode_entry
+        assemble = workers * rates.per_message + params * rates.fresh_element + fill
         return scatter + pieces + gather + assemble + params * rates.add_float
     # sparse shard sums: S_t stays values at the union's indices, applied there (no parameter-sized buffer)
     assemble = workers * rates.per_message + union * rates.decode_entry
