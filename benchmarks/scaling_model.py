@@ -62,7 +62,9 @@ class Rates:
     ``profile_sharing_step.py``."""
 
     decode_entry: float = 12e-9  # per sparse entry decoded into a dense buffer
-    sum_entry: float = 45e-9  # per entry merged into the sparse union sum (sparse_decode_sum), 3.7x decode_entry
+    # per entry merged into the sparse union sum (sparse_decode_sum; stable-sort kernel): the cluster's per-entry
+    # thread CPU (52.5 ns) less apply and framing, in-process 19-43 ns at L = 3.7 M (the np.unique kernel: 45e-9)
+    sum_entry: float = 38e-9
     apply_entry: float = 10e-9  # per entry of params[indices] -= values
     bitmap_element: float = 0.52e-9  # per element of a decoded bitmap
     copy_element: float = 0.28e-9  # per float copied or scanned (torch.nonzero)
@@ -121,7 +123,9 @@ def sharded_s(workers: int, params: float, density: float, link: Link, rates: Ra
     gather = (workers - 1) * (2 * link.latency + sum_bytes / link.bandwidth)  # two ring all-gathers, as above
     dense_sums = 8 * per_shard > 4 * shard
     if dense_sums or union > params * SPARSE_APPLY_MAX_FRACTION:  # a fresh parameter-sized S_t, applied densely
-        assemble = workers * rates.per_message + params * (rates.fresh_element + rates.copy_element)
+        # dense shard sums are copied in; sparse ones scattered at their indices (measured: not free, see the doc)
+        fill = params * rates.copy_element if dense_sums else union * rates.decode_entry
+        assemble = workers * rates.per_message + params * rates.fresh_element + fill
         return scatter + pieces + gather + assemble + params * rates.add_float
     # sparse shard sums: S_t stays values at the union's indices, applied there (no parameter-sized buffer)
     assemble = workers * rates.per_message + union * rates.decode_entry

@@ -88,3 +88,18 @@ def test_crossover_is_the_first_worker_count_where_the_second_is_faster() -> Non
     # sparser messages shard later (0.1%: hundreds of workers); tiny ones never within the limit
     assert M.crossover(M.all_gather_s, M.sharded_s, 3.7e6, 1e-3, LINK, limit=5000) > 10 * n
     assert M.crossover(M.all_gather_s, M.sharded_s, 3.7e6, 1e-4, LINK, limit=2000) is None
+
+
+def test_sharded_scatters_sparse_shard_sums_into_a_fresh_buffer_above_the_sparse_apply_fraction() -> None:
+    rates = M.Rates(decode_entry=10e-9, apply_entry=5e-9, copy_element=1e-9, add_float=0.5e-9, fresh_element=2e-9,
+                    per_message=1e-4)
+    n, length, density = 4, 1e6, 0.05  # union 20% > 1/8, but 8 bytes per entry still beat the dense shard
+    k, shard = density * length, length / n
+    m, union = 4 * k + M.HEADER_BYTES, n * k
+    sums = 8 * union / n + M.HEADER_BYTES
+    expected = (2 * 3 * 50e-6 + 3 / 4 * m / 125e6
+                + n * 1e-4 + k * 10e-9 + shard * (2e-9 + 1e-9)
+                + 3 * (2 * 50e-6 + sums / 125e6)
+                + n * 1e-4 + length * 2e-9 + union * 10e-9  # fresh dense S_t, the sums scattered at their indices
+                + length * 0.5e-9)  # applied densely
+    assert M.sharded_s(n, length, density, LINK, rates) == pytest.approx(expected)
