@@ -148,3 +148,29 @@ def test_prefetch_buffer_bounds_how_far_a_one_shot_iterable_is_read_ahead(tmp_pa
     assert at_first_full, f"no worker queue was ever full; the iterable was read {len(drawn)} minibatches ahead"
     assert prefetch * WORKERS + 1 <= at_first_full[0] <= (prefetch + 2) * WORKERS
     assert len(drawn) == 40 and sum(r.examples for r in wrapper.last_results) == 40 * BATCH
+
+
+
+def test_options_set_after_construction_take_effect_or_are_refused() -> None:
+    """``pw.collect_training_stats = True`` after construction (DL4J's setter style) rebuilds the master: the next
+    fit records stats (None before); a bad value raises ConfigError and changes nothing; with a master of one's own
+    the wrapper refuses instead of silently ignoring the option."""
+    from torchspark.errors import ConfigError
+    from torchspark.training import ParameterAveragingTrainingMaster
+
+    data = datasets.synthetic_classification(64, 12, 3, seed=0)
+    wrapper = ParallelWrapper(_mlp(), workers=WORKERS, progress=False, threads_per_worker=1)
+    wrapper.fit(data, epochs=1, batch_size=BATCH)
+    assert wrapper.training_stats is None
+    wrapper.collect_training_stats = True
+    assert wrapper.master.collect_training_stats
+    wrapper.fit(data, epochs=1, batch_size=BATCH)
+    assert wrapper.training_stats is not None and wrapper.training_stats.summary()["examples"] == 64
+    with pytest.raises(ConfigError, match="averaging_frequency"):
+        wrapper.averaging_frequency = 0
+    assert wrapper.averaging_frequency == 5 and wrapper.master.averaging_frequency == 5
+    own = ParallelWrapper(_mlp(), workers=WORKERS, progress=False,
+                          master=ParameterAveragingTrainingMaster(num_workers=WORKERS))
+    with pytest.raises(ConfigError, match="master of your own"):
+        own.collect_training_stats = True
+    own.progress = True  # not a master option: set as before

@@ -318,6 +318,7 @@ class ParallelWrapper:
             raise ConfigError(f"runner must have a run(task, data, context) method (a Runner), got "
                               f"{type(self.runner).__name__}")
         options = {name: getattr(self, name) for name in OPTION_DEFAULTS}
+        object.__setattr__(self, "_options_master", self.master is None)
         if self.master is None:
             self.master = master_from_options(options)
             for name in ("threshold_algorithm", "residual_post_processor"):  # their dict forms, as policy objects
@@ -329,6 +330,21 @@ class ParallelWrapper:
         if self.workers is not None and wanted is not None and self.workers != wanted:
             raise ConfigError(f"workers={self.workers} but the master's num_workers={wanted}; set one of them")
         self._devices = _default_devices(self.workers if self.workers is not None else wanted, self.devices)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Options set after construction (``pw.collect_training_stats = True``, as DL4J's setters) take effect:
+        the master built from the options is rebuilt (and validated, ConfigError for a bad value). With a master of
+        your own, change it there instead: setting the option here is refused rather than ignored."""
+        if name not in OPTION_DEFAULTS or "_options_master" not in self.__dict__:  # __init__, or not an option
+            object.__setattr__(self, name, value)
+            return
+        if not self.__dict__["_options_master"]:
+            raise ConfigError(f"this ParallelWrapper trains with a master of your own: set {name} on that master "
+                              f"(its options are the ones used), not on the wrapper")
+        options = {option: (value if option == name else getattr(self, option)) for option in OPTION_DEFAULTS}
+        master = master_from_options(options)  # validates the new value before anything changes
+        object.__setattr__(self, name, value)
+        object.__setattr__(self, "master", master)
 
     # ------------------------------------------------------------------ public API
     @property
