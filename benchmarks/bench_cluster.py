@@ -638,16 +638,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main() -> None:
-    args = parse_args()
+def run_role(args: argparse.Namespace, driver: Any, orchestrator: Any) -> None:
+    """``--role driver``: one method in this process (its own SparkContext), exit 1 on an error after printing it
+    (the orchestrator reads the partial JSON and this output); otherwise orchestrate the whole run."""
     if args.role == "driver":
         try:
-            driver_main(args)
+            driver(args)
         except Exception:  # noqa: BLE001 - the orchestrator reads the partial JSON and this output
             traceback.print_exc()
             sys.exit(1)
         return
-    orchestrate(args)
+    orchestrator(args)
+
+
+def main() -> None:
+    run_role(parse_args(), driver_main, orchestrate)
 
 
 if __name__ == "__main__":

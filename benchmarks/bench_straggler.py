@@ -54,7 +54,6 @@ import sys
 import tempfile
 import threading
 import time
-import traceback
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -573,15 +572,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main() -> None:
-    args = parse_args()
-    if args.role == "driver":
-        try:
-            driver_main(args)
-        except Exception:  # noqa: BLE001 - the orchestrator reads the partial JSON and this output
-            traceback.print_exc()
-            sys.exit(1)
-        return
-    orchestrate(args)
+    B.run_role(parse_args(), driver_main, orchestrate)
 
 
 if __name__ == "__main__":
