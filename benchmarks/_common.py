@@ -28,6 +28,8 @@ BENCHMARKS_MD = ROOT / "BENCHMARKS.md"
 
 #: Order of the sections in BENCHMARKS.md.
 SECTIONS = ("throughput", "throughput_channels_last", "sharing", "codec", "cluster", "checkpoint")
+#: results files that hold targets of a hand-written part of BENCHMARKS.md (no generated section)
+TARGET_RESULTS = ("small_networks",)
 
 NOTES_START = "<!-- notes:start -->"
 NOTES_END = "<!-- notes:end -->"
@@ -274,7 +276,7 @@ def write_section(name: str, body: str, results: dict[str, Any]) -> None:
 
 def _with_targets(text: str) -> str:
     rows: list[list[Any]] = []
-    for name in SECTIONS:
+    for name in SECTIONS + TARGET_RESULTS:
         path = RESULTS_DIR / f"{name}.json"
         if not path.exists():
             continue
