@@ -28,8 +28,8 @@ all-gather of 8 bytes per worker, and every worker starts from their geometric m
 use one threshold, as if one process had calibrated. A restored threshold state (next fit) is never recalibrated.
 
 Staleness (``overlap=True``, the default). The exchange of step ``t`` (the all-gather; with the sharded topology
-also its decoding) runs on a background thread while step ``t+1`` computes, and ``S_t`` is applied right after ``u_{t+1}`` is encoded, before step ``t+2``
-computes. So the parameters used to compute ``u_{t+1}`` contain ``S_0 .. S_{t-1}`` but not ``S_t``: every update is
+also its decoding) runs on a background thread while step ``t+1`` computes, and ``S_t`` is applied right after
+``u_{t+1}`` is encoded, before step ``t+2`` computes. So the parameters used to compute ``u_{t+1}`` contain ``S_0 .. S_{t-1}`` but not ``S_t``: every update is
 computed from parameters missing exactly the most recent step (staleness one step, never more). In order::
 
     compute u_{t+1} | exchange t in flight  ->  wait S_t, apply S_t  ->  start exchange t+1  ->  compute u_{t+2} ...

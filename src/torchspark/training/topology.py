@@ -15,10 +15,10 @@ __all__ = ["TOPOLOGIES", "DEFAULT_SHARD_ABOVE_WORKERS", "check_topology", "resol
 #: ``topology`` values: ``"auto"`` (sharded above ``shard_above_workers`` workers), ``"all_gather"``, ``"sharded"``.
 TOPOLOGIES: tuple[str, ...] = ("auto", "all_gather", "sharded")
 #: default worker count above which ``topology="auto"`` shards: the cost model of docs/scaling.md (checked on the
-#: namespace cluster at 2-8 hosts) puts the crossover past 1,000 workers at the adaptive threshold's 0.1% aim and
-#: near 20 at its 1% upper band (flat between 16 and 32). 128 is a compromise between the two: at 128 workers
-#: all-gather is still faster at 0.1% (67 vs 91 ms per step at 3.7 M parameters, 1 Gbit/s) while sharded is 2.4x
-#: faster at 1%. Lower it when messages are large (see "When to use which" there)
+#: namespace cluster at 2-8 hosts) puts the crossover near 1,500 workers at the adaptive threshold's 0.1% aim and
+#: near 50 at its 1% upper band (within 17% of all-gather from 8 to 50). 128 is a compromise between the two: at 128
+#: workers all-gather is still faster at 0.1% (63 vs 91 ms per step at 3.7 M parameters, 1 Gbit/s) while sharded is
+#: 2.2x faster at 1%. Lower it when messages are large (see "When to use which" there)
 DEFAULT_SHARD_ABOVE_WORKERS = 128
 
 
