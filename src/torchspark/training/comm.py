@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torchspark.errors import SetupError, WaitTimeout
 from torchspark.training.fifo_barrier import FifoBarrier
 from torchspark.training import shm as _shm
-from torchspark.training.shm import MIN_NUMEL, SharedMemoryReducer
+from torchspark.training.shm import MIN_NUMEL, PostedGathers, SharedMemoryReducer
 
 __all__ = ["Communicator", "SoloCommunicator", "ThreadGroup", "ThreadCommunicator", "TorchDistCommunicator",
            "StagedSum", "staged_sum"]
@@ -230,12 +230,19 @@ class TorchDistCommunicator:
             if self._shm is not None:  # same host: its barriers go through FIFOs when they can (else gloo)
                 self._fifo = FifoBarrier.create(store, rank, world_size, self._all_agree, timeout_s, _shm.SHM_DIR)
                 if self._fifo is not None:
-                    self._shm.set_barrier(self._fifo.wait)
+                    self._shm.set_barrier(self._fifo.wait, self._fifo.arrive, self._fifo.depart)
 
     @property
     def uses_shared_memory(self) -> bool:
         """Whether large sums go through shared memory (all ranks on one host) rather than the network."""
         return self._shm is not None and not self._shm.disabled
+
+    def posted_gathers(self) -> PostedGathers | None:
+        """Split-phase byte gathers (:class:`~torchspark.training.shm.PostedGathers`) when every rank shares this
+        host and its barriers go through FIFOs, else None (on every rank). Collective."""
+        if self._shm is None or self._fifo is None:
+            return None
+        return self._shm.posted_gathers()
 
     def _barrier(self) -> None:
         flag = torch.zeros(1)

@@ -9,6 +9,11 @@ no rank can be more than one barrier ahead, so the bytes of consecutive barriers
 Ordering: the slot data a rank wrote before arriving is visible to a peer that has left the barrier, because the
 kernel orders the pipe write before the peer's read (the pipe's lock is a release/acquire pair).
 
+Split phase (:meth:`FifoBarrier.arrive` now, :meth:`FifoBarrier.depart` later): a rank can do its own work between
+announcing its arrival and waiting for the others (gradient sharing's posted gathers, :class:`~torchspark.training.
+shm.PostedGathers`). The counting argument still holds: a rank arrives at barrier ``b + 1`` only after departing
+from ``b``, so no rank is more than one barrier ahead of any peer.
+
 Waits have the collective timeout (``rendezvous_timeout_s``). When every peer has exited the FIFO reports end of
 file and the wait fails at once (with two workers: as soon as the peer dies); otherwise the runners (Spark's
 barrier stage, ParallelWrapper's supervisor) stop the other workers when one fails, and the timeout covers the
@@ -84,12 +89,23 @@ class FifoBarrier:
         return cls(read_fd, write_fds, world_size, timeout_s)
 
     def wait(self) -> None:
+        """Arrive and wait for every peer: :meth:`arrive` then :meth:`depart`."""
+        self.arrive()
+        self.depart()
+
+    def arrive(self) -> None:
+        """Tell every peer this rank has arrived (never blocks: a pipe holds far more than the one byte per barrier
+        a peer can be behind). Pair every call with one :meth:`depart`, with no other barrier in between."""
         for fd in self._write_fds:
             try:
                 os.write(fd, b"\x01")
             except OSError as e:
                 raise PeerLost(f"a peer worker left the shared-memory barrier ({e}); it has failed or exited") \
                     from e
+
+    def depart(self) -> None:
+        """Wait until every peer has arrived at the barrier this rank last :meth:`arrive`-d at (timeout:
+        ``rendezvous_timeout_s``). Work done between the two calls overlaps the wait for the slowest peer."""
         need = self.world_size - 1
         while need:
             if not self._poll.poll(self.timeout_s * 1000):

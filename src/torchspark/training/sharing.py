@@ -108,6 +108,7 @@ from torchspark.nn.divergence import check_on_divergence, update_divergence
 from torchspark.training.averaging import EpochOutcome
 from torchspark.training.comm import Communicator
 from torchspark.training.hooks import ProgressUpdate, ScoreReport, WorkerHooks
+from torchspark.training.shm import PostedGathers
 from torchspark.training.topology import DEFAULT_SHARD_ABOVE_WORKERS, check_topology, resolve_topology
 
 __all__ = ["SharingSettings", "SharingState", "SharingAlgorithm", "RESIDUAL_KEY", "THRESHOLD_KEY", "WORLD_KEY",
@@ -323,15 +324,17 @@ class SharingAlgorithm:
         rec = hooks.recorder
         n = net.num_params()
         transport, finish = _exchange_phases(self.settings, comm.world_size, n, net.device)
+        posted = _posted_gathers(self.settings, comm)
         executor = ThreadPoolExecutor(1, thread_name_prefix="torchspark-sharing-exchange") \
-            if self.settings.overlap else None
-        pending: Future[_Round] | None = None
+            if self.settings.overlap and posted is None else None
+        overlap = self.settings.overlap
+        pending: Future[Any] | _Posted | None = None
         resumed, state.pending_payload = state.pending_payload, None
         try:
             if resumed is not None:  # a checkpoint's in-flight step goes out first, as it did before the cut
-                if executor is None:
+                if not overlap:
                     raise TrainingError("a checkpoint taken with overlap=True cannot resume with overlap=False")
-                pending = executor.submit(transport, comm, resumed)
+                pending = _send(posted, executor, transport, comm, resumed)
                 state.bytes_sent += len(resumed)
                 out.rounds += 1
             while True:
@@ -350,7 +353,7 @@ class SharingAlgorithm:
                 else:
                     payload = self._compute_and_encode(state, net, batch, out, hooks, comm, epoch, calibrate)
                 # 3 + 4: exchange, decode in rank order, apply
-                if executor is None:
+                if not overlap:
                     with rec.phase("exchange"):
                         done = _apply(net, finish(transport(comm, payload)))
                 else:
@@ -361,17 +364,19 @@ class SharingAlgorithm:
                                 break  # every worker was inactive in the previous round, so is in this one
                     if hooks.checkpoint is not None:  # the cut: S_{t-1} applied, this step's payload not yet sent
                         hooks.checkpoint(out, *self._cut_state(state, payload))
-                    pending = executor.submit(transport, comm, payload)
+                    pending = _send(posted, executor, transport, comm, payload)
                     done = False
                 state.bytes_sent += len(payload)
                 out.rounds += 1
                 if done:
                     break
-                if executor is None and hooks.checkpoint is not None:  # the cut: this step applied everywhere
+                if not overlap and hooks.checkpoint is not None:  # the cut: this step applied everywhere
                     hooks.checkpoint(out, *self._cut_state(state, None))
+            if posted is not None:  # every round collected on every rank: release the segment's halves
+                posted.close()
         finally:
             if executor is not None:
-                _shutdown(executor, pending)
+                _shutdown(executor, pending if isinstance(pending, Future) else None)
         if hooks.progress is not None and out.iterations % hooks.progress_every:  # the epoch's last count
             hooks.progress(ProgressUpdate(comm.rank, epoch, out.iterations, out.examples, out.last_score))
         if hooks.report_score is not None:
@@ -677,6 +682,39 @@ def _exchange_phases(settings: SharingSettings, world_size: int, length: int, de
         return (lambda comm, payload: exchange(comm, payload, length, device)), (lambda result: result)
     return (lambda comm, payload: comm.all_gather_bytes(payload)), \
         (lambda gathered: _round_from_gathered(gathered, length, device))
+
+
+class _Posted:
+    """A round posted through :class:`~torchspark.training.shm.PostedGathers`: ``result()`` collects it (the
+    gathered payloads, as the exchange thread's future would return them)."""
+
+    __slots__ = ("_gathers",)
+
+    def __init__(self, gathers: PostedGathers) -> None:
+        self._gathers = gathers
+
+    def result(self) -> list[bytes]:
+        return self._gathers.collect()
+
+
+def _posted_gathers(settings: SharingSettings, comm: Communicator) -> PostedGathers | None:
+    """Split-phase gathers for this epoch's overlapped all-gather when the communicator has them (every rank on
+    one host, FIFO barriers): the training thread posts its payload and collects the round after computing the
+    next step, with no exchange thread. The same decision on every rank (collective)."""
+    opener = getattr(comm, "posted_gathers", None)
+    if not settings.overlap or opener is None or _topology(settings, comm.world_size) != "all_gather":
+        return None
+    return opener()
+
+
+def _send(posted: PostedGathers | None, executor: ThreadPoolExecutor | None,
+          transport: Callable[[Communicator, bytes], Any], comm: Communicator, payload: bytes) -> Future[Any] | _Posted:
+    """Start exchanging ``payload``: post it (split-phase gathers) or hand it to the exchange thread."""
+    if posted is not None:
+        posted.post(payload)
+        return _Posted(posted)
+    assert executor is not None
+    return executor.submit(transport, comm, payload)
 
 
 def _apply(net: Network, result: _Round) -> bool:

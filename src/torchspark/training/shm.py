@@ -34,9 +34,10 @@ from typing import Any, Callable
 
 import torch
 
+from torchspark.errors import TrainingError
 from torchspark.training.netif import host_identity
 
-__all__ = ["SharedMemoryReducer", "SHM_DIR", "MIN_NUMEL", "GATHER_MIN_BYTES", "host_id"]
+__all__ = ["SharedMemoryReducer", "PostedGathers", "SHM_DIR", "MIN_NUMEL", "GATHER_MIN_BYTES", "host_id"]
 
 log = logging.getLogger(__name__)
 
@@ -68,19 +69,27 @@ class _Segment:
         self.out = whole[world * capacity :]
         self.raw = memoryview(mm)  # the slots as bytes, for gathers
 
-    def write_message(self, rank: int, payload: bytes, with_body: bool) -> None:
-        """Slot ``rank`` := ``[len(payload)][payload]`` (the body only when ``with_body``)."""
-        base = rank * self.capacity * 4
+    def write_message(self, rank: int, payload: bytes, with_body: bool, half: int | None = None) -> None:
+        """Slot ``rank`` := ``[len(payload)][payload]`` (the body only when ``with_body``); with ``half`` (0 or 1)
+        into that half of the slot instead (:class:`PostedGathers`)."""
+        base = self._base(rank, half)
         _LEN.pack_into(self.raw, base, len(payload))
         if with_body:
             self.raw[base + _LEN.size : base + _LEN.size + len(payload)] = payload
 
-    def message_length(self, rank: int) -> int:
-        return int(_LEN.unpack_from(self.raw, rank * self.capacity * 4)[0])
+    def message_length(self, rank: int, half: int | None = None) -> int:
+        return int(_LEN.unpack_from(self.raw, self._base(rank, half))[0])
 
-    def read_message(self, rank: int, length: int) -> bytes:
-        base = rank * self.capacity * 4 + _LEN.size
+    def read_message(self, rank: int, length: int, half: int | None = None) -> bytes:
+        base = self._base(rank, half) + _LEN.size
         return self.raw[base : base + length].tobytes()
+
+    def half_nbytes(self) -> int:
+        """Bytes in one half of a slot (length prefix included)."""
+        return self.capacity * 2
+
+    def _base(self, rank: int, half: int | None) -> int:
+        return rank * self.capacity * 4 + (0 if half is None else half * self.capacity * 2)
 
     def close(self) -> None:
         del self.slots, self.out
@@ -110,6 +119,7 @@ class SharedMemoryReducer:
         self._agree = agree
         self._segment: _Segment | None = None
         self._generation = 0
+        self._split: tuple[Callable[[], None], Callable[[], None]] | None = None
         self.disabled = False
 
     @classmethod
@@ -126,10 +136,20 @@ class SharedMemoryReducer:
             return None
         return cls(store, rank, world_size, barrier, agree)
 
-    def set_barrier(self, barrier: Callable[[], None]) -> None:
+    def set_barrier(self, barrier: Callable[[], None], arrive: Callable[[], None] | None = None,
+                    depart: Callable[[], None] | None = None) -> None:
         """Order the sums with a faster barrier (:class:`~torchspark.training.fifo_barrier.FifoBarrier`); every rank
-        must switch at the same point."""
+        must switch at the same point. With its two halves (``arrive``, ``depart``: ``barrier`` is both in turn)
+        :meth:`posted_gathers` becomes available."""
         self._barrier = barrier
+        self._split = (arrive, depart) if arrive is not None and depart is not None else None
+
+    def posted_gathers(self) -> "PostedGathers | None":
+        """Collectively open split-phase byte gathers (:class:`PostedGathers`); None (on every rank) without a split
+        barrier or without a usable segment. Nothing else may use this reducer until :meth:`PostedGathers.close`."""
+        if self._split is None or not self.stage(2 * GATHER_MIN_BYTES // 4):  # same decision on every rank
+            return None
+        return PostedGathers(self, *self._split)
 
     def accepts(self, tensor: torch.Tensor) -> bool:
         """Whether :meth:`all_reduce_sum` handles this tensor (same answer on every rank for the same call)."""
@@ -244,6 +264,84 @@ class SharedMemoryReducer:
         if self._segment is not None:
             self._segment.close()
             self._segment = None
+
+
+class PostedGathers:
+    """Split-phase byte gathers through the segment, for a loop that posts one message per step and collects the
+    round later (gradient sharing with overlap): ``post(m_t)``, compute, ``collect() -> [m_t of every rank]``,
+    ``post(m_{t+1})``, ... and ``close()`` after the last collect.
+
+    ``post`` writes ``[length][payload]`` into one half of this rank's slot (halves alternate by round) and
+    arrives at the barrier without waiting; ``collect`` waits for every peer's arrival and reads every rank's half.
+    Why two halves and one barrier per round are enough: a rank posts round ``t + 2`` into the half of round ``t``
+    only after collecting round ``t + 1``, i.e. after every peer posted ``t + 1``, which each did after reading round
+    ``t``. So the overlap needs no exchange thread (no hand-off, no GIL contention) and half the barriers of
+    :meth:`SharedMemoryReducer.all_gather_bytes`.
+
+    A payload longer than a half makes every rank (all see the lengths) grow the segment and repeat the round
+    synchronously. Every wait carries the barrier's timeout. Collective like any gather: every rank posts and
+    collects the same rounds in the same order, and issues no other collective on this group between a ``post``
+    and its ``collect``.
+    """
+
+    def __init__(self, reducer: SharedMemoryReducer, arrive: Callable[[], None], depart: Callable[[], None]) -> None:
+        self._reducer = reducer
+        self._arrive = arrive
+        self._depart = depart
+        self._round = 0
+        self._posted: bytes | None = None
+
+    def post(self, payload: bytes) -> None:
+        """This rank's message of the next round; returns at once."""
+        if self._posted is not None:
+            raise RuntimeError("PostedGathers.post twice without collect: collect every round before the next")
+        seg = self._segment()
+        seg.write_message(self._reducer.rank, payload, with_body=_LEN.size + len(payload) <= seg.half_nbytes(),
+                          half=self._round % 2)
+        self._posted = payload
+        self._arrive()
+
+    def collect(self) -> list[bytes]:
+        """Every rank's message of the posted round, indexed by rank (waits for the slowest peer)."""
+        payload, self._posted = self._posted, None
+        if payload is None:
+            raise RuntimeError("PostedGathers.collect without post")
+        self._depart()  # every rank's length (and every payload that fits) is written
+        seg = self._segment()
+        half = self._round % 2
+        self._round += 1
+        world = self._reducer.world_size
+        lengths = [seg.message_length(r, half) for r in range(world)]
+        if _LEN.size + max(lengths) <= seg.half_nbytes():
+            return [seg.read_message(r, n, half) for r, n in enumerate(lengths)]
+        # somebody's payload did not fit: every rank knows it; this round is repeated through a grown segment
+        self._arrive()
+        self._depart()  # every rank has read the lengths before the segment is replaced
+        if not self._reducer.stage(2 * (_LEN.size + max(lengths)) // 4 + 2):
+            raise TrainingError("the shared-memory segment could not grow for a gradient-sharing message of "
+                                f"{max(lengths)} bytes; free space in {SHM_DIR} or train with overlap=False")
+        seg = self._segment()
+        seg.write_message(self._reducer.rank, payload, with_body=True, half=0)
+        self._arrive()
+        self._depart()
+        out = [seg.read_message(r, n, 0) for r, n in enumerate(lengths)]
+        self._arrive()
+        self._depart()  # every rank has read half 0 before anybody posts into it again
+        self._round = 1
+        return out
+
+    def close(self) -> None:
+        """After the last :meth:`collect` (collective): one barrier, so nobody reads a half any more when the
+        segment is used for something else."""
+        if self._posted is not None:
+            raise RuntimeError("PostedGathers.close with a posted round not collected")
+        self._arrive()
+        self._depart()
+
+    def _segment(self) -> _Segment:
+        seg = self._reducer._segment
+        assert seg is not None, "the segment is staged when the gathers open"
+        return seg
 
 
 def _text(value: Any) -> str:
