@@ -44,6 +44,7 @@ from torchspark.spark.runners import SparkBarrierRunner, SparkRoundsRunner, Spar
 from torchspark.spark.session import spark_context
 from torchspark.stats import DRIVER_ID, StatsCollector, TrainingStats
 from torchspark.training.assignment import (
+    check_loader,
     epoch_seed,
     file_items,
     grid_heads,
@@ -220,8 +221,7 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         master = self._master()
         _check_epochs(epochs)
         plan_for(master, run_id, 0, 0)
-        if loader is not None and not callable(loader):
-            raise ConfigError(f"loader must be a function path -> DataSet, got {type(loader).__name__}")
+        check_loader(loader)
         self._driver_stats = StatsCollector(DRIVER_ID, enabled=self._collect_stats)
         n = self._num_workers(master)
         self._preflight(master, n)
