@@ -11,6 +11,12 @@ user's whole training set, so the directory that holds them is:
 4. removed by its :class:`~torchspark.spark.SparkNetwork` on ``close()``/``delete_temp_files()``, when the object is
    garbage-collected, and at interpreter exit (:func:`remove_dirs` through ``weakref.finalize``).
 
+Versions before these private directories exported into one shared folder, ``<base>/torchspark-export/`` (one
+``<12 hex>-rdd<N>`` directory per export, no owner record), and a killed driver left its export there for good.
+Having no owner to ask, :func:`remove_legacy_exports` (also run when a private directory is made) removes this
+user's such exports once nothing in them has changed for :data:`LEGACY_MAX_AGE_S` (7 days): an old driver still
+training writes nothing there after its export, so the age is the only sign left, and a week is far beyond a fit.
+
 Nothing here imports pyspark.
 """
 
@@ -19,13 +25,17 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import socket
 import stat
 import tempfile
+import time
+
 from torchspark.errors import DataError
 
-__all__ = ["PREFIX", "OWNER_FILE", "make_private_dir", "remove_stale", "remove_dirs"]
+__all__ = ["PREFIX", "OWNER_FILE", "LEGACY_FOLDER", "LEGACY_MAX_AGE_S", "make_private_dir", "remove_stale",
+           "remove_legacy_exports", "remove_dirs"]
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +43,11 @@ log = logging.getLogger(__name__)
 PREFIX = "torchspark-export-"
 #: the owner record inside each directory (JSON: pid, start, host)
 OWNER_FILE = ".torchspark-owner.json"
+#: the shared export folder of versions before the private directories (``<base>/torchspark-export/``)
+LEGACY_FOLDER = "torchspark-export"
+#: a legacy export is removed once nothing in it has been modified for this long (seconds; 7 days)
+LEGACY_MAX_AGE_S = 7 * 24 * 3600.0
+_LEGACY_EXPORT = re.compile(r"[0-9a-f]{12}-rdd[0-9]+")  # the old ``f"{uuid4().hex[:12]}-rdd{rdd.id()}"``
 
 
 def _start_time(pid: int) -> str | None:
@@ -71,6 +86,7 @@ def make_private_dir(base: str) -> str:
         DataError: ``base`` does not exist or is not writable (the message names it and the setting).
     """
     remove_stale(base)
+    remove_legacy_exports(base)
     try:
         os.makedirs(base, mode=0o700, exist_ok=True)  # a spark.local.dir Spark has not created yet
         path = tempfile.mkdtemp(prefix=PREFIX, dir=base)
@@ -121,6 +137,69 @@ def remove_stale(base: str) -> list[str]:
         if not os.path.lexists(entry.path):
             log.info("removed %s, left by driver process %s that is gone", entry.path, owner.get("pid"))
             removed.append(entry.path)
+    return removed
+
+
+def _own_real_dir(path: str, uid: int) -> bool:
+    """``path`` is a directory (not a symlink to one) owned by ``uid``."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == uid
+
+
+def _newest_mtime(path: str) -> float | None:
+    """The latest modification time of ``path`` and everything under it (symlinks not followed); None when it
+    cannot all be read (then it is not judged)."""
+    newest = 0.0
+    failed: list[OSError] = []
+    for root, dirs, files in os.walk(path, onerror=failed.append, followlinks=False):
+        for name in [root, *(os.path.join(root, n) for n in dirs + files)]:
+            try:
+                newest = max(newest, os.lstat(name).st_mtime)
+            except OSError:
+                return None
+    return None if failed else newest
+
+
+def remove_legacy_exports(base: str, max_age_s: float = LEGACY_MAX_AGE_S, now: float | None = None) -> list[str]:
+    """Remove this user's exports under the old shared ``<base>/torchspark-export/`` untouched for ``max_age_s``.
+
+    Only real directories (never symlinks) named like the old exports (``<12 hex>-rdd<N>``), owned by this user, in
+    a real ``torchspark-export`` directory, whose newest modification (of the directory and anything in it) is
+    older than ``max_age_s`` are removed; the shared folder itself goes too once it is empty. Anything else there
+    (other users' exports, other names, newer exports) is left alone. Returns the removed paths.
+    """
+    folder = os.path.join(base, LEGACY_FOLDER)
+    uid = os.getuid()
+    try:  # a real directory (the shared folder may be another user's), never a symlink planted at the name
+        if not stat.S_ISDIR(os.lstat(folder).st_mode) or not shutil.rmtree.avoids_symlink_attacks:
+            return []
+    except OSError:
+        return []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return []
+    cutoff = (time.time() if now is None else now) - max_age_s
+    removed: list[str] = []
+    for entry in entries:
+        if not _LEGACY_EXPORT.fullmatch(entry.name) or not _own_real_dir(entry.path, uid):
+            continue
+        newest = _newest_mtime(entry.path)
+        if newest is None or newest >= cutoff:
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        if not os.path.lexists(entry.path):
+            log.info("removed %s, an export of an older torchspark unchanged for %.0f days", entry.path,
+                     (cutoff + max_age_s - newest) / 86400)
+            removed.append(entry.path)
+    if removed and _own_real_dir(folder, uid):
+        try:
+            os.rmdir(folder)  # only when empty: another user's or a newer export keeps it
+        except OSError:
+            pass
     return removed
 
 
