@@ -5,7 +5,7 @@ user's whole training set, so the directory that holds them is:
 
 1. created with :func:`tempfile.mkdtemp` (a fresh, unpredictable name, mode 0700, created with ``O_EXCL``
    semantics: a symlink or directory planted at that name makes creation fail instead of being followed);
-2. marked with an owner file (driver pid, its start time, host) so that
+2. marked with an owner file (driver pid, its start time, host, pid namespace) so that
 3. the next run on the host removes directories whose driver is gone (killed with SIGKILL, out of memory, power
    loss): :func:`remove_stale`;
 4. removed by its :class:`~torchspark.spark.SparkNetwork` on ``close()``/``delete_temp_files()``, when the object is
@@ -32,6 +32,7 @@ import stat
 import tempfile
 import time
 
+from torchspark._process import is_running, pid_namespace, start_time
 from torchspark.errors import DataError
 
 __all__ = ["PREFIX", "OWNER_FILE", "LEGACY_FOLDER", "LEGACY_MAX_AGE_S", "make_private_dir", "remove_stale",
@@ -50,33 +51,17 @@ LEGACY_MAX_AGE_S = 7 * 24 * 3600.0
 _LEGACY_EXPORT = re.compile(r"[0-9a-f]{12}-rdd[0-9]+")  # the old ``f"{uuid4().hex[:12]}-rdd{rdd.id()}"``
 
 
-def _start_time(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot (Linux), to tell a reused pid from the owner."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        return fields[19].decode()  # field 22 of stat; fields[0] is field 3
-    except (OSError, IndexError):
-        return None
-
-
 def _owner_record() -> dict[str, object]:
-    return {"pid": os.getpid(), "start": _start_time(os.getpid()), "host": socket.gethostname()}
+    return {"pid": os.getpid(), "start": start_time(os.getpid()), "host": socket.gethostname(),
+            "pidns": pid_namespace()}
 
 
 def _alive(owner: dict[str, object]) -> bool:
-    pid = owner.get("pid")
-    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
-        return True  # not a record we wrote: leave it alone
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's process holds that pid now: the owner may be gone, but we cannot tell
+    """Whether the recorded driver may still run (True when the record cannot tell: leave it alone)."""
+    if "pidns" in owner and owner["pidns"] != pid_namespace():
+        return True  # another container's pid namespace: its pids mean nothing here
     start = owner.get("start")
-    now = _start_time(pid)
-    return not (start and now and start != now)  # same pid, other start time: the pid was reused
+    return is_running(owner.get("pid"), start if isinstance(start, str) else None)  # type: ignore[arg-type]
 
 
 def make_private_dir(base: str) -> str:
