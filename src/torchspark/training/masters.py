@@ -95,7 +95,8 @@ class TrainingMaster:
             True). Adam's second moments and tiny gradients drift there after some epochs and x86 CPUs compute on
             them many times slower (measured: an MLP epoch 0.52 s -> 1.03 s after four epochs without it). Values
             that small do not change training in practice; False keeps IEEE denormals (bit-for-bit comparisons
-            with a process that does not flush).
+            with a process that does not flush). The task puts back the flush mode (and torch's thread count) it
+            found when it ends, for the next task of a reused Python worker.
         max_failures: how many lost workers a fit survives (default 3; 0 = fail at the first). A worker, its
             process or its executor lost mid-fit (killed, out of memory, a node gone) or a peer that stops
             responding for ``rendezvous_timeout_s`` fails the running attempt; the driver then relaunches all
