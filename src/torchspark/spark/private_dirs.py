@@ -35,8 +35,8 @@ import time
 from torchspark._process import is_running, pid_namespace, start_time
 from torchspark.errors import DataError
 
-__all__ = ["PREFIX", "OWNER_FILE", "LEGACY_FOLDER", "LEGACY_MAX_AGE_S", "make_private_dir", "remove_stale",
-           "remove_legacy_exports", "remove_dirs"]
+__all__ = ["PREFIX", "OWNER_FILE", "LEGACY_FOLDER", "LEGACY_MAX_AGE_S", "make_private_dir", "owner_record",
+           "owner_gone", "remove_stale", "remove_legacy_exports", "remove_dirs"]
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +51,15 @@ LEGACY_MAX_AGE_S = 7 * 24 * 3600.0
 _LEGACY_EXPORT = re.compile(r"[0-9a-f]{12}-rdd[0-9]+")  # the old ``f"{uuid4().hex[:12]}-rdd{rdd.id()}"``
 
 
-def _owner_record() -> dict[str, object]:
+def owner_record() -> dict[str, object]:
+    """This driver process as an owner record: pid, start time, host and pid namespace."""
     return {"pid": os.getpid(), "start": start_time(os.getpid()), "host": socket.gethostname(),
             "pidns": pid_namespace()}
+
+
+def owner_gone(owner: dict[str, object]) -> bool:
+    """Whether the recorded driver ran on this host and no longer runs (False whenever that cannot be told)."""
+    return owner.get("host") == socket.gethostname() and not _alive(owner)
 
 
 def _alive(owner: dict[str, object]) -> bool:
@@ -80,7 +86,7 @@ def make_private_dir(base: str) -> str:
                         "TMPDIR) to a writable local directory, or set export_directory") from e
     fd = os.open(os.path.join(path, OWNER_FILE), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as f:
-        json.dump(_owner_record(), f)
+        json.dump(owner_record(), f)
     return path
 
 
@@ -105,7 +111,7 @@ def remove_stale(base: str) -> list[str]:
         entries = list(os.scandir(base))
     except OSError:
         return removed
-    host, uid = socket.gethostname(), os.getuid()
+    uid = os.getuid()
     for entry in entries:
         if not entry.name.startswith(PREFIX):
             continue
@@ -116,7 +122,7 @@ def remove_stale(base: str) -> list[str]:
         if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid:
             continue
         owner = _read_owner(entry.path)
-        if owner is None or owner.get("host") != host or _alive(owner):
+        if owner is None or not owner_gone(owner):
             continue
         shutil.rmtree(entry.path, ignore_errors=True)
         if not os.path.lexists(entry.path):

@@ -73,7 +73,8 @@ class TrainingMaster:
             master then fails before the first job with a ConfigError asking for an export_directory (or
             ``rdd_training_approach="direct"``), since executors would write to their own disks and workers on
             other hosts would get paths that do not exist there. ``SparkNetwork.delete_temp_files()`` (or
-            ``close()``) removes the files; an explicit ``export_directory``'s exports stay until then.
+            ``close()``) removes the files; an explicit ``export_directory``'s exports stay until then (one a
+            killed driver of this host left is removed by the next export to the same ``export_directory``).
         storage_level: persistence of the prepared RDD with ``direct``: a ``pyspark.StorageLevel`` name
             (:data:`STORAGE_LEVELS`, e.g. ``"MEMORY_AND_DISK"`` when the data does not fit in executor memory).
         drop_last: train only full minibatches of ``batch_size_per_worker`` (as ``DataLoader(drop_last=True)``):
