@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 
 #: name prefix of every default export directory (``<spark.local.dir or temp dir>/torchspark-export-XXXXXXXX``)
 PREFIX = "torchspark-export-"
-#: the owner record inside each directory (JSON: pid, start, host)
+#: the owner record inside each directory (JSON: pid, start, host, pidns)
 OWNER_FILE = ".torchspark-owner.json"
 #: the shared export folder of versions before the private directories (``<base>/torchspark-export/``)
 LEGACY_FOLDER = "torchspark-export"
