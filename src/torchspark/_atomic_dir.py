@@ -3,8 +3,10 @@
 Saving a model file by file over an older model can stop half-way (a full disk, Ctrl-C) and leave new weights
 under the old config, which loads without error. Here a reader sees the old directory or the new one, never a mix:
 
-1. every file is written into ``.<name>.tmp-<random>`` next to the destination (same filesystem, so step 2 is a
-   rename, not a copy); any failure removes that directory and leaves the old one untouched;
+1. every file is written into ``.<name>.tmp-<writer>-<random>`` next to the destination (same filesystem, so step 2
+   is a rename, not a copy); any failure removes that directory and leaves the old one untouched. A killed save
+   cannot remove it: the next save of the same destination removes those whose writing process is gone
+   (:mod:`torchspark._tmpnames`);
 2. on a local filesystem the two directories are exchanged in one step (Linux ``renameat2(RENAME_EXCHANGE)``),
    else the old one is renamed aside and the new one renamed into place (a crash between the two renames leaves
    the old model at ``.<name>.old-<random>``);
@@ -27,6 +29,7 @@ from typing import Callable, Mapping
 from fsspec.implementations.local import LocalFileSystem
 
 from torchspark._io import filesystem
+from torchspark._tmpnames import remove_abandoned, temp_name
 
 __all__ = ["write_directory"]
 
@@ -89,7 +92,8 @@ def write_directory(url: str, files: Mapping[str, bytes], error: type[Exception]
             if check_existing else None
         if reason:
             raise error(f"{url!r} {reason}")
-    tmp = posixpath.join(parent, f".{name}.tmp-{uuid.uuid4().hex}")
+    remove_abandoned(fs, parent, name)
+    tmp = posixpath.join(parent, temp_name(name))
     try:
         fs.makedirs(parent, exist_ok=True)
         fs.makedirs(tmp, exist_ok=False)

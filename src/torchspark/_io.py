@@ -9,11 +9,11 @@ from __future__ import annotations
 import json
 import posixpath
 import struct
-import uuid
 from typing import Any
 
 import fsspec
 
+from torchspark._tmpnames import remove_abandoned, temp_name
 from torchspark.errors import ConfigError
 
 __all__ = ["atomic_write_bytes", "read_bytes", "make_dirs", "join", "filesystem", "read_safetensors_metadata"]
@@ -64,10 +64,14 @@ def make_dirs(url: str, error: type[Exception], what: str = "directory") -> None
 
 
 def atomic_write_bytes(url: str, data: bytes, error: type[Exception]) -> str:
-    """Write ``data`` to ``url`` atomically (temp name, then rename). Raises ``error`` naming the path."""
+    """Write ``data`` to ``url`` atomically (temp name, then rename). Raises ``error`` naming the path.
+
+    The temporary name records the writing process (:mod:`torchspark._tmpnames`), so a write killed half-way leaves
+    debris the next write of ``url`` removes."""
     fs, path = filesystem(url)
     parent, name = posixpath.split(path)
-    tmp = posixpath.join(parent, f".{name}.tmp-{uuid.uuid4().hex}")
+    remove_abandoned(fs, parent, name)  # what a killed earlier write of this file left (see torchspark._tmpnames)
+    tmp = posixpath.join(parent, temp_name(name))
     try:
         with fs.open(tmp, "wb") as f:
             f.write(data)

@@ -19,6 +19,7 @@ from typing import Any, Sequence
 
 from torchspark.cli_checks import check_arguments
 from torchspark.errors import ConfigError, TorchSparkError
+from torchspark.training.topology import DEFAULT_SHARD_ABOVE_WORKERS
 
 __all__ = ["main", "build_parser"]
 
@@ -121,6 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "worker receives every message), sharded (reduce-scatter by index shards, then "
                             "all-gather: for many workers or dense messages), auto (sharded above 128 workers); "
                             "see docs/scaling.md")
+    train.add_argument("--shard-above-workers", type=_positive_int, default=DEFAULT_SHARD_ABOVE_WORKERS, metavar="N",
+                       help="sharing mode: --topology auto shards when there are more than N workers; lower it for "
+                            "large (dense) messages, see docs/scaling.md")
     train.add_argument("--max-staleness", type=_non_negative_int, default=None, metavar="K",
                        help="sharing mode: bounded staleness: apply peers' updates as they arrive and wait only "
                             "when more than K steps ahead of the slowest worker (default: synchronous exchange); "
@@ -293,18 +297,26 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def _sharing_options(args: argparse.Namespace) -> dict[str, Any]:
-    """``--topology`` and ``--max-staleness`` for the sharing master (nothing in averaging mode, where
-    :func:`check_mode_options` refused them)."""
+    """``--topology``, ``--shard-above-workers`` and ``--max-staleness`` for the sharing master (nothing in averaging
+    mode, where :func:`check_mode_options` refused them)."""
     if args.mode != "sharing":
         return {}
-    return {"topology": args.topology, "max_staleness": args.max_staleness}
+    return {"topology": args.topology, "shard_above_workers": args.shard_above_workers,
+            "max_staleness": args.max_staleness}
 
 
 def check_mode_options(args: argparse.Namespace) -> None:
-    """Sharing-only options with ``--mode averaging`` are a mistake, not something to ignore silently."""
-    if getattr(args, "command", None) != "train" or args.mode == "sharing":
+    """Sharing-only options with ``--mode averaging`` (and ``--shard-above-workers`` with a fixed ``--topology``) are
+    a mistake, not something to ignore silently."""
+    if getattr(args, "command", None) != "train":
+        return
+    if args.mode == "sharing":
+        if args.topology != "auto" and args.shard_above_workers != DEFAULT_SHARD_ABOVE_WORKERS:
+            raise ConfigError(f"--shard-above-workers {args.shard_above_workers} applies to --topology auto only, but "
+                              f"--topology is {args.topology!r}; use --topology auto or drop --shard-above-workers")
         return
     for option, value, default in (("--topology", args.topology, "auto"),
+                                   ("--shard-above-workers", args.shard_above_workers, DEFAULT_SHARD_ABOVE_WORKERS),
                                    ("--max-staleness", args.max_staleness, None)):
         if value != default:
             raise ConfigError(f"{option} {value} applies to gradient sharing only, but --mode is {args.mode!r}; "

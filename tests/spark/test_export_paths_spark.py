@@ -200,3 +200,48 @@ def test_fit_paths_with_a_loader_for_csv_shards(spark, sc, tmp_path) -> None:
     with pytest.raises(DataError, match="the loader returned a ndarray"):
         SparkNetwork(spark, _net(), _master(), progress=False).fit_paths(
             str(tmp_path), loader=lambda p: np.zeros(3))
+
+
+def test_evaluate_with_a_loader_reads_csv_shards_like_their_batch_files(spark, sc, tmp_path) -> None:
+    """``evaluate(paths, loader=fn)``: the same evaluation as of the same examples saved as batch files, from a
+    directory (every non-hidden file, not only batch files), a glob, a list and an RDD of paths; the same
+    validation as ``fit_paths(loader=...)``."""
+    def _csv_loader(path: str) -> DataSet:
+        import fsspec
+
+        with fsspec.open(path, "rt") as f:
+            table = np.loadtxt(f, delimiter=",", ndmin=2)
+        return DataSet(torch.from_numpy(table[:, :2].astype(np.float32)), torch.from_numpy(table[:, 2].astype(np.int64)))
+
+    data = _ids_dataset(0, 31)
+    data = DataSet(data.features / 31.0, data.labels)
+    shards = [data.slice(0, 12), data.slice(12, 13), data.slice(13, 31)]
+    csv_dir = tmp_path / "csv"
+    csv_dir.mkdir()
+    for k, shard in enumerate(shards):
+        rows = torch.cat([shard.features.double(), shard.labels.double().unsqueeze(1)], dim=1).numpy()
+        np.savetxt(csv_dir / f"shard{k}.csv", rows, delimiter=",", fmt="%.17g")
+    reference = save_batches(shards, str(tmp_path / "reference"))
+    net = _net()
+    SparkNetwork(spark, net, _master(), progress=False, runner=InProcessRunner()).fit_paths(reference, epochs=3)
+    spark_net = SparkNetwork(spark, net)
+    expected = spark_net.evaluate(reference, batch_size=5)
+    assert expected.accuracy() not in (0.0, 1.0)  # a comparison that can tell predictions apart
+    listed = _paths(f"{csv_dir}/*.csv")
+    for source in (str(csv_dir), f"{csv_dir}/*.csv", listed, sc.parallelize(listed, 2)):
+        got = spark_net.evaluate(source, batch_size=5, loader=_csv_loader)
+        assert got.confusion_matrix().tolist() == expected.confusion_matrix().tolist(), source
+    roc = spark_net.evaluate_roc_multi_class(str(csv_dir), threshold_steps=0, loader=_csv_loader)
+    assert roc.average_auc() == spark_net.evaluate_roc_multi_class(reference, threshold_steps=0).average_auc()
+
+    with pytest.raises(DataError, match="holds no batch files"):  # without the loader the CSV files are not data
+        spark_net.evaluate(str(csv_dir))
+    with pytest.raises(ConfigError, match="loader must be a function"):
+        spark_net.evaluate(str(csv_dir), loader="csv")
+    frame = spark.createDataFrame([([0.5, 0.5], 1)], ["features", "label"])
+    with pytest.raises(ConfigError, match="loader= reads files: pass paths"):
+        spark_net.evaluate(frame, loader=_csv_loader)
+    with pytest.raises(DataError, match="with loader= the data must be file paths, but it holds a DataSet"):
+        spark_net.evaluate(sc.parallelize(shards, 1), loader=_csv_loader)
+    with pytest.raises(DataError, match="the loader returned a ndarray"):
+        spark_net.evaluate(str(csv_dir), loader=lambda p: np.zeros(3))

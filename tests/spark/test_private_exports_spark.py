@@ -97,9 +97,34 @@ def test_explicit_export_directory_is_kept_until_close(spark, sc, tmp_path: Path
     assert _private(tmp_path) == []
 
 
-def _run(how: str, base: Path) -> subprocess.Popen:
+def test_a_killed_drivers_export_in_an_explicit_export_directory_is_removed_by_the_next_export(
+        spark, sc, tmp_path: Path) -> None:
+    exports = tmp_path / "exports"
+    proc = _run("hang-explicit", tmp_path, exports)
+    try:
+        line = proc.stdout.readline()  # blocks until the fit is done (the script's timeouts bound it)
+        assert line, proc.stderr.read()[-3000:]
+        report = json.loads(line)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=60)
+    leftover = Path(report["directory"])
+    assert leftover.parent == exports and any(leftover.rglob("*.safetensors"))  # SIGKILL: nothing cleaned up
+    unmarked = exports / "0123456789ab-rdd1"  # an export without an owner record (an older version's): kept
+    unmarked.mkdir()
+    snet = SparkNetwork(spark, _net(), _master(export_directory=str(exports)), progress=False)
+    snet.fit(_rdd(sc), epochs=1)
+    assert not leftover.exists() and unmarked.is_dir()
+    [mine] = [p for p in exports.iterdir() if p != unmarked]
+    assert json.loads((mine / OWNER_FILE).read_text())["pid"] == os.getpid()
+    snet.close()
+    assert list(exports.iterdir()) == [unmarked]
+
+
+def _run(how: str, base: Path, export_directory: Path | None = None) -> subprocess.Popen:
     env = {**os.environ, "TMPDIR": str(base)}
-    return subprocess.Popen([sys.executable, str(SCRIPT), how], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    extra = [str(export_directory)] if export_directory is not None else []
+    return subprocess.Popen([sys.executable, str(SCRIPT), how, *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env)
 
 

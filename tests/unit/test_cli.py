@@ -28,6 +28,7 @@ def test_defaults_train_with_gradient_sharing_on_spark() -> None:
     (["train", "--max-staleness", "-1"], "--max-staleness: must be >= 0, got -1"),
     (["train", "--max-staleness", "two"], "--max-staleness: 'two' is not an integer"),
     (["train", "--topology", "ring"], "invalid choice: 'ring'"),
+    (["train", "--shard-above-workers", "0"], "--shard-above-workers: must be >= 1, got 0"),
     (["evaluate", "--model", "m", "--feature-shape", "1,a"], "is not a shape such as 1,28,28"),
     (["predict", "--model", "m"], "--output"),
 ])
@@ -80,7 +81,8 @@ def test_memory_format_reaches_the_saved_network(tmp_path) -> None:
     assert Network.load(str(out / "model")).memory_format == "channels_last"
 
 
-@pytest.mark.parametrize(("option", "value"), [("--max-staleness", "1"), ("--topology", "sharded")])
+@pytest.mark.parametrize(("option", "value"), [("--max-staleness", "1"), ("--topology", "sharded"),
+                                               ("--shard-above-workers", "4")])
 def test_sharing_options_with_averaging_mode_are_refused(option: str, value: str, tmp_path, capsys) -> None:
     assert main(["train", "--parallel", "--mode", "averaging", option, value, "--output", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
@@ -91,6 +93,7 @@ def test_sharing_options_with_averaging_mode_are_refused(option: str, value: str
 @pytest.mark.parametrize(("options", "expected"), [
     (["--max-staleness", "2"], {"sharing.max_staleness": 2}),
     (["--topology", "sharded"], {"sharing.topology": "sharded"}),  # 2 workers: "auto" would pick all_gather
+    (["--shard-above-workers", "1"], {"sharing.topology": "sharded"}),  # "auto" with 2 workers > 1
 ])
 def test_sharing_options_reach_the_training(options: list[str], expected: dict, tmp_path) -> None:
     """--max-staleness and --topology train with the bounded-staleness loop / the sharded exchange: the saved
@@ -102,6 +105,16 @@ def test_sharing_options_reach_the_training(options: list[str], expected: dict, 
                  "--output", str(out)]) == 0
     config = Network.load(str(out / "model")).extra_config
     assert {k: config.get(k) for k in expected} == expected, config
+
+
+@pytest.mark.parametrize("topology", ["sharded", "all_gather"])
+def test_shard_above_workers_with_a_fixed_topology_is_refused(topology: str, tmp_path, capsys) -> None:
+    """Only ``--topology auto`` reads the worker count; with a fixed topology the option would be ignored."""
+    assert main(["train", "--parallel", "--topology", topology, "--shard-above-workers", "4",
+                 "--output", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "--shard-above-workers 4 applies to --topology auto only" in err and "Traceback" not in err
+    assert not (tmp_path / "o").exists()
 
 
 def test_bounded_staleness_with_the_sharded_topology_is_a_one_line_error(tmp_path, capsys) -> None:

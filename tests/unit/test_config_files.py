@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from torchspark.cli import build_parser, main
+from torchspark.cli import _sharing_options, build_parser, check_mode_options, main
 from torchspark.config_files import (apply_train_config, load_master, load_train_settings, master_from_yaml,
                                      save_master, train_settings)
 from torchspark.encoding import AdaptiveThreshold, FixedThreshold
@@ -110,6 +110,66 @@ def test_bad_config_files_are_one_line_errors_naming_the_option(content, message
     assert main(["train", "--config", str(path), "--print-config"]) == 2
     err = capsys.readouterr().err
     assert message in err and str(path) in err and "Traceback" not in err
+
+
+SHARING_SETTINGS = [
+    {"topology": "all_gather", "max_staleness": 3, "shard_above_workers": 128},
+    {"topology": "auto", "max_staleness": None, "shard_above_workers": 4},
+    {"topology": "sharded", "max_staleness": None, "shard_above_workers": 128},
+]
+
+
+@pytest.mark.parametrize("fmt", ["yaml", "json"])
+@pytest.mark.parametrize("sharing", SHARING_SETTINGS, ids=lambda s: "-".join(map(str, s.values())))
+def test_sharing_options_round_trip_through_config_files(sharing, fmt, tmp_path, capsys) -> None:
+    """topology / max_staleness / shard_above_workers from a --config file reach the sharing master's settings, and
+    --print-config writes them back so that reading the printed file gives the same master."""
+    path = tmp_path / f"run.{fmt}"
+    # dashes in the file, as on the command line
+    path.write_text(json.dumps({k.replace("_", "-"): v for k, v in sharing.items()}))
+    parser = build_parser()
+    argv = ["train", "--config", str(path)]
+    args = apply_train_config(parser, argv, parser.parse_args(argv))
+    check_mode_options(args)
+    options = _sharing_options(args)
+    assert options == sharing
+    master = SharedTrainingMaster(**options)
+    assert {k: master.to_dict()[k] for k in sharing} == sharing
+    printed = tmp_path / f"printed.{fmt}"
+    printed.write_text(_printed([*argv, "--print-config", fmt], capsys))
+    again = parser.parse_args(["train", "--config", str(printed)])
+    again = apply_train_config(build_parser(), ["train", "--config", str(printed)], again)
+    assert _sharing_options(again) == sharing
+
+
+@pytest.mark.parametrize(("line", "option"), [("topology: sharded", "--topology"),
+                                              ("shard_above_workers: 4", "--shard-above-workers"),
+                                              ("max_staleness: 1", "--max-staleness")])
+def test_sharing_options_in_a_config_file_are_refused_with_averaging(line, option, tmp_path, capsys) -> None:
+    path = tmp_path / "run.yaml"
+    path.write_text(f"mode: averaging\nparallel: true\n{line}\noutput: {json.dumps(str(tmp_path / 'o'))}\n")
+    assert main(["train", "--config", str(path)]) == 2
+    assert f"{option} " in capsys.readouterr().err and not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("line", ["shard_above_workers: 0", "shard_above_workers: many"])
+def test_bad_shard_above_workers_in_a_config_file_names_the_option(line, tmp_path, capsys) -> None:
+    path = tmp_path / "run.yaml"
+    path.write_text(line + "\n")
+    assert main(["train", "--config", str(path), "--print-config"]) == 2
+    assert "shard_above_workers:" in capsys.readouterr().err
+
+
+def test_shard_above_workers_from_a_config_file_reaches_the_training(tmp_path) -> None:
+    """``shard_above_workers: 1`` makes ``auto`` shard with 2 workers (it would all-gather if ignored)."""
+    from torchspark import Network
+
+    out = tmp_path / "out"
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"parallel": True, "workers": 2, "model": "mlp", "epochs": 1, "no_progress": True,
+                                "shard_above_workers": 1, "output": str(out)}))
+    assert main(["train", "--config", str(path)]) == 0
+    assert Network.load(str(out / "model")).extra_config["sharing.topology"] == "sharded"
 
 
 def test_a_missing_config_file_is_a_clear_error(tmp_path, capsys) -> None:

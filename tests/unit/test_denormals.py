@@ -32,6 +32,46 @@ def test_the_calling_thread_keeps_ieee_denormals_after_a_worker_ran_in_it() -> N
     assert float(torch.tensor([DENORMAL]) * 1.0) > 0, "flush-to-zero leaked into the caller's thread"
 
 
+def test_a_worker_puts_back_the_thread_count_and_flush_mode_it_found() -> None:
+    """As a reused Spark Python worker needs (its task runs ``run_worker`` in the process's main thread): a thread
+    that flushed denormals itself keeps flushing (not switched off), and torch's thread count goes back to what it
+    was after a task that set its own."""
+    from torchspark.training.comm import SoloCommunicator
+    from torchspark.training.worker import run_worker
+
+    net = denormal_net()
+    task = WorkerTask("averaging", {"averaging_frequency": 2, "save_updater": True},
+                      NetworkBlueprint.of(net).to_bytes(), epochs=1, prefetch=0, flush_denormal=True, num_threads=1)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        torch.set_flush_denormal(True)
+        result = run_worker(task, ItemSource(zero_feature_data(32).split(8)), SoloCommunicator())  # in this thread
+        assert result.threads == 1  # the task trained with its own count
+        assert float(torch.tensor([DENORMAL]) * 1.0) == 0.0, "this thread's own flush mode was switched off"
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_flush_denormal(False)
+        torch.set_num_threads(threads)
+
+
+def test_task_thread_settings_restore_even_when_the_task_fails() -> None:
+    from torchspark.training.devices import denormals_flushed, task_thread_settings
+
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        with pytest.raises(RuntimeError, match="boom"):
+            with task_thread_settings(1, True):
+                assert torch.get_num_threads() == 1 and denormals_flushed()
+                raise RuntimeError("boom")
+        assert torch.get_num_threads() == 2 and not denormals_flushed()
+        with task_thread_settings(None, False):  # nothing asked, nothing touched
+            assert torch.get_num_threads() == 2 and not denormals_flushed()
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_masters_and_wrapper_validate_the_flag() -> None:
     from torchspark.errors import ConfigError
     from torchspark.parallel import ParallelWrapper

@@ -34,6 +34,7 @@ from torchspark.nn.outputs import check_output_index, default_targets, fill_eval
 from torchspark.spark import jobs
 from torchspark.spark.data import to_batch_rdd
 from torchspark.spark.session import spark_context
+from torchspark.training.assignment import check_loader, load_with
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",
@@ -44,6 +45,7 @@ __all__ = [
     "ship_network",
     "batch_items",
     "load_batch_item",
+    "load_evaluation_item",
     "check_positive",
     "refuse_eval_workers",
     "peek_nonempty",
@@ -108,6 +110,21 @@ def load_batch_item(item: Any) -> DataSet | MultiDataSet:
         ) from None
 
 
+def load_evaluation_item(item: Any, loader: Callable[[str], Any] | None = None) -> DataSet | MultiDataSet:
+    """:func:`load_batch_item`, or with a user ``loader`` the batch it makes of the file path ``item``.
+
+    Raises:
+        DataError: with ``loader``, an item that is not a path (the data must then be paths), or a loader that
+            returns something other than a DataSet/MultiDataSet.
+    """
+    if loader is None:
+        return load_batch_item(item)
+    if not isinstance(item, (str, os.PathLike)):
+        raise DataError(f"with loader= the data must be file paths, but it holds a {type(item).__name__}; drop "
+                        "loader= for RDDs of DataSets, batch bytes or batch files")
+    return load_with(loader, os.fspath(item))
+
+
 def batch_items(
     sc: Any,
     data: Any,
@@ -115,20 +132,32 @@ def batch_items(
     label_col: str | None = "label",
     feature_shape: Sequence[int] | None = None,
     integer_labels: bool = True,
+    loader: Callable[[str], Any] | None = None,
 ) -> Any:
-    """An RDD whose items :func:`load_batch_item` turns into batches.
+    """An RDD whose items :func:`load_evaluation_item` (with the same ``loader``) turns into batches.
 
     Args:
         data: an RDD of DataSet/MultiDataSet (or batch bytes, or batch-file paths), a DataFrame (columns as for
             ``fit``), or batch files (``export_batches`` / ``save_batches`` output): a directory, a glob, one file
             or a list of paths/URLs.
+        loader: ``fn(path) -> DataSet`` for files that are not batch files (as in ``fit_paths``); ``data`` must
+            then be paths (a directory then means every non-hidden file in it) or an RDD of paths.
     Raises:
+        ConfigError: a ``loader`` that is not a function, or one given with a DataFrame.
         DataError: an empty path list, a missing location, a directory or glob without batch files, a DataFrame
             without the named columns, or another type.
     """
+    check_loader(loader)
     if isinstance(data, (str, os.PathLike, list, tuple)):  # a directory, a glob, one file or a list of files
-        paths = resolve_paths(data)
+        paths = resolve_paths(data, any_file=loader is not None)
         return sc.parallelize(paths, max(1, min(len(paths), sc.defaultParallelism)))
+    if loader is not None:
+        from pyspark import RDD
+
+        if not isinstance(data, RDD):
+            raise ConfigError(f"loader= reads files: pass paths (a directory, a glob, a file, a list or an RDD of "
+                              f"paths), not a {type(data).__name__}; drop loader= to evaluate it")
+        return data
     return to_batch_rdd(data, features_col, label_col, feature_shape, integer_labels)
 
 
@@ -171,7 +200,8 @@ _Partial = tuple[int, "list[str] | None"]  # (examples, evaluation JSONs); (0, N
 
 
 def _evaluate_partition(
-    shipped: ShippedNetwork, templates: list[str], batch_size: int, targets: list[int]
+    shipped: ShippedNetwork, templates: list[str], batch_size: int, targets: list[int],
+    loader: Callable[[str], Any] | None = None,
 ) -> Callable[[Iterable[Any]], Iterator[_Partial]]:
     def run(items: Iterable[Any]) -> Iterator[_Partial]:
         stream = peek_nonempty(items)
@@ -182,7 +212,7 @@ def _evaluate_partition(
             ev.reset()
         counted = _Counter()
         with shipped.lease() as net:
-            batches = rebatch((load_batch_item(i) for i in stream), batch_size)
+            batches = rebatch((load_evaluation_item(i, loader) for i in stream), batch_size)
             fill_evaluations(net, counted.through(batches), evaluations, targets)
         yield counted.examples, [ev.to_json() for ev in evaluations]
 
@@ -221,6 +251,7 @@ def do_evaluation(
     label_col: str | None = "label",
     feature_shape: Sequence[int] | None = None,
     output_index: int = 0,
+    loader: Callable[[str], Any] | None = None,
     _targets: Sequence[int] | None = None,
 ) -> Any:
     """Fill several evaluations in one distributed pass over ``data`` (DL4J's ``doEvaluation``).
@@ -241,12 +272,17 @@ def do_evaluation(
             outputs).
         output_index: which output of a several-output network every evaluation looks at (DL4J's
             ``evaluate(data, outputIndex)``); :func:`evaluate` without it fills one evaluation per output.
+        loader: ``fn(path) -> DataSet | MultiDataSet`` for files that are not batch files (images, CSV shards), as
+            in ``fit_paths``: ``data`` must be paths (a directory then means every non-hidden file in it) or an
+            RDD of paths. It runs on the executors, once per file (evaluation needs no example counts first), and
+            must be picklable (a module-level function, or a closure Spark's cloudpickle can ship).
     Returns:
         the evaluation when one is given, else a tuple in the order given.
     Raises:
-        ConfigError: no evaluations, a non-evaluation argument, a bad ``batch_size``, or ``eval_workers``.
+        ConfigError: no evaluations, a non-evaluation argument, a bad ``batch_size``, ``eval_workers``, or a
+            ``loader`` that is not a function or comes with a DataFrame.
         DataError: the data is empty, a DataFrame column is missing, or an executor found bad data (the message
-            carries the executor's traceback).
+            carries the executor's traceback), e.g. a loader that returned something other than a DataSet.
         WorkerError: any other executor failure.
     """
     refuse_eval_workers(eval_workers)
@@ -261,7 +297,7 @@ def do_evaluation(
     targets = list(_targets) if _targets is not None else [output_index] * len(evaluations)
     sc = spark_context(sc)
     rdd = batch_items(sc, data, features_col, label_col, feature_shape,
-                      [lo.classification for lo in network.losses])
+                      [lo.classification for lo in network.losses], loader)
     shipped = ship_network(sc, network)
     templates = [ev.to_json() for ev in evaluations]
     names = ", ".join(type(ev).__name__ for ev in evaluations)
@@ -269,7 +305,7 @@ def do_evaluation(
         count, jsons = jobs.run_job(
             sc,
             f"torchspark evaluate: {names}",
-            lambda: rdd.mapPartitions(_evaluate_partition(shipped, templates, batch_size, targets))
+            lambda: rdd.mapPartitions(_evaluate_partition(shipped, templates, batch_size, targets, loader))
             .treeAggregate((0, None), _merge_partials, _merge_partials),
             "torchspark-eval-job",
         )
@@ -294,6 +330,7 @@ def evaluate(
     feature_shape: Any = None,
     labels: Sequence[str] | None = None,
     output_index: int | None = None,
+    loader: Callable[[str], Any] | None = None,
 ) -> Any:
     """The evaluation that fits the network's loss (``Evaluation`` for cross-entropy), filled on ``data``.
 
@@ -311,7 +348,7 @@ def evaluate(
         evs = [type(ev)(labels=list(labels)) for ev in evs]
     out = do_evaluation(sc, network, data, *evs, batch_size=batch_size, eval_workers=eval_workers,
                         features_col=features_col, label_col=label_col, feature_shape=feature_shape,
-                        _targets=targets)
+                        loader=loader, _targets=targets)
     return list(out) if len(evs) > 1 else out
 
 
@@ -324,11 +361,12 @@ def evaluate_regression(
     features_col: str = "features",
     label_col: str | None = "label",
     feature_shape: Sequence[int] | None = None,
+    loader: Callable[[str], Any] | None = None,
 ) -> RegressionEvaluation:
     """MSE, MAE, RMSE, RSE, R^2 and Pearson per output column (see :func:`do_evaluation` for the arguments)."""
     return do_evaluation(sc, network, data, RegressionEvaluation(), batch_size=batch_size,
                          eval_workers=eval_workers, features_col=features_col, label_col=label_col,
-                         feature_shape=feature_shape)
+                         feature_shape=feature_shape, loader=loader)
 
 
 def evaluate_roc(
@@ -341,6 +379,7 @@ def evaluate_roc(
     features_col: str = "features",
     label_col: str | None = "label",
     feature_shape: Sequence[int] | None = None,
+    loader: Callable[[str], Any] | None = None,
 ) -> ROC:
     """ROC / AUC of a binary classifier (1 sigmoid or 2 softmax outputs).
 
@@ -351,7 +390,8 @@ def evaluate_roc(
         Other arguments: as for :func:`do_evaluation`.
     """
     return do_evaluation(sc, network, data, ROC(threshold_steps), batch_size=batch_size, eval_workers=eval_workers,
-                         features_col=features_col, label_col=label_col, feature_shape=feature_shape)
+                         features_col=features_col, label_col=label_col, feature_shape=feature_shape,
+                         loader=loader)
 
 
 def evaluate_roc_multi_class(
@@ -364,8 +404,9 @@ def evaluate_roc_multi_class(
     features_col: str = "features",
     label_col: str | None = "label",
     feature_shape: Sequence[int] | None = None,
+    loader: Callable[[str], Any] | None = None,
 ) -> ROCMultiClass:
     """One-vs-all ROC per class (``auc(c)``, ``average_auc()``); ``threshold_steps`` as for :func:`evaluate_roc`."""
     return do_evaluation(sc, network, data, ROCMultiClass(threshold_steps), batch_size=batch_size,
                          eval_workers=eval_workers, features_col=features_col, label_col=label_col,
-                         feature_shape=feature_shape)
+                         feature_shape=feature_shape, loader=loader)

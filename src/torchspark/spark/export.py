@@ -2,6 +2,8 @@
 
 Where the files go (:func:`export_base`): ``export_directory`` when set, which must be storage every executor can
 read (``hdfs://``, ``s3://``, a mount shared by all hosts); its exports stay until ``delete_temp_files()``/``close()``.
+Each holds an owner record (:func:`mark_export`), so that the next export to the same ``export_directory`` removes
+those a killed driver left (:func:`remove_dead_exports`: this host's drivers that no longer run, nothing else).
 Without it only local masters (``local``, ``local[N]``, ``local-cluster[...]``) work: all executors share one host,
 so a private directory under Spark's local directory (``spark.local.dir``, else the temp directory) is readable by
 all of them (see :mod:`torchspark.spark.private_dirs`: 0700, a fresh ``mkdtemp`` name, removed on close, garbage
@@ -16,7 +18,10 @@ How the files are cut (:func:`export_rdd`): each partition on its own grid of ``
 from __future__ import annotations
 
 import itertools
+import json
+import logging
 import os
+import re
 import uuid
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
@@ -24,8 +29,14 @@ from torchspark._io import atomic_write_bytes, filesystem, join, make_dirs
 from torchspark.data import recut, save_batch
 from torchspark.errors import ConfigError, DataError
 from torchspark.spark.data import as_batch
+from torchspark.spark.private_dirs import OWNER_FILE, owner_gone, owner_record
 
-__all__ = ["is_local_master", "export_base", "check_export_directory", "export_rdd"]
+__all__ = ["is_local_master", "export_base", "check_export_directory", "export_name", "mark_export",
+           "remove_dead_exports", "export_rdd"]
+
+log = logging.getLogger(__name__)
+
+_EXPORT_NAME = re.compile(r"[0-9a-f]{12}-rdd[0-9]+")
 
 def is_local_master(master: str) -> bool:
     """Whether every executor of ``master`` runs on the driver's host (``local``, ``local[4]``,
@@ -65,6 +76,51 @@ def check_export_directory(directory: str) -> None:
     atomic_write_bytes(probe, b"ok", DataError)
     fs, path = filesystem(probe)
     fs.rm(path)
+
+
+def export_name(rdd_id: int) -> str:
+    """A fresh name for one export of RDD ``rdd_id`` (``<12 hex>-rdd<id>``)."""
+    return f"{uuid.uuid4().hex[:12]}-rdd{rdd_id}"
+
+
+def mark_export(directory: str) -> None:
+    """Record this driver process as the owner of the export ``directory`` (the private directories' record)."""
+    atomic_write_bytes(join(directory, OWNER_FILE), json.dumps(owner_record()).encode(), DataError)
+
+
+def remove_dead_exports(base: str) -> list[str]:
+    """Remove the exports under ``base`` (an ``export_directory``) whose owner record names a driver of this host
+    that no longer runs (killed, out of memory: nothing could call ``close()``). Exports without a record (other
+    versions, or another writer), other hosts' and live drivers' are left alone. Never raises; returns the
+    removed URLs."""
+    fs, root = filesystem(base)
+    try:
+        entries = fs.ls(root, detail=True)
+    except (OSError, ValueError):
+        return []
+    removed = []
+    for entry in entries:
+        path = str(entry.get("name", "")).rstrip("/")
+        name = path.rsplit("/", 1)[-1]
+        if entry.get("type") != "directory" or entry.get("islink") or not _EXPORT_NAME.fullmatch(name):
+            continue
+        url = join(base, name)
+        try:
+            with fs.open(join(path, OWNER_FILE), "rb") as f:
+                owner = json.loads(f.read(4096))
+        except (OSError, ValueError):
+            continue  # no record: not ours to judge
+        if not isinstance(owner, dict) or not owner_gone(owner):
+            continue
+        try:
+            fs.rm(path, recursive=True)
+        except (OSError, ValueError) as e:
+            log.warning("could not remove %s, an export of driver process %s that is gone: %s", url,
+                        owner.get("pid"), e)
+            continue
+        log.info("removed %s, an export of driver process %s that is gone", url, owner.get("pid"))
+        removed.append(url)
+    return removed
 
 
 def export_rdd(rdd: Any, directory: str, batch_size: int,

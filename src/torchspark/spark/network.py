@@ -10,7 +10,6 @@ import logging
 import math
 import os
 import tempfile
-import uuid
 import weakref
 from dataclasses import dataclass
 from functools import partial
@@ -34,7 +33,8 @@ from torchspark.spark.data import (
     worker_rdd_balanced_epochs,
     worker_rdd_from_paths,
 )
-from torchspark.spark.export import check_export_directory, export_base, export_rdd
+from torchspark.spark.export import (check_export_directory, export_base, export_name, export_rdd, mark_export,
+                                    remove_dead_exports)
 from torchspark.spark.jobs import run_job
 from torchspark.spark.evaluation_methods import EvaluationMethods
 from torchspark.spark.inference_methods import InferenceMethods
@@ -44,6 +44,7 @@ from torchspark.spark.runners import SparkBarrierRunner, SparkRoundsRunner, Spar
 from torchspark.spark.session import spark_context
 from torchspark.stats import DRIVER_ID, StatsCollector, TrainingStats
 from torchspark.training.assignment import (
+    check_loader,
     epoch_seed,
     file_items,
     grid_heads,
@@ -220,8 +221,7 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         master = self._master()
         _check_epochs(epochs)
         plan_for(master, run_id, 0, 0)
-        if loader is not None and not callable(loader):
-            raise ConfigError(f"loader must be a function path -> DataSet, got {type(loader).__name__}")
+        check_loader(loader)
         self._driver_stats = StatsCollector(DRIVER_ID, enabled=self._collect_stats)
         n = self._num_workers(master)
         self._preflight(master, n)
@@ -295,10 +295,12 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
     def _export_directory(self, master: TrainingMaster, base: str, rdd_id: int) -> str:
         """A new directory for one export: under ``export_directory`` as it is, else inside this object's private
         directory (created on first use, 0700)."""
-        name = f"{uuid.uuid4().hex[:12]}-rdd{rdd_id}"
+        name = export_name(rdd_id)
         if master.export_directory:
+            remove_dead_exports(base)  # what killed drivers of this host left there
             directory = join(base, name)
             check_export_directory(directory)
+            mark_export(directory)
             return directory
         if not self._private_dirs:
             self._private_dirs.append(make_private_dir(base))

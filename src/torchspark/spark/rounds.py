@@ -51,7 +51,7 @@ from torchspark.spark.jobs import run_job
 from torchspark.stats import StatsCollector
 from torchspark.training import env as task_env
 from torchspark.training.averaging import AveragingSettings, apply_weighted_mean, pack_weighted
-from torchspark.training.devices import device_for_task, flush_denormals, gpu_addresses
+from torchspark.training.devices import device_for_task, gpu_addresses, task_thread_settings
 from torchspark.training.hooks import PhaseRecorder, ProgressUpdate
 from torchspark.training.prefetch import prefetch
 from torchspark.training.reporting import worker_id
@@ -177,20 +177,15 @@ def fit_round_partition(spec_bc: Any, round_bc: Any, index: int, items: Iterable
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
-    torch.set_num_threads(max(1, int(ctx.cpus())) if ctx is not None else 1)
     device = "cpu" if ctx is None else device_for_task(gpu_addresses(ctx.resources()),
                                                        task_env.read(task_env.CUDA_VISIBLE_DEVICES),
                                                        torch.cuda.is_available())
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
     recorder = StatsCollector(worker_id(index), enabled=spec.collect_stats)
-    if spec.flush_denormal:  # before any torch work of this task (threads inherit the mode); back off at the end
-        flush_denormals(True)
-    try:
+    # the task's cores and flush mode before any torch work of it; the reused Python worker gets its own back after
+    with task_thread_settings(max(1, int(ctx.cpus())) if ctx is not None else 1, spec.flush_denormal):
         record = _fit_round(spec, rnd, index, chunk, device, recorder)
-    finally:
-        if spec.flush_denormal:
-            flush_denormals(False)
     yield record
 
 

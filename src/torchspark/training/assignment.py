@@ -58,6 +58,7 @@ __all__ = [
     "BalancedPlan",
     "EpochItems",
     "FileSlices",
+    "check_loader",
     "epoch_seed",
     "load_with",
     "plan_balanced",
@@ -269,6 +270,12 @@ class FileSlices:
         parts = [(load_batch(path) if self.loader is None else load_with(self.loader, path)).slice(start, stop)
                  for path, start, stop in self.slices]
         return parts[0] if len(parts) == 1 else type(parts[0]).merge(parts)
+
+
+def check_loader(loader: Any) -> None:
+    """ConfigError unless ``loader`` is None or a function ``path -> DataSet`` (the ``loader=`` of the path methods)."""
+    if loader is not None and not callable(loader):
+        raise ConfigError(f"loader must be a function path -> DataSet, got {type(loader).__name__}")
 
 
 def load_with(loader: Callable[[str], Batch], path: str) -> Batch:

@@ -7,11 +7,13 @@ an address must be re-indexed through that list (TorchDistributor does the same)
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from contextlib import contextmanager
+from typing import Iterator, Mapping, Sequence
 
 from torchspark.errors import SetupError
 
-__all__ = ["device_for_task", "backend_for_device", "gpu_addresses", "flush_denormals"]
+__all__ = ["device_for_task", "backend_for_device", "gpu_addresses", "flush_denormals", "denormals_flushed",
+           "task_thread_settings"]
 
 
 def device_for_task(
@@ -74,3 +76,40 @@ def flush_denormals(on: bool) -> None:
     import torch
 
     torch.set_flush_denormal(bool(on))
+
+
+def denormals_flushed() -> bool:
+    """Whether this thread flushes denormals to zero now (torch has no getter: a denormal that survives one
+    multiplication says no; with flush-to-zero or denormals-are-zero it comes out 0)."""
+    import torch
+
+    return bool((torch.full((1,), 1e-39, dtype=torch.float32) * 2.0).item() == 0.0)
+
+
+@contextmanager
+def task_thread_settings(num_threads: int | None, flush_denormal: bool) -> Iterator[None]:
+    """Run a training task with ``num_threads`` torch intra-op threads (None: leave them) and, when
+    ``flush_denormal``, denormals flushed on this thread; put back what was there when the task ends.
+
+    Spark reuses its Python workers (``spark.python.worker.reuse``, on by default): without the restore, the next
+    task in the process (an evaluation, or the user's own ``mapPartitions``) would run with this task's thread count
+    and floating-point mode. Threads of torch's pool started during the task keep the mode they were born with
+    (see :func:`flush_denormals`); the calling thread and the thread count are restored. The thread count is put
+    back only if it is still the one set here (a concurrent task in the process may have set its own since).
+    """
+    import torch
+
+    previous_threads = torch.get_num_threads()
+    previous_flush = denormals_flushed() if flush_denormal else False
+    threads = max(1, int(num_threads)) if num_threads else None
+    if threads is not None:
+        torch.set_num_threads(threads)
+    if flush_denormal:  # before the task's first torch work: torch's CPU threads inherit the mode when created
+        flush_denormals(True)
+    try:
+        yield
+    finally:
+        if flush_denormal:
+            flush_denormals(previous_flush)
+        if threads is not None and torch.get_num_threads() == threads:
+            torch.set_num_threads(previous_threads)

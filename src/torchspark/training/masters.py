@@ -73,7 +73,8 @@ class TrainingMaster:
             master then fails before the first job with a ConfigError asking for an export_directory (or
             ``rdd_training_approach="direct"``), since executors would write to their own disks and workers on
             other hosts would get paths that do not exist there. ``SparkNetwork.delete_temp_files()`` (or
-            ``close()``) removes the files; an explicit ``export_directory``'s exports stay until then.
+            ``close()``) removes the files; an explicit ``export_directory``'s exports stay until then (one a
+            killed driver of this host left is removed by the next export to the same ``export_directory``).
         storage_level: persistence of the prepared RDD with ``direct``: a ``pyspark.StorageLevel`` name
             (:data:`STORAGE_LEVELS`, e.g. ``"MEMORY_AND_DISK"`` when the data does not fit in executor memory).
         drop_last: train only full minibatches of ``batch_size_per_worker`` (as ``DataLoader(drop_last=True)``):
@@ -95,7 +96,8 @@ class TrainingMaster:
             True). Adam's second moments and tiny gradients drift there after some epochs and x86 CPUs compute on
             them many times slower (measured: an MLP epoch 0.52 s -> 1.03 s after four epochs without it). Values
             that small do not change training in practice; False keeps IEEE denormals (bit-for-bit comparisons
-            with a process that does not flush).
+            with a process that does not flush). The task puts back the flush mode (and torch's thread count) it
+            found when it ends, for the next task of a reused Python worker.
         max_failures: how many lost workers a fit survives (default 3; 0 = fail at the first). A worker, its
             process or its executor lost mid-fit (killed, out of memory, a node gone) or a peer that stops
             responding for ``rendezvous_timeout_s`` fails the running attempt; the driver then relaunches all

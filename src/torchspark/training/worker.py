@@ -25,7 +25,7 @@ from torchspark.training.algorithms import ALGORITHMS
 from torchspark.training.assignment import EpochItems, FileSlices, epoch_seed
 from torchspark.training.checkpoint import CheckpointPlan, CheckpointWriter, RankProgress, ResumePoint, restore_rank
 from torchspark.training.comm import Communicator
-from torchspark.training.devices import flush_denormals
+from torchspark.training.devices import task_thread_settings
 from torchspark.training.hooks import WorkerHooks
 from torchspark.training.prefetch import prefetch
 
@@ -220,15 +220,9 @@ def run_worker(
     through the prefetcher (``data_timeout_s``), so a stuck peer or source fails instead of hanging.
     """
     hooks = hooks or WorkerHooks()
-    if task.num_threads:
-        torch.set_num_threads(max(1, int(task.num_threads)))
-    if task.flush_denormal:  # before the network is built: torch's CPU threads inherit the mode when created
-        flush_denormals(True)
-    try:
+    # set before the network is built, restored at the end (a reused Spark Python worker runs other tasks next)
+    with task_thread_settings(task.num_threads, task.flush_denormal):
         return _train(task, source, comm, device, hooks, network_factory)
-    finally:
-        if task.flush_denormal:
-            flush_denormals(False)
 
 
 def _train(task: WorkerTask, source: EpochSource, comm: Communicator, device: str, hooks: WorkerHooks,
