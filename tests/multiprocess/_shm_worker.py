@@ -75,6 +75,33 @@ def run_rank(rank: int, world: int, port: int, shared_memory: bool, shm_dir: str
             t = _values((300_000,), rank, 77)
             comm.all_reduce_sum(t)
             report["gather_ok"].append(bool(torch.allclose(t, _expected((300_000,), world, 77), atol=1e-5)))
+    # posted (split-phase) gathers: post, do other work, collect; ranks take turns being slow between post and
+    # collect, payload sizes vary by round (one far larger than a half slot: all grow the segment mid-run), and a
+    # float sum after close reuses the segment
+    posted = comm.posted_gathers()
+    report["posted"] = posted is not None
+    report["posted_ok"] = []
+    if posted is not None:
+        import time
+
+        sizes = [5, 0, 70_000, 3, 1_500_000, 9, 0, 200_000] * 3
+        for t, n in enumerate(sizes):
+            payloads = [bytes([(r * 7 + t + i) % 256 for i in range(max(n - r, 0) % 256)]) * ((n - r) // 256 + 1)
+                        for r in range(world)]
+            payloads = [q[:max(n - r, 0)] for r, q in enumerate(payloads)]
+            posted.post(payloads[rank])
+            if t % world == rank:
+                time.sleep(0.02)  # this rank is the slow one of the round: peers are one post ahead meanwhile
+            report["posted_ok"].append(posted.collect() == payloads)
+        try:
+            posted.collect()
+            report["posted_ok"].append(False)
+        except RuntimeError:  # collect without post
+            report["posted_ok"].append(True)
+        posted.close()
+        t_ = _values((300_000,), rank, 78)
+        comm.all_reduce_sum(t_)
+        report["posted_ok"].append(bool(torch.allclose(t_, _expected((300_000,), world, 78), atol=1e-5)))
     seg = comm._shm._segment if comm._shm is not None else None
     report["slot_bytes"] = seg.capacity * 4 if seg is not None else 0
     report["staged_is_base"] = [k == StagedSum.__name__ for k in report["staged_kind"]]

@@ -46,6 +46,21 @@ def test_sharded_fit_equals_all_gather_fit_bit_for_bit(gloo_fits: dict[str, tupl
     assert plain.extra_config["sharing.replica_sha256"] == sharded.extra_config["sharing.replica_sha256"]
 
 
+def test_posted_gathers_through_shared_memory_equal_the_exchange_thread_bit_for_bit(
+        gloo_fits: dict[str, tuple[Network, ParallelWrapper]]) -> None:
+    """Co-located workers overlap through posted shared-memory gathers (no exchange thread); over gloo the exchange
+    thread does it. Same messages in the same order: the same parameters."""
+    threaded, _ = gloo_fits["all_gather"]
+    posted, wrapper = _fit(3, shared_memory=True, topology="all_gather")
+    assert threaded.extra_config["sharing.overlap_via"] == "thread"
+    assert posted.extra_config["sharing.overlap_via"] == "shared_memory"
+    assert len({r.param_checksum for r in wrapper.last_results}) == 1
+    assert torch.equal(threaded.params(), posted.params())
+    assert threaded.extra_config["sharing.replica_sha256"] == posted.extra_config["sharing.replica_sha256"]
+    off, _ = _fit(2, shared_memory=True, topology="all_gather", overlap=False)
+    assert off.extra_config["sharing.overlap_via"] == "off"
+
+
 @pytest.mark.parametrize("topology", ["all_gather", "sharded"])
 def test_every_replica_is_identical(gloo_fits: dict[str, tuple[Network, ParallelWrapper]], topology: str) -> None:
     net, wrapper = gloo_fits[topology]

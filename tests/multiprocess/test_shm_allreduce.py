@@ -23,6 +23,8 @@ def test_shared_memory_sums_are_exact_and_identical_on_every_rank(world: int) ->
         assert r["fifo"], "and order it with the FIFO barrier"
         assert all(r["ok"]), r["ok"]  # grown segment, small (gloo) and non-contiguous tensors included
         assert all(r["gather_ok"]), r["gather_ok"]  # byte gathers through the segment, growth included
+        # posted gathers: every round exact (slow ranks, a payload larger than a half slot), a sum after close
+        assert r["posted"] and len(r["posted_ok"]) == 26 and all(r["posted_ok"]), r["posted_ok"]
         assert r["slot_bytes"] >= 8 + 8_000_000, "the 8 MB payload grew the segment (larger than any sum before)"
         assert r["segments_left"] == [], "segments are unlinked as soon as every rank has mapped them"
         # staged sums of >= MIN_NUMEL values use the shared segment; 100 values stay on gloo
@@ -37,6 +39,7 @@ def test_without_dev_shm_every_rank_falls_back_to_gloo(tmp_path) -> None:
         assert all(r["ok"])
         assert all(r["staged_is_base"]), "without shared memory every staged sum is the portable one"
         assert all(r["gather_ok"]), "byte gathers fall back to gloo"
+        assert not r["posted"], "posted gathers need the shared segment: the sharing loop keeps its thread"
     assert reports[0]["digest"] == reports[1]["digest"]
 
 

@@ -34,6 +34,12 @@ computed from parameters missing exactly the most recent step (staleness one ste
 
     compute u_{t+1} | exchange t in flight  ->  wait S_t, apply S_t  ->  start exchange t+1  ->  compute u_{t+2} ...
 
+When every worker is on one host (ParallelWrapper, ``local[N]``, executors of one machine) and the communicator
+offers posted gathers (:class:`~torchspark.training.shm.PostedGathers`: the all-gather through shared memory, split
+into "post my message" and "collect the round"), there is no exchange thread: the training thread posts ``m_t``,
+computes ``u_{t+1}``, then collects round ``t``; same order, same staleness, no thread hand-off or GIL contention per
+step (``extra_config["sharing.overlap_via"]`` says which ran).
+
 With ``overlap=False`` the loop is synchronous: exchange ``t``, apply ``S_t``, then compute ``u_{t+1}`` (no
 staleness). Either way every worker applies the same sequence ``S_0, S_1, ...``. Only the background thread issues
 collectives during an epoch (one single-thread executor per epoch), the main thread only computes, decodes and
@@ -220,6 +226,9 @@ class SharingState:
             :func:`_step_into_residual`); None until the first step.
         param_norm: the parameters' norm for the divergence check, refreshed every :data:`PARAM_NORM_EVERY` steps
             of the direct path (None until the first).
+        overlap_via: how the last epoch overlapped its exchange (``extra_config["sharing.overlap_via"]``):
+            ``"shared_memory"`` (every worker on one host: posted gathers, no exchange thread), ``"thread"`` (the
+            exchange thread) or ``"off"`` (``overlap=False``).
     """
 
     encoder: EncoderState
@@ -233,6 +242,8 @@ class SharingState:
     staleness: Any = None
     step_buffers: tuple[torch.Tensor, torch.Tensor] | None = None
     param_norm: float | None = None
+    #: how the last epoch overlapped its exchange: "shared_memory" (posted gathers), "thread" or "off"
+    overlap_via: str | None = None
 
 
 @dataclass(frozen=True)
@@ -328,6 +339,7 @@ class SharingAlgorithm:
         executor = ThreadPoolExecutor(1, thread_name_prefix="torchspark-sharing-exchange") \
             if self.settings.overlap and posted is None else None
         overlap = self.settings.overlap
+        state.overlap_via = "shared_memory" if posted is not None else "thread" if overlap else "off"
         pending: Future[Any] | _Posted | None = None
         resumed, state.pending_payload = state.pending_payload, None
         try:
@@ -530,6 +542,7 @@ class SharingAlgorithm:
         }
         if self.settings.max_staleness is None:  # the synchronous loop's exchange (the async mode has its own)
             extra_config["sharing.topology"] = _topology(self.settings, world)
+            extra_config["sharing.overlap_via"] = state.overlap_via
         return extra_state, extra_config
 
 
