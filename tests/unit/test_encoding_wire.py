@@ -96,3 +96,43 @@ def test_decoded_from_bytes_equals_decoded_from_message() -> None:
         a = decode(from_bytes(data), torch.zeros(103))
         assert a.abs().sum() > 0
         assert a.equal(decode(from_bytes(to_bytes(from_bytes(data))), torch.zeros(103)))
+
+
+def _sparse_corruptions() -> list[tuple[bytes, str]]:
+    """(bytes, error pattern) of corrupt sparse messages: every check of the sparse payload, and header ones."""
+    base = _message("sparse")
+    out = []
+    for index, value, pattern in ((0, 104, r"in \[1, 103\] in magnitude, got range \[6, 104\]"),
+                                  (0, 0, r"range \[0, 103\]"),
+                                  (0, -2**31, r"range \[6, 2147483648\]"),  # abs overflows int32: still refused
+                                  (1, 1, "strictly ascending"),  # |1|, |1|: a repeated index
+                                  (2, 3, "strictly ascending"),  # 1, 6, 3
+                                  (1, 200, r"range \[1, 200\]")):  # out of range and out of order: range first
+        data = bytearray(base)
+        struct.pack_into("<i", data, 28 + 4 * index, value)
+        out.append((bytes(data), pattern))
+    out.append((base[:-1], "truncated"))
+    out.append((b"NOPE" + base[4:], "bad magic"))
+    return out
+
+
+@pytest.mark.parametrize("case", range(8))
+def test_sparse_view_checks_like_from_bytes(case: int) -> None:
+    from torchspark.encoding.wire import sparse_view
+
+    data, pattern = _sparse_corruptions()[case]
+    with pytest.raises(EncodingError, match=pattern):
+        from_bytes(data)
+    with pytest.raises(EncodingError, match=pattern):
+        sparse_view(data)
+
+
+def test_sparse_view_reads_entries_in_place() -> None:
+    from torchspark.encoding.wire import sparse_view
+
+    data = _message("sparse")
+    length, threshold, entries = sparse_view(data)
+    assert (length, threshold) == (103, 1.0)
+    assert entries.tolist() == from_bytes(data).payload.tolist() == [1, -6, 103]
+    assert sparse_view(_message("empty"))[2].shape == (0,)
+    assert sparse_view(_message("bitmap")) is None  # the caller decodes bitmaps with from_bytes

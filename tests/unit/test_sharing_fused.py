@@ -270,3 +270,43 @@ def test_direct_path_refreshes_the_parameter_norm_every_param_norm_every_steps()
     assert _step_into_residual(state, net, data[0], False)[1] == pytest.approx(2 * first, rel=1e-5)  # refreshed
     state.steps, state.param_norm = PARAM_NORM_EVERY + 1, float("nan")
     assert _step_into_residual(state, net, data[0], False)[1] == pytest.approx(2 * first, rel=1e-5)
+
+
+def test_the_sparse_round_equals_the_parsed_round_and_refuses_what_it_refuses() -> None:
+    """The per-step decoding reads sparse entries in place (no message objects): same indices and sums as parsing
+    every message, bitmaps left to the general path, and the same errors."""
+    import struct as _struct
+
+    from torchspark.encoding import threshold_encode, to_bytes
+    from torchspark.errors import EncodingError
+    from torchspark.training import sharing as S
+
+    n = 5000
+    g = torch.Generator().manual_seed(3)
+    payloads = []
+    for t in (1.0, 1.2, 1.0):  # overlapping indices, different thresholds
+        payloads.append(b"\x01" + to_bytes(threshold_encode(torch.randn(n, generator=g) * 0.4, torch.zeros(n), t)))
+    empty = b"\x01" + to_bytes(threshold_encode(torch.zeros(n), torch.zeros(n), 1.0))
+    gathered = [payloads[0], b"\x00", payloads[1], empty, payloads[2]]
+    fast = S._sparse_round(gathered, n)
+    active, messages = S._parse_gathered(gathered, n)
+    slow = S._dense_sum(messages, n, "cpu")
+    assert fast is not None and fast.active == active == 4 and len(messages) == 4
+    assert [m.format for m in messages] == ["sparse", "sparse", "empty", "sparse"]
+    assert len(set(fast.indices.tolist())) < sum(m.num_entries for m in messages)  # some indices overlap
+    dense = torch.zeros(n)
+    dense[fast.indices] = fast.total
+    assert torch.equal(dense, slow)  # bit-identical sums at the union of the indices, zero elsewhere
+    assert S._round_from_gathered(gathered, n, "cpu").total.equal(fast.total)
+    bitmap = b"\x01" + to_bytes(threshold_encode(torch.randn(n, generator=g), torch.zeros(n), 1e-3))
+    assert S._sparse_round([payloads[0], bitmap], n) is None
+    assert S._round_from_gathered([payloads[0], bitmap], n, "cpu").indices is None  # the dense decode
+    assert S._sparse_round([b"\x00", b"\x00"], n).total is None
+    with pytest.raises(EncodingError, match="4999 parameters"):
+        S._sparse_round(gathered, n - 1)
+    corrupt = bytearray(payloads[1])
+    _struct.pack_into("<i", corrupt, 29, n + 1)
+    with pytest.raises(EncodingError, match="indices must be in"):
+        S._round_from_gathered([payloads[0], bytes(corrupt)], n, "cpu")
+    with pytest.raises(EncodingError, match="malformed"):
+        S._round_from_gathered([b"\x07" + payloads[0][1:]], n, "cpu")

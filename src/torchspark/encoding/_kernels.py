@@ -266,18 +266,23 @@ def sparse_sum(payloads: list[torch.Tensor], thresholds: list[float]) -> tuple[t
     has one, and so on, at most one pass per message. About 2x faster than ``np.unique`` + ``np.add.at`` for
     2-8 messages (measured 0.035 ms instead of 0.065 ms for two messages of 100 entries).
     """
-    if len(payloads) == 1:  # one message: its indices are already ascending and unique, and 0 + v == v
-        p = payloads[0].numpy()
-        return (torch.from_numpy(np.abs(p).astype(np.int64) - 1),
-                torch.from_numpy(np.where(p > 0, np.float32(thresholds[0]), np.float32(-thresholds[0]))))
-    arrays = [p.numpy() for p in payloads]
+    idx, sums = sparse_sum_np([p.numpy() for p in payloads], thresholds)
+    return torch.from_numpy(idx), torch.from_numpy(sums)
+
+
+def sparse_sum_np(arrays: list[np.ndarray], thresholds: list[float]) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`sparse_sum` on int32 numpy payloads (read-only views are fine): ``(indices, sums)`` as numpy arrays."""
+    if len(arrays) == 1:  # one message: its indices are already ascending and unique, and 0 + v == v
+        p = arrays[0]
+        return (np.abs(p).astype(np.int64) - 1,
+                np.where(p > 0, np.float32(thresholds[0]), np.float32(-thresholds[0])))
     idx = np.abs(np.concatenate(arrays)).astype(np.int64)
     idx -= 1
     vals = np.concatenate([np.where(a > 0, np.float32(t), np.float32(-t)).astype(np.float32, copy=False)
                            for a, t in zip(arrays, thresholds)])
     n = idx.shape[0]
     if n == 0:
-        return torch.from_numpy(idx), torch.from_numpy(vals)
+        return idx, vals
     order = np.argsort(idx, kind="stable")
     s_idx, s_val = idx[order], vals[order]
     first = np.empty(n, dtype=np.bool_)
@@ -290,7 +295,7 @@ def sparse_sum(payloads: list[torch.Tensor], thresholds: list[float]) -> tuple[t
         for k in range(1, int(sizes.max())):
             groups = np.flatnonzero(sizes > k)
             sums[groups] += s_val[starts[groups] + k]
-    return torch.from_numpy(s_idx[starts]), torch.from_numpy(sums)
+    return s_idx[starts], sums
 
 
 def _byte_lut(t: np.float32) -> np.ndarray:

@@ -240,6 +240,13 @@ def sparse_decode_sum(messages: Iterable[EncodedUpdate]) -> tuple[torch.Tensor, 
     return _kernels.sparse_sum([m.payload for m in messages], [m.threshold for m in messages])
 
 
+def sparse_sum_entries(entries: list[np.ndarray], thresholds: list[float]) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`sparse_decode_sum` of sparse payloads given as int32 numpy arrays of signed 1-based indices (e.g. the
+    read-only views of :func:`~torchspark.encoding.wire.sparse_view`) and their thresholds: ``(indices, sums)`` as
+    int64 / float32 numpy arrays, the same values. Validated payloads only."""
+    return _kernels.sparse_sum_np(entries, thresholds)
+
+
 def accumulate_step(residual: torch.Tensor, before: torch.Tensor, after: torch.Tensor, update: torch.Tensor, *,
                     _force_torch: bool = False) -> tuple[float, float]:
     """Move an optimizer step from the parameters into the residual, in one pass: ``update = before - after``,

@@ -28,7 +28,7 @@ from torchspark.encoding import _kernels
 from torchspark.encoding.codec import FORMATS, HEADER_NBYTES, MAX_LENGTH, EncodedUpdate
 from torchspark.errors import EncodingError
 
-__all__ = ["MAGIC", "VERSION", "to_bytes", "from_bytes"]
+__all__ = ["MAGIC", "VERSION", "to_bytes", "from_bytes", "sparse_view"]
 
 MAGIC = b"TSEU"
 VERSION = 1
@@ -57,6 +57,52 @@ def from_bytes(data: bytes | bytearray | memoryview) -> EncodedUpdate:
             or over-long data (``expected X bytes, got Y``), an invalid threshold, out-of-range indices or
             impossible bitmap codes.
     """
+    buf, name, length, count, threshold, payload_nbytes = _checked_header(data)
+    if name == "empty":
+        return EncodedUpdate("empty", length, threshold, torch.empty(0, dtype=torch.int32), 0)
+    raw = np.frombuffer(buf, dtype=np.uint8 if name == "bitmap" else "<i4", offset=HEADER_NBYTES,
+                        count=payload_nbytes if name == "bitmap" else count)
+    payload = torch.from_numpy(raw.astype(np.uint8 if name == "bitmap" else np.int32))  # copy: writable, owned
+    if name == "sparse":
+        _check_sparse(raw, length)
+    elif _kernels.bitmap_has_invalid_code(payload):
+        raise EncodingError("corrupt bitmap message: an element has both its value and sign bit set (code 3)")
+    return EncodedUpdate(name, length, threshold, payload, count)
+
+
+def sparse_view(data: bytes | bytearray | memoryview) -> tuple[int, float, np.ndarray] | None:
+    """``(length, threshold, entries)`` of a sparse (or empty) message without building an
+    :class:`EncodedUpdate`: ``entries`` is a read-only int32 view of the signed 1-based indices inside ``data``
+    (empty for an empty message). None for a bitmap message. The same checks as :func:`from_bytes` (and the same
+    errors), for the per-step decoding of gradient sharing, where the messages are few and small and the fixed
+    cost per message is what counts.
+    """
+    buf, name, length, count, threshold, _ = _checked_header(data)
+    if name == "bitmap":
+        return None
+    raw = np.frombuffer(buf, dtype=np.int32, offset=HEADER_NBYTES, count=count)  # little-endian hosts (x86, arm)
+    _check_sparse(raw, length)
+    return length, threshold, raw
+
+
+def _check_sparse(raw: np.ndarray, length: int) -> None:
+    """Indices in ``[1, length]`` by magnitude and strictly ascending (EncodingError otherwise)."""
+    count = raw.shape[0]
+    if not count:
+        return
+    magnitude = np.abs(raw)  # int32: abs(-2**31) stays negative, which the range check refuses
+    ascending = count == 1 or bool(np.all(magnitude[1:] > magnitude[:-1]))
+    if not ascending or magnitude[0] < 1 or magnitude[-1] > length:  # ascending: first and last are min and max
+        wide = np.abs(raw.astype(np.int64))
+        if wide.min() < 1 or wide.max() > length:
+            raise EncodingError(f"corrupt sparse message: indices must be in [1, {length}] in magnitude, got "
+                                f"range [{wide.min()}, {wide.max()}]")
+        raise EncodingError("corrupt sparse message: indices must be strictly ascending by magnitude")
+
+
+def _checked_header(data: bytes | bytearray | memoryview) -> tuple[memoryview, str, int, int, float, int]:
+    """The header's fields after every header and size check: ``(buf, format, length, count, threshold,
+    payload_nbytes)``."""
     buf = memoryview(data).cast("B")
     if len(buf) < HEADER_NBYTES:
         raise EncodingError(f"truncated encoded update: expected at least {HEADER_NBYTES} header bytes, "
@@ -81,20 +127,6 @@ def from_bytes(data: bytes | bytearray | memoryview) -> EncodedUpdate:
     if len(buf) != expected:
         what = "truncated" if len(buf) < expected else "over-long"
         raise EncodingError(f"{what} {name} encoded update: expected {expected} bytes, got {len(buf)}")
-    if name == "empty":
-        if count:
-            raise EncodingError(f"corrupt empty message: entry count {count}, expected 0")
-        return EncodedUpdate("empty", length, threshold, torch.empty(0, dtype=torch.int32), 0)
-    raw = np.frombuffer(buf, dtype=np.uint8 if name == "bitmap" else "<i4", offset=HEADER_NBYTES,
-                        count=payload_nbytes if name == "bitmap" else count)
-    payload = torch.from_numpy(raw.astype(np.uint8 if name == "bitmap" else np.int32))  # copy: writable, owned
-    if name == "sparse":
-        magnitude = np.abs(raw.astype(np.int64))
-        if count and (magnitude.min() < 1 or magnitude.max() > length):
-            raise EncodingError(f"corrupt sparse message: indices must be in [1, {length}] in magnitude, got "
-                                f"range [{magnitude.min()}, {magnitude.max()}]")
-        if count > 1 and not np.all(np.diff(magnitude) > 0):
-            raise EncodingError("corrupt sparse message: indices must be strictly ascending by magnitude")
-    elif _kernels.bitmap_has_invalid_code(payload):
-        raise EncodingError("corrupt bitmap message: an element has both its value and sign bit set (code 3)")
-    return EncodedUpdate(name, length, threshold, payload, count)
+    if name == "empty" and count:
+        raise EncodingError(f"corrupt empty message: entry count {count}, expected 0")
+    return buf, name, length, count, threshold, payload_nbytes

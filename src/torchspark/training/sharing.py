@@ -108,6 +108,8 @@ from torchspark.encoding import (
     to_bytes,
     with_calibration,
 )
+from torchspark.encoding.codec import sparse_sum_entries
+from torchspark.encoding.wire import sparse_view
 from torchspark.errors import ConfigError, EncodingError, TrainingError
 from torchspark.nn import Network
 from torchspark.nn.divergence import check_on_divergence, update_divergence
@@ -624,6 +626,10 @@ def _exchange_sparse(comm: Communicator, payload: bytes, length: int, device: to
 
 def _round_from_gathered(gathered: list[bytes], length: int, device: torch.device | str) -> _Round:
     """The second half of :func:`_exchange_sparse`: parse the gathered payloads and sum them."""
+    if torch.device(device).type == "cpu":
+        fast = _sparse_round(gathered, length)
+        if fast is not None:
+            return fast
     active, messages = _parse_gathered(gathered, length)
     if torch.device(device).type != "cpu" or any(m.format == "bitmap" for m in messages):
         return _Round(active, _dense_sum(messages, length, device))
@@ -632,6 +638,35 @@ def _round_from_gathered(gathered: list[bytes], length: int, device: torch.devic
         return _Round(active, None)
     indices, total = sparse_decode_sum(sparse)
     return _Round(active, total, indices)
+
+
+def _sparse_round(gathered: list[bytes], length: int) -> _Round | None:
+    """:func:`_round_from_gathered` for the usual round, where every message is sparse or empty: the entries are
+    read in place (:func:`~torchspark.encoding.wire.sparse_view`, the same checks as ``from_bytes``) and summed
+    without building message objects; the same indices and sums. None when some message is a bitmap."""
+    active = 0
+    arrays: list[Any] = []
+    thresholds: list[float] = []
+    for rank, data in enumerate(gathered):
+        flag = data[:1]
+        if flag not in (_ACTIVE, _INACTIVE) or (flag == _INACTIVE and len(data) > 1):
+            return None  # _parse_gathered raises the error
+        active += flag == _ACTIVE
+        if len(data) == 1:
+            continue
+        view = sparse_view(memoryview(data)[1:])
+        if view is None:
+            return None
+        if view[0] != length:
+            raise EncodingError(f"worker {rank} sent an update of {view[0]} elements but this network has "
+                                f"{length} parameters; all workers must train the same network")
+        if view[2].shape[0]:
+            arrays.append(view[2])
+            thresholds.append(view[1])
+    if not arrays:
+        return _Round(active, None)
+    indices, total = sparse_sum_entries(arrays, thresholds)
+    return _Round(active, torch.from_numpy(total), torch.from_numpy(indices))
 
 
 def _gather_messages(comm: Communicator, payload: bytes, length: int) -> tuple[int, list[EncodedUpdate]]:
