@@ -48,6 +48,15 @@ def make_network(seed: int) -> Any:
     return ts.Network(models.mlp(784, B.HIDDEN, 10), loss="cross_entropy", updater=optim.Adam(lr=B.LR), seed=seed)
 
 
+def make_master(config: str) -> Any:
+    """The master of one of the torchspark configurations (every other setting the default)."""
+    from torchspark.training.shared_master import SharedTrainingMaster
+
+    options: dict[str, Any] = {"sync": {}, "sync-no-overlap": {"overlap": False},
+                               "k=0": {"max_staleness": 0}, "k=1": {"max_staleness": 1}}[config]
+    return SharedTrainingMaster(batch_size_per_worker=B.BATCH_PER_WORKER, num_workers=2, **options)
+
+
 def sharing_run(config: str, shards: list[list[Any]], test: Any, epochs: int, seed: int) -> list[dict[str, float]]:
     """The real loop, one fit per epoch; per epoch: accuracy, mean and max step loss."""
     import numpy as np
@@ -56,11 +65,8 @@ def sharing_run(config: str, shards: list[list[Any]], test: Any, epochs: int, se
     from torchspark.stats import StatsCollector
     from torchspark.training import InProcessRunner, ItemSource, WorkerTask, merge_results
     from torchspark.training.hooks import WorkerHooks
-    from torchspark.training.shared_master import SharedTrainingMaster
 
-    options: dict[str, Any] = {"sync": {}, "sync-no-overlap": {"overlap": False},
-                               "k=0": {"max_staleness": 0}, "k=1": {"max_staleness": 1}}[config]
-    master = SharedTrainingMaster(batch_size_per_worker=B.BATCH_PER_WORKER, num_workers=2, **options)
+    master = make_master(config)
     net = make_network(seed)
     out = []
     for epoch in range(epochs):
@@ -80,9 +86,11 @@ def sharing_run(config: str, shards: list[list[Any]], test: Any, epochs: int, se
     return out
 
 
-def dense_run(delayed: bool, shards: list[list[Any]], test: Any, epochs: int, seed: int) -> list[dict[str, float]]:
+def dense_run(delayed: bool, shards: list[list[Any]], test: Any, epochs: int, seed: int
+              ) -> tuple[list[dict[str, float]], Any]:
     """No encoding: each worker's Adam step on its own minibatch, the sum applied to the shared parameters at once
-    or one step late (the synchronous loop's overlap); the Adam states averaged after every epoch (as a fit's end)."""
+    or one step late (the synchronous loop's overlap); the Adam states averaged after every epoch (as a fit's end).
+    Returns the per-epoch results and the trained network."""
     import torch
 
     net = make_network(seed)
@@ -107,7 +115,7 @@ def dense_run(delayed: bool, shards: list[list[Any]], test: Any, epochs: int, se
             r.set_updater_state(state)
         out.append({"accuracy": float(replicas[0].evaluate(test).accuracy()),
                     "mean_loss": sum(losses) / len(losses), "max_loss": max(losses)})
-    return out
+    return out, replicas[0]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -134,7 +142,7 @@ def main(argv: list[str] | None = None) -> None:
         shards = [batches[0::2], batches[1::2]]
         for config in configs:
             t0 = time.perf_counter()
-            epochs = (dense_run(config == "dense-delayed", shards, test, args.epochs, seed)
+            epochs = (dense_run(config == "dense-delayed", shards, test, args.epochs, seed)[0]
                       if config.startswith("dense") else sharing_run(config, shards, test, args.epochs, seed))
             doc["runs"].append({"seed": seed, "config": config, "epochs": epochs})
             C.log(f"seed {seed} {config}: accuracy {[round(e['accuracy'], 3) for e in epochs]}, max step loss "
