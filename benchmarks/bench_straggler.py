@@ -24,11 +24,12 @@ slowed in one of these ways (``slowdown.py``), one at a time:
 With 2 hosts every host-to-host packet crosses both host links, so the ``link`` slowdown delays both workers'
 messages alike; the ``cpu`` slowdowns make one worker slower than the other.
 
-For each slowdown and ``k`` in sync (``SharedTrainingMaster()``, no ``max_staleness``), 0, 1, 4 (every other setting
-the default; ``collect_training_stats=True``): a fresh network (bench_cluster's MLP 784-2048-1024-10, Adam 1e-3,
-2 workers x 32 examples per step, same seed, same generated MNIST-like batch files) trained ``--epochs`` epochs,
-ONE ``fit_paths(epochs=1)`` call per epoch, test accuracy on the driver after each. Per epoch: the fit's wall time
-(call to return: Spark job, broadcast, rendezvous, training, the end-of-fit average) and its *training* time (first
+For each slowdown and ``k`` in sync (``SharedTrainingMaster()``, no ``max_staleness``), 0, 1, 4 (and on request
+``sync-no-overlap``: the synchronous loop with ``overlap=False``; every other setting the default;
+``collect_training_stats=True``): a fresh network (bench_cluster's MLP 784-2048-1024-10, Adam 1e-3, 2 workers
+x 32 examples per step, same seed, same generated MNIST-like batch files) trained ``--epochs`` epochs, ONE
+``fit_paths(epochs=1)`` call per epoch, test accuracy on the driver after each. Per epoch: the fit's wall time (call
+to return: Spark job, broadcast, rendezvous, training, the end-of-fit average) and its *training* time (first
 to last worker event in ``training_stats``: the part ``k`` can change); per worker: seconds in ``exchange`` (waiting
 for peers and applying their messages), ``fit`` (compute + encode), ``data_wait``; the fit's ``sharing.max_lag_steps``,
 ``sharing.replica_divergence`` and ``sharing.messages_sent/applied``. Time to target = the cumulated training (and
@@ -63,6 +64,8 @@ import bench_cluster as B  # noqa: E402
 
 SLOWDOWNS = ("none", "cpu", "cpu-flap", "link")
 KS = ("sync", "0", "1", "4")
+#: the synchronous loop: "sync" with overlap=True (the default, one step stale), "sync-no-overlap" without
+SYNC_KS = ("sync", "sync-no-overlap")
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "straggler.json")
 
 
@@ -71,7 +74,8 @@ def make_master(k: str) -> Any:
     from torchspark.spark import SharedTrainingMaster
 
     return SharedTrainingMaster(batch_size_per_worker=B.BATCH_PER_WORKER, num_workers=2, rng_seed=B.SEED,
-                                collect_training_stats=True, max_staleness=None if k == "sync" else int(k))
+                                collect_training_stats=True, max_staleness=None if k in SYNC_KS else int(k),
+                                overlap=k != "sync-no-overlap")
 
 
 def per_worker(stats: Any) -> tuple[dict[str, dict[str, float]], float]:
@@ -442,6 +446,7 @@ def summarise(doc: dict[str, Any], args: argparse.Namespace) -> list[dict[str, A
                                      if w != e.get("worker_on_host2"))}
                 slowed = "host2"
             fit = {w: sum(e["workers"].get(w, {}).get("fit", 0.0) for e in eps) for w in workers}
+            stale = run["k"] not in SYNC_KS
             row["reps"].append({
                 "rep": rec["rep"], "epochs": len(eps),
                 "host2_worker_in_cgroup": _in_cgroup(rec, eps),
@@ -452,15 +457,14 @@ def summarise(doc: dict[str, Any], args: argparse.Namespace) -> list[dict[str, A
                 "epochs_to_target": next((e["epoch"] for e in eps if e["accuracy"] >= args.target), None),
                 "accuracy": [e["accuracy"] for e in eps],
                 "exchange_s": exch, "fit_s": fit, "slowed_worker": slowed,
-                "max_lag_steps": max((e.get("max_lag_steps", 0) for e in eps), default=None)
-                if run["k"] != "sync" else None,
+                "max_lag_steps": max((e.get("max_lag_steps", 0) for e in eps), default=None) if stale else None,
                 "replica_divergence": max((e.get("replica_divergence", 0.0) for e in eps), default=None)
-                if run["k"] != "sync" else None,
-                "messages_sent": sum(e.get("messages_sent", 0) for e in eps) if run["k"] != "sync" else None,
-                "messages_applied": sum(e.get("messages_applied", 0) for e in eps) if run["k"] != "sync" else None,
+                if stale else None,
+                "messages_sent": sum(e.get("messages_sent", 0) for e in eps) if stale else None,
+                "messages_applied": sum(e.get("messages_applied", 0) for e in eps) if stale else None,
             })
     out = []
-    for (s, k), row in sorted(rows.items(), key=lambda kv: (SLOWDOWNS.index(kv[0][0]), KS.index(kv[0][1]))):
+    for (s, k), row in sorted(rows.items(), key=lambda kv: (SLOWDOWNS.index(kv[0][0]), _k_order(kv[0][1]))):
         reps = row["reps"]
         for key in ("train_s_per_epoch", "wall_s_per_epoch", "train_s_to_target", "wall_s_to_target"):
             vals = [r[key] for r in reps if r[key] is not None]
@@ -475,12 +479,16 @@ def summarise(doc: dict[str, Any], args: argparse.Namespace) -> list[dict[str, A
                                             if w != r["slowed_worker"]]) if s.startswith("cpu") else None
         row["exchange_mean_s"] = C.median([sum(r["exchange_s"].values()) / max(1, len(r["exchange_s"]))
                                            for r in reps])
-        if k != "sync":
+        if k not in SYNC_KS:
             row["max_lag_steps"] = max(r["max_lag_steps"] or 0 for r in reps)
             row["replica_divergence"] = max(r["replica_divergence"] or 0.0 for r in reps)
             row["messages"] = f"{reps[0]['messages_sent']}/{reps[0]['messages_applied']}"
         out.append(row)
     return out
+
+
+def _k_order(k: str) -> tuple[int, int]:
+    return (0, SYNC_KS.index(k)) if k in SYNC_KS else (1, int(k))
 
 
 def report(doc: dict[str, Any], args: argparse.Namespace) -> str:
@@ -500,7 +508,7 @@ def report(doc: dict[str, Any], args: argparse.Namespace) -> str:
         curve = " ".join(f"{C.median([x['accuracy'][i] for x in r['reps']]):.2f}" for i in range(n_ep))
         rows.append([r["slowdown"], r["k"], cell(r, "train_s_per_epoch"), cell(r, "wall_s_per_epoch"),
                      cell(r, "train_s_to_target"), f"{r['reached']}/{len(r['reps'])}", curve,
-                     exch, r.get("max_lag_steps", "-"), f"{r['replica_divergence']:.1e}" if r["k"] != "sync"
+                     exch, r.get("max_lag_steps", "-"), f"{r['replica_divergence']:.1e}" if r["k"] not in SYNC_KS
                      else "-", r.get("messages", "-")])
     applied = {}
     for rec in doc["records"]:
@@ -533,7 +541,8 @@ def report(doc: dict[str, Any], args: argparse.Namespace) -> str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--slowdowns", default="none,cpu,cpu-flap,link", help=f"subset of {', '.join(SLOWDOWNS)}")
-    p.add_argument("--ks", default=",".join(KS), help="comma-separated: sync and/or max_staleness values")
+    p.add_argument("--ks", default=",".join(KS), 
+                   help="comma-separated: sync, sync-no-overlap (overlap=False) and/or max_staleness values")
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--n-train", type=int, default=4096)
@@ -558,9 +567,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--slowed-netns", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     bad = [s for s in args.slowdowns.split(",") if s.strip() and s.strip() not in SLOWDOWNS]
-    bad += [k for k in args.ks.split(",") if k.strip() and k.strip() != "sync" and not k.strip().isdigit()]
+    bad += [k for k in args.ks.split(",") if k.strip() and k.strip() not in SYNC_KS
+            and not k.strip().isdigit()]
     if bad:
-        p.error(f"unknown slowdowns/ks {bad}; slowdowns: {list(SLOWDOWNS)}, ks: 'sync' or integers >= 0")
+        p.error(f"unknown slowdowns/ks {bad}; slowdowns: {list(SLOWDOWNS)}, ks: 'sync', 'sync-no-overlap' or "
+                "integers >= 0")
     for name in ("flap_slow_s", "flap_fast_s"):
         lo, hi = (float(x) for x in getattr(args, name).split(","))
         setattr(args, name, (lo, hi))

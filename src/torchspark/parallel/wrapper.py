@@ -216,7 +216,8 @@ class ParallelWrapper:
             ``AdaptiveThreshold(initial=1e-4)`` is DL4J's fixed start (dense warm-up steps with Adam at lr=1e-3).
         residual_post_processor: what happens to unsent residuals; default clip to 5x threshold every 5 steps.
         shake_frequency: every this many steps also flush residuals above t/3 (0 = off; try 50-500).
-        overlap: sharing exchanges step t while step t+1 computes (one step stale, faster); False = synchronous.
+        overlap: sharing exchanges step t while step t+1 computes (one step stale, faster per step, can learn
+            less per step); False = synchronous (see :class:`~torchspark.spark.SharedTrainingMaster`).
         devices: devices dealt round-robin to the workers (``["cuda:0", "cuda:1"]``); default: every GPU, else
             CPU. GPUs shared by several workers, or mixed CPU/GPU, talk over gloo instead of nccl.
         progress: progress bar (examples/s, score) on this process: True, False, or None = only on a terminal.

@@ -67,8 +67,11 @@ class SharedTrainingMaster(TrainingMaster):
             is one task slot, so a fit whose executors have fewer than k slots each fails with SetupError. Set
             either this or ``num_workers``, not both.
         overlap: exchange step t in the background while step t+1 computes (updates one step stale); False waits
-            for every exchange (no staleness, slower when the exchange is slow). Workers of one host overlap through
-            shared memory without an exchange thread (``extra_config["sharing.overlap_via"]``).
+            for every exchange (no staleness, slower when the exchange is slow). The staleness can cost accuracy
+            per step: the 3.7 M-parameter benchmark MLP with Adam reached 0.20-0.30 test accuracy after its first
+            epoch with True, 0.50-0.61 with False (BENCHMARKS.md, "Stragglers"); compare time to accuracy. Workers
+            of one host overlap through shared memory without an exchange thread
+            (``extra_config["sharing.overlap_via"]``).
         on_divergence: ``"fail"`` (default): a worker whose update is not finite or explodes (norm over 1000x the
             parameters', :mod:`torchspark.nn.divergence`) ends the fit with TrainingError, "... the updater
             diverged. Lower the learning rate ...", as a NaN loss does under parameter averaging. ``"warn"``: log

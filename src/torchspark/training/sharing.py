@@ -41,7 +41,9 @@ computes ``u_{t+1}``, then collects round ``t``; same order, same staleness, no 
 step (``extra_config["sharing.overlap_via"]`` says which ran).
 
 With ``overlap=False`` the loop is synchronous: exchange ``t``, apply ``S_t``, then compute ``u_{t+1}`` (no
-staleness). Either way every worker applies the same sequence ``S_0, S_1, ...``. Only the background thread issues
+staleness). Either way every worker applies the same sequence ``S_0, S_1, ...``. The staleness can cost accuracy
+per step (BENCHMARKS.md, "Stragglers": the benchmark MLP with Adam learns about half as much in its first epoch;
+Adam's steps applied one step late without any encoding lose as much). Only the background thread issues
 collectives during an epoch (one single-thread executor per epoch), the main thread only computes, decodes and
 applies (:func:`_exchange_phases` says why it decodes).
 
