@@ -262,7 +262,11 @@ def _train(task: WorkerTask, source: EpochSource, comm: Communicator, device: st
             with hooks.recorder.phase("checkpoint"):
                 writer.epoch_end(net, e + 1, e + 1 == task.epochs, progress, *algorithm.rank_state(state))
     extra_state, extra_config = algorithm.finish(state, net, comm)
-    if writer is not None:  # after finish's collectives every rank's last file is written: prune to the limit now
+    if writer is not None:
+        # every rank's last file must be written before rank 0 prunes to the limit; sharing's finish is collective
+        # but averaging's is not, so one tiny all-reduce as a barrier (without it a slow peer's file of the newest
+        # checkpoint was still missing, rank 0 pruned around it, and keep_checkpoints + 1 were left)
+        comm.all_reduce_sum(torch.zeros(1, device=net.device))
         writer.close()
     drain = getattr(hooks.recorder, "drain", None)
     lead = comm.rank == 0
