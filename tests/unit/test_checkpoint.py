@@ -105,6 +105,24 @@ def test_checkpoint_every_and_keep_checkpoints_change_what_is_written(tmp_path) 
     assert [c.step for c in complete_checkpoints(str(tmp_path), "r2")] == [3, 4, 5, 6]
 
 
+def test_the_final_prune_waits_for_a_slow_ranks_last_file(tmp_path, monkeypatch) -> None:
+    """Rank 1 writes its file of the last checkpoint late: rank 0 must not prune before it is there (averaging's
+    end of fit has no collective of its own), or keep_checkpoints + 1 complete checkpoints are left."""
+    import time
+
+    real = store.write_rank_file
+
+    def slow_last(path, rank, tensors, meta):
+        if rank == 1 and meta["step"] == 6:
+            time.sleep(0.5)  # the race, made certain: rank 0 has long written its file and the manifest
+        return real(path, rank, tensors, meta)
+
+    monkeypatch.setattr(store, "write_rank_file", slow_last)
+    _wrapper(_net(), "averaging", checkpoint_directory=str(tmp_path), checkpoint_every=1, keep_checkpoints=2).fit(
+        _data(), epochs=3, batch_size=16, run_id="slow")
+    assert [c.step for c in complete_checkpoints(str(tmp_path), "slow")] == [5, 6]
+
+
 def test_readers_ignore_incomplete_checkpoints_and_pruning_keeps_complete_ones(tmp_path) -> None:
     root = str(tmp_path)
     for step in (1, 2, 3):
