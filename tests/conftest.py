@@ -80,3 +80,10 @@ class Leftovers:
 @pytest.fixture
 def leftovers() -> Leftovers:
     return Leftovers()
+
+
+@pytest.fixture(scope="module")
+def module_leftovers() -> Leftovers:
+    """:class:`Leftovers` for a module whose fits run once in a module fixture: that fixture requests this one, so
+    the snapshot is taken before those fits."""
+    return Leftovers()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime
-import time
 from typing import Any
 
 import torch
@@ -37,8 +36,12 @@ def run_rank(rank: int, world: int, port: int, shared_memory: bool, timeout_case
                     report["error"] = None
                 except WaitTimeout as e:
                     report["error"] = str(e)
+                finally:
+                    store.set("a2a-timeout-case-over", b"1")
             else:
-                time.sleep(8)  # never joins: rank 0 must give up after its 3 s timeout
+                # never joins, but stays alive until rank 0 has given up after its 3 s timeout (a peer that died
+                # would be a different failure); the store wait bounds it
+                store.wait(["a2a-timeout-case-over"], datetime.timedelta(seconds=60))
             return
         # payload j -> rank j: variable lengths, empty ones included
         sent = [bytes([rank, j]) * (rank * j) for j in range(world)]

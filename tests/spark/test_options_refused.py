@@ -2,15 +2,10 @@
 routes that used to ignore it, storage_level names, workers_per_node against the session's executors, the import
 check on every executor, eval_workers, and the replicas' checksums measured after a fit.
 
-local-cluster checks (two executor JVMs) run in a child process: ``scripts/options_cluster.py``."""
+local-cluster checks (two executor JVMs) run in a child process: ``scripts/local_cluster_fit.py``, through the
+``local_cluster_runs`` fixture shared with test_local_cluster.py."""
 
 from __future__ import annotations
-
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,8 +19,6 @@ from torchspark.spark.preflight import probe_executors
 from torchspark.training.worker import param_checksum
 
 pytestmark = pytest.mark.spark
-
-SCRIPT = Path(__file__).parent / "scripts" / "options_cluster.py"
 
 
 def _net() -> Network:
@@ -142,11 +135,9 @@ def test_every_rank_reports_the_checksum_of_its_replica(spark, sc, master) -> No
 
 
 @pytest.mark.cluster
-def test_local_cluster_probes_every_executor_and_places_workers_per_node() -> None:
-    env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
-    proc = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=900, env=env)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    result = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1])
+def test_local_cluster_probes_every_executor_and_places_workers_per_node(local_cluster_runs) -> None:
+    result = local_cluster_runs["options"]
+    assert "error" not in result, result["error"]
     assert result["executor_count"] == 2
     assert len(result["probed"]) == 2, result  # both executor JVMs imported torch, not just one
     assert len(result["versions"]) == 1 and result["versions"][0].startswith("torch ")

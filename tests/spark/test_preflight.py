@@ -1,5 +1,5 @@
 """Preflight refuses sessions a barrier stage cannot use, before launching anything, with a message that says
-what to change. Each check needs its own SparkSession, so they run in one child process."""
+what to change. Each check needs its own SparkSession; they run one after the other in one child process."""
 
 from __future__ import annotations
 
@@ -29,25 +29,28 @@ def _python_without_torch() -> str | None:
     return None
 
 
-def _run_check(*args: str) -> dict[str, str]:
+@pytest.fixture(scope="module")
+def checks() -> dict[str, str]:
+    """Every check in one child process (each on a session of its own): check name -> the SetupError message.
+    ``executor_without_torch`` only where an interpreter without torch exists."""
+    other = _python_without_torch()
+    args = ["--python", other, "dynamic_allocation", "executor_without_torch"] if other else ["dynamic_allocation"]
     proc = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=600,
                           env=dict(os.environ, PYSPARK_PYTHON=sys.executable))
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1])
+    return {"python": other, **json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1])}
 
 
-def test_dynamic_allocation_fails_fast() -> None:
-    result = _run_check("dynamic_allocation")
-    message = result["dynamic_allocation"]
-    assert message.startswith("spark.dynamicAllocation.enabled=true, but barrier stages need a fixed set"), result
-    assert "spark.dynamicAllocation.enabled=false" in message, result  # says what to change
+def test_dynamic_allocation_fails_fast(checks) -> None:
+    message = checks["dynamic_allocation"]
+    assert message.startswith("spark.dynamicAllocation.enabled=true, but barrier stages need a fixed set"), checks
+    assert "spark.dynamicAllocation.enabled=false" in message, checks  # says what to change
 
 
-def test_executors_without_torch_fail_fast() -> None:
-    other = _python_without_torch()
+def test_executors_without_torch_fail_fast(checks) -> None:
+    other = checks["python"]
     if other is None:
         pytest.skip("no interpreter of this Python version without torch on this machine")
-    result = _run_check("executor_without_torch", other)
-    assert "cannot import torch" in result["executor_without_torch"], result
-    assert "No module named" in result["executor_without_torch"], result
-    assert other in result["executor_without_torch"], result  # names the interpreter to fix
+    assert "cannot import torch" in checks["executor_without_torch"], checks
+    assert "No module named" in checks["executor_without_torch"], checks
+    assert other in checks["executor_without_torch"], checks  # names the interpreter to fix

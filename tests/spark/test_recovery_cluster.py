@@ -1,6 +1,7 @@
 """Recovery from a lost executor on local-cluster[3,1,1024] (separate executor JVMs): 2 workers train, the
 executor JVM under rank 1 is killed (SIGKILL) or stopped (SIGSTOP) mid-fit; the driver relaunches the stage on
-the executors left and the fit completes, without waiting for Spark's 120 s executor heartbeat timeout."""
+the executors left and the fit completes, without waiting for Spark's 120 s executor heartbeat timeout. Both
+modes run in one child process, on one session, after one undisturbed reference fit."""
 
 from __future__ import annotations
 
@@ -17,17 +18,26 @@ pytestmark = [pytest.mark.spark, pytest.mark.cluster]
 SCRIPT = Path(__file__).parent / "scripts" / "recovery_cluster_fit.py"
 
 
-def _run(mode: str) -> dict:
+@pytest.fixture(scope="module")
+def cluster_runs(module_leftovers) -> dict:
+    """Both fault modes (and the undisturbed reference fit) in one child process: one local-cluster session.
+    ``module_leftovers`` first: its snapshot must predate the child."""
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
-    proc = subprocess.run([sys.executable, str(SCRIPT), mode], capture_output=True, text=True, timeout=900, env=env)
+    proc = subprocess.run([sys.executable, str(SCRIPT), "kill", "stop"], capture_output=True, text=True, timeout=900,
+                          env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     assert lines, proc.stdout[-2000:] + proc.stderr[-2000:]
     return json.loads(lines[-1])
 
 
-def test_a_killed_executor_is_replaced_and_the_fit_completes(leftovers) -> None:
-    result = _run("kill")
+def _run(runs: dict, mode: str) -> dict:
+    """``mode``'s results with the shared ``undisturbed_accuracy`` and ``driver_pid``."""
+    return {**runs[mode], "undisturbed_accuracy": runs["undisturbed_accuracy"], "driver_pid": runs["driver_pid"]}
+
+
+def test_a_killed_executor_is_replaced_and_the_fit_completes(cluster_runs, module_leftovers) -> None:
+    result = _run(cluster_runs, "kill")
     assert "error" not in result, result.get("error")
     assert len(result["jvms"]) == 1 and result["jvms"][0] != result["driver_pid"]
     assert abs(result["accuracy"] - result["undisturbed_accuracy"]) <= 0.02, result
@@ -35,15 +45,15 @@ def test_a_killed_executor_is_replaced_and_the_fit_completes(leftovers) -> None:
     assert failure["rank"] == 1 and failure["attempt"] == 0, failure
     assert failure["executor"] is not None, failure  # Spark's executor id
     assert result["recovered_from"]["attempt"] == 1
-    leftovers.assert_clean(gone=[*result["jvms"], *result["workers"]], pids=result["all_pids"])
+    module_leftovers.assert_clean(gone=[*result["jvms"], *result["workers"]], pids=result["all_pids"])
 
 
-def test_a_stopped_executor_is_noticed_within_the_rendezvous_timeout(leftovers) -> None:
-    result = _run("stop")
+def test_a_stopped_executor_is_noticed_within_the_rendezvous_timeout(cluster_runs, module_leftovers) -> None:
+    result = _run(cluster_runs, "stop")
     assert "error" not in result, result.get("error")
     assert abs(result["accuracy"] - result["undisturbed_accuracy"]) <= 0.02, result
     [failure] = result["failures"]
     assert failure["attempt"] == 0, failure
     # noticed by the peers' timeout or the driver's watchdog (20 s), not by Spark's 120 s heartbeat timeout
     assert failure["time"] - failure["started"] < 120, failure
-    leftovers.assert_clean(gone=result["workers"], pids=result["all_pids"])
+    module_leftovers.assert_clean(gone=result["workers"], pids=result["all_pids"])

@@ -81,9 +81,16 @@ def test_prefetch_reraises_source_errors_and_times_out() -> None:
         stuck.wait(10)
         yield 1
 
-    with pytest.raises(WaitTimeout, match="data_timeout_s"):
-        next(prefetch(slow(), depth=1, timeout_s=0.2))
-    stuck.set()
+    # the source comes unstuck 2 s on, long after the 0.2 s timeout: the prefetch thread then ends at once instead
+    # of holding the consumer's 5 s join in full
+    release = threading.Timer(2.0, stuck.set)
+    release.start()
+    try:
+        with pytest.raises(WaitTimeout, match="data_timeout_s"):
+            next(prefetch(slow(), depth=1, timeout_s=0.2))
+    finally:
+        release.cancel()
+        stuck.set()
 
 
 @pytest.mark.parametrize(

@@ -1,8 +1,9 @@
-"""Run by test_preflight.py in its own process (each check needs a session with its own settings).
+"""Run by test_preflight.py in its own process: each check needs a session with its own settings, so the checks
+run one after the other, each on a fresh session (the previous one stopped), in one process.
 
-Usage: ``preflight_checks.py CHECK [PYTHON]`` with CHECK one of :data:`CHECKS`; PYTHON is the interpreter the
-executors get for ``executor_without_torch``. Prints one JSON line: check name -> the SetupError message (or
-"no error")."""
+Usage: ``preflight_checks.py [--python PYTHON] CHECK [CHECK ...]`` with CHECK in :data:`CHECKS`; PYTHON is the
+interpreter the executors get for ``executor_without_torch``. Prints one JSON line: check name -> the SetupError
+message (or "no error")."""
 
 from __future__ import annotations
 
@@ -23,14 +24,24 @@ def _checks(python: str) -> dict[str, dict[str, str]]:
     }
 
 
-CHECKS = tuple(_checks("python3"))
+#: the order the checks run in, whatever order they are asked for: the JVM outlives a stopped session and keeps
+#: its settings as defaults for the next one; every session sets spark.pyspark.python again, but nothing turns
+#: spark.dynamicAllocation.enabled off again, so that check comes last
+CHECKS = ("executor_without_torch", "dynamic_allocation")
 
 
 def run_check(name: str, conf: dict[str, str]) -> str:
     """The SetupError message a fit on a session with ``conf`` raises, or "no error"."""
+    saved = os.environ.get("PYSPARK_PYTHON")
     if "spark.pyspark.python" in conf:  # PySpark picks the workers' interpreter from this variable
         os.environ["PYSPARK_PYTHON"] = conf["spark.pyspark.python"]
-    spark = local_session(cores=2, conf=conf, app_name=f"torchspark-preflight-{name}")
+    try:
+        spark = local_session(cores=2, conf=conf, app_name=f"torchspark-preflight-{name}")
+    finally:  # read when the context starts: the next check's session gets the interpreter it had before
+        if saved is None:
+            os.environ.pop("PYSPARK_PYTHON", None)
+        else:
+            os.environ["PYSPARK_PYTHON"] = saved
     try:
         data = datasets.synthetic_classification(64, 4, 2, seed=0)
         master = ParameterAveragingTrainingMaster(batch_size_per_worker=8, num_workers=2)
@@ -44,8 +55,12 @@ def run_check(name: str, conf: dict[str, str]) -> str:
 
 
 if __name__ == "__main__":
-    check = sys.argv[1]
-    if check not in CHECKS:
-        sys.exit(f"unknown check {check!r}; one of {list(CHECKS)}")
-    conf = _checks(sys.argv[2] if len(sys.argv) > 2 else "python3")[check]
-    print(json.dumps({check: run_check(check, conf)}))
+    args = sys.argv[1:]
+    python = "python3"
+    if args[:1] == ["--python"]:
+        python, args = args[1], args[2:]
+    unknown = [c for c in args if c not in CHECKS]
+    if unknown or not args:
+        sys.exit(f"unknown or no check(s) {unknown}; one or more of {list(CHECKS)}")
+    confs = _checks(python)
+    print(json.dumps({check: run_check(check, confs[check]) for check in sorted(set(args), key=CHECKS.index)}))
