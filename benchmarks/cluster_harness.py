@@ -44,6 +44,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from torchspark._process import is_running
+
 __all__ = ["Host", "NetnsCluster", "HarnessError", "unavailable_reason", "cleanup_stale", "spark_home",
            "netem_available"]
 
@@ -139,13 +141,7 @@ def _free_port(host: str) -> int:
 
 
 def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return is_running(pid, None)  # no start time recorded: a pid that exists counts as alive
 
 
 def cleanup_stale() -> list[int]:

@@ -100,14 +100,7 @@ def test_explicit_export_directory_is_kept_until_close(spark, sc, tmp_path: Path
 def test_a_killed_drivers_export_in_an_explicit_export_directory_is_removed_by_the_next_export(
         spark, sc, tmp_path: Path) -> None:
     exports = tmp_path / "exports"
-    proc = _run("hang-explicit", tmp_path, exports)
-    try:
-        line = proc.stdout.readline()  # blocks until the fit is done (the script's timeouts bound it)
-        assert line, proc.stderr.read()[-3000:]
-        report = json.loads(line)
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.communicate(timeout=60)
+    report = _killed_after_its_fit(_run("hang-explicit", tmp_path, exports))
     leftover = Path(report["directory"])
     assert leftover.parent == exports and any(leftover.rglob("*.safetensors"))  # SIGKILL: nothing cleaned up
     unmarked = exports / "0123456789ab-rdd1"  # an export without an owner record (an older version's): kept
@@ -128,6 +121,17 @@ def _run(how: str, base: Path, export_directory: Path | None = None) -> subproce
                             text=True, env=env)
 
 
+def _killed_after_its_fit(proc: subprocess.Popen) -> dict:
+    """The report a hanging driver prints after its fit; then the driver is killed with SIGKILL (no clean-up)."""
+    try:
+        line = proc.stdout.readline()  # blocks until the fit is done (the script's timeouts bound it)
+        assert line, proc.stderr.read()[-3000:]
+        return json.loads(line)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=60)
+
+
 def test_interpreter_exit_removes_the_export(tmp_path: Path) -> None:
     proc = _run("exit", tmp_path)
     out, err = proc.communicate(timeout=600)
@@ -138,14 +142,7 @@ def test_interpreter_exit_removes_the_export(tmp_path: Path) -> None:
 
 
 def test_a_killed_drivers_export_is_removed_by_the_next_run(spark, sc, temp_base: Path) -> None:
-    proc = _run("hang", temp_base)
-    try:
-        line = proc.stdout.readline()  # blocks until the fit is done (the script's timeouts bound it)
-        assert line, proc.stderr.read()[-3000:]
-        report = json.loads(line)
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.communicate(timeout=60)
+    report = _killed_after_its_fit(_run("hang", temp_base))
     leftover = Path(report["directory"])
     assert leftover.is_dir() and any(leftover.rglob("*.safetensors"))  # SIGKILL: nothing could clean up
     alive = make_private_dir(str(temp_base))  # a live owner's directory (this process) is never taken
