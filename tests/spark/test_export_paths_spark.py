@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import glob
 import os
+from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -171,21 +173,32 @@ def test_fit_paths_with_a_loader_for_png_files(spark, tmp_path) -> None:
     assert len(batch_paths) == 30
 
 
-def test_fit_paths_with_a_loader_for_csv_shards(spark, sc, tmp_path) -> None:
-    def _csv_loader(path: str) -> DataSet:
-        """A CSV shard ``x0,x1,label`` per line -> a DataSet of its rows."""
+def _csv_reader() -> Callable[[str], DataSet]:
+    """A loader for CSV shards ``x0,x1,label`` per line -> a DataSet of its rows (built inside a function, so it is
+    shipped to the executors by value)."""
+    def load(path: str) -> DataSet:
         import fsspec
 
         with fsspec.open(path, "rt") as f:
             table = np.loadtxt(f, delimiter=",", ndmin=2)
         return DataSet(torch.from_numpy(table[:, :2].astype(np.float32)), torch.from_numpy(table[:, 2].astype(np.int64)))
 
+    return load
+
+
+def _write_csv_shards(shards: list[DataSet], directory: Path) -> None:
+    """``shard<k>.csv`` per shard: its two features and its label per row, exactly (17 significant digits)."""
+    for k, shard in enumerate(shards):
+        rows = torch.cat([shard.features.double(), shard.labels.double().unsqueeze(1)], dim=1).numpy()
+        np.savetxt(directory / f"shard{k}.csv", rows, delimiter=",", fmt="%.17g")
+
+
+def test_fit_paths_with_a_loader_for_csv_shards(spark, sc, tmp_path) -> None:
+    _csv_loader = _csv_reader()
     data = _ids_dataset(0, 29)
     data = DataSet(data.features / 29.0, data.labels)
     shards = [data.slice(0, 11), data.slice(11, 14), data.slice(14, 29)]  # shards of 11, 3 and 15 rows
-    for k, shard in enumerate(shards):
-        rows = torch.cat([shard.features.double(), shard.labels.double().unsqueeze(1)], dim=1).numpy()
-        np.savetxt(tmp_path / f"shard{k}.csv", rows, delimiter=",", fmt="%.17g")
+    _write_csv_shards(shards, tmp_path)
     reference = save_batches(shards, str(tmp_path / "reference"))
 
     trained = []
@@ -206,21 +219,13 @@ def test_evaluate_with_a_loader_reads_csv_shards_like_their_batch_files(spark, s
     """``evaluate(paths, loader=fn)``: the same evaluation as of the same examples saved as batch files, from a
     directory (every non-hidden file, not only batch files), a glob, a list and an RDD of paths; the same
     validation as ``fit_paths(loader=...)``."""
-    def _csv_loader(path: str) -> DataSet:
-        import fsspec
-
-        with fsspec.open(path, "rt") as f:
-            table = np.loadtxt(f, delimiter=",", ndmin=2)
-        return DataSet(torch.from_numpy(table[:, :2].astype(np.float32)), torch.from_numpy(table[:, 2].astype(np.int64)))
-
+    _csv_loader = _csv_reader()
     data = _ids_dataset(0, 31)
     data = DataSet(data.features / 31.0, data.labels)
     shards = [data.slice(0, 12), data.slice(12, 13), data.slice(13, 31)]
     csv_dir = tmp_path / "csv"
     csv_dir.mkdir()
-    for k, shard in enumerate(shards):
-        rows = torch.cat([shard.features.double(), shard.labels.double().unsqueeze(1)], dim=1).numpy()
-        np.savetxt(csv_dir / f"shard{k}.csv", rows, delimiter=",", fmt="%.17g")
+    _write_csv_shards(shards, csv_dir)
     reference = save_batches(shards, str(tmp_path / "reference"))
     net = _net()
     SparkNetwork(spark, net, _master(), progress=False, runner=InProcessRunner()).fit_paths(reference, epochs=3)

@@ -80,7 +80,7 @@ def sparse_view(data: bytes | bytearray | memoryview) -> tuple[int, float, np.nd
     buf, name, length, count, threshold, _ = _checked_header(data)
     if name == "bitmap":
         return None
-    raw = np.frombuffer(buf, dtype=np.int32, offset=HEADER_NBYTES, count=count)  # little-endian hosts (x86, arm)
+    raw = np.frombuffer(buf, dtype="<i4", offset=HEADER_NBYTES, count=count)  # the wire is little-endian
     _check_sparse(raw, length)
     return length, threshold, raw
 
