@@ -89,10 +89,10 @@ def _probe(timer: _Timer, world: int, reps: int) -> dict[str, float]:
 
 
 def _run(cfg: dict[str, Any]) -> dict[str, Any]:
+    from torchspark.training.algorithms.sharing.loop import _exchange_sparse
+    from torchspark.training.algorithms.sharing.sharded import sharded_exchange
     from torchspark.training.comm import TorchDistCommunicator
-    from torchspark.training.netif import choose_endpoint, socket_interface
-    from torchspark.training.sharded_exchange import sharded_exchange
-    from torchspark.training.sharing import _exchange_sparse
+    from torchspark.training.rendezvous.netif import choose_endpoint, socket_interface
 
     rank, world, params = int(cfg["rank"]), int(cfg["world"]), int(cfg["params"])
     torch.set_num_threads(1)  # one core per host

@@ -28,10 +28,9 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import torch  # noqa: E402
-
 import _common as C  # noqa: E402
 import bench_throughput as BT  # noqa: E402
+import torch  # noqa: E402
 
 SECTION = "checkpoint"
 TARGET = 0.05

@@ -27,8 +27,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from torchspark import Network, datasets, models, optim  # noqa: E402
-from torchspark.training.masters import ParameterAveragingTrainingMaster  # noqa: E402
-from torchspark.training.shared_master import SharedTrainingMaster  # noqa: E402
+from torchspark.training.config.masters import ParameterAveragingTrainingMaster  # noqa: E402
+from torchspark.training.config.shared_master import SharedTrainingMaster  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "recovery.json")
 

@@ -34,9 +34,8 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import torch  # noqa: E402
-
 import _common as C  # noqa: E402
+import torch  # noqa: E402
 
 LR = 1e-3
 BATCH_PER_WORKER = 16

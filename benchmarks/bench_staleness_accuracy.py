@@ -50,7 +50,7 @@ def make_network(seed: int) -> Any:
 
 def make_master(config: str) -> Any:
     """The master of one of the torchspark configurations (every other setting the default)."""
-    from torchspark.training.shared_master import SharedTrainingMaster
+    from torchspark.training.config.shared_master import SharedTrainingMaster
 
     options: dict[str, Any] = {"sync": {}, "sync-no-overlap": {"overlap": False},
                                "k=0": {"max_staleness": 0}, "k=1": {"max_staleness": 1}}[config]

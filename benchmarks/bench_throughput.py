@@ -50,9 +50,8 @@ from typing import Any, Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import torch  # noqa: E402
-
 import _common as C  # noqa: E402
+import torch  # noqa: E402
 
 ALL_METHODS = ("plain", "plain_fused", "network", "independent", "spark_avg", "spark_shared", "ddp", "pw_avg", "pw_shared")
 #: methods run only when --methods names them
@@ -118,9 +117,7 @@ def make_module(model: str) -> torch.nn.Module:
 
 def make_network(model: str) -> Any:
     import torchspark as ts
-    from torchspark import optim
-
-    from torchspark import models
+    from torchspark import models, optim
 
     module = models.mlp(784, 500, 10) if model == "mlp" else models.lenet(1, 10, 28, 28)
     return ts.Network(module, loss="cross_entropy", updater=optim.Adam(lr=LR), seed=SEED,

@@ -58,7 +58,7 @@ def main() -> None:
     from torchspark import datasets, models, optim
     from torchspark.data import DataSet
     from torchspark.encoding import AdaptiveThreshold, EncoderConfig, EncoderState, encode_step, to_bytes
-    from torchspark.training import sharing as S
+    from torchspark.training.algorithms.sharing import loop as S
 
     n = 32 * (args.steps + args.warmup)
     data = datasets.synthetic_images(n, 1, 28, 28, n_classes=10, seed=0)

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 __all__ = ["Link", "Rates", "dense_ring_s", "all_gather_s", "sharded_s", "crossover", "message_bytes",
            "HEADER_BYTES"]
 
-#: torchspark.training.sharded_exchange.SPARSE_APPLY_MAX_FRACTION: a sharded step applies S_t at its indices while
+#: torchspark.training.algorithms.sharing.sharded.SPARSE_APPLY_MAX_FRACTION: a sharded step applies S_t at its indices while
 #: it has at most this fraction of the parameters non-zero, densely beyond
 SPARSE_APPLY_MAX_FRACTION = 1 / 8
 

@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 from torchspark.cli_checks import check_arguments
 from torchspark.errors import ConfigError, TorchSparkError
-from torchspark.training.topology import DEFAULT_SHARD_ABOVE_WORKERS
+from torchspark.training.algorithms.sharing.topology import DEFAULT_SHARD_ABOVE_WORKERS
 
 __all__ = ["main", "build_parser"]
 
@@ -327,8 +327,13 @@ def _train_on_spark(args: argparse.Namespace, net: Any, train_data: Any,
                     threshold: Any) -> tuple[Any, float, dict[str, Any]]:
     """Train on Spark; returns the training stats, the score, and what was used (for metrics.json): the seconds the
     session took to start and the fit took, the session's ``spark_master`` and the ``training_master``'s settings."""
-    from torchspark.spark import ParameterAveragingTrainingMaster, SharedTrainingMaster, SparkNetwork, check_java
-    from torchspark.spark import session_scope
+    from torchspark.spark import (
+        ParameterAveragingTrainingMaster,
+        SharedTrainingMaster,
+        SparkNetwork,
+        check_java,
+        session_scope,
+    )
 
     check_java()
     common = dict(batch_size_per_worker=args.batch_size_per_worker, num_workers=args.workers, rng_seed=args.seed,

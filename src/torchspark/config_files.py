@@ -22,7 +22,7 @@ from typing import Any
 
 from torchspark._io import atomic_write_bytes
 from torchspark.errors import ConfigError
-from torchspark.training.masters import TrainingMaster, master_from_json
+from torchspark.training.config.masters import TrainingMaster, master_from_json
 
 __all__ = ["load_mapping", "dump_mapping", "master_to_yaml", "master_from_yaml", "save_master", "load_master",
            "TRAIN_SETTINGS_EXCLUDED", "train_settings", "load_train_settings", "apply_train_config"]

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-
 from torch import nn
 
 from torchspark.errors import ConfigError

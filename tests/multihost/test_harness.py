@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-
 from cluster_harness import NetnsCluster, unavailable_reason
 
 pytestmark = pytest.mark.multihost

@@ -15,8 +15,8 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "benchmarks"))
 
-import bench_scaling as B  # noqa: E402
 import _scaling_worker as W  # noqa: E402
+import bench_scaling as B  # noqa: E402
 from cluster_harness import unavailable_reason  # noqa: E402
 
 PARAMS = 40_000

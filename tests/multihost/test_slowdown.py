@@ -12,7 +12,6 @@ import sys
 import time
 
 import pytest
-
 from cluster_harness import NetnsCluster, unavailable_reason
 from slowdown import CpuQuota, Flapper, PeerLinkShaper, cgroup_unavailable_reason, membership, pids_in_netns
 

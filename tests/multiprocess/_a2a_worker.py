@@ -9,19 +9,17 @@ import torch
 import torch.distributed as dist
 
 
-
 def run_rank(rank: int, world: int, port: int, shared_memory: bool, timeout_case: bool, out: Any) -> None:
     import sys
 
     sys.path.insert(0, __file__.rsplit("/", 1)[0].rsplit("/", 1)[0] + "/unit")
+    import numpy as np
     from test_sharded_exchange import _applied, _payload
 
-    import numpy as np
-
     from torchspark.errors import WaitTimeout
+    from torchspark.training.algorithms.sharing.loop import _exchange
+    from torchspark.training.algorithms.sharing.sharded import sharded_exchange
     from torchspark.training.comm import TorchDistCommunicator
-    from torchspark.training.sharded_exchange import sharded_exchange
-    from torchspark.training.sharing import _exchange
 
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=datetime.timedelta(seconds=60))

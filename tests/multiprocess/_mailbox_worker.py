@@ -8,7 +8,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from torchspark.training.mailbox import END, MESSAGE, Envelope, TorchDistMailbox
+from torchspark.training.comm.mailbox import END, MESSAGE, Envelope, TorchDistMailbox
 
 #: messages per epoch of rank r: BASE + 10 * r (unequal counts); payload of message i: (i % 7) * CHUNK bytes
 BASE = 120

@@ -13,9 +13,9 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the tests folder: interrupting
 
 import torch  # noqa: E402
+from interrupting import InterruptingMLP  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
-from interrupting import InterruptingMLP  # noqa: E402
 from torchspark import DataSet, Network, optim  # noqa: E402
 from torchspark.errors import WorkerError  # noqa: E402
 from torchspark.parallel import ParallelWrapper  # noqa: E402

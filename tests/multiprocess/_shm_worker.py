@@ -25,8 +25,7 @@ def _values(shape: tuple[int, ...], rank: int, seed: int) -> torch.Tensor:
 
 
 def run_rank(rank: int, world: int, port: int, shared_memory: bool, shm_dir: str | None, out: Any) -> None:
-    from torchspark.training import shm
-    from torchspark.training.comm import TorchDistCommunicator
+    from torchspark.training.comm import TorchDistCommunicator, shm
 
     if shm_dir is not None:
         shm.SHM_DIR = shm_dir

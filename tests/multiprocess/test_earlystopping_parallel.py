@@ -5,8 +5,13 @@ from __future__ import annotations
 import pytest
 
 from torchspark import Network, datasets, models, optim
-from torchspark.earlystopping import EarlyStoppingConfiguration, LossCalculator, MaxEpochs, ScoreTarget
-from torchspark.earlystopping import TerminationReason
+from torchspark.earlystopping import (
+    EarlyStoppingConfiguration,
+    LossCalculator,
+    MaxEpochs,
+    ScoreTarget,
+    TerminationReason,
+)
 from torchspark.errors import ConfigError
 from torchspark.parallel import ParallelWrapper
 from torchspark.parallel.earlystopping import EarlyStoppingParallelTrainer

@@ -15,7 +15,7 @@ from torchspark.parallel import ParallelWrapper, plan_devices
 from torchspark.parallel import wrapper as wrapper_module
 from torchspark.parallel.runner import backend_for_devices
 from torchspark.training.assignment import plan_files, split_examples
-from torchspark.training.worker import load_item
+from torchspark.training.worker.loop import load_item
 
 
 def _net() -> Network:

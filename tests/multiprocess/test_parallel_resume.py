@@ -13,8 +13,7 @@ import torch
 from _resume_driver import fit
 from safetensors.torch import load_file
 
-from torchspark.training.checkpoint import newest_checkpoint
-from torchspark.training.checkpoint import store
+from torchspark.training.checkpoint import newest_checkpoint, store
 
 pytestmark = pytest.mark.multiprocess
 

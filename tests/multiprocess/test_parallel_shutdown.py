@@ -18,7 +18,7 @@ from _faulty import FailingForward
 from torchspark import DataSet, Network, datasets, models, optim
 from torchspark.errors import WorkerError
 from torchspark.parallel import LocalProcessRunner, ParallelWrapper
-from torchspark.training.masters import ParameterAveragingTrainingMaster
+from torchspark.training.config.masters import ParameterAveragingTrainingMaster
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from torchspark import Network, datasets, models, optim
 from torchspark.encoding import FixedThreshold
 from torchspark.errors import ConfigError
 from torchspark.parallel import ParallelWrapper
-from torchspark.training.shared_master import SharedTrainingMaster
+from torchspark.training.config.shared_master import SharedTrainingMaster
 
 DATA = datasets.synthetic_classification(150, 12, 3, seed=5)
 

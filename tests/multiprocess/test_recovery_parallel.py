@@ -16,8 +16,8 @@ from _faulty import FailingForward
 from torchspark import Network, datasets, models, optim
 from torchspark.errors import WorkerError, WorkerLost
 from torchspark.parallel import LocalProcessRunner, ParallelWrapper
-from torchspark.training.masters import ParameterAveragingTrainingMaster
-from torchspark.training.shared_master import SharedTrainingMaster
+from torchspark.training.config.masters import ParameterAveragingTrainingMaster
+from torchspark.training.config.shared_master import SharedTrainingMaster
 
 pytestmark = pytest.mark.multiprocess
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from _shm_worker import run_rank
 from _ranks import run_ranks
+from _shm_worker import run_rank
 
 pytestmark = pytest.mark.multiprocess
 

@@ -255,7 +255,7 @@ def test_repartition_never_needs_matching_partitions(spark, sc) -> None:
 
 def _torchspark_shm_files() -> set[str]:
     """Shared-memory segments and FIFOs in /dev/shm (``torchspark-<pid>-*``, ``torchspark-fifo-<pid>-*``)."""
-    from torchspark.training.shm import SHM_DIR
+    from torchspark.training.comm.shm import SHM_DIR
 
     return {n for n in os.listdir(SHM_DIR) if n.startswith("torchspark-")} if os.path.isdir(SHM_DIR) else set()
 

@@ -7,9 +7,6 @@ each fit here runs at most a dozen rounds.
 
 from __future__ import annotations
 
-import threading
-import time
-
 import pytest
 import torch
 from torch.testing import assert_close

@@ -20,13 +20,13 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 
-from torchspark import DataSet, Network, datasets, models, optim
+from torchspark import DataSet, Network, models, optim
 from torchspark.data import load_batch, save_batch, save_batches
 from torchspark.errors import ConfigError, DataError, SerializationError, SetupError, TrainingError
 from torchspark.parallel import ParallelWrapper
 from torchspark.training.assignment import plan_balanced
-from torchspark.training.masters import ParameterAveragingTrainingMaster, master_from_json
-from torchspark.training.shared_master import SharedTrainingMaster
+from torchspark.training.config.masters import ParameterAveragingTrainingMaster, master_from_json
+from torchspark.training.config.shared_master import SharedTrainingMaster
 
 
 def _evaluation_from_json(text: str) -> Any:

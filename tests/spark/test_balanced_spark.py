@@ -14,7 +14,7 @@ from torchspark import DataSet, Network, datasets, models, optim
 from torchspark.spark import ParameterAveragingTrainingMaster, SparkNetwork
 from torchspark.spark.private_dirs import PREFIX
 from torchspark.training.assignment import split_examples
-from torchspark.training.worker import load_item
+from torchspark.training.worker.loop import load_item
 
 pytestmark = pytest.mark.spark
 

@@ -4,17 +4,16 @@ same run id ends with the parameters of an uninterrupted fit (both masters; the 
 from __future__ import annotations
 
 import cloudpickle
+import interrupting
 import pytest
 import torch
-
-import interrupting
 from interrupting import InterruptingMLP
+
 from torchspark import DataSet, Network, optim
 from torchspark.data import save_batches
 from torchspark.errors import ConfigError, WorkerError
 from torchspark.spark import ParameterAveragingTrainingMaster, SharedTrainingMaster, SparkNetwork
-from torchspark.training.checkpoint import newest_checkpoint
-from torchspark.training.checkpoint import store
+from torchspark.training.checkpoint import newest_checkpoint, store
 
 pytestmark = pytest.mark.spark
 

@@ -14,7 +14,7 @@ from torchspark import Network, optim
 from torchspark.data import DataSet
 from torchspark.parallel import ParallelWrapper
 from torchspark.spark import ParameterAveragingTrainingMaster, SparkNetwork
-from torchspark.training.runner import InProcessRunner
+from torchspark.training.driver.runner import InProcessRunner
 
 pytestmark = pytest.mark.spark
 

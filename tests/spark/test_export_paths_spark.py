@@ -16,7 +16,7 @@ from torchspark import Network, models, optim
 from torchspark.data import DataSet, MultiDataSet, load_batch, save_batches
 from torchspark.errors import ConfigError, DataError
 from torchspark.spark import ParameterAveragingTrainingMaster, SparkNetwork, export_batches
-from torchspark.training.runner import InProcessRunner
+from torchspark.training.driver.runner import InProcessRunner
 
 pytestmark = pytest.mark.spark
 
@@ -139,9 +139,8 @@ def test_fit_paths_with_a_loader_for_png_files(spark, tmp_path) -> None:
 
     def _png_loader(path: str) -> DataSet:
         """One grayscale PNG -> one example; the class is in the file name (``..._class2.png``)."""
-        from PIL import Image
-
         import fsspec
+        from PIL import Image
 
         with fsspec.open(path, "rb") as f:
             pixels = np.asarray(Image.open(f).convert("L"), dtype=np.float32) / 255.0

@@ -8,7 +8,7 @@ import socket
 import pytest
 
 import torchspark.spark.barrier as barrier_module
-import torchspark.training.driver as driver_module
+import torchspark.training.driver.fit as driver_module
 from torchspark import Network, datasets, models, optim
 from torchspark.spark import ParameterAveragingTrainingMaster, SparkNetwork
 

@@ -7,16 +7,15 @@ local-cluster checks (two executor JVMs) run in a child process: ``scripts/local
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
 from torchspark import Network, datasets, models, optim
 from torchspark.errors import ConfigError, SetupError
 from torchspark.spark import ParameterAveragingTrainingMaster, SharedTrainingMaster, SparkNetwork
-from torchspark.training.masters import STORAGE_LEVELS
 from torchspark.spark.preflight import probe_executors
-from torchspark.training.worker import param_checksum
+from torchspark.training.config.masters import STORAGE_LEVELS
+from torchspark.training.task import param_checksum
 
 pytestmark = pytest.mark.spark
 

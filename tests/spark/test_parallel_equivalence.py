@@ -1,6 +1,6 @@
 """ParallelWrapper and SparkNetwork give the same parameters for the same seed, data order and settings.
 
-Both run the same worker loop (:func:`torchspark.training.worker.run_worker`) on the same per-worker minibatch
+Both run the same worker loop (:func:`torchspark.training.worker.loop.run_worker`) on the same per-worker minibatch
 sequences (:func:`torchspark.training.assignment.split_for_workers`); only the transport differs (Spark barrier
 stage vs spawned processes). One torch thread per worker on both sides (Spark: ``spark.task.cpus=1``), so even the
 floating-point reductions match.

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from torchspark.shipping import TORCH_BUILD_ONLY, archive_conf, build_environment, pack_environment
+from torchspark.shipping import TORCH_BUILD_ONLY, build_environment, pack_environment
 
 SCRIPT = Path(__file__).parent / "scripts" / "shipped_env_fit.py"
 

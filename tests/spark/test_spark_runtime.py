@@ -58,7 +58,7 @@ def test_barrier_rendezvous_gives_up_after_rendezvous_timeout_s_not_the_sessions
         from pyspark import BarrierTaskContext
 
         from torchspark.spark.barrier import _rendezvous
-        from torchspark.training.mesh import MeshConfig
+        from torchspark.training.config.mesh import MeshConfig
 
         ctx = BarrierTaskContext.get()
         if ctx.partitionId() == 1:  # the peer that never arrives; Spark kills it when worker 0 fails the stage

@@ -17,8 +17,7 @@ from torchspark import Network, models, optim
 from torchspark._io import atomic_write_bytes
 from torchspark._tmpnames import TMP_MARK, abandoned, temp_name
 from torchspark.errors import SerializationError
-from torchspark.training.checkpoint import complete_checkpoints, newest_checkpoint
-from torchspark.training.checkpoint import store
+from torchspark.training.checkpoint import complete_checkpoints, newest_checkpoint, store
 
 # a writer killed half-way: it made its temporary file or directory, then died without finally/atexit
 _WRITE_AND_DIE = """

@@ -8,8 +8,17 @@ import pytest
 import torch
 
 from torchspark import DataSet, Network, models, optim
-from torchspark.advise import (Link, Verdict, Workload, advise, allgather_seconds, allreduce_seconds, estimate,
-                               measure, parse_link)
+from torchspark.advise import (
+    Link,
+    Verdict,
+    Workload,
+    advise,
+    allgather_seconds,
+    allreduce_seconds,
+    estimate,
+    measure,
+    parse_link,
+)
 from torchspark.advise.estimate import AVERAGING_FREQUENCIES, TARGET_EFFICIENCY
 from torchspark.cli import main
 from torchspark.errors import ConfigError

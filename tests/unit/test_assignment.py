@@ -14,7 +14,7 @@ from torchspark.data import recut, save_batch
 from torchspark.errors import ConfigError, DataError
 from torchspark.spark.export import export_base
 from torchspark.training.assignment import FileSlices, file_items, grid_heads, plan_balanced, split_examples
-from torchspark.training.worker import load_item
+from torchspark.training.worker.loop import load_item
 
 SIZES = [[37, 5, 100, 1], [100], [0, 3, 0, 0, 2], [1, 1, 1], [16, 16], [7, 0, 9]]
 

@@ -7,14 +7,14 @@ import math
 
 import pytest
 import torch
-
 from reference_loops import averaging_reference
+
 from torchspark import DataSet, Network, models, optim
 from torchspark.nn import NetworkBlueprint
 from torchspark.stats import StatsCollector, TrainingStats
 from torchspark.training import InProcessRunner, ItemSource, WorkerTask
 from torchspark.training.hooks import WorkerHooks
-from torchspark.training.worker import merge_results
+from torchspark.training.task import merge_results
 
 
 def _batches(n: int, seed: int) -> list[DataSet]:

@@ -6,8 +6,8 @@ import threading
 
 import pytest
 import torch
-
 from reference_loops import sharing_reference
+
 from torchspark import DataSet, Network, datasets, optim
 from torchspark.encoding import AdaptiveThreshold, EncoderConfig
 from torchspark.errors import DataError, TrainingError
@@ -21,9 +21,9 @@ from torchspark.training import (
     WorkerTask,
     averaging_epoch,
 )
+from torchspark.training.algorithms.sharing.loop import SharingAlgorithm, SharingSettings
 from torchspark.training.comm import ThreadCommunicator
-from torchspark.training.sharing import SharingAlgorithm, SharingSettings
-from torchspark.training.worker import merge_results
+from torchspark.training.task import merge_results
 
 
 def _bn_net(seed: int = 0, updater: optim.UpdaterSpec | None = None) -> Network:

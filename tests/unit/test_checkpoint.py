@@ -8,15 +8,14 @@ import os
 
 import pytest
 import torch
+from interrupting import InterruptingMLP
 
-from interrupting import Interrupted, InterruptingMLP
 from torchspark import DataSet, Network, optim
 from torchspark.errors import ConfigError, WorkerError
 from torchspark.parallel import ParallelWrapper
 from torchspark.training import InProcessRunner, ParameterAveragingTrainingMaster, SharedTrainingMaster
-from torchspark.training.checkpoint import complete_checkpoints, newest_checkpoint, resume_task
-from torchspark.training.checkpoint import store
-from torchspark.training.driver import build_task
+from torchspark.training.checkpoint import complete_checkpoints, newest_checkpoint, resume_task, store
+from torchspark.training.driver.fit import build_task
 from torchspark.training.hooks import NullRecorder
 
 MASTERS = [ParameterAveragingTrainingMaster, SharedTrainingMaster]

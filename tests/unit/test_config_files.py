@@ -7,8 +7,14 @@ import json
 import pytest
 
 from torchspark.cli import _sharing_options, build_parser, check_mode_options, main
-from torchspark.config_files import (apply_train_config, load_master, load_train_settings, master_from_yaml,
-                                     save_master, train_settings)
+from torchspark.config_files import (
+    apply_train_config,
+    load_master,
+    load_train_settings,
+    master_from_yaml,
+    save_master,
+    train_settings,
+)
 from torchspark.encoding import AdaptiveThreshold, FixedThreshold
 from torchspark.errors import ConfigError
 from torchspark.training import ParameterAveragingTrainingMaster, SharedTrainingMaster

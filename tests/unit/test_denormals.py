@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from denormal_case import DENORMAL, denormal_net, watched, zero_feature_data
+
 from torchspark.nn import NetworkBlueprint
 from torchspark.training import InProcessRunner, ItemSource, WorkerTask
-from torchspark.training.worker import merge_results
+from torchspark.training.task import merge_results
 
 
 def _fit(flush: bool, workers: int) -> float:
@@ -37,7 +37,7 @@ def test_a_worker_puts_back_the_thread_count_and_flush_mode_it_found() -> None:
     that flushed denormals itself keeps flushing (not switched off), and torch's thread count goes back to what it
     was after a task that set its own."""
     from torchspark.training.comm import SoloCommunicator
-    from torchspark.training.worker import run_worker
+    from torchspark.training.worker.loop import run_worker
 
     net = denormal_net()
     task = WorkerTask("averaging", {"averaging_frequency": 2, "save_updater": True},
@@ -56,7 +56,7 @@ def test_a_worker_puts_back_the_thread_count_and_flush_mode_it_found() -> None:
 
 
 def test_task_thread_settings_restore_even_when_the_task_fails() -> None:
-    from torchspark.training.devices import denormals_flushed, task_thread_settings
+    from torchspark.training.worker.devices import denormals_flushed, task_thread_settings
 
     threads = torch.get_num_threads()
     try:

@@ -14,8 +14,8 @@ from torchspark import Network, optim
 from torchspark.data import DataSet
 from torchspark.parallel import ParallelWrapper
 from torchspark.training.assignment import EpochItems, epoch_seed, per_epoch, plan_balanced, split_examples
-from torchspark.training.runner import InProcessRunner
-from torchspark.training.worker import ItemSource, epoch_order
+from torchspark.training.driver.runner import InProcessRunner
+from torchspark.training.worker.loop import ItemSource, epoch_order
 
 N, BATCH, WORKERS = 40, 4, 2
 #: minibatch ids seen in training, by worker thread (filled by Recorder.forward)

@@ -13,7 +13,6 @@ from torchspark.errors import ConfigError, DataError
 from torchspark.evaluation import ROC, Evaluation, EvaluationBinary, ROCMultiClass, evaluation_from_json
 
 
-
 def _binary_problem(n: int = 300) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(16)
     labels = (rng.random(n) < 0.35).astype(np.int64)

@@ -10,7 +10,7 @@ from typing import Any, Callable
 import pytest
 
 from torchspark.errors import PeerLost, WaitTimeout
-from torchspark.training.fifo_barrier import FifoBarrier
+from torchspark.training.comm.fifo_barrier import FifoBarrier
 
 
 class DictStore:

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 
 from torchspark import DataSet, Network, models
+from torchspark._io import filesystem
 from torchspark.errors import ConfigError
 from torchspark.spark.session import _jvm_stderr_silenced
 from torchspark.stats import StatsCollector
 from torchspark.stats.training_stats import DRIVER_ID
-from torchspark.training.reporting import build_training_stats
-from torchspark._io import filesystem
+from torchspark.training.driver.stats import build_training_stats
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 

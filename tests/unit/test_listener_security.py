@@ -15,11 +15,11 @@ import pytest
 import torch.distributed as dist
 
 from torchspark.errors import ConfigError, SetupError
-from torchspark.training import auth
-from torchspark.training import env as task_env
 from torchspark.training.hooks import ProgressUpdate, ScoreReport
 from torchspark.training.progress import ChannelLimits, ProgressClient, ProgressServer
-from torchspark.training.stores import fetch, listening_store, private_store, publish
+from torchspark.training.rendezvous import auth
+from torchspark.training.rendezvous.stores import fetch, listening_store, private_store, publish
+from torchspark.training.worker import env as task_env
 
 WAIT_S = 10.0
 

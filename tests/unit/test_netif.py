@@ -10,10 +10,16 @@ import pytest
 
 from torchspark.errors import SetupError
 from torchspark.spark.barrier import _store_address
-from torchspark.training.mesh import MeshConfig
-from torchspark.training.netif import (choose_endpoint, host_identity, interface_addresses, interface_of,
-                                       route_address, socket_interface)
-from torchspark.training.shm import host_id
+from torchspark.training.comm.shm import host_id
+from torchspark.training.config.mesh import MeshConfig
+from torchspark.training.rendezvous.netif import (
+    choose_endpoint,
+    host_identity,
+    interface_addresses,
+    interface_of,
+    route_address,
+    socket_interface,
+)
 
 # a multi-homed host whose hostname resolves to loopback: a decoy first, the cluster network second
 HOST = {"lo": ["127.0.0.1"], "eth0": ["198.19.1.11"], "eth1": ["198.18.1.11", "198.18.2.11"]}

@@ -17,10 +17,10 @@ from torchspark.spark.data import _RoundRobinKeys, group_paths, seeded_order
 from torchspark.spark.evaluation import refuse_eval_workers
 from torchspark.stats import DRIVER_ID, StatsCollector
 from torchspark.training import InProcessRunner, ItemSource, ThreadGroup, WorkerTask, merge_results
-from torchspark.training.prefetch import prefetch
-from torchspark.training.reporting import build_training_stats
-from torchspark.training.sharing import SharingAlgorithm, SharingSettings
-from torchspark.training.worker import WorkerResult, param_checksum
+from torchspark.training.algorithms.sharing.loop import SharingAlgorithm, SharingSettings
+from torchspark.training.driver.stats import build_training_stats
+from torchspark.training.task import WorkerResult, param_checksum
+from torchspark.training.worker.prefetch import prefetch
 
 MASTERS = [ParameterAveragingTrainingMaster, SharedTrainingMaster]
 
@@ -35,7 +35,7 @@ def test_unknown_storage_level_is_refused_at_construction(master, level) -> None
 
 @pytest.mark.parametrize("master", MASTERS)
 def test_every_storage_level_name_is_accepted(master) -> None:
-    from torchspark.training.masters import STORAGE_LEVELS
+    from torchspark.training.config.masters import STORAGE_LEVELS
 
     for level in STORAGE_LEVELS:
         assert master(storage_level=level).storage_level == level
@@ -212,7 +212,7 @@ def test_diverged_sharing_replicas_still_raise() -> None:
 def test_a_source_that_bounds_its_own_waits_skips_the_loader(monkeypatch) -> None:
     """The parent-fed queue of ParallelWrapper times out by itself: no loader thread per step there; any other
     source with ``prefetch=0`` goes through the loader that applies ``data_timeout_s``."""
-    import torchspark.training.worker as worker_mod
+    import torchspark.training.worker.loop as worker_mod
 
     calls: list[int] = []
 

@@ -8,7 +8,7 @@ import pytest
 
 from torchspark.errors import ConfigError, SetupError
 from torchspark.training import MeshConfig, ParameterAveragingTrainingMaster, SharedTrainingMaster, master_from_json
-from torchspark.training.ports import listen_in_range
+from torchspark.training.rendezvous.ports import listen_in_range
 
 
 @pytest.mark.parametrize("bad", [(0, 10), (100, 99), (1, 70000), (1,), "40000-40100", (1.0, 2.0), (True, 5)])

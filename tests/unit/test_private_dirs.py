@@ -13,8 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from torchspark.spark.private_dirs import (LEGACY_FOLDER, LEGACY_MAX_AGE_S, OWNER_FILE, PREFIX, make_private_dir,
-                                           remove_dirs, remove_legacy_exports, remove_stale)
+from torchspark.spark.private_dirs import (
+    LEGACY_FOLDER,
+    LEGACY_MAX_AGE_S,
+    OWNER_FILE,
+    PREFIX,
+    make_private_dir,
+    remove_dirs,
+    remove_legacy_exports,
+    remove_stale,
+)
 
 _MAKE_AND_DIE = """
 import os, sys

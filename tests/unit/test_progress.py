@@ -12,7 +12,6 @@ from typing import Callable, Iterator
 import pytest
 
 from torchspark.errors import ConfigError
-from torchspark.training.auth import hello, new_token
 from torchspark.training.hooks import ProgressUpdate, ScoreReport, WorkerHooks
 from torchspark.training.progress import (
     ProgressBar,
@@ -20,6 +19,7 @@ from torchspark.training.progress import (
     ProgressServer,
     estimate_clock_offset,
 )
+from torchspark.training.rendezvous.auth import hello, new_token
 
 WAIT_S = 10.0  # bound on every handshake in these tests; they normally finish in milliseconds
 

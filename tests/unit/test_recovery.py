@@ -12,15 +12,15 @@ from torchspark import Network, datasets, models, optim
 from torchspark.errors import ConfigError, DataError, WorkerError, WorkerLost
 from torchspark.spark.barrier import relay_key
 from torchspark.stats import StatsCollector
-from torchspark.training.driver import build_task, run_fit
-from torchspark.training.masters import ParameterAveragingTrainingMaster, master_from_json
+from torchspark.training.config.masters import ParameterAveragingTrainingMaster, master_from_json
+from torchspark.training.config.shared_master import SharedTrainingMaster
+from torchspark.training.driver.fit import build_task, run_fit
+from torchspark.training.driver.recovery import Decision, decide
+from torchspark.training.driver.runner import InProcessRunner
 from torchspark.training.progress import ProgressClient
 from torchspark.training.progress.liveness import Liveness
-from torchspark.training.recovery import Decision, decide
-from torchspark.training.runner import InProcessRunner
-from torchspark.training.shared_master import SharedTrainingMaster
-from torchspark.training.stores import fetch, listening_store, publish
-from torchspark.training.worker import ItemSource
+from torchspark.training.rendezvous.stores import fetch, listening_store, publish
+from torchspark.training.worker.loop import ItemSource
 
 # Spark 4's own text for a barrier task whose Python worker was killed (kill -9) on local[2], trimmed
 KILLED_PYTHON = """An error occurred while calling z:org.apache.spark.api.python.PythonRDD.collectAndServe.

@@ -11,16 +11,16 @@ import torch
 from torchspark.encoding import EncodedUpdate, decode, from_bytes, threshold_encode, to_bytes
 from torchspark.errors import ConfigError, EncodingError, WaitTimeout
 from torchspark.training import ThreadGroup
-from torchspark.training.comm import SoloCommunicator
-from torchspark.training.sharded_exchange import (
+from torchspark.training.algorithms.sharing.loop import SharingSettings, _exchange
+from torchspark.training.algorithms.sharing.sharded import (
     _sum_pieces,
     shard_bounds,
     shard_sum_bytes,
     sharded_exchange,
     split_message,
 )
-from torchspark.training.sharing import SharingSettings, _exchange
-from torchspark.training.topology import resolve_topology
+from torchspark.training.algorithms.sharing.topology import resolve_topology
+from torchspark.training.comm import SoloCommunicator
 
 
 def _run(world: int, fn, timeout_s: float = 20.0) -> list:

@@ -1,4 +1,4 @@
-"""Gradient sharing worker loop (torchspark.training.sharing) in threads of one process, against a reference loop."""
+"""Gradient sharing worker loop (torchspark.training.algorithms.sharing.loop) in threads of one process, against a reference loop."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import threading
 
 import pytest
 import torch
+from reference_loops import sharing_reference
 
 from torchspark import DataSet, Network, datasets, models, optim
 from torchspark.encoding import (
@@ -18,15 +19,20 @@ from torchspark.encoding import (
     agree_threshold,
     average_states,
     calibrated_threshold,
-    decode_sum,
     encode_step,
 )
 from torchspark.errors import ConfigError, EncodingError, TrainingError, WorkerError
 from torchspark.nn import NetworkBlueprint
-from torchspark.training import ALGORITHMS, InProcessRunner, ItemSource, SoloCommunicator, ThreadGroup, WorkerTask
-from torchspark.training import merge_results
-from reference_loops import sharing_reference
-from torchspark.training.sharing import (
+from torchspark.training import (
+    ALGORITHMS,
+    InProcessRunner,
+    ItemSource,
+    SoloCommunicator,
+    ThreadGroup,
+    WorkerTask,
+    merge_results,
+)
+from torchspark.training.algorithms.sharing.loop import (
     RESIDUAL_KEY,
     THRESHOLD_KEY,
     WORLD_KEY,

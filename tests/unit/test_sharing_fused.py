@@ -21,9 +21,7 @@ from torchspark.encoding import (
 )
 from torchspark.errors import EncodingError
 from torchspark.training import ThreadGroup
-from torchspark.training.sharing import (
-    SharingAlgorithm,
-    SharingSettings,
+from torchspark.training.algorithms.sharing.loop import (
     SharingState,
     _apply,
     _can_fuse,
@@ -253,7 +251,7 @@ def test_step_straight_into_the_residual_adds_the_update_and_keeps_the_parameter
 def test_direct_path_refreshes_the_parameter_norm_every_param_norm_every_steps() -> None:
     """The divergence check's parameter norm is recomputed on steps 0, K, 2K, ... (K = PARAM_NORM_EVERY) and reused
     in between; a non-finite cached norm is never reused."""
-    from torchspark.training.sharing import PARAM_NORM_EVERY
+    from torchspark.training.algorithms.sharing.loop import PARAM_NORM_EVERY
 
     data = datasets.synthetic_classification(8, 12, 3, seed=0).split(8)
     config = EncoderConfig(threshold_policy=AdaptiveThreshold(initial=1e-3))
@@ -279,7 +277,7 @@ def test_the_sparse_round_equals_the_parsed_round_and_refuses_what_it_refuses() 
 
     from torchspark.encoding import threshold_encode, to_bytes
     from torchspark.errors import EncodingError
-    from torchspark.training import sharing as S
+    from torchspark.training.algorithms.sharing import loop as S
 
     n = 5000
     g = torch.Generator().manual_seed(3)

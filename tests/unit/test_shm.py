@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from torchspark.errors import PeerLost
-from torchspark.training import shm
+from torchspark.training.comm import shm
 
 
 class DictStore:

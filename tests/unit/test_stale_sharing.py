@@ -1,4 +1,4 @@
-"""Bounded-staleness gradient sharing (torchspark.training.stale_sharing) in threads of one process.
+"""Bounded-staleness gradient sharing (torchspark.training.algorithms.sharing.stale) in threads of one process.
 
 Each test runs the real loop (``SharingAlgorithm.start/epoch/finish``) on one thread per worker over a
 ``ThreadGroup``; one worker is slowed by a batch iterator that sleeps before every minibatch.
@@ -20,12 +20,12 @@ from torchspark.encoding import AdaptiveThreshold, EncoderConfig
 from torchspark.errors import ConfigError, TrainingError, WaitTimeout, WorkerError
 from torchspark.nn import NetworkBlueprint
 from torchspark.training import InProcessRunner, ItemSource, ThreadGroup, WorkerTask, merge_results
+from torchspark.training.algorithms.sharing.loop import SharingAlgorithm, SharingSettings
+from torchspark.training.algorithms.sharing.stale import PeerLedger
+from torchspark.training.comm.mailbox import END, MESSAGE, Envelope, ThreadMailbox
+from torchspark.training.config.masters import master_from_json
+from torchspark.training.config.shared_master import SharedTrainingMaster
 from torchspark.training.hooks import WorkerHooks
-from torchspark.training.mailbox import END, MESSAGE, Envelope, ThreadMailbox
-from torchspark.training.masters import master_from_json
-from torchspark.training.shared_master import SharedTrainingMaster
-from torchspark.training.sharing import SharingAlgorithm, SharingSettings
-from torchspark.training.stale_sharing import PeerLedger
 
 ENCODER = EncoderConfig(threshold_policy=AdaptiveThreshold(initial=1e-3))
 

@@ -11,11 +11,20 @@ import numpy as np
 import pytest
 
 from torchspark.errors import ConfigError, DataError, SerializationError
-from torchspark.stats import (PAYLOAD_FORMAT, STANDARD_PHASES, ClockSample, Phase, StatsCollector, TrainingStats,
-                              best_clock_sample, clock_offset, clock_sample, to_driver_time)
+from torchspark.stats import (
+    PAYLOAD_FORMAT,
+    STANDARD_PHASES,
+    ClockSample,
+    Phase,
+    StatsCollector,
+    TrainingStats,
+    best_clock_sample,
+    clock_offset,
+    clock_sample,
+    to_driver_time,
+)
 from torchspark.stats.aggregate import downsample_series, log_histogram, stacked_fractions, timeline_occupancy
 from torchspark.stats.html import render_html
-
 
 # ---- collector --------------------------------------------------------------------------------------------------
 

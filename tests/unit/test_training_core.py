@@ -11,11 +11,11 @@ import torch
 from torchspark import DataSet, Network, models, optim
 from torchspark.errors import ConfigError, SetupError, WaitTimeout, WorkerError
 from torchspark.nn import NetworkBlueprint
-from torchspark.training.mesh import MeshConfig
-from torchspark.training.assignment import assign_balanced
 from torchspark.training import InProcessRunner, ItemSource, ThreadGroup, WorkerTask, device_for_task
-from torchspark.training.devices import backend_for_device, gpu_addresses
-from torchspark.training.prefetch import prefetch
+from torchspark.training.assignment import assign_balanced
+from torchspark.training.config.mesh import MeshConfig
+from torchspark.training.worker.devices import backend_for_device, gpu_addresses
+from torchspark.training.worker.prefetch import prefetch
 
 
 def _batches(n: int, size: int = 8, seed: int = 0) -> list[DataSet]:
@@ -141,7 +141,7 @@ def test_balanced_assignment(total: int, workers: int, seed) -> None:
 
 
 def test_root_cause_prefers_the_failing_worker_over_peers_that_lost_it() -> None:
-    from torchspark.training.runner import is_peer_failure, root_cause
+    from torchspark.training.driver.failures import is_peer_failure, root_cause
 
     peer = ("Traceback (most recent call last):\n  ...\nRuntimeError: [gloo/transport/tcp/pair.cc:537] Read error "
             "[127.0.0.1]:7915: Connection reset by peer")
@@ -159,7 +159,7 @@ def test_root_cause_prefers_the_failing_worker_over_peers_that_lost_it() -> None
     "rendezvous_timeout_s=60; it is stuck or gone",
 ])
 def test_a_peer_leaving_the_shared_memory_barrier_is_a_symptom(symptom: str) -> None:
-    from torchspark.training.runner import is_peer_failure, root_cause
+    from torchspark.training.driver.failures import is_peer_failure, root_cause
 
     peer = f"Traceback (most recent call last):\n  ...\n{symptom}"
     cause = "Traceback (most recent call last):\n  ...\ntorchspark.errors.DataError: NaN at example 4"
@@ -184,7 +184,7 @@ def test_item_source_decodes_serialized_batches_once_and_replays_them() -> None:
 
 def test_ready_minibatches_skip_the_prefetch_thread(monkeypatch) -> None:
     """Batches already in memory go straight to the loop; anything to load still goes through the prefetcher."""
-    import torchspark.training.worker as worker_mod
+    import torchspark.training.worker.loop as worker_mod
     from torchspark.data import dataset_to_bytes
 
     calls: list[int] = []

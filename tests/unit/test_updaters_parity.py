@@ -26,7 +26,7 @@ from torchspark.schedules import (
     schedule_from_dict,
 )
 from torchspark.training import InProcessRunner, ItemSource, WorkerTask
-from torchspark.training.worker import merge_results
+from torchspark.training.task import merge_results
 
 BATCH = 16
 

@@ -8,8 +8,18 @@
 * :mod:`.command` -- the ``torchspark advise`` command.
 """
 
-from torchspark.advise.estimate import (Advice, Estimate, Link, Verdict, Workload, advise, allgather_seconds,
-                                        allreduce_seconds, estimate, parse_link)
+from torchspark.advise.estimate import (
+                                        Advice,
+                                        Estimate,
+                                        Link,
+                                        Verdict,
+                                        Workload,
+                                        advise,
+                                        allgather_seconds,
+                                        allreduce_seconds,
+                                        estimate,
+                                        parse_link,
+)
 from torchspark.advise.measurement import Measurement, measure
 
 __all__ = ["measure", "Measurement", "advise", "estimate", "Advice", "Estimate", "Link", "Verdict", "Workload",

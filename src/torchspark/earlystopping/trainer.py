@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from torchspark.earlystopping.conditions import EpochTerminationCondition, IterationTerminationCondition
-from torchspark.earlystopping.savers import InMemoryModelSaver, ModelSaver
+from torchspark.earlystopping.savers import InMemoryModelSaver
 from torchspark.earlystopping.scores import ScoreCalculator
 from torchspark.errors import ConfigError
 from torchspark.nn import Network

@@ -25,15 +25,15 @@ from torchspark.encoding.residual import (
 from torchspark.encoding.stats import EncodingStats
 from torchspark.encoding.threshold import (
     CALIBRATED,
+    NUM_SUMMANDS,
     THRESHOLD_POLICIES,
     AdaptiveThreshold,
     FixedThreshold,
     TargetSparsityThreshold,
     ThresholdPolicy,
     ThresholdState,
-    NUM_SUMMANDS,
-    average_from_sums,
     agree_threshold,
+    average_from_sums,
     average_states,
     calibrated_threshold,
     shake_up_threshold,

@@ -25,8 +25,8 @@ from safetensors.torch import save as st_save
 from torchspark._atomic_dir import write_directory
 from torchspark._io import filesystem, join, read_bytes, read_safetensors_metadata
 from torchspark.errors import ConfigError, SerializationError
-from torchspark.nn.network import Network
 from torchspark.nn.losses import LOSSES, Loss, resolve_loss
+from torchspark.nn.network import Network
 from torchspark.nn.spec import build_from_spec, module_spec
 from torchspark.nn.trust import CodePolicy, Factories, code_policy
 from torchspark.optim import UpdaterSpec, updater_from_dict

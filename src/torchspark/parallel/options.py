@@ -11,9 +11,9 @@ from typing import Any
 
 from torchspark.encoding import AdaptiveThreshold, ResidualClipping
 from torchspark.errors import ConfigError
-from torchspark.training.masters import ParameterAveragingTrainingMaster, TrainingMaster
-from torchspark.training.shared_master import SharedTrainingMaster
-from torchspark.training.topology import DEFAULT_SHARD_ABOVE_WORKERS
+from torchspark.training.algorithms.sharing.topology import DEFAULT_SHARD_ABOVE_WORKERS
+from torchspark.training.config.masters import ParameterAveragingTrainingMaster, TrainingMaster
+from torchspark.training.config.shared_master import SharedTrainingMaster
 
 __all__ = ["TRAINING_MODES", "OPTION_DEFAULTS", "master_from_options", "check_local_master"]
 

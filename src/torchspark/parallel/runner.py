@@ -39,16 +39,18 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from torchspark.data import DataSet, MultiDataSet, dataset_to_bytes
-from torchspark.errors import DataError, WorkerError, WorkerLost
-from torchspark.training.auth import new_token
-from torchspark.training.comm import TorchDistCommunicator
-from torchspark.training.progress import ProgressEndpoint
-from torchspark.training.reporting import open_worker_hooks
-from torchspark.training.runner import RunContext, is_peer_failure, root_cause, traceback_tail, worker_error_type
-from torchspark.training.stores import listening_store, private_store
-from torchspark.training.waiting import get_within, put_until_stopped
+from torchspark.errors import DataError, WorkerLost
 from torchspark.training.assignment import EpochItems
-from torchspark.training.worker import EpochSource, ItemSource, WorkerResult, WorkerTask, run_worker
+from torchspark.training.comm import TorchDistCommunicator
+from torchspark.training.driver.failures import is_peer_failure, root_cause, traceback_tail, worker_error_type
+from torchspark.training.driver.runner import RunContext
+from torchspark.training.progress import ProgressEndpoint
+from torchspark.training.rendezvous.auth import new_token
+from torchspark.training.rendezvous.stores import listening_store, private_store
+from torchspark.training.task import EpochSource, WorkerResult, WorkerTask
+from torchspark.training.waiting import get_within, put_until_stopped
+from torchspark.training.worker.loop import ItemSource, run_worker
+from torchspark.training.worker.reporting import open_worker_hooks
 
 __all__ = ["LocalProcessRunner", "WorkerShares", "QueueSource", "EPOCH_END", "backend_for_devices"]
 
@@ -236,7 +238,7 @@ class LocalProcessRunner:
 
     def run(self, task: WorkerTask, data: WorkerShares, context: RunContext | None = None) -> list[WorkerResult]:
         """Run one worker per device on its share of ``data`` and return their results by rank (the
-        :class:`~torchspark.training.runner.Runner` protocol; ``context`` gives the progress channel and the
+        :class:`~torchspark.training.driver.runner.Runner` protocol; ``context`` gives the progress channel and the
         driver's ``fit`` phase)."""
         if data.workers != len(self.devices):
             raise ValueError(f"the data is split for {data.workers} workers but the runner has "

@@ -30,12 +30,13 @@ from torchspark.nn import Network
 from torchspark.parallel.options import OPTION_DEFAULTS, TRAINING_MODES, check_local_master, master_from_options
 from torchspark.parallel.runner import LocalProcessRunner, WorkerShares
 from torchspark.stats import DRIVER_ID, StatsCollector, TrainingStats
+from torchspark.training.algorithms.sharing.topology import DEFAULT_SHARD_ABOVE_WORKERS
 from torchspark.training.assignment import epoch_seed, per_epoch, plan_files, split_examples
-from torchspark.training.driver import build_task, run_fit
+from torchspark.training.config.masters import TrainingMaster
+from torchspark.training.driver.fit import build_task, run_fit
 from torchspark.training.hooks import ProgressUpdate, ScoreReport
-from torchspark.training.masters import TrainingMaster
-from torchspark.training.worker import WorkerResult, load_item
-from torchspark.training.topology import DEFAULT_SHARD_ABOVE_WORKERS
+from torchspark.training.task import WorkerResult
+from torchspark.training.worker.loop import load_item
 
 __all__ = ["ParallelWrapper", "TRAINING_MODES", "plan_devices"]
 
@@ -256,9 +257,9 @@ class ParallelWrapper:
             ``SharedTrainingMaster.topology``.
         shard_above_workers: the worker count above which ``topology="auto"`` shards (default 128).
         master: the training master (instead of the options above).
-        runner: how workers run (a :class:`~torchspark.training.runner.Runner`); default: a
+        runner: how workers run (a :class:`~torchspark.training.driver.runner.Runner`); default: a
             :class:`~torchspark.parallel.runner.LocalProcessRunner` on :attr:`worker_devices` with
-            ``threads_per_worker``. Tests pass :class:`~torchspark.training.runner.InProcessRunner` (threads).
+            ``threads_per_worker``. Tests pass :class:`~torchspark.training.driver.runner.InProcessRunner` (threads).
     """
 
     network: Network

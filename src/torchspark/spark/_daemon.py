@@ -22,7 +22,7 @@ def preload() -> None:
         import torch._dynamo  # noqa: F401  - what torch.optim pulls in on the first optimizer (about 1 s)
 
         import torchspark.spark.barrier  # noqa: F401
-        import torchspark.training.worker  # noqa: F401
+        import torchspark.training.worker.loop  # noqa: F401
     except Exception as e:  # noqa: BLE001 - reported by the preflight instead
         print(f"torchspark daemon: preload skipped ({type(e).__name__}: {e})", file=sys.stderr)
 

@@ -12,7 +12,6 @@ The driver side (running the stage under its own job group, turning a worker's e
 from __future__ import annotations
 
 import logging
-import os
 import traceback
 from dataclasses import replace
 from typing import Any, Callable, Iterable, Iterator
@@ -21,16 +20,17 @@ import torch
 
 from torchspark.errors import SetupError, WaitTimeout
 from torchspark.spark.barrier_wait import wait_bounded
-from torchspark.training import env as task_env
 from torchspark.training.comm import TorchDistCommunicator
-from torchspark.training.devices import backend_for_device, device_for_task, gpu_addresses
-from torchspark.training.mesh import MeshConfig
-from torchspark.training.netif import LOCAL_ADDRESS_ENV, Endpoint, choose_endpoint, socket_interface
-from torchspark.training.ports import listen_in_range
+from torchspark.training.config.mesh import MeshConfig
 from torchspark.training.progress import ProgressEndpoint
-from torchspark.training.reporting import open_worker_hooks
-from torchspark.training.stores import fetch, listening_store, private_store, publish
-from torchspark.training.worker import ItemSource, WorkerResult, WorkerTask, run_worker
+from torchspark.training.rendezvous.netif import LOCAL_ADDRESS_ENV, Endpoint, choose_endpoint, socket_interface
+from torchspark.training.rendezvous.ports import listen_in_range
+from torchspark.training.rendezvous.stores import fetch, listening_store, private_store, publish
+from torchspark.training.task import WorkerResult, WorkerTask
+from torchspark.training.worker import env as task_env
+from torchspark.training.worker.devices import backend_for_device, device_for_task, gpu_addresses
+from torchspark.training.worker.loop import ItemSource, run_worker
+from torchspark.training.worker.reporting import open_worker_hooks
 
 __all__ = ["RendezvousSettings", "barrier_task", "open_relay", "relay_key", "LOCAL_ADDRESS_ENV"]
 
@@ -41,7 +41,7 @@ RELAY_CONNECT_TIMEOUT_S = 60.0
 
 
 
-#: How workers find each other: the master's :class:`~torchspark.training.mesh.MeshConfig` (the old name stays).
+#: How workers find each other: the master's :class:`~torchspark.training.config.mesh.MeshConfig` (the old name stays).
 RendezvousSettings = MeshConfig
 
 
@@ -61,7 +61,7 @@ def open_relay(advertise_host: str, timeout_s: float, port_range: tuple[int, int
     about one second per fit; a ``TCPStore`` ``get`` returns the moment the key is set. Executors must reach the
     driver on this port, as they already must for the progress channel. It listens on ``bind_host`` (default
     ``advertise_host``) only; the key and value are derived from and signed with the fit's token
-    (:mod:`torchspark.training.stores`). Keep the returned store referenced for the whole fit; dropping it closes
+    (:mod:`torchspark.training.rendezvous.stores`). Keep the returned store referenced for the whole fit; dropping it closes
     the port.
     """
     store = listen_in_range(lambda port: listening_store(bind_host or advertise_host, port, None, timeout_s),
@@ -132,7 +132,7 @@ def _rendezvous(ctx: Any, settings: RendezvousSettings, backend: str, device: st
 
     import torch.distributed as dist
 
-    from torchspark.training.auth import new_token
+    from torchspark.training.rendezvous.auth import new_token
 
     if token is None and relay_address is not None:
         raise SetupError("a rendezvous through the driver's relay needs the fit's token; pass token= to barrier_task")

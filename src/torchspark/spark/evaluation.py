@@ -99,7 +99,7 @@ def ship_network(sc: Any, network: Network) -> ShippedNetwork:
 # ------------------------------------------------------------------ data sources
 def load_batch_item(item: Any) -> DataSet | MultiDataSet:
     """A batch from an RDD item: a DataSet/MultiDataSet, serialized batch bytes or a batch-file path."""
-    from torchspark.training.worker import load_item
+    from torchspark.training.worker.loop import load_item
 
     try:
         return load_item(item)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-import os
 import re
 import uuid
 from typing import Any, Callable, Iterable, Iterator, Sequence

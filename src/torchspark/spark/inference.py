@@ -22,18 +22,18 @@ import torch
 from torchspark.data import DataSet, MultiDataSet, rebatch
 from torchspark.errors import ConfigError, DataError
 from torchspark.nn import Network
+from torchspark.nn.outputs import check_output_index
+from torchspark.spark.data import feature_shapes
 from torchspark.spark.evaluation import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_EVAL_WORKERS,
     ShippedNetwork,
-    peek_nonempty,
     batch_items,
     check_positive,
     load_batch_item,
+    peek_nonempty,
     ship_network,
 )
-from torchspark.nn.outputs import check_output_index
-from torchspark.spark.data import feature_shapes
 from torchspark.spark.jobs import run_job
 from torchspark.spark.session import spark_context
 

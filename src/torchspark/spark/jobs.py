@@ -9,7 +9,7 @@ Spark's own reason (:func:`spark_reason`), which the driver's recovery retries. 
 errors keeps its class: an executor ``DataError`` (a bad
 feature shape, a non-DataSet RDD item, a label out of range found mid-training) is caught by ``except DataError``
 whichever job found it. When it happened inside training it is also a
-:class:`~torchspark.errors.WorkerError` (:func:`~torchspark.training.runner.worker_error_type`).
+:class:`~torchspark.errors.WorkerError` (:func:`~torchspark.training.driver.failures.worker_error_type`).
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ import uuid
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from torchspark.errors import TorchSparkError, WorkerLost
-from torchspark.training.runner import is_peer_failure, root_cause, traceback_tail, worker_error_type
+from torchspark.training.driver.failures import is_peer_failure, root_cause, traceback_tail, worker_error_type
+from torchspark.training.task import WorkerResult
 from torchspark.training.waiting import call_on_thread
-from torchspark.training.worker import WorkerResult
 
 __all__ = ["run_job", "run_in_job_group", "run_barrier_stage", "task_error", "worker_traceback", "spark_reason",
            "lost_worker"]
@@ -91,7 +91,7 @@ def _exit_status(reason: str) -> str | None:
 def lost_worker(error: BaseException, description: str, tb: str | None) -> WorkerLost | None:
     """A :class:`WorkerLost` when Spark says the worker's process or executor went away (``tb`` is None: no
     Python traceback) or the only Python error is a peer's symptom (``tb``, a hung or lost peer); else None."""
-    from torchspark.training.runner import is_peer_failure
+    from torchspark.training.driver.failures import is_peer_failure
 
     text = str(error)
     if tb is not None and not is_peer_failure(tb):

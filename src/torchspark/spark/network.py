@@ -33,11 +33,17 @@ from torchspark.spark.data import (
     worker_rdd_balanced_epochs,
     worker_rdd_from_paths,
 )
-from torchspark.spark.export import (check_export_directory, export_base, export_name, export_rdd, mark_export,
-                                    remove_dead_exports)
-from torchspark.spark.jobs import run_job
 from torchspark.spark.evaluation_methods import EvaluationMethods
+from torchspark.spark.export import (
+    check_export_directory,
+    export_base,
+    export_name,
+    export_rdd,
+    mark_export,
+    remove_dead_exports,
+)
 from torchspark.spark.inference_methods import InferenceMethods
+from torchspark.spark.jobs import run_job
 from torchspark.spark.preflight import executors_for_workers_per_node, preflight
 from torchspark.spark.private_dirs import make_private_dir, remove_dirs
 from torchspark.spark.runners import SparkBarrierRunner, SparkRoundsRunner, SparkWorkerData
@@ -53,11 +59,11 @@ from torchspark.training.assignment import (
     plan_balanced,
 )
 from torchspark.training.checkpoint import plan_for
-from torchspark.training.driver import build_task, run_fit
+from torchspark.training.config.masters import TrainingMaster
+from torchspark.training.driver.fit import build_task, run_fit
+from torchspark.training.driver.runner import Runner
 from torchspark.training.hooks import ProgressUpdate
-from torchspark.training.masters import TrainingMaster
-from torchspark.training.runner import Runner
-from torchspark.training.worker import WorkerResult
+from torchspark.training.task import WorkerResult
 
 __all__ = ["SparkNetwork"]
 
@@ -75,10 +81,10 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         progress: draw a progress bar (examples/s, latest score) while training: None = only when stderr is a
             terminal, False = never. Workers stream progress and errors to the driver either way; see
             :meth:`add_progress_listener`.
-        runner: how workers run (a :class:`~torchspark.training.runner.Runner`); default (None): the master's
+        runner: how workers run (a :class:`~torchspark.training.driver.runner.Runner`); default (None): the master's
             route, one Spark barrier stage (:class:`~torchspark.spark.runners.SparkBarrierRunner`) or one Spark job
             per averaging round (``averaging_via="spark"``). Tests pass
-            :class:`~torchspark.training.runner.InProcessRunner` to train the prepared partitions in threads.
+            :class:`~torchspark.training.driver.runner.InProcessRunner` to train the prepared partitions in threads.
     """
 
     def __init__(
@@ -417,7 +423,7 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
 
     def _validate_sample(self, worker_rdd: Any) -> None:
         """Fail fast on the driver: run the network on a few examples of the first minibatch."""
-        from torchspark.training.worker import load_item
+        from torchspark.training.worker.loop import load_item
 
         first = run_job(self.sc, "torchspark: read the first minibatch", lambda: first_item(self.sc, worker_rdd))
         if first is None:

@@ -83,9 +83,8 @@ def _probe(_: Any) -> tuple[str, str]:
     import os
     import socket
 
-    from pyspark import SparkFiles
-
     import torch
+    from pyspark import SparkFiles
 
     import torchspark
 

@@ -7,11 +7,11 @@ records and the driver averages. It pays one Spark job and one broadcast per rou
 milliseconds of scheduling each, whatever the model), but works wherever Spark jobs work, and since a round only
 reads broadcasts and its own data, Spark may simply retry a failed task.
 
-Per fit (driver, :class:`SparkRoundsRunner`, run by :func:`torchspark.training.driver.run_fit`):
+Per fit (driver, :class:`SparkRoundsRunner`, run by :func:`torchspark.training.driver.fit.run_fit`):
   1. count the minibatches of every worker partition (one small job); rounds per epoch = ceil(max count / f);
   2. broadcast the task's network blueprint once (each Python worker builds the network once per fit and keeps it
      in its :class:`~torchspark.nn.cache.NetworkCache`).
-Per round ``r`` of every epoch (the rounds and arithmetic of :func:`torchspark.training.averaging.averaging_epoch`):
+Per round ``r`` of every epoch (the rounds and arithmetic of :func:`torchspark.training.algorithms.averaging.averaging_epoch`):
   3. broadcast the current parameters and module buffers (the averaged floating-point ones, worker 0's integer
      ones), plus the updater state when ``save_updater`` (and in the fit's first round, which starts from the
      driver's updater state like the torch route's blueprint does);
@@ -19,7 +19,7 @@ Per round ``r`` of every epoch (the rounds and arithmetic of :func:`torchspark.t
      ``[r*f, (r+1)*f)`` and yields one :class:`RoundRecord` ``(params*n | updater_state*n | buffers*n, n, score*n)``; a
      partition with no minibatch left yields ``n = 0``; ``treeAggregate(depth=aggregation_depth)`` sums them;
   5. the driver sets ``params = sum(params*n) / sum(n)`` (likewise the floating-point buffers, and the updater
-     state when ``save_updater``, else it resets it) -- :func:`~torchspark.training.averaging.apply_weighted_mean`,
+     state when ``save_updater``, else it resets it) -- :func:`~torchspark.training.algorithms.averaging.apply_weighted_mean`,
      the all-reduce route's rule --, takes partition 0's integer buffers when it trained, and advances
      ``iteration`` by the round's most minibatches on one worker.
 If a round fails or is interrupted, the driver's network holds the result of the last completed round.
@@ -49,14 +49,15 @@ from torchspark.nn.cache import NetworkCache
 from torchspark.spark.data import storage_level_by_name
 from torchspark.spark.jobs import run_job
 from torchspark.stats import StatsCollector
-from torchspark.training import env as task_env
-from torchspark.training.averaging import AveragingSettings, apply_weighted_mean, pack_weighted
-from torchspark.training.devices import device_for_task, gpu_addresses, task_thread_settings
+from torchspark.training.algorithms.averaging import AveragingSettings, apply_weighted_mean, pack_weighted
+from torchspark.training.driver.runner import RunContext
 from torchspark.training.hooks import PhaseRecorder, ProgressUpdate
-from torchspark.training.prefetch import prefetch
-from torchspark.training.reporting import worker_id
-from torchspark.training.runner import RunContext
-from torchspark.training.worker import WorkerResult, WorkerTask, load_item
+from torchspark.training.task import WorkerResult, WorkerTask
+from torchspark.training.worker import env as task_env
+from torchspark.training.worker.devices import device_for_task, gpu_addresses, task_thread_settings
+from torchspark.training.worker.loop import load_item
+from torchspark.training.worker.prefetch import prefetch
+from torchspark.training.worker.reporting import worker_id
 
 __all__ = ["FitSpec", "RoundInput", "RoundRecord", "WorkerRound", "SparkRoundsRunner", "fit_round_partition",
            "merge_records"]
@@ -247,7 +248,7 @@ def _fit_chunk(net: Network, chunk: Sequence[Any], spec: FitSpec, validate_first
 
 # ------------------------------------------------------------------ driver side
 class SparkRoundsRunner:
-    """The :class:`~torchspark.training.runner.Runner` of ``averaging_via="spark"``: a driver loop of Spark jobs,
+    """The :class:`~torchspark.training.driver.runner.Runner` of ``averaging_via="spark"``: a driver loop of Spark jobs,
     one per averaging round (the module docstring's steps).
 
     It keeps the fit's state in the driver's network (``context.network``), which holds the latest average after

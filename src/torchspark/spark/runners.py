@@ -1,11 +1,11 @@
-"""The Spark runners of :func:`torchspark.training.driver.run_fit`, and the workers' data as ``SparkNetwork``
+"""The Spark runners of :func:`torchspark.training.driver.fit.run_fit`, and the workers' data as ``SparkNetwork``
 prepares it.
 
 * :class:`SparkBarrierRunner`: the whole fit inside one barrier stage whose tasks find each other
   (:mod:`torchspark.spark.barrier`) and all-reduce or share gradients over ``torch.distributed``;
 * :class:`~torchspark.spark.rounds.SparkRoundsRunner`: one Spark job per averaging round (``averaging_via="spark"``).
 
-Both take a :class:`SparkWorkerData`; so does :class:`~torchspark.training.runner.InProcessRunner`, which reads the
+Both take a :class:`SparkWorkerData`; so does :class:`~torchspark.training.driver.runner.InProcessRunner`, which reads the
 partitions on the driver and trains them in threads (tests: ``SparkNetwork(..., runner=InProcessRunner())``).
 """
 
@@ -19,9 +19,10 @@ from torchspark.spark.barrier import barrier_task, open_relay
 from torchspark.spark.driver_address import driver_listen_address
 from torchspark.spark.jobs import run_barrier_stage, run_job
 from torchspark.spark.rounds import SparkRoundsRunner
-from torchspark.training.mesh import MeshConfig
-from torchspark.training.runner import RunContext
-from torchspark.training.worker import EpochSource, ItemSource, WorkerResult, WorkerTask
+from torchspark.training.config.mesh import MeshConfig
+from torchspark.training.driver.runner import RunContext
+from torchspark.training.task import EpochSource, WorkerResult, WorkerTask
+from torchspark.training.worker.loop import ItemSource
 
 __all__ = ["SparkWorkerData", "SparkBarrierRunner", "SparkRoundsRunner"]
 

@@ -15,10 +15,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from torchspark.errors import ConfigError
-from torchspark.stats._svg import (FONT, esc, fmt, histogram_chart, line_chart, nice_ticks, phase_color,
-                                   series_color)
-from torchspark.stats.aggregate import (downsample_series, log_histogram, mean_by_key, stacked_fractions,
-                                        timeline_occupancy)
+from torchspark.stats._svg import FONT, esc, fmt, histogram_chart, line_chart, nice_ticks, phase_color, series_color
+from torchspark.stats.aggregate import (
+    downsample_series,
+    log_histogram,
+    mean_by_key,
+    stacked_fractions,
+    timeline_occupancy,
+)
 
 if TYPE_CHECKING:
     from torchspark.stats.training_stats import TrainingStats

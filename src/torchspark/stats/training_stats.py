@@ -15,8 +15,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from torchspark.errors import ConfigError, DataError, SerializationError
-from torchspark.stats.events import (DRIVER_ID, PAYLOAD_FORMAT, STANDARD_PHASES, EncodingTable, EventTable,
-                                     ScoreTable)
+from torchspark.stats.events import DRIVER_ID, PAYLOAD_FORMAT, STANDARD_PHASES, EncodingTable, EventTable, ScoreTable
 
 __all__ = ["TrainingStats"]
 

@@ -15,8 +15,7 @@ import traceback
 
 from torchspark import Network, datasets, models, optim
 from torchspark.errors import SetupError
-from torchspark.spark import (ParameterAveragingTrainingMaster, SharedTrainingMaster, SparkNetwork,
-                              local_session)
+from torchspark.spark import ParameterAveragingTrainingMaster, SharedTrainingMaster, SparkNetwork, local_session
 from torchspark.spark.preflight import executor_count, executors_for_workers_per_node, probe_executors
 
 

@@ -17,7 +17,7 @@ from torchspark.errors import ConfigError
 from torchspark.nn import Network
 from torchspark.nn.network_spec import NetworkSpec
 from torchspark.optim import UpdaterSpec
-from torchspark.training.masters import ParameterAveragingTrainingMaster, TrainingMaster, master_from_json
+from torchspark.training.config.masters import ParameterAveragingTrainingMaster, TrainingMaster, master_from_json
 
 __all__ = ["TorchModelParams", "TorchEstimatorParams", "FitSettings", "DEFAULT_MASTER_JSON"]
 

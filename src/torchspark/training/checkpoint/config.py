@@ -1,5 +1,5 @@
 """What a fit checkpoints and where it resumes: two small frozen values carried by the
-:class:`~torchspark.training.worker.WorkerTask`.
+:class:`~torchspark.training.task.WorkerTask`.
 
 * :class:`CheckpointPlan` -- the fit's checkpoint options (directory, interval, how many to keep), its run id and
   the network counters at the start of the fit. Built by the driver from the training master

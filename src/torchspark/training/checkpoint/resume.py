@@ -12,7 +12,7 @@ from torchspark.training.checkpoint import store
 from torchspark.training.checkpoint.config import ResumePoint
 
 if TYPE_CHECKING:  # worker.py imports this package: no import cycle at run time
-    from torchspark.training.worker import WorkerTask
+    from torchspark.training.task import WorkerTask
 
 __all__ = ["resume_task", "find_resume_point"]
 
@@ -65,7 +65,7 @@ def resume_task(task: "WorkerTask") -> tuple["WorkerTask", ResumePoint | None]:
     newest checkpoint of this very fit). Cheap when there is no checkpoint (one directory listing).
 
     Args:
-        task: the fit's task as :func:`~torchspark.training.driver.build_task` made it (any earlier ``resume`` is
+        task: the fit's task as :func:`~torchspark.training.driver.fit.build_task` made it (any earlier ``resume`` is
             replaced).
     Returns:
         ``(task, point)``: ``point`` is None when the fit starts from ``task``'s own blueprint.

@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class RankProgress:
-    """One rank's running totals for the fit (what its :class:`~torchspark.training.worker.WorkerResult` reports),
+    """One rank's running totals for the fit (what its :class:`~torchspark.training.task.WorkerResult` reports),
     restored on resume so a resumed fit reports what one uninterrupted fit would."""
 
     examples: int = 0

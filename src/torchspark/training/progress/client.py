@@ -14,9 +14,9 @@ from typing import Callable, Iterator, NamedTuple, Sequence
 
 from torchspark.errors import ConfigError
 from torchspark.stats.clock import best_clock_sample
-from torchspark.training import auth
 from torchspark.training.hooks import ProgressUpdate, ScoreReport
 from torchspark.training.progress.wire import ChannelLimits, LineReader, encode
+from torchspark.training.rendezvous import auth
 
 __all__ = ["ProgressClient", "ProgressEndpoint", "estimate_clock_offset"]
 

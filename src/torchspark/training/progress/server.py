@@ -1,6 +1,6 @@
 """The driver's side of the progress channel: one thread serving every worker connection through a selector.
 
-Who may talk: a connection must first send the fit's hello (:func:`torchspark.training.auth.hello`); the server
+Who may talk: a connection must first send the fit's hello (:func:`torchspark.training.rendezvous.auth.hello`); the server
 reads exactly that many bytes, with a deadline, and drops the connection unless it proves the token, so a
 stranger's bytes never reach a listener and never take more memory than one hello. How much: no thread per
 connection (one selector thread serves them all), at most ``max_pending`` connections owing their hello (the
@@ -19,10 +19,8 @@ import time
 from typing import Any, Callable, Iterable
 
 from torchspark.errors import ConfigError, SetupError
-from torchspark.training import auth
 from torchspark.training.hooks import ProgressUpdate
 from torchspark.training.progress.client import ProgressEndpoint
-from torchspark.training.progress.liveness import Liveness
 from torchspark.training.progress.listeners import (
     ErrorListener,
     ErrorLog,
@@ -31,6 +29,7 @@ from torchspark.training.progress.listeners import (
     ScoreListener,
     call_listeners,
 )
+from torchspark.training.progress.liveness import Liveness
 from torchspark.training.progress.wire import (
     ChannelLimits,
     LineSplitter,
@@ -41,6 +40,7 @@ from torchspark.training.progress.wire import (
     progress_from_msg,
     score_from_msg,
 )
+from torchspark.training.rendezvous import auth
 
 __all__ = ["ProgressServer"]
 
@@ -79,7 +79,7 @@ class ProgressServer:
         clock: the driver's time function used to answer clock probes (injectable for tests).
         advertise_host: the host name workers should dial; default ``host``.
         score_listeners: called with each :class:`ScoreReport`.
-        token: the fit's secret (:func:`torchspark.training.auth.new_token`); default: a fresh one. Workers need
+        token: the fit's secret (:func:`torchspark.training.rendezvous.auth.new_token`); default: a fresh one. Workers need
             it: ship :attr:`endpoint` to them inside the task.
         limits: bounds on connections, lines and kept error text (:class:`ChannelLimits`).
     """

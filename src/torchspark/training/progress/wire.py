@@ -1,6 +1,6 @@
 """The progress channel's wire format: a fixed-size hello, then newline-delimited JSON messages, and its limits.
 
-A connection starts with :func:`torchspark.training.auth.hello` (``HELLO_BYTES`` bytes); the server reads exactly
+A connection starts with :func:`torchspark.training.rendezvous.auth.hello` (``HELLO_BYTES`` bytes); the server reads exactly
 that much and drops the connection unless it proves the fit's token. Then one JSON object per line (UTF-8),
 worker -> driver:
 

@@ -1,19 +1,16 @@
-"""The worker side of distributed training: one function every runner calls (Spark barrier task, local process,
-thread).
+"""The worker loop: one function every runner calls (Spark barrier task, local process, thread).
 
 ``run_worker`` builds the network once per fit from the broadcast blueprint, pins torch's thread count, then
-runs the master's algorithm for every epoch over the worker's data and returns a :class:`WorkerResult`.
+runs the master's algorithm for every epoch over the worker's data and returns a
+:class:`~torchspark.training.task.WorkerResult`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import itertools
 import logging
-import math
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -23,94 +20,22 @@ from torchspark.errors import DataError
 from torchspark.nn import Network, NetworkBlueprint
 from torchspark.training.algorithms import ALGORITHMS
 from torchspark.training.assignment import EpochItems, FileSlices, epoch_seed
-from torchspark.training.checkpoint import CheckpointPlan, CheckpointWriter, RankProgress, ResumePoint, restore_rank
+from torchspark.training.checkpoint import CheckpointWriter, RankProgress, restore_rank
 from torchspark.training.comm import Communicator
-from torchspark.training.devices import task_thread_settings
 from torchspark.training.hooks import WorkerHooks
-from torchspark.training.prefetch import prefetch
+from torchspark.training.task import EpochSource, WorkerResult, WorkerTask, param_checksum
+from torchspark.training.worker.devices import task_thread_settings
+from torchspark.training.worker.prefetch import prefetch
 
-__all__ = ["WorkerTask", "WorkerResult", "epoch_order", "EpochSource", "ItemSource", "run_worker", "load_item", "merge_results",
-           "mean_score", "param_checksum"]
+__all__ = ["epoch_order", "ItemSource", "run_worker", "load_item"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class WorkerTask:
-    """Everything a worker needs besides its data and its peers (small; broadcast once per fit).
-
-    Args:
-        mode: the algorithm (``"averaging"`` or ``"sharing"``), a key of :data:`ALGORITHMS`.
-        settings: the algorithm's settings as a JSON-able dict.
-        blueprint: ``NetworkBlueprint.to_bytes()`` of the driver's network.
-        epochs: passes over the data inside this one stage.
-        prefetch: minibatches loaded ahead on a background thread (0 = none).
-        data_timeout_s: how long to wait for one minibatch before failing.
-        num_threads: torch intra-op threads (the cores the task owns); None leaves torch's default.
-        collect_stats: record phases for the training stats.
-        report_scores: send the driver the score every worker agrees on after each averaging round (each epoch
-            with gradient sharing, at the cost of one small all-reduce); the runner wires it into the hooks.
-        attempt: which launch of the workers this is (0 first; the driver's recovery adds one per relaunch).
-        flush_denormal: flush denormal floats to zero on the worker's CPU threads (why: the ``flush_denormal``
-            option of :class:`~torchspark.spark.TrainingMaster`); restored to IEEE mode for the calling thread when
-            the worker returns.
-        checkpoint: where and how often the workers checkpoint the fit (None: never); see
-            :mod:`torchspark.training.checkpoint`.
-        resume: the checkpoint this launch continues from (set by
-            :func:`~torchspark.training.checkpoint.resume_task`; None: start from the blueprint, epoch 0).
-    """
-
-    mode: str
-    settings: dict[str, Any]
-    blueprint: bytes
-    epochs: int = 1
-    prefetch: int = 2
-    data_timeout_s: float = 600.0
-    num_threads: int | None = None
-    collect_stats: bool = False
-    flush_denormal: bool = True
-    report_scores: bool = False
-    attempt: int = 0
-    checkpoint: CheckpointPlan | None = None
-    resume: ResumePoint | None = None
-    #: the network's epoch counter when the fit starts: epoch ``e`` of this fit is epoch ``first_epoch + e``
-    first_epoch: int = 0
-    #: the master's ``rng_seed``: with it, every epoch after the first trains this worker's minibatches in a new
-    #: order, a pure function of ``(shuffle_seed, epoch, rank)`` (routes that plan every epoch across workers hand
-    #: :class:`~torchspark.training.assignment.EpochItems` instead, which are trained as planned)
-    shuffle_seed: int | None = None
 
 
 def epoch_order(rng_seed: int, epoch: int, rank: int, length: int) -> list[int]:
     """This worker's minibatch order in ``epoch``: a permutation of ``range(length)`` fixed by the seed, the epoch
     number and the rank (the same on Spark and in ParallelWrapper)."""
     return np.random.default_rng([epoch_seed(rng_seed, epoch), rank]).permutation(length).tolist()
-
-
-@dataclass
-class WorkerResult:
-    """What a worker hands back to the driver. Only rank 0 carries the (identical) parameters."""
-
-    rank: int
-    examples: int
-    iterations: int
-    score: float
-    params: torch.Tensor | None = None
-    updater_state: torch.Tensor | None = None
-    extra_state: dict[str, torch.Tensor] = field(default_factory=dict)
-    extra_config: dict[str, Any] = field(default_factory=dict)
-    stats: Any = None
-    #: every module buffer by name (BatchNorm running statistics, counters); rank 0 only
-    buffers: dict[str, torch.Tensor] | None = None
-    #: torch intra-op threads the worker trained with (``torch.get_num_threads()``; on Spark the task's
-    #: ``spark.task.cpus``); None when the runner does not report it
-    threads: int | None = None
-    #: :func:`param_checksum` of this rank's replica after the fit (every rank): equal on all ranks when the
-    #: replicas are identical; None when the route keeps no replicas (``averaging_via="spark"``)
-    param_checksum: str | None = None
-    #: how this worker reached its peers on a Spark barrier stage (address, interface, which rule chose them,
-    #: whether sums went through shared memory); None on other runners
-    network: dict[str, Any] | None = None
 
 
 def load_item(item: Any) -> Batch:
@@ -129,12 +54,6 @@ def load_item(item: Any) -> Batch:
     if isinstance(item, (bytes, bytearray, memoryview)):
         return dataset_from_bytes(bytes(item))
     raise TypeError(f"cannot turn a {type(item).__name__} into a minibatch")
-
-
-class EpochSource(Protocol):
-    """A worker's data, iterable once per epoch. Items are batches, batch-file paths or batch bytes."""
-
-    def epoch(self, index: int) -> Iterable[Any]: ...
 
 
 class ItemSource:
@@ -309,14 +228,6 @@ def _epoch_items(task: WorkerTask, source: EpochSource, e: int, rank: int) -> It
     return source.epoch(e, lambda length: epoch_order(seed, absolute, rank, length))
 
 
-def param_checksum(net: Network) -> str:
-    """SHA-256 (hex, first 16 digits) of a replica's parameters and floating-point buffers, as stored: two ranks
-    give the same checksum exactly when their replicas are bit-identical (up to a hash collision)."""
-    digest = hashlib.sha256(net.params().detach().cpu().numpy().tobytes())
-    digest.update(net.buffers().detach().cpu().numpy().tobytes())
-    return digest.hexdigest()[:16]
-
-
 def _batches(task: WorkerTask, source: EpochSource, items: Iterable[Any]) -> Iterator[Batch]:
     """The epoch's minibatches: ready ones as they are; without prefetch, straight from a source whose waits are
     already bounded by ``data_timeout_s`` (``bounded_wait``: a queue fed by the parent); else through the
@@ -341,25 +252,3 @@ def _build_network(task: WorkerTask, device: str) -> Network:
     return NetworkBlueprint.from_bytes(task.blueprint).build(device)
 
 
-def merge_results(net: Network, results: Sequence[WorkerResult]) -> float:
-    """Apply the workers' results to the driver's network; returns :func:`mean_score` of the results."""
-    lead = next((r for r in results if r.rank == 0), None)
-    if lead is None or lead.params is None:
-        raise RuntimeError("no result from worker rank 0")
-    net.set_params(lead.params)
-    if lead.updater_state is not None:
-        net.set_updater_state(lead.updater_state)
-    if lead.buffers:
-        net.load_buffer_state(lead.buffers)
-    for r in results:
-        net.extra_state.update(r.extra_state)
-    net.extra_config.update(lead.extra_config)
-    net.iteration += max(r.iterations for r in results)
-    return mean_score(results)
-
-
-def mean_score(results: Sequence[WorkerResult]) -> float:
-    """A fit's score (``get_score()``): the plain mean over the workers of each one's own last minibatch loss, as
-    DL4J reports it (score sum / workers). Workers that trained nothing are left out; NaN if none trained."""
-    scores = [r.score for r in results if not math.isnan(r.score)]
-    return sum(scores) / len(scores) if scores else math.nan

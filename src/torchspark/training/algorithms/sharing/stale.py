@@ -8,7 +8,7 @@ Per minibatch ``t`` of an epoch, on every worker:
   2. compute and encode the update exactly as the synchronous loop does (same encoder, residual, threshold policy,
      divergence check, stats: :meth:`SharingAlgorithm._compute_and_encode`);
   3. apply its own decoded message at once and post it to every peer without waiting
-     (:mod:`torchspark.training.mailbox`: in-process queues, or gloo point-to-point on background threads).
+     (:mod:`torchspark.training.comm.mailbox`: in-process queues, or gloo point-to-point on background threads).
 
 With ``k = 0`` a worker computes step ``t`` only after applying every peer's step ``t-1`` (the synchronous loop's
 information, without its lock-step); with larger ``k`` a slow worker stalls the others only once it is ``k`` steps
@@ -59,13 +59,13 @@ from torchspark.data import Batch
 from torchspark.encoding import decode, from_bytes
 from torchspark.errors import EncodingError, TrainingError, WaitTimeout
 from torchspark.nn import Network
-from torchspark.training.averaging import EpochOutcome
+from torchspark.training.algorithms.base import EpochOutcome
 from torchspark.training.comm import Communicator
+from torchspark.training.comm.mailbox import END, MESSAGE, Envelope, Mailbox, open_mailbox
 from torchspark.training.hooks import ProgressUpdate, WorkerHooks
-from torchspark.training.mailbox import END, MESSAGE, Envelope, Mailbox, open_mailbox
 
 if TYPE_CHECKING:
-    from torchspark.training.sharing import SharingAlgorithm, SharingState
+    from torchspark.training.algorithms.sharing.loop import SharingAlgorithm, SharingState
 
 __all__ = ["StaleStats", "PeerLedger", "stale_epoch", "reconcile"]
 
@@ -143,7 +143,7 @@ class PeerLedger:
 def stale_epoch(algo: "SharingAlgorithm", state: "SharingState", net: Network, batches: Iterable[Batch],
                 comm: Communicator, hooks: WorkerHooks, epoch: int) -> EpochOutcome:
     """One epoch of bounded-staleness sharing on this worker (see the module docstring)."""
-    from torchspark.training.sharing import _ACTIVE, _calibrate, _report_epoch_score
+    from torchspark.training.algorithms.sharing.loop import _ACTIVE, _calibrate, _report_epoch_score
 
     k = int(algo.settings.max_staleness)  # type: ignore[arg-type]
     if state.staleness is None:

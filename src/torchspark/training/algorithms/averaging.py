@@ -8,7 +8,7 @@ Each round:
   3. every worker sets ``params = sum(params * n) / sum(n)`` (likewise the buffers, and the updater state when
      ``save_updater``, else resets it): the example-weighted mean, so uneven rounds are weighted fairly.
 Integer buffers (BatchNorm's ``num_batches_tracked``) are not averaged: they count a worker's own steps, so each
-worker keeps its count and the driver takes worker 0's (:class:`~torchspark.training.worker.WorkerResult`).
+worker keeps its count and the driver takes worker 0's (:class:`~torchspark.training.task.WorkerResult`).
 ``active`` is 1 while the worker has data left *after* this round: it reads one minibatch ahead, so the round that
 fits its last minibatch already says so, and an epoch has exactly ``ceil(most minibatches / averaging_frequency)``
 rounds (as DL4J), never a trailing empty one. A worker whose data ran out keeps joining rounds with ``n = 0``; the
@@ -20,17 +20,19 @@ where ``score`` is the worker's last minibatch loss of the round) after every ro
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Iterable
+from dataclasses import asdict, dataclass
+from typing import Any, Iterable
 
 import torch
 
 from torchspark.data import Batch
 from torchspark.nn import Network
+from torchspark.training.algorithms.base import EpochOutcome
 from torchspark.training.comm import Communicator, StagedSum, staged_sum
 from torchspark.training.hooks import ProgressUpdate, ScoreReport, WorkerHooks
 
-__all__ = ["AveragingSettings", "EpochOutcome", "averaging_epoch", "RoundBuffer", "pack_weighted", "apply_weighted_mean"]
+__all__ = ["AveragingSettings", "AveragingAlgorithm", "averaging_epoch", "RoundBuffer", "pack_weighted",
+           "apply_weighted_mean"]
 
 
 @dataclass(frozen=True)
@@ -46,19 +48,6 @@ class AveragingSettings:
 
     averaging_frequency: int = 5
     save_updater: bool = True
-
-
-@dataclass
-class EpochOutcome:
-    """What one worker did in one epoch."""
-
-    examples: int = 0
-    iterations: int = 0
-    rounds: int = 0
-    #: this worker's own loss on its last minibatch of the epoch (NaN if it had none)
-    last_score: float = float("nan")
-    #: sum over this worker's minibatches of ``loss * examples`` (for an epoch's mean score)
-    score_sum: float = 0.0
 
 
 def averaging_epoch(
@@ -219,3 +208,34 @@ class RoundBuffer:
     def unpack(self, buf: torch.Tensor, total_w: float) -> None:
         """Set the network's params (updater state, buffers) to ``buf / total_w`` (:func:`apply_weighted_mean`)."""
         apply_weighted_mean(self.net, buf, total_w, self.save_updater)
+
+
+@dataclass(frozen=True)
+class AveragingAlgorithm:
+    """Synchronous parameter averaging (:mod:`torchspark.training.algorithms.averaging`)."""
+
+    settings: AveragingSettings
+
+    @classmethod
+    def from_settings(cls, settings: dict[str, Any]) -> "AveragingAlgorithm":
+        names = AveragingSettings.__dataclass_fields__
+        return cls(AveragingSettings(**{k: v for k, v in settings.items() if k in names}))
+
+    def start(self, net: Network, comm: Communicator) -> None:
+        return None
+
+    def epoch(self, state: None, net: Network, batches: Iterable[Batch], comm: Communicator, hooks: WorkerHooks,
+              epoch: int) -> EpochOutcome:
+        return averaging_epoch(net, batches, comm, self.settings, hooks, epoch, validate_first=(epoch == 0))
+
+    def finish(self, state: None, net: Network, comm: Communicator) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        return {}, {}
+
+    def rank_state(self, state: None) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        return {}, {}  # everything lives in the network (parameters, updater state, buffers)
+
+    def restore(self, state: None, net: Network, tensors: dict[str, torch.Tensor], record: dict[str, Any]) -> None:
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self.settings)

@@ -35,7 +35,7 @@ computed from parameters missing exactly the most recent step (staleness one ste
     compute u_{t+1} | exchange t in flight  ->  wait S_t, apply S_t  ->  start exchange t+1  ->  compute u_{t+2} ...
 
 When every worker is on one host (ParallelWrapper, ``local[N]``, executors of one machine) and the communicator
-offers posted gathers (:class:`~torchspark.training.shm.PostedGathers`: the all-gather through shared memory, split
+offers posted gathers (:class:`~torchspark.training.comm.shm.PostedGathers`: the all-gather through shared memory, split
 into "post my message" and "collect the round"), there is no exchange thread: the training thread posts ``m_t``,
 computes ``u_{t+1}``, then collects round ``t``; same order, same staleness, no thread hand-off or GIL contention per
 step (``extra_config["sharing.overlap_via"]`` says which ran).
@@ -49,7 +49,7 @@ applies (:func:`_exchange_phases` says why it decodes).
 
 Bounded staleness (``max_staleness=k``, default None = the loop described here): a worker applies its peers'
 messages as they arrive and waits only when it is more than ``k`` steps ahead of its slowest peer; the replicas are
-averaged at the end of the fit. That loop lives in :mod:`torchspark.training.stale_sharing`.
+averaged at the end of the fit. That loop lives in :mod:`torchspark.training.algorithms.sharing.stale`.
 
 Termination. A worker whose data ran out sends an inactive flag and no message, and keeps joining exchanges. The
 epoch ends on every worker at once, after the first exchange in which every worker was inactive (so nothing is
@@ -92,12 +92,12 @@ import torch
 
 from torchspark.data import Batch
 from torchspark.encoding import (
+    NUM_SUMMANDS,
     EncodedUpdate,
     EncoderConfig,
     EncoderState,
     FixedThreshold,
     ThresholdState,
-    NUM_SUMMANDS,
     accumulate_step,
     agree_threshold,
     average_from_sums,
@@ -115,11 +115,15 @@ from torchspark.encoding.wire import sparse_view
 from torchspark.errors import ConfigError, EncodingError, TrainingError
 from torchspark.nn import Network
 from torchspark.nn.divergence import check_on_divergence, update_divergence
-from torchspark.training.averaging import EpochOutcome
+from torchspark.training.algorithms.base import EpochOutcome
+from torchspark.training.algorithms.sharing.topology import (
+    DEFAULT_SHARD_ABOVE_WORKERS,
+    check_topology,
+    resolve_topology,
+)
 from torchspark.training.comm import Communicator
+from torchspark.training.comm.shm import PostedGathers
 from torchspark.training.hooks import ProgressUpdate, ScoreReport, WorkerHooks
-from torchspark.training.shm import PostedGathers
-from torchspark.training.topology import DEFAULT_SHARD_ABOVE_WORKERS, check_topology, resolve_topology
 
 __all__ = ["SharingSettings", "SharingState", "SharingAlgorithm", "RESIDUAL_KEY", "THRESHOLD_KEY", "WORLD_KEY",
            "restore_residual", "check_max_staleness"]
@@ -152,13 +156,13 @@ class SharingSettings:
             :mod:`torchspark.nn.divergence`) or ``"warn"`` (log it once, keep training, the driver warns).
         topology: how messages travel: ``"all_gather"`` (every worker receives and decodes every message),
             ``"sharded"`` (reduce-scatter by index shards then all-gather of the sums, see
-            :mod:`torchspark.training.sharded_exchange`; receive bytes ~ ``min(N*m, dense)`` instead of ``N*m``,
+            :mod:`torchspark.training.algorithms.sharing.sharded`; receive bytes ~ ``min(N*m, dense)`` instead of ``N*m``,
             decode work / N, one more round trip) or ``"auto"`` (sharded above ``shard_above_workers`` workers).
             Both give bit-identical results.
         shard_above_workers: ``"auto"`` shards when the number of workers is larger than this.
         max_staleness: None (default): the synchronous exchange above. An integer ``k >= 0``: bounded-staleness
             asynchronous sharing, where a worker applies its peers' messages as they arrive and waits only when it
-            is more than ``k`` steps ahead of its slowest peer (:mod:`torchspark.training.stale_sharing`; needs
+            is more than ``k`` steps ahead of its slowest peer (:mod:`torchspark.training.algorithms.sharing.stale`; needs
             ``overlap=True``).
     """
 
@@ -242,7 +246,7 @@ class SharingState:
     start_threshold: float | None = None
     pending_payload: bytes | None = None
     divergence: str | None = None
-    #: the bounded-staleness loop's counters (:class:`~torchspark.training.stale_sharing.StaleStats`), else None
+    #: the bounded-staleness loop's counters (:class:`~torchspark.training.algorithms.sharing.stale.StaleStats`), else None
     staleness: Any = None
     step_buffers: tuple[torch.Tensor, torch.Tensor] | None = None
     param_norm: float | None = None
@@ -331,7 +335,7 @@ class SharingAlgorithm:
               hooks: WorkerHooks, epoch: int) -> EpochOutcome:
         """One pass over this worker's batches; returns when every worker's data ran out."""
         if self.settings.max_staleness is not None:  # the asynchronous loop has its own module
-            from torchspark.training.stale_sharing import stale_epoch
+            from torchspark.training.algorithms.sharing.stale import stale_epoch
             return stale_epoch(self, state, net, batches, comm, hooks, epoch)
         out = EpochOutcome()
         it = iter(batches)
@@ -491,7 +495,7 @@ class SharingAlgorithm:
         world = comm.world_size
         stale: dict[str, Any] = {}
         if self.settings.max_staleness is not None:  # 0. the replicas drifted apart: average their parameters
-            from torchspark.training.stale_sharing import reconcile
+            from torchspark.training.algorithms.sharing.stale import reconcile
             stale = reconcile(state, net, comm, self.settings.max_staleness)
         # 1. updater state: local during the fit, averaged now (DL4J)
         updater = net.updater_state().to(net.device)
@@ -713,7 +717,7 @@ def _topology(settings: SharingSettings, world_size: int) -> str:
 def _exchange_function(settings: SharingSettings, world_size: int) -> Any:
     """The exchange of this fit's topology (the same on every rank: it depends on the world size only)."""
     if _topology(settings, world_size) == "sharded":
-        from torchspark.training.sharded_exchange import sharded_exchange  # imports this module
+        from torchspark.training.algorithms.sharing.sharded import sharded_exchange  # imports this module
         return sharded_exchange
     return _exchange_sparse  # the dense _exchange is its reference (same parameters after _apply)
 
@@ -735,7 +739,7 @@ def _exchange_phases(settings: SharingSettings, world_size: int, length: int, de
 
 
 class _Posted:
-    """A round posted through :class:`~torchspark.training.shm.PostedGathers`: ``result()`` collects it (the
+    """A round posted through :class:`~torchspark.training.comm.shm.PostedGathers`: ``result()`` collects it (the
     gathered payloads, as the exchange thread's future would return them)."""
 
     __slots__ = ("_gathers",)

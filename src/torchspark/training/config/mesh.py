@@ -28,7 +28,7 @@ class MeshConfig:
             concurrent fits). Set it only when a firewall opens one fixed port between executors.
         network_mask: CIDR such as ``"10.0.0.0/16"``: workers advertise the local interface address inside it
             and gloo/NCCL use that interface. Default (None): the address each executor reaches the driver with,
-            which is right on almost every cluster (:mod:`torchspark.training.netif`); set a mask when executors
+            which is right on almost every cluster (:mod:`torchspark.training.rendezvous.netif`); set a mask when executors
             talk to each other on another network than to the driver. The environment variable
             ``TORCHSPARK_LOCAL_IP`` on an executor overrides both (DL4J's ``DL4J_VOID_IP``).
         controller_address: fixed address worker 0 advertises (overrides the mask).

@@ -1,6 +1,6 @@
 """The sharded exchange for many workers: sparse reduce-scatter by index shards, then all-gather of the sums.
 
-The plain exchange (``topology="all_gather"``, :func:`torchspark.training.sharing._exchange`) hands every worker
+The plain exchange (``topology="all_gather"``, :func:`torchspark.training.algorithms.sharing.loop._exchange`) hands every worker
 every other worker's message: with N workers of message size m, each one receives ``N*m`` bytes and decodes N
 messages of the full length, every step. The sharded exchange cuts the parameter index range into N contiguous
 shards and makes rank ``j`` the owner of shard ``j``:
@@ -42,11 +42,10 @@ import numpy as np
 import torch
 
 from torchspark.encoding import EncodedUpdate, decode, from_bytes
-from torchspark.encoding import _kernels
 from torchspark.encoding.wire import MAGIC, VERSION
 from torchspark.errors import EncodingError
+from torchspark.training.algorithms.sharing.loop import _ACTIVE, _INACTIVE, _Round
 from torchspark.training.comm import Communicator
-from torchspark.training.sharing import _ACTIVE, _INACTIVE, _Round
 
 __all__ = ["shard_bounds", "split_message", "shard_sum_bytes", "sharded_exchange"]
 
@@ -226,7 +225,7 @@ def _check_shards(shards: list[bytes], bounds: list[tuple[int, int]]) -> None:
 
 
 def sharded_exchange(comm: Communicator, payload: bytes, length: int, device: torch.device | str) -> _Round:
-    """The contract of :func:`torchspark.training.sharing._exchange` (same flag-byte payload, same result bit for
+    """The contract of :func:`torchspark.training.algorithms.sharing.loop._exchange` (same flag-byte payload, same result bit for
     bit, same EncodingError on malformed input) over a reduce-scatter by index shards and an all-gather of the
     shard sums (see the module docstring for when it pays). Every wait is a collective with the communicator's
     timeout."""

@@ -1,7 +1,7 @@
 """Asynchronous point-to-point mailboxes for the bounded-staleness gradient-sharing loop.
 
 A :class:`Mailbox` sends one worker's messages to every peer without waiting for anyone, and hands over the peers'
-messages as they arrive. It is the transport of :mod:`torchspark.training.stale_sharing`; the synchronous loop uses
+messages as they arrive. It is the transport of :mod:`torchspark.training.algorithms.sharing.stale`; the synchronous loop uses
 collectives instead. Every message is an :class:`Envelope`: a fixed header ``[seq, epoch, length, flags]`` and a
 payload of ``length`` bytes. The mailbox only moves bytes, in order per sender; checking the sequence numbers is
 the loop's job (so a lost or repeated message is detected whatever the transport).
@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from torchspark.errors import ConfigError, TrainingError, WaitTimeout
-from torchspark.training.comm import SoloCommunicator, ThreadCommunicator, TorchDistCommunicator
+from torchspark.training.comm.communicators import SoloCommunicator, ThreadCommunicator, TorchDistCommunicator
 
 __all__ = ["Envelope", "Mailbox", "ThreadMailbox", "TorchDistMailbox", "open_mailbox", "END", "MESSAGE"]
 

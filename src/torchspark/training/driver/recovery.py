@@ -1,6 +1,6 @@
 """Automatic recovery: what a failed attempt was, and whether the driver starts another one.
 
-The driver (:func:`torchspark.training.driver.run_fit`) runs the workers as *attempts*: attempt 0 first; when the
+The driver (:func:`torchspark.training.driver.fit.run_fit`) runs the workers as *attempts*: attempt 0 first; when the
 runner raises :class:`~torchspark.errors.WorkerLost` (a worker, its process or its executor lost, or a peer that
 stopped responding), it records a :class:`FailureRecord` and, while :func:`decide` says so, starts the next attempt
 (new processes / a new barrier stage, a new progress token and rendezvous keys) from the newest state it holds.

@@ -1,7 +1,7 @@
 """One fit's life cycle on the driver, the same for every way of running workers.
 
 ``SparkNetwork`` and ``ParallelWrapper`` are thin adapters: they turn the user's data into the workers' shares and
-pick a :class:`~torchspark.training.runner.Runner`; then :func:`run_fit`
+pick a :class:`~torchspark.training.driver.runner.Runner`; then :func:`run_fit`
 
   1. builds the :class:`WorkerTask` from the network and the training master (:func:`build_task`);
   2. opens the fit's progress side: the progress bar, the caller's listeners, and (when the runner asks for it) the
@@ -10,7 +10,7 @@ pick a :class:`~torchspark.training.runner.Runner`; then :func:`run_fit`
      round, between its ``broadcast`` and ``aggregation`` phases); the runner maps a worker's failure to
      :class:`~torchspark.errors.WorkerError` (the root cause, with its traceback), and a lost worker, process,
      executor or hung peer to :class:`~torchspark.errors.WorkerLost`;
-  3a. on ``WorkerLost``, while ``max_failures`` allows (:func:`torchspark.training.recovery.decide`), records the
+  3a. on ``WorkerLost``, while ``max_failures`` allows (:func:`torchspark.training.driver.recovery.decide`), records the
      failure and runs the workers again as a new *attempt* (new processes / barrier stage, a new progress server
      and token, rendezvous keys named by the attempt) from the newest state the driver can reach: the fit's newest
      checkpoint, else the task the fit started with (:func:`restart_task`);
@@ -35,14 +35,14 @@ from torchspark.errors import WorkerLost
 from torchspark.nn import Network, NetworkBlueprint
 from torchspark.stats import StatsCollector, TrainingStats
 from torchspark.training.checkpoint import plan_for, resume_task
+from torchspark.training.config.masters import TrainingMaster
+from torchspark.training.driver.recovery import Decision, FailureRecord, decide, exhausted_error, record_failure
+from torchspark.training.driver.runner import Runner
+from torchspark.training.driver.stats import build_training_stats
 from torchspark.training.hooks import PhaseRecorder, ProgressUpdate, ScoreReport
-from torchspark.training.masters import TrainingMaster
-from torchspark.training.ports import listen_in_range
 from torchspark.training.progress import ProgressBar, ProgressEndpoint, ProgressServer
-from torchspark.training.recovery import Decision, FailureRecord, decide, exhausted_error, record_failure
-from torchspark.training.reporting import build_training_stats
-from torchspark.training.runner import Runner
-from torchspark.training.worker import WorkerResult, WorkerTask, merge_results
+from torchspark.training.rendezvous.ports import listen_in_range
+from torchspark.training.task import WorkerResult, WorkerTask, merge_results
 
 if TYPE_CHECKING:
     from torchspark.listeners.hub import TrainingEvents
@@ -67,7 +67,7 @@ class FitOutcome:
 
 
 class FitContext:
-    """The driver's side of one fit, offered to the runner (the :class:`~torchspark.training.runner.RunContext`).
+    """The driver's side of one fit, offered to the runner (the :class:`~torchspark.training.driver.runner.RunContext`).
 
     The progress server opens only when a runner asks for its address: the rounds route reports progress from the
     driver (:meth:`notify`) and needs no port.
@@ -203,7 +203,7 @@ def run_fit(network: Network, task: WorkerTask, runner: Runner, data: Any, *, re
     Args:
         network: the driver's network, updated in place.
         task: from :func:`build_task`.
-        runner: how workers run (any :class:`~torchspark.training.runner.Runner`).
+        runner: how workers run (any :class:`~torchspark.training.driver.runner.Runner`).
         data: the workers' shares in the form ``runner`` takes.
         recorder: the driver's stats collector (its phases become the ``driver`` row of the stats).
         description: names the fit in Spark's UI and in messages.

@@ -1,8 +1,8 @@
 """Which exchange gradient sharing uses: the ``topology`` option and how ``"auto"`` resolves it.
 
-``"all_gather"``: every worker receives and decodes every worker's message (:func:`torchspark.training.sharing.
+``"all_gather"``: every worker receives and decodes every worker's message (:func:`torchspark.training.algorithms.sharing.loop.
 _exchange`); ``"sharded"``: reduce-scatter by parameter-index shards then all-gather of the summed shards
-(:mod:`torchspark.training.sharded_exchange`, which explains when it pays); ``"auto"``: sharded when the fit has
+(:mod:`torchspark.training.algorithms.sharing.sharded`, which explains when it pays); ``"auto"``: sharded when the fit has
 more than ``shard_above_workers`` workers. The choice depends on the world size only, so every rank makes the same.
 """
 

@@ -3,7 +3,7 @@
 Workers on one machine (``local[N]``, several executors per node, ``ParallelWrapper``) do not need TCP to sum a
 tensor: each copies its tensor into its own slot of a shared segment, then each sums one chunk over all slots
 into the result area, then each copies the result out. Two tiny gloo barriers order the steps (so every wait
-keeps the process group's timeout; FIFOs replace them when they can, :mod:`~torchspark.training.fifo_barrier`).
+keeps the process group's timeout; FIFOs replace them when they can, :mod:`~torchspark.training.comm.fifo_barrier`).
 On 2 cores this sums 5 MB in about 2 ms instead of gloo's 4-5 ms over
 loopback TCP, which is most of the averaging cost of small models.
 
@@ -35,7 +35,7 @@ from typing import Any, Callable
 import torch
 
 from torchspark.errors import TrainingError
-from torchspark.training.netif import host_identity
+from torchspark.training.rendezvous.netif import host_identity
 
 __all__ = ["SharedMemoryReducer", "PostedGathers", "SHM_DIR", "MIN_NUMEL", "GATHER_MIN_BYTES", "host_id"]
 
@@ -53,7 +53,7 @@ _LEN = struct.Struct("<q")
 
 def host_id(address: str | None = None) -> str:
     """Who shares a host: the worker's advertised address (None: the hostname), network namespace and boot id
-    (:func:`torchspark.training.netif.host_identity`). Network namespaces and containers of one machine often
+    (:func:`torchspark.training.rendezvous.netif.host_identity`). Network namespaces and containers of one machine often
     share ``/dev/shm`` but are different hosts to their peers, so a shared directory alone proves nothing."""
     return host_identity(address)
 
@@ -138,7 +138,7 @@ class SharedMemoryReducer:
 
     def set_barrier(self, barrier: Callable[[], None], arrive: Callable[[], None] | None = None,
                     depart: Callable[[], None] | None = None) -> None:
-        """Order the sums with a faster barrier (:class:`~torchspark.training.fifo_barrier.FifoBarrier`); every rank
+        """Order the sums with a faster barrier (:class:`~torchspark.training.comm.fifo_barrier.FifoBarrier`); every rank
         must switch at the same point. With its two halves (``arrive``, ``depart``: ``barrier`` is both in turn)
         :meth:`posted_gathers` becomes available."""
         self._barrier = barrier

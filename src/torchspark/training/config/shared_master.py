@@ -4,7 +4,7 @@ Every worker computes its updater's step on its own minibatch, threshold-encodes
 exchanges the sparse message with all workers over ``torch.distributed`` (inside one Spark barrier stage, or
 between ``ParallelWrapper``'s worker processes); every
 replica applies the same sum of messages, so the replicas stay identical without averaging parameters. The worker
-loop is :mod:`torchspark.training.sharing`; this module is only its validated, JSON-serialisable configuration.
+loop is :mod:`torchspark.training.algorithms.sharing.loop`; this module is only its validated, JSON-serialisable configuration.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from torchspark.encoding import (
 )
 from torchspark.errors import ConfigError
 from torchspark.nn.divergence import check_on_divergence
-from torchspark.training.masters import TrainingMaster, register_master
-from torchspark.training.sharing import SharingSettings, check_max_staleness
-from torchspark.training.topology import DEFAULT_SHARD_ABOVE_WORKERS, check_topology
+from torchspark.training.algorithms.sharing.loop import SharingSettings, check_max_staleness
+from torchspark.training.algorithms.sharing.topology import DEFAULT_SHARD_ABOVE_WORKERS, check_topology
+from torchspark.training.config.masters import TrainingMaster, register_master
 
 __all__ = ["SharedTrainingMaster"]
 
@@ -86,22 +86,22 @@ class SharedTrainingMaster(TrainingMaster):
             ``extra_config`` reports ``sharing.max_lag_steps``, ``sharing.replica_divergence`` (before that
             average), ``sharing.messages_sent`` / ``sharing.messages_applied``. Not with ``overlap=False``,
             ``checkpoint_directory`` or ``topology="sharded"`` (ConfigError); see
-            :mod:`torchspark.training.stale_sharing`.
+            :mod:`torchspark.training.algorithms.sharing.stale`.
         topology: how the workers exchange messages: ``"all_gather"`` (every worker receives and decodes every
             message: receive bytes and decode work grow with the worker count N), ``"sharded"`` (reduce-scatter by
             parameter-index shards, then all-gather of the summed shards: receive bytes ~ ``min(N*m, dense)``
             instead of ``N*m``, which pays once the union of the workers' messages nears a dense update (many
             workers, or dense bitmap messages), at the price of about three times the per-step latency;
-            :mod:`torchspark.training.sharded_exchange`) or ``"auto"`` (default: sharded when there are more than ``shard_above_workers``
+            :mod:`torchspark.training.algorithms.sharing.sharded`) or ``"auto"`` (default: sharded when there are more than ``shard_above_workers``
             workers). Results are bit-identical either way; ``net.extra_config["sharing.topology"]`` says which
             one a fit used.
         shard_above_workers: the worker count above which ``topology="auto"`` shards (default 128, from the cost
             model in ``docs/scaling.md``).
 
-    See :class:`~torchspark.training.masters.TrainingMaster` for the shared options (``batch_size_per_worker``,
+    See :class:`~torchspark.training.config.masters.TrainingMaster` for the shared options (``batch_size_per_worker``,
     ``rdd_training_approach``, ``export_directory`` and ``rng_seed`` -- both honoured, unlike in DL4J --,
     ``repartition``, ``worker_prefetch_num_batches``, ``collect_training_stats``, timeouts) and the worker-mesh
-    options (``port``, ``network_mask``, ``controller_address``, ...: :class:`~torchspark.training.mesh.MeshConfig`).
+    options (``port``, ``network_mask``, ``controller_address``, ...: :class:`~torchspark.training.config.mesh.MeshConfig`).
     """
 
     kind: ClassVar[str] = "shared_gradients"
@@ -160,7 +160,7 @@ class SharedTrainingMaster(TrainingMaster):
                              shake_frequency=self.shake_frequency)
 
     def algorithm_settings(self) -> dict[str, Any]:
-        """JSON-able settings of :class:`~torchspark.training.sharing.SharingAlgorithm`."""
+        """JSON-able settings of :class:`~torchspark.training.algorithms.sharing.loop.SharingAlgorithm`."""
         return SharingSettings(encoder=self.encoder_config(), overlap=self.overlap,
                                on_divergence=self.on_divergence, max_staleness=self.max_staleness,
                                topology=self.topology, shard_above_workers=self.shard_above_workers).to_dict()

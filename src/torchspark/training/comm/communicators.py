@@ -16,9 +16,9 @@ import torch
 import torch.distributed as dist
 
 from torchspark.errors import SetupError, WaitTimeout
-from torchspark.training.fifo_barrier import FifoBarrier
-from torchspark.training import shm as _shm
-from torchspark.training.shm import MIN_NUMEL, PostedGathers, SharedMemoryReducer
+from torchspark.training.comm import shm as _shm
+from torchspark.training.comm.fifo_barrier import FifoBarrier
+from torchspark.training.comm.shm import MIN_NUMEL, PostedGathers, SharedMemoryReducer
 
 __all__ = ["Communicator", "SoloCommunicator", "ThreadGroup", "ThreadCommunicator", "TorchDistCommunicator",
            "StagedSum", "staged_sum"]
@@ -191,7 +191,7 @@ class TorchDistCommunicator:
         timeout_s: the collective timeout (``rendezvous_timeout_s``); a peer that never arrives fails the job
             after this long instead of hanging it.
         shared_memory: with gloo, sum large float32 tensors and gather byte messages through ``/dev/shm`` when
-            every rank is on the same host (:mod:`torchspark.training.shm`; about 2x faster than loopback TCP for
+            every rank is on the same host (:mod:`torchspark.training.comm.shm`; about 2x faster than loopback TCP for
             sums, ~10x for small gathers). Ranks on different hosts, or without a usable ``/dev/shm``, agree to
             stay on gloo.
         host_address: the address this worker advertises to its peers; with the network namespace it tells
@@ -238,7 +238,7 @@ class TorchDistCommunicator:
         return self._shm is not None and not self._shm.disabled
 
     def posted_gathers(self) -> PostedGathers | None:
-        """Split-phase byte gathers (:class:`~torchspark.training.shm.PostedGathers`) when every rank shares this
+        """Split-phase byte gathers (:class:`~torchspark.training.comm.shm.PostedGathers`) when every rank shares this
         host and its barriers go through FIFOs, else None (on every rank). Collective."""
         if self._shm is None or self._fifo is None:
             return None

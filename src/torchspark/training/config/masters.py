@@ -1,10 +1,10 @@
 """Training masters: frozen, validated configurations that say *how* a fit trains, on Spark or on one machine.
 
 ``ParameterAveragingTrainingMaster`` is DL4J's synchronous parameter averaging; ``SharedTrainingMaster`` (in
-:mod:`torchspark.training.shared_master`) is threshold-encoded gradient sharing. Both round-trip through JSON, and
+:mod:`torchspark.training.config.shared_master`) is threshold-encoded gradient sharing. Both round-trip through JSON, and
 both are plain training configuration: ``SparkNetwork`` and ``ParallelWrapper`` take the same objects
 (``torchspark.spark`` re-exports them). The worker-mesh options are validated once, by
-:class:`~torchspark.training.mesh.MeshConfig` (``master.mesh``).
+:class:`~torchspark.training.config.mesh.MeshConfig` (``master.mesh``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 from torchspark.errors import ConfigError
 from torchspark.training.checkpoint.config import DEFAULT_KEEP, check_options
-from torchspark.training.mesh import MESH_FIELDS, RENDEZVOUS_ROUTES, MeshConfig
+from torchspark.training.config.mesh import MESH_FIELDS, RENDEZVOUS_ROUTES, MeshConfig
 
 __all__ = ["TrainingMaster", "ParameterAveragingTrainingMaster", "master_from_json", "register_master",
            "REPARTITION", "STRATEGIES", "APPROACHES", "AVERAGING_ROUTES", "RENDEZVOUS_ROUTES", "STORAGE_LEVELS"]
@@ -103,7 +103,7 @@ class TrainingMaster:
             responding for ``rendezvous_timeout_s`` fails the running attempt; the driver then relaunches all
             workers (new processes / a new barrier stage) from the newest state it holds and the fit goes on.
             Errors in the user's code or data (``DataError``, a diverged loss, an exception in the model) are
-            never retried. See :mod:`torchspark.training.recovery`.
+            never retried. See :mod:`torchspark.training.driver.recovery`.
         checkpoint_directory: where the fit writes checkpoints (any fsspec URL; on a cluster shared storage every
             executor can write and the driver can read, e.g. ``hdfs://...``/``s3://...``); None (default): no
             checkpoints. Each fit writes under ``<checkpoint_directory>/<run_id>/``; ``fit(..., run_id="r1")``
@@ -117,7 +117,7 @@ class TrainingMaster:
         port, port_range, network_mask, controller_address, rendezvous_via, rendezvous_timeout_s,
         shared_memory_allreduce:
             the worker-mesh options (how workers find and talk to each other), validated and documented by
-            :class:`~torchspark.training.mesh.MeshConfig`; :attr:`mesh` returns them as one frozen object and
+            :class:`~torchspark.training.config.mesh.MeshConfig`; :attr:`mesh` returns them as one frozen object and
             :meth:`with_mesh` sets them all from one.
     """
 

@@ -21,7 +21,7 @@ import socket
 from typing import Any
 
 from torchspark.errors import SetupError
-from torchspark.training import auth
+from torchspark.training.rendezvous import auth
 
 __all__ = ["listening_store", "private_store", "publish", "fetch"]
 

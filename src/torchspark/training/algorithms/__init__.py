@@ -1,0 +1,23 @@
+"""The training algorithms a worker can run (what one epoch of a worker does), as a registry from mode name to
+algorithm.
+
+* :mod:`~torchspark.training.algorithms.averaging`: synchronous parameter averaging;
+* :mod:`~torchspark.training.algorithms.sharing`: threshold-encoded gradient sharing (Strom 2015), synchronous,
+  sharded, or with bounded staleness.
+
+Every algorithm implements :class:`~torchspark.training.algorithms.base.Algorithm`; a new one is a module here and
+a line in :data:`ALGORITHMS`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torchspark.training.algorithms.averaging import AveragingAlgorithm
+from torchspark.training.algorithms.base import Algorithm, EpochOutcome
+from torchspark.training.algorithms.sharing.loop import SharingAlgorithm
+
+__all__ = ["Algorithm", "AveragingAlgorithm", "EpochOutcome", "ALGORITHMS"]
+
+
+ALGORITHMS: dict[str, Any] = {"averaging": AveragingAlgorithm, "sharing": SharingAlgorithm}

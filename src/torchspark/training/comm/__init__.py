@@ -1,0 +1,20 @@
+"""How workers talk during a fit: the :class:`Communicator` protocol (collectives with a timeout) and its
+implementations -- ``torch.distributed`` (gloo/nccl) across processes and hosts, threads in one process for tests,
+shared memory between processes of one host (:mod:`~torchspark.training.comm.shm`, with its FIFO barrier), and the
+point-to-point :mod:`~torchspark.training.comm.mailbox` that bounded-staleness sharing posts to.
+
+Finding the peers in the first place (stores, tokens, ports, interfaces) is :mod:`torchspark.training.rendezvous`.
+"""
+
+from torchspark.training.comm.communicators import (
+    Communicator,
+    SoloCommunicator,
+    StagedSum,
+    ThreadCommunicator,
+    ThreadGroup,
+    TorchDistCommunicator,
+    staged_sum,
+)
+
+__all__ = ["Communicator", "SoloCommunicator", "ThreadGroup", "ThreadCommunicator", "TorchDistCommunicator",
+           "StagedSum", "staged_sum"]

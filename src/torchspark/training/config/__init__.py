@@ -1,0 +1,15 @@
+"""The training masters: the user's configuration of a distributed fit (which algorithm, its knobs, checkpoints,
+recovery, how workers meet), validated at construction and round-tripping through JSON/YAML. Plain data: the driver
+turns a master into a :class:`~torchspark.training.task.WorkerTask`.
+
+* :class:`ParameterAveragingTrainingMaster` (:mod:`~torchspark.training.config.masters`, with the common base);
+* :class:`SharedTrainingMaster` (:mod:`~torchspark.training.config.shared_master`);
+* :class:`MeshConfig` (:mod:`~torchspark.training.config.mesh`): addresses, ports and timeouts of the workers' mesh.
+"""
+
+from torchspark.training.config.masters import ParameterAveragingTrainingMaster, TrainingMaster, master_from_json
+from torchspark.training.config.mesh import MeshConfig
+from torchspark.training.config.shared_master import SharedTrainingMaster
+
+__all__ = ["TrainingMaster", "ParameterAveragingTrainingMaster", "SharedTrainingMaster", "MeshConfig",
+           "master_from_json"]
