@@ -7,7 +7,18 @@ naming the knob that sets it:
   daemon thread and waits on an ``Event`` (not ``Thread.join``: a Ctrl-C inside ``join()`` marks the running thread
   as stopped, CPython bpo-45274, after which ``join()`` no longer waits for it);
 * :func:`get_within` reads one item from a queue or fails with :class:`WaitTimeout`;
-* :func:`put_until_stopped` writes to a bounded queue, giving up when a stop flag is set.
+* :func:`put_until_stopped` writes to a bounded queue, giving up when a stop flag is set;
+* :class:`Deadline` is the one way to spread one timeout over several waits (``left()`` for each), and
+  :func:`wait_until` polls a condition that has nothing to hand-shake with (executors registering) until a deadline;
+* :func:`join_within` joins threads or processes against one shared deadline.
+
+Example::
+
+    deadline = Deadline.after(timeout_s)
+    while not ready():
+        if deadline.expired:
+            raise WaitTimeout(f"... within timeout_s={timeout_s:g}; raise timeout_s or ...")
+        cond.wait(deadline.left(cap=POLL_S))
 """
 
 from __future__ import annotations
@@ -16,11 +27,12 @@ import logging
 import queue
 import threading
 import time
-from typing import Any, Callable, TypeVar
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, TypeVar
 
 from torchspark.errors import WaitTimeout
 
-__all__ = ["call_on_thread", "get_within", "put_until_stopped"]
+__all__ = ["call_on_thread", "get_within", "put_until_stopped", "Deadline", "wait_until", "join_within"]
 
 log = logging.getLogger(__name__)
 
@@ -99,3 +111,52 @@ def put_until_stopped(q: Any, item: Any, stop: threading.Event, poll_s: float = 
         except queue.Full:
             continue
     return False
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """A moment (``time.monotonic()``) by which a wait must end; None: no limit.
+
+    Example: ``d = Deadline.after(5.0)``, then ``q.get(timeout=d.left())`` in a loop until ``d.expired``.
+    """
+
+    at: float | None
+
+    @classmethod
+    def after(cls, timeout_s: float | None) -> "Deadline":
+        """The deadline ``timeout_s`` seconds from now (None: never)."""
+        return cls(None if timeout_s is None else time.monotonic() + timeout_s)
+
+    def left(self, cap: float | None = None) -> float | None:
+        """Seconds left (never negative), at most ``cap`` when given; None when there is no limit and no cap."""
+        if self.at is None:
+            return cap
+        left = max(0.0, self.at - time.monotonic())
+        return left if cap is None else min(left, cap)
+
+    @property
+    def expired(self) -> bool:
+        """Whether the moment has passed (never, without a limit)."""
+        return self.at is not None and time.monotonic() >= self.at
+
+
+def wait_until(ready: Callable[[], bool], timeout_s: float, poll_s: float = POLL_S,
+               give_up: Callable[[], bool] | None = None) -> bool:
+    """Poll ``ready()`` every ``poll_s`` until it is true (True) or ``timeout_s`` has passed, or ``give_up()`` is
+    true (False). For conditions with nothing to hand-shake with (executors registering with a fresh cluster, a
+    worker's report arriving on another channel); the caller raises with a message naming the knob."""
+    deadline = Deadline.after(timeout_s)
+    while not ready():
+        if deadline.expired or (give_up is not None and give_up()):
+            return False
+        time.sleep(deadline.left(cap=poll_s) or 0.0)
+    return True
+
+
+def join_within(joinables: Iterable[Any], timeout_s: float) -> list[Any]:
+    """Join every thread or process against one deadline ``timeout_s`` from now; returns those still alive."""
+    items = list(joinables)
+    deadline = Deadline.after(timeout_s)
+    for item in items:
+        item.join(deadline.left())
+    return [item for item in items if item.is_alive()]
