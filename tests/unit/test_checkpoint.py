@@ -14,8 +14,9 @@ from torchspark import DataSet, Network, optim
 from torchspark.errors import ConfigError, WorkerError
 from torchspark.parallel import ParallelWrapper
 from torchspark.training import InProcessRunner, ParameterAveragingTrainingMaster, SharedTrainingMaster
-from torchspark.training.checkpoint import complete_checkpoints, newest_checkpoint, resume_task, store
+from torchspark.training.checkpoint import complete_checkpoints, newest_checkpoint, store
 from torchspark.training.driver.fit import build_task
+from torchspark.training.driver.resume import resume_task
 from torchspark.training.hooks import NullRecorder
 
 MASTERS = [ParameterAveragingTrainingMaster, SharedTrainingMaster]

@@ -40,7 +40,7 @@ class WorkerTask:
         checkpoint: where and how often the workers checkpoint the fit (None: never); see
             :mod:`torchspark.training.checkpoint`.
         resume: the checkpoint this launch continues from (set by
-            :func:`~torchspark.training.checkpoint.resume_task`; None: start from the blueprint, epoch 0).
+            :func:`~torchspark.training.driver.resume.resume_task`; None: start from the blueprint, epoch 0).
     """
 
     mode: str

@@ -1,5 +1,5 @@
 """Checkpoints of a fit and resuming from them (see :mod:`.store` for the layout, :mod:`.writer` for when and what
-each worker writes, :mod:`.resume` for the driver's side).
+each worker writes; the driver's side of resuming is :mod:`torchspark.training.driver.resume`).
 
 Options (on both training masters and ``ParallelWrapper``): ``checkpoint_directory`` (any fsspec URL; on a cluster
 shared storage), ``checkpoint_every`` (averaging rounds / sharing iterations; default: once per epoch) and
@@ -15,10 +15,9 @@ from torchspark.training.checkpoint.config import (
     new_run_id,
     plan_for,
 )
-from torchspark.training.checkpoint.resume import find_resume_point, resume_task
 from torchspark.training.checkpoint.store import StoredCheckpoint, complete_checkpoints, newest_checkpoint
 from torchspark.training.checkpoint.writer import CheckpointWriter, RankProgress, restore_rank
 
 __all__ = ["DEFAULT_KEEP", "CheckpointPlan", "ResumePoint", "check_options", "check_run_id", "new_run_id",
-           "plan_for", "resume_task", "find_resume_point", "StoredCheckpoint", "complete_checkpoints",
+           "plan_for", "StoredCheckpoint", "complete_checkpoints",
            "newest_checkpoint", "CheckpointWriter", "RankProgress", "restore_rank"]

@@ -5,7 +5,7 @@
   the network counters at the start of the fit. Built by the driver from the training master
   (:func:`plan_for`); every worker receives it and writes its part of each checkpoint.
 * :class:`ResumePoint` -- the checkpoint a (re)started fit continues from; built by
-  :func:`~torchspark.training.checkpoint.resume.resume_task`.
+  :func:`~torchspark.training.driver.resume.resume_task`.
 
 The options themselves live on the masters (``checkpoint_directory``, ``checkpoint_every``, ``keep_checkpoints``) and
 are validated once, by :func:`check_options`.

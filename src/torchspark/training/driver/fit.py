@@ -19,7 +19,7 @@ pick a :class:`~torchspark.training.driver.runner.Runner`; then :func:`run_fit`
      and epoch counters advance by the fit's totals, whatever a runner did to them in between);
   6. builds the fit's :class:`~torchspark.stats.TrainingStats` when stats are collected.
 A change to "what happens when a worker dies" (retry, checkpoint) belongs here, once for every route. Before the
-workers start, :func:`~torchspark.training.checkpoint.resume_task` turns the task into the one that continues the
+workers start, :func:`~torchspark.training.driver.resume.resume_task` turns the task into the one that continues the
 run's newest checkpoint, when the fit checkpoints and its run has one (``fit(..., run_id=...)``).
 """
 
@@ -34,9 +34,10 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from torchspark.errors import WorkerLost
 from torchspark.nn import Network, NetworkBlueprint
 from torchspark.stats import StatsCollector, TrainingStats
-from torchspark.training.checkpoint import plan_for, resume_task
+from torchspark.training.checkpoint import plan_for
 from torchspark.training.config.masters import TrainingMaster
 from torchspark.training.driver.recovery import Decision, FailureRecord, decide, exhausted_error, record_failure
+from torchspark.training.driver.resume import resume_task
 from torchspark.training.driver.runner import Runner
 from torchspark.training.driver.stats import build_training_stats
 from torchspark.training.hooks import PhaseRecorder, ProgressUpdate, ScoreReport
@@ -180,7 +181,7 @@ def restart_task(task: WorkerTask, attempt: int) -> tuple[WorkerTask, dict[str, 
     """The task attempt ``attempt`` runs and where it restarts from (``summary()["recovered_from"]``).
 
     The newest state the driver can reach: the fit's newest complete checkpoint
-    (:func:`~torchspark.training.checkpoint.resume_task`; the lost work is then at most one ``checkpoint_every``
+    (:func:`~torchspark.training.driver.resume.resume_task`; the lost work is then at most one ``checkpoint_every``
     interval), else the state the fit started with (the original task: all of the failed attempt's work is lost).
     ``recovered_from`` says which: ``checkpoint`` (its path, or None), ``epoch`` (epochs of the fit done there) and
     ``iteration`` (the fit's iterations done there).

@@ -4,22 +4,19 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import TYPE_CHECKING
 
 from torchspark.errors import ConfigError
 from torchspark.nn import NetworkBlueprint
 from torchspark.training.checkpoint import store
 from torchspark.training.checkpoint.config import ResumePoint
-
-if TYPE_CHECKING:  # worker.py imports this package: no import cycle at run time
-    from torchspark.training.task import WorkerTask
+from torchspark.training.task import WorkerTask
 
 __all__ = ["resume_task", "find_resume_point"]
 
 log = logging.getLogger(__name__)
 
 
-def find_resume_point(task: "WorkerTask") -> ResumePoint | None:
+def find_resume_point(task: WorkerTask) -> ResumePoint | None:
     """The newest complete checkpoint of ``task``'s run as a :class:`ResumePoint` (None: none, or the task does not
     checkpoint).
 
@@ -51,7 +48,7 @@ def find_resume_point(task: "WorkerTask") -> ResumePoint | None:
                        fit_start_epoch=int(m.get("fit_start_epoch", 0)))
 
 
-def resume_task(task: "WorkerTask") -> tuple["WorkerTask", ResumePoint | None]:
+def resume_task(task: WorkerTask) -> tuple[WorkerTask, ResumePoint | None]:
     """The task to (re)start the workers with, and where it resumes.
 
     When ``task.checkpoint`` is set and its run (``checkpoint_directory/run_id``) has a complete checkpoint, the
