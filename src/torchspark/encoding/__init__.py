@@ -6,6 +6,7 @@ Split as in GRACE: :mod:`.codec` (compressor: encode/decode), :mod:`.residual` (
 
 from __future__ import annotations
 
+from torchspark.encoding.calibration import agree_threshold, calibrated_threshold
 from torchspark.encoding.codec import (
     EncodedUpdate,
     accumulate_step,
@@ -32,10 +33,8 @@ from torchspark.encoding.threshold import (
     TargetSparsityThreshold,
     ThresholdPolicy,
     ThresholdState,
-    agree_threshold,
     average_from_sums,
     average_states,
-    calibrated_threshold,
     shake_up_threshold,
     state_summands,
     threshold_policy_from_dict,

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from torchspark.encoding.calibration import calibrated_threshold
 from torchspark.encoding.codec import EncodedUpdate, threshold_encode
 from torchspark.encoding.residual import (
     ResidualClipping,
@@ -28,7 +29,6 @@ from torchspark.encoding.threshold import (
     AdaptiveThreshold,
     ThresholdPolicy,
     ThresholdState,
-    calibrated_threshold,
     shake_up_threshold,
     threshold_policy_from_dict,
 )
