@@ -15,6 +15,13 @@ from torchspark import datasets, encoding, errors, evaluation, models, optim, sc
 from torchspark.data import DataSet, MultiDataSet, load_batch, save_batches
 from torchspark.evaluation import Evaluation, RegressionEvaluation
 from torchspark.nn import Network, from_factory
+from torchspark.training.config import (
+    MeshConfig,
+    ParameterAveragingTrainingMaster,
+    SharedTrainingMaster,
+    TrainingMaster,
+    master_from_json,
+)
 
 # imported on first use: ``spark`` needs pyspark, ``parallel`` starts nothing but is not needed by most users
 _LAZY = ("spark", "parallel")
@@ -29,6 +36,11 @@ __all__ = [
     "__version__",
     "DataSet",
     "Evaluation",
+    "MeshConfig",
+    "ParameterAveragingTrainingMaster",
+    "SharedTrainingMaster",
+    "TrainingMaster",
+    "master_from_json",
     "RegressionEvaluation",
     "MultiDataSet",
     "Network",

@@ -48,15 +48,18 @@ def test_mesh_config_refuses_unknown_keys_and_non_configs() -> None:
         SharedTrainingMaster().with_mesh({"port": 1})  # type: ignore[arg-type]
 
 
-def test_masters_import_without_pyspark_and_spark_reexports_the_same_classes() -> None:
-    code = ("import sys; from torchspark.training import SharedTrainingMaster, ParameterAveragingTrainingMaster; "
-            "print('pyspark' in sys.modules)")
+def test_masters_import_from_torchspark_without_pyspark_and_spark_reexports_the_same_classes() -> None:
+    code = ("import sys, torchspark; from torchspark import SharedTrainingMaster, ParameterAveragingTrainingMaster, "
+            "MeshConfig, TrainingMaster, master_from_json; print('pyspark' in sys.modules, "
+            "SharedTrainingMaster.__module__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
-    assert out.stdout.strip() == "False"
+    assert out.stdout.split() == ["False", "torchspark.training.config.shared_master"]
+    import torchspark
     import torchspark.spark as spark_pkg
-    from torchspark.spark import masters as old_masters
-    from torchspark.spark import shared as old_shared
 
-    assert spark_pkg.SharedTrainingMaster is SharedTrainingMaster is old_shared.SharedTrainingMaster
+    assert spark_pkg.SharedTrainingMaster is SharedTrainingMaster is torchspark.SharedTrainingMaster
     assert spark_pkg.ParameterAveragingTrainingMaster is ParameterAveragingTrainingMaster \
-        is old_masters.ParameterAveragingTrainingMaster
+        is torchspark.ParameterAveragingTrainingMaster
+    for old in ("masters", "shared"):  # the compatibility shims of an unreleased 0.1.0 are gone
+        with pytest.raises(ImportError):
+            __import__(f"torchspark.spark.{old}")
