@@ -7,6 +7,7 @@ never sees a half-written file and a failed write leaves nothing behind.
 from __future__ import annotations
 
 import json
+import os
 import posixpath
 import struct
 from typing import Any
@@ -16,7 +17,8 @@ import fsspec
 from torchspark._tmpnames import remove_abandoned, temp_name
 from torchspark.errors import ConfigError
 
-__all__ = ["atomic_write_bytes", "read_bytes", "make_dirs", "join", "filesystem", "read_safetensors_metadata"]
+__all__ = ["atomic_write_bytes", "atomic_write_text", "read_bytes", "make_dirs", "join", "filesystem",
+           "read_safetensors_metadata"]
 
 
 def filesystem(url: str) -> tuple[Any, str]:
@@ -84,6 +86,15 @@ def atomic_write_bytes(url: str, data: bytes, error: type[Exception]) -> str:
             pass
         raise error(f"cannot write {url!r}: {e}. Check that the directory exists and is writable.") from e
     return url
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str, error: type[Exception] = OSError) -> str:
+    """Write ``text`` (UTF-8) to ``path`` (a local path or fsspec URL) as :func:`atomic_write_bytes` does: readers
+    never see a half-written file; on failure the temporary file is removed and ``error`` names the path.
+
+    Example: ``atomic_write_text("stats.json", stats.to_json())``.
+    """
+    return atomic_write_bytes(os.fspath(path), text.encode("utf-8"), error)
 
 
 def read_bytes(url: str, error: type[Exception]) -> bytes:
