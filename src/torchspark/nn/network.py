@@ -65,6 +65,10 @@ class Network:
             convolution output (use ``flatten``/``reshape``). Each 4-D weight then sits in :meth:`params` in its
             memory order (N, H, W, C); every replica of the network uses the same layout, and saved weights are
             stored in the logical layout either way.
+    Raises:
+        ConfigError: a knob out of range (the message names it and the fix), a module without parameters.
+
+    Example: ``Network(models.mlp(64, 32, 10), updater=optim.Adam(lr=1e-3), seed=0).fit(DataSet(x, y), epochs=2)``.
     """
 
     def __init__(
@@ -178,7 +182,8 @@ class Network:
         self._state.reset_updater_state()
 
     def buffer_tensors(self) -> list[torch.Tensor]:
-        """The live floating-point buffers (BatchNorm running mean/var): :meth:`FlatState.buffer_tensors`."""
+        """The live floating-point buffers (BatchNorm running mean/var), which training masters average with the
+        parameters; integer ones are not among them (see :meth:`~torchspark.nn.flat.FlatState.buffer_tensors`)."""
         return self._state.buffer_tensors()
 
     def buffer_size(self) -> int:
