@@ -1,13 +1,17 @@
-"""Atomic reads and writes on any fsspec URL (local path, ``file://``, ``memory://``, ``hdfs://``, ``s3://``).
+"""Atomic reads and writes on any fsspec URL (local path, ``file://``, ``memory://``, ``hdfs://``, ``s3://``), and
+configuration mappings as YAML or JSON text.
 
 Writes go to a hidden temporary name in the destination directory and are renamed into place, so a reader
-never sees a half-written file and a failed write leaves nothing behind.
+never sees a half-written file and a failed write leaves nothing behind. YAML is read with PyYAML's *safe* loader
+(plain mappings, lists, strings and numbers; ``1e-4`` is a number, as in YAML 1.2) and needs the ``[yaml]`` extra.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import posixpath
+import re
 import struct
 from typing import Any
 
@@ -16,7 +20,8 @@ import fsspec
 from torchspark._tmpnames import remove_abandoned, temp_name
 from torchspark.errors import ConfigError
 
-__all__ = ["atomic_write_bytes", "read_bytes", "make_dirs", "join", "filesystem", "read_safetensors_metadata"]
+__all__ = ["atomic_write_bytes", "atomic_write_text", "read_bytes", "make_dirs", "join", "filesystem",
+           "read_safetensors_metadata", "load_mapping", "dump_mapping"]
 
 
 def filesystem(url: str) -> tuple[Any, str]:
@@ -86,6 +91,15 @@ def atomic_write_bytes(url: str, data: bytes, error: type[Exception]) -> str:
     return url
 
 
+def atomic_write_text(path: str | os.PathLike[str], text: str, error: type[Exception] = OSError) -> str:
+    """Write ``text`` (UTF-8) to ``path`` (a local path or fsspec URL) as :func:`atomic_write_bytes` does: readers
+    never see a half-written file; on failure the temporary file is removed and ``error`` names the path.
+
+    Example: ``atomic_write_text("stats.json", stats.to_json())``.
+    """
+    return atomic_write_bytes(os.fspath(path), text.encode("utf-8"), error)
+
+
 def read_bytes(url: str, error: type[Exception]) -> bytes:
     """Read a whole file; a missing or unreadable file raises ``error`` naming it."""
     fs, path = filesystem(url)
@@ -107,3 +121,68 @@ def read_safetensors_metadata(blob: bytes) -> dict[str, str]:
     if not isinstance(header, dict):
         raise ValueError("safetensors header is not a JSON object")
     return dict(header.get("__metadata__") or {})
+
+
+def _yaml() -> Any:
+    try:
+        import yaml
+    except ImportError as e:
+        raise ConfigError("YAML files need PyYAML: pip install 'torchspark[yaml]' (or write the file as JSON)") from e
+    return yaml
+
+
+def _safe_loader() -> Any:
+    """PyYAML's ``SafeLoader`` (no Python objects) that also reads ``1e-4`` / ``1E+3`` as floats."""
+    yaml = _yaml()
+
+    class Loader(yaml.SafeLoader):  # type: ignore[name-defined,misc]
+        pass
+
+    Loader.add_implicit_resolver(
+        "tag:yaml.org,2002:float",
+        re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+                    |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+                    |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+                    |[-+]?\.(?:inf|Inf|INF)
+                    |\.(?:nan|NaN|NAN))$""", re.X),
+        list("-+0123456789."))
+    return Loader
+
+
+def load_mapping(text: str, fmt: str, source: str = "the configuration") -> dict[str, Any]:
+    """Parse ``text`` (``fmt`` ``"yaml"`` or ``"json"``) into a mapping.
+
+    Raises:
+        ConfigError: not valid YAML/JSON, or not a mapping at the top; the message names ``source``.
+
+    Example: ``load_mapping("epochs: 4\nlr: 1e-3\n", "yaml") == {"epochs": 4, "lr": 0.001}``.
+    """
+    if fmt == "yaml":
+        yaml = _yaml()
+        try:
+            data = yaml.load(text, Loader=_safe_loader())  # a SafeLoader: never builds Python objects
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{source} is not valid YAML (plain mappings, lists, strings and numbers only): "
+                              f"{e}") from e
+    elif fmt == "json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{source} is not valid JSON: {e}") from e
+    else:
+        raise ConfigError(f"configuration format must be 'yaml' or 'json', got {fmt!r}")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source} must hold a mapping of option names to values, got {type(data).__name__}")
+    return data
+
+
+def dump_mapping(data: dict[str, Any], fmt: str) -> str:
+    """``data`` as YAML (keys in the given order) or indented JSON; :func:`load_mapping` reads it back.
+
+    Example: ``dump_mapping({"epochs": 4}, "yaml") == "epochs: 4\n"``.
+    """
+    if fmt == "yaml":
+        return _yaml().safe_dump(data, sort_keys=False, default_flow_style=False)
+    if fmt == "json":
+        return json.dumps(data, indent=2) + "\n"
+    raise ConfigError(f"configuration format must be 'yaml' or 'json', got {fmt!r}")

@@ -20,6 +20,7 @@ from typing import Any, Sequence
 from torchspark.cli_checks import check_arguments
 from torchspark.errors import ConfigError, TorchSparkError
 from torchspark.training.algorithms.sharing.topology import DEFAULT_SHARD_ABOVE_WORKERS
+from torchspark.validation import parse_float, parse_int
 
 __all__ = ["main", "build_parser"]
 
@@ -31,15 +32,13 @@ MODES = {"sharing": "shared_gradients", "averaging": "averaging"}  # CLI mode ->
 
 
 def _int_at_least(minimum: int) -> Any:
-    """An argparse type: an integer >= ``minimum``, with a message naming the value."""
+    """An argparse type: an integer >= ``minimum`` (:func:`torchspark.validation.parse_int`), with a message naming
+    the value."""
     def parse(text: str) -> int:
         try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
-        return value
+            return parse_int(text, minimum)
+        except ConfigError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
     return parse
 
 
@@ -49,12 +48,9 @@ _non_negative_int = _int_at_least(0)
 
 def _positive_float(text: str) -> float:
     try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
+        return parse_float(text, 0)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _threshold(text: str) -> float | str:

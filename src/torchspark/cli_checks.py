@@ -157,7 +157,7 @@ def check_master(master: str | None, option: str = "--master", timeout_s: float 
 
 
 def _model_directory(output: str) -> None:
-    from torchspark.nn.serialization import check_save_target
+    from torchspark.nn.portable import check_save_target
 
     check_save_target(os.path.join(output, "model"), ConfigError)
 

@@ -9,7 +9,9 @@
 
 YAML needs the ``[yaml]`` extra (PyYAML). Files are read with PyYAML's *safe* loader: plain mappings, lists,
 strings and numbers only; a tag that would build a Python object (``!!python/object``) is refused. The loader
-also reads ``1e-4`` as a number (YAML 1.2; PyYAML's YAML 1.1 would read it as a string).
+also reads ``1e-4`` as a number (YAML 1.2; PyYAML's YAML 1.1 would read it as a string). Parsing and writing the
+mappings is :func:`torchspark._io.load_mapping` / :func:`~torchspark._io.dump_mapping` (the masters' YAML
+methods use them too), re-exported here.
 """
 
 from __future__ import annotations
@@ -17,10 +19,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 from typing import Any
 
-from torchspark._io import atomic_write_bytes
+from torchspark._io import atomic_write_bytes, dump_mapping, load_mapping
 from torchspark.errors import ConfigError
 from torchspark.training.config.masters import TrainingMaster, master_from_json
 
@@ -32,68 +33,8 @@ YAML_SUFFIXES = (".yaml", ".yml")
 TRAIN_SETTINGS_EXCLUDED = ("command", "config", "print_config")
 
 
-def _yaml() -> Any:
-    try:
-        import yaml
-    except ImportError as e:
-        raise ConfigError("YAML files need PyYAML: pip install 'torchspark[yaml]' (or write the file as JSON)") from e
-    return yaml
-
-
-def _safe_loader() -> Any:
-    """PyYAML's ``SafeLoader`` (no Python objects) that also reads ``1e-4`` / ``1E+3`` as floats."""
-    yaml = _yaml()
-
-    class Loader(yaml.SafeLoader):  # type: ignore[name-defined,misc]
-        pass
-
-    Loader.add_implicit_resolver(
-        "tag:yaml.org,2002:float",
-        re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
-                    |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
-                    |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
-                    |[-+]?\.(?:inf|Inf|INF)
-                    |\.(?:nan|NaN|NAN))$""", re.X),
-        list("-+0123456789."))
-    return Loader
-
-
 def _is_yaml(path: str) -> bool:
     return os.fspath(path).lower().endswith(YAML_SUFFIXES)
-
-
-def load_mapping(text: str, fmt: str, source: str = "the configuration") -> dict[str, Any]:
-    """Parse ``text`` (``fmt`` ``"yaml"`` or ``"json"``) into a mapping.
-
-    Raises:
-        ConfigError: not valid YAML/JSON, or not a mapping at the top; the message names ``source``.
-    """
-    if fmt == "yaml":
-        yaml = _yaml()
-        try:
-            data = yaml.load(text, Loader=_safe_loader())  # a SafeLoader: never builds Python objects
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{source} is not valid YAML (plain mappings, lists, strings and numbers only): "
-                              f"{e}") from e
-    elif fmt == "json":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{source} is not valid JSON: {e}") from e
-    else:
-        raise ConfigError(f"configuration format must be 'yaml' or 'json', got {fmt!r}")
-    if not isinstance(data, dict):
-        raise ConfigError(f"{source} must hold a mapping of option names to values, got {type(data).__name__}")
-    return data
-
-
-def dump_mapping(data: dict[str, Any], fmt: str) -> str:
-    """``data`` as YAML (keys in the given order) or indented JSON."""
-    if fmt == "yaml":
-        return _yaml().safe_dump(data, sort_keys=False, default_flow_style=False)
-    if fmt == "json":
-        return json.dumps(data, indent=2) + "\n"
-    raise ConfigError(f"configuration format must be 'yaml' or 'json', got {fmt!r}")
 
 
 def _read(path: str) -> str:
@@ -106,13 +47,15 @@ def _read(path: str) -> str:
 
 # ------------------------------------------------------------------ training masters
 def master_to_yaml(master: TrainingMaster) -> str:
-    """The master's ``to_dict()`` (with its ``type``) as YAML; :func:`master_from_yaml` reads it back."""
-    return dump_mapping(json.loads(master.to_json()), "yaml")
+    """The master's ``to_dict()`` (with its ``type``) as YAML; :func:`master_from_yaml` reads it back
+    (``master.to_yaml()``)."""
+    return master.to_yaml()
 
 
 def master_from_yaml(text: str) -> TrainingMaster:
-    """Rebuild any training master from YAML (the mapping ``to_json()`` writes, as YAML)."""
-    return master_from_json(json.dumps(load_mapping(text, "yaml", "the training master YAML")))
+    """Rebuild any training master from YAML (the mapping ``to_json()`` writes, as YAML;
+    ``TrainingMaster.from_yaml(text)``)."""
+    return TrainingMaster.from_yaml(text)
 
 
 def save_master(master: TrainingMaster, path: str) -> None:

@@ -11,6 +11,7 @@ import numpy as np
 from torchspark.errors import ConfigError, DataError
 from torchspark.evaluation._inputs import binary_labels, element_mask, output_probabilities, safe_divide
 from torchspark.evaluation.base import BaseEvaluation
+from torchspark.validation import check_int
 
 __all__ = ["EvaluationBinary"]
 
@@ -57,8 +58,7 @@ class EvaluationBinary(BaseEvaluation):
     type_name = "EvaluationBinary"
 
     def __init__(self, num_outputs: int | None = None, decision_threshold: float | Sequence[float] = 0.5) -> None:
-        if num_outputs is not None and (not isinstance(num_outputs, int) or num_outputs < 1):
-            raise ConfigError(f"num_outputs must be an int >= 1 or None (infer), got {num_outputs!r}")
+        check_int("num_outputs", num_outputs, 1, allow_none=True, none_means="infer")
         self.decision_threshold = _check_thresholds(decision_threshold, num_outputs)
         if num_outputs is None and isinstance(self.decision_threshold, list):
             num_outputs = len(self.decision_threshold)

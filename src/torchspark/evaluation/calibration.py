@@ -16,6 +16,7 @@ import numpy as np
 from torchspark.errors import ConfigError, DataError
 from torchspark.evaluation._inputs import class_indices, class_probabilities, example_mask, safe_divide
 from torchspark.evaluation.base import BaseEvaluation
+from torchspark.validation import check_int
 
 __all__ = ["EvaluationCalibration"]
 
@@ -56,8 +57,7 @@ class EvaluationCalibration(BaseEvaluation):
     type_name = "EvaluationCalibration"
 
     def __init__(self, num_bins: int = 10) -> None:
-        if not isinstance(num_bins, int) or num_bins < 1:
-            raise ConfigError(f"num_bins must be an int >= 1, got {num_bins!r}; 10 is typical")
+        check_int("num_bins", num_bins, 1, fix="10 is typical")
         self.num_bins = num_bins
         self.reset()
 

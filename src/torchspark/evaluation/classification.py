@@ -29,6 +29,7 @@ import numpy as np
 from torchspark.errors import ConfigError, DataError
 from torchspark.evaluation._inputs import class_indices, class_probabilities, example_mask, safe_divide
 from torchspark.evaluation.base import BaseEvaluation
+from torchspark.validation import check_float, check_int
 
 __all__ = ["Evaluation", "AVERAGES"]
 
@@ -65,9 +66,8 @@ AVERAGES: dict[str, Callable[[np.ndarray, np.ndarray, np.ndarray], float]] = {
 def _check_threshold(threshold: float | None, num_classes: int | None) -> float | None:
     if threshold is None:
         return None
-    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0.0 < threshold < 1.0:
-        raise ConfigError(f"binary_decision_threshold must be a number in (0, 1) or None, got {threshold!r}; "
-                          f"0.5 equals argmax, lower values predict class 1 more often")
+    check_float("binary_decision_threshold", threshold, above=0, below=1, allow_none=True,
+                fix="0.5 equals argmax, lower values predict class 1 more often")
     if num_classes not in (None, 2):
         raise ConfigError(f"binary_decision_threshold needs a two-class problem, but num_classes={num_classes}; "
                           f"use cost_array to shift predictions between more classes")
@@ -127,10 +127,8 @@ class Evaluation(BaseEvaluation):
         binary_decision_threshold: float | None = None,
         cost_array: Sequence[float] | None = None,
     ) -> None:
-        if num_classes is not None and (not isinstance(num_classes, int) or num_classes < 2):
-            raise ConfigError(f"num_classes must be an int >= 2 or None (infer), got {num_classes!r}")
-        if not isinstance(top_n, int) or top_n < 1:
-            raise ConfigError(f"top_n must be an int >= 1, got {top_n!r}")
+        check_int("num_classes", num_classes, 2, allow_none=True, none_means="infer")
+        check_int("top_n", top_n, 1)
         if labels is not None and num_classes is not None and len(labels) != num_classes:
             raise ConfigError(f"labels has {len(labels)} names but num_classes={num_classes}; give one name per class")
         if binary_decision_threshold is not None and cost_array is not None:
@@ -307,8 +305,7 @@ class Evaluation(BaseEvaluation):
         Raises:
             ConfigError: ``beta`` is not a finite number > 0.
         """
-        if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not (math.isfinite(beta) and beta > 0):
-            raise ConfigError(f"beta must be a finite number > 0, got {beta!r}; 1 gives F1")
+        check_float("beta", beta, above=0, finite=True, fix="1 gives F1")
         b2 = float(beta) ** 2
         tp, fp, fn = self.true_positives(), self.false_positives(), self.false_negatives()
         # (1+b2) TP / ((1+b2) TP + b2 FN + FP): the same value as the P/R form, and it pools correctly for micro

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from torchspark.errors import ConfigError
+from torchspark.validation import check_float
 
 __all__ = ["PrecisionRecallCurve", "CurvePoint", "BinaryConfusion"]
 
@@ -47,9 +48,7 @@ class BinaryConfusion:
 
 
 def _check_fraction(name: str, value: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
-        raise ConfigError(f"{name} must be a number in [0, 1], got {value!r}")
-    return float(value)
+    return float(check_float(name, value, minimum=0, maximum=1))
 
 
 @dataclass(frozen=True, eq=False)

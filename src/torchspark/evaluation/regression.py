@@ -17,9 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from torchspark.errors import ConfigError, DataError
+from torchspark.errors import DataError
 from torchspark.evaluation._inputs import as_2d, as_float_array, element_mask, safe_divide
 from torchspark.evaluation.base import BaseEvaluation
+from torchspark.validation import check_int
 
 __all__ = ["RegressionEvaluation"]
 
@@ -86,8 +87,7 @@ class RegressionEvaluation(BaseEvaluation):
     type_name = "RegressionEvaluation"
 
     def __init__(self, num_columns: int | None = None) -> None:
-        if num_columns is not None and (not isinstance(num_columns, int) or num_columns < 1):
-            raise ConfigError(f"num_columns must be an int >= 1 or None (infer), got {num_columns!r}")
+        check_int("num_columns", num_columns, 1, allow_none=True, none_means="infer")
         self._initial_num_columns = num_columns
         self.reset()
 

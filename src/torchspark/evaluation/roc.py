@@ -29,6 +29,7 @@ from torchspark.evaluation._inputs import (
 from torchspark.evaluation.base import BaseEvaluation
 from torchspark.evaluation.pr_curve import PrecisionRecallCurve
 from torchspark.evaluation.roc_state import ScoreAccumulator
+from torchspark.validation import check_int
 
 __all__ = ["ROC", "ROCBinary", "ROCMultiClass"]
 
@@ -39,8 +40,7 @@ class _ROCColumns(BaseEvaluation):
     _unit = "column"
 
     def __init__(self, threshold_steps: int = 0) -> None:
-        if not isinstance(threshold_steps, int) or threshold_steps < 0:
-            raise ConfigError(f"threshold_steps must be an int >= 0 (0 = exact), got {threshold_steps!r}")
+        check_int("threshold_steps", threshold_steps, 0, meaning="(0 = exact)")
         self.threshold_steps = threshold_steps
         self.reset()
 

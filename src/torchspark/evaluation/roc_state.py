@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from torchspark.errors import ConfigError, DataError
+from torchspark.validation import check_int
 
 __all__ = ["ScoreAccumulator", "auc_from_counts", "auprc_from_counts", "roc_curve_from_counts"]
 
@@ -76,8 +77,7 @@ class ScoreAccumulator:
     """
 
     def __init__(self, threshold_steps: int = 0) -> None:
-        if not isinstance(threshold_steps, int) or threshold_steps < 0:
-            raise ConfigError(f"threshold_steps must be an int >= 0 (0 = exact), got {threshold_steps!r}")
+        check_int("threshold_steps", threshold_steps, 0, meaning="(0 = exact)")
         self.threshold_steps = threshold_steps
         self._scores: list[np.ndarray] = []  # exact mode: float64 chunks
         self._labels: list[np.ndarray] = []  # exact mode: bool chunks

@@ -13,8 +13,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from torchspark.errors import ConfigError
 from torchspark.nn.network import Network
+from torchspark.validation import check_int
 
 __all__ = ["NetworkCache"]
 
@@ -43,9 +43,7 @@ class NetworkCache:
     """
 
     def __init__(self, max_keys: int = 2) -> None:
-        if not isinstance(max_keys, int) or isinstance(max_keys, bool) or max_keys < 1:
-            raise ConfigError(f"max_keys must be an integer >= 1, got {max_keys!r}")
-        self.max_keys = max_keys
+        self.max_keys = check_int("max_keys", max_keys, 1)
         self._lock = threading.Lock()
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from torchspark.errors import ConfigError
+from torchspark.validation import check_choice
 
 __all__ = ["DIVERGENCE_ACTIONS", "MAX_UPDATE_RATIO", "diverged_message", "update_divergence",
            "check_on_divergence"]
@@ -51,5 +51,4 @@ def update_divergence(update_norm: float, param_norm: float, loss: float, iterat
 
 def check_on_divergence(owner: str, value: Any) -> None:
     """Raise ConfigError unless ``value`` is one of :data:`DIVERGENCE_ACTIONS`."""
-    if value not in DIVERGENCE_ACTIONS:
-        raise ConfigError(f"{owner}: on_divergence must be one of {list(DIVERGENCE_ACTIONS)}, got {value!r}")
+    check_choice("on_divergence", value, DIVERGENCE_ACTIONS, owner=owner)

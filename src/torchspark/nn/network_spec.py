@@ -13,22 +13,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
-from torch import nn
-
-from torchspark import models
 from torchspark.errors import ConfigError
 from torchspark.nn.losses import LOSSES
 from torchspark.nn.network import Network
+from torchspark.nn.zoo import ZOO
 from torchspark.optim import UpdaterSpec, updater_from_dict
+from torchspark.validation import check_choice, check_float
 
 __all__ = ["NetworkSpec", "ZOO"]
-
-#: zoo name -> factory (the only architectures a spec can name)
-ZOO: dict[str, Callable[..., nn.Module]] = {"mlp": models.mlp, "lenet": models.lenet}
 
 
 @dataclass(frozen=True)
@@ -59,8 +54,7 @@ class NetworkSpec:
         if not isinstance(self.kwargs, dict):
             raise ConfigError(f"network spec: kwargs must be an object of the factory's arguments, got "
                               f"{self.kwargs!r}")
-        if self.loss not in LOSSES:
-            raise ConfigError(f"network spec: loss must be one of {sorted(LOSSES)}, got {self.loss!r}")
+        check_choice("loss", self.loss, sorted(LOSSES), owner="network spec")
         if isinstance(self.updater, UpdaterSpec):
             object.__setattr__(self, "updater", self.updater.to_dict())
         updater_from_dict(self.updater)  # refuses an unknown type or bad options now
@@ -73,9 +67,7 @@ class NetworkSpec:
             raise ConfigError(f"network spec: bad kwargs for model {self.model!r}: {e}") from e
         updater = updater_from_dict(self.updater)
         if learning_rate is not None:
-            if isinstance(learning_rate, bool) or not isinstance(learning_rate, (int, float)) or not (
-                    math.isfinite(learning_rate) and learning_rate > 0):
-                raise ConfigError(f"learning rate must be a finite number > 0, got {learning_rate!r}")
+            check_float("learning rate", learning_rate, above=0, finite=True)
             updater = dataclasses.replace(updater, lr=float(learning_rate))  # type: ignore[call-arg]
         return Network(module, loss=self.loss, updater=updater, seed=self.seed, weight_decay=self.weight_decay,
                        l1=self.l1, gradient_clip=self.gradient_clip)

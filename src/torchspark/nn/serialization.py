@@ -1,215 +1,19 @@
-"""Saving and loading networks, and the in-memory blueprint that ships a network to workers.
+"""Saving and loading :class:`~torchspark.nn.Network`, and the in-memory blueprint that ships one to workers.
 
-On disk a network is a directory:
-
-- ``config.json``: architecture spec, loss, updater, knobs and counters (JSON, no code);
-- ``weights.safetensors``: the module's ``state_dict`` (parameters and buffers);
-- ``updater.safetensors``: the flat optimizer state (when saved);
-- ``extra.safetensors``: training-master state such as gradient-sharing residuals (when present);
-- ``objects.pkl``: only with ``allow_pickle=True``, the parts that have no JSON form.
+The format (a directory of ``config.json`` and safetensors files) and the building are
+:mod:`torchspark.nn.portable`'s; this module binds them to ``Network``: :func:`load_network` returns one and
+:meth:`NetworkBlueprint.build` builds one.
 """
 
 from __future__ import annotations
 
-import base64
-import json
-import posixpath
-from dataclasses import dataclass, field
-from typing import Any
-
-import cloudpickle
 import torch
-from safetensors.torch import load as st_load
-from safetensors.torch import save as st_save
 
-from torchspark._atomic_dir import write_directory
-from torchspark._io import filesystem, join, read_bytes, read_safetensors_metadata
-from torchspark.errors import ConfigError, SerializationError
-from torchspark.nn.losses import LOSSES, Loss, resolve_loss
 from torchspark.nn.network import Network
-from torchspark.nn.spec import build_from_spec, module_spec
-from torchspark.nn.trust import CodePolicy, Factories, code_policy
-from torchspark.optim import UpdaterSpec, updater_from_dict
+from torchspark.nn.portable import Blueprint, check_save_target, read_network, save_network
+from torchspark.nn.trust import Factories
 
 __all__ = ["save_network", "load_network", "check_save_target", "NetworkBlueprint"]
-
-FORMAT = "torchspark.network"
-VERSION = 1
-
-#: every file a saved network directory may hold; saving replaces a directory only when it holds nothing else
-MODEL_FILES = frozenset({"config.json", "weights.safetensors", "updater.safetensors", "extra.safetensors",
-                         "objects.pkl"})
-
-
-def _portable_parts(net: Network) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Split the network's description into JSON parts and the objects only pickle can store."""
-    config: dict[str, Any] = {
-        "format": FORMAT,
-        "version": VERSION,
-        "seed": net.seed,
-        "weight_decay": net.weight_decay,
-        "l1": net.l1,
-        "gradient_clip": net.gradient_clip,
-        "memory_format": net.memory_format,
-        "iteration": net.iteration,
-        "epoch": net.epoch,
-        "num_params": net.num_params(),
-        "extra_config": net.extra_config,
-    }
-    objects: dict[str, Any] = {}
-    spec = module_spec(net.module)
-    if spec is not None:
-        config["module"] = spec
-    else:
-        objects["module"] = net.module
-    loss_names = [lo.to_json_value() for lo in net.losses]
-    if all(n is not None for n in loss_names):
-        config["loss"] = loss_names
-    else:
-        objects["loss"] = net.losses
-    if isinstance(net.updater, UpdaterSpec):
-        config["updater"] = net.updater.to_dict()
-    else:
-        objects["updater"] = net.updater
-    return config, objects
-
-
-def _weights(net: Network) -> dict[str, torch.Tensor]:
-    # clone: parameters are views of one flat buffer, which safetensors refuses as shared storage
-    return {k: v.detach().cpu().clone().contiguous() for k, v in net.module.state_dict().items()}
-
-
-def _losses(value: Any, policy: CodePolicy, source: str) -> list[Loss]:
-    names = value if isinstance(value, list) else [value]
-    if not names:
-        raise SerializationError(f"{source} names no loss")
-    losses = []
-    for name in names:
-        if not isinstance(name, str) or (name not in LOSSES and ":" not in name):
-            raise SerializationError(f"{source} names the unknown loss {name!r}; saved losses are one of "
-                                     f"{sorted(LOSSES)} or an import path 'pkg.mod:fn'")
-        losses.append(resolve_loss(name, importer=lambda path: policy.resolve(path, "loss function", source)))
-    return losses
-
-
-def _rebuild(config: dict[str, Any], objects: dict[str, Any], device: str | torch.device | None = None,
-             policy: CodePolicy | None = None, source: str = "the network config") -> Network:
-    """A network from its JSON config (names resolved through ``policy``: see :mod:`torchspark.nn.trust`)."""
-    policy = policy or CodePolicy()
-    try:
-        module = objects["module"] if "module" in objects else build_from_spec(config["module"], policy, source)
-        loss = objects["loss"] if "loss" in objects else _losses(config["loss"], policy, source)
-        updater = objects["updater"] if "updater" in objects else updater_from_dict(config["updater"])
-        net = Network(
-            module,
-            loss=loss if len(loss) > 1 else loss[0],
-            updater=updater,
-            seed=None,
-            weight_decay=config["weight_decay"],
-            gradient_clip=config["gradient_clip"],
-            device=device,
-            memory_format=config.get("memory_format", "contiguous"),
-            l1=float(config.get("l1", 0.0)),
-        )
-        net.seed = config.get("seed")
-        net.iteration = int(config.get("iteration", 0))
-        net.epoch = int(config.get("epoch", 0))
-        net.extra_config = dict(config.get("extra_config") or {})
-    except SerializationError:
-        raise
-    except KeyError as e:
-        raise SerializationError(f"{source} has no {e.args[0]!r} entry; the file is damaged or not a torchspark "
-                                 "model") from e
-    except (ConfigError, TypeError, ValueError, AttributeError) as e:
-        raise SerializationError(f"{source} describes a network that cannot be built: {e}") from e
-    return net
-
-
-def _load_weights(net: Network, weights: dict[str, torch.Tensor], source: str) -> None:
-    try:
-        net.module.load_state_dict(weights)
-    except RuntimeError as e:
-        raise SerializationError(f"weights in {source} do not fit the network architecture: {e}") from e
-
-
-def _check_replaceable(names: list[str]) -> str | None:
-    """Why an existing directory must not be replaced by a saved model (None: it is empty or a model)."""
-    foreign = sorted(n for n in names if n not in MODEL_FILES and not n.startswith("."))
-    if foreign:
-        return (f"holds files that are not part of a saved network ({foreign[:5]}); saving replaces the whole "
-                "directory. Save to a new or empty directory, or move those files away")
-    if names and "config.json" not in names:
-        return "is not empty and holds no saved network; save to a new or empty directory"
-    return None
-
-
-def check_save_target(path: str, error: type[Exception] = SerializationError) -> None:
-    """Raise ``error`` now if :func:`save_network` would refuse ``path`` (a file, or a directory holding other
-    things than a saved network), so a long run can check its destination before it starts."""
-    fs, root = filesystem(path)
-    if not fs.exists(root):
-        return
-    if not fs.isdir(root):
-        raise error(f"{path!r} exists and is not a directory; save to a directory path")
-    reason = _check_replaceable([posixpath.basename(p.rstrip("/")) for p in fs.ls(root, detail=False)])
-    if reason:
-        raise error(f"{path!r} {reason}")
-
-
-def save_network(net: Network, path: str, save_updater: bool = True, allow_pickle: bool = False) -> str:
-    """Write ``net`` to the directory ``path`` (see the module docstring). Returns ``path``.
-
-    The whole directory is written under a temporary name and then swapped in (see
-    :func:`torchspark._atomic_dir.write_directory`): a failed save (a full disk) leaves any model already at
-    ``path`` unchanged, never new weights under an old config. An existing ``path`` is replaced only when it holds
-    a saved network or nothing.
-    """
-    config, objects = _portable_parts(net)
-    if objects and not allow_pickle:
-        raise SerializationError(
-            f"cannot save {sorted(objects)} of this network as JSON: build the module with a zoo model or "
-            "torchspark.nn.from_factory('pkg.mod:factory', ...), use a named loss/updater spec or an import path, "
-            "or pass allow_pickle=True (then only trusted code should load it)"
-        )
-    files: dict[str, bytes] = {"weights.safetensors": st_save(_weights(net), {"format": FORMAT})}
-    if save_updater:
-        files["updater.safetensors"] = st_save({"updater_state": net.updater_state().cpu().contiguous()})
-    if net.extra_state:
-        files["extra.safetensors"] = st_save({k: v.detach().cpu().contiguous() for k, v in net.extra_state.items()})
-    if objects:
-        files["objects.pkl"] = cloudpickle.dumps(objects)
-        config["pickled"] = sorted(objects)
-    config["files"] = list(files)
-    files["config.json"] = json.dumps(config, indent=2).encode()
-    return write_directory(path, files, SerializationError, _check_replaceable)
-
-
-def _load_tensors(url: str) -> dict[str, torch.Tensor]:
-    raw = read_bytes(url, SerializationError)
-    try:
-        return st_load(raw)
-    except Exception as e:  # safetensors raises its own error types for corrupt files
-        raise SerializationError(f"{url!r} is not a valid safetensors file: {e}") from e
-
-
-def _read_config(path: str) -> dict[str, Any]:
-    url = join(path, "config.json")
-    raw = read_bytes(url, SerializationError)
-    try:
-        config = json.loads(raw)
-    except ValueError as e:  # JSONDecodeError, and UnicodeDecodeError for bytes that are not text
-        raise SerializationError(f"{url!r} is not valid JSON ({type(e).__name__}: {e}); it is damaged or not a "
-                                 "torchspark model's config") from e
-    if not isinstance(config, dict) or config.get("format") != FORMAT:
-        raise SerializationError(f"{path!r} does not hold a torchspark network (config.json has no format marker)")
-    version = config.get("version", 0)
-    if isinstance(version, bool) or not isinstance(version, int):
-        raise SerializationError(f"{url!r} has version {version!r}, expected an integer; the file is damaged")
-    if version > VERSION:
-        raise SerializationError(
-            f"{path!r} was saved by a newer torchspark (format version {version}); upgrade torchspark"
-        )
-    return config
 
 
 def load_network(path: str, allow_pickle: bool = False, factories: Factories = None,
@@ -229,85 +33,20 @@ def load_network(path: str, allow_pickle: bool = False, factories: Factories = N
     Raises:
         SerializationError: missing or damaged files, pickle not allowed, or a name ``config.json`` gives that is
             not allowed (nothing is imported then).
+
+    Example: ``net = load_network("models/m1", factories=[build])``.
     """
-    policy = code_policy(factories, trust_code=bool(trust_code) or allow_pickle is True)
-    fs, root = filesystem(path)
-    if not fs.exists(root):
-        raise SerializationError(f"no saved network at {path!r} (the directory does not exist)")
-    config = _read_config(path)
-    objects: dict[str, Any] = {}
-    if config.get("pickled"):
-        if not allow_pickle:
-            raise SerializationError(
-                f"{path!r} stores {config['pickled']} as pickle, which can run arbitrary code; "
-                "pass allow_pickle=True only if you trust this file"
-            )
-        objects = cloudpickle.loads(read_bytes(join(path, "objects.pkl"), SerializationError))
-    net = _rebuild(config, objects, policy=policy, source=repr(join(path, "config.json")))
-    files = config.get("files", [])
-    _load_weights(net, _load_tensors(join(path, "weights.safetensors")), path)
-    if "updater.safetensors" in files:
-        net.set_updater_state(_load_tensors(join(path, "updater.safetensors"))["updater_state"])
-    if "extra.safetensors" in files:
-        net.extra_state = dict(_load_tensors(join(path, "extra.safetensors")))
-    return net
+    return read_network(Network, path, allow_pickle=allow_pickle, factories=factories, trust_code=trust_code)
 
 
-@dataclass
-class NetworkBlueprint:
-    """Everything needed to rebuild a network on a worker: JSON config, weights, updater and extra state.
+class NetworkBlueprint(Blueprint):
+    """Everything needed to rebuild a :class:`~torchspark.nn.Network` on a worker: JSON config, weights, updater
+    and extra state (see :class:`~torchspark.nn.portable.Blueprint`).
 
-    Parts without a JSON form (a plain module instance, a lambda loss) travel cloudpickled *in memory* (as
-    Spark itself ships closures); nothing pickled is written to disk.
+    Example: ``blob = NetworkBlueprint.of(net).to_bytes()`` on the driver,
+    ``NetworkBlueprint.from_bytes(blob).build("cuda:0")`` on a worker.
     """
-
-    config: dict[str, Any]
-    weights: dict[str, torch.Tensor]
-    updater_state: torch.Tensor
-    extra_state: dict[str, torch.Tensor] = field(default_factory=dict)
-    pickled: bytes | None = None
-
-    @classmethod
-    def of(cls, net: Network) -> "NetworkBlueprint":
-        config, objects = _portable_parts(net)
-        return cls(
-            config=config,
-            weights=_weights(net),
-            updater_state=net.updater_state().cpu(),
-            extra_state={k: v.detach().cpu().clone() for k, v in net.extra_state.items()},
-            pickled=cloudpickle.dumps(objects) if objects else None,
-        )
 
     def build(self, device: str | torch.device | None = None) -> Network:
         """A fresh network with these weights and state (on ``device``)."""
-        objects = cloudpickle.loads(self.pickled) if self.pickled else {}
-        # trusted: the blueprint is the driver's own network in memory (its factories are code the driver already
-        # ran, shipped as Spark ships closures), never a file
-        net = _rebuild(self.config, objects, device, policy=CodePolicy(trust_code=True), source="the blueprint")
-        _load_weights(net, self.weights, "the blueprint")
-        net.set_updater_state(self.updater_state)
-        net.extra_state = {k: v.to(net.device, copy=True) for k, v in self.extra_state.items()}
-        return net
-
-    def to_bytes(self) -> bytes:
-        """One safetensors blob (config and any in-memory pickle ride in its metadata)."""
-        tensors = {f"w.{k}": v.contiguous() for k, v in self.weights.items()}
-        tensors["updater_state"] = self.updater_state.contiguous()
-        tensors.update({f"x.{k}": v.contiguous() for k, v in self.extra_state.items()})
-        meta = {"config": json.dumps(self.config)}
-        if self.pickled:
-            meta["pickled"] = base64.b64encode(self.pickled).decode()
-        return st_save(tensors, meta)
-
-    @classmethod
-    def from_bytes(cls, blob: bytes) -> "NetworkBlueprint":
-        tensors = st_load(blob)
-        meta = read_safetensors_metadata(blob)
-        return cls(
-            config=json.loads(meta["config"]),
-            weights={k[2:]: v for k, v in tensors.items() if k.startswith("w.")},
-            updater_state=tensors["updater_state"],
-            extra_state={k[2:]: v for k, v in tensors.items() if k.startswith("x.")},
-            pickled=base64.b64decode(meta["pickled"]) if "pickled" in meta else None,
-        )
-
+        return self.build_as(Network, device)

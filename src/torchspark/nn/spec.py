@@ -1,23 +1,21 @@
-"""Module specs: how a network's architecture is written to JSON and rebuilt without pickle.
+"""Module specs: how a network's architecture is written to JSON, so it can be rebuilt without pickle.
 
 A spec is ``{"factory": "package.module:function", "kwargs": {...}}``. Zoo models attach their spec to the
-module they return; :func:`from_factory` does the same for any importable factory of yours.
+module they return; :func:`from_factory` does the same for any importable factory of yours. Rebuilding a module
+from a spec read from a file goes through a code policy: :func:`torchspark.nn.trust.build_from_spec`.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import torch
 
-from torchspark.errors import ConfigError, SerializationError
+from torchspark.errors import ConfigError
 
-if TYPE_CHECKING:
-    from torchspark.nn.trust import CodePolicy
-
-__all__ = ["from_factory", "module_spec", "build_from_spec", "import_object", "SPEC_ATTR"]
+__all__ = ["from_factory", "module_spec", "attach_spec", "import_object", "SPEC_ATTR"]
 
 SPEC_ATTR = "_torchspark_spec"
 
@@ -68,39 +66,6 @@ def module_spec(module: torch.nn.Module) -> dict[str, Any] | None:
     """The JSON spec of a module built by the zoo or :func:`from_factory`, else None."""
     spec = getattr(module, SPEC_ATTR, None)
     return dict(spec) if isinstance(spec, dict) else None
-
-
-def build_from_spec(spec: dict[str, Any], policy: "CodePolicy | None" = None,
-                    source: str = "the module spec") -> torch.nn.Module:
-    """Rebuild a module from :func:`module_spec` output.
-
-    Args:
-        spec: ``{"factory": "pkg.mod:fn", "kwargs": {...}}``.
-        policy: which factories may be called (:class:`~torchspark.nn.trust.CodePolicy`); default: only
-            torchspark's zoo. A spec read from a file must never import what the file names unchecked.
-        source: where the spec came from, in messages.
-    Raises:
-        SerializationError: no factory entry, a factory the policy does not allow, or kwargs that are not an
-            object.
-    """
-    from torchspark.nn.trust import CodePolicy
-
-    if not isinstance(spec, dict) or "factory" not in spec:
-        raise SerializationError(f"{source}: module spec {spec!r} has no 'factory' entry")
-    kwargs = spec.get("kwargs", {})
-    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
-        raise SerializationError(f"{source}: the kwargs of module factory {spec['factory']!r} must be a JSON "
-                                 f"object, got {kwargs!r}")
-    factory = (policy or CodePolicy()).resolve(spec["factory"], "module factory", source)
-    try:
-        module = factory(**kwargs)
-    except (TypeError, ConfigError) as e:
-        raise SerializationError(f"{source}: module factory {spec['factory']!r} refused its kwargs {kwargs!r}: "
-                                 f"{e}") from e
-    if not isinstance(module, torch.nn.Module):
-        raise SerializationError(f"{source}: factory {spec['factory']!r} returned {type(module).__name__}, "
-                                 "expected a torch.nn.Module")
-    return attach_spec(module, spec["factory"], kwargs)
 
 
 Factory = Callable[[], torch.nn.Module]

@@ -4,7 +4,7 @@ A saved network's ``config.json`` names its module factory (``"torchspark.models
 loss functions (``"mypkg.losses:focal"``). Importing and calling whatever a file names would let a downloaded model
 run ``"os:system"``, so loading resolves names through a :class:`CodePolicy`:
 
-1. torchspark's own zoo (:data:`ZOO_FACTORIES`) is always allowed;
+1. torchspark's own zoo (:data:`ZOO_FACTORIES`, the paths of :data:`torchspark.nn.zoo.ZOO`) is always allowed;
 2. functions the caller passes (``Network.load(path, factories=[build])``) are allowed under their import path
    (``f"{fn.__module__}:{fn.__qualname__}"``, exactly what :func:`~torchspark.nn.from_factory` records), or under
    the names of a ``{"pkg.mod:build": build}`` mapping;
@@ -19,12 +19,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Union
 
+import torch
+
 from torchspark.errors import ConfigError, SerializationError
+from torchspark.nn.spec import attach_spec, import_object
+from torchspark.nn.zoo import ZOO, ZOO_MODULE, zoo_path
+from torchspark.validation import check_bool
 
-__all__ = ["CodePolicy", "ZOO_FACTORIES", "import_path_of", "code_policy"]
+__all__ = ["CodePolicy", "ZOO_FACTORIES", "import_path_of", "code_policy", "build_from_spec"]
 
-#: import paths of the zoo's factories (resolved lazily: the zoo imports this package)
-ZOO_FACTORIES: tuple[str, ...] = ("torchspark.models:mlp", "torchspark.models:lenet")
+#: import paths of the zoo's factories, as their specs record them (``"torchspark.models:mlp"``)
+ZOO_FACTORIES: tuple[str, ...] = tuple(zoo_path(name) for name in ZOO)
 
 Factories = Union[Iterable[Callable[..., Any]], Mapping[str, Callable[..., Any]], None]
 
@@ -38,11 +43,8 @@ def import_path_of(fn: Callable[..., Any]) -> str:
 
 
 def _zoo(path: str) -> Callable[..., Any] | None:
-    if path not in ZOO_FACTORIES:
-        return None
-    from torchspark import models  # local: torchspark.models imports torchspark.nn
-
-    return getattr(models, path.partition(":")[2])
+    module, _, name = path.partition(":")
+    return ZOO.get(name) if module == ZOO_MODULE else None
 
 
 @dataclass(frozen=True)
@@ -59,8 +61,7 @@ class CodePolicy:
     trust_code: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.trust_code, bool):
-            raise ConfigError(f"trust_code must be True or False, got {self.trust_code!r}")
+        check_bool("trust_code", self.trust_code)
 
     def resolve(self, path: Any, what: str, source: str) -> Callable[..., Any]:
         """The function a file names as ``path``.
@@ -86,8 +87,6 @@ class CodePolicy:
                 f"function yourself (Network.load(path, factories=[{path.rpartition(':')[2]}])), or "
                 "trust_code=True if you trust this file as you trust code"
             )
-        from torchspark.nn.spec import import_object
-
         try:
             return import_object(path)
         except ConfigError as e:
@@ -114,3 +113,37 @@ def code_policy(factories: Factories = None, trust_code: bool = False) -> CodePo
                 raise ConfigError(f"factories must be functions, got {fn!r}")
             allowed[import_path_of(fn)] = fn
     return CodePolicy(allowed, trust_code)
+
+
+def build_from_spec(spec: dict[str, Any], policy: CodePolicy | None = None,
+                    source: str = "the module spec") -> torch.nn.Module:
+    """Rebuild a module from :func:`~torchspark.nn.spec.module_spec` output, calling only what ``policy`` allows.
+
+    Args:
+        spec: ``{"factory": "pkg.mod:fn", "kwargs": {...}}``.
+        policy: which factories may be called (:class:`CodePolicy`); default: only
+            torchspark's zoo. A spec read from a file must never import what the file names unchecked.
+        source: where the spec came from, in messages.
+    Raises:
+        SerializationError: no factory entry, a factory the policy does not allow, or kwargs that are not an
+            object.
+
+    Example: ``build_from_spec({"factory": "torchspark.models:mlp", "kwargs": {"n_in": 4, "hidden": 8,
+    "n_out": 3}})`` builds the zoo's MLP; ``{"factory": "os:system", ...}`` raises SerializationError.
+    """
+    if not isinstance(spec, dict) or "factory" not in spec:
+        raise SerializationError(f"{source}: module spec {spec!r} has no 'factory' entry")
+    kwargs = spec.get("kwargs", {})
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+        raise SerializationError(f"{source}: the kwargs of module factory {spec['factory']!r} must be a JSON "
+                                 f"object, got {kwargs!r}")
+    factory = (policy or CodePolicy()).resolve(spec["factory"], "module factory", source)
+    try:
+        module = factory(**kwargs)
+    except (TypeError, ConfigError) as e:
+        raise SerializationError(f"{source}: module factory {spec['factory']!r} refused its kwargs {kwargs!r}: "
+                                 f"{e}") from e
+    if not isinstance(module, torch.nn.Module):
+        raise SerializationError(f"{source}: factory {spec['factory']!r} returned {type(module).__name__}, "
+                                 "expected a torch.nn.Module")
+    return attach_spec(module, spec["factory"], kwargs)

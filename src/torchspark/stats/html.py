@@ -10,10 +10,11 @@ from __future__ import annotations
 import datetime as _dt
 import logging
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
+from torchspark._io import atomic_write_text
 from torchspark.errors import ConfigError
 from torchspark.stats._svg import FONT, esc, fmt, histogram_chart, line_chart, nice_ticks, phase_color, series_color
 from torchspark.stats.aggregate import (
@@ -23,11 +24,9 @@ from torchspark.stats.aggregate import (
     stacked_fractions,
     timeline_occupancy,
 )
+from torchspark.stats.events import EncodingTable, EventTable, ScoreTable
 
-if TYPE_CHECKING:
-    from torchspark.stats.training_stats import TrainingStats
-
-__all__ = ["render_html", "write_html", "atomic_write_text"]
+__all__ = ["render_html", "write_html", "ReportSource"]
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +38,28 @@ _CSS = (f"body{{{FONT};margin:24px;color:#222;max-width:1200px}}h1{{font-size:22
         ".note{color:#666;font-size:12px}")
 
 
-def render_html(stats: TrainingStats, *, title: str = "torchspark training stats", buckets: int = 400,
+class ReportSource(Protocol):
+    """What the report reads: :class:`~torchspark.stats.TrainingStats` (which calls :func:`write_html` for its
+    ``export_html``) provides it; this module does not import it."""
+
+    @property
+    def worker_ids(self) -> list[str]: ...
+
+    @property
+    def phase_names(self) -> list[str]: ...
+
+    def events(self) -> EventTable: ...
+
+    def scores(self) -> ScoreTable: ...
+
+    def encoding(self) -> EncodingTable: ...
+
+    def summary(self) -> dict[str, Any]: ...
+
+    def driver_mask(self) -> np.ndarray: ...
+
+
+def render_html(stats: ReportSource, *, title: str = "torchspark training stats", buckets: int = 400,
                 max_points: int = 2000) -> str:
     """The report as one HTML string.
 
@@ -74,21 +94,11 @@ def render_html(stats: TrainingStats, *, title: str = "torchspark training stats
     return "".join(parts)
 
 
-def write_html(stats: TrainingStats, path: str | os.PathLike[str], **kwargs: Any) -> None:
+def write_html(stats: ReportSource, path: str | os.PathLike[str], **kwargs: Any) -> None:
     """Render with :func:`render_html` (``kwargs`` passed on) and write ``path`` atomically."""
     text = render_html(stats, **kwargs)
     atomic_write_text(path, text)
     log.info("wrote training stats report %s (%.1f kB)", os.fspath(path), len(text) / 1024)
-
-
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
-    """Write ``text`` (UTF-8) to ``path`` (a local path or fsspec URL) under a temporary name, then rename it.
-
-    Readers never see a half-written file; on failure the temporary file is removed.
-    """
-    from torchspark._io import atomic_write_bytes
-
-    atomic_write_bytes(os.fspath(path), text.encode("utf-8"), OSError)
 
 
 # ---- sections -----------------------------------------------------------------------------------------------------
@@ -114,7 +124,7 @@ def _summary_table(summary: dict[str, Any]) -> str:
     return f"<table>{''.join(rows)}</table>"
 
 
-def _phase_groups(stats: TrainingStats, phases: list[str]) -> list[tuple[str, str, np.ndarray]]:
+def _phase_groups(stats: ReportSource, phases: list[str]) -> list[tuple[str, str, np.ndarray]]:
     """(label, phase, durations) of every phase on the workers, then every phase on the driver ("fit (driver)"):
     a worker's fit is one minibatch, the driver's a whole fit or round, so their durations are never pooled."""
     ev = stats.events()
@@ -129,7 +139,7 @@ def _phase_groups(stats: TrainingStats, phases: list[str]) -> list[tuple[str, st
     return groups
 
 
-def _phase_table(stats: TrainingStats, phases: list[str], colors: dict[str, str]) -> str:
+def _phase_table(stats: ReportSource, phases: list[str], colors: dict[str, str]) -> str:
     grand = float(stats.events().duration.sum()) or 1.0
     rows = ["<tr><th>phase</th><th>events</th><th>total s</th><th>share</th><th>mean ms</th><th>p50 ms</th>"
             "<th>p95 ms</th><th>max ms</th></tr>"]
@@ -142,7 +152,7 @@ def _phase_table(stats: TrainingStats, phases: list[str], colors: dict[str, str]
     return f"<h3>Phases (workers, then driver)</h3><table>{''.join(rows)}</table>"
 
 
-def _timeline(stats: TrainingStats, workers: list[str], phases: list[str], colors: dict[str, str],
+def _timeline(stats: ReportSource, workers: list[str], phases: list[str], colors: dict[str, str],
               buckets: int) -> str:
     ev = stats.events()
     if not len(ev):
@@ -220,7 +230,7 @@ def _step_path(heights: np.ndarray, x0: int, bw: int, base: float) -> str:
     return "".join(parts)
 
 
-def _shares(stats: TrainingStats, workers: list[str], phases: list[str], colors: dict[str, str]) -> str:
+def _shares(stats: ReportSource, workers: list[str], phases: list[str], colors: dict[str, str]) -> str:
     ev = stats.events()
     if not len(ev):
         return ""
@@ -246,7 +256,7 @@ def _shares(stats: TrainingStats, workers: list[str], phases: list[str], colors:
             f"Share of recorded phase time per worker (total seconds at right)</text>{''.join(body)}</svg>")
 
 
-def _histograms(stats: TrainingStats, phases: list[str], colors: dict[str, str]) -> str:
+def _histograms(stats: ReportSource, phases: list[str], colors: dict[str, str]) -> str:
     charts = []
     for label, p, d in _phase_groups(stats, phases):
         edges, counts = log_histogram(d)
@@ -255,7 +265,7 @@ def _histograms(stats: TrainingStats, phases: list[str], colors: dict[str, str])
     return f'<div class="grid">{"".join(charts)}</div>' if charts else '<p class="note">No phase events.</p>'
 
 
-def _scores(stats: TrainingStats, workers: list[str], max_points: int) -> str:
+def _scores(stats: ReportSource, workers: list[str], max_points: int) -> str:
     sc = stats.scores()
     if not len(sc):
         return '<p class="note">No scores recorded.</p>'
@@ -270,7 +280,7 @@ def _scores(stats: TrainingStats, workers: list[str], max_points: int) -> str:
                       width=900, height=320)
 
 
-def _encoding(stats: TrainingStats, max_points: int) -> str:
+def _encoding(stats: ReportSource, max_points: int) -> str:
     enc = stats.encoding()
     steps, sent = mean_by_key(enc.step, enc.bytes_sent, "sum")
     _, dense = mean_by_key(enc.step, enc.dense_bytes, "sum")

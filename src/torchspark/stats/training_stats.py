@@ -14,8 +14,10 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from torchspark._io import atomic_write_text
 from torchspark.errors import ConfigError, DataError, SerializationError
 from torchspark.stats.events import DRIVER_ID, PAYLOAD_FORMAT, STANDARD_PHASES, EncodingTable, EventTable, ScoreTable
+from torchspark.stats.html import write_html
 
 __all__ = ["TrainingStats"]
 
@@ -286,8 +288,6 @@ class TrainingStats:
 
     def save_json(self, path: str | os.PathLike[str]) -> None:
         """Write :meth:`to_json` to ``path`` atomically (temporary name, then rename)."""
-        from torchspark.stats.html import atomic_write_text  # local: html is the heavier module
-
         atomic_write_text(path, self.to_json())
 
     def export_html(self, path: str | os.PathLike[str]) -> None:
@@ -296,8 +296,6 @@ class TrainingStats:
         The file is written atomically and stays a few MB at most even for millions of events; see
         :func:`torchspark.stats.html.render_html`.
         """
-        from torchspark.stats.html import write_html
-
         write_html(self, path)
 
     def _as_payloads(self) -> list[dict[str, Any]]:

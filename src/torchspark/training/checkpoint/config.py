@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from torchspark.errors import ConfigError
+from torchspark.validation import check_int
 
 __all__ = ["CheckpointPlan", "ResumePoint", "check_options", "check_run_id", "new_run_id", "plan_for",
            "DEFAULT_KEEP"]
@@ -40,12 +41,9 @@ def check_options(owner: str, directory: Any, every: Any, keep: Any) -> None:
     if directory is not None and (not isinstance(directory, str) or not directory.strip()):
         raise ConfigError(f"{owner}: checkpoint_directory must be a directory path or fsspec URL (on a cluster: "
                           f"shared storage such as hdfs://... or s3://...) or None, got {directory!r}")
-    if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
-        raise ConfigError(f"{owner}: checkpoint_every must be an integer >= 1 (averaging rounds for parameter "
-                          f"averaging, iterations for gradient sharing) or None (once per epoch), got {every!r}")
-    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
-        raise ConfigError(f"{owner}: keep_checkpoints must be an integer >= 1 (the newest checkpoints kept per run), "
-                          f"got {keep!r}")
+    check_int("checkpoint_every", every, 1, allow_none=True, owner=owner, none_means="once per epoch",
+              meaning="(averaging rounds for parameter averaging, iterations for gradient sharing)")
+    check_int("keep_checkpoints", keep, 1, owner=owner, meaning="(the newest checkpoints kept per run)")
     if directory is None and every is not None:
         raise ConfigError(f"{owner}: checkpoint_every={every} needs a checkpoint_directory (where checkpoints go); "
                           "set checkpoint_directory or leave checkpoint_every=None")

@@ -14,9 +14,11 @@ import json
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from torchspark._io import dump_mapping, load_mapping
 from torchspark.errors import ConfigError
 from torchspark.training.checkpoint.config import DEFAULT_KEEP, check_options
 from torchspark.training.config.mesh import MESH_FIELDS, RENDEZVOUS_ROUTES, MeshConfig
+from torchspark.validation import check_bool, check_choice, check_float, check_int
 
 __all__ = ["TrainingMaster", "ParameterAveragingTrainingMaster", "master_from_json", "register_master",
            "REPARTITION", "STRATEGIES", "APPROACHES", "AVERAGING_ROUTES", "RENDEZVOUS_ROUTES", "STORAGE_LEVELS"]
@@ -29,19 +31,6 @@ AVERAGING_ROUTES = ("torch", "spark")
 #: checks this equals pyspark's own set)
 STORAGE_LEVELS = ("DISK_ONLY", "DISK_ONLY_2", "DISK_ONLY_3", "MEMORY_AND_DISK", "MEMORY_AND_DISK_2",
                   "MEMORY_AND_DISK_DESER", "MEMORY_ONLY", "MEMORY_ONLY_2", "NONE", "OFF_HEAP")
-
-
-def _positive_int(cls: str, name: str, value: Any, minimum: int = 1, optional: bool = False) -> None:
-    if optional and value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{cls}: {name} must be an integer >= {minimum}{' or None' if optional else ''}, got "
-                          f"{value!r}")
-
-
-def _choice(cls: str, name: str, value: Any, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ConfigError(f"{cls}: {name} must be one of {list(choices)}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -152,26 +141,22 @@ class TrainingMaster:
         check_options(name, self.checkpoint_directory, self.checkpoint_every, self.keep_checkpoints)
         if isinstance(self.port_range, list):  # from JSON
             object.__setattr__(self, "port_range", tuple(self.port_range))
-        _positive_int(name, "batch_size_per_worker", self.batch_size_per_worker)
-        _positive_int(name, "num_workers", self.num_workers, optional=True)
-        _positive_int(name, "worker_prefetch_num_batches", self.worker_prefetch_num_batches, 0)
-        _choice(name, "repartition", self.repartition, REPARTITION)
-        _choice(name, "repartition_strategy", self.repartition_strategy, STRATEGIES)
-        _choice(name, "rdd_training_approach", self.rdd_training_approach, APPROACHES)
-        _choice(name, "storage_level", self.storage_level, STORAGE_LEVELS)
-        if not isinstance(self.drop_last, bool):
-            raise ConfigError(f"{name}: drop_last must be True or False, got {self.drop_last!r}")
+        check_int("batch_size_per_worker", self.batch_size_per_worker, 1, owner=name)
+        check_int("num_workers", self.num_workers, 1, allow_none=True, owner=name)
+        check_int("worker_prefetch_num_batches", self.worker_prefetch_num_batches, 0, owner=name)
+        check_choice("repartition", self.repartition, REPARTITION, owner=name)
+        check_choice("repartition_strategy", self.repartition_strategy, STRATEGIES, owner=name)
+        check_choice("rdd_training_approach", self.rdd_training_approach, APPROACHES, owner=name)
+        check_choice("storage_level", self.storage_level, STORAGE_LEVELS, owner=name)
+        check_bool("drop_last", self.drop_last, owner=name)
         if self.drop_last and (self.repartition_strategy != "balanced" or self.repartition == "never"):
             raise ConfigError(f"{name}: drop_last=True needs repartition_strategy='balanced' and a repartition, got "
                               f"repartition_strategy={self.repartition_strategy!r}, repartition={self.repartition!r}; "
                               "use the defaults or set drop_last=False")
-        if not isinstance(self.flush_denormal, bool):
-            raise ConfigError(f"{name}: flush_denormal must be True or False, got {self.flush_denormal!r}")
-        _positive_int(name, "rng_seed", self.rng_seed, 0, optional=True)
-        _positive_int(name, "max_failures", self.max_failures, 0)
-        value = self.data_timeout_s
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise ConfigError(f"{name}: data_timeout_s must be a number of seconds > 0, got {value!r}")
+        check_bool("flush_denormal", self.flush_denormal, owner=name)
+        check_int("rng_seed", self.rng_seed, 0, allow_none=True, owner=name)
+        check_int("max_failures", self.max_failures, 0, owner=name)
+        check_float("data_timeout_s", self.data_timeout_s, above=0, unit="seconds", owner=name)
         try:
             self.mesh  # noqa: B018 - builds the MeshConfig: the one place the mesh options are checked
         except ConfigError as e:
@@ -210,16 +195,13 @@ class TrainingMaster:
 
     def to_yaml(self) -> str:
         """:meth:`to_json`'s mapping as YAML (needs the ``[yaml]`` extra); :meth:`from_yaml` reads it back."""
-        from torchspark.config_files import master_to_yaml
-
-        return master_to_yaml(self)
+        return dump_mapping(json.loads(self.to_json()), "yaml")
 
     @classmethod
     def from_yaml(cls, text: str) -> "TrainingMaster":
-        """Rebuild a master from :meth:`to_yaml` output (read with PyYAML's safe loader)."""
-        from torchspark.config_files import master_from_yaml
-
-        master = master_from_yaml(text)
+        """Rebuild a master from :meth:`to_yaml` output (read with PyYAML's safe loader); on
+        ``TrainingMaster`` any master, on a subclass only that kind (else ConfigError)."""
+        master = master_from_json(json.dumps(load_mapping(text, "yaml", "the training master YAML")))
         if not isinstance(master, cls):
             raise ConfigError(f"the YAML describes a {type(master).__name__}, not a {cls.__name__}")
         return master
@@ -267,11 +249,10 @@ class ParameterAveragingTrainingMaster(TrainingMaster):
     def __post_init__(self) -> None:
         super().__post_init__()
         name = type(self).__name__
-        _positive_int(name, "averaging_frequency", self.averaging_frequency)
-        _positive_int(name, "aggregation_depth", self.aggregation_depth)
-        _choice(name, "averaging_via", self.averaging_via, AVERAGING_ROUTES)
-        if not isinstance(self.save_updater, bool):
-            raise ConfigError(f"{name}: save_updater must be True or False, got {self.save_updater!r}")
+        check_int("averaging_frequency", self.averaging_frequency, 1, owner=name)
+        check_int("aggregation_depth", self.aggregation_depth, 1, owner=name)
+        check_choice("averaging_via", self.averaging_via, AVERAGING_ROUTES, owner=name)
+        check_bool("save_updater", self.save_updater, owner=name)
         if self.averaging_via == "spark" and self.checkpoint_directory is not None:
             raise ConfigError(f"{name}: checkpoint_directory={self.checkpoint_directory!r} is not supported with "
                               "averaging_via='spark' (its state lives on the driver between rounds, and Spark "

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from torchspark.errors import ConfigError
+from torchspark.validation import check_bool, check_choice, check_float, check_int
 
 __all__ = ["MeshConfig", "MESH_FIELDS", "RENDEZVOUS_ROUTES"]
 
@@ -58,8 +59,7 @@ class MeshConfig:
     port_range: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= 65535:
-            raise ConfigError(f"port must be an integer in [0, 65535] (0 = any free port), got {self.port!r}")
+        check_int("port", self.port, 0, 65535, meaning="(0 = any free port)")
         if self.network_mask is not None:
             try:
                 ipaddress.ip_network(self.network_mask, strict=False)
@@ -70,20 +70,14 @@ class MeshConfig:
                 not isinstance(self.controller_address, str) or not self.controller_address.strip()):
             raise ConfigError(f"controller_address must be a non-empty host or IP string or None, got "
                               f"{self.controller_address!r}")
-        if self.rendezvous_via not in RENDEZVOUS_ROUTES:
-            raise ConfigError(f"rendezvous_via must be one of {list(RENDEZVOUS_ROUTES)}, got "
-                              f"{self.rendezvous_via!r}")
-        value = self.rendezvous_timeout_s
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            raise ConfigError(f"rendezvous_timeout_s must be a number of seconds > 0, got {value!r}")
+        check_choice("rendezvous_via", self.rendezvous_via, RENDEZVOUS_ROUTES)
+        check_float("rendezvous_timeout_s", self.rendezvous_timeout_s, above=0, unit="seconds")
         if self.port_range is not None:
             object.__setattr__(self, "port_range", _port_range(self.port_range))
             if self.port:
                 raise ConfigError(f"set port ({self.port}) or port_range ({self.port_range}), not both: port_range "
                                   "already covers worker 0's store")
-        if not isinstance(self.shared_memory_allreduce, bool):
-            raise ConfigError(f"shared_memory_allreduce must be True or False, got "
-                              f"{self.shared_memory_allreduce!r}")
+        check_bool("shared_memory_allreduce", self.shared_memory_allreduce)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -29,6 +29,7 @@ from torchspark.nn.divergence import check_on_divergence
 from torchspark.training.algorithms.sharing.settings import SharingSettings, check_max_staleness
 from torchspark.training.algorithms.sharing.topology import DEFAULT_SHARD_ABOVE_WORKERS, check_topology
 from torchspark.training.config.masters import TrainingMaster, register_master
+from torchspark.validation import check_bool, check_int, is_int
 
 __all__ = ["SharedTrainingMaster"]
 
@@ -127,19 +128,14 @@ class SharedTrainingMaster(TrainingMaster):
         object.__setattr__(self, "residual_post_processor", _policy(
             "residual_post_processor", self.residual_post_processor, residual_post_processor_from_dict,
             ("process", "to_dict"), "ResidualClipping()"))
-        if isinstance(self.shake_frequency, bool) or not isinstance(self.shake_frequency, int) \
-                or self.shake_frequency < 0:
-            raise ConfigError(f"{name}: shake_frequency must be an integer >= 0 (0 = off), got "
-                              f"{self.shake_frequency!r}")
-        if isinstance(self.workers_per_node, bool) or not isinstance(self.workers_per_node, int) \
-                or not (self.workers_per_node == -1 or self.workers_per_node >= 1):
+        check_int("shake_frequency", self.shake_frequency, 0, owner=name, meaning="(0 = off)")
+        if not is_int(self.workers_per_node) or not (self.workers_per_node == -1 or self.workers_per_node >= 1):
             raise ConfigError(f"{name}: workers_per_node must be -1 (one per GPU, else one per task) or an integer "
                               f">= 1, got {self.workers_per_node!r}")
         if self.workers_per_node >= 1 and self.num_workers is not None:
             raise ConfigError(f"{name}: set num_workers={self.num_workers} or workers_per_node="
                               f"{self.workers_per_node} (k workers on every executor), not both")
-        if not isinstance(self.overlap, bool):
-            raise ConfigError(f"{name}: overlap must be True or False, got {self.overlap!r}")
+        check_bool("overlap", self.overlap, owner=name)
         check_on_divergence(name, self.on_divergence)
         check_max_staleness(name, self.max_staleness, self.overlap)
         if self.max_staleness is not None and self.checkpoint_directory is not None:
