@@ -17,7 +17,7 @@ Only torch-only modules are imported here (no pyspark), so the unit tests can us
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -33,7 +33,7 @@ __all__ = [
     "classification_batches", "uniform_data", "uniform_batches", "parts_of_sizes", "onehot_rule_data",
     "indexed_data",
     "fit_in_process",
-    "rank_checksums", "assert_replicas_identical",
+    "HoldsResults", "ChecksumSource", "rank_checksums", "assert_replicas_identical",
 ]
 
 
@@ -177,10 +177,15 @@ def fit_in_process(net: Network, mode: str, settings: Mapping[str, Any], shards:
 
 
 # ------------------------------------------------------------------ replicas
-#: where a fit's per-rank checksums can be read: the workers' results, anything holding them as ``last_results``
-#: (SparkNetwork, ParallelWrapper), the fit's :class:`TrainingStats` or its summary dict (``param_checksums``),
-#: or the replicas themselves
-ChecksumSource = Any
+class HoldsResults(Protocol):
+    """SparkNetwork and ParallelWrapper: the workers' results of the last fit."""
+
+    last_results: list[WorkerResult]
+
+
+#: where a fit's per-rank checksums can be read: the workers' results, anything holding them as ``last_results``,
+#: the fit's :class:`TrainingStats` or its summary dict (``param_checksums``), or the replicas themselves
+ChecksumSource = Sequence[WorkerResult] | Sequence[Network] | HoldsResults | TrainingStats | Mapping[str, Any]
 
 
 def rank_checksums(source: ChecksumSource) -> dict[int, str | None]:
