@@ -89,7 +89,7 @@ def _probe(timer: _Timer, world: int, reps: int) -> dict[str, float]:
 
 
 def _run(cfg: dict[str, Any]) -> dict[str, Any]:
-    from torchspark.training.algorithms.sharing.loop import _exchange_sparse
+    from torchspark.training.algorithms.sharing.rounds import round_from_gathered
     from torchspark.training.algorithms.sharing.sharded import sharded_exchange
     from torchspark.training.comm import TorchDistCommunicator
     from torchspark.training.rendezvous.netif import choose_endpoint, socket_interface
@@ -110,7 +110,10 @@ def _run(cfg: dict[str, Any]) -> dict[str, Any]:
         timer = _Timer()
         report["probe"] = _probe(timer, world, int(cfg["probe_reps"]))
         flat = torch.zeros(params)  # the parameters S_t is applied to
-        exchanges = {"all_gather": _exchange_sparse, "sharded": sharded_exchange}
+        def all_gather(comm: Any, payload: bytes, length: int, device: str) -> Any:  # the training loop's exchange
+            return round_from_gathered(comm.all_gather_bytes(payload), length, device)
+
+        exchanges = {"all_gather": all_gather, "sharded": sharded_exchange}
         cases = {}
         for i, density in enumerate(cfg["densities"]):
             payload, info = _message(params, float(density), 1000 * i + rank + int(cfg["seed"]))

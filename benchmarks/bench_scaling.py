@@ -11,8 +11,9 @@ the kernel has it) and every N starts one worker process per host (``ip netns ex
 _scaling_worker.py``): rank 0's TCPStore on host 1's bridge address, gloo on the interface torchspark picks (the
 route to that address: ``eth1``). Every worker builds its own threshold-encoded message per density (Gaussian
 update, the threshold at its ``1 - density`` quantile; 10% gives a bitmap message) and times, alternating the
-order, the plain all-gather exchange (``_exchange_sparse``) and the sharded one (``sharded_exchange``), each with
-the apply of its sum, plus a dense gloo all-reduce of the L float32 parameters (the dense-ring baseline).
+order, the plain all-gather exchange (``rounds.round_from_gathered`` of an all-gather) and the sharded one
+(``sharded_exchange``), each with the apply of its sum, plus a dense gloo all-reduce of the L float32 parameters
+(the dense-ring baseline).
 
 Per (link, N, density, topology) it reports the median over calls of the slowest rank's wall time, the median
 main-thread and process CPU time, the model's prediction for the same N, L, density and link (bandwidth = the tbf

@@ -71,7 +71,7 @@ def sharing_run(config: str, shards: list[list[Any]], test: Any, epochs: int, se
     out = []
     for epoch in range(epochs):
         # as SparkNetwork's driver builds it (rng_seed=B.SEED: every epoch after the first in a new order)
-        task = WorkerTask(mode="sharing", settings=master.algorithm_settings(),
+        task = WorkerTask(mode=master.mode, settings=master.algorithm_settings(),
                           blueprint=NetworkBlueprint.of(net).to_bytes(), epochs=1, prefetch=0, num_threads=1,
                           collect_stats=True, first_epoch=epoch, shuffle_seed=B.SEED)
         runner = InProcessRunner(600.0, hooks_factory=lambda rank: WorkerHooks(recorder=StatsCollector(f"w{rank}")))

@@ -8,11 +8,11 @@ Two copies of the same network (MLP 784-500-10 or LeNet, Adam lr 1e-3, batch 32,
 both alike:
 
 - ``reference``: the unfused steps (``Network.compute_update``, divergence check on two ``torch.norm``,
-  ``encode_step(update)``, ``to_bytes``, the dense ``_exchange``: ``from_bytes`` + decode of every message into a
-  zeroed buffer, ``net.apply_update``);
-- ``fused``: what the training loop runs (``_step_into_residual``: the updater's step lands in the residual
-  directly (``Network.train_step_into``), the divergence norms from two dot products, ``encode_step(None)``, ``to_bytes``, ``_exchange_sparse``: the sum kept at
-  the sent indices only, ``net.apply_update_at``).
+  ``encode_step(update)``, ``to_bytes``, the dense exchange (``rounds.parse_gathered`` + ``rounds.dense_sum``:
+  ``from_bytes`` + decode of every message into a zeroed buffer), ``net.apply_update``);
+- ``fused``: what the training loop runs (``fused.step_into_residual``: the updater's step lands in the residual
+  directly (``fused.train_step_into``), the divergence norms from two dot products, ``encode_step(None)``,
+  ``to_bytes``, ``rounds.round_from_gathered``: the sum kept at the sent indices only, ``net.apply_update_at``).
 
 The exchange gathers ``--workers`` copies of this worker's own payload (what a peer's message costs to decode; no
 transport). The direct step adds each update without the rounding of ``p - (p - u)``, so the two copies drift apart
@@ -58,7 +58,11 @@ def main() -> None:
     from torchspark import datasets, models, optim
     from torchspark.data import DataSet
     from torchspark.encoding import AdaptiveThreshold, EncoderConfig, EncoderState, encode_step, to_bytes
-    from torchspark.training.algorithms.sharing import loop as S
+    from torchspark.training.algorithms.sharing.fused import step_into_residual
+    from torchspark.training.algorithms.sharing.loop import _apply
+    from torchspark.training.algorithms.sharing.rounds import Round, dense_sum, parse_gathered, round_from_gathered
+    from torchspark.training.algorithms.sharing.state import SharingState
+    from torchspark.training.algorithms.sharing.step import report_divergence
 
     n = 32 * (args.steps + args.warmup)
     data = datasets.synthetic_images(n, 1, 28, 28, n_classes=10, seed=0)
@@ -66,47 +70,47 @@ def main() -> None:
         data = DataSet(data.features.reshape(n, 784).contiguous(), data.labels)
     batches = [DataSet(b.features.clone(), b.labels.clone()) for b in data.split(32)]
     config = EncoderConfig(threshold_policy=AdaptiveThreshold(initial=1e-2))
-    algo = S.SharingAlgorithm(S.SharingSettings(encoder=config))
     comm = _EchoComm(args.workers)
 
-    def build() -> tuple[ts.Network, S.SharingState]:
+    def build() -> tuple[ts.Network, SharingState]:
         module = models.mlp(784, 500, 10) if args.model == "mlp" else models.lenet(1, 10, 28, 28)
         net = ts.Network(module, loss="cross_entropy", updater=optim.Adam(lr=1e-3), seed=0)
-        return net, S.SharingState(EncoderState.create(config, net.num_params()))
+        return net, SharingState(EncoderState.create(config, net.num_params()))
 
     times: dict[str, dict[str, list[float]]] = {"reference": defaultdict(list), "fused": defaultdict(list)}
 
-    def reference(net: ts.Network, st: S.SharingState, batch: DataSet, keep: bool) -> None:
+    def reference(net: ts.Network, st: SharingState, batch: DataSet, keep: bool) -> None:
         marks = [("start", clock())]
         step = net.iteration
         update = net.compute_update(batch)
         marks.append(("compute_update (train_step + copies)", clock()))
-        algo._check_divergence(st, net, update, step)
+        report_divergence(st, net, float(update.norm()), float(net.params_view().norm()), step, "fail")
         marks.append(("divergence norms", clock()))
         message, st.encoder = encode_step(update, st.encoder, step)
         marks.append(("encode_step", clock()))
         payload = b"\x01" + to_bytes(message)
         marks.append(("to_bytes", clock()))
-        result = S._exchange(comm, payload, net.num_params(), "cpu")
+        active, messages = parse_gathered(comm.all_gather_bytes(payload), net.num_params())
+        result = Round(active, dense_sum(messages, net.num_params(), "cpu"))
         marks.append(("exchange: parse + decode", clock()))
-        S._apply(net, result)
+        _apply(net, result)
         marks.append(("apply", clock()))
         _record(times["reference"], marks, keep)
 
-    def fused(net: ts.Network, st: S.SharingState, batch: DataSet, keep: bool) -> None:
+    def fused(net: ts.Network, st: SharingState, batch: DataSet, keep: bool) -> None:
         marks = [("start", clock())]
         step = net.iteration
-        norms = S._step_into_residual(st, net, batch, False)
+        norms = step_into_residual(st, net, batch, False)
         marks.append(("compute_update (train_step + copies)", clock()))
-        algo._report_divergence(st, net, *norms, step)
+        report_divergence(st, net, *norms, step, "fail")
         marks.append(("divergence norms", clock()))
         message, st.encoder = encode_step(None, st.encoder, step)
         marks.append(("encode_step", clock()))
         payload = b"\x01" + to_bytes(message)
         marks.append(("to_bytes", clock()))
-        result = S._exchange_sparse(comm, payload, net.num_params(), "cpu")
+        result = round_from_gathered(comm.all_gather_bytes(payload), net.num_params(), "cpu")
         marks.append(("exchange: parse + decode", clock()))
-        S._apply(net, result)
+        _apply(net, result)
         marks.append(("apply", clock()))
         _record(times["fused"], marks, keep)
 

@@ -1,4 +1,6 @@
-"""Reference loops of the distributed algorithms, a few lines each, that the distributed runs must reproduce."""
+"""Reference loops of the distributed algorithms, a few lines each, that the distributed runs must reproduce, and
+the reference exchanges of gradient sharing (the plain all-gather + dense decode the training loop's exchanges
+must equal)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import torch
 
 from torchspark import DataSet, Network
 from torchspark.encoding import (
+    EncodedUpdate,
     EncoderConfig,
     EncoderState,
     agree_threshold,
@@ -16,6 +19,28 @@ from torchspark.encoding import (
     local_calibration,
     with_calibration,
 )
+from torchspark.training.algorithms.sharing.fused import can_step_into, train_step_into
+from torchspark.training.algorithms.sharing.rounds import Round, dense_sum, parse_gathered, round_from_gathered
+from torchspark.training.comm import Communicator
+
+
+def gather_messages(comm: Communicator, payload: bytes, length: int) -> tuple[int, list[EncodedUpdate]]:
+    """Step 3: all-gather the payloads; returns the number of active workers and their messages in rank order."""
+    return parse_gathered(comm.all_gather_bytes(payload), length)
+
+
+def dense_exchange(comm: Communicator, payload: bytes, length: int, device: torch.device | str) -> Round:
+    """Steps 3 + 4a, the reference: gather every worker's payload and decode the messages, in rank order, into one
+    dense sum (what the training loop's sparse and sharded exchanges must apply bit for bit)."""
+    active, messages = gather_messages(comm, payload, length)
+    return Round(active, dense_sum(messages, length, device))
+
+
+def sparse_exchange(comm: Communicator, payload: bytes, length: int, device: torch.device | str) -> Round:
+    """The training loop's all-gather exchange in one call (its transport and its finish, as
+    ``topology.exchange_phases("all_gather", ...)`` splits them): the sum kept at the union of the indices when
+    every message is sparse."""
+    return round_from_gathered(comm.all_gather_bytes(payload), length, device)
 
 
 def sharing_reference(net: Network, shards: list[list[DataSet]], epochs: int, overlap: bool,
@@ -29,14 +54,14 @@ def sharing_reference(net: Network, shards: list[list[DataSet]], epochs: int, ov
         for t in range(max(len(s) for s in shards)):
             steps = [nets[r].iteration for r in range(len(shards))]  # the workers' 0-based steps
             calibrating = t == 0 and not states[0].threshold_state.calibrated
-            if calibrating or not net.can_step_into():
+            if calibrating or not can_step_into(net):
                 updates = [nets[r].compute_update(shard[t]) if t < len(shard) else None
                            for r, shard in enumerate(shards)]
             else:  # as the training loop does: the updater steps straight into the residual (encode_step(None))
                 updates = [None] * len(shards)
                 for r, shard in enumerate(shards):
                     if t < len(shard):
-                        nets[r].train_step_into(states[r].residual, shard[t])
+                        train_step_into(nets[r], states[r].residual, shard[t])
             if calibrating:  # calibrated start: agree on one threshold
                 agreed = agree_threshold([local_calibration(u, s) for u, s in zip(updates, states)])
                 states = [with_calibration(s, agreed) for s in states]

@@ -14,10 +14,10 @@ def run_rank(rank: int, world: int, port: int, shared_memory: bool, timeout_case
 
     sys.path.insert(0, __file__.rsplit("/", 1)[0].rsplit("/", 1)[0] + "/unit")
     import numpy as np
+    from reference_loops import dense_exchange
     from test_sharded_exchange import _applied, _payload
 
     from torchspark.errors import WaitTimeout
-    from torchspark.training.algorithms.sharing.loop import _exchange
     from torchspark.training.algorithms.sharing.sharded import sharded_exchange
     from torchspark.training.comm import TorchDistCommunicator
 
@@ -51,7 +51,7 @@ def run_rank(rank: int, world: int, port: int, shared_memory: bool, timeout_case
             rng = np.random.default_rng(trial * 10 + rank)
             kind = kinds[(trial + rank) % 4]
             payload = _payload(kind, 1001, rng)
-            plain = _exchange(comm, payload, 1001, "cpu")
+            plain = dense_exchange(comm, payload, 1001, "cpu")
             sharded = sharded_exchange(comm, payload, 1001, "cpu")
             report["active"].append((plain.active, sharded.active))
             report["same"].append(None if plain.total is None else _applied(plain, 1001) == _applied(sharded, 1001))

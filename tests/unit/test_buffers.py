@@ -22,7 +22,8 @@ from torchspark.training import (
     WorkerTask,
     averaging_epoch,
 )
-from torchspark.training.algorithms.sharing.loop import SharingAlgorithm, SharingSettings
+from torchspark.training.algorithms.sharing.loop import SharingAlgorithm
+from torchspark.training.algorithms.sharing.settings import SharingSettings
 from torchspark.training.comm import ThreadCommunicator
 from torchspark.training.task import merge_results
 from helpers import assert_replicas_identical, batchnorm_net, classification_batches, fit_in_process

@@ -210,37 +210,6 @@ def test_copy_is_independent() -> None:
     assert not torch.equal(twin.params(), net.params())
 
 
-@pytest.mark.parametrize("updater", UPDATERS, ids=lambda u: repr(u)[:40])
-def test_train_step_into_adds_the_update_to_the_target(updater) -> None:
-    net = Network(models.mlp(64, 8, 10), updater=updater, seed=0)
-    ref = net.copy()
-    for batch in uniform_data(64).split(16):
-        start = net.params()
-        target = torch.full((net.num_params(),), 0.5)
-        update = ref.compute_update(batch)
-        loss = net.train_step_into(target, batch)
-        assert torch.equal(net.params(), start)
-        torch.testing.assert_close(target, 0.5 + update, rtol=0, atol=1e-6)
-        assert update.abs().max() > 1e-5
-        assert torch.equal(net.updater_state(), ref.updater_state())
-        assert loss == ref.last_score and net.iteration == ref.iteration
-        for n in (net, ref):  # move both by the same update so the next step starts from equal parameters
-            n.apply_update(update)
-    assert all(p.data_ptr() != 0 for p in net.module.parameters())
-    assert net.params_view().data_ptr() == next(net.module.parameters()).data_ptr()  # still trains through _flat
-
-
-def test_train_step_into_refuses_what_it_cannot_do() -> None:
-    decayed = Network(models.mlp(64, 8, 10), updater=optim.Adam(lr=1e-2), seed=0, weight_decay=1e-4)
-    with pytest.raises(ConfigError, match="weight_decay=0"):
-        decayed.train_step_into(torch.zeros(decayed.num_params()), uniform_data(64).slice(0, 8))
-    custom = Network(models.mlp(64, 8, 10), updater=lambda ps: torch.optim.SGD(ps, lr=0.1), seed=0)
-    assert not custom.can_step_into()
-    net = Network(models.mlp(64, 8, 10), updater=optim.Adam(lr=1e-2), seed=0)
-    with pytest.raises(ConfigError, match="1-D float32 tensor"):
-        net.train_step_into(torch.zeros(3), uniform_data(64).slice(0, 8))
-
-
 def test_deepcopy_keeps_the_flat_parameter_view() -> None:
     import copy
 

@@ -17,7 +17,8 @@ from torchspark.spark.data import _RoundRobinKeys, group_paths, seeded_order
 from torchspark.spark.evaluation import refuse_eval_workers
 from torchspark.stats import DRIVER_ID, StatsCollector
 from torchspark.training import InProcessRunner, ItemSource, ThreadGroup, WorkerTask, merge_results
-from torchspark.training.algorithms.sharing.loop import SharingAlgorithm, SharingSettings
+from torchspark.training.algorithms.sharing.loop import SharingAlgorithm
+from torchspark.training.algorithms.sharing.settings import SharingSettings
 from torchspark.training.driver.stats import build_training_stats
 from torchspark.training.task import WorkerResult, param_checksum
 from torchspark.training.worker.prefetch import prefetch

@@ -7,11 +7,12 @@ import threading
 import numpy as np
 import pytest
 import torch
+from reference_loops import dense_exchange
 
 from torchspark.encoding import EncodedUpdate, decode, from_bytes, threshold_encode, to_bytes
 from torchspark.errors import ConfigError, EncodingError, WaitTimeout
 from torchspark.training import ThreadGroup
-from torchspark.training.algorithms.sharing.loop import SharingSettings, _exchange
+from torchspark.training.algorithms.sharing.settings import SharingSettings
 from torchspark.training.algorithms.sharing.sharded import (
     _sum_pieces,
     shard_bounds,
@@ -97,7 +98,7 @@ def test_sharded_is_bit_identical_to_all_gather(world: int, length: int) -> None
     for trial in range(12):
         mix = [kinds[(trial + r * (trial // 4 + 1)) % 4] for r in range(world)]
         payloads = [_payload(k, length, rng) for k in mix]
-        plain = _run(world, lambda c: _exchange(c, payloads[c.rank], length, "cpu"))
+        plain = _run(world, lambda c: dense_exchange(c, payloads[c.rank], length, "cpu"))
         sharded = _run(world, lambda c: sharded_exchange(c, payloads[c.rank], length, "cpu"))
         for p, s in zip(plain, sharded):
             assert s.active == p.active == sum(k != "inactive" for k in mix)
@@ -116,7 +117,7 @@ def test_sharded_sums_collide_exactly() -> None:
         signed = torch.arange(1, length + 1, dtype=torch.int32)[torch.from_numpy(rng.random(length) < 0.9)]
         signed = torch.where(torch.from_numpy(rng.random(signed.numel()) < 0.5), signed, -signed)
         payloads.append(b"\x01" + to_bytes(EncodedUpdate("sparse", length, t, signed, signed.numel())))
-    plain = _run(world, lambda c: _exchange(c, payloads[c.rank], length, "cpu"))
+    plain = _run(world, lambda c: dense_exchange(c, payloads[c.rank], length, "cpu"))
     sharded = _run(world, lambda c: sharded_exchange(c, payloads[c.rank], length, "cpu"))
     reversed_sum = torch.zeros(length)
     for data in reversed(payloads):
@@ -134,7 +135,7 @@ def test_sparse_shard_sums_apply_at_their_indices_only() -> None:
     for r in range(world):
         signed = torch.tensor([1 + 7 * r, 500, 999 - r], dtype=torch.int32) * (1 if r % 2 else -1)
         payloads.append(b"\x01" + to_bytes(EncodedUpdate("sparse", length, 0.25, signed, 3)))
-    plain = _run(world, lambda c: _exchange(c, payloads[c.rank], length, "cpu"))
+    plain = _run(world, lambda c: dense_exchange(c, payloads[c.rank], length, "cpu"))
     sharded = _run(world, lambda c: sharded_exchange(c, payloads[c.rank], length, "cpu"))
     nonzero = torch.nonzero(plain[0].total.view(torch.int32)).squeeze(1)  # where the dense sum is not +0.0
     assert 3 <= nonzero.numel() < 10

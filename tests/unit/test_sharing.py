@@ -1,4 +1,5 @@
-"""Gradient sharing worker loop (torchspark.training.algorithms.sharing.loop) in threads of one process, against a reference loop."""
+"""Gradient sharing worker loop (torchspark.training.algorithms.sharing.loop) in threads of one process, against a
+reference loop."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from functools import partial
 
 import pytest
 import torch
-from reference_loops import sharing_reference
+from reference_loops import dense_exchange, sharing_reference
 
 from torchspark import DataSet, Network, datasets, models, optim
 from torchspark.encoding import (
@@ -33,15 +34,9 @@ from torchspark.training import (
     WorkerTask,
     merge_results,
 )
-from torchspark.training.algorithms.sharing.loop import (
-    RESIDUAL_KEY,
-    THRESHOLD_KEY,
-    WORLD_KEY,
-    SharingAlgorithm,
-    SharingSettings,
-    _exchange,
-    restore_residual,
-)
+from torchspark.training.algorithms.sharing.loop import SharingAlgorithm
+from torchspark.training.algorithms.sharing.settings import SharingSettings
+from torchspark.training.algorithms.sharing.state import RESIDUAL_KEY, THRESHOLD_KEY, WORLD_KEY, restore_residual
 from helpers import assert_replicas_identical, classification_batches, fit_in_process, mlp_net
 
 ENCODER = EncoderConfig(threshold_policy=AdaptiveThreshold(initial=1e-3), shake_frequency=4)
@@ -249,12 +244,12 @@ def test_worker_error_mid_fit_is_clean(overlap: bool) -> None:
 
 def test_malformed_payload_and_settings_are_refused() -> None:
     with pytest.raises(EncodingError, match="worker 0 sent a malformed"):
-        _exchange(SoloCommunicator(), b"\x07", 10, "cpu")
+        dense_exchange(SoloCommunicator(), b"\x07", 10, "cpu")
     with pytest.raises(EncodingError, match="update of 10 elements but this network has 12"):
         message, _ = encode_step(torch.ones(10), EncoderState.create(EncoderConfig(FixedThreshold(0.5)), 10), 0)
         from torchspark.encoding import to_bytes
 
-        _exchange(SoloCommunicator(), b"\x01" + to_bytes(message), 12, "cpu")
+        dense_exchange(SoloCommunicator(), b"\x01" + to_bytes(message), 12, "cpu")
     with pytest.raises(ConfigError, match="overlap must be True or False"):
         SharingSettings(overlap="yes")  # type: ignore[arg-type]
     settings = SharingSettings(ENCODER, overlap=False)

@@ -6,8 +6,9 @@ import threading
 
 import pytest
 import torch
+from reference_loops import dense_exchange, sparse_exchange
 
-from torchspark import Network, datasets, models, optim
+from torchspark import DataSet, Network, datasets, models, optim
 from torchspark.encoding import (
     AdaptiveThreshold,
     EncoderConfig,
@@ -19,16 +20,18 @@ from torchspark.encoding import (
     threshold_encode,
     to_bytes,
 )
-from torchspark.errors import EncodingError
+from torchspark.errors import ConfigError, EncodingError
 from torchspark.training import ThreadGroup
-from torchspark.training.algorithms.sharing.loop import (
-    SharingState,
-    _apply,
-    _can_fuse,
-    _exchange,
-    _exchange_sparse,
-    _step_into_residual,
+from torchspark.training.algorithms.sharing import rounds
+from torchspark.training.algorithms.sharing.fused import (
+    PARAM_NORM_EVERY,
+    can_fuse,
+    can_step_into,
+    step_into_residual,
+    train_step_into,
 )
+from torchspark.training.algorithms.sharing.loop import _apply
+from torchspark.training.algorithms.sharing.state import SharingState
 
 
 def _bits(t: torch.Tensor) -> bytes:
@@ -154,7 +157,7 @@ def test_exchange_sparse_applies_exactly_what_the_dense_exchange_applies(kinds: 
             payloads.append(b"\x01" + to_bytes(sparse[rank]))
     group = ThreadGroup(len(kinds))
     start = Network(models.mlp(50, 70, 10), updater=optim.SGD(lr=0.1), seed=0).params()[:length]
-    for exchange_fn in (_exchange, _exchange_sparse):
+    for exchange_fn in (dense_exchange, sparse_exchange):
         results = [None] * len(kinds)
 
         def run(rank: int, fn=exchange_fn, out=results) -> None:
@@ -165,7 +168,7 @@ def test_exchange_sparse_applies_exactly_what_the_dense_exchange_applies(kinds: 
             t.start()
         for t in threads:
             t.join(30)
-        if exchange_fn is _exchange:
+        if exchange_fn is dense_exchange:
             dense = results
         else:
             fused = results
@@ -200,11 +203,11 @@ def test_step_into_residual_equals_compute_update_then_encode() -> None:
     nets = [Network(models.mlp(12, 16, 3), updater=optim.Adam(lr=1e-2), seed=0, weight_decay=1e-4)
             for _ in range(2)]
     states = [SharingState(EncoderState.create(config, nets[0].num_params())) for _ in range(2)]
-    assert _can_fuse(states[1], nets[1]) and not nets[1].can_step_into()
+    assert can_fuse(states[1], nets[1]) and not can_step_into(nets[1])
     for step, batch in enumerate(data):
         update = nets[0].compute_update(batch)
         want, states[0].encoder = encode_step(update, states[0].encoder, step)
-        update_norm, param_norm = _step_into_residual(states[1], nets[1], batch, False)
+        update_norm, param_norm = step_into_residual(states[1], nets[1], batch, False)
         got, states[1].encoder = encode_step(None, states[1].encoder, step)
         assert to_bytes(got) == to_bytes(want)
         assert update_norm == pytest.approx(float(update.norm()), rel=1e-5)
@@ -220,7 +223,7 @@ def test_a_calibrating_encoder_takes_the_unfused_path() -> None:
     config = EncoderConfig(threshold_policy=AdaptiveThreshold())  # calibrated start: calibrates from an update
     net = Network(models.mlp(12, 16, 3), updater=optim.Adam(lr=1e-2), seed=0)
     state = SharingState(EncoderState.create(config, net.num_params()))
-    assert not _can_fuse(state, net)
+    assert not can_fuse(state, net)
 
 
 def test_step_straight_into_the_residual_adds_the_update_and_keeps_the_parameters() -> None:
@@ -233,12 +236,12 @@ def test_step_straight_into_the_residual_adds_the_update_and_keeps_the_parameter
     ref = Network(models.mlp(12, 16, 3), updater=optim.Adam(lr=1e-2), seed=0)
     net = Network(models.mlp(12, 16, 3), updater=optim.Adam(lr=1e-2), seed=0)
     state = SharingState(EncoderState.create(config, net.num_params()))
-    assert net.can_step_into()
+    assert can_step_into(net)
     for batch in data:
         before = _bits(net.params())
         residual = state.encoder.residual.clone()
         update = ref.compute_update(batch)
-        update_norm, param_norm = _step_into_residual(state, net, batch, False)
+        update_norm, param_norm = step_into_residual(state, net, batch, False)
         assert _bits(net.params()) == before  # the parameters did not move
         torch.testing.assert_close(state.encoder.residual, residual + update, rtol=0, atol=1e-6)
         assert update.abs().max() > 1e-4  # a real step was compared
@@ -251,33 +254,27 @@ def test_step_straight_into_the_residual_adds_the_update_and_keeps_the_parameter
 def test_direct_path_refreshes_the_parameter_norm_every_param_norm_every_steps() -> None:
     """The divergence check's parameter norm is recomputed on steps 0, K, 2K, ... (K = PARAM_NORM_EVERY) and reused
     in between; a non-finite cached norm is never reused."""
-    from torchspark.training.algorithms.sharing.loop import PARAM_NORM_EVERY
-
     data = datasets.synthetic_classification(8, 12, 3, seed=0).split(8)
     config = EncoderConfig(threshold_policy=AdaptiveThreshold(initial=1e-3))
     net = Network(models.mlp(12, 16, 3), updater=optim.Adam(lr=1e-2), seed=0)
     state = SharingState(EncoderState.create(config, net.num_params()))
-    first = _step_into_residual(state, net, data[0], False)[1]
+    first = step_into_residual(state, net, data[0], False)[1]
     assert first == pytest.approx(float(net.params_view().norm()), rel=1e-5)
     with torch.no_grad():
         net.params_view().mul_(2.0)  # the parameters move (as applied messages would move them)
     for step in range(1, PARAM_NORM_EVERY):
         state.steps = step
-        assert _step_into_residual(state, net, data[0], False)[1] == first  # reused
+        assert step_into_residual(state, net, data[0], False)[1] == first  # reused
     state.steps = PARAM_NORM_EVERY
-    assert _step_into_residual(state, net, data[0], False)[1] == pytest.approx(2 * first, rel=1e-5)  # refreshed
+    assert step_into_residual(state, net, data[0], False)[1] == pytest.approx(2 * first, rel=1e-5)  # refreshed
     state.steps, state.param_norm = PARAM_NORM_EVERY + 1, float("nan")
-    assert _step_into_residual(state, net, data[0], False)[1] == pytest.approx(2 * first, rel=1e-5)
+    assert step_into_residual(state, net, data[0], False)[1] == pytest.approx(2 * first, rel=1e-5)
 
 
 def test_the_sparse_round_equals_the_parsed_round_and_refuses_what_it_refuses() -> None:
     """The per-step decoding reads sparse entries in place (no message objects): same indices and sums as parsing
     every message, bitmaps left to the general path, and the same errors."""
     import struct as _struct
-
-    from torchspark.encoding import threshold_encode, to_bytes
-    from torchspark.errors import EncodingError
-    from torchspark.training.algorithms.sharing import loop as S
 
     n = 5000
     g = torch.Generator().manual_seed(3)
@@ -286,25 +283,76 @@ def test_the_sparse_round_equals_the_parsed_round_and_refuses_what_it_refuses() 
         payloads.append(b"\x01" + to_bytes(threshold_encode(torch.randn(n, generator=g) * 0.4, torch.zeros(n), t)))
     empty = b"\x01" + to_bytes(threshold_encode(torch.zeros(n), torch.zeros(n), 1.0))
     gathered = [payloads[0], b"\x00", payloads[1], empty, payloads[2]]
-    fast = S._sparse_round(gathered, n)
-    active, messages = S._parse_gathered(gathered, n)
-    slow = S._dense_sum(messages, n, "cpu")
+    fast = rounds.sparse_round(gathered, n)
+    active, messages = rounds.parse_gathered(gathered, n)
+    slow = rounds.dense_sum(messages, n, "cpu")
     assert fast is not None and fast.active == active == 4 and len(messages) == 4
     assert [m.format for m in messages] == ["sparse", "sparse", "empty", "sparse"]
     assert len(set(fast.indices.tolist())) < sum(m.num_entries for m in messages)  # some indices overlap
     dense = torch.zeros(n)
     dense[fast.indices] = fast.total
     assert torch.equal(dense, slow)  # bit-identical sums at the union of the indices, zero elsewhere
-    assert S._round_from_gathered(gathered, n, "cpu").total.equal(fast.total)
+    assert rounds.round_from_gathered(gathered, n, "cpu").total.equal(fast.total)
     bitmap = b"\x01" + to_bytes(threshold_encode(torch.randn(n, generator=g), torch.zeros(n), 1e-3))
-    assert S._sparse_round([payloads[0], bitmap], n) is None
-    assert S._round_from_gathered([payloads[0], bitmap], n, "cpu").indices is None  # the dense decode
-    assert S._sparse_round([b"\x00", b"\x00"], n).total is None
+    assert rounds.sparse_round([payloads[0], bitmap], n) is None
+    assert rounds.round_from_gathered([payloads[0], bitmap], n, "cpu").indices is None  # the dense decode
+    assert rounds.sparse_round([b"\x00", b"\x00"], n).total is None
     with pytest.raises(EncodingError, match="4999 parameters"):
-        S._sparse_round(gathered, n - 1)
+        rounds.sparse_round(gathered, n - 1)
     corrupt = bytearray(payloads[1])
     _struct.pack_into("<i", corrupt, 29, n + 1)
     with pytest.raises(EncodingError, match="indices must be in"):
-        S._round_from_gathered([payloads[0], bytes(corrupt)], n, "cpu")
+        rounds.round_from_gathered([payloads[0], bytes(corrupt)], n, "cpu")
     with pytest.raises(EncodingError, match="malformed"):
-        S._round_from_gathered([b"\x07" + payloads[0][1:]], n, "cpu")
+        rounds.round_from_gathered([b"\x07" + payloads[0][1:]], n, "cpu")
+
+
+def _images(n: int = 64, seed: int = 0) -> DataSet:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(n, 1, 8, 8, generator=g)
+    y = torch.randint(0, 10, (n,), generator=g)
+    return DataSet(x, y)
+
+
+#: every torchspark updater (all of them can step into a target without weight decay)
+ALL_UPDATERS = [
+    optim.SGD(lr=0.1),
+    optim.SGD(lr=0.05, momentum=0.9),
+    optim.SGD(lr=0.05, momentum=0.9, nesterov=True),
+    optim.Adam(lr=1e-2),
+    optim.AdamW(lr=1e-2),
+    optim.RMSprop(lr=1e-3),
+    optim.AdaGrad(lr=0.05),
+    optim.Adam(lr=1e-2, fused=False),
+]
+
+
+@pytest.mark.parametrize("updater", ALL_UPDATERS, ids=lambda u: repr(u)[:40])
+def test_train_step_into_adds_the_update_to_the_target(updater) -> None:
+    net = Network(models.mlp(64, 8, 10), updater=updater, seed=0)
+    ref = net.copy()
+    for batch in _images().split(16):
+        start = net.params()
+        target = torch.full((net.num_params(),), 0.5)
+        update = ref.compute_update(batch)
+        loss = train_step_into(net, target, batch)
+        assert torch.equal(net.params(), start)
+        torch.testing.assert_close(target, 0.5 + update, rtol=0, atol=1e-6)
+        assert update.abs().max() > 1e-5
+        assert torch.equal(net.updater_state(), ref.updater_state())
+        assert loss == ref.last_score and net.iteration == ref.iteration
+        for n in (net, ref):  # move both by the same update so the next step starts from equal parameters
+            n.apply_update(update)
+    assert all(p.data_ptr() != 0 for p in net.module.parameters())
+    assert net.params_view().data_ptr() == next(net.module.parameters()).data_ptr()  # still trains through _flat
+
+
+def test_train_step_into_refuses_what_it_cannot_do() -> None:
+    decayed = Network(models.mlp(64, 8, 10), updater=optim.Adam(lr=1e-2), seed=0, weight_decay=1e-4)
+    with pytest.raises(ConfigError, match="weight_decay=0"):
+        train_step_into(decayed, torch.zeros(decayed.num_params()), _images().slice(0, 8))
+    custom = Network(models.mlp(64, 8, 10), updater=lambda ps: torch.optim.SGD(ps, lr=0.1), seed=0)
+    assert not can_step_into(custom)
+    net = Network(models.mlp(64, 8, 10), updater=optim.Adam(lr=1e-2), seed=0)
+    with pytest.raises(ConfigError, match="1-D float32 tensor"):
+        train_step_into(net, torch.zeros(3), _images().slice(0, 8))

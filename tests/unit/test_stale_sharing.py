@@ -1,6 +1,6 @@
 """Bounded-staleness gradient sharing (torchspark.training.algorithms.sharing.stale) in threads of one process.
 
-Each test runs the real loop (``SharingAlgorithm.start/epoch/finish``) on one thread per worker over a
+Each test runs the real loop (``StaleSharingAlgorithm.start/epoch/finish``) on one thread per worker over a
 ``ThreadGroup``; one worker is slowed by a batch iterator that sleeps before every minibatch.
 """
 
@@ -21,8 +21,11 @@ from torchspark.encoding import AdaptiveThreshold, EncoderConfig
 from torchspark.errors import ConfigError, TrainingError, WaitTimeout, WorkerError
 from torchspark.nn import NetworkBlueprint
 from torchspark.training import InProcessRunner, ItemSource, ThreadGroup, WorkerTask, merge_results
-from torchspark.training.algorithms.sharing.loop import SharingAlgorithm, SharingSettings
-from torchspark.training.algorithms.sharing.stale import PeerLedger
+from torchspark.training import ALGORITHMS
+from torchspark.training.algorithms.sharing.ledger import PeerLedger
+from torchspark.training.algorithms.sharing.loop import SharingAlgorithm
+from torchspark.training.algorithms.sharing.settings import SharingSettings
+from torchspark.training.algorithms.sharing.stale import StaleSharingAlgorithm
 from torchspark.training.comm.mailbox import END, MESSAGE, Envelope, ThreadMailbox
 from torchspark.training.config.masters import master_from_json
 from torchspark.training.config.shared_master import SharedTrainingMaster
@@ -47,7 +50,7 @@ def _run(shards: list[list[DataSet]], k: int, epochs: int = 2, slow_rank: int | 
     """Every worker's (network, state, extra_config) after a fit of ``epochs`` epochs."""
     world = len(shards)
     group = ThreadGroup(world, timeout_s)
-    algo = SharingAlgorithm(SharingSettings(encoder, max_staleness=k))
+    algo = StaleSharingAlgorithm(SharingSettings(encoder, max_staleness=k))
     results: list = [None] * world
     errors: list[BaseException] = []
     nets = [_net() for _ in range(world)]  # here: initialising modules in parallel threads would share the global RNG
@@ -127,7 +130,7 @@ def test_one_worker_equals_the_synchronous_loop_without_overlap() -> None:
     assert torch.equal(stale[0].updater_state(), sync_net.updater_state())
     assert stale[2]["sharing.messages_applied"] == 16 and stale[2]["sharing.replica_divergence"] == 0.0
     solo_net = _net()  # the in-process runner gives a lone worker a SoloCommunicator (no group at all)
-    fit_in_process(solo_net, "sharing", SharingSettings(ENCODER, max_staleness=0).to_dict(), shards, epochs=2)
+    fit_in_process(solo_net, "stale_sharing", SharingSettings(ENCODER, max_staleness=0).to_dict(), shards, epochs=2)
     assert torch.equal(solo_net.params(), sync_net.params())
 
 
@@ -178,7 +181,7 @@ def test_sequence_gap_and_duplicate_are_detected() -> None:
 def test_a_stuck_peer_times_out_naming_the_setting() -> None:
     """A worker that never sends: its peer waits the communicator's timeout, then names rendezvous_timeout_s."""
     group = ThreadGroup(2, 1.0)
-    algo = SharingAlgorithm(SharingSettings(ENCODER, max_staleness=0))
+    algo = StaleSharingAlgorithm(SharingSettings(ENCODER, max_staleness=0))
     comm = group.communicator(0)
     net = _net()
     state = algo.start(net, comm)
@@ -191,7 +194,7 @@ def test_in_process_runner_fit_with_staleness_matches_counts() -> None:
     net = _net()
     settings = SharingSettings(ENCODER, max_staleness=1)
     assert SharingSettings.from_dict(settings.to_dict()) == settings
-    results = fit_in_process(net, "sharing", settings.to_dict(),
+    results = fit_in_process(net, "stale_sharing", settings.to_dict(),
                              [classification_batches(4, seed=1), classification_batches(6, seed=2)])
     assert net.extra_config["sharing.max_staleness"] == 1
     assert net.extra_config["sharing.messages_sent"] == 10
@@ -229,7 +232,7 @@ def test_worker_error_mid_fit_is_reported_and_leaves_no_thread() -> None:
     settings = SharingSettings(ENCODER, max_staleness=1).to_dict()
     before = {t.name for t in threading.enumerate()}
     with pytest.raises(WorkerError, match="worker 1 failed"):
-        fit_in_process(net, "sharing", settings, [classification_batches(40, seed=7), poisoned], timeout_s=300.0)
+        fit_in_process(net, "stale_sharing", settings, [classification_batches(40, seed=7), poisoned], timeout_s=300.0)
     leftover = {t.name for t in threading.enumerate()} - before
     assert not [n for n in leftover if n.startswith("torchspark")], leftover
 
@@ -254,3 +257,17 @@ def test_max_staleness_refuses_the_sharded_topology() -> None:
         pytest.skip("SharedTrainingMaster has no topology option in this build")
     with pytest.raises(ConfigError, match="topology='sharded'"):
         SharedTrainingMaster(max_staleness=1, topology="sharded")
+
+
+def test_the_master_picks_the_stale_algorithm_from_max_staleness() -> None:
+    """Bounded staleness is its own algorithm ("stale_sharing"); the master's mode follows max_staleness, and each
+    algorithm refuses the other's settings."""
+    assert SharedTrainingMaster().mode == "sharing"
+    assert SharedTrainingMaster(max_staleness=2).mode == "stale_sharing"
+    assert ALGORITHMS["stale_sharing"] is StaleSharingAlgorithm and ALGORITHMS["sharing"] is SharingAlgorithm
+    settings = SharedTrainingMaster(max_staleness=2).algorithm_settings()
+    assert ALGORITHMS["stale_sharing"].from_settings(settings).settings.max_staleness == 2
+    with pytest.raises(ConfigError, match="'stale_sharing' algorithm"):
+        ALGORITHMS["sharing"].from_settings(settings)
+    with pytest.raises(ConfigError, match="max_staleness=None use the synchronous 'sharing' algorithm"):
+        ALGORITHMS["stale_sharing"].from_settings(SharedTrainingMaster().algorithm_settings())

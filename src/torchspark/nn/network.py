@@ -161,7 +161,6 @@ class Network:
         self.extra_state: dict[str, torch.Tensor] = {}
         #: JSON-serialisable companions of :attr:`extra_state`.
         self.extra_config: dict[str, Any] = {}
-        self._step_hook: tuple[list[torch.Tensor], list[torch.Tensor], list[dict[str, Any]]] | None = None
 
     # ------------------------------------------------------------------ construction
     @staticmethod
@@ -445,74 +444,10 @@ class Network:
         if self.l1:
             self._add_l1_gradient()
         self._apply_lr_schedule()
-        self._optimizer_step()
+        self.optimizer.step()
         self.iteration += 1
         self.last_score = value
         return value
-
-    def can_step_into(self) -> bool:
-        """Whether :meth:`train_step_into` may be used: one of torchspark's updaters (their step never reads the
-        parameter values), no ``weight_decay`` (the decay term does), float32 parameters in the contiguous layout."""
-        return (isinstance(self.updater, UpdaterSpec) and self.weight_decay == 0.0
-                and self.memory_format == "contiguous" and self._flat.dtype == torch.float32)
-
-    def train_step_into(self, target: torch.Tensor, batch: Batch, validate: bool = False) -> float:
-        """:meth:`train_step` whose updater step lands in ``target`` instead of the parameters: ``target += u``,
-        where ``u`` is the step the updater would have subtracted from the parameters; the parameters do not move,
-        the updater state, counters and score advance as in :meth:`train_step`. One pass instead of
-        snapshot-step-subtract-restore (what :meth:`compute_update` does); ``u`` equals ``compute_update``'s result
-        up to the rounding of ``(p - (p - u))``.
-
-        How: for the duration of the updater's step every parameter's data is the matching view of ``target`` and
-        the learning rate is negated (``target -= (-lr) * direction``), which is exact for updaters whose step does
-        not read the parameter values (:meth:`can_step_into`).
-
-        Raises:
-            ConfigError: :meth:`can_step_into` is False, or ``target`` is not a float32 tensor of ``num_params()``
-                values on the network's device.
-        """
-        if not self.can_step_into():
-            raise ConfigError("train_step_into needs one of torchspark's updaters, weight_decay=0, float32 parameters "
-                              "and memory_format='contiguous'; use compute_update")
-        if (target.dim() != 1 or target.numel() != self._flat.numel() or target.dtype != torch.float32
-                or target.device != self._flat.device):
-            raise ConfigError(f"train_step_into needs a 1-D float32 tensor of {self._flat.numel()} values on "
-                              f"{self._flat.device}, got {tuple(target.shape)} {target.dtype} on {target.device}")
-        real = [p.data for p in self._params]
-        cached = getattr(self, "_into_views", None)  # the same target every step (a sharing residual): reuse its views
-        if cached is not None and cached[0] is target:
-            views = cached[1]
-        else:
-            views, offset = [], 0
-            for p in self._params:
-                views.append(target[offset: offset + p.numel()].view_as(p))
-                offset += p.numel()
-            self._into_views = (target, views)
-        groups = self.optimizer.param_groups
-        self._step_hook = (real, views, groups)
-        try:
-            return self.train_step(batch, validate)
-        finally:
-            self._step_hook = None
-
-    def _optimizer_step(self) -> None:
-        hook = getattr(self, "_step_hook", None)
-        if hook is None:
-            self.optimizer.step()
-            return
-        real, views, groups = hook
-        rates = [g["lr"] for g in groups]
-        try:
-            for p, v in zip(self._params, views):
-                p.data = v
-            for g, lr in zip(groups, rates):
-                g["lr"] = -lr
-            self.optimizer.step()
-        finally:
-            for p, r in zip(self._params, real):
-                p.data = r
-            for g, lr in zip(groups, rates):
-                g["lr"] = lr
 
     def _add_l1_gradient(self) -> None:
         """grad += l1 * sign(w): the gradient of ``l1 * sum(|w|)`` (0 at w = 0, as autograd's abs)."""

@@ -23,7 +23,7 @@ class WorkerTask:
     """Everything a worker needs besides its data and its peers (small; broadcast once per fit).
 
     Args:
-        mode: the algorithm (``"averaging"`` or ``"sharing"``), a key of :data:`ALGORITHMS`.
+        mode: the algorithm (``"averaging"``, ``"sharing"`` or ``"stale_sharing"``), a key of :data:`ALGORITHMS`.
         settings: the algorithm's settings as a JSON-able dict.
         blueprint: ``NetworkBlueprint.to_bytes()`` of the driver's network.
         epochs: passes over the data inside this one stage.

@@ -2,8 +2,8 @@
 algorithm.
 
 * :mod:`~torchspark.training.algorithms.averaging`: synchronous parameter averaging;
-* :mod:`~torchspark.training.algorithms.sharing`: threshold-encoded gradient sharing (Strom 2015), synchronous,
-  sharded, or with bounded staleness.
+* :mod:`~torchspark.training.algorithms.sharing`: threshold-encoded gradient sharing (Strom 2015), synchronous
+  (``"sharing"``, all-gather or sharded exchange) or with bounded staleness (``"stale_sharing"``).
 
 Every algorithm implements :class:`~torchspark.training.algorithms.base.Algorithm`; a new one is a module here and
 a line in :data:`ALGORITHMS`.
@@ -16,8 +16,10 @@ from typing import Any
 from torchspark.training.algorithms.averaging import AveragingAlgorithm
 from torchspark.training.algorithms.base import Algorithm, EpochOutcome
 from torchspark.training.algorithms.sharing.loop import SharingAlgorithm
+from torchspark.training.algorithms.sharing.stale import StaleSharingAlgorithm
 
 __all__ = ["Algorithm", "AveragingAlgorithm", "EpochOutcome", "ALGORITHMS"]
 
 
-ALGORITHMS: dict[str, Any] = {"averaging": AveragingAlgorithm, "sharing": SharingAlgorithm}
+ALGORITHMS: dict[str, Any] = {"averaging": AveragingAlgorithm, "sharing": SharingAlgorithm,
+                              "stale_sharing": StaleSharingAlgorithm}

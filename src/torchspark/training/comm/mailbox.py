@@ -1,10 +1,11 @@
 """Asynchronous point-to-point mailboxes for the bounded-staleness gradient-sharing loop.
 
 A :class:`Mailbox` sends one worker's messages to every peer without waiting for anyone, and hands over the peers'
-messages as they arrive. It is the transport of :mod:`torchspark.training.algorithms.sharing.stale`; the synchronous loop uses
-collectives instead. Every message is an :class:`Envelope`: a fixed header ``[seq, epoch, length, flags]`` and a
-payload of ``length`` bytes. The mailbox only moves bytes, in order per sender; checking the sequence numbers is
-the loop's job (so a lost or repeated message is detected whatever the transport).
+messages as they arrive. It is the transport of :mod:`torchspark.training.algorithms.sharing.stale`; the
+synchronous loop uses collectives instead. Every message is an :class:`Envelope`: a fixed header
+``[seq, epoch, length, flags]`` and a payload of ``length`` bytes. The mailbox only moves bytes, in order per
+sender; checking the sequence numbers is the loop's job (so a lost or repeated message is detected whatever the
+transport).
 
 Two transports (:func:`open_mailbox` picks the one of the communicator):
 
@@ -26,7 +27,6 @@ import collections
 import logging
 import queue
 import threading
-import time
 import weakref
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -36,6 +36,7 @@ import torch.distributed as dist
 
 from torchspark.errors import ConfigError, TrainingError, WaitTimeout
 from torchspark.training.comm.communicators import SoloCommunicator, ThreadCommunicator, TorchDistCommunicator
+from torchspark.training.waiting import Deadline, join_within
 
 __all__ = ["Envelope", "Mailbox", "ThreadMailbox", "TorchDistMailbox", "open_mailbox", "END", "MESSAGE"]
 
@@ -48,6 +49,8 @@ _HEADER_TAG = 7_100
 _PAYLOAD_TAG = 7_101
 # how long close() waits for the transport thread after an error (the process is failing anyway)
 _ERROR_JOIN_S = 2.0
+# how often a blocked take() wakes up to check whether the group was aborted
+_WAKE_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -112,7 +115,7 @@ class _Inbox:
             self.cond.notify_all()
 
     def take(self, senders: set[int], timeout_s: float | None, broken: Any = None) -> tuple[int, Envelope] | None:
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        deadline = None if timeout_s is None else Deadline.after(timeout_s)
         with self.cond:
             while True:
                 if self.error is not None:
@@ -124,10 +127,9 @@ class _Inbox:
                 if broken is not None and broken():
                     raise TrainingError("a peer worker failed (its group was aborted) while this worker waited "
                                         "for its gradient-sharing messages")
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is None or left <= 0:
+                if deadline is None or deadline.expired:
                     return None
-                self.cond.wait(min(left, 0.1))
+                self.cond.wait(deadline.left(cap=_WAKE_S))
 
 
 class ThreadMailbox:
@@ -178,8 +180,9 @@ class TorchDistMailbox:
     ``wait()`` (checked), so one polling thread cannot work. Point-to-point calls on one gloo group from several
     threads of a process are not documented as safe; they work in torch 2.13 under test
     (``tests/multiprocess/test_mailbox_gloo.py``: three processes, each a sender and two receiver threads, payloads
-    up to 240 kB, a collective between epochs). Distinct tags keep them apart from collectives. A gloo receive cannot be cancelled (``Work`` has no ``abort``): after an error the
-    receiver threads (daemons) end when the process group is destroyed, which the worker does on its way out.
+    up to 240 kB, a collective between epochs). Distinct tags keep them apart from collectives. A gloo receive
+    cannot be cancelled (``Work`` has no ``abort``): after an error the receiver threads (daemons) end when the
+    process group is destroyed, which the worker does on its way out.
     """
 
     def __init__(self, rank: int, world_size: int, epoch: int) -> None:
@@ -208,10 +211,8 @@ class TorchDistMailbox:
         """Normal end (every peer's END received): wait up to ``timeout_s`` until the peers received all we sent.
         After an error: give the sender up to 2 s, leave the receivers (daemons) to the group's teardown."""
         self._outgoing.put(None)
-        deadline = time.monotonic() + (_ERROR_JOIN_S if failed else timeout_s)
         # after an error a receiver may wait for a peer that will never send: only the sender is waited for
-        for t in self._threads[:1] if failed else self._threads:
-            t.join(max(0.0, deadline - time.monotonic()))
+        join_within(self._threads[:1] if failed else self._threads, _ERROR_JOIN_S if failed else timeout_s)
         alive = [t.name for t in self._threads if t.is_alive()]
         if failed:
             if alive:

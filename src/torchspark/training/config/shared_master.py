@@ -4,7 +4,9 @@ Every worker computes its updater's step on its own minibatch, threshold-encodes
 exchanges the sparse message with all workers over ``torch.distributed`` (inside one Spark barrier stage, or
 between ``ParallelWrapper``'s worker processes); every
 replica applies the same sum of messages, so the replicas stay identical without averaging parameters. The worker
-loop is :mod:`torchspark.training.algorithms.sharing.loop`; this module is only its validated, JSON-serialisable configuration.
+loop is :mod:`torchspark.training.algorithms.sharing.loop` (with ``max_staleness``:
+:mod:`torchspark.training.algorithms.sharing.stale`); this module is only its validated, JSON-serialisable
+configuration.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from torchspark.encoding import (
 )
 from torchspark.errors import ConfigError
 from torchspark.nn.divergence import check_on_divergence
-from torchspark.training.algorithms.sharing.loop import SharingSettings, check_max_staleness
+from torchspark.training.algorithms.sharing.settings import SharingSettings, check_max_staleness
 from torchspark.training.algorithms.sharing.topology import DEFAULT_SHARD_ABOVE_WORKERS, check_topology
 from torchspark.training.config.masters import TrainingMaster, register_master
 
@@ -105,7 +107,6 @@ class SharedTrainingMaster(TrainingMaster):
     """
 
     kind: ClassVar[str] = "shared_gradients"
-    mode: ClassVar[str] = "sharing"
     threshold_algorithm: ThresholdPolicy = field(default_factory=AdaptiveThreshold)
     residual_post_processor: ResidualPostProcessor = field(default_factory=ResidualClipping)
     shake_frequency: int = 0
@@ -153,6 +154,12 @@ class SharedTrainingMaster(TrainingMaster):
         # builds (and so validates) the encoder config once, here, not on the workers
         self.encoder_config()
 
+    @property
+    def mode(self) -> str:
+        """The workers' algorithm, a key of :data:`~torchspark.training.algorithms.ALGORITHMS`: ``"sharing"``
+        (synchronous), or ``"stale_sharing"`` when ``max_staleness`` is set."""
+        return "sharing" if self.max_staleness is None else "stale_sharing"
+
     def encoder_config(self) -> EncoderConfig:
         """The per-worker encoder these options describe."""
         return EncoderConfig(threshold_policy=self.threshold_algorithm,
@@ -160,7 +167,8 @@ class SharedTrainingMaster(TrainingMaster):
                              shake_frequency=self.shake_frequency)
 
     def algorithm_settings(self) -> dict[str, Any]:
-        """JSON-able settings of :class:`~torchspark.training.algorithms.sharing.loop.SharingAlgorithm`."""
+        """JSON-able settings of the algorithm :attr:`mode` names
+        (:class:`~torchspark.training.algorithms.sharing.settings.SharingSettings`)."""
         return SharingSettings(encoder=self.encoder_config(), overlap=self.overlap,
                                on_divergence=self.on_divergence, max_staleness=self.max_staleness,
                                topology=self.topology, shard_above_workers=self.shard_above_workers).to_dict()

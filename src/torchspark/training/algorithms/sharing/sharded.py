@@ -1,37 +1,31 @@
 """The sharded exchange for many workers: sparse reduce-scatter by index shards, then all-gather of the sums.
 
-The plain exchange (``topology="all_gather"``, :func:`torchspark.training.algorithms.sharing.loop._exchange`) hands every worker
-every other worker's message: with N workers of message size m, each one receives ``N*m`` bytes and decodes N
-messages of the full length, every step. The sharded exchange cuts the parameter index range into N contiguous
-shards and makes rank ``j`` the owner of shard ``j``:
+The parameter index range is cut into N contiguous shards (:func:`shard_bounds`) and rank ``j`` owns shard ``j``:
 
 1. **Reduce-scatter** (:meth:`Communicator.all_to_all_bytes`): every worker cuts its encoded message into N
-   pieces, one per shard, without decoding it (sparse indices by range, bitmap bytes by 4-element blocks) and
-   sends piece ``j`` to rank ``j``. Rank ``j`` decodes the N pieces it received **in rank order into a zeroed
-   shard buffer**: per element exactly the additions of the plain exchange, so the sum is bit-identical.
-2. **All-gather** of the summed shards: each owner sends its shard sum losslessly (the indices and float32 values
-   of its non-zero elements, or the dense float32 shard, whichever is smaller; these are sums of already
-   quantised steps, they are never thresholded again) and every worker assembles ``S_t`` from the N shards.
+   pieces, one per shard, without decoding it (:func:`split_message`: sparse indices by range, bitmap bytes by
+   4-element blocks) and sends piece ``j`` to rank ``j``. Rank ``j`` decodes the N pieces it received **in rank
+   order into a zeroed shard buffer**: per element exactly the additions of the all-gather exchange, so the sum is
+   bit-identical.
+2. **All-gather** of the summed shards: each owner sends its shard sum losslessly (:func:`shard_sum_bytes`: the
+   indices and float32 values of its non-zero elements, or the dense float32 shard, whichever is smaller) and
+   every worker assembles ``S_t`` from the N shards.
 
-When it pays. Per worker and step, the plain exchange receives ``N*m`` bytes and decodes ``N`` full messages; the
-sharded one receives ``~m`` (its pieces) plus the assembled sum, at most ``min(N*m', 4*P)`` bytes for P
-parameters (``m'`` the sparse size of a message, 8 bytes per distinct non-zero element); it decodes N pieces of
-``P/N`` elements (one message's worth instead of N messages), then assembles the N shard sums, whose entries are the
-union of all messages (the same number the plain exchange applies). It costs more collective rounds (the all-to-all
-of sizes and of pieces, then the byte all-gather of the sums: four collectives where the plain exchange has two,
-about twice the latency).
-So it wins when many workers send messages that overlap or approach dense size (``N*m`` well above ``4*P``), or
-when the decode of N full messages dominates the step; with few workers or tiny messages the extra round trip
-costs more than it saves. ``topology="auto"`` switches to it above ``shard_above_workers`` workers; the cost
-model with measured crossovers is in ``docs/scaling.md``.
+:func:`sharded_exchange` has the contract of the all-gather exchange (same flag-byte payload, same
+:class:`~torchspark.training.algorithms.sharing.rounds.Round` bit for bit, same EncodingError on malformed input).
+When it pays and what it costs: docs/design.md ("Topologies") and docs/scaling.md.
 
 Protocol (all ranks take identical decisions from exchanged bytes, so nobody waits on a collective its peers skip):
 a phase-1 piece is ``[flag]`` (inactive worker), ``[0xFF | reason]`` (the sender's payload was malformed: every
 rank raises :class:`EncodingError` naming it), or ``[flag | marker | length u64 | threshold f32 | body]`` with
 marker 0 = the sender had no message (format ``"empty"``), 1 = nothing in this shard, 2 = sparse piece (shard-local
 signed 1-based int32 indices), 3 = bitmap piece. Phase 2 runs only when some worker sent a message (so ``total`` is
-None exactly when the plain exchange's would be); a shard is ``b"D" + float32s``, ``b"S" + int32 indices + float32
-values`` or ``b"E" + reason`` (its owner found a corrupt piece: every rank raises).
+None exactly when the all-gather exchange's would be); a shard is ``b"D" + float32s``, ``b"S" + int32 indices +
+float32 values`` or ``b"E" + reason`` (its owner found a corrupt piece: every rank raises).
+
+Example::
+
+    result = sharded_exchange(comm, payload, net.num_params(), net.device)   # on every rank, in step
 """
 
 from __future__ import annotations
@@ -44,7 +38,7 @@ import torch
 from torchspark.encoding import EncodedUpdate, decode, from_bytes
 from torchspark.encoding.wire import MAGIC, VERSION
 from torchspark.errors import EncodingError
-from torchspark.training.algorithms.sharing.loop import _ACTIVE, _INACTIVE, _Round
+from torchspark.training.algorithms.sharing.rounds import ACTIVE, INACTIVE, Round
 from torchspark.training.comm import Communicator
 
 __all__ = ["shard_bounds", "split_message", "shard_sum_bytes", "sharded_exchange"]
@@ -67,7 +61,7 @@ def shard_bounds(length: int, parts: int) -> list[tuple[int, int]]:
 
 def split_message(message: EncodedUpdate, bounds: list[tuple[int, int]]) -> list[bytes]:
     """Cut ``message`` into one phase-1 piece per shard (flag byte included), without decoding it."""
-    head = _ACTIVE[0]
+    head = ACTIVE[0]
     t = message.threshold
     if message.format == "empty":
         return [_PIECE.pack(head, _NO_MESSAGE, message.length, t)] * len(bounds)
@@ -97,12 +91,12 @@ def _own_pieces(payload: bytes, length: int, bounds: list[tuple[int, int]]) -> l
     """This worker's phase-1 pieces; a malformed payload becomes ``[0xFF | reason]`` to every rank."""
     flag, body = payload[:1], payload[1:]
     reason = None
-    if flag not in (_ACTIVE, _INACTIVE) or (flag == _INACTIVE and body):
+    if flag not in (ACTIVE, INACTIVE) or (flag == INACTIVE and body):
         reason = f"flag {flag!r}, {len(body)} body bytes"
-    elif flag == _INACTIVE:
-        return [_INACTIVE] * len(bounds)
+    elif flag == INACTIVE:
+        return [INACTIVE] * len(bounds)
     elif not body:
-        return [_PIECE.pack(_ACTIVE[0], _NO_MESSAGE, length, 1.0)] * len(bounds)
+        return [_PIECE.pack(ACTIVE[0], _NO_MESSAGE, length, 1.0)] * len(bounds)
     else:
         try:
             message = from_bytes(body)
@@ -128,9 +122,9 @@ def _sum_pieces(pieces: list[bytes], length: int, lo: int, hi: int,
             raise EncodingError(f"worker {rank} sent a malformed gradient-sharing payload "
                                 f"({piece[1:].decode(errors='replace')}); all workers must run the same torchspark "
                                 "version and train the same network")
-        if piece == _INACTIVE:
+        if piece == INACTIVE:
             continue
-        if len(piece) < _PIECE.size or piece[:1] != _ACTIVE or piece[1] > _BITMAP:
+        if len(piece) < _PIECE.size or piece[:1] != ACTIVE or piece[1] > _BITMAP:
             raise EncodingError(f"worker {rank} sent a malformed gradient-sharing piece ({len(piece)} bytes, "
                                 f"starting {piece[:2]!r}); all workers must run the same torchspark version")
         _flag, marker, message_length, threshold = _PIECE.unpack_from(piece)
@@ -177,7 +171,7 @@ def _assemble(shards: list[bytes], bounds: list[tuple[int, int]], length: int,
     """Phase 2: S_t from every owner's :func:`shard_sum_bytes` (or raise the error an owner reported), as
     ``(values, indices)``: when every shard sum is sparse, the parameters live on the CPU and S_t has at most
     :data:`SPARSE_APPLY_MAX_FRACTION` of them non-zero, only those entries (ascending indices, so
-    ``params[indices] -= values`` is :func:`_apply`'s dense subtraction restricted to where it changes anything: no
+    ``params[indices] -= values`` is the loop's dense subtraction restricted to where it changes anything: no
     parameter-sized buffer per step); else ``(dense S_t, None)``."""
     _check_shards(shards, bounds)
     entries = sum((len(data) - 1) // 8 for data in shards)
@@ -224,11 +218,11 @@ def _check_shards(shards: list[bytes], bounds: list[tuple[int, int]]) -> None:
                             f"elements [{lo}, {hi}); all workers must run the same torchspark version")
 
 
-def sharded_exchange(comm: Communicator, payload: bytes, length: int, device: torch.device | str) -> _Round:
-    """The contract of :func:`torchspark.training.algorithms.sharing.loop._exchange` (same flag-byte payload, same result bit for
-    bit, same EncodingError on malformed input) over a reduce-scatter by index shards and an all-gather of the
-    shard sums (see the module docstring for when it pays). Every wait is a collective with the communicator's
-    timeout."""
+def sharded_exchange(comm: Communicator, payload: bytes, length: int, device: torch.device | str) -> Round:
+    """Every worker's ``payload`` summed into one :class:`~torchspark.training.algorithms.sharing.rounds.Round`,
+    bit-identical to the all-gather exchange's (same flag-byte payload, same EncodingError on malformed input),
+    over a reduce-scatter by index shards and an all-gather of the shard sums. Every wait is a collective with the
+    communicator's timeout."""
     world, rank = comm.world_size, comm.rank
     bounds = shard_bounds(length, world)
     received = comm.all_to_all_bytes(_own_pieces(payload, length, bounds))
@@ -242,7 +236,7 @@ def sharded_exchange(comm: Communicator, payload: bytes, length: int, device: to
         error = str(e)
         active, any_message, shard = 0, True, None
     if not any_message:
-        return _Round(active, None)
+        return Round(active, None)
     mine = b"E" + error.encode() if error is not None else shard_sum_bytes(shard, hi - lo)
     total, indices = _assemble(comm.all_gather_bytes(mine), bounds, length, device)
-    return _Round(active, total, indices)
+    return Round(active, total, indices)

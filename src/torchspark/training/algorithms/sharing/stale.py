@@ -1,151 +1,109 @@
-"""Bounded-staleness gradient sharing (``max_staleness=k``): asynchronous SGD with a bound on how far ahead a
-worker may run (the seeds' *asynchronous* gradient sharing; DL4J propagates updates without a barrier).
+"""Bounded-staleness gradient sharing (``max_staleness=k``): :class:`StaleSharingAlgorithm`, mode
+``"stale_sharing"``.
 
-Per minibatch ``t`` of an epoch, on every worker:
-  1. wait (phase ``exchange``) until every peer's messages of steps ``<= t-k-1`` of this epoch are applied (a peer
-     that sent its end-of-epoch marker with fewer messages only owes those): a worker is never more than ``k``
-     steps ahead of its slowest peer when it computes. Peers' messages that already arrived are applied too;
-  2. compute and encode the update exactly as the synchronous loop does (same encoder, residual, threshold policy,
-     divergence check, stats: :meth:`SharingAlgorithm._compute_and_encode`);
-  3. apply its own decoded message at once and post it to every peer without waiting
-     (:mod:`torchspark.training.comm.mailbox`: in-process queues, or gloo point-to-point on background threads).
+Asynchronous SGD with a bound on how far ahead a worker may run. Per minibatch ``t`` of an epoch, on every worker:
+(1) wait until every peer's messages of steps ``<= t-k-1`` of this epoch are applied (a peer that sent its
+end-of-epoch marker with fewer messages only owes those), applying whatever already arrived; (2) compute and
+encode the update exactly as the synchronous loop does (:mod:`~torchspark.training.algorithms.sharing.step`);
+(3) apply its own message at once and post it to every peer without waiting
+(:mod:`torchspark.training.comm.mailbox`). Every arrival is checked by a
+:class:`~torchspark.training.algorithms.sharing.ledger.PeerLedger` (no message lost or applied twice). At the end
+of the fit the replicas, which drifted apart by the messages in flight, are averaged (:func:`reconcile`), then the
+fit ends as the synchronous one does. The design (why, termination, what is not supported) is in docs/design.md,
+"Bounded staleness".
 
-With ``k = 0`` a worker computes step ``t`` only after applying every peer's step ``t-1`` (the synchronous loop's
-information, without its lock-step); with larger ``k`` a slow worker stalls the others only once it is ``k`` steps
-behind. Peers' messages are applied in arrival order, so during the fit the replicas differ (by the messages in
-flight and by floating-point rounding); that is the price of not waiting.
+Example::
 
-No message lost or applied twice. Every message carries ``[seq, epoch, length, flags]``; ``seq`` counts a sender's
-messages of the epoch from 0 and is checked on receipt (:class:`PeerLedger`): a gap (a lost message) or a repeat
-raises TrainingError. End of epoch: a worker whose data ran out posts an ``END`` marker carrying its message count;
-its epoch ends once it has applied every peer's messages up to that peer's marker. So every worker applies exactly
-every message every worker sent (``messages_applied == world_size * messages_sent``), and unequal partitions end
-without hanging: nobody waits for a step a finished peer will never send. An epoch's end is thus a
-synchronisation point: step numbers (and lags) start again from 0 in the next epoch.
-
-Stats (``hooks.recorder``): ``data_wait`` and ``fit`` (compute + encode, with ``record_encoding`` per step) as in the
-synchronous loop; ``exchange`` is the time spent waiting for peers and applying their messages (own messages are
-applied inside the step). Per fit, :class:`StaleStats` on the worker's state keeps every step's lag.
-
-Calibrated start (the default threshold policies): the calibration all-gather runs before the epoch's mailbox opens
-(after the first update is computed, or at once on a worker without data), as in the synchronous loop.
-
-End of fit (:func:`reconcile`, called first by :meth:`SharingAlgorithm.finish`): the replicas are made identical
-again by averaging their parameters with one all-reduce (as DL4J averages them); the largest max-abs difference
-between a replica and the mean is measured before that. Then ``finish`` proceeds as in synchronous mode (updater
-state, float buffers and threshold state averaged, replica checksums compared). ``extra_config`` adds
-``sharing.max_staleness``, ``sharing.max_lag_steps`` (the largest number of steps any worker ran ahead of its
-slowest unfinished peer when it computed an update; never more than ``k``), ``sharing.replica_divergence``,
-``sharing.messages_sent`` and ``sharing.messages_applied`` (totals over workers).
-
-Not supported with ``max_staleness`` (ConfigError when the master is built): ``overlap=False`` (the synchronous
-loop), ``checkpoint_directory`` (a cut would need every in-flight message), ``topology="sharded"`` (a collective
-topology); and GPU workers on nccl (the mailbox is gloo-only: ConfigError when the epoch starts). Every wait carries
-the communicator's timeout (``rendezvous_timeout_s``); only the mailbox threads talk during an epoch, and
-collectives (calibration, epoch score, finish) run only while no mailbox is open.
+    algo = StaleSharingAlgorithm(SharingSettings(EncoderConfig(), max_staleness=2))
+    state = algo.start(net, comm)
+    algo.epoch(state, net, batches, comm, WorkerHooks(), 0)
+    extra_state, extra_config = algo.finish(state, net, comm)   # extra_config["sharing.max_lag_steps"] <= 2
 """
 
 from __future__ import annotations
 
-import math
 import struct
-import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
 
 import torch
 
 from torchspark.data import Batch
 from torchspark.encoding import decode, from_bytes
-from torchspark.errors import EncodingError, TrainingError, WaitTimeout
+from torchspark.errors import ConfigError, EncodingError, TrainingError, WaitTimeout
 from torchspark.nn import Network
 from torchspark.training.algorithms.base import EpochOutcome
+from torchspark.training.algorithms.sharing.collectives import calibrate, report_epoch_score
+from torchspark.training.algorithms.sharing.finish import finish_fit
+from torchspark.training.algorithms.sharing.ledger import PeerLedger, StaleStats
+from torchspark.training.algorithms.sharing.rounds import ACTIVE
+from torchspark.training.algorithms.sharing.settings import SharingSettings
+from torchspark.training.algorithms.sharing.state import SharingState, cut_state, restore_state, start_state
+from torchspark.training.algorithms.sharing.step import compute_and_encode
 from torchspark.training.comm import Communicator
 from torchspark.training.comm.mailbox import END, MESSAGE, Envelope, Mailbox, open_mailbox
 from torchspark.training.hooks import ProgressUpdate, WorkerHooks
+from torchspark.training.waiting import Deadline
 
-if TYPE_CHECKING:
-    from torchspark.training.algorithms.sharing.loop import SharingAlgorithm, SharingState
-
-__all__ = ["StaleStats", "PeerLedger", "stale_epoch", "reconcile"]
+__all__ = ["StaleSharingAlgorithm", "stale_epoch", "reconcile"]
 
 
-@dataclass
-class StaleStats:
-    """One worker's counters over a fit.
+@dataclass(frozen=True)
+class StaleSharingAlgorithm:
+    """Bounded-staleness gradient sharing (mode ``"stale_sharing"``; see the module docstring).
 
-    Attributes:
-        lags: per computed update, how many steps this worker was ahead of its slowest unfinished peer.
-        sent: messages this worker posted (one per update; also applied here at once).
-        applied: messages applied on this worker (its own and its peers').
+    Raises:
+        ConfigError: ``settings.max_staleness`` is None: that is the synchronous ``"sharing"`` algorithm.
     """
 
-    lags: list[int] = field(default_factory=list)
-    sent: int = 0
-    applied: int = 0
+    settings: SharingSettings
 
-    @property
-    def max_lag(self) -> int:
-        return max(self.lags, default=0)
+    def __post_init__(self) -> None:
+        if self.settings.max_staleness is None:
+            raise ConfigError("StaleSharingAlgorithm needs max_staleness=k (an integer >= 0); with "
+                              "max_staleness=None use the synchronous 'sharing' algorithm (SharingAlgorithm)")
 
+    @classmethod
+    def from_settings(cls, settings: dict[str, Any]) -> StaleSharingAlgorithm:
+        return cls(SharingSettings.from_dict(settings))
 
-class PeerLedger:
-    """What this worker received from its peers in one epoch; rejects lost, repeated or foreign messages.
+    def to_dict(self) -> dict[str, Any]:
+        return self.settings.to_dict()
 
-    ``received[p]`` counts ``p``'s messages taken in (and applied, see :func:`stale_epoch`), ``ended[p]`` is the
-    count ``p``'s END marker announced.
-    """
+    def start(self, net: Network, comm: Communicator) -> SharingState:
+        """Per-fit state (:func:`~torchspark.training.algorithms.sharing.state.start_state`)."""
+        return start_state(self.settings, net, comm)
 
-    def __init__(self, peers: Iterable[int], epoch: int) -> None:
-        self.epoch = epoch
-        self.received = {p: 0 for p in peers}
-        self.ended: dict[int, int] = {}
+    def epoch(self, state: SharingState, net: Network, batches: Iterable[Batch], comm: Communicator,
+              hooks: WorkerHooks, epoch: int) -> EpochOutcome:
+        """One pass over this worker's batches (:func:`stale_epoch`)."""
+        return stale_epoch(self.settings, state, net, batches, comm, hooks, epoch)
 
-    def accept(self, sender: int, env: Envelope) -> bool:
-        """Check ``env`` from ``sender``; True when it is an update message to apply, False for its END marker.
+    def rank_state(self, state: SharingState) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """This rank's residual, threshold state and counters (the masters refuse checkpoints with staleness)."""
+        return cut_state(state, None)
 
-        Raises:
-            TrainingError: the message belongs to another epoch, its ``seq`` skips one (a message was lost) or
-                repeats one (it would be applied twice), or the marker's count disagrees with what arrived.
-        """
-        if sender not in self.received or sender in self.ended:
-            raise TrainingError(f"gradient sharing: unexpected message from worker {sender} (epoch {self.epoch}, "
-                                f"{'after its end marker' if sender in self.ended else 'not a peer'})")
-        if env.epoch != self.epoch:
-            raise TrainingError(f"gradient sharing: worker {sender} sent a message of epoch {env.epoch} while this "
-                                f"worker is in epoch {self.epoch}; all workers must run the same torchspark version")
-        expected = self.received[sender]
-        if env.seq != expected:
-            what = "lost (a gap)" if env.seq > expected else "repeated (a duplicate)"
-            raise TrainingError(f"gradient sharing: message {expected} of worker {sender} in epoch {self.epoch} was "
-                                f"{what}: received seq {env.seq}; no message may be lost or applied twice")
-        if env.flags == END:
-            self.ended[sender] = env.seq
-            return False
-        if env.flags != MESSAGE:
-            raise TrainingError(f"gradient sharing: worker {sender} sent unknown flags {env.flags}")
-        self.received[sender] = expected + 1
-        return True
+    def restore(self, state: SharingState, net: Network, tensors: dict[str, torch.Tensor],
+                record: dict[str, Any]) -> None:
+        """Inverse of :meth:`rank_state`."""
+        restore_state(state, tensors, record)
 
-    def owed(self, step: int, k: int) -> bool:
-        """Whether some peer's message of a step ``<= step-k-1`` is not applied yet."""
-        return any(n < min(step - k, self.ended.get(p, math.inf)) for p, n in self.received.items())
-
-    def lag(self, step: int) -> int:
-        """Steps this worker (about to compute ``step``) is ahead of its slowest peer that has not finished."""
-        running = [n for p, n in self.received.items() if p not in self.ended]
-        return max(0, step - min(running)) if running else 0
-
-    def complete(self) -> bool:
-        return len(self.ended) == len(self.received)
+    def finish(self, state: SharingState, net: Network, comm: Communicator
+               ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """End of fit: :func:`reconcile` (the replicas averaged), then
+        :func:`~torchspark.training.algorithms.sharing.finish.finish_fit`; ``extra_config`` adds the
+        ``sharing.*`` entries of :func:`reconcile`."""
+        stale = reconcile(state, net, comm, int(self.settings.max_staleness))  # type: ignore[arg-type]
+        extra_state, extra_config = finish_fit(state, net, comm)
+        extra_config.update(stale)
+        return extra_state, extra_config
 
 
-def stale_epoch(algo: "SharingAlgorithm", state: "SharingState", net: Network, batches: Iterable[Batch],
+def stale_epoch(settings: SharingSettings, state: SharingState, net: Network, batches: Iterable[Batch],
                 comm: Communicator, hooks: WorkerHooks, epoch: int) -> EpochOutcome:
-    """One epoch of bounded-staleness sharing on this worker (see the module docstring)."""
-    from torchspark.training.algorithms.sharing.loop import _ACTIVE, _calibrate, _report_epoch_score
-
-    k = int(algo.settings.max_staleness)  # type: ignore[arg-type]
+    """One epoch of bounded-staleness sharing on this worker (see the module docstring); returns when this worker
+    has applied every message every peer sent in the epoch. ``settings.max_staleness`` is the bound ``k``."""
+    k = int(settings.max_staleness)  # type: ignore[arg-type]
     if state.staleness is None:
         state.staleness = StaleStats()
     stats: StaleStats = state.staleness
@@ -153,7 +111,7 @@ def stale_epoch(algo: "SharingAlgorithm", state: "SharingState", net: Network, b
     rec = hooks.recorder
     n = net.num_params()
     ledger = PeerLedger((p for p in range(comm.world_size) if p != comm.rank), epoch)
-    calibrate = not state.encoder.threshold_state.calibrated
+    first = not state.encoder.threshold_state.calibrated  # calibrate on the first step (a collective)
     mailbox: Mailbox | None = None
     timeout_s = 300.0
     failed = True
@@ -169,18 +127,19 @@ def stale_epoch(algo: "SharingAlgorithm", state: "SharingState", net: Network, b
                 with rec.phase("exchange"):
                     _receive(mailbox, ledger, net, n, stats, timeout_s, lambda: ledger.owed(step, k))
             stats.lags.append(ledger.lag(step))
-            payload = algo._compute_and_encode(state, net, batch, out, hooks, comm, epoch, calibrate and step == 0)
+            payload = compute_and_encode(state, net, batch, out, hooks, comm, epoch, first and step == 0,
+                                         settings.on_divergence)
             if mailbox is None:  # after the calibration collective, the only one of the epoch
                 mailbox, timeout_s = open_mailbox(comm, epoch)
-            body = payload[len(_ACTIVE):]
+            body = payload[len(ACTIVE):]
             _apply(net, [body], n, comm.rank)
             stats.applied += 1
             mailbox.post(Envelope(step, epoch, MESSAGE, body))
             stats.sent += 1
             state.bytes_sent += len(payload)
         if mailbox is None:
-            if calibrate:  # no data: still vote (NaN), as every worker joins the calibration all-gather
-                _calibrate(state, None, comm)
+            if first:  # no data: still vote (NaN), as every worker joins the calibration all-gather
+                calibrate(state, None, comm)
             mailbox, timeout_s = open_mailbox(comm, epoch)
         mailbox.post(Envelope(out.iterations, epoch, END))
         with rec.phase("exchange"):
@@ -193,14 +152,14 @@ def stale_epoch(algo: "SharingAlgorithm", state: "SharingState", net: Network, b
     if hooks.progress is not None and out.iterations % hooks.progress_every:  # the epoch's last count
         hooks.progress(ProgressUpdate(comm.rank, epoch, out.iterations, out.examples, out.last_score))
     if hooks.report_score is not None:
-        _report_epoch_score(out, net, comm, hooks, epoch)
+        report_epoch_score(out, net, comm, hooks, epoch)
     return out
 
 
 def _receive(mailbox: Mailbox, ledger: PeerLedger, net: Network, n: int, stats: StaleStats, timeout_s: float,
-             blocked: Any) -> None:
+             blocked: Callable[[], bool]) -> None:
     """Apply every peer message that has arrived; keep waiting while ``blocked()`` (up to ``timeout_s``)."""
-    deadline = time.monotonic() + timeout_s
+    deadline = Deadline.after(timeout_s)
     while True:
         bodies: list[bytes] = []
         senders = {p for p in ledger.received if p not in ledger.ended}
@@ -218,7 +177,7 @@ def _receive(mailbox: Mailbox, ledger: PeerLedger, net: Network, n: int, stats: 
         if not blocked():
             return
         senders = {p for p in ledger.received if p not in ledger.ended}
-        got = mailbox.receive(senders, max(0.0, deadline - time.monotonic()))
+        got = mailbox.receive(senders, deadline.left())
         if got is None:
             waiting = sorted(p for p in senders)
             raise WaitTimeout(f"gradient sharing (max_staleness): worker(s) {waiting} sent no update within "
@@ -246,7 +205,7 @@ def _apply(net: Network, bodies: list[bytes], n: int, rank: int | None) -> None:
         net.apply_update(total)
 
 
-def reconcile(state: "SharingState", net: Network, comm: Communicator, max_staleness: int) -> dict[str, Any]:
+def reconcile(state: SharingState, net: Network, comm: Communicator, max_staleness: int) -> dict[str, Any]:
     """End of fit: measure how far the replicas drifted apart, average their parameters, total the counters.
 
     Collective (every rank, no mailbox open). Returns the ``sharing.*`` extra_config entries of the async mode.

@@ -1,24 +1,39 @@
-"""Which exchange gradient sharing uses: the ``topology`` option and how ``"auto"`` resolves it.
+"""Which exchange gradient sharing uses: the ``topology`` option, how ``"auto"`` resolves it, and the exchange it
+names.
 
-``"all_gather"``: every worker receives and decodes every worker's message (:func:`torchspark.training.algorithms.sharing.loop.
-_exchange`); ``"sharded"``: reduce-scatter by parameter-index shards then all-gather of the summed shards
-(:mod:`torchspark.training.algorithms.sharing.sharded`, which explains when it pays); ``"auto"``: sharded when the fit has
-more than ``shard_above_workers`` workers. The choice depends on the world size only, so every rank makes the same.
+``"all_gather"``: every worker receives and decodes every worker's message
+(:func:`~torchspark.training.algorithms.sharing.rounds.round_from_gathered` of an all-gather); ``"sharded"``:
+reduce-scatter by parameter-index shards then all-gather of the summed shards
+(:mod:`torchspark.training.algorithms.sharing.sharded`); ``"auto"``: sharded when the fit has more than
+``shard_above_workers`` workers. The choice depends on the world size only, so every rank makes the same. When
+each one pays: docs/scaling.md.
+
+Example::
+
+    topology = resolve_topology("auto", DEFAULT_SHARD_ABOVE_WORKERS, comm.world_size)
+    transport, finish = exchange_phases(topology, net.num_params(), net.device)
+    result = finish(transport(comm, payload))    # a Round
 """
 
 from __future__ import annotations
 
-from torchspark.errors import ConfigError
+from typing import Any, Callable
 
-__all__ = ["TOPOLOGIES", "DEFAULT_SHARD_ABOVE_WORKERS", "check_topology", "resolve_topology"]
+import torch
+
+from torchspark.errors import ConfigError
+from torchspark.training.algorithms.sharing.rounds import Round, round_from_gathered
+from torchspark.training.algorithms.sharing.sharded import sharded_exchange
+from torchspark.training.comm import Communicator
+
+__all__ = ["TOPOLOGIES", "DEFAULT_SHARD_ABOVE_WORKERS", "check_topology", "resolve_topology", "exchange_phases"]
 
 #: ``topology`` values: ``"auto"`` (sharded above ``shard_above_workers`` workers), ``"all_gather"``, ``"sharded"``.
 TOPOLOGIES: tuple[str, ...] = ("auto", "all_gather", "sharded")
 #: default worker count above which ``topology="auto"`` shards: the cost model of docs/scaling.md (checked on the
-#: namespace cluster at 2-8 hosts) puts the crossover near 1,500 workers at the adaptive threshold's 0.1% aim and
-#: near 50 at its 1% upper band (within 17% of all-gather from 8 to 50). 128 is a compromise between the two: at 128
-#: workers all-gather is still faster at 0.1% (63 vs 91 ms per step at 3.7 M parameters, 1 Gbit/s) while sharded is
-#: 2.2x faster at 1%. Lower it when messages are large (see "When to use which" there)
+#: namespace cluster at 2-8 hosts) puts the crossover far above it at the adaptive threshold's 0.1% aim and well
+#: below it at its 1% upper band. 128 is a compromise between the two (docs/scaling.md, "Predictions", the
+#: 128-worker row). Lower it when messages are large (see "When to use which" there)
 DEFAULT_SHARD_ABOVE_WORKERS = 128
 
 
@@ -37,3 +52,18 @@ def resolve_topology(topology: str, shard_above_workers: int, world_size: int) -
     if topology == "auto":
         return "sharded" if world_size > shard_above_workers else "all_gather"
     return topology
+
+
+def exchange_phases(topology: str, length: int, device: torch.device | str
+                    ) -> tuple[Callable[[Communicator, bytes], Any], Callable[[Any], Round]]:
+    """The exchange of a resolved ``topology`` as ``(transport, finish)``: ``finish(transport(comm, payload))`` is
+    the :class:`~torchspark.training.algorithms.sharing.rounds.Round` of every worker's ``payload``, the same on
+    every rank and bit-identical for both topologies. With overlap the transport runs on the exchange thread and
+    ``finish`` on the training thread: for all-gather the transport is the all-gather alone (the thread only waits
+    on the wire, where it does not hold the GIL) and the parsing and summing run on the training thread between
+    steps, instead of competing with it for the GIL (BENCHMARKS.md, "Small networks"). The sharded exchange
+    interleaves its decoding with two collectives, so it runs whole on the thread."""
+    if topology == "sharded":
+        return (lambda comm, payload: sharded_exchange(comm, payload, length, device)), (lambda result: result)
+    return (lambda comm, payload: comm.all_gather_bytes(payload)), \
+        (lambda gathered: round_from_gathered(gathered, length, device))
