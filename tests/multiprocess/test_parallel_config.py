@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -16,10 +17,10 @@ from torchspark.parallel import wrapper as wrapper_module
 from torchspark.parallel.runner import backend_for_devices
 from torchspark.training.assignment import plan_files, split_examples
 from torchspark.training.worker.loop import load_item
+from helpers import mlp_net
 
 
-def _net() -> Network:
-    return Network(models.mlp(4, 4, 2), updater=optim.SGD(lr=0.1), seed=0)
+_net = partial(mlp_net, 4, 4, 2, updater=optim.SGD(lr=0.1))
 
 
 @pytest.mark.parametrize(

@@ -4,18 +4,19 @@ the progress bar shows the total, the percentage and the time left."""
 from __future__ import annotations
 
 import warnings
+from functools import partial
 
 import pytest
 
 from torchspark import Network, datasets, models, optim
 from torchspark.errors import ConfigError, TrainingError
 from torchspark.parallel import ParallelWrapper
+from helpers import mlp_net
 
 TRAIN = datasets.digits("train").slice(0, 320)
 
 
-def _diverging() -> Network:
-    return Network(models.mlp(64, 16, 10), updater=optim.SGD(lr=1e12), seed=0)
+_diverging = partial(mlp_net, 64, 16, 10, updater=optim.SGD(lr=1e12))
 
 
 def test_diverging_gradient_sharing_fails_by_default() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 
@@ -10,12 +12,12 @@ from torchspark.encoding import FixedThreshold
 from torchspark.errors import ConfigError, DataError, WorkerError
 from torchspark.parallel import ParallelWrapper
 from torchspark.training import InProcessRunner, ParameterAveragingTrainingMaster, SharedTrainingMaster
+from helpers import mlp_net
 
 DATA = datasets.synthetic_classification(96, 12, 3, seed=4)
 
 
-def _net() -> Network:
-    return Network(models.mlp(12, 16, 3), updater=optim.Adam(lr=1e-2), seed=0)
+_net = partial(mlp_net, 12, 16, 3, updater=optim.Adam(lr=1e-2))
 
 
 @pytest.mark.parametrize("mode", ["averaging", "shared_gradients"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -17,13 +18,13 @@ from torchspark import Network, datasets, models, optim
 from torchspark.parallel import LocalProcessRunner, ParallelWrapper
 from torchspark.training.assignment import split_examples
 from torchspark.training.hooks import ScoreReport
+from helpers import mlp_net
 
 BATCH = 8
 WORKERS = 2
 
 
-def _mlp(updater=None) -> Network:
-    return Network(models.mlp(12, 16, 3), updater=updater or optim.SGD(lr=0.1), seed=0)
+_mlp = partial(mlp_net, 12, 16, 3, updater=optim.SGD(lr=0.1))
 
 
 def _reports(caplog: pytest.LogCaptureFixture) -> list[ScoreReport]:
@@ -100,7 +101,7 @@ def test_average_updaters_false_resets_adam_every_round_as_the_reference_does() 
     shards = split_examples([data], BATCH, WORKERS, None)
     params = {}
     for average in (True, False):
-        net = _mlp(optim.Adam(lr=1e-2))
+        net = _mlp(updater=optim.Adam(lr=1e-2))
         reference = averaging_reference(net, shards, epochs=2, frequency=3, save_updater=average)
         wrapper = ParallelWrapper(net, workers=WORKERS, averaging_frequency=3, average_updaters=average,
                                   threads_per_worker=1, progress=False)

@@ -12,13 +12,14 @@ import pytest
 from torchspark import Network, datasets, models, optim
 from torchspark.encoding import AdaptiveThreshold
 from torchspark.parallel import ParallelWrapper
+from helpers import assert_replicas_identical, lenet_net
 
 DECAY = 0.5 ** (1 / 20)
 EPOCHS = 2
 
 
 def _fit(threshold_algorithm: Any) -> tuple[Network, Any]:
-    net = Network(models.lenet(1, 10, 8, 8), updater=optim.Adam(lr=1e-3), seed=0)
+    net = lenet_net(updater=optim.Adam(lr=1e-3))
     kwargs = {} if threshold_algorithm is None else {"threshold_algorithm": threshold_algorithm}
     wrapper = ParallelWrapper(net, workers=2, training_mode="shared_gradients", rng_seed=0, progress=False,
                               collect_training_stats=True, **kwargs)
@@ -56,8 +57,8 @@ def test_the_default_start_compresses_far_more_than_dl4j_start(fits: dict[str, t
 
 @pytest.mark.parametrize("name", ["default", "dl4j"])
 def test_replicas_stay_bit_identical(fits: dict[str, tuple[Network, Any]], name: str) -> None:
-    net = fits[name][0]
-    assert net.extra_config["sharing.replicas_identical"] is True  # every rank's checksum equalled rank 0's
+    net, stats = fits[name]
+    assert_replicas_identical(stats, 2, net=net)  # every rank measured the checksum of the driver's model
     digest = hashlib.sha256(net.params().numpy().tobytes())
     digest.update(net.buffers().numpy().tobytes())
     assert net.extra_config["sharing.replica_sha256"] == digest.hexdigest()

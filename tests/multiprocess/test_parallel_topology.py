@@ -15,12 +15,13 @@ from torchspark.encoding import FixedThreshold
 from torchspark.errors import ConfigError
 from torchspark.parallel import ParallelWrapper
 from torchspark.training.config.shared_master import SharedTrainingMaster
+from helpers import mlp_net
 
 DATA = datasets.synthetic_classification(150, 12, 3, seed=5)
 
 
 def _fit(workers: int, shared_memory: bool = False, **options: Any) -> tuple[Network, ParallelWrapper]:
-    net = Network(models.mlp(12, 16, 3), updater=optim.SGD(lr=0.1), seed=0)
+    net = mlp_net(12, 16, 3, updater=optim.SGD(lr=0.1))
     master = SharedTrainingMaster(batch_size_per_worker=8, rng_seed=0, shared_memory_allreduce=shared_memory,
                                   threshold_algorithm=FixedThreshold(0.05), collect_training_stats=True,
                                   **options)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+from functools import partial
 
 import numpy as np
 import pytest
@@ -12,10 +13,10 @@ from torchspark.data import save_batches
 from torchspark.encoding import AdaptiveThreshold
 from torchspark.parallel import ParallelWrapper
 from torchspark.stats import STANDARD_PHASES
+from helpers import assert_replicas_identical, batchnorm_net, lenet_net, mlp_net
 
 
-def _lenet() -> Network:
-    return Network(models.lenet(1, 10, 8, 8), updater=optim.Adam(lr=1e-3), seed=0)
+_lenet = partial(lenet_net, updater=optim.Adam(lr=1e-3))
 
 
 def test_digits_averaging_reaches_95_percent_with_stats_and_progress_bar(tmp_path, capfd) -> None:
@@ -64,10 +65,12 @@ def test_digits_shared_gradients_from_batch_files_reaches_95_percent(tmp_path) -
     accuracy = net.evaluate(test).accuracy()
     assert accuracy >= 0.95, accuracy
     cfg = net.extra_config
-    assert cfg["sharing.replicas_identical"] is True and cfg["sharing.world_size"] == 2
+    assert cfg["sharing.world_size"] == 2
+    assert_replicas_identical(wrapper, 2, net=net)
     assert cfg["sharing.bytes_sent"] < 0.05 * cfg["sharing.dense_bytes"]
     summary = wrapper.training_stats.summary()
     assert summary["replicas_identical"] is True and summary["seconds"].get("exchange", 0) > 0
+    assert_replicas_identical(summary, 2, net=net)
     path = tmp_path / "sharing.html"
     wrapper.training_stats.export_html(str(path))
     assert "Gradient encoding" in path.read_text()
@@ -75,21 +78,20 @@ def test_digits_shared_gradients_from_batch_files_reaches_95_percent(tmp_path) -
 
 def test_a_one_shot_iterable_trains_every_example_once() -> None:
     data = datasets.synthetic_classification(200, 12, 3, seed=2)
-    net = Network(models.mlp(12, 16, 3), updater=optim.SGD(lr=0.1), seed=0)
+    net = mlp_net(12, 16, 3, updater=optim.SGD(lr=0.1))
     wrapper = ParallelWrapper(net, workers=2, training_mode="shared_gradients", progress=False)
     wrapper.fit((piece for piece in data.split(30)), batch_size=8)  # re-batched to 8, dealt round-robin
     assert sum(r.examples for r in wrapper.last_results) == 200
     assert sorted(r.iterations for r in wrapper.last_results) == [12, 13]
-    assert net.epoch == 1 and net.extra_config["sharing.replicas_identical"] is True
+    assert net.epoch == 1
+    assert_replicas_identical(wrapper, 2, net=net)
 
 
 @pytest.mark.parametrize("mode", ["averaging", "shared_gradients"])
 def test_batchnorm_statistics_reach_the_calling_process(mode: str) -> None:
     import torch
 
-    module = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(),
-                                 torch.nn.Linear(16, 3))
-    net = Network(module, updater=optim.SGD(lr=0.1), seed=0)
+    net = batchnorm_net(updater=optim.SGD(lr=0.1))
     data = datasets.synthetic_classification(64, 12, 3, seed=8)
     initial = net.buffers()
     ParallelWrapper(net, workers=2, training_mode=mode, averaging_frequency=2, progress=False).fit(

@@ -8,6 +8,7 @@ import multiprocessing
 import os
 import signal
 import threading
+from functools import partial
 
 import pytest
 import torch
@@ -18,12 +19,12 @@ from torchspark.errors import WorkerError, WorkerLost
 from torchspark.parallel import LocalProcessRunner, ParallelWrapper
 from torchspark.training.config.masters import ParameterAveragingTrainingMaster
 from torchspark.training.config.shared_master import SharedTrainingMaster
+from helpers import lenet_net
 
 pytestmark = pytest.mark.multiprocess
 
 
-def _lenet() -> Network:
-    return Network(models.lenet(1, 10, 8, 8), updater=optim.Adam(lr=1e-3), seed=0)
+_lenet = partial(lenet_net, updater=optim.Adam(lr=1e-3))
 
 
 def _worker_children() -> list:

@@ -15,6 +15,7 @@ from torchspark import Network, datasets, models, optim
 from torchspark.encoding import AdaptiveThreshold
 from torchspark.errors import WorkerError
 from torchspark.parallel import ParallelWrapper
+from helpers import assert_replicas_identical, mlp_net
 
 
 def test_digits_with_a_straggler_and_max_staleness_1_reaches_95_percent() -> None:
@@ -39,27 +40,28 @@ def test_digits_with_a_straggler_and_max_staleness_1_reaches_95_percent() -> Non
     # finish() compared both ranks' checksums; the driver's model is rank 0's
     digest = hashlib.sha256(net.params().numpy().tobytes())
     digest.update(net.buffers().numpy().tobytes())
-    assert cfg["sharing.replicas_identical"] is True and cfg["sharing.replica_sha256"] == digest.hexdigest()
+    assert cfg["sharing.replica_sha256"] == digest.hexdigest()
+    assert_replicas_identical(wrapper, 2, net=net)
     summary = wrapper.training_stats.summary()
     assert summary["seconds"].get("exchange", 0) > 0  # the fast worker waited for the slow one
 
 
 def test_unequal_partitions_and_a_worker_without_data_do_not_hang() -> None:
     data = datasets.synthetic_classification(16, 12, 3, seed=2)
-    net = Network(models.mlp(12, 16, 3), updater=optim.SGD(lr=0.1), seed=0)
+    net = mlp_net(12, 16, 3, updater=optim.SGD(lr=0.1))
     wrapper = ParallelWrapper(net, workers=3, training_mode="shared_gradients", progress=False, max_staleness=0,
                               rendezvous_timeout_s=60.0)
     wrapper.fit(data, epochs=3, batch_size=8)  # 6 / 5 / 5 examples cut at 8: 1 / 1 / 2 minibatches
     assert sorted(r.iterations for r in wrapper.last_results) == [3, 3, 6]
     cfg = net.extra_config
     assert cfg["sharing.messages_sent"] == 12 and cfg["sharing.messages_applied"] == 36
-    assert cfg["sharing.replicas_identical"] is True
+    assert_replicas_identical(wrapper, 3, net=net)
     # a one-shot iterable is dealt round-robin by minibatch: two minibatches, the third worker gets none
     wrapper.fit((piece for piece in data.split(8)), batch_size=8)
     assert sorted(r.iterations for r in wrapper.last_results) == [0, 1, 1]
     cfg = net.extra_config
     assert cfg["sharing.messages_sent"] == 2 and cfg["sharing.messages_applied"] == 6
-    assert cfg["sharing.replicas_identical"] is True
+    assert_replicas_identical(wrapper, 3, net=net)
 
 
 def test_a_failing_worker_is_reported_and_its_peers_stop() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+from functools import partial
 
 import numpy as np
 import pytest
@@ -13,15 +14,9 @@ import torch
 from torchspark import DataSet, Network, datasets, models, optim
 from torchspark.errors import ConfigError, DataError, SetupError, WorkerError
 from torchspark.spark import ParameterAveragingTrainingMaster, SparkNetwork
+from helpers import lenet_net, mlp_net, uniform_data
 
 pytestmark = pytest.mark.spark
-
-
-def _small(n: int = 96, seed: int = 0) -> DataSet:
-    g = torch.Generator().manual_seed(seed)
-    x = torch.rand(n, 1, 8, 8, generator=g)
-    y = torch.randint(0, 10, (n,), generator=g)
-    return DataSet(x, y)
 
 
 def test_digits_lenet_reaches_95_percent(spark, sc) -> None:
@@ -40,7 +35,7 @@ def test_digits_lenet_reaches_95_percent(spark, sc) -> None:
 @pytest.mark.parametrize("approach", ["export", "direct"])
 def test_identical_shards_equal_single_worker(spark, sc, approach: str) -> None:
     """N workers on identical shards with plain SGD reproduce one worker (catches wrong averaging divisors)."""
-    batches = _small(90).split(10)  # 9 minibatches; averaging_frequency=4 leaves a partial last round
+    batches = uniform_data(90).split(10)  # 9 minibatches; averaging_frequency=4 leaves a partial last round
     rdd = sc.parallelize([b for _ in range(2) for b in batches], 2)  # partition i = the same 9 batches
     net = Network(models.mlp(64, 16, 10), updater=optim.SGD(lr=0.1), seed=3)
     reference = net.copy()
@@ -89,7 +84,7 @@ def test_get_score_is_the_mean_of_the_workers_last_minibatch_loss(spark, sc, via
     """Two workers, averaging every 2 minibatches of 8: worker 0 has three, worker 1 one. Round 1 averages 2:1,
     round 2 is worker 0's alone. get_score() is the plain mean of each worker's own last minibatch loss (worker
     1's from round 1), computed by a plain torch loop: not the last round's score, not weighted by examples."""
-    shards = [_small(24, seed=20).split(8), _small(8, seed=21).split(8)]  # different data: different losses
+    shards = [uniform_data(24, seed=20).split(8), uniform_data(8, seed=21).split(8)]  # different data: different losses
     net = Network(models.mlp(64, 16, 10), updater=optim.SGD(lr=0.1), seed=7)
     losses, reference = _averaging_reference(net.copy().module, shards, lr=0.1, frequency=2)
     master = ParameterAveragingTrainingMaster(batch_size_per_worker=8, averaging_frequency=2, num_workers=2,
@@ -107,7 +102,7 @@ def test_get_score_is_the_mean_of_the_workers_last_minibatch_loss(spark, sc, via
 
 
 def test_export_and_direct_give_same_parameters(spark, sc) -> None:
-    data = _small(200, seed=1)
+    data = uniform_data(200, seed=1)
     rdd = sc.parallelize(data.split(7), 3)  # odd sizes: both routes must re-batch identically
     results = []
     for approach in ("export", "direct"):
@@ -122,7 +117,7 @@ def test_export_and_direct_give_same_parameters(spark, sc) -> None:
 
 
 def test_balanced_repartition_equal_counts_and_skew_finishes(spark, sc) -> None:
-    big, small = _small(220, seed=2), _small(22, seed=3)
+    big, small = uniform_data(220, seed=2), uniform_data(22, seed=3)
     skewed = sc.parallelize([big, small], 2)  # one partition 10x larger
     for repartition in ("always", "never"):
         net = Network(models.mlp(64, 8, 10), updater=optim.SGD(lr=0.05), seed=0)
@@ -140,7 +135,7 @@ def test_balanced_repartition_equal_counts_and_skew_finishes(spark, sc) -> None:
 
 
 def test_dataframe_input_trains_like_rdd_input(spark, sc) -> None:
-    data = _small(160, seed=4)
+    data = uniform_data(160, seed=4)
     flat = data.features.reshape(160, 64).numpy()
     rows = [(flat[i].tolist(), int(data.labels[i])) for i in range(160)]
     df = spark.createDataFrame(rows, "features array<float>, label int").coalesce(1)
@@ -179,17 +174,16 @@ def test_dataframe_vector_column_and_fit_paths(spark, sc, tmp_path) -> None:
 def test_save_updater_false_resets_state(spark, sc) -> None:
     net = Network(models.mlp(64, 8, 10), updater=optim.Adam(lr=1e-3), seed=0)
     master = ParameterAveragingTrainingMaster(batch_size_per_worker=16, save_updater=False, num_workers=2)
-    SparkNetwork(spark, net, master).fit(sc.parallelize([_small(64)], 2), epochs=1)
+    SparkNetwork(spark, net, master).fit(sc.parallelize([uniform_data(64)], 2), epochs=1)
     assert torch.count_nonzero(net.updater_state()) == 0
     net_keep = Network(models.mlp(64, 8, 10), updater=optim.Adam(lr=1e-3), seed=0)
     SparkNetwork(spark, net_keep, ParameterAveragingTrainingMaster(batch_size_per_worker=16, num_workers=2)).fit(
-        sc.parallelize([_small(64)], 2), epochs=1)
+        sc.parallelize([uniform_data(64)], 2), epochs=1)
     assert torch.count_nonzero(net_keep.updater_state()) > 0
 
 
 # ------------------------------------------------------------------ bad input fails fast
-def _net() -> Network:
-    return Network(models.mlp(64, 8, 10), seed=0)
+_net = partial(mlp_net, 64, 8, 10)
 
 
 def _master(**kw) -> ParameterAveragingTrainingMaster:
@@ -225,8 +219,7 @@ def test_bad_dataframe_and_rdd_items_raise_data_error_on_the_driver(spark, sc, t
     assert not export_dir.exists() or not any(export_dir.iterdir()), sorted(export_dir.rglob("*"))
 
 
-def _lenet() -> Network:
-    return Network(models.lenet(1, 10, 8, 8), updater=optim.SGD(lr=0.1), seed=0)
+_lenet = partial(lenet_net, updater=optim.SGD(lr=0.1))
 
 
 def test_label_out_of_range(spark, sc) -> None:
@@ -240,17 +233,17 @@ def test_unwritable_export_directory(spark, sc, tmp_path) -> None:
     blocker.write_text("not a directory")
     with pytest.raises(DataError, match="a-file"):
         SparkNetwork(spark, _net(), _master(export_directory=str(blocker / "sub"))).fit(
-            sc.parallelize([_small(16)], 2))
+            sc.parallelize([uniform_data(16)], 2))
 
 
 def test_more_workers_than_slots(spark, sc) -> None:
     with pytest.raises(SetupError, match="num_workers=3 .* 2 task slot"):
-        SparkNetwork(spark, _net(), _master().__class__(num_workers=3)).fit(sc.parallelize([_small(32)], 2))
+        SparkNetwork(spark, _net(), _master().__class__(num_workers=3)).fit(sc.parallelize([uniform_data(32)], 2))
 
 
 def test_repartition_never_needs_matching_partitions(spark, sc) -> None:
     with pytest.raises(ConfigError, match="3 partitions and num_workers=2"):
-        SparkNetwork(spark, _net(), _master(repartition="never")).fit(sc.parallelize([_small(16)] * 3, 3))
+        SparkNetwork(spark, _net(), _master(repartition="never")).fit(sc.parallelize([uniform_data(16)] * 3, 3))
 
 
 def _torchspark_shm_files() -> set[str]:
@@ -285,7 +278,7 @@ def test_worker_error_surfaces_traceback_and_cleans_up(spark, sc) -> None:
     """After a worker fails mid-fit: no Spark job left running, no torchspark thread on the driver, no shared-memory
     segment or FIFO left in /dev/shm by this session's workers, and the next fit in the session trains."""
     # the first minibatch is fine (driver check passes); a later one carries NaN -> the worker raises mid-fit
-    good = _small(32)
+    good = uniform_data(32)
     x = torch.rand(32, 1, 8, 8)
     x[5] = float("nan")
     poisoned = DataSet(x, torch.zeros(32, dtype=torch.long))
@@ -322,7 +315,7 @@ def test_worker_error_surfaces_traceback_and_cleans_up(spark, sc) -> None:
     net = Network(models.mlp(64, 512, 10), seed=0)
     start = net.params()
     snet = SparkNetwork(spark, net, _master(rdd_training_approach="direct", repartition="never"), progress=False)
-    snet.fit(sc.parallelize([good, _small(32, seed=9)], 2))
+    snet.fit(sc.parallelize([good, uniform_data(32, seed=9)], 2))
     assert sorted(r.examples for r in snet.last_results) == [32, 32]
     assert torch.isfinite(net.params()).all() and not torch.equal(net.params(), start)
     snet.delete_temp_files()
@@ -332,7 +325,7 @@ def test_ctrl_c_cancels_the_job_and_cleans_up(spark, sc) -> None:
     import _thread
     import time
 
-    data = _small(960, seed=3)
+    data = uniform_data(960, seed=3)
     spark_net = SparkNetwork(spark, _net(), _master(averaging_frequency=1), progress=False)
     interrupted = threading.Event()
 

@@ -7,6 +7,8 @@ each fit here runs at most a dozen rounds.
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 from torch.testing import assert_close
@@ -16,6 +18,7 @@ from torchspark.errors import WorkerError
 from torchspark.spark import ParameterAveragingTrainingMaster, SparkNetwork, master_from_json
 from torchspark.spark.jobs import run_job
 from torchspark.spark.rounds import RoundRecord, WorkerRound, merge_records
+from helpers import mlp_net
 
 pytestmark = pytest.mark.spark
 
@@ -24,8 +27,7 @@ def _data(n: int, seed: int) -> DataSet:
     return datasets.synthetic_classification(n, 8, 3, seed=seed)
 
 
-def _net() -> Network:
-    return Network(models.mlp(8, 16, 3), updater=optim.Adam(lr=1e-2), seed=0)
+_net = partial(mlp_net, 8, 16, 3, updater=optim.Adam(lr=1e-2))
 
 
 def _fit(spark, sc, parts: list[DataSet], via: str, net: Network | None = None, epochs: int = 2,

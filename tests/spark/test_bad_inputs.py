@@ -27,6 +27,7 @@ from torchspark.parallel import ParallelWrapper
 from torchspark.training.assignment import plan_balanced
 from torchspark.training.config.masters import ParameterAveragingTrainingMaster, master_from_json
 from torchspark.training.config.shared_master import SharedTrainingMaster
+from helpers import mlp_net
 
 
 def _evaluation_from_json(text: str) -> Any:
@@ -59,7 +60,7 @@ class Case:
 
 
 def _net(loss: str = "cross_entropy", n_in: int = 6) -> Network:
-    return Network(models.mlp(n_in, 8, 3), loss=loss, updater=optim.SGD(lr=0.1), seed=0)
+    return mlp_net(n_in, 8, 3, loss=loss, updater=optim.SGD(lr=0.1))
 
 
 def _with(x: np.ndarray, index: tuple[int, int], value: float) -> np.ndarray:

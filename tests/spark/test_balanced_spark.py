@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from functools import partial
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from torchspark.spark import ParameterAveragingTrainingMaster, SparkNetwork
 from torchspark.spark.private_dirs import PREFIX
 from torchspark.training.assignment import split_examples
 from torchspark.training.worker.loop import load_item
+from helpers import mlp_net, parts_of_sizes
 
 pytestmark = pytest.mark.spark
 
@@ -22,10 +24,7 @@ SIZES = [37, 5, 100, 1]  # 143 examples: every partition boundary but the first 
 BATCH = 8
 
 
-def _parts(sizes: list[int] = SIZES) -> list[DataSet]:
-    data = datasets.synthetic_classification(sum(sizes), 6, 3, seed=4)
-    offsets = np.concatenate([[0], np.cumsum(sizes)]).tolist()
-    return [data.slice(a, b) for a, b in zip(offsets[:-1], offsets[1:])]
+_parts = partial(parts_of_sizes, SIZES, n_features=6, seed=4)
 
 
 def _master(approach: str, workers: int, **kw) -> ParameterAveragingTrainingMaster:
@@ -33,8 +32,7 @@ def _master(approach: str, workers: int, **kw) -> ParameterAveragingTrainingMast
                                             rdd_training_approach=approach, **kw)
 
 
-def _net() -> Network:
-    return Network(models.mlp(6, 8, 3), updater=optim.SGD(lr=0.05), seed=0)
+_net = partial(mlp_net, 6, 8, 3, updater=optim.SGD(lr=0.05))
 
 
 @pytest.mark.parametrize("via", ["torch", "spark"])  # "spark": one job per round reads the same prepared data
@@ -78,7 +76,7 @@ def test_export_direct_and_parallel_wrapper_get_the_same_minibatches(spark, sc, 
 
 
 def test_repartition_never_keeps_each_partitions_own_minibatches(spark, sc) -> None:
-    parts = _parts([20, 13])
+    parts = parts_of_sizes([20, 13], n_features=6, seed=4)
     rdd = sc.parallelize(parts, 2)
     for approach in ("export", "direct"):
         got = _prepared_minibatches(spark, rdd, _master(approach, 2, repartition="never"), 2)

@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 
 from torchspark import Network, datasets, optim
 from torchspark.spark import ParameterAveragingTrainingMaster, SharedTrainingMaster, SparkNetwork
+from helpers import batchnorm_net
 
 pytestmark = pytest.mark.spark
 
 
-def _bn_net() -> Network:
-    module = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(),
-                                 torch.nn.Linear(16, 3))
-    return Network(module, updater=optim.SGD(lr=0.1), seed=0)
+_bn_net = partial(batchnorm_net, updater=optim.SGD(lr=0.1))
 
 
 def test_identical_shards_reproduce_single_worker_statistics_on_both_averaging_routes(spark, sc) -> None:

@@ -3,6 +3,8 @@ same run id ends with the parameters of an uninterrupted fit (both masters; the 
 
 from __future__ import annotations
 
+from functools import partial
+
 import cloudpickle
 import interrupting
 import pytest
@@ -14,6 +16,7 @@ from torchspark.data import save_batches
 from torchspark.errors import ConfigError, WorkerError
 from torchspark.spark import ParameterAveragingTrainingMaster, SharedTrainingMaster, SparkNetwork
 from torchspark.training.checkpoint import newest_checkpoint, store
+from helpers import onehot_rule_data
 
 pytestmark = pytest.mark.spark
 
@@ -24,11 +27,7 @@ EPOCHS = 3
 PER_WORKER = 6  # 96 examples, 2 workers, minibatches of 8
 
 
-def _data() -> DataSet:
-    g = torch.Generator().manual_seed(3)
-    x = torch.randn(96, 12, generator=g)
-    y = torch.nn.functional.one_hot((x[:, 0] + x[:, 1] > 0).long() + (x[:, 2] > 1).long(), 3).float()
-    return DataSet(x, y)
+_data = partial(onehot_rule_data, 96, seed=3)
 
 
 def _net(after: int | None = None) -> Network:

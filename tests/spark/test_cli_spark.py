@@ -10,7 +10,10 @@ import sys
 
 import pytest
 
+from torchspark import Network
 from torchspark.cli import main
+from torchspark.stats import TrainingStats
+from helpers import assert_replicas_identical
 
 pytestmark = pytest.mark.spark
 
@@ -24,7 +27,8 @@ def test_train_evaluate_predict_round_trip(spark, tmp_path, capsys) -> None:
     assert metrics["replicas_identical"] is True and metrics["bytes_sent"] < 0.05 * metrics["dense_bytes"]
     html = (out / "stats.html").read_text()
     assert "worker-0" in html and "worker-1" in html and "exchange" in html
-    assert json.loads((out / "stats.json").read_text())
+    stats = TrainingStats.from_json((out / "stats.json").read_text())
+    assert_replicas_identical(stats, metrics["workers"], net=Network.load(str(out / "model")))
 
     assert main(["evaluate", "--model", str(out / "model"), "--output", str(tmp_path / "ev.json")]) == 0
     evaluation = json.loads((tmp_path / "ev.json").read_text())

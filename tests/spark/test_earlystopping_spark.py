@@ -4,6 +4,7 @@ a validation DataFrame, the directory saver, and an iteration condition fed by t
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 
 import pytest
 
@@ -19,6 +20,7 @@ from torchspark.earlystopping import (
 from torchspark.evaluation import Evaluation
 from torchspark.spark import ParameterAveragingTrainingMaster, SparkNetwork
 from torchspark.spark.earlystopping import SparkEarlyStoppingTrainer, SparkEvaluationCalculator, SparkLossCalculator
+from helpers import mlp_net
 
 pytestmark = pytest.mark.spark
 
@@ -34,8 +36,7 @@ def _frame(spark, start: int, stop: int):
     return spark.createDataFrame(rows, ["features", "label"]).repartition(2).cache(), data
 
 
-def _net() -> Network:
-    return Network(models.mlp(F, 16, C), updater=optim.SGD(lr=0.05), seed=0)
+_net = partial(mlp_net, F, 16, C, updater=optim.SGD(lr=0.05))
 
 
 def test_spark_early_stopping_with_distributed_scores_and_a_directory_saver(spark, tmp_path) -> None:

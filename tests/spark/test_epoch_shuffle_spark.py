@@ -15,6 +15,7 @@ from torchspark.data import DataSet
 from torchspark.parallel import ParallelWrapper
 from torchspark.spark import ParameterAveragingTrainingMaster, SparkNetwork
 from torchspark.training.driver.runner import InProcessRunner
+from helpers import indexed_data
 
 pytestmark = pytest.mark.spark
 
@@ -35,11 +36,6 @@ class Recorder(nn.Module):
         return self.lin(x * 0.01)
 
 
-def _data() -> DataSet:
-    ids = torch.arange(N, dtype=torch.float32)
-    return DataSet(torch.stack([ids, -ids], 1), torch.arange(N) % 3)
-
-
 def _master(approach: str) -> ParameterAveragingTrainingMaster:
     return ParameterAveragingTrainingMaster(batch_size_per_worker=BATCH, averaging_frequency=2, num_workers=WORKERS,
                                             rng_seed=SEED, rdd_training_approach=approach)
@@ -50,13 +46,13 @@ def test_spark_routes_reshuffle_every_epoch_like_parallel_wrapper(spark, sc, app
     SEEN.clear()
     spark_net = SparkNetwork(spark, Network(Recorder(), updater=optim.SGD(lr=0.1), seed=0), _master(approach),
                              progress=False, runner=InProcessRunner())
-    spark_net.fit(sc.parallelize(_data().split(7), 3), epochs=3)
+    spark_net.fit(sc.parallelize(indexed_data(N).split(7), 3), epochs=3)
     spark_net.delete_temp_files()
     on_spark = dict(SEEN)
 
     SEEN.clear()
     ParallelWrapper(Network(Recorder(), updater=optim.SGD(lr=0.1), seed=0), workers=WORKERS, rng_seed=SEED,
-                    averaging_frequency=2, progress=False, runner=InProcessRunner()).fit(_data(), epochs=3,
+                    averaging_frequency=2, progress=False, runner=InProcessRunner()).fit(indexed_data(N), epochs=3,
                                                                                        batch_size=BATCH)
     assert on_spark == dict(SEEN)
     worker0 = on_spark["torchspark-worker-0"]
@@ -73,7 +69,7 @@ def test_direct_route_streams_its_epochs_through_the_barrier_stage(spark, sc) ->
         net = Network(nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 3)),
                       updater=optim.SGD(lr=0.05, momentum=0.9), seed=0)
         spark_net = SparkNetwork(spark, net, _master(approach), progress=False)
-        data = _data()
+        data = indexed_data(N)
         spark_net.fit(sc.parallelize(DataSet(data.features / N, data.labels).split(7), 3), epochs=2)
         spark_net.delete_temp_files()
         params.append(net.params())

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import glob
 import os
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
@@ -17,6 +18,7 @@ from torchspark.data import DataSet, MultiDataSet, load_batch, save_batches
 from torchspark.errors import ConfigError, DataError
 from torchspark.spark import ParameterAveragingTrainingMaster, SparkNetwork, export_batches
 from torchspark.training.driver.runner import InProcessRunner
+from helpers import mlp_net
 
 pytestmark = pytest.mark.spark
 
@@ -76,8 +78,7 @@ def test_export_batches_from_a_dataframe_with_several_feature_and_label_columns(
     torch.testing.assert_close(merged.labels[1][order], 0.5 * torch.arange(11.0).unsqueeze(1))
 
 
-def _net() -> Network:
-    return Network(models.mlp(2, 8, 3), updater=optim.SGD(lr=0.05, momentum=0.9), seed=0)
+_net = partial(mlp_net, 2, 8, 3, updater=optim.SGD(lr=0.05, momentum=0.9))
 
 
 def _master(**kw) -> ParameterAveragingTrainingMaster:

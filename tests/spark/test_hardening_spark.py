@@ -5,6 +5,7 @@ ways), ``drop_last`` trains only full minibatches on both data routes, and the b
 from __future__ import annotations
 
 import warnings
+from functools import partial
 
 import pytest
 import torch
@@ -12,12 +13,12 @@ import torch
 from torchspark import Network, datasets, models, optim
 from torchspark.errors import TrainingError
 from torchspark.spark import ParameterAveragingTrainingMaster, SharedTrainingMaster, SparkNetwork
+from helpers import mlp_net
 
 pytestmark = pytest.mark.spark
 
 
-def _diverging() -> Network:
-    return Network(models.mlp(64, 16, 10), updater=optim.SGD(lr=1e12), seed=0)
+_diverging = partial(mlp_net, 64, 16, 10, updater=optim.SGD(lr=1e12))
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torchspark import DataSet, Network, models
 from torchspark.errors import WorkerError
 from torchspark.spark import ParameterAveragingTrainingMaster, SparkNetwork
+from helpers import mlp_net, uniform_data
 
 pytestmark = pytest.mark.spark
 
@@ -169,13 +170,8 @@ class Stranger:
             self.attacked[port] = "store" if is_store.is_set() else kind
 
 
-def _data(seed: int) -> DataSet:
-    g = torch.Generator().manual_seed(seed)
-    return DataSet(torch.rand(32, 1, 8, 8, generator=g), torch.randint(0, 10, (32,), generator=g))
-
-
 def _fit(spark: Any, sc: Any, shards: list[DataSet]) -> Network:
-    net = Network(models.mlp(64, 16, 10), seed=0)
+    net = mlp_net(64, 16, 10)
     master = ParameterAveragingTrainingMaster(batch_size_per_worker=8, num_workers=2, averaging_frequency=2,
                                               rdd_training_approach="direct", repartition="never",
                                               rendezvous_timeout_s=60)
@@ -186,7 +182,7 @@ def _fit(spark: Any, sc: Any, shards: list[DataSet]) -> Network:
 def test_a_strangers_relay_key_and_fake_errors_do_not_change_the_fit(spark, sc, caplog) -> None:
     """Attacks (a) and (b) during a successful fit: same parameters as the undisturbed fit, nothing logged."""
     caplog.set_level(logging.WARNING)
-    shards = [_data(1), _data(2)]
+    shards = [uniform_data(32, seed=1), uniform_data(32, seed=2)]
     undisturbed = _fit(spark, sc, shards)
     with Stranger() as stranger:
         disturbed = _fit(spark, sc, shards)
@@ -205,7 +201,7 @@ def test_a_strangers_fake_error_is_not_the_root_cause_of_a_failed_fit(spark, sc,
     poisoned = DataSet(x, torch.zeros(32, dtype=torch.long))
     with Stranger() as stranger:
         with pytest.raises(WorkerError) as info:
-            _fit(spark, sc, [_data(1), poisoned])
+            _fit(spark, sc, [uniform_data(32, seed=1), poisoned])
     assert "NaN at example" in str(info.value)
     assert PLANTED not in str(info.value) and PLANTED not in caplog.text
     if "progress" not in stranger.kinds():  # the fit failed before the stranger found the port: nothing to judge
@@ -234,9 +230,10 @@ def test_a_fit_leaves_no_environment_variable_on_reused_workers(spark, sc, befor
     are reused by the next job, which must see the variable as it was before the fit."""
     pre = _worker_env(sc, setting=before, unset=before is None)
     assert set(pre.values()) == {before}
-    _fit(spark, sc, [_data(1), _data(2)])
+    _fit(spark, sc, [uniform_data(32, seed=1), uniform_data(32, seed=2)])
     post = _worker_env(sc)
     assert set(post) & set(pre), "the Python workers were not reused; the check would prove nothing"
     assert post == {pid: before for pid in post}
-    _fit(spark, sc, [_data(3), _data(4)])  # a second fit on the same workers trains and cleans up too
+    # a second fit on the same workers trains and cleans up too
+    _fit(spark, sc, [uniform_data(32, seed=3), uniform_data(32, seed=4)])
     assert _worker_env(sc) == {pid: before for pid in _worker_env(sc)}

@@ -4,6 +4,7 @@ process shared with the other local-cluster checks (``local_cluster_runs`` in ``
 from __future__ import annotations
 
 import pytest
+from helpers import assert_replicas_identical
 
 pytestmark = [pytest.mark.spark, pytest.mark.cluster]
 
@@ -23,6 +24,7 @@ def test_gradient_sharing_on_local_cluster(local_cluster_runs) -> None:
     assert result["accuracy"] >= 0.95, result
     assert len(result["executor_pids"]) >= 2 and result["driver_pid"] not in result["executor_pids"]
     extra = result["extra"]
-    assert extra["sharing.replicas_identical"] is True
+    common = assert_replicas_identical(result, 2)
+    assert common == result["checksum"]  # the driver's model is every rank's replica
     assert extra["sharing.world_size"] == 2
     assert 0 < extra["sharing.bytes_sent"] <= 0.05 * extra["sharing.dense_bytes"], extra

@@ -11,6 +11,7 @@ import torchspark.spark.barrier as barrier_module
 import torchspark.training.driver.fit as driver_module
 from torchspark import Network, datasets, models, optim
 from torchspark.spark import ParameterAveragingTrainingMaster, SparkNetwork
+from helpers import mlp_net
 
 pytestmark = pytest.mark.spark
 
@@ -33,7 +34,7 @@ def _free_block(n: int) -> int:
 
 
 def _fit(spark, sc, **mesh) -> SparkNetwork:
-    net = Network(models.mlp(12, 16, 3), updater=optim.SGD(lr=0.1), seed=0)
+    net = mlp_net(12, 16, 3, updater=optim.SGD(lr=0.1))
     master = ParameterAveragingTrainingMaster(batch_size_per_worker=8, averaging_frequency=2, num_workers=2,
                                               rng_seed=1, rdd_training_approach="direct", **mesh)
     spark_net = SparkNetwork(spark, net, master, progress=False)

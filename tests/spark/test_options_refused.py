@@ -7,6 +7,8 @@ local-cluster checks (two executor JVMs) run in a child process: ``scripts/local
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 
@@ -16,12 +18,12 @@ from torchspark.spark import ParameterAveragingTrainingMaster, SharedTrainingMas
 from torchspark.spark.preflight import probe_executors
 from torchspark.training.config.masters import STORAGE_LEVELS
 from torchspark.training.task import param_checksum
+from helpers import mlp_net
 
 pytestmark = pytest.mark.spark
 
 
-def _net() -> Network:
-    return Network(models.mlp(6, 8, 3), updater=optim.SGD(lr=0.1), seed=0)
+_net = partial(mlp_net, 6, 8, 3, updater=optim.SGD(lr=0.1))
 
 
 def _data(sc):

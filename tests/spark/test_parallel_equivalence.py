@@ -8,6 +8,8 @@ floating-point reductions match.
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 
@@ -16,6 +18,7 @@ from torchspark.data import save_batches
 from torchspark.encoding import AdaptiveThreshold
 from torchspark.parallel import ParallelWrapper
 from torchspark.spark import ParameterAveragingTrainingMaster, SharedTrainingMaster, SparkNetwork
+from helpers import mlp_net
 
 pytestmark = pytest.mark.spark
 
@@ -23,9 +26,8 @@ BATCH = 8
 SEED = 7
 
 
-def _network() -> Network:
-    # momentum: the updater state must match too, not only the parameters
-    return Network(models.mlp(12, 16, 3), updater=optim.SGD(lr=0.1, momentum=0.9), seed=0)
+# momentum: the updater state must match too, not only the parameters
+_network = partial(mlp_net, 12, 16, 3, updater=optim.SGD(lr=0.1, momentum=0.9))
 
 
 @pytest.mark.parametrize(("mode", "source"), [("averaging", "dataset"), ("shared_gradients", "dataset"),

@@ -12,6 +12,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from torchspark import DataSet, Network, datasets, models, optim
 from torchspark.errors import DataError
 from torchspark.spark import ParameterAveragingTrainingMaster, SparkNetwork
 from torchspark.spark.private_dirs import OWNER_FILE, PREFIX, make_private_dir, remove_stale
+from helpers import mlp_net
 
 pytestmark = pytest.mark.spark
 
@@ -31,8 +33,7 @@ def _master(**kw) -> ParameterAveragingTrainingMaster:
                                             rdd_training_approach="export", **kw)
 
 
-def _net() -> Network:
-    return Network(models.mlp(6, 8, 3), updater=optim.SGD(lr=0.05), seed=0)
+_net = partial(mlp_net, 6, 8, 3, updater=optim.SGD(lr=0.05))
 
 
 def _rdd(sc, labels_offset: int = 0):

@@ -12,6 +12,7 @@ from _faults import Fault
 from torchspark import Network, datasets, models, optim
 from torchspark.errors import WorkerLost
 from torchspark.spark import ParameterAveragingTrainingMaster, SharedTrainingMaster, SparkNetwork
+from helpers import lenet_net
 
 pytestmark = pytest.mark.spark
 
@@ -27,7 +28,7 @@ def _masters(**kw):
 
 def _fit(spark, sc, master, fault=None):
     train = datasets.digits("train")
-    net = Network(models.lenet(1, 10, 8, 8), updater=optim.Adam(lr=1e-3), seed=0)
+    net = lenet_net(updater=optim.Adam(lr=1e-3))
     spark_net = SparkNetwork(spark, net, master, progress=False)
     if fault is not None:
         spark_net.add_progress_listener(fault)

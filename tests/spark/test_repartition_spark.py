@@ -4,6 +4,8 @@ from an RDD of paths."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import pytest
 import torch
@@ -11,20 +13,15 @@ from torch import nn
 
 from torchspark import DataSet, MultiDataSet, Network, datasets, models, optim, save_batches
 from torchspark.spark import ParameterAveragingTrainingMaster, SparkNetwork
+from helpers import mlp_net, parts_of_sizes
 
 pytestmark = pytest.mark.spark
 
 BATCH = 8
 
 
-def _parts(sizes: list[int]) -> list[DataSet]:
-    data = datasets.synthetic_classification(sum(sizes), 6, 3, seed=9)
-    offsets = np.concatenate([[0], np.cumsum(sizes)]).tolist()
-    return [data.slice(a, b) for a, b in zip(offsets[:-1], offsets[1:])]
-
-
-def _net() -> Network:
-    return Network(models.mlp(6, 8, 3), updater=optim.SGD(lr=0.05), seed=0)
+_parts = partial(parts_of_sizes, n_features=6, seed=9)
+_net = partial(mlp_net, 6, 8, 3, updater=optim.SGD(lr=0.05))
 
 
 def _fit(spark, data, **options) -> SparkNetwork:

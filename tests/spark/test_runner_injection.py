@@ -3,18 +3,20 @@ same driver (task, progress, stats, merge), and gives the barrier stage's result
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
 from torchspark import DataSet, Network, datasets, models, optim
 from torchspark.errors import DataError, WorkerError
 from torchspark.spark import ParameterAveragingTrainingMaster, SharedTrainingMaster, SparkNetwork
 from torchspark.training import InProcessRunner
+from helpers import assert_replicas_identical, mlp_net
 
 BATCH = 8
 
 
-def _net() -> Network:
-    return Network(models.mlp(12, 16, 3), updater=optim.Adam(lr=1e-2), seed=0)
+_net = partial(mlp_net, 12, 16, 3, updater=optim.Adam(lr=1e-2))
 
 
 def _rdd(sc, seed: int = 1):  # 12 minibatches per worker and epoch: progress is sent every 10
@@ -48,9 +50,10 @@ def test_gradient_sharing_through_an_injected_runner_learns(spark, sc) -> None:
     net = _net()
     before = net.score(datasets.synthetic_classification(192, 12, 3, seed=1))
     master = SharedTrainingMaster(batch_size_per_worker=BATCH, num_workers=2, rdd_training_approach="direct")
-    SparkNetwork(spark, net, master, progress=False, runner=InProcessRunner(timeout_s=60)).fit(_rdd(sc), epochs=3)
+    spark_net = SparkNetwork(spark, net, master, progress=False, runner=InProcessRunner(timeout_s=60))
+    spark_net.fit(_rdd(sc), epochs=3)
     assert net.score(datasets.synthetic_classification(192, 12, 3, seed=1)) < before
-    assert net.extra_config.get("sharing.replicas_identical") is True
+    assert_replicas_identical(spark_net, 2, net=net)
 
 
 def test_an_executor_data_error_mid_training_stays_a_data_error(spark, sc) -> None:

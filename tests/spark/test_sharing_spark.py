@@ -12,13 +12,14 @@ from torchspark import DataSet, Network, datasets, models, optim
 from torchspark.encoding import AdaptiveThreshold, FixedThreshold, NoResidualPostProcessing, ResidualClipping
 from torchspark.errors import ConfigError, WorkerError
 from torchspark.spark import SharedTrainingMaster, SparkNetwork, master_from_json
+from helpers import assert_replicas_identical, lenet_net
 
 pytestmark = pytest.mark.spark
 
 
 def test_digits_lenet_accuracy_traffic_and_identical_replicas(spark, sc) -> None:
     train, test = datasets.digits("train"), datasets.digits("test")
-    net = Network(models.lenet(1, 10, 8, 8), updater=optim.Adam(lr=1e-3), seed=0)
+    net = lenet_net(updater=optim.Adam(lr=1e-3))
     # Adam steps are ~lr = 1e-3 per parameter; starting the threshold 10x above that skips ~150 dense warm-up steps
     master = SharedTrainingMaster(batch_size_per_worker=16, threshold_algorithm=AdaptiveThreshold(initial=1e-2),
                                   rng_seed=0, num_workers=2)
@@ -30,7 +31,8 @@ def test_digits_lenet_accuracy_traffic_and_identical_replicas(spark, sc) -> None
     assert accuracy >= 0.95, accuracy
     assert net.epoch == 8
     cfg = net.extra_config
-    assert cfg["sharing.replicas_identical"] is True and cfg["sharing.world_size"] == 2
+    assert cfg["sharing.world_size"] == 2
+    assert_replicas_identical(spark_net, 2, net=net)
     assert cfg["sharing.dense_bytes"] == 4 * net.num_params() * sum(r.iterations for r in spark_net.last_results)
     ratio = cfg["sharing.bytes_sent"] / cfg["sharing.dense_bytes"]
     assert ratio <= 0.05, ratio
@@ -129,5 +131,5 @@ def test_max_staleness_on_spark_averages_the_replicas_at_the_end(spark, sc) -> N
     assert steps == 2 * 24
     assert cfg["sharing.max_staleness"] == 2 and 0 <= cfg["sharing.max_lag_steps"] <= 2
     assert cfg["sharing.messages_sent"] == steps and cfg["sharing.messages_applied"] == 2 * steps
-    assert cfg["sharing.replicas_identical"] is True
+    assert_replicas_identical(spark_net, 2, net=net)
     assert net.evaluate(data).accuracy() > 0.5

@@ -12,17 +12,13 @@ from torchspark import DataSet, Network, models, optim
 from torchspark.errors import ConfigError
 from torchspark.spark import ParameterAveragingTrainingMaster, SparkNetwork
 from torchspark.spark.network import _first_and_drain, first_item
+from helpers import mlp_net, uniform_data
 
 pytestmark = pytest.mark.spark
 
 
-def _data(n: int = 128, seed: int = 0) -> DataSet:
-    g = torch.Generator().manual_seed(seed)
-    return DataSet(torch.rand(n, 64, generator=g), torch.randint(0, 10, (n,), generator=g))
-
-
 def _fit(spark, rdd, **master_kw) -> tuple[SparkNetwork, Network]:
-    net = Network(models.mlp(64, 16, 10), updater=optim.Adam(lr=1e-2), seed=1)
+    net = mlp_net(64, 16, 10, updater=optim.Adam(lr=1e-2), seed=1)
     master = ParameterAveragingTrainingMaster(batch_size_per_worker=8, averaging_frequency=3, num_workers=2,
                                               **master_kw)
     snet = SparkNetwork(spark, net, master, progress=False)
@@ -31,7 +27,7 @@ def _fit(spark, rdd, **master_kw) -> tuple[SparkNetwork, Network]:
 
 
 def test_both_rendezvous_routes_and_both_transports_train_to_the_same_parameters(spark, sc) -> None:
-    rdd = sc.parallelize(_data().split(16), 2)
+    rdd = sc.parallelize(uniform_data(128, shape=(64,)).split(16), 2)
     results = {}
     for via, shm in [("driver", True), ("barrier", True), ("driver", False)]:
         snet, net = _fit(spark, rdd, rendezvous_via=via, shared_memory_allreduce=shm)
@@ -85,7 +81,7 @@ def test_rendezvous_options_are_validated_and_round_trip() -> None:
 
 
 def test_a_bare_spark_context_trains_like_the_session(spark, sc) -> None:
-    rdd = sc.parallelize(_data(96, seed=5).split(12), 2)
+    rdd = sc.parallelize(uniform_data(96, seed=5, shape=(64,)).split(12), 2)
     params = {}
     for name, handle in (("SparkContext", sc), ("SparkSession", spark)):
         snet, net = _fit(handle, rdd)
@@ -111,13 +107,13 @@ def test_direct_route_reuses_its_prepared_rdd_and_releases_it(spark, sc) -> None
     def persisted(rdd) -> bool:
         return bool(sc._jsc.getPersistentRDDs().containsKey(rdd.id()))
 
-    rdd = sc.parallelize(_data(96, seed=2).split(12), 3)
+    rdd = sc.parallelize(uniform_data(96, seed=2, shape=(64,)).split(12), 3)
     snet, net = _fit(spark, rdd, rdd_training_approach="direct")
     (first,) = snet._prepared.values()
     assert persisted(first)
     snet.fit(rdd, epochs=1)
     assert list(snet._prepared.values()) == [first], "a second fit of the same RDD reuses the prepared data"
-    other = sc.parallelize(_data(64, seed=3).split(8), 2)
+    other = sc.parallelize(uniform_data(64, seed=3, shape=(64,)).split(8), 2)
     snet.fit(other, epochs=1)
     (second,) = snet._prepared.values()
     assert second is not first and persisted(second)

@@ -7,6 +7,7 @@ import pytest
 from torchspark import Network, datasets, models, optim
 from torchspark.spark import ParameterAveragingTrainingMaster, SparkNetwork
 from torchspark.stats import STANDARD_PHASES
+from helpers import assert_replicas_identical
 
 pytestmark = pytest.mark.spark
 
@@ -82,6 +83,7 @@ def test_sharing_stats_report_traffic_and_identical_replicas(spark, sc, tmp_path
     spark_net.fit(sc.parallelize(data.split(64), 2), epochs=1)
     summary = spark_net.training_stats.summary()
     assert summary["replicas_identical"] is True
+    assert_replicas_identical(summary, 2, net=net)
     assert 0 < summary["bytes_sent"] < summary["dense_bytes"]
     assert summary["seconds"].get("exchange", 0) > 0
     path = tmp_path / "sharing.html"

@@ -18,6 +18,7 @@ from torchspark._io import atomic_write_bytes
 from torchspark._tmpnames import TMP_MARK, abandoned, temp_name
 from torchspark.errors import SerializationError
 from torchspark.training.checkpoint import complete_checkpoints, newest_checkpoint, store
+from helpers import mlp_net
 
 # a writer killed half-way: it made its temporary file or directory, then died without finally/atexit
 _WRITE_AND_DIE = """
@@ -80,15 +81,11 @@ def test_the_next_write_of_a_file_removes_only_abandoned_temporaries(tmp_path: P
         ["metrics.json", live.name, other_target.name, unmarked.name, planted.name, "victim"])
 
 
-def _net(seed: int) -> Network:
-    return Network(models.mlp(4, 8, 3), updater=optim.SGD(lr=0.1), seed=seed)
-
-
 def test_the_next_save_of_a_model_removes_the_directory_a_killed_save_left(tmp_path: Path) -> None:
     dead = _killed_write(tmp_path, "model", "dir")
     other = _killed_write(tmp_path, "model2", "dir")
     assert (dead / "weights.safetensors").exists()
-    net = _net(1)
+    net = mlp_net(4, 8, 3, updater=optim.SGD(lr=0.1), seed=1)
     net.save(str(tmp_path / "model"))
     assert not dead.exists() and other.exists()
     assert torch.equal(Network.load(str(tmp_path / "model")).params(), net.params())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from functools import partial
 
 import pytest
 import torch
@@ -22,6 +23,7 @@ from torchspark.advise import (
 from torchspark.advise.estimate import AVERAGING_FREQUENCIES, TARGET_EFFICIENCY
 from torchspark.cli import main
 from torchspark.errors import ConfigError
+from helpers import mlp_net, uniform_data
 
 GBIT = Link(1e9, 1e-4)
 
@@ -94,13 +96,8 @@ def test_parse_link_refuses_nonsense(text) -> None:
         parse_link(text)
 
 
-def _net() -> Network:
-    return Network(models.mlp(16, 32, 3), updater=optim.Adam(lr=1e-3), seed=0)
-
-
-def _batch() -> DataSet:
-    gen = torch.Generator().manual_seed(0)
-    return DataSet(torch.rand(8, 16, generator=gen), torch.randint(0, 3, (8,), generator=gen))
+_net = partial(mlp_net, 16, 32, 3, updater=optim.Adam(lr=1e-3))
+_batch = partial(uniform_data, 8, seed=0, shape=(16,), classes=3)
 
 
 def test_measure_counts_bytes_and_leaves_the_network_alone() -> None:

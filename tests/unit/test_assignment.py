@@ -15,6 +15,7 @@ from torchspark.errors import ConfigError, DataError
 from torchspark.spark.export import export_base
 from torchspark.training.assignment import FileSlices, file_items, grid_heads, plan_balanced, split_examples
 from torchspark.training.worker.loop import load_item
+from helpers import parts_of_sizes
 
 SIZES = [[37, 5, 100, 1], [100], [0, 3, 0, 0, 2], [1, 1, 1], [16, 16], [7, 0, 9]]
 
@@ -127,19 +128,13 @@ def test_grid_heads_cut_files_on_the_global_grid() -> None:
     assert grid_heads([16, 0, 8], 8) == [0, 0, 0]
 
 
-def _parts(sizes: list[int]) -> list[DataSet]:
-    data = datasets.synthetic_classification(sum(sizes), 4, 3, seed=1)
-    offsets = np.concatenate([[0], np.cumsum(sizes)]).tolist()
-    return [data.slice(a, b) for a, b in zip(offsets[:-1], offsets[1:])]
-
-
 @pytest.mark.parametrize("workers", [2, 3])
 @pytest.mark.parametrize("seed", [None, 4])
 def test_export_items_load_the_same_minibatches_as_in_memory_data(tmp_path, workers: int, seed) -> None:
     """The export route's files + items give what ParallelWrapper slices from memory (Spark's direct route is
     compared with both in tests/spark/test_balanced_spark.py)."""
     sizes = [37, 5, 100, 1]
-    parts = _parts(sizes)
+    parts = parts_of_sizes(sizes, n_features=4, seed=1)
     files = []  # what export_rdd writes: each partition cut at its grid head, then every batch
     for p, (part, head) in enumerate(zip(parts, grid_heads(sizes, 8))):
         cuts = itertools.chain([head] if head else [], itertools.repeat(8))

@@ -15,10 +15,11 @@ import torch
 
 from torchspark import Network, models, optim
 from torchspark.errors import SerializationError
+from helpers import mlp_net
 
 
 def _net(seed: int, hidden: int = 8) -> Network:
-    return Network(models.mlp(64, hidden, 10), updater=optim.Adam(lr=1e-3), seed=seed)
+    return mlp_net(64, hidden, 10, updater=optim.Adam(lr=1e-3), seed=seed)
 
 
 def _dir_size(path: Path) -> int:

@@ -15,11 +15,7 @@ from torchspark.stats import StatsCollector, TrainingStats
 from torchspark.training import InProcessRunner, ItemSource, WorkerTask
 from torchspark.training.hooks import WorkerHooks
 from torchspark.training.task import merge_results
-
-
-def _batches(n: int, seed: int) -> list[DataSet]:
-    g = torch.Generator().manual_seed(seed)
-    return DataSet(torch.rand(n * 8, 1, 8, 8, generator=g), torch.randint(0, 10, (n * 8,), generator=g)).split(8)
+from helpers import uniform_batches
 
 
 @pytest.mark.parametrize("counts,frequency", [
@@ -30,7 +26,7 @@ def _batches(n: int, seed: int) -> list[DataSet]:
     ((1, 1), 1),
 ])
 def test_rounds_per_epoch_follow_the_data_position(counts: tuple[int, int], frequency: int) -> None:
-    shards = [_batches(n, seed=i) for i, n in enumerate(counts)]
+    shards = [uniform_batches(n, seed=i) for i, n in enumerate(counts)]
     net = Network(models.mlp(64, 8, 10), updater=optim.Adam(lr=1e-2), seed=0)
     expected_net = averaging_reference(net, shards, epochs=2, frequency=frequency, save_updater=True)
     collectors = [StatsCollector(f"worker-{r}") for r in range(len(shards))]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from functools import partial
 
 import pytest
 import torch
@@ -25,12 +26,10 @@ from torchspark.training.algorithms.sharing.loop import SharingAlgorithm
 from torchspark.training.algorithms.sharing.settings import SharingSettings
 from torchspark.training.comm import ThreadCommunicator
 from torchspark.training.task import merge_results
+from helpers import assert_replicas_identical, batchnorm_net, classification_batches, fit_in_process
 
 
-def _bn_net(seed: int = 0, updater: optim.UpdaterSpec | None = None) -> Network:
-    module = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(),
-                                 torch.nn.Linear(16, 3))
-    return Network(module, updater=updater or optim.SGD(lr=0.1), seed=seed)
+_bn_net = partial(batchnorm_net, updater=optim.SGD(lr=0.1))
 
 
 def _in_threads(work, world: int) -> None:
@@ -66,10 +65,6 @@ def _average(nets: list[Network], shards: list[list[DataSet]], settings: Averagi
     _in_threads(work, len(nets))
 
 
-def _batches(n: int, seed: int, size: int = 8) -> list[DataSet]:
-    return datasets.synthetic_classification(n * size, 12, 3, seed=seed).split(size)
-
-
 def test_buffer_views_round_trip_and_validate() -> None:
     net = _bn_net()
     assert net.buffer_size() == 32  # running_mean + running_var; num_batches_tracked is an integer buffer
@@ -88,10 +83,9 @@ def test_buffer_views_round_trip_and_validate() -> None:
 
 def test_averaging_weights_running_statistics_by_examples_and_returns_them() -> None:
     net = _bn_net()
-    a, b = _batches(2, seed=1), _batches(1, seed=2, size=4)
-    task = WorkerTask("averaging", {"averaging_frequency": 5, "save_updater": True},
-                      NetworkBlueprint.of(net).to_bytes(), epochs=1, prefetch=0)
-    results = InProcessRunner().run(task, [ItemSource(a), ItemSource(b)])
+    a, b = classification_batches(2, seed=1), classification_batches(1, seed=2, size=4)
+    results = fit_in_process(net, "averaging", {"averaging_frequency": 5, "save_updater": True}, [a, b],
+                             timeout_s=300.0, merge=False)
     wa, wb = net.copy(), net.copy()
     wa.fit(a)
     wb.fit(b)
@@ -107,7 +101,7 @@ def test_every_worker_holds_the_example_weighted_mean_after_a_round(save_updater
     """Worker 0 fits 2 batches of 8, worker 1 one batch of 4; momentum gives the updater state a length, so the
     buffers sit at a different offset of the all-reduce buffer with and without ``save_updater``."""
     net = _bn_net(updater=optim.SGD(lr=0.1, momentum=0.9))
-    a, b = _batches(2, seed=1), _batches(1, seed=2, size=4)
+    a, b = classification_batches(2, seed=1), classification_batches(1, seed=2, size=4)
     wa, wb = net.copy(), net.copy()
     wa.fit(a)
     wb.fit(b)
@@ -129,7 +123,7 @@ def test_identical_shards_reproduce_single_worker_statistics() -> None:
     Not Adam: the bias of the Linear before BatchNorm has a zero gradient up to rounding noise, which Adam scales
     to steps of ``lr``, so one-ulp differences of the average would show up as differences of ~lr."""
     net = _bn_net(updater=optim.SGD(lr=0.1, momentum=0.9))
-    batches = _batches(6, seed=7)
+    batches = classification_batches(6, seed=7)
     reference = net.copy()
     reference.fit(batches)
     workers = [net.copy() for _ in range(3)]
@@ -150,10 +144,10 @@ def test_sharing_finish_averages_the_workers_running_statistics() -> None:
 
     def finish(rank: int) -> None:
         comm = group.communicator(rank)
-        _, config = algo.finish(algo.start(nets[rank], comm), nets[rank], comm)
-        assert config["sharing.replicas_identical"] is True
+        algo.finish(algo.start(nets[rank], comm), nets[rank], comm)
 
     _in_threads(finish, 2)
+    assert_replicas_identical(nets, 2)
     for net in nets:
         torch.testing.assert_close(net.buffers(), torch.full((32,), 2.0))
 
@@ -163,16 +157,14 @@ def test_sharing_fit_returns_the_mean_of_the_reference_replicas_statistics(overl
     """Each replica's statistics follow its own batches (the reference loop); the fit returns their mean."""
     encoder = EncoderConfig(threshold_policy=AdaptiveThreshold(initial=1e-3), shake_frequency=4)
     net = _bn_net(updater=optim.SGD(lr=0.1, momentum=0.9))
-    shards = [_batches(4, seed=3), _batches(4, seed=4)]
+    shards = [classification_batches(4, seed=3), classification_batches(4, seed=4)]
     replicas, _ = sharing_reference(net, shards, epochs=2, overlap=overlap, encoder=encoder)
-    settings = SharingSettings(encoder, overlap=overlap)
-    task = WorkerTask("sharing", settings.to_dict(), NetworkBlueprint.of(net).to_bytes(), epochs=2, prefetch=0)
-    merge_results(net, InProcessRunner(timeout_s=30).run(task, [ItemSource(s) for s in shards]))
+    results = fit_in_process(net, "sharing", SharingSettings(encoder, overlap=overlap).to_dict(), shards, epochs=2)
     assert not torch.allclose(replicas[0].buffers(), replicas[1].buffers())  # the workers' statistics differ
     torch.testing.assert_close(net.buffers(), (replicas[0].buffers() + replicas[1].buffers()) / 2)
     torch.testing.assert_close(net.params(), replicas[0].params())
     assert int(net.module[1].num_batches_tracked) == 8
-    assert net.extra_config["sharing.replicas_identical"] is True
+    assert_replicas_identical(results, 2, net=net)
 
 
 class _SkewedBuffers(ThreadCommunicator):
@@ -204,7 +196,7 @@ def test_sharing_replica_check_covers_the_averaged_buffers() -> None:
 
 def test_copy_blueprint_and_save_keep_the_statistics(tmp_path) -> None:
     net = _bn_net()
-    net.fit(_batches(3, seed=9))
+    net.fit(classification_batches(3, seed=9))
     stats = net.buffers()
     assert not torch.allclose(stats[:16], torch.zeros(16)) and int(net.module[1].num_batches_tracked) == 3
     path = net.save(str(tmp_path / "bn"), allow_pickle=True)

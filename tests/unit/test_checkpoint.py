@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from functools import partial
 
 import pytest
 import torch
@@ -18,15 +19,12 @@ from torchspark.training.checkpoint import complete_checkpoints, newest_checkpoi
 from torchspark.training.driver.fit import build_task
 from torchspark.training.driver.resume import resume_task
 from torchspark.training.hooks import NullRecorder
+from helpers import onehot_rule_data
 
 MASTERS = [ParameterAveragingTrainingMaster, SharedTrainingMaster]
 
 
-def _data(n: int = 192, seed: int = 3) -> DataSet:
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, 12, generator=g)
-    y = torch.nn.functional.one_hot((x[:, 0] + x[:, 1] > 0).long() + (x[:, 2] > 1).long(), 3).float()
-    return DataSet(x, y)
+_data = partial(onehot_rule_data, 192, seed=3)
 
 
 def _net(after: int | None = None) -> Network:

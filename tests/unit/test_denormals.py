@@ -9,14 +9,13 @@ from denormal_case import DENORMAL, denormal_net, watched, zero_feature_data
 from torchspark.nn import NetworkBlueprint
 from torchspark.training import InProcessRunner, ItemSource, WorkerTask
 from torchspark.training.task import merge_results
+from helpers import fit_in_process
 
 
 def _fit(flush: bool, workers: int) -> float:
     net = denormal_net()
-    task = WorkerTask("averaging", {"averaging_frequency": 2, "save_updater": True},
-                      NetworkBlueprint.of(net).to_bytes(), epochs=1, prefetch=0, flush_denormal=flush)
-    shards = [ItemSource(zero_feature_data(32, seed=r).split(8)) for r in range(workers)]
-    merge_results(net, InProcessRunner(timeout_s=30).run(task, shards))
+    shards = [zero_feature_data(32, seed=r).split(8) for r in range(workers)]
+    fit_in_process(net, "averaging", {"averaging_frequency": 2, "save_updater": True}, shards, flush_denormal=flush)
     return watched(net)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from functools import partial
 
 import pytest
 import torch
@@ -33,10 +34,10 @@ from torchspark.earlystopping.conditions import best_epoch
 from torchspark.errors import ConfigError
 from torchspark.evaluation import Evaluation
 from torchspark.nn import Network
+from helpers import mlp_net
 
 
-def _net(seed: int = 0) -> Network:
-    return Network(models.mlp(4, 8, 3), updater=optim.SGD(lr=0.1), seed=seed)
+_net = partial(mlp_net, 4, 8, 3, updater=optim.SGD(lr=0.1))
 
 
 def _blobs(n: int = 96, seed: int = 0) -> DataSet:

@@ -16,6 +16,7 @@ from torchspark.parallel import ParallelWrapper
 from torchspark.training.assignment import EpochItems, epoch_seed, per_epoch, plan_balanced, split_examples
 from torchspark.training.driver.runner import InProcessRunner
 from torchspark.training.worker.loop import ItemSource, epoch_order
+from helpers import indexed_data
 
 N, BATCH, WORKERS = 40, 4, 2
 #: minibatch ids seen in training, by worker thread (filled by Recorder.forward)
@@ -33,11 +34,6 @@ class Recorder(nn.Module):
         if self.training:
             SEEN[threading.current_thread().name].append(tuple(int(v) for v in x[:, 0].tolist()))
         return self.lin(x * 0.01)
-
-
-def _data() -> DataSet:
-    ids = torch.arange(N, dtype=torch.float32)
-    return DataSet(torch.stack([ids, -ids], 1), torch.arange(N) % 3)
 
 
 def _epochs(seen: dict[str, list[tuple[int, ...]]], epochs: int) -> list[list[list[tuple[int, ...]]]]:
@@ -59,7 +55,7 @@ def _wrapper_run(epochs: int, seed: int | None) -> list[list[list[tuple[int, ...
     SEEN.clear()
     net = Network(Recorder(), updater=optim.SGD(lr=0.1), seed=0)
     ParallelWrapper(net, workers=WORKERS, rng_seed=seed, progress=False, runner=InProcessRunner(),
-                    averaging_frequency=2).fit(_data(), epochs=epochs, batch_size=BATCH)
+                    averaging_frequency=2).fit(indexed_data(N), epochs=epochs, batch_size=BATCH)
     return _epochs(SEEN, epochs)
 
 
@@ -72,7 +68,7 @@ def test_every_epoch_is_a_new_order_across_workers_covering_every_example_once()
     assert worker0[0] != worker0[1] or worker0[1] != worker0[2]  # examples move between workers
     assert runs[0][0] != runs[0][1] and runs[0][1] != runs[0][2]
     # epoch 0 is the plan the seed always gave (single-epoch fits are unchanged)
-    plan0 = split_examples([_data()], BATCH, WORKERS, 5)
+    plan0 = split_examples([indexed_data(N)], BATCH, WORKERS, 5)
     assert runs[0][0] == [tuple(int(v) for v in b.features[:, 0]) for b in plan0[0]]
 
 
@@ -88,8 +84,8 @@ def test_the_order_is_a_function_of_seed_and_epoch_so_fits_compose() -> None:
     net = Network(Recorder(), updater=optim.SGD(lr=0.1), seed=0)
     wrapper = ParallelWrapper(net, workers=WORKERS, rng_seed=9, progress=False, runner=InProcessRunner(),
                               averaging_frequency=2)
-    wrapper.fit(_data(), epochs=1, batch_size=BATCH)
-    wrapper.fit(_data(), epochs=1, batch_size=BATCH)
+    wrapper.fit(indexed_data(N), epochs=1, batch_size=BATCH)
+    wrapper.fit(indexed_data(N), epochs=1, batch_size=BATCH)
     assert _epochs(SEEN, 2) == together
 
 
@@ -129,7 +125,7 @@ def test_replayed_epochs_follow_the_seeded_order() -> None:
 
 @pytest.mark.parametrize("seed", [0, 3])
 def test_split_examples_epoch_plans_differ(seed: int) -> None:
-    plans = [split_examples([_data()], BATCH, WORKERS, epoch_seed(seed, e)) for e in range(2)]
+    plans = [split_examples([indexed_data(N)], BATCH, WORKERS, epoch_seed(seed, e)) for e in range(2)]
     first = [[tuple(b.features[:, 0].tolist()) for b in w] for w in plans[0]]
     second = [[tuple(b.features[:, 0].tolist()) for b in w] for w in plans[1]]
     assert first != second

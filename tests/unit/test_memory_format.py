@@ -7,10 +7,11 @@ import torch
 
 from torchspark import Network, datasets, models, optim
 from torchspark.errors import ConfigError
+from helpers import lenet_net
 
 
 def _net(fmt: str) -> Network:
-    return Network(models.lenet(1, 10, 12, 12), updater=optim.Adam(lr=1e-3), seed=0, memory_format=fmt)
+    return lenet_net(updater=optim.Adam(lr=1e-3), side=12, memory_format=fmt)
 
 
 def test_channels_last_weights_are_views_of_the_flat_buffer() -> None:

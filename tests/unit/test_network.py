@@ -13,13 +13,7 @@ from torchspark import models, optim
 from torchspark.data import DataSet, MultiDataSet
 from torchspark.errors import ConfigError, DataError, SerializationError, TrainingError
 from torchspark.nn import Network, from_factory
-
-
-def _data(n: int = 64, seed: int = 0) -> DataSet:
-    g = torch.Generator().manual_seed(seed)
-    x = torch.rand(n, 1, 8, 8, generator=g)
-    y = torch.randint(0, 10, (n,), generator=g)
-    return DataSet(x, y)
+from helpers import uniform_data
 
 
 UPDATERS = [
@@ -61,7 +55,7 @@ def test_updater_state_round_trip(updater: optim.UpdaterSpec) -> None:
     net = Network(models.mlp(64, 8, 10), updater=updater, seed=0)
     state0 = net.updater_state()
     assert torch.count_nonzero(state0) == 0, "state must be zeros before the first step"
-    net.fit(_data(), batch_size=16)
+    net.fit(uniform_data(64), batch_size=16)
     state = net.updater_state()
     assert state.shape == state0.shape
     other = Network(models.mlp(64, 8, 10), updater=updater, seed=0)
@@ -71,7 +65,7 @@ def test_updater_state_round_trip(updater: optim.UpdaterSpec) -> None:
 
 @pytest.mark.parametrize("updater", UPDATERS, ids=lambda u: repr(u))
 def test_compute_then_apply_update_equals_one_step(updater: optim.UpdaterSpec) -> None:
-    data = _data()
+    data = uniform_data(64)
     a = Network(models.mlp(64, 8, 10), updater=updater, seed=3)
     b = Network(models.mlp(64, 8, 10), updater=updater, seed=3)
     for batch in data.split(16):  # several steps so momentum / Adam moments matter
@@ -98,13 +92,14 @@ def test_fit_learns_digits_like_problem() -> None:
 
 def test_output_applies_activation() -> None:
     net = Network(models.mlp(64, 8, 10), seed=0)
-    out = net.output(_data().features)
+    out = net.output(uniform_data(64).features)
     torch.testing.assert_close(out.sum(dim=1), torch.ones(64))
     net_bce = Network(models.mlp(64, 8, 3), loss="bce_with_logits", seed=0)
     out = net_bce.output(np.random.rand(5, 1, 8, 8).astype(np.float32))
     assert out.shape == (5, 3) and float(out.min()) >= 0 and float(out.max()) <= 1
     # chunked output equals one-shot
-    torch.testing.assert_close(net.output(_data().features, batch_size=7), net.output(_data().features))
+    features = uniform_data(64).features
+    torch.testing.assert_close(net.output(features, batch_size=7), net.output(features))
 
 
 def test_seed_makes_initialisation_deterministic() -> None:
@@ -116,7 +111,7 @@ def test_seed_makes_initialisation_deterministic() -> None:
 
 
 def test_label_mask_excludes_examples() -> None:
-    data = _data(8)
+    data = uniform_data(8)
     net = Network(models.mlp(64, 8, 10), seed=0)
     mask = torch.tensor([1, 1, 1, 1, 0, 0, 0, 0], dtype=torch.float32)
     masked = DataSet(data.features, data.labels, labels_mask=mask)
@@ -150,7 +145,7 @@ def test_multidataset_two_inputs_two_outputs() -> None:
 
 
 def test_save_load_identical_outputs(tmp_path) -> None:
-    data = _data()
+    data = uniform_data(64)
     net = Network(models.lenet(1, 10, 8, 8), updater=optim.SGD(lr=0.05, momentum=0.9), seed=0)
     net.fit(data, batch_size=16)
     path = str(tmp_path / "model")
@@ -167,7 +162,7 @@ def test_save_load_identical_outputs(tmp_path) -> None:
 
 def test_save_without_updater_and_memory_fs() -> None:
     net = Network(models.mlp(64, 8, 10), updater=optim.Adam(lr=1e-3), seed=0)
-    net.fit(_data(), batch_size=32)
+    net.fit(uniform_data(64), batch_size=32)
     net.save("memory://models/m1", save_updater=False)
     loaded = Network.load("memory://models/m1")
     assert torch.equal(loaded.params(), net.params())
@@ -207,11 +202,11 @@ def test_load_errors(tmp_path) -> None:
 
 def test_copy_is_independent() -> None:
     net = Network(models.mlp(64, 8, 10), updater=optim.Adam(lr=1e-2), seed=0)
-    net.fit(_data(), batch_size=16)
+    net.fit(uniform_data(64), batch_size=16)
     twin = net.copy()
     assert torch.equal(twin.params(), net.params())
     assert torch.equal(twin.updater_state(), net.updater_state())
-    twin.train_step(_data().slice(0, 8))
+    twin.train_step(uniform_data(64).slice(0, 8))
     assert not torch.equal(twin.params(), net.params())
 
 
@@ -219,10 +214,10 @@ def test_deepcopy_keeps_the_flat_parameter_view() -> None:
     import copy
 
     net = Network(models.mlp(64, 8, 10), updater=optim.Adam(lr=1e-2), seed=0)
-    net.fit(_data(), batch_size=16)
+    net.fit(uniform_data(64), batch_size=16)
     twin = copy.deepcopy(net)
     assert twin.iteration == net.iteration and torch.equal(twin.updater_state(), net.updater_state())
-    batch = _data(seed=1).slice(0, 8)
+    batch = uniform_data(64, seed=1).slice(0, 8)
     expected = net.copy().compute_update(batch)
     got = twin.compute_update(batch)
     assert got.abs().sum() > 0 and torch.equal(got, expected)  # trains through its own flat buffer
@@ -255,7 +250,7 @@ def test_nan_features_rejected() -> None:
 
 
 def test_divergence_names_step_and_suggests_lower_lr() -> None:
-    data = _data()
+    data = uniform_data(64)
     net = Network(models.mlp(64, 8, 10), updater=optim.SGD(lr=1e30), seed=0)
     with pytest.raises(TrainingError, match="iteration .*[Ll]ower the learning rate"):
         net.fit(data, epochs=5, batch_size=8)
@@ -286,7 +281,7 @@ def test_empty_data_and_bad_batch_size() -> None:
     with pytest.raises(DataError, match="no data|empty"):
         net.fit([])
     with pytest.raises(DataError, match="batch_size"):
-        net.fit(_data(), batch_size=0)
+        net.fit(uniform_data(64), batch_size=0)
 
 
 def test_updater_spec_json_round_trip() -> None:
@@ -300,7 +295,7 @@ def _train_module(make_opt, steps: int = 12) -> torch.Tensor:
     torch.manual_seed(0)
     module = models.mlp(64, 16, 10)
     opt = make_opt(list(module.parameters()))
-    data = _data(16 * steps)
+    data = uniform_data(16 * steps)
     for batch in data.split(16):
         opt.zero_grad(set_to_none=True)
         torch.nn.functional.cross_entropy(module(batch.features.reshape(16, 64)), batch.labels).backward()

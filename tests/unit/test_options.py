@@ -22,6 +22,7 @@ from torchspark.training.algorithms.sharing.settings import SharingSettings
 from torchspark.training.driver.stats import build_training_stats
 from torchspark.training.task import WorkerResult, param_checksum
 from torchspark.training.worker.prefetch import prefetch
+from helpers import assert_replicas_identical, classification_batches, fit_in_process
 
 MASTERS = [ParameterAveragingTrainingMaster, SharedTrainingMaster]
 
@@ -151,19 +152,14 @@ def test_round_robin_deal_with_a_seed_keeps_the_shares_and_shuffles_the_order() 
 
 
 # ------------------------------------------------------------------ replicas: measured checksums
-def _batches(n: int, seed: int) -> list[DataSet]:
-    return datasets.synthetic_classification(n * 8, 12, 3, seed=seed).split(8)
-
-
 @pytest.mark.parametrize("mode", ["averaging", "sharing"])
 def test_every_rank_reports_its_checksum_and_they_match_the_merged_network(mode) -> None:
     net = Network(models.mlp(12, 16, 3), updater=optim.SGD(lr=0.1, momentum=0.9), seed=0)
     before = param_checksum(net)
     settings = ({"averaging_frequency": 2, "save_updater": True} if mode == "averaging"
                 else SharingSettings().to_dict())
-    task = WorkerTask(mode, settings, NetworkBlueprint.of(net).to_bytes(), prefetch=0)
-    results = InProcessRunner(timeout_s=60).run(task, [ItemSource(_batches(5, 1)), ItemSource(_batches(5, 2))])
-    merge_results(net, results)
+    results = fit_in_process(net, mode, settings, [classification_batches(5, 1), classification_batches(5, 2)],
+                             timeout_s=60.0)
     checksums = [r.param_checksum for r in results]
     assert None not in checksums and checksums[0] == checksums[1]
     assert checksums[0] == param_checksum(net) != before  # the driver holds the same, trained replica
@@ -185,6 +181,14 @@ def test_differing_replicas_are_reported_as_such() -> None:
     # a route without replicas (averaging_via="spark") reports no checksums rather than a guess
     bare = [WorkerResult(rank=0, examples=8, iterations=1, score=0.5)]
     assert "param_checksums" not in build_training_stats(StatsCollector(DRIVER_ID), bare, 1).summary()
+    # the tests' assertion sees each of these: differing replicas, a missing checksum, a missing rank
+    same = [WorkerResult(rank=r, examples=8, iterations=1, score=0.5, param_checksum=param_checksum(a))
+            for r in range(2)]
+    assert assert_replicas_identical(same, 2, net=a) == param_checksum(a)
+    for wrong, workers, net in ((results, 2, None), (summary, 2, None), (bare, 1, None), (same, 3, None),
+                                (same, 2, b), ([a, b], 2, None)):
+        with pytest.raises(AssertionError):
+            assert_replicas_identical(wrong, workers, net=net)
 
 
 def test_diverged_sharing_replicas_still_raise() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from functools import partial
 
 import pytest
 import torch
@@ -36,27 +37,18 @@ from torchspark.training import (
 from torchspark.training.algorithms.sharing.loop import SharingAlgorithm
 from torchspark.training.algorithms.sharing.settings import SharingSettings
 from torchspark.training.algorithms.sharing.state import RESIDUAL_KEY, THRESHOLD_KEY, WORLD_KEY, restore_residual
+from helpers import assert_replicas_identical, classification_batches, fit_in_process, mlp_net
 
 ENCODER = EncoderConfig(threshold_policy=AdaptiveThreshold(initial=1e-3), shake_frequency=4)
 
 
-def _batches(n_batches: int, seed: int, size: int = 8) -> list[DataSet]:
-    data = datasets.synthetic_classification(n_batches * size, 12, 3, seed=seed)
-    return data.split(size)
-
-
-def _net(seed: int = 0) -> Network:
-    return Network(models.mlp(12, 16, 3), updater=optim.SGD(lr=0.1, momentum=0.9), seed=seed)
+_net = partial(mlp_net, 12, 16, 3, updater=optim.SGD(lr=0.1, momentum=0.9))
 
 
 def _fit(net: Network, shards: list[list[DataSet]], epochs: int, overlap: bool, timeout_s: float = 30.0,
          encoder: EncoderConfig = ENCODER):
-    settings = SharingSettings(encoder, overlap=overlap)
-    task = WorkerTask(mode="sharing", settings=settings.to_dict(), blueprint=NetworkBlueprint.of(net).to_bytes(),
-                      epochs=epochs, prefetch=0)
-    results = InProcessRunner(timeout_s).run(task, [ItemSource(s) for s in shards])
-    merge_results(net, results)
-    return results
+    settings = SharingSettings(encoder, overlap=overlap).to_dict()
+    return fit_in_process(net, "sharing", settings, shards, epochs=epochs, timeout_s=timeout_s)
 
 
 def _reference(net: Network, shards: list[list[DataSet]], epochs: int, overlap: bool):
@@ -66,9 +58,9 @@ def _reference(net: Network, shards: list[list[DataSet]], epochs: int, overlap: 
 @pytest.mark.parametrize("overlap", [True, False])
 @pytest.mark.parametrize("layout", ["one_worker", "identical_shards", "distinct_shards"])
 def test_distributed_run_matches_reference_loop(overlap: bool, layout: str) -> None:
-    batches = _batches(6, seed=1)
+    batches = classification_batches(6, seed=1)
     shards = {"one_worker": [batches], "identical_shards": [batches, batches],
-              "distinct_shards": [batches, _batches(6, seed=2)]}[layout]
+              "distinct_shards": [batches, classification_batches(6, seed=2)]}[layout]
     net = _net()
     replicas, states = _reference(net, shards, epochs=2, overlap=overlap)
     results = _fit(net, shards, epochs=2, overlap=overlap)
@@ -85,7 +77,7 @@ def test_distributed_run_matches_reference_loop(overlap: bool, layout: str) -> N
     assert saved.threshold == pytest.approx(expected.threshold)
     assert saved.last_sparsity == pytest.approx(expected.last_sparsity)
     assert [r.iterations for r in results] == [12] * len(shards)
-    assert net.extra_config["sharing.replicas_identical"] is True
+    assert_replicas_identical(results, len(shards), net=net)
     assert net.extra_config["sharing.world_size"] == len(shards)
     assert 0 < net.extra_config["sharing.bytes_sent"] < net.extra_config["sharing.dense_bytes"]
     assert net.extra_config["sharing.dense_bytes"] == 4 * net.num_params() * 12 * len(shards)
@@ -97,8 +89,8 @@ def test_distributed_run_matches_reference_loop(overlap: bool, layout: str) -> N
 def test_calibrated_start_is_agreed_and_matches_reference(overlap: bool, layout: str) -> None:
     """The default (calibrated) start: every worker calibrates from its first update, all start from the geometric
     mean (a worker without data does not vote), the run equals the reference loop and the replicas agree."""
-    shards = {"distinct_shards": [_batches(6, seed=1), _batches(6, seed=2)],
-              "worker_without_data": [_batches(6, seed=1), [], _batches(3, seed=2)]}[layout]
+    shards = {"distinct_shards": [classification_batches(6, seed=1), classification_batches(6, seed=2)],
+              "worker_without_data": [classification_batches(6, seed=1), [], classification_batches(3, seed=2)]}[layout]
     encoder = EncoderConfig()  # AdaptiveThreshold(initial="calibrated")
     net = _net()
     replicas, states = sharing_reference(net, shards, 2, overlap, encoder)
@@ -116,11 +108,11 @@ def test_calibrated_start_is_agreed_and_matches_reference(overlap: bool, layout:
     digest.update(net.buffers().numpy().tobytes())
     assert net.extra_config["sharing.replica_sha256"] == digest.hexdigest()
     assert [r.iterations for r in results] == [2 * len(shard) for shard in shards]
-    assert net.extra_config["sharing.replicas_identical"] is True
+    assert_replicas_identical(results, len(shards), net=net)
 
 
 def test_a_calibrated_threshold_state_is_kept_by_the_next_fit() -> None:
-    shards = [_batches(4, seed=1), _batches(4, seed=2)]
+    shards = [classification_batches(4, seed=1), classification_batches(4, seed=2)]
     net = _net()
     _fit(net, shards, epochs=1, overlap=True, encoder=EncoderConfig())
     saved = ThresholdState.from_tensor(net.extra_state[THRESHOLD_KEY])
@@ -136,18 +128,18 @@ def test_a_calibrated_threshold_state_is_kept_by_the_next_fit() -> None:
 
 
 def test_unequal_shards_terminate_and_match_reference() -> None:
-    shards = [_batches(7, seed=3), _batches(2, seed=4), []]  # one worker has no data at all
+    shards = [classification_batches(7, seed=3), classification_batches(2, seed=4), []]  # one worker has no data at all
     for overlap in (True, False):
         net = _net(seed=1)
         replicas, _ = _reference(net, shards, epochs=2, overlap=overlap)
         results = _fit(net, shards, epochs=2, overlap=overlap, timeout_s=20.0)
         assert [r.iterations for r in results] == [14, 4, 0]
         torch.testing.assert_close(net.params(), replicas[0].params(), rtol=0, atol=0)
-        assert net.extra_config["sharing.replicas_identical"] is True
+        assert_replicas_identical(results, len(shards), net=net)
 
 
 def test_threshold_average_skips_the_worker_that_never_stepped() -> None:
-    shards = [_batches(7, seed=3), _batches(2, seed=4), []]  # rank 2 gets no data
+    shards = [classification_batches(7, seed=3), classification_batches(2, seed=4), []]  # rank 2 gets no data
     net = _net(seed=1)
     _, states = _reference(net, shards, epochs=1, overlap=False)
     _fit(net, shards, epochs=1, overlap=False)
@@ -165,7 +157,7 @@ def test_threshold_average_skips_the_worker_that_never_stepped() -> None:
 def test_state_carries_across_fits_and_save_load(tmp_path) -> None:
     """Two fits of one epoch equal one fit of two epochs (identical shards: the end-of-fit averages are no-ops),
     which holds only if residuals, threshold state and the step counter survive the first fit -- and a save/load."""
-    batches = _batches(5, seed=5)
+    batches = classification_batches(5, seed=5)
     shards = [batches, batches]
     once = _net()
     _fit(once, shards, epochs=2, overlap=True)
@@ -239,13 +231,13 @@ def test_diverged_replicas_raise_training_error() -> None:
 
 @pytest.mark.parametrize("overlap", [True, False])
 def test_worker_error_mid_fit_is_clean(overlap: bool) -> None:
-    poisoned = _batches(6, seed=6)
+    poisoned = classification_batches(6, seed=6)
     x = poisoned[3].features.clone()
     x[2] = float("nan")
     poisoned[3] = DataSet(x, poisoned[3].labels)
     before = {t.name for t in threading.enumerate()}
     with pytest.raises(WorkerError, match="worker 1 failed"):
-        _fit(_net(), [_batches(6, seed=7), poisoned], epochs=1, overlap=overlap, timeout_s=20.0)
+        _fit(_net(), [classification_batches(6, seed=7), poisoned], epochs=1, overlap=overlap, timeout_s=20.0)
     leftover = {t.name for t in threading.enumerate()} - before
     assert not [n for n in leftover if n.startswith("torchspark")], leftover
 

@@ -10,6 +10,7 @@ import hashlib
 import json
 import threading
 import time
+from functools import partial
 from typing import Iterator
 
 import pytest
@@ -29,16 +30,12 @@ from torchspark.training.comm.mailbox import END, MESSAGE, Envelope, ThreadMailb
 from torchspark.training.config.masters import master_from_json
 from torchspark.training.config.shared_master import SharedTrainingMaster
 from torchspark.training.hooks import WorkerHooks
+from helpers import assert_replicas_identical, classification_batches, fit_in_process, mlp_net
 
 ENCODER = EncoderConfig(threshold_policy=AdaptiveThreshold(initial=1e-3))
 
 
-def _batches(n_batches: int, seed: int, size: int = 8) -> list[DataSet]:
-    return datasets.synthetic_classification(n_batches * size, 12, 3, seed=seed).split(size)
-
-
-def _net() -> Network:
-    return Network(models.mlp(12, 16, 3), updater=optim.SGD(lr=0.1, momentum=0.9), seed=0)
+_net = partial(mlp_net, 12, 16, 3, updater=optim.SGD(lr=0.1, momentum=0.9))
 
 
 def _slowed(batches: list[DataSet], delay_s: float) -> Iterator[DataSet]:
@@ -84,7 +81,7 @@ def _run(shards: list[list[DataSet]], k: int, epochs: int = 2, slow_rank: int | 
 
 @pytest.mark.parametrize("k", [0, 1, 4])
 def test_lag_is_bounded_and_every_message_is_applied_once(k: int) -> None:
-    shards = [_batches(10, seed=r) for r in range(3)]
+    shards = [classification_batches(10, seed=r) for r in range(3)]
     results = _run(shards, k)
     world, steps = 3, 2 * 10
     for net, state, config in results:
@@ -97,13 +94,13 @@ def test_lag_is_bounded_and_every_message_is_applied_once(k: int) -> None:
         assert config["sharing.messages_applied"] == world * world * steps
         assert config["sharing.max_lag_steps"] == max(max(s.staleness.lags) for _, s, _ in results)
         assert config["sharing.max_lag_steps"] <= k
-        assert config["sharing.replicas_identical"] is True
         # every replica applied the same messages (a lost or extra one would leave a difference of the order of
         # the threshold, 1e-3); only the order, so the float rounding, differs
         assert config["sharing.replica_divergence"] < 1e-5
     # the fast workers really ran ahead of the slowed one when allowed to (the bound is what held them)
     if k >= 1:
         assert max(max(s.staleness.lags) for _, s, _ in results[1:]) >= 1
+    assert_replicas_identical([net for net, _, _ in results], world)
     params = [net.params() for net, _, _ in results]
     for p in params[1:]:
         assert torch.equal(p, params[0])  # averaged at the end: identical replicas
@@ -116,7 +113,7 @@ def test_lag_is_bounded_and_every_message_is_applied_once(k: int) -> None:
 def test_replicas_drift_apart_before_the_final_average() -> None:
     """With staleness the replicas apply the messages in different orders and at different times: they differ
     before the end, the divergence is reported, and averaging makes them identical."""
-    results = _run([_batches(12, seed=r) for r in range(2)], k=4, epochs=1, delay_s=0.005)
+    results = _run([classification_batches(12, seed=r) for r in range(2)], k=4, epochs=1, delay_s=0.005)
     config = results[0][2]
     assert 0.0 < config["sharing.replica_divergence"] < 1e-5  # rounding of a different order, not a lost message
     assert torch.equal(results[0][0].params(), results[1][0].params())
@@ -125,24 +122,20 @@ def test_replicas_drift_apart_before_the_final_average() -> None:
 def test_one_worker_equals_the_synchronous_loop_without_overlap() -> None:
     """With nobody to wait for, the loop is compute, encode, apply the own message: exactly the synchronous loop
     with overlap=False, to the last bit (same encoder, residual and threshold dynamics)."""
-    shards = [_batches(8, seed=3)]
+    shards = [classification_batches(8, seed=3)]
     stale = _run(shards, k=2, epochs=2, slow_rank=None)[0]
     sync_net = _net()
-    task = WorkerTask(mode="sharing", settings=SharingSettings(ENCODER, overlap=False).to_dict(),
-                      blueprint=NetworkBlueprint.of(sync_net).to_bytes(), epochs=2, prefetch=0)
-    merge_results(sync_net, InProcessRunner(30.0).run(task, [ItemSource(shards[0])]))
+    fit_in_process(sync_net, "sharing", SharingSettings(ENCODER, overlap=False).to_dict(), shards, epochs=2)
     assert torch.equal(stale[0].params(), sync_net.params())
     assert torch.equal(stale[0].updater_state(), sync_net.updater_state())
     assert stale[2]["sharing.messages_applied"] == 16 and stale[2]["sharing.replica_divergence"] == 0.0
     solo_net = _net()  # the in-process runner gives a lone worker a SoloCommunicator (no group at all)
-    task = WorkerTask(mode="stale_sharing", settings=SharingSettings(ENCODER, max_staleness=0).to_dict(),
-                      blueprint=NetworkBlueprint.of(solo_net).to_bytes(), epochs=2, prefetch=0)
-    merge_results(solo_net, InProcessRunner(30.0).run(task, [ItemSource(shards[0])]))
+    fit_in_process(solo_net, "stale_sharing", SharingSettings(ENCODER, max_staleness=0).to_dict(), shards, epochs=2)
     assert torch.equal(solo_net.params(), sync_net.params())
 
 
 def test_unequal_partitions_and_a_worker_without_data_end() -> None:
-    shards = [_batches(9, seed=1), _batches(3, seed=2), []]
+    shards = [classification_batches(9, seed=1), classification_batches(3, seed=2), []]
     results = _run(shards, k=1, epochs=2, slow_rank=1)
     sent = 2 * (9 + 3)
     for _, state, config in results:
@@ -155,7 +148,8 @@ def test_unequal_partitions_and_a_worker_without_data_end() -> None:
 
 def test_calibrated_start_is_agreed_before_the_mailbox_opens() -> None:
     """The default calibrated threshold: one all-gather before the first post, every worker starts alike."""
-    results = _run([_batches(5, seed=1), _batches(5, seed=2)], k=2, epochs=1, encoder=EncoderConfig())
+    shards = [classification_batches(5, seed=1), classification_batches(5, seed=2)]
+    results = _run(shards, k=2, epochs=1, encoder=EncoderConfig())
     starts = {s.start_threshold for _, s, _ in results}
     assert len(starts) == 1 and next(iter(starts)) > 0
     assert results[0][2]["sharing.messages_applied"] == 2 * 10
@@ -192,7 +186,7 @@ def test_a_stuck_peer_times_out_naming_the_setting() -> None:
     net = _net()
     state = algo.start(net, comm)
     with pytest.raises(WaitTimeout, match="rendezvous_timeout_s=1.0"):
-        algo.epoch(state, net, iter(_batches(3, seed=1)), comm, WorkerHooks(), 0)
+        algo.epoch(state, net, iter(classification_batches(3, seed=1)), comm, WorkerHooks(), 0)
 
 
 def test_in_process_runner_fit_with_staleness_matches_counts() -> None:
@@ -200,14 +194,12 @@ def test_in_process_runner_fit_with_staleness_matches_counts() -> None:
     net = _net()
     settings = SharingSettings(ENCODER, max_staleness=1)
     assert SharingSettings.from_dict(settings.to_dict()) == settings
-    task = WorkerTask(mode="stale_sharing", settings=settings.to_dict(),
-                      blueprint=NetworkBlueprint.of(net).to_bytes(), epochs=1, prefetch=0)
-    results = InProcessRunner(30.0).run(task, [ItemSource(_batches(4, seed=1)), ItemSource(_batches(6, seed=2))])
-    merge_results(net, results)
+    results = fit_in_process(net, "stale_sharing", settings.to_dict(),
+                             [classification_batches(4, seed=1), classification_batches(6, seed=2)])
     assert net.extra_config["sharing.max_staleness"] == 1
     assert net.extra_config["sharing.messages_sent"] == 10
     assert net.extra_config["sharing.messages_applied"] == 20
-    assert net.extra_config["sharing.replicas_identical"] is True
+    assert_replicas_identical(results, 2, net=net)
 
 
 @pytest.mark.parametrize("value", [-1, 1.5, True, "2"])
@@ -232,16 +224,15 @@ def test_max_staleness_refuses_combinations_that_cannot_work(tmp_path) -> None:
 def test_worker_error_mid_fit_is_reported_and_leaves_no_thread() -> None:
     """A worker failing mid-epoch (NaN data) aborts the group: its peer stops waiting at once (not after the
     timeout), the driver names the failing worker, no mailbox thread is left."""
-    poisoned = _batches(6, seed=6)
+    poisoned = classification_batches(6, seed=6)
     x = poisoned[3].features.clone()
     x[2] = float("nan")
     poisoned[3] = DataSet(x, poisoned[3].labels)
     net = _net()
-    task = WorkerTask(mode="stale_sharing", settings=SharingSettings(ENCODER, max_staleness=1).to_dict(),
-                      blueprint=NetworkBlueprint.of(net).to_bytes(), epochs=1, prefetch=0)
+    settings = SharingSettings(ENCODER, max_staleness=1).to_dict()
     before = {t.name for t in threading.enumerate()}
     with pytest.raises(WorkerError, match="worker 1 failed"):
-        InProcessRunner(300.0).run(task, [ItemSource(_batches(40, seed=7)), ItemSource(poisoned)])
+        fit_in_process(net, "stale_sharing", settings, [classification_batches(40, seed=7), poisoned], timeout_s=300.0)
     leftover = {t.name for t in threading.enumerate()} - before
     assert not [n for n in leftover if n.startswith("torchspark")], leftover
 

@@ -16,11 +16,7 @@ from torchspark.training.assignment import assign_balanced
 from torchspark.training.config.mesh import MeshConfig
 from torchspark.training.worker.devices import backend_for_device, gpu_addresses
 from torchspark.training.worker.prefetch import prefetch
-
-
-def _batches(n: int, size: int = 8, seed: int = 0) -> list[DataSet]:
-    g = torch.Generator().manual_seed(seed)
-    return DataSet(torch.rand(n * size, 1, 8, 8, generator=g), torch.randint(0, 10, (n * size,), generator=g)).split(size)
+from helpers import uniform_batches
 
 
 def _task(net: Network, **settings) -> WorkerTask:
@@ -31,7 +27,7 @@ def _task(net: Network, **settings) -> WorkerTask:
 def test_weighted_average_of_unequal_rounds_matches_manual_average() -> None:
     """Worker 0 fits 2 batches of 8, worker 1 one batch of 4: the average weights them 16:4."""
     net = Network(models.mlp(64, 8, 10), updater=optim.SGD(lr=0.1), seed=0)
-    a, b = _batches(2, 8, seed=1), _batches(1, 4, seed=2)
+    a, b = uniform_batches(2, size=8, seed=1), uniform_batches(1, size=4, seed=2)
     results = InProcessRunner().run(_task(net, averaging_frequency=5), [ItemSource(a), ItemSource(b)])
     wa, wb = net.copy(), net.copy()
     wa.fit(a)
@@ -43,7 +39,7 @@ def test_weighted_average_of_unequal_rounds_matches_manual_average() -> None:
 
 def test_unequal_shards_terminate_and_agree() -> None:
     net = Network(models.mlp(64, 8, 10), updater=optim.SGD(lr=0.1), seed=0)
-    shards = [ItemSource(_batches(10)), ItemSource(_batches(1)), ItemSource([])]
+    shards = [ItemSource(uniform_batches(10)), ItemSource(uniform_batches(1)), ItemSource([])]
     results = InProcessRunner(timeout_s=30).run(_task(net), shards)
     assert [r.iterations for r in results] == [10, 1, 0]
     assert results[0].params is not None and torch.isfinite(results[0].params).all()
@@ -54,7 +50,8 @@ def test_worker_failure_aborts_peers_with_traceback() -> None:
     bad = DataSet(torch.rand(8, 1, 8, 8), torch.full((8,), 99, dtype=torch.long))
     before = threading.active_count()
     with pytest.raises(WorkerError, match="label index 99") as info:
-        InProcessRunner(timeout_s=30).run(_task(net), [ItemSource(_batches(5)), ItemSource(_batches(2) + [bad])])
+        shards = [ItemSource(uniform_batches(5)), ItemSource(uniform_batches(2) + [bad])]
+        InProcessRunner(timeout_s=30).run(_task(net), shards)
     assert "Traceback" in str(info.value)
     assert threading.active_count() <= before + 1  # prefetch threads are joined
 
@@ -170,7 +167,7 @@ def test_a_peer_leaving_the_shared_memory_barrier_is_a_symptom(symptom: str) -> 
 def test_item_source_decodes_serialized_batches_once_and_replays_them() -> None:
     from torchspark.data import dataset_to_bytes
 
-    batches = _batches(3)
+    batches = uniform_batches(3)
     source = ItemSource(iter([dataset_to_bytes(b) for b in batches]))
     first = list(source.epoch(0))
     assert all(isinstance(b, DataSet) for b in first)
@@ -195,9 +192,9 @@ def test_ready_minibatches_skip_the_prefetch_thread(monkeypatch) -> None:
 
     monkeypatch.setattr(worker_mod, "prefetch", spy)
     net = Network(models.mlp(64, 8, 10), updater=optim.SGD(lr=0.1), seed=0)
-    InProcessRunner().run(_task(net), [ItemSource(_batches(4)), ItemSource(_batches(4))])
+    InProcessRunner().run(_task(net), [ItemSource(uniform_batches(4)), ItemSource(uniform_batches(4))])
     assert calls == []
-    serialized = [ItemSource(iter([dataset_to_bytes(b) for b in _batches(4)])) for _ in range(2)]
+    serialized = [ItemSource(iter([dataset_to_bytes(b) for b in uniform_batches(4)])) for _ in range(2)]
     task = WorkerTask("averaging", {"averaging_frequency": 2, "save_updater": True},
                       NetworkBlueprint.of(net).to_bytes(), epochs=2, prefetch=2)
     InProcessRunner().run(task, serialized)

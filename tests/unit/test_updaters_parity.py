@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import replace
+from functools import partial
 from typing import Any, Callable
 
 import pytest
@@ -27,19 +28,16 @@ from torchspark.schedules import (
 )
 from torchspark.training import InProcessRunner, ItemSource, WorkerTask
 from torchspark.training.task import merge_results
+from helpers import fit_in_process, mlp_net, uniform_batches
 
 BATCH = 16
 
 
-def _batches(steps: int, seed: int = 0) -> list[DataSet]:
-    g = torch.Generator().manual_seed(seed)
-    x = torch.rand(BATCH * steps, 1, 8, 8, generator=g)
-    y = torch.randint(0, 10, (BATCH * steps,), generator=g)
-    return DataSet(x, y).split(BATCH)
+_batches = partial(uniform_batches, size=BATCH)
 
 
 def _net(updater: optim.UpdaterSpec, **kwargs: Any) -> Network:
-    return Network(models.mlp(64, 16, 10), updater=updater, seed=0, **kwargs)
+    return mlp_net(64, 16, 10, updater=updater, **kwargs)
 
 
 def _torch_loop(net: Network, batches: list[DataSet], make_opt: Callable[[list[torch.nn.Parameter]], Any],
@@ -224,10 +222,9 @@ def test_schedule_and_l1_travel_to_in_process_workers() -> None:
     schedule = MapSchedule({0: 0.2, 3: 0.05, 6: 0.01})
     net = _net(optim.SGD(lr=schedule, fused=False), l1=1e-3)
     batches = _batches(8)
-    task = WorkerTask("averaging", {"averaging_frequency": 1, "save_updater": True},
-                      NetworkBlueprint.of(net).to_bytes(), epochs=1, prefetch=0)
     reference = _torch_loop(net, batches, lambda ps: torch.optim.SGD(ps, lr=1.0), l1=1e-3,
                             lr_at=lambda i: schedule.value(i, 0))
-    merge_results(net, InProcessRunner(timeout_s=60).run(task, [ItemSource(batches), ItemSource(batches)]))
+    fit_in_process(net, "averaging", {"averaging_frequency": 1, "save_updater": True}, [batches, batches],
+                   timeout_s=60.0)
     assert net.iteration == 8 and net.current_lr() == pytest.approx(0.01)
     torch.testing.assert_close(net.params(), reference, rtol=1e-5, atol=1e-6)

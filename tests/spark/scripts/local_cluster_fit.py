@@ -17,6 +17,8 @@ from torchspark import Network, datasets, models, optim
 from torchspark.errors import SetupError
 from torchspark.spark import ParameterAveragingTrainingMaster, SharedTrainingMaster, SparkNetwork, local_session
 from torchspark.spark.preflight import executor_count, executors_for_workers_per_node, probe_executors
+from torchspark.training.driver.stats import replica_checksums
+from torchspark.training.task import param_checksum
 
 
 def options(spark) -> dict:
@@ -56,7 +58,8 @@ def _fit(spark, master) -> dict:
     distributed = spark_net.evaluate(sc.parallelize(test.split(50), 3)).accuracy()
     return {"accuracy": net.evaluate(test).accuracy(), "distributed_accuracy": distributed, "executor_pids": pids,
             "driver_pid": os.getpid(),
-            "extra": {k: v for k, v in net.extra_config.items() if isinstance(v, (int, float, bool))}}
+            "extra": {k: v for k, v in net.extra_config.items() if isinstance(v, (int, float, bool))},
+            "param_checksums": replica_checksums(spark_net.last_results), "checksum": param_checksum(net)}
 
 
 def averaging(spark) -> dict:
