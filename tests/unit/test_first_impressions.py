@@ -36,11 +36,11 @@ def test_a_process_launched_while_quiet_keeps_a_silent_stderr(quiet: bool, capfd
 
 def test_summary_names_each_sharing_headline_once() -> None:
     extra = {"sharing.bytes_sent": 120, "sharing.dense_bytes": 4000, "sharing.threshold": 0.01,
-             "sharing.start_threshold": 0.02, "sharing.world_size": 2, "sharing.replicas_identical": True}
+             "sharing.start_threshold": 0.02, "sharing.world_size": 2}
     summary = build_training_stats(StatsCollector(DRIVER_ID), [], 1, extra).summary()
     assert (summary["bytes_sent"], summary["dense_bytes"], summary["threshold"]) == (120, 4000, 0.01)
     assert summary["start_threshold"] == 0.02 and summary["sharing.world_size"] == 2  # not a headline: full name
-    for short in ("bytes_sent", "dense_bytes", "threshold", "start_threshold", "replicas_identical"):
+    for short in ("bytes_sent", "dense_bytes", "threshold", "start_threshold"):
         assert f"sharing.{short}" not in summary, short
 
 

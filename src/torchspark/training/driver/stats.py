@@ -50,4 +50,4 @@ def replica_checksums(results: Sequence[WorkerResult]) -> dict[str, str]:
 
 
 #: gradient sharing's headline numbers, also given in the summary without their ``sharing.`` prefix
-_SHARING_HEADLINES = ("bytes_sent", "dense_bytes", "replicas_identical", "threshold", "start_threshold")
+_SHARING_HEADLINES = ("bytes_sent", "dense_bytes", "threshold", "start_threshold")

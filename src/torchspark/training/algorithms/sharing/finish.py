@@ -37,7 +37,7 @@ def finish_fit(state: SharingState, net: Network, comm: Communicator
 
     Returns:
         ``extra_state``: this rank's residual (``sharing.residual.<rank>``), the averaged threshold state and the
-        world size; ``extra_config``: world size, ``replicas_identical``, the fit's summed ``bytes_sent`` /
+        world size; ``extra_config``: world size, the fit's summed ``bytes_sent`` /
         ``dense_bytes`` over all workers, the averaged end ``threshold``, the ``start_threshold`` (calibrated or
         configured), ``divergence`` (the first worker's divergence message with ``on_divergence="warn"``, else
         None) and ``replica_sha256`` (hex SHA-256 of every replica's float32 parameters followed by its averaged
@@ -68,7 +68,6 @@ def finish_fit(state: SharingState, net: Network, comm: Communicator
     }
     extra_config = {
         "sharing.world_size": world,
-        "sharing.replicas_identical": not differing,  # measured above (the raise keeps it True)
         "sharing.bytes_sent": int(bytes_sent),
         "sharing.dense_bytes": int(dense_bytes),
         "sharing.threshold": averaged.threshold,
