@@ -47,7 +47,7 @@ def test_the_import_contracts_hold() -> None:
     (("training/hooks.py", "import torchspark.spark.network"), "The core never imports the adapters"),
     (("nn/network.py", "import torchspark.training.task"), "nn, encoding and evaluation never import training"),
     (("stats/events.py", "import pyspark"), "Only torchspark.spark imports pyspark"),
-    (("training/comm/shm.py", "import torchspark.training.worker.loop"), "training: the driver starts workers"),
+    (("training/comm/shm.py", "import torchspark.training.worker.loop"), "training: layers from the driver down"),
     (("training/task.py", "import torchspark.training.driver.fit"), "No import cycles"),
 ])
 def test_an_import_against_the_layout_breaks_its_contract(tmp_path, edit, contract) -> None:
