@@ -325,3 +325,13 @@ def test_fused_is_skipped_where_torch_has_no_kernel_and_validated() -> None:
     assert optim.RMSprop().build([torch.nn.Parameter(torch.zeros(2))]) is not None  # RMSprop has no fused option
     with pytest.raises(ConfigError, match="fused must be None"):
         optim.Adam(fused="yes")  # type: ignore[arg-type]
+
+
+def test_float64_features_train_a_float32_network() -> None:
+    """numpy's default dtype used to fail with 'Check the feature shape'; floating features take the network's."""
+    x = np.random.default_rng(0).random((32, 6))  # float64
+    y = np.random.default_rng(1).integers(0, 3, 32)
+    net = Network(models.mlp(6, 8, 3), seed=0)
+    net.fit(DataSet(x, y), batch_size=8)
+    assert net.iteration == 4 and np.isfinite(net.score(DataSet(x, y)))
+    assert net.output(x).dtype.__str__() == "torch.float32"

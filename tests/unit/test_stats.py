@@ -25,6 +25,8 @@ from torchspark.stats import (
 )
 from torchspark.stats.aggregate import downsample_series, log_histogram, stacked_fractions, timeline_occupancy
 from torchspark.stats.html import render_html
+from torchspark.stats.training_stats import DRIVER_ID
+from torchspark.training.driver.stats import build_training_stats
 
 # ---- collector --------------------------------------------------------------------------------------------------
 
@@ -329,3 +331,13 @@ def test_modules_import_alone_without_pyspark() -> None:
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 names = [a.name for a in node.names] + [getattr(node, "module", None) or ""]
                 assert not any(n.split(".")[0] == "pyspark" for n in names), path
+
+
+def test_summary_names_each_sharing_headline_once() -> None:
+    extra = {"sharing.bytes_sent": 120, "sharing.dense_bytes": 4000, "sharing.threshold": 0.01,
+             "sharing.start_threshold": 0.02, "sharing.world_size": 2}
+    summary = build_training_stats(StatsCollector(DRIVER_ID), [], 1, extra).summary()
+    assert (summary["bytes_sent"], summary["dense_bytes"], summary["threshold"]) == (120, 4000, 0.01)
+    assert summary["start_threshold"] == 0.02 and summary["sharing.world_size"] == 2  # not a headline: full name
+    for short in ("bytes_sent", "dense_bytes", "threshold", "start_threshold"):
+        assert f"sharing.{short}" not in summary, short
