@@ -1,5 +1,5 @@
-"""Options that used to be accepted and ignored, without Spark: each works (and changes what happens) or is refused
-at construction; and the replicas' checksums are measured on every rank."""
+"""The masters' options without Spark: each works (and changes what happens) or is refused at construction;
+and the replicas' checksums are measured on every rank."""
 
 from __future__ import annotations
 
