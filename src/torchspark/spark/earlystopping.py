@@ -21,7 +21,7 @@ from torchspark.earlystopping.trainer import (
 )
 from torchspark.errors import ConfigError
 from torchspark.nn import Network
-from torchspark.spark.data import to_batch_rdd
+from torchspark.spark.dataframes import to_batch_rdd
 from torchspark.spark.evaluation import DEFAULT_BATCH_SIZE, do_evaluation
 from torchspark.spark.inference import calculate_score
 from torchspark.spark.network import SparkNetwork

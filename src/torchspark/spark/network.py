@@ -28,11 +28,11 @@ from torchspark.spark.data import (
     shuffle_partitions,
     spread_round_robin,
     storage_level_by_name,
-    to_batch_rdd,
     worker_rdd_balanced,
     worker_rdd_balanced_epochs,
     worker_rdd_from_paths,
 )
+from torchspark.spark.dataframes import network_batches
 from torchspark.spark.evaluation_methods import EvaluationMethods
 from torchspark.spark.export import (
     check_export_directory,
@@ -190,7 +190,7 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         plan_for(master, run_id, 0, 0)  # a run_id without checkpoint_directory fails before any Spark job
         self._driver_stats = StatsCollector(DRIVER_ID, enabled=self._collect_stats)
         self._epoch_examples = None
-        rdd = to_batch_rdd(data, features_col, label_col, feature_shape, [lo.classification for lo in self.network.losses])
+        rdd = network_batches(self.network, data, features_col, label_col, feature_shape)
         n = self._num_workers(master)
         base = self._export_base(master) if master.rdd_training_approach == "export" else None  # before any job
         self._preflight(master, n)
