@@ -21,7 +21,7 @@ from torchspark.earlystopping.trainer import (
 )
 from torchspark.errors import ConfigError
 from torchspark.nn import Network
-from torchspark.spark.dataframes import to_batch_rdd
+from torchspark.spark.dataframes import network_batches
 from torchspark.spark.evaluation import DEFAULT_BATCH_SIZE, do_evaluation
 from torchspark.spark.inference import calculate_score
 from torchspark.spark.network import SparkNetwork
@@ -135,9 +135,8 @@ class SparkEarlyStoppingTrainer:
         self.paths = paths
         self.feature_shape = tuple(feature_shape) if feature_shape else None
         # one RDD for every epoch (a DataFrame would become a new RDD, exported again, at every fit)
-        self.train_data = None if train_data is None else to_batch_rdd(
-            train_data, features_col, label_col, self.feature_shape,
-            spark_network.network.losses[0].classification)
+        self.train_data = None if train_data is None else network_batches(
+            spark_network.network, train_data, features_col, label_col, self.feature_shape)
         self._forward = _Forward()
         spark_network.add_progress_listener(self._forward)
 
