@@ -388,7 +388,8 @@ class ParallelWrapper:
                 the epochs and minibatches already done) or starts; None: a fresh run id. Resume with the same data,
                 options and number of workers.
         Raises:
-            ConfigError: bad ``epochs`` / ``batch_size``; ``run_id`` without ``checkpoint_directory``. DataError: empty or malformed data.
+            ConfigError: bad ``epochs`` / ``batch_size``; ``run_id`` without ``checkpoint_directory``.
+            DataError: empty or malformed data.
             WorkerError: a worker failed; the message holds its traceback (the root cause, not a peer's symptom).
         """
         assert self.master is not None

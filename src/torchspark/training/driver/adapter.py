@@ -1,5 +1,6 @@
-"""What every adapter (``SparkNetwork``, ``ParallelWrapper``) does around :func:`~torchspark.training.driver.fit.run_fit`,
-written once: its listeners, the checks before a fit, the fit itself and what the last fit left.
+"""What every adapter (``SparkNetwork``, ``ParallelWrapper``) does around
+:func:`~torchspark.training.driver.fit.run_fit`, written once: its listeners, the checks before a fit, the fit itself
+and what the last fit left.
 
 An adapter turns the user's data into the workers' shares and picks a runner; :class:`FitAdapter` does the rest:
 

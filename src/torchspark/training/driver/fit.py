@@ -146,7 +146,8 @@ class FitContext:
         if self._server is None:
             return None
         reporting = {rank for rank, _ in self._server.errors()}
-        ended = [(s.last_seen, r) for r, s in self._server.liveness.snapshot().items() if s.ended and r not in reporting]
+        ended = [(s.last_seen, r) for r, s in self._server.liveness.snapshot().items()
+                 if s.ended and r not in reporting]
         return min(ended)[1] if ended else None
 
     def reached(self) -> tuple[int, int] | None:
