@@ -150,7 +150,7 @@ class DataPreparation:
         Raises:
             ConfigError: ``drop_last`` without the balanced split; DataError: an empty RDD.
         """
-        recorder = recorder or NullRecorder()
+        recorder = NullRecorder() if recorder is None else recorder
         self.epoch_examples = None
         keep = keep_partitions(master, rdd.getNumPartitions(), n)
         balanced = not keep and master.repartition_strategy == "balanced"
