@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from torchspark.data import DataSet, MultiDataSet, dataset_to_bytes
 from torchspark.errors import DataError
@@ -19,11 +19,19 @@ from torchspark.training.task import EpochSource
 from torchspark.training.waiting import get_within, put_until_stopped
 from torchspark.training.worker.loop import ItemSource
 
-__all__ = ["EPOCH_END", "QueueSource", "WorkerShares", "initial_items", "wire", "start_feeders"]
+__all__ = ["EPOCH_END", "QueueSource", "WorkerShares", "Put", "put_item", "initial_items", "wire", "start_feeders"]
 
 EPOCH_END = "__torchspark_epoch_end__"
 #: how often a feeder blocked on a full queue checks the stop flag
 _POLL_S = 0.2
+
+#: how a feeder puts one item into a worker's queue: ``put(queue, item, stop) -> False`` once ``stop`` is set
+Put = Callable[[Any, Any, threading.Event], bool]
+
+
+def put_item(q: Any, item: Any, stop: threading.Event) -> bool:
+    """The feeders' :data:`Put`: wait for room in the bounded queue, give up (False) once ``stop`` is set."""
+    return put_until_stopped(q, item, stop, _POLL_S)
 
 
 class QueueSource:
@@ -109,20 +117,20 @@ def wire(item: Any) -> Any:
     raise DataError(f"cannot send a {type(item).__name__} to a worker; expected a DataSet or MultiDataSet")
 
 
-def start_feeders(shares: WorkerShares, queues: Sequence[Any], stop: threading.Event,
-                  errors: list[BaseException]) -> list[threading.Thread]:
+def start_feeders(shares: WorkerShares, queues: Sequence[Any], stop: threading.Event, errors: list[BaseException],
+                  put: Put = put_item) -> list[threading.Thread]:
     """Start the threads that feed the workers' queues (none when every worker got its share at start).
 
     A stream is dealt round-robin by one thread; per-epoch plans get one thread per worker (a full queue must never
-    starve a peer). A feeder gives up once ``stop`` is set, and appends what it raised to ``errors`` (the
-    supervisor raises it on the calling thread).
+    starve a peer). Every item goes in through ``put``; a feeder gives up once ``stop`` is set, and appends what it
+    raised to ``errors`` (the supervisor raises it on the calling thread).
     """
     if shares.stream is not None:
-        feeders = [threading.Thread(target=_feed_stream, args=(queues, shares.stream, stop, errors),
+        feeders = [threading.Thread(target=_feed_stream, args=(queues, shares.stream, stop, errors, put),
                                     name="torchspark-feeder", daemon=True)]
     elif shares.epoch_feeds is not None:
         feeders = [threading.Thread(target=_feed_epochs,
-                                    args=(queues[w], [plan[w] for plan in shares.epoch_feeds], stop, errors),
+                                    args=(queues[w], [plan[w] for plan in shares.epoch_feeds], stop, errors, put),
                                     name=f"torchspark-feeder-{w}", daemon=True) for w in range(len(queues))]
     else:
         feeders = []
@@ -131,29 +139,30 @@ def start_feeders(shares: WorkerShares, queues: Sequence[Any], stop: threading.E
     return feeders
 
 
-def _feed_stream(queues: Sequence[Any], stream: Iterable[Any], stop: threading.Event,
-                 errors: list[BaseException]) -> None:
+def _feed_stream(queues: Sequence[Any], stream: Iterable[Any], stop: threading.Event, errors: list[BaseException],
+                 put: Put) -> None:
     """Deal a one-shot stream of minibatches round-robin, then close the (only) epoch on every queue."""
     n = len(queues)
     try:
         for i, item in enumerate(stream):
-            if not put_until_stopped(queues[i % n], wire(item), stop, _POLL_S):
+            if not put(queues[i % n], wire(item), stop):
                 return
         for q in queues:
-            if not put_until_stopped(q, EPOCH_END, stop, _POLL_S):
+            if not put(q, EPOCH_END, stop):
                 return
     except BaseException as e:  # noqa: BLE001 - surfaced by the supervisor on the calling thread
         errors.append(e)
 
 
-def _feed_epochs(q: Any, epochs: Sequence[Sequence[Any]], stop: threading.Event, errors: list[BaseException]) -> None:
+def _feed_epochs(q: Any, epochs: Sequence[Sequence[Any]], stop: threading.Event, errors: list[BaseException],
+                 put: Put) -> None:
     """Send one worker its minibatches epoch by epoch, closing each epoch."""
     try:
         for items in epochs:
             for item in items:
-                if not put_until_stopped(q, wire(item), stop, _POLL_S):
+                if not put(q, wire(item), stop):
                     return
-            if not put_until_stopped(q, EPOCH_END, stop, _POLL_S):
+            if not put(q, EPOCH_END, stop):
                 return
     except BaseException as e:  # noqa: BLE001 - surfaced by the supervisor on the calling thread
         errors.append(e)

@@ -18,7 +18,7 @@ from dataclasses import replace
 from typing import Any, Sequence
 
 from torchspark.parallel.bootstrap import ChildArgs, backend_for_devices, child_main, worker_context
-from torchspark.parallel.feeding import WorkerShares, initial_items, start_feeders
+from torchspark.parallel.feeding import WorkerShares, initial_items, put_item, start_feeders
 from torchspark.parallel.supervision import Supervisor
 from torchspark.training.driver.runner import NULL_CONTEXT, RunContext
 from torchspark.training.progress import ProgressEndpoint
@@ -78,6 +78,11 @@ class LocalProcessRunner:
         with context.recorder.phase("fit"):
             return self._run(task, data, progress_address, Supervisor(self.timeout_s, self.exit_timeout_s, context))
 
+    def _put(self, q: Any, item: Any, stop: threading.Event) -> bool:
+        """How the feeders put one item into a worker's queue (:func:`~torchspark.parallel.feeding.put_item`; a
+        subclass may watch it)."""
+        return put_item(q, item, stop)
+
     def _run(self, task: WorkerTask, data: WorkerShares, progress_address: ProgressEndpoint | None,
              supervisor: Supervisor) -> list[WorkerResult]:
         """Steps 1-5 of the module docstring."""
@@ -104,7 +109,7 @@ class LocalProcessRunner:
                                    name=f"torchspark-worker-{rank}", daemon=True)
                 proc.start()
                 supervisor.children.append(proc)  # only started processes: shutdown joins every child
-            feeders = start_feeders(data, queues, stop, feeder_errors)
+            feeders = start_feeders(data, queues, stop, feeder_errors, self._put)
             results = supervisor.collect(results_q, n, feeder_errors)
             finished = True
             return results
