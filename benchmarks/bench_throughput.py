@@ -386,7 +386,7 @@ class Independent(Method):
     name = "independent"
 
     def run(self, epochs: int) -> None:
-        from torchspark.parallel.runner import worker_context
+        from torchspark.parallel.bootstrap import worker_context
 
         ctx = worker_context()
         done = ctx.Queue()

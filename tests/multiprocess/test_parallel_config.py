@@ -14,7 +14,7 @@ from torchspark.encoding import FixedThreshold
 from torchspark.errors import ConfigError, DataError
 from torchspark.parallel import ParallelWrapper, plan_devices
 from torchspark.parallel import wrapper as wrapper_module
-from torchspark.parallel.runner import backend_for_devices
+from torchspark.parallel.bootstrap import backend_for_devices
 from torchspark.training.assignment import plan_files, split_examples
 from torchspark.training.worker.loop import load_item
 from helpers import mlp_net

@@ -18,6 +18,7 @@ from _faulty import FailingForward
 from torchspark import DataSet, Network, datasets, models, optim
 from torchspark.errors import WorkerError
 from torchspark.parallel import LocalProcessRunner, ParallelWrapper
+from torchspark.parallel.supervision import Supervisor
 from torchspark.training.config.masters import ParameterAveragingTrainingMaster
 
 
@@ -155,8 +156,8 @@ def test_the_root_cause_wins_over_a_peer_error_that_arrives_first() -> None:
     cause = "Traceback (most recent call last):\n  File \"model.py\", line 3\nValueError: bad input in layer 2"
     later: queue.Queue = queue.Queue()
     later.put(("error", 1, cause))
-    runner = LocalProcessRunner(["cpu", "cpu"])
+    supervisor = Supervisor(timeout_s=300.0)
     with pytest.raises(WorkerError) as info:
-        runner._raise_worker_error(later, [(0, peer)], wait_s=5.0)
+        supervisor.raise_worker_error(later, [(0, peer)], wait_s=5.0)
     assert str(info.value).startswith("worker 1 failed: ValueError: bad input in layer 2")
     assert 'File "model.py", line 3' in str(info.value)

@@ -51,8 +51,8 @@ def test_uneven_partitions_train_equal_examples_per_worker(spark, sc, approach: 
 def _prepared_minibatches(spark, rdd, master: ParameterAveragingTrainingMaster, workers: int) -> list[list[DataSet]]:
     """Every worker's prepared minibatches, loaded on the driver (a test may collect; the library never does)."""
     spark_net = SparkNetwork(spark, _net(), master, progress=False)
-    base = spark_net._export_base(master) if master.rdd_training_approach == "export" else None
-    worker_rdd = spark_net._prepare(rdd, master, workers, base)
+    base = spark_net.preparation.export_base(master) if master.rdd_training_approach == "export" else None
+    worker_rdd = spark_net.preparation.from_rdd(rdd, master, workers, base)
     try:
         return [[load_item(item) for item in items] for items in worker_rdd.glom().collect()]
     finally:
@@ -98,7 +98,7 @@ def test_default_export_goes_under_sparks_local_dir_and_is_removed(spark, sc) ->
     expected_base = (local_dir or tempfile.gettempdir()).split(",")[0].strip()
     spark_net = SparkNetwork(spark, _net(), _master("export", 2), progress=False)
     spark_net.fit(sc.parallelize(_parts(), len(SIZES)), epochs=1)
-    directories = [export.directory for export in spark_net._exports.values()]
+    directories = [export.directory for export in spark_net.preparation.exports.values()]
     private = {os.path.dirname(d) for d in directories}
     assert len(private) == 1 and all(os.path.dirname(p) == expected_base for p in private)
     assert all(os.path.basename(p).startswith(PREFIX) for p in private)

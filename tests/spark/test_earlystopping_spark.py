@@ -7,6 +7,8 @@ import dataclasses
 from functools import partial
 
 import pytest
+import torch
+from torch import nn
 
 from torchspark import Network, datasets, models, optim
 from torchspark.earlystopping import (
@@ -72,3 +74,43 @@ def test_an_iteration_condition_fires_on_live_worker_scores(spark) -> None:
     assert "MaxScore" in result.termination_details and result.total_epochs == 1
     assert "worker" in result.termination_details  # fired on a live report, not on the epoch's final score
     assert result.score_vs_epoch == {} and result.best_model is None and spark_net.network.epoch == 1
+
+
+
+def _two_output_net(regression_first: bool) -> Network:
+    class TwoOutputs(nn.Module):  # defined here: shipped to the executors by value
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = nn.Linear(F, 16)
+            self.cls = nn.Linear(16, C)
+            self.reg = nn.Linear(16, 1)
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            h = torch.relu(self.body(x))
+            return (self.reg(h), self.cls(h)) if regression_first else (self.cls(h), self.reg(h))
+
+    losses = ["mse", "cross_entropy"] if regression_first else ["cross_entropy", "mse"]
+    return Network(TwoOutputs(), loss=losses, updater=optim.SGD(lr=0.05), seed=0)
+
+
+@pytest.mark.parametrize("regression_first", [True, False], ids=["regression-first", "classification-first"])
+def test_early_stopping_reads_each_label_column_as_its_output_wants(spark, regression_first: bool) -> None:
+    """A DataFrame with a regression output (float targets, none of them integers) and a classification output
+    (class indices): early stopping reads every label column with its own output's loss, as ``SparkNetwork.fit``
+    does, and trains the same network. It once read every column with the first loss's flag: with the regression
+    output first the class indices became floats and every epoch failed."""
+    data = datasets.synthetic_classification(96, F, C, seed=1, noise=2.0)
+    targets = data.features[:, :1] * 0.5 + 0.25  # (N, 1) floats
+    rows = [(x.tolist(), int(y), t.tolist()) for x, y, t in zip(data.features, data.labels, targets)]
+    frame = spark.createDataFrame(rows, "features array<float>, cls long, reg array<float>").repartition(2).cache()
+    columns = {"features_col": "features", "label_col": ["reg", "cls"] if regression_first else ["cls", "reg"]}
+    config = EarlyStoppingConfiguration(SparkLossCalculator(spark, frame, **columns), epoch_conditions=[MaxEpochs(2)])
+    stopped = SparkNetwork(spark, _two_output_net(regression_first), MASTER, progress=False)
+    result = SparkEarlyStoppingTrainer(stopped, config, frame, **columns).fit()
+    assert result.termination_reason is TerminationReason.EPOCH_CONDITION, result.termination_details
+    assert result.total_epochs == 2 and sorted(result.score_vs_epoch) == [0, 1]
+    # the same two epochs through SparkNetwork.fit give the same network
+    reference = SparkNetwork(spark, _two_output_net(regression_first), MASTER, progress=False)
+    for _ in range(2):
+        reference.fit(frame, epochs=1, **columns)
+    torch.testing.assert_close(stopped.network.params(), reference.network.params())

@@ -81,7 +81,7 @@ def test_storage_level_is_used_by_the_direct_route(spark, sc, level) -> None:
                                               storage_level=level)
     spark_net = SparkNetwork(spark, _net(), master, progress=False)
     spark_net.fit(data)
-    (prepared,) = spark_net._prepared.values()
+    (prepared,) = spark_net.preparation.persisted.values()
     assert str(prepared.getStorageLevel()) == str(getattr(__import__("pyspark").StorageLevel, level))
     spark_net.delete_temp_files()
 

@@ -77,7 +77,7 @@ def test_with_block_removes_the_export_even_when_the_fit_fails(spark, sc, temp_b
     with pytest.raises(DataError, match="out of range"):
         with SparkNetwork(spark, _net(), _master(), progress=False) as snet:
             snet.fit(_rdd(sc, labels_offset=5), epochs=1)  # labels 5..7 for 3 classes: found after the export
-    assert snet._private_dirs == [] and _private(temp_base) == []
+    assert snet.preparation.private_dirs == [] and _private(temp_base) == []
 
 
 def test_garbage_collection_removes_the_export(spark, sc, temp_base: Path) -> None:

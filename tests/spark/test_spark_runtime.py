@@ -11,7 +11,7 @@ import torch
 from torchspark import DataSet, Network, models, optim
 from torchspark.errors import ConfigError
 from torchspark.spark import ParameterAveragingTrainingMaster, SparkNetwork
-from torchspark.spark.network import _first_and_drain, first_item
+from torchspark.spark.preparation import _first_and_drain, first_item
 from helpers import mlp_net, uniform_data
 
 pytestmark = pytest.mark.spark
@@ -109,17 +109,18 @@ def test_direct_route_reuses_its_prepared_rdd_and_releases_it(spark, sc) -> None
 
     rdd = sc.parallelize(uniform_data(96, seed=2, shape=(64,)).split(12), 3)
     snet, net = _fit(spark, rdd, rdd_training_approach="direct")
-    (first,) = snet._prepared.values()
+    (first,) = snet.preparation.persisted.values()
     assert persisted(first)
     snet.fit(rdd, epochs=1)
-    assert list(snet._prepared.values()) == [first], "a second fit of the same RDD reuses the prepared data"
+    assert list(snet.preparation.persisted.values()) == [first], \
+        "a second fit of the same RDD reuses the prepared data"
     other = sc.parallelize(uniform_data(64, seed=3, shape=(64,)).split(8), 2)
     snet.fit(other, epochs=1)
-    (second,) = snet._prepared.values()
+    (second,) = snet.preparation.persisted.values()
     assert second is not first and persisted(second)
     assert not persisted(first), "only the latest data stays persisted"
     snet.delete_temp_files()
-    assert not persisted(second) and snet._prepared == {}
+    assert not persisted(second) and snet.preparation.persisted == {}
 
 
 def test_first_item_skips_empty_partitions_and_reads_partitions_to_the_end(sc) -> None:

@@ -199,3 +199,31 @@ def test_ready_minibatches_skip_the_prefetch_thread(monkeypatch) -> None:
                       NetworkBlueprint.of(net).to_bytes(), epochs=2, prefetch=2)
     InProcessRunner().run(task, serialized)
     assert calls == [2, 2], "first epoch decodes on the prefetch thread; the second replays decoded batches"
+
+
+def test_every_context_offers_what_run_context_declares() -> None:
+    from torchspark.training.driver.fit import FitContext
+    from torchspark.training.driver.runner import NULL_CONTEXT, RunContext
+    from torchspark.training.hooks import NullRecorder
+
+    declared = {n for n in vars(RunContext) if not n.startswith("_")} | set(RunContext.__annotations__)
+    assert {"network", "recorder", "description", "attempt", "progress_address", "reported_errors", "notify",
+            "stalled"} <= declared
+    fit_context = FitContext(Network(models.mlp(4, 8, 3), seed=0), NullRecorder(), "fit")
+    for context in (fit_context, NULL_CONTEXT):
+        missing = [n for n in declared if not hasattr(type(context), n) and n not in vars(context)]
+        assert missing == [], f"{type(context).__name__} lacks {missing}"
+
+
+def test_a_runner_on_its_own_runs_with_the_null_context() -> None:
+    from torchspark.training.driver.runner import NULL_CONTEXT
+
+    assert NULL_CONTEXT.progress_address() is None and NULL_CONTEXT.reported_errors() == []
+    assert NULL_CONTEXT.stalled(2, 1.0) is None and NULL_CONTEXT.attempt == 0
+    with NULL_CONTEXT.recorder.phase("fit"):
+        pass
+    with pytest.raises(ConfigError, match="run it through run_fit"):
+        NULL_CONTEXT.network  # noqa: B018 - the rounds route trains the driver's network: it needs run_fit's
+    net = Network(models.mlp(64, 8, 10), updater=optim.SGD(lr=0.1), seed=0)
+    results = InProcessRunner(timeout_s=30).run(_task(net), [ItemSource(_batches(3)), ItemSource(_batches(3))])
+    assert [r.rank for r in results] == [0, 1]

@@ -15,6 +15,7 @@ A failing epoch or score ends the run with reason ``ERROR`` and the best model s
 
 from __future__ import annotations
 
+import abc
 import enum
 import logging
 import math
@@ -31,7 +32,7 @@ from torchspark.nn import Network
 from torchspark.training.hooks import ProgressUpdate
 
 __all__ = ["EarlyStoppingConfiguration", "EarlyStoppingResult", "EarlyStoppingListener", "TerminationReason",
-           "run_early_stopping", "LiveChecks"]
+           "run_early_stopping", "LiveChecks", "EpochByEpochTrainer"]
 
 log = logging.getLogger(__name__)
 
@@ -219,6 +220,51 @@ def run_early_stopping(config: EarlyStoppingConfiguration, network: Network, fit
     log.info("early stopping ended: %s", result)
     listener.on_completion(result)
     return result
+
+
+class EpochByEpochTrainer(abc.ABC):
+    """What an adapter's early-stopping trainer shares with the others (``SparkEarlyStoppingTrainer``,
+    ``EarlyStoppingParallelTrainer``): one progress listener, registered on the adapter once, that feeds the running
+    fit's :class:`LiveChecks`, and :meth:`fit`. A subclass says which network it trains and how one epoch runs.
+
+    Args:
+        config: the early-stopping configuration.
+        listener: told about start, every epoch and completion.
+        add_progress_listener: the adapter's ``add_progress_listener``.
+    """
+
+    def __init__(self, config: EarlyStoppingConfiguration, listener: EarlyStoppingListener | None,
+                 add_progress_listener: Callable[[Callable[[ProgressUpdate], None]], None]) -> None:
+        self.config, self.listener = config, listener
+        self._live: LiveChecks | None = None
+        add_progress_listener(self._on_progress)
+
+    @property
+    @abc.abstractmethod
+    def network(self) -> Network:
+        """The network the epochs train in place (the calculator scores it)."""
+
+    @abc.abstractmethod
+    def _fit_epoch(self) -> float:
+        """Train one epoch; returns its training score (the adapter's score of the fit)."""
+
+    def _on_progress(self, update: ProgressUpdate) -> None:
+        live = self._live
+        if live is not None:
+            live(update)
+
+    def fit(self) -> EarlyStoppingResult:
+        """Run until a termination condition fires; returns the result (best model, scores, reason)."""
+        check = getattr(self.config.model_saver, "check", None)
+        if callable(check):
+            check(self.network)
+        start = time.monotonic()
+        self._live = LiveChecks(self.config.iteration_conditions, start, time.monotonic)
+        try:
+            return run_early_stopping(self.config, self.network, self._fit_epoch, self.listener, live=self._live,
+                                      start=start)
+        finally:
+            self._live = None
 
 
 def _improves(score: float, best: float, minimize: bool) -> bool:

@@ -8,25 +8,18 @@ computed on this process with the local calculators (:class:`~torchspark.earlyst
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
 
-from torchspark.earlystopping.trainer import (
-    EarlyStoppingConfiguration,
-    EarlyStoppingListener,
-    EarlyStoppingResult,
-    LiveChecks,
-    run_early_stopping,
-)
+from torchspark.earlystopping.trainer import EarlyStoppingConfiguration, EarlyStoppingListener, EpochByEpochTrainer
 from torchspark.errors import ConfigError
+from torchspark.nn import Network
 from torchspark.parallel.wrapper import ParallelWrapper
-from torchspark.training.hooks import ProgressUpdate
 
 __all__ = ["EarlyStoppingParallelTrainer"]
 
 
-class EarlyStoppingParallelTrainer:
+class EarlyStoppingParallelTrainer(EpochByEpochTrainer):
     """Train ``wrapper.network`` epoch by epoch with ``wrapper`` until the configuration says stop.
 
     Args:
@@ -48,29 +41,14 @@ class EarlyStoppingParallelTrainer:
         if isinstance(train_data, Iterator):
             raise ConfigError("train_data is a one-shot iterator, but early stopping trains it once per epoch; "
                               "pass a list (e.g. list(data)), a DataSet or batch-file paths")
-        self.wrapper, self.config, self.listener = wrapper, config, listener
+        self.wrapper = wrapper
         self.train_data, self.batch_size = train_data, batch_size
-        self._live: LiveChecks | None = None
-        wrapper.add_progress_listener(self._on_progress)
+        super().__init__(config, listener, wrapper.add_progress_listener)
 
-    def _on_progress(self, update: ProgressUpdate) -> None:
-        live = self._live
-        if live is not None:
-            live(update)
+    @property
+    def network(self) -> Network:
+        return self.wrapper.network
 
     def _fit_epoch(self) -> float:
         self.wrapper.fit(self.train_data, epochs=1, batch_size=self.batch_size)
         return self.wrapper.get_score()
-
-    def fit(self) -> EarlyStoppingResult:
-        """Run until a termination condition fires; returns the result (best model, scores, reason)."""
-        check = getattr(self.config.model_saver, "check", None)
-        if callable(check):
-            check(self.wrapper.network)
-        start = time.monotonic()
-        self._live = LiveChecks(self.config.iteration_conditions, start, time.monotonic)
-        try:
-            return run_early_stopping(self.config, self.wrapper.network, self._fit_epoch, self.listener,
-                                      live=self._live, start=start)
-        finally:
-            self._live = None

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
@@ -28,15 +27,15 @@ from torchspark.errors import ConfigError, DataError
 from torchspark.listeners import TrainingEvents, TrainingListener
 from torchspark.nn import Network
 from torchspark.parallel.options import OPTION_DEFAULTS, TRAINING_MODES, check_local_master, master_from_options
-from torchspark.parallel.runner import LocalProcessRunner, WorkerShares
+from torchspark.parallel.feeding import WorkerShares
+from torchspark.parallel.runner import LocalProcessRunner
 from torchspark.stats import DRIVER_ID, StatsCollector, TrainingStats
 from torchspark.training.algorithms.sharing.topology import DEFAULT_SHARD_ABOVE_WORKERS
 from torchspark.training.assignment import epoch_seed, per_epoch, plan_files, split_examples
 from torchspark.training.config.masters import TrainingMaster
-from torchspark.training.driver.fit import build_task, run_fit
+from torchspark.training.driver.adapter import FitAdapter, check_first_batch, check_runner
 from torchspark.training.hooks import ProgressUpdate, ScoreReport
 from torchspark.training.task import WorkerResult
-from torchspark.training.worker.loop import load_item
 
 __all__ = ["ParallelWrapper", "TRAINING_MODES", "plan_devices"]
 
@@ -292,14 +291,9 @@ class ParallelWrapper:
     shard_above_workers: int = DEFAULT_SHARD_ABOVE_WORKERS
     master: TrainingMaster | None = None
     runner: Any = None
-    #: timings of the last fit (None unless ``collect_training_stats``)
-    training_stats: TrainingStats | None = field(default=None, init=False, repr=False)
-    #: every worker's result of the last fit, by rank
-    last_results: list[WorkerResult] = field(default_factory=list, init=False, repr=False)
     _devices: list[str] = field(default_factory=list, init=False, repr=False)
-    _listeners: list[Callable[[ProgressUpdate], None]] = field(default_factory=list, init=False, repr=False)
-    _training_listeners: list[TrainingListener] = field(default_factory=list, init=False, repr=False)
-    _score: float = field(default=math.nan, init=False, repr=False)
+    _fits: FitAdapter = field(default_factory=lambda: FitAdapter("ParallelWrapper", TrainingListener, TrainingEvents),
+                              init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.network, Network):
@@ -316,9 +310,7 @@ class ParallelWrapper:
         if not isinstance(self.report_score_after_averaging, bool):
             raise ConfigError(f"report_score_after_averaging must be True or False, got "
                               f"{self.report_score_after_averaging!r}")
-        if self.runner is not None and not callable(getattr(self.runner, "run", None)):
-            raise ConfigError(f"runner must have a run(task, data, context) method (a Runner), got "
-                              f"{type(self.runner).__name__}")
+        check_runner(self.runner)
         options = {name: getattr(self, name) for name in OPTION_DEFAULTS}
         object.__setattr__(self, "_options_master", self.master is None)
         if self.master is None:
@@ -354,22 +346,29 @@ class ParallelWrapper:
         """The device of each worker, by rank (e.g. ``["cpu", "cpu"]``)."""
         return list(self._devices)
 
+    @property
+    def training_stats(self) -> TrainingStats | None:
+        """Timings of the last fit (None unless ``collect_training_stats``)."""
+        return self._fits.stats
+
+    @property
+    def last_results(self) -> list[WorkerResult]:
+        """Every worker's result of the last fit, by rank."""
+        return self._fits.results
+
     def add_progress_listener(self, listener: Callable[[ProgressUpdate], None]) -> None:
         """Call ``listener(update)`` (on a background thread) for every progress report workers send."""
-        self._listeners.append(listener)
+        self._fits.add_progress_listener(listener)
 
     def add_training_listener(self, listener: TrainingListener) -> None:
         """Tell ``listener`` (a :class:`~torchspark.listeners.TrainingListener`, e.g. ``MlflowListener`` or
         ``TensorBoardListener``) about every later fit: its start, progress, epochs and end. With a listener the
         workers also report the score they agree on (as ``report_score_after_averaging`` does)."""
-        if not isinstance(listener, TrainingListener):
-            raise ConfigError(f"add_training_listener takes a torchspark.listeners.TrainingListener, got "
-                              f"{type(listener).__name__}; use add_progress_listener for a plain callable")
-        self._training_listeners.append(listener)
+        self._fits.add_training_listener(listener)
 
     def get_score(self) -> float:
         """Mean over workers of their last minibatch loss in the last fit (NaN before any fit)."""
-        return self._score
+        return self._fits.score
 
     def fit(self, data: Any, epochs: int = 1, batch_size: int | None = None, run_id: str | None = None) -> Network:
         """Train for ``epochs`` epochs; returns the (updated in place) network.
@@ -389,7 +388,8 @@ class ParallelWrapper:
                 the epochs and minibatches already done) or starts; None: a fresh run id. Resume with the same data,
                 options and number of workers.
         Raises:
-            ConfigError: bad ``epochs`` / ``batch_size``; ``run_id`` without ``checkpoint_directory``. DataError: empty or malformed data.
+            ConfigError: bad ``epochs`` / ``batch_size``; ``run_id`` without ``checkpoint_directory``.
+            DataError: empty or malformed data.
             WorkerError: a worker failed; the message holds its traceback (the root cause, not a peer's symptom).
         """
         assert self.master is not None
@@ -399,17 +399,10 @@ class ParallelWrapper:
                 raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
         plan = _route(data, len(self._devices), batch_size, epochs, self.master.rng_seed, self.network.epoch,
                       self.master.drop_last)
-        self._check_sample(plan.sample)
+        check_first_batch(self.network, plan.sample)  # before any process starts
         return self._run(plan, epochs, run_id)
 
     # ------------------------------------------------------------------ internals
-    def _check_sample(self, item: Any) -> None:
-        """Fail fast, before any process starts: run the network on a few examples of the first minibatch."""
-        batch = load_item(os.fspath(item) if isinstance(item, os.PathLike) else item)
-        sample = batch.slice(0, min(4, len(batch)))
-        sample.check_finite("training features")
-        self.network.score(sample)
-
     def _runner(self) -> Any:
         if self.runner is not None:
             return self.runner
@@ -421,18 +414,12 @@ class ParallelWrapper:
     def _run(self, plan: _DataPlan, epochs: int, run_id: str | None = None) -> Network:
         master = self.master
         assert master is not None
-        recorder = StatsCollector(DRIVER_ID, enabled=master.collect_training_stats)
-        task = build_task(self.network, master, epochs, master.collect_training_stats, recorder,
-                          report_scores=self.report_score_after_averaging or bool(self._training_listeners),
-                          run_id=run_id)
-        events = (TrainingEvents(self._training_listeners, runner="ParallelWrapper", master=master,
-                                 network=self.network, epochs=epochs, num_workers=len(self._devices))
-                  if self._training_listeners else None)
-        score_listeners = [_log_score] if self.report_score_after_averaging else []
-        outcome = run_fit(self.network, task, self._runner(), plan.shares, recorder=recorder,
-                          description=f"ParallelWrapper fit: {len(self._devices)} workers, {epochs} epoch(s)",
-                          listeners=self._listeners, score_listeners=score_listeners, progress=self.progress,
-                          events=events, max_failures=master.max_failures,
-                          total_examples=None if plan.examples is None else plan.examples * epochs)
-        self._score, self.last_results, self.training_stats = outcome.score, outcome.results, outcome.stats
+        n = len(self._devices)
+        self._fits.fit(self.network, master, self._runner(), plan.shares, epochs=epochs, num_workers=n,
+                       collect_stats=master.collect_training_stats,
+                       recorder=StatsCollector(DRIVER_ID, enabled=master.collect_training_stats),
+                       description=f"ParallelWrapper fit: {n} workers, {epochs} epoch(s)", run_id=run_id,
+                       progress=self.progress, report_scores=self.report_score_after_averaging,
+                       score_listeners=[_log_score] if self.report_score_after_averaging else [],
+                       total_examples=None if plan.examples is None else plan.examples * epochs)
         return self.network

@@ -1,9 +1,10 @@
-"""The worker side of the Spark barrier stage: rendezvous, device choice, then ``run_worker``.
+"""The worker side of the Spark barrier stage: device choice, rendezvous, then ``run_worker``.
 
-Worker side (:func:`barrier_task`): task 0 hosts a ``TCPStore`` on a free port and publishes its address
-through a relay store on the driver (:func:`open_relay`; ``BarrierTaskContext.allGather`` without one, bounded by
-``rendezvous_timeout_s`` on any session: :mod:`torchspark.spark.barrier_wait`), and all
-of them build a torch.distributed group (gloo on CPU, nccl on CUDA) with ``rendezvous_timeout_s`` as the collective timeout.
+Worker side (:func:`barrier_task`): each task takes its device and cores (:mod:`torchspark.spark.task_bootstrap`);
+task 0 hosts a ``TCPStore`` on a free port and publishes its address through a relay store on the driver
+(:func:`open_relay`; ``BarrierTaskContext.allGather`` without one, bounded by ``rendezvous_timeout_s`` on any
+session: :mod:`torchspark.spark.barrier_wait`), and all of them build a torch.distributed group (gloo on CPU, nccl
+on CUDA) with ``rendezvous_timeout_s`` as the collective timeout.
 
 The driver side (running the stage under its own job group, turning a worker's exception into our error) is
 :func:`torchspark.spark.jobs.run_barrier_stage`.
@@ -16,10 +17,9 @@ import traceback
 from dataclasses import replace
 from typing import Any, Callable, Iterable, Iterator
 
-import torch
-
 from torchspark.errors import SetupError, WaitTimeout
 from torchspark.spark.barrier_wait import wait_bounded
+from torchspark.spark.task_bootstrap import set_up_task
 from torchspark.training.comm import TorchDistCommunicator
 from torchspark.training.config.mesh import MeshConfig
 from torchspark.training.progress import ProgressEndpoint
@@ -27,8 +27,7 @@ from torchspark.training.rendezvous.netif import LOCAL_ADDRESS_ENV, Endpoint, ch
 from torchspark.training.rendezvous.ports import listen_in_range
 from torchspark.training.rendezvous.stores import fetch, listening_store, private_store, publish
 from torchspark.training.task import WorkerResult, WorkerTask
-from torchspark.training.worker import env as task_env
-from torchspark.training.worker.devices import backend_for_device, device_for_task, gpu_addresses
+from torchspark.training.worker.devices import backend_for_device
 from torchspark.training.worker.loop import ItemSource, run_worker
 from torchspark.training.worker.reporting import open_worker_hooks
 
@@ -40,8 +39,8 @@ log = logging.getLogger(__name__)
 RELAY_CONNECT_TIMEOUT_S = 60.0
 
 
-
-#: How workers find each other: the master's :class:`~torchspark.training.config.mesh.MeshConfig` (the old name stays).
+#: How workers find each other: the master's :class:`~torchspark.training.config.mesh.MeshConfig` (the old name
+#: stays).
 RendezvousSettings = MeshConfig
 
 
@@ -61,8 +60,8 @@ def open_relay(advertise_host: str, timeout_s: float, port_range: tuple[int, int
     about one second per fit; a ``TCPStore`` ``get`` returns the moment the key is set. Executors must reach the
     driver on this port, as they already must for the progress channel. It listens on ``bind_host`` (default
     ``advertise_host``) only; the key and value are derived from and signed with the fit's token
-    (:mod:`torchspark.training.rendezvous.stores`). Keep the returned store referenced for the whole fit; dropping it closes
-    the port.
+    (:mod:`torchspark.training.rendezvous.stores`). Keep the returned store referenced for the whole fit; dropping
+    it closes the port.
     """
     store = listen_in_range(lambda port: listening_store(bind_host or advertise_host, port, None, timeout_s),
                             port_range, "the driver's rendezvous relay")
@@ -173,8 +172,9 @@ def _rendezvous(ctx: Any, settings: RendezvousSettings, backend: str, device: st
             ) from e
     # gloo/NCCL advertise what the hostname resolves to unless told an interface: often loopback (127.0.1.1)
     with socket_interface(me.interface) as in_effect:
-        comm = TorchDistCommunicator(private_store(store, token), rank, world, backend, device, settings.rendezvous_timeout_s,
-                                     settings.shared_memory_allreduce, host_address=me.address)
+        comm = TorchDistCommunicator(private_store(store, token), rank, world, backend, device,
+                                     settings.rendezvous_timeout_s, settings.shared_memory_allreduce,
+                                     host_address=me.address)
     chosen = {"address": me.address, "interface": me.interface, "source": me.source,
               "socket_ifname": in_effect.get("GLOO_SOCKET_IFNAME"), "shared_memory": comm.uses_shared_memory,
               "store": f"{host}:{port}"}
@@ -197,13 +197,10 @@ def barrier_task(
         from pyspark import BarrierTaskContext
 
         ctx = BarrierTaskContext.get()
+        setup = set_up_task(ctx)
+        device = setup.device
         task: WorkerTask = task_bc.value
-        device = device_for_task(gpu_addresses(ctx.resources()), task_env.read(task_env.CUDA_VISIBLE_DEVICES),
-                                 torch.cuda.is_available())
-        if device.startswith("cuda"):
-            torch.cuda.set_device(torch.device(device))
-        cpus = ctx.cpus() if hasattr(ctx, "cpus") else 1
-        task = _with_threads(task, cpus)
+        task = replace(task, num_threads=setup.threads(task.num_threads))
         hooks = open_worker_hooks(ctx.partitionId(), task.collect_stats, progress_address,
                                   report_scores=task.report_scores)
         comm: TorchDistCommunicator | None = None
@@ -229,6 +226,3 @@ def _driver_host(*addresses: tuple[str, int] | None) -> str | None:
     """The driver's host as the executors dial it (the relay's or the progress server's advertised host)."""
     return next((a[0] for a in addresses if a is not None), None)
 
-
-def _with_threads(task: WorkerTask, cpus: int) -> WorkerTask:
-    return task if task.num_threads else replace(task, num_threads=max(1, int(cpus)))

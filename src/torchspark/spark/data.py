@@ -1,5 +1,6 @@
-"""Turning Spark data into the workers' minibatches: DataFrames through Arrow, re-batching, counting, and the
-balanced repartition (the export to batch files is in :mod:`torchspark.spark.export`).
+"""Turning Spark data into the workers' minibatches: re-batching, counting, and the balanced repartition
+(DataFrames become batches in :mod:`torchspark.spark.dataframes`, the export to batch files is in
+:mod:`torchspark.spark.export`).
 
 Balanced (``repartition_strategy="balanced"``): a cheap job counts the examples of every input partition
 (:func:`count_examples`), the driver plans every worker's minibatches with
@@ -25,7 +26,6 @@ from functools import partial
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
-import torch
 
 from torchspark._io import read_safetensors_metadata
 from torchspark.data import DataSet, MultiDataSet, dataset_from_bytes, dataset_to_bytes, rebatch, recut
@@ -33,9 +33,6 @@ from torchspark.errors import ConfigError, DataError
 from torchspark.training.assignment import BalancedPlan, EpochItems, FileSlices, plan_files, split_for_workers
 
 __all__ = [
-    "dataframe_to_batches",
-    "to_batch_rdd",
-    "feature_shapes",
     "as_batch",
     "rebatch_partition",
     "count_examples",
@@ -51,168 +48,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-ARROW_SCHEMA = "batch binary"
-
-
-# ------------------------------------------------------------------ DataFrame -> serialized DataSets (Arrow)
-def _column_to_tensor(col: Any, shape: Sequence[int] | None, integer_labels: bool, name: str) -> torch.Tensor:
-    import pyarrow as pa
-
-    n = len(col)
-    if pa.types.is_list(col.type) or pa.types.is_large_list(col.type) or pa.types.is_fixed_size_list(col.type):
-        if col.null_count:
-            raise DataError(f"column {name!r} has {col.null_count} null row(s) (the whole array is null); drop "
-                            f"them first: df.dropna(subset=[{name!r}])")
-        flat = col.flatten()
-        if flat.null_count:
-            raise DataError(f"column {name!r} has null values inside its arrays; fill or drop them first")
-        values = flat.to_numpy(zero_copy_only=False)
-        lengths = pa.compute.list_value_length(col).to_numpy(zero_copy_only=False) if n else np.zeros(0)
-        if n and lengths.min() != lengths.max():  # equal totals (3 x 6 + 2 = 4 x 5) must not pass as a reshape
-            row = int(np.flatnonzero(lengths != lengths[0])[0])
-            raise DataError(f"column {name!r} has arrays of different lengths ({int(lengths[0])} in its first row "
-                            f"of this batch, {int(lengths[row])} in row {row}); every row needs the same length: "
-                            "fix or drop the odd rows")
-        arr = values.reshape(n, -1) if n else values.reshape(0, 0)
-    else:
-        if col.null_count:
-            raise DataError(f"column {name!r} has {col.null_count} null values; fill or drop them first")
-        arr = col.to_numpy(zero_copy_only=False)
-    if integer_labels:
-        if arr.ndim == 1 and np.issubdtype(arr.dtype, np.floating) and not np.all(np.mod(arr, 1) == 0):
-            bad = float(arr[np.flatnonzero(np.mod(arr, 1) != 0)[0]])
-            raise DataError(f"label column {name!r} holds non-integer values (e.g. {bad:g}) but the loss expects class "
-                            "indices; cast the column to integers, or train a regression loss (loss='mse')")
-        return torch.as_tensor(arr.astype(np.int64)) if arr.ndim == 1 else torch.as_tensor(arr.astype(np.float32))
-    arr = np.ascontiguousarray(arr, dtype=np.float32)
-    t = torch.from_numpy(arr if arr.flags.writeable else arr.copy())  # Arrow buffers are read-only
-    if shape:
-        try:
-            t = t.reshape(n, *shape)
-        except RuntimeError as e:
-            raise DataError(
-                f"cannot reshape column {name!r} rows of {t.shape[1] if t.dim() > 1 else 1} values to "
-                f"feature_shape={tuple(shape)}; fix feature_shape"
-            ) from e
-    return t
-
-
-def _columns(value: str | Sequence[str] | None, what: str) -> list[str]:
-    if value is None:
-        return []
-    if isinstance(value, str):
-        return [value]
-    cols = list(value)
-    if not cols or not all(isinstance(c, str) for c in cols):
-        raise DataError(f"{what} must be a column name or a non-empty list of column names, got {value!r}")
-    return cols
-
-
-def feature_shapes(feature_shape: Any, count: int) -> list[Sequence[int] | None]:
-    """One shape (or None) per features column: a shape like ``(1, 28, 28)`` for one column, or a list with one
-    shape or None per column."""
-    if feature_shape is None:
-        return [None] * count
-    items = list(feature_shape)
-    if all(isinstance(d, int) for d in items):
-        if count != 1:
-            raise DataError(f"feature_shape={tuple(items)} is one shape but there are {count} features columns; "
-                            "pass a list with one shape (or None) per column")
-        return [items]
-    if len(items) != count:
-        raise DataError(f"feature_shape has {len(items)} entries but there are {count} features columns; give one "
-                        "shape (or None) per column")
-    return items
-
-
-def dataframe_to_batches(
-    features_col: str | Sequence[str], label_col: str | Sequence[str] | None, feature_shape: Any,
-    integer_labels: bool | Sequence[bool]
-) -> Callable[[Iterable[Any]], Iterator[Any]]:
-    """A ``mapInArrow`` function: Arrow record batches -> one serialized batch per record batch.
-
-    One features column and at most one label column (given as plain names) give a DataSet; lists of columns
-    give a MultiDataSet with one features array per features column (one network input each) and one labels
-    array per label column (one output each).
-    """
-    import pyarrow as pa
-
-    fcols, lcols = _columns(features_col, "features_col"), _columns(label_col, "label_col")
-    shapes = feature_shapes(feature_shape, len(fcols))
-    multi = not isinstance(features_col, str) or (label_col is not None and not isinstance(label_col, str))
-    # one flag per label column (a network's losses differ per output); a single flag applies to every column
-    flags = list(integer_labels) if isinstance(integer_labels, (list, tuple)) else [integer_labels]
-    ints = [bool(flags[k] if k < len(flags) else flags[-1]) for k in range(len(lcols))]
-
-    def convert(batches: Iterable[Any]) -> Iterator[Any]:
-        for rb in batches:
-            if rb.num_rows == 0:
-                continue
-            xs = [_column_to_tensor(rb.column(c), shape, False, c) for c, shape in zip(fcols, shapes)]
-            ys = [_column_to_tensor(rb.column(c), None, ints[k], c) for k, c in enumerate(lcols)]
-            batch = (MultiDataSet(xs, ys or None) if multi
-                     else DataSet(xs[0], ys[0] if ys else None))
-            blob = dataset_to_bytes(batch)
-            yield pa.RecordBatch.from_arrays([pa.array([blob], type=pa.binary())], names=["batch"])
-
-    return convert
-
-
-def to_batch_rdd(
-    data: Any,
-    features_col: str | Sequence[str] = "features",
-    label_col: str | Sequence[str] | None = "label",
-    feature_shape: Any = None,
-    integer_labels: bool | Sequence[bool] = True,
-) -> Any:
-    """An RDD of DataSet/MultiDataSet (or serialized batches) from an RDD or a DataFrame.
-
-    DataFrames stream through Arrow (``mapInArrow``) on the executors; nothing is collected on the driver.
-    ML ``Vector`` columns are converted with ``vector_to_array``. Lists of feature/label columns give
-    MultiDataSets (one network input per features column, one output per label column).
-    """
-    from pyspark import RDD
-    from pyspark.sql import DataFrame
-
-    if isinstance(data, RDD):
-        return data
-    if isinstance(data, DataFrame):
-        from pyspark.ml.functions import vector_to_array
-        from pyspark.ml.linalg import VectorUDT
-
-        cols = _columns(features_col, "features_col") + _columns(label_col, "label_col")
-        missing = [c for c in cols if c not in data.columns]
-        if missing:
-            raise DataError(f"DataFrame has no column(s) {missing}; it has {data.columns}. "
-                            "Pass features_col= / label_col=")
-        feature_shapes(feature_shape, len(_columns(features_col, "features_col")))  # on the driver: a clear error
-        df = data.select(*dict.fromkeys(cols))
-        for c in dict.fromkeys(cols):
-            _check_column_type(c, df.schema[c].dataType)
-            if isinstance(df.schema[c].dataType, VectorUDT):
-                df = df.withColumn(c, vector_to_array(c, "float32"))
-        fn = dataframe_to_batches(features_col, label_col, feature_shape, integer_labels)
-        return df.mapInArrow(fn, ARROW_SCHEMA).rdd.map(lambda row: bytes(row[0]))
-    raise DataError(
-        f"training data must be an RDD of DataSet/MultiDataSet or a Spark DataFrame, got {type(data).__name__}"
-    )
-
-
-def _check_column_type(name: str, data_type: Any) -> None:
-    """Features and labels must be numbers, arrays of numbers or ML Vectors: say which column is not, before any
-    job runs."""
-    from pyspark.ml.linalg import VectorUDT
-    from pyspark.sql.types import ArrayType, BooleanType, NumericType
-
-    element = data_type
-    while isinstance(element, ArrayType):
-        element = element.elementType
-    if isinstance(data_type, VectorUDT) or isinstance(element, (NumericType, BooleanType)):
-        return
-    raise DataError(f"DataFrame column {name!r} has type {data_type.simpleString()}; features and labels must be "
-                    "numbers, arrays of numbers or ML Vectors. Convert it first (e.g. F.col(...).cast('double'), "
-                    "StringIndexer for class names, VectorAssembler for several numeric columns)")
 
 
 def as_batch(item: Any) -> DataSet | MultiDataSet:

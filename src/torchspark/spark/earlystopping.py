@@ -8,25 +8,17 @@ are :mod:`torchspark.earlystopping`.
 
 from __future__ import annotations
 
-import time
 from typing import Any, Sequence
 
 from torchspark.earlystopping.scores import Metric, metric_by_name
-from torchspark.earlystopping.trainer import (
-    EarlyStoppingConfiguration,
-    EarlyStoppingListener,
-    EarlyStoppingResult,
-    LiveChecks,
-    run_early_stopping,
-)
+from torchspark.earlystopping.trainer import EarlyStoppingConfiguration, EarlyStoppingListener, EpochByEpochTrainer
 from torchspark.errors import ConfigError
 from torchspark.nn import Network
-from torchspark.spark.data import to_batch_rdd
+from torchspark.spark.dataframes import network_batches
 from torchspark.spark.evaluation import DEFAULT_BATCH_SIZE, do_evaluation
 from torchspark.spark.inference import calculate_score
 from torchspark.spark.network import SparkNetwork
 from torchspark.spark.session import spark_context
-from torchspark.training.hooks import ProgressUpdate
 
 __all__ = ["SparkLossCalculator", "SparkEvaluationCalculator", "SparkEarlyStoppingTrainer"]
 
@@ -89,19 +81,7 @@ class SparkEvaluationCalculator(_DataArgs):
         return self.metric.value(ev)
 
 
-class _Forward:
-    """The progress listener registered once on the SparkNetwork; forwards to the running fit's live checks."""
-
-    def __init__(self) -> None:
-        self.target: LiveChecks | None = None
-
-    def __call__(self, update: ProgressUpdate) -> None:
-        target = self.target
-        if target is not None:
-            target(update)
-
-
-class SparkEarlyStoppingTrainer:
+class SparkEarlyStoppingTrainer(EpochByEpochTrainer):
     """Train ``spark_network`` epoch by epoch on ``train_data`` until the configuration says stop.
 
     Args:
@@ -131,15 +111,17 @@ class SparkEarlyStoppingTrainer:
             raise ConfigError(f"config must be an EarlyStoppingConfiguration, got {type(config).__name__}")
         if (train_data is None) == (paths is None):
             raise ConfigError("pass exactly one of train_data (an RDD or DataFrame) and paths (batch files)")
-        self.spark_network, self.config, self.listener = spark_network, config, listener
+        self.spark_network = spark_network
         self.paths = paths
         self.feature_shape = tuple(feature_shape) if feature_shape else None
         # one RDD for every epoch (a DataFrame would become a new RDD, exported again, at every fit)
-        self.train_data = None if train_data is None else to_batch_rdd(
-            train_data, features_col, label_col, self.feature_shape,
-            spark_network.network.losses[0].classification)
-        self._forward = _Forward()
-        spark_network.add_progress_listener(self._forward)
+        self.train_data = None if train_data is None else network_batches(
+            spark_network.network, train_data, features_col, label_col, self.feature_shape)
+        super().__init__(config, listener, spark_network.add_progress_listener)
+
+    @property
+    def network(self) -> Network:
+        return self.spark_network.network
 
     def _fit_epoch(self) -> float:
         net = self.spark_network
@@ -148,17 +130,3 @@ class SparkEarlyStoppingTrainer:
         else:
             net.fit(self.train_data, epochs=1)
         return net.get_score()
-
-    def fit(self) -> EarlyStoppingResult:
-        """Run until a termination condition fires; returns the result (best model, scores, reason)."""
-        check = getattr(self.config.model_saver, "check", None)
-        if callable(check):
-            check(self.spark_network.network)
-        start = time.monotonic()
-        live = LiveChecks(self.config.iteration_conditions, start, time.monotonic)
-        self._forward.target = live
-        try:
-            return run_early_stopping(self.config, self.spark_network.network, self._fit_epoch, self.listener,
-                                      live=live, start=start)
-        finally:
-            self._forward.target = None

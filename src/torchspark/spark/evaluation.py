@@ -32,7 +32,7 @@ from torchspark.nn import Network, NetworkBlueprint
 from torchspark.nn.cache import NetworkCache
 from torchspark.nn.outputs import check_output_index, default_targets, fill_evaluations
 from torchspark.spark import jobs
-from torchspark.spark.data import to_batch_rdd
+from torchspark.spark.dataframes import classification_outputs, to_batch_rdd
 from torchspark.spark.session import spark_context
 from torchspark.training.assignment import check_loader, load_with
 
@@ -297,7 +297,7 @@ def do_evaluation(
     targets = list(_targets) if _targets is not None else [output_index] * len(evaluations)
     sc = spark_context(sc)
     rdd = batch_items(sc, data, features_col, label_col, feature_shape,
-                      [lo.classification for lo in network.losses], loader)
+                      classification_outputs(network), loader)
     shipped = ship_network(sc, network)
     templates = [ev.to_json() for ev in evaluations]
     names = ", ".join(type(ev).__name__ for ev in evaluations)

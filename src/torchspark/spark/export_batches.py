@@ -21,7 +21,8 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 from torchspark._io import filesystem, join
 from torchspark.data import DataSet, MultiDataSet, load_batch, rebatch, save_batch
 from torchspark.errors import ConfigError, DataError
-from torchspark.spark.data import as_batch, to_batch_rdd
+from torchspark.spark.data import as_batch
+from torchspark.spark.dataframes import to_batch_rdd
 from torchspark.spark.export import check_export_directory
 from torchspark.spark.jobs import run_job
 

@@ -23,7 +23,7 @@ from torchspark.data import DataSet, MultiDataSet, rebatch
 from torchspark.errors import ConfigError, DataError
 from torchspark.nn import Network
 from torchspark.nn.outputs import check_output_index
-from torchspark.spark.data import feature_shapes
+from torchspark.spark.dataframes import classification_outputs, feature_shapes
 from torchspark.spark.evaluation import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_EVAL_WORKERS,
@@ -177,7 +177,7 @@ def score_examples(
     check_positive(batch_size=batch_size)
     sc = spark_context(sc)
     rdd = batch_items(sc, data, features_col, label_col, feature_shape,
-                      [lo.classification for lo in network.losses])
+                      classification_outputs(network))
     shipped = ship_network(sc, network)
     return rdd.mapPartitions(_score_partition(shipped, batch_size, include_regularization))
 
@@ -278,7 +278,7 @@ def calculate_score(
     check_positive(batch_size=batch_size)
     sc = spark_context(sc)
     rdd = batch_items(sc, data, features_col, label_col, feature_shape,
-                      [lo.classification for lo in network.losses])
+                      classification_outputs(network))
     shipped = ship_network(sc, network)
     try:
         total, count = run_job(sc, "torchspark calculate_score",

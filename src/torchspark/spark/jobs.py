@@ -17,12 +17,17 @@ from __future__ import annotations
 import logging
 import re
 import threading
-import time
 import uuid
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from torchspark.errors import TorchSparkError, WorkerLost
-from torchspark.training.driver.failures import is_peer_failure, root_cause, traceback_tail, worker_error_type
+from torchspark.training.driver.failures import (
+    is_peer_failure,
+    last_line,
+    traceback_tail,
+    wait_for_root_cause,
+    worker_error_type,
+)
 from torchspark.training.task import WorkerResult
 from torchspark.training.waiting import call_on_thread
 
@@ -91,8 +96,6 @@ def _exit_status(reason: str) -> str | None:
 def lost_worker(error: BaseException, description: str, tb: str | None) -> WorkerLost | None:
     """A :class:`WorkerLost` when Spark says the worker's process or executor went away (``tb`` is None: no
     Python traceback) or the only Python error is a peer's symptom (``tb``, a hung or lost peer); else None."""
-    from torchspark.training.driver.failures import is_peer_failure
-
     text = str(error)
     if tb is not None and not is_peer_failure(tb):
         return None
@@ -102,8 +105,7 @@ def lost_worker(error: BaseException, description: str, tb: str | None) -> Worke
     rank_match = _TASK_RANK.search(text)
     rank = next((int(g) for g in rank_match.groups() if g is not None), None) if rank_match else None
     if tb is not None:  # Spark names the peer that saw the loss, not the lost worker (the driver infers that one)
-        lines = [ln.strip() for ln in tb.splitlines() if ln.strip()]
-        reason = f"{reason} {'a worker' if rank is None else f'worker {rank}'} saw: {lines[-1] if lines else '?'}"
+        reason = f"{reason} {'a worker' if rank is None else f'worker {rank}'} saw: {last_line(tb, '?')}"
         rank = None
     exec_match = _EXECUTOR.search(text)
     executor = next((g for g in exec_match.groups() if g is not None), None) if exec_match else None
@@ -127,14 +129,8 @@ def _pick_traceback(spark_tb: str, reported_errors: Callable[[], list[tuple[int,
     """Spark's traceback unless it is a peer's symptom and a worker reported the cause over the progress channel."""
     if reported_errors is None or not is_peer_failure(spark_tb):
         return spark_tb
-    deadline = time.monotonic() + wait_s
-    while True:
-        found = root_cause(reported_errors())
-        if found is not None and not is_peer_failure(found[1]):
-            return found[1]
-        if time.monotonic() >= deadline:
-            return spark_tb
-        time.sleep(0.05)
+    found = wait_for_root_cause(reported_errors, wait_s)
+    return found[1] if found is not None and not is_peer_failure(found[1]) else spark_tb
 
 
 def task_error(error: BaseException, description: str,
@@ -158,8 +154,7 @@ def task_error(error: BaseException, description: str,
         return lost
     if tb is None:
         tb = worker_traceback(error)
-    lines = [ln.strip() for ln in tb.splitlines() if ln.strip()]
-    root = lines[-1] if lines else str(error)
+    root = last_line(tb, str(error))
     tail = traceback_tail(tb)
     cls = worker_error_type(tb)
     match = _OUR_ERROR.match(root)

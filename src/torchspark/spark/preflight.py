@@ -4,12 +4,16 @@ instead of hanging a barrier stage."""
 from __future__ import annotations
 
 import re
-import time
 from typing import Any
 
 from torchspark.errors import SetupError
+from torchspark.training.driver.failures import last_line
+from torchspark.training.waiting import wait_until
 
 __all__ = ["task_slots", "executor_count", "executors_for_workers_per_node", "probe_executors", "preflight"]
+
+#: how often the driver looks again while executors of a fresh cluster register
+_REGISTER_POLL_S = 0.5
 
 
 def _task_cpus(sc: Any) -> int:
@@ -62,9 +66,8 @@ def executors_for_workers_per_node(sc: Any, workers_per_node: int, wait_s: float
             spark.task.cpus``): the workers would not fit ``k`` per executor.
     """
     expected = _expected_executors(sc)
-    deadline = time.monotonic() + wait_s
-    while executor_count(sc) < expected and time.monotonic() < deadline:
-        time.sleep(0.5)  # executors of a fresh cluster register over a few seconds; nothing to hand-shake with
+    # executors of a fresh cluster register over a few seconds; nothing to hand-shake with
+    wait_until(lambda: executor_count(sc) >= expected, wait_s, _REGISTER_POLL_S)
     executors = executor_count(sc)
     per_executor = task_slots(sc) // executors
     if per_executor < workers_per_node:
@@ -123,10 +126,9 @@ def _import_error(sc: Any, e: BaseException) -> SetupError:
     from torchspark.spark.jobs import worker_traceback
 
     tb = worker_traceback(e)
-    cause = [ln.strip() for ln in tb.splitlines() if ln.strip()][-1:] or ["unknown error"]
     python = sc.pythonExec if hasattr(sc, "pythonExec") else "the executors' python"
     return SetupError(
-        f"Spark executors cannot import torch/torchspark ({cause[0]}) with the interpreter {python}: "
+        f"Spark executors cannot import torch/torchspark ({last_line(tb)}) with the interpreter {python}: "
         "install torchspark and torch there, or point PYSPARK_PYTHON (spark.pyspark.python on a cluster) "
         "at an environment that has them.\n" + "\n".join(tb.splitlines()[-6:])
     )
@@ -145,13 +147,10 @@ def preflight(sc: Any, num_workers: int, wait_s: float = 60.0, check_imports: bo
             "spark.dynamicAllocation.enabled=true, but barrier stages need a fixed set of executors; "
             "start the session with spark.dynamicAllocation.enabled=false"
         )
-    deadline = time.monotonic() + wait_s
+    local = conf.get("spark.master", "").startswith("local[")  # no executor registers later
+    # executors of a fresh cluster register over a few seconds; nothing to hand-shake with
+    wait_until(lambda: task_slots(sc) >= num_workers, wait_s, _REGISTER_POLL_S, give_up=lambda: local)
     slots = task_slots(sc)
-    while slots < num_workers and time.monotonic() < deadline and not conf.get("spark.master", "").startswith(
-        "local["
-    ):
-        time.sleep(0.5)  # executors of a fresh cluster register over a few seconds; nothing to hand-shake with
-        slots = task_slots(sc)
     if slots < num_workers:
         raise SetupError(
             f"num_workers={num_workers} but the Spark session has only {slots} task slot(s) "

@@ -11,7 +11,8 @@ Per fit (driver, :class:`SparkRoundsRunner`, run by :func:`torchspark.training.d
   1. count the minibatches of every worker partition (one small job); rounds per epoch = ceil(max count / f);
   2. broadcast the task's network blueprint once (each Python worker builds the network once per fit and keeps it
      in its :class:`~torchspark.nn.cache.NetworkCache`).
-Per round ``r`` of every epoch (the rounds and arithmetic of :func:`torchspark.training.algorithms.averaging.averaging_epoch`):
+Per round ``r`` of every epoch (the rounds and arithmetic of
+:func:`torchspark.training.algorithms.averaging.averaging_epoch`):
   3. broadcast the current parameters and module buffers (the averaged floating-point ones, worker 0's integer
      ones), plus the updater state when ``save_updater`` (and in the fit's first round, which starts from the
      driver's updater state like the torch route's blueprint does);
@@ -19,9 +20,10 @@ Per round ``r`` of every epoch (the rounds and arithmetic of :func:`torchspark.t
      ``[r*f, (r+1)*f)`` and yields one :class:`RoundRecord` ``(params*n | updater_state*n | buffers*n, n, score*n)``; a
      partition with no minibatch left yields ``n = 0``; ``treeAggregate(depth=aggregation_depth)`` sums them;
   5. the driver sets ``params = sum(params*n) / sum(n)`` (likewise the floating-point buffers, and the updater
-     state when ``save_updater``, else it resets it) -- :func:`~torchspark.training.algorithms.averaging.apply_weighted_mean`,
-     the all-reduce route's rule --, takes partition 0's integer buffers when it trained, and advances
-     ``iteration`` by the round's most minibatches on one worker.
+     state when ``save_updater``, else it resets it) --
+     :func:`~torchspark.training.algorithms.averaging.apply_weighted_mean`, the all-reduce route's rule --, takes
+     partition 0's integer buffers when it trained, and advances ``iteration`` by the round's most minibatches on
+     one worker.
 If a round fails or is interrupted, the driver's network holds the result of the last completed round.
 
 Progress listeners get one :class:`ProgressUpdate` per worker and round from the driver (no connection from the
@@ -48,13 +50,13 @@ from torchspark.nn import Network, NetworkBlueprint
 from torchspark.nn.cache import NetworkCache
 from torchspark.spark.data import storage_level_by_name
 from torchspark.spark.jobs import run_job
+from torchspark.spark.task_bootstrap import set_up_task
 from torchspark.stats import StatsCollector
 from torchspark.training.algorithms.averaging import AveragingSettings, apply_weighted_mean, pack_weighted
 from torchspark.training.driver.runner import RunContext
 from torchspark.training.hooks import PhaseRecorder, ProgressUpdate
 from torchspark.training.task import WorkerResult, WorkerTask
-from torchspark.training.worker import env as task_env
-from torchspark.training.worker.devices import device_for_task, gpu_addresses, task_thread_settings
+from torchspark.training.worker.devices import task_thread_settings
 from torchspark.training.worker.loop import load_item
 from torchspark.training.worker.prefetch import prefetch
 from torchspark.training.worker.reporting import worker_id
@@ -177,16 +179,11 @@ def fit_round_partition(spec_bc: Any, round_bc: Any, index: int, items: Iterable
         return
     from pyspark import TaskContext
 
-    ctx = TaskContext.get()
-    device = "cpu" if ctx is None else device_for_task(gpu_addresses(ctx.resources()),
-                                                       task_env.read(task_env.CUDA_VISIBLE_DEVICES),
-                                                       torch.cuda.is_available())
-    if device.startswith("cuda"):
-        torch.cuda.set_device(torch.device(device))
+    setup = set_up_task(TaskContext.get())
     recorder = StatsCollector(worker_id(index), enabled=spec.collect_stats)
     # the task's cores and flush mode before any torch work of it; the reused Python worker gets its own back after
-    with task_thread_settings(max(1, int(ctx.cpus())) if ctx is not None else 1, spec.flush_denormal):
-        record = _fit_round(spec, rnd, index, chunk, device, recorder)
+    with task_thread_settings(setup.threads(), spec.flush_denormal):
+        record = _fit_round(spec, rnd, index, chunk, setup.device, recorder)
     yield record
 
 

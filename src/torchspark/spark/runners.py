@@ -5,8 +5,8 @@ prepares it.
   (:mod:`torchspark.spark.barrier`) and all-reduce or share gradients over ``torch.distributed``;
 * :class:`~torchspark.spark.rounds.SparkRoundsRunner`: one Spark job per averaging round (``averaging_via="spark"``).
 
-Both take a :class:`SparkWorkerData`; so does :class:`~torchspark.training.driver.runner.InProcessRunner`, which reads the
-partitions on the driver and trains them in threads (tests: ``SparkNetwork(..., runner=InProcessRunner())``).
+Both take a :class:`SparkWorkerData`; so does :class:`~torchspark.training.driver.runner.InProcessRunner`, which
+reads the partitions on the driver and trains them in threads (tests: ``SparkNetwork(..., runner=InProcessRunner())``).
 """
 
 from __future__ import annotations
@@ -82,12 +82,11 @@ class SparkBarrierRunner:
                 relay, relay_address = open_relay(host, self.mesh.rendezvous_timeout_s, self.mesh.port_range,
                                                   bind_host=bind)
             fn = barrier_task(task_bc, self.mesh, progress, relay_address)
-            stalled = getattr(context, "stalled", None)
             world, timeout_s = data.workers, self.mesh.rendezvous_timeout_s
             with context.recorder.phase("fit"):
                 return run_barrier_stage(self.sc, data.rdd, fn, context.description,
                                          reported_errors=context.reported_errors,
-                                         watchdog=(lambda: stalled(world, timeout_s)) if stalled else None)
+                                         watchdog=lambda: context.stalled(world, timeout_s))
         finally:
             del relay  # closes the driver's rendezvous port
             task_bc.unpersist()

@@ -20,8 +20,8 @@ master = ParameterAveragingTrainingMaster(batch_size_per_worker=8, num_workers=1
 spark_net = SparkNetwork(spark, Network(models.mlp(6, 8, 3), updater=optim.SGD(lr=0.05), seed=0), master,
                          progress=False)
 spark_net.fit(spark.sparkContext.parallelize(data.split(16), 2), epochs=1)
-directory = (spark_net._private_dirs[0] if how != "hang-explicit"
-             else next(iter(spark_net._exports.values())).directory)
+directory = (spark_net.preparation.private_dirs[0] if how != "hang-explicit"
+             else next(iter(spark_net.preparation.exports.values())).directory)
 print(json.dumps({"directory": directory, "files": len(os.listdir(directory)), "pid": os.getpid()}), flush=True)
 if how.startswith("hang"):
     time.sleep(600)

@@ -163,6 +163,16 @@ class TrainingMaster:
             raise ConfigError(f"{name}: {e}") from None
 
     @property
+    def spark_rounds(self) -> bool:
+        """Whether a Spark fit runs one Spark job per averaging round (``averaging_via="spark"``), not one stage."""
+        return False
+
+    @property
+    def workers_per_executor(self) -> int | None:
+        """``k`` when a Spark fit runs ``k`` workers on every executor (``workers_per_node``), else None."""
+        return None
+
+    @property
     def mesh(self) -> MeshConfig:
         """The worker-mesh options as one frozen, validated object (what the runners receive)."""
         return MeshConfig(**{f: getattr(self, f) for f in MESH_FIELDS})
@@ -258,6 +268,10 @@ class ParameterAveragingTrainingMaster(TrainingMaster):
                               "averaging_via='spark' (its state lives on the driver between rounds, and Spark "
                               "retries a failed round's tasks itself); use averaging_via='torch' to checkpoint, or "
                               "save the network between fits with net.save(...)")
+
+    @property
+    def spark_rounds(self) -> bool:
+        return self.averaging_via == "spark"
 
     def algorithm_settings(self) -> dict[str, Any]:
         return {"averaging_frequency": self.averaging_frequency, "save_updater": self.save_updater}

@@ -169,6 +169,10 @@ class SharedTrainingMaster(TrainingMaster):
                                on_divergence=self.on_divergence, max_staleness=self.max_staleness,
                                topology=self.topology, shard_above_workers=self.shard_above_workers).to_dict()
 
+    @property
+    def workers_per_executor(self) -> int | None:
+        return self.workers_per_node if self.workers_per_node >= 1 else None
+
     def resolve_num_workers(self, default_parallelism: int, executors: int) -> int:
         """How many workers a fit uses: ``workers_per_node * executors`` when ``workers_per_node >= 1``; else
         ``num_workers`` if set; else one per task slot, ``default_parallelism``."""

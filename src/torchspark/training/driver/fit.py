@@ -29,7 +29,7 @@ import logging
 import time
 import warnings
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from torchspark.errors import WorkerLost
 from torchspark.nn import Network, NetworkBlueprint
@@ -45,10 +45,7 @@ from torchspark.training.progress import ProgressBar, ProgressEndpoint, Progress
 from torchspark.training.rendezvous.ports import listen_in_range
 from torchspark.training.task import WorkerResult, WorkerTask, merge_results
 
-if TYPE_CHECKING:
-    from torchspark.listeners.hub import TrainingEvents
-
-__all__ = ["FitContext", "FitOutcome", "build_task", "run_fit", "restart_task"]
+__all__ = ["FitContext", "FitEvents", "FitOutcome", "build_task", "run_fit", "restart_task"]
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +62,28 @@ class FitOutcome:
     stats: TrainingStats | None
     #: the failed attempts the fit recovered from (empty when nothing failed)
     failures: list[FailureRecord] | None = None
+
+
+class FitEvents(Protocol):
+    """What :func:`run_fit` tells a fit's training listeners (implemented by
+    :class:`torchspark.listeners.TrainingEvents`, which the adapters pass in: ``training`` never imports
+    ``listeners``)."""
+
+    def start(self) -> None:
+        """The fit starts (before any worker)."""
+        ...
+
+    def on_progress(self, update: ProgressUpdate) -> None:
+        """A worker's progress report (on a driver thread)."""
+        ...
+
+    def on_score(self, report: ScoreReport) -> None:
+        """A score the workers agreed on (``task.report_scores``)."""
+        ...
+
+    def end(self, network: Network, score: float, stats: Any = None, error: BaseException | None = None) -> None:
+        """The fit ended: with its score and stats, or with the ``error`` it raises."""
+        ...
 
 
 class FitContext:
@@ -127,7 +146,8 @@ class FitContext:
         if self._server is None:
             return None
         reporting = {rank for rank, _ in self._server.errors()}
-        ended = [(s.last_seen, r) for r, s in self._server.liveness.snapshot().items() if s.ended and r not in reporting]
+        ended = [(s.last_seen, r) for r, s in self._server.liveness.snapshot().items()
+                 if s.ended and r not in reporting]
         return min(ended)[1] if ended else None
 
     def reached(self) -> tuple[int, int] | None:
@@ -173,7 +193,7 @@ def build_task(network: Network, master: TrainingMaster, epochs: int, collect_st
             report_scores=report_scores,
             checkpoint=plan,
             first_epoch=network.epoch,
-            shuffle_seed=getattr(master, "rng_seed", None),
+            shuffle_seed=master.rng_seed,
         )
 
 
@@ -197,7 +217,7 @@ def restart_task(task: WorkerTask, attempt: int) -> tuple[WorkerTask, dict[str, 
 def run_fit(network: Network, task: WorkerTask, runner: Runner, data: Any, *, recorder: StatsCollector,
             description: str, listeners: Sequence[Callable[[ProgressUpdate], None]] = (),
             score_listeners: Sequence[Callable[[ScoreReport], None]] = (),
-            progress: bool | None = None, events: TrainingEvents | None = None,
+            progress: bool | None = None, events: FitEvents | None = None,
             max_failures: int = 0, total_examples: int | None = None) -> FitOutcome:
     """Steps 2-6 of the module docstring: run ``task`` on ``data`` through ``runner`` and update ``network``.
 
@@ -211,8 +231,8 @@ def run_fit(network: Network, task: WorkerTask, runner: Runner, data: Any, *, re
         listeners: the caller's progress listeners.
         score_listeners: called with the scores workers report (``task.report_scores``).
         progress: draw a progress bar (None: only when stderr is a terminal).
-        events: the fit's training listeners (:class:`~torchspark.listeners.TrainingEvents`): fed by the progress
-            channel, told when the fit starts and ends (also when it fails).
+        events: the fit's training listeners (:class:`FitEvents`, e.g. :class:`~torchspark.listeners.TrainingEvents`):
+            fed by the progress channel, told when the fit starts and ends (also when it fails).
         max_failures: lost workers the fit recovers from (the master's ``max_failures``); 0 = none.
         total_examples: examples the whole fit trains (all epochs), when known: the bar then shows the total, the
             percentage and the time left.

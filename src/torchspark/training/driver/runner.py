@@ -16,41 +16,44 @@ route (:mod:`~torchspark.training.driver.failures`).
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import traceback
 from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
+from torchspark.errors import ConfigError, WorkerLost
 from torchspark.nn import Network
 from torchspark.training.comm import SoloCommunicator, ThreadGroup
-from torchspark.training.driver.failures import root_cause, traceback_tail, worker_error_type
-from torchspark.training.hooks import PhaseRecorder, ProgressUpdate, WorkerHooks
+from torchspark.training.driver.failures import root_cause, worker_failure
+from torchspark.training.hooks import NullRecorder, PhaseRecorder, ProgressUpdate, WorkerHooks
 from torchspark.training.progress import ProgressEndpoint
 from torchspark.training.task import EpochSource, WorkerResult, WorkerTask
 from torchspark.training.worker.loop import run_worker
 from torchspark.training.worker.reporting import open_worker_hooks
 
-__all__ = ["Runner", "RunContext", "WorkerData", "InProcessRunner"]
+__all__ = ["Runner", "RunContext", "NullContext", "NULL_CONTEXT", "WorkerData", "InProcessRunner"]
 
 
 class RunContext(Protocol):
-    """What the driver offers a runner during one fit (implemented by :class:`~torchspark.training.driver.fit.FitContext`).
+    """What the driver offers a runner during one fit: implemented by
+    :class:`~torchspark.training.driver.fit.FitContext`, and by :data:`NULL_CONTEXT` for a runner used on its own.
 
     Attributes:
         network: the driver's network. Runners that keep the fit's state on the driver between jobs (the rounds
             route) update it in place, so a failed fit leaves the last completed round; the others leave it alone.
         recorder: the driver's stats recorder; a runner times the workers' run as its ``fit`` phase.
         description: a short name of the fit for job descriptions and messages.
+        attempt: which launch of the workers this is (0 first; each recovery adds one).
     """
 
     network: Network
     recorder: PhaseRecorder
     description: str
+    attempt: int
 
     def progress_address(self, host: str = "127.0.0.1", advertise_host: str | None = None,
-                         port_range: tuple[int, int] | None = None) -> ProgressEndpoint:
+                         port_range: tuple[int, int] | None = None) -> ProgressEndpoint | None:
         """Open the fit's progress channel (once, on a port inside ``port_range`` when set) and return the
-        address workers connect to, with the fit's token."""
+        address workers connect to, with the fit's token; None when the fit has no channel (:data:`NULL_CONTEXT`)."""
         ...
 
     def reported_errors(self) -> list[tuple[int, str]]:
@@ -60,6 +63,47 @@ class RunContext(Protocol):
     def notify(self, update: ProgressUpdate) -> None:
         """Progress computed on the driver (runners whose workers do not stream progress themselves)."""
         ...
+
+    def stalled(self, world_size: int, timeout_s: float) -> WorkerLost | None:
+        """The watchdog runners poll while workers run: a :class:`~torchspark.errors.WorkerLost` when a rank
+        stopped sending heartbeats for ``timeout_s`` (or the runner still waits ``timeout_s`` after every rank
+        finished), else None."""
+        ...
+
+
+class NullContext:
+    """The context of a runner run on its own (tests, benchmarks): no progress channel, no stats, nothing
+    reported, no watchdog. It has no network: a runner that trains the driver's network in place (the rounds
+    route) needs :func:`~torchspark.training.driver.fit.run_fit`'s context.
+
+    Example: ``InProcessRunner().run(task, shards)`` runs with :data:`NULL_CONTEXT`.
+    """
+
+    recorder: PhaseRecorder = NullRecorder()
+    description = "torchspark fit"
+    attempt = 0
+
+    @property
+    def network(self) -> Network:
+        raise ConfigError("this runner trains the driver's network in place; run it through run_fit, whose "
+                          "context holds the network")
+
+    def progress_address(self, host: str = "127.0.0.1", advertise_host: str | None = None,
+                         port_range: tuple[int, int] | None = None) -> ProgressEndpoint | None:
+        return None
+
+    def reported_errors(self) -> list[tuple[int, str]]:
+        return []
+
+    def notify(self, update: ProgressUpdate) -> None:
+        return None
+
+    def stalled(self, world_size: int, timeout_s: float) -> WorkerLost | None:
+        return None
+
+
+#: the one :class:`NullContext` (it holds no state): the default of runners' ``context``
+NULL_CONTEXT: RunContext = NullContext()
 
 
 @runtime_checkable
@@ -95,7 +139,7 @@ class InProcessRunner:
         timeout_s: collective timeout; a worker that fails aborts the others, which then raise.
         hooks_factory: builds each rank's hooks (stats recorder, progress). Default: with a driver context, the
             real progress channel (progress, errors, stats on the driver's clock), as worker processes get it;
-            without one, none.
+            with :data:`NULL_CONTEXT`, none.
     """
 
     def __init__(self, timeout_s: float = 300.0,
@@ -104,10 +148,10 @@ class InProcessRunner:
         self.hooks_factory = hooks_factory
 
     def run(self, task: WorkerTask, data: Sequence[EpochSource] | WorkerData,
-            context: RunContext | None = None) -> list[WorkerResult]:
+            context: RunContext = NULL_CONTEXT) -> list[WorkerResult]:
         """Run the workers on ``data`` (per-worker sources, or any adapter's :class:`WorkerData`)."""
         sources = data.local_sources() if isinstance(data, WorkerData) else list(data)
-        address = context.progress_address() if context is not None else None
+        address = context.progress_address()
 
         def hooks_for(rank: int) -> WorkerHooks:
             if self.hooks_factory is not None:
@@ -136,15 +180,12 @@ class InProcessRunner:
                     hooks.close()
 
         threads = [threading.Thread(target=target, args=(r,), name=f"torchspark-worker-{r}") for r in range(n)]
-        with context.recorder.phase("fit") if context is not None else contextlib.nullcontext():
+        with context.recorder.phase("fit"):
             for t in threads:
                 t.start()
             for t in threads:
                 t.join()
         if failures:
             # the first failure is the cause; the others are usually peers woken by the abort
-            rank, tb = root_cause(failures)  # type: ignore[misc]
-            lines = [ln for ln in tb.strip().splitlines() if ln.strip()]
-            raise worker_error_type(tb)(f"worker {rank} failed: {lines[-1] if lines else tb}\n"
-                                        f"--- worker traceback ---\n{traceback_tail(tb)}")
+            raise worker_failure(*root_cause(failures))  # type: ignore[misc]
         return [r for r in results if r is not None]

@@ -1,0 +1,199 @@
+"""DataFrames as training data: each Arrow record batch becomes one serialized minibatch on the executors
+(``mapInArrow``), nothing collected on the driver.
+
+:func:`to_batch_rdd` takes an RDD of DataSets as it is and turns a DataFrame's features and label columns into
+batches; :func:`network_batches` does so with one label flag per output of a network (class indices for a
+classification loss, floats for a regression loss), as training, evaluation and inference read a DataFrame.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from torchspark.data import DataSet, MultiDataSet, dataset_to_bytes
+from torchspark.errors import DataError
+from torchspark.nn import Network
+
+__all__ = ["ARROW_SCHEMA", "dataframe_to_batches", "to_batch_rdd", "feature_shapes",
+           "classification_outputs", "network_batches"]
+
+ARROW_SCHEMA = "batch binary"
+
+
+# ------------------------------------------------------------------ DataFrame -> serialized DataSets (Arrow)
+def _column_to_tensor(col: Any, shape: Sequence[int] | None, integer_labels: bool, name: str) -> torch.Tensor:
+    import pyarrow as pa
+
+    n = len(col)
+    if pa.types.is_list(col.type) or pa.types.is_large_list(col.type) or pa.types.is_fixed_size_list(col.type):
+        if col.null_count:
+            raise DataError(f"column {name!r} has {col.null_count} null row(s) (the whole array is null); drop "
+                            f"them first: df.dropna(subset=[{name!r}])")
+        flat = col.flatten()
+        if flat.null_count:
+            raise DataError(f"column {name!r} has null values inside its arrays; fill or drop them first")
+        values = flat.to_numpy(zero_copy_only=False)
+        lengths = pa.compute.list_value_length(col).to_numpy(zero_copy_only=False) if n else np.zeros(0)
+        if n and lengths.min() != lengths.max():  # equal totals (3 x 6 + 2 = 4 x 5) must not pass as a reshape
+            row = int(np.flatnonzero(lengths != lengths[0])[0])
+            raise DataError(f"column {name!r} has arrays of different lengths ({int(lengths[0])} in its first row "
+                            f"of this batch, {int(lengths[row])} in row {row}); every row needs the same length: "
+                            "fix or drop the odd rows")
+        arr = values.reshape(n, -1) if n else values.reshape(0, 0)
+    else:
+        if col.null_count:
+            raise DataError(f"column {name!r} has {col.null_count} null values; fill or drop them first")
+        arr = col.to_numpy(zero_copy_only=False)
+    if integer_labels:
+        if arr.ndim == 1 and np.issubdtype(arr.dtype, np.floating) and not np.all(np.mod(arr, 1) == 0):
+            bad = float(arr[np.flatnonzero(np.mod(arr, 1) != 0)[0]])
+            raise DataError(f"label column {name!r} holds non-integer values (e.g. {bad:g}) but the loss expects class "
+                            "indices; cast the column to integers, or train a regression loss (loss='mse')")
+        return torch.as_tensor(arr.astype(np.int64)) if arr.ndim == 1 else torch.as_tensor(arr.astype(np.float32))
+    arr = np.ascontiguousarray(arr, dtype=np.float32)
+    t = torch.from_numpy(arr if arr.flags.writeable else arr.copy())  # Arrow buffers are read-only
+    if shape:
+        try:
+            t = t.reshape(n, *shape)
+        except RuntimeError as e:
+            raise DataError(
+                f"cannot reshape column {name!r} rows of {t.shape[1] if t.dim() > 1 else 1} values to "
+                f"feature_shape={tuple(shape)}; fix feature_shape"
+            ) from e
+    return t
+
+
+def _columns(value: str | Sequence[str] | None, what: str) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    cols = list(value)
+    if not cols or not all(isinstance(c, str) for c in cols):
+        raise DataError(f"{what} must be a column name or a non-empty list of column names, got {value!r}")
+    return cols
+
+
+def feature_shapes(feature_shape: Any, count: int) -> list[Sequence[int] | None]:
+    """One shape (or None) per features column: a shape like ``(1, 28, 28)`` for one column, or a list with one
+    shape or None per column."""
+    if feature_shape is None:
+        return [None] * count
+    items = list(feature_shape)
+    if all(isinstance(d, int) for d in items):
+        if count != 1:
+            raise DataError(f"feature_shape={tuple(items)} is one shape but there are {count} features columns; "
+                            "pass a list with one shape (or None) per column")
+        return [items]
+    if len(items) != count:
+        raise DataError(f"feature_shape has {len(items)} entries but there are {count} features columns; give one "
+                        "shape (or None) per column")
+    return items
+
+
+def dataframe_to_batches(
+    features_col: str | Sequence[str], label_col: str | Sequence[str] | None, feature_shape: Any,
+    integer_labels: bool | Sequence[bool]
+) -> Callable[[Iterable[Any]], Iterator[Any]]:
+    """A ``mapInArrow`` function: Arrow record batches -> one serialized batch per record batch.
+
+    One features column and at most one label column (given as plain names) give a DataSet; lists of columns
+    give a MultiDataSet with one features array per features column (one network input each) and one labels
+    array per label column (one output each).
+    """
+    import pyarrow as pa
+
+    fcols, lcols = _columns(features_col, "features_col"), _columns(label_col, "label_col")
+    shapes = feature_shapes(feature_shape, len(fcols))
+    multi = not isinstance(features_col, str) or (label_col is not None and not isinstance(label_col, str))
+    # one flag per label column (a network's losses differ per output); a single flag applies to every column
+    flags = list(integer_labels) if isinstance(integer_labels, (list, tuple)) else [integer_labels]
+    ints = [bool(flags[k] if k < len(flags) else flags[-1]) for k in range(len(lcols))]
+
+    def convert(batches: Iterable[Any]) -> Iterator[Any]:
+        for rb in batches:
+            if rb.num_rows == 0:
+                continue
+            xs = [_column_to_tensor(rb.column(c), shape, False, c) for c, shape in zip(fcols, shapes)]
+            ys = [_column_to_tensor(rb.column(c), None, ints[k], c) for k, c in enumerate(lcols)]
+            batch = (MultiDataSet(xs, ys or None) if multi
+                     else DataSet(xs[0], ys[0] if ys else None))
+            blob = dataset_to_bytes(batch)
+            yield pa.RecordBatch.from_arrays([pa.array([blob], type=pa.binary())], names=["batch"])
+
+    return convert
+
+
+def to_batch_rdd(
+    data: Any,
+    features_col: str | Sequence[str] = "features",
+    label_col: str | Sequence[str] | None = "label",
+    feature_shape: Any = None,
+    integer_labels: bool | Sequence[bool] = True,
+) -> Any:
+    """An RDD of DataSet/MultiDataSet (or serialized batches) from an RDD or a DataFrame.
+
+    DataFrames stream through Arrow (``mapInArrow``) on the executors; nothing is collected on the driver.
+    ML ``Vector`` columns are converted with ``vector_to_array``. Lists of feature/label columns give
+    MultiDataSets (one network input per features column, one output per label column).
+    """
+    from pyspark import RDD
+    from pyspark.sql import DataFrame
+
+    if isinstance(data, RDD):
+        return data
+    if isinstance(data, DataFrame):
+        from pyspark.ml.functions import vector_to_array
+        from pyspark.ml.linalg import VectorUDT
+
+        cols = _columns(features_col, "features_col") + _columns(label_col, "label_col")
+        missing = [c for c in cols if c not in data.columns]
+        if missing:
+            raise DataError(f"DataFrame has no column(s) {missing}; it has {data.columns}. "
+                            "Pass features_col= / label_col=")
+        feature_shapes(feature_shape, len(_columns(features_col, "features_col")))  # on the driver: a clear error
+        df = data.select(*dict.fromkeys(cols))
+        for c in dict.fromkeys(cols):
+            _check_column_type(c, df.schema[c].dataType)
+            if isinstance(df.schema[c].dataType, VectorUDT):
+                df = df.withColumn(c, vector_to_array(c, "float32"))
+        fn = dataframe_to_batches(features_col, label_col, feature_shape, integer_labels)
+        return df.mapInArrow(fn, ARROW_SCHEMA).rdd.map(lambda row: bytes(row[0]))
+    raise DataError(
+        f"training data must be an RDD of DataSet/MultiDataSet or a Spark DataFrame, got {type(data).__name__}"
+    )
+
+
+def _check_column_type(name: str, data_type: Any) -> None:
+    """Features and labels must be numbers, arrays of numbers or ML Vectors: say which column is not, before any
+    job runs."""
+    from pyspark.ml.linalg import VectorUDT
+    from pyspark.sql.types import ArrayType, BooleanType, NumericType
+
+    element = data_type
+    while isinstance(element, ArrayType):
+        element = element.elementType
+    if isinstance(data_type, VectorUDT) or isinstance(element, (NumericType, BooleanType)):
+        return
+    raise DataError(f"DataFrame column {name!r} has type {data_type.simpleString()}; features and labels must be "
+                    "numbers, arrays of numbers or ML Vectors. Convert it first (e.g. F.col(...).cast('double'), "
+                    "StringIndexer for class names, VectorAssembler for several numeric columns)")
+
+
+def classification_outputs(network: Network) -> list[bool]:
+    """One flag per output of ``network``: whether its labels are class indices (its loss is a classification)."""
+    return [loss.classification for loss in network.losses]
+
+
+def network_batches(network: Network, data: Any, features_col: str | Sequence[str] = "features",
+                    label_col: str | Sequence[str] | None = "label", feature_shape: Any = None) -> Any:
+    """:func:`to_batch_rdd` with each label column read as its output's loss wants it
+    (:func:`classification_outputs`).
+
+    Example: for a network with a ``cross_entropy`` and an ``mse`` output, ``label_col=["cls", "reg"]`` gives
+    integer class indices for ``cls`` and float targets for ``reg``.
+    """
+    return to_batch_rdd(data, features_col, label_col, feature_shape, classification_outputs(network))
