@@ -9,6 +9,17 @@ import pytest
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
+#: every test under these folders carries the folder's marker (``-m "not spark"`` deselects a whole tier)
+FOLDER_MARKERS = {"spark": "spark", "multiprocess": "multiprocess", "multihost": "multihost"}
+_TESTS = os.path.dirname(os.path.abspath(__file__))
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        folder = os.path.relpath(str(item.path), _TESTS).split(os.sep)[0]
+        if folder in FOLDER_MARKERS:
+            item.add_marker(getattr(pytest.mark, FOLDER_MARKERS[folder]))
+
 
 @pytest.fixture(scope="session")
 def spark():

@@ -10,8 +10,6 @@ import sys
 import pytest
 from cluster_harness import NetnsCluster, unavailable_reason
 
-pytestmark = pytest.mark.multihost
-
 
 def test_hosts_look_like_a_misconfigured_multi_homed_cluster(netns_cluster) -> None:
     state = netns_cluster.master_state()

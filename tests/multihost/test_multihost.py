@@ -24,8 +24,6 @@ from _scenario import build, parse  # noqa: E402
 
 from torchspark.spark import SparkNetwork  # noqa: E402
 
-pytestmark = pytest.mark.multihost
-
 DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_driver.py")
 PORTS = (45000, 45040)
 

@@ -15,8 +15,6 @@ import pytest
 from cluster_harness import NetnsCluster, unavailable_reason
 from slowdown import CpuQuota, Flapper, PeerLinkShaper, cgroup_unavailable_reason, membership, pids_in_netns
 
-pytestmark = pytest.mark.multihost
-
 _BUSY = "import sys\nsys.stdout.write('go\\n'); sys.stdout.flush()\nwhile True: pass"
 
 

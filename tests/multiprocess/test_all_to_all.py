@@ -8,8 +8,6 @@ import pytest
 from _a2a_worker import run_rank
 from _ranks import run_ranks
 
-pytestmark = pytest.mark.multiprocess
-
 
 def _run(world: int, shared_memory: bool, timeout_case: bool = False) -> list[dict[str, Any]]:
     return run_ranks(run_rank, world, shared_memory, timeout_case)

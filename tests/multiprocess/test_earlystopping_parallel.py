@@ -16,8 +16,6 @@ from torchspark.errors import ConfigError
 from torchspark.parallel import ParallelWrapper
 from torchspark.parallel.earlystopping import EarlyStoppingParallelTrainer
 
-pytestmark = pytest.mark.multiprocess
-
 
 def test_parallel_early_stopping_reaches_a_score_target() -> None:
     data = datasets.synthetic_classification(352, 4, 3, seed=1, noise=1.0)  # one task: train and validation

@@ -15,8 +15,6 @@ from safetensors.torch import load_file
 
 from torchspark.training.checkpoint import newest_checkpoint, store
 
-pytestmark = pytest.mark.multiprocess
-
 DRIVER = os.path.join(os.path.dirname(__file__), "_resume_driver.py")
 PER_WORKER = 6
 

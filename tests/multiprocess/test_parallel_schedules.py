@@ -11,8 +11,6 @@ from torchspark.parallel import ParallelWrapper
 from torchspark.schedules import MapSchedule
 from torchspark.training.assignment import split_examples
 
-pytestmark = pytest.mark.multiprocess
-
 BATCH = 8
 
 

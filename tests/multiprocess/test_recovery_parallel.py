@@ -21,8 +21,6 @@ from torchspark.training.config.masters import ParameterAveragingTrainingMaster
 from torchspark.training.config.shared_master import SharedTrainingMaster
 from helpers import lenet_net
 
-pytestmark = pytest.mark.multiprocess
-
 
 _lenet = partial(lenet_net, updater=optim.Adam(lr=1e-3))
 

@@ -8,8 +8,6 @@ import pytest
 from _ranks import run_ranks
 from _shm_worker import run_rank
 
-pytestmark = pytest.mark.multiprocess
-
 
 def _run(world: int, shared_memory: bool = True, shm_dir: str | None = None) -> list[dict[str, Any]]:
     return run_ranks(run_rank, world, shared_memory, shm_dir, check_exit=True)

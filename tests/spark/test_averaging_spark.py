@@ -16,8 +16,6 @@ from torchspark.errors import ConfigError, DataError, SetupError, WorkerError
 from torchspark.spark import ParameterAveragingTrainingMaster, SparkNetwork
 from helpers import lenet_net, mlp_net, uniform_data
 
-pytestmark = pytest.mark.spark
-
 
 def test_digits_lenet_reaches_95_percent(spark, sc) -> None:
     train, test = datasets.digits("train"), datasets.digits("test")

@@ -20,8 +20,6 @@ from torchspark.spark.jobs import run_job
 from torchspark.spark.rounds import RoundRecord, WorkerRound, merge_records
 from helpers import mlp_net
 
-pytestmark = pytest.mark.spark
-
 
 def _data(n: int, seed: int) -> DataSet:
     return datasets.synthetic_classification(n, 8, 3, seed=seed)

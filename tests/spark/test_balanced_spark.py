@@ -18,8 +18,6 @@ from torchspark.training.assignment import split_examples
 from torchspark.training.worker.loop import load_item
 from helpers import mlp_net, parts_of_sizes
 
-pytestmark = pytest.mark.spark
-
 SIZES = [37, 5, 100, 1]  # 143 examples: every partition boundary but the first is off the grid of 8
 BATCH = 8
 

@@ -4,14 +4,11 @@ from __future__ import annotations
 
 from functools import partial
 
-import pytest
 import torch
 
-from torchspark import Network, datasets, optim
+from torchspark import datasets, optim
 from torchspark.spark import ParameterAveragingTrainingMaster, SharedTrainingMaster, SparkNetwork
 from helpers import batchnorm_net
-
-pytestmark = pytest.mark.spark
 
 
 _bn_net = partial(batchnorm_net, updater=optim.SGD(lr=0.1))

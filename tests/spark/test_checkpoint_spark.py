@@ -18,8 +18,6 @@ from torchspark.spark import ParameterAveragingTrainingMaster, SharedTrainingMas
 from torchspark.training.checkpoint import newest_checkpoint, store
 from helpers import onehot_rule_data
 
-pytestmark = pytest.mark.spark
-
 cloudpickle.register_pickle_by_value(interrupting)  # executors rebuild the model without the tests on their path
 
 BATCH = 8

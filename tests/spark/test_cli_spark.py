@@ -15,8 +15,6 @@ from torchspark.cli import main
 from torchspark.stats import TrainingStats
 from helpers import assert_replicas_identical
 
-pytestmark = pytest.mark.spark
-
 
 def test_train_evaluate_predict_round_trip(spark, tmp_path, capsys) -> None:
     out = tmp_path / "run"

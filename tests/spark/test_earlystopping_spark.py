@@ -24,8 +24,6 @@ from torchspark.spark import ParameterAveragingTrainingMaster, SparkNetwork
 from torchspark.spark.earlystopping import SparkEarlyStoppingTrainer, SparkEvaluationCalculator, SparkLossCalculator
 from helpers import mlp_net
 
-pytestmark = pytest.mark.spark
-
 F, C = 4, 3
 MASTER = ParameterAveragingTrainingMaster(batch_size_per_worker=16, num_workers=2, averaging_frequency=2,
                                           rdd_training_approach="direct", rng_seed=0)

@@ -17,8 +17,6 @@ from torchspark.spark import ParameterAveragingTrainingMaster, SparkNetwork
 from torchspark.training.driver.runner import InProcessRunner
 from helpers import indexed_data
 
-pytestmark = pytest.mark.spark
-
 N, BATCH, WORKERS, SEED = 46, 4, 2, 11
 SEEN: dict[str, list[tuple[int, ...]]] = defaultdict(list)
 

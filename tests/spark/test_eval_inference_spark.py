@@ -16,8 +16,6 @@ from torchspark.spark import evaluation as spark_eval
 from torchspark.spark import inference
 from torchspark.spark.evaluation import NetworkCache
 
-pytestmark = pytest.mark.spark
-
 N, F, C = 300, 6, 3
 
 

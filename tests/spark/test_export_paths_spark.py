@@ -20,8 +20,6 @@ from torchspark.spark import ParameterAveragingTrainingMaster, SparkNetwork, exp
 from torchspark.training.driver.runner import InProcessRunner
 from helpers import mlp_net
 
-pytestmark = pytest.mark.spark
-
 BATCH = 4
 
 

@@ -15,8 +15,6 @@ from torchspark.errors import TrainingError
 from torchspark.spark import ParameterAveragingTrainingMaster, SharedTrainingMaster, SparkNetwork
 from helpers import mlp_net
 
-pytestmark = pytest.mark.spark
-
 
 _diverging = partial(mlp_net, 64, 16, 10, updater=optim.SGD(lr=1e12))
 

@@ -20,8 +20,6 @@ from torchspark.errors import WorkerError
 from torchspark.spark import ParameterAveragingTrainingMaster, SparkNetwork
 from helpers import mlp_net, uniform_data
 
-pytestmark = pytest.mark.spark
-
 PLANTED = "RuntimeError: planted by a stranger"
 FAKE_ERROR = json.dumps({"kind": "error", "rank": 0,
                          "traceback": f"Traceback (most recent call last):\n{PLANTED}"}).encode() + b"\n"

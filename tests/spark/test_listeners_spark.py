@@ -11,8 +11,6 @@ from torchspark import Network, datasets, models, optim
 from torchspark.encoding import AdaptiveThreshold
 from torchspark.spark import ParameterAveragingTrainingMaster, SharedTrainingMaster, SparkNetwork
 
-pytestmark = pytest.mark.spark
-
 pytest.importorskip("mlflow", reason="the [mlflow] extra is part of the test extra")
 pytest.importorskip("tensorboardX", reason="the [tensorboard] extra is part of the test extra")
 

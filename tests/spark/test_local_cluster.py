@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from helpers import assert_replicas_identical
 
-pytestmark = [pytest.mark.spark, pytest.mark.cluster]
+pytestmark = pytest.mark.cluster  # and spark, as every test of this folder
 
 
 def test_averaging_on_local_cluster(local_cluster_runs) -> None:

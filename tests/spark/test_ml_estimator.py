@@ -21,8 +21,6 @@ from torchspark.nn.network_spec import NetworkSpec
 from torchspark.spark import ParameterAveragingTrainingMaster
 from torchspark.spark.ml import TorchEstimator, TorchModel
 
-pytestmark = pytest.mark.spark
-
 N, F, C = 192, 4, 3
 SPEC = NetworkSpec("mlp", {"n_in": F, "hidden": 16, "n_out": C}, updater={"type": "sgd", "lr": 0.1}, seed=0)
 MASTER = ParameterAveragingTrainingMaster(batch_size_per_worker=16, num_workers=2, averaging_frequency=2,

@@ -14,8 +14,6 @@ from torchspark.errors import ConfigError
 from torchspark.evaluation import Evaluation, RegressionEvaluation
 from torchspark.spark import ParameterAveragingTrainingMaster, SparkNetwork
 
-pytestmark = pytest.mark.spark
-
 
 def _two_head() -> Network:
     class TwoHead(nn.Module):  # defined here: shipped to the executors by value

@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import socket
 
-import pytest
 
 import torchspark.spark.barrier as barrier_module
 import torchspark.training.driver.fit as driver_module
-from torchspark import Network, datasets, models, optim
+from torchspark import datasets, optim
 from torchspark.spark import ParameterAveragingTrainingMaster, SparkNetwork
 from helpers import mlp_net
-
-pytestmark = pytest.mark.spark
 
 
 def _free_block(n: int) -> int:

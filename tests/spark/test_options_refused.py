@@ -20,8 +20,6 @@ from torchspark.training.config.masters import STORAGE_LEVELS
 from torchspark.training.task import param_checksum
 from helpers import mlp_net
 
-pytestmark = pytest.mark.spark
-
 
 _net = partial(mlp_net, 6, 8, 3, updater=optim.SGD(lr=0.1))
 

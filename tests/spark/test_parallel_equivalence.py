@@ -20,8 +20,6 @@ from torchspark.parallel import ParallelWrapper
 from torchspark.spark import ParameterAveragingTrainingMaster, SharedTrainingMaster, SparkNetwork
 from helpers import mlp_net
 
-pytestmark = pytest.mark.spark
-
 BATCH = 8
 SEED = 7
 

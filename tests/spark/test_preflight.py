@@ -12,8 +12,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.spark
-
 SCRIPT = Path(__file__).parent / "scripts" / "preflight_checks.py"
 
 

@@ -23,8 +23,6 @@ from torchspark.spark import ParameterAveragingTrainingMaster, SparkNetwork
 from torchspark.spark.private_dirs import OWNER_FILE, PREFIX, make_private_dir, remove_stale
 from helpers import mlp_net
 
-pytestmark = pytest.mark.spark
-
 SCRIPT = Path(__file__).parent / "scripts" / "export_leftovers.py"
 
 

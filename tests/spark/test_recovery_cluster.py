@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.spark, pytest.mark.cluster]
+pytestmark = pytest.mark.cluster  # and spark, as every test of this folder
 
 SCRIPT = Path(__file__).parent / "scripts" / "recovery_cluster_fit.py"
 

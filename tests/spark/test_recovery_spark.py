@@ -14,8 +14,6 @@ from torchspark.errors import WorkerLost
 from torchspark.spark import ParameterAveragingTrainingMaster, SharedTrainingMaster, SparkNetwork
 from helpers import lenet_net
 
-pytestmark = pytest.mark.spark
-
 EPOCHS = 3
 
 

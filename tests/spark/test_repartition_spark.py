@@ -15,8 +15,6 @@ from torchspark import DataSet, MultiDataSet, Network, datasets, models, optim, 
 from torchspark.spark import ParameterAveragingTrainingMaster, SparkNetwork
 from helpers import mlp_net, parts_of_sizes
 
-pytestmark = pytest.mark.spark
-
 BATCH = 8
 
 

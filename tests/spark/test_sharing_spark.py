@@ -14,8 +14,6 @@ from torchspark.errors import ConfigError, WorkerError
 from torchspark.spark import SharedTrainingMaster, SparkNetwork, master_from_json
 from helpers import assert_replicas_identical, lenet_net
 
-pytestmark = pytest.mark.spark
-
 
 def test_digits_lenet_accuracy_traffic_and_identical_replicas(spark, sc) -> None:
     train, test = datasets.digits("train"), datasets.digits("test")

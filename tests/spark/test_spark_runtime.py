@@ -14,8 +14,6 @@ from torchspark.spark import ParameterAveragingTrainingMaster, SparkNetwork
 from torchspark.spark.preparation import _first_and_drain, first_item
 from helpers import mlp_net, uniform_data
 
-pytestmark = pytest.mark.spark
-
 
 def _fit(spark, rdd, **master_kw) -> tuple[SparkNetwork, Network]:
     net = mlp_net(64, 16, 10, updater=optim.Adam(lr=1e-2), seed=1)

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import pytest
 
 from torchspark import Network, datasets, models, optim
 from torchspark.spark import ParameterAveragingTrainingMaster, SparkNetwork
 from torchspark.stats import STANDARD_PHASES
 from helpers import assert_replicas_identical
-
-pytestmark = pytest.mark.spark
 
 
 def test_stats_html_names_workers_and_phases_and_progress_arrives_live(spark, sc, tmp_path) -> None:

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from torchspark import Network, datasets, models, optim
 from torchspark.encoding import AdaptiveThreshold
 from torchspark.spark import SharedTrainingMaster, SparkNetwork, master_from_json
-
-pytestmark = pytest.mark.spark
 
 
 def test_sharded_topology_fits_like_the_reference_loop(spark, sc) -> None:

@@ -9,9 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-pytestmark = pytest.mark.spark
 
 SCRIPT = Path(__file__).parent / "scripts" / "worker_thread_settings.py"
 
