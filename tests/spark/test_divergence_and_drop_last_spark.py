@@ -1,4 +1,4 @@
-"""Hardening on a real local[2] session: gradient sharing never diverges silently (``on_divergence`` honoured both
+"""On a real local[2] session: gradient sharing never diverges silently (``on_divergence`` honoured both
 ways), ``drop_last`` trains only full minibatches on both data routes, and the balanced split gives no worker a
 1-example minibatch that BatchNorm would fail on."""
 
