@@ -16,8 +16,7 @@ Regularisation: L2 is the network's ``weight_decay`` and L1 its ``l1`` (see :cla
 
 Speed: ``SGD``, ``Adam``, ``AdamW`` and ``AdaGrad`` use PyTorch's *fused* kernels by default where PyTorch has one
 for the parameters' device (CPU, CUDA, ...): one vectorized pass per parameter tensor instead of about ten tensor
-operations. Measured here (1 CPU thread): Adam's step on a 784-500-10 MLP takes 0.34 ms instead of 0.94 ms, which
-is 40% of the whole minibatch step; on LeNet 0.8 ms instead of 1.7 ms. Results equal the unfused loop up to float
+operations, a large share of a small network's minibatch step (BENCHMARKS.md, "Measurements behind design choices"). Results equal the unfused loop up to float
 rounding; pass ``fused=False`` for bit-for-bit agreement with a default ``torch.optim`` optimizer.
 """
 

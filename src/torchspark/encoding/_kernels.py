@@ -1,7 +1,7 @@
 """Vectorised kernels behind the threshold codec: one numpy implementation for CPU tensors, one torch one for the rest.
 
-Why two: on CPU, torch's comparison-to-bool and ``nonzero`` kernels run at ~7 GB/s while numpy's run at 25-60 GB/s
-(measured on the 2-core dev box, torch 2.13), so the CPU path works on zero-copy numpy views of the same memory.
+Why two: on CPU, torch's comparison-to-bool and ``nonzero`` kernels are several times slower than numpy's
+(BENCHMARKS.md, "Measurements behind design choices"), so the CPU path works on zero-copy numpy views of the same memory.
 The torch path is what CUDA (or any other device) uses; both produce bit-identical results, which the tests check
 by forcing the torch path on CPU.
 

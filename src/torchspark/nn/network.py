@@ -59,7 +59,7 @@ class Network:
             for recurrent or unstable networks.
         device: where the network lives (``"cpu"``, ``"cuda:0"``); default CPU.
         memory_format: layout of 4-D (convolution) weights. ``"channels_last"`` (NHWC) makes PyTorch's CPU
-            convolutions and pooling take their faster channels-last kernels: about 1.3-1.5x faster training for
+            convolutions and pooling take their faster channels-last kernels: faster training for
             small CNNs such as LeNet on CPU (see BENCHMARKS.md), and the layout tensor cores want on GPU. Results
             equal ``"contiguous"`` up to float rounding. The module's ``forward`` must not ``.view()`` a
             convolution output (use ``flatten``/``reshape``). Each 4-D weight then sits in :meth:`params` in its

@@ -191,8 +191,8 @@ class TorchDistCommunicator:
         timeout_s: the collective timeout (``rendezvous_timeout_s``); a peer that never arrives fails the job
             after this long instead of hanging it.
         shared_memory: with gloo, sum large float32 tensors and gather byte messages through ``/dev/shm`` when
-            every rank is on the same host (:mod:`torchspark.training.comm.shm`; about 2x faster than loopback TCP for
-            sums, ~10x for small gathers). Ranks on different hosts, or without a usable ``/dev/shm``, agree to
+            every rank is on the same host (:mod:`torchspark.training.comm.shm`; faster than loopback TCP, most of all for
+            small gathers). Ranks on different hosts, or without a usable ``/dev/shm``, agree to
             stay on gloo.
         host_address: the address this worker advertises to its peers; with the network namespace it tells
             which ranks share a host (None: the hostname, right for local process groups).

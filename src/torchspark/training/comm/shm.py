@@ -4,13 +4,12 @@ Workers on one machine (``local[N]``, several executors per node, ``ParallelWrap
 tensor: each copies its tensor into its own slot of a shared segment, then each sums one chunk over all slots
 into the result area, then each copies the result out. Two tiny gloo barriers order the steps (so every wait
 keeps the process group's timeout; FIFOs replace them when they can, :mod:`~torchspark.training.comm.fifo_barrier`).
-On 2 cores this sums 5 MB in about 2 ms instead of gloo's 4-5 ms over
-loopback TCP, which is most of the averaging cost of small models.
+This is much faster than gloo over loopback TCP, whose sums
+are most of the averaging cost of small models (BENCHMARKS.md, "Measurements behind design choices").
 
 Byte gathers (gradient sharing's per-step messages, :meth:`SharedMemoryReducer.all_gather_bytes`) use the same
 slots: each rank writes ``[length][payload]`` into its slot, and every rank reads every slot between two barriers
-(about 0.1 ms for a few KB instead of two gloo all-gathers; MLP gradient sharing went from ~0.27x to ~0.4x of the
-plain loop).
+(one write and one read instead of two gloo all-gathers).
 
 Every element is summed by exactly one rank, in rank order, and every rank copies the same result: results are
 bit-identical across ranks, as the :class:`~torchspark.training.comm.Communicator` contract requires.

@@ -83,7 +83,7 @@ class TrainingMaster:
         data_timeout_s: limit for waiting on one minibatch from storage.
         flush_denormal: flush denormal floats (below ~1.2e-38) to zero on the workers' CPU threads (default
             True). Adam's second moments and tiny gradients drift there after some epochs and x86 CPUs compute on
-            them many times slower (measured: an MLP epoch 0.52 s -> 1.03 s after four epochs without it). Values
+            them many times slower (BENCHMARKS.md, "Measurements behind design choices"). Values
             that small do not change training in practice; False keeps IEEE denormals (bit-for-bit comparisons
             with a process that does not flush). The task puts back the flush mode (and torch's thread count) it
             found when it ends, for the next task of a reused Python worker.

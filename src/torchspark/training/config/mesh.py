@@ -44,7 +44,7 @@ class MeshConfig:
             which torch cannot pin: confine them with the executors' ``net.ipv4.ip_local_port_range`` (README).
             Give the range room for concurrent fits (three ports per fit). Exclusive with ``port``.
         shared_memory_allreduce: workers that all run on one host (``local[N]``, one big executor,
-            ``ParallelWrapper``) sum through ``/dev/shm`` instead of loopback TCP (about 2x faster all-reduces);
+            ``ParallelWrapper``) sum through ``/dev/shm`` instead of loopback TCP (faster all-reduces);
             workers on several hosts always use gloo/nccl. Turn off only to rule it out when debugging.
     Raises:
         ConfigError: a value out of range, naming it and the fix.

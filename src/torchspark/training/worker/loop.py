@@ -241,7 +241,7 @@ def _batches(task: WorkerTask, source: EpochSource, items: Iterable[Any]) -> Ite
 
 def _ready(items: Iterable[Any]) -> bool:
     """Whether ``items`` are minibatches already in memory: a prefetch thread would only add a hand-off per step
-    (measured: 0.1-0.2 ms, 5% of a 2 ms MLP step) and compete with training for the GIL."""
+    (BENCHMARKS.md, "Measurements behind design choices") and compete with training for the GIL."""
     return isinstance(items, (list, tuple)) and all(isinstance(i, (DataSet, MultiDataSet)) for i in items)
 
 
