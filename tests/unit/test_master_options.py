@@ -191,29 +191,6 @@ def test_differing_replicas_are_reported_as_such() -> None:
             assert_replicas_identical(wrong, workers, net=net)
 
 
-def test_diverged_sharing_replicas_still_raise() -> None:
-    group = ThreadGroup(2, timeout_s=10)
-    algo = SharingAlgorithm(SharingSettings())
-    errors: list[BaseException] = []
-
-    def finish(rank: int) -> None:
-        net = Network(models.mlp(12, 16, 3), seed=0)
-        if rank == 1:
-            net.apply_update(torch.full((net.num_params(),), 1e-6))
-        comm = group.communicator(rank)
-        try:
-            algo.finish(algo.start(net, comm), net, comm)
-        except TrainingError as e:
-            errors.append(e)
-
-    threads = [threading.Thread(target=finish, args=(r,)) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    assert len(errors) == 2 and all("replicas diverged" in str(e) for e in errors), errors
-
-
 def test_a_source_that_bounds_its_own_waits_skips_the_loader(monkeypatch) -> None:
     """The parent-fed queue of ParallelWrapper times out by itself: no loader thread per step there; any other
     source with ``prefetch=0`` goes through the loader that applies ``data_timeout_s``."""

@@ -226,7 +226,8 @@ def test_diverged_replicas_raise_training_error() -> None:
         t.start()
     for t in threads:
         t.join(30)
-    assert len(errors) == 2 and all("worker(s) [1]" in str(e) for e in errors), errors
+    assert len(errors) == 2 and all("replicas diverged" in str(e) and "worker(s) [1]" in str(e) for e in errors), \
+        errors
 
 
 @pytest.mark.parametrize("overlap", [True, False])
