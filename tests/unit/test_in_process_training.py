@@ -225,5 +225,5 @@ def test_a_runner_on_its_own_runs_with_the_null_context() -> None:
     with pytest.raises(ConfigError, match="run it through run_fit"):
         NULL_CONTEXT.network  # noqa: B018 - the rounds route trains the driver's network: it needs run_fit's
     net = Network(models.mlp(64, 8, 10), updater=optim.SGD(lr=0.1), seed=0)
-    results = InProcessRunner(timeout_s=30).run(_task(net), [ItemSource(_batches(3)), ItemSource(_batches(3))])
+    results = InProcessRunner(timeout_s=30).run(_task(net), [ItemSource(uniform_batches(3)), ItemSource(uniform_batches(3))])
     assert [r.rank for r in results] == [0, 1]

@@ -135,6 +135,11 @@ class ThreadGroup:
         """Wake every waiting thread with an error (a peer failed)."""
         self._barrier.abort()
 
+    @property
+    def aborted(self) -> bool:
+        """Whether the group was aborted (a peer failed): waits on it fail at once."""
+        return self._barrier.broken
+
     def _exchange(self, rank: int, value: object) -> list[object]:
         self._slots[rank] = value
         self._wait()

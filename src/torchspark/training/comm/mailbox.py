@@ -157,7 +157,7 @@ class ThreadMailbox:
         if not self._inboxes:
             return None
         group = self._group
-        return self._inboxes[self.rank].take(senders, timeout_s, lambda: group._barrier.broken)  # type: ignore
+        return self._inboxes[self.rank].take(senders, timeout_s, lambda: group.aborted)
 
     def close(self, failed: bool = False) -> None:
         return None
