@@ -50,7 +50,7 @@ class _Checkpointed:
 
         self.ckpt_dir = tempfile.mkdtemp(prefix="torchspark-bench-ckpt-")
         if hasattr(self, "snet"):
-            self.snet.training_master = dataclasses.replace(self.master, checkpoint_directory=self.ckpt_dir)
+            self.snet.master = dataclasses.replace(self.master, checkpoint_directory=self.ckpt_dir)
         else:
             self.pw.master = dataclasses.replace(self.pw.master, checkpoint_directory=self.ckpt_dir)
 
@@ -69,18 +69,18 @@ class _Checkpointed:
 
         import numpy as np
 
-        holder, attr = (self.snet, "training_master") if hasattr(self, "snet") else (self.pw, "master")
+        holder, attr = (self.snet, "master") if hasattr(self, "snet") else (self.pw, "master")
         plain = getattr(holder, attr)
         setattr(holder, attr, dataclasses.replace(plain, collect_training_stats=True))
         if hasattr(self, "snet"):
-            self.snet.set_collect_training_stats(True)
+            self.snet.collect_training_stats = True
         try:
             wall, _ = C.timed(lambda: self.run(epochs))
             stats = self.snet.training_stats if hasattr(self, "snet") else self.pw.training_stats
         finally:
             setattr(holder, attr, plain)
             if hasattr(self, "snet"):
-                self.snet.set_collect_training_stats(False)
+                self.snet.collect_training_stats = False
         ev = stats.events()
         names = list(ev.phase_names)
         if "checkpoint" not in names:

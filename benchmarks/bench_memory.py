@@ -194,7 +194,7 @@ def main() -> None:
             "parquet_s": round(parquet_s, 1), "parquet_mb_s": round(data_mb / parquet_s, 1),
             "parquet_disk_mb": round(_dir_bytes(f"{work}/parquet") / 1e6, 1),
             "fit_s": round(fit_s, 1), "fit_examples": sum(r.examples for r in spark_net.last_results),
-            "score": round(spark_net.get_score(), 4),
+            "score": round(spark_net.score, 4),
             "peak_driver_python_mb": round(sampler.peak_driver_python / 1024, 1),
             "peak_driver_jvm_mb": round(sampler.peak_driver_jvm / 1024, 1),
             "peak_executor_mb": [round(v / 1024, 1) for v in sampler.peak_executors.values()],

@@ -83,7 +83,7 @@ def _run_in(route: str, kind: str, sig: int | None, args, spark, checkpoints: st
     else:
         from torchspark.parallel import ParallelWrapper
 
-        trainer = ParallelWrapper(net, workers=2, master=master, progress=False)
+        trainer = ParallelWrapper(net, num_workers=2, master=master, progress=False)
         trainer.add_progress_listener(injector)
         trainer.fit(train, epochs=args.epochs, batch_size=16)
         stats = trainer.training_stats

@@ -2,7 +2,7 @@
 
 Run (root and ``ip netns`` needed; otherwise it says why and exits 0)::
 
-    flock <lock file> .venv/bin/python benchmarks/bench_scaling.py [--workers 2,4,8] \\
+    flock <lock file> .venv/bin/python benchmarks/bench_scaling.py [--num-workers 2,4,8] \\
         [--links 1gbit:0.1ms,100mbit:0.5ms] [--params 3.7e6] [--densities 0.001,0.01,0.1] [--reps 30]
 
 It builds one :class:`~cluster_harness.NetnsCluster` (``with_spark=False``) of ``max(workers)`` namespace hosts,
@@ -264,7 +264,7 @@ def _save(data: dict[str, Any], path: str) -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--workers", default="2,4,8", help="worker counts, comma-separated (each >= 2)")
+    p.add_argument("--num-workers", default="2,4,8", help="worker counts, comma-separated (each >= 2)")
     p.add_argument("--links", default="1gbit:0.1ms,100mbit:0.5ms",
                    help="rate[:delay] per link setting; the delay needs netem (dropped with a note when absent)")
     p.add_argument("--burst-ms", type=float, default=2.0,
@@ -284,9 +284,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default=RESULTS)
     p.add_argument("--report", metavar="JSON", help="measure nothing: print (and re-model, in place) stored results")
     args = p.parse_args(argv)
-    args.workers = [int(w) for w in args.workers.split(",") if w.strip()]
-    if not args.workers or min(args.workers) < 2:
-        p.error(f"--workers needs counts >= 2, got {args.workers}")
+    args.num_workers = [int(w) for w in args.num_workers.split(",") if w.strip()]
+    if not args.num_workers or min(args.num_workers) < 2:
+        p.error(f"--num-workers needs counts >= 2, got {args.num_workers}")
     args.links = parse_links(args.links)
     args.densities = [float(d) for d in args.densities.split(",") if d.strip()]
     if not args.densities or not all(0 < d <= 1 for d in args.densities):
@@ -327,7 +327,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
            "timeout_s": max(60.0, args.timeout / 2)}
     has_netem = netem_available()
     data: dict[str, Any] = {"machine": C.machine_info(), "conditions": {
-        "workers": args.workers, "links": args.links, "burst_ms": args.burst_ms,
+        "workers": args.num_workers, "links": args.links, "burst_ms": args.burst_ms,
         "bursts": {rate: burst_for(rate, args.burst_ms) for rate, _ in args.links},
         "tcp_slow_start_after_idle": args.slow_start_after_idle, "netem": has_netem,
         "params": args.params, "densities": args.densities, "reps": args.reps, "dense_reps": args.dense_reps,
@@ -336,12 +336,12 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
     t0 = time.perf_counter()
     port = 29400 + os.getpid() % 500
     with tempfile.TemporaryDirectory(prefix="bench-scaling-") as workdir, \
-            NetnsCluster(workers=max(args.workers), with_spark=False) as cluster:
+            NetnsCluster(workers=max(args.num_workers), with_spark=False) as cluster:
         data["conditions"]["tcp_slow_start_after_idle"] = _slow_start(cluster, args.slow_start_after_idle)
         for rate, delay in args.links:
             applied = delay if (delay and has_netem) else None
             cluster.shape_links(rate, applied, burst=burst_for(rate, args.burst_ms))
-            for world in args.workers:
+            for world in args.num_workers:
                 port += 1
                 C.log(f"{rate} (delay {applied or 'none'}), {world} workers ...")
                 reports = run_setting(cluster, world, cfg, workdir, port, args.timeout)

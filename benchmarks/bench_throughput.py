@@ -19,7 +19,7 @@ Same model, same data, same global batch size (``--batch``, default 64), same nu
   half the data each, batch/2, fused Adam like torchspark's workers, no communication at all (what 2 workers x 1
   thread can do on this machine);
 - ``pw_avg`` / ``pw_shared``: ``ParallelWrapper`` with 2 worker processes, "averaging" (frequency 5) and
-  "shared_gradients" (AdaptiveThreshold(initial=1e-2)).
+  "sharing" (AdaptiveThreshold(initial=1e-2)).
 - ``spark_shared_stale`` / ``pw_shared_stale`` (not in the default list; ``--methods`` names them): the sharing
   methods with bounded staleness, ``max_staleness=STALENESS`` (4): a worker waits for its peers only when it is
   more than 4 steps ahead, so it absorbs the jitter that averaging (one synchronisation every 5 steps) absorbs too.
@@ -67,9 +67,9 @@ LABELS = {
     "spark_shared": "(c) SparkNetwork + SharedTrainingMaster, local[2]",
     "ddp": "(d) TorchDistributor (local_mode) + DDP/gloo, 2 processes",
     "pw_avg": "(e) ParallelWrapper averaging, 2 workers",
-    "pw_shared": "(f) ParallelWrapper shared_gradients, 2 workers",
+    "pw_shared": "(f) ParallelWrapper sharing, 2 workers",
     "spark_shared_stale": f"(c') SparkNetwork + SharedTrainingMaster(max_staleness={STALENESS}), local[2]",
-    "pw_shared_stale": f"(f') ParallelWrapper shared_gradients, max_staleness={STALENESS}, 2 workers",
+    "pw_shared_stale": f"(f') ParallelWrapper sharing, max_staleness={STALENESS}, 2 workers",
 }
 LR = 1e-3
 SEED = 0
@@ -220,12 +220,12 @@ class SparkMethod(Method):
         self.snet.fit(self.rdd, epochs=epochs)
 
     def diagnose(self, epochs: int) -> dict[str, Any] | None:
-        self.snet.set_collect_training_stats(True)
+        self.snet.collect_training_stats = True
         try:
             t, _ = C.timed(lambda: self.snet.fit(self.rdd, epochs=epochs))
             return phase_breakdown(self.snet.training_stats, t)
         finally:
-            self.snet.set_collect_training_stats(False)
+            self.snet.collect_training_stats = False
 
     def teardown(self) -> None:
         import shutil
@@ -258,7 +258,7 @@ class ParallelWrapperMethod(Method):
         from torchspark.encoding import AdaptiveThreshold
         from torchspark.parallel import ParallelWrapper
 
-        self.pw = ParallelWrapper(make_network(model), workers=2, training_mode=self.mode, averaging_frequency=5,
+        self.pw = ParallelWrapper(make_network(model), num_workers=2, training_mode=self.mode, averaging_frequency=5,
                                   threshold_algorithm=AdaptiveThreshold(initial=SHARING_INITIAL_THRESHOLD),
                                   progress=False, flush_denormal=flush_denormal(),
                                   **({} if self.max_staleness is None else {"max_staleness": self.max_staleness}))
@@ -282,7 +282,7 @@ class PWAvg(ParallelWrapperMethod):
 
 class PWShared(ParallelWrapperMethod):
     name = "pw_shared"
-    mode = "shared_gradients"
+    mode = "sharing"
 
 
 class PWSharedStale(PWShared):
@@ -775,7 +775,7 @@ def evaluate_targets(ratios: dict[tuple[str, str], float], models_: list[str]) -
     if "lenet" in models_:
         v, s = get("lenet", "pw_avg"), get("lenet", "pw_shared")
         out.append({"target": "ParallelWrapper (averaging) >= 1.0x plain on LeNet",
-                    "measured": f"{v:.2f}x (shared_gradients: {s:.2f}x)", "met": (v >= 1.0) if ok(v) else None})
+                    "measured": f"{v:.2f}x (sharing: {s:.2f}x)", "met": (v >= 1.0) if ok(v) else None})
     return out
 
 

@@ -14,7 +14,7 @@ both alike:
   directly (``fused.train_step_into``), the divergence norms from two dot products, ``encode_step(None)``,
   ``to_bytes``, ``rounds.round_from_gathered``: the sum kept at the sent indices only, ``net.apply_update_at``).
 
-The exchange gathers ``--workers`` copies of this worker's own payload (what a peer's message costs to decode; no
+The exchange gathers ``--num-workers`` copies of this worker's own payload (what a peer's message costs to decode; no
 transport). The direct step adds each update without the rounding of ``p - (p - u)``, so the two copies drift apart
 (threshold encoding amplifies last-bit differences); the largest differences are printed at the end.
 """
@@ -45,7 +45,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--warmup", type=int, default=30)
     parser.add_argument("--model", choices=("mlp", "lenet"), default="mlp")
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--num-workers", type=int, default=2)
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                         help="cpu: this thread's CPU time (time.thread_time), which a busy machine inflates far less "
                              "than wall time (use it when other work runs)")
@@ -70,7 +70,7 @@ def main() -> None:
         data = DataSet(data.features.reshape(n, 784).contiguous(), data.labels)
     batches = [DataSet(b.features.clone(), b.labels.clone()) for b in data.split(32)]
     config = EncoderConfig(threshold_policy=AdaptiveThreshold(initial=1e-2))
-    comm = _EchoComm(args.workers)
+    comm = _EchoComm(args.num_workers)
 
     def build() -> tuple[ts.Network, SharingState]:
         module = models.mlp(784, 500, 10) if args.model == "mlp" else models.lenet(1, 10, 28, 28)
@@ -132,7 +132,7 @@ def main() -> None:
     param_diff = float((ref_net.params() - fused_net.params()).abs().max())
     residual_diff = float((ref_state.encoder.residual - fused_state.encoder.residual).abs().max())
 
-    print(f"{args.model}, {args.workers} messages per exchange, {args.steps} steps, 1 thread, {args.clock} clock; "
+    print(f"{args.model}, {args.num_workers} messages per exchange, {args.steps} steps, 1 thread, {args.clock} clock; "
           f"load average {' / '.join(f'{v:.2f}' for v in os.getloadavg())}")
     print(f"{'component (median ms per step)':40s} {'reference':>10s} {'fused':>10s}")
     for name in times["reference"]:

@@ -28,7 +28,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--batch-size", type=int, default=16, help="minibatch size on each worker")
     p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--num-workers", type=int, default=2)
     p.add_argument("--output", default=None, help="where to save the fitted PipelineModel (default: a temp dir)")
     p.add_argument("--master", default=None, help="Spark master (default: the active session, else local[workers])")
     return p.parse_args(argv)
@@ -44,7 +44,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     from torchspark.spark.ml import TorchEstimator
 
     args = parse_args(argv)
-    with session_scope(cores=args.workers, master=args.master, app_name="csv-pipeline") as spark:
+    with session_scope(cores=args.num_workers, master=args.master, app_name="csv-pipeline") as spark:
         df = spark.read.csv(args.csv, header=True, inferSchema=True)
         features = [c for c in df.columns if c != args.label]
         if args.label not in df.columns or not features:
@@ -58,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         n_classes = df.select(args.label).distinct().count()
         spec = NetworkSpec("mlp", {"n_in": len(features), "hidden": args.hidden, "n_out": n_classes},
                            updater={"type": "adam", "lr": args.lr}, seed=0)
-        master = ParameterAveragingTrainingMaster(batch_size_per_worker=args.batch_size, num_workers=args.workers,
+        master = ParameterAveragingTrainingMaster(batch_size_per_worker=args.batch_size, num_workers=args.num_workers,
                                                   averaging_frequency=2, rdd_training_approach="direct", rng_seed=0)
         stages += [
             VectorAssembler(inputCols=features, outputCol="raw"),

@@ -32,7 +32,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=32, help="minibatch size on each worker")
     p.add_argument("--averaging-frequency", type=int, default=5, help="minibatches between parameter averages")
-    p.add_argument("--workers", type=int, default=2, help="training workers (Spark task slots)")
+    p.add_argument("--num-workers", type=int, default=2, help="training workers (Spark task slots)")
     p.add_argument("--partitions", type=int, default=8, help="partitions of the training RDD")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--master", default=None, help="Spark master (default: the active session, else local[workers])")
@@ -46,12 +46,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     train = datasets.read_idx(args.train_images, args.train_labels)
     test = train if args.test_images is None else datasets.read_idx(args.test_images, args.test_labels)
     _, _, height, width = train.features.shape
-    with session_scope(cores=args.workers, master=args.master, app_name="mnist-idx") as spark:
+    with session_scope(cores=args.num_workers, master=args.master, app_name="mnist-idx") as spark:
         sc = spark.sparkContext
         # 2. an RDD of small DataSets; SparkNetwork re-batches them to batch_size per worker
         rdd = sc.parallelize(train.split(args.batch_size), args.partitions)
         net = Network(models.lenet(1, 10, height, width), updater=optim.Adam(lr=args.lr), seed=args.seed)
-        master = ParameterAveragingTrainingMaster(batch_size_per_worker=args.batch_size, num_workers=args.workers,
+        master = ParameterAveragingTrainingMaster(batch_size_per_worker=args.batch_size, num_workers=args.num_workers,
                                                   averaging_frequency=args.averaging_frequency, rng_seed=args.seed)
         spark_net = SparkNetwork(spark, net, master, progress=False)
         try:

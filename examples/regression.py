@@ -39,7 +39,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--batch-size", type=int, default=32, help="minibatch size on each worker")
     p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--num-workers", type=int, default=2)
     p.add_argument("--master", default=None, help="Spark master (default: the active session, else local[workers])")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
@@ -48,19 +48,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     train, test = make_data(args.examples, args.seed), make_data(max(args.examples // 4, 64), args.seed + 1)
-    with session_scope(cores=args.workers, master=args.master, app_name="regression") as spark:
+    with session_scope(cores=args.num_workers, master=args.master, app_name="regression") as spark:
         sc = spark.sparkContext
         net = Network(models.mlp(N_FEATURES, [args.hidden, args.hidden], 2), loss="mse",
                       updater=optim.Adam(lr=args.lr), seed=args.seed)
         test_rdd = sc.parallelize(test.split(256), 2)
-        before = SparkNetwork(spark, net, SharedTrainingMaster(num_workers=args.workers),
+        before = SparkNetwork(spark, net, SharedTrainingMaster(num_workers=args.num_workers),
                               progress=False).evaluate_regression(test_rdd)
         # gradient sharing: each worker sends only the update entries that crossed the threshold
-        master = SharedTrainingMaster(batch_size_per_worker=args.batch_size, num_workers=args.workers,
+        master = SharedTrainingMaster(batch_size_per_worker=args.batch_size, num_workers=args.num_workers,
                                       rng_seed=args.seed)
         spark_net = SparkNetwork(spark, net, master, progress=False)
         try:
-            spark_net.fit(sc.parallelize(train.split(args.batch_size * 4), 2 * args.workers), epochs=args.epochs)
+            spark_net.fit(sc.parallelize(train.split(args.batch_size * 4), 2 * args.num_workers), epochs=args.epochs)
             after = spark_net.evaluate_regression(test_rdd)
         finally:
             spark_net.delete_temp_files()

@@ -54,7 +54,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=8)
     p.add_argument("--batch-size", type=int, default=32, help="minibatch size on each worker")
     p.add_argument("--lr", type=float, default=1e-2)
-    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--num-workers", type=int, default=2)
     p.add_argument("--master", default=None, help="Spark master (default: the active session, else local[workers])")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
@@ -65,12 +65,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     train, test = make_data(args.examples, args.seed), make_data(max(args.examples // 4, 64), args.seed + 1)
     net = Network(TwoInTwoOut(), loss=["cross_entropy", "mse"], updater=optim.Adam(lr=args.lr), seed=args.seed)
     score_before = net.score(test)
-    with session_scope(cores=args.workers, master=args.master, app_name="two-in-two-out") as spark:
-        master = ParameterAveragingTrainingMaster(batch_size_per_worker=args.batch_size, num_workers=args.workers,
+    with session_scope(cores=args.num_workers, master=args.master, app_name="two-in-two-out") as spark:
+        master = ParameterAveragingTrainingMaster(batch_size_per_worker=args.batch_size, num_workers=args.num_workers,
                                                   averaging_frequency=4, rng_seed=args.seed)
         spark_net = SparkNetwork(spark, net, master, progress=False)
         try:
-            rdd = spark.sparkContext.parallelize(train.split(args.batch_size * 2), 2 * args.workers)
+            rdd = spark.sparkContext.parallelize(train.split(args.batch_size * 2), 2 * args.num_workers)
             spark_net.fit(rdd, epochs=args.epochs)
         finally:
             spark_net.delete_temp_files()

@@ -28,7 +28,7 @@ from torchspark.stats import TrainingStats
 from torchspark.training import InProcessRunner, ItemSource, WorkerResult, WorkerTask, merge_results
 from torchspark.training.task import param_checksum
 
-__all__ = [
+__all__ = ["averaging_only",
     "mlp_net", "lenet_net", "batchnorm_net",
     "classification_batches", "uniform_data", "uniform_batches", "parts_of_sizes", "onehot_rule_data",
     "indexed_data",
@@ -232,3 +232,9 @@ def assert_replicas_identical(source: ChecksumSource, workers: int, *, net: Netw
     if net is not None:
         assert param_checksum(net) == common, (param_checksum(net), common)
     return common
+
+
+def averaging_only(mode: str, averaging_frequency: int) -> dict[str, int]:
+    """``{"averaging_frequency": n}`` for ``ParallelWrapper(training_mode="averaging", ...)``, nothing for
+    ``"sharing"`` (whose master has no such option: passing it is a ConfigError)."""
+    return {"averaging_frequency": averaging_frequency} if mode == "averaging" else {}

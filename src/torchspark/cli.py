@@ -1,7 +1,7 @@
 """The ``torchspark`` command: train, evaluate and predict with Spark (or ParallelWrapper) from the shell.
 
 ``torchspark train`` trains a zoo model on the built-in digits dataset (gradient sharing by default, as the seeds
-recommend) and writes the model, ``metrics.json`` (on Spark also the ``spark_master`` and ``training_master`` settings
+recommend) and writes the model, ``metrics.json`` (on Spark also the ``spark_master`` and ``master`` settings
 it used), ``stats.json`` and the ``stats.html`` timeline; ``evaluate`` and
 ``predict`` run the distributed evaluation and inference of a saved model.
 """
@@ -20,6 +20,7 @@ from typing import Any, Sequence
 from torchspark.cli_checks import check_arguments
 from torchspark.errors import ConfigError, TorchSparkError
 from torchspark.training.algorithms.sharing.topology import DEFAULT_SHARD_ABOVE_WORKERS
+from torchspark.training.config import master_class, master_kinds
 from torchspark.validation import parse_float, parse_int
 
 __all__ = ["main", "build_parser"]
@@ -28,7 +29,6 @@ log = logging.getLogger("torchspark.cli")
 
 MODELS = ("lenet", "mlp")
 UPDATERS = ("adam", "sgd", "adamw", "rmsprop", "adagrad")
-MODES = {"sharing": "shared_gradients", "averaging": "averaging"}  # CLI mode -> ParallelWrapper training_mode
 
 
 def _int_at_least(minimum: int) -> Any:
@@ -76,7 +76,7 @@ def _shape(text: str) -> tuple[int, ...]:
 def _add_spark_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--master", default=None,
                    help="Spark master URL (default local[WORKERS]); e.g. local-cluster[2,1,1024], spark://h:7077, yarn")
-    p.add_argument("--workers", type=_positive_int, default=2, help="Spark task slots / training workers")
+    p.add_argument("--num-workers", type=_positive_int, default=2, help="Spark task slots / training workers")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="log what happens, and show the JVM's own start-up warnings and log (hidden otherwise)")
 
@@ -103,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--dataset", default="digits", choices=["digits"], help="built-in training dataset")
     train.add_argument("--model", default="lenet", choices=MODELS, help="zoo model to train")
     train.add_argument("--epochs", type=_positive_int, default=8, help="passes over the training data")
-    train.add_argument("--mode", default="sharing", choices=list(MODES),
+    train.add_argument("--training-mode", default="sharing", choices=master_kinds(),
                        help="sharing: threshold-encoded gradient sharing; averaging: synchronous parameter averaging")
     train.add_argument("--parallel", action="store_true",
                        help="train with ParallelWrapper (local worker processes), without Spark or Java")
@@ -133,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--output", default="torchspark-output", help="directory for the model, metrics and stats")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     train.add_argument("--config", default=None,
-                       help="YAML (.yaml/.yml) or JSON file of train settings by option name (epochs: 4, mode: "
+                       help="YAML (.yaml/.yml) or JSON file of train settings by option name (epochs: 4, training_mode: "
                             "averaging, ...); options on the command line override it")
     train.add_argument("--print-config", nargs="?", const="yaml", default=None, choices=["yaml", "json"],
                        help="print the settings this command would train with (YAML, or json) and exit: the "
@@ -216,7 +216,7 @@ def _data_for_evaluation(spark: Any, args: argparse.Namespace) -> Any:
 
     split = _digits_split(args.data)
     if split is not None:
-        return spark.sparkContext.parallelize(datasets.digits(split).split(args.batch_size), args.workers)
+        return spark.sparkContext.parallelize(datasets.digits(split).split(args.batch_size), args.num_workers)
     batch_files = _batch_files(args.data)
     if batch_files:
         return batch_files
@@ -256,12 +256,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.parallel:
         from torchspark.parallel import ParallelWrapper
 
-        wrapper = ParallelWrapper(net, workers=args.workers, training_mode=MODES[args.mode],
-                                  averaging_frequency=args.averaging_frequency, threshold_algorithm=threshold,
-                                  collect_training_stats=True, rng_seed=args.seed, progress=not args.no_progress,
-                                  **_sharing_options(args))
-        wrapper.fit(train_data, epochs=args.epochs, batch_size=args.batch_size_per_worker)
-        stats, score, runner = wrapper.training_stats, wrapper.get_score(), "ParallelWrapper"
+        wrapper = ParallelWrapper(net, master=training_master(args, threshold), progress=not args.no_progress)
+        wrapper.fit(train_data, epochs=args.epochs)
+        stats, score, runner = wrapper.training_stats, wrapper.score, "ParallelWrapper"
         used: dict[str, Any] = {"startup_seconds": 0.0, "fit_seconds": time.time() - start}
     else:
         stats, score, used = _train_on_spark(args, net, train_data, threshold)
@@ -275,7 +272,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     summary = stats.summary() if stats is not None else {}
     metrics = {
         "accuracy": evaluation.accuracy(), "f1_macro": evaluation.f1(average="macro"), "score": score,
-        "epochs": args.epochs, "workers": args.workers, "mode": args.mode, "runner": runner, "train_seconds": seconds,
+        "epochs": args.epochs, "num_workers": args.num_workers, "training_mode": args.training_mode, "runner": runner, "train_seconds": seconds,
         # training throughput: the fit alone, not the Spark session's start (startup_seconds)
         "examples_per_second": len(train_data) * args.epochs / used["fit_seconds"],
         **{k: summary[k] for k in ("bytes_sent", "dense_bytes", "replicas_identical") if k in summary},
@@ -287,26 +284,36 @@ def cmd_train(args: argparse.Namespace) -> int:
         _write_json(os.path.join(args.output, "stats.json"), json.loads(stats.to_json()))
         stats.export_html(os.path.join(args.output, "stats.html"))
         written += [os.path.join(args.output, "stats.json"), os.path.join(args.output, "stats.html")]
-    print(f"accuracy {evaluation.accuracy():.4f} on {len(test_data)} test digits ({args.mode}, {runner}); wrote "
+    print(f"accuracy {evaluation.accuracy():.4f} on {len(test_data)} test digits ({args.training_mode}, {runner}); wrote "
           + ", ".join(written))
     return 0
+
+
+def training_master(args: argparse.Namespace, threshold: Any) -> Any:
+    """The master ``--training-mode`` names, with the options of the command line (the same on Spark and with
+    ``--parallel``)."""
+    common = dict(batch_size_per_worker=args.batch_size_per_worker, num_workers=args.num_workers, rng_seed=args.seed,
+                  collect_training_stats=True)
+    if args.training_mode == "sharing":
+        return master_class("sharing")(threshold_algorithm=threshold, **_sharing_options(args), **common)
+    return master_class("averaging")(averaging_frequency=args.averaging_frequency, **common)
 
 
 def _sharing_options(args: argparse.Namespace) -> dict[str, Any]:
     """``--topology``, ``--shard-above-workers`` and ``--max-staleness`` for the sharing master (nothing in averaging
     mode, where :func:`check_mode_options` refused them)."""
-    if args.mode != "sharing":
+    if args.training_mode != "sharing":
         return {}
     return {"topology": args.topology, "shard_above_workers": args.shard_above_workers,
             "max_staleness": args.max_staleness}
 
 
 def check_mode_options(args: argparse.Namespace) -> None:
-    """Sharing-only options with ``--mode averaging`` (and ``--shard-above-workers`` with a fixed ``--topology``) are
+    """Sharing-only options with ``--training-mode averaging`` (and ``--shard-above-workers`` with a fixed ``--topology``) are
     a mistake, not something to ignore silently."""
     if getattr(args, "command", None) != "train":
         return
-    if args.mode == "sharing":
+    if args.training_mode == "sharing":
         if args.topology != "auto" and args.shard_above_workers != DEFAULT_SHARD_ABOVE_WORKERS:
             raise ConfigError(f"--shard-above-workers {args.shard_above_workers} applies to --topology auto only, but "
                               f"--topology is {args.topology!r}; use --topology auto or drop --shard-above-workers")
@@ -315,44 +322,34 @@ def check_mode_options(args: argparse.Namespace) -> None:
                                    ("--shard-above-workers", args.shard_above_workers, DEFAULT_SHARD_ABOVE_WORKERS),
                                    ("--max-staleness", args.max_staleness, None)):
         if value != default:
-            raise ConfigError(f"{option} {value} applies to gradient sharing only, but --mode is {args.mode!r}; "
-                              f"use --mode sharing or drop {option}")
+            raise ConfigError(f"{option} {value} applies to gradient sharing only, but --training-mode is {args.training_mode!r}; "
+                              f"use --training-mode sharing or drop {option}")
 
 
 def _train_on_spark(args: argparse.Namespace, net: Any, train_data: Any,
                     threshold: Any) -> tuple[Any, float, dict[str, Any]]:
     """Train on Spark; returns the training stats, the score, and what was used (for metrics.json): the seconds the
-    session took to start and the fit took, the session's ``spark_master`` and the ``training_master``'s settings."""
+    session took to start and the fit took, the session's ``spark_master`` and the ``master``'s settings."""
     from torchspark.spark import (
-        ParameterAveragingTrainingMaster,
-        SharedTrainingMaster,
         SparkNetwork,
         check_java,
         session_scope,
     )
 
     check_java()
-    common = dict(batch_size_per_worker=args.batch_size_per_worker, num_workers=args.workers, rng_seed=args.seed,
-                  collect_training_stats=True)
-    master: Any
-    if args.mode == "sharing":
-        master = SharedTrainingMaster(threshold_algorithm=threshold, **_sharing_options(args),
-                                      **common)  # type: ignore[arg-type]
-    else:
-        master = ParameterAveragingTrainingMaster(averaging_frequency=args.averaging_frequency,
-                                                  **common)  # type: ignore[arg-type]
+    master = training_master(args, threshold)
     start = time.time()
-    with session_scope(cores=args.workers, master=args.master, quiet=not args.verbose) as spark:
+    with session_scope(cores=args.num_workers, master=args.master, quiet=not args.verbose) as spark:
         started = time.time()
-        rdd = spark.sparkContext.parallelize(train_data.split(64), max(args.workers, 2))
+        rdd = spark.sparkContext.parallelize(train_data.split(64), max(args.num_workers, 2))
         spark_net = SparkNetwork(spark, net, master, progress=False if args.no_progress else None)
         try:
             spark_net.fit(rdd, epochs=args.epochs)
         finally:
             spark_net.delete_temp_files()
         used = {"startup_seconds": started - start, "fit_seconds": time.time() - started,
-                "spark_master": spark.sparkContext.master, "training_master": master.to_dict()}
-        return spark_net.training_stats, spark_net.get_score(), used
+                "spark_master": spark.sparkContext.master, "master": master.to_dict()}
+        return spark_net.training_stats, spark_net.score, used
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
@@ -360,7 +357,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     net = _load_model(args.model, args.trust_code)
     check_java()
-    with session_scope(cores=args.workers, master=args.master, quiet=not args.verbose) as spark:
+    with session_scope(cores=args.num_workers, master=args.master, quiet=not args.verbose) as spark:
         data = _data_for_evaluation(spark, args)
         evaluation = SparkNetwork(spark, net).evaluate(data, batch_size=args.batch_size,
                                                        features_col=args.features_col, label_col=args.label_col,
@@ -377,7 +374,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
     net = _load_model(args.model, args.trust_code)
     check_java()
-    with session_scope(cores=args.workers, master=args.master, quiet=not args.verbose) as spark:
+    with session_scope(cores=args.num_workers, master=args.master, quiet=not args.verbose) as spark:
         split = _digits_split(args.data)
         frame = _digits_frame(spark, split) if split is not None else _read_parquet(spark, args.data)
         shape = args.feature_shape or ((1, 8, 8) if split is not None else None)

@@ -4,7 +4,7 @@
   ``TrainingMaster.from_yaml``) write and read the same mapping as ``to_json()``; :func:`save_master` /
   :func:`load_master` pick the format from the file name (``.yaml``/``.yml`` or ``.json``).
 * ``torchspark train --config run.yaml``: the file holds the train options by name (``epochs: 4``,
-  ``mode: averaging``, ``batch_size_per_worker: 32``; dashes or underscores); options given on the command line
+  ``training_mode: averaging``, ``batch_size_per_worker: 32``; dashes or underscores); options given on the command line
   override it. ``--print-config`` prints the settings a command would train with, to start such a file.
 
 YAML needs the ``[yaml]`` extra (PyYAML). Files are read with PyYAML's *safe* loader: plain mappings, lists,

@@ -40,7 +40,7 @@ def test_two_hosts_same_sum_both_topologies_and_the_json_fields(tmp_path) -> Non
     if reason is not None:
         pytest.skip(f"multi-host namespace cluster unavailable: {reason}")
     out = tmp_path / "scaling.json"
-    args = B.parse_args(["--workers", "2", "--links", "100mbit", "--params", str(PARAMS), "--densities",
+    args = B.parse_args(["--num-workers", "2", "--links", "100mbit", "--params", str(PARAMS), "--densities",
                          ",".join(map(str, DENSITIES)), "--reps", "3", "--dense-reps", "2", "--warmup", "1",
                          "--probe-reps", "2", "--seed", "5", "--burst-ms", "4", "--slow-start-after-idle", "0",
                          "--timeout", "120", "--out", str(out)])
@@ -89,7 +89,7 @@ def test_link_rates_and_buckets() -> None:
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--workers", "1,2"], "--workers needs counts >= 2"),
+    (["--num-workers", "1,2"], "--num-workers needs counts >= 2"),
     (["--links", "fast"], "link rate must look like"),
     (["--densities", "0,0.01"], "--densities must lie in"),
     (["--reps", "0"], "must be >= 1"),
@@ -107,6 +107,6 @@ def test_without_namespaces_it_says_why_and_exits_0(monkeypatch, capsys, tmp_pat
     import cluster_harness
 
     monkeypatch.setattr(cluster_harness, "unavailable_reason", lambda: "building network namespaces needs root")
-    assert B.main(["--workers", "2", "--out", str(tmp_path / "s.json")]) == 0
+    assert B.main(["--num-workers", "2", "--out", str(tmp_path / "s.json")]) == 0
     assert "unavailable here: building network namespaces needs root" in capsys.readouterr().out
     assert not (tmp_path / "s.json").exists()

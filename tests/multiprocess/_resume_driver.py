@@ -13,6 +13,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the tests folder: interrupting
 
 import torch  # noqa: E402
+from helpers import averaging_only  # noqa: E402
 from interrupting import InterruptingMLP  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
@@ -35,7 +36,7 @@ def fit(mode: str, directory: str | None, run_id: str | None, after: int | None)
     net = Network(InterruptingMLP(12, 16, 3, after=after), updater=optim.Adam(lr=0.01), seed=0)
     checkpoints = {} if directory is None else {"checkpoint_directory": directory,
                                                 "checkpoint_every": 1 if mode == "averaging" else 2}
-    ParallelWrapper(net, workers=2, training_mode=mode, averaging_frequency=3, threads_per_worker=1, progress=False,
+    ParallelWrapper(net, num_workers=2, training_mode=mode, **averaging_only(mode, 3), threads_per_worker=1, progress=False,
                     **checkpoints).fit(data(), epochs=EPOCHS, batch_size=BATCH, run_id=run_id)
     return net
 

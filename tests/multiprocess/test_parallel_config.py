@@ -26,22 +26,28 @@ _net = partial(mlp_net, 4, 4, 2, updater=optim.SGD(lr=0.1))
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"workers": 0}, "workers must be an integer >= 1 or None, got 0"),
-        ({"workers": True}, "workers must be an integer"),
-        ({"training_mode": "sync"}, "training_mode must be one of ['averaging', 'shared_gradients'], got 'sync'"),
+        ({"num_workers": 0}, "num_workers must be an integer >= 1 or None, got 0"),
+        ({"num_workers": True}, "num_workers must be an integer"),
+        ({"workers": 2}, "does not take ['workers']"),  # one vocabulary: num_workers, as the masters say
+        ({"average_updaters": False}, "does not take ['average_updaters']"),  # the master's save_updater
+        ({"prefetch_buffer": 2}, "does not take ['prefetch_buffer']"),  # the master's worker_prefetch_num_batches
+        ({"training_mode": "shared_gradients"}, "training_mode must be one of ['averaging', 'sharing']"),
+        ({"training_mode": "sharing", "averaging_frequency": 2}, "they are options of training_mode='averaging'"),
+        ({"export_directory": "/tmp/x"}, "only mean something on Spark"),
+        ({"training_mode": "sync"}, "training_mode must be one of ['averaging', 'sharing'], got 'sync'"),
         ({"devices": ["gpu7"]}, "devices[0]='gpu7' is not a device"),
         ({"devices": ["cpu", "cuda:x"]}, "devices[1]='cuda:x'"),
         ({"devices": []}, "devices must be a non-empty list"),
         ({"devices": "cpu"}, "devices must be a non-empty list"),
         ({"averaging_frequency": 0}, "averaging_frequency must be an integer >= 1, got 0"),
-        ({"prefetch_buffer": -1}, "prefetch_buffer must be an integer >= 1, got -1"),
+        ({"worker_prefetch_num_batches": -1}, "worker_prefetch_num_batches must be an integer >= 0"),
         ({"rng_seed": -3}, "rng_seed must be an integer >= 0 or None, got -3"),
         ({"threads_per_worker": 0}, "threads_per_worker must be an integer >= 1 or None, got 0"),
         ({"rendezvous_timeout_s": 0}, "rendezvous_timeout_s must be a number of seconds > 0, got 0"),
-        ({"overlap": "yes"}, "overlap must be True or False, got 'yes'"),
+        ({"training_mode": "sharing", "overlap": "yes"}, "overlap must be True or False, got 'yes'"),
         ({"progress": "yes"}, "progress must be True, False or None"),
         ({"training_mode": ["averaging"]}, "training_mode must be one of"),
-        ({"threshold_algorithm": 1e-3}, "threshold_algorithm must be a policy object"),
+        ({"training_mode": "sharing", "threshold_algorithm": 1e-3}, "threshold_algorithm must be a policy object"),
     ],
 )
 def test_bad_settings_are_refused_at_construction(kwargs: dict, message: str) -> None:
@@ -56,7 +62,7 @@ def test_network_must_be_a_torchspark_network() -> None:
 
 
 def test_policy_dicts_are_accepted() -> None:
-    wrapper = ParallelWrapper(_net(), workers=2, training_mode="shared_gradients",
+    wrapper = ParallelWrapper(_net(), num_workers=2, training_mode="sharing",
                               threshold_algorithm=FixedThreshold(1e-3).to_dict())
     assert isinstance(wrapper.threshold_algorithm, FixedThreshold)
 
@@ -77,12 +83,12 @@ def test_policy_dicts_are_accepted() -> None:
 )
 def test_bad_data_is_refused_before_any_worker_starts(data, error, message: str) -> None:
     with pytest.raises(error) as info:
-        ParallelWrapper(_net(), workers=2, progress=False).fit(data)
+        ParallelWrapper(_net(), num_workers=2, progress=False).fit(data)
     assert message in str(info.value)
 
 
 def test_bad_fit_arguments() -> None:
-    wrapper = ParallelWrapper(_net(), workers=2, progress=False)
+    wrapper = ParallelWrapper(_net(), num_workers=2, progress=False)
     data = datasets.synthetic_classification(8, 4, 2)
     with pytest.raises(ConfigError, match="epochs must be an integer >= 1, got 0"):
         wrapper.fit(data, epochs=0)
@@ -132,7 +138,7 @@ def test_default_devices_follow_the_machine(monkeypatch: pytest.MonkeyPatch, gpu
     expected = ["cuda:0", "cuda:1"] if gpus else ["cpu"] * 3
     assert wrapper_module._default_devices(None) == expected
     assert ParallelWrapper(_net()).worker_devices == expected
-    assert ParallelWrapper(_net(), workers=3).worker_devices == (["cuda:0", "cuda:1", "cuda:0"] if gpus
+    assert ParallelWrapper(_net(), num_workers=3).worker_devices == (["cuda:0", "cuda:1", "cuda:0"] if gpus
                                                                  else ["cpu"] * 3)
 
 

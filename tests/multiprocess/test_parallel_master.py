@@ -20,7 +20,7 @@ DATA = datasets.synthetic_classification(96, 12, 3, seed=4)
 _net = partial(mlp_net, 12, 16, 3, updater=optim.Adam(lr=1e-2))
 
 
-@pytest.mark.parametrize("mode", ["averaging", "shared_gradients"])
+@pytest.mark.parametrize("mode", ["averaging", "sharing"])
 def test_a_master_trains_like_the_options_that_build_it(mode: str) -> None:
     if mode == "averaging":
         master = ParameterAveragingTrainingMaster(batch_size_per_worker=8, averaging_frequency=3, rng_seed=2)
@@ -29,9 +29,9 @@ def test_a_master_trains_like_the_options_that_build_it(mode: str) -> None:
         master = SharedTrainingMaster(batch_size_per_worker=8, threshold_algorithm=FixedThreshold(1e-3), rng_seed=2)
         options = {"training_mode": mode, "threshold_algorithm": FixedThreshold(1e-3), "rng_seed": 2}
     with_master, with_options = _net(), _net()
-    a = ParallelWrapper(with_master, workers=2, master=master, progress=False, runner=InProcessRunner(timeout_s=60))
+    a = ParallelWrapper(with_master, num_workers=2, master=master, progress=False, runner=InProcessRunner(timeout_s=60))
     a.fit(DATA, epochs=2)  # batch_size: the master's batch_size_per_worker
-    b = ParallelWrapper(with_options, workers=2, progress=False, runner=InProcessRunner(timeout_s=60), **options)
+    b = ParallelWrapper(with_options, num_workers=2, progress=False, runner=InProcessRunner(timeout_s=60), **options)
     assert type(b.master) is type(master)
     b.fit(DATA, epochs=2, batch_size=8)
     torch.testing.assert_close(with_master.params(), with_options.params(), atol=0, rtol=0)
@@ -42,9 +42,9 @@ def test_a_master_trains_like_the_options_that_build_it(mode: str) -> None:
 def test_the_in_process_runner_gives_the_worker_processes_result() -> None:
     master = ParameterAveragingTrainingMaster(batch_size_per_worker=8, averaging_frequency=2)
     in_threads, in_processes = _net(), _net()
-    ParallelWrapper(in_threads, workers=2, master=master, progress=False,
+    ParallelWrapper(in_threads, num_workers=2, master=master, progress=False,
                     runner=InProcessRunner(timeout_s=60)).fit(DATA, epochs=2)
-    ParallelWrapper(in_processes, workers=2, master=master, progress=False, threads_per_worker=1).fit(DATA, epochs=2)
+    ParallelWrapper(in_processes, num_workers=2, master=master, progress=False, threads_per_worker=1).fit(DATA, epochs=2)
     torch.testing.assert_close(in_threads.params(), in_processes.params(), atol=1e-6, rtol=1e-5)
     assert in_threads.iteration == in_processes.iteration
 
@@ -53,14 +53,13 @@ def test_the_in_process_runner_gives_the_worker_processes_result() -> None:
     ({"master": "averaging"}, "master must be a ParameterAveragingTrainingMaster or SharedTrainingMaster"),
     ({"master": ParameterAveragingTrainingMaster(), "averaging_frequency": 3},
      r"pass either master= or the options that build one, not both: \['averaging_frequency'\]"),
-    ({"master": SharedTrainingMaster(), "training_mode": "shared_gradients"}, r"not both: \['training_mode'\]"),
+    ({"master": SharedTrainingMaster(), "training_mode": "sharing"}, r"not both: \['training_mode'\]"),
     ({"master": ParameterAveragingTrainingMaster(averaging_via="spark")}, "averaging_via='spark' would be ignored"),
     ({"master": SharedTrainingMaster(export_directory="/tmp/x", port=5000)},
      "export_directory='/tmp/x', port=5000 would be ignored"),
-    ({"master": ParameterAveragingTrainingMaster(num_workers=3), "workers": 2},
-     "workers=2 but the master's num_workers=3"),
-    ({"average_updaters": "yes"}, r"save_updater must be True or False, got 'yes' \(average_updaters is the "
-                                  r"master's save_updater\)"),
+    ({"master": ParameterAveragingTrainingMaster(num_workers=3), "num_workers": 2},
+     "num_workers=2 but the master's num_workers=3"),
+    ({"save_updater": "yes"}, r"save_updater must be True or False, got 'yes'"),
     ({"runner": object()}, "runner must have a run"),
 ])
 def test_conflicting_or_ignored_settings_are_refused(kwargs: dict, message: str) -> None:
@@ -79,7 +78,7 @@ def test_a_data_error_a_worker_meets_stays_a_data_error(in_process: bool) -> Non
     labels = DATA.labels.clone()
     labels[60:70] = 9  # past the first minibatch, which the driver checks
     runner = InProcessRunner(timeout_s=60) if in_process else None
-    wrapper = ParallelWrapper(_net(), workers=2, progress=False, runner=runner, threads_per_worker=1)
+    wrapper = ParallelWrapper(_net(), num_workers=2, progress=False, runner=runner, threads_per_worker=1)
     with pytest.raises(DataError, match="label index 9") as info:
         wrapper.fit(DataSet(DATA.features, labels), batch_size=8)
     assert isinstance(info.value, WorkerError) and "--- worker traceback ---" in str(info.value)

@@ -1,5 +1,5 @@
-"""ParallelWrapper's options do what they say, with 2 worker processes: live score reports, average_updaters and
-prefetch_buffer."""
+"""ParallelWrapper's options do what they say, with 2 worker processes: live score reports, save_updater and
+worker_prefetch_num_batches."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def test_the_averaged_score_is_logged_after_every_averaging_round(caplog) -> Non
     data = datasets.synthetic_classification(60, 12, 3, seed=4)
     sizes = [[len(b) for b in share] for share in split_examples([data], BATCH, WORKERS, None)]
     assert sizes == [[8, 8, 8, 6], [2, 8, 8, 8, 4]]  # 30 examples each: rounds of 2 weigh 16:10, 14:16, 0:4
-    wrapper = ParallelWrapper(_mlp(), workers=WORKERS, averaging_frequency=2, report_score_after_averaging=True,
+    wrapper = ParallelWrapper(_mlp(), num_workers=WORKERS, averaging_frequency=2, report_score_after_averaging=True,
                               collect_training_stats=True, progress=False)
     wrapper.fit(data, epochs=2, batch_size=BATCH)
 
@@ -72,11 +72,11 @@ def test_the_averaged_score_is_logged_after_every_averaging_round(caplog) -> Non
     assert [r.score for r in reports] == pytest.approx(expected, rel=1e-5)  # the all-reduce sums in float32
 
 
-def test_shared_gradients_log_each_epochs_mean_score_and_nothing_unless_asked(caplog) -> None:
+def test_sharing_log_each_epochs_mean_score_and_nothing_unless_asked(caplog) -> None:
     caplog.set_level(logging.INFO, logger="torchspark.parallel.wrapper")
     data = datasets.synthetic_classification(60, 12, 3, seed=4)
     sizes = [[len(b) for b in share] for share in split_examples([data], BATCH, WORKERS, None)]
-    wrapper = ParallelWrapper(_mlp(), workers=WORKERS, training_mode="shared_gradients",
+    wrapper = ParallelWrapper(_mlp(), num_workers=WORKERS, training_mode="sharing",
                               report_score_after_averaging=True, collect_training_stats=True, progress=False)
     wrapper.fit(data, epochs=3, batch_size=BATCH)
 
@@ -89,13 +89,13 @@ def test_shared_gradients_log_each_epochs_mean_score_and_nothing_unless_asked(ca
         assert math.isfinite(report.score) and report.score == pytest.approx(total / 60, rel=1e-9)
 
     caplog.clear()
-    ParallelWrapper(_mlp(), workers=WORKERS, training_mode="shared_gradients", progress=False).fit(
+    ParallelWrapper(_mlp(), num_workers=WORKERS, training_mode="sharing", progress=False).fit(
         data, epochs=1, batch_size=BATCH)
-    ParallelWrapper(_mlp(), workers=WORKERS, averaging_frequency=2, progress=False).fit(data, batch_size=BATCH)
+    ParallelWrapper(_mlp(), num_workers=WORKERS, averaging_frequency=2, progress=False).fit(data, batch_size=BATCH)
     assert _reports(caplog) == []
 
 
-# ------------------------------------------------------------------ average_updaters
+# ------------------------------------------------------------------ save_updater
 def test_average_updaters_false_resets_adam_every_round_as_the_reference_does() -> None:
     data = datasets.synthetic_classification(100, 12, 3, seed=1)  # 50 examples per worker
     shards = split_examples([data], BATCH, WORKERS, None)
@@ -103,7 +103,7 @@ def test_average_updaters_false_resets_adam_every_round_as_the_reference_does() 
     for average in (True, False):
         net = _mlp(updater=optim.Adam(lr=1e-2))
         reference = averaging_reference(net, shards, epochs=2, frequency=3, save_updater=average)
-        wrapper = ParallelWrapper(net, workers=WORKERS, averaging_frequency=3, average_updaters=average,
+        wrapper = ParallelWrapper(net, num_workers=WORKERS, averaging_frequency=3, save_updater=average,
                                   threads_per_worker=1, progress=False)
         wrapper.fit(data, epochs=2, batch_size=BATCH)
         torch.testing.assert_close(net.params(), reference.params(), atol=1e-6, rtol=1e-5)
@@ -114,7 +114,7 @@ def test_average_updaters_false_resets_adam_every_round_as_the_reference_does() 
     assert (params[True] - params[False]).abs().max() > 1e-2
 
 
-# ------------------------------------------------------------------ prefetch_buffer
+# ------------------------------------------------------------------ worker_prefetch_num_batches
 @pytest.mark.parametrize("prefetch", [1, 4])
 def test_prefetch_buffer_bounds_how_far_a_one_shot_iterable_is_read_ahead(tmp_path: Path, prefetch: int) -> None:
     """Workers wait in their first forward until a gate opens; the parent's feeder keeps reading the iterable and
@@ -142,7 +142,7 @@ def test_prefetch_buffer_bounds_how_far_a_one_shot_iterable_is_read_ahead(tmp_pa
             yield batch
 
     net = Network(GatedLinear(12, 3, str(gate)), updater=optim.SGD(lr=0.1), seed=0)
-    wrapper = ParallelWrapper(net, workers=WORKERS, prefetch_buffer=prefetch, progress=False,
+    wrapper = ParallelWrapper(net, num_workers=WORKERS, worker_prefetch_num_batches=prefetch, progress=False,
                               runner=Watched(["cpu"] * WORKERS))  # the queue bound comes from the wrapper's option
     wrapper.fit(one_shot(), batch_size=BATCH)
 
@@ -160,7 +160,7 @@ def test_options_set_after_construction_take_effect_or_are_refused() -> None:
     from torchspark.training import ParameterAveragingTrainingMaster
 
     data = datasets.synthetic_classification(64, 12, 3, seed=0)
-    wrapper = ParallelWrapper(_mlp(), workers=WORKERS, progress=False, threads_per_worker=1)
+    wrapper = ParallelWrapper(_mlp(), num_workers=WORKERS, progress=False, threads_per_worker=1)
     wrapper.fit(data, epochs=1, batch_size=BATCH)
     assert wrapper.training_stats is None
     wrapper.collect_training_stats = True
@@ -170,7 +170,7 @@ def test_options_set_after_construction_take_effect_or_are_refused() -> None:
     with pytest.raises(ConfigError, match="averaging_frequency"):
         wrapper.averaging_frequency = 0
     assert wrapper.averaging_frequency == 5 and wrapper.master.averaging_frequency == 5
-    own = ParallelWrapper(_mlp(), workers=WORKERS, progress=False,
+    own = ParallelWrapper(_mlp(), num_workers=WORKERS, progress=False,
                           master=ParameterAveragingTrainingMaster(num_workers=WORKERS))
     with pytest.raises(ConfigError, match="master of your own"):
         own.collect_training_stats = True

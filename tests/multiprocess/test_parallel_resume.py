@@ -23,7 +23,7 @@ def _driver(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, DRIVER, *args], capture_output=True, text=True, timeout=600)
 
 
-@pytest.mark.parametrize("mode", ["averaging", "shared_gradients"])
+@pytest.mark.parametrize("mode", ["averaging", "sharing"])
 def test_a_second_driver_process_continues_the_run(tmp_path, mode: str) -> None:
     directory = str(tmp_path / "ckpt")
     # the reference: one uninterrupted fit without checkpoints, the driver script's fit run in this process (a

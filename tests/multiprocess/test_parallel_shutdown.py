@@ -72,7 +72,7 @@ def test_nan_in_a_later_minibatch_names_the_nan_not_a_peer_error(runner) -> None
     x = data.features.clone()
     x[3 * 8 + 2, 5] = float("nan")  # minibatch 3 (worker 0's 4th): the first one passes the driver's check
     net = Network(models.mlp(12, 16, 3), updater=optim.SGD(lr=0.1), seed=0)
-    wrapper = ParallelWrapper(net, workers=2, training_mode="averaging", averaging_frequency=2, progress=False,
+    wrapper = ParallelWrapper(net, num_workers=2, training_mode="averaging", averaging_frequency=2, progress=False,
                               runner=runner)
     before = net.params().clone()
 
@@ -90,7 +90,7 @@ def test_nan_in_a_later_minibatch_names_the_nan_not_a_peer_error(runner) -> None
 def test_user_exception_in_one_worker_is_reported_with_its_traceback(runner) -> None:
     data = datasets.synthetic_classification(96, 12, 3, seed=1)
     net = Network(FailingForward(12, 3, after=4, rank=1), updater=optim.SGD(lr=0.1), seed=0)
-    wrapper = ParallelWrapper(net, workers=2, training_mode="shared_gradients", progress=False,
+    wrapper = ParallelWrapper(net, num_workers=2, training_mode="sharing", progress=False,
                               runner=runner)
 
     with pytest.raises(WorkerError) as info:
@@ -105,7 +105,7 @@ def test_user_exception_in_one_worker_is_reported_with_its_traceback(runner) -> 
 def test_ctrl_c_in_the_parent_stops_all_workers_and_propagates(runner) -> None:
     data = datasets.synthetic_classification(8000, 12, 3, seed=1)  # far more work than the test waits for
     net = Network(models.mlp(12, 16, 3), updater=optim.SGD(lr=0.01), seed=0)
-    wrapper = ParallelWrapper(net, workers=2, training_mode="averaging", averaging_frequency=1, progress=False,
+    wrapper = ParallelWrapper(net, num_workers=2, training_mode="averaging", averaging_frequency=1, progress=False,
                               runner=runner)
     interrupted_at: list[float] = []
     lock = threading.Lock()
@@ -130,7 +130,7 @@ def test_a_killed_worker_is_named_not_its_peers_connection_error(runner) -> None
     data = datasets.synthetic_classification(8000, 12, 3, seed=1)
     net = Network(models.mlp(12, 16, 3), updater=optim.SGD(lr=0.01), seed=0)
     master = ParameterAveragingTrainingMaster(averaging_frequency=1, max_failures=0)  # no recovery: the error
-    wrapper = ParallelWrapper(net, workers=2, master=master, progress=False, runner=runner)
+    wrapper = ParallelWrapper(net, num_workers=2, master=master, progress=False, runner=runner)
     killed: list[int] = []
     lock = threading.Lock()
 

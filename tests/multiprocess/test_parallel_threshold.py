@@ -21,7 +21,7 @@ EPOCHS = 2
 def _fit(threshold_algorithm: Any) -> tuple[Network, Any]:
     net = lenet_net(updater=optim.Adam(lr=1e-3))
     kwargs = {} if threshold_algorithm is None else {"threshold_algorithm": threshold_algorithm}
-    wrapper = ParallelWrapper(net, workers=2, training_mode="shared_gradients", rng_seed=0, progress=False,
+    wrapper = ParallelWrapper(net, num_workers=2, training_mode="sharing", rng_seed=0, progress=False,
                               collect_training_stats=True, **kwargs)
     wrapper.fit(datasets.digits("train"), epochs=EPOCHS, batch_size=16)
     return net, wrapper.training_stats

@@ -25,7 +25,7 @@ def _fit(workers: int, shared_memory: bool = False, **options: Any) -> tuple[Net
     master = SharedTrainingMaster(batch_size_per_worker=8, rng_seed=0, shared_memory_allreduce=shared_memory,
                                   threshold_algorithm=FixedThreshold(0.05), collect_training_stats=True,
                                   **options)
-    wrapper = ParallelWrapper(net, workers=workers, master=master, progress=False)
+    wrapper = ParallelWrapper(net, num_workers=workers, master=master, progress=False)
     wrapper.fit(DATA, epochs=2, batch_size=8)
     return net, wrapper
 
@@ -81,13 +81,13 @@ def test_auto_shards_above_shard_above_workers(workers: int, expected: str) -> N
 
 def test_parallel_wrapper_topology_options_reach_the_master() -> None:
     net = Network(models.mlp(12, 16, 3), seed=0)
-    wrapper = ParallelWrapper(net, workers=2, training_mode="shared_gradients", topology="sharded",
+    wrapper = ParallelWrapper(net, num_workers=2, training_mode="sharing", topology="sharded",
                               shard_above_workers=5, progress=False)
     assert (wrapper.master.topology, wrapper.master.shard_above_workers) == ("sharded", 5)
     assert wrapper.master.algorithm_settings()["topology"] == "sharded"
     with pytest.raises(ConfigError, match=r"topology must be one of \['auto', 'all_gather', 'sharded'\], got 'ring'"):
-        ParallelWrapper(net, workers=2, training_mode="shared_gradients", topology="ring")
+        ParallelWrapper(net, num_workers=2, training_mode="sharing", topology="ring")
     with pytest.raises(ConfigError, match="shard_above_workers must be an integer >= 1, got 0"):
-        ParallelWrapper(net, workers=2, training_mode="shared_gradients", shard_above_workers=0)
+        ParallelWrapper(net, num_workers=2, training_mode="sharing", shard_above_workers=0)
     with pytest.raises(ConfigError, match="topology must be one of"):
         dataclasses.replace(SharedTrainingMaster(), topology="all-gather")

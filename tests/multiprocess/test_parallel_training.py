@@ -13,7 +13,7 @@ from torchspark.data import save_batches
 from torchspark.encoding import AdaptiveThreshold
 from torchspark.parallel import ParallelWrapper
 from torchspark.stats import STANDARD_PHASES
-from helpers import assert_replicas_identical, batchnorm_net, lenet_net, mlp_net
+from helpers import averaging_only, assert_replicas_identical, batchnorm_net, lenet_net, mlp_net
 
 
 _lenet = partial(lenet_net, updater=optim.Adam(lr=1e-3))
@@ -22,7 +22,7 @@ _lenet = partial(lenet_net, updater=optim.Adam(lr=1e-3))
 def test_digits_averaging_reaches_95_percent_with_stats_and_progress_bar(tmp_path, capfd) -> None:
     train, test = datasets.digits("train"), datasets.digits("test")
     net = _lenet()
-    wrapper = ParallelWrapper(net, workers=2, training_mode="averaging", averaging_frequency=5, rng_seed=0,
+    wrapper = ParallelWrapper(net, num_workers=2, training_mode="averaging", averaging_frequency=5, rng_seed=0,
                               collect_training_stats=True, progress=True)
     updates = []
     wrapper.add_progress_listener(updates.append)
@@ -30,7 +30,7 @@ def test_digits_averaging_reaches_95_percent_with_stats_and_progress_bar(tmp_pat
 
     accuracy = net.evaluate(test).accuracy()
     assert accuracy >= 0.95, accuracy
-    assert net.epoch == 8 and np.isfinite(wrapper.get_score())
+    assert net.epoch == 8 and np.isfinite(wrapper.score)
     # 1437 examples split exactly: 718 / 719 per epoch (minibatches of 16, a short one at the cut and at the end)
     assert sorted(r.examples for r in wrapper.last_results) == [8 * 718, 8 * 719]
     assert {u.rank for u in updates} == {0, 1}
@@ -53,12 +53,12 @@ def test_digits_averaging_reaches_95_percent_with_stats_and_progress_bar(tmp_pat
     assert not [p for p in multiprocessing.active_children() if p.name.startswith("torchspark-worker")]
 
 
-def test_digits_shared_gradients_from_batch_files_reaches_95_percent(tmp_path) -> None:
+def test_digits_sharing_from_batch_files_reaches_95_percent(tmp_path) -> None:
     train, test = datasets.digits("train"), datasets.digits("test")
     paths = save_batches(train.split(16), str(tmp_path / "batches"))
     net = _lenet()
     # Adam steps are ~lr = 1e-3 per parameter; a threshold 10x above that skips ~150 dense warm-up steps
-    wrapper = ParallelWrapper(net, workers=2, training_mode="shared_gradients", rng_seed=0, progress=False,
+    wrapper = ParallelWrapper(net, num_workers=2, training_mode="sharing", rng_seed=0, progress=False,
                               threshold_algorithm=AdaptiveThreshold(initial=1e-2), collect_training_stats=True)
     wrapper.fit(paths, epochs=8)  # workers read the files themselves
 
@@ -79,7 +79,7 @@ def test_digits_shared_gradients_from_batch_files_reaches_95_percent(tmp_path) -
 def test_a_one_shot_iterable_trains_every_example_once() -> None:
     data = datasets.synthetic_classification(200, 12, 3, seed=2)
     net = mlp_net(12, 16, 3, updater=optim.SGD(lr=0.1))
-    wrapper = ParallelWrapper(net, workers=2, training_mode="shared_gradients", progress=False)
+    wrapper = ParallelWrapper(net, num_workers=2, training_mode="sharing", progress=False)
     wrapper.fit((piece for piece in data.split(30)), batch_size=8)  # re-batched to 8, dealt round-robin
     assert sum(r.examples for r in wrapper.last_results) == 200
     assert sorted(r.iterations for r in wrapper.last_results) == [12, 13]
@@ -87,14 +87,14 @@ def test_a_one_shot_iterable_trains_every_example_once() -> None:
     assert_replicas_identical(wrapper, 2, net=net)
 
 
-@pytest.mark.parametrize("mode", ["averaging", "shared_gradients"])
+@pytest.mark.parametrize("mode", ["averaging", "sharing"])
 def test_batchnorm_statistics_reach_the_calling_process(mode: str) -> None:
     import torch
 
     net = batchnorm_net(updater=optim.SGD(lr=0.1))
     data = datasets.synthetic_classification(64, 12, 3, seed=8)
     initial = net.buffers()
-    ParallelWrapper(net, workers=2, training_mode=mode, averaging_frequency=2, progress=False).fit(
+    ParallelWrapper(net, num_workers=2, training_mode=mode, **averaging_only(mode, 2), progress=False).fit(
         data, epochs=1, batch_size=8)
     assert torch.isfinite(net.buffers()).all() and not torch.allclose(net.buffers(), initial)
     assert int(net.module[1].num_batches_tracked) == 4  # worker 0's minibatches
@@ -106,7 +106,7 @@ def test_workers_flush_denormals_unless_told_not_to() -> None:
     got = {}
     for flush in (True, False):
         net = denormal_net()
-        ParallelWrapper(net, workers=2, averaging_frequency=2, progress=False, flush_denormal=flush).fit(
+        ParallelWrapper(net, num_workers=2, averaging_frequency=2, progress=False, flush_denormal=flush).fit(
             zero_feature_data(64), epochs=1, batch_size=8)
         got[flush] = watched(net)
     assert got[True] == 0.0

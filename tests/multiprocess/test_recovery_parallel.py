@@ -69,7 +69,7 @@ def undisturbed() -> dict[str, float]:
     found = {}
     for name, master in MASTERS.items():
         net = _lenet()
-        ParallelWrapper(net, workers=2, master=master, progress=False).fit(train, epochs=EPOCHS, batch_size=16)
+        ParallelWrapper(net, num_workers=2, master=master, progress=False).fit(train, epochs=EPOCHS, batch_size=16)
         found[name] = net.evaluate(test).accuracy()
         found[f"params-{name}"] = net.params().clone()
     return found
@@ -80,7 +80,7 @@ def test_a_killed_worker_is_relaunched_and_the_fit_completes(name, leftovers, un
     train, test = datasets.digits("train"), datasets.digits("test")
     net = _lenet()
     fault = _Fault(signal.SIGKILL)
-    wrapper = ParallelWrapper(net, workers=2, master=MASTERS[name], progress=False)
+    wrapper = ParallelWrapper(net, num_workers=2, master=MASTERS[name], progress=False)
     wrapper.add_progress_listener(fault)
     wrapper.fit(train, epochs=EPOCHS, batch_size=16)
     leftovers.assert_clean(gone=fault.all_pids)
@@ -104,7 +104,7 @@ def test_with_checkpoints_recovery_loses_at_most_one_interval(tmp_path, leftover
     net = _lenet()
     fault = _Fault(signal.SIGKILL, epoch=1)  # in the second epoch: the first epoch's checkpoint is complete
     master = dataclasses.replace(MASTERS["averaging"], checkpoint_directory=str(tmp_path))  # once per epoch
-    wrapper = ParallelWrapper(net, workers=2, master=master, progress=False)
+    wrapper = ParallelWrapper(net, num_workers=2, master=master, progress=False)
     wrapper.add_progress_listener(fault)
     wrapper.fit(train, epochs=EPOCHS, batch_size=16)
     leftovers.assert_clean(gone=fault.all_pids)
@@ -129,7 +129,7 @@ def test_a_stopped_worker_makes_its_peers_give_up_and_the_fit_recovers(leftovers
     fault = _Fault(signal.SIGSTOP)
     master = ParameterAveragingTrainingMaster(averaging_frequency=5, rng_seed=0, collect_training_stats=True,
                                               rendezvous_timeout_s=5)
-    wrapper = ParallelWrapper(net, workers=2, master=master, progress=False)
+    wrapper = ParallelWrapper(net, num_workers=2, master=master, progress=False)
     wrapper.add_progress_listener(fault)
     wrapper.fit(train, epochs=EPOCHS, batch_size=16)
     leftovers.assert_clean(gone=fault.all_pids)
@@ -147,7 +147,7 @@ def test_max_failures_bounds_the_retries_and_names_every_failure(leftovers) -> N
     fault = _Fault(signal.SIGKILL, epoch=0, times=5)  # kills worker 1 of every attempt
     master = ParameterAveragingTrainingMaster(averaging_frequency=5, rng_seed=0, max_failures=1,
                                               rendezvous_timeout_s=20)
-    wrapper = ParallelWrapper(_lenet(), workers=2, master=master, progress=False)
+    wrapper = ParallelWrapper(_lenet(), num_workers=2, master=master, progress=False)
     wrapper.add_progress_listener(fault)
     with pytest.raises(WorkerLost) as info:
         wrapper.fit(train, epochs=3, batch_size=16)
@@ -165,7 +165,7 @@ def test_the_users_error_is_not_retried() -> None:
     data = datasets.synthetic_classification(96, 12, 3, seed=1)
     net = Network(FailingForward(12, 3, after=4, rank=1), updater=optim.SGD(lr=0.1), seed=0)
     runner = _CountingRunner(["cpu", "cpu"], threads_per_worker=1)
-    wrapper = ParallelWrapper(net, workers=2, training_mode="averaging", averaging_frequency=1, progress=False,
+    wrapper = ParallelWrapper(net, num_workers=2, training_mode="averaging", averaging_frequency=1, progress=False,
                               runner=runner)  # max_failures=3 (the default)
     with pytest.raises(WorkerError) as info:
         wrapper.fit(data, epochs=1, batch_size=4)

@@ -26,7 +26,7 @@ def test_digits_lenet_reaches_95_percent(spark, sc) -> None:
     accuracy = net.evaluate(test).accuracy()
     assert accuracy >= 0.95, accuracy
     assert net.epoch == 8
-    assert np.isfinite(spark_net.get_score())
+    assert np.isfinite(spark_net.score)
     spark_net.delete_temp_files()
 
 
@@ -78,9 +78,9 @@ def _averaging_reference(module: torch.nn.Module, shards: list[list[DataSet]], l
 
 
 @pytest.mark.parametrize("via", ["torch", "spark"])
-def test_get_score_is_the_mean_of_the_workers_last_minibatch_loss(spark, sc, via: str) -> None:
+def test_score_is_the_mean_of_the_workers_last_minibatch_loss(spark, sc, via: str) -> None:
     """Two workers, averaging every 2 minibatches of 8: worker 0 has three, worker 1 one. Round 1 averages 2:1,
-    round 2 is worker 0's alone. get_score() is the plain mean of each worker's own last minibatch loss (worker
+    round 2 is worker 0's alone. score is the plain mean of each worker's own last minibatch loss (worker
     1's from round 1), computed by a plain torch loop: not the last round's score, not weighted by examples."""
     shards = [uniform_data(24, seed=20).split(8), uniform_data(8, seed=21).split(8)]  # different data: different losses
     net = Network(models.mlp(64, 16, 10), updater=optim.SGD(lr=0.1), seed=7)
@@ -89,11 +89,11 @@ def test_get_score_is_the_mean_of_the_workers_last_minibatch_loss(spark, sc, via
                                               repartition="never", rdd_training_approach="direct",
                                               averaging_via=via)
     snet = SparkNetwork(spark, net, master, progress=False)
-    assert np.isnan(snet.get_score()), "NaN before any fit"
+    assert np.isnan(snet.score), "NaN before any fit"
     snet.fit(sc.parallelize([shards[0], shards[1]], 2).flatMap(lambda shard: shard))  # partition i = shard i
     snet.delete_temp_files()
     assert losses[0] != pytest.approx(losses[1], rel=1e-3), "the workers' losses must differ to test the mean"
-    assert snet.get_score() == pytest.approx(sum(losses) / 2, rel=1e-5, abs=1e-6)
+    assert snet.score == pytest.approx(sum(losses) / 2, rel=1e-5, abs=1e-6)
     assert [r.examples for r in snet.last_results] == [24, 8]
     reference_params = torch.cat([p.detach().reshape(-1) for p in reference.parameters()])
     torch.testing.assert_close(net.params(), reference_params, atol=1e-5, rtol=0)

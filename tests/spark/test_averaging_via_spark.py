@@ -45,7 +45,7 @@ def _assert_same_training(spark_route: tuple[Network, SparkNetwork], torch_route
     assert_close(net.params(), ref.params(), atol=1e-5, rtol=0)
     assert_close(net.updater_state(), ref.updater_state(), atol=1e-5, rtol=0)
     assert (net.iteration, net.epoch) == (ref.iteration, ref.epoch)
-    assert spark_net.get_score() == pytest.approx(ref_net.get_score(), abs=1e-5)
+    assert spark_net.score == pytest.approx(ref_net.score, abs=1e-5)
     assert [(r.rank, r.examples, r.iterations) for r in spark_net.last_results] == \
         [(r.rank, r.examples, r.iterations) for r in ref_net.last_results]
 
@@ -155,7 +155,7 @@ def test_learns_reports_progress_per_round_and_times_the_driver_phases(spark, sc
     assert net.score(data) < 0.5 * loss_before
     assert net.evaluate(data).accuracy() > 0.9
     assert (net.iteration, net.epoch) == (50, 5)  # 10 minibatches per worker and epoch
-    assert 0 < spark_net.get_score() < loss_before
+    assert 0 < spark_net.score < loss_before
     # one update per worker and round (2 rounds per epoch), counting examples within the epoch
     assert len(updates) == 2 * 2 * 5
     assert {u.rank for u in updates} == {0, 1}

@@ -70,7 +70,7 @@ def _with(x: np.ndarray, index: tuple[int, int], value: float) -> np.ndarray:
 
 
 def _pw(**kw: Any) -> ParallelWrapper:
-    return ParallelWrapper(_net(), workers=2, progress=False, **kw)
+    return ParallelWrapper(_net(), num_workers=2, progress=False, **kw)
 
 
 # ------------------------------------------------------------------ files made before the call
@@ -242,9 +242,9 @@ CASES = [
     Case("fit-batch-size-zero", lambda c: _pw().fit(DataSet(X, Y), batch_size=0), ConfigError,
          ("batch_size", "got 0", ">= 1")),
     Case("fit-epochs-zero", lambda c: _pw().fit(DataSet(X, Y), epochs=0), ConfigError, ("epochs", "got 0", ">= 1")),
-    Case("wrapper-workers-zero", lambda c: ParallelWrapper(_net(), workers=0), ConfigError, ("workers", "got 0")),
+    Case("wrapper-workers-zero", lambda c: ParallelWrapper(_net(), num_workers=0), ConfigError, ("workers", "got 0")),
     Case("wrapper-options-and-master", lambda c: ParallelWrapper(
-        _net(), workers=2, averaging_frequency=3, master=ParameterAveragingTrainingMaster()), ConfigError,
+        _net(), num_workers=2, averaging_frequency=3, master=ParameterAveragingTrainingMaster()), ConfigError,
         ("['averaging_frequency']", "set them on the master")),
     Case("loss-unknown", lambda c: Network(models.mlp(6, 8, 3), loss="crossentropy"), ConfigError,
          ("'crossentropy'", "cross_entropy")),
@@ -252,8 +252,8 @@ CASES = [
          ("'adamw2'", "adam")),
     Case("master-json-invalid", lambda c: master_from_json("{not json"), ConfigError, ("invalid",)),
     Case("master-json-unknown-type", lambda c: master_from_json('{"type": "magic"}'), ConfigError,
-         ("'magic'", "parameter_averaging")),
-    Case("master-json-unknown-option", lambda c: master_from_json('{"type": "parameter_averaging", "speed": 9}'),
+         ("'magic'", "averaging")),
+    Case("master-json-unknown-option", lambda c: master_from_json('{"type": "averaging", "speed": 9}'),
          ConfigError, ("['speed']", "ParameterAveragingTrainingMaster")),
     # -- batch files, directories, URLs, a full disk
     Case("batch-file-corrupt", lambda c: load_batch(c.made), DataError, ("corrupt.safetensors",), setup=_corrupt),
@@ -280,7 +280,7 @@ CASES = [
     Case("model-config-not-json", lambda c: Network.load(c.made), SerializationError,
          ("config.json", "is not valid JSON"), setup=_garbage_config),
     Case("master-json-names-os-system", lambda c: master_from_json('{"type": "os:system"}'), ConfigError,
-         ("'os:system'", "known: ['parameter_averaging', 'shared_gradients']")),
+         ("'os:system'", "known: ['averaging', 'sharing']")),
     Case("evaluation-json-names-os-system", lambda c: _evaluation_from_json(_evaluation_json("os:system")),
          SerializationError, ("'os:system'", "known types")),
     Case("save-over-a-directory-of-other-files", lambda c: _net().save(c.made), SerializationError,

@@ -20,13 +20,13 @@ def test_train_evaluate_predict_round_trip(spark, tmp_path, capsys) -> None:
     out = tmp_path / "run"
     assert main(["train", "--epochs", "8", "--no-progress", "--output", str(out)]) == 0  # sharing, the default
     metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["mode"] == "sharing" and metrics["runner"] == "SparkNetwork"
+    assert metrics["training_mode"] == "sharing" and metrics["runner"] == "SparkNetwork"
     assert metrics["accuracy"] >= 0.95, metrics
     assert metrics["replicas_identical"] is True and metrics["bytes_sent"] < 0.05 * metrics["dense_bytes"]
     html = (out / "stats.html").read_text()
     assert "worker-0" in html and "worker-1" in html and "exchange" in html
     stats = TrainingStats.from_json((out / "stats.json").read_text())
-    assert_replicas_identical(stats, metrics["workers"], net=Network.load(str(out / "model")))
+    assert_replicas_identical(stats, metrics["num_workers"], net=Network.load(str(out / "model")))
 
     assert main(["evaluate", "--model", str(out / "model"), "--output", str(tmp_path / "ev.json")]) == 0
     evaluation = json.loads((tmp_path / "ev.json").read_text())
@@ -46,22 +46,22 @@ def test_train_evaluate_predict_round_trip(spark, tmp_path, capsys) -> None:
 
 def test_averaging_mode_and_bad_data(spark, tmp_path, capsys) -> None:
     out = tmp_path / "avg"
-    assert main(["train", "--mode", "averaging", "--epochs", "1", "--no-progress", "--output", str(out)]) == 0
-    assert json.loads((out / "metrics.json").read_text())["mode"] == "averaging"
+    assert main(["train", "--training-mode", "averaging", "--epochs", "1", "--no-progress", "--output", str(out)]) == 0
+    assert json.loads((out / "metrics.json").read_text())["training_mode"] == "averaging"
     assert main(["evaluate", "--model", str(out / "model"), "--data", "digits:validation"]) == 2
     assert "digits:train and digits:test" in capsys.readouterr().err
     assert main(["evaluate", "--model", str(out / "model"), "--data", str(tmp_path / "nothing")]) == 2
     assert "does not exist" in capsys.readouterr().err
 
 
-def test_train_options_reach_spark_and_the_training_master(tmp_path) -> None:
+def test_train_options_reach_spark_and_the_master(tmp_path) -> None:
     """``torchspark train --master ...`` in a fresh process (no active session, so --master is used): the session
     runs on that master, and the workers train with --batch-size-per-worker and --averaging-frequency."""
     from torchspark.stats import TrainingStats
 
     out = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if k != "PYSPARK_PYTHON"}
-    cmd = [sys.executable, "-m", "torchspark.cli", "train", "--master", "local[3]", "--workers", "2", "--mode",
+    cmd = [sys.executable, "-m", "torchspark.cli", "train", "--master", "local[3]", "--num-workers", "2", "--training-mode",
            "averaging", "--model", "mlp", "--epochs", "1", "--batch-size-per-worker", "32",
            "--averaging-frequency", "3", "--no-progress", "--output", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
@@ -74,8 +74,8 @@ def test_train_options_reach_spark_and_the_training_master(tmp_path) -> None:
     assert metrics["startup_seconds"] > 0 and metrics["fit_seconds"] > 0
     assert metrics["examples_per_second"] == pytest.approx(1437 / metrics["fit_seconds"])
     assert metrics["train_seconds"] >= metrics["startup_seconds"] + metrics["fit_seconds"]
-    assert metrics["spark_master"] == "local[3]", metrics  # the default would be local[2] (--workers)
-    master = metrics["training_master"]
+    assert metrics["spark_master"] == "local[3]", metrics  # the default would be local[2] (--num-workers)
+    master = metrics["master"]
     assert (master["batch_size_per_worker"], master["averaging_frequency"], master["num_workers"]) == (32, 3, 2)
     # what the workers did: 1437 digits in minibatches of at most 32 (the 2 input partitions are re-batched
     # separately, so up to 2 short ones), averaged every 3 minibatches: ceil(iterations / 3) rounds, as DL4J
@@ -88,7 +88,7 @@ def test_train_options_reach_spark_and_the_training_master(tmp_path) -> None:
 def test_verbose_shows_what_the_jvm_prints(tmp_path) -> None:
     """``--verbose`` keeps the JVM's own stderr (its start-up notices, Spark's log) on the terminal."""
     env = {k: v for k, v in os.environ.items() if k != "PYSPARK_PYTHON"}
-    cmd = [sys.executable, "-m", "torchspark.cli", "train", "--verbose", "--workers", "1", "--mode", "averaging",
+    cmd = [sys.executable, "-m", "torchspark.cli", "train", "--verbose", "--num-workers", "1", "--training-mode", "averaging",
            "--model", "mlp", "--epochs", "1", "--no-progress", "--output", str(tmp_path / "run")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -49,7 +49,7 @@ def test_spark_routes_reshuffle_every_epoch_like_parallel_wrapper(spark, sc, app
     on_spark = dict(SEEN)
 
     SEEN.clear()
-    ParallelWrapper(Network(Recorder(), updater=optim.SGD(lr=0.1), seed=0), workers=WORKERS, rng_seed=SEED,
+    ParallelWrapper(Network(Recorder(), updater=optim.SGD(lr=0.1), seed=0), num_workers=WORKERS, rng_seed=SEED,
                     averaging_frequency=2, progress=False, runner=InProcessRunner()).fit(indexed_data(N), epochs=3,
                                                                                        batch_size=BATCH)
     assert on_spark == dict(SEEN)

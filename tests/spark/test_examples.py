@@ -96,10 +96,10 @@ def test_two_inputs_two_outputs_example(spark) -> None:
 @pytest.mark.multiprocess
 def test_parallel_wrapper_example_runs_as_a_script() -> None:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.run([sys.executable, str(EXAMPLES / "parallel_wrapper.py"), "--workers", "2",
+    proc = subprocess.run([sys.executable, str(EXAMPLES / "parallel_wrapper.py"), "--num-workers", "2",
                            "--epochs", "3", "--examples", "512"], capture_output=True, text=True, timeout=600,
                           env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result["workers"] == 2 and result["mode"] == "shared_gradients" and result["examples"] == 512
+    assert result["workers"] == 2 and result["mode"] == "sharing" and result["examples"] == 512
     assert result["accuracy"] > 0.6, result  # chance is 0.1

@@ -18,7 +18,7 @@ from torchspark.data import save_batches
 from torchspark.encoding import AdaptiveThreshold
 from torchspark.parallel import ParallelWrapper
 from torchspark.spark import ParameterAveragingTrainingMaster, SharedTrainingMaster, SparkNetwork
-from helpers import mlp_net
+from helpers import averaging_only, mlp_net
 
 BATCH = 8
 SEED = 7
@@ -28,7 +28,7 @@ SEED = 7
 _network = partial(mlp_net, 12, 16, 3, updater=optim.SGD(lr=0.1, momentum=0.9))
 
 
-@pytest.mark.parametrize(("mode", "source"), [("averaging", "dataset"), ("shared_gradients", "dataset"),
+@pytest.mark.parametrize(("mode", "source"), [("averaging", "dataset"), ("sharing", "dataset"),
                                               ("averaging", "batch_files")])
 def test_parallel_wrapper_matches_spark(spark, sc, tmp_path, mode: str, source: str) -> None:
     data = datasets.synthetic_classification(100, 12, 3, seed=1)  # 12 full minibatches + one of 4 examples
@@ -50,7 +50,7 @@ def test_parallel_wrapper_matches_spark(spark, sc, tmp_path, mode: str, source: 
         spark_net.fit_paths(paths, epochs=2)
 
     local = _network()
-    wrapper = ParallelWrapper(local, workers=2, training_mode=mode, averaging_frequency=3, rng_seed=SEED,
+    wrapper = ParallelWrapper(local, num_workers=2, training_mode=mode, **averaging_only(mode, 3), rng_seed=SEED,
                               threshold_algorithm=threshold, threads_per_worker=1, progress=False)
     wrapper.fit(data if paths is None else paths, epochs=2, batch_size=BATCH)
 
@@ -61,4 +61,4 @@ def test_parallel_wrapper_matches_spark(spark, sc, tmp_path, mode: str, source: 
     assert sorted(local.extra_state) == sorted(on_spark.extra_state)
     for key, value in on_spark.extra_state.items():
         torch.testing.assert_close(local.extra_state[key], value, atol=1e-6, rtol=1e-6)
-    assert wrapper.get_score() == pytest.approx(spark_net.get_score(), rel=1e-5)
+    assert wrapper.score == pytest.approx(spark_net.score, rel=1e-5)

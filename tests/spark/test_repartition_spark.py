@@ -52,7 +52,7 @@ def test_spark_default_trains_every_example_once_per_epoch(spark, sc, approach: 
                      rdd_training_approach=approach)
     examples = [r.examples for r in spark_net.last_results]
     assert sum(examples) == 96 and min(examples) > 0, examples
-    assert np.isfinite(spark_net.get_score())
+    assert np.isfinite(spark_net.score)
 
 
 def test_multidataset_rdd_trains_a_two_input_two_output_network(spark, sc) -> None:

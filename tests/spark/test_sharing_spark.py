@@ -85,7 +85,7 @@ def test_master_json_round_trip_and_validation() -> None:
     text = master.to_json()
     assert SharedTrainingMaster.from_json(text) == master
     assert master_from_json(text) == master
-    assert '"type": "fixed"' in text and '"type": "shared_gradients"' in text
+    assert '"type": "fixed"' in text and '"type": "sharing"' in text
     default = SharedTrainingMaster()
     assert default.threshold_algorithm == AdaptiveThreshold()
     assert default.residual_post_processor == ResidualClipping()

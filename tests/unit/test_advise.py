@@ -125,7 +125,7 @@ def _advise_json(argv: list[str], capsys) -> dict:
 
 def test_the_command_prints_the_models_numbers(capsys) -> None:
     out = _advise_json(["--model", "mlp", "--input-shape", "16", "--classes", "3", "--batch-size", "8",
-                        "--workers", "3", "--link", "100mbit", "--latency-ms", "0.5", "--threads", "1",
+                        "--num-workers", "3", "--link", "100mbit", "--latency-ms", "0.5", "--threads", "1",
                         "--iterations", "3", "--warmup", "1"], capsys)
     m = out["measurement"]
     assert (m["threads"], m["iterations"], m["warmup"]) == (1, 3, 1)
@@ -150,7 +150,7 @@ def test_the_command_text_and_a_saved_model(tmp_path, capsys) -> None:
     path = str(tmp_path / "net")
     _net().save(path)
     assert main(["advise", "--model-path", path, "--input-shape", "16", "--iterations", "2", "--warmup", "0",
-                 "--workers", "2", "--sparsity", "0.01"]) == 0
+                 "--num-workers", "2", "--sparsity", "0.01"]) == 0
     text = capsys.readouterr().out
     assert f"{_net().num_params():,} parameters" in text and "ms per iteration" in text
     assert "at sparsity 0.01" in text and "2 workers" in text

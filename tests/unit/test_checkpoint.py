@@ -19,7 +19,7 @@ from torchspark.training.checkpoint import complete_checkpoints, newest_checkpoi
 from torchspark.training.driver.fit import build_task
 from torchspark.training.driver.resume import resume_task
 from torchspark.training.hooks import NullRecorder
-from helpers import onehot_rule_data
+from helpers import averaging_only, onehot_rule_data
 
 MASTERS = [ParameterAveragingTrainingMaster, SharedTrainingMaster]
 
@@ -32,11 +32,11 @@ def _net(after: int | None = None) -> Network:
 
 
 def _wrapper(net: Network, mode: str, **options) -> ParallelWrapper:
-    return ParallelWrapper(net, workers=2, training_mode=mode, averaging_frequency=3, progress=False,
+    return ParallelWrapper(net, num_workers=2, training_mode=mode, **averaging_only(mode, 3), progress=False,
                            runner=InProcessRunner(timeout_s=60), **options)
 
 
-MODES = [("averaging", {}), ("shared_gradients", {"overlap": True}), ("shared_gradients", {"overlap": False})]
+MODES = [("averaging", {}), ("sharing", {"overlap": True}), ("sharing", {"overlap": False})]
 
 
 # ------------------------------------------------------------------ options
@@ -185,26 +185,26 @@ def test_an_interrupted_fit_resumed_by_run_id_ends_where_an_uninterrupted_one_do
 def test_a_finished_run_resumes_as_finished_and_more_epochs_continue_it(tmp_path) -> None:
     data = _data()
     reference = _net()
-    _wrapper(reference, "shared_gradients").fit(data, epochs=3, batch_size=16)
+    _wrapper(reference, "sharing").fit(data, epochs=3, batch_size=16)
     options = dict(checkpoint_directory=str(tmp_path))
     first = _net()
-    _wrapper(first, "shared_gradients", **options).fit(data, epochs=2, batch_size=16, run_id="r1")
+    _wrapper(first, "sharing", **options).fit(data, epochs=2, batch_size=16, run_id="r1")
     again = _net()
-    _wrapper(again, "shared_gradients", **options).fit(data, epochs=2, batch_size=16, run_id="r1")
+    _wrapper(again, "sharing", **options).fit(data, epochs=2, batch_size=16, run_id="r1")
     assert torch.equal(again.params(), first.params()) and again.epoch == 2  # nothing trained twice
     longer = _net()
-    _wrapper(longer, "shared_gradients", **options).fit(data, epochs=3, batch_size=16, run_id="r1")
+    _wrapper(longer, "sharing", **options).fit(data, epochs=3, batch_size=16, run_id="r1")
     assert torch.equal(longer.params(), reference.params())  # as one 3-epoch fit
     with pytest.raises(ConfigError, match="already trained 3 epochs.*asks for epochs=1"):
-        _wrapper(_net(), "shared_gradients", **options).fit(data, epochs=1, batch_size=16, run_id="r1")
+        _wrapper(_net(), "sharing", **options).fit(data, epochs=1, batch_size=16, run_id="r1")
 
 
 def test_a_checkpoint_of_another_algorithm_or_world_size_is_refused(tmp_path) -> None:
     options = dict(checkpoint_directory=str(tmp_path))
     _wrapper(_net(), "averaging", **options).fit(_data(), epochs=1, batch_size=16, run_id="r1")
     with pytest.raises(ConfigError, match="trained with 'averaging', this fit uses 'sharing'"):
-        _wrapper(_net(), "shared_gradients", **options).fit(_data(), epochs=2, batch_size=16, run_id="r1")
-    three = ParallelWrapper(_net(), workers=3, averaging_frequency=3, progress=False,
+        _wrapper(_net(), "sharing", **options).fit(_data(), epochs=2, batch_size=16, run_id="r1")
+    three = ParallelWrapper(_net(), num_workers=3, averaging_frequency=3, progress=False,
                             runner=InProcessRunner(timeout_s=60), **options)
     with pytest.raises(ConfigError, match="written by 2 workers but this fit has 3"):
         three.fit(_data(), epochs=2, batch_size=16, run_id="r1")

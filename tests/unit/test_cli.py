@@ -13,17 +13,17 @@ from torchspark.cli import build_parser, main
 
 def test_defaults_train_with_gradient_sharing_on_spark() -> None:
     args = build_parser().parse_args(["train"])
-    assert args.mode == "sharing" and not args.parallel
-    assert args.threshold == "calibrated" and args.workers == 2 and args.epochs == 8
+    assert args.training_mode == "sharing" and not args.parallel
+    assert args.threshold == "calibrated" and args.num_workers == 2 and args.epochs == 8
     assert build_parser().parse_args(["train", "--threshold", "1e-4"]).threshold == 1e-4  # DL4J's fixed start
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["train", "--workers", "0"], "--workers: must be >= 1, got 0"),
+    (["train", "--num-workers", "0"], "--num-workers: must be >= 1, got 0"),
     (["train", "--epochs", "two"], "--epochs: 'two' is not an integer"),
     (["train", "--lr", "-1"], "--lr: must be > 0"),
     (["train", "--threshold", "auto"], "'auto' is not a number; use 'calibrated'"),
-    (["train", "--mode", "sync"], "invalid choice: 'sync'"),
+    (["train", "--training-mode", "sync"], "invalid choice: 'sync'"),
     (["train", "--memory-format", "nhwc"], "invalid choice: 'nhwc'"),
     (["train", "--max-staleness", "-1"], "--max-staleness: must be >= 0, got -1"),
     (["train", "--max-staleness", "two"], "--max-staleness: 'two' is not an integer"),
@@ -57,14 +57,14 @@ def test_parallel_training_runs_parallelwrapper_without_starting_spark(tmp_path)
     """In a fresh interpreter (this one may have imported pyspark for other tests): ``--parallel`` trains with
     ParallelWrapper's 2 worker processes and never imports pyspark or py4j, so no JVM can have started."""
     out = tmp_path / "par"
-    proc = subprocess.run([sys.executable, "-c", _NO_SPARK, "train", "--parallel", "--workers", "2", "--mode",
+    proc = subprocess.run([sys.executable, "-c", _NO_SPARK, "train", "--parallel", "--num-workers", "2", "--training-mode",
                            "averaging", "--epochs", "1", "--no-progress", "--output", str(out)],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report == {"rc": 0, "pyspark": []}
     metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["runner"] == "ParallelWrapper" and metrics["workers"] == 2
+    assert metrics["runner"] == "ParallelWrapper" and metrics["num_workers"] == 2
     assert "spark_master" not in metrics and metrics["accuracy"] > 0.5
     stats = json.loads((out / "stats.json").read_text())
     assert sorted(w for w in stats["workers"] if w != "driver") == ["worker-0", "worker-1"]
@@ -76,7 +76,7 @@ def test_memory_format_reaches_the_saved_network(tmp_path) -> None:
     from torchspark import Network
 
     out = tmp_path / "cl"
-    assert main(["train", "--parallel", "--mode", "averaging", "--epochs", "1", "--no-progress",
+    assert main(["train", "--parallel", "--training-mode", "averaging", "--epochs", "1", "--no-progress",
                  "--memory-format", "channels_last", "--output", str(out)]) == 0
     assert Network.load(str(out / "model")).memory_format == "channels_last"
 
@@ -84,9 +84,9 @@ def test_memory_format_reaches_the_saved_network(tmp_path) -> None:
 @pytest.mark.parametrize(("option", "value"), [("--max-staleness", "1"), ("--topology", "sharded"),
                                                ("--shard-above-workers", "4")])
 def test_sharing_options_with_averaging_mode_are_refused(option: str, value: str, tmp_path, capsys) -> None:
-    assert main(["train", "--parallel", "--mode", "averaging", option, value, "--output", str(tmp_path / "o")]) == 2
+    assert main(["train", "--parallel", "--training-mode", "averaging", option, value, "--output", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
-    assert f"{option} {value} applies to gradient sharing only" in err and "--mode sharing" in err
+    assert f"{option} {value} applies to gradient sharing only" in err and "--training-mode sharing" in err
     assert not (tmp_path / "o").exists()  # refused before anything was written
 
 

@@ -44,7 +44,7 @@ def test_masters_round_trip_through_yaml_and_files(master, tmp_path) -> None:
 
 def test_hand_written_yaml_reads_exponent_floats_and_names_bad_options() -> None:
     text = """
-type: shared_gradients
+type: sharing
 batch_size_per_worker: 64
 threshold_algorithm:
   type: fixed
@@ -53,7 +53,7 @@ threshold_algorithm:
     master = SharedTrainingMaster.from_yaml(text)
     assert master.batch_size_per_worker == 64 and master.threshold_algorithm == FixedThreshold(1e-4)
     with pytest.raises(ConfigError, match="batch_sise"):
-        master_from_yaml("type: shared_gradients\nbatch_sise: 3\n")
+        master_from_yaml("type: sharing\nbatch_sise: 3\n")
     with pytest.raises(ConfigError, match="not a SharedTrainingMaster"):
         SharedTrainingMaster.from_yaml(ParameterAveragingTrainingMaster().to_yaml())
     with pytest.raises(ConfigError, match="mapping"):
@@ -79,11 +79,11 @@ def _printed(argv: list[str], capsys) -> str:
 
 def test_train_config_sets_options_and_the_command_line_wins(tmp_path, capsys) -> None:
     path = tmp_path / "run.yaml"
-    path.write_text("epochs: 3\nmode: averaging\naveraging-frequency: 9\nlr: 5e-3\nparallel: true\n"
+    path.write_text("epochs: 3\ntraining_mode: averaging\naveraging-frequency: 9\nlr: 5e-3\nparallel: true\n"
                     "threshold: 1e-4\n")
     settings = json.loads(_printed(["train", "--config", str(path), "--epochs", "5", "--print-config", "json"],
                                    capsys))
-    assert settings["mode"] == "averaging" and settings["averaging_frequency"] == 9 and settings["parallel"] is True
+    assert settings["training_mode"] == "averaging" and settings["averaging_frequency"] == 9 and settings["parallel"] is True
     assert settings["lr"] == 5e-3 and settings["threshold"] == 1e-4
     assert settings["epochs"] == 5  # typed on the command line: over the file's 3
     assert settings["model"] == "lenet"  # untouched options keep their defaults
@@ -104,7 +104,7 @@ def test_train_config_sets_options_and_the_command_line_wins(tmp_path, capsys) -
 @pytest.mark.parametrize("content, message", [
     ("epoks: 3\n", "unknown train option 'epoks'"),
     ("epochs: 0\n", "epochs: must be >= 1"),
-    ("mode: gossip\n", "mode must be one of"),
+    ("training_mode: gossip\n", "training_mode must be one of"),
     ("parallel: 'yes'\n", "parallel must be true or false"),
     ("lr: [1, 2]\n", "lr must be a single value"),
     ("epochs: null\n", "epochs needs a value"),
@@ -153,7 +153,7 @@ def test_sharing_options_round_trip_through_config_files(sharing, fmt, tmp_path,
                                               ("max_staleness: 1", "--max-staleness")])
 def test_sharing_options_in_a_config_file_are_refused_with_averaging(line, option, tmp_path, capsys) -> None:
     path = tmp_path / "run.yaml"
-    path.write_text(f"mode: averaging\nparallel: true\n{line}\noutput: {json.dumps(str(tmp_path / 'o'))}\n")
+    path.write_text(f"training_mode: averaging\nparallel: true\n{line}\noutput: {json.dumps(str(tmp_path / 'o'))}\n")
     assert main(["train", "--config", str(path)]) == 2
     assert f"{option} " in capsys.readouterr().err and not (tmp_path / "o").exists()
 
@@ -172,7 +172,7 @@ def test_shard_above_workers_from_a_config_file_reaches_the_training(tmp_path) -
 
     out = tmp_path / "out"
     path = tmp_path / "run.json"
-    path.write_text(json.dumps({"parallel": True, "workers": 2, "model": "mlp", "epochs": 1, "no_progress": True,
+    path.write_text(json.dumps({"parallel": True, "num_workers": 2, "model": "mlp", "epochs": 1, "no_progress": True,
                                 "shard_above_workers": 1, "output": str(out)}))
     assert main(["train", "--config", str(path)]) == 0
     assert Network.load(str(out / "model")).extra_config["sharing.topology"] == "sharded"
@@ -186,9 +186,9 @@ def test_a_missing_config_file_is_a_clear_error(tmp_path, capsys) -> None:
 def test_train_with_a_config_file_trains_with_its_settings(tmp_path) -> None:
     out = tmp_path / "out"
     path = tmp_path / "run.yaml"
-    path.write_text(f"parallel: true\nworkers: 1\nmodel: mlp\nmode: averaging\nepochs: 1\nno_progress: true\n"
+    path.write_text(f"parallel: true\nnum_workers: 1\nmodel: mlp\ntraining_mode: averaging\nepochs: 1\nno_progress: true\n"
                     f"output: {json.dumps(str(out))}\n")
     assert main(["train", "--config", str(path)]) == 0
     metrics = json.loads((out / "metrics.json").read_text())
-    assert (metrics["runner"], metrics["workers"], metrics["mode"], metrics["epochs"]) == (
+    assert (metrics["runner"], metrics["num_workers"], metrics["training_mode"], metrics["epochs"]) == (
         "ParallelWrapper", 1, "averaging", 1)

@@ -223,7 +223,7 @@ def test_listener_and_save_last_model() -> None:
                                         save_last_model=True)
     run_early_stopping(config, net, _stamping_fit(net), listener=Recorder())
     assert events == ["start", (0, 0.5), (1, 0.6), ("done", 2)]
-    assert torch.all(saver.get_latest().params() == 1.0) and torch.all(saver.get_best().params() == 0.0)
+    assert torch.all(saver.latest().params() == 1.0) and torch.all(saver.best().params() == 0.0)
 
 
 def test_real_training_with_loss_calculator_improves_on_the_first_epoch() -> None:
@@ -262,7 +262,7 @@ def test_directory_saver_switches_atomically_and_reloads(tmp_path) -> None:
     assert (tmp_path / pointer["path"] / "weights.safetensors").exists()
     assert torch.all(DirectoryModelSaver.load_best(str(tmp_path)).params() == 1.0)
     assert torch.all(result.best_model.params() == 1.0)
-    assert torch.all(saver.get_latest().params() == 2.0)
+    assert torch.all(saver.latest().params() == 2.0)
 
 
 def test_directory_saver_refuses_a_pointer_outside_its_directory(tmp_path) -> None:

@@ -54,7 +54,7 @@ def _epochs(seen: dict[str, list[tuple[int, ...]]], epochs: int) -> list[list[li
 def _wrapper_run(epochs: int, seed: int | None) -> list[list[list[tuple[int, ...]]]]:
     SEEN.clear()
     net = Network(Recorder(), updater=optim.SGD(lr=0.1), seed=0)
-    ParallelWrapper(net, workers=WORKERS, rng_seed=seed, progress=False, runner=InProcessRunner(),
+    ParallelWrapper(net, num_workers=WORKERS, rng_seed=seed, progress=False, runner=InProcessRunner(),
                     averaging_frequency=2).fit(indexed_data(N), epochs=epochs, batch_size=BATCH)
     return _epochs(SEEN, epochs)
 
@@ -82,7 +82,7 @@ def test_the_order_is_a_function_of_seed_and_epoch_so_fits_compose() -> None:
     together = _wrapper_run(2, seed=9)
     SEEN.clear()
     net = Network(Recorder(), updater=optim.SGD(lr=0.1), seed=0)
-    wrapper = ParallelWrapper(net, workers=WORKERS, rng_seed=9, progress=False, runner=InProcessRunner(),
+    wrapper = ParallelWrapper(net, num_workers=WORKERS, rng_seed=9, progress=False, runner=InProcessRunner(),
                               averaging_frequency=2)
     wrapper.fit(indexed_data(N), epochs=1, batch_size=BATCH)
     wrapper.fit(indexed_data(N), epochs=1, batch_size=BATCH)

@@ -57,7 +57,7 @@ def test_fit_start_carries_master_and_network_settings() -> None:
                               start=(40, 3))
     ev.start()
     (started,) = rec.of(FitStarted)
-    assert started.master["type"] == "parameter_averaging" and started.master["averaging_frequency"] == 7
+    assert started.master["type"] == "averaging" and started.master["averaging_frequency"] == 7
     assert started.network["num_params"] == net.num_params()
     assert started.network["updater"]["type"] == "adam" and started.network["loss"] == ["cross_entropy"]
     assert (started.start_iteration, started.start_epoch, started.epochs, started.num_workers) == (40, 3, 2, 2)
@@ -176,13 +176,13 @@ def test_parallel_wrapper_fit_logs_to_mlflow_and_a_failed_fit_marks_the_run_fail
                               log_model=False, log_stats=False)
     data = datasets.synthetic_classification(96, 4, 2, seed=0)
     net = Network(models.mlp(4, 8, 2), updater=optim.Adam(lr=1e-2), seed=0)
-    wrapper = ParallelWrapper(net, workers=2, progress=False, runner=InProcessRunner(timeout_s=60),
+    wrapper = ParallelWrapper(net, num_workers=2, progress=False, runner=InProcessRunner(timeout_s=60),
                               training_mode="averaging", averaging_frequency=2, collect_training_stats=True)
     wrapper.add_training_listener(listener)
     wrapper.fit(data, epochs=2, batch_size=8)
     client = MlflowClient(tracking_uri=uri)
     run = client.get_run(listener.run_id)
-    assert run.info.status == "FINISHED" and run.data.params["master.type"] == "parameter_averaging"
+    assert run.info.status == "FINISHED" and run.data.params["master.type"] == "averaging"
     assert run.info.run_name == "first" and run.data.tags["team"] == "ml"
     assert run.info.experiment_id == client.get_experiment_by_name("pw").experiment_id
     epochs = sorted((m.step, m.value) for m in client.get_metric_history(listener.run_id, "epoch_examples"))

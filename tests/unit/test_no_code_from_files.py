@@ -164,8 +164,8 @@ def _master_json(**changes: Any) -> str:
 MASTER_CASES: list[tuple[str, str, str]] = [
     ("type os:system", json.dumps({"type": "os:system"}), "unknown training master type 'os:system'"),
     ("type planted module", json.dumps({"type": f"{EVIL}:run"}), f"unknown training master type '{EVIL}:run'"),
-    ("type not a string", json.dumps({"type": ["parameter_averaging"]}), "unknown training master type"),
-    ("not an object", json.dumps(["parameter_averaging"]), "must be an object with a 'type' field, got list"),
+    ("type not a string", json.dumps({"type": ["averaging"]}), "unknown training master type"),
+    ("not an object", json.dumps(["averaging"]), "must be an object with a 'type' field, got list"),
     ("unknown option", json.dumps({**ParameterAveragingTrainingMaster().to_dict(), "__class__": "os:system"}),
      "unknown option(s) ['__class__']"),
     ("threshold policy hostile type", _master_json(threshold_algorithm={"type": f"{EVIL}:run"}),

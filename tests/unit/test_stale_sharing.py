@@ -240,13 +240,13 @@ def test_worker_error_mid_fit_is_reported_and_leaves_no_thread() -> None:
 def test_parallel_wrapper_passes_max_staleness_to_its_master() -> None:
     from torchspark.parallel import ParallelWrapper
 
-    wrapper = ParallelWrapper(_net(), workers=2, training_mode="shared_gradients", max_staleness=2, progress=False)
+    wrapper = ParallelWrapper(_net(), num_workers=2, training_mode="sharing", max_staleness=2, progress=False)
     assert wrapper.master.max_staleness == 2
     assert wrapper.master.algorithm_settings()["max_staleness"] == 2
     with pytest.raises(ConfigError, match="max_staleness must be None .* got -3"):
-        ParallelWrapper(_net(), workers=2, training_mode="shared_gradients", max_staleness=-3)
+        ParallelWrapper(_net(), num_workers=2, training_mode="sharing", max_staleness=-3)
     with pytest.raises(ConfigError, match="pass either master= or the options .*max_staleness"):
-        ParallelWrapper(_net(), workers=2, master=SharedTrainingMaster(), max_staleness=1)
+        ParallelWrapper(_net(), num_workers=2, master=SharedTrainingMaster(), max_staleness=1)
 
 
 def test_max_staleness_refuses_the_sharded_topology() -> None:

@@ -28,7 +28,7 @@ def add_parser(sub: Any, fmt: type[argparse.HelpFormatter], positive_int: Callab
                    help="shape of one example, e.g. 1,28,28 (MNIST) or 784")
     p.add_argument("--classes", type=positive_int, default=10, help="zoo models: output classes")
     p.add_argument("--batch-size", type=positive_int, default=32, help="minibatch size per worker")
-    p.add_argument("--workers", type=positive_int, default=4, help="workers on the cluster")
+    p.add_argument("--num-workers", type=positive_int, default=4, help="workers on the cluster")
     p.add_argument("--link", default="1gbit", help="each worker's link speed: 100mbit, 1gbit, 10gbit, ...")
     p.add_argument("--latency-ms", type=float, default=0.1, help="one message's latency on that link")
     p.add_argument("--iterations", type=positive_int, default=20, help="timed iterations (median)")
@@ -98,7 +98,7 @@ def _master_line(advice: Advice, batch_size: int) -> str:
     if advice.verdict is Verdict.PARAMETER_AVERAGING:
         return (f"ParameterAveragingTrainingMaster(batch_size_per_worker={batch_size}, num_workers={advice.workers}, "
                 f"averaging_frequency={advice.averaging_frequency})")
-    return "ParallelWrapper(network, workers=<cores or GPUs of this machine>) -- or plain Network.fit"
+    return "ParallelWrapper(network, num_workers=<cores or GPUs of this machine>) -- or plain Network.fit"
 
 
 def report(m: Measurement, advice: Advice, link: Link, name: str, save_updater: bool) -> str:
@@ -157,7 +157,7 @@ def cmd_advise(args: argparse.Namespace) -> int:
     finally:
         torch.set_num_threads(previous)
     save_updater = not args.no_save_updater
-    advice = advise(m.workload(), args.workers, link, save_updater)
+    advice = advise(m.workload(), args.num_workers, link, save_updater)
     name = args.model_path or args.model
     if args.json:
         print(json.dumps(to_json(m, advice, link, save_updater), indent=2))

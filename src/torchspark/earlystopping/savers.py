@@ -32,9 +32,9 @@ class ModelSaver(Protocol):
 
     def save_latest(self, network: Network, epoch: int, score: float) -> None: ...
 
-    def get_best(self) -> Network | None: ...
+    def best(self) -> Network | None: ...
 
-    def get_latest(self) -> Network | None: ...
+    def latest(self) -> Network | None: ...
 
 
 class InMemoryModelSaver:
@@ -51,10 +51,10 @@ class InMemoryModelSaver:
     def save_latest(self, network: Network, epoch: int, score: float) -> None:
         self._latest = network.copy()
 
-    def get_best(self) -> Network | None:
+    def best(self) -> Network | None:
         return self._best
 
-    def get_latest(self) -> Network | None:
+    def latest(self) -> Network | None:
         return self._latest
 
 
@@ -106,10 +106,10 @@ class DirectoryModelSaver:
     def save_latest(self, network: Network, epoch: int, score: float) -> None:
         self._save("latest_model", network, epoch, score)
 
-    def get_best(self) -> Network | None:
+    def best(self) -> Network | None:
         return self._load("best_model")
 
-    def get_latest(self) -> Network | None:
+    def latest(self) -> Network | None:
         return self._load("latest_model")
 
     @classmethod

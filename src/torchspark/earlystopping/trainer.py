@@ -59,7 +59,7 @@ class EarlyStoppingConfiguration:
             ``InvalidScore``). At least one condition of either kind is required; include ``MaxEpochs`` or
             ``MaxTime`` so that the run is bounded.
         model_saver: where the best model goes (default: :class:`InMemoryModelSaver`).
-        save_last_model: also save the model after every evaluated epoch (``saver.get_latest()``).
+        save_last_model: also save the model after every evaluated epoch (``saver.latest()``).
         evaluate_every_n_epochs: compute the score every N epochs (1 = every epoch). Raise it when validation is
             costly compared with an epoch; score-based conditions then decide every N epochs.
     """
@@ -89,7 +89,7 @@ class EarlyStoppingConfiguration:
         if not self.epoch_conditions and not self.iteration_conditions:
             raise ConfigError("early stopping needs at least one termination condition; add e.g. "
                               "epoch_conditions=[MaxEpochs(20), NoImprovement(5)]")
-        for name in ("save_best", "save_latest", "get_best", "get_latest"):
+        for name in ("save_best", "save_latest", "best", "latest"):
             if not callable(getattr(self.model_saver, name, None)):
                 raise ConfigError(f"model_saver must be an InMemoryModelSaver, a DirectoryModelSaver or have "
                                   f"{name}(); got {type(self.model_saver).__name__}")
@@ -109,7 +109,7 @@ class EarlyStoppingResult:
     """What an early-stopping run gives back (DL4J's ``EarlyStoppingResult``).
 
     Epochs are numbered from 0, as in DL4J. ``score_vs_epoch`` holds the evaluated epochs only;
-    ``train_score_vs_epoch`` each epoch's training score (the fit's ``get_score()``).
+    ``train_score_vs_epoch`` each epoch's training score (the fit's ``score``).
     """
 
     termination_reason: TerminationReason
@@ -216,7 +216,7 @@ def run_early_stopping(config: EarlyStoppingConfiguration, network: Network, fit
             break
         epoch += 1
     result = EarlyStoppingResult(reason, details, scores, train_scores, best_epoch, best_score, epoch + 1,
-                                 saver.get_best())
+                                 saver.best())
     log.info("early stopping ended: %s", result)
     listener.on_completion(result)
     return result

@@ -51,4 +51,4 @@ class EarlyStoppingParallelTrainer(EpochByEpochTrainer):
 
     def _fit_epoch(self) -> float:
         self.wrapper.fit(self.train_data, epochs=1, batch_size=self.batch_size)
-        return self.wrapper.get_score()
+        return self.wrapper.score

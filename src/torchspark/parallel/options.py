@@ -1,104 +1,88 @@
-"""ParallelWrapper's keyword options as a training master, and which master options work on one machine.
+"""ParallelWrapper's master options: the master a ``training_mode`` builds from keyword options named exactly as the
+master names them, and which master options work on one machine.
 
-``ParallelWrapper(net, master=SharedTrainingMaster(...))`` takes the same master a ``SparkNetwork`` takes; its
-older keyword options (``training_mode``, ``averaging_frequency``, ``threshold_algorithm`` ...) are a convenience
-that builds that master (:func:`master_from_options`), so every value is checked by the master, in one place.
+``ParallelWrapper(net, master=SharedTrainingMaster(...))`` takes the same master a ``SparkNetwork`` takes;
+``ParallelWrapper(net, training_mode="sharing", overlap=False)`` builds it from the master's own option names, with
+the master's own defaults and validation (:func:`master_from_options`): there is no second list of options here.
+
+Example::
+
+    master = master_from_options("averaging", {"averaging_frequency": 3})
+    master.batch_size_per_worker  # 32: DEFAULT_BATCH_SIZE, ParallelWrapper's one default of its own
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
-from torchspark.encoding import AdaptiveThreshold, ResidualClipping
 from torchspark.errors import ConfigError
-from torchspark.training.algorithms.sharing.topology import DEFAULT_SHARD_ABOVE_WORKERS
-from torchspark.training.config.masters import ParameterAveragingTrainingMaster, TrainingMaster
-from torchspark.training.config.shared_master import SharedTrainingMaster
+from torchspark.training.config.masters import TrainingMaster, master_class, master_kinds
 
-__all__ = ["TRAINING_MODES", "OPTION_DEFAULTS", "master_from_options", "check_local_master"]
+__all__ = ["DEFAULT_BATCH_SIZE", "SPARK_ONLY", "master_options", "master_from_options", "check_local_master"]
 
-#: ParallelWrapper's training modes (DL4J's names) and the worker algorithm each runs.
-TRAINING_MODES = {"averaging": "averaging", "shared_gradients": "sharing"}
-
-#: the keyword options that build the master, with their defaults (a non-default one next to ``master=`` is a
-#: conflict)
-OPTION_DEFAULTS: dict[str, Any] = {
-    "training_mode": "averaging", "averaging_frequency": 5, "average_updaters": True, "prefetch_buffer": 2,
-    "threshold_algorithm": AdaptiveThreshold(), "residual_post_processor": ResidualClipping(),
-    "shake_frequency": 0, "overlap": True, "collect_training_stats": False, "rng_seed": None,
-    "rendezvous_timeout_s": 300.0, "data_timeout_s": 600.0, "flush_denormal": True, "drop_last": False,
-    "on_divergence": "fail", "max_staleness": None, "topology": "auto",
-    "shard_above_workers": DEFAULT_SHARD_ABOVE_WORKERS,
-    "checkpoint_directory": None, "checkpoint_every": None, "keep_checkpoints": 2, "max_failures": 3,
-}
-
-#: ParallelWrapper's default minibatch size (``fit(batch_size=...)``), the master's ``batch_size_per_worker``
+#: ParallelWrapper's default minibatch size per worker when its options build the master (``fit(batch_size=...)``
+#: overrides it); the masters' own default (16, DL4J's) suits many workers on a cluster, 32 a few local processes
 DEFAULT_BATCH_SIZE = 32
 
-#: ParallelWrapper option -> the master option it sets, where the names differ
-_RENAMED = {"average_updaters": "save_updater", "prefetch_buffer": "worker_prefetch_num_batches"}
-
-#: master options that only mean something on Spark, with the value ParallelWrapper works like
-_SPARK_ONLY: dict[str, Any] = {
-    "repartition": "always", "repartition_strategy": "balanced", "rdd_training_approach": "export",
-    "export_directory": None, "storage_level": "MEMORY_ONLY", "rendezvous_via": "driver", "port": 0,
-    "network_mask": None, "controller_address": None, "averaging_via": "torch", "aggregation_depth": 2,
-    "workers_per_node": -1,
-}
+#: master options that only mean something on Spark: the workers here are local processes fed by this one
+SPARK_ONLY = ("repartition", "repartition_strategy", "rdd_training_approach", "export_directory", "storage_level",
+              "rendezvous_via", "port", "network_mask", "controller_address", "averaging_via", "aggregation_depth",
+              "workers_per_node")
 
 
-def master_from_options(options: dict[str, Any]) -> TrainingMaster:
-    """The master ParallelWrapper's keyword ``options`` describe (missing ones take :data:`OPTION_DEFAULTS`).
+def master_options(cls: type[TrainingMaster]) -> list[str]:
+    """The options of master class ``cls`` that ParallelWrapper takes as keywords: its fields but the Spark-only
+    ones."""
+    return sorted(f.name for f in dataclasses.fields(cls) if f.init and f.name not in SPARK_ONLY)
 
-    Both algorithms' options are checked whatever the mode (the unused ones are ignored, as before the master
-    existed), by the masters' own validation.
+
+def master_from_options(training_mode: str, options: dict[str, Any]) -> TrainingMaster:
+    """The master of ``training_mode`` (``"averaging"`` or ``"sharing"``) with ``options`` set; every other option
+    keeps the master's default (``batch_size_per_worker``: :data:`DEFAULT_BATCH_SIZE`).
 
     Raises:
-        ConfigError: an unknown ``training_mode`` or a bad value, named as the master names it.
+        ConfigError: an unknown ``training_mode``; an option that is not the master's (the message lists its
+            options, and says which mode an option of the other master belongs to); a Spark-only option; a bad
+            value, as the master's own validation words it.
     """
-    o = {**OPTION_DEFAULTS, **options}
-    mode = o["training_mode"]
-    if not isinstance(mode, str) or mode not in TRAINING_MODES:
-        raise ConfigError(f"training_mode must be one of {list(TRAINING_MODES)}, got {mode!r}")
-    common = {"batch_size_per_worker": DEFAULT_BATCH_SIZE, "worker_prefetch_num_batches": o["prefetch_buffer"],
-              "collect_training_stats": o["collect_training_stats"], "rng_seed": o["rng_seed"],
-              "rendezvous_timeout_s": o["rendezvous_timeout_s"], "data_timeout_s": o["data_timeout_s"],
-              "flush_denormal": o["flush_denormal"], "checkpoint_directory": o["checkpoint_directory"],
-              "checkpoint_every": o["checkpoint_every"], "keep_checkpoints": o["keep_checkpoints"],
-              "max_failures": o["max_failures"], "drop_last": o["drop_last"]}
-    try:
-        averaging = ParameterAveragingTrainingMaster(averaging_frequency=o["averaging_frequency"],
-                                                     save_updater=o["average_updaters"], **common)
-        sharing = SharedTrainingMaster(threshold_algorithm=o["threshold_algorithm"],
-                                       residual_post_processor=o["residual_post_processor"],
-                                       shake_frequency=o["shake_frequency"], overlap=o["overlap"],
-                                       on_divergence=o["on_divergence"], max_staleness=o["max_staleness"],
-                                       topology=o["topology"], shard_above_workers=o["shard_above_workers"],
-                                       **common)
-    except ConfigError as e:
-        renamed = [f"{ours} is the master's {theirs}" for ours, theirs in _RENAMED.items() if theirs in str(e)]
-        if not renamed:
-            raise
-        raise ConfigError(f"{e} ({'; '.join(renamed)})") from None
-    return averaging if TRAINING_MODES[mode] == "averaging" else sharing
+    if training_mode not in master_kinds():
+        raise ConfigError(f"training_mode must be one of {master_kinds()}, got {training_mode!r}")
+    cls = master_class(training_mode)
+    valid = master_options(cls)
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise ConfigError(f"ParallelWrapper(training_mode={training_mode!r}) does not take {unknown}: "
+                          f"{_why(unknown, training_mode)}; the {cls.__name__} options are {valid}")
+    return cls(**{"batch_size_per_worker": DEFAULT_BATCH_SIZE, **options})
+
+
+def _why(unknown: list[str], training_mode: str) -> str:
+    spark = [k for k in unknown if k in SPARK_ONLY]
+    if spark:
+        return f"{spark} only mean something on Spark (workers here are local processes); train with SparkNetwork"
+    for other in master_kinds():
+        if other != training_mode and set(unknown) <= set(master_options(master_class(other))):
+            return f"they are options of training_mode={other!r}"
+    return "not an option of this training mode"
 
 
 def check_local_master(master: Any, options: dict[str, Any]) -> TrainingMaster:
     """``master`` when ParallelWrapper can honour every option it sets.
 
     Raises:
-        ConfigError: not a master; a keyword option set next to it (pass one or the other); or a Spark-only option
+        ConfigError: not a master; a keyword option given next to it (pass one or the other); or a Spark-only option
             (export, repartitioning, ``averaging_via="spark"``, addresses and ports) away from its default: workers
             here are local processes fed by this one, so it would be silently ignored.
     """
     if not isinstance(master, TrainingMaster):
         raise ConfigError(f"master must be a ParameterAveragingTrainingMaster or SharedTrainingMaster, got "
                           f"{type(master).__name__}")
-    conflicts = sorted(k for k, v in options.items() if v != OPTION_DEFAULTS[k])
-    if conflicts:
-        raise ConfigError(f"pass either master= or the options that build one, not both: {conflicts} were also "
+    if options:
+        raise ConfigError(f"pass either master= or the options that build one, not both: {sorted(options)} were also "
                           f"given; set them on the master instead")
-    spark_only = sorted(k for k, v in _SPARK_ONLY.items() if hasattr(master, k) and getattr(master, k) != v)
+    defaults = {f.name: f.default for f in dataclasses.fields(master) if f.default is not dataclasses.MISSING}
+    spark_only = sorted(k for k in SPARK_ONLY if k in defaults and getattr(master, k) != defaults[k])
     if spark_only:
         values = ", ".join(f"{k}={getattr(master, k)!r}" for k in spark_only)
         raise ConfigError(f"ParallelWrapper runs every worker as a process on this machine, so {values} would be "

@@ -42,7 +42,7 @@ class LocalProcessRunner:
         threads_per_worker: torch intra-op threads in each worker (cores / workers is right for CPU training).
         timeout_s: rendezvous and collective timeout (``rendezvous_timeout_s``).
         prefetch: queued minibatches per worker for a one-shot stream; None (default): the task's ``prefetch``
-            (the master's ``worker_prefetch_num_batches``, ParallelWrapper's ``prefetch_buffer``), at least 1.
+            (the master's ``worker_prefetch_num_batches``, ParallelWrapper's ``worker_prefetch_num_batches``), at least 1.
         progress_address: the parent's ``ProgressServer.endpoint`` (address and the fit's token), for progress
             and clock alignment, when the runner is used without a driver context (the driver's context opens
             one on 127.0.0.1 otherwise).

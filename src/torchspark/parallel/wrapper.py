@@ -16,28 +16,28 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-from dataclasses import dataclass, field
+import dataclasses
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
 from torchspark.data import DataSet, MultiDataSet, batch_num_examples, rebatch, resolve_paths
-from torchspark.encoding import AdaptiveThreshold, ResidualClipping
 from torchspark.errors import ConfigError, DataError
 from torchspark.listeners import TrainingEvents, TrainingListener
 from torchspark.nn import Network
-from torchspark.parallel.options import OPTION_DEFAULTS, TRAINING_MODES, check_local_master, master_from_options
+from torchspark.parallel.options import SPARK_ONLY, check_local_master, master_from_options
 from torchspark.parallel.feeding import WorkerShares
 from torchspark.parallel.runner import LocalProcessRunner
 from torchspark.stats import DRIVER_ID, StatsCollector, TrainingStats
-from torchspark.training.algorithms.sharing.topology import DEFAULT_SHARD_ABOVE_WORKERS
 from torchspark.training.assignment import epoch_seed, per_epoch, plan_files, split_examples
 from torchspark.training.config.masters import TrainingMaster
 from torchspark.training.driver.adapter import FitAdapter, check_first_batch, check_runner
 from torchspark.training.hooks import ProgressUpdate, ScoreReport
 from torchspark.training.task import WorkerResult
+from torchspark.validation import check_bool, check_int
 
-__all__ = ["ParallelWrapper", "TRAINING_MODES", "plan_devices"]
+__all__ = ["ParallelWrapper", "plan_devices"]
 
 log = logging.getLogger(__name__)
 
@@ -183,162 +183,113 @@ def _log_score(report: ScoreReport) -> None:
 
 
 # ------------------------------------------------------------------ the wrapper
-@dataclass(eq=False)  # a trainer with state, compared by identity
 class ParallelWrapper:
     """Train a network with several local worker processes, the Spark masters' algorithms without Spark.
 
     How to train is a training master, the object ``SparkNetwork`` takes: ``master=SharedTrainingMaster(...)`` or
     ``ParameterAveragingTrainingMaster(...)`` (its ``batch_size_per_worker`` is :meth:`fit`'s default batch size;
-    Spark-only options such as ``export_directory`` or ``averaging_via="spark"`` are refused). Without one, the
-    keyword options from ``training_mode`` to ``flush_denormal`` below build it (the effective one is
-    :attr:`master`); passing both is a ConfigError.
+    Spark-only options such as ``export_directory`` or ``averaging_via="spark"`` are refused). Without one,
+    ``training_mode`` names the master and the other keyword options are that master's own options, by the master's
+    own names, defaults and documentation (:class:`~torchspark.training.config.masters.TrainingMaster`,
+    :class:`~torchspark.training.config.masters.ParameterAveragingTrainingMaster`,
+    :class:`~torchspark.training.config.shared_master.SharedTrainingMaster`; ``batch_size_per_worker`` defaults to
+    32 here). The effective master is :attr:`master`; its options read through the wrapper (``pw.rng_seed``), and
+    setting one on a wrapper whose options built the master rebuilds it (validated). Passing ``master=`` and options
+    is a ConfigError.
+
+    Example::
+
+        pw = ParallelWrapper(net, num_workers=2, training_mode="sharing", overlap=False, rng_seed=0)
+        pw.fit(train, epochs=3, batch_size=32)
 
     Args:
         network: the :class:`~torchspark.Network` to train (updated in place by :meth:`fit`).
-        workers: worker processes. None = the master's ``num_workers``, else one per listed device, else one per
+        num_workers: worker processes. None = the master's ``num_workers``, else one per listed device, else one per
             GPU, else one per CPU core. Each CPU worker gets cores // workers torch threads, and every extra worker
             adds synchronisation, so on CPU try 2-4 workers before one per core.
-        training_mode: ``"averaging"`` (synchronous parameter averaging, ParameterAveragingTrainingMaster) or
-            ``"shared_gradients"`` (threshold-encoded gradient sharing, SharedTrainingMaster).
-        averaging_frequency: minibatches per worker between averages (averaging). 1 = synchronous SGD with a
-            bigger batch; 5 (default) cuts synchronisation 5x at little convergence cost; past ~20 it suffers.
-        average_updaters: also average the updater state (momentum, Adam moments) (averaging). False resets it
-            every round: less traffic, but adaptive updaters restart each round.
-        prefetch_buffer: minibatches loaded ahead for each worker: the bounded queue a one-shot iterable is fed
-            through, and the read-ahead thread for batch files. 2 hides loading; more only costs memory.
+        training_mode: ``"averaging"`` (default: synchronous parameter averaging, ParameterAveragingTrainingMaster)
+            or ``"sharing"`` (threshold-encoded gradient sharing, SharedTrainingMaster); with ``master=``, the
+            master's (:attr:`training_mode` reads it).
+        master: the training master (instead of ``training_mode`` and its options).
+        devices: devices dealt round-robin to the workers (``["cuda:0", "cuda:1"]``); default: every GPU, else
+            CPU. GPUs shared by several workers, or mixed CPU/GPU, talk over gloo instead of nccl.
+        progress: progress bar (examples/s, score) on this process: True, False, or None = only on a terminal.
+        threads_per_worker: torch threads in each worker; None = cores // workers. Use 1 to reproduce a Spark run
+            (``spark.task.cpus=1``) to the last bit.
         report_score_after_averaging: log (INFO, logger ``torchspark.parallel.wrapper``, on this process) the score
             all workers agree on, live: averaging logs after every round the example-weighted mean over workers of
             their last minibatch loss in the round; gradient sharing has no averaging rounds and logs once per epoch
             the example-weighted mean loss of every minibatch of every worker (one extra small all-reduce per
             epoch). Each record carries the :class:`~torchspark.training.hooks.ScoreReport` as ``score_report``.
-        threshold_algorithm: how the sharing threshold moves (``AdaptiveThreshold()``, ``FixedThreshold``...,
-            or a ``to_dict()`` form). The default start is calibrated from the workers' first updates (no tuning);
-            ``AdaptiveThreshold(initial=1e-4)`` is DL4J's fixed start (dense warm-up steps with Adam at lr=1e-3).
-        residual_post_processor: what happens to unsent residuals; default clip to 5x threshold every 5 steps.
-        shake_frequency: every this many steps also flush residuals above t/3 (0 = off; try 50-500).
-        overlap: sharing exchanges step t while step t+1 computes (one step stale, faster per step, can learn
-            less per step); False = synchronous (see :class:`~torchspark.spark.SharedTrainingMaster`).
-        devices: devices dealt round-robin to the workers (``["cuda:0", "cuda:1"]``); default: every GPU, else
-            CPU. GPUs shared by several workers, or mixed CPU/GPU, talk over gloo instead of nccl.
-        progress: progress bar (examples/s, score) on this process: True, False, or None = only on a terminal.
-        collect_training_stats: per-worker, per-phase timings in :attr:`training_stats` (``export_html(path)``).
-        rng_seed: seeded shuffle of minibatches across workers (None keeps data order), a new order every epoch:
-            the same plans as Spark's ``rng_seed`` (:mod:`torchspark.training.assignment`), so both train on
-            identical per-worker sequences. In-memory data is then fed to the workers epoch by epoch.
-        threads_per_worker: torch threads in each worker; None = cores // workers. Use 1 to reproduce a Spark run
-            (``spark.task.cpus=1``) to the last bit.
-        rendezvous_timeout_s: limit for every rendezvous/collective wait; a stuck worker fails the fit after it.
-        data_timeout_s: limit for waiting on one minibatch.
-        flush_denormal: flush denormal floats (below ~1.2e-38) to zero in the workers (default True): Adam's second
-            moments and tiny gradients drift there after some epochs and x86 CPUs compute on them many times
-            slower (measured: an MLP epoch 0.52 s -> 1.03 s after four epochs without it). False keeps IEEE
-            denormals. The calling process is not touched; a plain loop there can call
-            ``torch.set_flush_denormal(True)`` before its first torch operation.
-        checkpoint_directory: where fits write checkpoints (a local path or any fsspec URL); None: none. A fit
-            with ``run_id="r1"`` continues run ``r1`` from its newest checkpoint, in this or a new process (see
-            the training master's option of the same name).
-        checkpoint_every: averaging rounds / sharing iterations between checkpoints; None: once per epoch.
-        keep_checkpoints: the newest checkpoints kept per run (default 2).
-        max_failures: worker processes lost mid-fit (killed, out of memory, stopped responding) that a fit
-            survives by relaunching the workers from the newest checkpoint, else from the fit's start (default 3;
-            0 = fail at the first). Errors in the model or data are never retried.
-        drop_last: train only full minibatches of ``batch_size`` (the remainder is not trained), as
-            ``DataLoader(drop_last=True)``; see the master's ``drop_last``.
-        on_divergence: gradient sharing: ``"fail"`` (default) or ``"warn"`` when an update explodes or is not
-            finite (see ``SharedTrainingMaster.on_divergence``).
-        max_staleness: gradient sharing: None (default) = synchronous exchange; an integer ``k >= 0`` =
-            bounded-staleness asynchronous sharing, where a worker waits only when it is more than ``k`` steps ahead
-            of its slowest peer and the replicas are averaged at the end (see
-            ``SharedTrainingMaster.max_staleness``; not with ``overlap=False`` or ``checkpoint_directory``).
-        topology: gradient sharing's exchange: ``"all_gather"``, ``"sharded"`` (reduce-scatter by index shards
-            then all-gather of the sums: receive bytes ~ ``min(N*m, dense)`` instead of ``N*m``, decode work / N)
-            or ``"auto"`` (default: sharded above ``shard_above_workers`` workers); see
-            ``SharedTrainingMaster.topology``.
-        shard_above_workers: the worker count above which ``topology="auto"`` shards (default 128).
-        master: the training master (instead of the options above).
         runner: how workers run (a :class:`~torchspark.training.driver.runner.Runner`); default: a
             :class:`~torchspark.parallel.runner.LocalProcessRunner` on :attr:`worker_devices` with
             ``threads_per_worker``. Tests pass :class:`~torchspark.training.driver.runner.InProcessRunner` (threads).
+        **master_options: the options of ``training_mode``'s master (e.g. ``averaging_frequency``,
+            ``save_updater``, ``worker_prefetch_num_batches``, ``overlap``, ``collect_training_stats``,
+            ``rng_seed``, ``checkpoint_directory``, ``max_failures``). An option of the other mode's master, or a
+            Spark-only one, is a ConfigError that lists the valid names.
+    Raises:
+        ConfigError: a bad value, an unknown option, or ``master=`` together with options.
     """
 
-    network: Network
-    workers: int | None = None
-    training_mode: str = "averaging"
-    averaging_frequency: int = 5
-    average_updaters: bool = True
-    prefetch_buffer: int = 2
-    report_score_after_averaging: bool = False
-    threshold_algorithm: Any = field(default_factory=AdaptiveThreshold)
-    residual_post_processor: Any = field(default_factory=ResidualClipping)
-    shake_frequency: int = 0
-    overlap: bool = True
-    devices: Sequence[str] | None = None
-    progress: bool | None = True
-    collect_training_stats: bool = False
-    rng_seed: int | None = None
-    threads_per_worker: int | None = None
-    rendezvous_timeout_s: float = 300.0
-    data_timeout_s: float = 600.0
-    flush_denormal: bool = True
-    checkpoint_directory: str | None = None
-    checkpoint_every: int | None = None
-    keep_checkpoints: int = 2
-    max_failures: int = 3
-    drop_last: bool = False
-    on_divergence: str = "fail"
-    max_staleness: int | None = None
-    topology: str = "auto"
-    shard_above_workers: int = DEFAULT_SHARD_ABOVE_WORKERS
-    master: TrainingMaster | None = None
-    runner: Any = None
-    _devices: list[str] = field(default_factory=list, init=False, repr=False)
-    _fits: FitAdapter = field(default_factory=lambda: FitAdapter("ParallelWrapper", TrainingListener, TrainingEvents),
-                              init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.network, Network):
-            raise ConfigError(f"network must be a torchspark.Network, got {type(self.network).__name__}")
-        for name, optional in (("workers", True), ("prefetch_buffer", False), ("threads_per_worker", True)):
-            value = getattr(self, name)
-            if optional and value is None:
-                continue
-            # prefetch_buffer also bounds the queue a one-shot iterable is fed through: at least one minibatch
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name} must be an integer >= 1{' or None' if optional else ''}, got {value!r}")
-        if self.progress not in (True, False, None):
-            raise ConfigError(f"progress must be True, False or None (only on a terminal), got {self.progress!r}")
-        if not isinstance(self.report_score_after_averaging, bool):
-            raise ConfigError(f"report_score_after_averaging must be True or False, got "
-                              f"{self.report_score_after_averaging!r}")
-        check_runner(self.runner)
-        options = {name: getattr(self, name) for name in OPTION_DEFAULTS}
-        object.__setattr__(self, "_options_master", self.master is None)
-        if self.master is None:
-            self.master = master_from_options(options)
-            for name in ("threshold_algorithm", "residual_post_processor"):  # their dict forms, as policy objects
-                if hasattr(self.master, name):
-                    setattr(self, name, getattr(self.master, name))
+    def __init__(self, network: Network, num_workers: int | None = None, training_mode: str | None = None,
+                 master: TrainingMaster | None = None, *, devices: Sequence[str] | None = None,
+                 progress: bool | None = True, threads_per_worker: int | None = None,
+                 report_score_after_averaging: bool = False, runner: Any = None, **master_options: Any) -> None:
+        if not isinstance(network, Network):
+            raise ConfigError(f"network must be a torchspark.Network, got {type(network).__name__}")
+        check_int("num_workers", num_workers, 1, allow_none=True)
+        check_int("threads_per_worker", threads_per_worker, 1, allow_none=True)
+        if progress not in (True, False, None):
+            raise ConfigError(f"progress must be True, False or None (only on a terminal), got {progress!r}")
+        check_bool("report_score_after_averaging", report_score_after_averaging)
+        check_runner(runner)
+        own = self.__dict__
+        own.update(network=network, num_workers=num_workers, training_mode=training_mode, devices=devices,
+                   progress=progress, threads_per_worker=threads_per_worker,
+                   report_score_after_averaging=report_score_after_averaging, runner=runner,
+                   _options_master=master is None,
+                   _fits=FitAdapter("ParallelWrapper", TrainingListener, TrainingEvents))
+        if master is None:
+            if num_workers is not None:
+                master_options = {"num_workers": num_workers, **master_options}
+            master = master_from_options("averaging" if training_mode is None else training_mode, master_options)
         else:
-            check_local_master(self.master, options)
-        wanted = self.master.num_workers
-        if self.workers is not None and wanted is not None and self.workers != wanted:
-            raise ConfigError(f"workers={self.workers} but the master's num_workers={wanted}; set one of them")
-        self._devices = _default_devices(self.workers if self.workers is not None else wanted, self.devices)
+            check_local_master(master, master_options if training_mode is None else
+                               {"training_mode": training_mode, **master_options})
+        own["training_mode"] = master.kind
+        wanted = master.num_workers
+        if num_workers is not None and wanted is not None and num_workers != wanted:
+            raise ConfigError(f"num_workers={num_workers} but the master's num_workers={wanted}; set one of them")
+        own["master"] = master
+        own["_devices"] = _default_devices(num_workers if num_workers is not None else wanted, devices)
+
+    def __getattr__(self, name: str) -> Any:
+        """The master's options read through the wrapper (``pw.averaging_frequency``)."""
+        master = self.__dict__.get("master")
+        if master is not None and name in {f.name for f in dataclasses.fields(master)}:
+            return getattr(master, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __setattr__(self, name: str, value: Any) -> None:
-        """Options set after construction (``pw.collect_training_stats = True``, as DL4J's setters) take effect:
-        the master built from the options is rebuilt (and validated, ConfigError for a bad value). With a master of
-        your own, change it there instead: setting the option here is refused rather than ignored."""
-        if name not in OPTION_DEFAULTS or "_options_master" not in self.__dict__:  # __init__, or not an option
+        """A master option set after construction (``pw.collect_training_stats = True``, as DL4J's setters) takes
+        effect: the master built from the options is rebuilt (validated: ConfigError for a bad value). With a master
+        of your own, change it there instead: setting the option here is refused rather than ignored."""
+        master = self.__dict__.get("master")
+        if master is None or name in self.__dict__ or name not in {f.name for f in dataclasses.fields(master)}:
             object.__setattr__(self, name, value)
             return
         if not self.__dict__["_options_master"]:
             raise ConfigError(f"this ParallelWrapper trains with a master of your own: set {name} on that master "
                               f"(its options are the ones used), not on the wrapper")
-        options = {option: (value if option == name else getattr(self, option)) for option in OPTION_DEFAULTS}
-        master = master_from_options(options)  # validates the new value before anything changes
-        object.__setattr__(self, name, value)
-        object.__setattr__(self, "master", master)
+        if name in SPARK_ONLY:
+            raise ConfigError(f"{name} only means something on Spark (workers here are local processes); train "
+                              "with SparkNetwork")
+        self.__dict__["master"] = dataclasses.replace(master, **{name: value})  # validates before anything changes
+
+    def __repr__(self) -> str:
+        return (f"ParallelWrapper(num_workers={len(self._devices)}, training_mode={self.training_mode!r}, "
+                f"master={self.master!r})")
 
     # ------------------------------------------------------------------ public API
     @property
@@ -366,7 +317,8 @@ class ParallelWrapper:
         workers also report the score they agree on (as ``report_score_after_averaging`` does)."""
         self._fits.add_training_listener(listener)
 
-    def get_score(self) -> float:
+    @property
+    def score(self) -> float:
         """Mean over workers of their last minibatch loss in the last fit (NaN before any fit)."""
         return self._fits.score
 
@@ -394,9 +346,8 @@ class ParallelWrapper:
         """
         assert self.master is not None
         batch_size = self.master.batch_size_per_worker if batch_size is None else batch_size
-        for name, value in (("epochs", epochs), ("batch_size", batch_size)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+        check_int("epochs", epochs, 1)
+        check_int("batch_size", batch_size, 1)
         plan = _route(data, len(self._devices), batch_size, epochs, self.master.rng_seed, self.network.epoch,
                       self.master.drop_last)
         check_first_batch(self.network, plan.sample)  # before any process starts

@@ -105,8 +105,8 @@ class SparkEarlyStoppingTrainer(EpochByEpochTrainer):
                  listener: EarlyStoppingListener | None = None) -> None:
         if not isinstance(spark_network, SparkNetwork):
             raise ConfigError(f"spark_network must be a SparkNetwork, got {type(spark_network).__name__}")
-        if spark_network.training_master is None:
-            raise ConfigError("the SparkNetwork has no training_master; pass one to train")
+        if spark_network.master is None:
+            raise ConfigError("the SparkNetwork has no master; pass one to train")
         if not isinstance(config, EarlyStoppingConfiguration):
             raise ConfigError(f"config must be an EarlyStoppingConfiguration, got {type(config).__name__}")
         if (train_data is None) == (paths is None):
@@ -129,4 +129,4 @@ class SparkEarlyStoppingTrainer(EpochByEpochTrainer):
             net.fit_paths(self.paths, epochs=1)
         else:
             net.fit(self.train_data, epochs=1)
-        return net.get_score()
+        return net.score

@@ -32,6 +32,7 @@ from torchspark.training.driver.adapter import FitAdapter, check_first_batch, ch
 from torchspark.training.driver.runner import Runner
 from torchspark.training.hooks import ProgressUpdate
 from torchspark.training.task import WorkerResult
+from torchspark.validation import check_bool, check_int
 
 __all__ = ["SparkNetwork"]
 
@@ -44,7 +45,7 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
     Args:
         spark: a SparkSession or SparkContext (``torchspark.spark.local_session()`` for one machine).
         network: the :class:`~torchspark.Network` to train; it is updated in place by :meth:`fit`.
-        training_master: how to train (``ParameterAveragingTrainingMaster`` or ``SharedTrainingMaster``); may be
+        master: how to train (``ParameterAveragingTrainingMaster`` or ``SharedTrainingMaster``); may be
             None when the object is used only for evaluation or inference.
         progress: draw a progress bar (examples/s, latest score) while training: None = only when stderr is a
             terminal, False = never. Workers stream progress and errors to the driver either way; see
@@ -59,24 +60,24 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         self,
         spark: Any,
         network: Network,
-        training_master: TrainingMaster | None = None,
+        master: TrainingMaster | None = None,
         progress: bool | None = None,
         runner: Runner | None = None,
     ) -> None:
         if not isinstance(network, Network):
             raise ConfigError(f"network must be a torchspark.Network, got {type(network).__name__}")
-        if training_master is not None and not isinstance(training_master, TrainingMaster):
-            raise ConfigError(f"training_master must be a TrainingMaster, got {type(training_master).__name__}")
+        if master is not None and not isinstance(master, TrainingMaster):
+            raise ConfigError(f"master must be a TrainingMaster, got {type(master).__name__}")
         self.sc = spark_context(spark)
         self.spark = spark
         self.network = network
-        self.training_master = training_master
+        self.master = master
         self._preflight_done: set[int] = set()
         self.progress = progress
         check_runner(runner)
         self.runner = runner
         self._fits = FitAdapter("SparkNetwork", TrainingListener, TrainingEvents)
-        self._collect_stats = bool(training_master and training_master.collect_training_stats)
+        self._collect_stats = bool(master and master.collect_training_stats)
         self._driver_stats = StatsCollector(DRIVER_ID, enabled=False)
         #: the fit's data on the workers: the routes, their caches and this object's export files
         #: (:mod:`torchspark.spark.private_dirs`: removed on close, garbage collection and interpreter exit)
@@ -97,9 +98,15 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         self.delete_temp_files()
 
     # ------------------------------------------------------------------ stats and progress
-    def set_collect_training_stats(self, collect: bool) -> None:
-        """Record per-phase timings of the next fits (see :attr:`training_stats`)."""
-        self._collect_stats = bool(collect)
+    @property
+    def collect_training_stats(self) -> bool:
+        """Whether the next fits record per-phase timings (see :attr:`training_stats`); starts as the master's
+        ``collect_training_stats``, and may be set (``spark_net.collect_training_stats = True``)."""
+        return self._collect_stats
+
+    @collect_training_stats.setter
+    def collect_training_stats(self, collect: bool) -> None:
+        self._collect_stats = check_bool("collect_training_stats", collect)
 
     @property
     def training_stats(self) -> TrainingStats | None:
@@ -123,7 +130,8 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         self._fits.add_training_listener(listener)
 
     # ------------------------------------------------------------------ public training API
-    def get_score(self) -> float:
+    @property
+    def score(self) -> float:
         """Mean over workers of their last minibatch loss in the last fit (NaN before any fit)."""
         return self._fits.score
 
@@ -145,8 +153,8 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         run (in this or a new driver process) continues from its newest checkpoint, skipping the epochs and
         minibatches already done; resume with the same data, master and number of workers.
         """
-        master = self._master()
-        _check_epochs(epochs)
+        master = self._require_master()
+        check_int("epochs", epochs, 1)
         plan_for(master, run_id, 0, 0)  # a run_id without checkpoint_directory fails before any Spark job
         self._driver_stats = StatsCollector(DRIVER_ID, enabled=self._collect_stats)
         self.preparation.epoch_examples = None
@@ -184,8 +192,8 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
             DataError: an empty list/RDD, a location that does not exist, a directory or glob without files, a file
                 that is not a batch file (without ``loader``), or a loader that returns something else.
         """
-        master = self._master()
-        _check_epochs(epochs)
+        master = self._require_master()
+        check_int("epochs", epochs, 1)
         plan_for(master, run_id, 0, 0)
         check_loader(loader)
         self._driver_stats = StatsCollector(DRIVER_ID, enabled=self._collect_stats)
@@ -200,10 +208,10 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         self.preparation.delete_temp_files()
 
     # ------------------------------------------------------------------ internals
-    def _master(self) -> TrainingMaster:
-        if self.training_master is None:
-            raise ConfigError("this SparkNetwork has no training_master; pass one to train")
-        return self.training_master
+    def _require_master(self) -> TrainingMaster:
+        if self.master is None:
+            raise ConfigError("this SparkNetwork has no master; pass one to train")
+        return self.master
 
     def _preflight(self, master: TrainingMaster, n: int) -> None:
         """Before any job touches the executors: slots, dynamic allocation, and (once per session) imports."""
@@ -246,8 +254,3 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
             return SparkRoundsRunner(self.sc, master.aggregation_depth,  # type: ignore[attr-defined]
                                      master.storage_level)
         return SparkBarrierRunner(self.sc, master.mesh)
-
-
-def _check_epochs(epochs: Any) -> None:
-    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
-        raise ConfigError(f"epochs must be an integer >= 1, got {epochs!r}")

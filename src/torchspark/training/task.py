@@ -122,7 +122,7 @@ def merge_results(net: Network, results: Sequence[WorkerResult]) -> float:
 
 
 def mean_score(results: Sequence[WorkerResult]) -> float:
-    """A fit's score (``get_score()``): the plain mean over the workers of each one's own last minibatch loss, as
+    """A fit's score (``score``): the plain mean over the workers of each one's own last minibatch loss, as
     DL4J reports it (score sum / workers). Workers that trained nothing are left out; NaN if none trained."""
     scores = [r.score for r in results if not math.isnan(r.score)]
     return sum(scores) / len(scores) if scores else math.nan

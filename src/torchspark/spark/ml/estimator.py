@@ -107,7 +107,7 @@ class TorchEstimator(Estimator, TorchEstimatorParams, DefaultParamsWritable, Def
         finally:
             spark_net.delete_temp_files()
         log.info("TorchEstimator: trained %r for %d epoch(s), last score %.6g", network, settings.epochs,
-                 spark_net.get_score())
+                 spark_net.score)
         model = TorchModel(network)
         self._copyValues(model)
         return model

@@ -7,9 +7,15 @@ turns a master into a :class:`~torchspark.training.task.WorkerTask`.
 * :class:`MeshConfig` (:mod:`~torchspark.training.config.mesh`): addresses, ports and timeouts of the workers' mesh.
 """
 
-from torchspark.training.config.masters import ParameterAveragingTrainingMaster, TrainingMaster, master_from_json
+from torchspark.training.config.masters import (
+    ParameterAveragingTrainingMaster,
+    TrainingMaster,
+    master_class,
+    master_from_json,
+    master_kinds,
+)
 from torchspark.training.config.mesh import MeshConfig
 from torchspark.training.config.shared_master import SharedTrainingMaster
 
 __all__ = ["TrainingMaster", "ParameterAveragingTrainingMaster", "SharedTrainingMaster", "MeshConfig",
-           "master_from_json"]
+           "master_from_json", "master_class", "master_kinds"]

@@ -20,7 +20,7 @@ from torchspark.training.checkpoint.config import DEFAULT_KEEP, check_options
 from torchspark.training.config.mesh import MESH_FIELDS, RENDEZVOUS_ROUTES, MeshConfig
 from torchspark.validation import check_bool, check_choice, check_float, check_int
 
-__all__ = ["TrainingMaster", "ParameterAveragingTrainingMaster", "master_from_json", "register_master",
+__all__ = ["TrainingMaster", "ParameterAveragingTrainingMaster", "master_from_json", "register_master", "master_class", "master_kinds",
            "REPARTITION", "STRATEGIES", "APPROACHES", "AVERAGING_ROUTES", "RENDEZVOUS_ROUTES", "STORAGE_LEVELS"]
 
 REPARTITION = ("always", "never", "num_partitions_workers_differs")
@@ -249,7 +249,7 @@ class ParameterAveragingTrainingMaster(TrainingMaster):
     See :class:`TrainingMaster` for the shared options.
     """
 
-    kind: ClassVar[str] = "parameter_averaging"
+    kind: ClassVar[str] = "averaging"
     mode: ClassVar[str] = "averaging"
     averaging_frequency: int = 5
     save_updater: bool = True
@@ -286,6 +286,24 @@ def register_master(cls: type[TrainingMaster]) -> type[TrainingMaster]:
     return cls
 
 
+def master_class(kind: Any) -> type[TrainingMaster]:
+    """The master class of the algorithm named ``kind`` (``"averaging"``, ``"sharing"``): the one registry behind a
+    config's ``type``, ``ParallelWrapper(training_mode=...)`` and the CLI's ``--training-mode``.
+
+    Raises:
+        ConfigError: an unknown name, listing the known ones.
+    """
+    cls = _MASTERS.get(kind) if isinstance(kind, str) else None  # a registry lookup: nothing is imported
+    if cls is None:
+        raise ConfigError(f"unknown training master type {kind!r}; known: {master_kinds()}")
+    return cls
+
+
+def master_kinds() -> list[str]:
+    """The registered algorithm names (``["averaging", "sharing"]``)."""
+    return sorted(_MASTERS)
+
+
 def master_from_json(text: str) -> TrainingMaster:
     """Rebuild any training master from its ``to_json()`` output."""
     try:
@@ -294,10 +312,7 @@ def master_from_json(text: str) -> TrainingMaster:
         raise ConfigError(f"training master JSON is invalid: {e}") from e
     if not isinstance(d, dict):
         raise ConfigError(f"training master JSON must be an object with a 'type' field, got {type(d).__name__}")
-    kind = d.pop("type", None)
-    cls = _MASTERS.get(kind) if isinstance(kind, str) else None  # a registry lookup: nothing is imported
-    if cls is None:
-        raise ConfigError(f"unknown training master type {kind!r}; known: {sorted(_MASTERS)}")
+    cls = master_class(d.pop("type", None))
     fields = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(d) - fields)
     if unknown:

@@ -107,7 +107,7 @@ class SharedTrainingMaster(TrainingMaster):
     options (``port``, ``network_mask``, ``controller_address``, ...: :class:`~torchspark.training.config.mesh.MeshConfig`).
     """
 
-    kind: ClassVar[str] = "shared_gradients"
+    kind: ClassVar[str] = "sharing"
     threshold_algorithm: ThresholdPolicy = field(default_factory=AdaptiveThreshold)
     residual_post_processor: ResidualPostProcessor = field(default_factory=ResidualClipping)
     shake_frequency: int = 0

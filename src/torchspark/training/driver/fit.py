@@ -55,7 +55,7 @@ DRAIN_S = 10.0
 
 @dataclass
 class FitOutcome:
-    """What a fit hands back to the adapter: results by rank, the fit's score (``get_score()``), its stats."""
+    """What a fit hands back to the adapter: results by rank, the fit's score (``score``), its stats."""
 
     results: list[WorkerResult]
     score: float
