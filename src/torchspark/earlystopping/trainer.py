@@ -30,6 +30,7 @@ from torchspark.earlystopping.scores import ScoreCalculator
 from torchspark.errors import ConfigError
 from torchspark.nn import Network
 from torchspark.training.hooks import ProgressUpdate
+from torchspark.validation import check_bool, check_int
 
 __all__ = ["EarlyStoppingConfiguration", "EarlyStoppingResult", "EarlyStoppingListener", "TerminationReason",
            "run_early_stopping", "LiveChecks", "EpochByEpochTrainer"]
@@ -93,11 +94,8 @@ class EarlyStoppingConfiguration:
             if not callable(getattr(self.model_saver, name, None)):
                 raise ConfigError(f"model_saver must be an InMemoryModelSaver, a DirectoryModelSaver or have "
                                   f"{name}(); got {type(self.model_saver).__name__}")
-        if not isinstance(self.save_last_model, bool):
-            raise ConfigError(f"save_last_model must be True or False, got {self.save_last_model!r}")
-        n = self.evaluate_every_n_epochs
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ConfigError(f"evaluate_every_n_epochs must be an integer >= 1, got {n!r}")
+        check_bool("save_last_model", self.save_last_model)
+        check_int("evaluate_every_n_epochs", self.evaluate_every_n_epochs, 1)
 
     def evaluates(self, epoch: int) -> bool:
         """Whether the score is computed after ``epoch`` (0-based): epochs N-1, 2N-1, ... (every epoch for N=1)."""

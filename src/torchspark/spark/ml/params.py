@@ -18,6 +18,7 @@ from torchspark.nn import Network
 from torchspark.nn.network_spec import NetworkSpec
 from torchspark.optim import UpdaterSpec
 from torchspark.training.config.masters import ParameterAveragingTrainingMaster, TrainingMaster, master_from_json
+from torchspark.validation import check_int
 
 __all__ = ["TorchModelParams", "TorchEstimatorParams", "FitSettings", "DEFAULT_MASTER_JSON"]
 
@@ -110,13 +111,9 @@ class FitSettings:
                               "a saved network's path")
         master = master_from_json(params.getTrainingMaster())
         if params.isDefined(params.batchSize):
-            size = params.getBatchSize()
-            if size < 1:
-                raise ConfigError(f"TorchEstimator: batchSize must be >= 1, got {size}")
+            size = check_int("batchSize", params.getBatchSize(), 1, owner="TorchEstimator")
             master = dataclasses.replace(master, batch_size_per_worker=size)
-        epochs = params.getEpochs()
-        if epochs < 1:
-            raise ConfigError(f"TorchEstimator: epochs must be >= 1, got {epochs}")
+        epochs = check_int("epochs", params.getEpochs(), 1, owner="TorchEstimator")
         lr = params.getLearningRate() if params.isDefined(params.learningRate) else None
         shape = tuple(params.getFeatureShape()) or None
         return cls(params.getNetwork(), master, epochs, lr, params.getFeaturesCol(), params.getLabelCol(), shape)
