@@ -127,8 +127,8 @@ def test_estimator_params_save_and_load(tmp_path) -> None:
     (dict(network='{"model": "resnet_from_somewhere"}'), "unknown model"),
     (dict(network='{"model": "mlp", "factory": "os:system"}'), "unknown key"),
     (dict(trainingMaster='{"type": "nope"}'), "unknown training master"),
-    (dict(epochs=0), "epochs must be >= 1"),
-    (dict(batchSize=0), "batchSize must be >= 1"),
+    (dict(epochs=0), "TorchEstimator: epochs must be an integer >= 1"),
+    (dict(batchSize=0), "TorchEstimator: batchSize must be an integer >= 1"),
     (dict(learningRate=-1.0), "learning rate must be"),
 ])
 def test_bad_params_are_refused_before_training(array_df, kwargs, match) -> None:
