@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from torchspark import DataSet, Network, datasets, models, optim
+from torchspark import DataSet, datasets, optim
 from torchspark.data import save_batches
 from torchspark.encoding import FixedThreshold
 from torchspark.errors import ConfigError, DataError

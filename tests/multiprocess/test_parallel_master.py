@@ -7,7 +7,7 @@ from functools import partial
 import pytest
 import torch
 
-from torchspark import DataSet, Network, datasets, models, optim
+from torchspark import DataSet, datasets, optim
 from torchspark.encoding import FixedThreshold
 from torchspark.errors import ConfigError, DataError, WorkerError
 from torchspark.parallel import ParallelWrapper

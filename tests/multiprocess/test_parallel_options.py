@@ -14,7 +14,7 @@ import torch
 from _gated import GatedLinear
 from reference_loops import averaging_reference
 
-from torchspark import Network, datasets, models, optim
+from torchspark import Network, datasets, optim
 from torchspark.parallel import LocalProcessRunner, ParallelWrapper
 from torchspark.training.assignment import split_examples
 from torchspark.training.hooks import ScoreReport

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from torchspark import Network, datasets, models, optim
+from torchspark import Network, datasets, optim
 from torchspark.encoding import AdaptiveThreshold
 from torchspark.parallel import ParallelWrapper
 from helpers import assert_replicas_identical, lenet_net

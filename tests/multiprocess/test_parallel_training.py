@@ -8,7 +8,7 @@ from functools import partial
 import numpy as np
 import pytest
 
-from torchspark import Network, datasets, models, optim
+from torchspark import datasets, optim
 from torchspark.data import save_batches
 from torchspark.encoding import AdaptiveThreshold
 from torchspark.parallel import ParallelWrapper

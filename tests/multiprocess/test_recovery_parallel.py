@@ -14,7 +14,7 @@ import pytest
 import torch
 from _faulty import FailingForward
 
-from torchspark import Network, datasets, models, optim
+from torchspark import Network, datasets, optim
 from torchspark.errors import WorkerError, WorkerLost
 from torchspark.parallel import LocalProcessRunner, ParallelWrapper
 from torchspark.training.config.masters import ParameterAveragingTrainingMaster

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from torchspark import DataSet, Network, datasets, models, optim
+from torchspark import DataSet, Network, datasets, optim
 from torchspark.errors import WorkerError
 from torchspark.spark import ParameterAveragingTrainingMaster, SparkNetwork, master_from_json
 from torchspark.spark.jobs import run_job

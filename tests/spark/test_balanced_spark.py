@@ -7,11 +7,10 @@ import os
 import tempfile
 from functools import partial
 
-import numpy as np
 import pytest
 import torch
 
-from torchspark import DataSet, Network, datasets, models, optim
+from torchspark import DataSet, optim
 from torchspark.spark import ParameterAveragingTrainingMaster, SparkNetwork
 from torchspark.spark.private_dirs import PREFIX
 from torchspark.training.assignment import split_examples

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from torchspark import Network, datasets, models, optim
+from torchspark import Network, datasets, optim
 from torchspark.earlystopping import (
     DirectoryModelSaver,
     EarlyStoppingConfiguration,

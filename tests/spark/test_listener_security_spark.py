@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from torchspark import DataSet, Network, models
+from torchspark import DataSet, Network
 from torchspark.errors import WorkerError
 from torchspark.spark import ParameterAveragingTrainingMaster, SparkNetwork
 from helpers import mlp_net, uniform_data

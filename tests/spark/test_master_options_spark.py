@@ -12,7 +12,7 @@ from functools import partial
 import pytest
 import torch
 
-from torchspark import Network, datasets, models, optim
+from torchspark import datasets, optim
 from torchspark.errors import ConfigError, SetupError
 from torchspark.spark import ParameterAveragingTrainingMaster, SharedTrainingMaster, SparkNetwork
 from torchspark.spark.preflight import probe_executors

@@ -13,7 +13,7 @@ from functools import partial
 import pytest
 import torch
 
-from torchspark import Network, datasets, models, optim
+from torchspark import datasets, optim
 from torchspark.data import save_batches
 from torchspark.encoding import AdaptiveThreshold
 from torchspark.parallel import ParallelWrapper

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from torchspark import DataSet, Network, datasets, models, optim
+from torchspark import DataSet, datasets, optim
 from torchspark.errors import DataError
 from torchspark.spark import ParameterAveragingTrainingMaster, SparkNetwork
 from torchspark.spark.private_dirs import OWNER_FILE, PREFIX, make_private_dir, remove_stale

@@ -9,7 +9,7 @@ import signal
 import pytest
 from _faults import Fault
 
-from torchspark import Network, datasets, models, optim
+from torchspark import datasets, optim
 from torchspark.errors import WorkerLost
 from torchspark.spark import ParameterAveragingTrainingMaster, SharedTrainingMaster, SparkNetwork
 from helpers import lenet_net

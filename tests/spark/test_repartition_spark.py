@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from torchspark import DataSet, MultiDataSet, Network, datasets, models, optim, save_batches
+from torchspark import MultiDataSet, Network, datasets, optim, save_batches
 from torchspark.spark import ParameterAveragingTrainingMaster, SparkNetwork
 from helpers import mlp_net, parts_of_sizes
 

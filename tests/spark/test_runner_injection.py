@@ -7,7 +7,7 @@ from functools import partial
 
 import torch
 
-from torchspark import DataSet, Network, datasets, models, optim
+from torchspark import DataSet, datasets, optim
 from torchspark.errors import DataError, WorkerError
 from torchspark.spark import ParameterAveragingTrainingMaster, SharedTrainingMaster, SparkNetwork
 from torchspark.training import InProcessRunner

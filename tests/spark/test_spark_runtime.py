@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from torchspark import DataSet, Network, models, optim
+from torchspark import Network, models, optim
 from torchspark.errors import ConfigError
 from torchspark.spark import ParameterAveragingTrainingMaster, SparkNetwork
 from torchspark.spark.preparation import _first_and_drain, first_item

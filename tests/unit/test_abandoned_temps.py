@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from torchspark import Network, models, optim
+from torchspark import Network, optim
 from torchspark._io import atomic_write_bytes
 from torchspark._tmpnames import TMP_MARK, abandoned, temp_name
 from torchspark.errors import SerializationError

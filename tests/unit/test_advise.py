@@ -8,7 +8,7 @@ from functools import partial
 import pytest
 import torch
 
-from torchspark import DataSet, Network, models, optim
+from torchspark import Network, models, optim
 from torchspark.advise import (
     Link,
     Verdict,

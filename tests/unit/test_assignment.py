@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from torchspark import DataSet, datasets
+from torchspark import DataSet
 from torchspark.data import recut, save_batch
 from torchspark.errors import ConfigError, DataError
 from torchspark.spark.export import export_base

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from torchspark import Network, models, optim
+from torchspark import Network, optim
 from torchspark.errors import SerializationError
 from helpers import mlp_net
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from reference_loops import averaging_reference
 
-from torchspark import DataSet, Network, models, optim
+from torchspark import Network, models, optim
 from torchspark.nn import NetworkBlueprint
 from torchspark.stats import StatsCollector, TrainingStats
 from torchspark.training import InProcessRunner, ItemSource, WorkerTask

@@ -9,17 +9,14 @@ import pytest
 import torch
 from reference_loops import sharing_reference
 
-from torchspark import DataSet, Network, datasets, optim
+from torchspark import DataSet, Network, optim
 from torchspark.encoding import AdaptiveThreshold, EncoderConfig
 from torchspark.errors import DataError, TrainingError
 from torchspark.nn import NetworkBlueprint
 from torchspark.training import (
     AveragingSettings,
-    InProcessRunner,
-    ItemSource,
     ThreadGroup,
     WorkerHooks,
-    WorkerTask,
     averaging_epoch,
 )
 from torchspark.training.algorithms.sharing.loop import SharingAlgorithm

@@ -11,7 +11,7 @@ import pytest
 import torch
 from interrupting import InterruptingMLP
 
-from torchspark import DataSet, Network, optim
+from torchspark import Network, optim
 from torchspark.errors import ConfigError, WorkerError
 from torchspark.parallel import ParallelWrapper
 from torchspark.training import InProcessRunner, ParameterAveragingTrainingMaster, SharedTrainingMaster

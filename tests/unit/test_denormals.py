@@ -7,8 +7,7 @@ import torch
 from denormal_case import DENORMAL, denormal_net, watched, zero_feature_data
 
 from torchspark.nn import NetworkBlueprint
-from torchspark.training import InProcessRunner, ItemSource, WorkerTask
-from torchspark.training.task import merge_results
+from torchspark.training import ItemSource, WorkerTask
 from helpers import fit_in_process
 
 

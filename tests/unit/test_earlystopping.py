@@ -11,7 +11,7 @@ from functools import partial
 import pytest
 import torch
 
-from torchspark import models, optim
+from torchspark import optim
 from torchspark.data import DataSet
 from torchspark.earlystopping import (
     DirectoryModelSaver,

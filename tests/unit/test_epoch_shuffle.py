@@ -11,7 +11,6 @@ import torch
 from torch import nn
 
 from torchspark import Network, optim
-from torchspark.data import DataSet
 from torchspark.parallel import ParallelWrapper
 from torchspark.training.assignment import EpochItems, epoch_seed, per_epoch, plan_balanced, split_examples
 from torchspark.training.driver.runner import InProcessRunner

@@ -9,15 +9,14 @@ import time
 import pytest
 import torch
 
-from torchspark import DataSet, Network, datasets, models, optim
-from torchspark.errors import ConfigError, TrainingError, WaitTimeout
+from torchspark import Network, datasets, models, optim
+from torchspark.errors import ConfigError, WaitTimeout
 from torchspark.nn import NetworkBlueprint
 from torchspark.spark import ParameterAveragingTrainingMaster, SharedTrainingMaster
 from torchspark.spark.data import _RoundRobinKeys, group_paths, seeded_order
 from torchspark.spark.evaluation import refuse_eval_workers
 from torchspark.stats import DRIVER_ID, StatsCollector
-from torchspark.training import InProcessRunner, ItemSource, ThreadGroup, WorkerTask, merge_results
-from torchspark.training.algorithms.sharing.loop import SharingAlgorithm
+from torchspark.training import InProcessRunner, WorkerTask
 from torchspark.training.algorithms.sharing.settings import SharingSettings
 from torchspark.training.driver.stats import build_training_stats
 from torchspark.training.task import WorkerResult, param_checksum

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from torchspark import Network, datasets, models, optim
+from torchspark import Network, datasets, optim
 from torchspark.errors import ConfigError
 from helpers import lenet_net
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from reference_loops import dense_exchange, sharing_reference
 
-from torchspark import DataSet, Network, datasets, models, optim
+from torchspark import DataSet, Network, optim
 from torchspark.encoding import (
     AdaptiveThreshold,
     EncoderConfig,
@@ -24,15 +24,10 @@ from torchspark.encoding import (
     encode_step,
 )
 from torchspark.errors import ConfigError, EncodingError, TrainingError, WorkerError
-from torchspark.nn import NetworkBlueprint
 from torchspark.training import (
     ALGORITHMS,
-    InProcessRunner,
-    ItemSource,
     SoloCommunicator,
     ThreadGroup,
-    WorkerTask,
-    merge_results,
 )
 from torchspark.training.algorithms.sharing.loop import SharingAlgorithm
 from torchspark.training.algorithms.sharing.settings import SharingSettings

@@ -16,11 +16,10 @@ from typing import Iterator
 import pytest
 import torch
 
-from torchspark import DataSet, Network, datasets, models, optim
+from torchspark import DataSet, optim
 from torchspark.encoding import AdaptiveThreshold, EncoderConfig
 from torchspark.errors import ConfigError, TrainingError, WaitTimeout, WorkerError
-from torchspark.nn import NetworkBlueprint
-from torchspark.training import InProcessRunner, ItemSource, ThreadGroup, WorkerTask, merge_results
+from torchspark.training import ThreadGroup
 from torchspark.training import ALGORITHMS
 from torchspark.training.algorithms.sharing.ledger import PeerLedger
 from torchspark.training.algorithms.sharing.loop import SharingAlgorithm

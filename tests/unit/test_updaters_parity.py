@@ -15,7 +15,7 @@ import torch
 from torchspark import models, optim
 from torchspark.data import DataSet
 from torchspark.errors import ConfigError
-from torchspark.nn import Network, NetworkBlueprint
+from torchspark.nn import Network
 from torchspark.schedules import (
     ExponentialSchedule,
     InverseSchedule,
@@ -26,8 +26,6 @@ from torchspark.schedules import (
     StepSchedule,
     schedule_from_dict,
 )
-from torchspark.training import InProcessRunner, ItemSource, WorkerTask
-from torchspark.training.task import merge_results
 from helpers import fit_in_process, mlp_net, uniform_batches
 
 BATCH = 16
