@@ -18,7 +18,7 @@ from torchspark.data import save_batches
 from torchspark.encoding import AdaptiveThreshold
 from torchspark.parallel import ParallelWrapper
 from torchspark.spark import ParameterAveragingTrainingMaster, SharedTrainingMaster, SparkNetwork
-from helpers import averaging_only, mlp_net
+from helpers import mlp_net
 
 BATCH = 8
 SEED = 7
@@ -50,8 +50,9 @@ def test_parallel_wrapper_matches_spark(spark, sc, tmp_path, mode: str, source: 
         spark_net.fit_paths(paths, epochs=2)
 
     local = _network()
-    wrapper = ParallelWrapper(local, num_workers=2, training_mode=mode, **averaging_only(mode, 3), rng_seed=SEED,
-                              threshold_algorithm=threshold, threads_per_worker=1, progress=False)
+    own = {"averaging_frequency": 3} if mode == "averaging" else {"threshold_algorithm": threshold}
+    wrapper = ParallelWrapper(local, num_workers=2, training_mode=mode, rng_seed=SEED, threads_per_worker=1,
+                              progress=False, **own)
     wrapper.fit(data if paths is None else paths, epochs=2, batch_size=BATCH)
 
     assert [r.examples for r in wrapper.last_results] == [r.examples for r in spark_net.last_results]
