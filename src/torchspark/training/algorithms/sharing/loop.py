@@ -37,7 +37,11 @@ from torchspark.training.algorithms.sharing.collectives import calibrate, report
 from torchspark.training.algorithms.sharing.finish import finish_fit
 from torchspark.training.algorithms.sharing.rounds import INACTIVE, Round
 from torchspark.training.algorithms.sharing.settings import SharingSettings
-from torchspark.training.algorithms.sharing.state import SharingState, cut_state, restore_state, start_state
+from torchspark.training.algorithms.sharing.state import (
+    SharingAlgorithmBase,
+    SharingState,
+    cut_state,
+)
 from torchspark.training.algorithms.sharing.step import compute_and_encode
 from torchspark.training.algorithms.sharing.topology import exchange_phases, resolve_topology
 from torchspark.training.comm import Communicator
@@ -53,7 +57,7 @@ _DRAIN_S = 10.0
 
 
 @dataclass(frozen=True)
-class SharingAlgorithm:
+class SharingAlgorithm(SharingAlgorithmBase):
     """Threshold-encoded gradient sharing, synchronous exchange (mode ``"sharing"``; see the module docstring).
 
     Raises:
@@ -61,24 +65,11 @@ class SharingAlgorithm:
             (:class:`~torchspark.training.algorithms.sharing.stale.StaleSharingAlgorithm`).
     """
 
-    settings: SharingSettings
-
     def __post_init__(self) -> None:
         if self.settings.max_staleness is not None:
             raise ConfigError(f"SharingAlgorithm is the synchronous loop, but max_staleness="
                               f"{self.settings.max_staleness}: bounded staleness is the 'stale_sharing' algorithm "
                               "(StaleSharingAlgorithm); SharedTrainingMaster picks it from max_staleness")
-
-    @classmethod
-    def from_settings(cls, settings: dict[str, Any]) -> SharingAlgorithm:
-        return cls(SharingSettings.from_dict(settings))
-
-    def to_dict(self) -> dict[str, Any]:
-        return self.settings.to_dict()
-
-    def start(self, net: Network, comm: Communicator) -> SharingState:
-        """Per-fit state (:func:`~torchspark.training.algorithms.sharing.state.start_state`)."""
-        return start_state(self.settings, net, comm)
 
     def epoch(self, state: SharingState, net: Network, batches: Iterable[Batch], comm: Communicator,
               hooks: WorkerHooks, epoch: int) -> EpochOutcome:
@@ -149,15 +140,6 @@ class SharingAlgorithm:
         if hooks.report_score is not None:
             report_epoch_score(out, net, comm, hooks, epoch)
         return out
-
-    def rank_state(self, state: SharingState) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-        """This rank's part of a checkpoint: its residual and threshold state (tensors), its traffic counters."""
-        return cut_state(state, None)
-
-    def restore(self, state: SharingState, net: Network, tensors: dict[str, torch.Tensor],
-                record: dict[str, Any]) -> None:
-        """Inverse of :meth:`rank_state` (and of a cut's state with its pending payload)."""
-        restore_state(state, tensors, record)
 
     def finish(self, state: SharingState, net: Network, comm: Communicator
                ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

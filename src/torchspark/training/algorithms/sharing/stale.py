@@ -38,7 +38,10 @@ from torchspark.training.algorithms.sharing.finish import finish_fit
 from torchspark.training.algorithms.sharing.ledger import PeerLedger, StaleStats
 from torchspark.training.algorithms.sharing.rounds import ACTIVE
 from torchspark.training.algorithms.sharing.settings import SharingSettings
-from torchspark.training.algorithms.sharing.state import SharingState, cut_state, restore_state, start_state
+from torchspark.training.algorithms.sharing.state import (
+    SharingAlgorithmBase,
+    SharingState,
+)
 from torchspark.training.algorithms.sharing.step import compute_and_encode
 from torchspark.training.comm import Communicator
 from torchspark.training.comm.mailbox import END, MESSAGE, Envelope, Mailbox, open_mailbox
@@ -49,44 +52,22 @@ __all__ = ["StaleSharingAlgorithm", "stale_epoch", "reconcile"]
 
 
 @dataclass(frozen=True)
-class StaleSharingAlgorithm:
+class StaleSharingAlgorithm(SharingAlgorithmBase):
     """Bounded-staleness gradient sharing (mode ``"stale_sharing"``; see the module docstring).
 
     Raises:
         ConfigError: ``settings.max_staleness`` is None: that is the synchronous ``"sharing"`` algorithm.
     """
 
-    settings: SharingSettings
-
     def __post_init__(self) -> None:
         if self.settings.max_staleness is None:
             raise ConfigError("StaleSharingAlgorithm needs max_staleness=k (an integer >= 0); with "
                               "max_staleness=None use the synchronous 'sharing' algorithm (SharingAlgorithm)")
 
-    @classmethod
-    def from_settings(cls, settings: dict[str, Any]) -> StaleSharingAlgorithm:
-        return cls(SharingSettings.from_dict(settings))
-
-    def to_dict(self) -> dict[str, Any]:
-        return self.settings.to_dict()
-
-    def start(self, net: Network, comm: Communicator) -> SharingState:
-        """Per-fit state (:func:`~torchspark.training.algorithms.sharing.state.start_state`)."""
-        return start_state(self.settings, net, comm)
-
     def epoch(self, state: SharingState, net: Network, batches: Iterable[Batch], comm: Communicator,
               hooks: WorkerHooks, epoch: int) -> EpochOutcome:
         """One pass over this worker's batches (:func:`stale_epoch`)."""
         return stale_epoch(self.settings, state, net, batches, comm, hooks, epoch)
-
-    def rank_state(self, state: SharingState) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-        """This rank's residual, threshold state and counters (the masters refuse checkpoints with staleness)."""
-        return cut_state(state, None)
-
-    def restore(self, state: SharingState, net: Network, tensors: dict[str, torch.Tensor],
-                record: dict[str, Any]) -> None:
-        """Inverse of :meth:`rank_state`."""
-        restore_state(state, tensors, record)
 
     def finish(self, state: SharingState, net: Network, comm: Communicator
                ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

@@ -26,7 +26,7 @@ from torchspark.nn import Network
 from torchspark.training.algorithms.sharing.settings import SharingSettings
 from torchspark.training.comm import Communicator
 
-__all__ = ["SharingState", "RESIDUAL_KEY", "THRESHOLD_KEY", "WORLD_KEY", "restore_residual", "start_state",
+__all__ = ["SharingAlgorithmBase", "SharingState", "RESIDUAL_KEY", "THRESHOLD_KEY", "WORLD_KEY", "restore_residual", "start_state",
            "cut_state", "restore_state"]
 
 #: ``extra_state`` keys: ``RESIDUAL_KEY.format(rank=r)`` per rank, the averaged threshold state, the world size.
@@ -151,3 +151,33 @@ def restore_state(state: SharingState, tensors: dict[str, torch.Tensor], record:
     state.start_threshold = record.get("start_threshold")
     pending = tensors.get("pending")
     state.pending_payload = bytes(pending.numpy().tobytes()) if pending is not None else None
+
+
+@dataclass(frozen=True)
+class SharingAlgorithmBase:
+    """What the synchronous and the bounded-staleness sharing algorithms share: their settings, per-fit state
+    (:func:`start_state`) and this rank's checkpoint state (:func:`cut_state` / :func:`restore_state`); each
+    subclass brings its own ``epoch`` and ``finish``."""
+
+    settings: SharingSettings
+
+    @classmethod
+    def from_settings(cls, settings: dict[str, Any]) -> "SharingAlgorithmBase":
+        return cls(SharingSettings.from_dict(settings))
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.settings.to_dict()
+
+    def start(self, net: Network, comm: Communicator) -> SharingState:
+        """Per-fit state (:func:`start_state`)."""
+        return start_state(self.settings, net, comm)
+
+    def rank_state(self, state: SharingState) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """This rank's part of a checkpoint: its residual and threshold state (tensors), its traffic counters."""
+        return cut_state(state, None)
+
+    def restore(self, state: SharingState, net: Network, tensors: dict[str, torch.Tensor],
+                record: dict[str, Any]) -> None:
+        """Inverse of :meth:`rank_state` (and of a cut's state with its pending payload)."""
+        restore_state(state, tensors, record)
+
