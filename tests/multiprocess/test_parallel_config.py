@@ -102,7 +102,7 @@ def test_bad_fit_arguments() -> None:
 
 
 @pytest.mark.parametrize(
-    ("workers", "devices", "gpus", "cores", "expected"),
+    ("num_workers", "devices", "gpus", "cores", "expected"),
     [
         (None, None, 0, 4, ["cpu"] * 4),  # no GPU: one worker per core
         (2, None, 0, 8, ["cpu", "cpu"]),
@@ -114,8 +114,8 @@ def test_bad_fit_arguments() -> None:
         (None, [torch.device("cpu"), "cpu"], 0, 8, ["cpu", "cpu"]),
     ],
 )
-def test_plan_devices(workers, devices, gpus: int, cores: int, expected: list[str]) -> None:
-    assert plan_devices(workers, devices, gpus, cores) == expected
+def test_plan_devices(num_workers, devices, gpus: int, cores: int, expected: list[str]) -> None:
+    assert plan_devices(num_workers=num_workers, devices=devices, gpu_count=gpus, cpu_count=cores) == expected
 
 
 @pytest.mark.parametrize(("devices", "gpus", "message"), [

@@ -54,7 +54,7 @@ def test_estimates_follow_the_model() -> None:
         allreduce_seconds(400_000, 4, GBIT))
 
 
-@pytest.mark.parametrize("workload, workers, link, verdict, frequency", [
+@pytest.mark.parametrize("workload, num_workers, link, verdict, frequency", [
     # 200 ms per iteration, small messages, fast links: the seeds' default, gradient sharing
     (Workload(0.2, 1_000_000, 2_000_000, 2_000, 0.001), 8, Link(1e10), Verdict.GRADIENT_SHARING, None),
     # 0.5 ms per iteration, 40 MB of parameters on 100 Mbit/s: nothing pays
@@ -66,15 +66,15 @@ def test_estimates_follow_the_model() -> None:
     # f=5 misses the 80% efficiency, f=10 reaches it
     (Workload(0.01, 540_000, 1_080_000, 2_000, 0.02), 4, GBIT, Verdict.PARAMETER_AVERAGING, 10),
 ])
-def test_advice_decisions(workload, workers, link, verdict, frequency) -> None:
-    advice = advise(workload, workers, link)
+def test_advice_decisions(workload, num_workers, link, verdict, frequency) -> None:
+    advice = advise(workload, num_workers, link)
     assert advice.verdict is verdict
     assert advice.averaging_frequency == frequency
     if frequency is not None:
-        estimates = {e.averaging_frequency: e for e in estimate(workload, workers, link) if e.name == "averaging"}
-        assert estimates[frequency].speedup / workers >= TARGET_EFFICIENCY
+        estimates = {e.averaging_frequency: e for e in estimate(workload, num_workers, link) if e.name == "averaging"}
+        assert estimates[frequency].speedup / num_workers >= TARGET_EFFICIENCY
         smaller = [f for f in AVERAGING_FREQUENCIES if f < frequency]
-        assert all(estimates[f].speedup / workers < TARGET_EFFICIENCY for f in smaller)
+        assert all(estimates[f].speedup / num_workers < TARGET_EFFICIENCY for f in smaller)
     assert advice.reasons and advice.seed_band
 
 
@@ -130,7 +130,7 @@ def test_the_command_prints_the_models_numbers(capsys) -> None:
     m = out["measurement"]
     assert (m["threads"], m["iterations"], m["warmup"]) == (1, 3, 1)
     assert m["batch_size"] == 8 and m["num_params"] == Network(models.mlp(16, 128, 3)).num_params()  # the CLI's mlp
-    assert out["workers"] == 3 and out["link"] == {"bits_per_second": 1e8, "latency_s": 0.0005}
+    assert out["num_workers"] == 3 and out["link"] == {"bits_per_second": 1e8, "latency_s": 0.0005}
     workload = Workload(m["ms_per_iteration"] / 1e3, m["param_bytes"], m["updater_state_bytes"],
                         m["shared_bytes_per_step"], m["encode_ms"] / 1e3)
     expected = advise(workload, 3, Link(1e8, 5e-4))

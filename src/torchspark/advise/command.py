@@ -94,10 +94,10 @@ def _size(n: float) -> str:
 
 def _master_line(advice: Advice, batch_size: int) -> str:
     if advice.verdict is Verdict.GRADIENT_SHARING:
-        return f"SharedTrainingMaster(batch_size_per_worker={batch_size}, num_workers={advice.workers})"
+        return f"SharedTrainingMaster(batch_size_per_worker={batch_size}, num_workers={advice.num_workers})"
     if advice.verdict is Verdict.PARAMETER_AVERAGING:
-        return (f"ParameterAveragingTrainingMaster(batch_size_per_worker={batch_size}, num_workers={advice.workers}, "
-                f"averaging_frequency={advice.averaging_frequency})")
+        return (f"ParameterAveragingTrainingMaster(batch_size_per_worker={batch_size}, "
+                f"num_workers={advice.num_workers}, averaging_frequency={advice.averaging_frequency})")
     return "ParallelWrapper(network, num_workers=<cores or GPUs of this machine>) -- or plain Network.fit"
 
 
@@ -105,16 +105,16 @@ def report(m: Measurement, advice: Advice, link: Link, name: str, save_updater: 
     """The text ``torchspark advise`` prints."""
     workload = m.workload()
     lines = [
-        f"torchspark advise: {name}, batch {m.batch_size} per worker, {advice.workers} workers on "
+        f"torchspark advise: {name}, batch {m.batch_size} per worker, {advice.num_workers} workers on "
         f"{link.bits_per_second / 1e9:g} Gbit/s links (latency {link.latency_s * 1e3:g} ms)",
         f"measured on one worker ({m.threads} threads, median of {m.iterations}): {m.ms_per_iteration:.3g} ms per "
         f"iteration; {m.num_params:,} parameters = {_size(m.param_bytes)} (updater state "
         f"{_size(m.updater_state_bytes)}); gradient-sharing message {_size(m.shared_bytes_per_step)} per step at "
         f"sparsity {m.sparsity:g} "
         f"({m.param_bytes / m.shared_bytes_per_step:,.0f}x smaller than dense), encode+decode {m.encode_ms:.3g} ms",
-        f"estimated per iteration on {advice.workers} workers (no overlap of exchange and compute):",
+        f"estimated per iteration on {advice.num_workers} workers (no overlap of exchange and compute):",
     ]
-    for e in estimate(workload, advice.workers, link, save_updater):
+    for e in estimate(workload, advice.num_workers, link, save_updater):
         label = {"shared": "gradient sharing", "dense_every_step": "dense all-reduce every step (DDP-like)"}.get(
             e.name, f"parameter averaging, every {e.averaging_frequency}")
         lines.append(f"  {label:<40} exchange {e.exchange_seconds_per_iteration * 1e3:9.3g} ms   "
@@ -130,9 +130,9 @@ def to_json(m: Measurement, advice: Advice, link: Link, save_updater: bool) -> d
     return {
         "measurement": dataclasses.asdict(m),
         "link": {"bits_per_second": link.bits_per_second, "latency_s": link.latency_s},
-        "workers": advice.workers,
+        "num_workers": advice.num_workers,
         "save_updater": save_updater,
-        "estimates": [dataclasses.asdict(e) for e in estimate(m.workload(), advice.workers, link, save_updater)],
+        "estimates": [dataclasses.asdict(e) for e in estimate(m.workload(), advice.num_workers, link, save_updater)],
         "advice": {"verdict": advice.verdict.name, "text": advice.verdict.value,
                    "averaging_frequency": advice.averaging_frequency, "seed_band": advice.seed_band,
                    "reasons": advice.reasons},

@@ -106,19 +106,19 @@ class Workload:
             raise ConfigError(f"param_bytes must be >= 1, got {self.param_bytes!r}")
 
 
-def allreduce_seconds(nbytes: float, workers: int, link: Link) -> float:
-    """Step 2: a ring all-reduce of ``nbytes`` over ``workers``: ``2 (N-1)/N`` of the data each way, ``2 (N-1)``
+def allreduce_seconds(nbytes: float, num_workers: int, link: Link) -> float:
+    """Step 2: a ring all-reduce of ``nbytes`` over ``num_workers``: ``2 (N-1)/N`` of the data each way, ``2 (N-1)``
     latencies. 0 for one worker."""
-    if workers <= 1:
+    if num_workers <= 1:
         return 0.0
-    return 2 * (workers - 1) / workers * nbytes / link.bytes_per_second + 2 * (workers - 1) * link.latency_s
+    return 2 * (num_workers - 1) / num_workers * nbytes / link.bytes_per_second + 2 * (num_workers - 1) * link.latency_s
 
 
-def allgather_seconds(message_bytes: float, workers: int, link: Link) -> float:
+def allgather_seconds(message_bytes: float, num_workers: int, link: Link) -> float:
     """Step 3: every worker receives the other ``N-1`` messages of ``message_bytes``."""
-    if workers <= 1:
+    if num_workers <= 1:
         return 0.0
-    return (workers - 1) * message_bytes / link.bytes_per_second + (workers - 1) * link.latency_s
+    return (num_workers - 1) * message_bytes / link.bytes_per_second + (num_workers - 1) * link.latency_s
 
 
 @dataclass(frozen=True)
@@ -131,25 +131,25 @@ class Estimate:
     averaging_frequency: int | None = None
 
 
-def _speedup(workload: Workload, workers: int, exchange: float) -> float:
+def _speedup(workload: Workload, num_workers: int, exchange: float) -> float:
     """Step 4."""
     t = workload.seconds_per_iteration
-    return workers * t / (t + exchange)
+    return num_workers * t / (t + exchange)
 
 
-def estimate(workload: Workload, workers: int, link: Link, save_updater: bool = True) -> list[Estimate]:
+def estimate(workload: Workload, num_workers: int, link: Link, save_updater: bool = True) -> list[Estimate]:
     """Steps 2-4 for gradient sharing, dense synchronous SGD (an all-reduce every step, as DDP does) and parameter
     averaging at each of :data:`AVERAGING_FREQUENCIES`."""
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ConfigError(f"workers must be an integer >= 1, got {workers!r}")
-    shared = allgather_seconds(workload.shared_bytes_per_step, workers, link) + workload.encode_seconds
-    dense = allreduce_seconds(workload.param_bytes, workers, link)
-    out = [Estimate("shared", shared, _speedup(workload, workers, shared)),
-           Estimate("dense_every_step", dense, _speedup(workload, workers, dense))]
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
+        raise ConfigError(f"num_workers must be an integer >= 1, got {num_workers!r}")
+    shared = allgather_seconds(workload.shared_bytes_per_step, num_workers, link) + workload.encode_seconds
+    dense = allreduce_seconds(workload.param_bytes, num_workers, link)
+    out = [Estimate("shared", shared, _speedup(workload, num_workers, shared)),
+           Estimate("dense_every_step", dense, _speedup(workload, num_workers, dense))]
     averaged = workload.param_bytes + (workload.updater_state_bytes if save_updater else 0)
     for f in AVERAGING_FREQUENCIES:
-        per_iteration = allreduce_seconds(averaged, workers, link) / f
-        out.append(Estimate("averaging", per_iteration, _speedup(workload, workers, per_iteration), f))
+        per_iteration = allreduce_seconds(averaged, num_workers, link) / f
+        out.append(Estimate("averaging", per_iteration, _speedup(workload, num_workers, per_iteration), f))
     return out
 
 
@@ -164,7 +164,7 @@ class Advice:
     """Step 5's decision and the numbers behind it."""
 
     verdict: Verdict
-    workers: int
+    num_workers: int
     #: the recommended averaging frequency (parameter averaging), else None
     averaging_frequency: int | None
     shared: Estimate
@@ -188,42 +188,42 @@ def _seed_band(ms: float) -> str:
     return "<= 1 ms per iteration: the seeds expect a cluster to be no faster than one machine"
 
 
-def _averaging_choice(averaging: list[Estimate], workers: int) -> Estimate:
+def _averaging_choice(averaging: list[Estimate], num_workers: int) -> Estimate:
     """The smallest frequency reaching :data:`TARGET_EFFICIENCY`, else the one with the best speedup."""
     for e in averaging:
-        if e.speedup / workers >= TARGET_EFFICIENCY:
+        if e.speedup / num_workers >= TARGET_EFFICIENCY:
             return e
     return max(averaging, key=lambda e: e.speedup)
 
 
-def advise(workload: Workload, workers: int, link: Link, save_updater: bool = True) -> Advice:
+def advise(workload: Workload, num_workers: int, link: Link, save_updater: bool = True) -> Advice:
     """Step 5: "stay on one machine" when neither sharing nor averaging reaches :data:`MIN_SPEEDUP`; else gradient
     sharing (the seeds' default: every worker applies every worker's update every step, where averaging lets
     replicas drift for ``f`` steps, which the speedup does not count) when it reaches :data:`TARGET_EFFICIENCY` or
     is estimated at least as fast as averaging; else averaging at the smallest frequency reaching
     :data:`TARGET_EFFICIENCY` (the fastest one when none does)."""
-    estimates = estimate(workload, workers, link, save_updater)
+    estimates = estimate(workload, num_workers, link, save_updater)
     shared = next(e for e in estimates if e.name == "shared")
     dense = next(e for e in estimates if e.name == "dense_every_step")
-    averaging = _averaging_choice([e for e in estimates if e.name == "averaging"], workers)
+    averaging = _averaging_choice([e for e in estimates if e.name == "averaging"], num_workers)
     ms = workload.seconds_per_iteration * 1e3
     reasons = [f"one iteration takes {ms:.3g} ms; exchange per iteration: sharing "
                f"{shared.exchange_seconds_per_iteration * 1e3:.3g} ms, averaging every "
                f"{averaging.averaging_frequency} {averaging.exchange_seconds_per_iteration * 1e3:.3g} ms, dense "
                f"every step {dense.exchange_seconds_per_iteration * 1e3:.3g} ms"]
     best = max(shared.speedup, averaging.speedup)
-    if workers < 2 or best < MIN_SPEEDUP:
+    if num_workers < 2 or best < MIN_SPEEDUP:
         verdict, frequency = Verdict.STAY_ON_ONE_MACHINE, None
-        reasons.append(f"the best estimated speedup on {workers} worker(s) is {best:.2f}x (< {MIN_SPEEDUP}x): the "
+        reasons.append(f"the best estimated speedup on {num_workers} worker(s) is {best:.2f}x (< {MIN_SPEEDUP}x): the "
                        "exchange eats the gain; use ParallelWrapper for the cores of one machine")
-    elif shared.speedup / workers >= TARGET_EFFICIENCY or shared.speedup >= averaging.speedup:
+    elif shared.speedup / num_workers >= TARGET_EFFICIENCY or shared.speedup >= averaging.speedup:
         verdict, frequency = Verdict.GRADIENT_SHARING, None
-        reasons.append(f"gradient sharing is estimated at {shared.speedup:.2f}x on {workers} workers (averaging "
+        reasons.append(f"gradient sharing is estimated at {shared.speedup:.2f}x on {num_workers} workers (averaging "
                        f"every {averaging.averaging_frequency}: {averaging.speedup:.2f}x) and updates every worker "
                        "every step")
     else:
         verdict, frequency = Verdict.PARAMETER_AVERAGING, averaging.averaging_frequency
         reasons.append(f"parameter averaging every {frequency} minibatches is estimated at {averaging.speedup:.2f}x "
-                       f"on {workers} workers, ahead of gradient sharing ({shared.speedup:.2f}x, whose encoding "
+                       f"on {num_workers} workers, ahead of gradient sharing ({shared.speedup:.2f}x, whose encoding "
                        f"and messages cost {shared.exchange_seconds_per_iteration * 1e3:.3g} ms per iteration)")
-    return Advice(verdict, workers, frequency, shared, averaging, dense, _seed_band(ms), reasons)
+    return Advice(verdict, num_workers, frequency, shared, averaging, dense, _seed_band(ms), reasons)

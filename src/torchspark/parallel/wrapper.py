@@ -62,15 +62,15 @@ def _parse_device(value: Any, gpu_count: int, index: int) -> str:
                       "'cuda:<index>'")
 
 
-def plan_devices(workers: int | None, devices: Sequence[Any] | None, gpu_count: int, cpu_count: int) -> list[str]:
+def plan_devices(num_workers: int | None, devices: Sequence[Any] | None, gpu_count: int, cpu_count: int) -> list[str]:
     """One device per worker (a pure function of the machine's counts, so it is testable anywhere).
 
     Args:
-        workers: worker count; None = one per listed device, else one per GPU, else one per CPU core.
+        num_workers: worker count; None = one per listed device, else one per GPU, else one per CPU core.
         devices: devices to deal round-robin (``"cpu"``, ``"cuda"``, ``"cuda:1"``); None = every GPU, else CPU.
         gpu_count, cpu_count: what this machine has.
     Returns:
-        ``workers`` device strings, e.g. ``["cuda:0", "cuda:1", "cuda:0"]`` for 3 workers on 2 GPUs.
+        ``num_workers`` device strings, e.g. ``["cuda:0", "cuda:1", "cuda:0"]`` for 3 workers on 2 GPUs.
     Raises:
         ConfigError: an unknown device name, a GPU index this machine lacks, or an empty ``devices`` list.
     """
@@ -81,13 +81,15 @@ def plan_devices(workers: int | None, devices: Sequence[Any] | None, gpu_count: 
         pool = [_parse_device(d, gpu_count, i) for i, d in enumerate(devices)]
     else:
         pool = [f"cuda:{i}" for i in range(gpu_count)] or ["cpu"]
-    n = workers if workers is not None else (len(pool) if devices is not None or gpu_count else max(1, cpu_count))
+    n = num_workers
+    if n is None:
+        n = len(pool) if devices is not None or gpu_count else max(1, cpu_count)
     return [pool[i % len(pool)] for i in range(n)]
 
 
-def _default_devices(workers: int | None, devices: Sequence[Any] | None = None) -> list[str]:
+def _default_devices(num_workers: int | None, devices: Sequence[Any] | None = None) -> list[str]:
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return plan_devices(workers, devices, gpus, os.cpu_count() or 1)
+    return plan_devices(num_workers, devices, gpus, os.cpu_count() or 1)
 
 
 # ------------------------------------------------------------------ data routing
