@@ -91,12 +91,15 @@ def _add_data_options(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="torchspark",
+    # no abbreviated flags (allow_abbrev=False): a renamed flag such as --threshold or --mode must be an error, not
+    # silently read as a longer option it abbreviates (--threshold-algorithm, --model)
+    parser = argparse.ArgumentParser(prog="torchspark", allow_abbrev=False,
                                      description="Distributed training of PyTorch networks on Apache Spark.")
     sub = parser.add_subparsers(dest="command", required=True)
     fmt = argparse.ArgumentDefaultsHelpFormatter
 
     train = sub.add_parser("train", help="train a zoo model on a built-in dataset", formatter_class=fmt,
+                           allow_abbrev=False,
                            description="Train a zoo model on the built-in digits dataset with Spark (or --parallel "
                            "without Spark), print the evaluation on the test split, and write the model, "
                            "metrics.json, stats.json and stats.html to --output.")
@@ -110,9 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--batch-size-per-worker", type=_positive_int, default=16, help="minibatch size per worker")
     train.add_argument("--averaging-frequency", type=_positive_int, default=5,
                        help="averaging mode: minibatches between parameter averages")
-    train.add_argument("--threshold", type=_threshold, default="calibrated",
-                       help="sharing mode: initial threshold of the adaptive policy: 'calibrated' (default: chosen "
-                            "from the first update for ~1e-3 sparsity) or a fixed start such as DL4J's 1e-4")
+    train.add_argument("--threshold-algorithm", type=_threshold, default="calibrated",
+                       help="sharing mode: the master's threshold_algorithm, an adaptive threshold starting at "
+                            "'calibrated' (default: chosen from the first update for ~1e-3 sparsity) or at a fixed "
+                            "value such as DL4J's 1e-4")
     train.add_argument("--topology", default="auto", choices=["auto", "all_gather", "sharded"],
                        help="sharing mode: how the workers exchange their messages each step: all_gather (every "
                             "worker receives every message), sharded (reduce-scatter by index shards, then "
@@ -141,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_spark_options(train)
 
     evaluate = sub.add_parser("evaluate", help="evaluate a saved model on the cluster", formatter_class=fmt,
+                              allow_abbrev=False,
                               description="Distributed evaluation of a saved model (SparkNetwork.evaluate).")
     evaluate.add_argument("--model", required=True, help="directory written by Network.save / torchspark train")
     evaluate.add_argument("--trust-code", action="store_true",
@@ -150,6 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_spark_options(evaluate)
 
     predict = sub.add_parser("predict", help="add a prediction column to Parquet data", formatter_class=fmt,
+                             allow_abbrev=False,
                              description="Distributed inference of a saved model (SparkNetwork.predict): read "
                              "Parquet (or digits:test), add the prediction column, write Parquet.")
     predict.add_argument("--model", required=True, help="directory written by Network.save / torchspark train")
@@ -251,7 +257,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     train_data, test_data = datasets.digits("train"), datasets.digits("test")
     net = Network(_model(args.model, tuple(train_data.features.shape[1:]), 10),
                   updater=_updater(args.updater, args.lr), seed=args.seed, memory_format=args.memory_format)
-    threshold = AdaptiveThreshold(initial=args.threshold)
+    threshold = AdaptiveThreshold(initial=args.threshold_algorithm)
     start = time.time()
     if args.parallel:
         from torchspark.parallel import ParallelWrapper

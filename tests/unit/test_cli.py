@@ -14,15 +14,15 @@ from torchspark.cli import build_parser, main
 def test_defaults_train_with_gradient_sharing_on_spark() -> None:
     args = build_parser().parse_args(["train"])
     assert args.training_mode == "sharing" and not args.parallel
-    assert args.threshold == "calibrated" and args.num_workers == 2 and args.epochs == 8
-    assert build_parser().parse_args(["train", "--threshold", "1e-4"]).threshold == 1e-4  # DL4J's fixed start
+    assert args.threshold_algorithm == "calibrated" and args.num_workers == 2 and args.epochs == 8
+    assert build_parser().parse_args(["train", "--threshold-algorithm", "1e-4"]).threshold_algorithm == 1e-4  # DL4J's
 
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["train", "--num-workers", "0"], "--num-workers: must be >= 1, got 0"),
     (["train", "--epochs", "two"], "--epochs: 'two' is not an integer"),
     (["train", "--lr", "-1"], "--lr: must be > 0"),
-    (["train", "--threshold", "auto"], "'auto' is not a number; use 'calibrated'"),
+    (["train", "--threshold-algorithm", "auto"], "'auto' is not a number; use 'calibrated'"),
     (["train", "--training-mode", "sync"], "invalid choice: 'sync'"),
     (["train", "--memory-format", "nhwc"], "invalid choice: 'nhwc'"),
     (["train", "--max-staleness", "-1"], "--max-staleness: must be >= 0, got -1"),
@@ -37,6 +37,20 @@ def test_bad_arguments_exit_2_naming_the_value(argv: list[str], message: str, ca
         main(argv)
     assert info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [
+    ["train", "--workers", "2"],  # --num-workers
+    ["train", "--mode", "averaging"],  # --training-mode (no longer read as an abbreviation of --model)
+    ["train", "--threshold", "1e-4"],  # --threshold-algorithm (no abbreviations: the old name is no alias)
+    ["train", "--epoch", "2"],  # abbreviations of any flag are refused
+    ["advise", "--workers", "4"],
+])
+def test_old_flag_names_are_refused(argv: list[str], capsys) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    assert f"unrecognized arguments: {argv[1]}" in capsys.readouterr().err
 
 
 def test_missing_model_directory_is_a_one_line_error(tmp_path, capsys) -> None:

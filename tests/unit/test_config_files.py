@@ -60,6 +60,12 @@ threshold_algorithm:
         master_from_yaml("- 1\n- 2\n")
 
 
+@pytest.mark.parametrize("old", ["shared_gradients", "parameter_averaging"])
+def test_old_master_types_are_refused_listing_the_types(old: str) -> None:
+    with pytest.raises(ConfigError, match=rf"unknown training master type '{old}'; known: \['averaging', 'sharing'\]"):
+        master_from_yaml(f"type: {old}\nbatch_size_per_worker: 8\n")
+
+
 def test_yaml_that_would_build_python_objects_is_refused(tmp_path) -> None:
     marker = tmp_path / "ran"
     text = f"type: !!python/object/apply:os.system ['touch {marker}']\n"
@@ -80,11 +86,11 @@ def _printed(argv: list[str], capsys) -> str:
 def test_train_config_sets_options_and_the_command_line_wins(tmp_path, capsys) -> None:
     path = tmp_path / "run.yaml"
     path.write_text("epochs: 3\ntraining_mode: averaging\naveraging-frequency: 9\nlr: 5e-3\nparallel: true\n"
-                    "threshold: 1e-4\n")
+                    "threshold-algorithm: 1e-4\n")
     settings = json.loads(_printed(["train", "--config", str(path), "--epochs", "5", "--print-config", "json"],
                                    capsys))
     assert settings["training_mode"] == "averaging" and settings["averaging_frequency"] == 9 and settings["parallel"] is True
-    assert settings["lr"] == 5e-3 and settings["threshold"] == 1e-4
+    assert settings["lr"] == 5e-3 and settings["threshold_algorithm"] == 1e-4
     assert settings["epochs"] == 5  # typed on the command line: over the file's 3
     assert settings["model"] == "lenet"  # untouched options keep their defaults
     # the printed settings are a config file: reading them back gives the same settings
@@ -105,6 +111,9 @@ def test_train_config_sets_options_and_the_command_line_wins(tmp_path, capsys) -
     ("epoks: 3\n", "unknown train option 'epoks'"),
     ("epochs: 0\n", "epochs: must be >= 1"),
     ("training_mode: gossip\n", "training_mode must be one of"),
+    ("mode: averaging\n", "unknown train option 'mode'"),  # the old names: training_mode, num_workers,
+    ("workers: 2\n", "unknown train option 'workers'"),  # threshold_algorithm
+    ("threshold: 1e-4\n", "unknown train option 'threshold'"),
     ("parallel: 'yes'\n", "parallel must be true or false"),
     ("lr: [1, 2]\n", "lr must be a single value"),
     ("epochs: null\n", "epochs needs a value"),

@@ -19,6 +19,7 @@ def add_parser(sub: Any, fmt: type[argparse.HelpFormatter], positive_int: Callab
     """Add the ``advise`` subcommand (the CLI's own argument converters are passed in)."""
     p = sub.add_parser(
         "advise", help="is Spark worth it for this model? measure, estimate, advise", formatter_class=fmt,
+        allow_abbrev=False,
         description="Measure ms per iteration and parameter bytes of a model at a batch size on this machine (one "
                     "worker), estimate the exchange cost for WORKERS workers on LINK links, dense and shared, and "
                     "print which training master and averaging frequency to use, or to stay on one machine.")
