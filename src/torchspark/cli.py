@@ -262,7 +262,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.parallel:
         from torchspark.parallel import ParallelWrapper
 
-        wrapper = ParallelWrapper(net, master=training_master(args, threshold), progress=not args.no_progress)
+        wrapper = ParallelWrapper(net, master=master_from_args(args, threshold), progress=not args.no_progress)
         wrapper.fit(train_data, epochs=args.epochs)
         stats, score, runner = wrapper.training_stats, wrapper.score, "ParallelWrapper"
         used: dict[str, Any] = {"startup_seconds": 0.0, "fit_seconds": time.time() - start}
@@ -295,7 +295,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def training_master(args: argparse.Namespace, threshold: Any) -> Any:
+def master_from_args(args: argparse.Namespace, threshold: Any) -> Any:
     """The master ``--training-mode`` names, with the options of the command line (the same on Spark and with
     ``--parallel``)."""
     common = dict(batch_size_per_worker=args.batch_size_per_worker, num_workers=args.num_workers, rng_seed=args.seed,
@@ -343,7 +343,7 @@ def _train_on_spark(args: argparse.Namespace, net: Any, train_data: Any,
     )
 
     check_java()
-    master = training_master(args, threshold)
+    master = master_from_args(args, threshold)
     start = time.time()
     with session_scope(cores=args.num_workers, master=args.master, quiet=not args.verbose) as spark:
         started = time.time()

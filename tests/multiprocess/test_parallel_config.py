@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from functools import partial
 from pathlib import Path
 
@@ -54,6 +55,16 @@ def test_bad_settings_are_refused_at_construction(kwargs: dict, message: str) ->
     with pytest.raises(ConfigError) as info:
         ParallelWrapper(_net(), **kwargs)
     assert message in str(info.value)
+
+
+def test_accessors_are_properties_not_java_style_methods() -> None:
+    wrapper = ParallelWrapper(_net(), num_workers=2)
+    assert math.isnan(wrapper.score)  # no fit yet
+    wrapper.collect_training_stats = True  # rebuilds the master the options built
+    assert wrapper.collect_training_stats and wrapper.master.collect_training_stats
+    for old in ("get_score", "set_collect_training_stats", "training_master", "workers"):
+        with pytest.raises(AttributeError, match=old):
+            getattr(wrapper, old)
 
 
 def test_network_must_be_a_torchspark_network() -> None:

@@ -96,7 +96,7 @@ def test_sharing_log_each_epochs_mean_score_and_nothing_unless_asked(caplog) -> 
 
 
 # ------------------------------------------------------------------ save_updater
-def test_average_updaters_false_resets_adam_every_round_as_the_reference_does() -> None:
+def test_save_updater_false_resets_adam_every_round_as_the_reference_does() -> None:
     data = datasets.synthetic_classification(100, 12, 3, seed=1)  # 50 examples per worker
     shards = split_examples([data], BATCH, WORKERS, None)
     params = {}
@@ -116,7 +116,8 @@ def test_average_updaters_false_resets_adam_every_round_as_the_reference_does() 
 
 # ------------------------------------------------------------------ worker_prefetch_num_batches
 @pytest.mark.parametrize("prefetch", [1, 4])
-def test_prefetch_buffer_bounds_how_far_a_one_shot_iterable_is_read_ahead(tmp_path: Path, prefetch: int) -> None:
+def test_worker_prefetch_num_batches_bounds_how_far_a_one_shot_iterable_is_read_ahead(tmp_path: Path,
+                                                                                    prefetch: int) -> None:
     """Workers wait in their first forward until a gate opens; the parent's feeder keeps reading the iterable and
     dealing minibatches round-robin. The first time it finds a worker's queue full, the test notes how many
     minibatches the iterable has given and opens the gate. Each worker holds one minibatch and its queue

@@ -29,6 +29,17 @@ def _data(sc):
     return sc.parallelize(parts, 2)
 
 
+def test_old_names_are_refused(spark) -> None:
+    """One vocabulary: ``master=`` (not ``training_master=``), ``score`` and ``collect_training_stats`` properties."""
+    with pytest.raises(TypeError, match="training_master"):
+        SparkNetwork(spark, _net(), training_master=ParameterAveragingTrainingMaster())
+    spark_net = SparkNetwork(spark, _net(), ParameterAveragingTrainingMaster(), progress=False)
+    spark_net.collect_training_stats = True
+    assert spark_net.collect_training_stats and spark_net.master == ParameterAveragingTrainingMaster()
+    for old in ("get_score", "set_collect_training_stats", "training_master"):
+        assert not hasattr(spark_net, old)
+
+
 def test_storage_level_names_are_pysparks() -> None:
     from pyspark import StorageLevel
 

@@ -226,6 +226,11 @@ def test_listener_and_save_last_model() -> None:
     assert torch.all(saver.latest().params() == 1.0) and torch.all(saver.best().params() == 0.0)
 
 
+@pytest.mark.parametrize("saver", [InMemoryModelSaver, DirectoryModelSaver])
+def test_savers_have_no_java_style_getters(saver) -> None:
+    assert {"best", "latest"} <= set(dir(saver)) and not {"get_best", "get_latest"} & set(dir(saver))
+
+
 def test_real_training_with_loss_calculator_improves_on_the_first_epoch() -> None:
     net = _net()
     train, val = _blobs(192, seed=1), _blobs(96, seed=2)
