@@ -10,8 +10,14 @@ import pytest
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 #: every test under these folders carries the folder's marker (``-m "not spark"`` deselects a whole tier)
-FOLDER_MARKERS = {"spark": "spark", "multiprocess": "multiprocess", "multihost": "multihost"}
+FOLDER_MARKERS = {"spark": "spark", "multiprocess": "multiprocess", "multihost": "multihost", "connect": "connect"}
 _TESTS = os.path.dirname(os.path.abspath(__file__))
+
+#: tests/connect runs in its own pytest process (tests/spark/test_connect_tier.py starts it with this variable set):
+#: a Spark Connect client changes pyspark's process-wide mode (``SPARK_CONNECT_MODE_ENABLED``), so it cannot share
+#: a process with the classic ``spark`` fixture. ``TORCHSPARK_CONNECT_TESTS=1 pytest tests/connect`` runs it alone.
+CONNECT_TIER_ENV = "TORCHSPARK_CONNECT_TESTS"
+collect_ignore = [] if os.environ.get(CONNECT_TIER_ENV) == "1" else ["connect"]
 
 
 def pytest_collection_modifyitems(config, items) -> None:
@@ -98,3 +104,4 @@ def module_leftovers() -> Leftovers:
     """:class:`Leftovers` for a module whose fits run once in a module fixture: that fixture requests this one, so
     the snapshot is taken before those fits."""
     return Leftovers()
+

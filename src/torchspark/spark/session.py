@@ -11,7 +11,8 @@ from typing import Any, Iterator
 
 from torchspark.errors import ConfigError, SetupError
 
-__all__ = ["local_session", "session_scope", "check_java", "spark_context"]
+__all__ = ["local_session", "session_scope", "check_java", "spark_context", "check_connect_packages",
+           "CONNECT_PACKAGES"]
 
 JAVA_HINT = (
     "Spark needs Java 17 or newer. Install it (Debian/Ubuntu: `apt-get install -y openjdk-17-jre-headless`; "
@@ -41,6 +42,7 @@ def local_session(
     conf: dict[str, Any] | None = None,
     rendezvous_timeout_s: float = 300.0,
     quiet: bool = False,
+    connect: bool = False,
 ) -> Any:
     """A SparkSession on this machine with sane defaults for training.
 
@@ -56,6 +58,10 @@ def local_session(
             native-hadoop and log4j-profile warnings): the driver JVM's own stderr goes to ``os.devnull`` and
             Spark logs only errors. Spark's errors still reach Python as exceptions; leave it False (the default,
             or ``torchspark ... --verbose``) to see everything the JVM prints.
+        connect: a Spark Connect session instead of a classic one: ``SparkSession.builder.remote("local[N]")``
+            starts a Connect server inside this process (needs ``pip install 'torchspark[connect]'``); the same
+            settings apply. A process holds one kind: a classic session and a local Connect one cannot coexist
+            (use :func:`torchspark.spark.connect.start_connect_server` for a server in its own process).
     Settings applied: executors use this interpreter (``PYSPARK_PYTHON=sys.executable``), Python worker reuse on,
     Python workers forked from a daemon that has imported torch already (``torchspark.spark._daemon``),
     ``spark.locality.wait=0`` (the seeds' advice: do not wait for data-local slots), Arrow for pandas conversions,
@@ -74,8 +80,10 @@ def local_session(
     if pkg_root not in paths:
         os.environ["PYTHONPATH"] = os.pathsep.join([pkg_root, *paths])
     url = master or f"local[{cores or os.cpu_count() or 1}]"
+    if connect:
+        check_connect_packages()
     builder = (
-        SparkSession.builder.master(url)
+        (SparkSession.builder.remote(url) if connect else SparkSession.builder.master(url))
         .appName(app_name)
         .config("spark.pyspark.python", sys.executable)
         .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
@@ -94,8 +102,31 @@ def local_session(
         builder = builder.config(key, str(value))
     with _jvm_stderr_silenced(quiet):
         session = builder.getOrCreate()
-    session.sparkContext.setLogLevel("ERROR")
+    if not connect:
+        session.sparkContext.setLogLevel("ERROR")
     return session
+
+
+#: the client packages Spark Connect needs beside pyspark (the ``[connect]`` extra)
+CONNECT_PACKAGES = {"grpc": "grpcio", "grpc_status": "grpcio-status", "google.rpc": "googleapis-common-protos",
+                    "zstandard": "zstandard", "pyarrow": "pyarrow", "pandas": "pandas"}
+
+
+def check_connect_packages() -> None:
+    """Raise ``SetupError`` naming the missing packages when Spark Connect's client packages are not installed."""
+    import importlib.util
+
+    missing = []
+    for module, package in CONNECT_PACKAGES.items():
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:
+            found = False
+        if not found:
+            missing.append(package)
+    if missing:
+        raise SetupError(f"Spark Connect needs {', '.join(missing)}, which is not installed here: "
+                         "pip install 'torchspark[connect]'")
 
 
 @contextlib.contextmanager
@@ -138,7 +169,11 @@ def session_scope(cores: int | None = None, master: str | None = None, app_name:
 
 def spark_context(spark: Any) -> Any:
     """The SparkContext of a SparkSession or SparkContext."""
+    from torchspark.spark.session_kinds import require_classic, session_kind
+
+    require_classic(spark, "this call", "pass a DataFrame to the methods that take one (see the README's "
+                    "'Spark Connect' section)")
     sc = getattr(spark, "sparkContext", spark)
     if not hasattr(sc, "parallelize"):
-        raise ConfigError(f"expected a SparkSession or SparkContext, got {type(spark).__name__}")
+        raise ConfigError(f"expected a SparkSession or SparkContext, got {session_kind(spark)}")
     return sc
