@@ -71,6 +71,12 @@ def test_a_saved_config_with_an_unknown_precision_is_refused_on_load(tmp_path) -
         Network.load(path)
 
 
+def test_a_network_spec_builds_at_its_precision_and_round_trips_it() -> None:
+    spec = NetworkSpec("mlp", {"n_in": 12, "hidden": 16, "n_out": 3}, precision="bf16")
+    assert NetworkSpec.from_json(spec.to_json()) == spec
+    assert spec.build().precision == "bf16" and NetworkSpec("mlp", {"n_in": 2}).precision == "fp32"
+
+
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
 def test_the_forward_pass_runs_at_the_precision_and_outputs_are_float32(precision: str) -> None:
     recorder = DtypeRecorder()
@@ -188,3 +194,23 @@ def test_a_bf16_network_trains_on_a_dataset_of_float64_features() -> None:
     net = mlp_net(12, 16, 3, precision="bf16")
     net.fit(data, epochs=1, batch_size=16)
     assert net.iteration == 2 and net.output(data.features).dtype == torch.float32
+
+
+# ------------------------------------------------------------------ the command line
+def test_the_precision_flag_and_config_key_reach_the_trained_network(tmp_path, capsys) -> None:
+    import json
+
+    from torchspark.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["train", "--precision", "fp8"])
+    assert info.value.code == 2 and "invalid choice: 'fp8'" in capsys.readouterr().err
+    config = tmp_path / "run.json"
+    config.write_text(json.dumps({"precision": "fp16"}))
+    assert main(["train", "--config", str(config), "--print-config", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["precision"] == "fp16"
+    out = tmp_path / "bf16"
+    assert main(["train", "--parallel", "--training-mode", "averaging", "--epochs", "1", "--no-progress",
+                 "--precision", "bf16", "--output", str(out)]) == 0
+    assert Network.load(str(out / "model")).precision == "bf16"
+    assert json.loads((out / "metrics.json").read_text())["precision"] == "bf16"

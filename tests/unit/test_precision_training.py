@@ -92,3 +92,20 @@ def test_fp16_scaler_state_is_checkpointed_and_a_resumed_fit_ends_where_an_unint
     assert _scaler(resumed) == (scale, tracker)
     torch.testing.assert_close(resumed.params(), reference.params(), rtol=0, atol=1e-6)
     torch.testing.assert_close(resumed.updater_state(), reference.updater_state(), rtol=0, atol=1e-6)
+
+
+def test_a_skipped_fp16_step_leaves_the_sharing_residual_alone_and_a_taken_one_fills_it() -> None:
+    from torchspark.training.algorithms.sharing.fused import train_step_into
+
+    net = mlp_net(12, 16, 3, updater=optim.SGD(lr=0.1), precision="fp16")
+    batch = classification_batches(1, seed=5, size=16)[0]
+    residual = torch.zeros(net.num_params())
+    net.amp.load_state_tensors({SCALER_KEYS[0]: torch.tensor([2.0 ** 40]), SCALER_KEYS[1]: torch.tensor([0])})
+    params = net.params()
+    train_step_into(net, residual, batch)
+    assert not residual.any() and torch.equal(net.params(), params) and net.amp.skipped_steps == 1
+    net.amp.load_state_tensors({SCALER_KEYS[0]: torch.tensor([256.0]), SCALER_KEYS[1]: torch.tensor([0])})
+    expected = net.copy().compute_update(batch)
+    train_step_into(net, residual, batch)
+    torch.testing.assert_close(residual, expected, rtol=1e-6, atol=1e-7)
+    assert torch.equal(net.params(), params) and residual.dtype == torch.float32 and net.iteration == 2
