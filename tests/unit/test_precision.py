@@ -158,7 +158,8 @@ def test_the_scaler_state_is_saved_with_the_updater_and_travels_in_copies_and_bl
     _set_scaler(net, 512.0, 7)
     path = str(tmp_path / "m")
     net.save(path)
-    for twin in (Network.load(path), net.copy(), NetworkBlueprint.from_bytes(NetworkBlueprint.of(net).to_bytes()).build()):
+    shipped = NetworkBlueprint.from_bytes(NetworkBlueprint.of(net).to_bytes()).build()
+    for twin in (Network.load(path), net.copy(), shipped):
         assert twin.precision == "fp16" and _scaler(twin) == (512.0, 7)
         torch.testing.assert_close(twin.updater_state(), net.updater_state(), rtol=0, atol=0)
     net.save(path, save_updater=False)
