@@ -19,6 +19,7 @@ from typing import Any, Sequence
 
 from torchspark.cli_checks import check_arguments
 from torchspark.errors import ConfigError, TorchSparkError
+from torchspark.nn.precision import PRECISIONS
 from torchspark.training.algorithms.sharing.topology import DEFAULT_SHARD_ABOVE_WORKERS
 from torchspark.training.config import master_class, master_kinds
 from torchspark.validation import parse_float, parse_int
@@ -134,6 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--seed", type=int, default=0, help="seed for weights and data shuffling")
     train.add_argument("--memory-format", default="contiguous", choices=["contiguous", "channels_last"],
                        help="layout of convolution weights; channels_last trains CNNs faster on CPU")
+    train.add_argument("--precision", default="fp32", choices=list(PRECISIONS),
+                       help="mixed precision of the forward pass (Network's precision): bf16 on CPUs and recent "
+                            "GPUs, fp16 (with loss scaling) on older GPUs")
     train.add_argument("--output", default="torchspark-output", help="directory for the model, metrics and stats")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     train.add_argument("--config", default=None,
@@ -256,7 +260,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     train_data, test_data = datasets.digits("train"), datasets.digits("test")
     net = Network(_model(args.model, tuple(train_data.features.shape[1:]), 10),
-                  updater=_updater(args.updater, args.lr), seed=args.seed, memory_format=args.memory_format)
+                  updater=_updater(args.updater, args.lr), seed=args.seed, memory_format=args.memory_format,
+                  precision=args.precision)
     threshold = AdaptiveThreshold(initial=args.threshold_algorithm)
     start = time.time()
     if args.parallel:
@@ -279,6 +284,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     metrics = {
         "accuracy": evaluation.accuracy(), "f1_macro": evaluation.f1(average="macro"), "score": score,
         "epochs": args.epochs, "num_workers": args.num_workers, "training_mode": args.training_mode, "runner": runner, "train_seconds": seconds,
+        "precision": args.precision,
         # training throughput: the fit alone, not the Spark session's start (startup_seconds)
         "examples_per_second": len(train_data) * args.epochs / used["fit_seconds"],
         **{k: summary[k] for k in ("bytes_sent", "dense_bytes", "replicas_identical") if k in summary},

@@ -12,6 +12,7 @@ from torchspark.encoding.codec import (
     accumulate_step,
     decode,
     decode_sum,
+    float32_update,
     sparse_decode_sum,
     threshold_encode,
 )
@@ -48,6 +49,7 @@ __all__ = [
     "decode_sum",
     "sparse_decode_sum",
     "accumulate_step",
+    "float32_update",
     "to_bytes",
     "from_bytes",
     "EncodingStats",

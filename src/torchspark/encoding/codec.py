@@ -16,6 +16,9 @@ Two formats, chosen per message by wire size (header included, the header is the
 
 Unlike DL4J, the format is chosen after counting and before the residual is touched, so switching formats never
 loses residual mass, and the bitmap has no "half threshold" state.
+
+A bf16/fp16 update (mixed-precision training) is widened to float32 before it meets the residual, which is always
+float32 (:func:`float32_update`); decoding always yields float32.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ __all__ = [
     "decode_sum",
     "sparse_decode_sum",
     "accumulate_step",
+    "float32_update",
 ]
 
 Format = Literal["sparse", "bitmap", "empty"]
@@ -106,6 +110,17 @@ def _check_threshold(threshold: float) -> float:
     return t32
 
 
+def float32_update(update: torch.Tensor | None) -> torch.Tensor | None:
+    """``update`` as float32: a bf16/fp16 update (mixed-precision training's) widened to a float32 copy, which is
+    exact (every bf16/fp16 value is a float32 value); float32 updates, other dtypes and None as they are. The
+    residual it is added to stays float32, so what does not reach the threshold is kept at full precision.
+
+    Example: ``threshold_encode(float32_update(u_bf16), residual, t)`` sends what ``u_bf16.float()`` would."""
+    if update is None or update.dtype not in (torch.bfloat16, torch.float16):
+        return update
+    return update.detach().float()
+
+
 def _check_flat(name: str, t: torch.Tensor) -> None:
     if t.dtype != torch.float32 or t.dim() != 1 or not t.is_contiguous():
         raise EncodingError(f"{name} must be a contiguous 1-D float32 tensor, got dtype={t.dtype}, "
@@ -127,7 +142,8 @@ def threshold_encode(update: torch.Tensor | None, residual: torch.Tensor, thresh
            even if ``|r| >= 2t``; the rest, and every entry over the boundary, stays for later calls).
 
     Args:
-        update: flat float32 update (what the optimizer would subtract from the parameters), or None.
+        update: flat update (what the optimizer would subtract from the parameters), or None. float32, or
+            bf16/fp16 (widened to float32 first: :func:`float32_update`).
         residual: flat float32 residual, same length and device as ``update``; changed in place.
         threshold: step size ``t`` (> 0, rounded to float32). Larger = fewer, coarser entries per message.
         min_entries: send nothing unless at least this many entries reach ``t`` (DL4J used 2). Default 1.
@@ -150,6 +166,7 @@ def threshold_encode(update: torch.Tensor | None, residual: torch.Tensor, thresh
     if boundary is not None and (isinstance(boundary, bool) or not isinstance(boundary, int) or boundary < 1):
         raise ConfigError(f"boundary must be None (no cap) or an int >= 1, got {boundary!r}; DL4J uses N/16")
     _check_flat("residual", residual)
+    update = float32_update(update)
     if residual.requires_grad:
         raise EncodingError("residual must not require grad; create it with torch.zeros(n) (no requires_grad)")
     if update is not None:

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from torchspark.encoding.calibration import calibrated_threshold
-from torchspark.encoding.codec import EncodedUpdate, threshold_encode
+from torchspark.encoding.codec import EncodedUpdate, float32_update, threshold_encode
 from torchspark.encoding.residual import (
     ResidualClipping,
     ResidualPostProcessor,
@@ -157,7 +157,8 @@ def encode_step(update: torch.Tensor | None, state: EncoderState, step: int) -> 
            sparsity (measured at ``t/3``) would wrongly push the threshold up.
 
     Args:
-        update: flat float32 update of the residual's length and device, or None to flush the residual only.
+        update: flat update of the residual's length and device, or None to flush the residual only; float32, or
+            bf16/fp16 (widened to float32 before it meets the float32 residual: the residual keeps full precision).
         state: from :meth:`EncoderState.create` or a previous call.
         step: the worker's iteration counter (0-based); drives clipping and shake-up schedules.
 
@@ -165,6 +166,7 @@ def encode_step(update: torch.Tensor | None, state: EncoderState, step: int) -> 
         ``(message, new_state)``; ``new_state.residual`` is the same (mutated) tensor as ``state.residual``.
     """
     config = state.config
+    update = float32_update(update)
     state = with_calibration(state, local_calibration(update, state))
     threshold = state.threshold_state.threshold
     if threshold is None:  # 0. nothing to calibrate from yet; the residual is untouched (a None update adds nothing)

@@ -2,8 +2,9 @@
 
 from torchspark.nn.losses import LOSSES, Loss
 from torchspark.nn.network import Network
+from torchspark.nn.precision import PRECISIONS, Precision
 from torchspark.nn.serialization import NetworkBlueprint, load_network, save_network
 from torchspark.nn.spec import from_factory, module_spec
 
-__all__ = ["Network", "NetworkBlueprint", "Loss", "LOSSES", "from_factory", "module_spec", "save_network",
-           "load_network"]
+__all__ = ["Network", "NetworkBlueprint", "Loss", "LOSSES", "Precision", "PRECISIONS", "from_factory", "module_spec",
+           "save_network", "load_network"]

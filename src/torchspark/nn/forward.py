@@ -15,6 +15,7 @@ import torch
 from torchspark.data import DataSet, MultiDataSet
 from torchspark.errors import ConfigError, DataError
 from torchspark.nn.losses import Loss
+from torchspark.nn.precision import Precision
 
 __all__ = ["ForwardNetwork", "Batch", "Unpacked", "as_list", "unpack", "forward", "losses_for", "check_labels",
            "per_example_losses", "batch_loss"]
@@ -31,6 +32,7 @@ class ForwardNetwork(Protocol):
     losses: list[Loss]
     device: torch.device
     memory_format: str
+    amp: Precision
 
     def params_view(self) -> torch.Tensor: ...
 
@@ -104,6 +106,9 @@ def unpack(net: ForwardNetwork, batch: Batch) -> Unpacked:
 def forward(net: ForwardNetwork, feats: list[torch.Tensor], fmask: Any = None) -> list[torch.Tensor]:
     """The module's outputs (logits) as a list, one per output, for the :func:`unpack`-ed features.
 
+    The module runs under the network's autocast (``precision``); outputs are float32 whatever the precision, so
+    losses, evaluations and predictions are computed in float32.
+
     Raises:
         DataError: features of a shape or dtype the module cannot take (the message names them and the fix).
         ConfigError: a ``forward`` that calls ``.view()`` where the memory layout does not allow it.
@@ -112,7 +117,8 @@ def forward(net: ForwardNetwork, feats: list[torch.Tensor], fmask: Any = None) -
     if fmask is not None:
         kwargs["features_mask"] = fmask.to(net.device) if isinstance(fmask, torch.Tensor) else fmask
     try:
-        out = net.module(*feats, **kwargs)
+        with net.amp.autocast():
+            out = net.module(*feats, **kwargs)
     except (RuntimeError, TypeError, ValueError, IndexError) as e:
         text = str(e)
         if "view size is not compatible" in text:
@@ -136,7 +142,7 @@ def forward(net: ForwardNetwork, feats: list[torch.Tensor], fmask: Any = None) -
             f"the network ({type(net.module).__name__}) cannot take features of shape {shapes}: {e}. "
             "Check the feature shape (reshape the data or build the model for this input size)."
         ) from e
-    return as_list(out)
+    return net.amp.to_float32(as_list(out))
 
 
 def losses_for(net: ForwardNetwork, n_outputs: int) -> list[Loss]:

@@ -2,7 +2,7 @@
 
 The pieces live beside it: the flat parameter and updater state (:mod:`torchspark.nn.flat`), the forward pass and
 its label checks (:mod:`torchspark.nn.forward`), saving, loading and copying (:mod:`torchspark.nn.portable`) and
-the evaluation of several outputs (:mod:`torchspark.nn.outputs`).
+the evaluation of several outputs (:mod:`torchspark.nn.outputs`) and mixed precision (:mod:`torchspark.nn.precision`).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from torchspark.nn.forward import Batch, as_list, batch_loss
 from torchspark.nn.losses import Loss, LossLike, resolve_loss
 from torchspark.nn.outputs import default_evaluation, evaluate
 from torchspark.nn.portable import Blueprint, read_network, save_network
+from torchspark.nn.precision import Precision
 from torchspark.optim import SGD, UpdaterLike, UpdaterSpec, resolve_updater
 from torchspark.validation import check_choice, check_float, check_int
 
@@ -65,6 +66,13 @@ class Network:
             convolution output (use ``flatten``/``reshape``). Each 4-D weight then sits in :meth:`params` in its
             memory order (N, H, W, C); every replica of the network uses the same layout, and saved weights are
             stored in the logical layout either way.
+        precision: ``"fp32"`` (default), ``"bf16"`` or ``"fp16"``: the forward pass runs under ``torch.autocast``
+            at that dtype, outputs come back float32; weights, gradients and updater stay float32. ``"bf16"``
+            (float32's range, no loss scaling) on CPUs (emulated on older ones: it saves memory more than time)
+            and Ampere+ GPUs; ``"fp16"`` on GPUs without bf16 (V100, T4): a gradient scaler skips (never fails) a
+            step whose gradients overflow, ``iteration`` still counts it, and its state is saved with the updater
+            and in checkpoints (:mod:`torchspark.nn.precision`). Both masters and ``ParallelWrapper`` train at it.
+            Example: ``Network(models.lenet(), precision="bf16")``.
     Raises:
         ConfigError: a knob out of range (the message names it and the fix), a module without parameters.
 
@@ -82,6 +90,7 @@ class Network:
         device: str | torch.device | None = None,
         memory_format: str = "contiguous",
         l1: float = 0.0,
+        precision: str = "fp32",
     ) -> None:
         check_choice("memory_format", memory_format, MEMORY_FORMATS)
         check_float("weight_decay", weight_decay, minimum=0, finite=True)
@@ -94,6 +103,9 @@ class Network:
         self.gradient_clip = None if gradient_clip is None else float(gradient_clip)
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.memory_format = memory_format
+        self.precision = precision
+        #: the autocast dtype and (fp16) the gradient scaler of ``precision`` (validates it)
+        self.amp = Precision(precision, self.device)
         self.module = self._build_module(module, seed).to(self.device)
         if memory_format == "channels_last":
             self.module = self.module.to(memory_format=torch.channels_last)
@@ -213,27 +225,47 @@ class Network:
 
     # ------------------------------------------------------------------ training
     def train_step(self, batch: Batch, validate: bool = False) -> float:
-        """One minibatch: forward, backward, optional clipping, one updater step. Returns the loss."""
+        """One minibatch: forward (under ``precision``'s autocast), backward, optional clipping, one updater step
+        (fp16: unless its scaler skips it). Returns the loss."""
+        self.optimizer.zero_grad(set_to_none=True)
+        value, _ = self._forward_backward(batch, validate)
+        self._optimizer_step()
+        self.iteration += 1
+        self.last_score = value
+        return value
+
+    def _forward_backward(self, batch: Batch, validate: bool, loss_scale: float = 1.0) -> tuple[float, int]:
+        """Forward and backward of one minibatch, its gradients (of ``loss * loss_scale``; fp16: also times the
+        scaler's scale) added to ``.grad``; returns ``(loss, examples)``.
+
+        Raises:
+            TrainingError: the loss is not finite (bad features, or the updater diverged).
+        """
         self.module.train()
-        loss, _ = self._batch_loss(batch, validate)
+        loss, examples = self._batch_loss(batch, validate)
         value = float(loss.detach())
         if not math.isfinite(value):
             try:
                 batch.check_finite("training features")
             except DataError as e:
                 raise TrainingError(f"loss is {value} at iteration {self.iteration}: {e}") from e
-            raise TrainingError(diverged_message(f"loss turned {value}", self.iteration, self.updater))
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+            hint = " under precision='fp16' (activations over 65504 overflow; try 'bf16')" if self.amp.scaler else ""
+            raise TrainingError(diverged_message(f"loss turned {value}{hint}", self.iteration, self.updater))
+        self.amp.backward(loss if loss_scale == 1.0 else loss * loss_scale)
+        return value, examples
+
+    def _optimizer_step(self) -> bool:
+        """Unscale (fp16), clip, l1, the learning rate of this step, the updater's step, zero the gradients.
+        Returns whether the step was taken (False: fp16's scaler skipped it for inf/NaN gradients)."""
+        self.amp.unscale(self.optimizer)
         if self.gradient_clip is not None:
             torch.nn.utils.clip_grad_norm_(self._params, self.gradient_clip)
         if self.l1:
             self._add_l1_gradient()
         self._apply_lr_schedule()
-        self.optimizer.step()
-        self.iteration += 1
-        self.last_score = value
-        return value
+        taken = self.amp.step(self.optimizer)
+        self.optimizer.zero_grad(set_to_none=True)
+        return taken
 
     def _add_l1_gradient(self) -> None:
         """grad += l1 * sign(w): the gradient of ``l1 * sum(|w|)`` (0 at w = 0, as autograd's abs)."""

@@ -19,6 +19,7 @@ from typing import Any
 from torchspark.errors import ConfigError
 from torchspark.nn.losses import LOSSES
 from torchspark.nn.network import Network
+from torchspark.nn.precision import PRECISIONS
 from torchspark.nn.zoo import ZOO
 from torchspark.optim import UpdaterSpec, updater_from_dict
 from torchspark.validation import check_choice, check_float
@@ -36,7 +37,8 @@ class NetworkSpec:
         loss: a named loss (``"cross_entropy"``, ``"mse"``, ``"bce_with_logits"``).
         updater: a :mod:`torchspark.optim` spec as its ``to_dict()`` (default SGD(lr=0.01)).
         seed: weight initialisation seed (None: random each build).
-        weight_decay, l1, gradient_clip: as for :class:`~torchspark.Network`.
+        weight_decay, l1, gradient_clip, precision: as for :class:`~torchspark.Network` (``precision``:
+            ``"fp32"``, ``"bf16"`` or ``"fp16"``).
     """
 
     model: str
@@ -47,6 +49,7 @@ class NetworkSpec:
     weight_decay: float = 0.0
     l1: float = 0.0
     gradient_clip: float | None = None
+    precision: str = "fp32"
 
     def __post_init__(self) -> None:
         if self.model not in ZOO:
@@ -55,6 +58,7 @@ class NetworkSpec:
             raise ConfigError(f"network spec: kwargs must be an object of the factory's arguments, got "
                               f"{self.kwargs!r}")
         check_choice("loss", self.loss, sorted(LOSSES), owner="network spec")
+        check_choice("precision", self.precision, PRECISIONS, owner="network spec")
         if isinstance(self.updater, UpdaterSpec):
             object.__setattr__(self, "updater", self.updater.to_dict())
         updater_from_dict(self.updater)  # refuses an unknown type or bad options now
@@ -70,7 +74,7 @@ class NetworkSpec:
             check_float("learning rate", learning_rate, above=0, finite=True)
             updater = dataclasses.replace(updater, lr=float(learning_rate))  # type: ignore[call-arg]
         return Network(module, loss=self.loss, updater=updater, seed=self.seed, weight_decay=self.weight_decay,
-                       l1=self.l1, gradient_clip=self.gradient_clip)
+                       l1=self.l1, gradient_clip=self.gradient_clip, precision=self.precision)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)

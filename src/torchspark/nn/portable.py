@@ -4,7 +4,8 @@ On disk a network is a directory:
 
 - ``config.json``: architecture spec, loss, updater, knobs and counters (JSON, no code);
 - ``weights.safetensors``: the module's ``state_dict`` (parameters and buffers);
-- ``updater.safetensors``: the flat optimizer state (when saved);
+- ``updater.safetensors``: the flat optimizer state and, for ``precision="fp16"``, the gradient scaler's state
+  (when saved);
 - ``extra.safetensors``: training-master state such as gradient-sharing residuals (when present);
 - ``objects.pkl``: only with ``allow_pickle=True``, the parts that have no JSON form.
 
@@ -31,6 +32,7 @@ from torchspark._atomic_dir import write_directory
 from torchspark._io import filesystem, join, read_bytes, read_safetensors_metadata
 from torchspark.errors import ConfigError, SerializationError
 from torchspark.nn.losses import LOSSES, Loss, resolve_loss
+from torchspark.nn.precision import Precision
 from torchspark.nn.spec import module_spec
 from torchspark.nn.trust import CodePolicy, Factories, build_from_spec, code_policy
 from torchspark.optim import UpdaterLike, UpdaterSpec, updater_from_dict
@@ -58,6 +60,8 @@ class PortableNetwork(Protocol):
     l1: float
     gradient_clip: float | None
     memory_format: str
+    precision: str
+    amp: Precision
     iteration: int
     epoch: int
     extra_config: dict[str, Any]
@@ -85,6 +89,7 @@ def portable_parts(net: PortableNetwork) -> tuple[dict[str, Any], dict[str, Any]
         "l1": net.l1,
         "gradient_clip": net.gradient_clip,
         "memory_format": net.memory_format,
+        "precision": net.precision,
         "iteration": net.iteration,
         "epoch": net.epoch,
         "num_params": net.num_params(),
@@ -144,6 +149,7 @@ def _rebuild(network_class: NetworkClass[N], config: dict[str, Any], objects: di
             device=device,
             memory_format=config.get("memory_format", "contiguous"),
             l1=float(config.get("l1", 0.0)),
+            precision=config.get("precision", "fp32"),
         )
         net.seed = config.get("seed")
         net.iteration = int(config.get("iteration", 0))
@@ -169,7 +175,8 @@ def _load_weights(net: PortableNetwork, weights: dict[str, torch.Tensor], source
 def build_network(network_class: NetworkClass[N], config: dict[str, Any], objects: dict[str, Any],
                   weights: dict[str, torch.Tensor], updater_state: torch.Tensor | None,
                   extra_state: dict[str, torch.Tensor], device: str | torch.device | None = None,
-                  policy: CodePolicy | None = None, source: str = "the network config") -> N:
+                  policy: CodePolicy | None = None, source: str = "the network config",
+                  scaler_state: dict[str, torch.Tensor] | None = None) -> N:
     """A ``network_class`` instance from portable parts, with these weights, updater and extra state.
 
     Args:
@@ -181,6 +188,8 @@ def build_network(network_class: NetworkClass[N], config: dict[str, Any], object
         device: where the network lives (None: CPU).
         policy: which functions ``config`` may name (default: only torchspark's zoo and losses).
         source: where the parts came from, in messages.
+        scaler_state: fp16's gradient-scaler state (:meth:`~torchspark.nn.precision.Precision.state_tensors`), or
+            None to keep the fresh one.
     Raises:
         SerializationError: a damaged config, a name the policy does not allow, or weights that do not fit.
 
@@ -191,6 +200,7 @@ def build_network(network_class: NetworkClass[N], config: dict[str, Any], object
     _load_weights(net, weights, source)
     if updater_state is not None:
         net.set_updater_state(updater_state)
+    net.amp.load_state_tensors(scaler_state or {})
     net.extra_state = {k: v.to(net.device, copy=True) for k, v in extra_state.items()}
     return net
 
@@ -240,7 +250,8 @@ def save_network(net: PortableNetwork, path: str, save_updater: bool = True, all
         )
     files: dict[str, bytes] = {"weights.safetensors": st_save(weights_of(net), {"format": FORMAT})}
     if save_updater:
-        files["updater.safetensors"] = st_save({"updater_state": net.updater_state().cpu().contiguous()})
+        files["updater.safetensors"] = st_save({"updater_state": net.updater_state().cpu().contiguous(),
+                                                **net.amp.state_tensors()})
     if net.extra_state:
         files["extra.safetensors"] = st_save({k: v.detach().cpu().contiguous() for k, v in net.extra_state.items()})
     if objects:
@@ -303,7 +314,9 @@ def read_network(network_class: NetworkClass[N], path: str, allow_pickle: bool =
     files = config.get("files", [])
     _load_weights(net, _load_tensors(join(path, "weights.safetensors")), path)
     if "updater.safetensors" in files:
-        net.set_updater_state(_load_tensors(join(path, "updater.safetensors"))["updater_state"])
+        updater = _load_tensors(join(path, "updater.safetensors"))
+        net.set_updater_state(updater["updater_state"])
+        net.amp.load_state_tensors(updater)
     if "extra.safetensors" in files:
         net.extra_state = dict(_load_tensors(join(path, "extra.safetensors")))
     return net
@@ -328,6 +341,8 @@ class Blueprint:
     updater_state: torch.Tensor
     extra_state: dict[str, torch.Tensor] = field(default_factory=dict)
     pickled: bytes | None = None
+    #: fp16's gradient-scaler state (empty for fp32 and bf16)
+    scaler_state: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @classmethod
     def of(cls: type[B], net: PortableNetwork) -> B:
@@ -339,6 +354,7 @@ class Blueprint:
             updater_state=net.updater_state().cpu(),
             extra_state={k: v.detach().cpu().clone() for k, v in net.extra_state.items()},
             pickled=cloudpickle.dumps(objects) if objects else None,
+            scaler_state=net.amp.state_tensors(),
         )
 
     def build_as(self, network_class: NetworkClass[N], device: str | torch.device | None = None) -> N:
@@ -347,13 +363,15 @@ class Blueprint:
         # trusted: the blueprint is the driver's own network in memory (its factories are code the driver already
         # ran, shipped as Spark ships closures), never a file
         return build_network(network_class, self.config, objects, self.weights, self.updater_state, self.extra_state,
-                             device, policy=CodePolicy(trust_code=True), source="the blueprint")
+                             device, policy=CodePolicy(trust_code=True), source="the blueprint",
+                             scaler_state=self.scaler_state)
 
     def to_bytes(self) -> bytes:
         """One safetensors blob (config and any in-memory pickle ride in its metadata)."""
         tensors = {f"w.{k}": v.contiguous() for k, v in self.weights.items()}
         tensors["updater_state"] = self.updater_state.contiguous()
         tensors.update({f"x.{k}": v.contiguous() for k, v in self.extra_state.items()})
+        tensors.update({f"s.{k}": v.contiguous() for k, v in self.scaler_state.items()})
         meta = {"config": json.dumps(self.config)}
         if self.pickled:
             meta["pickled"] = base64.b64encode(self.pickled).decode()
@@ -370,5 +388,6 @@ class Blueprint:
             updater_state=tensors["updater_state"],
             extra_state={k[2:]: v for k, v in tensors.items() if k.startswith("x.")},
             pickled=base64.b64decode(meta["pickled"]) if "pickled" in meta else None,
+            scaler_state={k[2:]: v for k, v in tensors.items() if k.startswith("s.")},
         )
 

@@ -22,6 +22,7 @@ def _map_tensors(result: WorkerResult, fn: Callable[[Any], Any]) -> WorkerResult
         result,
         params=None if result.params is None else fn(result.params),
         updater_state=None if result.updater_state is None else fn(result.updater_state),
+        scaler_state={k: fn(v) for k, v in result.scaler_state.items()},
         extra_state={k: fn(v) for k, v in result.extra_state.items()},
         buffers=None if result.buffers is None else {k: fn(v) for k, v in result.buffers.items()},
     )

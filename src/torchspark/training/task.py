@@ -74,6 +74,8 @@ class WorkerResult:
     score: float
     params: torch.Tensor | None = None
     updater_state: torch.Tensor | None = None
+    #: fp16's gradient-scaler state (``net.amp.state_tensors()``); rank 0 only, empty for fp32 and bf16
+    scaler_state: dict[str, torch.Tensor] = field(default_factory=dict)
     extra_state: dict[str, torch.Tensor] = field(default_factory=dict)
     extra_config: dict[str, Any] = field(default_factory=dict)
     stats: Any = None
@@ -112,6 +114,7 @@ def merge_results(net: Network, results: Sequence[WorkerResult]) -> float:
     net.set_params(lead.params)
     if lead.updater_state is not None:
         net.set_updater_state(lead.updater_state)
+    net.amp.load_state_tensors(lead.scaler_state)
     if lead.buffers:
         net.load_buffer_state(lead.buffers)
     for r in results:

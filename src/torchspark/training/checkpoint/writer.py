@@ -10,7 +10,7 @@ update is half-applied.
   already computed but not yet exchanged: it is saved with the rank's state (``algo.pending``) and a resumed fit
   exchanges it first, so the resumed fit applies exactly the same sequence of sums.
 
-Each rank writes what is its own: its updater state and buffers (local during a gradient-sharing fit), its
+Each rank writes what is its own: its updater state (with fp16's gradient-scaler state) and buffers (local during a gradient-sharing fit), its
 iteration counter, the algorithm's state (residual, threshold state), and its **data position**: the epoch of the
 fit and how many minibatches of that epoch's order it has consumed (``done``). On resume a worker starts in that
 epoch and skips its first ``done`` items of ``source.epoch(fit_epoch)`` -- whatever order that epoch has (a seeded
@@ -97,7 +97,7 @@ class CheckpointWriter:
         """Write this rank's file of checkpoint ``self.step`` (rank 0: then the manifest, then prune)."""
         start = time.perf_counter()
         path = store.step_directory(self.plan.directory, self.plan.run_id, self.step)
-        tensors: dict[str, torch.Tensor] = {"updater_state": net.updater_state()}
+        tensors: dict[str, torch.Tensor] = {"updater_state": net.updater_state(), **net.amp.state_tensors()}
         tensors.update({f"buffer.{k}": v for k, v in net.buffer_state().items()})
         tensors.update({f"algo.{k}": v for k, v in algo_tensors.items()})
         if self.rank == 0:
@@ -136,7 +136,7 @@ def restore_rank(point: ResumePoint, rank: int, world_size: int, net: Network
     and the algorithm's part for ``algorithm.restore``.
 
     The parameters come with the task's blueprint (rank 0's, equal on all ranks at the cut); this sets the rank's
-    own updater state, buffers and counters.
+    own updater state (and fp16's scaler state), buffers and counters.
 
     Raises:
         ConfigError: the checkpoint was written by a different number of workers.
@@ -147,6 +147,7 @@ def restore_rank(point: ResumePoint, rank: int, world_size: int, net: Network
                           "(num_workers / ParallelWrapper workers) or start a new run_id")
     tensors, meta = store.read_rank_file(point.path, rank)
     net.set_updater_state(tensors["updater_state"])
+    net.amp.load_state_tensors(tensors)
     buffers = {k[len("buffer."):]: v for k, v in tensors.items() if k.startswith("buffer.")}
     if buffers:
         net.load_buffer_state(buffers)

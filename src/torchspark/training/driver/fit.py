@@ -303,14 +303,15 @@ def run_fit(network: Network, task: WorkerTask, runner: Runner, data: Any, *, re
     return FitOutcome(results, score, stats, failures)
 
 
-def _network_state(network: Network) -> tuple[Any, Any, Any]:
+def _network_state(network: Network) -> tuple[Any, Any, Any, Any]:
     return (network.params().detach().clone(), network.updater_state().detach().clone(),
-            {k: v.clone() for k, v in network.buffer_state().items()})
+            {k: v.clone() for k, v in network.buffer_state().items()}, network.amp.state_tensors())
 
 
-def _restore(network: Network, start: tuple[int, int], state: tuple[Any, Any, Any]) -> None:
-    params, updater, buffers = state
+def _restore(network: Network, start: tuple[int, int], state: tuple[Any, Any, Any, Any]) -> None:
+    params, updater, buffers, scaler = state
     network.set_params(params)
     network.set_updater_state(updater)
     network.load_buffer_state(buffers)
+    network.amp.load_state_tensors(scaler)
     network.iteration, network.epoch = start

@@ -81,6 +81,7 @@ def resume_task(task: WorkerTask) -> tuple[WorkerTask, ResumePoint | None]:
                           f"network has {net.num_params()}; resume with the same network, or use a new run_id")
     net.set_params(tensors["params"])
     net.set_updater_state(tensors["updater_state"])
+    net.amp.load_state_tensors(tensors)
     net.load_buffer_state({k[len("buffer."):]: v for k, v in tensors.items() if k.startswith("buffer.")})
     net.iteration, net.epoch = int(meta["iteration"]), int(meta["epoch"])
     log.info("resuming run %s from %s: epoch %d of the fit, step %d", point.run_id, point.path, point.fit_epoch,

@@ -196,6 +196,7 @@ def _train(task: WorkerTask, source: EpochSource, comm: Communicator, device: st
         score=progress.score,
         params=net.params().cpu() if lead else None,
         updater_state=net.updater_state().cpu() if lead else None,
+        scaler_state=net.amp.state_tensors() if lead else {},
         buffers=net.buffer_state() if lead else None,
         extra_state=extra_state,
         extra_config=extra_config if lead else {},

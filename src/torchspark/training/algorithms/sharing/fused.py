@@ -97,6 +97,10 @@ def train_step_into(net: Network, target: torch.Tensor, batch: Batch, validate: 
     learning rate is negated (``target -= (-lr) * direction``), which is exact for updaters whose step does not
     read the parameter values (:func:`can_step_into`).
 
+    Mixed precision (``net.precision``) needs nothing here: the forward pass runs under the network's autocast,
+    the parameters and ``target`` stay float32, and a step fp16's scaler skips (overflowing gradients) never calls
+    the updater, so ``target`` is left as it was (a zero update).
+
     Args:
         views: ``parameter_views(net, target)``, when the caller keeps them across steps (the same target every
             step: a sharing residual); built here when None.
