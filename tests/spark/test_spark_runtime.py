@@ -58,7 +58,7 @@ def test_barrier_rendezvous_gives_up_after_rendezvous_timeout_s_not_the_sessions
         if ctx.partitionId() == 1:  # the peer that never arrives; Spark kills it when worker 0 fails the stage
             time.sleep(60)
             return
-        _rendezvous(ctx, MeshConfig(rendezvous_timeout_s=2), "gloo", "cpu", relay_address=None)
+        _rendezvous(ctx, MeshConfig(rendezvous_timeout_s=2), "cpu", relay_address=None)
         yield "rendezvous completed"
 
     with pytest.raises(WorkerError) as info:

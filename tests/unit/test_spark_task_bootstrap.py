@@ -49,3 +49,17 @@ def test_an_assigned_gpu_without_cuda_is_a_setup_error(monkeypatch: pytest.Monke
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SetupError, match="Spark assigned GPU '0' to this task but torch has no CUDA"):
         set_up_task(_Context({"gpu": _Gpu("0")}, cpus=1))
+
+
+def test_a_task_reports_the_gpu_addresses_spark_assigned() -> None:
+    import torch
+
+    ctx = _Context({"gpu": _Gpu("1", "3")}, cpus=2)
+    # the dry run (a testing aid) records the assignment and trains on the CPU, where torch has no CUDA
+    assert set_up_task(ctx, gpu_dry_run=True) == TaskSetup("cpu", 2, ("1", "3"))
+    if torch.cuda.is_available():
+        assert set_up_task(ctx).gpu_addresses == ("1", "3")
+    else:  # without the dry run the task refuses a GPU it cannot use, naming the address
+        with pytest.raises(SetupError, match="Spark assigned GPU '1' to this task but torch has no CUDA"):
+            set_up_task(ctx)
+    assert set_up_task(_Context(cpus=2), gpu_dry_run=True) == TaskSetup("cpu", 2, ())  # no GPU: nothing to record

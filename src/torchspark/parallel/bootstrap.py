@@ -17,7 +17,7 @@ import signal
 import threading
 import traceback
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -29,6 +29,7 @@ from torchspark.training.comm import TorchDistCommunicator
 from torchspark.training.progress import ProgressEndpoint
 from torchspark.training.rendezvous.stores import private_store
 from torchspark.training.task import WorkerTask
+from torchspark.training.worker.devices import backend_for_devices
 from torchspark.training.worker.loop import ItemSource, run_worker
 from torchspark.training.worker.reporting import open_worker_hooks
 
@@ -51,14 +52,6 @@ def worker_context() -> Any:
         ctx.set_forkserver_preload(PRELOAD)
         return ctx
     return mp.get_context("spawn")
-
-
-def backend_for_devices(devices: Sequence[str]) -> str:
-    """nccl when every worker has its own GPU; gloo otherwise (CPU, mixed, or a GPU shared by several workers,
-    which nccl refuses)."""
-    if all(d.startswith("cuda") for d in devices) and len(set(devices)) == len(devices):
-        return "nccl"
-    return "gloo"
 
 
 @dataclass(frozen=True)

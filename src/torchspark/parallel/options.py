@@ -28,7 +28,7 @@ DEFAULT_BATCH_SIZE = 32
 #: master options that only mean something on Spark: the workers here are local processes fed by this one
 SPARK_ONLY = ("repartition", "repartition_strategy", "rdd_training_approach", "export_directory", "storage_level",
               "rendezvous_via", "port", "network_mask", "controller_address", "averaging_via", "aggregation_depth",
-              "workers_per_node")
+              "workers_per_node", "gpus_per_worker")
 
 
 def master_options(cls: type[TrainingMaster]) -> list[str]:

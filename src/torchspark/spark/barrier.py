@@ -3,8 +3,10 @@
 Worker side (:func:`barrier_task`): each task takes its device and cores (:mod:`torchspark.spark.task_bootstrap`);
 task 0 hosts a ``TCPStore`` on a free port and publishes its address through a relay store on the driver
 (:func:`open_relay`; ``BarrierTaskContext.allGather`` without one, bounded by ``rendezvous_timeout_s`` on any
-session: :mod:`torchspark.spark.barrier_wait`), and all of them build a torch.distributed group (gloo on CPU, nccl
-on CUDA) with ``rendezvous_timeout_s`` as the collective timeout.
+session: :mod:`torchspark.spark.barrier_wait`); the workers gather their devices through that store and agree on
+a backend (nccl when every worker has a GPU of its own, else gloo:
+:func:`~torchspark.training.worker.devices.choose_backend`), and all of them build a torch.distributed group with
+``rendezvous_timeout_s`` as the collective timeout.
 
 The driver side (running the stage under its own job group, turning a worker's exception into our error) is
 :func:`torchspark.spark.jobs.run_barrier_stage`.
@@ -19,7 +21,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 from torchspark.errors import SetupError, WaitTimeout
 from torchspark.spark.barrier_wait import wait_bounded
-from torchspark.spark.task_bootstrap import set_up_task
+from torchspark.spark.task_bootstrap import executor_name, set_up_task
 from torchspark.training.comm import TorchDistCommunicator
 from torchspark.training.config.mesh import MeshConfig
 from torchspark.training.progress import ProgressEndpoint
@@ -27,7 +29,7 @@ from torchspark.training.rendezvous.netif import LOCAL_ADDRESS_ENV, Endpoint, ch
 from torchspark.training.rendezvous.ports import listen_in_range
 from torchspark.training.rendezvous.stores import fetch, listening_store, private_store, publish
 from torchspark.training.task import WorkerResult, WorkerTask
-from torchspark.training.worker.devices import backend_for_device
+from torchspark.training.worker.devices import agree_backend, gpu_identity
 from torchspark.training.worker.loop import ItemSource, run_worker
 from torchspark.training.worker.reporting import open_worker_hooks
 
@@ -122,11 +124,11 @@ def relay_key(attempt: int, stage_id: int) -> str:
     return f"{_STORE_ADDRESS}/attempt-{attempt}/stage-{stage_id}"
 
 
-def _rendezvous(ctx: Any, settings: RendezvousSettings, backend: str, device: str,
+def _rendezvous(ctx: Any, settings: RendezvousSettings, device: str,
                 relay_address: tuple[str, int] | None = None,
                 driver_host: str | None = None, token: bytes | None = None, attempt: int = 0,
 ) -> tuple[TorchDistCommunicator, dict[str, Any]]:
-    """Build the process group; returns it and what this worker chose (address, interface, source)."""
+    """Build the process group; returns it and what this worker chose (address, interface, source, backend)."""
     import datetime
 
     import torch.distributed as dist
@@ -170,25 +172,30 @@ def _rendezvous(ctx: Any, settings: RendezvousSettings, backend: str, device: st
                 f"{settings.rendezvous_timeout_s}: {e}. Executors must reach each other on that port: check firewalls, "
                 f"set network_mask or {LOCAL_ADDRESS_ENV} so workers advertise an address their peers can reach"
             ) from e
+    backend = agree_backend(private_store(store, token), rank, world, device,
+                            gpu_identity(device, task_host)).backend
     # gloo/NCCL advertise what the hostname resolves to unless told an interface: often loopback (127.0.1.1)
     with socket_interface(me.interface) as in_effect:
-        comm = TorchDistCommunicator(private_store(store, token), rank, world, backend, device,
+        comm = TorchDistCommunicator(private_store(store, token), rank, world, backend,
+                                     device if backend == "nccl" else "cpu",  # gloo sums in host memory
                                      settings.rendezvous_timeout_s, settings.shared_memory_allreduce,
                                      host_address=me.address)
     chosen = {"address": me.address, "interface": me.interface, "source": me.source,
               "socket_ifname": in_effect.get("GLOO_SOCKET_IFNAME"), "shared_memory": comm.uses_shared_memory,
-              "store": f"{host}:{port}"}
+              "store": f"{host}:{port}", "backend": backend}
     return comm, chosen
 
 
 def barrier_task(
     task_bc: Any, settings: RendezvousSettings, progress_address: ProgressEndpoint | None = None,
-    relay_address: tuple[str, int] | None = None, token: bytes | None = None,
+    relay_address: tuple[str, int] | None = None, token: bytes | None = None, gpu_dry_run: bool = False,
 ) -> Callable[[Iterable[Any]], Iterator[WorkerResult]]:
     """The ``mapPartitions`` function of the training stage (module level: nothing hidden in a closure).
 
     ``relay_address`` is the driver's :func:`open_relay` store (None: rendezvous through Spark's allGather);
-    ``token`` the fit's secret (default: the progress endpoint's), which names and signs the rendezvous keys.
+    ``token`` the fit's secret (default: the progress endpoint's), which names and signs the rendezvous keys;
+    ``gpu_dry_run`` the testing aid of :func:`~torchspark.spark.gpus.dry_run_requested`. Each result carries the
+    worker's device, the GPU addresses Spark assigned to its task and its executor.
     Environment variables the task sets are restored when it ends (PySpark reuses Python workers)."""
     if token is None and progress_address is not None:
         token = progress_address.token
@@ -197,7 +204,7 @@ def barrier_task(
         from pyspark import BarrierTaskContext
 
         ctx = BarrierTaskContext.get()
-        setup = set_up_task(ctx)
+        setup = set_up_task(ctx, gpu_dry_run)
         device = setup.device
         task: WorkerTask = task_bc.value
         task = replace(task, num_threads=setup.threads(task.num_threads))
@@ -205,9 +212,10 @@ def barrier_task(
                                   report_scores=task.report_scores)
         comm: TorchDistCommunicator | None = None
         try:
-            comm, chosen = _rendezvous(ctx, settings, backend_for_device(device), device, relay_address,
+            comm, chosen = _rendezvous(ctx, settings, device, relay_address,
                                        _driver_host(relay_address, progress_address), token, task.attempt)
-            result = replace(run_worker(task, ItemSource(items), comm, device, hooks), network=chosen)
+            result = replace(run_worker(task, ItemSource(items), comm, device, hooks), network=chosen,
+                             device=device, gpu_addresses=setup.gpu_addresses, executor=executor_name())
         except BaseException:
             if hooks.report_error is not None:
                 hooks.report_error(traceback.format_exc())

@@ -236,9 +236,15 @@ def run_job(sc: Any, description: str, job: Callable[[], _T], thread_name: str =
 def run_barrier_stage(sc: Any, rdd: Any, fn: Callable[[Iterable[Any]], Iterator[WorkerResult]],
                       description: str,
                       reported_errors: Callable[[], list[tuple[int, str]]] | None = None,
-                      watchdog: Callable[[], BaseException | None] | None = None) -> list[WorkerResult]:
-    """Run ``fn`` as a barrier stage over ``rdd`` (:func:`run_job`, ``watchdog`` as there); the workers' results
+                      watchdog: Callable[[], BaseException | None] | None = None,
+                      profile: Any = None) -> list[WorkerResult]:
+    """Run ``fn`` as a barrier stage over ``rdd`` (:func:`run_job`, ``watchdog`` as there), under the stage-level
+    ``profile`` when one is given (the training stage's GPUs: :mod:`torchspark.spark.gpus`); the workers' results
     by rank."""
-    results: list[WorkerResult] = run_job(sc, description, lambda: rdd.barrier().mapPartitions(fn).collect(),
-                                          "torchspark-barrier-stage", reported_errors, watchdog)
+    def stage() -> list[WorkerResult]:
+        mapped = rdd.barrier().mapPartitions(fn)
+        return (mapped if profile is None else mapped.withResources(profile)).collect()
+
+    results: list[WorkerResult] = run_job(sc, description, stage, "torchspark-barrier-stage", reported_errors,
+                                          watchdog)
     return sorted(results, key=lambda r: r.rank)

@@ -18,6 +18,7 @@ from torchspark.nn import Network
 from torchspark.spark.data import spread_round_robin
 from torchspark.spark.dataframes import network_batches
 from torchspark.spark.evaluation_methods import EvaluationMethods
+from torchspark.spark.gpus import GpuPlan, dry_run_requested, plan_gpus
 from torchspark.spark.inference_methods import InferenceMethods
 from torchspark.spark.jobs import run_job
 from torchspark.spark.preflight import executors_for_workers_per_node, preflight
@@ -72,7 +73,7 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         self.spark = spark
         self.network = network
         self.master = master
-        self._preflight_done: set[int] = set()
+        self._preflight_done: set[tuple[str, int]] = set()  # (check, id(sc)): the once-per-session checks run
         self.progress = progress
         check_runner(runner)
         self.runner = runner
@@ -162,10 +163,10 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         n = self._num_workers(master)
         base = (self.preparation.export_base(master) if master.rdd_training_approach == "export"
                 else None)  # before any job
-        self._preflight(master, n)
+        gpus = self._preflight(master, n)
         worker_rdd = self.preparation.from_rdd(rdd, master, n, base, planned_epochs(master, epochs),
                                                self._driver_stats)
-        return self._train(worker_rdd, master, n, epochs, run_id)
+        return self._train(worker_rdd, master, n, epochs, run_id, gpus)
 
     def fit_paths(self, paths: Any, epochs: int = 1, loader: Callable[[str], Any] | None = None,
                   run_id: str | None = None) -> Network:
@@ -198,9 +199,9 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         check_loader(loader)
         self._driver_stats = StatsCollector(DRIVER_ID, enabled=self._collect_stats)
         n = self._num_workers(master)
-        self._preflight(master, n)
+        gpus = self._preflight(master, n)
         worker_rdd = self.preparation.from_paths(paths, loader, master, n, epochs)
-        return self._train(worker_rdd, master, n, epochs, run_id)
+        return self._train(worker_rdd, master, n, epochs, run_id, gpus)
 
     def delete_temp_files(self) -> None:
         """Remove the batch files that ``rdd_training_approach="export"`` wrote for this object, and unpersist the
@@ -213,11 +214,16 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
             raise ConfigError("this SparkNetwork has no master; pass one to train")
         return self.master
 
-    def _preflight(self, master: TrainingMaster, n: int) -> None:
-        """Before any job touches the executors: slots, dynamic allocation, and (once per session) imports."""
-        first = id(self.sc) not in self._preflight_done
-        preflight(self.sc, n, wait_s=min(60.0, master.rendezvous_timeout_s), check_imports=first)
-        self._preflight_done.add(id(self.sc))
+    def _preflight(self, master: TrainingMaster, n: int) -> GpuPlan:
+        """Before any job touches the executors: the training stage's GPUs (:mod:`torchspark.spark.gpus`), slots,
+        dynamic allocation, and (once per session) imports and, with GPUs, the executors' CUDA."""
+        gpus = plan_gpus(self.sc, master.gpus_per_worker, dry_run_requested())
+        imports, cuda = ("imports", id(self.sc)), ("cuda", id(self.sc))
+        check_cuda = gpus.requested and not gpus.dry_run and cuda not in self._preflight_done
+        preflight(self.sc, n, wait_s=min(60.0, master.rendezvous_timeout_s),
+                  check_imports=imports not in self._preflight_done, gpus=gpus, check_cuda=check_cuda)
+        self._preflight_done.update([imports, cuda] if check_cuda else [imports])
+        return gpus
 
     def _num_workers(self, master: TrainingMaster) -> int:
         per_node = master.workers_per_executor
@@ -233,24 +239,24 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         check_first_batch(self.network, first)
 
     def _train(self, worker_rdd: Any, master: TrainingMaster, n: int, epochs: int,
-               run_id: str | None = None) -> Network:
+               run_id: str | None = None, gpus: GpuPlan | None = None) -> Network:
         self._validate_sample(worker_rdd)
         if worker_rdd.getNumPartitions() != n:
             worker_rdd = (worker_rdd.coalesce(n) if worker_rdd.getNumPartitions() > n
                           else spread_round_robin(worker_rdd, n))
         examples = self.preparation.epoch_examples
-        self._fits.fit(self.network, master, self._runner(master), SparkWorkerData(self.sc, worker_rdd),
+        self._fits.fit(self.network, master, self._runner(master, gpus), SparkWorkerData(self.sc, worker_rdd),
                        epochs=epochs, num_workers=n, collect_stats=self._collect_stats, recorder=self._driver_stats,
                        description=f"torchspark fit: {n} workers, {epochs} epoch(s)", run_id=run_id,
                        progress=self.progress, total_examples=None if examples is None else examples * epochs)
         return self.network
 
-    def _runner(self, master: TrainingMaster) -> Runner:
+    def _runner(self, master: TrainingMaster, gpus: GpuPlan | None = None) -> Runner:
         """The injected runner, else the master's route: one Spark job per round (DL4J's ``averaging_via="spark"``)
-        or one barrier stage."""
+        or one barrier stage, either with the training stage's GPUs ``gpus``."""
         if self.runner is not None:
             return self.runner
         if master.spark_rounds:
             return SparkRoundsRunner(self.sc, master.aggregation_depth,  # type: ignore[attr-defined]
-                                     master.storage_level)
-        return SparkBarrierRunner(self.sc, master.mesh)
+                                     master.storage_level, gpus)
+        return SparkBarrierRunner(self.sc, master.mesh, gpus)

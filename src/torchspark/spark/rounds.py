@@ -49,8 +49,9 @@ from torchspark.errors import ConfigError, TorchSparkError
 from torchspark.nn import Network, NetworkBlueprint
 from torchspark.nn.cache import NetworkCache
 from torchspark.spark.data import storage_level_by_name
+from torchspark.spark.gpus import GpuPlan, with_training_resources
 from torchspark.spark.jobs import run_job
-from torchspark.spark.task_bootstrap import set_up_task
+from torchspark.spark.task_bootstrap import executor_name, set_up_task
 from torchspark.stats import StatsCollector
 from torchspark.training.algorithms.averaging import AveragingSettings, apply_weighted_mean, pack_weighted
 from torchspark.training.driver.runner import RunContext
@@ -81,6 +82,8 @@ class FitSpec:
         data_timeout_s: how long to wait for one minibatch before failing.
         collect_stats: record the workers' phases.
         flush_denormal: flush denormal floats to zero while the partition trains (the master's option).
+        gpu_dry_run: record the GPUs Spark assigns but train on the CPU (a testing aid:
+            :func:`torchspark.spark.gpus.dry_run_requested`).
     """
 
     fit_id: str
@@ -91,6 +94,7 @@ class FitSpec:
     data_timeout_s: float = 600.0
     collect_stats: bool = False
     flush_denormal: bool = True
+    gpu_dry_run: bool = False
 
 
 @dataclass(frozen=True)
@@ -125,6 +129,8 @@ class WorkerRound:
     iterations: int = 0
     score: float = math.nan  # loss of its last minibatch in the round
     stats: dict[str, Any] | None = None  # StatsCollector payload when collecting stats
+    #: where the round's task ran: (device, the GPU addresses Spark assigned to it, executor)
+    placement: tuple[str, tuple[str, ...], str] | None = None
 
 
 @dataclass
@@ -179,11 +185,12 @@ def fit_round_partition(spec_bc: Any, round_bc: Any, index: int, items: Iterable
         return
     from pyspark import TaskContext
 
-    setup = set_up_task(TaskContext.get())
+    setup = set_up_task(TaskContext.get(), spec.gpu_dry_run)
     recorder = StatsCollector(worker_id(index), enabled=spec.collect_stats)
     # the task's cores and flush mode before any torch work of it; the reused Python worker gets its own back after
     with task_thread_settings(setup.threads(), spec.flush_denormal):
         record = _fit_round(spec, rnd, index, chunk, setup.device, recorder)
+    record.workers[index].placement = (setup.device, setup.gpu_addresses, executor_name())
     yield record
 
 
@@ -258,12 +265,16 @@ class SparkRoundsRunner:
         sc: the SparkContext.
         aggregation_depth: ``treeAggregate`` depth (the master's ``aggregation_depth``).
         storage_level: persistence of the worker RDD across rounds when it is not cached yet.
+        gpus: the training stage's GPUs (:func:`~torchspark.spark.gpus.plan_gpus`): every round's stage runs under
+            its stage-level resource profile, if any. None: the session's defaults.
     """
 
-    def __init__(self, sc: Any, aggregation_depth: int = 2, storage_level: str = "MEMORY_ONLY") -> None:
+    def __init__(self, sc: Any, aggregation_depth: int = 2, storage_level: str = "MEMORY_ONLY",
+                 gpus: GpuPlan | None = None) -> None:
         self.sc = sc
         self.aggregation_depth = aggregation_depth
         self.storage_level = storage_level
+        self.gpus = gpus or GpuPlan()
 
     def run(self, task: WorkerTask, data: Any, context: RunContext) -> list[WorkerResult]:
         """Train ``context.network`` in place for ``task.epochs`` epochs on ``data`` (a
@@ -296,7 +307,8 @@ class SparkRoundsRunner:
             spec_bc = sc.broadcast(FitSpec(
                 fit_id=uuid.uuid4().hex, blueprint=task.blueprint, averaging_frequency=settings.averaging_frequency,
                 save_updater=settings.save_updater, prefetch=task.prefetch, data_timeout_s=task.data_timeout_s,
-                collect_stats=task.collect_stats, flush_denormal=task.flush_denormal))
+                collect_stats=task.collect_stats, flush_denormal=task.flush_denormal,
+                gpu_dry_run=self.gpus.dry_run))
             for epoch in range(task.epochs):
                 tally.start_epoch()
                 for r in range(rounds):
@@ -328,7 +340,8 @@ class SparkRoundsRunner:
         try:
             with rec.phase("fit"):
                 return run_job(self.sc, f"torchspark averaging: epoch {epoch + 1}, round {r + 1}/{rounds}",
-                               partial(_fit_and_sum, worker_rdd, spec_bc, round_bc, self.aggregation_depth),
+                               partial(_fit_and_sum, worker_rdd, spec_bc, round_bc, self.aggregation_depth,
+                                       self.gpus),
                                "torchspark-round-job")
         finally:
             _destroy(round_bc)
@@ -341,9 +354,10 @@ def _count_all(worker_rdd: Any, n: int) -> list[int]:
     return counts
 
 
-def _fit_and_sum(worker_rdd: Any, spec_bc: Any, round_bc: Any, depth: int) -> RoundRecord:
+def _fit_and_sum(worker_rdd: Any, spec_bc: Any, round_bc: Any, depth: int, gpus: GpuPlan) -> RoundRecord:
     fit = partial(fit_round_partition, spec_bc, round_bc)
-    return worker_rdd.mapPartitionsWithIndex(fit).treeAggregate(RoundRecord(), merge_records, merge_records, depth)
+    fitted = with_training_resources(worker_rdd.mapPartitionsWithIndex(fit), gpus)
+    return fitted.treeAggregate(RoundRecord(), merge_records, merge_records, depth)
 
 
 def _apply_average(network: Network, record: RoundRecord, save_updater: bool) -> float:
@@ -371,6 +385,7 @@ class _Tally:
         self.epoch_examples = [0] * workers
         self.epoch_iterations = [0] * workers
         self.payloads: list[list[dict[str, Any]]] = [[] for _ in range(workers)]
+        self.placements: list[tuple[str, tuple[str, ...], str] | None] = [None] * workers  # the last round's
 
     def start_epoch(self) -> None:
         self.epoch_examples = [0] * len(self.examples)
@@ -387,21 +402,29 @@ class _Tally:
             self.scores[rank] = w.score
             if w.stats is not None:
                 self.payloads[rank].append(w.stats)
+            self.placements[rank] = w.placement or self.placements[rank]
             updates.append(ProgressUpdate(rank, epoch, self.epoch_iterations[rank], self.epoch_examples[rank],
                                           w.score))
         return updates
 
     def results(self, network: Network) -> list[WorkerResult]:
-        """One result per worker (its totals, own last loss and per-round stats); rank 0 carries the final
-        parameters."""
+        """One result per worker (its totals, own last loss, per-round stats, and where its last round ran: each
+        round is a new task, maybe on another executor or GPU); rank 0 carries the final parameters."""
         return [
             WorkerResult(rank=rank, examples=self.examples[rank], iterations=self.iterations[rank],
                          score=self.scores[rank], params=network.params() if rank == 0 else None,
                          updater_state=network.updater_state() if rank == 0 else None,
                          buffers=network.buffer_state() if rank == 0 else None,
-                         stats=self.payloads[rank] or None)
+                         stats=self.payloads[rank] or None, **_placement(self.placements[rank]))
             for rank in range(len(self.examples))
         ]
+
+
+def _placement(found: tuple[str, tuple[str, ...], str] | None) -> dict[str, Any]:
+    if found is None:
+        return {}
+    device, addresses, executor = found
+    return {"device": device, "gpu_addresses": addresses, "executor": executor}
 
 
 def _destroy(bc: Any) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 from torchspark.spark.barrier import barrier_task, open_relay
 from torchspark.spark.driver_address import driver_listen_address
+from torchspark.spark.gpus import GpuPlan
 from torchspark.spark.jobs import run_barrier_stage, run_job
 from torchspark.spark.rounds import SparkRoundsRunner
 from torchspark.training.config.mesh import MeshConfig
@@ -65,11 +66,14 @@ class SparkBarrierRunner:
     Args:
         sc: the SparkContext.
         mesh: how workers find and talk to each other (the master's ``mesh``).
+        gpus: the training stage's GPUs (:func:`~torchspark.spark.gpus.plan_gpus`): its stage-level resource
+            profile, if any, is attached to the barrier stage. None: the session's defaults.
     """
 
-    def __init__(self, sc: Any, mesh: MeshConfig) -> None:
+    def __init__(self, sc: Any, mesh: MeshConfig, gpus: GpuPlan | None = None) -> None:
         self.sc = sc
         self.mesh = mesh
+        self.gpus = gpus or GpuPlan()
 
     def run(self, task: WorkerTask, data: SparkWorkerData, context: RunContext) -> list[WorkerResult]:
         bind, host = driver_listen_address(self.sc)
@@ -81,12 +85,13 @@ class SparkBarrierRunner:
             if self.mesh.rendezvous_via == "driver":
                 relay, relay_address = open_relay(host, self.mesh.rendezvous_timeout_s, self.mesh.port_range,
                                                   bind_host=bind)
-            fn = barrier_task(task_bc, self.mesh, progress, relay_address)
+            fn = barrier_task(task_bc, self.mesh, progress, relay_address, gpu_dry_run=self.gpus.dry_run)
             world, timeout_s = data.workers, self.mesh.rendezvous_timeout_s
             with context.recorder.phase("fit"):
                 return run_barrier_stage(self.sc, data.rdd, fn, context.description,
                                          reported_errors=context.reported_errors,
-                                         watchdog=lambda: context.stalled(world, timeout_s))
+                                         watchdog=lambda: context.stalled(world, timeout_s),
+                                         profile=self.gpus.profile)
         finally:
             del relay  # closes the driver's rendezvous port
             task_bc.unpersist()

@@ -90,6 +90,14 @@ class WorkerResult:
     #: how this worker reached its peers on a Spark barrier stage (address, interface, which rule chose them,
     #: whether sums went through shared memory); None on other runners
     network: dict[str, Any] | None = None
+    #: the torch device this worker trained on (``"cpu"``, ``"cuda:0"``); None when the runner does not report it
+    device: str | None = None
+    #: the GPU addresses Spark assigned to this worker's task (``TaskContext.resources()["gpu"].addresses``; empty
+    #: when it got none); None when the runner does not report them
+    gpu_addresses: tuple[str, ...] | None = None
+    #: the executor the worker's task ran on (host and working directory, as the preflight names it); None when
+    #: the runner does not report it
+    executor: str | None = None
 
 
 class EpochSource(Protocol):

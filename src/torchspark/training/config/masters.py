@@ -103,6 +103,17 @@ class TrainingMaster:
             checkpoint writes every rank's state (parameters, updater state, residuals) once, so an interval of a
             few seconds of training or more keeps the overhead small.
         keep_checkpoints: the newest complete checkpoints kept per run (default 2; older ones are deleted).
+        gpus_per_worker: GPUs each training task asks Spark for, only for the training stage (None, the default:
+            the session's own ``spark.task.resource.gpu.amount``, if any). Use it when the session's defaults are
+            CPU-only (so data preparation and evaluation tasks hold no GPU) but the executors have GPUs
+            (``spark.executor.resource.gpu.amount`` and a discovery script): the training stage then runs under a
+            stage-level task ``ResourceProfile`` asking ``gpus_per_worker`` GPUs (and ``spark.task.cpus`` cores)
+            per task, and each worker trains on the GPU Spark assigned to its task. ``1`` is the usual value;
+            a fraction (``<= 0.5``, e.g. ``0.5``: two workers per GPU) shares GPUs, which nccl cannot do, so the
+            workers then talk over gloo; above 1 a whole number. Needs a cluster manager with stage-level
+            scheduling (standalone ``spark://``, ``local-cluster``, YARN, Kubernetes; not ``local[N]``) and
+            dynamic allocation off (as every barrier stage does). Example:
+            ``SharedTrainingMaster(num_workers=8, gpus_per_worker=1)``. See README, "GPU clusters".
         port, port_range, network_mask, controller_address, rendezvous_via, rendezvous_timeout_s,
         shared_memory_allreduce:
             the worker-mesh options (how workers find and talk to each other), validated and documented by
@@ -135,6 +146,7 @@ class TrainingMaster:
     checkpoint_directory: str | None = None
     checkpoint_every: int | None = None
     keep_checkpoints: int = DEFAULT_KEEP
+    gpus_per_worker: float | None = None
 
     def __post_init__(self) -> None:
         name = type(self).__name__
@@ -157,6 +169,7 @@ class TrainingMaster:
         check_int("rng_seed", self.rng_seed, 0, allow_none=True, owner=name)
         check_int("max_failures", self.max_failures, 0, owner=name)
         check_float("data_timeout_s", self.data_timeout_s, above=0, unit="seconds", owner=name)
+        _check_gpu_amount(name, self.gpus_per_worker)
         try:
             self.mesh  # noqa: B018 - builds the MeshConfig: the one place the mesh options are checked
         except ConfigError as e:
@@ -278,6 +291,16 @@ class ParameterAveragingTrainingMaster(TrainingMaster):
 
 
 _MASTERS: dict[str, type[TrainingMaster]] = {ParameterAveragingTrainingMaster.kind: ParameterAveragingTrainingMaster}
+
+
+def _check_gpu_amount(owner: str, amount: Any) -> None:
+    """``gpus_per_worker``: None, or a number > 0 that Spark accepts as a task's GPU amount (at most 0.5, or a
+    whole number: Spark shares a GPU between ``1/amount`` tasks only for such fractions)."""
+    check_float("gpus_per_worker", amount, above=0, finite=True, allow_none=True, owner=owner,
+                none_means="the session's spark.task.resource.gpu.amount")
+    if amount is not None and amount > 0.5 and float(amount) != int(amount):
+        raise ConfigError(f"{owner}: gpus_per_worker must be at most 0.5 or a whole number (Spark's rule for a "
+                          f"task's GPU amount), got {amount!r}; use 1 for a GPU per worker or 0.5 to share one by two")
 
 
 def register_master(cls: type[TrainingMaster]) -> type[TrainingMaster]:

@@ -9,7 +9,7 @@ from torchspark.stats import DRIVER_ID, StatsCollector, TrainingStats
 from torchspark.training.task import WorkerResult
 from torchspark.training.worker.reporting import worker_id
 
-__all__ = ["build_training_stats", "replica_checksums"]
+__all__ = ["build_training_stats", "replica_checksums", "worker_placements"]
 
 log = logging.getLogger(__name__)
 
@@ -19,8 +19,9 @@ def build_training_stats(driver: StatsCollector, results: Sequence[WorkerResult]
     """The stats of one fit: the driver's phases, every worker's payload, and summary fields (examples, epochs,
     any scalar in ``extra`` such as gradient sharing's byte counts -- the headline ones under their short name only,
     ``bytes_sent`` not also ``sharing.bytes_sent`` --, and every rank's ``param_checksums`` with
-    ``replicas_identical`` computed from them -- a measurement, not the workers' word). A result's ``stats`` is one
-    payload, or a list of them (the rounds route ships one per round)."""
+    ``replicas_identical`` computed from them -- a measurement, not the workers' word), and where every rank ran
+    when its runner reports it (:func:`worker_placements`: ``devices``, ``gpu_addresses``, ``executors``). A
+    result's ``stats`` is one payload, or a list of them (the rounds route ships one per round)."""
     stats = TrainingStats()
     stats.add_worker_payload(DRIVER_ID, driver.drain())
     for r in results:
@@ -39,7 +40,23 @@ def build_training_stats(driver: StatsCollector, results: Sequence[WorkerResult]
     if checksums:
         stats.set_summary("param_checksums", checksums)
         stats.set_summary("replicas_identical", len(set(checksums.values())) == 1)
+    for key, per_rank in worker_placements(results).items():
+        stats.set_summary(key, per_rank)
     return stats
+
+
+def worker_placements(results: Sequence[WorkerResult]) -> dict[str, dict[str, Any]]:
+    """Where every rank trained, by rank (string keys, JSON): ``devices`` (``{"0": "cuda:0", ...}``),
+    ``gpu_addresses`` (the addresses Spark assigned to its task: ``{"0": ["1"], ...}``, ``[]`` for none) and
+    ``executors``; each only when the runner reported it. E.g. with two GPU workers on one executor
+    ``{"gpu_addresses": {"0": ["0"], "1": ["1"]}, "devices": {"0": "cuda:0", "1": "cuda:1"}, ...}``."""
+    ranked = sorted(results, key=lambda r: r.rank)
+    found = {
+        "devices": {str(r.rank): r.device for r in ranked if r.device is not None},
+        "gpu_addresses": {str(r.rank): list(r.gpu_addresses) for r in ranked if r.gpu_addresses is not None},
+        "executors": {str(r.rank): r.executor for r in ranked if r.executor is not None},
+    }
+    return {key: per_rank for key, per_rank in found.items() if per_rank}
 
 
 def replica_checksums(results: Sequence[WorkerResult]) -> dict[str, str]:

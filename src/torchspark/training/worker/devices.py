@@ -7,13 +7,17 @@ an address must be re-indexed through that list (TorchDistributor does the same)
 
 from __future__ import annotations
 
+import logging
 from contextlib import contextmanager
-from typing import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping, Sequence
 
 from torchspark.errors import SetupError
 
-__all__ = ["device_for_task", "backend_for_device", "gpu_addresses", "flush_denormals", "denormals_flushed",
-           "task_thread_settings"]
+__all__ = ["device_for_task", "backend_for_device", "BackendChoice", "choose_backend", "backend_for_devices",
+           "agree_backend", "DEVICES_KEY", "gpu_identity", "gpu_addresses", "flush_denormals", "denormals_flushed", "task_thread_settings"]
+
+log = logging.getLogger(__name__)
 
 
 def device_for_task(
@@ -54,8 +58,91 @@ def device_for_task(
 
 
 def backend_for_device(device: str) -> str:
-    """gloo for CPU workers, nccl for CUDA workers."""
+    """gloo for a CPU worker, nccl for a CUDA worker (one worker's view; a group decides with
+    :func:`choose_backend`)."""
     return "nccl" if device.startswith("cuda") else "gloo"
+
+
+@dataclass(frozen=True)
+class BackendChoice:
+    """The process group's backend the workers agreed on, and why (for the log)."""
+
+    backend: str
+    reason: str
+
+
+def choose_backend(devices: Sequence[str], gpus: Sequence[str] | None = None) -> BackendChoice:
+    """The backend for a group whose rank ``r`` trains on ``devices[r]``: nccl when every worker has a GPU of its
+    own, gloo otherwise.
+
+    nccl moves CUDA tensors only and refuses two ranks on one GPU, so a group with a CPU worker (a mix: some
+    executors without GPUs, or tasks Spark gave no GPU) or with a shared GPU (fractional
+    ``spark.task.resource.gpu.amount``) runs gloo; gloo sums through host memory, slower but correct. Every rank
+    computes this from the same gathered list, so all pick the same backend.
+
+    Args:
+        devices: every rank's torch device, in rank order (``"cpu"``, ``"cuda:0"``...).
+        gpus: every rank's physical GPU (:func:`gpu_identity`: host and UUID), where device names alone do not say
+            which GPU it is (``"cuda:0"`` on two hosts are two GPUs); default: the device names (one host).
+    Example: ``choose_backend(["cuda:0", "cpu"]).backend == "gloo"``.
+    """
+    ids = list(devices if gpus is None else gpus)
+    on_cpu = [r for r, d in enumerate(devices) if not d.startswith("cuda")]
+    if on_cpu:
+        if len(on_cpu) == len(devices):
+            return BackendChoice("gloo", "every worker trains on the CPU")
+        return BackendChoice("gloo", f"worker(s) {on_cpu} train on the CPU and the others on CUDA (a mix of "
+                                     "devices; nccl needs every worker on a GPU)")
+    shared = sorted({g for g in ids if ids.count(g) > 1})
+    if shared:
+        ranks = [r for r, g in enumerate(ids) if g in shared]
+        return BackendChoice("gloo", f"worker(s) {ranks} share a GPU ({', '.join(shared)}), which nccl refuses "
+                                     "(a fractional spark.task.resource.gpu.amount?)")
+    return BackendChoice("nccl", "every worker trains on a GPU of its own")
+
+
+def backend_for_devices(devices: Sequence[str], gpus: Sequence[str] | None = None) -> str:
+    """:func:`choose_backend`'s backend: nccl when every worker has its own GPU; gloo otherwise (CPU, mixed, or a
+    GPU shared by several workers, which nccl refuses)."""
+    return choose_backend(devices, gpus).backend
+
+
+#: the store keys under which every rank posts its device (behind the fit's private prefix)
+DEVICES_KEY = "torchspark-devices"
+
+
+def agree_backend(store: Any, rank: int, world: int, device: str, gpu: str | None = None) -> BackendChoice:
+    """The group's backend, the same on every rank: each rank posts its device and physical GPU (``gpu``,
+    :func:`gpu_identity`; default ``device``) to the rendezvous store and reads everyone's (one set and one
+    multi-get each, bounded by the store's timeout), then :func:`choose_backend`. Collective: every rank of the
+    group calls it once, before building the process group. Rank 0 logs the decision, as a warning when GPU
+    workers are held back to gloo.
+
+    Args:
+        store: a ``torch.distributed.Store`` every rank reaches (a fresh, private one per fit: keys are not reused).
+    """
+    store.set(f"{DEVICES_KEY}/{rank}", f"{device}|{gpu or device}")
+    gathered = [v.decode() for v in store.multi_get([f"{DEVICES_KEY}/{r}" for r in range(world)])]
+    devices = [g.split("|", 1)[0] for g in gathered]
+    choice = choose_backend(devices, [g.split("|", 1)[1] for g in gathered])
+    if rank == 0:
+        held_back = choice.backend == "gloo" and any(d.startswith("cuda") for d in devices)
+        (log.warning if held_back else log.info)("workers talk over %s: %s", choice.backend, choice.reason)
+    return choice
+
+
+def gpu_identity(device: str, host: str) -> str:
+    """Which physical GPU ``device`` is, comparable across processes and hosts: ``"<host>/<uuid>"``
+    (``"<host>/<device>"`` where torch reports no UUID); ``device`` itself for the CPU.
+
+    Two executors of one host that each see one GPU as ``cuda:0`` (``CUDA_VISIBLE_DEVICES`` per container) hold
+    different GPUs; the UUID tells them apart."""
+    if not device.startswith("cuda"):
+        return device
+    import torch
+
+    uuid = getattr(torch.cuda.get_device_properties(torch.device(device)), "uuid", None)
+    return f"{host}/{uuid if uuid is not None else device}"
 
 
 def gpu_addresses(resources: Mapping[str, object]) -> list[str]:

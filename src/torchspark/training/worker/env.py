@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Mapping
 
-__all__ = ["LOCAL_IP", "CUDA_VISIBLE_DEVICES", "GLOO_SOCKET_IFNAME", "read", "TaskEnvironment"]
+__all__ = ["LOCAL_IP", "CUDA_VISIBLE_DEVICES", "GLOO_SOCKET_IFNAME", "GPU_DRY_RUN", "read", "TaskEnvironment"]
 
 #: overrides the address an executor advertises to its peers (DL4J's ``DL4J_VOID_IP``)
 LOCAL_IP = "TORCHSPARK_LOCAL_IP"
@@ -18,6 +18,10 @@ LOCAL_IP = "TORCHSPARK_LOCAL_IP"
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 #: the interface gloo uses; a task sets it to ``lo`` when its peers talk over loopback
 GLOO_SOCKET_IFNAME = "GLOO_SOCKET_IFNAME"
+#: a testing aid, read on the driver when a Spark fit starts: ``1`` makes tasks Spark gave a GPU record its address
+#: and train on the CPU (GPU scheduling tested with a fake discovery script on a machine without CUDA); see
+#: :func:`torchspark.spark.gpus.dry_run_requested`
+GPU_DRY_RUN = "TORCHSPARK_GPU_DRY_RUN"
 
 
 def read(name: str, env: Mapping[str, str] | None = None) -> str | None:
