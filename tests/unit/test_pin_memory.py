@@ -86,6 +86,7 @@ def test_cpu_workers_train_the_same_whatever_pin_memory_says(prefetch: int) -> N
 
 
 def _pinned_handouts() -> int:
+    torch.empty(1).pin_memory()  # the pinned allocator reports no statistics before its first allocation
     stats = torch.cuda.host_memory_stats()
     for key in ("active_requests.allocated", "allocations.allocated", "allocated.allocated", "num_host_alloc"):
         if key in stats:
@@ -108,6 +109,7 @@ def test_a_cuda_worker_loads_through_pinned_memory_unless_told_not_to(prefetch: 
         torch.cuda.synchronize()
         handed[option] = _pinned_handouts() - before
         params[option] = result.params
-    assert handed[False] == 0 and handed[None] >= len(batches)
+    # other host-to-device copies (the updater's scalars) take pinned buffers too: at least one more per minibatch
+    assert handed[None] - handed[False] >= len(batches)
     assert params[None] is not None and params[False] is not None
     torch.testing.assert_close(params[None], params[False], rtol=0, atol=0)
