@@ -154,7 +154,7 @@ def fit_device_vs_cpu(ctx: Context) -> list[dict[str, Any]]:
                 max_abs_diff=diff, tolerance=FIT_TOLERANCE, steps=2 * n // 64, examples=n, hidden=hidden)]
 
 
-# ------------------------------------------------------------------ b. the codec on the device is the CPU's, bit for bit
+# ------------------------------------------------------------------ b. the codec on the device, bit for bit the CPU's
 CODEC_CASES = (("sparse ~0.1%", 3.29), ("sparse ~1%", 2.576), ("bitmap ~20%", 1.28))  # thresholds on N(0, 1) data
 
 
@@ -308,7 +308,8 @@ def _accumulation_fit(ctx: Context, data: DataSet, hidden: int) -> dict[str, Any
     small = _net(ctx.device, 32, hidden, 10).fit(data, epochs=1, batch_size=16, accumulate_steps=4)
     large = _net(ctx.device, 32, hidden, 10).fit(data, epochs=1, batch_size=64)
     diff = _max_diff(small.params(), large.params())
-    return row("accumulation_fit", ctx.device, _verdict(diff <= ACCUMULATION_TOLERANCE and small.iteration == large.iteration),
+    ok = diff <= ACCUMULATION_TOLERANCE and small.iteration == large.iteration
+    return row("accumulation_fit", ctx.device, _verdict(ok),
                f"4 x 16 accumulated vs one batch of 64: max |diff| {diff:.2e} (tolerance {ACCUMULATION_TOLERANCE:g}); "
                f"{small.iteration} vs {large.iteration} steps",
                max_abs_diff=diff, tolerance=ACCUMULATION_TOLERANCE, steps=small.iteration)
@@ -324,8 +325,9 @@ def _accumulation_masters(ctx: Context, data: DataSet, hidden: int) -> dict[str,
     local = _net(ctx.device, 32, hidden, 10).fit(data, epochs=1, batch_size=16, accumulate_steps=4)
     figures: dict[str, Any] = {}
     ok = True
-    for master in (ParameterAveragingTrainingMaster(batch_size_per_worker=16, averaging_frequency=2, accumulate_steps=4),
-                   SharedTrainingMaster(batch_size_per_worker=16, accumulate_steps=4)):
+    masters = (ParameterAveragingTrainingMaster(batch_size_per_worker=16, averaging_frequency=2, accumulate_steps=4),
+               SharedTrainingMaster(batch_size_per_worker=16, accumulate_steps=4))
+    for master in masters:
         net = _net("cpu", 32, hidden, 10)
         ParallelWrapper(net, master=master, devices=[ctx.device], progress=False).fit(data, epochs=1)
         finite = bool(torch.isfinite(net.params()).all())
@@ -375,7 +377,8 @@ def compile_check(ctx: Context) -> list[dict[str, Any]]:
                 f"compile={backend!r}: max |diff| vs eager {diff:.2e}; flat views intact: {views}; second epoch "
                 f"{speedup:.2f}x eager (first, with compilation: {seconds['compiled'][0]:.1f} s)",
                 backend=backend, max_abs_diff=diff, tolerance=FIT_TOLERANCE, flat_views_intact=views,
-                first_epoch_s={k: v[0] for k, v in seconds.items()}, second_epoch_s={k: v[1] for k, v in seconds.items()},
+                first_epoch_s={k: v[0] for k, v in seconds.items()},
+                second_epoch_s={k: v[1] for k, v in seconds.items()},
                 second_epoch_speedup=speedup)]
 
 
@@ -383,7 +386,8 @@ def compile_check(ctx: Context) -> list[dict[str, Any]]:
 def _pinned_handouts(ctx: Context) -> int | None:
     if not ctx.cuda or not hasattr(torch.cuda, "host_memory_stats"):
         return None
-    torch.empty(1).pin_memory()  # the pinned allocator reports no statistics before its first allocation
+    torch.cuda.init()  # host_memory_stats() is empty until torch.cuda is initialised (pinning alone does not)
+    torch.empty(1).pin_memory()  # nor before the pinned allocator's first allocation
     stats = torch.cuda.host_memory_stats()
     for key in ("active_requests.allocated", "allocations.allocated", "allocated.allocated", "num_host_alloc"):
         if key in stats:
@@ -427,7 +431,8 @@ def pinned_memory(ctx: Context) -> list[dict[str, Any]]:
     note = (f"{extra} more pinned buffers than without ({batches * epochs} minibatches)" if ctx.cuda
             else "CPU: nothing is pinned (pin_memory needs CUDA)")
     return [row("pinned_memory", ctx.device, _verdict(ok),
-                f"worker fit {on:,.0f} samples/s pinned vs {off:,.0f} not ({on / off:.2f}x); {note}; same params: {same}",
+                f"worker fit {on:,.0f} samples/s pinned vs {off:,.0f} not ({on / off:.2f}x); {note}; "
+                f"same params: {same}",
                 samples_per_s_pinned=on, samples_per_s_unpinned=off, ratio=on / off, pinned_handouts=handed,
                 extra_pinned_handouts=extra,
                 same_params=same, batch=batch, features=features, batches=batches, epochs=epochs, reps=reps,

@@ -86,7 +86,8 @@ def test_cpu_workers_train_the_same_whatever_pin_memory_says(prefetch: int) -> N
 
 
 def _pinned_handouts() -> int:
-    torch.empty(1).pin_memory()  # the pinned allocator reports no statistics before its first allocation
+    torch.cuda.init()  # host_memory_stats() is empty until torch.cuda is initialised (pinning alone does not)
+    torch.empty(1).pin_memory()  # nor before the pinned allocator's first allocation
     stats = torch.cuda.host_memory_stats()
     for key in ("active_requests.allocated", "allocations.allocated", "allocated.allocated", "num_host_alloc"):
         if key in stats:
