@@ -149,7 +149,7 @@ def fit_device_vs_cpu(ctx: Context) -> list[dict[str, Any]]:
     moved = _max_diff(nets["cpu"].params(), _net("cpu", 32, hidden, 10).params())
     ok = diff <= FIT_TOLERANCE and moved > 0
     return [row("fit_device_vs_cpu", ctx.device, _verdict(ok),
-                f"max |param diff| {diff:.2e} (tolerance {FIT_TOLERANCE:g}) after {2 * n // 64} SGD steps"
+                f"max abs param diff {diff:.2e} (tolerance {FIT_TOLERANCE:g}) after {2 * n // 64} SGD steps"
                 + ("" if ctx.cuda else "; cpu vs cpu: no CUDA"),
                 max_abs_diff=diff, tolerance=FIT_TOLERANCE, steps=2 * n // 64, examples=n, hidden=hidden)]
 
@@ -272,7 +272,7 @@ def parallel(ctx: Context) -> list[dict[str, Any]]:
             diff = _max_diff(net.params(), reference.params())
             figures.update(max_abs_diff_vs_cpu_workers=diff, tolerance=FIT_TOLERANCE)
             ok = ok and diff <= FIT_TOLERANCE
-            text += f"; max |diff| vs CPU workers {diff:.2e}"
+            text += f"; max abs diff vs CPU workers {diff:.2e}"
         rows.append(row(f"parallel_{mode}", ctx.device, _verdict(bool(ok)), text, **figures))
     return rows
 
@@ -291,7 +291,7 @@ def _precision_row(ctx: Context, precision: str, data: DataSet, hidden: int, ref
     diff = _max_diff(net.params(), reference.params())
     ok = bool(torch.isfinite(net.params()).all()) and abs(loss - ref_loss) <= 0.05 + 0.1 * ref_loss
     return row(name, ctx.device, _verdict(ok),
-               f"loss {loss:.4f} vs fp32 {ref_loss:.4f}; max |param diff| vs fp32 {diff:.2e}",
+               f"loss {loss:.4f} vs fp32 {ref_loss:.4f}; max abs param diff vs fp32 {diff:.2e}",
                loss=loss, fp32_loss=ref_loss, max_abs_diff_vs_fp32=diff)
 
 
@@ -310,7 +310,8 @@ def _accumulation_fit(ctx: Context, data: DataSet, hidden: int) -> dict[str, Any
     diff = _max_diff(small.params(), large.params())
     ok = diff <= ACCUMULATION_TOLERANCE and small.iteration == large.iteration
     return row("accumulation_fit", ctx.device, _verdict(ok),
-               f"4 x 16 accumulated vs one batch of 64: max |diff| {diff:.2e} (tolerance {ACCUMULATION_TOLERANCE:g}); "
+               f"4 x 16 accumulated vs one batch of 64: max abs diff {diff:.2e} "
+               f"(tolerance {ACCUMULATION_TOLERANCE:g}); "
                f"{small.iteration} vs {large.iteration} steps",
                max_abs_diff=diff, tolerance=ACCUMULATION_TOLERANCE, steps=small.iteration)
 
@@ -339,7 +340,7 @@ def _accumulation_masters(ctx: Context, data: DataSet, hidden: int) -> dict[str,
             ok = ok and diff <= FIT_TOLERANCE
     diff_text = f"{figures['averaging']['max_abs_diff_vs_fit']:.2e}"
     return row("accumulation_masters", ctx.device, _verdict(ok),
-               f"accumulate_steps=4, one worker: averaging vs Network.fit max |diff| {diff_text}; sharing ran "
+               f"accumulate_steps=4, one worker: averaging vs Network.fit max abs diff {diff_text}; sharing ran "
                f"({figures['sharing']['iterations']} steps)", **figures)
 
 
@@ -374,7 +375,7 @@ def compile_check(ctx: Context) -> list[dict[str, Any]]:
         net.params(), torch.cat([p.detach().reshape(-1) for p in net.module.parameters()]))
     speedup = seconds["eager"][1] / seconds["compiled"][1]
     return [row("compile", ctx.device, _verdict(diff <= FIT_TOLERANCE and views),
-                f"compile={backend!r}: max |diff| vs eager {diff:.2e}; flat views intact: {views}; second epoch "
+                f"compile={backend!r}: max abs diff vs eager {diff:.2e}; flat views intact: {views}; second epoch "
                 f"{speedup:.2f}x eager (first, with compilation: {seconds['compiled'][0]:.1f} s)",
                 backend=backend, max_abs_diff=diff, tolerance=FIT_TOLERANCE, flat_views_intact=views,
                 first_epoch_s={k: v[0] for k, v in seconds.items()},
