@@ -18,7 +18,7 @@ import time
 from typing import Any, Sequence
 
 from torchspark.cli_checks import check_arguments
-from torchspark.errors import ConfigError, TorchSparkError
+from torchspark.errors import ConfigError, SetupError, TorchSparkError
 from torchspark.nn.precision import PRECISIONS
 from torchspark.training.algorithms.sharing.topology import DEFAULT_SHARD_ABOVE_WORKERS
 from torchspark.training.config import master_class, master_kinds
@@ -338,23 +338,30 @@ def check_mode_options(args: argparse.Namespace) -> None:
                               f"use --training-mode sharing or drop {option}")
 
 
+def _spark() -> Any:
+    """:mod:`torchspark.spark`, imported when a command takes a Spark route; without pyspark a SetupError that says
+    what to install (``train --parallel`` and ``advise`` need no Spark)."""
+    try:
+        import torchspark.spark as spark
+    except ImportError as e:
+        if e.name not in ("pyspark", "py4j"):
+            raise
+        raise SetupError(str(e)) from e
+    return spark
+
+
 def _train_on_spark(args: argparse.Namespace, net: Any, train_data: Any,
                     threshold: Any) -> tuple[Any, float, dict[str, Any]]:
     """Train on Spark; returns the training stats, the score, and what was used (for metrics.json): the seconds the
     session took to start and the fit took, the session's ``spark_master`` and the ``master``'s settings."""
-    from torchspark.spark import (
-        SparkNetwork,
-        check_java,
-        session_scope,
-    )
-
-    check_java()
+    api = _spark()
+    api.check_java()
     master = master_from_args(args, threshold)
     start = time.time()
-    with session_scope(cores=args.num_workers, master=args.master, quiet=not args.verbose) as spark:
+    with api.session_scope(cores=args.num_workers, master=args.master, quiet=not args.verbose) as spark:
         started = time.time()
         rdd = spark.sparkContext.parallelize(train_data.split(64), max(args.num_workers, 2))
-        spark_net = SparkNetwork(spark, net, master, progress=False if args.no_progress else None)
+        spark_net = api.SparkNetwork(spark, net, master, progress=False if args.no_progress else None)
         try:
             spark_net.fit(rdd, epochs=args.epochs)
         finally:
@@ -365,13 +372,12 @@ def _train_on_spark(args: argparse.Namespace, net: Any, train_data: Any,
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from torchspark.spark import SparkNetwork, check_java, session_scope
-
+    api = _spark()
     net = _load_model(args.model, args.trust_code)
-    check_java()
-    with session_scope(cores=args.num_workers, master=args.master, quiet=not args.verbose) as spark:
+    api.check_java()
+    with api.session_scope(cores=args.num_workers, master=args.master, quiet=not args.verbose) as spark:
         data = _data_for_evaluation(spark, args)
-        evaluation = SparkNetwork(spark, net).evaluate(data, batch_size=args.batch_size,
+        evaluation = api.SparkNetwork(spark, net).evaluate(data, batch_size=args.batch_size,
                                                        features_col=args.features_col, label_col=args.label_col,
                                                        feature_shape=args.feature_shape)
     print(evaluation.stats())
@@ -382,18 +388,17 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from torchspark.spark import SparkNetwork, check_java, session_scope
-
+    api = _spark()
     net = _load_model(args.model, args.trust_code)
-    check_java()
-    with session_scope(cores=args.num_workers, master=args.master, quiet=not args.verbose) as spark:
+    api.check_java()
+    with api.session_scope(cores=args.num_workers, master=args.master, quiet=not args.verbose) as spark:
         split = _digits_split(args.data)
         frame = _digits_frame(spark, split) if split is not None else _read_parquet(spark, args.data)
         shape = args.feature_shape or ((1, 8, 8) if split is not None else None)
         if args.features_col not in frame.columns:
             raise ConfigError(f"--features-col {args.features_col!r} is not a column of {args.data!r} "
                               f"(columns: {frame.columns})")
-        out = SparkNetwork(spark, net).predict(frame, features_col=args.features_col, output_col=args.output_col,
+        out = api.SparkNetwork(spark, net).predict(frame, features_col=args.features_col, output_col=args.output_col,
                                                feature_shape=shape, batch_size=args.batch_size,
                                                output="class" if args.as_class else "probabilities")
         out.write.mode("overwrite").parquet(args.output)

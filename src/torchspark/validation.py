@@ -120,13 +120,17 @@ def check_float(name: str, value: Any, *, minimum: float | None = None, maximum:
     return value
 
 
-def check_bool(name: str, value: Any, *, owner: str = "", fix: str = "") -> bool:
-    """``value`` if it is ``True`` or ``False``, else ConfigError ``"<name> must be True or False, got <value>"``.
+def check_bool(name: str, value: Any, *, allow_none: bool = False, owner: str = "", none_means: str = "",
+               fix: str = "") -> bool | None:
+    """``value`` if it is ``True`` or ``False`` (or None with ``allow_none``), else ConfigError
+    ``"<name> must be True or False[ or None (<none_means>)], got <value>"``.
 
     Example: ``check_bool("overlap", "yes")`` raises ``overlap must be True or False, got 'yes'``.
     """
+    if value is None and allow_none:
+        return value
     if not isinstance(value, bool):
-        raise _refuse(name, value, "True or False", owner, False, "", fix)
+        raise _refuse(name, value, "True or False", owner, allow_none, none_means, fix)
     return value
 
 

@@ -173,6 +173,12 @@ class _Examples:
         """The same data with every tensor moved to ``device`` (e.g. ``"cuda:0"``)."""
         return self._map(lambda t: t.to(device))
 
+    def pin_memory(self: _E) -> _E:
+        """A copy with every tensor in pinned (page-locked) host memory, so that ``.to("cuda", non_blocking=True)``
+        copies asynchronously (as ``DataLoader(pin_memory=True)``). Needs CUDA; the workers call it on their
+        loading thread when they train on a GPU (the masters' ``pin_memory`` option)."""
+        return self._map(lambda t: t.pin_memory())
+
     def check_finite(self, name: str = "data") -> None:
         """Raise if any floating-point tensor holds NaN or Inf.
 

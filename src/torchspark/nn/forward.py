@@ -115,7 +115,7 @@ def forward(net: ForwardNetwork, feats: list[torch.Tensor], fmask: Any = None) -
     """
     kwargs: dict[str, Any] = {}
     if fmask is not None:
-        kwargs["features_mask"] = fmask.to(net.device) if isinstance(fmask, torch.Tensor) else fmask
+        kwargs["features_mask"] = fmask.to(net.device, non_blocking=True) if isinstance(fmask, torch.Tensor) else fmask
     try:
         with net.amp.autocast():
             out = net.module(*feats, **kwargs)

@@ -1,6 +1,14 @@
 """Spark integration: sessions and ``SparkNetwork``; re-exports the training masters (which live in
 :mod:`torchspark.training`). The only package importing pyspark."""
 
+try:  # the rest of torchspark works without pyspark (a GPU box, a laptop); this package does not
+    import pyspark  # noqa: F401
+except ImportError as _missing:
+    raise ModuleNotFoundError(
+        f"torchspark.spark needs pyspark, which this Python cannot import ({_missing}): `pip install pyspark` "
+        "(Spark also needs Java 17 or newer), or train on one machine without Spark with "
+        "torchspark.parallel.ParallelWrapper (`torchspark train --parallel`)", name=_missing.name) from _missing
+
 from torchspark.spark.export_batches import export_batches
 from torchspark.spark.network import SparkNetwork
 from torchspark.spark.session import check_java, local_session, session_scope

@@ -58,7 +58,7 @@ from torchspark.training.driver.runner import RunContext
 from torchspark.training.hooks import PhaseRecorder, ProgressUpdate
 from torchspark.training.task import WorkerResult, WorkerTask
 from torchspark.training.worker.devices import task_thread_settings
-from torchspark.training.worker.loop import load_item
+from torchspark.training.worker.loop import batch_loader
 from torchspark.training.worker.prefetch import prefetch
 from torchspark.training.worker.reporting import worker_id
 
@@ -79,6 +79,7 @@ class FitSpec:
         averaging_frequency: minibatches per worker and round (``f``).
         save_updater: return the updater state for averaging (else the driver resets it after every round).
         prefetch: minibatches loaded ahead on a background thread (0 = none).
+        pin_memory: the master's ``pin_memory`` (pinned host memory for CUDA workers' minibatches).
         data_timeout_s: how long to wait for one minibatch before failing.
         collect_stats: record the workers' phases.
         flush_denormal: flush denormal floats to zero while the partition trains (the master's option).
@@ -91,6 +92,7 @@ class FitSpec:
     averaging_frequency: int
     save_updater: bool = True
     prefetch: int = 0
+    pin_memory: bool | None = None
     data_timeout_s: float = 600.0
     collect_stats: bool = False
     flush_denormal: bool = True
@@ -232,7 +234,8 @@ def _fit_chunk(net: Network, chunk: Sequence[Any], spec: FitSpec, validate_first
                recorder: PhaseRecorder) -> WorkerRound:
     """Fit the round's minibatches in order (the first step of the fit validates its input)."""
     out = WorkerRound()
-    batches = prefetch(chunk, spec.prefetch, spec.data_timeout_s, transform=load_item)
+    load = batch_loader(spec.pin_memory, str(net.device))
+    batches = prefetch(chunk, spec.prefetch, spec.data_timeout_s, transform=load)
     try:
         while True:
             with recorder.phase("data_wait"):
@@ -306,9 +309,9 @@ class SparkRoundsRunner:
             # 2. the network, once per fit (the driver timed building the blueprint as its broadcast phase)
             spec_bc = sc.broadcast(FitSpec(
                 fit_id=uuid.uuid4().hex, blueprint=task.blueprint, averaging_frequency=settings.averaging_frequency,
-                save_updater=settings.save_updater, prefetch=task.prefetch, data_timeout_s=task.data_timeout_s,
-                collect_stats=task.collect_stats, flush_denormal=task.flush_denormal,
-                gpu_dry_run=self.gpus.dry_run))
+                save_updater=settings.save_updater, prefetch=task.prefetch, pin_memory=task.pin_memory,
+                data_timeout_s=task.data_timeout_s, collect_stats=task.collect_stats,
+                flush_denormal=task.flush_denormal, gpu_dry_run=self.gpus.dry_run))
             for epoch in range(task.epochs):
                 tally.start_epoch()
                 for r in range(rounds):

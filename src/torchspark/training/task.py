@@ -28,6 +28,8 @@ class WorkerTask:
         blueprint: ``NetworkBlueprint.to_bytes()`` of the driver's network.
         epochs: passes over the data inside this one stage.
         prefetch: minibatches loaded ahead on a background thread (0 = none).
+        pin_memory: the master's ``pin_memory``: None or True pins minibatches in host memory on the loading
+            thread when the worker trains on CUDA (:func:`~torchspark.training.worker.devices.pins_memory`).
         data_timeout_s: how long to wait for one minibatch before failing.
         num_threads: torch intra-op threads (the cores the task owns); None leaves torch's default.
         collect_stats: record phases for the training stats.
@@ -48,6 +50,7 @@ class WorkerTask:
     blueprint: bytes
     epochs: int = 1
     prefetch: int = 2
+    pin_memory: bool | None = None
     data_timeout_s: float = 600.0
     num_threads: int | None = None
     collect_stats: bool = False

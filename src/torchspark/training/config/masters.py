@@ -42,6 +42,12 @@ class TrainingMaster:
             cheaper synchronisations; scale the learning rate with it.
         num_workers: training workers, one Spark task slot each (default: the session's default parallelism).
         worker_prefetch_num_batches: minibatches a background thread loads ahead on each worker (0 = off).
+        pin_memory: copy each minibatch into pinned (page-locked) host memory on the loading thread, so that its
+            copy to a CUDA worker's GPU is asynchronous and overlaps the previous step's compute (as
+            ``DataLoader(pin_memory=True)``). None (default): on for workers on CUDA; True: the same (pinning needs
+            CUDA, so CPU workers never pin); False: off, e.g. when pinned memory is scarce on the host (every queued
+            minibatch holds page-locked RAM) or to compare. The GPU check (``benchmarks/gpu_check.py``) measures
+            samples/s with and without.
         repartition: ``"always"`` (balance every fit), ``"never"`` (each worker trains its own partition, in
             order; needs as many partitions as workers) or ``"num_partitions_workers_differs"``.
         repartition_strategy: ``"balanced"`` (every worker trains ``floor(N/n)`` or ``ceil(N/n)`` of the ``N``
@@ -125,6 +131,7 @@ class TrainingMaster:
     batch_size_per_worker: int = 16
     num_workers: int | None = None
     worker_prefetch_num_batches: int = 2
+    pin_memory: bool | None = None
     repartition: str = "always"
     repartition_strategy: str = "balanced"
     rdd_training_approach: str = "export"
@@ -156,6 +163,7 @@ class TrainingMaster:
         check_int("batch_size_per_worker", self.batch_size_per_worker, 1, owner=name)
         check_int("num_workers", self.num_workers, 1, allow_none=True, owner=name)
         check_int("worker_prefetch_num_batches", self.worker_prefetch_num_batches, 0, owner=name)
+        check_bool("pin_memory", self.pin_memory, allow_none=True, owner=name, none_means="pin on CUDA workers")
         check_choice("repartition", self.repartition, REPARTITION, owner=name)
         check_choice("repartition_strategy", self.repartition_strategy, STRATEGIES, owner=name)
         check_choice("rdd_training_approach", self.rdd_training_approach, APPROACHES, owner=name)

@@ -187,6 +187,7 @@ def build_task(network: Network, master: TrainingMaster, epochs: int, collect_st
             blueprint=NetworkBlueprint.of(network).to_bytes(),
             epochs=epochs,
             prefetch=master.worker_prefetch_num_batches,
+            pin_memory=master.pin_memory,
             data_timeout_s=master.data_timeout_s,
             collect_stats=collect_stats,
             flush_denormal=master.flush_denormal,

@@ -15,7 +15,8 @@ from typing import Any, Iterator, Mapping, Sequence
 from torchspark.errors import SetupError
 
 __all__ = ["device_for_task", "backend_for_device", "BackendChoice", "choose_backend", "backend_for_devices",
-           "agree_backend", "DEVICES_KEY", "gpu_identity", "gpu_addresses", "flush_denormals", "denormals_flushed", "task_thread_settings"]
+           "agree_backend", "DEVICES_KEY", "gpu_identity", "pins_memory", "gpu_addresses", "flush_denormals",
+           "denormals_flushed", "task_thread_settings"]
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +144,24 @@ def gpu_identity(device: str, host: str) -> str:
 
     uuid = getattr(torch.cuda.get_device_properties(torch.device(device)), "uuid", None)
     return f"{host}/{uuid if uuid is not None else device}"
+
+
+def pins_memory(pin_memory: bool | None, device: str) -> bool:
+    """Whether a worker on ``device`` loads its minibatches into pinned host memory (the master's ``pin_memory``).
+
+    Pinned (page-locked) memory is what lets ``tensor.to("cuda", non_blocking=True)`` return at once and the copy
+    run beside the GPU's compute; from ordinary (pageable) memory the copy waits for the host. Pinning needs CUDA
+    and only helps a copy to a CUDA device, so a CPU worker never pins, whatever the option says.
+
+    Args:
+        pin_memory: the option: None (auto) or True pin on CUDA, False never pins.
+        device: the worker's torch device string (``"cpu"``, ``"cuda"``, ``"cuda:1"``).
+    Returns:
+        True only for a CUDA device with ``pin_memory`` not False.
+
+    Example: ``pins_memory(None, "cuda:0")`` is True; ``pins_memory(True, "cpu")`` is False.
+    """
+    return pin_memory is not False and str(device).startswith("cuda")
 
 
 def gpu_addresses(resources: Mapping[str, object]) -> list[str]:

@@ -24,10 +24,10 @@ from torchspark.training.checkpoint import CheckpointWriter, RankProgress, resto
 from torchspark.training.comm import Communicator
 from torchspark.training.hooks import WorkerHooks
 from torchspark.training.task import EpochSource, WorkerResult, WorkerTask, param_checksum
-from torchspark.training.worker.devices import task_thread_settings
+from torchspark.training.worker.devices import pins_memory, task_thread_settings
 from torchspark.training.worker.prefetch import prefetch
 
-__all__ = ["epoch_order", "ItemSource", "run_worker", "load_item"]
+__all__ = ["epoch_order", "ItemSource", "run_worker", "load_item", "batch_loader"]
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +54,20 @@ def load_item(item: Any) -> Batch:
     if isinstance(item, (bytes, bytearray, memoryview)):
         return dataset_from_bytes(bytes(item))
     raise TypeError(f"cannot turn a {type(item).__name__} into a minibatch")
+
+
+def batch_loader(pin_memory: bool | None, device: str) -> Callable[[Any], Batch]:
+    """What the loading thread does to each item: :func:`load_item`, then, when the worker pins
+    (:func:`~torchspark.training.worker.devices.pins_memory`: a CUDA device and ``pin_memory`` not False), a copy
+    into pinned host memory, so that the training thread's ``.to(device, non_blocking=True)`` runs beside compute.
+    On a CPU device this is :func:`load_item` itself (pinning needs CUDA)."""
+    if not pins_memory(pin_memory, device):
+        return load_item
+    return _load_pinned
+
+
+def _load_pinned(item: Any) -> Batch:
+    return load_item(item).pin_memory()
 
 
 class ItemSource:
@@ -167,7 +181,7 @@ def _train(task: WorkerTask, source: EpochSource, comm: Communicator, device: st
         items = _epoch_items(task, source, e, comm.rank)
         if skip:  # the minibatches of this epoch the checkpoint says are done (skipped before loading)
             items = items[skip:] if isinstance(items, (list, tuple)) else itertools.islice(items, skip, None)
-        batches = _batches(task, source, items)
+        batches = _batches(task, source, items, batch_loader(task.pin_memory, str(net.device)))
         epoch_hooks = hooks if writer is None else dataclasses.replace(
             hooks, checkpoint=_round_checkpoint(writer, net, e, skip, progress, hooks.recorder))
         outcome = algorithm.epoch(state, net, batches, comm, epoch_hooks, e)
@@ -229,15 +243,18 @@ def _epoch_items(task: WorkerTask, source: EpochSource, e: int, rank: int) -> It
     return source.epoch(e, lambda length: epoch_order(seed, absolute, rank, length))
 
 
-def _batches(task: WorkerTask, source: EpochSource, items: Iterable[Any]) -> Iterator[Batch]:
-    """The epoch's minibatches: ready ones as they are; without prefetch, straight from a source whose waits are
-    already bounded by ``data_timeout_s`` (``bounded_wait``: a queue fed by the parent); else through the
-    prefetcher, which bounds every wait by ``data_timeout_s`` (with ``prefetch=0`` too, without read-ahead)."""
-    if _ready(items):
+def _batches(task: WorkerTask, source: EpochSource, items: Iterable[Any],
+             load: Callable[[Any], Batch] = load_item) -> Iterator[Batch]:
+    """The epoch's minibatches, each through ``load`` (:func:`batch_loader`): ready ones as they are when ``load``
+    has nothing to do (pinning them goes through the prefetcher: the copy runs on its thread); without prefetch,
+    straight from a source whose waits are already bounded by ``data_timeout_s`` (``bounded_wait``: a queue fed by
+    the parent); else through the prefetcher, which bounds every wait by ``data_timeout_s`` (with ``prefetch=0``
+    too, without read-ahead)."""
+    if load is load_item and _ready(items):
         return iter(items)  # type: ignore[arg-type]
     if task.prefetch <= 0 and getattr(source, "bounded_wait", False):
-        return map(load_item, items)
-    return prefetch(items, task.prefetch, task.data_timeout_s, transform=load_item)
+        return map(load, items)
+    return prefetch(items, task.prefetch, task.data_timeout_s, transform=load)
 
 
 def _ready(items: Iterable[Any]) -> bool:
