@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterable, Sequence, Union
 
 import torch
 
-from torchspark.data import DataSet, MultiDataSet, iterate_minibatches
+from torchspark.data import DataSet, MultiDataSet, as_group, group_batches, iterate_minibatches
 from torchspark.errors import ConfigError, DataError, TrainingError
 from torchspark.nn import inference
 from torchspark.nn.divergence import diverged_message
@@ -214,8 +214,42 @@ class Network:
     # ------------------------------------------------------------------ training
     def train_step(self, batch: Batch, validate: bool = False) -> float:
         """One minibatch: forward, backward, optional clipping, one updater step. Returns the loss."""
+        self.optimizer.zero_grad(set_to_none=True)
+        value, _ = self._forward_backward(batch, validate)
+        self._optimizer_step()
+        self.iteration += 1
+        self.last_score = value
+        return value
+
+    def train_group(self, batches: Sequence[Batch], validate: bool = False) -> float:
+        """One updater step over several micro-batches (gradient accumulation): the step one batch of all their
+        examples would take (the gradient of their example-weighted mean loss; equal to it up to float rounding
+        with SGD and no BatchNorm, which sees each micro-batch's statistics), holding one micro-batch's activations
+        at a time. Use it when the batch you want does not fit in memory (``accumulate_steps`` of :meth:`fit` and the
+        masters). Label masks weigh a micro-batch by its examples. ``validate`` checks the first one's features.
+        Returns the example-weighted mean loss; the iteration counter advances by one.
+        """
+        if len(batches) == 1:
+            return self.train_step(batches[0], validate)
+        total = sum(len(b) for b in batches)
+        if total == 0:
+            raise DataError("train_group needs at least one micro-batch with examples, got none")
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum = 0.0
+        for i, batch in enumerate(batches):
+            value, n = self._forward_backward(batch, validate and i == 0, loss_scale=len(batch) / total)
+            loss_sum += value * n
+        self._optimizer_step()
+        value = loss_sum / total
+        self.iteration += 1
+        self.last_score = value
+        return value
+
+    def _forward_backward(self, batch: Batch, validate: bool, loss_scale: float = 1.0) -> tuple[float, int]:
+        """Forward, finiteness check, and backward of ``loss * loss_scale``, which adds to every ``.grad`` (the
+        caller zeroes them). Returns ``(mean loss, examples)`` of the batch."""
         self.module.train()
-        loss, _ = self._batch_loss(batch, validate)
+        loss, examples = self._batch_loss(batch, validate)
         value = float(loss.detach())
         if not math.isfinite(value):
             try:
@@ -223,17 +257,17 @@ class Network:
             except DataError as e:
                 raise TrainingError(f"loss is {value} at iteration {self.iteration}: {e}") from e
             raise TrainingError(diverged_message(f"loss turned {value}", self.iteration, self.updater))
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        (loss * loss_scale if loss_scale != 1.0 else loss).backward()
+        return value, examples
+
+    def _optimizer_step(self) -> None:
+        """The updater's step from the accumulated gradients: clipping, the L1 term, the scheduled rate."""
         if self.gradient_clip is not None:
             torch.nn.utils.clip_grad_norm_(self._params, self.gradient_clip)
         if self.l1:
             self._add_l1_gradient()
         self._apply_lr_schedule()
         self.optimizer.step()
-        self.iteration += 1
-        self.last_score = value
-        return value
 
     def _add_l1_gradient(self) -> None:
         """grad += l1 * sign(w): the gradient of ``l1 * sum(|w|)`` (0 at w = 0, as autograd's abs)."""
@@ -257,14 +291,15 @@ class Network:
             return schedule.value(self.iteration, self.epoch)
         return float(self.optimizer.param_groups[0]["lr"])
 
-    def compute_update(self, batch: Batch, validate: bool = False) -> torch.Tensor:
+    def compute_update(self, batch: Batch | Sequence[Batch], validate: bool = False) -> torch.Tensor:
         """The step the updater would take on ``batch`` (``params_before - params_after``), without taking it.
 
-        The updater's own state (momentum, Adam moments) does advance, as it would on a real step. This is what
-        gradient sharing encodes; :meth:`apply_update` applies such a step.
+        ``batch`` may be a group of micro-batches (one accumulated step, :meth:`train_group`). The updater's own
+        state (momentum, Adam moments) does advance, as it would on a real step. This is what gradient sharing
+        encodes; :meth:`apply_update` applies such a step.
         """
         before = self._flat.detach().clone()
-        self.train_step(batch, validate)
+        self.train_group(as_group(batch), validate)
         with torch.no_grad():
             update = before - self._flat
             self._flat.copy_(before)
@@ -279,7 +314,8 @@ class Network:
         (unique int64 indices). Bit-identical to it (``x - 0`` is ``x``), but touches only those elements."""
         self._state.apply_update_at(indices, values)
 
-    def fit(self, data: Batch | Iterable[Batch], epochs: int = 1, batch_size: int = 32) -> "Network":
+    def fit(self, data: Batch | Iterable[Batch], epochs: int = 1, batch_size: int = 32,
+            accumulate_steps: int = 1) -> "Network":
         """Train on one process.
 
         Args:
@@ -289,16 +325,21 @@ class Network:
                 integer features are passed as they are (token ids for an embedding).
             epochs: passes over the data.
             batch_size: minibatch size when ``data`` is a single DataSet/MultiDataSet.
+            accumulate_steps: minibatches per updater step (gradient accumulation, :meth:`train_group`): the
+                step of ``accumulate_steps * batch_size`` examples with the memory of one minibatch. 1 (default)
+                steps after every minibatch; an epoch whose minibatch count is not a multiple ends with a shorter
+                group. The iteration counter counts updater steps.
         Returns:
             self, trained.
         """
         check_int("epochs", epochs, 1)
+        check_int("accumulate_steps", accumulate_steps, 1, fix="1 steps after every minibatch")
         if epochs > 1 and not isinstance(data, (DataSet, MultiDataSet)) and iter(data) is data:  # type: ignore[arg-type]
             raise ConfigError("data is a one-shot iterator but epochs > 1; pass a list or a DataSet instead")
         for _ in range(epochs):
             seen = 0
-            for batch in iterate_minibatches(data, batch_size):
-                self.train_step(batch, validate=(seen == 0))
+            for group in group_batches(iterate_minibatches(data, batch_size), accumulate_steps):
+                self.train_group(as_group(group), validate=(seen == 0))
                 seen += 1
             if seen == 0:
                 raise DataError("fit got no data: the DataSet or iterable is empty (0 examples); pass data with at "
