@@ -8,12 +8,12 @@ shape and dtype errors into messages naming the data and the fix.
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Union
+from typing import Any, Callable, Protocol, Union
 
 import torch
 
 from torchspark.data import DataSet, MultiDataSet
-from torchspark.errors import ConfigError, DataError
+from torchspark.errors import ConfigError, DataError, TorchSparkError
 from torchspark.nn.losses import Loss
 
 __all__ = ["ForwardNetwork", "Batch", "Unpacked", "as_list", "unpack", "forward", "losses_for", "check_labels",
@@ -28,6 +28,8 @@ class ForwardNetwork(Protocol):
     """What the forward pass reads of a network (:class:`~torchspark.nn.Network` provides it)."""
 
     module: torch.nn.Module
+    #: what the forward pass calls: ``module``, or its compiled form (:mod:`torchspark.nn.compiled`)
+    forward_module: Callable[..., Any]
     losses: list[Loss]
     device: torch.device
     memory_format: str
@@ -112,7 +114,9 @@ def forward(net: ForwardNetwork, feats: list[torch.Tensor], fmask: Any = None) -
     if fmask is not None:
         kwargs["features_mask"] = fmask.to(net.device) if isinstance(fmask, torch.Tensor) else fmask
     try:
-        out = net.module(*feats, **kwargs)
+        out = net.forward_module(*feats, **kwargs)
+    except TorchSparkError:
+        raise  # already says what to change (a compile backend that cannot run here)
     except (RuntimeError, TypeError, ValueError, IndexError) as e:
         text = str(e)
         if "view size is not compatible" in text:

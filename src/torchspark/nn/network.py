@@ -16,6 +16,7 @@ import torch
 from torchspark.data import DataSet, MultiDataSet, as_group, group_batches, iterate_minibatches
 from torchspark.errors import ConfigError, DataError, TrainingError
 from torchspark.nn import inference
+from torchspark.nn.compiled import check_compile, forward_module
 from torchspark.nn.divergence import diverged_message
 from torchspark.nn.flat import FlatState
 from torchspark.nn.forward import Batch, as_list, batch_loss
@@ -65,6 +66,9 @@ class Network:
             convolution output (use ``flatten``/``reshape``). Each 4-D weight then sits in :meth:`params` in its
             memory order (N, H, W, C); every replica of the network uses the same layout, and saved weights are
             stored in the logical layout either way.
+        compile: ``torch.compile`` the forward pass: False (default), True (the default backend), a mode
+            (``"max-autotune"``, ...) or a backend (``"aot_eager"``, ...). Helps on GPU and for larger models; each
+            worker replica's first step pays the compilation. See :mod:`torchspark.nn.compiled`.
     Raises:
         ConfigError: a knob out of range (the message names it and the fix), a module without parameters.
 
@@ -82,12 +86,14 @@ class Network:
         device: str | torch.device | None = None,
         memory_format: str = "contiguous",
         l1: float = 0.0,
+        compile: bool | str = False,
     ) -> None:
         check_choice("memory_format", memory_format, MEMORY_FORMATS)
         check_float("weight_decay", weight_decay, minimum=0, finite=True)
         check_float("l1", l1, minimum=0, finite=True, fix="1e-5..1e-4 is a common start")
         check_float("gradient_clip", gradient_clip, above=0, finite=True, allow_none=True)
         check_int("seed", seed, allow_none=True)
+        self.compile = check_compile(compile)
         self.seed = seed
         self.weight_decay = float(weight_decay)
         self.l1 = float(l1)
@@ -97,6 +103,8 @@ class Network:
         self.module = self._build_module(module, seed).to(self.device)
         if memory_format == "channels_last":
             self.module = self.module.to(memory_format=torch.channels_last)
+        #: what the forward pass calls: the module, or its compiled form (which uses the module's own parameters)
+        self.forward_module = forward_module(self.module, self.compile)
         self.losses: list[Loss] = [resolve_loss(lo) for lo in as_list(loss)]
         self.updater = resolve_updater(updater if updater is not None else SGD(lr=0.01))
         self._state = FlatState(self.module, memory_format == "channels_last", self._make_optimizer)

@@ -58,6 +58,7 @@ class PortableNetwork(Protocol):
     l1: float
     gradient_clip: float | None
     memory_format: str
+    compile: bool | str
     iteration: int
     epoch: int
     extra_config: dict[str, Any]
@@ -85,6 +86,7 @@ def portable_parts(net: PortableNetwork) -> tuple[dict[str, Any], dict[str, Any]
         "l1": net.l1,
         "gradient_clip": net.gradient_clip,
         "memory_format": net.memory_format,
+        "compile": net.compile,
         "iteration": net.iteration,
         "epoch": net.epoch,
         "num_params": net.num_params(),
@@ -144,6 +146,7 @@ def _rebuild(network_class: NetworkClass[N], config: dict[str, Any], objects: di
             device=device,
             memory_format=config.get("memory_format", "contiguous"),
             l1=float(config.get("l1", 0.0)),
+            compile=config.get("compile", False),
         )
         net.seed = config.get("seed")
         net.iteration = int(config.get("iteration", 0))
