@@ -1,9 +1,8 @@
 """The ``torchspark`` command: train, evaluate and predict with Spark (or ParallelWrapper) from the shell.
 
 ``torchspark train`` trains a zoo model on the built-in digits dataset (gradient sharing by default, as the seeds
-recommend) and writes the model, ``metrics.json`` (on Spark also the ``spark_master`` and ``master`` settings
-it used), ``stats.json`` and the ``stats.html`` timeline; ``evaluate`` and
-``predict`` run the distributed evaluation and inference of a saved model.
+recommend) and writes the model, ``metrics.json`` (on Spark also the ``spark_master`` and ``master`` settings it
+used), ``stats.json`` and the ``stats.html`` timeline; ``evaluate``/``predict``: distributed evaluation and inference.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ import sys
 import time
 from typing import Any, Sequence
 
-from torchspark.cli_checks import check_arguments
+from torchspark.cli_checks import check_arguments, compile_setting
 from torchspark.errors import ConfigError, SetupError, TorchSparkError
 from torchspark.nn.precision import PRECISIONS
 from torchspark.training.algorithms.sharing.topology import DEFAULT_SHARD_ABOVE_WORKERS
@@ -112,8 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--parallel", action="store_true",
                        help="train with ParallelWrapper (local worker processes), without Spark or Java")
     train.add_argument("--batch-size-per-worker", type=_positive_int, default=16, help="minibatch size per worker")
+    train.add_argument("--accumulate-steps", type=_positive_int, default=1, metavar="K",
+                       help="minibatches per optimizer step (gradient accumulation: K x the minibatch per step)")
     train.add_argument("--averaging-frequency", type=_positive_int, default=5,
-                       help="averaging mode: minibatches between parameter averages")
+                       help="averaging mode: optimizer steps between parameter averages")
     train.add_argument("--threshold-algorithm", type=_threshold, default="calibrated",
                        help="sharing mode: the master's threshold_algorithm, an adaptive threshold starting at "
                             "'calibrated' (default: chosen from the first update for ~1e-3 sparsity) or at a fixed "
@@ -136,8 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--memory-format", default="contiguous", choices=["contiguous", "channels_last"],
                        help="layout of convolution weights; channels_last trains CNNs faster on CPU")
     train.add_argument("--precision", default="fp32", choices=list(PRECISIONS),
-                       help="mixed precision of the forward pass (Network's precision): bf16 on CPUs and recent "
-                            "GPUs, fp16 (with loss scaling) on older GPUs")
+                       help="mixed precision of the forward pass: bf16 (CPUs, recent GPUs), fp16 (older GPUs)")
+    train.add_argument("--compile", nargs="?", const=True, default=False, type=compile_setting, metavar="BACKEND",
+                       help="torch.compile the forward pass (default backend, or aot_eager, max-autotune, ...)")
     train.add_argument("--output", default="torchspark-output", help="directory for the model, metrics and stats")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     train.add_argument("--config", default=None,
@@ -261,7 +263,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     train_data, test_data = datasets.digits("train"), datasets.digits("test")
     net = Network(_model(args.model, tuple(train_data.features.shape[1:]), 10),
                   updater=_updater(args.updater, args.lr), seed=args.seed, memory_format=args.memory_format,
-                  precision=args.precision)
+                  precision=args.precision, compile=args.compile)
     threshold = AdaptiveThreshold(initial=args.threshold_algorithm)
     start = time.time()
     if args.parallel:
@@ -305,7 +307,7 @@ def master_from_args(args: argparse.Namespace, threshold: Any) -> Any:
     """The master ``--training-mode`` names, with the options of the command line (the same on Spark and with
     ``--parallel``)."""
     common = dict(batch_size_per_worker=args.batch_size_per_worker, num_workers=args.num_workers, rng_seed=args.seed,
-                  collect_training_stats=True)
+                  collect_training_stats=True, accumulate_steps=args.accumulate_steps)
     if args.training_mode == "sharing":
         return master_class("sharing")(threshold_algorithm=threshold, **_sharing_options(args), **common)
     return master_class("averaging")(averaging_frequency=args.averaging_frequency, **common)

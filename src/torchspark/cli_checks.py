@@ -17,8 +17,9 @@ from typing import Callable
 from urllib.parse import urlsplit
 
 from torchspark.errors import ConfigError
+from torchspark.nn.compiled import check_compile
 
-__all__ = ["check_arguments", "check_master", "check_output_directory", "check_output_file", "check_parquet_output",
+__all__ = ["check_arguments", "compile_setting", "check_master", "check_output_directory", "check_output_file", "check_parquet_output",
            "MASTER_CONNECT_TIMEOUT_S"]
 
 #: how long ``check_master`` waits for a TCP connection to a ``spark://`` or ``k8s://`` master
@@ -27,6 +28,17 @@ MASTER_CONNECT_TIMEOUT_S = 10.0
 _LOCAL = re.compile(r"local(\[\s*(\*|[1-9][0-9]*)\s*(,\s*[0-9]+\s*)?\])?$")
 _LOCAL_CLUSTER = re.compile(r"local-cluster\[\s*[1-9][0-9]*\s*,\s*[1-9][0-9]*\s*,\s*[1-9][0-9]*\s*\]$")
 _FORMS = "local, local[N], local[*], local-cluster[N,CORES,MB], spark://HOST:PORT, yarn or k8s://https://HOST:PORT"
+
+
+def compile_setting(text: str) -> bool | str:
+    """An argparse type: ``--compile``'s value, a torch.compile backend or mode (:func:`~torchspark.nn.compiled.
+    check_compile`; ``true``/``false`` too, as a ``--config`` file writes them)."""
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    try:
+        return check_compile(text)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _is_remote(path: str) -> bool:

@@ -76,6 +76,21 @@ def test_skewed_partitions_match_the_torch_route_and_finish(spark, sc) -> None:
     assert net.iteration == 16  # 6 rounds of up to 3 minibatches on the busiest worker
 
 
+def test_accumulation_counts_rounds_in_optimizer_steps_on_both_routes(spark, sc) -> None:
+    # 96 and 72 examples in minibatches of 8: 12 and 9 minibatches, k=2 -> 6 and 5 optimizer steps (the second
+    # worker's last group is one minibatch); averaging_frequency=2 -> 3 rounds of 4 minibatches each
+    parts = [_data(96, 6), _data(72, 7)]
+    options = dict(epochs=1, batch_size_per_worker=8, averaging_frequency=2, accumulate_steps=2)
+    spark_route = _fit(spark, sc, parts, "spark", **options)
+    torch_route = _fit(spark, sc, parts, "torch", **options)
+    _assert_same_training(spark_route, torch_route)
+    net, spark_net = spark_route
+    assert [(r.examples, r.iterations) for r in spark_net.last_results] == [(96, 6), (72, 5)]
+    assert net.iteration == 6
+    ignored = _fit(spark, sc, parts, "spark", **{**options, "accumulate_steps": 1})[0]
+    assert ignored.iteration == 12 and not torch.allclose(ignored.params(), net.params(), atol=1e-4)
+
+
 def test_save_updater_false_matches_the_torch_route(spark, sc) -> None:
     # a driver network with a non-zero updater state: both routes start the fit's first round from it, then reset
     start = _net()

@@ -136,3 +136,39 @@ def test_bounded_staleness_with_the_sharded_topology_is_a_one_line_error(tmp_pat
                  "--output", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("torchspark: error:") and "sharded" in err and "Traceback" not in err
+
+
+def test_accumulate_steps_and_compile_flags_parse_and_reach_the_master() -> None:
+    from torchspark.cli import master_from_args
+    from torchspark.encoding import AdaptiveThreshold
+
+    parse = build_parser().parse_args
+    assert (parse(["train"]).accumulate_steps, parse(["train"]).compile) == (1, False)
+    assert parse(["train", "--compile"]).compile is True  # the default backend
+    assert parse(["train", "--compile", "aot_eager"]).compile == "aot_eager"
+    assert parse(["train", "--compile", "max-autotune"]).compile == "max-autotune"
+    for mode in ("averaging", "sharing"):
+        args = parse(["train", "--training-mode", mode, "--accumulate-steps", "3"])
+        assert master_from_args(args, AdaptiveThreshold()).accumulate_steps == 3
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["train", "--accumulate-steps", "0"], "--accumulate-steps: must be >= 1, got 0"),
+    (["train", "--compile", "turbo"], "--compile: compile must be one of ['default', 'reduce-overhead'"),
+])
+def test_bad_accumulate_steps_or_compile_exit_2(argv: list[str], message: str, capsys) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_compile_and_accumulation_train_and_reach_the_saved_network(tmp_path) -> None:
+    from torchspark import Network
+
+    out = tmp_path / "cc"
+    assert main(["train", "--parallel", "--training-mode", "averaging", "--model", "mlp", "--epochs", "1",
+                 "--no-progress", "--compile", "aot_eager", "--accumulate-steps", "2", "--output", str(out)]) == 0
+    saved = Network.load(str(out / "model"))
+    assert saved.compile == "aot_eager"
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["accuracy"] > 0.3

@@ -201,3 +201,12 @@ def test_train_with_a_config_file_trains_with_its_settings(tmp_path) -> None:
     metrics = json.loads((out / "metrics.json").read_text())
     assert (metrics["runner"], metrics["num_workers"], metrics["training_mode"], metrics["epochs"]) == (
         "ParallelWrapper", 1, "averaging", 1)
+
+
+@pytest.mark.parametrize(("line", "expected"), [("compile: aot_eager", "aot_eager"), ("compile: true", True),
+                                                ("compile: false", False)])
+def test_compile_and_accumulate_steps_from_a_config_file(line, expected, tmp_path) -> None:
+    path = tmp_path / "run.yaml"
+    path.write_text(f"{line}\naccumulate_steps: 4\n")
+    settings = load_train_settings(build_parser(), str(path))
+    assert settings["compile"] == expected and settings["accumulate_steps"] == 4

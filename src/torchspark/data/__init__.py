@@ -16,15 +16,20 @@ from torchspark.data.batchfiles import (
 )
 from torchspark.data.batching import Batch, iterate_minibatches, rebatch, recut
 from torchspark.data.dataset import DataSet, MultiDataSet
+from torchspark.data.groups import BatchGroup, Trainable, as_group, group_batches, group_examples
 from torchspark.data.paths import resolve_paths
 
 __all__ = [
     "Batch",
+    "BatchGroup",
+    "as_group",
     "DataSet",
     "batch_num_examples",
     "MultiDataSet",
     "dataset_from_bytes",
     "dataset_to_bytes",
+    "group_batches",
+    "group_examples",
     "iterate_minibatches",
     "list_batches",
     "load_batch",
@@ -33,4 +38,5 @@ __all__ = [
     "resolve_paths",
     "save_batch",
     "save_batches",
+    "Trainable",
 ]

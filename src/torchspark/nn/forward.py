@@ -8,12 +8,12 @@ shape and dtype errors into messages naming the data and the fix.
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Union
+from typing import Any, Callable, Protocol, Union
 
 import torch
 
 from torchspark.data import DataSet, MultiDataSet
-from torchspark.errors import ConfigError, DataError
+from torchspark.errors import ConfigError, DataError, TorchSparkError
 from torchspark.nn.losses import Loss
 from torchspark.nn.precision import Precision
 
@@ -29,6 +29,8 @@ class ForwardNetwork(Protocol):
     """What the forward pass reads of a network (:class:`~torchspark.nn.Network` provides it)."""
 
     module: torch.nn.Module
+    #: what the forward pass calls: ``module``, or its compiled form (:mod:`torchspark.nn.compiled`)
+    forward_module: Callable[..., Any]
     losses: list[Loss]
     device: torch.device
     memory_format: str
@@ -118,7 +120,9 @@ def forward(net: ForwardNetwork, feats: list[torch.Tensor], fmask: Any = None) -
         kwargs["features_mask"] = fmask.to(net.device, non_blocking=True) if isinstance(fmask, torch.Tensor) else fmask
     try:
         with net.amp.autocast():
-            out = net.module(*feats, **kwargs)
+            out = net.forward_module(*feats, **kwargs)
+    except TorchSparkError:
+        raise  # already says what to change (a compile backend that cannot run here)
     except (RuntimeError, TypeError, ValueError, IndexError) as e:
         text = str(e)
         if "view size is not compatible" in text:

@@ -13,9 +13,10 @@ from typing import Any, Callable, Iterable, Sequence, Union
 
 import torch
 
-from torchspark.data import DataSet, MultiDataSet, iterate_minibatches
+from torchspark.data import DataSet, MultiDataSet, as_group, group_batches, iterate_minibatches
 from torchspark.errors import ConfigError, DataError, TrainingError
 from torchspark.nn import inference
+from torchspark.nn.compiled import check_compile, forward_module
 from torchspark.nn.divergence import diverged_message
 from torchspark.nn.flat import FlatState
 from torchspark.nn.forward import Batch, as_list, batch_loss
@@ -73,6 +74,9 @@ class Network:
             step whose gradients overflow, ``iteration`` still counts it, and its state is saved with the updater
             and in checkpoints (:mod:`torchspark.nn.precision`). Both masters and ``ParallelWrapper`` train at it.
             Example: ``Network(models.lenet(), precision="bf16")``.
+        compile: ``torch.compile`` the forward pass: False (default), True (the default backend), a mode
+            (``"max-autotune"``, ...) or a backend (``"aot_eager"``, ...). Helps on GPU and for larger models; each
+            worker replica's first step pays the compilation. See :mod:`torchspark.nn.compiled`.
     Raises:
         ConfigError: a knob out of range (the message names it and the fix), a module without parameters.
 
@@ -91,12 +95,14 @@ class Network:
         memory_format: str = "contiguous",
         l1: float = 0.0,
         precision: str = "fp32",
+        compile: bool | str = False,
     ) -> None:
         check_choice("memory_format", memory_format, MEMORY_FORMATS)
         check_float("weight_decay", weight_decay, minimum=0, finite=True)
         check_float("l1", l1, minimum=0, finite=True, fix="1e-5..1e-4 is a common start")
         check_float("gradient_clip", gradient_clip, above=0, finite=True, allow_none=True)
         check_int("seed", seed, allow_none=True)
+        self.compile = check_compile(compile)
         self.seed = seed
         self.weight_decay = float(weight_decay)
         self.l1 = float(l1)
@@ -109,6 +115,8 @@ class Network:
         self.module = self._build_module(module, seed).to(self.device)
         if memory_format == "channels_last":
             self.module = self.module.to(memory_format=torch.channels_last)
+        #: what the forward pass calls: the module, or its compiled form (which uses the module's own parameters)
+        self.forward_module = forward_module(self.module, self.compile)
         self.losses: list[Loss] = [resolve_loss(lo) for lo in as_list(loss)]
         self.updater = resolve_updater(updater if updater is not None else SGD(lr=0.01))
         self._state = FlatState(self.module, memory_format == "channels_last", self._make_optimizer)
@@ -234,6 +242,30 @@ class Network:
         self.last_score = value
         return value
 
+    def train_group(self, batches: Sequence[Batch], validate: bool = False) -> float:
+        """One updater step over several micro-batches (gradient accumulation): the step one batch of all their
+        examples would take (the gradient of their example-weighted mean loss; equal to it up to float rounding
+        with SGD and no BatchNorm, which sees each micro-batch's statistics), holding one micro-batch's activations
+        at a time. Use it when the batch you want does not fit in memory (``accumulate_steps`` of :meth:`fit` and the
+        masters). Label masks weigh a micro-batch by its examples. ``validate`` checks the first one's features.
+        Returns the example-weighted mean loss; the iteration counter advances by one.
+        """
+        if len(batches) == 1:
+            return self.train_step(batches[0], validate)
+        total = sum(len(b) for b in batches)
+        if total == 0:
+            raise DataError("train_group needs at least one micro-batch with examples, got none")
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum = 0.0
+        for i, batch in enumerate(batches):
+            value, n = self._forward_backward(batch, validate and i == 0, loss_scale=len(batch) / total)
+            loss_sum += value * n
+        self._optimizer_step()
+        value = loss_sum / total
+        self.iteration += 1
+        self.last_score = value
+        return value
+
     def _forward_backward(self, batch: Batch, validate: bool, loss_scale: float = 1.0) -> tuple[float, int]:
         """Forward and backward of one minibatch, its gradients (of ``loss * loss_scale``; fp16: also times the
         scaler's scale) added to ``.grad``; returns ``(loss, examples)``.
@@ -289,14 +321,15 @@ class Network:
             return schedule.value(self.iteration, self.epoch)
         return float(self.optimizer.param_groups[0]["lr"])
 
-    def compute_update(self, batch: Batch, validate: bool = False) -> torch.Tensor:
+    def compute_update(self, batch: Batch | Sequence[Batch], validate: bool = False) -> torch.Tensor:
         """The step the updater would take on ``batch`` (``params_before - params_after``), without taking it.
 
-        The updater's own state (momentum, Adam moments) does advance, as it would on a real step. This is what
-        gradient sharing encodes; :meth:`apply_update` applies such a step.
+        ``batch`` may be a group of micro-batches (one accumulated step, :meth:`train_group`). The updater's own
+        state (momentum, Adam moments) does advance, as it would on a real step. This is what gradient sharing
+        encodes; :meth:`apply_update` applies such a step.
         """
         before = self._flat.detach().clone()
-        self.train_step(batch, validate)
+        self.train_group(as_group(batch), validate)
         with torch.no_grad():
             update = before - self._flat
             self._flat.copy_(before)
@@ -311,7 +344,8 @@ class Network:
         (unique int64 indices). Bit-identical to it (``x - 0`` is ``x``), but touches only those elements."""
         self._state.apply_update_at(indices, values)
 
-    def fit(self, data: Batch | Iterable[Batch], epochs: int = 1, batch_size: int = 32) -> "Network":
+    def fit(self, data: Batch | Iterable[Batch], epochs: int = 1, batch_size: int = 32,
+            accumulate_steps: int = 1) -> "Network":
         """Train on one process.
 
         Args:
@@ -321,16 +355,21 @@ class Network:
                 integer features are passed as they are (token ids for an embedding).
             epochs: passes over the data.
             batch_size: minibatch size when ``data`` is a single DataSet/MultiDataSet.
+            accumulate_steps: minibatches per updater step (gradient accumulation, :meth:`train_group`): the
+                step of ``accumulate_steps * batch_size`` examples with the memory of one minibatch. 1 (default)
+                steps after every minibatch; an epoch whose minibatch count is not a multiple ends with a shorter
+                group. The iteration counter counts updater steps.
         Returns:
             self, trained.
         """
         check_int("epochs", epochs, 1)
+        check_int("accumulate_steps", accumulate_steps, 1, fix="1 steps after every minibatch")
         if epochs > 1 and not isinstance(data, (DataSet, MultiDataSet)) and iter(data) is data:  # type: ignore[arg-type]
             raise ConfigError("data is a one-shot iterator but epochs > 1; pass a list or a DataSet instead")
         for _ in range(epochs):
             seen = 0
-            for batch in iterate_minibatches(data, batch_size):
-                self.train_step(batch, validate=(seen == 0))
+            for group in group_batches(iterate_minibatches(data, batch_size), accumulate_steps):
+                self.train_group(as_group(group), validate=(seen == 0))
                 seen += 1
             if seen == 0:
                 raise DataError("fit got no data: the DataSet or iterable is empty (0 examples); pass data with at "

@@ -62,6 +62,7 @@ class PortableNetwork(Protocol):
     memory_format: str
     precision: str
     amp: Precision
+    compile: bool | str
     iteration: int
     epoch: int
     extra_config: dict[str, Any]
@@ -90,6 +91,7 @@ def portable_parts(net: PortableNetwork) -> tuple[dict[str, Any], dict[str, Any]
         "gradient_clip": net.gradient_clip,
         "memory_format": net.memory_format,
         "precision": net.precision,
+        "compile": net.compile,
         "iteration": net.iteration,
         "epoch": net.epoch,
         "num_params": net.num_params(),
@@ -150,6 +152,7 @@ def _rebuild(network_class: NetworkClass[N], config: dict[str, Any], objects: di
             memory_format=config.get("memory_format", "contiguous"),
             l1=float(config.get("l1", 0.0)),
             precision=config.get("precision", "fp32"),
+            compile=config.get("compile", False),
         )
         net.seed = config.get("seed")
         net.iteration = int(config.get("iteration", 0))

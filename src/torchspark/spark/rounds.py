@@ -8,7 +8,8 @@ milliseconds of scheduling each, whatever the model), but works wherever Spark j
 reads broadcasts and its own data, Spark may simply retry a failed task.
 
 Per fit (driver, :class:`SparkRoundsRunner`, run by :func:`torchspark.training.driver.fit.run_fit`):
-  1. count the minibatches of every worker partition (one small job); rounds per epoch = ceil(max count / f);
+  1. count the minibatches of every worker partition (one small job); rounds per epoch = ceil(max count / (f * k))
+     (``k`` = ``accumulate_steps``, minibatches per optimizer step; 1 without gradient accumulation);
   2. broadcast the task's network blueprint once (each Python worker builds the network once per fit and keeps it
      in its :class:`~torchspark.nn.cache.NetworkCache`).
 Per round ``r`` of every epoch (the rounds and arithmetic of
@@ -17,12 +18,12 @@ Per round ``r`` of every epoch (the rounds and arithmetic of
      ones), plus the updater state when ``save_updater`` (and in the fit's first round, which starts from the
      driver's updater state like the torch route's blueprint does);
   4. one job: each partition sets them (resetting the updater when no state came), fits its minibatches
-     ``[r*f, (r+1)*f)`` and yields one :class:`RoundRecord` ``(params*n | updater_state*n | buffers*n, n, score*n)``; a
+     ``[r*f*k, (r+1)*f*k)`` (``f`` optimizer steps) and yields one :class:`RoundRecord` ``(params*n | updater_state*n | buffers*n, n, score*n)``; a
      partition with no minibatch left yields ``n = 0``; ``treeAggregate(depth=aggregation_depth)`` sums them;
   5. the driver sets ``params = sum(params*n) / sum(n)`` (likewise the floating-point buffers, and the updater
      state when ``save_updater``, else it resets it) --
      :func:`~torchspark.training.algorithms.averaging.apply_weighted_mean`, the all-reduce route's rule --, takes
-     partition 0's integer buffers when it trained, and advances ``iteration`` by the round's most minibatches on
+     partition 0's integer buffers when it trained, and advances ``iteration`` by the round's most optimizer steps on
      one worker.
 If a round fails or is interrupted, the driver's network holds the result of the last completed round.
 
@@ -45,6 +46,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 
+from torchspark.data import as_group, group_batches, group_examples
 from torchspark.errors import ConfigError, TorchSparkError
 from torchspark.nn import Network, NetworkBlueprint
 from torchspark.nn.cache import NetworkCache
@@ -76,7 +78,8 @@ class FitSpec:
     Args:
         fit_id: names this fit in the workers' network cache.
         blueprint: ``NetworkBlueprint.to_bytes()`` of the driver's network at the start of the fit.
-        averaging_frequency: minibatches per worker and round (``f``).
+        averaging_frequency: optimizer steps per worker and round (``f``).
+        accumulate_steps: minibatches per optimizer step (``k``): a round fits ``f * k`` minibatches.
         save_updater: return the updater state for averaging (else the driver resets it after every round).
         prefetch: minibatches loaded ahead on a background thread (0 = none).
         pin_memory: the master's ``pin_memory`` (pinned host memory for CUDA workers' minibatches).
@@ -90,6 +93,7 @@ class FitSpec:
     fit_id: str
     blueprint: bytes
     averaging_frequency: int
+    accumulate_steps: int = 1
     save_updater: bool = True
     prefetch: int = 0
     pin_memory: bool | None = None
@@ -177,9 +181,9 @@ def fit_round_partition(spec_bc: Any, round_bc: Any, index: int, items: Iterable
     """``mapPartitionsWithIndex`` function of one round (step 4): fit this partition's share, yield one record."""
     spec: FitSpec = spec_bc.value
     rnd: RoundInput = round_bc.value
-    f = spec.averaging_frequency
+    per_round = spec.averaging_frequency * spec.accumulate_steps  # f optimizer steps of k minibatches each
     it = iter(items)
-    chunk = list(islice(it, rnd.round * f, (rnd.round + 1) * f))  # f paths or serialized batches at most
+    chunk = list(islice(it, rnd.round * per_round, (rnd.round + 1) * per_round))  # paths or serialized batches
     for _ in it:  # read to the end: a Python worker that leaves input unread is not reused (and would rebuild)
         pass
     if not chunk:  # this worker's data ran out: it joins the round with n = 0
@@ -232,19 +236,22 @@ def _build(spec: FitSpec, device: str, recorder: PhaseRecorder) -> Network:
 
 def _fit_chunk(net: Network, chunk: Sequence[Any], spec: FitSpec, validate_first: bool,
                recorder: PhaseRecorder) -> WorkerRound:
-    """Fit the round's minibatches in order (the first step of the fit validates its input)."""
+    """Fit the round's minibatches in order, one optimizer step per ``accumulate_steps`` of them (the first step of
+    the fit validates its input)."""
     out = WorkerRound()
     load = batch_loader(spec.pin_memory, str(net.device))
     batches = prefetch(chunk, spec.prefetch, spec.data_timeout_s, transform=load)
+    groups = iter(group_batches(batches, spec.accumulate_steps))
     try:
         while True:
             with recorder.phase("data_wait"):
-                batch = next(batches, None)
+                batch = next(groups, None)
             if batch is None:
                 return out
-            with recorder.phase("fit", examples=len(batch)):
-                out.score = net.train_step(batch, validate=validate_first and out.iterations == 0)
-            out.examples += len(batch)
+            examples = group_examples(batch)
+            with recorder.phase("fit", examples=examples):
+                out.score = net.train_group(as_group(batch), validate=validate_first and out.iterations == 0)
+            out.examples += examples
             out.iterations += 1
             recorder.record_score(net.iteration, out.score)
     finally:
@@ -305,10 +312,11 @@ class SparkRoundsRunner:
             with rec.phase("count"):
                 counts = run_job(sc, f"torchspark: count the minibatches of {n} workers",
                                  partial(_count_all, worker_rdd, n), "torchspark-round-job")
-            rounds = math.ceil(max(counts) / settings.averaging_frequency)
+            rounds = math.ceil(max(counts) / (settings.averaging_frequency * task.accumulate_steps))
             # 2. the network, once per fit (the driver timed building the blueprint as its broadcast phase)
             spec_bc = sc.broadcast(FitSpec(
                 fit_id=uuid.uuid4().hex, blueprint=task.blueprint, averaging_frequency=settings.averaging_frequency,
+                accumulate_steps=task.accumulate_steps,
                 save_updater=settings.save_updater, prefetch=task.prefetch, pin_memory=task.pin_memory,
                 data_timeout_s=task.data_timeout_s, collect_stats=task.collect_stats,
                 flush_denormal=task.flush_denormal, gpu_dry_run=self.gpus.dry_run))

@@ -61,6 +61,9 @@ class WorkerTask:
     resume: ResumePoint | None = None
     #: the network's epoch counter when the fit starts: epoch ``e`` of this fit is epoch ``first_epoch + e``
     first_epoch: int = 0
+    #: minibatches per optimizer step (the master's ``accumulate_steps``): the worker trains its stream in groups of
+    #: this many (:func:`~torchspark.data.group_batches`); every count an algorithm keeps is then in optimizer steps
+    accumulate_steps: int = 1
     #: the master's ``rng_seed``: with it, every epoch after the first trains this worker's minibatches in a new
     #: order, a pure function of ``(shuffle_seed, epoch, rank)`` (routes that plan every epoch across workers hand
     #: :class:`~torchspark.training.assignment.EpochItems` instead, which are trained as planned)

@@ -1,7 +1,8 @@
 """Synchronous parameter averaging (DL4J's ParameterAveragingTrainingMaster), as a worker loop.
 
 Each round:
-  1. every worker fits up to ``averaging_frequency`` minibatches of its own data, from the common parameters;
+  1. every worker takes up to ``averaging_frequency`` optimizer steps on its own data, from the common parameters
+     (one per minibatch, or per group of ``accumulate_steps`` minibatches: :mod:`torchspark.data.groups`);
   2. one all-reduce sums ``[params * n, updater_state * n, buffers * n, n, score * n, active]`` over workers,
      where ``n`` is the number of examples the worker fitted this round and ``buffers`` the module's
      floating-point buffers (BatchNorm running statistics);
@@ -25,7 +26,7 @@ from typing import Any, Iterable
 
 import torch
 
-from torchspark.data import Batch
+from torchspark.data import Trainable, as_group, group_examples
 from torchspark.nn import Network
 from torchspark.training.algorithms.base import EpochOutcome
 from torchspark.training.comm import Communicator, StagedSum, staged_sum
@@ -40,7 +41,8 @@ class AveragingSettings:
     """The knobs of the averaging loop (validated by the training master that builds them).
 
     Args:
-        averaging_frequency: minibatches per worker between averaging rounds. Low values cost communication,
+        averaging_frequency: optimizer steps per worker between averaging rounds (minibatches, or groups of
+            minibatches with gradient accumulation). Low values cost communication,
             values far above ~20 hurt convergence; 5 is DL4J's default.
         save_updater: average and keep the updater state (momentum, Adam moments) across rounds; False resets
             it every round (less traffic, worse for adaptive updaters).
@@ -52,7 +54,7 @@ class AveragingSettings:
 
 def averaging_epoch(
     net: Network,
-    batches: Iterable[Batch],
+    batches: Iterable[Trainable],
     comm: Communicator,
     settings: AveragingSettings,
     hooks: WorkerHooks,
@@ -76,13 +78,14 @@ def averaging_epoch(
             batch = upcoming
             with rec.phase("data_wait"):
                 upcoming = next(it, None)
-            with rec.phase("fit", examples=len(batch)):
-                round_score = net.train_step(batch, validate=validate_first and out.iterations == 0)
-            n_round += len(batch)
+            examples = group_examples(batch)
+            with rec.phase("fit", examples=examples):
+                round_score = net.train_group(as_group(batch), validate=validate_first and out.iterations == 0)
+            n_round += examples
             out.last_score = round_score
-            out.score_sum += round_score * len(batch)
+            out.score_sum += round_score * examples
             out.iterations += 1
-            out.examples += len(batch)
+            out.examples += examples
             rec.record_score(net.iteration, round_score)
             if hooks.progress is not None and out.iterations % hooks.progress_every == 0:
                 hooks.progress(ProgressUpdate(comm.rank, epoch, out.iterations, out.examples, round_score))
@@ -224,7 +227,7 @@ class AveragingAlgorithm:
     def start(self, net: Network, comm: Communicator) -> None:
         return None
 
-    def epoch(self, state: None, net: Network, batches: Iterable[Batch], comm: Communicator, hooks: WorkerHooks,
+    def epoch(self, state: None, net: Network, batches: Iterable[Trainable], comm: Communicator, hooks: WorkerHooks,
               epoch: int) -> EpochOutcome:
         return averaging_epoch(net, batches, comm, self.settings, hooks, epoch, validate_first=(epoch == 0))
 

@@ -13,7 +13,7 @@ from typing import Any, Iterable, Protocol
 
 import torch
 
-from torchspark.data import Batch
+from torchspark.data import Trainable
 from torchspark.nn import Network
 from torchspark.training.comm import Communicator
 from torchspark.training.hooks import WorkerHooks
@@ -27,7 +27,7 @@ class Algorithm(Protocol):
 
     def start(self, net: Network, comm: Communicator) -> Any: ...
 
-    def epoch(self, state: Any, net: Network, batches: Iterable[Batch], comm: Communicator, hooks: WorkerHooks,
+    def epoch(self, state: Any, net: Network, batches: Iterable[Trainable], comm: Communicator, hooks: WorkerHooks,
               epoch: int) -> EpochOutcome: ...
 
     def finish(self, state: Any, net: Network, comm: Communicator) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

@@ -40,6 +40,15 @@ class TrainingMaster:
     Args:
         batch_size_per_worker: examples per minibatch on each worker (DL4J default 16). Larger batches mean fewer,
             cheaper synchronisations; scale the learning rate with it.
+        accumulate_steps: minibatches per optimizer step on each worker (gradient accumulation, default 1): the
+            gradients of ``k`` consecutive minibatches add up and the updater steps once, exactly as on one batch of
+            ``k * batch_size_per_worker`` examples (the loss is their example-weighted mean), while only one
+            minibatch's activations are in memory. Use it when the batch you want per worker does not fit on the
+            device (large models on a GPU): e.g. ``batch_size_per_worker=16, accumulate_steps=8`` steps on 128
+            examples. Every count is then in optimizer steps: ``averaging_frequency`` (an average every ``f * k``
+            minibatches), a gradient-sharing round (one encoded update per step), ``checkpoint_every``, the
+            iteration and progress counters. An epoch whose minibatch count is not a multiple of ``k`` ends with a
+            shorter group. BatchNorm sees each minibatch's own statistics, not the group's.
         num_workers: training workers, one Spark task slot each (default: the session's default parallelism).
         worker_prefetch_num_batches: minibatches a background thread loads ahead on each worker (0 = off).
         pin_memory: copy each minibatch into pinned (page-locked) host memory on the loading thread, so that its
@@ -104,8 +113,8 @@ class TrainingMaster:
             checkpoints. Each fit writes under ``<checkpoint_directory>/<run_id>/``; ``fit(..., run_id="r1")``
             continues run ``r1`` from its newest checkpoint (a new driver process too). See
             :mod:`torchspark.training.checkpoint`.
-        checkpoint_every: averaging rounds (parameter averaging) or exchange iterations (gradient sharing) between
-            checkpoints; None (default): once per epoch. Work lost to a fault is at most one interval; each
+        checkpoint_every: averaging rounds (parameter averaging) or exchange iterations, one per optimizer step
+            (gradient sharing) between checkpoints; None (default): once per epoch. Work lost to a fault is at most one interval; each
             checkpoint writes every rank's state (parameters, updater state, residuals) once, so an interval of a
             few seconds of training or more keeps the overhead small.
         keep_checkpoints: the newest complete checkpoints kept per run (default 2; older ones are deleted).
@@ -129,6 +138,7 @@ class TrainingMaster:
 
     kind: ClassVar[str] = ""
     batch_size_per_worker: int = 16
+    accumulate_steps: int = 1
     num_workers: int | None = None
     worker_prefetch_num_batches: int = 2
     pin_memory: bool | None = None
@@ -161,6 +171,7 @@ class TrainingMaster:
         if isinstance(self.port_range, list):  # from JSON
             object.__setattr__(self, "port_range", tuple(self.port_range))
         check_int("batch_size_per_worker", self.batch_size_per_worker, 1, owner=name)
+        check_int("accumulate_steps", self.accumulate_steps, 1, owner=name, meaning="(minibatches per optimizer step)")
         check_int("num_workers", self.num_workers, 1, allow_none=True, owner=name)
         check_int("worker_prefetch_num_batches", self.worker_prefetch_num_batches, 0, owner=name)
         check_bool("pin_memory", self.pin_memory, allow_none=True, owner=name, none_means="pin on CUDA workers")
@@ -242,7 +253,8 @@ class TrainingMaster:
 class ParameterAveragingTrainingMaster(TrainingMaster):
     """Synchronous parameter averaging (DL4J's ParameterAveragingTrainingMaster).
 
-    Every worker fits ``averaging_frequency`` minibatches from the common parameters, then all workers replace
+    Every worker takes ``averaging_frequency`` optimizer steps (minibatches; groups of ``accumulate_steps``
+    minibatches with gradient accumulation) from the common parameters, then all workers replace
     their parameters (and updater state) by the example-weighted mean. Two routes give the same result (same data,
     seed and settings -> the same parameters, up to float rounding):
 
@@ -258,8 +270,9 @@ class ParameterAveragingTrainingMaster(TrainingMaster):
       streams the worker's whole cached partition to Python). See :mod:`torchspark.spark.rounds`.
 
     Args:
-        averaging_frequency: minibatches between averages (DL4J default 5). 1 = synchronous SGD with a bigger
-            effective batch; 5-10 cuts communication; past ~20 convergence suffers.
+        averaging_frequency: optimizer steps between averages (DL4J default 5; each step is ``accumulate_steps``
+            minibatches). 1 = synchronous SGD with a bigger effective batch; 5-10 cuts communication; past ~20
+            convergence suffers.
         save_updater: average and keep the updater state (momentum, Adam moments) across rounds. False resets
             it each round: half the traffic, but adaptive updaters restart every round.
         averaging_via: ``"torch"`` (all-reduce inside one barrier stage) or ``"spark"`` (one Spark job and

@@ -1,6 +1,7 @@
 """``SharedTrainingMaster``: threshold-encoded gradient sharing (DL4J's SharedTrainingMaster).
 
-Every worker computes its updater's step on its own minibatch, threshold-encodes it against a residual and
+Every worker computes its updater's step on its own minibatch (or group of ``accumulate_steps`` minibatches),
+threshold-encodes it against a residual and
 exchanges the sparse message with all workers over ``torch.distributed`` (inside one Spark barrier stage, or
 between ``ParallelWrapper``'s worker processes); every
 replica applies the same sum of messages, so the replicas stay identical without averaging parameters. The worker

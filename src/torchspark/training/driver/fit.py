@@ -195,6 +195,7 @@ def build_task(network: Network, master: TrainingMaster, epochs: int, collect_st
             checkpoint=plan,
             first_epoch=network.epoch,
             shuffle_seed=master.rng_seed,
+            accumulate_steps=master.accumulate_steps,
         )
 
 

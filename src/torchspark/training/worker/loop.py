@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import numpy as np
 import torch
 
-from torchspark.data import Batch, DataSet, MultiDataSet, dataset_from_bytes, load_batch
+from torchspark.data import Batch, DataSet, MultiDataSet, dataset_from_bytes, group_batches, load_batch
 from torchspark.errors import DataError
 from torchspark.nn import Network, NetworkBlueprint
 from torchspark.training.algorithms import ALGORITHMS
@@ -181,9 +181,11 @@ def _train(task: WorkerTask, source: EpochSource, comm: Communicator, device: st
         items = _epoch_items(task, source, e, comm.rank)
         if skip:  # the minibatches of this epoch the checkpoint says are done (skipped before loading)
             items = items[skip:] if isinstance(items, (list, tuple)) else itertools.islice(items, skip, None)
-        batches = _batches(task, source, items, batch_loader(task.pin_memory, str(net.device)))
+        batches = group_batches(_batches(task, source, items, batch_loader(task.pin_memory, str(net.device))),
+                                task.accumulate_steps)
         epoch_hooks = hooks if writer is None else dataclasses.replace(
-            hooks, checkpoint=_round_checkpoint(writer, net, e, skip, progress, hooks.recorder))
+            hooks, checkpoint=_round_checkpoint(writer, net, e, skip, progress, hooks.recorder,
+                                                task.accumulate_steps))
         outcome = algorithm.epoch(state, net, batches, comm, epoch_hooks, e)
         progress.examples += outcome.examples
         progress.iterations += outcome.iterations
@@ -221,15 +223,20 @@ def _train(task: WorkerTask, source: EpochSource, comm: Communicator, device: st
 
 
 def _round_checkpoint(writer: CheckpointWriter, net: Network, fit_epoch: int, skipped: int,
-                      progress: RankProgress, recorder: Any) -> Callable[[Any, dict[str, Any], dict[str, Any]], None]:
+                      progress: RankProgress, recorder: Any,
+                      accumulate_steps: int) -> Callable[[Any, dict[str, Any], dict[str, Any]], None]:
     """The ``hooks.checkpoint`` of one epoch: the fit's totals and the data position at a cut inside the epoch
-    (``skipped``: minibatches of this epoch done before a resume, which the loop's own count does not include)."""
+    (``skipped``: minibatches of this epoch done before a resume, which the loop's own count does not include).
+
+    The loop counts optimizer steps, each ``accumulate_steps`` minibatches: only an epoch's last group can be
+    shorter, and past it nothing is left to skip, so ``steps * accumulate_steps`` is the minibatches done."""
 
     def checkpoint(outcome: Any, algo_tensors: dict[str, Any], algo_meta: dict[str, Any]) -> None:
         totals = RankProgress(progress.examples + outcome.examples, progress.iterations + outcome.iterations,
                               outcome.last_score if outcome.iterations else progress.score)
         with recorder.phase("checkpoint"):
-            writer.round_end(net, fit_epoch, skipped + outcome.iterations, totals, algo_tensors, algo_meta)
+            writer.round_end(net, fit_epoch, skipped + outcome.iterations * accumulate_steps, totals, algo_tensors,
+                             algo_meta)
 
     return checkpoint
 

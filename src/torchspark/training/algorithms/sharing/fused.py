@@ -17,11 +17,11 @@ Example::
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
-from torchspark.data import Batch
+from torchspark.data import Batch, as_group
 from torchspark.encoding import accumulate_step
 from torchspark.errors import ConfigError
 from torchspark.nn import Network
@@ -85,9 +85,10 @@ class _StepInto:
             g["lr"] = lr
 
 
-def train_step_into(net: Network, target: torch.Tensor, batch: Batch, validate: bool = False,
+def train_step_into(net: Network, target: torch.Tensor, batch: Batch | Sequence[Batch], validate: bool = False,
                     views: list[torch.Tensor] | None = None) -> float:
-    """``net.train_step(batch)`` whose updater step lands in ``target`` instead of the parameters: ``target += u``,
+    """``net.train_step(batch)`` (``net.train_group`` for a group of micro-batches) whose updater step lands in
+    ``target`` instead of the parameters: ``target += u``,
     where ``u`` is the step the updater would have subtracted from the parameters; the parameters do not move, the
     updater state, counters and score advance as in ``train_step``. Returns the loss. One pass instead of
     snapshot-step-subtract-restore (what ``compute_update`` does); ``u`` equals ``compute_update``'s result up to
@@ -121,7 +122,7 @@ def train_step_into(net: Network, target: torch.Tensor, batch: Batch, validate: 
     before = net.optimizer.register_step_pre_hook(swap.before)
     after = net.optimizer.register_step_post_hook(swap.after)
     try:
-        return net.train_step(batch, validate)
+        return net.train_group(as_group(batch), validate)
     finally:
         before.remove()
         after.remove()
@@ -136,7 +137,8 @@ def can_fuse(state: SharingState, net: Network) -> bool:
             and (encoder.threshold_state.calibrated or encoder.config.threshold_policy.calibration_target() is None))
 
 
-def step_into_residual(state: SharingState, net: Network, batch: Batch, validate: bool) -> tuple[float, float]:
+def step_into_residual(state: SharingState, net: Network, batch: Batch | Sequence[Batch],
+                       validate: bool) -> tuple[float, float]:
     """Steps 1 + 2a fused. When the network can (:func:`can_step_into`) the updater steps straight into the
     residual and ``(norm(residual), norm(params))`` is returned for the divergence check; otherwise one updater
     step, then in one pass ``u = before - after``, the parameters restored and ``residual += u``
@@ -165,7 +167,7 @@ def step_into_residual(state: SharingState, net: Network, batch: Batch, validate
     before, update = state.step_buffers
     with torch.no_grad():
         before.copy_(flat)
-    net.train_step(batch, validate)
+    net.train_group(as_group(batch), validate)
     update_norm, param_norm = accumulate_step(state.encoder.residual, before, flat, update)
     if not (math.isfinite(update_norm) and math.isfinite(param_norm)):
         update_norm, param_norm = float(update.norm()), float(before.norm())

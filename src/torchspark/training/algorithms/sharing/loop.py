@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from torchspark.data import Batch
+from torchspark.data import Trainable
 from torchspark.errors import ConfigError, TrainingError
 from torchspark.nn import Network
 from torchspark.training.algorithms.base import EpochOutcome
@@ -71,7 +71,7 @@ class SharingAlgorithm(SharingAlgorithmBase):
                               f"{self.settings.max_staleness}: bounded staleness is the 'stale_sharing' algorithm "
                               "(StaleSharingAlgorithm); SharedTrainingMaster picks it from max_staleness")
 
-    def epoch(self, state: SharingState, net: Network, batches: Iterable[Batch], comm: Communicator,
+    def epoch(self, state: SharingState, net: Network, batches: Iterable[Trainable], comm: Communicator,
               hooks: WorkerHooks, epoch: int) -> EpochOutcome:
         """One pass over this worker's batches; returns when every worker's data ran out."""
         out = EpochOutcome()

@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from torchspark.data import Batch
+from torchspark.data import Trainable
 from torchspark.encoding import decode, from_bytes
 from torchspark.errors import ConfigError, EncodingError, TrainingError, WaitTimeout
 from torchspark.nn import Network
@@ -64,7 +64,7 @@ class StaleSharingAlgorithm(SharingAlgorithmBase):
             raise ConfigError("StaleSharingAlgorithm needs max_staleness=k (an integer >= 0); with "
                               "max_staleness=None use the synchronous 'sharing' algorithm (SharingAlgorithm)")
 
-    def epoch(self, state: SharingState, net: Network, batches: Iterable[Batch], comm: Communicator,
+    def epoch(self, state: SharingState, net: Network, batches: Iterable[Trainable], comm: Communicator,
               hooks: WorkerHooks, epoch: int) -> EpochOutcome:
         """One pass over this worker's batches (:func:`stale_epoch`)."""
         return stale_epoch(self.settings, state, net, batches, comm, hooks, epoch)
@@ -80,7 +80,7 @@ class StaleSharingAlgorithm(SharingAlgorithmBase):
         return extra_state, extra_config
 
 
-def stale_epoch(settings: SharingSettings, state: SharingState, net: Network, batches: Iterable[Batch],
+def stale_epoch(settings: SharingSettings, state: SharingState, net: Network, batches: Iterable[Trainable],
                 comm: Communicator, hooks: WorkerHooks, epoch: int) -> EpochOutcome:
     """One epoch of bounded-staleness sharing on this worker (see the module docstring); returns when this worker
     has applied every message every peer sent in the epoch. ``settings.max_staleness`` is the bound ``k``."""

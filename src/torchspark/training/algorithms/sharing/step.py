@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 
-from torchspark.data import Batch
+from torchspark.data import Trainable, group_examples
 from torchspark.encoding import encode_step
 from torchspark.errors import TrainingError
 from torchspark.nn import Network
@@ -34,10 +34,11 @@ __all__ = ["compute_and_encode", "report_divergence"]
 log = logging.getLogger(__name__)
 
 
-def compute_and_encode(state: SharingState, net: Network, batch: Batch, out: EpochOutcome, hooks: WorkerHooks,
+def compute_and_encode(state: SharingState, net: Network, batch: Trainable, out: EpochOutcome, hooks: WorkerHooks,
                        comm: Communicator, epoch: int, calibrate: bool, on_divergence: str) -> bytes:
     """This worker's payload for one round (:func:`~torchspark.training.algorithms.sharing.rounds.pack`): one
-    updater step on ``batch`` encoded against the residual. Counts the step in ``out`` and ``state``, records it
+    updater step on ``batch`` (a minibatch, or a group of them with gradient accumulation) encoded against the
+    residual. Counts the step in ``out`` and ``state``, records it
     (phase ``fit``, ``record_encoding``, ``record_score``) and reports progress every ``hooks.progress_every``.
 
     Args:
@@ -48,7 +49,8 @@ def compute_and_encode(state: SharingState, net: Network, batch: Batch, out: Epo
     rank = comm.rank
     step = net.iteration
     validate = epoch == 0 and out.iterations == 0
-    with rec.phase("fit", examples=len(batch)):
+    examples = group_examples(batch)
+    with rec.phase("fit", examples=examples):
         if calibrate or not can_fuse(state, net):
             update = net.compute_update(batch, validate=validate)
             report_divergence(state, net, float(update.norm()), float(net.params_view().norm()), step, on_divergence)
@@ -65,9 +67,9 @@ def compute_and_encode(state: SharingState, net: Network, batch: Batch, out: Epo
     state.steps += 1
     rec.record_encoding(step, len(payload), dense, message.density, message.threshold, message.format)
     out.iterations += 1
-    out.examples += len(batch)
+    out.examples += examples
     out.last_score = net.last_score
-    out.score_sum += net.last_score * len(batch)
+    out.score_sum += net.last_score * examples
     rec.record_score(net.iteration, net.last_score)
     if hooks.progress is not None and out.iterations % hooks.progress_every == 0:
         hooks.progress(ProgressUpdate(rank, epoch, out.iterations, out.examples, net.last_score,
