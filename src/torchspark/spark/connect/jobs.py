@@ -97,7 +97,7 @@ def default_parallelism(spark: Any) -> int:
     """
     from pyspark.sql import functions as F
 
-    row = spark.range(0, 1 << 20).select(F.spark_partition_id().alias("p")).agg(F.max("p").alias("m")).collect()
+    row = spark.range(0, 1 << 16).select(F.spark_partition_id().alias("p")).agg(F.max("p").alias("m")).collect()
     return int(row[0]["m"]) + 1
 
 
