@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import re
 import threading
 import uuid
 from typing import Any, Callable, TypeVar
@@ -27,6 +28,9 @@ __all__ = ["run_tagged", "default_parallelism", "client_is_local", "WATCH_S"]
 log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
+
+# what Spark says when a task of the query failed (else the query never ran: its own error passes unchanged)
+_TASK_FAILURE = re.compile(r"stage failure|Python worker exited|ExecutorLostFailure|PythonException", re.I)
 
 #: how often a running query's watchdog is asked whether the workers are still alive
 WATCH_S = 0.5
@@ -84,6 +88,8 @@ def run_tagged(spark: Any, description: str, action: Callable[[], _T], *,
         interrupt()  # a failed query may leave sibling operations of the tag running
         if tripped:
             raise tripped[0] from e
+        if not _TASK_FAILURE.search(str(e)):
+            raise  # the query itself was refused (analysis, a message over the server's cap): Spark's words
         raise task_error(e, description, reported_errors) from e
     finally:
         stop.set()
