@@ -169,3 +169,16 @@ def test_a_killed_worker_is_recovered_from_its_checkpoint(connect_spark, tmp_pat
     spark_net.add_progress_listener(fault)
     with pytest.raises(WorkerLost, match="max_failures=0"):
         spark_net.fit(frame(connect_spark, data), epochs=1)
+
+
+def test_early_stopping_trains_a_dataframe_epoch_by_epoch(connect_spark) -> None:
+    from torchspark.earlystopping import EarlyStoppingConfiguration, LossCalculator, MaxEpochs
+    from torchspark.spark.earlystopping import SparkEarlyStoppingTrainer
+
+    data = datasets.synthetic_classification(64, 12, 3, seed=4)
+    master = ParameterAveragingTrainingMaster(batch_size_per_worker=BATCH, num_workers=2, rng_seed=SEED)
+    spark_net = SparkNetwork(connect_spark, _network(), master, progress=False)
+    config = EarlyStoppingConfiguration(score_calculator=LossCalculator(data), epoch_conditions=[MaxEpochs(3)])
+    result = SparkEarlyStoppingTrainer(spark_net, config, train_data=frame(connect_spark, data)).fit()
+    assert result.total_epochs == 3 and spark_net.network.epoch == 3
+    assert result.score_vs_epoch[2] < result.score_vs_epoch[0]  # it trained
