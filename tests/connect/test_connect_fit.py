@@ -182,3 +182,13 @@ def test_early_stopping_trains_a_dataframe_epoch_by_epoch(connect_spark) -> None
     result = SparkEarlyStoppingTrainer(spark_net, config, train_data=frame(connect_spark, data)).fit()
     assert result.total_epochs == 3 and spark_net.network.epoch == 3
     assert result.score_vs_epoch[2] < result.score_vs_epoch[0]  # it trained
+
+
+def test_drop_last_and_the_default_worker_count(connect_spark) -> None:
+    """Without ``num_workers`` the fit takes the cluster's default parallelism (``local[2]``: 2 workers);
+    ``drop_last`` trains only full minibatches (100 examples, batches of 8: 96), as on a classic session."""
+    data = datasets.synthetic_classification(100, 12, 3, seed=1)
+    master = ParameterAveragingTrainingMaster(batch_size_per_worker=BATCH, drop_last=True)
+    spark_net = SparkNetwork(connect_spark, _network(), master, progress=False)
+    spark_net.fit(frame(connect_spark, data))
+    assert [r.examples for r in spark_net.last_results] == [48, 48]
