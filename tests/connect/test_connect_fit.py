@@ -192,3 +192,17 @@ def test_drop_last_and_the_default_worker_count(connect_spark) -> None:
     spark_net = SparkNetwork(connect_spark, _network(), master, progress=False)
     spark_net.fit(frame(connect_spark, data))
     assert [r.examples for r in spark_net.last_results] == [48, 48]
+
+
+def test_the_in_process_runner_reads_connect_data_on_the_client(connect_spark) -> None:
+    """``runner=InProcessRunner()`` (tests, debugging) trains the same per-worker minibatches in threads here."""
+    from torchspark.training.driver.runner import InProcessRunner
+
+    data = datasets.synthetic_classification(100, 12, 3, seed=1)
+    master = ParameterAveragingTrainingMaster(batch_size_per_worker=BATCH, num_workers=2, rng_seed=SEED,
+                                              averaging_frequency=3)
+    threads, stage = _network(), _network()
+    SparkNetwork(connect_spark, threads, master, progress=False, runner=InProcessRunner()).fit(
+        frame(connect_spark, data), epochs=2)
+    SparkNetwork(connect_spark, stage, master, progress=False).fit(frame(connect_spark, data), epochs=2)
+    torch.testing.assert_close(threads.params(), stage.params(), atol=1e-5, rtol=1e-5)
