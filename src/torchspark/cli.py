@@ -17,6 +17,7 @@ import time
 from typing import Any, Sequence
 
 from torchspark.cli_checks import check_arguments, compile_setting
+from torchspark.cli_spark import digits_frame, train_on_spark
 from torchspark.errors import ConfigError, SetupError, TorchSparkError
 from torchspark.nn.precision import PRECISIONS
 from torchspark.training.algorithms.sharing.topology import DEFAULT_SHARD_ABOVE_WORKERS
@@ -110,6 +111,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help="sharing: threshold-encoded gradient sharing; averaging: synchronous parameter averaging")
     train.add_argument("--parallel", action="store_true",
                        help="train with ParallelWrapper (local worker processes), without Spark or Java")
+    train.add_argument("--connect", action="store_true",
+                       help="train through a Spark Connect session of a Connect server started on this machine "
+                            "(with --master's cluster, default local[WORKERS]): the data as a DataFrame, one barrier "
+                            "mapInArrow stage; needs pip install 'torchspark[connect]'")
+    train.add_argument("--remote", default=None, metavar="sc://HOST:PORT",
+                       help="train through the Spark Connect server at this URL (a client-only install is enough: "
+                            "pip install 'torchspark[connect]'; torch and torchspark must be on the executors)")
     train.add_argument("--batch-size-per-worker", type=_positive_int, default=16, help="minibatch size per worker")
     train.add_argument("--accumulate-steps", type=_positive_int, default=1, metavar="K",
                        help="minibatches per optimizer step (gradient accumulation: K x the minibatch per step)")
@@ -247,14 +255,6 @@ def _read_parquet(spark: Any, path: str) -> Any:
     return spark.read.parquet(path)
 
 
-def _digits_frame(spark: Any, split: str) -> Any:
-    from torchspark import datasets
-
-    data = datasets.digits(split)
-    rows = [(data.features[i].flatten().tolist(), int(data.labels[i])) for i in range(len(data))]  # type: ignore[index]
-    return spark.createDataFrame(rows, ["features", "label"])
-
-
 # ------------------------------------------------------------------ commands
 def cmd_train(args: argparse.Namespace) -> int:
     from torchspark import Network, datasets
@@ -274,7 +274,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         stats, score, runner = wrapper.training_stats, wrapper.score, "ParallelWrapper"
         used: dict[str, Any] = {"startup_seconds": 0.0, "fit_seconds": time.time() - start}
     else:
-        stats, score, used = _train_on_spark(args, net, train_data, threshold)
+        _spark()  # without pyspark: a SetupError that says what to install
+        stats, score, used = train_on_spark(args, net, train_data, master_from_args(args, threshold))
         runner = "SparkNetwork"
     seconds = time.time() - start
     evaluation = net.evaluate(test_data)
@@ -352,27 +353,6 @@ def _spark() -> Any:
     return spark
 
 
-def _train_on_spark(args: argparse.Namespace, net: Any, train_data: Any,
-                    threshold: Any) -> tuple[Any, float, dict[str, Any]]:
-    """Train on Spark; returns the training stats, the score, and what was used (for metrics.json): the seconds the
-    session took to start and the fit took, the session's ``spark_master`` and the ``master``'s settings."""
-    api = _spark()
-    api.check_java()
-    master = master_from_args(args, threshold)
-    start = time.time()
-    with api.session_scope(cores=args.num_workers, master=args.master, quiet=not args.verbose) as spark:
-        started = time.time()
-        rdd = spark.sparkContext.parallelize(train_data.split(64), max(args.num_workers, 2))
-        spark_net = api.SparkNetwork(spark, net, master, progress=False if args.no_progress else None)
-        try:
-            spark_net.fit(rdd, epochs=args.epochs)
-        finally:
-            spark_net.delete_temp_files()
-        used = {"startup_seconds": started - start, "fit_seconds": time.time() - started,
-                "spark_master": spark.sparkContext.master, "master": master.to_dict()}
-        return spark_net.training_stats, spark_net.score, used
-
-
 def cmd_evaluate(args: argparse.Namespace) -> int:
     api = _spark()
     net = _load_model(args.model, args.trust_code)
@@ -395,7 +375,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     api.check_java()
     with api.session_scope(cores=args.num_workers, master=args.master, quiet=not args.verbose) as spark:
         split = _digits_split(args.data)
-        frame = _digits_frame(spark, split) if split is not None else _read_parquet(spark, args.data)
+        frame = digits_frame(spark, split) if split is not None else _read_parquet(spark, args.data)
         shape = args.feature_shape or ((1, 8, 8) if split is not None else None)
         if args.features_col not in frame.columns:
             raise ConfigError(f"--features-col {args.features_col!r} is not a column of {args.data!r} "
@@ -448,3 +428,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
+

@@ -19,8 +19,8 @@ from urllib.parse import urlsplit
 from torchspark.errors import ConfigError
 from torchspark.nn.compiled import check_compile
 
-__all__ = ["check_arguments", "compile_setting", "check_master", "check_output_directory", "check_output_file", "check_parquet_output",
-           "MASTER_CONNECT_TIMEOUT_S"]
+__all__ = ["check_arguments", "compile_setting", "check_master", "check_remote", "check_session_options",
+           "check_output_directory", "check_output_file", "check_parquet_output", "MASTER_CONNECT_TIMEOUT_S"]
 
 #: how long ``check_master`` waits for a TCP connection to a ``spark://`` or ``k8s://`` master
 MASTER_CONNECT_TIMEOUT_S = 10.0
@@ -168,6 +168,41 @@ def check_master(master: str | None, option: str = "--master", timeout_s: float 
                       "and that the master is running")
 
 
+def check_remote(url: str | None, option: str = "--remote", timeout_s: float = MASTER_CONNECT_TIMEOUT_S) -> None:
+    """A Spark Connect URL (``sc://HOST:PORT``) whose server accepts TCP connections.
+
+    Raises:
+        ConfigError: another form, or a server that cannot be reached within ``timeout_s``.
+    """
+    if url is None:
+        return
+    parts = urlsplit(url)
+    if parts.scheme != "sc" or not parts.hostname:
+        raise ConfigError(f"{option} {url!r} is not a Spark Connect URL; use sc://HOST:PORT (the server's default "
+                          "port is 15002)")
+    reason = _reachable(parts.hostname, parts.port or 15002, timeout_s)
+    if reason is not None:
+        raise ConfigError(f"{option} {url!r}: cannot reach the Connect server ({reason}); check the host and port "
+                          "and that the server is running (sbin/start-connect-server.sh)")
+
+
+def check_session_options(args: argparse.Namespace) -> None:
+    """``train``'s ``--parallel``, ``--connect`` and ``--remote`` pick different ways to run: at most one; and
+    ``--master`` names the cluster of a session torchspark starts, which ``--remote`` does not.
+
+    Raises:
+        ConfigError: two of them, or ``--remote`` with ``--master``.
+    """
+    chosen = [flag for flag, on in (("--parallel", getattr(args, "parallel", False)),
+                                    ("--connect", getattr(args, "connect", False)),
+                                    ("--remote", getattr(args, "remote", None) is not None)) if on]
+    if len(chosen) > 1:
+        raise ConfigError(f"{' and '.join(chosen)} pick different ways to run; use one of them")
+    if getattr(args, "remote", None) is not None and getattr(args, "master", None) is not None:
+        raise ConfigError(f"--master {args.master} names the cluster of a session torchspark starts, but --remote "
+                          f"{args.remote} uses a running Connect server, whose cluster is its own; drop --master")
+
+
 def _model_directory(output: str) -> None:
     from torchspark.nn.portable import check_save_target
 
@@ -181,6 +216,9 @@ def check_arguments(args: argparse.Namespace) -> None:
         ConfigError: the first problem found (the CLI prints it as one line and exits with code 2).
     """
     command = args.command
+    if command == "train":
+        check_session_options(args)
+        check_remote(getattr(args, "remote", None))
     if not getattr(args, "parallel", False):
         check_master(getattr(args, "master", None))
     output = getattr(args, "output", None)

@@ -51,14 +51,14 @@ def test_barrier_rendezvous_gives_up_after_rendezvous_timeout_s_not_the_sessions
 
         from pyspark import BarrierTaskContext
 
-        from torchspark.spark.barrier import _rendezvous
+        from torchspark.spark.barrier import rendezvous
         from torchspark.training.config.mesh import MeshConfig
 
         ctx = BarrierTaskContext.get()
         if ctx.partitionId() == 1:  # the peer that never arrives; Spark kills it when worker 0 fails the stage
             time.sleep(60)
             return
-        _rendezvous(ctx, MeshConfig(rendezvous_timeout_s=2), "cpu", relay_address=None)
+        rendezvous(ctx, MeshConfig(rendezvous_timeout_s=2), "cpu", relay_address=None)
         yield "rendezvous completed"
 
     with pytest.raises(WorkerError) as info:

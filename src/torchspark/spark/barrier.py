@@ -33,7 +33,7 @@ from torchspark.training.worker.devices import agree_backend, gpu_identity
 from torchspark.training.worker.loop import ItemSource, run_worker
 from torchspark.training.worker.reporting import open_worker_hooks
 
-__all__ = ["RendezvousSettings", "barrier_task", "open_relay", "relay_key", "LOCAL_ADDRESS_ENV"]
+__all__ = ["RendezvousSettings", "barrier_task", "open_relay", "relay_key", "rendezvous", "LOCAL_ADDRESS_ENV"]
 
 log = logging.getLogger(__name__)
 
@@ -124,11 +124,17 @@ def relay_key(attempt: int, stage_id: int) -> str:
     return f"{_STORE_ADDRESS}/attempt-{attempt}/stage-{stage_id}"
 
 
-def _rendezvous(ctx: Any, settings: RendezvousSettings, device: str,
+def rendezvous(ctx: Any, settings: RendezvousSettings, device: str,
                 relay_address: tuple[str, int] | None = None,
                 driver_host: str | None = None, token: bytes | None = None, attempt: int = 0,
 ) -> tuple[TorchDistCommunicator, dict[str, Any]]:
-    """Build the process group; returns it and what this worker chose (address, interface, source, backend)."""
+    """Build the process group of a barrier task; returns it and what this worker chose (address, interface,
+    source, the backend the workers agreed on: nccl when every worker has a GPU of its own, else gloo).
+
+    Task 0 hosts a ``TCPStore`` and publishes its address through the driver's relay store at ``relay_address``
+    (signed with ``token``), or, with ``relay_address=None``, through Spark's ``BarrierTaskContext.allGather`` (then
+    worker 0 draws the token and the gather carries it: no connection to the driver at all, as the Spark Connect
+    route needs). ``attempt`` names the relay keys of a recovery attempt."""
     import datetime
 
     import torch.distributed as dist
@@ -212,7 +218,7 @@ def barrier_task(
                                   report_scores=task.report_scores)
         comm: TorchDistCommunicator | None = None
         try:
-            comm, chosen = _rendezvous(ctx, settings, device, relay_address,
+            comm, chosen = rendezvous(ctx, settings, device, relay_address,
                                        _driver_host(relay_address, progress_address), token, task.attempt)
             result = replace(run_worker(task, ItemSource(items), comm, device, hooks), network=chosen,
                              device=device, gpu_addresses=setup.gpu_addresses, executor=executor_name())

@@ -17,8 +17,8 @@ from torchspark.data import DataSet, MultiDataSet, dataset_to_bytes
 from torchspark.errors import DataError
 from torchspark.nn import Network
 
-__all__ = ["ARROW_SCHEMA", "dataframe_to_batches", "to_batch_rdd", "feature_shapes",
-           "classification_outputs", "network_batches"]
+__all__ = ["ARROW_SCHEMA", "dataframe_to_batches", "arrow_to_batch", "training_frame", "to_batch_rdd",
+           "feature_shapes", "column_names", "classification_outputs", "network_batches"]
 
 ARROW_SCHEMA = "batch binary"
 
@@ -66,7 +66,8 @@ def _column_to_tensor(col: Any, shape: Sequence[int] | None, integer_labels: boo
     return t
 
 
-def _columns(value: str | Sequence[str] | None, what: str) -> list[str]:
+def column_names(value: str | Sequence[str] | None, what: str) -> list[str]:
+    """``features_col`` / ``label_col`` as a list of names (None: none; one name: a list of one)."""
     if value is None:
         return []
     if isinstance(value, str):
@@ -106,25 +107,52 @@ def dataframe_to_batches(
     """
     import pyarrow as pa
 
-    fcols, lcols = _columns(features_col, "features_col"), _columns(label_col, "label_col")
+    to_batch = arrow_to_batch(features_col, label_col, feature_shape, integer_labels)
+
+    def convert(batches: Iterable[Any]) -> Iterator[Any]:
+        for rb in batches:
+            if rb.num_rows == 0:
+                continue
+            blob = dataset_to_bytes(to_batch(rb))
+            yield pa.RecordBatch.from_arrays([pa.array([blob], type=pa.binary())], names=["batch"])
+
+    return convert
+
+
+def arrow_to_batch(
+    features_col: str | Sequence[str], label_col: str | Sequence[str] | None, feature_shape: Any,
+    integer_labels: bool | Sequence[bool]
+) -> Callable[[Any], DataSet | MultiDataSet]:
+    """A function turning one Arrow record batch (or table) of a DataFrame's rows into one DataSet or MultiDataSet
+    (the conversion :func:`dataframe_to_batches` applies to every record batch; the Spark Connect route applies it
+    to each minibatch's rows).
+
+    One features column and at most one label column (given as plain names) give a DataSet; lists of columns give
+    a MultiDataSet. ``integer_labels``: one flag per label column (class indices, else float targets), or one for
+    all. Raises DataError (from the returned function) on nulls, ragged arrays or a shape that does not fit.
+
+    Example: ``arrow_to_batch("features", "label", (1, 8, 8), True)(record_batch)`` -> a DataSet.
+    """
+    fcols, lcols = column_names(features_col, "features_col"), column_names(label_col, "label_col")
     shapes = feature_shapes(feature_shape, len(fcols))
     multi = not isinstance(features_col, str) or (label_col is not None and not isinstance(label_col, str))
     # one flag per label column (a network's losses differ per output); a single flag applies to every column
     flags = list(integer_labels) if isinstance(integer_labels, (list, tuple)) else [integer_labels]
     ints = [bool(flags[k] if k < len(flags) else flags[-1]) for k in range(len(lcols))]
 
-    def convert(batches: Iterable[Any]) -> Iterator[Any]:
-        for rb in batches:
-            if rb.num_rows == 0:
-                continue
-            xs = [_column_to_tensor(rb.column(c), shape, False, c) for c, shape in zip(fcols, shapes)]
-            ys = [_column_to_tensor(rb.column(c), None, ints[k], c) for k, c in enumerate(lcols)]
-            batch = (MultiDataSet(xs, ys or None) if multi
-                     else DataSet(xs[0], ys[0] if ys else None))
-            blob = dataset_to_bytes(batch)
-            yield pa.RecordBatch.from_arrays([pa.array([blob], type=pa.binary())], names=["batch"])
+    def to_batch(rb: Any) -> DataSet | MultiDataSet:
+        xs = [_column_to_tensor(_array(rb.column(c)), shape, False, c) for c, shape in zip(fcols, shapes)]
+        ys = [_column_to_tensor(_array(rb.column(c)), None, ints[k], c) for k, c in enumerate(lcols)]
+        return MultiDataSet(xs, ys or None) if multi else DataSet(xs[0], ys[0] if ys else None)
 
-    return convert
+    return to_batch
+
+
+def _array(col: Any) -> Any:
+    """One Arrow array from a column of a record batch or a table (whose columns are chunked)."""
+    import pyarrow as pa
+
+    return col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
 
 
 def to_batch_rdd(
@@ -146,25 +174,39 @@ def to_batch_rdd(
     if isinstance(data, RDD):
         return data
     if isinstance(data, DataFrame):
-        from pyspark.ml.functions import vector_to_array
-        from pyspark.ml.linalg import VectorUDT
-
-        cols = _columns(features_col, "features_col") + _columns(label_col, "label_col")
-        missing = [c for c in cols if c not in data.columns]
-        if missing:
-            raise DataError(f"DataFrame has no column(s) {missing}; it has {data.columns}. "
-                            "Pass features_col= / label_col=")
-        feature_shapes(feature_shape, len(_columns(features_col, "features_col")))  # on the driver: a clear error
-        df = data.select(*dict.fromkeys(cols))
-        for c in dict.fromkeys(cols):
-            _check_column_type(c, df.schema[c].dataType)
-            if isinstance(df.schema[c].dataType, VectorUDT):
-                df = df.withColumn(c, vector_to_array(c, "float32"))
+        df = training_frame(data, features_col, label_col, feature_shape)
         fn = dataframe_to_batches(features_col, label_col, feature_shape, integer_labels)
         return df.mapInArrow(fn, ARROW_SCHEMA).rdd.map(lambda row: bytes(row[0]))
     raise DataError(
         f"training data must be an RDD of DataSet/MultiDataSet or a Spark DataFrame, got {type(data).__name__}"
     )
+
+
+def training_frame(data: Any, features_col: str | Sequence[str] = "features",
+                   label_col: str | Sequence[str] | None = "label", feature_shape: Any = None) -> Any:
+    """The DataFrame's features and label columns, checked (they exist, hold numbers, arrays of numbers or ML
+    Vectors; ``feature_shape`` has one entry per features column) and with ML Vectors turned into float32 arrays:
+    what every DataFrame route (classic and Spark Connect) reads, before any job runs.
+
+    Raises:
+        DataError: a missing column, a column of another type, or a ``feature_shape`` that does not match.
+    """
+    from pyspark.ml.functions import vector_to_array
+    from pyspark.ml.linalg import VectorUDT
+
+    cols = column_names(features_col, "features_col") + column_names(label_col, "label_col")
+    missing = [c for c in cols if c not in data.columns]
+    if missing:
+        raise DataError(f"DataFrame has no column(s) {missing}; it has {data.columns}. "
+                        "Pass features_col= / label_col=")
+    feature_shapes(feature_shape, len(column_names(features_col, "features_col")))  # on the driver: a clear error
+    df = data.select(*dict.fromkeys(cols))
+    schema = df.schema
+    for c in dict.fromkeys(cols):
+        _check_column_type(c, schema[c].dataType)
+        if isinstance(schema[c].dataType, VectorUDT):
+            df = df.withColumn(c, vector_to_array(c, "float32"))
+    return df
 
 
 def _check_column_type(name: str, data_type: Any) -> None:

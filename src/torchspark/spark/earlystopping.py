@@ -96,7 +96,8 @@ class SparkEarlyStoppingTrainer(EpochByEpochTrainer):
 
     Each epoch is its own fit (a new barrier stage). A DataFrame is turned into one RDD of Arrow-built minibatches
     up front, so that every epoch fits the same RDD: ``SparkNetwork`` then prepares it (export or repartition) once
-    and later epochs reuse that.
+    and later epochs reuse that. On a Spark Connect session every epoch streams the DataFrame (cache it when it is
+    costly to compute); the score calculators must then work there too (a local ``LossCalculator`` does).
     """
 
     def __init__(self, spark_network: SparkNetwork, config: EarlyStoppingConfiguration, train_data: Any = None,
@@ -114,8 +115,10 @@ class SparkEarlyStoppingTrainer(EpochByEpochTrainer):
         self.spark_network = spark_network
         self.paths = paths
         self.feature_shape = tuple(feature_shape) if feature_shape else None
-        # one RDD for every epoch (a DataFrame would become a new RDD, exported again, at every fit)
-        self.train_data = None if train_data is None else network_batches(
+        self.columns = {"features_col": features_col, "label_col": label_col, "feature_shape": self.feature_shape}
+        # one RDD for every epoch (a DataFrame would become a new RDD, exported again, at every fit); a Spark
+        # Connect session has no RDDs: each epoch streams the DataFrame itself
+        self.train_data = train_data if train_data is None or spark_network.sc is None else network_batches(
             spark_network.network, train_data, features_col, label_col, self.feature_shape)
         super().__init__(config, listener, spark_network.add_progress_listener)
 
@@ -128,5 +131,5 @@ class SparkEarlyStoppingTrainer(EpochByEpochTrainer):
         if self.paths is not None:
             net.fit_paths(self.paths, epochs=1)
         else:
-            net.fit(self.train_data, epochs=1)
+            net.fit(self.train_data, epochs=1, **self.columns)
         return net.score

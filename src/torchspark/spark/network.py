@@ -15,6 +15,8 @@ from typing import Any, Callable, Sequence
 from torchspark.errors import ConfigError, DataError
 from torchspark.listeners import TrainingEvents, TrainingListener
 from torchspark.nn import Network
+from torchspark.spark.connect.fit import connect_fit_data
+from torchspark.spark.connect.runner import ConnectBarrierRunner
 from torchspark.spark.data import spread_round_robin
 from torchspark.spark.dataframes import network_batches
 from torchspark.spark.evaluation_methods import EvaluationMethods
@@ -25,6 +27,7 @@ from torchspark.spark.preflight import executors_for_workers_per_node, preflight
 from torchspark.spark.preparation import DataPreparation, first_item, planned_epochs
 from torchspark.spark.runners import SparkBarrierRunner, SparkRoundsRunner, SparkWorkerData
 from torchspark.spark.session import spark_context
+from torchspark.spark.session_kinds import is_connect_session
 from torchspark.stats import DRIVER_ID, StatsCollector, TrainingStats
 from torchspark.training.assignment import check_loader
 from torchspark.training.checkpoint import plan_for
@@ -44,7 +47,10 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
     """A network plus a training master, bound to a Spark session.
 
     Args:
-        spark: a SparkSession or SparkContext (``torchspark.spark.local_session()`` for one machine).
+        spark: a SparkSession or SparkContext (``torchspark.spark.local_session()`` for one machine), or a Spark
+            Connect session (``SparkSession.builder.remote("sc://host:15002").getOrCreate()``): then :meth:`fit`
+            takes a DataFrame and trains in one barrier ``mapInArrow`` stage
+            (:class:`~torchspark.spark.connect.runner.ConnectBarrierRunner`), and :attr:`sc` is None.
         network: the :class:`~torchspark.Network` to train; it is updated in place by :meth:`fit`.
         master: how to train (``ParameterAveragingTrainingMaster`` or ``SharedTrainingMaster``); may be
             None when the object is used only for evaluation or inference.
@@ -69,7 +75,8 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
             raise ConfigError(f"network must be a torchspark.Network, got {type(network).__name__}")
         if master is not None and not isinstance(master, TrainingMaster):
             raise ConfigError(f"master must be a TrainingMaster, got {type(master).__name__}")
-        self.sc = spark_context(spark)
+        #: the SparkContext; None on a Spark Connect session (which has none)
+        self.sc = None if is_connect_session(spark) else spark_context(spark)
         self.spark = spark
         self.network = network
         self.master = master
@@ -153,11 +160,17 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         With the master's ``checkpoint_directory``, ``run_id`` names the run: a fit with the id of an interrupted
         run (in this or a new driver process) continues from its newest checkpoint, skipping the epochs and
         minibatches already done; resume with the same data, master and number of workers.
+
+        On a Spark Connect session ``data`` must be a DataFrame (an RDD or a list raises ``ConfigError``); its rows
+        stream to the workers of one barrier stage, split and batched as on a classic session
+        (:mod:`torchspark.spark.connect.fit` says which master settings apply there).
         """
         master = self._require_master()
         check_int("epochs", epochs, 1)
         plan_for(master, run_id, 0, 0)  # a run_id without checkpoint_directory fails before any Spark job
         self._driver_stats = StatsCollector(DRIVER_ID, enabled=self._collect_stats)
+        if self.sc is None:
+            return self._fit_connect(data, master, epochs, features_col, label_col, feature_shape, run_id)
         self.preparation.epoch_examples = None
         rdd = network_batches(self.network, data, features_col, label_col, feature_shape)
         n = self._num_workers(master)
@@ -251,11 +264,25 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
                        progress=self.progress, total_examples=None if examples is None else examples * epochs)
         return self.network
 
+    def _fit_connect(self, data: Any, master: TrainingMaster, epochs: int, features_col: Any, label_col: Any,
+                     feature_shape: Any, run_id: str | None) -> Network:
+        """:meth:`fit` on a Spark Connect session: a DataFrame streamed into one barrier ``mapInArrow`` stage."""
+        shares = connect_fit_data(self.spark, self.network, data, master, epochs, features_col=features_col,
+                                  label_col=label_col, feature_shape=feature_shape, recorder=self._driver_stats)
+        n, examples = shares.workers, shares.epoch_examples
+        self._fits.fit(self.network, master, self._runner(master), shares, epochs=epochs, num_workers=n,
+                       collect_stats=self._collect_stats, recorder=self._driver_stats,
+                       description=f"torchspark fit: {n} workers, {epochs} epoch(s)", run_id=run_id,
+                       progress=self.progress, total_examples=None if examples is None else examples * epochs)
+        return self.network
+
     def _runner(self, master: TrainingMaster, gpus: GpuPlan | None = None) -> Runner:
         """The injected runner, else the master's route: one Spark job per round (DL4J's ``averaging_via="spark"``)
         or one barrier stage, either with the training stage's GPUs ``gpus``."""
         if self.runner is not None:
             return self.runner
+        if self.sc is None:
+            return ConnectBarrierRunner(self.spark, master.mesh)
         if master.spark_rounds:
             return SparkRoundsRunner(self.sc, master.aggregation_depth,  # type: ignore[attr-defined]
                                      master.storage_level, gpus)

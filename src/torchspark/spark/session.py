@@ -11,8 +11,8 @@ from typing import Any, Iterator
 
 from torchspark.errors import ConfigError, SetupError
 
-__all__ = ["local_session", "session_scope", "check_java", "spark_context", "check_connect_packages",
-           "CONNECT_PACKAGES"]
+__all__ = ["local_session", "remote_session", "session_scope", "check_java", "spark_context",
+           "check_connect_packages", "CONNECT_PACKAGES"]
 
 JAVA_HINT = (
     "Spark needs Java 17 or newer. Install it (Debian/Ubuntu: `apt-get install -y openjdk-17-jre-headless`; "
@@ -105,6 +105,24 @@ def local_session(
     if not connect:
         session.sparkContext.setLogLevel("ERROR")
     return session
+
+
+def remote_session(url: str) -> Any:
+    """A Spark Connect client session of the server at ``url`` (``sc://host:port``, the server's
+    ``spark.connect.grpc.binding.port``, 15002 by default). Needs only the client packages
+    (``pip install 'torchspark[connect]'``), no Java; the cluster behind the server runs the jobs.
+
+    Example: ``spark = remote_session("sc://spark-head:15002")``, then ``SparkNetwork(spark, net, master).fit(df)``.
+
+    Raises:
+        ConfigError: ``url`` is not an ``sc://`` URL. SetupError: the client packages are missing.
+    """
+    if not isinstance(url, str) or not url.startswith("sc://"):
+        raise ConfigError(f"a Spark Connect URL looks like sc://host:15002, got {url!r}")
+    check_connect_packages()
+    from pyspark.sql import SparkSession
+
+    return SparkSession.builder.remote(url).getOrCreate()
 
 
 #: the client packages Spark Connect needs beside pyspark (the ``[connect]`` extra)

@@ -9,6 +9,8 @@ and returns their results by rank. Implementations:
 * :class:`~torchspark.parallel.runner.LocalProcessRunner`: worker processes on this machine (``ParallelWrapper``);
 * :class:`~torchspark.spark.runners.SparkBarrierRunner`: one Spark barrier stage whose tasks all-reduce;
 * :class:`~torchspark.spark.runners.SparkRoundsRunner`: one Spark job per averaging round (``averaging_via="spark"``).
+* :class:`~torchspark.spark.connect.runner.ConnectBarrierRunner`: one barrier ``mapInArrow`` stage of a Spark Connect
+  session (no SparkContext: weights in the closure or as artifacts, results as rows).
 
 A worker's failure becomes a :class:`~torchspark.errors.WorkerError` carrying the end of its traceback, on every
 route (:mod:`~torchspark.training.driver.failures`).

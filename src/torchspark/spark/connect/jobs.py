@@ -1,0 +1,119 @@
+"""Running a query of a Connect session the way :mod:`torchspark.spark.jobs` runs a classic job: on a helper
+thread, under a tag that Ctrl-C, an error or a watchdog interrupts, with a failed task turned into our error.
+
+A Connect session has no job groups; its operations carry *tags* (``spark.addTag``, per thread) and
+``spark.interruptTag(tag)`` stops every operation of a tag on the server. A failed task reaches the client as a
+``SparkConnectGrpcException`` whose text is Spark's own (``Job aborted due to stage failure ...``, with the Python
+traceback of the task), so :func:`~torchspark.spark.jobs.task_error` reads it as on a classic session.
+
+Also here: what the client can learn about the cluster without a SparkContext (:func:`default_parallelism`) and
+whether the executors can reach the client (:func:`client_is_local`).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import re
+import threading
+import uuid
+from typing import Any, Callable, TypeVar
+
+from torchspark.errors import TorchSparkError
+from torchspark.spark.jobs import task_error
+from torchspark.training.waiting import call_on_thread
+
+__all__ = ["run_tagged", "default_parallelism", "client_is_local", "WATCH_S"]
+
+log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+
+# what Spark says when a task of the query failed (else the query never ran: its own error passes unchanged)
+_TASK_FAILURE = re.compile(r"stage failure|Python worker exited|ExecutorLostFailure|PythonException", re.I)
+
+#: how often a running query's watchdog is asked whether the workers are still alive
+WATCH_S = 0.5
+
+
+def run_tagged(spark: Any, description: str, action: Callable[[], _T], *,
+               reported_errors: Callable[[], list[tuple[int, str]]] | None = None,
+               watchdog: Callable[[], BaseException | None] | None = None) -> _T:
+    """Run ``action`` (which runs queries on ``spark``) on a helper thread under a fresh tag; its value.
+
+    Ctrl-C on the calling thread interrupts the tag's operations; ``watchdog`` (polled every :data:`WATCH_S`)
+    returns an error when the query will never finish well, which interrupts them and is raised instead of
+    Spark's. A failed task raises :func:`~torchspark.spark.jobs.task_error` (``reported_errors`` as there).
+
+    Raises:
+        TorchSparkError: the task's own error class, :class:`~torchspark.errors.WorkerError` or
+            :class:`~torchspark.errors.WorkerLost`; our errors raised by ``action`` on the client pass unchanged.
+    """
+    from pyspark.errors import PySparkException
+
+    tag = f"torchspark-{uuid.uuid4().hex[:12]}"
+    tripped: list[BaseException] = []
+    stop = threading.Event()
+
+    def interrupt() -> None:
+        try:
+            spark.interruptTag(tag)
+        except Exception:  # the server may be gone already; nothing else to stop
+            log.debug("interrupting %s failed", tag, exc_info=True)
+
+    def watch() -> None:
+        assert watchdog is not None
+        while not stop.wait(WATCH_S):
+            found = watchdog()
+            if found is not None:
+                log.warning("interrupting %r: %s", description, found)
+                tripped.append(found)
+                interrupt()
+                return
+
+    def tagged() -> _T:
+        spark.addTag(tag)
+        try:
+            return action()
+        finally:
+            spark.removeTag(tag)
+
+    if watchdog is not None:
+        threading.Thread(target=watch, name="torchspark-connect-watchdog", daemon=True).start()
+    try:
+        return call_on_thread(tagged, "torchspark-connect-query", on_interrupt=interrupt)
+    except TorchSparkError:
+        raise
+    except PySparkException as e:
+        interrupt()  # a failed query may leave sibling operations of the tag running
+        if tripped:
+            raise tripped[0] from e
+        if not _TASK_FAILURE.search(str(e)):
+            raise  # the query itself was refused (analysis, a message over the server's cap): Spark's words
+        raise task_error(e, description, reported_errors) from e
+    finally:
+        stop.set()
+
+
+def default_parallelism(spark: Any) -> int:
+    """The cluster's default parallelism as a Connect client can learn it: the partitions of ``spark.range`` without
+    a partition count (Spark splits a range into ``defaultParallelism`` slices), read with one tiny query.
+
+    Example: on a ``local[2]`` server -> 2.
+    """
+    from pyspark.sql import functions as F
+
+    row = spark.range(0, 1 << 16).select(F.spark_partition_id().alias("p")).agg(F.max("p").alias("m")).collect()
+    return int(row[0]["m"]) + 1
+
+
+def client_is_local(spark: Any) -> bool:
+    """Whether the Connect server runs on this machine (its address is loopback), so the executors can reach a
+    port this client opens (the progress channel); a remote server's executors cannot."""
+    host = str(getattr(spark.client, "host", "") or "")
+    if host in ("localhost", ""):
+        return host == "localhost"
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

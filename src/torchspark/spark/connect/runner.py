@@ -1,0 +1,136 @@
+"""The Spark Connect runner of :func:`torchspark.training.driver.fit.run_fit`: the whole fit as one barrier
+``mapInArrow`` stage over the workers' DataFrame, with everything a classic fit gets from a SparkContext replaced.
+
+=========================  ===============================  ==============================================
+what                       classic (``SparkBarrierRunner``)  Connect (:class:`ConnectBarrierRunner`)
+=========================  ===============================  ==============================================
+the stage                  ``rdd.barrier().mapPartitions``   ``frame.mapInArrow(fn, schema, barrier=True)``
+the task and weights       ``sc.broadcast``                  the closure, or session artifacts when large
+                                                             (:mod:`~torchspark.spark.connect.shipping`)
+rendezvous                 the driver's relay store          ``BarrierTaskContext.allGather`` (executors
+                                                             never connect to the client)
+results                    pickled ``collect()``             output rows, safetensors + JSON, chunked
+                                                             (:mod:`~torchspark.spark.connect.results`)
+cancelling                 job groups                        tags (:func:`~torchspark.spark.connect.jobs.run_tagged`)
+progress, worker errors    the driver's progress server      the same when the server is on this machine
+                                                             (:func:`~torchspark.spark.connect.jobs.client_is_local`);
+                                                             else none: errors come in Spark's error text
+=========================  ===============================  ==============================================
+
+A worker that raises fails the stage, so Spark stops its peers at once (a task that returned its error as a row
+would leave them blocked in a collective until ``rendezvous_timeout_s``); the client reads the worker's own
+traceback out of Spark's error (:func:`~torchspark.spark.jobs.task_error`), preferring what the worker reported
+over the progress channel when a peer's symptom came first. A lost Python worker or executor raises
+:class:`~torchspark.errors.WorkerLost`, which the driver's recovery retries as a new stage.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from dataclasses import replace
+from typing import Any, Callable, Iterable, Iterator
+
+from torchspark.errors import WorkerError
+from torchspark.spark.barrier import rendezvous
+from torchspark.spark.connect.chunks import PAYLOAD_SCHEMA, gather_payloads, payload_batches
+from torchspark.spark.connect.feeding import ConnectWorkerData
+from torchspark.spark.connect.jobs import client_is_local, run_tagged
+from torchspark.spark.connect.results import decode_result, encode_result
+from torchspark.spark.connect.shipping import Shipment, ship_bytes
+from torchspark.spark.task_bootstrap import executor_name, set_up_task
+from torchspark.training.comm import TorchDistCommunicator
+from torchspark.training.config.mesh import MeshConfig
+from torchspark.training.driver.runner import RunContext
+from torchspark.training.progress import ProgressEndpoint
+from torchspark.training.task import WorkerResult, WorkerTask
+from torchspark.training.worker.loop import ItemSource, run_worker
+from torchspark.training.worker.reporting import open_worker_hooks
+
+__all__ = ["ConnectBarrierRunner", "connect_barrier_task"]
+
+log = logging.getLogger(__name__)
+
+
+def connect_barrier_task(task: WorkerTask, blueprint: Shipment, mesh: MeshConfig,
+                         feed: Callable[[int, Iterable[Any]], Iterable[Any]],
+                         progress: ProgressEndpoint | None = None) -> Callable[[Iterable[Any]], Iterator[Any]]:
+    """The ``mapInArrow`` function of the training stage: set up the task (device, cores), read the weights, meet
+    the peers through ``allGather``, train on ``feed(rank, record_batches)``, return the
+    :class:`~torchspark.training.task.WorkerResult` as :data:`~torchspark.spark.connect.chunks.PAYLOAD_SCHEMA` rows.
+
+    Args:
+        task: the worker task without its blueprint (``blueprint=b""``: it travels in ``blueprint``).
+        blueprint: the network's blueprint bytes, shipped (:func:`~torchspark.spark.connect.shipping.ship_bytes`).
+        mesh: the master's mesh settings (timeouts, ports, network mask); workers always meet through Spark's
+            ``allGather``, whatever ``rendezvous_via`` says.
+        feed: turns the partition's Arrow batches into the worker's minibatch items.
+        progress: the client's progress server when the executors can reach it, else None.
+    """
+
+    def run(batches: Iterable[Any]) -> Iterator[Any]:
+        from pyspark import BarrierTaskContext
+
+        ctx = BarrierTaskContext.get()
+        setup = set_up_task(ctx)
+        rank = ctx.partitionId()
+        hooks = open_worker_hooks(rank, task.collect_stats, progress, report_scores=task.report_scores)
+        comm: TorchDistCommunicator | None = None
+        try:
+            worker_task = replace(task, blueprint=blueprint.read(), num_threads=setup.threads(task.num_threads))
+            comm, chosen = rendezvous(ctx, mesh, setup.device, attempt=task.attempt)
+            result = run_worker(worker_task, ItemSource(feed(rank, batches)), comm, setup.device, hooks)
+            payload = encode_result(replace(result, network=chosen, device=setup.device,
+                                            gpu_addresses=setup.gpu_addresses, executor=executor_name()))
+        except BaseException:
+            if hooks.report_error is not None:
+                hooks.report_error(traceback.format_exc())
+            raise
+        finally:
+            if comm is not None:
+                comm.close()
+            if hooks.close is not None:
+                hooks.close()
+        yield from payload_batches(rank, "result", payload)
+
+    return run
+
+
+class ConnectBarrierRunner:
+    """Run the fit as one barrier ``mapInArrow`` stage of a Spark Connect session (the table in the module
+    docstring).
+
+    Args:
+        spark: the Connect session.
+        mesh: the master's mesh settings.
+        progress: stream progress, scores and errors from the workers to a server on this client: None (default)
+            when the Connect server runs on this machine (:func:`~torchspark.spark.connect.jobs.client_is_local`),
+            True to force it (a server on this machine addressed by a name that is not loopback), False for none.
+            The server listens on loopback: executors on other machines cannot reach it.
+        inline_limit: the largest blueprint sent inside the task's closure (None: a quarter of the server's
+            ``spark.connect.grpc.maxInboundMessageSize``; 0: always as session artifacts).
+    """
+
+    def __init__(self, spark: Any, mesh: MeshConfig, progress: bool | None = None,
+                 inline_limit: int | None = None) -> None:
+        self.spark = spark
+        self.mesh = mesh
+        self.progress = progress
+        self.inline_limit = inline_limit
+
+    def run(self, task: WorkerTask, data: ConnectWorkerData, context: RunContext) -> list[WorkerResult]:
+        reachable = client_is_local(self.spark) if self.progress is None else self.progress
+        address = context.progress_address(port_range=self.mesh.port_range) if reachable else None
+        shipped = ship_bytes(self.spark, task.blueprint, "weights", self.inline_limit)
+        fn = connect_barrier_task(replace(task, blueprint=b""), shipped, self.mesh, data.feed, address)
+        world, timeout_s = data.workers, self.mesh.rendezvous_timeout_s
+        with context.recorder.phase("fit"):
+            table = run_tagged(self.spark, context.description,
+                               lambda: data.frame.mapInArrow(fn, PAYLOAD_SCHEMA, barrier=True).toArrow(),
+                               reported_errors=context.reported_errors,
+                               watchdog=lambda: context.stalled(world, timeout_s))
+        payloads = gather_payloads(table)
+        missing = [r for r in range(world) if (r, "result") not in payloads]
+        if missing:
+            raise WorkerError(f"{context.description}: no result rows from worker(s) {missing}")
+        return [decode_result(payloads[(r, "result")]) for r in range(world)]
