@@ -257,7 +257,7 @@ def test_executor_processes_build_one_copy_each(sc, net) -> None:
     shipped = ship_network(sc, net)
 
     def probe(items):
-        from torchspark.spark.evaluation import _CACHE  # the executor process's own cache
+        from torchspark.spark.shipped import _CACHE  # the executor process's own cache
 
         with shipped.lease(1) as copy:
             copy.output(torch.zeros(1, F))

@@ -2,38 +2,44 @@
 
 DL4J's ``SparkDl4jMultiLayer.doEvaluation`` / ``evaluate*`` in Python:
 
-1. the network travels to the executors once, as a broadcast blueprint (:func:`ship_network`);
-2. ``mapPartitions`` re-batches each partition to ``batch_size`` examples and fills fresh, empty copies of the
-   evaluations with a network leased from the executor process's :class:`NetworkCache` (one copy per Python
-   worker, reused by later tasks in the same process; DL4J's ``evalNumWorkers`` has no PySpark equivalent, see
+1. the network travels to the executors once, as a blueprint (:mod:`torchspark.spark.shipped`: a broadcast on a
+   classic session; the task's closure or a session artifact on Spark Connect);
+2. each partition is re-batched to ``batch_size`` examples and fills fresh, empty copies of the evaluations with
+   a network leased from the executor process's :class:`NetworkCache` (one copy per Python worker, reused by
+   later tasks in the same process; DL4J's ``evalNumWorkers`` has no PySpark equivalent, see
    :func:`refuse_eval_workers`);
-3. each partition returns its evaluations as JSON (no pickle); ``treeAggregate`` merges them with
+3. each partition returns its evaluations as JSON (no pickle), merged with
    :meth:`~torchspark.evaluation.BaseEvaluation.merge`, which is exact for counts (accuracy, confusion matrix,
    binned ROC), so the result equals one local pass over the same data;
 4. the merged result is added into the evaluation objects the caller passed, which are returned.
 
-The executor-side helpers here (:func:`ship_network`, :func:`batch_items`; the cache is
-:class:`torchspark.nn.cache.NetworkCache`) are shared with :mod:`torchspark.spark.inference`.
+Two routes: an RDD (of DataSets, batch bytes or paths) and batch files on a classic session run ``mapPartitions``
+and ``treeAggregate``; a DataFrame (on any session) and batch files on a Spark Connect session run one
+``mapInArrow`` job whose rows are the partial evaluations (:mod:`torchspark.spark.frame_jobs`), so no RDD is needed.
+The executor-side helpers here (:func:`batch_items`, :func:`load_batch_item`) are shared with
+:mod:`torchspark.spark.inference`.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import uuid
-from dataclasses import dataclass
 from itertools import chain
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-from torchspark.data import DataSet, MultiDataSet, rebatch, resolve_paths
+from torchspark.data import DataSet, MultiDataSet, resolve_paths
 from torchspark.errors import ConfigError, DataError
 from torchspark.evaluation import ROC, BaseEvaluation, RegressionEvaluation, ROCMultiClass, evaluation_from_json
-from torchspark.nn import Network, NetworkBlueprint
+from torchspark.nn import Network
 from torchspark.nn.cache import NetworkCache
-from torchspark.nn.outputs import check_output_index, default_targets, fill_evaluations
+from torchspark.nn.outputs import check_output_index, default_targets
 from torchspark.spark import jobs
 from torchspark.spark.dataframes import classification_outputs, to_batch_rdd
+from torchspark.spark.frame_jobs import evaluate_batches, evaluate_frame, merge_jsons
+from torchspark.spark.frames import frame_data, is_dataframe
 from torchspark.spark.session import spark_context
+from torchspark.spark.session_kinds import is_connect_session
+from torchspark.spark.shipped import DEFAULT_EVAL_WORKERS, ShippedNetwork, ship_network, ship_to_session
 from torchspark.training.assignment import check_loader, load_with
 
 __all__ = [
@@ -59,41 +65,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 DEFAULT_BATCH_SIZE = 64  # DL4J's DEFAULT_EVAL_SCORE_BATCH_SIZE
-#: most copies of one network a Python process holds at once (only threads of one process share a cache)
-DEFAULT_EVAL_WORKERS = 4
 DEFAULT_ROC_THRESHOLD_STEPS = 32  # DL4J's DEFAULT_ROC_THRESHOLD_STEPS
-
-
-# one per Python process: on an executor this is the per-worker-process cache of shipped networks
-_CACHE = NetworkCache()
-
-
-@dataclass(frozen=True)
-class ShippedNetwork:
-    """A network broadcast to the executors; pickles as its key plus the broadcast handle (not the weights)."""
-
-    key: str
-    broadcast: Any
-
-    def lease(self, limit: int = DEFAULT_EVAL_WORKERS) -> Any:
-        """Context manager yielding this process's copy of the network (see :class:`NetworkCache`)."""
-        return _CACHE.lease(self.key, limit, self._build)
-
-    def _build(self) -> Network:
-        log.debug("building network copy for broadcast %s", self.key)
-        return NetworkBlueprint.from_bytes(self.broadcast.value).build()
-
-    def release(self) -> None:
-        """Drop the broadcast from the executors (call only after every job that uses it has run)."""
-        self.broadcast.unpersist()
-
-
-def ship_network(sc: Any, network: Network) -> ShippedNetwork:
-    """Broadcast ``network``'s blueprint (safetensors bytes) under a fresh key."""
-    if not isinstance(network, Network):
-        raise ConfigError(f"network must be a torchspark.Network, got {type(network).__name__}")
-    blob = NetworkBlueprint.of(network).to_bytes()
-    return ShippedNetwork(key=uuid.uuid4().hex, broadcast=sc.broadcast(blob))
 
 
 # ------------------------------------------------------------------ data sources
@@ -204,31 +176,12 @@ def _evaluate_partition(
     loader: Callable[[str], Any] | None = None,
 ) -> Callable[[Iterable[Any]], Iterator[_Partial]]:
     def run(items: Iterable[Any]) -> Iterator[_Partial]:
-        stream = peek_nonempty(items)
-        if stream is None:
-            return
-        evaluations = [evaluation_from_json(t) for t in templates]
-        for ev in evaluations:
-            ev.reset()
-        counted = _Counter()
-        with shipped.lease() as net:
-            batches = rebatch((load_evaluation_item(i, loader) for i in stream), batch_size)
-            fill_evaluations(net, counted.through(batches), evaluations, targets)
-        yield counted.examples, [ev.to_json() for ev in evaluations]
+        found = evaluate_batches(shipped, (load_evaluation_item(i, loader) for i in items), templates, batch_size,
+                                 targets)
+        if found is not None:
+            yield found
 
     return run
-
-
-class _Counter:
-    """Counts the examples of the batches passing through."""
-
-    def __init__(self) -> None:
-        self.examples = 0
-
-    def through(self, batches: Iterable[Any]) -> Iterator[Any]:
-        for batch in batches:
-            self.examples += len(batch)
-            yield batch
 
 
 def _merge_partials(a: _Partial, b: _Partial) -> _Partial:
@@ -236,8 +189,7 @@ def _merge_partials(a: _Partial, b: _Partial) -> _Partial:
         return b
     if b[1] is None:
         return a
-    merged = [evaluation_from_json(x).merge(evaluation_from_json(y)).to_json() for x, y in zip(a[1], b[1])]
-    return a[0] + b[0], merged
+    return a[0] + b[0], merge_jsons(a[1], b[1])
 
 
 def do_evaluation(
@@ -257,10 +209,12 @@ def do_evaluation(
     """Fill several evaluations in one distributed pass over ``data`` (DL4J's ``doEvaluation``).
 
     Args:
-        sc: SparkContext or SparkSession.
+        sc: SparkContext, SparkSession or Spark Connect session (a DataFrame is evaluated on its own session).
         network: the network to evaluate (output ``output_index`` against the labels of that index).
         data: an RDD of DataSet/MultiDataSet (any sizes), a DataFrame (``features_col`` / ``label_col`` /
-            ``feature_shape`` as for ``fit``), or batch-file paths (a list of str, or an RDD of str).
+            ``feature_shape`` as for ``fit``), or batch-file paths (a directory, a glob, a list of str, or an RDD
+            of str). On a Spark Connect session: a DataFrame or batch-file paths (not an RDD); the evaluations
+            come back as one JSON row per partition.
         *evaluations: evaluation objects such as ``Evaluation()``, ``ROC(32)``; each partition fills fresh copies
             made from their settings, and the merged result is added into these objects.
         batch_size: examples per forward pass on the executors; bigger is faster until memory runs out. 64 is
@@ -295,28 +249,51 @@ def do_evaluation(
             raise ConfigError(f"evaluations must be torchspark.evaluation objects, got {type(ev).__name__}")
     check_output_index(network, output_index)
     targets = list(_targets) if _targets is not None else [output_index] * len(evaluations)
-    sc = spark_context(sc)
-    rdd = batch_items(sc, data, features_col, label_col, feature_shape,
-                      classification_outputs(network), loader)
-    shipped = ship_network(sc, network)
     templates = [ev.to_json() for ev in evaluations]
     names = ", ".join(type(ev).__name__ for ev in evaluations)
-    try:
-        count, jsons = jobs.run_job(
-            sc,
-            f"torchspark evaluate: {names}",
-            lambda: rdd.mapPartitions(_evaluate_partition(shipped, templates, batch_size, targets, loader))
-            .treeAggregate((0, None), _merge_partials, _merge_partials),
-            "torchspark-eval-job",
-        )
-    finally:
-        shipped.release()
+    if is_dataframe(data) or is_connect_session(sc):
+        count, jsons = _evaluate_frame(sc, network, data, templates, batch_size, targets, features_col, label_col,
+                                       feature_shape, loader, f"torchspark evaluate: {names}")
+    else:
+        count, jsons = _evaluate_rdd(spark_context(sc), network, data, templates, batch_size, targets,
+                                     features_col, label_col, feature_shape, loader, f"torchspark evaluate: {names}")
     if jsons is None or count == 0:
         raise DataError("evaluation got no data: the RDD, DataFrame or path list holds no examples")
     for ev, text in zip(evaluations, jsons):
         ev.merge(evaluation_from_json(text))  # type: ignore[arg-type]
     log.debug("evaluated %d examples (%s)", count, names)
     return evaluations[0] if len(evaluations) == 1 else tuple(evaluations)
+
+
+def _evaluate_rdd(sc: Any, network: Network, data: Any, templates: list[str], batch_size: int, targets: list[int],
+                  features_col: Any, label_col: Any, feature_shape: Any, loader: Callable[[str], Any] | None,
+                  description: str) -> _Partial:
+    """The classic route: an RDD (or paths parallelized) through ``mapPartitions`` and ``treeAggregate``."""
+    rdd = batch_items(sc, data, features_col, label_col, feature_shape, classification_outputs(network), loader)
+    shipped = ship_network(sc, network)
+    try:
+        return jobs.run_job(
+            sc, description,
+            lambda: rdd.mapPartitions(_evaluate_partition(shipped, templates, batch_size, targets, loader))
+            .treeAggregate((0, None), _merge_partials, _merge_partials),
+            "torchspark-eval-job",
+        )
+    finally:
+        shipped.release()
+
+
+def _evaluate_frame(spark: Any, network: Network, data: Any, templates: list[str], batch_size: int,
+                    targets: list[int], features_col: Any, label_col: Any, feature_shape: Any,
+                    loader: Callable[[str], Any] | None, description: str) -> _Partial:
+    """The DataFrame route (any session; batch files too on Spark Connect): one ``mapInArrow`` job."""
+    session = data.sparkSession if is_dataframe(data) else spark
+    frame = frame_data(session, data, features_col, label_col, feature_shape, classification_outputs(network),
+                       loader)
+    shipped = ship_to_session(session, network)
+    try:
+        return evaluate_frame(shipped, frame, templates, batch_size, targets, description)
+    finally:
+        shipped.release()
 
 
 def evaluate(

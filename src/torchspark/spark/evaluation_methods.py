@@ -3,8 +3,8 @@
 Thin methods over :mod:`torchspark.spark.evaluation`, bound to the object's session and network, so
 ``spark_net.evaluate(test_rdd)`` reads like DL4J's ``sparkNet.evaluate(rdd)``. Every method accepts what ``fit``
 accepts: an RDD of DataSet/MultiDataSet, a DataFrame (``features_col``, ``label_col``, ``feature_shape``) or
-batch-file paths (a list or an RDD of str), and with ``loader=fn`` (``fn(path) -> DataSet``, as in ``fit_paths``)
-any files that function reads.
+batch-file paths (a directory, a glob, a list or an RDD of str), and with ``loader=fn`` (``fn(path) -> DataSet``,
+as in ``fit_paths``) any files that function reads. On a Spark Connect session: DataFrames and paths (no RDDs).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ __all__ = ["EvaluationMethods"]
 
 
 class EvaluationMethods:
-    """Distributed evaluation of ``self.network`` on ``self.sc``.
+    """Distributed evaluation of ``self.network`` on ``self.spark`` (a classic or a Spark Connect session).
 
     ``batch_size`` is the examples per forward pass on the executors (bigger is faster until memory runs out).
     ``eval_workers`` (DL4J's evalNumWorkers) is refused with ConfigError: every running PySpark task holds one
@@ -36,11 +36,11 @@ class EvaluationMethods:
                  labels: Sequence[str] | None = None, output_index: int | None = None,
                  loader: Callable[[str], Any] | None = None) -> Any:
         """The evaluation matching the loss (``Evaluation`` for classifiers, ``RegressionEvaluation`` for mse),
-        computed over the cluster and merged with treeAggregate. ``labels`` names the classes in ``stats()``.
-        A network with one loss per output gets a list with one evaluation per output (``output_index`` picks
-        one instead). ``loader=fn`` reads files that are not batch files (``fn(path) -> DataSet``, on the executors,
+        computed over the cluster and merged on the driver (or the Connect client). ``labels`` names the classes
+        in ``stats()``. A network with one loss per output gets a list with one evaluation per output
+        (``output_index`` picks one instead). ``loader=fn`` reads files that are not batch files (``fn(path) -> DataSet``, on the executors,
         once per file), as ``fit_paths(loader=...)`` does; ``data`` must then be paths."""
-        return _ev.evaluate(self.sc, self.network, data, batch_size, eval_workers, features_col, label_col,
+        return _ev.evaluate(self.spark, self.network, data, batch_size, eval_workers, features_col, label_col,
                             feature_shape, labels, output_index, loader)
 
     def evaluate_regression(self, data: Any, batch_size: int = _ev.DEFAULT_BATCH_SIZE,
@@ -49,7 +49,7 @@ class EvaluationMethods:
                             feature_shape: Sequence[int] | None = None,
                             loader: Callable[[str], Any] | None = None) -> RegressionEvaluation:
         """MSE, MAE, RMSE, RSE, R^2 and Pearson correlation per output column (``loader`` as in evaluate)."""
-        return _ev.evaluate_regression(self.sc, self.network, data, batch_size, eval_workers, features_col,
+        return _ev.evaluate_regression(self.spark, self.network, data, batch_size, eval_workers, features_col,
                                        label_col, feature_shape, loader)
 
     def evaluate_roc(self, data: Any, threshold_steps: int = _ev.DEFAULT_ROC_THRESHOLD_STEPS,
@@ -59,7 +59,7 @@ class EvaluationMethods:
                      loader: Callable[[str], Any] | None = None) -> ROC:
         """ROC/AUC of a binary classifier. ``threshold_steps``: 32 bins (DL4J's default) keeps partition state
         tiny; 0 is exact but ships every score to the driver; 200-1000 is close at any size."""
-        return _ev.evaluate_roc(self.sc, self.network, data, threshold_steps, batch_size, eval_workers,
+        return _ev.evaluate_roc(self.spark, self.network, data, threshold_steps, batch_size, eval_workers,
                                 features_col, label_col, feature_shape, loader)
 
     def evaluate_roc_multi_class(self, data: Any, threshold_steps: int = _ev.DEFAULT_ROC_THRESHOLD_STEPS,
@@ -69,7 +69,7 @@ class EvaluationMethods:
                                  feature_shape: Sequence[int] | None = None,
                                  loader: Callable[[str], Any] | None = None) -> ROCMultiClass:
         """One-vs-all ROC per class (``auc(c)``, ``average_auc()``); ``threshold_steps`` as in evaluate_roc."""
-        return _ev.evaluate_roc_multi_class(self.sc, self.network, data, threshold_steps, batch_size, eval_workers,
+        return _ev.evaluate_roc_multi_class(self.spark, self.network, data, threshold_steps, batch_size, eval_workers,
                                             features_col, label_col, feature_shape, loader)
 
     def do_evaluation(self, data: Any, *evaluations: BaseEvaluation, batch_size: int = _ev.DEFAULT_BATCH_SIZE,
@@ -78,6 +78,6 @@ class EvaluationMethods:
                       output_index: int = 0, loader: Callable[[str], Any] | None = None) -> Any:
         """Fill several evaluations in one pass (e.g. ``Evaluation(), ROCMultiClass(64)``) from output
         ``output_index``; returns the one given, or a tuple in the order given."""
-        return _ev.do_evaluation(self.sc, self.network, data, *evaluations, batch_size=batch_size,
+        return _ev.do_evaluation(self.spark, self.network, data, *evaluations, batch_size=batch_size,
                                  eval_workers=eval_workers, features_col=features_col, label_col=label_col,
                                  feature_shape=feature_shape, output_index=output_index, loader=loader)

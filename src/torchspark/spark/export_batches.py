@@ -10,10 +10,15 @@ Steps: (1) every partition is re-batched on its executor; its full batches are w
 ``.rest-...`` file; (2) one small task reads the remainders in partition order, merges them into full batches
 (the last may be short) written as ``rest-{token}_{i}.safetensors``, and deletes them. Hidden files are never
 listed as batch files, so a crash leaves no half-export behind in a listing.
+
+A DataFrame (on a classic or a Spark Connect session) runs both steps as ``mapInArrow`` jobs whose rows are the
+written files (step 2 over a one-row DataFrame of the remainders' names), so no RDD is needed; an RDD runs them as
+RDD jobs. The files are the same either way.
 """
 
 from __future__ import annotations
 
+import json
 import uuid
 from functools import partial
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -22,9 +27,11 @@ from torchspark._io import filesystem, join
 from torchspark.data import DataSet, MultiDataSet, load_batch, rebatch, save_batch
 from torchspark.errors import ConfigError, DataError
 from torchspark.spark.data import as_batch
-from torchspark.spark.dataframes import to_batch_rdd
+from torchspark.spark.dataframes import to_batch_rdd, training_frame
 from torchspark.spark.export import check_export_directory
+from torchspark.spark.frames import dataframe_batches, is_dataframe, run_session_job
 from torchspark.spark.jobs import run_job
+from torchspark.spark.session_kinds import require_classic
 
 __all__ = ["export_batches"]
 
@@ -58,14 +65,22 @@ def export_batches(
         The paths/URLs of the batch files, full ones in partition order, then the merged remainders; only the
         last file may hold fewer than ``batch_size`` examples.
     Raises:
-        ConfigError: a bad ``batch_size`` or a ``record_fn`` that is not callable.
+        ConfigError: a bad ``batch_size``, a ``record_fn`` that is not callable or comes with a DataFrame, or an
+            RDD on a Spark Connect session (pass a DataFrame there).
         DataError: an unwritable directory, or data an executor could not turn into batches (the message names
-            the record's type or the column).
+            the record's type or the column; nulls and ragged arrays in a DataFrame too).
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ConfigError(f"batch_size must be an integer >= 1, got {batch_size!r}")
     if record_fn is not None and not callable(record_fn):
         raise ConfigError(f"record_fn must be a function record -> DataSet, got {type(record_fn).__name__}")
+    if is_dataframe(data):
+        if record_fn is not None:
+            raise ConfigError("record_fn turns the raw records of an RDD into DataSets; a DataFrame's features and "
+                              "label columns are read directly: drop record_fn (or compute the columns first)")
+        return _export_dataframe(data, directory, batch_size, features_col, label_col, feature_shape,
+                                 integer_labels)
+    require_classic(_active_session(), f"export_batches of a {type(data).__name__}", "pass a DataFrame")
     rdd = to_batch_rdd(data, features_col, label_col, feature_shape, integer_labels)
     if record_fn is not None:
         rdd = rdd.map(partial(_apply_record_fn, record_fn))
@@ -84,6 +99,13 @@ def export_batches(
                          sc.parallelize([rests], 1).flatMap(partial(_merge_rests, directory, batch_size,
                                                                     token)).collect)
     return [path for _, _, path, _ in full + sorted(merged)]
+
+
+def _active_session() -> Any:
+    """This process's active session (a Spark Connect one in a Connect client), or None."""
+    from pyspark.sql import SparkSession
+
+    return SparkSession.getActiveSession()
 
 
 def _apply_record_fn(fn: Callable[[Any], Any], record: Any) -> DataSet | MultiDataSet:
@@ -117,3 +139,51 @@ def _merge_rests(directory: str, batch_size: int, token: str, rest_paths: Sequen
         fs.rm(fs_path)
 
 
+
+# ------------------------------------------------------------------ the DataFrame route (any session)
+_ROW_SCHEMA = "part long, idx long, path string, examples long"
+
+
+def _export_dataframe(data: Any, directory: str, batch_size: int, features_col: Any, label_col: Any,
+                      feature_shape: Any, integer_labels: Any) -> list[str]:
+    """Steps (1) and (2) as ``mapInArrow`` jobs of the DataFrame's own session."""
+    frame = training_frame(data, features_col, label_col, feature_shape)
+    to_batches = dataframe_batches(features_col, label_col, feature_shape, integer_labels)
+    check_export_directory(directory)
+    spark = data.sparkSession
+    token = uuid.uuid4().hex[:8]
+    written = frame.mapInArrow(partial(_write_partition, directory, batch_size, token, to_batches), _ROW_SCHEMA)
+    rows = sorted(tuple(r) for r in run_session_job(spark, f"torchspark: export batches to {directory}",
+                                                     written.collect))
+    full = [r for r in rows if r[0] >= 0]
+    rests = [r[2] for r in rows if r[0] < 0]
+    merged: list[_Row] = []
+    if rests:
+        names = spark.createDataFrame([(json.dumps(rests),)], "rests string")
+        merging = names.mapInArrow(partial(_merge_rest_rows, directory, batch_size, token), _ROW_SCHEMA)
+        merged = sorted(tuple(r) for r in run_session_job(spark, "torchspark: merge the partitions' remainders",
+                                                          merging.collect))
+    return [path for _, _, path, _ in full + merged]
+
+
+def _as_record_batch(rows: Iterable[_Row]) -> Iterator[Any]:
+    import pyarrow as pa
+
+    for part, idx, path, examples in rows:
+        yield pa.RecordBatch.from_pydict({"part": pa.array([part], pa.int64()), "idx": pa.array([idx], pa.int64()),
+                                          "path": [path], "examples": pa.array([examples], pa.int64())})
+
+
+def _write_partition(directory: str, batch_size: int, token: str,
+                     to_batches: Callable[[Iterable[Any]], Iterator[DataSet | MultiDataSet]],
+                     record_batches: Iterable[Any]) -> Iterator[Any]:
+    from pyspark import TaskContext
+
+    index = TaskContext.get().partitionId()
+    yield from _as_record_batch(_export_partition(directory, batch_size, token, index, to_batches(record_batches)))
+
+
+def _merge_rest_rows(directory: str, batch_size: int, token: str, record_batches: Iterable[Any]) -> Iterator[Any]:
+    for rb in record_batches:
+        for text in rb.column("rests").to_pylist():
+            yield from _as_record_batch(_merge_rests(directory, batch_size, token, json.loads(text)))

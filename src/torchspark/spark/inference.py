@@ -1,13 +1,16 @@
 """Distributed inference and scoring: outputs by key, per-example losses, total score, and a prediction column.
 
 DL4J's ``feedForwardWithKey``, ``scoreExamples``, ``calculateScore`` and MLlib ``predict`` in Python. Every
-function ships the network once as a broadcast blueprint; each executor Python process builds one copy and
-reuses it for every partition it runs (see :class:`~torchspark.spark.evaluation.NetworkCache`), so the network
-is deserialised once per Python worker, never once per row.
+function ships the network once (:mod:`torchspark.spark.shipped`: a broadcast on a classic session, the closure or
+a session artifact on Spark Connect); each executor Python process builds one copy and reuses it for every
+partition it runs (see :class:`~torchspark.nn.cache.NetworkCache`), so the network is deserialised once per
+Python worker, never once per row.
 
-The RDD-returning functions are lazy, like any Spark transformation: nothing runs (and no data error shows)
-until an action such as ``collect`` or ``saveAsTextFile``. Keys exist because Spark does not keep row order
-through shuffles; join the output back on them.
+What comes back follows what goes in: an RDD gives a lazy RDD (classic sessions only); a DataFrame gives a lazy
+DataFrame (on any session, Spark Connect included), each row keeping its columns - its key - beside the new
+output or score column; batch-file paths give an RDD on a classic session and a ``path, example, score``
+DataFrame on Spark Connect. Nothing runs (and no data error shows) until an action such as ``collect`` or a
+write. Keys exist because Spark does not keep row order through shuffles; join the output back on them.
 """
 
 from __future__ import annotations
@@ -16,26 +19,32 @@ import logging
 from itertools import islice
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-import numpy as np
 import torch
 
-from torchspark.data import DataSet, MultiDataSet, rebatch
-from torchspark.errors import ConfigError, DataError
+from torchspark.data import rebatch
+from torchspark.errors import DataError
 from torchspark.nn import Network
-from torchspark.nn.outputs import check_output_index
-from torchspark.spark.dataframes import classification_outputs, feature_shapes
+from torchspark.spark.dataframes import classification_outputs
 from torchspark.spark.evaluation import (
     DEFAULT_BATCH_SIZE,
-    DEFAULT_EVAL_WORKERS,
-    ShippedNetwork,
     batch_items,
     check_positive,
     load_batch_item,
     peek_nonempty,
-    ship_network,
 )
+from torchspark.spark.frame_jobs import (
+    loss_sums,
+    loss_sums_frame,
+    regularization_score,
+    score_column,
+    score_files,
+)
+from torchspark.spark.frames import frame_data, is_dataframe
 from torchspark.spark.jobs import run_job
+from torchspark.spark.predict import PREDICT_OUTPUTS, predict
 from torchspark.spark.session import spark_context
+from torchspark.spark.session_kinds import is_connect_session, require_classic
+from torchspark.spark.shipped import DEFAULT_EVAL_WORKERS, Shipped, ship_network, ship_to_session
 
 __all__ = [
     "feed_forward_with_key",
@@ -49,21 +58,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: what :func:`predict` writes: ``"probabilities"`` -> ``array<float>``, ``"class"`` -> ``bigint``
-PREDICT_OUTPUTS = ("probabilities", "class")
-
-
-def regularization_score(network: Network) -> float:
-    """The penalty ``0.5 * weight_decay * ||params||^2 + l1 * sum(|params|)`` (0 when both are 0).
-
-    This is DL4J's ``includeRegularization`` term: the loss the updater effectively minimises is the data loss
-    plus this. It covers every parameter (biases too), because ``Network`` applies ``weight_decay`` and ``l1``
-    to all parameters.
-    """
-    if network.weight_decay == 0 and network.l1 == 0:
-        return 0.0
-    flat = network.params_view().detach().double()
-    return 0.5 * network.weight_decay * float(flat.dot(flat)) + network.l1 * float(flat.abs().sum())
+#: what keyed inference on a DataFrame needs, for the message refusing other inputs under Spark Connect
+KEYED_ROUTE = "pass a DataFrame with a key column and a features column (key_col=, features_col=)"
 
 
 def _chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
@@ -95,7 +91,7 @@ def _stack(values: Sequence[Any], keys: Sequence[Any], dtype: torch.dtype) -> li
     return stacked
 
 
-def _feed_forward_partition(shipped: ShippedNetwork, batch_size: int
+def _feed_forward_partition(shipped: Shipped, batch_size: int
                             ) -> Callable[[Iterable[tuple[Any, Any]]], Iterator[tuple[Any, Any]]]:
     def run(pairs: Iterable[tuple[Any, Any]]) -> Iterator[tuple[Any, Any]]:
         stream = peek_nonempty(pairs)
@@ -116,29 +112,49 @@ def _feed_forward_partition(shipped: ShippedNetwork, batch_size: int
     return run
 
 
-def feed_forward_with_key(sc: Any, network: Network, rdd: Any, batch_size: int = DEFAULT_BATCH_SIZE) -> Any:
-    """Network outputs for keyed examples: ``RDD[(key, features)] -> RDD[(key, output)]``.
+def feed_forward_with_key(sc: Any, network: Network, data: Any, batch_size: int = DEFAULT_BATCH_SIZE,
+                          key_col: str = "key", features_col: str | Sequence[str] = "features",
+                          feature_shape: Any = None, output_col: str = "output", output_index: int = 0) -> Any:
+    """Network outputs for keyed examples: ``RDD[(key, features)] -> RDD[(key, output)]``, or a DataFrame's
+    ``key_col`` and features -> a DataFrame ``key_col, output_col``.
 
     Args:
-        sc: SparkContext or SparkSession.
+        sc: SparkContext, SparkSession or Spark Connect session (a DataFrame runs on its own session).
         network: the network to run (eval mode, output activation applied as in ``Network.output``).
-        rdd: pairs ``(key, features)``; ``features`` is ONE example without a batch dimension (a tensor or
-            numpy array of the network's input shape), or a tuple of them for a multi-input network.
+        data: an RDD of pairs ``(key, features)``; ``features`` is ONE example without a batch dimension (a
+            tensor or numpy array of the network's input shape), or a tuple of them for a multi-input network.
+            Or a DataFrame (the route on Spark Connect, which has no RDDs) with a ``key_col`` column of any type
+            and ``features_col`` (array or ML Vector columns; a list of them for several inputs).
         batch_size: examples stacked per forward pass; 64 is DL4J's suggestion, raise it for small networks.
+        key_col, features_col, feature_shape, output_col, output_index: DataFrame input only. ``feature_shape``
+            reshapes each row (``(1, 28, 28)``); ``output_index`` picks the output of a several-output network;
+            ``output_col`` names the result column.
     Returns:
-        a lazy ``RDD[(key, output)]`` with every key once; ``output`` is that example's CPU tensor (no batch
-        dimension), or a tuple of tensors for a multi-output network.
+        for an RDD, a lazy ``RDD[(key, output)]`` with every key once; ``output`` is that example's CPU tensor
+        (no batch dimension), or a tuple of tensors for a multi-output network. For a DataFrame, a lazy
+        DataFrame ``key_col, output_col`` with one row per input row; ``output_col`` is the output flattened to
+        ``array<float>``.
     Raises:
-        ConfigError: bad ``batch_size``. Data errors (mismatched shapes) surface when an action runs.
+        ConfigError: bad ``batch_size``; a non-DataFrame input on a Spark Connect session.
+        DataError: a missing DataFrame column. Bad rows (mismatched shapes, nulls) surface when an action runs.
     """
     check_positive(batch_size=batch_size)
+    if is_dataframe(data):
+        cols = [features_col] if isinstance(features_col, str) else list(features_col)
+        if key_col not in data.columns:
+            raise DataError(f"DataFrame has no key column {key_col!r}; it has {data.columns}. Pass key_col=")
+        frame = data.select(key_col, *[c for c in dict.fromkeys(cols) if c != key_col and c in data.columns])
+        out = predict(frame.sparkSession, network, frame, features_col, output_col, feature_shape, batch_size,
+                      "probabilities", output_index)
+        return out.select(key_col, output_col)
+    require_classic(sc, f"feed_forward_with_key on a {type(data).__name__}", KEYED_ROUTE)
     sc = spark_context(sc)
     shipped = ship_network(sc, network)
-    return rdd.mapPartitions(_feed_forward_partition(shipped, batch_size), preservesPartitioning=True)
+    return data.mapPartitions(_feed_forward_partition(shipped, batch_size), preservesPartitioning=True)
 
 
 # ------------------------------------------------------------------ scoring
-def _score_partition(shipped: ShippedNetwork, batch_size: int, include_regularization: bool
+def _score_partition(shipped: Shipped, batch_size: int, include_regularization: bool
                      ) -> Callable[[Iterable[Any]], Iterator[float]]:
     def run(items: Iterable[Any]) -> Iterator[float]:
         stream = peek_nonempty(items)
@@ -159,30 +175,47 @@ def score_examples(
     data: Any,
     include_regularization: bool = False,
     batch_size: int = DEFAULT_BATCH_SIZE,
-    features_col: str = "features",
-    label_col: str | None = "label",
-    feature_shape: Sequence[int] | None = None,
+    features_col: str | Sequence[str] = "features",
+    label_col: str | Sequence[str] | None = "label",
+    feature_shape: Any = None,
+    score_col: str = "score",
 ) -> Any:
-    """The loss of every example: ``RDD[float]``, in the data's order within each partition.
+    """The loss of every example.
 
     Args:
+        sc: SparkContext, SparkSession or Spark Connect session (a DataFrame runs on its own session).
         data: an RDD of DataSet/MultiDataSet (or batch bytes / batch-file paths), a DataFrame (columns as for
-            ``fit``) or a list of batch-file paths.
+            ``fit``) or batch-file paths (a directory, a glob, a file or a list).
         include_regularization: add :func:`regularization_score` (the L2 and L1 penalties) to each
             example's loss, as DL4J does; False gives the pure data loss (summed over outputs).
         batch_size: examples per forward pass.
+        features_col, label_col, feature_shape: DataFrame input only, as for ``fit``.
+        score_col: the new column of a DataFrame input.
     Returns:
-        a lazy RDD of floats (use ``.zipWithIndex()`` or :func:`score_examples_with_key` to tell examples apart).
+        for a DataFrame, the DataFrame (every column kept: keep an id column to tell rows apart) plus
+        ``score_col`` (double), lazy. For an RDD or paths on a classic session, a lazy RDD of floats in the data's
+        order within each partition (``.zipWithIndex()`` or :func:`score_examples_with_key` tell examples apart);
+        for paths on Spark Connect, a lazy DataFrame ``path, example, score`` (``example``: the index in its file).
+    Raises:
+        ConfigError: bad ``batch_size``; an RDD or a list of batches on a Spark Connect session.
+        DataError: missing DataFrame columns; bad rows (nulls, ragged arrays) when an action runs.
     """
     check_positive(batch_size=batch_size)
+    flags = classification_outputs(network)
+    if is_dataframe(data):
+        shipped = ship_to_session(data.sparkSession, network)
+        return score_column(shipped, data, score_col, include_regularization, batch_size, features_col, label_col,
+                            feature_shape, flags)
+    if is_connect_session(sc):
+        frame = frame_data(sc, data, features_col, label_col, feature_shape, flags)
+        return score_files(ship_to_session(sc, network), frame, batch_size, include_regularization)
     sc = spark_context(sc)
-    rdd = batch_items(sc, data, features_col, label_col, feature_shape,
-                      classification_outputs(network))
+    rdd = batch_items(sc, data, features_col, label_col, feature_shape, flags)
     shipped = ship_network(sc, network)
     return rdd.mapPartitions(_score_partition(shipped, batch_size, include_regularization))
 
 
-def _score_keyed_partition(shipped: ShippedNetwork, batch_size: int, include_regularization: bool
+def _score_keyed_partition(shipped: Shipped, batch_size: int, include_regularization: bool
                            ) -> Callable[[Iterable[tuple[Any, Any]]], Iterator[tuple[Any, float]]]:
     def run(pairs: Iterable[tuple[Any, Any]]) -> Iterator[tuple[Any, float]]:
         stream = peek_nonempty(pairs)
@@ -204,51 +237,55 @@ def _score_keyed_partition(shipped: ShippedNetwork, batch_size: int, include_reg
     return run
 
 
+
 def score_examples_with_key(
     sc: Any,
     network: Network,
-    rdd: Any,
+    data: Any,
     include_regularization: bool = False,
     batch_size: int = DEFAULT_BATCH_SIZE,
+    key_col: str = "key",
+    features_col: str | Sequence[str] = "features",
+    label_col: str | Sequence[str] | None = "label",
+    feature_shape: Any = None,
+    score_col: str = "score",
 ) -> Any:
-    """Per-example loss by key: ``RDD[(key, DataSet)] -> RDD[(key, float)]``.
+    """Per-example loss by key: ``RDD[(key, DataSet)] -> RDD[(key, float)]``, or a DataFrame's rows -> a DataFrame
+    ``key_col, score_col``.
 
     Args:
-        rdd: pairs ``(key, DataSet | MultiDataSet)`` each holding exactly ONE example (as in DL4J); batch bytes
-            or a batch-file path work in place of the DataSet.
+        data: an RDD of pairs ``(key, DataSet | MultiDataSet)`` each holding exactly ONE example (as in DL4J);
+            batch bytes or a batch-file path work in place of the DataSet. Or a DataFrame (the route on Spark
+            Connect) with ``key_col`` and the features and label columns, one example per row.
         include_regularization: as for :func:`score_examples`.
         batch_size: examples merged per forward pass.
+        key_col, features_col, label_col, feature_shape, score_col: DataFrame input only.
     Returns:
-        a lazy ``RDD[(key, float)]``.
+        a lazy ``RDD[(key, float)]``, or for a DataFrame a lazy DataFrame ``key_col, score_col``.
     Raises:
-        DataError (when an action runs): a value with more or fewer than one example, naming its key.
+        ConfigError: a non-DataFrame input on a Spark Connect session.
+        DataError (when an action runs): a value with more or fewer than one example, naming its key; bad rows.
     """
     check_positive(batch_size=batch_size)
+    if is_dataframe(data):
+        if key_col not in data.columns:
+            raise DataError(f"DataFrame has no key column {key_col!r}; it has {data.columns}. Pass key_col=")
+        scored = score_examples(sc, network, data, include_regularization, batch_size, features_col, label_col,
+                                feature_shape, score_col)
+        return scored.select(key_col, score_col)
+    require_classic(sc, f"score_examples_with_key on a {type(data).__name__}", KEYED_ROUTE + " and label_col=")
     sc = spark_context(sc)
     shipped = ship_network(sc, network)
-    return rdd.mapPartitions(_score_keyed_partition(shipped, batch_size, include_regularization),
-                             preservesPartitioning=True)
+    return data.mapPartitions(_score_keyed_partition(shipped, batch_size, include_regularization),
+                              preservesPartitioning=True)
 
 
-def _loss_sums(net: Network, batch: DataSet | MultiDataSet) -> tuple[float, float]:
-    """(sum of per-example losses, number of unmasked examples) of one batch, as ``Network.score`` counts."""
-    per, weight = net.batch_losses(batch)
-    return float(per.sum()), float(weight.sum())
-
-
-def _sum_partition(shipped: ShippedNetwork, batch_size: int
+def _sum_partition(shipped: Shipped, batch_size: int
                    ) -> Callable[[Iterable[Any]], Iterator[tuple[float, float]]]:
     def run(items: Iterable[Any]) -> Iterator[tuple[float, float]]:
-        stream = peek_nonempty(items)
-        if stream is None:
-            return
-        total, count = 0.0, 0.0
-        with shipped.lease(DEFAULT_EVAL_WORKERS) as net, torch.no_grad():
-            net.module.eval()
-            for batch in rebatch((load_batch_item(i) for i in stream), batch_size):
-                s, c = _loss_sums(net, batch)
-                total, count = total + s, count + c
-        yield total, count
+        found = loss_sums(shipped, (load_batch_item(i) for i in items), batch_size)
+        if found is not None:
+            yield found
 
     return run
 
@@ -263,151 +300,41 @@ def calculate_score(
     data: Any,
     average: bool = True,
     batch_size: int = DEFAULT_BATCH_SIZE,
-    features_col: str = "features",
-    label_col: str | None = "label",
-    feature_shape: Sequence[int] | None = None,
+    features_col: str | Sequence[str] = "features",
+    label_col: str | Sequence[str] | None = "label",
+    feature_shape: Any = None,
 ) -> float:
     """The loss over all of ``data``: the mean per example (``average=True``, as ``Network.score``) or the sum.
 
     Label-masked examples count as ``Network.score`` counts them (excluded from the mean). No regularization
-    term is added (see :func:`regularization_score`).
+    term is added (see :func:`regularization_score`). ``data`` as for :func:`score_examples`; a DataFrame (any
+    session) and batch files on Spark Connect are summed by one ``mapInArrow`` job whose rows are the partitions'
+    sums.
 
     Raises:
+        ConfigError: an RDD or a list of batches on a Spark Connect session.
         DataError: empty data, missing DataFrame columns, or bad data on an executor.
     """
     check_positive(batch_size=batch_size)
-    sc = spark_context(sc)
-    rdd = batch_items(sc, data, features_col, label_col, feature_shape,
-                      classification_outputs(network))
-    shipped = ship_network(sc, network)
-    try:
-        total, count = run_job(sc, "torchspark calculate_score",
-                               lambda: rdd.mapPartitions(_sum_partition(shipped, batch_size))
-                               .treeAggregate((0.0, 0.0), _add, _add), "torchspark-eval-job")
-    finally:
-        shipped.release()
+    flags = classification_outputs(network)
+    if is_dataframe(data) or is_connect_session(sc):
+        session = data.sparkSession if is_dataframe(data) else sc
+        frame = frame_data(session, data, features_col, label_col, feature_shape, flags)
+        shipped = ship_to_session(session, network)
+        try:
+            total, count = loss_sums_frame(shipped, frame, batch_size, "torchspark calculate_score")
+        finally:
+            shipped.release()
+    else:
+        sc = spark_context(sc)
+        rdd = batch_items(sc, data, features_col, label_col, feature_shape, flags)
+        shipped = ship_network(sc, network)
+        try:
+            total, count = run_job(sc, "torchspark calculate_score",
+                                   lambda: rdd.mapPartitions(_sum_partition(shipped, batch_size))
+                                   .treeAggregate((0.0, 0.0), _add, _add), "torchspark-eval-job")
+        finally:
+            shipped.release()
     if count == 0:
         raise DataError("calculate_score got no data: the RDD, DataFrame or path list holds no labelled examples")
     return total / count if average else total
-
-
-# ------------------------------------------------------------------ DataFrame prediction column
-def _series_to_tensor(series: Any, feature_shape: Sequence[int] | None, dtype: torch.dtype) -> torch.Tensor:
-    n = len(series)
-    if series.isna().any():
-        raise DataError(f"predict: the features column has {int(series.isna().sum())} null rows; fill or drop them")
-    values = series.to_numpy()
-    arr = np.stack(values).astype(np.float32) if values.dtype == object else values.astype(np.float32)
-    x = torch.from_numpy(np.ascontiguousarray(arr.reshape(n, -1)))
-    if feature_shape:
-        try:
-            x = x.reshape(n, *feature_shape)
-        except RuntimeError as e:
-            raise DataError(f"predict: cannot reshape rows of {x.shape[1]} values to feature_shape="
-                            f"{tuple(feature_shape)}; fix feature_shape") from e
-    return x.to(dtype)
-
-
-def _to_classes(probs: torch.Tensor) -> np.ndarray:
-    """Argmax class of each row; a single sigmoid column is thresholded at 0.5."""
-    flat = probs.reshape(probs.shape[0], -1)
-    if flat.shape[1] == 1:
-        return (flat[:, 0] >= 0.5).to(torch.int64).numpy()
-    return flat.argmax(dim=1).numpy()
-
-
-def _predict_udf(shipped: ShippedNetwork, shapes: Sequence[Sequence[int] | None], batch_size: int,
-                 output: str, output_index: int = 0) -> Any:
-    from typing import Iterator as TypingIterator
-    from typing import Tuple
-
-    import pandas as pd
-    from pyspark.sql.functions import pandas_udf
-    from pyspark.sql.types import ArrayType, FloatType, LongType
-
-    several = len(shapes) > 1
-
-    def predict_batches(batches: Any) -> Any:
-        with shipped.lease(DEFAULT_EVAL_WORKERS) as net:
-            dtype = net.params_view().dtype
-            for batch in batches:
-                columns = list(batch) if several else [batch]
-                feats = [_series_to_tensor(c, shape, dtype) for c, shape in zip(columns, shapes)]
-                out = net.output(feats if several else feats[0], batch_size=batch_size)
-                outs = out if isinstance(out, tuple) else (out,)
-                if output_index >= len(outs):
-                    raise DataError(f"predict: output_index={output_index} but the network gives {len(outs)} "
-                                    "output(s)")
-                probs = outs[output_index]
-                if output == "class":
-                    yield pd.Series(_to_classes(probs))
-                else:
-                    yield pd.Series(list(probs.reshape(probs.shape[0], -1).float().numpy()))
-
-    # real objects, not strings: Spark reads these hints to pick the iterator-of-Series UDF type
-    arg = TypingIterator[Tuple[(pd.Series,) * len(shapes)]] if several else TypingIterator[pd.Series]
-    predict_batches.__annotations__ = {"batches": arg, "return": TypingIterator[pd.Series]}
-    return_type = LongType() if output == "class" else ArrayType(FloatType(), containsNull=False)
-    return pandas_udf(predict_batches, returnType=return_type)  # type: ignore[call-overload]
-
-
-def predict(
-    spark: Any,
-    network: Network,
-    dataframe: Any,
-    features_col: str | Sequence[str] = "features",
-    output_col: str = "prediction",
-    feature_shape: Any = None,
-    batch_size: int = 1024,
-    output: str = "probabilities",
-    output_index: int = 0,
-) -> Any:
-    """``dataframe`` with a prediction column, computed by a batched Arrow (pandas iterator) UDF.
-
-    Each Python worker builds the network once and runs it on whole Arrow batches
-    (``spark.sql.execution.arrow.maxRecordsPerBatch`` rows, split into ``batch_size`` forward passes).
-
-    Args:
-        spark: SparkSession or SparkContext (unused beyond validation; the DataFrame's session runs the UDF).
-        network: the network to run; output ``output_index`` is used.
-        dataframe: a Spark DataFrame; every column is kept.
-        features_col: an ``array<float>``/``array<double>``, ML ``Vector`` or numeric column; a list of them for
-            a network with several inputs (one column per input, in order).
-        output_col: the new column's name (replaces a column of that name).
-        feature_shape: reshape each row's values, e.g. ``(1, 28, 28)`` for a CNN; with several features columns,
-            a list with one shape (or None) per column.
-        output_index: which output of a several-output network fills the column (call once per output for
-            several columns).
-        batch_size: examples per forward pass; 1024 suits small networks, lower it for large ones.
-        output: ``"probabilities"`` -> ``array<float>`` of the output activations (softmax probabilities for
-            classifiers; take the argmax with ``F.array_position(col, F.array_max(col)) - 1``), or ``"class"`` ->
-            ``bigint`` class index (argmax; a single sigmoid output is thresholded at 0.5).
-    Returns:
-        a new DataFrame (lazy).
-    Raises:
-        ConfigError: bad ``output`` or ``batch_size``. DataError: no such column; bad rows surface when an action
-        runs.
-    """
-    from pyspark.ml.functions import vector_to_array
-    from pyspark.ml.linalg import VectorUDT
-    from pyspark.sql import DataFrame
-    from pyspark.sql.functions import col
-
-    check_positive(batch_size=batch_size)
-    if output not in PREDICT_OUTPUTS:
-        raise ConfigError(f"output must be one of {PREDICT_OUTPUTS}, got {output!r}")
-    if not isinstance(dataframe, DataFrame):
-        raise DataError(f"predict needs a Spark DataFrame, got {type(dataframe).__name__}")
-    check_output_index(network, output_index)
-    cols = [features_col] if isinstance(features_col, str) else list(features_col)
-    missing = [c for c in cols if c not in dataframe.columns]
-    if not cols or missing:
-        raise DataError(f"DataFrame has no column(s) {missing or cols!r}; it has {dataframe.columns}. "
-                        "Pass features_col=")
-    shapes = feature_shapes(feature_shape, len(cols))
-    sc = spark_context(spark)
-    shipped = ship_network(sc, network)
-    features = [vector_to_array(col(c), "float32") if isinstance(dataframe.schema[c].dataType, VectorUDT) else col(c)
-                for c in cols]
-    udf = _predict_udf(shipped, shapes, batch_size, output, output_index)
-    return dataframe.withColumn(output_col, udf(*features))

@@ -2,7 +2,8 @@
 
 Thin methods over :mod:`torchspark.spark.inference`, bound to the object's session and network, so
 ``spark_net.predict(df)`` reads like DL4J's ``sparkNet`` calls. The evaluation methods are in
-:mod:`torchspark.spark.evaluation_methods`.
+:mod:`torchspark.spark.evaluation_methods`. An RDD in gives an RDD out (classic sessions only); a DataFrame in gives
+a DataFrame out, on any session (the route on Spark Connect).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ __all__ = ["InferenceMethods"]
 
 
 class InferenceMethods:
-    """Distributed scoring and prediction of ``self.network`` on ``self.sc``.
+    """Distributed scoring and prediction of ``self.network`` on ``self.spark`` (a classic or a Connect session).
 
     ``batch_size`` is the examples per forward pass on the executors (bigger is faster until memory runs out).
     """
@@ -26,28 +27,41 @@ class InferenceMethods:
     spark: Any
     network: Network
 
-    def feed_forward_with_key(self, rdd: Any, batch_size: int = _ev.DEFAULT_BATCH_SIZE) -> Any:
+    def feed_forward_with_key(self, data: Any, batch_size: int = _ev.DEFAULT_BATCH_SIZE, key_col: str = "key",
+                              features_col: str | Sequence[str] = "features", feature_shape: Any = None,
+                              output_col: str = "output", output_index: int = 0) -> Any:
         """``RDD[(key, features)] -> RDD[(key, output)]``, one example each (no batch dimension), computed in
-        batches of ``batch_size`` on the executors."""
-        return _inf.feed_forward_with_key(self.sc, self.network, rdd, batch_size)
+        batches of ``batch_size`` on the executors. A DataFrame with ``key_col`` and ``features_col`` gives a
+        DataFrame ``key_col, output_col`` (the output flattened to ``array<float>``; ``output_index`` picks the
+        output of a several-output network)."""
+        return _inf.feed_forward_with_key(self.spark, self.network, data, batch_size, key_col, features_col,
+                                          feature_shape, output_col, output_index)
 
     def score_examples(self, data: Any, include_regularization: bool = False,
-                       batch_size: int = _ev.DEFAULT_BATCH_SIZE, features_col: str = "features",
-                       label_col: str | None = "label", feature_shape: Sequence[int] | None = None) -> Any:
-        """``RDD[float]``: each example's loss (plus the L2 term when ``include_regularization``)."""
-        return _inf.score_examples(self.sc, self.network, data, include_regularization, batch_size, features_col,
-                                   label_col, feature_shape)
+                       batch_size: int = _ev.DEFAULT_BATCH_SIZE, features_col: str | Sequence[str] = "features",
+                       label_col: str | Sequence[str] | None = "label", feature_shape: Any = None,
+                       score_col: str = "score") -> Any:
+        """Each example's loss (plus the L2 term when ``include_regularization``): ``RDD[float]`` for an RDD (or
+        paths on a classic session); the DataFrame plus ``score_col`` for a DataFrame; ``path, example, score``
+        rows for paths on Spark Connect."""
+        return _inf.score_examples(self.spark, self.network, data, include_regularization, batch_size, features_col,
+                                   label_col, feature_shape, score_col)
 
-    def score_examples_with_key(self, rdd: Any, include_regularization: bool = False,
-                                batch_size: int = _ev.DEFAULT_BATCH_SIZE) -> Any:
-        """``RDD[(key, DataSet)] -> RDD[(key, loss)]`` for single-example DataSets (or (features, labels))."""
-        return _inf.score_examples_with_key(self.sc, self.network, rdd, include_regularization, batch_size)
+    def score_examples_with_key(self, data: Any, include_regularization: bool = False,
+                                batch_size: int = _ev.DEFAULT_BATCH_SIZE, key_col: str = "key",
+                                features_col: str | Sequence[str] = "features",
+                                label_col: str | Sequence[str] | None = "label", feature_shape: Any = None,
+                                score_col: str = "score") -> Any:
+        """``RDD[(key, DataSet)] -> RDD[(key, loss)]`` for single-example DataSets (or (features, labels)); a
+        DataFrame with ``key_col`` gives a DataFrame ``key_col, score_col``."""
+        return _inf.score_examples_with_key(self.spark, self.network, data, include_regularization, batch_size,
+                                            key_col, features_col, label_col, feature_shape, score_col)
 
     def calculate_score(self, data: Any, average: bool = True, batch_size: int = _ev.DEFAULT_BATCH_SIZE,
-                        features_col: str = "features", label_col: str | None = "label",
-                        feature_shape: Sequence[int] | None = None) -> float:
+                        features_col: str | Sequence[str] = "features", label_col: str | Sequence[str] | None = "label",
+                        feature_shape: Any = None) -> float:
         """The loss over all of ``data``: the mean per example (``average=True``) or the sum."""
-        return float(_inf.calculate_score(self.sc, self.network, data, average, batch_size, features_col,
+        return float(_inf.calculate_score(self.spark, self.network, data, average, batch_size, features_col,
                                           label_col, feature_shape))
 
     def predict(self, dataframe: Any, features_col: str | Sequence[str] = "features",

@@ -27,7 +27,7 @@ from torchspark.spark.preflight import executors_for_workers_per_node, preflight
 from torchspark.spark.preparation import DataPreparation, first_item, planned_epochs
 from torchspark.spark.runners import SparkBarrierRunner, SparkRoundsRunner, SparkWorkerData
 from torchspark.spark.session import spark_context
-from torchspark.spark.session_kinds import is_connect_session
+from torchspark.spark.session_kinds import is_connect_session, require_classic
 from torchspark.stats import DRIVER_ID, StatsCollector, TrainingStats
 from torchspark.training.assignment import check_loader
 from torchspark.training.checkpoint import plan_for
@@ -203,10 +203,13 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
                 a closure Spark's cloudpickle can ship). A directory then means every non-hidden file in it.
             run_id: as in :meth:`fit`.
         Raises:
+            ConfigError: a Spark Connect session (train from a DataFrame there).
             DataError: an empty list/RDD, a location that does not exist, a directory or glob without files, a file
                 that is not a batch file (without ``loader``), or a loader that returns something else.
         """
         master = self._require_master()
+        require_classic(self.spark, "fit_paths (training from batch files)", "train from a DataFrame with fit(); "
+                        "evaluate, calculate_score and score_examples take batch-file paths on Connect")
         check_int("epochs", epochs, 1)
         plan_for(master, run_id, 0, 0)
         check_loader(loader)

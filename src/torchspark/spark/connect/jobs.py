@@ -30,7 +30,8 @@ log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
 # what Spark says when a task of the query failed (else the query never ran: its own error passes unchanged)
-_TASK_FAILURE = re.compile(r"stage failure|Python worker exited|ExecutorLostFailure|PythonException", re.I)
+_TASK_FAILURE = re.compile(r"stage failure|Python worker exited|ExecutorLostFailure|PythonException|PYTHON_EXCEPTION",
+                           re.I)
 
 #: how often a running query's watchdog is asked whether the workers are still alive
 WATCH_S = 0.5

@@ -15,6 +15,14 @@ Set a column param to ``""`` to leave that column out.
 Both are MLWritable/MLReadable: the params as Spark's JSON metadata, a model's network beside it in torchspark's
 format (``network/config.json`` + ``network/weights.safetensors``, no pickle), so a ``Pipeline`` holding a
 TorchEstimator saves and loads like any other.
+
+On a Spark Connect session both work in ``pyspark.ml.Pipeline`` (and ``PipelineModel``) as they are: they are
+Python stages, which pyspark runs on the client without the JVM. ``fit`` trains through
+:meth:`SparkNetwork.fit <torchspark.spark.SparkNetwork.fit>`'s Connect route, ``transform`` adds the columns with
+the same Arrow UDF, and ``save``/``write().overwrite()``/``load`` work: Spark writes and reads the params metadata on
+the server (``overwrite`` clears the path there, as Connect's own writers do), the client writes and reads the
+network through fsspec. So the path must name the same storage for both (an object store or a shared file system);
+a local path only works when the client runs beside the server.
 """
 
 from __future__ import annotations
@@ -42,12 +50,30 @@ from torchspark.nn import Network
 from torchspark.spark.inference import predict
 from torchspark.spark.ml.params import FitSettings, TorchEstimatorParams, TorchModelParams
 from torchspark.spark.network import SparkNetwork
+from torchspark.spark.session_kinds import is_connect_session
 
 __all__ = ["TorchEstimator", "TorchModel"]
 
 log = logging.getLogger(__name__)
 
 NETWORK_DIR = "network"
+
+
+class _OverwriteOnEitherSession(MLWriter):
+    """``write().overwrite()`` on a classic or a Spark Connect session: pyspark's own overwrite asks the JVM, which
+    a Connect client does not have; Connect's writers clear the path on the server instead, and so does this."""
+
+    def _handleOverwrite(self, path: str) -> None:
+        if is_connect_session(self.sparkSession):
+            from pyspark.ml.connect.readwrite import RemoteMLWriter
+
+            RemoteMLWriter.handleOverwrite(path, True)
+        else:
+            super()._handleOverwrite(path)
+
+
+class _EstimatorWriter(_OverwriteOnEitherSession, DefaultParamsWriter):
+    """The params metadata (Spark's ``DefaultParamsWriter``), overwritable on a Connect session too."""
 
 
 class TorchEstimator(Estimator, TorchEstimatorParams, DefaultParamsWritable, DefaultParamsReadable):
@@ -94,6 +120,9 @@ class TorchEstimator(Estimator, TorchEstimatorParams, DefaultParamsWritable, Def
 
     def setBatchSize(self, value: int) -> "TorchEstimator":
         return self._set(batchSize=value)
+
+    def write(self) -> MLWriter:
+        return _EstimatorWriter(self)
 
     def _fit(self, dataset: DataFrame) -> "TorchModel":
         if not isinstance(dataset, DataFrame):
@@ -164,7 +193,7 @@ def _output_width(net: Network) -> int:
     return int(last.shape[0])
 
 
-class _TorchModelWriter(MLWriter):
+class _TorchModelWriter(_OverwriteOnEitherSession):
     """Spark's params metadata, then the network in torchspark's format under ``network/``."""
 
     def __init__(self, instance: TorchModel) -> None:

@@ -1,0 +1,147 @@
+"""A prediction column: ``predict(spark, network, df)`` adds the network's outputs to every row of a DataFrame.
+
+MLlib's ``predict`` for torchspark, and what ``TorchModel.transform`` and keyed inference on DataFrames use. A
+batched Arrow (pandas iterator) UDF runs the network on whole Arrow batches; the network reaches it as
+:mod:`torchspark.spark.shipped` decides for the DataFrame's session (a broadcast on a classic session, the closure
+or a session artifact on Spark Connect), and each Python worker builds it once.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from torchspark.errors import ConfigError, DataError
+from torchspark.nn import Network
+from torchspark.nn.outputs import check_output_index
+from torchspark.spark.dataframes import feature_shapes
+from torchspark.spark.frames import is_dataframe
+from torchspark.spark.shipped import DEFAULT_EVAL_WORKERS, Shipped, ship_to_session
+from torchspark.validation import check_int
+
+__all__ = ["predict", "PREDICT_OUTPUTS"]
+
+#: what :func:`predict` writes: ``"probabilities"`` -> ``array<float>``, ``"class"`` -> ``bigint``
+PREDICT_OUTPUTS = ("probabilities", "class")
+
+
+def _series_to_tensor(series: Any, feature_shape: Sequence[int] | None, dtype: torch.dtype) -> torch.Tensor:
+    n = len(series)
+    if series.isna().any():
+        raise DataError(f"predict: the features column has {int(series.isna().sum())} null rows; fill or drop them")
+    values = series.to_numpy()
+    arr = np.stack(values).astype(np.float32) if values.dtype == object else values.astype(np.float32)
+    x = torch.from_numpy(np.ascontiguousarray(arr.reshape(n, -1)))
+    if feature_shape:
+        try:
+            x = x.reshape(n, *feature_shape)
+        except RuntimeError as e:
+            raise DataError(f"predict: cannot reshape rows of {x.shape[1]} values to feature_shape="
+                            f"{tuple(feature_shape)}; fix feature_shape") from e
+    return x.to(dtype)
+
+
+def _to_classes(probs: torch.Tensor) -> np.ndarray:
+    """Argmax class of each row; a single sigmoid column is thresholded at 0.5."""
+    flat = probs.reshape(probs.shape[0], -1)
+    if flat.shape[1] == 1:
+        return (flat[:, 0] >= 0.5).to(torch.int64).numpy()
+    return flat.argmax(dim=1).numpy()
+
+
+def _predict_udf(shipped: Shipped, shapes: Sequence[Sequence[int] | None], batch_size: int,
+                 output: str, output_index: int = 0) -> Any:
+    from typing import Iterator as TypingIterator
+    from typing import Tuple
+
+    import pandas as pd
+    from pyspark.sql.functions import pandas_udf
+    from pyspark.sql.types import ArrayType, FloatType, LongType
+
+    several = len(shapes) > 1
+
+    def predict_batches(batches: Any) -> Any:
+        with shipped.lease(DEFAULT_EVAL_WORKERS) as net:
+            dtype = net.params_view().dtype
+            for batch in batches:
+                columns = list(batch) if several else [batch]
+                feats = [_series_to_tensor(c, shape, dtype) for c, shape in zip(columns, shapes)]
+                out = net.output(feats if several else feats[0], batch_size=batch_size)
+                outs = out if isinstance(out, tuple) else (out,)
+                if output_index >= len(outs):
+                    raise DataError(f"predict: output_index={output_index} but the network gives {len(outs)} "
+                                    "output(s)")
+                probs = outs[output_index]
+                if output == "class":
+                    yield pd.Series(_to_classes(probs))
+                else:
+                    yield pd.Series(list(probs.reshape(probs.shape[0], -1).float().numpy()))
+
+    # real objects, not strings: Spark reads these hints to pick the iterator-of-Series UDF type
+    arg = TypingIterator[Tuple[(pd.Series,) * len(shapes)]] if several else TypingIterator[pd.Series]
+    predict_batches.__annotations__ = {"batches": arg, "return": TypingIterator[pd.Series]}
+    return_type = LongType() if output == "class" else ArrayType(FloatType(), containsNull=False)
+    return pandas_udf(predict_batches, returnType=return_type)  # type: ignore[call-overload]
+
+
+def predict(
+    spark: Any,
+    network: Network,
+    dataframe: Any,
+    features_col: str | Sequence[str] = "features",
+    output_col: str = "prediction",
+    feature_shape: Any = None,
+    batch_size: int = 1024,
+    output: str = "probabilities",
+    output_index: int = 0,
+) -> Any:
+    """``dataframe`` with a prediction column, computed by a batched Arrow (pandas iterator) UDF.
+
+    Each Python worker builds the network once and runs it on whole Arrow batches
+    (``spark.sql.execution.arrow.maxRecordsPerBatch`` rows, split into ``batch_size`` forward passes).
+
+    Args:
+        spark: the session (classic or Spark Connect) or a SparkContext; the DataFrame's own session runs the UDF
+            and decides how the network ships.
+        network: the network to run; output ``output_index`` is used.
+        dataframe: a Spark DataFrame; every column is kept.
+        features_col: an ``array<float>``/``array<double>``, ML ``Vector`` or numeric column; a list of them for
+            a network with several inputs (one column per input, in order).
+        output_col: the new column's name (replaces a column of that name).
+        feature_shape: reshape each row's values, e.g. ``(1, 28, 28)`` for a CNN; with several features columns,
+            a list with one shape (or None) per column.
+        output_index: which output of a several-output network fills the column (call once per output for
+            several columns).
+        batch_size: examples per forward pass; 1024 suits small networks, lower it for large ones.
+        output: ``"probabilities"`` -> ``array<float>`` of the output activations (softmax probabilities for
+            classifiers; take the argmax with ``F.array_position(col, F.array_max(col)) - 1``), or ``"class"`` ->
+            ``bigint`` class index (argmax; a single sigmoid output is thresholded at 0.5).
+    Returns:
+        a new DataFrame (lazy).
+    Raises:
+        ConfigError: bad ``output`` or ``batch_size``. DataError: no such column; bad rows surface when an action
+        runs.
+    """
+    from pyspark.ml.functions import vector_to_array
+    from pyspark.ml.linalg import VectorUDT
+    from pyspark.sql.functions import col
+
+    check_int("batch_size", batch_size, 1)
+    if output not in PREDICT_OUTPUTS:
+        raise ConfigError(f"output must be one of {PREDICT_OUTPUTS}, got {output!r}")
+    if not is_dataframe(dataframe):
+        raise DataError(f"predict needs a Spark DataFrame, got {type(dataframe).__name__}")
+    check_output_index(network, output_index)
+    cols = [features_col] if isinstance(features_col, str) else list(features_col)
+    missing = [c for c in cols if c not in dataframe.columns]
+    if not cols or missing:
+        raise DataError(f"DataFrame has no column(s) {missing or cols!r}; it has {dataframe.columns}. "
+                        "Pass features_col=")
+    shapes = feature_shapes(feature_shape, len(cols))
+    shipped = ship_to_session(dataframe.sparkSession, network)
+    features = [vector_to_array(col(c), "float32") if isinstance(dataframe.schema[c].dataType, VectorUDT) else col(c)
+                for c in cols]
+    udf = _predict_udf(shipped, shapes, batch_size, output, output_index)
+    return dataframe.withColumn(output_col, udf(*features))
