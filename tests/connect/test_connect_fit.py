@@ -189,6 +189,37 @@ def test_early_stopping_trains_a_dataframe_epoch_by_epoch(connect_spark) -> None
     assert result.score_vs_epoch[2] < result.score_vs_epoch[0]  # it trained
 
 
+def test_early_stopping_scores_on_the_cluster_under_connect(connect_spark) -> None:
+    """The Spark score calculators take the Connect session (no SparkContext) and score a DataFrame there: the
+    same scores a local calculator gives for the same weights."""
+    from torchspark.earlystopping import (
+        EarlyStoppingConfiguration,
+        EvaluationCalculator,
+        LossCalculator,
+        MaxEpochs,
+    )
+    from torchspark.spark.earlystopping import (
+        SparkEarlyStoppingTrainer,
+        SparkEvaluationCalculator,
+        SparkLossCalculator,
+    )
+
+    data = datasets.synthetic_classification(64, 12, 3, seed=4)
+    validation = frame(connect_spark, data)
+    loss = SparkLossCalculator(connect_spark, validation, batch_size=16)
+    accuracy = SparkEvaluationCalculator(connect_spark, validation, "accuracy", batch_size=16)
+    net = _network()
+    assert loss.calculate(net) == pytest.approx(LossCalculator(data).calculate(net), rel=1e-5)
+    assert accuracy.calculate(net) == EvaluationCalculator(data, "accuracy").calculate(net)
+
+    master = ParameterAveragingTrainingMaster(batch_size_per_worker=BATCH, num_workers=2, rng_seed=SEED)
+    spark_net = SparkNetwork(connect_spark, net, master, progress=False)
+    config = EarlyStoppingConfiguration(score_calculator=loss, epoch_conditions=[MaxEpochs(2)])
+    result = SparkEarlyStoppingTrainer(spark_net, config, train_data=validation).fit()
+    assert result.total_epochs == 2
+    assert result.score_vs_epoch[1] == pytest.approx(LossCalculator(data).calculate(spark_net.network), rel=1e-5)
+
+
 def test_drop_last_and_the_default_worker_count(connect_spark) -> None:
     """Without ``num_workers`` the fit takes the cluster's default parallelism (``local[2]``: 2 workers);
     ``drop_last`` trains only full minibatches (100 examples, batches of 8: 96), as on a classic session."""

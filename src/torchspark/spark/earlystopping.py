@@ -19,6 +19,7 @@ from torchspark.spark.evaluation import DEFAULT_BATCH_SIZE, do_evaluation
 from torchspark.spark.inference import calculate_score
 from torchspark.spark.network import SparkNetwork
 from torchspark.spark.session import spark_context
+from torchspark.spark.session_kinds import is_connect_session
 
 __all__ = ["SparkLossCalculator", "SparkEvaluationCalculator", "SparkEarlyStoppingTrainer"]
 
@@ -28,7 +29,8 @@ class _DataArgs:
 
     def __init__(self, spark: Any, data: Any, batch_size: int, features_col: str, label_col: str | None,
                  feature_shape: Sequence[int] | None) -> None:
-        self.sc = spark_context(spark)
+        #: where the scores are computed: the SparkContext, or the Spark Connect session itself (no SparkContext)
+        self.sc = spark if is_connect_session(spark) else spark_context(spark)
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ConfigError(f"batch_size must be an integer >= 1, got {batch_size!r}")
         if data is None:
@@ -97,7 +99,8 @@ class SparkEarlyStoppingTrainer(EpochByEpochTrainer):
     Each epoch is its own fit (a new barrier stage). A DataFrame is turned into one RDD of Arrow-built minibatches
     up front, so that every epoch fits the same RDD: ``SparkNetwork`` then prepares it (export or repartition) once
     and later epochs reuse that. On a Spark Connect session every epoch streams the DataFrame (cache it when it is
-    costly to compute); the score calculators must then work there too (a local ``LossCalculator`` does).
+    costly to compute); :class:`SparkLossCalculator` and :class:`SparkEvaluationCalculator` score a DataFrame or batch
+    files there (not an RDD).
     """
 
     def __init__(self, spark_network: SparkNetwork, config: EarlyStoppingConfiguration, train_data: Any = None,
