@@ -12,7 +12,9 @@ import os
 import subprocess
 import sys
 
-from conftest import CONNECT_TIER_ENV
+#: the variable that lets tests/conftest.py collect tests/connect (``CONNECT_TIER_ENV`` there; tests/spark has a
+#: conftest.py of its own, so that module cannot be imported by name here)
+CONNECT_TIER_ENV = "TORCHSPARK_CONNECT_TESTS"
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
