@@ -27,7 +27,7 @@ RESULTS_DIR = BENCH_DIR / "results"
 BENCHMARKS_MD = ROOT / "BENCHMARKS.md"
 
 #: Order of the sections in BENCHMARKS.md.
-SECTIONS = ("throughput", "throughput_channels_last", "sharing", "codec", "cluster", "checkpoint")
+SECTIONS = ("throughput", "throughput_channels_last", "shuffle", "sharing", "codec", "cluster", "checkpoint")
 #: results files that hold targets of a hand-written part of BENCHMARKS.md (no generated section)
 TARGET_RESULTS = ("small_networks",)
 

@@ -23,6 +23,7 @@ import _common as C  # noqa: E402
 SCRIPTS = {
     "throughput": ("bench_throughput.py", []),
     "throughput_channels_last": ("bench_throughput.py", ["--memory-format", "channels_last"]),
+    "shuffle": ("bench_shuffle.py", []),
     "sharing": ("bench_sharing.py", []),
     "codec": ("bench_codec.py", []),
     # optional: runs only as root with `ip netns` (a namespace cluster); otherwise it writes a "skipped" section

@@ -1,5 +1,6 @@
-"""Shuffle between epochs: with ``rng_seed`` every epoch trains the minibatches in a new seeded order across
-workers, a pure function of (seed, epoch), identical on Spark's routes and in ParallelWrapper."""
+"""Shuffle between epochs: with ``rng_seed`` every epoch trains the minibatches in a new seeded order -- within
+each worker (``shuffle_scope="worker"``, the default) or across workers (``"global"``) --, a pure function of
+(seed, epoch), identical on Spark's routes and in ParallelWrapper."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 from torch import nn
 
 from torchspark import Network, optim
+from torchspark.errors import ConfigError
 from torchspark.parallel import ParallelWrapper
 from torchspark.training.assignment import EpochItems, epoch_seed, per_epoch, plan_balanced, split_examples
 from torchspark.training.driver.runner import InProcessRunner
@@ -50,12 +52,39 @@ def _epochs(seen: dict[str, list[tuple[int, ...]]], epochs: int) -> list[list[li
     return out
 
 
-def _wrapper_run(epochs: int, seed: int | None) -> list[list[list[tuple[int, ...]]]]:
+def _wrapper_run(epochs: int, seed: int | None, scope: str = "global") -> list[list[list[tuple[int, ...]]]]:
     SEEN.clear()
     net = Network(Recorder(), updater=optim.SGD(lr=0.1), seed=0)
     ParallelWrapper(net, num_workers=WORKERS, rng_seed=seed, progress=False, runner=InProcessRunner(),
-                    averaging_frequency=2).fit(indexed_data(N), epochs=epochs, batch_size=BATCH)
+                    averaging_frequency=2, shuffle_scope=scope if seed is not None else "worker").fit(
+        indexed_data(N), epochs=epochs, batch_size=BATCH)
     return _epochs(SEEN, epochs)
+
+
+def test_the_worker_scope_keeps_each_workers_examples_and_reorders_them_every_epoch() -> None:
+    runs = _wrapper_run(3, seed=5, scope="worker")
+    for e in range(3):
+        ids = sorted(i for w in range(WORKERS) for b in runs[w][e] for i in b)
+        assert ids == list(range(N))
+    for w in range(WORKERS):
+        assert sorted(runs[w][0]) == sorted(runs[w][1]) == sorted(runs[w][2])  # the same minibatches: no data moves
+        assert runs[w][0] != runs[w][1] and runs[w][1] != runs[w][2]  # in a new order every epoch
+    plan0 = split_examples([indexed_data(N)], BATCH, WORKERS, 5)
+    assert runs[0][0] == [tuple(int(v) for v in b.features[:, 0]) for b in plan0[0]]
+    expected = [runs[0][0][k] for k in epoch_order(5, 2, 0, len(runs[0][0]))]
+    assert runs[0][2] == expected  # epoch 2's order: a pure function of (seed, epoch, rank)
+    assert runs != _wrapper_run(3, seed=5, scope="global")  # the option is honoured
+
+
+def test_the_global_scope_needs_a_seed_and_the_balanced_split() -> None:
+    with pytest.raises(ConfigError, match="shuffle_scope='global'.*rng_seed=None"):
+        ParallelWrapper(Network(Recorder(), updater=optim.SGD(lr=0.1)), num_workers=2, shuffle_scope="global")
+    from torchspark.training import ParameterAveragingTrainingMaster
+
+    with pytest.raises(ConfigError, match="repartition='never'"):
+        ParameterAveragingTrainingMaster(rng_seed=1, shuffle_scope="global", repartition="never")
+    with pytest.raises(ConfigError, match="shuffle_scope"):
+        ParameterAveragingTrainingMaster(rng_seed=1, shuffle_scope="everywhere")
 
 
 def test_every_epoch_is_a_new_order_across_workers_covering_every_example_once() -> None:
@@ -76,13 +105,14 @@ def test_without_a_seed_every_epoch_repeats_the_data_order() -> None:
     assert runs[0][0] == runs[0][1] and runs[1][0] == runs[1][1]
 
 
-def test_the_order_is_a_function_of_seed_and_epoch_so_fits_compose() -> None:
+@pytest.mark.parametrize("scope", ["worker", "global"])
+def test_the_order_is_a_function_of_seed_and_epoch_so_fits_compose(scope: str) -> None:
     """fit(epochs=2) trains the same sequences as fit(epochs=1) twice (the network's epoch counter numbers them)."""
-    together = _wrapper_run(2, seed=9)
+    together = _wrapper_run(2, seed=9, scope=scope)
     SEEN.clear()
     net = Network(Recorder(), updater=optim.SGD(lr=0.1), seed=0)
     wrapper = ParallelWrapper(net, num_workers=WORKERS, rng_seed=9, progress=False, runner=InProcessRunner(),
-                              averaging_frequency=2)
+                              averaging_frequency=2, shuffle_scope=scope)
     wrapper.fit(indexed_data(N), epochs=1, batch_size=BATCH)
     wrapper.fit(indexed_data(N), epochs=1, batch_size=BATCH)
     assert _epochs(SEEN, 2) == together
@@ -103,6 +133,7 @@ def test_epoch_seed_and_per_epoch_plans_are_pure() -> None:
     later = per_epoch(plan, WORKERS, 7, 2, 1)  # a fit that starts at epoch 2 (e.g. resumed) plans epoch 2 alike
     assert later[0][0] == three[0][2]
     assert per_epoch(plan, WORKERS, 7, 2, None) == plan(epoch_seed(7, 2))  # the rounds route: plain, one plan
+    assert per_epoch(plan, WORKERS, 7, 2, 3, scope="worker") == plan(7)  # the worker scope: the seed's plan, plain
 
 
 def test_item_source_streams_planned_epochs_and_skips_empty_ones() -> None:

@@ -104,14 +104,14 @@ class _DataPlan:
 
 
 def _route(data: Any, workers: int, batch_size: int, epochs: int, rng_seed: int | None,
-           first_epoch: int = 0, drop_last: bool = False) -> _DataPlan:
+           first_epoch: int = 0, drop_last: bool = False, scope: str = "worker") -> _DataPlan:
     """Split ``data`` over the workers with the plans Spark uses: in-memory data exactly balanced by examples
     (:func:`split_examples`, Spark's ``repartition_strategy="balanced"``), batch files of any size re-batched to
     ``batch_size`` (:func:`plan_files`, Spark's ``fit_paths``)."""
     if isinstance(data, _BATCH_TYPES):
         if len(data) == 0:
             raise DataError("fit got an empty DataSet (0 examples)")
-        return _feeds([data], workers, batch_size, rng_seed, epochs, first_epoch, drop_last)
+        return _feeds([data], workers, batch_size, rng_seed, epochs, first_epoch, drop_last, scope)
     if isinstance(data, _PATH_TYPES):  # a directory, a glob or one batch file
         data = resolve_paths(data)
     if isinstance(data, bytes):
@@ -128,7 +128,7 @@ def _route(data: Any, workers: int, batch_size: int, epochs: int, rng_seed: int 
         paths = _checked(itertools.chain([first], items), _PATH_TYPES, "batch-file path")
         files = [(os.fspath(p), batch_num_examples(os.fspath(p))) for p in paths]  # re-batched, as fit_paths
         shares = per_epoch(lambda s: plan_files(files, batch_size, workers, s, drop_last=drop_last), workers, rng_seed,
-                           first_epoch, epochs)
+                           first_epoch, epochs, scope)
         total = sum(n for _, n in files)
         return _DataPlan(paths[0], WorkerShares(workers, paths=shares),
                          total // batch_size * batch_size if drop_last else total)
@@ -138,7 +138,7 @@ def _route(data: Any, workers: int, batch_size: int, epochs: int, rng_seed: int 
             raise DataError("data mixes DataSets and MultiDataSets; pass one kind (DataSet.to_multi converts)")
         if not any(len(item) for item in items):
             raise DataError("fit got no data: every DataSet in the list is empty")
-        return _feeds(items, workers, batch_size, rng_seed, epochs, first_epoch, drop_last)
+        return _feeds(items, workers, batch_size, rng_seed, epochs, first_epoch, drop_last, scope)
     if epochs != 1:
         raise ConfigError(f"a one-shot iterable ({type(data).__name__}) trains one epoch only, got epochs={epochs}; "
                           "pass a list (e.g. list(data)) or a DataSet to train several epochs")
@@ -151,11 +151,12 @@ def _route(data: Any, workers: int, batch_size: int, epochs: int, rng_seed: int 
 
 
 def _feeds(items: Sequence[Any], workers: int, batch_size: int, rng_seed: int | None, epochs: int = 1,
-           first_epoch: int = 0, drop_last: bool = False) -> _DataPlan:
-    """In-memory data: one plan replayed every epoch, or with ``rng_seed`` (past the network's first epoch, or
-    over several) a new plan per epoch, as Spark's routes give them (:func:`~torchspark.training.assignment.per_epoch`),
-    fed to the workers epoch by epoch."""
-    if rng_seed is None or (epochs == 1 and first_epoch == 0):
+           first_epoch: int = 0, drop_last: bool = False, scope: str = "worker") -> _DataPlan:
+    """In-memory data: one plan replayed every epoch (each worker reorders its share every epoch with
+    ``rng_seed``), or with ``scope="global"`` and ``rng_seed`` (past the network's first epoch, or over several) a new
+    plan per epoch, as Spark's routes give them (:func:`~torchspark.training.assignment.per_epoch`), fed to the
+    workers epoch by epoch."""
+    if rng_seed is None or scope == "worker" or (epochs == 1 and first_epoch == 0):
         feeds = split_examples(items, batch_size, workers, rng_seed, drop_last)
         return _DataPlan(next(b for feed in feeds for b in feed), WorkerShares(workers, feeds=feeds),
                          sum(len(b) for feed in feeds for b in feed))
@@ -351,7 +352,7 @@ class ParallelWrapper:
         check_int("epochs", epochs, 1)
         check_int("batch_size", batch_size, 1)
         plan = _route(data, len(self._devices), batch_size, epochs, self.master.rng_seed, self.network.epoch,
-                      self.master.drop_last)
+                      self.master.drop_last, self.master.shuffle_scope)
         check_first_batch(self.network, plan.sample)  # before any process starts
         return self._run(plan, epochs, run_id)
 

@@ -161,7 +161,8 @@ class DataPreparation:
         if master.rdd_training_approach == "export":
             assert base is not None
             return self._from_export(rdd, master, n, base, keep, balanced, epochs, recorder)
-        if balanced and master.rng_seed is not None and epochs is not None and (epochs > 1 or self.network.epoch):
+        if (balanced and master.rng_seed is not None and master.shuffle_scope == "global" and epochs is not None
+                and (epochs > 1 or self.network.epoch)):
             return self._direct_epochs(rdd, master, n, epochs, recorder)
         return self._direct(rdd, master, n, keep, balanced, recorder)
 
@@ -215,7 +216,7 @@ class DataPreparation:
             assert sizes is not None
             self.epoch_examples = sum(plan_balanced(sizes, bsz, n, None, master.drop_last).examples_per_worker())
             groups = per_epoch(lambda s: file_items(plan_balanced(sizes, bsz, n, s, master.drop_last), export.files), n,
-                               master.rng_seed, self.network.epoch, epochs)
+                               master.rng_seed, self.network.epoch, epochs, master.shuffle_scope)
             return worker_rdd_from_paths(self.sc, groups)
         paths = [(part, path) for part, path, _ in export.files]
         self.epoch_examples = sum(count for _, _, count in export.files)
@@ -291,7 +292,8 @@ class DataPreparation:
         by_partition = keep_partitions(master, partitions, n)
         bsz, seed = master.batch_size_per_worker, master.rng_seed
         groups = per_epoch(lambda s: plan_path_files(indexed, n, bsz, s, by_partition, loader, master.drop_last), n,
-                           seed, self.network.epoch, planned_epochs(master, epochs) if not by_partition else None)
+                           seed, self.network.epoch, planned_epochs(master, epochs) if not by_partition else None,
+                           master.shuffle_scope)
         self.epoch_examples = None if master.drop_last else sum(count for _, _, count in indexed)
         return worker_rdd_from_paths(self.sc, groups)
 

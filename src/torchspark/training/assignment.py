@@ -346,16 +346,21 @@ def plan_files(files: Sequence[tuple[str, int]], batch_size: int, num_workers: i
 
 
 def per_epoch(plan: Callable[[int | None], list[list[T]]], num_workers: int, rng_seed: int | None,
-              first_epoch: int, epochs: int | None) -> list[list[Any]]:
+              first_epoch: int, epochs: int | None, scope: str = "global") -> list[list[Any]]:
     """Every worker's items for a fit of ``epochs`` epochs starting at epoch ``first_epoch``.
 
     ``plan(seed)`` gives the per-worker items for one seed. Without ``rng_seed`` that is the fit's single plan,
-    trained every epoch. With it, every epoch gets the plan of :func:`epoch_seed` ``(rng_seed, epoch)`` -- a new
-    order across workers each epoch -- as one :class:`EpochItems` per epoch and worker. ``epochs=None``: a route
-    that cannot take per-epoch items (one Spark job per round) gets the first epoch's plan, plain.
+    trained every epoch. With it and ``scope="worker"`` (the masters' default ``shuffle_scope``), the plan of
+    ``rng_seed`` itself for every fit and epoch (each worker reorders its own items every epoch:
+    :func:`~torchspark.training.worker.loop.epoch_order`). With ``scope="global"``, every epoch gets the plan of
+    :func:`epoch_seed` ``(rng_seed, epoch)`` -- a new order across workers each epoch -- as one
+    :class:`EpochItems` per epoch and worker. ``epochs=None``: a route that cannot take per-epoch items (one Spark
+    job per round) gets the first epoch's plan, plain.
     """
     if rng_seed is None:
         return plan(None)
+    if scope == "worker":
+        return plan(rng_seed)
     if epochs is None:
         return plan(epoch_seed(rng_seed, first_epoch))
     plans = [plan(epoch_seed(rng_seed, first_epoch + e)) for e in range(epochs)]

@@ -157,11 +157,12 @@ def _check_rows(partitions: Sequence[dict[str, Any]], cols: Sequence[str]) -> No
 
 # ------------------------------------------------------------------ 2. plan
 def plan_epochs(sizes: Sequence[int], batch_size: int, num_workers: int, rng_seed: int | None, epochs: int,
-                first_epoch: int, drop_last: bool = False) -> list[BalancedPlan]:
+                first_epoch: int, drop_last: bool = False, scope: str = "worker") -> list[BalancedPlan]:
     """The fit's plans as the classic direct route and ``ParallelWrapper`` make them: one plan (seeded by
-    ``rng_seed``) trained every epoch, or, with ``rng_seed`` past the network's first epoch or over several, one
-    plan per epoch seeded by :func:`~torchspark.training.assignment.epoch_seed`."""
-    if rng_seed is None or (epochs == 1 and first_epoch == 0):
+    ``rng_seed``) trained every epoch (each worker reorders its share every epoch), or, with ``scope="global"`` and
+    ``rng_seed`` past the network's first epoch or over several, one plan per epoch seeded by
+    :func:`~torchspark.training.assignment.epoch_seed`."""
+    if rng_seed is None or scope == "worker" or (epochs == 1 and first_epoch == 0):
         return [plan_balanced(sizes, batch_size, num_workers, rng_seed, drop_last)]
     return [plan_balanced(sizes, batch_size, num_workers, epoch_seed(rng_seed, first_epoch + e), drop_last)
             for e in range(epochs)]
@@ -291,7 +292,7 @@ class RowFeed:
 # ------------------------------------------------------------------ 1-4 on the client
 def frame_data(spark: Any, frame: Any, *, features_col: Any, label_col: Any, feature_shape: Any,
                integer_labels: Any, batch_size: int, num_workers: int, rng_seed: int | None, epochs: int,
-               first_epoch: int, drop_last: bool = False) -> ConnectWorkerData:
+               first_epoch: int, drop_last: bool = False, shuffle_scope: str = "worker") -> ConnectWorkerData:
     """Steps 1-4 for ``frame`` (the checked columns, :func:`~torchspark.spark.dataframes.training_frame`): the
     workers' data, one partition per worker in training order, and the task side's feed.
 
@@ -301,7 +302,7 @@ def frame_data(spark: Any, frame: Any, *, features_col: Any, label_col: Any, fea
     from pyspark.sql.types import LongType, StructField, StructType
 
     sizes = survey(frame, features_col, label_col)
-    plans = plan_epochs(sizes, batch_size, num_workers, rng_seed, epochs, first_epoch, drop_last)
+    plans = plan_epochs(sizes, batch_size, num_workers, rng_seed, epochs, first_epoch, drop_last, shuffle_scope)
     keys = partition_keys(spark, num_workers)
     tagger = RowTagger(ship_bytes(spark, _plan_table(plans, first_epoch).tobytes(), "plan"), sizes, keys)
     schema = StructType([*frame.schema.fields, *(StructField(c, LongType(), False) for c in TAG_COLUMNS)])

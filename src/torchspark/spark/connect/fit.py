@@ -98,7 +98,8 @@ def connect_fit_data(spark: Any, network: Network, data: Any, master: TrainingMa
         prepared = frame_data(spark, frame, features_col=features_col, label_col=label_col,
                               feature_shape=feature_shape, integer_labels=labels,
                               batch_size=master.batch_size_per_worker, num_workers=n, rng_seed=master.rng_seed,
-                              epochs=epochs, first_epoch=network.epoch, drop_last=master.drop_last)
+                              epochs=epochs, first_epoch=network.epoch, drop_last=master.drop_last,
+                              shuffle_scope=master.shuffle_scope)
     sample = frame.limit(4).toArrow()
     if sample.num_rows:
         check_first_batch(network, arrow_to_batch(features_col, label_col, feature_shape, labels)(sample))

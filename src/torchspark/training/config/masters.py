@@ -21,11 +21,14 @@ from torchspark.training.config.mesh import MESH_FIELDS, RENDEZVOUS_ROUTES, Mesh
 from torchspark.validation import check_bool, check_choice, check_float, check_int
 
 __all__ = ["TrainingMaster", "ParameterAveragingTrainingMaster", "master_from_json", "register_master", "master_class", "master_kinds",
-           "REPARTITION", "STRATEGIES", "APPROACHES", "AVERAGING_ROUTES", "RENDEZVOUS_ROUTES", "STORAGE_LEVELS"]
+           "REPARTITION", "STRATEGIES", "APPROACHES", "SHUFFLE_SCOPES", "AVERAGING_ROUTES", "RENDEZVOUS_ROUTES", "STORAGE_LEVELS"]
 
 REPARTITION = ("always", "never", "num_partitions_workers_differs")
 STRATEGIES = ("balanced", "spark_default")
 APPROACHES = ("export", "direct")
+#: ``shuffle_scope``: "worker" reorders each worker's own minibatches every epoch (no data moves); "global" deals the
+#: minibatches to the workers anew every epoch (data moves between workers every epoch)
+SHUFFLE_SCOPES = ("worker", "global")
 AVERAGING_ROUTES = ("torch", "spark")
 #: the names of ``pyspark.StorageLevel``'s levels, spelled out so masters validate without importing pyspark (a test
 #: checks this equals pyspark's own set)
@@ -92,9 +95,21 @@ class TrainingMaster:
             identically with ``export``, ``direct`` and ``ParallelWrapper``. ``"spark_default"``: the round-robin
             deal starts at a seeded worker and each worker's minibatches are in a seeded random order.
             ``repartition="never"`` (or a kept partition): each worker's own minibatches in a seeded random order.
-            Every epoch gets a new order, a pure function of the seed and the network's epoch counter
-            (:func:`torchspark.training.assignment.epoch_seed`): across workers on the balanced routes and
-            ``fit_paths``, within each worker otherwise; ``averaging_via="spark"`` keeps one order per fit.
+            Every epoch after the network's first gets a new order, a pure function of the seed and the network's
+            epoch counter (:func:`torchspark.training.assignment.epoch_seed`), as ``shuffle_scope`` says;
+            ``averaging_via="spark"`` keeps one order per fit.
+        shuffle_scope: what the per-epoch shuffle of ``rng_seed`` moves. ``"worker"`` (default): the seeded split
+            of the minibatches over the workers is made once and kept for the whole run (every fit of the network);
+            every epoch each worker trains its own minibatches in a new seeded order. No data moves between epochs,
+            so shuffling costs nothing measurable (the direct route keeps its repartitioned data persisted, the
+            export route reads the same files). ``"global"``: every epoch deals the minibatches to the workers anew
+            (a new seeded plan across workers, as ``DistributedSampler.set_epoch`` does): the direct route then
+            repartitions the whole data through Spark every epoch and the export/paths routes read other workers'
+            files; on a fast network (BENCHMARKS.md "Shuffle between epochs": the MLP) that costs several times the
+            training. Either way the minibatches themselves (which examples train together) are fixed by the
+            balanced grid, and Spark routes and ``ParallelWrapper`` give identical sequences. ``"global"`` needs
+            ``rng_seed`` and the balanced split (``repartition_strategy="balanced"``, ``repartition`` not
+            ``"never"``). Example: ``SharedTrainingMaster(rng_seed=0, shuffle_scope="global")``.
         data_timeout_s: limit for waiting on one minibatch from storage.
         flush_denormal: flush denormal floats (below ~1.2e-38) to zero on the workers' CPU threads (default
             True). Adam's second moments and tiny gradients drift there after some epochs and x86 CPUs compute on
@@ -150,6 +165,7 @@ class TrainingMaster:
     collect_training_stats: bool = False
     drop_last: bool = False
     rng_seed: int | None = None
+    shuffle_scope: str = "worker"
     rendezvous_timeout_s: float = 300.0
     data_timeout_s: float = 600.0
     rendezvous_via: str = "driver"
@@ -186,6 +202,13 @@ class TrainingMaster:
                               "use the defaults or set drop_last=False")
         check_bool("flush_denormal", self.flush_denormal, owner=name)
         check_int("rng_seed", self.rng_seed, 0, allow_none=True, owner=name)
+        check_choice("shuffle_scope", self.shuffle_scope, SHUFFLE_SCOPES, owner=name)
+        if self.shuffle_scope == "global" and (self.rng_seed is None or self.repartition_strategy != "balanced"
+                                               or self.repartition == "never"):
+            raise ConfigError(f"{name}: shuffle_scope='global' deals the minibatches anew every epoch with rng_seed "
+                              f"over the balanced split, got rng_seed={self.rng_seed!r}, repartition_strategy="
+                              f"{self.repartition_strategy!r}, repartition={self.repartition!r}; set rng_seed=<int> "
+                              "and keep the balanced split, or use shuffle_scope='worker'")
         check_int("max_failures", self.max_failures, 0, owner=name)
         check_float("data_timeout_s", self.data_timeout_s, above=0, unit="seconds", owner=name)
         _check_gpu_amount(name, self.gpus_per_worker)
