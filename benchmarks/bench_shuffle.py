@@ -93,7 +93,9 @@ def _runner(spark: Any, inputs: Inputs, route: str, seed: int | None, scope: str
 def _steady(run: Callable[[int], None], n: int) -> tuple[float, float]:
     t1, _ = C.timed(lambda: run(1))
     t3, _ = C.timed(lambda: run(3))
-    return 2 * n / max(t3 - t1, 1e-9), t1 - (t3 - t1) / 2
+    if t3 <= t1:  # noise larger than two epochs: no steady figure from this pair (the median skips it)
+        return float("nan"), t1
+    return 2 * n / (t3 - t1), t1 - (t3 - t1) / 2
 
 
 def _plain(inputs: Inputs, epochs: int) -> float:
