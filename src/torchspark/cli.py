@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import argparse
 import glob
+import importlib.metadata
 import json
 import logging
 import os
+import platform
 import sys
 import time
 from typing import Any, Sequence
@@ -24,7 +26,7 @@ from torchspark.training.algorithms.sharing.topology import DEFAULT_SHARD_ABOVE_
 from torchspark.training.config import master_class, master_kinds
 from torchspark.validation import parse_float, parse_int
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "version_line"]
 
 log = logging.getLogger("torchspark.cli")
 
@@ -91,11 +93,25 @@ def _add_data_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=_positive_int, default=256, help="examples per forward pass on executors")
 
 
+def version_line() -> str:
+    """``torchspark --version``: this installation's version (its package metadata) and those of Python, torch
+    and pyspark, the four a bug report needs (read from metadata: nothing is imported)."""
+    def installed(dist: str) -> str:
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            return "not installed"
+
+    return (f"torchspark {installed('torchspark')} (Python {platform.python_version()}, torch {installed('torch')}, "
+            f"pyspark {installed('pyspark')})")
+
+
 def build_parser() -> argparse.ArgumentParser:
     # no abbreviated flags (allow_abbrev=False): a renamed flag such as --threshold or --mode must be an error, not
     # silently read as a longer option it abbreviates (--threshold-algorithm, --model)
     parser = argparse.ArgumentParser(prog="torchspark", allow_abbrev=False,
                                      description="Distributed training of PyTorch networks on Apache Spark.")
+    parser.add_argument("--version", action="version", version=version_line())
     sub = parser.add_subparsers(dest="command", required=True)
     fmt = argparse.ArgumentDefaultsHelpFormatter
 
