@@ -137,7 +137,7 @@ def _safe_loader() -> Any:
     """PyYAML's ``SafeLoader`` (no Python objects) that also reads ``1e-4`` / ``1E+3`` as floats."""
     yaml = _yaml()
 
-    class Loader(yaml.SafeLoader):  # type: ignore[name-defined,misc]
+    class Loader(yaml.SafeLoader):  # type: ignore[name-defined]
         pass
 
     Loader.add_implicit_resolver(

@@ -300,7 +300,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     model_dir = os.path.join(args.output, "model")
     net.save(model_dir)
     summary = stats.summary() if stats is not None else {}
-    metrics = {
+    metrics: dict[str, Any] = {
         "accuracy": evaluation.accuracy(), "f1_macro": evaluation.f1(average="macro"), "score": score,
         "epochs": args.epochs, "num_workers": args.num_workers, "training_mode": args.training_mode, "runner": runner, "train_seconds": seconds,
         "precision": args.precision,
@@ -325,9 +325,11 @@ def master_from_args(args: argparse.Namespace, threshold: Any) -> Any:
     ``--parallel``)."""
     common = dict(batch_size_per_worker=args.batch_size_per_worker, num_workers=args.num_workers, rng_seed=args.seed,
                   collect_training_stats=True, accumulate_steps=args.accumulate_steps)
+    # each kind takes its own options: the base class's signature does not name them
+    make: Any = master_class("sharing" if args.training_mode == "sharing" else "averaging")
     if args.training_mode == "sharing":
-        return master_class("sharing")(threshold_algorithm=threshold, **_sharing_options(args), **common)
-    return master_class("averaging")(averaging_frequency=args.averaging_frequency, **common)
+        return make(threshold_algorithm=threshold, **_sharing_options(args), **common)
+    return make(averaging_frequency=args.averaging_frequency, **common)
 
 
 def _sharing_options(args: argparse.Namespace) -> dict[str, Any]:
