@@ -127,7 +127,9 @@ def _yaml() -> Any:
     try:
         import yaml
     except ImportError as e:
-        raise ConfigError("YAML files need PyYAML: pip install 'torchspark[yaml]' (or write the file as JSON)") from e
+        # PyYAML is a dependency of torchspark: only an install with --no-deps lacks it
+        raise ConfigError("YAML files need PyYAML, a dependency of torchspark missing here: pip install pyyaml "
+                          "(or write the file as JSON)") from e
     return yaml
 
 
@@ -135,7 +137,7 @@ def _safe_loader() -> Any:
     """PyYAML's ``SafeLoader`` (no Python objects) that also reads ``1e-4`` / ``1E+3`` as floats."""
     yaml = _yaml()
 
-    class Loader(yaml.SafeLoader):  # type: ignore[name-defined,misc]
+    class Loader(yaml.SafeLoader):  # type: ignore[name-defined]
         pass
 
     Loader.add_implicit_resolver(

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import argparse
 import glob
+import importlib.metadata
 import json
 import logging
 import os
+import platform
 import sys
 import time
 from typing import Any, Sequence
@@ -24,7 +26,7 @@ from torchspark.training.algorithms.sharing.topology import DEFAULT_SHARD_ABOVE_
 from torchspark.training.config import master_class, master_kinds
 from torchspark.validation import parse_float, parse_int
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "version_line"]
 
 log = logging.getLogger("torchspark.cli")
 
@@ -91,11 +93,25 @@ def _add_data_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=_positive_int, default=256, help="examples per forward pass on executors")
 
 
+def version_line() -> str:
+    """``torchspark --version``: this installation's version (its package metadata) and those of Python, torch
+    and pyspark, the four a bug report needs (read from metadata: nothing is imported)."""
+    def installed(dist: str) -> str:
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            return "not installed"
+
+    return (f"torchspark {installed('torchspark')} (Python {platform.python_version()}, torch {installed('torch')}, "
+            f"pyspark {installed('pyspark')})")
+
+
 def build_parser() -> argparse.ArgumentParser:
     # no abbreviated flags (allow_abbrev=False): a renamed flag such as --threshold or --mode must be an error, not
     # silently read as a longer option it abbreviates (--threshold-algorithm, --model)
     parser = argparse.ArgumentParser(prog="torchspark", allow_abbrev=False,
                                      description="Distributed training of PyTorch networks on Apache Spark.")
+    parser.add_argument("--version", action="version", version=version_line())
     sub = parser.add_subparsers(dest="command", required=True)
     fmt = argparse.ArgumentDefaultsHelpFormatter
 
@@ -284,7 +300,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     model_dir = os.path.join(args.output, "model")
     net.save(model_dir)
     summary = stats.summary() if stats is not None else {}
-    metrics = {
+    metrics: dict[str, Any] = {
         "accuracy": evaluation.accuracy(), "f1_macro": evaluation.f1(average="macro"), "score": score,
         "epochs": args.epochs, "num_workers": args.num_workers, "training_mode": args.training_mode, "runner": runner, "train_seconds": seconds,
         "precision": args.precision,
@@ -309,9 +325,11 @@ def master_from_args(args: argparse.Namespace, threshold: Any) -> Any:
     ``--parallel``)."""
     common = dict(batch_size_per_worker=args.batch_size_per_worker, num_workers=args.num_workers, rng_seed=args.seed,
                   collect_training_stats=True, accumulate_steps=args.accumulate_steps)
+    # each kind takes its own options: the base class's signature does not name them
+    make: Any = master_class("sharing" if args.training_mode == "sharing" else "averaging")
     if args.training_mode == "sharing":
-        return master_class("sharing")(threshold_algorithm=threshold, **_sharing_options(args), **common)
-    return master_class("averaging")(averaging_frequency=args.averaging_frequency, **common)
+        return make(threshold_algorithm=threshold, **_sharing_options(args), **common)
+    return make(averaging_frequency=args.averaging_frequency, **common)
 
 
 def _sharing_options(args: argparse.Namespace) -> dict[str, Any]:

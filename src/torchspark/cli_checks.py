@@ -222,9 +222,9 @@ def check_arguments(args: argparse.Namespace) -> None:
     if not getattr(args, "parallel", False):
         check_master(getattr(args, "master", None))
     output = getattr(args, "output", None)
-    if command == "train":
+    if command == "train" and output is not None:  # train's --output has a default
         check_output_directory(output, inner=_model_directory)
     elif command == "evaluate" and output:
         check_output_file(output)
-    elif command == "predict":
+    elif command == "predict" and output is not None:  # predict's --output is required
         check_parquet_output(output, getattr(args, "data", None))

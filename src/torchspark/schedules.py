@@ -72,7 +72,9 @@ class Schedule:
 
     def value(self, iteration: int, epoch: int) -> float:
         """The scheduled value for the step after ``iteration`` minibatches and ``epoch`` finished epochs."""
-        return float(self._at(iteration if getattr(self, "unit") == "iteration" else epoch))
+        # each subclass declares ``unit`` as its dataclass field (a base field would come first and need a default)
+        unit = getattr(self, "unit")  # noqa: B009
+        return float(self._at(iteration if unit == "iteration" else epoch))
 
     def _at(self, t: int) -> float:
         raise NotImplementedError

@@ -8,7 +8,10 @@ import os
 import subprocess
 import sys
 
+import pytest
 
+
+@pytest.mark.timeout(900)  # a full `torchspark train --remote` in a child process (its own limit is 600 s)
 def test_train_remote_runs_the_main_job_under_connect(connect_server, tmp_path) -> None:
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "torchspark.cli", "train", "--remote", connect_server.url, "--epochs", "2",

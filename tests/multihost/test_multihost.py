@@ -35,6 +35,9 @@ def _scenarios(cluster) -> list[str]:
     return [f"avg:averaging,port_range={PORTS[0]}-{PORTS[1]}", f"shr:sharing,network_mask={mask}"]
 
 
+#: the module's fixture runs every scenario on the namespace cluster first (its own limit is 900 s)
+pytestmark = pytest.mark.timeout(1800)
+
 #: which rule each scenario's workers should have used
 SOURCES = {"avg": "route_to_driver", "shr": "network_mask"}
 

@@ -23,6 +23,7 @@ def _driver(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, DRIVER, *args], capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.timeout(1800)  # two driver processes, each bounded at 600 s
 @pytest.mark.parametrize("mode", ["averaging", "sharing"])
 def test_a_second_driver_process_continues_the_run(tmp_path, mode: str) -> None:
     directory = str(tmp_path / "ckpt")

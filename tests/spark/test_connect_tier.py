@@ -12,6 +12,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 #: the variable that lets tests/conftest.py collect tests/connect (``CONNECT_TIER_ENV`` there; tests/spark has a
 #: conftest.py of its own, so that module cannot be imported by name here)
 CONNECT_TIER_ENV = "TORCHSPARK_CONNECT_TESTS"
@@ -19,6 +21,7 @@ CONNECT_TIER_ENV = "TORCHSPARK_CONNECT_TESTS"
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.timeout(3600)  # the whole Connect tier in a child pytest (its own limit is 3000 s)
 def test_the_spark_connect_tier_passes():
     env = dict(os.environ, **{CONNECT_TIER_ENV: "1"})
     env.pop("SPARK_CONNECT_MODE_ENABLED", None)

@@ -64,6 +64,7 @@ def shipped_archive(tmp_path_factory):
     return {"archive": archive, "side": side, "token": token, "env": env}
 
 
+@pytest.mark.timeout(1800)  # the first test here builds and packs the environment (~400 MB, minutes)
 def test_built_environment_holds_the_closure_without_pyspark(shipped_archive) -> None:
     env = shipped_archive["env"]
     assert {"torch", "torchspark", "numpy", "pyarrow", "safetensors", "cloudpickle"} <= set(env.distributions)
@@ -82,6 +83,7 @@ def test_built_environment_holds_the_closure_without_pyspark(shipped_archive) ->
 @pytest.mark.spark
 @pytest.mark.cluster
 @pytest.mark.shipping
+@pytest.mark.timeout(1800)  # a local-cluster fit from the packed interpreter (its own limit is 900 s)
 def test_fit_on_local_cluster_with_only_the_shipped_interpreter(shipped_archive) -> None:
     drop = ("PYTHONPATH", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "VIRTUAL_ENV", "PYTHONHOME")
     env = {k: v for k, v in os.environ.items() if k not in drop}  # nothing may point executors at this venv

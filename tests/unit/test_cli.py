@@ -67,6 +67,7 @@ print(json.dumps({"rc": rc, "pyspark": sorted(m for m in sys.modules if m.split(
 """
 
 
+@pytest.mark.timeout(900)  # a full `torchspark train --parallel` in a child process (its own limit is 600 s)
 def test_parallel_training_runs_parallelwrapper_without_starting_spark(tmp_path) -> None:
     """In a fresh interpreter (this one may have imported pyspark for other tests): ``--parallel`` trains with
     ParallelWrapper's 2 worker processes and never imports pyspark or py4j, so no JVM can have started."""

@@ -98,8 +98,8 @@ def test_sharded_is_bit_identical_to_all_gather(world: int, length: int) -> None
     for trial in range(12):
         mix = [kinds[(trial + r * (trial // 4 + 1)) % 4] for r in range(world)]
         payloads = [_payload(k, length, rng) for k in mix]
-        plain = _run(world, lambda c: dense_exchange(c, payloads[c.rank], length, "cpu"))
-        sharded = _run(world, lambda c: sharded_exchange(c, payloads[c.rank], length, "cpu"))
+        plain = _run(world, lambda c, payloads=payloads: dense_exchange(c, payloads[c.rank], length, "cpu"))
+        sharded = _run(world, lambda c, payloads=payloads: sharded_exchange(c, payloads[c.rank], length, "cpu"))
         for p, s in zip(plain, sharded):
             assert s.active == p.active == sum(k != "inactive" for k in mix)
             assert _applied(s, length) == _applied(p, length), (mix, length)

@@ -83,7 +83,7 @@ def test_lag_is_bounded_and_every_message_is_applied_once(k: int) -> None:
     shards = [classification_batches(10, seed=r) for r in range(3)]
     results = _run(shards, k)
     world, steps = 3, 2 * 10
-    for net, state, config in results:
+    for _, state, config in results:
         assert len(state.staleness.lags) == steps
         assert max(state.staleness.lags) <= k  # every update computed at most k steps ahead of the slowest peer
         assert state.staleness.sent == steps

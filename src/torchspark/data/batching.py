@@ -9,15 +9,15 @@ the plan of :mod:`torchspark.training.assignment` says.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator
-from typing import Union
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, Union, cast
 
 import numpy as np
 
 from torchspark.data.dataset import DataSet, MultiDataSet
 from torchspark.errors import DataError
 
-__all__ = ["Batch", "iterate_minibatches", "rebatch", "recut"]
+__all__ = ["Batch", "iterate_minibatches", "rebatch", "recut", "merge_batches"]
 
 Batch = Union[DataSet, MultiDataSet]
 
@@ -25,6 +25,15 @@ Batch = Union[DataSet, MultiDataSet]
 def _check_batch_size(batch_size: int) -> None:
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size <= 0:
         raise DataError(f"batch_size must be an int >= 1, got {batch_size!r}")
+
+
+def merge_batches(items: Sequence[Batch]) -> Batch:
+    """Concatenate batches of one kind (all DataSets or all MultiDataSets) along the example dimension, in order.
+
+    Example: ``merge_batches([ds.slice(0, 8), ds.slice(8, 16)])`` equals ``ds.slice(0, 16)``.
+    """
+    kind = type(items[0])  # DataSet.merge / MultiDataSet.merge refuse a mixed list with a DataError
+    return kind.merge(cast(Any, items))
 
 
 def _checked_items(stream: Iterable[Batch], what: str) -> Iterator[Batch]:
@@ -117,14 +126,14 @@ def _cut(stream: Iterable[Batch], sizes: Iterable[int], what: str) -> Iterator[B
             piece = item if (start == 0 and take == n) else item.slice(start, start + take)
             start += take
             if pending_n + take == target:  # (2)
-                yield kind.merge([*pending, piece]) if pending else piece
+                yield merge_batches([*pending, piece]) if pending else piece
                 pending, pending_n = [], 0
                 target = _next_size(targets, what)
             else:  # (3) only an item's tail can leave the piece incomplete
                 pending.append(piece._map(lambda t: t.clone()))
                 pending_n += take
     if pending:  # (4)
-        yield type(pending[0]).merge(pending)
+        yield merge_batches(pending)
 
 
 def _next_size(sizes: Iterator[int], what: str) -> int | None:

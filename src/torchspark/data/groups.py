@@ -27,7 +27,7 @@ from torchspark.data.dataset import DataSet, MultiDataSet
 __all__ = ["BatchGroup", "Trainable", "group_batches", "as_group", "group_examples"]
 
 
-class BatchGroup(tuple):  # type: ignore[type-arg]
+class BatchGroup(tuple):
     """Consecutive minibatches trained as one optimizer step: a tuple of batches that knows its example count.
 
     ``len(group)`` is the number of micro-batches (it is a tuple of them); :attr:`examples` (and

@@ -83,9 +83,9 @@ class EarlyStoppingConfiguration:
             if not isinstance(c, EpochTerminationCondition):
                 raise ConfigError(f"epoch_conditions holds {c!r}, not an epoch condition (MaxEpochs, NoImprovement, "
                                   "ScoreTarget); iteration conditions go in iteration_conditions")
-        for c in self.iteration_conditions:
-            if not isinstance(c, IterationTerminationCondition):
-                raise ConfigError(f"iteration_conditions holds {c!r}, not an iteration condition (MaxTime, MaxScore, "
+        for ic in self.iteration_conditions:
+            if not isinstance(ic, IterationTerminationCondition):
+                raise ConfigError(f"iteration_conditions holds {ic!r}, not an iteration condition (MaxTime, MaxScore, "
                                   "InvalidScore)")
         if not self.epoch_conditions and not self.iteration_conditions:
             raise ConfigError("early stopping needs at least one termination condition; add e.g. "

@@ -153,11 +153,11 @@ def apply_sparse(residual: torch.Tensor, indices: torch.Tensor, threshold: float
         r[idx] = vals - np.where(positive, t, -t)
         one_based = (idx + 1).astype(np.int32)
         return torch.from_numpy(np.where(positive, one_based, -one_based))
-    vals = residual[indices]
-    positive = vals > 0
-    residual[indices] = vals - torch.where(positive, threshold, -threshold)
-    one_based = (indices + 1).to(torch.int32)
-    return torch.where(positive, one_based, -one_based)
+    picked = residual[indices]
+    is_positive = picked > 0
+    residual[indices] = picked - torch.where(is_positive, threshold, -threshold)
+    one_based_t = (indices + 1).to(torch.int32)
+    return torch.where(is_positive, one_based_t, -one_based_t)
 
 
 # --- step 3, bitmap: pack 2-bit codes and subtract ------------------------------------------------------------------
@@ -195,15 +195,15 @@ def apply_bitmap(residual: torch.Tensor, threshold: float, force_torch: bool) ->
             np.multiply(step[:m], t, out=step[:m])
             np.subtract(rc, step[:m], out=rc)
         return torch.from_numpy(out)
-    pos = residual >= threshold
-    neg = residual <= -threshold
-    codes = pos.to(torch.uint8) | (neg.to(torch.uint8) << 1)
+    above = residual >= threshold
+    below = residual <= -threshold
+    codes_t = above.to(torch.uint8) | (below.to(torch.uint8) << 1)
     pad = (-n) % 4
     if pad:
-        codes = torch.cat([codes, codes.new_zeros(pad)])
-    residual.sub_(torch.where(pos, threshold, 0.0) - torch.where(neg, threshold, 0.0))
+        codes_t = torch.cat([codes_t, codes_t.new_zeros(pad)])
+    residual.sub_(torch.where(above, threshold, 0.0) - torch.where(below, threshold, 0.0))
     shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device=residual.device)
-    quads = codes.view(-1, 4) << shifts  # (ceil(N/4), 4), disjoint bits
+    quads = codes_t.view(-1, 4) << shifts  # (ceil(N/4), 4), disjoint bits
     return quads[:, 0] | quads[:, 1] | quads[:, 2] | quads[:, 3]
 
 
@@ -250,8 +250,8 @@ def add_bitmap(out: torch.Tensor, payload: torch.Tensor, threshold: float, force
     payload = payload.to(out.device)
     shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device=out.device)
     codes = ((payload.unsqueeze(1) >> shifts) & 3).reshape(-1)[:n].long()  # (N,)
-    lut = torch.tensor([0.0, threshold, -threshold, 0.0], dtype=out.dtype, device=out.device)
-    out += lut[codes]
+    table = torch.tensor([0.0, threshold, -threshold, 0.0], dtype=out.dtype, device=out.device)
+    out += table[codes]
 
 
 def sparse_sum(payloads: list[torch.Tensor], thresholds: list[float]) -> tuple[torch.Tensor, torch.Tensor]:

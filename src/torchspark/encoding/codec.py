@@ -183,7 +183,7 @@ def threshold_encode(update: torch.Tensor | None, residual: torch.Tensor, thresh
         # 1 + 2: accumulate and count, no subtraction yet
         count, indices = _kernels.accumulate_and_find(residual, upd, t, limit, _force_torch)
         capped = boundary is not None and count > boundary
-        if capped:  # 2b: only the first `boundary` entries go out
+        if boundary is not None and capped:  # 2b: only the first `boundary` entries go out
             count = boundary
             indices = _kernels.first_indices(residual, t, boundary) if indices is None else indices[:boundary]
         if count < min_entries:
@@ -192,7 +192,7 @@ def threshold_encode(update: torch.Tensor | None, residual: torch.Tensor, thresh
         if indices is not None and count <= limit:
             payload = _kernels.apply_sparse(residual, indices, t, _force_torch)
             return EncodedUpdate("sparse", n, t, payload.to(residual.device), count)
-        if capped:  # a capped message still too big for sparse: the same entries as a bitmap
+        if capped and indices is not None:  # a capped message still too big for sparse: the same entries as a bitmap
             signed = _kernels.apply_sparse(residual, indices, t, _force_torch)
             payload = _kernels.sparse_to_bitmap(signed.to(residual.device), n)
             return EncodedUpdate("bitmap", n, t, payload, count)

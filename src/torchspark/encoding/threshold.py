@@ -122,7 +122,7 @@ def _check_decay(value: float) -> None:
 def _check_initial(value: float | str) -> None:
     if value == CALIBRATED:
         return
-    if isinstance(value, str) or isinstance(value, bool):
+    if isinstance(value, (str, bool)):
         raise ConfigError(f"initial must be {CALIBRATED!r} (the default: chosen from the first update) or a "
                           f"threshold > 0 such as DL4J's 1e-4, got {value!r}")
     _check_positive("initial", value, f"use {CALIBRATED!r} (the default) or DL4J's 1e-4")
@@ -347,10 +347,12 @@ def state_summands(state: ThresholdState) -> tuple[float, float, float, float, f
     threshold if set else 0, 1 if set else 0)``, where "stepped" means it has a last sparsity and "set" that its
     threshold is not None (a calibrated start before its first update): summed over workers (by a list sum or an
     all-reduce), :func:`average_from_sums` turns them into :func:`average_states`' result."""
-    stepped = state.last_sparsity is not None and state.threshold is not None
-    has_threshold = state.threshold is not None
-    return (state.threshold if stepped else 0.0, state.last_sparsity if stepped else 0.0, float(stepped),
-            state.threshold if has_threshold else 0.0, float(has_threshold))
+    threshold, sparsity = state.threshold, state.last_sparsity
+    if threshold is None:
+        return (0.0, 0.0, 0.0, 0.0, 0.0)
+    if sparsity is None:
+        return (0.0, 0.0, 0.0, threshold, 1.0)
+    return (threshold, sparsity, 1.0, threshold, 1.0)
 
 
 #: how many values :func:`state_summands` returns (the width of the all-reduced threshold summary)

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import math
 import struct
+from typing import cast
 
 import numpy as np
 import torch
 
 from torchspark.encoding import _kernels
-from torchspark.encoding.codec import FORMATS, HEADER_NBYTES, MAX_LENGTH, EncodedUpdate
+from torchspark.encoding.codec import FORMATS, HEADER_NBYTES, MAX_LENGTH, EncodedUpdate, Format
 from torchspark.errors import EncodingError
 
 __all__ = ["MAGIC", "VERSION", "to_bytes", "from_bytes", "sparse_view"]
@@ -67,7 +68,7 @@ def from_bytes(data: bytes | bytearray | memoryview) -> EncodedUpdate:
         _check_sparse(raw, length)
     elif _kernels.bitmap_has_invalid_code(payload):
         raise EncodingError("corrupt bitmap message: an element has both its value and sign bit set (code 3)")
-    return EncodedUpdate(name, length, threshold, payload, count)
+    return EncodedUpdate(cast(Format, name), length, threshold, payload, count)
 
 
 def sparse_view(data: bytes | bytearray | memoryview) -> tuple[int, float, np.ndarray] | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -22,7 +22,7 @@ def _check_thresholds(value: float | Sequence[float], num_outputs: int | None) -
     """One float, or a list of floats (one per output), each in (0, 1)."""
     single = isinstance(value, (int, float)) and not isinstance(value, bool)
     try:
-        values = [float(value)] if single else [float(v) for v in value]  # type: ignore[union-attr]
+        values = [float(cast(float, value))] if single else [float(v) for v in cast("Sequence[float]", value)]
     except (TypeError, ValueError):
         raise ConfigError(f"decision_threshold must be a number or one number per output, got {value!r}") from None
     if not values or not all(math.isfinite(v) and 0.0 < v < 1.0 for v in values):

@@ -130,9 +130,10 @@ class EvaluationCalibration(BaseEvaluation):
         values = self._require()[name]
         if cls is None:
             return values.sum(axis=0)
-        if not 0 <= cls < self._num_classes:
+        num_classes = self._num_classes or 0  # _require() refused None
+        if not 0 <= cls < num_classes:
             raise DataError(
-                f"class {cls} is out of range for {self._num_classes} classes; use 0..{self._num_classes - 1}"
+                f"class {cls} is out of range for {num_classes} classes; use 0..{num_classes - 1}"
             )
         return values[cls].copy()
 

@@ -375,7 +375,7 @@ class Evaluation(BaseEvaluation):
             lines.append(f"Binary decision threshold: class 1 when P(class 1) > {self.binary_decision_threshold}")
         if self.cost_array is not None:
             lines.append(f"Cost array: predictions are argmax(cost * probability), cost = {self.cost_array}")
-        never_predicted = [self.class_name(i) for i in np.flatnonzero(self._confusion.sum(axis=0) == 0)]
+        never_predicted = [self.class_name(int(i)) for i in np.flatnonzero(self._confusion.sum(axis=0) == 0)]
         if never_predicted and self.num_examples():
             lines.append(f"Warning: classes never predicted (precision counted as 0): {', '.join(never_predicted)}")
         lines += ["", "=========================Confusion Matrix========================="]

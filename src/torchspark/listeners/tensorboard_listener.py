@@ -92,7 +92,7 @@ def _records(path: str) -> list[bytes]:
         crc = crc32c(data)
         return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
-    out = []
+    out: list[bytes] = []
     with open(path, "rb") as f:
         while True:
             header = f.read(12)

@@ -51,7 +51,7 @@ def _materialize_updater_state(optimizer: torch.optim.Optimizer, params: list[to
     missing = [i for i, p in enumerate(params) if not optimizer.state.get(p)]
     if not missing:
         return
-    clones = [torch.zeros_like(p, requires_grad=True) for p in params]
+    clones = [torch.nn.Parameter(torch.zeros_like(p)) for p in params]
     for c in clones:
         c.grad = torch.zeros_like(c)
     probe = make_optimizer(clones)
@@ -144,8 +144,8 @@ class FlatState:
         with torch.no_grad():
             values = values.to(self.flat.device, self.flat.dtype)
             if self.flat.device.type == "cpu":  # numpy fancy indexing: ~5x less overhead than torch's for few entries
-                flat, idx = self.flat.detach().numpy(), indices.numpy()
-                flat[idx] = flat[idx] - values.numpy()
+                flat, at = self.flat.detach().numpy(), indices.numpy()
+                flat[at] = flat[at] - values.numpy()
             else:
                 idx = indices.to(self.flat.device)
                 self.flat[idx] = self.flat[idx] - values

@@ -83,6 +83,8 @@ def unpack(net: ForwardNetwork, batch: Batch) -> Unpacked:
 
     Example: ``feats, labels, fmask, lmasks = unpack(net, DataSet(x, y))``.
     """
+    fmask: Any  # one mask (DataSet) or one per features array (MultiDataSet); lmasks likewise
+    lmasks: Any
     if isinstance(batch, DataSet):
         feats = [batch.features]
         labels = None if batch.labels is None else [batch.labels]

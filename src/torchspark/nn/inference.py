@@ -41,7 +41,7 @@ def output(net: ForwardNetwork, features: Any, train: bool = False, batch_size: 
     """
     feats = [torch.as_tensor(f) for f in as_list(features)]
     n = feats[0].shape[0]
-    step = n if not batch_size else batch_size
+    step = batch_size if batch_size else n
     if step <= 0:
         raise DataError(f"batch_size must be >= 1, got {batch_size!r}")
     net.module.train(train)

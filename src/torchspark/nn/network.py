@@ -114,7 +114,8 @@ class Network:
         self.amp = Precision(precision, self.device)
         self.module = self._build_module(module, seed).to(self.device)
         if memory_format == "channels_last":
-            self.module = self.module.to(memory_format=torch.channels_last)
+            # the stubs lack Module.to(memory_format=...), which torch documents and implements
+            self.module = self.module.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
         #: what the forward pass calls: the module, or its compiled form (which uses the module's own parameters)
         self.forward_module = forward_module(self.module, self.compile)
         self.losses: list[Loss] = [resolve_loss(lo) for lo in as_list(loss)]
@@ -364,7 +365,7 @@ class Network:
         """
         check_int("epochs", epochs, 1)
         check_int("accumulate_steps", accumulate_steps, 1, fix="1 steps after every minibatch")
-        if epochs > 1 and not isinstance(data, (DataSet, MultiDataSet)) and iter(data) is data:  # type: ignore[arg-type]
+        if epochs > 1 and not isinstance(data, (DataSet, MultiDataSet)) and iter(data) is data:
             raise ConfigError("data is a one-shot iterator but epochs > 1; pass a list or a DataSet instead")
         for _ in range(epochs):
             seen = 0

@@ -53,7 +53,6 @@ class PortableNetwork(Protocol):
 
     module: torch.nn.Module
     losses: list[Loss]
-    updater: UpdaterLike
     device: torch.device
     seed: int | None
     weight_decay: float
@@ -67,6 +66,10 @@ class PortableNetwork(Protocol):
     epoch: int
     extra_config: dict[str, Any]
     extra_state: dict[str, torch.Tensor]
+
+    @property
+    def updater(self) -> UpdaterLike:  # read-only here: Network holds a resolved spec, a narrower type
+        ...
 
     def num_params(self) -> int: ...
 

@@ -31,7 +31,8 @@ Example::
 from __future__ import annotations
 
 import contextlib
-from typing import ContextManager, Mapping
+from contextlib import AbstractContextManager
+from typing import Mapping
 
 import torch
 
@@ -75,7 +76,7 @@ class Precision:
         #: steps fp16's scaler skipped since this object was made (inf/NaN gradients at the current scale)
         self.skipped_steps = 0
 
-    def autocast(self) -> ContextManager[None]:
+    def autocast(self) -> AbstractContextManager[None]:
         """The context the forward pass runs in: ``torch.autocast`` at this dtype (a no-op for fp32)."""
         if self.dtype is None:
             return contextlib.nullcontext()

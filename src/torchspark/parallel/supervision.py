@@ -66,7 +66,7 @@ class Supervisor:
                     self.raise_worker_error(results_q, [])
                 stalled = self.context.stalled(n, self.timeout_s)
                 if stalled is not None:
-                    raise stalled
+                    raise stalled from None
                 continue
             if kind == "error":
                 self.raise_worker_error(results_q, [(rank, payload)])

@@ -133,12 +133,12 @@ def _route(data: Any, workers: int, batch_size: int, epochs: int, rng_seed: int 
         return _DataPlan(paths[0], WorkerShares(workers, paths=shares),
                          total // batch_size * batch_size if drop_last else total)
     if isinstance(data, (list, tuple)):
-        items = _checked(data, _BATCH_TYPES, "DataSet or MultiDataSet")
-        if len({type(item) for item in items}) > 1:
+        batches = _checked(data, _BATCH_TYPES, "DataSet or MultiDataSet")
+        if len({type(item) for item in batches}) > 1:
             raise DataError("data mixes DataSets and MultiDataSets; pass one kind (DataSet.to_multi converts)")
-        if not any(len(item) for item in items):
+        if not any(len(item) for item in batches):
             raise DataError("fit got no data: every DataSet in the list is empty")
-        return _feeds(items, workers, batch_size, rng_seed, epochs, first_epoch, drop_last, scope)
+        return _feeds(batches, workers, batch_size, rng_seed, epochs, first_epoch, drop_last, scope)
     if epochs != 1:
         raise ConfigError(f"a one-shot iterable ({type(data).__name__}) trains one epoch only, got epochs={epochs}; "
                           "pass a list (e.g. list(data)) or a DataSet to train several epochs")

@@ -236,7 +236,7 @@ def barrier_task(
     return run
 
 
-def _driver_host(*addresses: tuple[str, int] | None) -> str | None:
+def _driver_host(*addresses: tuple[Any, ...] | None) -> str | None:
     """The driver's host as the executors dial it (the relay's or the progress server's advertised host)."""
     return next((a[0] for a in addresses if a is not None), None)
 

@@ -29,6 +29,7 @@ import numpy as np
 
 from torchspark._io import read_safetensors_metadata
 from torchspark.data import DataSet, MultiDataSet, dataset_from_bytes, dataset_to_bytes, rebatch, recut
+from torchspark.data.batching import merge_batches
 from torchspark.errors import ConfigError, DataError
 from torchspark.training.assignment import BalancedPlan, EpochItems, FileSlices, plan_files, split_for_workers
 
@@ -197,7 +198,7 @@ def _join_pieces(pairs: Iterable[tuple[tuple[int, int, int], bytes]]) -> Iterato
             yield blobs[0]
         else:
             parts = [dataset_from_bytes(blob) for blob in blobs]
-            yield dataset_to_bytes(type(parts[0]).merge(parts))
+            yield dataset_to_bytes(merge_batches(parts))
 
 
 def worker_rdd_balanced_epochs(rdd: Any, plans: Sequence[BalancedPlan], first_epoch: int) -> Any:
@@ -234,7 +235,7 @@ def _join_epoch_pieces(pairs: Iterable[tuple[tuple[int, int, int, int], bytes]])
         blobs = [blob for _, blob in group]
         if len(blobs) > 1:
             parts = [dataset_from_bytes(blob) for blob in blobs]
-            blobs = [dataset_to_bytes(type(parts[0]).merge(parts))]
+            blobs = [dataset_to_bytes(merge_batches(parts))]
         yield EpochItems(key[1], (blobs[0],))
 
 

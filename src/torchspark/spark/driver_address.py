@@ -23,7 +23,7 @@ def listen_address_for(master: str, get: Callable[[str], str | None]) -> tuple[s
     advertise = get("spark.driver.host") or socket.gethostname()
     bind = get("spark.driver.bindAddress") or advertise
     try:
-        bind = socket.getaddrinfo(bind, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
+        bind = str(socket.getaddrinfo(bind, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0])
     except OSError:
         pass  # the bind fails later with a message naming the address
     return str(bind), advertise

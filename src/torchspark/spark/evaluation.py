@@ -260,7 +260,7 @@ def do_evaluation(
     if jsons is None or count == 0:
         raise DataError("evaluation got no data: the RDD, DataFrame or path list holds no examples")
     for ev, text in zip(evaluations, jsons):
-        ev.merge(evaluation_from_json(text))  # type: ignore[arg-type]
+        ev.merge(evaluation_from_json(text))
     log.debug("evaluated %d examples (%s)", count, names)
     return evaluations[0] if len(evaluations) == 1 else tuple(evaluations)
 

@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import torch
 
 from torchspark.data import rebatch
+from torchspark.data.batching import merge_batches
 from torchspark.errors import DataError
 from torchspark.nn import Network
 from torchspark.spark.dataframes import classification_outputs
@@ -229,7 +230,7 @@ def _score_keyed_partition(shipped: Shipped, batch_size: int, include_regulariza
                     if len(b) != 1:
                         raise DataError(f"score_examples_with_key: the DataSet for key {key!r} holds {len(b)} "
                                         "examples; give each key exactly one example (DataSet.split(1))")
-                merged = type(batches[0]).merge(batches)  # type: ignore[arg-type]
+                merged = merge_batches(batches)
                 scores = net.score_examples(merged, batch_size=len(batches)).tolist()
                 for key, value in zip(keys, scores):
                     yield key, value + reg

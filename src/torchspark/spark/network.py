@@ -114,7 +114,7 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
 
     @collect_training_stats.setter
     def collect_training_stats(self, collect: bool) -> None:
-        self._collect_stats = check_bool("collect_training_stats", collect)
+        self._collect_stats = bool(check_bool("collect_training_stats", collect))
 
     @property
     def training_stats(self) -> TrainingStats | None:

@@ -54,7 +54,7 @@ def _to_classes(probs: torch.Tensor) -> np.ndarray:
 def _predict_udf(shipped: Shipped, shapes: Sequence[Sequence[int] | None], batch_size: int,
                  output: str, output_index: int = 0) -> Any:
     from typing import Iterator as TypingIterator
-    from typing import Tuple
+    from typing import Tuple  # noqa: UP035  (Spark reads typing.Tuple[...] hints of pandas UDFs at runtime)
 
     import pandas as pd
     from pyspark.sql.functions import pandas_udf

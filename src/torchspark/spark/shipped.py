@@ -21,7 +21,8 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass
-from typing import Any, ContextManager, Protocol
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 from torchspark.errors import ConfigError
 from torchspark.nn import Network, NetworkBlueprint
@@ -45,9 +46,11 @@ class Shipped(Protocol):
     """A network on its way to the executors: ``with shipped.lease() as net`` on an executor, ``release()`` on
     the driver after the last job that uses it."""
 
-    key: str
+    @property
+    def key(self) -> str:  # read-only: the implementations are frozen dataclasses
+        ...
 
-    def lease(self, limit: int = DEFAULT_EVAL_WORKERS) -> ContextManager[Network]: ...
+    def lease(self, limit: int = DEFAULT_EVAL_WORKERS) -> AbstractContextManager[Network]: ...
 
     def release(self) -> None: ...
 

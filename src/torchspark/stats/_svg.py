@@ -124,9 +124,9 @@ def line_chart(series: Sequence[tuple[str, np.ndarray, np.ndarray, str]], *, tit
     if legend and len(series) > 1:
         shown = series[:max(1, (height - top - 24) // 12)]
         for i, (label, _, _, color) in enumerate(shown):
-            y = top + 4 + i * 12
-            body.append(f'<rect x="{width - right + 10}" y="{y}" width="10" height="3" fill="{color}"/>'
-                        f'<text x="{width - right + 24}" y="{y + 5}">{esc(label)}</text>')
+            row_y = top + 4 + i * 12
+            body.append(f'<rect x="{width - right + 10}" y="{row_y}" width="10" height="3" fill="{color}"/>'
+                        f'<text x="{width - right + 24}" y="{row_y + 5}">{esc(label)}</text>')
         if len(series) > len(shown):
             body.append(f'<text x="{width - right + 10}" y="{top + 8 + len(shown) * 12}">'
                         f'+{len(series) - len(shown)} more</text>')

@@ -96,7 +96,7 @@ class TrainingStats:
         enc = _require(payload, "encoding", dict)
         if len(enc["step"]):
             fremap = np.array([self._code(self._formats, str(f)) for f in enc["format_names"]] or [0], dtype=np.int32)
-            chunk = {k: np.asarray(enc[k], dtype=np.int64) for k in _ENC_INT}
+            chunk: dict[str, np.ndarray] = {k: np.asarray(enc[k], dtype=np.int64) for k in _ENC_INT}
             chunk.update({k: np.asarray(enc[k], dtype=np.float64) for k in _ENC_FLOAT})
             chunk["format"] = fremap[np.asarray(enc["format"], dtype=np.int64)]
             chunk["worker"] = np.full(len(enc["step"]), w, dtype=np.int32)
@@ -152,7 +152,9 @@ class TrainingStats:
         if "events" not in self._cache:
             chunks = self._event_chunks
             keys = sorted({k for c in chunks for k in c["attrs"]})
-            cat = (lambda name, dt: np.concatenate([c[name] for c in chunks]) if chunks else np.zeros(0, dt))
+            def cat(name: str, dt: Any) -> np.ndarray:
+                return np.concatenate([c[name] for c in chunks]) if chunks else np.zeros(0, dt)
+
             attrs = {k: np.concatenate([c["attrs"].get(k, np.full(len(c["start"]), np.nan)) for c in chunks])
                      for k in keys}
             self._cache["events"] = EventTable(tuple(self._workers), tuple(self._phases), cat("worker", np.int32),
@@ -164,7 +166,9 @@ class TrainingStats:
         """Score vs iteration of every worker (see :class:`ScoreTable`)."""
         if "scores" not in self._cache:
             c = self._score_chunks
-            cat = (lambda name, dt: np.concatenate([x[name] for x in c]) if c else np.zeros(0, dt))
+            def cat(name: str, dt: Any) -> np.ndarray:
+                return np.concatenate([x[name] for x in c]) if c else np.zeros(0, dt)
+
             self._cache["scores"] = ScoreTable(tuple(self._workers), cat("worker", np.int32),
                                                cat("iteration", np.int64), cat("score", np.float64))
         return self._cache["scores"]
@@ -173,11 +177,13 @@ class TrainingStats:
         """Per-step encoding stats of every worker (see :class:`EncodingTable`)."""
         if "encoding" not in self._cache:
             c = self._enc_chunks
-            cat = (lambda name, dt: np.concatenate([x[name] for x in c]) if c else np.zeros(0, dt))
+            def cat(name: str, dt: Any) -> np.ndarray:
+                return np.concatenate([x[name] for x in c]) if c else np.zeros(0, dt)
+
             self._cache["encoding"] = EncodingTable(
                 tuple(self._workers), tuple(self._formats), cat("worker", np.int32),
-                *(cat(k, np.int64) for k in _ENC_INT), *(cat(k, np.float64) for k in _ENC_FLOAT),
-                cat("format", np.int32))
+                cat("step", np.int64), cat("bytes_sent", np.int64), cat("dense_bytes", np.int64),  # _ENC_INT
+                cat("sparsity", np.float64), cat("threshold", np.float64), cat("format", np.int32))
         return self._cache["encoding"]
 
     def driver_mask(self) -> np.ndarray:

@@ -52,6 +52,7 @@ from typing import Any, Callable, Sequence, TypeVar
 import numpy as np
 
 from torchspark.data import Batch, DataSet, MultiDataSet, load_batch
+from torchspark.data.batching import merge_batches
 from torchspark.errors import ConfigError, DataError
 
 __all__ = [
@@ -249,7 +250,7 @@ def split_examples(batches: Sequence[Batch], batch_size: int, num_workers: int,
         minibatches = []
         for rows in plan.minibatches(w):
             pieces = [batches[int(plan.partition[r])].slice(int(plan.start[r]), int(plan.stop[r])) for r in rows]
-            minibatches.append(pieces[0] if len(pieces) == 1 else type(pieces[0]).merge(pieces))
+            minibatches.append(pieces[0] if len(pieces) == 1 else merge_batches(pieces))
         out.append(minibatches)
     return out
 
@@ -269,7 +270,7 @@ class FileSlices:
     def load(self) -> Batch:
         parts = [(load_batch(path) if self.loader is None else load_with(self.loader, path)).slice(start, stop)
                  for path, start, stop in self.slices]
-        return parts[0] if len(parts) == 1 else type(parts[0]).merge(parts)
+        return parts[0] if len(parts) == 1 else merge_batches(parts)
 
 
 def check_loader(loader: Any) -> None:

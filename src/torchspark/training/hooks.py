@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, ContextManager, Iterator, Protocol
+from contextlib import AbstractContextManager
+from typing import Any, Callable, Iterator, Protocol
 
 __all__ = ["PhaseRecorder", "NullRecorder", "WorkerHooks", "ProgressUpdate", "ScoreReport"]
 
@@ -16,7 +17,7 @@ __all__ = ["PhaseRecorder", "NullRecorder", "WorkerHooks", "ProgressUpdate", "Sc
 class PhaseRecorder(Protocol):
     """The slice of :class:`torchspark.stats.StatsCollector` the loops use."""
 
-    def phase(self, name: str, **attrs: Any) -> ContextManager[Any]: ...
+    def phase(self, name: str, **attrs: Any) -> AbstractContextManager[Any]: ...
 
     def record_score(self, iteration: int, score: float) -> None: ...
 

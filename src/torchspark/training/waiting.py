@@ -90,7 +90,7 @@ def call_on_thread(call: Callable[[], T], name: str, timeout_s: float | None = N
         raise
     if "error" in box:
         raise box["error"]
-    return box["value"]  # type: ignore[no-any-return]
+    return box["value"]
 
 
 def get_within(q: Any, timeout_s: float, what: Callable[[], str]) -> Any:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from typing import Any
 
 from pyspark import keyword_only
 from pyspark.ml import Estimator, Model
@@ -89,6 +90,8 @@ class TorchEstimator(Estimator, TorchEstimatorParams, DefaultParamsWritable, Def
     ``featuresCol`` may be an ``array<float|double>`` or an ML Vector column; labels are class indices (ints or
     integral doubles, as ``StringIndexer`` writes) for ``cross_entropy``.
     """
+
+    _input_kwargs: dict[str, Any]  # set by pyspark's @keyword_only on each call
 
     @keyword_only
     def __init__(self, *, network: str | None = None, trainingMaster: str | None = None, epochs: int | None = None,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime
 import logging
 import threading
-from typing import Protocol
+from typing import Protocol, cast
 
 import torch
 import torch.distributed as dist
@@ -166,15 +166,15 @@ class ThreadCommunicator:
         self.world_size = group.world_size
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        parts = self.group._exchange(self.rank, tensor.detach().clone())
-        total = parts[0].clone()  # type: ignore[union-attr]
+        parts = cast("list[torch.Tensor]", self.group._exchange(self.rank, tensor.detach().clone()))
+        total = parts[0].clone()
         for p in parts[1:]:  # rank order: identical arithmetic on every rank
-            total += p  # type: ignore[operator]
+            total += p
         tensor.copy_(total)
         return tensor
 
     def all_gather_bytes(self, payload: bytes) -> list[bytes]:
-        return [bytes(p) for p in self.group._exchange(self.rank, payload)]  # type: ignore[arg-type]
+        return cast("list[bytes]", self.group._exchange(self.rank, payload))
 
     def all_to_all_bytes(self, payloads: list[bytes]) -> list[bytes]:
         _check_payloads(payloads, self.world_size)

@@ -157,7 +157,7 @@ class ThreadMailbox:
         if not self._inboxes:
             return None
         group = self._group
-        return self._inboxes[self.rank].take(senders, timeout_s, lambda: group.aborted)
+        return self._inboxes[self.rank].take(senders, timeout_s, lambda: group is not None and group.aborted)
 
     def close(self, failed: bool = False) -> None:
         return None
@@ -247,7 +247,8 @@ class TorchDistMailbox:
                 if body is not None:
                     works.append(dist.isend(body, p, tag=_PAYLOAD_TAG))
             for w in works:
-                w.wait()
+                if w is not None:  # isend returns None only outside a process group's ranks
+                    w.wait()
 
     def _receive_loop(self, peer: int) -> None:
         while True:

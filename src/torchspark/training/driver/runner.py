@@ -47,10 +47,13 @@ class RunContext(Protocol):
         attempt: which launch of the workers this is (0 first; each recovery adds one).
     """
 
-    network: Network
     recorder: PhaseRecorder
     description: str
     attempt: int
+
+    @property
+    def network(self) -> Network:  # read-only: runners update the network in place, never replace it
+        ...
 
     def progress_address(self, host: str = "127.0.0.1", advertise_host: str | None = None,
                          port_range: tuple[int, int] | None = None) -> ProgressEndpoint | None:

@@ -51,7 +51,7 @@ def worker_placements(results: Sequence[WorkerResult]) -> dict[str, dict[str, An
     ``executors``; each only when the runner reported it. E.g. with two GPU workers on one executor
     ``{"gpu_addresses": {"0": ["0"], "1": ["1"]}, "devices": {"0": "cuda:0", "1": "cuda:1"}, ...}``."""
     ranked = sorted(results, key=lambda r: r.rank)
-    found = {
+    found: dict[str, dict[str, Any]] = {
         "devices": {str(r.rank): r.device for r in ranked if r.device is not None},
         "gpu_addresses": {str(r.rank): list(r.gpu_addresses) for r in ranked if r.gpu_addresses is not None},
         "executors": {str(r.rank): r.executor for r in ranked if r.executor is not None},

@@ -158,9 +158,9 @@ def choose_endpoint(driver_host: str | None, spark_host: str, network_mask: str 
     if driver_host:
         local = route(driver_host)
         if local is not None:
-            name = interface_of(local, interfaces)
-            if name is not None:
-                return Endpoint(local, name, "route_to_driver")
+            routed = interface_of(local, interfaces)
+            if routed is not None:
+                return Endpoint(local, routed, "route_to_driver")
     return Endpoint(spark_host, interface_of(spark_host, interfaces), "spark")
 
 

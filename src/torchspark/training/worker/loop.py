@@ -258,7 +258,7 @@ def _batches(task: WorkerTask, source: EpochSource, items: Iterable[Any],
     the parent); else through the prefetcher, which bounds every wait by ``data_timeout_s`` (with ``prefetch=0``
     too, without read-ahead)."""
     if load is load_item and _ready(items):
-        return iter(items)  # type: ignore[arg-type]
+        return iter(items)
     if task.prefetch <= 0 and getattr(source, "bounded_wait", False):
         return map(load, items)
     return prefetch(items, task.prefetch, task.data_timeout_s, transform=load)
@@ -270,7 +270,7 @@ def _ready(items: Iterable[Any]) -> bool:
     return isinstance(items, (list, tuple)) and all(isinstance(i, (DataSet, MultiDataSet)) for i in items)
 
 
-_NOTHING = object()
+_NOTHING: Any = object()  # the end-of-stream sentinel: compared by identity only
 
 
 def _build_network(task: WorkerTask, device: str) -> Network:

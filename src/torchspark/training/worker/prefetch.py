@@ -53,7 +53,7 @@ class _Prefetcher(Generic[T]):
                     return
                 if isinstance(item, _Failure):
                     raise item.error
-                yield item  # type: ignore[misc]
+                yield item
         finally:
             self.close()
 
@@ -91,7 +91,7 @@ class _OnDemand(Generic[T]):
                     return
                 if isinstance(item, _Failure):
                     raise item.error
-                yield item  # type: ignore[misc]
+                yield item
         finally:
             self._requests.put(False)  # a loader stuck in the source exits when the source returns (daemon thread)
 

@@ -22,6 +22,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import struct
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
@@ -106,7 +107,7 @@ def stale_epoch(settings: SharingSettings, state: SharingState, net: Network, ba
             step = out.iterations
             if mailbox is not None:
                 with rec.phase("exchange"):
-                    _receive(mailbox, ledger, net, n, stats, timeout_s, lambda: ledger.owed(step, k))
+                    _receive(mailbox, ledger, net, n, stats, timeout_s, functools.partial(ledger.owed, step, k))
             stats.lags.append(ledger.lag(step))
             payload = compute_and_encode(state, net, batch, out, hooks, comm, epoch, first and step == 0,
                                          settings.on_divergence)

@@ -1,0 +1,138 @@
+"""The package as a user gets it: the sdist and the wheel are built from the sources (``python -m build``, offline:
+``--no-isolation`` with the setuptools pinned in constraints.txt), their metadata passes ``twine check --strict``
+(the README renders on PyPI), the wheel carries ``py.typed``, and the wheel installed into a *fresh* virtual
+environment trains: ``torchspark train --epochs 1`` runs from it, its Spark workers included.
+
+The fresh environment gets the wheel with ``--no-deps`` and finds the dependencies (torch, pyspark, ...) in this
+test run's environment through a ``.pth`` line: nothing is downloaded (torch stays the CPU wheel of constraints.txt)
+and the test takes seconds plus one short training run. ``pip check`` there proves the wheel's requirements are met.
+"""
+
+from __future__ import annotations
+
+import email.parser
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import torchspark
+
+pytestmark = pytest.mark.packaging
+
+ROOT = Path(__file__).resolve().parents[2]
+#: what a build reads: the configuration, the long description, and the sources
+BUILD_INPUTS = ("pyproject.toml", "README.md", "CHANGELOG.md")
+
+
+def _run(args: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(args, capture_output=True, text=True, timeout=timeout, **kwargs)
+    assert done.returncode == 0, f"{' '.join(map(str, args))} failed:\n{done.stdout}{done.stderr}"
+    return done
+
+
+@pytest.fixture(scope="module")
+def dist(tmp_path_factory) -> dict[str, Path]:
+    """The sdist and the wheel, built from a copy of the sources (a build writes build/ and *.egg-info beside them)."""
+    tree = tmp_path_factory.mktemp("tree")
+    for name in BUILD_INPUTS:
+        shutil.copy2(ROOT / name, tree / name)
+    shutil.copytree(ROOT / "src", tree / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    out = tmp_path_factory.mktemp("dist")
+    _run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(tree)], timeout=300)
+    wheels, sdists = sorted(out.glob("*.whl")), sorted(out.glob("*.tar.gz"))
+    assert len(wheels) == 1 and len(sdists) == 1, sorted(p.name for p in out.iterdir())
+    return {"wheel": wheels[0], "sdist": sdists[0]}
+
+
+def _wheel_metadata(wheel: Path) -> email.message.Message:
+    with zipfile.ZipFile(wheel) as z:
+        name = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+        return email.parser.Parser().parsestr(z.read(name).decode("utf-8"))
+
+
+def test_metadata_passes_twine_check(dist) -> None:
+    """``twine check --strict``: the metadata is valid and the README (the long description) renders."""
+    done = _run([sys.executable, "-m", "twine", "check", "--strict", str(dist["wheel"]), str(dist["sdist"])],
+                timeout=120)
+    assert done.stdout.count("PASSED") == 2, done.stdout
+
+
+def test_the_wheel_carries_types_version_and_dependencies(dist) -> None:
+    with zipfile.ZipFile(dist["wheel"]) as z:
+        names = set(z.namelist())
+    assert "torchspark/py.typed" in names  # PEP 561: users' type checkers read our hints
+    assert "torchspark/cli.py" in names and "torchspark/spark/connect/runner.py" in names
+    meta = _wheel_metadata(dist["wheel"])
+    assert meta["Version"] == torchspark.__version__
+    assert meta["Description-Content-Type"] == "text/markdown"
+    core = [r for r in meta.get_all("Requires-Dist") if "extra ==" not in r]
+    # PyYAML is a core dependency: `--print-config` and `--config run.yaml` work on the base install
+    assert any(r.lower().startswith("pyyaml") for r in core), core
+    assert any(r.startswith("torch") for r in core) and any(r.startswith("pyspark") for r in core), core
+
+
+def test_the_sdist_holds_the_sources_and_types(dist) -> None:
+    with tarfile.open(dist["sdist"]) as t:
+        names = {n.split("/", 1)[1] for n in t.getnames() if "/" in n}
+    assert {"pyproject.toml", "README.md", "src/torchspark/py.typed", "src/torchspark/__init__.py"} <= names
+
+
+@pytest.fixture(scope="module")
+def fresh(dist, tmp_path_factory) -> Path:
+    """A new virtual environment holding only the wheel; its dependencies come from this run's environment."""
+    venv = tmp_path_factory.mktemp("venv")
+    _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], timeout=120)
+    python = venv / "bin" / "python"
+    site = _run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], timeout=60)
+    ours = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+    # a plain path line: this environment's packages become importable, its editable torchspark (a .pth hook) not
+    (Path(site.stdout.strip()) / "torchspark_test_deps.pth").write_text("\n".join(sorted(ours)) + "\n")
+    _run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-index", "-q",
+          str(dist["wheel"])], timeout=300)
+    return venv
+
+
+def _fresh_env() -> dict[str, str]:
+    """The environment of a user's shell: no PYTHONPATH into our sources, and Spark's workers run the fresh
+    environment's interpreter (the tests' conftest points PYSPARK_PYTHON at ours)."""
+    drop = {"PYTHONPATH", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "VIRTUAL_ENV"}
+    return {k: v for k, v in os.environ.items() if k not in drop}
+
+
+def test_the_installed_wheel_is_what_imports(fresh) -> None:
+    python = fresh / "bin" / "python"
+    where = _run([str(python), "-c", "import torchspark; print(torchspark.__file__)"], timeout=120, env=_fresh_env())
+    assert Path(where.stdout.strip()).is_relative_to(fresh), where.stdout
+    _run([str(python), "-m", "pip", "check"], timeout=120, env=_fresh_env())
+    version = _run([str(fresh / "bin" / "torchspark"), "--version"], timeout=120, env=_fresh_env())
+    assert version.stdout.startswith(f"torchspark {torchspark.__version__} (Python "), version.stdout
+
+
+def test_print_config_round_trips_on_the_installed_wheel(fresh, tmp_path) -> None:
+    """The issue's first stumble: ``--print-config`` (YAML) works on the base install, and reads back."""
+    cli = str(fresh / "bin" / "torchspark")
+    printed = _run([cli, "train", "--epochs", "3", "--print-config"], timeout=120, env=_fresh_env())
+    (tmp_path / "run.yaml").write_text(printed.stdout)
+    back = _run([cli, "train", "--config", str(tmp_path / "run.yaml"), "--print-config", "json"], timeout=120,
+                env=_fresh_env())
+    assert json.loads(back.stdout)["epochs"] == 3
+
+
+@pytest.mark.timeout(900)  # one Spark session and one epoch on a loaded machine
+def test_train_runs_from_the_installed_wheel(fresh, tmp_path) -> None:
+    out = tmp_path / "out"
+    # the mlp keeps this short; the command and its Spark route are the README's
+    done = _run([str(fresh / "bin" / "torchspark"), "train", "--epochs", "1", "--model", "mlp", "--no-progress",
+                 "--output", str(out)], timeout=840, env=_fresh_env(), cwd=tmp_path)
+    assert "accuracy" in done.stdout, done.stdout
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics, metrics
+    assert (out / "model").is_dir() and (out / "stats.html").is_file()
