@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 
 import pytest
 import torch
 from cluster_connect import ClientNamespace
+from cluster_harness import NetnsCluster, unavailable_reason
 from safetensors.torch import load_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -100,3 +102,20 @@ def test_evaluation_on_the_cluster_equals_local(connect_runs, mode) -> None:
     report = connect_runs[0][mode]["report"]
     assert report["cluster_confusion"] == report["local_confusion"]
     assert report["cluster_accuracy"] == report["local_accuracy"] > 0.5
+
+
+def test_cluster_teardown_removes_a_client_namespace_left_open() -> None:
+    reason = unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"multi-host namespace cluster unavailable: {reason}")
+    with NetnsCluster(workers=1, with_spark=False) as cluster:
+        client = ClientNamespace(cluster).start()  # never stopped: the cluster's teardown must take it
+        name = client.netns
+        assert name in _listed()
+    assert name not in _listed()
+    assert name not in subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    client.stop()  # idempotent after the teardown
+
+
+def _listed() -> list[str]:
+    return subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
