@@ -24,8 +24,9 @@ import atexit
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from cluster_harness import HarnessError, NetnsCluster, client_netns_name
 
@@ -47,13 +48,13 @@ class ClientNamespace:
     address: str = field(default="", init=False)
     gateway: str = field(default="", init=False)
 
-    def __enter__(self) -> "ClientNamespace":
+    def __enter__(self) -> ClientNamespace:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
 
-    def start(self) -> "ClientNamespace":
+    def start(self) -> ClientNamespace:
         """Create the namespace and its link to the root namespace."""
         x = self.cluster.instance
         if x is None:
@@ -90,8 +91,9 @@ class ClientNamespace:
         except Exception:  # noqa: BLE001 - interpreter shutting down
             pass
 
-    def run_python(self, argv: Sequence[str], timeout_s: float = 600.0,
-                   env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    def run_python(
+        self, argv: Sequence[str], timeout_s: float = 600.0, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
         """Run ``python argv...`` (this interpreter) inside the client namespace.
 
         Raises:
@@ -100,25 +102,38 @@ class ClientNamespace:
         run_env = dict(os.environ, **(env or {}))
         for leak in ("TORCHSPARK_CLUSTER_CONF", "SPARK_LOCAL_IP", "TORCHSPARK_LOCAL_IP"):
             run_env.pop(leak, None)
-        proc = subprocess.run(["ip", "netns", "exec", self.netns, sys.executable, *argv], env=run_env,
-                              capture_output=True, text=True, timeout=timeout_s)
+        proc = subprocess.run(
+            ["ip", "netns", "exec", self.netns, sys.executable, *argv],
+            env=run_env,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
         if proc.returncode != 0:
             server_log = os.path.join(self.cluster.workdir, "connect-server.log")
             tail = ""
             if os.path.exists(server_log):
                 with open(server_log, errors="replace") as f:
                     tail = "".join(f.readlines()[-40:])
-            raise HarnessError(f"client {' '.join(argv)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
-                               f"{proc.stderr[-6000:]}\n--- connect server log\n{tail}\n--- cluster logs\n"
-                               f"{self.cluster.log_tail()}")
+            raise HarnessError(
+                f"client {' '.join(argv)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
+                f"{proc.stderr[-6000:]}\n--- connect server log\n{tail}\n--- cluster logs\n"
+                f"{self.cluster.log_tail()}"
+            )
         return proc
 
     def reaches(self, address: str, port: int, timeout_s: float = 2.0) -> bool:
         """Whether a TCP connection from this namespace to ``address:port`` succeeds."""
-        probe = ("import socket,sys\ntry:\n socket.create_connection((sys.argv[1], int(sys.argv[2])), "
-                 f"timeout={timeout_s}).close(); print('ok')\nexcept OSError as e: print(e)")
-        out = subprocess.run(["ip", "netns", "exec", self.netns, sys.executable, "-c", probe, address, str(port)],
-                             capture_output=True, text=True, timeout=timeout_s + 30)
+        probe = (
+            "import socket,sys\ntry:\n socket.create_connection((sys.argv[1], int(sys.argv[2])), "
+            f"timeout={timeout_s}).close(); print('ok')\nexcept OSError as e: print(e)"
+        )
+        out = subprocess.run(
+            ["ip", "netns", "exec", self.netns, sys.executable, "-c", probe, address, str(port)],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s + 30,
+        )
         return out.stdout.strip() == "ok"
 
 

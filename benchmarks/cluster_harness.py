@@ -230,7 +230,7 @@ class NetnsCluster:
     master_ui: str = field(default="", init=False)
     workdir: str = field(default="", init=False)
     _procs: list[subprocess.Popen[bytes]] = field(default_factory=list, init=False, repr=False)
-    _servers: list["ConnectServer"] = field(default_factory=list, init=False, repr=False)  # Connect servers, stopped first
+    _servers: list[ConnectServer] = field(default_factory=list, init=False, repr=False)  # Connect servers, stopped first
     _started: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -495,7 +495,7 @@ class NetnsCluster:
         return conf
 
     def start_connect_server(self, port: int | None = None, timeout_s: float = 180.0,
-                             **extra: str) -> "ConnectServer":
+                             **extra: str) -> ConnectServer:
         """Start a Spark Connect server (``SparkConnectServer`` through pyspark's ``bin/spark-submit``) as this
         cluster's driver: in the root namespace, its gRPC port and its driver on the bridge address, executors
         on the hosts (their ``PYTHONPATH`` is this process's). Clients use ``.url`` (``sc://198.18.X.1:<port>``);

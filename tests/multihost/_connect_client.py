@@ -44,8 +44,14 @@ def settings(mode: str) -> tuple[int | None, dict[str, Any]]:
 def master(mode: str) -> Any:
     rng_seed, own = settings(mode)
     cls = ParameterAveragingTrainingMaster if mode == "averaging" else SharedTrainingMaster
-    return cls(batch_size_per_worker=BATCH, num_workers=2, rng_seed=rng_seed, rendezvous_timeout_s=120,
-               collect_training_stats=True, **own)
+    return cls(
+        batch_size_per_worker=BATCH,
+        num_workers=2,
+        rng_seed=rng_seed,
+        rendezvous_timeout_s=120,
+        collect_training_stats=True,
+        **own,
+    )
 
 
 def main() -> None:
@@ -65,11 +71,20 @@ def main() -> None:
             spark_net.fit(df, epochs=EPOCHS)
             on_cluster = spark_net.evaluate(df)
             local = net.evaluate(ds)
-            save_file({"params": net.params().contiguous(), "updater": net.updater_state().contiguous()},
-                      os.path.join(out_dir, f"{mode}.safetensors"))
+            save_file(
+                {"params": net.params().contiguous(), "updater": net.updater_state().contiguous()},
+                os.path.join(out_dir, f"{mode}.safetensors"),
+            )
             report = {
-                "workers": [{"rank": r.rank, "examples": r.examples, "executor": r.executor,
-                             "address": (r.network or {}).get("address")} for r in spark_net.last_results],
+                "workers": [
+                    {
+                        "rank": r.rank,
+                        "examples": r.examples,
+                        "executor": r.executor,
+                        "address": (r.network or {}).get("address"),
+                    }
+                    for r in spark_net.last_results
+                ],
                 "summary_executors": spark_net.training_stats.summary().get("executors"),
                 "progress_channel": client_is_local(spark),
                 "cluster_accuracy": on_cluster.accuracy(),

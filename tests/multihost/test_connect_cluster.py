@@ -18,9 +18,10 @@ import sys
 
 import pytest
 import torch
+from safetensors.torch import load_file
+
 from cluster_connect import ClientNamespace
 from cluster_harness import NetnsCluster, unavailable_reason
-from safetensors.torch import load_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _connect_client as client_script  # noqa: E402
@@ -59,8 +60,10 @@ def connect_runs(netns_cluster, tmp_path_factory):
 def _worker_connects(cluster, address: str) -> str:
     """What a TCP connection from the first worker host to ``address`` gives (a closed port answers
     "refused" when it is reachable at all; an unreachable address fails otherwise)."""
-    probe = ("import socket,sys\ntry:\n socket.create_connection((sys.argv[1], 9), timeout=2).close(); print('ok')\n"
-             "except OSError as e: print(type(e).__name__, e)")
+    probe = (
+        "import socket,sys\ntry:\n socket.create_connection((sys.argv[1], 9), timeout=2).close(); print('ok')\n"
+        "except OSError as e: print(type(e).__name__, e)"
+    )
     return cluster.exec_in(cluster.hosts[0], sys.executable, "-c", probe, address).stdout.strip()
 
 
@@ -90,8 +93,9 @@ def test_parameters_equal_parallel_wrappers(connect_runs, mode) -> None:
     tensors = connect_runs[0][mode]["tensors"]
     rng_seed, own = client_script.settings(mode)
     local = client_script.network()
-    wrapper = ParallelWrapper(local, num_workers=2, training_mode=mode, rng_seed=rng_seed, threads_per_worker=1,
-                              progress=False, **own)
+    wrapper = ParallelWrapper(
+        local, num_workers=2, training_mode=mode, rng_seed=rng_seed, threads_per_worker=1, progress=False, **own
+    )
     wrapper.fit(client_script.data(), epochs=client_script.EPOCHS, batch_size=client_script.BATCH)
     torch.testing.assert_close(tensors["params"], local.params(), atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(tensors["updater"], local.updater_state(), atol=1e-6, rtol=1e-6)
