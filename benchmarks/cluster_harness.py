@@ -42,12 +42,15 @@ import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from torchspark._process import is_running
 
+if TYPE_CHECKING:
+    from torchspark.spark.connect import ConnectServer
+
 __all__ = ["Host", "NetnsCluster", "HarnessError", "unavailable_reason", "cleanup_stale", "spark_home",
-           "netem_available"]
+           "netem_available", "client_netns_name"]
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +171,12 @@ def _netns_name(x: int, i: int) -> str:
     return f"{_PREFIX}{x}h{i}"
 
 
+def client_netns_name(x: int) -> str:
+    """The client namespace of instance ``x`` (``cluster_connect.ClientNamespace``); its root-side veth has the
+    same name."""
+    return f"{_PREFIX}{x}c"
+
+
 def _teardown_objects(x: int, hosts: int) -> None:
     """Remove namespaces (killing what runs in them), veths, bridge and /etc/netns files of instance ``x``."""
     for i in range(1, hosts + 1):
@@ -182,6 +191,14 @@ def _teardown_objects(x: int, hosts: int) -> None:
         for link in (f"{_PREFIX}{x}h{i}", f"{_PREFIX}{x}d{i}"):
             _run("ip", "link", "del", link, check=False)
         shutil.rmtree(f"/etc/netns/{ns}", ignore_errors=True)
+    client = client_netns_name(x)
+    for pid in _run("ip", "netns", "pids", client, check=False).stdout.split():
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            pass
+    _run("ip", "netns", "del", client, check=False)
+    _run("ip", "link", "del", client, check=False)
     _run("ip", "link", "del", f"{_PREFIX}b{x}", check=False)
 
 
@@ -213,6 +230,7 @@ class NetnsCluster:
     master_ui: str = field(default="", init=False)
     workdir: str = field(default="", init=False)
     _procs: list[subprocess.Popen[bytes]] = field(default_factory=list, init=False, repr=False)
+    _servers: list[ConnectServer] = field(default_factory=list, init=False, repr=False)  # Connect servers, stopped first
     _started: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -255,6 +273,9 @@ class NetnsCluster:
         if not self._started:
             return
         self._started = False
+        for server in self._servers:
+            server.stop()
+        self._servers.clear()
         for proc in reversed(self._procs):
             try:
                 os.killpg(proc.pid, signal.SIGTERM)
@@ -466,6 +487,31 @@ class NetnsCluster:
             builder = builder.config(key, value)
         return builder.getOrCreate()
 
+    def connect_conf(self, **extra: str) -> dict[str, str]:
+        """A Connect server's settings on this cluster: :meth:`spark_conf` without ``spark.master`` (it travels as
+        ``--master``) plus a barrier sync timeout (Spark's default, a year, would hide a hung worker)."""
+        conf = self.spark_conf(**{"spark.barrier.sync.timeout": "300", **extra})
+        conf.pop("spark.master")
+        return conf
+
+    def start_connect_server(self, port: int | None = None, timeout_s: float = 180.0,
+                             **extra: str) -> ConnectServer:
+        """Start a Spark Connect server (``SparkConnectServer`` through pyspark's ``bin/spark-submit``) as this
+        cluster's driver: in the root namespace, its gRPC port and its driver on the bridge address, executors
+        on the hosts (their ``PYTHONPATH`` is this process's). Clients use ``.url`` (``sc://198.18.X.1:<port>``);
+        it is stopped by :meth:`stop` (or its own ``stop()``). Log: ``<workdir>/connect-server.log``.
+
+        Raises:
+            SetupError: the server did not listen within ``timeout_s`` (with its log's end).
+        """
+        from torchspark.spark.connect import start_connect_server
+
+        server = start_connect_server(self.master_url, port=port, host=self.bridge_ip,
+                                      conf=self.connect_conf(**extra), timeout_s=timeout_s,
+                                      log_path=os.path.join(self.workdir, "connect-server.log"))
+        self._servers.append(server)
+        return server
+
     def run_driver(self, argv: Sequence[str], timeout_s: float = 600.0, env: dict[str, str] | None = None,
                    **extra_conf: str) -> subprocess.CompletedProcess[str]:
         """Run ``python argv...`` as a driver in the root namespace (a fresh interpreter: its own SparkContext).
@@ -490,15 +536,22 @@ class NetnsCluster:
                     check=False, timeout=timeout)
 
 
-def _main() -> None:  # python benchmarks/cluster_harness.py [workers]: bring a cluster up, print it, tear it down
+def _main() -> None:
+    """``python benchmarks/cluster_harness.py [workers] [--connect]``: bring a cluster up, print it, tear it down;
+    with ``--connect`` also start a Connect server on it and keep everything up until Enter (or EOF)."""
     logging.basicConfig(level=logging.INFO)
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 2
+    args = [a for a in sys.argv[1:] if a != "--connect"]
+    n = int(args[0]) if args else 2
     t0 = time.monotonic()
     with NetnsCluster(workers=n) as cluster:
         print(f"up in {time.monotonic() - t0:.1f} s: {cluster.master_url}")
         for host in cluster.hosts:
             print(host)
         print(json.dumps([(w["host"], w["state"]) for w in cluster.master_state()["workers"]]))
+        if "--connect" in sys.argv[1:]:
+            server = cluster.start_connect_server()
+            print(f"Spark Connect server: {server.url} (log {server.log_path}); press Enter to tear down")
+            sys.stdin.readline()
     print("torn down")
 
 
