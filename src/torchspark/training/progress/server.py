@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterable
 from torchspark.errors import ConfigError, SetupError
 from torchspark.training.hooks import ProgressUpdate
 from torchspark.training.progress.client import ProgressEndpoint
+from torchspark.training.progress.dispatch import CallQueue
 from torchspark.training.progress.listeners import (
     ErrorListener,
     ErrorLog,
@@ -66,8 +67,9 @@ class _Conn:
 class ProgressServer:
     """Driver-side receiver of worker progress, clock probes, scores and tracebacks.
 
-    Listeners run on the server's one thread, so they must be quick; a listener that raises is logged and skipped.
-    Updates of one rank arrive in the order the worker sent them.
+    Listeners run on a thread of their own (:class:`~torchspark.training.progress.dispatch.CallQueue`), never on
+    the thread that reads the workers, so a slow listener cannot hold up heartbeats; a listener that raises is
+    logged and skipped. Updates of one rank arrive in the order the worker sent them.
 
     Args:
         host: the address to listen on: the one workers use to reach the driver (``spark.driver.host``), and
@@ -113,6 +115,7 @@ class ProgressServer:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._closed = False
+        self._calls: CallQueue | None = None  # the listeners' thread, from start() to close()
 
     # lifecycle
     def start(self) -> ProgressServer:
@@ -141,6 +144,7 @@ class ProgressServer:
         self._listener = sock
         self._selector = selectors.DefaultSelector()
         self._selector.register(sock, selectors.EVENT_READ, None)
+        self._calls = CallQueue("torchspark-progress-listeners")
         self._thread = threading.Thread(target=self._serve, name="torchspark-progress-server", daemon=True)
         self._thread.start()
         logger.debug("progress server listening on %s:%d", *sock.getsockname()[:2])
@@ -180,7 +184,8 @@ class ProgressServer:
         """Stop accepting, disconnect every worker and join the server's thread. Idempotent.
 
         Args:
-            timeout_s: how long to wait for the thread; still alive after it is logged (it is a daemon).
+            timeout_s: how long to wait for the thread, and then for the listeners to finish the calls queued;
+                still busy after it is logged (both are daemons).
             drain_s: first wait up to this long for the workers to disconnect on their own, so everything they
                 sent before exiting is read (0 = cut them off at once). Use it once the workers have ended: it
                 returns as soon as their connections close.
@@ -195,12 +200,16 @@ class ProgressServer:
                 return
             self._closed = True
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-            if self._thread.is_alive():
-                logger.warning("progress server thread did not stop within %.1f s", timeout_s)
-                return  # it closes its sockets itself when it stops
-        self._close_all()
+        try:
+            if self._thread is not None:
+                self._thread.join(timeout_s)
+                if self._thread.is_alive():
+                    logger.warning("progress server thread did not stop within %.1f s", timeout_s)
+                    return  # it closes its sockets itself when it stops
+            self._close_all()
+        finally:
+            if self._calls is not None:
+                self._calls.close(timeout_s)
 
     def __enter__(self) -> ProgressServer:
         return self.start()
@@ -391,7 +400,7 @@ class ProgressServer:
                 report = score_from_msg(msg)
                 with self._lock:
                     listeners = self._score_listeners
-                call_listeners(listeners, report)
+                self._notify(listeners, report)
             else:
                 raise Malformed(f"unknown kind {kind!r} (expected progress, clock, error, score or alive)")
         except Malformed as e:
@@ -413,7 +422,7 @@ class ProgressServer:
             self._latest[update.rank] = update
             self._tally.add(update)
             listeners = self._listeners
-        call_listeners(listeners, update)
+        self._notify(listeners, update)
 
     def _on_error(self, rank: int, tb: str) -> None:
         with self._lock:
@@ -426,4 +435,8 @@ class ProgressServer:
                                "errors are counted, not kept", self._limits.max_error_bytes, self._limits.max_errors)
             return
         logger.error("worker %d reported an error:\n%s", rank, kept)
-        call_listeners(listeners, rank, kept)
+        self._notify(listeners, rank, kept)
+
+    def _notify(self, listeners: list[Any], *args: Any) -> None:
+        if listeners and self._calls is not None:
+            self._calls.submit(call_listeners, listeners, *args)
