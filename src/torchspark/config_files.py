@@ -84,9 +84,7 @@ def save_master(master: TrainingMaster, path: str) -> None:
 def load_master(path: str) -> TrainingMaster:
     """Read a master written by :func:`save_master` (or by hand): YAML for ``.yaml``/``.yml``, else JSON."""
     text = _read(path)
-    if _is_yaml(path):
-        return master_from_json(json.dumps(load_mapping(text, "yaml", path)))
-    return master_from_json(text)
+    return master_from_json(json.dumps(load_mapping(text, "yaml" if _is_yaml(path) else "json", path)))
 
 
 # ------------------------------------------------------------------ `torchspark train` settings
