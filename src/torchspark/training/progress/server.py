@@ -1,6 +1,7 @@
 """The driver's side of the progress channel: one thread serving every worker connection through a selector.
 
-Who may talk: a connection must first send the fit's hello (:func:`torchspark.training.rendezvous.auth.hello`); the server
+Who may talk: the server sends every connection a fresh nonce, and the connection must answer with the fit's hello
+for that nonce (:func:`torchspark.training.rendezvous.auth.hello`); the server
 reads exactly that many bytes, with a deadline, and drops the connection unless it proves the token, so a
 stranger's bytes never reach a listener and never take more memory than one hello. How much: no thread per
 connection (one selector thread serves them all), at most ``max_pending`` connections owing their hello (the
@@ -59,6 +60,7 @@ class _Conn:
     def __init__(self, sock: socket.socket, peer: Any, deadline: float, max_line_bytes: int) -> None:
         self.sock, self.peer, self.deadline = sock, peer, deadline
         self.hello = bytearray()
+        self.nonce = auth.new_nonce()  # this connection's challenge: a hello seen elsewhere does not replay here
         self.authed = False
         self.lines = LineSplitter(max_line_bytes)
         self.rank: int | None = None  # from its first ``alive`` or progress message
@@ -306,6 +308,11 @@ class ProgressServer:
                 self._drop(min(pending, key=lambda c: c.deadline), rejected=True)
             sock.setblocking(False)
             conn = _Conn(sock, peer, time.monotonic() + limits.hello_timeout_s, limits.max_line_bytes)
+            try:
+                sock.send(conn.nonce)  # 16 bytes into an empty socket buffer: never blocks
+            except OSError:
+                sock.close()
+                continue
             self._conns[sock] = conn
             self._selector.register(sock, selectors.EVENT_READ, conn)
             with self._lock:
@@ -359,7 +366,7 @@ class ProgressServer:
             conn.hello += chunk
             if len(conn.hello) < auth.HELLO_BYTES:
                 return
-            if not auth.check_hello(self._token, bytes(conn.hello)):
+            if not auth.check_hello(self._token, bytes(conn.hello), conn.nonce):
                 logger.debug("progress server: dropped a connection from %s without the fit's token", conn.peer)
                 self._drop(conn, rejected=True)
                 return
