@@ -140,6 +140,28 @@ def _safe_loader() -> Any:
     class Loader(yaml.SafeLoader):  # type: ignore[name-defined]
         pass
 
+    def compose_node(self: Any, parent: Any, index: Any) -> Any:
+        # an alias (*name) may stand for a whole subtree: nine levels of ten aliases expand to 10**9 nodes (an
+        # "anchor bomb"), so configuration files may not use them at all (refused before anything is built)
+        if self.check_event(yaml.events.AliasEvent):
+            mark = self.peek_event().start_mark
+            raise ConfigError(f"YAML aliases (*name) are not accepted in configuration files (line {mark.line + 1},"
+                              f" column {mark.column + 1}): write the value out in full")
+        return yaml.SafeLoader.compose_node(self, parent, index)
+
+    def construct_mapping(self: Any, node: Any, deep: bool = False) -> Any:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:  # a key given twice would silently keep the last value
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, str) or isinstance(key, (int, float, bool)):
+                if key in seen:
+                    raise ConfigError(f"the key {key!r} appears twice (line {key_node.start_mark.line + 1}): "
+                                      "keep one")
+                seen.add(key)
+        return yaml.SafeLoader.construct_mapping(self, node, deep)
+
+    Loader.compose_node = compose_node
+    Loader.construct_mapping = construct_mapping
     Loader.add_implicit_resolver(
         "tag:yaml.org,2002:float",
         re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
@@ -151,11 +173,21 @@ def _safe_loader() -> Any:
     return Loader
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ConfigError(f"the key {key!r} appears twice: keep one")
+        out[key] = value
+    return out
+
+
 def load_mapping(text: str, fmt: str, source: str = "the configuration") -> dict[str, Any]:
     """Parse ``text`` (``fmt`` ``"yaml"`` or ``"json"``) into a mapping.
 
     Raises:
-        ConfigError: not valid YAML/JSON, or not a mapping at the top; the message names ``source``.
+        ConfigError: not valid YAML/JSON, or not a mapping at the top; a key given twice in one mapping; a YAML
+            alias (``*name``: refused, so an "anchor bomb" never expands). The message names ``source``.
 
     Example: ``load_mapping("epochs: 4\nlr: 1e-3\n", "yaml") == {"epochs": 4, "lr": 0.001}``.
     """
@@ -163,12 +195,16 @@ def load_mapping(text: str, fmt: str, source: str = "the configuration") -> dict
         yaml = _yaml()
         try:
             data = yaml.load(text, Loader=_safe_loader())  # a SafeLoader: never builds Python objects
+        except ConfigError as e:
+            raise ConfigError(f"{source}: {e}") from None
         except yaml.YAMLError as e:
             raise ConfigError(f"{source} is not valid YAML (plain mappings, lists, strings and numbers only): "
                               f"{e}") from e
     elif fmt == "json":
         try:
-            data = json.loads(text)
+            data = json.loads(text, object_pairs_hook=_unique_keys)
+        except ConfigError as e:
+            raise ConfigError(f"{source}: {e}") from None
         except json.JSONDecodeError as e:
             raise ConfigError(f"{source} is not valid JSON: {e}") from e
     else:

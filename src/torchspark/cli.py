@@ -19,6 +19,7 @@ import time
 from typing import Any, Sequence
 
 from torchspark.cli_checks import check_arguments, compile_setting
+from torchspark.cli_limits import check_scale, save_model
 from torchspark.cli_spark import digits_frame, train_on_spark
 from torchspark.errors import ConfigError, SetupError, TorchSparkError
 from torchspark.nn.precision import PRECISIONS
@@ -296,9 +297,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     seconds = time.time() - start
     evaluation = net.evaluate(test_data)
     print(evaluation.stats())
-    os.makedirs(args.output, exist_ok=True)
     model_dir = os.path.join(args.output, "model")
-    net.save(model_dir)
+    try:
+        os.makedirs(args.output, exist_ok=True)
+    except OSError:
+        pass  # save_model says where the model went instead
+    save_model(net, model_dir)
     summary = stats.summary() if stats is not None else {}
     metrics: dict[str, Any] = {
         "accuracy": evaluation.accuracy(), "f1_macro": evaluation.f1(average="macro"), "score": score,
@@ -437,6 +441,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(dump_mapping(train_settings(parser, args), args.print_config), end="")
             return 0
         check_mode_options(args)
+        check_scale(args)
         check_arguments(args)  # outputs and master first: fail in a second, not after training
         return COMMANDS[args.command](args)
     except TorchSparkError as e:

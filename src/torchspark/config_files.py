@@ -37,12 +37,29 @@ def _is_yaml(path: str) -> bool:
     return os.fspath(path).lower().endswith(YAML_SUFFIXES)
 
 
+#: the largest configuration file read (a master or train settings file is a few KiB of text)
+MAX_CONFIG_BYTES = 1 << 20
+
+
 def _read(path: str) -> str:
+    """The file's text, read at most :data:`MAX_CONFIG_BYTES` (``/dev/zero`` or a huge file is never slurped)."""
     try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
+        with open(path, "rb") as f:
+            blob = f.read(MAX_CONFIG_BYTES + 1)
     except OSError as e:
         raise ConfigError(f"cannot read the configuration file {path!r}: {e}") from e
+    if len(blob) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"the configuration file {path!r} is larger than {MAX_CONFIG_BYTES >> 20} MiB: a "
+                          "configuration is a small YAML or JSON text file; check the path")
+    try:
+        text = blob.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"the configuration file {path!r} is not UTF-8 text (binary data at byte {e.start}): "
+                          "pass a YAML or JSON text file") from None
+    if "\x00" in text:
+        raise ConfigError(f"the configuration file {path!r} holds NUL bytes (binary data): pass a YAML or JSON "
+                          "text file")
+    return text
 
 
 # ------------------------------------------------------------------ training masters
@@ -67,9 +84,7 @@ def save_master(master: TrainingMaster, path: str) -> None:
 def load_master(path: str) -> TrainingMaster:
     """Read a master written by :func:`save_master` (or by hand): YAML for ``.yaml``/``.yml``, else JSON."""
     text = _read(path)
-    if _is_yaml(path):
-        return master_from_json(json.dumps(load_mapping(text, "yaml", path)))
-    return master_from_json(text)
+    return master_from_json(json.dumps(load_mapping(text, "yaml" if _is_yaml(path) else "json", path)))
 
 
 # ------------------------------------------------------------------ `torchspark train` settings

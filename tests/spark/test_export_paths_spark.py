@@ -248,3 +248,18 @@ def test_evaluate_with_a_loader_reads_csv_shards_like_their_batch_files(spark, s
         spark_net.evaluate(sc.parallelize(shards, 1), loader=_csv_loader)
     with pytest.raises(DataError, match="the loader returned a ndarray"):
         spark_net.evaluate(str(csv_dir), loader=lambda p: np.zeros(3))
+
+
+def test_a_second_export_into_the_same_directory_is_refused_and_evaluate_counts_one_export(spark, sc,
+                                                                                          tmp_path) -> None:
+    directory = str(tmp_path / "twice")
+    rdd = sc.parallelize([_ids_dataset(0, 18)], 1)
+    first = export_batches(rdd, directory, BATCH)
+    with pytest.raises(DataError, match=r"already holds 5 batch file\(s\).*empty \(or new\) directory"):
+        export_batches(rdd, directory, BATCH)
+    frame = spark.createDataFrame([(float(i), float(i), i % 3) for i in range(8)], ["a", "b", "label"])
+    with pytest.raises(DataError, match="already holds"):  # the DataFrame route checks too
+        export_batches(frame, directory, BATCH, features_col=["a", "b"])
+    assert sorted(glob.glob(os.path.join(directory, "*.safetensors"))) == sorted(first)
+    net = Network(models.mlp(2, 4, 3), updater=optim.Adam(lr=1e-3), seed=0)
+    assert SparkNetwork(spark, net, progress=False).evaluate(directory).num_examples() == 18

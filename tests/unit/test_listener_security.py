@@ -55,11 +55,14 @@ def test_a_connection_without_the_token_is_dropped_and_its_lines_never_read(serv
         with socket.create_connection(server.address, timeout=WAIT_S) as sock:
             sock.sendall(first + (FAKE_ERROR.encode() + b"\n") * 50)
             sock.settimeout(WAIT_S)
-            # the server hangs up on us: recv returns b"" (or the connection is reset)
+            # the server hangs up on us after its challenge: recv ends with b"" (or the connection is reset)
+            received = b""
             try:
-                assert sock.recv(1) == b""
+                while chunk := sock.recv(64):
+                    received += chunk
             except ConnectionResetError:
                 pass
+            assert len(received) <= auth.NONCE_BYTES  # nothing but the challenge
     _eventually("both strangers are rejected", lambda: server.rejected_count() == 2)
     assert server.errors() == [] and errors == []
     assert server.malformed_count() == 0  # not even parsed
@@ -77,6 +80,7 @@ def test_a_silent_connection_is_dropped_after_the_hello_timeout() -> None:
         with socket.create_connection(server.address, timeout=WAIT_S) as sock:
             _eventually("the silent connection is dropped", lambda: server.rejected_count() == 1)
             sock.settimeout(WAIT_S)
+            _challenge(sock)
             assert sock.recv(1) == b""
         assert server.open_connections() == 0
 
@@ -117,13 +121,22 @@ def test_a_thousand_connections_make_no_threads_and_workers_still_get_through() 
     assert abs(offset) < 5.0
 
 
+def _challenge(sock: socket.socket) -> bytes:
+    nonce = b""
+    while len(nonce) < auth.NONCE_BYTES:
+        chunk = sock.recv(auth.NONCE_BYTES - len(nonce))
+        assert chunk, "the server closed before its challenge"
+        nonce += chunk
+    return nonce
+
+
 def test_three_hundred_long_error_lines_keep_bounded_error_text(server: ProgressServer) -> None:
     """Attack (d): 300 error lines of ~900 kB each; the server keeps at most ``max_error_bytes`` of their text,
     every kept traceback cut to ``max_error_chars``, and counts the rest."""
     limits = ChannelLimits()
     line = json.dumps({"kind": "error", "rank": 1, "traceback": "Traceback\n" + "x" * 900_000}).encode() + b"\n"
     with socket.create_connection(server.address, timeout=WAIT_S) as sock:
-        sock.sendall(auth.hello(server.token))
+        sock.sendall(auth.hello(server.token, _challenge(sock)))
         for _ in range(300):
             sock.sendall(line)
         sock.shutdown(socket.SHUT_WR)

@@ -17,6 +17,7 @@ from torchspark.training.progress.wire import Malformed, progress_from_msg
 class Recorder(TrainingListener):
     def __init__(self) -> None:
         self.events: list[object] = []
+        self.source: TrainingEvents | None = None  # flushed before reading: listeners run on their own threads
 
     def on_fit_start(self, event: FitStarted) -> None:
         self.events.append(event)
@@ -31,6 +32,8 @@ class Recorder(TrainingListener):
         self.events.append(event)
 
     def of(self, kind: type) -> list:
+        if self.source is not None:
+            assert self.source.flush()
         return [e for e in self.events if isinstance(e, kind)]
 
 
@@ -49,6 +52,9 @@ def _events(master=None, workers=2, epochs=2, listeners=None, start=(0, 0)):
     master = master or SharedTrainingMaster(num_workers=workers)
     ev = TrainingEvents(listeners if listeners is not None else [rec], runner="test", master=master, network=net,
                         epochs=epochs, num_workers=workers, clock=clock)
+    for listener in ev.listeners:
+        if isinstance(listener, Recorder):
+            listener.source = ev
     return ev, rec, clock, net
 
 

@@ -31,7 +31,7 @@ def test_both_masters_take_every_mesh_option_flat_and_as_one_config(cls) -> None
     ({"network_mask": "10.0.0"}, "network_mask must be a CIDR"),
     ({"controller_address": " "}, "controller_address must be a non-empty"),
     ({"rendezvous_via": "mpi"}, "rendezvous_via must be one of"),
-    ({"rendezvous_timeout_s": 0}, "rendezvous_timeout_s must be a number of seconds > 0"),
+    ({"rendezvous_timeout_s": 0}, r"rendezvous_timeout_s must be a finite number of seconds in \(0, 604800.0\]"),
     ({"shared_memory_allreduce": 1}, "shared_memory_allreduce must be True or False"),
 ])
 def test_mesh_options_are_checked_in_one_place_for_both_masters(cls, bad: dict, match: str) -> None:

@@ -19,7 +19,7 @@ from torchspark.training.progress import (
     ProgressServer,
     estimate_clock_offset,
 )
-from torchspark.training.rendezvous.auth import hello, new_token
+from torchspark.training.rendezvous.auth import NONCE_BYTES, hello, new_token
 
 WAIT_S = 10.0  # bound on every handshake in these tests; they normally finish in milliseconds
 
@@ -37,8 +37,11 @@ def _client(server: ProgressServer, rank: int, **kwargs: object) -> ProgressClie
 def _raw_connection(server: ProgressServer, authenticated: bool = True) -> socket.socket:
     sock = socket.create_connection(server.address, timeout=WAIT_S)
     sock.settimeout(WAIT_S)
+    nonce = b""
+    while len(nonce) < NONCE_BYTES:  # the server's challenge comes first
+        nonce += sock.recv(NONCE_BYTES - len(nonce))
     if authenticated:
-        sock.sendall(hello(server.token))
+        sock.sendall(hello(server.token, nonce))
     return sock
 
 

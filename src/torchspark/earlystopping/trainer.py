@@ -24,7 +24,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from torchspark.earlystopping.conditions import EpochTerminationCondition, IterationTerminationCondition
+from torchspark.earlystopping.conditions import (
+    EpochTerminationCondition,
+    IterationTerminationCondition,
+    MaxEpochs,
+    MaxTime,
+)
 from torchspark.earlystopping.savers import InMemoryModelSaver
 from torchspark.earlystopping.scores import ScoreCalculator
 from torchspark.errors import ConfigError
@@ -33,9 +38,13 @@ from torchspark.training.hooks import ProgressUpdate
 from torchspark.validation import check_bool, check_int
 
 __all__ = ["EarlyStoppingConfiguration", "EarlyStoppingResult", "EarlyStoppingListener", "TerminationReason",
-           "run_early_stopping", "LiveChecks", "EpochByEpochTrainer"]
+           "run_early_stopping", "LiveChecks", "EpochByEpochTrainer", "UNBOUNDED_EPOCH_LIMIT"]
 
 log = logging.getLogger(__name__)
+
+#: epochs a run without MaxEpochs or MaxTime stops after (the other conditions may never fire: InvalidScore alone
+#: on a healthy fit, NoImprovement on a score that keeps improving by a hair)
+UNBOUNDED_EPOCH_LIMIT = 1000
 
 
 class TerminationReason(str, enum.Enum):
@@ -58,7 +67,8 @@ class EarlyStoppingConfiguration:
         epoch_conditions: checked after every epoch (``MaxEpochs``, ``NoImprovement``, ``ScoreTarget``).
         iteration_conditions: checked on training scores and elapsed time (``MaxTime``, ``MaxScore``,
             ``InvalidScore``). At least one condition of either kind is required; include ``MaxEpochs`` or
-            ``MaxTime`` so that the run is bounded.
+            ``MaxTime`` so that the run is bounded: without either it stops after
+            :data:`UNBOUNDED_EPOCH_LIMIT` epochs (reason ``EPOCH_CONDITION``, the details say why).
         model_saver: where the best model goes (default: :class:`InMemoryModelSaver`).
         save_last_model: also save the model after every evaluated epoch (``saver.latest()``).
         evaluate_every_n_epochs: compute the score every N epochs (1 = every epoch). Raise it when validation is
@@ -184,6 +194,11 @@ def run_early_stopping(config: EarlyStoppingConfiguration, network: Network, fit
     scores: dict[int, float] = {}
     train_scores: dict[int, float] = {}
     best_epoch, best_score = -1, math.nan
+    bounded = any(isinstance(c, (MaxEpochs, MaxTime)) for c in (*config.epoch_conditions,
+                                                                  *config.iteration_conditions))
+    if not bounded:
+        log.warning("early stopping: no MaxEpochs or MaxTime condition; the run stops after %d epochs at most",
+                    UNBOUNDED_EPOCH_LIMIT)
     listener.on_start(config, network)
     epoch = 0
     while True:
@@ -211,6 +226,11 @@ def run_early_stopping(config: EarlyStoppingConfiguration, network: Network, fit
         stop = next((c for c in config.epoch_conditions if c.terminate(epoch, scores, minimize)), None)  # 4
         if stop is not None:
             reason, details = TerminationReason.EPOCH_CONDITION, f"{stop!r} at epoch {epoch}"
+            break
+        if not bounded and epoch + 1 >= UNBOUNDED_EPOCH_LIMIT:
+            reason, details = TerminationReason.EPOCH_CONDITION, (
+                f"no condition fired in {UNBOUNDED_EPOCH_LIMIT} epochs and none bounds the run: stopped at the "
+                "limit (UNBOUNDED_EPOCH_LIMIT); add MaxEpochs(n) or MaxTime(seconds) to the conditions")
             break
         epoch += 1
     result = EarlyStoppingResult(reason, details, scores, train_scores, best_epoch, best_score, epoch + 1,

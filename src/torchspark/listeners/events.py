@@ -87,9 +87,22 @@ class FitEnded:
 class TrainingListener:
     """Base class of driver-side training listeners (MLflow, TensorBoard, your own).
 
-    Methods run on a driver thread (the progress server's, or the driver's own); keep them quick: a slow listener
-    delays the live progress of the fit (never the training itself). A listener that raises is logged and ignored.
+    Each listener's methods run in order on a driver thread of its own, never on the thread that reads the workers'
+    heartbeats: a slow listener (a tracking server that stopped answering) delays only its own events, never the
+    training or the detection of a lost worker. A listener far behind has progress events dropped (logged); one
+    that raises is logged and ignored.
+
+    Attributes:
+        end_timeout_s: how long the end of a fit waits for this listener to finish its queued events
+            (``on_fit_end`` included) before ``fit()`` returns without it (logged; what it had not written is
+            lost). Raise it for a listener that uploads large artifacts at the end; override it in a subclass or
+            set it on the instance::
+
+                listener = MyListener()
+                listener.end_timeout_s = 300.0
     """
+
+    end_timeout_s: float = 60.0
 
     def on_fit_start(self, event: FitStarted) -> None:
         """Called once before the workers start."""

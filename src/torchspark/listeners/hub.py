@@ -8,8 +8,12 @@ within the epoch, the latest loss, sharing traffic so far) and, when asked, the 
   2. closes epoch ``e`` once every worker reported an epoch after ``e`` (or gradient sharing's epoch score for
      ``e`` arrived: an all-reduce every worker joined), or at the end of a successful fit, and emits an
      :class:`EpochEvent` per epoch, in order;
-  3. at the end, emits :class:`FitEnded`.
-Everything runs under one lock, so listeners see events in order whichever thread delivers the messages.
+  3. at the end, emits :class:`FitEnded` and waits for each listener to finish, at most its
+     :attr:`~torchspark.listeners.events.TrainingListener.end_timeout_s`.
+The events are built under one lock, so listeners see them in order whichever thread delivers the messages; each
+listener is then called on a thread of its own (a bounded queue,
+:class:`~torchspark.training.progress.dispatch.CallQueue`), so a stuck listener holds up neither the progress
+channel (heartbeats) nor the other listeners, and cannot keep ``fit()`` from returning.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any, Callable, Sequence
 
 from torchspark.listeners.events import EpochEvent, FitEnded, FitStarted, IterationEvent, TrainingListener
 from torchspark.training.hooks import ProgressUpdate, ScoreReport
+from torchspark.training.progress.dispatch import CallQueue
 
 __all__ = ["TrainingEvents", "network_params"]
 
@@ -42,6 +47,13 @@ def network_params(network: Any) -> dict[str, Any]:
         "memory_format": network.memory_format,
         "device": str(network.device),
     }
+
+
+def _deliver(listener: TrainingListener, method: str, event: Any) -> None:
+    try:
+        getattr(listener, method)(event)
+    except Exception:  # a broken listener must never stop the fit or the other listeners
+        log.warning("training listener %r failed in %s; ignored", listener, method, exc_info=True)
 
 
 class TrainingEvents:
@@ -76,6 +88,7 @@ class TrainingEvents:
         self._next_epoch = 0
         self._last_close = self._t0
         self._last_cum = (0, 0)
+        self._queues: list[CallQueue | None] = [None] * len(self.listeners)  # one thread per listener, when used
 
     # ------------------------------------------------------------------ feeding
     def start(self) -> None:
@@ -113,14 +126,29 @@ class TrainingEvents:
             seconds = self._clock() - self._t0
             self._call("on_fit_end", FitEnded(network=network, score=score, seconds=seconds,
                                               examples=self._total_examples(), stats=stats, error=error))
+            queues, self._queues = self._queues, [None] * len(self.listeners)
+        started = time.monotonic()
+        for listener, calls in zip(self.listeners, queues):  # they finish in parallel: one deadline each
+            if calls is not None:
+                calls.close(getattr(listener, "end_timeout_s", 60.0) - (time.monotonic() - started))
+
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        """Wait until every listener handled the events emitted so far (at most ``timeout_s``); False if one had
+        not. Events are delivered on the listeners' own threads: call it before reading what a listener
+        recorded while the fit runs."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            queues = [q for q in self._queues if q is not None]
+        return all([q.flush(max(deadline - time.monotonic(), 0.0)) for q in queues])
 
     # ------------------------------------------------------------------ internals
     def _call(self, method: str, event: Any) -> None:
-        for listener in self.listeners:
-            try:
-                getattr(listener, method)(event)
-            except Exception:  # a broken listener must never stop the fit or the other listeners
-                log.warning("training listener %r failed in %s; ignored", listener, method, exc_info=True)
+        """Queue ``listener.method(event)`` on every listener's own thread (called under the lock: in order)."""
+        for i, listener in enumerate(self.listeners):
+            calls = self._queues[i]
+            if calls is None:
+                calls = self._queues[i] = CallQueue(f"torchspark-listener-{type(listener).__name__}")
+            calls.submit(_deliver, listener, method, event)
 
     def _total_examples(self) -> int:
         return sum(self._examples.values())

@@ -26,6 +26,8 @@ from typing import Any
 
 from torchspark.errors import ConfigError
 from torchspark.listeners.events import EpochEvent, FitEnded, FitStarted, IterationEvent, TrainingListener
+from torchspark.listeners.places import check_directory, check_reachable
+from torchspark.validation import check_float
 
 __all__ = ["MlflowListener", "flatten_params"]
 
@@ -56,6 +58,17 @@ def _mlflow() -> Any:
     return mlflow.tracking
 
 
+def _check_store(uri: str) -> None:
+    """Refuse a tracking store the fit could not use (unreachable server, uncreatable local directory)."""
+    scheme = uri.split("://", 1)[0] if "://" in uri else ""
+    if scheme in ("http", "https"):
+        check_reachable(uri, "MlflowListener tracking_uri")
+    elif scheme == "file" or (not scheme and ":" not in uri):  # a file:// URI or a plain local path
+        from urllib.parse import unquote, urlsplit
+
+        check_directory(unquote(urlsplit(uri).path) if scheme else uri, "MlflowListener tracking_uri")
+
+
 class MlflowListener(TrainingListener):
     """Logs each fit as an MLflow run.
 
@@ -71,17 +84,28 @@ class MlflowListener(TrainingListener):
             (0 = per-epoch metrics only). Each is one tracking call on the driver's progress thread: keep it at
             0 or >= 10 against a remote server.
         tags: extra tags for every run.
+        end_timeout_s: how long the end of a fit waits for the final metrics, the model upload and the run's
+            status (:attr:`TrainingListener.end_timeout_s`); a server that stops answering delays ``fit()`` by at
+            most this. Raise it for large models on a slow link (e.g. ``600.0``).
+
+    Raises:
+        ConfigError: an ``http(s)://`` tracking server that does not accept a connection within
+            :data:`~torchspark.listeners.places.CONNECT_TIMEOUT_S` seconds, or a local store (``file://`` or a
+            path) that cannot be created; checked here, so a fit never starts against them.
     """
 
     def __init__(self, tracking_uri: str | None = None, experiment: str = "torchspark", run_name: str | None = None,
                  log_model: bool = True, log_stats: bool = True, log_every: int = 0,
-                 tags: dict[str, str] | None = None) -> None:
+                 tags: dict[str, str] | None = None, end_timeout_s: float = 120.0) -> None:
         if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 0:
             raise ConfigError(f"MlflowListener: log_every must be an integer >= 0 (0 = per epoch only), got "
                               f"{log_every!r}")
         if not isinstance(experiment, str) or not experiment:
             raise ConfigError(f"MlflowListener: experiment must be a non-empty name, got {experiment!r}")
+        self.end_timeout_s = check_float("end_timeout_s", end_timeout_s, above=0, finite=True,
+                                         owner="MlflowListener", unit="seconds")
         tracking = _mlflow()
+        _check_store(tracking_uri if tracking_uri is not None else tracking.get_tracking_uri())
         self.client = tracking.MlflowClient(tracking_uri=tracking_uri)
         self.experiment, self.run_name = experiment, run_name
         self.log_model, self.log_stats, self.log_every = log_model, log_stats, log_every

@@ -22,6 +22,7 @@ from typing import Any
 
 from torchspark.errors import ConfigError, DataError
 from torchspark.listeners.events import EpochEvent, FitEnded, FitStarted, IterationEvent, TrainingListener
+from torchspark.listeners.places import check_directory
 
 __all__ = ["TensorBoardListener", "read_scalars"]
 
@@ -43,12 +44,15 @@ class TensorBoardListener(TrainingListener):
         every: write the per-iteration scalars every this many progress reports (1 = all). Workers report every
             ``progress_every`` minibatches already; raise it for very long fits.
     The writer flushes to disk every 10 seconds and at the end of every fit.
+
+    Raises:
+        ConfigError: ``log_dir`` cannot be created or written (a file in the way, a read-only parent).
     """
 
     def __init__(self, log_dir: str | os.PathLike[str], every: int = 1) -> None:
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ConfigError(f"TensorBoardListener: every must be an integer >= 1, got {every!r}")
-        self.log_dir = os.fspath(log_dir)
+        self.log_dir = check_directory(log_dir, "TensorBoardListener log_dir")
         self.every = every
         self.writer = _tensorboardx().SummaryWriter(logdir=self.log_dir, flush_secs=10)
         self._reports = 0

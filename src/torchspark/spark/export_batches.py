@@ -67,7 +67,8 @@ def export_batches(
     Raises:
         ConfigError: a bad ``batch_size``, a ``record_fn`` that is not callable or comes with a DataFrame, or an
             RDD on a Spark Connect session (pass a DataFrame there).
-        DataError: an unwritable directory, or data an executor could not turn into batches (the message names
+        DataError: an unwritable directory, a directory that already holds batch files (an earlier export: both
+            would be read as one), or data an executor could not turn into batches (the message names
             the record's type or the column; nulls and ragged arrays in a DataFrame too).
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -84,7 +85,7 @@ def export_batches(
     rdd = to_batch_rdd(data, features_col, label_col, feature_shape, integer_labels)
     if record_fn is not None:
         rdd = rdd.map(partial(_apply_record_fn, record_fn))
-    check_export_directory(directory)
+    _check_target(directory)
     sc = rdd.context
     token = uuid.uuid4().hex[:8]
     rows: list[_Row] = run_job(  # (1)
@@ -99,6 +100,19 @@ def export_batches(
                          sc.parallelize([rests], 1).flatMap(partial(_merge_rests, directory, batch_size,
                                                                     token)).collect)
     return [path for _, _, path, _ in full + sorted(merged)]
+
+
+def _check_target(directory: str) -> None:
+    """The directory is writable and holds no batch files yet: a second export into it would leave both exports
+    there, and ``evaluate(directory)`` / ``fit_paths(directory)`` would read both (every example counted twice)."""
+    check_export_directory(directory)
+    fs, path = filesystem(directory)
+    existing = [p for p in fs.glob(path.rstrip("/") + "/*.safetensors") if not p.rsplit("/", 1)[-1].startswith(".")]
+    if existing:
+        raise DataError(f"export_batches: {directory!r} already holds {len(existing)} batch file(s) (e.g. "
+                        f"{existing[0].rsplit('/', 1)[-1]!r}), from an earlier export: a second export there would "
+                        "be read together with it. Export into an empty (or new) directory, or delete the old files "
+                        "first")
 
 
 def _active_session() -> Any:
@@ -149,7 +163,7 @@ def _export_dataframe(data: Any, directory: str, batch_size: int, features_col: 
     """Steps (1) and (2) as ``mapInArrow`` jobs of the DataFrame's own session."""
     frame = training_frame(data, features_col, label_col, feature_shape)
     to_batches = dataframe_batches(features_col, label_col, feature_shape, integer_labels)
-    check_export_directory(directory)
+    _check_target(directory)
     spark = data.sparkSession
     token = uuid.uuid4().hex[:8]
     written = frame.mapInArrow(partial(_write_partition, directory, batch_size, token, to_batches), _ROW_SCHEMA)

@@ -81,8 +81,8 @@ def render_html(stats: ReportSource, *, title: str = "torchspark training stats"
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     parts = [f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{esc(title)}</title>'
              f"<style>{_CSS}</style></head><body><h1>{esc(title)}</h1>"
-             f'<p class="note">Generated {stamp}. {summary["workers"]} workers, {summary["events"]} events, '
-             f'{fmt(summary["wall_seconds"])} s wall time. Times are on the driver\'s clock.</p>',
+             f'<p class="note">Generated {stamp}. {esc(summary["workers"])} workers, {esc(summary["events"])} '
+             f'events, {esc(_number(summary["wall_seconds"]))} s wall time. Times are on the driver\'s clock.</p>',
              "<h2>Summary</h2>", _summary_table(summary), _phase_table(stats, phases, colors),
              "<h2>Timeline</h2>", _legend(phases, colors), _timeline(stats, workers, phases, colors, buckets),
              "<h2>Time per phase per worker</h2>", _shares(stats, workers, phases, colors),
@@ -103,6 +103,10 @@ def write_html(stats: ReportSource, path: str | os.PathLike[str], **kwargs: Any)
 
 # ---- sections -----------------------------------------------------------------------------------------------------
 
+def _number(value: Any) -> str:
+    return fmt(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
+
+
 def _legend(phases: list[str], colors: dict[str, str]) -> str:
     items = "".join(f'<span><i class="sw" style="background:{colors[p]}"></i>{esc(p)}</span>' for p in phases)
     return f'<div class="legend">{items}</div>'
@@ -113,11 +117,12 @@ def _summary_table(summary: dict[str, Any]) -> str:
     for key, value in summary.items():
         if key in ("seconds", "counts", "driver_seconds", "driver_counts"):
             continue
-        if key == "failures":
+        if key == "failures" and isinstance(value, list):
             value = "; ".join(f"attempt {f.get('attempt')}: worker {f.get('rank')} lost "
-                              f"({f.get('exit_status') or 'unknown'}): {f.get('reason', '')}" for f in value) or "none"
-        if key == "worker_ids":
-            value = ", ".join(value)
+                              f"({f.get('exit_status') or 'unknown'}): {f.get('reason', '')}"
+                              for f in value if isinstance(f, dict)) or "none"
+        if key == "worker_ids" and isinstance(value, list):
+            value = ", ".join(map(str, value))
         elif isinstance(value, float):
             value = fmt(value)
         rows.append(f"<tr><td>{esc(key)}</td><td>{esc(value)}</td></tr>")

@@ -286,8 +286,8 @@ class TrainingStats:
             stats._formats = [str(f) for f in doc["formats"]]
             for p in doc["payloads"]:
                 stats.add_worker_payload(p["worker"], _from_jsonable(p))
-            stats._summary = dict(doc["summary_fields"])
-        except (KeyError, TypeError, ValueError, IndexError) as err:
+            stats._summary = _checked_summary(doc["summary_fields"])
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:
             raise SerializationError(f"training stats JSON is incomplete or damaged ({type(err).__name__}: {err}); "
                                      "write it again with TrainingStats.to_json()") from err
         return stats
@@ -368,3 +368,32 @@ def _from_jsonable(p: dict[str, Any]) -> dict[str, Any]:
             "encoding": {**{k: np.array(enc[k], dtype=np.int64) for k in _ENC_INT},
                          **{k: floats(enc[k]) for k in _ENC_FLOAT},
                          "format": np.array(enc["format"], dtype=np.int32), "format_names": enc["format_names"]}}
+
+
+#: summary fields that hold a number (or null) when set: what the HTML report formats as numbers
+_NUMERIC_SUMMARY = ("examples", "iterations", "minibatches", "epochs", "workers", "events", "wall_seconds",
+                    "bytes_sent", "dense_bytes", "compression_ratio", "mean_sparsity")
+
+
+def _checked_summary(fields: Any) -> dict[str, Any]:
+    """``summary_fields`` of a stats document, refused (ValueError naming the field) when a field has the wrong
+    type: a number field that is not a number, ``worker_ids`` not a list of strings, ``failures`` not a list of
+    objects."""
+    if not isinstance(fields, dict):
+        raise ValueError(f"summary_fields must be an object, got {type(fields).__name__}")
+    for key in _NUMERIC_SUMMARY:
+        value = fields.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ValueError(f"summary field {key!r} must be a number or null, got {value!r:.80}")
+    ids = fields.get("worker_ids", [])
+    if not isinstance(ids, list) or not all(isinstance(w, str) for w in ids):
+        raise ValueError(f"summary field 'worker_ids' must be a list of strings, got {ids!r:.80}")
+    failures = fields.get("failures", [])
+    if failures is not None and (not isinstance(failures, list) or not all(isinstance(f, dict) for f in failures)):
+        raise ValueError(f"summary field 'failures' must be a list of objects, got {failures!r:.80}")
+    for failure in failures or ():
+        for key in ("started", "time"):
+            value = failure.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise ValueError(f"summary field 'failures' has {key}={value!r:.80}, expected a number")
+    return dict(fields)

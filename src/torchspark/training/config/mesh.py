@@ -14,10 +14,14 @@ from typing import Any
 from torchspark.errors import ConfigError
 from torchspark.validation import check_bool, check_choice, check_float, check_int
 
-__all__ = ["MeshConfig", "MESH_FIELDS", "RENDEZVOUS_ROUTES"]
+__all__ = ["MeshConfig", "MESH_FIELDS", "RENDEZVOUS_ROUTES", "MAX_TIMEOUT_S"]
 
 #: How the workers of a barrier stage learn worker 0's address.
 RENDEZVOUS_ROUTES = ("driver", "barrier")
+
+
+#: the longest rendezvous_timeout_s taken: one week
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -71,7 +75,9 @@ class MeshConfig:
             raise ConfigError(f"controller_address must be a non-empty host or IP string or None, got "
                               f"{self.controller_address!r}")
         check_choice("rendezvous_via", self.rendezvous_via, RENDEZVOUS_ROUTES)
-        check_float("rendezvous_timeout_s", self.rendezvous_timeout_s, above=0, unit="seconds")
+        # a bound every clock and socket API takes (inf or 1e300 overflow deep inside a wait otherwise)
+        check_float("rendezvous_timeout_s", self.rendezvous_timeout_s, above=0, maximum=MAX_TIMEOUT_S, finite=True,
+                    unit="seconds", fix="pass a finite number of seconds (the default is 300; at most one week)")
         if self.port_range is not None:
             object.__setattr__(self, "port_range", _port_range(self.port_range))
             if self.port:

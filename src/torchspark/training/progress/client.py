@@ -52,6 +52,17 @@ def estimate_clock_offset(probes: Sequence[tuple[float, float, float]]) -> float
     return best_clock_sample(probes).offset
 
 
+def _recv_exactly(sock: socket.socket, n: int) -> bytes:
+    """``n`` bytes from ``sock`` (its timeout bounds each read); OSError when it closes first."""
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise ConnectionError(f"closed after {len(data)} of the {n} bytes of the server's challenge")
+        data += chunk
+    return data
+
+
 class ProgressClient:
     """Worker-side sender; use it directly as ``WorkerHooks(progress=client)``.
 
@@ -78,7 +89,8 @@ class ProgressClient:
         if queue_size < 1:
             raise ConfigError(f"ProgressClient queue_size must be >= 1, got {queue_size}")
         self.host, self.port, self.rank = host, port, rank
-        self._hello = auth.hello(token)  # validates the token
+        self._token = token
+        auth.hello(token)  # validates the token
         self.timeout_s = timeout_s
         self._clock = clock
         self._sock: socket.socket | None = None
@@ -118,7 +130,7 @@ class ProgressClient:
             return self
         sock.settimeout(self.timeout_s)  # every send and recv is bounded
         try:
-            sock.sendall(self._hello)
+            sock.sendall(auth.hello(self._token, _recv_exactly(sock, auth.NONCE_BYTES)))
         except OSError as e:
             logger.warning("worker %d: the driver's progress server at %s:%s closed the connection (%s); "
                            "training continues without live progress", self.rank, self.host, self.port, e)

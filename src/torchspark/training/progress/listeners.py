@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any, Callable, Sequence
 
 from torchspark.training.hooks import ProgressUpdate, ScoreReport
 
-__all__ = ["ProgressListener", "ErrorListener", "ScoreListener", "ExampleTally", "ErrorLog", "call_listeners"]
+__all__ = ["ProgressListener", "ErrorListener", "ScoreListener", "ExampleTally", "ErrorLog", "call_listeners",
+           "printable"]
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +36,19 @@ class ExampleTally:
         return update.examples - prev
 
 
+# control characters other than newline and tab: a traceback holding them would steer the terminal it is logged to
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """``text`` with every control character but newline and tab written as ``\\xNN`` (ANSI escapes, carriage
+    returns and backspaces in a worker's error can then neither recolour nor overwrite the driver's log).
+
+    Example: ``printable("a\x1b[31mb") == "a\\x1b[31mb"``.
+    """
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
 class ErrorLog:
     """Worker tracebacks kept on the driver, bounded: each cut to its last ``max_chars`` characters (the end names
     the error), at most ``max_errors`` of them and ``max_bytes`` of text in all; later ones are only counted (the
@@ -46,7 +61,9 @@ class ErrorLog:
         self.dropped = 0
 
     def add(self, rank: int, tb: str) -> str | None:
-        """Keep ``tb`` (cut) and return the kept text, or None when it was over the limits and only counted."""
+        """Keep ``tb`` (cut, control characters escaped: :func:`printable`) and return the kept text, or None when
+        it was over the limits and only counted."""
+        tb = printable(tb)
         if len(tb) > self.max_chars:
             tb = "...[truncated]\n" + tb[-self.max_chars:]
         size = len(tb.encode("utf-8", "replace"))

@@ -1,6 +1,7 @@
 """The driver's side of the progress channel: one thread serving every worker connection through a selector.
 
-Who may talk: a connection must first send the fit's hello (:func:`torchspark.training.rendezvous.auth.hello`); the server
+Who may talk: the server sends every connection a fresh nonce, and the connection must answer with the fit's hello
+for that nonce (:func:`torchspark.training.rendezvous.auth.hello`); the server
 reads exactly that many bytes, with a deadline, and drops the connection unless it proves the token, so a
 stranger's bytes never reach a listener and never take more memory than one hello. How much: no thread per
 connection (one selector thread serves them all), at most ``max_pending`` connections owing their hello (the
@@ -21,6 +22,7 @@ from typing import Any, Callable, Iterable
 from torchspark.errors import ConfigError, SetupError
 from torchspark.training.hooks import ProgressUpdate
 from torchspark.training.progress.client import ProgressEndpoint
+from torchspark.training.progress.dispatch import CallQueue
 from torchspark.training.progress.listeners import (
     ErrorListener,
     ErrorLog,
@@ -58,6 +60,7 @@ class _Conn:
     def __init__(self, sock: socket.socket, peer: Any, deadline: float, max_line_bytes: int) -> None:
         self.sock, self.peer, self.deadline = sock, peer, deadline
         self.hello = bytearray()
+        self.nonce = auth.new_nonce()  # this connection's challenge: a hello seen elsewhere does not replay here
         self.authed = False
         self.lines = LineSplitter(max_line_bytes)
         self.rank: int | None = None  # from its first ``alive`` or progress message
@@ -66,8 +69,9 @@ class _Conn:
 class ProgressServer:
     """Driver-side receiver of worker progress, clock probes, scores and tracebacks.
 
-    Listeners run on the server's one thread, so they must be quick; a listener that raises is logged and skipped.
-    Updates of one rank arrive in the order the worker sent them.
+    Listeners run on a thread of their own (:class:`~torchspark.training.progress.dispatch.CallQueue`), never on
+    the thread that reads the workers, so a slow listener cannot hold up heartbeats; a listener that raises is
+    logged and skipped. Updates of one rank arrive in the order the worker sent them.
 
     Args:
         host: the address to listen on: the one workers use to reach the driver (``spark.driver.host``), and
@@ -113,6 +117,7 @@ class ProgressServer:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._closed = False
+        self._calls: CallQueue | None = None  # the listeners' thread, from start() to close()
 
     # lifecycle
     def start(self) -> ProgressServer:
@@ -141,6 +146,7 @@ class ProgressServer:
         self._listener = sock
         self._selector = selectors.DefaultSelector()
         self._selector.register(sock, selectors.EVENT_READ, None)
+        self._calls = CallQueue("torchspark-progress-listeners")
         self._thread = threading.Thread(target=self._serve, name="torchspark-progress-server", daemon=True)
         self._thread.start()
         logger.debug("progress server listening on %s:%d", *sock.getsockname()[:2])
@@ -180,7 +186,8 @@ class ProgressServer:
         """Stop accepting, disconnect every worker and join the server's thread. Idempotent.
 
         Args:
-            timeout_s: how long to wait for the thread; still alive after it is logged (it is a daemon).
+            timeout_s: how long to wait for the thread, and then for the listeners to finish the calls queued;
+                still busy after it is logged (both are daemons).
             drain_s: first wait up to this long for the workers to disconnect on their own, so everything they
                 sent before exiting is read (0 = cut them off at once). Use it once the workers have ended: it
                 returns as soon as their connections close.
@@ -195,12 +202,16 @@ class ProgressServer:
                 return
             self._closed = True
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-            if self._thread.is_alive():
-                logger.warning("progress server thread did not stop within %.1f s", timeout_s)
-                return  # it closes its sockets itself when it stops
-        self._close_all()
+        try:
+            if self._thread is not None:
+                self._thread.join(timeout_s)
+                if self._thread.is_alive():
+                    logger.warning("progress server thread did not stop within %.1f s", timeout_s)
+                    return  # it closes its sockets itself when it stops
+            self._close_all()
+        finally:
+            if self._calls is not None:
+                self._calls.close(timeout_s)
 
     def __enter__(self) -> ProgressServer:
         return self.start()
@@ -297,6 +308,11 @@ class ProgressServer:
                 self._drop(min(pending, key=lambda c: c.deadline), rejected=True)
             sock.setblocking(False)
             conn = _Conn(sock, peer, time.monotonic() + limits.hello_timeout_s, limits.max_line_bytes)
+            try:
+                sock.send(conn.nonce)  # 16 bytes into an empty socket buffer: never blocks
+            except OSError:
+                sock.close()
+                continue
             self._conns[sock] = conn
             self._selector.register(sock, selectors.EVENT_READ, conn)
             with self._lock:
@@ -350,7 +366,7 @@ class ProgressServer:
             conn.hello += chunk
             if len(conn.hello) < auth.HELLO_BYTES:
                 return
-            if not auth.check_hello(self._token, bytes(conn.hello)):
+            if not auth.check_hello(self._token, bytes(conn.hello), conn.nonce):
                 logger.debug("progress server: dropped a connection from %s without the fit's token", conn.peer)
                 self._drop(conn, rejected=True)
                 return
@@ -391,7 +407,7 @@ class ProgressServer:
                 report = score_from_msg(msg)
                 with self._lock:
                     listeners = self._score_listeners
-                call_listeners(listeners, report)
+                self._notify(listeners, report)
             else:
                 raise Malformed(f"unknown kind {kind!r} (expected progress, clock, error, score or alive)")
         except Malformed as e:
@@ -413,7 +429,7 @@ class ProgressServer:
             self._latest[update.rank] = update
             self._tally.add(update)
             listeners = self._listeners
-        call_listeners(listeners, update)
+        self._notify(listeners, update)
 
     def _on_error(self, rank: int, tb: str) -> None:
         with self._lock:
@@ -426,4 +442,8 @@ class ProgressServer:
                                "errors are counted, not kept", self._limits.max_error_bytes, self._limits.max_errors)
             return
         logger.error("worker %d reported an error:\n%s", rank, kept)
-        call_listeners(listeners, rank, kept)
+        self._notify(listeners, rank, kept)
+
+    def _notify(self, listeners: list[Any], *args: Any) -> None:
+        if listeners and self._calls is not None:
+            self._calls.submit(call_listeners, listeners, *args)

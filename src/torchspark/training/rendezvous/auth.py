@@ -4,8 +4,10 @@ Every listener a fit opens (the driver's progress server, the driver's rendezvou
 reachable by any process that can reach its address. The driver draws a fresh random token per fit and ships it
 to the workers inside the task; with it:
 
-1. a progress connection starts with :func:`hello` (an HMAC of the token, never the token itself) and is dropped
-   unless :func:`check_hello` accepts it;
+1. a progress connection is challenged: the server sends a fresh random nonce (:data:`NONCE_BYTES`), the client
+   answers with :func:`hello` (an HMAC of the token and that nonce, never the token itself), and the connection is
+   dropped unless :func:`check_hello` accepts it. A hello is good for its own connection only: one captured on
+   the wire does not replay on another;
 2. keys in torch's ``TCPStore`` (which has no authentication) are named by :func:`derive_key`, so nobody can
    write a key before its owner does without the token;
 3. values there carry an HMAC tag (:func:`sign` / :func:`verify`), so a value a stranger wrote is detected, never
@@ -20,7 +22,7 @@ import secrets
 
 from torchspark.errors import ConfigError
 
-__all__ = ["TOKEN_BYTES", "HELLO_BYTES", "new_token", "hello", "check_hello", "derive_key", "sign", "verify"]
+__all__ = ["TOKEN_BYTES", "HELLO_BYTES", "NONCE_BYTES", "new_nonce", "new_token", "hello", "check_hello", "derive_key", "sign", "verify"]
 
 #: token length: 256 random bits, as for an HMAC-SHA256 key
 TOKEN_BYTES = 32
@@ -28,6 +30,8 @@ _MAGIC = b"TSPROG1:"
 #: the fixed size of a progress hello: a magic string then a SHA-256 tag
 HELLO_BYTES = len(_MAGIC) + hashlib.sha256().digest_size
 _TAG_HEX = 2 * hashlib.sha256().digest_size
+#: the size of the server's challenge on a progress connection
+NONCE_BYTES = 16
 
 
 def new_token() -> bytes:
@@ -45,14 +49,20 @@ def _tag(token: bytes, purpose: bytes, data: bytes = b"") -> bytes:
     return hmac.new(_check(token), purpose + b"\x00" + data, hashlib.sha256).digest()
 
 
-def hello(token: bytes) -> bytes:
-    """The :data:`HELLO_BYTES` a progress client sends first (proves it holds ``token`` without revealing it)."""
-    return _MAGIC + _tag(token, b"progress-hello")
+def new_nonce() -> bytes:
+    """A fresh random challenge for one progress connection (:data:`NONCE_BYTES` bytes)."""
+    return secrets.token_bytes(NONCE_BYTES)
 
 
-def check_hello(token: bytes, data: bytes) -> bool:
-    """True when ``data`` is exactly the hello of ``token`` (constant-time comparison)."""
-    return len(data) == HELLO_BYTES and hmac.compare_digest(data, hello(token))
+def hello(token: bytes, nonce: bytes = b"") -> bytes:
+    """The :data:`HELLO_BYTES` a progress client answers the server's ``nonce`` with (proves it holds ``token``
+    without revealing it, for this connection only)."""
+    return _MAGIC + _tag(token, b"progress-hello", nonce)
+
+
+def check_hello(token: bytes, data: bytes, nonce: bytes = b"") -> bool:
+    """True when ``data`` is exactly the hello of ``token`` for ``nonce`` (constant-time comparison)."""
+    return len(data) == HELLO_BYTES and hmac.compare_digest(data, hello(token, nonce))
 
 
 def derive_key(token: bytes, purpose: str) -> str:
