@@ -15,9 +15,18 @@ from torchspark.training.checkpoint.config import (
     new_run_id,
     plan_for,
 )
+from torchspark.training.checkpoint.lock import RunLock, acquire_run_lock
 from torchspark.training.checkpoint.store import StoredCheckpoint, complete_checkpoints, newest_checkpoint
-from torchspark.training.checkpoint.writer import CheckpointWriter, RankProgress, restore_rank
+from torchspark.training.checkpoint.trust import CheckpointDamaged
+from torchspark.training.checkpoint.writer import (
+    CheckpointWriter,
+    RankProgress,
+    RestoredRank,
+    check_position,
+    restore_rank,
+)
 
 __all__ = ["DEFAULT_KEEP", "CheckpointPlan", "ResumePoint", "check_options", "check_run_id", "new_run_id",
            "plan_for", "StoredCheckpoint", "complete_checkpoints",
-           "newest_checkpoint", "CheckpointWriter", "RankProgress", "restore_rank"]
+           "newest_checkpoint", "CheckpointWriter", "RankProgress", "RestoredRank", "check_position", "restore_rank",
+           "CheckpointDamaged", "RunLock", "acquire_run_lock"]
