@@ -65,9 +65,9 @@ def test_checkpoint_options_round_trip_and_reach_parallel_wrapper(tmp_path) -> N
         _wrapper(_net(), "averaging", checkpoint_directory=str(tmp_path), keep_checkpoints=-1)
 
 
-def test_averaging_via_spark_refuses_checkpoints_with_advice(tmp_path) -> None:
-    with pytest.raises(ConfigError, match="not supported with averaging_via='spark'.*use averaging_via='torch'"):
-        ParameterAveragingTrainingMaster(averaging_via="spark", checkpoint_directory=str(tmp_path))
+def test_averaging_via_spark_accepts_checkpoints(tmp_path) -> None:
+    master = ParameterAveragingTrainingMaster(averaging_via="spark", checkpoint_directory=str(tmp_path))
+    assert master.checkpoint_directory == str(tmp_path)  # the driver checkpoints the rounds (spark.rounds_state)
 
 
 def test_run_id_needs_a_checkpoint_directory_and_a_plain_name(tmp_path) -> None:

@@ -297,11 +297,6 @@ class ParameterAveragingTrainingMaster(TrainingMaster):
         check_int("aggregation_depth", self.aggregation_depth, 1, owner=name)
         check_choice("averaging_via", self.averaging_via, AVERAGING_ROUTES, owner=name)
         check_bool("save_updater", self.save_updater, owner=name)
-        if self.averaging_via == "spark" and self.checkpoint_directory is not None:
-            raise ConfigError(f"{name}: checkpoint_directory={self.checkpoint_directory!r} is not supported with "
-                              "averaging_via='spark' (its state lives on the driver between rounds, and Spark "
-                              "retries a failed round's tasks itself); use averaging_via='torch' to checkpoint, or "
-                              "save the network between fits with net.save(...)")
 
     @property
     def spark_rounds(self) -> bool:
