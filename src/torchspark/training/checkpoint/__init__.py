@@ -4,6 +4,7 @@ each worker writes; the driver's side of resuming is :mod:`torchspark.training.d
 Options (on both training masters and ``ParallelWrapper``): ``checkpoint_directory`` (any fsspec URL; on a cluster
 shared storage), ``checkpoint_every`` (averaging rounds / sharing iterations; default: once per epoch) and
 ``keep_checkpoints`` (default 2). ``fit(..., run_id="r1")`` continues run ``r1`` from its newest checkpoint.
+What a resume trusts of a checkpoint is :mod:`.trust`'s to check; one fit per run at a time holds :mod:`.lock`.
 """
 
 from torchspark.training.checkpoint.config import (
