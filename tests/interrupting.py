@@ -26,10 +26,13 @@ class InterruptingMLP(nn.Module):
     """
 
     def __init__(self, n_in: int, hidden: int, n_out: int, after: int | None = None, seed: int = 0,
-                 same_process: bool = False) -> None:
+                 same_process: bool = False, dropout: float = 0.0) -> None:
         super().__init__()
         torch.manual_seed(seed)
-        self.net = nn.Sequential(nn.Linear(n_in, hidden), nn.Tanh(), nn.Linear(hidden, n_out))
+        layers = [nn.Linear(n_in, hidden), nn.Tanh(), nn.Linear(hidden, n_out)]
+        if dropout:  # after the last layer, so the state dict's names stay those without dropout
+            layers.append(nn.Dropout(dropout))
+        self.net = nn.Sequential(*layers)
         self.after = after
         self.calls = 0
         self.owner_pid = None if same_process else os.getpid()

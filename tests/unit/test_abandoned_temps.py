@@ -95,18 +95,27 @@ def test_the_next_save_of_a_model_removes_the_directory_a_killed_save_left(tmp_p
 
 def test_checkpoint_temporaries_are_never_checkpoints_and_go_on_the_next_write(tmp_path: Path) -> None:
     root = str(tmp_path)
+
+    def record(step: int, rank: int) -> dict:  # what a worker records (the resume checks every count)
+        return {"rank": rank, "step": step, "fit_epoch": 0, "done": 0, "iteration": 0, "epoch": 0, "examples": 0,
+                "iterations": 0}
+
+    def manifest(step: int) -> dict:
+        return {"world_size": 2, "step": step, "fit_epoch": 0, "iteration": 0, "epoch": 0, "mode": "averaging",
+                "settings": {}}
+
     first = store.step_directory(root, "r", 1)
     for rank in (0, 1):
-        store.write_rank_file(first, rank, {"x": torch.zeros(2)}, {"step": 1})
-    store.write_manifest(first, {"world_size": 2, "step": 1})
+        store.write_rank_file(first, rank, {"x": torch.zeros(2)}, record(1, rank))
+    store.write_manifest(first, manifest(1))
     second = store.step_directory(root, "r", 2)  # rank 1 was killed while writing its file
-    store.write_rank_file(second, 0, {"x": torch.ones(2)}, {"step": 2})
-    store.write_manifest(second, {"world_size": 2, "step": 2})
+    store.write_rank_file(second, 0, {"x": torch.ones(2)}, record(2, 0))
+    store.write_manifest(second, manifest(2))
     leftover = _killed_write(Path(second), "rank-1.safetensors")
     _killed_write(tmp_path / "r", "step-0000000003", "dir")  # a step-like temporary directory in the run
     assert [c.step for c in complete_checkpoints(root, "r")] == [1]
     assert newest_checkpoint(root, "r").step == 1
-    store.write_rank_file(second, 1, {"x": torch.ones(2)}, {"step": 2})  # the same rank writes that file again
+    store.write_rank_file(second, 1, {"x": torch.ones(2)}, record(2, 1))  # the same rank writes that file again
     assert not leftover.exists()
     assert sorted(os.listdir(second)) == ["manifest.json", "rank-0.safetensors", "rank-1.safetensors"]
     assert newest_checkpoint(root, "r").step == 2

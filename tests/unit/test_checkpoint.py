@@ -65,9 +65,9 @@ def test_checkpoint_options_round_trip_and_reach_parallel_wrapper(tmp_path) -> N
         _wrapper(_net(), "averaging", checkpoint_directory=str(tmp_path), keep_checkpoints=-1)
 
 
-def test_averaging_via_spark_refuses_checkpoints_with_advice(tmp_path) -> None:
-    with pytest.raises(ConfigError, match="not supported with averaging_via='spark'.*use averaging_via='torch'"):
-        ParameterAveragingTrainingMaster(averaging_via="spark", checkpoint_directory=str(tmp_path))
+def test_averaging_via_spark_accepts_checkpoints(tmp_path) -> None:
+    master = ParameterAveragingTrainingMaster(averaging_via="spark", checkpoint_directory=str(tmp_path))
+    assert master.checkpoint_directory == str(tmp_path)  # the driver checkpoints the rounds (spark.rounds_state)
 
 
 def test_run_id_needs_a_checkpoint_directory_and_a_plain_name(tmp_path) -> None:
@@ -123,18 +123,27 @@ def test_the_final_prune_waits_for_a_slow_ranks_last_file(tmp_path, monkeypatch)
 
 def test_readers_ignore_incomplete_checkpoints_and_pruning_keeps_complete_ones(tmp_path) -> None:
     root = str(tmp_path)
+
+    def record(step: int, rank: int) -> dict:
+        return {"rank": rank, "step": step, "fit_epoch": 0, "done": 0, "iteration": 0, "epoch": 0, "examples": 0,
+                "iterations": 0}
+
+    def manifest(step: int) -> dict:
+        return {"world_size": 2, "step": step, "fit_epoch": 0, "iteration": 0, "epoch": 0, "mode": "averaging",
+                "settings": {}}
+
     for step in (1, 2, 3):
         path = store.step_directory(root, "r", step)
-        store.write_rank_file(path, 0, {"x": torch.zeros(2)}, {"step": step})
+        store.write_rank_file(path, 0, {"x": torch.zeros(2)}, record(step, 0))
         if step != 2:
-            store.write_rank_file(path, 1, {"x": torch.zeros(2)}, {"step": step})
+            store.write_rank_file(path, 1, {"x": torch.zeros(2)}, record(step, 1))
         if step != 3:
-            store.write_manifest(path, {"world_size": 2, "step": step})
+            store.write_manifest(path, manifest(step))
     # step 2 misses rank 1's file, step 3 its manifest: neither counts
     assert [c.step for c in complete_checkpoints(root, "r")] == [1]
     assert newest_checkpoint(root, "r").step == 1
     assert store.prune(root, "r", keep=1) == []  # the only complete one stays, and the newer incomplete ones too
-    store.write_manifest(store.step_directory(root, "r", 3), {"world_size": 2, "step": 3})
+    store.write_manifest(store.step_directory(root, "r", 3), manifest(3))
     deleted = store.prune(root, "r", keep=1)
     assert [os.path.basename(p) for p in deleted] == ["step-0000000001", "step-0000000002"]
     assert newest_checkpoint(root, "r").step == 3

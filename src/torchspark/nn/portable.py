@@ -171,6 +171,15 @@ def _rebuild(network_class: NetworkClass[N], config: dict[str, Any], objects: di
     return net
 
 
+def _check_finite(weights: dict[str, torch.Tensor], url: str) -> None:
+    """A saved network with NaN/inf weights is refused at load (it would only fail later, as a diverged fit)."""
+    bad = [name for name, w in weights.items() if w.is_floating_point() and not bool(torch.isfinite(w).all())]
+    if bad:
+        raise SerializationError(f"{url!r} holds non-finite (NaN/inf) weights in {', '.join(bad[:5])}"
+                                 f"{' ...' if len(bad) > 5 else ''}: the model was saved after it diverged or the "
+                                 "file is damaged; load an earlier save or retrain")
+
+
 def _load_weights(net: PortableNetwork, weights: dict[str, torch.Tensor], source: str) -> None:
     try:
         net.module.load_state_dict(weights)
@@ -318,7 +327,9 @@ def read_network(network_class: NetworkClass[N], path: str, allow_pickle: bool =
         objects = cloudpickle.loads(read_bytes(join(path, "objects.pkl"), SerializationError))
     net = _rebuild(network_class, config, objects, None, policy, repr(join(path, "config.json")))
     files = config.get("files", [])
-    _load_weights(net, _load_tensors(join(path, "weights.safetensors")), path)
+    weights = _load_tensors(join(path, "weights.safetensors"))
+    _check_finite(weights, join(path, "weights.safetensors"))
+    _load_weights(net, weights, path)
     if "updater.safetensors" in files:
         updater = _load_tensors(join(path, "updater.safetensors"))
         net.set_updater_state(updater["updater_state"])

@@ -25,7 +25,10 @@ Per round ``r`` of every epoch (the rounds and arithmetic of
      :func:`~torchspark.training.algorithms.averaging.apply_weighted_mean`, the all-reduce route's rule --, takes
      partition 0's integer buffers when it trained, and advances ``iteration`` by the round's most optimizer steps on
      one worker.
-If a round fails or is interrupted, the driver's network holds the result of the last completed round.
+If a round fails or is interrupted, the driver's network holds the result of the last completed round. With a
+``checkpoint_directory`` the driver checkpoints its network (once per epoch, or every ``checkpoint_every`` rounds;
+:mod:`torchspark.spark.rounds_state`), so a retry after a lost executor, or a later fit with the same ``run_id``,
+resumes from the newest checkpoint instead of the fit's start.
 
 Progress listeners get one :class:`ProgressUpdate` per worker and round from the driver (no connection from the
 executors to the driver is needed). ``last_results`` holds one :class:`WorkerResult` per worker with its totals
@@ -53,6 +56,7 @@ from torchspark.nn.cache import NetworkCache
 from torchspark.spark.data import storage_level_by_name
 from torchspark.spark.gpus import GpuPlan, with_training_resources
 from torchspark.spark.jobs import run_job
+from torchspark.spark.rounds_state import RoundsCheckpoints, Tally
 from torchspark.spark.task_bootstrap import executor_name, set_up_task
 from torchspark.stats import StatsCollector
 from torchspark.training.algorithms.averaging import AveragingSettings, apply_weighted_mean, pack_weighted
@@ -305,7 +309,7 @@ class SparkRoundsRunner:
         owned = not worker_rdd.is_cached
         if owned:  # every round re-reads the partitions: keep their content and order fixed for the whole fit
             worker_rdd = worker_rdd.persist(storage_level_by_name(self.storage_level))
-        tally = _Tally(n)
+        tally = Tally(n)
         spec_bc: Any = None
         try:
             # 1. minibatches per worker, hence rounds per epoch
@@ -320,9 +324,13 @@ class SparkRoundsRunner:
                 save_updater=settings.save_updater, prefetch=task.prefetch, pin_memory=task.pin_memory,
                 data_timeout_s=task.data_timeout_s, collect_stats=task.collect_stats,
                 flush_denormal=task.flush_denormal, gpu_dry_run=self.gpus.dry_run))
-            for epoch in range(task.epochs):
-                tally.start_epoch()
-                for r in range(rounds):
+            checkpoints = RoundsCheckpoints(task, n, rounds)  # a resumed fit: its state, epoch and round
+            first_epoch, first_round = checkpoints.start(network, tally)
+            for epoch in range(first_epoch, task.epochs):
+                start = first_round if epoch == first_epoch else 0
+                if not start:
+                    tally.start_epoch()
+                for r in range(start, rounds):
                     record = self._round(network, worker_rdd, spec_bc, settings, epoch, r, rounds, rec)
                     with rec.phase("aggregation"):
                         round_score = _apply_average(network, record, settings.save_updater)
@@ -330,7 +338,10 @@ class SparkRoundsRunner:
                               round_score)
                     for update in tally.add(record, epoch):
                         context.notify(update)
+                    if r + 1 < rounds:
+                        checkpoints.round_end(network, epoch, r + 1, tally, rec)
                 network.epoch += 1
+                checkpoints.epoch_end(network, epoch + 1, epoch + 1 == task.epochs, tally, rec)
         finally:
             if spec_bc is not None:
                 _destroy(spec_bc)
@@ -384,58 +395,6 @@ def _apply_average(network: Network, record: RoundRecord, save_updater: bool) ->
 
 def _int_buffers(network: Network) -> dict[str, torch.Tensor]:
     return {k: v for k, v in network.buffer_state().items() if not v.is_floating_point()}
-
-
-class _Tally:
-    """The driver's per-worker totals over one fit: progress updates, results and stats payloads."""
-
-    def __init__(self, workers: int) -> None:
-        self.examples = [0] * workers
-        self.iterations = [0] * workers
-        self.scores = [math.nan] * workers
-        self.epoch_examples = [0] * workers
-        self.epoch_iterations = [0] * workers
-        self.payloads: list[list[dict[str, Any]]] = [[] for _ in range(workers)]
-        self.placements: list[tuple[str, tuple[str, ...], str] | None] = [None] * workers  # the last round's
-
-    def start_epoch(self) -> None:
-        self.epoch_examples = [0] * len(self.examples)
-        self.epoch_iterations = [0] * len(self.examples)
-
-    def add(self, record: RoundRecord, epoch: int) -> list[ProgressUpdate]:
-        """Count one round; returns a progress update per worker that trained in it (counts within the epoch)."""
-        updates = []
-        for rank, w in sorted(record.workers.items()):
-            self.examples[rank] += w.examples
-            self.iterations[rank] += w.iterations
-            self.epoch_examples[rank] += w.examples
-            self.epoch_iterations[rank] += w.iterations
-            self.scores[rank] = w.score
-            if w.stats is not None:
-                self.payloads[rank].append(w.stats)
-            self.placements[rank] = w.placement or self.placements[rank]
-            updates.append(ProgressUpdate(rank, epoch, self.epoch_iterations[rank], self.epoch_examples[rank],
-                                          w.score))
-        return updates
-
-    def results(self, network: Network) -> list[WorkerResult]:
-        """One result per worker (its totals, own last loss, per-round stats, and where its last round ran: each
-        round is a new task, maybe on another executor or GPU); rank 0 carries the final parameters."""
-        return [
-            WorkerResult(rank=rank, examples=self.examples[rank], iterations=self.iterations[rank],
-                         score=self.scores[rank], params=network.params() if rank == 0 else None,
-                         updater_state=network.updater_state() if rank == 0 else None,
-                         buffers=network.buffer_state() if rank == 0 else None,
-                         stats=self.payloads[rank] or None, **_placement(self.placements[rank]))
-            for rank in range(len(self.examples))
-        ]
-
-
-def _placement(found: tuple[str, tuple[str, ...], str] | None) -> dict[str, Any]:
-    if found is None:
-        return {}
-    device, addresses, executor = found
-    return {"device": device, "gpu_addresses": addresses, "executor": executor}
 
 
 def _destroy(bc: Any) -> None:

@@ -15,6 +15,12 @@ checkpoint is **complete** when its manifest exists and names a rank file for ev
 incomplete ones (a rank killed mid-write leaves none of its file, and a peer may still be writing), and pruning
 counts only complete ones, so the newest complete checkpoint is never deleted. (So while a peer is still writing,
 one checkpoint more than ``keep_checkpoints`` may exist until rank 0's next write or the end of the fit.)
+
+The workers commit a checkpoint together (:class:`~torchspark.training.checkpoint.writer.CheckpointWriter`): every
+rank writes its file, all meet, rank 0 writes the manifest, all meet again; so no worker trains on (and none can
+fail) before the checkpoint is complete, and a fault after it always finds it whole. Directories are created 0700
+and files 0600 on local storage. What the resume trusts of a checkpoint is :mod:`.trust`'s to check
+(:func:`load_checkpoint`).
 """
 
 from __future__ import annotations
@@ -31,9 +37,18 @@ from safetensors.torch import save as st_save
 
 from torchspark._io import atomic_write_bytes, filesystem, join, make_dirs, read_bytes, read_safetensors_metadata
 from torchspark.errors import SerializationError
+from torchspark.training.checkpoint.trust import (
+    FIX,
+    CheckpointDamaged,
+    check_manifest,
+    check_owner,
+    check_rank_header,
+    make_private,
+)
 
 __all__ = ["FORMAT", "VERSION", "StoredCheckpoint", "run_directory", "step_directory", "write_rank_file",
-           "write_manifest", "read_rank_file", "complete_checkpoints", "newest_checkpoint", "prune"]
+           "write_manifest", "read_rank_file", "complete_checkpoints", "newest_checkpoint", "prune", "step_directories",
+           "read_manifest", "load_checkpoint"]
 
 log = logging.getLogger(__name__)
 
@@ -54,59 +69,106 @@ class StoredCheckpoint:
 
 
 def run_directory(directory: str, run_id: str) -> str:
+    """Where run ``run_id``'s checkpoints live."""
     return join(directory, run_id)
 
 
 def step_directory(directory: str, run_id: str, step: int) -> str:
+    """The directory of checkpoint ``step`` of run ``run_id``."""
     return join(run_directory(directory, run_id), f"step-{step:010d}")
 
 
 def rank_file(path: str, rank: int) -> str:
+    """Rank ``rank``'s file in the checkpoint at ``path``."""
     return join(path, f"rank-{rank}.safetensors")
 
 
 def write_rank_file(path: str, rank: int, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
     """Write one rank's state (tensors + a JSON record in the safetensors metadata) atomically into ``path``."""
     make_dirs(path, SerializationError, "checkpoint directory")
+    make_private(path.rstrip("/").rsplit("/", 1)[0], directory=True)  # the run's directory
+    make_private(path, directory=True)
     blob = st_save({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, {_META_KEY: json.dumps(meta)})
-    atomic_write_bytes(rank_file(path, rank), blob, SerializationError)
+    make_private(atomic_write_bytes(rank_file(path, rank), blob, SerializationError), directory=False)
 
 
 def write_manifest(path: str, manifest: dict[str, Any]) -> None:
     """Write the manifest last: from this moment the checkpoint counts once every rank file named in it exists."""
-    atomic_write_bytes(join(path, MANIFEST), json.dumps({"format": FORMAT, "version": VERSION, **manifest},
-                                                        indent=2, sort_keys=True).encode(), SerializationError)
+    make_private(atomic_write_bytes(join(path, MANIFEST), json.dumps(
+        {"format": FORMAT, "version": VERSION, **manifest}, indent=2, sort_keys=True).encode(), SerializationError),
+        directory=False)
 
 
 def read_rank_file(path: str, rank: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """One rank's tensors and record from the checkpoint at ``path``.
 
     Raises:
-        SerializationError: the file is missing or not a torchspark checkpoint file.
+        CheckpointDamaged: the file is missing, damaged or not a torchspark checkpoint file (the message names it).
     """
     url = rank_file(path, rank)
-    blob = read_bytes(url, SerializationError)
+    blob = read_bytes(url, CheckpointDamaged)
     try:
         meta = json.loads(read_safetensors_metadata(blob)[_META_KEY])
+        if not isinstance(meta, dict):
+            raise ValueError("its record is not a JSON object")
         return dict(st_load(blob)), meta
-    except (KeyError, ValueError) as e:
-        raise SerializationError(f"{url!r} is not a torchspark checkpoint file: {e}") from e
+    except Exception as e:  # safetensors raises its own error types (SafetensorError) for damaged files
+        raise CheckpointDamaged(f"{url!r} is not a readable torchspark checkpoint file ({type(e).__name__}: {e}); "
+                                f"{FIX}") from e
 
 
-def _read_manifest(path: str) -> dict[str, Any] | None:
+def read_manifest(path: str, step: int) -> dict[str, Any] | None:
+    """The checked manifest of the step directory ``path`` (None: it has none yet, the checkpoint is incomplete).
+
+    Raises:
+        CheckpointDamaged: the manifest exists but is damaged (not JSON, not ours, a count out of bounds).
+        SerializationError: it was written by a newer torchspark.
+    """
+    url = join(path, MANIFEST)
+    fs, local = filesystem(url)
+    if not fs.exists(local):
+        return None
     try:
-        manifest = json.loads(read_bytes(join(path, MANIFEST), SerializationError))
-    except (SerializationError, ValueError):
-        return None
+        manifest = json.loads(read_bytes(url, CheckpointDamaged))
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+        raise CheckpointDamaged(f"{url!r} is not valid JSON ({type(e).__name__}: {e}); {FIX}") from e
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        return None
-    if int(manifest.get("version", 0)) > VERSION:
+        raise CheckpointDamaged(f"{url!r} is not a torchspark checkpoint manifest (no format marker); {FIX}")
+    version = manifest.get("version", 0)
+    if isinstance(version, int) and not isinstance(version, bool) and version > VERSION:
         raise SerializationError(f"checkpoint {path!r} was written by a newer torchspark (format version "
-                                 f"{manifest['version']}); upgrade torchspark or use another run_id")
-    return manifest
+                                 f"{version}); upgrade torchspark or use another run_id")
+    return check_manifest(manifest, path, step)
 
 
-def _step_dirs(directory: str, run_id: str) -> list[tuple[int, str]]:
+def load_checkpoint(step: int, path: str) -> StoredCheckpoint | None:
+    """The checkpoint in step directory ``path`` when it is complete, checked as far as the driver can without
+    reading the tensors: its manifest, every rank file's header, and (local storage) that they are this user's
+    alone. None: incomplete (no manifest yet, or a rank file missing: a writer was stopped).
+
+    Raises:
+        CheckpointDamaged: a damaged or untrusted part (the message names it).
+    """
+    check_owner(path)
+    manifest = read_manifest(path, step)
+    if manifest is None or not _has_rank_files(path, manifest):
+        return None
+    for rank in range(manifest["world_size"]):
+        check_owner(rank_file(path, rank))
+        check_rank_header(path, rank, manifest)
+    return StoredCheckpoint(step, path, manifest)
+
+
+def _has_rank_files(path: str, manifest: dict[str, Any]) -> bool:
+    fs, root = filesystem(path)
+    try:
+        names = {str(e).rstrip("/").rsplit("/", 1)[-1] for e in fs.ls(root, detail=False)}
+    except FileNotFoundError:
+        return False
+    return all(f"rank-{r}.safetensors" in names for r in range(manifest["world_size"]))
+
+
+def step_directories(directory: str, run_id: str) -> list[tuple[int, str]]:
     """``(step, url)`` of every step directory of the run, oldest first (complete or not)."""
     run = run_directory(directory, run_id)
     fs, root = filesystem(run)
@@ -123,24 +185,21 @@ def _step_dirs(directory: str, run_id: str) -> list[tuple[int, str]]:
     return sorted(found)
 
 
-def _complete(path: str) -> dict[str, Any] | None:
-    manifest = _read_manifest(path)
-    if manifest is None:
-        return None
-    fs, root = filesystem(path)
+def _complete(step: int, path: str) -> dict[str, Any] | None:
+    """The manifest of a complete, undamaged checkpoint (listing and pruning: a damaged one never counts)."""
     try:
-        names = {str(e).rstrip("/").rsplit("/", 1)[-1] for e in fs.ls(root, detail=False)}
-    except FileNotFoundError:
+        found = load_checkpoint(step, path)
+    except CheckpointDamaged as e:
+        log.debug("ignoring a damaged checkpoint: %s", e)
         return None
-    wanted = [f"rank-{r}.safetensors" for r in range(int(manifest["world_size"]))]
-    return manifest if all(n in names for n in wanted) else None
+    return None if found is None else found.manifest
 
 
 def complete_checkpoints(directory: str, run_id: str) -> list[StoredCheckpoint]:
     """The run's complete checkpoints, oldest first."""
     found = []
-    for step, path in _step_dirs(directory, run_id):
-        manifest = _complete(path)
+    for step, path in step_directories(directory, run_id):
+        manifest = _complete(step, path)
         if manifest is not None:
             found.append(StoredCheckpoint(step, path, manifest))
     return found
@@ -148,8 +207,8 @@ def complete_checkpoints(directory: str, run_id: str) -> list[StoredCheckpoint]:
 
 def newest_checkpoint(directory: str, run_id: str) -> StoredCheckpoint | None:
     """The run's newest complete checkpoint (None: the run has none)."""
-    for step, path in reversed(_step_dirs(directory, run_id)):
-        manifest = _complete(path)
+    for step, path in reversed(step_directories(directory, run_id)):
+        manifest = _complete(step, path)
         if manifest is not None:
             return StoredCheckpoint(step, path, manifest)
     return None
@@ -161,8 +220,8 @@ def prune(directory: str, run_id: str, keep: int) -> list[str]:
     Incomplete checkpoints newer than the oldest kept one are left alone: a peer may still be writing them.
     Returns the deleted directories. A failed delete is logged, never raised (the checkpoint just written stands).
     """
-    dirs = _step_dirs(directory, run_id)
-    complete = [step for step, path in dirs if _complete(path) is not None]
+    dirs = step_directories(directory, run_id)
+    complete = [step for step, path in dirs if _complete(step, path) is not None]
     if len(complete) <= keep:
         return []
     oldest_kept = complete[-keep]

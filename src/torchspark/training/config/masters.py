@@ -126,8 +126,11 @@ class TrainingMaster:
         checkpoint_directory: where the fit writes checkpoints (any fsspec URL; on a cluster shared storage every
             executor can write and the driver can read, e.g. ``hdfs://...``/``s3://...``); None (default): no
             checkpoints. Each fit writes under ``<checkpoint_directory>/<run_id>/``; ``fit(..., run_id="r1")``
-            continues run ``r1`` from its newest checkpoint (a new driver process too). See
-            :mod:`torchspark.training.checkpoint`.
+            continues run ``r1`` from its newest checkpoint (a new driver process too), with the same network,
+            updater and data order (else ConfigError), skipping damaged checkpoints. One fit per run at a time (a
+            ``run.lock``); on local storage checkpoints are private (0600/0700) and the driver and workers must run
+            as one user; ``memory://`` only with workers in this process. See
+            :mod:`torchspark.training.checkpoint` and :mod:`torchspark.training.driver.resume`.
         checkpoint_every: averaging rounds (parameter averaging) or exchange iterations, one per optimizer step
             (gradient sharing) between checkpoints; None (default): once per epoch. Work lost to a fault is at most one interval; each
             checkpoint writes every rank's state (parameters, updater state, residuals) once, so an interval of a
@@ -320,11 +323,6 @@ class ParameterAveragingTrainingMaster(TrainingMaster):
         check_int("aggregation_depth", self.aggregation_depth, 1, owner=name)
         check_choice("averaging_via", self.averaging_via, AVERAGING_ROUTES, owner=name)
         check_bool("save_updater", self.save_updater, owner=name)
-        if self.averaging_via == "spark" and self.checkpoint_directory is not None:
-            raise ConfigError(f"{name}: checkpoint_directory={self.checkpoint_directory!r} is not supported with "
-                              "averaging_via='spark' (its state lives on the driver between rounds, and Spark "
-                              "retries a failed round's tasks itself); use averaging_via='torch' to checkpoint, or "
-                              "save the network between fits with net.save(...)")
 
     @property
     def spark_rounds(self) -> bool:

@@ -37,8 +37,8 @@ from torchspark.stats import StatsCollector, TrainingStats
 from torchspark.training.checkpoint import plan_for
 from torchspark.training.config.masters import TrainingMaster
 from torchspark.training.driver.recovery import Decision, FailureRecord, decide, exhausted_error, record_failure
-from torchspark.training.driver.resume import resume_task
-from torchspark.training.driver.runner import Runner
+from torchspark.training.driver.resume import open_run, resume_task
+from torchspark.training.driver.runner import InProcessRunner, Runner
 from torchspark.training.driver.stats import build_training_stats
 from torchspark.training.hooks import PhaseRecorder, ProgressUpdate, ScoreReport
 from torchspark.training.progress import ProgressBar, ProgressEndpoint, ProgressServer
@@ -239,10 +239,26 @@ def run_fit(network: Network, task: WorkerTask, runner: Runner, data: Any, *, re
         total_examples: examples the whole fit trains (all epochs), when known: the bar then shows the total, the
             percentage and the time left.
     Raises:
+        ConfigError: a checkpointing fit whose storage is unusable or whose run another live fit holds
+            (:func:`~torchspark.training.driver.resume.open_run`), found before any worker starts.
         WorkerError: a worker failed (the user's error, never retried), or ``max_failures`` was exhausted (then a
             :class:`WorkerLost` listing every failure); the network keeps what it had (the rounds route: the last
             completed round).
     """
+    lock = open_run(task.checkpoint, isinstance(runner, InProcessRunner))
+    try:
+        return _run_fit(network, task, runner, data, recorder=recorder, description=description, listeners=listeners,
+                        score_listeners=score_listeners, progress=progress, events=events,
+                        max_failures=max_failures, total_examples=total_examples)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _run_fit(network: Network, task: WorkerTask, runner: Runner, data: Any, *, recorder: StatsCollector,
+             description: str, listeners: Sequence[Callable[[ProgressUpdate], None]],
+             score_listeners: Sequence[Callable[[ScoreReport], None]], progress: bool | None,
+             events: FitEvents | None, max_failures: int, total_examples: int | None) -> FitOutcome:
     bar = ProgressBar(total_examples=total_examples, desc=f"fit x{task.epochs}", enabled=progress)
     if events is not None:
         listeners, score_listeners = [*listeners, events.on_progress], [*score_listeners, events.on_score]

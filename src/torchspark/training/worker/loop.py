@@ -20,7 +20,7 @@ from torchspark.errors import DataError
 from torchspark.nn import Network, NetworkBlueprint
 from torchspark.training.algorithms import ALGORITHMS
 from torchspark.training.assignment import EpochItems, FileSlices, epoch_seed
-from torchspark.training.checkpoint import CheckpointWriter, RankProgress, restore_rank
+from torchspark.training.checkpoint import CheckpointWriter, RankProgress, check_position, restore_rank
 from torchspark.training.comm import Communicator
 from torchspark.training.hooks import WorkerHooks
 from torchspark.training.task import EpochSource, WorkerResult, WorkerTask, param_checksum
@@ -165,27 +165,32 @@ def _train(task: WorkerTask, source: EpochSource, comm: Communicator, device: st
     algorithm = ALGORITHMS[task.mode].from_settings(task.settings)
     state = algorithm.start(net, comm)
     progress = RankProgress()
-    first_epoch, skip = 0, 0
+    first_epoch, skip, restored = 0, 0, None
     if task.resume is not None:  # this rank's own state and data position from the checkpoint
-        skip, progress, algo_tensors, algo_meta = restore_rank(task.resume, comm.rank, comm.world_size, net)
-        algorithm.restore(state, net, algo_tensors, algo_meta)
+        restored = restore_rank(task.resume, comm.rank, comm.world_size, net)
+        skip, progress = restored.done, restored.progress
+        algorithm.restore(state, net, restored.algo_tensors, restored.algo_meta)
         first_epoch = task.resume.fit_epoch
     writer = None
     if task.checkpoint is not None:
         writer = CheckpointWriter(task.checkpoint, comm.rank, comm.world_size, task.mode, task.settings,
-                                  task.blueprint, step=task.resume.step if task.resume is not None else 0)
+                                  task.blueprint, step=task.resume.step if task.resume is not None else 0,
+                                  barrier=lambda: comm.all_reduce_sum(torch.zeros(1, device=net.device)))
     for e in range(first_epoch):  # epochs the checkpoint says are done: read past them untrained (a source may
         for _ in _epoch_items(task, source, e, comm.rank):  # hand its epochs out in order only, or cache its items on the first pass)
             pass
     for e in range(first_epoch, task.epochs):
         items = _epoch_items(task, source, e, comm.rank)
+        length = len(items) if isinstance(items, (list, tuple)) else None
+        if restored is not None and e == first_epoch:
+            check_position(restored, e, length)  # the data must still match the checkpoint's position
         if skip:  # the minibatches of this epoch the checkpoint says are done (skipped before loading)
             items = items[skip:] if isinstance(items, (list, tuple)) else itertools.islice(items, skip, None)
         batches = group_batches(_batches(task, source, items, batch_loader(task.pin_memory, str(net.device))),
                                 task.accumulate_steps)
         epoch_hooks = hooks if writer is None else dataclasses.replace(
             hooks, checkpoint=_round_checkpoint(writer, net, e, skip, progress, hooks.recorder,
-                                                task.accumulate_steps))
+                                                task.accumulate_steps, length))
         outcome = algorithm.epoch(state, net, batches, comm, epoch_hooks, e)
         progress.examples += outcome.examples
         progress.iterations += outcome.iterations
@@ -223,8 +228,8 @@ def _train(task: WorkerTask, source: EpochSource, comm: Communicator, device: st
 
 
 def _round_checkpoint(writer: CheckpointWriter, net: Network, fit_epoch: int, skipped: int,
-                      progress: RankProgress, recorder: Any,
-                      accumulate_steps: int) -> Callable[[Any, dict[str, Any], dict[str, Any]], None]:
+                      progress: RankProgress, recorder: Any, accumulate_steps: int,
+                      epoch_length: int | None = None) -> Callable[[Any, dict[str, Any], dict[str, Any]], None]:
     """The ``hooks.checkpoint`` of one epoch: the fit's totals and the data position at a cut inside the epoch
     (``skipped``: minibatches of this epoch done before a resume, which the loop's own count does not include).
 
@@ -236,7 +241,7 @@ def _round_checkpoint(writer: CheckpointWriter, net: Network, fit_epoch: int, sk
                               outcome.last_score if outcome.iterations else progress.score)
         with recorder.phase("checkpoint"):
             writer.round_end(net, fit_epoch, skipped + outcome.iterations * accumulate_steps, totals, algo_tensors,
-                             algo_meta)
+                             algo_meta, epoch_length)
 
     return checkpoint
 
