@@ -41,9 +41,9 @@ def _wrapper(net: Network, directory, workers: int = 2, **options) -> ParallelWr
                            runner=InProcessRunner(timeout_s=60), checkpoint_directory=str(directory), **options)
 
 
-def _two_checkpoints(tmp_path) -> tuple[ParallelWrapper, list]:
+def _two_checkpoints(tmp_path, **options) -> tuple[ParallelWrapper, list]:
     """A finished 2-epoch run ``r1`` with a checkpoint after each epoch."""
-    wrapper = _wrapper(_net(), tmp_path)
+    wrapper = _wrapper(_net(), tmp_path, **options)
     wrapper.fit(_data(), epochs=2, batch_size=16, run_id="r1")
     found = complete_checkpoints(str(tmp_path), "r1")
     assert [c.manifest["fit_epoch"] for c in found] == [1, 2]
@@ -151,6 +151,13 @@ def test_a_resume_with_another_updater_learning_rate_or_data_order_is_refused(tm
     other = _wrapper(_net(), tmp_path, **change)
     with pytest.raises(ConfigError, match=f"written by a fit with other settings.*{match}.*new run_id"):
         _resume(other, _net(lr=lr))
+
+
+def test_a_resume_with_another_shuffle_scope_is_refused(tmp_path) -> None:
+    wrapper, _ = _two_checkpoints(tmp_path, rng_seed=3)
+    _resume(_wrapper(_net(), tmp_path, rng_seed=3))  # the same order resumes
+    with pytest.raises(ConfigError, match="shuffle_scope: 'worker' then, 'global' now"):
+        _resume(_wrapper(_net(), tmp_path, rng_seed=3, shuffle_scope="global"))
 
 
 def _interrupted(tmp_path) -> str:

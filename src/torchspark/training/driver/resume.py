@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 #: the network settings a resumed fit must share with its checkpoint (the blueprint's JSON config)
 NETWORK_KEYS = ("updater", "loss", "weight_decay", "l1", "gradient_clip", "precision", "num_params")
 #: the master's options that shape which examples each minibatch holds and in which order
-DATA_ORDER_KEYS = ("rng_seed", "accumulate_steps", "drop_last", "batch_size_per_worker")
+DATA_ORDER_KEYS = ("rng_seed", "shuffle_scope", "accumulate_steps", "drop_last", "batch_size_per_worker")
 
 
 def open_run(plan: CheckpointPlan | None, in_process: bool) -> RunLock | None:
