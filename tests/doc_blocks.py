@@ -48,12 +48,14 @@ def runnable_blocks(path: Path, root: Path = ROOT) -> list[Block]:
             continue
         fence = _FENCE.match(lines[i + 1]) if i + 1 < len(lines) else None
         if fence is None or fence.group(2) != "python":
-            raise ValueError(f"{page}:{i + 1}: {MARKER} must be followed by a ```python block, got "
-                             f"{lines[i + 1] if i + 1 < len(lines) else 'the end of the file'!r}")
+            raise ValueError(
+                f"{page}:{i + 1}: {MARKER} must be followed by a ```python block, got "
+                f"{lines[i + 1] if i + 1 < len(lines) else 'the end of the file'!r}"
+            )
         end = next((j for j in range(i + 2, len(lines)) if lines[j].strip() == fence.group(1)), None)
         if end is None:
             raise ValueError(f"{page}:{i + 2}: the runnable block's fence never closes")
-        blocks.append(Block(page, i + 1, "\n".join(lines[i + 2:end]) + "\n"))
+        blocks.append(Block(page, i + 1, "\n".join(lines[i + 2 : end]) + "\n"))
     return blocks
 
 

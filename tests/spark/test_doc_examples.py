@@ -14,7 +14,6 @@ import pytest
 from doc_blocks import Block, blocks_by_page
 
 
-
 def _distinct(pages: dict[str, list[Block]]) -> dict[str, list[Block]]:
     """Pages whose blocks another page already has (docs/index.md repeats the README's quick start) run once."""
     seen: set[tuple[str, ...]] = set()

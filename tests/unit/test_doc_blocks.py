@@ -35,12 +35,15 @@ def test_only_marked_python_blocks_are_extracted_in_order(tmp_path: Path) -> Non
     assert [(b.page, b.line, b.code) for b in blocks] == [("page.md", 7, "x = 1\n"), ("page.md", 14, "y = x + 1\n")]
 
 
-@pytest.mark.parametrize("text, message", [
-    (f"{MARKER}\n```bash\nls\n```\n", "```bash"),
-    (f"{MARKER}\ntext\n", "'text'"),
-    (f"{MARKER}\n", "''"),
-    (f"{MARKER}\n```python\nx = 1\n", "never closes"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (f"{MARKER}\n```bash\nls\n```\n", "```bash"),
+        (f"{MARKER}\ntext\n", "'text'"),
+        (f"{MARKER}\n", "''"),
+        (f"{MARKER}\n```python\nx = 1\n", "never closes"),
+    ],
+)
 def test_a_marker_that_runs_nothing_is_an_error(tmp_path: Path, text: str, message: str) -> None:
     page = tmp_path / "page.md"
     page.write_text(text)
@@ -50,5 +53,5 @@ def test_a_marker_that_runs_nothing_is_an_error(tmp_path: Path, text: str, messa
 
 
 def test_every_marker_in_the_repository_is_well_formed() -> None:
-    pages = blocks_by_page()          # raises on a malformed marker
+    pages = blocks_by_page()  # raises on a malformed marker
     assert "README.md" in pages

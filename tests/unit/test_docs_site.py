@@ -28,14 +28,28 @@ ROOT = Path(__file__).resolve().parents[2]
 BUILD_TIMEOUT_S = 600
 #: every module with a page in the API reference (docs/reference/*.md), with the page
 REFERENCE = {
-    "torchspark": "torchspark", "torchspark.data": "data", "torchspark.nn": "nn", "torchspark.optim": "optim",
-    "torchspark.schedules": "schedules", "torchspark.models": "models", "torchspark.datasets": "datasets",
-    "torchspark.errors": "errors", "torchspark.training": "training", "torchspark.spark": "spark",
-    "torchspark.spark.ml": "spark-ml", "torchspark.spark.earlystopping": "spark-earlystopping",
-    "torchspark.spark.connect": "spark-connect", "torchspark.parallel": "parallel",
-    "torchspark.parallel.earlystopping": "parallel-earlystopping", "torchspark.earlystopping": "earlystopping",
-    "torchspark.encoding": "encoding", "torchspark.evaluation": "evaluation", "torchspark.listeners": "listeners",
-    "torchspark.stats": "stats", "torchspark.advise": "advise", "torchspark.config_files": "config-files",
+    "torchspark": "torchspark",
+    "torchspark.data": "data",
+    "torchspark.nn": "nn",
+    "torchspark.optim": "optim",
+    "torchspark.schedules": "schedules",
+    "torchspark.models": "models",
+    "torchspark.datasets": "datasets",
+    "torchspark.errors": "errors",
+    "torchspark.training": "training",
+    "torchspark.spark": "spark",
+    "torchspark.spark.ml": "spark-ml",
+    "torchspark.spark.earlystopping": "spark-earlystopping",
+    "torchspark.spark.connect": "spark-connect",
+    "torchspark.parallel": "parallel",
+    "torchspark.parallel.earlystopping": "parallel-earlystopping",
+    "torchspark.earlystopping": "earlystopping",
+    "torchspark.encoding": "encoding",
+    "torchspark.evaluation": "evaluation",
+    "torchspark.listeners": "listeners",
+    "torchspark.stats": "stats",
+    "torchspark.advise": "advise",
+    "torchspark.config_files": "config-files",
     "torchspark.shipping": "shipping",
 }
 
@@ -45,13 +59,18 @@ def site(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("site")
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
     try:
-        done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
-                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+        done = subprocess.run(
+            [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=BUILD_TIMEOUT_S,
+        )
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"mkdocs build --strict took over {BUILD_TIMEOUT_S} s:\n{e.stderr}")
     if done.returncode != 0:
-        pytest.fail(f"mkdocs build --strict failed (exit {done.returncode}); fix the docs:\n{done.stderr}"
-                    f"{done.stdout}")
+        pytest.fail(f"mkdocs build --strict failed (exit {done.returncode}); fix the docs:\n{done.stderr}{done.stdout}")
     return out
 
 
@@ -74,8 +93,10 @@ def test_every_reference_page_is_in_the_nav() -> None:
     for page in pages:
         assert f"reference/{page}.md" in nav
         if page != "cli":
-            assert f"::: {next(m for m, p in REFERENCE.items() if p == page)}" in (
-                ROOT / "docs" / "reference" / f"{page}.md").read_text()
+            assert (
+                f"::: {next(m for m, p in REFERENCE.items() if p == page)}"
+                in (ROOT / "docs" / "reference" / f"{page}.md").read_text()
+            )
 
 
 @pytest.mark.parametrize("module", sorted(REFERENCE))
