@@ -6,7 +6,7 @@ Point it at the four MNIST files (gzipped or not, local paths or any fsspec URL 
         --train-images train-images-idx3-ubyte.gz --train-labels train-labels-idx1-ubyte.gz \\
         --test-images t10k-images-idx3-ubyte.gz --test-labels t10k-labels-idx1-ubyte.gz --epochs 2
 
-On a cluster: ``--master spark://host:7077`` (or run it through spark-submit, see the README's "Deploying").
+On a cluster: ``--master spark://host:7077`` (or run it through spark-submit, see docs/guides/deploying.md).
 Any IDX images file of N x H x W unsigned bytes works; the network is LeNet sized to H x W.
 """
 

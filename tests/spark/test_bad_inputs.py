@@ -3,7 +3,7 @@
 One case per mistake. Each asserts the error class, that the message names the bad value and says the fix (the
 ``says`` substrings, case-insensitive), and that nothing is left behind: the case's working directory holds what it
 held before the call, and the temp directory (``tempfile.tempdir``, where default exports go) stays empty. The
-README's "Errors" section lists these cases. Cases marked ``spark`` run on the shared real local session.
+The errors guide (docs/guides/errors.md) lists these cases. Cases marked ``spark`` run on the shared real local session.
 """
 
 from __future__ import annotations

@@ -189,8 +189,8 @@ def spark_context(spark: Any) -> Any:
     """The SparkContext of a SparkSession or SparkContext."""
     from torchspark.spark.session_kinds import require_classic, session_kind
 
-    require_classic(spark, "this call", "pass a DataFrame to the methods that take one (see the README's "
-                    "'Spark Connect' section)")
+    require_classic(spark, "this call", "pass a DataFrame to the methods that take one (see the guide "
+                    "docs/guides/connect.md)")
     sc = getattr(spark, "sparkContext", spark)
     if not hasattr(sc, "parallelize"):
         raise ConfigError(f"expected a SparkSession or SparkContext, got {session_kind(spark)}")

@@ -146,10 +146,10 @@ class TrainingMaster:
             workers then talk over gloo; above 1 a whole number. Needs a cluster manager with stage-level
             scheduling (standalone ``spark://``, ``local-cluster``, YARN, Kubernetes; not ``local[N]``) and
             dynamic allocation off (as every barrier stage does). Example:
-            ``SharedTrainingMaster(num_workers=8, gpus_per_worker=1)``. See README, "GPU clusters".
-        port, port_range, network_mask, controller_address, rendezvous_via, rendezvous_timeout_s,
-        shared_memory_allreduce:
-            the worker-mesh options (how workers find and talk to each other), validated and documented by
+            ``SharedTrainingMaster(num_workers=8, gpus_per_worker=1)``. See docs/guides/gpus.md.
+        port, port_range, network_mask, controller_address, rendezvous_via, rendezvous_timeout_s: with
+            shared_memory_allreduce, the worker-mesh options (how workers find and talk to each other), validated and
+            documented by
             :class:`~torchspark.training.config.mesh.MeshConfig`; :attr:`mesh` returns them as one frozen object and
             :meth:`with_mesh` sets them all from one.
     """

@@ -45,7 +45,8 @@ class MeshConfig:
         port_range: ``(first, last)`` inclusive, e.g. ``(40000, 40100)``: every port torchspark listens on (the
             driver's rendezvous relay and progress server, worker 0's store) is taken from this range, for clusters
             whose firewalls open only a known range. Gloo's own data connections use the OS's ephemeral ports,
-            which torch cannot pin: confine them with the executors' ``net.ipv4.ip_local_port_range`` (README).
+            which torch cannot pin: confine them with the executors' ``net.ipv4.ip_local_port_range``
+            (docs/guides/cluster.md, "Firewalls").
             Give the range room for concurrent fits (three ports per fit). Exclusive with ``port``.
         shared_memory_allreduce: workers that all run on one host (``local[N]``, one big executor,
             ``ParallelWrapper``) sum through ``/dev/shm`` instead of loopback TCP (faster all-reduces);
