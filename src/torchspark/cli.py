@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import argparse
 import glob
-import importlib.metadata
 import json
 import logging
 import os
-import platform
 import sys
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
+from torchspark.cli_args import non_negative_int, positive_float, positive_int, shape, threshold, version_line
 from torchspark.cli_checks import check_arguments, compile_setting
 from torchspark.cli_limits import check_scale, save_model
 from torchspark.cli_spark import digits_frame, train_on_spark
@@ -25,7 +25,6 @@ from torchspark.errors import ConfigError, SetupError, TorchSparkError
 from torchspark.nn.precision import PRECISIONS
 from torchspark.training.algorithms.sharing.topology import DEFAULT_SHARD_ABOVE_WORKERS
 from torchspark.training.config import master_class, master_kinds
-from torchspark.validation import parse_float, parse_int
 
 __all__ = ["main", "build_parser", "version_line"]
 
@@ -35,52 +34,10 @@ MODELS = ("lenet", "mlp")
 UPDATERS = ("adam", "sgd", "adamw", "rmsprop", "adagrad")
 
 
-def _int_at_least(minimum: int) -> Any:
-    """An argparse type: an integer >= ``minimum`` (:func:`torchspark.validation.parse_int`), with a message naming
-    the value."""
-    def parse(text: str) -> int:
-        try:
-            return parse_int(text, minimum)
-        except ConfigError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-    return parse
-
-
-_positive_int = _int_at_least(1)
-_non_negative_int = _int_at_least(0)
-
-
-def _positive_float(text: str) -> float:
-    try:
-        return parse_float(text, 0)
-    except ConfigError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _threshold(text: str) -> float | str:
-    if text == "calibrated":
-        return text
-    try:
-        return _positive_float(text)
-    except argparse.ArgumentTypeError as e:
-        raise argparse.ArgumentTypeError(f"{e}; use 'calibrated' (the default) or a threshold > 0 such as "
-                                         "DL4J's 1e-4") from None
-
-
-def _shape(text: str) -> tuple[int, ...]:
-    try:
-        dims = tuple(int(d) for d in text.replace("x", ",").split(",") if d.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a shape such as 1,28,28") from None
-    if not dims or min(dims) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a shape such as 1,28,28")
-    return dims
-
-
 def _add_spark_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--master", default=None,
                    help="Spark master URL (default local[WORKERS]); e.g. local-cluster[2,1,1024], spark://h:7077, yarn")
-    p.add_argument("--num-workers", type=_positive_int, default=2, help="Spark task slots / training workers")
+    p.add_argument("--num-workers", type=positive_int, default=2, help="Spark task slots / training workers")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="log what happens, and show the JVM's own start-up warnings and log (hidden otherwise)")
 
@@ -90,21 +47,8 @@ def _add_data_options(p: argparse.ArgumentParser) -> None:
                    help="digits:test | digits:train | a directory or glob of batch files (.safetensors) | Parquet")
     p.add_argument("--features-col", default="features", help="Parquet: features column (array or ML Vector)")
     p.add_argument("--label-col", default="label", help="Parquet: label column")
-    p.add_argument("--feature-shape", type=_shape, default=None, help="Parquet: reshape each row, e.g. 1,28,28")
-    p.add_argument("--batch-size", type=_positive_int, default=256, help="examples per forward pass on executors")
-
-
-def version_line() -> str:
-    """``torchspark --version``: this installation's version (its package metadata) and those of Python, torch
-    and pyspark, the four a bug report needs (read from metadata: nothing is imported)."""
-    def installed(dist: str) -> str:
-        try:
-            return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            return "not installed"
-
-    return (f"torchspark {installed('torchspark')} (Python {platform.python_version()}, torch {installed('torch')}, "
-            f"pyspark {installed('pyspark')})")
+    p.add_argument("--feature-shape", type=shape, default=None, help="Parquet: reshape each row, e.g. 1,28,28")
+    p.add_argument("--batch-size", type=positive_int, default=256, help="examples per forward pass on executors")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -123,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "metrics.json, stats.json and stats.html to --output.")
     train.add_argument("--dataset", default="digits", choices=["digits"], help="built-in training dataset")
     train.add_argument("--model", default="lenet", choices=MODELS, help="zoo model to train")
-    train.add_argument("--epochs", type=_positive_int, default=8, help="passes over the training data")
+    train.add_argument("--epochs", type=positive_int, default=8, help="passes over the training data")
     train.add_argument("--training-mode", default="sharing", choices=master_kinds(),
                        help="sharing: threshold-encoded gradient sharing; averaging: synchronous parameter averaging")
     train.add_argument("--parallel", action="store_true",
@@ -135,12 +79,12 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--remote", default=None, metavar="sc://HOST:PORT",
                        help="train through the Spark Connect server at this URL (a client-only install is enough: "
                             "pip install 'torchspark[connect]'; torch and torchspark must be on the executors)")
-    train.add_argument("--batch-size-per-worker", type=_positive_int, default=16, help="minibatch size per worker")
-    train.add_argument("--accumulate-steps", type=_positive_int, default=1, metavar="K",
+    train.add_argument("--batch-size-per-worker", type=positive_int, default=16, help="minibatch size per worker")
+    train.add_argument("--accumulate-steps", type=positive_int, default=1, metavar="K",
                        help="minibatches per optimizer step (gradient accumulation: K x the minibatch per step)")
-    train.add_argument("--averaging-frequency", type=_positive_int, default=5,
+    train.add_argument("--averaging-frequency", type=positive_int, default=5,
                        help="averaging mode: optimizer steps between parameter averages")
-    train.add_argument("--threshold-algorithm", type=_threshold, default="calibrated",
+    train.add_argument("--threshold-algorithm", type=threshold, default="calibrated",
                        help="sharing mode: the master's threshold_algorithm, an adaptive threshold starting at "
                             "'calibrated' (default: chosen from the first update for ~1e-3 sparsity) or at a fixed "
                             "value such as DL4J's 1e-4")
@@ -149,15 +93,15 @@ def build_parser() -> argparse.ArgumentParser:
                             "worker receives every message), sharded (reduce-scatter by index shards, then "
                             "all-gather: for many workers or dense messages), auto (sharded above 128 workers); "
                             "see docs/scaling.md")
-    train.add_argument("--shard-above-workers", type=_positive_int, default=DEFAULT_SHARD_ABOVE_WORKERS, metavar="N",
+    train.add_argument("--shard-above-workers", type=positive_int, default=DEFAULT_SHARD_ABOVE_WORKERS, metavar="N",
                        help="sharing mode: --topology auto shards when there are more than N workers; lower it for "
                             "large (dense) messages, see docs/scaling.md")
-    train.add_argument("--max-staleness", type=_non_negative_int, default=None, metavar="K",
+    train.add_argument("--max-staleness", type=non_negative_int, default=None, metavar="K",
                        help="sharing mode: bounded staleness: apply peers' updates as they arrive and wait only "
                             "when more than K steps ahead of the slowest worker (default: synchronous exchange); "
                             "helps when workers are slow at different times")
     train.add_argument("--updater", default="adam", choices=UPDATERS, help="optimizer")
-    train.add_argument("--lr", type=_positive_float, default=1e-3, help="learning rate")
+    train.add_argument("--lr", type=positive_float, default=1e-3, help="learning rate")
     train.add_argument("--seed", type=int, default=0, help="seed for weights and data shuffling")
     train.add_argument("--memory-format", default="contiguous", choices=["contiguous", "channels_last"],
                        help="layout of convolution weights; channels_last trains CNNs faster on CPU")
@@ -201,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from torchspark.advise.command import add_parser as add_advise_parser
 
-    add_advise_parser(sub, fmt, _positive_int, _positive_float, _shape)
+    add_advise_parser(sub, fmt, positive_int, positive_float, shape)
     return parser
 
 
