@@ -209,7 +209,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         for method in args.methods.split(","):
             if method == "ddp":
                 results.append(run_ddp(spark, df, test, args.target, args.max_epochs,
-                                       str(ROOT / "benchmarks" / "results" / "connect_accuracy.ranks.log")))
+                                       os.path.join(tempfile.gettempdir(), "bench_connect_accuracy.ranks.log")))
             else:
                 results.append(run_torchspark(spark, df, method, test, args.target, args.max_epochs))
             print(f"{method}: {json.dumps(results[-1])}", file=sys.stderr, flush=True)
