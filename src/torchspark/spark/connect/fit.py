@@ -80,8 +80,8 @@ def check_connect_data(spark: Any, data: Any) -> None:
         require_classic(spark, f"training on a {type(data).__name__}", DATAFRAME_ROUTE)
     if is_connect_session(data) != is_connect_session(spark):
         raise ConfigError(f"this DataFrame belongs to {session_kind(data.sparkSession)}, but the SparkNetwork "
-                          f"was built on {session_kind(spark)}; create the DataFrame with the session the SparkNetwork was "
-                          "built on")
+                          f"was built on {session_kind(spark)}; create the DataFrame with the session the "
+                          "SparkNetwork was built on")
 
 
 def connect_num_workers(spark: Any, master: TrainingMaster) -> int:

@@ -21,7 +21,8 @@ from torchspark.training.config.mesh import MESH_FIELDS, RENDEZVOUS_ROUTES, Mesh
 from torchspark.validation import check_bool, check_choice, check_float, check_int
 
 __all__ = ["TrainingMaster", "ParameterAveragingTrainingMaster", "master_from_json", "register_master", "master_class", "master_kinds",
-           "REPARTITION", "STRATEGIES", "APPROACHES", "DATAFRAME_ROUTES", "AVERAGING_ROUTES", "RENDEZVOUS_ROUTES", "STORAGE_LEVELS"]
+           "REPARTITION", "STRATEGIES", "APPROACHES", "DATAFRAME_ROUTES", "AVERAGING_ROUTES", "RENDEZVOUS_ROUTES",
+           "STORAGE_LEVELS"]
 
 REPARTITION = ("always", "never", "num_partitions_workers_differs")
 STRATEGIES = ("balanced", "spark_default")
