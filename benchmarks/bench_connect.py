@@ -9,9 +9,9 @@ process): ``classic_export`` (a classic ``local[2]`` session, the default ``rdd_
 ``mapInArrow`` stage on a classic session) and ``connect`` (a Spark Connect server process on ``local[2]``, the
 client in the child: one barrier ``mapInArrow`` stage streaming the rows). Same data in every route: ``n`` rows
 generated on the server (``features`` 784 doubles, ``label`` 0-9), cached and counted before timing;
-ParameterAveragingTrainingMaster with 2 workers, batch 32 per worker, averaging every 5. After one warm-up fit, each repetition times a 1-epoch and a 3-epoch fit:
-steady samples/s = 2 n / (T3 - T1), per-fit overhead = T1 - n / steady. Writes ``benchmarks/results/connect.json``
-and prints a table; BENCHMARKS.md "Spark Connect" holds the numbers of a run.
+ParameterAveragingTrainingMaster with 2 workers, batch 32 per worker, averaging every 5. After one warm-up fit,
+each repetition times a 1-epoch and a 3-epoch fit: steady samples/s = 2 n / (T3 - T1), per-fit overhead =
+T1 - n / steady. Writes ``benchmarks/results/connect.json`` and prints a table; BENCHMARKS.md "Spark Connect" holds the numbers of a run.
 """
 
 from __future__ import annotations
