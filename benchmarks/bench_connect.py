@@ -11,7 +11,8 @@ client in the child: one barrier ``mapInArrow`` stage streaming the rows). Same 
 generated on the server (``features`` 784 doubles, ``label`` 0-9), cached and counted before timing;
 ParameterAveragingTrainingMaster with 2 workers, batch 32 per worker, averaging every 5. After one warm-up fit,
 each repetition times a 1-epoch and a 3-epoch fit: steady samples/s = 2 n / (T3 - T1), per-fit overhead =
-T1 - n / steady. Writes ``benchmarks/results/connect.json`` and prints a table; BENCHMARKS.md "Spark Connect" holds the numbers of a run.
+T1 - n / steady. Writes ``benchmarks/results/connect.json`` and prints a table; BENCHMARKS.md "Spark Connect"
+holds the numbers of a run.
 """
 
 from __future__ import annotations
