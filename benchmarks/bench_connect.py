@@ -4,13 +4,15 @@ Run: ``.venv/bin/python benchmarks/bench_connect.py [--quick] [--reps 3] [--mode
 
 Each route runs in its own child process (a Connect client switches pyspark into Connect mode for the whole
 process): ``classic_export`` (a classic ``local[2]`` session, the default ``rdd_training_approach="export"``),
-``classic_direct`` (the same with ``"direct"``: minibatches built from the DataFrame and kept in memory) and
-``connect`` (a Spark Connect server process on ``local[2]``, the client in the child: one barrier ``mapInArrow``
-stage streaming the rows). Same data in every route: ``n`` rows generated on the server (``features`` 784 doubles,
-``label`` 0-9), cached and counted before timing; ParameterAveragingTrainingMaster with 2 workers, batch 32 per
-worker, averaging every 5. After one warm-up fit, each repetition times a 1-epoch and a 3-epoch fit:
-steady samples/s = 2 n / (T3 - T1), per-fit overhead = T1 - n / steady. Writes ``benchmarks/results/connect.json``
-and prints a table; BENCHMARKS.md "Spark Connect" holds the numbers of a run.
+``classic_direct`` (the same with ``"direct"``: minibatches built from the DataFrame and kept in memory),
+``classic_arrow`` (the same session with ``dataframe_route="barrier_arrow"``: the Connect route's one barrier
+``mapInArrow`` stage on a classic session) and ``connect`` (a Spark Connect server process on ``local[2]``, the
+client in the child: one barrier ``mapInArrow`` stage streaming the rows). Same data in every route: ``n`` rows
+generated on the server (``features`` 784 doubles, ``label`` 0-9), cached and counted before timing;
+ParameterAveragingTrainingMaster with 2 workers, batch 32 per worker, averaging every 5. After one warm-up fit,
+each repetition times a 1-epoch and a 3-epoch fit: steady samples/s = 2 n / (T3 - T1), per-fit overhead =
+T1 - n / steady. Writes ``benchmarks/results/connect.json`` and prints a table; BENCHMARKS.md "Spark Connect"
+holds the numbers of a run.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-ROUTES = ("classic_export", "classic_direct", "connect")
+ROUTES = ("classic_export", "classic_direct", "classic_arrow", "connect")
 
 
 def _frame(spark: Any, n: int) -> Any:
@@ -62,7 +64,9 @@ def child(route: str, model: str, n: int, reps: int) -> dict[str, Any]:
         df = _frame(spark, n)
         approach = "direct" if route == "classic_direct" else "export"
         master = ParameterAveragingTrainingMaster(batch_size_per_worker=32, num_workers=2, averaging_frequency=5,
-                                                  rdd_training_approach=approach)
+                                                  rdd_training_approach=approach,
+                                                  dataframe_route="barrier_arrow" if route == "classic_arrow"
+                                                  else "rdd")
         shape = (1, 28, 28) if model == "lenet" else None
         net = _network(model)
         with SparkNetwork(spark, net, master, progress=False) as spark_net:
@@ -91,6 +95,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--models", default="mlp,lenet")
+    parser.add_argument("--routes", default=",".join(ROUTES))
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -101,7 +106,7 @@ def main() -> None:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
     rows = []
     for model in args.models.split(","):
-        for route in ROUTES:
+        for route in args.routes.split(","):
             out = subprocess.run([sys.executable, __file__, "--child", f"{route}:{model}:{sizes[model]}",
                                   "--reps", str(1 if args.quick else args.reps)], env=env, capture_output=True,
                                  text=True, timeout=3600)

@@ -26,7 +26,8 @@ __all__ = ["DEFAULT_BATCH_SIZE", "SPARK_ONLY", "master_options", "master_from_op
 DEFAULT_BATCH_SIZE = 32
 
 #: master options that only mean something on Spark: the workers here are local processes fed by this one
-SPARK_ONLY = ("repartition", "repartition_strategy", "rdd_training_approach", "export_directory", "storage_level",
+SPARK_ONLY = ("repartition", "repartition_strategy", "rdd_training_approach", "dataframe_route", "export_directory",
+              "storage_level",
               "rendezvous_via", "port", "network_mask", "controller_address", "averaging_via", "aggregation_depth",
               "workers_per_node", "gpus_per_worker")
 

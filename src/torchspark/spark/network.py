@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 from torchspark.errors import ConfigError, DataError
 from torchspark.listeners import TrainingEvents, TrainingListener
 from torchspark.nn import Network
-from torchspark.spark.connect.fit import connect_fit_data
+from torchspark.spark.connect.fit import check_connect_data, connect_fit_data, takes_arrow_route
 from torchspark.spark.connect.runner import ConnectBarrierRunner
 from torchspark.spark.data import spread_round_robin
 from torchspark.spark.dataframes import network_batches
@@ -169,7 +169,7 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         check_int("epochs", epochs, 1)
         plan_for(master, run_id, 0, 0)  # a run_id without checkpoint_directory fails before any Spark job
         self._driver_stats = StatsCollector(DRIVER_ID, enabled=self._collect_stats)
-        if self.sc is None:
+        if takes_arrow_route(self.spark, master, data):
             return self._fit_connect(data, master, epochs, features_col, label_col, feature_shape, run_id)
         self.preparation.epoch_examples = None
         rdd = network_batches(self.network, data, features_col, label_col, feature_shape)
@@ -269,11 +269,15 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
 
     def _fit_connect(self, data: Any, master: TrainingMaster, epochs: int, features_col: Any, label_col: Any,
                      feature_shape: Any, run_id: str | None) -> Network:
-        """:meth:`fit` on a Spark Connect session: a DataFrame streamed into one barrier ``mapInArrow`` stage."""
-        shares = connect_fit_data(self.spark, self.network, data, master, epochs, features_col=features_col,
+        """:meth:`fit` on a Spark Connect session, or of a DataFrame with ``dataframe_route="barrier_arrow"``: the
+        rows streamed into one barrier ``mapInArrow`` stage."""
+        check_connect_data(self.spark, data)
+        spark = self.spark if self.sc is None else data.sparkSession
+        shares = connect_fit_data(spark, self.network, data, master, epochs, features_col=features_col,
                                   label_col=label_col, feature_shape=feature_shape, recorder=self._driver_stats)
         n, examples = shares.workers, shares.epoch_examples
-        self._fits.fit(self.network, master, self._runner(master), shares, epochs=epochs, num_workers=n,
+        runner = self.runner or ConnectBarrierRunner(spark, master.mesh)
+        self._fits.fit(self.network, master, runner, shares, epochs=epochs, num_workers=n,
                        collect_stats=self._collect_stats, recorder=self._driver_stats,
                        description=f"torchspark fit: {n} workers, {epochs} epoch(s)", run_id=run_id,
                        progress=self.progress, total_examples=None if examples is None else examples * epochs)
@@ -284,8 +288,6 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         or one barrier stage, either with the training stage's GPUs ``gpus``."""
         if self.runner is not None:
             return self.runner
-        if self.sc is None:
-            return ConnectBarrierRunner(self.spark, master.mesh)
         if master.spark_rounds:
             return SparkRoundsRunner(self.sc, master.aggregation_depth,  # type: ignore[attr-defined]
                                      master.storage_level, gpus)

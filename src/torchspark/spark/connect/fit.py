@@ -25,11 +25,21 @@ from torchspark.training.driver.adapter import check_first_batch
 from torchspark.training.hooks import NullRecorder, PhaseRecorder
 
 __all__ = ["check_connect_master", "check_connect_data", "connect_num_workers", "connect_fit_data",
-           "DATAFRAME_ROUTE"]
+           "takes_arrow_route", "DATAFRAME_ROUTE"]
 
 #: how to train on a Connect session, for messages
 DATAFRAME_ROUTE = ("pass a DataFrame instead: fit(df, features_col=..., label_col=..., feature_shape=...), e.g. "
                    "spark.createDataFrame(rows, 'features array<double>, label long')")
+
+
+def takes_arrow_route(spark: Any, master: TrainingMaster, data: Any) -> bool:
+    """Whether a fit of ``data`` takes this route: always on a Connect session; on a classic one for a DataFrame
+    when the master says ``dataframe_route="barrier_arrow"`` (RDDs and lists always take the RDD routes there)."""
+    if is_connect_session(spark):
+        return True
+    from pyspark.sql import DataFrame
+
+    return master.dataframe_route == "barrier_arrow" and isinstance(data, DataFrame)
 
 
 def check_connect_master(master: TrainingMaster) -> None:
@@ -57,7 +67,8 @@ def check_connect_master(master: TrainingMaster) -> None:
 
 
 def check_connect_data(spark: Any, data: Any) -> None:
-    """Refuse training data a Connect session cannot read: anything but one of its own DataFrames.
+    """Refuse training data the route cannot read: anything but a DataFrame of the session's kind (Connect, or
+    classic with ``dataframe_route="barrier_arrow"``).
 
     Raises:
         ConfigError: an RDD, a list or another object (naming the DataFrame route), or a classic session's
@@ -67,9 +78,10 @@ def check_connect_data(spark: Any, data: Any) -> None:
 
     if not isinstance(data, DataFrame):
         require_classic(spark, f"training on a {type(data).__name__}", DATAFRAME_ROUTE)
-    if not is_connect_session(data):
+    if is_connect_session(data) != is_connect_session(spark):
         raise ConfigError(f"this DataFrame belongs to {session_kind(data.sparkSession)}, but the SparkNetwork "
-                          f"was built on {session_kind(spark)}; create the DataFrame with the Connect session")
+                          f"was built on {session_kind(spark)}; create the DataFrame with the session the "
+                          "SparkNetwork was built on")
 
 
 def connect_num_workers(spark: Any, master: TrainingMaster) -> int:

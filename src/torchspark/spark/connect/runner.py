@@ -38,6 +38,8 @@ from torchspark.spark.connect.feeding import ConnectWorkerData
 from torchspark.spark.connect.jobs import client_is_local, run_tagged
 from torchspark.spark.connect.results import decode_result, encode_result
 from torchspark.spark.connect.shipping import Shipment, ship_bytes
+from torchspark.spark.driver_address import driver_listen_address
+from torchspark.spark.session_kinds import is_connect_session
 from torchspark.spark.task_bootstrap import executor_name, set_up_task
 from torchspark.training.comm import TorchDistCommunicator
 from torchspark.training.config.mesh import MeshConfig
@@ -119,8 +121,7 @@ class ConnectBarrierRunner:
         self.inline_limit = inline_limit
 
     def run(self, task: WorkerTask, data: ConnectWorkerData, context: RunContext) -> list[WorkerResult]:
-        reachable = client_is_local(self.spark) if self.progress is None else self.progress
-        address = context.progress_address(port_range=self.mesh.port_range) if reachable else None
+        address = self._progress(context)
         shipped = ship_bytes(self.spark, task.blueprint, "weights", self.inline_limit)
         fn = connect_barrier_task(replace(task, blueprint=b""), shipped, self.mesh, data.feed, address)
         world, timeout_s = data.workers, self.mesh.rendezvous_timeout_s
@@ -134,3 +135,15 @@ class ConnectBarrierRunner:
         if missing:
             raise WorkerError(f"{context.description}: no result rows from worker(s) {missing}")
         return [decode_result(payloads[(r, "result")]) for r in range(world)]
+
+    def _progress(self, context: RunContext) -> ProgressEndpoint | None:
+        """The progress channel's address: on a classic session (``dataframe_route="barrier_arrow"``) where the
+        classic barrier runner opens it (the executors reach the driver); under Connect on loopback, when the
+        server runs on this machine (or ``progress=True``)."""
+        if not is_connect_session(self.spark):
+            if self.progress is False:
+                return None
+            bind, host = driver_listen_address(self.spark.sparkContext)
+            return context.progress_address(host=bind, advertise_host=host, port_range=self.mesh.port_range)
+        reachable = client_is_local(self.spark) if self.progress is None else self.progress
+        return context.progress_address(port_range=self.mesh.port_range) if reachable else None

@@ -114,6 +114,9 @@ def server_command(master: str, host: str, port: int, conf: dict[str, Any]) -> l
     }
     if master.startswith("local"):
         settings.update({"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"})
+        # this machine's executors run this interpreter: fork Python workers from a daemon that imported torch
+        # (as local_session does), so a fit's new workers do not pay ``import torch``
+        settings["spark.python.daemon.module"] = "torchspark.spark._daemon"
     settings.update({k: str(v) for k, v in conf.items()})
     for key, value in settings.items():
         cmd += ["--conf", f"{key}={value}"]

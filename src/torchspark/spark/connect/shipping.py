@@ -24,6 +24,7 @@ import hashlib
 import os
 import re
 import shutil
+import sys
 import tempfile
 import uuid
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from typing import Any
 
 from torchspark.errors import SetupError
 from torchspark.spark.connect.chunks import from_chunks, to_chunks
+from torchspark.spark.session_kinds import is_connect_session
 
 __all__ = ["Shipment", "ship_bytes", "message_cap", "inline_limit", "ARTIFACT_PART_BYTES", "DEFAULT_MESSAGE_CAP"]
 
@@ -61,7 +63,10 @@ def message_cap(spark: Any) -> int:
 
 def inline_limit(spark: Any) -> int:
     """The largest payload kept in a function's closure: a quarter of :func:`message_cap`, leaving the rest of the
-    message to the plan, the function's code and the other captured values."""
+    message to the plan, the function's code and the other captured values. A classic session
+    (``dataframe_route="barrier_arrow"``) has no cap: PySpark broadcasts a large pickled function itself."""
+    if not is_connect_session(spark):
+        return sys.maxsize
     return message_cap(spark) // 4
 
 

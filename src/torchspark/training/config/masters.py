@@ -21,7 +21,8 @@ from torchspark.training.config.mesh import MESH_FIELDS, RENDEZVOUS_ROUTES, Mesh
 from torchspark.validation import check_bool, check_choice, check_float, check_int
 
 __all__ = ["TrainingMaster", "ParameterAveragingTrainingMaster", "master_from_json", "register_master", "master_class", "master_kinds",
-           "REPARTITION", "STRATEGIES", "APPROACHES", "SHUFFLE_SCOPES", "AVERAGING_ROUTES", "RENDEZVOUS_ROUTES", "STORAGE_LEVELS"]
+           "REPARTITION", "STRATEGIES", "APPROACHES", "SHUFFLE_SCOPES", "DATAFRAME_ROUTES", "AVERAGING_ROUTES",
+           "RENDEZVOUS_ROUTES", "STORAGE_LEVELS"]
 
 REPARTITION = ("always", "never", "num_partitions_workers_differs")
 STRATEGIES = ("balanced", "spark_default")
@@ -29,6 +30,8 @@ APPROACHES = ("export", "direct")
 #: ``shuffle_scope``: "worker" reorders each worker's own minibatches every epoch (no data moves); "global" deals the
 #: minibatches to the workers anew every epoch (data moves between workers every epoch)
 SHUFFLE_SCOPES = ("worker", "global")
+#: how a classic session trains a DataFrame: RDD routes (``rdd_training_approach``) or the Connect route's stage
+DATAFRAME_ROUTES = ("rdd", "barrier_arrow")
 AVERAGING_ROUTES = ("torch", "spark")
 #: the names of ``pyspark.StorageLevel``'s levels, spelled out so masters validate without importing pyspark (a test
 #: checks this equals pyspark's own set)
@@ -82,6 +85,18 @@ class TrainingMaster:
             other hosts would get paths that do not exist there. ``SparkNetwork.delete_temp_files()`` (or
             ``close()``) removes the files; an explicit ``export_directory``'s exports stay until then (one a
             killed driver of this host left is removed by the next export to the same ``export_directory``).
+        dataframe_route: how ``SparkNetwork.fit`` trains a DataFrame on a classic session. ``"rdd"`` (default):
+            the rows become an RDD of minibatches and follow ``rdd_training_approach`` (the export is reused by
+            later fits of the same DataFrame; ``direct`` keeps the minibatches persisted). ``"barrier_arrow"``: the
+            Spark Connect route on a classic session: one barrier ``mapInArrow`` stage streams the rows straight
+            into the workers every fit (no export files, nothing persisted; a survey, a tagging pass and a shuffle
+            per fit), the same code path a Connect session always takes -- use it to check that a job behaves
+            the same before moving it to Connect, or when no export directory is at hand. It takes the Connect
+            route's settings: ``repartition="always"``, ``repartition_strategy="balanced"``, one barrier stage
+            (``averaging_via="torch"``), ``num_workers`` (not ``workers_per_node``), no ``gpus_per_worker``.
+            Measured in BENCHMARKS.md ("Spark Connect": one code path?), which says why ``"rdd"`` stays the
+            default. RDD inputs always take the RDD routes; a Connect session always takes the Arrow route.
+            Example: ``ParameterAveragingTrainingMaster(num_workers=2, dataframe_route="barrier_arrow")``.
         storage_level: persistence of the prepared RDD with ``direct``: a ``pyspark.StorageLevel`` name
             (:data:`STORAGE_LEVELS`, e.g. ``"MEMORY_AND_DISK"`` when the data does not fit in executor memory).
         drop_last: train only full minibatches of ``batch_size_per_worker`` (as ``DataLoader(drop_last=True)``):
@@ -163,6 +178,7 @@ class TrainingMaster:
     repartition: str = "always"
     repartition_strategy: str = "balanced"
     rdd_training_approach: str = "export"
+    dataframe_route: str = "rdd"
     export_directory: str | None = None
     storage_level: str = "MEMORY_ONLY"
     collect_training_stats: bool = False
@@ -198,6 +214,7 @@ class TrainingMaster:
         check_choice("repartition_strategy", self.repartition_strategy, STRATEGIES, owner=name)
         check_choice("rdd_training_approach", self.rdd_training_approach, APPROACHES, owner=name)
         check_choice("storage_level", self.storage_level, STORAGE_LEVELS, owner=name)
+        check_choice("dataframe_route", self.dataframe_route, DATAFRAME_ROUTES, owner=name)
         check_bool("drop_last", self.drop_last, owner=name)
         if self.drop_last and (self.repartition_strategy != "balanced" or self.repartition == "never"):
             raise ConfigError(f"{name}: drop_last=True needs repartition_strategy='balanced' and a repartition, got "
@@ -215,10 +232,28 @@ class TrainingMaster:
         check_int("max_failures", self.max_failures, 0, owner=name)
         check_float("data_timeout_s", self.data_timeout_s, above=0, unit="seconds", owner=name)
         _check_gpu_amount(name, self.gpus_per_worker)
+        self._check_dataframe_route(name)
         try:
             self.mesh  # noqa: B018 - builds the MeshConfig: the one place the mesh options are checked
         except ConfigError as e:
             raise ConfigError(f"{name}: {e}") from None
+
+    def _check_dataframe_route(self, name: str) -> None:
+        """``dataframe_route="barrier_arrow"`` takes the Connect route's settings only (the field's docstring)."""
+        if self.dataframe_route != "barrier_arrow":
+            return
+        settings = {"repartition": (self.repartition, "always"),
+                    "repartition_strategy": (self.repartition_strategy, "balanced"),
+                    "averaging_via": ("spark" if self.spark_rounds else "torch", "torch"),
+                    "gpus_per_worker": (self.gpus_per_worker, None),
+                    "workers_per_node": (self.workers_per_executor, None)}
+        refused = [f"{k}={v!r}" for k, (v, fine) in settings.items() if v != fine]
+        if refused:
+            raise ConfigError(f"{name}: dataframe_route='barrier_arrow' (the Spark Connect route's one barrier "
+                              f"stage, balanced split) cannot run with {', '.join(refused)}; use "
+                              "dataframe_route='rdd' (the default) for those, or the defaults "
+                              "repartition='always', repartition_strategy='balanced', averaging_via='torch', "
+                              "num_workers instead of workers_per_node, no gpus_per_worker")
 
     @property
     def spark_rounds(self) -> bool:
