@@ -17,7 +17,7 @@ from torchspark.listeners import TrainingEvents, TrainingListener
 from torchspark.nn import Network
 from torchspark.spark.connect.fit import connect_fit_data
 from torchspark.spark.connect.paths import connect_path_data
-from torchspark.spark.connect.progress import ConnectProgress
+from torchspark.spark.connect.progress import ConnectProgress, check_channel
 from torchspark.spark.connect.runner import ConnectBarrierRunner
 from torchspark.spark.data import spread_round_robin
 from torchspark.spark.dataframes import network_batches
@@ -197,6 +197,7 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         plan_for(master, run_id, 0, 0)  # a run_id without checkpoint_directory fails before any Spark job
         self._driver_stats = StatsCollector(DRIVER_ID, enabled=self._collect_stats)
         if self.sc is None:
+            check_channel(self.progress_channel, master.checkpoint_directory)
             return self._fit_connect(data, master, epochs, features_col, label_col, feature_shape, run_id)
         self.preparation.epoch_examples = None
         rdd = network_batches(self.network, data, features_col, label_col, feature_shape)
@@ -245,6 +246,7 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         check_loader(loader)
         self._driver_stats = StatsCollector(DRIVER_ID, enabled=self._collect_stats)
         if self.sc is None:
+            check_channel(self.progress_channel, master.checkpoint_directory)
             shares = connect_path_data(self.spark, self.network, paths, loader, master, epochs, self._driver_stats)
             return self._train_connect(shares, master, epochs, run_id)
         n = self._num_workers(master)

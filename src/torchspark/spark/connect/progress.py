@@ -31,7 +31,7 @@ from torchspark.training.checkpoint import CheckpointPlan
 from torchspark.training.checkpoint.store import run_directory
 from torchspark.validation import check_choice, check_float
 
-__all__ = ["ConnectProgress", "CHANNELS", "choose_channel", "progress_base", "open_channel"]
+__all__ = ["ConnectProgress", "CHANNELS", "check_channel", "choose_channel", "progress_base", "open_channel"]
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +85,17 @@ def progress_base(setting: ConnectProgress, checkpoint: CheckpointPlan | None) -
     if checkpoint is not None:
         return join(run_directory(checkpoint.directory, checkpoint.run_id), "progress")
     return None
+
+
+def check_channel(setting: ConnectProgress, checkpoint_directory: str | None) -> None:
+    """Refuse ``"directory"`` without a place for it before any query runs (the master's
+    ``checkpoint_directory`` is the other place).
+
+    Raises:
+        ConfigError: as :func:`choose_channel` does.
+    """
+    if setting.channel == "directory" and setting.directory is None and checkpoint_directory is None:
+        choose_channel(setting, False, None)
 
 
 def choose_channel(setting: ConnectProgress, client_local: bool, base: str | None) -> str:
