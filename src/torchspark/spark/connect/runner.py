@@ -59,7 +59,8 @@ _FROM_PROGRESS = {None: "auto", True: "tcp", False: "none"}
 
 def connect_barrier_task(task: WorkerTask, blueprint: Shipment, mesh: MeshConfig,
                          feed: Callable[[int, Iterable[Any]], Iterable[Any]],
-                         progress: ProgressEndpoint | ProgressDirectory | None = None) -> Callable[[Iterable[Any]], Iterator[Any]]:
+                         progress: ProgressEndpoint | ProgressDirectory | None = None,
+                         ) -> Callable[[Iterable[Any]], Iterator[Any]]:
     """The ``mapInArrow`` function of the training stage: set up the task (device, cores), read the weights, meet
     the peers through ``allGather``, train on ``feed(rank, record_batches)``, return the
     :class:`~torchspark.training.task.WorkerResult` as :data:`~torchspark.spark.connect.chunks.PAYLOAD_SCHEMA` rows.

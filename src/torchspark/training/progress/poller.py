@@ -133,6 +133,7 @@ class DirectoryProgressReader:
         A listing that fails is logged and retried at the next poll."""
         with self._poll_lock:
             try:
+                self._fs.invalidate_cache(self._path)  # object stores cache listings (s3fs): see new chunks
                 names = self._fs.ls(self._path, detail=False)
             except FileNotFoundError:
                 return 0
