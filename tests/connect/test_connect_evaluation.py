@@ -133,14 +133,6 @@ def test_rdds_and_lists_of_batches_are_refused_with_the_dataframe_route(connect_
                 call(bad)
 
 
-def test_fit_paths_is_refused_naming_the_dataframe_route(connect_spark, net, tmp_path) -> None:
-    from torchspark.spark import ParameterAveragingTrainingMaster
-
-    snet = SparkNetwork(connect_spark, net, ParameterAveragingTrainingMaster(batch_size_per_worker=8))
-    with pytest.raises(ConfigError, match="fit_paths .* Spark Connect session .* train from a DataFrame with fit"):
-        snet.fit_paths(str(tmp_path))
-
-
 def test_nulls_and_ragged_arrays_are_data_errors_naming_the_column(connect_spark, net, tmp_path) -> None:
     snet = SparkNetwork(connect_spark, net)
     nulls = connect_spark.createDataFrame([([0.0] * F, 1), (None, 0)], "features array<double>, label long")

@@ -133,6 +133,12 @@ def _pick_traceback(spark_tb: str, reported_errors: Callable[[], list[tuple[int,
     return found[1] if found is not None and not is_peer_failure(found[1]) else spark_tb
 
 
+def _reported_cause(reported_errors: Callable[[], list[tuple[int, str]]] | None) -> str | None:
+    """The first traceback a worker reported that is not a peer's symptom, read now (no wait), else None."""
+    found = reported_errors() if reported_errors is not None else []
+    return next((tb for _, tb in found if not is_peer_failure(tb)), None)
+
+
 def task_error(error: BaseException, description: str,
                reported_errors: Callable[[], list[tuple[int, str]]] | None = None) -> TorchSparkError:
     """Our error for a failed Spark task.
@@ -142,13 +148,17 @@ def task_error(error: BaseException, description: str,
         description: the job's description (named in the message).
         reported_errors: the progress channel's ``(rank, traceback)`` list: Spark reports whichever task failed
             first, often a peer that merely saw the failing worker's connection drop; a worker's own report of the
-            cause wins over such a symptom.
+            cause wins over such a symptom, and so does it when Spark's text carries no Python traceback at all (a
+            Spark Connect client may get the error message cut short).
     Returns:
         :func:`lost_worker`'s WorkerLost when the worker's process or executor was lost; the executor's own class
         when it raised one of ours (as a WorkerError as well); else a WorkerError.
     """
     has_python = bool(_PY_TRACE.findall(str(error)))
-    tb = _pick_traceback(worker_traceback(error), reported_errors) if has_python else None
+    if has_python:
+        tb: str | None = _pick_traceback(worker_traceback(error), reported_errors)
+    else:  # Spark's text lost the traceback (a client's cut error message): a worker's own report names the cause
+        tb = None if _LOST.search(str(error)) else _reported_cause(reported_errors)
     lost = lost_worker(error, description, tb)
     if lost is not None:
         return lost

@@ -16,6 +16,8 @@ from torchspark.errors import ConfigError, DataError
 from torchspark.listeners import TrainingEvents, TrainingListener
 from torchspark.nn import Network
 from torchspark.spark.connect.fit import check_connect_data, connect_fit_data, takes_arrow_route
+from torchspark.spark.connect.paths import connect_path_data
+from torchspark.spark.connect.progress import ConnectProgress, check_channel
 from torchspark.spark.connect.runner import ConnectBarrierRunner
 from torchspark.spark.data import spread_round_robin
 from torchspark.spark.dataframes import network_batches
@@ -27,7 +29,7 @@ from torchspark.spark.preflight import executors_for_workers_per_node, preflight
 from torchspark.spark.preparation import DataPreparation, first_item, planned_epochs
 from torchspark.spark.runners import SparkBarrierRunner, SparkRoundsRunner, SparkWorkerData
 from torchspark.spark.session import spark_context
-from torchspark.spark.session_kinds import is_connect_session, require_classic
+from torchspark.spark.session_kinds import is_connect_session
 from torchspark.stats import DRIVER_ID, StatsCollector, TrainingStats
 from torchspark.training.assignment import check_loader
 from torchspark.training.checkpoint import plan_for
@@ -61,6 +63,22 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
             route, one Spark barrier stage (:class:`~torchspark.spark.runners.SparkBarrierRunner`) or one Spark job
             per averaging round (``averaging_via="spark"``). Tests pass
             :class:`~torchspark.training.driver.runner.InProcessRunner` to train the prepared partitions in threads.
+        progress_channel: on a Spark Connect session, how progress, heartbeats, scores and worker tracebacks reach
+            this client (:mod:`torchspark.spark.connect.progress`): ``"auto"`` (default: TCP when the Connect
+            server runs on this machine, else the directory below when there is one), ``"tcp"``, ``"directory"``
+            (workers write files the client polls: for a client the executors cannot connect to), ``"none"``.
+            A classic session always uses TCP (its driver is in the cluster).
+        progress_directory: where the ``"directory"`` channel's files go: any fsspec URL every executor can write
+            and this client can read, e.g. ``"s3://bucket/torchspark/progress"`` (each fit uses a fresh
+            subdirectory, removed when it succeeds, kept when it fails). None: ``<checkpoint_directory>/<run_id>/
+            progress`` when the master checkpoints.
+        progress_poll_s: seconds between two reads of the directory by the client (and two writes by a worker);
+            1.0 keeps the bar live, raise it when each listing costs (an object store's LIST).
+
+    Example (a laptop client of a remote cluster)::
+
+        spark = SparkSession.builder.remote("sc://cluster:15002").getOrCreate()
+        SparkNetwork(spark, net, master, progress_directory="s3://bucket/progress").fit(df)
     """
 
     def __init__(
@@ -70,6 +88,9 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         master: TrainingMaster | None = None,
         progress: bool | None = None,
         runner: Runner | None = None,
+        progress_channel: str = "auto",
+        progress_directory: str | None = None,
+        progress_poll_s: float = 1.0,
     ) -> None:
         if not isinstance(network, Network):
             raise ConfigError(f"network must be a torchspark.Network, got {type(network).__name__}")
@@ -78,6 +99,12 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         #: the SparkContext; None on a Spark Connect session (which has none)
         self.sc = None if is_connect_session(spark) else spark_context(spark)
         self.spark = spark
+        #: the progress channel of fits on a Connect session
+        self.progress_channel = ConnectProgress(progress_channel, progress_directory, progress_poll_s)
+        if self.sc is not None and (progress_channel != "auto" or progress_directory is not None):
+            raise ConfigError(f"progress_channel={progress_channel!r} / progress_directory={progress_directory!r} "
+                              "apply to a Spark Connect session only; on a classic session the driver runs in the "
+                              "cluster and workers stream progress to it over TCP: drop these arguments")
         self.network = network
         self.master = master
         self._preflight_done: set[tuple[str, int]] = set()  # (check, id(sc)): the once-per-session checks run
@@ -170,6 +197,8 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         plan_for(master, run_id, 0, 0)  # a run_id without checkpoint_directory fails before any Spark job
         self._driver_stats = StatsCollector(DRIVER_ID, enabled=self._collect_stats)
         if takes_arrow_route(self.spark, master, data):
+            if self.sc is None:
+                check_channel(self.progress_channel, master.checkpoint_directory)
             return self._fit_connect(data, master, epochs, features_col, label_col, feature_shape, run_id)
         self.preparation.epoch_examples = None
         rdd = network_batches(self.network, data, features_col, label_col, feature_shape)
@@ -202,18 +231,25 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
                 file per minibatch or a few examples per file). It must be picklable (a module-level function, or
                 a closure Spark's cloudpickle can ship). A directory then means every non-hidden file in it.
             run_id: as in :meth:`fit`.
+
+        On a Spark Connect session the client resolves and plans the files (a path, a glob or a list: no RDD) and
+        each worker of one barrier ``mapInArrow`` stage reads its own files (:mod:`torchspark.spark.connect.paths`);
+        the client and every executor must reach them.
+
         Raises:
-            ConfigError: a Spark Connect session (train from a DataFrame there).
+            ConfigError: an RDD of paths on a Spark Connect session, or master settings it cannot run.
             DataError: an empty list/RDD, a location that does not exist, a directory or glob without files, a file
                 that is not a batch file (without ``loader``), or a loader that returns something else.
         """
         master = self._require_master()
-        require_classic(self.spark, "fit_paths (training from batch files)", "train from a DataFrame with fit(); "
-                        "evaluate, calculate_score and score_examples take batch-file paths on Connect")
         check_int("epochs", epochs, 1)
         plan_for(master, run_id, 0, 0)
         check_loader(loader)
         self._driver_stats = StatsCollector(DRIVER_ID, enabled=self._collect_stats)
+        if self.sc is None:
+            check_channel(self.progress_channel, master.checkpoint_directory)
+            shares = connect_path_data(self.spark, self.network, paths, loader, master, epochs, self._driver_stats)
+            return self._train_connect(shares, master, epochs, run_id)
         n = self._num_workers(master)
         gpus = self._preflight(master, n)
         worker_rdd = self.preparation.from_paths(paths, loader, master, n, epochs)
@@ -275,8 +311,15 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         spark = self.spark if self.sc is None else data.sparkSession
         shares = connect_fit_data(spark, self.network, data, master, epochs, features_col=features_col,
                                   label_col=label_col, feature_shape=feature_shape, recorder=self._driver_stats)
+        return self._train_connect(shares, master, epochs, run_id, spark)
+
+    def _train_connect(self, shares: Any, master: TrainingMaster, epochs: int, run_id: str | None,
+                       spark: Any = None) -> Network:
+        """Run the fit of a Connect session's prepared data (a DataFrame's rows or a plan of files) on ``spark``
+        (default: this object's session)."""
         n, examples = shares.workers, shares.epoch_examples
-        runner = self.runner or ConnectBarrierRunner(spark, master.mesh)
+        runner = self.runner or ConnectBarrierRunner(spark if spark is not None else self.spark, master.mesh,
+                                                     channel=self.progress_channel)
         self._fits.fit(self.network, master, runner, shares, epochs=epochs, num_workers=n,
                        collect_stats=self._collect_stats, recorder=self._driver_stats,
                        description=f"torchspark fit: {n} workers, {epochs} epoch(s)", run_id=run_id,

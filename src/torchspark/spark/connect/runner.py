@@ -14,7 +14,8 @@ results                    pickled ``collect()``             output rows, safete
 cancelling                 job groups                        tags (:func:`~torchspark.spark.connect.jobs.run_tagged`)
 progress, worker errors    the driver's progress server      the same when the server is on this machine
                                                              (:func:`~torchspark.spark.connect.jobs.client_is_local`);
-                                                             else none: errors come in Spark's error text
+                                                             else files in a directory the client polls
+                                                             (:mod:`~torchspark.spark.connect.progress`)
 =========================  ===============================  ==============================================
 
 A worker that raises fails the stage, so Spark stops its peers at once (a task that returned its error as a row
@@ -36,6 +37,7 @@ from torchspark.spark.barrier import rendezvous
 from torchspark.spark.connect.chunks import PAYLOAD_SCHEMA, gather_payloads, payload_batches
 from torchspark.spark.connect.feeding import ConnectWorkerData
 from torchspark.spark.connect.jobs import client_is_local, run_tagged
+from torchspark.spark.connect.progress import ConnectProgress, choose_channel, open_channel, progress_base
 from torchspark.spark.connect.results import decode_result, encode_result
 from torchspark.spark.connect.shipping import Shipment, ship_bytes
 from torchspark.spark.driver_address import driver_listen_address
@@ -44,7 +46,7 @@ from torchspark.spark.task_bootstrap import executor_name, set_up_task
 from torchspark.training.comm import TorchDistCommunicator
 from torchspark.training.config.mesh import MeshConfig
 from torchspark.training.driver.runner import RunContext
-from torchspark.training.progress import ProgressEndpoint
+from torchspark.training.progress import ProgressDirectory, ProgressEndpoint
 from torchspark.training.task import WorkerResult, WorkerTask
 from torchspark.training.worker.loop import ItemSource, run_worker
 from torchspark.training.worker.reporting import open_worker_hooks
@@ -53,10 +55,14 @@ __all__ = ["ConnectBarrierRunner", "connect_barrier_task"]
 
 log = logging.getLogger(__name__)
 
+# the runner's older ``progress`` flag as a channel
+_FROM_PROGRESS = {None: "auto", True: "tcp", False: "none"}
+
 
 def connect_barrier_task(task: WorkerTask, blueprint: Shipment, mesh: MeshConfig,
                          feed: Callable[[int, Iterable[Any]], Iterable[Any]],
-                         progress: ProgressEndpoint | None = None) -> Callable[[Iterable[Any]], Iterator[Any]]:
+                         progress: ProgressEndpoint | ProgressDirectory | None = None,
+                         ) -> Callable[[Iterable[Any]], Iterator[Any]]:
     """The ``mapInArrow`` function of the training stage: set up the task (device, cores), read the weights, meet
     the peers through ``allGather``, train on ``feed(rank, record_batches)``, return the
     :class:`~torchspark.training.task.WorkerResult` as :data:`~torchspark.spark.connect.chunks.PAYLOAD_SCHEMA` rows.
@@ -67,7 +73,8 @@ def connect_barrier_task(task: WorkerTask, blueprint: Shipment, mesh: MeshConfig
         mesh: the master's mesh settings (timeouts, ports, network mask); workers always meet through Spark's
             ``allGather``, whatever ``rendezvous_via`` says.
         feed: turns the partition's Arrow batches into the worker's minibatch items.
-        progress: the client's progress server when the executors can reach it, else None.
+        progress: the client's progress server when the executors can reach it, the progress directory the client
+            polls, or None.
     """
 
     def run(batches: Iterable[Any]) -> Iterator[Any]:
@@ -105,23 +112,31 @@ class ConnectBarrierRunner:
     Args:
         spark: the Connect session.
         mesh: the master's mesh settings.
-        progress: stream progress, scores and errors from the workers to a server on this client: None (default)
-            when the Connect server runs on this machine (:func:`~torchspark.spark.connect.jobs.client_is_local`),
-            True to force it (a server on this machine addressed by a name that is not loopback), False for none.
-            The server listens on loopback: executors on other machines cannot reach it.
+        progress: the TCP channel only: None (default) decides as ``channel="auto"``, True forces ``"tcp"`` (a
+            server on this machine addressed by a name that is not loopback), False is ``"none"``. Ignored when
+            ``channel`` is given.
         inline_limit: the largest blueprint sent inside the task's closure (None: a quarter of the server's
             ``spark.connect.grpc.maxInboundMessageSize``; 0: always as session artifacts).
+        channel: how progress, heartbeats, scores and tracebacks reach this client
+            (:class:`~torchspark.spark.connect.progress.ConnectProgress`: TCP, a polled directory, or none).
     """
 
     def __init__(self, spark: Any, mesh: MeshConfig, progress: bool | None = None,
-                 inline_limit: int | None = None) -> None:
+                 inline_limit: int | None = None, channel: ConnectProgress | None = None) -> None:
         self.spark = spark
         self.mesh = mesh
         self.progress = progress
         self.inline_limit = inline_limit
+        self.channel = channel if channel is not None else ConnectProgress(_FROM_PROGRESS[progress])
 
     def run(self, task: WorkerTask, data: ConnectWorkerData, context: RunContext) -> list[WorkerResult]:
-        address = self._progress(context)
+        if is_connect_session(self.spark):
+            base = progress_base(self.channel, task.checkpoint)
+            local = self.channel.channel == "auto" and client_is_local(self.spark)
+            kind = choose_channel(self.channel, local, base)
+            address = open_channel(kind, self.channel, base, context, self.mesh.port_range)
+        else:
+            address = self._classic_progress(context)
         shipped = ship_bytes(self.spark, task.blueprint, "weights", self.inline_limit)
         fn = connect_barrier_task(replace(task, blueprint=b""), shipped, self.mesh, data.feed, address)
         world, timeout_s = data.workers, self.mesh.rendezvous_timeout_s
@@ -136,14 +151,10 @@ class ConnectBarrierRunner:
             raise WorkerError(f"{context.description}: no result rows from worker(s) {missing}")
         return [decode_result(payloads[(r, "result")]) for r in range(world)]
 
-    def _progress(self, context: RunContext) -> ProgressEndpoint | None:
-        """The progress channel's address: on a classic session (``dataframe_route="barrier_arrow"``) where the
-        classic barrier runner opens it (the executors reach the driver); under Connect on loopback, when the
-        server runs on this machine (or ``progress=True``)."""
-        if not is_connect_session(self.spark):
-            if self.progress is False:
-                return None
-            bind, host = driver_listen_address(self.spark.sparkContext)
-            return context.progress_address(host=bind, advertise_host=host, port_range=self.mesh.port_range)
-        reachable = client_is_local(self.spark) if self.progress is None else self.progress
-        return context.progress_address(port_range=self.mesh.port_range) if reachable else None
+    def _classic_progress(self, context: RunContext) -> ProgressEndpoint | None:
+        """The progress channel's address on a classic session (``dataframe_route="barrier_arrow"``): where the
+        classic barrier runner opens it (the executors reach the driver)."""
+        if self.channel.channel == "none":
+            return None
+        bind, host = driver_listen_address(self.spark.sparkContext)
+        return context.progress_address(host=bind, advertise_host=host, port_range=self.mesh.port_range)

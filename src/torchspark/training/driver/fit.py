@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 import warnings
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Protocol, Sequence
@@ -41,7 +42,14 @@ from torchspark.training.driver.resume import open_run, resume_task
 from torchspark.training.driver.runner import InProcessRunner, Runner
 from torchspark.training.driver.stats import build_training_stats
 from torchspark.training.hooks import PhaseRecorder, ProgressUpdate, ScoreReport
-from torchspark.training.progress import ProgressBar, ProgressEndpoint, ProgressServer
+from torchspark._io import join
+from torchspark.training.progress import (
+    DirectoryProgressReader,
+    ProgressBar,
+    ProgressDirectory,
+    ProgressEndpoint,
+    ProgressServer,
+)
 from torchspark.training.rendezvous.ports import listen_in_range
 from torchspark.training.task import WorkerResult, WorkerTask, merge_results
 
@@ -112,7 +120,7 @@ class FitContext:
         self.description = description if attempt == 0 else f"{description} (attempt {attempt})"
         self._listeners = list(listeners)
         self._score_listeners = list(score_listeners)
-        self._server: ProgressServer | None = None
+        self._server: ProgressServer | DirectoryProgressReader | None = None
 
     def progress_address(self, host: str = "127.0.0.1", advertise_host: str | None = None,
                          port_range: tuple[int, int] | None = None) -> ProgressEndpoint:
@@ -123,7 +131,19 @@ class FitContext:
                 lambda port: ProgressServer(host=host, port=port, advertise_host=advertise_host,
                                             listeners=self._listeners, score_listeners=self._score_listeners).start(),
                 port_range, "the driver's progress server")
+        assert isinstance(self._server, ProgressServer), "one progress channel per fit"
         return self._server.endpoint
+
+    def progress_directory(self, base: str, poll_s: float = 1.0, flush_s: float = 1.0) -> ProgressDirectory:
+        """Start polling a fresh directory under ``base`` (once per attempt: ``base/fit-<id>-a<attempt>``) and return
+        where workers write (:mod:`torchspark.training.progress.files`): the channel for a driver the executors
+        cannot connect to. After a fit that succeeded the directory is removed; after a failure it stays."""
+        if self._server is None:
+            url = join(base, f"fit-{uuid.uuid4().hex[:12]}-a{self.attempt}")
+            self._server = DirectoryProgressReader(url, poll_s, flush_s, listeners=self._listeners,
+                                                   score_listeners=self._score_listeners).start()
+        assert isinstance(self._server, DirectoryProgressReader), "one progress channel per fit"
+        return self._server.target
 
     def reported_errors(self) -> list[tuple[int, str]]:
         return self._server.errors() if self._server is not None else []
@@ -142,12 +162,17 @@ class FitContext:
 
     def suspect(self) -> int | None:
         """The rank most likely lost when the error does not say: of the ranks that reported no error, the one
-        whose progress connection closed first (a killed process's socket closes at once)."""
+        whose progress connection closed first (a killed process's socket closes at once); on the directory
+        channel, the one whose files stopped first without a ``closed`` line."""
         if self._server is None:
             return None
         reporting = {rank for rank, _ in self._server.errors()}
-        ended = [(s.last_seen, r) for r, s in self._server.liveness.snapshot().items()
-                 if s.ended and r not in reporting]
+        states = self._server.liveness.snapshot().items()
+        if isinstance(self._server, DirectoryProgressReader):  # a killed worker never writes "closed": the rank
+            # that went silent first is the lost one
+            silent = [(s.last_seen, r) for r, s in states if not s.ended and r not in reporting]
+            return min(silent)[1] if silent else None
+        ended = [(s.last_seen, r) for r, s in states if s.ended and r not in reporting]
         return min(ended)[1] if ended else None
 
     def reached(self) -> tuple[int, int] | None:
@@ -162,9 +187,12 @@ class FitContext:
             except Exception:  # a broken display must never stop training
                 log.warning("a progress listener failed", exc_info=True)
 
-    def close(self, drain_s: float = 0.0) -> None:
-        """Close the progress server; ``drain_s`` > 0 first reads what workers that have ended sent last."""
-        if self._server is not None:
+    def close(self, drain_s: float = 0.0, succeeded: bool = False) -> None:
+        """Close the progress channel; ``drain_s`` > 0 first reads what workers that have ended sent last.
+        ``succeeded`` removes a directory channel's files (a failed attempt's stay for reading)."""
+        if isinstance(self._server, DirectoryProgressReader):
+            self._server.close(drain_s=drain_s, remove=succeeded)
+        elif self._server is not None:
             self._server.close(drain_s=drain_s)
 
 
@@ -298,7 +326,7 @@ def _run_fit(network: Network, task: WorkerTask, runner: Runner, data: Any, *, r
                     attempt += 1
                     continue
                 finally:
-                    context.close(drain_s=DRAIN_S if results is not None else 0.0)
+                    context.close(drain_s=DRAIN_S if results is not None else 0.0, succeeded=results is not None)
         finally:
             bar.close()
     except BaseException as e:

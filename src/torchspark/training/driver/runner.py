@@ -27,7 +27,7 @@ from torchspark.nn import Network
 from torchspark.training.comm import SoloCommunicator, ThreadGroup
 from torchspark.training.driver.failures import root_cause, worker_failure
 from torchspark.training.hooks import NullRecorder, PhaseRecorder, ProgressUpdate, WorkerHooks
-from torchspark.training.progress import ProgressEndpoint
+from torchspark.training.progress import ProgressDirectory, ProgressEndpoint
 from torchspark.training.task import EpochSource, WorkerResult, WorkerTask
 from torchspark.training.worker.loop import run_worker
 from torchspark.training.worker.reporting import open_worker_hooks
@@ -59,6 +59,12 @@ class RunContext(Protocol):
                          port_range: tuple[int, int] | None = None) -> ProgressEndpoint | None:
         """Open the fit's progress channel (once, on a port inside ``port_range`` when set) and return the
         address workers connect to, with the fit's token; None when the fit has no channel (:data:`NULL_CONTEXT`)."""
+        ...
+
+    def progress_directory(self, base: str, poll_s: float = 1.0, flush_s: float = 1.0) -> ProgressDirectory | None:
+        """Open the fit's progress channel as a directory under ``base`` that the driver polls every ``poll_s``
+        (:mod:`torchspark.training.progress.files`: workers need no connection to the driver) and return where
+        workers write; None when the fit has no channel (:data:`NULL_CONTEXT`)."""
         ...
 
     def reported_errors(self) -> list[tuple[int, str]]:
@@ -95,6 +101,9 @@ class NullContext:
 
     def progress_address(self, host: str = "127.0.0.1", advertise_host: str | None = None,
                          port_range: tuple[int, int] | None = None) -> ProgressEndpoint | None:
+        return None
+
+    def progress_directory(self, base: str, poll_s: float = 1.0, flush_s: float = 1.0) -> ProgressDirectory | None:
         return None
 
     def reported_errors(self) -> list[tuple[int, str]]:

@@ -8,6 +8,9 @@ Spark hides what executors do until a stage ends; this package lets workers stre
 * :mod:`.client` -- :class:`ProgressClient`, in each worker: a ``WorkerHooks.progress`` callable that never blocks
   training; clock probes align the worker's stats to the driver's clock (:mod:`torchspark.stats.clock`).
 * :mod:`.bar` -- :class:`ProgressBar`, the driver's ``tqdm`` display fed by a server listener.
+* :mod:`.files` and :mod:`.poller` -- the same messages through a directory (any fsspec URL) for a driver the
+  executors cannot connect to (a remote Spark Connect client): workers write chunk files
+  (:class:`DirectoryProgressWriter`), the driver polls them (:class:`DirectoryProgressReader`).
 
 Progress is best-effort by design: a worker never blocks on the driver and never fails because the driver
 is unreachable. Score reports are never dropped to make room (a few per epoch); a driver that wants all of them
@@ -26,7 +29,9 @@ closes the server with ``drain_s`` after the workers exited. Typical wiring (the
 
 from torchspark.training.progress.bar import ProgressBar
 from torchspark.training.progress.client import ProgressClient, ProgressEndpoint, estimate_clock_offset
+from torchspark.training.progress.files import DirectoryProgressWriter, ProgressDirectory
 from torchspark.training.progress.listeners import ErrorListener, ProgressListener, ScoreListener
+from torchspark.training.progress.poller import DirectoryProgressReader
 from torchspark.training.progress.server import ProgressServer
 from torchspark.training.progress.wire import ChannelLimits
 
@@ -40,4 +45,7 @@ __all__ = [
     "ProgressListener",
     "ErrorListener",
     "ScoreListener",
+    "ProgressDirectory",
+    "DirectoryProgressWriter",
+    "DirectoryProgressReader",
 ]

@@ -6,7 +6,7 @@ from typing import Any
 
 from torchspark.stats import StatsCollector
 from torchspark.training.hooks import NullRecorder, WorkerHooks
-from torchspark.training.progress import ProgressClient, ProgressEndpoint
+from torchspark.training.progress import DirectoryProgressWriter, ProgressClient, ProgressDirectory, ProgressEndpoint
 
 __all__ = ["open_worker_hooks", "worker_id"]
 
@@ -19,7 +19,7 @@ def worker_id(rank: int) -> str:
 def open_worker_hooks(
     rank: int,
     collect_stats: bool,
-    progress_address: ProgressEndpoint | None,
+    progress_address: ProgressEndpoint | ProgressDirectory | None,
     progress_every: int = 10,
     timeout_s: float = 10.0,
     report_scores: bool = False,
@@ -27,9 +27,13 @@ def open_worker_hooks(
     """Hooks for one worker: progress and errors stream to ``progress_address`` (the driver's
     :class:`~torchspark.training.progress.ProgressServer`: its ``endpoint``, with the fit's token), phases go to a :class:`StatsCollector` whose clock
     is aligned to the driver's by pinging that server (no NTP needed). With ``report_scores`` (pass the same value
-    on every rank) the score after each averaging round / sharing epoch goes there too (sent by rank 0)."""
-    client: ProgressClient | None = None
-    if progress_address is not None:
+    on every rank) the score after each averaging round / sharing epoch goes there too (sent by rank 0).
+    A :class:`~torchspark.training.progress.ProgressDirectory` instead of an endpoint writes the same messages to
+    files there (the directory channel: no connection to the driver; stats stay on the worker's clock)."""
+    client: ProgressClient | DirectoryProgressWriter | None = None
+    if isinstance(progress_address, ProgressDirectory):
+        client = DirectoryProgressWriter(progress_address, rank).connect()
+    elif progress_address is not None:
         client = ProgressClient.to(progress_address, rank, timeout_s=timeout_s).connect()
     recorder: Any = NullRecorder()
     if collect_stats:
