@@ -449,4 +449,11 @@ CHECKS: dict[str, Check] = {
     "accumulation": Check(("accumulation_fit", "accumulation_masters"), accumulation),
     "compile": Check(("compile",), compile_check),
     "pinned_memory": Check(("pinned_memory",), pinned_memory),
+    "checkpoint_resume": Check(("checkpoint_resume",), lambda ctx: _resume_check(ctx)),
 }
+
+
+def _resume_check(ctx: Context) -> list[dict[str, Any]]:
+    from _gpu_resume_check import checkpoint_resume
+
+    return checkpoint_resume(ctx)
