@@ -20,11 +20,42 @@ CONNECT_TIER_ENV = "TORCHSPARK_CONNECT_TESTS"
 collect_ignore = [] if os.environ.get(CONNECT_TIER_ENV) == "1" else ["connect"]
 
 
+#: session fixtures that start something expensive once per process: every test that uses one runs in the same
+#: pytest-xdist worker (the group is named after the fixture), so the thing starts once per run, not once per worker
+SHARED_FIXTURE_GROUPS = ("local_cluster_runs", "netns_cluster", "shipped_archive")
+
+#: the groups that take longest (measured with ``--durations=0``), started first so that no worker is left with a
+#: long one at the end while the other idles; every other group follows in collection order
+SLOW_FIRST = (
+    "spark/test_connect_tier.py",
+    "netns_cluster",
+    "local_cluster_runs",
+    "shipped_archive",
+    "spark/test_recovery_cluster.py",
+    "spark/test_gpu_scheduling.py",
+)
+
+
+def _xdist_group(item) -> str:
+    """The pytest-xdist group of a test (``--dist loadgroup`` in pyproject's addopts runs a group on one worker):
+    the shared session fixture it uses, else its module, so module-scoped fixtures (one fit shared by a module's
+    tests) also run once."""
+    for name in SHARED_FIXTURE_GROUPS:
+        if name in getattr(item, "fixturenames", ()):
+            return name
+    return os.path.relpath(str(item.path), _TESTS).replace(os.sep, "/")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
         folder = os.path.relpath(str(item.path), _TESTS).split(os.sep)[0]
         if folder in FOLDER_MARKERS:
             item.add_marker(getattr(pytest.mark, FOLDER_MARKERS[folder]))
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(_xdist_group(item)))
+    rank = {group: i for i, group in enumerate(SLOW_FIRST)}
+    items.sort(key=lambda item: rank.get(item.get_closest_marker("xdist_group").args[0], len(rank)))  # stable
 
 
 @pytest.fixture(scope="session")
