@@ -20,30 +20,28 @@ CONNECT_TIER_ENV = "TORCHSPARK_CONNECT_TESTS"
 collect_ignore = [] if os.environ.get(CONNECT_TIER_ENV) == "1" else ["connect"]
 
 
-#: session fixtures that start something expensive once per process: every test that uses one runs in the same
-#: pytest-xdist worker (the group is named after the fixture), so the thing starts once per run, not once per worker
-SHARED_FIXTURE_GROUPS = ("local_cluster_runs", "netns_cluster", "shipped_archive")
+#: pytest-xdist groups (``--dist loadgroup`` in pyproject's addopts: a group runs on one worker). Tests that use one
+#: of these session fixtures share that fixture's group, so what it starts starts once per run, not once per worker.
+#: Every local-cluster tier (separate executor JVMs, seconds-long timeouts) is one group: those never run at the same
+#: time as each other, only beside in-process tests.
+GROUP_OF_FIXTURE = {"local_cluster_runs": "local-cluster", "shipped_archive": "local-cluster",
+                    "netns_cluster": "netns-cluster"}
+GROUP_OF_MODULE = {"spark/test_recovery_cluster.py": "local-cluster", "spark/test_gpu_scheduling.py": "local-cluster"}
 
 #: the groups that take longest (measured with ``--durations=0``), started first so that no worker is left with a
 #: long one at the end while the other idles; every other group follows in collection order
-SLOW_FIRST = (
-    "spark/test_connect_tier.py",
-    "netns_cluster",
-    "local_cluster_runs",
-    "shipped_archive",
-    "spark/test_recovery_cluster.py",
-    "spark/test_gpu_scheduling.py",
-)
+SLOW_FIRST = ("spark/test_connect_tier.py", "local-cluster", "netns-cluster")
 
 
 def _xdist_group(item) -> str:
-    """The pytest-xdist group of a test (``--dist loadgroup`` in pyproject's addopts runs a group on one worker):
-    the shared session fixture it uses, else its module, so module-scoped fixtures (one fit shared by a module's
-    tests) also run once."""
-    for name in SHARED_FIXTURE_GROUPS:
-        if name in getattr(item, "fixturenames", ()):
-            return name
-    return os.path.relpath(str(item.path), _TESTS).replace(os.sep, "/")
+    """The pytest-xdist group of a test: the group of the shared session fixture it uses, else of its module (its
+    path under tests/ unless :data:`GROUP_OF_MODULE` names one), so module-scoped fixtures (one fit shared by a
+    module's tests) also run once."""
+    for fixture, group in GROUP_OF_FIXTURE.items():
+        if fixture in getattr(item, "fixturenames", ()):
+            return group
+    module = os.path.relpath(str(item.path), _TESTS).replace(os.sep, "/")
+    return GROUP_OF_MODULE.get(module, module)
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the xdist_group marks
