@@ -28,8 +28,8 @@ GROUP_OF_FIXTURE = {"local_cluster_runs": "local-cluster", "shipped_archive": "l
                     "netns_cluster": "netns-cluster"}
 GROUP_OF_MODULE = {"spark/test_recovery_cluster.py": "local-cluster", "spark/test_gpu_scheduling.py": "local-cluster"}
 
-#: the groups that take longest (measured with ``--durations=0``), started first so that no worker is left with a
-#: long one at the end while the other idles; every other group follows in collection order
+#: the groups that take longest (measured with ``--durations=0``), started first under ``--dist`` so that no worker
+#: is left with a long one at the end while the other idles; every other group follows in collection order
 SLOW_FIRST = ("spark/test_connect_tier.py", "local-cluster", "netns-cluster")
 
 
@@ -52,6 +52,8 @@ def pytest_collection_modifyitems(config, items) -> None:
             item.add_marker(getattr(pytest.mark, FOLDER_MARKERS[folder]))
         if item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(_xdist_group(item)))
+    if config.getoption("dist", "no") == "no":
+        return  # one process: collection order
     rank = {group: i for i, group in enumerate(SLOW_FIRST)}
     items.sort(key=lambda item: rank.get(item.get_closest_marker("xdist_group").args[0], len(rank)))  # stable
 
