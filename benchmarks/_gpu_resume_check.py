@@ -42,9 +42,16 @@ def _fit(device: str, directory: str, data: DataSet, after: int | None, run_id: 
     from torchspark.training.driver.runner import InProcessRunner
 
     net = Network(_DropoutMLP(after), updater=optim.Adam(lr=1e-3), seed=0, device=device)
-    ParallelWrapper(net, num_workers=1, devices=[device], averaging_frequency=2, progress=False,
-                    runner=InProcessRunner(timeout_s=120), checkpoint_directory=directory,
-                    checkpoint_every=1).fit(data, epochs=2, batch_size=32, run_id=run_id)
+    ParallelWrapper(
+        net,
+        num_workers=1,
+        devices=[device],
+        averaging_frequency=2,
+        progress=False,
+        runner=InProcessRunner(timeout_s=120),
+        checkpoint_directory=directory,
+        checkpoint_every=1,
+    ).fit(data, epochs=2, batch_size=32, run_id=run_id)
     return net
 
 
@@ -68,7 +75,18 @@ def checkpoint_resume(ctx: Any) -> list[dict[str, Any]]:
         resumed = _fit(ctx.device, run_dir, data, None, "r1")
     equal = torch.equal(resumed.params().cpu(), reference.params().cpu())
     ok = bool(stopped) and equal
-    text = (f"dropout fit on {ctx.device} stopped mid-epoch ({stopped or 'did not stop'}) and resumed by run id: "
-            f"parameters {'bit-equal' if equal else 'DIFFER'} to the uninterrupted fit")
-    return [row("checkpoint_resume", ctx.device, "pass" if ok else "fail", text, stopped=stopped,
-                bit_equal=equal, steps_per_epoch=steps)]
+    text = (
+        f"dropout fit on {ctx.device} stopped mid-epoch ({stopped or 'did not stop'}) and resumed by run id: "
+        f"parameters {'bit-equal' if equal else 'DIFFER'} to the uninterrupted fit"
+    )
+    return [
+        row(
+            "checkpoint_resume",
+            ctx.device,
+            "pass" if ok else "fail",
+            text,
+            stopped=stopped,
+            bit_equal=equal,
+            steps_per_epoch=steps,
+        )
+    ]

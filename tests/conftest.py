@@ -24,8 +24,11 @@ collect_ignore = [] if os.environ.get(CONNECT_TIER_ENV) == "1" else ["connect"]
 #: of these session fixtures share that fixture's group, so what it starts starts once per run, not once per worker.
 #: Every local-cluster tier (separate executor JVMs, seconds-long timeouts) is one group: those never run at the same
 #: time as each other, only beside in-process tests.
-GROUP_OF_FIXTURE = {"local_cluster_runs": "local-cluster", "shipped_archive": "local-cluster",
-                    "netns_cluster": "netns-cluster"}
+GROUP_OF_FIXTURE = {
+    "local_cluster_runs": "local-cluster",
+    "shipped_archive": "local-cluster",
+    "netns_cluster": "netns-cluster",
+}
 GROUP_OF_MODULE = {"spark/test_recovery_cluster.py": "local-cluster", "spark/test_gpu_scheduling.py": "local-cluster"}
 
 #: the groups that take longest (measured with ``--durations=0``), started first under ``--dist`` so that no worker
@@ -135,4 +138,3 @@ def module_leftovers() -> Leftovers:
     """:class:`Leftovers` for a module whose fits run once in a module fixture: that fixture requests this one, so
     the snapshot is taken before those fits."""
     return Leftovers()
-
