@@ -18,8 +18,9 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH_DIR = ROOT / "benchmarks"
@@ -76,10 +77,12 @@ def _java() -> str:
 
 def _git_rev() -> str:
     try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT,
-                             timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "src"], capture_output=True, text=True,
-                               cwd=ROOT, timeout=10).stdout.strip()
+        rev = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT, timeout=10
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "src"], capture_output=True, text=True, cwd=ROOT, timeout=10
+        ).stdout.strip()
         return f"{rev}{' + uncommitted changes in src/' if dirty else ''}" if rev else "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -322,7 +325,7 @@ def _tree_jiffies(root: int) -> int | None:
             raw = Path(f"/proc/{entry}/stat").read_text()
         except OSError:
             continue
-        rest = raw[raw.rfind(")") + 2:].split()  # fields after "(comm)": state ppid ...
+        rest = raw[raw.rfind(")") + 2 :].split()  # fields after "(comm)": state ppid ...
         try:
             pid = int(entry)
             parents[pid] = int(rest[1])
@@ -344,7 +347,7 @@ class CpuMeter:
     """CPU used during a measurement, in cores: all of it (/proc/stat) and this process tree's share; the rest
     ("foreign") is other work on the machine that competed with the benchmark."""
 
-    def __enter__(self) -> "CpuMeter":
+    def __enter__(self) -> CpuMeter:
         self._t0 = time.perf_counter()
         self._sys0 = _system_busy_jiffies()
         self._ours0 = _tree_jiffies(os.getpid())
@@ -396,5 +399,7 @@ class SourceWatch:
         end = src_fingerprint()
         if end == self.start:
             return f"Source tree (src/, fingerprint {end}) unchanged during the run."
-        return (f"**Warning: src/ changed during this run** (fingerprint {self.start} -> {end}; other people were "
-                "editing it), so some measurements may mix two versions of torchspark.")
+        return (
+            f"**Warning: src/ changed during this run** (fingerprint {self.start} -> {end}; other people were "
+            "editing it), so some measurements may mix two versions of torchspark."
+        )

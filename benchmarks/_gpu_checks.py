@@ -13,7 +13,8 @@ import dataclasses
 import inspect
 import statistics
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -91,8 +92,9 @@ def _net(device: str, features: int, hidden: int, classes: int, lr: float = 0.01
     """A deterministic MLP trained with plain SGD (no state, no randomness in the step). A small learning rate keeps
     the comparisons well conditioned: at 0.05 a 1e-7 relative nudge of the start could grow to 1e-5 after 128 steps
     (a ReLU flipping on one example), at 0.01 it stayed under 1e-7 (measured on this MLP and data)."""
-    return Network(models.mlp(features, [hidden, hidden], classes), updater=optim.SGD(lr=lr), seed=0, device=device,
-                   **options)
+    return Network(
+        models.mlp(features, [hidden, hidden], classes), updater=optim.SGD(lr=lr), seed=0, device=device, **options
+    )
 
 
 def _accepts(fn: Callable[..., Any], keyword: str) -> bool:
@@ -148,10 +150,20 @@ def fit_device_vs_cpu(ctx: Context) -> list[dict[str, Any]]:
     diff = _max_diff(nets[ctx.device].params(), nets["cpu"].params())
     moved = _max_diff(nets["cpu"].params(), _net("cpu", 32, hidden, 10).params())
     ok = diff <= FIT_TOLERANCE and moved > 0
-    return [row("fit_device_vs_cpu", ctx.device, _verdict(ok),
-                f"max abs param diff {diff:.2e} (tolerance {FIT_TOLERANCE:g}) after {2 * n // 64} SGD steps"
-                + ("" if ctx.cuda else "; cpu vs cpu: no CUDA"),
-                max_abs_diff=diff, tolerance=FIT_TOLERANCE, steps=2 * n // 64, examples=n, hidden=hidden)]
+    return [
+        row(
+            "fit_device_vs_cpu",
+            ctx.device,
+            _verdict(ok),
+            f"max abs param diff {diff:.2e} (tolerance {FIT_TOLERANCE:g}) after {2 * n // 64} SGD steps"
+            + ("" if ctx.cuda else "; cpu vs cpu: no CUDA"),
+            max_abs_diff=diff,
+            tolerance=FIT_TOLERANCE,
+            steps=2 * n // 64,
+            examples=n,
+            hidden=hidden,
+        )
+    ]
 
 
 # ------------------------------------------------------------------ b. the codec on the device, bit for bit the CPU's
@@ -170,9 +182,14 @@ def _encode_both(ctx: Context, update: torch.Tensor, residual: torch.Tensor, thr
         dec_cpu = decode(m_cpu, torch.zeros(len(update)))
         dec_dev = decode(m_dev, torch.zeros(len(update), device=ctx.device), _force_torch=force)
         dec_wire = decode(from_bytes(wire_cpu), torch.zeros(len(update), device=ctx.device), _force_torch=force)
-        out[step] = {"format": m_cpu.format, "entries": m_cpu.num_entries, "bytes_equal": wire_cpu == wire_dev,
-                     "residual_equal": _bits_equal(cpu_res, dev_res), "decoded_equal": _bits_equal(dec_cpu, dec_dev),
-                     "decoded_from_cpu_bytes_equal": _bits_equal(dec_cpu, dec_wire)}
+        out[step] = {
+            "format": m_cpu.format,
+            "entries": m_cpu.num_entries,
+            "bytes_equal": wire_cpu == wire_dev,
+            "residual_equal": _bits_equal(cpu_res, dev_res),
+            "decoded_equal": _bits_equal(dec_cpu, dec_dev),
+            "decoded_from_cpu_bytes_equal": _bits_equal(dec_cpu, dec_wire),
+        }
     return out
 
 
@@ -186,9 +203,16 @@ def codec_bit_equal(ctx: Context) -> list[dict[str, Any]]:
     equal = all(v for case in cases.values() for step in case.values() for k, v in step.items() if k.endswith("equal"))
     formats = ", ".join(f"{name}: {c['encode']['format']} {c['encode']['entries']}" for name, c in cases.items())
     what = "CUDA vs CPU" if ctx.cuda else "torch kernels vs numpy (no CUDA)"
-    return [row("codec_bit_equal", ctx.device, _verdict(equal),
-                f"{what}, N={n:,}: bytes, residual, decoded {'bit-equal' if equal else 'DIFFER'} ({formats})",
-                n=n, cases=cases)]
+    return [
+        row(
+            "codec_bit_equal",
+            ctx.device,
+            _verdict(equal),
+            f"{what}, N={n:,}: bytes, residual, decoded {'bit-equal' if equal else 'DIFFER'} ({formats})",
+            n=n,
+            cases=cases,
+        )
+    ]
 
 
 # ------------------------------------------------------------------ c. codec throughput vs the device's copy
@@ -217,15 +241,31 @@ def _codec_throughput(ctx: Context) -> list[dict[str, Any]]:
         message = threshold_encode(update, residual, threshold)
         dec_s = _time(ctx, lambda m=message: decode(m, out), out.zero_, reps)
         got = message.density
-        figures = {"n": n, "reps": reps, "copy_gbps": gb / copy_s, "encode_gbps": gb / enc_s, "decode_gbps": gb / dec_s,
-                   "encode_vs_copy": copy_s / enc_s, "decode_vs_copy": copy_s / dec_s, "density": got,
-                   "format": message.format, "encode_ms": enc_s * 1e3, "decode_ms": dec_s * 1e3,
-                   "copy_ms": copy_s * 1e3}
+        figures = {
+            "n": n,
+            "reps": reps,
+            "copy_gbps": gb / copy_s,
+            "encode_gbps": gb / enc_s,
+            "decode_gbps": gb / dec_s,
+            "encode_vs_copy": copy_s / enc_s,
+            "decode_vs_copy": copy_s / dec_s,
+            "density": got,
+            "format": message.format,
+            "encode_ms": enc_s * 1e3,
+            "decode_ms": dec_s * 1e3,
+            "copy_ms": copy_s * 1e3,
+        }
         ok = density / 2 <= got <= density * 2
-        rows.append(row(f"codec_throughput_{label}", ctx.device, _verdict(ok),
-                        f"N={n / 1e6:g}M density {got:.2%}: encode {gb / enc_s:.1f} GB/s ({copy_s / enc_s:.3f}x copy), "
-                        f"decode {gb / dec_s:.1f} GB/s ({copy_s / dec_s:.3f}x copy); copy {gb / copy_s:.1f} GB/s",
-                        **figures))
+        rows.append(
+            row(
+                f"codec_throughput_{label}",
+                ctx.device,
+                _verdict(ok),
+                f"N={n / 1e6:g}M density {got:.2%}: encode {gb / enc_s:.1f} GB/s ({copy_s / enc_s:.3f}x copy), "
+                f"decode {gb / dec_s:.1f} GB/s ({copy_s / dec_s:.3f}x copy); copy {gb / copy_s:.1f} GB/s",
+                **figures,
+            )
+        )
     return rows
 
 
@@ -255,16 +295,24 @@ def parallel(ctx: Context) -> list[dict[str, Any]]:
     data = _data(n, 32, 4, seed=3)
     start = _net("cpu", 32, hidden, 4).params()
     rows = []
-    masters = {"averaging": ParameterAveragingTrainingMaster(batch_size_per_worker=32, averaging_frequency=2),
-               "sharing": SharedTrainingMaster(batch_size_per_worker=32)}
+    masters = {
+        "averaging": ParameterAveragingTrainingMaster(batch_size_per_worker=32, averaging_frequency=2),
+        "sharing": SharedTrainingMaster(batch_size_per_worker=32),
+    }
     for mode, master in masters.items():
         t0 = time.perf_counter()
         net, wrapper = _wrapper_fit(master, devices, data, hidden)
         seconds = time.perf_counter() - t0
         sums = {r.param_checksum for r in wrapper.last_results}
         moved = _max_diff(net.params(), start)
-        figures: dict[str, Any] = {"devices": devices, "backend": backend, "replicas_identical": len(sums) == 1,
-                                   "moved": moved, "score": float(wrapper.score), "fit_seconds": seconds}
+        figures: dict[str, Any] = {
+            "devices": devices,
+            "backend": backend,
+            "replicas_identical": len(sums) == 1,
+            "moved": moved,
+            "score": float(wrapper.score),
+            "fit_seconds": seconds,
+        }
         ok = len(sums) == 1 and moved > 0 and torch.isfinite(net.params()).all().item()
         text = f"{len(devices)} workers on {','.join(devices)} over {backend}; replicas identical: {len(sums) == 1}"
         if mode == "averaging" and ctx.cuda:  # the same fit with CPU workers: equal within float tolerance
@@ -290,9 +338,15 @@ def _precision_row(ctx: Context, precision: str, data: DataSet, hidden: int, ref
     loss, ref_loss = net.score(data), reference.score(data)
     diff = _max_diff(net.params(), reference.params())
     ok = bool(torch.isfinite(net.params()).all()) and abs(loss - ref_loss) <= 0.05 + 0.1 * ref_loss
-    return row(name, ctx.device, _verdict(ok),
-               f"loss {loss:.4f} vs fp32 {ref_loss:.4f}; max abs param diff vs fp32 {diff:.2e}",
-               loss=loss, fp32_loss=ref_loss, max_abs_diff_vs_fp32=diff)
+    return row(
+        name,
+        ctx.device,
+        _verdict(ok),
+        f"loss {loss:.4f} vs fp32 {ref_loss:.4f}; max abs param diff vs fp32 {diff:.2e}",
+        loss=loss,
+        fp32_loss=ref_loss,
+        max_abs_diff_vs_fp32=diff,
+    )
 
 
 def precision(ctx: Context) -> list[dict[str, Any]]:
@@ -309,25 +363,37 @@ def _accumulation_fit(ctx: Context, data: DataSet, hidden: int) -> dict[str, Any
     large = _net(ctx.device, 32, hidden, 10).fit(data, epochs=1, batch_size=64)
     diff = _max_diff(small.params(), large.params())
     ok = diff <= ACCUMULATION_TOLERANCE and small.iteration == large.iteration
-    return row("accumulation_fit", ctx.device, _verdict(ok),
-               f"4 x 16 accumulated vs one batch of 64: max abs diff {diff:.2e} "
-               f"(tolerance {ACCUMULATION_TOLERANCE:g}); "
-               f"{small.iteration} vs {large.iteration} steps",
-               max_abs_diff=diff, tolerance=ACCUMULATION_TOLERANCE, steps=small.iteration)
+    return row(
+        "accumulation_fit",
+        ctx.device,
+        _verdict(ok),
+        f"4 x 16 accumulated vs one batch of 64: max abs diff {diff:.2e} "
+        f"(tolerance {ACCUMULATION_TOLERANCE:g}); "
+        f"{small.iteration} vs {large.iteration} steps",
+        max_abs_diff=diff,
+        tolerance=ACCUMULATION_TOLERANCE,
+        steps=small.iteration,
+    )
 
 
 def _accumulation_masters(ctx: Context, data: DataSet, hidden: int) -> dict[str, Any]:
     fields = {f.name for f in dataclasses.fields(ParameterAveragingTrainingMaster)}
     if "accumulate_steps" not in fields:
-        return row("accumulation_masters", ctx.device, "n/a", "not available in this build (no accumulate_steps on "
-                   "the masters)")
+        return row(
+            "accumulation_masters",
+            ctx.device,
+            "n/a",
+            "not available in this build (no accumulate_steps on the masters)",
+        )
     from torchspark.parallel import ParallelWrapper
 
     local = _net(ctx.device, 32, hidden, 10).fit(data, epochs=1, batch_size=16, accumulate_steps=4)
     figures: dict[str, Any] = {}
     ok = True
-    masters = (ParameterAveragingTrainingMaster(batch_size_per_worker=16, averaging_frequency=2, accumulate_steps=4),
-               SharedTrainingMaster(batch_size_per_worker=16, accumulate_steps=4))
+    masters = (
+        ParameterAveragingTrainingMaster(batch_size_per_worker=16, averaging_frequency=2, accumulate_steps=4),
+        SharedTrainingMaster(batch_size_per_worker=16, accumulate_steps=4),
+    )
     for master in masters:
         net = _net("cpu", 32, hidden, 10)
         ParallelWrapper(net, master=master, devices=[ctx.device], progress=False).fit(data, epochs=1)
@@ -339,9 +405,14 @@ def _accumulation_masters(ctx: Context, data: DataSet, hidden: int) -> dict[str,
             figures[master.kind]["max_abs_diff_vs_fit"] = diff
             ok = ok and diff <= FIT_TOLERANCE
     diff_text = f"{figures['averaging']['max_abs_diff_vs_fit']:.2e}"
-    return row("accumulation_masters", ctx.device, _verdict(ok),
-               f"accumulate_steps=4, one worker: averaging vs Network.fit max abs diff {diff_text}; sharing ran "
-               f"({figures['sharing']['iterations']} steps)", **figures)
+    return row(
+        "accumulation_masters",
+        ctx.device,
+        _verdict(ok),
+        f"accumulate_steps=4, one worker: averaging vs Network.fit max abs diff {diff_text}; sharing ran "
+        f"({figures['sharing']['iterations']} steps)",
+        **figures,
+    )
 
 
 def accumulation(ctx: Context) -> list[dict[str, Any]]:
@@ -372,15 +443,25 @@ def compile_check(ctx: Context) -> list[dict[str, Any]]:
     diff = _max_diff(net.params(), nets["eager"].params())
     flat = net.params_view().untyped_storage().data_ptr()
     views = all(p.untyped_storage().data_ptr() == flat for p in net.module.parameters()) and torch.equal(
-        net.params(), torch.cat([p.detach().reshape(-1) for p in net.module.parameters()]))
+        net.params(), torch.cat([p.detach().reshape(-1) for p in net.module.parameters()])
+    )
     speedup = seconds["eager"][1] / seconds["compiled"][1]
-    return [row("compile", ctx.device, _verdict(diff <= FIT_TOLERANCE and views),
-                f"compile={backend!r}: max abs diff vs eager {diff:.2e}; flat views intact: {views}; second epoch "
-                f"{speedup:.2f}x eager (first, with compilation: {seconds['compiled'][0]:.1f} s)",
-                backend=backend, max_abs_diff=diff, tolerance=FIT_TOLERANCE, flat_views_intact=views,
-                first_epoch_s={k: v[0] for k, v in seconds.items()},
-                second_epoch_s={k: v[1] for k, v in seconds.items()},
-                second_epoch_speedup=speedup)]
+    return [
+        row(
+            "compile",
+            ctx.device,
+            _verdict(diff <= FIT_TOLERANCE and views),
+            f"compile={backend!r}: max abs diff vs eager {diff:.2e}; flat views intact: {views}; second epoch "
+            f"{speedup:.2f}x eager (first, with compilation: {seconds['compiled'][0]:.1f} s)",
+            backend=backend,
+            max_abs_diff=diff,
+            tolerance=FIT_TOLERANCE,
+            flat_views_intact=views,
+            first_epoch_s={k: v[0] for k, v in seconds.items()},
+            second_epoch_s={k: v[1] for k, v in seconds.items()},
+            second_epoch_speedup=speedup,
+        )
+    ]
 
 
 # ------------------------------------------------------------------ f. pinned memory in the worker's prefetcher
@@ -412,8 +493,14 @@ def pinned_memory(ctx: Context) -> list[dict[str, Any]]:
     order = (("off", False), ("on", None))
     for rep in range(reps + 1):  # the first round warms up (CUDA context, cuBLAS handles, the host allocator)
         for label, option in order if rep % 2 else order[::-1]:
-            task = WorkerTask("averaging", {"averaging_frequency": 4, "save_updater": True}, blueprint, epochs=epochs,
-                              prefetch=2, pin_memory=option)
+            task = WorkerTask(
+                "averaging",
+                {"averaging_frequency": 4, "save_updater": True},
+                blueprint,
+                epochs=epochs,
+                prefetch=2,
+                pin_memory=option,
+            )
             before = _pinned_handouts(ctx)
             t0 = time.perf_counter()
             result = run_worker(task, ItemSource(data), SoloCommunicator(), device=ctx.device)
@@ -429,15 +516,31 @@ def pinned_memory(ctx: Context) -> list[dict[str, Any]]:
     # other host-to-device copies (the updater's scalars) take pinned buffers too: compare with the unpinned run
     extra = None if handed["on"] is None or handed["off"] is None else handed["on"] - handed["off"]
     ok = same and (extra is not None and extra >= batches * epochs if ctx.cuda else True)
-    note = (f"{extra} more pinned buffers than without ({batches * epochs} minibatches)" if ctx.cuda
-            else "CPU: nothing is pinned (pin_memory needs CUDA)")
-    return [row("pinned_memory", ctx.device, _verdict(ok),
-                f"worker fit {on:,.0f} samples/s pinned vs {off:,.0f} not ({on / off:.2f}x); {note}; "
-                f"same params: {same}",
-                samples_per_s_pinned=on, samples_per_s_unpinned=off, ratio=on / off, pinned_handouts=handed,
-                extra_pinned_handouts=extra,
-                same_params=same, batch=batch, features=features, batches=batches, epochs=epochs, reps=reps,
-                batch_mb=batch * features * 4 / 1e6)]
+    note = (
+        f"{extra} more pinned buffers than without ({batches * epochs} minibatches)"
+        if ctx.cuda
+        else "CPU: nothing is pinned (pin_memory needs CUDA)"
+    )
+    return [
+        row(
+            "pinned_memory",
+            ctx.device,
+            _verdict(ok),
+            f"worker fit {on:,.0f} samples/s pinned vs {off:,.0f} not ({on / off:.2f}x); {note}; same params: {same}",
+            samples_per_s_pinned=on,
+            samples_per_s_unpinned=off,
+            ratio=on / off,
+            pinned_handouts=handed,
+            extra_pinned_handouts=extra,
+            same_params=same,
+            batch=batch,
+            features=features,
+            batches=batches,
+            epochs=epochs,
+            reps=reps,
+            batch_mb=batch * features * 4 / 1e6,
+        )
+    ]
 
 
 CHECKS: dict[str, Check] = {
@@ -449,4 +552,11 @@ CHECKS: dict[str, Check] = {
     "accumulation": Check(("accumulation_fit", "accumulation_masters"), accumulation),
     "compile": Check(("compile",), compile_check),
     "pinned_memory": Check(("pinned_memory",), pinned_memory),
+    "checkpoint_resume": Check(("checkpoint_resume",), lambda ctx: _resume_check(ctx)),
 }
+
+
+def _resume_check(ctx: Context) -> list[dict[str, Any]]:
+    from _gpu_resume_check import checkpoint_resume
+
+    return checkpoint_resume(ctx)

@@ -19,7 +19,8 @@ import json
 import os
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -101,15 +102,30 @@ def _run(cfg: dict[str, Any]) -> dict[str, Any]:
     timeout = datetime.timedelta(seconds=float(cfg["timeout_s"]))
     with socket_interface(endpoint.interface) as ifnames:
         store = dist.TCPStore(cfg["store_host"], int(cfg["store_port"]), world, rank == 0, timeout=timeout)
-        comm = TorchDistCommunicator(store, rank, world, "gloo", "cpu", float(cfg["timeout_s"]),
-                                     shared_memory=True, host_address=endpoint.address)
-    report: dict[str, Any] = {"rank": rank, "address": endpoint.address, "endpoint_source": endpoint.source,
-                              "socket_ifname": ifnames, "uses_shared_memory": comm.uses_shared_memory,
-                              "cases": {}, "dense": {}}
+        comm = TorchDistCommunicator(
+            store,
+            rank,
+            world,
+            "gloo",
+            "cpu",
+            float(cfg["timeout_s"]),
+            shared_memory=True,
+            host_address=endpoint.address,
+        )
+    report: dict[str, Any] = {
+        "rank": rank,
+        "address": endpoint.address,
+        "endpoint_source": endpoint.source,
+        "socket_ifname": ifnames,
+        "uses_shared_memory": comm.uses_shared_memory,
+        "cases": {},
+        "dense": {},
+    }
     try:
         timer = _Timer()
         report["probe"] = _probe(timer, world, int(cfg["probe_reps"]))
         flat = torch.zeros(params)  # the parameters S_t is applied to
+
         def all_gather(comm: Any, payload: bytes, length: int, device: str) -> Any:  # the training loop's exchange
             return round_from_gathered(comm.all_gather_bytes(payload), length, device)
 
@@ -118,9 +134,10 @@ def _run(cfg: dict[str, Any]) -> dict[str, Any]:
         for i, density in enumerate(cfg["densities"]):
             payload, info = _message(params, float(density), 1000 * i + rank + int(cfg["seed"]))
             cases[str(density)] = payload
-            report["cases"][str(density)] = {"message": info, **{t: {"exchange_s": [], "apply_s": [],
-                                                                     "thread_cpu_s": [], "process_cpu_s": []}
-                                                                for t in TOPOLOGIES}}
+            report["cases"][str(density)] = {
+                "message": info,
+                **{t: {"exchange_s": [], "apply_s": [], "thread_cpu_s": [], "process_cpu_s": []} for t in TOPOLOGIES},
+            }
         # warm-up, and the bit-for-bit check of the two topologies' sums
         for name, payload in cases.items():
             sums = {}
@@ -137,11 +154,10 @@ def _run(cfg: dict[str, Any]) -> dict[str, Any]:
             order = TOPOLOGIES if rep % 2 == 0 else TOPOLOGIES[::-1]  # alternate: neither always goes first
             if rep < int(cfg["dense_reps"]) and rep % 2 == 1:
                 _time_dense(timer, comm, dense, report["dense"])
-            for name, payload in (cases.items() if rep < int(cfg["reps"]) else ()):
+            for name, payload in cases.items() if rep < int(cfg["reps"]) else ():
                 for topo in order:
                     row = report["cases"][name][topo]
-                    result, wall, thread_cpu, process_cpu = timer(
-                        lambda: exchanges[topo](comm, payload, params, "cpu"))  # noqa: B023 - called at once
+                    result, wall, thread_cpu, process_cpu = timer(lambda: exchanges[topo](comm, payload, params, "cpu"))  # noqa: B023 - called at once
                     t0, c0 = time.perf_counter(), time.thread_time()
                     _apply(flat, result)
                     row["apply_s"].append(time.perf_counter() - t0)

@@ -28,17 +28,20 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import torch  # noqa: E402
+
 import _common as C  # noqa: E402
 import bench_throughput as BT  # noqa: E402
-import torch  # noqa: E402
 
 SECTION = "checkpoint"
 TARGET = 0.05
 #: foreign CPU (cores) above which the back-to-back throughput difference is treated as noise
 NOISY_FOREIGN = 0.5
-LABELS = {"spark_avg": "SparkNetwork + ParameterAveragingTrainingMaster, local[2]",
-          "spark_shared": "SparkNetwork + SharedTrainingMaster, local[2]",
-          "pw_avg": "ParallelWrapper averaging, 2 workers"}
+LABELS = {
+    "spark_avg": "SparkNetwork + ParameterAveragingTrainingMaster, local[2]",
+    "spark_shared": "SparkNetwork + SharedTrainingMaster, local[2]",
+    "pw_avg": "ParallelWrapper averaging, 2 workers",
+}
 
 
 class _Checkpointed:
@@ -86,8 +89,9 @@ class _Checkpointed:
         if "checkpoint" not in names:
             return float("nan")
         code = names.index("checkpoint")
-        per_worker = [float(np.sum(ev.duration[(ev.worker == w) & (ev.phase == code)]))
-                      for w in range(len(ev.worker_names))]
+        per_worker = [
+            float(np.sum(ev.duration[(ev.worker == w) & (ev.phase == code)])) for w in range(len(ev.worker_names))
+        ]
         return max(per_worker) / wall
 
     def teardown(self) -> None:
@@ -107,8 +111,11 @@ class PWAvgCkpt(_Checkpointed, BT.PWAvg):
     pass
 
 
-PAIRS = {"spark_avg": (BT.SparkAvg, SparkAvgCkpt), "spark_shared": (BT.SparkShared, SparkSharedCkpt),
-         "pw_avg": (BT.PWAvg, PWAvgCkpt)}
+PAIRS = {
+    "spark_avg": (BT.SparkAvg, SparkAvgCkpt),
+    "spark_shared": (BT.SparkShared, SparkSharedCkpt),
+    "pw_avg": (BT.PWAvg, PWAvgCkpt),
+}
 
 
 def measure(obj: Any, k: int, n: int) -> dict[str, float]:
@@ -135,8 +142,10 @@ def bench(method: str, args: argparse.Namespace, spark: Any, data: Any) -> dict[
                 C.wait_for_quiet(0.15, args.quiet_wait_s)
                 rep[name] = measure(obj, args.epochs, args.n)
             rep["overhead"] = 1 - rep["ckpt"]["steady"] / rep["base"]["steady"]
-            C.log(f"{method} rep {r}: baseline {rep['base']['steady']:.0f} samples/s, checkpointed "
-                  f"{rep['ckpt']['steady']:.0f} samples/s, overhead {100 * rep['overhead']:+.1f}%")
+            C.log(
+                f"{method} rep {r}: baseline {rep['base']['steady']:.0f} samples/s, checkpointed "
+                f"{rep['ckpt']['steady']:.0f} samples/s, overhead {100 * rep['overhead']:+.1f}%"
+            )
             rows.append(rep)
         size = ckpt.checkpoint_bytes()
         share = ckpt.checkpoint_share(args.epochs + 1)
@@ -194,49 +203,79 @@ def report(results: dict[str, Any], args: argparse.Namespace, load_start: str, e
         base = [r["base"]["steady"] for r in reps]
         ckpt = [r["ckpt"]["steady"] for r in reps]
         foreign = [max(r["base"]["foreign"], r["ckpt"]["foreign"]) for r in reps]
-        per_ckpt = [((r["ckpt"]["tk"] - r["ckpt"]["t1"]) - (r["base"]["tk"] - r["base"]["t1"])) / args.epochs
-                    for r in reps]
+        per_ckpt = [
+            ((r["ckpt"]["tk"] - r["ckpt"]["t1"]) - (r["base"]["tk"] - r["base"]["t1"])) / args.epochs for r in reps
+        ]
         med = C.median(over)
         pooled = 1 - _pooled(reps, "ckpt", args) / _pooled(reps, "base", args)
         res["pooled_overhead"] = pooled
-        rows.append([LABELS[m], f"{C.median(base):,.0f}", f"{C.median(ckpt):,.0f}", f"{100 * pooled:+.1f}%",
-                     f"{100 * med:+.1f}%",
-                     f"{100 * min(over):+.1f}% .. {100 * max(over):+.1f}%", f"{1000 * C.median(per_ckpt):+.0f}",
-                     f"{100 * res['share']:.2f}%", f"{res['checkpoint_bytes'] / 1e6:.1f}", f"{C.median(foreign):.2f}"])
+        rows.append(
+            [
+                LABELS[m],
+                f"{C.median(base):,.0f}",
+                f"{C.median(ckpt):,.0f}",
+                f"{100 * pooled:+.1f}%",
+                f"{100 * med:+.1f}%",
+                f"{100 * min(over):+.1f}% .. {100 * max(over):+.1f}%",
+                f"{1000 * C.median(per_ckpt):+.0f}",
+                f"{100 * res['share']:.2f}%",
+                f"{res['checkpoint_bytes'] / 1e6:.1f}",
+                f"{C.median(foreign):.2f}",
+            ]
+        )
         if m == "spark_avg":
             noisy = C.median(foreign) > NOISY_FOREIGN
             # on a loaded machine the throughput difference is noise; the in-run share is not
             verdict = res["share"] if noisy else pooled
-            targets.append({"target": "checkpointing once per epoch costs <= 5% of LeNet throughput "
-                                      "(SparkNetwork averaging)",
-                            "measured": f"throughput overhead {100 * pooled:+.1f}% (pooled medians; per-repetition "
-                                        f"median "
-                                        f"{100 * med:+.1f}%), workers writing "
-                                        f"checkpoints {100 * res['share']:.2f}% of the fit"
-                                        + (f"; machine loaded (foreign CPU {C.median(foreign):.2f} cores): verdict "
-                                           "from the in-run share" if noisy else ""),
-                            "met": bool(verdict <= TARGET)})
-    headers = ["method", "baseline samples/s", "checkpointed samples/s", "overhead (pooled)",
-               "overhead (median of repetitions)", "overhead min..max",
-               "extra ms per epoch", "time writing checkpoints (in-run)", "checkpoint MB", "foreign CPU (cores)"]
-    body = "\n".join([
-        "### Checkpoint overhead", "",
-        f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; load average (1/5/15 min) at the start {load_start}, at the end {C.load_average()}; "
-        f"run time {elapsed / 60:.1f} min. `benchmarks/bench_checkpoint.py` (its docstring has the details): the "
-        f"LeNet setup of the throughput benchmark ({args.n:,} samples per epoch, global batch {args.batch}, 2 "
-        f"workers), each method with and without `checkpoint_directory` (a checkpoint at the end of every epoch, "
-        f"local disk), measured back to back in each of {args.reps} repetition(s); steady samples/s = "
-        f"`{args.epochs} x N / (T({args.epochs + 1}) - T(1))`. *Overhead (pooled)*, the verdict: each arm's "
-        "throughput from its median T(1) and median T(k+1) over the repetitions, 1 - checkpointed / baseline; *median of "
-        "repetitions*: 1 - checkpointed / baseline within each repetition, median (noisier: T(1)'s noise enters "
-        "every ratio); *extra ms per epoch* is the difference of the two `T(k+1) - T(1)` per epoch; *time writing "
-        "checkpoints* is measured inside one extra checkpointed fit of k+1 epochs with training stats: the most "
-        "seconds any worker spent in its `checkpoint` phase over the fit's wall time (peers wait for the slowest "
-        "writer at the next collective, so this bounds the slowdown; it is robust to a loaded machine, where both "
-        "grow alike); *foreign CPU* is what other processes used during the measurement (the machine is shared: "
-        f"above {NOISY_FOREIGN} cores the throughput difference is noise and the verdict uses the in-run share).",
-        "",
-        C.markdown_table(headers, rows)])
+            targets.append(
+                {
+                    "target": "checkpointing once per epoch costs <= 5% of LeNet throughput (SparkNetwork averaging)",
+                    "measured": f"throughput overhead {100 * pooled:+.1f}% (pooled medians; per-repetition "
+                    f"median "
+                    f"{100 * med:+.1f}%), workers writing "
+                    f"checkpoints {100 * res['share']:.2f}% of the fit"
+                    + (
+                        f"; machine loaded (foreign CPU {C.median(foreign):.2f} cores): verdict from the in-run share"
+                        if noisy
+                        else ""
+                    ),
+                    "met": bool(verdict <= TARGET),
+                }
+            )
+    headers = [
+        "method",
+        "baseline samples/s",
+        "checkpointed samples/s",
+        "overhead (pooled)",
+        "overhead (median of repetitions)",
+        "overhead min..max",
+        "extra ms per epoch",
+        "time writing checkpoints (in-run)",
+        "checkpoint MB",
+        "foreign CPU (cores)",
+    ]
+    body = "\n".join(
+        [
+            "### Checkpoint overhead",
+            "",
+            f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; load average (1/5/15 min) at the start {load_start}, at the end {C.load_average()}; "
+            f"run time {elapsed / 60:.1f} min. `benchmarks/bench_checkpoint.py` (its docstring has the details): the "
+            f"LeNet setup of the throughput benchmark ({args.n:,} samples per epoch, global batch {args.batch}, 2 "
+            f"workers), each method with and without `checkpoint_directory` (a checkpoint at the end of every epoch, "
+            f"local disk), measured back to back in each of {args.reps} repetition(s); steady samples/s = "
+            f"`{args.epochs} x N / (T({args.epochs + 1}) - T(1))`. *Overhead (pooled)*, the verdict: each arm's "
+            "throughput from its median T(1) and median T(k+1) over the repetitions, 1 - checkpointed / baseline; *median of "
+            "repetitions*: 1 - checkpointed / baseline within each repetition, median (noisier: T(1)'s noise enters "
+            "every ratio); *extra ms per epoch* is the difference of the two `T(k+1) - T(1)` per epoch; *time writing "
+            "checkpoints* is measured inside one extra checkpointed fit of k+1 epochs with training stats: the most "
+            "seconds any worker spent in its `checkpoint` phase over the fit's wall time (peers wait for the slowest "
+            "writer at the next collective, so this bounds the slowdown; it is robust to a loaded machine, where both "
+            "grow alike); *foreign CPU* is what other processes used during the measurement (the machine is shared: "
+            f"above {NOISY_FOREIGN} cores the throughput difference is noise and the verdict uses the in-run share).",
+            "",
+            C.markdown_table(headers, rows),
+        ]
+    )
     print(body)
     if args.write:
         C.write_section(SECTION, body, {"results": results, "targets": targets})

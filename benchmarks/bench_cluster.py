@@ -103,7 +103,7 @@ def mnist_like(split: str, n: int | None, seed: int) -> Any:
     ox = torch.randint(1, 8, (count,), generator=g)
     oy = torch.randint(1, 8, (count,), generator=g)
     for i in range(count):
-        frame[i, :, oy[i]:oy[i] + 20, ox[i]:ox[i] + 20] = small[i]
+        frame[i, :, oy[i] : oy[i] + 20, ox[i] : ox[i] + 20] = small[i]
     frame = (frame + 0.1 * torch.randn(frame.shape, generator=g)).clamp_(0.0, 1.0)
     return DataSet(frame.reshape(count, 784).contiguous(), base.labels[idx].clone())
 
@@ -141,15 +141,18 @@ class LinkSampler:
     def read(self) -> dict[str, int]:
         """``hosts_sent``: bytes the hosts sent (rx of the root-side veths); ``root_sent`` / ``root_received``: the
         bridge's tx / rx (driver and master traffic)."""
-        return {"hosts_sent": sum(self._read(v, "rx") for v in self.host_veths),
-                "root_sent": self._read(self.bridge, "tx"), "root_received": self._read(self.bridge, "rx")}
+        return {
+            "hosts_sent": sum(self._read(v, "rx") for v in self.host_veths),
+            "root_sent": self._read(self.bridge, "tx"),
+            "root_received": self._read(self.bridge, "rx"),
+        }
 
     def _run(self) -> None:
         while not self._stop.is_set():
             self.samples.append((time.time(), self.read()))
             self._stop.wait(self.interval_s)
 
-    def __enter__(self) -> "LinkSampler":
+    def __enter__(self) -> LinkSampler:
         self.samples.append((time.time(), self.read()))
         self._thread.start()
         return self
@@ -190,8 +193,9 @@ def make_master(method: str) -> Any:
     return ParameterAveragingTrainingMaster(averaging_frequency={"avg5": 5, "avg1": 1}[method], **common)
 
 
-def run_torchspark(spark: Any, method: str, data: dict[str, Any], args: argparse.Namespace, sampler: LinkSampler,
-                   save: Any) -> dict[str, Any]:
+def run_torchspark(
+    spark: Any, method: str, data: dict[str, Any], args: argparse.Namespace, sampler: LinkSampler, save: Any
+) -> dict[str, Any]:
     from torchspark.data import load_batch
     from torchspark.spark import SparkNetwork
 
@@ -227,8 +231,11 @@ def run_torchspark(spark: Any, method: str, data: dict[str, Any], args: argparse
         return out
     t1 = time.time()
     acc = float(net.evaluate(test).accuracy())
-    out.update(time_to_target_s=t1 - t0, target_run_accuracy=acc, **{f"{k}_to_target": v for k, v in
-                                                                       sampler.between(t0, t1).items()})
+    out.update(
+        time_to_target_s=t1 - t0,
+        target_run_accuracy=acc,
+        **{f"{k}_to_target": v for k, v in sampler.between(t0, t1).items()},
+    )
     if "sharing.bytes_sent" in net.extra_config:
         out["sharing_payload_bytes"] = int(net.extra_config["sharing.bytes_sent"])
         out["sharing_dense_bytes"] = int(net.extra_config["sharing.dense_bytes"])
@@ -249,8 +256,17 @@ def _fit_or_stop(snet: Any, paths: list[str], epochs: int, out: dict[str, Any]) 
         return False
 
 
-def _ddp_train(paths: list[str], test_path: str, target: float, budget_s: float, max_epochs: int, lr: float,
-               seed: int, hidden: list[int], flush: bool = True) -> dict[str, Any]:
+def _ddp_train(
+    paths: list[str],
+    test_path: str,
+    target: float,
+    budget_s: float,
+    max_epochs: int,
+    lr: float,
+    seed: int,
+    hidden: list[int],
+    flush: bool = True,
+) -> dict[str, Any]:
     """The TorchDistributor training function (runs under torchrun on the hosts; pickled by value)."""
     import time as _time
 
@@ -300,8 +316,9 @@ def _ddp_train(paths: list[str], test_path: str, target: float, budget_s: float,
     return {"rank": rank, "start_wall": start_wall, "setup_s": setup_s, "epochs": epochs}
 
 
-def run_ddp(spark: Any, data: dict[str, Any], args: argparse.Namespace, sampler: LinkSampler,
-            save: Any) -> dict[str, Any]:
+def run_ddp(
+    spark: Any, data: dict[str, Any], args: argparse.Namespace, sampler: LinkSampler, save: Any
+) -> dict[str, Any]:
     import contextlib
 
     from pyspark.ml.torch.distributor import TorchDistributor
@@ -311,26 +328,48 @@ def run_ddp(spark: Any, data: dict[str, Any], args: argparse.Namespace, sampler:
     try:
         # TorchDistributor copies the ranks' output to stdout: keep it in a log next to the results
         with open(args.out + ".ranks.log", "w") as ranks_log, contextlib.redirect_stdout(ranks_log):
-            res = distributor.run(_ddp_train, data["train"], data["test"], args.target, args.budget_s,
-                                  args.max_epochs, LR, SEED, HIDDEN)
+            res = distributor.run(
+                _ddp_train, data["train"], data["test"], args.target, args.budget_s, args.max_epochs, LR, SEED, HIDDEN
+            )
     except Exception as e:  # noqa: BLE001
         if not _STOPPED.is_set():
             raise
-        return {"method": "ddp", "curve": [], "reached": False, "final_accuracy": None,
-                "stopped": f"hard time limit: the DDP run was cancelled ({type(e).__name__})"}
+        return {
+            "method": "ddp",
+            "curve": [],
+            "reached": False,
+            "final_accuracy": None,
+            "stopped": f"hard time limit: the DDP run was cancelled ({type(e).__name__})",
+        }
     t_done = time.time()
     launch_s = res["start_wall"] - t_call
-    out: dict[str, Any] = {"method": "ddp", "curve": [], "reached": False, "launch_s": launch_s,
-                           "setup_s": res["setup_s"], "run_wall_s": t_done - t_call}
+    out: dict[str, Any] = {
+        "method": "ddp",
+        "curve": [],
+        "reached": False,
+        "launch_s": launch_s,
+        "setup_s": res["setup_s"],
+        "run_wall_s": t_done - t_call,
+    }
     prev_train, prev_end = 0.0, t_call
     for e in res["epochs"]:
-        out["curve"].append({"epoch": e["epoch"], "fit_s": e["train_s"] - prev_train, "accuracy": e["accuracy"],
-                             **sampler.between(prev_end, e["end_wall"])})
+        out["curve"].append(
+            {
+                "epoch": e["epoch"],
+                "fit_s": e["train_s"] - prev_train,
+                "accuracy": e["accuracy"],
+                **sampler.between(prev_end, e["end_wall"]),
+            }
+        )
         prev_train, prev_end = e["train_s"], e["end_wall"]
         if e["accuracy"] >= args.target and not out["reached"]:
-            out.update(reached=True, epochs_to_target=e["epoch"], target_run_accuracy=e["accuracy"],
-                       time_to_target_s=launch_s + res["setup_s"] + e["train_s"],
-                       **{f"{k}_to_target": v for k, v in sampler.between(t_call, e["end_wall"]).items()})
+            out.update(
+                reached=True,
+                epochs_to_target=e["epoch"],
+                target_run_accuracy=e["accuracy"],
+                time_to_target_s=launch_s + res["setup_s"] + e["train_s"],
+                **{f"{k}_to_target": v for k, v in sampler.between(t_call, e["end_wall"]).items()},
+            )
     out["final_accuracy"] = res["epochs"][-1]["accuracy"] if res["epochs"] else float("nan")
     save(out)
     return out
@@ -386,12 +425,31 @@ def hard_limit_s(args: argparse.Namespace) -> float:
 
 
 # ---------------------------------------------------------------------------------------------------- orchestration
-def run_method(cluster: Any, method: str, link: str, data_file: str, args: argparse.Namespace,
-               workdir: str) -> dict[str, Any]:
+def run_method(
+    cluster: Any, method: str, link: str, data_file: str, args: argparse.Namespace, workdir: str
+) -> dict[str, Any]:
     out = os.path.join(workdir, f"{link}-{method}.json")
-    argv = [os.path.abspath(__file__), "--role", "driver", "--method", method, "--data", data_file, "--out", out,
-            "--target", str(args.target), "--budget-s", str(args.budget_s), "--max-epochs", str(args.max_epochs),
-            "--veths", ",".join(h.root_veth for h in cluster.hosts), "--bridge", cluster.bridge]
+    argv = [
+        os.path.abspath(__file__),
+        "--role",
+        "driver",
+        "--method",
+        method,
+        "--data",
+        data_file,
+        "--out",
+        out,
+        "--target",
+        str(args.target),
+        "--budget-s",
+        str(args.budget_s),
+        "--max-epochs",
+        str(args.max_epochs),
+        "--veths",
+        ",".join(h.root_veth for h in cluster.hosts),
+        "--bridge",
+        cluster.bridge,
+    ]
     extra = {}
     if method == "ddp":  # the namespace hostnames resolve to loopback: gloo must be told the interface
         extra["spark.executorEnv.GLOO_SOCKET_IFNAME"] = cluster.hosts[0].interface
@@ -428,8 +486,11 @@ def orchestrate(args: argparse.Namespace) -> None:
     if reason is not None:
         C.log(f"cluster benchmark skipped: {reason}")
         if not args.no_write:
-            C.write_section("cluster", "## Cluster: time to accuracy on shaped links\n\n_Skipped: "
-                            f"{reason} (needs root and `ip netns`)._\n", {"skipped": reason, "targets": []})
+            C.write_section(
+                "cluster",
+                f"## Cluster: time to accuracy on shaped links\n\n_Skipped: {reason} (needs root and `ip netns`)._\n",
+                {"skipped": reason, "targets": []},
+            )
         return
     # SIGTERM (e.g. a timeout of the caller) must still tear the cluster down: turn it into SystemExit
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -476,17 +537,23 @@ def shape(cluster: Any, rate: str, delay: str) -> str:
         cluster.shape_links(rate, delay)
         return f"tbf {rate} + netem delay {delay} (each direction of every host link)"
     cluster.shape_links(rate, None)
-    return (f"tbf {rate} (each direction of every host link); the {delay} delay is NOT applied: this kernel has no "
-            "netem qdisc (sch_netem)")
+    return (
+        f"tbf {rate} (each direction of every host link); the {delay} delay is NOT applied: this kernel has no "
+        "netem qdisc (sch_netem)"
+    )
 
 
 def summarise_one(r: dict[str, Any]) -> None:
     if r.get("reached"):
-        C.log(f"  {r['link']} {r['method']}: target in {r['epochs_to_target']} epochs, "
-              f"{r['time_to_target_s']:.1f} s, {r.get('wire_to_target', 0) / 1e6:.1f} MB on the wire")
+        C.log(
+            f"  {r['link']} {r['method']}: target in {r['epochs_to_target']} epochs, "
+            f"{r['time_to_target_s']:.1f} s, {r.get('wire_to_target', 0) / 1e6:.1f} MB on the wire"
+        )
     else:
-        C.log(f"  {r['link']} {r['method']}: target not reached (final accuracy {C.fmt(r.get('final_accuracy'), 4)}) "
-              f"{r.get('error', r.get('stopped', ''))}")
+        C.log(
+            f"  {r['link']} {r['method']}: target not reached (final accuracy {C.fmt(r.get('final_accuracy'), 4)}) "
+            f"{r.get('error', r.get('stopped', ''))}"
+        )
 
 
 # ---------------------------------------------------------------------------------------------------- report
@@ -508,17 +575,21 @@ def crossover(results: dict[str, dict[str, dict[str, Any]]]) -> str:
             if r.get("reached") and link in LINK_BITS:
                 pts.setdefault(m, []).append((LINK_BITS[link], r["time_to_target_s"]))
     if len(pts.get("sharing", [])) < 2 or len(pts.get("ddp", [])) < 2:
-        return ("Crossover: not estimated (needs sharing and DDP to reach the target on both links).")
+        return "Crossover: not estimated (needs sharing and DDP to reach the target on both links)."
     fs, fd = _fit_line(*pts["sharing"][:2]), _fit_line(*pts["ddp"][:2])
     if fs is None or fd is None:
         return "Crossover: not estimated."
     (cs, ws), (cd, wd) = fs, fd
-    text = (f"Crossover, from `T = c + w / bandwidth` fitted to the two links: sharing c = {cs:.1f} s, "
-            f"w = {max(ws, 0) / 1e9:.2f} Gbit; DDP c = {cd:.1f} s, w = {max(wd, 0) / 1e9:.2f} Gbit. ")
+    text = (
+        f"Crossover, from `T = c + w / bandwidth` fitted to the two links: sharing c = {cs:.1f} s, "
+        f"w = {max(ws, 0) / 1e9:.2f} Gbit; DDP c = {cd:.1f} s, w = {max(wd, 0) / 1e9:.2f} Gbit. "
+    )
     if cs >= cd and wd > ws:
         bw = (wd - ws) / (cs - cd) if cs > cd else math.inf
-        text += (f"DDP's time to target equals sharing's at about **{bw / 1e9:.1f} Gbit/s** (per host link, this "
-                 "machine's compute); below that gradient sharing reaches the accuracy sooner.")
+        text += (
+            f"DDP's time to target equals sharing's at about **{bw / 1e9:.1f} Gbit/s** (per host link, this "
+            "machine's compute); below that gradient sharing reaches the accuracy sooner."
+        )
     elif cs < cd and ws <= wd:
         text += "Sharing is ahead at every bandwidth on this model (even its bandwidth-free part is smaller)."
     else:
@@ -526,11 +597,30 @@ def crossover(results: dict[str, dict[str, dict[str, Any]]]) -> str:
     return text
 
 
-def report(results: dict[str, dict[str, dict[str, Any]]], links: list[str], methods: list[str],
-           data: dict[str, Any], args: argparse.Namespace, info: dict[str, str], cluster_info: dict[str, Any],
-           link_settings: dict[str, str], elapsed: float, source_note: str) -> None:
-    headers = ["link", "method", "reached", "epochs", "time to target s", "x faster than DDP", "wire MB to target",
-               "between workers MB", "s per epoch (curve)", "accuracy at the end"]
+def report(
+    results: dict[str, dict[str, dict[str, Any]]],
+    links: list[str],
+    methods: list[str],
+    data: dict[str, Any],
+    args: argparse.Namespace,
+    info: dict[str, str],
+    cluster_info: dict[str, Any],
+    link_settings: dict[str, str],
+    elapsed: float,
+    source_note: str,
+) -> None:
+    headers = [
+        "link",
+        "method",
+        "reached",
+        "epochs",
+        "time to target s",
+        "x faster than DDP",
+        "wire MB to target",
+        "between workers MB",
+        "s per epoch (curve)",
+        "accuracy at the end",
+    ]
     rows, targets, verdicts = [], [], []
     for link in links:
         ddp = results[link].get("ddp", {})
@@ -541,14 +631,25 @@ def report(results: dict[str, dict[str, dict[str, Any]]], links: list[str], meth
             speed = (ddp["time_to_target_s"] / tt) if (tt and ddp.get("reached")) else None
             curve = r.get("curve", [])
             per_epoch = sum(c["fit_s"] for c in curve) / len(curve) if curve else None
-            status = "yes" if reached else ("error" if r.get("error") else (
-                "no (time limit)" if r.get("stopped") else "no (budget)"))
-            rows.append([LINKS[link][0] + " + " + LINKS[link][1], METHOD_TITLES.get(m, m), status,
-                         r.get("epochs_to_target", len(curve)), tt,
-                         "-" if m == "ddp" else (f"{speed:.2f}x" if speed else "-"),
-                         r["wire_to_target"] / 1e6 if reached else None,
-                         r["between_workers_to_target"] / 1e6 if reached else None, per_epoch,
-                         r.get("target_run_accuracy", r.get("final_accuracy"))])
+            status = (
+                "yes"
+                if reached
+                else ("error" if r.get("error") else ("no (time limit)" if r.get("stopped") else "no (budget)"))
+            )
+            rows.append(
+                [
+                    LINKS[link][0] + " + " + LINKS[link][1],
+                    METHOD_TITLES.get(m, m),
+                    status,
+                    r.get("epochs_to_target", len(curve)),
+                    tt,
+                    "-" if m == "ddp" else (f"{speed:.2f}x" if speed else "-"),
+                    r["wire_to_target"] / 1e6 if reached else None,
+                    r["between_workers_to_target"] / 1e6 if reached else None,
+                    per_epoch,
+                    r.get("target_run_accuracy", r.get("final_accuracy")),
+                ]
+            )
         share = results[link].get("sharing", {})
         goal = TARGET_SPEEDUP.get(link)
         if goal is not None and "sharing" in methods and "ddp" in methods:
@@ -557,21 +658,38 @@ def report(results: dict[str, dict[str, dict[str, Any]]], links: list[str], meth
                 met: bool | None = speed >= goal
                 measured = f"{speed:.2f}x ({share['time_to_target_s']:.0f} s vs {ddp['time_to_target_s']:.0f} s)"
             elif share.get("reached"):
-                met, measured = True, (f"DDP did not reach {args.target:.0%} within its budget; sharing in "
-                                       f"{share['time_to_target_s']:.0f} s")
+                met, measured = (
+                    True,
+                    (
+                        f"DDP did not reach {args.target:.0%} within its budget; sharing in "
+                        f"{share['time_to_target_s']:.0f} s"
+                    ),
+                )
             else:
-                met, measured = False if not share.get("error") else None, (
-                    f"sharing did not reach the target ({share.get('error', 'budget')})")
-            targets.append({"target": f"{link}: gradient sharing reaches {args.target:.0%} test accuracy >= "
-                                      f"{goal:g}x sooner than TorchDistributor+DDP", "measured": measured,
-                            "met": met})
-            verdicts.append(f"- {LINKS[link][0]} + {LINKS[link][1]}: {measured} -> target >= {goal:g}x "
-                            f"{'met' if met else ('not measured' if met is None else 'missed')}")
+                met, measured = (
+                    False if not share.get("error") else None,
+                    (f"sharing did not reach the target ({share.get('error', 'budget')})"),
+                )
+            targets.append(
+                {
+                    "target": f"{link}: gradient sharing reaches {args.target:.0%} test accuracy >= "
+                    f"{goal:g}x sooner than TorchDistributor+DDP",
+                    "measured": measured,
+                    "met": met,
+                }
+            )
+            verdicts.append(
+                f"- {LINKS[link][0]} + {LINKS[link][1]}: {measured} -> target >= {goal:g}x "
+                f"{'met' if met else ('not measured' if met is None else 'missed')}"
+            )
     C.print_table(f"time to {args.target:.0%} test accuracy on a shaped 2-host cluster", headers, rows)
     cross = crossover(results)
     print(cross)
-    machine = ", ".join(f"{k}: {v}" for k, v in info.items() if k in ("cpu", "cores (os.cpu_count)", "memory",
-                                                                        "torch", "pyspark", "torchspark commit"))
+    machine = ", ".join(
+        f"{k}: {v}"
+        for k, v in info.items()
+        if k in ("cpu", "cores (os.cpu_count)", "memory", "torch", "pyspark", "torchspark commit")
+    )
     errors = [f"- {link} / {m}: {r['error']}" for link in links for m, r in results[link].items() if r.get("error")]
     md = [
         "## Cluster: time to accuracy on shaped links\n",
@@ -581,7 +699,8 @@ def report(results: dict[str, dict[str, dict[str, Any]]], links: list[str], meth
         f"namespaces on this machine (master and driver on the bridge, {', '.join(cluster_info.get('hosts', []))}; "
         "`benchmarks/cluster_harness.py`), every host link shaped with `tc` in both directions (tbf, burst 256 kB, "
         "then netem delay when the kernel has it). Links as shaped in this run: "
-        + "; ".join(f"`{k}`: {link_settings.get(k, 'not run')}" for k in links) + ".\n",
+        + "; ".join(f"`{k}`: {link_settings.get(k, 'not run')}" for k in links)
+        + ".\n",
         f"Network: MLP 784-{'-'.join(map(str, HIDDEN))}-10 (3.7 M parameters, 14.9 MB float32), Adam lr {LR:g}, "
         f"2 workers x {BATCH_PER_WORKER} examples per step. Data: {data['n_train']:,} MNIST-like training images "
         "(scikit-learn digits upscaled to 20x20 at a random offset in 28x28, plus noise; generated, no download), "
@@ -594,8 +713,8 @@ def report(results: dict[str, dict[str, dict[str, Any]]], links: list[str], meth
         "included). DDP: one `TorchDistributor(num_processes=2, local_mode=False).run`, rank 0 evaluates after "
         "each epoch with the clock paused; time = launch (driver call to the training function) + setup (process "
         "group, DDP) + training up to the first epoch at the target. Wire bytes: the kernel's veth counters, "
-        "every packet counted once at its sender (hosts and driver/master), sampled every 0.1 s; \"between "
-        "workers\" is host-to-host traffic only.\n",
+        'every packet counted once at its sender (hosts and driver/master), sampled every 0.1 s; "between '
+        'workers" is host-to-host traffic only.\n',
         C.markdown_table(headers, rows) + "\n",
         cross + "\n",
     ]
@@ -605,9 +724,19 @@ def report(results: dict[str, dict[str, dict[str, Any]]], links: list[str], meth
         md.append("Errors:\n\n" + "\n".join(errors) + "\n")
     C.log(f"cluster benchmark done in {elapsed / 60:.1f} min")
     if not args.no_write:
-        C.write_section("cluster", "\n".join(md), {"results": results, "targets": targets, "args": vars(args),
-                                                   "links": link_settings,
-                                                   "machine": info, "elapsed_s": elapsed, "crossover": cross})
+        C.write_section(
+            "cluster",
+            "\n".join(md),
+            {
+                "results": results,
+                "targets": targets,
+                "args": vars(args),
+                "links": link_settings,
+                "machine": info,
+                "elapsed_s": elapsed,
+                "crossover": cross,
+            },
+        )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -631,8 +760,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.budget_s = args.budget_s if args.budget_s is not None else (120.0 if args.quick else 300.0)
     args.max_epochs = args.max_epochs if args.max_epochs is not None else (3 if args.quick else 12)
     args.n_train = args.n_train if args.n_train is not None else (4096 if args.quick else 8192)
-    unknown = [x for x in args.links.split(",") if x.strip() and x.strip() not in LINKS] + \
-        [x for x in args.methods.split(",") if x.strip() and x.strip() not in METHODS]
+    unknown = [x for x in args.links.split(",") if x.strip() and x.strip() not in LINKS] + [
+        x for x in args.methods.split(",") if x.strip() and x.strip() not in METHODS
+    ]
     if unknown:
         parser.error(f"unknown links/methods {unknown}; links: {list(LINKS)}, methods: {list(METHODS)}")
     return args

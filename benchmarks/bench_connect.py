@@ -63,13 +63,17 @@ def child(route: str, model: str, n: int, reps: int) -> dict[str, Any]:
     try:
         df = _frame(spark, n)
         approach = "direct" if route == "classic_direct" else "export"
-        master = ParameterAveragingTrainingMaster(batch_size_per_worker=32, num_workers=2, averaging_frequency=5,
-                                                  rdd_training_approach=approach,
-                                                  dataframe_route="barrier_arrow" if route == "classic_arrow"
-                                                  else "rdd")
+        master = ParameterAveragingTrainingMaster(
+            batch_size_per_worker=32,
+            num_workers=2,
+            averaging_frequency=5,
+            rdd_training_approach=approach,
+            dataframe_route="barrier_arrow" if route == "classic_arrow" else "rdd",
+        )
         shape = (1, 28, 28) if model == "lenet" else None
         net = _network(model)
         with SparkNetwork(spark, net, master, progress=False) as spark_net:
+
             def fit(epochs: int) -> float:
                 start = time.perf_counter()
                 spark_net.fit(df, epochs=epochs, feature_shape=shape)
@@ -82,8 +86,15 @@ def child(route: str, model: str, n: int, reps: int) -> dict[str, Any]:
                 t3s.append(fit(3))
         steady = [2 * n / (t3 - t1) for t1, t3 in zip(t1s, t3s)]
         overhead = [t1 - n / s for t1, s in zip(t1s, steady)]
-        return {"route": route, "model": model, "n": n, "t1": t1s, "t3": t3s, "samples_per_s": steady,
-                "overhead_s": overhead}
+        return {
+            "route": route,
+            "model": model,
+            "n": n,
+            "t1": t1s,
+            "t3": t3s,
+            "samples_per_s": steady,
+            "overhead_s": overhead,
+        }
     finally:
         spark.stop()
         if server is not None:
@@ -107,18 +118,32 @@ def main() -> None:
     rows = []
     for model in args.models.split(","):
         for route in args.routes.split(","):
-            out = subprocess.run([sys.executable, __file__, "--child", f"{route}:{model}:{sizes[model]}",
-                                  "--reps", str(1 if args.quick else args.reps)], env=env, capture_output=True,
-                                 text=True, timeout=3600)
+            out = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--child",
+                    f"{route}:{model}:{sizes[model]}",
+                    "--reps",
+                    str(1 if args.quick else args.reps),
+                ],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=3600,
+            )
             line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
             if line is None:
                 print(f"{route} {model} failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}", file=sys.stderr)
                 continue
-            rows.append(json.loads(line[len("RESULT "):]))
+            rows.append(json.loads(line[len("RESULT ") :]))
             r = rows[-1]
-            print(f"{model:6s} {route:15s} samples/s median {statistics.median(r['samples_per_s']):9,.0f} "
-                  f"(min {min(r['samples_per_s']):,.0f} max {max(r['samples_per_s']):,.0f})  per-fit overhead "
-                  f"median {statistics.median(r['overhead_s']):.2f} s", flush=True)
+            print(
+                f"{model:6s} {route:15s} samples/s median {statistics.median(r['samples_per_s']):9,.0f} "
+                f"(min {min(r['samples_per_s']):,.0f} max {max(r['samples_per_s']):,.0f})  per-fit overhead "
+                f"median {statistics.median(r['overhead_s']):.2f} s",
+                flush=True,
+            )
     results = ROOT / "benchmarks" / "results" / "connect.json"
     results.write_text(json.dumps({"load_average": os.getloadavg(), "rows": rows}, indent=1))
     print(f"wrote {results}")

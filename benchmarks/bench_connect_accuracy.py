@@ -57,8 +57,9 @@ def _frame(spark: Any, n: int) -> Any:
 
     train = mnist_like("train", n, SEED)
     features = pa.FixedSizeListArray.from_arrays(pa.array(train.features.numpy().reshape(-1)), 784)
-    table = pa.table({"features": features.cast(pa.list_(pa.float32())),
-                      "label": pa.array(train.labels.numpy().astype("int64"))})
+    table = pa.table(
+        {"features": features.cast(pa.list_(pa.float32())), "label": pa.array(train.labels.numpy().astype("int64"))}
+    )
     df = spark.createDataFrame(table.to_pandas()).repartition(2).cache()
     df.count()
     return df
@@ -107,8 +108,9 @@ def run_torchspark(spark: Any, df: Any, method: str, test: Any, target: float, m
     return out
 
 
-def _ddp_train(directory: str, test_x: Any, test_y: Any, target: float, max_epochs: int, lr: float, seed: int,
-               hidden: list[int]) -> Any:
+def _ddp_train(
+    directory: str, test_x: Any, test_y: Any, target: float, max_epochs: int, lr: float, seed: int, hidden: list[int]
+) -> Any:
     """The TorchDistributor training function (runs under torchrun in the barrier tasks; pickled by value)."""
     import glob as _glob
     import time as _time
@@ -146,7 +148,7 @@ def _ddp_train(directory: str, test_x: Any, test_y: Any, target: float, max_epoc
         te = _time.perf_counter()
         order = _torch.randperm(len(x), generator=g)
         for s in range(int(steps[0])):
-            idx = order[s * 32:(s + 1) * 32]
+            idx = order[s * 32 : (s + 1) * 32]
             opt.zero_grad(set_to_none=True)
             _torch.nn.functional.cross_entropy(ddp(x[idx]), y[idx]).backward()
             opt.step()
@@ -178,20 +180,38 @@ def run_ddp(spark: Any, df: Any, test: Any, target: float, max_epochs: int, log_
         distributor = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
         t_call = time.time()
         with open(log_path, "w") as ranks_log, contextlib.redirect_stdout(ranks_log):
-            res = distributor.run(_ddp_train, directory, test.features.reshape(len(test), -1), test.labels,
-                                  target, max_epochs, LR, SEED, HIDDEN)
+            res = distributor.run(
+                _ddp_train,
+                directory,
+                test.features.reshape(len(test), -1),
+                test.labels,
+                target,
+                max_epochs,
+                LR,
+                SEED,
+                HIDDEN,
+            )
         run_wall_s = time.time() - t_call
     finally:
         shutil.rmtree(directory, ignore_errors=True)
     launch_s = res["start_wall"] - t_call
-    out: dict[str, Any] = {"method": "ddp", "reached": False, "export_s": export_s, "launch_s": launch_s,
-                           "setup_s": res["setup_s"], "run_wall_s": run_wall_s,
-                           "curve": [{"epoch": e["epoch"], "accuracy": e["accuracy"], "train_s": e["train_s"]}
-                                     for e in res["epochs"]]}
+    out: dict[str, Any] = {
+        "method": "ddp",
+        "reached": False,
+        "export_s": export_s,
+        "launch_s": launch_s,
+        "setup_s": res["setup_s"],
+        "run_wall_s": run_wall_s,
+        "curve": [{"epoch": e["epoch"], "accuracy": e["accuracy"], "train_s": e["train_s"]} for e in res["epochs"]],
+    }
     for e in res["epochs"]:
         if e["accuracy"] >= target:
-            out.update(reached=True, epochs_to_target=e["epoch"], target_run_accuracy=e["accuracy"],
-                       time_to_target_s=export_s + launch_s + res["setup_s"] + e["train_s"])
+            out.update(
+                reached=True,
+                epochs_to_target=e["epoch"],
+                target_run_accuracy=e["accuracy"],
+                time_to_target_s=export_s + launch_s + res["setup_s"] + e["train_s"],
+            )
             break
     return out
 
@@ -208,8 +228,16 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         results = []
         for method in args.methods.split(","):
             if method == "ddp":
-                results.append(run_ddp(spark, df, test, args.target, args.max_epochs,
-                                       os.path.join(tempfile.gettempdir(), "bench_connect_accuracy.ranks.log")))
+                results.append(
+                    run_ddp(
+                        spark,
+                        df,
+                        test,
+                        args.target,
+                        args.max_epochs,
+                        os.path.join(tempfile.gettempdir(), "bench_connect_accuracy.ranks.log"),
+                    )
+                )
             else:
                 results.append(run_torchspark(spark, df, method, test, args.target, args.max_epochs))
             print(f"{method}: {json.dumps(results[-1])}", file=sys.stderr, flush=True)
@@ -234,24 +262,40 @@ def main() -> None:
         print("RESULT " + json.dumps(child(args)), flush=True)
         return
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
-    argv = [sys.executable, __file__, "--child", "--n", str(args.n), "--target", str(args.target),
-            "--max-epochs", str(args.max_epochs), "--methods", args.methods]
+    argv = [
+        sys.executable,
+        __file__,
+        "--child",
+        "--n",
+        str(args.n),
+        "--target",
+        str(args.target),
+        "--max-epochs",
+        str(args.max_epochs),
+        "--methods",
+        args.methods,
+    ]
     load_before = os.getloadavg()
     out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=3600)
     line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if line is None:
         sys.exit(f"the benchmark failed:\n{out.stdout[-3000:]}\n{out.stderr[-5000:]}")
-    result = json.loads(line[len("RESULT "):])
-    result.update(load_average_before=load_before, load_average_after=os.getloadavg(),
-                  date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+    result = json.loads(line[len("RESULT ") :])
+    result.update(
+        load_average_before=load_before,
+        load_average_after=os.getloadavg(),
+        date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    )
     ddp = next((r for r in result["results"] if r["method"] == "ddp"), None)
     for r in result["results"]:
         ttt = r.get("time_to_target_s")
         ratio = (ddp["time_to_target_s"] / ttt) if ddp and ddp.get("reached") and ttt else None
         r["ddp_over_this"] = ratio
-        print(f"{r['method']:8s} reached={r['reached']} epochs={r.get('epochs_to_target')} "
-              f"time_to_target={ttt if ttt is None else round(ttt, 2)} s  "
-              f"accuracy={r.get('target_run_accuracy')}  TorchDistributor/this={ratio}")
+        print(
+            f"{r['method']:8s} reached={r['reached']} epochs={r.get('epochs_to_target')} "
+            f"time_to_target={ttt if ttt is None else round(ttt, 2)} s  "
+            f"accuracy={r.get('target_run_accuracy')}  TorchDistributor/this={ratio}"
+        )
     path = ROOT / "benchmarks" / "results" / "connect_accuracy.json"
     path.write_text(json.dumps(result, indent=1))
     print(f"wrote {path}")

@@ -126,7 +126,7 @@ class PeakSampler:
             self._sample()
             self._stop.wait(0.2)
 
-    def __enter__(self) -> "PeakSampler":
+    def __enter__(self) -> PeakSampler:
         self._thread.start()
         return self
 
@@ -160,47 +160,63 @@ def main() -> None:
     data_mb = rows * (FEATURES * 4 + 8) / 1e6
     work = tempfile.mkdtemp(prefix="ts-memory-", dir=args.workdir)
     master = f"local-cluster[{args.executors},1,{args.executor_mb}]"
-    spark = local_session(master=master, conf={"spark.driver.memory": args.driver_memory,
-                                               "spark.executor.memory": f"{args.executor_mb}m"})
+    spark = local_session(
+        master=master, conf={"spark.driver.memory": args.driver_memory, "spark.executor.memory": f"{args.executor_mb}m"}
+    )
     sc = spark.sparkContext
-    result: dict = {"rows": rows, "features": FEATURES, "data_mb": round(data_mb, 1), "master": master,
-                    "driver_memory": args.driver_memory, "partitions": args.partitions, "batch": args.batch}
+    result: dict = {
+        "rows": rows,
+        "features": FEATURES,
+        "data_mb": round(data_mb, 1),
+        "master": master,
+        "driver_memory": args.driver_memory,
+        "partitions": args.partitions,
+        "batch": args.batch,
+    }
     try:
         with PeakSampler() as sampler:
             rdd = sc.parallelize(range(args.partitions), args.partitions).mapPartitionsWithIndex(
-                lambda i, _: _generate(per_part, i))
+                lambda i, _: _generate(per_part, i)
+            )
             t0 = time.perf_counter()
             paths = export_batches(rdd, f"{work}/export", args.batch)
             export_s = time.perf_counter() - t0
             export_peak = dict(sampler.peak_executors), sampler.peak_driver_python, sampler.peak_driver_jvm
 
             df = spark.range(args.partitions, numPartitions=args.partitions).mapInArrow(
-                lambda batches: _as_arrow(per_part, batches), f"features array<float>, label long")
+                lambda batches: _as_arrow(per_part, batches), "features array<float>, label long"
+            )
             t0 = time.perf_counter()
             df.write.parquet(f"{work}/parquet")
             parquet_s = time.perf_counter() - t0
 
             net = Network(models.mlp(FEATURES, 64, 10), updater=optim.Adam(lr=1e-3), seed=0)
-            tm = ParameterAveragingTrainingMaster(batch_size_per_worker=args.batch, averaging_frequency=5,
-                                                  num_workers=args.executors, rng_seed=0)
+            tm = ParameterAveragingTrainingMaster(
+                batch_size_per_worker=args.batch, averaging_frequency=5, num_workers=args.executors, rng_seed=0
+            )
             spark_net = SparkNetwork(spark, net, tm, progress=False)
             t0 = time.perf_counter()
             spark_net.fit_paths(f"{work}/export", epochs=1)
             fit_s = time.perf_counter() - t0
-        result.update({
-            "files": len(paths),
-            "export_s": round(export_s, 1), "export_mb_s": round(data_mb / export_s, 1),
-            "export_disk_mb": round(_dir_bytes(f"{work}/export") / 1e6, 1),
-            "parquet_s": round(parquet_s, 1), "parquet_mb_s": round(data_mb / parquet_s, 1),
-            "parquet_disk_mb": round(_dir_bytes(f"{work}/parquet") / 1e6, 1),
-            "fit_s": round(fit_s, 1), "fit_examples": sum(r.examples for r in spark_net.last_results),
-            "score": round(spark_net.score, 4),
-            "peak_driver_python_mb": round(sampler.peak_driver_python / 1024, 1),
-            "peak_driver_jvm_mb": round(sampler.peak_driver_jvm / 1024, 1),
-            "peak_executor_mb": [round(v / 1024, 1) for v in sampler.peak_executors.values()],
-            "peak_executor_mb_during_export": [round(v / 1024, 1) for v in export_peak[0].values()],
-            "load_1min": os.getloadavg()[0],
-        })
+        result.update(
+            {
+                "files": len(paths),
+                "export_s": round(export_s, 1),
+                "export_mb_s": round(data_mb / export_s, 1),
+                "export_disk_mb": round(_dir_bytes(f"{work}/export") / 1e6, 1),
+                "parquet_s": round(parquet_s, 1),
+                "parquet_mb_s": round(data_mb / parquet_s, 1),
+                "parquet_disk_mb": round(_dir_bytes(f"{work}/parquet") / 1e6, 1),
+                "fit_s": round(fit_s, 1),
+                "fit_examples": sum(r.examples for r in spark_net.last_results),
+                "score": round(spark_net.score, 4),
+                "peak_driver_python_mb": round(sampler.peak_driver_python / 1024, 1),
+                "peak_driver_jvm_mb": round(sampler.peak_driver_jvm / 1024, 1),
+                "peak_executor_mb": [round(v / 1024, 1) for v in sampler.peak_executors.values()],
+                "peak_executor_mb_during_export": [round(v / 1024, 1) for v in export_peak[0].values()],
+                "load_1min": os.getloadavg()[0],
+            }
+        )
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)

@@ -52,8 +52,14 @@ class Injector:
 
 
 def _master(kind: str, timeout_s: float, checkpoints: str | None = None):
-    common = dict(batch_size_per_worker=16, num_workers=2, rng_seed=0, collect_training_stats=True,
-                  rendezvous_timeout_s=timeout_s, checkpoint_directory=checkpoints)
+    common = dict(
+        batch_size_per_worker=16,
+        num_workers=2,
+        rng_seed=0,
+        collect_training_stats=True,
+        rendezvous_timeout_s=timeout_s,
+        checkpoint_directory=checkpoints,
+    )
     if kind == "sharing":
         return SharedTrainingMaster(**common)
     return ParameterAveragingTrainingMaster(averaging_frequency=5, **common)
@@ -94,20 +100,34 @@ def _run_in(route: str, kind: str, sig: int | None, args, spark, checkpoints: st
         f = summary["failures"][0]
         fired = injector.fired_at or f["time"]
         back = next((t for t, _, _ in injector.updates if t > f["time"]), None)
-        out.update(detect_s=f["time"] - fired, back_s=None if back is None else back - fired,
-                   lost_s=f["time"] - f["started"], reached=(f["reached_epoch"], f["reached_iteration"]),
-                   reason=f["reason"], exit_status=f["exit_status"], recovered_from=summary["recovered_from"])
+        out.update(
+            detect_s=f["time"] - fired,
+            back_s=None if back is None else back - fired,
+            lost_s=f["time"] - f["started"],
+            reached=(f["reached_epoch"], f["reached_iteration"]),
+            reason=f["reason"],
+            exit_status=f["exit_status"],
+            recovered_from=summary["recovered_from"],
+        )
     return out
 
 
 SCENARIOS = {
     "pw-kill": ("parallel", "averaging", signal.SIGKILL, "ParallelWrapper averaging: kill -9 a worker process"),
-    "pw-kill-ckpt": ("parallel", "averaging+ckpt", signal.SIGKILL,
-                     "ParallelWrapper averaging, checkpoint once per epoch: kill -9 a worker process"),
+    "pw-kill-ckpt": (
+        "parallel",
+        "averaging+ckpt",
+        signal.SIGKILL,
+        "ParallelWrapper averaging, checkpoint once per epoch: kill -9 a worker process",
+    ),
     "pw-stop": ("parallel", "averaging", signal.SIGSTOP, "ParallelWrapper averaging: SIGSTOP a worker process"),
     "spark-kill": ("spark", "averaging", signal.SIGKILL, "SparkNetwork averaging, local[2]: kill -9 a Python worker"),
-    "spark-sharing-kill": ("spark", "sharing", signal.SIGKILL,
-                           "SparkNetwork sharing, local[2]: kill -9 a Python worker"),
+    "spark-sharing-kill": (
+        "spark",
+        "sharing",
+        signal.SIGKILL,
+        "SparkNetwork sharing, local[2]: kill -9 a Python worker",
+    ),
 }
 
 
@@ -136,13 +156,17 @@ def main() -> None:
                 rows.append(f"| {label} | no failure recorded | | | | |")
                 continue
             start = hit["recovered_from"]
-            lost = (f"{hit['lost_s']:.1f} s (epochs 0-{hit['reached'][0]}, to step {hit['reached'][1]})"
-                    if start["checkpoint"] is None else
-                    f"epoch {hit['reached'][0]} to step {hit['reached'][1]} (restarted from the checkpoint after "
-                    f"epoch {start['epoch']})")
-            rows.append(f"| {label} | {hit['detect_s']:.1f} s | {hit['back_s']:.1f} s | {lost} | "
-                        f"{hit['seconds'] - base['seconds']:+.1f} s ({base['seconds']:.0f} s -> "
-                        f"{hit['seconds']:.0f} s) | {base['accuracy']:.3f} / {hit['accuracy']:.3f} |")
+            lost = (
+                f"{hit['lost_s']:.1f} s (epochs 0-{hit['reached'][0]}, to step {hit['reached'][1]})"
+                if start["checkpoint"] is None
+                else f"epoch {hit['reached'][0]} to step {hit['reached'][1]} (restarted from the checkpoint after "
+                f"epoch {start['epoch']})"
+            )
+            rows.append(
+                f"| {label} | {hit['detect_s']:.1f} s | {hit['back_s']:.1f} s | {lost} | "
+                f"{hit['seconds'] - base['seconds']:+.1f} s ({base['seconds']:.0f} s -> "
+                f"{hit['seconds']:.0f} s) | {base['accuracy']:.3f} / {hit['accuracy']:.3f} |"
+            )
     finally:
         if spark is not None:
             spark.stop()
@@ -150,8 +174,7 @@ def main() -> None:
     with open(RESULTS + ".tmp", "w") as f:
         json.dump({"args": vars(args), "results": raw}, f, indent=2)
     os.replace(RESULTS + ".tmp", RESULTS)
-    print("| fault | detect | training again | work lost | fit time cost | accuracy undisturbed / "
-          "recovered |")
+    print("| fault | detect | training again | work lost | fit time cost | accuracy undisturbed / recovered |")
     print("|---|---|---|---|---|---|")
     print("\n".join(rows))
 

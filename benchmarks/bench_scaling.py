@@ -77,8 +77,9 @@ def parse_links(text: str) -> list[tuple[str, str | None]]:
     return links
 
 
-def run_setting(cluster: Any, world: int, cfg: dict[str, Any], workdir: str, port: int,
-                timeout_s: float) -> list[dict[str, Any]]:
+def run_setting(
+    cluster: Any, world: int, cfg: dict[str, Any], workdir: str, port: int, timeout_s: float
+) -> list[dict[str, Any]]:
     """One worker process per host (ranks 0..world-1 on hosts 1..world); their reports by rank. Kills them all
     and raises :class:`BenchError` with their log tails when one fails or the whole takes over ``timeout_s``."""
     procs, logs = [], []
@@ -86,8 +87,16 @@ def run_setting(cluster: Any, world: int, cfg: dict[str, Any], workdir: str, por
         for rank in range(world):
             host = cluster.hosts[rank]
             out = os.path.join(workdir, f"w{world}-{port}-{rank}.json")
-            conf = dict(cfg, rank=rank, world=world, store_host=cluster.hosts[0].address, store_port=port,
-                        own_address=host.address, out=out, src=SRC)
+            conf = dict(
+                cfg,
+                rank=rank,
+                world=world,
+                store_host=cluster.hosts[0].address,
+                store_port=port,
+                own_address=host.address,
+                out=out,
+                src=SRC,
+            )
             path = os.path.join(workdir, f"w{world}-{port}-{rank}.cfg.json")
             with open(path, "w") as f:
                 json.dump(conf, f)
@@ -96,23 +105,33 @@ def run_setting(cluster: Any, world: int, cfg: dict[str, Any], workdir: str, por
             env = {k: v for k, v in os.environ.items() if k not in ("GLOO_SOCKET_IFNAME", "TORCHSPARK_LOCAL_IP")}
             env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
             with open(log_path, "wb") as log:
-                procs.append(subprocess.Popen(["ip", "netns", "exec", host.netns, sys.executable, WORKER, path],
-                                              stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                              env=env, start_new_session=True))
+                procs.append(
+                    subprocess.Popen(
+                        ["ip", "netns", "exec", host.netns, sys.executable, WORKER, path],
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL,
+                        env=env,
+                        start_new_session=True,
+                    )
+                )
         deadline = time.monotonic() + timeout_s
         while any(p.poll() is None for p in procs):
             failed = [r for r, p in enumerate(procs) if p.returncode not in (None, 0)]
             if failed:
-                raise BenchError(f"worker {failed[0]} of {world} exited with {procs[failed[0]].returncode}:\n"
-                                 + _tails(logs))
+                raise BenchError(
+                    f"worker {failed[0]} of {world} exited with {procs[failed[0]].returncode}:\n" + _tails(logs)
+                )
             if time.monotonic() > deadline:
-                raise BenchError(f"{world} workers did not finish within {timeout_s:.0f} s (raise --timeout):\n"
-                                 + _tails(logs))
+                raise BenchError(
+                    f"{world} workers did not finish within {timeout_s:.0f} s (raise --timeout):\n" + _tails(logs)
+                )
             time.sleep(0.2)
         failed = [r for r, p in enumerate(procs) if p.returncode != 0]
         if failed:
-            raise BenchError(f"worker {failed[0]} of {world} exited with {procs[failed[0]].returncode}:\n"
-                             + _tails(logs))
+            raise BenchError(
+                f"worker {failed[0]} of {world} exited with {procs[failed[0]].returncode}:\n" + _tails(logs)
+            )
         reports = []
         for rank in range(world):
             with open(os.path.join(workdir, f"w{world}-{port}-{rank}.json")) as f:
@@ -153,8 +172,18 @@ def summarise(reports: list[dict[str, Any]], params: int, rate: str, delay_appli
     dense = [r["dense"] for r in reports]
     if dense[0]["wall_s"]:
         walls = [max(d["wall_s"][i] for d in dense) for i in range(len(dense[0]["wall_s"]))]
-        rows.append(_row("dense ring", None, None, walls, dense, dense_ring_s(world, params, link),
-                         dense_ring_s(world, params, cpu_only), "wall_s"))
+        rows.append(
+            _row(
+                "dense ring",
+                None,
+                None,
+                walls,
+                dense,
+                dense_ring_s(world, params, link),
+                dense_ring_s(world, params, cpu_only),
+                "wall_s",
+            )
+        )
     for name in reports[0]["cases"]:
         entries = statistics.mean(r["cases"][name]["message"]["entries"] for r in reports)
         density = entries / params
@@ -164,32 +193,70 @@ def summarise(reports: list[dict[str, Any]], params: int, rate: str, delay_appli
             calls = len(per_rank[0]["exchange_s"])
             walls = [max(p["exchange_s"][i] + p["apply_s"][i] for p in per_rank) for i in range(calls)]
             fn = all_gather_s if topo == "all_gather" else sharded_s
-            rows.append(_row(topo, float(name), fmt, walls, per_rank, fn(world, params, density, link),
-                             fn(world, params, density, cpu_only), "exchange_s",
-                             message_bytes=statistics.mean(r["cases"][name]["message"]["bytes"] for r in reports),
-                             density=density))
-    same = all(len({r["cases"][n]["sum_sha256"][t] for r in reports for t in TOPOLOGIES}) == 1
-               for n in reports[0]["cases"])
-    return {"workers": world, "rate": rate, "delay": delay_applied, "link_bandwidth_Bps": link.bandwidth,
-            "hop_latency_s": link.latency, "probe": {k: _median([r["probe"][k] for r in reports])
-                                                      for k in reports[0]["probe"]},
-            "uses_shared_memory": any(r["uses_shared_memory"] for r in reports),
-            "endpoints": [(r["address"], r["endpoint_source"], r["socket_ifname"]) for r in reports],
-            "same_sum_bit_for_bit": same, "sum_sha256": {n: reports[0]["cases"][n]["sum_sha256"]
-                                                          for n in reports[0]["cases"]}, "rows": rows}
+            rows.append(
+                _row(
+                    topo,
+                    float(name),
+                    fmt,
+                    walls,
+                    per_rank,
+                    fn(world, params, density, link),
+                    fn(world, params, density, cpu_only),
+                    "exchange_s",
+                    message_bytes=statistics.mean(r["cases"][name]["message"]["bytes"] for r in reports),
+                    density=density,
+                )
+            )
+    same = all(
+        len({r["cases"][n]["sum_sha256"][t] for r in reports for t in TOPOLOGIES}) == 1 for n in reports[0]["cases"]
+    )
+    return {
+        "workers": world,
+        "rate": rate,
+        "delay": delay_applied,
+        "link_bandwidth_Bps": link.bandwidth,
+        "hop_latency_s": link.latency,
+        "probe": {k: _median([r["probe"][k] for r in reports]) for k in reports[0]["probe"]},
+        "uses_shared_memory": any(r["uses_shared_memory"] for r in reports),
+        "endpoints": [(r["address"], r["endpoint_source"], r["socket_ifname"]) for r in reports],
+        "same_sum_bit_for_bit": same,
+        "sum_sha256": {n: reports[0]["cases"][n]["sum_sha256"] for n in reports[0]["cases"]},
+        "rows": rows,
+    }
 
 
-def _row(op: str, density_set: float | None, fmt: str | None, walls: list[float], per_rank: list[dict[str, Any]],
-         model_s: float, model_cpu_s: float, wall_key: str, **extra: Any) -> dict[str, Any]:
+def _row(
+    op: str,
+    density_set: float | None,
+    fmt: str | None,
+    walls: list[float],
+    per_rank: list[dict[str, Any]],
+    model_s: float,
+    model_cpu_s: float,
+    wall_key: str,
+    **extra: Any,
+) -> dict[str, Any]:
     thread = [v for p in per_rank for v in p["thread_cpu_s"]]
     process = [v for p in per_rank for v in p["process_cpu_s"]]
     wall = _median(walls)
-    return {"op": op, "density_set": density_set, "format": fmt, "calls": len(walls),
-            "wall_s": wall, "wall_p10_s": _quantile(walls, 0.1), "wall_p90_s": _quantile(walls, 0.9),
-            "wall_per_call_s": walls, "thread_cpu_s": _median(thread), "process_cpu_s": _median(process),
-            "rank_median_wall_s": _median([v for p in per_rank for v in p[wall_key]]),
-            "model_s": model_s, "model_cpu_s": model_cpu_s, "model_net_s": model_s - model_cpu_s,
-            "ratio": wall / model_s if model_s > 0 else float("nan"), **extra}
+    return {
+        "op": op,
+        "density_set": density_set,
+        "format": fmt,
+        "calls": len(walls),
+        "wall_s": wall,
+        "wall_p10_s": _quantile(walls, 0.1),
+        "wall_p90_s": _quantile(walls, 0.9),
+        "wall_per_call_s": walls,
+        "thread_cpu_s": _median(thread),
+        "process_cpu_s": _median(process),
+        "rank_median_wall_s": _median([v for p in per_rank for v in p[wall_key]]),
+        "model_s": model_s,
+        "model_cpu_s": model_cpu_s,
+        "model_net_s": model_s - model_cpu_s,
+        "ratio": wall / model_s if model_s > 0 else float("nan"),
+        **extra,
+    }
 
 
 def remodel(data: dict[str, Any]) -> dict[str, Any]:
@@ -219,14 +286,35 @@ def table_rows(settings: list[dict[str, Any]]) -> list[list[Any]]:
     for s in settings:
         for r in s["rows"]:
             what = r["op"] if r["density_set"] is None else f"{r['op']} {100 * r['density_set']:g}% {r['format']}"
-            out.append([s["rate"], s["workers"], what, f"{1e3 * r['wall_s']:.2f}", f"{1e3 * r['model_s']:.2f}",
-                        f"{r['ratio']:.2f}", f"{1e3 * r['thread_cpu_s']:.2f}", f"{1e3 * r['process_cpu_s']:.2f}",
-                        f"{1e3 * r['model_cpu_s']:.2f}", f"{1e3 * r['model_net_s']:.2f}"])
+            out.append(
+                [
+                    s["rate"],
+                    s["workers"],
+                    what,
+                    f"{1e3 * r['wall_s']:.2f}",
+                    f"{1e3 * r['model_s']:.2f}",
+                    f"{r['ratio']:.2f}",
+                    f"{1e3 * r['thread_cpu_s']:.2f}",
+                    f"{1e3 * r['process_cpu_s']:.2f}",
+                    f"{1e3 * r['model_cpu_s']:.2f}",
+                    f"{1e3 * r['model_net_s']:.2f}",
+                ]
+            )
     return out
 
 
-HEADERS = ["link", "N", "exchange", "measured ms", "model ms", "meas/model", "thread CPU ms", "process CPU ms",
-           "model CPU ms", "model wire ms"]
+HEADERS = [
+    "link",
+    "N",
+    "exchange",
+    "measured ms",
+    "model ms",
+    "meas/model",
+    "thread CPU ms",
+    "process CPU ms",
+    "model CPU ms",
+    "model wire ms",
+]
 
 
 def fits(settings: list[dict[str, Any]], params: int) -> dict[str, Any]:
@@ -244,7 +332,8 @@ def fits(settings: list[dict[str, Any]], params: int) -> dict[str, Any]:
                 wire = r["wall_s"] - 2 * (n - 1) * s["hop_latency_s"]
                 eff = 2 * (n - 1) / n * 4 * params / wire if wire > 0 else float("nan")
                 out["dense_effective_bandwidth"].append(
-                    {"rate": s["rate"], "workers": n, "bytes_per_s": eff, "of_nominal": eff / s["link_bandwidth_Bps"]})
+                    {"rate": s["rate"], "workers": n, "bytes_per_s": eff, "of_nominal": eff / s["link_bandwidth_Bps"]}
+                )
             elif r["op"] == "all_gather" and r["format"] == "sparse":
                 xs.append([n, n * r["density"] * params])
                 ys.append(r["thread_cpu_s"])
@@ -265,14 +354,25 @@ def _save(data: dict[str, Any], path: str) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--num-workers", default="2,4,8", help="worker counts, comma-separated (each >= 2)")
-    p.add_argument("--links", default="1gbit:0.1ms,100mbit:0.5ms",
-                   help="rate[:delay] per link setting; the delay needs netem (dropped with a note when absent)")
-    p.add_argument("--burst-ms", type=float, default=2.0,
-                   help="tc tbf bucket as milliseconds of line time (at least 16 kB): a message smaller than the "
-                        "bucket leaves at full speed after an idle moment, so keep it small")
-    p.add_argument("--slow-start-after-idle", choices=("kernel", "0", "1"), default="kernel",
-                   help="net.ipv4.tcp_slow_start_after_idle in every host namespace (kernel: leave its default); "
-                        "1 makes TCP restart slow start on a connection idle for longer than its RTO")
+    p.add_argument(
+        "--links",
+        default="1gbit:0.1ms,100mbit:0.5ms",
+        help="rate[:delay] per link setting; the delay needs netem (dropped with a note when absent)",
+    )
+    p.add_argument(
+        "--burst-ms",
+        type=float,
+        default=2.0,
+        help="tc tbf bucket as milliseconds of line time (at least 16 kB): a message smaller than the "
+        "bucket leaves at full speed after an idle moment, so keep it small",
+    )
+    p.add_argument(
+        "--slow-start-after-idle",
+        choices=("kernel", "0", "1"),
+        default="kernel",
+        help="net.ipv4.tcp_slow_start_after_idle in every host namespace (kernel: leave its default); "
+        "1 makes TCP restart slow start on a connection idle for longer than its RTO",
+    )
     p.add_argument("--params", type=float, default=3.7e6, help="network size L (float32 parameters)")
     p.add_argument("--densities", default="0.001,0.01,0.1", help="message densities; >= 0.0625 gives bitmaps")
     p.add_argument("--reps", type=int, default=30, help="timed calls per (density, topology)")
@@ -322,21 +422,42 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
     if reason is not None:
         print(f"bench_scaling: skipped, the namespace cluster is unavailable here: {reason}")
         return None
-    cfg = {"params": args.params, "densities": args.densities, "reps": args.reps, "dense_reps": args.dense_reps,
-           "warmup": args.warmup, "probe_reps": args.probe_reps, "seed": args.seed,
-           "timeout_s": max(60.0, args.timeout / 2)}
+    cfg = {
+        "params": args.params,
+        "densities": args.densities,
+        "reps": args.reps,
+        "dense_reps": args.dense_reps,
+        "warmup": args.warmup,
+        "probe_reps": args.probe_reps,
+        "seed": args.seed,
+        "timeout_s": max(60.0, args.timeout / 2),
+    }
     has_netem = netem_available()
-    data: dict[str, Any] = {"machine": C.machine_info(), "conditions": {
-        "workers": args.num_workers, "links": args.links, "burst_ms": args.burst_ms,
-        "bursts": {rate: burst_for(rate, args.burst_ms) for rate, _ in args.links},
-        "tcp_slow_start_after_idle": args.slow_start_after_idle, "netem": has_netem,
-        "params": args.params, "densities": args.densities, "reps": args.reps, "dense_reps": args.dense_reps,
-        "warmup": args.warmup, "load_at_start": C.load_average(), "rates": Rates().__dict__},
-        "settings": []}
+    data: dict[str, Any] = {
+        "machine": C.machine_info(),
+        "conditions": {
+            "workers": args.num_workers,
+            "links": args.links,
+            "burst_ms": args.burst_ms,
+            "bursts": {rate: burst_for(rate, args.burst_ms) for rate, _ in args.links},
+            "tcp_slow_start_after_idle": args.slow_start_after_idle,
+            "netem": has_netem,
+            "params": args.params,
+            "densities": args.densities,
+            "reps": args.reps,
+            "dense_reps": args.dense_reps,
+            "warmup": args.warmup,
+            "load_at_start": C.load_average(),
+            "rates": Rates().__dict__,
+        },
+        "settings": [],
+    }
     t0 = time.perf_counter()
     port = 29400 + os.getpid() % 500
-    with tempfile.TemporaryDirectory(prefix="bench-scaling-") as workdir, \
-            NetnsCluster(workers=max(args.num_workers), with_spark=False) as cluster:
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-scaling-") as workdir,
+        NetnsCluster(workers=max(args.num_workers), with_spark=False) as cluster,
+    ):
         data["conditions"]["tcp_slow_start_after_idle"] = _slow_start(cluster, args.slow_start_after_idle)
         for rate, delay in args.links:
             applied = delay if (delay and has_netem) else None
@@ -359,15 +480,20 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
 
 def report(data: dict[str, Any]) -> None:
     cond = data["conditions"]
-    C.print_table(f"exchange step, L = {cond['params']:,}, medians of {cond['reps']} calls (dense: "
-                  f"{cond['dense_reps']}); measured = slowest rank per call", HEADERS, table_rows(data["settings"]))
+    C.print_table(
+        f"exchange step, L = {cond['params']:,}, medians of {cond['reps']} calls (dense: "
+        f"{cond['dense_reps']}); measured = slowest rank per call",
+        HEADERS,
+        table_rows(data["settings"]),
+    )
     for s in data["settings"]:
-        print(f"{s['rate']} N={s['workers']}: hop latency {1e6 * s['hop_latency_s']:.0f} us (one-element all-gather "
-              f"{1e6 * s['probe']['tiny_all_gather_s']:.0f} us), shared memory used: {s['uses_shared_memory']}, "
-              f"sums identical bit for bit: {s['same_sum_bit_for_bit']}")
+        print(
+            f"{s['rate']} N={s['workers']}: hop latency {1e6 * s['hop_latency_s']:.0f} us (one-element all-gather "
+            f"{1e6 * s['probe']['tiny_all_gather_s']:.0f} us), shared memory used: {s['uses_shared_memory']}, "
+            f"sums identical bit for bit: {s['same_sum_bit_for_bit']}"
+        )
     print("fits:", json.dumps(data["fits"], indent=1))
-    print(f"netem: {cond['netem']}; load {cond['load_at_start']} -> {cond['load_at_end']}; "
-          f"{cond['elapsed_s']:.0f} s")
+    print(f"netem: {cond['netem']}; load {cond['load_at_start']} -> {cond['load_at_end']}; {cond['elapsed_s']:.0f} s")
 
 
 def main(argv: list[str] | None = None) -> int:

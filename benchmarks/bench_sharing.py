@@ -34,8 +34,9 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import _common as C  # noqa: E402
 import torch  # noqa: E402
+
+import _common as C  # noqa: E402
 
 LR = 1e-3
 BATCH_PER_WORKER = 16
@@ -81,9 +82,14 @@ def run_one(spark: Any, rdd: Any, test: Any, master: Any, seed: int, epochs: int
         acc = float(net.evaluate(test).accuracy())
         stats = snet.training_stats
         summary = stats.summary() if stats is not None else {}
-        out: dict[str, Any] = {"accuracy": acc, "fit_s": wall, "num_params": net.num_params(),
-                               "updater_state_size": net.updater_state_size(),
-                               "phase_seconds": summary.get("seconds", {}), "phase_counts": summary.get("counts", {})}
+        out: dict[str, Any] = {
+            "accuracy": acc,
+            "fit_s": wall,
+            "num_params": net.num_params(),
+            "updater_state_size": net.updater_state_size(),
+            "phase_seconds": summary.get("seconds", {}),
+            "phase_counts": summary.get("counts", {}),
+        }
         if "sharing.bytes_sent" in net.extra_config:
             out["bytes"] = int(net.extra_config["sharing.bytes_sent"])
             out["dense_step_bytes"] = int(net.extra_config["sharing.dense_bytes"])
@@ -106,8 +112,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--epochs", type=int, default=None)
     parser.add_argument("--seeds", default=None, help="network seeds, comma-separated")
-    parser.add_argument("--configs", default=None, help=f"comma-separated subset of {', '.join(CONFIG_KEYS)} "
-                        "(default: all; --quick: f5,f1,default,dl4j); f5 is the baseline and always runs")
+    parser.add_argument(
+        "--configs",
+        default=None,
+        help=f"comma-separated subset of {', '.join(CONFIG_KEYS)} "
+        "(default: all; --quick: f5,f1,default,dl4j); f5 is the baseline and always runs",
+    )
     args = parser.parse_args()
     keys = (args.configs or ("f5,f1,default,dl4j" if args.quick else ",".join(CONFIG_KEYS))).split(",")
     unknown = sorted(set(keys) - set(CONFIG_KEYS))
@@ -129,14 +139,24 @@ def main() -> None:
     rdd = spark.sparkContext.parallelize(chunks, 2)
     common = dict(batch_size_per_worker=BATCH_PER_WORKER, num_workers=2, rng_seed=0, collect_training_stats=True)
     configs: list[tuple[str, str, Any]] = [
-        ("dense", "ParameterAveraging, averaging_frequency=5", ParameterAveragingTrainingMaster(
-            averaging_frequency=5, **common)),
+        (
+            "dense",
+            "ParameterAveraging, averaging_frequency=5",
+            ParameterAveragingTrainingMaster(averaging_frequency=5, **common),
+        ),
     ]
     if "f1" in keys:
-        configs.append(("dense", "ParameterAveraging, averaging_frequency=1", ParameterAveragingTrainingMaster(
-            averaging_frequency=1, **common)))
-    configs += [("sharing", name, SharedTrainingMaster(threshold_algorithm=policy, **common))
-                for name, policy in sharing_configs(keys)]
+        configs.append(
+            (
+                "dense",
+                "ParameterAveraging, averaging_frequency=1",
+                ParameterAveragingTrainingMaster(averaging_frequency=1, **common),
+            )
+        )
+    configs += [
+        ("sharing", name, SharedTrainingMaster(threshold_algorithm=policy, **common))
+        for name, policy in sharing_configs(keys)
+    ]
     # single-process reference (same epochs, global batch 32)
     results: dict[str, list[dict[str, Any]]] = {name: [] for _, name, _ in configs}
     results.setdefault("ParameterAveraging, averaging_frequency=1", [])
@@ -149,7 +169,8 @@ def main() -> None:
             t0 = time.perf_counter()
             net.fit(train, epochs=epochs, batch_size=2 * BATCH_PER_WORKER)
             results["single process Network.fit (reference)"].append(
-                {"accuracy": float(net.evaluate(test).accuracy()), "fit_s": time.perf_counter() - t0})
+                {"accuracy": float(net.evaluate(test).accuracy()), "fit_s": time.perf_counter() - t0}
+            )
             for kind, name, master in configs:
                 try:
                     r = run_one(spark, rdd, test, master, seed, epochs)
@@ -158,8 +179,10 @@ def main() -> None:
                     r = {"error": f"{type(e).__name__}: {e}".splitlines()[0]}
                 r["kind"] = kind
                 results[name].append(r)
-                C.log(f"seed {seed} {name}: acc={r.get('accuracy', float('nan')):.4f} "
-                      f"bytes={r.get('bytes', 0):,} fit={r.get('fit_s', float('nan')):.1f}s")
+                C.log(
+                    f"seed {seed} {name}: acc={r.get('accuracy', float('nan')):.4f} "
+                    f"bytes={r.get('bytes', 0):,} fit={r.get('fit_s', float('nan')):.1f}s"
+                )
     finally:
         spark.stop()
     report(results, configs, seeds, epochs, time.perf_counter() - t_all, args.quick, watch.note())
@@ -169,8 +192,15 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
 
 
-def report(results: dict[str, list[dict[str, Any]]], configs: list[tuple[str, str, Any]], seeds: list[int],
-           epochs: int, elapsed: float, quick: bool, source_note: str) -> None:
+def report(
+    results: dict[str, list[dict[str, Any]]],
+    configs: list[tuple[str, str, Any]],
+    seeds: list[int],
+    epochs: int,
+    elapsed: float,
+    quick: bool,
+    source_note: str,
+) -> None:
     def ok(name: str) -> list[dict[str, Any]]:
         return [r for r in results[name] if "error" not in r]
 
@@ -180,9 +210,18 @@ def report(results: dict[str, list[dict[str, Any]]], configs: list[tuple[str, st
     base_bytes = _mean([r["bytes"] for r in base])
     base_acc = _mean([r["accuracy"] for r in base])
     sync_bytes = _mean([r["bytes"] for r in ok(sync_name)])
-    headers = ["configuration", "test accuracy % (mean)", "per seed", "acc. diff vs dense f=5 (pp)",
-               "bytes exchanged (all workers)", "x fewer than dense f=5", "x fewer than dense f=1",
-               "x fewer than dense per-step updates", "threshold start -> end (mean)", "fit s (mean)"]
+    headers = [
+        "configuration",
+        "test accuracy % (mean)",
+        "per seed",
+        "acc. diff vs dense f=5 (pp)",
+        "bytes exchanged (all workers)",
+        "x fewer than dense f=5",
+        "x fewer than dense f=1",
+        "x fewer than dense per-step updates",
+        "threshold start -> end (mean)",
+        "fit s (mean)",
+    ]
     rows = []
     json_rows = []
     verdicts = []
@@ -199,30 +238,58 @@ def report(results: dict[str, list[dict[str, Any]]], configs: list[tuple[str, st
         ratio_f5 = base_bytes / b if b == b and b else float("nan")
         ratio_f1 = sync_bytes / b if b == b and b else float("nan")
         ratio_dense_steps = (_mean([r["dense_step_bytes"] for r in rs]) / b) if "dense_step_bytes" in rs[0] else None
-        rows.append([name, 100 * acc, per_seed, "-" if name == base_name else f"{diff_pp:+.2f}",
-                     f"{b:,.0f}" if b == b else "-", "-" if name == base_name or b != b else f"{ratio_f5:,.0f}x",
-                     "-" if name == sync_name else (f"{ratio_f1:,.0f}x" if ratio_f1 == ratio_f1 else "-"),
-                     f"{ratio_dense_steps:,.0f}x" if ratio_dense_steps else "-",
-                     (f"{_mean([r['threshold_start'] for r in rs]):.3g} -> {_mean([r['threshold_end'] for r in rs]):.3g}"
-                      if "threshold_start" in rs[0] else "-"), _mean([r["fit_s"] for r in rs])])
-        json_rows.append({"name": name, "accuracy": acc, "diff_pp_vs_dense_f5": diff_pp, "bytes": b,
-                          "ratio_vs_dense_f5": ratio_f5, "ratio_vs_dense_f1": ratio_f1,
-                          "ratio_vs_dense_steps": ratio_dense_steps, "runs": results[name]})
+        rows.append(
+            [
+                name,
+                100 * acc,
+                per_seed,
+                "-" if name == base_name else f"{diff_pp:+.2f}",
+                f"{b:,.0f}" if b == b else "-",
+                "-" if name == base_name or b != b else f"{ratio_f5:,.0f}x",
+                "-" if name == sync_name else (f"{ratio_f1:,.0f}x" if ratio_f1 == ratio_f1 else "-"),
+                f"{ratio_dense_steps:,.0f}x" if ratio_dense_steps else "-",
+                (
+                    f"{_mean([r['threshold_start'] for r in rs]):.3g} -> {_mean([r['threshold_end'] for r in rs]):.3g}"
+                    if "threshold_start" in rs[0]
+                    else "-"
+                ),
+                _mean([r["fit_s"] for r in rs]),
+            ]
+        )
+        json_rows.append(
+            {
+                "name": name,
+                "accuracy": acc,
+                "diff_pp_vs_dense_f5": diff_pp,
+                "bytes": b,
+                "ratio_vs_dense_f5": ratio_f5,
+                "ratio_vs_dense_f1": ratio_f1,
+                "ratio_vs_dense_steps": ratio_dense_steps,
+                "runs": results[name],
+            }
+        )
         if any(k == "sharing" and n == name for k, n, _ in configs):
             verdicts.append((name, ratio_f5, diff_pp, ratio_f5 >= TARGET_RATIO and -diff_pp <= TARGET_PP))
         if errors:
             rows[-1][0] += f" ({len(errors)} run(s) failed: {errors[0]})"
-    C.print_table(f"gradient sharing vs dense averaging, LeNet on digits, {epochs} epochs, seeds {seeds}",
-                  headers, rows)
+    C.print_table(
+        f"gradient sharing vs dense averaging, LeNet on digits, {epochs} epochs, seeds {seeds}", headers, rows
+    )
     default = next((v for v in verdicts if v[0] == DEFAULT_NAME), None)
     if default is not None:
         measured = "; ".join(f"{n.split(' [')[0]}: {r:,.0f}x, {d:+.2f} pp" for n, r, d, _ in verdicts)
-        targets = [{"target": f"default SharedTrainingMaster settings: >= {TARGET_RATIO:.0f}x fewer bytes than dense "
-                              f"averaging (f=5) at <= {TARGET_PP} pp accuracy loss (LeNet, digits, 2 workers)",
-                    "measured": measured, "met": bool(default[3])}]
+        targets = [
+            {
+                "target": f"default SharedTrainingMaster settings: >= {TARGET_RATIO:.0f}x fewer bytes than dense "
+                f"averaging (f=5) at <= {TARGET_PP} pp accuracy loss (LeNet, digits, 2 workers)",
+                "measured": measured,
+                "met": bool(default[3]),
+            }
+        ]
     else:
-        targets = [{"target": "gradient sharing bytes/accuracy", "measured": "the default-settings run failed",
-                    "met": None}]
+        targets = [
+            {"target": "gradient sharing bytes/accuracy", "measured": "the default-settings run failed", "met": None}
+        ]
     p = ok(base_name)[0] if base else {}
     n_params, s_size = p.get("num_params", 0), p.get("updater_state_size", 0)
     md = [
@@ -234,27 +301,39 @@ def report(results: dict[str, list[dict[str, Any]]], configs: list[tuple[str, st
         f"{', '.join(map(str, seeds))} (accuracy is the mean over seeds; one test example is 0.28 pp, so single "
         "runs differ by about +-1 pp). Same minibatch shuffle (`rng_seed=0`) everywhere.\n",
         "Bytes = payload each worker hands to the collective, summed over workers and the fit. Sharing: "
-        "`extra_config[\"sharing.bytes_sent\"]` (flag byte + threshold-encoded message per step). Dense averaging: "
+        '`extra_config["sharing.bytes_sent"]` (flag byte + threshold-encoded message per step). Dense averaging: '
         "`4 x (num_params + updater_state_size + 3) x rounds x workers` (one all-reduce of params, Adam state and "
         "3 bookkeeping floats per round; rounds x workers counted from the `averaging` events in `training_stats`). "
-        "\"Dense per-step updates\" is sharing's own `sharing.dense_bytes`: `4 x num_params` per encoded step "
+        '"Dense per-step updates" is sharing\'s own `sharing.dense_bytes`: `4 x num_params` per encoded step '
         "(sending every step's update densely). The headline ratio is against averaging_frequency=5, the cheapest "
         "dense configuration (the most conservative ratio).\n",
         C.markdown_table(headers, rows) + "\n",
     ]
     if verdicts:
-        lines = [f"- {n}: **{r:,.0f}x** fewer bytes, **{d:+.2f} pp** accuracy -> "
-                 f"{'meets' if m else 'misses'} the target" for n, r, d, m in verdicts]
-        md.append(f"Target: the default settings reach >= {TARGET_RATIO:.0f}x fewer bytes at <= {TARGET_PP} pp "
-                  "accuracy loss.\n\n" + "\n".join(lines) + "\n")
-        verdict = ("not measured (the default-settings run failed)" if default is None else
-                   ("met by the default settings" if default[3] else "not met by the default settings"))
-        md.append(f"**Verdict: {verdict}.** The default start is calibrated from the workers' first updates (no "
-                  "tuning); DL4J's 1e-4 start spends its first ~130 steps sending dense bitmaps. The threshold "
-                  "settings were chosen before the run; with 3 seeds and 360 test examples an accuracy difference "
-                  "under ~0.5-1 pp is within noise.\n")
-    C.write_section("sharing", "\n".join(md), {"epochs": epochs, "seeds": seeds, "rows": json_rows,
-                                               "targets": targets, "elapsed_s": elapsed})
+        lines = [
+            f"- {n}: **{r:,.0f}x** fewer bytes, **{d:+.2f} pp** accuracy -> {'meets' if m else 'misses'} the target"
+            for n, r, d, m in verdicts
+        ]
+        md.append(
+            f"Target: the default settings reach >= {TARGET_RATIO:.0f}x fewer bytes at <= {TARGET_PP} pp "
+            "accuracy loss.\n\n" + "\n".join(lines) + "\n"
+        )
+        verdict = (
+            "not measured (the default-settings run failed)"
+            if default is None
+            else ("met by the default settings" if default[3] else "not met by the default settings")
+        )
+        md.append(
+            f"**Verdict: {verdict}.** The default start is calibrated from the workers' first updates (no "
+            "tuning); DL4J's 1e-4 start spends its first ~130 steps sending dense bitmaps. The threshold "
+            "settings were chosen before the run; with 3 seeds and 360 test examples an accuracy difference "
+            "under ~0.5-1 pp is within noise.\n"
+        )
+    C.write_section(
+        "sharing",
+        "\n".join(md),
+        {"epochs": epochs, "seeds": seeds, "rows": json_rows, "targets": targets, "elapsed_s": elapsed},
+    )
 
 
 if __name__ == "__main__":

@@ -32,7 +32,8 @@ import os
 import sys
 import tempfile
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -48,9 +49,14 @@ BATCH = 32
 def _master(route: str, seed: int | None, scope: str) -> Any:
     from torchspark.training import ParameterAveragingTrainingMaster
 
-    return ParameterAveragingTrainingMaster(batch_size_per_worker=BATCH, averaging_frequency=5, num_workers=2,
-                                            rng_seed=seed, shuffle_scope=scope,
-                                            rdd_training_approach="direct" if route == "direct" else "export")
+    return ParameterAveragingTrainingMaster(
+        batch_size_per_worker=BATCH,
+        averaging_frequency=5,
+        num_workers=2,
+        rng_seed=seed,
+        shuffle_scope=scope,
+        rdd_training_approach="direct" if route == "direct" else "export",
+    )
 
 
 class Inputs:
@@ -78,15 +84,24 @@ def _runner(spark: Any, inputs: Inputs, route: str, seed: int | None, scope: str
 
     net = T.make_network(inputs.model)
     if route == "pw":
-        pw = ParallelWrapper(net, num_workers=2, training_mode="averaging", averaging_frequency=5, rng_seed=seed,
-                             shuffle_scope=scope, batch_size_per_worker=BATCH, progress=False)
+        pw = ParallelWrapper(
+            net,
+            num_workers=2,
+            training_mode="averaging",
+            averaging_frequency=5,
+            rng_seed=seed,
+            shuffle_scope=scope,
+            batch_size_per_worker=BATCH,
+            progress=False,
+        )
         return lambda epochs: pw.fit(inputs.data, epochs=epochs)
     sn = SparkNetwork(spark, net, _master(route, seed, scope), progress=False)
     if route == "paths":
         return lambda epochs: sn.fit_paths(inputs.paths_dir, epochs=epochs)
     if route == "dataframe":
-        return lambda epochs: sn.fit(inputs.frame, features_col="features", label_col="label",
-                                     feature_shape=inputs.shape, epochs=epochs)
+        return lambda epochs: sn.fit(
+            inputs.frame, features_col="features", label_col="label", feature_shape=inputs.shape, epochs=epochs
+        )
     return lambda epochs: sn.fit(inputs.rdd, epochs=epochs)
 
 
@@ -146,29 +161,51 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> None:
             over = {s: C.median(m["overhead_s"] for m in ms) for s, ms in by_setting.items()}
             for s in SETTINGS:
                 ratios[f"{model}/{route}/{s}"] = med[s] / plain
-                rows.append([model, route, LABELS[s], f"{med[s]:,.0f}", C.fmt(med[s] / plain),
-                             C.fmt(med[s] / med["none"]), C.fmt(over[s])])
+                rows.append(
+                    [
+                        model,
+                        route,
+                        LABELS[s],
+                        f"{med[s]:,.0f}",
+                        C.fmt(med[s] / plain),
+                        C.fmt(med[s] / med["none"]),
+                        C.fmt(over[s]),
+                    ]
+                )
             cost = med["seed"] / med["none"]
-            targets.append({"target": f"{model} {route}: rng_seed costs <= 5% (seeded/unseeded >= 0.95)",
-                            "measured": f"{cost:.2f}x", "met": cost >= 0.95})
+            targets.append(
+                {
+                    "target": f"{model} {route}: rng_seed costs <= 5% (seeded/unseeded >= 0.95)",
+                    "measured": f"{cost:.2f}x",
+                    "met": cost >= 0.95,
+                }
+            )
             for s in ("none", "seed"):
                 key, old = f"{model}/{route}/{s}", previous.get(f"{model}/{route}/{s}")
                 if old:
                     change = ratios[key] / old
-                    targets.append({"target": f"{model} {route} {LABELS[s]}: no regression > 10% vs the last run",
-                                    "measured": f"{change:.2f}x of the last run", "met": change >= 0.90})
-    body = "\n".join([
-        "## Shuffle between epochs (rng_seed) on every route",
-        "",
-        f"Measured {C.stamp()} with `benchmarks/bench_shuffle.py{' --quick' if args.quick else ''}`; load "
-        f"{C.load_average()}. Parameter averaging (every 5), batch 32 per worker, 2 workers on `local[2]`; steady "
-        "samples/s = 2N / (T(3) - T(1)), medians over interleaved repetitions. `x plain` is the ratio to the fused "
-        "plain loop (2 threads, batch 64) of the same run; `x no seed` to the same route without `rng_seed`.",
-        "",
-        C.markdown_table(["model", "route", "setting", "samples/s", "x plain", "x no seed", "per-call s"], rows),
-    ])
-    C.write_section("shuffle", body, {"results": results, "ratios": ratios, "targets": targets,
-                                      "machine": C.machine_info()})
+                    targets.append(
+                        {
+                            "target": f"{model} {route} {LABELS[s]}: no regression > 10% vs the last run",
+                            "measured": f"{change:.2f}x of the last run",
+                            "met": change >= 0.90,
+                        }
+                    )
+    body = "\n".join(
+        [
+            "## Shuffle between epochs (rng_seed) on every route",
+            "",
+            f"Measured {C.stamp()} with `benchmarks/bench_shuffle.py{' --quick' if args.quick else ''}`; load "
+            f"{C.load_average()}. Parameter averaging (every 5), batch 32 per worker, 2 workers on `local[2]`; steady "
+            "samples/s = 2N / (T(3) - T(1)), medians over interleaved repetitions. `x plain` is the ratio to the fused "
+            "plain loop (2 threads, batch 64) of the same run; `x no seed` to the same route without `rng_seed`.",
+            "",
+            C.markdown_table(["model", "route", "setting", "samples/s", "x plain", "x no seed", "per-call s"], rows),
+        ]
+    )
+    C.write_section(
+        "shuffle", body, {"results": results, "ratios": ratios, "targets": targets, "machine": C.machine_info()}
+    )
     C.print_table("shuffle", ["model", "route", "setting", "samples/s", "x plain", "x no seed", "per-call s"], rows)
 
 

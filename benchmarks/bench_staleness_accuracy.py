@@ -52,8 +52,12 @@ def make_master(config: str) -> Any:
     """The master of one of the torchspark configurations (every other setting the default)."""
     from torchspark.training.config.shared_master import SharedTrainingMaster
 
-    options: dict[str, Any] = {"sync": {}, "sync-no-overlap": {"overlap": False},
-                               "k=0": {"max_staleness": 0}, "k=1": {"max_staleness": 1}}[config]
+    options: dict[str, Any] = {
+        "sync": {},
+        "sync-no-overlap": {"overlap": False},
+        "k=0": {"max_staleness": 0},
+        "k=1": {"max_staleness": 1},
+    }[config]
     return SharedTrainingMaster(batch_size_per_worker=B.BATCH_PER_WORKER, num_workers=2, **options)
 
 
@@ -71,23 +75,37 @@ def sharing_run(config: str, shards: list[list[Any]], test: Any, epochs: int, se
     out = []
     for epoch in range(epochs):
         # as SparkNetwork's driver builds it (rng_seed=B.SEED: every epoch after the first in a new order)
-        task = WorkerTask(mode=master.mode, settings=master.algorithm_settings(),
-                          blueprint=NetworkBlueprint.of(net).to_bytes(), epochs=1, prefetch=0, num_threads=1,
-                          collect_stats=True, first_epoch=epoch, shuffle_seed=B.SEED)
+        task = WorkerTask(
+            mode=master.mode,
+            settings=master.algorithm_settings(),
+            blueprint=NetworkBlueprint.of(net).to_bytes(),
+            epochs=1,
+            prefetch=0,
+            num_threads=1,
+            collect_stats=True,
+            first_epoch=epoch,
+            shuffle_seed=B.SEED,
+        )
         runner = InProcessRunner(600.0, hooks_factory=lambda rank: WorkerHooks(recorder=StatsCollector(f"w{rank}")))
         results = runner.run(task, [ItemSource(s) for s in shards])
         merge_results(net, results)
         net.epoch += 1
         losses = np.concatenate([r.stats["scores"]["score"] for r in results])
-        out.append({"accuracy": float(net.evaluate(test).accuracy()), "mean_loss": float(losses.mean()),
-                    "max_loss": float(losses.max()),
-                    "start_threshold": net.extra_config.get("sharing.start_threshold"),
-                    "end_threshold": net.extra_config.get("sharing.threshold")})
+        out.append(
+            {
+                "accuracy": float(net.evaluate(test).accuracy()),
+                "mean_loss": float(losses.mean()),
+                "max_loss": float(losses.max()),
+                "start_threshold": net.extra_config.get("sharing.start_threshold"),
+                "end_threshold": net.extra_config.get("sharing.threshold"),
+            }
+        )
     return out
 
 
-def dense_run(delayed: bool, shards: list[list[Any]], test: Any, epochs: int, seed: int
-              ) -> tuple[list[dict[str, float]], Any]:
+def dense_run(
+    delayed: bool, shards: list[list[Any]], test: Any, epochs: int, seed: int
+) -> tuple[list[dict[str, float]], Any]:
     """No encoding: each worker's Adam step on its own minibatch, the sum applied to the shared parameters at once
     or one step late (the synchronous loop's overlap); the Adam states averaged after every epoch (as a fit's end).
     Returns the per-epoch results and the trained network."""
@@ -113,8 +131,13 @@ def dense_run(delayed: bool, shards: list[list[Any]], test: Any, epochs: int, se
         state = sum(r.updater_state() for r in replicas) / len(replicas)
         for r in replicas:
             r.set_updater_state(state)
-        out.append({"accuracy": float(replicas[0].evaluate(test).accuracy()),
-                    "mean_loss": sum(losses) / len(losses), "max_loss": max(losses)})
+        out.append(
+            {
+                "accuracy": float(replicas[0].evaluate(test).accuracy()),
+                "mean_loss": sum(losses) / len(losses),
+                "max_loss": max(losses),
+            }
+        )
     return out, replicas[0]
 
 
@@ -134,27 +157,39 @@ def main(argv: list[str] | None = None) -> None:
     if bad or args.epochs < 1:
         p.error(f"unknown configs {bad} (choose from {list(CONFIGS)}) or --epochs < 1")
     torch.set_num_threads(1)
-    doc: dict[str, Any] = {"args": vars(args), "machine": C.machine_info(), "load_start": C.load_average(),
-                           "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "runs": []}
+    doc: dict[str, Any] = {
+        "args": vars(args),
+        "machine": C.machine_info(),
+        "load_start": C.load_average(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "runs": [],
+    }
     test = B.mnist_like("test", None, B.SEED + 1)
     for seed in (int(s) for s in args.seeds.split(",")):
         batches = B.mnist_like("train", args.n_train, seed).split(B.BATCH_PER_WORKER)
         shards = [batches[0::2], batches[1::2]]
         for config in configs:
             t0 = time.perf_counter()
-            epochs = (dense_run(config == "dense-delayed", shards, test, args.epochs, seed)[0]
-                      if config.startswith("dense") else sharing_run(config, shards, test, args.epochs, seed))
+            epochs = (
+                dense_run(config == "dense-delayed", shards, test, args.epochs, seed)[0]
+                if config.startswith("dense")
+                else sharing_run(config, shards, test, args.epochs, seed)
+            )
             doc["runs"].append({"seed": seed, "config": config, "epochs": epochs})
-            C.log(f"seed {seed} {config}: accuracy {[round(e['accuracy'], 3) for e in epochs]}, max step loss "
-                  f"{[round(e['max_loss'], 2) for e in epochs]} ({time.perf_counter() - t0:.0f} s)")
+            C.log(
+                f"seed {seed} {config}: accuracy {[round(e['accuracy'], 3) for e in epochs]}, max step loss "
+                f"{[round(e['max_loss'], 2) for e in epochs]} ({time.perf_counter() - t0:.0f} s)"
+            )
     doc["load_end"] = C.load_average()
     headers = ["config"] + [f"acc epoch {e + 1} (per seed)" for e in range(args.epochs)] + ["max step loss, epoch 1"]
     rows = []
     for config in configs:
         runs = [r for r in doc["runs"] if r["config"] == config]
-        rows.append([config] + [" / ".join(f"{r['epochs'][e]['accuracy']:.2f}" for r in runs)
-                                for e in range(args.epochs)]
-                    + [" / ".join(f"{r['epochs'][0]['max_loss']:.2f}" for r in runs)])
+        rows.append(
+            [config]
+            + [" / ".join(f"{r['epochs'][e]['accuracy']:.2f}" for r in runs) for e in range(args.epochs)]
+            + [" / ".join(f"{r['epochs'][0]['max_loss']:.2f}" for r in runs)]
+        )
     print(C.markdown_table(headers, rows))
     if not args.no_write:
         with open(args.out + ".tmp", "w") as f:

@@ -73,9 +73,14 @@ RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "s
 def make_master(k: str) -> Any:
     from torchspark.spark import SharedTrainingMaster
 
-    return SharedTrainingMaster(batch_size_per_worker=B.BATCH_PER_WORKER, num_workers=2, rng_seed=B.SEED,
-                                collect_training_stats=True, max_staleness=None if k in SYNC_KS else int(k),
-                                overlap=k != "sync-no-overlap")
+    return SharedTrainingMaster(
+        batch_size_per_worker=B.BATCH_PER_WORKER,
+        num_workers=2,
+        rng_seed=B.SEED,
+        collect_training_stats=True,
+        max_staleness=None if k in SYNC_KS else int(k),
+        overlap=k != "sync-no-overlap",
+    )
 
 
 def per_worker(stats: Any) -> tuple[dict[str, dict[str, float]], float]:
@@ -156,17 +161,35 @@ def train_one(spark: Any, k: str, data: dict[str, Any], args: argparse.Namespace
         wall = time.perf_counter() - t0
         acc = float(net.evaluate(test).accuracy())
         workers, span = per_worker(snet.training_stats)
-        cfg = {key.split(".", 1)[1]: net.extra_config[key] for key in
-               ("sharing.max_lag_steps", "sharing.replica_divergence", "sharing.messages_sent",
-                "sharing.messages_applied") if key in net.extra_config}
-        out["epochs"].append({"epoch": epoch, "wall_s": wall, "train_s": span, "accuracy": acc,
-                              "workers": workers, "worker_on_host2": hosts.slowed_worker(),
-                              "cgroups": {f"worker-{r}": c for r, c in sorted(hosts.cgroups.items())}, **cfg})
+        cfg = {
+            key.split(".", 1)[1]: net.extra_config[key]
+            for key in (
+                "sharing.max_lag_steps",
+                "sharing.replica_divergence",
+                "sharing.messages_sent",
+                "sharing.messages_applied",
+            )
+            if key in net.extra_config
+        }
+        out["epochs"].append(
+            {
+                "epoch": epoch,
+                "wall_s": wall,
+                "train_s": span,
+                "accuracy": acc,
+                "workers": workers,
+                "worker_on_host2": hosts.slowed_worker(),
+                "cgroups": {f"worker-{r}": c for r, c in sorted(hosts.cgroups.items())},
+                **cfg,
+            }
+        )
         hosts.on_slowed.clear()
         hosts.cgroups.clear()
-        C.log(f"k={k}: epoch {epoch} wall {wall:.1f}s train {span:.1f}s acc {acc:.4f} "
-              + " ".join(f"{w}: exch {r.get('exchange', 0):.1f}s fit {r.get('fit', 0):.1f}s"
-                         for w, r in workers.items()) + (f" lag {cfg.get('max_lag_steps')}" if cfg else ""))
+        C.log(
+            f"k={k}: epoch {epoch} wall {wall:.1f}s train {span:.1f}s acc {acc:.4f} "
+            + " ".join(f"{w}: exch {r.get('exchange', 0):.1f}s fit {r.get('fit', 0):.1f}s" for w, r in workers.items())
+            + (f" lag {cfg.get('max_lag_steps')}" if cfg else "")
+        )
     return out
 
 
@@ -240,13 +263,23 @@ class Slowdown:
             self._watch.start()
         if self.kind == "cpu-flap":
             q = self.quota
-            self.flapper = Flapper(lambda: q.set_fraction(a.flap_cpu_quota), lambda: q.set_fraction(None),
-                                   a.flap_slow_s, a.flap_fast_s, seed=self.seed).start()
+            self.flapper = Flapper(
+                lambda: q.set_fraction(a.flap_cpu_quota),
+                lambda: q.set_fraction(None),
+                a.flap_slow_s,
+                a.flap_fast_s,
+                seed=self.seed,
+            ).start()
         if self.kind == "link":
             self.shaper = PeerLinkShaper(self.cluster, self.host, base_rate=a.rate, peer_rate=a.rate).start()
             s = self.shaper
-            self.flapper = Flapper(lambda: s.set_rate(a.link_slow_rate), lambda: s.set_rate(a.rate),
-                                   a.flap_slow_s, a.flap_fast_s, seed=self.seed).start()
+            self.flapper = Flapper(
+                lambda: s.set_rate(a.link_slow_rate),
+                lambda: s.set_rate(a.rate),
+                a.flap_slow_s,
+                a.flap_fast_s,
+                seed=self.seed,
+            ).start()
 
     def _watch_members(self) -> None:
         from slowdown import membership
@@ -256,22 +289,30 @@ class Slowdown:
                 m = membership(self.quota, self.host.netns)
             except Exception:  # noqa: BLE001 - the namespace may be going away
                 continue
-            if len(m["in"]) + len(m["out"]) > len(self.seen["processes_in_cgroup"]) + \
-                    len(self.seen["processes_outside"]):
+            if len(m["in"]) + len(m["out"]) > len(self.seen["processes_in_cgroup"]) + len(
+                self.seen["processes_outside"]
+            ):
                 self.seen = {"processes_in_cgroup": m["in"], "processes_outside": m["out"]}
 
     def stop(self) -> dict[str, Any]:
         rec: dict[str, Any] = {"slowdown": self.kind, "host": self.host.address}
         if self.flapper is not None:
             self.flapper.stop()
-            rec.update(slow_fraction=self.flapper.slow_fraction(), switches=len(self.flapper.timeline),
-                       flap_errors=self.flapper.errors[:5])
+            rec.update(
+                slow_fraction=self.flapper.slow_fraction(),
+                switches=len(self.flapper.timeline),
+                flap_errors=self.flapper.errors[:5],
+            )
         if self.quota is not None:
             self._watch_stop.set()
             if self._watch is not None:
                 self._watch.join(10)
-            rec.update(self.seen, throttled_s=self.quota.throttled_s(), cgroup=self.quota.path,
-                       cgroup_version=self.quota.version)
+            rec.update(
+                self.seen,
+                throttled_s=self.quota.throttled_s(),
+                cgroup=self.quota.path,
+                cgroup_version=self.quota.version,
+            )
             self.quota.stop()
             rec["cgroup_removed"] = not self.quota.exists
         if self.shaper is not None:
@@ -299,12 +340,27 @@ def save_results(doc: dict[str, Any], path: str) -> None:
     os.replace(tmp, path)
 
 
-def run_one(cluster: Any, slowdown: str, rep: int, ks: list[str], data_file: str, args: argparse.Namespace,
-            workdir: str) -> dict[str, Any]:
+def run_one(
+    cluster: Any, slowdown: str, rep: int, ks: list[str], data_file: str, args: argparse.Namespace, workdir: str
+) -> dict[str, Any]:
     out = os.path.join(workdir, f"{slowdown}-{rep}.json")
-    argv = [os.path.abspath(__file__), "--role", "driver", "--data", data_file, "--out", out, "--ks", ",".join(ks),
-            "--epochs", str(args.epochs), "--epoch-limit-s", str(args.epoch_limit_s),
-            "--slowed-netns", cluster.hosts[-1].netns]
+    argv = [
+        os.path.abspath(__file__),
+        "--role",
+        "driver",
+        "--data",
+        data_file,
+        "--out",
+        out,
+        "--ks",
+        ",".join(ks),
+        "--epochs",
+        str(args.epochs),
+        "--epoch-limit-s",
+        str(args.epoch_limit_s),
+        "--slowed-netns",
+        cluster.hosts[-1].netns,
+    ]
     slow = Slowdown(slowdown, cluster, args, seed=rep)
     record: dict[str, Any] = {"slowdown": slowdown, "rep": rep, "k_order": ks}
     t0 = time.perf_counter()
@@ -339,9 +395,10 @@ def appended_to(doc: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]
     differ = [k for k in _SAME if prior.get("args", {}).get(k) != getattr(args, k)]
     if differ:
         raise SystemExit(f"--append: {args.out} was measured with other {differ}; use the same settings or a new --out")
-    earlier = prior.get("invocations", []) or [{k: prior.get(k) for k in ("started", "load_start", "load_end",
-                                                                          "elapsed_s", "source")}
-                                               | {"slowdowns": prior["args"]["slowdowns"]}]
+    earlier = prior.get("invocations", []) or [
+        {k: prior.get(k) for k in ("started", "load_start", "load_end", "elapsed_s", "source")}
+        | {"slowdowns": prior["args"]["slowdowns"]}
+    ]
     return {**doc, "records": prior["records"], "invocations": earlier, "started": prior.get("started")}
 
 
@@ -356,8 +413,13 @@ def orchestrate(args: argparse.Namespace) -> None:
         return
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     watch = C.SourceWatch()
-    doc: dict[str, Any] = {"args": vars(args), "machine": C.machine_info(), "load_start": C.load_average(),
-                           "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "records": []}
+    doc: dict[str, Any] = {
+        "args": vars(args),
+        "machine": C.machine_info(),
+        "load_start": C.load_average(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "records": [],
+    }
     if args.append:
         doc = appended_to(doc, args)
     t_all = time.perf_counter()
@@ -376,7 +438,7 @@ def orchestrate(args: argparse.Namespace) -> None:
             try:
                 for rep in range(args.reps):
                     order = slowdowns if rep % 2 == 0 else slowdowns[::-1]
-                    k_order = ks[rep % len(ks):] + ks[:rep % len(ks)]
+                    k_order = ks[rep % len(ks) :] + ks[: rep % len(ks)]
                     for slowdown in order:
                         last = max((r["driver_wall_s"] for r in doc["records"]), default=0.0)
                         if time.perf_counter() - t_all + last > args.max_minutes * 60:
@@ -393,10 +455,16 @@ def orchestrate(args: argparse.Namespace) -> None:
         doc["load_end"] = C.load_average()
         doc["source"] = watch.note()
         if "invocations" in doc:
-            doc["invocations"].append({"started": time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(time.time()
-                                       - doc["elapsed_s"])), "load_start": doc["load_start"], "load_end":
-                                       doc["load_end"], "elapsed_s": doc["elapsed_s"], "source": doc["source"],
-                                       "slowdowns": args.slowdowns})
+            doc["invocations"].append(
+                {
+                    "started": time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(time.time() - doc["elapsed_s"])),
+                    "load_start": doc["load_start"],
+                    "load_end": doc["load_end"],
+                    "elapsed_s": doc["elapsed_s"],
+                    "source": doc["source"],
+                    "slowdowns": args.slowdowns,
+                }
+            )
         doc["summary"] = summarise(doc, args)
         if not args.no_write:
             save_results(doc, args.out)
@@ -435,34 +503,44 @@ def summarise(doc: dict[str, Any], args: argparse.Namespace) -> list[dict[str, A
             slowed = eps[0].get("worker_on_host2") if rec["slowdown"].startswith("cpu") else None
             if slowed and any(e.get("worker_on_host2") != slowed for e in eps):
                 slowed = None  # ranks moved between hosts from one epoch's fit to the next: per-epoch split needed
-            row = rows.setdefault((rec["slowdown"], run["k"]), {"slowdown": rec["slowdown"], "k": run["k"],
-                                                                  "reps": []})
+            row = rows.setdefault((rec["slowdown"], run["k"]), {"slowdown": rec["slowdown"], "k": run["k"], "reps": []})
             workers = sorted({w for e in eps for w in e["workers"]})
             exch = {w: sum(e["workers"].get(w, {}).get("exchange", 0.0) for e in eps) for w in workers}
             if rec["slowdown"].startswith("cpu") and slowed is None:  # per epoch: the host-2 worker vs the other
-                exch = {"host2": sum(e["workers"].get(e.get("worker_on_host2"), {}).get("exchange", 0.0)
-                                     for e in eps),
-                        "host1": sum(v.get("exchange", 0.0) for e in eps for w, v in e["workers"].items()
-                                     if w != e.get("worker_on_host2"))}
+                exch = {
+                    "host2": sum(e["workers"].get(e.get("worker_on_host2"), {}).get("exchange", 0.0) for e in eps),
+                    "host1": sum(
+                        v.get("exchange", 0.0)
+                        for e in eps
+                        for w, v in e["workers"].items()
+                        if w != e.get("worker_on_host2")
+                    ),
+                }
                 slowed = "host2"
             fit = {w: sum(e["workers"].get(w, {}).get("fit", 0.0) for e in eps) for w in workers}
             stale = run["k"] not in SYNC_KS
-            row["reps"].append({
-                "rep": rec["rep"], "epochs": len(eps),
-                "host2_worker_in_cgroup": _in_cgroup(rec, eps),
-                "train_s_per_epoch": sum(e["train_s"] for e in eps) / len(eps),
-                "wall_s_per_epoch": sum(e["wall_s"] for e in eps) / len(eps),
-                "train_s_to_target": _time_to_target(eps, args.target, "train_s"),
-                "wall_s_to_target": _time_to_target(eps, args.target, "wall_s"),
-                "epochs_to_target": next((e["epoch"] for e in eps if e["accuracy"] >= args.target), None),
-                "accuracy": [e["accuracy"] for e in eps],
-                "exchange_s": exch, "fit_s": fit, "slowed_worker": slowed,
-                "max_lag_steps": max((e.get("max_lag_steps", 0) for e in eps), default=None) if stale else None,
-                "replica_divergence": max((e.get("replica_divergence", 0.0) for e in eps), default=None)
-                if stale else None,
-                "messages_sent": sum(e.get("messages_sent", 0) for e in eps) if stale else None,
-                "messages_applied": sum(e.get("messages_applied", 0) for e in eps) if stale else None,
-            })
+            row["reps"].append(
+                {
+                    "rep": rec["rep"],
+                    "epochs": len(eps),
+                    "host2_worker_in_cgroup": _in_cgroup(rec, eps),
+                    "train_s_per_epoch": sum(e["train_s"] for e in eps) / len(eps),
+                    "wall_s_per_epoch": sum(e["wall_s"] for e in eps) / len(eps),
+                    "train_s_to_target": _time_to_target(eps, args.target, "train_s"),
+                    "wall_s_to_target": _time_to_target(eps, args.target, "wall_s"),
+                    "epochs_to_target": next((e["epoch"] for e in eps if e["accuracy"] >= args.target), None),
+                    "accuracy": [e["accuracy"] for e in eps],
+                    "exchange_s": exch,
+                    "fit_s": fit,
+                    "slowed_worker": slowed,
+                    "max_lag_steps": max((e.get("max_lag_steps", 0) for e in eps), default=None) if stale else None,
+                    "replica_divergence": max((e.get("replica_divergence", 0.0) for e in eps), default=None)
+                    if stale
+                    else None,
+                    "messages_sent": sum(e.get("messages_sent", 0) for e in eps) if stale else None,
+                    "messages_applied": sum(e.get("messages_applied", 0) for e in eps) if stale else None,
+                }
+            )
     out = []
     for (s, k), row in sorted(rows.items(), key=lambda kv: (SLOWDOWNS.index(kv[0][0]), _k_order(kv[0][1]))):
         reps = row["reps"]
@@ -473,12 +551,17 @@ def summarise(doc: dict[str, Any], args: argparse.Namespace) -> list[dict[str, A
         row["reached"] = sum(r["train_s_to_target"] is not None for r in reps)
         row["host2_worker_in_cgroup"] = [r.get("host2_worker_in_cgroup") for r in reps]
         row["final_accuracy"] = C.median([r["accuracy"][-1] for r in reps])
-        row["exchange_slowed_s"] = C.median([r["exchange_s"].get(r["slowed_worker"], float("nan")) for r in reps
-                                             if r["slowed_worker"]]) if s.startswith("cpu") else None
-        row["exchange_other_s"] = C.median([v for r in reps for w, v in r["exchange_s"].items()
-                                            if w != r["slowed_worker"]]) if s.startswith("cpu") else None
-        row["exchange_mean_s"] = C.median([sum(r["exchange_s"].values()) / max(1, len(r["exchange_s"]))
-                                           for r in reps])
+        row["exchange_slowed_s"] = (
+            C.median([r["exchange_s"].get(r["slowed_worker"], float("nan")) for r in reps if r["slowed_worker"]])
+            if s.startswith("cpu")
+            else None
+        )
+        row["exchange_other_s"] = (
+            C.median([v for r in reps for w, v in r["exchange_s"].items() if w != r["slowed_worker"]])
+            if s.startswith("cpu")
+            else None
+        )
+        row["exchange_mean_s"] = C.median([sum(r["exchange_s"].values()) / max(1, len(r["exchange_s"])) for r in reps])
         if k not in SYNC_KS:
             row["max_lag_steps"] = max(r["max_lag_steps"] or 0 for r in reps)
             row["replica_divergence"] = max(r["replica_divergence"] or 0.0 for r in reps)
@@ -496,38 +579,81 @@ def report(doc: dict[str, Any], args: argparse.Namespace) -> str:
         v = row.get(key)
         return "-" if v is None or v != v else f"{v:.{digits}f} [{row.get(key + '_range', '')}]"
 
-    headers = ["slowdown of host 2", "k", "train s/epoch", "wall s/epoch", f"train s to {args.target:.0%}",
-               "reached", "test acc per epoch", "in exchange, s per worker over all epochs: host 2 / host 1 (mean)",
-               "max lag", "replica div",
-               "msgs sent/applied (rep 1)"]
+    headers = [
+        "slowdown of host 2",
+        "k",
+        "train s/epoch",
+        "wall s/epoch",
+        f"train s to {args.target:.0%}",
+        "reached",
+        "test acc per epoch",
+        "in exchange, s per worker over all epochs: host 2 / host 1 (mean)",
+        "max lag",
+        "replica div",
+        "msgs sent/applied (rep 1)",
+    ]
     rows = []
     for r in doc["summary"]:
-        exch = (f"{C.fmt(r['exchange_slowed_s'])} / {C.fmt(r['exchange_other_s'])}"
-                if r["exchange_slowed_s"] is not None else f"({C.fmt(r['exchange_mean_s'])})")
+        exch = (
+            f"{C.fmt(r['exchange_slowed_s'])} / {C.fmt(r['exchange_other_s'])}"
+            if r["exchange_slowed_s"] is not None
+            else f"({C.fmt(r['exchange_mean_s'])})"
+        )
         n_ep = min(len(x["accuracy"]) for x in r["reps"])
         curve = " ".join(f"{C.median([x['accuracy'][i] for x in r['reps']]):.2f}" for i in range(n_ep))
-        rows.append([r["slowdown"], r["k"], cell(r, "train_s_per_epoch"), cell(r, "wall_s_per_epoch"),
-                     cell(r, "train_s_to_target"), f"{r['reached']}/{len(r['reps'])}", curve,
-                     exch, r.get("max_lag_steps", "-"), f"{r['replica_divergence']:.1e}" if r["k"] not in SYNC_KS
-                     else "-", r.get("messages", "-")])
+        rows.append(
+            [
+                r["slowdown"],
+                r["k"],
+                cell(r, "train_s_per_epoch"),
+                cell(r, "wall_s_per_epoch"),
+                cell(r, "train_s_to_target"),
+                f"{r['reached']}/{len(r['reps'])}",
+                curve,
+                exch,
+                r.get("max_lag_steps", "-"),
+                f"{r['replica_divergence']:.1e}" if r["k"] not in SYNC_KS else "-",
+                r.get("messages", "-"),
+            ]
+        )
     applied = {}
     for rec in doc["records"]:
         a = rec.get("applied", {})
         if rec["slowdown"] != "none":
             applied.setdefault(rec["slowdown"], []).append(
-                {"foreign_cpu_cores": round(rec.get("foreign_cpu_cores") or 0, 2),
-                 "host2_worker_in_cgroup": [_in_cgroup(rec, run["epochs"]) for run in rec["runs"]],
-                 **{k: a.get(k) for k in ("processes_in_cgroup", "processes_outside", "throttled_s", "cgroup_removed",
-                                       "slow_fraction", "switches") if k in a}})
+                {
+                    "foreign_cpu_cores": round(rec.get("foreign_cpu_cores") or 0, 2),
+                    "host2_worker_in_cgroup": [_in_cgroup(rec, run["epochs"]) for run in rec["runs"]],
+                    **{
+                        k: a.get(k)
+                        for k in (
+                            "processes_in_cgroup",
+                            "processes_outside",
+                            "throttled_s",
+                            "cgroup_removed",
+                            "slow_fraction",
+                            "switches",
+                        )
+                        if k in a
+                    },
+                }
+            )
     lines = [
         f"## Stragglers: bounded staleness on a 2-host namespace cluster ({doc.get('started')})\n",
         f"Link: {doc.get('link')}. {args.epochs} epochs of {doc['data']['n_train']} examples "
         f"(2 workers x {B.BATCH_PER_WORKER}), one fit per epoch; medians over {args.reps} repetitions "
-        f"[min-max]. " + ("; ".join(f"Run of {i['slowdowns']} from {i['started']}: load average {i['load_start']} "
-                                    f"-> {i['load_end']}, {i['elapsed_s'] / 60:.1f} min. {i['source']}"
-                                    for i in doc["invocations"]) if doc.get("invocations") else
-                          f"Load average start {doc['load_start']}, end {doc.get('load_end')}. Run time "
-                          f"{doc.get('elapsed_s', 0) / 60:.1f} min. {doc.get('source', '')}") + "\n",
+        f"[min-max]. "
+        + (
+            "; ".join(
+                f"Run of {i['slowdowns']} from {i['started']}: load average {i['load_start']} "
+                f"-> {i['load_end']}, {i['elapsed_s'] / 60:.1f} min. {i['source']}"
+                for i in doc["invocations"]
+            )
+            if doc.get("invocations")
+            else f"Load average start {doc['load_start']}, end {doc.get('load_end')}. Run time "
+            f"{doc.get('elapsed_s', 0) / 60:.1f} min. {doc.get('source', '')}"
+        )
+        + "\n",
         C.markdown_table(headers, rows),
         "\nSlowdowns as applied (per repetition): " + json.dumps(applied),
     ]
@@ -541,8 +667,11 @@ def report(doc: dict[str, Any], args: argparse.Namespace) -> str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--slowdowns", default="none,cpu,cpu-flap,link", help=f"subset of {', '.join(SLOWDOWNS)}")
-    p.add_argument("--ks", default=",".join(KS), 
-                   help="comma-separated: sync, sync-no-overlap (overlap=False) and/or max_staleness values")
+    p.add_argument(
+        "--ks",
+        default=",".join(KS),
+        help="comma-separated: sync, sync-no-overlap (overlap=False) and/or max_staleness values",
+    )
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--n-train", type=int, default=4096)
@@ -556,22 +685,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--flap-fast-s", default="0.6,2.0", help="flapping: normal phase length range, s")
     p.add_argument("--epoch-limit-s", type=float, default=90.0, help="hard limit per epoch (driver timeout)")
     p.add_argument("--startup-s", type=float, default=180.0, help="driver start-up allowance")
-    p.add_argument("--max-minutes", type=float, default=25.0,
-                   help="start no driver that would (judging by the previous one) end after this many minutes")
+    p.add_argument(
+        "--max-minutes",
+        type=float,
+        default=25.0,
+        help="start no driver that would (judging by the previous one) end after this many minutes",
+    )
     p.add_argument("--out", default=RESULTS)
     p.add_argument("--no-write", action="store_true", help="print only; do not write the results JSON")
-    p.add_argument("--append", action="store_true",
-                   help="add this run's records to the --out file's (same ks, epochs, n-train, target, link)")
+    p.add_argument(
+        "--append",
+        action="store_true",
+        help="add this run's records to the --out file's (same ks, epochs, n-train, target, link)",
+    )
     p.add_argument("--role", default="orchestrator", choices=["orchestrator", "driver"], help=argparse.SUPPRESS)
     p.add_argument("--data", help=argparse.SUPPRESS)
     p.add_argument("--slowed-netns", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     bad = [s for s in args.slowdowns.split(",") if s.strip() and s.strip() not in SLOWDOWNS]
-    bad += [k for k in args.ks.split(",") if k.strip() and k.strip() not in SYNC_KS
-            and not k.strip().isdigit()]
+    bad += [k for k in args.ks.split(",") if k.strip() and k.strip() not in SYNC_KS and not k.strip().isdigit()]
     if bad:
-        p.error(f"unknown slowdowns/ks {bad}; slowdowns: {list(SLOWDOWNS)}, ks: 'sync', 'sync-no-overlap' or "
-                "integers >= 0")
+        p.error(
+            f"unknown slowdowns/ks {bad}; slowdowns: {list(SLOWDOWNS)}, ks: 'sync', 'sync-no-overlap' or integers >= 0"
+        )
     for name in ("flap_slow_s", "flap_fast_s"):
         lo, hi = (float(x) for x in getattr(args, name).split(","))
         setattr(args, name, (lo, hi))

@@ -45,15 +45,27 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import _common as C  # noqa: E402
 import torch  # noqa: E402
 
-ALL_METHODS = ("plain", "plain_fused", "network", "independent", "spark_avg", "spark_shared", "ddp", "pw_avg", "pw_shared")
+import _common as C  # noqa: E402
+
+ALL_METHODS = (
+    "plain",
+    "plain_fused",
+    "network",
+    "independent",
+    "spark_avg",
+    "spark_shared",
+    "ddp",
+    "pw_avg",
+    "pw_shared",
+)
 #: methods run only when --methods names them
 EXTRA_METHODS = ("spark_shared_stale", "pw_shared_stale")
 #: max_staleness of the *_stale methods
@@ -120,8 +132,9 @@ def make_network(model: str) -> Any:
     from torchspark import models, optim
 
     module = models.mlp(784, 500, 10) if model == "mlp" else models.lenet(1, 10, 28, 28)
-    return ts.Network(module, loss="cross_entropy", updater=optim.Adam(lr=LR), seed=SEED,
-                      memory_format=memory_format(model))
+    return ts.Network(
+        module, loss="cross_entropy", updater=optim.Adam(lr=LR), seed=SEED, memory_format=memory_format(model)
+    )
 
 
 def contiguous_chunks(ds: Any, size: int) -> list[Any]:
@@ -169,7 +182,7 @@ class Plain(Method):
         for _ in range(epochs):
             for i in range(0, len(x), b):
                 opt.zero_grad(set_to_none=True)
-                loss = torch.nn.functional.cross_entropy(m(x[i:i + b]), y[i:i + b])
+                loss = torch.nn.functional.cross_entropy(m(x[i : i + b]), y[i : i + b])
                 loss.backward()
                 opt.step()
 
@@ -201,11 +214,18 @@ class SparkMethod(Method):
         from torchspark.spark import ParameterAveragingTrainingMaster, SharedTrainingMaster, SparkNetwork
 
         per_worker = args.batch // 2
-        common = dict(batch_size_per_worker=per_worker, num_workers=2, export_directory=self._export_dir(),
-                      flush_denormal=flush_denormal())
+        common = dict(
+            batch_size_per_worker=per_worker,
+            num_workers=2,
+            export_directory=self._export_dir(),
+            flush_denormal=flush_denormal(),
+        )
         if self.shared:
-            master = SharedTrainingMaster(threshold_algorithm=AdaptiveThreshold(initial=SHARING_INITIAL_THRESHOLD),
-                                          max_staleness=self.max_staleness, **common)
+            master = SharedTrainingMaster(
+                threshold_algorithm=AdaptiveThreshold(initial=SHARING_INITIAL_THRESHOLD),
+                max_staleness=self.max_staleness,
+                **common,
+            )
         else:
             master = ParameterAveragingTrainingMaster(averaging_frequency=5, **common)
         self.master = master
@@ -258,10 +278,16 @@ class ParallelWrapperMethod(Method):
         from torchspark.encoding import AdaptiveThreshold
         from torchspark.parallel import ParallelWrapper
 
-        self.pw = ParallelWrapper(make_network(model), num_workers=2, training_mode=self.mode, averaging_frequency=5,
-                                  threshold_algorithm=AdaptiveThreshold(initial=SHARING_INITIAL_THRESHOLD),
-                                  progress=False, flush_denormal=flush_denormal(),
-                                  **({} if self.max_staleness is None else {"max_staleness": self.max_staleness}))
+        self.pw = ParallelWrapper(
+            make_network(model),
+            num_workers=2,
+            training_mode=self.mode,
+            averaging_frequency=5,
+            threshold_algorithm=AdaptiveThreshold(initial=SHARING_INITIAL_THRESHOLD),
+            progress=False,
+            flush_denormal=flush_denormal(),
+            **({} if self.max_staleness is None else {"max_staleness": self.max_staleness}),
+        )
 
     def run(self, epochs: int) -> None:
         self.pw.fit(self.data, epochs=epochs, batch_size=self.args.batch // 2)
@@ -290,8 +316,9 @@ class PWSharedStale(PWShared):
     max_staleness = STALENESS
 
 
-def _ddp_train(model: str, features: Any, labels: Any, batch_per_rank: int, epochs: int, lr: float,
-               seed: int, flush: bool = True) -> dict[str, Any]:
+def _ddp_train(
+    model: str, features: Any, labels: Any, batch_per_rank: int, epochs: int, lr: float, seed: int, flush: bool = True
+) -> dict[str, Any]:
     """The TorchDistributor training function (runs under torchrun; pickled by value, so imports are local)."""
     import time as _time
 
@@ -311,7 +338,7 @@ def _ddp_train(model: str, features: Any, labels: Any, batch_per_rank: int, epoc
     ddp = DistributedDataParallel(module)
     opt = _torch.optim.Adam(ddp.parameters(), lr=lr)
     n = len(features) // world
-    x, y = features[rank * n:(rank + 1) * n], labels[rank * n:(rank + 1) * n]
+    x, y = features[rank * n : (rank + 1) * n], labels[rank * n : (rank + 1) * n]
     dist.barrier()
     t_start = _time.perf_counter()
     epoch_s = []
@@ -319,15 +346,20 @@ def _ddp_train(model: str, features: Any, labels: Any, batch_per_rank: int, epoc
         te = _time.perf_counter()
         for i in range(0, n, batch_per_rank):
             opt.zero_grad(set_to_none=True)
-            loss = _torch.nn.functional.cross_entropy(ddp(x[i:i + batch_per_rank]), y[i:i + batch_per_rank])
+            loss = _torch.nn.functional.cross_entropy(ddp(x[i : i + batch_per_rank]), y[i : i + batch_per_rank])
             loss.backward()
             opt.step()
         epoch_s.append(_time.perf_counter() - te)
     dist.barrier()
     t_end = _time.perf_counter()
     dist.destroy_process_group()
-    return {"rank": rank, "setup_s": t_start - t0, "train_s": t_end - t_start, "epoch_s": epoch_s,
-            "threads": _torch.get_num_threads()}
+    return {
+        "rank": rank,
+        "setup_s": t_start - t0,
+        "train_s": t_end - t_start,
+        "epoch_s": epoch_s,
+        "threads": _torch.get_num_threads(),
+    }
 
 
 class DDP(Method):
@@ -346,17 +378,23 @@ class DDP(Method):
 
         # TorchDistributor copies the workers' output to stdout; keep the benchmark's output readable
         with contextlib.redirect_stdout(io.StringIO()):
-            self.last = self.distributor.run(_ddp_train, self.model, self.data.features, self.data.labels,
-                                             self.args.batch // 2, epochs, LR, SEED)
+            self.last = self.distributor.run(
+                _ddp_train, self.model, self.data.features, self.data.labels, self.args.batch // 2, epochs, LR, SEED
+            )
 
     def diagnose(self, epochs: int) -> dict[str, Any] | None:
         t, _ = C.timed(lambda: self.run(epochs))
         if not self.last:
             return None
-        return {"wall_s": t, "driver": {}, "worker_mean": {"process setup (init_process_group, model, DDP)":
-                                                           self.last["setup_s"],
-                                                           "training loop": self.last["train_s"]},
-                "note": "timed inside the training function on the rank that returned"}
+        return {
+            "wall_s": t,
+            "driver": {},
+            "worker_mean": {
+                "process setup (init_process_group, model, DDP)": self.last["setup_s"],
+                "training loop": self.last["train_s"],
+            },
+            "note": "timed inside the training function on the rank that returned",
+        }
 
 
 def _independent_worker(model: str, n: int, rank: int, world: int, batch: int, epochs: int, done: Any) -> None:
@@ -365,14 +403,14 @@ def _independent_worker(model: str, n: int, rank: int, world: int, batch: int, e
     torch.set_flush_denormal(flush_denormal())
     data = make_data(model, n)
     per = n // world
-    x, y = data.features[rank * per:(rank + 1) * per], data.labels[rank * per:(rank + 1) * per]
+    x, y = data.features[rank * per : (rank + 1) * per], data.labels[rank * per : (rank + 1) * per]
     torch.manual_seed(SEED)
     module = make_module(model)
     opt = torch.optim.Adam(module.parameters(), lr=LR, fused=True)  # torchspark's workers use the fused kernel
     for _ in range(epochs):
         for i in range(0, per, batch):
             opt.zero_grad(set_to_none=True)
-            torch.nn.functional.cross_entropy(module(x[i:i + batch]), y[i:i + batch]).backward()
+            torch.nn.functional.cross_entropy(module(x[i : i + batch]), y[i : i + batch]).backward()
             opt.step()
     done.put(rank)
 
@@ -390,8 +428,14 @@ class Independent(Method):
 
         ctx = worker_context()
         done = ctx.Queue()
-        procs = [ctx.Process(target=_independent_worker, args=(self.model, len(self.data), r, 2, self.args.batch // 2,
-                                                              epochs, done), daemon=True) for r in range(2)]
+        procs = [
+            ctx.Process(
+                target=_independent_worker,
+                args=(self.model, len(self.data), r, 2, self.args.batch // 2, epochs, done),
+                daemon=True,
+            )
+            for r in range(2)
+        ]
         for p in procs:
             p.start()
         for _ in procs:
@@ -404,8 +448,16 @@ class Independent(Method):
 
 METHOD_CLASSES: dict[str, Callable[[], Method]] = {
     "independent": Independent,
-    "plain": Plain, "plain_fused": PlainFused, "network": NetworkFit, "spark_avg": SparkAvg, "spark_shared": SparkShared, "ddp": DDP,
-    "pw_avg": PWAvg, "pw_shared": PWShared, "spark_shared_stale": SparkSharedStale, "pw_shared_stale": PWSharedStale,
+    "plain": Plain,
+    "plain_fused": PlainFused,
+    "network": NetworkFit,
+    "spark_avg": SparkAvg,
+    "spark_shared": SparkShared,
+    "ddp": DDP,
+    "pw_avg": PWAvg,
+    "pw_shared": PWShared,
+    "spark_shared_stale": SparkSharedStale,
+    "pw_shared_stale": PWSharedStale,
 }
 
 
@@ -506,8 +558,7 @@ def bench_model(model: str, methods: list[str], args: argparse.Namespace, spark:
             t0 = time.perf_counter()
             value, foreign = measure()
             implausible = isinstance(value, tuple) and value[1] <= value[0]
-            if (foreign <= args.max_foreign and not implausible) or attempt == args.retries \
-                    or retry_budget[0] <= 0:
+            if (foreign <= args.max_foreign and not implausible) or attempt == args.retries or retry_budget[0] <= 0:
                 return value, foreign
             retry_budget[0] -= time.perf_counter() - t0
             res[what].retries += 1
@@ -559,8 +610,10 @@ def bench_model(model: str, methods: list[str], args: argparse.Namespace, spark:
             res[m].overhead.append(t1 - diff / k)
             res[m].foreign_cpu.append(foreign)
             res[m].ratio.append(steady / ((before + after) / 2))
-            C.log(f"{model} rep {r}: {m:12s} T(1)={t1:6.2f}s T({k + 1})={tk:6.2f}s steady={steady:8.0f} samples/s "
-                  f"ratio={res[m].ratio[-1]:.2f} (plain {before:.0f}/{after:.0f}; foreign cpu {foreign:.2f})")
+            C.log(
+                f"{model} rep {r}: {m:12s} T(1)={t1:6.2f}s T({k + 1})={tk:6.2f}s steady={steady:8.0f} samples/s "
+                f"ratio={res[m].ratio[-1]:.2f} (plain {before:.0f}/{after:.0f}; foreign cpu {foreign:.2f})"
+            )
             before = after
     res["plain"].ratio = [1.0] * len(res["plain"].steady)
     if args.diagnose:
@@ -589,23 +642,46 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=None)
     parser.add_argument("--n-mlp", type=int, default=None, help="samples per epoch for the MLP")
     parser.add_argument("--n-lenet", type=int, default=None, help="samples per epoch for LeNet")
-    parser.add_argument("--max-foreign", type=float, default=0.15,
-                        help="repeat a measurement during which other processes used more CPU cores than this")
+    parser.add_argument(
+        "--max-foreign",
+        type=float,
+        default=0.15,
+        help="repeat a measurement during which other processes used more CPU cores than this",
+    )
     parser.add_argument("--retries", type=int, default=2)
-    parser.add_argument("--quiet-wait-s", type=float, default=10.0,
-                        help="before each measurement, wait up to this long for other processes to go quiet")
-    parser.add_argument("--no-diagnose", dest="diagnose", action="store_false",
-                        help="skip the extra call with training stats")
-    parser.add_argument("--no-write", dest="write", action="store_false", default=True,
-                        help="print the tables only; leave BENCHMARKS.md and benchmarks/results/ alone")
-    parser.add_argument("--memory-format", choices=["contiguous", "channels_last"], default="contiguous",
-                        help="memory format of LeNet's convolution weights in EVERY method, plain baseline included "
-                             "(channels_last: torchspark Network(memory_format='channels_last'), module.to(...) "
-                             "elsewhere); results go to the section throughput_channels_last")
-    parser.add_argument("--no-flush-denormal", dest="flush_denormal", action="store_false", default=True,
-                        help="keep IEEE denormals in EVERY method (plain included; torchspark: flush_denormal=False); "
-                             "the default flushes them everywhere. For exploring with --no-write: the ratios then "
-                             "depend on how far each method's network has trained")
+    parser.add_argument(
+        "--quiet-wait-s",
+        type=float,
+        default=10.0,
+        help="before each measurement, wait up to this long for other processes to go quiet",
+    )
+    parser.add_argument(
+        "--no-diagnose", dest="diagnose", action="store_false", help="skip the extra call with training stats"
+    )
+    parser.add_argument(
+        "--no-write",
+        dest="write",
+        action="store_false",
+        default=True,
+        help="print the tables only; leave BENCHMARKS.md and benchmarks/results/ alone",
+    )
+    parser.add_argument(
+        "--memory-format",
+        choices=["contiguous", "channels_last"],
+        default="contiguous",
+        help="memory format of LeNet's convolution weights in EVERY method, plain baseline included "
+        "(channels_last: torchspark Network(memory_format='channels_last'), module.to(...) "
+        "elsewhere); results go to the section throughput_channels_last",
+    )
+    parser.add_argument(
+        "--no-flush-denormal",
+        dest="flush_denormal",
+        action="store_false",
+        default=True,
+        help="keep IEEE denormals in EVERY method (plain included; torchspark: flush_denormal=False); "
+        "the default flushes them everywhere. For exploring with --no-write: the ratios then "
+        "depend on how far each method's network has trained",
+    )
     args = parser.parse_args()
     os.environ[FORMAT_ENV] = args.memory_format
     os.environ[DENORMAL_ENV] = "1" if args.flush_denormal else "0"
@@ -649,15 +725,36 @@ def main() -> None:
 
 
 # ---------------------------------------------------------------------------------------------------- report
-def report(results: dict[str, dict[str, Measurement]], methods: list[str], models_: list[str],
-           args: argparse.Namespace, elapsed: float, t_session: float, source_note: str) -> None:
+def report(
+    results: dict[str, dict[str, Measurement]],
+    methods: list[str],
+    models_: list[str],
+    args: argparse.Namespace,
+    elapsed: float,
+    t_session: float,
+    source_note: str,
+) -> None:
     k = args.epochs
-    headers = ["method", "steady samples/s", "ratio vs plain", "ratio min-max", "best-of ratio", "T(1) s",
-               f"T({k + 1}) s", "per-call overhead s", f"end-to-end samples/s ({k + 1}-epoch call)",
-               "foreign CPU (cores)", "repeats"]
+    headers = [
+        "method",
+        "steady samples/s",
+        "ratio vs plain",
+        "ratio min-max",
+        "best-of ratio",
+        "T(1) s",
+        f"T({k + 1}) s",
+        "per-call overhead s",
+        f"end-to-end samples/s ({k + 1}-epoch call)",
+        "foreign CPU (cores)",
+        "repeats",
+    ]
     body: list[str] = []
-    json_out: dict[str, Any] = {"args": {k_: v for k_, v in vars(args).items()}, "elapsed_s": elapsed,
-                                "session_start_s": t_session, "models": {}}
+    json_out: dict[str, Any] = {
+        "args": {k_: v for k_, v in vars(args).items()},
+        "elapsed_s": elapsed,
+        "session_start_s": t_session,
+        "models": {},
+    }
     ratios: dict[tuple[str, str], float] = {}
     for model in models_:
         n = args.n_mlp if model == "mlp" else args.n_lenet
@@ -671,9 +768,21 @@ def report(results: dict[str, dict[str, Measurement]], methods: list[str], model
             elif m == "plain":
                 steady = C.median(r.steady)
                 ratios[(model, m)] = 1.0
-                rows.append([LABELS[m], steady, "1.00x", f"{C.spread(r.steady)} samples/s", "1.00x", "-",
-                             f"{C.median(r.tk):.2f} ({k} epochs)", "0 (in process)", steady,
-                             C.median(r.foreign_cpu), r.retries])
+                rows.append(
+                    [
+                        LABELS[m],
+                        steady,
+                        "1.00x",
+                        f"{C.spread(r.steady)} samples/s",
+                        "1.00x",
+                        "-",
+                        f"{C.median(r.tk):.2f} ({k} epochs)",
+                        "0 (in process)",
+                        steady,
+                        C.median(r.foreign_cpu),
+                        r.retries,
+                    ]
+                )
             else:
                 steady = C.median(r.steady)
                 ratio = C.median(r.ratio)
@@ -681,9 +790,21 @@ def report(results: dict[str, dict[str, Measurement]], methods: list[str], model
                 tk = C.median(r.tk)
                 best_diff = min(r.tk) - min(r.t1)
                 best_ratio = (k * n / best_diff) / plain_best if best_diff > 0 else float("nan")
-                rows.append([LABELS[m], steady, f"{ratio:.2f}x", C.spread(r.ratio), f"{best_ratio:.2f}x",
-                             C.median(r.t1), tk, C.median(r.overhead), (k + 1) * n / tk if tk else float("nan"),
-                             C.median(r.foreign_cpu), r.retries])
+                rows.append(
+                    [
+                        LABELS[m],
+                        steady,
+                        f"{ratio:.2f}x",
+                        C.spread(r.ratio),
+                        f"{best_ratio:.2f}x",
+                        C.median(r.t1),
+                        tk,
+                        C.median(r.overhead),
+                        (k + 1) * n / tk if tk else float("nan"),
+                        C.median(r.foreign_cpu),
+                        r.retries,
+                    ]
+                )
             json_out["models"][model]["methods"][m] = {**vars(r), "label": LABELS[m]}
         C.print_table(f"{model}: {n} samples/epoch, global batch {args.batch}", headers, rows)
         body.append(f"#### {model_title(model)}: {n:,} samples per epoch, global batch {args.batch}\n")
@@ -694,14 +815,18 @@ def report(results: dict[str, dict[str, Measurement]], methods: list[str], model
     targets = evaluate_targets(ratios, models_)
     json_out["targets"] = targets
     diag = diagnostics_markdown(results, models_, args)
-    fmt_note = ("" if args.memory_format == "contiguous" else
-                f"**Memory format: `{args.memory_format}` in every method**: LeNet's convolution weights are "
-                "channels_last in the plain loop, the independent processes and DDP (`module.to(memory_format=...)`) "
-                "and in torchspark (`Network(..., memory_format='channels_last')`), so every ratio compares like with "
-                "like. Absolute samples/s are what moved (see the default-format section for comparison).\n")
+    fmt_note = (
+        ""
+        if args.memory_format == "contiguous"
+        else f"**Memory format: `{args.memory_format}` in every method**: LeNet's convolution weights are "
+        "channels_last in the plain loop, the independent processes and DDP (`module.to(memory_format=...)`) "
+        "and in torchspark (`Network(..., memory_format='channels_last')`), so every ratio compares like with "
+        "like. Absolute samples/s are what moved (see the default-format section for comparison).\n"
+    )
     md = [
-        "## Training throughput" + ("" if args.memory_format == "contiguous"
-                                    else f" with `memory_format=\"{args.memory_format}\"`") + "\n",
+        "## Training throughput"
+        + ("" if args.memory_format == "contiguous" else f' with `memory_format="{args.memory_format}"`')
+        + "\n",
         fmt_note,
         C.stamp() + f" Run time {elapsed / 60:.1f} min{' (--quick)' if args.quick else ''}; "
         f"Spark session start (excluded): {t_session:.1f} s. {source_note}\n",
@@ -720,22 +845,29 @@ def report(results: dict[str, dict[str, Measurement]], methods: list[str], model
         f"which it exceeded {args.max_foreign} cores, or with T({k + 1}) <= T(1), was repeated (up to {args.retries} times; *repeats*). "
         "*Best-of ratio* is a cross-check robust to noise bursts (noise only adds time): "
         f"`{k} x N / (min T({k + 1}) - min T(1))` over the best plain run. The end-to-end column is what a user sees for one call, overhead included (session start "
-        "excluded). Spark paths use the default `rdd_training_approach=\"export\"`: batch files are written once "
+        'excluded). Spark paths use the default `rdd_training_approach="export"`: batch files are written once '
         "(in the untimed warm-up call) and read by the workers every epoch. "
         f"Sharing paths use `AdaptiveThreshold(initial={SHARING_INITIAL_THRESHOLD:g})`. "
-        + ("Denormal floats are flushed to zero in every method (plain loop, DDP and independent processes: "
-           "`torch.set_flush_denormal(True)` before their first torch operation; torchspark: its default "
-           "`flush_denormal=True`): without it Adam's tiny second moments slow every step of any method down as "
-           "its network trains (2x on this CPU after a few epochs), which would make ratios depend on how long "
-           "each method's network had trained.\n" if args.flush_denormal else
-           "**Denormals kept (IEEE) in every method** (`--no-flush-denormal`): per-step cost grows as each "
-           "network trains, so ratios depend on training history.\n"),
+        + (
+            "Denormal floats are flushed to zero in every method (plain loop, DDP and independent processes: "
+            "`torch.set_flush_denormal(True)` before their first torch operation; torchspark: its default "
+            "`flush_denormal=True`): without it Adam's tiny second moments slow every step of any method down as "
+            "its network trains (2x on this CPU after a few epochs), which would make ratios depend on how long "
+            "each method's network had trained.\n"
+            if args.flush_denormal
+            else "**Denormals kept (IEEE) in every method** (`--no-flush-denormal`): per-step cost grows as each "
+            "network trains, so ratios depend on training history.\n"
+        ),
         *body,
         "#### Targets\n",
-        C.markdown_table(["target", "measured", "verdict"],
-                         [[t["target"], t["measured"], "n/a" if t["met"] is None else ("met" if t["met"] else
-                                                                                      "NOT met")]
-                          for t in targets]) + "\n",
+        C.markdown_table(
+            ["target", "measured", "verdict"],
+            [
+                [t["target"], t["measured"], "n/a" if t["met"] is None else ("met" if t["met"] else "NOT met")]
+                for t in targets
+            ],
+        )
+        + "\n",
         ceiling_note(ratios, models_),
         diag,
     ]
@@ -764,18 +896,32 @@ def evaluate_targets(ratios: dict[tuple[str, str], float], models_: list[str]) -
     out: list[dict[str, Any]] = []
     if "lenet" in models_:
         v = get("lenet", "spark_avg")
-        out.append({"target": "SparkNetwork averaging >= 0.9x plain on LeNet", "measured": f"{v:.2f}x",
-                    "met": (v >= 0.9) if ok(v) else None})
+        out.append(
+            {
+                "target": "SparkNetwork averaging >= 0.9x plain on LeNet",
+                "measured": f"{v:.2f}x",
+                "met": (v >= 0.9) if ok(v) else None,
+            }
+        )
     for model in models_:
         a, d = get(model, "spark_avg"), get(model, "ddp")
-        out.append({"target": f"SparkNetwork averaging ahead of TorchDistributor+DDP on {model} "
-                              f"(earlier: DDP {'0.20' if model == 'mlp' else '0.73'}x)",
-                    "measured": f"averaging {a:.2f}x vs DDP {d:.2f}x",
-                    "met": (a > d) if ok(a) and ok(d) else None})
+        out.append(
+            {
+                "target": f"SparkNetwork averaging ahead of TorchDistributor+DDP on {model} "
+                f"(earlier: DDP {'0.20' if model == 'mlp' else '0.73'}x)",
+                "measured": f"averaging {a:.2f}x vs DDP {d:.2f}x",
+                "met": (a > d) if ok(a) and ok(d) else None,
+            }
+        )
     if "lenet" in models_:
         v, s = get("lenet", "pw_avg"), get("lenet", "pw_shared")
-        out.append({"target": "ParallelWrapper (averaging) >= 1.0x plain on LeNet",
-                    "measured": f"{v:.2f}x (sharing: {s:.2f}x)", "met": (v >= 1.0) if ok(v) else None})
+        out.append(
+            {
+                "target": "ParallelWrapper (averaging) >= 1.0x plain on LeNet",
+                "measured": f"{v:.2f}x (sharing: {s:.2f}x)",
+                "met": (v >= 1.0) if ok(v) else None,
+            }
+        )
     return out
 
 
@@ -783,35 +929,45 @@ def ceiling_note(ratios: dict[tuple[str, str], float], models_: list[str]) -> st
     parts = [f"{model_title(m)} {ratios[(m, 'independent')]:.2f}x" for m in models_ if (m, "independent") in ratios]
     if not parts:
         return ""
-    note = ("Context for the targets: 2 independent processes with 1 thread each and no communication at all reach "
-            + ", ".join(parts) + " of the plain 2-thread loop on this machine (row g). That is the ceiling for "
-            "every 2-worker method here; the rest of each method's gap is its own synchronisation and data cost.\n")
+    note = (
+        "Context for the targets: 2 independent processes with 1 thread each and no communication at all reach "
+        + ", ".join(parts)
+        + " of the plain 2-thread loop on this machine (row g). That is the ceiling for "
+        "every 2-worker method here; the rest of each method's gap is its own synchronisation and data cost.\n"
+    )
     fused = []
     for m in models_:
         base = ratios.get((m, "plain_fused"))
         if not base:
             continue
-        rel = [f"{LABELS[x].split(' ', 1)[0]} {ratios[(m, x)] / base:.2f}x" for x in ("spark_avg", "spark_shared",
-               "pw_avg", "pw_shared", "ddp") if (m, x) in ratios]
+        rel = [
+            f"{LABELS[x].split(' ', 1)[0]} {ratios[(m, x)] / base:.2f}x"
+            for x in ("spark_avg", "spark_shared", "pw_avg", "pw_shared", "ddp")
+            if (m, x) in ratios
+        ]
         fused.append(f"{model_title(m)}: " + ", ".join(rel))
     if fused:
-        note += ("\nThe same medians against the plain loop with the fused Adam kernel (row a2) instead of row a, "
-                 "i.e. without the optimizer-kernel advantage (ratio / ratio of a2): " + "; ".join(fused) + ".\n")
+        note += (
+            "\nThe same medians against the plain loop with the fused Adam kernel (row a2) instead of row a, "
+            "i.e. without the optimizer-kernel advantage (ratio / ratio of a2): " + "; ".join(fused) + ".\n"
+        )
     return note
 
 
-def diagnostics_markdown(results: dict[str, dict[str, Measurement]], models_: list[str],
-                         args: argparse.Namespace) -> str:
-    lines = ["#### Where the time goes (one extra call per method with training stats, "
-             f"{args.diagnose_epochs} epoch)\n",
-             "Driver phases and per-worker mean seconds per phase from `training_stats` (`fit` = forward, backward "
-             "and updater step, plus encoding for sharing; `averaging` / `exchange` = waiting on peers and the "
-             "collective; `data_wait` = waiting for the next minibatch). For DDP: seconds measured inside the "
-             "training function. Unaccounted = driver wall time of the call minus the worker's phases: stage "
-             "launch, rendezvous, process start, result collection. Lead-in = from the start of the driver's "
-             "`fit` phase (barrier stage / process launch) to the first phase a worker records (i.e. task launch, "
-             "torch.distributed rendezvous, progress connection); tail = from the last worker phase to the end of "
-             "the driver's `fit` phase (teardown, result transfer).\n"]
+def diagnostics_markdown(
+    results: dict[str, dict[str, Measurement]], models_: list[str], args: argparse.Namespace
+) -> str:
+    lines = [
+        f"#### Where the time goes (one extra call per method with training stats, {args.diagnose_epochs} epoch)\n",
+        "Driver phases and per-worker mean seconds per phase from `training_stats` (`fit` = forward, backward "
+        "and updater step, plus encoding for sharing; `averaging` / `exchange` = waiting on peers and the "
+        "collective; `data_wait` = waiting for the next minibatch). For DDP: seconds measured inside the "
+        "training function. Unaccounted = driver wall time of the call minus the worker's phases: stage "
+        "launch, rendezvous, process start, result collection. Lead-in = from the start of the driver's "
+        "`fit` phase (barrier stage / process launch) to the first phase a worker records (i.e. task launch, "
+        "torch.distributed rendezvous, progress connection); tail = from the last worker phase to the end of "
+        "the driver's `fit` phase (teardown, result transfer).\n",
+    ]
     any_rows = False
     for model in models_:
         rows = []
@@ -823,18 +979,31 @@ def diagnostics_markdown(results: dict[str, dict[str, Measurement]], models_: li
             worker = d.get("worker_mean", {})
             accounted = sum(worker.values())
             parts = ", ".join(f"{k} {v:.2f}" for k, v in sorted(worker.items(), key=lambda kv: -kv[1]))
-            driver = ", ".join(f"{k} {v:.2f}" for k, v in sorted(d.get("driver", {}).items(),
-                                                                 key=lambda kv: -kv[1]))
+            driver = ", ".join(f"{k} {v:.2f}" for k, v in sorted(d.get("driver", {}).items(), key=lambda kv: -kv[1]))
             extra = ""
             if d.get("compression_ratio"):
                 extra = f"; compression {d['compression_ratio']:.0f}x"
             lead = f"{d['lead_in_s']:.2f} / {d['tail_s']:.2f}" if "lead_in_s" in d else "-"
-            rows.append([LABELS[m], d["wall_s"], driver or "-", parts or "-", d["wall_s"] - accounted, lead,
-                         extra or "-"])
+            rows.append(
+                [LABELS[m], d["wall_s"], driver or "-", parts or "-", d["wall_s"] - accounted, lead, extra or "-"]
+            )
         if rows:
             lines.append(f"{model_title(model)}:\n")
-            lines.append(C.markdown_table(["method", "call wall s", "driver phases s", "worker phases s (mean)",
-                                           "unaccounted s", "lead-in / tail s", "notes"], rows) + "\n")
+            lines.append(
+                C.markdown_table(
+                    [
+                        "method",
+                        "call wall s",
+                        "driver phases s",
+                        "worker phases s (mean)",
+                        "unaccounted s",
+                        "lead-in / tail s",
+                        "notes",
+                    ],
+                    rows,
+                )
+                + "\n"
+            )
     return "\n".join(lines) if any_rows else ""
 
 

@@ -41,16 +41,25 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from torchspark._process import is_running
 
 if TYPE_CHECKING:
     from torchspark.spark.connect import ConnectServer
 
-__all__ = ["Host", "NetnsCluster", "HarnessError", "unavailable_reason", "cleanup_stale", "spark_home",
-           "netem_available", "client_netns_name"]
+__all__ = [
+    "Host",
+    "NetnsCluster",
+    "HarnessError",
+    "unavailable_reason",
+    "cleanup_stale",
+    "spark_home",
+    "netem_available",
+    "client_netns_name",
+]
 
 log = logging.getLogger(__name__)
 
@@ -110,8 +119,9 @@ def unavailable_reason() -> str | None:
         made = _run("ip", "netns", "add", probe, check=False)
         if made.returncode != 0:
             return f"'ip netns add' does not work here: {made.stderr.strip()}"
-        veth = _run("ip", "link", "add", probe[:15], "type", "veth", "peer", "name", "eth1", "netns", probe,
-                    check=False)
+        veth = _run(
+            "ip", "link", "add", probe[:15], "type", "veth", "peer", "name", "eth1", "netns", probe, check=False
+        )
         if veth.returncode != 0:
             return f"cannot create veth pairs here: {veth.stderr.strip()}"
     except (OSError, subprocess.SubprocessError) as e:
@@ -230,7 +240,9 @@ class NetnsCluster:
     master_ui: str = field(default="", init=False)
     workdir: str = field(default="", init=False)
     _procs: list[subprocess.Popen[bytes]] = field(default_factory=list, init=False, repr=False)
-    _servers: list[ConnectServer] = field(default_factory=list, init=False, repr=False)  # Connect servers, stopped first
+    _servers: list[ConnectServer] = field(
+        default_factory=list, init=False, repr=False
+    )  # Connect servers, stopped first
     _started: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -240,13 +252,13 @@ class NetnsCluster:
             raise ValueError(f"cores must be >= 1, got {self.cores!r}")
 
     # ----------------------------------------------------------------------------------------------- lifecycle
-    def __enter__(self) -> "NetnsCluster":
+    def __enter__(self) -> NetnsCluster:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
 
-    def start(self) -> "NetnsCluster":
+    def start(self) -> NetnsCluster:
         """Build the network, start the master and the workers, and wait until every worker is registered."""
         reason = unavailable_reason()
         if reason:
@@ -305,7 +317,11 @@ class NetnsCluster:
 
     # ------------------------------------------------------------------------------------------------- network
     def _build_network(self) -> None:
-        candidates = [self.instance] if self.instance is not None else list(range(20 + os.getpid() % 200, 255)) + list(range(1, 20))
+        candidates = (
+            [self.instance]
+            if self.instance is not None
+            else list(range(20 + os.getpid() % 200, 255)) + list(range(1, 20))
+        )
         for x in candidates:
             made = _run("ip", "link", "add", f"{_PREFIX}b{x}", "type", "bridge", check=False)
             if made.returncode == 0:  # the kernel makes this atomic: a second instance gets "File exists"
@@ -323,8 +339,14 @@ class NetnsCluster:
         _run("ip", "link", "set", self.bridge, "up")
         for i in range(1, self.workers + 1):
             ns = _netns_name(x, i)
-            host = Host(index=i, netns=ns, hostname=f"{_PREFIX}{x}host{i}", address=f"{_BRIDGE_NET}.{x}.{10 + i}",
-                        decoy_address=f"{_DECOY_NET}.{x}.{10 + i}", root_veth=f"{_PREFIX}{x}h{i}")
+            host = Host(
+                index=i,
+                netns=ns,
+                hostname=f"{_PREFIX}{x}host{i}",
+                address=f"{_BRIDGE_NET}.{x}.{10 + i}",
+                decoy_address=f"{_DECOY_NET}.{x}.{10 + i}",
+                root_veth=f"{_PREFIX}{x}h{i}",
+            )
             self.hosts.append(host)
             _run("ip", "netns", "add", ns)
             # the decoy first, so it is eth0 and listed before the real interface everywhere
@@ -354,16 +376,49 @@ class NetnsCluster:
         :meth:`unshape_links` undoes it.
         """
         if delay is not None and not netem_available():
-            raise HarnessError(f"this kernel has no netem qdisc (sch_netem), so delay={delay!r} cannot be emulated; "
-                               "shape the rate only (delay=None) or load sch_netem")
+            raise HarnessError(
+                f"this kernel has no netem qdisc (sch_netem), so delay={delay!r} cannot be emulated; "
+                "shape the rate only (delay=None) or load sch_netem"
+            )
         self.unshape_links()
         for host in self.hosts:
             for ns_args, dev in ((["ip", "netns", "exec", host.netns], host.interface), ([], host.root_veth)):
-                _run(*ns_args, "tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "tbf", "rate", rate,
-                     "burst", burst, "latency", "100ms")
+                _run(
+                    *ns_args,
+                    "tc",
+                    "qdisc",
+                    "add",
+                    "dev",
+                    dev,
+                    "root",
+                    "handle",
+                    "1:",
+                    "tbf",
+                    "rate",
+                    rate,
+                    "burst",
+                    burst,
+                    "latency",
+                    "100ms",
+                )
                 if delay is not None:
-                    _run(*ns_args, "tc", "qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:", "netem",
-                         "delay", delay, "limit", "100000")
+                    _run(
+                        *ns_args,
+                        "tc",
+                        "qdisc",
+                        "add",
+                        "dev",
+                        dev,
+                        "parent",
+                        "1:1",
+                        "handle",
+                        "10:",
+                        "netem",
+                        "delay",
+                        delay,
+                        "limit",
+                        "100000",
+                    )
 
     def unshape_links(self) -> None:
         for host in self.hosts:
@@ -382,25 +437,34 @@ class NetnsCluster:
     # --------------------------------------------------------------------------------------------------- Spark
     def _env(self, local_ip: str) -> dict[str, str]:
         env = dict(os.environ)
-        env.update({
-            "SPARK_HOME": spark_home(),
-            "SPARK_LOCAL_IP": local_ip,
-            "PYSPARK_PYTHON": sys.executable,
-            "SPARK_DAEMON_MEMORY": "256m",
-            "SPARK_LOG_DIR": self.workdir,
-            "SPARK_WORKER_DIR": os.path.join(self.workdir, "work"),
-            "SPARK_NO_DAEMONIZE": "1",
-        })
-        for leak in ("SPARK_MASTER_HOST", "SPARK_CONF_DIR", "PYSPARK_SUBMIT_ARGS", "GLOO_SOCKET_IFNAME",
-                     "NCCL_SOCKET_IFNAME", "TORCHSPARK_LOCAL_IP"):
+        env.update(
+            {
+                "SPARK_HOME": spark_home(),
+                "SPARK_LOCAL_IP": local_ip,
+                "PYSPARK_PYTHON": sys.executable,
+                "SPARK_DAEMON_MEMORY": "256m",
+                "SPARK_LOG_DIR": self.workdir,
+                "SPARK_WORKER_DIR": os.path.join(self.workdir, "work"),
+                "SPARK_NO_DAEMONIZE": "1",
+            }
+        )
+        for leak in (
+            "SPARK_MASTER_HOST",
+            "SPARK_CONF_DIR",
+            "PYSPARK_SUBMIT_ARGS",
+            "GLOO_SOCKET_IFNAME",
+            "NCCL_SOCKET_IFNAME",
+            "TORCHSPARK_LOCAL_IP",
+        ):
             env.pop(leak, None)
         return env
 
     def _spawn(self, name: str, cmd: list[str], env: dict[str, str]) -> None:
         log_path = os.path.join(self.workdir, f"{name}.log")
         with open(log_path, "wb") as out:
-            proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                cmd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            )
         self._procs.append(proc)
 
     def _start_master(self) -> None:
@@ -408,16 +472,33 @@ class NetnsCluster:
         self.master_url = f"spark://{self.bridge_ip}:{port}"
         self.master_ui = f"http://{self.bridge_ip}:{ui}"
         spark_class = os.path.join(spark_home(), "bin", "spark-class")
-        self._spawn("master", [spark_class, "org.apache.spark.deploy.master.Master", "--host", self.bridge_ip,
-                               "--port", str(port), "--webui-port", str(ui)], self._env(self.bridge_ip))
+        self._spawn(
+            "master",
+            [
+                spark_class,
+                "org.apache.spark.deploy.master.Master",
+                "--host",
+                self.bridge_ip,
+                "--port",
+                str(port),
+                "--webui-port",
+                str(ui),
+            ],
+            self._env(self.bridge_ip),
+        )
 
     def _start_worker(self, host: Host) -> None:
         spark_class = os.path.join(spark_home(), "bin", "spark-class")
         # a new UTS namespace carries the host's own hostname; /etc/netns/<ns>/hosts maps it to 127.0.1.1
-        inner = (f"hostname {host.hostname} && exec {spark_class} org.apache.spark.deploy.worker.Worker "
-                 f"--host {host.address} --cores {self.cores} --memory {self.memory} {self.master_url}")
-        self._spawn(f"worker-{host.index}", ["ip", "netns", "exec", host.netns, "unshare", "--uts", "sh", "-c", inner],
-                    self._env(host.address))
+        inner = (
+            f"hostname {host.hostname} && exec {spark_class} org.apache.spark.deploy.worker.Worker "
+            f"--host {host.address} --cores {self.cores} --memory {self.memory} {self.master_url}"
+        )
+        self._spawn(
+            f"worker-{host.index}",
+            ["ip", "netns", "exec", host.netns, "unshare", "--uts", "sh", "-c", inner],
+            self._env(host.address),
+        )
 
     def master_state(self) -> dict[str, Any]:
         """The master's JSON status page (``/json/``)."""
@@ -430,8 +511,10 @@ class NetnsCluster:
         while time.monotonic() < deadline:
             for proc in self._procs:
                 if proc.poll() is not None:
-                    raise HarnessError(f"a Spark daemon exited with {proc.returncode} while starting; logs in "
-                                       f"{self.workdir}:\n{self.log_tail()}")
+                    raise HarnessError(
+                        f"a Spark daemon exited with {proc.returncode} while starting; logs in "
+                        f"{self.workdir}:\n{self.log_tail()}"
+                    )
             try:
                 state = self.master_state()
                 seen = sorted(w["host"] for w in state.get("workers", []) if w.get("state") == "ALIVE")
@@ -440,9 +523,11 @@ class NetnsCluster:
             except (OSError, ValueError):
                 pass  # the master's UI is not up yet
             time.sleep(0.5)
-        raise HarnessError(f"only {len(seen)} of {self.workers} workers registered with {self.master_url} within "
-                           f"{self.start_timeout_s:.0f} s (raise start_timeout_s on a loaded machine); logs in "
-                           f"{self.workdir}:\n{self.log_tail()}")
+        raise HarnessError(
+            f"only {len(seen)} of {self.workers} workers registered with {self.master_url} within "
+            f"{self.start_timeout_s:.0f} s (raise start_timeout_s on a loaded machine); logs in "
+            f"{self.workdir}:\n{self.log_tail()}"
+        )
 
     def log_tail(self, lines: int = 15) -> str:
         """The last lines of every daemon log (for error messages)."""
@@ -494,8 +579,7 @@ class NetnsCluster:
         conf.pop("spark.master")
         return conf
 
-    def start_connect_server(self, port: int | None = None, timeout_s: float = 180.0,
-                             **extra: str) -> ConnectServer:
+    def start_connect_server(self, port: int | None = None, timeout_s: float = 180.0, **extra: str) -> ConnectServer:
         """Start a Spark Connect server (``SparkConnectServer`` through pyspark's ``bin/spark-submit``) as this
         cluster's driver: in the root namespace, its gRPC port and its driver on the bridge address, executors
         on the hosts (their ``PYTHONPATH`` is this process's). Clients use ``.url`` (``sc://198.18.X.1:<port>``);
@@ -506,14 +590,20 @@ class NetnsCluster:
         """
         from torchspark.spark.connect import start_connect_server
 
-        server = start_connect_server(self.master_url, port=port, host=self.bridge_ip,
-                                      conf=self.connect_conf(**extra), timeout_s=timeout_s,
-                                      log_path=os.path.join(self.workdir, "connect-server.log"))
+        server = start_connect_server(
+            self.master_url,
+            port=port,
+            host=self.bridge_ip,
+            conf=self.connect_conf(**extra),
+            timeout_s=timeout_s,
+            log_path=os.path.join(self.workdir, "connect-server.log"),
+        )
         self._servers.append(server)
         return server
 
-    def run_driver(self, argv: Sequence[str], timeout_s: float = 600.0, env: dict[str, str] | None = None,
-                   **extra_conf: str) -> subprocess.CompletedProcess[str]:
+    def run_driver(
+        self, argv: Sequence[str], timeout_s: float = 600.0, env: dict[str, str] | None = None, **extra_conf: str
+    ) -> subprocess.CompletedProcess[str]:
         """Run ``python argv...`` as a driver in the root namespace (a fresh interpreter: its own SparkContext).
 
         The script finds its settings as JSON in ``TORCHSPARK_CLUSTER_CONF`` (``json.loads`` it into
@@ -525,15 +615,30 @@ class NetnsCluster:
         run_env["PYSPARK_PYTHON"] = sys.executable
         proc = subprocess.run([sys.executable, *argv], env=run_env, capture_output=True, text=True, timeout=timeout_s)
         if proc.returncode != 0:
-            raise HarnessError(f"driver {' '.join(argv)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
-                               f"{proc.stderr[-6000:]}\n--- cluster logs\n{self.log_tail()}")
+            raise HarnessError(
+                f"driver {' '.join(argv)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
+                f"{proc.stderr[-6000:]}\n--- cluster logs\n{self.log_tail()}"
+            )
         return proc
 
     def exec_in(self, host: Host, *cmd: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
         """Run a command inside ``host``'s namespace (with its hostname and /etc/hosts)."""
-        inner = f"hostname {host.hostname} && exec \"$@\""
-        return _run("ip", "netns", "exec", host.netns, "unshare", "--uts", "sh", "-c", inner, "sh", *cmd,
-                    check=False, timeout=timeout)
+        inner = f'hostname {host.hostname} && exec "$@"'
+        return _run(
+            "ip",
+            "netns",
+            "exec",
+            host.netns,
+            "unshare",
+            "--uts",
+            "sh",
+            "-c",
+            inner,
+            "sh",
+            *cmd,
+            check=False,
+            timeout=timeout,
+        )
 
 
 def _main() -> None:

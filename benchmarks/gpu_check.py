@@ -59,13 +59,20 @@ FAILING = ("fail", "error")
 def environment(device: str) -> dict[str, Any]:
     """What ran the check: versions, the device, and whether it was a GPU."""
     info: dict[str, Any] = {
-        "device": device, "cuda": device.startswith("cuda"), "torch": torch.__version__,
-        "python": platform.python_version(), "cpu_count": os.cpu_count(),
+        "device": device,
+        "cuda": device.startswith("cuda"),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
     if info["cuda"]:
-        info.update(gpu=torch.cuda.get_device_name(0), gpu_count=torch.cuda.device_count(),
-                    cuda_runtime=torch.version.cuda, capability=".".join(map(str, torch.cuda.get_device_capability(0))))
+        info.update(
+            gpu=torch.cuda.get_device_name(0),
+            gpu_count=torch.cuda.device_count(),
+            cuda_runtime=torch.version.cuda,
+            capability=".".join(map(str, torch.cuda.get_device_capability(0))),
+        )
     return info
 
 
@@ -74,8 +81,10 @@ def run_checks(ctx: G.Context, names: list[str]) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for name in names:
         if ctx.left() <= 0:
-            rows += [G.row(n, ctx.device, "skipped", f"time budget of {ctx.budget_s:.0f} s spent")
-                     for n in G.CHECKS[name].rows]
+            rows += [
+                G.row(n, ctx.device, "skipped", f"time budget of {ctx.budget_s:.0f} s spent")
+                for n in G.CHECKS[name].rows
+            ]
             print(f"[{ctx.elapsed():6.1f}s] {name}: skipped (budget spent)", flush=True)
             continue
         print(f"[{ctx.elapsed():6.1f}s] {name} ...", flush=True)
@@ -103,9 +112,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="gpu_check.json", help="where to write the JSON with every figure")
     parser.add_argument("--quick", action="store_true", help="small sizes, few repetitions (a smoke test)")
-    parser.add_argument("--budget-s", type=float, default=None,
-                        help="checks that would start later than this many seconds are skipped "
-                             "(default 420, --quick 120)")
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="checks that would start later than this many seconds are skipped (default 420, --quick 120)",
+    )
     parser.add_argument("--device", default=None, help="cuda:0 or cpu (default: cuda:0 when CUDA is available)")
     parser.add_argument("--only", default=None, help="comma-separated subset of " + ", ".join(G.CHECKS))
     args = parser.parse_args(argv)
@@ -118,21 +130,33 @@ def main(argv: list[str] | None = None) -> int:
     ctx = G.Context(device=device, quick=args.quick, budget_s=budget)
     info = environment(device)
     where = f"{info.get('gpu', '')} ({device})" if info["cuda"] else "the CPU: no CUDA here, small sizes"
-    print(f"torchspark GPU check on {where}; torch {torch.__version__}; budget {budget:.0f} s"
-          + (" (--quick)" if args.quick else ""), flush=True)
+    print(
+        f"torchspark GPU check on {where}; torch {torch.__version__}; budget {budget:.0f} s"
+        + (" (--quick)" if args.quick else ""),
+        flush=True,
+    )
     with G.exact_float32():
         rows = run_checks(ctx, names)
     failed = [r["check"] for r in rows if r["status"] in FAILING]
-    report = {**info, "quick": args.quick, "budget_s": budget, "total_seconds": round(ctx.elapsed(), 1),
-              "ran_on_gpu": info["cuda"], "checks": rows, "failed": failed,
-              "expected_checks": [n for name in names for n in G.CHECKS[name].rows]}
+    report = {
+        **info,
+        "quick": args.quick,
+        "budget_s": budget,
+        "total_seconds": round(ctx.elapsed(), 1),
+        "ran_on_gpu": info["cuda"],
+        "checks": rows,
+        "failed": failed,
+        "expected_checks": [n for name in names for n in G.CHECKS[name].rows],
+    }
     Path(args.out).write_text(json.dumps(report, indent=2, default=str) + "\n")
     print()
     if not info["cuda"]:
         print("NOTE: no CUDA on this machine: every check ran on the CPU (small sizes); nothing was measured on a GPU.")
     print(table(rows))
-    print(f"\n{len(rows)} rows, {len(failed)} failed ({', '.join(failed) or 'none'}); {ctx.elapsed():.1f} s; "
-          f"wrote {args.out}")
+    print(
+        f"\n{len(rows)} rows, {len(failed)} failed ({', '.join(failed) or 'none'}); {ctx.elapsed():.1f} s; "
+        f"wrote {args.out}"
+    )
     return 1 if failed else 0
 
 

@@ -46,9 +46,13 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=30)
     parser.add_argument("--model", choices=("mlp", "lenet"), default="mlp")
     parser.add_argument("--num-workers", type=int, default=2)
-    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
-                        help="cpu: this thread's CPU time (time.thread_time), which a busy machine inflates far less "
-                             "than wall time (use it when other work runs)")
+    parser.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="cpu: this thread's CPU time (time.thread_time), which a busy machine inflates far less "
+        "than wall time (use it when other work runs)",
+    )
     args = parser.parse_args()
     clock = time.thread_time if args.clock == "cpu" else time.perf_counter
     torch.set_num_threads(1)
@@ -132,8 +136,10 @@ def main() -> None:
     param_diff = float((ref_net.params() - fused_net.params()).abs().max())
     residual_diff = float((ref_state.encoder.residual - fused_state.encoder.residual).abs().max())
 
-    print(f"{args.model}, {args.num_workers} messages per exchange, {args.steps} steps, 1 thread, {args.clock} clock; "
-          f"load average {' / '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    print(
+        f"{args.model}, {args.num_workers} messages per exchange, {args.steps} steps, 1 thread, {args.clock} clock; "
+        f"load average {' / '.join(f'{v:.2f}' for v in os.getloadavg())}"
+    )
     print(f"{'component (median ms per step)':40s} {'reference':>10s} {'fused':>10s}")
     for name in times["reference"]:
         ref, fus = (statistics.median(times[k][name]) * 1e3 for k in ("reference", "fused"))
@@ -141,9 +147,11 @@ def main() -> None:
     ref_total, fused_total = (statistics.median(map(sum, zip(*times[k].values()))) * 1e3 for k in times)
     print(f"{'total':40s} {ref_total:10.3f} {fused_total:10.3f}")
     print(f"{'plain train_step (no sharing)':40s} {statistics.median(plain) * 1e3:10.3f}")
-    print(f"largest difference fused vs reference after {len(batches)} steps: parameters {param_diff:.3g}, "
-          f"residuals {residual_diff:.3g} (the fused step adds the update into the residual directly, without the "
-          "rounding of (p - (p - u)))")
+    print(
+        f"largest difference fused vs reference after {len(batches)} steps: parameters {param_diff:.3g}, "
+        f"residuals {residual_diff:.3g} (the fused step adds the update into the residual directly, without the "
+        "rounding of (p - (p - u)))"
+    )
 
 
 def _record(into: dict[str, list[float]], marks: list[tuple[str, float]], keep: bool) -> None:

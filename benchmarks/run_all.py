@@ -35,8 +35,9 @@ SCRIPTS = {
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="pass --quick to every benchmark")
-    parser.add_argument("--only", default=",".join(C.SECTIONS), help="comma-separated subset of " +
-                        ", ".join(C.SECTIONS))
+    parser.add_argument(
+        "--only", default=",".join(C.SECTIONS), help="comma-separated subset of " + ", ".join(C.SECTIONS)
+    )
     args = parser.parse_args()
     names = [n.strip() for n in args.only.split(",") if n.strip()]
     unknown = sorted(set(names) - set(SCRIPTS))
@@ -67,8 +68,11 @@ def main() -> None:
         durations[name] = time.perf_counter() - t
         if rc != 0:
             C.log(f"{name} failed with exit code {rc}")
-            body = (f"## {name}\n\n**The benchmark failed** (exit code {rc}); last lines of its output:\n\n```\n"
-                    + "\n".join(tail) + "\n```\n")
+            body = (
+                f"## {name}\n\n**The benchmark failed** (exit code {rc}); last lines of its output:\n\n```\n"
+                + "\n".join(tail)
+                + "\n```\n"
+            )
             C.write_section(name, body, {"error": f"exit code {rc}", "tail": tail, "targets": []})
     total = time.perf_counter() - t0
     summary = ", ".join(f"{n} {d / 60:.1f} min" for n, d in durations.items())

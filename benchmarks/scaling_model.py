@@ -36,8 +36,7 @@ import argparse
 import math
 from dataclasses import dataclass
 
-__all__ = ["Link", "Rates", "dense_ring_s", "all_gather_s", "sharded_s", "crossover", "message_bytes",
-           "HEADER_BYTES"]
+__all__ = ["Link", "Rates", "dense_ring_s", "all_gather_s", "sharded_s", "crossover", "message_bytes", "HEADER_BYTES"]
 
 #: torchspark.training.algorithms.sharing.sharded.SPARSE_APPLY_MAX_FRACTION: a sharded step applies S_t at its indices while
 #: it has at most this fraction of the parameters non-zero, densely beyond
@@ -115,11 +114,15 @@ def sharded_s(workers: int, params: float, density: float, link: Link, rates: Ra
     union = min(workers * density * params, params)
     per_shard = union / workers
     sum_bytes = min(8 * per_shard, 4 * shard) + HEADER_BYTES
-    scatter = (2 * (workers - 1) * link.latency
-               + (workers - 1) / workers * message_bytes(params, density) / link.bandwidth)
+    scatter = (
+        2 * (workers - 1) * link.latency + (workers - 1) / workers * message_bytes(params, density) / link.bandwidth
+    )
     # N pieces (one message's entries) decoded into a fresh shard, which is then scanned for its non-zeros
-    pieces = (workers * rates.per_message + _decode_s(params, density, rates)
-              + shard * (rates.fresh_element + rates.copy_element))
+    pieces = (
+        workers * rates.per_message
+        + _decode_s(params, density, rates)
+        + shard * (rates.fresh_element + rates.copy_element)
+    )
     gather = (workers - 1) * (2 * link.latency + sum_bytes / link.bandwidth)  # two ring all-gathers, as above
     dense_sums = 8 * per_shard > 4 * shard
     if dense_sums or union > params * SPARSE_APPLY_MAX_FRACTION:  # a fresh parameter-sized S_t, applied densely
@@ -132,13 +135,15 @@ def sharded_s(workers: int, params: float, density: float, link: Link, rates: Ra
     return scatter + pieces + gather + assemble + union * rates.apply_entry
 
 
-def crossover(first, second, params: float, density: float, link: Link, rates: Rates = Rates(),
-              limit: int = 100_000) -> int | None:
+def crossover(
+    first, second, params: float, density: float, link: Link, rates: Rates = Rates(), limit: int = 100_000
+) -> int | None:
     """The smallest worker count ``N >= 2`` at which ``second`` is faster than ``first`` (None up to ``limit``).
 
     ``first`` / ``second`` are :func:`all_gather_s` / :func:`sharded_s`, or :func:`dense_ring_s` wrapped to take
     the density (``lambda n, p, d, l, r: dense_ring_s(n, p, l, r)``).
     """
+
     def faster(n: int) -> bool:
         return second(n, params, density, link, rates) < first(n, params, density, link, rates)
 
@@ -162,17 +167,23 @@ def main() -> None:
     parser.add_argument("--latency-us", type=float, default=50.0)
     args = parser.parse_args()
     link = Link(args.gbit * 125e6, args.latency_us * 1e-6)
-    print(f"L = {args.params:.3g} parameters, density {args.density:g}, {args.gbit:g} Gbit/s, "
-          f"{args.latency_us:g} us per hop: ms per step")
+    print(
+        f"L = {args.params:.3g} parameters, density {args.density:g}, {args.gbit:g} Gbit/s, "
+        f"{args.latency_us:g} us per hop: ms per step"
+    )
     print(f"{'workers':>8} {'dense ring':>11} {'all-gather':>11} {'sharded':>9}")
     for n in (4, 8, 16, 32, 64, 128, 256, 512, 1000):
-        print(f"{n:>8} {1e3 * dense_ring_s(n, args.params, link):>11.2f} "
-              f"{1e3 * all_gather_s(n, args.params, args.density, link):>11.2f} "
-              f"{1e3 * sharded_s(n, args.params, args.density, link):>9.2f}")
-    print("sharded faster than all-gather from N =", crossover(all_gather_s, sharded_s, args.params, args.density,
-                                                               link))
-    print("dense ring faster than all-gather from N =", crossover(all_gather_s, _dense, args.params, args.density,
-                                                                  link))
+        print(
+            f"{n:>8} {1e3 * dense_ring_s(n, args.params, link):>11.2f} "
+            f"{1e3 * all_gather_s(n, args.params, args.density, link):>11.2f} "
+            f"{1e3 * sharded_s(n, args.params, args.density, link):>9.2f}"
+        )
+    print(
+        "sharded faster than all-gather from N =", crossover(all_gather_s, sharded_s, args.params, args.density, link)
+    )
+    print(
+        "dense ring faster than all-gather from N =", crossover(all_gather_s, _dense, args.params, args.density, link)
+    )
 
 
 if __name__ == "__main__":

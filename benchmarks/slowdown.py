@@ -27,10 +27,18 @@ import random
 import subprocess
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-__all__ = ["CpuQuota", "PeerLinkShaper", "Flapper", "cgroup_unavailable_reason", "cpu_cgroup_root", "pids_in_netns",
-           "membership"]
+__all__ = [
+    "CpuQuota",
+    "PeerLinkShaper",
+    "Flapper",
+    "cgroup_unavailable_reason",
+    "cpu_cgroup_root",
+    "pids_in_netns",
+    "membership",
+]
 
 _MOUNTS = "/proc/mounts"
 
@@ -123,13 +131,13 @@ class CpuQuota:
         self._started = False
 
     # ----------------------------------------------------------------------------------------------- lifecycle
-    def __enter__(self) -> "CpuQuota":
+    def __enter__(self) -> CpuQuota:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
 
-    def start(self) -> "CpuQuota":
+    def start(self) -> CpuQuota:
         if self.version == 2:
             control = os.path.join(self.root, "cgroup.subtree_control")
             with open(control) as f:
@@ -183,8 +191,7 @@ class CpuQuota:
         """Change the quota (None = unlimited) while processes run in it."""
         quota = -1 if fraction is None else max(1000, int(round(fraction * self.period_us)))
         if self.version == 2:
-            self._write(os.path.join(self.path, "cpu.max"),
-                        f"{'max' if quota < 0 else quota} {self.period_us}")
+            self._write(os.path.join(self.path, "cpu.max"), f"{'max' if quota < 0 else quota} {self.period_us}")
         else:
             self._write(os.path.join(self.path, "cpu.cfs_quota_us"), str(quota))
         self.fraction = fraction
@@ -252,7 +259,7 @@ def _state(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/stat") as f:
             raw = f.read()
-        return raw[raw.rfind(")") + 2:].split()[0]  # R, S, Z (exited, not reaped) ...
+        return raw[raw.rfind(")") + 2 :].split()[0]  # R, S, Z (exited, not reaped) ...
     except OSError:
         return "gone"
 
@@ -262,8 +269,10 @@ def membership(quota: CpuQuota, netns: str) -> dict[str, Any]:
     (a process that has exited but is not reaped yet, state Z, may no longer show its cgroup)."""
     pids = pids_in_netns(netns)
     inside = [p for p in pids if quota.contains(p)]
-    return {"in": sorted(_comm(p) for p in inside),
-            "out": sorted(f"{_comm(p)} ({p}, {_state(p)})" for p in pids if p not in inside)}
+    return {
+        "in": sorted(_comm(p) for p in inside),
+        "out": sorted(f"{_comm(p)} ({p}, {_state(p)})" for p in pids if p not in inside),
+    }
 
 
 class PeerLinkShaper:
@@ -286,8 +295,10 @@ class PeerLinkShaper:
 
     def _devices(self) -> list[tuple[list[str], str, str]]:
         # (command prefix, device, which address field a peer's packet carries on this device's egress)
-        return [(["ip", "netns", "exec", self.host.netns], self.host.interface, "dst"),
-                ([], self.host.root_veth, "src")]
+        return [
+            (["ip", "netns", "exec", self.host.netns], self.host.interface, "dst"),
+            ([], self.host.root_veth, "src"),
+        ]
 
     @staticmethod
     def _tc(prefix: list[str], *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -296,19 +307,65 @@ class PeerLinkShaper:
             raise RuntimeError(f"tc {' '.join(args)} failed: {proc.stderr.strip()}")
         return proc
 
-    def start(self) -> "PeerLinkShaper":
+    def start(self) -> PeerLinkShaper:
         self._started = True
         atexit.register(self.stop)
         for prefix, dev, field_ in self._devices():
             self._tc(prefix, "qdisc", "del", "dev", dev, "root", check=False)
             self._tc(prefix, "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "20")
-            self._tc(prefix, "class", "add", "dev", dev, "parent", "1:", "classid", "1:10", "htb", "rate",
-                     self.peer_rate, "ceil", self.peer_rate)
-            self._tc(prefix, "class", "add", "dev", dev, "parent", "1:", "classid", "1:20", "htb", "rate",
-                     self.base_rate, "ceil", self.base_rate)
+            self._tc(
+                prefix,
+                "class",
+                "add",
+                "dev",
+                dev,
+                "parent",
+                "1:",
+                "classid",
+                "1:10",
+                "htb",
+                "rate",
+                self.peer_rate,
+                "ceil",
+                self.peer_rate,
+            )
+            self._tc(
+                prefix,
+                "class",
+                "add",
+                "dev",
+                dev,
+                "parent",
+                "1:",
+                "classid",
+                "1:20",
+                "htb",
+                "rate",
+                self.base_rate,
+                "ceil",
+                self.base_rate,
+            )
             for peer in self.peers:
-                self._tc(prefix, "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "1", "u32",
-                         "match", "ip", field_, f"{peer}/32", "flowid", "1:10")
+                self._tc(
+                    prefix,
+                    "filter",
+                    "add",
+                    "dev",
+                    dev,
+                    "parent",
+                    "1:",
+                    "protocol",
+                    "ip",
+                    "prio",
+                    "1",
+                    "u32",
+                    "match",
+                    "ip",
+                    field_,
+                    f"{peer}/32",
+                    "flowid",
+                    "1:10",
+                )
         return self
 
     def set_rate(self, rate: str) -> None:
@@ -317,8 +374,22 @@ class PeerLinkShaper:
             if not self._started:
                 return
             for prefix, dev, _ in self._devices():
-                self._tc(prefix, "class", "change", "dev", dev, "parent", "1:", "classid", "1:10", "htb", "rate",
-                         rate, "ceil", rate)
+                self._tc(
+                    prefix,
+                    "class",
+                    "change",
+                    "dev",
+                    dev,
+                    "parent",
+                    "1:",
+                    "classid",
+                    "1:10",
+                    "htb",
+                    "rate",
+                    rate,
+                    "ceil",
+                    rate,
+                )
             self.peer_rate = rate
 
     def class_bytes(self) -> dict[str, dict[str, int]]:
@@ -358,8 +429,14 @@ class Flapper:
     time spent slow.
     """
 
-    def __init__(self, slow: Callable[[], None], fast: Callable[[], None], slow_s: tuple[float, float] = (0.2, 0.6),
-                 fast_s: tuple[float, float] = (0.6, 2.0), seed: int = 0) -> None:
+    def __init__(
+        self,
+        slow: Callable[[], None],
+        fast: Callable[[], None],
+        slow_s: tuple[float, float] = (0.2, 0.6),
+        fast_s: tuple[float, float] = (0.6, 2.0),
+        seed: int = 0,
+    ) -> None:
         for name, (lo, hi) in (("slow_s", slow_s), ("fast_s", fast_s)):
             if not 0 < lo <= hi:
                 raise ValueError(f"{name} must be (low, high) with 0 < low <= high, got {(lo, hi)!r}")
@@ -385,7 +462,7 @@ class Flapper:
         except Exception as e:  # noqa: BLE001 - keep flapping; the caller reports the errors
             self.errors.append(f"{state}: {e}")
 
-    def start(self) -> "Flapper":
+    def start(self) -> Flapper:
         self.timeline.append((time.monotonic(), "fast"))
         self._thread.start()
         return self

@@ -15,7 +15,8 @@ import argparse
 import json
 import logging
 import tempfile
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 log = logging.getLogger("examples.csv_pipeline")
 
@@ -48,23 +49,40 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         df = spark.read.csv(args.csv, header=True, inferSchema=True)
         features = [c for c in df.columns if c != args.label]
         if args.label not in df.columns or not features:
-            raise SystemExit(f"--label {args.label!r} must name one of the CSV's columns {df.columns}, "
-                             f"and at least one other column must hold features")
+            raise SystemExit(
+                f"--label {args.label!r} must name one of the CSV's columns {df.columns}, "
+                f"and at least one other column must hold features"
+            )
         stages: list[Any] = []
         label = args.label
         if dict(df.dtypes)[label] == "string":  # class names -> indices 0..C-1
             stages.append(StringIndexer(inputCol=label, outputCol="label_index"))
             label = "label_index"
         n_classes = df.select(args.label).distinct().count()
-        spec = NetworkSpec("mlp", {"n_in": len(features), "hidden": args.hidden, "n_out": n_classes},
-                           updater={"type": "adam", "lr": args.lr}, seed=0)
-        master = ParameterAveragingTrainingMaster(batch_size_per_worker=args.batch_size, num_workers=args.num_workers,
-                                                  averaging_frequency=2, rdd_training_approach="direct", rng_seed=0)
+        spec = NetworkSpec(
+            "mlp",
+            {"n_in": len(features), "hidden": args.hidden, "n_out": n_classes},
+            updater={"type": "adam", "lr": args.lr},
+            seed=0,
+        )
+        master = ParameterAveragingTrainingMaster(
+            batch_size_per_worker=args.batch_size,
+            num_workers=args.num_workers,
+            averaging_frequency=2,
+            rdd_training_approach="direct",
+            rng_seed=0,
+        )
         stages += [
             VectorAssembler(inputCols=features, outputCol="raw"),
             StandardScaler(inputCol="raw", outputCol="scaled", withMean=True, withStd=True),
-            TorchEstimator(network=spec.to_json(), trainingMaster=master.to_json(), epochs=args.epochs,
-                           learningRate=args.lr, featuresCol="scaled", labelCol=label),
+            TorchEstimator(
+                network=spec.to_json(),
+                trainingMaster=master.to_json(),
+                epochs=args.epochs,
+                learningRate=args.lr,
+                featuresCol="scaled",
+                labelCol=label,
+            ),
         ]
         model = Pipeline(stages=stages).fit(df)
         scored = model.transform(df)
@@ -73,10 +91,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             path = args.output or f"{tmp}/model"
             model.write().overwrite().save(path)
             reloaded = PipelineModel.load(path).transform(df)
-            same = (scored.select("prediction").collect() == reloaded.select("prediction").collect())
+            same = scored.select("prediction").collect() == reloaded.select("prediction").collect()
         log.info("accuracy %.3f on %d rows; saved model gives the same predictions: %s", accuracy, df.count(), same)
-        return {"rows": df.count(), "features": features, "classes": n_classes, "accuracy": accuracy,
-                "reloaded_same_predictions": same, "saved_to": args.output}
+        return {
+            "rows": df.count(),
+            "features": features,
+            "classes": n_classes,
+            "accuracy": accuracy,
+            "reloaded_same_predictions": same,
+            "saved_to": args.output,
+        }
 
 
 if __name__ == "__main__":

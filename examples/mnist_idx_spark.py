@@ -15,7 +15,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from torchspark import Network, datasets, models, optim
 from torchspark.spark import ParameterAveragingTrainingMaster, SparkNetwork, session_scope
@@ -51,8 +52,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         # 2. an RDD of small DataSets; SparkNetwork re-batches them to batch_size per worker
         rdd = sc.parallelize(train.split(args.batch_size), args.partitions)
         net = Network(models.lenet(1, 10, height, width), updater=optim.Adam(lr=args.lr), seed=args.seed)
-        master = ParameterAveragingTrainingMaster(batch_size_per_worker=args.batch_size, num_workers=args.num_workers,
-                                                  averaging_frequency=args.averaging_frequency, rng_seed=args.seed)
+        master = ParameterAveragingTrainingMaster(
+            batch_size_per_worker=args.batch_size,
+            num_workers=args.num_workers,
+            averaging_frequency=args.averaging_frequency,
+            rng_seed=args.seed,
+        )
         spark_net = SparkNetwork(spark, net, master, progress=False)
         try:
             spark_net.fit(rdd, epochs=args.epochs)
@@ -61,8 +66,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         finally:
             spark_net.delete_temp_files()
     log.info("%s", evaluation.stats())
-    return {"examples": len(train), "image_shape": [height, width], "accuracy": evaluation.accuracy(),
-            "epochs": net.epoch}
+    return {
+        "examples": len(train),
+        "image_shape": [height, width],
+        "accuracy": evaluation.accuracy(),
+        "epochs": net.epoch,
+    }
 
 
 if __name__ == "__main__":

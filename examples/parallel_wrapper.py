@@ -11,7 +11,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from torchspark import Network, datasets, models, optim
 from torchspark.parallel import ParallelWrapper
@@ -37,11 +38,18 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if args.examples is not None:
         train = train.split(args.examples)[0]
     net = Network(models.lenet(1, 10, 8, 8), updater=optim.Adam(lr=args.lr), seed=args.seed)
-    wrapper = ParallelWrapper(net, num_workers=args.num_workers, training_mode=args.training_mode, rng_seed=args.seed, progress=False)
+    wrapper = ParallelWrapper(
+        net, num_workers=args.num_workers, training_mode=args.training_mode, rng_seed=args.seed, progress=False
+    )
     wrapper.fit(train, epochs=args.epochs, batch_size=args.batch_size)
     evaluation = net.evaluate(test)
     log.info("%s", evaluation.stats())
-    return {"workers": args.num_workers, "mode": args.training_mode, "examples": len(train), "accuracy": evaluation.accuracy()}
+    return {
+        "workers": args.num_workers,
+        "mode": args.training_mode,
+        "examples": len(train),
+        "accuracy": evaluation.accuracy(),
+    }
 
 
 if __name__ == "__main__":  # the guard matters: worker processes import this file

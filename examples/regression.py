@@ -13,7 +13,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -50,27 +51,41 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     train, test = make_data(args.examples, args.seed), make_data(max(args.examples // 4, 64), args.seed + 1)
     with session_scope(cores=args.num_workers, master=args.master, app_name="regression") as spark:
         sc = spark.sparkContext
-        net = Network(models.mlp(N_FEATURES, [args.hidden, args.hidden], 2), loss="mse",
-                      updater=optim.Adam(lr=args.lr), seed=args.seed)
+        net = Network(
+            models.mlp(N_FEATURES, [args.hidden, args.hidden], 2),
+            loss="mse",
+            updater=optim.Adam(lr=args.lr),
+            seed=args.seed,
+        )
         test_rdd = sc.parallelize(test.split(256), 2)
-        before = SparkNetwork(spark, net, SharedTrainingMaster(num_workers=args.num_workers),
-                              progress=False).evaluate_regression(test_rdd)
+        before = SparkNetwork(
+            spark, net, SharedTrainingMaster(num_workers=args.num_workers), progress=False
+        ).evaluate_regression(test_rdd)
         # gradient sharing: each worker sends only the update entries that crossed the threshold
-        master = SharedTrainingMaster(batch_size_per_worker=args.batch_size, num_workers=args.num_workers,
-                                      rng_seed=args.seed)
+        master = SharedTrainingMaster(
+            batch_size_per_worker=args.batch_size, num_workers=args.num_workers, rng_seed=args.seed
+        )
         spark_net = SparkNetwork(spark, net, master, progress=False)
         try:
             spark_net.fit(sc.parallelize(train.split(args.batch_size * 4), 2 * args.num_workers), epochs=args.epochs)
             after = spark_net.evaluate_regression(test_rdd)
         finally:
             spark_net.delete_temp_files()
-    log.info("test MSE %.4f -> %.4f, R^2 per target %s", before.average_mean_squared_error(),
-             after.average_mean_squared_error(), [round(after.r_squared(c), 3) for c in range(2)])
-    return {"mse_before": before.average_mean_squared_error(), "mse_after": after.average_mean_squared_error(),
-            "r2": [after.r_squared(c) for c in range(2)], "mae": [after.mean_absolute_error(c) for c in range(2)],
-            # what the workers sent vs what dense float32 exchange would have (kept in the network's extra config)
-            "bytes_sent": net.extra_config.get("sharing.bytes_sent"),
-            "dense_bytes": net.extra_config.get("sharing.dense_bytes")}
+    log.info(
+        "test MSE %.4f -> %.4f, R^2 per target %s",
+        before.average_mean_squared_error(),
+        after.average_mean_squared_error(),
+        [round(after.r_squared(c), 3) for c in range(2)],
+    )
+    return {
+        "mse_before": before.average_mean_squared_error(),
+        "mse_after": after.average_mean_squared_error(),
+        "r2": [after.r_squared(c) for c in range(2)],
+        "mae": [after.mean_absolute_error(c) for c in range(2)],
+        # what the workers sent vs what dense float32 exchange would have (kept in the network's extra config)
+        "bytes_sent": net.extra_config.get("sharing.bytes_sent"),
+        "dense_bytes": net.extra_config.get("sharing.dense_bytes"),
+    }
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -66,8 +67,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     net = Network(TwoInTwoOut(), loss=["cross_entropy", "mse"], updater=optim.Adam(lr=args.lr), seed=args.seed)
     score_before = net.score(test)
     with session_scope(cores=args.num_workers, master=args.master, app_name="two-in-two-out") as spark:
-        master = ParameterAveragingTrainingMaster(batch_size_per_worker=args.batch_size, num_workers=args.num_workers,
-                                                  averaging_frequency=4, rng_seed=args.seed)
+        master = ParameterAveragingTrainingMaster(
+            batch_size_per_worker=args.batch_size,
+            num_workers=args.num_workers,
+            averaging_frequency=4,
+            rng_seed=args.seed,
+        )
         spark_net = SparkNetwork(spark, net, master, progress=False)
         try:
             rdd = spark.sparkContext.parallelize(train.split(args.batch_size * 2), 2 * args.num_workers)
@@ -78,8 +83,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     accuracy = (probabilities.argmax(1) == test.labels[0]).float().mean().item()
     mse = torch.mean((score - test.labels[1]) ** 2).item()
     log.info("loss %.3f -> %.3f; class accuracy %.3f; score MSE %.3f", score_before, net.score(test), accuracy, mse)
-    return {"loss_before": score_before, "loss_after": net.score(test), "accuracy": accuracy, "score_mse": mse,
-            "score_variance": test.labels[1].var().item()}
+    return {
+        "loss_before": score_before,
+        "loss_after": net.score(test),
+        "accuracy": accuracy,
+        "score_mse": mse,
+        "score_variance": test.labels[1].var().item(),
+    }
 
 
 if __name__ == "__main__":

@@ -20,11 +20,45 @@ CONNECT_TIER_ENV = "TORCHSPARK_CONNECT_TESTS"
 collect_ignore = [] if os.environ.get(CONNECT_TIER_ENV) == "1" else ["connect"]
 
 
+#: pytest-xdist groups (``--dist loadgroup`` in pyproject's addopts: a group runs on one worker). Tests that use one
+#: of these session fixtures share that fixture's group, so what it starts starts once per run, not once per worker.
+#: Every local-cluster tier (separate executor JVMs, seconds-long timeouts) is one group: those never run at the same
+#: time as each other, only beside in-process tests.
+GROUP_OF_FIXTURE = {
+    "local_cluster_runs": "local-cluster",
+    "shipped_archive": "local-cluster",
+    "netns_cluster": "netns-cluster",
+}
+GROUP_OF_MODULE = {"spark/test_recovery_cluster.py": "local-cluster", "spark/test_gpu_scheduling.py": "local-cluster"}
+
+#: the groups that take longest (measured with ``--durations=0``), started first under ``--dist`` so that no worker
+#: is left with a long one at the end while the other idles; every other group follows in collection order
+SLOW_FIRST = ("spark/test_connect_tier.py", "local-cluster", "netns-cluster")
+
+
+def _xdist_group(item) -> str:
+    """The pytest-xdist group of a test: the group of the shared session fixture it uses, else of its module (its
+    path under tests/ unless :data:`GROUP_OF_MODULE` names one), so module-scoped fixtures (one fit shared by a
+    module's tests) also run once."""
+    for fixture, group in GROUP_OF_FIXTURE.items():
+        if fixture in getattr(item, "fixturenames", ()):
+            return group
+    module = os.path.relpath(str(item.path), _TESTS).replace(os.sep, "/")
+    return GROUP_OF_MODULE.get(module, module)
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
         folder = os.path.relpath(str(item.path), _TESTS).split(os.sep)[0]
         if folder in FOLDER_MARKERS:
             item.add_marker(getattr(pytest.mark, FOLDER_MARKERS[folder]))
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(_xdist_group(item)))
+    if config.getoption("dist", "no") == "no":
+        return  # one process: collection order
+    rank = {group: i for i, group in enumerate(SLOW_FIRST)}
+    items.sort(key=lambda item: rank.get(item.get_closest_marker("xdist_group").args[0], len(rank)))  # stable
 
 
 @pytest.fixture(scope="session")
@@ -104,4 +138,3 @@ def module_leftovers() -> Leftovers:
     """:class:`Leftovers` for a module whose fits run once in a module fixture: that fixture requests this one, so
     the snapshot is taken before those fits."""
     return Leftovers()
-

@@ -28,18 +28,35 @@ from torchspark.stats import TrainingStats
 from torchspark.training import InProcessRunner, ItemSource, WorkerResult, WorkerTask, merge_results
 from torchspark.training.task import param_checksum
 
-__all__ = ["averaging_only",
-    "mlp_net", "lenet_net", "batchnorm_net",
-    "classification_batches", "uniform_data", "uniform_batches", "parts_of_sizes", "onehot_rule_data",
+__all__ = [
+    "averaging_only",
+    "mlp_net",
+    "lenet_net",
+    "batchnorm_net",
+    "classification_batches",
+    "uniform_data",
+    "uniform_batches",
+    "parts_of_sizes",
+    "onehot_rule_data",
     "indexed_data",
     "fit_in_process",
-    "HoldsResults", "ChecksumSource", "rank_checksums", "assert_replicas_identical",
+    "HoldsResults",
+    "ChecksumSource",
+    "rank_checksums",
+    "assert_replicas_identical",
 ]
 
 
 # ------------------------------------------------------------------ networks
-def mlp_net(n_in: int, hidden: int, n_out: int, *, updater: optim.UpdaterSpec | None = None, seed: int = 0,
-            **network_options: Any) -> Network:
+def mlp_net(
+    n_in: int,
+    hidden: int,
+    n_out: int,
+    *,
+    updater: optim.UpdaterSpec | None = None,
+    seed: int = 0,
+    **network_options: Any,
+) -> Network:
     """``Network(models.mlp(n_in, hidden, n_out), updater=updater, seed=seed, **network_options)``.
 
     Args:
@@ -53,8 +70,9 @@ def mlp_net(n_in: int, hidden: int, n_out: int, *, updater: optim.UpdaterSpec | 
     return Network(models.mlp(n_in, hidden, n_out), updater=updater, seed=seed, **network_options)
 
 
-def lenet_net(*, updater: optim.UpdaterSpec | None = None, seed: int = 0, side: int = 8,
-              **network_options: Any) -> Network:
+def lenet_net(
+    *, updater: optim.UpdaterSpec | None = None, seed: int = 0, side: int = 8, **network_options: Any
+) -> Network:
     """LeNet for ``side`` x ``side`` one-channel images and 10 classes (8: the digits data set).
 
     Args:
@@ -74,14 +92,16 @@ def batchnorm_net(*, updater: optim.UpdaterSpec | None = None, seed: int = 0) ->
 
     Example: ``batchnorm_net(updater=optim.SGD(lr=0.1))`` on :func:`classification_batches` (12 features).
     """
-    module = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(),
-                                 torch.nn.Linear(16, 3))
+    module = torch.nn.Sequential(
+        torch.nn.Linear(12, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(), torch.nn.Linear(16, 3)
+    )
     return Network(module, updater=updater, seed=seed)
 
 
 # ------------------------------------------------------------------ data
-def classification_batches(n_batches: int, seed: int, *, size: int = 8, n_features: int = 12,
-                           n_classes: int = 3) -> list[DataSet]:
+def classification_batches(
+    n_batches: int, seed: int, *, size: int = 8, n_features: int = 12, n_classes: int = 3
+) -> list[DataSet]:
     """``n_batches`` minibatches of ``size`` from :func:`torchspark.datasets.synthetic_classification`
     (Gaussian blobs; same seed, same batches).
 
@@ -103,8 +123,9 @@ def uniform_data(n: int, *, seed: int = 0, shape: Sequence[int] = (1, 8, 8), cla
     return DataSet(x, y)
 
 
-def uniform_batches(n_batches: int, *, seed: int = 0, size: int = 8, shape: Sequence[int] = (1, 8, 8),
-                    classes: int = 10) -> list[DataSet]:
+def uniform_batches(
+    n_batches: int, *, seed: int = 0, size: int = 8, shape: Sequence[int] = (1, 8, 8), classes: int = 10
+) -> list[DataSet]:
     """:func:`uniform_data` of ``n_batches * size`` examples split into minibatches of ``size``.
 
     Example: ``uniform_batches(2, size=8, seed=1)`` -> two batches of 8.
@@ -146,9 +167,18 @@ def indexed_data(n: int) -> DataSet:
 
 
 # ------------------------------------------------------------------ fits
-def fit_in_process(net: Network, mode: str, settings: Mapping[str, Any], shards: Sequence[Iterable[Any]], *,
-                   epochs: int = 1, prefetch: int = 0, timeout_s: float = 30.0, merge: bool = True,
-                   **task_options: Any) -> list[WorkerResult]:
+def fit_in_process(
+    net: Network,
+    mode: str,
+    settings: Mapping[str, Any],
+    shards: Sequence[Iterable[Any]],
+    *,
+    epochs: int = 1,
+    prefetch: int = 0,
+    timeout_s: float = 30.0,
+    merge: bool = True,
+    **task_options: Any,
+) -> list[WorkerResult]:
     """Run one worker per shard on threads of this process (:class:`~torchspark.training.InProcessRunner`) from
     ``net``'s blueprint, and (``merge``) apply the results to ``net``.
 
@@ -168,8 +198,9 @@ def fit_in_process(net: Network, mode: str, settings: Mapping[str, Any], shards:
 
     Example: ``fit_in_process(net, "averaging", {"averaging_frequency": 2, "save_updater": True}, [a, b])``.
     """
-    task = WorkerTask(mode, dict(settings), NetworkBlueprint.of(net).to_bytes(), epochs=epochs, prefetch=prefetch,
-                      **task_options)
+    task = WorkerTask(
+        mode, dict(settings), NetworkBlueprint.of(net).to_bytes(), epochs=epochs, prefetch=prefetch, **task_options
+    )
     results = InProcessRunner(timeout_s).run(task, [ItemSource(shard) for shard in shards])
     if merge:
         merge_results(net, results)

@@ -25,8 +25,16 @@ class InterruptingMLP(nn.Module):
     ``owner_pid=None`` (threads of one process, the in-process runner) every copy counts.
     """
 
-    def __init__(self, n_in: int, hidden: int, n_out: int, after: int | None = None, seed: int = 0,
-                 same_process: bool = False, dropout: float = 0.0) -> None:
+    def __init__(
+        self,
+        n_in: int,
+        hidden: int,
+        n_out: int,
+        after: int | None = None,
+        seed: int = 0,
+        same_process: bool = False,
+        dropout: float = 0.0,
+    ) -> None:
         super().__init__()
         torch.manual_seed(seed)
         layers = [nn.Linear(n_in, hidden), nn.Tanh(), nn.Linear(hidden, n_out)]

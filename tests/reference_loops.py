@@ -43,8 +43,9 @@ def sparse_exchange(comm: Communicator, payload: bytes, length: int, device: tor
     return round_from_gathered(comm.all_gather_bytes(payload), length, device)
 
 
-def sharing_reference(net: Network, shards: list[list[DataSet]], epochs: int, overlap: bool,
-                      encoder: EncoderConfig) -> tuple[list[Network], list[EncoderState]]:
+def sharing_reference(
+    net: Network, shards: list[list[DataSet]], epochs: int, overlap: bool, encoder: EncoderConfig
+) -> tuple[list[Network], list[EncoderState]]:
     """The algorithm in a few lines: W replicas, encode, decode all messages in rank order, apply (one step late
     with overlap). Returns the replicas and encoder states."""
     nets = [net.copy() for _ in shards]
@@ -55,8 +56,9 @@ def sharing_reference(net: Network, shards: list[list[DataSet]], epochs: int, ov
             steps = [nets[r].iteration for r in range(len(shards))]  # the workers' 0-based steps
             calibrating = t == 0 and not states[0].threshold_state.calibrated
             if calibrating or not can_step_into(net):
-                updates = [nets[r].compute_update(shard[t]) if t < len(shard) else None
-                           for r, shard in enumerate(shards)]
+                updates = [
+                    nets[r].compute_update(shard[t]) if t < len(shard) else None for r, shard in enumerate(shards)
+                ]
             else:  # as the training loop does: the updater steps straight into the residual (encode_step(None))
                 updates = [None] * len(shards)
                 for r, shard in enumerate(shards):
@@ -82,8 +84,9 @@ def sharing_reference(net: Network, shards: list[list[DataSet]], epochs: int, ov
     return nets, states
 
 
-def averaging_reference(net: Network, shards: list[list[DataSet]], epochs: int, frequency: int,
-                        save_updater: bool) -> Network:
+def averaging_reference(
+    net: Network, shards: list[list[DataSet]], epochs: int, frequency: int, save_updater: bool
+) -> Network:
     """Parameter averaging in a few lines: each replica fits up to ``frequency`` minibatches, then params (and the
     updater state when ``save_updater``, else it is zeroed) become the example-weighted mean. Returns replica 0."""
     nets = [net.copy() for _ in shards]

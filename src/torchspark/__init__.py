@@ -32,6 +32,7 @@ def __getattr__(name: str) -> Any:
         return importlib.import_module(f"torchspark.{name}")
     raise AttributeError(f"module 'torchspark' has no attribute {name!r}")
 
+
 __all__ = [
     "__version__",
     "DataSet",

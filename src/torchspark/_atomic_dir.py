@@ -24,7 +24,7 @@ import os
 import posixpath
 import shutil
 import uuid
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 from fsspec.implementations.local import LocalFileSystem
 
@@ -67,8 +67,12 @@ def _swap_local(tmp: str, path: str) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def write_directory(url: str, files: Mapping[str, bytes], error: type[Exception],
-                    check_existing: Callable[[list[str]], str | None] | None = None) -> str:
+def write_directory(
+    url: str,
+    files: Mapping[str, bytes],
+    error: type[Exception],
+    check_existing: Callable[[list[str]], str | None] | None = None,
+) -> str:
     """Make ``url`` a directory holding exactly ``files`` (name -> bytes), replacing any old one at once.
 
     Args:
@@ -88,8 +92,11 @@ def write_directory(url: str, files: Mapping[str, bytes], error: type[Exception]
     if fs.exists(path):
         if not fs.isdir(path):
             raise error(f"{url!r} exists and is not a directory; save to a directory path")
-        reason = check_existing([posixpath.basename(p.rstrip("/")) for p in fs.ls(path, detail=False)]) \
-            if check_existing else None
+        reason = (
+            check_existing([posixpath.basename(p.rstrip("/")) for p in fs.ls(path, detail=False)])
+            if check_existing
+            else None
+        )
         if reason:
             raise error(f"{url!r} {reason}")
     remove_abandoned(fs, parent, name)
@@ -115,7 +122,10 @@ def write_directory(url: str, files: Mapping[str, bytes], error: type[Exception]
         if not isinstance(e, (OSError, ValueError)):
             raise
         full = isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
-        advice = ("the disk is full: free space or save elsewhere" if full
-                  else "check that the parent directory exists and is writable")
+        advice = (
+            "the disk is full: free space or save elsewhere"
+            if full
+            else "check that the parent directory exists and is writable"
+        )
         raise error(f"cannot save to {url!r}: {e}; {advice}. Any model that was there is unchanged.") from e
     return url

@@ -20,8 +20,17 @@ import fsspec
 from torchspark._tmpnames import remove_abandoned, temp_name
 from torchspark.errors import ConfigError
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "read_bytes", "make_dirs", "join", "filesystem",
-           "read_safetensors_metadata", "load_mapping", "dump_mapping"]
+__all__ = [
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "read_bytes",
+    "make_dirs",
+    "join",
+    "filesystem",
+    "read_safetensors_metadata",
+    "load_mapping",
+    "dump_mapping",
+]
 
 
 def filesystem(url: str) -> tuple[Any, str]:
@@ -44,12 +53,16 @@ def _backend_advice(url: str, error: Exception) -> str:
     detail = (str(error).splitlines() or [type(error).__name__])[0]
     known = known_implementations.get(protocol)
     if known is None:
-        return (f"{url!r}: fsspec knows no filesystem for protocol {protocol!r} ({detail}); use a local path or a "
-                "URL fsspec supports (file://, hdfs://, s3://, gs://, memory:// ...)")
+        return (
+            f"{url!r}: fsspec knows no filesystem for protocol {protocol!r} ({detail}); use a local path or a "
+            "URL fsspec supports (file://, hdfs://, s3://, gs://, memory:// ...)"
+        )
     needs = known.get("err") or detail
-    return (f"{url!r}: the fsspec backend for {protocol}:// ({known['class']}) is missing or cannot load: {needs}"
-            f"{'' if detail == needs else f' ({detail})'}. Install it on the driver and every executor, or use a "
-            "local path")
+    return (
+        f"{url!r}: the fsspec backend for {protocol}:// ({known['class']}) is missing or cannot load: {needs}"
+        f"{'' if detail == needs else f' ({detail})'}. Install it on the driver and every executor, or use a "
+        "local path"
+    )
 
 
 def join(directory: str, name: str) -> str:
@@ -128,8 +141,10 @@ def _yaml() -> Any:
         import yaml
     except ImportError as e:
         # PyYAML is a dependency of torchspark: only an install with --no-deps lacks it
-        raise ConfigError("YAML files need PyYAML, a dependency of torchspark missing here: pip install pyyaml "
-                          "(or write the file as JSON)") from e
+        raise ConfigError(
+            "YAML files need PyYAML, a dependency of torchspark missing here: pip install pyyaml "
+            "(or write the file as JSON)"
+        ) from e
     return yaml
 
 
@@ -145,18 +160,19 @@ def _safe_loader() -> Any:
         # "anchor bomb"), so configuration files may not use them at all (refused before anything is built)
         if self.check_event(yaml.events.AliasEvent):
             mark = self.peek_event().start_mark
-            raise ConfigError(f"YAML aliases (*name) are not accepted in configuration files (line {mark.line + 1},"
-                              f" column {mark.column + 1}): write the value out in full")
+            raise ConfigError(
+                f"YAML aliases (*name) are not accepted in configuration files (line {mark.line + 1},"
+                f" column {mark.column + 1}): write the value out in full"
+            )
         return yaml.SafeLoader.compose_node(self, parent, index)
 
     def construct_mapping(self: Any, node: Any, deep: bool = False) -> Any:
         seen: set[Any] = set()
         for key_node, _ in node.value:  # a key given twice would silently keep the last value
             key = self.construct_object(key_node, deep=True)
-            if isinstance(key, str) or isinstance(key, (int, float, bool)):
+            if isinstance(key, (str, int, float, bool)):
                 if key in seen:
-                    raise ConfigError(f"the key {key!r} appears twice (line {key_node.start_mark.line + 1}): "
-                                      "keep one")
+                    raise ConfigError(f"the key {key!r} appears twice (line {key_node.start_mark.line + 1}): keep one")
                 seen.add(key)
         return yaml.SafeLoader.construct_mapping(self, node, deep)
 
@@ -164,12 +180,16 @@ def _safe_loader() -> Any:
     Loader.construct_mapping = construct_mapping
     Loader.add_implicit_resolver(
         "tag:yaml.org,2002:float",
-        re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+        re.compile(
+            r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
                     |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
                     |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
                     |[-+]?\.(?:inf|Inf|INF)
-                    |\.(?:nan|NaN|NAN))$""", re.X),
-        list("-+0123456789."))
+                    |\.(?:nan|NaN|NAN))$""",
+            re.X,
+        ),
+        list("-+0123456789."),
+    )
     return Loader
 
 
@@ -198,8 +218,9 @@ def load_mapping(text: str, fmt: str, source: str = "the configuration") -> dict
         except ConfigError as e:
             raise ConfigError(f"{source}: {e}") from None
         except yaml.YAMLError as e:
-            raise ConfigError(f"{source} is not valid YAML (plain mappings, lists, strings and numbers only): "
-                              f"{e}") from e
+            raise ConfigError(
+                f"{source} is not valid YAML (plain mappings, lists, strings and numbers only): {e}"
+            ) from e
     elif fmt == "json":
         try:
             data = json.loads(text, object_pairs_hook=_unique_keys)

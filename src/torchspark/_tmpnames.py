@@ -53,7 +53,7 @@ def abandoned(entry: str, name: str) -> bool:
     prefix = f".{name}{TMP_MARK}"
     if not entry.startswith(prefix):
         return False
-    owned = _OWNED.fullmatch(entry[len(prefix):])
+    owned = _OWNED.fullmatch(entry[len(prefix) :])
     if owned is None or owned.group(1) != _where():
         return False
     pid, start = int(owned.group(2)), owned.group(3)

@@ -17,11 +17,13 @@ __all__ = ["int_at_least", "positive_int", "non_negative_int", "positive_float",
 def int_at_least(minimum: int) -> Any:
     """An argparse type: an integer >= ``minimum`` (:func:`torchspark.validation.parse_int`), with a message naming
     the value."""
+
     def parse(text: str) -> int:
         try:
             return parse_int(text, minimum)
         except ConfigError as e:
             raise argparse.ArgumentTypeError(str(e)) from None
+
     return parse
 
 
@@ -42,8 +44,9 @@ def threshold(text: str) -> float | str:
     try:
         return positive_float(text)
     except argparse.ArgumentTypeError as e:
-        raise argparse.ArgumentTypeError(f"{e}; use 'calibrated' (the default) or a threshold > 0 such as "
-                                         "DL4J's 1e-4") from None
+        raise argparse.ArgumentTypeError(
+            f"{e}; use 'calibrated' (the default) or a threshold > 0 such as DL4J's 1e-4"
+        ) from None
 
 
 def shape(text: str) -> tuple[int, ...]:
@@ -59,11 +62,14 @@ def shape(text: str) -> tuple[int, ...]:
 def version_line() -> str:
     """``torchspark --version``: this installation's version (its package metadata) and those of Python, torch
     and pyspark, the four a bug report needs (read from metadata: nothing is imported)."""
+
     def installed(dist: str) -> str:
         try:
             return importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
             return "not installed"
 
-    return (f"torchspark {installed('torchspark')} (Python {platform.python_version()}, torch {installed('torch')}, "
-            f"pyspark {installed('pyspark')})")
+    return (
+        f"torchspark {installed('torchspark')} (Python {platform.python_version()}, torch {installed('torch')}, "
+        f"pyspark {installed('pyspark')})"
+    )

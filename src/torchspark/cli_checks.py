@@ -13,14 +13,23 @@ import os
 import re
 import socket
 import tempfile
-from typing import Callable
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from torchspark.errors import ConfigError
 from torchspark.nn.compiled import check_compile
 
-__all__ = ["check_arguments", "compile_setting", "check_master", "check_remote", "check_session_options",
-           "check_output_directory", "check_output_file", "check_parquet_output", "MASTER_CONNECT_TIMEOUT_S"]
+__all__ = [
+    "check_arguments",
+    "compile_setting",
+    "check_master",
+    "check_remote",
+    "check_session_options",
+    "check_output_directory",
+    "check_output_file",
+    "check_parquet_output",
+    "MASTER_CONNECT_TIMEOUT_S",
+]
 
 #: how long ``check_master`` waits for a TCP connection to a ``spark://`` or ``k8s://`` master
 MASTER_CONNECT_TIMEOUT_S = 10.0
@@ -46,7 +55,7 @@ def _is_remote(path: str) -> bool:
 
 
 def _local(path: str) -> str:
-    return path[len("file://"):] if path.startswith("file://") else path
+    return path[len("file://") :] if path.startswith("file://") else path
 
 
 def _existing_ancestor(path: str) -> str:
@@ -65,21 +74,22 @@ def _probe(directory: str, option: str, value: str) -> None:
     try:
         os.rmdir(tempfile.mkdtemp(prefix=".torchspark-probe-", dir=directory))
     except OSError as e:
-        raise ConfigError(f"{option} {value!r}: cannot write in {directory!r} ({e.strerror or e}); choose a "
-                          "writable location") from e
+        raise ConfigError(
+            f"{option} {value!r}: cannot write in {directory!r} ({e.strerror or e}); choose a writable location"
+        ) from e
 
 
 def _check_creatable(path: str, option: str, value: str) -> None:
     """``path`` does not exist: its nearest existing ancestor must be a writable directory."""
     ancestor = _existing_ancestor(path)
     if not os.path.isdir(ancestor):
-        raise ConfigError(f"{option} {value!r}: {ancestor!r} is a file, so the path cannot be created; choose "
-                          "another location")
+        raise ConfigError(
+            f"{option} {value!r}: {ancestor!r} is a file, so the path cannot be created; choose another location"
+        )
     _probe(ancestor, option, value)
 
 
-def check_output_directory(value: str, option: str = "--output",
-                           inner: Callable[[str], None] | None = None) -> None:
+def check_output_directory(value: str, option: str = "--output", inner: Callable[[str], None] | None = None) -> None:
     """``value`` is (or can be created as) a writable local directory; ``inner(path)`` checks more (the model
     directory inside it). Remote URLs are left to the writer."""
     if _is_remote(value):
@@ -114,8 +124,10 @@ def check_parquet_output(value: str, data: str | None, option: str = "--output")
     """A Parquet output directory: not a file, writable, and not the input (overwriting it would delete the data
     while Spark still reads it)."""
     if data and not data.startswith("digits") and os.path.abspath(_local(data)) == os.path.abspath(_local(value)):
-        raise ConfigError(f"{option} {value!r} is the input --data; writing would delete the data while it is read. "
-                          "Write to another directory")
+        raise ConfigError(
+            f"{option} {value!r} is the input --data; writing would delete the data while it is read. "
+            "Write to another directory"
+        )
     check_output_directory(value, option)
 
 
@@ -124,7 +136,7 @@ def _reachable(host: str, port: int, timeout_s: float) -> str | None:
     try:
         with socket.create_connection((host, port), timeout=timeout_s):
             return None
-    except socket.timeout:
+    except TimeoutError:
         return f"no answer within {timeout_s:g} s"
     except OSError as e:
         return e.strerror or str(e)
@@ -143,13 +155,15 @@ def check_master(master: str | None, option: str = "--master", timeout_s: float 
         return
     if master == "yarn":
         if not (os.environ.get("HADOOP_CONF_DIR") or os.environ.get("YARN_CONF_DIR")):
-            raise ConfigError(f"{option} yarn needs HADOOP_CONF_DIR or YARN_CONF_DIR set to the cluster's Hadoop "
-                              "configuration directory")
+            raise ConfigError(
+                f"{option} yarn needs HADOOP_CONF_DIR or YARN_CONF_DIR set to the cluster's Hadoop "
+                "configuration directory"
+            )
         return
     if master.startswith("spark://"):
-        addresses = master[len("spark://"):].split(",")
+        addresses = master[len("spark://") :].split(",")
     elif master.startswith("k8s://"):
-        api = master[len("k8s://"):]
+        api = master[len("k8s://") :]
         parts = urlsplit(api if "://" in api else "https://" + api)
         addresses = [f"{parts.hostname}:{parts.port or (80 if parts.scheme == 'http' else 443)}"]
     else:
@@ -158,14 +172,18 @@ def check_master(master: str | None, option: str = "--master", timeout_s: float 
     for address in addresses:
         host, _, port = address.strip().rpartition(":")
         if not host or not port.isdigit():
-            raise ConfigError(f"{option} {master!r}: {address!r} is not HOST:PORT (the standalone master's default "
-                              "port is 7077: spark://HOST:7077)")
+            raise ConfigError(
+                f"{option} {master!r}: {address!r} is not HOST:PORT (the standalone master's default "
+                "port is 7077: spark://HOST:7077)"
+            )
         reason = _reachable(host.strip("[]"), int(port), timeout_s)
         if reason is None:
             return
         reasons.append(f"{address.strip()}: {reason}")
-    raise ConfigError(f"{option} {master!r}: cannot reach the master ({'; '.join(reasons)}); check the host and port "
-                      "and that the master is running")
+    raise ConfigError(
+        f"{option} {master!r}: cannot reach the master ({'; '.join(reasons)}); check the host and port "
+        "and that the master is running"
+    )
 
 
 def check_remote(url: str | None, option: str = "--remote", timeout_s: float = MASTER_CONNECT_TIMEOUT_S) -> None:
@@ -178,12 +196,15 @@ def check_remote(url: str | None, option: str = "--remote", timeout_s: float = M
         return
     parts = urlsplit(url)
     if parts.scheme != "sc" or not parts.hostname:
-        raise ConfigError(f"{option} {url!r} is not a Spark Connect URL; use sc://HOST:PORT (the server's default "
-                          "port is 15002)")
+        raise ConfigError(
+            f"{option} {url!r} is not a Spark Connect URL; use sc://HOST:PORT (the server's default port is 15002)"
+        )
     reason = _reachable(parts.hostname, parts.port or 15002, timeout_s)
     if reason is not None:
-        raise ConfigError(f"{option} {url!r}: cannot reach the Connect server ({reason}); check the host and port "
-                          "and that the server is running (sbin/start-connect-server.sh)")
+        raise ConfigError(
+            f"{option} {url!r}: cannot reach the Connect server ({reason}); check the host and port "
+            "and that the server is running (sbin/start-connect-server.sh)"
+        )
 
 
 def check_session_options(args: argparse.Namespace) -> None:
@@ -193,14 +214,22 @@ def check_session_options(args: argparse.Namespace) -> None:
     Raises:
         ConfigError: two of them, or ``--remote`` with ``--master``.
     """
-    chosen = [flag for flag, on in (("--parallel", getattr(args, "parallel", False)),
-                                    ("--connect", getattr(args, "connect", False)),
-                                    ("--remote", getattr(args, "remote", None) is not None)) if on]
+    chosen = [
+        flag
+        for flag, on in (
+            ("--parallel", getattr(args, "parallel", False)),
+            ("--connect", getattr(args, "connect", False)),
+            ("--remote", getattr(args, "remote", None) is not None),
+        )
+        if on
+    ]
     if len(chosen) > 1:
         raise ConfigError(f"{' and '.join(chosen)} pick different ways to run; use one of them")
     if getattr(args, "remote", None) is not None and getattr(args, "master", None) is not None:
-        raise ConfigError(f"--master {args.master} names the cluster of a session torchspark starts, but --remote "
-                          f"{args.remote} uses a running Connect server, whose cluster is its own; drop --master")
+        raise ConfigError(
+            f"--master {args.master} names the cluster of a session torchspark starts, but --remote "
+            f"{args.remote} uses a running Connect server, whose cluster is its own; drop --master"
+        )
 
 
 def _model_directory(output: str) -> None:

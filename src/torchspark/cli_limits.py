@@ -50,16 +50,20 @@ def check_scale(args: argparse.Namespace) -> None:
     """
     epochs = getattr(args, "epochs", None)
     if epochs is not None and epochs > MAX_EPOCHS:
-        raise ConfigError(f"--epochs must be at most {MAX_EPOCHS}, got {epochs}: a fit plans every epoch up front; "
-                          "train in several runs (each continues the saved model's counters)")
+        raise ConfigError(
+            f"--epochs must be at most {MAX_EPOCHS}, got {epochs}: a fit plans every epoch up front; "
+            "train in several runs (each continues the saved model's counters)"
+        )
     workers = getattr(args, "num_workers", None)
     master = getattr(args, "master", None)
     on_this_machine = getattr(args, "parallel", False) or master is None or bool(_LOCAL.match(str(master)))
     if workers is not None and on_this_machine and workers > max_local_workers():
-        raise ConfigError(f"--num-workers {workers} cannot run on this machine: its open-file limit (ulimit -n "
-                          f"{resource.getrlimit(resource.RLIMIT_NOFILE)[0]}) allows at most {max_local_workers()} "
-                          f"workers ({FDS_PER_WORKER} files each); use fewer workers, raise ulimit -n, or pass "
-                          "--master of a cluster")
+        raise ConfigError(
+            f"--num-workers {workers} cannot run on this machine: its open-file limit (ulimit -n "
+            f"{resource.getrlimit(resource.RLIMIT_NOFILE)[0]}) allows at most {max_local_workers()} "
+            f"workers ({FDS_PER_WORKER} files each); use fewer workers, raise ulimit -n, or pass "
+            "--master of a cluster"
+        )
 
 
 def save_model(network: Any, model_dir: str) -> str:
@@ -75,5 +79,7 @@ def save_model(network: Any, model_dir: str) -> str:
     except (OSError, SerializationError) as e:
         kept = os.path.join(tempfile.mkdtemp(prefix="torchspark-model-"), "model")
         network.save(kept)
-        raise SetupError(f"cannot write the trained model to {model_dir!r} ({e}); it was saved to {kept!r} instead: "
-                         "move it from there") from e
+        raise SetupError(
+            f"cannot write the trained model to {model_dir!r} ({e}); it was saved to {kept!r} instead: "
+            "move it from there"
+        ) from e

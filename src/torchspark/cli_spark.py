@@ -20,8 +20,9 @@ def digits_frame(spark: Any, split: str) -> Any:
     return spark.createDataFrame(rows, ["features", "label"])
 
 
-def train_on_spark(args: argparse.Namespace, net: Any, train_data: Any,
-                   master: Any) -> tuple[Any, float, dict[str, Any]]:
+def train_on_spark(
+    args: argparse.Namespace, net: Any, train_data: Any, master: Any
+) -> tuple[Any, float, dict[str, Any]]:
     """``torchspark train`` on Spark with ``master``; returns the training stats, the score, and what was used (for
     metrics.json): the seconds the session took to start and the fit took, the session's ``spark_master`` and the
     ``master``'s settings. ``--connect`` / ``--remote`` go through :func:`train_on_connect`."""
@@ -43,12 +44,18 @@ def train_on_spark(args: argparse.Namespace, net: Any, train_data: Any,
             spark_net.fit(rdd, epochs=args.epochs)
         finally:
             spark_net.delete_temp_files()
-        used = {"startup_seconds": started - start, "fit_seconds": time.time() - started,
-                "spark_master": spark.sparkContext.master, "master": master.to_dict()}
+        used = {
+            "startup_seconds": started - start,
+            "fit_seconds": time.time() - started,
+            "spark_master": spark.sparkContext.master,
+            "master": master.to_dict(),
+        }
         return spark_net.training_stats, spark_net.score, used
 
-def train_on_connect(args: argparse.Namespace, net: Any, train_data: Any,
-                     master: Any) -> tuple[Any, float, dict[str, Any]]:
+
+def train_on_connect(
+    args: argparse.Namespace, net: Any, train_data: Any, master: Any
+) -> tuple[Any, float, dict[str, Any]]:
     """:func:`train_on_spark` through a Spark Connect session: a local Connect server (``--connect``) or the
     server at ``--remote``; the digits go to the workers as a DataFrame."""
     from torchspark.spark import SparkNetwork
@@ -65,8 +72,12 @@ def train_on_connect(args: argparse.Namespace, net: Any, train_data: Any,
         frame = digits_frame(spark, "train")
         spark_net = SparkNetwork(spark, net, master, progress=False if args.no_progress else None)
         spark_net.fit(frame, epochs=args.epochs, feature_shape=tuple(train_data.features.shape[1:]))
-        used = {"startup_seconds": started - start, "fit_seconds": time.time() - started, "spark_master": where,
-                "master": master.to_dict()}
+        used = {
+            "startup_seconds": started - start,
+            "fit_seconds": time.time() - started,
+            "spark_master": where,
+            "master": master.to_dict(),
+        }
         return spark_net.training_stats, spark_net.score, used
     finally:
         spark.stop()

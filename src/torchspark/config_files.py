@@ -25,8 +25,18 @@ from torchspark._io import atomic_write_bytes, dump_mapping, load_mapping
 from torchspark.errors import ConfigError
 from torchspark.training.config.masters import TrainingMaster, master_from_json
 
-__all__ = ["load_mapping", "dump_mapping", "master_to_yaml", "master_from_yaml", "save_master", "load_master",
-           "TRAIN_SETTINGS_EXCLUDED", "train_settings", "load_train_settings", "apply_train_config"]
+__all__ = [
+    "load_mapping",
+    "dump_mapping",
+    "master_to_yaml",
+    "master_from_yaml",
+    "save_master",
+    "load_master",
+    "TRAIN_SETTINGS_EXCLUDED",
+    "train_settings",
+    "load_train_settings",
+    "apply_train_config",
+]
 
 YAML_SUFFIXES = (".yaml", ".yml")
 #: train options that are about this invocation, not the run's settings
@@ -49,16 +59,21 @@ def _read(path: str) -> str:
     except OSError as e:
         raise ConfigError(f"cannot read the configuration file {path!r}: {e}") from e
     if len(blob) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"the configuration file {path!r} is larger than {MAX_CONFIG_BYTES >> 20} MiB: a "
-                          "configuration is a small YAML or JSON text file; check the path")
+        raise ConfigError(
+            f"the configuration file {path!r} is larger than {MAX_CONFIG_BYTES >> 20} MiB: a "
+            "configuration is a small YAML or JSON text file; check the path"
+        )
     try:
         text = blob.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ConfigError(f"the configuration file {path!r} is not UTF-8 text (binary data at byte {e.start}): "
-                          "pass a YAML or JSON text file") from None
+        raise ConfigError(
+            f"the configuration file {path!r} is not UTF-8 text (binary data at byte {e.start}): "
+            "pass a YAML or JSON text file"
+        ) from None
     if "\x00" in text:
-        raise ConfigError(f"the configuration file {path!r} holds NUL bytes (binary data): pass a YAML or JSON "
-                          "text file")
+        raise ConfigError(
+            f"the configuration file {path!r} holds NUL bytes (binary data): pass a YAML or JSON text file"
+        )
     return text
 
 
@@ -96,8 +111,11 @@ def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.Argume
 
 
 def _settable(sub: argparse.ArgumentParser) -> dict[str, argparse.Action]:
-    return {a.dest: a for a in sub._actions
-            if a.dest not in TRAIN_SETTINGS_EXCLUDED and a.dest != "help" and a.option_strings}
+    return {
+        a.dest: a
+        for a in sub._actions
+        if a.dest not in TRAIN_SETTINGS_EXCLUDED and a.dest != "help" and a.option_strings
+    }
 
 
 def train_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
@@ -147,8 +165,9 @@ def load_train_settings(parser: argparse.ArgumentParser, path: str) -> dict[str,
     return out
 
 
-def apply_train_config(parser: argparse.ArgumentParser, argv: list[str] | None,
-                       args: argparse.Namespace) -> argparse.Namespace:
+def apply_train_config(
+    parser: argparse.ArgumentParser, argv: list[str] | None, args: argparse.Namespace
+) -> argparse.Namespace:
     """``args`` with the ``--config`` file's settings under the command line's: the file's values become the
     ``train`` defaults and ``argv`` is parsed again (so an option typed on the command line wins)."""
     if getattr(args, "command", None) != "train" or not getattr(args, "config", None):

@@ -68,9 +68,7 @@ def _balanced_labels(n: int, n_classes: int, generator: torch.Generator) -> torc
     return labels[torch.randperm(n, generator=generator)]
 
 
-def synthetic_classification(
-    n: int, n_features: int, n_classes: int, seed: int = 0, noise: float = 1.0
-) -> DataSet:
+def synthetic_classification(n: int, n_features: int, n_classes: int, seed: int = 0, noise: float = 1.0) -> DataSet:
     """Gaussian blobs: one random centroid per class (spread 3 per dimension) plus Gaussian noise.
 
     Args:
@@ -120,8 +118,9 @@ def synthetic_images(
         raise ConfigError(f"n_classes must be >= 2 for classification, got {n_classes}")
     generator = torch.Generator().manual_seed(seed)
     coarse = torch.randn(n_classes, channels, max(2, height // 4), max(2, width // 4), generator=generator)
-    templates = torch.nn.functional.interpolate(coarse, size=(height, width), mode="bilinear",
-                                                align_corners=False)  # (C, ch, H, W), smooth blobs
+    templates = torch.nn.functional.interpolate(
+        coarse, size=(height, width), mode="bilinear", align_corners=False
+    )  # (C, ch, H, W), smooth blobs
     labels = _balanced_labels(n, n_classes, generator)  # (n,)
     features = torch.empty(n, channels, height, width)
     chunk = 4096  # bounds the temporary noise tensor for large n
@@ -152,18 +151,22 @@ def _read_bytes(path: str) -> bytes:
 def _parse_idx(data: bytes, path: str, ndim: int) -> np.ndarray:
     """IDX: 2 zero bytes, dtype code (0x08 = uint8), number of dims, then big-endian uint32 dims and data."""
     if len(data) < 4 or data[:2] != b"\x00\x00" or data[2] != 0x08:
-        raise DataError(f"{path} is not an unsigned-byte IDX file (bad magic {data[:4].hex() or 'empty'}); "
-                        f"expected 0000 08 0{ndim}, as in the MNIST files")
+        raise DataError(
+            f"{path} is not an unsigned-byte IDX file (bad magic {data[:4].hex() or 'empty'}); "
+            f"expected 0000 08 0{ndim}, as in the MNIST files"
+        )
     if data[3] != ndim:
         raise DataError(f"{path} has {data[3]} dimensions, expected {ndim}; did you swap images and labels?")
     header = 4 + 4 * ndim
     if len(data) < header:
         raise DataError(f"{path} is truncated: {len(data)} bytes, shorter than its {header}-byte header")
-    dims = [int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim)]
+    dims = [int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
     expected = header + math.prod(dims)
     if len(data) != expected:
-        raise DataError(f"{path} has {len(data)} bytes but its header (dims {dims}) needs {expected}; "
-                        f"the file is truncated or corrupt")
+        raise DataError(
+            f"{path} has {len(data)} bytes but its header (dims {dims}) needs {expected}; "
+            f"the file is truncated or corrupt"
+        )
     return np.frombuffer(data, dtype=np.uint8, offset=header).reshape(dims)
 
 
@@ -183,7 +186,9 @@ def read_idx(images: str, labels: str) -> DataSet:
     pixels = _parse_idx(_read_bytes(images), images, ndim=3)  # (N, H, W) uint8
     targets = _parse_idx(_read_bytes(labels), labels, ndim=1)  # (N,) uint8
     if pixels.shape[0] != targets.shape[0]:
-        raise DataError(f"{images} has {pixels.shape[0]} images but {labels} has {targets.shape[0]} labels; "
-                        f"pair files from the same split")
+        raise DataError(
+            f"{images} has {pixels.shape[0]} images but {labels} has {targets.shape[0]} labels; "
+            f"pair files from the same split"
+        )
     features = torch.from_numpy(pixels.astype(np.float32) / 255.0).unsqueeze(1)  # (N, 1, H, W)
     return DataSet(features, torch.from_numpy(targets.astype(np.int64)))

@@ -63,8 +63,15 @@ class WorkerLost(WorkerError):
         reason: the runner's or Spark's own words for what happened.
     """
 
-    def __init__(self, message: str, *, rank: int | None = None, executor: str | None = None,
-                 exit_status: str | None = None, reason: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        rank: int | None = None,
+        executor: str | None = None,
+        exit_status: str | None = None,
+        reason: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.rank = rank
         self.executor = executor

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Iterable, Union
+from typing import Any, ClassVar, Union
 
 import torch
 
@@ -143,7 +144,11 @@ class SGD(UpdaterSpec):
     def build(self, params: Iterable[torch.nn.Parameter], weight_decay: float = 0.0) -> torch.optim.Optimizer:
         params = list(params)
         return torch.optim.SGD(
-            params, lr=_lr(self.lr), momentum=self.momentum, nesterov=self.nesterov, weight_decay=weight_decay,
+            params,
+            lr=_lr(self.lr),
+            momentum=self.momentum,
+            nesterov=self.nesterov,
+            weight_decay=weight_decay,
             fused=_use_fused(self.fused, params),
         )
 
@@ -184,8 +189,15 @@ class Adam(UpdaterSpec):
 
     def build(self, params: Iterable[torch.nn.Parameter], weight_decay: float = 0.0) -> torch.optim.Optimizer:
         params = list(params)
-        return torch.optim.Adam(params, lr=_lr(self.lr), betas=self.betas, eps=self.eps, weight_decay=weight_decay,
-                                amsgrad=self.amsgrad, fused=_use_fused(self.fused, params))
+        return torch.optim.Adam(
+            params,
+            lr=_lr(self.lr),
+            betas=self.betas,
+            eps=self.eps,
+            weight_decay=weight_decay,
+            amsgrad=self.amsgrad,
+            fused=_use_fused(self.fused, params),
+        )
 
 
 @dataclass(frozen=True)
@@ -197,8 +209,15 @@ class AdamW(Adam):
 
     def build(self, params: Iterable[torch.nn.Parameter], weight_decay: float = 0.0) -> torch.optim.Optimizer:
         params = list(params)
-        return torch.optim.AdamW(params, lr=_lr(self.lr), betas=self.betas, eps=self.eps, weight_decay=weight_decay,
-                                 amsgrad=self.amsgrad, fused=_use_fused(self.fused, params))
+        return torch.optim.AdamW(
+            params,
+            lr=_lr(self.lr),
+            betas=self.betas,
+            eps=self.eps,
+            weight_decay=weight_decay,
+            amsgrad=self.amsgrad,
+            fused=_use_fused(self.fused, params),
+        )
 
 
 @dataclass(frozen=True)
@@ -242,8 +261,9 @@ class AdaGrad(UpdaterSpec):
 
     def build(self, params: Iterable[torch.nn.Parameter], weight_decay: float = 0.0) -> torch.optim.Optimizer:
         params = list(params)
-        return torch.optim.Adagrad(params, lr=_lr(self.lr), eps=self.eps, weight_decay=weight_decay,
-                                   fused=_use_fused(self.fused, params))
+        return torch.optim.Adagrad(
+            params, lr=_lr(self.lr), eps=self.eps, weight_decay=weight_decay, fused=_use_fused(self.fused, params)
+        )
 
 
 _REGISTRY: dict[str, type[UpdaterSpec]] = {c.name: c for c in (SGD, Adam, AdamW, RMSprop, AdaGrad)}

@@ -207,8 +207,9 @@ class MapSchedule(Schedule):
         except (TypeError, ValueError):
             raise ConfigError(f"MapSchedule: keys must be ints and values numbers, got {self.values!r}") from None
         if 0 not in values or min(values) < 0:
-            raise ConfigError(f"MapSchedule: keys must be >= 0 and include 0 (the starting value), got "
-                              f"{sorted(values)}")
+            raise ConfigError(
+                f"MapSchedule: keys must be >= 0 and include 0 (the starting value), got {sorted(values)}"
+            )
         for v in values.values():
             _check_number("MapSchedule", "every value", v, positive=True)
         if self.unit not in UNITS:

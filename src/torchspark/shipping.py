@@ -30,8 +30,8 @@ import shutil
 import sys
 import time
 import venv
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from torchspark.errors import ConfigError, SetupError
 
@@ -217,8 +217,14 @@ def pack_environment(
     suffix = next(s for s in _ARCHIVE_SUFFIXES if str(output).endswith(s))
     tmp = output.with_name(f".{output.name}.{os.getpid()}.{time.monotonic_ns()}{suffix}")
     try:
-        venv_pack.pack(prefix=str(prefix), output=str(tmp), compress_level=compress_level,
-                       python_prefix=python_prefix, force=True, filters=[("exclude", p) for p in exclude])
+        venv_pack.pack(
+            prefix=str(prefix),
+            output=str(tmp),
+            compress_level=compress_level,
+            python_prefix=python_prefix,
+            force=True,
+            filters=[("exclude", p) for p in exclude],
+        )
         os.chmod(tmp, 0o644)  # venv-pack's temp file is private; the archive is meant to be uploaded and shared
         os.replace(tmp, output)
     finally:

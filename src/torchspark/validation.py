@@ -16,12 +16,12 @@ value it accepted, so a constructor can check and assign in one line. The CLI's 
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from torchspark.errors import ConfigError
 
-__all__ = ["check_int", "check_float", "check_bool", "check_choice", "is_int", "is_number", "parse_int",
-           "parse_float"]
+__all__ = ["check_int", "check_float", "check_bool", "check_choice", "is_int", "is_number", "parse_int", "parse_float"]
 
 
 def is_int(value: Any) -> bool:
@@ -46,8 +46,9 @@ def _bounds(minimum: Any = None, maximum: Any = None, above: Any = None, below: 
     return ""
 
 
-def _refuse(name: str, value: Any, expected: str, owner: str, allow_none: bool, none_means: str,
-            fix: str) -> ConfigError:
+def _refuse(
+    name: str, value: Any, expected: str, owner: str, allow_none: bool, none_means: str, fix: str
+) -> ConfigError:
     subject = f"{owner}: {name}" if owner else name
     if allow_none:
         expected += " or None" + (f" ({none_means})" if none_means else "")
@@ -56,13 +57,26 @@ def _refuse(name: str, value: Any, expected: str, owner: str, allow_none: bool, 
 
 def _in_range(value: Any, minimum: Any, maximum: Any, above: Any, below: Any) -> bool:
     # each bound as "value >= minimum" (not "not value < minimum"): NaN fails every comparison, so it is refused
-    return ((minimum is None or value >= minimum) and (maximum is None or value <= maximum)
-            and (above is None or value > above) and (below is None or value < below))
+    return (
+        (minimum is None or value >= minimum)
+        and (maximum is None or value <= maximum)
+        and (above is None or value > above)
+        and (below is None or value < below)
+    )
 
 
-def check_int(name: str, value: Any, minimum: int | None = None, maximum: int | None = None, *,
-              allow_none: bool = False, owner: str = "", meaning: str = "", none_means: str = "",
-              fix: str = "") -> Any:
+def check_int(
+    name: str,
+    value: Any,
+    minimum: int | None = None,
+    maximum: int | None = None,
+    *,
+    allow_none: bool = False,
+    owner: str = "",
+    meaning: str = "",
+    none_means: str = "",
+    fix: str = "",
+) -> Any:
     """``value`` if it is an integer in ``[minimum, maximum]`` (either bound may be None), else ConfigError.
 
     Args:
@@ -91,10 +105,21 @@ def check_int(name: str, value: Any, minimum: int | None = None, maximum: int | 
     return value
 
 
-def check_float(name: str, value: Any, *, minimum: float | None = None, maximum: float | None = None,
-                above: float | None = None, below: float | None = None, finite: bool = False,
-                allow_none: bool = False, owner: str = "", unit: str = "", none_means: str = "",
-                fix: str = "") -> Any:
+def check_float(
+    name: str,
+    value: Any,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    above: float | None = None,
+    below: float | None = None,
+    finite: bool = False,
+    allow_none: bool = False,
+    owner: str = "",
+    unit: str = "",
+    none_means: str = "",
+    fix: str = "",
+) -> Any:
     """``value`` if it is a number (``int`` or ``float``, not ``bool``) within the bounds, else ConfigError.
 
     Args:
@@ -112,16 +137,23 @@ def check_float(name: str, value: Any, *, minimum: float | None = None, maximum:
     """
     if value is None and allow_none:
         return value
-    if not is_number(value) or (finite and not math.isfinite(value)) \
-            or not _in_range(value, minimum, maximum, above, below):
-        expected = (f"a {'finite ' if finite else ''}number" + (f" of {unit}" if unit else "")
-                    + _bounds(minimum, maximum, above, below))
+    if (
+        not is_number(value)
+        or (finite and not math.isfinite(value))
+        or not _in_range(value, minimum, maximum, above, below)
+    ):
+        expected = (
+            f"a {'finite ' if finite else ''}number"
+            + (f" of {unit}" if unit else "")
+            + _bounds(minimum, maximum, above, below)
+        )
         raise _refuse(name, value, expected, owner, allow_none, none_means, fix)
     return value
 
 
-def check_bool(name: str, value: Any, *, allow_none: bool = False, owner: str = "", none_means: str = "",
-               fix: str = "") -> bool | None:
+def check_bool(
+    name: str, value: Any, *, allow_none: bool = False, owner: str = "", none_means: str = "", fix: str = ""
+) -> bool | None:
     """``value`` if it is ``True`` or ``False`` (or None with ``allow_none``), else ConfigError
     ``"<name> must be True or False[ or None (<none_means>)], got <value>"``.
 

@@ -14,9 +14,25 @@ import pytest
 @pytest.mark.timeout(900)  # a full `torchspark train --remote` in a child process (its own limit is 600 s)
 def test_train_remote_runs_the_main_job_under_connect(connect_server, tmp_path) -> None:
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "torchspark.cli", "train", "--remote", connect_server.url, "--epochs", "2",
-           "--num-workers", "2", "--batch-size-per-worker", "32", "--training-mode", "averaging", "--no-progress",
-           "--output", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torchspark.cli",
+        "train",
+        "--remote",
+        connect_server.url,
+        "--epochs",
+        "2",
+        "--num-workers",
+        "2",
+        "--batch-size-per-worker",
+        "32",
+        "--training-mode",
+        "averaging",
+        "--no-progress",
+        "--output",
+        str(out),
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ})
     assert done.returncode == 0, done.stderr[-3000:]
     metrics = json.loads((out / "metrics.json").read_text())

@@ -55,8 +55,9 @@ def test_every_evaluation_equals_local_on_a_dataframe(connect_spark, net, data, 
     assert [roc.auc(c) for c in range(C)] == [local_roc.auc(c) for c in range(C)]
     assert snet.evaluate_roc_multi_class(df, batch_size=50).average_auc() == local_roc.average_auc()
     assert snet.calculate_score(df) == pytest.approx(net.score(data), rel=1e-6)
-    assert snet.calculate_score(df, average=False) == pytest.approx(float(net.score_examples(data).double().sum()),
-                                                                     rel=1e-6)
+    assert snet.calculate_score(df, average=False) == pytest.approx(
+        float(net.score_examples(data).double().sum()), rel=1e-6
+    )
 
 
 def test_binary_roc_and_regression_equal_local(connect_spark) -> None:
@@ -76,8 +77,9 @@ def test_binary_roc_and_regression_equal_local(connect_spark) -> None:
     assert dist.r_squared(0) == pytest.approx(local.r_squared(0), rel=1e-5)
 
 
-def test_export_batches_writes_the_classic_format_and_evaluation_reads_it(connect_spark, net, data, df,
-                                                                         tmp_path) -> None:
+def test_export_batches_writes_the_classic_format_and_evaluation_reads_it(
+    connect_spark, net, data, df, tmp_path
+) -> None:
     out = str(tmp_path / "batches")
     paths = export_batches(df, out, batch_size=32)
     names = [os.path.basename(p) for p in paths]
@@ -104,8 +106,9 @@ def test_evaluation_with_a_loader_reads_files_on_the_executors(connect_spark, ne
         return DataSet(torch.tensor(rows[:, :-1], dtype=torch.float32), torch.tensor(rows[:, -1], dtype=torch.int64))
 
     for k, part in enumerate(data.split(50)):
-        np.savetxt(tmp_path / f"shard{k}.csv", np.hstack([part.features.numpy(), part.labels[:, None].numpy()]),
-                   delimiter=",")
+        np.savetxt(
+            tmp_path / f"shard{k}.csv", np.hstack([part.features.numpy(), part.labels[:, None].numpy()]), delimiter=","
+        )
     got = SparkNetwork(connect_spark, net).evaluate(str(tmp_path), loader=_csv_loader)
     np.testing.assert_array_equal(got.confusion_matrix(), net.evaluate(data).confusion_matrix())
 
@@ -125,9 +128,14 @@ def test_rdds_and_lists_of_batches_are_refused_with_the_dataframe_route(connect_
 
     snet = SparkNetwork(connect_spark, net)
     rdd = object.__new__(RDD)  # the class alone: a Connect process cannot make a real RDD
-    for call in (lambda d: snet.evaluate(d), lambda d: snet.calculate_score(d), lambda d: snet.score_examples(d),
-                 lambda d: snet.feed_forward_with_key(d), lambda d: snet.score_examples_with_key(d),
-                 lambda d: export_batches(d, "/tmp/never", 8)):
+    for call in (
+        lambda d: snet.evaluate(d),
+        lambda d: snet.calculate_score(d),
+        lambda d: snet.score_examples(d),
+        lambda d: snet.feed_forward_with_key(d),
+        lambda d: snet.score_examples_with_key(d),
+        lambda d: export_batches(d, "/tmp/never", 8),
+    ):
         for bad in (rdd, data.split(40)):
             with pytest.raises(ConfigError, match="Spark Connect session .* no SparkContext or RDDs; pass a DataFrame"):
                 call(bad)
@@ -136,12 +144,17 @@ def test_rdds_and_lists_of_batches_are_refused_with_the_dataframe_route(connect_
 def test_nulls_and_ragged_arrays_are_data_errors_naming_the_column(connect_spark, net, tmp_path) -> None:
     snet = SparkNetwork(connect_spark, net)
     nulls = connect_spark.createDataFrame([([0.0] * F, 1), (None, 0)], "features array<double>, label long")
-    ragged = connect_spark.createDataFrame([([0.0] * F, 1), ([0.0] * (F + 1), 0)],
-                                           "features array<double>, label long").coalesce(1)
-    null_label = connect_spark.createDataFrame([([0.0] * F, 1), ([1.0] * F, None)],
-                                               "features array<double>, label long")
-    for frame, match in ((nulls, "column 'features' has 1 null row"), (ragged, "arrays of different lengths"),
-                         (null_label, "column 'label' has 1 null value")):
+    ragged = connect_spark.createDataFrame(
+        [([0.0] * F, 1), ([0.0] * (F + 1), 0)], "features array<double>, label long"
+    ).coalesce(1)
+    null_label = connect_spark.createDataFrame(
+        [([0.0] * F, 1), ([1.0] * F, None)], "features array<double>, label long"
+    )
+    for frame, match in (
+        (nulls, "column 'features' has 1 null row"),
+        (ragged, "arrays of different lengths"),
+        (null_label, "column 'label' has 1 null value"),
+    ):
         with pytest.raises(DataError, match=match):
             snet.evaluate(frame)
         with pytest.raises(DataError, match=match):

@@ -15,18 +15,18 @@ from functools import partial
 from pathlib import Path
 
 import cloudpickle
-import interrupting
 import pytest
 import torch
-from interrupting import InterruptingMLP
 
+import interrupting
+from helpers import mlp_net, onehot_rule_data
+from interrupting import InterruptingMLP
 from torchspark import DataSet, Network, datasets, optim
 from torchspark.encoding import AdaptiveThreshold
 from torchspark.errors import ConfigError, DataError, WorkerError, WorkerLost
 from torchspark.parallel import ParallelWrapper
 from torchspark.spark import ParameterAveragingTrainingMaster, SharedTrainingMaster, SparkNetwork
 from torchspark.training.checkpoint import newest_checkpoint, store
-from helpers import mlp_net, onehot_rule_data
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "spark"))
 from _faults import Fault  # noqa: E402  (tests/spark's fault injector)
@@ -61,8 +61,9 @@ def test_both_masters_give_the_classic_routes_parameters(connect_spark, tmp_path
     spark_net.fit(frame(connect_spark, data), epochs=2)
 
     local = _network()
-    wrapper = ParallelWrapper(local, num_workers=2, training_mode=mode, rng_seed=rng_seed, threads_per_worker=1,
-                              progress=False, **own)
+    wrapper = ParallelWrapper(
+        local, num_workers=2, training_mode=mode, rng_seed=rng_seed, threads_per_worker=1, progress=False, **own
+    )
     wrapper.fit(data, epochs=2, batch_size=BATCH)
 
     assert [r.examples for r in spark_net.last_results] == [r.examples for r in wrapper.last_results] == [100, 100]
@@ -84,30 +85,39 @@ def test_rdd_and_list_inputs_are_refused_naming_the_dataframe_route(connect_spar
     spark_net = SparkNetwork(connect_spark, _network(), ParameterAveragingTrainingMaster(num_workers=2))
     data = datasets.synthetic_classification(16, 12, 3, seed=1)
     for wrong in (data.split(8), data):
-        with pytest.raises(ConfigError, match=r"training on a (list|DataSet) needs a classic Spark session.*"
-                                              r"Spark Connect session.*pass a DataFrame"):
+        with pytest.raises(
+            ConfigError,
+            match=r"training on a (list|DataSet) needs a classic Spark session.*"
+            r"Spark Connect session.*pass a DataFrame",
+        ):
             spark_net.fit(wrong)
 
 
-@pytest.mark.parametrize(("master", "words"), [
-    (ParameterAveragingTrainingMaster(num_workers=2, averaging_via="spark"), "averaging_via='torch'"),
-    (SharedTrainingMaster(workers_per_node=1), "set num_workers"),
-    (ParameterAveragingTrainingMaster(num_workers=2, repartition="never"), "repartition='always'"),
-    (ParameterAveragingTrainingMaster(num_workers=2, repartition_strategy="spark_default"), "'balanced'"),
-    (SharedTrainingMaster(num_workers=2, gpus_per_worker=1), "spark.task.resource.gpu.amount"),
-])
+@pytest.mark.parametrize(
+    ("master", "words"),
+    [
+        (ParameterAveragingTrainingMaster(num_workers=2, averaging_via="spark"), "averaging_via='torch'"),
+        (SharedTrainingMaster(workers_per_node=1), "set num_workers"),
+        (ParameterAveragingTrainingMaster(num_workers=2, repartition="never"), "repartition='always'"),
+        (ParameterAveragingTrainingMaster(num_workers=2, repartition_strategy="spark_default"), "'balanced'"),
+        (SharedTrainingMaster(num_workers=2, gpus_per_worker=1), "spark.task.resource.gpu.amount"),
+    ],
+)
 def test_settings_a_connect_session_cannot_run_are_refused(connect_spark, master, words) -> None:
     data = datasets.synthetic_classification(16, 12, 3, seed=1)
     with pytest.raises(ConfigError, match=words):
         SparkNetwork(connect_spark, _network(), master).fit(frame(connect_spark, data))
 
 
-@pytest.mark.parametrize(("rows", "words"), [
-    ([([1.0] * 12, 0), (None, 1)], r"column 'features' has 8 null row\(s\).*dropna"),
-    ([([1.0] * 12, 0), ([1.0] * 11, 1)], "column 'features' has arrays of different lengths \\(11 to 12 values\\)"),
-    ([([1.0] * 12, 0), ([1.0] * 11 + [None], 1)], "column 'features' has null values inside its arrays"),
-    ([([1.0] * 12, 0), ([1.0] * 12, None)], "column 'label' has 8 null values"),
-])
+@pytest.mark.parametrize(
+    ("rows", "words"),
+    [
+        ([([1.0] * 12, 0), (None, 1)], r"column 'features' has 8 null row\(s\).*dropna"),
+        ([([1.0] * 12, 0), ([1.0] * 11, 1)], "column 'features' has arrays of different lengths \\(11 to 12 values\\)"),
+        ([([1.0] * 12, 0), ([1.0] * 11 + [None], 1)], "column 'features' has null values inside its arrays"),
+        ([([1.0] * 12, 0), ([1.0] * 12, None)], "column 'label' has 8 null values"),
+    ],
+)
 def test_nulls_and_ragged_arrays_fail_before_training(connect_spark, rows, words) -> None:
     df = connect_spark.createDataFrame(rows * 8, "features array<double>, label long")
     master = ParameterAveragingTrainingMaster(num_workers=2, batch_size_per_worker=4)
@@ -126,8 +136,9 @@ def test_a_worker_error_is_its_own_and_a_fit_resumes_by_run_id(connect_spark, tm
     epochs, per_worker = 3, 6
 
     def fit(net: Network, **checkpoints) -> SparkNetwork:
-        master = ParameterAveragingTrainingMaster(batch_size_per_worker=BATCH, num_workers=2, rng_seed=5,
-                                                  averaging_frequency=3, **checkpoints)
+        master = ParameterAveragingTrainingMaster(
+            batch_size_per_worker=BATCH, num_workers=2, rng_seed=5, averaging_frequency=3, **checkpoints
+        )
         spark_net = SparkNetwork(connect_spark, net, master, progress=False)
         spark_net.fit(df, epochs=epochs, run_id=checkpoints and "r1" or None)
         return spark_net
@@ -153,9 +164,16 @@ def test_a_killed_worker_is_recovered_from_its_checkpoint(connect_spark, tmp_pat
     """SIGKILL rank 1's Python worker in epoch 1 (it reports its pid over the progress channel, which a local
     Connect server's executors reach): Spark fails the barrier stage, the fit retries it and completes."""
     data = datasets.synthetic_classification(128, 12, 3, seed=2)
-    master = SharedTrainingMaster(batch_size_per_worker=BATCH, num_workers=2, rng_seed=0, collect_training_stats=True,
-                                  rendezvous_timeout_s=30, max_failures=1,
-                                  checkpoint_directory=str(tmp_path / "ckpt"), checkpoint_every=2)
+    master = SharedTrainingMaster(
+        batch_size_per_worker=BATCH,
+        num_workers=2,
+        rng_seed=0,
+        collect_training_stats=True,
+        rendezvous_timeout_s=30,
+        max_failures=1,
+        checkpoint_directory=str(tmp_path / "ckpt"),
+        checkpoint_every=2,
+    )
     net = _network()
     spark_net = SparkNetwork(connect_spark, net, master, progress=False)
     fault = Fault(signal.SIGKILL, epoch=1)
@@ -235,10 +253,12 @@ def test_the_in_process_runner_reads_connect_data_on_the_client(connect_spark) -
     from torchspark.training.driver.runner import InProcessRunner
 
     data = datasets.synthetic_classification(100, 12, 3, seed=1)
-    master = ParameterAveragingTrainingMaster(batch_size_per_worker=BATCH, num_workers=2, rng_seed=SEED,
-                                              averaging_frequency=3)
+    master = ParameterAveragingTrainingMaster(
+        batch_size_per_worker=BATCH, num_workers=2, rng_seed=SEED, averaging_frequency=3
+    )
     threads, stage = _network(), _network()
     SparkNetwork(connect_spark, threads, master, progress=False, runner=InProcessRunner()).fit(
-        frame(connect_spark, data), epochs=2)
+        frame(connect_spark, data), epochs=2
+    )
     SparkNetwork(connect_spark, stage, master, progress=False).fit(frame(connect_spark, data), epochs=2)
     torch.testing.assert_close(threads.params(), stage.params(), atol=1e-5, rtol=1e-5)

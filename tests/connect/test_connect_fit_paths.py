@@ -9,13 +9,13 @@ from functools import partial
 import pytest
 import torch
 
+from helpers import mlp_net
 from torchspark import datasets, optim
 from torchspark.data import load_batch, save_batches
 from torchspark.encoding import AdaptiveThreshold
 from torchspark.errors import ConfigError, DataError
 from torchspark.parallel import ParallelWrapper
 from torchspark.spark import ParameterAveragingTrainingMaster, SharedTrainingMaster, SparkNetwork
-from helpers import mlp_net
 
 BATCH = 8
 SEED = 7
@@ -37,8 +37,9 @@ def test_both_masters_give_parallel_wrappers_parameters(connect_spark, tmp_path,
     spark_net.fit_paths(str(tmp_path / "batches"), epochs=2)
 
     local = _network()
-    wrapper = ParallelWrapper(local, num_workers=2, training_mode=mode, rng_seed=rng_seed, threads_per_worker=1,
-                              progress=False, **own)
+    wrapper = ParallelWrapper(
+        local, num_workers=2, training_mode=mode, rng_seed=rng_seed, threads_per_worker=1, progress=False, **own
+    )
     wrapper.fit(paths, epochs=2, batch_size=BATCH)
 
     assert [r.examples for r in spark_net.last_results] == [r.examples for r in wrapper.last_results] == [100, 100]
@@ -50,12 +51,14 @@ def test_both_masters_give_parallel_wrappers_parameters(connect_spark, tmp_path,
 def test_a_loader_counts_on_the_executors_and_trains_the_same(connect_spark, tmp_path) -> None:
     data = datasets.synthetic_classification(60, 12, 3, seed=2)
     save_batches(data.split(10), str(tmp_path / "files"), prefix="part")
-    master = ParameterAveragingTrainingMaster(batch_size_per_worker=BATCH, num_workers=2, rng_seed=SEED,
-                                              averaging_frequency=2)
+    master = ParameterAveragingTrainingMaster(
+        batch_size_per_worker=BATCH, num_workers=2, rng_seed=SEED, averaging_frequency=2
+    )
     from_headers, from_loader = _network(), _network()
     SparkNetwork(connect_spark, from_headers, master, progress=False).fit_paths(str(tmp_path / "files"))
-    SparkNetwork(connect_spark, from_loader, master, progress=False).fit_paths(str(tmp_path / "files"),
-                                                                                loader=load_batch)
+    SparkNetwork(connect_spark, from_loader, master, progress=False).fit_paths(
+        str(tmp_path / "files"), loader=load_batch
+    )
     torch.testing.assert_close(from_loader.params(), from_headers.params(), atol=0, rtol=0)
     assert from_loader.iteration == from_headers.iteration > 0
 

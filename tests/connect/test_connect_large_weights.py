@@ -8,12 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from helpers import mlp_net
 from torchspark import datasets, optim
 from torchspark.spark import ParameterAveragingTrainingMaster, SparkNetwork
 from torchspark.spark.connect import start_connect_server
 from torchspark.spark.connect.runner import ConnectBarrierRunner
 from torchspark.spark.connect.shipping import message_cap
-from helpers import mlp_net
 
 CAP = 4 * 1024 * 1024
 
@@ -22,8 +22,9 @@ CAP = 4 * 1024 * 1024
 def small_cap_spark():
     from pyspark.sql import SparkSession
 
-    server = start_connect_server("local[2]", conf={"spark.barrier.sync.timeout": "120",
-                                                    "spark.connect.grpc.maxInboundMessageSize": str(CAP)})
+    server = start_connect_server(
+        "local[2]", conf={"spark.barrier.sync.timeout": "120", "spark.connect.grpc.maxInboundMessageSize": str(CAP)}
+    )
     spark = SparkSession.builder.remote(server.url).create()  # beside the tier's own session
     try:
         yield spark

@@ -33,14 +33,21 @@ def df(connect_spark, data):
 
 
 def _rows(frame) -> list[tuple[float, list[float]]]:
-    return sorted((r["prediction"], r["probability"].toArray().tolist())
-                  for r in frame.select("prediction", "probability").collect())
+    return sorted(
+        (r["prediction"], r["probability"].toArray().tolist())
+        for r in frame.select("prediction", "probability").collect()
+    )
 
 
 def test_pipeline_fit_transform_save_load_round_trip(connect_spark, df, tmp_path) -> None:
     est = TorchEstimator(network=SPEC.to_json(), trainingMaster=MASTER.to_json(), epochs=3, featuresCol="scaled")
-    pipeline = Pipeline(stages=[VectorAssembler(inputCols=COLUMNS, outputCol="raw"),
-                                StandardScaler(inputCol="raw", outputCol="scaled"), est])
+    pipeline = Pipeline(
+        stages=[
+            VectorAssembler(inputCols=COLUMNS, outputCol="raw"),
+            StandardScaler(inputCol="raw", outputCol="scaled"),
+            est,
+        ]
+    )
     model = pipeline.fit(df)
     torch_model = model.stages[-1]
     assert isinstance(torch_model, TorchModel) and torch_model.network.iteration > 0  # trained
@@ -67,8 +74,9 @@ def test_transform_equals_the_local_network_and_a_model_saves_alone(connect_spar
     got = model.transform(assembled).select(*COLUMNS, "prediction", "probability").collect()
     x = torch.tensor([[r[c] for c in COLUMNS] for r in got], dtype=torch.float32)
     want = net.output(x)
-    torch.testing.assert_close(torch.tensor([r["probability"].toArray().tolist() for r in got],
-                                            dtype=torch.float32), want)
+    torch.testing.assert_close(
+        torch.tensor([r["probability"].toArray().tolist() for r in got], dtype=torch.float32), want
+    )
     assert [r["prediction"] for r in got] == [float(c) for c in want.argmax(1).tolist()]
     path = str(tmp_path / "alone")
     model.save(path)

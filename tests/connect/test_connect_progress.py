@@ -12,17 +12,17 @@ import sys
 from pathlib import Path
 
 import cloudpickle
+import pytest
+
 import hanging
 import interrupting
-import pytest
 from hanging import HangingMLP
+from helpers import mlp_net
 from interrupting import InterruptingMLP
-
 from torchspark import Network, datasets, optim
 from torchspark.errors import ConfigError, WorkerError
 from torchspark.listeners import EpochEvent, FitEnded, IterationEvent, TrainingListener
 from torchspark.spark import SharedTrainingMaster, SparkNetwork
-from helpers import mlp_net
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "spark"))
 from _faults import Fault  # noqa: E402  (tests/spark's fault injector)
@@ -62,8 +62,15 @@ def chunks(root: Path) -> list[str]:
 def test_listeners_are_fed_from_the_polled_directory_and_it_is_removed_after_the_fit(connect_spark, tmp_path) -> None:
     root = tmp_path / "progress"
     master = SharedTrainingMaster(batch_size_per_worker=BATCH, num_workers=2, rng_seed=0)
-    spark_net = SparkNetwork(connect_spark, mlp_net(12, 16, 3, updater=optim.SGD(lr=0.1)), master, progress=False,
-                             progress_channel="directory", progress_directory=str(root), progress_poll_s=0.2)
+    spark_net = SparkNetwork(
+        connect_spark,
+        mlp_net(12, 16, 3, updater=optim.SGD(lr=0.1)),
+        master,
+        progress=False,
+        progress_channel="directory",
+        progress_directory=str(root),
+        progress_poll_s=0.2,
+    )
     rec = Recorder()
     spark_net.add_training_listener(rec)
     seen: list[list[str]] = []
@@ -86,12 +93,20 @@ def test_a_killed_worker_is_named_from_the_directorys_heartbeats_and_recovered(c
     attempt's files stay (under the run's checkpoint directory, the default location), the successful attempt's
     are removed."""
     ckpt, marker = tmp_path / "ckpt", tmp_path / "killed-once"
-    master = SharedTrainingMaster(batch_size_per_worker=BATCH, num_workers=2, rng_seed=0, collect_training_stats=True,
-                                  rendezvous_timeout_s=60, max_failures=1, checkpoint_directory=str(ckpt),
-                                  checkpoint_every=2)
+    master = SharedTrainingMaster(
+        batch_size_per_worker=BATCH,
+        num_workers=2,
+        rng_seed=0,
+        collect_training_stats=True,
+        rendezvous_timeout_s=60,
+        max_failures=1,
+        checkpoint_directory=str(ckpt),
+        checkpoint_every=2,
+    )
     net = Network(HangingMLP(12, 16, 3, marker=str(marker), after=11), updater=optim.SGD(lr=0.1), seed=0)
-    spark_net = SparkNetwork(connect_spark, net, master, progress=False, progress_channel="directory",
-                             progress_poll_s=0.2)
+    spark_net = SparkNetwork(
+        connect_spark, net, master, progress=False, progress_channel="directory", progress_poll_s=0.2
+    )
     fault = Fault(signal.SIGKILL, epoch=0)
 
     def kill_then_release(update) -> None:
@@ -115,29 +130,48 @@ def test_a_workers_error_comes_back_as_the_root_cause_and_its_files_stay(connect
     root = tmp_path / "progress"
     master = SharedTrainingMaster(batch_size_per_worker=BATCH, num_workers=2)
     net = Network(InterruptingMLP(12, 16, 3, after=3), updater=optim.Adam(lr=0.01), seed=0)
-    spark_net = SparkNetwork(connect_spark, net, master, progress=False, progress_channel="directory",
-                             progress_directory=str(root), progress_poll_s=0.2)
+    spark_net = SparkNetwork(
+        connect_spark,
+        net,
+        master,
+        progress=False,
+        progress_channel="directory",
+        progress_directory=str(root),
+        progress_poll_s=0.2,
+    )
     with pytest.raises(WorkerError, match="worker stopped after 3 minibatches") as info:
         spark_net.fit(frame(connect_spark, 96, seed=3), epochs=1)
     assert "interrupting.py" in str(info.value)
     [kept] = os.listdir(root)  # a failed fit's files stay for reading
-    errors = [json.loads(line) for p in glob.glob(str(root / kept / "rank-*.jsonl"))
-              for line in Path(p).read_text().splitlines() if '"error"' in line]
+    errors = [
+        json.loads(line)
+        for p in glob.glob(str(root / kept / "rank-*.jsonl"))
+        for line in Path(p).read_text().splitlines()
+        if '"error"' in line
+    ]
     assert errors and all("Interrupted: worker stopped after 3 minibatches" in e["traceback"] for e in errors)
 
 
-@pytest.mark.parametrize(("kwargs", "words"), [
-    ({"progress_channel": "sockets"}, "progress_channel must be one of"),
-    ({"progress_poll_s": -1}, "progress_poll_s must be a number of seconds"),
-    ({"progress_channel": "none", "progress_directory": "/tmp/p"}, "unused with progress_channel='none'"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"progress_channel": "sockets"}, "progress_channel must be one of"),
+        ({"progress_poll_s": -1}, "progress_poll_s must be a number of seconds"),
+        ({"progress_channel": "none", "progress_directory": "/tmp/p"}, "unused with progress_channel='none'"),
+    ],
+)
 def test_bad_progress_settings_are_refused(connect_spark, kwargs, words) -> None:
     with pytest.raises(ConfigError, match=words):
         SparkNetwork(connect_spark, mlp_net(12, 16, 3), SharedTrainingMaster(num_workers=2), **kwargs)
 
 
 def test_the_directory_channel_without_a_directory_names_the_settings(connect_spark) -> None:
-    spark_net = SparkNetwork(connect_spark, mlp_net(12, 16, 3), SharedTrainingMaster(num_workers=2), progress=False,
-                             progress_channel="directory")
+    spark_net = SparkNetwork(
+        connect_spark,
+        mlp_net(12, 16, 3),
+        SharedTrainingMaster(num_workers=2),
+        progress=False,
+        progress_channel="directory",
+    )
     with pytest.raises(ConfigError, match="progress_directory=.*checkpoint_directory"):
         spark_net.fit(frame(connect_spark, 32, seed=4))

@@ -47,9 +47,11 @@ def _environment_archive(root, module: str) -> str:
     (root / "lib" / "tsship_demo" / "__init__.py").write_text(module)
     (root / "bin").mkdir()
     python = root / "bin" / "python"
-    python.write_text('#!/bin/sh\nHERE="$(cd "$(dirname "$0")/.." && pwd)"\n'
-                      'export PYTHONPATH="$HERE/lib${PYTHONPATH:+:$PYTHONPATH}"\n'
-                      f'exec "{sys.executable}" "$@"\n')
+    python.write_text(
+        '#!/bin/sh\nHERE="$(cd "$(dirname "$0")/.." && pwd)"\n'
+        'export PYTHONPATH="$HERE/lib${PYTHONPATH:+:$PYTHONPATH}"\n'
+        f'exec "{sys.executable}" "$@"\n'
+    )
     python.chmod(0o755)
     archive = root.parent / "ts-env.tar.gz"
     with tarfile.open(archive, "w:gz") as tar:

@@ -37,11 +37,15 @@ def main() -> None:
             spark_net = SparkNetwork(spark, net, master, progress=False)
             spark_net.fit(spark.sparkContext.parallelize(data, 2), epochs=1)
             spark_net.delete_temp_files()
-            save_file({"params": net.params().contiguous(), "updater": net.updater_state().contiguous()},
-                      os.path.join(out_dir, f"{name}.safetensors.tmp"))
+            save_file(
+                {"params": net.params().contiguous(), "updater": net.updater_state().contiguous()},
+                os.path.join(out_dir, f"{name}.safetensors.tmp"),
+            )
             os.replace(os.path.join(out_dir, f"{name}.safetensors.tmp"), os.path.join(out_dir, f"{name}.safetensors"))
-            report = [{"rank": r.rank, "examples": r.examples, "threads": r.threads, "network": getattr(r, "network", None)}
-                      for r in spark_net.last_results]
+            report = [
+                {"rank": r.rank, "examples": r.examples, "threads": r.threads, "network": getattr(r, "network", None)}
+                for r in spark_net.last_results
+            ]
             with open(os.path.join(out_dir, f"{name}.json.tmp"), "w") as f:
                 json.dump(report, f)
             os.replace(os.path.join(out_dir, f"{name}.json.tmp"), os.path.join(out_dir, f"{name}.json"))

@@ -33,11 +33,17 @@ def build(kind: str, options: dict[str, str], export_directory: str | None = Non
     if export_directory is not None:
         mesh["export_directory"] = export_directory
     if kind == "averaging":
-        master = ParameterAveragingTrainingMaster(batch_size_per_worker=BATCH, averaging_frequency=3, num_workers=2,
-                                                  rng_seed=SEED, **mesh)
+        master = ParameterAveragingTrainingMaster(
+            batch_size_per_worker=BATCH, averaging_frequency=3, num_workers=2, rng_seed=SEED, **mesh
+        )
     elif kind == "sharing":
-        master = SharedTrainingMaster(batch_size_per_worker=BATCH, num_workers=2, rng_seed=SEED,
-                                      threshold_algorithm=AdaptiveThreshold(initial=1e-3), **mesh)
+        master = SharedTrainingMaster(
+            batch_size_per_worker=BATCH,
+            num_workers=2,
+            rng_seed=SEED,
+            threshold_algorithm=AdaptiveThreshold(initial=1e-3),
+            **mesh,
+        )
     else:
         raise ValueError(f"unknown scenario kind {kind!r}")
     return net, master, data

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+
 from cluster_harness import NetnsCluster, unavailable_reason
 
 
@@ -28,8 +29,10 @@ def test_hosts_look_like_a_misconfigured_multi_homed_cluster(netns_cluster) -> N
 
 
 def _connect(cluster, host, address: str, port: str) -> str:
-    code = (f"import socket\ntry:\n socket.create_connection(('{address}', {port}), timeout=2); print('ok')\n"
-            "except OSError as e:\n print(e)")
+    code = (
+        f"import socket\ntry:\n socket.create_connection(('{address}', {port}), timeout=2); print('ok')\n"
+        "except OSError as e:\n print(e)"
+    )
     return cluster.exec_in(host, sys.executable, "-c", code).stdout.strip()
 
 
@@ -40,8 +43,9 @@ def test_teardown_removes_every_object() -> None:
     with pytest.raises(RuntimeError, match="boom"):
         with NetnsCluster(workers=2, with_spark=False) as cluster:
             names = [h.netns for h in cluster.hosts]
-            assert set(names) <= set(subprocess.run(["ip", "netns", "list"], capture_output=True,
-                                                    text=True).stdout.split())
+            assert set(names) <= set(
+                subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+            )
             raise RuntimeError("boom")
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout

@@ -75,8 +75,9 @@ def test_workers_advertise_the_bridge_interface_not_the_decoy(netns_cluster, clu
         assert w["network"]["source"] == SOURCES[name]
         assert w["network"]["interface"] == w["network"]["socket_ifname"] == host.interface  # not the decoy eth0
         assert w["threads"] == 1  # spark.task.cpus
-    assert {w["network"]["store"] for w in workers} == {f"{workers[0]['network']['address']}:"
-                                                        + workers[0]["network"]["store"].rsplit(":", 1)[1]}
+    assert {w["network"]["store"] for w in workers} == {
+        f"{workers[0]['network']['address']}:" + workers[0]["network"]["store"].rsplit(":", 1)[1]
+    }
 
 
 @pytest.mark.parametrize("name", ["avg", "shr"])

@@ -40,10 +40,36 @@ def test_two_hosts_same_sum_both_topologies_and_the_json_fields(tmp_path) -> Non
     if reason is not None:
         pytest.skip(f"multi-host namespace cluster unavailable: {reason}")
     out = tmp_path / "scaling.json"
-    args = B.parse_args(["--num-workers", "2", "--links", "100mbit", "--params", str(PARAMS), "--densities",
-                         ",".join(map(str, DENSITIES)), "--reps", "3", "--dense-reps", "2", "--warmup", "1",
-                         "--probe-reps", "2", "--seed", "5", "--burst-ms", "4", "--slow-start-after-idle", "0",
-                         "--timeout", "120", "--out", str(out)])
+    args = B.parse_args(
+        [
+            "--num-workers",
+            "2",
+            "--links",
+            "100mbit",
+            "--params",
+            str(PARAMS),
+            "--densities",
+            ",".join(map(str, DENSITIES)),
+            "--reps",
+            "3",
+            "--dense-reps",
+            "2",
+            "--warmup",
+            "1",
+            "--probe-reps",
+            "2",
+            "--seed",
+            "5",
+            "--burst-ms",
+            "4",
+            "--slow-start-after-idle",
+            "0",
+            "--timeout",
+            "120",
+            "--out",
+            str(out),
+        ]
+    )
     returned = B.run(args)
     with open(out) as f:
         data = json.load(f)
@@ -88,14 +114,17 @@ def test_link_rates_and_buckets() -> None:
     assert B.burst_for("10mbit", 2.0) == "16384b"  # never below 16 kB (several full-size frames)
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--num-workers", "1,2"], "--num-workers needs counts >= 2"),
-    (["--links", "fast"], "link rate must look like"),
-    (["--densities", "0,0.01"], "--densities must lie in"),
-    (["--reps", "0"], "must be >= 1"),
-    (["--burst-ms", "0"], "--burst-ms must be > 0"),
-    (["--params", "3"], "--params must be >= 16"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--num-workers", "1,2"], "--num-workers needs counts >= 2"),
+        (["--links", "fast"], "link rate must look like"),
+        (["--densities", "0,0.01"], "--densities must lie in"),
+        (["--reps", "0"], "must be >= 1"),
+        (["--burst-ms", "0"], "--burst-ms must be > 0"),
+        (["--params", "3"], "--params must be >= 16"),
+    ],
+)
 def test_bad_arguments_are_refused_with_the_reason(argv: list[str], message: str, capsys) -> None:
     with pytest.raises((SystemExit, ValueError)) as info:
         B.parse_args(argv)

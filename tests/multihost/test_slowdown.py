@@ -12,6 +12,7 @@ import sys
 import time
 
 import pytest
+
 from cluster_harness import NetnsCluster, unavailable_reason
 from slowdown import CpuQuota, Flapper, PeerLinkShaper, cgroup_unavailable_reason, membership, pids_in_netns
 
@@ -27,7 +28,7 @@ def _needs_cgroup() -> None:
 def _cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         raw = f.read()
-    fields = raw[raw.rfind(")") + 2:].split()
+    fields = raw[raw.rfind(")") + 2 :].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
@@ -80,10 +81,13 @@ def test_cpu_quota_limits_a_busy_loop_and_cleanup_removes_the_cgroup() -> None:
 def test_processes_started_inside_inherit_the_quota_and_stop_moves_members_out() -> None:
     _needs_cgroup()
     # a stand-in for the Spark worker daemon: it starts its "executor" only when told to, after being moved
-    parent = _spawn(sys.executable, "-c",
-                    "import subprocess, sys\nsys.stdin.readline()\n"
-                    "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
-                    "print(child.pid, flush=True)\nsys.stdin.readline()\nchild.kill()")
+    parent = _spawn(
+        sys.executable,
+        "-c",
+        "import subprocess, sys\nsys.stdin.readline()\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        "print(child.pid, flush=True)\nsys.stdin.readline()\nchild.kill()",
+    )
     quota = CpuQuota(0.5, name=f"torchspark-test-tree-{os.getpid()}")
     try:
         with quota:
@@ -118,9 +122,11 @@ def test_flapper_refuses_bad_ranges() -> None:
 
 
 def _serve(cluster: NetnsCluster, host, port: int, connections: int) -> subprocess.Popen[str]:
-    code = (f"import socket\ns = socket.create_server(('{host.address}', {port}))\nprint('ready', flush=True)\n"
-            f"for _ in range({connections}):\n c, _ = s.accept()\n while c.recv(65536): pass\n c.close()\n"
-            " print('received', flush=True)")
+    code = (
+        f"import socket\ns = socket.create_server(('{host.address}', {port}))\nprint('ready', flush=True)\n"
+        f"for _ in range({connections}):\n c, _ = s.accept()\n while c.recv(65536): pass\n c.close()\n"
+        " print('received', flush=True)"
+    )
     proc = _spawn("ip", "netns", "exec", host.netns, sys.executable, "-c", code)
     assert _readline(proc) == "ready"
     return proc
@@ -132,8 +138,10 @@ def _send_from_root(address: str, port: int, size: int) -> None:
 
 
 def _send_from(host, address: str, port: int, size: int) -> None:
-    code = (f"import socket\ns = socket.create_connection(('{address}', {port}), timeout=10)\n"
-            f"s.sendall(b'x' * {size}); s.close()")
+    code = (
+        f"import socket\ns = socket.create_connection(('{address}', {port}), timeout=10)\n"
+        f"s.sendall(b'x' * {size}); s.close()"
+    )
     subprocess.run(["ip", "netns", "exec", host.netns, sys.executable, "-c", code], check=True, timeout=30)
 
 

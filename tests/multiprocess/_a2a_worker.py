@@ -14,17 +14,18 @@ def run_rank(rank: int, world: int, port: int, shared_memory: bool, timeout_case
 
     sys.path.insert(0, __file__.rsplit("/", 1)[0].rsplit("/", 1)[0] + "/unit")
     import numpy as np
-    from reference_loops import dense_exchange
     from test_sharded_exchange import _applied, _payload
 
+    from reference_loops import dense_exchange
     from torchspark.errors import WaitTimeout
     from torchspark.training.algorithms.sharing.sharded import sharded_exchange
     from torchspark.training.comm import TorchDistCommunicator
 
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=datetime.timedelta(seconds=60))
-    comm = TorchDistCommunicator(store, rank, world, "gloo", "cpu", 3.0 if timeout_case else 60.0,
-                                 shared_memory=shared_memory)
+    comm = TorchDistCommunicator(
+        store, rank, world, "gloo", "cpu", 3.0 if timeout_case else 60.0, shared_memory=shared_memory
+    )
     report: dict[str, Any] = {"rank": rank}
     try:
         if timeout_case:

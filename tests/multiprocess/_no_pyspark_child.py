@@ -23,8 +23,10 @@ def core() -> None:
     g = torch.Generator().manual_seed(0)
     x = torch.randn(64, 6, generator=g)
     data = DataSet(x, (x[:, 0] > 0).long())
-    for master in (ParameterAveragingTrainingMaster(batch_size_per_worker=8, averaging_frequency=2),
-                   SharedTrainingMaster(batch_size_per_worker=8, threshold_algorithm=FixedThreshold(1e-4))):
+    for master in (
+        ParameterAveragingTrainingMaster(batch_size_per_worker=8, averaging_frequency=2),
+        SharedTrainingMaster(batch_size_per_worker=8, threshold_algorithm=FixedThreshold(1e-4)),
+    ):
         net = Network(models.mlp(6, 8, 2), seed=0)
         before = net.params().clone()
         ParallelWrapper(net, num_workers=2, master=master, progress=False).fit(data, epochs=1)
@@ -43,8 +45,23 @@ def cli_parallel() -> None:
     from torchspark import cli
 
     with tempfile.TemporaryDirectory() as out, contextlib.redirect_stdout(io.StringIO()):
-        rc = cli.main(["train", "--parallel", "--model", "mlp", "--epochs", "1", "--num-workers", "2",
-                       "--training-mode", "averaging", "--no-progress", "--output", out])
+        rc = cli.main(
+            [
+                "train",
+                "--parallel",
+                "--model",
+                "mlp",
+                "--epochs",
+                "1",
+                "--num-workers",
+                "2",
+                "--training-mode",
+                "averaging",
+                "--no-progress",
+                "--output",
+                out,
+            ]
+        )
     assert rc == 0, rc
 
 
@@ -53,8 +70,11 @@ def cli_spark_route() -> str:
     from torchspark import cli
 
     err = io.StringIO()
-    with tempfile.TemporaryDirectory() as out, contextlib.redirect_stderr(err), \
-            contextlib.redirect_stdout(io.StringIO()):
+    with (
+        tempfile.TemporaryDirectory() as out,
+        contextlib.redirect_stderr(err),
+        contextlib.redirect_stdout(io.StringIO()),
+    ):
         rc = cli.main(["train", "--model", "mlp", "--epochs", "1", "--num-workers", "2", "--output", out])
     assert rc == 2, rc
     return err.getvalue()

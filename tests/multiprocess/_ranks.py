@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import multiprocessing
 import socket
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 def free_port() -> int:
@@ -13,8 +14,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_ranks(target: Callable[..., None], world: int, *args: Any, reports: bool = True,
-              check_exit: bool = False, timeout_s: float = 180.0) -> list[dict[str, Any]]:
+def run_ranks(
+    target: Callable[..., None],
+    world: int,
+    *args: Any,
+    reports: bool = True,
+    check_exit: bool = False,
+    timeout_s: float = 180.0,
+) -> list[dict[str, Any]]:
     """Run ``target(rank, world, port, *args[, queue])`` in ``world`` processes.
 
     With ``reports`` each rank puts one dict (with its ``"rank"``) on the queue passed last; they come back sorted

@@ -13,10 +13,10 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the tests folder: interrupting
 
 import torch  # noqa: E402
-from helpers import averaging_only  # noqa: E402
-from interrupting import InterruptingMLP  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
+from helpers import averaging_only  # noqa: E402
+from interrupting import InterruptingMLP  # noqa: E402
 from torchspark import DataSet, Network, optim  # noqa: E402
 from torchspark.errors import WorkerError  # noqa: E402
 from torchspark.parallel import ParallelWrapper  # noqa: E402
@@ -34,10 +34,20 @@ def data() -> DataSet:
 
 def fit(mode: str, directory: str | None, run_id: str | None, after: int | None) -> Network:
     net = Network(InterruptingMLP(12, 16, 3, after=after), updater=optim.Adam(lr=0.01), seed=0)
-    checkpoints = {} if directory is None else {"checkpoint_directory": directory,
-                                                "checkpoint_every": 1 if mode == "averaging" else 2}
-    ParallelWrapper(net, num_workers=2, training_mode=mode, **averaging_only(mode, 3), threads_per_worker=1, progress=False,
-                    **checkpoints).fit(data(), epochs=EPOCHS, batch_size=BATCH, run_id=run_id)
+    checkpoints = (
+        {}
+        if directory is None
+        else {"checkpoint_directory": directory, "checkpoint_every": 1 if mode == "averaging" else 2}
+    )
+    ParallelWrapper(
+        net,
+        num_workers=2,
+        training_mode=mode,
+        **averaging_only(mode, 3),
+        threads_per_worker=1,
+        progress=False,
+        **checkpoints,
+    ).fit(data(), epochs=EPOCHS, batch_size=BATCH, run_id=run_id)
     return net
 
 
@@ -45,12 +55,16 @@ def main() -> int:
     mode, directory, run_id, after, out = sys.argv[1:6]
     try:
         plain = directory == "none"
-        net = fit(mode, None if plain else directory, None if plain else run_id, None if after == "none" else int(after))
+        net = fit(
+            mode, None if plain else directory, None if plain else run_id, None if after == "none" else int(after)
+        )
     except WorkerError as e:
         print(str(e), file=sys.stderr)
         return 3
-    save_file({"params": net.params(), "updater": net.updater_state(),
-               "counters": torch.tensor([net.iteration, net.epoch])}, out)
+    save_file(
+        {"params": net.params(), "updater": net.updater_state(), "counters": torch.tensor([net.iteration, net.epoch])},
+        out,
+    )
     return 0
 
 

@@ -32,10 +32,19 @@ def run_rank(rank: int, world: int, port: int, shared_memory: bool, shm_dir: str
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=datetime.timedelta(seconds=60))
     comm = TorchDistCommunicator(store, rank, world, "gloo", "cpu", 60.0, shared_memory=shared_memory)
-    report: dict[str, Any] = {"rank": rank, "shm": comm.uses_shared_memory, "ok": [], "digest": [],
-                              "fifo": comm._fifo is not None}
-    cases: list[tuple[tuple[int, ...], bool]] = [((100_003,), False), ((400_001,), False), ((50,), False),
-                                                 ((700, 300), True)]
+    report: dict[str, Any] = {
+        "rank": rank,
+        "shm": comm.uses_shared_memory,
+        "ok": [],
+        "digest": [],
+        "fifo": comm._fifo is not None,
+    }
+    cases: list[tuple[tuple[int, ...], bool]] = [
+        ((100_003,), False),
+        ((400_001,), False),
+        ((50,), False),
+        ((700, 300), True),
+    ]
     for seed, (shape, transposed) in enumerate(cases):
         t = _values(shape, rank, seed)
         if transposed:  # a non-contiguous view
@@ -65,8 +74,10 @@ def run_rank(rank: int, world: int, port: int, shared_memory: bool, shm_dir: str
     # grows the segment), and a float sum in between
     report["gather_ok"] = []
     for seed, sizes in enumerate(([10, 3000, 0], [8_000_000, 7, 1], [0, 0, 0], [64, 2_000_000, 65])):
-        payloads = [bytes([(r * 31 + seed + i) % 256 for i in range(min(n, 256))]) * (n // 256 + 1)
-                    for r, n in enumerate(sizes[:world])]
+        payloads = [
+            bytes([(r * 31 + seed + i) % 256 for i in range(min(n, 256))]) * (n // 256 + 1)
+            for r, n in enumerate(sizes[:world])
+        ]
         payloads = [p_[:n] for p_, n in zip(payloads, sizes[:world])]
         got = comm.all_gather_bytes(payloads[rank])
         report["gather_ok"].append(got == payloads)
@@ -85,9 +96,11 @@ def run_rank(rank: int, world: int, port: int, shared_memory: bool, shm_dir: str
 
         sizes = [5, 0, 70_000, 3, 1_500_000, 9, 0, 200_000] * 3
         for t, n in enumerate(sizes):
-            payloads = [bytes([(r * 7 + t + i) % 256 for i in range(max(n - r, 0) % 256)]) * ((n - r) // 256 + 1)
-                        for r in range(world)]
-            payloads = [q[:max(n - r, 0)] for r, q in enumerate(payloads)]
+            payloads = [
+                bytes([(r * 7 + t + i) % 256 for i in range(max(n - r, 0) % 256)]) * ((n - r) // 256 + 1)
+                for r in range(world)
+            ]
+            payloads = [q[: max(n - r, 0)] for r, q in enumerate(payloads)]
             posted.post(payloads[rank])
             if t % world == rank:
                 time.sleep(0.02)  # this rank is the slow one of the round: peers are one post ahead meanwhile

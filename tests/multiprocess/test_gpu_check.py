@@ -20,8 +20,13 @@ import _gpu_checks as G  # noqa: E402
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke test; on a GPU run the check itself")
 def test_the_gpu_check_runs_every_check_on_the_cpu_without_failures(tmp_path: pathlib.Path) -> None:
     out = tmp_path / "gpu_check.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--quick", "--out", str(out),
-                           "--budget-s", "600"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--quick", "--out", str(out), "--budget-s", "600"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     report = json.loads(out.read_text())
     names = [r["check"] for r in report["checks"]]

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import mlp_net
 from torchspark import DataSet, datasets, optim
 from torchspark.data import save_batches
 from torchspark.encoding import FixedThreshold
@@ -18,8 +19,6 @@ from torchspark.parallel import wrapper as wrapper_module
 from torchspark.parallel.bootstrap import backend_for_devices
 from torchspark.training.assignment import plan_files, split_examples
 from torchspark.training.worker.loop import load_item
-from helpers import mlp_net
-
 
 _net = partial(mlp_net, 4, 4, 2, updater=optim.SGD(lr=0.1))
 
@@ -44,8 +43,10 @@ _net = partial(mlp_net, 4, 4, 2, updater=optim.SGD(lr=0.1))
         ({"worker_prefetch_num_batches": -1}, "worker_prefetch_num_batches must be an integer >= 0"),
         ({"rng_seed": -3}, "rng_seed must be an integer >= 0 or None, got -3"),
         ({"threads_per_worker": 0}, "threads_per_worker must be an integer >= 1 or None, got 0"),
-        ({"rendezvous_timeout_s": 0},
-         "rendezvous_timeout_s must be a finite number of seconds in (0, 604800.0], got 0"),
+        (
+            {"rendezvous_timeout_s": 0},
+            "rendezvous_timeout_s must be a finite number of seconds in (0, 604800.0], got 0",
+        ),
         ({"training_mode": "sharing", "overlap": "yes"}, "overlap must be True or False, got 'yes'"),
         ({"progress": "yes"}, "progress must be True, False or None"),
         ({"training_mode": ["averaging"]}, "training_mode must be one of"),
@@ -74,8 +75,9 @@ def test_network_must_be_a_torchspark_network() -> None:
 
 
 def test_policy_dicts_are_accepted() -> None:
-    wrapper = ParallelWrapper(_net(), num_workers=2, training_mode="sharing",
-                              threshold_algorithm=FixedThreshold(1e-3).to_dict())
+    wrapper = ParallelWrapper(
+        _net(), num_workers=2, training_mode="sharing", threshold_algorithm=FixedThreshold(1e-3).to_dict()
+    )
     assert isinstance(wrapper.threshold_algorithm, FixedThreshold)
 
 
@@ -130,11 +132,14 @@ def test_plan_devices(num_workers, devices, gpus: int, cores: int, expected: lis
     assert plan_devices(num_workers=num_workers, devices=devices, gpu_count=gpus, cpu_count=cores) == expected
 
 
-@pytest.mark.parametrize(("devices", "gpus", "message"), [
-    (["cuda:0"], 0, "devices[0]='cuda:0' but torch sees 0 CUDA GPU(s) here; use devices=['cpu']"),
-    (["cuda:0", "cuda:2"], 2, "devices[1]='cuda:2' but torch sees 2 CUDA GPU(s) here; use cuda:0..cuda:1"),
-    (["tpu"], 2, "devices[0]='tpu' is not a device"),
-])
+@pytest.mark.parametrize(
+    ("devices", "gpus", "message"),
+    [
+        (["cuda:0"], 0, "devices[0]='cuda:0' but torch sees 0 CUDA GPU(s) here; use devices=['cpu']"),
+        (["cuda:0", "cuda:2"], 2, "devices[1]='cuda:2' but torch sees 2 CUDA GPU(s) here; use cuda:0..cuda:1"),
+        (["tpu"], 2, "devices[0]='tpu' is not a device"),
+    ],
+)
 def test_plan_devices_refuses_missing_gpus(devices: list[str], gpus: int, message: str) -> None:
     with pytest.raises(ConfigError) as info:
         plan_devices(None, devices, gpus, 8)
@@ -150,16 +155,20 @@ def test_default_devices_follow_the_machine(monkeypatch: pytest.MonkeyPatch, gpu
     expected = ["cuda:0", "cuda:1"] if gpus else ["cpu"] * 3
     assert wrapper_module._default_devices(None) == expected
     assert ParallelWrapper(_net()).worker_devices == expected
-    assert ParallelWrapper(_net(), num_workers=3).worker_devices == (["cuda:0", "cuda:1", "cuda:0"] if gpus
-                                                                 else ["cpu"] * 3)
+    assert ParallelWrapper(_net(), num_workers=3).worker_devices == (
+        ["cuda:0", "cuda:1", "cuda:0"] if gpus else ["cpu"] * 3
+    )
 
 
-@pytest.mark.parametrize(("devices", "backend"), [
-    (["cpu", "cpu"], "gloo"),
-    (["cuda:0", "cuda:1"], "nccl"),
-    (["cuda:0", "cuda:0"], "gloo"),  # nccl refuses two ranks on one GPU
-    (["cuda:0", "cpu"], "gloo"),
-])
+@pytest.mark.parametrize(
+    ("devices", "backend"),
+    [
+        (["cpu", "cpu"], "gloo"),
+        (["cuda:0", "cuda:1"], "nccl"),
+        (["cuda:0", "cuda:0"], "gloo"),  # nccl refuses two ranks on one GPU
+        (["cuda:0", "cpu"], "gloo"),
+    ],
+)
 def test_backend_for_devices(devices: list[str], backend: str) -> None:
     assert backend_for_devices(devices) == backend
 
@@ -193,8 +202,9 @@ def test_a_list_mixing_dataset_kinds_is_refused() -> None:
 
 def test_paths_are_rebatched_with_sparks_plan(tmp_path) -> None:
     data = datasets.synthetic_classification(45, 4, 2, seed=3)
-    paths = save_batches([data.slice(0, 5), data.slice(5, 25), data.slice(25, 27), data.slice(27, 45)],
-                         str(tmp_path))  # files of 5, 20, 2 and 18 examples
+    paths = save_batches(
+        [data.slice(0, 5), data.slice(5, 25), data.slice(25, 27), data.slice(27, 45)], str(tmp_path)
+    )  # files of 5, 20, 2 and 18 examples
     plan = wrapper_module._route([Path(p) for p in paths], 2, 8, 3, rng_seed=1)
     # with a seed, every epoch has its own plan (epoch 0's is the seed's plan, as in Spark's fit_paths)
     assert [[e.epoch for e in worker] for worker in plan.shares.paths] == [[0, 1, 2], [0, 1, 2]]

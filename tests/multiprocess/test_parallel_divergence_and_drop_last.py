@@ -8,10 +8,10 @@ from functools import partial
 
 import pytest
 
+from helpers import mlp_net
 from torchspark import Network, datasets, models, optim
 from torchspark.errors import ConfigError, TrainingError
 from torchspark.parallel import ParallelWrapper
-from helpers import mlp_net
 
 TRAIN = datasets.digits("train").slice(0, 320)
 
@@ -27,8 +27,7 @@ def test_diverging_gradient_sharing_fails_by_default() -> None:
 
 def test_on_divergence_warn_keeps_training_and_warns() -> None:
     net = _diverging()
-    wrapper = ParallelWrapper(net, num_workers=2, training_mode="sharing", progress=False,
-                              on_divergence="warn")
+    wrapper = ParallelWrapper(net, num_workers=2, training_mode="sharing", progress=False, on_divergence="warn")
     with pytest.warns(RuntimeWarning, match=r"training diverged: .*Lower the learning rate"):
         wrapper.fit(TRAIN, batch_size=16)
     assert net.epoch == 1 and "exploded" in net.extra_config["sharing.divergence"]
@@ -46,8 +45,9 @@ def test_drop_last_and_the_progress_bar_total(capfd) -> None:
     err = capfd.readouterr().err
     assert "100%" in err and "132/132" in err, err[-2000:]  # total known: percentage, count of total, time left
     assert sorted(r.examples for r in kept.last_results) == [66, 66]
-    dropped = ParallelWrapper(Network(models.mlp(6, 8, 3), seed=0), num_workers=2, progress=False, averaging_frequency=1,
-                              drop_last=True)
+    dropped = ParallelWrapper(
+        Network(models.mlp(6, 8, 3), seed=0), num_workers=2, progress=False, averaging_frequency=1, drop_last=True
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         dropped.fit(data, epochs=2, batch_size=16)

@@ -7,12 +7,12 @@ from functools import partial
 import pytest
 import torch
 
+from helpers import mlp_net
 from torchspark import DataSet, datasets, optim
 from torchspark.encoding import FixedThreshold
 from torchspark.errors import ConfigError, DataError, WorkerError
 from torchspark.parallel import ParallelWrapper
 from torchspark.training import InProcessRunner, ParameterAveragingTrainingMaster, SharedTrainingMaster
-from helpers import mlp_net
 
 DATA = datasets.synthetic_classification(96, 12, 3, seed=4)
 
@@ -42,34 +42,47 @@ def test_a_master_trains_like_the_options_that_build_it(mode: str) -> None:
 def test_the_in_process_runner_gives_the_worker_processes_result() -> None:
     master = ParameterAveragingTrainingMaster(batch_size_per_worker=8, averaging_frequency=2)
     in_threads, in_processes = _net(), _net()
-    ParallelWrapper(in_threads, num_workers=2, master=master, progress=False,
-                    runner=InProcessRunner(timeout_s=60)).fit(DATA, epochs=2)
-    ParallelWrapper(in_processes, num_workers=2, master=master, progress=False, threads_per_worker=1).fit(DATA, epochs=2)
+    ParallelWrapper(in_threads, num_workers=2, master=master, progress=False, runner=InProcessRunner(timeout_s=60)).fit(
+        DATA, epochs=2
+    )
+    ParallelWrapper(in_processes, num_workers=2, master=master, progress=False, threads_per_worker=1).fit(
+        DATA, epochs=2
+    )
     torch.testing.assert_close(in_threads.params(), in_processes.params(), atol=1e-6, rtol=1e-5)
     assert in_threads.iteration == in_processes.iteration
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"master": "averaging"}, "master must be a ParameterAveragingTrainingMaster or SharedTrainingMaster"),
-    ({"master": ParameterAveragingTrainingMaster(), "averaging_frequency": 3},
-     r"pass either master= or the options that build one, not both: \['averaging_frequency'\]"),
-    ({"master": SharedTrainingMaster(), "training_mode": "sharing"}, r"not both: \['training_mode'\]"),
-    ({"master": ParameterAveragingTrainingMaster(averaging_via="spark")}, "averaging_via='spark' would be ignored"),
-    ({"master": SharedTrainingMaster(export_directory="/tmp/x", port=5000)},
-     "export_directory='/tmp/x', port=5000 would be ignored"),
-    ({"master": ParameterAveragingTrainingMaster(num_workers=3), "num_workers": 2},
-     "num_workers=2 but the master's num_workers=3"),
-    ({"save_updater": "yes"}, r"save_updater must be True or False, got 'yes'"),
-    ({"runner": object()}, "runner must have a run"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"master": "averaging"}, "master must be a ParameterAveragingTrainingMaster or SharedTrainingMaster"),
+        (
+            {"master": ParameterAveragingTrainingMaster(), "averaging_frequency": 3},
+            r"pass either master= or the options that build one, not both: \['averaging_frequency'\]",
+        ),
+        ({"master": SharedTrainingMaster(), "training_mode": "sharing"}, r"not both: \['training_mode'\]"),
+        ({"master": ParameterAveragingTrainingMaster(averaging_via="spark")}, "averaging_via='spark' would be ignored"),
+        (
+            {"master": SharedTrainingMaster(export_directory="/tmp/x", port=5000)},
+            "export_directory='/tmp/x', port=5000 would be ignored",
+        ),
+        (
+            {"master": ParameterAveragingTrainingMaster(num_workers=3), "num_workers": 2},
+            "num_workers=2 but the master's num_workers=3",
+        ),
+        ({"save_updater": "yes"}, r"save_updater must be True or False, got 'yes'"),
+        ({"runner": object()}, "runner must have a run"),
+    ],
+)
 def test_conflicting_or_ignored_settings_are_refused(kwargs: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         ParallelWrapper(_net(), progress=False, **kwargs)
 
 
 def test_the_masters_worker_count_is_used() -> None:
-    wrapper = ParallelWrapper(_net(), master=ParameterAveragingTrainingMaster(num_workers=3), devices=["cpu"],
-                              progress=False)
+    wrapper = ParallelWrapper(
+        _net(), master=ParameterAveragingTrainingMaster(num_workers=3), devices=["cpu"], progress=False
+    )
     assert wrapper.worker_devices == ["cpu", "cpu", "cpu"]
 
 

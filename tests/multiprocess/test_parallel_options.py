@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 import torch
 from _gated import GatedLinear
-from reference_loops import averaging_reference
 
+from helpers import mlp_net
+from reference_loops import averaging_reference
 from torchspark import Network, datasets, optim
 from torchspark.parallel import LocalProcessRunner, ParallelWrapper
 from torchspark.training.assignment import split_examples
 from torchspark.training.hooks import ScoreReport
-from helpers import mlp_net
 
 BATCH = 8
 WORKERS = 2
@@ -28,8 +28,9 @@ _mlp = partial(mlp_net, 12, 16, 3, updater=optim.SGD(lr=0.1))
 
 
 def _reports(caplog: pytest.LogCaptureFixture) -> list[ScoreReport]:
-    return [r.score_report for r in caplog.records
-            if r.name == "torchspark.parallel.wrapper" and hasattr(r, "score_report")]
+    return [
+        r.score_report for r in caplog.records if r.name == "torchspark.parallel.wrapper" and hasattr(r, "score_report")
+    ]
 
 
 def _worker_scores(wrapper: ParallelWrapper) -> list[np.ndarray]:
@@ -48,8 +49,14 @@ def test_the_averaged_score_is_logged_after_every_averaging_round(caplog) -> Non
     data = datasets.synthetic_classification(60, 12, 3, seed=4)
     sizes = [[len(b) for b in share] for share in split_examples([data], BATCH, WORKERS, None)]
     assert sizes == [[8, 8, 8, 6], [2, 8, 8, 8, 4]]  # 30 examples each: rounds of 2 weigh 16:10, 14:16, 0:4
-    wrapper = ParallelWrapper(_mlp(), num_workers=WORKERS, averaging_frequency=2, report_score_after_averaging=True,
-                              collect_training_stats=True, progress=False)
+    wrapper = ParallelWrapper(
+        _mlp(),
+        num_workers=WORKERS,
+        averaging_frequency=2,
+        report_score_after_averaging=True,
+        collect_training_stats=True,
+        progress=False,
+    )
     wrapper.fit(data, epochs=2, batch_size=BATCH)
 
     reports = _reports(caplog)
@@ -63,7 +70,7 @@ def test_the_averaged_score_is_logged_after_every_averaging_round(caplog) -> Non
         for first in (0, 2, 4):
             total = weight = 0.0
             for w in range(WORKERS):
-                mine = sizes[w][first:first + 2]
+                mine = sizes[w][first : first + 2]
                 if mine:  # a worker whose data ran out joins the round with weight 0
                     last = losses[w][epoch * len(sizes[w]) + first + len(mine) - 1]
                     total += float(last) * sum(mine)
@@ -76,21 +83,29 @@ def test_sharing_log_each_epochs_mean_score_and_nothing_unless_asked(caplog) -> 
     caplog.set_level(logging.INFO, logger="torchspark.parallel.wrapper")
     data = datasets.synthetic_classification(60, 12, 3, seed=4)
     sizes = [[len(b) for b in share] for share in split_examples([data], BATCH, WORKERS, None)]
-    wrapper = ParallelWrapper(_mlp(), num_workers=WORKERS, training_mode="sharing",
-                              report_score_after_averaging=True, collect_training_stats=True, progress=False)
+    wrapper = ParallelWrapper(
+        _mlp(),
+        num_workers=WORKERS,
+        training_mode="sharing",
+        report_score_after_averaging=True,
+        collect_training_stats=True,
+        progress=False,
+    )
     wrapper.fit(data, epochs=3, batch_size=BATCH)
 
     reports = _reports(caplog)
     assert [(r.epoch, r.round, r.examples) for r in reports] == [(e, None, 60) for e in range(3)]
     losses = _worker_scores(wrapper)
     for epoch, report in enumerate(reports):
-        total = sum(float(losses[w][epoch * len(sizes[w]) + i]) * n
-                    for w in range(WORKERS) for i, n in enumerate(sizes[w]))
+        total = sum(
+            float(losses[w][epoch * len(sizes[w]) + i]) * n for w in range(WORKERS) for i, n in enumerate(sizes[w])
+        )
         assert math.isfinite(report.score) and report.score == pytest.approx(total / 60, rel=1e-9)
 
     caplog.clear()
     ParallelWrapper(_mlp(), num_workers=WORKERS, training_mode="sharing", progress=False).fit(
-        data, epochs=1, batch_size=BATCH)
+        data, epochs=1, batch_size=BATCH
+    )
     ParallelWrapper(_mlp(), num_workers=WORKERS, averaging_frequency=2, progress=False).fit(data, batch_size=BATCH)
     assert _reports(caplog) == []
 
@@ -103,8 +118,9 @@ def test_save_updater_false_resets_adam_every_round_as_the_reference_does() -> N
     for average in (True, False):
         net = _mlp(updater=optim.Adam(lr=1e-2))
         reference = averaging_reference(net, shards, epochs=2, frequency=3, save_updater=average)
-        wrapper = ParallelWrapper(net, num_workers=WORKERS, averaging_frequency=3, save_updater=average,
-                                  threads_per_worker=1, progress=False)
+        wrapper = ParallelWrapper(
+            net, num_workers=WORKERS, averaging_frequency=3, save_updater=average, threads_per_worker=1, progress=False
+        )
         wrapper.fit(data, epochs=2, batch_size=BATCH)
         torch.testing.assert_close(net.params(), reference.params(), atol=1e-6, rtol=1e-5)
         torch.testing.assert_close(net.updater_state(), reference.updater_state(), atol=1e-6, rtol=1e-5)
@@ -116,8 +132,9 @@ def test_save_updater_false_resets_adam_every_round_as_the_reference_does() -> N
 
 # ------------------------------------------------------------------ worker_prefetch_num_batches
 @pytest.mark.parametrize("prefetch", [1, 4])
-def test_worker_prefetch_num_batches_bounds_how_far_a_one_shot_iterable_is_read_ahead(tmp_path: Path,
-                                                                                    prefetch: int) -> None:
+def test_worker_prefetch_num_batches_bounds_how_far_a_one_shot_iterable_is_read_ahead(
+    tmp_path: Path, prefetch: int
+) -> None:
     """Workers wait in their first forward until a gate opens; the parent's feeder keeps reading the iterable and
     dealing minibatches round-robin. The first time it finds a worker's queue full, the test notes how many
     minibatches the iterable has given and opens the gate. Each worker holds one minibatch and its queue
@@ -143,14 +160,18 @@ def test_worker_prefetch_num_batches_bounds_how_far_a_one_shot_iterable_is_read_
             yield batch
 
     net = Network(GatedLinear(12, 3, str(gate)), updater=optim.SGD(lr=0.1), seed=0)
-    wrapper = ParallelWrapper(net, num_workers=WORKERS, worker_prefetch_num_batches=prefetch, progress=False,
-                              runner=Watched(["cpu"] * WORKERS))  # the queue bound comes from the wrapper's option
+    wrapper = ParallelWrapper(
+        net,
+        num_workers=WORKERS,
+        worker_prefetch_num_batches=prefetch,
+        progress=False,
+        runner=Watched(["cpu"] * WORKERS),
+    )  # the queue bound comes from the wrapper's option
     wrapper.fit(one_shot(), batch_size=BATCH)
 
     assert at_first_full, f"no worker queue was ever full; the iterable was read {len(drawn)} minibatches ahead"
     assert prefetch * WORKERS + 1 <= at_first_full[0] <= (prefetch + 2) * WORKERS
     assert len(drawn) == 40 and sum(r.examples for r in wrapper.last_results) == 40 * BATCH
-
 
 
 def test_options_set_after_construction_take_effect_or_are_refused() -> None:
@@ -171,8 +192,9 @@ def test_options_set_after_construction_take_effect_or_are_refused() -> None:
     with pytest.raises(ConfigError, match="averaging_frequency"):
         wrapper.averaging_frequency = 0
     assert wrapper.averaging_frequency == 5 and wrapper.master.averaging_frequency == 5
-    own = ParallelWrapper(_mlp(), num_workers=WORKERS, progress=False,
-                          master=ParameterAveragingTrainingMaster(num_workers=WORKERS))
+    own = ParallelWrapper(
+        _mlp(), num_workers=WORKERS, progress=False, master=ParameterAveragingTrainingMaster(num_workers=WORKERS)
+    )
     with pytest.raises(ConfigError, match="master of your own"):
         own.collect_training_stats = True
     own.progress = True  # not a master option: set as before

@@ -6,13 +6,13 @@ from __future__ import annotations
 from functools import partial
 
 import torch
-from reference_loops import averaging_reference
 
+from helpers import assert_replicas_identical, mlp_net
+from reference_loops import averaging_reference
 from torchspark import datasets, optim
 from torchspark.parallel import ParallelWrapper
 from torchspark.training import InProcessRunner
 from torchspark.training.assignment import split_examples
-from helpers import assert_replicas_identical, mlp_net
 
 BATCH = 8
 DATA = datasets.synthetic_classification(64, 12, 3, seed=5)  # 4 minibatches per worker and epoch
@@ -24,8 +24,9 @@ def test_averaging_worker_processes_train_in_bf16_as_the_reference_does() -> Non
     shards = split_examples([DATA], BATCH, 2, None)
     expected = averaging_reference(net, shards, epochs=2, frequency=2, save_updater=True)
     fp32 = averaging_reference(network(), shards, epochs=2, frequency=2, save_updater=True)
-    ParallelWrapper(net, num_workers=2, training_mode="averaging", averaging_frequency=2, threads_per_worker=1,
-                    progress=False).fit(DATA, epochs=2, batch_size=BATCH)
+    ParallelWrapper(
+        net, num_workers=2, training_mode="averaging", averaging_frequency=2, threads_per_worker=1, progress=False
+    ).fit(DATA, epochs=2, batch_size=BATCH)
     torch.testing.assert_close(net.params(), expected.params(), rtol=1e-5, atol=1e-6)
     assert not torch.allclose(net.params(), fp32.params(), atol=1e-4)
     assert net.precision == "bf16"
@@ -36,8 +37,9 @@ def test_sharing_worker_processes_train_in_bf16_as_worker_threads_do() -> None:
     results = {}
     for precision, runner in (("bf16", None), ("bf16", InProcessRunner(timeout_s=60)), ("fp32", None)):
         net = network(precision=precision)
-        wrapper = ParallelWrapper(net, num_workers=2, training_mode="sharing", threads_per_worker=1, progress=False,
-                                  runner=runner, rng_seed=0)
+        wrapper = ParallelWrapper(
+            net, num_workers=2, training_mode="sharing", threads_per_worker=1, progress=False, runner=runner, rng_seed=0
+        )
         wrapper.fit(DATA, epochs=2, batch_size=BATCH)
         if runner is None:
             assert_replicas_identical(wrapper, 2, net=net)

@@ -30,8 +30,11 @@ def test_a_second_driver_process_continues_the_run(tmp_path, mode: str) -> None:
     # the reference: one uninterrupted fit without checkpoints, the driver script's fit run in this process (a
     # driver process of its own would only add an interpreter start)
     net = fit(mode, None, None, None)
-    want = {"params": net.params(), "updater": net.updater_state(),
-            "counters": torch.tensor([net.iteration, net.epoch])}
+    want = {
+        "params": net.params(),
+        "updater": net.updater_state(),
+        "counters": torch.tensor([net.iteration, net.epoch]),
+    }
 
     first = _driver(mode, directory, "r1", "16", str(tmp_path / "first.safetensors"))
     assert first.returncode == 3 and "worker stopped after 16 minibatches" in first.stderr, first.stderr

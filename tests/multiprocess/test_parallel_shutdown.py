@@ -72,8 +72,9 @@ def test_nan_in_a_later_minibatch_names_the_nan_not_a_peer_error(runner) -> None
     x = data.features.clone()
     x[3 * 8 + 2, 5] = float("nan")  # minibatch 3 (worker 0's 4th): the first one passes the driver's check
     net = Network(models.mlp(12, 16, 3), updater=optim.SGD(lr=0.1), seed=0)
-    wrapper = ParallelWrapper(net, num_workers=2, training_mode="averaging", averaging_frequency=2, progress=False,
-                              runner=runner)
+    wrapper = ParallelWrapper(
+        net, num_workers=2, training_mode="averaging", averaging_frequency=2, progress=False, runner=runner
+    )
     before = net.params().clone()
 
     with pytest.raises(WorkerError) as info:
@@ -90,8 +91,7 @@ def test_nan_in_a_later_minibatch_names_the_nan_not_a_peer_error(runner) -> None
 def test_user_exception_in_one_worker_is_reported_with_its_traceback(runner) -> None:
     data = datasets.synthetic_classification(96, 12, 3, seed=1)
     net = Network(FailingForward(12, 3, after=4, rank=1), updater=optim.SGD(lr=0.1), seed=0)
-    wrapper = ParallelWrapper(net, num_workers=2, training_mode="sharing", progress=False,
-                              runner=runner)
+    wrapper = ParallelWrapper(net, num_workers=2, training_mode="sharing", progress=False, runner=runner)
 
     with pytest.raises(WorkerError) as info:
         wrapper.fit(data, epochs=1, batch_size=8)
@@ -105,8 +105,9 @@ def test_user_exception_in_one_worker_is_reported_with_its_traceback(runner) -> 
 def test_ctrl_c_in_the_parent_stops_all_workers_and_propagates(runner) -> None:
     data = datasets.synthetic_classification(8000, 12, 3, seed=1)  # far more work than the test waits for
     net = Network(models.mlp(12, 16, 3), updater=optim.SGD(lr=0.01), seed=0)
-    wrapper = ParallelWrapper(net, num_workers=2, training_mode="averaging", averaging_frequency=1, progress=False,
-                              runner=runner)
+    wrapper = ParallelWrapper(
+        net, num_workers=2, training_mode="averaging", averaging_frequency=1, progress=False, runner=runner
+    )
     interrupted_at: list[float] = []
     lock = threading.Lock()
 
@@ -153,7 +154,7 @@ def test_a_killed_worker_is_named_not_its_peers_connection_error(runner) -> None
 
 def test_the_root_cause_wins_over_a_peer_error_that_arrives_first() -> None:
     peer = "Traceback (most recent call last):\nRuntimeError: [gloo/transport/tcp/pair.cc] Connection closed by peer"
-    cause = "Traceback (most recent call last):\n  File \"model.py\", line 3\nValueError: bad input in layer 2"
+    cause = 'Traceback (most recent call last):\n  File "model.py", line 3\nValueError: bad input in layer 2'
     later: queue.Queue = queue.Queue()
     later.put(("error", 1, cause))
     supervisor = Supervisor(timeout_s=300.0)

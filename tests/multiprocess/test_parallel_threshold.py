@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from helpers import assert_replicas_identical, lenet_net
 from torchspark import Network, datasets, optim
 from torchspark.encoding import AdaptiveThreshold
 from torchspark.parallel import ParallelWrapper
-from helpers import assert_replicas_identical, lenet_net
 
 DECAY = 0.5 ** (1 / 20)
 EPOCHS = 2
@@ -21,8 +21,9 @@ EPOCHS = 2
 def _fit(threshold_algorithm: Any) -> tuple[Network, Any]:
     net = lenet_net(updater=optim.Adam(lr=1e-3))
     kwargs = {} if threshold_algorithm is None else {"threshold_algorithm": threshold_algorithm}
-    wrapper = ParallelWrapper(net, num_workers=2, training_mode="sharing", rng_seed=0, progress=False,
-                              collect_training_stats=True, **kwargs)
+    wrapper = ParallelWrapper(
+        net, num_workers=2, training_mode="sharing", rng_seed=0, progress=False, collect_training_stats=True, **kwargs
+    )
     wrapper.fit(datasets.digits("train"), epochs=EPOCHS, batch_size=16)
     return net, wrapper.training_stats
 

@@ -10,21 +10,26 @@ from typing import Any
 import pytest
 import torch
 
+from helpers import mlp_net
 from torchspark import Network, datasets, models, optim
 from torchspark.encoding import FixedThreshold
 from torchspark.errors import ConfigError
 from torchspark.parallel import ParallelWrapper
 from torchspark.training.config.shared_master import SharedTrainingMaster
-from helpers import mlp_net
 
 DATA = datasets.synthetic_classification(150, 12, 3, seed=5)
 
 
 def _fit(workers: int, shared_memory: bool = False, **options: Any) -> tuple[Network, ParallelWrapper]:
     net = mlp_net(12, 16, 3, updater=optim.SGD(lr=0.1))
-    master = SharedTrainingMaster(batch_size_per_worker=8, rng_seed=0, shared_memory_allreduce=shared_memory,
-                                  threshold_algorithm=FixedThreshold(0.05), collect_training_stats=True,
-                                  **options)
+    master = SharedTrainingMaster(
+        batch_size_per_worker=8,
+        rng_seed=0,
+        shared_memory_allreduce=shared_memory,
+        threshold_algorithm=FixedThreshold(0.05),
+        collect_training_stats=True,
+        **options,
+    )
     wrapper = ParallelWrapper(net, num_workers=workers, master=master, progress=False)
     wrapper.fit(DATA, epochs=2, batch_size=8)
     return net, wrapper
@@ -48,7 +53,8 @@ def test_sharded_fit_equals_all_gather_fit_bit_for_bit(gloo_fits: dict[str, tupl
 
 
 def test_posted_gathers_through_shared_memory_equal_the_exchange_thread_bit_for_bit(
-        gloo_fits: dict[str, tuple[Network, ParallelWrapper]]) -> None:
+    gloo_fits: dict[str, tuple[Network, ParallelWrapper]],
+) -> None:
     """Co-located workers overlap through posted shared-memory gathers (no exchange thread); over gloo the exchange
     thread does it. Same messages in the same order: the same parameters."""
     threaded, _ = gloo_fits["all_gather"]
@@ -81,8 +87,9 @@ def test_auto_shards_above_shard_above_workers(workers: int, expected: str) -> N
 
 def test_parallel_wrapper_topology_options_reach_the_master() -> None:
     net = Network(models.mlp(12, 16, 3), seed=0)
-    wrapper = ParallelWrapper(net, num_workers=2, training_mode="sharing", topology="sharded",
-                              shard_above_workers=5, progress=False)
+    wrapper = ParallelWrapper(
+        net, num_workers=2, training_mode="sharing", topology="sharded", shard_above_workers=5, progress=False
+    )
     assert (wrapper.master.topology, wrapper.master.shard_above_workers) == ("sharded", 5)
     assert wrapper.master.algorithm_settings()["topology"] == "sharded"
     with pytest.raises(ConfigError, match=r"topology must be one of \['auto', 'all_gather', 'sharded'\], got 'ring'"):

@@ -8,13 +8,12 @@ from functools import partial
 import numpy as np
 import pytest
 
+from helpers import assert_replicas_identical, averaging_only, batchnorm_net, lenet_net, mlp_net
 from torchspark import datasets, optim
 from torchspark.data import save_batches
 from torchspark.encoding import AdaptiveThreshold
 from torchspark.parallel import ParallelWrapper
 from torchspark.stats import STANDARD_PHASES
-from helpers import averaging_only, assert_replicas_identical, batchnorm_net, lenet_net, mlp_net
-
 
 _lenet = partial(lenet_net, updater=optim.Adam(lr=1e-3))
 
@@ -22,8 +21,15 @@ _lenet = partial(lenet_net, updater=optim.Adam(lr=1e-3))
 def test_digits_averaging_reaches_95_percent_with_stats_and_progress_bar(tmp_path, capfd) -> None:
     train, test = datasets.digits("train"), datasets.digits("test")
     net = _lenet()
-    wrapper = ParallelWrapper(net, num_workers=2, training_mode="averaging", averaging_frequency=5, rng_seed=0,
-                              collect_training_stats=True, progress=True)
+    wrapper = ParallelWrapper(
+        net,
+        num_workers=2,
+        training_mode="averaging",
+        averaging_frequency=5,
+        rng_seed=0,
+        collect_training_stats=True,
+        progress=True,
+    )
     updates = []
     wrapper.add_progress_listener(updates.append)
     assert wrapper.fit(train, epochs=8, batch_size=16) is net
@@ -58,8 +64,15 @@ def test_digits_sharing_from_batch_files_reaches_95_percent(tmp_path) -> None:
     paths = save_batches(train.split(16), str(tmp_path / "batches"))
     net = _lenet()
     # Adam steps are ~lr = 1e-3 per parameter; a threshold 10x above that skips ~150 dense warm-up steps
-    wrapper = ParallelWrapper(net, num_workers=2, training_mode="sharing", rng_seed=0, progress=False,
-                              threshold_algorithm=AdaptiveThreshold(initial=1e-2), collect_training_stats=True)
+    wrapper = ParallelWrapper(
+        net,
+        num_workers=2,
+        training_mode="sharing",
+        rng_seed=0,
+        progress=False,
+        threshold_algorithm=AdaptiveThreshold(initial=1e-2),
+        collect_training_stats=True,
+    )
     wrapper.fit(paths, epochs=8)  # workers read the files themselves
 
     accuracy = net.evaluate(test).accuracy()
@@ -95,7 +108,8 @@ def test_batchnorm_statistics_reach_the_calling_process(mode: str) -> None:
     data = datasets.synthetic_classification(64, 12, 3, seed=8)
     initial = net.buffers()
     ParallelWrapper(net, num_workers=2, training_mode=mode, **averaging_only(mode, 2), progress=False).fit(
-        data, epochs=1, batch_size=8)
+        data, epochs=1, batch_size=8
+    )
     assert torch.isfinite(net.buffers()).all() and not torch.allclose(net.buffers(), initial)
     assert int(net.module[1].num_batches_tracked) == 4  # worker 0's minibatches
 
@@ -107,7 +121,8 @@ def test_workers_flush_denormals_unless_told_not_to() -> None:
     for flush in (True, False):
         net = denormal_net()
         ParallelWrapper(net, num_workers=2, averaging_frequency=2, progress=False, flush_denormal=flush).fit(
-            zero_feature_data(64), epochs=1, batch_size=8)
+            zero_feature_data(64), epochs=1, batch_size=8
+        )
         got[flush] = watched(net)
     assert got[True] == 0.0
     assert got[False] == pytest.approx(DENORMAL, rel=1e-3)

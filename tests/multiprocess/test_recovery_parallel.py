@@ -14,13 +14,12 @@ import pytest
 import torch
 from _faulty import FailingForward
 
+from helpers import lenet_net
 from torchspark import Network, datasets, optim
 from torchspark.errors import WorkerError, WorkerLost
 from torchspark.parallel import LocalProcessRunner, ParallelWrapper
 from torchspark.training.config.masters import ParameterAveragingTrainingMaster
 from torchspark.training.config.shared_master import SharedTrainingMaster
-from helpers import lenet_net
-
 
 _lenet = partial(lenet_net, updater=optim.Adam(lr=1e-3))
 
@@ -55,8 +54,9 @@ class _Fault:
 
 EPOCHS = 3
 MASTERS = {
-    "averaging": ParameterAveragingTrainingMaster(averaging_frequency=5, rng_seed=0, collect_training_stats=True,
-                                                  rendezvous_timeout_s=20),
+    "averaging": ParameterAveragingTrainingMaster(
+        averaging_frequency=5, rng_seed=0, collect_training_stats=True, rendezvous_timeout_s=20
+    ),
     "sharing": SharedTrainingMaster(rng_seed=0, collect_training_stats=True, rendezvous_timeout_s=20),
 }
 
@@ -127,8 +127,9 @@ def test_a_stopped_worker_makes_its_peers_give_up_and_the_fit_recovers(leftovers
     train, test = datasets.digits("train"), datasets.digits("test")
     net = _lenet()
     fault = _Fault(signal.SIGSTOP)
-    master = ParameterAveragingTrainingMaster(averaging_frequency=5, rng_seed=0, collect_training_stats=True,
-                                              rendezvous_timeout_s=5)
+    master = ParameterAveragingTrainingMaster(
+        averaging_frequency=5, rng_seed=0, collect_training_stats=True, rendezvous_timeout_s=5
+    )
     wrapper = ParallelWrapper(net, num_workers=2, master=master, progress=False)
     wrapper.add_progress_listener(fault)
     wrapper.fit(train, epochs=EPOCHS, batch_size=16)
@@ -145,8 +146,9 @@ def test_a_stopped_worker_makes_its_peers_give_up_and_the_fit_recovers(leftovers
 def test_max_failures_bounds_the_retries_and_names_every_failure(leftovers) -> None:
     train = datasets.digits("train")
     fault = _Fault(signal.SIGKILL, epoch=0, times=5)  # kills worker 1 of every attempt
-    master = ParameterAveragingTrainingMaster(averaging_frequency=5, rng_seed=0, max_failures=1,
-                                              rendezvous_timeout_s=20)
+    master = ParameterAveragingTrainingMaster(
+        averaging_frequency=5, rng_seed=0, max_failures=1, rendezvous_timeout_s=20
+    )
     wrapper = ParallelWrapper(_lenet(), num_workers=2, master=master, progress=False)
     wrapper.add_progress_listener(fault)
     with pytest.raises(WorkerLost) as info:
@@ -165,8 +167,9 @@ def test_the_users_error_is_not_retried() -> None:
     data = datasets.synthetic_classification(96, 12, 3, seed=1)
     net = Network(FailingForward(12, 3, after=4, rank=1), updater=optim.SGD(lr=0.1), seed=0)
     runner = _CountingRunner(["cpu", "cpu"], threads_per_worker=1)
-    wrapper = ParallelWrapper(net, num_workers=2, training_mode="averaging", averaging_frequency=1, progress=False,
-                              runner=runner)  # max_failures=3 (the default)
+    wrapper = ParallelWrapper(
+        net, num_workers=2, training_mode="averaging", averaging_frequency=1, progress=False, runner=runner
+    )  # max_failures=3 (the default)
     with pytest.raises(WorkerError) as info:
         wrapper.fit(data, epochs=1, batch_size=4)
     assert not isinstance(info.value, WorkerLost)

@@ -11,21 +11,29 @@ import pytest
 from _faulty import FailingForward
 from _slow import SlowOnRank
 
+from helpers import assert_replicas_identical, mlp_net
 from torchspark import Network, datasets, models, optim
 from torchspark.encoding import AdaptiveThreshold
 from torchspark.errors import WorkerError
 from torchspark.parallel import ParallelWrapper
-from helpers import assert_replicas_identical, mlp_net
 
 
 def test_digits_with_a_straggler_and_max_staleness_1_reaches_95_percent() -> None:
     train, test = datasets.digits("train"), datasets.digits("test")
-    net = Network(SlowOnRank(models.lenet(1, 10, 8, 8), slow_rank=1, delay_s=0.003), updater=optim.Adam(lr=1e-3),
-                  seed=0)
+    net = Network(
+        SlowOnRank(models.lenet(1, 10, 8, 8), slow_rank=1, delay_s=0.003), updater=optim.Adam(lr=1e-3), seed=0
+    )
     # the same settings as the synchronous digits test (tests/multiprocess/test_parallel_training.py): >= 95 %
-    wrapper = ParallelWrapper(net, num_workers=2, training_mode="sharing", rng_seed=0, progress=False,
-                              threshold_algorithm=AdaptiveThreshold(initial=1e-2), collect_training_stats=True,
-                              max_staleness=1)
+    wrapper = ParallelWrapper(
+        net,
+        num_workers=2,
+        training_mode="sharing",
+        rng_seed=0,
+        progress=False,
+        threshold_algorithm=AdaptiveThreshold(initial=1e-2),
+        collect_training_stats=True,
+        max_staleness=1,
+    )
     wrapper.fit(train, epochs=8, batch_size=16)
 
     accuracy = net.evaluate(test).accuracy()
@@ -49,8 +57,9 @@ def test_digits_with_a_straggler_and_max_staleness_1_reaches_95_percent() -> Non
 def test_unequal_partitions_and_a_worker_without_data_do_not_hang() -> None:
     data = datasets.synthetic_classification(16, 12, 3, seed=2)
     net = mlp_net(12, 16, 3, updater=optim.SGD(lr=0.1))
-    wrapper = ParallelWrapper(net, num_workers=3, training_mode="sharing", progress=False, max_staleness=0,
-                              rendezvous_timeout_s=60.0)
+    wrapper = ParallelWrapper(
+        net, num_workers=3, training_mode="sharing", progress=False, max_staleness=0, rendezvous_timeout_s=60.0
+    )
     wrapper.fit(data, epochs=3, batch_size=8)  # 6 / 5 / 5 examples cut at 8: 1 / 1 / 2 minibatches
     assert sorted(r.iterations for r in wrapper.last_results) == [3, 3, 6]
     cfg = net.extra_config
@@ -69,8 +78,9 @@ def test_a_failing_worker_is_reported_and_its_peers_stop() -> None:
     (not a peer's dropped connection), well before the rendezvous timeout."""
     data = datasets.synthetic_classification(400, 12, 3, seed=1)
     net = Network(FailingForward(12, 3, after=4, rank=1), updater=optim.SGD(lr=0.1), seed=0)
-    wrapper = ParallelWrapper(net, num_workers=2, training_mode="sharing", progress=False, max_staleness=1,
-                              rendezvous_timeout_s=120.0)
+    wrapper = ParallelWrapper(
+        net, num_workers=2, training_mode="sharing", progress=False, max_staleness=1, rendezvous_timeout_s=120.0
+    )
     started = time.monotonic()
     with pytest.raises(WorkerError) as info:
         wrapper.fit(data, epochs=1, batch_size=8)

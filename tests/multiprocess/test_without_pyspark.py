@@ -37,8 +37,9 @@ def test_the_core_trains_encodes_and_evaluates_without_pyspark(tmp_path: pathlib
     (tmp_path / "sitecustomize.py").write_text(SITECUSTOMIZE)
     paths = [str(tmp_path), str(HERE)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
-    proc = subprocess.run([sys.executable, str(HERE / "_no_pyspark_child.py")], env=env, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "_no_pyspark_child.py")], env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     lines = dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line)
     assert lines["TRIED_BEFORE_SPARK_ROUTE"] == "[]", "something imported pyspark (or tried to) in the core"

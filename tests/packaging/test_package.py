@@ -60,8 +60,9 @@ def _wheel_metadata(wheel: Path) -> email.message.Message:
 
 def test_metadata_passes_twine_check(dist) -> None:
     """``twine check --strict``: the metadata is valid and the README (the long description) renders."""
-    done = _run([sys.executable, "-m", "twine", "check", "--strict", str(dist["wheel"]), str(dist["sdist"])],
-                timeout=120)
+    done = _run(
+        [sys.executable, "-m", "twine", "check", "--strict", str(dist["wheel"]), str(dist["sdist"])], timeout=120
+    )
     assert done.stdout.count("PASSED") == 2, done.stdout
 
 
@@ -95,8 +96,21 @@ def fresh(dist, tmp_path_factory) -> Path:
     ours = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
     # a plain path line: this environment's packages become importable, its editable torchspark (a .pth hook) not
     (Path(site.stdout.strip()) / "torchspark_test_deps.pth").write_text("\n".join(sorted(ours)) + "\n")
-    _run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-index", "-q",
-          str(dist["wheel"])], timeout=300)
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(python),
+            "install",
+            "--no-deps",
+            "--no-index",
+            "-q",
+            str(dist["wheel"]),
+        ],
+        timeout=300,
+    )
     return venv
 
 
@@ -121,8 +135,9 @@ def test_print_config_round_trips_on_the_installed_wheel(fresh, tmp_path) -> Non
     cli = str(fresh / "bin" / "torchspark")
     printed = _run([cli, "train", "--epochs", "3", "--print-config"], timeout=120, env=_fresh_env())
     (tmp_path / "run.yaml").write_text(printed.stdout)
-    back = _run([cli, "train", "--config", str(tmp_path / "run.yaml"), "--print-config", "json"], timeout=120,
-                env=_fresh_env())
+    back = _run(
+        [cli, "train", "--config", str(tmp_path / "run.yaml"), "--print-config", "json"], timeout=120, env=_fresh_env()
+    )
     assert json.loads(back.stdout)["epochs"] == 3
 
 
@@ -130,8 +145,22 @@ def test_print_config_round_trips_on_the_installed_wheel(fresh, tmp_path) -> Non
 def test_train_runs_from_the_installed_wheel(fresh, tmp_path) -> None:
     out = tmp_path / "out"
     # the mlp keeps this short; the command and its Spark route are the README's
-    done = _run([str(fresh / "bin" / "torchspark"), "train", "--epochs", "1", "--model", "mlp", "--no-progress",
-                 "--output", str(out)], timeout=840, env=_fresh_env(), cwd=tmp_path)
+    done = _run(
+        [
+            str(fresh / "bin" / "torchspark"),
+            "train",
+            "--epochs",
+            "1",
+            "--model",
+            "mlp",
+            "--no-progress",
+            "--output",
+            str(out),
+        ],
+        timeout=840,
+        env=_fresh_env(),
+        cwd=tmp_path,
+    )
     assert "accuracy" in done.stdout, done.stdout
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics, metrics

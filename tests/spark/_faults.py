@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 
 def parent_pid(pid: int) -> int | None:
@@ -39,12 +39,18 @@ class Fault:
     """Send ``sig`` to ``target(pid)`` of rank ``rank``'s worker once it reports from epoch ``epoch`` on, for the
     first ``times`` distinct worker processes of that rank (default target: the worker process itself)."""
 
-    def __init__(self, sig: int, epoch: int = 1, times: int = 1, rank: int = 1,
-                 target: Callable[[int], int | None] = lambda pid: pid) -> None:
+    def __init__(
+        self,
+        sig: int,
+        epoch: int = 1,
+        times: int = 1,
+        rank: int = 1,
+        target: Callable[[int], int | None] = lambda pid: pid,
+    ) -> None:
         self.sig, self.epoch, self.times, self.rank, self.target = sig, epoch, times, rank, target
-        self.hit: list[int] = []       # the processes signalled
-        self.workers: list[int] = []   # rank ``rank``'s worker processes hit
-        self.seen: set[int] = set()    # every rank-``rank`` worker process that reported
+        self.hit: list[int] = []  # the processes signalled
+        self.workers: list[int] = []  # rank ``rank``'s worker processes hit
+        self.seen: set[int] = set()  # every rank-``rank`` worker process that reported
         self.all_pids: set[int] = set()
         self._lock = threading.Lock()
 

@@ -19,10 +19,10 @@ def local_cluster_runs() -> dict:
     (one local-cluster session for all of them): check name -> its results (``{"error": traceback}`` if it
     raised)."""
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
-    proc = subprocess.run([sys.executable, str(LOCAL_CLUSTER_SCRIPT)], capture_output=True, text=True, timeout=900,
-                          env=env)
+    proc = subprocess.run(
+        [sys.executable, str(LOCAL_CLUSTER_SCRIPT)], capture_output=True, text=True, timeout=900, env=env
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     assert lines, proc.stdout[-2000:] + proc.stderr[-2000:]
     return json.loads(lines[-1])
-

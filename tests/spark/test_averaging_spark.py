@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import lenet_net, mlp_net, uniform_data
 from torchspark import DataSet, Network, datasets, models, optim
 from torchspark.errors import ConfigError, DataError, SetupError, WorkerError
 from torchspark.spark import ParameterAveragingTrainingMaster, SparkNetwork
-from helpers import lenet_net, mlp_net, uniform_data
 
 
 def test_digits_lenet_reaches_95_percent(spark, sc) -> None:
@@ -38,7 +38,10 @@ def test_identical_shards_equal_single_worker(spark, sc, approach: str) -> None:
     net = Network(models.mlp(64, 16, 10), updater=optim.SGD(lr=0.1), seed=3)
     reference = net.copy()
     master = ParameterAveragingTrainingMaster(
-        batch_size_per_worker=10, averaging_frequency=4, repartition="never", rdd_training_approach=approach,
+        batch_size_per_worker=10,
+        averaging_frequency=4,
+        repartition="never",
+        rdd_training_approach=approach,
         num_workers=2,
     )
     SparkNetwork(spark, net, master).fit(rdd, epochs=2)
@@ -46,8 +49,9 @@ def test_identical_shards_equal_single_worker(spark, sc, approach: str) -> None:
     torch.testing.assert_close(net.params(), reference.params(), atol=1e-5, rtol=0)
 
 
-def _averaging_reference(module: torch.nn.Module, shards: list[list[DataSet]], lr: float,
-                         frequency: int) -> tuple[list[float], torch.nn.Module]:
+def _averaging_reference(
+    module: torch.nn.Module, shards: list[list[DataSet]], lr: float, frequency: int
+) -> tuple[list[float], torch.nn.Module]:
     """Parameter averaging as a plain torch loop: every replica takes up to ``frequency`` SGD steps on its own
     shard from the common parameters, then all take the example-weighted mean of the replicas that trained in the
     round (a replica whose shard ran out sits the round out). Returns each replica's last minibatch loss (taken
@@ -62,8 +66,8 @@ def _averaging_reference(module: torch.nn.Module, shards: list[list[DataSet]], l
         weights = []
         for i, (replica, shard) in enumerate(zip(replicas, shards)):
             opt = torch.optim.SGD(replica.parameters(), lr=lr)
-            weights.append(sum(len(b) for b in shard[start:start + frequency]))
-            for batch in shard[start:start + frequency]:
+            weights.append(sum(len(b) for b in shard[start : start + frequency]))
+            for batch in shard[start : start + frequency]:
                 loss = F.cross_entropy(replica(batch.features), batch.labels)
                 last[i] = float(loss.detach())
                 opt.zero_grad()
@@ -85,9 +89,14 @@ def test_score_is_the_mean_of_the_workers_last_minibatch_loss(spark, sc, via: st
     shards = [uniform_data(24, seed=20).split(8), uniform_data(8, seed=21).split(8)]  # different data: different losses
     net = Network(models.mlp(64, 16, 10), updater=optim.SGD(lr=0.1), seed=7)
     losses, reference = _averaging_reference(net.copy().module, shards, lr=0.1, frequency=2)
-    master = ParameterAveragingTrainingMaster(batch_size_per_worker=8, averaging_frequency=2, num_workers=2,
-                                              repartition="never", rdd_training_approach="direct",
-                                              averaging_via=via)
+    master = ParameterAveragingTrainingMaster(
+        batch_size_per_worker=8,
+        averaging_frequency=2,
+        num_workers=2,
+        repartition="never",
+        rdd_training_approach="direct",
+        averaging_via=via,
+    )
     snet = SparkNetwork(spark, net, master, progress=False)
     assert np.isnan(snet.score), "NaN before any fit"
     snet.fit(sc.parallelize([shards[0], shards[1]], 2).flatMap(lambda shard: shard))  # partition i = shard i
@@ -105,8 +114,9 @@ def test_export_and_direct_give_same_parameters(spark, sc) -> None:
     results = []
     for approach in ("export", "direct"):
         net = Network(models.mlp(64, 16, 10), updater=optim.SGD(lr=0.05, momentum=0.9), seed=5)
-        master = ParameterAveragingTrainingMaster(batch_size_per_worker=16, averaging_frequency=2, rng_seed=11,
-                                                  rdd_training_approach=approach, num_workers=2)
+        master = ParameterAveragingTrainingMaster(
+            batch_size_per_worker=16, averaging_frequency=2, rng_seed=11, rdd_training_approach=approach, num_workers=2
+        )
         spark_net = SparkNetwork(spark, net, master)
         spark_net.fit(rdd, epochs=2)
         spark_net.delete_temp_files()
@@ -119,8 +129,9 @@ def test_balanced_repartition_equal_counts_and_skew_finishes(spark, sc) -> None:
     skewed = sc.parallelize([big, small], 2)  # one partition 10x larger
     for repartition in ("always", "never"):
         net = Network(models.mlp(64, 8, 10), updater=optim.SGD(lr=0.05), seed=0)
-        master = ParameterAveragingTrainingMaster(batch_size_per_worker=11, averaging_frequency=3,
-                                                  repartition=repartition, num_workers=2)
+        master = ParameterAveragingTrainingMaster(
+            batch_size_per_worker=11, averaging_frequency=3, repartition=repartition, num_workers=2
+        )
         spark_net = SparkNetwork(spark, net, master)
         spark_net.fit(skewed, epochs=1)
         counts = sorted(r.examples for r in spark_net.last_results)
@@ -141,8 +152,9 @@ def test_dataframe_input_trains_like_rdd_input(spark, sc) -> None:
     params = []
     for source, kwargs in ((df, {"feature_shape": (1, 8, 8)}), (rdd, {})):
         net = Network(models.lenet(1, 10, 8, 8), updater=optim.SGD(lr=0.05), seed=2)
-        master = ParameterAveragingTrainingMaster(batch_size_per_worker=16, averaging_frequency=2, num_workers=2,
-                                                  rdd_training_approach="direct")
+        master = ParameterAveragingTrainingMaster(
+            batch_size_per_worker=16, averaging_frequency=2, num_workers=2, rdd_training_approach="direct"
+        )
         SparkNetwork(spark, net, master).fit(source, epochs=1, **kwargs)
         params.append(net.params())
     torch.testing.assert_close(params[0], params[1], atol=1e-6, rtol=0)
@@ -176,7 +188,8 @@ def test_save_updater_false_resets_state(spark, sc) -> None:
     assert torch.count_nonzero(net.updater_state()) == 0
     net_keep = Network(models.mlp(64, 8, 10), updater=optim.Adam(lr=1e-3), seed=0)
     SparkNetwork(spark, net_keep, ParameterAveragingTrainingMaster(batch_size_per_worker=16, num_workers=2)).fit(
-        sc.parallelize([uniform_data(64)], 2), epochs=1)
+        sc.parallelize([uniform_data(64)], 2), epochs=1
+    )
     assert torch.count_nonzero(net_keep.updater_state()) > 0
 
 
@@ -201,10 +214,13 @@ def test_wrong_feature_shape(spark, sc) -> None:
         SparkNetwork(spark, _net(), _master()).fit(sc.parallelize([bad], 2))
 
 
-@pytest.mark.parametrize("approach, strategy", [("export", "balanced"), ("export", "spark_default"),
-                                                ("direct", "balanced"), ("direct", "spark_default")])
-def test_bad_dataframe_and_rdd_items_raise_data_error_on_the_driver(spark, sc, tmp_path, approach: str,
-                                                                    strategy: str) -> None:
+@pytest.mark.parametrize(
+    "approach, strategy",
+    [("export", "balanced"), ("export", "spark_default"), ("direct", "balanced"), ("direct", "spark_default")],
+)
+def test_bad_dataframe_and_rdd_items_raise_data_error_on_the_driver(
+    spark, sc, tmp_path, approach: str, strategy: str
+) -> None:
     """Bad data found on the executors (a feature_shape that does not fit the rows, an RDD of tuples) raises
     DataError naming it, not a raw Spark exception; a failed export leaves no files behind."""
     df = spark.createDataFrame([([0.5] * 64, i % 10) for i in range(32)], "features array<float>, label int")
@@ -231,7 +247,8 @@ def test_unwritable_export_directory(spark, sc, tmp_path) -> None:
     blocker.write_text("not a directory")
     with pytest.raises(DataError, match="a-file"):
         SparkNetwork(spark, _net(), _master(export_directory=str(blocker / "sub"))).fit(
-            sc.parallelize([uniform_data(16)], 2))
+            sc.parallelize([uniform_data(16)], 2)
+        )
 
 
 def test_more_workers_than_slots(spark, sc) -> None:
@@ -296,7 +313,8 @@ def test_worker_error_surfaces_traceback_and_cleans_up(spark, sc) -> None:
     try:
         with pytest.raises(WorkerError, match="NaN at example 5") as info:
             SparkNetwork(spark, net, _master(rdd_training_approach="direct", repartition="never")).fit(
-                sc.parallelize([good, poisoned], 2))
+                sc.parallelize([good, poisoned], 2)
+            )
     finally:
         stop.set()
         watcher.join()
@@ -347,8 +365,9 @@ def test_ctrl_c_cancels_the_job_and_cleans_up(spark, sc) -> None:
 
 
 def test_master_json_round_trip_and_validation() -> None:
-    master = ParameterAveragingTrainingMaster(batch_size_per_worker=32, averaging_frequency=3, rng_seed=4,
-                                              repartition="never", rdd_training_approach="direct")
+    master = ParameterAveragingTrainingMaster(
+        batch_size_per_worker=32, averaging_frequency=3, rng_seed=4, repartition="never", rdd_training_approach="direct"
+    )
     assert ParameterAveragingTrainingMaster.from_json(master.to_json()) == master
     for bad, match in [
         ({"batch_size_per_worker": 0}, "batch_size_per_worker must be an integer >= 1, got 0"),

@@ -13,12 +13,12 @@ import pytest
 import torch
 from torch.testing import assert_close
 
+from helpers import mlp_net
 from torchspark import DataSet, Network, datasets, optim
 from torchspark.errors import WorkerError
 from torchspark.spark import ParameterAveragingTrainingMaster, SparkNetwork, master_from_json
 from torchspark.spark.jobs import run_job
 from torchspark.spark.rounds import RoundRecord, WorkerRound, merge_records
-from helpers import mlp_net
 
 
 def _data(n: int, seed: int) -> DataSet:
@@ -28,12 +28,19 @@ def _data(n: int, seed: int) -> DataSet:
 _net = partial(mlp_net, 8, 16, 3, updater=optim.Adam(lr=1e-2))
 
 
-def _fit(spark, sc, parts: list[DataSet], via: str, net: Network | None = None, epochs: int = 2,
-         **options) -> tuple[Network, SparkNetwork]:
+def _fit(
+    spark, sc, parts: list[DataSet], via: str, net: Network | None = None, epochs: int = 2, **options
+) -> tuple[Network, SparkNetwork]:
     """Fit on one input partition per worker (``repartition="never"``), so both routes see the same shards."""
     net = net if net is not None else _net()
-    settings = {"batch_size_per_worker": 16, "averaging_frequency": 3, "num_workers": len(parts),
-                "repartition": "never", "averaging_via": via, **options}
+    settings = {
+        "batch_size_per_worker": 16,
+        "averaging_frequency": 3,
+        "num_workers": len(parts),
+        "repartition": "never",
+        "averaging_via": via,
+        **options,
+    }
     spark_net = SparkNetwork(spark, net, ParameterAveragingTrainingMaster(**settings), progress=False)
     spark_net.fit(sc.parallelize(parts, len(parts)), epochs=epochs)
     spark_net.delete_temp_files()
@@ -46,8 +53,9 @@ def _assert_same_training(spark_route: tuple[Network, SparkNetwork], torch_route
     assert_close(net.updater_state(), ref.updater_state(), atol=1e-5, rtol=0)
     assert (net.iteration, net.epoch) == (ref.iteration, ref.epoch)
     assert spark_net.score == pytest.approx(ref_net.score, abs=1e-5)
-    assert [(r.rank, r.examples, r.iterations) for r in spark_net.last_results] == \
-        [(r.rank, r.examples, r.iterations) for r in ref_net.last_results]
+    assert [(r.rank, r.examples, r.iterations) for r in spark_net.last_results] == [
+        (r.rank, r.examples, r.iterations) for r in ref_net.last_results
+    ]
 
 
 # ------------------------------------------------------------------ equivalence with the all-reduce route
@@ -105,8 +113,13 @@ def test_save_updater_false_matches_the_torch_route(spark, sc) -> None:
 
 # ------------------------------------------------------------------ configuration
 def test_master_json_round_trip() -> None:
-    master = ParameterAveragingTrainingMaster(averaging_via="spark", aggregation_depth=3, averaging_frequency=7,
-                                              save_updater=False, rdd_training_approach="direct")
+    master = ParameterAveragingTrainingMaster(
+        averaging_via="spark",
+        aggregation_depth=3,
+        averaging_frequency=7,
+        save_updater=False,
+        rdd_training_approach="direct",
+    )
     text = master.to_json()
     assert '"averaging_via": "spark"' in text
     assert ParameterAveragingTrainingMaster.from_json(text) == master
@@ -141,15 +154,18 @@ def test_ctrl_c_cancels_the_round_job(spark, sc) -> None:
 # ------------------------------------------------------------------ aggregation
 def test_tree_aggregate_of_records_sums_every_partition(sc) -> None:
     def record(i: int) -> RoundRecord:  # local, so Spark pickles it by value (tests are not importable)
-        return RoundRecord(weighted=torch.full((3,), float(i)), examples=i, score_sum=0.5 * i,
-                           workers={i: WorkerRound(examples=i, iterations=1)})
+        return RoundRecord(
+            weighted=torch.full((3,), float(i)),
+            examples=i,
+            score_sum=0.5 * i,
+            workers={i: WorkerRound(examples=i, iterations=1)},
+        )
 
     # 9 partitions with depth 3 sum through executor-side levels before the driver's final merge
     total = sc.parallelize(range(9), 9).map(record).treeAggregate(RoundRecord(), merge_records, merge_records, 3)
     assert_close(total.weighted, torch.full((3,), 36.0))
     assert (total.examples, total.score_sum, sorted(total.workers)) == (36, 18.0, list(range(9)))
-    empty = sc.parallelize([RoundRecord(), record(2)], 2).treeAggregate(RoundRecord(), merge_records,
-                                                                           merge_records, 2)
+    empty = sc.parallelize([RoundRecord(), record(2)], 2).treeAggregate(RoundRecord(), merge_records, merge_records, 2)
     assert_close(empty.weighted, torch.full((3,), 2.0))  # a worker without data (n=0) adds nothing
 
 
@@ -158,9 +174,14 @@ def test_learns_reports_progress_per_round_and_times_the_driver_phases(spark, sc
     data = _data(320, 8)
     net = _net()
     loss_before = net.score(data)
-    master = ParameterAveragingTrainingMaster(batch_size_per_worker=16, averaging_frequency=5, num_workers=2,
-                                              repartition="never", averaging_via="spark",
-                                              collect_training_stats=True)
+    master = ParameterAveragingTrainingMaster(
+        batch_size_per_worker=16,
+        averaging_frequency=5,
+        num_workers=2,
+        repartition="never",
+        averaging_via="spark",
+        collect_training_stats=True,
+    )
     spark_net = SparkNetwork(spark, net, master, progress=False)
     updates = []
     spark_net.add_progress_listener(updates.append)

@@ -14,12 +14,14 @@ import os
 import socket
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pytest
 
+from helpers import mlp_net
 from torchspark import DataSet, Network, models, optim
 from torchspark.data import load_batch, save_batch, save_batches
 from torchspark.errors import ConfigError, DataError, SerializationError, SetupError, TrainingError
@@ -27,13 +29,13 @@ from torchspark.parallel import ParallelWrapper
 from torchspark.training.assignment import plan_balanced
 from torchspark.training.config.masters import ParameterAveragingTrainingMaster, master_from_json
 from torchspark.training.config.shared_master import SharedTrainingMaster
-from helpers import mlp_net
 
 
 def _evaluation_from_json(text: str) -> Any:
     from torchspark.evaluation import evaluation_from_json
 
     return evaluation_from_json(text)
+
 
 X = np.random.default_rng(0).random((20, 6), dtype=np.float32)
 Y = np.random.default_rng(1).integers(0, 3, 20)
@@ -173,160 +175,393 @@ def _closed_port() -> int:
 
 CASES = [
     # -- shapes, dtypes, labels (item 5: the advice names the loss, the shape and the fix)
-    Case("feature-width", lambda c: _net().fit(DataSet(np.random.rand(20, 7).astype(np.float32), Y)), DataError,
-         ("shape (20, 7)", "check the feature shape")),
-    Case("integer-features", lambda c: _net().fit(DataSet(np.ones((20, 6), dtype=np.int64), Y)), DataError,
-         ("dtype int64", "float32", "cast the features")),
-    Case("float-labels-n1-cross-entropy", lambda c: _net().fit(DataSet(X, Y.reshape(-1, 1).astype(np.float32))),
-         DataError, ("'cross_entropy'", "(20, 1)", "reshape(-1)")),
-    Case("int-labels-n1-cross-entropy", lambda c: _net().fit(DataSet(X, Y.reshape(-1, 1))), DataError,
-         ("'cross_entropy'", "(20, 1)", "integer class indices")),
-    Case("class-indices-with-mse", lambda c: _net("mse").fit(DataSet(X, Y)), DataError,
-         ("'mse'", "(20,)", "one_hot", "loss='cross_entropy'")),
-    Case("class-indices-with-bce", lambda c: _net("bce_with_logits").fit(DataSet(X, Y)), DataError,
-         ("'bce_with_logits'", "(20,)", "one_hot")),
-    Case("one-hot-width", lambda c: _net().fit(DataSet(X, np.eye(5, dtype=np.float32)[Y])), DataError,
-         ("'cross_entropy'", "(20, 5)", "(N, 3)")),
-    Case("float-1d-labels", lambda c: DataSet(X, Y.astype(np.float32)), DataError,
-         ("1-D with float dtype", "astype('int64')", "reshape(-1, 1)")),
-    Case("label-too-large", lambda c: _net().fit(DataSet(X, np.where(Y == 0, 5, Y))), DataError,
-         ("label index 5", "[0, 2]", "more outputs")),
-    Case("label-negative", lambda c: _net().fit(DataSet(X, np.where(Y == 0, -1, Y))), DataError,
-         ("label index -1", "[0, 2]")),
-    Case("lengths-differ", lambda c: DataSet(X, Y[:10]), DataError,
-         ("10 examples", "20", "first dimension must be the number of examples")),
-    Case("string-features", lambda c: DataSet(np.array([["a"] * 6] * 20), Y), DataError,
-         ("dtype <U1", "convert it to numbers")),
-    Case("ragged-features", lambda c: DataSet([[1.0, 2.0], [3.0]], [0, 1]), DataError,
-         ("got list", "numpy.asarray")),
-    Case("scalar-features", lambda c: DataSet(np.float32(1.0), Y[:1]), DataError,
-         ("scalar", "reshape to (1, ...)")),
+    Case(
+        "feature-width",
+        lambda c: _net().fit(DataSet(np.random.rand(20, 7).astype(np.float32), Y)),
+        DataError,
+        ("shape (20, 7)", "check the feature shape"),
+    ),
+    Case(
+        "integer-features",
+        lambda c: _net().fit(DataSet(np.ones((20, 6), dtype=np.int64), Y)),
+        DataError,
+        ("dtype int64", "float32", "cast the features"),
+    ),
+    Case(
+        "float-labels-n1-cross-entropy",
+        lambda c: _net().fit(DataSet(X, Y.reshape(-1, 1).astype(np.float32))),
+        DataError,
+        ("'cross_entropy'", "(20, 1)", "reshape(-1)"),
+    ),
+    Case(
+        "int-labels-n1-cross-entropy",
+        lambda c: _net().fit(DataSet(X, Y.reshape(-1, 1))),
+        DataError,
+        ("'cross_entropy'", "(20, 1)", "integer class indices"),
+    ),
+    Case(
+        "class-indices-with-mse",
+        lambda c: _net("mse").fit(DataSet(X, Y)),
+        DataError,
+        ("'mse'", "(20,)", "one_hot", "loss='cross_entropy'"),
+    ),
+    Case(
+        "class-indices-with-bce",
+        lambda c: _net("bce_with_logits").fit(DataSet(X, Y)),
+        DataError,
+        ("'bce_with_logits'", "(20,)", "one_hot"),
+    ),
+    Case(
+        "one-hot-width",
+        lambda c: _net().fit(DataSet(X, np.eye(5, dtype=np.float32)[Y])),
+        DataError,
+        ("'cross_entropy'", "(20, 5)", "(N, 3)"),
+    ),
+    Case(
+        "float-1d-labels",
+        lambda c: DataSet(X, Y.astype(np.float32)),
+        DataError,
+        ("1-D with float dtype", "astype('int64')", "reshape(-1, 1)"),
+    ),
+    Case(
+        "label-too-large",
+        lambda c: _net().fit(DataSet(X, np.where(Y == 0, 5, Y))),
+        DataError,
+        ("label index 5", "[0, 2]", "more outputs"),
+    ),
+    Case(
+        "label-negative",
+        lambda c: _net().fit(DataSet(X, np.where(Y == 0, -1, Y))),
+        DataError,
+        ("label index -1", "[0, 2]"),
+    ),
+    Case(
+        "lengths-differ",
+        lambda c: DataSet(X, Y[:10]),
+        DataError,
+        ("10 examples", "20", "first dimension must be the number of examples"),
+    ),
+    Case(
+        "string-features",
+        lambda c: DataSet(np.array([["a"] * 6] * 20), Y),
+        DataError,
+        ("dtype <U1", "convert it to numbers"),
+    ),
+    Case("ragged-features", lambda c: DataSet([[1.0, 2.0], [3.0]], [0, 1]), DataError, ("got list", "numpy.asarray")),
+    Case("scalar-features", lambda c: DataSet(np.float32(1.0), Y[:1]), DataError, ("scalar", "reshape to (1, ...)")),
     Case("no-labels", lambda c: _net().fit(DataSet(X)), DataError, ("labels=None", "DataSet(features, labels)")),
     # -- NaN / Inf / empty / item types
-    Case("nan-feature", lambda c: _net().fit(DataSet(_with(X, (3, 2), np.nan), Y)), DataError,
-         ("NaN at example 3", "drop or repair")),
-    Case("inf-feature", lambda c: _net().fit(DataSet(_with(X, (4, 1), np.inf), Y)), DataError,
-         ("Inf at example 4", "drop or repair")),
-    Case("empty-dataset", lambda c: _net().fit(DataSet(X[:0], Y[:0])), DataError,
-         ("0 examples", "at least one example")),
-    Case("strings-as-batches", lambda c: _net().fit(["a", "b"]), DataError,
-         ("a str", "DataSet(features, labels)")),
-    Case("wrapper-single-path", lambda c: _pw().fit("x.safetensors"), DataError,
-         ("'x.safetensors'", "does not exist", "check the path")),
+    Case(
+        "nan-feature",
+        lambda c: _net().fit(DataSet(_with(X, (3, 2), np.nan), Y)),
+        DataError,
+        ("NaN at example 3", "drop or repair"),
+    ),
+    Case(
+        "inf-feature",
+        lambda c: _net().fit(DataSet(_with(X, (4, 1), np.inf), Y)),
+        DataError,
+        ("Inf at example 4", "drop or repair"),
+    ),
+    Case(
+        "empty-dataset", lambda c: _net().fit(DataSet(X[:0], Y[:0])), DataError, ("0 examples", "at least one example")
+    ),
+    Case("strings-as-batches", lambda c: _net().fit(["a", "b"]), DataError, ("a str", "DataSet(features, labels)")),
+    Case(
+        "wrapper-single-path",
+        lambda c: _pw().fit("x.safetensors"),
+        DataError,
+        ("'x.safetensors'", "does not exist", "check the path"),
+    ),
     Case("wrapper-empty-list", lambda c: _pw().fit([]), DataError, ("empty",)),
     Case("wrapper-not-iterable", lambda c: _pw().fit(42), DataError, ("a int", "pass a DataSet")),
-    Case("wrapper-mixed-kinds", lambda c: _pw().fit([DataSet(X, Y), DataSet(X, Y).to_multi()]), DataError,
-         ("mixes DataSets and MultiDataSets", "to_multi")),
+    Case(
+        "wrapper-mixed-kinds",
+        lambda c: _pw().fit([DataSet(X, Y), DataSet(X, Y).to_multi()]),
+        DataError,
+        ("mixes DataSets and MultiDataSets", "to_multi"),
+    ),
     # -- batch sizes, frequencies, worker counts and other options
-    Case("batch-size-zero", lambda c: ParameterAveragingTrainingMaster(batch_size_per_worker=0), ConfigError,
-         ("batch_size_per_worker", "got 0", ">= 1")),
-    Case("averaging-frequency-zero", lambda c: ParameterAveragingTrainingMaster(averaging_frequency=0), ConfigError,
-         ("averaging_frequency", "got 0", ">= 1")),
-    Case("num-workers-zero", lambda c: SharedTrainingMaster(num_workers=0), ConfigError,
-         ("num_workers", "got 0", ">= 1")),
-    Case("shake-frequency-negative", lambda c: SharedTrainingMaster(shake_frequency=-5), ConfigError,
-         ("shake_frequency", "-5", ">= 0")),
-    Case("repartition-unknown", lambda c: ParameterAveragingTrainingMaster(repartition="sometimes"), ConfigError,
-         ("'sometimes'", "'always'")),
-    Case("storage-level-unknown", lambda c: ParameterAveragingTrainingMaster(storage_level="RAM"), ConfigError,
-         ("'RAM'", "MEMORY_ONLY")),
-    Case("data-timeout-zero", lambda c: ParameterAveragingTrainingMaster(data_timeout_s=0), ConfigError,
-         ("data_timeout_s", "got 0", "> 0")),
-    Case("drop-last-with-spark-default", lambda c: ParameterAveragingTrainingMaster(
-        drop_last=True, repartition_strategy="spark_default"), ConfigError,
-        ("'spark_default'", "drop_last=False")),
-    Case("drop-last-smaller-than-a-batch", lambda c: plan_balanced([5], 8, 2, None, drop_last=True), DataError,
-         ("5 examples", "batch_size=8", "drop_last=False")),
-    Case("on-divergence-unknown", lambda c: SharedTrainingMaster(on_divergence="ignore"), ConfigError,
-         ("'ignore'", "['fail', 'warn']")),
-    Case("fit-batch-size-zero", lambda c: _pw().fit(DataSet(X, Y), batch_size=0), ConfigError,
-         ("batch_size", "got 0", ">= 1")),
+    Case(
+        "batch-size-zero",
+        lambda c: ParameterAveragingTrainingMaster(batch_size_per_worker=0),
+        ConfigError,
+        ("batch_size_per_worker", "got 0", ">= 1"),
+    ),
+    Case(
+        "averaging-frequency-zero",
+        lambda c: ParameterAveragingTrainingMaster(averaging_frequency=0),
+        ConfigError,
+        ("averaging_frequency", "got 0", ">= 1"),
+    ),
+    Case(
+        "num-workers-zero", lambda c: SharedTrainingMaster(num_workers=0), ConfigError, ("num_workers", "got 0", ">= 1")
+    ),
+    Case(
+        "shake-frequency-negative",
+        lambda c: SharedTrainingMaster(shake_frequency=-5),
+        ConfigError,
+        ("shake_frequency", "-5", ">= 0"),
+    ),
+    Case(
+        "repartition-unknown",
+        lambda c: ParameterAveragingTrainingMaster(repartition="sometimes"),
+        ConfigError,
+        ("'sometimes'", "'always'"),
+    ),
+    Case(
+        "storage-level-unknown",
+        lambda c: ParameterAveragingTrainingMaster(storage_level="RAM"),
+        ConfigError,
+        ("'RAM'", "MEMORY_ONLY"),
+    ),
+    Case(
+        "data-timeout-zero",
+        lambda c: ParameterAveragingTrainingMaster(data_timeout_s=0),
+        ConfigError,
+        ("data_timeout_s", "got 0", "> 0"),
+    ),
+    Case(
+        "drop-last-with-spark-default",
+        lambda c: ParameterAveragingTrainingMaster(drop_last=True, repartition_strategy="spark_default"),
+        ConfigError,
+        ("'spark_default'", "drop_last=False"),
+    ),
+    Case(
+        "drop-last-smaller-than-a-batch",
+        lambda c: plan_balanced([5], 8, 2, None, drop_last=True),
+        DataError,
+        ("5 examples", "batch_size=8", "drop_last=False"),
+    ),
+    Case(
+        "on-divergence-unknown",
+        lambda c: SharedTrainingMaster(on_divergence="ignore"),
+        ConfigError,
+        ("'ignore'", "['fail', 'warn']"),
+    ),
+    Case(
+        "fit-batch-size-zero",
+        lambda c: _pw().fit(DataSet(X, Y), batch_size=0),
+        ConfigError,
+        ("batch_size", "got 0", ">= 1"),
+    ),
     Case("fit-epochs-zero", lambda c: _pw().fit(DataSet(X, Y), epochs=0), ConfigError, ("epochs", "got 0", ">= 1")),
     Case("wrapper-workers-zero", lambda c: ParallelWrapper(_net(), num_workers=0), ConfigError, ("workers", "got 0")),
-    Case("wrapper-options-and-master", lambda c: ParallelWrapper(
-        _net(), num_workers=2, averaging_frequency=3, master=ParameterAveragingTrainingMaster()), ConfigError,
-        ("['averaging_frequency']", "set them on the master")),
-    Case("loss-unknown", lambda c: Network(models.mlp(6, 8, 3), loss="crossentropy"), ConfigError,
-         ("'crossentropy'", "cross_entropy")),
-    Case("updater-unknown", lambda c: Network(models.mlp(6, 8, 3), updater="adamw2"), ConfigError,
-         ("'adamw2'", "adam")),
+    Case(
+        "wrapper-options-and-master",
+        lambda c: ParallelWrapper(
+            _net(), num_workers=2, averaging_frequency=3, master=ParameterAveragingTrainingMaster()
+        ),
+        ConfigError,
+        ("['averaging_frequency']", "set them on the master"),
+    ),
+    Case(
+        "loss-unknown",
+        lambda c: Network(models.mlp(6, 8, 3), loss="crossentropy"),
+        ConfigError,
+        ("'crossentropy'", "cross_entropy"),
+    ),
+    Case(
+        "updater-unknown", lambda c: Network(models.mlp(6, 8, 3), updater="adamw2"), ConfigError, ("'adamw2'", "adam")
+    ),
     Case("master-json-invalid", lambda c: master_from_json("{not json"), ConfigError, ("invalid",)),
-    Case("master-json-unknown-type", lambda c: master_from_json('{"type": "magic"}'), ConfigError,
-         ("'magic'", "averaging")),
-    Case("master-json-unknown-option", lambda c: master_from_json('{"type": "averaging", "speed": 9}'),
-         ConfigError, ("['speed']", "ParameterAveragingTrainingMaster")),
+    Case(
+        "master-json-unknown-type",
+        lambda c: master_from_json('{"type": "magic"}'),
+        ConfigError,
+        ("'magic'", "averaging"),
+    ),
+    Case(
+        "master-json-unknown-option",
+        lambda c: master_from_json('{"type": "averaging", "speed": 9}'),
+        ConfigError,
+        ("['speed']", "ParameterAveragingTrainingMaster"),
+    ),
     # -- batch files, directories, URLs, a full disk
     Case("batch-file-corrupt", lambda c: load_batch(c.made), DataError, ("corrupt.safetensors",), setup=_corrupt),
-    Case("batch-file-truncated", lambda c: load_batch(c.made), DataError, ("batch.safetensors",),
-         setup=_truncated),
-    Case("batch-file-missing", lambda c: load_batch(str(c.work / "nope.safetensors")), DataError,
-         ("nope.safetensors", "check the path")),
-    Case("wrapper-missing-paths", lambda c: _pw().fit([str(c.work / "gone.safetensors")]), DataError,
-         ("gone.safetensors", "check the path")),
-    Case("batch-directory-is-a-file", lambda c: save_batches([DataSet(X, Y)], c.made), DataError,
-         ("a-file", "choose a writable directory"), setup=_a_file),
-    Case("batch-directory-unknown-protocol", lambda c: save_batches([DataSet(X, Y)], "foo://bucket/x"), ConfigError,
-         ("'foo'", "use a local path")),
-    Case("batch-directory-hdfs-without-backend", lambda c: save_batches([DataSet(X, Y)], "hdfs://nn:8020/x"),
-         ConfigError, ("hdfs://", "HadoopFileSystem", "install it")),
-    Case("batch-file-on-a-full-disk", lambda c: save_batch(DataSet(np.zeros((4096, 64), np.float32), Y[:1].repeat(
-        4096)), os.path.join(c.made, "big.safetensors")), DataError, ("big.safetensors", "free space"),
-        setup=_full_disk),
-    Case("model-directory-missing", lambda c: Network.load(str(c.work / "no-model")), SerializationError,
-         ("no-model",)),
+    Case("batch-file-truncated", lambda c: load_batch(c.made), DataError, ("batch.safetensors",), setup=_truncated),
+    Case(
+        "batch-file-missing",
+        lambda c: load_batch(str(c.work / "nope.safetensors")),
+        DataError,
+        ("nope.safetensors", "check the path"),
+    ),
+    Case(
+        "wrapper-missing-paths",
+        lambda c: _pw().fit([str(c.work / "gone.safetensors")]),
+        DataError,
+        ("gone.safetensors", "check the path"),
+    ),
+    Case(
+        "batch-directory-is-a-file",
+        lambda c: save_batches([DataSet(X, Y)], c.made),
+        DataError,
+        ("a-file", "choose a writable directory"),
+        setup=_a_file,
+    ),
+    Case(
+        "batch-directory-unknown-protocol",
+        lambda c: save_batches([DataSet(X, Y)], "foo://bucket/x"),
+        ConfigError,
+        ("'foo'", "use a local path"),
+    ),
+    Case(
+        "batch-directory-hdfs-without-backend",
+        lambda c: save_batches([DataSet(X, Y)], "hdfs://nn:8020/x"),
+        ConfigError,
+        ("hdfs://", "HadoopFileSystem", "install it"),
+    ),
+    Case(
+        "batch-file-on-a-full-disk",
+        lambda c: save_batch(
+            DataSet(np.zeros((4096, 64), np.float32), Y[:1].repeat(4096)), os.path.join(c.made, "big.safetensors")
+        ),
+        DataError,
+        ("big.safetensors", "free space"),
+        setup=_full_disk,
+    ),
+    Case(
+        "model-directory-missing", lambda c: Network.load(str(c.work / "no-model")), SerializationError, ("no-model",)
+    ),
     # -- no code from files, atomic saves, CLI checks first (items 1, 2, 4)
-    Case("model-config-names-os-system", lambda c: Network.load(c.made), SerializationError,
-         ("'os:system'", "factories=[system]", "trust_code=True"), setup=_hostile_factory),
-    Case("model-config-not-json", lambda c: Network.load(c.made), SerializationError,
-         ("config.json", "is not valid JSON"), setup=_garbage_config),
-    Case("master-json-names-os-system", lambda c: master_from_json('{"type": "os:system"}'), ConfigError,
-         ("'os:system'", "known: ['averaging', 'sharing']")),
-    Case("evaluation-json-names-os-system", lambda c: _evaluation_from_json(_evaluation_json("os:system")),
-         SerializationError, ("'os:system'", "known types")),
-    Case("save-over-a-directory-of-other-files", lambda c: _net().save(c.made), SerializationError,
-         ("['notes.txt']", "save to a new or empty directory"), setup=_foreign_directory),
-    Case("save-onto-a-file", lambda c: _net().save(c.made), SerializationError,
-         ("a-file", "exists and is not a directory", "save to a directory path"), setup=_a_file),
-    Case("save-model-on-a-full-disk", lambda c: Network(models.mlp(64, 128, 10), updater=optim.Adam(lr=1e-3),
-                                                        seed=1).save(c.made),
-         SerializationError, ("the disk is full", "unchanged"), setup=_model_on_a_full_disk),
-    Case("cli-output-under-proc", lambda c: _cli_check("train", "--output", "/proc/torchspark-out"), ConfigError,
-         ("'/proc/torchspark-out'", "choose a writable location")),
-    Case("cli-output-is-a-file", lambda c: _cli_check("train", "--output", c.made), ConfigError,
-         ("a-file", "pass a directory path"), setup=_a_file),
-    Case("cli-master-unknown-scheme", lambda c: _cli_check("train", "--master", "foo://"), ConfigError,
-         ("'foo://'", "spark://HOST:PORT")),
-    Case("cli-master-unreachable", lambda c: _cli_check("train", "--master", f"spark://127.0.0.1:{c.made}"),
-         ConfigError, ("cannot reach the master", "check the host and port"), setup=lambda c: _closed_port()),
+    Case(
+        "model-config-names-os-system",
+        lambda c: Network.load(c.made),
+        SerializationError,
+        ("'os:system'", "factories=[system]", "trust_code=True"),
+        setup=_hostile_factory,
+    ),
+    Case(
+        "model-config-not-json",
+        lambda c: Network.load(c.made),
+        SerializationError,
+        ("config.json", "is not valid JSON"),
+        setup=_garbage_config,
+    ),
+    Case(
+        "master-json-names-os-system",
+        lambda c: master_from_json('{"type": "os:system"}'),
+        ConfigError,
+        ("'os:system'", "known: ['averaging', 'sharing']"),
+    ),
+    Case(
+        "evaluation-json-names-os-system",
+        lambda c: _evaluation_from_json(_evaluation_json("os:system")),
+        SerializationError,
+        ("'os:system'", "known types"),
+    ),
+    Case(
+        "save-over-a-directory-of-other-files",
+        lambda c: _net().save(c.made),
+        SerializationError,
+        ("['notes.txt']", "save to a new or empty directory"),
+        setup=_foreign_directory,
+    ),
+    Case(
+        "save-onto-a-file",
+        lambda c: _net().save(c.made),
+        SerializationError,
+        ("a-file", "exists and is not a directory", "save to a directory path"),
+        setup=_a_file,
+    ),
+    Case(
+        "save-model-on-a-full-disk",
+        lambda c: Network(models.mlp(64, 128, 10), updater=optim.Adam(lr=1e-3), seed=1).save(c.made),
+        SerializationError,
+        ("the disk is full", "unchanged"),
+        setup=_model_on_a_full_disk,
+    ),
+    Case(
+        "cli-output-under-proc",
+        lambda c: _cli_check("train", "--output", "/proc/torchspark-out"),
+        ConfigError,
+        ("'/proc/torchspark-out'", "choose a writable location"),
+    ),
+    Case(
+        "cli-output-is-a-file",
+        lambda c: _cli_check("train", "--output", c.made),
+        ConfigError,
+        ("a-file", "pass a directory path"),
+        setup=_a_file,
+    ),
+    Case(
+        "cli-master-unknown-scheme",
+        lambda c: _cli_check("train", "--master", "foo://"),
+        ConfigError,
+        ("'foo://'", "spark://HOST:PORT"),
+    ),
+    Case(
+        "cli-master-unreachable",
+        lambda c: _cli_check("train", "--master", f"spark://127.0.0.1:{c.made}"),
+        ConfigError,
+        ("cannot reach the master", "check the host and port"),
+        setup=lambda c: _closed_port(),
+    ),
     # -- Spark: DataFrame columns, data kinds, workers
-    Case("dataframe-missing-column", lambda c: _spark_fit(c, _frame(c, _rows(), "x array<double>, label long")),
-         DataError, ("['features']", "features_col="), spark=True),
-    Case("dataframe-string-features", lambda c: _spark_fit(c, _frame(c, [("a b", 0)] * 8, "features string, "
-                                                                       "label long")),
-         DataError, ("'features'", "type string", "cast('double')"), spark=True),
-    Case("dataframe-string-labels", lambda c: _spark_fit(c, _frame(
-        c, [(r, str(y)) for r, y in _rows()], "features array<double>, label string")),
-        DataError, ("'label'", "type string", "StringIndexer"), spark=True),
-    Case("dataframe-null-features-row", lambda c: _spark_fit(c, _frame(
-        c, [*_rows(7), (None, 1)], "features array<double>, label long")),
-        TrainingError, ("'features'", "null row", "dropna"), spark=True),
-    Case("dataframe-ragged-arrays", lambda c: _spark_fit(c, _frame(
-        c, [*_rows(7), ([1.0, 2.0], 1)], "features array<double>, label long")),
-        TrainingError, ("'features'", "different lengths"), spark=True),
-    Case("dataframe-fractional-labels", lambda c: _spark_fit(c, _frame(
-        c, [(r, y + 0.5) for r, y in _rows()], "features array<double>, label double")),
-        TrainingError, ("'label'", "non-integer values (e.g.", ".5)", "loss='mse'"), spark=True),
-    Case("spark-data-is-a-list", lambda c: _spark_fit(c, [DataSet(X, Y)]), DataError,
-         ("got list", "RDD"), spark=True),
-    Case("spark-too-many-workers", lambda c: _spark_fit(c, c.spark.sparkContext.parallelize([DataSet(X, Y)], 1),
-                                                        num_workers=9),
-         SetupError, ("num_workers=9", "Lower num_workers"), spark=True),
-    Case("spark-repartition-never-mismatch", lambda c: _spark_fit(
-        c, c.spark.sparkContext.parallelize([DataSet(X, Y)] * 3, 3), repartition="never"),
-        ConfigError, ("3 partitions", "num_workers=2", "repartition='always'"), spark=True),
-    Case("spark-export-directory-unknown-protocol", lambda c: _spark_fit(
-        c, c.spark.sparkContext.parallelize([DataSet(X, Y)], 2), export_directory="foo://x/y"),
-        ConfigError, ("'foo'", "use a local path"), spark=True),
+    Case(
+        "dataframe-missing-column",
+        lambda c: _spark_fit(c, _frame(c, _rows(), "x array<double>, label long")),
+        DataError,
+        ("['features']", "features_col="),
+        spark=True,
+    ),
+    Case(
+        "dataframe-string-features",
+        lambda c: _spark_fit(c, _frame(c, [("a b", 0)] * 8, "features string, label long")),
+        DataError,
+        ("'features'", "type string", "cast('double')"),
+        spark=True,
+    ),
+    Case(
+        "dataframe-string-labels",
+        lambda c: _spark_fit(c, _frame(c, [(r, str(y)) for r, y in _rows()], "features array<double>, label string")),
+        DataError,
+        ("'label'", "type string", "StringIndexer"),
+        spark=True,
+    ),
+    Case(
+        "dataframe-null-features-row",
+        lambda c: _spark_fit(c, _frame(c, [*_rows(7), (None, 1)], "features array<double>, label long")),
+        TrainingError,
+        ("'features'", "null row", "dropna"),
+        spark=True,
+    ),
+    Case(
+        "dataframe-ragged-arrays",
+        lambda c: _spark_fit(c, _frame(c, [*_rows(7), ([1.0, 2.0], 1)], "features array<double>, label long")),
+        TrainingError,
+        ("'features'", "different lengths"),
+        spark=True,
+    ),
+    Case(
+        "dataframe-fractional-labels",
+        lambda c: _spark_fit(c, _frame(c, [(r, y + 0.5) for r, y in _rows()], "features array<double>, label double")),
+        TrainingError,
+        ("'label'", "non-integer values (e.g.", ".5)", "loss='mse'"),
+        spark=True,
+    ),
+    Case("spark-data-is-a-list", lambda c: _spark_fit(c, [DataSet(X, Y)]), DataError, ("got list", "RDD"), spark=True),
+    Case(
+        "spark-too-many-workers",
+        lambda c: _spark_fit(c, c.spark.sparkContext.parallelize([DataSet(X, Y)], 1), num_workers=9),
+        SetupError,
+        ("num_workers=9", "Lower num_workers"),
+        spark=True,
+    ),
+    Case(
+        "spark-repartition-never-mismatch",
+        lambda c: _spark_fit(c, c.spark.sparkContext.parallelize([DataSet(X, Y)] * 3, 3), repartition="never"),
+        ConfigError,
+        ("3 partitions", "num_workers=2", "repartition='always'"),
+        spark=True,
+    ),
+    Case(
+        "spark-export-directory-unknown-protocol",
+        lambda c: _spark_fit(c, c.spark.sparkContext.parallelize([DataSet(X, Y)], 2), export_directory="foo://x/y"),
+        ConfigError,
+        ("'foo'", "use a local path"),
+        spark=True,
+    ),
 ]
 
 
@@ -334,10 +569,10 @@ def _listing(root: Path) -> set[str]:
     return {str(p.relative_to(root)) for p in root.rglob("*")}
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, id=c.id, marks=[pytest.mark.spark] if c.spark else [])
-                                  for c in CASES])
-def test_bad_input(case: Case, tmp_path: Path, request: pytest.FixtureRequest,
-                   monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    "case", [pytest.param(c, id=c.id, marks=[pytest.mark.spark] if c.spark else []) for c in CASES]
+)
+def test_bad_input(case: Case, tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     work, scratch = tmp_path / "work", tmp_path / "temp"
     work.mkdir()
     scratch.mkdir()

@@ -10,12 +10,12 @@ from functools import partial
 import pytest
 import torch
 
+from helpers import mlp_net, parts_of_sizes
 from torchspark import DataSet, optim
 from torchspark.spark import ParameterAveragingTrainingMaster, SparkNetwork
 from torchspark.spark.private_dirs import PREFIX
 from torchspark.training.assignment import split_examples
 from torchspark.training.worker.loop import load_item
-from helpers import mlp_net, parts_of_sizes
 
 SIZES = [37, 5, 100, 1]  # 143 examples: every partition boundary but the first is off the grid of 8
 BATCH = 8
@@ -25,8 +25,9 @@ _parts = partial(parts_of_sizes, SIZES, n_features=6, seed=4)
 
 
 def _master(approach: str, workers: int, **kw) -> ParameterAveragingTrainingMaster:
-    return ParameterAveragingTrainingMaster(batch_size_per_worker=BATCH, averaging_frequency=2, num_workers=workers,
-                                            rdd_training_approach=approach, **kw)
+    return ParameterAveragingTrainingMaster(
+        batch_size_per_worker=BATCH, averaging_frequency=2, num_workers=workers, rdd_training_approach=approach, **kw
+    )
 
 
 _net = partial(mlp_net, 6, 8, 3, updater=optim.SGD(lr=0.05))

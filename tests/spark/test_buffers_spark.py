@@ -6,10 +6,9 @@ from functools import partial
 
 import torch
 
+from helpers import batchnorm_net
 from torchspark import datasets, optim
 from torchspark.spark import ParameterAveragingTrainingMaster, SharedTrainingMaster, SparkNetwork
-from helpers import batchnorm_net
-
 
 _bn_net = partial(batchnorm_net, updater=optim.SGD(lr=0.1))
 
@@ -22,8 +21,9 @@ def test_identical_shards_reproduce_single_worker_statistics_on_both_averaging_r
     initial = _bn_net().buffers()
     for via in ("torch", "spark"):
         net = _bn_net()
-        master = ParameterAveragingTrainingMaster(batch_size_per_worker=10, averaging_frequency=3, num_workers=2,
-                                                  repartition="never", averaging_via=via)
+        master = ParameterAveragingTrainingMaster(
+            batch_size_per_worker=10, averaging_frequency=3, num_workers=2, repartition="never", averaging_via=via
+        )
         snet = SparkNetwork(spark, net, master, progress=False)
         snet.fit(rdd)
         snet.delete_temp_files()

@@ -6,17 +6,17 @@ from __future__ import annotations
 from functools import partial
 
 import cloudpickle
-import interrupting
 import pytest
 import torch
-from interrupting import InterruptingMLP
 
+import interrupting
+from helpers import onehot_rule_data
+from interrupting import InterruptingMLP
 from torchspark import Network, optim
 from torchspark.data import save_batches
 from torchspark.errors import ConfigError, WorkerError
 from torchspark.spark import ParameterAveragingTrainingMaster, SharedTrainingMaster, SparkNetwork
 from torchspark.training.checkpoint import newest_checkpoint, store
-from helpers import onehot_rule_data
 
 cloudpickle.register_pickle_by_value(interrupting)  # executors rebuild the model without the tests on their path
 

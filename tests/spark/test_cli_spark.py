@@ -10,10 +10,10 @@ import sys
 
 import pytest
 
+from helpers import assert_replicas_identical
 from torchspark import Network
 from torchspark.cli import main
 from torchspark.stats import TrainingStats
-from helpers import assert_replicas_identical
 
 
 def test_train_evaluate_predict_round_trip(spark, tmp_path, capsys) -> None:
@@ -61,9 +61,29 @@ def test_train_options_reach_spark_and_the_master(tmp_path) -> None:
 
     out = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if k != "PYSPARK_PYTHON"}
-    cmd = [sys.executable, "-m", "torchspark.cli", "train", "--master", "local[3]", "--num-workers", "2", "--training-mode",
-           "averaging", "--model", "mlp", "--epochs", "1", "--batch-size-per-worker", "32",
-           "--averaging-frequency", "3", "--no-progress", "--output", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torchspark.cli",
+        "train",
+        "--master",
+        "local[3]",
+        "--num-workers",
+        "2",
+        "--training-mode",
+        "averaging",
+        "--model",
+        "mlp",
+        "--epochs",
+        "1",
+        "--batch-size-per-worker",
+        "32",
+        "--averaging-frequency",
+        "3",
+        "--no-progress",
+        "--output",
+        str(out),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     # a quiet start: none of the JVM's start-up warnings (they were the first ten lines) without --verbose
@@ -88,8 +108,24 @@ def test_train_options_reach_spark_and_the_master(tmp_path) -> None:
 def test_verbose_shows_what_the_jvm_prints(tmp_path) -> None:
     """``--verbose`` keeps the JVM's own stderr (its start-up notices, Spark's log) on the terminal."""
     env = {k: v for k, v in os.environ.items() if k != "PYSPARK_PYTHON"}
-    cmd = [sys.executable, "-m", "torchspark.cli", "train", "--verbose", "--num-workers", "1", "--training-mode", "averaging",
-           "--model", "mlp", "--epochs", "1", "--no-progress", "--output", str(tmp_path / "run")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torchspark.cli",
+        "train",
+        "--verbose",
+        "--num-workers",
+        "1",
+        "--training-mode",
+        "averaging",
+        "--model",
+        "mlp",
+        "--epochs",
+        "1",
+        "--no-progress",
+        "--output",
+        str(tmp_path / "run"),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "log4j" in proc.stderr or "WARN" in proc.stderr, proc.stderr[:2000]

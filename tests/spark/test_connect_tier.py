@@ -26,9 +26,25 @@ def test_the_spark_connect_tier_passes():
     env = dict(os.environ, **{CONNECT_TIER_ENV: "1"})
     env.pop("SPARK_CONNECT_MODE_ENABLED", None)
     env.pop("SPARK_REMOTE", None)
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfEs",
-                           os.path.join(TESTS, "connect")], cwd=os.path.dirname(TESTS), env=env,
-                          capture_output=True, text=True, timeout=3000)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-rfEs",
+            "-n",
+            "0",
+            os.path.join(TESTS, "connect"),
+        ],
+        cwd=os.path.dirname(TESTS),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=3000,
+    )
     report = (done.stdout + done.stderr)[-12000:]
     assert done.returncode == 0, f"tests/connect failed (exit {done.returncode}):\n{report}"
     assert " passed" in done.stdout, report

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import mlp_net
 from torchspark.data import DataSet
 from torchspark.spark import ParameterAveragingTrainingMaster, SharedTrainingMaster, SparkNetwork
-from helpers import mlp_net
 
 MASTERS = {"averaging": ParameterAveragingTrainingMaster, "sharing": SharedTrainingMaster}
 
@@ -20,15 +20,19 @@ def frame(spark):
     rng = np.random.default_rng(3)
     x = rng.normal(size=(150, 6))
     y = (x[:, 0] + x[:, 1] > 0).astype(int)
-    return spark.createDataFrame([(r.tolist(), int(v)) for r, v in zip(x, y)],
-                                 "features array<double>, label long").repartition(3).cache()
+    return (
+        spark.createDataFrame([(r.tolist(), int(v)) for r, v in zip(x, y)], "features array<double>, label long")
+        .repartition(3)
+        .cache()
+    )
 
 
 def _fit(spark, data, kind: str, route: str, export_dir) -> tuple[torch.Tensor, list[str]]:
     """The trained parameters, and the files under ``export_dir`` after the fit (``close()`` removes them)."""
     net = mlp_net(6, 8, 2)
-    master = MASTERS[kind](batch_size_per_worker=8, num_workers=2, rng_seed=5, dataframe_route=route,
-                           export_directory=str(export_dir))
+    master = MASTERS[kind](
+        batch_size_per_worker=8, num_workers=2, rng_seed=5, dataframe_route=route, export_directory=str(export_dir)
+    )
     with SparkNetwork(spark, net, master, progress=False) as snet:
         snet.fit(data, epochs=2)
         files = [str(p) for p in export_dir.rglob("*") if p.is_file()] if export_dir.exists() else []

@@ -10,11 +10,10 @@ from functools import partial
 import pytest
 import torch
 
+from helpers import mlp_net
 from torchspark import Network, datasets, models, optim
 from torchspark.errors import TrainingError
 from torchspark.spark import ParameterAveragingTrainingMaster, SharedTrainingMaster, SparkNetwork
-from helpers import mlp_net
-
 
 _diverging = partial(mlp_net, 64, 16, 10, updater=optim.SGD(lr=1e12))
 
@@ -32,8 +31,9 @@ def test_diverging_gradient_sharing_fails_with_the_averaging_advice(spark, digit
 
 
 def test_on_divergence_warn_trains_on_and_warns_on_the_driver(spark, digits_rdd) -> None:
-    master = SharedTrainingMaster(batch_size_per_worker=16, num_workers=2, rdd_training_approach="direct",
-                                  on_divergence="warn")
+    master = SharedTrainingMaster(
+        batch_size_per_worker=16, num_workers=2, rdd_training_approach="direct", on_divergence="warn"
+    )
     net = _diverging()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -59,8 +59,13 @@ def test_drop_last_trains_only_full_minibatches(spark, sc, approach: str) -> Non
     rdd = sc.parallelize([data.slice(0, 30), data.slice(30, 66)], 2)
     results = {}
     for drop_last in (False, True):
-        master = ParameterAveragingTrainingMaster(batch_size_per_worker=16, num_workers=2, averaging_frequency=1,
-                                                  rdd_training_approach=approach, drop_last=drop_last)
+        master = ParameterAveragingTrainingMaster(
+            batch_size_per_worker=16,
+            num_workers=2,
+            averaging_frequency=1,
+            rdd_training_approach=approach,
+            drop_last=drop_last,
+        )
         spark_net = SparkNetwork(spark, Network(models.mlp(6, 8, 3), seed=0), master, progress=False)
         spark_net.fit(rdd, epochs=1)
         spark_net.delete_temp_files()
@@ -73,8 +78,9 @@ def test_batchnorm_network_trains_on_the_split_that_used_to_leave_one_example(sp
     """66 examples, 2 workers, batch 16 gave worker 0 a last minibatch of 1 example: BatchNorm raised mid-fit."""
     data = datasets.synthetic_classification(66, 6, 3, seed=1)
     module = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
-    master = ParameterAveragingTrainingMaster(batch_size_per_worker=16, num_workers=2, averaging_frequency=1,
-                                              rdd_training_approach="direct")
+    master = ParameterAveragingTrainingMaster(
+        batch_size_per_worker=16, num_workers=2, averaging_frequency=1, rdd_training_approach="direct"
+    )
     net = Network(module, seed=0)
     SparkNetwork(spark, net, master, progress=False).fit(sc.parallelize([data], 1), epochs=1)
     assert net.epoch == 1

@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+from helpers import mlp_net
 from torchspark import Network, datasets, optim
 from torchspark.earlystopping import (
     DirectoryModelSaver,
@@ -22,11 +23,11 @@ from torchspark.earlystopping import (
 from torchspark.evaluation import Evaluation
 from torchspark.spark import ParameterAveragingTrainingMaster, SparkNetwork
 from torchspark.spark.earlystopping import SparkEarlyStoppingTrainer, SparkEvaluationCalculator, SparkLossCalculator
-from helpers import mlp_net
 
 F, C = 4, 3
-MASTER = ParameterAveragingTrainingMaster(batch_size_per_worker=16, num_workers=2, averaging_frequency=2,
-                                          rdd_training_approach="direct", rng_seed=0)
+MASTER = ParameterAveragingTrainingMaster(
+    batch_size_per_worker=16, num_workers=2, averaging_frequency=2, rdd_training_approach="direct", rng_seed=0
+)
 
 
 def _frame(spark, start: int, stop: int):
@@ -44,8 +45,9 @@ def test_spark_early_stopping_with_distributed_scores_and_a_directory_saver(spar
     val, val_local = _frame(spark, 192, 288)
     spark_net = SparkNetwork(spark, _net(), MASTER, progress=False)
     saver = DirectoryModelSaver(str(tmp_path / "es"))
-    config = EarlyStoppingConfiguration(SparkLossCalculator(spark, val), model_saver=saver,
-                                        epoch_conditions=[MaxEpochs(3), NoImprovement(patience=2)])
+    config = EarlyStoppingConfiguration(
+        SparkLossCalculator(spark, val), model_saver=saver, epoch_conditions=[MaxEpochs(3), NoImprovement(patience=2)]
+    )
     result = SparkEarlyStoppingTrainer(spark_net, config, train).fit()
     assert result.termination_reason is TerminationReason.EPOCH_CONDITION and "MaxEpochs" in result.termination_details
     assert result.total_epochs == 3 and sorted(result.score_vs_epoch) == [0, 1, 2]
@@ -65,14 +67,14 @@ def test_an_iteration_condition_fires_on_live_worker_scores(spark) -> None:
     # minibatches of 4: 16 steps per worker, so workers report progress (every 10 steps) during the epoch
     spark_net = SparkNetwork(spark, _net(), dataclasses.replace(MASTER, batch_size_per_worker=4), progress=False)
     # every loss is above -1: the condition fires during epoch 0, which still finishes; no score is computed
-    config = EarlyStoppingConfiguration(SparkLossCalculator(spark, train), epoch_conditions=[MaxEpochs(5)],
-                                        iteration_conditions=[MaxScore(-1.0)])
+    config = EarlyStoppingConfiguration(
+        SparkLossCalculator(spark, train), epoch_conditions=[MaxEpochs(5)], iteration_conditions=[MaxScore(-1.0)]
+    )
     result = SparkEarlyStoppingTrainer(spark_net, config, train).fit()
     assert result.termination_reason is TerminationReason.ITERATION_CONDITION
     assert "MaxScore" in result.termination_details and result.total_epochs == 1
     assert "worker" in result.termination_details  # fired on a live report, not on the epoch's final score
     assert result.score_vs_epoch == {} and result.best_model is None and spark_net.network.epoch == 1
-
 
 
 def _two_output_net(regression_first: bool) -> Network:

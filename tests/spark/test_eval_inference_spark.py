@@ -94,7 +94,8 @@ def test_dataframe_and_path_inputs_equal_rdd_input(spark, sc, net, data, rdd, tm
     paths = save_batches(data.split(50), str(tmp_path / "batches"))
     np.testing.assert_array_equal(spark_eval.evaluate(sc, net, paths, batch_size=50).confusion_matrix(), reference)
     np.testing.assert_array_equal(
-        spark_eval.evaluate(sc, net, sc.parallelize(paths, 2), batch_size=50).confusion_matrix(), reference)
+        spark_eval.evaluate(sc, net, sc.parallelize(paths, 2), batch_size=50).confusion_matrix(), reference
+    )
 
 
 def test_regression_evaluation_matches_local(sc) -> None:
@@ -286,8 +287,9 @@ def test_spark_network_methods_equal_local_results(spark, net, data, rdd) -> Non
     assert snet.calculate_score(rdd, batch_size=50) == pytest.approx(net.score(data), rel=1e-5)
     losses = snet.score_examples(rdd, batch_size=50).collect()
     assert len(losses) == N and np.mean(losses) == pytest.approx(net.score(data), rel=1e-5)
-    keyed = snet.feed_forward_with_key(spark.sparkContext.parallelize(
-        [(i, data.features[i]) for i in range(10)], 2)).collectAsMap()
+    keyed = snet.feed_forward_with_key(
+        spark.sparkContext.parallelize([(i, data.features[i]) for i in range(10)], 2)
+    ).collectAsMap()
     torch.testing.assert_close(keyed[3], net.output(data.features[3:4])[0])
     df = spark.createDataFrame([(data.features[i].tolist(), i) for i in range(20)], ["features", "id"])
     got = {r["id"]: r["prediction"] for r in snet.predict(df, output="class").collect()}
@@ -298,9 +300,11 @@ def test_spark_network_methods_equal_local_results(spark, net, data, rdd) -> Non
 def test_ctrl_c_cancels_an_evaluation_job(sc) -> None:
     """Evaluation and inference jobs run in their own job group: Ctrl-C cancels the Spark job, not only Python."""
     from ctrl_c import assert_ctrl_c_cancels, never_ending_job
-
     from torchspark.spark.jobs import run_job
 
     job = never_ending_job(sc)
-    assert_ctrl_c_cancels(sc, lambda: run_job(sc, "test: an evaluation that only ends when cancelled", job,
-                                              "torchspark-eval-job"), "evaluation")
+    assert_ctrl_c_cancels(
+        sc,
+        lambda: run_job(sc, "test: an evaluation that only ends when cancelled", job, "torchspark-eval-job"),
+        "evaluation",
+    )

@@ -50,12 +50,26 @@ def test_mnist_idx_example(spark, tmp_path) -> None:
     _write_idx(tmp_path / "train-labels-idx1-ubyte.gz", labels, compress=True)
     _write_idx(tmp_path / "test-images-idx3-ubyte", pixels[:200], compress=False)
     _write_idx(tmp_path / "test-labels-idx1-ubyte", labels[:200], compress=False)
-    result = _load("mnist_idx_spark").main([
-        "--train-images", str(tmp_path / "train-images-idx3-ubyte.gz"),
-        "--train-labels", str(tmp_path / "train-labels-idx1-ubyte.gz"),
-        "--test-images", str(tmp_path / "test-images-idx3-ubyte"),
-        "--test-labels", str(tmp_path / "test-labels-idx1-ubyte"),
-        "--epochs", "4", "--batch-size", "16", "--partitions", "4", "--lr", "3e-3"])
+    result = _load("mnist_idx_spark").main(
+        [
+            "--train-images",
+            str(tmp_path / "train-images-idx3-ubyte.gz"),
+            "--train-labels",
+            str(tmp_path / "train-labels-idx1-ubyte.gz"),
+            "--test-images",
+            str(tmp_path / "test-images-idx3-ubyte"),
+            "--test-labels",
+            str(tmp_path / "test-labels-idx1-ubyte"),
+            "--epochs",
+            "4",
+            "--batch-size",
+            "16",
+            "--partitions",
+            "4",
+            "--lr",
+            "3e-3",
+        ]
+    )
     assert result["examples"] == 400 and result["image_shape"] == [8, 8] and result["epochs"] == 4
     assert result["accuracy"] > 0.5, result  # chance is 0.1
 
@@ -65,12 +79,15 @@ def test_csv_pipeline_example(spark, tmp_path) -> None:
     pytest.importorskip("torchspark.spark.ml", reason="TorchEstimator (torchspark.spark.ml) is not on this branch")
     data = datasets.synthetic_classification(240, 4, 3, seed=3, noise=1.0)
     names = ["setosa", "versicolor", "virginica"]
-    lines = ["a,b,c,d,species"] + [",".join(f"{10 * v + 50:.4f}" for v in x.tolist()) + f",{names[int(y)]}"
-                                   for x, y in zip(data.features, data.labels)]
+    lines = ["a,b,c,d,species"] + [
+        ",".join(f"{10 * v + 50:.4f}" for v in x.tolist()) + f",{names[int(y)]}"
+        for x, y in zip(data.features, data.labels)
+    ]
     (tmp_path / "flowers.csv").write_text("\n".join(lines) + "\n")
     out = tmp_path / "model"
-    result = _load("csv_pipeline").main(["--csv", str(tmp_path / "flowers.csv"), "--label", "species",
-                                         "--epochs", "6", "--output", str(out)])
+    result = _load("csv_pipeline").main(
+        ["--csv", str(tmp_path / "flowers.csv"), "--label", "species", "--epochs", "6", "--output", str(out)]
+    )
     assert result["rows"] == 240 and result["features"] == ["a", "b", "c", "d"] and result["classes"] == 3
     assert result["accuracy"] > 0.7, result  # chance is 1/3
     assert result["reloaded_same_predictions"] is True
@@ -96,9 +113,22 @@ def test_two_inputs_two_outputs_example(spark) -> None:
 @pytest.mark.multiprocess
 def test_parallel_wrapper_example_runs_as_a_script() -> None:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.run([sys.executable, str(EXAMPLES / "parallel_wrapper.py"), "--num-workers", "2",
-                           "--epochs", "3", "--examples", "512"], capture_output=True, text=True, timeout=600,
-                          env=env)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(EXAMPLES / "parallel_wrapper.py"),
+            "--num-workers",
+            "2",
+            "--epochs",
+            "3",
+            "--examples",
+            "512",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["workers"] == 2 and result["mode"] == "sharing" and result["examples"] == 512

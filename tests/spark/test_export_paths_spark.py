@@ -5,20 +5,20 @@ from __future__ import annotations
 
 import glob
 import os
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pytest
 import torch
 
+from helpers import mlp_net
 from torchspark import Network, models, optim
 from torchspark.data import DataSet, MultiDataSet, load_batch, save_batches
 from torchspark.errors import ConfigError, DataError
 from torchspark.spark import ParameterAveragingTrainingMaster, SparkNetwork, export_batches
 from torchspark.training.driver.runner import InProcessRunner
-from helpers import mlp_net
 
 BATCH = 4
 
@@ -34,7 +34,11 @@ def _loaded_ids(paths: list[str]) -> list[int]:
 
 def test_export_batches_writes_exact_batches_and_merges_partition_remainders(sc, tmp_path) -> None:
     # partitions of 10, 7 and 13 examples (in items of uneven sizes): remainders 2, 3 and 1 are merged
-    parts = [[_ids_dataset(0, 6), _ids_dataset(6, 4)], [_ids_dataset(10, 7)], [_ids_dataset(17, 1), _ids_dataset(18, 12)]]
+    parts = [
+        [_ids_dataset(0, 6), _ids_dataset(6, 4)],
+        [_ids_dataset(10, 7)],
+        [_ids_dataset(17, 1), _ids_dataset(18, 12)],
+    ]
     rdd = sc.parallelize(parts, 3).flatMap(lambda items: items)
     assert rdd.getNumPartitions() == 3
     paths = export_batches(rdd, str(tmp_path / "out"), BATCH)
@@ -64,8 +68,9 @@ def test_export_batches_from_raw_records_with_a_function(sc, tmp_path) -> None:
 def test_export_batches_from_a_dataframe_with_several_feature_and_label_columns(spark, tmp_path) -> None:
     rows = [([float(i), 1.0], [float(i)] * 3, i % 2, [0.5 * i]) for i in range(11)]
     df = spark.createDataFrame(rows, "a array<float>, b array<float>, cls long, reg array<float>").repartition(3)
-    paths = export_batches(df, str(tmp_path / "df"), 4, features_col=["a", "b"], label_col=["cls", "reg"],
-                           integer_labels=[True, False])
+    paths = export_batches(
+        df, str(tmp_path / "df"), 4, features_col=["a", "b"], label_col=["cls", "reg"], integer_labels=[True, False]
+    )
     batches = [load_batch(p) for p in paths]
     assert [len(b) for b in batches] == [4, 4, 3]
     merged = MultiDataSet.merge(batches)
@@ -80,8 +85,9 @@ _net = partial(mlp_net, 2, 8, 3, updater=optim.SGD(lr=0.05, momentum=0.9))
 
 
 def _master(**kw) -> ParameterAveragingTrainingMaster:
-    return ParameterAveragingTrainingMaster(batch_size_per_worker=BATCH, averaging_frequency=2, num_workers=2,
-                                            rng_seed=3, **kw)
+    return ParameterAveragingTrainingMaster(
+        batch_size_per_worker=BATCH, averaging_frequency=2, num_workers=2, rng_seed=3, **kw
+    )
 
 
 def test_fit_paths_and_evaluate_take_a_directory_a_glob_a_list_or_an_rdd(spark, sc, tmp_path) -> None:
@@ -90,8 +96,13 @@ def test_fit_paths_and_evaluate_take_a_directory_a_glob_a_list_or_an_rdd(spark, 
     directory = str(tmp_path / "batches")
     listed = save_batches(data.split(5), directory)  # files of 5: re-batched to 4
     params, evals = [], []
-    for source in (directory, f"file://{directory}", f"{directory}/batch_*.safetensors", listed,
-                   sc.parallelize(listed, 1)):
+    for source in (
+        directory,
+        f"file://{directory}",
+        f"{directory}/batch_*.safetensors",
+        listed,
+        sc.parallelize(listed, 1),
+    ):
         net = _net()
         spark_net = SparkNetwork(spark, net, _master(), progress=False, runner=InProcessRunner())
         spark_net.fit_paths(source, epochs=2)
@@ -154,8 +165,10 @@ def test_fit_paths_with_a_loader_for_png_files(spark, tmp_path) -> None:
         Image.fromarray(pixels, mode="L").save(tmp_path / f"img{i:03d}_class{label}.png")
         examples.append((pixels, label))
     # the same examples as one-example batch files, in the same (name) order: the loader route must match it
-    reference = [DataSet(torch.from_numpy(p.astype(np.float32) / 255.0).reshape(1, 1, 8, 8), torch.tensor([c]))
-                 for p, c in examples]
+    reference = [
+        DataSet(torch.from_numpy(p.astype(np.float32) / 255.0).reshape(1, 1, 8, 8), torch.tensor([c]))
+        for p, c in examples
+    ]
     batch_paths = save_batches(reference, str(tmp_path / "reference"))
 
     def network() -> Network:
@@ -174,12 +187,15 @@ def test_fit_paths_with_a_loader_for_png_files(spark, tmp_path) -> None:
 def _csv_reader() -> Callable[[str], DataSet]:
     """A loader for CSV shards ``x0,x1,label`` per line -> a DataSet of its rows (built inside a function, so it is
     shipped to the executors by value)."""
+
     def load(path: str) -> DataSet:
         import fsspec
 
         with fsspec.open(path, "rt") as f:
             table = np.loadtxt(f, delimiter=",", ndmin=2)
-        return DataSet(torch.from_numpy(table[:, :2].astype(np.float32)), torch.from_numpy(table[:, 2].astype(np.int64)))
+        return DataSet(
+            torch.from_numpy(table[:, :2].astype(np.float32)), torch.from_numpy(table[:, 2].astype(np.int64))
+        )
 
     return load
 
@@ -200,8 +216,11 @@ def test_fit_paths_with_a_loader_for_csv_shards(spark, sc, tmp_path) -> None:
     reference = save_batches(shards, str(tmp_path / "reference"))
 
     trained = []
-    for source, loader in ((str(tmp_path), _csv_loader), (sc.parallelize(_paths(f"{tmp_path}/*.csv"), 1), _csv_loader),
-                           (reference, None)):
+    for source, loader in (
+        (str(tmp_path), _csv_loader),
+        (sc.parallelize(_paths(f"{tmp_path}/*.csv"), 1), _csv_loader),
+        (reference, None),
+    ):
         net = _net()
         SparkNetwork(spark, net, _master(), progress=False).fit_paths(source, epochs=2, loader=loader)
         trained.append(net.params())
@@ -209,8 +228,7 @@ def test_fit_paths_with_a_loader_for_csv_shards(spark, sc, tmp_path) -> None:
     torch.testing.assert_close(trained[1], trained[2], atol=1e-6, rtol=1e-6)
 
     with pytest.raises(DataError, match="the loader returned a ndarray"):
-        SparkNetwork(spark, _net(), _master(), progress=False).fit_paths(
-            str(tmp_path), loader=lambda p: np.zeros(3))
+        SparkNetwork(spark, _net(), _master(), progress=False).fit_paths(str(tmp_path), loader=lambda p: np.zeros(3))
 
 
 def test_evaluate_with_a_loader_reads_csv_shards_like_their_batch_files(spark, sc, tmp_path) -> None:
@@ -250,8 +268,7 @@ def test_evaluate_with_a_loader_reads_csv_shards_like_their_batch_files(spark, s
         spark_net.evaluate(str(csv_dir), loader=lambda p: np.zeros(3))
 
 
-def test_a_second_export_into_the_same_directory_is_refused_and_evaluate_counts_one_export(spark, sc,
-                                                                                          tmp_path) -> None:
+def test_a_second_export_into_the_same_directory_is_refused_and_evaluate_counts_one_export(spark, sc, tmp_path) -> None:
     directory = str(tmp_path / "twice")
     rdd = sc.parallelize([_ids_dataset(0, 18)], 1)
     first = export_batches(rdd, directory, BATCH)

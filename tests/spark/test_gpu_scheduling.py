@@ -81,8 +81,9 @@ def test_every_averaging_round_asks_a_gpu_per_task(gpu_runs) -> None:
 def test_executors_without_cuda_fail_the_fit_before_its_training_stage(gpu_runs) -> None:
     result = _run(gpu_runs, "preflight")
     message = result["message"]
-    assert message.startswith("gpus_per_worker=1 gives every training task a GPU, but torch on the executors "
-                              "cannot use it"), message
+    assert message.startswith(
+        "gpus_per_worker=1 gives every training task a GPU, but torch on the executors cannot use it"
+    ), message
     assert "executor " in message and "/work/app-" in message  # the executor: host and its working directory
     assert "has no CUDA (a CPU-only build)" in message and "Install a CUDA build of torch" in message
     # only the probes ran: no data export, no training stage

@@ -16,16 +16,18 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from helpers import mlp_net, uniform_data
 from torchspark import DataSet, Network
 from torchspark.errors import WorkerError
 from torchspark.spark import ParameterAveragingTrainingMaster, SparkNetwork
 from torchspark.training.progress import ProgressServer
 from torchspark.training.rendezvous import auth
-from helpers import mlp_net, uniform_data
 
 PLANTED = "RuntimeError: planted by a stranger"
-FAKE_ERROR = json.dumps({"kind": "error", "rank": 0,
-                         "traceback": f"Traceback (most recent call last):\n{PLANTED}"}).encode() + b"\n"
+FAKE_ERROR = (
+    json.dumps({"kind": "error", "rank": 0, "traceback": f"Traceback (most recent call last):\n{PLANTED}"}).encode()
+    + b"\n"
+)
 BOGUS_ADDRESS = "127.0.0.1:9"  # worker 1 would dial this if it followed the stranger
 
 
@@ -146,8 +148,7 @@ class Stranger:
 
         def try_store() -> None:
             try:
-                store = dist.TCPStore("127.0.0.1", port, None, is_master=False,
-                                      timeout=datetime.timedelta(seconds=2))
+                store = dist.TCPStore("127.0.0.1", port, None, is_master=False, timeout=datetime.timedelta(seconds=2))
                 store.set("torchspark/store", BOGUS_ADDRESS)
                 store.num_keys()  # only a real store answers
                 is_store.set()
@@ -173,9 +174,14 @@ class Stranger:
 
 def _fit(spark: Any, sc: Any, shards: list[DataSet]) -> Network:
     net = mlp_net(64, 16, 10)
-    master = ParameterAveragingTrainingMaster(batch_size_per_worker=8, num_workers=2, averaging_frequency=2,
-                                              rdd_training_approach="direct", repartition="never",
-                                              rendezvous_timeout_s=60)
+    master = ParameterAveragingTrainingMaster(
+        batch_size_per_worker=8,
+        num_workers=2,
+        averaging_frequency=2,
+        rdd_training_approach="direct",
+        repartition="never",
+        rendezvous_timeout_s=60,
+    )
     SparkNetwork(spark, net, master, progress=False).fit(sc.parallelize(shards, 2), epochs=2)
     return net
 

@@ -32,8 +32,12 @@ def test_mlflow_and_tensorboard_follow_a_sharing_fit_then_an_averaging_fit(spark
     data = datasets.synthetic_classification(512, 16, 4, seed=3)
     rdd = sc.parallelize(data.split(64), 2)
     net = Network(models.mlp(16, 32, 4), updater=optim.Adam(lr=1e-2), seed=0)
-    sharing = SharedTrainingMaster(batch_size_per_worker=16, num_workers=2, collect_training_stats=True,
-                                   threshold_algorithm=AdaptiveThreshold(initial=1e-2))
+    sharing = SharedTrainingMaster(
+        batch_size_per_worker=16,
+        num_workers=2,
+        collect_training_stats=True,
+        threshold_algorithm=AdaptiveThreshold(initial=1e-2),
+    )
     spark_net = SparkNetwork(spark, net, sharing, progress=False)
     spark_net.add_training_listener(mlf)
     spark_net.add_training_listener(tb)
@@ -111,8 +115,9 @@ def test_the_rounds_route_feeds_listeners_from_the_driver(spark, sc) -> None:
 
     data = datasets.synthetic_classification(256, 8, 3, seed=4)
     net = Network(models.mlp(8, 8, 3), seed=0)
-    master = ParameterAveragingTrainingMaster(batch_size_per_worker=16, averaging_frequency=4, num_workers=2,
-                                              averaging_via="spark")
+    master = ParameterAveragingTrainingMaster(
+        batch_size_per_worker=16, averaging_frequency=4, num_workers=2, averaging_via="spark"
+    )
     spark_net = SparkNetwork(spark, net, master, progress=False)
     rec = Recorder()
     spark_net.add_training_listener(rec)

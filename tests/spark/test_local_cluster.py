@@ -4,6 +4,7 @@ process shared with the other local-cluster checks (``local_cluster_runs`` in ``
 from __future__ import annotations
 
 import pytest
+
 from helpers import assert_replicas_identical
 
 pytestmark = pytest.mark.cluster  # and spark, as every test of this folder

@@ -12,14 +12,13 @@ from functools import partial
 import pytest
 import torch
 
+from helpers import mlp_net
 from torchspark import datasets, optim
 from torchspark.errors import ConfigError, SetupError
 from torchspark.spark import ParameterAveragingTrainingMaster, SharedTrainingMaster, SparkNetwork
 from torchspark.spark.preflight import probe_executors
 from torchspark.training.config.masters import STORAGE_LEVELS
 from torchspark.training.task import param_checksum
-from helpers import mlp_net
-
 
 _net = partial(mlp_net, 6, 8, 3, updater=optim.SGD(lr=0.1))
 
@@ -56,9 +55,15 @@ def test_rng_seed_changes_the_training_order(spark, sc, repartition, strategy, a
     data = _data(sc)
 
     def fit(seed):
-        master = ParameterAveragingTrainingMaster(batch_size_per_worker=8, averaging_frequency=3, num_workers=2,
-                                                  repartition=repartition, repartition_strategy=strategy,
-                                                  rdd_training_approach=approach, rng_seed=seed)
+        master = ParameterAveragingTrainingMaster(
+            batch_size_per_worker=8,
+            averaging_frequency=3,
+            num_workers=2,
+            repartition=repartition,
+            repartition_strategy=strategy,
+            rdd_training_approach=approach,
+            rng_seed=seed,
+        )
         spark_net = SparkNetwork(spark, _net(), master, progress=False)
         spark_net.fit(data, epochs=1)
         spark_net.delete_temp_files()
@@ -75,8 +80,7 @@ def test_rng_seed_with_repartition_never_keeps_each_workers_partition(spark, sc)
     """Seeded, each worker still trains exactly its own partition (48 vs 96 examples), only the order changes."""
     parts = datasets.synthetic_classification(144, 6, 3, seed=4)
     rdd = sc.parallelize([parts.slice(0, 48), parts.slice(48, 144)], 2)
-    master = ParameterAveragingTrainingMaster(batch_size_per_worker=8, num_workers=2, repartition="never",
-                                              rng_seed=9)
+    master = ParameterAveragingTrainingMaster(batch_size_per_worker=8, num_workers=2, repartition="never", rng_seed=9)
     spark_net = SparkNetwork(spark, _net(), master, progress=False)
     spark_net.fit(rdd)
     spark_net.delete_temp_files()
@@ -86,8 +90,9 @@ def test_rng_seed_with_repartition_never_keeps_each_workers_partition(spark, sc)
 @pytest.mark.parametrize("level", ["MEMORY_AND_DISK", "DISK_ONLY"])
 def test_storage_level_is_used_by_the_direct_route(spark, sc, level) -> None:
     data = _data(sc)
-    master = ParameterAveragingTrainingMaster(batch_size_per_worker=8, num_workers=2, rdd_training_approach="direct",
-                                              storage_level=level)
+    master = ParameterAveragingTrainingMaster(
+        batch_size_per_worker=8, num_workers=2, rdd_training_approach="direct", storage_level=level
+    )
     spark_net = SparkNetwork(spark, _net(), master, progress=False)
     spark_net.fit(data)
     (prepared,) = spark_net.preparation.persisted.values()
@@ -99,8 +104,9 @@ def test_workers_per_node_on_local_mode_counts_one_executor(spark, sc) -> None:
     """local[2] is one executor with two slots: k=1 trains one worker, k=2 two, k=3 does not fit."""
     data = _data(sc)
     for k in (1, 2):
-        spark_net = SparkNetwork(spark, _net(), SharedTrainingMaster(batch_size_per_worker=8, workers_per_node=k),
-                                 progress=False)
+        spark_net = SparkNetwork(
+            spark, _net(), SharedTrainingMaster(batch_size_per_worker=8, workers_per_node=k), progress=False
+        )
         spark_net.fit(data)
         spark_net.delete_temp_files()
         assert len(spark_net.last_results) == k
@@ -118,20 +124,28 @@ def test_import_check_reaches_the_local_executor(sc) -> None:
 def test_eval_workers_is_refused_on_every_evaluation_method(spark, sc) -> None:
     spark_net = SparkNetwork(spark, _net(), progress=False)
     data = _data(sc)
-    for call in (lambda: spark_net.evaluate(data, eval_workers=2), lambda: spark_net.evaluate(data, 64, 2),
-                 lambda: spark_net.evaluate_regression(data, eval_workers=1),
-                 lambda: spark_net.evaluate_roc_multi_class(data, eval_workers=1),
-                 lambda: spark_net.do_evaluation(data, spark_net.network.default_evaluation(), eval_workers=4)):
+    for call in (
+        lambda: spark_net.evaluate(data, eval_workers=2),
+        lambda: spark_net.evaluate(data, 64, 2),
+        lambda: spark_net.evaluate_regression(data, eval_workers=1),
+        lambda: spark_net.evaluate_roc_multi_class(data, eval_workers=1),
+        lambda: spark_net.do_evaluation(data, spark_net.network.default_evaluation(), eval_workers=4),
+    ):
         with pytest.raises(ConfigError, match="eval_workers=.*no longer supported"):
             call()
     assert spark_net.evaluate(data).accuracy() >= 0  # without it, evaluation runs
 
 
-@pytest.mark.parametrize("master", [
-    ParameterAveragingTrainingMaster(batch_size_per_worker=8, averaging_frequency=2, num_workers=2,
-                                     collect_training_stats=True),
-    SharedTrainingMaster(batch_size_per_worker=8, num_workers=2, collect_training_stats=True),
-], ids=["averaging", "sharing"])
+@pytest.mark.parametrize(
+    "master",
+    [
+        ParameterAveragingTrainingMaster(
+            batch_size_per_worker=8, averaging_frequency=2, num_workers=2, collect_training_stats=True
+        ),
+        SharedTrainingMaster(batch_size_per_worker=8, num_workers=2, collect_training_stats=True),
+    ],
+    ids=["averaging", "sharing"],
+)
 def test_every_rank_reports_the_checksum_of_its_replica(spark, sc, master) -> None:
     net = _net()
     spark_net = SparkNetwork(spark, net, master, progress=False)

@@ -23,8 +23,9 @@ from torchspark.spark.ml import TorchEstimator, TorchModel
 
 N, F, C = 192, 4, 3
 SPEC = NetworkSpec("mlp", {"n_in": F, "hidden": 16, "n_out": C}, updater={"type": "sgd", "lr": 0.1}, seed=0)
-MASTER = ParameterAveragingTrainingMaster(batch_size_per_worker=16, num_workers=2, averaging_frequency=2,
-                                          rdd_training_approach="direct", rng_seed=0)
+MASTER = ParameterAveragingTrainingMaster(
+    batch_size_per_worker=16, num_workers=2, averaging_frequency=2, rdd_training_approach="direct", rng_seed=0
+)
 
 
 @pytest.fixture(scope="module")
@@ -71,9 +72,11 @@ def test_fit_transform_learns_and_writes_spark_ml_columns(array_df) -> None:
 
 
 def test_pipeline_with_vector_features_saves_and_loads_with_the_same_predictions(df, tmp_path) -> None:
-    stages = [VectorAssembler(inputCols=[f"f{i}" for i in range(F)], outputCol="raw"),
-              StandardScaler(inputCol="raw", outputCol="scaled", withMean=True),
-              _estimator(featuresCol="scaled")]
+    stages = [
+        VectorAssembler(inputCols=[f"f{i}" for i in range(F)], outputCol="raw"),
+        StandardScaler(inputCol="raw", outputCol="scaled", withMean=True),
+        _estimator(featuresCol="scaled"),
+    ]
     fitted = Pipeline(stages=stages).fit(df)
     path = str(tmp_path / "pipeline")
     fitted.save(path)
@@ -85,16 +88,22 @@ def test_pipeline_with_vector_features_saves_and_loads_with_the_same_predictions
     before = fitted.transform(df).select("prediction", "probability").collect()
     after = loaded.transform(df).select("prediction", "probability").collect()
     assert [r.prediction for r in before] == [r.prediction for r in after]
-    np.testing.assert_array_equal(np.array([r.probability.toArray() for r in before]),
-                                  np.array([r.probability.toArray() for r in after]))
+    np.testing.assert_array_equal(
+        np.array([r.probability.toArray() for r in before]), np.array([r.probability.toArray() for r in after])
+    )
     assert _accuracy(loaded.transform(df)) > 0.9
 
 
 def test_cross_validator_picks_the_better_learning_rate(array_df) -> None:
     est = _estimator(epochs=2)
     grid = ParamGridBuilder().addGrid(est.learningRate, [1e-4, 0.3]).build()
-    cv = CrossValidator(estimator=est, estimatorParamMaps=grid, numFolds=2, seed=1,
-                        evaluator=MulticlassClassificationEvaluator(metricName="accuracy"))
+    cv = CrossValidator(
+        estimator=est,
+        estimatorParamMaps=grid,
+        numFolds=2,
+        seed=1,
+        evaluator=MulticlassClassificationEvaluator(metricName="accuracy"),
+    )
     cv_model = cv.fit(array_df)
     low, high = cv_model.avgMetrics
     assert high > low + 0.2  # 1e-4 barely moves the weights in 2 epochs; 0.3 learns
@@ -122,15 +131,18 @@ def test_estimator_params_save_and_load(tmp_path) -> None:
     assert back.getNetwork() == SPEC.to_json() and back.getTrainingMaster() == MASTER.to_json()
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(network=None), "set the network param"),
-    (dict(network='{"model": "resnet_from_somewhere"}'), "unknown model"),
-    (dict(network='{"model": "mlp", "factory": "os:system"}'), "unknown key"),
-    (dict(trainingMaster='{"type": "nope"}'), "unknown training master"),
-    (dict(epochs=0), "TorchEstimator: epochs must be an integer >= 1"),
-    (dict(batchSize=0), "TorchEstimator: batchSize must be an integer >= 1"),
-    (dict(learningRate=-1.0), "learning rate must be"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(network=None), "set the network param"),
+        (dict(network='{"model": "resnet_from_somewhere"}'), "unknown model"),
+        (dict(network='{"model": "mlp", "factory": "os:system"}'), "unknown key"),
+        (dict(trainingMaster='{"type": "nope"}'), "unknown training master"),
+        (dict(epochs=0), "TorchEstimator: epochs must be an integer >= 1"),
+        (dict(batchSize=0), "TorchEstimator: batchSize must be an integer >= 1"),
+        (dict(learningRate=-1.0), "learning rate must be"),
+    ],
+)
 def test_bad_params_are_refused_before_training(array_df, kwargs, match) -> None:
     est = _estimator()
     for name, value in kwargs.items():

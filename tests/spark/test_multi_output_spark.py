@@ -44,8 +44,10 @@ def test_evaluate_fills_one_evaluation_per_output_or_the_chosen_one(spark, sc) -
     both = spark_net.evaluate(rdd)
     assert isinstance(both, list) and isinstance(both[0], Evaluation) and isinstance(both[1], RegressionEvaluation)
     local = net.evaluate(data)
-    assert both[0].accuracy() == local[0].accuracy() and both[0].confusion_matrix().tolist() == \
-        local[0].confusion_matrix().tolist()
+    assert (
+        both[0].accuracy() == local[0].accuracy()
+        and both[0].confusion_matrix().tolist() == local[0].confusion_matrix().tolist()
+    )
     np.testing.assert_allclose(both[1].mean_squared_error(0), local[1].mean_squared_error(0), rtol=1e-5)
     second = spark_net.evaluate(rdd, output_index=1)
     np.testing.assert_allclose(second.mean_squared_error(0), local[1].mean_squared_error(0), rtol=1e-5)
@@ -62,8 +64,9 @@ def test_dataframe_with_several_feature_and_label_columns_trains_evaluates_and_p
     x1, x2 = data.features
     cls, reg = data.labels
     rows = [(i, x1[i].tolist(), x2[i].tolist(), int(cls[i]), reg[i].tolist()) for i in range(len(data))]
-    df = spark.createDataFrame(rows, "id long, x1 array<float>, x2 array<float>, cls long, reg array<float>"
-                               ).repartition(3)
+    df = spark.createDataFrame(
+        rows, "id long, x1 array<float>, x2 array<float>, cls long, reg array<float>"
+    ).repartition(3)
     net = _two_head()
     before = net.score(data)
     master = ParameterAveragingTrainingMaster(batch_size_per_worker=16, averaging_frequency=2, num_workers=2)

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import socket
 
-
 import torchspark.spark.barrier as barrier_module
 import torchspark.training.driver.fit as driver_module
+from helpers import mlp_net
 from torchspark import datasets, optim
 from torchspark.spark import ParameterAveragingTrainingMaster, SparkNetwork
-from helpers import mlp_net
 
 
 def _free_block(n: int) -> int:
@@ -32,8 +31,14 @@ def _free_block(n: int) -> int:
 
 def _fit(spark, sc, **mesh) -> SparkNetwork:
     net = mlp_net(12, 16, 3, updater=optim.SGD(lr=0.1))
-    master = ParameterAveragingTrainingMaster(batch_size_per_worker=8, averaging_frequency=2, num_workers=2,
-                                              rng_seed=1, rdd_training_approach="direct", **mesh)
+    master = ParameterAveragingTrainingMaster(
+        batch_size_per_worker=8,
+        averaging_frequency=2,
+        num_workers=2,
+        rng_seed=1,
+        rdd_training_approach="direct",
+        **mesh,
+    )
     spark_net = SparkNetwork(spark, net, master, progress=False)
     spark_net.fit(sc.parallelize(datasets.synthetic_classification(64, 12, 3, seed=1).split(8), 2), epochs=1)
     return spark_net

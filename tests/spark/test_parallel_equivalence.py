@@ -13,12 +13,12 @@ from functools import partial
 import pytest
 import torch
 
+from helpers import mlp_net
 from torchspark import datasets, optim
 from torchspark.data import save_batches
 from torchspark.encoding import AdaptiveThreshold
 from torchspark.parallel import ParallelWrapper
 from torchspark.spark import ParameterAveragingTrainingMaster, SharedTrainingMaster, SparkNetwork
-from helpers import mlp_net
 
 BATCH = 8
 SEED = 7
@@ -28,18 +28,21 @@ SEED = 7
 _network = partial(mlp_net, 12, 16, 3, updater=optim.SGD(lr=0.1, momentum=0.9))
 
 
-@pytest.mark.parametrize(("mode", "source"), [("averaging", "dataset"), ("sharing", "dataset"),
-                                              ("averaging", "batch_files")])
+@pytest.mark.parametrize(
+    ("mode", "source"), [("averaging", "dataset"), ("sharing", "dataset"), ("averaging", "batch_files")]
+)
 def test_parallel_wrapper_matches_spark(spark, sc, tmp_path, mode: str, source: str) -> None:
     data = datasets.synthetic_classification(100, 12, 3, seed=1)  # 12 full minibatches + one of 4 examples
     paths = save_batches(data.split(BATCH), str(tmp_path)) if source == "batch_files" else None
     threshold = AdaptiveThreshold(initial=1e-3)
     if mode == "averaging":
-        master = ParameterAveragingTrainingMaster(batch_size_per_worker=BATCH, averaging_frequency=3, num_workers=2,
-                                                  rng_seed=SEED)
+        master = ParameterAveragingTrainingMaster(
+            batch_size_per_worker=BATCH, averaging_frequency=3, num_workers=2, rng_seed=SEED
+        )
     else:
-        master = SharedTrainingMaster(batch_size_per_worker=BATCH, num_workers=2, rng_seed=SEED,
-                                      threshold_algorithm=threshold)
+        master = SharedTrainingMaster(
+            batch_size_per_worker=BATCH, num_workers=2, rng_seed=SEED, threshold_algorithm=threshold
+        )
 
     on_spark = _network()
     spark_net = SparkNetwork(spark, on_spark, master, progress=False)
@@ -51,8 +54,9 @@ def test_parallel_wrapper_matches_spark(spark, sc, tmp_path, mode: str, source: 
 
     local = _network()
     own = {"averaging_frequency": 3} if mode == "averaging" else {"threshold_algorithm": threshold}
-    wrapper = ParallelWrapper(local, num_workers=2, training_mode=mode, rng_seed=SEED, threads_per_worker=1,
-                              progress=False, **own)
+    wrapper = ParallelWrapper(
+        local, num_workers=2, training_mode=mode, rng_seed=SEED, threads_per_worker=1, progress=False, **own
+    )
     wrapper.fit(data if paths is None else paths, epochs=2, batch_size=BATCH)
 
     assert [r.examples for r in wrapper.last_results] == [r.examples for r in spark_net.last_results]

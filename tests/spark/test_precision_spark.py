@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from reference_loops import averaging_reference, sharing_reference
 
+from reference_loops import averaging_reference, sharing_reference
 from torchspark import Network, datasets, models, optim
 from torchspark.encoding import AdaptiveThreshold, EncoderConfig
 from torchspark.spark import ParameterAveragingTrainingMaster, SharedTrainingMaster, SparkNetwork
@@ -25,8 +25,9 @@ def test_gradient_sharing_on_spark_trains_in_bf16(spark, sc) -> None:
     net = _net("bf16", updater)
     expected, _ = sharing_reference(net, SHARDS, epochs=2, overlap=True, encoder=encoder)
     fp32, _ = sharing_reference(_net("fp32", updater), SHARDS, epochs=2, overlap=True, encoder=encoder)
-    master = SharedTrainingMaster(batch_size_per_worker=8, num_workers=2, repartition="never",
-                                  threshold_algorithm=encoder.threshold_policy)
+    master = SharedTrainingMaster(
+        batch_size_per_worker=8, num_workers=2, repartition="never", threshold_algorithm=encoder.threshold_policy
+    )
     spark_net = SparkNetwork(spark, net, master, progress=False)
     spark_net.fit(sc.parallelize(SHARDS[0] + SHARDS[1], 2), epochs=2)
     spark_net.delete_temp_files()
@@ -40,9 +41,14 @@ def test_parameter_averaging_on_spark_trains_in_bf16(spark, sc, via: str) -> Non
     net = _net("bf16", updater)
     expected = averaging_reference(net, SHARDS, epochs=1, frequency=2, save_updater=True)
     fp32 = averaging_reference(_net("fp32", updater), SHARDS, epochs=1, frequency=2, save_updater=True)
-    master = ParameterAveragingTrainingMaster(batch_size_per_worker=8, averaging_frequency=2, num_workers=2,
-                                              repartition="never", rdd_training_approach="direct",
-                                              averaging_via=via)
+    master = ParameterAveragingTrainingMaster(
+        batch_size_per_worker=8,
+        averaging_frequency=2,
+        num_workers=2,
+        repartition="never",
+        rdd_training_approach="direct",
+        averaging_via=via,
+    )
     spark_net = SparkNetwork(spark, net, master, progress=False)
     spark_net.fit(sc.parallelize(SHARDS, 2).flatMap(lambda shard: shard))  # partition i = shard i
     spark_net.delete_temp_files()

@@ -20,8 +20,9 @@ def _python_without_torch() -> str | None:
         if not candidate or os.path.realpath(candidate) == os.path.realpath(sys.executable):
             continue
         probe = subprocess.run([candidate, "-c", "import sys; import torch"], capture_output=True, timeout=60)
-        version = subprocess.run([candidate, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True,
-                                 text=True, timeout=60).stdout.strip()
+        version = subprocess.run(
+            [candidate, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True, text=True, timeout=60
+        ).stdout.strip()
         if probe.returncode != 0 and version == str(sys.version_info[:2]):
             return candidate
     return None
@@ -33,8 +34,13 @@ def checks() -> dict[str, str]:
     ``executor_without_torch`` only where an interpreter without torch exists."""
     other = _python_without_torch()
     args = ["--python", other, "dynamic_allocation", "executor_without_torch"] if other else ["dynamic_allocation"]
-    proc = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, PYSPARK_PYTHON=sys.executable))
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, PYSPARK_PYTHON=sys.executable),
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return {"python": other, **json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1])}
 

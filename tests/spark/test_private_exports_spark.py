@@ -17,18 +17,19 @@ from pathlib import Path
 
 import pytest
 
+from helpers import mlp_net
 from torchspark import DataSet, datasets, optim
 from torchspark.errors import DataError
 from torchspark.spark import ParameterAveragingTrainingMaster, SparkNetwork
 from torchspark.spark.private_dirs import OWNER_FILE, PREFIX, make_private_dir, remove_stale
-from helpers import mlp_net
 
 SCRIPT = Path(__file__).parent / "scripts" / "export_leftovers.py"
 
 
 def _master(**kw) -> ParameterAveragingTrainingMaster:
-    return ParameterAveragingTrainingMaster(batch_size_per_worker=8, averaging_frequency=2, num_workers=2,
-                                            rdd_training_approach="export", **kw)
+    return ParameterAveragingTrainingMaster(
+        batch_size_per_worker=8, averaging_frequency=2, num_workers=2, rdd_training_approach="export", **kw
+    )
 
 
 _net = partial(mlp_net, 6, 8, 3, updater=optim.SGD(lr=0.05))
@@ -97,7 +98,8 @@ def test_explicit_export_directory_is_kept_until_close(spark, sc, tmp_path: Path
 
 
 def test_a_killed_drivers_export_in_an_explicit_export_directory_is_removed_by_the_next_export(
-        spark, sc, tmp_path: Path) -> None:
+    spark, sc, tmp_path: Path
+) -> None:
     exports = tmp_path / "exports"
     report = _killed_after_its_fit(_run("hang-explicit", tmp_path, exports))
     leftover = Path(report["directory"])
@@ -116,8 +118,9 @@ def test_a_killed_drivers_export_in_an_explicit_export_directory_is_removed_by_t
 def _run(how: str, base: Path, export_directory: Path | None = None) -> subprocess.Popen:
     env = {**os.environ, "TMPDIR": str(base)}
     extra = [str(export_directory)] if export_directory is not None else []
-    return subprocess.Popen([sys.executable, str(SCRIPT), how, *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env)
+    return subprocess.Popen(
+        [sys.executable, str(SCRIPT), how, *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
 
 
 def _killed_after_its_fit(proc: subprocess.Popen) -> dict:

@@ -23,8 +23,9 @@ def cluster_runs(module_leftovers) -> dict:
     """Both fault modes (and the undisturbed reference fit) in one child process: one local-cluster session.
     ``module_leftovers`` first: its snapshot must predate the child."""
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
-    proc = subprocess.run([sys.executable, str(SCRIPT), "kill", "stop"], capture_output=True, text=True, timeout=900,
-                          env=env)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "kill", "stop"], capture_output=True, text=True, timeout=900, env=env
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     assert lines, proc.stdout[-2000:] + proc.stderr[-2000:]

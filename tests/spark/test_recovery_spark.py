@@ -9,19 +9,22 @@ import signal
 import pytest
 from _faults import Fault
 
+from helpers import lenet_net
 from torchspark import datasets, optim
 from torchspark.errors import WorkerLost
 from torchspark.spark import ParameterAveragingTrainingMaster, SharedTrainingMaster, SparkNetwork
-from helpers import lenet_net
 
 EPOCHS = 3
 
 
 def _masters(**kw):
-    common = dict(batch_size_per_worker=16, num_workers=2, rng_seed=0, collect_training_stats=True,
-                  rendezvous_timeout_s=20, **kw)
-    return {"averaging": ParameterAveragingTrainingMaster(averaging_frequency=5, **common),
-            "sharing": SharedTrainingMaster(**common)}
+    common = dict(
+        batch_size_per_worker=16, num_workers=2, rng_seed=0, collect_training_stats=True, rendezvous_timeout_s=20, **kw
+    )
+    return {
+        "averaging": ParameterAveragingTrainingMaster(averaging_frequency=5, **common),
+        "sharing": SharedTrainingMaster(**common),
+    }
 
 
 def _fit(spark, sc, master, fault=None):
@@ -44,8 +47,7 @@ def undisturbed(spark, sc) -> dict[str, float]:
 
 
 @pytest.mark.parametrize("name", ["averaging", "sharing"])
-def test_a_killed_python_worker_is_relaunched_and_the_fit_completes(spark, sc, name, undisturbed,
-                                                                     leftovers) -> None:
+def test_a_killed_python_worker_is_relaunched_and_the_fit_completes(spark, sc, name, undisturbed, leftovers) -> None:
     fault = Fault(signal.SIGKILL)
     net, spark_net = _fit(spark, sc, _masters()[name], fault)
     leftovers.assert_clean(gone=fault.hit, pids=fault.all_pids)

@@ -11,9 +11,9 @@ import pytest
 import torch
 from torch import nn
 
+from helpers import mlp_net, parts_of_sizes
 from torchspark import MultiDataSet, Network, datasets, optim, save_batches
 from torchspark.spark import ParameterAveragingTrainingMaster, SparkNetwork
-from helpers import mlp_net, parts_of_sizes
 
 BATCH = 8
 
@@ -31,16 +31,25 @@ def _fit(spark, data, **options) -> SparkNetwork:
 
 
 @pytest.mark.parametrize("approach", ["export", "direct"])
-def test_num_partitions_workers_differs_keeps_matching_partitions_and_balances_the_rest(spark, sc,
-                                                                                       approach: str) -> None:
+def test_num_partitions_workers_differs_keeps_matching_partitions_and_balances_the_rest(
+    spark, sc, approach: str
+) -> None:
     """Two partitions for two workers are kept as they are (40 and 8 examples: worker 0 trains 40); three
     partitions are balanced to 24 + 24."""
-    kept = _fit(spark, sc.parallelize(_parts([40, 8]), 2), repartition="num_partitions_workers_differs",
-                rdd_training_approach=approach)
+    kept = _fit(
+        spark,
+        sc.parallelize(_parts([40, 8]), 2),
+        repartition="num_partitions_workers_differs",
+        rdd_training_approach=approach,
+    )
     assert [r.examples for r in kept.last_results] == [40, 8]
     assert kept.network.iteration == 5  # worker 0's 5 minibatches of 8 set the pace
-    balanced = _fit(spark, sc.parallelize(_parts([40, 4, 4]), 3), repartition="num_partitions_workers_differs",
-                    rdd_training_approach=approach)
+    balanced = _fit(
+        spark,
+        sc.parallelize(_parts([40, 4, 4]), 3),
+        repartition="num_partitions_workers_differs",
+        rdd_training_approach=approach,
+    )
     assert [r.examples for r in balanced.last_results] == [24, 24]
 
 
@@ -48,8 +57,12 @@ def test_num_partitions_workers_differs_keeps_matching_partitions_and_balances_t
 def test_spark_default_trains_every_example_once_per_epoch(spark, sc, approach: str) -> None:
     """``rdd.repartition`` of each partition's minibatches: shares are only roughly equal, but every example is
     trained exactly once and both workers train."""
-    spark_net = _fit(spark, sc.parallelize(_parts([37, 5, 50, 4]), 4), repartition_strategy="spark_default",
-                     rdd_training_approach=approach)
+    spark_net = _fit(
+        spark,
+        sc.parallelize(_parts([37, 5, 50, 4]), 4),
+        repartition_strategy="spark_default",
+        rdd_training_approach=approach,
+    )
     examples = [r.examples for r in spark_net.last_results]
     assert sum(examples) == 96 and min(examples) > 0, examples
     assert np.isfinite(spark_net.score)
@@ -89,8 +102,9 @@ def test_fit_paths_from_an_rdd_trains_like_the_list(spark, sc, tmp_path) -> None
     repartition="never" each worker trains its own partition's files."""
     data = datasets.synthetic_classification(120, 6, 3, seed=2)
     paths = save_batches(data.split(BATCH), str(tmp_path / "batches"))  # 15 files
-    master = ParameterAveragingTrainingMaster(batch_size_per_worker=BATCH, averaging_frequency=2, num_workers=2,
-                                              rng_seed=1)
+    master = ParameterAveragingTrainingMaster(
+        batch_size_per_worker=BATCH, averaging_frequency=2, num_workers=2, rng_seed=1
+    )
     params = []
     for source in (paths, sc.parallelize(paths, 3)):
         net = _net()
@@ -125,8 +139,9 @@ def test_fit_paths_rebatches_files_like_the_export_route(spark, sc, tmp_path) ->
     cuts = [0, 5, 30, 32, 70, 90]  # files of 5, 25, 2, 38 and 20 examples
     pieces = [data.slice(a, b) for a, b in zip(cuts[:-1], cuts[1:])]
     paths = save_batches(pieces, str(tmp_path / "batches"))
-    master = ParameterAveragingTrainingMaster(batch_size_per_worker=BATCH, averaging_frequency=2, num_workers=2,
-                                              rng_seed=3, collect_training_stats=True)
+    master = ParameterAveragingTrainingMaster(
+        batch_size_per_worker=BATCH, averaging_frequency=2, num_workers=2, rng_seed=3, collect_training_stats=True
+    )
     from_files = _net()
     files_net = SparkNetwork(spark, from_files, master, progress=False)
     files_net.fit_paths(paths, epochs=2)

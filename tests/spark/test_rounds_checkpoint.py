@@ -9,11 +9,11 @@ from functools import partial
 import pytest
 import torch
 
+from helpers import mlp_net
 from torchspark import DataSet, Network, datasets, optim
 from torchspark.errors import ConfigError
 from torchspark.spark import ParameterAveragingTrainingMaster, SparkNetwork
 from torchspark.training.checkpoint import complete_checkpoints, store
-from helpers import mlp_net
 
 _net = partial(mlp_net, 8, 16, 3, updater=optim.Adam(lr=1e-2))
 
@@ -23,8 +23,14 @@ def _parts() -> list[DataSet]:
 
 
 def _fit(spark, sc, net: Network, epochs: int, run_id: str | None = None, **options) -> SparkNetwork:
-    master = ParameterAveragingTrainingMaster(batch_size_per_worker=16, averaging_frequency=2, num_workers=2,
-                                              repartition="never", averaging_via="spark", **options)
+    master = ParameterAveragingTrainingMaster(
+        batch_size_per_worker=16,
+        averaging_frequency=2,
+        num_workers=2,
+        repartition="never",
+        averaging_via="spark",
+        **options,
+    )
     spark_net = SparkNetwork(spark, net, master, progress=False)
     spark_net.fit(sc.parallelize(_parts(), 2), epochs=epochs, run_id=run_id)
     spark_net.delete_temp_files()
@@ -60,8 +66,13 @@ def test_the_rounds_route_resumes_mid_epoch_from_a_round_checkpoint(spark, sc, t
     _fit(spark, sc, resumed, epochs=1, run_id="r1", **options)
     assert torch.equal(resumed.params(), reference.params())
     shutil.rmtree(complete_checkpoints(str(tmp_path), "r1")[-1].path)  # the round-1 checkpoint again
-    master = ParameterAveragingTrainingMaster(batch_size_per_worker=16, averaging_frequency=2, num_workers=1,
-                                              repartition="never", averaging_via="spark", **options)
+    master = ParameterAveragingTrainingMaster(
+        batch_size_per_worker=16,
+        averaging_frequency=2,
+        num_workers=1,
+        repartition="never",
+        averaging_via="spark",
+        **options,
+    )
     with pytest.raises(ConfigError, match="written by a fit of .*'workers': 2.* but this one has 1 workers"):
-        SparkNetwork(spark, _net(), master, progress=False).fit(sc.parallelize(_parts()[:1], 1), epochs=1,
-                                                                  run_id="r1")
+        SparkNetwork(spark, _net(), master, progress=False).fit(sc.parallelize(_parts()[:1], 1), epochs=1, run_id="r1")

@@ -7,11 +7,11 @@ from functools import partial
 
 import torch
 
+from helpers import assert_replicas_identical, mlp_net
 from torchspark import DataSet, datasets, optim
 from torchspark.errors import DataError, WorkerError
 from torchspark.spark import ParameterAveragingTrainingMaster, SharedTrainingMaster, SparkNetwork
 from torchspark.training import InProcessRunner
-from helpers import assert_replicas_identical, mlp_net
 
 BATCH = 8
 
@@ -24,9 +24,14 @@ def _rdd(sc, seed: int = 1):  # 12 minibatches per worker and epoch: progress is
 
 
 def test_the_in_process_runner_trains_what_spark_prepared_like_the_barrier_stage(spark, sc) -> None:
-    master = ParameterAveragingTrainingMaster(batch_size_per_worker=BATCH, averaging_frequency=2, num_workers=2,
-                                              rng_seed=3, rdd_training_approach="direct",
-                                              collect_training_stats=True)
+    master = ParameterAveragingTrainingMaster(
+        batch_size_per_worker=BATCH,
+        averaging_frequency=2,
+        num_workers=2,
+        rng_seed=3,
+        rdd_training_approach="direct",
+        collect_training_stats=True,
+    )
     on_spark, in_process = _net(), _net()
     SparkNetwork(spark, on_spark, master, progress=False).fit(_rdd(sc), epochs=2)
     runner = InProcessRunner(timeout_s=60)
@@ -64,9 +69,15 @@ def test_an_executor_data_error_mid_training_stays_a_data_error(spark, sc) -> No
     labels[40:48] = 7
     rdd = sc.parallelize(DataSet(data.features, labels).split(32), 2)
     for via, runner in (("torch", None), ("spark", None), ("torch", InProcessRunner(timeout_s=60))):
-        master = ParameterAveragingTrainingMaster(batch_size_per_worker=BATCH, num_workers=2, averaging_frequency=1,
-                                                  repartition="never", rdd_training_approach="direct",
-                                                  averaging_via=via, rendezvous_timeout_s=60)
+        master = ParameterAveragingTrainingMaster(
+            batch_size_per_worker=BATCH,
+            num_workers=2,
+            averaging_frequency=1,
+            repartition="never",
+            rdd_training_approach="direct",
+            averaging_via=via,
+            rendezvous_timeout_s=60,
+        )
         try:
             SparkNetwork(spark, _net(), master, progress=False, runner=runner).fit(rdd)
         except DataError as e:

@@ -8,19 +8,20 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from helpers import assert_replicas_identical, lenet_net
 from torchspark import DataSet, Network, datasets, models, optim
 from torchspark.encoding import AdaptiveThreshold, FixedThreshold, NoResidualPostProcessing, ResidualClipping
 from torchspark.errors import ConfigError, WorkerError
 from torchspark.spark import SharedTrainingMaster, SparkNetwork, master_from_json
-from helpers import assert_replicas_identical, lenet_net
 
 
 def test_digits_lenet_accuracy_traffic_and_identical_replicas(spark, sc) -> None:
     train, test = datasets.digits("train"), datasets.digits("test")
     net = lenet_net(updater=optim.Adam(lr=1e-3))
     # Adam steps are ~lr = 1e-3 per parameter; starting the threshold 10x above that skips ~150 dense warm-up steps
-    master = SharedTrainingMaster(batch_size_per_worker=16, threshold_algorithm=AdaptiveThreshold(initial=1e-2),
-                                  rng_seed=0, num_workers=2)
+    master = SharedTrainingMaster(
+        batch_size_per_worker=16, threshold_algorithm=AdaptiveThreshold(initial=1e-2), rng_seed=0, num_workers=2
+    )
     spark_net = SparkNetwork(spark, net, master)
     spark_net.fit(sc.parallelize(train.split(64), 4), epochs=8)
     spark_net.delete_temp_files()
@@ -40,7 +41,6 @@ def test_digits_lenet_accuracy_traffic_and_identical_replicas(spark, sc) -> None
 @pytest.mark.parametrize("identical", [True, False])
 def test_spark_run_matches_the_reference_loop(spark, sc, identical: bool) -> None:
     from reference_loops import sharing_reference
-
     from torchspark.encoding import EncoderConfig
 
     data = datasets.synthetic_classification(96, 12, 3, seed=1)
@@ -49,8 +49,13 @@ def test_spark_run_matches_the_reference_loop(spark, sc, identical: bool) -> Non
     encoder = EncoderConfig(threshold_policy=AdaptiveThreshold(initial=1e-3), shake_frequency=4)
     net = Network(models.mlp(12, 16, 3), updater=optim.SGD(lr=0.1, momentum=0.9), seed=0)
     replicas, _ = sharing_reference(net, [first, second], epochs=2, overlap=True, encoder=encoder)
-    master = SharedTrainingMaster(batch_size_per_worker=8, num_workers=2, repartition="never",
-                                  threshold_algorithm=encoder.threshold_policy, shake_frequency=4)
+    master = SharedTrainingMaster(
+        batch_size_per_worker=8,
+        num_workers=2,
+        repartition="never",
+        threshold_algorithm=encoder.threshold_policy,
+        shake_frequency=4,
+    )
     spark_net = SparkNetwork(spark, net, master, progress=False)
     spark_net.fit(sc.parallelize(first + second, 2), epochs=2)
     spark_net.delete_temp_files()
@@ -64,8 +69,13 @@ def test_worker_error_fails_cleanly(spark, sc) -> None:
     x = torch.rand(32, 1, 8, 8, generator=g)
     x[20] = float("nan")  # second minibatch of the second worker: it fails mid-fit, its peer is mid-exchange
     poisoned = DataSet(x, torch.zeros(32, dtype=torch.long))
-    master = SharedTrainingMaster(batch_size_per_worker=8, num_workers=2, repartition="never",
-                                  rdd_training_approach="direct", rendezvous_timeout_s=60)
+    master = SharedTrainingMaster(
+        batch_size_per_worker=8,
+        num_workers=2,
+        repartition="never",
+        rdd_training_approach="direct",
+        rendezvous_timeout_s=60,
+    )
     before = {t.name for t in threading.enumerate()}
     with pytest.raises(WorkerError, match="NaN at example") as info:
         SparkNetwork(spark, Network(models.mlp(64, 8, 10), seed=0), master).fit(sc.parallelize([good, poisoned], 2))
@@ -77,11 +87,20 @@ def test_worker_error_fails_cleanly(spark, sc) -> None:
 
 
 def test_master_json_round_trip_and_validation() -> None:
-    master = SharedTrainingMaster(batch_size_per_worker=32, threshold_algorithm=FixedThreshold(2e-3),
-                                  residual_post_processor=NoResidualPostProcessing(), shake_frequency=50,
-                                  workers_per_node=2, port=40000, network_mask="10.0.0.0/16",
-                                  controller_address="10.0.0.5", overlap=False, rng_seed=7,
-                                  rdd_training_approach="direct", export_directory="/tmp/x")
+    master = SharedTrainingMaster(
+        batch_size_per_worker=32,
+        threshold_algorithm=FixedThreshold(2e-3),
+        residual_post_processor=NoResidualPostProcessing(),
+        shake_frequency=50,
+        workers_per_node=2,
+        port=40000,
+        network_mask="10.0.0.0/16",
+        controller_address="10.0.0.5",
+        overlap=False,
+        rng_seed=7,
+        rdd_training_approach="direct",
+        export_directory="/tmp/x",
+    )
     text = master.to_json()
     assert SharedTrainingMaster.from_json(text) == master
     assert master_from_json(text) == master
@@ -94,8 +113,9 @@ def test_master_json_round_trip_and_validation() -> None:
     settings = master.algorithm_settings()
     assert settings["overlap"] is False and settings["encoder"]["shake_frequency"] == 50
     assert settings["encoder"]["threshold_policy"] == {"type": "fixed", "threshold": 2e-3}
-    assert SharedTrainingMaster(threshold_algorithm={"type": "adaptive", "initial": 1e-2}).threshold_algorithm \
-        == AdaptiveThreshold(initial=1e-2)
+    assert SharedTrainingMaster(
+        threshold_algorithm={"type": "adaptive", "initial": 1e-2}
+    ).threshold_algorithm == AdaptiveThreshold(initial=1e-2)
     assert master.resolve_num_workers(default_parallelism=8, executors=3) == 6
     assert default.resolve_num_workers(default_parallelism=8, executors=3) == 8
     for bad, match in [
@@ -118,8 +138,9 @@ def test_max_staleness_on_spark_averages_the_replicas_at_the_end(spark, sc) -> N
     """Bounded staleness inside a Spark barrier stage (gloo point-to-point between the tasks)."""
     data = datasets.synthetic_classification(192, 12, 3, seed=1)
     net = Network(models.mlp(12, 16, 3), updater=optim.SGD(lr=0.1, momentum=0.9), seed=0)
-    master = SharedTrainingMaster(batch_size_per_worker=8, num_workers=2, max_staleness=2,
-                                  threshold_algorithm=AdaptiveThreshold(initial=1e-3))
+    master = SharedTrainingMaster(
+        batch_size_per_worker=8, num_workers=2, max_staleness=2, threshold_algorithm=AdaptiveThreshold(initial=1e-3)
+    )
     assert master_from_json(master.to_json()).max_staleness == 2
     spark_net = SparkNetwork(spark, net, master, progress=False)
     spark_net.fit(sc.parallelize(data.split(8), 2), epochs=2)

@@ -22,7 +22,7 @@ SCRIPT = Path(__file__).parent / "scripts" / "shipped_env_fit.py"
 
 # A module only the archive carries (the driver gets its own copy from a side directory): executors that
 # unpickle the network need it, so training can only work on the shipped interpreter.
-MODEL_SOURCE = '''
+MODEL_SOURCE = """
 import torch
 
 TOKEN = {token!r}
@@ -41,7 +41,7 @@ class ShippedNet(torch.nn.Module):
 def build() -> ShippedNet:
     torch.manual_seed(0)
     return ShippedNet()
-'''
+"""
 
 
 @pytest.fixture(scope="session")
@@ -59,8 +59,10 @@ def shipped_archive(tmp_path_factory):
     side = root / "driver_side"
     side.mkdir()
     (side / "shipped_model.py").write_text(source)
-    print(f"\nshipped env: {env.size_bytes / 2**20:.0f} MiB in {len(env.distributions)} distributions, built in "
-          f"{t1 - t0:.1f} s; archive {archive.stat().st_size / 2**20:.0f} MiB packed in {t2 - t1:.1f} s")
+    print(
+        f"\nshipped env: {env.size_bytes / 2**20:.0f} MiB in {len(env.distributions)} distributions, built in "
+        f"{t1 - t0:.1f} s; archive {archive.stat().st_size / 2**20:.0f} MiB packed in {t2 - t1:.1f} s"
+    )
     return {"archive": archive, "side": side, "token": token, "env": env}
 
 
@@ -73,8 +75,13 @@ def test_built_environment_holds_the_closure_without_pyspark(shipped_archive) ->
     assert (env.site_packages / "torchspark" / "__init__.py").is_file()
     assert not list(env.site_packages.glob("__editable__*"))
     code = "import sys, torchspark; print(sys.prefix, torchspark.__file__)"
-    out = subprocess.run([str(env.prefix / "bin" / "python"), "-c", code], capture_output=True, text=True,
-                         timeout=120, env={"PATH": "/usr/bin:/bin"})
+    out = subprocess.run(
+        [str(env.prefix / "bin" / "python"), "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin"},
+    )
     assert out.returncode == 0, out.stderr
     prefix, module = out.stdout.split()
     assert Path(module).is_relative_to(env.prefix) and Path(prefix) == env.prefix
@@ -112,8 +119,11 @@ def test_fit_on_local_cluster_with_only_the_shipped_interpreter(shipped_archive)
             resolved = (Path(w["cwd"]) / entry).resolve()  # relative entries (".") are the worker's cwd
             spark_home = Path(w["spark_home"]).resolve()
             from_spark = resolved.suffix in (".zip", ".jar") and resolved.is_relative_to(spark_home)
-            assert (resolved.is_relative_to(Path(w["cwd"]).resolve()) or from_spark
-                    or resolved.is_relative_to(Path(w["base_prefix"]).resolve())), entry
+            assert (
+                resolved.is_relative_to(Path(w["cwd"]).resolve())
+                or from_spark
+                or resolved.is_relative_to(Path(w["base_prefix"]).resolve())
+            ), entry
             assert not resolved.is_relative_to(source_tree / "src"), entry
         site = [p for p in w["path"] if p.endswith("site-packages")]
         assert site and all(Path(p).resolve().is_relative_to(unpacked) for p in site), site

@@ -8,17 +8,18 @@ import sys
 import pytest
 import torch
 
+from helpers import mlp_net, uniform_data
 from torchspark import Network, models, optim
 from torchspark.errors import ConfigError
 from torchspark.spark import ParameterAveragingTrainingMaster, SparkNetwork
 from torchspark.spark.preparation import _first_and_drain, first_item
-from helpers import mlp_net, uniform_data
 
 
 def _fit(spark, rdd, **master_kw) -> tuple[SparkNetwork, Network]:
     net = mlp_net(64, 16, 10, updater=optim.Adam(lr=1e-2), seed=1)
-    master = ParameterAveragingTrainingMaster(batch_size_per_worker=8, averaging_frequency=3, num_workers=2,
-                                              **master_kw)
+    master = ParameterAveragingTrainingMaster(
+        batch_size_per_worker=8, averaging_frequency=3, num_workers=2, **master_kw
+    )
     snet = SparkNetwork(spark, net, master, progress=False)
     snet.fit(rdd, epochs=2)
     return snet, net
@@ -64,8 +65,10 @@ def test_barrier_rendezvous_gives_up_after_rendezvous_timeout_s_not_the_sessions
     with pytest.raises(WorkerError) as info:
         run_barrier_stage(sc, sc.parallelize(range(2), 2), stage, "a peer that never arrives")
     message = str(info.value)
-    assert "WaitTimeout: worker 0 of 2 in Spark's barrier allGather did not return within rendezvous_timeout_s=2 s" \
-        in message, message
+    assert (
+        "WaitTimeout: worker 0 of 2 in Spark's barrier allGather did not return within rendezvous_timeout_s=2 s"
+        in message
+    ), message
     assert sc.parallelize(range(4), 2).sum() == 6  # the session still works
 
 
@@ -110,8 +113,7 @@ def test_direct_route_reuses_its_prepared_rdd_and_releases_it(spark, sc) -> None
     (first,) = snet.preparation.persisted.values()
     assert persisted(first)
     snet.fit(rdd, epochs=1)
-    assert list(snet.preparation.persisted.values()) == [first], \
-        "a second fit of the same RDD reuses the prepared data"
+    assert list(snet.preparation.persisted.values()) == [first], "a second fit of the same RDD reuses the prepared data"
     other = sc.parallelize(uniform_data(64, seed=3, shape=(64,)).split(8), 2)
     snet.fit(other, epochs=1)
     (second,) = snet.preparation.persisted.values()
@@ -165,8 +167,9 @@ def test_flush_denormal_reaches_the_spark_workers(spark, sc, via: str) -> None:
     got = {}
     for flush in (True, False):
         net = denormal_net()
-        master = ParameterAveragingTrainingMaster(batch_size_per_worker=8, averaging_frequency=2, num_workers=2,
-                                                  averaging_via=via, flush_denormal=flush)
+        master = ParameterAveragingTrainingMaster(
+            batch_size_per_worker=8, averaging_frequency=2, num_workers=2, averaging_via=via, flush_denormal=flush
+        )
         snet = SparkNetwork(spark, net, master, progress=False)
         snet.fit(rdd)
         snet.delete_temp_files()

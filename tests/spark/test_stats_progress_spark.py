@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-
+from helpers import assert_replicas_identical
 from torchspark import Network, datasets, models, optim
 from torchspark.spark import ParameterAveragingTrainingMaster, SparkNetwork
 from torchspark.stats import STANDARD_PHASES
-from helpers import assert_replicas_identical
 
 
 def test_stats_html_names_workers_and_phases_and_progress_arrives_live(spark, sc, tmp_path) -> None:
     data = datasets.synthetic_classification(640, 16, 4, seed=0)
     net = Network(models.mlp(16, 16, 4), updater=optim.Adam(lr=1e-2), seed=0)
-    master = ParameterAveragingTrainingMaster(batch_size_per_worker=8, averaging_frequency=2, num_workers=2,
-                                              collect_training_stats=True)
+    master = ParameterAveragingTrainingMaster(
+        batch_size_per_worker=8, averaging_frequency=2, num_workers=2, collect_training_stats=True
+    )
     spark_net = SparkNetwork(spark, net, master, progress=False)
     during_job: list[bool] = []
     updates = []
@@ -57,8 +57,9 @@ def test_stats_html_names_workers_and_phases_and_progress_arrives_live(spark, sc
 def test_direct_route_times_count_and_repartition(spark, sc) -> None:
     data = datasets.synthetic_classification(256, 8, 3, seed=1)
     net = Network(models.mlp(8, 8, 3), seed=0)
-    master = ParameterAveragingTrainingMaster(batch_size_per_worker=16, num_workers=2, rdd_training_approach="direct",
-                                              collect_training_stats=True)
+    master = ParameterAveragingTrainingMaster(
+        batch_size_per_worker=16, num_workers=2, rdd_training_approach="direct", collect_training_stats=True
+    )
     spark_net = SparkNetwork(spark, net, master, progress=False)
     spark_net.fit(sc.parallelize(data.split(64), 3), epochs=1)
     summary = spark_net.training_stats.summary()
@@ -74,8 +75,12 @@ def test_sharing_stats_report_traffic_and_identical_replicas(spark, sc, tmp_path
 
     data = datasets.synthetic_classification(512, 16, 4, seed=2)
     net = Network(models.mlp(16, 32, 4), updater=optim.Adam(lr=1e-2), seed=0)
-    master = SharedTrainingMaster(batch_size_per_worker=16, num_workers=2, collect_training_stats=True,
-                                  threshold_algorithm=AdaptiveThreshold(initial=1e-2))
+    master = SharedTrainingMaster(
+        batch_size_per_worker=16,
+        num_workers=2,
+        collect_training_stats=True,
+        threshold_algorithm=AdaptiveThreshold(initial=1e-2),
+    )
     spark_net = SparkNetwork(spark, net, master, progress=False)
     spark_net.fit(sc.parallelize(data.split(64), 2), epochs=1)
     summary = spark_net.training_stats.summary()

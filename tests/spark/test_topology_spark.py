@@ -11,7 +11,6 @@ from torchspark.spark import SharedTrainingMaster, SparkNetwork, master_from_jso
 
 def test_sharded_topology_fits_like_the_reference_loop(spark, sc) -> None:
     from reference_loops import sharing_reference
-
     from torchspark.encoding import EncoderConfig
 
     data = datasets.synthetic_classification(96, 12, 3, seed=1)
@@ -19,8 +18,13 @@ def test_sharded_topology_fits_like_the_reference_loop(spark, sc) -> None:
     encoder = EncoderConfig(threshold_policy=AdaptiveThreshold(initial=1e-3))
     net = Network(models.mlp(12, 16, 3), updater=optim.SGD(lr=0.1, momentum=0.9), seed=0)
     replicas, _ = sharing_reference(net, [first, second], epochs=2, overlap=True, encoder=encoder)
-    master = SharedTrainingMaster(batch_size_per_worker=8, num_workers=2, repartition="never",
-                                  threshold_algorithm=encoder.threshold_policy, topology="sharded")
+    master = SharedTrainingMaster(
+        batch_size_per_worker=8,
+        num_workers=2,
+        repartition="never",
+        threshold_algorithm=encoder.threshold_policy,
+        topology="sharded",
+    )
     assert master_from_json(master.to_json()).topology == "sharded"
     spark_net = SparkNetwork(spark, net, master, progress=False)
     spark_net.fit(sc.parallelize(first + second, 2), epochs=2)

@@ -9,13 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 SCRIPT = Path(__file__).parent / "scripts" / "worker_thread_settings.py"
 
 
 def test_a_reused_python_worker_gets_its_thread_count_and_flush_mode_back() -> None:
-    proc = subprocess.run([sys.executable, str(SCRIPT), "torch", "spark"], capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run([sys.executable, str(SCRIPT), "torch", "spark"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     reports = {r["via"]: r for r in map(json.loads, proc.stdout.strip().splitlines()[-2:])}
     assert sorted(reports) == ["spark", "torch"]

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import mlp_net
 from torchspark import Network, optim
 from torchspark._io import atomic_write_bytes
 from torchspark._tmpnames import TMP_MARK, abandoned, temp_name
 from torchspark.errors import SerializationError
 from torchspark.training.checkpoint import complete_checkpoints, newest_checkpoint, store
-from helpers import mlp_net
 
 # a writer killed half-way: it made its temporary file or directory, then died without finally/atexit
 _WRITE_AND_DIE = """
@@ -37,8 +37,13 @@ os._exit(0)
 
 
 def _killed_write(parent: Path, name: str, kind: str = "file") -> Path:
-    out = subprocess.run([sys.executable, "-c", _WRITE_AND_DIE, str(parent), name, kind], capture_output=True,
-                         text=True, timeout=120, check=True).stdout.strip()
+    out = subprocess.run(
+        [sys.executable, "-c", _WRITE_AND_DIE, str(parent), name, kind],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout.strip()
     return Path(out)
 
 
@@ -55,7 +60,7 @@ def test_temp_names_tell_a_dead_writer_from_a_live_one(tmp_path: Path) -> None:
     dead = _killed_write(tmp_path, "model").name
     assert abandoned(dead, "model")
     assert not abandoned(dead, "other")  # another target's temporary is not this one's to remove
-    where, pid, _start, rand = mine[len(f".model{TMP_MARK}"):].split("-")
+    where, pid, _start, rand = mine[len(f".model{TMP_MARK}") :].split("-")
     assert not abandoned(f".model{TMP_MARK}{'0' * 10}-{2**22 + 7}-1-{rand}", "model")  # another host's
     assert abandoned(f".model{TMP_MARK}{where}-{pid}-1-{rand}", "model")  # our pid, another start: pid reused
     assert not abandoned(f".model{TMP_MARK}{'ab' * 16}", "model")  # an older unmarked name: cannot tell
@@ -78,7 +83,8 @@ def test_the_next_write_of_a_file_removes_only_abandoned_temporaries(tmp_path: P
     assert live.exists() and other_target.exists() and unmarked.exists() and planted.is_symlink()
     assert victim.read_bytes() == b"keep"
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        ["metrics.json", live.name, other_target.name, unmarked.name, planted.name, "victim"])
+        ["metrics.json", live.name, other_target.name, unmarked.name, planted.name, "victim"]
+    )
 
 
 def test_the_next_save_of_a_model_removes_the_directory_a_killed_save_left(tmp_path: Path) -> None:
@@ -97,12 +103,27 @@ def test_checkpoint_temporaries_are_never_checkpoints_and_go_on_the_next_write(t
     root = str(tmp_path)
 
     def record(step: int, rank: int) -> dict:  # what a worker records (the resume checks every count)
-        return {"rank": rank, "step": step, "fit_epoch": 0, "done": 0, "iteration": 0, "epoch": 0, "examples": 0,
-                "iterations": 0}
+        return {
+            "rank": rank,
+            "step": step,
+            "fit_epoch": 0,
+            "done": 0,
+            "iteration": 0,
+            "epoch": 0,
+            "examples": 0,
+            "iterations": 0,
+        }
 
     def manifest(step: int) -> dict:
-        return {"world_size": 2, "step": step, "fit_epoch": 0, "iteration": 0, "epoch": 0, "mode": "averaging",
-                "settings": {}}
+        return {
+            "world_size": 2,
+            "step": step,
+            "fit_epoch": 0,
+            "iteration": 0,
+            "epoch": 0,
+            "mode": "averaging",
+            "settings": {},
+        }
 
     first = store.step_directory(root, "r", 1)
     for rank in (0, 1):

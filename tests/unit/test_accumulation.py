@@ -7,23 +7,22 @@ from __future__ import annotations
 import pytest
 import torch
 
+from helpers import assert_replicas_identical, fit_in_process, onehot_rule_data
+from interrupting import InterruptingMLP
+from reference_loops import sharing_reference
 from torchspark import DataSet, Network, models, optim
 from torchspark.data import BatchGroup, as_group, group_batches, group_examples
+from torchspark.encoding import AdaptiveThreshold, EncoderConfig
 from torchspark.errors import ConfigError, WorkerError
 from torchspark.parallel import ParallelWrapper
 from torchspark.training import InProcessRunner, ParameterAveragingTrainingMaster, SharedTrainingMaster
 from torchspark.training.algorithms.sharing.fused import train_step_into
+from torchspark.training.algorithms.sharing.settings import SharingSettings
 from torchspark.training.checkpoint import complete_checkpoints, newest_checkpoint, store
 from torchspark.training.comm import SoloCommunicator
 from torchspark.training.driver.fit import build_task
 from torchspark.training.hooks import NullRecorder, ScoreReport, WorkerHooks
 from torchspark.training.worker.loop import ItemSource, run_worker
-from interrupting import InterruptingMLP
-from reference_loops import sharing_reference
-
-from torchspark.encoding import AdaptiveThreshold, EncoderConfig
-from torchspark.training.algorithms.sharing.settings import SharingSettings
-from helpers import assert_replicas_identical, fit_in_process, onehot_rule_data
 
 MASTERS = [ParameterAveragingTrainingMaster, SharedTrainingMaster]
 
@@ -116,14 +115,15 @@ def test_averaging_with_accumulation_equals_a_plain_large_batch_loop() -> None:
     which is one step on their 2 x 3 x 8 examples together (equal group sizes)."""
     shards = [_data(48, seed=1).split(8), _data(48, seed=2).split(8)]  # 6 minibatches each
     net = _net()
-    master = ParameterAveragingTrainingMaster(num_workers=2, batch_size_per_worker=8, averaging_frequency=1,
-                                              accumulate_steps=3)
+    master = ParameterAveragingTrainingMaster(
+        num_workers=2, batch_size_per_worker=8, averaging_frequency=1, accumulate_steps=3
+    )
     wrapper = ParallelWrapper(net, master=master, progress=False, runner=InProcessRunner(timeout_s=60))
     wrapper.fit([_cat(shards[0]), _cat(shards[1])], epochs=1)  # balanced split: worker w trains shards[w]
 
     reference = _net()
     for step in range(2):
-        reference.train_step(_cat([*shards[0][3 * step: 3 * step + 3], *shards[1][3 * step: 3 * step + 3]]))
+        reference.train_step(_cat([*shards[0][3 * step : 3 * step + 3], *shards[1][3 * step : 3 * step + 3]]))
     torch.testing.assert_close(net.params(), reference.params(), rtol=0, atol=1e-5)
     assert net.iteration == 2
 
@@ -131,11 +131,12 @@ def test_averaging_with_accumulation_equals_a_plain_large_batch_loop() -> None:
 def test_the_in_process_runner_trains_groups_of_the_task() -> None:
     shards = [_data(32, seed=1).split(8), _data(32, seed=2).split(8)]
     net = _net()
-    results = fit_in_process(net, "averaging", {"averaging_frequency": 1, "save_updater": True}, shards,
-                             accumulate_steps=2)
+    results = fit_in_process(
+        net, "averaging", {"averaging_frequency": 1, "save_updater": True}, shards, accumulate_steps=2
+    )
     reference = _net()
     for step in range(2):
-        reference.train_step(_cat([*shards[0][2 * step: 2 * step + 2], *shards[1][2 * step: 2 * step + 2]]))
+        reference.train_step(_cat([*shards[0][2 * step : 2 * step + 2], *shards[1][2 * step : 2 * step + 2]]))
     torch.testing.assert_close(net.params(), reference.params(), rtol=0, atol=1e-5)
     assert [r.iterations for r in results] == [2, 2] and [r.examples for r in results] == [32, 32]
 
@@ -145,11 +146,13 @@ def test_averaging_frequency_counts_optimizer_steps(k, rounds, steps) -> None:
     """8 minibatches, averaging_frequency=2: a round every 2 optimizer steps, i.e. every 2k minibatches (k=3: 3
     steps, the last of 2 minibatches)."""
     net = _net()
-    task = build_task(net, ParameterAveragingTrainingMaster(averaging_frequency=2, accumulate_steps=k), 1, False,
-                      NullRecorder())
+    task = build_task(
+        net, ParameterAveragingTrainingMaster(averaging_frequency=2, accumulate_steps=k), 1, False, NullRecorder()
+    )
     reports: list[ScoreReport] = []
-    result = run_worker(task, ItemSource(_data(64).split(8)), SoloCommunicator(),
-                        hooks=WorkerHooks(report_score=reports.append))
+    result = run_worker(
+        task, ItemSource(_data(64).split(8)), SoloCommunicator(), hooks=WorkerHooks(report_score=reports.append)
+    )
     assert len(reports) == rounds and result.iterations == steps and result.examples == 64
 
 
@@ -163,8 +166,9 @@ def test_sharing_with_accumulation_equals_the_reference_loop_over_groups(overlap
     net = Network(models.mlp(10, 16, 3), updater=optim.SGD(lr=0.1, momentum=0.9), seed=0)
     grouped = [list(group_batches(shard, 3)) for shard in shards]
     replicas, _ = sharing_reference(net, grouped, 2, overlap, encoder)
-    results = fit_in_process(net, "sharing", SharingSettings(encoder, overlap=overlap).to_dict(), shards, epochs=2,
-                             accumulate_steps=3)
+    results = fit_in_process(
+        net, "sharing", SharingSettings(encoder, overlap=overlap).to_dict(), shards, epochs=2, accumulate_steps=3
+    )
     torch.testing.assert_close(net.params(), replicas[0].params(), rtol=0, atol=0)
     assert [r.iterations for r in results] == [2 * 3, 2 * 3] and [r.examples for r in results] == [112, 112]
     assert_replicas_identical(results, 2, net=net)
@@ -176,12 +180,19 @@ def test_sharing_with_accumulation_equals_the_reference_loop_over_groups(overlap
 def test_checkpoint_every_counts_optimizer_steps(tmp_path) -> None:
     """Averaging every step, a checkpoint every round: with 8 minibatches per worker and k=2 an epoch has 4 steps,
     so 4 checkpoints, the s-th after s optimizer steps and 2s minibatches (k ignored: 8 per epoch)."""
-    master = ParameterAveragingTrainingMaster(num_workers=2, batch_size_per_worker=8, averaging_frequency=1,
-                                              accumulate_steps=2, checkpoint_directory=str(tmp_path),
-                                              checkpoint_every=1, keep_checkpoints=100)
+    master = ParameterAveragingTrainingMaster(
+        num_workers=2,
+        batch_size_per_worker=8,
+        averaging_frequency=1,
+        accumulate_steps=2,
+        checkpoint_directory=str(tmp_path),
+        checkpoint_every=1,
+        keep_checkpoints=100,
+    )
     net = _net()
     ParallelWrapper(net, master=master, progress=False, runner=InProcessRunner(timeout_s=60)).fit(
-        _data(128), epochs=1, run_id="r")
+        _data(128), epochs=1, run_id="r"
+    )
     found = complete_checkpoints(str(tmp_path), "r")
     assert [c.step for c in found] == [1, 2, 3, 4] and net.iteration == 4
     assert [c.manifest["iteration"] for c in found] == [1, 2, 3, 4]
@@ -192,24 +203,41 @@ def _interrupting(after: int | None = None) -> Network:
     return Network(InterruptingMLP(12, 16, 3, after=after, same_process=True), updater=optim.Adam(lr=0.01), seed=0)
 
 
-@pytest.mark.parametrize("mode, options", [("averaging", {"averaging_frequency": 1, "checkpoint_every": 1}),
-                                           ("sharing", {"checkpoint_every": 2})])
+@pytest.mark.parametrize(
+    "mode, options",
+    [("averaging", {"averaging_frequency": 1, "checkpoint_every": 1}), ("sharing", {"checkpoint_every": 2})],
+)
 def test_an_interrupted_fit_with_accumulation_resumes_at_its_minibatch(tmp_path, mode, options) -> None:
     """6 minibatches per worker and epoch, k=2: a cut inside an epoch records the minibatches done (steps x k), so
     the resumed fit trains exactly the ones left and ends where an uninterrupted fit ends."""
     data = onehot_rule_data(192, seed=3)
 
     def wrapper(net: Network, **extra) -> ParallelWrapper:
-        return ParallelWrapper(net, num_workers=2, training_mode=mode, accumulate_steps=2, progress=False,
-                               runner=InProcessRunner(timeout_s=60), **{**options, **extra})
+        return ParallelWrapper(
+            net,
+            num_workers=2,
+            training_mode=mode,
+            accumulate_steps=2,
+            progress=False,
+            runner=InProcessRunner(timeout_s=60),
+            **{**options, **extra},
+        )
 
     reference = _interrupting()
     plain = {k: v for k, v in options.items() if k != "checkpoint_every"}
-    ParallelWrapper(reference, num_workers=2, training_mode=mode, accumulate_steps=2, progress=False,
-                    runner=InProcessRunner(timeout_s=60), **plain).fit(data, epochs=3, batch_size=16)
+    ParallelWrapper(
+        reference,
+        num_workers=2,
+        training_mode=mode,
+        accumulate_steps=2,
+        progress=False,
+        runner=InProcessRunner(timeout_s=60),
+        **plain,
+    ).fit(data, epochs=3, batch_size=16)
     with pytest.raises(WorkerError, match="worker stopped after 16 minibatches"):
-        wrapper(_interrupting(after=16), checkpoint_directory=str(tmp_path)).fit(data, epochs=3, batch_size=16,
-                                                                               run_id="r1")
+        wrapper(_interrupting(after=16), checkpoint_directory=str(tmp_path)).fit(
+            data, epochs=3, batch_size=16, run_id="r1"
+        )
     cut = newest_checkpoint(str(tmp_path), "r1")
     done = store.read_rank_file(cut.path, 0)[1]["done"]
     assert cut.manifest["fit_epoch"] == 2 and done == 4  # a cut after the second group of epoch 2

@@ -8,6 +8,7 @@ from functools import partial
 import pytest
 import torch
 
+from helpers import mlp_net, uniform_data
 from torchspark import Network, models, optim
 from torchspark.advise import (
     Link,
@@ -23,7 +24,6 @@ from torchspark.advise import (
 from torchspark.advise.estimate import AVERAGING_FREQUENCIES, TARGET_EFFICIENCY
 from torchspark.cli import main
 from torchspark.errors import ConfigError
-from helpers import mlp_net, uniform_data
 
 GBIT = Link(1e9, 1e-4)
 
@@ -37,35 +37,42 @@ def test_exchange_formulas() -> None:
 
 
 def test_estimates_follow_the_model() -> None:
-    w = Workload(0.02, param_bytes=400_000, updater_state_bytes=800_000, shared_bytes_per_step=500,
-                 encode_seconds=0.001)
+    w = Workload(
+        0.02, param_bytes=400_000, updater_state_bytes=800_000, shared_bytes_per_step=500, encode_seconds=0.001
+    )
     by_name = {(e.name, e.averaging_frequency): e for e in estimate(w, 4, GBIT)}
     shared = by_name[("shared", None)]
     assert shared.exchange_seconds_per_iteration == pytest.approx(allgather_seconds(500, 4, GBIT) + 0.001)
     assert shared.speedup == pytest.approx(4 * 0.02 / (0.02 + shared.exchange_seconds_per_iteration))
     for f in AVERAGING_FREQUENCIES:
         assert by_name[("averaging", f)].exchange_seconds_per_iteration == pytest.approx(
-            allreduce_seconds(1_200_000, 4, GBIT) / f)
+            allreduce_seconds(1_200_000, 4, GBIT) / f
+        )
     # save_updater=False: only the parameters are averaged
     no_updater = {(e.name, e.averaging_frequency): e for e in estimate(w, 4, GBIT, save_updater=False)}
     assert no_updater[("averaging", 5)].exchange_seconds_per_iteration == pytest.approx(
-        allreduce_seconds(400_000, 4, GBIT) / 5)
+        allreduce_seconds(400_000, 4, GBIT) / 5
+    )
     assert by_name[("dense_every_step", None)].exchange_seconds_per_iteration == pytest.approx(
-        allreduce_seconds(400_000, 4, GBIT))
+        allreduce_seconds(400_000, 4, GBIT)
+    )
 
 
-@pytest.mark.parametrize("workload, num_workers, link, verdict, frequency", [
-    # 200 ms per iteration, small messages, fast links: the seeds' default, gradient sharing
-    (Workload(0.2, 1_000_000, 2_000_000, 2_000, 0.001), 8, Link(1e10), Verdict.GRADIENT_SHARING, None),
-    # 0.5 ms per iteration, 40 MB of parameters on 100 Mbit/s: nothing pays
-    (Workload(0.0005, 40_000_000, 80_000_000, 40_000, 0.02), 4, Link(1e8), Verdict.STAY_ON_ONE_MACHINE, None),
-    # one worker: nothing to distribute
-    (Workload(0.5, 1000), 1, GBIT, Verdict.STAY_ON_ONE_MACHINE, None),
-    # slow encoding relative to a cheap averaging: averaging at DL4J's default frequency
-    (Workload(0.05, 400_000, 800_000, 450, 0.06), 4, GBIT, Verdict.PARAMETER_AVERAGING, 5),
-    # f=5 misses the 80% efficiency, f=10 reaches it
-    (Workload(0.01, 540_000, 1_080_000, 2_000, 0.02), 4, GBIT, Verdict.PARAMETER_AVERAGING, 10),
-])
+@pytest.mark.parametrize(
+    "workload, num_workers, link, verdict, frequency",
+    [
+        # 200 ms per iteration, small messages, fast links: the seeds' default, gradient sharing
+        (Workload(0.2, 1_000_000, 2_000_000, 2_000, 0.001), 8, Link(1e10), Verdict.GRADIENT_SHARING, None),
+        # 0.5 ms per iteration, 40 MB of parameters on 100 Mbit/s: nothing pays
+        (Workload(0.0005, 40_000_000, 80_000_000, 40_000, 0.02), 4, Link(1e8), Verdict.STAY_ON_ONE_MACHINE, None),
+        # one worker: nothing to distribute
+        (Workload(0.5, 1000), 1, GBIT, Verdict.STAY_ON_ONE_MACHINE, None),
+        # slow encoding relative to a cheap averaging: averaging at DL4J's default frequency
+        (Workload(0.05, 400_000, 800_000, 450, 0.06), 4, GBIT, Verdict.PARAMETER_AVERAGING, 5),
+        # f=5 misses the 80% efficiency, f=10 reaches it
+        (Workload(0.01, 540_000, 1_080_000, 2_000, 0.02), 4, GBIT, Verdict.PARAMETER_AVERAGING, 10),
+    ],
+)
 def test_advice_decisions(workload, num_workers, link, verdict, frequency) -> None:
     advice = advise(workload, num_workers, link)
     assert advice.verdict is verdict
@@ -78,14 +85,17 @@ def test_advice_decisions(workload, num_workers, link, verdict, frequency) -> No
     assert advice.reasons and advice.seed_band
 
 
-@pytest.mark.parametrize("ms, band", [(200, ">= 150 ms"), (120, "100-150 ms"), (20, "10-100 ms"), (5, "1-10 ms"),
-                                      (0.5, "<= 1 ms")])
+@pytest.mark.parametrize(
+    "ms, band", [(200, ">= 150 ms"), (120, "100-150 ms"), (20, "10-100 ms"), (5, "1-10 ms"), (0.5, "<= 1 ms")]
+)
 def test_the_seeds_band_of_the_measured_iteration_time(ms, band) -> None:
     assert advise(Workload(ms / 1e3, 1000), 2, GBIT).seed_band.startswith(band)
 
 
-@pytest.mark.parametrize("text, bits", [("100mbit", 1e8), ("1gbit", 1e9), ("10Gbit/s", 1e10), ("2.5gbps", 2.5e9),
-                                        ("1e9", 1e9), ("512kbit", 512e3)])
+@pytest.mark.parametrize(
+    "text, bits",
+    [("100mbit", 1e8), ("1gbit", 1e9), ("10Gbit/s", 1e10), ("2.5gbps", 2.5e9), ("1e9", 1e9), ("512kbit", 512e3)],
+)
 def test_parse_link(text, bits) -> None:
     assert parse_link(text) == pytest.approx(bits)
 
@@ -124,33 +134,79 @@ def _advise_json(argv: list[str], capsys) -> dict:
 
 
 def test_the_command_prints_the_models_numbers(capsys) -> None:
-    out = _advise_json(["--model", "mlp", "--input-shape", "16", "--classes", "3", "--batch-size", "8",
-                        "--num-workers", "3", "--link", "100mbit", "--latency-ms", "0.5", "--threads", "1",
-                        "--iterations", "3", "--warmup", "1"], capsys)
+    out = _advise_json(
+        [
+            "--model",
+            "mlp",
+            "--input-shape",
+            "16",
+            "--classes",
+            "3",
+            "--batch-size",
+            "8",
+            "--num-workers",
+            "3",
+            "--link",
+            "100mbit",
+            "--latency-ms",
+            "0.5",
+            "--threads",
+            "1",
+            "--iterations",
+            "3",
+            "--warmup",
+            "1",
+        ],
+        capsys,
+    )
     m = out["measurement"]
     assert (m["threads"], m["iterations"], m["warmup"]) == (1, 3, 1)
     assert m["batch_size"] == 8 and m["num_params"] == Network(models.mlp(16, 128, 3)).num_params()  # the CLI's mlp
     assert out["num_workers"] == 3 and out["link"] == {"bits_per_second": 1e8, "latency_s": 0.0005}
-    workload = Workload(m["ms_per_iteration"] / 1e3, m["param_bytes"], m["updater_state_bytes"],
-                        m["shared_bytes_per_step"], m["encode_ms"] / 1e3)
+    workload = Workload(
+        m["ms_per_iteration"] / 1e3,
+        m["param_bytes"],
+        m["updater_state_bytes"],
+        m["shared_bytes_per_step"],
+        m["encode_ms"] / 1e3,
+    )
     expected = advise(workload, 3, Link(1e8, 5e-4))
     assert out["advice"]["verdict"] == expected.verdict.name
     assert out["advice"]["averaging_frequency"] == expected.averaging_frequency
     averaging5 = next(e for e in out["estimates"] if e["averaging_frequency"] == 5)
     assert averaging5["exchange_seconds_per_iteration"] == pytest.approx(
-        allreduce_seconds(m["param_bytes"] + m["updater_state_bytes"], 3, Link(1e8, 5e-4)) / 5)
-    no_updater = _advise_json(["--model", "mlp", "--input-shape", "16", "--classes", "3", "--no-save-updater"],
-                              capsys)
+        allreduce_seconds(m["param_bytes"] + m["updater_state_bytes"], 3, Link(1e8, 5e-4)) / 5
+    )
+    no_updater = _advise_json(["--model", "mlp", "--input-shape", "16", "--classes", "3", "--no-save-updater"], capsys)
     averaging5 = next(e for e in no_updater["estimates"] if e["averaging_frequency"] == 5)
     assert averaging5["exchange_seconds_per_iteration"] == pytest.approx(
-        allreduce_seconds(no_updater["measurement"]["param_bytes"], 4, GBIT) / 5)
+        allreduce_seconds(no_updater["measurement"]["param_bytes"], 4, GBIT) / 5
+    )
 
 
 def test_the_command_text_and_a_saved_model(tmp_path, capsys) -> None:
     path = str(tmp_path / "net")
     _net().save(path)
-    assert main(["advise", "--model-path", path, "--input-shape", "16", "--iterations", "2", "--warmup", "0",
-                 "--num-workers", "2", "--sparsity", "0.01"]) == 0
+    assert (
+        main(
+            [
+                "advise",
+                "--model-path",
+                path,
+                "--input-shape",
+                "16",
+                "--iterations",
+                "2",
+                "--warmup",
+                "0",
+                "--num-workers",
+                "2",
+                "--sparsity",
+                "0.01",
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert f"{_net().num_params():,} parameters" in text and "ms per iteration" in text
     assert "at sparsity 0.01" in text and "2 workers" in text

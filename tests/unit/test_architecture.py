@@ -30,26 +30,33 @@ def _module_name(path: Path) -> str:
 def _lint_imports(config: Path, pythonpath: Path) -> subprocess.CompletedProcess[str]:
     """import-linter in a child process (it builds its graph by importing the package: a child keeps this
     process's modules and logging untouched), reading the package from ``pythonpath``."""
-    code = ("import sys; from importlinter.cli import lint_imports; "
-            f"sys.exit(lint_imports(config_filename={str(config)!r}, no_cache=True))")
+    code = (
+        "import sys; from importlinter.cli import lint_imports; "
+        f"sys.exit(lint_imports(config_filename={str(config)!r}, no_cache=True))"
+    )
     env = {**os.environ, "PYTHONPATH": str(pythonpath)}
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env,
-                          cwd=config.parent)
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env, cwd=config.parent
+    )
 
 
 def test_the_import_contracts_hold() -> None:
     done = _lint_imports(ROOT / "pyproject.toml", SRC.parent)
-    assert done.returncode == 0, f"import-linter contracts broken (run `lint-imports` in the repository root):\n" \
-                                 f"{done.stdout}{done.stderr}"
+    assert done.returncode == 0, (
+        f"import-linter contracts broken (run `lint-imports` in the repository root):\n{done.stdout}{done.stderr}"
+    )
 
 
-@pytest.mark.parametrize("edit, contract", [
-    (("training/hooks.py", "import torchspark.spark.network"), "The core never imports the adapters"),
-    (("nn/network.py", "import torchspark.training.task"), "nn, encoding and evaluation never import training"),
-    (("stats/events.py", "import pyspark"), "Only torchspark.spark imports pyspark"),
-    (("training/comm/shm.py", "import torchspark.training.worker.loop"), "training: layers from the driver down"),
-    (("training/task.py", "import torchspark.training.driver.fit"), "No import cycles"),
-])
+@pytest.mark.parametrize(
+    "edit, contract",
+    [
+        (("training/hooks.py", "import torchspark.spark.network"), "The core never imports the adapters"),
+        (("nn/network.py", "import torchspark.training.task"), "nn, encoding and evaluation never import training"),
+        (("stats/events.py", "import pyspark"), "Only torchspark.spark imports pyspark"),
+        (("training/comm/shm.py", "import torchspark.training.worker.loop"), "training: layers from the driver down"),
+        (("training/task.py", "import torchspark.training.driver.fit"), "No import cycles"),
+    ],
+)
 def test_an_import_against_the_layout_breaks_its_contract(tmp_path, edit, contract) -> None:
     """The checks themselves work: a copy of the package with one forbidden import is refused by that contract."""
     module, line = edit

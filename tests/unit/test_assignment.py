@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import parts_of_sizes
 from torchspark import DataSet
 from torchspark.data import recut, save_batch
 from torchspark.errors import ConfigError, DataError
 from torchspark.spark.export import export_base
 from torchspark.training.assignment import FileSlices, file_items, grid_heads, plan_balanced, split_examples
 from torchspark.training.worker.loop import load_item
-from helpers import parts_of_sizes
 
 SIZES = [[37, 5, 100, 1], [100], [0, 3, 0, 0, 2], [1, 1, 1], [16, 16], [7, 0, 9]]
 
@@ -30,7 +30,7 @@ def _reference(total: int, batch: int, workers: int, seed: int | None) -> list[l
     sequence = [(slot, example) for slot, g in enumerate(order) for example in grid[g]]
     out = []
     for w in range(workers):
-        mine = sequence[w * total // workers:(w + 1) * total // workers]
+        mine = sequence[w * total // workers : (w + 1) * total // workers]
         groups = [[e for _, e in group] for _, group in itertools.groupby(mine, key=lambda t: t[0])]
         if batch > 1:  # step 5: a 1-example minibatch joins its neighbour (the previous one, else the next one)
             for k in range(len(groups)):
@@ -47,8 +47,13 @@ def _reference(total: int, batch: int, workers: int, seed: int | None) -> list[l
 
 def _global(plan, sizes: list[int]) -> list[list[list[int]]]:
     offsets = np.concatenate([[0], np.cumsum(sizes)])
-    return [[[int(offsets[plan.partition[r]]) + i for r in rows for i in range(plan.start[r], plan.stop[r])]
-             for rows in plan.minibatches(w)] for w in range(plan.num_workers)]
+    return [
+        [
+            [int(offsets[plan.partition[r]]) + i for r in rows for i in range(plan.start[r], plan.stop[r])]
+            for rows in plan.minibatches(w)
+        ]
+        for w in range(plan.num_workers)
+    ]
 
 
 @pytest.mark.parametrize("sizes", SIZES)
@@ -67,7 +72,7 @@ def test_balanced_plan_matches_the_reference(sizes: list[int], batch: int, worke
         assert batch == 1 or len(lengths) == 1 or 1 not in lengths, lengths  # no avoidable 1-example minibatch
     for p, size in enumerate(sizes):  # every example of every partition exactly once
         rows = plan.partition_rows(p)
-        assert plan.start[rows].tolist() == [0, *plan.stop[rows][:-1].tolist()][:len(rows)]
+        assert plan.start[rows].tolist() == [0, *plan.stop[rows][:-1].tolist()][: len(rows)]
         assert (plan.stop[rows][-1] if len(rows) else 0) == size
     # partitioning only splits minibatches into pieces: one partition of all the data gives the same minibatches
     assert _global(plan_balanced([total], batch, workers, seed), [total]) == _global(plan, sizes)
@@ -97,8 +102,10 @@ def test_drop_last_trains_only_full_minibatches(sizes: list[int], workers: int, 
     kept = {tuple(mb) for mine in _global(plan, sizes) for mb in mine}
     grid = {tuple(range(g * batch, (g + 1) * batch)) for g in range(total // batch)}
     assert kept == grid
-    assert plan_balanced(sizes, batch, workers, seed, drop_last=False).examples_per_worker() != \
-        plan.examples_per_worker() or total % batch == 0
+    assert (
+        plan_balanced(sizes, batch, workers, seed, drop_last=False).examples_per_worker() != plan.examples_per_worker()
+        or total % batch == 0
+    )
 
 
 def test_drop_last_refuses_data_smaller_than_a_batch() -> None:
@@ -114,10 +121,16 @@ def test_seeded_plans_are_deterministic_and_seeds_differ() -> None:
     assert _global(plan_balanced(sizes, 8, 3, None), sizes) != first
 
 
-@pytest.mark.parametrize(("sizes", "batch", "workers", "error"), [
-    ([0, 0], 8, 2, DataError), ([], 8, 2, DataError), ([5, -1], 8, 2, DataError), ([5], 0, 2, ConfigError),
-    ([5], 8, 0, ConfigError),
-])
+@pytest.mark.parametrize(
+    ("sizes", "batch", "workers", "error"),
+    [
+        ([0, 0], 8, 2, DataError),
+        ([], 8, 2, DataError),
+        ([5, -1], 8, 2, DataError),
+        ([5], 0, 2, ConfigError),
+        ([5], 8, 0, ConfigError),
+    ],
+)
 def test_balanced_plan_refuses_bad_input(sizes, batch, workers, error) -> None:
     with pytest.raises(error):
         plan_balanced(sizes, batch, workers, None)
@@ -154,14 +167,17 @@ def test_export_items_load_the_same_minibatches_as_in_memory_data(tmp_path, work
         file_items(plan_balanced([s + 1 for s in sizes], 8, workers, seed), files)
 
 
-@pytest.mark.parametrize(("export_directory", "master", "local_dir", "expected"), [
-    (None, "local[2]", None, "/tmp"),  # a private torchspark-export-* directory is made there
-    (None, "local", "/data/spark", "/data/spark"),
-    (None, "local-cluster[2,1,1024]", "/fast/a, /fast/b", "/fast/a"),
-    (None, "local[*]", "", "/tmp"),
-    ("hdfs://nn/exports", "yarn", None, "hdfs://nn/exports"),
-    ("/shared/mount", "spark://host:7077", "/local", "/shared/mount"),
-])
+@pytest.mark.parametrize(
+    ("export_directory", "master", "local_dir", "expected"),
+    [
+        (None, "local[2]", None, "/tmp"),  # a private torchspark-export-* directory is made there
+        (None, "local", "/data/spark", "/data/spark"),
+        (None, "local-cluster[2,1,1024]", "/fast/a, /fast/b", "/fast/a"),
+        (None, "local[*]", "", "/tmp"),
+        ("hdfs://nn/exports", "yarn", None, "hdfs://nn/exports"),
+        ("/shared/mount", "spark://host:7077", "/local", "/shared/mount"),
+    ],
+)
 def test_export_base(export_directory, master: str, local_dir, expected: str) -> None:
     assert export_base(export_directory, master, local_dir, "/tmp") == expected
 

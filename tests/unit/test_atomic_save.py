@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import mlp_net
 from torchspark import Network, optim
 from torchspark.errors import SerializationError
-from helpers import mlp_net
 
 
 def _net(seed: int, hidden: int = 8) -> Network:
@@ -37,12 +37,20 @@ def test_saving_over_a_model_replaces_it_and_leaves_no_temporaries(tmp_path: Pat
     assert torch.equal(Network.load(str(path)).params(), second.params())
 
 
-@pytest.mark.parametrize(("setup", "fragment"), [
-    (lambda p: (p.mkdir(), (p / "notes.txt").write_text("mine")),
-     "holds files that are not part of a saved network (['notes.txt'])"),
-    (lambda p: (p.mkdir(), (p / "weights.safetensors").write_bytes(b"x")), "is not empty and holds no saved network"),
-    (lambda p: p.write_text("a file"), "exists and is not a directory"),
-])
+@pytest.mark.parametrize(
+    ("setup", "fragment"),
+    [
+        (
+            lambda p: (p.mkdir(), (p / "notes.txt").write_text("mine")),
+            "holds files that are not part of a saved network (['notes.txt'])",
+        ),
+        (
+            lambda p: (p.mkdir(), (p / "weights.safetensors").write_bytes(b"x")),
+            "is not empty and holds no saved network",
+        ),
+        (lambda p: p.write_text("a file"), "exists and is not a directory"),
+    ],
+)
 def test_save_refuses_to_replace_what_is_not_a_model(tmp_path: Path, setup, fragment: str) -> None:
     path = tmp_path / "target"
     setup(path)
@@ -73,8 +81,9 @@ def small_tmpfs(tmp_path: Path):
         pytest.skip("mounting a tmpfs needs root (the full-disk test writes to a real, tiny filesystem)")
     mount = tmp_path / "disk"
     mount.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=160k,mode=0700", "tmpfs", str(mount)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=160k,mode=0700", "tmpfs", str(mount)], capture_output=True, text=True
+    )
     if proc.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
     try:

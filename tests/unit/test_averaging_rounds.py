@@ -7,24 +7,27 @@ import math
 
 import pytest
 import torch
-from reference_loops import averaging_reference
 
+from helpers import uniform_batches
+from reference_loops import averaging_reference
 from torchspark import Network, models, optim
 from torchspark.nn import NetworkBlueprint
 from torchspark.stats import StatsCollector, TrainingStats
 from torchspark.training import InProcessRunner, ItemSource, WorkerTask
 from torchspark.training.hooks import WorkerHooks
 from torchspark.training.task import merge_results
-from helpers import uniform_batches
 
 
-@pytest.mark.parametrize("counts,frequency", [
-    ((6, 6), 3),  # multiples of the frequency: the case that used to add an empty round
-    ((6, 3), 3),  # one worker finishes a round early and joins the last one with n = 0
-    ((7, 2), 3),  # a partial last round
-    ((4, 0), 2),  # a worker without data
-    ((1, 1), 1),
-])
+@pytest.mark.parametrize(
+    "counts,frequency",
+    [
+        ((6, 6), 3),  # multiples of the frequency: the case that used to add an empty round
+        ((6, 3), 3),  # one worker finishes a round early and joins the last one with n = 0
+        ((7, 2), 3),  # a partial last round
+        ((4, 0), 2),  # a worker without data
+        ((1, 1), 1),
+    ],
+)
 def test_rounds_per_epoch_follow_the_data_position(counts: tuple[int, int], frequency: int) -> None:
     shards = [uniform_batches(n, seed=i) for i, n in enumerate(counts)]
     net = Network(models.mlp(64, 8, 10), updater=optim.Adam(lr=1e-2), seed=0)
@@ -35,8 +38,13 @@ def test_rounds_per_epoch_follow_the_data_position(counts: tuple[int, int], freq
     def hooks(rank: int) -> WorkerHooks:
         return WorkerHooks(recorder=collectors[rank], report_score=reports.append if rank == 0 else None)
 
-    task = WorkerTask("averaging", {"averaging_frequency": frequency, "save_updater": True},
-                      NetworkBlueprint.of(net).to_bytes(), epochs=2, prefetch=0)
+    task = WorkerTask(
+        "averaging",
+        {"averaging_frequency": frequency, "save_updater": True},
+        NetworkBlueprint.of(net).to_bytes(),
+        epochs=2,
+        prefetch=0,
+    )
     results = InProcessRunner(timeout_s=60, hooks_factory=hooks).run(task, [ItemSource(s) for s in shards])
     merge_results(net, results)
 

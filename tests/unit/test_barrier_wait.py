@@ -36,8 +36,9 @@ def test_a_call_that_never_returns_times_out_naming_both_knobs() -> None:
     finally:
         release.set()
     message = str(info.value)
-    assert message.startswith("worker 1 of 2 in Spark's barrier allGather did not return within "
-                              "rendezvous_timeout_s=0.2 s"), message
+    assert message.startswith(
+        "worker 1 of 2 in Spark's barrier allGather did not return within rendezvous_timeout_s=0.2 s"
+    ), message
     assert "raise rendezvous_timeout_s" in message and "spark.barrier.sync.timeout" in message
     assert isinstance(info.value, TimeoutError)  # WaitTimeout is a TimeoutError for callers that catch those
     for thread in threading.enumerate():  # released, the helper thread ends

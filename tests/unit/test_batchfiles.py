@@ -70,24 +70,28 @@ fsspec.register_implementation("failmv", FailingMoveFS, clobber=True)
 
 # --- bytes ----------------------------------------------------------------------------------------------------
 
+
 def test_bytes_round_trip_dataset_and_metadata() -> None:
     ds = make()
     data = dataset_to_bytes(ds)
     assert_same(ds, dataset_from_bytes(data))
     header_len = int.from_bytes(data[:8], "little")
-    meta = json.loads(data[8:8 + header_len])["__metadata__"]
+    meta = json.loads(data[8 : 8 + header_len])["__metadata__"]
     assert meta == {"format": "torchspark.batch", "version": "1", "kind": "DataSet", "num_examples": "6"}
     assert set(safetensors.torch.load(data)) == {"features", "labels", "features_mask", "labels_mask"}
 
 
 def test_bytes_round_trip_multi_unlabelled_and_partial_masks() -> None:
-    m = MultiDataSet([torch.randn(4, 3), torch.randint(0, 9, (4, 5))], [torch.eye(4)],
-                     [None, torch.ones(4, 5)], None)
+    m = MultiDataSet([torch.randn(4, 3), torch.randint(0, 9, (4, 5))], [torch.eye(4)], [None, torch.ones(4, 5)], None)
     back = dataset_from_bytes(dataset_to_bytes(m))
     assert_same(m, back)
     assert isinstance(back, MultiDataSet) and back.features_masks is not None and back.features_masks[0] is None
-    assert set(safetensors.torch.load(dataset_to_bytes(m))) == {"features.0", "features.1", "labels.0",
-                                                                  "features_mask.1"}
+    assert set(safetensors.torch.load(dataset_to_bytes(m))) == {
+        "features.0",
+        "features.1",
+        "labels.0",
+        "features_mask.1",
+    }
     unlabelled = DataSet(torch.randn(3, 2))
     assert_same(unlabelled, dataset_from_bytes(dataset_to_bytes(unlabelled)))
 
@@ -116,16 +120,30 @@ def test_unserializable_data_raises_data_error() -> None:
         (b"hello, this is a text file\n", "truncated or not a safetensors file"),
         (b"\x05\x00\x00\x00\x00\x00\x00\x00{{{{{", "not a safetensors file"),
         (safetensors.torch.save({"features": torch.zeros(2, 2)}), "not a torchspark batch file"),
-        (safetensors.torch.save({"features": torch.zeros(2, 2)}, metadata={"format": "torchspark.batch",
-                                                                          "version": "9", "kind": "DataSet"}),
-         "version '9'"),
-        (safetensors.torch.save({"x": torch.zeros(2, 2)}, metadata={"format": "torchspark.batch",
-                                                                   "version": "1", "kind": "DataSet"}),
-         "needs 'features'"),
-        (safetensors.torch.save({"features": torch.zeros(2, 2)}, metadata={"format": "torchspark.batch",
-                                                                          "version": "1", "kind": "Other"}),
-         "unknown kind 'Other'"),
+        (
+            safetensors.torch.save(
+                {"features": torch.zeros(2, 2)},
+                metadata={"format": "torchspark.batch", "version": "9", "kind": "DataSet"},
+            ),
+            "version '9'",
+        ),
+        (
+            safetensors.torch.save(
+                {"x": torch.zeros(2, 2)}, metadata={"format": "torchspark.batch", "version": "1", "kind": "DataSet"}
+            ),
+            "needs 'features'",
+        ),
+        (
+            safetensors.torch.save(
+                {"features": torch.zeros(2, 2)},
+                metadata={"format": "torchspark.batch", "version": "1", "kind": "Other"},
+            ),
+            "unknown kind 'Other'",
+        ),
     ],
+    # named by the expected message: the bytes' own ids hold safetensors' metadata in a per-process order, and
+    # pytest-xdist's workers must collect the same test ids
+    ids=lambda value: value if isinstance(value, str) else "bytes",
 )
 def test_foreign_bytes_name_the_source(data: bytes, fragment: str) -> None:
     with pytest.raises(DataError, match=fragment) as info:
@@ -141,6 +159,7 @@ def test_truncated_bytes_at_every_cut_raise_data_error() -> None:
 
 
 # --- files ----------------------------------------------------------------------------------------------------
+
 
 def test_local_round_trip_names_and_listing(tmp_path: Path) -> None:
     directory = str(tmp_path / "new" / "batches")  # created on demand
@@ -172,7 +191,9 @@ def test_save_batch_overwrites_and_returns_path(memdir: str) -> None:
     assert save_batch(make(2), path) == path
     assert save_batch(make(3), path) == path
     assert len(load_batch(path)) == 3
-    assert fsspec.filesystem("memory").ls(memdir, detail=False) == [memdir.removeprefix("memory:/") + "/one.safetensors"]
+    assert fsspec.filesystem("memory").ls(memdir, detail=False) == [
+        memdir.removeprefix("memory:/") + "/one.safetensors"
+    ]
 
 
 def test_unwritable_directory_raises_and_leaves_no_temp_file(tmp_path: Path) -> None:
@@ -199,7 +220,8 @@ def test_failed_serialization_writes_nothing(memdir: str) -> None:
         save_batches([make(2), DataSet(torch.eye(2).to_sparse())], memdir)
     assert list_batches(memdir) == [f"{memdir}/batch_000000.safetensors"]
     assert fsspec.filesystem("memory").ls(memdir, detail=False) == [
-        memdir.removeprefix("memory:/") + "/batch_000000.safetensors"]
+        memdir.removeprefix("memory:/") + "/batch_000000.safetensors"
+    ]
 
 
 def test_save_batches_validates_items_and_prefix(memdir: str) -> None:
@@ -222,8 +244,11 @@ def test_load_errors_name_the_file(tmp_path: Path) -> None:
         load_batch(missing)
     good = save_batch(make(4), str(tmp_path / "good.safetensors"))
     data = Path(good).read_bytes()
-    for name, content in [("cut.safetensors", data[: len(data) // 2]), ("empty.safetensors", b""),
-                          ("text.safetensors", b"just some text that is long enough\n")]:
+    for name, content in [
+        ("cut.safetensors", data[: len(data) // 2]),
+        ("empty.safetensors", b""),
+        ("text.safetensors", b"just some text that is long enough\n"),
+    ]:
         bad = tmp_path / name
         bad.write_bytes(content)
         with pytest.raises(DataError, match=str(bad)):

@@ -16,8 +16,10 @@ import bench_staleness_accuracy as A  # noqa: E402
 import bench_straggler as S  # noqa: E402
 
 
-@pytest.mark.parametrize(("k", "overlap", "max_staleness"),
-                         [("sync", True, None), ("sync-no-overlap", False, None), ("0", True, 0), ("4", True, 4)])
+@pytest.mark.parametrize(
+    ("k", "overlap", "max_staleness"),
+    [("sync", True, None), ("sync-no-overlap", False, None), ("0", True, 0), ("4", True, 4)],
+)
 def test_straggler_ks_build_the_master_they_name(k: str, overlap: bool, max_staleness: int | None) -> None:
     master = S.make_master(k)
     assert (master.overlap, master.max_staleness) == (overlap, max_staleness)
@@ -31,8 +33,10 @@ def test_straggler_arguments_accept_sync_no_overlap_and_order_the_table() -> Non
         S.parse_args(["--ks", "sync,overlap"])
 
 
-@pytest.mark.parametrize(("config", "overlap", "max_staleness"),
-                         [("sync", True, None), ("sync-no-overlap", False, None), ("k=0", True, 0), ("k=1", True, 1)])
+@pytest.mark.parametrize(
+    ("config", "overlap", "max_staleness"),
+    [("sync", True, None), ("sync-no-overlap", False, None), ("k=0", True, 0), ("k=1", True, 1)],
+)
 def test_accuracy_configs_build_the_master_they_name(config: str, overlap: bool, max_staleness: int | None) -> None:
     master = A.make_master(config)
     assert (master.overlap, master.max_staleness) == (overlap, max_staleness)

@@ -7,8 +7,9 @@ from functools import partial
 
 import pytest
 import torch
-from reference_loops import sharing_reference
 
+from helpers import assert_replicas_identical, batchnorm_net, classification_batches, fit_in_process
+from reference_loops import sharing_reference
 from torchspark import DataSet, Network, optim
 from torchspark.encoding import AdaptiveThreshold, EncoderConfig
 from torchspark.errors import DataError, TrainingError
@@ -23,8 +24,6 @@ from torchspark.training.algorithms.sharing.loop import SharingAlgorithm
 from torchspark.training.algorithms.sharing.settings import SharingSettings
 from torchspark.training.comm import ThreadCommunicator
 from torchspark.training.task import merge_results
-from helpers import assert_replicas_identical, batchnorm_net, classification_batches, fit_in_process
-
 
 _bn_net = partial(batchnorm_net, updater=optim.SGD(lr=0.1))
 
@@ -81,8 +80,9 @@ def test_buffer_views_round_trip_and_validate() -> None:
 def test_averaging_weights_running_statistics_by_examples_and_returns_them() -> None:
     net = _bn_net()
     a, b = classification_batches(2, seed=1), classification_batches(1, seed=2, size=4)
-    results = fit_in_process(net, "averaging", {"averaging_frequency": 5, "save_updater": True}, [a, b],
-                             timeout_s=300.0, merge=False)
+    results = fit_in_process(
+        net, "averaging", {"averaging_frequency": 5, "save_updater": True}, [a, b], timeout_s=300.0, merge=False
+    )
     wa, wb = net.copy(), net.copy()
     wa.fit(a)
     wb.fit(b)
@@ -197,7 +197,10 @@ def test_copy_blueprint_and_save_keep_the_statistics(tmp_path) -> None:
     stats = net.buffers()
     assert not torch.allclose(stats[:16], torch.zeros(16)) and int(net.module[1].num_batches_tracked) == 3
     path = net.save(str(tmp_path / "bn"), allow_pickle=True)
-    for other in (net.copy(), NetworkBlueprint.from_bytes(NetworkBlueprint.of(net).to_bytes()).build(),
-                  Network.load(path, allow_pickle=True)):
+    for other in (
+        net.copy(),
+        NetworkBlueprint.from_bytes(NetworkBlueprint.of(net).to_bytes()).build(),
+        Network.load(path, allow_pickle=True),
+    ):
         assert torch.equal(other.buffers(), stats)
         assert int(other.module[1].num_batches_tracked) == 3

@@ -9,8 +9,9 @@ from functools import partial
 
 import pytest
 import torch
-from interrupting import InterruptingMLP
 
+from helpers import averaging_only, onehot_rule_data
+from interrupting import InterruptingMLP
 from torchspark import Network, optim
 from torchspark.errors import ConfigError, WorkerError
 from torchspark.parallel import ParallelWrapper
@@ -19,7 +20,6 @@ from torchspark.training.checkpoint import complete_checkpoints, newest_checkpoi
 from torchspark.training.driver.fit import build_task
 from torchspark.training.driver.resume import resume_task
 from torchspark.training.hooks import NullRecorder
-from helpers import averaging_only, onehot_rule_data
 
 MASTERS = [ParameterAveragingTrainingMaster, SharedTrainingMaster]
 
@@ -32,8 +32,15 @@ def _net(after: int | None = None) -> Network:
 
 
 def _wrapper(net: Network, mode: str, **options) -> ParallelWrapper:
-    return ParallelWrapper(net, num_workers=2, training_mode=mode, **averaging_only(mode, 3), progress=False,
-                           runner=InProcessRunner(timeout_s=60), **options)
+    return ParallelWrapper(
+        net,
+        num_workers=2,
+        training_mode=mode,
+        **averaging_only(mode, 3),
+        progress=False,
+        runner=InProcessRunner(timeout_s=60),
+        **options,
+    )
 
 
 MODES = [("averaging", {}), ("sharing", {"overlap": True}), ("sharing", {"overlap": False})]
@@ -41,14 +48,17 @@ MODES = [("averaging", {}), ("sharing", {"overlap": True}), ("sharing", {"overla
 
 # ------------------------------------------------------------------ options
 @pytest.mark.parametrize("cls", MASTERS)
-@pytest.mark.parametrize("bad, match", [
-    ({"checkpoint_directory": ""}, "checkpoint_directory must be a directory path or fsspec URL"),
-    ({"checkpoint_directory": 3}, "checkpoint_directory must be"),
-    ({"checkpoint_directory": "/tmp/x", "checkpoint_every": 0}, "checkpoint_every must be an integer >= 1"),
-    ({"checkpoint_directory": "/tmp/x", "checkpoint_every": True}, "checkpoint_every must be an integer >= 1"),
-    ({"checkpoint_directory": "/tmp/x", "keep_checkpoints": 0}, "keep_checkpoints must be an integer >= 1"),
-    ({"checkpoint_every": 5}, "checkpoint_every=5 needs a checkpoint_directory"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        ({"checkpoint_directory": ""}, "checkpoint_directory must be a directory path or fsspec URL"),
+        ({"checkpoint_directory": 3}, "checkpoint_directory must be"),
+        ({"checkpoint_directory": "/tmp/x", "checkpoint_every": 0}, "checkpoint_every must be an integer >= 1"),
+        ({"checkpoint_directory": "/tmp/x", "checkpoint_every": True}, "checkpoint_every must be an integer >= 1"),
+        ({"checkpoint_directory": "/tmp/x", "keep_checkpoints": 0}, "keep_checkpoints must be an integer >= 1"),
+        ({"checkpoint_every": 5}, "checkpoint_every=5 needs a checkpoint_directory"),
+    ],
+)
 def test_checkpoint_options_are_checked_at_construction(cls, bad, match) -> None:
     with pytest.raises(ConfigError, match=f"{cls.__name__}: {match}"):
         cls(**bad)
@@ -57,10 +67,12 @@ def test_checkpoint_options_are_checked_at_construction(cls, bad, match) -> None
 def test_checkpoint_options_round_trip_and_reach_parallel_wrapper(tmp_path) -> None:
     master = SharedTrainingMaster(checkpoint_directory=str(tmp_path), checkpoint_every=7, keep_checkpoints=3)
     assert SharedTrainingMaster.from_json(master.to_json()) == master
-    wrapper = _wrapper(_net(), "averaging", checkpoint_directory=str(tmp_path), checkpoint_every=4,
-                       keep_checkpoints=1)
-    assert (wrapper.master.checkpoint_directory, wrapper.master.checkpoint_every,
-            wrapper.master.keep_checkpoints) == (str(tmp_path), 4, 1)
+    wrapper = _wrapper(_net(), "averaging", checkpoint_directory=str(tmp_path), checkpoint_every=4, keep_checkpoints=1)
+    assert (wrapper.master.checkpoint_directory, wrapper.master.checkpoint_every, wrapper.master.keep_checkpoints) == (
+        str(tmp_path),
+        4,
+        1,
+    )
     with pytest.raises(ConfigError, match=r"keep_checkpoints must be an integer >= 1 .*got -1"):
         _wrapper(_net(), "averaging", checkpoint_directory=str(tmp_path), keep_checkpoints=-1)
 
@@ -81,7 +93,8 @@ def test_run_id_needs_a_checkpoint_directory_and_a_plain_name(tmp_path) -> None:
 @pytest.mark.parametrize("mode, extra", MODES[:2])
 def test_a_fit_checkpoints_every_epoch_by_default_and_keeps_the_newest(tmp_path, mode, extra) -> None:
     _wrapper(_net(), mode, checkpoint_directory=str(tmp_path), keep_checkpoints=2, **extra).fit(
-        _data(), epochs=3, batch_size=16, run_id="r1")
+        _data(), epochs=3, batch_size=16, run_id="r1"
+    )
     found = complete_checkpoints(str(tmp_path), "r1")
     assert [c.manifest["fit_epoch"] for c in found] == [2, 3]  # one per epoch, the newest 2 kept
     assert sorted(os.listdir(tmp_path / "r1")) == [os.path.basename(c.path) for c in found]  # nothing else left
@@ -95,11 +108,13 @@ def test_a_fit_checkpoints_every_epoch_by_default_and_keeps_the_newest(tmp_path,
 def test_checkpoint_every_and_keep_checkpoints_change_what_is_written(tmp_path) -> None:
     # 192 examples / 2 workers / 16 = 6 minibatches per worker, averaging_frequency=3: 2 rounds per epoch
     _wrapper(_net(), "averaging", checkpoint_directory=str(tmp_path), checkpoint_every=3, keep_checkpoints=4).fit(
-        _data(), epochs=3, batch_size=16, run_id="r1")
+        _data(), epochs=3, batch_size=16, run_id="r1"
+    )
     steps = [c.step for c in complete_checkpoints(str(tmp_path), "r1")]
     assert steps == [3, 6]  # every 3 rounds (the end of the fit is round 6 too)
     _wrapper(_net(), "averaging", checkpoint_directory=str(tmp_path), checkpoint_every=1, keep_checkpoints=4).fit(
-        _data(), epochs=3, batch_size=16, run_id="r2")
+        _data(), epochs=3, batch_size=16, run_id="r2"
+    )
     assert [c.step for c in complete_checkpoints(str(tmp_path), "r2")] == [3, 4, 5, 6]
 
 
@@ -117,7 +132,8 @@ def test_the_final_prune_waits_for_a_slow_ranks_last_file(tmp_path, monkeypatch)
 
     monkeypatch.setattr(store, "write_rank_file", slow_last)
     _wrapper(_net(), "averaging", checkpoint_directory=str(tmp_path), checkpoint_every=1, keep_checkpoints=2).fit(
-        _data(), epochs=3, batch_size=16, run_id="slow")
+        _data(), epochs=3, batch_size=16, run_id="slow"
+    )
     assert [c.step for c in complete_checkpoints(str(tmp_path), "slow")] == [5, 6]
 
 
@@ -125,12 +141,27 @@ def test_readers_ignore_incomplete_checkpoints_and_pruning_keeps_complete_ones(t
     root = str(tmp_path)
 
     def record(step: int, rank: int) -> dict:
-        return {"rank": rank, "step": step, "fit_epoch": 0, "done": 0, "iteration": 0, "epoch": 0, "examples": 0,
-                "iterations": 0}
+        return {
+            "rank": rank,
+            "step": step,
+            "fit_epoch": 0,
+            "done": 0,
+            "iteration": 0,
+            "epoch": 0,
+            "examples": 0,
+            "iterations": 0,
+        }
 
     def manifest(step: int) -> dict:
-        return {"world_size": 2, "step": step, "fit_epoch": 0, "iteration": 0, "epoch": 0, "mode": "averaging",
-                "settings": {}}
+        return {
+            "world_size": 2,
+            "step": step,
+            "fit_epoch": 0,
+            "iteration": 0,
+            "epoch": 0,
+            "mode": "averaging",
+            "settings": {},
+        }
 
     for step in (1, 2, 3):
         path = store.step_directory(root, "r", step)
@@ -213,7 +244,8 @@ def test_a_checkpoint_of_another_algorithm_or_world_size_is_refused(tmp_path) ->
     _wrapper(_net(), "averaging", **options).fit(_data(), epochs=1, batch_size=16, run_id="r1")
     with pytest.raises(ConfigError, match="trained with 'averaging', this fit uses 'sharing'"):
         _wrapper(_net(), "sharing", **options).fit(_data(), epochs=2, batch_size=16, run_id="r1")
-    three = ParallelWrapper(_net(), num_workers=3, averaging_frequency=3, progress=False,
-                            runner=InProcessRunner(timeout_s=60), **options)
+    three = ParallelWrapper(
+        _net(), num_workers=3, averaging_frequency=3, progress=False, runner=InProcessRunner(timeout_s=60), **options
+    )
     with pytest.raises(ConfigError, match="written by 2 workers but this fit has 3"):
         three.fit(_data(), epochs=2, batch_size=16, run_id="r1")

@@ -13,10 +13,11 @@ from functools import partial
 
 import pytest
 import torch
-from interrupting import InterruptingMLP
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from helpers import onehot_rule_data
+from interrupting import InterruptingMLP
 from torchspark import Network, optim
 from torchspark.errors import ConfigError, SerializationError, WorkerError
 from torchspark.parallel import ParallelWrapper
@@ -26,19 +27,26 @@ from torchspark.training.checkpoint.lock import LOCK_FILE
 from torchspark.training.driver.fit import build_task
 from torchspark.training.driver.resume import resume_task
 from torchspark.training.hooks import NullRecorder
-from helpers import onehot_rule_data
 
 _data = partial(onehot_rule_data, 192, seed=3)
 
 
 def _net(after: int | None = None, lr: float = 0.01, dropout: float = 0.0) -> Network:
-    return Network(InterruptingMLP(12, 16, 3, after=after, same_process=True, dropout=dropout),
-                   updater=optim.Adam(lr=lr), seed=0)
+    return Network(
+        InterruptingMLP(12, 16, 3, after=after, same_process=True, dropout=dropout), updater=optim.Adam(lr=lr), seed=0
+    )
 
 
 def _wrapper(net: Network, directory, workers: int = 2, **options) -> ParallelWrapper:
-    return ParallelWrapper(net, num_workers=workers, averaging_frequency=3, progress=False,
-                           runner=InProcessRunner(timeout_s=60), checkpoint_directory=str(directory), **options)
+    return ParallelWrapper(
+        net,
+        num_workers=workers,
+        averaging_frequency=3,
+        progress=False,
+        runner=InProcessRunner(timeout_s=60),
+        checkpoint_directory=str(directory),
+        **options,
+    )
 
 
 def _two_checkpoints(tmp_path, **options) -> tuple[ParallelWrapper, list]:
@@ -89,8 +97,10 @@ DAMAGE = {
     "world_size=1e10": (lambda p: _edit_manifest(p, world_size=10**10), "world_size must be an integer in"),
     "world_size float": (lambda p: _edit_manifest(p, world_size=1e10), "world_size must be an integer in"),
     "fit_epoch=-5": (lambda p: _edit_manifest(p, fit_epoch=-5), "fit_epoch must be an integer in"),
-    "manifest not JSON": (lambda p: open(os.path.join(p, "manifest.json"), "wb").write(b"\x00{garbage"),
-                          "manifest.json' is not valid JSON"),
+    "manifest not JSON": (
+        lambda p: open(os.path.join(p, "manifest.json"), "wb").write(b"\x00{garbage"),
+        "manifest.json' is not valid JSON",
+    ),
     "manifest without fit_epoch": (lambda p: _edit_manifest(p, fit_epoch=None), "fit_epoch must be an integer"),
     "truncated rank file": (lambda p: _truncate(p, 1), "rank-1.safetensors"),
     "rank file of another rank": (lambda p: _edit_rank(p, 1, rank=0), "rank must be an integer in [1, 1]"),
@@ -101,7 +111,8 @@ DAMAGE = {
 
 @pytest.mark.parametrize("damage", list(DAMAGE))
 def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one_with_a_warning_naming_it(
-        tmp_path, caplog, damage) -> None:
+    tmp_path, caplog, damage
+) -> None:
     wrapper, (older, newest) = _two_checkpoints(tmp_path)
     tamper, message = DAMAGE[damage]
     tamper(newest.path)
@@ -116,12 +127,15 @@ def test_every_checkpoint_damaged_is_refused_naming_them_not_a_silent_fresh_star
     wrapper, found = _two_checkpoints(tmp_path)
     for c in found:
         _edit_manifest(c.path, fit_epoch=-5)
-    with pytest.raises(SerializationError, match=r"has checkpoints but none is usable.*step-0+4.*step-0+2.*refused: delete .*r1"):
+    with pytest.raises(
+        SerializationError, match=r"has checkpoints but none is usable.*step-0+4.*step-0+2.*refused: delete .*r1"
+    ):
         _resume(wrapper)
     with pytest.raises(SerializationError, match="none is usable"):  # the fit itself: nothing trained, nothing pruned
         _wrapper(_net(), tmp_path).fit(_data(), epochs=3, batch_size=16, run_id="r1")
-    assert [os.path.basename(c.path) for c in found] == sorted(n for n in os.listdir(tmp_path / "r1")
-                                                               if n.startswith("step-"))
+    assert [os.path.basename(c.path) for c in found] == sorted(
+        n for n in os.listdir(tmp_path / "r1") if n.startswith("step-")
+    )
 
 
 def test_checkpoint_files_are_private_to_their_owner(tmp_path) -> None:
@@ -140,11 +154,14 @@ def test_a_run_directory_another_can_write_is_refused_at_fit_start(tmp_path) -> 
         _wrapper(_net(), tmp_path).fit(_data(), epochs=1, batch_size=16, run_id="r1")
 
 
-@pytest.mark.parametrize("change, match", [
-    ({"lr": 0.02}, r"updater: .*0\.01.* then, .*0\.02.* now"),
-    ({"rng_seed": 7}, "rng_seed: None then, 7 now"),
-    ({"accumulate_steps": 2}, "accumulate_steps: 1 then, 2 now"),
-])
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        ({"lr": 0.02}, r"updater: .*0\.01.* then, .*0\.02.* now"),
+        ({"rng_seed": 7}, "rng_seed: None then, 7 now"),
+        ({"accumulate_steps": 2}, "accumulate_steps: 1 then, 2 now"),
+    ],
+)
 def test_a_resume_with_another_updater_learning_rate_or_data_order_is_refused(tmp_path, change, match) -> None:
     wrapper, _ = _two_checkpoints(tmp_path)
     lr = change.pop("lr", 0.01)
@@ -172,8 +189,11 @@ def _interrupted(tmp_path) -> str:
 @pytest.mark.parametrize("batch_size", [32, 8])
 def test_a_mid_epoch_resume_with_another_batch_size_is_refused(tmp_path, batch_size) -> None:
     _interrupted(tmp_path)
-    with pytest.raises(WorkerError, match=r"cut after 3 minibatches of the 6 it had then in epoch 2, but this fit "
-                                          r"gives the rank \d+ minibatches.*batch size changed"):
+    with pytest.raises(
+        WorkerError,
+        match=r"cut after 3 minibatches of the 6 it had then in epoch 2, but this fit "
+        r"gives the rank \d+ minibatches.*batch size changed",
+    ):
         _wrapper(_net(), tmp_path, checkpoint_every=1).fit(_data(), epochs=3, batch_size=batch_size, run_id="r1")
 
 
@@ -210,10 +230,14 @@ def test_the_ranks_commit_a_checkpoint_together(tmp_path, monkeypatch) -> None:
 
 
 def test_a_checkpoint_in_memory_storage_is_refused_when_workers_are_processes() -> None:
-    wrapper = ParallelWrapper(_net(), num_workers=2, averaging_frequency=3, progress=False,
-                              checkpoint_directory="memory://ckpt")
-    with pytest.raises(ConfigError, match="checkpoint_directory='memory://ckpt': memory:// storage lives inside "
-                                          "one process.*use a directory on disk"):
+    wrapper = ParallelWrapper(
+        _net(), num_workers=2, averaging_frequency=3, progress=False, checkpoint_directory="memory://ckpt"
+    )
+    with pytest.raises(
+        ConfigError,
+        match="checkpoint_directory='memory://ckpt': memory:// storage lives inside "
+        "one process.*use a directory on disk",
+    ):
         wrapper.fit(_data(), epochs=1, batch_size=16)
 
 
@@ -254,7 +278,8 @@ def test_dropout_draws_after_a_resume_what_the_uninterrupted_fit_drew(tmp_path) 
     torch.manual_seed(11)
     with pytest.raises(WorkerError, match="worker stopped after 16 minibatches"):
         _wrapper(_net(after=16, dropout=0.5), tmp_path, workers=1, checkpoint_every=1).fit(
-            data, epochs=2, batch_size=16, run_id="r1")
+            data, epochs=2, batch_size=16, run_id="r1"
+        )
     torch.manual_seed(12345)  # another process state: the resumed stream must come from the checkpoint
     resumed = _net(dropout=0.5)
     _wrapper(resumed, tmp_path, workers=1, checkpoint_every=1).fit(data, epochs=2, batch_size=16, run_id="r1")

@@ -22,8 +22,9 @@ def test_epochs_beyond_the_bound_are_refused_before_training(tmp_path, capsys) -
 
 def test_more_local_workers_than_the_open_file_limit_allows_are_refused(tmp_path, capsys) -> None:
     too_many = max_local_workers() + 1
-    code = main(["train", "--parallel", "--num-workers", str(too_many), "--epochs", "1",
-                 "--output", str(tmp_path / "out")])
+    code = main(
+        ["train", "--parallel", "--num-workers", str(too_many), "--epochs", "1", "--output", str(tmp_path / "out")]
+    )
     assert code == 2
     err = capsys.readouterr().err
     assert f"--num-workers {too_many} cannot run on this machine" in err and "ulimit -n" in err

@@ -36,8 +36,12 @@ def test_slice_and_shuffle_results_are_compact_and_exact() -> None:
 
 def test_multidataset_views_pickle_compactly_and_keep_masks() -> None:
     n = 4000
-    multi = MultiDataSet([torch.randn(n, 5), torch.randn(n, 2, 3)], [torch.randint(0, 3, (n,)), torch.randn(n, 4)],
-                         [None, torch.ones(n, 2)], [torch.ones(n), None])
+    multi = MultiDataSet(
+        [torch.randn(n, 5), torch.randn(n, 2, 3)],
+        [torch.randint(0, 3, (n,)), torch.randn(n, 4)],
+        [None, torch.ones(n, 2)],
+        [torch.ones(n), None],
+    )
     part = multi.split(32)[7]
     assert len(pickle.dumps(part)) <= _own_bytes(part) * 1.05 + 2048
     back = pickle.loads(pickle.dumps(part))

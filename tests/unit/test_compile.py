@@ -11,13 +11,13 @@ import torch
 import torch._dynamo
 from safetensors.torch import load_file
 
+from helpers import fit_in_process
 from torchspark import DataSet, Network, models, optim
+from torchspark.encoding import AdaptiveThreshold, EncoderConfig
 from torchspark.errors import ConfigError, SetupError
 from torchspark.nn import NetworkBlueprint
 from torchspark.nn.compiled import COMPILE_MODES, CompiledForward, compile_backends, compile_options
 from torchspark.training.algorithms.sharing.settings import SharingSettings
-from torchspark.encoding import AdaptiveThreshold, EncoderConfig
-from helpers import fit_in_process
 
 #: one entry per run of a graph the counting backend compiled, by any network (threads of workers included)
 COMPILED: list[int] = []
@@ -27,6 +27,7 @@ COMPILED: list[int] = []
 def torchspark_test_counting(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]):
     """A real dynamo backend that runs the traced graph as it is and counts every run (dynamo reuses a compiled
     graph for another module of the same structure, so runs, not compilations, show which forwards it served)."""
+
     def run(*args: torch.Tensor):
         COMPILED.append(1)
         return gm.forward(*args)
@@ -57,24 +58,29 @@ def _data(n: int = 64, seed: int = 0) -> DataSet:
 
 
 def _net(compile=False, updater=None) -> Network:
-    return Network(models.mlp(10, 16, 3), updater=updater or optim.SGD(lr=0.1, momentum=0.9), seed=0,
-                   compile=compile)
+    return Network(models.mlp(10, 16, 3), updater=updater or optim.SGD(lr=0.1, momentum=0.9), seed=0, compile=compile)
 
 
 # ------------------------------------------------------------------ the setting
-@pytest.mark.parametrize("value, options", [(False, None), (True, {}), ("max-autotune", {"mode": "max-autotune"}),
-                                            ("aot_eager", {"backend": "aot_eager"})])
+@pytest.mark.parametrize(
+    "value, options",
+    [(False, None), (True, {}), ("max-autotune", {"mode": "max-autotune"}), ("aot_eager", {"backend": "aot_eager"})],
+)
 def test_compile_options_of_each_setting(value, options) -> None:
     assert compile_options(value) == options
 
 
 @pytest.mark.parametrize("bad", ["no_such_backend", "fast", 1, 0, None, ["eager"]])
 def test_an_unknown_backend_or_mode_is_refused_listing_the_known_ones(bad) -> None:
-    with pytest.raises(ConfigError, match=r"compile must be one of \[.*'reduce-overhead'.*'aot_eager'.*'inductor'"
-                                          r".*or True \(the default backend\) or False"):
+    with pytest.raises(
+        ConfigError,
+        match=r"compile must be one of \[.*'reduce-overhead'.*'aot_eager'.*'inductor'"
+        r".*or True \(the default backend\) or False",
+    ):
         _net(compile=bad)
-    assert set(COMPILE_MODES) | {"eager", "aot_eager", "inductor"} <= set(_valid := [*COMPILE_MODES,
-                                                                                      *compile_backends()])
+    assert set(COMPILE_MODES) | {"eager", "aot_eager", "inductor"} <= set(
+        _valid := [*COMPILE_MODES, *compile_backends()]
+    )
     assert "torchspark_test_counting" in _valid
 
 
@@ -133,8 +139,9 @@ def test_compute_update_and_sharing_see_the_compiled_step() -> None:
     fit_in_process(eager, "sharing", settings, shards, epochs=2)
     fit_in_process(compiled, "sharing", settings, shards, epochs=2)
     torch.testing.assert_close(compiled.params(), eager.params(), rtol=0, atol=1e-6)
-    torch.testing.assert_close(compiled.copy().compute_update(_data(16)), eager.copy().compute_update(_data(16)),
-                               rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        compiled.copy().compute_update(_data(16)), eager.copy().compute_update(_data(16)), rtol=0, atol=1e-6
+    )
 
 
 def test_worker_replicas_compile_too() -> None:
@@ -174,15 +181,20 @@ def test_saved_weights_have_plain_keys_and_load_compiled_or_not(tmp_path) -> Non
 # ------------------------------------------------------------------ a backend that cannot run here
 def test_a_backend_failing_at_first_use_is_a_setup_error_naming_it_and_the_fix() -> None:
     net = _net(compile="torchspark_test_no_compiler")  # a known name: accepted at construction
-    with pytest.raises(SetupError, match=r"torch.compile backend 'torchspark_test_no_compiler'.*failed on this "
-                                         r"machine.*No working C\+\+ compiler.*compile=False, or compile='aot_eager'"):
+    with pytest.raises(
+        SetupError,
+        match=r"torch.compile backend 'torchspark_test_no_compiler'.*failed on this "
+        r"machine.*No working C\+\+ compiler.*compile=False, or compile='aot_eager'",
+    ):
         net.fit(_data(16), batch_size=16)
     with pytest.raises(SetupError, match="torchspark_test_no_compiler"):
         net.output(_data(16).features)  # inference goes through the compiled forward too
 
 
-@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None and shutil.which("clang++") is None,
-                    reason="the inductor backend needs a C++ compiler on CPU and none is on PATH")
+@pytest.mark.skipif(
+    shutil.which("g++") is None and shutil.which("c++") is None and shutil.which("clang++") is None,
+    reason="the inductor backend needs a C++ compiler on CPU and none is on PATH",
+)
 def test_inductor_when_a_compiler_is_present() -> None:
     data = _data(32)
     eager, compiled = _net(), _net(compile="inductor")

@@ -22,10 +22,15 @@ from torchspark.training import ParameterAveragingTrainingMaster, SharedTraining
 pytest.importorskip("yaml", reason="the [yaml] extra is part of the test extra")
 
 MASTERS = [
-    ParameterAveragingTrainingMaster(averaging_frequency=7, batch_size_per_worker=32, num_workers=3,
-                                     averaging_via="spark", rng_seed=5),
-    SharedTrainingMaster(threshold_algorithm=AdaptiveThreshold(initial=2e-3), batch_size_per_worker=8,
-                         overlap=False, storage_level="MEMORY_AND_DISK"),
+    ParameterAveragingTrainingMaster(
+        averaging_frequency=7, batch_size_per_worker=32, num_workers=3, averaging_via="spark", rng_seed=5
+    ),
+    SharedTrainingMaster(
+        threshold_algorithm=AdaptiveThreshold(initial=2e-3),
+        batch_size_per_worker=8,
+        overlap=False,
+        storage_level="MEMORY_AND_DISK",
+    ),
     SharedTrainingMaster(threshold_algorithm=FixedThreshold(1e-4)),
 ]
 
@@ -85,40 +90,52 @@ def _printed(argv: list[str], capsys) -> str:
 
 def test_train_config_sets_options_and_the_command_line_wins(tmp_path, capsys) -> None:
     path = tmp_path / "run.yaml"
-    path.write_text("epochs: 3\ntraining_mode: averaging\naveraging-frequency: 9\nlr: 5e-3\nparallel: true\n"
-                    "threshold-algorithm: 1e-4\n")
-    settings = json.loads(_printed(["train", "--config", str(path), "--epochs", "5", "--print-config", "json"],
-                                   capsys))
-    assert settings["training_mode"] == "averaging" and settings["averaging_frequency"] == 9 and settings["parallel"] is True
+    path.write_text(
+        "epochs: 3\ntraining_mode: averaging\naveraging-frequency: 9\nlr: 5e-3\nparallel: true\n"
+        "threshold-algorithm: 1e-4\n"
+    )
+    settings = json.loads(_printed(["train", "--config", str(path), "--epochs", "5", "--print-config", "json"], capsys))
+    assert (
+        settings["training_mode"] == "averaging"
+        and settings["averaging_frequency"] == 9
+        and settings["parallel"] is True
+    )
     assert settings["lr"] == 5e-3 and settings["threshold_algorithm"] == 1e-4
     assert settings["epochs"] == 5  # typed on the command line: over the file's 3
     assert settings["model"] == "lenet"  # untouched options keep their defaults
     # the printed settings are a config file: reading them back gives the same settings
     (tmp_path / "printed.yaml").write_text(_printed(["train", "--config", str(path), "--print-config"], capsys))
-    again = json.loads(_printed(["train", "--config", str(tmp_path / "printed.yaml"), "--print-config", "json"],
-                                capsys))
+    again = json.loads(
+        _printed(["train", "--config", str(tmp_path / "printed.yaml"), "--print-config", "json"], capsys)
+    )
     assert again == {**settings, "epochs": 3}
     # JSON config files work the same
     (tmp_path / "run.json").write_text(json.dumps({"epochs": 2, "updater": "sgd"}))
     parser = build_parser()
-    args = apply_train_config(parser, ["train", "--config", str(tmp_path / "run.json")],
-                              parser.parse_args(["train", "--config", str(tmp_path / "run.json")]))
+    args = apply_train_config(
+        parser,
+        ["train", "--config", str(tmp_path / "run.json")],
+        parser.parse_args(["train", "--config", str(tmp_path / "run.json")]),
+    )
     assert (args.epochs, args.updater) == (2, "sgd")
     assert train_settings(parser, args)["updater"] == "sgd"
 
 
-@pytest.mark.parametrize("content, message", [
-    ("epoks: 3\n", "unknown train option 'epoks'"),
-    ("epochs: 0\n", "epochs: must be >= 1"),
-    ("training_mode: gossip\n", "training_mode must be one of"),
-    ("mode: averaging\n", "unknown train option 'mode'"),  # the old names: training_mode, num_workers,
-    ("workers: 2\n", "unknown train option 'workers'"),  # threshold_algorithm
-    ("threshold: 1e-4\n", "unknown train option 'threshold'"),
-    ("parallel: 'yes'\n", "parallel must be true or false"),
-    ("lr: [1, 2]\n", "lr must be a single value"),
-    ("epochs: null\n", "epochs needs a value"),
-    ("- epochs\n", "mapping"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("epoks: 3\n", "unknown train option 'epoks'"),
+        ("epochs: 0\n", "epochs: must be >= 1"),
+        ("training_mode: gossip\n", "training_mode must be one of"),
+        ("mode: averaging\n", "unknown train option 'mode'"),  # the old names: training_mode, num_workers,
+        ("workers: 2\n", "unknown train option 'workers'"),  # threshold_algorithm
+        ("threshold: 1e-4\n", "unknown train option 'threshold'"),
+        ("parallel: 'yes'\n", "parallel must be true or false"),
+        ("lr: [1, 2]\n", "lr must be a single value"),
+        ("epochs: null\n", "epochs needs a value"),
+        ("- epochs\n", "mapping"),
+    ],
+)
 def test_bad_config_files_are_one_line_errors_naming_the_option(content, message, tmp_path, capsys) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text(content)
@@ -157,9 +174,14 @@ def test_sharing_options_round_trip_through_config_files(sharing, fmt, tmp_path,
     assert _sharing_options(again) == sharing
 
 
-@pytest.mark.parametrize(("line", "option"), [("topology: sharded", "--topology"),
-                                              ("shard_above_workers: 4", "--shard-above-workers"),
-                                              ("max_staleness: 1", "--max-staleness")])
+@pytest.mark.parametrize(
+    ("line", "option"),
+    [
+        ("topology: sharded", "--topology"),
+        ("shard_above_workers: 4", "--shard-above-workers"),
+        ("max_staleness: 1", "--max-staleness"),
+    ],
+)
 def test_sharing_options_in_a_config_file_are_refused_with_averaging(line, option, tmp_path, capsys) -> None:
     path = tmp_path / "run.yaml"
     path.write_text(f"training_mode: averaging\nparallel: true\n{line}\noutput: {json.dumps(str(tmp_path / 'o'))}\n")
@@ -181,8 +203,19 @@ def test_shard_above_workers_from_a_config_file_reaches_the_training(tmp_path) -
 
     out = tmp_path / "out"
     path = tmp_path / "run.json"
-    path.write_text(json.dumps({"parallel": True, "num_workers": 2, "model": "mlp", "epochs": 1, "no_progress": True,
-                                "shard_above_workers": 1, "output": str(out)}))
+    path.write_text(
+        json.dumps(
+            {
+                "parallel": True,
+                "num_workers": 2,
+                "model": "mlp",
+                "epochs": 1,
+                "no_progress": True,
+                "shard_above_workers": 1,
+                "output": str(out),
+            }
+        )
+    )
     assert main(["train", "--config", str(path)]) == 0
     assert Network.load(str(out / "model")).extra_config["sharing.topology"] == "sharded"
 
@@ -195,16 +228,23 @@ def test_a_missing_config_file_is_a_clear_error(tmp_path, capsys) -> None:
 def test_train_with_a_config_file_trains_with_its_settings(tmp_path) -> None:
     out = tmp_path / "out"
     path = tmp_path / "run.yaml"
-    path.write_text(f"parallel: true\nnum_workers: 1\nmodel: mlp\ntraining_mode: averaging\nepochs: 1\nno_progress: true\n"
-                    f"output: {json.dumps(str(out))}\n")
+    path.write_text(
+        f"parallel: true\nnum_workers: 1\nmodel: mlp\ntraining_mode: averaging\nepochs: 1\nno_progress: true\n"
+        f"output: {json.dumps(str(out))}\n"
+    )
     assert main(["train", "--config", str(path)]) == 0
     metrics = json.loads((out / "metrics.json").read_text())
     assert (metrics["runner"], metrics["num_workers"], metrics["training_mode"], metrics["epochs"]) == (
-        "ParallelWrapper", 1, "averaging", 1)
+        "ParallelWrapper",
+        1,
+        "averaging",
+        1,
+    )
 
 
-@pytest.mark.parametrize(("line", "expected"), [("compile: aot_eager", "aot_eager"), ("compile: true", True),
-                                                ("compile: false", False)])
+@pytest.mark.parametrize(
+    ("line", "expected"), [("compile: aot_eager", "aot_eager"), ("compile: true", True), ("compile: false", False)]
+)
 def test_compile_and_accumulate_steps_from_a_config_file(line, expected, tmp_path) -> None:
     path = tmp_path / "run.yaml"
     path.write_text(f"{line}\naccumulate_steps: 4\n")

@@ -40,13 +40,26 @@ def test_a_missing_part_is_an_error() -> None:
 
 
 def test_a_worker_result_round_trips_without_pickle() -> None:
-    stats = {"format": 1, "worker": "worker-0", "phases": {"names": ["fit"], "code": np.array([0], np.int32),
-                                                            "start": np.array([1.5]), "attrs": {}}}
-    result = WorkerResult(rank=0, examples=96, iterations=12, score=math.nan, params=torch.randn(7),
-                          updater_state=torch.randn(14), extra_state={"residual": torch.randn(3)},
-                          extra_config={"sharing.topology": "all_gather"}, stats=stats,
-                          buffers={"bn.running_mean": torch.zeros(2), "bn.num_batches_tracked": torch.tensor(4)},
-                          threads=1, param_checksum="abc", network={"address": "127.0.0.1"})
+    stats = {
+        "format": 1,
+        "worker": "worker-0",
+        "phases": {"names": ["fit"], "code": np.array([0], np.int32), "start": np.array([1.5]), "attrs": {}},
+    }
+    result = WorkerResult(
+        rank=0,
+        examples=96,
+        iterations=12,
+        score=math.nan,
+        params=torch.randn(7),
+        updater_state=torch.randn(14),
+        extra_state={"residual": torch.randn(3)},
+        extra_config={"sharing.topology": "all_gather"},
+        stats=stats,
+        buffers={"bn.running_mean": torch.zeros(2), "bn.num_batches_tracked": torch.tensor(4)},
+        threads=1,
+        param_checksum="abc",
+        network={"address": "127.0.0.1"},
+    )
     blob = encode_result(result)
     assert b"pickle" not in blob[:64] and blob[8:9] == b"{"  # a safetensors header
     back = decode_result(blob)

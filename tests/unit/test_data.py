@@ -23,8 +23,10 @@ def make(n: int = 10, offset: int = 0, masks: bool = False) -> DataSet:
 
 def make_multi(n: int = 10, offset: int = 0) -> MultiDataSet:
     idx = torch.arange(offset, offset + n)
-    return MultiDataSet([idx.float().unsqueeze(1), idx.float().reshape(n, 1, 1).repeat(1, 2, 2)],
-                        [idx % 2, torch.nn.functional.one_hot(idx % 4, 4).float()])
+    return MultiDataSet(
+        [idx.float().unsqueeze(1), idx.float().reshape(n, 1, 1).repeat(1, 2, 2)],
+        [idx % 2, torch.nn.functional.one_hot(idx % 4, 4).float()],
+    )
 
 
 def ids(ds: DataSet | MultiDataSet) -> list[int]:
@@ -33,6 +35,7 @@ def ids(ds: DataSet | MultiDataSet) -> list[int]:
 
 
 # --- DataSet construction -------------------------------------------------------------------------------------
+
 
 def test_accepts_numpy_and_converts_int_labels_to_int64() -> None:
     ds = DataSet(np.zeros((4, 2), dtype=np.float32), np.array([0, 1, 2, 1], dtype=np.int32))
@@ -53,8 +56,10 @@ def test_accepts_one_hot_float_labels_and_unlabelled() -> None:
     [
         ({"labels": torch.zeros(4, dtype=torch.int64)}, "labels has 4 examples but features has 5"),
         ({"features_mask": torch.ones(3, 2)}, "features_mask has 3 examples but features has 5"),
-        ({"labels": torch.zeros(5, dtype=torch.int64), "labels_mask": torch.ones(6)},
-         "labels_mask has 6 examples but features has 5"),
+        (
+            {"labels": torch.zeros(5, dtype=torch.int64), "labels_mask": torch.ones(6)},
+            "labels_mask has 6 examples but features has 5",
+        ),
         ({"labels_mask": torch.ones(5)}, "labels_mask was given without labels"),
         ({"labels": torch.zeros(5)}, "1-D with float dtype"),
         ({"labels": torch.tensor(1)}, "labels is a scalar"),
@@ -73,6 +78,7 @@ def test_zero_dim_and_unconvertible_features_are_refused() -> None:
 
 
 # --- DataSet methods ------------------------------------------------------------------------------------------
+
 
 def test_split_sizes_and_content() -> None:
     parts = make(10, masks=True).split(4)
@@ -157,6 +163,7 @@ def test_repr_shows_shapes() -> None:
 
 # --- MultiDataSet ---------------------------------------------------------------------------------------------
 
+
 def test_multi_construction_and_to_multi() -> None:
     m = make(5, masks=True).to_multi()
     assert isinstance(m, MultiDataSet) and len(m) == 5
@@ -205,6 +212,7 @@ def test_multi_methods() -> None:
 
 
 # --- iterate_minibatches / rebatch ----------------------------------------------------------------------------
+
 
 def test_iterate_minibatches_splits_a_dataset_and_passes_iterables_through() -> None:
     assert [len(b) for b in iterate_minibatches(make(10), 4)] == [4, 4, 2]

@@ -22,15 +22,21 @@ def test_unknown_route_is_refused_with_the_choices() -> None:
         ParameterAveragingTrainingMaster(dataframe_route="arrow")
 
 
-@pytest.mark.parametrize("cls, option, value", [
-    (ParameterAveragingTrainingMaster, "averaging_via", "spark"),
-    (ParameterAveragingTrainingMaster, "repartition", "never"),
-    (ParameterAveragingTrainingMaster, "repartition_strategy", "spark_default"),
-    (SharedTrainingMaster, "workers_per_node", 2),
-    (SharedTrainingMaster, "gpus_per_worker", 1),
-])
+@pytest.mark.parametrize(
+    "cls, option, value",
+    [
+        (ParameterAveragingTrainingMaster, "averaging_via", "spark"),
+        (ParameterAveragingTrainingMaster, "repartition", "never"),
+        (ParameterAveragingTrainingMaster, "repartition_strategy", "spark_default"),
+        (SharedTrainingMaster, "workers_per_node", 2),
+        (SharedTrainingMaster, "gpus_per_worker", 1),
+    ],
+)
 def test_barrier_arrow_refuses_what_its_one_stage_cannot_run(cls, option, value) -> None:
-    with pytest.raises(ConfigError, match=rf"dataframe_route='barrier_arrow'.*{option}={value!r}.*"
-                                          r"dataframe_route='rdd'"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"dataframe_route='barrier_arrow'.*{option}={value!r}.*"
+        r"dataframe_route='rdd'",
+    ):
         cls(dataframe_route="barrier_arrow", **{option: value})
     cls(dataframe_route="rdd", **{option: value})  # the RDD routes take it

@@ -67,8 +67,12 @@ def test_synthetic_classification_is_seeded_balanced_and_learnable() -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "fragment"),
-    [({"n": 0}, "n must be"), ({"n_features": 2.5}, "n_features must be"), ({"n_classes": 1}, "n_classes must be"),
-     ({"noise": -1.0}, "noise must be")],
+    [
+        ({"n": 0}, "n must be"),
+        ({"n_features": 2.5}, "n_features must be"),
+        ({"n_classes": 1}, "n_classes must be"),
+        ({"noise": -1.0}, "noise must be"),
+    ],
 )
 def test_synthetic_classification_validates(kwargs: dict, fragment: str) -> None:
     args = {"n": 10, "n_features": 3, "n_classes": 2, **kwargs}

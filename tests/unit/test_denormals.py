@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from denormal_case import DENORMAL, denormal_net, watched, zero_feature_data
 
+from denormal_case import DENORMAL, denormal_net, watched, zero_feature_data
+from helpers import fit_in_process
 from torchspark.nn import NetworkBlueprint
 from torchspark.training import ItemSource, WorkerTask
-from helpers import fit_in_process
 
 
 def _fit(flush: bool, workers: int) -> float:
@@ -38,8 +38,15 @@ def test_a_worker_puts_back_the_thread_count_and_flush_mode_it_found() -> None:
     from torchspark.training.worker.loop import run_worker
 
     net = denormal_net()
-    task = WorkerTask("averaging", {"averaging_frequency": 2, "save_updater": True},
-                      NetworkBlueprint.of(net).to_bytes(), epochs=1, prefetch=0, flush_denormal=True, num_threads=1)
+    task = WorkerTask(
+        "averaging",
+        {"averaging_frequency": 2, "save_updater": True},
+        NetworkBlueprint.of(net).to_bytes(),
+        epochs=1,
+        prefetch=0,
+        flush_denormal=True,
+        num_threads=1,
+    )
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(2)

@@ -11,6 +11,7 @@ from functools import partial
 import pytest
 import torch
 
+from helpers import mlp_net
 from torchspark import optim
 from torchspark.data import DataSet
 from torchspark.earlystopping import (
@@ -34,8 +35,6 @@ from torchspark.earlystopping.conditions import best_epoch
 from torchspark.errors import ConfigError
 from torchspark.evaluation import Evaluation
 from torchspark.nn import Network
-from helpers import mlp_net
-
 
 _net = partial(mlp_net, 4, 8, 3, updater=optim.SGD(lr=0.1))
 
@@ -71,36 +70,42 @@ def _stamping_fit(net: Network, train_scores: list[float] | None = None):
 
 
 # ------------------------------------------------------------------ the conditions' decisions
-@pytest.mark.parametrize("condition, epoch, history, minimize, stop", [
-    (MaxEpochs(3), 1, {}, True, False),
-    (MaxEpochs(3), 2, {}, True, True),
-    (NoImprovement(2), 2, {0: 1.0, 1: 0.9, 2: 0.95}, True, False),
-    (NoImprovement(2), 3, {0: 1.0, 1: 0.9, 2: 0.95, 3: 0.91}, True, True),
-    (NoImprovement(2), 3, {0: 1.0, 1: 0.9, 2: 0.95, 3: 0.89}, True, False),
-    (NoImprovement(2, min_improvement=0.05), 3, {0: 1.0, 1: 0.9, 2: 0.95, 3: 0.89}, True, True),
-    (NoImprovement(1), 2, {0: 0.5, 1: 0.7, 2: 0.6}, False, True),
-    (NoImprovement(1), 3, {0: 0.5, 1: 0.7, 2: 0.6}, False, False),  # epoch 3 not evaluated: no decision
-    (NoImprovement(1), 1, {0: math.nan, 1: 0.9}, True, False),  # NaN is never the best
-    (ScoreTarget(0.1), 0, {0: 0.2}, True, False),
-    (ScoreTarget(0.1), 0, {0: 0.05}, True, True),
-    (ScoreTarget(0.9), 0, {0: 0.95}, False, True),
-    (ScoreTarget(0.9), 0, {0: 0.85}, False, False),
-    (ScoreTarget(0.1), 0, {0: math.nan}, True, False),
-])
+@pytest.mark.parametrize(
+    "condition, epoch, history, minimize, stop",
+    [
+        (MaxEpochs(3), 1, {}, True, False),
+        (MaxEpochs(3), 2, {}, True, True),
+        (NoImprovement(2), 2, {0: 1.0, 1: 0.9, 2: 0.95}, True, False),
+        (NoImprovement(2), 3, {0: 1.0, 1: 0.9, 2: 0.95, 3: 0.91}, True, True),
+        (NoImprovement(2), 3, {0: 1.0, 1: 0.9, 2: 0.95, 3: 0.89}, True, False),
+        (NoImprovement(2, min_improvement=0.05), 3, {0: 1.0, 1: 0.9, 2: 0.95, 3: 0.89}, True, True),
+        (NoImprovement(1), 2, {0: 0.5, 1: 0.7, 2: 0.6}, False, True),
+        (NoImprovement(1), 3, {0: 0.5, 1: 0.7, 2: 0.6}, False, False),  # epoch 3 not evaluated: no decision
+        (NoImprovement(1), 1, {0: math.nan, 1: 0.9}, True, False),  # NaN is never the best
+        (ScoreTarget(0.1), 0, {0: 0.2}, True, False),
+        (ScoreTarget(0.1), 0, {0: 0.05}, True, True),
+        (ScoreTarget(0.9), 0, {0: 0.95}, False, True),
+        (ScoreTarget(0.9), 0, {0: 0.85}, False, False),
+        (ScoreTarget(0.1), 0, {0: math.nan}, True, False),
+    ],
+)
 def test_epoch_conditions(condition, epoch, history, minimize, stop) -> None:
     assert condition.terminate(epoch, history, minimize) is stop
 
 
-@pytest.mark.parametrize("condition, score, elapsed, stop", [
-    (MaxTime(10), 1.0, 9.9, False),
-    (MaxTime(10), 1.0, 10.0, True),
-    (MaxScore(5.0), 4.9, 0, False),
-    (MaxScore(5.0), 5.1, 0, True),
-    (MaxScore(5.0), math.nan, 0, True),
-    (InvalidScore(), 1e30, 0, False),
-    (InvalidScore(), math.inf, 0, True),
-    (InvalidScore(), math.nan, 0, True),
-])
+@pytest.mark.parametrize(
+    "condition, score, elapsed, stop",
+    [
+        (MaxTime(10), 1.0, 9.9, False),
+        (MaxTime(10), 1.0, 10.0, True),
+        (MaxScore(5.0), 4.9, 0, False),
+        (MaxScore(5.0), 5.1, 0, True),
+        (MaxScore(5.0), math.nan, 0, True),
+        (InvalidScore(), 1e30, 0, False),
+        (InvalidScore(), math.inf, 0, True),
+        (InvalidScore(), math.nan, 0, True),
+    ],
+)
 def test_iteration_conditions(condition, score, elapsed, stop) -> None:
     assert condition.terminate(score, elapsed) is stop
 
@@ -111,14 +116,17 @@ def test_best_epoch_keeps_the_earlier_of_ties_and_respects_min_improvement() -> 
     assert best_epoch({0: math.nan}, minimize=True) == -1
 
 
-@pytest.mark.parametrize("bad, match", [
-    (lambda: MaxEpochs(0), "max_epochs"),
-    (lambda: NoImprovement(0), "patience"),
-    (lambda: NoImprovement(2, min_improvement=-1), "min_improvement"),
-    (lambda: MaxTime(0), "seconds"),
-    (lambda: ScoreTarget(math.nan), "target"),
-    (lambda: condition_from_dict({"type": "nope"}), "unknown termination condition"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (lambda: MaxEpochs(0), "max_epochs"),
+        (lambda: NoImprovement(0), "patience"),
+        (lambda: NoImprovement(2, min_improvement=-1), "min_improvement"),
+        (lambda: MaxTime(0), "seconds"),
+        (lambda: ScoreTarget(math.nan), "target"),
+        (lambda: condition_from_dict({"type": "nope"}), "unknown termination condition"),
+    ],
+)
 def test_bad_conditions_are_refused(bad, match) -> None:
     with pytest.raises(ConfigError, match=match):
         bad()
@@ -145,8 +153,9 @@ def test_no_improvement_stops_and_keeps_the_best_epochs_weights() -> None:
 
 def test_maximized_metric_and_score_target() -> None:
     net = _net()
-    config = EarlyStoppingConfiguration(Scripted([0.5, 0.7, 0.6, 0.95], minimize=False),
-                                        epoch_conditions=[MaxEpochs(10), ScoreTarget(0.9)])
+    config = EarlyStoppingConfiguration(
+        Scripted([0.5, 0.7, 0.6, 0.95], minimize=False), epoch_conditions=[MaxEpochs(10), ScoreTarget(0.9)]
+    )
     result = run_early_stopping(config, net, _stamping_fit(net))
     assert (result.best_epoch, result.best_score, result.total_epochs) == (3, 0.95, 4)
     assert "ScoreTarget" in result.termination_details
@@ -219,8 +228,9 @@ def test_listener_and_save_last_model() -> None:
 
     net = _net()
     saver = InMemoryModelSaver()
-    config = EarlyStoppingConfiguration(Scripted([0.5, 0.6]), epoch_conditions=[MaxEpochs(2)], model_saver=saver,
-                                        save_last_model=True)
+    config = EarlyStoppingConfiguration(
+        Scripted([0.5, 0.6]), epoch_conditions=[MaxEpochs(2)], model_saver=saver, save_last_model=True
+    )
     run_early_stopping(config, net, _stamping_fit(net), listener=Recorder())
     assert events == ["start", (0, 0.5), (1, 0.6), ("done", 2)]
     assert torch.all(saver.latest().params() == 1.0) and torch.all(saver.best().params() == 0.0)
@@ -256,8 +266,9 @@ def test_local_calculators_agree_with_the_network() -> None:
 def test_directory_saver_switches_atomically_and_reloads(tmp_path) -> None:
     net = _net()
     saver = DirectoryModelSaver(str(tmp_path))
-    config = EarlyStoppingConfiguration(Scripted([0.9, 0.5, 0.7]), epoch_conditions=[MaxEpochs(3)],
-                                        model_saver=saver, save_last_model=True)
+    config = EarlyStoppingConfiguration(
+        Scripted([0.9, 0.5, 0.7]), epoch_conditions=[MaxEpochs(3)], model_saver=saver, save_last_model=True
+    )
     result = run_early_stopping(config, net, _stamping_fit(net))
     pointer = json.loads((tmp_path / "best_model.json").read_text())
     assert pointer["epoch"] == 1 and pointer["score"] == 0.5
@@ -283,13 +294,16 @@ def test_directory_saver_refuses_an_unsaveable_network_up_front(tmp_path) -> Non
 
 
 # ------------------------------------------------------------------ configuration
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(), "at least one termination condition"),
-    (dict(epoch_conditions=[MaxTime(5)]), "not an epoch condition"),
-    (dict(iteration_conditions=[MaxEpochs(5)]), "not an iteration condition"),
-    (dict(epoch_conditions=[MaxEpochs(5)], evaluate_every_n_epochs=0), "evaluate_every_n_epochs"),
-    (dict(epoch_conditions=[MaxEpochs(5)], model_saver="dir"), "model_saver"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(), "at least one termination condition"),
+        (dict(epoch_conditions=[MaxTime(5)]), "not an epoch condition"),
+        (dict(iteration_conditions=[MaxEpochs(5)]), "not an iteration condition"),
+        (dict(epoch_conditions=[MaxEpochs(5)], evaluate_every_n_epochs=0), "evaluate_every_n_epochs"),
+        (dict(epoch_conditions=[MaxEpochs(5)], model_saver="dir"), "model_saver"),
+    ],
+)
 def test_configuration_refusals(kwargs, match) -> None:
     with pytest.raises(ConfigError, match=match):
         EarlyStoppingConfiguration(Scripted([]), **kwargs)

@@ -50,8 +50,9 @@ def test_encode_matches_reference_and_round_trips(force_torch: bool, n: int, sca
 
 @pytest.mark.parametrize("find_chunk", [1000, 1 << 20])  # several search chunks, or one
 @pytest.mark.parametrize("scale", [0.3, 3.0])
-def test_encode_without_update_matches_reference_in_any_chunking(monkeypatch: pytest.MonkeyPatch, find_chunk: int,
-                                                                 scale: float) -> None:
+def test_encode_without_update_matches_reference_in_any_chunking(
+    monkeypatch: pytest.MonkeyPatch, find_chunk: int, scale: float
+) -> None:
     """The training loop's encode (``update=None``: the updater stepped into the residual) searches in its own,
     larger chunks: every chunking gives the reference's message and residual."""
     from torchspark.encoding import _kernels
@@ -199,8 +200,9 @@ def test_stats_from_message() -> None:
     assert isinstance(msg, EncodedUpdate) and msg.density == 0.005
 
 
-def capped_reference(residual: torch.Tensor, update: torch.Tensor, t: float,
-                     k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def capped_reference(
+    residual: torch.Tensor, update: torch.Tensor, t: float, k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference for ``boundary=k``: only the first ``k`` entries (by index) with ``|r| >= t`` take a step."""
     steps, _ = reference(residual, update, t)
     over = torch.nonzero(steps).squeeze(1)[k:]

@@ -34,8 +34,11 @@ DECAY = 0.5 ** (1 / 20)
 
 # --- pure policy rules ----------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("sparsity,factor", [(1e-5, DECAY), (0.0, DECAY), (1e-3, 1.0), (1e-4, 1.0),
-                                             (1e-2, 1.0), (0.05, 1 / DECAY), (1 / 16, 1 / DECAY)])
+
+@pytest.mark.parametrize(
+    "sparsity,factor",
+    [(1e-5, DECAY), (0.0, DECAY), (1e-3, 1.0), (1e-4, 1.0), (1e-2, 1.0), (0.05, 1 / DECAY), (1 / 16, 1 / DECAY)],
+)
 def test_adaptive_rule(sparsity: float, factor: float) -> None:
     policy = AdaptiveThreshold(initial=1e-4)  # DL4J's start
     state = policy.next_threshold(policy.initial_state(), sparsity)
@@ -97,28 +100,33 @@ def test_average_states_skips_workers_that_never_stepped() -> None:
 
 # --- config validation and serialisation ------------------------------------------------------------------------
 
-@pytest.mark.parametrize("make,value", [
-    (lambda: FixedThreshold(0.0), "0.0"),
-    (lambda: FixedThreshold(float("nan")), "nan"),
-    (lambda: AdaptiveThreshold(initial=-1.0), "-1.0"),
-    (lambda: AdaptiveThreshold(decay_rate=1.0), "1.0"),
-    (lambda: AdaptiveThreshold(decay_rate=0.3), "0.3"),
-    (lambda: AdaptiveThreshold(min_target_sparsity=0.1, max_target_sparsity=0.01), "0.1"),
-    (lambda: TargetSparsityThreshold(target=0.1), "0.1"),
-    (lambda: TargetSparsityThreshold(target=0.0), "0.0"),
-    (lambda: AdaptiveThreshold(initial=1e-12), "1e-12"),
-    (lambda: ResidualClipping(threshold_multiple=0.5), "0.5"),
-    (lambda: ResidualClipping(frequency=0), "0"),
-    (lambda: EncoderConfig(shake_frequency=-1), "-1"),
-    (lambda: EncoderConfig(min_entries=0), "0"),
-])
+
+@pytest.mark.parametrize(
+    "make,value",
+    [
+        (lambda: FixedThreshold(0.0), "0.0"),
+        (lambda: FixedThreshold(float("nan")), "nan"),
+        (lambda: AdaptiveThreshold(initial=-1.0), "-1.0"),
+        (lambda: AdaptiveThreshold(decay_rate=1.0), "1.0"),
+        (lambda: AdaptiveThreshold(decay_rate=0.3), "0.3"),
+        (lambda: AdaptiveThreshold(min_target_sparsity=0.1, max_target_sparsity=0.01), "0.1"),
+        (lambda: TargetSparsityThreshold(target=0.1), "0.1"),
+        (lambda: TargetSparsityThreshold(target=0.0), "0.0"),
+        (lambda: AdaptiveThreshold(initial=1e-12), "1e-12"),
+        (lambda: ResidualClipping(threshold_multiple=0.5), "0.5"),
+        (lambda: ResidualClipping(frequency=0), "0"),
+        (lambda: EncoderConfig(shake_frequency=-1), "-1"),
+        (lambda: EncoderConfig(min_entries=0), "0"),
+    ],
+)
 def test_invalid_configs_name_the_value(make: Any, value: str) -> None:
     with pytest.raises(ConfigError, match=value):
         make()
 
 
-@pytest.mark.parametrize("obj", [FixedThreshold(0.25), AdaptiveThreshold(initial=1e-3, decay_rate=0.9),
-                                 TargetSparsityThreshold(target=1e-2)])
+@pytest.mark.parametrize(
+    "obj", [FixedThreshold(0.25), AdaptiveThreshold(initial=1e-3, decay_rate=0.9), TargetSparsityThreshold(target=1e-2)]
+)
 def test_policy_json_round_trip(obj: Any) -> None:
     assert threshold_policy_from_dict(json.loads(json.dumps(obj.to_dict()))) == obj
 
@@ -140,6 +148,7 @@ def test_encoder_config_json_round_trip_and_unknown_types() -> None:
 
 
 # --- residual post-processing and shake-up ----------------------------------------------------------------------
+
 
 def test_clipping_clips_at_the_right_steps_only() -> None:
     clip = ResidualClipping(threshold_multiple=2.0, frequency=5)
@@ -179,10 +188,12 @@ def test_shake_up_flushes_small_residuals() -> None:
 
 # --- the per-step encoder ----------------------------------------------------------------------------------------
 
+
 def test_encode_step_nothing_lost_without_clipping() -> None:
     n = 500
-    config = EncoderConfig(AdaptiveThreshold(initial=0.1, decay_rate=0.9), NoResidualPostProcessing(),
-                           shake_frequency=4)
+    config = EncoderConfig(
+        AdaptiveThreshold(initial=0.1, decay_rate=0.9), NoResidualPostProcessing(), shake_frequency=4
+    )
     state = EncoderState.create(config, n)
     g = torch.Generator().manual_seed(1)
     total, decoded = torch.zeros(n, dtype=torch.float64), torch.zeros(n, dtype=torch.float64)
@@ -235,8 +246,9 @@ def test_encode_step_matches_plain_threshold_encode() -> None:
 
 
 def test_encoder_config_boundary_caps_every_step_and_round_trips() -> None:
-    config = EncoderConfig(threshold_policy=FixedThreshold(1.0), residual_post_processor=NoResidualPostProcessing(),
-                           boundary=3)
+    config = EncoderConfig(
+        threshold_policy=FixedThreshold(1.0), residual_post_processor=NoResidualPostProcessing(), boundary=3
+    )
     assert EncoderConfig.from_dict(config.to_dict()) == config
     state = EncoderState.create(config, 10)
     sent = []

@@ -102,12 +102,14 @@ def _sparse_corruptions() -> list[tuple[bytes, str]]:
     """(bytes, error pattern) of corrupt sparse messages: every check of the sparse payload, and header ones."""
     base = _message("sparse")
     out = []
-    for index, value, pattern in ((0, 104, r"in \[1, 103\] in magnitude, got range \[6, 104\]"),
-                                  (0, 0, r"range \[0, 103\]"),
-                                  (0, -2**31, r"range \[6, 2147483648\]"),  # abs overflows int32: still refused
-                                  (1, 1, "strictly ascending"),  # |1|, |1|: a repeated index
-                                  (2, 3, "strictly ascending"),  # 1, 6, 3
-                                  (1, 200, r"range \[1, 200\]")):  # out of range and out of order: range first
+    for index, value, pattern in (
+        (0, 104, r"in \[1, 103\] in magnitude, got range \[6, 104\]"),
+        (0, 0, r"range \[0, 103\]"),
+        (0, -(2**31), r"range \[6, 2147483648\]"),  # abs overflows int32: still refused
+        (1, 1, "strictly ascending"),  # |1|, |1|: a repeated index
+        (2, 3, "strictly ascending"),  # 1, 6, 3
+        (1, 200, r"range \[1, 200\]"),
+    ):  # out of range and out of order: range first
         data = bytearray(base)
         struct.pack_into("<i", data, 28 + 4 * index, value)
         out.append((bytes(data), pattern))

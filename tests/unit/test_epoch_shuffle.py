@@ -11,13 +11,13 @@ import pytest
 import torch
 from torch import nn
 
+from helpers import indexed_data
 from torchspark import Network, optim
 from torchspark.errors import ConfigError
 from torchspark.parallel import ParallelWrapper
 from torchspark.training.assignment import EpochItems, epoch_seed, per_epoch, plan_balanced, split_examples
 from torchspark.training.driver.runner import InProcessRunner
 from torchspark.training.worker.loop import ItemSource, epoch_order
-from helpers import indexed_data
 
 N, BATCH, WORKERS = 40, 4, 2
 #: minibatch ids seen in training, by worker thread (filled by Recorder.forward)
@@ -55,9 +55,15 @@ def _epochs(seen: dict[str, list[tuple[int, ...]]], epochs: int) -> list[list[li
 def _wrapper_run(epochs: int, seed: int | None, scope: str = "global") -> list[list[list[tuple[int, ...]]]]:
     SEEN.clear()
     net = Network(Recorder(), updater=optim.SGD(lr=0.1), seed=0)
-    ParallelWrapper(net, num_workers=WORKERS, rng_seed=seed, progress=False, runner=InProcessRunner(),
-                    averaging_frequency=2, shuffle_scope=scope if seed is not None else "worker").fit(
-        indexed_data(N), epochs=epochs, batch_size=BATCH)
+    ParallelWrapper(
+        net,
+        num_workers=WORKERS,
+        rng_seed=seed,
+        progress=False,
+        runner=InProcessRunner(),
+        averaging_frequency=2,
+        shuffle_scope=scope if seed is not None else "worker",
+    ).fit(indexed_data(N), epochs=epochs, batch_size=BATCH)
     return _epochs(SEEN, epochs)
 
 
@@ -111,8 +117,15 @@ def test_the_order_is_a_function_of_seed_and_epoch_so_fits_compose(scope: str) -
     together = _wrapper_run(2, seed=9, scope=scope)
     SEEN.clear()
     net = Network(Recorder(), updater=optim.SGD(lr=0.1), seed=0)
-    wrapper = ParallelWrapper(net, num_workers=WORKERS, rng_seed=9, progress=False, runner=InProcessRunner(),
-                              averaging_frequency=2, shuffle_scope=scope)
+    wrapper = ParallelWrapper(
+        net,
+        num_workers=WORKERS,
+        rng_seed=9,
+        progress=False,
+        runner=InProcessRunner(),
+        averaging_frequency=2,
+        shuffle_scope=scope,
+    )
     wrapper.fit(indexed_data(N), epochs=1, batch_size=BATCH)
     wrapper.fit(indexed_data(N), epochs=1, batch_size=BATCH)
     assert _epochs(SEEN, 2) == together

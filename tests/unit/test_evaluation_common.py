@@ -175,7 +175,12 @@ def test_json_errors() -> None:
 
 def test_registry_covers_every_class() -> None:
     assert set(EVALUATION_TYPES) == {
-        "Evaluation", "EvaluationBinary", "RegressionEvaluation", "ROC", "ROCBinary", "ROCMultiClass",
+        "Evaluation",
+        "EvaluationBinary",
+        "RegressionEvaluation",
+        "ROC",
+        "ROCBinary",
+        "ROCMultiClass",
         "EvaluationCalibration",
     }
     for name, cls in EVALUATION_TYPES.items():

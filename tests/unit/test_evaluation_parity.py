@@ -32,8 +32,11 @@ def test_two_classes_report_class_1_by_default_like_sklearn_binary() -> None:
     predicted = probs.argmax(axis=1)
     evaluation = Evaluation()
     evaluation.eval(labels, probs)
-    for name, sk_fn in {"precision": metrics.precision_score, "recall": metrics.recall_score,
-                        "f1": metrics.f1_score}.items():
+    for name, sk_fn in {
+        "precision": metrics.precision_score,
+        "recall": metrics.recall_score,
+        "f1": metrics.f1_score,
+    }.items():
         ours = getattr(evaluation, name)
         binary = sk_fn(labels, predicted)  # scikit-learn's default average="binary", pos_label=1
         macro = sk_fn(labels, predicted, average="macro")
@@ -51,7 +54,8 @@ def test_binary_average_needs_two_classes_and_more_classes_stay_macro() -> None:
     evaluation = Evaluation()
     evaluation.eval(labels, probs)
     assert evaluation.precision() == pytest.approx(
-        metrics.precision_score(labels, probs.argmax(1), average="macro", zero_division=0))
+        metrics.precision_score(labels, probs.argmax(1), average="macro", zero_division=0)
+    )
     assert "macro-averaged" in evaluation.stats()
     with pytest.raises(ConfigError, match="average='binary'.*4 classes"):
         evaluation.f1(average="binary")
@@ -91,15 +95,18 @@ def test_g_measure_is_sqrt_of_sklearn_precision_times_recall() -> None:
     assert evaluation.g_measure() == pytest.approx(per_class.mean())
     support = np.bincount(labels, minlength=4)
     assert evaluation.g_measure(average="weighted") == pytest.approx(np.average(per_class, weights=support))
-    micro = math.sqrt(metrics.precision_score(labels, predicted, average="micro")
-                      * metrics.recall_score(labels, predicted, average="micro"))
+    micro = math.sqrt(
+        metrics.precision_score(labels, predicted, average="micro")
+        * metrics.recall_score(labels, predicted, average="micro")
+    )
     assert evaluation.g_measure(average="micro") == pytest.approx(micro)
     b_labels, b_probs = _binary_problem()
     binary = Evaluation()
     binary.eval(b_labels, b_probs)
     b_pred = b_probs.argmax(1)
     assert binary.g_measure() == pytest.approx(
-        math.sqrt(metrics.precision_score(b_labels, b_pred) * metrics.recall_score(b_labels, b_pred)))
+        math.sqrt(metrics.precision_score(b_labels, b_pred) * metrics.recall_score(b_labels, b_pred))
+    )
 
 
 @pytest.mark.parametrize("threshold", [0.2, 0.3, 0.7])
@@ -128,9 +135,10 @@ def test_cost_array_takes_argmax_of_cost_times_probability() -> None:
     evaluation = Evaluation(cost_array=cost, top_n=2)
     assert evaluation.num_classes == 4
     for start in range(0, len(labels), 100):
-        evaluation.eval(labels[start:start + 100], probs[start:start + 100])
-    np.testing.assert_array_equal(evaluation.confusion_matrix(),
-                                  metrics.confusion_matrix(labels, predicted, labels=range(4)))
+        evaluation.eval(labels[start : start + 100], probs[start : start + 100])
+    np.testing.assert_array_equal(
+        evaluation.confusion_matrix(), metrics.confusion_matrix(labels, predicted, labels=range(4))
+    )
     assert evaluation.f1(average="macro") == pytest.approx(metrics.f1_score(labels, predicted, average="macro"))
     # top-N ranks the plain probabilities (DL4J applies the cost only to the predicted class)
     assert evaluation.top_n_accuracy() == pytest.approx(metrics.top_k_accuracy_score(labels, probs, k=2))
@@ -199,7 +207,7 @@ def test_precision_recall_curve_matches_sklearn(steps: int) -> None:
     labels, scores = _scores()
     roc = ROC(threshold_steps=steps)
     for start in range(0, len(labels), 70):
-        roc.eval(labels[start:start + 70], scores[start:start + 70])
+        roc.eval(labels[start : start + 70], scores[start : start + 70])
     # binned mode evaluates the scores rounded down to the grid k/steps
     seen = scores if steps == 0 else np.floor(scores * steps) / steps
     curve = roc.precision_recall_curve()
@@ -233,8 +241,12 @@ def test_precision_recall_curve_lookups() -> None:
         confusion = curve.confusion_at_threshold(threshold)
         predicted = scores >= confusion.threshold
         tn, fp, fn, tp = metrics.confusion_matrix(labels, predicted).ravel()
-        assert (confusion.true_positives, confusion.false_positives, confusion.true_negatives,
-                confusion.false_negatives) == (tp, fp, tn, fn)
+        assert (
+            confusion.true_positives,
+            confusion.false_positives,
+            confusion.true_negatives,
+            confusion.false_negatives,
+        ) == (tp, fp, tn, fn)
         point = curve.point_at_threshold(threshold)
         assert point.precision == pytest.approx(metrics.precision_score(labels, predicted, zero_division=1))
         assert point.recall == pytest.approx(metrics.recall_score(labels, predicted))
@@ -242,8 +254,7 @@ def test_precision_recall_curve_lookups() -> None:
     distinct = np.unique(scores)
     for target in (0.5, 0.7, 0.9):
         found = curve.point_at_precision(target)
-        reaching = [t for t in distinct
-                    if metrics.precision_score(labels, scores >= t, zero_division=1) >= target]
+        reaching = [t for t in distinct if metrics.precision_score(labels, scores >= t, zero_division=1) >= target]
         assert found.threshold == min(reaching) and found.precision >= target
     for target in (0.2, 0.5, 0.95, 1.0):
         found = curve.point_at_recall(target)

@@ -27,8 +27,9 @@ os._exit(0)  # as a killed driver: nothing removes its export
 
 def _dead_owner() -> dict:
     """The owner record of a driver process that has exited."""
-    out = subprocess.run([sys.executable, "-c", _RECORD_AND_DIE], capture_output=True, text=True, check=True,
-                         timeout=120).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", _RECORD_AND_DIE], capture_output=True, text=True, check=True, timeout=120
+    ).stdout
     return json.loads(out)
 
 

@@ -12,7 +12,7 @@ from torchspark.errors import DataError, WorkerError
 from torchspark.training.driver.failures import last_line, wait_for_root_cause, worker_failure
 
 PEER = "Traceback (most recent call last):\nRuntimeError: [gloo/transport/tcp/pair.cc] Connection closed by peer"
-CAUSE = "Traceback (most recent call last):\n  File \"model.py\", line 3\nValueError: bad input in layer 2\n\n"
+CAUSE = 'Traceback (most recent call last):\n  File "model.py", line 3\nValueError: bad input in layer 2\n\n'
 
 
 def test_last_line_is_the_exception_or_the_default() -> None:

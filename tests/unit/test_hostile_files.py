@@ -29,9 +29,13 @@ def test_a_yaml_anchor_bomb_is_refused_before_it_expands(tmp_path) -> None:
         load_master(str(path))
 
 
-@pytest.mark.parametrize("name, text, line", [("m.yaml", "type: sharing\nnum_workers: 2\nnum_workers: 4\n", "line 3"),
-                                              ("m.json", '{"type": "sharing", "num_workers": 2, "num_workers": 4}',
-                                               "")])
+@pytest.mark.parametrize(
+    "name, text, line",
+    [
+        ("m.yaml", "type: sharing\nnum_workers: 2\nnum_workers: 4\n", "line 3"),
+        ("m.json", '{"type": "sharing", "num_workers": 2, "num_workers": 4}', ""),
+    ],
+)
 def test_a_duplicate_key_is_an_error_naming_the_key(tmp_path, name, text, line) -> None:
     path = tmp_path / name
     path.write_text(text)
@@ -82,9 +86,17 @@ def test_every_summary_field_is_escaped_in_the_html_report() -> None:
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
 
 
-@pytest.mark.parametrize("field, value", [("wall_seconds", "soon"), ("workers", "<script>alert(1)</script>"),
-                                          ("worker_ids", "w0"), ("failures", [1, 2]),
-                                          ("failures", [{"started": "x"}]), ("events", True)])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("wall_seconds", "soon"),
+        ("workers", "<script>alert(1)</script>"),
+        ("worker_ids", "w0"),
+        ("failures", [1, 2]),
+        ("failures", [{"started": "x"}]),
+        ("events", True),
+    ],
+)
 def test_a_damaged_stats_json_is_a_serialization_error_naming_the_field(field, value) -> None:
     doc = json.loads(_stats().to_json())
     doc["summary_fields"][field] = value

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import uniform_batches
 from torchspark import DataSet, Network, models, optim
 from torchspark.errors import ConfigError, SetupError, WaitTimeout, WorkerError
 from torchspark.nn import NetworkBlueprint
@@ -16,7 +17,6 @@ from torchspark.training.assignment import assign_balanced
 from torchspark.training.config.mesh import MeshConfig
 from torchspark.training.worker.devices import backend_for_device, gpu_addresses
 from torchspark.training.worker.prefetch import prefetch
-from helpers import uniform_batches
 
 
 def _task(net: Network, **settings) -> WorkerTask:
@@ -140,8 +140,10 @@ def test_balanced_assignment(total: int, workers: int, seed) -> None:
 def test_root_cause_prefers_the_failing_worker_over_peers_that_lost_it() -> None:
     from torchspark.training.driver.failures import is_peer_failure, root_cause
 
-    peer = ("Traceback (most recent call last):\n  ...\nRuntimeError: [gloo/transport/tcp/pair.cc:537] Read error "
-            "[127.0.0.1]:7915: Connection reset by peer")
+    peer = (
+        "Traceback (most recent call last):\n  ...\nRuntimeError: [gloo/transport/tcp/pair.cc:537] Read error "
+        "[127.0.0.1]:7915: Connection reset by peer"
+    )
     cause = "Traceback (most recent call last):\n  ...\ntorchspark.errors.DataError: NaN at example 5"
     assert is_peer_failure(peer) and not is_peer_failure(cause)
     assert root_cause([(1, peer), (0, cause)]) == (0, cause)
@@ -149,12 +151,15 @@ def test_root_cause_prefers_the_failing_worker_over_peers_that_lost_it() -> None
     assert root_cause([]) is None
 
 
-@pytest.mark.parametrize("symptom", [
-    "torchspark.errors.PeerLost: every peer worker left the shared-memory barrier (exited or failed)",
-    "torchspark.errors.PeerLost: a peer worker left the shared-memory barrier ([Errno 32] Broken pipe); it has failed",
-    "torchspark.errors.WaitTimeout: a peer worker did not reach the shared-memory barrier within "
-    "rendezvous_timeout_s=60; it is stuck or gone",
-])
+@pytest.mark.parametrize(
+    "symptom",
+    [
+        "torchspark.errors.PeerLost: every peer worker left the shared-memory barrier (exited or failed)",
+        "torchspark.errors.PeerLost: a peer worker left the shared-memory barrier ([Errno 32] Broken pipe); it has failed",
+        "torchspark.errors.WaitTimeout: a peer worker did not reach the shared-memory barrier within "
+        "rendezvous_timeout_s=60; it is stuck or gone",
+    ],
+)
 def test_a_peer_leaving_the_shared_memory_barrier_is_a_symptom(symptom: str) -> None:
     from torchspark.training.driver.failures import is_peer_failure, root_cause
 
@@ -195,8 +200,13 @@ def test_ready_minibatches_skip_the_prefetch_thread(monkeypatch) -> None:
     InProcessRunner().run(_task(net), [ItemSource(uniform_batches(4)), ItemSource(uniform_batches(4))])
     assert calls == []
     serialized = [ItemSource(iter([dataset_to_bytes(b) for b in uniform_batches(4)])) for _ in range(2)]
-    task = WorkerTask("averaging", {"averaging_frequency": 2, "save_updater": True},
-                      NetworkBlueprint.of(net).to_bytes(), epochs=2, prefetch=2)
+    task = WorkerTask(
+        "averaging",
+        {"averaging_frequency": 2, "save_updater": True},
+        NetworkBlueprint.of(net).to_bytes(),
+        epochs=2,
+        prefetch=2,
+    )
     InProcessRunner().run(task, serialized)
     assert calls == [2, 2], "first epoch decodes on the prefetch thread; the second replays decoded batches"
 
@@ -207,8 +217,16 @@ def test_every_context_offers_what_run_context_declares() -> None:
     from torchspark.training.hooks import NullRecorder
 
     declared = {n for n in vars(RunContext) if not n.startswith("_")} | set(RunContext.__annotations__)
-    assert {"network", "recorder", "description", "attempt", "progress_address", "reported_errors", "notify",
-            "stalled"} <= declared
+    assert {
+        "network",
+        "recorder",
+        "description",
+        "attempt",
+        "progress_address",
+        "reported_errors",
+        "notify",
+        "stalled",
+    } <= declared
     fit_context = FitContext(Network(models.mlp(4, 8, 3), seed=0), NullRecorder(), "fit")
     for context in (fit_context, NULL_CONTEXT):
         missing = [n for n in declared if not hasattr(type(context), n) and n not in vars(context)]
@@ -225,5 +243,7 @@ def test_a_runner_on_its_own_runs_with_the_null_context() -> None:
     with pytest.raises(ConfigError, match="run it through run_fit"):
         NULL_CONTEXT.network  # noqa: B018 - the rounds route trains the driver's network: it needs run_fit's
     net = Network(models.mlp(64, 8, 10), updater=optim.SGD(lr=0.1), seed=0)
-    results = InProcessRunner(timeout_s=30).run(_task(net), [ItemSource(uniform_batches(3)), ItemSource(uniform_batches(3))])
+    results = InProcessRunner(timeout_s=30).run(
+        _task(net), [ItemSource(uniform_batches(3)), ItemSource(uniform_batches(3))]
+    )
     assert [r.rank for r in results] == [0, 1]

@@ -22,17 +22,21 @@ def _run(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
 
 def test_ruff_finds_nothing() -> None:
     done = _run("ruff", "check", "--no-cache", *CODE, timeout=300)
-    assert done.returncode == 0, (f"ruff check found problems (`ruff check --fix {' '.join(CODE)}` fixes most):\n"
-                                  f"{done.stdout}{done.stderr}")
+    assert done.returncode == 0, (
+        f"ruff check found problems (`ruff check --fix {' '.join(CODE)}` fixes most):\n{done.stdout}{done.stderr}"
+    )
 
 
 def test_the_code_is_formatted() -> None:
     done = _run("ruff", "format", "--check", "--no-cache", *CODE, timeout=300)
-    assert done.returncode == 0, (f"files not in the formatter's style (run `ruff format {' '.join(CODE)}`):\n"
-                                  f"{done.stdout}{done.stderr}")
+    assert done.returncode == 0, (
+        f"files not in the formatter's style (run `ruff format {' '.join(CODE)}`):\n{done.stdout}{done.stderr}"
+    )
 
 
 @pytest.mark.timeout(900)  # a cold mypy run over ~190 modules and torch's stubs takes minutes on a loaded machine
 def test_mypy_is_clean_on_src() -> None:
     done = _run("mypy", timeout=840)
-    assert done.returncode == 0, f"mypy found type errors (run `mypy` in the repository root):\n{done.stdout}{done.stderr}"
+    assert done.returncode == 0, (
+        f"mypy found type errors (run `mypy` in the repository root):\n{done.stdout}{done.stderr}"
+    )

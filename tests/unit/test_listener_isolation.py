@@ -72,8 +72,9 @@ class _Stuck(TrainingListener):
 def test_a_stuck_training_listener_neither_blocks_the_others_nor_the_end_of_the_fit() -> None:
     stuck, rec = _Stuck(), _Recorder()
     net = Network(models.mlp(4, 4, 2), updater=optim.Adam(lr=1e-3), seed=0)
-    events = TrainingEvents([stuck, rec], runner="test", master=SharedTrainingMaster(num_workers=1), network=net,
-                            epochs=1, num_workers=1)
+    events = TrainingEvents(
+        [stuck, rec], runner="test", master=SharedTrainingMaster(num_workers=1), network=net, epochs=1, num_workers=1
+    )
     done = threading.Event()
 
     def fit() -> None:
@@ -118,12 +119,12 @@ def test_mlflow_server_that_stops_answering_does_not_keep_fit_from_returning() -
         listener = MlflowListener(tracking_uri=f"http://127.0.0.1:{silent.getsockname()[1]}", end_timeout_s=1.0)
         data = datasets.synthetic_classification(32, 4, 2, seed=0)
         net = Network(models.mlp(4, 8, 2), updater=optim.Adam(lr=1e-2), seed=0)
-        wrapper = ParallelWrapper(net, num_workers=1, progress=False, runner=InProcessRunner(timeout_s=60),
-                                  training_mode="averaging")
+        wrapper = ParallelWrapper(
+            net, num_workers=1, progress=False, runner=InProcessRunner(timeout_s=60), training_mode="averaging"
+        )
         wrapper.add_training_listener(listener)
         outcome: list[object] = []
-        worker = threading.Thread(target=lambda: outcome.append(wrapper.fit(data, epochs=1, batch_size=8)),
-                                  daemon=True)
+        worker = threading.Thread(target=lambda: outcome.append(wrapper.fit(data, epochs=1, batch_size=8)), daemon=True)
         worker.start()
         worker.join(90)  # MLflow alone would retry for minutes; the listener's end_timeout_s bounds it
         assert not worker.is_alive() and outcome, "fit() did not return while the tracking server was silent"

@@ -9,7 +9,7 @@ import socket
 import subprocess
 import threading
 import time
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch.distributed as dist
@@ -23,8 +23,9 @@ from torchspark.training.worker import env as task_env
 
 WAIT_S = 10.0
 
-FAKE_ERROR = json.dumps({"kind": "error", "rank": 0,
-                         "traceback": "Traceback (most recent call last):\nRuntimeError: planted by a stranger"})
+FAKE_ERROR = json.dumps(
+    {"kind": "error", "rank": 0, "traceback": "Traceback (most recent call last):\nRuntimeError: planted by a stranger"}
+)
 
 
 def _eventually(what: str, pred: Callable[[], bool]) -> None:
@@ -46,6 +47,7 @@ def _other_local_addresses() -> list[str]:
 
 
 # --- the token --------------------------------------------------------------------------------------------------
+
 
 def test_a_connection_without_the_token_is_dropped_and_its_lines_never_read(server: ProgressServer) -> None:
     errors: list[tuple[int, str]] = []
@@ -86,6 +88,7 @@ def test_a_silent_connection_is_dropped_after_the_hello_timeout() -> None:
 
 
 # --- bounded connections and memory -----------------------------------------------------------------------------
+
 
 def test_a_thousand_connections_make_no_threads_and_workers_still_get_through() -> None:
     """Attack (c): 1,000 strangers connect and hold their connections; the server stays on one thread, holds at
@@ -157,6 +160,7 @@ def test_channel_limits_refuse_bad_values() -> None:
 
 # --- bind address -----------------------------------------------------------------------------------------------
 
+
 def test_the_default_server_listens_on_loopback_only(server: ProgressServer) -> None:
     assert server.bound_address[0] == "127.0.0.1"
     for address in _other_local_addresses():
@@ -188,14 +192,17 @@ def test_a_rendezvous_store_listens_on_the_given_address_only() -> None:
 
 # --- signed rendezvous values -----------------------------------------------------------------------------------
 
+
 def test_a_strangers_store_writes_are_ignored_or_detected() -> None:
     token = auth.new_token()
     store = listening_store("127.0.0.1", 0, None, 5.0)
     stranger = dist.TCPStore("127.0.0.1", store.port, None, is_master=False)
     stranger.set("torchspark/store", "10.9.9.9:1")  # the key the relay used before it was derived from the token
     publish(store, token, "worker-0-store", "127.0.0.1:4242")
-    assert fetch(dist.TCPStore("127.0.0.1", store.port, None, is_master=False), token, "worker-0-store") \
+    assert (
+        fetch(dist.TCPStore("127.0.0.1", store.port, None, is_master=False), token, "worker-0-store")
         == "127.0.0.1:4242"
+    )
     # a stranger who overwrites the real key (found by listing keys after it was written) is detected
     real_key = auth.derive_key(token, "worker-0-store")
     stranger.set(real_key, "10.9.9.9:1")
@@ -234,6 +241,7 @@ def test_auth_primitives() -> None:
 
 # --- task environment -------------------------------------------------------------------------------------------
 
+
 def test_task_environment_restores_set_unset_and_user_values(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TS_TEST_A", raising=False)
     monkeypatch.setenv("TS_TEST_B", "user")
@@ -250,14 +258,18 @@ def test_task_environment_restores_set_unset_and_user_values(monkeypatch: pytest
     assert task_env.read("TS_TEST_C") is None and task_env.read("TS_TEST_B") == "user"
 
 
-@pytest.mark.parametrize(("master", "conf", "expected"), [
-    ("local[2]", {"spark.driver.host": "10.1.2.3"}, ("127.0.0.1", "127.0.0.1")),
-    ("local-cluster[2,1,1024]", {}, ("127.0.0.1", "127.0.0.1")),
-    ("spark://m:7077", {"spark.driver.host": "127.0.0.1"}, ("127.0.0.1", "127.0.0.1")),
-    ("yarn", {"spark.driver.host": "10.1.2.3", "spark.driver.bindAddress": "127.0.0.1"}, ("127.0.0.1", "10.1.2.3")),
-])
-def test_driver_listeners_bind_where_workers_reach_the_driver(master: str, conf: dict[str, str],
-                                                              expected: tuple[str, str]) -> None:
+@pytest.mark.parametrize(
+    ("master", "conf", "expected"),
+    [
+        ("local[2]", {"spark.driver.host": "10.1.2.3"}, ("127.0.0.1", "127.0.0.1")),
+        ("local-cluster[2,1,1024]", {}, ("127.0.0.1", "127.0.0.1")),
+        ("spark://m:7077", {"spark.driver.host": "127.0.0.1"}, ("127.0.0.1", "127.0.0.1")),
+        ("yarn", {"spark.driver.host": "10.1.2.3", "spark.driver.bindAddress": "127.0.0.1"}, ("127.0.0.1", "10.1.2.3")),
+    ],
+)
+def test_driver_listeners_bind_where_workers_reach_the_driver(
+    master: str, conf: dict[str, str], expected: tuple[str, str]
+) -> None:
     from torchspark.spark.driver_address import listen_address_for
 
     assert listen_address_for(master, conf.get) == expected

@@ -50,8 +50,15 @@ def _events(master=None, workers=2, epochs=2, listeners=None, start=(0, 0)):
     net.iteration, net.epoch = start
     rec, clock = Recorder(), Clock()
     master = master or SharedTrainingMaster(num_workers=workers)
-    ev = TrainingEvents(listeners if listeners is not None else [rec], runner="test", master=master, network=net,
-                        epochs=epochs, num_workers=workers, clock=clock)
+    ev = TrainingEvents(
+        listeners if listeners is not None else [rec],
+        runner="test",
+        master=master,
+        network=net,
+        epochs=epochs,
+        num_workers=workers,
+        clock=clock,
+    )
     for listener in ev.listeners:
         if isinstance(listener, Recorder):
             listener.source = ev
@@ -59,8 +66,9 @@ def _events(master=None, workers=2, epochs=2, listeners=None, start=(0, 0)):
 
 
 def test_fit_start_carries_master_and_network_settings() -> None:
-    ev, rec, _, net = _events(master=ParameterAveragingTrainingMaster(averaging_frequency=7, num_workers=2),
-                              start=(40, 3))
+    ev, rec, _, net = _events(
+        master=ParameterAveragingTrainingMaster(averaging_frequency=7, num_workers=2), start=(40, 3)
+    )
     ev.start()
     (started,) = rec.of(FitStarted)
     assert started.master["type"] == "averaging" and started.master["averaging_frequency"] == 7
@@ -178,12 +186,20 @@ def test_parallel_wrapper_fit_logs_to_mlflow_and_a_failed_fit_marks_the_run_fail
 
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     uri = (tmp_path / "mlruns").as_uri()
-    listener = MlflowListener(tracking_uri=uri, experiment="pw", run_name="first", tags={"team": "ml"},
-                              log_model=False, log_stats=False)
+    listener = MlflowListener(
+        tracking_uri=uri, experiment="pw", run_name="first", tags={"team": "ml"}, log_model=False, log_stats=False
+    )
     data = datasets.synthetic_classification(96, 4, 2, seed=0)
     net = Network(models.mlp(4, 8, 2), updater=optim.Adam(lr=1e-2), seed=0)
-    wrapper = ParallelWrapper(net, num_workers=2, progress=False, runner=InProcessRunner(timeout_s=60),
-                              training_mode="averaging", averaging_frequency=2, collect_training_stats=True)
+    wrapper = ParallelWrapper(
+        net,
+        num_workers=2,
+        progress=False,
+        runner=InProcessRunner(timeout_s=60),
+        training_mode="averaging",
+        averaging_frequency=2,
+        collect_training_stats=True,
+    )
     wrapper.add_training_listener(listener)
     wrapper.fit(data, epochs=2, batch_size=8)
     client = MlflowClient(tracking_uri=uri)

@@ -9,6 +9,7 @@ import time
 import pytest
 import torch
 
+from helpers import assert_replicas_identical, classification_batches, fit_in_process
 from torchspark import Network, datasets, models, optim
 from torchspark.errors import ConfigError, WaitTimeout
 from torchspark.nn import NetworkBlueprint
@@ -21,7 +22,6 @@ from torchspark.training.algorithms.sharing.settings import SharingSettings
 from torchspark.training.driver.stats import build_training_stats
 from torchspark.training.task import WorkerResult, param_checksum
 from torchspark.training.worker.prefetch import prefetch
-from helpers import assert_replicas_identical, classification_batches, fit_in_process
 
 MASTERS = [ParameterAveragingTrainingMaster, SharedTrainingMaster]
 
@@ -107,8 +107,13 @@ def test_worker_without_prefetch_fails_on_a_stuck_source_naming_data_timeout_s()
             release.wait(60)
             yield batches[1]
 
-    task = WorkerTask("averaging", {"averaging_frequency": 1, "save_updater": True},
-                      NetworkBlueprint.of(net).to_bytes(), prefetch=0, data_timeout_s=1.0)
+    task = WorkerTask(
+        "averaging",
+        {"averaging_frequency": 1, "save_updater": True},
+        NetworkBlueprint.of(net).to_bytes(),
+        prefetch=0,
+        data_timeout_s=1.0,
+    )
     try:
         with pytest.raises(WaitTimeout, match=r"data_timeout_s=1\.0"):
             InProcessRunner(timeout_s=30).run(task, [Stuck()])
@@ -155,10 +160,10 @@ def test_round_robin_deal_with_a_seed_keeps_the_shares_and_shuffles_the_order() 
 def test_every_rank_reports_its_checksum_and_they_match_the_merged_network(mode) -> None:
     net = Network(models.mlp(12, 16, 3), updater=optim.SGD(lr=0.1, momentum=0.9), seed=0)
     before = param_checksum(net)
-    settings = ({"averaging_frequency": 2, "save_updater": True} if mode == "averaging"
-                else SharingSettings().to_dict())
-    results = fit_in_process(net, mode, settings, [classification_batches(5, 1), classification_batches(5, 2)],
-                             timeout_s=60.0)
+    settings = {"averaging_frequency": 2, "save_updater": True} if mode == "averaging" else SharingSettings().to_dict()
+    results = fit_in_process(
+        net, mode, settings, [classification_batches(5, 1), classification_batches(5, 2)], timeout_s=60.0
+    )
     checksums = [r.param_checksum for r in results]
     assert None not in checksums and checksums[0] == checksums[1]
     assert checksums[0] == param_checksum(net) != before  # the driver holds the same, trained replica
@@ -172,8 +177,10 @@ def test_differing_replicas_are_reported_as_such() -> None:
     b = a.copy()
     b.apply_update(torch.full((b.num_params(),), 1e-7))  # one ulp-sized step is enough
     assert param_checksum(a) != param_checksum(b) and param_checksum(a) == param_checksum(a.copy())
-    results = [WorkerResult(rank=r, examples=8, iterations=1, score=0.5, param_checksum=param_checksum(n))
-               for r, n in enumerate([a, b])]
+    results = [
+        WorkerResult(rank=r, examples=8, iterations=1, score=0.5, param_checksum=param_checksum(n))
+        for r, n in enumerate([a, b])
+    ]
     summary = build_training_stats(StatsCollector(DRIVER_ID), results, 1).summary()
     assert summary["replicas_identical"] is False
     assert summary["param_checksums"]["0"] != summary["param_checksums"]["1"]
@@ -181,11 +188,18 @@ def test_differing_replicas_are_reported_as_such() -> None:
     bare = [WorkerResult(rank=0, examples=8, iterations=1, score=0.5)]
     assert "param_checksums" not in build_training_stats(StatsCollector(DRIVER_ID), bare, 1).summary()
     # the tests' assertion sees each of these: differing replicas, a missing checksum, a missing rank
-    same = [WorkerResult(rank=r, examples=8, iterations=1, score=0.5, param_checksum=param_checksum(a))
-            for r in range(2)]
+    same = [
+        WorkerResult(rank=r, examples=8, iterations=1, score=0.5, param_checksum=param_checksum(a)) for r in range(2)
+    ]
     assert assert_replicas_identical(same, 2, net=a) == param_checksum(a)
-    for wrong, workers, net in ((results, 2, None), (summary, 2, None), (bare, 1, None), (same, 3, None),
-                                (same, 2, b), ([a, b], 2, None)):
+    for wrong, workers, net in (
+        (results, 2, None),
+        (summary, 2, None),
+        (bare, 1, None),
+        (same, 3, None),
+        (same, 2, b),
+        ([a, b], 2, None),
+    ):
         with pytest.raises(AssertionError):
             assert_replicas_identical(wrong, workers, net=net)
 
@@ -212,8 +226,9 @@ def test_a_source_that_bounds_its_own_waits_skips_the_loader(monkeypatch) -> Non
         def epoch(self, index: int):
             return iter(batches)
 
-    task = WorkerTask("averaging", {"averaging_frequency": 2, "save_updater": True},
-                      NetworkBlueprint.of(net).to_bytes(), prefetch=0)
+    task = WorkerTask(
+        "averaging", {"averaging_frequency": 2, "save_updater": True}, NetworkBlueprint.of(net).to_bytes(), prefetch=0
+    )
     InProcessRunner().run(task, [Source(True)])
     assert calls == []
     InProcessRunner().run(task, [Source(False)])

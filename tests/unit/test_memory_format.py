@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from helpers import lenet_net
 from torchspark import Network, datasets, optim
 from torchspark.errors import ConfigError
-from helpers import lenet_net
 
 
 def _net(fmt: str) -> Network:
@@ -52,13 +52,17 @@ def test_copy_save_and_load_keep_the_layout_and_values(tmp_path) -> None:
     net.fit(datasets.synthetic_images(32, 1, 12, 12, n_classes=10, seed=2), batch_size=16)
     for other in (net.copy(), Network.load(net.save(str(tmp_path / "m")))):
         assert other.memory_format == "channels_last"
-        assert all(p.is_contiguous(memory_format=torch.channels_last) for p in other.module.parameters() if p.dim() == 4)
+        assert all(
+            p.is_contiguous(memory_format=torch.channels_last) for p in other.module.parameters() if p.dim() == 4
+        )
         torch.testing.assert_close(other.params(), net.params(), atol=0, rtol=0)
         torch.testing.assert_close(other.updater_state(), net.updater_state(), atol=0, rtol=0)
 
 
 def test_bad_memory_format_names_the_value() -> None:
-    with pytest.raises(ConfigError, match=r"memory_format must be one of \['contiguous', 'channels_last'\], got 'nhwc'"):
+    with pytest.raises(
+        ConfigError, match=r"memory_format must be one of \['contiguous', 'channels_last'\], got 'nhwc'"
+    ):
         _net("nhwc")
 
 

@@ -9,12 +9,11 @@ import pytest
 import torch
 from torch import nn
 
+from helpers import uniform_data
 from torchspark import models, optim
 from torchspark.data import DataSet, MultiDataSet
 from torchspark.errors import ConfigError, DataError, SerializationError, TrainingError
 from torchspark.nn import Network, from_factory
-from helpers import uniform_data
-
 
 UPDATERS = [
     optim.SGD(lr=0.1),

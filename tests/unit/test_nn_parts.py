@@ -25,7 +25,7 @@ def _data(n: int = 16) -> DataSet:
 
 def test_the_zoo_is_one_registry_that_the_others_read() -> None:
     assert models.ZOO is ZOO and network_spec.ZOO is ZOO
-    assert trust.ZOO_FACTORIES == tuple(f"torchspark.models:{name}" for name in ZOO)
+    assert tuple(f"torchspark.models:{name}" for name in ZOO) == trust.ZOO_FACTORIES
     assert set(ZOO) <= set(models.__all__)
     for name, factory in ZOO.items():
         assert getattr(models, name) is factory

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch
@@ -67,35 +68,63 @@ def _set(key: str, value: Any) -> Callable[[dict[str, Any]], None]:
 
 # (id, edit of a saved mlp's config.json, error class, fragment of the message)
 MODEL_CASES: list[tuple[str, Callable[[dict[str, Any]], Any], type[Exception], str]] = [
-    ("factory os:system", _set("module", {"factory": "os:system", "kwargs": {"command": "touch /tmp/pwned"}}),
-     SerializationError, "names the module factory 'os:system', which is neither in torchspark's zoo"),
-    ("factory planted module", _set("module", {"factory": f"{EVIL}:run", "kwargs": {}}),
-     SerializationError, "(Network.load(path, factories=[run])), or trust_code=True"),
-    ("factory private torchspark helper", _set("module", {"factory": "torchspark._io:atomic_write_bytes",
-                                                          "kwargs": {}}),
-     SerializationError, "names the module factory 'torchspark._io:atomic_write_bytes'"),
-    ("factory not an import path", _set("module", {"factory": "system", "kwargs": {}}),
-     SerializationError, "which is not an import path"),
-    ("factory kwargs not an object", _set("module", {"factory": "torchspark.models:mlp", "kwargs": ["x"]}),
-     SerializationError, "must be a JSON object, got ['x']"),
-    ("zoo factory bad kwargs", _set("module", {"factory": "torchspark.models:mlp", "kwargs": {"n_in": -1}}),
-     SerializationError, "refused its kwargs"),
-    ("loss planted module", _set("loss", [f"{EVIL}:run"]),
-     SerializationError, f"names the loss function '{EVIL}:run'"),
+    (
+        "factory os:system",
+        _set("module", {"factory": "os:system", "kwargs": {"command": "touch /tmp/pwned"}}),
+        SerializationError,
+        "names the module factory 'os:system', which is neither in torchspark's zoo",
+    ),
+    (
+        "factory planted module",
+        _set("module", {"factory": f"{EVIL}:run", "kwargs": {}}),
+        SerializationError,
+        "(Network.load(path, factories=[run])), or trust_code=True",
+    ),
+    (
+        "factory private torchspark helper",
+        _set("module", {"factory": "torchspark._io:atomic_write_bytes", "kwargs": {}}),
+        SerializationError,
+        "names the module factory 'torchspark._io:atomic_write_bytes'",
+    ),
+    (
+        "factory not an import path",
+        _set("module", {"factory": "system", "kwargs": {}}),
+        SerializationError,
+        "which is not an import path",
+    ),
+    (
+        "factory kwargs not an object",
+        _set("module", {"factory": "torchspark.models:mlp", "kwargs": ["x"]}),
+        SerializationError,
+        "must be a JSON object, got ['x']",
+    ),
+    (
+        "zoo factory bad kwargs",
+        _set("module", {"factory": "torchspark.models:mlp", "kwargs": {"n_in": -1}}),
+        SerializationError,
+        "refused its kwargs",
+    ),
+    ("loss planted module", _set("loss", [f"{EVIL}:run"]), SerializationError, f"names the loss function '{EVIL}:run'"),
     ("loss unknown name", _set("loss", ["softmax_of_doom"]), SerializationError, "unknown loss 'softmax_of_doom'"),
-    ("updater hostile type", _set("updater", {"type": f"{EVIL}:run"}), SerializationError,
-     f"unknown updater '{EVIL}:run'"),
-    ("updater not an object", _set("updater", "os:system"), SerializationError,
-     "an updater spec must be an object"),
-    ("lr schedule hostile type", _set("updater", {"type": "sgd", "lr": {"type": f"{EVIL}:run"}}),
-     SerializationError, f"unknown schedule type '{EVIL}:run'"),
+    (
+        "updater hostile type",
+        _set("updater", {"type": f"{EVIL}:run"}),
+        SerializationError,
+        f"unknown updater '{EVIL}:run'",
+    ),
+    ("updater not an object", _set("updater", "os:system"), SerializationError, "an updater spec must be an object"),
+    (
+        "lr schedule hostile type",
+        _set("updater", {"type": "sgd", "lr": {"type": f"{EVIL}:run"}}),
+        SerializationError,
+        f"unknown schedule type '{EVIL}:run'",
+    ),
     ("missing weight_decay", lambda c: c.pop("weight_decay"), SerializationError, "has no 'weight_decay' entry"),
     ("version not an integer", _set("version", "1; rm -rf"), SerializationError, "expected an integer"),
 ]
 
 
-@pytest.mark.parametrize(("edit", "error", "fragment"), [c[1:] for c in MODEL_CASES],
-                         ids=[c[0] for c in MODEL_CASES])
+@pytest.mark.parametrize(("edit", "error", "fragment"), [c[1:] for c in MODEL_CASES], ids=[c[0] for c in MODEL_CASES])
 def test_hostile_model_config_runs_nothing(tmp_path: Path, evil: Path, edit, error, fragment: str) -> None:
     path = _saved_model(tmp_path)
     _edit_config(path, edit)
@@ -140,12 +169,15 @@ def test_factories_the_caller_passes_are_allowed(tmp_path: Path) -> None:
         Network.load(path, factories=["tests.unit:build_small"])
 
 
-@pytest.mark.parametrize(("raw", "fragment"), [
-    (b"\x80\x81 binary garbage", "is not valid JSON (UnicodeDecodeError"),
-    (b"\xff\xfe\x00garbage", "is not valid JSON (JSONDecodeError"),
-    (b"{not json", "is not valid JSON (JSONDecodeError"),
-    (b"[1, 2]", "does not hold a torchspark network"),
-])
+@pytest.mark.parametrize(
+    ("raw", "fragment"),
+    [
+        (b"\x80\x81 binary garbage", "is not valid JSON (UnicodeDecodeError"),
+        (b"\xff\xfe\x00garbage", "is not valid JSON (JSONDecodeError"),
+        (b"{not json", "is not valid JSON (JSONDecodeError"),
+        (b"[1, 2]", "does not hold a torchspark network"),
+    ],
+)
 def test_config_json_that_is_not_json_is_a_serialization_error(tmp_path: Path, raw: bytes, fragment: str) -> None:
     path = _saved_model(tmp_path)
     (path / "config.json").write_bytes(raw)
@@ -166,14 +198,26 @@ MASTER_CASES: list[tuple[str, str, str]] = [
     ("type planted module", json.dumps({"type": f"{EVIL}:run"}), f"unknown training master type '{EVIL}:run'"),
     ("type not a string", json.dumps({"type": ["averaging"]}), "unknown training master type"),
     ("not an object", json.dumps(["averaging"]), "must be an object with a 'type' field, got list"),
-    ("unknown option", json.dumps({**ParameterAveragingTrainingMaster().to_dict(), "__class__": "os:system"}),
-     "unknown option(s) ['__class__']"),
-    ("threshold policy hostile type", _master_json(threshold_algorithm={"type": f"{EVIL}:run"}),
-     f"unknown threshold policy type '{EVIL}:run'"),
-    ("threshold policy type not a string", _master_json(threshold_algorithm={"type": ["adaptive"]}),
-     "unknown threshold policy type ['adaptive']"),
-    ("residual processor hostile type", _master_json(residual_post_processor={"type": f"{EVIL}:run"}),
-     f"unknown residual post-processor type '{EVIL}:run'"),
+    (
+        "unknown option",
+        json.dumps({**ParameterAveragingTrainingMaster().to_dict(), "__class__": "os:system"}),
+        "unknown option(s) ['__class__']",
+    ),
+    (
+        "threshold policy hostile type",
+        _master_json(threshold_algorithm={"type": f"{EVIL}:run"}),
+        f"unknown threshold policy type '{EVIL}:run'",
+    ),
+    (
+        "threshold policy type not a string",
+        _master_json(threshold_algorithm={"type": ["adaptive"]}),
+        "unknown threshold policy type ['adaptive']",
+    ),
+    (
+        "residual processor hostile type",
+        _master_json(residual_post_processor={"type": f"{EVIL}:run"}),
+        f"unknown residual post-processor type '{EVIL}:run'",
+    ),
 ]
 
 
@@ -201,8 +245,7 @@ EVALUATION_CASES: list[tuple[str, str, str]] = [
 ]
 
 
-@pytest.mark.parametrize(("text", "fragment"), [c[1:] for c in EVALUATION_CASES],
-                         ids=[c[0] for c in EVALUATION_CASES])
+@pytest.mark.parametrize(("text", "fragment"), [c[1:] for c in EVALUATION_CASES], ids=[c[0] for c in EVALUATION_CASES])
 def test_hostile_evaluation_json_runs_nothing(evil: Path, text: str, fragment: str) -> None:
     with pytest.raises(SerializationError) as info:
         evaluation_from_json(text)
@@ -217,8 +260,11 @@ def test_hostile_batch_file_kind_runs_nothing(tmp_path: Path, evil: Path) -> Non
     from torchspark.data.batchfiles import BATCH_FORMAT, BATCH_FORMAT_VERSION
 
     path = tmp_path / "b.safetensors"
-    save_file({"features": torch.zeros(2, 2)}, str(path), metadata={
-        "format": BATCH_FORMAT, "version": BATCH_FORMAT_VERSION, "kind": f"{EVIL}:run"})
+    save_file(
+        {"features": torch.zeros(2, 2)},
+        str(path),
+        metadata={"format": BATCH_FORMAT, "version": BATCH_FORMAT_VERSION, "kind": f"{EVIL}:run"},
+    )
     with pytest.raises(DataError, match=f"unknown kind '{EVIL}:run'"):
         load_batch(str(path))
     assert not _ran(evil)

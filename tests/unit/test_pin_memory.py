@@ -6,26 +6,33 @@ from __future__ import annotations
 import pytest
 import torch
 
+from helpers import classification_batches, fit_in_process, mlp_net
 from torchspark import DataSet, ParameterAveragingTrainingMaster, SharedTrainingMaster, master_from_json
 from torchspark.errors import ConfigError
 from torchspark.nn import NetworkBlueprint
 from torchspark.parallel import ParallelWrapper
-from torchspark.training.hooks import NullRecorder
 from torchspark.training import WorkerTask
 from torchspark.training.comm import SoloCommunicator
 from torchspark.training.driver.fit import build_task
+from torchspark.training.hooks import NullRecorder
 from torchspark.training.worker.devices import pins_memory
 from torchspark.training.worker.loop import ItemSource, batch_loader, load_item, run_worker
-from helpers import classification_batches, fit_in_process, mlp_net
 
 CUDA = torch.cuda.is_available()
 
 
-@pytest.mark.parametrize(("option", "device", "pins"), [
-    (None, "cuda", True), (None, "cuda:1", True), (True, "cuda:0", True),
-    (False, "cuda:0", False),  # turned off
-    (None, "cpu", False), (True, "cpu", False), (False, "cpu", False),  # pinning needs CUDA: never on CPU
-])
+@pytest.mark.parametrize(
+    ("option", "device", "pins"),
+    [
+        (None, "cuda", True),
+        (None, "cuda:1", True),
+        (True, "cuda:0", True),
+        (False, "cuda:0", False),  # turned off
+        (None, "cpu", False),
+        (True, "cpu", False),
+        (False, "cpu", False),  # pinning needs CUDA: never on CPU
+    ],
+)
 def test_pins_memory_only_for_cuda_workers_unless_turned_off(option: bool | None, device: str, pins: bool) -> None:
     assert pins_memory(option, device) is pins
 
@@ -53,8 +60,11 @@ def test_a_cuda_worker_pins_every_loaded_minibatch(option: bool | None) -> None:
 
 
 def test_pin_memory_is_validated_and_round_trips_through_json() -> None:
-    with pytest.raises(ConfigError, match=r"pin_memory must be True or False or None \(pin on CUDA workers\), "
-                                          r"got 'yes'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"pin_memory must be True or False or None \(pin on CUDA workers\), "
+        r"got 'yes'",
+    ):
         SharedTrainingMaster(pin_memory="yes")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="pin_memory must be True or False"):
         ParallelWrapper(mlp_net(4, 4, 2), num_workers=1, pin_memory=1, progress=False)
@@ -79,8 +89,14 @@ def test_cpu_workers_train_the_same_whatever_pin_memory_says(prefetch: int) -> N
     nets = []
     for option in (None, True, False):
         net = mlp_net(6, 8, 3)
-        fit_in_process(net, "averaging", {"averaging_frequency": 2, "save_updater": True}, shards, prefetch=prefetch,
-                       pin_memory=option)
+        fit_in_process(
+            net,
+            "averaging",
+            {"averaging_frequency": 2, "save_updater": True},
+            shards,
+            prefetch=prefetch,
+            pin_memory=option,
+        )
         nets.append(net.params())
     assert torch.equal(nets[0], nets[1]) and torch.equal(nets[0], nets[2])
 
@@ -103,8 +119,13 @@ def test_a_cuda_worker_loads_through_pinned_memory_unless_told_not_to(prefetch: 
     handed: dict[bool | None, int] = {}
     params = {}
     for option in (False, None):
-        task = WorkerTask("averaging", {"averaging_frequency": 2, "save_updater": True},
-                          NetworkBlueprint.of(net).to_bytes(), prefetch=prefetch, pin_memory=option)
+        task = WorkerTask(
+            "averaging",
+            {"averaging_frequency": 2, "save_updater": True},
+            NetworkBlueprint.of(net).to_bytes(),
+            prefetch=prefetch,
+            pin_memory=option,
+        )
         before = _pinned_handouts()
         result = run_worker(task, ItemSource(batches), SoloCommunicator(), device="cuda:0")
         torch.cuda.synchronize()

@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+from helpers import classification_batches, mlp_net
 from torchspark import DataSet, Network, datasets, models, optim
 from torchspark.encoding import (
     EncoderConfig,
@@ -22,7 +23,6 @@ from torchspark.errors import ConfigError, SerializationError
 from torchspark.nn import NetworkBlueprint
 from torchspark.nn.network_spec import NetworkSpec
 from torchspark.nn.precision import SCALER_KEYS
-from helpers import classification_batches, mlp_net
 
 HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -123,13 +123,13 @@ def test_bf16_digits_accuracy_is_within_half_a_point_of_fp32() -> None:
 def test_fp16_skips_a_step_whose_gradients_overflow_without_error_and_counts_the_minibatch() -> None:
     net = mlp_net(12, 16, 3, updater=optim.Adam(lr=1e-2), precision="fp16")
     batch = classification_batches(1, seed=2, size=16)[0]
-    _set_scaler(net, 2.0 ** 40)  # the scaled gradients overflow fp16's 65504
+    _set_scaler(net, 2.0**40)  # the scaled gradients overflow fp16's 65504
     params, state = net.params(), net.updater_state()
     loss = net.train_step(batch)
     assert torch.isfinite(torch.tensor(loss)) and net.last_score == loss
     assert torch.equal(net.params(), params) and torch.equal(net.updater_state(), state)  # no step taken
     assert net.iteration == 1 and net.amp.skipped_steps == 1
-    assert _scaler(net) == (2.0 ** 39, 0)  # halved
+    assert _scaler(net) == (2.0**39, 0)  # halved
     _set_scaler(net, 1024.0)
     net.train_step(batch)
     assert not torch.equal(net.params(), params) and net.amp.skipped_steps == 1 and _scaler(net) == (1024.0, 1)
@@ -137,8 +137,10 @@ def test_fp16_skips_a_step_whose_gradients_overflow_without_error_and_counts_the
 
 def test_fp16_unscales_before_gradient_clip_and_l1() -> None:
     batch = classification_batches(1, seed=3, size=32)[0]
-    nets = {p: mlp_net(12, 16, 3, updater=optim.SGD(lr=1.0), precision=p, gradient_clip=0.01, l1=1e-3)
-            for p in ("fp32", "fp16")}
+    nets = {
+        p: mlp_net(12, 16, 3, updater=optim.SGD(lr=1.0), precision=p, gradient_clip=0.01, l1=1e-3)
+        for p in ("fp32", "fp16")
+    }
     _set_scaler(nets["fp16"], 1024.0)
     start = nets["fp32"].params()
     for net in nets.values():
@@ -211,7 +213,23 @@ def test_the_precision_flag_and_config_key_reach_the_trained_network(tmp_path, c
     assert main(["train", "--config", str(config), "--print-config", "json"]) == 0
     assert json.loads(capsys.readouterr().out)["precision"] == "fp16"
     out = tmp_path / "bf16"
-    assert main(["train", "--parallel", "--training-mode", "averaging", "--epochs", "1", "--no-progress",
-                 "--precision", "bf16", "--output", str(out)]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--parallel",
+                "--training-mode",
+                "averaging",
+                "--epochs",
+                "1",
+                "--no-progress",
+                "--precision",
+                "bf16",
+                "--output",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert Network.load(str(out / "model")).precision == "bf16"
     assert json.loads((out / "metrics.json").read_text())["precision"] == "bf16"

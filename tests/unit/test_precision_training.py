@@ -8,19 +8,19 @@ from functools import partial
 
 import pytest
 import torch
+
+from helpers import assert_replicas_identical, classification_batches, fit_in_process, mlp_net, onehot_rule_data
 from interrupting import InterruptingMLP
 from reference_loops import averaging_reference, sharing_reference
-
 from torchspark import Network, optim
 from torchspark.encoding import AdaptiveThreshold, EncoderConfig
 from torchspark.errors import WorkerError
+from torchspark.nn.precision import SCALER_KEYS
 from torchspark.parallel import ParallelWrapper
 from torchspark.training import InProcessRunner
 from torchspark.training.algorithms.sharing.fused import can_step_into
 from torchspark.training.algorithms.sharing.settings import SharingSettings
 from torchspark.training.checkpoint import newest_checkpoint, store
-from torchspark.nn.precision import SCALER_KEYS
-from helpers import assert_replicas_identical, classification_batches, fit_in_process, mlp_net, onehot_rule_data
 
 ENCODER = EncoderConfig(threshold_policy=AdaptiveThreshold(initial=1e-3), shake_frequency=4)
 SHARDS = [classification_batches(6, seed=1), classification_batches(6, seed=2)]
@@ -58,27 +58,33 @@ def _scaler(net: Network) -> tuple[float, int]:
 
 
 def _fp16(after: int | None = None) -> Network:
-    net = Network(InterruptingMLP(12, 16, 3, after=after, same_process=True), updater=optim.Adam(lr=0.01), seed=0,
-                  precision="fp16")
+    net = Network(
+        InterruptingMLP(12, 16, 3, after=after, same_process=True),
+        updater=optim.Adam(lr=0.01),
+        seed=0,
+        precision="fp16",
+    )
     # a start scale too large for fp16's gradients: the first steps of every worker are skipped and back it off
-    net.amp.load_state_tensors({SCALER_KEYS[0]: torch.tensor([2.0 ** 24]), SCALER_KEYS[1]: torch.tensor([0])})
+    net.amp.load_state_tensors({SCALER_KEYS[0]: torch.tensor([2.0**24]), SCALER_KEYS[1]: torch.tensor([0])})
     return net
 
 
 def _wrapper(net: Network, mode: str, **options) -> ParallelWrapper:
     extra = {"averaging_frequency": 3} if mode == "averaging" else {}
-    return ParallelWrapper(net, num_workers=2, training_mode=mode, progress=False,
-                           runner=InProcessRunner(timeout_s=60), **extra, **options)
+    return ParallelWrapper(
+        net, num_workers=2, training_mode=mode, progress=False, runner=InProcessRunner(timeout_s=60), **extra, **options
+    )
 
 
 @pytest.mark.parametrize("mode", ["averaging", "sharing"])
-def test_fp16_scaler_state_is_checkpointed_and_a_resumed_fit_ends_where_an_uninterrupted_one_does(tmp_path,
-                                                                                                 mode) -> None:
+def test_fp16_scaler_state_is_checkpointed_and_a_resumed_fit_ends_where_an_uninterrupted_one_does(
+    tmp_path, mode
+) -> None:
     data, epochs = onehot_rule_data(192, seed=3), 3
     reference = _fp16()
     _wrapper(reference, mode).fit(data, epochs=epochs, batch_size=16)
     scale, tracker = _scaler(reference)
-    assert scale < 2.0 ** 24 and tracker > 0, "steps were skipped, then taken"
+    assert scale < 2.0**24 and tracker > 0, "steps were skipped, then taken"
 
     options = dict(checkpoint_directory=str(tmp_path), checkpoint_every=2)
     with pytest.raises(WorkerError, match="worker stopped after 16 minibatches"):
@@ -100,7 +106,7 @@ def test_a_skipped_fp16_step_leaves_the_sharing_residual_alone_and_a_taken_one_f
     net = mlp_net(12, 16, 3, updater=optim.SGD(lr=0.1), precision="fp16")
     batch = classification_batches(1, seed=5, size=16)[0]
     residual = torch.zeros(net.num_params())
-    net.amp.load_state_tensors({SCALER_KEYS[0]: torch.tensor([2.0 ** 40]), SCALER_KEYS[1]: torch.tensor([0])})
+    net.amp.load_state_tensors({SCALER_KEYS[0]: torch.tensor([2.0**40]), SCALER_KEYS[1]: torch.tensor([0])})
     params = net.params()
     train_step_into(net, residual, batch)
     assert not residual.any() and torch.equal(net.params(), params) and net.amp.skipped_steps == 1

@@ -55,8 +55,9 @@ def _record(base: Path, **owner: object) -> str:
 
 def test_only_directories_of_dead_owners_on_this_host_are_removed(tmp_path: Path) -> None:
     live = make_private_dir(str(tmp_path))
-    dead = subprocess.run([sys.executable, "-c", _MAKE_AND_DIE, str(tmp_path)], capture_output=True, text=True,
-                          timeout=120, check=True).stdout.strip()
+    dead = subprocess.run(
+        [sys.executable, "-c", _MAKE_AND_DIE, str(tmp_path)], capture_output=True, text=True, timeout=120, check=True
+    ).stdout.strip()
     assert os.path.isdir(dead) and os.path.isdir(live)  # the second process left the live owner's directory alone
     me = _owner(live)
     reused = _record(tmp_path, **{**me, "start": "1"})  # our pid, another start time: the pid was reused
@@ -69,7 +70,8 @@ def test_only_directories_of_dead_owners_on_this_host_are_removed(tmp_path: Path
     (tmp_path / f"{PREFIX}link").symlink_to(target)  # a planted symlink is never followed or removed
     assert sorted(remove_stale(str(tmp_path))) == sorted([dead, reused])
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        [os.path.basename(live), os.path.basename(elsewhere), unmarked.name, "victim", f"{PREFIX}link"])
+        [os.path.basename(live), os.path.basename(elsewhere), unmarked.name, "victim", f"{PREFIX}link"]
+    )
     assert (target / "keep").exists()
 
 
@@ -100,7 +102,8 @@ def test_legacy_exports_untouched_for_a_week_are_removed_and_nothing_else(tmp_pa
     (folder / "222222222222-rdd2").symlink_to(victim)  # a planted symlink: neither followed nor removed
     assert remove_legacy_exports(str(tmp_path)) == [str(old)]
     assert sorted(p.name for p in folder.iterdir()) == sorted(
-        [recent.name, touched.name, other_name.name, "222222222222-rdd2"])
+        [recent.name, touched.name, other_name.name, "222222222222-rdd2"]
+    )
     assert (victim / "part" / "x.safetensors").exists()
     # the age is a parameter: with 5 days the 6-day-old export goes too; the folder stays while anything is left
     assert remove_legacy_exports(str(tmp_path), max_age_s=5 * _DAY) == [str(recent)]

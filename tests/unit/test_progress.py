@@ -7,7 +7,7 @@ import json
 import socket
 import threading
 import time
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -64,11 +64,13 @@ class _Collector:
 
     def wait_until(self, pred: Callable[[list[ProgressUpdate]], bool]) -> None:
         with self.changed:
-            assert self.changed.wait_for(lambda: pred(self.updates), timeout=WAIT_S), \
+            assert self.changed.wait_for(lambda: pred(self.updates), timeout=WAIT_S), (
                 f"listener saw only {self.updates}"
+            )
 
 
 # --- progress messages ------------------------------------------------------------------------------------------
+
 
 def test_two_workers_stream_progress_in_order_while_still_training(server: ProgressServer) -> None:
     listener = _Collector()
@@ -119,8 +121,9 @@ def test_total_examples_sums_cumulative_counts_over_epochs_and_ignores_stale_rep
     assert server.latest()[0].epoch == 1
 
 
-def test_listener_exception_is_logged_and_other_listeners_still_run(server: ProgressServer,
-                                                                    caplog: pytest.LogCaptureFixture) -> None:
+def test_listener_exception_is_logged_and_other_listeners_still_run(
+    server: ProgressServer, caplog: pytest.LogCaptureFixture
+) -> None:
     def broken(update: ProgressUpdate) -> None:
         raise RuntimeError("display crashed")
 
@@ -136,16 +139,28 @@ def test_listener_exception_is_logged_and_other_listeners_still_run(server: Prog
 
 # --- malformed input --------------------------------------------------------------------------------------------
 
+
 def test_malformed_lines_are_ignored_and_the_server_keeps_serving(server: ProgressServer) -> None:
     listener = _Collector()
     server.add_listener(listener)
-    bad_lines = [b"not json\n", b"[1, 2]\n", b'{"kind": "progress", "rank": "zero"}\n', b'{"kind": "nope"}\n',
-                 b"\xff\xfe\n", b'{"kind": "error", "rank": 1, "traceback": 7}\n', b'{"no_kind": 1}\n']
+    bad_lines = [
+        b"not json\n",
+        b"[1, 2]\n",
+        b'{"kind": "progress", "rank": "zero"}\n',
+        b'{"kind": "nope"}\n',
+        b"\xff\xfe\n",
+        b'{"kind": "error", "rank": 1, "traceback": 7}\n',
+        b'{"no_kind": 1}\n',
+    ]
     with _raw_connection(server) as sock:
         sock.sendall(b"".join(bad_lines))
         # the same connection still works after the garbage
-        sock.sendall(json.dumps({"kind": "progress", "rank": 5, "epoch": 0, "iteration": 1, "examples": 2,
-                                 "score": None}).encode() + b"\n")
+        sock.sendall(
+            json.dumps(
+                {"kind": "progress", "rank": 5, "epoch": 0, "iteration": 1, "examples": 2, "score": None}
+            ).encode()
+            + b"\n"
+        )
         listener.wait_until(lambda ups: len(ups) == 1)
     assert server.malformed_count() == len(bad_lines)
     assert listener.updates[0].rank == 5 and listener.updates[0].score != listener.updates[0].score  # None -> NaN
@@ -161,13 +176,18 @@ def test_over_long_line_is_dropped_without_losing_the_next_line(server: Progress
     server.add_listener(listener)
     with _raw_connection(server) as sock:
         sock.sendall(b"x" * (3 << 20) + b"\n")
-        sock.sendall(json.dumps({"kind": "progress", "rank": 0, "epoch": 0, "iteration": 1, "examples": 1,
-                                 "score": 1.0}).encode() + b"\n")
+        sock.sendall(
+            json.dumps(
+                {"kind": "progress", "rank": 0, "epoch": 0, "iteration": 1, "examples": 1, "score": 1.0}
+            ).encode()
+            + b"\n"
+        )
         listener.wait_until(lambda ups: len(ups) == 1)
     assert listener.updates[0] == ProgressUpdate(0, 0, 1, 1, 1.0)
 
 
 # --- errors -----------------------------------------------------------------------------------------------------
+
 
 def test_worker_traceback_reaches_the_driver(server: ProgressServer) -> None:
     got = threading.Event()
@@ -183,7 +203,7 @@ def test_worker_traceback_reaches_the_driver(server: ProgressServer) -> None:
             with client.reporting_errors():
                 1 / 0  # noqa: B018 - the worker's failure
         _wait_for("error listener", got)
-    (rank, tb), = server.errors()
+    ((rank, tb),) = server.errors()
     assert rank == 2 and "ZeroDivisionError" in tb and "Traceback" in tb
     assert received == server.errors()
 
@@ -199,6 +219,7 @@ def test_send_error_sends_a_plain_traceback_text(server: ProgressServer) -> None
 
 # --- clock offset -----------------------------------------------------------------------------------------------
 
+
 def test_clock_offset_is_estimated_against_a_skewed_driver_clock() -> None:
     with ProgressServer(host="127.0.0.1", clock=lambda: time.time() + 123.4) as server:
         with _client(server, rank=0, timeout_s=WAIT_S) as client:
@@ -207,14 +228,18 @@ def test_clock_offset_is_estimated_against_a_skewed_driver_clock() -> None:
     assert abs(offset - 123.4) < 0.05
 
 
-@pytest.mark.parametrize(("samples", "expected"), [
-    ([(0.0, 10.5, 1.0)], 10.0),
-    # the quiet probe (round trip 0.2) wins over the slow one whose reply was stamped late
-    ([(0.0, 12.0, 2.0), (5.0, 15.1, 5.2), (6.0, 16.0, 6.4)], 10.0),
-    ([(100.0, 40.0, 100.0)], -60.0),  # the driver's clock may be behind
-])
-def test_estimate_clock_offset_uses_the_smallest_round_trip(samples: list[tuple[float, float, float]],
-                                                            expected: float) -> None:
+@pytest.mark.parametrize(
+    ("samples", "expected"),
+    [
+        ([(0.0, 10.5, 1.0)], 10.0),
+        # the quiet probe (round trip 0.2) wins over the slow one whose reply was stamped late
+        ([(0.0, 12.0, 2.0), (5.0, 15.1, 5.2), (6.0, 16.0, 6.4)], 10.0),
+        ([(100.0, 40.0, 100.0)], -60.0),  # the driver's clock may be behind
+    ],
+)
+def test_estimate_clock_offset_uses_the_smallest_round_trip(
+    samples: list[tuple[float, float, float]], expected: float
+) -> None:
     assert estimate_clock_offset(samples) == pytest.approx(expected)
 
 
@@ -224,6 +249,7 @@ def test_estimate_clock_offset_refuses_no_samples() -> None:
 
 
 # --- unreachable driver, shutdown -------------------------------------------------------------------------------
+
 
 def _closed_port() -> int:
     """A port nobody listens on: bound then released (connections to it are refused at once)."""
@@ -310,8 +336,9 @@ def test_score_reports_are_never_dropped_and_a_draining_close_reads_them_all() -
     client = _client(server, rank=0, timeout_s=WAIT_S, queue_size=2).connect()
     client.send(ProgressUpdate(0, 0, 0, 0, 0.0))
     listener.wait_until(lambda ups: len(ups) == 1)  # the server has accepted this connection: drain waits for it
-    reports = [ScoreReport(epoch=e, round=r, examples=32, score=1.0 / (1 + 3 * e + r)) for e in range(2)
-               for r in (1, 2, 3)] + [ScoreReport(epoch=2, round=None, examples=60, score=0.25)]
+    reports = [
+        ScoreReport(epoch=e, round=r, examples=32, score=1.0 / (1 + 3 * e + r)) for e in range(2) for r in (1, 2, 3)
+    ] + [ScoreReport(epoch=2, round=None, examples=60, score=0.25)]
     with client._write_lock:
         for i, report in enumerate(reports):
             client.send(ProgressUpdate(0, 0, i + 1, i + 1, 0.0))
@@ -328,8 +355,10 @@ def test_malformed_score_message_is_counted_not_delivered(server: ProgressServer
     arrived = threading.Event()
     server.add_score_listener(lambda report: (got.append(report), arrived.set()))
     with _raw_connection(server) as sock:
-        sock.sendall(b'{"kind": "score", "epoch": "one", "round": 1, "examples": 8, "score": 0.5}\n'
-                     b'{"kind": "score", "epoch": 0, "round": null, "examples": 8, "score": 0.5}\n')
+        sock.sendall(
+            b'{"kind": "score", "epoch": "one", "round": 1, "examples": 8, "score": 0.5}\n'
+            b'{"kind": "score", "epoch": 0, "round": null, "examples": 8, "score": 0.5}\n'
+        )
         _wait_for("score report", arrived)
     assert got == [ScoreReport(epoch=0, round=None, examples=8, score=0.5)]
     assert server.malformed_count() == 1
@@ -350,6 +379,7 @@ def test_start_errors_and_bad_settings_name_the_fix() -> None:
 
 
 # --- progress bar -----------------------------------------------------------------------------------------------
+
 
 def test_bar_off_when_not_a_tty_renders_nothing_but_counts() -> None:
     out = io.StringIO()  # not a TTY

@@ -52,8 +52,10 @@ def test_control_characters_of_a_workers_error_are_escaped() -> None:
     with ProgressServer() as server:
         with socket.create_connection(server.address, timeout=WAIT_S) as sock:
             sock.settimeout(WAIT_S)
-            sock.sendall(auth.hello(server.token, _challenge(sock))
-                         + _error_line("Traceback\n\x1b[2J\x1b[31mfake\rValueError: x\x07\ttab\n"))
+            sock.sendall(
+                auth.hello(server.token, _challenge(sock))
+                + _error_line("Traceback\n\x1b[2J\x1b[31mfake\rValueError: x\x07\ttab\n")
+            )
             assert _until(lambda: len(server.errors()) == 1)
-        (_, kept), = server.errors()
+        ((_, kept),) = server.errors()
         assert kept == "Traceback\n\\x1b[2J\\x1b[31mfake\\x0dValueError: x\\x07\ttab\n"

@@ -32,9 +32,13 @@ def test_chunk_names_sort_in_write_order_and_temporaries_are_not_chunks() -> Non
 
 def test_what_two_writers_write_reaches_the_listeners_in_order(tmp_path) -> None:
     got, scores, errors = [], [], []
-    reader = DirectoryProgressReader(str(tmp_path / "p"), poll_s=60.0, listeners=[got.append],
-                                     score_listeners=[scores.append],
-                                     error_listeners=[lambda r, tb: errors.append((r, tb))]).start()
+    reader = DirectoryProgressReader(
+        str(tmp_path / "p"),
+        poll_s=60.0,
+        listeners=[got.append],
+        score_listeners=[scores.append],
+        error_listeners=[lambda r, tb: errors.append((r, tb))],
+    ).start()
     writers = [DirectoryProgressWriter(reader.target, rank).connect() for rank in (0, 1)]
     for examples in (4, 8, 12):
         for w in writers:
@@ -113,8 +117,11 @@ def test_worker_hooks_write_to_a_directory_when_given_one(tmp_path) -> None:
     hooks.progress(_update(1, 0, 4))
     hooks.report_error("Traceback\nKeyError: 'x'")
     hooks.close()
-    kinds = [json.loads(line)["kind"] for name in sorted(os.listdir(tmp_path))
-             for line in (tmp_path / name).read_text().splitlines()]
+    kinds = [
+        json.loads(line)["kind"]
+        for name in sorted(os.listdir(tmp_path))
+        for line in (tmp_path / name).read_text().splitlines()
+    ]
     assert kinds == ["alive", "progress", "error", "closed"]
 
 
@@ -136,15 +143,18 @@ def test_the_fit_context_opens_a_directory_per_attempt_and_removes_it_after_succ
     assert kept.url.endswith("-a1") and os.path.isdir(kept.url)
 
 
-@pytest.mark.parametrize(("channel", "local", "base", "chosen"), [
-    ("auto", True, None, "tcp"),
-    ("auto", True, "s3://b/p", "tcp"),
-    ("auto", False, "s3://b/p", "directory"),
-    ("auto", False, None, "none"),
-    ("tcp", False, None, "tcp"),
-    ("directory", True, "/tmp/p", "directory"),
-    ("none", True, None, "none"),
-])
+@pytest.mark.parametrize(
+    ("channel", "local", "base", "chosen"),
+    [
+        ("auto", True, None, "tcp"),
+        ("auto", True, "s3://b/p", "tcp"),
+        ("auto", False, "s3://b/p", "directory"),
+        ("auto", False, None, "none"),
+        ("tcp", False, None, "tcp"),
+        ("directory", True, "/tmp/p", "directory"),
+        ("none", True, None, "none"),
+    ],
+)
 def test_the_channel_choice(channel, local, base, chosen) -> None:
     assert choose_channel(ConnectProgress(channel), local, base) == chosen
 
@@ -162,13 +172,16 @@ def test_the_default_directory_is_under_the_runs_checkpoints() -> None:
     assert progress_base(ConnectProgress(), None) is None
 
 
-@pytest.mark.parametrize(("kwargs", "words"), [
-    ({"channel": "grpc"}, "progress_channel must be one of"),
-    ({"poll_s": 0}, "progress_poll_s must be a number of seconds"),
-    ({"poll_s": "1"}, "progress_poll_s"),
-    ({"directory": ""}, "progress_directory must be a non-empty URL"),
-    ({"channel": "tcp", "directory": "s3://b/p"}, "unused with progress_channel='tcp'"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"channel": "grpc"}, "progress_channel must be one of"),
+        ({"poll_s": 0}, "progress_poll_s must be a number of seconds"),
+        ({"poll_s": "1"}, "progress_poll_s"),
+        ({"directory": ""}, "progress_directory must be a non-empty URL"),
+        ({"channel": "tcp", "directory": "s3://b/p"}, "unused with progress_channel='tcp'"),
+    ],
+)
 def test_bad_settings_are_refused(kwargs, words) -> None:
     with pytest.raises(ConfigError, match=words):
         ConnectProgress(**kwargs)
@@ -192,8 +205,13 @@ def test_a_spark_error_without_the_traceback_names_the_workers_reported_exceptio
     from torchspark.spark.jobs import task_error
 
     cut = "Job aborted due to stage failure: Task 1 in stage 3.0 failed 1 times, most recent failure: ... (truncated)"
-    reported = [(1, "Traceback (most recent call last):\n  File \"model.py\", line 9, in forward\n"
-                    "ValueError: row 17 has 3 features, expected 4")]
+    reported = [
+        (
+            1,
+            'Traceback (most recent call last):\n  File "model.py", line 9, in forward\n'
+            "ValueError: row 17 has 3 features, expected 4",
+        )
+    ]
     error = task_error(Exception(cut), "fit", lambda: reported)
     assert "ValueError: row 17 has 3 features, expected 4" in str(error).splitlines()[0]
     assert "model.py" in str(error)

@@ -11,8 +11,11 @@ import pytest
 
 import torchspark
 
-MODULES = sorted(m.name for m in pkgutil.walk_packages(torchspark.__path__, "torchspark.")
-                 if not m.name.rsplit(".", 1)[-1].startswith("_"))
+MODULES = sorted(
+    m.name
+    for m in pkgutil.walk_packages(torchspark.__path__, "torchspark.")
+    if not m.name.rsplit(".", 1)[-1].startswith("_")
+)
 
 
 @pytest.mark.parametrize("name", MODULES)

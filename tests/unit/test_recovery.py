@@ -55,14 +55,17 @@ ValueError: bad input in layer 2
 """
 
 
-@pytest.mark.parametrize("error, failures, max_failures, expected", [
-    (WorkerLost("lost"), 1, 3, Decision.RETRY),
-    (WorkerLost("lost"), 3, 3, Decision.RETRY),
-    (WorkerLost("lost"), 4, 3, Decision.EXHAUSTED),
-    (WorkerLost("lost"), 1, 0, Decision.EXHAUSTED),
-    (WorkerError("worker 1 failed: ValueError"), 1, 3, Decision.RAISE),
-    (DataError("bad label"), 1, 3, Decision.RAISE),
-])
+@pytest.mark.parametrize(
+    "error, failures, max_failures, expected",
+    [
+        (WorkerLost("lost"), 1, 3, Decision.RETRY),
+        (WorkerLost("lost"), 3, 3, Decision.RETRY),
+        (WorkerLost("lost"), 4, 3, Decision.EXHAUSTED),
+        (WorkerLost("lost"), 1, 0, Decision.EXHAUSTED),
+        (WorkerError("worker 1 failed: ValueError"), 1, 3, Decision.RAISE),
+        (DataError("bad label"), 1, 3, Decision.RAISE),
+    ],
+)
 def test_only_lost_workers_are_retried_while_max_failures_allows(error, failures, max_failures, expected) -> None:
     assert decide(error, failures, max_failures) is expected
 
@@ -80,8 +83,10 @@ def test_sparks_reason_names_the_worker_and_what_happened() -> None:
     from torchspark.spark.jobs import lost_worker, spark_reason, task_error
 
     reason = spark_reason(KILLED_PYTHON)
-    assert reason.startswith("Stage failed because barrier task ResultTask(0, 1) finished unsuccessfully. "
-                             "Python worker exited unexpectedly (crashed)")
+    assert reason.startswith(
+        "Stage failed because barrier task ResultTask(0, 1) finished unsuccessfully. "
+        "Python worker exited unexpectedly (crashed)"
+    )
     assert "Thread.run" not in reason and "EOFException" not in reason
     error = task_error(Exception(KILLED_PYTHON), "fit")
     assert isinstance(error, WorkerLost) and error.rank == 1
@@ -94,8 +99,10 @@ def test_sparks_reason_names_the_worker_and_what_happened() -> None:
 
     peer = task_error(Exception(PEER_FIRST), "fit")
     assert isinstance(peer, WorkerLost) and peer.rank is None  # rank 0 only saw it; the driver infers who was lost
-    assert peer.reason.endswith("worker 0 saw: torchspark.errors.PeerLost: a peer worker left the shared-memory "
-                                "barrier ([Errno 32] Broken pipe)"), peer.reason
+    assert peer.reason.endswith(
+        "worker 0 saw: torchspark.errors.PeerLost: a peer worker left the shared-memory "
+        "barrier ([Errno 32] Broken pipe)"
+    ), peer.reason
     assert "File " not in peer.reason
 
     user = task_error(Exception(USER_ERROR), "fit")
@@ -146,8 +153,9 @@ class LosesFirstAttempts:
         self.tokens.append(context.progress_address().token)
         self.descriptions.append(context.description)
         if len(self.tasks) <= self.lost:
-            raise self.error or WorkerLost(f"worker 1 lost in attempt {context.attempt}", rank=1,
-                                           exit_status="signal SIGKILL", reason="killed")
+            raise self.error or WorkerLost(
+                f"worker 1 lost in attempt {context.attempt}", rank=1, exit_status="signal SIGKILL", reason="killed"
+            )
         return InProcessRunner().run(task, data, context)
 
 
@@ -159,8 +167,17 @@ def _fit(runner, max_failures: int, listeners=()):
     task = build_task(net, master, 2, True, recorder)
     sources = [ItemSource(data.split(8)[r::2]) for r in range(2)]
     before = net.params().clone()
-    outcome = run_fit(net, task, runner, sources, recorder=recorder, description="fit", progress=False,
-                      max_failures=max_failures, listeners=listeners)
+    outcome = run_fit(
+        net,
+        task,
+        runner,
+        sources,
+        recorder=recorder,
+        description="fit",
+        progress=False,
+        max_failures=max_failures,
+        listeners=listeners,
+    )
     return net, outcome, before
 
 

@@ -20,8 +20,10 @@ def test_version_comes_from_the_installed_metadata(capsys) -> None:
     line = capsys.readouterr().out.strip()
     version = importlib.metadata.version("torchspark")
     assert version == torchspark.__version__  # one source: the build reads torchspark.__version__
-    assert line == (f"torchspark {version} (Python {platform.python_version()}, "
-                    f"torch {importlib.metadata.version('torch')}, pyspark {importlib.metadata.version('pyspark')})")
+    assert line == (
+        f"torchspark {version} (Python {platform.python_version()}, "
+        f"torch {importlib.metadata.version('torch')}, pyspark {importlib.metadata.version('pyspark')})"
+    )
 
 
 def test_pyyaml_is_a_core_dependency() -> None:

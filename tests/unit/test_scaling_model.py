@@ -38,16 +38,23 @@ def test_all_gather_of_bitmaps_sums_into_a_fresh_dense_buffer() -> None:
 
 
 def test_sharded_matches_the_formula_by_hand() -> None:
-    rates = M.Rates(decode_entry=10e-9, apply_entry=5e-9, copy_element=1e-9, add_float=0.5e-9, fresh_element=2e-9,
-                    per_message=1e-4)
+    rates = M.Rates(
+        decode_entry=10e-9, apply_entry=5e-9, copy_element=1e-9, add_float=0.5e-9, fresh_element=2e-9, per_message=1e-4
+    )
     n, length, k = 4, 1e6, 1e3
     m, shard, union = 4 * k + M.HEADER_BYTES, length / n, n * k
     sums = 8 * union / n + M.HEADER_BYTES  # sparse shard sums: 8 bytes per entry beat the dense 4 L / N
-    expected = (2 * 3 * 50e-6 + 3 / 4 * m / 125e6  # all-to-all of sizes and pieces
-                + n * 1e-4 + k * 10e-9 + shard * (2e-9 + 1e-9)  # pieces decoded into a fresh shard, scanned
-                + 3 * (2 * 50e-6 + sums / 125e6)  # all-gather of the shard sums
-                + n * 1e-4 + union * 10e-9  # S_t kept as values at the union's indices
-                + union * 5e-9)  # applied there
+    expected = (
+        2 * 3 * 50e-6
+        + 3 / 4 * m / 125e6  # all-to-all of sizes and pieces
+        + n * 1e-4
+        + k * 10e-9
+        + shard * (2e-9 + 1e-9)  # pieces decoded into a fresh shard, scanned
+        + 3 * (2 * 50e-6 + sums / 125e6)  # all-gather of the shard sums
+        + n * 1e-4
+        + union * 10e-9  # S_t kept as values at the union's indices
+        + union * 5e-9
+    )  # applied there
     assert M.sharded_s(n, length, 1e-3, LINK, rates) == pytest.approx(expected)
 
 
@@ -56,11 +63,17 @@ def test_sharded_with_dense_shard_sums_assembles_a_fresh_buffer() -> None:
     n, length = 4, 1e6
     m, shard = length / 4 + M.HEADER_BYTES, length / n  # 20% density: bitmap messages, dense shard sums
     sums = 4 * shard + M.HEADER_BYTES
-    expected = (2 * 3 * 50e-6 + 3 / 4 * m / 125e6
-                + n * 1e-4 + length * 1e-9 + shard * (2e-9 + 1e-9)
-                + 3 * (2 * 50e-6 + sums / 125e6)
-                + n * 1e-4 + length * (2e-9 + 1e-9)  # assembled in a fresh dense S_t
-                + length * 0.5e-9)  # applied densely
+    expected = (
+        2 * 3 * 50e-6
+        + 3 / 4 * m / 125e6
+        + n * 1e-4
+        + length * 1e-9
+        + shard * (2e-9 + 1e-9)
+        + 3 * (2 * 50e-6 + sums / 125e6)
+        + n * 1e-4
+        + length * (2e-9 + 1e-9)  # assembled in a fresh dense S_t
+        + length * 0.5e-9
+    )  # applied densely
     assert M.sharded_s(n, length, 0.2, LINK, rates) == pytest.approx(expected)
 
 
@@ -91,15 +104,23 @@ def test_crossover_is_the_first_worker_count_where_the_second_is_faster() -> Non
 
 
 def test_sharded_scatters_sparse_shard_sums_into_a_fresh_buffer_above_the_sparse_apply_fraction() -> None:
-    rates = M.Rates(decode_entry=10e-9, apply_entry=5e-9, copy_element=1e-9, add_float=0.5e-9, fresh_element=2e-9,
-                    per_message=1e-4)
+    rates = M.Rates(
+        decode_entry=10e-9, apply_entry=5e-9, copy_element=1e-9, add_float=0.5e-9, fresh_element=2e-9, per_message=1e-4
+    )
     n, length, density = 4, 1e6, 0.05  # union 20% > 1/8, but 8 bytes per entry still beat the dense shard
     k, shard = density * length, length / n
     m, union = 4 * k + M.HEADER_BYTES, n * k
     sums = 8 * union / n + M.HEADER_BYTES
-    expected = (2 * 3 * 50e-6 + 3 / 4 * m / 125e6
-                + n * 1e-4 + k * 10e-9 + shard * (2e-9 + 1e-9)
-                + 3 * (2 * 50e-6 + sums / 125e6)
-                + n * 1e-4 + length * 2e-9 + union * 10e-9  # fresh dense S_t, the sums scattered at their indices
-                + length * 0.5e-9)  # applied densely
+    expected = (
+        2 * 3 * 50e-6
+        + 3 / 4 * m / 125e6
+        + n * 1e-4
+        + k * 10e-9
+        + shard * (2e-9 + 1e-9)
+        + 3 * (2 * 50e-6 + sums / 125e6)
+        + n * 1e-4
+        + length * 2e-9
+        + union * 10e-9  # fresh dense S_t, the sums scattered at their indices
+        + length * 0.5e-9
+    )  # applied densely
     assert M.sharded_s(n, length, density, LINK, rates) == pytest.approx(expected)

@@ -7,8 +7,8 @@ import threading
 import numpy as np
 import pytest
 import torch
-from reference_loops import dense_exchange
 
+from reference_loops import dense_exchange
 from torchspark.encoding import EncodedUpdate, decode, from_bytes, threshold_encode, to_bytes
 from torchspark.errors import ConfigError, EncodingError, WaitTimeout
 from torchspark.training import ThreadGroup
@@ -59,8 +59,7 @@ def _payload(kind: str, length: int, rng: np.random.Generator) -> bytes:
         return b"\x01"
     t = float(rng.uniform(0.5, 2.0))
     density = 0.01 if kind == "sparse" else 0.6
-    update = torch.from_numpy((rng.standard_normal(length) * (rng.random(length) < density) * 3 * t)
-                              .astype(np.float32))
+    update = torch.from_numpy((rng.standard_normal(length) * (rng.random(length) < density) * 3 * t).astype(np.float32))
     message = threshold_encode(update, torch.zeros(length), t)
     if message.format != kind:  # tiny lengths: force the format the test asks for
         signed = torch.nonzero(update.abs() >= t, as_tuple=True)[0].to(torch.int32) + 1
@@ -69,6 +68,7 @@ def _payload(kind: str, length: int, rng: np.random.Generator) -> bytes:
             message = EncodedUpdate("sparse", length, t, signed, signed.numel())
         else:
             from torchspark.encoding._kernels import sparse_to_bitmap
+
             message = EncodedUpdate("bitmap", length, t, sparse_to_bitmap(signed, length), signed.numel())
     return b"\x01" + to_bytes(message)
 
@@ -228,13 +228,16 @@ def test_resolve_topology() -> None:
     assert resolve_topology("sharded", 16, 1) == "sharded"
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    ({"topology": "tree"}, "topology must be one of"),
-    ({"topology": None}, "topology must be one of"),
-    ({"shard_above_workers": 0}, "shard_above_workers must be an integer >= 1"),
-    ({"shard_above_workers": True}, "shard_above_workers"),
-    ({"shard_above_workers": 2.5}, "shard_above_workers"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"topology": "tree"}, "topology must be one of"),
+        ({"topology": None}, "topology must be one of"),
+        ({"shard_above_workers": 0}, "shard_above_workers must be an integer >= 1"),
+        ({"shard_above_workers": True}, "shard_above_workers"),
+        ({"shard_above_workers": 2.5}, "shard_above_workers"),
+    ],
+)
 def test_sharing_settings_reject_bad_topology(kwargs: dict, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         SharingSettings(**kwargs)

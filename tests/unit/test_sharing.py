@@ -9,8 +9,9 @@ from functools import partial
 
 import pytest
 import torch
-from reference_loops import dense_exchange, sharing_reference
 
+from helpers import assert_replicas_identical, classification_batches, fit_in_process, mlp_net
+from reference_loops import dense_exchange, sharing_reference
 from torchspark import DataSet, Network, optim
 from torchspark.encoding import (
     AdaptiveThreshold,
@@ -32,7 +33,6 @@ from torchspark.training import (
 from torchspark.training.algorithms.sharing.loop import SharingAlgorithm
 from torchspark.training.algorithms.sharing.settings import SharingSettings
 from torchspark.training.algorithms.sharing.state import RESIDUAL_KEY, THRESHOLD_KEY, WORLD_KEY, restore_residual
-from helpers import assert_replicas_identical, classification_batches, fit_in_process, mlp_net
 
 ENCODER = EncoderConfig(threshold_policy=AdaptiveThreshold(initial=1e-3), shake_frequency=4)
 
@@ -40,8 +40,14 @@ ENCODER = EncoderConfig(threshold_policy=AdaptiveThreshold(initial=1e-3), shake_
 _net = partial(mlp_net, 12, 16, 3, updater=optim.SGD(lr=0.1, momentum=0.9))
 
 
-def _fit(net: Network, shards: list[list[DataSet]], epochs: int, overlap: bool, timeout_s: float = 30.0,
-         encoder: EncoderConfig = ENCODER):
+def _fit(
+    net: Network,
+    shards: list[list[DataSet]],
+    epochs: int,
+    overlap: bool,
+    timeout_s: float = 30.0,
+    encoder: EncoderConfig = ENCODER,
+):
     settings = SharingSettings(encoder, overlap=overlap).to_dict()
     return fit_in_process(net, "sharing", settings, shards, epochs=epochs, timeout_s=timeout_s)
 
@@ -54,8 +60,11 @@ def _reference(net: Network, shards: list[list[DataSet]], epochs: int, overlap: 
 @pytest.mark.parametrize("layout", ["one_worker", "identical_shards", "distinct_shards"])
 def test_distributed_run_matches_reference_loop(overlap: bool, layout: str) -> None:
     batches = classification_batches(6, seed=1)
-    shards = {"one_worker": [batches], "identical_shards": [batches, batches],
-              "distinct_shards": [batches, classification_batches(6, seed=2)]}[layout]
+    shards = {
+        "one_worker": [batches],
+        "identical_shards": [batches, batches],
+        "distinct_shards": [batches, classification_batches(6, seed=2)],
+    }[layout]
     net = _net()
     replicas, states = _reference(net, shards, epochs=2, overlap=overlap)
     results = _fit(net, shards, epochs=2, overlap=overlap)
@@ -84,8 +93,10 @@ def test_distributed_run_matches_reference_loop(overlap: bool, layout: str) -> N
 def test_calibrated_start_is_agreed_and_matches_reference(overlap: bool, layout: str) -> None:
     """The default (calibrated) start: every worker calibrates from its first update, all start from the geometric
     mean (a worker without data does not vote), the run equals the reference loop and the replicas agree."""
-    shards = {"distinct_shards": [classification_batches(6, seed=1), classification_batches(6, seed=2)],
-              "worker_without_data": [classification_batches(6, seed=1), [], classification_batches(3, seed=2)]}[layout]
+    shards = {
+        "distinct_shards": [classification_batches(6, seed=1), classification_batches(6, seed=2)],
+        "worker_without_data": [classification_batches(6, seed=1), [], classification_batches(3, seed=2)],
+    }[layout]
     encoder = EncoderConfig()  # AdaptiveThreshold(initial="calibrated")
     net = _net()
     replicas, states = sharing_reference(net, shards, 2, overlap, encoder)
@@ -160,7 +171,8 @@ def test_state_carries_across_fits_and_save_load(tmp_path) -> None:
     twice = _net()
     _fit(twice, shards, epochs=1, overlap=True)
     assert {RESIDUAL_KEY.format(rank=0), RESIDUAL_KEY.format(rank=1), THRESHOLD_KEY, WORLD_KEY} <= set(
-        twice.extra_state)
+        twice.extra_state
+    )
     assert torch.count_nonzero(twice.extra_state[RESIDUAL_KEY.format(rank=0)]) > 0
     twice.save(str(tmp_path / "model"))
     loaded = Network.load(str(tmp_path / "model"))
@@ -169,8 +181,9 @@ def test_state_carries_across_fits_and_save_load(tmp_path) -> None:
 
     _fit(loaded, shards, epochs=1, overlap=True)
     torch.testing.assert_close(loaded.params(), once.params())
-    torch.testing.assert_close(loaded.extra_state[RESIDUAL_KEY.format(rank=1)],
-                               once.extra_state[RESIDUAL_KEY.format(rank=1)])
+    torch.testing.assert_close(
+        loaded.extra_state[RESIDUAL_KEY.format(rank=1)], once.extra_state[RESIDUAL_KEY.format(rank=1)]
+    )
 
     fresh = _net()  # without the carried state the second epoch differs: the comparison above has teeth
     _fit(fresh, shards, epochs=1, overlap=True)
@@ -181,9 +194,12 @@ def test_state_carries_across_fits_and_save_load(tmp_path) -> None:
 
 def test_restore_residual_same_and_different_world_size() -> None:
     r0, r1 = torch.tensor([1.0, -2.0, 0.5]), torch.tensor([0.25, 1.0, -0.5])
-    saved = {RESIDUAL_KEY.format(rank=0): r0, RESIDUAL_KEY.format(rank=1): r1,
-             RESIDUAL_KEY.format(rank=2): torch.full((3,), 9.0),  # stale key of an earlier, larger fit: ignored
-             WORLD_KEY: torch.tensor([2])}
+    saved = {
+        RESIDUAL_KEY.format(rank=0): r0,
+        RESIDUAL_KEY.format(rank=1): r1,
+        RESIDUAL_KEY.format(rank=2): torch.full((3,), 9.0),  # stale key of an earlier, larger fit: ignored
+        WORLD_KEY: torch.tensor([2]),
+    }
     assert torch.equal(restore_residual(saved, 1, 2, 3, "cpu"), r1)
     assert torch.equal(restore_residual(saved, 0, 3, 3, "cpu"), r0 + r1)  # mass preserved on rank 0
     assert torch.equal(restore_residual(saved, 2, 3, 3, "cpu"), torch.zeros(3))
@@ -221,8 +237,7 @@ def test_diverged_replicas_raise_training_error() -> None:
         t.start()
     for t in threads:
         t.join(30)
-    assert len(errors) == 2 and all("replicas diverged" in str(e) and "worker(s) [1]" in str(e) for e in errors), \
-        errors
+    assert len(errors) == 2 and all("replicas diverged" in str(e) and "worker(s) [1]" in str(e) for e in errors), errors
 
 
 @pytest.mark.parametrize("overlap", [True, False])

@@ -6,8 +6,8 @@ import threading
 
 import pytest
 import torch
-from reference_loops import dense_exchange, sparse_exchange
 
+from reference_loops import dense_exchange, sparse_exchange
 from torchspark import DataSet, Network, datasets, models, optim
 from torchspark.encoding import (
     AdaptiveThreshold,
@@ -140,8 +140,15 @@ def test_apply_update_at_equals_apply_update() -> None:
     assert _bits(a.params()) == _bits(b.params())
 
 
-@pytest.mark.parametrize("kinds", [("sparse", "sparse", "sparse"), ("sparse", "bitmap", "inactive"),
-                                   ("empty", "sparse", "inactive"), ("empty", "inactive", "empty")])
+@pytest.mark.parametrize(
+    "kinds",
+    [
+        ("sparse", "sparse", "sparse"),
+        ("sparse", "bitmap", "inactive"),
+        ("empty", "sparse", "inactive"),
+        ("empty", "inactive", "empty"),
+    ],
+)
 def test_exchange_sparse_applies_exactly_what_the_dense_exchange_applies(kinds: tuple[str, ...]) -> None:
     length = 4_000
     sparse = _messages(length)
@@ -200,8 +207,7 @@ def test_step_into_residual_equals_compute_update_then_encode() -> None:
     parameters) is bit-identical to compute_update + encode."""
     data = datasets.synthetic_classification(64, 12, 3, seed=0).split(8)
     config = EncoderConfig(threshold_policy=AdaptiveThreshold(initial=1e-3))
-    nets = [Network(models.mlp(12, 16, 3), updater=optim.Adam(lr=1e-2), seed=0, weight_decay=1e-4)
-            for _ in range(2)]
+    nets = [Network(models.mlp(12, 16, 3), updater=optim.Adam(lr=1e-2), seed=0, weight_decay=1e-4) for _ in range(2)]
     states = [SharingState(EncoderState.create(config, nets[0].num_params())) for _ in range(2)]
     assert can_fuse(states[1], nets[1]) and not can_step_into(nets[1])
     for step, batch in enumerate(data):

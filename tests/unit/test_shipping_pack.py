@@ -33,8 +33,12 @@ def test_build_copies_the_roots_and_runs_on_its_own(small_env) -> None:
     assert small_env.distributions == expected
     assert (small_env.site_packages / "tqdm" / "__init__.py").is_file()
     assert list(small_env.site_packages.glob("tqdm/__pycache__/*.pyc"))  # compiled modules travel too
-    out = subprocess.run([str(small_env.prefix / "bin" / "python"), "-c", "import sys, tqdm; print(tqdm.__file__)"],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [str(small_env.prefix / "bin" / "python"), "-c", "import sys, tqdm; print(tqdm.__file__)"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert Path(out.stdout.strip()).is_relative_to(small_env.prefix)
 
@@ -77,8 +81,10 @@ def test_pack_refuses_bad_arguments(tmp_path) -> None:
 
 
 def test_archive_conf_follows_the_guide() -> None:
-    assert archive_conf("hdfs:///envs/ts.tar.gz") == {"spark.archives": "hdfs:///envs/ts.tar.gz#environment",
-                                                      "spark.pyspark.python": "./environment/bin/python"}
+    assert archive_conf("hdfs:///envs/ts.tar.gz") == {
+        "spark.archives": "hdfs:///envs/ts.tar.gz#environment",
+        "spark.pyspark.python": "./environment/bin/python",
+    }
     assert archive_conf("env.zip", alias="py")["spark.pyspark.python"] == "./py/bin/python"
     with pytest.raises(ConfigError, match="archive must end with"):
         archive_conf("env.rar")

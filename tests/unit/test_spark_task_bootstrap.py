@@ -27,13 +27,16 @@ class _Context:
         return self._resources
 
 
-@pytest.mark.parametrize(("ctx", "expected"), [
-    (None, TaskSetup("cpu", 1)),  # outside a Spark task
-    (_Context(), TaskSetup("cpu", 1)),  # a context without cpus()
-    (_Context(cpus=4), TaskSetup("cpu", 4)),
-    (_Context(cpus=0), TaskSetup("cpu", 1)),  # at least one core
-    (_Context({"gpu": _Gpu()}, cpus=2), TaskSetup("cpu", 2)),  # a GPU resource without addresses
-])
+@pytest.mark.parametrize(
+    ("ctx", "expected"),
+    [
+        (None, TaskSetup("cpu", 1)),  # outside a Spark task
+        (_Context(), TaskSetup("cpu", 1)),  # a context without cpus()
+        (_Context(cpus=4), TaskSetup("cpu", 4)),
+        (_Context(cpus=0), TaskSetup("cpu", 1)),  # at least one core
+        (_Context({"gpu": _Gpu()}, cpus=2), TaskSetup("cpu", 2)),  # a GPU resource without addresses
+    ],
+)
 def test_device_and_cores_of_a_task(ctx: Any, expected: TaskSetup) -> None:
     assert set_up_task(ctx) == expected
 

@@ -10,17 +10,17 @@ import hashlib
 import json
 import threading
 import time
+from collections.abc import Iterator
 from functools import partial
-from typing import Iterator
 
 import pytest
 import torch
 
+from helpers import assert_replicas_identical, classification_batches, fit_in_process, mlp_net
 from torchspark import DataSet, optim
 from torchspark.encoding import AdaptiveThreshold, EncoderConfig
 from torchspark.errors import ConfigError, TrainingError, WaitTimeout, WorkerError
-from torchspark.training import ThreadGroup
-from torchspark.training import ALGORITHMS
+from torchspark.training import ALGORITHMS, ThreadGroup
 from torchspark.training.algorithms.sharing.ledger import PeerLedger
 from torchspark.training.algorithms.sharing.loop import SharingAlgorithm
 from torchspark.training.algorithms.sharing.settings import SharingSettings
@@ -29,7 +29,6 @@ from torchspark.training.comm.mailbox import END, MESSAGE, Envelope, ThreadMailb
 from torchspark.training.config.masters import master_from_json
 from torchspark.training.config.shared_master import SharedTrainingMaster
 from torchspark.training.hooks import WorkerHooks
-from helpers import assert_replicas_identical, classification_batches, fit_in_process, mlp_net
 
 ENCODER = EncoderConfig(threshold_policy=AdaptiveThreshold(initial=1e-3))
 
@@ -44,8 +43,15 @@ def _slowed(batches: list[DataSet], delay_s: float) -> Iterator[DataSet]:
         yield b
 
 
-def _run(shards: list[list[DataSet]], k: int, epochs: int = 2, slow_rank: int | None = 0, delay_s: float = 0.01,
-         encoder: EncoderConfig = ENCODER, timeout_s: float = 60.0):
+def _run(
+    shards: list[list[DataSet]],
+    k: int,
+    epochs: int = 2,
+    slow_rank: int | None = 0,
+    delay_s: float = 0.01,
+    encoder: EncoderConfig = ENCODER,
+    timeout_s: float = 60.0,
+):
     """Every worker's (network, state, extra_config) after a fit of ``epochs`` epochs."""
     world = len(shards)
     group = ThreadGroup(world, timeout_s)
@@ -193,8 +199,9 @@ def test_in_process_runner_fit_with_staleness_matches_counts() -> None:
     net = _net()
     settings = SharingSettings(ENCODER, max_staleness=1)
     assert SharingSettings.from_dict(settings.to_dict()) == settings
-    results = fit_in_process(net, "stale_sharing", settings.to_dict(),
-                             [classification_batches(4, seed=1), classification_batches(6, seed=2)])
+    results = fit_in_process(
+        net, "stale_sharing", settings.to_dict(), [classification_batches(4, seed=1), classification_batches(6, seed=2)]
+    )
     assert net.extra_config["sharing.max_staleness"] == 1
     assert net.extra_config["sharing.messages_sent"] == 10
     assert net.extra_config["sharing.messages_applied"] == 20

@@ -30,6 +30,7 @@ from torchspark.training.driver.stats import build_training_stats
 
 # ---- collector --------------------------------------------------------------------------------------------------
 
+
 def test_phase_context_records_positive_duration_and_attrs() -> None:
     c = StatsCollector("worker-0")
     before = time.time()
@@ -96,6 +97,7 @@ def test_bad_inputs_are_refused() -> None:
 
 # ---- clock --------------------------------------------------------------------------------------------------------
 
+
 def test_clock_offset_formula() -> None:
     assert clock_offset(10.0, 115.0, 12.0) == 104.0
     s = clock_sample(10.0, 115.0, 12.0)
@@ -123,6 +125,7 @@ def test_skewed_clock_recovered_within_half_round_trip(true_offset: float) -> No
 
 
 # ---- merge, summary, JSON -----------------------------------------------------------------------------------------
+
 
 def _two_worker_stats() -> tuple[TrainingStats, dict]:
     recorded = {"examples": 0, "fit": 0.0, "data_wait": 0.0, "bytes": 0, "dense": 0}
@@ -237,10 +240,12 @@ def test_json_round_trip_is_exact() -> None:
 
 # ---- aggregation ----------------------------------------------------------------------------------------------------
 
+
 def test_timeline_occupancy_splits_events_across_buckets() -> None:
     # worker 0: phase 0 from 0.5 to 2.5; worker 1: phase 1 from 3.0 to 4.0 (bucket width 1 s over [0, 4])
-    occ = timeline_occupancy(np.array([0, 1]), np.array([0, 1]), np.array([100.5, 103.0]), np.array([2.0, 1.0]),
-                             2, 2, 100.0, 104.0, 4)
+    occ = timeline_occupancy(
+        np.array([0, 1]), np.array([0, 1]), np.array([100.5, 103.0]), np.array([2.0, 1.0]), 2, 2, 100.0, 104.0, 4
+    )
     np.testing.assert_allclose(occ[0, 0], [0.5, 1.0, 0.5, 0.0])
     np.testing.assert_allclose(occ[1, 1], [0.0, 0.0, 0.0, 1.0])
     assert occ[0, 1].sum() == 0 and occ[1, 0].sum() == 0
@@ -257,6 +262,7 @@ def test_histogram_and_downsampling() -> None:
 
 
 # ---- HTML ---------------------------------------------------------------------------------------------------------
+
 
 def test_html_names_every_worker_and_phase(tmp_path) -> None:
     stats, _ = _two_worker_stats()
@@ -283,18 +289,37 @@ def _synthetic_payloads(iters: int, workers: int) -> list[dict]:
     codes = np.tile(np.array([0, 1, 2], dtype=np.int32), iters)
     payloads = []
     for w in range(workers):
-        durs = np.stack([rng.gamma(2.0, 0.002, iters), rng.gamma(5.0, 0.01, iters), rng.gamma(2.0, 0.001, iters)],
-                        1).ravel()
+        durs = np.stack(
+            [rng.gamma(2.0, 0.002, iters), rng.gamma(5.0, 0.01, iters), rng.gamma(2.0, 0.001, iters)], 1
+        ).ravel()
         starts = 1.7e9 + np.concatenate([[0.0], np.cumsum(durs)[:-1]])
-        payloads.append({
-            "format": PAYLOAD_FORMAT, "worker": f"worker-{w}", "clock_offset": 0.0,
-            "phases": {"names": ["data_wait", "fit", "averaging"], "code": codes, "start": starts,
-                       "duration": durs, "attrs": {"examples": np.where(codes == 1, 32.0, np.nan)}},
-            "scores": {"iteration": np.arange(iters), "score": np.exp(-np.arange(iters) / 3e3) + rng.normal(0, .05, iters)},
-            "encoding": {"step": np.arange(iters), "bytes_sent": rng.integers(1000, 5000, iters),
-                         "dense_bytes": np.full(iters, 400_000), "sparsity": rng.uniform(1e-4, 1e-2, iters),
-                         "threshold": np.geomspace(1e-3, 1e-4, iters), "format": np.zeros(iters, np.int32),
-                         "format_names": ["sparse"]}})
+        payloads.append(
+            {
+                "format": PAYLOAD_FORMAT,
+                "worker": f"worker-{w}",
+                "clock_offset": 0.0,
+                "phases": {
+                    "names": ["data_wait", "fit", "averaging"],
+                    "code": codes,
+                    "start": starts,
+                    "duration": durs,
+                    "attrs": {"examples": np.where(codes == 1, 32.0, np.nan)},
+                },
+                "scores": {
+                    "iteration": np.arange(iters),
+                    "score": np.exp(-np.arange(iters) / 3e3) + rng.normal(0, 0.05, iters),
+                },
+                "encoding": {
+                    "step": np.arange(iters),
+                    "bytes_sent": rng.integers(1000, 5000, iters),
+                    "dense_bytes": np.full(iters, 400_000),
+                    "sparsity": rng.uniform(1e-4, 1e-2, iters),
+                    "threshold": np.geomspace(1e-3, 1e-4, iters),
+                    "format": np.zeros(iters, np.int32),
+                    "format_names": ["sparse"],
+                },
+            }
+        )
     return payloads
 
 
@@ -315,8 +340,15 @@ def test_large_report_stays_under_5mb(tmp_path) -> None:
 
 
 def test_modules_import_alone_without_pyspark() -> None:
-    for name in ["torchspark.stats", "torchspark.stats.events", "torchspark.stats.clock", "torchspark.stats.collector",
-                 "torchspark.stats.training_stats", "torchspark.stats.aggregate", "torchspark.stats.html"]:
+    for name in [
+        "torchspark.stats",
+        "torchspark.stats.events",
+        "torchspark.stats.clock",
+        "torchspark.stats.collector",
+        "torchspark.stats.training_stats",
+        "torchspark.stats.aggregate",
+        "torchspark.stats.html",
+    ]:
         module = importlib.import_module(name)
         assert hasattr(module, "__all__")
     assert set(STANDARD_PHASES) == {p.value for p in Phase} and len(STANDARD_PHASES) == 11
@@ -334,8 +366,13 @@ def test_modules_import_alone_without_pyspark() -> None:
 
 
 def test_summary_names_each_sharing_headline_once() -> None:
-    extra = {"sharing.bytes_sent": 120, "sharing.dense_bytes": 4000, "sharing.threshold": 0.01,
-             "sharing.start_threshold": 0.02, "sharing.world_size": 2}
+    extra = {
+        "sharing.bytes_sent": 120,
+        "sharing.dense_bytes": 4000,
+        "sharing.threshold": 0.01,
+        "sharing.start_threshold": 0.02,
+        "sharing.world_size": 2,
+    }
     summary = build_training_stats(StatsCollector(DRIVER_ID), [], 1, extra).summary()
     assert (summary["bytes_sent"], summary["dense_bytes"], summary["threshold"]) == (120, 4000, 0.01)
     assert summary["start_threshold"] == 0.02 and summary["sharing.world_size"] == 2  # not a headline: full name

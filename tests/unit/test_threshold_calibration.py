@@ -44,10 +44,12 @@ UPDATES = {
     # Adam's first step: every entry is +-lr (entries with a zero gradient stay 0)
     "adam_first_step": lambda: 1e-3 * torch.sign(torch.randn(50_000, generator=_gen(0))),
     "sgd_gaussian": lambda: 0.1 * torch.randn(50_000, generator=_gen(1)),
-    "heavy_tailed": lambda: 1e-2 * torch.randn(50_000, generator=_gen(2)) * torch.exp(
-        2 * torch.randn(50_000, generator=_gen(3))),
-    "half_zero": lambda: torch.where(torch.arange(50_000) % 2 == 0, torch.zeros(50_000),
-                                     1e-3 * torch.randn(50_000, generator=_gen(4))),
+    "heavy_tailed": lambda: (
+        1e-2 * torch.randn(50_000, generator=_gen(2)) * torch.exp(2 * torch.randn(50_000, generator=_gen(3)))
+    ),
+    "half_zero": lambda: torch.where(
+        torch.arange(50_000) % 2 == 0, torch.zeros(50_000), 1e-3 * torch.randn(50_000, generator=_gen(4))
+    ),
 }
 
 
@@ -72,8 +74,9 @@ def test_equal_magnitudes_give_the_closed_form(fraction: float, target: float) -
 @pytest.mark.parametrize("scale", [1e-6, 3.0, 1e4])
 def test_calibration_scales_with_the_update(scale: float) -> None:
     update = UPDATES["heavy_tailed"]()
-    assert calibrated_threshold(scale * update, 1e-3) == pytest.approx(scale * calibrated_threshold(update, 1e-3),
-                                                                       rel=1e-5)
+    assert calibrated_threshold(scale * update, 1e-3) == pytest.approx(
+        scale * calibrated_threshold(update, 1e-3), rel=1e-5
+    )
 
 
 def test_a_sparser_target_gives_a_larger_threshold() -> None:
@@ -82,13 +85,16 @@ def test_a_sparser_target_gives_a_larger_threshold() -> None:
     assert values[0] < values[1] < values[2]
 
 
-@pytest.mark.parametrize("update,expected", [
-    (torch.zeros(100), None),
-    (torch.full((100,), float("nan")), None),
-    (torch.tensor([float("inf"), 0.0, 0.0]), None),
-    # 2 non-zero entries in 10,000 is sparser than 1e-3 already: send every non-zero entry
-    (torch.cat([torch.tensor([0.5, -0.2]), torch.zeros(9_998)]), 0.2),
-])
+@pytest.mark.parametrize(
+    "update,expected",
+    [
+        (torch.zeros(100), None),
+        (torch.full((100,), float("nan")), None),
+        (torch.tensor([float("inf"), 0.0, 0.0]), None),
+        # 2 non-zero entries in 10,000 is sparser than 1e-3 already: send every non-zero entry
+        (torch.cat([torch.tensor([0.5, -0.2]), torch.zeros(9_998)]), 0.2),
+    ],
+)
 def test_degenerate_updates(update: torch.Tensor, expected: float | None) -> None:
     got = calibrated_threshold(update, 1e-3)
     assert got == (None if expected is None else pytest.approx(expected))
@@ -108,8 +114,14 @@ def test_calibration_accepts_any_shape_and_does_not_touch_the_update() -> None:
     assert torch.equal(update, before)
 
 
-@pytest.mark.parametrize("kwargs,value", [({"target_sparsity": 0.0}, "0.0"), ({"target_sparsity": 1.0}, "1.0"),
-                                          ({"target_sparsity": 1e-3, "max_samples": 0}, "0")])
+@pytest.mark.parametrize(
+    "kwargs,value",
+    [
+        ({"target_sparsity": 0.0}, "0.0"),
+        ({"target_sparsity": 1.0}, "1.0"),
+        ({"target_sparsity": 1e-3, "max_samples": 0}, "0"),
+    ],
+)
 def test_bad_calibration_arguments_name_the_value(kwargs: dict[str, Any], value: str) -> None:
     with pytest.raises(ConfigError, match=value):
         calibrated_threshold(torch.ones(10), **kwargs)
@@ -117,14 +129,18 @@ def test_bad_calibration_arguments_name_the_value(kwargs: dict[str, Any], value:
 
 # --- agreement -------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("values,expected", [
-    ([0.01, 0.04], 0.02),                      # geometric mean
-    ([0.01, None, 0.04], 0.02),                # a worker without data does not vote
-    ([0.01, float("nan"), 0.04, 0.0], 0.02),   # nor does a NaN (gathered "no value") or a non-positive value
-    ([0.03], 0.03),
-    ([None, float("nan")], None),
-    ([], None),
-])
+
+@pytest.mark.parametrize(
+    "values,expected",
+    [
+        ([0.01, 0.04], 0.02),  # geometric mean
+        ([0.01, None, 0.04], 0.02),  # a worker without data does not vote
+        ([0.01, float("nan"), 0.04, 0.0], 0.02),  # nor does a NaN (gathered "no value") or a non-positive value
+        ([0.03], 0.03),
+        ([None, float("nan")], None),
+        ([], None),
+    ],
+)
 def test_agree_threshold(values: list[float | None], expected: float | None) -> None:
     got = agree_threshold(values)
     assert got == (None if expected is None else pytest.approx(expected))
@@ -132,15 +148,19 @@ def test_agree_threshold(values: list[float | None], expected: float | None) -> 
 
 # --- policies and state ----------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("policy,target", [
-    (AdaptiveThreshold(), 1e-3),  # the middle (geometric) of the default band [1e-4, 1e-2]
-    (AdaptiveThreshold(min_target_sparsity=1e-3, max_target_sparsity=4e-3), 2e-3),
-    (TargetSparsityThreshold(), 1e-3),
-    (TargetSparsityThreshold(target=5e-3), 5e-3),
-    (AdaptiveThreshold(initial=1e-4), None),  # DL4J's fixed start: no calibration
-    (TargetSparsityThreshold(initial=1e-4), None),
-    (FixedThreshold(0.5), None),
-])
+
+@pytest.mark.parametrize(
+    "policy,target",
+    [
+        (AdaptiveThreshold(), 1e-3),  # the middle (geometric) of the default band [1e-4, 1e-2]
+        (AdaptiveThreshold(min_target_sparsity=1e-3, max_target_sparsity=4e-3), 2e-3),
+        (TargetSparsityThreshold(), 1e-3),
+        (TargetSparsityThreshold(target=5e-3), 5e-3),
+        (AdaptiveThreshold(initial=1e-4), None),  # DL4J's fixed start: no calibration
+        (TargetSparsityThreshold(initial=1e-4), None),
+        (FixedThreshold(0.5), None),
+    ],
+)
 def test_calibration_target_and_initial_state(policy: Any, target: float | None) -> None:
     got = policy.calibration_target()
     assert got == (None if target is None else pytest.approx(target))
@@ -168,11 +188,14 @@ def test_an_uncalibrated_state_cannot_be_stepped(policy: Any) -> None:
         policy.next_threshold(policy.initial_state(), 1e-3)
 
 
-@pytest.mark.parametrize("make,value", [
-    (lambda: AdaptiveThreshold(initial="auto"), "auto"),
-    (lambda: TargetSparsityThreshold(initial=True), "True"),
-    (lambda: AdaptiveThreshold(min_threshold=1.0, max_threshold=0.5), "0.5"),
-])
+@pytest.mark.parametrize(
+    "make,value",
+    [
+        (lambda: AdaptiveThreshold(initial="auto"), "auto"),
+        (lambda: TargetSparsityThreshold(initial=True), "True"),
+        (lambda: AdaptiveThreshold(min_threshold=1.0, max_threshold=0.5), "0.5"),
+    ],
+)
 def test_bad_initial_values_name_the_value(make: Any, value: str) -> None:
     with pytest.raises(ConfigError, match=value):
         make()
@@ -187,12 +210,14 @@ def test_uncalibrated_state_round_trips_and_averages() -> None:
     state = ThresholdState(None)
     assert ThresholdState.from_tensor(state.to_tensor()) == state
     assert ThresholdState.from_dict(json.loads(json.dumps(state.to_dict()))) == state
-    assert average_states([ThresholdState(None), ThresholdState(0.2, 1e-3), ThresholdState(0.4, 3e-3)]) \
-        == ThresholdState(pytest.approx(0.3), pytest.approx(2e-3))
+    assert average_states(
+        [ThresholdState(None), ThresholdState(0.2, 1e-3), ThresholdState(0.4, 3e-3)]
+    ) == ThresholdState(pytest.approx(0.3), pytest.approx(2e-3))
     assert average_states([ThresholdState(None)]) == ThresholdState(None)
 
 
 # --- encode_step -----------------------------------------------------------------------------------------------
+
 
 def _config(policy: Any) -> EncoderConfig:
     return EncoderConfig(threshold_policy=policy, residual_post_processor=NoResidualPostProcessing())

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch
 
+from helpers import fit_in_process, mlp_net, uniform_batches
 from torchspark import models, optim
 from torchspark.data import DataSet
 from torchspark.errors import ConfigError
@@ -26,7 +28,6 @@ from torchspark.schedules import (
     StepSchedule,
     schedule_from_dict,
 )
-from helpers import fit_in_process, mlp_net, uniform_batches
 
 BATCH = 16
 
@@ -38,8 +39,13 @@ def _net(updater: optim.UpdaterSpec, **kwargs: Any) -> Network:
     return mlp_net(64, 16, 10, updater=updater, **kwargs)
 
 
-def _torch_loop(net: Network, batches: list[DataSet], make_opt: Callable[[list[torch.nn.Parameter]], Any],
-                lr_at: Callable[[int], float] | None = None, l1: float = 0.0) -> torch.Tensor:
+def _torch_loop(
+    net: Network,
+    batches: list[DataSet],
+    make_opt: Callable[[list[torch.nn.Parameter]], Any],
+    lr_at: Callable[[int], float] | None = None,
+    l1: float = 0.0,
+) -> torch.Tensor:
     """The reference: a plain torch module with the (untrained) network's weights, trained step by step."""
     assert net.iteration == 0, "build the reference from the untrained network"
     module = models.mlp(64, 16, 10)
@@ -66,10 +72,14 @@ def _trained(net: Network, batches: list[DataSet]) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------------------------ L1, AMSGrad, Nesterov
-@pytest.mark.parametrize("spec,torch_opt", [
-    (optim.SGD(lr=0.1, fused=False), lambda ps: torch.optim.SGD(ps, lr=0.1)),
-    (optim.Adam(lr=1e-2, fused=False), lambda ps: torch.optim.Adam(ps, lr=1e-2)),
-], ids=["sgd", "adam"])
+@pytest.mark.parametrize(
+    "spec,torch_opt",
+    [
+        (optim.SGD(lr=0.1, fused=False), lambda ps: torch.optim.SGD(ps, lr=0.1)),
+        (optim.Adam(lr=1e-2, fused=False), lambda ps: torch.optim.Adam(ps, lr=1e-2)),
+    ],
+    ids=["sgd", "adam"],
+)
 def test_l1_equals_torch_loop_with_l1_penalty_in_the_loss(spec: optim.UpdaterSpec, torch_opt: Any) -> None:
     batches = _batches(15)
     net = _net(spec, l1=1e-3)
@@ -193,8 +203,9 @@ def test_epoch_schedule_changes_lr_once_per_epoch_in_fit() -> None:
     batches = _batches(4)
     schedule = MapSchedule({0: 0.1, 1: 0.02, 2: 0.5}, unit="epoch")
     net = _net(optim.Adam(lr=schedule, fused=False))
-    expected = _torch_loop(net, batches * 3, lambda ps: torch.optim.Adam(ps, lr=1.0),
-                           lr_at=lambda i: [0.1, 0.02, 0.5][i // 4])
+    expected = _torch_loop(
+        net, batches * 3, lambda ps: torch.optim.Adam(ps, lr=1.0), lr_at=lambda i: [0.1, 0.02, 0.5][i // 4]
+    )
     net.fit(batches, epochs=3)
     torch.testing.assert_close(net.params(), expected, rtol=1e-5, atol=1e-6)
 
@@ -206,8 +217,13 @@ def test_schedule_l1_amsgrad_survive_save_load_and_continue(tmp_path: Any) -> No
     _trained(net, batches[:5])
     net.save(str(tmp_path / "model"))
     config = json.loads((tmp_path / "model" / "config.json").read_text())
-    assert config["updater"]["lr"] == {"type": "step", "initial": 0.05, "decay_rate": 0.3, "step": 4,
-                                       "unit": "iteration"}
+    assert config["updater"]["lr"] == {
+        "type": "step",
+        "initial": 0.05,
+        "decay_rate": 0.3,
+        "step": 4,
+        "unit": "iteration",
+    }
     assert config["l1"] == 1e-3 and config["updater"]["amsgrad"] is True
     loaded = Network.load(str(tmp_path / "model"))
     assert loaded.updater == spec and loaded.l1 == 1e-3 and loaded.iteration == 5
@@ -220,9 +236,11 @@ def test_schedule_and_l1_travel_to_in_process_workers() -> None:
     schedule = MapSchedule({0: 0.2, 3: 0.05, 6: 0.01})
     net = _net(optim.SGD(lr=schedule, fused=False), l1=1e-3)
     batches = _batches(8)
-    reference = _torch_loop(net, batches, lambda ps: torch.optim.SGD(ps, lr=1.0), l1=1e-3,
-                            lr_at=lambda i: schedule.value(i, 0))
-    fit_in_process(net, "averaging", {"averaging_frequency": 1, "save_updater": True}, [batches, batches],
-                   timeout_s=60.0)
+    reference = _torch_loop(
+        net, batches, lambda ps: torch.optim.SGD(ps, lr=1.0), l1=1e-3, lr_at=lambda i: schedule.value(i, 0)
+    )
+    fit_in_process(
+        net, "averaging", {"averaging_frequency": 1, "save_updater": True}, [batches, batches], timeout_s=60.0
+    )
     assert net.iteration == 8 and net.current_lr() == pytest.approx(0.01)
     torch.testing.assert_close(net.params(), reference, rtol=1e-5, atol=1e-6)

@@ -20,20 +20,32 @@ from torchspark.validation import (
 )
 
 
-@pytest.mark.parametrize(("call", "message"), [
-    (lambda: check_int("epochs", 0, 1), "epochs must be an integer >= 1, got 0"),
-    (lambda: check_int("epochs", True, 1), "epochs must be an integer >= 1, got True"),
-    (lambda: check_int("epochs", 2.0, 1), "epochs must be an integer >= 1, got 2.0"),
-    (lambda: check_int("port", 70000, 0, 65535, meaning="(0 = any free port)"),
-     "port must be an integer in [0, 65535] (0 = any free port), got 70000"),
-    (lambda: check_int("num_workers", 0, 1, allow_none=True, owner="SharedTrainingMaster"),
-     "SharedTrainingMaster: num_workers must be an integer >= 1 or None, got 0"),
-    (lambda: check_int("every", -1, 1, allow_none=True, none_means="once per epoch", meaning="(rounds)"),
-     "every must be an integer >= 1 (rounds) or None (once per epoch), got -1"),
-    (lambda: check_int("num_bins", 0, 1, fix="10 is typical"), "num_bins must be an integer >= 1, got 0; 10 is typical"),
-    (lambda: check_int("seed", "1", allow_none=True), "seed must be an integer or None, got '1'"),
-    (lambda: check_int("depth", 9, maximum=8), "depth must be an integer <= 8, got 9"),
-])
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: check_int("epochs", 0, 1), "epochs must be an integer >= 1, got 0"),
+        (lambda: check_int("epochs", True, 1), "epochs must be an integer >= 1, got True"),
+        (lambda: check_int("epochs", 2.0, 1), "epochs must be an integer >= 1, got 2.0"),
+        (
+            lambda: check_int("port", 70000, 0, 65535, meaning="(0 = any free port)"),
+            "port must be an integer in [0, 65535] (0 = any free port), got 70000",
+        ),
+        (
+            lambda: check_int("num_workers", 0, 1, allow_none=True, owner="SharedTrainingMaster"),
+            "SharedTrainingMaster: num_workers must be an integer >= 1 or None, got 0",
+        ),
+        (
+            lambda: check_int("every", -1, 1, allow_none=True, none_means="once per epoch", meaning="(rounds)"),
+            "every must be an integer >= 1 (rounds) or None (once per epoch), got -1",
+        ),
+        (
+            lambda: check_int("num_bins", 0, 1, fix="10 is typical"),
+            "num_bins must be an integer >= 1, got 0; 10 is typical",
+        ),
+        (lambda: check_int("seed", "1", allow_none=True), "seed must be an integer or None, got '1'"),
+        (lambda: check_int("depth", 9, maximum=8), "depth must be an integer <= 8, got 9"),
+    ],
+)
 def test_check_int_names_the_option_the_bounds_and_the_value(call, message) -> None:
     with pytest.raises(ConfigError) as info:
         call()
@@ -47,19 +59,28 @@ def test_check_int_returns_what_it_accepts() -> None:
     assert check_int("offset", -5) == -5
 
 
-@pytest.mark.parametrize(("call", "message"), [
-    (lambda: check_float("l1", -1.0, minimum=0, finite=True, fix="1e-5..1e-4 is a common start"),
-     "l1 must be a finite number >= 0, got -1.0; 1e-5..1e-4 is a common start"),
-    (lambda: check_float("l1", math.inf, minimum=0, finite=True), "l1 must be a finite number >= 0, got inf"),
-    (lambda: check_float("data_timeout_s", 0, above=0, unit="seconds", owner="M"),
-     "M: data_timeout_s must be a number of seconds > 0, got 0"),
-    (lambda: check_float("timeout", math.nan, above=0), "timeout must be a number > 0, got nan"),
-    (lambda: check_float("precision", 1.5, minimum=0, maximum=1), "precision must be a number in [0, 1], got 1.5"),
-    (lambda: check_float("threshold", 1, above=0, below=1, allow_none=True),
-     "threshold must be a number in (0, 1) or None, got 1"),
-    (lambda: check_float("lr", False, above=0), "lr must be a number > 0, got False"),
-    (lambda: check_float("lr", "0.1", above=0), "lr must be a number > 0, got '0.1'"),
-])
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (
+            lambda: check_float("l1", -1.0, minimum=0, finite=True, fix="1e-5..1e-4 is a common start"),
+            "l1 must be a finite number >= 0, got -1.0; 1e-5..1e-4 is a common start",
+        ),
+        (lambda: check_float("l1", math.inf, minimum=0, finite=True), "l1 must be a finite number >= 0, got inf"),
+        (
+            lambda: check_float("data_timeout_s", 0, above=0, unit="seconds", owner="M"),
+            "M: data_timeout_s must be a number of seconds > 0, got 0",
+        ),
+        (lambda: check_float("timeout", math.nan, above=0), "timeout must be a number > 0, got nan"),
+        (lambda: check_float("precision", 1.5, minimum=0, maximum=1), "precision must be a number in [0, 1], got 1.5"),
+        (
+            lambda: check_float("threshold", 1, above=0, below=1, allow_none=True),
+            "threshold must be a number in (0, 1) or None, got 1",
+        ),
+        (lambda: check_float("lr", False, above=0), "lr must be a number > 0, got False"),
+        (lambda: check_float("lr", "0.1", above=0), "lr must be a number > 0, got '0.1'"),
+    ],
+)
 def test_check_float_names_the_option_the_bounds_and_the_value(call, message) -> None:
     with pytest.raises(ConfigError) as info:
         call()
@@ -103,13 +124,16 @@ def test_parse_int_reads_integers_typed_as_text(text, minimum, expected) -> None
     assert parse_int(text, minimum) == expected
 
 
-@pytest.mark.parametrize(("call", "message"), [
-    (lambda: parse_int("two", 1), "'two' is not an integer"),
-    (lambda: parse_int("0", 1), "must be >= 1, got 0"),
-    (lambda: parse_float("x", 0), "'x' is not a number"),
-    (lambda: parse_float("-1", 0), "must be > 0, got -1"),
-    (lambda: parse_float("nan", 0), "must be > 0, got nan"),
-])
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: parse_int("two", 1), "'two' is not an integer"),
+        (lambda: parse_int("0", 1), "must be >= 1, got 0"),
+        (lambda: parse_float("x", 0), "'x' is not a number"),
+        (lambda: parse_float("-1", 0), "must be > 0, got -1"),
+        (lambda: parse_float("nan", 0), "must be > 0, got nan"),
+    ],
+)
 def test_parse_messages_leave_the_option_name_to_the_caller(call, message) -> None:
     with pytest.raises(ConfigError) as info:
         call()

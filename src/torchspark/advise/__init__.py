@@ -9,18 +9,30 @@
 """
 
 from torchspark.advise.estimate import (
-                                        Advice,
-                                        Estimate,
-                                        Link,
-                                        Verdict,
-                                        Workload,
-                                        advise,
-                                        allgather_seconds,
-                                        allreduce_seconds,
-                                        estimate,
-                                        parse_link,
+    Advice,
+    Estimate,
+    Link,
+    Verdict,
+    Workload,
+    advise,
+    allgather_seconds,
+    allreduce_seconds,
+    estimate,
+    parse_link,
 )
 from torchspark.advise.measurement import Measurement, measure
 
-__all__ = ["measure", "Measurement", "advise", "estimate", "Advice", "Estimate", "Link", "Verdict", "Workload",
-           "allreduce_seconds", "allgather_seconds", "parse_link"]
+__all__ = [
+    "measure",
+    "Measurement",
+    "advise",
+    "estimate",
+    "Advice",
+    "Estimate",
+    "Link",
+    "Verdict",
+    "Workload",
+    "allreduce_seconds",
+    "allgather_seconds",
+    "parse_link",
+]

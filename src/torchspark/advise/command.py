@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from torchspark.advise.estimate import Advice, Link, Verdict, advise, estimate, parse_link
 from torchspark.advise.measurement import Measurement, measure
@@ -14,19 +15,28 @@ from torchspark.errors import ConfigError
 __all__ = ["add_parser", "cmd_advise", "report", "to_json"]
 
 
-def add_parser(sub: Any, fmt: type[argparse.HelpFormatter], positive_int: Callable[[str], int],
-               positive_float: Callable[[str], float], shape: Callable[[str], tuple[int, ...]]) -> None:
+def add_parser(
+    sub: Any,
+    fmt: type[argparse.HelpFormatter],
+    positive_int: Callable[[str], int],
+    positive_float: Callable[[str], float],
+    shape: Callable[[str], tuple[int, ...]],
+) -> None:
     """Add the ``advise`` subcommand (the CLI's own argument converters are passed in)."""
     p = sub.add_parser(
-        "advise", help="is Spark worth it for this model? measure, estimate, advise", formatter_class=fmt,
+        "advise",
+        help="is Spark worth it for this model? measure, estimate, advise",
+        formatter_class=fmt,
         allow_abbrev=False,
         description="Measure ms per iteration and parameter bytes of a model at a batch size on this machine (one "
-                    "worker), estimate the exchange cost for WORKERS workers on LINK links, dense and shared, and "
-                    "print which training master and averaging frequency to use, or to stay on one machine.")
+        "worker), estimate the exchange cost for WORKERS workers on LINK links, dense and shared, and "
+        "print which training master and averaging frequency to use, or to stay on one machine.",
+    )
     p.add_argument("--model", default="lenet", choices=["lenet", "mlp"], help="zoo model to measure")
     p.add_argument("--model-path", default=None, help="measure a saved network (Network.save) instead of --model")
-    p.add_argument("--input-shape", type=shape, default=(1, 28, 28),
-                   help="shape of one example, e.g. 1,28,28 (MNIST) or 784")
+    p.add_argument(
+        "--input-shape", type=shape, default=(1, 28, 28), help="shape of one example, e.g. 1,28,28 (MNIST) or 784"
+    )
     p.add_argument("--classes", type=positive_int, default=10, help="zoo models: output classes")
     p.add_argument("--batch-size", type=positive_int, default=32, help="minibatch size per worker")
     p.add_argument("--num-workers", type=positive_int, default=4, help="workers on the cluster")
@@ -34,13 +44,21 @@ def add_parser(sub: Any, fmt: type[argparse.HelpFormatter], positive_int: Callab
     p.add_argument("--latency-ms", type=float, default=0.1, help="one message's latency on that link")
     p.add_argument("--iterations", type=positive_int, default=20, help="timed iterations (median)")
     p.add_argument("--warmup", type=int, default=3, help="untimed iterations first")
-    p.add_argument("--threads", type=positive_int, default=None,
-                   help="torch threads, as one worker would have (default: torch's)")
-    p.add_argument("--sparsity", type=positive_float, default=1e-3,
-                   help="gradient sharing: fraction of the entries per message in steady state (the default "
-                        "AdaptiveThreshold keeps it in [1e-4, 1e-2])")
-    p.add_argument("--no-save-updater", action="store_true",
-                   help="averaging without the updater state (half the traffic with Adam)")
+    p.add_argument(
+        "--threads", type=positive_int, default=None, help="torch threads, as one worker would have (default: torch's)"
+    )
+    p.add_argument(
+        "--sparsity",
+        type=positive_float,
+        default=1e-3,
+        help="gradient sharing: fraction of the entries per message in steady state (the default "
+        "AdaptiveThreshold keeps it in [1e-4, 1e-2])",
+    )
+    p.add_argument(
+        "--no-save-updater",
+        action="store_true",
+        help="averaging without the updater state (half the traffic with Adam)",
+    )
     p.add_argument("--json", action="store_true", help="print the numbers as JSON")
 
 
@@ -75,8 +93,10 @@ def _batch(net: Any, args: argparse.Namespace) -> Any:
     try:
         outputs = net.output(features[:2])
     except Exception as e:  # a shape mismatch from the user's module: say which option to fix
-        raise ConfigError(f"the network does not take inputs of shape {tuple(features.shape[1:])}: {e}; set "
-                          "--input-shape to the shape of one example") from e
+        raise ConfigError(
+            f"the network does not take inputs of shape {tuple(features.shape[1:])}: {e}; set "
+            "--input-shape to the shape of one example"
+        ) from e
     loss = net.losses[0]
     if loss.classification:
         labels = torch.randint(0, outputs.shape[1], (args.batch_size,), generator=gen)
@@ -97,8 +117,10 @@ def _master_line(advice: Advice, batch_size: int) -> str:
     if advice.verdict is Verdict.GRADIENT_SHARING:
         return f"SharedTrainingMaster(batch_size_per_worker={batch_size}, num_workers={advice.num_workers})"
     if advice.verdict is Verdict.PARAMETER_AVERAGING:
-        return (f"ParameterAveragingTrainingMaster(batch_size_per_worker={batch_size}, "
-                f"num_workers={advice.num_workers}, averaging_frequency={advice.averaging_frequency})")
+        return (
+            f"ParameterAveragingTrainingMaster(batch_size_per_worker={batch_size}, "
+            f"num_workers={advice.num_workers}, averaging_frequency={advice.averaging_frequency})"
+        )
     return "ParallelWrapper(network, num_workers=<cores or GPUs of this machine>) -- or plain Network.fit"
 
 
@@ -117,12 +139,16 @@ def report(m: Measurement, advice: Advice, link: Link, name: str, save_updater: 
     ]
     for e in estimate(workload, advice.num_workers, link, save_updater):
         label = {"shared": "gradient sharing", "dense_every_step": "dense all-reduce every step (DDP-like)"}.get(
-            e.name, f"parameter averaging, every {e.averaging_frequency}")
-        lines.append(f"  {label:<40} exchange {e.exchange_seconds_per_iteration * 1e3:9.3g} ms   "
-                     f"speedup {e.speedup:5.2f}x")
-    lines += [f"seeds: {advice.seed_band}",
-              f"advice: {advice.verdict.value}",
-              f"  {_master_line(advice, m.batch_size)}"]
+            e.name, f"parameter averaging, every {e.averaging_frequency}"
+        )
+        lines.append(
+            f"  {label:<40} exchange {e.exchange_seconds_per_iteration * 1e3:9.3g} ms   speedup {e.speedup:5.2f}x"
+        )
+    lines += [
+        f"seeds: {advice.seed_band}",
+        f"advice: {advice.verdict.value}",
+        f"  {_master_line(advice, m.batch_size)}",
+    ]
     lines += [f"  because {r}" for r in advice.reasons]
     return "\n".join(lines)
 
@@ -134,9 +160,13 @@ def to_json(m: Measurement, advice: Advice, link: Link, save_updater: bool) -> d
         "num_workers": advice.num_workers,
         "save_updater": save_updater,
         "estimates": [dataclasses.asdict(e) for e in estimate(m.workload(), advice.num_workers, link, save_updater)],
-        "advice": {"verdict": advice.verdict.name, "text": advice.verdict.value,
-                   "averaging_frequency": advice.averaging_frequency, "seed_band": advice.seed_band,
-                   "reasons": advice.reasons},
+        "advice": {
+            "verdict": advice.verdict.name,
+            "text": advice.verdict.value,
+            "averaging_frequency": advice.averaging_frequency,
+            "seed_band": advice.seed_band,
+            "reasons": advice.reasons,
+        },
     }
 
 
@@ -153,8 +183,7 @@ def cmd_advise(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     try:
         net = _network(args)
-        m = measure(net, _batch(net, args), iterations=args.iterations, warmup=args.warmup,
-                    sparsity=args.sparsity)
+        m = measure(net, _batch(net, args), iterations=args.iterations, warmup=args.warmup, sparsity=args.sparsity)
     finally:
         torch.set_num_threads(previous)
     save_updater = not args.no_save_updater

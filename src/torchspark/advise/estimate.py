@@ -25,8 +25,21 @@ from dataclasses import dataclass, field
 
 from torchspark.errors import ConfigError
 
-__all__ = ["Link", "Workload", "Estimate", "Verdict", "Advice", "allreduce_seconds", "allgather_seconds",
-           "estimate", "advise", "parse_link", "AVERAGING_FREQUENCIES", "MIN_SPEEDUP", "TARGET_EFFICIENCY"]
+__all__ = [
+    "Link",
+    "Workload",
+    "Estimate",
+    "Verdict",
+    "Advice",
+    "allreduce_seconds",
+    "allgather_seconds",
+    "estimate",
+    "advise",
+    "parse_link",
+    "AVERAGING_FREQUENCIES",
+    "MIN_SPEEDUP",
+    "TARGET_EFFICIENCY",
+]
 
 #: averaging frequencies considered: DL4J calls 5-10 "a safe default", 1 "inefficient", ~200 divergent; past ~20
 #: convergence suffers
@@ -144,8 +157,10 @@ def estimate(workload: Workload, num_workers: int, link: Link, save_updater: boo
         raise ConfigError(f"num_workers must be an integer >= 1, got {num_workers!r}")
     shared = allgather_seconds(workload.shared_bytes_per_step, num_workers, link) + workload.encode_seconds
     dense = allreduce_seconds(workload.param_bytes, num_workers, link)
-    out = [Estimate("shared", shared, _speedup(workload, num_workers, shared)),
-           Estimate("dense_every_step", dense, _speedup(workload, num_workers, dense))]
+    out = [
+        Estimate("shared", shared, _speedup(workload, num_workers, shared)),
+        Estimate("dense_every_step", dense, _speedup(workload, num_workers, dense)),
+    ]
     averaged = workload.param_bytes + (workload.updater_state_bytes if save_updater else 0)
     for f in AVERAGING_FREQUENCIES:
         per_iteration = allreduce_seconds(averaged, num_workers, link) / f
@@ -179,8 +194,10 @@ def _seed_band(ms: float) -> str:
     if ms >= 150:
         return ">= 150 ms per iteration: the seeds expect distributed training, gradient sharing too, to scale well"
     if ms >= 100:
-        return ("100-150 ms per iteration: the seeds expect parameter averaging to scale well; for gradient "
-                "sharing, \"<= 150 ms: Spark may not be worth it\"")
+        return (
+            "100-150 ms per iteration: the seeds expect parameter averaging to scale well; for gradient "
+            'sharing, "<= 150 ms: Spark may not be worth it"'
+        )
     if ms >= 10:
         return "10-100 ms per iteration: the seeds expect sub-linear scaling"
     if ms > 1:
@@ -207,23 +224,31 @@ def advise(workload: Workload, num_workers: int, link: Link, save_updater: bool 
     dense = next(e for e in estimates if e.name == "dense_every_step")
     averaging = _averaging_choice([e for e in estimates if e.name == "averaging"], num_workers)
     ms = workload.seconds_per_iteration * 1e3
-    reasons = [f"one iteration takes {ms:.3g} ms; exchange per iteration: sharing "
-               f"{shared.exchange_seconds_per_iteration * 1e3:.3g} ms, averaging every "
-               f"{averaging.averaging_frequency} {averaging.exchange_seconds_per_iteration * 1e3:.3g} ms, dense "
-               f"every step {dense.exchange_seconds_per_iteration * 1e3:.3g} ms"]
+    reasons = [
+        f"one iteration takes {ms:.3g} ms; exchange per iteration: sharing "
+        f"{shared.exchange_seconds_per_iteration * 1e3:.3g} ms, averaging every "
+        f"{averaging.averaging_frequency} {averaging.exchange_seconds_per_iteration * 1e3:.3g} ms, dense "
+        f"every step {dense.exchange_seconds_per_iteration * 1e3:.3g} ms"
+    ]
     best = max(shared.speedup, averaging.speedup)
     if num_workers < 2 or best < MIN_SPEEDUP:
         verdict, frequency = Verdict.STAY_ON_ONE_MACHINE, None
-        reasons.append(f"the best estimated speedup on {num_workers} worker(s) is {best:.2f}x (< {MIN_SPEEDUP}x): the "
-                       "exchange eats the gain; use ParallelWrapper for the cores of one machine")
+        reasons.append(
+            f"the best estimated speedup on {num_workers} worker(s) is {best:.2f}x (< {MIN_SPEEDUP}x): the "
+            "exchange eats the gain; use ParallelWrapper for the cores of one machine"
+        )
     elif shared.speedup / num_workers >= TARGET_EFFICIENCY or shared.speedup >= averaging.speedup:
         verdict, frequency = Verdict.GRADIENT_SHARING, None
-        reasons.append(f"gradient sharing is estimated at {shared.speedup:.2f}x on {num_workers} workers (averaging "
-                       f"every {averaging.averaging_frequency}: {averaging.speedup:.2f}x) and updates every worker "
-                       "every step")
+        reasons.append(
+            f"gradient sharing is estimated at {shared.speedup:.2f}x on {num_workers} workers (averaging "
+            f"every {averaging.averaging_frequency}: {averaging.speedup:.2f}x) and updates every worker "
+            "every step"
+        )
     else:
         verdict, frequency = Verdict.PARAMETER_AVERAGING, averaging.averaging_frequency
-        reasons.append(f"parameter averaging every {frequency} minibatches is estimated at {averaging.speedup:.2f}x "
-                       f"on {num_workers} workers, ahead of gradient sharing ({shared.speedup:.2f}x, whose encoding "
-                       f"and messages cost {shared.exchange_seconds_per_iteration * 1e3:.3g} ms per iteration)")
+        reasons.append(
+            f"parameter averaging every {frequency} minibatches is estimated at {averaging.speedup:.2f}x "
+            f"on {num_workers} workers, ahead of gradient sharing ({shared.speedup:.2f}x, whose encoding "
+            f"and messages cost {shared.exchange_seconds_per_iteration * 1e3:.3g} ms per iteration)"
+        )
     return Advice(verdict, num_workers, frequency, shared, averaging, dense, _seed_band(ms), reasons)

@@ -47,9 +47,13 @@ class Measurement:
     sparsity: float
 
     def workload(self) -> Workload:
-        return Workload(seconds_per_iteration=self.ms_per_iteration / 1e3, param_bytes=self.param_bytes,
-                        updater_state_bytes=self.updater_state_bytes,
-                        shared_bytes_per_step=self.shared_bytes_per_step, encode_seconds=self.encode_ms / 1e3)
+        return Workload(
+            seconds_per_iteration=self.ms_per_iteration / 1e3,
+            param_bytes=self.param_bytes,
+            updater_state_bytes=self.updater_state_bytes,
+            shared_bytes_per_step=self.shared_bytes_per_step,
+            encode_seconds=self.encode_ms / 1e3,
+        )
 
 
 def measure(network: Any, batch: Any, iterations: int = 20, warmup: int = 3, sparsity: float = 1e-3) -> Measurement:
@@ -96,8 +100,16 @@ def measure(network: Any, batch: Any, iterations: int = 20, warmup: int = 3, spa
         encode_times.append(time.perf_counter() - start)
         net.apply_update(out)
         sizes.append(1 + len(payload))  # the exchange adds one flag byte
-    return Measurement(batch_size=len(batch), iterations=iterations, warmup=warmup, num_params=net.num_params(),
-                       param_bytes=4 * net.num_params(), updater_state_bytes=4 * net.updater_state_size(),
-                       ms_per_iteration=statistics.median(times) * 1e3,
-                       shared_bytes_per_step=statistics.fmean(sizes), encode_ms=statistics.median(encode_times) * 1e3,
-                       threads=torch.get_num_threads(), sparsity=float(sparsity))
+    return Measurement(
+        batch_size=len(batch),
+        iterations=iterations,
+        warmup=warmup,
+        num_params=net.num_params(),
+        param_bytes=4 * net.num_params(),
+        updater_state_bytes=4 * net.updater_state_size(),
+        ms_per_iteration=statistics.median(times) * 1e3,
+        shared_bytes_per_step=statistics.fmean(sizes),
+        encode_ms=statistics.median(encode_times) * 1e3,
+        threads=torch.get_num_threads(),
+        sparsity=float(sparsity),
+    )

@@ -83,24 +83,33 @@ def dataset_to_bytes(ds: DataSet | MultiDataSet) -> bytes:
 def _read_header(data: bytes, source: str) -> dict[str, Any]:
     """Parse the safetensors header: an 8-byte little-endian length, then that many bytes of JSON."""
     if len(data) < 8:
-        raise DataError(f"{source} is empty or truncated ({len(data)} bytes); it is not a batch file, "
-                        f"re-export it with save_batches")
+        raise DataError(
+            f"{source} is empty or truncated ({len(data)} bytes); it is not a batch file, "
+            f"re-export it with save_batches"
+        )
     header_len = int.from_bytes(data[:8], "little")
     if header_len > len(data) - 8:
-        raise DataError(f"{source} is truncated or not a safetensors file: its header claims {header_len} bytes "
-                        f"but only {len(data) - 8} follow; re-export it with save_batches")
+        raise DataError(
+            f"{source} is truncated or not a safetensors file: its header claims {header_len} bytes "
+            f"but only {len(data) - 8} follow; re-export it with save_batches"
+        )
     try:
-        header = json.loads(data[8:8 + header_len].decode("utf-8"))
+        header = json.loads(data[8 : 8 + header_len].decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise DataError(f"{source} is not a safetensors file (unreadable header: {exc})") from exc
     if not isinstance(header, dict):
         raise DataError(f"{source} is not a safetensors file (header is not a JSON object)")
     data_len = len(data) - 8 - header_len
-    ends = [entry["data_offsets"][1] for name, entry in header.items()
-            if name != "__metadata__" and isinstance(entry, dict) and len(entry.get("data_offsets", ())) == 2]
+    ends = [
+        entry["data_offsets"][1]
+        for name, entry in header.items()
+        if name != "__metadata__" and isinstance(entry, dict) and len(entry.get("data_offsets", ())) == 2
+    ]
     if ends and max(ends) > data_len:
-        raise DataError(f"{source} is truncated: tensors need {max(ends)} data bytes but the file has {data_len}; "
-                        f"re-export it with save_batches")
+        raise DataError(
+            f"{source} is truncated: tensors need {max(ends)} data bytes but the file has {data_len}; "
+            f"re-export it with save_batches"
+        )
     return header
 
 
@@ -118,11 +127,15 @@ def dataset_from_bytes(data: bytes, source: str = "<bytes>") -> DataSet | MultiD
     data = bytes(data)
     metadata = _read_header(data, source).get("__metadata__") or {}
     if not isinstance(metadata, dict) or metadata.get("format") != BATCH_FORMAT:
-        raise DataError(f"{source} is a safetensors file but not a torchspark batch file (no format marker "
-                        f"{BATCH_FORMAT!r} in its metadata); write batches with save_batch/save_batches")
+        raise DataError(
+            f"{source} is a safetensors file but not a torchspark batch file (no format marker "
+            f"{BATCH_FORMAT!r} in its metadata); write batches with save_batch/save_batches"
+        )
     if metadata.get("version") != BATCH_FORMAT_VERSION:
-        raise DataError(f"{source} has batch format version {metadata.get('version')!r}, this torchspark reads "
-                        f"version {BATCH_FORMAT_VERSION!r}; re-export the data with this version")
+        raise DataError(
+            f"{source} has batch format version {metadata.get('version')!r}, this torchspark reads "
+            f"version {BATCH_FORMAT_VERSION!r}; re-export the data with this version"
+        )
     cls = _KINDS.get(str(metadata.get("kind")))
     if cls is None:
         raise DataError(f"{source} holds an unknown kind {metadata.get('kind')!r}; expected one of {sorted(_KINDS)}")
@@ -183,15 +196,15 @@ def save_batch(ds: DataSet | MultiDataSet, path: str) -> str:
     except BaseException as exc:
         _remove_quietly(fs, tmp)
         if isinstance(exc, OSError):
-            raise DataError(f"cannot write batch file {path} in directory {directory_display} ({exc}); "
-                            f"check that the directory is writable and has free space") from exc
+            raise DataError(
+                f"cannot write batch file {path} in directory {directory_display} ({exc}); "
+                f"check that the directory is writable and has free space"
+            ) from exc
         raise
     return path
 
 
-def save_batches(
-    datasets: Iterable[DataSet | MultiDataSet], directory: str, prefix: str = "batch"
-) -> list[str]:
+def save_batches(datasets: Iterable[DataSet | MultiDataSet], directory: str, prefix: str = "batch") -> list[str]:
     """Write each dataset of ``datasets`` (any iterable, consumed lazily) as ``{prefix}_{i:06d}.safetensors``.
 
     Args:

@@ -118,8 +118,10 @@ def _cut(stream: Iterable[Batch], sizes: Iterable[int], what: str) -> Iterator[B
     for position, item in enumerate(_checked_items(stream, what)):
         kind = kind or type(item)
         if type(item) is not kind:
-            raise DataError(f"{what}: item {position} of the stream is a {type(item).__name__} but earlier items "
-                            f"are {kind.__name__}s; do not mix them (DataSet.to_multi converts)")
+            raise DataError(
+                f"{what}: item {position} of the stream is a {type(item).__name__} but earlier items "
+                f"are {kind.__name__}s; do not mix them (DataSet.to_multi converts)"
+            )
         start, n = 0, len(item)
         while start < n and target is not None:
             take = min(target - pending_n, n - start)  # (1)

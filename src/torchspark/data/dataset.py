@@ -27,9 +27,11 @@ def _as_tensor(value: Any, name: str) -> torch.Tensor:
     """Convert ``value`` (tensor, numpy array, nested list) to a tensor with at least one dimension."""
     kind = getattr(getattr(value, "dtype", None), "kind", None)
     if kind in ("U", "S", "O"):  # numpy strings or Python objects: torch's own message lists every dtype it knows
-        raise DataError(f"{name} is a numpy array of dtype {value.dtype} ({'objects' if kind == 'O' else 'strings'}); "
-                        "convert it to numbers first (class names to indices: np.unique(values, "
-                        "return_inverse=True)[1]; numeric text: values.astype('float32'))")
+        raise DataError(
+            f"{name} is a numpy array of dtype {value.dtype} ({'objects' if kind == 'O' else 'strings'}); "
+            "convert it to numbers first (class names to indices: np.unique(values, "
+            "return_inverse=True)[1]; numeric text: values.astype('float32'))"
+        )
     try:
         tensor = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
     except (TypeError, ValueError, RuntimeError) as exc:
@@ -38,8 +40,10 @@ def _as_tensor(value: Any, name: str) -> torch.Tensor:
             f"convert it with numpy.asarray first"
         ) from exc
     if tensor.dim() == 0:
-        raise DataError(f"{name} is a scalar (0 dimensions); the first dimension must index examples, "
-                        f"e.g. reshape to (1, ...) or pass a batch")
+        raise DataError(
+            f"{name} is a scalar (0 dimensions); the first dimension must index examples, "
+            f"e.g. reshape to (1, ...) or pass a batch"
+        )
     return tensor
 
 
@@ -139,8 +143,7 @@ class _Examples:
                 raise DataError(f"slice {arg_name} must be an int, got {value!r}")
         if not 0 <= start <= stop <= self._n:
             raise DataError(
-                f"slice({start}, {stop}) is out of range for {self._n} examples; "
-                f"use 0 <= start <= stop <= {self._n}"
+                f"slice({start}, {stop}) is out of range for {self._n} examples; use 0 <= start <= stop <= {self._n}"
             )
         return self._map(lambda t: t[start:stop])
 
@@ -352,13 +355,19 @@ class MultiDataSet(_Examples):
         if labels_masks is not None and self.labels is None:
             raise DataError("labels_masks was given without labels; pass labels too or drop the masks")
         n_labels = 0 if self.labels is None else len(self.labels)
-        self.labels_masks: list[torch.Tensor | None] | None = _mask_list(labels_masks, "labels_masks", n_labels, "labels")
+        self.labels_masks: list[torch.Tensor | None] | None = _mask_list(
+            labels_masks, "labels_masks", n_labels, "labels"
+        )
         self._check_lengths()
 
     def _named(self) -> dict[str, torch.Tensor]:
         named: dict[str, torch.Tensor] = {}
-        groups = (("features", self.features), ("labels", self.labels),
-                  ("features_mask", self.features_masks), ("labels_mask", self.labels_masks))
+        groups = (
+            ("features", self.features),
+            ("labels", self.labels),
+            ("features_mask", self.features_masks),
+            ("labels_mask", self.labels_masks),
+        )
         for prefix, tensors in groups:
             for i, tensor in enumerate(tensors or []):
                 if tensor is not None:
@@ -376,12 +385,21 @@ class MultiDataSet(_Examples):
 
         features = group("features", None)
         labels = group("labels", None)
-        used = {f"{p}.{i}" for p, c in (("features", len(features)), ("labels", len(labels)),
-                                         ("features_mask", len(features)), ("labels_mask", len(labels)))
-                for i in range(c)}
+        used = {
+            f"{p}.{i}"
+            for p, c in (
+                ("features", len(features)),
+                ("labels", len(labels)),
+                ("features_mask", len(features)),
+                ("labels_mask", len(labels)),
+            )
+            for i in range(c)
+        }
         if set(named) - used:
-            raise DataError(f"unexpected MultiDataSet arrays {sorted(set(named) - used)}; "
-                            f"expected features.i, labels.i, features_mask.i, labels_mask.i")
+            raise DataError(
+                f"unexpected MultiDataSet arrays {sorted(set(named) - used)}; "
+                f"expected features.i, labels.i, features_mask.i, labels_mask.i"
+            )
         return cls(
             features,
             labels or None,

@@ -49,8 +49,10 @@ def resolve_paths(spec: Any, any_file: bool = False) -> list[str]:
                 raise DataError(f"paths[{i}] is a {type(item).__name__}; a list must hold file paths (str)")
         return [os.fspath(p) for p in spec]
     if not isinstance(spec, (str, os.PathLike)):
-        raise DataError(f"paths must be a directory, a glob, a file path, a list of paths or an RDD of paths; got "
-                        f"a {type(spec).__name__}")
+        raise DataError(
+            f"paths must be a directory, a glob, a file path, a list of paths or an RDD of paths; got "
+            f"a {type(spec).__name__}"
+        )
     location = os.fspath(spec)
     fs, fs_path = filesystem(location)
     remote = "://" in location
@@ -64,15 +66,20 @@ def resolve_paths(spec: Any, any_file: bool = False) -> list[str]:
             raise DataError(f"no files match {location!r}; check the pattern (and that the export finished)")
         return [shown(p) for p in found]
     if fs.isdir(fs_path):
-        names = sorted(os.path.basename(e["name"].rstrip("/")) for e in fs.ls(fs_path, detail=True)
-                       if e.get("type") == "file")
+        names = sorted(
+            os.path.basename(e["name"].rstrip("/")) for e in fs.ls(fs_path, detail=True) if e.get("type") == "file"
+        )
         keep = [n for n in names if not n.startswith(".") and (any_file or n.endswith(BATCH_SUFFIX))]
         if not keep:
             what = "files" if any_file else f"batch files (*{BATCH_SUFFIX})"
-            raise DataError(f"directory {location!r} holds no {what}; export the data first "
-                            f"(torchspark.spark.export_batches / save_batches) or fix the path")
+            raise DataError(
+                f"directory {location!r} holds no {what}; export the data first "
+                f"(torchspark.spark.export_batches / save_batches) or fix the path"
+            )
         return [join(location, n) for n in keep]
     if fs.exists(fs_path):
         return [location]
-    raise DataError(f"{location!r} does not exist: no such file or directory; check the path, or export the data "
-                    "first with torchspark.spark.export_batches")
+    raise DataError(
+        f"{location!r} does not exist: no such file or directory; check the path, or export the data "
+        "first with torchspark.spark.export_batches"
+    )

@@ -69,8 +69,9 @@ def check_saveable(network: Network) -> None:
     if not isinstance(network.updater, UpdaterSpec):
         problems.append("its updater is a callable (use a torchspark.optim spec such as Adam(lr=1e-3))")
     if problems:
-        raise ConfigError("DirectoryModelSaver cannot save this network: " + "; ".join(problems) +
-                          ". Or use InMemoryModelSaver.")
+        raise ConfigError(
+            "DirectoryModelSaver cannot save this network: " + "; ".join(problems) + ". Or use InMemoryModelSaver."
+        )
 
 
 class DirectoryModelSaver:
@@ -132,8 +133,11 @@ class DirectoryModelSaver:
         sub = f"{name}-{uuid.uuid4().hex[:12]}"
         network.save(join(self.directory, sub), save_updater=self.save_updater)  # 1. the new model, complete
         record = {"path": sub, "epoch": epoch, "score": score if math.isfinite(score) else str(score)}
-        atomic_write_bytes(join(self.directory, f"{name}.json"), json.dumps(record).encode(),  # 2. switch
-                           SerializationError)
+        atomic_write_bytes(
+            join(self.directory, f"{name}.json"),
+            json.dumps(record).encode(),  # 2. switch
+            SerializationError,
+        )
         if old is not None and old.get("path") != sub:  # 3. drop the replaced model
             fs, path = filesystem(join(self.directory, str(old["path"])))
             try:

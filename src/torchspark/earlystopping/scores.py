@@ -10,8 +10,9 @@ direction. ``"loss"`` is not a metric: use a loss calculator.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Protocol
 
 from torchspark.data import DataSet, MultiDataSet
 from torchspark.errors import ConfigError
@@ -46,24 +47,27 @@ class Metric:
 #: macro average), matthews_correlation. Binary multi-label (EvaluationBinary): the ``binary_*`` averages. ROC:
 #: auc/auprc of a binary classifier, average_auc of a multi-class one. Regression (RegressionEvaluation, averaged
 #: over output columns): mse, mae, rmse, rse, r2, pearson.
-METRICS: dict[str, Metric] = {m.name: m for m in (
-    Metric("accuracy", Evaluation, lambda e: e.accuracy(), False),
-    Metric("f1", Evaluation, lambda e: e.f1(), False),
-    Metric("precision", Evaluation, lambda e: e.precision(), False),
-    Metric("recall", Evaluation, lambda e: e.recall(), False),
-    Metric("matthews_correlation", Evaluation, lambda e: e.matthews_correlation(), False),
-    Metric("binary_accuracy", EvaluationBinary, lambda e: e.average_accuracy(), False),
-    Metric("binary_f1", EvaluationBinary, lambda e: e.average_f1(), False),
-    Metric("auc", ROC, lambda e: e.auc(), False),
-    Metric("auprc", ROC, lambda e: e.auprc(), False),
-    Metric("average_auc", ROCMultiClass, lambda e: e.average_auc(), False),
-    Metric("mse", RegressionEvaluation, lambda e: e.average_mean_squared_error(), True),
-    Metric("mae", RegressionEvaluation, lambda e: e.average_mean_absolute_error(), True),
-    Metric("rmse", RegressionEvaluation, lambda e: e.average_root_mean_squared_error(), True),
-    Metric("rse", RegressionEvaluation, lambda e: e.average_relative_squared_error(), True),
-    Metric("r2", RegressionEvaluation, lambda e: e.average_r_squared(), False),
-    Metric("pearson", RegressionEvaluation, lambda e: e.average_pearson_correlation(), False),
-)}
+METRICS: dict[str, Metric] = {
+    m.name: m
+    for m in (
+        Metric("accuracy", Evaluation, lambda e: e.accuracy(), False),
+        Metric("f1", Evaluation, lambda e: e.f1(), False),
+        Metric("precision", Evaluation, lambda e: e.precision(), False),
+        Metric("recall", Evaluation, lambda e: e.recall(), False),
+        Metric("matthews_correlation", Evaluation, lambda e: e.matthews_correlation(), False),
+        Metric("binary_accuracy", EvaluationBinary, lambda e: e.average_accuracy(), False),
+        Metric("binary_f1", EvaluationBinary, lambda e: e.average_f1(), False),
+        Metric("auc", ROC, lambda e: e.auc(), False),
+        Metric("auprc", ROC, lambda e: e.auprc(), False),
+        Metric("average_auc", ROCMultiClass, lambda e: e.average_auc(), False),
+        Metric("mse", RegressionEvaluation, lambda e: e.average_mean_squared_error(), True),
+        Metric("mae", RegressionEvaluation, lambda e: e.average_mean_absolute_error(), True),
+        Metric("rmse", RegressionEvaluation, lambda e: e.average_root_mean_squared_error(), True),
+        Metric("rse", RegressionEvaluation, lambda e: e.average_relative_squared_error(), True),
+        Metric("r2", RegressionEvaluation, lambda e: e.average_r_squared(), False),
+        Metric("pearson", RegressionEvaluation, lambda e: e.average_pearson_correlation(), False),
+    )
+}
 
 
 def metric_by_name(metric: str | Metric) -> Metric:
@@ -84,8 +88,10 @@ def _check_batch_size(owner: str, batch_size: Any) -> None:
 
 def _check_data(owner: str, data: Any) -> None:
     if not isinstance(data, (DataSet, MultiDataSet, list, tuple)):
-        raise ConfigError(f"{owner}: data must be a DataSet, a MultiDataSet or a list of them, got "
-                          f"{type(data).__name__} (for an RDD or DataFrame use torchspark.spark.earlystopping)")
+        raise ConfigError(
+            f"{owner}: data must be a DataSet, a MultiDataSet or a list of them, got "
+            f"{type(data).__name__} (for an RDD or DataFrame use torchspark.spark.earlystopping)"
+        )
 
 
 class LossCalculator:
@@ -99,8 +105,9 @@ class LossCalculator:
 
     minimize = True
 
-    def __init__(self, data: DataSet | MultiDataSet | Iterable[Any], average: bool = True,
-                 batch_size: int = 256) -> None:
+    def __init__(
+        self, data: DataSet | MultiDataSet | Iterable[Any], average: bool = True, batch_size: int = 256
+    ) -> None:
         _check_data("LossCalculator", data)
         _check_batch_size("LossCalculator", batch_size)
         self.data, self.average, self.batch_size = data, bool(average), batch_size
@@ -115,8 +122,9 @@ class EvaluationCalculator:
     """Any metric of :data:`METRICS` (or a custom :class:`Metric`) on validation data held by this process (DL4J's
     ClassificationScoreCalculator, RegressionScoreCalculator, ROCScoreCalculator)."""
 
-    def __init__(self, data: DataSet | MultiDataSet | Iterable[Any], metric: str | Metric = "accuracy",
-                 batch_size: int = 256) -> None:
+    def __init__(
+        self, data: DataSet | MultiDataSet | Iterable[Any], metric: str | Metric = "accuracy", batch_size: int = 256
+    ) -> None:
         _check_data("EvaluationCalculator", data)
         _check_batch_size("EvaluationCalculator", batch_size)
         self.data, self.metric, self.batch_size = data, metric_by_name(metric), batch_size

@@ -21,8 +21,9 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from torchspark.earlystopping.conditions import (
     EpochTerminationCondition,
@@ -37,8 +38,16 @@ from torchspark.nn import Network
 from torchspark.training.hooks import ProgressUpdate
 from torchspark.validation import check_bool, check_int
 
-__all__ = ["EarlyStoppingConfiguration", "EarlyStoppingResult", "EarlyStoppingListener", "TerminationReason",
-           "run_early_stopping", "LiveChecks", "EpochByEpochTrainer", "UNBOUNDED_EPOCH_LIMIT"]
+__all__ = [
+    "EarlyStoppingConfiguration",
+    "EarlyStoppingResult",
+    "EarlyStoppingListener",
+    "TerminationReason",
+    "run_early_stopping",
+    "LiveChecks",
+    "EpochByEpochTrainer",
+    "UNBOUNDED_EPOCH_LIMIT",
+]
 
 log = logging.getLogger(__name__)
 
@@ -85,25 +94,34 @@ class EarlyStoppingConfiguration:
     def __post_init__(self) -> None:
         calc = self.score_calculator
         if not callable(getattr(calc, "calculate", None)) or not isinstance(getattr(calc, "minimize", None), bool):
-            raise ConfigError(f"score_calculator must have calculate(network) and a bool minimize (e.g. "
-                              f"LossCalculator(validation_data)), got {type(calc).__name__}")
+            raise ConfigError(
+                f"score_calculator must have calculate(network) and a bool minimize (e.g. "
+                f"LossCalculator(validation_data)), got {type(calc).__name__}"
+            )
         object.__setattr__(self, "epoch_conditions", tuple(self.epoch_conditions))
         object.__setattr__(self, "iteration_conditions", tuple(self.iteration_conditions))
         for c in self.epoch_conditions:
             if not isinstance(c, EpochTerminationCondition):
-                raise ConfigError(f"epoch_conditions holds {c!r}, not an epoch condition (MaxEpochs, NoImprovement, "
-                                  "ScoreTarget); iteration conditions go in iteration_conditions")
+                raise ConfigError(
+                    f"epoch_conditions holds {c!r}, not an epoch condition (MaxEpochs, NoImprovement, "
+                    "ScoreTarget); iteration conditions go in iteration_conditions"
+                )
         for ic in self.iteration_conditions:
             if not isinstance(ic, IterationTerminationCondition):
-                raise ConfigError(f"iteration_conditions holds {ic!r}, not an iteration condition (MaxTime, MaxScore, "
-                                  "InvalidScore)")
+                raise ConfigError(
+                    f"iteration_conditions holds {ic!r}, not an iteration condition (MaxTime, MaxScore, InvalidScore)"
+                )
         if not self.epoch_conditions and not self.iteration_conditions:
-            raise ConfigError("early stopping needs at least one termination condition; add e.g. "
-                              "epoch_conditions=[MaxEpochs(20), NoImprovement(5)]")
+            raise ConfigError(
+                "early stopping needs at least one termination condition; add e.g. "
+                "epoch_conditions=[MaxEpochs(20), NoImprovement(5)]"
+            )
         for name in ("save_best", "save_latest", "best", "latest"):
             if not callable(getattr(self.model_saver, name, None)):
-                raise ConfigError(f"model_saver must be an InMemoryModelSaver, a DirectoryModelSaver or have "
-                                  f"{name}(); got {type(self.model_saver).__name__}")
+                raise ConfigError(
+                    f"model_saver must be an InMemoryModelSaver, a DirectoryModelSaver or have "
+                    f"{name}(); got {type(self.model_saver).__name__}"
+                )
         check_bool("save_last_model", self.save_last_model)
         check_int("evaluate_every_n_epochs", self.evaluate_every_n_epochs, 1)
 
@@ -130,8 +148,10 @@ class EarlyStoppingResult:
     best_model: Network | None
 
     def __str__(self) -> str:
-        return (f"EarlyStoppingResult(reason={self.termination_reason.value}, details={self.termination_details!r}, "
-                f"total_epochs={self.total_epochs}, best_epoch={self.best_epoch}, best_score={self.best_score:.6g})")
+        return (
+            f"EarlyStoppingResult(reason={self.termination_reason.value}, details={self.termination_details!r}, "
+            f"total_epochs={self.total_epochs}, best_epoch={self.best_epoch}, best_score={self.best_score:.6g})"
+        )
 
 
 class EarlyStoppingListener:
@@ -140,8 +160,7 @@ class EarlyStoppingListener:
     def on_start(self, config: EarlyStoppingConfiguration, network: Network) -> None:
         return None
 
-    def on_epoch(self, epoch: int, score: float | None, config: EarlyStoppingConfiguration,
-                 network: Network) -> None:
+    def on_epoch(self, epoch: int, score: float | None, config: EarlyStoppingConfiguration, network: Network) -> None:
         """``score`` is None on epochs that were not evaluated."""
         return None
 
@@ -153,8 +172,9 @@ class LiveChecks:
     """Iteration conditions asked on every live worker report (a progress listener, on a driver thread) and on each
     epoch's training score; the first one that fires is kept, and the run ends when the epoch under way ends."""
 
-    def __init__(self, conditions: Sequence[IterationTerminationCondition], start: float,
-                 clock: Callable[[], float]) -> None:
+    def __init__(
+        self, conditions: Sequence[IterationTerminationCondition], start: float, clock: Callable[[], float]
+    ) -> None:
         self._conditions, self._start, self._clock = conditions, start, clock
         self._lock = threading.Lock()
         self.fired: str | None = None
@@ -174,9 +194,15 @@ class LiveChecks:
         return None
 
 
-def run_early_stopping(config: EarlyStoppingConfiguration, network: Network, fit_epoch: Callable[[], float],
-                       listener: EarlyStoppingListener | None = None, live: LiveChecks | None = None,
-                       clock: Callable[[], float] = time.monotonic, start: float | None = None) -> EarlyStoppingResult:
+def run_early_stopping(
+    config: EarlyStoppingConfiguration,
+    network: Network,
+    fit_epoch: Callable[[], float],
+    listener: EarlyStoppingListener | None = None,
+    live: LiveChecks | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    start: float | None = None,
+) -> EarlyStoppingResult:
     """Run the loop of the module docstring.
 
     Args:
@@ -194,11 +220,12 @@ def run_early_stopping(config: EarlyStoppingConfiguration, network: Network, fit
     scores: dict[int, float] = {}
     train_scores: dict[int, float] = {}
     best_epoch, best_score = -1, math.nan
-    bounded = any(isinstance(c, (MaxEpochs, MaxTime)) for c in (*config.epoch_conditions,
-                                                                  *config.iteration_conditions))
+    bounded = any(isinstance(c, (MaxEpochs, MaxTime)) for c in (*config.epoch_conditions, *config.iteration_conditions))
     if not bounded:
-        log.warning("early stopping: no MaxEpochs or MaxTime condition; the run stops after %d epochs at most",
-                    UNBOUNDED_EPOCH_LIMIT)
+        log.warning(
+            "early stopping: no MaxEpochs or MaxTime condition; the run stops after %d epochs at most",
+            UNBOUNDED_EPOCH_LIMIT,
+        )
     listener.on_start(config, network)
     epoch = 0
     while True:
@@ -220,21 +247,30 @@ def run_early_stopping(config: EarlyStoppingConfiguration, network: Network, fit
         if fired is not None:
             reason, details = TerminationReason.ITERATION_CONDITION, fired
             break
-        log.info("early stopping: epoch %d, training score %.6g, score %s (best %.6g at epoch %d)", epoch,
-                 train_score, "not evaluated" if score is None else f"{score:.6g}", best_score, best_epoch)
+        log.info(
+            "early stopping: epoch %d, training score %.6g, score %s (best %.6g at epoch %d)",
+            epoch,
+            train_score,
+            "not evaluated" if score is None else f"{score:.6g}",
+            best_score,
+            best_epoch,
+        )
         listener.on_epoch(epoch, score, config, network)  # 3
         stop = next((c for c in config.epoch_conditions if c.terminate(epoch, scores, minimize)), None)  # 4
         if stop is not None:
             reason, details = TerminationReason.EPOCH_CONDITION, f"{stop!r} at epoch {epoch}"
             break
         if not bounded and epoch + 1 >= UNBOUNDED_EPOCH_LIMIT:
-            reason, details = TerminationReason.EPOCH_CONDITION, (
-                f"no condition fired in {UNBOUNDED_EPOCH_LIMIT} epochs and none bounds the run: stopped at the "
-                "limit (UNBOUNDED_EPOCH_LIMIT); add MaxEpochs(n) or MaxTime(seconds) to the conditions")
+            reason, details = (
+                TerminationReason.EPOCH_CONDITION,
+                (
+                    f"no condition fired in {UNBOUNDED_EPOCH_LIMIT} epochs and none bounds the run: stopped at the "
+                    "limit (UNBOUNDED_EPOCH_LIMIT); add MaxEpochs(n) or MaxTime(seconds) to the conditions"
+                ),
+            )
             break
         epoch += 1
-    result = EarlyStoppingResult(reason, details, scores, train_scores, best_epoch, best_score, epoch + 1,
-                                 saver.best())
+    result = EarlyStoppingResult(reason, details, scores, train_scores, best_epoch, best_score, epoch + 1, saver.best())
     log.info("early stopping ended: %s", result)
     listener.on_completion(result)
     return result
@@ -251,8 +287,12 @@ class EpochByEpochTrainer(abc.ABC):
         add_progress_listener: the adapter's ``add_progress_listener``.
     """
 
-    def __init__(self, config: EarlyStoppingConfiguration, listener: EarlyStoppingListener | None,
-                 add_progress_listener: Callable[[Callable[[ProgressUpdate], None]], None]) -> None:
+    def __init__(
+        self,
+        config: EarlyStoppingConfiguration,
+        listener: EarlyStoppingListener | None,
+        add_progress_listener: Callable[[Callable[[ProgressUpdate], None]], None],
+    ) -> None:
         self.config, self.listener = config, listener
         self._live: LiveChecks | None = None
         add_progress_listener(self._on_progress)
@@ -279,8 +319,9 @@ class EpochByEpochTrainer(abc.ABC):
         start = time.monotonic()
         self._live = LiveChecks(self.config.iteration_conditions, start, time.monotonic)
         try:
-            return run_early_stopping(self.config, self.network, self._fit_epoch, self.listener, live=self._live,
-                                      start=start)
+            return run_early_stopping(
+                self.config, self.network, self._fit_epoch, self.listener, live=self._live, start=start
+            )
         finally:
             self._live = None
 

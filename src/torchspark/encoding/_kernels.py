@@ -46,8 +46,10 @@ def bitmap_nbytes(length: int) -> int:
 
 # --- step 0: the updater's step straight into the residual ---------------------------------------------------------
 
-def step_into_residual(residual: torch.Tensor, before: torch.Tensor, after: torch.Tensor,
-                       update: torch.Tensor, force_torch: bool) -> tuple[float, float]:
+
+def step_into_residual(
+    residual: torch.Tensor, before: torch.Tensor, after: torch.Tensor, update: torch.Tensor, force_torch: bool
+) -> tuple[float, float]:
     """One pass over a stepped network's flat parameters: ``update = before - after``, ``after[:] = before`` (the
     parameters go back), ``residual += update``; returns ``(||update||, ||before||)``.
 
@@ -75,8 +77,10 @@ def step_into_residual(residual: torch.Tensor, before: torch.Tensor, after: torc
 
 # --- step 1 + 2: accumulate, count, and (while sparse is still possible) collect indices -------------------------
 
-def accumulate_and_find(residual: torch.Tensor, update: torch.Tensor | None, threshold: float, max_sparse: int,
-                        force_torch: bool) -> tuple[int, torch.Tensor | None]:
+
+def accumulate_and_find(
+    residual: torch.Tensor, update: torch.Tensor | None, threshold: float, max_sparse: int, force_torch: bool
+) -> tuple[int, torch.Tensor | None]:
     """Add ``update`` into ``residual`` in place and find the entries with ``|r| >= threshold``.
 
     Returns:
@@ -95,8 +99,9 @@ def accumulate_and_find(residual: torch.Tensor, update: torch.Tensor | None, thr
     return count, torch.nonzero(mask).squeeze(1)
 
 
-def _accumulate_and_find_np(residual: torch.Tensor, update: torch.Tensor | None, threshold: float,
-                            max_sparse: int) -> tuple[int, torch.Tensor | None]:
+def _accumulate_and_find_np(
+    residual: torch.Tensor, update: torch.Tensor | None, threshold: float, max_sparse: int
+) -> tuple[int, torch.Tensor | None]:
     r = residual.detach().numpy()
     u = None if update is None else update.detach().numpy()
     t = np.float32(threshold)
@@ -108,10 +113,10 @@ def _accumulate_and_find_np(residual: torch.Tensor, update: torch.Tensor | None,
     count = 0
     keep = True
     for start in range(0, n, chunk):
-        rc = r[start:start + chunk]
+        rc = r[start : start + chunk]
         m = rc.shape[0]
         if u is not None:
-            np.add(rc, u[start:start + m], out=rc)
+            np.add(rc, u[start : start + m], out=rc)
         np.abs(rc, out=scratch[:m])
         np.greater_equal(scratch[:m], t, out=mask[:m])
         if keep:
@@ -142,6 +147,7 @@ def first_indices(residual: torch.Tensor, threshold: float, k: int) -> torch.Ten
 
 # --- step 3, sparse: subtract one ±t per found entry and emit signed 1-based indices ------------------------------
 
+
 def apply_sparse(residual: torch.Tensor, indices: torch.Tensor, threshold: float, force_torch: bool) -> torch.Tensor:
     """``r[i] -= sign(r[i]) * t`` for every index; returns the int32 signed 1-based payload (same order)."""
     if use_numpy(residual, force_torch):
@@ -162,6 +168,7 @@ def apply_sparse(residual: torch.Tensor, indices: torch.Tensor, threshold: float
 
 # --- step 3, bitmap: pack 2-bit codes and subtract ------------------------------------------------------------------
 
+
 def apply_bitmap(residual: torch.Tensor, threshold: float, force_torch: bool) -> torch.Tensor:
     """Encode every ``|r| >= t`` entry into a packed 2-bit bitmap and subtract its ``±t``; returns uint8 words."""
     n = residual.shape[0]
@@ -176,7 +183,7 @@ def apply_bitmap(residual: torch.Tensor, threshold: float, force_torch: bool) ->
         diff = np.empty(size, dtype=np.int8)
         step = np.empty(size, dtype=np.float32)
         for start in range(0, n, _CHUNK):
-            rc = r[start:start + _CHUNK]
+            rc = r[start : start + _CHUNK]
             m = rc.shape[0]
             m4 = m + (-m) % 4
             pos[m:] = False
@@ -188,7 +195,7 @@ def apply_bitmap(residual: torch.Tensor, threshold: float, force_torch: bool) ->
             np.bitwise_or(pos[:m4].view(np.uint32), neg[:m4].view(np.uint32) << 1, out=words)
             # pack the 4 code bytes of each uint32 word into one byte: b0 | b1<<2 | b2<<4 | b3<<6
             packed = (words | (words >> 6) | (words >> 12) | (words >> 18)) & 0xFF
-            out[start // 4:start // 4 + packed.shape[0]] = packed
+            out[start // 4 : start // 4 + packed.shape[0]] = packed
             # r -= t * (pos - neg), in float32 arithmetic (masked ufuncs are ~6x slower)
             np.subtract(pos[:m].view(np.int8), neg[:m].view(np.int8), out=diff[:m])
             np.copyto(step[:m], diff[:m])
@@ -219,6 +226,7 @@ def sparse_to_bitmap(payload: torch.Tensor, length: int) -> torch.Tensor:
 
 # --- decode ---------------------------------------------------------------------------------------------------------
 
+
 def add_sparse(out: torch.Tensor, payload: torch.Tensor, threshold: float, force_torch: bool) -> None:
     """``out[|e|-1] += sign(e) * t`` for every signed index ``e`` (indices are unique, so plain indexing is safe)."""
     if use_numpy(out, force_torch):
@@ -242,9 +250,9 @@ def add_bitmap(out: torch.Tensor, payload: torch.Tensor, threshold: float, force
         t = np.float32(threshold)
         lut = _byte_lut(t)
         for start in range(0, n, _CHUNK):
-            oc = o[start:start + _CHUNK]
+            oc = o[start : start + _CHUNK]
             m = oc.shape[0]
-            values = np.take(lut, p[start // 4:(start + m + 3) // 4], axis=0).reshape(-1)  # (4*ceil(m/4),)
+            values = np.take(lut, p[start // 4 : (start + m + 3) // 4], axis=0).reshape(-1)  # (4*ceil(m/4),)
             np.add(oc, values[:m], out=oc)
         return
     payload = payload.to(out.device)
@@ -274,12 +282,15 @@ def sparse_sum_np(arrays: list[np.ndarray], thresholds: list[float]) -> tuple[np
     """:func:`sparse_sum` on int32 numpy payloads (read-only views are fine): ``(indices, sums)`` as numpy arrays."""
     if len(arrays) == 1:  # one message: its indices are already ascending and unique, and 0 + v == v
         p = arrays[0]
-        return (np.abs(p).astype(np.int64) - 1,
-                np.where(p > 0, np.float32(thresholds[0]), np.float32(-thresholds[0])))
+        return (np.abs(p).astype(np.int64) - 1, np.where(p > 0, np.float32(thresholds[0]), np.float32(-thresholds[0])))
     idx = np.abs(np.concatenate(arrays)).astype(np.int64)
     idx -= 1
-    vals = np.concatenate([np.where(a > 0, np.float32(t), np.float32(-t)).astype(np.float32, copy=False)
-                           for a, t in zip(arrays, thresholds)])
+    vals = np.concatenate(
+        [
+            np.where(a > 0, np.float32(t), np.float32(-t)).astype(np.float32, copy=False)
+            for a, t in zip(arrays, thresholds)
+        ]
+    )
     n = idx.shape[0]
     if n == 0:
         return idx, vals

@@ -27,8 +27,9 @@ _CALIBRATION_SAMPLES = 1 << 20
 _BISECTION_STEPS = 60
 
 
-def calibrated_threshold(update: torch.Tensor, target_sparsity: float, *,
-                         max_samples: int = _CALIBRATION_SAMPLES) -> float | None:
+def calibrated_threshold(
+    update: torch.Tensor, target_sparsity: float, *, max_samples: int = _CALIBRATION_SAMPLES
+) -> float | None:
     """The threshold at which updates like ``update`` would be sent with sparsity ``target_sparsity``.
 
     Model: a residual entry that receives steps of size ``a`` with random signs grows like ``a * sqrt(k)`` after

@@ -105,8 +105,10 @@ def _sparse_limit(length: int) -> int:
 def _check_threshold(threshold: float) -> float:
     t32 = float(np.float32(threshold))
     if not (math.isfinite(t32) and t32 > 0):
-        raise ConfigError(f"threshold must be a finite number > 0 (as float32), got {threshold!r}; "
-                          "a typical starting value is 1e-3 for SGD updates")
+        raise ConfigError(
+            f"threshold must be a finite number > 0 (as float32), got {threshold!r}; "
+            "a typical starting value is 1e-3 for SGD updates"
+        )
     return t32
 
 
@@ -123,14 +125,22 @@ def float32_update(update: torch.Tensor | None) -> torch.Tensor | None:
 
 def _check_flat(name: str, t: torch.Tensor) -> None:
     if t.dtype != torch.float32 or t.dim() != 1 or not t.is_contiguous():
-        raise EncodingError(f"{name} must be a contiguous 1-D float32 tensor, got dtype={t.dtype}, "
-                            f"shape={tuple(t.shape)}, contiguous={t.is_contiguous()}; flatten it first "
-                            "(e.g. torch.nn.utils.parameters_to_vector)")
+        raise EncodingError(
+            f"{name} must be a contiguous 1-D float32 tensor, got dtype={t.dtype}, "
+            f"shape={tuple(t.shape)}, contiguous={t.is_contiguous()}; flatten it first "
+            "(e.g. torch.nn.utils.parameters_to_vector)"
+        )
 
 
-def threshold_encode(update: torch.Tensor | None, residual: torch.Tensor, threshold: float, *,
-                     min_entries: int = 1, boundary: int | None = None,
-                     _force_torch: bool = False) -> EncodedUpdate:
+def threshold_encode(
+    update: torch.Tensor | None,
+    residual: torch.Tensor,
+    threshold: float,
+    *,
+    min_entries: int = 1,
+    boundary: int | None = None,
+    _force_torch: bool = False,
+) -> EncodedUpdate:
     """Encode ``residual + update`` with threshold ``threshold``; mutates ``residual`` in place.
 
     Steps:
@@ -172,8 +182,10 @@ def threshold_encode(update: torch.Tensor | None, residual: torch.Tensor, thresh
     if update is not None:
         _check_flat("update", update)
         if update.shape != residual.shape or update.device != residual.device:
-            raise EncodingError(f"update has {update.numel()} elements on {update.device} but the residual has "
-                                f"{residual.numel()} on {residual.device}; they must match")
+            raise EncodingError(
+                f"update has {update.numel()} elements on {update.device} but the residual has "
+                f"{residual.numel()} on {residual.device}; they must match"
+            )
     n = residual.numel()
     if n > MAX_LENGTH:
         raise EncodingError(f"cannot encode {n} elements, the limit is {MAX_LENGTH}; split the update")
@@ -215,8 +227,10 @@ def decode(message: EncodedUpdate, out: torch.Tensor, *, _force_torch: bool = Fa
     """
     _check_flat("out", out)
     if out.numel() != message.length:
-        raise EncodingError(f"message encodes {message.length} elements but out has {out.numel()}; "
-                            "decode into a buffer of the encoded length")
+        raise EncodingError(
+            f"message encodes {message.length} elements but out has {out.numel()}; "
+            "decode into a buffer of the encoded length"
+        )
     with torch.no_grad():
         if message.format == "sparse":
             _kernels.add_sparse(out, message.payload.to(out.device), message.threshold, _force_torch)
@@ -252,8 +266,10 @@ def sparse_decode_sum(messages: Iterable[EncodedUpdate]) -> tuple[torch.Tensor, 
         return torch.empty(0, dtype=torch.int64), torch.empty(0, dtype=torch.float32)
     for m in messages:
         if m.format != "sparse" or m.payload.device.type != "cpu" or m.length != messages[0].length:
-            raise EncodingError(f"sparse_decode_sum needs sparse CPU messages of one length, got a {m.format} message "
-                                f"of {m.length} elements on {m.payload.device}; use decode_sum for the others")
+            raise EncodingError(
+                f"sparse_decode_sum needs sparse CPU messages of one length, got a {m.format} message "
+                f"of {m.length} elements on {m.payload.device}; use decode_sum for the others"
+            )
     return _kernels.sparse_sum([m.payload for m in messages], [m.threshold for m in messages])
 
 
@@ -264,8 +280,14 @@ def sparse_sum_entries(entries: list[np.ndarray], thresholds: list[float]) -> tu
     return _kernels.sparse_sum_np(entries, thresholds)
 
 
-def accumulate_step(residual: torch.Tensor, before: torch.Tensor, after: torch.Tensor, update: torch.Tensor, *,
-                    _force_torch: bool = False) -> tuple[float, float]:
+def accumulate_step(
+    residual: torch.Tensor,
+    before: torch.Tensor,
+    after: torch.Tensor,
+    update: torch.Tensor,
+    *,
+    _force_torch: bool = False,
+) -> tuple[float, float]:
     """Move an optimizer step from the parameters into the residual, in one pass: ``update = before - after``,
     ``after[:] = before`` (the parameters are restored), ``residual += update``.
 
@@ -289,7 +311,9 @@ def accumulate_step(residual: torch.Tensor, before: torch.Tensor, after: torch.T
     for name, t in (("residual", residual), ("before", before), ("after", after), ("update", update)):
         _check_flat(name, t)
         if t.shape != residual.shape or t.device != residual.device:
-            raise EncodingError(f"{name} has {t.numel()} elements on {t.device} but the residual has "
-                                f"{residual.numel()} on {residual.device}; they must match")
+            raise EncodingError(
+                f"{name} has {t.numel()} elements on {t.device} but the residual has "
+                f"{residual.numel()} on {residual.device}; they must match"
+            )
     with torch.no_grad():
         return _kernels.step_into_residual(residual, before, after, update, _force_torch)

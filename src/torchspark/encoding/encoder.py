@@ -65,21 +65,29 @@ class EncoderConfig:
             raise ConfigError(f"shake_frequency must be an int >= 0 (0 = off), got {self.shake_frequency!r}")
         if not (isinstance(self.min_entries, int) and self.min_entries >= 1):
             raise ConfigError(f"min_entries must be an int >= 1, got {self.min_entries!r}; DL4J uses 2")
-        if self.boundary is not None and (isinstance(self.boundary, bool) or not isinstance(self.boundary, int)
-                                          or self.boundary < 1):
+        if self.boundary is not None and (
+            isinstance(self.boundary, bool) or not isinstance(self.boundary, int) or self.boundary < 1
+        ):
             raise ConfigError(f"boundary must be None (no cap) or an int >= 1, got {self.boundary!r}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"threshold_policy": self.threshold_policy.to_dict(),
-                "residual_post_processor": self.residual_post_processor.to_dict(),
-                "shake_frequency": self.shake_frequency, "min_entries": self.min_entries, "boundary": self.boundary}
+        return {
+            "threshold_policy": self.threshold_policy.to_dict(),
+            "residual_post_processor": self.residual_post_processor.to_dict(),
+            "shake_frequency": self.shake_frequency,
+            "min_entries": self.min_entries,
+            "boundary": self.boundary,
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> EncoderConfig:
-        return cls(threshold_policy=threshold_policy_from_dict(data["threshold_policy"]),
-                   residual_post_processor=residual_post_processor_from_dict(data["residual_post_processor"]),
-                   shake_frequency=int(data.get("shake_frequency", 0)), min_entries=int(data.get("min_entries", 1)),
-                   boundary=None if data.get("boundary") is None else int(data["boundary"]))
+        return cls(
+            threshold_policy=threshold_policy_from_dict(data["threshold_policy"]),
+            residual_post_processor=residual_post_processor_from_dict(data["residual_post_processor"]),
+            shake_frequency=int(data.get("shake_frequency", 0)),
+            min_entries=int(data.get("min_entries", 1)),
+            boundary=None if data.get("boundary") is None else int(data["boundary"]),
+        )
 
 
 @dataclass(frozen=True)
@@ -97,19 +105,28 @@ class EncoderState:
     threshold_state: ThresholdState
 
     @classmethod
-    def create(cls, config: EncoderConfig, length: int, device: torch.device | str | None = None,
-               threshold_state: ThresholdState | None = None) -> EncoderState:
+    def create(
+        cls,
+        config: EncoderConfig,
+        length: int,
+        device: torch.device | str | None = None,
+        threshold_state: ThresholdState | None = None,
+    ) -> EncoderState:
         """A zero residual of ``length`` elements and the policy's initial (or the given, e.g. averaged) state."""
-        return cls(config, torch.zeros(length, dtype=torch.float32, device=device),
-                   threshold_state if threshold_state is not None else config.threshold_policy.initial_state())
+        return cls(
+            config,
+            torch.zeros(length, dtype=torch.float32, device=device),
+            threshold_state if threshold_state is not None else config.threshold_policy.initial_state(),
+        )
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         """Tensors to save (e.g. with safetensors) next to the model: residual and threshold state."""
         return {"residual": self.residual, "threshold_state": self.threshold_state.to_tensor()}
 
     @classmethod
-    def load_state_tensors(cls, config: EncoderConfig, tensors: dict[str, torch.Tensor],
-                           device: torch.device | str | None = None) -> EncoderState:
+    def load_state_tensors(
+        cls, config: EncoderConfig, tensors: dict[str, torch.Tensor], device: torch.device | str | None = None
+    ) -> EncoderState:
         """Inverse of :meth:`state_tensors`.
 
         Raises:
@@ -120,8 +137,9 @@ class EncoderState:
             raise EncodingError(f"encoder state is missing tensors {sorted(missing)}; save it with state_tensors()")
         residual = tensors["residual"].to(device=device).contiguous()
         if residual.dtype != torch.float32 or residual.dim() != 1:
-            raise EncodingError(f"saved residual must be 1-D float32, got dtype={residual.dtype}, "
-                                f"shape={tuple(residual.shape)}")
+            raise EncodingError(
+                f"saved residual must be 1-D float32, got dtype={residual.dtype}, shape={tuple(residual.shape)}"
+            )
         return cls(config, residual, ThresholdState.from_tensor(tensors["threshold_state"]))
 
 
@@ -172,13 +190,16 @@ def encode_step(update: torch.Tensor | None, state: EncoderState, step: int) -> 
     if threshold is None:  # 0. nothing to calibrate from yet; the residual is untouched (a None update adds nothing)
         if update is not None:
             state.residual.add_(update)
-        return EncodedUpdate("empty", state.residual.numel(), 0.0,
-                             torch.empty(0, dtype=torch.int32, device=state.residual.device), 0), state
+        return EncodedUpdate(
+            "empty", state.residual.numel(), 0.0, torch.empty(0, dtype=torch.int32, device=state.residual.device), 0
+        ), state
     step_threshold = shake_up_threshold(threshold, step, config.shake_frequency)
-    message = threshold_encode(update, state.residual, step_threshold, min_entries=config.min_entries,
-                               boundary=config.boundary)
+    message = threshold_encode(
+        update, state.residual, step_threshold, min_entries=config.min_entries, boundary=config.boundary
+    )
     config.residual_post_processor.process(state.residual, threshold, step)
     if step_threshold != threshold:
         return message, state
-    return message, replace(state, threshold_state=config.threshold_policy.next_threshold(state.threshold_state,
-                                                                                          message.density))
+    return message, replace(
+        state, threshold_state=config.threshold_policy.next_threshold(state.threshold_state, message.density)
+    )

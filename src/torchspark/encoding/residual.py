@@ -47,8 +47,10 @@ class ResidualClipping:
 
     def __post_init__(self) -> None:
         if not (isinstance(self.threshold_multiple, (int, float)) and self.threshold_multiple >= 1):
-            raise ConfigError(f"threshold_multiple must be >= 1, got {self.threshold_multiple!r}; clipping below one "
-                              "threshold would erase entries before they can be sent; DL4J uses 5.0")
+            raise ConfigError(
+                f"threshold_multiple must be >= 1, got {self.threshold_multiple!r}; clipping below one "
+                "threshold would erase entries before they can be sent; DL4J uses 5.0"
+            )
         if not (isinstance(self.frequency, int) and self.frequency >= 1):
             raise ConfigError(f"frequency must be an int >= 1, got {self.frequency!r}; DL4J uses 5")
 
@@ -85,9 +87,7 @@ class NoResidualPostProcessing:
         return cls()
 
 
-RESIDUAL_POST_PROCESSORS: dict[str, type[Any]] = {
-    cls.name: cls for cls in (ResidualClipping, NoResidualPostProcessing)
-}
+RESIDUAL_POST_PROCESSORS: dict[str, type[Any]] = {cls.name: cls for cls in (ResidualClipping, NoResidualPostProcessing)}
 
 
 def residual_post_processor_from_dict(data: dict[str, Any]) -> ResidualPostProcessor:
@@ -99,8 +99,7 @@ def residual_post_processor_from_dict(data: dict[str, Any]) -> ResidualPostProce
     kind = data.get("type") if isinstance(data, dict) else None
     cls = RESIDUAL_POST_PROCESSORS.get(kind) if isinstance(kind, str) else None
     if cls is None:
-        raise ConfigError(f"unknown residual post-processor type {kind!r}; "
-                          f"known: {sorted(RESIDUAL_POST_PROCESSORS)}")
+        raise ConfigError(f"unknown residual post-processor type {kind!r}; known: {sorted(RESIDUAL_POST_PROCESSORS)}")
     try:
         processor: ResidualPostProcessor = cls.from_dict(data)
     except TypeError as e:

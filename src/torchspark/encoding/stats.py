@@ -34,8 +34,14 @@ class EncodingStats:
     @classmethod
     def from_message(cls, message: EncodedUpdate) -> EncodingStats:
         """Stats of one :class:`EncodedUpdate`."""
-        return cls(entries=message.num_entries, length=message.length, sparsity=message.density,
-                   nbytes=message.nbytes, format=message.format, threshold=message.threshold)
+        return cls(
+            entries=message.num_entries,
+            length=message.length,
+            sparsity=message.density,
+            nbytes=message.nbytes,
+            format=message.format,
+            threshold=message.threshold,
+        )
 
     @property
     def compression_ratio(self) -> float:

@@ -72,8 +72,10 @@ class ThresholdState:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ThresholdState:
         threshold, last = data.get("threshold"), data.get("last_sparsity")
-        return cls(threshold=None if threshold is None else float(threshold),
-                   last_sparsity=None if last is None else float(last))
+        return cls(
+            threshold=None if threshold is None else float(threshold),
+            last_sparsity=None if last is None else float(last),
+        )
 
     def to_tensor(self) -> torch.Tensor:
         """float64 tensor ``[threshold, last_sparsity]`` (NaN for None), for saving next to model weights."""
@@ -86,8 +88,9 @@ class ThresholdState:
         if t.numel() != 2:
             raise ConfigError(f"a threshold-state tensor has 2 values [threshold, last_sparsity], got {t.numel()}")
         threshold, last = (float(v) for v in t.reshape(-1).tolist())
-        return cls(threshold=None if math.isnan(threshold) else threshold,
-                   last_sparsity=None if math.isnan(last) else last)
+        return cls(
+            threshold=None if math.isnan(threshold) else threshold, last_sparsity=None if math.isnan(last) else last
+        )
 
 
 class ThresholdPolicy(Protocol):
@@ -115,16 +118,20 @@ def _check_positive(name: str, value: float, hint: str) -> None:
 
 def _check_decay(value: float) -> None:
     if not (isinstance(value, (int, float)) and 0.5 <= value < 1):
-        raise ConfigError(f"decay_rate must be in [0.5, 1), got {value!r}; the default 0.5**(1/20) ~ 0.966 "
-                          "changes the threshold by at most x2 per 20 steps")
+        raise ConfigError(
+            f"decay_rate must be in [0.5, 1), got {value!r}; the default 0.5**(1/20) ~ 0.966 "
+            "changes the threshold by at most x2 per 20 steps"
+        )
 
 
 def _check_initial(value: float | str) -> None:
     if value == CALIBRATED:
         return
     if isinstance(value, (str, bool)):
-        raise ConfigError(f"initial must be {CALIBRATED!r} (the default: chosen from the first update) or a "
-                          f"threshold > 0 such as DL4J's 1e-4, got {value!r}")
+        raise ConfigError(
+            f"initial must be {CALIBRATED!r} (the default: chosen from the first update) or a "
+            f"threshold > 0 such as DL4J's 1e-4, got {value!r}"
+        )
     _check_positive("initial", value, f"use {CALIBRATED!r} (the default) or DL4J's 1e-4")
 
 
@@ -134,8 +141,10 @@ def _check_bounds(min_threshold: float, max_threshold: float, initial: float | s
     if min_threshold > max_threshold:
         raise ConfigError(f"min_threshold={min_threshold!r} must be <= max_threshold={max_threshold!r}")
     if initial != CALIBRATED and not min_threshold <= initial <= max_threshold:  # type: ignore[operator]
-        raise ConfigError(f"initial threshold {initial!r} must lie in [min_threshold={min_threshold!r}, "
-                          f"max_threshold={max_threshold!r}]; widen the bounds or change the initial value")
+        raise ConfigError(
+            f"initial threshold {initial!r} must lie in [min_threshold={min_threshold!r}, "
+            f"max_threshold={max_threshold!r}]; widen the bounds or change the initial value"
+        )
 
 
 class _Serialisable:
@@ -239,9 +248,11 @@ class AdaptiveThreshold(_StartMixin, _Serialisable):
         _check_decay(self.decay_rate)
         _check_bounds(self.min_threshold, self.max_threshold, self.initial)
         if not 0 < self.min_target_sparsity <= self.max_target_sparsity < 1:
-            raise ConfigError(f"need 0 < min_target_sparsity <= max_target_sparsity < 1, got "
-                              f"min_target_sparsity={self.min_target_sparsity!r}, "
-                              f"max_target_sparsity={self.max_target_sparsity!r}; the defaults are 1e-4 and 1e-2")
+            raise ConfigError(
+                f"need 0 < min_target_sparsity <= max_target_sparsity < 1, got "
+                f"min_target_sparsity={self.min_target_sparsity!r}, "
+                f"max_target_sparsity={self.max_target_sparsity!r}; the defaults are 1e-4 and 1e-2"
+            )
 
     def _target(self) -> float:
         return math.sqrt(self.min_target_sparsity * self.max_target_sparsity)
@@ -283,8 +294,10 @@ class TargetSparsityThreshold(_StartMixin, _Serialisable):
         _check_decay(self.decay_rate)
         _check_bounds(self.min_threshold, self.max_threshold, self.initial)
         if not (isinstance(self.target, (int, float)) and 0 < self.target < 1 / 16):
-            raise ConfigError(f"target must be in (0, 1/16), got {self.target!r}; above 1/16 messages become "
-                              "bitmaps and compression is lost; try 1e-3")
+            raise ConfigError(
+                f"target must be in (0, 1/16), got {self.target!r}; above 1/16 messages become "
+                "bitmaps and compression is lost; try 1e-3"
+            )
 
     def _target(self) -> float:
         return float(self.target)
@@ -300,8 +313,10 @@ class TargetSparsityThreshold(_StartMixin, _Serialisable):
 
 def _require_threshold(state: ThresholdState) -> float:
     if state.threshold is None:
-        raise ConfigError("the threshold state is not calibrated yet (threshold=None); calibrate it with "
-                          "policy.calibrated_state(calibrated_threshold(update, policy.calibration_target()))")
+        raise ConfigError(
+            "the threshold state is not calibrated yet (threshold=None); calibrate it with "
+            "policy.calibrated_state(calibrated_threshold(update, policy.calibration_target()))"
+        )
     return state.threshold
 
 

@@ -39,8 +39,9 @@ assert _HEADER.size == HEADER_NBYTES
 
 def to_bytes(message: EncodedUpdate) -> bytes:
     """Serialise ``message`` (payload copied to CPU); ``len(result) == message.nbytes``."""
-    header = _HEADER.pack(MAGIC, VERSION, FORMATS.index(message.format), 0, message.length, message.num_entries,
-                          message.threshold)
+    header = _HEADER.pack(
+        MAGIC, VERSION, FORMATS.index(message.format), 0, message.length, message.num_entries, message.threshold
+    )
     if message.format == "sparse":
         body = message.payload.detach().cpu().numpy().astype("<i4", copy=False).tobytes()
     elif message.format == "bitmap":
@@ -61,8 +62,12 @@ def from_bytes(data: bytes | bytearray | memoryview) -> EncodedUpdate:
     buf, name, length, count, threshold, payload_nbytes = _checked_header(data)
     if name == "empty":
         return EncodedUpdate("empty", length, threshold, torch.empty(0, dtype=torch.int32), 0)
-    raw = np.frombuffer(buf, dtype=np.uint8 if name == "bitmap" else "<i4", offset=HEADER_NBYTES,
-                        count=payload_nbytes if name == "bitmap" else count)
+    raw = np.frombuffer(
+        buf,
+        dtype=np.uint8 if name == "bitmap" else "<i4",
+        offset=HEADER_NBYTES,
+        count=payload_nbytes if name == "bitmap" else count,
+    )
     payload = torch.from_numpy(raw.astype(np.uint8 if name == "bitmap" else np.int32))  # copy: writable, owned
     if name == "sparse":
         _check_sparse(raw, length)
@@ -96,8 +101,10 @@ def _check_sparse(raw: np.ndarray, length: int) -> None:
     if not ascending or magnitude[0] < 1 or magnitude[-1] > length:  # ascending: first and last are min and max
         wide = np.abs(raw.astype(np.int64))
         if wide.min() < 1 or wide.max() > length:
-            raise EncodingError(f"corrupt sparse message: indices must be in [1, {length}] in magnitude, got "
-                                f"range [{wide.min()}, {wide.max()}]")
+            raise EncodingError(
+                f"corrupt sparse message: indices must be in [1, {length}] in magnitude, got "
+                f"range [{wide.min()}, {wide.max()}]"
+            )
         raise EncodingError("corrupt sparse message: indices must be strictly ascending by magnitude")
 
 
@@ -106,21 +113,24 @@ def _checked_header(data: bytes | bytearray | memoryview) -> tuple[memoryview, s
     payload_nbytes)``."""
     buf = memoryview(data).cast("B")
     if len(buf) < HEADER_NBYTES:
-        raise EncodingError(f"truncated encoded update: expected at least {HEADER_NBYTES} header bytes, "
-                            f"got {len(buf)}")
+        raise EncodingError(f"truncated encoded update: expected at least {HEADER_NBYTES} header bytes, got {len(buf)}")
     magic, version, fmt, _reserved, length, count, threshold = _HEADER.unpack_from(buf, 0)
     if magic != MAGIC:
-        raise EncodingError(f"bad magic {bytes(magic)!r}, expected {MAGIC!r}: these bytes are not a torchspark "
-                            "encoded update")
+        raise EncodingError(
+            f"bad magic {bytes(magic)!r}, expected {MAGIC!r}: these bytes are not a torchspark encoded update"
+        )
     if version != VERSION:
-        raise EncodingError(f"unsupported encoded-update version {version}; this torchspark reads version "
-                            f"{VERSION}; use the same torchspark version on every worker")
+        raise EncodingError(
+            f"unsupported encoded-update version {version}; this torchspark reads version "
+            f"{VERSION}; use the same torchspark version on every worker"
+        )
     if fmt >= len(FORMATS):
         raise EncodingError(f"unknown format byte {fmt}; expected 0 (empty), 1 (sparse) or 2 (bitmap)")
     name = FORMATS[fmt]
     if length > MAX_LENGTH or count > length:
-        raise EncodingError(f"corrupt header: length {length} (max {MAX_LENGTH}) and entry count {count} "
-                            "(must be <= length)")
+        raise EncodingError(
+            f"corrupt header: length {length} (max {MAX_LENGTH}) and entry count {count} (must be <= length)"
+        )
     if not (math.isfinite(threshold) and threshold > 0):
         raise EncodingError(f"corrupt header: threshold {threshold} must be finite and > 0")
     payload_nbytes = {"empty": 0, "sparse": 4 * count, "bitmap": _kernels.bitmap_nbytes(length)}[name]

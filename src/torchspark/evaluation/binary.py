@@ -30,8 +30,10 @@ def _check_thresholds(value: float | Sequence[float], num_outputs: int | None) -
     if single:
         return values[0]
     if num_outputs is not None and len(values) != num_outputs:
-        raise ConfigError(f"decision_threshold has {len(values)} thresholds but num_outputs={num_outputs}; give one "
-                          f"per output or a single number")
+        raise ConfigError(
+            f"decision_threshold has {len(values)} thresholds but num_outputs={num_outputs}; give one "
+            f"per output or a single number"
+        )
     return values
 
 
@@ -197,8 +199,7 @@ class EvaluationBinary(BaseEvaluation):
             return "EvaluationBinary: no data (call eval first)"
         header = f"{'Output':>8}{'Acc':>9}{'F1':>9}{'Prec':>9}{'Recall':>9}{'FAR':>9}{'Total':>9}{'TP':>8}{'FP':>8}"
         header += f"{'TN':>8}{'FN':>8}"
-        lines = [f"EvaluationBinary (positive when probability > decision threshold {self.decision_threshold})",
-                 header]
+        lines = [f"EvaluationBinary (positive when probability > decision threshold {self.decision_threshold})", header]
         for i in range(int(self._num_outputs or 0)):
             lines.append(
                 f"{i:>8}{self.accuracy(i):>9.4f}{self.f1(i):>9.4f}{self.precision(i):>9.4f}{self.recall(i):>9.4f}"

@@ -92,9 +92,9 @@ class EvaluationCalibration(BaseEvaluation):
         size = n_classes * self.num_bins
         arrays["count"] += np.bincount(flat, minlength=size).reshape(n_classes, self.num_bins)
         arrays["prob_sum"] += np.bincount(flat, weights=probs.ravel(), minlength=size).reshape(n_classes, -1)
-        arrays["positives"] += np.bincount(flat, weights=onehot.ravel(), minlength=size).reshape(
-            n_classes, -1
-        ).astype(np.int64)
+        arrays["positives"] += (
+            np.bincount(flat, weights=onehot.ravel(), minlength=size).reshape(n_classes, -1).astype(np.int64)
+        )
         residual_bins = _bin_index(np.abs(onehot - probs), self.num_bins)
         residual_flat = (np.arange(n_classes)[None, :] * self.num_bins + residual_bins).ravel()
         arrays["residual_hist"] += np.bincount(residual_flat, minlength=size).reshape(n_classes, -1)
@@ -132,9 +132,7 @@ class EvaluationCalibration(BaseEvaluation):
             return values.sum(axis=0)
         num_classes = self._num_classes or 0  # _require() refused None
         if not 0 <= cls < num_classes:
-            raise DataError(
-                f"class {cls} is out of range for {num_classes} classes; use 0..{num_classes - 1}"
-            )
+            raise DataError(f"class {cls} is out of range for {num_classes} classes; use 0..{num_classes - 1}")
         return values[cls].copy()
 
     @property

@@ -66,11 +66,19 @@ AVERAGES: dict[str, Callable[[np.ndarray, np.ndarray, np.ndarray], float]] = {
 def _check_threshold(threshold: float | None, num_classes: int | None) -> float | None:
     if threshold is None:
         return None
-    check_float("binary_decision_threshold", threshold, above=0, below=1, allow_none=True,
-                fix="0.5 equals argmax, lower values predict class 1 more often")
+    check_float(
+        "binary_decision_threshold",
+        threshold,
+        above=0,
+        below=1,
+        allow_none=True,
+        fix="0.5 equals argmax, lower values predict class 1 more often",
+    )
     if num_classes not in (None, 2):
-        raise ConfigError(f"binary_decision_threshold needs a two-class problem, but num_classes={num_classes}; "
-                          f"use cost_array to shift predictions between more classes")
+        raise ConfigError(
+            f"binary_decision_threshold needs a two-class problem, but num_classes={num_classes}; "
+            f"use cost_array to shift predictions between more classes"
+        )
     return float(threshold)
 
 
@@ -82,8 +90,10 @@ def _check_cost(cost_array: Sequence[float] | None, num_classes: int | None) -> 
     except (TypeError, ValueError):
         raise ConfigError(f"cost_array must be a sequence of numbers, one per class, got {cost_array!r}") from None
     if len(cost) < 2 or not all(math.isfinite(c) and c >= 0 for c in cost) or not any(cost):
-        raise ConfigError(f"cost_array must hold one finite number >= 0 per class (at least 2, not all 0), got "
-                          f"{cost_array!r}; [1, 1, ...] equals plain argmax")
+        raise ConfigError(
+            f"cost_array must hold one finite number >= 0 per class (at least 2, not all 0), got "
+            f"{cost_array!r}; [1, 1, ...] equals plain argmax"
+        )
     if num_classes is not None and len(cost) != num_classes:
         raise ConfigError(f"cost_array has {len(cost)} entries but num_classes={num_classes}; give one per class")
     return cost
@@ -132,8 +142,10 @@ class Evaluation(BaseEvaluation):
         if labels is not None and num_classes is not None and len(labels) != num_classes:
             raise ConfigError(f"labels has {len(labels)} names but num_classes={num_classes}; give one name per class")
         if binary_decision_threshold is not None and cost_array is not None:
-            raise ConfigError("set either binary_decision_threshold or cost_array, not both: both decide the "
-                              "predicted class; with two classes, moving the threshold does what a cost array does")
+            raise ConfigError(
+                "set either binary_decision_threshold or cost_array, not both: both decide the "
+                "predicted class; with two classes, moving the threshold does what a cost array does"
+            )
         self.binary_decision_threshold = _check_threshold(binary_decision_threshold, num_classes)
         self.cost_array = _check_cost(cost_array, num_classes)
         if num_classes is None and self.cost_array is not None:
@@ -161,8 +173,10 @@ class Evaluation(BaseEvaluation):
             if self.labels is not None and len(self.labels) != num_classes:
                 raise DataError(f"predictions have {num_classes} columns but {len(self.labels)} label names were given")
             if self.binary_decision_threshold is not None and num_classes != 2:
-                raise DataError(f"predictions have {num_classes} columns but binary_decision_threshold needs two "
-                                f"classes (one P(class 1) column or two softmax columns)")
+                raise DataError(
+                    f"predictions have {num_classes} columns but binary_decision_threshold needs two "
+                    f"classes (one P(class 1) column or two softmax columns)"
+                )
             self._num_classes = num_classes
             self._confusion = np.zeros((num_classes, num_classes), dtype=np.int64)
         elif num_classes != self._num_classes:
@@ -199,8 +213,10 @@ class Evaluation(BaseEvaluation):
     def _merge(self, other: Evaluation) -> None:
         for name in ("top_n", "binary_decision_threshold", "cost_array"):
             if getattr(other, name) != getattr(self, name):
-                raise ConfigError(f"cannot merge Evaluation({name}={getattr(other, name)!r}) into "
-                                  f"Evaluation({name}={getattr(self, name)!r}); use the same settings on every shard")
+                raise ConfigError(
+                    f"cannot merge Evaluation({name}={getattr(other, name)!r}) into "
+                    f"Evaluation({name}={getattr(self, name)!r}); use the same settings on every shard"
+                )
         if other._confusion is None:
             return
         self._ensure_classes(other._confusion.shape[0])
@@ -255,11 +271,15 @@ class Evaluation(BaseEvaluation):
         if average is None:
             return "binary" if n_classes == 2 else "macro"
         if average not in AVERAGES:
-            raise ConfigError(f"average must be one of {sorted(AVERAGES)} or None (binary for two classes, else "
-                              f"macro), got {average!r}")
+            raise ConfigError(
+                f"average must be one of {sorted(AVERAGES)} or None (binary for two classes, else "
+                f"macro), got {average!r}"
+            )
         if average == "binary" and n_classes != 2:
-            raise ConfigError(f"average='binary' reports class 1 of a two-class problem but there are {n_classes} "
-                              f"classes; use 'macro', 'micro', 'weighted' or a label")
+            raise ConfigError(
+                f"average='binary' reports class 1 of a two-class problem but there are {n_classes} "
+                f"classes; use 'macro', 'micro', 'weighted' or a label"
+            )
         return average
 
     def accuracy(self) -> float:
@@ -351,8 +371,10 @@ class Evaluation(BaseEvaluation):
 
     def _averaging_note(self, n_classes: int) -> str:
         if n_classes == 2:
-            return (f"Precision, recall & F1: reported for positive class (class {POSITIVE_CLASS} = "
-                    f"{self.class_name(POSITIVE_CLASS)}) only; precision(average='macro') averages both classes")
+            return (
+                f"Precision, recall & F1: reported for positive class (class {POSITIVE_CLASS} = "
+                f"{self.class_name(POSITIVE_CLASS)}) only; precision(average='macro') averages both classes"
+            )
         return f"Precision, recall & F1: macro-averaged (equally weighted avg. of {n_classes} classes)"
 
     def stats(self) -> str:
@@ -393,8 +415,13 @@ class Evaluation(BaseEvaluation):
 
     # ---------------------------------------------------------------------------------------------- serialise
     def _config(self) -> dict[str, Any]:
-        return {"num_classes": self._num_classes, "top_n": self.top_n, "labels": self.labels,
-                "binary_decision_threshold": self.binary_decision_threshold, "cost_array": self.cost_array}
+        return {
+            "num_classes": self._num_classes,
+            "top_n": self.top_n,
+            "labels": self.labels,
+            "binary_decision_threshold": self.binary_decision_threshold,
+            "cost_array": self.cost_array,
+        }
 
     def _state(self) -> dict[str, Any]:
         confusion = None if self._confusion is None else self._confusion.tolist()

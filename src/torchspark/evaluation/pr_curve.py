@@ -112,8 +112,7 @@ class PrecisionRecallCurve:
         if not -self.num_points <= index < self.num_points:
             raise ConfigError(f"point index {index} is out of range for a curve of {self.num_points} points")
         index %= self.num_points
-        return CurvePoint(index, float(self.thresholds[index]), float(self.precision[index]),
-                          float(self.recall[index]))
+        return CurvePoint(index, float(self.thresholds[index]), float(self.precision[index]), float(self.recall[index]))
 
     def point_at_threshold(self, threshold: float) -> CurvePoint:
         """The point at ``threshold``, or, when no point has exactly that threshold, at the next higher one (as

@@ -15,5 +15,12 @@ Write your own by subclassing :class:`TrainingListener` and overriding the metho
 from torchspark.listeners.events import EpochEvent, FitEnded, FitStarted, IterationEvent, TrainingListener
 from torchspark.listeners.hub import TrainingEvents, network_params
 
-__all__ = ["TrainingListener", "FitStarted", "IterationEvent", "EpochEvent", "FitEnded", "TrainingEvents",
-           "network_params"]
+__all__ = [
+    "TrainingListener",
+    "FitStarted",
+    "IterationEvent",
+    "EpochEvent",
+    "FitEnded",
+    "TrainingEvents",
+    "network_params",
+]

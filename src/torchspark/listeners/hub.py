@@ -22,7 +22,8 @@ import logging
 import math
 import threading
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from torchspark.listeners.events import EpochEvent, FitEnded, FitStarted, IterationEvent, TrainingListener
 from torchspark.training.hooks import ProgressUpdate, ScoreReport
@@ -69,17 +70,32 @@ class TrainingEvents:
         clock: seconds, monotonic (injectable for tests).
     """
 
-    def __init__(self, listeners: Sequence[TrainingListener], *, runner: str, master: Any, network: Any,
-                 epochs: int, num_workers: int, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        listeners: Sequence[TrainingListener],
+        *,
+        runner: str,
+        master: Any,
+        network: Any,
+        epochs: int,
+        num_workers: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.listeners = list(listeners)
         self._clock = clock
         self._lock = threading.Lock()
-        self._started = FitStarted(runner=runner, epochs=epochs, num_workers=num_workers,
-                                   start_epoch=network.epoch, start_iteration=network.iteration,
-                                   master=master.to_dict(), network=network_params(network))
+        self._started = FitStarted(
+            runner=runner,
+            epochs=epochs,
+            num_workers=num_workers,
+            start_epoch=network.epoch,
+            start_iteration=network.iteration,
+            master=master.to_dict(),
+            network=network_params(network),
+        )
         self._t0 = clock()
-        self._iters: dict[tuple[int, int], int] = {}      # (rank, epoch) -> minibatches within the epoch
-        self._examples: dict[tuple[int, int], int] = {}   # (rank, epoch) -> examples within the epoch
+        self._iters: dict[tuple[int, int], int] = {}  # (rank, epoch) -> minibatches within the epoch
+        self._examples: dict[tuple[int, int], int] = {}  # (rank, epoch) -> examples within the epoch
         self._traffic: dict[tuple[int, int], tuple[int, int]] = {}  # (rank, epoch) -> (sent, dense) so far in fit
         self._epoch_scores: dict[tuple[int, int], float] = {}  # (rank, epoch) -> latest loss in that epoch
         self._latest_score: dict[int, float] = {}
@@ -124,8 +140,17 @@ class TrainingEvents:
                 while self._next_epoch < self._started.epochs:
                     self._close_epoch()
             seconds = self._clock() - self._t0
-            self._call("on_fit_end", FitEnded(network=network, score=score, seconds=seconds,
-                                              examples=self._total_examples(), stats=stats, error=error))
+            self._call(
+                "on_fit_end",
+                FitEnded(
+                    network=network,
+                    score=score,
+                    seconds=seconds,
+                    examples=self._total_examples(),
+                    stats=stats,
+                    error=error,
+                ),
+            )
             queues, self._queues = self._queues, [None] * len(self.listeners)
         started = time.monotonic()
         for listener, calls in zip(self.listeners, queues):  # they finish in parallel: one deadline each
@@ -171,10 +196,16 @@ class TrainingEvents:
         examples = self._total_examples()
         elapsed = max(self._clock() - self._t0, 1e-9)
         sent, dense = self._cumulative_traffic()
-        return IterationEvent(iteration=self._started.start_iteration + max(steps.values(), default=0),
-                              epoch=self._started.start_epoch + self._rank_epoch.get(rank, 0),
-                              score=sum(finite) / len(finite) if finite else math.nan, examples=examples,
-                              examples_per_second=examples / elapsed, bytes_sent=sent, dense_bytes=dense, rank=rank)
+        return IterationEvent(
+            iteration=self._started.start_iteration + max(steps.values(), default=0),
+            epoch=self._started.start_epoch + self._rank_epoch.get(rank, 0),
+            score=sum(finite) / len(finite) if finite else math.nan,
+            examples=examples,
+            examples_per_second=examples / elapsed,
+            bytes_sent=sent,
+            dense_bytes=dense,
+            rank=rank,
+        )
 
     def _ready(self, epoch: int) -> bool:
         if any(r.round is None for r in self._reports.get(epoch, ())):
@@ -192,10 +223,18 @@ class TrainingEvents:
         now = self._clock()
         seconds = now - self._last_close
         cum = self._cumulative_traffic(through_epoch=e)
-        self._call("on_epoch_end", EpochEvent(
-            epoch=self._started.start_epoch + e, score=score, examples=examples, seconds=seconds,
-            examples_per_second=examples / seconds if seconds > 0 else math.nan,
-            bytes_sent=max(cum[0] - self._last_cum[0], 0), dense_bytes=max(cum[1] - self._last_cum[1], 0)))
+        self._call(
+            "on_epoch_end",
+            EpochEvent(
+                epoch=self._started.start_epoch + e,
+                score=score,
+                examples=examples,
+                seconds=seconds,
+                examples_per_second=examples / seconds if seconds > 0 else math.nan,
+                bytes_sent=max(cum[0] - self._last_cum[0], 0),
+                dense_bytes=max(cum[1] - self._last_cum[1], 0),
+            ),
+        )
         self._next_epoch, self._last_close, self._last_cum = e + 1, now, cum
 
     def _epoch_score(self, epoch: int) -> tuple[float, int]:

@@ -94,16 +94,26 @@ class MlflowListener(TrainingListener):
             path) that cannot be created; checked here, so a fit never starts against them.
     """
 
-    def __init__(self, tracking_uri: str | None = None, experiment: str = "torchspark", run_name: str | None = None,
-                 log_model: bool = True, log_stats: bool = True, log_every: int = 0,
-                 tags: dict[str, str] | None = None, end_timeout_s: float = 120.0) -> None:
+    def __init__(
+        self,
+        tracking_uri: str | None = None,
+        experiment: str = "torchspark",
+        run_name: str | None = None,
+        log_model: bool = True,
+        log_stats: bool = True,
+        log_every: int = 0,
+        tags: dict[str, str] | None = None,
+        end_timeout_s: float = 120.0,
+    ) -> None:
         if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 0:
-            raise ConfigError(f"MlflowListener: log_every must be an integer >= 0 (0 = per epoch only), got "
-                              f"{log_every!r}")
+            raise ConfigError(
+                f"MlflowListener: log_every must be an integer >= 0 (0 = per epoch only), got {log_every!r}"
+            )
         if not isinstance(experiment, str) or not experiment:
             raise ConfigError(f"MlflowListener: experiment must be a non-empty name, got {experiment!r}")
-        self.end_timeout_s = check_float("end_timeout_s", end_timeout_s, above=0, finite=True,
-                                         owner="MlflowListener", unit="seconds")
+        self.end_timeout_s = check_float(
+            "end_timeout_s", end_timeout_s, above=0, finite=True, owner="MlflowListener", unit="seconds"
+        )
         tracking = _mlflow()
         _check_store(tracking_uri if tracking_uri is not None else tracking.get_tracking_uri())
         self.client = tracking.MlflowClient(tracking_uri=tracking_uri)
@@ -129,13 +139,17 @@ class MlflowListener(TrainingListener):
         run = self.client.create_run(self._experiment_id(), run_name=self.run_name, tags=tags)
         self._run_id, self._reports = run.info.run_id, 0
         self.run_ids.append(self._run_id)
-        params = {**flatten_params(event.master, "master."), **flatten_params(event.network, "network."),
-                  "epochs": str(event.epochs), "num_workers": str(event.num_workers)}
+        params = {
+            **flatten_params(event.master, "master."),
+            **flatten_params(event.network, "network."),
+            "epochs": str(event.epochs),
+            "num_workers": str(event.num_workers),
+        }
         from mlflow.entities import Param
 
         items = [Param(k, v) for k, v in sorted(params.items())]
         for i in range(0, len(items), 100):  # MLflow takes at most 100 params per batch
-            self.client.log_batch(self._run_id, params=items[i:i + 100])
+            self.client.log_batch(self._run_id, params=items[i : i + 100])
 
     # 2. progress and epochs
     def on_iteration(self, event: IterationEvent) -> None:
@@ -147,8 +161,12 @@ class MlflowListener(TrainingListener):
     def on_epoch_end(self, event: EpochEvent) -> None:
         if self._run_id is None:
             return
-        metrics = {"epoch_score": event.score, "epoch_examples_per_second": event.examples_per_second,
-                   "epoch_seconds": event.seconds, "epoch_examples": float(event.examples)}
+        metrics = {
+            "epoch_score": event.score,
+            "epoch_examples_per_second": event.examples_per_second,
+            "epoch_seconds": event.seconds,
+            "epoch_examples": float(event.examples),
+        }
         if event.dense_bytes:
             metrics.update(epoch_bytes_sent=float(event.bytes_sent), epoch_dense_bytes=float(event.dense_bytes))
         self._log_metrics(metrics, event.epoch)
@@ -165,8 +183,10 @@ class MlflowListener(TrainingListener):
             return
         run_id = self._run_id
         try:
-            self._log_metrics({"fit_score": event.score, "fit_seconds": event.seconds,
-                               "fit_examples": float(event.examples)}, event.network.epoch)
+            self._log_metrics(
+                {"fit_score": event.score, "fit_seconds": event.seconds, "fit_examples": float(event.examples)},
+                event.network.epoch,
+            )
             with tempfile.TemporaryDirectory(prefix="torchspark-mlflow-") as tmp:
                 if self.log_model and event.error is None:
                     model_dir = os.path.join(tmp, "model")

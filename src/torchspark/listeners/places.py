@@ -35,8 +35,9 @@ def check_directory(path: str | os.PathLike[str], what: str) -> str:
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as e:
-        raise ConfigError(f"{what} {path!r} cannot be created ({e.strerror or e}): choose a writable directory") \
-            from None
+        raise ConfigError(
+            f"{what} {path!r} cannot be created ({e.strerror or e}): choose a writable directory"
+        ) from None
     if not os.access(path, os.W_OK | os.X_OK):
         raise ConfigError(f"{what} {path!r} is not writable: choose a writable directory")
     return path
@@ -57,5 +58,7 @@ def check_reachable(url: str, what: str, timeout_s: float = CONNECT_TIMEOUT_S) -
             pass
     except OSError as e:
         reason = "timed out" if isinstance(e, socket.timeout) else (e.strerror or str(e))
-        raise ConfigError(f"{what}: the server {url} is not reachable ({reason} within {timeout_s:g} s): start it, "
-                          "or pass the tracking_uri it listens on") from None
+        raise ConfigError(
+            f"{what}: the server {url} is not reachable ({reason} within {timeout_s:g} s): start it, "
+            "or pass the tracking_uri it listens on"
+        ) from None

@@ -6,5 +6,15 @@ from torchspark.nn.precision import PRECISIONS, Precision
 from torchspark.nn.serialization import NetworkBlueprint, load_network, save_network
 from torchspark.nn.spec import from_factory, module_spec
 
-__all__ = ["Network", "NetworkBlueprint", "Loss", "LOSSES", "Precision", "PRECISIONS", "from_factory", "module_spec",
-           "save_network", "load_network"]
+__all__ = [
+    "Network",
+    "NetworkBlueprint",
+    "Loss",
+    "LOSSES",
+    "Precision",
+    "PRECISIONS",
+    "from_factory",
+    "module_spec",
+    "save_network",
+    "load_network",
+]

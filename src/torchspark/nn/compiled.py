@@ -28,15 +28,23 @@ Example::
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Union
+from collections.abc import Callable
+from typing import Any, Union
 
 import torch
 
 from torchspark.errors import SetupError
 from torchspark.validation import check_choice
 
-__all__ = ["COMPILE_MODES", "CompileSetting", "compile_backends", "check_compile", "compile_options",
-           "CompiledForward", "forward_module"]
+__all__ = [
+    "COMPILE_MODES",
+    "CompileSetting",
+    "compile_backends",
+    "check_compile",
+    "compile_options",
+    "CompiledForward",
+    "forward_module",
+]
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +66,12 @@ def check_compile(value: Any) -> CompileSetting:
     and backends."""
     if isinstance(value, bool):
         return value
-    return check_choice("compile", value, [*COMPILE_MODES, *compile_backends()],
-                        fix="or True (the default backend) or False (no compilation)")
+    return check_choice(
+        "compile",
+        value,
+        [*COMPILE_MODES, *compile_backends()],
+        fix="or True (the default backend) or False (no compilation)",
+    )
 
 
 def compile_options(value: CompileSetting) -> dict[str, Any] | None:
@@ -100,8 +112,11 @@ class CompiledForward:
 
         if self._first:
             self._first = False
-            log.info("compiling the forward pass (compile=%r, backend %r): the first step takes longer",
-                     self.setting, self.backend)
+            log.info(
+                "compiling the forward pass (compile=%r, backend %r): the first step takes longer",
+                self.setting,
+                self.backend,
+            )
         try:
             return self.compiled(*args, **kwargs)
         except BackendCompilerFailed as e:
@@ -125,4 +140,3 @@ def forward_module(module: torch.nn.Module, setting: CompileSetting) -> Callable
     if setting is False:
         return module
     return CompiledForward(module, setting)
-

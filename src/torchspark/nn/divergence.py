@@ -20,8 +20,7 @@ from typing import Any
 
 from torchspark.validation import check_choice
 
-__all__ = ["DIVERGENCE_ACTIONS", "MAX_UPDATE_RATIO", "diverged_message", "update_divergence",
-           "check_on_divergence"]
+__all__ = ["DIVERGENCE_ACTIONS", "MAX_UPDATE_RATIO", "diverged_message", "update_divergence", "check_on_divergence"]
 
 #: what a fit does when training diverges: raise (default) or warn and go on
 DIVERGENCE_ACTIONS = ("fail", "warn")
@@ -32,20 +31,25 @@ MAX_UPDATE_RATIO = 1e3
 
 def diverged_message(what: str, iteration: int, updater: Any) -> str:
     """The advice every route gives when training diverged: ``what`` happened, at which step, and the fix."""
-    return (f"{what} at iteration {iteration}; the updater diverged. Lower the learning rate (updater={updater!r}) "
-            "or set gradient_clip.")
+    return (
+        f"{what} at iteration {iteration}; the updater diverged. Lower the learning rate (updater={updater!r}) "
+        "or set gradient_clip."
+    )
 
 
-def update_divergence(update_norm: float, param_norm: float, loss: float, iteration: int,
-                      updater: Any) -> str | None:
+def update_divergence(update_norm: float, param_norm: float, loss: float, iteration: int, updater: Any) -> str | None:
     """The divergence message for an update of norm ``update_norm`` on parameters of norm ``param_norm`` (None when
     the update is a healthy one)."""
     if not math.isfinite(update_norm):
         return diverged_message(f"the update turned {update_norm} (loss {loss:.4g})", iteration, updater)
     ratio = update_norm / max(param_norm, 1.0)
     if ratio > MAX_UPDATE_RATIO:
-        return diverged_message(f"the update exploded: its norm {update_norm:.3g} is {ratio:.3g}x the parameters' "
-                                f"norm {param_norm:.3g} (loss {loss:.4g})", iteration, updater)
+        return diverged_message(
+            f"the update exploded: its norm {update_norm:.3g} is {ratio:.3g}x the parameters' "
+            f"norm {param_norm:.3g} (loss {loss:.4g})",
+            iteration,
+            updater,
+        )
     return None
 
 

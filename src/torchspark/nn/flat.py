@@ -8,7 +8,8 @@ layer. :class:`~torchspark.nn.Network` holds one and offers its methods under th
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -26,8 +27,9 @@ def _flatten(params: list[torch.nn.Parameter], channels_last: bool) -> torch.Ten
     if len(dtypes) != 1 or not next(iter(dtypes)).is_floating_point:
         raise ConfigError(f"all parameters must share one floating dtype, got {sorted(map(str, dtypes))}")
     # each tensor enters the flat buffer in its memory order: (N, H, W, C) for channels_last 4-D weights
-    flat = torch.cat([(p.detach().permute(0, 2, 3, 1) if channels_last and p.dim() == 4 else p.detach()).reshape(-1)
-                      for p in params])
+    flat = torch.cat(
+        [(p.detach().permute(0, 2, 3, 1) if channels_last and p.dim() == 4 else p.detach()).reshape(-1) for p in params]
+    )
     offset = 0
     for p in params:
         n = p.numel()
@@ -41,8 +43,9 @@ def _flatten(params: list[torch.nn.Parameter], channels_last: bool) -> torch.Ten
     return flat
 
 
-def _materialize_updater_state(optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter],
-                               make_optimizer: OptimizerFactory) -> None:
+def _materialize_updater_state(
+    optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter], make_optimizer: OptimizerFactory
+) -> None:
     """Create every optimizer state tensor now (zeros), so the flat updater view has a fixed layout.
 
     The layout is discovered by stepping a throw-away optimizer once with zero gradients on zero-filled
@@ -139,8 +142,10 @@ class FlatState:
         """``params[indices] -= values``: :meth:`apply_update` of an update that is zero except at ``indices``
         (unique int64 indices). Bit-identical to it (``x - 0`` is ``x``), but touches only those elements."""
         if indices.dim() != 1 or indices.shape != values.shape:
-            raise DataError(f"apply_update_at needs 1-D indices and values of one length, got shapes "
-                            f"{tuple(indices.shape)} and {tuple(values.shape)}")
+            raise DataError(
+                f"apply_update_at needs 1-D indices and values of one length, got shapes "
+                f"{tuple(indices.shape)} and {tuple(values.shape)}"
+            )
         with torch.no_grad():
             values = values.to(self.flat.device, self.flat.dtype)
             if self.flat.device.type == "cpu":  # numpy fancy indexing: ~5x less overhead than torch's for few entries

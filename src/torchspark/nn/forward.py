@@ -8,7 +8,8 @@ shape and dtype errors into messages naming the data and the fix.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol, Union
+from collections.abc import Callable
+from typing import Any, Protocol, Union
 
 import torch
 
@@ -17,8 +18,18 @@ from torchspark.errors import ConfigError, DataError, TorchSparkError
 from torchspark.nn.losses import Loss
 from torchspark.nn.precision import Precision
 
-__all__ = ["ForwardNetwork", "Batch", "Unpacked", "as_list", "unpack", "forward", "losses_for", "check_labels",
-           "per_example_losses", "batch_loss"]
+__all__ = [
+    "ForwardNetwork",
+    "Batch",
+    "Unpacked",
+    "as_list",
+    "unpack",
+    "forward",
+    "losses_for",
+    "check_labels",
+    "per_example_losses",
+    "batch_loss",
+]
 
 Batch = Union[DataSet, MultiDataSet]
 #: ``(features, labels or None, features mask, labels masks)``
@@ -45,8 +56,19 @@ def as_list(x: Any) -> list[Any]:
 
 
 #: fragments of PyTorch's messages when a module gets inputs of the wrong shape, count, type or index range
-_INPUT_MISMATCH = ("shape", "size", "dimension", "channels", "mat1", "expected", "must match", "argument", "index",
-                   "dtype", "scalar type")
+_INPUT_MISMATCH = (
+    "shape",
+    "size",
+    "dimension",
+    "channels",
+    "mat1",
+    "expected",
+    "must match",
+    "argument",
+    "index",
+    "dtype",
+    "scalar type",
+)
 
 
 def _looks_like_input_mismatch(message: str) -> bool:
@@ -62,18 +84,28 @@ def _check_label_shape(k: int, out: torch.Tensor, lab: torch.Tensor, loss: Loss)
         indices = lab.dim() == 1 and not lab.is_floating_point()
         dense = lab.dim() == 2 and lab.is_floating_point() and lab.shape[1] == out.shape[1]
         if not (indices or dense) and lab.dim() == 2 and lab.shape[1] == 1:
-            raise DataError(f"loss 'cross_entropy' (output {k}, {out.shape[1]} classes) takes class indices of shape "
-                            f"(N,) as integers or one-hot targets (N, {out.shape[1]}), got {got}; flatten the labels "
-                            "to integer class indices (labels.reshape(-1).astype('int64'))")
+            raise DataError(
+                f"loss 'cross_entropy' (output {k}, {out.shape[1]} classes) takes class indices of shape "
+                f"(N,) as integers or one-hot targets (N, {out.shape[1]}), got {got}; flatten the labels "
+                "to integer class indices (labels.reshape(-1).astype('int64'))"
+            )
         if not (indices or dense) and lab.dim() == 2:
-            raise DataError(f"loss 'cross_entropy' (output {k}) needs one-hot targets of shape (N, {out.shape[1]}) "
-                            f"or class indices (N,), got {got}; match the number of classes or rebuild the model")
+            raise DataError(
+                f"loss 'cross_entropy' (output {k}) needs one-hot targets of shape (N, {out.shape[1]}) "
+                f"or class indices (N,), got {got}; match the number of classes or rebuild the model"
+            )
     elif loss.name in ("mse", "bce_with_logits") and lab.numel() != out.numel():
-        fix = (f"one-hot encode class indices (torch.nn.functional.one_hot(labels, {out.shape[1]})) or use "
-               "loss='cross_entropy'") if not lab.is_floating_point() and lab.dim() == 1 and out.dim() == 2 \
+        fix = (
+            (
+                f"one-hot encode class indices (torch.nn.functional.one_hot(labels, {out.shape[1]})) or use "
+                "loss='cross_entropy'"
+            )
+            if not lab.is_floating_point() and lab.dim() == 1 and out.dim() == 2
             else "give labels of the outputs' shape"
-        raise DataError(f"loss {loss.name!r} (output {k}) needs labels shaped like the outputs {tuple(out.shape)}, "
-                        f"got {got}; {fix}")
+        )
+        raise DataError(
+            f"loss {loss.name!r} (output {k}) needs labels shaped like the outputs {tuple(out.shape)}, got {got}; {fix}"
+        )
 
 
 def unpack(net: ForwardNetwork, batch: Batch) -> Unpacked:
@@ -201,8 +233,10 @@ def batch_loss(net: ForwardNetwork, batch: Batch, validate: bool) -> tuple[torch
     """
     feats, labels, fmask, lmasks = unpack(net, batch)
     if labels is None:
-        raise DataError("training and scoring need labels, but the batch has labels=None; pass "
-                        "DataSet(features, labels) (predict with net.output(features) needs none)")
+        raise DataError(
+            "training and scoring need labels, but the batch has labels=None; pass "
+            "DataSet(features, labels) (predict with net.output(features) needs none)"
+        )
     if validate:
         batch.check_finite("training features")
     outputs = forward(net, feats, fmask)

@@ -6,7 +6,8 @@ functions; they read the network through :class:`~torchspark.nn.forward.ForwardN
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 
@@ -49,8 +50,9 @@ def output(net: ForwardNetwork, features: Any, train: bool = False, batch_size: 
     chunks: list[list[torch.Tensor]] = []
     with torch.set_grad_enabled(train):
         for start in range(0, max(n, 1), max(step, 1)):
-            part = [f[start : start + step].to(net.device, dtype=dtype if f.is_floating_point() else f.dtype)
-                    for f in feats]
+            part = [
+                f[start : start + step].to(net.device, dtype=dtype if f.is_floating_point() else f.dtype) for f in feats
+            ]
             outs = forward(net, part)
             acts = [lo.activation(o) for lo, o in zip(losses_for(net, len(outs)), outs)]
             chunks.append([a.detach().cpu() for a in acts])

@@ -8,8 +8,9 @@ A custom loss is a callable ``(logits, labels) -> per-example losses (N,)`` or a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Union
+from typing import Any, Union
 
 import torch
 import torch.nn.functional as F

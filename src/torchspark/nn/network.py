@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Callable, Iterable, Sequence, Union
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Union
 
 import torch
 
@@ -346,7 +347,7 @@ class Network:
         self._state.apply_update_at(indices, values)
 
     def fit(self, data: Batch | Iterable[Batch], epochs: int = 1, batch_size: int = 32,
-            accumulate_steps: int = 1) -> "Network":
+            accumulate_steps: int = 1) -> Network:
         """Train on one process.
 
         Args:
@@ -420,7 +421,7 @@ class Network:
 
     @classmethod
     def load(cls, path: str, allow_pickle: bool = False, factories: Any = None,
-             trust_code: bool = False) -> "Network":
+             trust_code: bool = False) -> Network:
         """Load a network written by :meth:`save`.
 
         No code runs because a file names it: ``config.json`` may name torchspark's zoo models and built-in
@@ -429,11 +430,11 @@ class Network:
         """
         return read_network(cls, path, allow_pickle=allow_pickle, factories=factories, trust_code=trust_code)
 
-    def copy(self) -> "Network":
+    def copy(self) -> Network:
         """A deep copy with the same weights, updater state and counters (through the in-memory blueprint)."""
         return Blueprint.of(self).build_as(type(self))
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> "Network":
+    def __deepcopy__(self, memo: dict[int, Any]) -> Network:
         """``copy.deepcopy(net)`` is :meth:`copy`: a field-by-field deep copy would give the module parameters their
         own storage, detached from the flat buffer the network trains through (``compute_update`` would then return
         zeros)."""

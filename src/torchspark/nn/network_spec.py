@@ -55,8 +55,7 @@ class NetworkSpec:
         if self.model not in ZOO:
             raise ConfigError(f"network spec: unknown model {self.model!r}; choose one of {sorted(ZOO)}")
         if not isinstance(self.kwargs, dict):
-            raise ConfigError(f"network spec: kwargs must be an object of the factory's arguments, got "
-                              f"{self.kwargs!r}")
+            raise ConfigError(f"network spec: kwargs must be an object of the factory's arguments, got {self.kwargs!r}")
         check_choice("loss", self.loss, sorted(LOSSES), owner="network spec")
         check_choice("precision", self.precision, PRECISIONS, owner="network spec")
         if isinstance(self.updater, UpdaterSpec):
@@ -73,14 +72,22 @@ class NetworkSpec:
         if learning_rate is not None:
             check_float("learning rate", learning_rate, above=0, finite=True)
             updater = dataclasses.replace(updater, lr=float(learning_rate))  # type: ignore[call-arg]
-        return Network(module, loss=self.loss, updater=updater, seed=self.seed, weight_decay=self.weight_decay,
-                       l1=self.l1, gradient_clip=self.gradient_clip, precision=self.precision)
+        return Network(
+            module,
+            loss=self.loss,
+            updater=updater,
+            seed=self.seed,
+            weight_decay=self.weight_decay,
+            l1=self.l1,
+            gradient_clip=self.gradient_clip,
+            precision=self.precision,
+        )
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> "NetworkSpec":
+    def from_json(cls, text: str) -> NetworkSpec:
         try:
             d = json.loads(text)
         except json.JSONDecodeError as e:
@@ -89,8 +96,9 @@ class NetworkSpec:
             raise ConfigError(f"network spec must be a JSON object, got {text!r}")
         unknown = sorted(set(d) - {f.name for f in dataclasses.fields(cls)})
         if unknown:
-            raise ConfigError(f"network spec: unknown key(s) {unknown}; known: "
-                              f"{[f.name for f in dataclasses.fields(cls)]}")
+            raise ConfigError(
+                f"network spec: unknown key(s) {unknown}; known: {[f.name for f in dataclasses.fields(cls)]}"
+            )
         if "model" not in d:
             raise ConfigError(f"network spec needs a 'model' (one of {sorted(ZOO)}), got {text!r}")
         return cls(**d)

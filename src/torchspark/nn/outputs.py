@@ -7,7 +7,8 @@ pass over the data fills an evaluation per output, or several for one chosen out
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Protocol, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
 
 import torch
 
@@ -17,8 +18,14 @@ from torchspark.evaluation import Evaluation, EvaluationBinary, RegressionEvalua
 from torchspark.nn.forward import Batch, ForwardNetwork, check_labels, forward, losses_for, unpack
 from torchspark.validation import check_int
 
-__all__ = ["EvaluatedNetwork", "default_targets", "check_output_index", "fill_evaluations", "default_evaluation",
-           "evaluate"]
+__all__ = [
+    "EvaluatedNetwork",
+    "default_targets",
+    "check_output_index",
+    "fill_evaluations",
+    "default_evaluation",
+    "evaluate",
+]
 
 
 class EvaluatedNetwork(ForwardNetwork, Protocol):
@@ -47,12 +54,15 @@ def check_output_index(network: ForwardNetwork, output_index: Any) -> None:
         return
     check_int("output_index", output_index, 0, allow_none=True, none_means="every output")
     if len(network.losses) > 1 and output_index >= len(network.losses):
-        raise ConfigError(f"output_index={output_index} but the network has {len(network.losses)} outputs "
-                          f"(0..{len(network.losses) - 1})")
+        raise ConfigError(
+            f"output_index={output_index} but the network has {len(network.losses)} outputs "
+            f"(0..{len(network.losses) - 1})"
+        )
 
 
-def default_targets(network: EvaluatedNetwork, evaluations: Sequence[Any],
-                    output_index: int | None) -> tuple[list[Any], list[int]]:
+def default_targets(
+    network: EvaluatedNetwork, evaluations: Sequence[Any], output_index: int | None
+) -> tuple[list[Any], list[int]]:
     """The evaluations to fill and the output each one looks at.
 
     * evaluations given: all of them on ``output_index`` (None means output 0, as DL4J's ``evaluate``);
@@ -70,8 +80,9 @@ def default_targets(network: EvaluatedNetwork, evaluations: Sequence[Any],
     return [network.default_evaluation(k)], [k]
 
 
-def fill_evaluations(network: ForwardNetwork, batches: Iterable[Batch], evaluations: Sequence[Any],
-                     targets: Sequence[int]) -> int:
+def fill_evaluations(
+    network: ForwardNetwork, batches: Iterable[Batch], evaluations: Sequence[Any], targets: Sequence[int]
+) -> int:
     """Fill ``evaluations[i]`` with output ``targets[i]`` against labels ``targets[i]``; returns batches seen.
 
     Raises:
@@ -97,8 +108,13 @@ def fill_evaluations(network: ForwardNetwork, batches: Iterable[Batch], evaluati
     return seen
 
 
-def evaluate(network: EvaluatedNetwork, data: Batch | Iterable[Batch], evaluations: Sequence[Any] = (),
-             batch_size: int = 256, output_index: int | None = None) -> Any:
+def evaluate(
+    network: EvaluatedNetwork,
+    data: Batch | Iterable[Batch],
+    evaluations: Sequence[Any] = (),
+    batch_size: int = 256,
+    output_index: int | None = None,
+) -> Any:
     """Fill evaluations with the network's outputs on ``data`` (what ``Network.evaluate`` does).
 
     Args:

@@ -20,8 +20,9 @@ from __future__ import annotations
 import base64
 import json
 import posixpath
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import cloudpickle
 import torch

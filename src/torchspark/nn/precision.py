@@ -31,8 +31,8 @@ Example::
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 from contextlib import AbstractContextManager
-from typing import Mapping
 
 import torch
 
@@ -66,10 +66,15 @@ class Precision:
         self.dtype = PRECISIONS[name]
         self.device_type = device.type
         if self.dtype is not None and not torch.amp.is_autocast_available(device.type):
-            raise ConfigError(f"precision={name!r}: torch has no autocast for device type {device.type!r}; "
-                              "use precision='fp32' there")
-        if (self.dtype is torch.bfloat16 and device.type == "cuda" and torch.cuda.is_available()
-                and not torch.cuda.is_bf16_supported()):
+            raise ConfigError(
+                f"precision={name!r}: torch has no autocast for device type {device.type!r}; use precision='fp32' there"
+            )
+        if (
+            self.dtype is torch.bfloat16
+            and device.type == "cuda"
+            and torch.cuda.is_available()
+            and not torch.cuda.is_bf16_supported()
+        ):
             raise ConfigError(f"precision='bf16': the GPU {device} has no bfloat16 support; use precision='fp16'")
         #: fp16's loss scaler (None for fp32 and bf16, whose range is float32's)
         self.scaler = torch.amp.GradScaler(device.type) if name == "fp16" else None
@@ -86,8 +91,10 @@ class Precision:
         """The module's outputs with every bf16/fp16 tensor cast to float32 (unchanged for fp32)."""
         if self.dtype is None:
             return outputs
-        return [o.float() if isinstance(o, torch.Tensor) and o.dtype in (torch.bfloat16, torch.float16) else o
-                for o in outputs]
+        return [
+            o.float() if isinstance(o, torch.Tensor) and o.dtype in (torch.bfloat16, torch.float16) else o
+            for o in outputs
+        ]
 
     def backward(self, loss: torch.Tensor) -> None:
         """Step 1: ``loss.backward()``, of the scaled loss for fp16; gradients accumulate into ``.grad``."""
@@ -117,8 +124,10 @@ class Precision:
         if self.scaler is None:
             return {}
         state = self.scaler.state_dict()
-        return {SCALER_KEYS[0]: torch.tensor([state["scale"]], dtype=torch.float32),
-                SCALER_KEYS[1]: torch.tensor([state["_growth_tracker"]], dtype=torch.int64)}
+        return {
+            SCALER_KEYS[0]: torch.tensor([state["scale"]], dtype=torch.float32),
+            SCALER_KEYS[1]: torch.tensor([state["_growth_tracker"]], dtype=torch.int64),
+        }
 
     def load_state_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
         """Restore :meth:`state_tensors` output (other keys of ``tensors`` are ignored; without the scaler's keys,

@@ -16,8 +16,9 @@ from torchspark.nn.trust import Factories
 __all__ = ["save_network", "load_network", "check_save_target", "NetworkBlueprint"]
 
 
-def load_network(path: str, allow_pickle: bool = False, factories: Factories = None,
-                 trust_code: bool = False) -> Network:
+def load_network(
+    path: str, allow_pickle: bool = False, factories: Factories = None, trust_code: bool = False
+) -> Network:
     """Load a network written by :func:`save_network`.
 
     Args:

@@ -16,8 +16,9 @@ file's ``"type"`` to a class through a dict and never import, so a hostile name 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Union
+from typing import Any, Union
 
 import torch
 
@@ -74,8 +75,10 @@ class CodePolicy:
             SerializationError: the name is not allowed (nothing was imported), or not a valid import path.
         """
         if not isinstance(path, str) or ":" not in path:
-            raise SerializationError(f"{source} names the {what} {path!r}, which is not an import path "
-                                     "'package.module:function'; the file is damaged or not a torchspark model")
+            raise SerializationError(
+                f"{source} names the {what} {path!r}, which is not an import path "
+                "'package.module:function'; the file is damaged or not a torchspark model"
+            )
         found = _zoo(path) or self.factories.get(path)
         if found is not None:
             return found
@@ -104,8 +107,7 @@ def code_policy(factories: Factories = None, trust_code: bool = False) -> CodePo
         if bad:
             raise ConfigError(f"factories must map 'pkg.mod:fn' names to functions; bad entries: {bad}")
     elif isinstance(factories, (str, bytes)) or not isinstance(factories, Iterable):
-        raise ConfigError(f"factories must be a list of functions or a {{'pkg.mod:fn': fn}} mapping, "
-                          f"got {factories!r}")
+        raise ConfigError(f"factories must be a list of functions or a {{'pkg.mod:fn': fn}} mapping, got {factories!r}")
     else:
         allowed = {}
         for fn in factories:
@@ -115,8 +117,9 @@ def code_policy(factories: Factories = None, trust_code: bool = False) -> CodePo
     return CodePolicy(allowed, trust_code)
 
 
-def build_from_spec(spec: dict[str, Any], policy: CodePolicy | None = None,
-                    source: str = "the module spec") -> torch.nn.Module:
+def build_from_spec(
+    spec: dict[str, Any], policy: CodePolicy | None = None, source: str = "the module spec"
+) -> torch.nn.Module:
     """Rebuild a module from :func:`~torchspark.nn.spec.module_spec` output, calling only what ``policy`` allows.
 
     Args:
@@ -135,15 +138,18 @@ def build_from_spec(spec: dict[str, Any], policy: CodePolicy | None = None,
         raise SerializationError(f"{source}: module spec {spec!r} has no 'factory' entry")
     kwargs = spec.get("kwargs", {})
     if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
-        raise SerializationError(f"{source}: the kwargs of module factory {spec['factory']!r} must be a JSON "
-                                 f"object, got {kwargs!r}")
+        raise SerializationError(
+            f"{source}: the kwargs of module factory {spec['factory']!r} must be a JSON object, got {kwargs!r}"
+        )
     factory = (policy or CodePolicy()).resolve(spec["factory"], "module factory", source)
     try:
         module = factory(**kwargs)
     except (TypeError, ConfigError) as e:
-        raise SerializationError(f"{source}: module factory {spec['factory']!r} refused its kwargs {kwargs!r}: "
-                                 f"{e}") from e
+        raise SerializationError(
+            f"{source}: module factory {spec['factory']!r} refused its kwargs {kwargs!r}: {e}"
+        ) from e
     if not isinstance(module, torch.nn.Module):
-        raise SerializationError(f"{source}: factory {spec['factory']!r} returned {type(module).__name__}, "
-                                 "expected a torch.nn.Module")
+        raise SerializationError(
+            f"{source}: factory {spec['factory']!r} returned {type(module).__name__}, expected a torch.nn.Module"
+        )
     return attach_spec(module, spec["factory"], kwargs)

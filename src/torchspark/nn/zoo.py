@@ -10,7 +10,7 @@ Modules return logits; :meth:`torchspark.Network.output` applies the loss's outp
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from torch import nn
 
@@ -52,8 +52,11 @@ def mlp(n_in: int, hidden: int | Sequence[int], n_out: int) -> nn.Module:
         layers += [nn.Linear(prev, w), nn.ReLU()]
         prev = w
     layers.append(nn.Linear(prev, n_out))
-    return attach_spec(nn.Sequential(*layers), zoo_path("mlp"),
-                       {"n_in": n_in, "hidden": widths if not isinstance(hidden, int) else hidden, "n_out": n_out})
+    return attach_spec(
+        nn.Sequential(*layers),
+        zoo_path("mlp"),
+        {"n_in": n_in, "hidden": widths if not isinstance(hidden, int) else hidden, "n_out": n_out},
+    )
 
 
 def lenet(in_channels: int = 1, n_classes: int = 10, height: int = 28, width: int = 28) -> nn.Module:
@@ -86,8 +89,11 @@ def lenet(in_channels: int = 1, n_classes: int = 10, height: int = 28, width: in
         nn.ReLU(),
         nn.Linear(500, n_classes),
     )
-    return attach_spec(module, zoo_path("lenet"),
-                       {"in_channels": in_channels, "n_classes": n_classes, "height": height, "width": width})
+    return attach_spec(
+        module,
+        zoo_path("lenet"),
+        {"in_channels": in_channels, "n_classes": n_classes, "height": height, "width": width},
+    )
 
 
 #: zoo name -> factory: the architectures a network spec can name and a saved file may build without trust_code

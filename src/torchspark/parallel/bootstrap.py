@@ -96,15 +96,26 @@ def child_main(args: ChildArgs, data_queue: Any, results: Any) -> None:
     try:
         if args.device.startswith("cuda"):
             torch.cuda.set_device(torch.device(args.device))
-        hooks = open_worker_hooks(args.rank, args.task.collect_stats, args.progress_address,
-                                  report_scores=args.task.report_scores)
-        store = private_store(dist.TCPStore("127.0.0.1", args.store_port, args.world_size, is_master=False,
-                                            timeout=datetime.timedelta(seconds=args.timeout_s)), args.token)
+        hooks = open_worker_hooks(
+            args.rank, args.task.collect_stats, args.progress_address, report_scores=args.task.report_scores
+        )
+        store = private_store(
+            dist.TCPStore(
+                "127.0.0.1",
+                args.store_port,
+                args.world_size,
+                is_master=False,
+                timeout=datetime.timedelta(seconds=args.timeout_s),
+            ),
+            args.token,
+        )
         comm_device = args.device if args.backend == "nccl" else "cpu"  # gloo collectives run on host copies
-        comm = TorchDistCommunicator(store, args.rank, args.world_size, args.backend, comm_device, args.timeout_s,
-                                     args.shared_memory)
-        source: Any = (ItemSource(args.items) if args.items is not None
-                       else QueueSource(data_queue, args.task.data_timeout_s))
+        comm = TorchDistCommunicator(
+            store, args.rank, args.world_size, args.backend, comm_device, args.timeout_s, args.shared_memory
+        )
+        source: Any = (
+            ItemSource(args.items) if args.items is not None else QueueSource(data_queue, args.task.data_timeout_s)
+        )
         result = run_worker(args.task, source, comm, args.device, hooks)
         # tensors travel as numpy: torch's fd sharing would dangle once this process exits
         results.put(("ok", args.rank, to_numpy(result)))

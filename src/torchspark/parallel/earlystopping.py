@@ -32,15 +32,23 @@ class EarlyStoppingParallelTrainer(EpochByEpochTrainer):
         listener: an :class:`~torchspark.earlystopping.EarlyStoppingListener`.
     """
 
-    def __init__(self, wrapper: ParallelWrapper, config: EarlyStoppingConfiguration, train_data: Any,
-                 batch_size: int | None = None, listener: EarlyStoppingListener | None = None) -> None:
+    def __init__(
+        self,
+        wrapper: ParallelWrapper,
+        config: EarlyStoppingConfiguration,
+        train_data: Any,
+        batch_size: int | None = None,
+        listener: EarlyStoppingListener | None = None,
+    ) -> None:
         if not isinstance(wrapper, ParallelWrapper):
             raise ConfigError(f"wrapper must be a ParallelWrapper, got {type(wrapper).__name__}")
         if not isinstance(config, EarlyStoppingConfiguration):
             raise ConfigError(f"config must be an EarlyStoppingConfiguration, got {type(config).__name__}")
         if isinstance(train_data, Iterator):
-            raise ConfigError("train_data is a one-shot iterator, but early stopping trains it once per epoch; "
-                              "pass a list (e.g. list(data)), a DataSet or batch-file paths")
+            raise ConfigError(
+                "train_data is a one-shot iterator, but early stopping trains it once per epoch; "
+                "pass a list (e.g. list(data)), a DataSet or batch-file paths"
+            )
         self.wrapper = wrapper
         self.train_data, self.batch_size = train_data, batch_size
         super().__init__(config, listener, wrapper.add_progress_listener)

@@ -9,8 +9,9 @@ by :data:`EPOCH_END`.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 from torchspark.data import DataSet, MultiDataSet, dataset_to_bytes
 from torchspark.errors import DataError
@@ -46,8 +47,11 @@ class QueueSource:
 
     def epoch(self, index: int) -> Iterable[Any]:
         while True:
-            item = get_within(self._q, self._timeout_s,
-                              lambda: f"no minibatch arrived from the parent within data_timeout_s={self._timeout_s}")
+            item = get_within(
+                self._q,
+                self._timeout_s,
+                lambda: f"no minibatch arrived from the parent within data_timeout_s={self._timeout_s}",
+            )
             if isinstance(item, str) and item == EPOCH_END:
                 return
             yield item
@@ -91,8 +95,12 @@ class WorkerShares:
                 dealt[i % self.workers].append(item)
             return [ItemSource(items) for items in dealt]
         if self.epoch_feeds is not None:
-            return [ItemSource([EpochItems(self.first_epoch + e, tuple(plan[w]))
-                                for e, plan in enumerate(self.epoch_feeds)]) for w in range(self.workers)]
+            return [
+                ItemSource(
+                    [EpochItems(self.first_epoch + e, tuple(plan[w])) for e, plan in enumerate(self.epoch_feeds)]
+                )
+                for w in range(self.workers)
+            ]
         shares = self.feeds if self.feeds is not None else self.paths
         assert shares is not None
         return [ItemSource(list(share)) for share in shares]
@@ -117,8 +125,9 @@ def wire(item: Any) -> Any:
     raise DataError(f"cannot send a {type(item).__name__} to a worker; expected a DataSet or MultiDataSet")
 
 
-def start_feeders(shares: WorkerShares, queues: Sequence[Any], stop: threading.Event, errors: list[BaseException],
-                  put: Put = put_item) -> list[threading.Thread]:
+def start_feeders(
+    shares: WorkerShares, queues: Sequence[Any], stop: threading.Event, errors: list[BaseException], put: Put = put_item
+) -> list[threading.Thread]:
     """Start the threads that feed the workers' queues (none when every worker got its share at start).
 
     A stream is dealt round-robin by one thread; per-epoch plans get one thread per worker (a full queue must never
@@ -126,12 +135,24 @@ def start_feeders(shares: WorkerShares, queues: Sequence[Any], stop: threading.E
     raised to ``errors`` (the supervisor raises it on the calling thread).
     """
     if shares.stream is not None:
-        feeders = [threading.Thread(target=_feed_stream, args=(queues, shares.stream, stop, errors, put),
-                                    name="torchspark-feeder", daemon=True)]
+        feeders = [
+            threading.Thread(
+                target=_feed_stream,
+                args=(queues, shares.stream, stop, errors, put),
+                name="torchspark-feeder",
+                daemon=True,
+            )
+        ]
     elif shares.epoch_feeds is not None:
-        feeders = [threading.Thread(target=_feed_epochs,
-                                    args=(queues[w], [plan[w] for plan in shares.epoch_feeds], stop, errors, put),
-                                    name=f"torchspark-feeder-{w}", daemon=True) for w in range(len(queues))]
+        feeders = [
+            threading.Thread(
+                target=_feed_epochs,
+                args=(queues[w], [plan[w] for plan in shares.epoch_feeds], stop, errors, put),
+                name=f"torchspark-feeder-{w}",
+                daemon=True,
+            )
+            for w in range(len(queues))
+        ]
     else:
         feeders = []
     for feeder in feeders:
@@ -139,8 +160,9 @@ def start_feeders(shares: WorkerShares, queues: Sequence[Any], stop: threading.E
     return feeders
 
 
-def _feed_stream(queues: Sequence[Any], stream: Iterable[Any], stop: threading.Event, errors: list[BaseException],
-                 put: Put) -> None:
+def _feed_stream(
+    queues: Sequence[Any], stream: Iterable[Any], stop: threading.Event, errors: list[BaseException], put: Put
+) -> None:
     """Deal a one-shot stream of minibatches round-robin, then close the (only) epoch on every queue."""
     n = len(queues)
     try:
@@ -154,8 +176,9 @@ def _feed_stream(queues: Sequence[Any], stream: Iterable[Any], stop: threading.E
         errors.append(e)
 
 
-def _feed_epochs(q: Any, epochs: Sequence[Sequence[Any]], stop: threading.Event, errors: list[BaseException],
-                 put: Put) -> None:
+def _feed_epochs(
+    q: Any, epochs: Sequence[Sequence[Any]], stop: threading.Event, errors: list[BaseException], put: Put
+) -> None:
     """Send one worker its minibatches epoch by epoch, closing each epoch."""
     try:
         for items in epochs:

@@ -26,10 +26,22 @@ __all__ = ["DEFAULT_BATCH_SIZE", "SPARK_ONLY", "master_options", "master_from_op
 DEFAULT_BATCH_SIZE = 32
 
 #: master options that only mean something on Spark: the workers here are local processes fed by this one
-SPARK_ONLY = ("repartition", "repartition_strategy", "rdd_training_approach", "dataframe_route", "export_directory",
-              "storage_level",
-              "rendezvous_via", "port", "network_mask", "controller_address", "averaging_via", "aggregation_depth",
-              "workers_per_node", "gpus_per_worker")
+SPARK_ONLY = (
+    "repartition",
+    "repartition_strategy",
+    "rdd_training_approach",
+    "dataframe_route",
+    "export_directory",
+    "storage_level",
+    "rendezvous_via",
+    "port",
+    "network_mask",
+    "controller_address",
+    "averaging_via",
+    "aggregation_depth",
+    "workers_per_node",
+    "gpus_per_worker",
+)
 
 
 def master_options(cls: type[TrainingMaster]) -> list[str]:
@@ -53,8 +65,10 @@ def master_from_options(training_mode: str, options: dict[str, Any]) -> Training
     valid = master_options(cls)
     unknown = sorted(set(options) - set(valid))
     if unknown:
-        raise ConfigError(f"ParallelWrapper(training_mode={training_mode!r}) does not take {unknown}: "
-                          f"{_why(unknown, training_mode)}; the {cls.__name__} options are {valid}")
+        raise ConfigError(
+            f"ParallelWrapper(training_mode={training_mode!r}) does not take {unknown}: "
+            f"{_why(unknown, training_mode)}; the {cls.__name__} options are {valid}"
+        )
     return cls(**{"batch_size_per_worker": DEFAULT_BATCH_SIZE, **options})
 
 
@@ -77,16 +91,21 @@ def check_local_master(master: Any, options: dict[str, Any]) -> TrainingMaster:
             here are local processes fed by this one, so it would be silently ignored.
     """
     if not isinstance(master, TrainingMaster):
-        raise ConfigError(f"master must be a ParameterAveragingTrainingMaster or SharedTrainingMaster, got "
-                          f"{type(master).__name__}")
+        raise ConfigError(
+            f"master must be a ParameterAveragingTrainingMaster or SharedTrainingMaster, got {type(master).__name__}"
+        )
     if options:
-        raise ConfigError(f"pass either master= or the options that build one, not both: {sorted(options)} were also "
-                          f"given; set them on the master instead")
+        raise ConfigError(
+            f"pass either master= or the options that build one, not both: {sorted(options)} were also "
+            f"given; set them on the master instead"
+        )
     defaults = {f.name: f.default for f in dataclasses.fields(master) if f.default is not dataclasses.MISSING}
     spark_only = sorted(k for k in SPARK_ONLY if k in defaults and getattr(master, k) != defaults[k])
     if spark_only:
         values = ", ".join(f"{k}={getattr(master, k)!r}" for k in spark_only)
-        raise ConfigError(f"ParallelWrapper runs every worker as a process on this machine, so {values} would be "
-                          f"ignored; leave them at their defaults (dataclasses.replace(master, ...)) or train with "
-                          "SparkNetwork")
+        raise ConfigError(
+            f"ParallelWrapper runs every worker as a process on this machine, so {values} would be "
+            f"ignored; leave them at their defaults (dataclasses.replace(master, ...)) or train with "
+            "SparkNetwork"
+        )
     return master

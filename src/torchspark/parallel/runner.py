@@ -14,8 +14,9 @@ One run (:meth:`LocalProcessRunner.run`):
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, Sequence
+from typing import Any
 
 from torchspark.parallel.bootstrap import ChildArgs, backend_for_devices, child_main, worker_context
 from torchspark.parallel.feeding import WorkerShares, initial_items, put_item, start_feeders
@@ -50,9 +51,16 @@ class LocalProcessRunner:
         shared_memory: let the workers sum through ``/dev/shm`` (the master's ``shared_memory_allreduce``).
     """
 
-    def __init__(self, devices: Sequence[str], threads_per_worker: int = 1, timeout_s: float = 300.0,
-                 prefetch: int | None = None, progress_address: ProgressEndpoint | None = None,
-                 exit_timeout_s: float = 30.0, shared_memory: bool = True) -> None:
+    def __init__(
+        self,
+        devices: Sequence[str],
+        threads_per_worker: int = 1,
+        timeout_s: float = 300.0,
+        prefetch: int | None = None,
+        progress_address: ProgressEndpoint | None = None,
+        exit_timeout_s: float = 30.0,
+        shared_memory: bool = True,
+    ) -> None:
         self.devices = list(devices)
         self.threads_per_worker = threads_per_worker
         self.timeout_s = timeout_s
@@ -68,8 +76,9 @@ class LocalProcessRunner:
         :class:`~torchspark.training.driver.runner.Runner` protocol; ``context`` gives the progress channel, the
         watchdog and the driver's ``fit`` phase)."""
         if data.workers != len(self.devices):
-            raise ValueError(f"the data is split for {data.workers} workers but the runner has "
-                             f"{len(self.devices)} devices")
+            raise ValueError(
+                f"the data is split for {data.workers} workers but the runner has {len(self.devices)} devices"
+            )
         if data.stream is not None and task.epochs != 1:
             raise ValueError(f"a one-shot stream feeds one epoch, but task.epochs={task.epochs}")
         progress_address = context.progress_address("127.0.0.1")
@@ -83,13 +92,15 @@ class LocalProcessRunner:
         subclass may watch it)."""
         return put_item(q, item, stop)
 
-    def _run(self, task: WorkerTask, data: WorkerShares, progress_address: ProgressEndpoint | None,
-             supervisor: Supervisor) -> list[WorkerResult]:
+    def _run(
+        self, task: WorkerTask, data: WorkerShares, progress_address: ProgressEndpoint | None, supervisor: Supervisor
+    ) -> list[WorkerResult]:
         """Steps 1-5 of the module docstring."""
         n = len(self.devices)
         ctx = worker_context()
-        child_task = replace(task, num_threads=self.threads_per_worker,
-                             prefetch=task.prefetch if not data.queued else 0)  # the queue already prefetches
+        child_task = replace(
+            task, num_threads=self.threads_per_worker, prefetch=task.prefetch if not data.queued else 0
+        )  # the queue already prefetches
         backend = backend_for_devices(self.devices)
         store = listening_store("127.0.0.1", 0, n + 1, self.timeout_s)  # loopback only: the workers are local
         token = new_token()
@@ -103,10 +114,25 @@ class LocalProcessRunner:
         self.children = supervisor.children
         try:
             for rank, device in enumerate(self.devices):
-                args = ChildArgs(rank, n, store.port, device, backend, child_task, initial_items(data, rank),
-                                 progress_address, self.timeout_s, token, self.shared_memory)
-                proc = ctx.Process(target=child_main, args=(args, queues[rank], results_q),
-                                   name=f"torchspark-worker-{rank}", daemon=True)
+                args = ChildArgs(
+                    rank,
+                    n,
+                    store.port,
+                    device,
+                    backend,
+                    child_task,
+                    initial_items(data, rank),
+                    progress_address,
+                    self.timeout_s,
+                    token,
+                    self.shared_memory,
+                )
+                proc = ctx.Process(
+                    target=child_main,
+                    args=(args, queues[rank], results_q),
+                    name=f"torchspark-worker-{rank}",
+                    daemon=True,
+                )
                 proc.start()
                 supervisor.children.append(proc)  # only started processes: shutdown joins every child
             feeders = start_feeders(data, queues, stop, feeder_errors, self._put)

@@ -18,7 +18,8 @@ import logging
 import os
 import queue
 import signal
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from torchspark.errors import WorkerLost
 from torchspark.parallel.results import to_torch
@@ -105,20 +106,28 @@ class Supervisor:
             proc = self.children[who] if who is not None else None
             raise WorkerLost(
                 f"worker {who if who is not None else '?'} stopped responding: its peers gave up waiting for it "
-                f"(rendezvous_timeout_s={self.timeout_s:g}); worker {rank} reported: {last_line(tb)}", rank=who,
-                executor=f"{proc.name} (pid {proc.pid})" if proc is not None else None, exit_status="no response",
-                reason=f"peers timed out: {last_line(tb)}")
+                f"(rendezvous_timeout_s={self.timeout_s:g}); worker {rank} reported: {last_line(tb)}",
+                rank=who,
+                executor=f"{proc.name} (pid {proc.pid})" if proc is not None else None,
+                exit_status="no response",
+                reason=f"peers timed out: {last_line(tb)}",
+            )
         raise worker_failure(rank, tb)
 
     @staticmethod
     def _died(proc: Any, found: tuple[int, str] | None) -> WorkerLost:
         symptom = f"; then worker {found[0]} failed: {last_line(found[1])}" if found else ""
         status = exit_status(proc.exitcode)
-        return WorkerLost(f"worker process {proc.name} (pid {proc.pid}) died with {status}: killed, out of memory, "
-                          "crashed in native code, or failed to start (a script that calls fit at top level needs "
-                          "`if __name__ == '__main__':`, since workers start in fresh processes that import it)"
-                          f"{symptom}", rank=rank_of(proc), executor=f"{proc.name} (pid {proc.pid})",
-                          exit_status=status, reason=f"worker process died with {status}")
+        return WorkerLost(
+            f"worker process {proc.name} (pid {proc.pid}) died with {status}: killed, out of memory, "
+            "crashed in native code, or failed to start (a script that calls fit at top level needs "
+            "`if __name__ == '__main__':`, since workers start in fresh processes that import it)"
+            f"{symptom}",
+            rank=rank_of(proc),
+            executor=f"{proc.name} (pid {proc.pid})",
+            exit_status=status,
+            reason=f"worker process died with {status}",
+        )
 
     def shutdown(self, graceful: bool) -> None:
         """Join every worker; after a failure or Ctrl-C terminate them at once (then kill the stubborn)."""

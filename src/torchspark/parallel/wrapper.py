@@ -13,12 +13,13 @@ and custom modules must be importable (defined in a module, not in ``__main__`` 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import os
-import dataclasses
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 import torch
 
@@ -26,8 +27,8 @@ from torchspark.data import DataSet, MultiDataSet, batch_num_examples, rebatch, 
 from torchspark.errors import ConfigError, DataError
 from torchspark.listeners import TrainingEvents, TrainingListener
 from torchspark.nn import Network
-from torchspark.parallel.options import SPARK_ONLY, check_local_master, master_from_options
 from torchspark.parallel.feeding import WorkerShares
+from torchspark.parallel.options import SPARK_ONLY, check_local_master, master_from_options
 from torchspark.parallel.runner import LocalProcessRunner
 from torchspark.stats import DRIVER_ID, StatsCollector, TrainingStats
 from torchspark.training.assignment import epoch_seed, per_epoch, plan_files, split_examples

@@ -7,7 +7,9 @@ except ImportError as _missing:
     raise ModuleNotFoundError(
         f"torchspark.spark needs pyspark, which this Python cannot import ({_missing}): `pip install pyspark` "
         "(Spark also needs Java 17 or newer), or train on one machine without Spark with "
-        "torchspark.parallel.ParallelWrapper (`torchspark train --parallel`)", name=_missing.name) from _missing
+        "torchspark.parallel.ParallelWrapper (`torchspark train --parallel`)",
+        name=_missing.name,
+    ) from _missing
 
 from torchspark.spark.export_batches import export_batches
 from torchspark.spark.network import SparkNetwork
@@ -16,5 +18,15 @@ from torchspark.training.config.masters import ParameterAveragingTrainingMaster,
 from torchspark.training.config.mesh import MeshConfig
 from torchspark.training.config.shared_master import SharedTrainingMaster
 
-__all__ = ["SparkNetwork", "export_batches", "ParameterAveragingTrainingMaster", "SharedTrainingMaster", "TrainingMaster",
-           "master_from_json", "MeshConfig", "local_session", "session_scope", "check_java"]
+__all__ = [
+    "SparkNetwork",
+    "export_batches",
+    "ParameterAveragingTrainingMaster",
+    "SharedTrainingMaster",
+    "TrainingMaster",
+    "master_from_json",
+    "MeshConfig",
+    "local_session",
+    "session_scope",
+    "check_java",
+]

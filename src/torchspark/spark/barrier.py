@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import logging
 import traceback
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 from torchspark.errors import SetupError, WaitTimeout
 from torchspark.spark.barrier_wait import wait_bounded
@@ -54,8 +55,9 @@ def _store_address(local: Endpoint, settings: MeshConfig) -> str:
     return local.address
 
 
-def open_relay(advertise_host: str, timeout_s: float, port_range: tuple[int, int] | None = None,
-               bind_host: str | None = None) -> tuple[Any, tuple[str, int]]:
+def open_relay(
+    advertise_host: str, timeout_s: float, port_range: tuple[int, int] | None = None, bind_host: str | None = None
+) -> tuple[Any, tuple[str, int]]:
     """A small key-value store on the driver through which task 0 tells its peers where its store listens.
 
     Spark's ``BarrierTaskContext.allGather`` would do, but it polls once a second on the JVM side, which costs
@@ -65,13 +67,24 @@ def open_relay(advertise_host: str, timeout_s: float, port_range: tuple[int, int
     (:mod:`torchspark.training.rendezvous.stores`). Keep the returned store referenced for the whole fit; dropping
     it closes the port.
     """
-    store = listen_in_range(lambda port: listening_store(bind_host or advertise_host, port, None, timeout_s),
-                            port_range, "the driver's rendezvous relay")
+    store = listen_in_range(
+        lambda port: listening_store(bind_host or advertise_host, port, None, timeout_s),
+        port_range,
+        "the driver's rendezvous relay",
+    )
     return store, (advertise_host, int(store.port))
 
 
-def _publish_address(ctx: Any, rank: int, world: int, message: str, relay_address: tuple[str, int] | None,
-                     timeout: Any, token: bytes, attempt: int = 0) -> str:
+def _publish_address(
+    ctx: Any,
+    rank: int,
+    world: int,
+    message: str,
+    relay_address: tuple[str, int] | None,
+    timeout: Any,
+    token: bytes,
+    attempt: int = 0,
+) -> str:
     """Task 0's ``host:port`` on every task: through the driver's relay store, else Spark's allGather."""
     import datetime
 
@@ -80,8 +93,11 @@ def _publish_address(ctx: Any, rank: int, world: int, message: str, relay_addres
     if relay_address is None:
         # bounded here: Spark's own limit (spark.barrier.sync.timeout) is a session setting, 365 days by default
         try:
-            gathered = wait_bounded(lambda: ctx.allGather(message), timeout.total_seconds(),
-                                    f"worker {rank} of {world} in Spark's barrier allGather")
+            gathered = wait_bounded(
+                lambda: ctx.allGather(message),
+                timeout.total_seconds(),
+                f"worker {rank} of {world} in Spark's barrier allGather",
+            )
         except WaitTimeout:
             raise
         except Exception as e:  # py4j/Spark errors carry no stable type
@@ -124,9 +140,14 @@ def relay_key(attempt: int, stage_id: int) -> str:
     return f"{_STORE_ADDRESS}/attempt-{attempt}/stage-{stage_id}"
 
 
-def rendezvous(ctx: Any, settings: RendezvousSettings, device: str,
-                relay_address: tuple[str, int] | None = None,
-                driver_host: str | None = None, token: bytes | None = None, attempt: int = 0,
+def rendezvous(
+    ctx: Any,
+    settings: RendezvousSettings,
+    device: str,
+    relay_address: tuple[str, int] | None = None,
+    driver_host: str | None = None,
+    token: bytes | None = None,
+    attempt: int = 0,
 ) -> tuple[TorchDistCommunicator, dict[str, Any]]:
     """Build the process group of a barrier task; returns it and what this worker chose (address, interface,
     source, the backend the workers agreed on: nccl when every worker has a GPU of its own, else gloo).
@@ -156,7 +177,10 @@ def rendezvous(ctx: Any, settings: RendezvousSettings, device: str,
         advertised = _store_address(me, settings)
         store = listen_in_range(
             lambda port: listening_store(advertised, port, world, settings.rendezvous_timeout_s),
-            settings.port_range, "worker 0's rendezvous store", settings.port)
+            settings.port_range,
+            "worker 0's rendezvous store",
+            settings.port,
+        )
         message = f"{advertised}:{store.port}"
         if shared_token:
             token = new_token()
@@ -178,23 +202,38 @@ def rendezvous(ctx: Any, settings: RendezvousSettings, device: str,
                 f"{settings.rendezvous_timeout_s}: {e}. Executors must reach each other on that port: check firewalls, "
                 f"set network_mask or {LOCAL_ADDRESS_ENV} so workers advertise an address their peers can reach"
             ) from e
-    backend = agree_backend(private_store(store, token), rank, world, device,
-                            gpu_identity(device, task_host)).backend
+    backend = agree_backend(private_store(store, token), rank, world, device, gpu_identity(device, task_host)).backend
     # gloo/NCCL advertise what the hostname resolves to unless told an interface: often loopback (127.0.1.1)
     with socket_interface(me.interface) as in_effect:
-        comm = TorchDistCommunicator(private_store(store, token), rank, world, backend,
-                                     device if backend == "nccl" else "cpu",  # gloo sums in host memory
-                                     settings.rendezvous_timeout_s, settings.shared_memory_allreduce,
-                                     host_address=me.address)
-    chosen = {"address": me.address, "interface": me.interface, "source": me.source,
-              "socket_ifname": in_effect.get("GLOO_SOCKET_IFNAME"), "shared_memory": comm.uses_shared_memory,
-              "store": f"{host}:{port}", "backend": backend}
+        comm = TorchDistCommunicator(
+            private_store(store, token),
+            rank,
+            world,
+            backend,
+            device if backend == "nccl" else "cpu",  # gloo sums in host memory
+            settings.rendezvous_timeout_s,
+            settings.shared_memory_allreduce,
+            host_address=me.address,
+        )
+    chosen = {
+        "address": me.address,
+        "interface": me.interface,
+        "source": me.source,
+        "socket_ifname": in_effect.get("GLOO_SOCKET_IFNAME"),
+        "shared_memory": comm.uses_shared_memory,
+        "store": f"{host}:{port}",
+        "backend": backend,
+    }
     return comm, chosen
 
 
 def barrier_task(
-    task_bc: Any, settings: RendezvousSettings, progress_address: ProgressEndpoint | None = None,
-    relay_address: tuple[str, int] | None = None, token: bytes | None = None, gpu_dry_run: bool = False,
+    task_bc: Any,
+    settings: RendezvousSettings,
+    progress_address: ProgressEndpoint | None = None,
+    relay_address: tuple[str, int] | None = None,
+    token: bytes | None = None,
+    gpu_dry_run: bool = False,
 ) -> Callable[[Iterable[Any]], Iterator[WorkerResult]]:
     """The ``mapPartitions`` function of the training stage (module level: nothing hidden in a closure).
 
@@ -214,14 +253,21 @@ def barrier_task(
         device = setup.device
         task: WorkerTask = task_bc.value
         task = replace(task, num_threads=setup.threads(task.num_threads))
-        hooks = open_worker_hooks(ctx.partitionId(), task.collect_stats, progress_address,
-                                  report_scores=task.report_scores)
+        hooks = open_worker_hooks(
+            ctx.partitionId(), task.collect_stats, progress_address, report_scores=task.report_scores
+        )
         comm: TorchDistCommunicator | None = None
         try:
-            comm, chosen = rendezvous(ctx, settings, device, relay_address,
-                                       _driver_host(relay_address, progress_address), token, task.attempt)
-            result = replace(run_worker(task, ItemSource(items), comm, device, hooks), network=chosen,
-                             device=device, gpu_addresses=setup.gpu_addresses, executor=executor_name())
+            comm, chosen = rendezvous(
+                ctx, settings, device, relay_address, _driver_host(relay_address, progress_address), token, task.attempt
+            )
+            result = replace(
+                run_worker(task, ItemSource(items), comm, device, hooks),
+                network=chosen,
+                device=device,
+                gpu_addresses=setup.gpu_addresses,
+                executor=executor_name(),
+            )
         except BaseException:
             if hooks.report_error is not None:
                 hooks.report_error(traceback.format_exc())
@@ -239,4 +285,3 @@ def barrier_task(
 def _driver_host(*addresses: tuple[Any, ...] | None) -> str | None:
     """The driver's host as the executors dial it (the relay's or the progress server's advertised host)."""
     return next((a[0] for a in addresses if a is not None), None)
-

@@ -14,7 +14,8 @@ Spark then fails the whole barrier stage and ends the task's Python worker, thre
 
 from __future__ import annotations
 
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 from torchspark.training.waiting import call_on_thread
 
@@ -40,8 +41,14 @@ def wait_bounded(call: Callable[[], T], timeout_s: float, what: str) -> T:
             raise) and ``spark.barrier.sync.timeout`` (Spark's own, session-wide limit).
         BaseException: whatever ``call`` raised, unchanged.
     """
-    return call_on_thread(call, BARRIER_WAIT_THREAD, timeout_s, lambda: (
-        f"{what} did not return within rendezvous_timeout_s={timeout_s:g} s: not every task of the barrier "
-        "stage arrived. All workers must start together: check that the cluster has a free task slot per "
-        "worker, and raise rendezvous_timeout_s if executors are merely slow to start. (Spark's own limit, "
-        "the session's spark.barrier.sync.timeout, also ends the wait when it is shorter.)"))
+    return call_on_thread(
+        call,
+        BARRIER_WAIT_THREAD,
+        timeout_s,
+        lambda: (
+            f"{what} did not return within rendezvous_timeout_s={timeout_s:g} s: not every task of the barrier "
+            "stage arrived. All workers must start together: check that the cluster has a free task slot per "
+            "worker, and raise rendezvous_timeout_s if executors are merely slow to start. (Spark's own limit, "
+            "the session's spark.barrier.sync.timeout, also ends the wait when it is shorter.)"
+        ),
+    )

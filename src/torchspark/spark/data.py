@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import partial
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -99,8 +100,9 @@ def worker_rdd_from_paths(sc: Any, groups: Sequence[Sequence[Any]]) -> Any:
     return sc.parallelize(range(n), n).mapPartitionsWithIndex(lambda i, _: iter(groups[i]))
 
 
-def group_paths(paths: Sequence[tuple[int, str]], num_workers: int, rng_seed: int | None,
-                by_partition: bool) -> list[list[str]]:
+def group_paths(
+    paths: Sequence[tuple[int, str]], num_workers: int, rng_seed: int | None, by_partition: bool
+) -> list[list[str]]:
     """Split batch-file paths into per-worker lists, each file one minibatch: one input partition per worker
     (``by_partition``), or whole files balanced by count (:func:`~torchspark.training.assignment.split_for_workers`).
     For files cut to the batch size already (the export route's)."""
@@ -133,16 +135,23 @@ def _shuffle_partition(rng_seed: int, index: int, items: Iterable[Any]) -> Itera
     return iter([held[k] for k in seeded_order(len(held), rng_seed, index)])
 
 
-def plan_path_files(files: Sequence[tuple[int, str, int]], num_workers: int, batch_size: int, rng_seed: int | None,
-                    by_partition: bool, loader: Callable[[str], Any] | None = None,
-                    drop_last: bool = False) -> list[list[str | FileSlices]]:
+def plan_path_files(
+    files: Sequence[tuple[int, str, int]],
+    num_workers: int,
+    batch_size: int,
+    rng_seed: int | None,
+    by_partition: bool,
+    loader: Callable[[str], Any] | None = None,
+    drop_last: bool = False,
+) -> list[list[str | FileSlices]]:
     """``fit_paths``: the user's files ``(partition, path, examples)`` of any size re-batched to ``batch_size``
     (:func:`~torchspark.training.assignment.plan_files`): over all files, balanced by examples; or with
     ``by_partition`` within each input partition, which stays one worker's data (in order; in a seeded order with
     ``rng_seed``)."""
     if not by_partition:
-        return plan_files([(path, count) for _, path, count in files], batch_size, num_workers, rng_seed, loader,
-                          drop_last)
+        return plan_files(
+            [(path, count) for _, path, count in files], batch_size, num_workers, rng_seed, loader, drop_last
+        )
     groups: list[list[str | FileSlices]] = []
     for w in range(num_workers):
         mine = [(path, count) for part, path, count in files if part == w]
@@ -161,9 +170,11 @@ def worker_rdd_balanced(rdd: Any, plan: BalancedPlan, storage_level: Any) -> Any
     minibatch (only those straddling an input-partition boundary) are joined.
     """
     plan_bc = rdd.context.broadcast(plan)
-    out = (rdd.mapPartitionsWithIndex(partial(_cut_partition, plan_bc))  # (1)
-           .repartitionAndSortWithinPartitions(plan.num_workers, partitionFunc=_worker_of)  # (2)
-           .mapPartitions(_join_pieces))  # (3)
+    out = (
+        rdd.mapPartitionsWithIndex(partial(_cut_partition, plan_bc))  # (1)
+        .repartitionAndSortWithinPartitions(plan.num_workers, partitionFunc=_worker_of)  # (2)
+        .mapPartitions(_join_pieces)
+    )  # (3)
     if storage_level is not None:
         out = out.persist(storage_level)
     return out
@@ -183,8 +194,10 @@ def _cut_partition(plan_bc: Any, index: int, items: Iterable[Any]) -> Iterator[t
             yield (int(plan.worker[r]), int(plan.position[r]), int(plan.begin[r])), dataset_to_bytes(piece)
     counted = int(plan.sizes[index]) if plan.sizes is not None else sum(lengths)  # drop_last: more than planned
     if seen != counted:
-        raise DataError(f"input partition {index} held {counted} examples when counted but {seen} now; the RDD "
-                        "must give the same data every time it is computed (persist it, or seed its sampling)")
+        raise DataError(
+            f"input partition {index} held {counted} examples when counted but {seen} now; the RDD "
+            "must give the same data every time it is computed (persist it, or seed its sampling)"
+        )
 
 
 def _worker_of(key: tuple[int, int, int]) -> int:
@@ -210,13 +223,16 @@ def worker_rdd_balanced_epochs(rdd: Any, plans: Sequence[BalancedPlan], first_ep
     stay in Spark's shuffle files (on disk) and a worker reads each epoch's minibatches when it gets there.
     """
     plans_bc = rdd.context.broadcast(list(plans))
-    return (rdd.mapPartitionsWithIndex(partial(_cut_partition_epochs, plans_bc, first_epoch))
-            .repartitionAndSortWithinPartitions(plans[0].num_workers, partitionFunc=_worker_of)
-            .mapPartitions(_join_epoch_pieces))
+    return (
+        rdd.mapPartitionsWithIndex(partial(_cut_partition_epochs, plans_bc, first_epoch))
+        .repartitionAndSortWithinPartitions(plans[0].num_workers, partitionFunc=_worker_of)
+        .mapPartitions(_join_epoch_pieces)
+    )
 
 
-def _cut_partition_epochs(plans_bc: Any, first_epoch: int, index: int,
-                          items: Iterable[Any]) -> Iterator[tuple[tuple[int, int, int, int], bytes]]:
+def _cut_partition_epochs(
+    plans_bc: Any, first_epoch: int, index: int, items: Iterable[Any]
+) -> Iterator[tuple[tuple[int, int, int, int], bytes]]:
     held = [as_batch(x) for x in items]
     for e, plan in enumerate(plans_bc.value):
         for (worker, position, begin), blob in _cut_partition(_Value(plan), index, held):

@@ -8,7 +8,8 @@ classification loss, floats for a regression loss), as training, evaluation and 
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -17,8 +18,17 @@ from torchspark.data import DataSet, MultiDataSet, dataset_to_bytes
 from torchspark.errors import DataError
 from torchspark.nn import Network
 
-__all__ = ["ARROW_SCHEMA", "dataframe_to_batches", "arrow_to_batch", "training_frame", "to_batch_rdd",
-           "feature_shapes", "column_names", "classification_outputs", "network_batches"]
+__all__ = [
+    "ARROW_SCHEMA",
+    "dataframe_to_batches",
+    "arrow_to_batch",
+    "training_frame",
+    "to_batch_rdd",
+    "feature_shapes",
+    "column_names",
+    "classification_outputs",
+    "network_batches",
+]
 
 ARROW_SCHEMA = "batch binary"
 
@@ -30,8 +40,10 @@ def _column_to_tensor(col: Any, shape: Sequence[int] | None, integer_labels: boo
     n = len(col)
     if pa.types.is_list(col.type) or pa.types.is_large_list(col.type) or pa.types.is_fixed_size_list(col.type):
         if col.null_count:
-            raise DataError(f"column {name!r} has {col.null_count} null row(s) (the whole array is null); drop "
-                            f"them first: df.dropna(subset=[{name!r}])")
+            raise DataError(
+                f"column {name!r} has {col.null_count} null row(s) (the whole array is null); drop "
+                f"them first: df.dropna(subset=[{name!r}])"
+            )
         flat = col.flatten()
         if flat.null_count:
             raise DataError(f"column {name!r} has null values inside its arrays; fill or drop them first")
@@ -39,9 +51,11 @@ def _column_to_tensor(col: Any, shape: Sequence[int] | None, integer_labels: boo
         lengths = pa.compute.list_value_length(col).to_numpy(zero_copy_only=False) if n else np.zeros(0)
         if n and lengths.min() != lengths.max():  # equal totals (3 x 6 + 2 = 4 x 5) must not pass as a reshape
             row = int(np.flatnonzero(lengths != lengths[0])[0])
-            raise DataError(f"column {name!r} has arrays of different lengths ({int(lengths[0])} in its first row "
-                            f"of this batch, {int(lengths[row])} in row {row}); every row needs the same length: "
-                            "fix or drop the odd rows")
+            raise DataError(
+                f"column {name!r} has arrays of different lengths ({int(lengths[0])} in its first row "
+                f"of this batch, {int(lengths[row])} in row {row}); every row needs the same length: "
+                "fix or drop the odd rows"
+            )
         arr = values.reshape(n, -1) if n else values.reshape(0, 0)
     else:
         if col.null_count:
@@ -50,8 +64,10 @@ def _column_to_tensor(col: Any, shape: Sequence[int] | None, integer_labels: boo
     if integer_labels:
         if arr.ndim == 1 and np.issubdtype(arr.dtype, np.floating) and not np.all(np.mod(arr, 1) == 0):
             bad = float(arr[np.flatnonzero(np.mod(arr, 1) != 0)[0]])
-            raise DataError(f"label column {name!r} holds non-integer values (e.g. {bad:g}) but the loss expects class "
-                            "indices; cast the column to integers, or train a regression loss (loss='mse')")
+            raise DataError(
+                f"label column {name!r} holds non-integer values (e.g. {bad:g}) but the loss expects class "
+                "indices; cast the column to integers, or train a regression loss (loss='mse')"
+            )
         return torch.as_tensor(arr.astype(np.int64)) if arr.ndim == 1 else torch.as_tensor(arr.astype(np.float32))
     arr = np.ascontiguousarray(arr, dtype=np.float32)
     t = torch.from_numpy(arr if arr.flags.writeable else arr.copy())  # Arrow buffers are read-only
@@ -86,18 +102,24 @@ def feature_shapes(feature_shape: Any, count: int) -> list[Sequence[int] | None]
     items = list(feature_shape)
     if all(isinstance(d, int) for d in items):
         if count != 1:
-            raise DataError(f"feature_shape={tuple(items)} is one shape but there are {count} features columns; "
-                            "pass a list with one shape (or None) per column")
+            raise DataError(
+                f"feature_shape={tuple(items)} is one shape but there are {count} features columns; "
+                "pass a list with one shape (or None) per column"
+            )
         return [items]
     if len(items) != count:
-        raise DataError(f"feature_shape has {len(items)} entries but there are {count} features columns; give one "
-                        "shape (or None) per column")
+        raise DataError(
+            f"feature_shape has {len(items)} entries but there are {count} features columns; give one "
+            "shape (or None) per column"
+        )
     return items
 
 
 def dataframe_to_batches(
-    features_col: str | Sequence[str], label_col: str | Sequence[str] | None, feature_shape: Any,
-    integer_labels: bool | Sequence[bool]
+    features_col: str | Sequence[str],
+    label_col: str | Sequence[str] | None,
+    feature_shape: Any,
+    integer_labels: bool | Sequence[bool],
 ) -> Callable[[Iterable[Any]], Iterator[Any]]:
     """A ``mapInArrow`` function: Arrow record batches -> one serialized batch per record batch.
 
@@ -120,8 +142,10 @@ def dataframe_to_batches(
 
 
 def arrow_to_batch(
-    features_col: str | Sequence[str], label_col: str | Sequence[str] | None, feature_shape: Any,
-    integer_labels: bool | Sequence[bool]
+    features_col: str | Sequence[str],
+    label_col: str | Sequence[str] | None,
+    feature_shape: Any,
+    integer_labels: bool | Sequence[bool],
 ) -> Callable[[Any], DataSet | MultiDataSet]:
     """A function turning one Arrow record batch (or table) of a DataFrame's rows into one DataSet or MultiDataSet
     (the conversion :func:`dataframe_to_batches` applies to every record batch; the Spark Connect route applies it
@@ -182,8 +206,12 @@ def to_batch_rdd(
     )
 
 
-def training_frame(data: Any, features_col: str | Sequence[str] = "features",
-                   label_col: str | Sequence[str] | None = "label", feature_shape: Any = None) -> Any:
+def training_frame(
+    data: Any,
+    features_col: str | Sequence[str] = "features",
+    label_col: str | Sequence[str] | None = "label",
+    feature_shape: Any = None,
+) -> Any:
     """The DataFrame's features and label columns, checked (they exist, hold numbers, arrays of numbers or ML
     Vectors; ``feature_shape`` has one entry per features column) and with ML Vectors turned into float32 arrays:
     what every DataFrame route (classic and Spark Connect) reads, before any job runs.
@@ -197,8 +225,7 @@ def training_frame(data: Any, features_col: str | Sequence[str] = "features",
     cols = column_names(features_col, "features_col") + column_names(label_col, "label_col")
     missing = [c for c in cols if c not in data.columns]
     if missing:
-        raise DataError(f"DataFrame has no column(s) {missing}; it has {data.columns}. "
-                        "Pass features_col= / label_col=")
+        raise DataError(f"DataFrame has no column(s) {missing}; it has {data.columns}. Pass features_col= / label_col=")
     feature_shapes(feature_shape, len(column_names(features_col, "features_col")))  # on the driver: a clear error
     df = data.select(*dict.fromkeys(cols))
     schema = df.schema
@@ -220,9 +247,11 @@ def _check_column_type(name: str, data_type: Any) -> None:
         element = element.elementType
     if isinstance(data_type, VectorUDT) or isinstance(element, (NumericType, BooleanType)):
         return
-    raise DataError(f"DataFrame column {name!r} has type {data_type.simpleString()}; features and labels must be "
-                    "numbers, arrays of numbers or ML Vectors. Convert it first (e.g. F.col(...).cast('double'), "
-                    "StringIndexer for class names, VectorAssembler for several numeric columns)")
+    raise DataError(
+        f"DataFrame column {name!r} has type {data_type.simpleString()}; features and labels must be "
+        "numbers, arrays of numbers or ML Vectors. Convert it first (e.g. F.col(...).cast('double'), "
+        "StringIndexer for class names, VectorAssembler for several numeric columns)"
+    )
 
 
 def classification_outputs(network: Network) -> list[bool]:
@@ -230,8 +259,13 @@ def classification_outputs(network: Network) -> list[bool]:
     return [loss.classification for loss in network.losses]
 
 
-def network_batches(network: Network, data: Any, features_col: str | Sequence[str] = "features",
-                    label_col: str | Sequence[str] | None = "label", feature_shape: Any = None) -> Any:
+def network_batches(
+    network: Network,
+    data: Any,
+    features_col: str | Sequence[str] = "features",
+    label_col: str | Sequence[str] | None = "label",
+    feature_shape: Any = None,
+) -> Any:
     """:func:`to_batch_rdd` with each label column read as its output's loss wants it
     (:func:`classification_outputs`).
 

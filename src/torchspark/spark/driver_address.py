@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import socket
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["LOOPBACK", "driver_listen_address", "listen_address_for"]
 

@@ -8,7 +8,8 @@ are :mod:`torchspark.earlystopping`.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from torchspark.earlystopping.scores import Metric, metric_by_name
 from torchspark.earlystopping.trainer import EarlyStoppingConfiguration, EarlyStoppingListener, EpochByEpochTrainer
@@ -27,8 +28,15 @@ __all__ = ["SparkLossCalculator", "SparkEvaluationCalculator", "SparkEarlyStoppi
 class _DataArgs:
     """Validation data and how to read it (what ``SparkNetwork.fit`` accepts)."""
 
-    def __init__(self, spark: Any, data: Any, batch_size: int, features_col: str, label_col: str | None,
-                 feature_shape: Sequence[int] | None) -> None:
+    def __init__(
+        self,
+        spark: Any,
+        data: Any,
+        batch_size: int,
+        features_col: str,
+        label_col: str | None,
+        feature_shape: Sequence[int] | None,
+    ) -> None:
         #: where the scores are computed: the SparkContext, or the Spark Connect session itself (no SparkContext)
         self.sc = spark if is_connect_session(spark) else spark_context(spark)
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -54,15 +62,32 @@ class SparkLossCalculator(_DataArgs):
 
     minimize = True
 
-    def __init__(self, spark: Any, data: Any, average: bool = True, batch_size: int = DEFAULT_BATCH_SIZE,
-                 features_col: str = "features", label_col: str | None = "label",
-                 feature_shape: Sequence[int] | None = None) -> None:
+    def __init__(
+        self,
+        spark: Any,
+        data: Any,
+        average: bool = True,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        features_col: str = "features",
+        label_col: str | None = "label",
+        feature_shape: Sequence[int] | None = None,
+    ) -> None:
         super().__init__(spark, data, batch_size, features_col, label_col, feature_shape)
         self.average = bool(average)
 
     def calculate(self, network: Network) -> float:
-        return float(calculate_score(self.sc, network, self.data, self.average, self.batch_size, self.features_col,
-                                     self.label_col, self.feature_shape))
+        return float(
+            calculate_score(
+                self.sc,
+                network,
+                self.data,
+                self.average,
+                self.batch_size,
+                self.features_col,
+                self.label_col,
+                self.feature_shape,
+            )
+        )
 
 
 class SparkEvaluationCalculator(_DataArgs):
@@ -70,16 +95,31 @@ class SparkEvaluationCalculator(_DataArgs):
     :class:`~torchspark.earlystopping.Metric` over validation data, computed on the cluster with mergeable
     evaluations (exact: equals one local pass). Arguments as for :class:`SparkLossCalculator`."""
 
-    def __init__(self, spark: Any, data: Any, metric: str | Metric = "accuracy", batch_size: int = DEFAULT_BATCH_SIZE,
-                 features_col: str = "features", label_col: str | None = "label",
-                 feature_shape: Sequence[int] | None = None) -> None:
+    def __init__(
+        self,
+        spark: Any,
+        data: Any,
+        metric: str | Metric = "accuracy",
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        features_col: str = "features",
+        label_col: str | None = "label",
+        feature_shape: Sequence[int] | None = None,
+    ) -> None:
         super().__init__(spark, data, batch_size, features_col, label_col, feature_shape)
         self.metric = metric_by_name(metric)
         self.minimize = self.metric.minimize
 
     def calculate(self, network: Network) -> float:
-        ev = do_evaluation(self.sc, network, self.data, self.metric.evaluation(), batch_size=self.batch_size,
-                           features_col=self.features_col, label_col=self.label_col, feature_shape=self.feature_shape)
+        ev = do_evaluation(
+            self.sc,
+            network,
+            self.data,
+            self.metric.evaluation(),
+            batch_size=self.batch_size,
+            features_col=self.features_col,
+            label_col=self.label_col,
+            feature_shape=self.feature_shape,
+        )
         return self.metric.value(ev)
 
 
@@ -103,10 +143,17 @@ class SparkEarlyStoppingTrainer(EpochByEpochTrainer):
     files there (not an RDD).
     """
 
-    def __init__(self, spark_network: SparkNetwork, config: EarlyStoppingConfiguration, train_data: Any = None,
-                 features_col: str = "features", label_col: str | None = "label",
-                 feature_shape: Sequence[int] | None = None, paths: Any = None,
-                 listener: EarlyStoppingListener | None = None) -> None:
+    def __init__(
+        self,
+        spark_network: SparkNetwork,
+        config: EarlyStoppingConfiguration,
+        train_data: Any = None,
+        features_col: str = "features",
+        label_col: str | None = "label",
+        feature_shape: Sequence[int] | None = None,
+        paths: Any = None,
+        listener: EarlyStoppingListener | None = None,
+    ) -> None:
         if not isinstance(spark_network, SparkNetwork):
             raise ConfigError(f"spark_network must be a SparkNetwork, got {type(spark_network).__name__}")
         if spark_network.master is None:
@@ -121,8 +168,11 @@ class SparkEarlyStoppingTrainer(EpochByEpochTrainer):
         self.columns = {"features_col": features_col, "label_col": label_col, "feature_shape": self.feature_shape}
         # one RDD for every epoch (a DataFrame would become a new RDD, exported again, at every fit); a Spark
         # Connect session has no RDDs: each epoch streams the DataFrame itself
-        self.train_data = train_data if train_data is None or spark_network.sc is None else network_batches(
-            spark_network.network, train_data, features_col, label_col, self.feature_shape)
+        self.train_data = (
+            train_data
+            if train_data is None or spark_network.sc is None
+            else network_batches(spark_network.network, train_data, features_col, label_col, self.feature_shape)
+        )
         super().__init__(config, listener, spark_network.add_progress_listener)
 
     @property

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import chain
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 from torchspark.data import DataSet, MultiDataSet, resolve_paths
 from torchspark.errors import ConfigError, DataError

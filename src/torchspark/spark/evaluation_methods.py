@@ -9,7 +9,8 @@ as in ``fit_paths``) any files that function reads. On a Spark Connect session: 
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from torchspark.evaluation import ROC, BaseEvaluation, RegressionEvaluation, ROCMultiClass
 from torchspark.nn import Network
@@ -30,54 +31,127 @@ class EvaluationMethods:
     spark: Any
     network: Network
 
-    def evaluate(self, data: Any, batch_size: int = _ev.DEFAULT_BATCH_SIZE,
-                 eval_workers: int | None = None, features_col: str = "features",
-                 label_col: str | None = "label", feature_shape: Sequence[int] | None = None,
-                 labels: Sequence[str] | None = None, output_index: int | None = None,
-                 loader: Callable[[str], Any] | None = None) -> Any:
+    def evaluate(
+        self,
+        data: Any,
+        batch_size: int = _ev.DEFAULT_BATCH_SIZE,
+        eval_workers: int | None = None,
+        features_col: str = "features",
+        label_col: str | None = "label",
+        feature_shape: Sequence[int] | None = None,
+        labels: Sequence[str] | None = None,
+        output_index: int | None = None,
+        loader: Callable[[str], Any] | None = None,
+    ) -> Any:
         """The evaluation matching the loss (``Evaluation`` for classifiers, ``RegressionEvaluation`` for mse),
         computed over the cluster and merged on the driver (or the Connect client). ``labels`` names the classes
         in ``stats()``. A network with one loss per output gets a list with one evaluation per output
         (``output_index`` picks one instead). ``loader=fn`` reads files that are not batch files (``fn(path) -> DataSet``, on the executors,
         once per file), as ``fit_paths(loader=...)`` does; ``data`` must then be paths."""
-        return _ev.evaluate(self.spark, self.network, data, batch_size, eval_workers, features_col, label_col,
-                            feature_shape, labels, output_index, loader)
+        return _ev.evaluate(
+            self.spark,
+            self.network,
+            data,
+            batch_size,
+            eval_workers,
+            features_col,
+            label_col,
+            feature_shape,
+            labels,
+            output_index,
+            loader,
+        )
 
-    def evaluate_regression(self, data: Any, batch_size: int = _ev.DEFAULT_BATCH_SIZE,
-                            eval_workers: int | None = None, features_col: str = "features",
-                            label_col: str | None = "label",
-                            feature_shape: Sequence[int] | None = None,
-                            loader: Callable[[str], Any] | None = None) -> RegressionEvaluation:
+    def evaluate_regression(
+        self,
+        data: Any,
+        batch_size: int = _ev.DEFAULT_BATCH_SIZE,
+        eval_workers: int | None = None,
+        features_col: str = "features",
+        label_col: str | None = "label",
+        feature_shape: Sequence[int] | None = None,
+        loader: Callable[[str], Any] | None = None,
+    ) -> RegressionEvaluation:
         """MSE, MAE, RMSE, RSE, R^2 and Pearson correlation per output column (``loader`` as in evaluate)."""
-        return _ev.evaluate_regression(self.spark, self.network, data, batch_size, eval_workers, features_col,
-                                       label_col, feature_shape, loader)
+        return _ev.evaluate_regression(
+            self.spark, self.network, data, batch_size, eval_workers, features_col, label_col, feature_shape, loader
+        )
 
-    def evaluate_roc(self, data: Any, threshold_steps: int = _ev.DEFAULT_ROC_THRESHOLD_STEPS,
-                     batch_size: int = _ev.DEFAULT_BATCH_SIZE, eval_workers: int | None = None,
-                     features_col: str = "features", label_col: str | None = "label",
-                     feature_shape: Sequence[int] | None = None,
-                     loader: Callable[[str], Any] | None = None) -> ROC:
+    def evaluate_roc(
+        self,
+        data: Any,
+        threshold_steps: int = _ev.DEFAULT_ROC_THRESHOLD_STEPS,
+        batch_size: int = _ev.DEFAULT_BATCH_SIZE,
+        eval_workers: int | None = None,
+        features_col: str = "features",
+        label_col: str | None = "label",
+        feature_shape: Sequence[int] | None = None,
+        loader: Callable[[str], Any] | None = None,
+    ) -> ROC:
         """ROC/AUC of a binary classifier. ``threshold_steps``: 32 bins (DL4J's default) keeps partition state
         tiny; 0 is exact but ships every score to the driver; 200-1000 is close at any size."""
-        return _ev.evaluate_roc(self.spark, self.network, data, threshold_steps, batch_size, eval_workers,
-                                features_col, label_col, feature_shape, loader)
+        return _ev.evaluate_roc(
+            self.spark,
+            self.network,
+            data,
+            threshold_steps,
+            batch_size,
+            eval_workers,
+            features_col,
+            label_col,
+            feature_shape,
+            loader,
+        )
 
-    def evaluate_roc_multi_class(self, data: Any, threshold_steps: int = _ev.DEFAULT_ROC_THRESHOLD_STEPS,
-                                 batch_size: int = _ev.DEFAULT_BATCH_SIZE,
-                                 eval_workers: int | None = None, features_col: str = "features",
-                                 label_col: str | None = "label",
-                                 feature_shape: Sequence[int] | None = None,
-                                 loader: Callable[[str], Any] | None = None) -> ROCMultiClass:
+    def evaluate_roc_multi_class(
+        self,
+        data: Any,
+        threshold_steps: int = _ev.DEFAULT_ROC_THRESHOLD_STEPS,
+        batch_size: int = _ev.DEFAULT_BATCH_SIZE,
+        eval_workers: int | None = None,
+        features_col: str = "features",
+        label_col: str | None = "label",
+        feature_shape: Sequence[int] | None = None,
+        loader: Callable[[str], Any] | None = None,
+    ) -> ROCMultiClass:
         """One-vs-all ROC per class (``auc(c)``, ``average_auc()``); ``threshold_steps`` as in evaluate_roc."""
-        return _ev.evaluate_roc_multi_class(self.spark, self.network, data, threshold_steps, batch_size, eval_workers,
-                                            features_col, label_col, feature_shape, loader)
+        return _ev.evaluate_roc_multi_class(
+            self.spark,
+            self.network,
+            data,
+            threshold_steps,
+            batch_size,
+            eval_workers,
+            features_col,
+            label_col,
+            feature_shape,
+            loader,
+        )
 
-    def do_evaluation(self, data: Any, *evaluations: BaseEvaluation, batch_size: int = _ev.DEFAULT_BATCH_SIZE,
-                      eval_workers: int | None = None, features_col: str = "features",
-                      label_col: str | None = "label", feature_shape: Sequence[int] | None = None,
-                      output_index: int = 0, loader: Callable[[str], Any] | None = None) -> Any:
+    def do_evaluation(
+        self,
+        data: Any,
+        *evaluations: BaseEvaluation,
+        batch_size: int = _ev.DEFAULT_BATCH_SIZE,
+        eval_workers: int | None = None,
+        features_col: str = "features",
+        label_col: str | None = "label",
+        feature_shape: Sequence[int] | None = None,
+        output_index: int = 0,
+        loader: Callable[[str], Any] | None = None,
+    ) -> Any:
         """Fill several evaluations in one pass (e.g. ``Evaluation(), ROCMultiClass(64)``) from output
         ``output_index``; returns the one given, or a tuple in the order given."""
-        return _ev.do_evaluation(self.spark, self.network, data, *evaluations, batch_size=batch_size,
-                                 eval_workers=eval_workers, features_col=features_col, label_col=label_col,
-                                 feature_shape=feature_shape, output_index=output_index, loader=loader)
+        return _ev.do_evaluation(
+            self.spark,
+            self.network,
+            data,
+            *evaluations,
+            batch_size=batch_size,
+            eval_workers=eval_workers,
+            features_col=features_col,
+            label_col=label_col,
+            feature_shape=feature_shape,
+            output_index=output_index,
+            loader=loader,
+        )

@@ -22,7 +22,8 @@ import json
 import logging
 import re
 import uuid
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 from torchspark._io import atomic_write_bytes, filesystem, join, make_dirs
 from torchspark.data import recut, save_batch
@@ -30,12 +31,20 @@ from torchspark.errors import ConfigError, DataError
 from torchspark.spark.data import as_batch
 from torchspark.spark.private_dirs import OWNER_FILE, owner_gone, owner_record
 
-__all__ = ["is_local_master", "export_base", "check_export_directory", "export_name", "mark_export",
-           "remove_dead_exports", "export_rdd"]
+__all__ = [
+    "is_local_master",
+    "export_base",
+    "check_export_directory",
+    "export_name",
+    "mark_export",
+    "remove_dead_exports",
+    "export_rdd",
+]
 
 log = logging.getLogger(__name__)
 
 _EXPORT_NAME = re.compile(r"[0-9a-f]{12}-rdd[0-9]+")
+
 
 def is_local_master(master: str) -> bool:
     """Whether every executor of ``master`` runs on the driver's host (``local``, ``local[4]``,
@@ -114,16 +123,18 @@ def remove_dead_exports(base: str) -> list[str]:
         try:
             fs.rm(path, recursive=True)
         except (OSError, ValueError) as e:
-            log.warning("could not remove %s, an export of driver process %s that is gone: %s", url,
-                        owner.get("pid"), e)
+            log.warning(
+                "could not remove %s, an export of driver process %s that is gone: %s", url, owner.get("pid"), e
+            )
             continue
         log.info("removed %s, an export of driver process %s that is gone", url, owner.get("pid"))
         removed.append(url)
     return removed
 
 
-def export_rdd(rdd: Any, directory: str, batch_size: int,
-               heads: Sequence[int] | None = None) -> list[tuple[int, str, int]]:
+def export_rdd(
+    rdd: Any, directory: str, batch_size: int, heads: Sequence[int] | None = None
+) -> list[tuple[int, str, int]]:
     """Write every partition as batch files of ``batch_size`` examples; ``(partition, path, examples)`` in order.
 
     Only the file names and counts reach the driver.
@@ -138,8 +149,9 @@ def export_rdd(rdd: Any, directory: str, batch_size: int,
     return [(part, path, examples) for part, _, path, examples in rows]
 
 
-def _export_partition(directory: str, batch_size: int, heads: Sequence[int] | None
-                      ) -> Callable[[int, Iterable[Any]], Iterator[tuple[int, int, str, int]]]:
+def _export_partition(
+    directory: str, batch_size: int, heads: Sequence[int] | None
+) -> Callable[[int, Iterable[Any]], Iterator[tuple[int, int, str, int]]]:
     def fn(index: int, items: Iterable[Any]) -> Iterator[tuple[int, int, str, int]]:
         token = uuid.uuid4().hex[:8]
         head = heads[index] if heads else 0

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import partial
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 from torchspark._io import filesystem, join
 from torchspark.data import DataSet, MultiDataSet, load_batch, rebatch, save_batch
@@ -77,10 +78,11 @@ def export_batches(
         raise ConfigError(f"record_fn must be a function record -> DataSet, got {type(record_fn).__name__}")
     if is_dataframe(data):
         if record_fn is not None:
-            raise ConfigError("record_fn turns the raw records of an RDD into DataSets; a DataFrame's features and "
-                              "label columns are read directly: drop record_fn (or compute the columns first)")
-        return _export_dataframe(data, directory, batch_size, features_col, label_col, feature_shape,
-                                 integer_labels)
+            raise ConfigError(
+                "record_fn turns the raw records of an RDD into DataSets; a DataFrame's features and "
+                "label columns are read directly: drop record_fn (or compute the columns first)"
+            )
+        return _export_dataframe(data, directory, batch_size, features_col, label_col, feature_shape, integer_labels)
     require_classic(_active_session(), f"export_batches of a {type(data).__name__}", "pass a DataFrame")
     rdd = to_batch_rdd(data, features_col, label_col, feature_shape, integer_labels)
     if record_fn is not None:
@@ -89,16 +91,20 @@ def export_batches(
     sc = rdd.context
     token = uuid.uuid4().hex[:8]
     rows: list[_Row] = run_job(  # (1)
-        sc, f"torchspark: export batches to {directory}",
-        rdd.mapPartitionsWithIndex(partial(_export_partition, directory, batch_size, token)).collect)
+        sc,
+        f"torchspark: export batches to {directory}",
+        rdd.mapPartitionsWithIndex(partial(_export_partition, directory, batch_size, token)).collect,
+    )
     rows.sort()
     full = [r for r in rows if r[0] >= 0]
     rests = [r[2] for r in rows if r[0] < 0]
     merged: list[_Row] = []
     if rests:  # (2) a few small files, merged in one task
-        merged = run_job(sc, "torchspark: merge the partitions' remainders",
-                         sc.parallelize([rests], 1).flatMap(partial(_merge_rests, directory, batch_size,
-                                                                    token)).collect)
+        merged = run_job(
+            sc,
+            "torchspark: merge the partitions' remainders",
+            sc.parallelize([rests], 1).flatMap(partial(_merge_rests, directory, batch_size, token)).collect,
+        )
     return [path for _, _, path, _ in full + sorted(merged)]
 
 
@@ -109,10 +115,12 @@ def _check_target(directory: str) -> None:
     fs, path = filesystem(directory)
     existing = [p for p in fs.glob(path.rstrip("/") + "/*.safetensors") if not p.rsplit("/", 1)[-1].startswith(".")]
     if existing:
-        raise DataError(f"export_batches: {directory!r} already holds {len(existing)} batch file(s) (e.g. "
-                        f"{existing[0].rsplit('/', 1)[-1]!r}), from an earlier export: a second export there would "
-                        "be read together with it. Export into an empty (or new) directory, or delete the old files "
-                        "first")
+        raise DataError(
+            f"export_batches: {directory!r} already holds {len(existing)} batch file(s) (e.g. "
+            f"{existing[0].rsplit('/', 1)[-1]!r}), from an earlier export: a second export there would "
+            "be read together with it. Export into an empty (or new) directory, or delete the old files "
+            "first"
+        )
 
 
 def _active_session() -> Any:
@@ -125,14 +133,15 @@ def _active_session() -> Any:
 def _apply_record_fn(fn: Callable[[Any], Any], record: Any) -> DataSet | MultiDataSet:
     out = fn(record)
     if not isinstance(out, (DataSet, MultiDataSet)):
-        raise DataError(f"record_fn returned a {type(out).__name__} for a {type(record).__name__} record; it must "
-                        "return a DataSet or MultiDataSet (e.g. DataSet(features[None], labels[None]) for one "
-                        "example)")
+        raise DataError(
+            f"record_fn returned a {type(out).__name__} for a {type(record).__name__} record; it must "
+            "return a DataSet or MultiDataSet (e.g. DataSet(features[None], labels[None]) for one "
+            "example)"
+        )
     return out
 
 
-def _export_partition(directory: str, batch_size: int, token: str, index: int,
-                      items: Iterable[Any]) -> Iterator[_Row]:
+def _export_partition(directory: str, batch_size: int, token: str, index: int, items: Iterable[Any]) -> Iterator[_Row]:
     """Full batches as files; the remainder as a hidden rest file, reported with partition ``-1 - index``."""
     for i, ds in enumerate(rebatch((as_batch(x) for x in items), batch_size)):
         if len(ds) == batch_size:
@@ -153,13 +162,19 @@ def _merge_rests(directory: str, batch_size: int, token: str, rest_paths: Sequen
         fs.rm(fs_path)
 
 
-
 # ------------------------------------------------------------------ the DataFrame route (any session)
 _ROW_SCHEMA = "part long, idx long, path string, examples long"
 
 
-def _export_dataframe(data: Any, directory: str, batch_size: int, features_col: Any, label_col: Any,
-                      feature_shape: Any, integer_labels: Any) -> list[str]:
+def _export_dataframe(
+    data: Any,
+    directory: str,
+    batch_size: int,
+    features_col: Any,
+    label_col: Any,
+    feature_shape: Any,
+    integer_labels: Any,
+) -> list[str]:
     """Steps (1) and (2) as ``mapInArrow`` jobs of the DataFrame's own session."""
     frame = training_frame(data, features_col, label_col, feature_shape)
     to_batches = dataframe_batches(features_col, label_col, feature_shape, integer_labels)
@@ -167,16 +182,18 @@ def _export_dataframe(data: Any, directory: str, batch_size: int, features_col: 
     spark = data.sparkSession
     token = uuid.uuid4().hex[:8]
     written = frame.mapInArrow(partial(_write_partition, directory, batch_size, token, to_batches), _ROW_SCHEMA)
-    rows = sorted(tuple(r) for r in run_session_job(spark, f"torchspark: export batches to {directory}",
-                                                     written.collect))
+    rows = sorted(
+        tuple(r) for r in run_session_job(spark, f"torchspark: export batches to {directory}", written.collect)
+    )
     full = [r for r in rows if r[0] >= 0]
     rests = [r[2] for r in rows if r[0] < 0]
     merged: list[_Row] = []
     if rests:
         names = spark.createDataFrame([(json.dumps(rests),)], "rests string")
         merging = names.mapInArrow(partial(_merge_rest_rows, directory, batch_size, token), _ROW_SCHEMA)
-        merged = sorted(tuple(r) for r in run_session_job(spark, "torchspark: merge the partitions' remainders",
-                                                          merging.collect))
+        merged = sorted(
+            tuple(r) for r in run_session_job(spark, "torchspark: merge the partitions' remainders", merging.collect)
+        )
     return [path for _, _, path, _ in full + merged]
 
 
@@ -184,13 +201,23 @@ def _as_record_batch(rows: Iterable[_Row]) -> Iterator[Any]:
     import pyarrow as pa
 
     for part, idx, path, examples in rows:
-        yield pa.RecordBatch.from_pydict({"part": pa.array([part], pa.int64()), "idx": pa.array([idx], pa.int64()),
-                                          "path": [path], "examples": pa.array([examples], pa.int64())})
+        yield pa.RecordBatch.from_pydict(
+            {
+                "part": pa.array([part], pa.int64()),
+                "idx": pa.array([idx], pa.int64()),
+                "path": [path],
+                "examples": pa.array([examples], pa.int64()),
+            }
+        )
 
 
-def _write_partition(directory: str, batch_size: int, token: str,
-                     to_batches: Callable[[Iterable[Any]], Iterator[DataSet | MultiDataSet]],
-                     record_batches: Iterable[Any]) -> Iterator[Any]:
+def _write_partition(
+    directory: str,
+    batch_size: int,
+    token: str,
+    to_batches: Callable[[Iterable[Any]], Iterator[DataSet | MultiDataSet]],
+    record_batches: Iterable[Any],
+) -> Iterator[Any]:
     from pyspark import TaskContext
 
     index = TaskContext.get().partitionId()

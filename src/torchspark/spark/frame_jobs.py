@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 import torch
 
@@ -30,8 +31,17 @@ from torchspark.spark.dataframes import training_frame
 from torchspark.spark.frames import PATH_COLUMN, FrameData, collect_rows, dataframe_batches
 from torchspark.spark.shipped import Shipped
 
-__all__ = ["evaluate_batches", "merge_jsons", "loss_sums", "regularization_score", "evaluate_frame",
-           "loss_sums_frame", "score_column", "score_files", "SCORE_FILES_SCHEMA"]
+__all__ = [
+    "evaluate_batches",
+    "merge_jsons",
+    "loss_sums",
+    "regularization_score",
+    "evaluate_frame",
+    "loss_sums_frame",
+    "score_column",
+    "score_files",
+    "SCORE_FILES_SCHEMA",
+]
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +65,9 @@ def regularization_score(network: Network) -> float:
 
 
 # ------------------------------------------------------------------ partition cores (RDD and DataFrame routes)
-def evaluate_batches(shipped: Shipped, batches: Iterator[Batch], templates: Sequence[str], batch_size: int,
-                     targets: Sequence[int]) -> tuple[int, list[str]] | None:
+def evaluate_batches(
+    shipped: Shipped, batches: Iterator[Batch], templates: Sequence[str], batch_size: int, targets: Sequence[int]
+) -> tuple[int, list[str]] | None:
     """Fill fresh copies of the ``templates`` (evaluations as JSON) on one partition's ``batches``; ``(examples,
     evaluations as JSON)``, or None for an empty partition (which then builds no network)."""
     first = next(batches, None)
@@ -104,12 +115,22 @@ def _chain(first: Batch, rest: Iterator[Batch]) -> Iterator[Batch]:
 
 
 # ------------------------------------------------------------------ DataFrame jobs
-def evaluate_frame(shipped: Shipped, data: FrameData, templates: Sequence[str], batch_size: int,
-                   targets: Sequence[int], description: str) -> tuple[int, list[str] | None]:
+def evaluate_frame(
+    shipped: Shipped,
+    data: FrameData,
+    templates: Sequence[str],
+    batch_size: int,
+    targets: Sequence[int],
+    description: str,
+) -> tuple[int, list[str] | None]:
     """Every partition's :func:`evaluate_batches` as a row, merged on the client: ``(examples, evaluations as
     JSON)``, ``(0, None)`` when no partition held data."""
-    rows = collect_rows(data, _evaluate_partition(shipped, data.to_batches, list(templates), batch_size,
-                                                  list(targets)), "examples long, evaluations string", description)
+    rows = collect_rows(
+        data,
+        _evaluate_partition(shipped, data.to_batches, list(templates), batch_size, list(targets)),
+        "examples long, evaluations string",
+        description,
+    )
     count, merged = 0, None
     for row in rows:
         jsons = json.loads(row["evaluations"])
@@ -118,44 +139,63 @@ def evaluate_frame(shipped: Shipped, data: FrameData, templates: Sequence[str], 
     return count, merged
 
 
-def _evaluate_partition(shipped: Shipped, to_batches: Callable[[Iterable[Any]], Iterator[Batch]],
-                        templates: list[str], batch_size: int, targets: list[int]
-                        ) -> Callable[[Iterable[Any]], Iterator[Any]]:
+def _evaluate_partition(
+    shipped: Shipped,
+    to_batches: Callable[[Iterable[Any]], Iterator[Batch]],
+    templates: list[str],
+    batch_size: int,
+    targets: list[int],
+) -> Callable[[Iterable[Any]], Iterator[Any]]:
     def run(record_batches: Iterable[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
         found = evaluate_batches(shipped, to_batches(record_batches), templates, batch_size, targets)
         if found is not None:
-            yield pa.RecordBatch.from_pydict({"examples": pa.array([found[0]], pa.int64()),
-                                              "evaluations": pa.array([json.dumps(found[1])], pa.string())})
+            yield pa.RecordBatch.from_pydict(
+                {
+                    "examples": pa.array([found[0]], pa.int64()),
+                    "evaluations": pa.array([json.dumps(found[1])], pa.string()),
+                }
+            )
 
     return run
 
 
 def loss_sums_frame(shipped: Shipped, data: FrameData, batch_size: int, description: str) -> tuple[float, float]:
     """Every partition's :func:`loss_sums` as a row, added on the client: ``(total loss, unmasked examples)``."""
-    rows = collect_rows(data, _sums_partition(shipped, data.to_batches, batch_size), "total double, weight double",
-                        description)
+    rows = collect_rows(
+        data, _sums_partition(shipped, data.to_batches, batch_size), "total double, weight double", description
+    )
     return sum(r["total"] for r in rows), sum(r["weight"] for r in rows)
 
 
-def _sums_partition(shipped: Shipped, to_batches: Callable[[Iterable[Any]], Iterator[Batch]], batch_size: int
-                    ) -> Callable[[Iterable[Any]], Iterator[Any]]:
+def _sums_partition(
+    shipped: Shipped, to_batches: Callable[[Iterable[Any]], Iterator[Batch]], batch_size: int
+) -> Callable[[Iterable[Any]], Iterator[Any]]:
     def run(record_batches: Iterable[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
         found = loss_sums(shipped, to_batches(record_batches), batch_size)
         if found is not None:
-            yield pa.RecordBatch.from_pydict({"total": pa.array([found[0]], pa.float64()),
-                                              "weight": pa.array([found[1]], pa.float64())})
+            yield pa.RecordBatch.from_pydict(
+                {"total": pa.array([found[0]], pa.float64()), "weight": pa.array([found[1]], pa.float64())}
+            )
 
     return run
 
 
 # ------------------------------------------------------------------ per-example scores as DataFrames
-def score_column(shipped: Shipped, dataframe: Any, score_col: str, include_regularization: bool, batch_size: int,
-                 features_col: str | Sequence[str], label_col: str | Sequence[str], feature_shape: Any,
-                 integer_labels: Sequence[bool]) -> Any:
+def score_column(
+    shipped: Shipped,
+    dataframe: Any,
+    score_col: str,
+    include_regularization: bool,
+    batch_size: int,
+    features_col: str | Sequence[str],
+    label_col: str | Sequence[str],
+    feature_shape: Any,
+    integer_labels: Sequence[bool],
+) -> Any:
     """``dataframe`` (every column kept) plus ``score_col``: each row's loss, from a batched Arrow UDF over its
     features and labels (lazy: bad rows raise when an action runs)."""
     from pyspark.ml.functions import vector_to_array
@@ -168,13 +208,21 @@ def score_column(shipped: Shipped, dataframe: Any, score_col: str, include_regul
     scores = arrow_udf(_score_rows(shipped, to_batches, batch_size, include_regularization), "double")
     # the features and labels (Vectors as arrays) as one struct argument: the UDF reads them by name
     schema = dataframe.schema
-    packed = F.struct(*[(vector_to_array(F.col(c), "float32") if isinstance(schema[c].dataType, VectorUDT)
-                         else F.col(c)).alias(c) for c in columns])
+    packed = F.struct(
+        *[
+            (vector_to_array(F.col(c), "float32") if isinstance(schema[c].dataType, VectorUDT) else F.col(c)).alias(c)
+            for c in columns
+        ]
+    )
     return dataframe.withColumn(score_col, scores(packed))
 
 
-def _score_rows(shipped: Shipped, to_batches: Callable[[Iterable[Any]], Iterator[Batch]], batch_size: int,
-                include_regularization: bool) -> Callable[[Iterator[Any]], Iterator[Any]]:
+def _score_rows(
+    shipped: Shipped,
+    to_batches: Callable[[Iterable[Any]], Iterator[Batch]],
+    batch_size: int,
+    include_regularization: bool,
+) -> Callable[[Iterator[Any]], Iterator[Any]]:
     def run(arrays: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
@@ -196,12 +244,14 @@ def _score_rows(shipped: Shipped, to_batches: Callable[[Iterable[Any]], Iterator
 
 def score_files(shipped: Shipped, data: FrameData, batch_size: int, include_regularization: bool) -> Any:
     """A lazy DataFrame ``path, example, score``: the loss of every example of every batch file of ``data``."""
-    return data.frame.mapInArrow(_score_files_partition(shipped, batch_size, include_regularization, data),
-                                 SCORE_FILES_SCHEMA)
+    return data.frame.mapInArrow(
+        _score_files_partition(shipped, batch_size, include_regularization, data), SCORE_FILES_SCHEMA
+    )
 
 
-def _score_files_partition(shipped: Shipped, batch_size: int, include_regularization: bool, data: FrameData
-                           ) -> Callable[[Iterable[Any]], Iterator[Any]]:
+def _score_files_partition(
+    shipped: Shipped, batch_size: int, include_regularization: bool, data: FrameData
+) -> Callable[[Iterable[Any]], Iterator[Any]]:
     to_batches = data.to_batches
 
     def run(record_batches: Iterable[Any]) -> Iterator[Any]:
@@ -212,12 +262,19 @@ def _score_files_partition(shipped: Shipped, batch_size: int, include_regulariza
                 one = pa.RecordBatch.from_pydict({PATH_COLUMN: [path]})
                 with shipped.lease() as net:  # built once per process, on the first file
                     reg = regularization_score(net) if include_regularization else 0.0
-                    scores = [s + reg for batch in to_batches([one])
-                              for s in net.score_examples(batch, batch_size=batch_size).tolist()]
+                    scores = [
+                        s + reg
+                        for batch in to_batches([one])
+                        for s in net.score_examples(batch, batch_size=batch_size).tolist()
+                    ]
                 if not scores:
                     raise DataError(f"the batch file {path} holds no examples")
-                yield pa.RecordBatch.from_pydict({PATH_COLUMN: [path] * len(scores),
-                                                  "example": pa.array(range(len(scores)), pa.int64()),
-                                                  "score": pa.array(scores, pa.float64())})
+                yield pa.RecordBatch.from_pydict(
+                    {
+                        PATH_COLUMN: [path] * len(scores),
+                        "example": pa.array(range(len(scores)), pa.int64()),
+                        "score": pa.array(scores, pa.float64()),
+                    }
+                )
 
     return run

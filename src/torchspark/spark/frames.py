@@ -20,9 +20,10 @@ closure or a session artifact under Connect).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 from torchspark.data import DataSet, MultiDataSet, load_batch, resolve_paths
 from torchspark.errors import ConfigError, DataError
@@ -33,15 +34,25 @@ from torchspark.spark.session import spark_context
 from torchspark.spark.session_kinds import is_connect_session, require_classic
 from torchspark.training.assignment import check_loader, load_with
 
-__all__ = ["PATH_COLUMN", "FrameData", "frame_data", "dataframe_batches", "is_dataframe", "collect_rows",
-           "run_session_job", "DATAFRAME_ROUTE"]
+__all__ = [
+    "PATH_COLUMN",
+    "FrameData",
+    "frame_data",
+    "dataframe_batches",
+    "is_dataframe",
+    "collect_rows",
+    "run_session_job",
+    "DATAFRAME_ROUTE",
+]
 
 #: the column of a DataFrame of batch-file paths
 PATH_COLUMN = "path"
 
 #: what works on a Spark Connect session, for the messages refusing the rest
-DATAFRAME_ROUTE = ("pass a DataFrame (features_col=, label_col=, feature_shape=) or batch files (a directory, a glob, "
-                   "a file or a list of paths, e.g. export_batches' output)")
+DATAFRAME_ROUTE = (
+    "pass a DataFrame (features_col=, label_col=, feature_shape=) or batch files (a directory, a glob, "
+    "a file or a list of paths, e.g. export_batches' output)"
+)
 
 Batch = DataSet | MultiDataSet
 
@@ -92,11 +103,12 @@ def frame_data(
     check_loader(loader)
     if is_dataframe(data):
         if loader is not None:
-            raise ConfigError("loader= reads files: pass paths (a directory, a glob, a file or a list of paths), not "
-                              "a DataFrame; drop loader= to evaluate the DataFrame's columns")
+            raise ConfigError(
+                "loader= reads files: pass paths (a directory, a glob, a file or a list of paths), not "
+                "a DataFrame; drop loader= to evaluate the DataFrame's columns"
+            )
         df = training_frame(data, features_col, label_col, feature_shape)
-        return FrameData(df, dataframe_batches(features_col, label_col, feature_shape, integer_labels),
-                         "the DataFrame")
+        return FrameData(df, dataframe_batches(features_col, label_col, feature_shape, integer_labels), "the DataFrame")
     if _is_paths(data):
         paths = resolve_paths(data, any_file=loader is not None)
         frame = spark.createDataFrame([(p,) for p in paths], f"{PATH_COLUMN} string")
@@ -105,12 +117,15 @@ def frame_data(
     raise DataError(f"expected a DataFrame or batch-file paths, got a {type(data).__name__}; {DATAFRAME_ROUTE}")
 
 
-def dataframe_batches(features_col: str | Sequence[str], label_col: str | Sequence[str] | None, feature_shape: Any,
-                      integer_labels: bool | Sequence[bool]) -> Callable[[Iterable[Any]], Iterator[Batch]]:
+def dataframe_batches(
+    features_col: str | Sequence[str],
+    label_col: str | Sequence[str] | None,
+    feature_shape: Any,
+    integer_labels: bool | Sequence[bool],
+) -> Callable[[Iterable[Any]], Iterator[Batch]]:
     """On an executor: the Arrow record batches of :func:`~torchspark.spark.dataframes.training_frame`'s columns
     -> one batch per non-empty record batch (a null or a ragged array raises ``DataError`` naming the column)."""
-    return partial(_record_batches_to_batches, arrow_to_batch(features_col, label_col, feature_shape,
-                                                              integer_labels))
+    return partial(_record_batches_to_batches, arrow_to_batch(features_col, label_col, feature_shape, integer_labels))
 
 
 def _record_batches_to_batches(to_batch: Callable[[Any], Batch], record_batches: Iterable[Any]) -> Iterator[Batch]:
@@ -132,8 +147,9 @@ def _files_to_batches(loader: Callable[[str], Any] | None, record_batches: Itera
             yield load_batch(path) if loader is None else load_with(loader, path)
 
 
-def run_session_job(spark: Any, description: str, action: Callable[[], Any],
-                    thread_name: str = "torchspark-job") -> Any:
+def run_session_job(
+    spark: Any, description: str, action: Callable[[], Any], thread_name: str = "torchspark-job"
+) -> Any:
     """Run ``action`` (DataFrame actions of ``spark``, a session of either kind) so that Ctrl-C cancels it and a
     failed task raises :func:`~torchspark.spark.jobs.task_error` (an executor's ``DataError`` as a ``DataError``):
     under a job group on a classic session, under an operation tag on Spark Connect
@@ -146,8 +162,9 @@ def run_session_job(spark: Any, description: str, action: Callable[[], Any],
     return run_job(spark_context(spark), description, action, thread_name)
 
 
-def collect_rows(data: FrameData, fn: Callable[[Iterable[Any]], Iterator[Any]], schema: str,
-                 description: str) -> list[Any]:
+def collect_rows(
+    data: FrameData, fn: Callable[[Iterable[Any]], Iterator[Any]], schema: str, description: str
+) -> list[Any]:
     """Run ``fn`` (record batches -> record batches of ``schema``) over every partition of ``data`` with
     ``mapInArrow`` and collect its rows on the client (:func:`run_session_job`: Ctrl-C cancels it, an executor's
     ``DataError`` is raised here)."""

@@ -18,14 +18,23 @@ Two ways to ask:
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from torchspark.errors import ConfigError, SetupError
 from torchspark.training.worker import env as task_env
 
-__all__ = ["GpuPlan", "GpuRequest", "gpu_request", "plan_gpus", "dry_run_requested", "with_training_resources",
-           "TASK_GPUS", "EXECUTOR_GPUS"]
+__all__ = [
+    "GpuPlan",
+    "GpuRequest",
+    "gpu_request",
+    "plan_gpus",
+    "dry_run_requested",
+    "with_training_resources",
+    "TASK_GPUS",
+    "EXECUTOR_GPUS",
+]
 
 log = logging.getLogger(__name__)
 
@@ -96,17 +105,23 @@ def gpu_request(conf: Mapping[str, str], master_url: str, gpus_per_worker: float
         return GpuRequest(session, False, f"{TASK_GPUS}={conf.get(TASK_GPUS)}" if session else "")
     asked = f"gpus_per_worker={gpus_per_worker}"
     if master_url == "local" or master_url.startswith("local["):
-        raise ConfigError(f"{asked} needs stage-level scheduling, which Spark does not offer in local mode (master "
-                          f"{master_url!r}); run on a cluster manager (spark://, YARN, Kubernetes, local-cluster), "
-                          f"or leave gpus_per_worker unset and give the session {TASK_GPUS}")
+        raise ConfigError(
+            f"{asked} needs stage-level scheduling, which Spark does not offer in local mode (master "
+            f"{master_url!r}); run on a cluster manager (spark://, YARN, Kubernetes, local-cluster), "
+            f"or leave gpus_per_worker unset and give the session {TASK_GPUS}"
+        )
     executor = _amount(conf, EXECUTOR_GPUS)
     if executor <= 0:
-        raise ConfigError(f"{asked} asks GPUs for the training tasks, but the session's executors own none: set "
-                          f"{EXECUTOR_GPUS} and spark.executor.resource.gpu.discoveryScript (on standalone also "
-                          "spark.worker.resource.gpu.amount and its discoveryScript), or leave gpus_per_worker unset")
+        raise ConfigError(
+            f"{asked} asks GPUs for the training tasks, but the session's executors own none: set "
+            f"{EXECUTOR_GPUS} and spark.executor.resource.gpu.discoveryScript (on standalone also "
+            "spark.worker.resource.gpu.amount and its discoveryScript), or leave gpus_per_worker unset"
+        )
     if gpus_per_worker > executor:
-        raise ConfigError(f"{asked} but every executor owns {EXECUTOR_GPUS}={conf.get(EXECUTOR_GPUS)}: a task "
-                          "cannot get more GPUs than its executor has; lower gpus_per_worker or give executors more")
+        raise ConfigError(
+            f"{asked} but every executor owns {EXECUTOR_GPUS}={conf.get(EXECUTOR_GPUS)}: a task "
+            "cannot get more GPUs than its executor has; lower gpus_per_worker or give executors more"
+        )
     return GpuRequest(float(gpus_per_worker), True, asked)
 
 
@@ -131,24 +146,32 @@ def plan_gpus(sc: Any, gpus_per_worker: float | None, dry_run: bool = False) -> 
     """
     request = gpu_request(dict(sc.getConf().getAll()), sc.master, gpus_per_worker)
     if dry_run and request.per_task > 0:
-        log.warning("%s=1: tasks record the GPUs Spark assigns but train on the CPU (a testing aid)",
-                    task_env.GPU_DRY_RUN)
+        log.warning(
+            "%s=1: tasks record the GPUs Spark assigns but train on the CPU (a testing aid)", task_env.GPU_DRY_RUN
+        )
     if not request.stage_level:
         return GpuPlan(request, None, dry_run)
     from py4j.protocol import Py4JJavaError
     from pyspark.resource import ResourceProfileBuilder, TaskResourceRequests
 
     cpus = int(sc.getConf().get("spark.task.cpus", "1"))
-    profile = ResourceProfileBuilder().require(
-        TaskResourceRequests().cpus(cpus).resource("gpu", request.per_task)).build
+    profile = (
+        ResourceProfileBuilder().require(TaskResourceRequests().cpus(cpus).resource("gpu", request.per_task)).build
+    )
     try:
         sc.emptyRDD().withResources(profile)  # registers it; Spark checks here that the cluster supports it
     except Py4JJavaError as e:
         reason = str(e.java_exception.getMessage()) if e.java_exception is not None else str(e)
-        raise SetupError(f"{request.source}: Spark refused the training stage's resource profile: {reason}. Leave "
-                         f"gpus_per_worker unset and give the session {TASK_GPUS} instead") from None
-    log.info("the training stage asks %s GPU(s) and %d core(s) per task (stage-level resource profile %d)",
-             request.per_task, cpus, profile.id)
+        raise SetupError(
+            f"{request.source}: Spark refused the training stage's resource profile: {reason}. Leave "
+            f"gpus_per_worker unset and give the session {TASK_GPUS} instead"
+        ) from None
+    log.info(
+        "the training stage asks %s GPU(s) and %d core(s) per task (stage-level resource profile %d)",
+        request.per_task,
+        cpus,
+        profile.id,
+    )
     return GpuPlan(request, profile, dry_run)
 
 

@@ -16,8 +16,9 @@ write. Keys exist because Spark does not keep row order through shuffles; join t
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import islice
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 import torch
 
@@ -75,8 +76,10 @@ def _stack(values: Sequence[Any], keys: Sequence[Any], dtype: torch.dtype) -> li
     multi = isinstance(values[0], (list, tuple))
     columns = list(zip(*values)) if multi else [values]
     if multi and any(len(v) != len(values[0]) for v in values):
-        raise DataError(f"feed_forward_with_key: every value must hold {len(values[0])} input arrays, as the one "
-                        f"for key {keys[0]!r} does")
+        raise DataError(
+            f"feed_forward_with_key: every value must hold {len(values[0])} input arrays, as the one "
+            f"for key {keys[0]!r} does"
+        )
     stacked = []
     for col in columns:
         tensors = [torch.as_tensor(v) for v in col]
@@ -92,8 +95,9 @@ def _stack(values: Sequence[Any], keys: Sequence[Any], dtype: torch.dtype) -> li
     return stacked
 
 
-def _feed_forward_partition(shipped: Shipped, batch_size: int
-                            ) -> Callable[[Iterable[tuple[Any, Any]]], Iterator[tuple[Any, Any]]]:
+def _feed_forward_partition(
+    shipped: Shipped, batch_size: int
+) -> Callable[[Iterable[tuple[Any, Any]]], Iterator[tuple[Any, Any]]]:
     def run(pairs: Iterable[tuple[Any, Any]]) -> Iterator[tuple[Any, Any]]:
         stream = peek_nonempty(pairs)
         if stream is None:
@@ -113,9 +117,17 @@ def _feed_forward_partition(shipped: Shipped, batch_size: int
     return run
 
 
-def feed_forward_with_key(sc: Any, network: Network, data: Any, batch_size: int = DEFAULT_BATCH_SIZE,
-                          key_col: str = "key", features_col: str | Sequence[str] = "features",
-                          feature_shape: Any = None, output_col: str = "output", output_index: int = 0) -> Any:
+def feed_forward_with_key(
+    sc: Any,
+    network: Network,
+    data: Any,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    key_col: str = "key",
+    features_col: str | Sequence[str] = "features",
+    feature_shape: Any = None,
+    output_col: str = "output",
+    output_index: int = 0,
+) -> Any:
     """Network outputs for keyed examples: ``RDD[(key, features)] -> RDD[(key, output)]``, or a DataFrame's
     ``key_col`` and features -> a DataFrame ``key_col, output_col``.
 
@@ -145,8 +157,17 @@ def feed_forward_with_key(sc: Any, network: Network, data: Any, batch_size: int 
         if key_col not in data.columns:
             raise DataError(f"DataFrame has no key column {key_col!r}; it has {data.columns}. Pass key_col=")
         frame = data.select(key_col, *[c for c in dict.fromkeys(cols) if c != key_col and c in data.columns])
-        out = predict(frame.sparkSession, network, frame, features_col, output_col, feature_shape, batch_size,
-                      "probabilities", output_index)
+        out = predict(
+            frame.sparkSession,
+            network,
+            frame,
+            features_col,
+            output_col,
+            feature_shape,
+            batch_size,
+            "probabilities",
+            output_index,
+        )
         return out.select(key_col, output_col)
     require_classic(sc, f"feed_forward_with_key on a {type(data).__name__}", KEYED_ROUTE)
     sc = spark_context(sc)
@@ -155,8 +176,9 @@ def feed_forward_with_key(sc: Any, network: Network, data: Any, batch_size: int 
 
 
 # ------------------------------------------------------------------ scoring
-def _score_partition(shipped: Shipped, batch_size: int, include_regularization: bool
-                     ) -> Callable[[Iterable[Any]], Iterator[float]]:
+def _score_partition(
+    shipped: Shipped, batch_size: int, include_regularization: bool
+) -> Callable[[Iterable[Any]], Iterator[float]]:
     def run(items: Iterable[Any]) -> Iterator[float]:
         stream = peek_nonempty(items)
         if stream is None:
@@ -205,8 +227,9 @@ def score_examples(
     flags = classification_outputs(network)
     if is_dataframe(data):
         shipped = ship_to_session(data.sparkSession, network)
-        return score_column(shipped, data, score_col, include_regularization, batch_size, features_col, label_col,
-                            feature_shape, flags)
+        return score_column(
+            shipped, data, score_col, include_regularization, batch_size, features_col, label_col, feature_shape, flags
+        )
     if is_connect_session(sc):
         frame = frame_data(sc, data, features_col, label_col, feature_shape, flags)
         return score_files(ship_to_session(sc, network), frame, batch_size, include_regularization)
@@ -216,8 +239,9 @@ def score_examples(
     return rdd.mapPartitions(_score_partition(shipped, batch_size, include_regularization))
 
 
-def _score_keyed_partition(shipped: Shipped, batch_size: int, include_regularization: bool
-                           ) -> Callable[[Iterable[tuple[Any, Any]]], Iterator[tuple[Any, float]]]:
+def _score_keyed_partition(
+    shipped: Shipped, batch_size: int, include_regularization: bool
+) -> Callable[[Iterable[tuple[Any, Any]]], Iterator[tuple[Any, float]]]:
     def run(pairs: Iterable[tuple[Any, Any]]) -> Iterator[tuple[Any, float]]:
         stream = peek_nonempty(pairs)
         if stream is None:
@@ -228,15 +252,16 @@ def _score_keyed_partition(shipped: Shipped, batch_size: int, include_regulariza
                 keys, batches = [k for k, _ in chunk], [load_batch_item(v) for _, v in chunk]
                 for key, b in zip(keys, batches):
                     if len(b) != 1:
-                        raise DataError(f"score_examples_with_key: the DataSet for key {key!r} holds {len(b)} "
-                                        "examples; give each key exactly one example (DataSet.split(1))")
+                        raise DataError(
+                            f"score_examples_with_key: the DataSet for key {key!r} holds {len(b)} "
+                            "examples; give each key exactly one example (DataSet.split(1))"
+                        )
                 merged = merge_batches(batches)
                 scores = net.score_examples(merged, batch_size=len(batches)).tolist()
                 for key, value in zip(keys, scores):
                     yield key, value + reg
 
     return run
-
 
 
 def score_examples_with_key(
@@ -271,18 +296,19 @@ def score_examples_with_key(
     if is_dataframe(data):
         if key_col not in data.columns:
             raise DataError(f"DataFrame has no key column {key_col!r}; it has {data.columns}. Pass key_col=")
-        scored = score_examples(sc, network, data, include_regularization, batch_size, features_col, label_col,
-                                feature_shape, score_col)
+        scored = score_examples(
+            sc, network, data, include_regularization, batch_size, features_col, label_col, feature_shape, score_col
+        )
         return scored.select(key_col, score_col)
     require_classic(sc, f"score_examples_with_key on a {type(data).__name__}", KEYED_ROUTE + " and label_col=")
     sc = spark_context(sc)
     shipped = ship_network(sc, network)
-    return data.mapPartitions(_score_keyed_partition(shipped, batch_size, include_regularization),
-                              preservesPartitioning=True)
+    return data.mapPartitions(
+        _score_keyed_partition(shipped, batch_size, include_regularization), preservesPartitioning=True
+    )
 
 
-def _sum_partition(shipped: Shipped, batch_size: int
-                   ) -> Callable[[Iterable[Any]], Iterator[tuple[float, float]]]:
+def _sum_partition(shipped: Shipped, batch_size: int) -> Callable[[Iterable[Any]], Iterator[tuple[float, float]]]:
     def run(items: Iterable[Any]) -> Iterator[tuple[float, float]]:
         found = loss_sums(shipped, (load_batch_item(i) for i in items), batch_size)
         if found is not None:
@@ -331,9 +357,12 @@ def calculate_score(
         rdd = batch_items(sc, data, features_col, label_col, feature_shape, flags)
         shipped = ship_network(sc, network)
         try:
-            total, count = run_job(sc, "torchspark calculate_score",
-                                   lambda: rdd.mapPartitions(_sum_partition(shipped, batch_size))
-                                   .treeAggregate((0.0, 0.0), _add, _add), "torchspark-eval-job")
+            total, count = run_job(
+                sc,
+                "torchspark calculate_score",
+                lambda: rdd.mapPartitions(_sum_partition(shipped, batch_size)).treeAggregate((0.0, 0.0), _add, _add),
+                "torchspark-eval-job",
+            )
         finally:
             shipped.release()
     if count == 0:

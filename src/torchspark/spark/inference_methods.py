@@ -8,7 +8,8 @@ a DataFrame out, on any session (the route on Spark Connect).
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from torchspark.nn import Network
 from torchspark.spark import evaluation as _ev
@@ -27,48 +28,112 @@ class InferenceMethods:
     spark: Any
     network: Network
 
-    def feed_forward_with_key(self, data: Any, batch_size: int = _ev.DEFAULT_BATCH_SIZE, key_col: str = "key",
-                              features_col: str | Sequence[str] = "features", feature_shape: Any = None,
-                              output_col: str = "output", output_index: int = 0) -> Any:
+    def feed_forward_with_key(
+        self,
+        data: Any,
+        batch_size: int = _ev.DEFAULT_BATCH_SIZE,
+        key_col: str = "key",
+        features_col: str | Sequence[str] = "features",
+        feature_shape: Any = None,
+        output_col: str = "output",
+        output_index: int = 0,
+    ) -> Any:
         """``RDD[(key, features)] -> RDD[(key, output)]``, one example each (no batch dimension), computed in
         batches of ``batch_size`` on the executors. A DataFrame with ``key_col`` and ``features_col`` gives a
         DataFrame ``key_col, output_col`` (the output flattened to ``array<float>``; ``output_index`` picks the
         output of a several-output network)."""
-        return _inf.feed_forward_with_key(self.spark, self.network, data, batch_size, key_col, features_col,
-                                          feature_shape, output_col, output_index)
+        return _inf.feed_forward_with_key(
+            self.spark, self.network, data, batch_size, key_col, features_col, feature_shape, output_col, output_index
+        )
 
-    def score_examples(self, data: Any, include_regularization: bool = False,
-                       batch_size: int = _ev.DEFAULT_BATCH_SIZE, features_col: str | Sequence[str] = "features",
-                       label_col: str | Sequence[str] | None = "label", feature_shape: Any = None,
-                       score_col: str = "score") -> Any:
+    def score_examples(
+        self,
+        data: Any,
+        include_regularization: bool = False,
+        batch_size: int = _ev.DEFAULT_BATCH_SIZE,
+        features_col: str | Sequence[str] = "features",
+        label_col: str | Sequence[str] | None = "label",
+        feature_shape: Any = None,
+        score_col: str = "score",
+    ) -> Any:
         """Each example's loss (plus the L2 term when ``include_regularization``): ``RDD[float]`` for an RDD (or
         paths on a classic session); the DataFrame plus ``score_col`` for a DataFrame; ``path, example, score``
         rows for paths on Spark Connect."""
-        return _inf.score_examples(self.spark, self.network, data, include_regularization, batch_size, features_col,
-                                   label_col, feature_shape, score_col)
+        return _inf.score_examples(
+            self.spark,
+            self.network,
+            data,
+            include_regularization,
+            batch_size,
+            features_col,
+            label_col,
+            feature_shape,
+            score_col,
+        )
 
-    def score_examples_with_key(self, data: Any, include_regularization: bool = False,
-                                batch_size: int = _ev.DEFAULT_BATCH_SIZE, key_col: str = "key",
-                                features_col: str | Sequence[str] = "features",
-                                label_col: str | Sequence[str] | None = "label", feature_shape: Any = None,
-                                score_col: str = "score") -> Any:
+    def score_examples_with_key(
+        self,
+        data: Any,
+        include_regularization: bool = False,
+        batch_size: int = _ev.DEFAULT_BATCH_SIZE,
+        key_col: str = "key",
+        features_col: str | Sequence[str] = "features",
+        label_col: str | Sequence[str] | None = "label",
+        feature_shape: Any = None,
+        score_col: str = "score",
+    ) -> Any:
         """``RDD[(key, DataSet)] -> RDD[(key, loss)]`` for single-example DataSets (or (features, labels)); a
         DataFrame with ``key_col`` gives a DataFrame ``key_col, score_col``."""
-        return _inf.score_examples_with_key(self.spark, self.network, data, include_regularization, batch_size,
-                                            key_col, features_col, label_col, feature_shape, score_col)
+        return _inf.score_examples_with_key(
+            self.spark,
+            self.network,
+            data,
+            include_regularization,
+            batch_size,
+            key_col,
+            features_col,
+            label_col,
+            feature_shape,
+            score_col,
+        )
 
-    def calculate_score(self, data: Any, average: bool = True, batch_size: int = _ev.DEFAULT_BATCH_SIZE,
-                        features_col: str | Sequence[str] = "features", label_col: str | Sequence[str] | None = "label",
-                        feature_shape: Any = None) -> float:
+    def calculate_score(
+        self,
+        data: Any,
+        average: bool = True,
+        batch_size: int = _ev.DEFAULT_BATCH_SIZE,
+        features_col: str | Sequence[str] = "features",
+        label_col: str | Sequence[str] | None = "label",
+        feature_shape: Any = None,
+    ) -> float:
         """The loss over all of ``data``: the mean per example (``average=True``) or the sum."""
-        return float(_inf.calculate_score(self.spark, self.network, data, average, batch_size, features_col,
-                                          label_col, feature_shape))
+        return float(
+            _inf.calculate_score(
+                self.spark, self.network, data, average, batch_size, features_col, label_col, feature_shape
+            )
+        )
 
-    def predict(self, dataframe: Any, features_col: str | Sequence[str] = "features",
-                output_col: str = "prediction", feature_shape: Any = None, batch_size: int = 1024,
-                output: str = "probabilities", output_index: int = 0) -> Any:
+    def predict(
+        self,
+        dataframe: Any,
+        features_col: str | Sequence[str] = "features",
+        output_col: str = "prediction",
+        feature_shape: Any = None,
+        batch_size: int = 1024,
+        output: str = "probabilities",
+        output_index: int = 0,
+    ) -> Any:
         """``dataframe`` plus ``output_col`` from a batched Arrow UDF that builds the network once per Python
         worker. ``output="probabilities"`` gives ``array<float>``; ``"class"`` gives the argmax as ``bigint``.
         A list of ``features_col`` feeds a network with several inputs; ``output_index`` picks the output."""
-        return _inf.predict(self.spark, self.network, dataframe, features_col, output_col, feature_shape,
-                            batch_size, output, output_index)
+        return _inf.predict(
+            self.spark,
+            self.network,
+            dataframe,
+            features_col,
+            output_col,
+            feature_shape,
+            batch_size,
+            output,
+            output_index,
+        )

@@ -18,7 +18,8 @@ import logging
 import re
 import threading
 import uuid
-from typing import Any, Callable, Iterable, Iterator, TypeVar
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
 
 from torchspark.errors import TorchSparkError, WorkerLost
 from torchspark.training.driver.failures import (
@@ -31,8 +32,15 @@ from torchspark.training.driver.failures import (
 from torchspark.training.task import WorkerResult
 from torchspark.training.waiting import call_on_thread
 
-__all__ = ["run_job", "run_in_job_group", "run_barrier_stage", "task_error", "worker_traceback", "spark_reason",
-           "lost_worker"]
+__all__ = [
+    "run_job",
+    "run_in_job_group",
+    "run_barrier_stage",
+    "task_error",
+    "worker_traceback",
+    "spark_reason",
+    "lost_worker",
+]
 
 log = logging.getLogger(__name__)
 
@@ -44,9 +52,12 @@ _OUR_ERROR = re.compile(r"^torchspark\.errors\.(\w+): (.*)$")
 ROOT_CAUSE_WAIT_S = 3.0
 
 # Spark's words for a task whose Python worker or executor went away (no Python code raised)
-_LOST = re.compile(r"Python worker exited unexpectedly|ExecutorLostFailure|Executor heartbeat timed out|"
-                   r"exited caused by one of the running tasks|Command exited with code|worker lost|"
-                   r"Executor .* (?:lost|exited)|Remote RPC client disassociated|Connection reset by peer", re.I)
+_LOST = re.compile(
+    r"Python worker exited unexpectedly|ExecutorLostFailure|Executor heartbeat timed out|"
+    r"exited caused by one of the running tasks|Command exited with code|worker lost|"
+    r"Executor .* (?:lost|exited)|Remote RPC client disassociated|Connection reset by peer",
+    re.I,
+)
 _TASK_RANK = re.compile(r"barrier task ResultTask\(\d+, (\d+)\)|Lost task (\d+)\.\d+ in stage")
 _EXECUTOR = re.compile(r"ExecutorLostFailure \(executor (\S+?)[ )]|\(\S+ executor (\S+?)\)")
 _EXIT_CODE = re.compile(r"exit(?:ed)?(?: with)? code (-?\d+)", re.I)
@@ -60,7 +71,7 @@ def spark_reason(error: BaseException | str, max_chars: int = 600) -> str:
     (executor 1 exited caused by one of the running tasks) Reason: Command exited with code 137``."""
     text = str(error)
     start = _REASON_START.search(text)
-    lines = text[start.end():].splitlines() if start else text.splitlines()
+    lines = text[start.end() :].splitlines() if start else text.splitlines()
     kept: list[str] = []
     for line in lines:
         if "Traceback (most recent call last)" in line:  # the Python part is shown apart, from its end
@@ -113,8 +124,13 @@ def lost_worker(error: BaseException, description: str, tb: str | None) -> Worke
     who = "a worker" if rank is None else f"worker {rank}"
     where = f" on executor {executor}" if executor else ""
     peer = f"\n--- a peer's traceback (a symptom) ---\n{traceback_tail(tb, 8)}" if tb is not None else ""
-    return WorkerLost(f"{description}: {who}{where} was lost{f' ({status})' if status else ''}: {reason}{peer}",
-                      rank=rank, executor=executor, exit_status=status, reason=reason)
+    return WorkerLost(
+        f"{description}: {who}{where} was lost{f' ({status})' if status else ''}: {reason}{peer}",
+        rank=rank,
+        executor=executor,
+        exit_status=status,
+        reason=reason,
+    )
 
 
 def worker_traceback(error: BaseException) -> str:
@@ -124,8 +140,9 @@ def worker_traceback(error: BaseException) -> str:
     return "\n".join(ln for ln in tb.strip().splitlines() if ln.strip() and not ln.strip().startswith("SQLSTATE"))
 
 
-def _pick_traceback(spark_tb: str, reported_errors: Callable[[], list[tuple[int, str]]] | None,
-                    wait_s: float = ROOT_CAUSE_WAIT_S) -> str:
+def _pick_traceback(
+    spark_tb: str, reported_errors: Callable[[], list[tuple[int, str]]] | None, wait_s: float = ROOT_CAUSE_WAIT_S
+) -> str:
     """Spark's traceback unless it is a peer's symptom and a worker reported the cause over the progress channel."""
     if reported_errors is None or not is_peer_failure(spark_tb):
         return spark_tb
@@ -139,8 +156,9 @@ def _reported_cause(reported_errors: Callable[[], list[tuple[int, str]]] | None)
     return next((tb for _, tb in found if not is_peer_failure(tb)), None)
 
 
-def task_error(error: BaseException, description: str,
-               reported_errors: Callable[[], list[tuple[int, str]]] | None = None) -> TorchSparkError:
+def task_error(
+    error: BaseException, description: str, reported_errors: Callable[[], list[tuple[int, str]]] | None = None
+) -> TorchSparkError:
     """Our error for a failed Spark task.
 
     Args:
@@ -170,16 +188,23 @@ def task_error(error: BaseException, description: str,
     match = _OUR_ERROR.match(root)
     if match and cls.__name__ != "WorkerError":
         return cls(f"{match.group(2)}\n--- executor traceback ({description}) ---\n{tail}")
-    return cls(f"{description} failed on an executor: {root}\n--- Spark's reason ---\n{spark_reason(error)}\n"
-               f"--- executor traceback ---\n{tail}")
+    return cls(
+        f"{description} failed on an executor: {root}\n--- Spark's reason ---\n{spark_reason(error)}\n"
+        f"--- executor traceback ---\n{tail}"
+    )
 
 
 #: how often a running job's watchdog is asked whether the workers are still alive
 WATCH_S = 0.5
 
 
-def run_in_job_group(sc: Any, description: str, action: Callable[[], _T], thread_name: str = "torchspark-job",
-                     watchdog: Callable[[], BaseException | None] | None = None) -> _T:
+def run_in_job_group(
+    sc: Any,
+    description: str,
+    action: Callable[[], _T],
+    thread_name: str = "torchspark-job",
+    watchdog: Callable[[], BaseException | None] | None = None,
+) -> _T:
     """Run ``action`` (which submits Spark jobs) on a helper thread under a fresh job group and return its value.
 
     Ctrl-C (or any exception) on the calling thread cancels the group and waits up to 60 s for the thread; an
@@ -222,9 +247,14 @@ def run_in_job_group(sc: Any, description: str, action: Callable[[], _T], thread
         stop.set()
 
 
-def run_job(sc: Any, description: str, job: Callable[[], _T], thread_name: str = "torchspark-job",
-            reported_errors: Callable[[], list[tuple[int, str]]] | None = None,
-            watchdog: Callable[[], BaseException | None] | None = None) -> _T:
+def run_job(
+    sc: Any,
+    description: str,
+    job: Callable[[], _T],
+    thread_name: str = "torchspark-job",
+    reported_errors: Callable[[], list[tuple[int, str]]] | None = None,
+    watchdog: Callable[[], BaseException | None] | None = None,
+) -> _T:
     """Run ``job`` (a callable that submits Spark actions) under its own job group: Ctrl-C (or any error) on the
     caller cancels it; a failed task raises :func:`task_error`.
 
@@ -243,18 +273,22 @@ def run_job(sc: Any, description: str, job: Callable[[], _T], thread_name: str =
         raise task_error(e, description, reported_errors) from e
 
 
-def run_barrier_stage(sc: Any, rdd: Any, fn: Callable[[Iterable[Any]], Iterator[WorkerResult]],
-                      description: str,
-                      reported_errors: Callable[[], list[tuple[int, str]]] | None = None,
-                      watchdog: Callable[[], BaseException | None] | None = None,
-                      profile: Any = None) -> list[WorkerResult]:
+def run_barrier_stage(
+    sc: Any,
+    rdd: Any,
+    fn: Callable[[Iterable[Any]], Iterator[WorkerResult]],
+    description: str,
+    reported_errors: Callable[[], list[tuple[int, str]]] | None = None,
+    watchdog: Callable[[], BaseException | None] | None = None,
+    profile: Any = None,
+) -> list[WorkerResult]:
     """Run ``fn`` as a barrier stage over ``rdd`` (:func:`run_job`, ``watchdog`` as there), under the stage-level
     ``profile`` when one is given (the training stage's GPUs: :mod:`torchspark.spark.gpus`); the workers' results
     by rank."""
+
     def stage() -> list[WorkerResult]:
         mapped = rdd.barrier().mapPartitions(fn)
         return (mapped if profile is None else mapped.withResources(profile)).collect()
 
-    results: list[WorkerResult] = run_job(sc, description, stage, "torchspark-barrier-stage", reported_errors,
-                                          watchdog)
+    results: list[WorkerResult] = run_job(sc, description, stage, "torchspark-barrier-stage", reported_errors, watchdog)
     return sorted(results, key=lambda r: r.rank)

@@ -10,7 +10,8 @@ the master's route picks the runner, and :class:`~torchspark.training.driver.ada
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from torchspark.errors import ConfigError, DataError
 from torchspark.listeners import TrainingEvents, TrainingListener
@@ -102,9 +103,11 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         #: the progress channel of fits on a Connect session
         self.progress_channel = ConnectProgress(progress_channel, progress_directory, progress_poll_s)
         if self.sc is not None and (progress_channel != "auto" or progress_directory is not None):
-            raise ConfigError(f"progress_channel={progress_channel!r} / progress_directory={progress_directory!r} "
-                              "apply to a Spark Connect session only; on a classic session the driver runs in the "
-                              "cluster and workers stream progress to it over TCP: drop these arguments")
+            raise ConfigError(
+                f"progress_channel={progress_channel!r} / progress_directory={progress_directory!r} "
+                "apply to a Spark Connect session only; on a classic session the driver runs in the "
+                "cluster and workers stream progress to it over TCP: drop these arguments"
+            )
         self.network = network
         self.master = master
         self._preflight_done: set[tuple[str, int]] = set()  # (check, id(sc)): the once-per-session checks run
@@ -118,7 +121,7 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         #: (:mod:`torchspark.spark.private_dirs`: removed on close, garbage collection and interpreter exit)
         self.preparation = DataPreparation(self.sc, network)
 
-    def __enter__(self) -> "SparkNetwork":
+    def __enter__(self) -> SparkNetwork:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -203,15 +206,16 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         self.preparation.epoch_examples = None
         rdd = network_batches(self.network, data, features_col, label_col, feature_shape)
         n = self._num_workers(master)
-        base = (self.preparation.export_base(master) if master.rdd_training_approach == "export"
-                else None)  # before any job
+        base = (
+            self.preparation.export_base(master) if master.rdd_training_approach == "export" else None
+        )  # before any job
         gpus = self._preflight(master, n)
-        worker_rdd = self.preparation.from_rdd(rdd, master, n, base, planned_epochs(master, epochs),
-                                               self._driver_stats)
+        worker_rdd = self.preparation.from_rdd(rdd, master, n, base, planned_epochs(master, epochs), self._driver_stats)
         return self._train(worker_rdd, master, n, epochs, run_id, gpus)
 
-    def fit_paths(self, paths: Any, epochs: int = 1, loader: Callable[[str], Any] | None = None,
-                  run_id: str | None = None) -> Network:
+    def fit_paths(
+        self, paths: Any, epochs: int = 1, loader: Callable[[str], Any] | None = None, run_id: str | None = None
+    ) -> Network:
         """Train from files: batch files (``export_batches`` / ``save_batches`` output), or any files a ``loader``
         turns into DataSets.
 
@@ -272,8 +276,14 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         gpus = plan_gpus(self.sc, master.gpus_per_worker, dry_run_requested())
         imports, cuda = ("imports", id(self.sc)), ("cuda", id(self.sc))
         check_cuda = gpus.requested and not gpus.dry_run and cuda not in self._preflight_done
-        preflight(self.sc, n, wait_s=min(60.0, master.rendezvous_timeout_s),
-                  check_imports=imports not in self._preflight_done, gpus=gpus, check_cuda=check_cuda)
+        preflight(
+            self.sc,
+            n,
+            wait_s=min(60.0, master.rendezvous_timeout_s),
+            check_imports=imports not in self._preflight_done,
+            gpus=gpus,
+            check_cuda=check_cuda,
+        )
         self._preflight_done.update([imports, cuda] if check_cuda else [imports])
         return gpus
 
@@ -290,40 +300,87 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
             raise DataError("the training data is empty: no minibatches reached the workers")
         check_first_batch(self.network, first)
 
-    def _train(self, worker_rdd: Any, master: TrainingMaster, n: int, epochs: int,
-               run_id: str | None = None, gpus: GpuPlan | None = None) -> Network:
+    def _train(
+        self,
+        worker_rdd: Any,
+        master: TrainingMaster,
+        n: int,
+        epochs: int,
+        run_id: str | None = None,
+        gpus: GpuPlan | None = None,
+    ) -> Network:
         self._validate_sample(worker_rdd)
         if worker_rdd.getNumPartitions() != n:
-            worker_rdd = (worker_rdd.coalesce(n) if worker_rdd.getNumPartitions() > n
-                          else spread_round_robin(worker_rdd, n))
+            worker_rdd = (
+                worker_rdd.coalesce(n) if worker_rdd.getNumPartitions() > n else spread_round_robin(worker_rdd, n)
+            )
         examples = self.preparation.epoch_examples
-        self._fits.fit(self.network, master, self._runner(master, gpus), SparkWorkerData(self.sc, worker_rdd),
-                       epochs=epochs, num_workers=n, collect_stats=self._collect_stats, recorder=self._driver_stats,
-                       description=f"torchspark fit: {n} workers, {epochs} epoch(s)", run_id=run_id,
-                       progress=self.progress, total_examples=None if examples is None else examples * epochs)
+        self._fits.fit(
+            self.network,
+            master,
+            self._runner(master, gpus),
+            SparkWorkerData(self.sc, worker_rdd),
+            epochs=epochs,
+            num_workers=n,
+            collect_stats=self._collect_stats,
+            recorder=self._driver_stats,
+            description=f"torchspark fit: {n} workers, {epochs} epoch(s)",
+            run_id=run_id,
+            progress=self.progress,
+            total_examples=None if examples is None else examples * epochs,
+        )
         return self.network
 
-    def _fit_connect(self, data: Any, master: TrainingMaster, epochs: int, features_col: Any, label_col: Any,
-                     feature_shape: Any, run_id: str | None) -> Network:
+    def _fit_connect(
+        self,
+        data: Any,
+        master: TrainingMaster,
+        epochs: int,
+        features_col: Any,
+        label_col: Any,
+        feature_shape: Any,
+        run_id: str | None,
+    ) -> Network:
         """:meth:`fit` on a Spark Connect session, or of a DataFrame with ``dataframe_route="barrier_arrow"``: the
         rows streamed into one barrier ``mapInArrow`` stage."""
         check_connect_data(self.spark, data)
         spark = self.spark if self.sc is None else data.sparkSession
-        shares = connect_fit_data(spark, self.network, data, master, epochs, features_col=features_col,
-                                  label_col=label_col, feature_shape=feature_shape, recorder=self._driver_stats)
+        shares = connect_fit_data(
+            spark,
+            self.network,
+            data,
+            master,
+            epochs,
+            features_col=features_col,
+            label_col=label_col,
+            feature_shape=feature_shape,
+            recorder=self._driver_stats,
+        )
         return self._train_connect(shares, master, epochs, run_id, spark)
 
-    def _train_connect(self, shares: Any, master: TrainingMaster, epochs: int, run_id: str | None,
-                       spark: Any = None) -> Network:
+    def _train_connect(
+        self, shares: Any, master: TrainingMaster, epochs: int, run_id: str | None, spark: Any = None
+    ) -> Network:
         """Run the fit of a Connect session's prepared data (a DataFrame's rows or a plan of files) on ``spark``
         (default: this object's session)."""
         n, examples = shares.workers, shares.epoch_examples
-        runner = self.runner or ConnectBarrierRunner(spark if spark is not None else self.spark, master.mesh,
-                                                     channel=self.progress_channel)
-        self._fits.fit(self.network, master, runner, shares, epochs=epochs, num_workers=n,
-                       collect_stats=self._collect_stats, recorder=self._driver_stats,
-                       description=f"torchspark fit: {n} workers, {epochs} epoch(s)", run_id=run_id,
-                       progress=self.progress, total_examples=None if examples is None else examples * epochs)
+        runner = self.runner or ConnectBarrierRunner(
+            spark if spark is not None else self.spark, master.mesh, channel=self.progress_channel
+        )
+        self._fits.fit(
+            self.network,
+            master,
+            runner,
+            shares,
+            epochs=epochs,
+            num_workers=n,
+            collect_stats=self._collect_stats,
+            recorder=self._driver_stats,
+            description=f"torchspark fit: {n} workers, {epochs} epoch(s)",
+            run_id=run_id,
+            progress=self.progress,
+            total_examples=None if examples is None else examples * epochs,
+        )
         return self.network
 
     def _runner(self, master: TrainingMaster, gpus: GpuPlan | None = None) -> Runner:
@@ -332,6 +389,10 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         if self.runner is not None:
             return self.runner
         if master.spark_rounds:
-            return SparkRoundsRunner(self.sc, master.aggregation_depth,  # type: ignore[attr-defined]
-                                     master.storage_level, gpus)
+            return SparkRoundsRunner(
+                self.sc,
+                master.aggregation_depth,  # type: ignore[attr-defined]
+                master.storage_level,
+                gpus,
+            )
         return SparkBarrierRunner(self.sc, master.mesh, gpus)

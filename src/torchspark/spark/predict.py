@@ -8,7 +8,8 @@ or a session artifact on Spark Connect), and each Python worker builds it once.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -38,8 +39,10 @@ def _series_to_tensor(series: Any, feature_shape: Sequence[int] | None, dtype: t
         try:
             x = x.reshape(n, *feature_shape)
         except RuntimeError as e:
-            raise DataError(f"predict: cannot reshape rows of {x.shape[1]} values to feature_shape="
-                            f"{tuple(feature_shape)}; fix feature_shape") from e
+            raise DataError(
+                f"predict: cannot reshape rows of {x.shape[1]} values to feature_shape="
+                f"{tuple(feature_shape)}; fix feature_shape"
+            ) from e
     return x.to(dtype)
 
 
@@ -51,10 +54,10 @@ def _to_classes(probs: torch.Tensor) -> np.ndarray:
     return flat.argmax(dim=1).numpy()
 
 
-def _predict_udf(shipped: Shipped, shapes: Sequence[Sequence[int] | None], batch_size: int,
-                 output: str, output_index: int = 0) -> Any:
-    from typing import Iterator as TypingIterator
-    from typing import Tuple  # noqa: UP035  (Spark reads typing.Tuple[...] hints of pandas UDFs at runtime)
+def _predict_udf(
+    shipped: Shipped, shapes: Sequence[Sequence[int] | None], batch_size: int, output: str, output_index: int = 0
+) -> Any:
+    from collections.abc import Iterator as TypingIterator
 
     import pandas as pd
     from pyspark.sql.functions import pandas_udf
@@ -71,8 +74,7 @@ def _predict_udf(shipped: Shipped, shapes: Sequence[Sequence[int] | None], batch
                 out = net.output(feats if several else feats[0], batch_size=batch_size)
                 outs = out if isinstance(out, tuple) else (out,)
                 if output_index >= len(outs):
-                    raise DataError(f"predict: output_index={output_index} but the network gives {len(outs)} "
-                                    "output(s)")
+                    raise DataError(f"predict: output_index={output_index} but the network gives {len(outs)} output(s)")
                 probs = outs[output_index]
                 if output == "class":
                     yield pd.Series(_to_classes(probs))
@@ -80,7 +82,7 @@ def _predict_udf(shipped: Shipped, shapes: Sequence[Sequence[int] | None], batch
                     yield pd.Series(list(probs.reshape(probs.shape[0], -1).float().numpy()))
 
     # real objects, not strings: Spark reads these hints to pick the iterator-of-Series UDF type
-    arg = TypingIterator[Tuple[(pd.Series,) * len(shapes)]] if several else TypingIterator[pd.Series]
+    arg = TypingIterator[tuple[(pd.Series,) * len(shapes)]] if several else TypingIterator[pd.Series]
     predict_batches.__annotations__ = {"batches": arg, "return": TypingIterator[pd.Series]}
     return_type = LongType() if output == "class" else ArrayType(FloatType(), containsNull=False)
     return pandas_udf(predict_batches, returnType=return_type)  # type: ignore[call-overload]
@@ -137,11 +139,14 @@ def predict(
     cols = [features_col] if isinstance(features_col, str) else list(features_col)
     missing = [c for c in cols if c not in dataframe.columns]
     if not cols or missing:
-        raise DataError(f"DataFrame has no column(s) {missing or cols!r}; it has {dataframe.columns}. "
-                        "Pass features_col=")
+        raise DataError(
+            f"DataFrame has no column(s) {missing or cols!r}; it has {dataframe.columns}. Pass features_col="
+        )
     shapes = feature_shapes(feature_shape, len(cols))
     shipped = ship_to_session(dataframe.sparkSession, network)
-    features = [vector_to_array(col(c), "float32") if isinstance(dataframe.schema[c].dataType, VectorUDT) else col(c)
-                for c in cols]
+    features = [
+        vector_to_array(col(c), "float32") if isinstance(dataframe.schema[c].dataType, VectorUDT) else col(c)
+        for c in cols
+    ]
     udf = _predict_udf(shipped, shapes, batch_size, output, output_index)
     return dataframe.withColumn(output_col, udf(*features))

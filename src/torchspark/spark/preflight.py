@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 from torchspark.errors import SetupError
 from torchspark.spark.gpus import GpuPlan
@@ -14,8 +15,17 @@ from torchspark.spark.task_bootstrap import executor_name
 from torchspark.training.driver.failures import last_line
 from torchspark.training.waiting import wait_until
 
-__all__ = ["task_slots", "executor_count", "executors_for_workers_per_node", "probe_executors", "probe_each_executor",
-           "ExecutorCuda", "cuda_problems", "check_executor_cuda", "preflight"]
+__all__ = [
+    "task_slots",
+    "executor_count",
+    "executors_for_workers_per_node",
+    "probe_executors",
+    "probe_each_executor",
+    "ExecutorCuda",
+    "cuda_problems",
+    "check_executor_cuda",
+    "preflight",
+]
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +48,9 @@ def task_slots(sc: Any, profile: Any = None) -> int:
     try:
         jsc = sc._jsc.sc()
         manager = jsc.resourceProfileManager()
-        jprofile = (manager.defaultResourceProfile() if profile is None
-                    else manager.resourceProfileFromId(int(profile.id)))
+        jprofile = (
+            manager.defaultResourceProfile() if profile is None else manager.resourceProfileFromId(int(profile.id))
+        )
         return int(jsc.maxNumConcurrentTasks(jprofile))
     except Exception:  # noqa: BLE001 - private API; fall back to the public estimate
         return max(1, sc.defaultParallelism // _task_cpus(sc))
@@ -117,8 +128,7 @@ def probe_executors(sc: Any, attempts: int = 3) -> dict[str, str]:
     return probe_each_executor(sc, _probe, "the import check", attempts)
 
 
-def probe_each_executor(sc: Any, probe: Callable[[Any], tuple[str, _T]], what: str,
-                        attempts: int = 3) -> dict[str, _T]:
+def probe_each_executor(sc: Any, probe: Callable[[Any], tuple[str, _T]], what: str, attempts: int = 3) -> dict[str, _T]:
     """Run ``probe`` (module level; returns ``(executor_name(), finding)``) on every executor; ``{executor:
     finding}``. One task per executor reaches each of them on an idle cluster (round-robin); tasks that doubled up
     on a busy executor are retried with twice as many tasks, up to ``attempts`` jobs.
@@ -139,8 +149,10 @@ def probe_each_executor(sc: Any, probe: Callable[[Any], tuple[str, _T]], what: s
         if len(seen) >= expected:
             return seen
         tasks *= 2
-    raise SetupError(f"{what} reached {len(seen)} of {expected} executors in {attempts} jobs; the others ran no "
-                     "task (busy with another job?). Train on a session whose executors are idle.")
+    raise SetupError(
+        f"{what} reached {len(seen)} of {expected} executors in {attempts} jobs; the others ran no "
+        "task (busy with another job?). Train on a session whose executors are idle."
+    )
 
 
 def _import_error(sc: Any, e: BaseException) -> SetupError:
@@ -187,12 +199,17 @@ def cuda_problems(executors: dict[str, ExecutorCuda], driver_cuda: str | None) -
     problems = []
     for name, found in sorted(executors.items()):
         if not found.cuda_available:
-            why = ("a CPU-only build" if found.cuda_version is None
-                   else f"built for CUDA {found.cuda_version}, but no GPU or driver is usable")
+            why = (
+                "a CPU-only build"
+                if found.cuda_version is None
+                else f"built for CUDA {found.cuda_version}, but no GPU or driver is usable"
+            )
             problems.append(f"executor {name}: torch {found.torch_version} has no CUDA ({why})")
         elif driver_cuda is not None and found.cuda_version != driver_cuda:
-            problems.append(f"executor {name}: torch {found.torch_version} is built for CUDA {found.cuda_version}, "
-                            f"the driver's for CUDA {driver_cuda}")
+            problems.append(
+                f"executor {name}: torch {found.torch_version} is built for CUDA {found.cuda_version}, "
+                f"the driver's for CUDA {driver_cuda}"
+            )
     return problems
 
 
@@ -225,8 +242,14 @@ def check_executor_cuda(sc: Any, gpus: GpuPlan) -> None:
         )
 
 
-def preflight(sc: Any, num_workers: int, wait_s: float = 60.0, check_imports: bool = True,
-              gpus: GpuPlan | None = None, check_cuda: bool = True) -> None:
+def preflight(
+    sc: Any,
+    num_workers: int,
+    wait_s: float = 60.0,
+    check_imports: bool = True,
+    gpus: GpuPlan | None = None,
+    check_cuda: bool = True,
+) -> None:
     """Fail fast unless a barrier stage of ``num_workers`` tasks can run.
 
     Checks: dynamic allocation is off (barrier stages cannot use it); the cluster has ``num_workers`` free task

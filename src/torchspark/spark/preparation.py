@@ -23,9 +23,10 @@ from __future__ import annotations
 import os
 import tempfile
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable
+from typing import Any
 
 from torchspark._io import filesystem, join
 from torchspark.data import batch_num_examples, resolve_paths
@@ -138,8 +139,15 @@ class DataPreparation:
         remove_dirs(self.private_dirs)
 
     # ------------------------------------------------------------------ RDDs and DataFrames
-    def from_rdd(self, rdd: Any, master: TrainingMaster, n: int, base: str | None, epochs: int | None = None,
-                 recorder: PhaseRecorder | None = None) -> Any:
+    def from_rdd(
+        self,
+        rdd: Any,
+        master: TrainingMaster,
+        n: int,
+        base: str | None,
+        epochs: int | None = None,
+        recorder: PhaseRecorder | None = None,
+    ) -> Any:
         """An RDD with one partition per worker holding that worker's minibatches (paths, FileSlices or bytes), in
         order, for ``epochs`` epochs planned at once (None: one plan for every epoch).
 
@@ -155,14 +163,21 @@ class DataPreparation:
         keep = keep_partitions(master, rdd.getNumPartitions(), n)
         balanced = not keep and master.repartition_strategy == "balanced"
         if master.drop_last and not balanced:
-            raise ConfigError(f"drop_last=True needs the balanced split, but the data's {n} partitions are kept as "
-                              "they are (repartition='num_partitions_workers_differs'); set repartition='always' "
-                              "or drop_last=False")
+            raise ConfigError(
+                f"drop_last=True needs the balanced split, but the data's {n} partitions are kept as "
+                "they are (repartition='num_partitions_workers_differs'); set repartition='always' "
+                "or drop_last=False"
+            )
         if master.rdd_training_approach == "export":
             assert base is not None
             return self._from_export(rdd, master, n, base, keep, balanced, epochs, recorder)
-        if (balanced and master.rng_seed is not None and master.shuffle_scope == "global" and epochs is not None
-                and (epochs > 1 or self.network.epoch)):
+        if (
+            balanced
+            and master.rng_seed is not None
+            and master.shuffle_scope == "global"
+            and epochs is not None
+            and (epochs > 1 or self.network.epoch)
+        ):
             return self._direct_epochs(rdd, master, n, epochs, recorder)
         return self._direct(rdd, master, n, keep, balanced, recorder)
 
@@ -180,8 +195,11 @@ class DataPreparation:
                         sizes = _count(self.sc, rdd)
                     heads = grid_heads(sizes, bsz)
                 with recorder.phase("export"):
-                    files = run_job(self.sc, f"torchspark: export the training data to {directory}",
-                                    lambda: export_rdd(rdd, directory, bsz, heads))
+                    files = run_job(
+                        self.sc,
+                        f"torchspark: export the training data to {directory}",
+                        lambda: export_rdd(rdd, directory, bsz, heads),
+                    )
             except BaseException:  # bad data or Ctrl-C: leave no half-written export behind
                 fs, path = filesystem(directory)
                 if fs.exists(path):
@@ -206,8 +224,17 @@ class DataPreparation:
         os.mkdir(directory, 0o700)
         return directory
 
-    def _from_export(self, rdd: Any, master: TrainingMaster, n: int, base: str, keep: bool, balanced: bool,
-                     epochs: int | None, recorder: PhaseRecorder) -> Any:
+    def _from_export(
+        self,
+        rdd: Any,
+        master: TrainingMaster,
+        n: int,
+        base: str,
+        keep: bool,
+        balanced: bool,
+        epochs: int | None,
+        recorder: PhaseRecorder,
+    ) -> Any:
         export = self._export(rdd, master, base, balanced, recorder)
         if not export.files:
             raise DataError("the training data is empty: the RDD holds no examples")
@@ -215,8 +242,14 @@ class DataPreparation:
             sizes, bsz = export.sizes, master.batch_size_per_worker
             assert sizes is not None
             self.epoch_examples = sum(plan_balanced(sizes, bsz, n, None, master.drop_last).examples_per_worker())
-            groups = per_epoch(lambda s: file_items(plan_balanced(sizes, bsz, n, s, master.drop_last), export.files), n,
-                               master.rng_seed, self.network.epoch, epochs, master.shuffle_scope)
+            groups = per_epoch(
+                lambda s: file_items(plan_balanced(sizes, bsz, n, s, master.drop_last), export.files),
+                n,
+                master.rng_seed,
+                self.network.epoch,
+                epochs,
+                master.shuffle_scope,
+            )
             return worker_rdd_from_paths(self.sc, groups)
         paths = [(part, path) for part, path, _ in export.files]
         self.epoch_examples = sum(count for _, _, count in export.files)
@@ -236,14 +269,23 @@ class DataPreparation:
         with recorder.phase("repartition"):
             return worker_rdd_balanced_epochs(rdd, plans, first)
 
-    def _direct(self, rdd: Any, master: TrainingMaster, n: int, keep: bool, balanced: bool,
-                recorder: PhaseRecorder) -> Any:
+    def _direct(
+        self, rdd: Any, master: TrainingMaster, n: int, keep: bool, balanced: bool, recorder: PhaseRecorder
+    ) -> Any:
         bsz = master.batch_size_per_worker
         level = storage_level_by_name(master.storage_level)
         # later fits of the same RDD reuse the persisted, repartitioned minibatches (no count, no shuffle); only the
         # latest data stays persisted
-        cache_key = (rdd.id(), bsz, n, keep, master.repartition_strategy, master.rng_seed, master.storage_level,
-                     master.drop_last)
+        cache_key = (
+            rdd.id(),
+            bsz,
+            n,
+            keep,
+            master.repartition_strategy,
+            master.rng_seed,
+            master.storage_level,
+            master.drop_last,
+        )
         cached = self.persisted.get(cache_key)
         if cached is not None:
             return cached
@@ -259,14 +301,18 @@ class DataPreparation:
                 prepared = worker_rdd_balanced(rdd, plan, level)
         else:
             batches = rdd.mapPartitions(rebatch_partition(bsz))
-            prepared = (shuffle_partitions(batches, master.rng_seed) if keep
-                        else spread_round_robin(batches, n, master.rng_seed)).persist(level)
+            prepared = (
+                shuffle_partitions(batches, master.rng_seed)
+                if keep
+                else spread_round_robin(batches, n, master.rng_seed)
+            ).persist(level)
         self.persisted[cache_key] = prepared
         return prepared
 
     # ------------------------------------------------------------------ files
-    def from_paths(self, paths: Any, loader: Callable[[str], Any] | None, master: TrainingMaster, n: int,
-                   epochs: int) -> Any:
+    def from_paths(
+        self, paths: Any, loader: Callable[[str], Any] | None, master: TrainingMaster, n: int, epochs: int
+    ) -> Any:
         """The worker RDD of ``fit_paths``: batch files (or a ``loader``'s files) counted, re-batched to
         ``batch_size_per_worker`` and balanced by examples over the ``n`` workers (with ``repartition="never"``:
         within each input partition), a new seeded order every epoch with ``rng_seed``.
@@ -291,15 +337,23 @@ class DataPreparation:
             raise DataError("fit_paths got no paths: the list or RDD of files is empty")
         by_partition = keep_partitions(master, partitions, n)
         bsz, seed = master.batch_size_per_worker, master.rng_seed
-        groups = per_epoch(lambda s: plan_path_files(indexed, n, bsz, s, by_partition, loader, master.drop_last), n,
-                           seed, self.network.epoch, planned_epochs(master, epochs) if not by_partition else None,
-                           master.shuffle_scope)
+        groups = per_epoch(
+            lambda s: plan_path_files(indexed, n, bsz, s, by_partition, loader, master.drop_last),
+            n,
+            seed,
+            self.network.epoch,
+            planned_epochs(master, epochs) if not by_partition else None,
+            master.shuffle_scope,
+        )
         self.epoch_examples = None if master.drop_last else sum(count for _, _, count in indexed)
         return worker_rdd_from_paths(self.sc, groups)
 
     def _count_files(self, paths: Any, loader: Callable[[str], Any] | None) -> list[tuple[int, str, int]]:
-        return run_job(self.sc, "torchspark: count the examples of every file",
-                       paths.mapPartitionsWithIndex(partial(_count_files, loader)).collect)
+        return run_job(
+            self.sc,
+            "torchspark: count the examples of every file",
+            paths.mapPartitionsWithIndex(partial(_count_files, loader)).collect,
+        )
 
 
 def _count(sc: Any, rdd: Any) -> list[int]:

@@ -35,8 +35,18 @@ import time
 from torchspark._process import is_running, pid_namespace, start_time
 from torchspark.errors import DataError
 
-__all__ = ["PREFIX", "OWNER_FILE", "LEGACY_FOLDER", "LEGACY_MAX_AGE_S", "make_private_dir", "owner_record",
-           "owner_gone", "remove_stale", "remove_legacy_exports", "remove_dirs"]
+__all__ = [
+    "PREFIX",
+    "OWNER_FILE",
+    "LEGACY_FOLDER",
+    "LEGACY_MAX_AGE_S",
+    "make_private_dir",
+    "owner_record",
+    "owner_gone",
+    "remove_stale",
+    "remove_legacy_exports",
+    "remove_dirs",
+]
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +63,12 @@ _LEGACY_EXPORT = re.compile(r"[0-9a-f]{12}-rdd[0-9]+")  # the old ``f"{uuid4().h
 
 def owner_record() -> dict[str, object]:
     """This driver process as an owner record: pid, start time, host and pid namespace."""
-    return {"pid": os.getpid(), "start": start_time(os.getpid()), "host": socket.gethostname(),
-            "pidns": pid_namespace()}
+    return {
+        "pid": os.getpid(),
+        "start": start_time(os.getpid()),
+        "host": socket.gethostname(),
+        "pidns": pid_namespace(),
+    }
 
 
 def owner_gone(owner: dict[str, object]) -> bool:
@@ -82,8 +96,10 @@ def make_private_dir(base: str) -> str:
         os.makedirs(base, mode=0o700, exist_ok=True)  # a spark.local.dir Spark has not created yet
         path = tempfile.mkdtemp(prefix=PREFIX, dir=base)
     except OSError as e:
-        raise DataError(f"cannot create a private export directory under {base!r}: {e}. Set spark.local.dir (or "
-                        "TMPDIR) to a writable local directory, or set export_directory") from e
+        raise DataError(
+            f"cannot create a private export directory under {base!r}: {e}. Set spark.local.dir (or "
+            "TMPDIR) to a writable local directory, or set export_directory"
+        ) from e
     fd = os.open(os.path.join(path, OWNER_FILE), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as f:
         json.dump(owner_record(), f)
@@ -183,8 +199,11 @@ def remove_legacy_exports(base: str, max_age_s: float = LEGACY_MAX_AGE_S, now: f
             continue
         shutil.rmtree(entry.path, ignore_errors=True)
         if not os.path.lexists(entry.path):
-            log.info("removed %s, an export of an older torchspark unchanged for %.0f days", entry.path,
-                     (cutoff + max_age_s - newest) / 86400)
+            log.info(
+                "removed %s, an export of an older torchspark unchanged for %.0f days",
+                entry.path,
+                (cutoff + max_age_s - newest) / 86400,
+            )
             removed.append(entry.path)
     if removed and _own_real_dir(folder, uid):
         try:
@@ -201,4 +220,3 @@ def remove_dirs(paths: list[str]) -> None:
     """
     while paths:
         shutil.rmtree(paths.pop(), ignore_errors=True)
-

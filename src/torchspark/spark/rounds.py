@@ -42,10 +42,11 @@ from __future__ import annotations
 import logging
 import math
 import uuid
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import islice
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any
 
 import torch
 
@@ -61,7 +62,7 @@ from torchspark.spark.task_bootstrap import executor_name, set_up_task
 from torchspark.stats import StatsCollector
 from torchspark.training.algorithms.averaging import AveragingSettings, apply_weighted_mean, pack_weighted
 from torchspark.training.driver.runner import RunContext
-from torchspark.training.hooks import PhaseRecorder, ProgressUpdate
+from torchspark.training.hooks import PhaseRecorder
 from torchspark.training.task import WorkerResult, WorkerTask
 from torchspark.training.worker.devices import task_thread_settings
 from torchspark.training.worker.loop import batch_loader

@@ -39,9 +39,19 @@ class RoundsCheckpoints:
 
     def __init__(self, task: WorkerTask, workers: int, rounds: int) -> None:
         self.task, self.workers, self.rounds = task, workers, rounds
-        self.writer = None if task.checkpoint is None else CheckpointWriter(
-            task.checkpoint, 0, 1, task.mode, task.settings, task.blueprint,
-            step=task.resume.step if task.resume is not None else 0)
+        self.writer = (
+            None
+            if task.checkpoint is None
+            else CheckpointWriter(
+                task.checkpoint,
+                0,
+                1,
+                task.mode,
+                task.settings,
+                task.blueprint,
+                step=task.resume.step if task.resume is not None else 0,
+            )
+        )
 
     def start(self, network: Network, tally: Tally) -> tuple[int, int]:
         """``(epoch, round)`` the fit starts at; on resume, the checkpoint's state set into ``network`` and
@@ -57,14 +67,16 @@ class RoundsCheckpoints:
         tensors, meta = read_rank_file(point.path, 0)
         saved = (meta.get("algo") or {}).get("rounds")
         if saved != {"workers": self.workers, "rounds": self.rounds}:
-            raise ConfigError(f"run {point.run_id!r}: its checkpoint {point.path} was written by a fit of {saved} "
-                              f"but this one has {self.workers} workers and {self.rounds} rounds per epoch; resume "
-                              "with the same data, batch size, averaging_frequency and num_workers, or use a new "
-                              "run_id")
+            raise ConfigError(
+                f"run {point.run_id!r}: its checkpoint {point.path} was written by a fit of {saved} "
+                f"but this one has {self.workers} workers and {self.rounds} rounds per epoch; resume "
+                "with the same data, batch size, averaging_frequency and num_workers, or use a new "
+                "run_id"
+            )
         network.set_params(tensors["params"])
         network.set_updater_state(tensors["updater_state"])
         network.amp.load_state_tensors(tensors)
-        network.load_buffer_state({k[len("buffer."):]: v for k, v in tensors.items() if k.startswith("buffer.")})
+        network.load_buffer_state({k[len("buffer.") :]: v for k, v in tensors.items() if k.startswith("buffer.")})
         network.iteration, network.epoch = int(meta["iteration"]), int(meta["epoch"])
         tally.restore(meta["algo"]["tally"])
         return point.fit_epoch, int(meta["done"])
@@ -104,9 +116,13 @@ class Tally:
 
     def state(self) -> dict[str, Any]:
         """The totals as JSON (for a checkpoint; the stats payloads and placements are not kept)."""
-        return {"examples": self.examples, "iterations": self.iterations, "epoch_examples": self.epoch_examples,
-                "epoch_iterations": self.epoch_iterations,
-                "scores": [None if math.isnan(s) else s for s in self.scores]}
+        return {
+            "examples": self.examples,
+            "iterations": self.iterations,
+            "epoch_examples": self.epoch_examples,
+            "epoch_iterations": self.epoch_iterations,
+            "scores": [None if math.isnan(s) else s for s in self.scores],
+        }
 
     def restore(self, state: dict[str, Any]) -> None:
         """Continue from :meth:`state` (a resumed fit reports the totals one uninterrupted fit would)."""
@@ -118,7 +134,7 @@ class Tally:
         self.epoch_examples = [0] * len(self.examples)
         self.epoch_iterations = [0] * len(self.examples)
 
-    def add(self, record: RoundRecord, epoch: int) -> list[ProgressUpdate]:
+    def add(self, record: Any, epoch: int) -> list[ProgressUpdate]:  # a rounds.RoundRecord
         """Count one round; returns a progress update per worker that trained in it (counts within the epoch)."""
         updates = []
         for rank, w in sorted(record.workers.items()):
@@ -130,19 +146,24 @@ class Tally:
             if w.stats is not None:
                 self.payloads[rank].append(w.stats)
             self.placements[rank] = w.placement or self.placements[rank]
-            updates.append(ProgressUpdate(rank, epoch, self.epoch_iterations[rank], self.epoch_examples[rank],
-                                          w.score))
+            updates.append(ProgressUpdate(rank, epoch, self.epoch_iterations[rank], self.epoch_examples[rank], w.score))
         return updates
 
     def results(self, network: Network) -> list[WorkerResult]:
         """One result per worker (its totals, own last loss, per-round stats, and where its last round ran: each
         round is a new task, maybe on another executor or GPU); rank 0 carries the final parameters."""
         return [
-            WorkerResult(rank=rank, examples=self.examples[rank], iterations=self.iterations[rank],
-                         score=self.scores[rank], params=network.params() if rank == 0 else None,
-                         updater_state=network.updater_state() if rank == 0 else None,
-                         buffers=network.buffer_state() if rank == 0 else None,
-                         stats=self.payloads[rank] or None, **placement(self.placements[rank]))
+            WorkerResult(
+                rank=rank,
+                examples=self.examples[rank],
+                iterations=self.iterations[rank],
+                score=self.scores[rank],
+                params=network.params() if rank == 0 else None,
+                updater_state=network.updater_state() if rank == 0 else None,
+                buffers=network.buffer_state() if rank == 0 else None,
+                stats=self.payloads[rank] or None,
+                **placement(self.placements[rank]),
+            )
             for rank in range(len(self.examples))
         ]
 

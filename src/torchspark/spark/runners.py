@@ -44,9 +44,13 @@ class SparkWorkerData:
 
     def local_sources(self) -> list[EpochSource]:
         """Every partition's items, read on the driver (for in-process runs of small data)."""
+
         def read(index: int) -> list[Any]:
-            return run_job(self.sc, f"torchspark: read worker {index}'s minibatches",
-                           lambda: self.sc.runJob(self.rdd, list, partitions=[index]))
+            return run_job(
+                self.sc,
+                f"torchspark: read worker {index}'s minibatches",
+                lambda: self.sc.runJob(self.rdd, list, partitions=[index]),
+            )
 
         return [ItemSource(read(i)) for i in range(self.workers)]
 
@@ -83,15 +87,21 @@ class SparkBarrierRunner:
             progress = context.progress_address(host=bind, advertise_host=host, port_range=self.mesh.port_range)
             relay_address = None
             if self.mesh.rendezvous_via == "driver":
-                relay, relay_address = open_relay(host, self.mesh.rendezvous_timeout_s, self.mesh.port_range,
-                                                  bind_host=bind)
+                relay, relay_address = open_relay(
+                    host, self.mesh.rendezvous_timeout_s, self.mesh.port_range, bind_host=bind
+                )
             fn = barrier_task(task_bc, self.mesh, progress, relay_address, gpu_dry_run=self.gpus.dry_run)
             world, timeout_s = data.workers, self.mesh.rendezvous_timeout_s
             with context.recorder.phase("fit"):
-                return run_barrier_stage(self.sc, data.rdd, fn, context.description,
-                                         reported_errors=context.reported_errors,
-                                         watchdog=lambda: context.stalled(world, timeout_s),
-                                         profile=self.gpus.profile)
+                return run_barrier_stage(
+                    self.sc,
+                    data.rdd,
+                    fn,
+                    context.description,
+                    reported_errors=context.reported_errors,
+                    watchdog=lambda: context.stalled(world, timeout_s),
+                    profile=self.gpus.profile,
+                )
         finally:
             del relay  # closes the driver's rendezvous port
             task_bc.unpersist()

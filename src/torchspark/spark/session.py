@@ -7,12 +7,20 @@ import os
 import shutil
 import subprocess
 import sys
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from torchspark.errors import ConfigError, SetupError
 
-__all__ = ["local_session", "remote_session", "session_scope", "check_java", "spark_context",
-           "check_connect_packages", "CONNECT_PACKAGES"]
+__all__ = [
+    "local_session",
+    "remote_session",
+    "session_scope",
+    "check_java",
+    "spark_context",
+    "check_connect_packages",
+    "CONNECT_PACKAGES",
+]
 
 JAVA_HINT = (
     "Spark needs Java 17 or newer. Install it (Debian/Ubuntu: `apt-get install -y openjdk-17-jre-headless`; "
@@ -126,8 +134,14 @@ def remote_session(url: str) -> Any:
 
 
 #: the client packages Spark Connect needs beside pyspark (the ``[connect]`` extra)
-CONNECT_PACKAGES = {"grpc": "grpcio", "grpc_status": "grpcio-status", "google.rpc": "googleapis-common-protos",
-                    "zstandard": "zstandard", "pyarrow": "pyarrow", "pandas": "pandas"}
+CONNECT_PACKAGES = {
+    "grpc": "grpcio",
+    "grpc_status": "grpcio-status",
+    "google.rpc": "googleapis-common-protos",
+    "zstandard": "zstandard",
+    "pyarrow": "pyarrow",
+    "pandas": "pandas",
+}
 
 
 def check_connect_packages() -> None:
@@ -143,8 +157,9 @@ def check_connect_packages() -> None:
         if not found:
             missing.append(package)
     if missing:
-        raise SetupError(f"Spark Connect needs {', '.join(missing)}, which is not installed here: "
-                         "pip install 'torchspark[connect]'")
+        raise SetupError(
+            f"Spark Connect needs {', '.join(missing)}, which is not installed here: pip install 'torchspark[connect]'"
+        )
 
 
 @contextlib.contextmanager
@@ -168,8 +183,9 @@ def _jvm_stderr_silenced(quiet: bool) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def session_scope(cores: int | None = None, master: str | None = None, app_name: str = "torchspark",
-                  quiet: bool = False) -> Iterator[Any]:
+def session_scope(
+    cores: int | None = None, master: str | None = None, app_name: str = "torchspark", quiet: bool = False
+) -> Iterator[Any]:
     """A session for the duration of a block: the active one when there is one (left running), else a new
     :func:`local_session` (stopped at the end; ``quiet``: see there)."""
     from pyspark.sql import SparkSession
@@ -189,8 +205,9 @@ def spark_context(spark: Any) -> Any:
     """The SparkContext of a SparkSession or SparkContext."""
     from torchspark.spark.session_kinds import require_classic, session_kind
 
-    require_classic(spark, "this call", "pass a DataFrame to the methods that take one (see the guide "
-                    "docs/guides/connect.md)")
+    require_classic(
+        spark, "this call", "pass a DataFrame to the methods that take one (see the guide docs/guides/connect.md)"
+    )
     sc = getattr(spark, "sparkContext", spark)
     if not hasattr(sc, "parallelize"):
         raise ConfigError(f"expected a SparkSession or SparkContext, got {session_kind(spark)}")

@@ -43,5 +43,7 @@ def require_classic(spark: Any, what: str, instead: str) -> None:
     Example: ``require_classic(spark, "an RDD[DataSet] input", "pass a DataFrame")``.
     """
     if is_connect_session(spark):
-        raise ConfigError(f"{what} needs a classic Spark session with a SparkContext, but this is "
-                          f"{session_kind(spark)}, which has no SparkContext or RDDs; {instead}")
+        raise ConfigError(
+            f"{what} needs a classic Spark session with a SparkContext, but this is "
+            f"{session_kind(spark)}, which has no SparkContext or RDDs; {instead}"
+        )

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import logging
 import uuid
-from dataclasses import dataclass
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from torchspark.errors import ConfigError
@@ -115,8 +115,9 @@ def ship_to_session(spark: Any, network: Network, inline_limit: int | None = Non
     Example: ``shipped = ship_to_session(df.sparkSession, net)``, then ``with shipped.lease() as copy:`` in the
         function a ``mapInArrow`` runs.
     """
-    if inline_limit is not None and (isinstance(inline_limit, bool) or not isinstance(inline_limit, int)
-                                     or inline_limit < 0):
+    if inline_limit is not None and (
+        isinstance(inline_limit, bool) or not isinstance(inline_limit, int) or inline_limit < 0
+    ):
         raise ConfigError(f"inline_limit must be an integer >= 0 (bytes) or None, got {inline_limit!r}")
     if not is_connect_session(spark):
         return ship_network(spark_context(spark), network)
@@ -124,8 +125,11 @@ def ship_to_session(spark: Any, network: Network, inline_limit: int | None = Non
     blob = NetworkBlueprint.of(network).to_bytes()
     shipment = ship_bytes(spark, blob, "network", inline_limit)
     if shipment.via_artifacts:
-        log.info("the network (%.1f MiB) is over the closure limit: shipped as session artifacts %s",
-                 len(blob) / 2**20, ", ".join(shipment.names))
+        log.info(
+            "the network (%.1f MiB) is over the closure limit: shipped as session artifacts %s",
+            len(blob) / 2**20,
+            ", ".join(shipment.names),
+        )
     return ConnectNetwork(shipment.sha256[:32], shipment)
 
 

@@ -11,15 +11,15 @@ from __future__ import annotations
 from torchspark.stats.clock import ClockSample, best_clock_sample, clock_offset, clock_sample, to_driver_time
 from torchspark.stats.collector import StatsCollector
 from torchspark.stats.events import (
-                                     DRIVER_ID,
-                                     PAYLOAD_FORMAT,
-                                     STANDARD_PHASES,
-                                     EncodingTable,
-                                     EventTable,
-                                     Phase,
-                                     PhaseEvent,
-                                     ScoreTable,
-                                     phase_name,
+    DRIVER_ID,
+    PAYLOAD_FORMAT,
+    STANDARD_PHASES,
+    EncodingTable,
+    EventTable,
+    Phase,
+    PhaseEvent,
+    ScoreTable,
+    phase_name,
 )
 from torchspark.stats.training_stats import TrainingStats
 

@@ -10,8 +10,17 @@ import numpy as np
 __all__ = ["timeline_occupancy", "stacked_fractions", "log_histogram", "downsample_series", "mean_by_key"]
 
 
-def timeline_occupancy(worker: np.ndarray, phase: np.ndarray, start: np.ndarray, duration: np.ndarray,
-                       n_workers: int, n_phases: int, t0: float, t1: float, buckets: int) -> np.ndarray:
+def timeline_occupancy(
+    worker: np.ndarray,
+    phase: np.ndarray,
+    start: np.ndarray,
+    duration: np.ndarray,
+    n_workers: int,
+    n_phases: int,
+    t0: float,
+    t1: float,
+    buckets: int,
+) -> np.ndarray:
     """Seconds each worker spent in each phase within each of ``buckets`` equal time buckets of ``[t0, t1]``.
 
     Steps:

@@ -14,8 +14,8 @@ messages, a socket) is wired elsewhere; this module only does the arithmetic.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from torchspark.errors import DataError
 
@@ -60,8 +60,10 @@ def clock_offset(t0: float, tw: float, t1: float) -> float:
 def clock_sample(t0: float, tw: float, t1: float) -> ClockSample:
     """Offset and round trip of one ping (see :func:`clock_offset` for the arguments)."""
     if not t1 >= t0:
-        raise DataError(f"clock ping receive time t1={t1!r} is before send time t0={t0!r}; pass the driver's send "
-                        "time first and its receive time last, both from the same clock (time.time())")
+        raise DataError(
+            f"clock ping receive time t1={t1!r} is before send time t0={t0!r}; pass the driver's send "
+            "time first and its receive time last, both from the same clock (time.time())"
+        )
     return ClockSample(offset=tw - (t0 + t1) / 2.0, round_trip=t1 - t0)
 
 

@@ -124,8 +124,9 @@ class StatsCollector:
         if self.enabled:
             self._scores.append((int(iteration), float(score)))
 
-    def record_encoding(self, step: int, bytes_sent: int, dense_bytes: int, sparsity: float, threshold: float,
-                        format: str) -> None:  # noqa: A002 - the field is called format everywhere else
+    def record_encoding(
+        self, step: int, bytes_sent: int, dense_bytes: int, sparsity: float, threshold: float, format: str
+    ) -> None:  # noqa: A002 - the field is called format everywhere else
         """Record one gradient-sharing encode step.
 
         Args:
@@ -137,8 +138,9 @@ class StatsCollector:
             format: message format name (``"sparse"``, ``"bitmap"``, ``"empty"``).
         """
         if self.enabled:
-            self._encoding.append((int(step), int(bytes_sent), int(dense_bytes), float(sparsity), float(threshold),
-                                   str(format)))
+            self._encoding.append(
+                (int(step), int(bytes_sent), int(dense_bytes), float(sparsity), float(threshold), str(format))
+            )
 
     def __len__(self) -> int:
         """Number of phase events recorded and not yet drained."""
@@ -160,16 +162,21 @@ class StatsCollector:
             encoding, self._encoding = self._encoding, []
             return self._payload(events, scores, encoding)
 
-    def _payload(self, events: list[tuple[str, float, float, dict[str, Any] | None]],
-                 scores: list[tuple[int, float]],
-                 encoding: list[tuple[int, int, int, float, float, str]]) -> dict[str, Any]:
+    def _payload(
+        self,
+        events: list[tuple[str, float, float, dict[str, Any] | None]],
+        scores: list[tuple[int, float]],
+        encoding: list[tuple[int, int, int, float, float, str]],
+    ) -> dict[str, Any]:
         return {
             "format": PAYLOAD_FORMAT,
             "worker": self.worker_id,
             "clock_offset": self.clock_offset,
             "phases": _phase_columns(events),
-            "scores": {"iteration": np.array([s[0] for s in scores], dtype=np.int64),
-                       "score": np.array([s[1] for s in scores], dtype=np.float64)},
+            "scores": {
+                "iteration": np.array([s[0] for s in scores], dtype=np.int64),
+                "score": np.array([s[1] for s in scores], dtype=np.float64),
+            },
             "encoding": _encoding_columns(encoding),
         }
 
@@ -188,20 +195,27 @@ def _phase_columns(events: list[tuple[str, float, float, dict[str, Any] | None]]
             try:
                 column[i] = float(value)
             except (TypeError, ValueError) as err:
-                raise DataError(f"phase {e[0]!r} attribute {key}={value!r} is not a number; stats attributes must "
-                                "be numeric (put labels in the phase name instead)") from err
-    return {"names": list(names), "code": codes,
-            "start": np.array([e[1] for e in events], dtype=np.float64),
-            "duration": np.array([e[2] for e in events], dtype=np.float64),
-            "attrs": attrs}
+                raise DataError(
+                    f"phase {e[0]!r} attribute {key}={value!r} is not a number; stats attributes must "
+                    "be numeric (put labels in the phase name instead)"
+                ) from err
+    return {
+        "names": list(names),
+        "code": codes,
+        "start": np.array([e[1] for e in events], dtype=np.float64),
+        "duration": np.array([e[2] for e in events], dtype=np.float64),
+        "attrs": attrs,
+    }
 
 
 def _encoding_columns(rows: list[tuple[int, int, int, float, float, str]]) -> dict[str, Any]:
     formats: dict[str, int] = {}
-    return {"step": np.array([r[0] for r in rows], dtype=np.int64),
-            "bytes_sent": np.array([r[1] for r in rows], dtype=np.int64),
-            "dense_bytes": np.array([r[2] for r in rows], dtype=np.int64),
-            "sparsity": np.array([r[3] for r in rows], dtype=np.float64),
-            "threshold": np.array([r[4] for r in rows], dtype=np.float64),
-            "format": np.array([formats.setdefault(r[5], len(formats)) for r in rows], dtype=np.int32),
-            "format_names": list(formats)}
+    return {
+        "step": np.array([r[0] for r in rows], dtype=np.int64),
+        "bytes_sent": np.array([r[1] for r in rows], dtype=np.int64),
+        "dense_bytes": np.array([r[2] for r in rows], dtype=np.int64),
+        "sparsity": np.array([r[3] for r in rows], dtype=np.float64),
+        "threshold": np.array([r[4] for r in rows], dtype=np.float64),
+        "format": np.array([formats.setdefault(r[5], len(formats)) for r in rows], dtype=np.int32),
+        "format_names": list(formats),
+    }

@@ -106,8 +106,15 @@ class EventTable:
         out = []
         for i in range(len(self)):
             attrs = {k: float(v[i]) for k, v in self.attrs.items() if not np.isnan(v[i])}
-            out.append(PhaseEvent(self.worker_names[self.worker[i]], self.phase_names[self.phase[i]],
-                                  float(self.start[i]), float(self.duration[i]), attrs))
+            out.append(
+                PhaseEvent(
+                    self.worker_names[self.worker[i]],
+                    self.phase_names[self.phase[i]],
+                    float(self.start[i]),
+                    float(self.duration[i]),
+                    attrs,
+                )
+            )
         return out
 
 

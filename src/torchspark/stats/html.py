@@ -30,12 +30,14 @@ __all__ = ["render_html", "write_html", "ReportSource"]
 
 log = logging.getLogger(__name__)
 
-_CSS = (f"body{{{FONT};margin:24px;color:#222;max-width:1200px}}h1{{font-size:22px}}h2{{font-size:17px;"
-        "margin-top:32px;border-bottom:1px solid #ddd}}table{border-collapse:collapse;font-size:13px}"
-        "td,th{padding:3px 10px;border-bottom:1px solid #eee;text-align:right}td:first-child,th:first-child"
-        "{text-align:left}.sw{display:inline-block;width:11px;height:11px;margin-right:5px;vertical-align:-1px}"
-        ".legend span{margin-right:14px;font-size:13px;white-space:nowrap}.grid{display:flex;flex-wrap:wrap;gap:8px}"
-        ".note{color:#666;font-size:12px}")
+_CSS = (
+    f"body{{{FONT};margin:24px;color:#222;max-width:1200px}}h1{{font-size:22px}}h2{{font-size:17px;"
+    "margin-top:32px;border-bottom:1px solid #ddd}}table{border-collapse:collapse;font-size:13px}"
+    "td,th{padding:3px 10px;border-bottom:1px solid #eee;text-align:right}td:first-child,th:first-child"
+    "{text-align:left}.sw{display:inline-block;width:11px;height:11px;margin-right:5px;vertical-align:-1px}"
+    ".legend span{margin-right:14px;font-size:13px;white-space:nowrap}.grid{display:flex;flex-wrap:wrap;gap:8px}"
+    ".note{color:#666;font-size:12px}"
+)
 
 
 class ReportSource(Protocol):
@@ -59,8 +61,9 @@ class ReportSource(Protocol):
     def driver_mask(self) -> np.ndarray: ...
 
 
-def render_html(stats: ReportSource, *, title: str = "torchspark training stats", buckets: int = 400,
-                max_points: int = 2000) -> str:
+def render_html(
+    stats: ReportSource, *, title: str = "torchspark training stats", buckets: int = 400, max_points: int = 2000
+) -> str:
     """The report as one HTML string.
 
     Args:
@@ -79,15 +82,24 @@ def render_html(stats: ReportSource, *, title: str = "torchspark training stats"
     workers = stats.worker_ids
     colors = {p: phase_color(p, i) for i, p in enumerate(phases)}
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    parts = [f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{esc(title)}</title>'
-             f"<style>{_CSS}</style></head><body><h1>{esc(title)}</h1>"
-             f'<p class="note">Generated {stamp}. {esc(summary["workers"])} workers, {esc(summary["events"])} '
-             f'events, {esc(_number(summary["wall_seconds"]))} s wall time. Times are on the driver\'s clock.</p>',
-             "<h2>Summary</h2>", _summary_table(summary), _phase_table(stats, phases, colors),
-             "<h2>Timeline</h2>", _legend(phases, colors), _timeline(stats, workers, phases, colors, buckets),
-             "<h2>Time per phase per worker</h2>", _shares(stats, workers, phases, colors),
-             "<h2>Phase durations</h2>", _histograms(stats, phases, colors),
-             "<h2>Score</h2>", _scores(stats, workers, max_points)]
+    parts = [
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{esc(title)}</title>'
+        f"<style>{_CSS}</style></head><body><h1>{esc(title)}</h1>"
+        f'<p class="note">Generated {stamp}. {esc(summary["workers"])} workers, {esc(summary["events"])} '
+        f"events, {esc(_number(summary['wall_seconds']))} s wall time. Times are on the driver's clock.</p>",
+        "<h2>Summary</h2>",
+        _summary_table(summary),
+        _phase_table(stats, phases, colors),
+        "<h2>Timeline</h2>",
+        _legend(phases, colors),
+        _timeline(stats, workers, phases, colors, buckets),
+        "<h2>Time per phase per worker</h2>",
+        _shares(stats, workers, phases, colors),
+        "<h2>Phase durations</h2>",
+        _histograms(stats, phases, colors),
+        "<h2>Score</h2>",
+        _scores(stats, workers, max_points),
+    ]
     if len(stats.encoding()):
         parts += ["<h2>Gradient encoding</h2>", _encoding(stats, max_points)]
     parts.append("</body></html>\n")
@@ -102,6 +114,7 @@ def write_html(stats: ReportSource, path: str | os.PathLike[str], **kwargs: Any)
 
 
 # ---- sections -----------------------------------------------------------------------------------------------------
+
 
 def _number(value: Any) -> str:
     return fmt(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
@@ -118,9 +131,15 @@ def _summary_table(summary: dict[str, Any]) -> str:
         if key in ("seconds", "counts", "driver_seconds", "driver_counts"):
             continue
         if key == "failures" and isinstance(value, list):
-            value = "; ".join(f"attempt {f.get('attempt')}: worker {f.get('rank')} lost "
-                              f"({f.get('exit_status') or 'unknown'}): {f.get('reason', '')}"
-                              for f in value if isinstance(f, dict)) or "none"
+            value = (
+                "; ".join(
+                    f"attempt {f.get('attempt')}: worker {f.get('rank')} lost "
+                    f"({f.get('exit_status') or 'unknown'}): {f.get('reason', '')}"
+                    for f in value
+                    if isinstance(f, dict)
+                )
+                or "none"
+            )
         if key == "worker_ids" and isinstance(value, list):
             value = ", ".join(map(str, value))
         elif isinstance(value, float):
@@ -146,19 +165,22 @@ def _phase_groups(stats: ReportSource, phases: list[str]) -> list[tuple[str, str
 
 def _phase_table(stats: ReportSource, phases: list[str], colors: dict[str, str]) -> str:
     grand = float(stats.events().duration.sum()) or 1.0
-    rows = ["<tr><th>phase</th><th>events</th><th>total s</th><th>share</th><th>mean ms</th><th>p50 ms</th>"
-            "<th>p95 ms</th><th>max ms</th></tr>"]
+    rows = [
+        "<tr><th>phase</th><th>events</th><th>total s</th><th>share</th><th>mean ms</th><th>p50 ms</th>"
+        "<th>p95 ms</th><th>max ms</th></tr>"
+    ]
     for label, p, d in _phase_groups(stats, phases):
         p50, p95 = np.percentile(d, [50, 95]) * 1e3
-        rows.append(f'<tr><td><i class="sw" style="background:{colors[p]}"></i>{esc(label)}</td><td>{d.size}</td>'
-                    f"<td>{fmt(float(d.sum()))}</td><td>{100 * d.sum() / grand:.1f}%</td>"
-                    f"<td>{fmt(float(d.mean()) * 1e3)}</td><td>{fmt(p50)}</td><td>{fmt(p95)}</td>"
-                    f"<td>{fmt(float(d.max()) * 1e3)}</td></tr>")
+        rows.append(
+            f'<tr><td><i class="sw" style="background:{colors[p]}"></i>{esc(label)}</td><td>{d.size}</td>'
+            f"<td>{fmt(float(d.sum()))}</td><td>{100 * d.sum() / grand:.1f}%</td>"
+            f"<td>{fmt(float(d.mean()) * 1e3)}</td><td>{fmt(p50)}</td><td>{fmt(p95)}</td>"
+            f"<td>{fmt(float(d.max()) * 1e3)}</td></tr>"
+        )
     return f"<h3>Phases (workers, then driver)</h3><table>{''.join(rows)}</table>"
 
 
-def _timeline(stats: ReportSource, workers: list[str], phases: list[str], colors: dict[str, str],
-              buckets: int) -> str:
+def _timeline(stats: ReportSource, workers: list[str], phases: list[str], colors: dict[str, str], buckets: int) -> str:
     ev = stats.events()
     if not len(ev):
         return '<p class="note">No phase events recorded.</p>'
@@ -167,8 +189,9 @@ def _timeline(stats: ReportSource, workers: list[str], phases: list[str], colors
     # Rows and phases in display order, so colours and stacking match the legend.
     wmap = np.array([workers.index(w) for w in ev.worker_names], dtype=np.int64)
     pmap = np.array([phases.index(p) for p in ev.phase_names], dtype=np.int64)
-    occ = timeline_occupancy(wmap[ev.worker], pmap[ev.phase], ev.start, ev.duration, len(workers), len(phases),
-                             t0, t1, buckets)
+    occ = timeline_occupancy(
+        wmap[ev.worker], pmap[ev.phase], ev.start, ev.duration, len(workers), len(phases), t0, t1, buckets
+    )
     bsec = (t1 - t0) / buckets
     cum = stacked_fractions(occ, bsec)  # (W, P, B) cumulative fractions
     label_w, bw, row_h, bar_h, top = 110, 2, 20, 16, 28
@@ -177,31 +200,42 @@ def _timeline(stats: ReportSource, workers: list[str], phases: list[str], colors
     body = []
     for r, wid in enumerate(workers):
         base = top + r * row_h + bar_h
-        body.append(f'<text x="{label_w - 6}" y="{base - 4}" text-anchor="end">{esc(wid)}</text>'
-                    f'<rect x="{label_w}" y="{base - bar_h}" width="{plot_w}" height="{bar_h}" fill="#f2f2f2"/>')
+        body.append(
+            f'<text x="{label_w - 6}" y="{base - 4}" text-anchor="end">{esc(wid)}</text>'
+            f'<rect x="{label_w}" y="{base - bar_h}" width="{plot_w}" height="{bar_h}" fill="#f2f2f2"/>'
+        )
         # Draw the tallest cumulative band first; each later (lower) band covers it, leaving phase p's own slice.
         for p in range(len(phases) - 1, -1, -1):
             below = cum[r, p - 1] if p else 0.0
             if not (cum[r, p] - below > 1e-9).any():
                 continue
-            body.append(f'<path fill="{colors[phases[p]]}" d="{_step_path(cum[r, p] * bar_h, label_w, bw, base)}">'
-                        f"<title>{esc(wid)}: {esc(phases[p])}</title></path>")
+            body.append(
+                f'<path fill="{colors[phases[p]]}" d="{_step_path(cum[r, p] * bar_h, label_w, bw, base)}">'
+                f"<title>{esc(wid)}: {esc(phases[p])}</title></path>"
+            )
     axis_y = top + row_h * len(workers) + 2
     body += _failure_marks(stats.summary().get("failures") or [], t0, t1, label_w, plot_w, top, axis_y)
     for t in nice_ticks(0.0, t1 - t0, 8):
         x = label_w + t / (t1 - t0) * plot_w
-        body.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{top}" y2="{axis_y}" stroke="#000" stroke-opacity="0.15"/>'
-                    f'<text x="{x:.1f}" y="{axis_y + 12}" text-anchor="middle">{fmt(t)}</text>')
-    body.append(f'<text x="{label_w + plot_w / 2}" y="{axis_y + 28}" text-anchor="middle">seconds since first event '
-                f"(one column = {fmt(bsec, 3)} s)</text>"
-                f'<text x="{width / 2}" y="16" text-anchor="middle" font-size="13" font-weight="600">'
-                f"Worker timeline: share of each time column spent in each phase</text>")
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-            f'style="{FONT};font-size:11px">{"".join(body)}</svg>')
+        body.append(
+            f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{top}" y2="{axis_y}" stroke="#000" stroke-opacity="0.15"/>'
+            f'<text x="{x:.1f}" y="{axis_y + 12}" text-anchor="middle">{fmt(t)}</text>'
+        )
+    body.append(
+        f'<text x="{label_w + plot_w / 2}" y="{axis_y + 28}" text-anchor="middle">seconds since first event '
+        f"(one column = {fmt(bsec, 3)} s)</text>"
+        f'<text x="{width / 2}" y="16" text-anchor="middle" font-size="13" font-weight="600">'
+        f"Worker timeline: share of each time column spent in each phase</text>"
+    )
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'style="{FONT};font-size:11px">{"".join(body)}</svg>'
+    )
 
 
-def _failure_marks(failures: list[dict[str, Any]], t0: float, t1: float, label_w: int, plot_w: int, top: int,
-                   bottom: int) -> list[str]:
+def _failure_marks(
+    failures: list[dict[str, Any]], t0: float, t1: float, label_w: int, plot_w: int, top: int, bottom: int
+) -> list[str]:
     """Each failed attempt (``summary()["failures"]``) on the timeline: its lost interval (from the attempt's start
     to the failure: the work recovery trained again) shaded red, the failure itself a red line."""
     marks = []
@@ -212,13 +246,17 @@ def _failure_marks(failures: list[dict[str, Any]], t0: float, t1: float, label_w
     for f in failures:
         start, end = x(float(f.get("started", t0))), x(float(f.get("time", t1)))
         who = "a worker" if f.get("rank") is None else f"worker {f['rank']}"
-        label = esc(f"attempt {f.get('attempt')}: {who} lost ({f.get('exit_status') or 'unknown'}): "
-                    f"{f.get('reason', '')}; the shaded work was lost and trained again")
-        marks.append(f'<rect x="{start:.1f}" y="{top}" width="{max(end - start, 1.0):.1f}" height="{bottom - top}" '
-                     f'fill="#d62728" fill-opacity="0.12"><title>{label}</title></rect>'
-                     f'<line x1="{end:.1f}" x2="{end:.1f}" y1="{top}" y2="{bottom}" stroke="#d62728" '
-                     f'stroke-width="2" class="failure"><title>{label}</title></line>'
-                     f'<text x="{end + 2:.1f}" y="{top - 2}" fill="#d62728">lost: attempt {f.get("attempt")}</text>')
+        label = esc(
+            f"attempt {f.get('attempt')}: {who} lost ({f.get('exit_status') or 'unknown'}): "
+            f"{f.get('reason', '')}; the shaded work was lost and trained again"
+        )
+        marks.append(
+            f'<rect x="{start:.1f}" y="{top}" width="{max(end - start, 1.0):.1f}" height="{bottom - top}" '
+            f'fill="#d62728" fill-opacity="0.12"><title>{label}</title></rect>'
+            f'<line x1="{end:.1f}" x2="{end:.1f}" y1="{top}" y2="{bottom}" stroke="#d62728" '
+            f'stroke-width="2" class="failure"><title>{label}</title></line>'
+            f'<text x="{end + 2:.1f}" y="{top - 2}" fill="#d62728">lost: attempt {f.get("attempt")}</text>'
+        )
     return marks
 
 
@@ -251,22 +289,29 @@ def _shares(stats: ReportSource, workers: list[str], phases: list[str], colors: 
         for p, sec in enumerate(tot[r]):
             if sec > 0:
                 w = sec / s * plot_w
-                body.append(f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{row_h - 3}" fill="{colors[phases[p]]}">'
-                            f"<title>{esc(wid)} {esc(phases[p])}: {fmt(sec)} s ({100 * sec / s:.1f}%)</title></rect>")
+                body.append(
+                    f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{row_h - 3}" fill="{colors[phases[p]]}">'
+                    f"<title>{esc(wid)} {esc(phases[p])}: {fmt(sec)} s ({100 * sec / s:.1f}%)</title></rect>"
+                )
                 x += w
         body.append(f'<text x="{label_w + plot_w + 6}" y="{y + 11}">{fmt(s)} s</text>')
     height = top + row_h * len(workers) + 8
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{label_w + plot_w + 80}" height="{height}" '
-            f'style="{FONT};font-size:11px"><text x="{label_w}" y="14" font-size="13" font-weight="600">'
-            f"Share of recorded phase time per worker (total seconds at right)</text>{''.join(body)}</svg>")
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{label_w + plot_w + 80}" height="{height}" '
+        f'style="{FONT};font-size:11px"><text x="{label_w}" y="14" font-size="13" font-weight="600">'
+        f"Share of recorded phase time per worker (total seconds at right)</text>{''.join(body)}</svg>"
+    )
 
 
 def _histograms(stats: ReportSource, phases: list[str], colors: dict[str, str]) -> str:
     charts = []
     for label, p, d in _phase_groups(stats, phases):
         edges, counts = log_histogram(d)
-        charts.append(histogram_chart(edges, counts, title=f"{label} duration", xlabel="milliseconds (log bins)",
-                                      color=colors[p], scale=1e3))
+        charts.append(
+            histogram_chart(
+                edges, counts, title=f"{label} duration", xlabel="milliseconds (log bins)", color=colors[p], scale=1e3
+            )
+        )
     return f'<div class="grid">{"".join(charts)}</div>' if charts else '<p class="note">No phase events.</p>'
 
 
@@ -281,8 +326,7 @@ def _scores(stats: ReportSource, workers: list[str], max_points: int) -> str:
         m = sc.worker == sc.worker_names.index(wid)
         x, y = downsample_series(sc.iteration[m], sc.score[m], per_series)
         series.append((wid, x, y, series_color(i, len(present))))
-    return line_chart(series, title="Score vs iteration", xlabel="iteration", ylabel="score",
-                      width=900, height=320)
+    return line_chart(series, title="Score vs iteration", xlabel="iteration", ylabel="score", width=900, height=320)
 
 
 def _encoding(stats: ReportSource, max_points: int) -> str:
@@ -293,12 +337,29 @@ def _encoding(stats: ReportSource, max_points: int) -> str:
     _, threshold = mean_by_key(enc.step, enc.threshold)
     ds = lambda y: downsample_series(steps, y, max_points)  # noqa: E731
     charts = [
-        line_chart([("bytes sent", *ds(sent), "#ff7f0e"), ("dense bytes", *ds(dense), "#7f7f7f")],
-                   title="Bytes per step (all workers)", xlabel="step", ylabel="bytes", log_y=True),
-        line_chart([("sparsity", *ds(sparsity), "#1f77b4")], title="Sparsity (fraction sent, mean over workers)",
-                   xlabel="step", ylabel="fraction", log_y=True, legend=False),
-        line_chart([("threshold", *ds(threshold), "#2ca02c")], title="Threshold (mean over workers)",
-                   xlabel="step", ylabel="threshold", log_y=True, legend=False),
+        line_chart(
+            [("bytes sent", *ds(sent), "#ff7f0e"), ("dense bytes", *ds(dense), "#7f7f7f")],
+            title="Bytes per step (all workers)",
+            xlabel="step",
+            ylabel="bytes",
+            log_y=True,
+        ),
+        line_chart(
+            [("sparsity", *ds(sparsity), "#1f77b4")],
+            title="Sparsity (fraction sent, mean over workers)",
+            xlabel="step",
+            ylabel="fraction",
+            log_y=True,
+            legend=False,
+        ),
+        line_chart(
+            [("threshold", *ds(threshold), "#2ca02c")],
+            title="Threshold (mean over workers)",
+            xlabel="step",
+            ylabel="threshold",
+            log_y=True,
+            legend=False,
+        ),
     ]
     counts = np.bincount(enc.format, minlength=len(enc.format_names))
     fmts = ", ".join(f"{esc(n)}: {c}" for n, c in zip(enc.format_names, counts.tolist()))

@@ -46,8 +46,9 @@ worker ``p * n // L``.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -139,8 +140,9 @@ class BalancedPlan:
         return rows[np.argsort(self.start[rows], kind="stable")]
 
 
-def plan_balanced(sizes: Sequence[int], batch_size: int, num_workers: int, rng_seed: int | None,
-                  drop_last: bool = False) -> BalancedPlan:
+def plan_balanced(
+    sizes: Sequence[int], batch_size: int, num_workers: int, rng_seed: int | None, drop_last: bool = False
+) -> BalancedPlan:
     """Plan exactly balanced per-worker minibatches over partitions of ``sizes`` examples (steps in the module doc).
 
     Args:
@@ -164,8 +166,10 @@ def plan_balanced(sizes: Sequence[int], batch_size: int, num_workers: int, rng_s
         raise DataError("the training data is empty: the RDD holds no examples")
     b, n = batch_size, num_workers
     if drop_last and total < b:
-        raise DataError(f"drop_last=True drops every example: the data holds {total} examples, fewer than "
-                        f"batch_size={b}; lower the batch size or set drop_last=False")
+        raise DataError(
+            f"drop_last=True drops every example: the data holds {total} examples, fewer than "
+            f"batch_size={b}; lower the batch size or set drop_last=False"
+        )
     # 1. the grid: minibatch g = global examples [g*b, g*b + length[g]); drop_last keeps the full ones only
     full = total // b
     grid = full if drop_last else -(-total // b)
@@ -202,9 +206,16 @@ def plan_balanced(sizes: Sequence[int], batch_size: int, num_workers: int, rng_s
         # pieces of a minibatch in data order (a merged one spans two slots), as every consumer joins them
         rows = np.lexsort((begin, position, worker))
         worker, position, partition, begin, end = worker[rows], position[rows], partition[rows], begin[rows], end[rows]
-    return BalancedPlan(worker=worker, position=position, partition=partition,
-                        start=begin - part_start[partition], stop=end - part_start[partition], begin=begin,
-                        num_workers=n, sizes=part_size)
+    return BalancedPlan(
+        worker=worker,
+        position=position,
+        partition=partition,
+        start=begin - part_start[partition],
+        stop=end - part_start[partition],
+        begin=begin,
+        num_workers=n,
+        sizes=part_size,
+    )
 
 
 def _merge_single_examples(worker: np.ndarray, position: np.ndarray, size: np.ndarray) -> np.ndarray:
@@ -240,8 +251,9 @@ def grid_heads(sizes: Sequence[int], batch_size: int) -> list[int]:
     return [int(h) for h in (-offsets) % batch_size]
 
 
-def split_examples(batches: Sequence[Batch], batch_size: int, num_workers: int,
-                   rng_seed: int | None, drop_last: bool = False) -> list[list[Batch]]:
+def split_examples(
+    batches: Sequence[Batch], batch_size: int, num_workers: int, rng_seed: int | None, drop_last: bool = False
+) -> list[list[Batch]]:
     """In-memory data cut into per-worker minibatches by :func:`plan_balanced`, each item of ``batches`` taken as
     one input partition (ParallelWrapper's route: the same minibatches as Spark for the same data and seed)."""
     plan = plan_balanced([len(b) for b in batches], batch_size, num_workers, rng_seed, drop_last)
@@ -268,8 +280,10 @@ class FileSlices:
     loader: Callable[[str], Batch] | None = None
 
     def load(self) -> Batch:
-        parts = [(load_batch(path) if self.loader is None else load_with(self.loader, path)).slice(start, stop)
-                 for path, start, stop in self.slices]
+        parts = [
+            (load_batch(path) if self.loader is None else load_with(self.loader, path)).slice(start, stop)
+            for path, start, stop in self.slices
+        ]
         return parts[0] if len(parts) == 1 else merge_batches(parts)
 
 
@@ -287,13 +301,16 @@ def load_with(loader: Callable[[str], Batch], path: str) -> Batch:
     """
     batch = loader(path)
     if not isinstance(batch, (DataSet, MultiDataSet)):
-        raise DataError(f"the loader returned a {type(batch).__name__} for {path}; it must return a DataSet or "
-                        "MultiDataSet (e.g. DataSet(features, labels))")
+        raise DataError(
+            f"the loader returned a {type(batch).__name__} for {path}; it must return a DataSet or "
+            "MultiDataSet (e.g. DataSet(features, labels))"
+        )
     return batch
 
 
-def file_items(plan: BalancedPlan, files: Sequence[tuple[int, str, int]],
-               loader: Callable[[str], Batch] | None = None) -> list[list[str | FileSlices]]:
+def file_items(
+    plan: BalancedPlan, files: Sequence[tuple[int, str, int]], loader: Callable[[str], Batch] | None = None
+) -> list[list[str | FileSlices]]:
     """Every worker's minibatches as export items: a path when the minibatch is one whole file, else FileSlices.
 
     Args:
@@ -307,9 +324,11 @@ def file_items(plan: BalancedPlan, files: Sequence[tuple[int, str, int]],
     file_begin = np.concatenate([[0], np.cumsum(examples)])
     total = int(plan.sizes.sum()) if plan.sizes is not None else int(plan.stop.sum() - plan.start.sum())
     if int(file_begin[-1]) != total:
-        raise DataError(f"the export holds {int(file_begin[-1])} examples but the data had {total} when counted; "
-                        "the RDD must give the same data every time it is computed (persist it, or seed its "
-                        "sampling)")
+        raise DataError(
+            f"the export holds {int(file_begin[-1])} examples but the data had {total} when counted; "
+            "the RDD must give the same data every time it is computed (persist it, or seed its "
+            "sampling)"
+        )
     index = np.searchsorted(file_begin, plan.begin, side="right") - 1
     offset = plan.begin - file_begin[index]
     size = plan.stop - plan.start
@@ -326,9 +345,14 @@ def file_items(plan: BalancedPlan, files: Sequence[tuple[int, str, int]],
     return items
 
 
-def plan_files(files: Sequence[tuple[str, int]], batch_size: int, num_workers: int,
-               rng_seed: int | None, loader: Callable[[str], Batch] | None = None,
-               drop_last: bool = False) -> list[list[str | FileSlices]]:
+def plan_files(
+    files: Sequence[tuple[str, int]],
+    batch_size: int,
+    num_workers: int,
+    rng_seed: int | None,
+    loader: Callable[[str], Batch] | None = None,
+    drop_last: bool = False,
+) -> list[list[str | FileSlices]]:
     """User batch files of any size re-batched to ``batch_size``: every worker's minibatches as export items.
 
     Args:
@@ -346,8 +370,14 @@ def plan_files(files: Sequence[tuple[str, int]], batch_size: int, num_workers: i
     return file_items(plan, [(k, path, n) for k, (path, n) in enumerate(files)], loader)
 
 
-def per_epoch(plan: Callable[[int | None], list[list[T]]], num_workers: int, rng_seed: int | None,
-              first_epoch: int, epochs: int | None, scope: str = "global") -> list[list[Any]]:
+def per_epoch(
+    plan: Callable[[int | None], list[list[T]]],
+    num_workers: int,
+    rng_seed: int | None,
+    first_epoch: int,
+    epochs: int | None,
+    scope: str = "global",
+) -> list[list[Any]]:
     """Every worker's items for a fit of ``epochs`` epochs starting at epoch ``first_epoch``.
 
     ``plan(seed)`` gives the per-worker items for one seed. Without ``rng_seed`` that is the fit's single plan,

@@ -7,9 +7,10 @@ Loops talk to a :class:`WorkerHooks` object; the runner decides where it goes (t
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
-from typing import Any, Callable, Iterator, Protocol
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 __all__ = ["PhaseRecorder", "NullRecorder", "WorkerHooks", "ProgressUpdate", "ScoreReport"]
 
@@ -21,8 +22,9 @@ class PhaseRecorder(Protocol):
 
     def record_score(self, iteration: int, score: float) -> None: ...
 
-    def record_encoding(self, step: int, bytes_sent: int, dense_bytes: int, sparsity: float, threshold: float,
-                        format: str) -> None: ...
+    def record_encoding(
+        self, step: int, bytes_sent: int, dense_bytes: int, sparsity: float, threshold: float, format: str
+    ) -> None: ...
 
 
 class NullRecorder:
@@ -35,8 +37,9 @@ class NullRecorder:
     def record_score(self, iteration: int, score: float) -> None:
         return None
 
-    def record_encoding(self, step: int, bytes_sent: int, dense_bytes: int, sparsity: float, threshold: float,
-                        format: str) -> None:
+    def record_encoding(
+        self, step: int, bytes_sent: int, dense_bytes: int, sparsity: float, threshold: float, format: str
+    ) -> None:
         return None
 
 

@@ -27,8 +27,9 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, TypeVar
+from typing import Any, TypeVar
 
 from torchspark.errors import WaitTimeout
 
@@ -42,9 +43,14 @@ T = TypeVar("T")
 POLL_S = 0.1
 
 
-def call_on_thread(call: Callable[[], T], name: str, timeout_s: float | None = None,
-                   timeout_message: Callable[[], str] | None = None,
-                   on_interrupt: Callable[[], None] | None = None, interrupt_grace_s: float = 60.0) -> T:
+def call_on_thread(
+    call: Callable[[], T],
+    name: str,
+    timeout_s: float | None = None,
+    timeout_message: Callable[[], str] | None = None,
+    on_interrupt: Callable[[], None] | None = None,
+    interrupt_grace_s: float = 60.0,
+) -> T:
     """``call()`` on a daemon thread named ``name``; its value, or its exception re-raised here unchanged.
 
     Args:
@@ -74,19 +80,20 @@ def call_on_thread(call: Callable[[], T], name: str, timeout_s: float | None = N
     threading.Thread(target=target, name=name, daemon=True).start()
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     try:
-        while not done.wait(timeout=POLL_S if deadline is None else max(0.0, min(POLL_S,
-                                                                                 deadline - time.monotonic()))):
+        while not done.wait(timeout=POLL_S if deadline is None else max(0.0, min(POLL_S, deadline - time.monotonic()))):
             if deadline is not None and time.monotonic() >= deadline:
-                raise WaitTimeout(timeout_message() if timeout_message else
-                                  f"{name} did not finish within {timeout_s:g} s")
+                raise WaitTimeout(
+                    timeout_message() if timeout_message else f"{name} did not finish within {timeout_s:g} s"
+                )
     except WaitTimeout:
         raise
     except BaseException:
         if on_interrupt is not None:
             on_interrupt()
             if not done.wait(timeout=interrupt_grace_s):
-                log.warning("%s did not stop within %.0f s of the interrupt; it is left running", name,
-                            interrupt_grace_s)
+                log.warning(
+                    "%s did not stop within %.0f s of the interrupt; it is left running", name, interrupt_grace_s
+                )
         raise
     if "error" in box:
         raise box["error"]
@@ -123,7 +130,7 @@ class Deadline:
     at: float | None
 
     @classmethod
-    def after(cls, timeout_s: float | None) -> "Deadline":
+    def after(cls, timeout_s: float | None) -> Deadline:
         """The deadline ``timeout_s`` seconds from now (None: never)."""
         return cls(None if timeout_s is None else time.monotonic() + timeout_s)
 
@@ -140,8 +147,9 @@ class Deadline:
         return self.at is not None and time.monotonic() >= self.at
 
 
-def wait_until(ready: Callable[[], bool], timeout_s: float, poll_s: float = POLL_S,
-               give_up: Callable[[], bool] | None = None) -> bool:
+def wait_until(
+    ready: Callable[[], bool], timeout_s: float, poll_s: float = POLL_S, give_up: Callable[[], bool] | None = None
+) -> bool:
     """Poll ``ready()`` every ``poll_s`` until it is true (True) or ``timeout_s`` has passed, or ``give_up()`` is
     true (False). For conditions with nothing to hand-shake with (executors registering with a fresh cluster, a
     worker's report arriving on another channel); the caller raises with a message naming the knob."""

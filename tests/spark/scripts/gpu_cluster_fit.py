@@ -32,10 +32,16 @@ def _session(directory: str):
     with open(script, "w") as f:
         f.write(DISCOVERY)
     os.chmod(script, stat.S_IRWXU)
-    return local_session(master="local-cluster[1,2,1024]", app_name="torchspark-gpu-tests", conf={
-        "spark.worker.resource.gpu.amount": 2, "spark.worker.resource.gpu.discoveryScript": script,
-        "spark.executor.resource.gpu.amount": 2, "spark.executor.resource.gpu.discoveryScript": script,
-    })
+    return local_session(
+        master="local-cluster[1,2,1024]",
+        app_name="torchspark-gpu-tests",
+        conf={
+            "spark.worker.resource.gpu.amount": 2,
+            "spark.worker.resource.gpu.discoveryScript": script,
+            "spark.executor.resource.gpu.amount": 2,
+            "spark.executor.resource.gpu.discoveryScript": script,
+        },
+    )
 
 
 def _stages(sc) -> list[dict]:
@@ -45,8 +51,14 @@ def _stages(sc) -> list[dict]:
         for stage_id in info.stageIds:
             data = store.lastStageAttempt(stage_id)
             description = data.description()
-            out.append({"job": job, "description": None if description.isEmpty() else description.get(),
-                        "profile": data.resourceProfileId(), "tasks": data.numTasks()})
+            out.append(
+                {
+                    "job": job,
+                    "description": None if description.isEmpty() else description.get(),
+                    "profile": data.resourceProfileId(),
+                    "tasks": data.numTasks(),
+                }
+            )
         job += 1
     return out
 
@@ -54,8 +66,7 @@ def _stages(sc) -> list[dict]:
 def _task_gpus(_) -> list:
     from pyspark import TaskContext
 
-    return [list(TaskContext.get().resources().get("gpu").addresses) if "gpu" in TaskContext.get().resources()
-            else []]
+    return [list(TaskContext.get().resources().get("gpu").addresses) if "gpu" in TaskContext.get().resources() else []]
 
 
 def _fit(spark, master, dry_run: bool = True) -> dict:
@@ -72,33 +83,54 @@ def _fit(spark, master, dry_run: bool = True) -> dict:
     finally:
         os.environ.pop(GPU_DRY_RUN, None)
     etl = sc.parallelize(range(2), 2).mapPartitions(_task_gpus).collect()  # a stage without the profile
-    return {"devices": summary.get("devices"), "gpu_addresses": summary.get("gpu_addresses"),
-            "executors": summary.get("executors"), "backends": backends, "etl_gpus": etl,
-            "stages": _stages(sc)[jobs_before:]}
+    return {
+        "devices": summary.get("devices"),
+        "gpu_addresses": summary.get("gpu_addresses"),
+        "executors": summary.get("executors"),
+        "backends": backends,
+        "etl_gpus": etl,
+        "stages": _stages(sc)[jobs_before:],
+    }
 
 
 def barrier(spark) -> dict:
-    return _fit(spark, ParameterAveragingTrainingMaster(batch_size_per_worker=8, num_workers=2, gpus_per_worker=1,
-                                                        collect_training_stats=True))
+    return _fit(
+        spark,
+        ParameterAveragingTrainingMaster(
+            batch_size_per_worker=8, num_workers=2, gpus_per_worker=1, collect_training_stats=True
+        ),
+    )
 
 
 def barrier_without_gpus(spark) -> dict:
     """The same fit without ``gpus_per_worker``: the session's defaults give the tasks no GPU."""
-    return _fit(spark, ParameterAveragingTrainingMaster(batch_size_per_worker=8, num_workers=2,
-                                                        collect_training_stats=True))
+    return _fit(
+        spark, ParameterAveragingTrainingMaster(batch_size_per_worker=8, num_workers=2, collect_training_stats=True)
+    )
 
 
 def rounds(spark) -> dict:
-    return _fit(spark, ParameterAveragingTrainingMaster(batch_size_per_worker=8, num_workers=2, gpus_per_worker=1,
-                                                        averaging_via="spark", collect_training_stats=True))
+    return _fit(
+        spark,
+        ParameterAveragingTrainingMaster(
+            batch_size_per_worker=8,
+            num_workers=2,
+            gpus_per_worker=1,
+            averaging_via="spark",
+            collect_training_stats=True,
+        ),
+    )
 
 
 def preflight(spark) -> dict:
     """Without the dry run: torch on the executor has no CUDA, so the fit must fail before its training stage."""
     before = len(_stages(spark.sparkContext))
     try:
-        _fit(spark, ParameterAveragingTrainingMaster(batch_size_per_worker=8, num_workers=2, gpus_per_worker=1),
-             dry_run=False)
+        _fit(
+            spark,
+            ParameterAveragingTrainingMaster(batch_size_per_worker=8, num_workers=2, gpus_per_worker=1),
+            dry_run=False,
+        )
         return {"error": "no SetupError"}
     except SetupError as e:
         return {"message": str(e), "stages": _stages(spark.sparkContext)[before:]}
@@ -113,8 +145,13 @@ def too_many(spark) -> dict:
 
 
 #: in this order (the first fit's preflight waits for the executor to register)
-CHECKS = {"barrier": barrier, "barrier_without_gpus": barrier_without_gpus, "rounds": rounds,
-          "preflight": preflight, "too_many": too_many}
+CHECKS = {
+    "barrier": barrier,
+    "barrier_without_gpus": barrier_without_gpus,
+    "rounds": rounds,
+    "preflight": preflight,
+    "too_many": too_many,
+}
 
 if __name__ == "__main__":
     wanted = sys.argv[1:] or list(CHECKS)

@@ -29,20 +29,27 @@ def options(spark) -> dict:
     probed = probe_executors(sc)
     data = datasets.synthetic_classification(128, 6, 3, seed=0)
     net = Network(models.mlp(6, 8, 3), updater=optim.SGD(lr=0.1), seed=0)
-    spark_net = SparkNetwork(spark, net, SharedTrainingMaster(batch_size_per_worker=8, workers_per_node=1),
-                             progress=False)
+    spark_net = SparkNetwork(
+        spark, net, SharedTrainingMaster(batch_size_per_worker=8, workers_per_node=1), progress=False
+    )
     spark_net.fit(sc.parallelize(data.split(16), 4))
     spark_net.delete_temp_files()
     try:
-        SparkNetwork(spark, net, SharedTrainingMaster(batch_size_per_worker=8, workers_per_node=2),
-                     progress=False).fit(sc.parallelize(data.split(16), 4))
+        SparkNetwork(spark, net, SharedTrainingMaster(batch_size_per_worker=8, workers_per_node=2), progress=False).fit(
+            sc.parallelize(data.split(16), 4)
+        )
         refused = "no error"
     except SetupError as e:
         refused = str(e)
-    return {"executor_count": executor_count(sc), "workers_for_one_per_node": executors,
-            "probed": sorted(probed), "versions": sorted(set(probed.values())),
-            "trained_ranks": sorted(r.rank for r in spark_net.last_results),
-            "examples": [r.examples for r in spark_net.last_results], "two_per_node": refused}
+    return {
+        "executor_count": executor_count(sc),
+        "workers_for_one_per_node": executors,
+        "probed": sorted(probed),
+        "versions": sorted(set(probed.values())),
+        "trained_ranks": sorted(r.rank for r in spark_net.last_results),
+        "examples": [r.examples for r in spark_net.last_results],
+        "two_per_node": refused,
+    }
 
 
 def _fit(spark, master) -> dict:
@@ -56,22 +63,33 @@ def _fit(spark, master) -> dict:
     spark_net.delete_temp_files()
     pids = sorted(set(sc.parallelize(range(8), 4).map(lambda _: os.getpid()).collect()))
     distributed = spark_net.evaluate(sc.parallelize(test.split(50), 3)).accuracy()
-    return {"accuracy": net.evaluate(test).accuracy(), "distributed_accuracy": distributed, "executor_pids": pids,
-            "driver_pid": os.getpid(),
-            "extra": {k: v for k, v in net.extra_config.items() if isinstance(v, (int, float, bool))},
-            "param_checksums": replica_checksums(spark_net.last_results), "checksum": param_checksum(net)}
+    return {
+        "accuracy": net.evaluate(test).accuracy(),
+        "distributed_accuracy": distributed,
+        "executor_pids": pids,
+        "driver_pid": os.getpid(),
+        "extra": {k: v for k, v in net.extra_config.items() if isinstance(v, (int, float, bool))},
+        "param_checksums": replica_checksums(spark_net.last_results),
+        "checksum": param_checksum(net),
+    }
 
 
 def averaging(spark) -> dict:
-    return _fit(spark, ParameterAveragingTrainingMaster(batch_size_per_worker=16, averaging_frequency=5,
-                                                        num_workers=2, rng_seed=0))
+    return _fit(
+        spark,
+        ParameterAveragingTrainingMaster(batch_size_per_worker=16, averaging_frequency=5, num_workers=2, rng_seed=0),
+    )
 
 
 def sharing(spark) -> dict:
     from torchspark.encoding import AdaptiveThreshold
 
-    return _fit(spark, SharedTrainingMaster(batch_size_per_worker=16, num_workers=2, rng_seed=0,
-                                            threshold_algorithm=AdaptiveThreshold(initial=1e-2)))
+    return _fit(
+        spark,
+        SharedTrainingMaster(
+            batch_size_per_worker=16, num_workers=2, rng_seed=0, threshold_algorithm=AdaptiveThreshold(initial=1e-2)
+        ),
+    )
 
 
 #: run in this order: ``options`` first waits for both executors to register
@@ -82,8 +100,9 @@ if __name__ == "__main__":
     unknown = [n for n in names if n not in CHECKS]
     if unknown:
         sys.exit(f"unknown check(s) {unknown}; choose from {list(CHECKS)}")
-    spark = local_session(master="local-cluster[2,1,1024]", app_name="torchspark-local-cluster",
-                          rendezvous_timeout_s=120)
+    spark = local_session(
+        master="local-cluster[2,1,1024]", app_name="torchspark-local-cluster", rendezvous_timeout_s=120
+    )
     results: dict = {}
     try:
         for name in names:

@@ -18,8 +18,11 @@ from torchspark.spark import ParameterAveragingTrainingMaster, SparkNetwork, loc
 
 def _checks(python: str) -> dict[str, dict[str, str]]:
     return {
-        "dynamic_allocation": {"spark.dynamicAllocation.enabled": "true", "spark.shuffle.service.enabled": "false",
-                               "spark.dynamicAllocation.shuffleTracking.enabled": "true"},
+        "dynamic_allocation": {
+            "spark.dynamicAllocation.enabled": "true",
+            "spark.shuffle.service.enabled": "false",
+            "spark.dynamicAllocation.shuffleTracking.enabled": "true",
+        },
         "executor_without_torch": {"spark.pyspark.python": python},
     }
 

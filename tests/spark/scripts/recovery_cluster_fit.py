@@ -31,8 +31,14 @@ MODES = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}
 
 def _fit(spark, listener=None) -> tuple[Network, SparkNetwork, float]:
     sc = spark.sparkContext
-    master = ParameterAveragingTrainingMaster(batch_size_per_worker=16, averaging_frequency=5, num_workers=2,
-                                              rng_seed=0, collect_training_stats=True, rendezvous_timeout_s=20)
+    master = ParameterAveragingTrainingMaster(
+        batch_size_per_worker=16,
+        averaging_frequency=5,
+        num_workers=2,
+        rng_seed=0,
+        collect_training_stats=True,
+        rendezvous_timeout_s=20,
+    )
     net = Network(models.lenet(1, 10, 8, 8), updater=optim.Adam(lr=1e-3), seed=0)
     spark_net = SparkNetwork(spark, net, master, progress=False)
     if listener is not None:
@@ -76,8 +82,9 @@ if __name__ == "__main__":
     unknown = [m for m in modes if m not in MODES]
     if unknown:
         sys.exit(f"unknown mode(s) {unknown}; choose from {list(MODES)}")
-    spark = local_session(master=f"local-cluster[{EXECUTORS},1,1024]", app_name="torchspark-recovery",
-                          rendezvous_timeout_s=120)
+    spark = local_session(
+        master=f"local-cluster[{EXECUTORS},1,1024]", app_name="torchspark-recovery", rendezvous_timeout_s=120
+    )
     result: dict = {"driver_pid": os.getpid()}
     try:
         net, _, result["undisturbed_seconds"] = _fit(spark)

@@ -25,18 +25,28 @@ def worker_view(_: object) -> list[tuple[str, int]]:
 
 
 def main() -> dict[str, object]:
-    spark = local_session(cores=2 * TASK_CPUS, rendezvous_timeout_s=77, app_name="torchspark-session-settings",
-                          conf={"spark.task.cpus": str(TASK_CPUS)})
+    spark = local_session(
+        cores=2 * TASK_CPUS,
+        rendezvous_timeout_s=77,
+        app_name="torchspark-session-settings",
+        conf={"spark.task.cpus": str(TASK_CPUS)},
+    )
     try:
         sc = spark.sparkContext
         conf = sc.getConf()
-        keys = ("spark.locality.wait", "spark.python.worker.reuse", "spark.barrier.sync.timeout",
-                "spark.pyspark.python", "spark.task.cpus")
+        keys = (
+            "spark.locality.wait",
+            "spark.python.worker.reuse",
+            "spark.barrier.sync.timeout",
+            "spark.pyspark.python",
+            "spark.task.cpus",
+        )
         views = [sc.parallelize(range(2), 2).barrier().mapPartitions(worker_view).collect() for _ in range(2)]
         data = datasets.synthetic_classification(64, 4, 2, seed=0)
         master = ParameterAveragingTrainingMaster(batch_size_per_worker=8, num_workers=2)
-        snet = SparkNetwork(spark, Network(models.mlp(4, 4, 2), updater=optim.SGD(lr=0.1), seed=0), master,
-                            progress=False)
+        snet = SparkNetwork(
+            spark, Network(models.mlp(4, 4, 2), updater=optim.SGD(lr=0.1), seed=0), master, progress=False
+        )
         snet.fit(sc.parallelize(data.split(16), 2))
         snet.delete_temp_files()
         return {

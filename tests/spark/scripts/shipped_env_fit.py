@@ -47,18 +47,33 @@ def describe(_: object) -> dict:
     except ImportError:
         token = None
     torch_dir = _os.path.dirname(torch.__file__)
-    return {"pid": _os.getpid(), "cwd": _os.getcwd(), "executable": _sys.executable, "prefix": _sys.prefix,
-            "base_prefix": _sys.base_prefix, "path": list(_sys.path), "token": token,
-            "spark_home": _os.environ.get("SPARK_HOME"), "pyspark": pyspark.__file__,
-            "torch_include": _os.path.isdir(_os.path.join(torch_dir, "include")),
-            "modules": {m.__name__: _os.path.realpath(m.__file__) for m in (torch, numpy, torchspark)}}
+    return {
+        "pid": _os.getpid(),
+        "cwd": _os.getcwd(),
+        "executable": _sys.executable,
+        "prefix": _sys.prefix,
+        "base_prefix": _sys.base_prefix,
+        "path": list(_sys.path),
+        "token": token,
+        "spark_home": _os.environ.get("SPARK_HOME"),
+        "pyspark": pyspark.__file__,
+        "torch_include": _os.path.isdir(_os.path.join(torch_dir, "include")),
+        "modules": {m.__name__: _os.path.realpath(m.__file__) for m in (torch, numpy, torchspark)},
+    }
 
 
 builder = SparkSession.builder.master("local-cluster[2,1,1024]").appName("torchspark-shipped-env")
-for key, value in {**conf, "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
-                   "spark.locality.wait": "0", "spark.ui.enabled": "false", "spark.barrier.sync.timeout": "120",
-                   "spark.python.worker.reuse": "true", "spark.python.daemon.module": "torchspark.spark._daemon",
-                   "spark.ui.showConsoleProgress": "false"}.items():
+for key, value in {
+    **conf,
+    "spark.driver.host": "127.0.0.1",
+    "spark.driver.bindAddress": "127.0.0.1",
+    "spark.locality.wait": "0",
+    "spark.ui.enabled": "false",
+    "spark.barrier.sync.timeout": "120",
+    "spark.python.worker.reuse": "true",
+    "spark.python.daemon.module": "torchspark.spark._daemon",
+    "spark.ui.showConsoleProgress": "false",
+}.items():
     builder = builder.config(key, value)
 spark = builder.getOrCreate()
 try:
@@ -66,15 +81,23 @@ try:
     before = sc.parallelize(range(8), 8).map(describe).collect()
     train, test = datasets.digits("train"), datasets.digits("test")
     net = Network(shipped_model.build(), updater=optim.Adam(lr=1e-3), seed=0)
-    master = ParameterAveragingTrainingMaster(batch_size_per_worker=16, averaging_frequency=5, num_workers=2,
-                                              rng_seed=0, rendezvous_timeout_s=120)
+    master = ParameterAveragingTrainingMaster(
+        batch_size_per_worker=16, averaging_frequency=5, num_workers=2, rng_seed=0, rendezvous_timeout_s=120
+    )
     spark_net = SparkNetwork(spark, net, master, progress=False)
     spark_net.fit(sc.parallelize(train.split(64), 4), epochs=4)
     spark_net.delete_temp_files()
     after = sc.parallelize(range(8), 8).map(describe).collect()
-    print(json.dumps({"driver": {"pid": os.getpid(), "executable": sys.executable, "prefix": sys.prefix},
-                      "workers": before + after, "accuracy": net.evaluate(test).accuracy(),
-                      "token": shipped_model.TOKEN}))
+    print(
+        json.dumps(
+            {
+                "driver": {"pid": os.getpid(), "executable": sys.executable, "prefix": sys.prefix},
+                "workers": before + after,
+                "accuracy": net.evaluate(test).accuracy(),
+                "token": shipped_model.TOKEN,
+            }
+        )
+    )
 finally:
     app_id = spark.sparkContext.applicationId
     spark.stop()

@@ -39,10 +39,12 @@ data = datasets.synthetic_classification(64, 6, 3, seed=0)
 rdd = sc.parallelize(data.split(16), 1)
 for via in sys.argv[1:]:
     before = sc.parallelize([0], 1).mapPartitions(_set).collect()[0]
-    master = ParameterAveragingTrainingMaster(batch_size_per_worker=8, num_workers=1, averaging_via=via,
-                                              averaging_frequency=2)
-    with SparkNetwork(spark, Network(models.mlp(6, 8, 3), updater=optim.SGD(lr=0.05), seed=0), master,
-                      progress=False) as spark_net:
+    master = ParameterAveragingTrainingMaster(
+        batch_size_per_worker=8, num_workers=1, averaging_via=via, averaging_frequency=2
+    )
+    with SparkNetwork(
+        spark, Network(models.mlp(6, 8, 3), updater=optim.SGD(lr=0.05), seed=0), master, progress=False
+    ) as spark_net:
         spark_net.fit(rdd, epochs=1)
         trained = [r.threads for r in spark_net.last_results or []]
     after = sc.parallelize([0], 1).mapPartitions(lambda items: [_report(items)]).collect()[0]

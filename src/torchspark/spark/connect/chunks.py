@@ -15,7 +15,8 @@ Example: ``to_chunks(b"x" * 10, 4)`` -> ``[b"xxxx", b"xxxx", b"xx"]``; ``from_ch
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 from torchspark.errors import DataError
 
@@ -34,7 +35,7 @@ def to_chunks(payload: bytes, chunk_bytes: int = CHUNK_BYTES) -> list[bytes]:
     if chunk_bytes < 1:
         raise ValueError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
     view = memoryview(payload)
-    return [bytes(view[i:i + chunk_bytes]) for i in range(0, len(view), chunk_bytes)] or [b""]
+    return [bytes(view[i : i + chunk_bytes]) for i in range(0, len(view), chunk_bytes)] or [b""]
 
 
 def from_chunks(parts: Sequence[bytes]) -> bytes:
@@ -50,9 +51,15 @@ def payload_batches(rank: int, kind: str, payload: bytes, chunk_bytes: int = CHU
     parts = to_chunks(payload, chunk_bytes)
     for k, part in enumerate(parts):
         yield pa.RecordBatch.from_arrays(
-            [pa.array([rank], pa.int64()), pa.array([kind], pa.string()), pa.array([k], pa.int64()),
-             pa.array([len(parts)], pa.int64()), pa.array([part], pa.binary())],
-            names=["rank", "kind", "part", "parts", "payload"])
+            [
+                pa.array([rank], pa.int64()),
+                pa.array([kind], pa.string()),
+                pa.array([k], pa.int64()),
+                pa.array([len(parts)], pa.int64()),
+                pa.array([part], pa.binary()),
+            ],
+            names=["rank", "kind", "part", "parts", "payload"],
+        )
 
 
 def gather_payloads(table: Any) -> dict[tuple[int, str], bytes]:
@@ -62,8 +69,11 @@ def gather_payloads(table: Any) -> dict[tuple[int, str], bytes]:
     Raises:
         DataError: a payload with a part missing or repeated (the stage's rows were not all read).
     """
-    rows = (zip(*(table.column(c).to_pylist() for c in ("rank", "kind", "part", "parts", "payload")))
-            if hasattr(table, "column") else ((r[0], r[1], r[2], r[3], r[4]) for r in table))
+    rows = (
+        zip(*(table.column(c).to_pylist() for c in ("rank", "kind", "part", "parts", "payload")))
+        if hasattr(table, "column")
+        else ((r[0], r[1], r[2], r[3], r[4]) for r in table)
+    )
     parts: dict[tuple[int, str], dict[int, bytes]] = {}
     expected: dict[tuple[int, str], int] = {}
     for rank, kind, part, count, payload in rows:

@@ -24,8 +24,9 @@ seed (row counts differ by at most one between workers).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -36,8 +37,16 @@ from torchspark.training.assignment import BalancedPlan, EpochItems, epoch_seed,
 from torchspark.training.task import EpochSource
 from torchspark.training.worker.loop import ItemSource
 
-__all__ = ["ConnectWorkerData", "RowTagger", "RowFeed", "survey", "plan_epochs", "partition_keys", "frame_data",
-           "TAG_COLUMNS"]
+__all__ = [
+    "ConnectWorkerData",
+    "RowTagger",
+    "RowFeed",
+    "survey",
+    "plan_epochs",
+    "partition_keys",
+    "frame_data",
+    "TAG_COLUMNS",
+]
 
 #: the columns :class:`RowTagger` adds: partition key, epoch, minibatch position, global row number
 TAG_COLUMNS = ("_ts_key", "_ts_epoch", "_ts_pos", "_ts_row")
@@ -71,12 +80,11 @@ class ConnectWorkerData:
         sources = []
         for w in range(self.workers):
             rows = table.filter(_key_mask(table, feed, w)) if isinstance(feed, RowFeed) else table
-            sources.append(ItemSource(feed(w, rows.sort_by([(c, "ascending") for c in TAG_COLUMNS[1:]])
-                                               .to_batches())))
+            sources.append(ItemSource(feed(w, rows.sort_by([(c, "ascending") for c in TAG_COLUMNS[1:]]).to_batches())))
         return sources
 
 
-def _key_mask(table: Any, feed: "RowFeed", worker: int) -> Any:
+def _key_mask(table: Any, feed: RowFeed, worker: int) -> Any:
     import pyarrow.compute as pc
 
     return pc.equal(table.column(TAG_COLUMNS[0]), feed.keys[worker])
@@ -113,9 +121,14 @@ class _Survey:
                         seen["min"] = low if seen["min"] is None else min(seen["min"], low)
                         seen["max"] = high if seen["max"] is None else max(seen["max"], high)
                     seen["array"] = True
-        yield pa.RecordBatch.from_arrays([pa.array([TaskContext.get().partitionId()], pa.int64()),
-                                          pa.array([rows], pa.int64()), pa.array([json.dumps(stats)])],
-                                         names=["p", "rows", "stats"])
+        yield pa.RecordBatch.from_arrays(
+            [
+                pa.array([TaskContext.get().partitionId()], pa.int64()),
+                pa.array([rows], pa.int64()),
+                pa.array([json.dumps(stats)]),
+            ],
+            names=["p", "rows", "stats"],
+        )
 
 
 def survey(frame: Any, features_col: Any, label_col: Any) -> list[int]:
@@ -143,35 +156,54 @@ def _check_rows(partitions: Sequence[dict[str, Any]], cols: Sequence[str]) -> No
         nulls = sum(s["null"] for s in seen)
         if any(s.get("array") for s in seen):
             if nulls:
-                raise DataError(f"column {c!r} has {nulls} null row(s) (the whole array is null); drop them first: "
-                                f"df.dropna(subset=[{c!r}])")
+                raise DataError(
+                    f"column {c!r} has {nulls} null row(s) (the whole array is null); drop them first: "
+                    f"df.dropna(subset=[{c!r}])"
+                )
             if sum(s["inner"] for s in seen):
                 raise DataError(f"column {c!r} has null values inside its arrays; fill or drop them first")
             lengths = [s[k] for s in seen for k in ("min", "max") if s[k] is not None]
             if lengths and min(lengths) != max(lengths):
-                raise DataError(f"column {c!r} has arrays of different lengths ({min(lengths)} to {max(lengths)} "
-                                "values); every row needs the same length: fix or drop the odd rows")
+                raise DataError(
+                    f"column {c!r} has arrays of different lengths ({min(lengths)} to {max(lengths)} "
+                    "values); every row needs the same length: fix or drop the odd rows"
+                )
         elif nulls:
             raise DataError(f"column {c!r} has {nulls} null values; fill or drop them first")
 
 
 # ------------------------------------------------------------------ 2. plan
-def plan_epochs(sizes: Sequence[int], batch_size: int, num_workers: int, rng_seed: int | None, epochs: int,
-                first_epoch: int, drop_last: bool = False, scope: str = "worker") -> list[BalancedPlan]:
+def plan_epochs(
+    sizes: Sequence[int],
+    batch_size: int,
+    num_workers: int,
+    rng_seed: int | None,
+    epochs: int,
+    first_epoch: int,
+    drop_last: bool = False,
+    scope: str = "worker",
+) -> list[BalancedPlan]:
     """The fit's plans as the classic direct route and ``ParallelWrapper`` make them: one plan (seeded by
     ``rng_seed``) trained every epoch (each worker reorders its share every epoch), or, with ``scope="global"`` and
     ``rng_seed`` past the network's first epoch or over several, one plan per epoch seeded by
     :func:`~torchspark.training.assignment.epoch_seed`."""
     if rng_seed is None or scope == "worker" or (epochs == 1 and first_epoch == 0):
         return [plan_balanced(sizes, batch_size, num_workers, rng_seed, drop_last)]
-    return [plan_balanced(sizes, batch_size, num_workers, epoch_seed(rng_seed, first_epoch + e), drop_last)
-            for e in range(epochs)]
+    return [
+        plan_balanced(sizes, batch_size, num_workers, epoch_seed(rng_seed, first_epoch + e), drop_last)
+        for e in range(epochs)
+    ]
 
 
 def _plan_table(plans: Sequence[BalancedPlan], first_epoch: int) -> np.ndarray:
     """Every plan's pieces as one int64 table (one row per piece: the ``_EPOCH`` ... ``_BEGIN`` columns)."""
-    tables = [np.stack([np.full(len(p.worker), first_epoch + e), p.partition, p.start, p.stop, p.worker, p.position,
-                        p.begin], axis=1) for e, p in enumerate(plans)]
+    tables = [
+        np.stack(
+            [np.full(len(p.worker), first_epoch + e), p.partition, p.start, p.stop, p.worker, p.position, p.begin],
+            axis=1,
+        )
+        for e, p in enumerate(plans)
+    ]
     return np.ascontiguousarray(np.concatenate(tables).astype(np.int64))
 
 
@@ -184,8 +216,13 @@ def partition_keys(spark: Any, n: int) -> list[int]:
     """
     from pyspark.sql import functions as F
 
-    rows = (spark.range(0, 64 * n).select("id", F.expr(f"pmod(hash(id), {n})").alias("p"))
-            .groupBy("p").agg(F.min("id").alias("k")).collect())
+    rows = (
+        spark.range(0, 64 * n)
+        .select("id", F.expr(f"pmod(hash(id), {n})").alias("p"))
+        .groupBy("p")
+        .agg(F.min("id").alias("k"))
+        .collect()
+    )
     found = {int(r["p"]): int(r["k"]) for r in rows}
     if sorted(found) != list(range(n)):
         raise SetupError(f"found partition keys for partitions {sorted(found)} only of {n}")
@@ -226,16 +263,23 @@ class RowTagger:
                 if not keep.any():
                     continue
                 rows, piece = local[keep], pieces[at[keep]]
-                extra = [self.keys[piece[:, _WORKER]], piece[:, _EPOCH], piece[:, _POS],
-                         piece[:, _BEGIN] + rows - piece[:, _START]]
+                extra = [
+                    self.keys[piece[:, _WORKER]],
+                    piece[:, _EPOCH],
+                    piece[:, _POS],
+                    piece[:, _BEGIN] + rows - piece[:, _START],
+                ]
                 kept = rb.filter(pa.array(keep))
-                yield pa.RecordBatch.from_arrays([*kept.columns, *(pa.array(x, pa.int64()) for x in extra)],
-                                                 names=[*rb.schema.names, *TAG_COLUMNS])
+                yield pa.RecordBatch.from_arrays(
+                    [*kept.columns, *(pa.array(x, pa.int64()) for x in extra)], names=[*rb.schema.names, *TAG_COLUMNS]
+                )
         counted = self.sizes[partition] if partition < len(self.sizes) else 0
         if seen != counted:
-            raise DataError(f"input partition {partition} held {counted} rows when counted but {seen} now; the "
-                            "DataFrame must give the same rows every time it is computed (cache it, or seed its "
-                            "sampling)")
+            raise DataError(
+                f"input partition {partition} held {counted} rows when counted but {seen} now; the "
+                "DataFrame must give the same rows every time it is computed (cache it, or seed its "
+                "sampling)"
+            )
 
 
 # ------------------------------------------------------------------ 5. feed (task side)
@@ -248,8 +292,15 @@ class RowFeed:
         DataError: what :func:`~torchspark.spark.dataframes.arrow_to_batch` refuses.
     """
 
-    def __init__(self, features_col: Any, label_col: Any, feature_shape: Any, integer_labels: Any,
-                 keys: Sequence[int], planned: bool) -> None:
+    def __init__(
+        self,
+        features_col: Any,
+        label_col: Any,
+        feature_shape: Any,
+        integer_labels: Any,
+        keys: Sequence[int],
+        planned: bool,
+    ) -> None:
         self.to_batch = arrow_to_batch(features_col, label_col, feature_shape, integer_labels)
         self.columns = [*column_names(features_col, "features_col"), *column_names(label_col, "label_col")]
         self.keys = tuple(int(k) for k in keys)
@@ -278,8 +329,10 @@ class RowFeed:
     def _check_keys(self, rank: int, rb: Any) -> None:
         keys = rb.column(TAG_COLUMNS[0]).to_numpy()
         if (keys != self.keys[rank]).any():
-            raise SetupError(f"worker {rank}'s partition received rows keyed for another worker ({int(keys[0])}, "
-                             f"expected {self.keys[rank]}): Spark's hash partitioning did not place them as planned")
+            raise SetupError(
+                f"worker {rank}'s partition received rows keyed for another worker ({int(keys[0])}, "
+                f"expected {self.keys[rank]}): Spark's hash partitioning did not place them as planned"
+            )
 
     def _item(self, group: tuple[int, int], pieces: list[Any]) -> Any:
         import pyarrow as pa
@@ -290,9 +343,22 @@ class RowFeed:
 
 
 # ------------------------------------------------------------------ 1-4 on the client
-def frame_data(spark: Any, frame: Any, *, features_col: Any, label_col: Any, feature_shape: Any,
-               integer_labels: Any, batch_size: int, num_workers: int, rng_seed: int | None, epochs: int,
-               first_epoch: int, drop_last: bool = False, shuffle_scope: str = "worker") -> ConnectWorkerData:
+def frame_data(
+    spark: Any,
+    frame: Any,
+    *,
+    features_col: Any,
+    label_col: Any,
+    feature_shape: Any,
+    integer_labels: Any,
+    batch_size: int,
+    num_workers: int,
+    rng_seed: int | None,
+    epochs: int,
+    first_epoch: int,
+    drop_last: bool = False,
+    shuffle_scope: str = "worker",
+) -> ConnectWorkerData:
     """Steps 1-4 for ``frame`` (the checked columns, :func:`~torchspark.spark.dataframes.training_frame`): the
     workers' data, one partition per worker in training order, and the task side's feed.
 
@@ -306,7 +372,8 @@ def frame_data(spark: Any, frame: Any, *, features_col: Any, label_col: Any, fea
     keys = partition_keys(spark, num_workers)
     tagger = RowTagger(ship_bytes(spark, _plan_table(plans, first_epoch).tobytes(), "plan"), sizes, keys)
     schema = StructType([*frame.schema.fields, *(StructField(c, LongType(), False) for c in TAG_COLUMNS)])
-    tagged = (frame.mapInArrow(tagger, schema).repartition(num_workers, TAG_COLUMNS[0])
-              .sortWithinPartitions(*TAG_COLUMNS[1:]))
+    tagged = (
+        frame.mapInArrow(tagger, schema).repartition(num_workers, TAG_COLUMNS[0]).sortWithinPartitions(*TAG_COLUMNS[1:])
+    )
     feed = RowFeed(features_col, label_col, feature_shape, integer_labels, keys, planned=len(plans) > 1)
     return ConnectWorkerData(tagged, num_workers, feed, sum(plans[0].examples_per_worker()))

@@ -24,12 +24,20 @@ from torchspark.training.config.masters import TrainingMaster
 from torchspark.training.driver.adapter import check_first_batch
 from torchspark.training.hooks import NullRecorder, PhaseRecorder
 
-__all__ = ["check_connect_master", "check_connect_data", "connect_num_workers", "connect_fit_data",
-           "takes_arrow_route", "DATAFRAME_ROUTE"]
+__all__ = [
+    "check_connect_master",
+    "check_connect_data",
+    "connect_num_workers",
+    "connect_fit_data",
+    "takes_arrow_route",
+    "DATAFRAME_ROUTE",
+]
 
 #: how to train on a Connect session, for messages
-DATAFRAME_ROUTE = ("pass a DataFrame instead: fit(df, features_col=..., label_col=..., feature_shape=...), e.g. "
-                   "spark.createDataFrame(rows, 'features array<double>, label long')")
+DATAFRAME_ROUTE = (
+    "pass a DataFrame instead: fit(df, features_col=..., label_col=..., feature_shape=...), e.g. "
+    "spark.createDataFrame(rows, 'features array<double>, label long')"
+)
 
 
 def takes_arrow_route(spark: Any, master: TrainingMaster, data: Any) -> bool:
@@ -49,21 +57,29 @@ def check_connect_master(master: TrainingMaster) -> None:
         ConfigError: ``averaging_via="spark"``, ``workers_per_node``, ``gpus_per_worker``, or a split other than the balanced one.
     """
     if master.spark_rounds:
-        raise ConfigError("averaging_via='spark' runs one Spark job per averaging round over RDDs (treeAggregate), "
-                          "which a Spark Connect session does not have; use averaging_via='torch' (the default: "
-                          "the workers all-reduce inside one barrier stage)")
+        raise ConfigError(
+            "averaging_via='spark' runs one Spark job per averaging round over RDDs (treeAggregate), "
+            "which a Spark Connect session does not have; use averaging_via='torch' (the default: "
+            "the workers all-reduce inside one barrier stage)"
+        )
     if master.workers_per_executor is not None:
-        raise ConfigError(f"workers_per_node={master.workers_per_executor} needs the executor count from a "
-                          "SparkContext, which a Spark Connect session does not have; set num_workers instead")
+        raise ConfigError(
+            f"workers_per_node={master.workers_per_executor} needs the executor count from a "
+            "SparkContext, which a Spark Connect session does not have; set num_workers instead"
+        )
     if master.gpus_per_worker is not None:
-        raise ConfigError(f"gpus_per_worker={master.gpus_per_worker} asks a stage-level resource profile, which the "
-                          "Spark Connect route does not attach yet; give every task its GPUs through the server's "
-                          "session settings instead (spark.executor.resource.gpu.amount and "
-                          "spark.task.resource.gpu.amount): each worker then trains on the GPU Spark assigned to it")
+        raise ConfigError(
+            f"gpus_per_worker={master.gpus_per_worker} asks a stage-level resource profile, which the "
+            "Spark Connect route does not attach yet; give every task its GPUs through the server's "
+            "session settings instead (spark.executor.resource.gpu.amount and "
+            "spark.task.resource.gpu.amount): each worker then trains on the GPU Spark assigned to it"
+        )
     if master.repartition != "always" or master.repartition_strategy != "balanced":
-        raise ConfigError(f"on a Spark Connect session the data is always split evenly over the workers, got "
-                          f"repartition={master.repartition!r}, repartition_strategy={master.repartition_strategy!r}; "
-                          "use repartition='always', repartition_strategy='balanced' (the defaults)")
+        raise ConfigError(
+            f"on a Spark Connect session the data is always split evenly over the workers, got "
+            f"repartition={master.repartition!r}, repartition_strategy={master.repartition_strategy!r}; "
+            "use repartition='always', repartition_strategy='balanced' (the defaults)"
+        )
 
 
 def check_connect_data(spark: Any, data: Any) -> None:
@@ -79,9 +95,11 @@ def check_connect_data(spark: Any, data: Any) -> None:
     if not isinstance(data, DataFrame):
         require_classic(spark, f"training on a {type(data).__name__}", DATAFRAME_ROUTE)
     if is_connect_session(data) != is_connect_session(spark):
-        raise ConfigError(f"this DataFrame belongs to {session_kind(data.sparkSession)}, but the SparkNetwork "
-                          f"was built on {session_kind(spark)}; create the DataFrame with the session the "
-                          "SparkNetwork was built on")
+        raise ConfigError(
+            f"this DataFrame belongs to {session_kind(data.sparkSession)}, but the SparkNetwork "
+            f"was built on {session_kind(spark)}; create the DataFrame with the session the "
+            "SparkNetwork was built on"
+        )
 
 
 def connect_num_workers(spark: Any, master: TrainingMaster) -> int:
@@ -89,9 +107,18 @@ def connect_num_workers(spark: Any, master: TrainingMaster) -> int:
     return master.num_workers or default_parallelism(spark)
 
 
-def connect_fit_data(spark: Any, network: Network, data: Any, master: TrainingMaster, epochs: int, *,
-                     features_col: Any, label_col: Any, feature_shape: Any,
-                     recorder: PhaseRecorder | None = None) -> ConnectWorkerData:
+def connect_fit_data(
+    spark: Any,
+    network: Network,
+    data: Any,
+    master: TrainingMaster,
+    epochs: int,
+    *,
+    features_col: Any,
+    label_col: Any,
+    feature_shape: Any,
+    recorder: PhaseRecorder | None = None,
+) -> ConnectWorkerData:
     """The workers' data of a fit on a Connect session: the checks above, the DataFrame's checked columns, the
     balanced plan (:func:`~torchspark.spark.connect.feeding.frame_data`) and a check of the first rows on the
     client (a wrong shape fails here, before any worker starts).
@@ -107,11 +134,21 @@ def connect_fit_data(spark: Any, network: Network, data: Any, master: TrainingMa
     n = connect_num_workers(spark, master)
     labels = classification_outputs(network)
     with recorder.phase("count"):
-        prepared = frame_data(spark, frame, features_col=features_col, label_col=label_col,
-                              feature_shape=feature_shape, integer_labels=labels,
-                              batch_size=master.batch_size_per_worker, num_workers=n, rng_seed=master.rng_seed,
-                              epochs=epochs, first_epoch=network.epoch, drop_last=master.drop_last,
-                              shuffle_scope=master.shuffle_scope)
+        prepared = frame_data(
+            spark,
+            frame,
+            features_col=features_col,
+            label_col=label_col,
+            feature_shape=feature_shape,
+            integer_labels=labels,
+            batch_size=master.batch_size_per_worker,
+            num_workers=n,
+            rng_seed=master.rng_seed,
+            epochs=epochs,
+            first_epoch=network.epoch,
+            drop_last=master.drop_last,
+            shuffle_scope=master.shuffle_scope,
+        )
     sample = frame.limit(4).toArrow()
     if sample.num_rows:
         check_first_batch(network, arrow_to_batch(features_col, label_col, feature_shape, labels)(sample))

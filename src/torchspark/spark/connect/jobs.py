@@ -17,7 +17,8 @@ import logging
 import re
 import threading
 import uuid
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from torchspark.errors import TorchSparkError
 from torchspark.spark.jobs import task_error
@@ -30,16 +31,22 @@ log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
 # what Spark says when a task of the query failed (else the query never ran: its own error passes unchanged)
-_TASK_FAILURE = re.compile(r"stage failure|Python worker exited|ExecutorLostFailure|PythonException|PYTHON_EXCEPTION",
-                           re.I)
+_TASK_FAILURE = re.compile(
+    r"stage failure|Python worker exited|ExecutorLostFailure|PythonException|PYTHON_EXCEPTION", re.I
+)
 
 #: how often a running query's watchdog is asked whether the workers are still alive
 WATCH_S = 0.5
 
 
-def run_tagged(spark: Any, description: str, action: Callable[[], _T], *,
-               reported_errors: Callable[[], list[tuple[int, str]]] | None = None,
-               watchdog: Callable[[], BaseException | None] | None = None) -> _T:
+def run_tagged(
+    spark: Any,
+    description: str,
+    action: Callable[[], _T],
+    *,
+    reported_errors: Callable[[], list[tuple[int, str]]] | None = None,
+    watchdog: Callable[[], BaseException | None] | None = None,
+) -> _T:
     """Run ``action`` (which runs queries on ``spark``) on a helper thread under a fresh tag; its value.
 
     Ctrl-C on the calling thread interrupts the tag's operations; ``watchdog`` (polled every :data:`WATCH_S`)

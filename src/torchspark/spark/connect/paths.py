@@ -17,8 +17,9 @@ The client and every executor must reach the files (HDFS, S3, a shared mount).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 from torchspark.data import batch_num_examples, resolve_paths
 from torchspark.errors import ConfigError, DataError
@@ -61,8 +62,9 @@ def _count_partition(loader: Callable[[str], Any], batches: Iterable[Any]) -> It
         yield pa.RecordBatch.from_pydict({"path": paths, "examples": counts})
 
 
-def count_files(spark: Any, paths: Sequence[str], loader: Callable[[str], Any] | None,
-                parallelism: int) -> list[tuple[int, str, int]]:
+def count_files(
+    spark: Any, paths: Sequence[str], loader: Callable[[str], Any] | None, parallelism: int
+) -> list[tuple[int, str, int]]:
     """``(0, path, examples)`` of every file, in the given order: from the batch-file headers on the client, or
     with a ``loader`` by running it on the executors (in ``parallelism`` tasks at most).
 
@@ -72,16 +74,26 @@ def count_files(spark: Any, paths: Sequence[str], loader: Callable[[str], Any] |
     if loader is None:
         return [(0, p, batch_num_examples(p)) for p in paths]
     frame = spark.createDataFrame([(p,) for p in paths], "path string").repartition(
-        max(1, min(len(paths), parallelism)))
-    table = run_tagged(spark, "torchspark: count the examples of every file",
-                       lambda: frame.mapInArrow(lambda it: _count_partition(loader, it), _COUNT_SCHEMA).toArrow())
+        max(1, min(len(paths), parallelism))
+    )
+    table = run_tagged(
+        spark,
+        "torchspark: count the examples of every file",
+        lambda: frame.mapInArrow(lambda it: _count_partition(loader, it), _COUNT_SCHEMA).toArrow(),
+    )
     counted = dict(zip(table.column("path").to_pylist(), table.column("examples").to_pylist()))
     return [(0, p, int(counted[p])) for p in paths]
 
 
-def connect_path_data(spark: Any, network: Network, paths: Any, loader: Callable[[str], Any] | None,
-                      master: TrainingMaster, epochs: int,
-                      recorder: PhaseRecorder | None = None) -> ConnectWorkerData:
+def connect_path_data(
+    spark: Any,
+    network: Network,
+    paths: Any,
+    loader: Callable[[str], Any] | None,
+    master: TrainingMaster,
+    epochs: int,
+    recorder: PhaseRecorder | None = None,
+) -> ConnectWorkerData:
     """The workers' data of ``fit_paths`` on a Connect session (steps 1-3 of the module docstring).
 
     Raises:
@@ -93,17 +105,24 @@ def connect_path_data(spark: Any, network: Network, paths: Any, loader: Callable
     recorder = NullRecorder() if recorder is None else recorder
     check_connect_master(master)
     if not isinstance(paths, (str, os.PathLike, list, tuple)):
-        raise ConfigError(f"fit_paths on a Spark Connect session takes a directory, a glob, one file or a list of "
-                          f"paths (the client resolves them), got a {type(paths).__name__}; collect the paths "
-                          "into a list")
+        raise ConfigError(
+            f"fit_paths on a Spark Connect session takes a directory, a glob, one file or a list of "
+            f"paths (the client resolves them), got a {type(paths).__name__}; collect the paths "
+            "into a list"
+        )
     n = connect_num_workers(spark, master)
     with recorder.phase("count"):
         indexed = count_files(spark, resolve_paths(paths, any_file=loader is not None), loader, n)
     if not indexed:
         raise DataError("fit_paths got no paths: the list of files is empty")
     bsz = master.batch_size_per_worker
-    groups = per_epoch(lambda s: plan_path_files(indexed, n, bsz, s, False, loader, master.drop_last), n,
-                       master.rng_seed, network.epoch, epochs)
+    groups = per_epoch(
+        lambda s: plan_path_files(indexed, n, bsz, s, False, loader, master.drop_last),
+        n,
+        master.rng_seed,
+        network.epoch,
+        epochs,
+    )
     first = next((g[0] for g in groups if g), None)
     if first is not None and loader is None:  # a wrong shape fails here, before any worker starts
         check_first_batch(network, load_item(first))

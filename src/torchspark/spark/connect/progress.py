@@ -65,16 +65,25 @@ class ConnectProgress:
     poll_s: float = 1.0
 
     def __post_init__(self) -> None:
-        check_choice("progress_channel", self.channel, CHANNELS, owner="SparkNetwork",
-                     fix="'directory' for a client the executors cannot reach")
+        check_choice(
+            "progress_channel",
+            self.channel,
+            CHANNELS,
+            owner="SparkNetwork",
+            fix="'directory' for a client the executors cannot reach",
+        )
         check_float("progress_poll_s", self.poll_s, minimum=0.01, maximum=3600.0, owner="SparkNetwork", unit="seconds")
         if self.directory is not None and (not isinstance(self.directory, str) or not self.directory.strip()):
-            raise ConfigError(f"SparkNetwork: progress_directory must be a non-empty URL string (e.g. "
-                              f"'s3://bucket/progress') or None, got {self.directory!r}")
+            raise ConfigError(
+                f"SparkNetwork: progress_directory must be a non-empty URL string (e.g. "
+                f"'s3://bucket/progress') or None, got {self.directory!r}"
+            )
         if self.directory is not None and self.channel in ("tcp", "none"):
-            raise ConfigError(f"SparkNetwork: progress_directory={self.directory!r} is unused with "
-                              f"progress_channel={self.channel!r}; use progress_channel='directory' (or 'auto'), "
-                              "or drop progress_directory")
+            raise ConfigError(
+                f"SparkNetwork: progress_directory={self.directory!r} is unused with "
+                f"progress_channel={self.channel!r}; use progress_channel='directory' (or 'auto'), "
+                "or drop progress_directory"
+            )
 
 
 def progress_base(setting: ConnectProgress, checkpoint: CheckpointPlan | None) -> str | None:
@@ -106,24 +115,29 @@ def choose_channel(setting: ConnectProgress, client_local: bool, base: str | Non
         ConfigError: ``"directory"`` without a directory (names ``progress_directory`` and the checkpoint option).
     """
     if setting.channel == "directory" and base is None:
-        raise ConfigError("progress_channel='directory' needs a directory every executor and this client can reach: "
-                          "set SparkNetwork(..., progress_directory='s3://bucket/progress') or the master's "
-                          "checkpoint_directory")
+        raise ConfigError(
+            "progress_channel='directory' needs a directory every executor and this client can reach: "
+            "set SparkNetwork(..., progress_directory='s3://bucket/progress') or the master's "
+            "checkpoint_directory"
+        )
     if setting.channel != "auto":
         return setting.channel
     if client_local:
         return "tcp"
     if base is not None:
         return "directory"
-    log.warning("no live progress: the Spark Connect server is not on this machine, so its executors cannot reach "
-                "this client's progress port; set SparkNetwork(..., progress_directory='<a URL every executor and "
-                "this client can reach>') for the bar, listeners and heartbeats (worker errors still come back in "
-                "Spark's error)")
+    log.warning(
+        "no live progress: the Spark Connect server is not on this machine, so its executors cannot reach "
+        "this client's progress port; set SparkNetwork(..., progress_directory='<a URL every executor and "
+        "this client can reach>') for the bar, listeners and heartbeats (worker errors still come back in "
+        "Spark's error)"
+    )
     return "none"
 
 
-def open_channel(channel: str, setting: ConnectProgress, base: str | None, context: Any,
-                 port_range: tuple[int, int] | None) -> Any:
+def open_channel(
+    channel: str, setting: ConnectProgress, base: str | None, context: Any, port_range: tuple[int, int] | None
+) -> Any:
     """What the workers get for ``channel`` from the fit's context: a TCP endpoint, a progress directory, or
     None."""
     if channel == "tcp":

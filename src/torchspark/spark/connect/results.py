@@ -88,7 +88,7 @@ def decode_tree(blob: bytes) -> Any:
 def _metadata(blob: bytes) -> dict[str, str]:
     """The safetensors header's ``__metadata__`` (the header is 8 bytes of length, then JSON)."""
     length = int.from_bytes(blob[:8], "little")
-    header = json.loads(blob[8:8 + length])
+    header = json.loads(blob[8 : 8 + length])
     return dict(header.get("__metadata__") or {})
 
 

@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import logging
 import traceback
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 from torchspark.errors import WorkerError
 from torchspark.spark.barrier import rendezvous
@@ -59,10 +60,13 @@ log = logging.getLogger(__name__)
 _FROM_PROGRESS = {None: "auto", True: "tcp", False: "none"}
 
 
-def connect_barrier_task(task: WorkerTask, blueprint: Shipment, mesh: MeshConfig,
-                         feed: Callable[[int, Iterable[Any]], Iterable[Any]],
-                         progress: ProgressEndpoint | ProgressDirectory | None = None,
-                         ) -> Callable[[Iterable[Any]], Iterator[Any]]:
+def connect_barrier_task(
+    task: WorkerTask,
+    blueprint: Shipment,
+    mesh: MeshConfig,
+    feed: Callable[[int, Iterable[Any]], Iterable[Any]],
+    progress: ProgressEndpoint | ProgressDirectory | None = None,
+) -> Callable[[Iterable[Any]], Iterator[Any]]:
     """The ``mapInArrow`` function of the training stage: set up the task (device, cores), read the weights, meet
     the peers through ``allGather``, train on ``feed(rank, record_batches)``, return the
     :class:`~torchspark.training.task.WorkerResult` as :data:`~torchspark.spark.connect.chunks.PAYLOAD_SCHEMA` rows.
@@ -89,8 +93,15 @@ def connect_barrier_task(task: WorkerTask, blueprint: Shipment, mesh: MeshConfig
             worker_task = replace(task, blueprint=blueprint.read(), num_threads=setup.threads(task.num_threads))
             comm, chosen = rendezvous(ctx, mesh, setup.device, attempt=task.attempt)
             result = run_worker(worker_task, ItemSource(feed(rank, batches)), comm, setup.device, hooks)
-            payload = encode_result(replace(result, network=chosen, device=setup.device,
-                                            gpu_addresses=setup.gpu_addresses, executor=executor_name()))
+            payload = encode_result(
+                replace(
+                    result,
+                    network=chosen,
+                    device=setup.device,
+                    gpu_addresses=setup.gpu_addresses,
+                    executor=executor_name(),
+                )
+            )
         except BaseException:
             if hooks.report_error is not None:
                 hooks.report_error(traceback.format_exc())
@@ -121,8 +132,14 @@ class ConnectBarrierRunner:
             (:class:`~torchspark.spark.connect.progress.ConnectProgress`: TCP, a polled directory, or none).
     """
 
-    def __init__(self, spark: Any, mesh: MeshConfig, progress: bool | None = None,
-                 inline_limit: int | None = None, channel: ConnectProgress | None = None) -> None:
+    def __init__(
+        self,
+        spark: Any,
+        mesh: MeshConfig,
+        progress: bool | None = None,
+        inline_limit: int | None = None,
+        channel: ConnectProgress | None = None,
+    ) -> None:
         self.spark = spark
         self.mesh = mesh
         self.progress = progress
@@ -141,10 +158,13 @@ class ConnectBarrierRunner:
         fn = connect_barrier_task(replace(task, blueprint=b""), shipped, self.mesh, data.feed, address)
         world, timeout_s = data.workers, self.mesh.rendezvous_timeout_s
         with context.recorder.phase("fit"):
-            table = run_tagged(self.spark, context.description,
-                               lambda: data.frame.mapInArrow(fn, PAYLOAD_SCHEMA, barrier=True).toArrow(),
-                               reported_errors=context.reported_errors,
-                               watchdog=lambda: context.stalled(world, timeout_s))
+            table = run_tagged(
+                self.spark,
+                context.description,
+                lambda: data.frame.mapInArrow(fn, PAYLOAD_SCHEMA, barrier=True).toArrow(),
+                reported_errors=context.reported_errors,
+                watchdog=lambda: context.stalled(world, timeout_s),
+            )
         payloads = gather_payloads(table)
         missing = [r for r in range(world) if (r, "result") not in payloads]
         if missing:

@@ -75,7 +75,7 @@ class ConnectServer:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(timeout=timeout_s)
 
-    def __enter__(self) -> "ConnectServer":
+    def __enter__(self) -> ConnectServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -123,9 +123,14 @@ def server_command(master: str, host: str, port: int, conf: dict[str, Any]) -> l
     return cmd
 
 
-def start_connect_server(master: str = "local[2]", port: int | None = None, host: str = "127.0.0.1",
-                         conf: dict[str, Any] | None = None, timeout_s: float = 180.0,
-                         log_path: str | None = None) -> ConnectServer:
+def start_connect_server(
+    master: str = "local[2]",
+    port: int | None = None,
+    host: str = "127.0.0.1",
+    conf: dict[str, Any] | None = None,
+    timeout_s: float = 180.0,
+    log_path: str | None = None,
+) -> ConnectServer:
     """Start a Spark Connect server with ``master`` (``"local[2]"``, ``"local-cluster[2,1,1024]"``,
     ``"spark://host:7077"``) and wait until it accepts connections.
 
@@ -155,17 +160,27 @@ def start_connect_server(master: str = "local[2]", port: int | None = None, host
         fd, log_path = tempfile.mkstemp(prefix="torchspark-connect-", suffix=".log")
         os.close(fd)
     with open(log_path, "wb") as log:
-        process = subprocess.Popen(server_command(master, host, port, settings), stdout=log,
-                                   stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        process = subprocess.Popen(
+            server_command(master, host, port, settings),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
     server = ConnectServer(f"sc://{host}:{port}", process, log_path)
     deadline = time.monotonic() + timeout_s
     while not _listening(host, port):
         if process.poll() is not None or time.monotonic() > deadline:
-            why = (f"exited with code {process.returncode}" if process.poll() is not None
-                   else f"did not listen on {host}:{port} within {timeout_s:.0f} s")
+            why = (
+                f"exited with code {process.returncode}"
+                if process.poll() is not None
+                else f"did not listen on {host}:{port} within {timeout_s:.0f} s"
+            )
             server.stop()
-            raise SetupError(f"the Spark Connect server ({master}) {why}; its log ({log_path}) ends with:\n"
-                             f"{server.log_tail()}\nCheck Java 17, free memory, and raise timeout_s on a slow "
-                             "machine")
+            raise SetupError(
+                f"the Spark Connect server ({master}) {why}; its log ({log_path}) ends with:\n"
+                f"{server.log_tail()}\nCheck Java 17, free memory, and raise timeout_s on a slow "
+                "machine"
+            )
         time.sleep(0.5)
     return server

@@ -102,12 +102,16 @@ class Shipment:
                 with open(path, "rb") as f:
                     parts.append(f.read())
             except OSError as e:
-                raise SetupError(f"the session artifact {name!r} is not on this executor ({path}: {e}); the client "
-                                 "uploaded it with spark.addArtifacts(..., file=True)") from e
+                raise SetupError(
+                    f"the session artifact {name!r} is not on this executor ({path}: {e}); the client "
+                    "uploaded it with spark.addArtifacts(..., file=True)"
+                ) from e
         data = from_chunks(parts)
         if hashlib.sha256(data).hexdigest() != self.sha256:
-            raise SetupError(f"the {len(data)} bytes read from the session artifacts {list(self.names)} are not the "
-                             f"{self.size} bytes the client shipped")
+            raise SetupError(
+                f"the {len(data)} bytes read from the session artifacts {list(self.names)} are not the "
+                f"{self.size} bytes the client shipped"
+            )
         return data
 
 

@@ -94,52 +94,73 @@ class TorchEstimator(Estimator, TorchEstimatorParams, DefaultParamsWritable, Def
     _input_kwargs: dict[str, Any]  # set by pyspark's @keyword_only on each call
 
     @keyword_only
-    def __init__(self, *, network: str | None = None, trainingMaster: str | None = None, epochs: int | None = None,
-                 learningRate: float | None = None, batchSize: int | None = None, featuresCol: str | None = None,
-                 labelCol: str | None = None, predictionCol: str | None = None, probabilityCol: str | None = None,
-                 featureShape: list[int] | None = None, inferenceBatchSize: int | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        network: str | None = None,
+        trainingMaster: str | None = None,
+        epochs: int | None = None,
+        learningRate: float | None = None,
+        batchSize: int | None = None,
+        featuresCol: str | None = None,
+        labelCol: str | None = None,
+        predictionCol: str | None = None,
+        probabilityCol: str | None = None,
+        featureShape: list[int] | None = None,
+        inferenceBatchSize: int | None = None,
+    ) -> None:
         super().__init__()
         self._set(**self._input_kwargs)
 
     @keyword_only
-    def setParams(self, *, network: str | None = None, trainingMaster: str | None = None,
-                  epochs: int | None = None, learningRate: float | None = None, batchSize: int | None = None,
-                  featuresCol: str | None = None, labelCol: str | None = None, predictionCol: str | None = None,
-                  probabilityCol: str | None = None, featureShape: list[int] | None = None,
-                  inferenceBatchSize: int | None = None) -> "TorchEstimator":
+    def setParams(
+        self,
+        *,
+        network: str | None = None,
+        trainingMaster: str | None = None,
+        epochs: int | None = None,
+        learningRate: float | None = None,
+        batchSize: int | None = None,
+        featuresCol: str | None = None,
+        labelCol: str | None = None,
+        predictionCol: str | None = None,
+        probabilityCol: str | None = None,
+        featureShape: list[int] | None = None,
+        inferenceBatchSize: int | None = None,
+    ) -> TorchEstimator:
         return self._set(**self._input_kwargs)
 
-    def setNetwork(self, value: str) -> "TorchEstimator":
+    def setNetwork(self, value: str) -> TorchEstimator:
         return self._set(network=value)
 
-    def setTrainingMaster(self, value: str) -> "TorchEstimator":
+    def setTrainingMaster(self, value: str) -> TorchEstimator:
         return self._set(trainingMaster=value)
 
-    def setEpochs(self, value: int) -> "TorchEstimator":
+    def setEpochs(self, value: int) -> TorchEstimator:
         return self._set(epochs=value)
 
-    def setLearningRate(self, value: float) -> "TorchEstimator":
+    def setLearningRate(self, value: float) -> TorchEstimator:
         return self._set(learningRate=value)
 
-    def setBatchSize(self, value: int) -> "TorchEstimator":
+    def setBatchSize(self, value: int) -> TorchEstimator:
         return self._set(batchSize=value)
 
     def write(self) -> MLWriter:
         return _EstimatorWriter(self)
 
-    def _fit(self, dataset: DataFrame) -> "TorchModel":
+    def _fit(self, dataset: DataFrame) -> TorchModel:
         if not isinstance(dataset, DataFrame):
             raise DataError(f"TorchEstimator.fit needs a Spark DataFrame, got {type(dataset).__name__}")
         settings = FitSettings.of(self)
         network = settings.build_network()
         spark_net = SparkNetwork(dataset.sparkSession, network, settings.master, progress=False)
         try:
-            spark_net.fit(dataset, settings.epochs, settings.features_col, settings.label_col,
-                          settings.feature_shape)
+            spark_net.fit(dataset, settings.epochs, settings.features_col, settings.label_col, settings.feature_shape)
         finally:
             spark_net.delete_temp_files()
-        log.info("TorchEstimator: trained %r for %d epoch(s), last score %.6g", network, settings.epochs,
-                 spark_net.score)
+        log.info(
+            "TorchEstimator: trained %r for %d epoch(s), last score %.6g", network, settings.epochs, spark_net.score
+        )
         model = TorchModel(network)
         self._copyValues(model)
         return model
@@ -164,8 +185,16 @@ class TorchModel(Model, TorchModelParams, MLWritable, MLReadable):
         net = self.network
         raw = f"__torchspark_output_{uuid.uuid4().hex[:8]}"
         shape = tuple(self.getFeatureShape()) or None
-        out = predict(dataset.sparkSession, net, dataset, self.getFeaturesCol(), raw, shape,
-                      self.getInferenceBatchSize(), output="probabilities")
+        out = predict(
+            dataset.sparkSession,
+            net,
+            dataset,
+            self.getFeaturesCol(),
+            raw,
+            shape,
+            self.getInferenceBatchSize(),
+            output="probabilities",
+        )
         values = F.col(raw)
         loss, width = net.losses[0].name, _output_width(net)
         if loss == "cross_entropy" and width > 1:

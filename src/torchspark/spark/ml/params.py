@@ -30,13 +30,17 @@ class TorchModelParams(HasFeaturesCol, HasPredictionCol, HasProbabilityCol):
     """Params a fitted model uses: where the features are and where the outputs go."""
 
     featureShape: Param[list[int]] = Param(
-        Params._dummy(), "featureShape",
+        Params._dummy(),
+        "featureShape",
         "shape of one example, e.g. [1, 28, 28] for a CNN; [] = the flat array or vector as it is",
-        typeConverter=TypeConverters.toListInt)
+        typeConverter=TypeConverters.toListInt,
+    )
     inferenceBatchSize: Param[int] = Param(
-        Params._dummy(), "inferenceBatchSize",
+        Params._dummy(),
+        "inferenceBatchSize",
         "examples per forward pass in transform (1024 suits small networks; lower it for large ones)",
-        typeConverter=TypeConverters.toInt)
+        typeConverter=TypeConverters.toInt,
+    )
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
@@ -53,23 +57,34 @@ class TorchEstimatorParams(TorchModelParams, HasLabelCol):
     """Params of training: the network, the training master, epochs, and the tunable learning rate and batch size."""
 
     network: Param[str] = Param(
-        Params._dummy(), "network",
-        "the network: a zoo spec as JSON ({\"model\": \"mlp\", \"kwargs\": {...}, \"loss\": ..., \"updater\": ...}) "
+        Params._dummy(),
+        "network",
+        'the network: a zoo spec as JSON ({"model": "mlp", "kwargs": {...}, "loss": ..., "updater": ...}) '
         "or the path of a saved torchspark network (Network.save)",
-        typeConverter=TypeConverters.toString)
+        typeConverter=TypeConverters.toString,
+    )
     trainingMaster: Param[str] = Param(
-        Params._dummy(), "trainingMaster",
+        Params._dummy(),
+        "trainingMaster",
         "how to train, as a training master's JSON (ParameterAveragingTrainingMaster / SharedTrainingMaster "
         ".to_json()); default: parameter averaging with its defaults",
-        typeConverter=TypeConverters.toString)
-    epochs: Param[int] = Param(Params._dummy(), "epochs", "passes over the training data (>= 1)",
-                               typeConverter=TypeConverters.toInt)
+        typeConverter=TypeConverters.toString,
+    )
+    epochs: Param[int] = Param(
+        Params._dummy(), "epochs", "passes over the training data (>= 1)", typeConverter=TypeConverters.toInt
+    )
     learningRate: Param[float] = Param(
-        Params._dummy(), "learningRate", "replaces the updater's learning rate when set (tune it with "
-        "ParamGridBuilder); unset = the network's own", typeConverter=TypeConverters.toFloat)
+        Params._dummy(),
+        "learningRate",
+        "replaces the updater's learning rate when set (tune it with ParamGridBuilder); unset = the network's own",
+        typeConverter=TypeConverters.toFloat,
+    )
     batchSize: Param[int] = Param(
-        Params._dummy(), "batchSize", "examples per minibatch on each worker; unset = the master's "
-        "batch_size_per_worker", typeConverter=TypeConverters.toInt)
+        Params._dummy(),
+        "batchSize",
+        "examples per minibatch on each worker; unset = the master's batch_size_per_worker",
+        typeConverter=TypeConverters.toInt,
+    )
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
@@ -104,11 +119,13 @@ class FitSettings:
     feature_shape: tuple[int, ...] | None
 
     @classmethod
-    def of(cls, params: TorchEstimatorParams) -> "FitSettings":
+    def of(cls, params: TorchEstimatorParams) -> FitSettings:
         if not params.isDefined(params.network):
-            raise ConfigError("TorchEstimator: set the network param: a zoo spec JSON such as "
-                              "'{\"model\": \"mlp\", \"kwargs\": {\"n_in\": 4, \"hidden\": 16, \"n_out\": 3}}' or "
-                              "a saved network's path")
+            raise ConfigError(
+                "TorchEstimator: set the network param: a zoo spec JSON such as "
+                '\'{"model": "mlp", "kwargs": {"n_in": 4, "hidden": 16, "n_out": 3}}\' or '
+                "a saved network's path"
+            )
         master = master_from_json(params.getTrainingMaster())
         if params.isDefined(params.batchSize):
             size = check_int("batchSize", params.getBatchSize(), 1, owner="TorchEstimator")
@@ -133,9 +150,15 @@ def _with_learning_rate(net: Network, lr: float) -> Network:
         raise ConfigError("learningRate needs an updater spec (torchspark.optim) in the saved network")
     if isinstance(lr, bool) or not lr > 0:
         raise ConfigError(f"TorchEstimator: learningRate must be > 0, got {lr!r}")
-    out = Network(net.module, loss=net.losses if len(net.losses) > 1 else net.losses[0],
-                  updater=dataclasses.replace(net.updater, lr=float(lr)),  # type: ignore[call-arg]
-                  seed=None, weight_decay=net.weight_decay, gradient_clip=net.gradient_clip, l1=net.l1,
-                  memory_format=net.memory_format)
+    out = Network(
+        net.module,
+        loss=net.losses if len(net.losses) > 1 else net.losses[0],
+        updater=dataclasses.replace(net.updater, lr=float(lr)),  # type: ignore[call-arg]
+        seed=None,
+        weight_decay=net.weight_decay,
+        gradient_clip=net.gradient_clip,
+        l1=net.l1,
+        memory_format=net.memory_format,
+    )
     out.iteration, out.epoch = net.iteration, net.epoch
     return out

@@ -21,5 +21,8 @@ from torchspark.training.algorithms.sharing.stale import StaleSharingAlgorithm
 __all__ = ["Algorithm", "AveragingAlgorithm", "EpochOutcome", "ALGORITHMS"]
 
 
-ALGORITHMS: dict[str, Any] = {"averaging": AveragingAlgorithm, "sharing": SharingAlgorithm,
-                              "stale_sharing": StaleSharingAlgorithm}
+ALGORITHMS: dict[str, Any] = {
+    "averaging": AveragingAlgorithm,
+    "sharing": SharingAlgorithm,
+    "stale_sharing": StaleSharingAlgorithm,
+}

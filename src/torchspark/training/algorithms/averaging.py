@@ -21,8 +21,9 @@ where ``score`` is the worker's last minibatch loss of the round) after every ro
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 
@@ -32,8 +33,14 @@ from torchspark.training.algorithms.base import EpochOutcome
 from torchspark.training.comm import Communicator, StagedSum, staged_sum
 from torchspark.training.hooks import ProgressUpdate, ScoreReport, WorkerHooks
 
-__all__ = ["AveragingSettings", "AveragingAlgorithm", "averaging_epoch", "RoundBuffer", "pack_weighted",
-           "apply_weighted_mean"]
+__all__ = [
+    "AveragingSettings",
+    "AveragingAlgorithm",
+    "averaging_epoch",
+    "RoundBuffer",
+    "pack_weighted",
+    "apply_weighted_mean",
+]
 
 
 @dataclass(frozen=True)
@@ -220,15 +227,22 @@ class AveragingAlgorithm:
     settings: AveragingSettings
 
     @classmethod
-    def from_settings(cls, settings: dict[str, Any]) -> "AveragingAlgorithm":
+    def from_settings(cls, settings: dict[str, Any]) -> AveragingAlgorithm:
         names = AveragingSettings.__dataclass_fields__
         return cls(AveragingSettings(**{k: v for k, v in settings.items() if k in names}))
 
     def start(self, net: Network, comm: Communicator) -> None:
         return None
 
-    def epoch(self, state: None, net: Network, batches: Iterable[Trainable], comm: Communicator, hooks: WorkerHooks,
-              epoch: int) -> EpochOutcome:
+    def epoch(
+        self,
+        state: None,
+        net: Network,
+        batches: Iterable[Trainable],
+        comm: Communicator,
+        hooks: WorkerHooks,
+        epoch: int,
+    ) -> EpochOutcome:
         return averaging_epoch(net, batches, comm, self.settings, hooks, epoch, validate_first=(epoch == 0))
 
     def finish(self, state: None, net: Network, comm: Communicator) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

@@ -8,8 +8,9 @@ hand back beyond params and updater state: e.g. residuals and threshold state).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable, Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -23,15 +24,17 @@ __all__ = ["Algorithm", "EpochOutcome"]
 
 class Algorithm(Protocol):
     @classmethod
-    def from_settings(cls, settings: dict[str, Any]) -> "Algorithm": ...
+    def from_settings(cls, settings: dict[str, Any]) -> Algorithm: ...
 
     def start(self, net: Network, comm: Communicator) -> Any: ...
 
-    def epoch(self, state: Any, net: Network, batches: Iterable[Trainable], comm: Communicator, hooks: WorkerHooks,
-              epoch: int) -> EpochOutcome: ...
+    def epoch(
+        self, state: Any, net: Network, batches: Iterable[Trainable], comm: Communicator, hooks: WorkerHooks, epoch: int
+    ) -> EpochOutcome: ...
 
-    def finish(self, state: Any, net: Network, comm: Communicator) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-        ...
+    def finish(
+        self, state: Any, net: Network, comm: Communicator
+    ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]: ...
 
     def rank_state(self, state: Any) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         """This rank's algorithm state for a checkpoint: tensors and a JSON-able record."""

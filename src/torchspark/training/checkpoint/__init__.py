@@ -27,7 +27,23 @@ from torchspark.training.checkpoint.writer import (
     restore_rank,
 )
 
-__all__ = ["DEFAULT_KEEP", "CheckpointPlan", "ResumePoint", "check_options", "check_run_id", "new_run_id",
-           "plan_for", "StoredCheckpoint", "complete_checkpoints",
-           "newest_checkpoint", "CheckpointWriter", "RankProgress", "RestoredRank", "check_position", "restore_rank",
-           "CheckpointDamaged", "RunLock", "acquire_run_lock"]
+__all__ = [
+    "DEFAULT_KEEP",
+    "CheckpointPlan",
+    "ResumePoint",
+    "check_options",
+    "check_run_id",
+    "new_run_id",
+    "plan_for",
+    "StoredCheckpoint",
+    "complete_checkpoints",
+    "newest_checkpoint",
+    "CheckpointWriter",
+    "RankProgress",
+    "RestoredRank",
+    "check_position",
+    "restore_rank",
+    "CheckpointDamaged",
+    "RunLock",
+    "acquire_run_lock",
+]

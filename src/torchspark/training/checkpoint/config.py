@@ -22,8 +22,7 @@ from typing import Any
 from torchspark.errors import ConfigError
 from torchspark.validation import check_int
 
-__all__ = ["CheckpointPlan", "ResumePoint", "check_options", "check_run_id", "new_run_id", "plan_for",
-           "DEFAULT_KEEP"]
+__all__ = ["CheckpointPlan", "ResumePoint", "check_options", "check_run_id", "new_run_id", "plan_for", "DEFAULT_KEEP"]
 
 #: checkpoints kept per run by default: the newest, and one more in case the newest is being written when a fault
 #: hits
@@ -39,21 +38,33 @@ def check_options(owner: str, directory: Any, every: Any, keep: Any) -> None:
         ConfigError: naming the bad value and what to pass instead.
     """
     if directory is not None and (not isinstance(directory, str) or not directory.strip()):
-        raise ConfigError(f"{owner}: checkpoint_directory must be a directory path or fsspec URL (on a cluster: "
-                          f"shared storage such as hdfs://... or s3://...) or None, got {directory!r}")
-    check_int("checkpoint_every", every, 1, allow_none=True, owner=owner, none_means="once per epoch",
-              meaning="(averaging rounds for parameter averaging, iterations for gradient sharing)")
+        raise ConfigError(
+            f"{owner}: checkpoint_directory must be a directory path or fsspec URL (on a cluster: "
+            f"shared storage such as hdfs://... or s3://...) or None, got {directory!r}"
+        )
+    check_int(
+        "checkpoint_every",
+        every,
+        1,
+        allow_none=True,
+        owner=owner,
+        none_means="once per epoch",
+        meaning="(averaging rounds for parameter averaging, iterations for gradient sharing)",
+    )
     check_int("keep_checkpoints", keep, 1, owner=owner, meaning="(the newest checkpoints kept per run)")
     if directory is None and every is not None:
-        raise ConfigError(f"{owner}: checkpoint_every={every} needs a checkpoint_directory (where checkpoints go); "
-                          "set checkpoint_directory or leave checkpoint_every=None")
+        raise ConfigError(
+            f"{owner}: checkpoint_every={every} needs a checkpoint_directory (where checkpoints go); "
+            "set checkpoint_directory or leave checkpoint_every=None"
+        )
 
 
 def check_run_id(run_id: Any) -> str:
     """``run_id`` if it can name a directory on any storage, else ConfigError."""
     if not isinstance(run_id, str) or not _RUN_ID.match(run_id):
-        raise ConfigError(f"run_id must be 1-128 letters, digits, '.', '_' or '-' (starting with a letter or digit), "
-                          f"got {run_id!r}")
+        raise ConfigError(
+            f"run_id must be 1-128 letters, digits, '.', '_' or '-' (starting with a letter or digit), got {run_id!r}"
+        )
     return run_id
 
 
@@ -128,10 +139,18 @@ def plan_for(master: Any, run_id: str | None, iteration: int, epoch: int) -> Che
     directory = getattr(master, "checkpoint_directory", None)
     if directory is None:
         if run_id is not None:
-            raise ConfigError(f"fit(run_id={run_id!r}) resumes from checkpoints, but the training master has no "
-                              "checkpoint_directory; set checkpoint_directory=... (shared storage on a cluster) on "
-                              "the master (ParallelWrapper: the checkpoint_directory option)")
+            raise ConfigError(
+                f"fit(run_id={run_id!r}) resumes from checkpoints, but the training master has no "
+                "checkpoint_directory; set checkpoint_directory=... (shared storage on a cluster) on "
+                "the master (ParallelWrapper: the checkpoint_directory option)"
+            )
         return None
-    return CheckpointPlan(directory=directory, run_id=check_run_id(run_id) if run_id is not None else new_run_id(),
-                          every=master.checkpoint_every, keep=master.keep_checkpoints,
-                          fit_start_iteration=iteration, fit_start_epoch=epoch, master_json=master.to_json())
+    return CheckpointPlan(
+        directory=directory,
+        run_id=check_run_id(run_id) if run_id is not None else new_run_id(),
+        every=master.checkpoint_every,
+        keep=master.keep_checkpoints,
+        fit_start_iteration=iteration,
+        fit_start_epoch=epoch,
+        master_json=master.to_json(),
+    )

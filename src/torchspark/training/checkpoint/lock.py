@@ -92,8 +92,9 @@ def _create(url: str, record: dict[str, Any]) -> bool:
         except FileExistsError:
             return False
         except OSError as e:  # read-only storage, no permission: found now, not at the first checkpoint
-            raise ConfigError(f"cannot write in the checkpoint directory: {url!r}: {e}; choose a writable "
-                              "checkpoint_directory") from e
+            raise ConfigError(
+                f"cannot write in the checkpoint directory: {url!r}: {e}; choose a writable checkpoint_directory"
+            ) from e
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         return True
@@ -121,16 +122,22 @@ def acquire_run_lock(directory: str, run_id: str) -> RunLock:
         if holder is None:
             continue  # released in between
         if _stale(holder):
-            log.warning("run %r: taking over the lock of pid %s, which no longer runs (%s)", run_id,
-                        holder.get("pid"), url)
+            log.warning(
+                "run %r: taking over the lock of pid %s, which no longer runs (%s)", run_id, holder.get("pid"), url
+            )
             fs, path = filesystem(url)
             with contextlib.suppress(FileNotFoundError):
                 fs.rm(path)
             continue
         break
-    who = (f"pid {holder.get('pid')} on {holder.get('host')} since "
-           f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(holder['since']))}"
-           if holder and isinstance(holder.get("since"), (int, float)) else "a fit whose lock record is unreadable")
-    raise ConfigError(f"run {run_id!r} is being trained by another fit ({who}): two fits of one run would "
-                      f"interleave their checkpoints. Wait for it to end, or use another run_id; if that fit is gone "
-                      f"(another host, or a damaged record), delete {url!r}")
+    who = (
+        f"pid {holder.get('pid')} on {holder.get('host')} since "
+        f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(holder['since']))}"
+        if holder and isinstance(holder.get("since"), (int, float))
+        else "a fit whose lock record is unreadable"
+    )
+    raise ConfigError(
+        f"run {run_id!r} is being trained by another fit ({who}): two fits of one run would "
+        f"interleave their checkpoints. Wait for it to end, or use another run_id; if that fit is gone "
+        f"(another host, or a damaged record), delete {url!r}"
+    )

@@ -46,9 +46,22 @@ from torchspark.training.checkpoint.trust import (
     make_private,
 )
 
-__all__ = ["FORMAT", "VERSION", "StoredCheckpoint", "run_directory", "step_directory", "write_rank_file",
-           "write_manifest", "read_rank_file", "complete_checkpoints", "newest_checkpoint", "prune", "step_directories",
-           "read_manifest", "load_checkpoint"]
+__all__ = [
+    "FORMAT",
+    "VERSION",
+    "StoredCheckpoint",
+    "run_directory",
+    "step_directory",
+    "write_rank_file",
+    "write_manifest",
+    "read_rank_file",
+    "complete_checkpoints",
+    "newest_checkpoint",
+    "prune",
+    "step_directories",
+    "read_manifest",
+    "load_checkpoint",
+]
 
 log = logging.getLogger(__name__)
 
@@ -94,9 +107,14 @@ def write_rank_file(path: str, rank: int, tensors: dict[str, torch.Tensor], meta
 
 def write_manifest(path: str, manifest: dict[str, Any]) -> None:
     """Write the manifest last: from this moment the checkpoint counts once every rank file named in it exists."""
-    make_private(atomic_write_bytes(join(path, MANIFEST), json.dumps(
-        {"format": FORMAT, "version": VERSION, **manifest}, indent=2, sort_keys=True).encode(), SerializationError),
-        directory=False)
+    make_private(
+        atomic_write_bytes(
+            join(path, MANIFEST),
+            json.dumps({"format": FORMAT, "version": VERSION, **manifest}, indent=2, sort_keys=True).encode(),
+            SerializationError,
+        ),
+        directory=False,
+    )
 
 
 def read_rank_file(path: str, rank: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -113,8 +131,9 @@ def read_rank_file(path: str, rank: int) -> tuple[dict[str, torch.Tensor], dict[
             raise ValueError("its record is not a JSON object")
         return dict(st_load(blob)), meta
     except Exception as e:  # safetensors raises its own error types (SafetensorError) for damaged files
-        raise CheckpointDamaged(f"{url!r} is not a readable torchspark checkpoint file ({type(e).__name__}: {e}); "
-                                f"{FIX}") from e
+        raise CheckpointDamaged(
+            f"{url!r} is not a readable torchspark checkpoint file ({type(e).__name__}: {e}); {FIX}"
+        ) from e
 
 
 def read_manifest(path: str, step: int) -> dict[str, Any] | None:
@@ -136,8 +155,10 @@ def read_manifest(path: str, step: int) -> dict[str, Any] | None:
         raise CheckpointDamaged(f"{url!r} is not a torchspark checkpoint manifest (no format marker); {FIX}")
     version = manifest.get("version", 0)
     if isinstance(version, int) and not isinstance(version, bool) and version > VERSION:
-        raise SerializationError(f"checkpoint {path!r} was written by a newer torchspark (format version "
-                                 f"{version}); upgrade torchspark or use another run_id")
+        raise SerializationError(
+            f"checkpoint {path!r} was written by a newer torchspark (format version "
+            f"{version}); upgrade torchspark or use another run_id"
+        )
     return check_manifest(manifest, path, step)
 
 

@@ -34,8 +34,19 @@ from fsspec.implementations.local import LocalFileSystem
 from torchspark._io import filesystem, join
 from torchspark.errors import ConfigError, SerializationError
 
-__all__ = ["CheckpointDamaged", "FIX", "problem", "MAX_WORLD_SIZE", "MAX_COUNT", "MAX_HEADER", "check_manifest",
-           "check_rank_header", "check_owner", "check_run_directory", "make_private"]
+__all__ = [
+    "CheckpointDamaged",
+    "FIX",
+    "problem",
+    "MAX_WORLD_SIZE",
+    "MAX_COUNT",
+    "MAX_HEADER",
+    "check_manifest",
+    "check_rank_header",
+    "check_owner",
+    "check_run_directory",
+    "make_private",
+]
 
 #: the most workers a manifest may claim (a bound, so a damaged number never sizes an allocation)
 MAX_WORLD_SIZE = 1 << 16
@@ -61,8 +72,10 @@ def problem(error: CheckpointDamaged) -> str:
 def _count(record: dict[str, Any], key: str, where: str, low: int = 0, high: int = MAX_COUNT) -> int:
     value = record.get(key)
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise CheckpointDamaged(f"{where}: {key} must be an integer in [{low}, {high}], got {value!r}; the file is "
-                                f"damaged or was not written by torchspark: {FIX}")
+        raise CheckpointDamaged(
+            f"{where}: {key} must be an integer in [{low}, {high}], got {value!r}; the file is "
+            f"damaged or was not written by torchspark: {FIX}"
+        )
     return value
 
 
@@ -77,18 +90,20 @@ def check_manifest(manifest: Any, path: str, step: int) -> dict[str, Any]:
         raise CheckpointDamaged(f"{where} is not a JSON object: {FIX}")
     world = _count(manifest, "world_size", where, 1, MAX_WORLD_SIZE)
     if _count(manifest, "step", where) != step:
-        raise CheckpointDamaged(f"{where} says step {manifest['step']} but lies in the directory of step {step}: "
-                                f"{FIX}")
+        raise CheckpointDamaged(f"{where} says step {manifest['step']} but lies in the directory of step {step}: {FIX}")
     for key in ("fit_epoch", "iteration", "epoch", "fit_start_iteration", "fit_start_epoch"):
         if key in manifest or key in ("fit_epoch", "iteration", "epoch"):
             _count(manifest, key, where)
     if not isinstance(manifest.get("mode"), str) or not isinstance(manifest.get("settings"), dict):
-        raise CheckpointDamaged(f"{where} has no algorithm (mode {manifest.get('mode')!r}, settings of type "
-                                f"{type(manifest.get('settings')).__name__}): {FIX}")
+        raise CheckpointDamaged(
+            f"{where} has no algorithm (mode {manifest.get('mode')!r}, settings of type "
+            f"{type(manifest.get('settings')).__name__}): {FIX}"
+        )
     files = manifest.get("files")
     if files is not None and files != [f"rank-{r}.safetensors" for r in range(world)]:
-        raise CheckpointDamaged(f"{where} names the files {str(files)[:200]}, not one rank file for each of its "
-                                f"{world} workers: {FIX}")
+        raise CheckpointDamaged(
+            f"{where} names the files {str(files)[:200]}, not one rank file for each of its {world} workers: {FIX}"
+        )
     return manifest
 
 
@@ -103,8 +118,10 @@ def _read_header(url: str) -> tuple[dict[str, Any], int]:
                 raise CheckpointDamaged(f"{url!r} is {len(head)} bytes long, too short for a safetensors file: {FIX}")
             (n,) = struct.unpack("<Q", head)
             if n > min(MAX_HEADER, size - 8):
-                raise CheckpointDamaged(f"{url!r} claims a {n}-byte header in a {size}-byte file (at most "
-                                        f"{MAX_HEADER}): the file is truncated or damaged: {FIX}")
+                raise CheckpointDamaged(
+                    f"{url!r} claims a {n}-byte header in a {size}-byte file (at most "
+                    f"{MAX_HEADER}): the file is truncated or damaged: {FIX}"
+                )
             header = json.loads(f.read(n))
     except (OSError, ValueError) as e:
         raise CheckpointDamaged(f"cannot read the header of {url!r} ({type(e).__name__}: {e}): {FIX}") from e
@@ -126,13 +143,14 @@ def check_rank_header(path: str, rank: int, manifest: dict[str, Any]) -> dict[st
         record = json.loads((header.get("__metadata__") or {})["torchspark.checkpoint"])
         ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"]
     except (KeyError, TypeError, ValueError, IndexError) as e:
-        raise CheckpointDamaged(f"{url!r} is not a torchspark checkpoint file ({type(e).__name__}: {e}): "
-                                f"{FIX}") from e
+        raise CheckpointDamaged(f"{url!r} is not a torchspark checkpoint file ({type(e).__name__}: {e}): {FIX}") from e
     if not isinstance(record, dict):
         raise CheckpointDamaged(f"{url!r} holds a record that is not a JSON object: {FIX}")
     if data_bytes != max(ends, default=0):
-        raise CheckpointDamaged(f"{url!r} holds {data_bytes} bytes of tensor data but its header places tensors up "
-                                f"to byte {max(ends, default=0)}: the file is truncated or damaged: {FIX}")
+        raise CheckpointDamaged(
+            f"{url!r} holds {data_bytes} bytes of tensor data but its header places tensors up "
+            f"to byte {max(ends, default=0)}: the file is truncated or damaged: {FIX}"
+        )
     _count(record, "rank", repr(url), rank, rank)
     _count(record, "step", repr(url), manifest["step"], manifest["step"])
     _count(record, "fit_epoch", repr(url), manifest["fit_epoch"], manifest["fit_epoch"])
@@ -161,9 +179,11 @@ def check_owner(url: str) -> None:
     except OSError as e:
         raise CheckpointDamaged(f"cannot inspect {url!r}: {e}: {FIX}") from e
     if st.st_uid != os.geteuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) or stat.S_ISLNK(st.st_mode):
-        raise CheckpointDamaged(f"{url!r} belongs to uid {st.st_uid} with mode {stat.filemode(st.st_mode)}; a "
-                                f"checkpoint is trusted only when it is yours (uid {os.geteuid()}) and nobody else can "
-                                f"write it (another user may have planted it): {FIX}")
+        raise CheckpointDamaged(
+            f"{url!r} belongs to uid {st.st_uid} with mode {stat.filemode(st.st_mode)}; a "
+            f"checkpoint is trusted only when it is yours (uid {os.geteuid()}) and nobody else can "
+            f"write it (another user may have planted it): {FIX}"
+        )
 
 
 def check_run_directory(url: str) -> None:
@@ -178,8 +198,10 @@ def check_run_directory(url: str) -> None:
         local = _local(url)
         if local is not None and not os.path.lexists(local):
             return
-        raise ConfigError(f"checkpoint run directory {url!r} is not trusted: {str(e).split(': ' + FIX)[0]}; use a "
-                          "checkpoint_directory only you can write (not a shared /tmp) or another run_id") from e
+        raise ConfigError(
+            f"checkpoint run directory {url!r} is not trusted: {str(e).split(': ' + FIX)[0]}; use a "
+            "checkpoint_directory only you can write (not a shared /tmp) or another run_id"
+        ) from e
 
 
 def make_private(url: str, directory: bool) -> None:

@@ -75,8 +75,17 @@ class CheckpointWriter:
             absent when any rank trains on. None: no commit (one worker, or tests of the writer alone).
     """
 
-    def __init__(self, plan: CheckpointPlan, rank: int, world_size: int, mode: str, settings: dict[str, Any],
-                 blueprint: bytes, step: int = 0, barrier: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        plan: CheckpointPlan,
+        rank: int,
+        world_size: int,
+        mode: str,
+        settings: dict[str, Any],
+        blueprint: bytes,
+        step: int = 0,
+        barrier: Callable[[], None] | None = None,
+    ) -> None:
         self.plan = plan
         self.barrier = barrier
         self.rank = rank
@@ -89,17 +98,31 @@ class CheckpointWriter:
         self.seconds = 0.0
         self.written = 0
 
-    def round_end(self, net: Network, fit_epoch: int, done: int, progress: RankProgress,
-                  algo_tensors: dict[str, torch.Tensor], algo_meta: dict[str, Any],
-                  epoch_length: int | None = None) -> None:
+    def round_end(
+        self,
+        net: Network,
+        fit_epoch: int,
+        done: int,
+        progress: RankProgress,
+        algo_tensors: dict[str, torch.Tensor],
+        algo_meta: dict[str, Any],
+        epoch_length: int | None = None,
+    ) -> None:
         """A round (averaging) / exchange (sharing) inside an epoch ended: write when the interval says so
         (``epoch_length``: the minibatches of this rank's epoch, when its source knows them)."""
         self.step += 1
         if self.plan.every is not None and self.step % self.plan.every == 0:
             self.write(net, fit_epoch, done, progress, algo_tensors, algo_meta, epoch_length)
 
-    def epoch_end(self, net: Network, next_fit_epoch: int, last: bool, progress: RankProgress,
-                  algo_tensors: dict[str, torch.Tensor], algo_meta: dict[str, Any]) -> None:
+    def epoch_end(
+        self,
+        net: Network,
+        next_fit_epoch: int,
+        last: bool,
+        progress: RankProgress,
+        algo_tensors: dict[str, torch.Tensor],
+        algo_meta: dict[str, Any],
+    ) -> None:
         """An epoch ended (``net.epoch`` already advanced): write once per epoch by default, on the interval
         otherwise, and always at the end of the fit (``last``), so a finished run resumes as finished."""
         self.step += 1
@@ -107,9 +130,16 @@ class CheckpointWriter:
         if due:
             self.write(net, next_fit_epoch, 0, progress, algo_tensors, algo_meta)
 
-    def write(self, net: Network, fit_epoch: int, done: int, progress: RankProgress,
-              algo_tensors: dict[str, torch.Tensor], algo_meta: dict[str, Any],
-              epoch_length: int | None = None) -> None:
+    def write(
+        self,
+        net: Network,
+        fit_epoch: int,
+        done: int,
+        progress: RankProgress,
+        algo_tensors: dict[str, torch.Tensor],
+        algo_meta: dict[str, Any],
+        epoch_length: int | None = None,
+    ) -> None:
         """Write this rank's file of checkpoint ``self.step``; then (all ranks meet) rank 0 writes the manifest,
         (all meet again) and prunes."""
         start = time.perf_counter()
@@ -121,29 +151,58 @@ class CheckpointWriter:
             tensors["params"] = net.params()
         rng_tensors, rng_meta = _rng_state(net.device)
         tensors.update(rng_tensors)
-        meta = {"rank": self.rank, "step": self.step, "fit_epoch": fit_epoch, "done": done,
-                "iteration": net.iteration, "epoch": net.epoch, "examples": progress.examples,
-                "iterations": progress.iterations, "score": None if math.isnan(progress.score) else progress.score,
-                "algo": algo_meta, "rng": rng_meta, "epoch_length": epoch_length}
+        meta = {
+            "rank": self.rank,
+            "step": self.step,
+            "fit_epoch": fit_epoch,
+            "done": done,
+            "iteration": net.iteration,
+            "epoch": net.epoch,
+            "examples": progress.examples,
+            "iterations": progress.iterations,
+            "score": None if math.isnan(progress.score) else progress.score,
+            "algo": algo_meta,
+            "rng": rng_meta,
+            "epoch_length": epoch_length,
+        }
         store.write_rank_file(path, self.rank, tensors, meta)
         if self.barrier is not None:  # 1. every rank's file is written before the manifest makes it count
             self.barrier()
         if self.rank == 0:
-            store.write_manifest(path, {
-                "run_id": self.plan.run_id, "step": self.step, "fit_epoch": fit_epoch, "world_size": self.world_size,
-                "iteration": net.iteration, "epoch": net.epoch, "num_params": net.num_params(), "mode": self.mode,
-                "settings": self.settings, "fit_start_iteration": self.plan.fit_start_iteration,
-                "fit_start_epoch": self.plan.fit_start_epoch, "master": json.loads(self.plan.master_json),
-                "network": self._network_config, "written_at": time.time(),
-                "files": [f"rank-{r}.safetensors" for r in range(self.world_size)]})
+            store.write_manifest(
+                path,
+                {
+                    "run_id": self.plan.run_id,
+                    "step": self.step,
+                    "fit_epoch": fit_epoch,
+                    "world_size": self.world_size,
+                    "iteration": net.iteration,
+                    "epoch": net.epoch,
+                    "num_params": net.num_params(),
+                    "mode": self.mode,
+                    "settings": self.settings,
+                    "fit_start_iteration": self.plan.fit_start_iteration,
+                    "fit_start_epoch": self.plan.fit_start_epoch,
+                    "master": json.loads(self.plan.master_json),
+                    "network": self._network_config,
+                    "written_at": time.time(),
+                    "files": [f"rank-{r}.safetensors" for r in range(self.world_size)],
+                },
+            )
         if self.barrier is not None:  # 2. nobody trains on (or fails) before the checkpoint is complete
             self.barrier()
         if self.rank == 0:
             store.prune(self.plan.directory, self.plan.run_id, self.plan.keep)
         self.seconds += time.perf_counter() - start
         self.written += 1
-        log.debug("rank %d wrote checkpoint step %d of run %s (epoch %d, %d minibatches done)", self.rank,
-                  self.step, self.plan.run_id, fit_epoch, done)
+        log.debug(
+            "rank %d wrote checkpoint step %d of run %s (epoch %d, %d minibatches done)",
+            self.rank,
+            self.step,
+            self.plan.run_id,
+            fit_epoch,
+            done,
+        )
 
     def close(self) -> None:
         """End of the fit (called after a collective, so every rank's files are written): rank 0 prunes once more,
@@ -161,8 +220,7 @@ def _rng_state(device: torch.device) -> tuple[dict[str, torch.Tensor], dict[str,
     kind, keys, pos, has_gauss, gauss = np.random.get_state()
     tensors["rng.numpy"] = torch.from_numpy(np.asarray(keys, dtype=np.int64))
     version, state, gauss_next = random.getstate()
-    meta = {"numpy": [str(kind), int(pos), int(has_gauss), float(gauss)],
-            "python": [version, list(state), gauss_next]}
+    meta = {"numpy": [str(kind), int(pos), int(has_gauss), float(gauss)], "python": [version, list(state), gauss_next]}
     return tensors, meta
 
 
@@ -217,10 +275,12 @@ def check_position(restored: RestoredRank, epoch: int, length: int | None) -> No
         return
     if restored.epoch_length not in (None, length) or restored.done > length:
         had = "" if restored.epoch_length is None else f" of the {restored.epoch_length} it had then"
-        raise ConfigError(f"{restored.where}: the checkpoint was cut after {restored.done} minibatches{had} in epoch "
-                          f"{epoch}, but this fit gives the rank {length} minibatches in that epoch: the data or the "
-                          "batch size changed (resuming would skip or repeat examples), or the file is damaged; "
-                          "resume with the same data and batch_size, or start a new run_id")
+        raise ConfigError(
+            f"{restored.where}: the checkpoint was cut after {restored.done} minibatches{had} in epoch "
+            f"{epoch}, but this fit gives the rank {length} minibatches in that epoch: the data or the "
+            "batch size changed (resuming would skip or repeat examples), or the file is damaged; "
+            "resume with the same data and batch_size, or start a new run_id"
+        )
 
 
 def restore_rank(point: ResumePoint, rank: int, world_size: int, net: Network) -> RestoredRank:
@@ -235,13 +295,15 @@ def restore_rank(point: ResumePoint, rank: int, world_size: int, net: Network) -
         CheckpointDamaged: the rank's file cannot be read.
     """
     if point.world_size != world_size:
-        raise ConfigError(f"run {point.run_id!r}: its checkpoint {point.path} was written by {point.world_size} "
-                          f"workers but this fit has {world_size}; resume with {point.world_size} workers "
-                          "(num_workers / ParallelWrapper workers) or start a new run_id")
+        raise ConfigError(
+            f"run {point.run_id!r}: its checkpoint {point.path} was written by {point.world_size} "
+            f"workers but this fit has {world_size}; resume with {point.world_size} workers "
+            "(num_workers / ParallelWrapper workers) or start a new run_id"
+        )
     tensors, meta = store.read_rank_file(point.path, rank)
     net.set_updater_state(tensors["updater_state"])
     net.amp.load_state_tensors(tensors)
-    buffers = {k[len("buffer."):]: v for k, v in tensors.items() if k.startswith("buffer.")}
+    buffers = {k[len("buffer.") :]: v for k, v in tensors.items() if k.startswith("buffer.")}
     if buffers:
         net.load_buffer_state(buffers)
     net.iteration = int(meta["iteration"])
@@ -249,7 +311,13 @@ def restore_rank(point: ResumePoint, rank: int, world_size: int, net: Network) -
     _set_rng_state(tensors, meta, net.device)
     score = meta.get("score")
     progress = RankProgress(int(meta["examples"]), int(meta["iterations"]), math.nan if score is None else score)
-    algo = {k[len("algo."):]: v for k, v in tensors.items() if k.startswith("algo.")}
+    algo = {k[len("algo.") :]: v for k, v in tensors.items() if k.startswith("algo.")}
     length = meta.get("epoch_length")
-    return RestoredRank(int(meta["done"]), progress, algo, dict(meta.get("algo") or {}),
-                        length if isinstance(length, int) else None, repr(store.rank_file(point.path, rank)))
+    return RestoredRank(
+        int(meta["done"]),
+        progress,
+        algo,
+        dict(meta.get("algo") or {}),
+        length if isinstance(length, int) else None,
+        repr(store.rank_file(point.path, rank)),
+    )

@@ -16,5 +16,12 @@ from torchspark.training.comm.communicators import (
     staged_sum,
 )
 
-__all__ = ["Communicator", "SoloCommunicator", "ThreadGroup", "ThreadCommunicator", "TorchDistCommunicator",
-           "StagedSum", "staged_sum"]
+__all__ = [
+    "Communicator",
+    "SoloCommunicator",
+    "ThreadGroup",
+    "ThreadCommunicator",
+    "TorchDistCommunicator",
+    "StagedSum",
+    "staged_sum",
+]

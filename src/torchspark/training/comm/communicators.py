@@ -20,8 +20,15 @@ from torchspark.training.comm import shm as _shm
 from torchspark.training.comm.fifo_barrier import FifoBarrier
 from torchspark.training.comm.shm import MIN_NUMEL, PostedGathers, SharedMemoryReducer
 
-__all__ = ["Communicator", "SoloCommunicator", "ThreadGroup", "ThreadCommunicator", "TorchDistCommunicator",
-           "StagedSum", "staged_sum"]
+__all__ = [
+    "Communicator",
+    "SoloCommunicator",
+    "ThreadGroup",
+    "ThreadCommunicator",
+    "TorchDistCommunicator",
+    "StagedSum",
+    "staged_sum",
+]
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +70,7 @@ class StagedSum:
     and use it before the next collective on the same communicator. ``reduce`` is collective.
     """
 
-    def __init__(self, comm: "Communicator", numel: int, device: torch.device | str = "cpu") -> None:
+    def __init__(self, comm: Communicator, numel: int, device: torch.device | str = "cpu") -> None:
         self.numel = numel
         self._comm = comm
         self._buf = torch.empty(numel, dtype=torch.float32, device=device)
@@ -87,7 +94,7 @@ class _SharedMemoryStagedSum(StagedSum):
         return self._reducer.reduce_slots(self.numel)
 
 
-def staged_sum(comm: "Communicator", numel: int, device: torch.device | str = "cpu") -> StagedSum:
+def staged_sum(comm: Communicator, numel: int, device: torch.device | str = "cpu") -> StagedSum:
     """The fastest :class:`StagedSum` ``comm`` offers for ``numel`` float32 values on ``device`` (collective: every
     rank calls it with the same ``numel``)."""
     make = getattr(comm, "staged_sum", None)
@@ -128,7 +135,7 @@ class ThreadGroup:
         self._barrier = threading.Barrier(world_size, timeout=timeout_s)
         self._slots: list[object] = [None] * world_size
 
-    def communicator(self, rank: int) -> "ThreadCommunicator":
+    def communicator(self, rank: int) -> ThreadCommunicator:
         return ThreadCommunicator(self, rank)
 
     def abort(self) -> None:
@@ -230,8 +237,9 @@ class TorchDistCommunicator:
         self._shm: SharedMemoryReducer | None = None
         self._fifo: FifoBarrier | None = None
         if shared_memory and backend == "gloo" and world_size > 1:
-            self._shm = SharedMemoryReducer.for_host(store, rank, world_size, self._barrier, self._all_agree,
-                                                     host_address)
+            self._shm = SharedMemoryReducer.for_host(
+                store, rank, world_size, self._barrier, self._all_agree, host_address
+            )
             if self._shm is not None:  # same host: its barriers go through FIFOs when they can (else gloo)
                 self._fifo = FifoBarrier.create(store, rank, world_size, self._all_agree, timeout_s, _shm.SHM_DIR)
                 if self._fifo is not None:
@@ -261,8 +269,12 @@ class TorchDistCommunicator:
     def staged_sum(self, numel: int, device: torch.device | str = "cpu") -> StagedSum:
         """A :class:`StagedSum` through the shared segment when this group uses shared memory and the sum is large
         enough to gain from it, else the portable one (collective: every rank calls it with the same ``numel``)."""
-        if (self._shm is not None and torch.device(device).type == "cpu" and numel >= MIN_NUMEL
-                and self._shm.stage(numel)):
+        if (
+            self._shm is not None
+            and torch.device(device).type == "cpu"
+            and numel >= MIN_NUMEL
+            and self._shm.stage(numel)
+        ):
             return _SharedMemoryStagedSum(self._shm, numel)
         return StagedSum(self, numel, device)
 
@@ -315,7 +327,7 @@ class TorchDistCommunicator:
             offsets.append(offsets[-1] + size)
         return [data[a:b] for a, b in zip(offsets, offsets[1:])]
 
-    def _call(self, fn: "object") -> None:
+    def _call(self, fn: object) -> None:
         try:
             fn()  # type: ignore[operator]
         except RuntimeError as e:

@@ -25,7 +25,8 @@ import logging
 import os
 import select
 import uuid
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from torchspark.errors import PeerLost, WaitTimeout
 
@@ -48,8 +49,9 @@ class FifoBarrier:
         self._poll.register(read_fd, select.POLLIN)
 
     @classmethod
-    def create(cls, store: Any, rank: int, world_size: int, agree: Callable[[bool], bool], timeout_s: float,
-               directory: str) -> "FifoBarrier | None":
+    def create(
+        cls, store: Any, rank: int, world_size: int, agree: Callable[[bool], bool], timeout_s: float, directory: str
+    ) -> FifoBarrier | None:
         """Collectively set up the FIFOs in ``directory``; None on every rank when any rank cannot (then the
         caller keeps its network barrier). The FIFO files are unlinked as soon as every rank has opened them."""
         path = os.path.join(directory, f"torchspark-fifo-{os.getpid()}-{uuid.uuid4().hex[:12]}")
@@ -99,8 +101,7 @@ class FifoBarrier:
             try:
                 os.write(fd, b"\x01")
             except OSError as e:
-                raise PeerLost(f"a peer worker left the shared-memory barrier ({e}); it has failed or exited") \
-                    from e
+                raise PeerLost(f"a peer worker left the shared-memory barrier ({e}); it has failed or exited") from e
 
     def depart(self) -> None:
         """Wait until every peer has arrived at the barrier this rank last :meth:`arrive`-d at (timeout:
@@ -110,7 +111,8 @@ class FifoBarrier:
             if not self._poll.poll(self.timeout_s * 1000):
                 raise WaitTimeout(
                     f"a peer worker did not reach the shared-memory barrier within rendezvous_timeout_s="
-                    f"{self.timeout_s}; it is stuck or gone (raise rendezvous_timeout_s if it is merely slow)")
+                    f"{self.timeout_s}; it is stuck or gone (raise rendezvous_timeout_s if it is merely slow)"
+                )
             try:
                 got = os.read(self._read_fd, need)
             except BlockingIOError:  # woken without data (spurious): poll again

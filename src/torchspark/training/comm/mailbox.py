@@ -87,13 +87,17 @@ def open_mailbox(comm: Any, epoch: int) -> tuple[Mailbox, float]:
     if isinstance(comm, TorchDistCommunicator):
         backend = dist.get_backend()
         if backend != "gloo":
-            raise ConfigError(f"max_staleness sends point-to-point over gloo, but the workers' process group uses "
-                              f"{backend!r} (GPU workers); use max_staleness=None (synchronous sharing) on GPUs")
+            raise ConfigError(
+                f"max_staleness sends point-to-point over gloo, but the workers' process group uses "
+                f"{backend!r} (GPU workers); use max_staleness=None (synchronous sharing) on GPUs"
+            )
         return TorchDistMailbox(comm.rank, comm.world_size, epoch), comm.timeout_s
     if isinstance(comm, SoloCommunicator) or getattr(comm, "world_size", None) == 1:
         return ThreadMailbox(None), 300.0
-    raise ConfigError(f"max_staleness needs a ThreadCommunicator or TorchDistCommunicator, got "
-                      f"{type(comm).__name__}; use max_staleness=None (synchronous sharing) with it")
+    raise ConfigError(
+        f"max_staleness needs a ThreadCommunicator or TorchDistCommunicator, got "
+        f"{type(comm).__name__}; use max_staleness=None (synchronous sharing) with it"
+    )
 
 
 class _Inbox:
@@ -125,8 +129,10 @@ class _Inbox:
                     if queue:
                         return sender, queue.popleft()
                 if broken is not None and broken():
-                    raise TrainingError("a peer worker failed (its group was aborted) while this worker waited "
-                                        "for its gradient-sharing messages")
+                    raise TrainingError(
+                        "a peer worker failed (its group was aborted) while this worker waited "
+                        "for its gradient-sharing messages"
+                    )
                 if deadline is None or deadline.expired:
                     return None
                 self.cond.wait(deadline.left(cap=_WAKE_S))
@@ -165,7 +171,7 @@ class ThreadMailbox:
 
 _GROUP_LOCK = threading.Lock()
 # every ThreadGroup's inboxes, by receiver rank, for as long as the group lives
-_GROUP_INBOXES: "weakref.WeakKeyDictionary[Any, list[_Inbox]]" = weakref.WeakKeyDictionary()
+_GROUP_INBOXES: weakref.WeakKeyDictionary[Any, list[_Inbox]] = weakref.WeakKeyDictionary()
 
 
 class TorchDistMailbox:
@@ -191,11 +197,21 @@ class TorchDistMailbox:
         self.epoch = epoch
         self._inbox = _Inbox()
         self._outgoing: queue.Queue[Envelope | None] = queue.Queue()
-        self._threads = [threading.Thread(target=self._guard, args=(self._send_loop,), daemon=True,
-                                          name=f"torchspark-mailbox-send-{rank}")]
-        self._threads += [threading.Thread(target=self._guard, args=(self._receive_loop, p), daemon=True,
-                                           name=f"torchspark-mailbox-recv-{rank}-from-{p}")
-                          for p in range(world_size) if p != rank]
+        self._threads = [
+            threading.Thread(
+                target=self._guard, args=(self._send_loop,), daemon=True, name=f"torchspark-mailbox-send-{rank}"
+            )
+        ]
+        self._threads += [
+            threading.Thread(
+                target=self._guard,
+                args=(self._receive_loop, p),
+                daemon=True,
+                name=f"torchspark-mailbox-recv-{rank}-from-{p}",
+            )
+            for p in range(world_size)
+            if p != rank
+        ]
         for t in self._threads:
             t.start()
 
@@ -219,9 +235,11 @@ class TorchDistMailbox:
                 log.debug("gradient-sharing mailbox threads still blocked after an error: %s", alive)
             return
         if alive:
-            raise WaitTimeout(f"gradient-sharing messages were not delivered within rendezvous_timeout_s="
-                              f"{timeout_s} ({alive} still waiting); a peer worker is stuck or gone (raise "
-                              "rendezvous_timeout_s if it is merely slow)")
+            raise WaitTimeout(
+                f"gradient-sharing messages were not delivered within rendezvous_timeout_s="
+                f"{timeout_s} ({alive} still waiting); a peer worker is stuck or gone (raise "
+                "rendezvous_timeout_s if it is merely slow)"
+            )
         if self._inbox.error is not None:
             raise TrainingError(f"the gradient-sharing mailbox failed: {self._inbox.error}") from self._inbox.error
 

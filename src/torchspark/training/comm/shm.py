@@ -29,7 +29,8 @@ import mmap
 import os
 import struct
 import uuid
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -109,8 +110,9 @@ class SharedMemoryReducer:
         agree: ``agree(ok) -> bool``: a collective AND over ranks (all ranks must get the same answer).
     """
 
-    def __init__(self, store: Any, rank: int, world_size: int, barrier: Callable[[], None],
-                 agree: Callable[[bool], bool]) -> None:
+    def __init__(
+        self, store: Any, rank: int, world_size: int, barrier: Callable[[], None], agree: Callable[[bool], bool]
+    ) -> None:
         self.rank = rank
         self.world_size = world_size
         self._store = store
@@ -122,8 +124,15 @@ class SharedMemoryReducer:
         self.disabled = False
 
     @classmethod
-    def for_host(cls, store: Any, rank: int, world_size: int, barrier: Callable[[], None],
-                 agree: Callable[[bool], bool], address: str | None = None) -> "SharedMemoryReducer | None":
+    def for_host(
+        cls,
+        store: Any,
+        rank: int,
+        world_size: int,
+        barrier: Callable[[], None],
+        agree: Callable[[bool], bool],
+        address: str | None = None,
+    ) -> SharedMemoryReducer | None:
         """A reducer when every rank reports the same :func:`host_id` (of its advertised ``address``) and
         ``/dev/shm`` exists, else None."""
         if world_size < 2:
@@ -135,15 +144,19 @@ class SharedMemoryReducer:
             return None
         return cls(store, rank, world_size, barrier, agree)
 
-    def set_barrier(self, barrier: Callable[[], None], arrive: Callable[[], None] | None = None,
-                    depart: Callable[[], None] | None = None) -> None:
+    def set_barrier(
+        self,
+        barrier: Callable[[], None],
+        arrive: Callable[[], None] | None = None,
+        depart: Callable[[], None] | None = None,
+    ) -> None:
         """Order the sums with a faster barrier (:class:`~torchspark.training.comm.fifo_barrier.FifoBarrier`); every rank
         must switch at the same point. With its two halves (``arrive``, ``depart``: ``barrier`` is both in turn)
         :meth:`posted_gathers` becomes available."""
         self._barrier = barrier
         self._split = (arrive, depart) if arrive is not None and depart is not None else None
 
-    def posted_gathers(self) -> "PostedGathers | None":
+    def posted_gathers(self) -> PostedGathers | None:
         """Collectively open split-phase byte gathers (:class:`PostedGathers`); None (on every rank) without a split
         barrier or without a usable segment. Nothing else may use this reducer until :meth:`PostedGathers.close`."""
         if self._split is None or not self.stage(2 * GATHER_MIN_BYTES // 4):  # same decision on every rank
@@ -152,8 +165,12 @@ class SharedMemoryReducer:
 
     def accepts(self, tensor: torch.Tensor) -> bool:
         """Whether :meth:`all_reduce_sum` handles this tensor (same answer on every rank for the same call)."""
-        return (not self.disabled and tensor.device.type == "cpu" and tensor.dtype == torch.float32
-                and tensor.numel() >= MIN_NUMEL)
+        return (
+            not self.disabled
+            and tensor.device.type == "cpu"
+            and tensor.dtype == torch.float32
+            and tensor.numel() >= MIN_NUMEL
+        )
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> bool:
         """Sum ``tensor`` over ranks in place. Returns False (tensor untouched, on every rank) when the segment
@@ -250,8 +267,7 @@ class SharedMemoryReducer:
             if mm is not None:
                 mm.close()
             self.disabled = True
-            log.info("shared-memory all-reduce unavailable (segment of %d bytes); using the network backend",
-                     nbytes)
+            log.info("shared-memory all-reduce unavailable (segment of %d bytes); using the network backend", nbytes)
             return False
         if self._segment is not None:
             self._segment.close()
@@ -295,8 +311,9 @@ class PostedGathers:
         if self._posted is not None:
             raise RuntimeError("PostedGathers.post twice without collect: collect every round before the next")
         seg = self._segment()
-        seg.write_message(self._reducer.rank, payload, with_body=_LEN.size + len(payload) <= seg.half_nbytes(),
-                          half=self._round % 2)
+        seg.write_message(
+            self._reducer.rank, payload, with_body=_LEN.size + len(payload) <= seg.half_nbytes(), half=self._round % 2
+        )
         self._posted = payload
         self._arrive()
 
@@ -317,8 +334,10 @@ class PostedGathers:
         self._arrive()
         self._depart()  # every rank has read the lengths before the segment is replaced
         if not self._reducer.stage(2 * (_LEN.size + max(lengths)) // 4 + 2):
-            raise TrainingError("the shared-memory segment could not grow for a gradient-sharing message of "
-                                f"{max(lengths)} bytes; free space in {SHM_DIR} or train with overlap=False")
+            raise TrainingError(
+                "the shared-memory segment could not grow for a gradient-sharing message of "
+                f"{max(lengths)} bytes; free space in {SHM_DIR} or train with overlap=False"
+            )
         seg = self._segment()
         seg.write_message(self._reducer.rank, payload, with_body=True, half=0)
         self._arrive()

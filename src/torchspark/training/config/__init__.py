@@ -17,5 +17,12 @@ from torchspark.training.config.masters import (
 from torchspark.training.config.mesh import MeshConfig
 from torchspark.training.config.shared_master import SharedTrainingMaster
 
-__all__ = ["TrainingMaster", "ParameterAveragingTrainingMaster", "SharedTrainingMaster", "MeshConfig",
-           "master_from_json", "master_class", "master_kinds"]
+__all__ = [
+    "TrainingMaster",
+    "ParameterAveragingTrainingMaster",
+    "SharedTrainingMaster",
+    "MeshConfig",
+    "master_from_json",
+    "master_class",
+    "master_kinds",
+]

@@ -270,7 +270,7 @@ class TrainingMaster:
         """The worker-mesh options as one frozen, validated object (what the runners receive)."""
         return MeshConfig(**{f: getattr(self, f) for f in MESH_FIELDS})
 
-    def with_mesh(self, mesh: MeshConfig) -> "TrainingMaster":
+    def with_mesh(self, mesh: MeshConfig) -> TrainingMaster:
         """A copy of this master with every worker-mesh option taken from ``mesh``."""
         if not isinstance(mesh, MeshConfig):
             raise ConfigError(f"mesh must be a MeshConfig, got {type(mesh).__name__}")
@@ -290,7 +290,7 @@ class TrainingMaster:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> "TrainingMaster":
+    def from_json(cls, text: str) -> TrainingMaster:
         master = master_from_json(text)
         if not isinstance(master, cls):
             raise ConfigError(f"the JSON describes a {type(master).__name__}, not a {cls.__name__}")
@@ -301,7 +301,7 @@ class TrainingMaster:
         return dump_mapping(json.loads(self.to_json()), "yaml")
 
     @classmethod
-    def from_yaml(cls, text: str) -> "TrainingMaster":
+    def from_yaml(cls, text: str) -> TrainingMaster:
         """Rebuild a master from :meth:`to_yaml` output (read with PyYAML's safe loader); on
         ``TrainingMaster`` any master, on a subclass only that kind (else ConfigError)."""
         master = master_from_json(json.dumps(load_mapping(text, "yaml", "the training master YAML")))

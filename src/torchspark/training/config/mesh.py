@@ -69,21 +69,33 @@ class MeshConfig:
             try:
                 ipaddress.ip_network(self.network_mask, strict=False)
             except (TypeError, ValueError) as e:
-                raise ConfigError(f"network_mask must be a CIDR such as '10.0.0.0/16', got "
-                                  f"{self.network_mask!r}") from e
+                raise ConfigError(
+                    f"network_mask must be a CIDR such as '10.0.0.0/16', got {self.network_mask!r}"
+                ) from e
         if self.controller_address is not None and (
-                not isinstance(self.controller_address, str) or not self.controller_address.strip()):
-            raise ConfigError(f"controller_address must be a non-empty host or IP string or None, got "
-                              f"{self.controller_address!r}")
+            not isinstance(self.controller_address, str) or not self.controller_address.strip()
+        ):
+            raise ConfigError(
+                f"controller_address must be a non-empty host or IP string or None, got {self.controller_address!r}"
+            )
         check_choice("rendezvous_via", self.rendezvous_via, RENDEZVOUS_ROUTES)
         # a bound every clock and socket API takes (inf or 1e300 overflow deep inside a wait otherwise)
-        check_float("rendezvous_timeout_s", self.rendezvous_timeout_s, above=0, maximum=MAX_TIMEOUT_S, finite=True,
-                    unit="seconds", fix="pass a finite number of seconds (the default is 300; at most one week)")
+        check_float(
+            "rendezvous_timeout_s",
+            self.rendezvous_timeout_s,
+            above=0,
+            maximum=MAX_TIMEOUT_S,
+            finite=True,
+            unit="seconds",
+            fix="pass a finite number of seconds (the default is 300; at most one week)",
+        )
         if self.port_range is not None:
             object.__setattr__(self, "port_range", _port_range(self.port_range))
             if self.port:
-                raise ConfigError(f"set port ({self.port}) or port_range ({self.port_range}), not both: port_range "
-                                  "already covers worker 0's store")
+                raise ConfigError(
+                    f"set port ({self.port}) or port_range ({self.port_range}), not both: port_range "
+                    "already covers worker 0's store"
+                )
         check_bool("shared_memory_allreduce", self.shared_memory_allreduce)
 
     def to_dict(self) -> dict[str, Any]:
@@ -99,11 +111,15 @@ class MeshConfig:
 
 def _port_range(value: Any) -> tuple[int, int]:
     """``value`` as a validated ``(first, last)`` tuple (JSON gives a list)."""
-    ok = (isinstance(value, (tuple, list)) and len(value) == 2
-          and all(isinstance(v, int) and not isinstance(v, bool) for v in value))
+    ok = (
+        isinstance(value, (tuple, list))
+        and len(value) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    )
     if not ok or not 1 <= value[0] <= value[1] <= 65535:
-        raise ConfigError(f"port_range must be (first, last) with 1 <= first <= last <= 65535, e.g. (40000, 40100), "
-                          f"got {value!r}")
+        raise ConfigError(
+            f"port_range must be (first, last) with 1 <= first <= last <= 65535, e.g. (40000, 40100), got {value!r}"
+        )
     return int(value[0]), int(value[1])
 
 

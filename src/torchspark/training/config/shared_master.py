@@ -40,8 +40,9 @@ def _policy(name: str, value: Any, from_dict: Any, methods: tuple[str, ...], exa
         return from_dict(value)
     if all(callable(getattr(value, m, None)) for m in methods) and dataclasses.is_dataclass(value):
         return value
-    raise ConfigError(f"SharedTrainingMaster: {name} must be a policy object such as {example} or its to_dict() "
-                      f"form, got {value!r}")
+    raise ConfigError(
+        f"SharedTrainingMaster: {name} must be a policy object such as {example} or its to_dict() form, got {value!r}"
+    )
 
 
 @register_master
@@ -122,31 +123,54 @@ class SharedTrainingMaster(TrainingMaster):
     def __post_init__(self) -> None:
         super().__post_init__()
         name = type(self).__name__
-        object.__setattr__(self, "threshold_algorithm", _policy(
-            "threshold_algorithm", self.threshold_algorithm, threshold_policy_from_dict,
-            ("initial_state", "calibration_target", "calibrated_state", "next_threshold", "to_dict"),
-            "AdaptiveThreshold()"))
-        object.__setattr__(self, "residual_post_processor", _policy(
-            "residual_post_processor", self.residual_post_processor, residual_post_processor_from_dict,
-            ("process", "to_dict"), "ResidualClipping()"))
+        object.__setattr__(
+            self,
+            "threshold_algorithm",
+            _policy(
+                "threshold_algorithm",
+                self.threshold_algorithm,
+                threshold_policy_from_dict,
+                ("initial_state", "calibration_target", "calibrated_state", "next_threshold", "to_dict"),
+                "AdaptiveThreshold()",
+            ),
+        )
+        object.__setattr__(
+            self,
+            "residual_post_processor",
+            _policy(
+                "residual_post_processor",
+                self.residual_post_processor,
+                residual_post_processor_from_dict,
+                ("process", "to_dict"),
+                "ResidualClipping()",
+            ),
+        )
         check_int("shake_frequency", self.shake_frequency, 0, owner=name, meaning="(0 = off)")
         if not is_int(self.workers_per_node) or not (self.workers_per_node == -1 or self.workers_per_node >= 1):
-            raise ConfigError(f"{name}: workers_per_node must be -1 (one per GPU, else one per task) or an integer "
-                              f">= 1, got {self.workers_per_node!r}")
+            raise ConfigError(
+                f"{name}: workers_per_node must be -1 (one per GPU, else one per task) or an integer "
+                f">= 1, got {self.workers_per_node!r}"
+            )
         if self.workers_per_node >= 1 and self.num_workers is not None:
-            raise ConfigError(f"{name}: set num_workers={self.num_workers} or workers_per_node="
-                              f"{self.workers_per_node} (k workers on every executor), not both")
+            raise ConfigError(
+                f"{name}: set num_workers={self.num_workers} or workers_per_node="
+                f"{self.workers_per_node} (k workers on every executor), not both"
+            )
         check_bool("overlap", self.overlap, owner=name)
         check_on_divergence(name, self.on_divergence)
         check_max_staleness(name, self.max_staleness, self.overlap)
         if self.max_staleness is not None and self.checkpoint_directory is not None:
-            raise ConfigError(f"{name}: max_staleness={self.max_staleness} cannot checkpoint (a cut would have to "
-                              f"capture every message in flight); set checkpoint_directory=None or "
-                              "max_staleness=None")
+            raise ConfigError(
+                f"{name}: max_staleness={self.max_staleness} cannot checkpoint (a cut would have to "
+                f"capture every message in flight); set checkpoint_directory=None or "
+                "max_staleness=None"
+            )
         if self.max_staleness is not None and getattr(self, "topology", None) == "sharded":
-            raise ConfigError(f"{name}: max_staleness={self.max_staleness} sends point-to-point, so "
-                              "topology='sharded' (a collective exchange) does not apply; use topology='auto' or "
-                              "max_staleness=None")
+            raise ConfigError(
+                f"{name}: max_staleness={self.max_staleness} sends point-to-point, so "
+                "topology='sharded' (a collective exchange) does not apply; use topology='auto' or "
+                "max_staleness=None"
+            )
         check_topology(name, self.topology, self.shard_above_workers)
         # builds (and so validates) the encoder config once, here, not on the workers
         self.encoder_config()
@@ -159,16 +183,23 @@ class SharedTrainingMaster(TrainingMaster):
 
     def encoder_config(self) -> EncoderConfig:
         """The per-worker encoder these options describe."""
-        return EncoderConfig(threshold_policy=self.threshold_algorithm,
-                             residual_post_processor=self.residual_post_processor,
-                             shake_frequency=self.shake_frequency)
+        return EncoderConfig(
+            threshold_policy=self.threshold_algorithm,
+            residual_post_processor=self.residual_post_processor,
+            shake_frequency=self.shake_frequency,
+        )
 
     def algorithm_settings(self) -> dict[str, Any]:
         """JSON-able settings of the algorithm :attr:`mode` names
         (:class:`~torchspark.training.algorithms.sharing.settings.SharingSettings`)."""
-        return SharingSettings(encoder=self.encoder_config(), overlap=self.overlap,
-                               on_divergence=self.on_divergence, max_staleness=self.max_staleness,
-                               topology=self.topology, shard_above_workers=self.shard_above_workers).to_dict()
+        return SharingSettings(
+            encoder=self.encoder_config(),
+            overlap=self.overlap,
+            on_divergence=self.on_divergence,
+            max_staleness=self.max_staleness,
+            topology=self.topology,
+            shard_above_workers=self.shard_above_workers,
+        ).to_dict()
 
     @property
     def workers_per_executor(self) -> int | None:

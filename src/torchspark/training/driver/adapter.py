@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Callable, Protocol, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from torchspark.errors import ConfigError
 from torchspark.nn import Network
@@ -37,8 +38,9 @@ class OpenEvents(Protocol):
     """Builds one fit's :class:`~torchspark.training.driver.fit.FitEvents` for its training listeners (the
     signature of :class:`torchspark.listeners.TrainingEvents`)."""
 
-    def __call__(self, listeners: Sequence[Any], *, runner: str, master: Any, network: Any, epochs: int,
-                 num_workers: int) -> FitEvents: ...
+    def __call__(
+        self, listeners: Sequence[Any], *, runner: str, master: Any, network: Any, epochs: int, num_workers: int
+    ) -> FitEvents: ...
 
 
 def check_runner(runner: Any) -> None:
@@ -49,8 +51,7 @@ def check_runner(runner: Any) -> None:
         ConfigError: ``runner`` has no ``run`` method, e.g. ``runner="local"``.
     """
     if runner is not None and not callable(getattr(runner, "run", None)):
-        raise ConfigError(f"runner must have a run(task, data, context) method (a Runner), got "
-                          f"{type(runner).__name__}")
+        raise ConfigError(f"runner must have a run(task, data, context) method (a Runner), got {type(runner).__name__}")
 
 
 def check_first_batch(network: Network, item: Any) -> None:
@@ -107,15 +108,30 @@ class FitAdapter:
                 :meth:`add_progress_listener`).
         """
         if not isinstance(listener, self._listener_type):
-            raise ConfigError(f"add_training_listener takes a torchspark.listeners.TrainingListener, got "
-                              f"{type(listener).__name__}; use add_progress_listener for a plain callable")
+            raise ConfigError(
+                f"add_training_listener takes a torchspark.listeners.TrainingListener, got "
+                f"{type(listener).__name__}; use add_progress_listener for a plain callable"
+            )
         self.training_listeners.append(listener)
 
-    def fit(self, network: Network, master: TrainingMaster, runner: Runner, data: Any, *, epochs: int,
-            num_workers: int, collect_stats: bool, recorder: StatsCollector, description: str,
-            run_id: str | None = None, progress: bool | None = None, report_scores: bool = False,
-            score_listeners: Sequence[Callable[[ScoreReport], None]] = (),
-            total_examples: int | None = None) -> FitOutcome:
+    def fit(
+        self,
+        network: Network,
+        master: TrainingMaster,
+        runner: Runner,
+        data: Any,
+        *,
+        epochs: int,
+        num_workers: int,
+        collect_stats: bool,
+        recorder: StatsCollector,
+        description: str,
+        run_id: str | None = None,
+        progress: bool | None = None,
+        report_scores: bool = False,
+        score_listeners: Sequence[Callable[[ScoreReport], None]] = (),
+        total_examples: int | None = None,
+    ) -> FitOutcome:
         """Train ``network`` in place on ``data`` through ``runner`` (:func:`run_fit`) and keep the outcome.
 
         Args:
@@ -131,13 +147,40 @@ class FitAdapter:
         Raises:
             WorkerError: as :func:`run_fit`; the outcome of the previous fit is kept then.
         """
-        task = build_task(network, master, epochs, collect_stats, recorder,
-                          report_scores=report_scores or bool(self.training_listeners), run_id=run_id)
-        events = (self._open_events(self.training_listeners, runner=self.name, master=master, network=network,
-                                    epochs=epochs, num_workers=num_workers)
-                  if self.training_listeners else None)
-        outcome = run_fit(network, task, runner, data, recorder=recorder, description=description,
-                          listeners=self.progress_listeners, score_listeners=score_listeners, progress=progress,
-                          events=events, max_failures=master.max_failures, total_examples=total_examples)
+        task = build_task(
+            network,
+            master,
+            epochs,
+            collect_stats,
+            recorder,
+            report_scores=report_scores or bool(self.training_listeners),
+            run_id=run_id,
+        )
+        events = (
+            self._open_events(
+                self.training_listeners,
+                runner=self.name,
+                master=master,
+                network=network,
+                epochs=epochs,
+                num_workers=num_workers,
+            )
+            if self.training_listeners
+            else None
+        )
+        outcome = run_fit(
+            network,
+            task,
+            runner,
+            data,
+            recorder=recorder,
+            description=description,
+            listeners=self.progress_listeners,
+            score_listeners=score_listeners,
+            progress=progress,
+            events=events,
+            max_failures=master.max_failures,
+            total_examples=total_examples,
+        )
         self.score, self.results, self.stats = outcome.score, outcome.results, outcome.stats
         return outcome

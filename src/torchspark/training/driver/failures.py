@@ -13,14 +13,21 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from torchspark import errors
 from torchspark.errors import TorchSparkError, WorkerError
 from torchspark.training.waiting import Deadline
 
-__all__ = ["traceback_tail", "last_line", "is_peer_failure", "root_cause", "wait_for_root_cause",
-           "worker_error_type", "worker_failure"]
+__all__ = [
+    "traceback_tail",
+    "last_line",
+    "is_peer_failure",
+    "root_cause",
+    "wait_for_root_cause",
+    "worker_error_type",
+    "worker_failure",
+]
 
 
 # What a worker sees when a *peer* died or was aborted: secondary failures, never the cause.
@@ -50,9 +57,12 @@ def root_cause(errors: Sequence[tuple[int, str]]) -> tuple[int, str] | None:
     return errors[0]
 
 
-def wait_for_root_cause(errors: Callable[[], Sequence[tuple[int, str]]], wait_s: float,
-                        receive: Callable[[float], bool] | None = None,
-                        poll_s: float = 0.05) -> tuple[int, str] | None:
+def wait_for_root_cause(
+    errors: Callable[[], Sequence[tuple[int, str]]],
+    wait_s: float,
+    receive: Callable[[float], bool] | None = None,
+    poll_s: float = 0.05,
+) -> tuple[int, str] | None:
     """:func:`root_cause` of ``errors()`` once one of them is a cause, or when ``wait_s`` has passed.
 
     Args:
@@ -88,8 +98,9 @@ def worker_failure(rank: int, tb: str) -> WorkerError:
     Example: ``raise worker_failure(1, tb)`` -> ``WorkerError: worker 1 failed: ValueError: bad input`` followed
     by ``--- worker traceback ---`` and the traceback's last 20 lines.
     """
-    return worker_error_type(tb)(f"worker {rank} failed: {last_line(tb)}\n--- worker traceback ---\n"
-                                 f"{traceback_tail(tb)}")
+    return worker_error_type(tb)(
+        f"worker {rank} failed: {last_line(tb)}\n--- worker traceback ---\n{traceback_tail(tb)}"
+    )
 
 
 def traceback_tail(tb: str, max_lines: int = 20) -> str:
@@ -97,7 +108,7 @@ def traceback_tail(tb: str, max_lines: int = 20) -> str:
     lines = [ln for ln in tb.strip().splitlines() if not ln.strip().startswith("SQLSTATE")]
     if len(lines) <= max_lines:
         return "\n".join(lines)
-    return "\n".join(["Traceback (most recent call last):", "  ...", *lines[-(max_lines - 2):]])
+    return "\n".join(["Traceback (most recent call last):", "  ...", *lines[-(max_lines - 2) :]])
 
 
 _MIXED: dict[type, type[WorkerError]] = {}
@@ -112,13 +123,20 @@ def worker_error_type(tb: str) -> type[WorkerError]:
     """
     match = _OUR_ERROR.match(last_line(tb, ""))
     cls = getattr(errors, match.group(1), None) if match else None
-    if not isinstance(cls, type) or not issubclass(cls, TorchSparkError) or issubclass(cls, WorkerError) \
-            or issubclass(WorkerError, cls):  # WorkerError already is a TrainingError, a TorchSparkError
+    if (
+        not isinstance(cls, type)
+        or not issubclass(cls, TorchSparkError)
+        or issubclass(cls, WorkerError)
+        or issubclass(WorkerError, cls)
+    ):  # WorkerError already is a TrainingError, a TorchSparkError
         return WorkerError
     if cls not in _MIXED:
         try:
-            _MIXED[cls] = type(f"Worker{cls.__name__}", (WorkerError, cls),
-                               {"__module__": errors.__name__, "__doc__": f"A worker raised {cls.__name__}."})
+            _MIXED[cls] = type(
+                f"Worker{cls.__name__}",
+                (WorkerError, cls),
+                {"__module__": errors.__name__, "__doc__": f"A worker raised {cls.__name__}."},
+            )
         except TypeError:  # a base whose instance layout cannot mix with RuntimeError's (TimeoutError)
             _MIXED[cls] = WorkerError
     return _MIXED[cls]

@@ -29,9 +29,11 @@ import logging
 import time
 import uuid
 import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Protocol
 
+from torchspark._io import join
 from torchspark.errors import WorkerLost
 from torchspark.nn import Network, NetworkBlueprint
 from torchspark.stats import StatsCollector, TrainingStats
@@ -42,7 +44,6 @@ from torchspark.training.driver.resume import open_run, resume_task
 from torchspark.training.driver.runner import InProcessRunner, Runner
 from torchspark.training.driver.stats import build_training_stats
 from torchspark.training.hooks import PhaseRecorder, ProgressUpdate, ScoreReport
-from torchspark._io import join
 from torchspark.training.progress import (
     DirectoryProgressReader,
     ProgressBar,
@@ -111,9 +112,15 @@ class FitContext:
             progress server and token, so nothing a failed attempt left behind is read by the next.
     """
 
-    def __init__(self, network: Network, recorder: PhaseRecorder, description: str,
-                 listeners: Sequence[Callable[[ProgressUpdate], None]] = (),
-                 score_listeners: Sequence[Callable[[ScoreReport], None]] = (), attempt: int = 0) -> None:
+    def __init__(
+        self,
+        network: Network,
+        recorder: PhaseRecorder,
+        description: str,
+        listeners: Sequence[Callable[[ProgressUpdate], None]] = (),
+        score_listeners: Sequence[Callable[[ScoreReport], None]] = (),
+        attempt: int = 0,
+    ) -> None:
         self.network = network
         self.recorder = recorder
         self.attempt = attempt
@@ -122,15 +129,23 @@ class FitContext:
         self._score_listeners = list(score_listeners)
         self._server: ProgressServer | DirectoryProgressReader | None = None
 
-    def progress_address(self, host: str = "127.0.0.1", advertise_host: str | None = None,
-                         port_range: tuple[int, int] | None = None) -> ProgressEndpoint:
+    def progress_address(
+        self, host: str = "127.0.0.1", advertise_host: str | None = None, port_range: tuple[int, int] | None = None
+    ) -> ProgressEndpoint:
         """Start the progress server on ``host`` (once per fit; on a port inside ``port_range`` when set, the mesh
         option) and return the address workers dial."""
         if self._server is None:
             self._server = listen_in_range(
-                lambda port: ProgressServer(host=host, port=port, advertise_host=advertise_host,
-                                            listeners=self._listeners, score_listeners=self._score_listeners).start(),
-                port_range, "the driver's progress server")
+                lambda port: ProgressServer(
+                    host=host,
+                    port=port,
+                    advertise_host=advertise_host,
+                    listeners=self._listeners,
+                    score_listeners=self._score_listeners,
+                ).start(),
+                port_range,
+                "the driver's progress server",
+            )
         assert isinstance(self._server, ProgressServer), "one progress channel per fit"
         return self._server.endpoint
 
@@ -140,8 +155,9 @@ class FitContext:
         cannot connect to. After a fit that succeeded the directory is removed; after a failure it stays."""
         if self._server is None:
             url = join(base, f"fit-{uuid.uuid4().hex[:12]}-a{self.attempt}")
-            self._server = DirectoryProgressReader(url, poll_s, flush_s, listeners=self._listeners,
-                                                   score_listeners=self._score_listeners).start()
+            self._server = DirectoryProgressReader(
+                url, poll_s, flush_s, listeners=self._listeners, score_listeners=self._score_listeners
+            ).start()
         assert isinstance(self._server, DirectoryProgressReader), "one progress channel per fit"
         return self._server.target
 
@@ -196,8 +212,16 @@ class FitContext:
             self._server.close(drain_s=drain_s)
 
 
-def build_task(network: Network, master: TrainingMaster, epochs: int, collect_stats: bool,
-               recorder: PhaseRecorder, *, report_scores: bool = False, run_id: str | None = None) -> WorkerTask:
+def build_task(
+    network: Network,
+    master: TrainingMaster,
+    epochs: int,
+    collect_stats: bool,
+    recorder: PhaseRecorder,
+    *,
+    report_scores: bool = False,
+    run_id: str | None = None,
+) -> WorkerTask:
     """Step 1: the task every worker receives (timed as the driver's ``broadcast`` phase: the blueprint is the
     network's weights).
 
@@ -240,15 +264,29 @@ def restart_task(task: WorkerTask, attempt: int) -> tuple[WorkerTask, dict[str, 
     resumed = replace(resumed, attempt=attempt)
     if point is None:
         return resumed, {"attempt": attempt, "epoch": 0, "iteration": 0, "checkpoint": None}
-    return resumed, {"attempt": attempt, "epoch": point.fit_epoch,
-                     "iteration": point.iteration - point.fit_start_iteration, "checkpoint": point.path}
+    return resumed, {
+        "attempt": attempt,
+        "epoch": point.fit_epoch,
+        "iteration": point.iteration - point.fit_start_iteration,
+        "checkpoint": point.path,
+    }
 
 
-def run_fit(network: Network, task: WorkerTask, runner: Runner, data: Any, *, recorder: StatsCollector,
-            description: str, listeners: Sequence[Callable[[ProgressUpdate], None]] = (),
-            score_listeners: Sequence[Callable[[ScoreReport], None]] = (),
-            progress: bool | None = None, events: FitEvents | None = None,
-            max_failures: int = 0, total_examples: int | None = None) -> FitOutcome:
+def run_fit(
+    network: Network,
+    task: WorkerTask,
+    runner: Runner,
+    data: Any,
+    *,
+    recorder: StatsCollector,
+    description: str,
+    listeners: Sequence[Callable[[ProgressUpdate], None]] = (),
+    score_listeners: Sequence[Callable[[ScoreReport], None]] = (),
+    progress: bool | None = None,
+    events: FitEvents | None = None,
+    max_failures: int = 0,
+    total_examples: int | None = None,
+) -> FitOutcome:
     """Steps 2-6 of the module docstring: run ``task`` on ``data`` through ``runner`` and update ``network``.
 
     Args:
@@ -275,18 +313,40 @@ def run_fit(network: Network, task: WorkerTask, runner: Runner, data: Any, *, re
     """
     lock = open_run(task.checkpoint, isinstance(runner, InProcessRunner))
     try:
-        return _run_fit(network, task, runner, data, recorder=recorder, description=description, listeners=listeners,
-                        score_listeners=score_listeners, progress=progress, events=events,
-                        max_failures=max_failures, total_examples=total_examples)
+        return _run_fit(
+            network,
+            task,
+            runner,
+            data,
+            recorder=recorder,
+            description=description,
+            listeners=listeners,
+            score_listeners=score_listeners,
+            progress=progress,
+            events=events,
+            max_failures=max_failures,
+            total_examples=total_examples,
+        )
     finally:
         if lock is not None:
             lock.release()
 
 
-def _run_fit(network: Network, task: WorkerTask, runner: Runner, data: Any, *, recorder: StatsCollector,
-             description: str, listeners: Sequence[Callable[[ProgressUpdate], None]],
-             score_listeners: Sequence[Callable[[ScoreReport], None]], progress: bool | None,
-             events: FitEvents | None, max_failures: int, total_examples: int | None) -> FitOutcome:
+def _run_fit(
+    network: Network,
+    task: WorkerTask,
+    runner: Runner,
+    data: Any,
+    *,
+    recorder: StatsCollector,
+    description: str,
+    listeners: Sequence[Callable[[ProgressUpdate], None]],
+    score_listeners: Sequence[Callable[[ScoreReport], None]],
+    progress: bool | None,
+    events: FitEvents | None,
+    max_failures: int,
+    total_examples: int | None,
+) -> FitOutcome:
     bar = ProgressBar(total_examples=total_examples, desc=f"fit x{task.epochs}", enabled=progress)
     if events is not None:
         listeners, score_listeners = [*listeners, events.on_progress], [*score_listeners, events.on_score]
@@ -294,8 +354,13 @@ def _run_fit(network: Network, task: WorkerTask, runner: Runner, data: Any, *, r
     start = (network.iteration, network.epoch)
     task, point = resume_task(task)  # a run_id with checkpoints continues from the newest one
     if task.checkpoint is not None:
-        log.info("%s: checkpoints of run %r go to %s; fit(..., run_id=%r) continues it", description,
-                 task.checkpoint.run_id, task.checkpoint.directory, task.checkpoint.run_id)
+        log.info(
+            "%s: checkpoints of run %r go to %s; fit(..., run_id=%r) continues it",
+            description,
+            task.checkpoint.run_id,
+            task.checkpoint.directory,
+            task.checkpoint.run_id,
+        )
     if point is not None:  # the counters as they were when the run's fit started (maybe in another process)
         start = (point.fit_start_iteration, point.fit_start_epoch)
     start_state = _network_state(network)
@@ -307,21 +372,27 @@ def _run_fit(network: Network, task: WorkerTask, runner: Runner, data: Any, *, r
             attempt = 0
             while results is None:
                 attempt_task, restart = (task, None) if attempt == 0 else restart_task(task, attempt)
-                context = FitContext(network, recorder, description, [*listeners, bar.update], score_listeners,
-                                     attempt=attempt)
+                context = FitContext(
+                    network, recorder, description, [*listeners, bar.update], score_listeners, attempt=attempt
+                )
                 started = time.time()
                 try:
                     results = runner.run(attempt_task, data, context)
                     recovered_from = restart
                 except WorkerLost as error:
                     reached = context.reached()
-                    failures.append(record_failure(error, attempt, started, reached, context.worker_pids(),
-                                                   context.suspect()))
+                    failures.append(
+                        record_failure(error, attempt, started, reached, context.worker_pids(), context.suspect())
+                    )
                     verdict = decide(error, len(failures), max_failures)
                     if verdict is Decision.EXHAUSTED:
                         raise exhausted_error(failures, max_failures, error) from error
-                    log.warning("%s; recovering: attempt %d of at most %d", failures[-1].describe(), attempt + 1,
-                                max_failures + 1)
+                    log.warning(
+                        "%s; recovering: attempt %d of at most %d",
+                        failures[-1].describe(),
+                        attempt + 1,
+                        max_failures + 1,
+                    )
                     _restore(network, start, start_state)  # runners that train the driver's network in place
                     attempt += 1
                     continue
@@ -350,8 +421,12 @@ def _run_fit(network: Network, task: WorkerTask, runner: Runner, data: Any, *, r
 
 
 def _network_state(network: Network) -> tuple[Any, Any, Any, Any]:
-    return (network.params().detach().clone(), network.updater_state().detach().clone(),
-            {k: v.clone() for k, v in network.buffer_state().items()}, network.amp.state_tensors())
+    return (
+        network.params().detach().clone(),
+        network.updater_state().detach().clone(),
+        {k: v.clone() for k, v in network.buffer_state().items()},
+        network.amp.state_tensors(),
+    )
 
 
 def _restore(network: Network, start: tuple[int, int], state: tuple[Any, Any, Any, Any]) -> None:

@@ -12,9 +12,10 @@ the user's module) are never retried: running the same code on the same data aga
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from enum import Enum
-from typing import Any, Sequence
+from typing import Any
 
 from torchspark.errors import WorkerError, WorkerLost
 
@@ -65,9 +66,9 @@ class FailureRecord:
 class Decision(Enum):
     """What the driver does after a failed attempt."""
 
-    RETRY = "retry"            # start the next attempt
-    RAISE = "raise"            # the user's error: re-raise it unchanged
-    EXHAUSTED = "exhausted"    # lost workers, but max_failures attempts failed already
+    RETRY = "retry"  # start the next attempt
+    RAISE = "raise"  # the user's error: re-raise it unchanged
+    EXHAUSTED = "exhausted"  # lost workers, but max_failures attempts failed already
 
 
 def decide(error: BaseException, failures_so_far: int, max_failures: int) -> Decision:
@@ -78,18 +79,31 @@ def decide(error: BaseException, failures_so_far: int, max_failures: int) -> Dec
     return Decision.RETRY if failures_so_far <= max_failures else Decision.EXHAUSTED
 
 
-def record_failure(error: WorkerLost, attempt: int, started: float, reached: tuple[int, int] | None,
-                   pids: dict[int, int | None] | None = None, suspect: int | None = None) -> FailureRecord:
+def record_failure(
+    error: WorkerLost,
+    attempt: int,
+    started: float,
+    reached: tuple[int, int] | None,
+    pids: dict[int, int | None] | None = None,
+    suspect: int | None = None,
+) -> FailureRecord:
     """The :class:`FailureRecord` of ``error``, seen now; ``reached`` is the attempt's furthest
     ``(epoch, iteration)``, ``pids`` each rank's process id, ``suspect`` the rank the driver believes lost when
     the error names none (the first whose progress connection closed without an error)."""
     reason = error.reason or (str(error).splitlines() or ["unknown"])[0]
     rank = error.rank if error.rank is not None else suspect
-    return FailureRecord(attempt=attempt, rank=rank, executor=error.executor, exit_status=error.exit_status,
-                         reason=reason, time=time.time(), started=started,
-                         reached_epoch=reached[0] if reached else None,
-                         reached_iteration=reached[1] if reached else None,
-                         pid=(pids or {}).get(rank) if rank is not None else None)
+    return FailureRecord(
+        attempt=attempt,
+        rank=rank,
+        executor=error.executor,
+        exit_status=error.exit_status,
+        reason=reason,
+        time=time.time(),
+        started=started,
+        reached_epoch=reached[0] if reached else None,
+        reached_iteration=reached[1] if reached else None,
+        pid=(pids or {}).get(rank) if rank is not None else None,
+    )
 
 
 def exhausted_error(failures: Sequence[FailureRecord], max_failures: int, last: WorkerLost) -> WorkerError:
@@ -100,5 +114,9 @@ def exhausted_error(failures: Sequence[FailureRecord], max_failures: int, last: 
         f"{final.describe()}\nthe fit lost workers {len(failures)} time(s), more than max_failures={max_failures} "
         f"allows; raise max_failures on the training master if such faults are expected, else fix their cause:\n"
         f"{listed}\n--- the last failure ---\n{last}",
-        rank=final.rank, executor=final.executor, exit_status=final.exit_status, reason=final.reason)
+        rank=final.rank,
+        executor=final.executor,
+        exit_status=final.exit_status,
+        reason=final.reason,
+    )
     return error

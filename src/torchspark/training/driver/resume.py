@@ -55,9 +55,11 @@ def open_run(plan: CheckpointPlan | None, in_process: bool) -> RunLock | None:
     if plan is None:
         return None
     if plan.directory.startswith("memory://") and not in_process:
-        raise ConfigError(f"checkpoint_directory={plan.directory!r}: memory:// storage lives inside one process, "
-                          "but this fit's workers run in their own processes (each would write to its own copy); "
-                          "use a directory on disk or shared storage (hdfs://, s3://...)")
+        raise ConfigError(
+            f"checkpoint_directory={plan.directory!r}: memory:// storage lives inside one process, "
+            "but this fit's workers run in their own processes (each would write to its own copy); "
+            "use a directory on disk or shared storage (hdfs://, s3://...)"
+        )
     check_run_directory(store.run_directory(plan.directory, plan.run_id))
     return acquire_run_lock(plan.directory, plan.run_id)
 
@@ -69,32 +71,47 @@ def _differences(saved: dict[str, Any], now: dict[str, Any], keys: tuple[str, ..
 def _check_same_fit(task: WorkerTask, plan: CheckpointPlan, m: dict[str, Any], where: str) -> None:
     """ConfigError when checkpoint manifest ``m`` was written by another fit than ``task``'s."""
     if m.get("mode") != task.mode:
-        raise ConfigError(f"{where} was trained with {m.get('mode')!r}, this fit uses {task.mode!r}; use the same "
-                          "training master to resume it, or a new run_id to start over")
+        raise ConfigError(
+            f"{where} was trained with {m.get('mode')!r}, this fit uses {task.mode!r}; use the same "
+            "training master to resume it, or a new run_id to start over"
+        )
     if m.get("settings") != task.settings:
-        raise ConfigError(f"{where} was trained with the algorithm settings {m.get('settings')}, this fit has "
-                          f"{task.settings}; resume with the same master options, or use a new run_id")
+        raise ConfigError(
+            f"{where} was trained with the algorithm settings {m.get('settings')}, this fit has "
+            f"{task.settings}; resume with the same master options, or use a new run_id"
+        )
     network = NetworkBlueprint.from_bytes(task.blueprint).config
     changed = _differences(m.get("network") or {}, network, NETWORK_KEYS) if m.get("network") else []
     master = m.get("master")
     if isinstance(master, dict):
         changed += _differences(master, json.loads(plan.master_json), DATA_ORDER_KEYS)
     if changed:
-        raise ConfigError(f"{where} was written by a fit with other settings ({'; '.join(changed)}); a resume must "
-                          "train as the interrupted fit would have (the same network, updater, learning rate and "
-                          "data order): resume with the settings it had, or use a new run_id to start a new run")
+        raise ConfigError(
+            f"{where} was written by a fit with other settings ({'; '.join(changed)}); a resume must "
+            "train as the interrupted fit would have (the same network, updater, learning rate and "
+            "data order): resume with the settings it had, or use a new run_id to start a new run"
+        )
     if m["fit_epoch"] > task.epochs:
-        raise ConfigError(f"{where} has already trained {m['fit_epoch']} epochs of its fit, but this fit asks for "
-                          f"epochs={task.epochs}; ask for at least {m['fit_epoch']} epochs (the same as the "
-                          "interrupted fit continues it), or use a new run_id")
+        raise ConfigError(
+            f"{where} has already trained {m['fit_epoch']} epochs of its fit, but this fit asks for "
+            f"epochs={task.epochs}; ask for at least {m['fit_epoch']} epochs (the same as the "
+            "interrupted fit continues it), or use a new run_id"
+        )
 
 
 def _point(plan: CheckpointPlan, found: store.StoredCheckpoint) -> ResumePoint:
     m = found.manifest
-    return ResumePoint(run_id=plan.run_id, path=found.path, step=m["step"], fit_epoch=m["fit_epoch"],
-                       world_size=m["world_size"], iteration=m["iteration"], epoch=m["epoch"],
-                       fit_start_iteration=int(m.get("fit_start_iteration", 0)),
-                       fit_start_epoch=int(m.get("fit_start_epoch", 0)))
+    return ResumePoint(
+        run_id=plan.run_id,
+        path=found.path,
+        step=m["step"],
+        fit_epoch=m["fit_epoch"],
+        world_size=m["world_size"],
+        iteration=m["iteration"],
+        epoch=m["epoch"],
+        fit_start_iteration=int(m.get("fit_start_iteration", 0)),
+        fit_start_epoch=int(m.get("fit_start_epoch", 0)),
+    )
 
 
 def _candidates(task: WorkerTask) -> list[tuple[ResumePoint, bytes] | str]:
@@ -142,7 +159,8 @@ def _resolve(task: WorkerTask) -> tuple[ResumePoint, bytes] | None:
             f"run {task.checkpoint.run_id!r} has checkpoints but none is usable: {' | '.join(map(str, found))}. "
             f"Starting afresh would discard them, so the fit is refused: delete "
             f"{store.run_directory(task.checkpoint.directory, task.checkpoint.run_id)!r} to start the run anew, "
-            "or use a new run_id")
+            "or use a new run_id"
+        )
     return None
 
 
@@ -160,16 +178,20 @@ def _blueprint(task: WorkerTask, point: ResumePoint) -> bytes:
     if params is None or "updater_state" not in tensors:
         raise CheckpointDamaged(f"{store.rank_file(point.path, 0)!r} has no parameters or updater state; {FIX}")
     if net.num_params() != params.numel():
-        raise ConfigError(f"run {point.run_id!r}: its checkpoint has {params.numel()} parameters but this "
-                          f"network has {net.num_params()}; resume with the same network, or use a new run_id")
+        raise ConfigError(
+            f"run {point.run_id!r}: its checkpoint has {params.numel()} parameters but this "
+            f"network has {net.num_params()}; resume with the same network, or use a new run_id"
+        )
     bad = int((~torch.isfinite(params)).sum())
     if bad:
-        raise CheckpointDamaged(f"{store.rank_file(point.path, 0)!r} holds {bad} non-finite (NaN/inf) parameters "
-                                f"and cannot be resumed from; {FIX}")
+        raise CheckpointDamaged(
+            f"{store.rank_file(point.path, 0)!r} holds {bad} non-finite (NaN/inf) parameters "
+            f"and cannot be resumed from; {FIX}"
+        )
     net.set_params(params)
     net.set_updater_state(tensors["updater_state"])
     net.amp.load_state_tensors(tensors)
-    net.load_buffer_state({k[len("buffer."):]: v for k, v in tensors.items() if k.startswith("buffer.")})
+    net.load_buffer_state({k[len("buffer.") :]: v for k, v in tensors.items() if k.startswith("buffer.")})
     net.iteration, net.epoch = int(meta["iteration"]), int(meta["epoch"])
     return NetworkBlueprint.of(net).to_bytes()
 
@@ -201,7 +223,8 @@ def resume_task(task: WorkerTask) -> tuple[WorkerTask, ResumePoint | None]:
     if found is None:
         return base, None
     point, blueprint = found
-    log.info("resuming run %s from %s: epoch %d of the fit, step %d", point.run_id, point.path, point.fit_epoch,
-             point.step)
+    log.info(
+        "resuming run %s from %s: epoch %d of the fit, step %d", point.run_id, point.path, point.fit_epoch, point.step
+    )
     # first_epoch: the per-epoch shuffle order is a function of the run's epochs, also from a new driver process
     return dataclasses.replace(base, blueprint=blueprint, resume=point, first_epoch=point.fit_start_epoch), point

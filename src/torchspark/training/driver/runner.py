@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import threading
 import traceback
-from typing import Any, Callable, Protocol, Sequence, runtime_checkable
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, runtime_checkable
 
 from torchspark.errors import ConfigError, WorkerLost
 from torchspark.nn import Network
@@ -55,8 +56,9 @@ class RunContext(Protocol):
     def network(self) -> Network:  # read-only: runners update the network in place, never replace it
         ...
 
-    def progress_address(self, host: str = "127.0.0.1", advertise_host: str | None = None,
-                         port_range: tuple[int, int] | None = None) -> ProgressEndpoint | None:
+    def progress_address(
+        self, host: str = "127.0.0.1", advertise_host: str | None = None, port_range: tuple[int, int] | None = None
+    ) -> ProgressEndpoint | None:
         """Open the fit's progress channel (once, on a port inside ``port_range`` when set) and return the
         address workers connect to, with the fit's token; None when the fit has no channel (:data:`NULL_CONTEXT`)."""
         ...
@@ -96,11 +98,13 @@ class NullContext:
 
     @property
     def network(self) -> Network:
-        raise ConfigError("this runner trains the driver's network in place; run it through run_fit, whose "
-                          "context holds the network")
+        raise ConfigError(
+            "this runner trains the driver's network in place; run it through run_fit, whose context holds the network"
+        )
 
-    def progress_address(self, host: str = "127.0.0.1", advertise_host: str | None = None,
-                         port_range: tuple[int, int] | None = None) -> ProgressEndpoint | None:
+    def progress_address(
+        self, host: str = "127.0.0.1", advertise_host: str | None = None, port_range: tuple[int, int] | None = None
+    ) -> ProgressEndpoint | None:
         return None
 
     def progress_directory(self, base: str, poll_s: float = 1.0, flush_s: float = 1.0) -> ProgressDirectory | None:
@@ -156,13 +160,13 @@ class InProcessRunner:
             with :data:`NULL_CONTEXT`, none.
     """
 
-    def __init__(self, timeout_s: float = 300.0,
-                 hooks_factory: Callable[[int], WorkerHooks] | None = None) -> None:
+    def __init__(self, timeout_s: float = 300.0, hooks_factory: Callable[[int], WorkerHooks] | None = None) -> None:
         self.timeout_s = timeout_s
         self.hooks_factory = hooks_factory
 
-    def run(self, task: WorkerTask, data: Sequence[EpochSource] | WorkerData,
-            context: RunContext = NULL_CONTEXT) -> list[WorkerResult]:
+    def run(
+        self, task: WorkerTask, data: Sequence[EpochSource] | WorkerData, context: RunContext = NULL_CONTEXT
+    ) -> list[WorkerResult]:
         """Run the workers on ``data`` (per-worker sources, or any adapter's :class:`WorkerData`)."""
         sources = data.local_sources() if isinstance(data, WorkerData) else list(data)
         address = context.progress_address()

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from torchspark.stats import DRIVER_ID, StatsCollector, TrainingStats
 from torchspark.training.task import WorkerResult
@@ -14,8 +15,9 @@ __all__ = ["build_training_stats", "replica_checksums", "worker_placements"]
 log = logging.getLogger(__name__)
 
 
-def build_training_stats(driver: StatsCollector, results: Sequence[WorkerResult], epochs: int,
-                         extra: dict[str, Any] | None = None) -> TrainingStats:
+def build_training_stats(
+    driver: StatsCollector, results: Sequence[WorkerResult], epochs: int, extra: dict[str, Any] | None = None
+) -> TrainingStats:
     """The stats of one fit: the driver's phases, every worker's payload, and summary fields (examples, epochs,
     any scalar in ``extra`` such as gradient sharing's byte counts -- the headline ones under their short name only,
     ``bytes_sent`` not also ``sharing.bytes_sent`` --, and every rank's ``param_checksums`` with
@@ -62,8 +64,9 @@ def worker_placements(results: Sequence[WorkerResult]) -> dict[str, dict[str, An
 def replica_checksums(results: Sequence[WorkerResult]) -> dict[str, str]:
     """Every rank's parameter checksum (``{"0": "3fa1...", "1": ...}``; keys are strings so the summary stays JSON),
     empty when the route keeps no replicas. Equal values are the measurement behind ``replicas_identical``."""
-    return {str(r.rank): r.param_checksum for r in sorted(results, key=lambda r: r.rank)
-            if r.param_checksum is not None}
+    return {
+        str(r.rank): r.param_checksum for r in sorted(results, key=lambda r: r.rank) if r.param_checksum is not None
+    }
 
 
 #: gradient sharing's headline numbers, also given in the summary without their ``sharing.`` prefix

@@ -28,8 +28,14 @@ class ProgressBar:
         mininterval: minimum seconds between redraws; raise it if the bar floods a slow terminal.
     """
 
-    def __init__(self, total_examples: int | None = None, desc: str = "epoch", enabled: bool | None = None,
-                 file: TextIO | None = None, mininterval: float = 0.5) -> None:
+    def __init__(
+        self,
+        total_examples: int | None = None,
+        desc: str = "epoch",
+        enabled: bool | None = None,
+        file: TextIO | None = None,
+        mininterval: float = 0.5,
+    ) -> None:
         # plain tqdm, not tqdm.auto: a notebook widget would ignore ``file`` and ``enabled``
         from tqdm import tqdm  # imported lazily: only the driver draws
 
@@ -46,8 +52,16 @@ class ProgressBar:
         self._scores: dict[int, float] = {}
         self._epoch = -1
         self._closed = False
-        self._bar = tqdm(total=total_examples, desc=desc, unit="ex", unit_scale=True, file=out,
-                         disable=not enabled, mininterval=mininterval, dynamic_ncols=True)
+        self._bar = tqdm(
+            total=total_examples,
+            desc=desc,
+            unit="ex",
+            unit_scale=True,
+            file=out,
+            disable=not enabled,
+            mininterval=mininterval,
+            dynamic_ncols=True,
+        )
 
     @property
     def examples(self) -> int:

@@ -10,7 +10,8 @@ import os
 import socket
 import threading
 import time
-from typing import Callable, Iterator, NamedTuple, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import NamedTuple
 
 from torchspark.errors import ConfigError
 from torchspark.stats.clock import best_clock_sample
@@ -82,8 +83,17 @@ class ProgressClient:
         clock: the worker's time function (injectable for tests).
     """
 
-    def __init__(self, host: str, port: int, rank: int, timeout_s: float = 10.0, queue_size: int = 256,
-                 clock: Callable[[], float] = time.time, *, token: bytes) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        rank: int,
+        timeout_s: float = 10.0,
+        queue_size: int = 256,
+        clock: Callable[[], float] = time.time,
+        *,
+        token: bytes,
+    ) -> None:
         if timeout_s <= 0:
             raise ConfigError(f"ProgressClient timeout_s must be > 0 seconds, got {timeout_s}")
         if queue_size < 1:
@@ -124,24 +134,37 @@ class ProgressClient:
         try:
             sock = socket.create_connection((self.host, self.port), timeout=self.timeout_s)
         except OSError as e:
-            logger.warning("worker %d cannot reach the driver's progress server at %s:%s (%s); "
-                           "training continues without live progress", self.rank, self.host, self.port, e)
+            logger.warning(
+                "worker %d cannot reach the driver's progress server at %s:%s (%s); "
+                "training continues without live progress",
+                self.rank,
+                self.host,
+                self.port,
+                e,
+            )
             self._broken = True
             return self
         sock.settimeout(self.timeout_s)  # every send and recv is bounded
         try:
             sock.sendall(auth.hello(self._token, _recv_exactly(sock, auth.NONCE_BYTES)))
         except OSError as e:
-            logger.warning("worker %d: the driver's progress server at %s:%s closed the connection (%s); "
-                           "training continues without live progress", self.rank, self.host, self.port, e)
+            logger.warning(
+                "worker %d: the driver's progress server at %s:%s closed the connection (%s); "
+                "training continues without live progress",
+                self.rank,
+                self.host,
+                self.port,
+                e,
+            )
             sock.close()
             self._broken = True
             return self
         self._sock, self._reader = sock, LineReader(sock)
         self._pid = os.getpid()
         self._alive_line = encode({"kind": "alive", "rank": self.rank, "pid": self._pid})
-        self._thread = threading.Thread(target=self._sender_loop, daemon=True,
-                                        name=f"torchspark-progress-sender-{self.rank}")
+        self._thread = threading.Thread(
+            target=self._sender_loop, daemon=True, name=f"torchspark-progress-sender-{self.rank}"
+        )
         self._thread.start()
         return self
 
@@ -149,9 +172,19 @@ class ProgressClient:
         """Queue ``update`` for the driver; never blocks (drops the oldest queued update when full)."""
         if not self.active:
             return
-        line = encode({"kind": "progress", "rank": update.rank, "epoch": update.epoch,
-                        "iteration": update.iteration, "examples": update.examples, "score": update.score,
-                        "bytes_sent": update.bytes_sent, "dense_bytes": update.dense_bytes, "pid": self._pid})
+        line = encode(
+            {
+                "kind": "progress",
+                "rank": update.rank,
+                "epoch": update.epoch,
+                "iteration": update.iteration,
+                "examples": update.examples,
+                "score": update.score,
+                "bytes_sent": update.bytes_sent,
+                "dense_bytes": update.dense_bytes,
+                "pid": self._pid,
+            }
+        )
         with self._cond:
             if len(self._pending) == self._pending.maxlen:
                 self._dropped += 1
@@ -164,8 +197,15 @@ class ProgressClient:
         """Queue ``report`` for the driver; never blocks and, unlike progress, never drops it."""
         if not self.active:
             return
-        line = encode({"kind": "score", "epoch": report.epoch, "round": report.round, "examples": report.examples,
-                        "score": report.score})
+        line = encode(
+            {
+                "kind": "score",
+                "epoch": report.epoch,
+                "round": report.round,
+                "examples": report.examples,
+                "score": report.score,
+            }
+        )
         with self._cond:
             self._scores.append(line)
             self._cond.notify()
@@ -258,8 +298,7 @@ class ProgressClient:
         next_beat = 0.0  # the first heartbeat goes out at once: it tells the driver this rank's process id
         while True:
             with self._cond:
-                while not self._pending and not self._scores and not self._closing \
-                        and time.monotonic() < next_beat:
+                while not self._pending and not self._scores and not self._closing and time.monotonic() < next_beat:
                     self._cond.wait(_POLL_S)
                 batch = [*self._scores, *self._pending]
                 if time.monotonic() >= next_beat:
@@ -283,8 +322,9 @@ class ProgressClient:
         if self._thread is not None:
             self._thread.join(self.timeout_s)
             if self._thread.is_alive():
-                logger.warning("worker %d: progress flush took over %.1f s; dropping the rest", self.rank,
-                               self.timeout_s)
+                logger.warning(
+                    "worker %d: progress flush took over %.1f s; dropping the rest", self.rank, self.timeout_s
+                )
         if self._sock is not None:
             stuck = self._thread is not None and self._thread.is_alive()
             with contextlib.suppress(OSError):
@@ -304,5 +344,3 @@ class ProgressClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-

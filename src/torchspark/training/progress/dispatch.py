@@ -23,7 +23,8 @@ import logging
 import queue
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["CallQueue", "DEFAULT_MAX_PENDING"]
 
@@ -65,8 +66,12 @@ class CallQueue:
             except queue.Full:
                 self.dropped += 1
                 if self.dropped == 1:
-                    log.warning("%s: a listener is far behind (%d calls queued); dropping calls until it catches "
-                                "up: keep listeners quick", self.name, self._queue.maxsize)
+                    log.warning(
+                        "%s: a listener is far behind (%d calls queued); dropping calls until it catches "
+                        "up: keep listeners quick",
+                        self.name,
+                        self._queue.maxsize,
+                    )
                 return False
 
     def flush(self, timeout_s: float) -> bool:
@@ -90,8 +95,12 @@ class CallQueue:
                     pass
         self._thread.join(max(deadline - time.monotonic(), 0.0))
         if self._thread.is_alive():
-            log.warning("%s: a listener was still running %.1f s after the fit ended; not waiting for it "
-                        "(what it had not written yet is lost)", self.name, timeout_s)
+            log.warning(
+                "%s: a listener was still running %.1f s after the fit ended; not waiting for it "
+                "(what it had not written yet is lost)",
+                self.name,
+                timeout_s,
+            )
             return False
         return True
 

@@ -28,7 +28,8 @@ import os
 import re
 import threading
 import time
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 from torchspark._io import atomic_write_bytes, join, make_dirs
 from torchspark.errors import ConfigError
@@ -87,8 +88,9 @@ class DirectoryProgressWriter:
             run_worker(..., hooks=WorkerHooks(progress=writer, report_error=writer.send_error))
     """
 
-    def __init__(self, target: ProgressDirectory, rank: int, queue_size: int = 256,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, target: ProgressDirectory, rank: int, queue_size: int = 256, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         if not target.flush_s > 0:
             raise ConfigError(f"ProgressDirectory flush_s must be > 0 seconds, got {target.flush_s!r}")
         if queue_size < 1:
@@ -117,13 +119,18 @@ class DirectoryProgressWriter:
             try:  # the driver made it; a worker whose filesystem has real directories makes sure
                 make_dirs(self.target.url, OSError, "progress directory")
             except Exception as e:  # noqa: BLE001 - best effort, as every write
-                logger.warning("worker %d cannot create the progress directory %s (%s); training continues "
-                               "without live progress", self.rank, self.target.url, e)
+                logger.warning(
+                    "worker %d cannot create the progress directory %s (%s); training continues without live progress",
+                    self.rank,
+                    self.target.url,
+                    e,
+                )
                 self._broken = True
                 return self
             self._write_chunk([self._alive_line()])
-            self._thread = threading.Thread(target=self._flush_loop, daemon=True,
-                                            name=f"torchspark-progress-files-{self.rank}")
+            self._thread = threading.Thread(
+                target=self._flush_loop, daemon=True, name=f"torchspark-progress-files-{self.rank}"
+            )
             self._thread.start()
         return self
 
@@ -131,9 +138,19 @@ class DirectoryProgressWriter:
         """Buffer ``update`` for the next chunk; never blocks on the directory."""
         if not self.active:
             return
-        line = encode({"kind": "progress", "rank": update.rank, "epoch": update.epoch,
-                       "iteration": update.iteration, "examples": update.examples, "score": update.score,
-                       "bytes_sent": update.bytes_sent, "dense_bytes": update.dense_bytes, "pid": self._pid})
+        line = encode(
+            {
+                "kind": "progress",
+                "rank": update.rank,
+                "epoch": update.epoch,
+                "iteration": update.iteration,
+                "examples": update.examples,
+                "score": update.score,
+                "bytes_sent": update.bytes_sent,
+                "dense_bytes": update.dense_bytes,
+                "pid": self._pid,
+            }
+        )
         with self._cond:
             self._progress.append(line)
 
@@ -144,8 +161,17 @@ class DirectoryProgressWriter:
         if not self.active:
             return
         with self._cond:
-            self._scores.append(encode({"kind": "score", "epoch": report.epoch, "round": report.round,
-                                        "examples": report.examples, "score": report.score}))
+            self._scores.append(
+                encode(
+                    {
+                        "kind": "score",
+                        "epoch": report.epoch,
+                        "round": report.round,
+                        "examples": report.examples,
+                        "score": report.score,
+                    }
+                )
+            )
 
     def send_error(self, traceback_text: str) -> None:
         """Write the buffered messages and ``traceback_text`` now, as chunks of their own (never raises)."""
@@ -215,8 +241,12 @@ class DirectoryProgressWriter:
             try:
                 atomic_write_bytes(url, b"".join(lines), OSError)
             except Exception as e:  # noqa: BLE001 - progress is best effort: never fail training over it
-                logger.warning("worker %d cannot write progress to %s (%s); training continues without live "
-                               "progress", self.rank, self.target.url, e)
+                logger.warning(
+                    "worker %d cannot write progress to %s (%s); training continues without live progress",
+                    self.rank,
+                    self.target.url,
+                    e,
+                )
                 self._broken = True
                 return
             self._seq += 1

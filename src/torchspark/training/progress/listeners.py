@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from torchspark.training.hooks import ProgressUpdate, ScoreReport
 
-__all__ = ["ProgressListener", "ErrorListener", "ScoreListener", "ExampleTally", "ErrorLog", "call_listeners",
-           "printable"]
+__all__ = [
+    "ProgressListener",
+    "ErrorListener",
+    "ScoreListener",
+    "ExampleTally",
+    "ErrorLog",
+    "call_listeners",
+    "printable",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +73,7 @@ class ErrorLog:
         it was over the limits and only counted."""
         tb = printable(tb)
         if len(tb) > self.max_chars:
-            tb = "...[truncated]\n" + tb[-self.max_chars:]
+            tb = "...[truncated]\n" + tb[-self.max_chars :]
         size = len(tb.encode("utf-8", "replace"))
         if len(self.kept) >= self.max_errors or self.bytes + size > self.max_bytes:
             self.dropped += 1

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable
 
 from torchspark.errors import WorkerLost
 
@@ -47,8 +47,9 @@ class Liveness:
     def ended(self, rank: int) -> None:
         with self._lock:
             old = self._ranks.get(rank)
-            self._ranks[rank] = replace(old, last_seen=self._clock(), ended=True) if old else \
-                RankState(None, self._clock(), ended=True)
+            self._ranks[rank] = (
+                replace(old, last_seen=self._clock(), ended=True) if old else RankState(None, self._clock(), ended=True)
+            )
 
     def snapshot(self) -> dict[int, RankState]:
         with self._lock:
@@ -62,14 +63,19 @@ class Liveness:
             if not state.ended and now - state.last_seen > timeout_s:
                 return WorkerLost(
                     f"worker {rank} (pid {state.pid}) sent no heartbeat for {now - state.last_seen:.0f} s "
-                    f"(rendezvous_timeout_s={timeout_s:g}): it stopped responding", rank=rank,
-                    exit_status="no heartbeat", reason=f"no heartbeat from worker {rank} for {timeout_s:g} s")
+                    f"(rendezvous_timeout_s={timeout_s:g}): it stopped responding",
+                    rank=rank,
+                    exit_status="no heartbeat",
+                    reason=f"no heartbeat from worker {rank} for {timeout_s:g} s",
+                )
         if len(ranks) == world_size and all(s.ended for s in ranks.values()):
             last = max(s.last_seen for s in ranks.values())
             if now - last > timeout_s:
                 return WorkerLost(
                     f"all {world_size} workers finished training {now - last:.0f} s ago but the cluster has not "
                     f"delivered their results (rendezvous_timeout_s={timeout_s:g}): an executor stopped "
-                    "responding", exit_status="no heartbeat",
-                    reason="workers finished but an executor did not report its task")
+                    "responding",
+                    exit_status="no heartbeat",
+                    reason="workers finished but an executor did not report its task",
+                )
         return None

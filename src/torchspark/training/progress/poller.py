@@ -17,7 +17,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from torchspark._io import filesystem, make_dirs
 from torchspark.errors import ConfigError, SetupError
@@ -67,13 +68,22 @@ class DirectoryProgressReader:
         reader.close(drain_s=10, remove=True)
     """
 
-    def __init__(self, url: str, poll_s: float = 1.0, flush_s: float = 1.0,
-                 listeners: Iterable[ProgressListener] = (), score_listeners: Iterable[ScoreListener] = (),
-                 error_listeners: Iterable[ErrorListener] = (), limits: ChannelLimits = ChannelLimits(),
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        url: str,
+        poll_s: float = 1.0,
+        flush_s: float = 1.0,
+        listeners: Iterable[ProgressListener] = (),
+        score_listeners: Iterable[ScoreListener] = (),
+        error_listeners: Iterable[ErrorListener] = (),
+        limits: ChannelLimits = ChannelLimits(),
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if not poll_s > 0 or not flush_s > 0:
-            raise ConfigError(f"DirectoryProgressReader poll_s and flush_s must be > 0 seconds, got poll_s={poll_s!r}, "
-                              f"flush_s={flush_s!r}")
+            raise ConfigError(
+                f"DirectoryProgressReader poll_s and flush_s must be > 0 seconds, got poll_s={poll_s!r}, "
+                f"flush_s={flush_s!r}"
+            )
         self.target = ProgressDirectory(url, flush_s)
         self._fs, self._path = filesystem(url)
         self._poll_s = poll_s
@@ -249,5 +259,9 @@ class DirectoryProgressReader:
         call_listeners(self._score_listeners, score_from_msg(msg))
 
     _HANDLERS: dict[str, Callable[[DirectoryProgressReader, dict[str, Any]], None]] = {
-        "progress": _on_progress, "alive": _on_alive, "closed": _on_closed, "error": _on_error, "score": _on_score,
+        "progress": _on_progress,
+        "alive": _on_alive,
+        "closed": _on_closed,
+        "error": _on_error,
+        "score": _on_score,
     }

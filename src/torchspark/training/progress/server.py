@@ -17,7 +17,8 @@ import selectors
 import socket
 import threading
 import time
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from torchspark.errors import ConfigError, SetupError
 from torchspark.training.hooks import ProgressUpdate

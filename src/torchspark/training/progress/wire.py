@@ -26,8 +26,17 @@ from typing import Any
 from torchspark.errors import ConfigError
 from torchspark.training.hooks import ProgressUpdate, ScoreReport
 
-__all__ = ["ChannelLimits", "Malformed", "encode", "parse_line", "progress_from_msg", "score_from_msg",
-           "int_field", "LineReader", "LineSplitter"]
+__all__ = [
+    "ChannelLimits",
+    "Malformed",
+    "encode",
+    "parse_line",
+    "progress_from_msg",
+    "score_from_msg",
+    "int_field",
+    "LineReader",
+    "LineSplitter",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -58,8 +67,14 @@ class ChannelLimits:
     hello_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
-        for name in ("max_line_bytes", "max_error_chars", "max_error_bytes", "max_errors", "max_connections",
-                     "max_pending"):
+        for name in (
+            "max_line_bytes",
+            "max_error_chars",
+            "max_error_bytes",
+            "max_errors",
+            "max_connections",
+            "max_pending",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"ChannelLimits.{name} must be an integer >= 1, got {value!r}")
@@ -92,11 +107,16 @@ def _float_field(msg: dict[str, Any], key: str) -> float:
 
 
 def progress_from_msg(msg: dict[str, Any]) -> ProgressUpdate:
-    return ProgressUpdate(rank=int_field(msg, "rank"), epoch=int_field(msg, "epoch"),
-                          iteration=int_field(msg, "iteration"), examples=int_field(msg, "examples"),
-                          score=_float_field(msg, "score"), bytes_sent=_count_field(msg, "bytes_sent"),
-                          dense_bytes=_count_field(msg, "dense_bytes"),
-                          pid=int_field(msg, "pid") if "pid" in msg else None)
+    return ProgressUpdate(
+        rank=int_field(msg, "rank"),
+        epoch=int_field(msg, "epoch"),
+        iteration=int_field(msg, "iteration"),
+        examples=int_field(msg, "examples"),
+        score=_float_field(msg, "score"),
+        bytes_sent=_count_field(msg, "bytes_sent"),
+        dense_bytes=_count_field(msg, "dense_bytes"),
+        pid=int_field(msg, "pid") if "pid" in msg else None,
+    )
 
 
 def _count_field(msg: dict[str, Any], key: str) -> int:
@@ -111,8 +131,12 @@ def _count_field(msg: dict[str, Any], key: str) -> int:
 
 def score_from_msg(msg: dict[str, Any]) -> ScoreReport:
     round_ = msg.get("round")
-    return ScoreReport(epoch=int_field(msg, "epoch"), round=None if round_ is None else int_field(msg, "round"),
-                       examples=int_field(msg, "examples"), score=_float_field(msg, "score"))
+    return ScoreReport(
+        epoch=int_field(msg, "epoch"),
+        round=None if round_ is None else int_field(msg, "round"),
+        examples=int_field(msg, "examples"),
+        score=_float_field(msg, "score"),
+    )
 
 
 def parse_line(line: bytes) -> dict[str, Any]:
@@ -143,7 +167,7 @@ class LineSplitter:
             if nl < 0:
                 break
             line = bytes(self._buf[:nl])
-            del self._buf[:nl + 1]
+            del self._buf[: nl + 1]
             if self._skipping:
                 self._skipping = False
             else:

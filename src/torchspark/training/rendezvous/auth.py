@@ -22,7 +22,18 @@ import secrets
 
 from torchspark.errors import ConfigError
 
-__all__ = ["TOKEN_BYTES", "HELLO_BYTES", "NONCE_BYTES", "new_nonce", "new_token", "hello", "check_hello", "derive_key", "sign", "verify"]
+__all__ = [
+    "TOKEN_BYTES",
+    "HELLO_BYTES",
+    "NONCE_BYTES",
+    "new_nonce",
+    "new_token",
+    "hello",
+    "check_hello",
+    "derive_key",
+    "sign",
+    "verify",
+]
 
 #: token length: 256 random bits, as for an HMAC-SHA256 key
 TOKEN_BYTES = 32

@@ -29,14 +29,23 @@ import os
 import socket
 import struct
 import subprocess
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator, Mapping, MutableMapping
 
 from torchspark.errors import SetupError
 
-__all__ = ["LOCAL_ADDRESS_ENV", "SOCKET_IFNAME_ENVS", "Endpoint", "choose_endpoint", "interface_addresses",
-           "interface_of", "route_address", "host_identity", "socket_interface"]
+__all__ = [
+    "LOCAL_ADDRESS_ENV",
+    "SOCKET_IFNAME_ENVS",
+    "Endpoint",
+    "choose_endpoint",
+    "interface_addresses",
+    "interface_of",
+    "route_address",
+    "host_identity",
+    "socket_interface",
+]
 
 log = logging.getLogger(__name__)
 
@@ -127,10 +136,14 @@ def route_address(target_host: str) -> str | None:
         return None
 
 
-def choose_endpoint(driver_host: str | None, spark_host: str, network_mask: str | None = None,
-                    env: Mapping[str, str] | None = None,
-                    interfaces: Mapping[str, list[str]] | None = None,
-                    route: Callable[[str], str | None] = route_address) -> Endpoint:
+def choose_endpoint(
+    driver_host: str | None,
+    spark_host: str,
+    network_mask: str | None = None,
+    env: Mapping[str, str] | None = None,
+    interfaces: Mapping[str, list[str]] | None = None,
+    route: Callable[[str], str | None] = route_address,
+) -> Endpoint:
     """This worker's :class:`Endpoint` by the rules in the module docstring.
 
     Args:
@@ -152,9 +165,11 @@ def choose_endpoint(driver_host: str | None, spark_host: str, network_mask: str 
             for addr in addrs:
                 if ipaddress.ip_address(addr) in net:
                     return Endpoint(addr, name, "network_mask")
-        raise SetupError(f"no local interface address is inside network_mask={network_mask!r} on "
-                         f"{socket.gethostname()} (interfaces: {dict(interfaces)}); fix the mask or set {LOCAL_ADDRESS_ENV} "
-                         "on the executors")
+        raise SetupError(
+            f"no local interface address is inside network_mask={network_mask!r} on "
+            f"{socket.gethostname()} (interfaces: {dict(interfaces)}); fix the mask or set {LOCAL_ADDRESS_ENV} "
+            "on the executors"
+        )
     if driver_host:
         local = route(driver_host)
         if local is not None:
@@ -187,8 +202,7 @@ def host_identity(address: str | None) -> str:
 
 
 @contextmanager
-def socket_interface(interface: str | None,
-                     env: MutableMapping[str, str] | None = None) -> Iterator[dict[str, str]]:
+def socket_interface(interface: str | None, env: MutableMapping[str, str] | None = None) -> Iterator[dict[str, str]]:
     """Set ``GLOO_SOCKET_IFNAME`` and ``NCCL_SOCKET_IFNAME`` to ``interface`` while a process group is created.
 
     Variables the user set (e.g. ``spark.executorEnv.GLOO_SOCKET_IFNAME``) are kept. Yields what is in effect and
@@ -208,4 +222,3 @@ def socket_interface(interface: str | None,
                 env.pop(key, None)
             else:
                 env[key] = value
-

@@ -7,7 +7,8 @@ Firewalled clusters open a known range between executors and to the driver; ever
 from __future__ import annotations
 
 import random
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 from torchspark.errors import SetupError
 
@@ -16,8 +17,7 @@ __all__ = ["listen_in_range"]
 T = TypeVar("T")
 
 
-def listen_in_range(open_at: Callable[[int], T], port_range: tuple[int, int] | None, what: str,
-                    port: int = 0) -> T:
+def listen_in_range(open_at: Callable[[int], T], port_range: tuple[int, int] | None, what: str, port: int = 0) -> T:
     """``open_at(port)`` for the first port of ``port_range`` it can bind, in random order (concurrent fits on
     one host then rarely race for the same port); ``open_at(port)`` when no range is set (0 = any free port).
 
@@ -37,5 +37,7 @@ def listen_in_range(open_at: Callable[[int], T], port_range: tuple[int, int] | N
             return open_at(candidate)
         except (OSError, RuntimeError, SetupError) as e:  # taken: try the next one
             error = e
-    raise SetupError(f"{what}: no free port in port_range={port_range} (last error: {error}); widen the range or "
-                     "stop what holds its ports")
+    raise SetupError(
+        f"{what}: no free port in port_range={port_range} (last error: {error}); widen the range or "
+        "stop what holds its ports"
+    )

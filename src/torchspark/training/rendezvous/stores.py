@@ -61,14 +61,26 @@ def listening_store(host: str, port: int, world_size: int | None, timeout_s: flo
     timeout = datetime.timedelta(seconds=timeout_s)
     sock = _bound_socket(host, port)
     if sock is None:
-        log.warning("cannot listen on %s:%s only; the rendezvous store listens on every interface (its keys and "
-                    "values are still protected by the fit's token)", host, port)
+        log.warning(
+            "cannot listen on %s:%s only; the rendezvous store listens on every interface (its keys and "
+            "values are still protected by the fit's token)",
+            host,
+            port,
+        )
         return dist.TCPStore(host, port, world_size, is_master=True, timeout=timeout, wait_for_workers=False)
     bound_port = int(sock.getsockname()[1])
     fd = sock.detach()  # the store owns the descriptor now and closes it with itself
     # use_libuv=False: torch 2.13's libuv server hangs on a handed-over socket (measured); the classic one works
-    return dist.TCPStore(host, bound_port, world_size, is_master=True, timeout=timeout, wait_for_workers=False,
-                         master_listen_fd=fd, use_libuv=False)
+    return dist.TCPStore(
+        host,
+        bound_port,
+        world_size,
+        is_master=True,
+        timeout=timeout,
+        wait_for_workers=False,
+        master_listen_fd=fd,
+        use_libuv=False,
+    )
 
 
 def private_store(store: Any, token: bytes) -> Any:
@@ -92,6 +104,8 @@ def fetch(store: Any, token: bytes, purpose: str) -> str:
     raw = store.get(auth.derive_key(token, purpose)).decode("utf-8", "replace")
     value = auth.verify(token, purpose, raw)
     if value is None:
-        raise SetupError(f"the rendezvous value for {purpose!r} is not signed with this fit's token: another process "
-                         "wrote to the rendezvous store. Make the rendezvous port reachable only from the cluster")
+        raise SetupError(
+            f"the rendezvous value for {purpose!r} is not signed with this fit's token: another process "
+            "wrote to the rendezvous store. Make the rendezvous port reachable only from the cluster"
+        )
     return value

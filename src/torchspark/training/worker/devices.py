@@ -8,15 +8,28 @@ an address must be re-indexed through that list (TorchDistributor does the same)
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
 
 from torchspark.errors import SetupError
 
-__all__ = ["device_for_task", "backend_for_device", "BackendChoice", "choose_backend", "backend_for_devices",
-           "agree_backend", "DEVICES_KEY", "gpu_identity", "pins_memory", "gpu_addresses", "flush_denormals",
-           "denormals_flushed", "task_thread_settings"]
+__all__ = [
+    "device_for_task",
+    "backend_for_device",
+    "BackendChoice",
+    "choose_backend",
+    "backend_for_devices",
+    "agree_backend",
+    "DEVICES_KEY",
+    "gpu_identity",
+    "pins_memory",
+    "gpu_addresses",
+    "flush_denormals",
+    "denormals_flushed",
+    "task_thread_settings",
+]
 
 log = logging.getLogger(__name__)
 
@@ -92,13 +105,19 @@ def choose_backend(devices: Sequence[str], gpus: Sequence[str] | None = None) ->
     if on_cpu:
         if len(on_cpu) == len(devices):
             return BackendChoice("gloo", "every worker trains on the CPU")
-        return BackendChoice("gloo", f"worker(s) {on_cpu} train on the CPU and the others on CUDA (a mix of "
-                                     "devices; nccl needs every worker on a GPU)")
+        return BackendChoice(
+            "gloo",
+            f"worker(s) {on_cpu} train on the CPU and the others on CUDA (a mix of "
+            "devices; nccl needs every worker on a GPU)",
+        )
     shared = sorted({g for g in ids if ids.count(g) > 1})
     if shared:
         ranks = [r for r, g in enumerate(ids) if g in shared]
-        return BackendChoice("gloo", f"worker(s) {ranks} share a GPU ({', '.join(shared)}), which nccl refuses "
-                                     "(a fractional spark.task.resource.gpu.amount?)")
+        return BackendChoice(
+            "gloo",
+            f"worker(s) {ranks} share a GPU ({', '.join(shared)}), which nccl refuses "
+            "(a fractional spark.task.resource.gpu.amount?)",
+        )
     return BackendChoice("nccl", "every worker trains on a GPU of its own")
 
 

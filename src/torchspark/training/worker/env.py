@@ -8,7 +8,7 @@ Tasks set variables only through a :class:`TaskEnvironment`, which puts back the
 from __future__ import annotations
 
 import os
-from typing import Mapping
+from collections.abc import Mapping
 
 __all__ = ["LOCAL_IP", "CUDA_VISIBLE_DEVICES", "GLOO_SOCKET_IFNAME", "GPU_DRY_RUN", "read", "TaskEnvironment"]
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -36,6 +37,11 @@ def epoch_order(rng_seed: int, epoch: int, rank: int, length: int) -> list[int]:
     """This worker's minibatch order in ``epoch``: a permutation of ``range(length)`` fixed by the seed, the epoch
     number and the rank (the same on Spark and in ParallelWrapper)."""
     return np.random.default_rng([epoch_seed(rng_seed, epoch), rank]).permutation(length).tolist()
+
+
+def _barrier(comm: Communicator, device: Any) -> None:
+    """Every rank waits here until all arrive (a one-element all-reduce: what the checkpoint commit needs)."""
+    comm.all_reduce_sum(torch.zeros(1, device=device))
 
 
 def load_item(item: Any) -> Batch:
@@ -158,8 +164,14 @@ def run_worker(
         return _train(task, source, comm, device, hooks, network_factory)
 
 
-def _train(task: WorkerTask, source: EpochSource, comm: Communicator, device: str, hooks: WorkerHooks,
-           network_factory: Callable[[WorkerTask, str], Network] | None) -> WorkerResult:
+def _train(
+    task: WorkerTask,
+    source: EpochSource,
+    comm: Communicator,
+    device: str,
+    hooks: WorkerHooks,
+    network_factory: Callable[[WorkerTask, str], Network] | None,
+) -> WorkerResult:
     with hooks.recorder.phase("network_init"):
         net = (network_factory or _build_network)(task, device)
     algorithm = ALGORITHMS[task.mode].from_settings(task.settings)
@@ -173,11 +185,20 @@ def _train(task: WorkerTask, source: EpochSource, comm: Communicator, device: st
         first_epoch = task.resume.fit_epoch
     writer = None
     if task.checkpoint is not None:
-        writer = CheckpointWriter(task.checkpoint, comm.rank, comm.world_size, task.mode, task.settings,
-                                  task.blueprint, step=task.resume.step if task.resume is not None else 0,
-                                  barrier=lambda: comm.all_reduce_sum(torch.zeros(1, device=net.device)))
+        writer = CheckpointWriter(
+            task.checkpoint,
+            comm.rank,
+            comm.world_size,
+            task.mode,
+            task.settings,
+            task.blueprint,
+            step=task.resume.step if task.resume is not None else 0,
+            barrier=lambda: _barrier(comm, net.device),
+        )
     for e in range(first_epoch):  # epochs the checkpoint says are done: read past them untrained (a source may
-        for _ in _epoch_items(task, source, e, comm.rank):  # hand its epochs out in order only, or cache its items on the first pass)
+        for _ in _epoch_items(
+            task, source, e, comm.rank
+        ):  # hand its epochs out in order only, or cache its items on the first pass)
             pass
     for e in range(first_epoch, task.epochs):
         items = _epoch_items(task, source, e, comm.rank)
@@ -186,11 +207,19 @@ def _train(task: WorkerTask, source: EpochSource, comm: Communicator, device: st
             check_position(restored, e, length)  # the data must still match the checkpoint's position
         if skip:  # the minibatches of this epoch the checkpoint says are done (skipped before loading)
             items = items[skip:] if isinstance(items, (list, tuple)) else itertools.islice(items, skip, None)
-        batches = group_batches(_batches(task, source, items, batch_loader(task.pin_memory, str(net.device))),
-                                task.accumulate_steps)
-        epoch_hooks = hooks if writer is None else dataclasses.replace(
-            hooks, checkpoint=_round_checkpoint(writer, net, e, skip, progress, hooks.recorder,
-                                                task.accumulate_steps, length))
+        batches = group_batches(
+            _batches(task, source, items, batch_loader(task.pin_memory, str(net.device))), task.accumulate_steps
+        )
+        epoch_hooks = (
+            hooks
+            if writer is None
+            else dataclasses.replace(
+                hooks,
+                checkpoint=_round_checkpoint(
+                    writer, net, e, skip, progress, hooks.recorder, task.accumulate_steps, length
+                ),
+            )
+        )
         outcome = algorithm.epoch(state, net, batches, comm, epoch_hooks, e)
         progress.examples += outcome.examples
         progress.iterations += outcome.iterations
@@ -227,9 +256,16 @@ def _train(task: WorkerTask, source: EpochSource, comm: Communicator, device: st
     )
 
 
-def _round_checkpoint(writer: CheckpointWriter, net: Network, fit_epoch: int, skipped: int,
-                      progress: RankProgress, recorder: Any, accumulate_steps: int,
-                      epoch_length: int | None = None) -> Callable[[Any, dict[str, Any], dict[str, Any]], None]:
+def _round_checkpoint(
+    writer: CheckpointWriter,
+    net: Network,
+    fit_epoch: int,
+    skipped: int,
+    progress: RankProgress,
+    recorder: Any,
+    accumulate_steps: int,
+    epoch_length: int | None = None,
+) -> Callable[[Any, dict[str, Any], dict[str, Any]], None]:
     """The ``hooks.checkpoint`` of one epoch: the fit's totals and the data position at a cut inside the epoch
     (``skipped``: minibatches of this epoch done before a resume, which the loop's own count does not include).
 
@@ -237,11 +273,21 @@ def _round_checkpoint(writer: CheckpointWriter, net: Network, fit_epoch: int, sk
     shorter, and past it nothing is left to skip, so ``steps * accumulate_steps`` is the minibatches done."""
 
     def checkpoint(outcome: Any, algo_tensors: dict[str, Any], algo_meta: dict[str, Any]) -> None:
-        totals = RankProgress(progress.examples + outcome.examples, progress.iterations + outcome.iterations,
-                              outcome.last_score if outcome.iterations else progress.score)
+        totals = RankProgress(
+            progress.examples + outcome.examples,
+            progress.iterations + outcome.iterations,
+            outcome.last_score if outcome.iterations else progress.score,
+        )
         with recorder.phase("checkpoint"):
-            writer.round_end(net, fit_epoch, skipped + outcome.iterations * accumulate_steps, totals, algo_tensors,
-                             algo_meta, epoch_length)
+            writer.round_end(
+                net,
+                fit_epoch,
+                skipped + outcome.iterations * accumulate_steps,
+                totals,
+                algo_tensors,
+                algo_meta,
+                epoch_length,
+            )
 
     return checkpoint
 
@@ -255,8 +301,9 @@ def _epoch_items(task: WorkerTask, source: EpochSource, e: int, rank: int) -> It
     return source.epoch(e, lambda length: epoch_order(seed, absolute, rank, length))
 
 
-def _batches(task: WorkerTask, source: EpochSource, items: Iterable[Any],
-             load: Callable[[Any], Batch] = load_item) -> Iterator[Batch]:
+def _batches(
+    task: WorkerTask, source: EpochSource, items: Iterable[Any], load: Callable[[Any], Batch] = load_item
+) -> Iterator[Batch]:
     """The epoch's minibatches, each through ``load`` (:func:`batch_loader`): ready ones as they are when ``load``
     has nothing to do (pinning them goes through the prefetcher: the copy runs on its thread); without prefetch,
     straight from a source whose waits are already bounded by ``data_timeout_s`` (``bounded_wait``: a queue fed by
@@ -280,5 +327,3 @@ _NOTHING: Any = object()  # the end-of-stream sentinel: compared by identity onl
 
 def _build_network(task: WorkerTask, device: str) -> Network:
     return NetworkBlueprint.from_bytes(task.blueprint).build(device)
-
-

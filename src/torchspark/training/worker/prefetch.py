@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Callable, Iterable, Iterator
 from functools import partial
-from typing import Callable, Generic, Iterable, Iterator, TypeVar
+from typing import Generic, TypeVar
 
 from torchspark.training.waiting import get_within, put_until_stopped
 
@@ -97,12 +98,15 @@ class _OnDemand(Generic[T]):
 
 
 def _timeout_message(timeout_s: float) -> str:
-    return (f"no minibatch arrived within data_timeout_s={timeout_s}; the data source is stuck or very slow (raise "
-            "data_timeout_s for slow storage)")
+    return (
+        f"no minibatch arrived within data_timeout_s={timeout_s}; the data source is stuck or very slow (raise "
+        "data_timeout_s for slow storage)"
+    )
 
 
-def prefetch(source: Iterable[T], depth: int, timeout_s: float = 600.0,
-             transform: Callable[[T], T] | None = None) -> Iterator[T]:
+def prefetch(
+    source: Iterable[T], depth: int, timeout_s: float = 600.0, transform: Callable[[T], T] | None = None
+) -> Iterator[T]:
     """Iterate ``source`` through a bounded background queue of ``depth`` items (0 = no read-ahead).
 
     Args:

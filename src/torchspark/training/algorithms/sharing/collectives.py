@@ -43,8 +43,11 @@ def calibrate(state: SharingState, update: torch.Tensor | None, comm: Communicat
     state.encoder = with_calibration(state.encoder, agreed)
     if agreed is not None:
         state.start_threshold = state.encoder.threshold_state.threshold
-        log.info("gradient sharing: calibrated start threshold %.3g (this worker alone: %s)", agreed,
-                 "no data" if local is None else f"{local:.3g}")
+        log.info(
+            "gradient sharing: calibrated start threshold %.3g (this worker alone: %s)",
+            agreed,
+            "no data" if local is None else f"{local:.3g}",
+        )
 
 
 def report_epoch_score(out: EpochOutcome, net: Network, comm: Communicator, hooks: WorkerHooks, epoch: int) -> None:

@@ -30,8 +30,7 @@ from torchspark.training.comm import Communicator
 __all__ = ["finish_fit"]
 
 
-def finish_fit(state: SharingState, net: Network, comm: Communicator
-               ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def finish_fit(state: SharingState, net: Network, comm: Communicator) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """End of fit: average updater state, module buffers and threshold state, verify the replicas, hand back what
     must persist.
 
@@ -56,9 +55,11 @@ def finish_fit(state: SharingState, net: Network, comm: Communicator
     digests = comm.all_gather_bytes(digest.digest())
     differing = [r for r, d in enumerate(digests) if d != digests[0]]
     if differing:
-        raise TrainingError(f"gradient-sharing replicas diverged: the parameters or averaged buffers of worker(s) "
-                            f"{differing} differ from worker 0's after the fit; every worker must apply the same "
-                            "messages (check that all workers run the same torchspark/torch versions and devices)")
+        raise TrainingError(
+            f"gradient-sharing replicas diverged: the parameters or averaged buffers of worker(s) "
+            f"{differing} differ from worker 0's after the fit; every worker must apply the same "
+            "messages (check that all workers run the same torchspark/torch versions and devices)"
+        )
     # 4. divergence a worker only warned about (on_divergence="warn"): every rank learns the first one
     warned = [d.decode() for d in comm.all_gather_bytes((state.divergence or "").encode()) if d]
     extra_state = {
@@ -78,8 +79,7 @@ def finish_fit(state: SharingState, net: Network, comm: Communicator
     return extra_state, extra_config
 
 
-def _average_local_state(state: SharingState, net: Network, comm: Communicator
-                         ) -> tuple[ThresholdState, float, float]:
+def _average_local_state(state: SharingState, net: Network, comm: Communicator) -> tuple[ThresholdState, float, float]:
     """Steps 1, 1b and 2 of :func:`finish_fit`: the updater state and float buffers averaged in place; returns the
     averaged threshold state and the fit's ``bytes_sent`` / ``dense_bytes`` summed over all workers."""
     world = comm.world_size
@@ -100,8 +100,11 @@ def _average_local_state(state: SharingState, net: Network, comm: Communicator
         net.set_buffers(buffers / world)
     # 2. threshold state, average_states semantics: means over the workers that stepped in this fit (those
     # with a sparsity); the plain mean of the unchanged thresholds when none did
-    summary = torch.tensor([*state_summands(state.encoder.threshold_state), float(state.bytes_sent),
-                            float(state.dense_bytes)], dtype=torch.float64, device=net.device)
+    summary = torch.tensor(
+        [*state_summands(state.encoder.threshold_state), float(state.bytes_sent), float(state.dense_bytes)],
+        dtype=torch.float64,
+        device=net.device,
+    )
     comm.all_reduce_sum(summary)
     totals = [float(v) for v in summary.cpu()]
     averaged = average_from_sums(totals[:NUM_SUMMANDS], world)

@@ -17,7 +17,8 @@ Example::
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -28,8 +29,7 @@ from torchspark.nn import Network
 from torchspark.optim import UpdaterSpec
 from torchspark.training.algorithms.sharing.state import SharingState
 
-__all__ = ["PARAM_NORM_EVERY", "can_step_into", "parameter_views", "train_step_into", "can_fuse",
-           "step_into_residual"]
+__all__ = ["PARAM_NORM_EVERY", "can_step_into", "parameter_views", "train_step_into", "can_fuse", "step_into_residual"]
 
 #: steps between two computations of the parameters' norm for the divergence check on the direct path
 PARAM_NORM_EVERY = 16
@@ -39,8 +39,12 @@ def can_step_into(net: Network) -> bool:
     """Whether :func:`train_step_into` may be used on ``net``: one of torchspark's updaters (their step never reads
     the parameter values), no ``weight_decay`` (the decay term does), float32 parameters in the contiguous
     layout."""
-    return (isinstance(net.updater, UpdaterSpec) and net.weight_decay == 0.0
-            and net.memory_format == "contiguous" and net.params_view().dtype == torch.float32)
+    return (
+        isinstance(net.updater, UpdaterSpec)
+        and net.weight_decay == 0.0
+        and net.memory_format == "contiguous"
+        and net.params_view().dtype == torch.float32
+    )
 
 
 def parameter_views(net: Network, target: torch.Tensor) -> list[torch.Tensor]:
@@ -48,7 +52,7 @@ def parameter_views(net: Network, target: torch.Tensor) -> list[torch.Tensor]:
     ``module.parameters()`` order (the flat layout of the contiguous format)."""
     views, offset = [], 0
     for p in net.module.parameters():
-        views.append(target[offset: offset + p.numel()].view_as(p))
+        views.append(target[offset : offset + p.numel()].view_as(p))
         offset += p.numel()
     return views
 
@@ -85,8 +89,13 @@ class _StepInto:
             g["lr"] = lr
 
 
-def train_step_into(net: Network, target: torch.Tensor, batch: Batch | Sequence[Batch], validate: bool = False,
-                    views: list[torch.Tensor] | None = None) -> float:
+def train_step_into(
+    net: Network,
+    target: torch.Tensor,
+    batch: Batch | Sequence[Batch],
+    validate: bool = False,
+    views: list[torch.Tensor] | None = None,
+) -> float:
     """``net.train_step(batch)`` (``net.train_group`` for a group of micro-batches) whose updater step lands in
     ``target`` instead of the parameters: ``target += u``,
     where ``u`` is the step the updater would have subtracted from the parameters; the parameters do not move, the
@@ -111,13 +120,21 @@ def train_step_into(net: Network, target: torch.Tensor, batch: Batch | Sequence[
             values on the network's device.
     """
     if not can_step_into(net):
-        raise ConfigError("train_step_into needs one of torchspark's updaters, weight_decay=0, float32 parameters "
-                          "and memory_format='contiguous'; use compute_update")
+        raise ConfigError(
+            "train_step_into needs one of torchspark's updaters, weight_decay=0, float32 parameters "
+            "and memory_format='contiguous'; use compute_update"
+        )
     flat = net.params_view()
-    if (target.dim() != 1 or target.numel() != flat.numel() or target.dtype != torch.float32
-            or target.device != flat.device):
-        raise ConfigError(f"train_step_into needs a 1-D float32 tensor of {flat.numel()} values on "
-                          f"{flat.device}, got {tuple(target.shape)} {target.dtype} on {target.device}")
+    if (
+        target.dim() != 1
+        or target.numel() != flat.numel()
+        or target.dtype != torch.float32
+        or target.device != flat.device
+    ):
+        raise ConfigError(
+            f"train_step_into needs a 1-D float32 tensor of {flat.numel()} values on "
+            f"{flat.device}, got {tuple(target.shape)} {target.dtype} on {target.device}"
+        )
     swap = _StepInto(list(net.module.parameters()), views if views is not None else parameter_views(net, target))
     before = net.optimizer.register_step_pre_hook(swap.before)
     after = net.optimizer.register_step_post_hook(swap.after)
@@ -133,12 +150,14 @@ def can_fuse(state: SharingState, net: Network) -> bool:
     """Whether :func:`step_into_residual` + ``encode_step(None, ...)`` does exactly what ``compute_update`` +
     ``encode_step(update, ...)`` would: the encoder will not calibrate from this update, and float32 parameters."""
     encoder = state.encoder
-    return (net.params_view().dtype == torch.float32
-            and (encoder.threshold_state.calibrated or encoder.config.threshold_policy.calibration_target() is None))
+    return net.params_view().dtype == torch.float32 and (
+        encoder.threshold_state.calibrated or encoder.config.threshold_policy.calibration_target() is None
+    )
 
 
-def step_into_residual(state: SharingState, net: Network, batch: Batch | Sequence[Batch],
-                       validate: bool) -> tuple[float, float]:
+def step_into_residual(
+    state: SharingState, net: Network, batch: Batch | Sequence[Batch], validate: bool
+) -> tuple[float, float]:
     """Steps 1 + 2a fused. When the network can (:func:`can_step_into`) the updater steps straight into the
     residual and ``(norm(residual), norm(params))`` is returned for the divergence check; otherwise one updater
     step, then in one pass ``u = before - after``, the parameters restored and ``residual += u``

@@ -18,8 +18,8 @@ Example::
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 from torchspark.errors import TrainingError
 from torchspark.training.comm.mailbox import END, MESSAGE, Envelope
@@ -67,16 +67,22 @@ class PeerLedger:
                 repeats one (it would be applied twice), or the marker's count disagrees with what arrived.
         """
         if sender not in self.received or sender in self.ended:
-            raise TrainingError(f"gradient sharing: unexpected message from worker {sender} (epoch {self.epoch}, "
-                                f"{'after its end marker' if sender in self.ended else 'not a peer'})")
+            raise TrainingError(
+                f"gradient sharing: unexpected message from worker {sender} (epoch {self.epoch}, "
+                f"{'after its end marker' if sender in self.ended else 'not a peer'})"
+            )
         if env.epoch != self.epoch:
-            raise TrainingError(f"gradient sharing: worker {sender} sent a message of epoch {env.epoch} while this "
-                                f"worker is in epoch {self.epoch}; all workers must run the same torchspark version")
+            raise TrainingError(
+                f"gradient sharing: worker {sender} sent a message of epoch {env.epoch} while this "
+                f"worker is in epoch {self.epoch}; all workers must run the same torchspark version"
+            )
         expected = self.received[sender]
         if env.seq != expected:
             what = "lost (a gap)" if env.seq > expected else "repeated (a duplicate)"
-            raise TrainingError(f"gradient sharing: message {expected} of worker {sender} in epoch {self.epoch} was "
-                                f"{what}: received seq {env.seq}; no message may be lost or applied twice")
+            raise TrainingError(
+                f"gradient sharing: message {expected} of worker {sender} in epoch {self.epoch} was "
+                f"{what}: received seq {env.seq}; no message may be lost or applied twice"
+            )
         if env.flags == END:
             self.ended[sender] = env.seq
             return False
@@ -96,4 +102,3 @@ class PeerLedger:
 
     def complete(self) -> bool:
         return len(self.ended) == len(self.received)
-

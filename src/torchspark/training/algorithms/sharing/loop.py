@@ -22,10 +22,11 @@ Example::
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import torch
 
@@ -67,12 +68,21 @@ class SharingAlgorithm(SharingAlgorithmBase):
 
     def __post_init__(self) -> None:
         if self.settings.max_staleness is not None:
-            raise ConfigError(f"SharingAlgorithm is the synchronous loop, but max_staleness="
-                              f"{self.settings.max_staleness}: bounded staleness is the 'stale_sharing' algorithm "
-                              "(StaleSharingAlgorithm); SharedTrainingMaster picks it from max_staleness")
+            raise ConfigError(
+                f"SharingAlgorithm is the synchronous loop, but max_staleness="
+                f"{self.settings.max_staleness}: bounded staleness is the 'stale_sharing' algorithm "
+                "(StaleSharingAlgorithm); SharedTrainingMaster picks it from max_staleness"
+            )
 
-    def epoch(self, state: SharingState, net: Network, batches: Iterable[Trainable], comm: Communicator,
-              hooks: WorkerHooks, epoch: int) -> EpochOutcome:
+    def epoch(
+        self,
+        state: SharingState,
+        net: Network,
+        batches: Iterable[Trainable],
+        comm: Communicator,
+        hooks: WorkerHooks,
+        epoch: int,
+    ) -> EpochOutcome:
         """One pass over this worker's batches; returns when every worker's data ran out."""
         out = EpochOutcome()
         it = iter(batches)
@@ -81,8 +91,11 @@ class SharingAlgorithm(SharingAlgorithmBase):
         topology = resolve_topology(self.settings.topology, self.settings.shard_above_workers, comm.world_size)
         transport, finish = exchange_phases(topology, net.num_params(), net.device)
         posted = _posted_gathers(self.settings, comm, topology)
-        executor = ThreadPoolExecutor(1, thread_name_prefix="torchspark-sharing-exchange") \
-            if self.settings.overlap and posted is None else None
+        executor = (
+            ThreadPoolExecutor(1, thread_name_prefix="torchspark-sharing-exchange")
+            if self.settings.overlap and posted is None
+            else None
+        )
         overlap = self.settings.overlap
         state.overlap_via = "shared_memory" if posted is not None else "thread" if overlap else "off"
         pending: Future[Any] | _Posted | None = None
@@ -108,8 +121,9 @@ class SharingAlgorithm(SharingAlgorithmBase):
                         calibrate(state, None, comm)
                     payload = INACTIVE
                 else:
-                    payload = compute_and_encode(state, net, batch, out, hooks, comm, epoch, first,
-                                                 self.settings.on_divergence)
+                    payload = compute_and_encode(
+                        state, net, batch, out, hooks, comm, epoch, first, self.settings.on_divergence
+                    )
                 # 3 + 4: exchange, decode in rank order, apply
                 if not overlap:
                     with rec.phase("exchange"):
@@ -141,13 +155,15 @@ class SharingAlgorithm(SharingAlgorithmBase):
             report_epoch_score(out, net, comm, hooks, epoch)
         return out
 
-    def finish(self, state: SharingState, net: Network, comm: Communicator
-               ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    def finish(
+        self, state: SharingState, net: Network, comm: Communicator
+    ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         """End of fit (:func:`~torchspark.training.algorithms.sharing.finish.finish_fit`), plus
         ``sharing.topology`` (the exchange this fit used) and ``sharing.overlap_via`` in ``extra_config``."""
         extra_state, extra_config = finish_fit(state, net, comm)
-        extra_config["sharing.topology"] = resolve_topology(self.settings.topology, self.settings.shard_above_workers,
-                                                            comm.world_size)
+        extra_config["sharing.topology"] = resolve_topology(
+            self.settings.topology, self.settings.shard_above_workers, comm.world_size
+        )
         extra_config["sharing.overlap_via"] = state.overlap_via
         return extra_state, extra_config
 
@@ -175,8 +191,13 @@ def _posted_gathers(settings: SharingSettings, comm: Communicator, topology: str
     return opener()
 
 
-def _send(posted: PostedGathers | None, executor: ThreadPoolExecutor | None,
-          transport: Callable[[Communicator, bytes], Any], comm: Communicator, payload: bytes) -> Future[Any] | _Posted:
+def _send(
+    posted: PostedGathers | None,
+    executor: ThreadPoolExecutor | None,
+    transport: Callable[[Communicator, bytes], Any],
+    comm: Communicator,
+    payload: bytes,
+) -> Future[Any] | _Posted:
     """Start exchanging ``payload``: post it (split-phase gathers) or hand it to the exchange thread."""
     if posted is not None:
         posted.post(payload)

@@ -25,8 +25,7 @@ from torchspark.encoding.codec import sparse_sum_entries
 from torchspark.encoding.wire import sparse_view
 from torchspark.errors import EncodingError
 
-__all__ = ["ACTIVE", "INACTIVE", "Round", "pack", "parse_gathered", "dense_sum", "sparse_round",
-           "round_from_gathered"]
+__all__ = ["ACTIVE", "INACTIVE", "Round", "pack", "parse_gathered", "dense_sum", "sparse_round", "round_from_gathered"]
 
 #: the flag byte of a worker whose data ran out (nothing follows it)
 INACTIVE = b"\x00"
@@ -90,8 +89,10 @@ def sparse_round(gathered: list[bytes], length: int) -> Round | None:
         if view is None:
             return None
         if view[0] != length:
-            raise EncodingError(f"worker {rank} sent an update of {view[0]} elements but this network has "
-                                f"{length} parameters; all workers must train the same network")
+            raise EncodingError(
+                f"worker {rank} sent an update of {view[0]} elements but this network has "
+                f"{length} parameters; all workers must train the same network"
+            )
         if view[2].shape[0]:
             arrays.append(view[2])
             thresholds.append(view[1])
@@ -112,15 +113,19 @@ def parse_gathered(gathered: list[bytes], length: int) -> tuple[int, list[Encode
     for rank, data in enumerate(gathered):
         flag, body = data[:1], data[1:]
         if flag not in (ACTIVE, INACTIVE) or (flag == INACTIVE and body):
-            raise EncodingError(f"worker {rank} sent a malformed gradient-sharing payload (flag {flag!r}, "
-                                f"{len(body)} body bytes); all workers must run the same torchspark version")
+            raise EncodingError(
+                f"worker {rank} sent a malformed gradient-sharing payload (flag {flag!r}, "
+                f"{len(body)} body bytes); all workers must run the same torchspark version"
+            )
         active += flag == ACTIVE
         if not body:
             continue
         message = from_bytes(body)
         if message.length != length:
-            raise EncodingError(f"worker {rank} sent an update of {message.length} elements but this network has "
-                                f"{length} parameters; all workers must train the same network")
+            raise EncodingError(
+                f"worker {rank} sent an update of {message.length} elements but this network has "
+                f"{length} parameters; all workers must train the same network"
+            )
         messages.append(message)
     return active, messages
 

@@ -56,33 +56,50 @@ class SharingSettings:
 
     def __post_init__(self) -> None:
         if not isinstance(self.encoder, EncoderConfig):
-            raise ConfigError(f"encoder must be an EncoderConfig, got {type(self.encoder).__name__}; build it with "
-                              "EncoderConfig(...) or SharingSettings.from_dict")
+            raise ConfigError(
+                f"encoder must be an EncoderConfig, got {type(self.encoder).__name__}; build it with "
+                "EncoderConfig(...) or SharingSettings.from_dict"
+            )
         if not isinstance(self.overlap, bool):
             raise ConfigError(f"overlap must be True or False, got {self.overlap!r}")
         check_on_divergence("SharingSettings", self.on_divergence)
         check_max_staleness("SharingSettings", self.max_staleness, self.overlap)
         check_topology("SharingSettings", self.topology, self.shard_above_workers)
         if self.max_staleness is not None and self.topology == "sharded":
-            raise ConfigError("SharingSettings: topology='sharded' is an exchange of the synchronous loop and "
-                              f"max_staleness={self.max_staleness} the asynchronous mode (its own transport); use "
-                              "topology='auto' or 'all_gather' with max_staleness, or max_staleness=None")
+            raise ConfigError(
+                "SharingSettings: topology='sharded' is an exchange of the synchronous loop and "
+                f"max_staleness={self.max_staleness} the asynchronous mode (its own transport); use "
+                "topology='auto' or 'all_gather' with max_staleness, or max_staleness=None"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form: ``{"encoder": EncoderConfig.to_dict(), "overlap": bool, "on_divergence": str,
         "max_staleness": int | None, "topology": str, "shard_above_workers": int}``."""
-        return {"encoder": self.encoder.to_dict(), "overlap": self.overlap, "on_divergence": self.on_divergence,
-                "max_staleness": self.max_staleness, "topology": self.topology,
-                "shard_above_workers": self.shard_above_workers}
+        return {
+            "encoder": self.encoder.to_dict(),
+            "overlap": self.overlap,
+            "on_divergence": self.on_divergence,
+            "max_staleness": self.max_staleness,
+            "topology": self.topology,
+            "shard_above_workers": self.shard_above_workers,
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SharingSettings:
         encoder = data.get("encoder")
-        config = EncoderConfig() if encoder is None else (
-            encoder if isinstance(encoder, EncoderConfig) else EncoderConfig.from_dict(encoder))
-        return cls(encoder=config, overlap=data.get("overlap", True), on_divergence=data.get("on_divergence", "fail"),
-                   max_staleness=data.get("max_staleness"), topology=data.get("topology", "auto"),
-                   shard_above_workers=data.get("shard_above_workers", DEFAULT_SHARD_ABOVE_WORKERS))
+        config = (
+            EncoderConfig()
+            if encoder is None
+            else (encoder if isinstance(encoder, EncoderConfig) else EncoderConfig.from_dict(encoder))
+        )
+        return cls(
+            encoder=config,
+            overlap=data.get("overlap", True),
+            on_divergence=data.get("on_divergence", "fail"),
+            max_staleness=data.get("max_staleness"),
+            topology=data.get("topology", "auto"),
+            shard_above_workers=data.get("shard_above_workers", DEFAULT_SHARD_ABOVE_WORKERS),
+        )
 
 
 def check_max_staleness(owner: str, value: Any, overlap: bool) -> None:
@@ -90,10 +107,13 @@ def check_max_staleness(owner: str, value: Any, overlap: bool) -> None:
     if value is None:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigError(f"{owner}: max_staleness must be None (synchronous sharing) or an integer >= 0 (steps a "
-                          f"worker may run ahead of its slowest peer), got {value!r}")
+        raise ConfigError(
+            f"{owner}: max_staleness must be None (synchronous sharing) or an integer >= 0 (steps a "
+            f"worker may run ahead of its slowest peer), got {value!r}"
+        )
     if overlap is False:
-        raise ConfigError(f"{owner}: max_staleness={value} is the asynchronous mode and overlap=False the "
-                          "synchronous loop without staleness; set one of them (max_staleness=0 waits for every "
-                          "peer's previous step)")
-
+        raise ConfigError(
+            f"{owner}: max_staleness={value} is the asynchronous mode and overlap=False the "
+            "synchronous loop without staleness; set one of them (max_staleness=0 waits for every "
+            "peer's previous step)"
+        )

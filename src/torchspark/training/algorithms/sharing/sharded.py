@@ -79,7 +79,7 @@ def split_message(message: EncodedUpdate, bounds: list[tuple[int, int]]) -> list
             pieces.append(_PIECE.pack(head, _SPARSE, message.length, t) + local.tobytes())
         return pieces
     for lo, hi in bounds:  # bitmap: a non-empty shard starts at a multiple of 4, so it is whole bytes
-        part = payload[lo // 4:(hi + 3) // 4] if hi > lo else payload[:0]
+        part = payload[lo // 4 : (hi + 3) // 4] if hi > lo else payload[:0]
         if not part.any():
             pieces.append(_PIECE.pack(head, _NOTHING_HERE, message.length, t))
         else:
@@ -110,8 +110,9 @@ def _own_pieces(payload: bytes, length: int, bounds: list[tuple[int, int]]) -> l
     return [bytes([_MALFORMED]) + reason.encode()] * len(bounds)
 
 
-def _sum_pieces(pieces: list[bytes], length: int, lo: int, hi: int,
-                device: torch.device | str) -> tuple[int, bool, torch.Tensor | None]:
+def _sum_pieces(
+    pieces: list[bytes], length: int, lo: int, hi: int, device: torch.device | str
+) -> tuple[int, bool, torch.Tensor | None]:
     """Phase 1 on the owner of ``[lo, hi)``: (active workers, whether any sent a message, the shard sum or None
     when no piece touched the shard). Decodes in rank order into one zeroed buffer."""
     active = 0
@@ -119,25 +120,31 @@ def _sum_pieces(pieces: list[bytes], length: int, lo: int, hi: int,
     shard: torch.Tensor | None = None
     for rank, piece in enumerate(pieces):
         if piece[:1] == bytes([_MALFORMED]):
-            raise EncodingError(f"worker {rank} sent a malformed gradient-sharing payload "
-                                f"({piece[1:].decode(errors='replace')}); all workers must run the same torchspark "
-                                "version and train the same network")
+            raise EncodingError(
+                f"worker {rank} sent a malformed gradient-sharing payload "
+                f"({piece[1:].decode(errors='replace')}); all workers must run the same torchspark "
+                "version and train the same network"
+            )
         if piece == INACTIVE:
             continue
         if len(piece) < _PIECE.size or piece[:1] != ACTIVE or piece[1] > _BITMAP:
-            raise EncodingError(f"worker {rank} sent a malformed gradient-sharing piece ({len(piece)} bytes, "
-                                f"starting {piece[:2]!r}); all workers must run the same torchspark version")
+            raise EncodingError(
+                f"worker {rank} sent a malformed gradient-sharing piece ({len(piece)} bytes, "
+                f"starting {piece[:2]!r}); all workers must run the same torchspark version"
+            )
         _flag, marker, message_length, threshold = _PIECE.unpack_from(piece)
         active += 1
         if marker == _NO_MESSAGE:
             continue
         if message_length != length:
-            raise EncodingError(f"worker {rank} sent an update of {message_length} elements but this network has "
-                                f"{length} parameters; all workers must train the same network")
+            raise EncodingError(
+                f"worker {rank} sent an update of {message_length} elements but this network has "
+                f"{length} parameters; all workers must train the same network"
+            )
         any_message = True
         if marker == _NOTHING_HERE:
             continue
-        body = piece[_PIECE.size:]
+        body = piece[_PIECE.size :]
         fmt = 1 if marker == _SPARSE else 2
         count = len(body) // 4 if marker == _SPARSE else 0
         part = from_bytes(_WIRE.pack(MAGIC, VERSION, fmt, 0, hi - lo, count, threshold) + body)  # validates it
@@ -156,8 +163,11 @@ def shard_sum_bytes(shard: torch.Tensor | None, size: int) -> bytes:
     bits = values.view(torch.int32)
     idx = torch.nonzero(bits, as_tuple=True)[0]
     if 8 * idx.numel() < 4 * size:
-        return (b"S" + idx.to(torch.int32).numpy().astype("<i4", copy=False).tobytes()
-                + values[idx].numpy().astype("<f4", copy=False).tobytes())
+        return (
+            b"S"
+            + idx.to(torch.int32).numpy().astype("<i4", copy=False).tobytes()
+            + values[idx].numpy().astype("<f4", copy=False).tobytes()
+        )
     return b"D" + values.numpy().astype("<f4", copy=False).tobytes()
 
 
@@ -166,8 +176,9 @@ def shard_sum_bytes(shard: torch.Tensor | None, size: int) -> bytes:
 SPARSE_APPLY_MAX_FRACTION = 1 / 8
 
 
-def _assemble(shards: list[bytes], bounds: list[tuple[int, int]], length: int,
-              device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _assemble(
+    shards: list[bytes], bounds: list[tuple[int, int]], length: int, device: torch.device | str
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Phase 2: S_t from every owner's :func:`shard_sum_bytes` (or raise the error an owner reported), as
     ``(values, indices)``: when every shard sum is sparse, the parameters live on the CPU and S_t has at most
     :data:`SPARSE_APPLY_MAX_FRACTION` of them non-zero, only those entries (ascending indices, so
@@ -175,8 +186,11 @@ def _assemble(shards: list[bytes], bounds: list[tuple[int, int]], length: int,
     parameter-sized buffer per step); else ``(dense S_t, None)``."""
     _check_shards(shards, bounds)
     entries = sum((len(data) - 1) // 8 for data in shards)
-    if (torch.device(device).type == "cpu" and all(data[:1] == b"S" for data in shards)
-            and entries <= length * SPARSE_APPLY_MAX_FRACTION):
+    if (
+        torch.device(device).type == "cpu"
+        and all(data[:1] == b"S" for data in shards)
+        and entries <= length * SPARSE_APPLY_MAX_FRACTION
+    ):
         idx_parts, value_parts = [], []
         for data, (lo, _hi) in zip(shards, bounds):
             k = (len(data) - 1) // 8
@@ -185,8 +199,10 @@ def _assemble(shards: list[bytes], bounds: list[tuple[int, int]], length: int,
                 value_parts.append(np.frombuffer(data, dtype="<f4", count=k, offset=1 + 4 * k))
         if not idx_parts:
             return torch.empty(0, dtype=torch.float32), torch.empty(0, dtype=torch.int64)
-        return (torch.from_numpy(np.concatenate(value_parts).astype(np.float32, copy=True)),
-                torch.from_numpy(np.concatenate(idx_parts)))
+        return (
+            torch.from_numpy(np.concatenate(value_parts).astype(np.float32, copy=True)),
+            torch.from_numpy(np.concatenate(idx_parts)),
+        )
     total = torch.zeros(length, dtype=torch.float32)
     flat = total.numpy()  # written in place: one copy per shard
     for data, (lo, hi) in zip(shards, bounds):
@@ -195,8 +211,9 @@ def _assemble(shards: list[bytes], bounds: list[tuple[int, int]], length: int,
             flat[lo:hi] = np.frombuffer(body, dtype="<f4")
         else:
             k = len(body) // 8
-            flat[np.frombuffer(body, dtype="<i4", count=k).astype(np.int64) + lo] = \
-                np.frombuffer(body, dtype="<f4", offset=4 * k)
+            flat[np.frombuffer(body, dtype="<i4", count=k).astype(np.int64) + lo] = np.frombuffer(
+                body, dtype="<f4", offset=4 * k
+            )
     return total.to(device), None
 
 
@@ -205,8 +222,9 @@ def _check_shards(shards: list[bytes], bounds: list[tuple[int, int]]) -> None:
     for rank, (data, (lo, hi)) in enumerate(zip(shards, bounds)):
         kind, body = data[:1], data[1:]
         if kind == b"E":
-            raise EncodingError(f"worker {rank} received a corrupt gradient-sharing piece: "
-                                f"{body.decode(errors='replace')}")
+            raise EncodingError(
+                f"worker {rank} received a corrupt gradient-sharing piece: {body.decode(errors='replace')}"
+            )
         if kind == b"D" and len(body) == 4 * (hi - lo):
             continue
         if kind == b"S" and len(body) % 8 == 0:
@@ -214,8 +232,10 @@ def _check_shards(shards: list[bytes], bounds: list[tuple[int, int]]) -> None:
             idx = np.frombuffer(body, dtype="<i4", count=k)
             if k == 0 or (idx.min() >= 0 and idx.max() < hi - lo and (k == 1 or bool(np.all(idx[1:] > idx[:-1])))):
                 continue
-        raise EncodingError(f"worker {rank} sent a malformed shard sum ({len(data)} bytes, kind {kind!r}) for "
-                            f"elements [{lo}, {hi}); all workers must run the same torchspark version")
+        raise EncodingError(
+            f"worker {rank} sent a malformed shard sum ({len(data)} bytes, kind {kind!r}) for "
+            f"elements [{lo}, {hi}); all workers must run the same torchspark version"
+        )
 
 
 def sharded_exchange(comm: Communicator, payload: bytes, length: int, device: torch.device | str) -> Round:

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import functools
 import struct
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import torch
 
@@ -62,16 +63,26 @@ class StaleSharingAlgorithm(SharingAlgorithmBase):
 
     def __post_init__(self) -> None:
         if self.settings.max_staleness is None:
-            raise ConfigError("StaleSharingAlgorithm needs max_staleness=k (an integer >= 0); with "
-                              "max_staleness=None use the synchronous 'sharing' algorithm (SharingAlgorithm)")
+            raise ConfigError(
+                "StaleSharingAlgorithm needs max_staleness=k (an integer >= 0); with "
+                "max_staleness=None use the synchronous 'sharing' algorithm (SharingAlgorithm)"
+            )
 
-    def epoch(self, state: SharingState, net: Network, batches: Iterable[Trainable], comm: Communicator,
-              hooks: WorkerHooks, epoch: int) -> EpochOutcome:
+    def epoch(
+        self,
+        state: SharingState,
+        net: Network,
+        batches: Iterable[Trainable],
+        comm: Communicator,
+        hooks: WorkerHooks,
+        epoch: int,
+    ) -> EpochOutcome:
         """One pass over this worker's batches (:func:`stale_epoch`)."""
         return stale_epoch(self.settings, state, net, batches, comm, hooks, epoch)
 
-    def finish(self, state: SharingState, net: Network, comm: Communicator
-               ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    def finish(
+        self, state: SharingState, net: Network, comm: Communicator
+    ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         """End of fit: :func:`reconcile` (the replicas averaged), then
         :func:`~torchspark.training.algorithms.sharing.finish.finish_fit`; ``extra_config`` adds the
         ``sharing.*`` entries of :func:`reconcile`."""
@@ -81,8 +92,15 @@ class StaleSharingAlgorithm(SharingAlgorithmBase):
         return extra_state, extra_config
 
 
-def stale_epoch(settings: SharingSettings, state: SharingState, net: Network, batches: Iterable[Trainable],
-                comm: Communicator, hooks: WorkerHooks, epoch: int) -> EpochOutcome:
+def stale_epoch(
+    settings: SharingSettings,
+    state: SharingState,
+    net: Network,
+    batches: Iterable[Trainable],
+    comm: Communicator,
+    hooks: WorkerHooks,
+    epoch: int,
+) -> EpochOutcome:
     """One epoch of bounded-staleness sharing on this worker (see the module docstring); returns when this worker
     has applied every message every peer sent in the epoch. ``settings.max_staleness`` is the bound ``k``."""
     k = int(settings.max_staleness)  # type: ignore[arg-type]
@@ -109,11 +127,12 @@ def stale_epoch(settings: SharingSettings, state: SharingState, net: Network, ba
                 with rec.phase("exchange"):
                     _receive(mailbox, ledger, net, n, stats, timeout_s, functools.partial(ledger.owed, step, k))
             stats.lags.append(ledger.lag(step))
-            payload = compute_and_encode(state, net, batch, out, hooks, comm, epoch, first and step == 0,
-                                         settings.on_divergence)
+            payload = compute_and_encode(
+                state, net, batch, out, hooks, comm, epoch, first and step == 0, settings.on_divergence
+            )
             if mailbox is None:  # after the calibration collective, the only one of the epoch
                 mailbox, timeout_s = open_mailbox(comm, epoch)
-            body = payload[len(ACTIVE):]
+            body = payload[len(ACTIVE) :]
             _apply(net, [body], n, comm.rank)
             stats.applied += 1
             mailbox.post(Envelope(step, epoch, MESSAGE, body))
@@ -138,8 +157,15 @@ def stale_epoch(settings: SharingSettings, state: SharingState, net: Network, ba
     return out
 
 
-def _receive(mailbox: Mailbox, ledger: PeerLedger, net: Network, n: int, stats: StaleStats, timeout_s: float,
-             blocked: Callable[[], bool]) -> None:
+def _receive(
+    mailbox: Mailbox,
+    ledger: PeerLedger,
+    net: Network,
+    n: int,
+    stats: StaleStats,
+    timeout_s: float,
+    blocked: Callable[[], bool],
+) -> None:
     """Apply every peer message that has arrived; keep waiting while ``blocked()`` (up to ``timeout_s``)."""
     deadline = Deadline.after(timeout_s)
     while True:
@@ -162,9 +188,11 @@ def _receive(mailbox: Mailbox, ledger: PeerLedger, net: Network, n: int, stats: 
         got = mailbox.receive(senders, deadline.left())
         if got is None:
             waiting = sorted(p for p in senders)
-            raise WaitTimeout(f"gradient sharing (max_staleness): worker(s) {waiting} sent no update within "
-                              f"rendezvous_timeout_s={timeout_s}; a peer is stuck or gone (raise "
-                              "rendezvous_timeout_s if it is merely slow)")
+            raise WaitTimeout(
+                f"gradient sharing (max_staleness): worker(s) {waiting} sent no update within "
+                f"rendezvous_timeout_s={timeout_s}; a peer is stuck or gone (raise "
+                "rendezvous_timeout_s if it is merely slow)"
+            )
         if ledger.accept(*got):
             _apply(net, [got[1].payload], n, None)
             stats.applied += 1
@@ -178,8 +206,10 @@ def _apply(net: Network, bodies: list[bytes], n: int, rank: int | None) -> None:
             continue
         message = from_bytes(body)
         if message.length != n:
-            raise EncodingError(f"a peer sent an update of {message.length} elements but this network has {n} "
-                                "parameters; all workers must train the same network")
+            raise EncodingError(
+                f"a peer sent an update of {message.length} elements but this network has {n} "
+                "parameters; all workers must train the same network"
+            )
         if total is None:
             total = torch.zeros(n, dtype=torch.float32, device=net.device)
         decode(message, total)
@@ -200,15 +230,16 @@ def reconcile(state: SharingState, net: Network, comm: Communicator, max_stalene
     mean /= world
     local_divergence = float((params - mean).abs().max()) if params.numel() else 0.0
     net.set_params(mean)
-    gathered = comm.all_gather_bytes(struct.pack("<dqqq", local_divergence, stats.max_lag, stats.sent,
-                                                 stats.applied))
+    gathered = comm.all_gather_bytes(struct.pack("<dqqq", local_divergence, stats.max_lag, stats.sent, stats.applied))
     rows = [struct.unpack("<dqqq", g) for g in gathered]
     sent = sum(r[2] for r in rows)
     applied = sum(r[3] for r in rows)
     if applied != world * sent:
-        raise TrainingError(f"gradient sharing (max_staleness): the workers applied {applied} messages but sent "
-                            f"{sent} to {world} workers (expected {world * sent}); a message was lost or applied "
-                            "twice")
+        raise TrainingError(
+            f"gradient sharing (max_staleness): the workers applied {applied} messages but sent "
+            f"{sent} to {world} workers (expected {world * sent}); a message was lost or applied "
+            "twice"
+        )
     return {
         "sharing.max_staleness": max_staleness,
         "sharing.max_lag_steps": max(r[1] for r in rows),

@@ -26,8 +26,17 @@ from torchspark.nn import Network
 from torchspark.training.algorithms.sharing.settings import SharingSettings
 from torchspark.training.comm import Communicator
 
-__all__ = ["SharingAlgorithmBase", "SharingState", "RESIDUAL_KEY", "THRESHOLD_KEY", "WORLD_KEY", "restore_residual", "start_state",
-           "cut_state", "restore_state"]
+__all__ = [
+    "SharingAlgorithmBase",
+    "SharingState",
+    "RESIDUAL_KEY",
+    "THRESHOLD_KEY",
+    "WORLD_KEY",
+    "restore_residual",
+    "start_state",
+    "cut_state",
+    "restore_state",
+]
 
 #: ``extra_state`` keys: ``RESIDUAL_KEY.format(rank=r)`` per rank, the averaged threshold state, the world size.
 RESIDUAL_KEY = "sharing.residual.{rank}"
@@ -78,8 +87,9 @@ class SharingState:
     overlap_via: str | None = None
 
 
-def restore_residual(extra_state: dict[str, torch.Tensor], rank: int, world_size: int, length: int,
-                     device: torch.device | str) -> torch.Tensor:
+def restore_residual(
+    extra_state: dict[str, torch.Tensor], rank: int, world_size: int, length: int, device: torch.device | str
+) -> torch.Tensor:
     """This rank's starting residual from a previous fit's ``extra_state`` (zeros when there is none).
 
     Same world size as saved: rank ``r`` gets ``sharing.residual.<r>``. Different world size: rank 0 gets the sum of
@@ -96,8 +106,10 @@ def restore_residual(extra_state: dict[str, torch.Tensor], rank: int, world_size
     saved = [extra_state[k] for k in (RESIDUAL_KEY.format(rank=r) for r in range(saved_world)) if k in extra_state]
     for t in saved:
         if t.numel() != length:
-            raise TrainingError(f"a saved gradient-sharing residual has {t.numel()} elements but the network has "
-                                f"{length} parameters; remove the 'sharing.*' entries from net.extra_state")
+            raise TrainingError(
+                f"a saved gradient-sharing residual has {t.numel()} elements but the network has "
+                f"{length} parameters; remove the 'sharing.*' entries from net.extra_state"
+            )
     with torch.no_grad():
         if saved_world == world_size:
             key = RESIDUAL_KEY.format(rank=rank)
@@ -107,7 +119,6 @@ def restore_residual(extra_state: dict[str, torch.Tensor], rank: int, world_size
             for t in saved:
                 residual.add_(t.reshape(-1).to(device, torch.float32))
     return residual
-
 
 
 def start_state(settings: SharingSettings, net: Network, comm: Communicator) -> SharingState:
@@ -135,8 +146,12 @@ def cut_state(state: SharingState, pending: bytes | None) -> tuple[dict[str, tor
     tensors = {"residual": state.encoder.residual, "threshold_state": state.encoder.threshold_state.to_tensor()}
     if pending is not None:
         tensors["pending"] = torch.frombuffer(bytearray(pending), dtype=torch.uint8)
-    record = {"bytes_sent": state.bytes_sent, "dense_bytes": state.dense_bytes, "steps": state.steps,
-              "start_threshold": state.start_threshold}
+    record = {
+        "bytes_sent": state.bytes_sent,
+        "dense_bytes": state.dense_bytes,
+        "steps": state.steps,
+        "start_threshold": state.start_threshold,
+    }
     return tensors, record
 
 
@@ -162,7 +177,7 @@ class SharingAlgorithmBase:
     settings: SharingSettings
 
     @classmethod
-    def from_settings(cls, settings: dict[str, Any]) -> "SharingAlgorithmBase":
+    def from_settings(cls, settings: dict[str, Any]) -> SharingAlgorithmBase:
         return cls(SharingSettings.from_dict(settings))
 
     def to_dict(self) -> dict[str, Any]:
@@ -176,8 +191,8 @@ class SharingAlgorithmBase:
         """This rank's part of a checkpoint: its residual and threshold state (tensors), its traffic counters."""
         return cut_state(state, None)
 
-    def restore(self, state: SharingState, net: Network, tensors: dict[str, torch.Tensor],
-                record: dict[str, Any]) -> None:
+    def restore(
+        self, state: SharingState, net: Network, tensors: dict[str, torch.Tensor], record: dict[str, Any]
+    ) -> None:
         """Inverse of :meth:`rank_state` (and of a cut's state with its pending payload)."""
         restore_state(state, tensors, record)
-

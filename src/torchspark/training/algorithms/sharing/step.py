@@ -34,8 +34,17 @@ __all__ = ["compute_and_encode", "report_divergence"]
 log = logging.getLogger(__name__)
 
 
-def compute_and_encode(state: SharingState, net: Network, batch: Trainable, out: EpochOutcome, hooks: WorkerHooks,
-                       comm: Communicator, epoch: int, calibrate: bool, on_divergence: str) -> bytes:
+def compute_and_encode(
+    state: SharingState,
+    net: Network,
+    batch: Trainable,
+    out: EpochOutcome,
+    hooks: WorkerHooks,
+    comm: Communicator,
+    epoch: int,
+    calibrate: bool,
+    on_divergence: str,
+) -> bytes:
     """This worker's payload for one round (:func:`~torchspark.training.algorithms.sharing.rounds.pack`): one
     updater step on ``batch`` (a minibatch, or a group of them with gradient accumulation) encoded against the
     residual. Counts the step in ``out`` and ``state``, records it
@@ -72,13 +81,23 @@ def compute_and_encode(state: SharingState, net: Network, batch: Trainable, out:
     out.score_sum += net.last_score * examples
     rec.record_score(net.iteration, net.last_score)
     if hooks.progress is not None and out.iterations % hooks.progress_every == 0:
-        hooks.progress(ProgressUpdate(rank, epoch, out.iterations, out.examples, net.last_score,
-                                       state.bytes_sent + len(payload), state.dense_bytes))
+        hooks.progress(
+            ProgressUpdate(
+                rank,
+                epoch,
+                out.iterations,
+                out.examples,
+                net.last_score,
+                state.bytes_sent + len(payload),
+                state.dense_bytes,
+            )
+        )
     return payload
 
 
-def report_divergence(state: SharingState, net: Network, update_norm: float, param_norm: float, step: int,
-                      on_divergence: str) -> None:
+def report_divergence(
+    state: SharingState, net: Network, update_norm: float, param_norm: float, step: int, on_divergence: str
+) -> None:
     """Divergence never passes silently: raise TrainingError (``on_divergence="fail"``), or log it once and remember
     it in ``state.divergence`` (``"warn"``)."""
     message = update_divergence(update_norm, param_norm, net.last_score, step, net.updater)

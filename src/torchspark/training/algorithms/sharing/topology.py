@@ -17,7 +17,8 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -40,11 +41,15 @@ DEFAULT_SHARD_ABOVE_WORKERS = 128
 def check_topology(owner: str, topology: object, shard_above_workers: object) -> None:
     """Raise ConfigError naming the bad value and the choices (``owner`` prefixes the message)."""
     if not isinstance(topology, str) or topology not in TOPOLOGIES:
-        raise ConfigError(f"{owner}: topology must be one of {list(TOPOLOGIES)}, got {topology!r}; 'auto' shards "
-                          "above shard_above_workers workers")
+        raise ConfigError(
+            f"{owner}: topology must be one of {list(TOPOLOGIES)}, got {topology!r}; 'auto' shards "
+            "above shard_above_workers workers"
+        )
     if isinstance(shard_above_workers, bool) or not isinstance(shard_above_workers, int) or shard_above_workers < 1:
-        raise ConfigError(f"{owner}: shard_above_workers must be an integer >= 1, got {shard_above_workers!r} "
-                          f"(default {DEFAULT_SHARD_ABOVE_WORKERS})")
+        raise ConfigError(
+            f"{owner}: shard_above_workers must be an integer >= 1, got {shard_above_workers!r} "
+            f"(default {DEFAULT_SHARD_ABOVE_WORKERS})"
+        )
 
 
 def resolve_topology(topology: str, shard_above_workers: int, world_size: int) -> str:
@@ -54,8 +59,9 @@ def resolve_topology(topology: str, shard_above_workers: int, world_size: int) -
     return topology
 
 
-def exchange_phases(topology: str, length: int, device: torch.device | str
-                    ) -> tuple[Callable[[Communicator, bytes], Any], Callable[[Any], Round]]:
+def exchange_phases(
+    topology: str, length: int, device: torch.device | str
+) -> tuple[Callable[[Communicator, bytes], Any], Callable[[Any], Round]]:
     """The exchange of a resolved ``topology`` as ``(transport, finish)``: ``finish(transport(comm, payload))`` is
     the :class:`~torchspark.training.algorithms.sharing.rounds.Round` of every worker's ``payload``, the same on
     every rank and bit-identical for both topologies. With overlap the transport runs on the exchange thread and
@@ -65,5 +71,6 @@ def exchange_phases(topology: str, length: int, device: torch.device | str
     interleaves its decoding with two collectives, so it runs whole on the thread."""
     if topology == "sharded":
         return (lambda comm, payload: sharded_exchange(comm, payload, length, device)), (lambda result: result)
-    return (lambda comm, payload: comm.all_gather_bytes(payload)), \
-        (lambda gathered: round_from_gathered(gathered, length, device))
+    return (lambda comm, payload: comm.all_gather_bytes(payload)), (
+        lambda gathered: round_from_gathered(gathered, length, device)
+    )
