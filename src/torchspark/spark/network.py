@@ -102,10 +102,13 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         self.spark = spark
         #: the progress channel of fits on a Connect session
         self.progress_channel = ConnectProgress(progress_channel, progress_directory, progress_poll_s)
-        if self.sc is not None and (progress_channel != "auto" or progress_directory is not None):
+        if self.sc is not None and (
+            progress_channel != "auto" or progress_directory is not None or progress_poll_s != 1.0
+        ):
             raise ConfigError(
-                f"progress_channel={progress_channel!r} / progress_directory={progress_directory!r} "
-                "apply to a Spark Connect session only; on a classic session the driver runs in the "
+                f"progress_channel={progress_channel!r} / progress_directory={progress_directory!r} / "
+                f"progress_poll_s={progress_poll_s!r} apply to a Spark Connect session only; on a classic session "
+                "the driver runs in the "
                 "cluster and workers stream progress to it over TCP: drop these arguments"
             )
         self.network = network
