@@ -205,8 +205,10 @@ def test_paths_are_rebatched_with_sparks_plan(tmp_path) -> None:
     paths = save_batches(
         [data.slice(0, 5), data.slice(5, 25), data.slice(25, 27), data.slice(27, 45)], str(tmp_path)
     )  # files of 5, 20, 2 and 18 examples
-    plan = wrapper_module._route([Path(p) for p in paths], 2, 8, 3, rng_seed=1)
-    # with a seed, every epoch has its own plan (epoch 0's is the seed's plan, as in Spark's fit_paths)
+    kept = wrapper_module._route([Path(p) for p in paths], 2, 8, 3, rng_seed=1)  # shuffle_scope="worker"
+    assert kept.shares.paths == plan_files(list(zip(paths, [5, 20, 2, 18])), 8, 2, 1)  # one plan, reordered per epoch
+    plan = wrapper_module._route([Path(p) for p in paths], 2, 8, 3, rng_seed=1, scope="global")
+    # with shuffle_scope="global", every epoch has its own plan (epoch 0's is the seed's plan, as in Spark's fit_paths)
     assert [[e.epoch for e in worker] for worker in plan.shares.paths] == [[0, 1, 2], [0, 1, 2]]
     first = [list(worker[0].items) for worker in plan.shares.paths]
     assert first == plan_files(list(zip(paths, [5, 20, 2, 18])), 8, 2, 1)
