@@ -122,6 +122,7 @@ def connect_path_data(
         master.rng_seed,
         network.epoch,
         epochs,
+        master.shuffle_scope,
     )
     first = next((g[0] for g in groups if g), None)
     if first is not None and loader is None:  # a wrong shape fails here, before any worker starts
