@@ -106,10 +106,14 @@ def fresh(dist, tmp_path_factory) -> Path:
             "install",
             "--no-deps",
             "--no-index",
+            "--force-reinstall",
             "-q",
             str(dist["wheel"]),
         ],
         timeout=300,
+        # not our PYTHONPATH: with the sources' torchspark.egg-info on it (an earlier test may have set it for its
+        # workers), pip takes the wheel as "already satisfied" and installs nothing
+        env=_fresh_env(),
     )
     return venv
 
