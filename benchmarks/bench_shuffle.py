@@ -62,7 +62,7 @@ def _master(route: str, seed: int | None, scope: str) -> Any:
 class Inputs:
     """The data of one model in every form the routes take (made once per model)."""
 
-    def __init__(self, spark: Any, model: str, n: int, workdir: str) -> None:
+    def __init__(self, spark: Any, model: str, n: int, workdir: str, routes: list[str]) -> None:
         from torchspark.spark import export_batches
 
         self.model, self.n = model, n
@@ -71,9 +71,11 @@ class Inputs:
         self.rdd.count()
         self.paths_dir = os.path.join(workdir, f"{model}-batches")
         export_batches(self.rdd, self.paths_dir, BATCH)
-        rows = [(f.reshape(-1).tolist(), int(y)) for f, y in zip(self.data.features, self.data.labels)]
-        self.frame = spark.createDataFrame(rows, "features array<float>, label long").repartition(2).cache()
-        self.frame.count()
+        self.frame = None
+        if "dataframe" in routes:  # rows through Python: slow to build, and at 32k x 784 it strains the driver
+            rows = [(f.reshape(-1).tolist(), int(y)) for f, y in zip(self.data.features, self.data.labels)]
+            self.frame = spark.createDataFrame(rows, "features array<float>, label long").repartition(2).cache()
+            self.frame.count()
         self.shape = tuple(self.data.features.shape[1:])
 
 
@@ -195,8 +197,8 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> None:
         [
             "## Shuffle between epochs (rng_seed) on every route",
             "",
-            f"Measured {C.stamp()} with `benchmarks/bench_shuffle.py{' --quick' if args.quick else ''}`; load "
-            f"{C.load_average()}. Parameter averaging (every 5), batch 32 per worker, 2 workers on `local[2]`; steady "
+            f"{C.stamp()} `benchmarks/bench_shuffle.py{' --quick' if args.quick else ''}` (routes {args.routes}, "
+            f"{args.reps or 'default'} repetition(s)). Parameter averaging (every 5), batch 32 per worker, 2 workers on `local[2]`; steady "
             "samples/s = 2N / (T(3) - T(1)), medians over interleaved repetitions. `x plain` is the ratio to the fused "
             "plain loop (2 threads, batch 64) of the same run; `x no seed` to the same route without `rng_seed`.",
             "",
@@ -219,14 +221,15 @@ def main() -> None:
     args = parser.parse_args()
     from torchspark.spark import local_session
 
-    spark = local_session(2, app_name="bench-shuffle")
+    # the direct route persists each setting's repartitioned data in the JVM: the default heap is too small for three
+    spark = local_session(2, app_name="bench-shuffle", conf={"spark.driver.memory": "6g"})
     reps = args.reps or (1 if args.quick else 3)
     routes = [r for r in args.routes.split(",") if r]
     results = {}
     with tempfile.TemporaryDirectory() as workdir:
         for model in args.models.split(","):
             n = args.n or (2048 if args.quick else (32768 if model == "mlp" else 8192))
-            results[model] = measure(spark, Inputs(spark, model, n, workdir), routes, reps)
+            results[model] = measure(spark, Inputs(spark, model, n, workdir, routes), routes, reps)
     report(results, args)
     spark.stop()
 
