@@ -16,7 +16,7 @@ from typing import NamedTuple
 from torchspark.errors import ConfigError
 from torchspark.stats.clock import best_clock_sample
 from torchspark.training.hooks import ProgressUpdate, ScoreReport
-from torchspark.training.progress.wire import ChannelLimits, LineReader, encode
+from torchspark.training.progress.wire import ChannelLimits, LineReader, encode, progress_line, score_line
 from torchspark.training.rendezvous import auth
 
 __all__ = ["ProgressClient", "ProgressEndpoint", "estimate_clock_offset"]
@@ -172,19 +172,7 @@ class ProgressClient:
         """Queue ``update`` for the driver; never blocks (drops the oldest queued update when full)."""
         if not self.active:
             return
-        line = encode(
-            {
-                "kind": "progress",
-                "rank": update.rank,
-                "epoch": update.epoch,
-                "iteration": update.iteration,
-                "examples": update.examples,
-                "score": update.score,
-                "bytes_sent": update.bytes_sent,
-                "dense_bytes": update.dense_bytes,
-                "pid": self._pid,
-            }
-        )
+        line = progress_line(update, self._pid)
         with self._cond:
             if len(self._pending) == self._pending.maxlen:
                 self._dropped += 1
@@ -197,15 +185,7 @@ class ProgressClient:
         """Queue ``report`` for the driver; never blocks and, unlike progress, never drops it."""
         if not self.active:
             return
-        line = encode(
-            {
-                "kind": "score",
-                "epoch": report.epoch,
-                "round": report.round,
-                "examples": report.examples,
-                "score": report.score,
-            }
-        )
+        line = score_line(report)
         with self._cond:
             self._scores.append(line)
             self._cond.notify()

@@ -34,7 +34,7 @@ from typing import NamedTuple
 from torchspark._io import atomic_write_bytes, join, make_dirs
 from torchspark.errors import ConfigError
 from torchspark.training.hooks import ProgressUpdate, ScoreReport
-from torchspark.training.progress.wire import ChannelLimits, encode
+from torchspark.training.progress.wire import ChannelLimits, encode, progress_line, score_line
 
 __all__ = ["ProgressDirectory", "DirectoryProgressWriter", "chunk_name", "parse_chunk_name", "HEARTBEAT_S"]
 
@@ -138,19 +138,7 @@ class DirectoryProgressWriter:
         """Buffer ``update`` for the next chunk; never blocks on the directory."""
         if not self.active:
             return
-        line = encode(
-            {
-                "kind": "progress",
-                "rank": update.rank,
-                "epoch": update.epoch,
-                "iteration": update.iteration,
-                "examples": update.examples,
-                "score": update.score,
-                "bytes_sent": update.bytes_sent,
-                "dense_bytes": update.dense_bytes,
-                "pid": self._pid,
-            }
-        )
+        line = progress_line(update, self._pid)
         with self._cond:
             self._progress.append(line)
 
@@ -161,17 +149,7 @@ class DirectoryProgressWriter:
         if not self.active:
             return
         with self._cond:
-            self._scores.append(
-                encode(
-                    {
-                        "kind": "score",
-                        "epoch": report.epoch,
-                        "round": report.round,
-                        "examples": report.examples,
-                        "score": report.score,
-                    }
-                )
-            )
+            self._scores.append(score_line(report))
 
     def send_error(self, traceback_text: str) -> None:
         """Write the buffered messages and ``traceback_text`` now, as chunks of their own (never raises)."""

@@ -30,6 +30,8 @@ __all__ = [
     "ChannelLimits",
     "Malformed",
     "encode",
+    "progress_line",
+    "score_line",
     "parse_line",
     "progress_from_msg",
     "score_from_msg",
@@ -88,6 +90,37 @@ class Malformed(Exception):
 
 def encode(msg: dict[str, Any]) -> bytes:
     return json.dumps(msg, separators=(",", ":")).encode("utf-8") + b"\n"
+
+
+def progress_line(update: ProgressUpdate, pid: int) -> bytes:
+    """The wire line of ``update`` from worker process ``pid`` (read back by :func:`progress_from_msg`): the same
+    on the TCP channel and in a progress directory's chunks."""
+    return encode(
+        {
+            "kind": "progress",
+            "rank": update.rank,
+            "epoch": update.epoch,
+            "iteration": update.iteration,
+            "examples": update.examples,
+            "score": update.score,
+            "bytes_sent": update.bytes_sent,
+            "dense_bytes": update.dense_bytes,
+            "pid": pid,
+        }
+    )
+
+
+def score_line(report: ScoreReport) -> bytes:
+    """The wire line of ``report`` (read back by :func:`score_from_msg`)."""
+    return encode(
+        {
+            "kind": "score",
+            "epoch": report.epoch,
+            "round": report.round,
+            "examples": report.examples,
+            "score": report.score,
+        }
+    )
 
 
 def int_field(msg: dict[str, Any], key: str) -> int:
