@@ -244,16 +244,31 @@ def _notes(text: str) -> str | None:
     return m.group(1) if m else None
 
 
-def reset_benchmarks_md(info: dict[str, str]) -> None:
-    """Start a fresh BENCHMARKS.md (run_all): header, machine info, empty sections; hand-written notes kept."""
+def reset_benchmarks_md(info: dict[str, str], names: Sequence[str] = SECTIONS) -> None:
+    """Prepare BENCHMARKS.md for a run of the generated sections ``names`` (run_all).
+
+    The machine block is replaced by ``info``; each section in ``names`` becomes a placeholder and its results JSON
+    is removed (a crash leaves no stale figures). Everything else is kept as it is: the generated sections not run
+    this time, and the hand-written sections (Scaling, Faults, Spark Connect, GPU, notes...), which an earlier
+    version rebuilt from a skeleton and so lost.
+    """
     old = BENCHMARKS_MD.read_text() if BENCHMARKS_MD.exists() else ""
-    text = _skeleton(info)
-    notes = _notes(old)
-    if notes:
-        text = text.replace(NOTES_START + "\n" + NOTES_END, NOTES_START + "\n" + notes + NOTES_END)
+    machine = re.compile(r"## Machine\n.*?(?=## Targets\n)", re.S)
+    if not machine.search(old):  # no file yet, or one this code did not write: start from the skeleton
+        text = _skeleton(info)
+        notes = _notes(old)
+        if notes:
+            text = text.replace(NOTES_START + "\n" + NOTES_END, NOTES_START + "\n" + notes + NOTES_END)
+    else:
+        block = "## Machine\n\n" + markdown_table(["", ""], list(info.items())) + "\n\n"
+        text = machine.sub(lambda _: block, old, count=1)
+        for name in names:
+            start, end = _marker(name)
+            pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
+            text = pattern.sub(lambda _, n=name: _placeholder(n), text)
     BENCHMARKS_MD.write_text(text)
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    for name in SECTIONS:
+    for name in names:
         stale = RESULTS_DIR / f"{name}.json"
         if stale.exists():
             stale.unlink()

@@ -46,7 +46,7 @@ def main() -> None:
     info = C.machine_info()
     if args.quick:
         info["mode"] = "--quick (smaller sizes, fewer repetitions: for development, not for conclusions)"
-    C.reset_benchmarks_md(info)
+    C.reset_benchmarks_md(info, names)
     C.log(f"machine: {info}")
     t0 = time.perf_counter()
     durations: dict[str, float] = {}
