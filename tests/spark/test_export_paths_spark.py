@@ -280,3 +280,17 @@ def test_a_second_export_into_the_same_directory_is_refused_and_evaluate_counts_
     assert sorted(glob.glob(os.path.join(directory, "*.safetensors"))) == sorted(first)
     net = Network(models.mlp(2, 4, 3), updater=optim.Adam(lr=1e-3), seed=0)
     assert SparkNetwork(spark, net, progress=False).evaluate(directory).num_examples() == 18
+
+
+def test_fits_of_one_dataframe_reuse_its_export_and_a_new_dataframe_is_exported_anew(spark) -> None:
+    data = DataSet(torch.randn(64, 4), torch.randint(0, 3, (64,)))
+    rows = [(data.features[i].tolist(), int(data.labels[i])) for i in range(64)]
+    df = spark.createDataFrame(rows, "features array<float>, label int").coalesce(1)
+    master = ParameterAveragingTrainingMaster(batch_size_per_worker=8, averaging_frequency=2, num_workers=2)
+    with SparkNetwork(spark, mlp_net(4, 8, 3), master, progress=False) as spark_net:
+        spark_net.fit(df, epochs=1)
+        first = dict(spark_net.preparation.exports)
+        spark_net.fit(df, epochs=1)
+        assert spark_net.preparation.exports == first  # the second fit trained from the first fit's files
+        spark_net.fit(df.select("label", "features"), epochs=1)  # a new DataFrame object: new data, new export
+        assert len(spark_net.preparation.exports) == 2

@@ -207,7 +207,7 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
                 check_channel(self.progress_channel, master.checkpoint_directory)
             return self._fit_connect(data, master, epochs, features_col, label_col, feature_shape, run_id)
         self.preparation.epoch_examples = None
-        rdd = network_batches(self.network, data, features_col, label_col, feature_shape)
+        rdd = self._batches(data, features_col, label_col, feature_shape)
         n = self._num_workers(master)
         base = (
             self.preparation.export_base(master) if master.rdd_training_approach == "export" else None
@@ -289,6 +289,14 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         )
         self._preflight_done.update([imports, cuda] if check_cuda else [imports])
         return gpus
+
+    def _batches(self, data: Any, features_col: Any, label_col: Any, feature_shape: Any) -> Any:
+        """The batch RDD of ``data``: an RDD as it is; a DataFrame's made once per DataFrame and columns
+        (:meth:`~torchspark.spark.preparation.DataPreparation.frame_batches`), so later fits reuse its export."""
+        columns = (repr(features_col), repr(label_col), repr(feature_shape))
+        return self.preparation.frame_batches(
+            data, columns, lambda: network_batches(self.network, data, features_col, label_col, feature_shape)
+        )
 
     def _num_workers(self, master: TrainingMaster) -> int:
         per_node = master.workers_per_executor

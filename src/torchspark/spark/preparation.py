@@ -105,6 +105,7 @@ class DataPreparation:
     Attributes:
         epoch_examples: examples one epoch trains, when the last preparation knew it (the progress bar's total).
         exports: the batch files written per ``(rdd id, batch size, on the balanced grid)``.
+        frames: the batch RDD made of each DataFrame (:meth:`frame_batches`), by the DataFrame and its columns.
         persisted: the direct route's persisted worker RDD, by its settings.
         private_dirs: this object's private export directory (at most one), removed with it.
 
@@ -117,6 +118,7 @@ class DataPreparation:
         self.epoch_examples: int | None = None
         self.exports: dict[tuple[int, int, bool], Export] = {}
         self.persisted: dict[tuple[Any, ...], Any] = {}
+        self.frames: dict[tuple[Any, ...], tuple[weakref.ref[Any], Any]] = {}
         # the finalizer holds the list, not self, so garbage collection and interpreter exit remove the directories
         self.private_dirs: list[str] = []
         self._finalizer = weakref.finalize(self, remove_dirs, self.private_dirs)
@@ -136,7 +138,26 @@ class DataPreparation:
             if fs.exists(path):
                 fs.rm(path, recursive=True)
         self.exports.clear()
+        self.frames.clear()
         remove_dirs(self.private_dirs)
+
+    def frame_batches(self, data: Any, columns: tuple[Any, ...], build: Callable[[], Any]) -> Any:
+        """The batch RDD of DataFrame ``data`` read with ``columns``: ``build()`` the first time, the same RDD for
+        later fits of the same DataFrame object with the same columns.
+
+        The export and direct routes key their batch files and persisted partitions by the RDD's id, so a new RDD
+        per ``fit(df)`` re-exported the whole frame at every call (seconds per call at 32k x 784); with the RDD
+        kept, ``fit(df, epochs=1)`` in a loop reuses the first call's export, as ``fit(rdd)`` does. Like an RDD, a
+        DataFrame is taken as the data it was when first trained on: a new DataFrame object (``spark.read`` again)
+        is new data.
+        """
+        key = (id(data), *columns)
+        held = self.frames.get(key)
+        if held is not None and held[0]() is data:
+            return held[1]
+        rdd = build()
+        self.frames[key] = (weakref.ref(data), rdd)
+        return rdd
 
     # ------------------------------------------------------------------ RDDs and DataFrames
     def from_rdd(
