@@ -56,9 +56,10 @@ class ProgressServer(ProgressInbox):
     """Driver-side receiver of worker progress, clock probes, scores and tracebacks.
 
     What it keeps and offers (:meth:`latest`, :meth:`errors`, :attr:`liveness`, the listeners) is the
-    :class:`~torchspark.training.progress.inbox.ProgressInbox` both channels share. Listeners run on a thread of their own (:class:`~torchspark.training.progress.dispatch.CallQueue`), never on
-    the thread that reads the workers, so a slow listener cannot hold up heartbeats; a listener that raises is
-    logged and skipped. Updates of one rank arrive in the order the worker sent them.
+    :class:`~torchspark.training.progress.inbox.ProgressInbox` both channels share. Listeners run on a thread of
+    their own (:class:`~torchspark.training.progress.dispatch.CallQueue`), never on the thread that reads the
+    workers, so a slow listener cannot hold up heartbeats; a listener that raises is logged and skipped. Updates of
+    one rank arrive in the order the worker sent them.
 
     Args:
         host: the address to listen on: the one workers use to reach the driver (``spark.driver.host``), and
