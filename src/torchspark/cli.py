@@ -17,144 +17,31 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from torchspark.cli_args import non_negative_int, positive_float, positive_int, shape, threshold, version_line
-from torchspark.cli_checks import check_arguments, compile_setting
+from torchspark.cli_args import version_line
+from torchspark.cli_checks import check_arguments
 from torchspark.cli_limits import check_scale, save_model
+from torchspark.cli_parser import build_parser
 from torchspark.cli_spark import digits_frame, train_on_spark
 from torchspark.errors import ConfigError, SetupError, TorchSparkError
-from torchspark.nn.precision import PRECISIONS
 from torchspark.training.algorithms.sharing.topology import DEFAULT_SHARD_ABOVE_WORKERS
-from torchspark.training.config import master_class, master_kinds
+from torchspark.training.config import master_class
 
 __all__ = ["main", "build_parser", "version_line"]
 
 log = logging.getLogger("torchspark.cli")
-
-MODELS = ("lenet", "mlp")
-UPDATERS = ("adam", "sgd", "adamw", "rmsprop", "adagrad")
-
-
-def _add_spark_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--master", default=None,
-                   help="Spark master URL (default local[WORKERS]); e.g. local-cluster[2,1,1024], spark://h:7077, yarn")
-    p.add_argument("--num-workers", type=positive_int, default=2, help="Spark task slots / training workers")
-    p.add_argument("-v", "--verbose", action="store_true",
-                   help="log what happens, and show the JVM's own start-up warnings and log (hidden otherwise)")
-
-
-def _add_data_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data", default="digits:test",
-                   help="digits:test | digits:train | a directory or glob of batch files (.safetensors) | Parquet")
-    p.add_argument("--features-col", default="features", help="Parquet: features column (array or ML Vector)")
-    p.add_argument("--label-col", default="label", help="Parquet: label column")
-    p.add_argument("--feature-shape", type=shape, default=None, help="Parquet: reshape each row, e.g. 1,28,28")
-    p.add_argument("--batch-size", type=positive_int, default=256, help="examples per forward pass on executors")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    # no abbreviated flags (allow_abbrev=False): a renamed flag such as --threshold or --mode must be an error, not
-    # silently read as a longer option it abbreviates (--threshold-algorithm, --model)
-    parser = argparse.ArgumentParser(prog="torchspark", allow_abbrev=False,
-                                     description="Distributed training of PyTorch networks on Apache Spark.")
-    parser.add_argument("--version", action="version", version=version_line())
-    sub = parser.add_subparsers(dest="command", required=True)
-    fmt = argparse.ArgumentDefaultsHelpFormatter
-
-    train = sub.add_parser("train", help="train a zoo model on a built-in dataset", formatter_class=fmt,
-                           allow_abbrev=False,
-                           description="Train a zoo model on the built-in digits dataset with Spark (or --parallel "
-                           "without Spark), print the evaluation on the test split, and write the model, "
-                           "metrics.json, stats.json and stats.html to --output.")
-    train.add_argument("--dataset", default="digits", choices=["digits"], help="built-in training dataset")
-    train.add_argument("--model", default="lenet", choices=MODELS, help="zoo model to train")
-    train.add_argument("--epochs", type=positive_int, default=8, help="passes over the training data")
-    train.add_argument("--training-mode", default="sharing", choices=master_kinds(),
-                       help="sharing: threshold-encoded gradient sharing; averaging: synchronous parameter averaging")
-    train.add_argument("--parallel", action="store_true",
-                       help="train with ParallelWrapper (local worker processes), without Spark or Java")
-    train.add_argument("--connect", action="store_true",
-                       help="train through a Spark Connect session of a Connect server started on this machine "
-                            "(with --master's cluster, default local[WORKERS]): the data as a DataFrame, one barrier "
-                            "mapInArrow stage; needs pip install 'torchspark[connect]'")
-    train.add_argument("--remote", default=None, metavar="sc://HOST:PORT",
-                       help="train through the Spark Connect server at this URL (a client-only install is enough: "
-                            "pip install 'torchspark[connect]'; torch and torchspark must be on the executors)")
-    train.add_argument("--batch-size-per-worker", type=positive_int, default=16, help="minibatch size per worker")
-    train.add_argument("--accumulate-steps", type=positive_int, default=1, metavar="K",
-                       help="minibatches per optimizer step (gradient accumulation: K x the minibatch per step)")
-    train.add_argument("--averaging-frequency", type=positive_int, default=5,
-                       help="averaging mode: optimizer steps between parameter averages")
-    train.add_argument("--threshold-algorithm", type=threshold, default="calibrated",
-                       help="sharing mode: the master's threshold_algorithm, an adaptive threshold starting at "
-                            "'calibrated' (default: chosen from the first update for ~1e-3 sparsity) or at a fixed "
-                            "value such as DL4J's 1e-4")
-    train.add_argument("--topology", default="auto", choices=["auto", "all_gather", "sharded"],
-                       help="sharing mode: how the workers exchange their messages each step: all_gather (every "
-                            "worker receives every message), sharded (reduce-scatter by index shards, then "
-                            "all-gather: for many workers or dense messages), auto (sharded above 128 workers); "
-                            "see docs/scaling.md")
-    train.add_argument("--shard-above-workers", type=positive_int, default=DEFAULT_SHARD_ABOVE_WORKERS, metavar="N",
-                       help="sharing mode: --topology auto shards when there are more than N workers; lower it for "
-                            "large (dense) messages, see docs/scaling.md")
-    train.add_argument("--max-staleness", type=non_negative_int, default=None, metavar="K",
-                       help="sharing mode: bounded staleness: apply peers' updates as they arrive and wait only "
-                            "when more than K steps ahead of the slowest worker (default: synchronous exchange); "
-                            "helps when workers are slow at different times")
-    train.add_argument("--updater", default="adam", choices=UPDATERS, help="optimizer")
-    train.add_argument("--lr", type=positive_float, default=1e-3, help="learning rate")
-    train.add_argument("--seed", type=int, default=0, help="seed for weights and data shuffling")
-    train.add_argument("--memory-format", default="contiguous", choices=["contiguous", "channels_last"],
-                       help="layout of convolution weights; channels_last trains CNNs faster on CPU")
-    train.add_argument("--precision", default="fp32", choices=list(PRECISIONS),
-                       help="mixed precision of the forward pass: bf16 (CPUs, recent GPUs), fp16 (older GPUs)")
-    train.add_argument("--compile", nargs="?", const=True, default=False, type=compile_setting, metavar="BACKEND",
-                       help="torch.compile the forward pass (default backend, or aot_eager, max-autotune, ...)")
-    train.add_argument("--output", default="torchspark-output", help="directory for the model, metrics and stats")
-    train.add_argument("--no-progress", action="store_true", help="no progress bar")
-    train.add_argument("--config", default=None,
-                       help="YAML (.yaml/.yml) or JSON file of train settings by option name (epochs: 4, training_mode: "
-                            "averaging, ...); options on the command line override it")
-    train.add_argument("--print-config", nargs="?", const="yaml", default=None, choices=["yaml", "json"],
-                       help="print the settings this command would train with (YAML, or json) and exit: the "
-                            "start of a --config file")
-    _add_spark_options(train)
-
-    evaluate = sub.add_parser("evaluate", help="evaluate a saved model on the cluster", formatter_class=fmt,
-                              allow_abbrev=False,
-                              description="Distributed evaluation of a saved model (SparkNetwork.evaluate).")
-    evaluate.add_argument("--model", required=True, help="directory written by Network.save / torchspark train")
-    evaluate.add_argument("--trust-code", action="store_true",
-                          help="let the model's config.json name your own module factory or loss (imports it)")
-    _add_data_options(evaluate)
-    evaluate.add_argument("--output", default=None, help="also write the evaluation as JSON to this file")
-    _add_spark_options(evaluate)
-
-    predict = sub.add_parser("predict", help="add a prediction column to Parquet data", formatter_class=fmt,
-                             allow_abbrev=False,
-                             description="Distributed inference of a saved model (SparkNetwork.predict): read "
-                             "Parquet (or digits:test), add the prediction column, write Parquet.")
-    predict.add_argument("--model", required=True, help="directory written by Network.save / torchspark train")
-    predict.add_argument("--trust-code", action="store_true",
-                         help="let the model's config.json name your own module factory or loss (imports it)")
-    _add_data_options(predict)
-    predict.add_argument("--output", required=True, help="Parquet directory to write")
-    predict.add_argument("--output-col", default="prediction", help="name of the new column")
-    predict.add_argument("--class", dest="as_class", action="store_true",
-                         help="write the predicted class index instead of the output probabilities")
-    _add_spark_options(predict)
-
-    from torchspark.advise.command import add_parser as add_advise_parser
-
-    add_advise_parser(sub, fmt, positive_int, positive_float, shape)
-    return parser
 
 
 # ------------------------------------------------------------------ helpers
 def _updater(name: str, lr: float) -> Any:
     from torchspark import optim
 
-    specs = {"adam": optim.Adam, "sgd": optim.SGD, "adamw": optim.AdamW, "rmsprop": optim.RMSprop,
-             "adagrad": optim.AdaGrad}
+    specs = {
+        "adam": optim.Adam,
+        "sgd": optim.SGD,
+        "adamw": optim.AdamW,
+        "rmsprop": optim.RMSprop,
+        "adagrad": optim.AdaGrad,
+    }
     return specs[name](lr=lr)
 
 
@@ -177,8 +64,10 @@ def _load_model(path: str, trust_code: bool = False) -> Any:
     from torchspark import Network
 
     if not os.path.isdir(path):
-        raise ConfigError(f"--model {path!r} is not a directory; pass the directory written by `torchspark train` "
-                          "(OUTPUT/model) or Network.save")
+        raise ConfigError(
+            f"--model {path!r} is not a directory; pass the directory written by `torchspark train` "
+            "(OUTPUT/model) or Network.save"
+        )
     return Network.load(path, trust_code=trust_code)
 
 
@@ -211,8 +100,9 @@ def _batch_files(spec: str) -> list[str]:
 
 def _read_parquet(spark: Any, path: str) -> Any:
     if not os.path.exists(path) and "://" not in path:
-        raise ConfigError(f"--data {path!r} does not exist; pass digits:test, a directory of batch files or a "
-                          "Parquet path")
+        raise ConfigError(
+            f"--data {path!r} does not exist; pass digits:test, a directory of batch files or a Parquet path"
+        )
     return spark.read.parquet(path)
 
 
@@ -222,9 +112,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     from torchspark.encoding import AdaptiveThreshold
 
     train_data, test_data = datasets.digits("train"), datasets.digits("test")
-    net = Network(_model(args.model, tuple(train_data.features.shape[1:]), 10),
-                  updater=_updater(args.updater, args.lr), seed=args.seed, memory_format=args.memory_format,
-                  precision=args.precision, compile=args.compile)
+    net = Network(
+        _model(args.model, tuple(train_data.features.shape[1:]), 10),
+        updater=_updater(args.updater, args.lr),
+        seed=args.seed,
+        memory_format=args.memory_format,
+        precision=args.precision,
+        compile=args.compile,
+    )
     threshold = AdaptiveThreshold(initial=args.threshold_algorithm)
     start = time.time()
     if args.parallel:
@@ -249,8 +144,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     save_model(net, model_dir)
     summary = stats.summary() if stats is not None else {}
     metrics: dict[str, Any] = {
-        "accuracy": evaluation.accuracy(), "f1_macro": evaluation.f1(average="macro"), "score": score,
-        "epochs": args.epochs, "num_workers": args.num_workers, "training_mode": args.training_mode, "runner": runner, "train_seconds": seconds,
+        "accuracy": evaluation.accuracy(),
+        "f1_macro": evaluation.f1(average="macro"),
+        "score": score,
+        "epochs": args.epochs,
+        "num_workers": args.num_workers,
+        "training_mode": args.training_mode,
+        "runner": runner,
+        "train_seconds": seconds,
         "precision": args.precision,
         # training throughput: the fit alone, not the Spark session's start (startup_seconds)
         "examples_per_second": len(train_data) * args.epochs / used["fit_seconds"],
@@ -263,16 +164,25 @@ def cmd_train(args: argparse.Namespace) -> int:
         _write_json(os.path.join(args.output, "stats.json"), json.loads(stats.to_json()))
         stats.export_html(os.path.join(args.output, "stats.html"))
         written += [os.path.join(args.output, "stats.json"), os.path.join(args.output, "stats.html")]
-    print(f"accuracy {evaluation.accuracy():.4f} on {len(test_data)} test digits ({args.training_mode}, {runner}); wrote "
-          + ", ".join(written))
+    print(
+        f"accuracy {evaluation.accuracy():.4f} on {len(test_data)} test digits ({args.training_mode}, {runner}); wrote "
+        + ", ".join(written)
+    )
     return 0
 
 
 def master_from_args(args: argparse.Namespace, threshold: Any) -> Any:
     """The master ``--training-mode`` names, with the options of the command line (the same on Spark and with
     ``--parallel``)."""
-    common = dict(batch_size_per_worker=args.batch_size_per_worker, num_workers=args.num_workers, rng_seed=args.seed,
-                  collect_training_stats=True, accumulate_steps=args.accumulate_steps)
+    common = dict(
+        batch_size_per_worker=args.batch_size_per_worker,
+        num_workers=args.num_workers,
+        rng_seed=args.seed,
+        collect_training_stats=True,
+        accumulate_steps=args.accumulate_steps,
+        shuffle_scope=args.shuffle_scope,
+        gpus_per_worker=args.gpus_per_worker,
+    )
     # each kind takes its own options: the base class's signature does not name them
     make: Any = master_class("sharing" if args.training_mode == "sharing" else "averaging")
     if args.training_mode == "sharing":
@@ -285,8 +195,11 @@ def _sharing_options(args: argparse.Namespace) -> dict[str, Any]:
     mode, where :func:`check_mode_options` refused them)."""
     if args.training_mode != "sharing":
         return {}
-    return {"topology": args.topology, "shard_above_workers": args.shard_above_workers,
-            "max_staleness": args.max_staleness}
+    return {
+        "topology": args.topology,
+        "shard_above_workers": args.shard_above_workers,
+        "max_staleness": args.max_staleness,
+    }
 
 
 def check_mode_options(args: argparse.Namespace) -> None:
@@ -296,15 +209,21 @@ def check_mode_options(args: argparse.Namespace) -> None:
         return
     if args.training_mode == "sharing":
         if args.topology != "auto" and args.shard_above_workers != DEFAULT_SHARD_ABOVE_WORKERS:
-            raise ConfigError(f"--shard-above-workers {args.shard_above_workers} applies to --topology auto only, but "
-                              f"--topology is {args.topology!r}; use --topology auto or drop --shard-above-workers")
+            raise ConfigError(
+                f"--shard-above-workers {args.shard_above_workers} applies to --topology auto only, but "
+                f"--topology is {args.topology!r}; use --topology auto or drop --shard-above-workers"
+            )
         return
-    for option, value, default in (("--topology", args.topology, "auto"),
-                                   ("--shard-above-workers", args.shard_above_workers, DEFAULT_SHARD_ABOVE_WORKERS),
-                                   ("--max-staleness", args.max_staleness, None)):
+    for option, value, default in (
+        ("--topology", args.topology, "auto"),
+        ("--shard-above-workers", args.shard_above_workers, DEFAULT_SHARD_ABOVE_WORKERS),
+        ("--max-staleness", args.max_staleness, None),
+    ):
         if value != default:
-            raise ConfigError(f"{option} {value} applies to gradient sharing only, but --training-mode is {args.training_mode!r}; "
-                              f"use --training-mode sharing or drop {option}")
+            raise ConfigError(
+                f"{option} {value} applies to gradient sharing only, but --training-mode is {args.training_mode!r}; "
+                f"use --training-mode sharing or drop {option}"
+            )
 
 
 def _spark() -> Any:
@@ -325,9 +244,13 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     api.check_java()
     with api.session_scope(cores=args.num_workers, master=args.master, quiet=not args.verbose) as spark:
         data = _data_for_evaluation(spark, args)
-        evaluation = api.SparkNetwork(spark, net).evaluate(data, batch_size=args.batch_size,
-                                                       features_col=args.features_col, label_col=args.label_col,
-                                                       feature_shape=args.feature_shape)
+        evaluation = api.SparkNetwork(spark, net).evaluate(
+            data,
+            batch_size=args.batch_size,
+            features_col=args.features_col,
+            label_col=args.label_col,
+            feature_shape=args.feature_shape,
+        )
     print(evaluation.stats())
     if args.output:
         _write_json(args.output, json.loads(evaluation.to_json()))
@@ -344,19 +267,26 @@ def cmd_predict(args: argparse.Namespace) -> int:
         frame = digits_frame(spark, split) if split is not None else _read_parquet(spark, args.data)
         shape = args.feature_shape or ((1, 8, 8) if split is not None else None)
         if args.features_col not in frame.columns:
-            raise ConfigError(f"--features-col {args.features_col!r} is not a column of {args.data!r} "
-                              f"(columns: {frame.columns})")
-        out = api.SparkNetwork(spark, net).predict(frame, features_col=args.features_col, output_col=args.output_col,
-                                               feature_shape=shape, batch_size=args.batch_size,
-                                               output="class" if args.as_class else "probabilities")
+            raise ConfigError(
+                f"--features-col {args.features_col!r} is not a column of {args.data!r} (columns: {frame.columns})"
+            )
+        out = api.SparkNetwork(spark, net).predict(
+            frame,
+            features_col=args.features_col,
+            output_col=args.output_col,
+            feature_shape=shape,
+            batch_size=args.batch_size,
+            output="class" if args.as_class else "probabilities",
+        )
         out.write.mode("overwrite").parquet(args.output)
         rows = spark.read.parquet(args.output).count()
     print(f"wrote {rows} rows with column {args.output_col!r} to {args.output}")
     return 0
 
 
-def _with_config(parser: argparse.ArgumentParser, argv: Sequence[str] | None,
-                 args: argparse.Namespace) -> argparse.Namespace:
+def _with_config(
+    parser: argparse.ArgumentParser, argv: Sequence[str] | None, args: argparse.Namespace
+) -> argparse.Namespace:
     """``train --config FILE``: the file's settings under the command line's (:mod:`torchspark.config_files`)."""
     from torchspark.config_files import apply_train_config
 
@@ -377,8 +307,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         args = _with_config(parser, argv, args)
-        logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
-                            format="%(levelname)s %(name)s: %(message)s")
+        logging.basicConfig(
+            level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
+            format="%(levelname)s %(name)s: %(message)s",
+        )
         if getattr(args, "print_config", None):
             from torchspark.config_files import dump_mapping, train_settings
 
@@ -395,4 +327,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
-

@@ -25,6 +25,7 @@ __all__ = [
     "check_master",
     "check_remote",
     "check_session_options",
+    "check_route_options",
     "check_output_directory",
     "check_output_file",
     "check_parquet_output",
@@ -232,6 +233,46 @@ def check_session_options(args: argparse.Namespace) -> None:
         )
 
 
+def check_route_options(args: argparse.Namespace) -> None:
+    """``train`` options that only one route takes: ``--progress-directory`` a Spark Connect session (``--connect``,
+    ``--remote``), as ``SparkNetwork(progress_directory=...)`` does; ``--gpus-per-worker`` a classic session on a
+    cluster manager (a stage-level resource profile: not local mode, not Connect, not ``--parallel``).
+
+    Raises:
+        ConfigError: naming the option, its value, why it cannot apply and the fix.
+    """
+    on_connect = bool(getattr(args, "connect", False)) or getattr(args, "remote", None) is not None
+    directory = getattr(args, "progress_directory", None)
+    if directory is not None and not on_connect:
+        route = "--parallel's local processes" if getattr(args, "parallel", False) else "a classic Spark session"
+        raise ConfigError(
+            f"--progress-directory {directory!r} applies to a Spark Connect session only (--connect or --remote): "
+            f"with {route} the workers stream progress to this process over TCP; add --connect or --remote, or "
+            "drop --progress-directory"
+        )
+    gpus = getattr(args, "gpus_per_worker", None)
+    if gpus is None:
+        return
+    if getattr(args, "parallel", False):
+        raise ConfigError(
+            f"--gpus-per-worker {gpus:g} asks Spark for GPUs per training task, but --parallel trains local "
+            "processes without Spark; drop --gpus-per-worker or --parallel"
+        )
+    if on_connect:
+        raise ConfigError(
+            f"--gpus-per-worker {gpus:g} asks a stage-level resource profile, which the Spark Connect route does not "
+            "attach yet; give the tasks their GPUs through the Connect server's settings "
+            "(spark.executor.resource.gpu.amount, spark.task.resource.gpu.amount) and drop --gpus-per-worker"
+        )
+    master = getattr(args, "master", None) or f"local[{args.num_workers}]"
+    if _LOCAL.match(master):
+        raise ConfigError(
+            f"--gpus-per-worker {gpus:g} needs stage-level scheduling, which Spark does not offer in local mode "
+            f"(--master {master}); pass --master of a cluster manager whose executors own GPUs (spark://HOST:7077, "
+            "yarn, k8s://..., local-cluster[N,CORES,MB]), or drop --gpus-per-worker"
+        )
+
+
 def _model_directory(output: str) -> None:
     from torchspark.nn.portable import check_save_target
 
@@ -247,6 +288,7 @@ def check_arguments(args: argparse.Namespace) -> None:
     command = args.command
     if command == "train":
         check_session_options(args)
+        check_route_options(args)
         check_remote(getattr(args, "remote", None))
     if not getattr(args, "parallel", False):
         check_master(getattr(args, "master", None))

@@ -8,7 +8,7 @@ import argparse
 import time
 from typing import Any
 
-__all__ = ["train_on_spark", "train_on_connect", "digits_frame"]
+__all__ = ["train_on_spark", "train_on_connect", "connect_progress", "digits_frame"]
 
 
 def digits_frame(spark: Any, split: str) -> Any:
@@ -53,6 +53,16 @@ def train_on_spark(
         return spark_net.training_stats, spark_net.score, used
 
 
+def connect_progress(args: argparse.Namespace) -> dict[str, Any]:
+    """``SparkNetwork``'s progress settings for ``--progress-directory URL``: the ``"directory"`` channel under
+    ``URL`` (the workers write files this command polls, whether or not they could reach it), or none (the
+    session's default, ``"auto"``). Only a Connect session takes them
+    (:func:`torchspark.cli_checks.check_session_options` refuses the flag on the other routes)."""
+    if args.progress_directory is None:
+        return {}
+    return {"progress_channel": "directory", "progress_directory": args.progress_directory}
+
+
 def train_on_connect(
     args: argparse.Namespace, net: Any, train_data: Any, master: Any
 ) -> tuple[Any, float, dict[str, Any]]:
@@ -61,6 +71,7 @@ def train_on_connect(
     from torchspark.spark import SparkNetwork
     from torchspark.spark.session import local_session, remote_session
 
+    progress = connect_progress(args)
     start = time.time()
     if args.remote is not None:
         spark, where = remote_session(args.remote), args.remote
@@ -70,7 +81,7 @@ def train_on_connect(
     try:
         started = time.time()
         frame = digits_frame(spark, "train")
-        spark_net = SparkNetwork(spark, net, master, progress=False if args.no_progress else None)
+        spark_net = SparkNetwork(spark, net, master, progress=False if args.no_progress else None, **progress)
         spark_net.fit(frame, epochs=args.epochs, feature_shape=tuple(train_data.features.shape[1:]))
         used = {
             "startup_seconds": started - start,

@@ -30,6 +30,8 @@ def test_train_remote_runs_the_main_job_under_connect(connect_server, tmp_path) 
         "--training-mode",
         "averaging",
         "--no-progress",
+        "--progress-directory",
+        str(tmp_path / "progress"),
         "--output",
         str(out),
     ]
@@ -39,3 +41,6 @@ def test_train_remote_runs_the_main_job_under_connect(connect_server, tmp_path) 
     assert metrics["spark_master"] == connect_server.url and metrics["runner"] == "SparkNetwork"
     assert metrics["accuracy"] > 0.2  # trained (chance is 0.1)
     assert (out / "stats.html").exists() and (out / "model").is_dir()
+    # --progress-directory: the workers' progress went through files there (the local server would have used TCP);
+    # the fit's own subdirectory is removed after it succeeded
+    assert (tmp_path / "progress").is_dir() and os.listdir(tmp_path / "progress") == []

@@ -28,8 +28,8 @@ import torchspark
 pytestmark = pytest.mark.packaging
 
 ROOT = Path(__file__).resolve().parents[2]
-#: what a build reads: the configuration, the long description, and the sources
-BUILD_INPUTS = ("pyproject.toml", "README.md", "CHANGELOG.md")
+#: what a build reads: the configuration, the long description, the license text, and the sources
+BUILD_INPUTS = ("pyproject.toml", "README.md", "CHANGELOG.md", "LICENSE")
 
 
 def _run(args: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess[str]:
@@ -78,6 +78,21 @@ def test_the_wheel_carries_types_version_and_dependencies(dist) -> None:
     # PyYAML is a core dependency: `--print-config` and `--config run.yaml` work on the base install
     assert any(r.lower().startswith("pyyaml") for r in core), core
     assert any(r.startswith("torch") for r in core) and any(r.startswith("pyspark") for r in core), core
+
+
+def test_the_wheel_and_sdist_carry_the_apache_license(dist) -> None:
+    """PEP 639: the SPDX expression in the metadata, the license text in the wheel's .dist-info and in the sdist."""
+    meta = _wheel_metadata(dist["wheel"])
+    assert meta["License-Expression"] == "Apache-2.0" and meta.get_all("License-File") == ["LICENSE"]
+    text = (ROOT / "LICENSE").read_text()
+    assert "Apache License" in text and "Version 2.0, January 2004" in text
+    with zipfile.ZipFile(dist["wheel"]) as z:
+        licenses = [n for n in z.namelist() if n.endswith(".dist-info/licenses/LICENSE")]
+        assert len(licenses) == 1 and z.read(licenses[0]).decode() == text
+    with tarfile.open(dist["sdist"]) as t:
+        member = next(m for m in t.getmembers() if m.name.split("/", 1)[-1] == "LICENSE")
+        stream = t.extractfile(member)
+        assert stream is not None and stream.read().decode() == text
 
 
 def test_the_sdist_holds_the_sources_and_types(dist) -> None:

@@ -9,8 +9,8 @@ On disk a network is a directory:
 - ``extra.safetensors``: training-master state such as gradient-sharing residuals (when present);
 - ``objects.pkl``: only with ``allow_pickle=True``, the parts that have no JSON form.
 
-In memory the same parts travel as a :class:`Blueprint`. This module builds networks of a class it is handed
-(:func:`build_network`), so :class:`~torchspark.nn.Network` saves, loads and copies itself through it without this
+In memory the same parts travel as a :class:`Blueprint`. Both build networks of a class they are handed
+(:func:`~torchspark.nn.parts.build_network`, :mod:`torchspark.nn.parts`), so :class:`~torchspark.nn.Network` saves, loads and copies itself through it without this
 module importing it; :mod:`torchspark.nn.serialization` holds the entry points for ``Network``
 (:func:`~torchspark.nn.serialization.load_network`, :class:`~torchspark.nn.serialization.NetworkBlueprint`).
 """
@@ -20,9 +20,8 @@ from __future__ import annotations
 import base64
 import json
 import posixpath
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import cloudpickle
 import torch
@@ -31,202 +30,61 @@ from safetensors.torch import save as st_save
 
 from torchspark._atomic_dir import write_directory
 from torchspark._io import filesystem, join, read_bytes, read_safetensors_metadata
-from torchspark.errors import ConfigError, SerializationError
-from torchspark.nn.losses import LOSSES, Loss, resolve_loss
-from torchspark.nn.precision import Precision
-from torchspark.nn.spec import module_spec
-from torchspark.nn.trust import CodePolicy, Factories, build_from_spec, code_policy
-from torchspark.optim import UpdaterLike, UpdaterSpec, updater_from_dict
+from torchspark.errors import SerializationError
+from torchspark.nn.parts import (
+    FORMAT,
+    VERSION,
+    N,
+    NetworkClass,
+    PortableNetwork,
+    build_network,
+    load_weights,
+    portable_parts,
+    rebuild,
+    weights_of,
+)
+from torchspark.nn.trust import CodePolicy, Factories, code_policy
 
-__all__ = ["PortableNetwork", "Blueprint", "FORMAT", "VERSION", "MODEL_FILES", "portable_parts", "weights_of",
-           "build_network", "save_network", "read_network", "check_save_target"]
-
-FORMAT = "torchspark.network"
-VERSION = 1
+# the parts (:mod:`torchspark.nn.parts`) are re-exported: this module is where saving and rebuilding are imported from
+__all__ = [
+    "PortableNetwork",
+    "Blueprint",
+    "FORMAT",
+    "VERSION",
+    "MODEL_FILES",
+    "portable_parts",
+    "weights_of",
+    "build_network",
+    "save_network",
+    "read_network",
+    "check_save_target",
+]
 
 #: every file a saved network directory may hold; saving replaces a directory only when it holds nothing else
-MODEL_FILES = frozenset({"config.json", "weights.safetensors", "updater.safetensors", "extra.safetensors",
-                         "objects.pkl"})
-
-
-class PortableNetwork(Protocol):
-    """What saving and rebuilding read and write of a network (:class:`~torchspark.nn.Network` provides it)."""
-
-    module: torch.nn.Module
-    losses: list[Loss]
-    device: torch.device
-    seed: int | None
-    weight_decay: float
-    l1: float
-    gradient_clip: float | None
-    memory_format: str
-    precision: str
-    amp: Precision
-    compile: bool | str
-    iteration: int
-    epoch: int
-    extra_config: dict[str, Any]
-    extra_state: dict[str, torch.Tensor]
-
-    @property
-    def updater(self) -> UpdaterLike:  # read-only here: Network holds a resolved spec, a narrower type
-        ...
-
-    def num_params(self) -> int: ...
-
-    def updater_state(self) -> torch.Tensor: ...
-
-    def set_updater_state(self, flat: torch.Tensor) -> None: ...
-
-
-N = TypeVar("N", bound=PortableNetwork)
-#: the class a network is rebuilt as, called as ``Network(module, loss=..., updater=..., ...)``
-NetworkClass = Callable[..., N]
-
-
-def portable_parts(net: PortableNetwork) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Split the network's description into JSON parts and the objects only pickle can store."""
-    config: dict[str, Any] = {
-        "format": FORMAT,
-        "version": VERSION,
-        "seed": net.seed,
-        "weight_decay": net.weight_decay,
-        "l1": net.l1,
-        "gradient_clip": net.gradient_clip,
-        "memory_format": net.memory_format,
-        "precision": net.precision,
-        "compile": net.compile,
-        "iteration": net.iteration,
-        "epoch": net.epoch,
-        "num_params": net.num_params(),
-        "extra_config": net.extra_config,
-    }
-    objects: dict[str, Any] = {}
-    spec = module_spec(net.module)
-    if spec is not None:
-        config["module"] = spec
-    else:
-        objects["module"] = net.module
-    loss_names = [lo.to_json_value() for lo in net.losses]
-    if all(n is not None for n in loss_names):
-        config["loss"] = loss_names
-    else:
-        objects["loss"] = net.losses
-    if isinstance(net.updater, UpdaterSpec):
-        config["updater"] = net.updater.to_dict()
-    else:
-        objects["updater"] = net.updater
-    return config, objects
-
-
-def weights_of(net: PortableNetwork) -> dict[str, torch.Tensor]:
-    """The module's ``state_dict`` as contiguous CPU copies."""
-    # clone: parameters are views of one flat buffer, which safetensors refuses as shared storage
-    return {k: v.detach().cpu().clone().contiguous() for k, v in net.module.state_dict().items()}
-
-
-def _losses(value: Any, policy: CodePolicy, source: str) -> list[Loss]:
-    names = value if isinstance(value, list) else [value]
-    if not names:
-        raise SerializationError(f"{source} names no loss")
-    losses = []
-    for name in names:
-        if not isinstance(name, str) or (name not in LOSSES and ":" not in name):
-            raise SerializationError(f"{source} names the unknown loss {name!r}; saved losses are one of "
-                                     f"{sorted(LOSSES)} or an import path 'pkg.mod:fn'")
-        losses.append(resolve_loss(name, importer=lambda path: policy.resolve(path, "loss function", source)))
-    return losses
-
-
-def _rebuild(network_class: NetworkClass[N], config: dict[str, Any], objects: dict[str, Any],
-             device: str | torch.device | None, policy: CodePolicy, source: str) -> N:
-    """A network from its JSON config (names resolved through ``policy``: see :mod:`torchspark.nn.trust`)."""
-    try:
-        module = objects["module"] if "module" in objects else build_from_spec(config["module"], policy, source)
-        loss = objects["loss"] if "loss" in objects else _losses(config["loss"], policy, source)
-        updater = objects["updater"] if "updater" in objects else updater_from_dict(config["updater"])
-        net = network_class(
-            module,
-            loss=loss if len(loss) > 1 else loss[0],
-            updater=updater,
-            seed=None,
-            weight_decay=config["weight_decay"],
-            gradient_clip=config["gradient_clip"],
-            device=device,
-            memory_format=config.get("memory_format", "contiguous"),
-            l1=float(config.get("l1", 0.0)),
-            precision=config.get("precision", "fp32"),
-            compile=config.get("compile", False),
-        )
-        net.seed = config.get("seed")
-        net.iteration = int(config.get("iteration", 0))
-        net.epoch = int(config.get("epoch", 0))
-        net.extra_config = dict(config.get("extra_config") or {})
-    except SerializationError:
-        raise
-    except KeyError as e:
-        raise SerializationError(f"{source} has no {e.args[0]!r} entry; the file is damaged or not a torchspark "
-                                 "model") from e
-    except (ConfigError, TypeError, ValueError, AttributeError) as e:
-        raise SerializationError(f"{source} describes a network that cannot be built: {e}") from e
-    return net
+MODEL_FILES = frozenset(
+    {"config.json", "weights.safetensors", "updater.safetensors", "extra.safetensors", "objects.pkl"}
+)
 
 
 def _check_finite(weights: dict[str, torch.Tensor], url: str) -> None:
     """A saved network with NaN/inf weights is refused at load (it would only fail later, as a diverged fit)."""
     bad = [name for name, w in weights.items() if w.is_floating_point() and not bool(torch.isfinite(w).all())]
     if bad:
-        raise SerializationError(f"{url!r} holds non-finite (NaN/inf) weights in {', '.join(bad[:5])}"
-                                 f"{' ...' if len(bad) > 5 else ''}: the model was saved after it diverged or the "
-                                 "file is damaged; load an earlier save or retrain")
-
-
-def _load_weights(net: PortableNetwork, weights: dict[str, torch.Tensor], source: str) -> None:
-    try:
-        net.module.load_state_dict(weights)
-    except RuntimeError as e:
-        raise SerializationError(f"weights in {source} do not fit the network architecture: {e}") from e
-
-
-def build_network(network_class: NetworkClass[N], config: dict[str, Any], objects: dict[str, Any],
-                  weights: dict[str, torch.Tensor], updater_state: torch.Tensor | None,
-                  extra_state: dict[str, torch.Tensor], device: str | torch.device | None = None,
-                  policy: CodePolicy | None = None, source: str = "the network config",
-                  scaler_state: dict[str, torch.Tensor] | None = None) -> N:
-    """A ``network_class`` instance from portable parts, with these weights, updater and extra state.
-
-    Args:
-        network_class: the class to build (:class:`~torchspark.nn.Network`).
-        config, objects: :func:`portable_parts` output (``objects`` unpickled).
-        weights: a ``state_dict`` (:func:`weights_of`).
-        updater_state: the flat optimizer state, or None to keep the fresh (zero) state.
-        extra_state: training-master tensors, copied onto the network's device.
-        device: where the network lives (None: CPU).
-        policy: which functions ``config`` may name (default: only torchspark's zoo and losses).
-        source: where the parts came from, in messages.
-        scaler_state: fp16's gradient-scaler state (:meth:`~torchspark.nn.precision.Precision.state_tensors`), or
-            None to keep the fresh one.
-    Raises:
-        SerializationError: a damaged config, a name the policy does not allow, or weights that do not fit.
-
-    Example: ``build_network(Network, *portable_parts(net), weights_of(net), net.updater_state(), {})`` is a copy
-    of a network whose parts are all JSON.
-    """
-    net = _rebuild(network_class, config, objects, device, policy or CodePolicy(), source)
-    _load_weights(net, weights, source)
-    if updater_state is not None:
-        net.set_updater_state(updater_state)
-    net.amp.load_state_tensors(scaler_state or {})
-    net.extra_state = {k: v.to(net.device, copy=True) for k, v in extra_state.items()}
-    return net
+        raise SerializationError(
+            f"{url!r} holds non-finite (NaN/inf) weights in {', '.join(bad[:5])}"
+            f"{' ...' if len(bad) > 5 else ''}: the model was saved after it diverged or the "
+            "file is damaged; load an earlier save or retrain"
+        )
 
 
 def _check_replaceable(names: list[str]) -> str | None:
     """Why an existing directory must not be replaced by a saved model (None: it is empty or a model)."""
     foreign = sorted(n for n in names if n not in MODEL_FILES and not n.startswith("."))
     if foreign:
-        return (f"holds files that are not part of a saved network ({foreign[:5]}); saving replaces the whole "
-                "directory. Save to a new or empty directory, or move those files away")
+        return (
+            f"holds files that are not part of a saved network ({foreign[:5]}); saving replaces the whole "
+            "directory. Save to a new or empty directory, or move those files away"
+        )
     if names and "config.json" not in names:
         return "is not empty and holds no saved network; save to a new or empty directory"
     return None
@@ -266,8 +124,9 @@ def save_network(net: PortableNetwork, path: str, save_updater: bool = True, all
         )
     files: dict[str, bytes] = {"weights.safetensors": st_save(weights_of(net), {"format": FORMAT})}
     if save_updater:
-        files["updater.safetensors"] = st_save({"updater_state": net.updater_state().cpu().contiguous(),
-                                                **net.amp.state_tensors()})
+        files["updater.safetensors"] = st_save(
+            {"updater_state": net.updater_state().cpu().contiguous(), **net.amp.state_tensors()}
+        )
     if net.extra_state:
         files["extra.safetensors"] = st_save({k: v.detach().cpu().contiguous() for k, v in net.extra_state.items()})
     if objects:
@@ -292,8 +151,9 @@ def _read_config(path: str) -> dict[str, Any]:
     try:
         config = json.loads(raw)
     except ValueError as e:  # JSONDecodeError, and UnicodeDecodeError for bytes that are not text
-        raise SerializationError(f"{url!r} is not valid JSON ({type(e).__name__}: {e}); it is damaged or not a "
-                                 "torchspark model's config") from e
+        raise SerializationError(
+            f"{url!r} is not valid JSON ({type(e).__name__}: {e}); it is damaged or not a torchspark model's config"
+        ) from e
     if not isinstance(config, dict) or config.get("format") != FORMAT:
         raise SerializationError(f"{path!r} does not hold a torchspark network (config.json has no format marker)")
     version = config.get("version", 0)
@@ -306,8 +166,13 @@ def _read_config(path: str) -> dict[str, Any]:
     return config
 
 
-def read_network(network_class: NetworkClass[N], path: str, allow_pickle: bool = False,
-                 factories: Factories = None, trust_code: bool = False) -> N:
+def read_network(
+    network_class: NetworkClass[N],
+    path: str,
+    allow_pickle: bool = False,
+    factories: Factories = None,
+    trust_code: bool = False,
+) -> N:
     """A ``network_class`` instance from a directory written by :func:`save_network`; the arguments and errors are
     :func:`torchspark.nn.load_network`'s.
 
@@ -326,11 +191,11 @@ def read_network(network_class: NetworkClass[N], path: str, allow_pickle: bool =
                 "pass allow_pickle=True only if you trust this file"
             )
         objects = cloudpickle.loads(read_bytes(join(path, "objects.pkl"), SerializationError))
-    net = _rebuild(network_class, config, objects, None, policy, repr(join(path, "config.json")))
+    net = rebuild(network_class, config, objects, None, policy, repr(join(path, "config.json")))
     files = config.get("files", [])
     weights = _load_tensors(join(path, "weights.safetensors"))
     _check_finite(weights, join(path, "weights.safetensors"))
-    _load_weights(net, weights, path)
+    load_weights(net, weights, path)
     if "updater.safetensors" in files:
         updater = _load_tensors(join(path, "updater.safetensors"))
         net.set_updater_state(updater["updater_state"])
@@ -380,9 +245,18 @@ class Blueprint:
         objects = cloudpickle.loads(self.pickled) if self.pickled else {}
         # trusted: the blueprint is the driver's own network in memory (its factories are code the driver already
         # ran, shipped as Spark ships closures), never a file
-        return build_network(network_class, self.config, objects, self.weights, self.updater_state, self.extra_state,
-                             device, policy=CodePolicy(trust_code=True), source="the blueprint",
-                             scaler_state=self.scaler_state)
+        return build_network(
+            network_class,
+            self.config,
+            objects,
+            self.weights,
+            self.updater_state,
+            self.extra_state,
+            device,
+            policy=CodePolicy(trust_code=True),
+            source="the blueprint",
+            scaler_state=self.scaler_state,
+        )
 
     def to_bytes(self) -> bytes:
         """One safetensors blob (config and any in-memory pickle ride in its metadata)."""
@@ -408,4 +282,3 @@ class Blueprint:
             pickled=base64.b64decode(meta["pickled"]) if "pickled" in meta else None,
             scaler_state={k[2:]: v for k, v in tensors.items() if k.startswith("s.")},
         )
-

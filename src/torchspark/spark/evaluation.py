@@ -16,32 +16,36 @@ DL4J's ``SparkDl4jMultiLayer.doEvaluation`` / ``evaluate*`` in Python:
 Two routes: an RDD (of DataSets, batch bytes or paths) and batch files on a classic session run ``mapPartitions``
 and ``treeAggregate``; a DataFrame (on any session) and batch files on a Spark Connect session run one
 ``mapInArrow`` job whose rows are the partial evaluations (:mod:`torchspark.spark.frame_jobs`), so no RDD is needed.
-The executor-side helpers here (:func:`batch_items`, :func:`load_batch_item`) are shared with
-:mod:`torchspark.spark.inference`.
+The executor-side helpers (:func:`batch_items`, :func:`load_batch_item`) live in :mod:`torchspark.spark.eval_inputs`,
+shared with :mod:`torchspark.spark.inference`, and are re-exported here.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from itertools import chain
 from typing import Any
 
-from torchspark.data import DataSet, MultiDataSet, resolve_paths
 from torchspark.errors import ConfigError, DataError
 from torchspark.evaluation import ROC, BaseEvaluation, RegressionEvaluation, ROCMultiClass, evaluation_from_json
 from torchspark.nn import Network
 from torchspark.nn.cache import NetworkCache
 from torchspark.nn.outputs import check_output_index, default_targets
 from torchspark.spark import jobs
-from torchspark.spark.dataframes import classification_outputs, to_batch_rdd
+from torchspark.spark.dataframes import classification_outputs
+from torchspark.spark.eval_inputs import (
+    batch_items,
+    check_positive,
+    load_batch_item,
+    load_evaluation_item,
+    peek_nonempty,
+    refuse_eval_workers,
+)
 from torchspark.spark.frame_jobs import evaluate_batches, evaluate_frame, merge_jsons
 from torchspark.spark.frames import frame_data, is_dataframe
 from torchspark.spark.session import spark_context
 from torchspark.spark.session_kinds import is_connect_session
 from torchspark.spark.shipped import DEFAULT_EVAL_WORKERS, ShippedNetwork, ship_network, ship_to_session
-from torchspark.training.assignment import check_loader, load_with
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",
@@ -69,116 +73,21 @@ DEFAULT_BATCH_SIZE = 64  # DL4J's DEFAULT_EVAL_SCORE_BATCH_SIZE
 DEFAULT_ROC_THRESHOLD_STEPS = 32  # DL4J's DEFAULT_ROC_THRESHOLD_STEPS
 
 
-# ------------------------------------------------------------------ data sources
-def load_batch_item(item: Any) -> DataSet | MultiDataSet:
-    """A batch from an RDD item: a DataSet/MultiDataSet, serialized batch bytes or a batch-file path."""
-    from torchspark.training.worker.loop import load_item
-
-    try:
-        return load_item(item)
-    except TypeError:
-        raise DataError(
-            f"the data holds a {type(item).__name__}; expected DataSet, MultiDataSet, batch bytes or a batch-file "
-            "path"
-        ) from None
-
-
-def load_evaluation_item(item: Any, loader: Callable[[str], Any] | None = None) -> DataSet | MultiDataSet:
-    """:func:`load_batch_item`, or with a user ``loader`` the batch it makes of the file path ``item``.
-
-    Raises:
-        DataError: with ``loader``, an item that is not a path (the data must then be paths), or a loader that
-            returns something other than a DataSet/MultiDataSet.
-    """
-    if loader is None:
-        return load_batch_item(item)
-    if not isinstance(item, (str, os.PathLike)):
-        raise DataError(f"with loader= the data must be file paths, but it holds a {type(item).__name__}; drop "
-                        "loader= for RDDs of DataSets, batch bytes or batch files")
-    return load_with(loader, os.fspath(item))
-
-
-def batch_items(
-    sc: Any,
-    data: Any,
-    features_col: str = "features",
-    label_col: str | None = "label",
-    feature_shape: Sequence[int] | None = None,
-    integer_labels: bool = True,
-    loader: Callable[[str], Any] | None = None,
-) -> Any:
-    """An RDD whose items :func:`load_evaluation_item` (with the same ``loader``) turns into batches.
-
-    Args:
-        data: an RDD of DataSet/MultiDataSet (or batch bytes, or batch-file paths), a DataFrame (columns as for
-            ``fit``), or batch files (``export_batches`` / ``save_batches`` output): a directory, a glob, one file
-            or a list of paths/URLs.
-        loader: ``fn(path) -> DataSet`` for files that are not batch files (as in ``fit_paths``); ``data`` must
-            then be paths (a directory then means every non-hidden file in it) or an RDD of paths.
-    Raises:
-        ConfigError: a ``loader`` that is not a function, or one given with a DataFrame.
-        DataError: an empty path list, a missing location, a directory or glob without batch files, a DataFrame
-            without the named columns, or another type.
-    """
-    check_loader(loader)
-    if isinstance(data, (str, os.PathLike, list, tuple)):  # a directory, a glob, one file or a list of files
-        paths = resolve_paths(data, any_file=loader is not None)
-        return sc.parallelize(paths, max(1, min(len(paths), sc.defaultParallelism)))
-    if loader is not None:
-        from pyspark import RDD
-
-        if not isinstance(data, RDD):
-            raise ConfigError(f"loader= reads files: pass paths (a directory, a glob, a file, a list or an RDD of "
-                              f"paths), not a {type(data).__name__}; drop loader= to evaluate it")
-        return data
-    return to_batch_rdd(data, features_col, label_col, feature_shape, integer_labels)
-
-
-def peek_nonempty(items: Iterable[Any]) -> Iterator[Any] | None:
-    """``items`` as an iterator, or None when it is empty (so empty partitions never build a network)."""
-    it = iter(items)
-    first = next(it, _EMPTY)
-    return None if first is _EMPTY else chain([first], it)
-
-
-_EMPTY = object()
-
-
-def check_positive(**values: Any) -> None:
-    """ConfigError unless every value is an integer >= 1."""
-    for name, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
-
-
-def refuse_eval_workers(eval_workers: Any) -> None:
-    """ConfigError for any ``eval_workers`` value (DL4J's ``evalNumWorkers``, removed).
-
-    In DL4J the tasks of one executor JVM share ``evalNumWorkers`` network copies. PySpark runs every task in its
-    own Python worker process, so a running task always holds exactly one copy and a cap per process never binds;
-    the copies per executor are its concurrently running tasks, which Spark's own settings control.
-    """
-    if eval_workers is not None:
-        raise ConfigError(
-            f"eval_workers={eval_workers!r} is no longer supported: PySpark runs each task in its own Python worker, "
-            "so every running evaluation task holds one network copy and a per-executor cap cannot be enforced "
-            "from Python. Drop the argument; to hold fewer copies per executor run fewer tasks at once "
-            "(spark.task.cpus=2 halves them on executors with spark.executor.cores cores), or repartition the data "
-            "to fewer partitions."
-        )
-
-
 # ------------------------------------------------------------------ evaluation
 _Partial = tuple[int, "list[str] | None"]  # (examples, evaluation JSONs); (0, None) is the neutral element
 
 
 def _evaluate_partition(
-    shipped: ShippedNetwork, templates: list[str], batch_size: int, targets: list[int],
+    shipped: ShippedNetwork,
+    templates: list[str],
+    batch_size: int,
+    targets: list[int],
     loader: Callable[[str], Any] | None = None,
 ) -> Callable[[Iterable[Any]], Iterator[_Partial]]:
     def run(items: Iterable[Any]) -> Iterator[_Partial]:
-        found = evaluate_batches(shipped, (load_evaluation_item(i, loader) for i in items), templates, batch_size,
-                                 targets)
+        found = evaluate_batches(
+            shipped, (load_evaluation_item(i, loader) for i in items), templates, batch_size, targets
+        )
         if found is not None:
             yield found
 
@@ -243,8 +152,10 @@ def do_evaluation(
     refuse_eval_workers(eval_workers)
     check_positive(batch_size=batch_size)
     if not evaluations:
-        raise ConfigError("do_evaluation needs at least one evaluation, e.g. do_evaluation(sc, net, data, "
-                          "Evaluation(), ROCMultiClass(32))")
+        raise ConfigError(
+            "do_evaluation needs at least one evaluation, e.g. do_evaluation(sc, net, data, "
+            "Evaluation(), ROCMultiClass(32))"
+        )
     for ev in evaluations:
         if not isinstance(ev, BaseEvaluation):
             raise ConfigError(f"evaluations must be torchspark.evaluation objects, got {type(ev).__name__}")
@@ -253,11 +164,33 @@ def do_evaluation(
     templates = [ev.to_json() for ev in evaluations]
     names = ", ".join(type(ev).__name__ for ev in evaluations)
     if is_dataframe(data) or is_connect_session(sc):
-        count, jsons = _evaluate_frame(sc, network, data, templates, batch_size, targets, features_col, label_col,
-                                       feature_shape, loader, f"torchspark evaluate: {names}")
+        count, jsons = _evaluate_frame(
+            sc,
+            network,
+            data,
+            templates,
+            batch_size,
+            targets,
+            features_col,
+            label_col,
+            feature_shape,
+            loader,
+            f"torchspark evaluate: {names}",
+        )
     else:
-        count, jsons = _evaluate_rdd(spark_context(sc), network, data, templates, batch_size, targets,
-                                     features_col, label_col, feature_shape, loader, f"torchspark evaluate: {names}")
+        count, jsons = _evaluate_rdd(
+            spark_context(sc),
+            network,
+            data,
+            templates,
+            batch_size,
+            targets,
+            features_col,
+            label_col,
+            feature_shape,
+            loader,
+            f"torchspark evaluate: {names}",
+        )
     if jsons is None or count == 0:
         raise DataError("evaluation got no data: the RDD, DataFrame or path list holds no examples")
     for ev, text in zip(evaluations, jsons):
@@ -266,30 +199,51 @@ def do_evaluation(
     return evaluations[0] if len(evaluations) == 1 else tuple(evaluations)
 
 
-def _evaluate_rdd(sc: Any, network: Network, data: Any, templates: list[str], batch_size: int, targets: list[int],
-                  features_col: Any, label_col: Any, feature_shape: Any, loader: Callable[[str], Any] | None,
-                  description: str) -> _Partial:
+def _evaluate_rdd(
+    sc: Any,
+    network: Network,
+    data: Any,
+    templates: list[str],
+    batch_size: int,
+    targets: list[int],
+    features_col: Any,
+    label_col: Any,
+    feature_shape: Any,
+    loader: Callable[[str], Any] | None,
+    description: str,
+) -> _Partial:
     """The classic route: an RDD (or paths parallelized) through ``mapPartitions`` and ``treeAggregate``."""
     rdd = batch_items(sc, data, features_col, label_col, feature_shape, classification_outputs(network), loader)
     shipped = ship_network(sc, network)
     try:
         return jobs.run_job(
-            sc, description,
-            lambda: rdd.mapPartitions(_evaluate_partition(shipped, templates, batch_size, targets, loader))
-            .treeAggregate((0, None), _merge_partials, _merge_partials),
+            sc,
+            description,
+            lambda: rdd.mapPartitions(
+                _evaluate_partition(shipped, templates, batch_size, targets, loader)
+            ).treeAggregate((0, None), _merge_partials, _merge_partials),
             "torchspark-eval-job",
         )
     finally:
         shipped.release()
 
 
-def _evaluate_frame(spark: Any, network: Network, data: Any, templates: list[str], batch_size: int,
-                    targets: list[int], features_col: Any, label_col: Any, feature_shape: Any,
-                    loader: Callable[[str], Any] | None, description: str) -> _Partial:
+def _evaluate_frame(
+    spark: Any,
+    network: Network,
+    data: Any,
+    templates: list[str],
+    batch_size: int,
+    targets: list[int],
+    features_col: Any,
+    label_col: Any,
+    feature_shape: Any,
+    loader: Callable[[str], Any] | None,
+    description: str,
+) -> _Partial:
     """The DataFrame route (any session; batch files too on Spark Connect): one ``mapInArrow`` job."""
     session = data.sparkSession if is_dataframe(data) else spark
-    frame = frame_data(session, data, features_col, label_col, feature_shape, classification_outputs(network),
-                       loader)
+    frame = frame_data(session, data, features_col, label_col, feature_shape, classification_outputs(network), loader)
     shipped = ship_to_session(session, network)
     try:
         return evaluate_frame(shipped, frame, templates, batch_size, targets, description)
@@ -321,12 +275,24 @@ def evaluate(
     evs, targets = default_targets(network, (), output_index)
     if labels is not None:
         if not all(hasattr(ev, "labels") for ev in evs):
-            raise ConfigError(f"labels= applies to classification networks; this one evaluates with "
-                              f"{', '.join(type(ev).__name__ for ev in evs)}")
+            raise ConfigError(
+                f"labels= applies to classification networks; this one evaluates with "
+                f"{', '.join(type(ev).__name__ for ev in evs)}"
+            )
         evs = [type(ev)(labels=list(labels)) for ev in evs]
-    out = do_evaluation(sc, network, data, *evs, batch_size=batch_size, eval_workers=eval_workers,
-                        features_col=features_col, label_col=label_col, feature_shape=feature_shape,
-                        loader=loader, _targets=targets)
+    out = do_evaluation(
+        sc,
+        network,
+        data,
+        *evs,
+        batch_size=batch_size,
+        eval_workers=eval_workers,
+        features_col=features_col,
+        label_col=label_col,
+        feature_shape=feature_shape,
+        loader=loader,
+        _targets=targets,
+    )
     return list(out) if len(evs) > 1 else out
 
 
@@ -342,9 +308,18 @@ def evaluate_regression(
     loader: Callable[[str], Any] | None = None,
 ) -> RegressionEvaluation:
     """MSE, MAE, RMSE, RSE, R^2 and Pearson per output column (see :func:`do_evaluation` for the arguments)."""
-    return do_evaluation(sc, network, data, RegressionEvaluation(), batch_size=batch_size,
-                         eval_workers=eval_workers, features_col=features_col, label_col=label_col,
-                         feature_shape=feature_shape, loader=loader)
+    return do_evaluation(
+        sc,
+        network,
+        data,
+        RegressionEvaluation(),
+        batch_size=batch_size,
+        eval_workers=eval_workers,
+        features_col=features_col,
+        label_col=label_col,
+        feature_shape=feature_shape,
+        loader=loader,
+    )
 
 
 def evaluate_roc(
@@ -367,9 +342,18 @@ def evaluate_roc(
             or 200-1000 for a close approximation at any size.
         Other arguments: as for :func:`do_evaluation`.
     """
-    return do_evaluation(sc, network, data, ROC(threshold_steps), batch_size=batch_size, eval_workers=eval_workers,
-                         features_col=features_col, label_col=label_col, feature_shape=feature_shape,
-                         loader=loader)
+    return do_evaluation(
+        sc,
+        network,
+        data,
+        ROC(threshold_steps),
+        batch_size=batch_size,
+        eval_workers=eval_workers,
+        features_col=features_col,
+        label_col=label_col,
+        feature_shape=feature_shape,
+        loader=loader,
+    )
 
 
 def evaluate_roc_multi_class(
@@ -385,6 +369,15 @@ def evaluate_roc_multi_class(
     loader: Callable[[str], Any] | None = None,
 ) -> ROCMultiClass:
     """One-vs-all ROC per class (``auc(c)``, ``average_auc()``); ``threshold_steps`` as for :func:`evaluate_roc`."""
-    return do_evaluation(sc, network, data, ROCMultiClass(threshold_steps), batch_size=batch_size,
-                         eval_workers=eval_workers, features_col=features_col, label_col=label_col,
-                         feature_shape=feature_shape, loader=loader)
+    return do_evaluation(
+        sc,
+        network,
+        data,
+        ROCMultiClass(threshold_steps),
+        batch_size=batch_size,
+        eval_workers=eval_workers,
+        features_col=features_col,
+        label_col=label_col,
+        feature_shape=feature_shape,
+        loader=loader,
+    )

@@ -27,13 +27,8 @@ from torchspark.data.batching import merge_batches
 from torchspark.errors import DataError
 from torchspark.nn import Network
 from torchspark.spark.dataframes import classification_outputs
-from torchspark.spark.evaluation import (
-    DEFAULT_BATCH_SIZE,
-    batch_items,
-    check_positive,
-    load_batch_item,
-    peek_nonempty,
-)
+from torchspark.spark.eval_inputs import batch_items, check_positive, load_batch_item, peek_nonempty
+from torchspark.spark.evaluation import DEFAULT_BATCH_SIZE
 from torchspark.spark.frame_jobs import (
     loss_sums,
     loss_sums_frame,

@@ -8,7 +8,6 @@ write the offline HTML report with :meth:`export_html`.
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Iterable
 from typing import Any
@@ -17,13 +16,17 @@ import numpy as np
 
 from torchspark._io import atomic_write_text
 from torchspark.errors import ConfigError, DataError, SerializationError
+from torchspark.stats.document import (
+    ENCODING_FLOAT_COLUMNS,
+    ENCODING_INT_COLUMNS,
+    checked_summary,
+    payload_from_json,
+    payload_to_json,
+)
 from torchspark.stats.events import DRIVER_ID, PAYLOAD_FORMAT, STANDARD_PHASES, EncodingTable, EventTable, ScoreTable
 from torchspark.stats.html import write_html
 
 __all__ = ["TrainingStats"]
-
-_ENC_INT = ("step", "bytes_sent", "dense_bytes")
-_ENC_FLOAT = ("sparsity", "threshold")
 
 
 class TrainingStats:
@@ -73,32 +76,43 @@ class TrainingStats:
         """
         if not isinstance(payload, dict) or payload.get("format") != PAYLOAD_FORMAT:
             got = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
-            raise DataError(f"not a stats payload (format {got!r}, expected {PAYLOAD_FORMAT!r}); pass what "
-                            "StatsCollector.drain() or snapshot() returned")
+            raise DataError(
+                f"not a stats payload (format {got!r}, expected {PAYLOAD_FORMAT!r}); pass what "
+                "StatsCollector.drain() or snapshot() returned"
+            )
         w = self._code(self._workers, str(worker_id))
         ph = _require(payload, "phases", dict)
         n = len(ph["code"])
-        cols = {"start": np.asarray(ph["start"], dtype=np.float64) - float(clock_offset),
-                "duration": np.asarray(ph["duration"], dtype=np.float64)}
+        cols = {
+            "start": np.asarray(ph["start"], dtype=np.float64) - float(clock_offset),
+            "duration": np.asarray(ph["duration"], dtype=np.float64),
+        }
         attrs = {k: np.asarray(v, dtype=np.float64) for k, v in ph.get("attrs", {}).items()}
         if any(len(c) != n for c in [*cols.values(), *attrs.values()]):
-            raise DataError(f"stats payload of {worker_id!r} has phase columns of different lengths; it was "
-                            "corrupted on the way (build payloads only with StatsCollector)")
+            raise DataError(
+                f"stats payload of {worker_id!r} has phase columns of different lengths; it was "
+                "corrupted on the way (build payloads only with StatsCollector)"
+            )
         remap = np.array([self._code(self._phases, str(name)) for name in ph["names"]] or [0], dtype=np.int32)
         codes = np.asarray(ph["code"], dtype=np.int64)
         if n:
-            self._event_chunks.append({"worker": np.full(n, w, dtype=np.int32), "phase": remap[codes], **cols,
-                                       "attrs": attrs})
+            self._event_chunks.append(
+                {"worker": np.full(n, w, dtype=np.int32), "phase": remap[codes], **cols, "attrs": attrs}
+            )
         sc = _require(payload, "scores", dict)
         if len(sc["score"]):
-            self._score_chunks.append({"worker": np.full(len(sc["score"]), w, dtype=np.int32),
-                                       "iteration": np.asarray(sc["iteration"], dtype=np.int64),
-                                       "score": np.asarray(sc["score"], dtype=np.float64)})
+            self._score_chunks.append(
+                {
+                    "worker": np.full(len(sc["score"]), w, dtype=np.int32),
+                    "iteration": np.asarray(sc["iteration"], dtype=np.int64),
+                    "score": np.asarray(sc["score"], dtype=np.float64),
+                }
+            )
         enc = _require(payload, "encoding", dict)
         if len(enc["step"]):
             fremap = np.array([self._code(self._formats, str(f)) for f in enc["format_names"]] or [0], dtype=np.int32)
-            chunk: dict[str, np.ndarray] = {k: np.asarray(enc[k], dtype=np.int64) for k in _ENC_INT}
-            chunk.update({k: np.asarray(enc[k], dtype=np.float64) for k in _ENC_FLOAT})
+            chunk: dict[str, np.ndarray] = {k: np.asarray(enc[k], dtype=np.int64) for k in ENCODING_INT_COLUMNS}
+            chunk.update({k: np.asarray(enc[k], dtype=np.float64) for k in ENCODING_FLOAT_COLUMNS})
             chunk["format"] = fremap[np.asarray(enc["format"], dtype=np.int64)]
             chunk["worker"] = np.full(len(enc["step"]), w, dtype=np.int32)
             self._enc_chunks.append(chunk)
@@ -114,8 +128,10 @@ class TrainingStats:
         try:
             json.dumps(value, allow_nan=False)
         except (TypeError, ValueError) as err:
-            raise ConfigError(f"summary field {key!r}={value!r} is not JSON-serialisable; pass a number, string, "
-                              "bool, None, or a list/dict of those") from err
+            raise ConfigError(
+                f"summary field {key!r}={value!r} is not JSON-serialisable; pass a number, string, "
+                "bool, None, or a list/dict of those"
+            ) from err
         self._summary[str(key)] = value
 
     def _merge_stats(self, other: TrainingStats) -> None:
@@ -145,46 +161,65 @@ class TrainingStats:
     def phase_names(self) -> list[str]:
         """Every phase that occurred: standard phases in pipeline order, then the others in order of appearance."""
         seen = set(self.events().phase_names[c] for c in np.unique(self.events().phase))
-        return [p for p in STANDARD_PHASES if p in seen] + [p for p in self._phases
-                                                            if p in seen and p not in STANDARD_PHASES]
+        return [p for p in STANDARD_PHASES if p in seen] + [
+            p for p in self._phases if p in seen and p not in STANDARD_PHASES
+        ]
 
     def events(self) -> EventTable:
         """All phase events, column-wise (see :class:`EventTable`)."""
         if "events" not in self._cache:
             chunks = self._event_chunks
             keys = sorted({k for c in chunks for k in c["attrs"]})
+
             def cat(name: str, dt: Any) -> np.ndarray:
                 return np.concatenate([c[name] for c in chunks]) if chunks else np.zeros(0, dt)
 
-            attrs = {k: np.concatenate([c["attrs"].get(k, np.full(len(c["start"]), np.nan)) for c in chunks])
-                     for k in keys}
-            self._cache["events"] = EventTable(tuple(self._workers), tuple(self._phases), cat("worker", np.int32),
-                                               cat("phase", np.int32), cat("start", np.float64),
-                                               cat("duration", np.float64), attrs)
+            attrs = {
+                k: np.concatenate([c["attrs"].get(k, np.full(len(c["start"]), np.nan)) for c in chunks]) for k in keys
+            }
+            self._cache["events"] = EventTable(
+                tuple(self._workers),
+                tuple(self._phases),
+                cat("worker", np.int32),
+                cat("phase", np.int32),
+                cat("start", np.float64),
+                cat("duration", np.float64),
+                attrs,
+            )
         return self._cache["events"]
 
     def scores(self) -> ScoreTable:
         """Score vs iteration of every worker (see :class:`ScoreTable`)."""
         if "scores" not in self._cache:
             c = self._score_chunks
+
             def cat(name: str, dt: Any) -> np.ndarray:
                 return np.concatenate([x[name] for x in c]) if c else np.zeros(0, dt)
 
-            self._cache["scores"] = ScoreTable(tuple(self._workers), cat("worker", np.int32),
-                                               cat("iteration", np.int64), cat("score", np.float64))
+            self._cache["scores"] = ScoreTable(
+                tuple(self._workers), cat("worker", np.int32), cat("iteration", np.int64), cat("score", np.float64)
+            )
         return self._cache["scores"]
 
     def encoding(self) -> EncodingTable:
         """Per-step encoding stats of every worker (see :class:`EncodingTable`)."""
         if "encoding" not in self._cache:
             c = self._enc_chunks
+
             def cat(name: str, dt: Any) -> np.ndarray:
                 return np.concatenate([x[name] for x in c]) if c else np.zeros(0, dt)
 
             self._cache["encoding"] = EncodingTable(
-                tuple(self._workers), tuple(self._formats), cat("worker", np.int32),
-                cat("step", np.int64), cat("bytes_sent", np.int64), cat("dense_bytes", np.int64),  # _ENC_INT
-                cat("sparsity", np.float64), cat("threshold", np.float64), cat("format", np.int32))
+                tuple(self._workers),
+                tuple(self._formats),
+                cat("worker", np.int32),
+                cat("step", np.int64),
+                cat("bytes_sent", np.int64),
+                cat("dense_bytes", np.int64),  # ENCODING_INT_COLUMNS
+                cat("sparsity", np.float64),
+                cat("threshold", np.float64),
+                cat("format", np.int32),
+            )
         return self._cache["encoding"]
 
     def driver_mask(self) -> np.ndarray:
@@ -251,9 +286,12 @@ class TrainingStats:
         enc = self.encoding()
         if len(enc):
             sent, dense = int(enc.bytes_sent.sum()), int(enc.dense_bytes.sum())
-            out.update(bytes_sent=sent, dense_bytes=dense,
-                       compression_ratio=(dense / sent) if sent else None,
-                       mean_sparsity=float(enc.sparsity.mean()))
+            out.update(
+                bytes_sent=sent,
+                dense_bytes=dense,
+                compression_ratio=(dense / sent) if sent else None,
+                mean_sparsity=float(enc.sparsity.mean()),
+            )
         out.update(self._summary)
         return out
 
@@ -261,10 +299,18 @@ class TrainingStats:
 
     def to_json(self) -> str:
         """The whole object as a JSON string (exact round trip through :meth:`from_json`; NaN is written as null)."""
-        return json.dumps({"format": PAYLOAD_FORMAT, "summary_fields": self._summary,
-                           "workers": self._workers, "phases": self._phases,
-                           "formats": self._formats, "payloads": [_jsonable(p) for p in self._as_payloads()]},
-                          allow_nan=False, separators=(",", ":"))
+        return json.dumps(
+            {
+                "format": PAYLOAD_FORMAT,
+                "summary_fields": self._summary,
+                "workers": self._workers,
+                "phases": self._phases,
+                "formats": self._formats,
+                "payloads": [payload_to_json(p) for p in self._as_payloads()],
+            },
+            allow_nan=False,
+            separators=(",", ":"),
+        )
 
     @classmethod
     def from_json(cls, text: str) -> TrainingStats:
@@ -278,19 +324,23 @@ class TrainingStats:
         except json.JSONDecodeError as err:
             raise SerializationError(f"training stats JSON does not parse ({err}); pass what to_json() wrote") from err
         if not isinstance(doc, dict) or doc.get("format") != PAYLOAD_FORMAT:
-            raise SerializationError(f"not a training stats document (format {doc.get('format') if isinstance(doc, dict) else None!r}, "
-                                     f"expected {PAYLOAD_FORMAT!r})")
+            raise SerializationError(
+                f"not a training stats document (format {doc.get('format') if isinstance(doc, dict) else None!r}, "
+                f"expected {PAYLOAD_FORMAT!r})"
+            )
         stats = cls()
         try:
             stats._workers = [str(w) for w in doc["workers"]]
             stats._phases = [str(p) for p in doc["phases"]]
             stats._formats = [str(f) for f in doc["formats"]]
             for p in doc["payloads"]:
-                stats.add_worker_payload(p["worker"], _from_jsonable(p))
-            stats._summary = _checked_summary(doc["summary_fields"])
+                stats.add_worker_payload(p["worker"], payload_from_json(p))
+            stats._summary = checked_summary(doc["summary_fields"])
         except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:
-            raise SerializationError(f"training stats JSON is incomplete or damaged ({type(err).__name__}: {err}); "
-                                     "write it again with TrainingStats.to_json()") from err
+            raise SerializationError(
+                f"training stats JSON is incomplete or damaged ({type(err).__name__}: {err}); "
+                "write it again with TrainingStats.to_json()"
+            ) from err
         return stats
 
     def save_json(self, path: str | os.PathLike[str]) -> None:
@@ -316,19 +366,34 @@ class TrainingStats:
             attrs = {k: v[m] for k, v in ev.attrs.items() if not np.isnan(v[m]).all()}
             ms, me = sc.worker == w, enc.worker == w
             fused = np.unique(enc.format[me])
-            encoding = {k: getattr(enc, k)[me] for k in (*_ENC_INT, *_ENC_FLOAT)}
-            encoding.update(format=np.searchsorted(fused, enc.format[me]).astype(np.int32),
-                            format_names=[enc.format_names[f] for f in fused])
-            out.append({"format": PAYLOAD_FORMAT, "worker": wid, "clock_offset": 0.0,
-                        "phases": {"names": [ev.phase_names[p] for p in used], "code": local,
-                                   "start": ev.start[m], "duration": ev.duration[m], "attrs": attrs},
-                        "scores": {"iteration": sc.iteration[ms], "score": sc.score[ms]},
-                        "encoding": encoding})
+            encoding = {k: getattr(enc, k)[me] for k in (*ENCODING_INT_COLUMNS, *ENCODING_FLOAT_COLUMNS)}
+            encoding.update(
+                format=np.searchsorted(fused, enc.format[me]).astype(np.int32),
+                format_names=[enc.format_names[f] for f in fused],
+            )
+            out.append(
+                {
+                    "format": PAYLOAD_FORMAT,
+                    "worker": wid,
+                    "clock_offset": 0.0,
+                    "phases": {
+                        "names": [ev.phase_names[p] for p in used],
+                        "code": local,
+                        "start": ev.start[m],
+                        "duration": ev.duration[m],
+                        "attrs": attrs,
+                    },
+                    "scores": {"iteration": sc.iteration[ms], "score": sc.score[ms]},
+                    "encoding": encoding,
+                }
+            )
         return out
 
     def __repr__(self) -> str:
-        return (f"TrainingStats(workers={len(self._workers)}, events={len(self.events())}, "
-                f"scores={len(self.scores())}, encoding_steps={len(self.encoding())})")
+        return (
+            f"TrainingStats(workers={len(self._workers)}, events={len(self.events())}, "
+            f"scores={len(self.scores())}, encoding_steps={len(self.encoding())})"
+        )
 
 
 def _natural_key(name: str) -> tuple[int, list[Any]]:
@@ -341,60 +406,8 @@ def _natural_key(name: str) -> tuple[int, list[Any]]:
 def _require(doc: dict[str, Any], key: str, kind: type) -> Any:
     value = doc.get(key)
     if not isinstance(value, kind):
-        raise DataError(f"stats payload field {key!r} should be a {kind.__name__}, got {type(value).__name__}; "
-                        "pass what StatsCollector.drain() returned")
+        raise DataError(
+            f"stats payload field {key!r} should be a {kind.__name__}, got {type(value).__name__}; "
+            "pass what StatsCollector.drain() returned"
+        )
     return value
-
-
-def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {k: _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, np.ndarray):
-        values = obj.tolist()
-        if obj.dtype.kind == "f" and not np.isfinite(obj).all():
-            # JSON has no NaN/inf: NaN -> null, +-inf -> "inf"/"-inf"
-            values = [None if math.isnan(v) else (str(v) if math.isinf(v) else v) for v in values]
-        return values
-    return obj
-
-
-def _from_jsonable(p: dict[str, Any]) -> dict[str, Any]:
-    floats = lambda v: np.array([math.nan if x is None else float(x) for x in v], dtype=np.float64)  # noqa: E731
-    ph, sc, enc = p["phases"], p["scores"], p["encoding"]
-    return {"format": PAYLOAD_FORMAT, "worker": p["worker"], "clock_offset": p["clock_offset"],
-            "phases": {"names": ph["names"], "code": np.array(ph["code"], dtype=np.int32),
-                       "start": floats(ph["start"]), "duration": floats(ph["duration"]),
-                       "attrs": {k: floats(v) for k, v in ph["attrs"].items()}},
-            "scores": {"iteration": np.array(sc["iteration"], dtype=np.int64), "score": floats(sc["score"])},
-            "encoding": {**{k: np.array(enc[k], dtype=np.int64) for k in _ENC_INT},
-                         **{k: floats(enc[k]) for k in _ENC_FLOAT},
-                         "format": np.array(enc["format"], dtype=np.int32), "format_names": enc["format_names"]}}
-
-
-#: summary fields that hold a number (or null) when set: what the HTML report formats as numbers
-_NUMERIC_SUMMARY = ("examples", "iterations", "minibatches", "epochs", "workers", "events", "wall_seconds",
-                    "bytes_sent", "dense_bytes", "compression_ratio", "mean_sparsity")
-
-
-def _checked_summary(fields: Any) -> dict[str, Any]:
-    """``summary_fields`` of a stats document, refused (ValueError naming the field) when a field has the wrong
-    type: a number field that is not a number, ``worker_ids`` not a list of strings, ``failures`` not a list of
-    objects."""
-    if not isinstance(fields, dict):
-        raise ValueError(f"summary_fields must be an object, got {type(fields).__name__}")
-    for key in _NUMERIC_SUMMARY:
-        value = fields.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-            raise ValueError(f"summary field {key!r} must be a number or null, got {value!r:.80}")
-    ids = fields.get("worker_ids", [])
-    if not isinstance(ids, list) or not all(isinstance(w, str) for w in ids):
-        raise ValueError(f"summary field 'worker_ids' must be a list of strings, got {ids!r:.80}")
-    failures = fields.get("failures", [])
-    if failures is not None and (not isinstance(failures, list) or not all(isinstance(f, dict) for f in failures)):
-        raise ValueError(f"summary field 'failures' must be a list of objects, got {failures!r:.80}")
-    for failure in failures or ():
-        for key in ("started", "time"):
-            value = failure.get(key)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-                raise ValueError(f"summary field 'failures' has {key}={value!r:.80}, expected a number")
-    return dict(fields)

@@ -7,6 +7,8 @@ Spark hides what executors do until a stage ends; this package lets workers stre
   drops connections without the token before reading anything else, bounds connections and kept error text.
 * :mod:`.client` -- :class:`ProgressClient`, in each worker: a ``WorkerHooks.progress`` callable that never blocks
   training; clock probes align the worker's stats to the driver's clock (:mod:`torchspark.stats.clock`).
+* :mod:`.inbox` -- :class:`ProgressInbox`, what the driver does with each message whichever channel brought it
+  (latest updates, kept tracebacks, liveness, listeners): the server and the directory reader both extend it.
 * :mod:`.bar` -- :class:`ProgressBar`, the driver's ``tqdm`` display fed by a server listener.
 * :mod:`.files` and :mod:`.poller` -- the same messages through a directory (any fsspec URL) for a driver the
   executors cannot connect to (a remote Spark Connect client): workers write chunk files

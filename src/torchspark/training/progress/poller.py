@@ -22,33 +22,22 @@ from typing import Any
 
 from torchspark._io import filesystem, make_dirs
 from torchspark.errors import ConfigError, SetupError
-from torchspark.training.hooks import ProgressUpdate
 from torchspark.training.progress.files import ProgressDirectory, chunk_name, parse_chunk_name
-from torchspark.training.progress.listeners import (
-    ErrorListener,
-    ErrorLog,
-    ExampleTally,
-    ProgressListener,
-    ScoreListener,
-    call_listeners,
-)
+from torchspark.training.progress.inbox import MessageHandler, ProgressInbox
+from torchspark.training.progress.listeners import ErrorListener, ProgressListener, ScoreListener
 from torchspark.training.progress.liveness import Liveness
-from torchspark.training.progress.wire import (
-    ChannelLimits,
-    Malformed,
-    int_field,
-    parse_line,
-    progress_from_msg,
-    score_from_msg,
-)
+from torchspark.training.progress.wire import ChannelLimits, int_field
 
 __all__ = ["DirectoryProgressReader"]
 
 logger = logging.getLogger(__name__)
 
 
-class DirectoryProgressReader:
+class DirectoryProgressReader(ProgressInbox):
     """Reads a fit's progress directory and dispatches what workers wrote, in each rank's write order.
+
+    What it keeps and offers is the :class:`~torchspark.training.progress.inbox.ProgressInbox` the TCP server
+    shares; the directory adds the ``closed`` message (a worker that ended), which a TCP connection tells by closing.
 
     Args:
         url: the directory (any fsspec URL the driver can list and read); created when missing.
@@ -84,21 +73,13 @@ class DirectoryProgressReader:
                 f"DirectoryProgressReader poll_s and flush_s must be > 0 seconds, got poll_s={poll_s!r}, "
                 f"flush_s={flush_s!r}"
             )
+        super().__init__(listeners, score_listeners, error_listeners, limits, Liveness(clock))
         self.target = ProgressDirectory(url, flush_s)
         self._fs, self._path = filesystem(url)
         self._poll_s = poll_s
-        self._listeners = list(listeners)
-        self._score_listeners = list(score_listeners)
-        self._error_listeners = list(error_listeners)
-        self._lock = threading.Lock()  # guards the state below
         self._poll_lock = threading.Lock()  # one listing at a time (the thread, errors(), close())
         self._next: dict[int, int] = {}  # rank -> the next chunk seq to read
-        self._latest: dict[int, ProgressUpdate] = {}
-        self._tally = ExampleTally()
-        self._errors = ErrorLog(limits.max_error_chars, limits.max_error_bytes, limits.max_errors)
-        self._malformed = 0
-        #: every rank's last message and whether it closed (the driver's watchdog reads it)
-        self.liveness = Liveness(clock)
+        self._handlers: dict[str, MessageHandler] = {"closed": self._on_closed}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -120,23 +101,7 @@ class DirectoryProgressReader:
     def errors(self) -> list[tuple[int, str]]:
         """``(rank, traceback)`` of every worker error read, after reading the directory once more."""
         self.poll()
-        with self._lock:
-            return list(self._errors.kept)
-
-    def latest(self) -> dict[int, ProgressUpdate]:
-        """The latest update of each rank that reported."""
-        with self._lock:
-            return dict(self._latest)
-
-    def total_examples(self) -> int:
-        """Examples reported by all workers over all epochs."""
-        with self._lock:
-            return self._tally.total
-
-    def malformed_count(self) -> int:
-        """Lines (or unreadable chunks) skipped."""
-        with self._lock:
-            return self._malformed
+        return super().errors()
 
     def poll(self) -> int:
         """Read every chunk not read yet, in each rank's order, and dispatch its messages; the chunks read.
@@ -212,56 +177,11 @@ class DirectoryProgressReader:
                 data: bytes = f.read()
         except Exception as e:  # noqa: BLE001 - a chunk that cannot be read is skipped, counted
             logger.warning("cannot read progress chunk %s: %s", path, e)
-            with self._lock:
-                self._malformed += 1
+            self.count_malformed()
             return
         for line in data.split(b"\n"):
             if line.strip():
-                self._handle(line)
-
-    def _handle(self, line: bytes) -> None:
-        try:
-            msg = parse_line(line)
-            handler = self._HANDLERS.get(msg["kind"])
-            if handler is None:
-                raise Malformed(f"unknown kind {msg['kind']!r} (expected progress, alive, closed, error or score)")
-            handler(self, msg)
-        except Malformed as e:
-            with self._lock:
-                self._malformed += 1
-            logger.warning("progress poller: ignoring a malformed line (%s): %.200r", e, line)
-
-    def _on_progress(self, msg: dict[str, Any]) -> None:
-        update = progress_from_msg(msg)
-        self.liveness.seen(update.rank, update.pid)
-        with self._lock:
-            self._latest[update.rank] = update
-            self._tally.add(update)
-        call_listeners(self._listeners, update)
-
-    def _on_alive(self, msg: dict[str, Any]) -> None:
-        self.liveness.seen(int_field(msg, "rank"), int_field(msg, "pid"))
+                self.receive(line, path, self._handlers)
 
     def _on_closed(self, msg: dict[str, Any]) -> None:
         self.liveness.ended(int_field(msg, "rank"))
-
-    def _on_error(self, msg: dict[str, Any]) -> None:
-        rank, tb = int_field(msg, "rank"), msg.get("traceback")
-        if not isinstance(tb, str):
-            raise Malformed(f"field 'traceback' must be a string, got {type(tb).__name__}")
-        with self._lock:
-            kept = self._errors.add(rank, tb)
-        if kept is not None:
-            logger.error("worker %d reported an error:\n%s", rank, kept)
-            call_listeners(self._error_listeners, rank, kept)
-
-    def _on_score(self, msg: dict[str, Any]) -> None:
-        call_listeners(self._score_listeners, score_from_msg(msg))
-
-    _HANDLERS: dict[str, Callable[[DirectoryProgressReader, dict[str, Any]], None]] = {
-        "progress": _on_progress,
-        "alive": _on_alive,
-        "closed": _on_closed,
-        "error": _on_error,
-        "score": _on_score,
-    }

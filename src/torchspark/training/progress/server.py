@@ -12,6 +12,7 @@ oldest is dropped first) and ``max_connections`` authenticated ones, lines and k
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import selectors
 import socket
@@ -21,28 +22,11 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from torchspark.errors import ConfigError, SetupError
-from torchspark.training.hooks import ProgressUpdate
 from torchspark.training.progress.client import ProgressEndpoint
 from torchspark.training.progress.dispatch import CallQueue
-from torchspark.training.progress.listeners import (
-    ErrorListener,
-    ErrorLog,
-    ExampleTally,
-    ProgressListener,
-    ScoreListener,
-    call_listeners,
-)
-from torchspark.training.progress.liveness import Liveness
-from torchspark.training.progress.wire import (
-    ChannelLimits,
-    LineSplitter,
-    Malformed,
-    encode,
-    int_field,
-    parse_line,
-    progress_from_msg,
-    score_from_msg,
-)
+from torchspark.training.progress.inbox import MessageHandler, ProgressInbox
+from torchspark.training.progress.listeners import ErrorListener, ProgressListener, ScoreListener, call_listeners
+from torchspark.training.progress.wire import ChannelLimits, LineSplitter, encode
 from torchspark.training.rendezvous import auth
 
 __all__ = ["ProgressServer"]
@@ -65,14 +49,17 @@ class _Conn:
         self.authed = False
         self.lines = LineSplitter(max_line_bytes)
         self.rank: int | None = None  # from its first ``alive`` or progress message
+        self.handlers: dict[str, MessageHandler] = {}  # the server's own kinds (``clock``), bound to this connection
 
 
-class ProgressServer:
+class ProgressServer(ProgressInbox):
     """Driver-side receiver of worker progress, clock probes, scores and tracebacks.
 
-    Listeners run on a thread of their own (:class:`~torchspark.training.progress.dispatch.CallQueue`), never on
-    the thread that reads the workers, so a slow listener cannot hold up heartbeats; a listener that raises is
-    logged and skipped. Updates of one rank arrive in the order the worker sent them.
+    What it keeps and offers (:meth:`latest`, :meth:`errors`, :attr:`liveness`, the listeners) is the
+    :class:`~torchspark.training.progress.inbox.ProgressInbox` both channels share. Listeners run on a thread of
+    their own (:class:`~torchspark.training.progress.dispatch.CallQueue`), never on the thread that reads the
+    workers, so a slow listener cannot hold up heartbeats; a listener that raises is logged and skipped. Updates of
+    one rank arrive in the order the worker sent them.
 
     Args:
         host: the address to listen on: the one workers use to reach the driver (``spark.driver.host``), and
@@ -89,27 +76,26 @@ class ProgressServer:
         limits: bounds on connections, lines and kept error text (:class:`ChannelLimits`).
     """
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, listeners: Iterable[ProgressListener] = (),
-                 error_listeners: Iterable[ErrorListener] = (), clock: Callable[[], float] = time.time,
-                 advertise_host: str | None = None, score_listeners: Iterable[ScoreListener] = (),
-                 token: bytes | None = None, limits: ChannelLimits = ChannelLimits()) -> None:
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        listeners: Iterable[ProgressListener] = (),
+        error_listeners: Iterable[ErrorListener] = (),
+        clock: Callable[[], float] = time.time,
+        advertise_host: str | None = None,
+        score_listeners: Iterable[ScoreListener] = (),
+        token: bytes | None = None,
+        limits: ChannelLimits = ChannelLimits(),
+    ) -> None:
         if not 0 <= port <= 65535:
             raise ConfigError(f"ProgressServer port must be in 0..65535 (0 = any free port), got {port}")
+        super().__init__(listeners, score_listeners, error_listeners, limits)
         self._token = auth.new_token() if token is None else token
         auth.hello(self._token)  # validates it
         self._host, self._port, self._advertise_host = host, port, advertise_host
-        self._clock, self._limits = clock, limits
-        self._listeners: list[ProgressListener] = list(listeners)
-        self._error_listeners: list[ErrorListener] = list(error_listeners)
-        self._score_listeners: list[ScoreListener] = list(score_listeners)
-        self._lock = threading.Lock()
+        self._clock = clock
         self._idle = threading.Condition(self._lock)  # notified whenever a connection closes
-        self._latest: dict[int, ProgressUpdate] = {}
-        self._tally = ExampleTally()
-        #: every rank's last message and whether its connection closed (the driver's watchdog reads it)
-        self.liveness = Liveness()
-        self._errors = ErrorLog(limits.max_error_chars, limits.max_error_bytes, limits.max_errors)
-        self._malformed = 0
         self._rejected = 0
         self._conns: dict[socket.socket, _Conn] = {}  # touched only by the serving thread (count read under lock)
         self._open = 0
@@ -141,8 +127,10 @@ class ProgressServer:
                 sock.close()
                 raise
         except OSError as e:
-            raise SetupError(f"ProgressServer cannot bind {self._host}:{self._port}: {e}; "
-                             "pass port=0 for a free port or the address workers reach this machine on") from e
+            raise SetupError(
+                f"ProgressServer cannot bind {self._host}:{self._port}: {e}; "
+                "pass port=0 for a free port or the address workers reach this machine on"
+            ) from e
         sock.setblocking(False)
         self._listener = sock
         self._selector = selectors.DefaultSelector()
@@ -196,8 +184,9 @@ class ProgressServer:
         if drain_s > 0 and self._thread is not None:
             with self._idle:
                 if not self._idle.wait_for(lambda: self._open == 0 or self._closed, timeout=drain_s):
-                    logger.warning("progress server: %d connection(s) still open after %.1f s; closing them",
-                                   self._open, drain_s)
+                    logger.warning(
+                        "progress server: %d connection(s) still open after %.1f s; closing them", self._open, drain_s
+                    )
         with self._lock:
             if self._closed:
                 return
@@ -220,52 +209,7 @@ class ProgressServer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # listeners and state
-    def add_listener(self, fn: ProgressListener) -> None:
-        """Call ``fn(update)`` for every progress message received from now on."""
-        with self._lock:
-            self._listeners = [*self._listeners, fn]  # copy-on-write: readers iterate without the lock
-
-    def add_score_listener(self, fn: ScoreListener) -> None:
-        """Call ``fn(report)`` for every score report received from now on."""
-        with self._lock:
-            self._score_listeners = [*self._score_listeners, fn]
-
-    def add_error_listener(self, fn: ErrorListener) -> None:
-        """Call ``fn(rank, traceback_text)`` for every worker error kept from now on."""
-        with self._lock:
-            self._error_listeners = [*self._error_listeners, fn]
-
-    def latest(self) -> dict[int, ProgressUpdate]:
-        """The latest update of each rank that reported."""
-        with self._lock:
-            return dict(self._latest)
-
-    def total_examples(self) -> int:
-        """Examples reported by all workers over all epochs (updates carry cumulative per-epoch counts)."""
-        with self._lock:
-            return self._tally.total
-
-    def errors(self) -> list[tuple[int, str]]:
-        """``(rank, traceback_text)`` of every worker error kept, in arrival order."""
-        with self._lock:
-            return list(self._errors.kept)
-
-    def retained_error_bytes(self) -> int:
-        """Bytes of traceback text kept (at most ``limits.max_error_bytes``)."""
-        with self._lock:
-            return self._errors.bytes
-
-    def dropped_error_count(self) -> int:
-        """Errors whose text was dropped because ``limits.max_error_bytes`` or ``max_errors`` was reached."""
-        with self._lock:
-            return self._errors.dropped
-
-    def malformed_count(self) -> int:
-        """How many received lines were malformed and ignored."""
-        with self._lock:
-            return self._malformed
-
+    # state only the server has
     def rejected_count(self) -> int:
         """Connections dropped without a valid hello (wrong token, too slow, or over ``max_pending``)."""
         with self._lock:
@@ -314,6 +258,7 @@ class ProgressServer:
             except OSError:
                 sock.close()
                 continue
+            conn.handlers["clock"] = functools.partial(self._answer_clock, conn)
             self._conns[sock] = conn
             self._selector.register(sock, selectors.EVENT_READ, conn)
             with self._lock:
@@ -372,8 +317,9 @@ class ProgressServer:
                 self._drop(conn, rejected=True)
                 return
             if sum(c.authed for c in self._conns.values()) >= self._limits.max_connections:
-                logger.warning("progress server: over max_connections=%d; dropped %s",
-                               self._limits.max_connections, conn.peer)
+                logger.warning(
+                    "progress server: over max_connections=%d; dropped %s", self._limits.max_connections, conn.peer
+                )
                 self._drop(conn, rejected=True)
                 return
             conn.authed = True
@@ -383,38 +329,15 @@ class ProgressServer:
                 self._handle_line(line, conn)
 
     def _handle_line(self, line: bytes, conn: _Conn) -> None:
-        try:
-            msg = parse_line(line)
-            kind = msg["kind"]
-            if kind == "progress":
-                update = progress_from_msg(msg)
-                conn.rank = update.rank
-                self.liveness.seen(update.rank, update.pid)
-                self._on_progress(update)
-            elif kind == "alive":
-                conn.rank = int_field(msg, "rank")
-                self.liveness.seen(conn.rank, int_field(msg, "pid"))
-            elif kind == "clock":
-                reply: dict[str, Any] = {"t_driver": self._clock()}
-                if "id" in msg:
-                    reply["id"] = msg["id"]
-                self._reply(conn, encode(reply))
-            elif kind == "error":
-                rank, tb = int_field(msg, "rank"), msg.get("traceback")
-                if not isinstance(tb, str):
-                    raise Malformed(f"field 'traceback' must be a string, got {type(tb).__name__}")
-                self._on_error(rank, tb)
-            elif kind == "score":
-                report = score_from_msg(msg)
-                with self._lock:
-                    listeners = self._score_listeners
-                self._notify(listeners, report)
-            else:
-                raise Malformed(f"unknown kind {kind!r} (expected progress, clock, error, score or alive)")
-        except Malformed as e:
-            with self._lock:
-                self._malformed += 1
-            logger.warning("progress server: ignoring malformed line from %s (%s): %.200r", conn.peer, e, line)
+        rank = self.receive(line, f"progress connection {conn.peer}", conn.handlers)
+        if rank is not None:
+            conn.rank = rank
+
+    def _answer_clock(self, conn: _Conn, msg: dict[str, Any]) -> None:
+        reply: dict[str, Any] = {"t_driver": self._clock()}
+        if "id" in msg:
+            reply["id"] = msg["id"]
+        self._reply(conn, encode(reply))
 
     def _reply(self, conn: _Conn, data: bytes) -> None:
         try:
@@ -425,26 +348,7 @@ class ProgressServer:
             logger.debug("progress server: cannot answer %s (%s); dropped", conn.peer, e)
             self._drop(conn)
 
-    def _on_progress(self, update: ProgressUpdate) -> None:
-        with self._lock:
-            self._latest[update.rank] = update
-            self._tally.add(update)
-            listeners = self._listeners
-        self._notify(listeners, update)
-
-    def _on_error(self, rank: int, tb: str) -> None:
-        with self._lock:
-            kept = self._errors.add(rank, tb)
-            first_drop = kept is None and self._errors.dropped == 1
-            listeners = self._error_listeners
-        if kept is None:
-            if first_drop:
-                logger.warning("progress server: worker error text over max_error_bytes=%d / max_errors=%d; later "
-                               "errors are counted, not kept", self._limits.max_error_bytes, self._limits.max_errors)
-            return
-        logger.error("worker %d reported an error:\n%s", rank, kept)
-        self._notify(listeners, rank, kept)
-
-    def _notify(self, listeners: list[Any], *args: Any) -> None:
+    def notify(self, listeners: list[Any], *args: Any) -> None:
+        """Queue the listeners' call on their own thread: the serving thread never waits for a listener."""
         if listeners and self._calls is not None:
             self._calls.submit(call_listeners, listeners, *args)

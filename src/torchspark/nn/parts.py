@@ -1,0 +1,225 @@
+"""A network as portable parts: its JSON config, the objects only pickle can hold, its weights; and a network
+built back from them.
+
+:func:`portable_parts` splits a network's description into JSON (architecture spec, loss, updater, knobs and
+counters) and the objects without a JSON form; :func:`build_network` makes a network of the class it is handed
+from those parts, weights and state. Both the saved directory (:mod:`torchspark.nn.portable`) and the in-memory
+:class:`~torchspark.nn.portable.Blueprint` go through these two, so a saved network and a shipped one are built
+the same way, by names the :mod:`torchspark.nn.trust` policy allows.
+
+Example: ``build_network(Network, *portable_parts(net), weights_of(net), net.updater_state(), {})`` is a copy
+of a network whose parts are all JSON.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
+
+import torch
+
+from torchspark.errors import ConfigError, SerializationError
+from torchspark.nn.losses import LOSSES, Loss, resolve_loss
+from torchspark.nn.precision import Precision
+from torchspark.nn.spec import module_spec
+from torchspark.nn.trust import CodePolicy, build_from_spec
+from torchspark.optim import UpdaterLike, UpdaterSpec, updater_from_dict
+
+__all__ = [
+    "FORMAT",
+    "VERSION",
+    "PortableNetwork",
+    "NetworkClass",
+    "portable_parts",
+    "weights_of",
+    "rebuild",
+    "load_weights",
+    "build_network",
+]
+
+FORMAT = "torchspark.network"
+VERSION = 1
+
+
+class PortableNetwork(Protocol):
+    """What saving and rebuilding read and write of a network (:class:`~torchspark.nn.Network` provides it)."""
+
+    module: torch.nn.Module
+    losses: list[Loss]
+    device: torch.device
+    seed: int | None
+    weight_decay: float
+    l1: float
+    gradient_clip: float | None
+    memory_format: str
+    precision: str
+    amp: Precision
+    compile: bool | str
+    iteration: int
+    epoch: int
+    extra_config: dict[str, Any]
+    extra_state: dict[str, torch.Tensor]
+
+    @property
+    def updater(self) -> UpdaterLike:  # read-only here: Network holds a resolved spec, a narrower type
+        ...
+
+    def num_params(self) -> int: ...
+
+    def updater_state(self) -> torch.Tensor: ...
+
+    def set_updater_state(self, flat: torch.Tensor) -> None: ...
+
+
+N = TypeVar("N", bound=PortableNetwork)
+#: the class a network is rebuilt as, called as ``Network(module, loss=..., updater=..., ...)``
+NetworkClass = Callable[..., N]
+
+
+def portable_parts(net: PortableNetwork) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Split the network's description into JSON parts and the objects only pickle can store."""
+    config: dict[str, Any] = {
+        "format": FORMAT,
+        "version": VERSION,
+        "seed": net.seed,
+        "weight_decay": net.weight_decay,
+        "l1": net.l1,
+        "gradient_clip": net.gradient_clip,
+        "memory_format": net.memory_format,
+        "precision": net.precision,
+        "compile": net.compile,
+        "iteration": net.iteration,
+        "epoch": net.epoch,
+        "num_params": net.num_params(),
+        "extra_config": net.extra_config,
+    }
+    objects: dict[str, Any] = {}
+    spec = module_spec(net.module)
+    if spec is not None:
+        config["module"] = spec
+    else:
+        objects["module"] = net.module
+    loss_names = [lo.to_json_value() for lo in net.losses]
+    if all(n is not None for n in loss_names):
+        config["loss"] = loss_names
+    else:
+        objects["loss"] = net.losses
+    if isinstance(net.updater, UpdaterSpec):
+        config["updater"] = net.updater.to_dict()
+    else:
+        objects["updater"] = net.updater
+    return config, objects
+
+
+def weights_of(net: PortableNetwork) -> dict[str, torch.Tensor]:
+    """The module's ``state_dict`` as contiguous CPU copies."""
+    # clone: parameters are views of one flat buffer, which safetensors refuses as shared storage
+    return {k: v.detach().cpu().clone().contiguous() for k, v in net.module.state_dict().items()}
+
+
+def _losses(value: Any, policy: CodePolicy, source: str) -> list[Loss]:
+    names = value if isinstance(value, list) else [value]
+    if not names:
+        raise SerializationError(f"{source} names no loss")
+    losses = []
+    for name in names:
+        if not isinstance(name, str) or (name not in LOSSES and ":" not in name):
+            raise SerializationError(
+                f"{source} names the unknown loss {name!r}; saved losses are one of "
+                f"{sorted(LOSSES)} or an import path 'pkg.mod:fn'"
+            )
+        losses.append(resolve_loss(name, importer=lambda path: policy.resolve(path, "loss function", source)))
+    return losses
+
+
+def rebuild(
+    network_class: NetworkClass[N],
+    config: dict[str, Any],
+    objects: dict[str, Any],
+    device: str | torch.device | None,
+    policy: CodePolicy,
+    source: str,
+) -> N:
+    """A network from its JSON config (names resolved through ``policy``: see :mod:`torchspark.nn.trust`)."""
+    try:
+        module = objects["module"] if "module" in objects else build_from_spec(config["module"], policy, source)
+        loss = objects["loss"] if "loss" in objects else _losses(config["loss"], policy, source)
+        updater = objects["updater"] if "updater" in objects else updater_from_dict(config["updater"])
+        net = network_class(
+            module,
+            loss=loss if len(loss) > 1 else loss[0],
+            updater=updater,
+            seed=None,
+            weight_decay=config["weight_decay"],
+            gradient_clip=config["gradient_clip"],
+            device=device,
+            memory_format=config.get("memory_format", "contiguous"),
+            l1=float(config.get("l1", 0.0)),
+            precision=config.get("precision", "fp32"),
+            compile=config.get("compile", False),
+        )
+        net.seed = config.get("seed")
+        net.iteration = int(config.get("iteration", 0))
+        net.epoch = int(config.get("epoch", 0))
+        net.extra_config = dict(config.get("extra_config") or {})
+    except SerializationError:
+        raise
+    except KeyError as e:
+        raise SerializationError(
+            f"{source} has no {e.args[0]!r} entry; the file is damaged or not a torchspark model"
+        ) from e
+    except (ConfigError, TypeError, ValueError, AttributeError) as e:
+        raise SerializationError(f"{source} describes a network that cannot be built: {e}") from e
+    return net
+
+
+def load_weights(net: PortableNetwork, weights: dict[str, torch.Tensor], source: str) -> None:
+    """Load ``weights`` (a ``state_dict``) into the network's module.
+
+    Raises:
+        SerializationError: they do not fit its architecture (the message names ``source``).
+    """
+    try:
+        net.module.load_state_dict(weights)
+    except RuntimeError as e:
+        raise SerializationError(f"weights in {source} do not fit the network architecture: {e}") from e
+
+
+def build_network(
+    network_class: NetworkClass[N],
+    config: dict[str, Any],
+    objects: dict[str, Any],
+    weights: dict[str, torch.Tensor],
+    updater_state: torch.Tensor | None,
+    extra_state: dict[str, torch.Tensor],
+    device: str | torch.device | None = None,
+    policy: CodePolicy | None = None,
+    source: str = "the network config",
+    scaler_state: dict[str, torch.Tensor] | None = None,
+) -> N:
+    """A ``network_class`` instance from portable parts, with these weights, updater and extra state.
+
+    Args:
+        network_class: the class to build (:class:`~torchspark.nn.Network`).
+        config, objects: :func:`portable_parts` output (``objects`` unpickled).
+        weights: a ``state_dict`` (:func:`weights_of`).
+        updater_state: the flat optimizer state, or None to keep the fresh (zero) state.
+        extra_state: training-master tensors, copied onto the network's device.
+        device: where the network lives (None: CPU).
+        policy: which functions ``config`` may name (default: only torchspark's zoo and losses).
+        source: where the parts came from, in messages.
+        scaler_state: fp16's gradient-scaler state (:meth:`~torchspark.nn.precision.Precision.state_tensors`), or
+            None to keep the fresh one.
+    Raises:
+        SerializationError: a damaged config, a name the policy does not allow, or weights that do not fit.
+
+    Example: ``build_network(Network, *portable_parts(net), weights_of(net), net.updater_state(), {})`` is a copy
+    of a network whose parts are all JSON.
+    """
+    net = rebuild(network_class, config, objects, device, policy or CodePolicy(), source)
+    load_weights(net, weights, source)
+    if updater_state is not None:
+        net.set_updater_state(updater_state)
+    net.amp.load_state_tensors(scaler_state or {})
+    net.extra_state = {k: v.to(net.device, copy=True) for k, v in extra_state.items()}
+    return net

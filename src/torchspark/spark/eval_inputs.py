@@ -1,0 +1,135 @@
+"""What distributed evaluation and inference read: the data's items, and the checks of their options.
+
+Both run over an RDD whose items an executor turns into batches: :func:`batch_items` makes that RDD from what the
+user passed (an RDD, a DataFrame, batch files, or paths with a ``loader``), and :func:`load_evaluation_item` /
+:func:`load_batch_item` turn one item into a batch on the executor. :func:`peek_nonempty` lets an empty partition
+return before it builds a network; :func:`check_positive` and :func:`refuse_eval_workers` check the options both
+take.
+
+Example::
+
+    rdd = batch_items(sc, "s3://bucket/batches/", loader=None)    # an RDD of batch-file paths
+    rdd.mapPartitions(lambda items: (load_evaluation_item(i).num_examples() for i in items))
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import chain
+from typing import Any
+
+from torchspark.data import DataSet, MultiDataSet, resolve_paths
+from torchspark.errors import ConfigError, DataError
+from torchspark.spark.dataframes import to_batch_rdd
+from torchspark.training.assignment import check_loader, load_with
+
+__all__ = [
+    "load_batch_item",
+    "load_evaluation_item",
+    "batch_items",
+    "peek_nonempty",
+    "check_positive",
+    "refuse_eval_workers",
+]
+
+
+def load_batch_item(item: Any) -> DataSet | MultiDataSet:
+    """A batch from an RDD item: a DataSet/MultiDataSet, serialized batch bytes or a batch-file path."""
+    from torchspark.training.worker.loop import load_item
+
+    try:
+        return load_item(item)
+    except TypeError:
+        raise DataError(
+            f"the data holds a {type(item).__name__}; expected DataSet, MultiDataSet, batch bytes or a batch-file path"
+        ) from None
+
+
+def load_evaluation_item(item: Any, loader: Callable[[str], Any] | None = None) -> DataSet | MultiDataSet:
+    """:func:`load_batch_item`, or with a user ``loader`` the batch it makes of the file path ``item``.
+
+    Raises:
+        DataError: with ``loader``, an item that is not a path (the data must then be paths), or a loader that
+            returns something other than a DataSet/MultiDataSet.
+    """
+    if loader is None:
+        return load_batch_item(item)
+    if not isinstance(item, (str, os.PathLike)):
+        raise DataError(
+            f"with loader= the data must be file paths, but it holds a {type(item).__name__}; drop "
+            "loader= for RDDs of DataSets, batch bytes or batch files"
+        )
+    return load_with(loader, os.fspath(item))
+
+
+def batch_items(
+    sc: Any,
+    data: Any,
+    features_col: str = "features",
+    label_col: str | None = "label",
+    feature_shape: Sequence[int] | None = None,
+    integer_labels: bool = True,
+    loader: Callable[[str], Any] | None = None,
+) -> Any:
+    """An RDD whose items :func:`load_evaluation_item` (with the same ``loader``) turns into batches.
+
+    Args:
+        data: an RDD of DataSet/MultiDataSet (or batch bytes, or batch-file paths), a DataFrame (columns as for
+            ``fit``), or batch files (``export_batches`` / ``save_batches`` output): a directory, a glob, one file
+            or a list of paths/URLs.
+        loader: ``fn(path) -> DataSet`` for files that are not batch files (as in ``fit_paths``); ``data`` must
+            then be paths (a directory then means every non-hidden file in it) or an RDD of paths.
+    Raises:
+        ConfigError: a ``loader`` that is not a function, or one given with a DataFrame.
+        DataError: an empty path list, a missing location, a directory or glob without batch files, a DataFrame
+            without the named columns, or another type.
+    """
+    check_loader(loader)
+    if isinstance(data, (str, os.PathLike, list, tuple)):  # a directory, a glob, one file or a list of files
+        paths = resolve_paths(data, any_file=loader is not None)
+        return sc.parallelize(paths, max(1, min(len(paths), sc.defaultParallelism)))
+    if loader is not None:
+        from pyspark import RDD
+
+        if not isinstance(data, RDD):
+            raise ConfigError(
+                f"loader= reads files: pass paths (a directory, a glob, a file, a list or an RDD of "
+                f"paths), not a {type(data).__name__}; drop loader= to evaluate it"
+            )
+        return data
+    return to_batch_rdd(data, features_col, label_col, feature_shape, integer_labels)
+
+
+def peek_nonempty(items: Iterable[Any]) -> Iterator[Any] | None:
+    """``items`` as an iterator, or None when it is empty (so empty partitions never build a network)."""
+    it = iter(items)
+    first = next(it, _EMPTY)
+    return None if first is _EMPTY else chain([first], it)
+
+
+_EMPTY = object()
+
+
+def check_positive(**values: Any) -> None:
+    """ConfigError unless every value is an integer >= 1."""
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+def refuse_eval_workers(eval_workers: Any) -> None:
+    """ConfigError for any ``eval_workers`` value (DL4J's ``evalNumWorkers``, removed).
+
+    In DL4J the tasks of one executor JVM share ``evalNumWorkers`` network copies. PySpark runs every task in its
+    own Python worker process, so a running task always holds exactly one copy and a cap per process never binds;
+    the copies per executor are its concurrently running tasks, which Spark's own settings control.
+    """
+    if eval_workers is not None:
+        raise ConfigError(
+            f"eval_workers={eval_workers!r} is no longer supported: PySpark runs each task in its own Python worker, "
+            "so every running evaluation task holds one network copy and a per-executor cap cannot be enforced "
+            "from Python. Drop the argument; to hold fewer copies per executor run fewer tasks at once "
+            "(spark.task.cpus=2 halves them on executors with spark.executor.cores cores), or repartition the data "
+            "to fewer partitions."
+        )
