@@ -12,6 +12,7 @@ reads the partitions on the driver and trains them in threads (tests: ``SparkNet
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,13 +20,15 @@ from torchspark.spark.barrier import barrier_task, open_relay
 from torchspark.spark.driver_address import driver_listen_address
 from torchspark.spark.gpus import GpuPlan
 from torchspark.spark.jobs import run_barrier_stage, run_job
+from torchspark.spark.preflight import task_slots
 from torchspark.spark.rounds import SparkRoundsRunner
+from torchspark.training.config.masters import TrainingMaster
 from torchspark.training.config.mesh import MeshConfig
 from torchspark.training.driver.runner import RunContext
 from torchspark.training.task import EpochSource, WorkerResult, WorkerTask
 from torchspark.training.worker.loop import ItemSource
 
-__all__ = ["SparkWorkerData", "SparkBarrierRunner", "SparkRoundsRunner"]
+__all__ = ["SparkWorkerData", "SparkBarrierRunner", "SparkRoundsRunner", "elastic_route"]
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +82,11 @@ class SparkBarrierRunner:
         self.mesh = mesh
         self.gpus = gpus or GpuPlan()
 
+    def capacity(self) -> int:
+        """The task slots the training stage can have now (an executor lost for good no longer counts): how many
+        workers an elastic fit's next attempt can run (:mod:`torchspark.training.driver.elastic`)."""
+        return task_slots(self.sc, self.gpus.profile)
+
     def run(self, task: WorkerTask, data: SparkWorkerData, context: RunContext) -> list[WorkerResult]:
         bind, host = driver_listen_address(self.sc)
         task_bc = self.sc.broadcast(task)
@@ -105,3 +113,22 @@ class SparkBarrierRunner:
         finally:
             del relay  # closes the driver's rendezvous port
             task_bc.unpersist()
+
+
+def elastic_route(data: SparkWorkerData, master: TrainingMaster) -> Callable[[int], SparkWorkerData] | None:
+    """How an elastic fit (the master's ``min_workers``) re-deals ``data`` on Spark: ``data_for(n)`` coalesces the
+    worker partitions into ``n`` (no shuffle: each new worker trains the minibatches of the old workers it takes
+    over, in their order); ``n`` equal to the fit's workers gives ``data`` back.
+
+    None where the data cannot be re-dealt: the rounds route (``averaging_via="spark"``) and
+    ``shuffle_scope="global"`` (the partitions hold every epoch's plan for their worker); a fit with ``min_workers``
+    below its workers is then refused (:func:`~torchspark.training.driver.adapter.elastic_plan`).
+    """
+    if master.spark_rounds or master.shuffle_scope == "global":
+        return None
+    full = data.workers
+
+    def data_for(n: int) -> SparkWorkerData:
+        return data if n >= full else SparkWorkerData(data.sc, data.rdd.coalesce(n))
+
+    return data_for
