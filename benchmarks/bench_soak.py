@@ -8,7 +8,8 @@ Run (the 10-minute soak, about 45 minutes in all: per master one undisturbed fit
 ``--duration-s 120`` proves the script in about 10 minutes. Each master trains LeNet on digits with 2
 ``ParallelWrapper`` worker processes, ``checkpoint_directory`` in a fresh temporary directory (one checkpoint per
 ``--checkpoint-every`` steps), ``max_failures`` above the number of kills. The number of epochs is chosen so the
-undisturbed fit lasts about ``--duration-s`` (calibrated by fits of 1 and 2 epochs first). A killer thread SIGKILLs the newest
+undisturbed fit lasts about ``--duration-s`` (calibrated first: a warm-up fit of 1 epoch, then the time between rank 0's first reports of epochs 0 and 2
+of a 3-epoch fit). A killer thread SIGKILLs the newest
 worker process of rank 0 and rank 1 in turn every ``--kill-every-s`` seconds. Measured:
 
 * attempts: the disturbed fit's launches of the workers (kills + 1 when every kill was recovered);
@@ -89,6 +90,20 @@ class Soak:
             self.rss.append((time.time(), _rss_mib()))
             if self.stop.wait(10.0):
                 return
+
+
+class EpochClock:
+    """A progress listener: when rank 0 first reported from each epoch (the steady epoch time, without the launch)."""
+
+    def __init__(self) -> None:
+        self.first: dict[int, float] = {}
+
+    def __call__(self, update: Any) -> None:
+        if update.rank == 0:
+            self.first.setdefault(update.epoch, time.perf_counter())
+
+    def per_epoch(self) -> float:
+        return max(0.05, (self.first[2] - self.first[0]) / 2)
 
 
 def _rss_mib() -> float:
@@ -175,11 +190,12 @@ def _flat(rss: list[tuple[float, float]]) -> tuple[float, float]:
 def soak_one(kind: str, args: argparse.Namespace) -> dict[str, Any]:
     test = datasets.digits("test")
     steps_per_epoch = -(-1437 // 2 // BATCH)
-    _, _, one = _fit(kind, 1, None, None)
-    _, _, two = _fit(kind, 2, None, None)
-    per_epoch = max(0.05, two - one)  # the launch (processes importing torch) counted once
-    epochs = max(2, round((args.duration_s - (one - per_epoch)) / per_epoch))
-    C.log(f"{kind}: one epoch {per_epoch:.1f} s, the launch {one - per_epoch:.1f} s -> {epochs} epochs")
+    _fit(kind, 1, None, None)  # warm-up: the fork server, imports
+    clock = EpochClock()
+    _, _, three = _fit(kind, 3, None, None, clock)
+    per_epoch = clock.per_epoch()
+    epochs = max(2, round((args.duration_s - (three - 3 * per_epoch)) / per_epoch))
+    C.log(f"{kind}: one epoch {per_epoch:.2f} s (3 epochs {three:.1f} s) -> {epochs} epochs")
     ref, _, ref_s = _fit(kind, epochs, None, None)
     before = set()
     for directory in ("/dev/shm", tempfile.gettempdir()):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from torchspark.spark.barrier import barrier_task, open_relay
@@ -116,9 +117,10 @@ class SparkBarrierRunner:
 
 
 def elastic_route(data: SparkWorkerData, master: TrainingMaster) -> Callable[[int], SparkWorkerData] | None:
-    """How an elastic fit (the master's ``min_workers``) re-deals ``data`` on Spark: ``data_for(n)`` coalesces the
-    worker partitions into ``n`` (no shuffle: each new worker trains the minibatches of the old workers it takes
-    over, in their order); ``n`` equal to the fit's workers gives ``data`` back.
+    """How an elastic fit (the master's ``min_workers``) re-deals ``data`` on Spark: ``data_for(n)`` regroups the
+    worker partitions into ``n`` (each new worker trains the minibatches of the old workers it takes
+    over, in their order; one shuffle, since a barrier stage cannot read a coalesced RDD); ``n`` equal to the fit's
+    workers gives ``data`` back.
 
     None where the data cannot be re-dealt: the rounds route (``averaging_via="spark"``) and
     ``shuffle_scope="global"`` (the partitions hold every epoch's plan for their worker); a fit with ``min_workers``
@@ -129,6 +131,20 @@ def elastic_route(data: SparkWorkerData, master: TrainingMaster) -> Callable[[in
     full = data.workers
 
     def data_for(n: int) -> SparkWorkerData:
-        return data if n >= full else SparkWorkerData(data.sc, data.rdd.coalesce(n))
+        if n >= full:
+            return data
+        keyed = data.rdd.mapPartitionsWithIndex(partial(_keyed_for, n))
+        return SparkWorkerData(data.sc, keyed.repartitionAndSortWithinPartitions(n, partitionFunc=_new_worker).values())
 
     return data_for
+
+
+def _keyed_for(n: int, index: int, items: Any) -> Any:
+    """Old worker ``index``'s items keyed ``(new worker, old worker, position)``: old worker ``j`` goes to new
+    worker ``j % n``, behind the old workers before it, in its own order."""
+    for position, item in enumerate(items):
+        yield (index % n, index, position), item
+
+
+def _new_worker(key: tuple[int, int, int]) -> int:
+    return key[0]
