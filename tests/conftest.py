@@ -29,7 +29,11 @@ GROUP_OF_FIXTURE = {
     "shipped_archive": "local-cluster",
     "netns_cluster": "netns-cluster",
 }
-GROUP_OF_MODULE = {"spark/test_recovery_cluster.py": "local-cluster", "spark/test_gpu_scheduling.py": "local-cluster"}
+GROUP_OF_MODULE = {
+    "spark/test_recovery_cluster.py": "local-cluster",
+    "spark/test_elastic_cluster.py": "local-cluster",
+    "spark/test_gpu_scheduling.py": "local-cluster",
+}
 
 #: the groups that take longest (measured with ``--durations=0``), started first under ``--dist`` so that no worker
 #: is left with a long one at the end while the other idles; every other group follows in collection order

@@ -72,10 +72,11 @@ class LocalProcessRunner:
         self.children: list[Any] = []
 
     def run(self, task: WorkerTask, data: WorkerShares, context: RunContext = NULL_CONTEXT) -> list[WorkerResult]:
-        """Run one worker per device on its share of ``data`` and return their results by rank (the
+        """Run one worker per share of ``data`` on the first ``data.workers`` devices (all of them, unless an
+        elastic fit runs fewer workers) and return their results by rank (the
         :class:`~torchspark.training.driver.runner.Runner` protocol; ``context`` gives the progress channel, the
         watchdog and the driver's ``fit`` phase)."""
-        if data.workers != len(self.devices):
+        if data.workers > len(self.devices):
             raise ValueError(
                 f"the data is split for {data.workers} workers but the runner has {len(self.devices)} devices"
             )
@@ -96,12 +97,13 @@ class LocalProcessRunner:
         self, task: WorkerTask, data: WorkerShares, progress_address: ProgressEndpoint | None, supervisor: Supervisor
     ) -> list[WorkerResult]:
         """Steps 1-5 of the module docstring."""
-        n = len(self.devices)
+        devices = self.devices[: data.workers]
+        n = len(devices)
         ctx = worker_context()
         child_task = replace(
             task, num_threads=self.threads_per_worker, prefetch=task.prefetch if not data.queued else 0
         )  # the queue already prefetches
-        backend = backend_for_devices(self.devices)
+        backend = backend_for_devices(devices)
         store = listening_store("127.0.0.1", 0, n + 1, self.timeout_s)  # loopback only: the workers are local
         token = new_token()
         depth = max(1, task.prefetch if self.prefetch is None else self.prefetch)
@@ -113,7 +115,7 @@ class LocalProcessRunner:
         finished = False
         self.children = supervisor.children
         try:
-            for rank, device in enumerate(self.devices):
+            for rank, device in enumerate(devices):
                 args = ChildArgs(
                     rank,
                     n,

@@ -355,7 +355,11 @@ class ParallelWrapper:
         plan = _route(data, len(self._devices), batch_size, epochs, self.master.rng_seed, self.network.epoch,
                       self.master.drop_last, self.master.shuffle_scope)
         check_first_batch(self.network, plan.sample)  # before any process starts
-        return self._run(plan, epochs, run_id)
+        master, first = self.master, self.network.epoch
+        replayable = plan.shares.stream is None and isinstance(data, (*_BATCH_TYPES, *_PATH_TYPES, list, tuple))
+        data_for = (lambda n: _route(data, n, batch_size, epochs, master.rng_seed, first, master.drop_last,
+                                     master.shuffle_scope).shares) if replayable else None
+        return self._run(plan, epochs, run_id, data_for)
 
     # ------------------------------------------------------------------ internals
     def _runner(self) -> Any:
@@ -366,7 +370,8 @@ class ParallelWrapper:
         return LocalProcessRunner(self._devices, threads, self.master.rendezvous_timeout_s,
                                   shared_memory=self.master.shared_memory_allreduce)
 
-    def _run(self, plan: _DataPlan, epochs: int, run_id: str | None = None) -> Network:
+    def _run(self, plan: _DataPlan, epochs: int, run_id: str | None = None,
+             data_for: Callable[[int], WorkerShares] | None = None) -> Network:
         master = self.master
         assert master is not None
         n = len(self._devices)
@@ -376,5 +381,5 @@ class ParallelWrapper:
                        description=f"ParallelWrapper fit: {n} workers, {epochs} epoch(s)", run_id=run_id,
                        progress=self.progress, report_scores=self.report_score_after_averaging,
                        score_listeners=[_log_score] if self.report_score_after_averaging else [],
-                       total_examples=None if plan.examples is None else plan.examples * epochs)
+                       total_examples=None if plan.examples is None else plan.examples * epochs, data_for=data_for)
         return self.network

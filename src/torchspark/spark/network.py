@@ -28,7 +28,7 @@ from torchspark.spark.inference_methods import InferenceMethods
 from torchspark.spark.jobs import run_job
 from torchspark.spark.preflight import executors_for_workers_per_node, preflight
 from torchspark.spark.preparation import DataPreparation, first_item, planned_epochs
-from torchspark.spark.runners import SparkBarrierRunner, SparkRoundsRunner, SparkWorkerData
+from torchspark.spark.runners import SparkBarrierRunner, SparkRoundsRunner, SparkWorkerData, elastic_route
 from torchspark.spark.session import spark_context
 from torchspark.spark.session_kinds import is_connect_session
 from torchspark.stats import DRIVER_ID, StatsCollector, TrainingStats
@@ -326,11 +326,13 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
                 worker_rdd.coalesce(n) if worker_rdd.getNumPartitions() > n else spread_round_robin(worker_rdd, n)
             )
         examples = self.preparation.epoch_examples
+        data = SparkWorkerData(self.sc, worker_rdd)
+        data_for = elastic_route(data, master)
         self._fits.fit(
             self.network,
             master,
             self._runner(master, gpus),
-            SparkWorkerData(self.sc, worker_rdd),
+            data,
             epochs=epochs,
             num_workers=n,
             collect_stats=self._collect_stats,
@@ -339,6 +341,7 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
             run_id=run_id,
             progress=self.progress,
             total_examples=None if examples is None else examples * epochs,
+            data_for=data_for,
         )
         return self.network
 

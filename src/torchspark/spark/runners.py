@@ -12,20 +12,24 @@ reads the partitions on the driver and trains them in threads (tests: ``SparkNet
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from torchspark.spark.barrier import barrier_task, open_relay
 from torchspark.spark.driver_address import driver_listen_address
 from torchspark.spark.gpus import GpuPlan
 from torchspark.spark.jobs import run_barrier_stage, run_job
+from torchspark.spark.preflight import task_slots
 from torchspark.spark.rounds import SparkRoundsRunner
+from torchspark.training.config.masters import TrainingMaster
 from torchspark.training.config.mesh import MeshConfig
 from torchspark.training.driver.runner import RunContext
 from torchspark.training.task import EpochSource, WorkerResult, WorkerTask
 from torchspark.training.worker.loop import ItemSource
 
-__all__ = ["SparkWorkerData", "SparkBarrierRunner", "SparkRoundsRunner"]
+__all__ = ["SparkWorkerData", "SparkBarrierRunner", "SparkRoundsRunner", "elastic_route"]
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +83,11 @@ class SparkBarrierRunner:
         self.mesh = mesh
         self.gpus = gpus or GpuPlan()
 
+    def capacity(self) -> int:
+        """The task slots the training stage can have now (an executor lost for good no longer counts): how many
+        workers an elastic fit's next attempt can run (:mod:`torchspark.training.driver.elastic`)."""
+        return task_slots(self.sc, self.gpus.profile)
+
     def run(self, task: WorkerTask, data: SparkWorkerData, context: RunContext) -> list[WorkerResult]:
         bind, host = driver_listen_address(self.sc)
         task_bc = self.sc.broadcast(task)
@@ -105,3 +114,37 @@ class SparkBarrierRunner:
         finally:
             del relay  # closes the driver's rendezvous port
             task_bc.unpersist()
+
+
+def elastic_route(data: SparkWorkerData, master: TrainingMaster) -> Callable[[int], SparkWorkerData] | None:
+    """How an elastic fit (the master's ``min_workers``) re-deals ``data`` on Spark: ``data_for(n)`` regroups the
+    worker partitions into ``n`` (each new worker trains the minibatches of the old workers it takes
+    over, in their order; one shuffle, since a barrier stage cannot read a coalesced RDD); ``n`` equal to the fit's
+    workers gives ``data`` back.
+
+    None where the data cannot be re-dealt: the rounds route (``averaging_via="spark"``) and
+    ``shuffle_scope="global"`` (the partitions hold every epoch's plan for their worker); a fit with ``min_workers``
+    below its workers is then refused (:func:`~torchspark.training.driver.adapter.elastic_plan`).
+    """
+    if master.spark_rounds or master.shuffle_scope == "global":
+        return None
+    full = data.workers
+
+    def data_for(n: int) -> SparkWorkerData:
+        if n >= full:
+            return data
+        keyed = data.rdd.mapPartitionsWithIndex(partial(_keyed_for, n))
+        return SparkWorkerData(data.sc, keyed.repartitionAndSortWithinPartitions(n, partitionFunc=_new_worker).values())
+
+    return data_for
+
+
+def _keyed_for(n: int, index: int, items: Any) -> Any:
+    """Old worker ``index``'s items keyed ``(new worker, old worker, position)``: old worker ``j`` goes to new
+    worker ``j % n``, behind the old workers before it, in its own order."""
+    for position, item in enumerate(items):
+        yield (index % n, index, position), item
+
+
+def _new_worker(key: tuple[int, int, int]) -> int:
+    return key[0]

@@ -138,6 +138,14 @@ class TrainingMaster:
             workers (new processes / a new barrier stage) from the newest state it holds and the fit goes on.
             Errors in the user's code or data (``DataError``, a diverged loss, an exception in the model) are
             never retried. See :mod:`torchspark.training.driver.recovery`.
+        min_workers: elastic recovery: the fewest workers a fit goes on with when a recovery attempt cannot get all
+            ``num_workers`` back (an executor gone for good, a worker slot that keeps dying). None (default):
+            ``num_workers``, every attempt runs all of them. Below it, the attempt continues from the newest
+            checkpoint on fewer workers (the data re-dealt, gradient sharing's residuals summed into the remaining
+            ranks) and a later attempt grows back when capacity returns; ``summary()["world_changes"]`` lists each
+            change. Use it with a ``checkpoint_directory`` (else a smaller attempt restarts the fit) on clusters
+            that lose nodes. Example: ``SharedTrainingMaster(num_workers=8, min_workers=4)``. See
+            :mod:`torchspark.training.driver.elastic` and docs/guides/recovery.md.
         checkpoint_directory: where the fit writes checkpoints (any fsspec URL; on a cluster shared storage every
             executor can write and the driver can read, e.g. ``hdfs://...``/``s3://...``); None (default): no
             checkpoints. Each fit writes under ``<checkpoint_directory>/<run_id>/``; ``fit(..., run_id="r1")``
@@ -191,6 +199,7 @@ class TrainingMaster:
     shared_memory_allreduce: bool = True
     flush_denormal: bool = True
     max_failures: int = 3
+    min_workers: int | None = None
     port: int = 0
     network_mask: str | None = None
     controller_address: str | None = None
@@ -230,6 +239,8 @@ class TrainingMaster:
                               f"{self.repartition_strategy!r}, repartition={self.repartition!r}; set rng_seed=<int> "
                               "and keep the balanced split, or use shuffle_scope='worker'")
         check_int("max_failures", self.max_failures, 0, owner=name)
+        check_int("min_workers", self.min_workers, 1, self.num_workers, allow_none=True, owner=name,
+                  none_means="num_workers: never fewer", fix="set min_workers <= num_workers, or None")
         check_float("data_timeout_s", self.data_timeout_s, above=0, unit="seconds", owner=name)
         _check_gpu_amount(name, self.gpus_per_worker)
         self._check_dataframe_route(name)

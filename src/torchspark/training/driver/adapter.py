@@ -25,13 +25,15 @@ from torchspark.errors import ConfigError
 from torchspark.nn import Network
 from torchspark.stats import StatsCollector, TrainingStats
 from torchspark.training.config.masters import TrainingMaster
+from torchspark.training.driver.elastic import Elastic
 from torchspark.training.driver.fit import FitEvents, FitOutcome, build_task, run_fit
 from torchspark.training.driver.runner import Runner
 from torchspark.training.hooks import ProgressUpdate, ScoreReport
 from torchspark.training.task import WorkerResult
 from torchspark.training.worker.loop import load_item
+from torchspark.validation import check_int
 
-__all__ = ["FitAdapter", "OpenEvents", "check_runner", "check_first_batch"]
+__all__ = ["FitAdapter", "OpenEvents", "check_runner", "check_first_batch", "elastic_plan"]
 
 
 class OpenEvents(Protocol):
@@ -131,6 +133,8 @@ class FitAdapter:
         report_scores: bool = False,
         score_listeners: Sequence[Callable[[ScoreReport], None]] = (),
         total_examples: int | None = None,
+        data_for: Callable[[int], Any] | None = None,
+        capacity: Callable[[], int | None] | None = None,
     ) -> FitOutcome:
         """Train ``network`` in place on ``data`` through ``runner`` (:func:`run_fit`) and keep the outcome.
 
@@ -144,7 +148,13 @@ class FitAdapter:
             report_scores: workers report their agreed score even without a training listener.
             score_listeners: called with each agreed score.
             total_examples: examples of the whole fit when known (the bar's total).
+            data_for: ``data`` re-dealt over ``n`` workers (elastic recovery, the master's ``min_workers``); None:
+                this route cannot re-deal its data.
+            capacity: how many workers the runner can start now; None: the runner's own ``capacity()`` method
+                when it has one (:class:`~torchspark.spark.runners.SparkBarrierRunner`: free task slots), else
+                unknown.
         Raises:
+            ConfigError: ``min_workers`` above ``num_workers``, or below it on a route that cannot re-deal its data.
             WorkerError: as :func:`run_fit`; the outcome of the previous fit is kept then.
         """
         task = build_task(
@@ -168,6 +178,8 @@ class FitAdapter:
             if self.training_listeners
             else None
         )
+        capacity = capacity if capacity is not None else getattr(runner, "capacity", None)
+        elastic = elastic_plan(self.name, master, num_workers, data_for, capacity)
         outcome = run_fit(
             network,
             task,
@@ -181,6 +193,36 @@ class FitAdapter:
             events=events,
             max_failures=master.max_failures,
             total_examples=total_examples,
+            elastic=elastic,
         )
         self.score, self.results, self.stats = outcome.score, outcome.results, outcome.stats
         return outcome
+
+
+def elastic_plan(
+    name: str,
+    master: TrainingMaster,
+    num_workers: int,
+    data_for: Callable[[int], Any] | None,
+    capacity: Callable[[], int | None] | None = None,
+) -> Elastic | None:
+    """The fit's :class:`~torchspark.training.driver.elastic.Elastic` when the master's ``min_workers`` is below the
+    fit's ``num_workers`` (None otherwise: every attempt runs every worker).
+
+    Raises:
+        ConfigError: ``min_workers`` above ``num_workers``; or below it while ``data_for`` is None (a route whose
+            data cannot be re-dealt over fewer workers: a one-shot stream, the rounds or Connect route).
+    """
+    wanted = master.min_workers
+    if wanted is None:
+        return None
+    check_int("min_workers", wanted, 1, num_workers, owner=name, fix=f"this fit has {num_workers} workers")
+    if wanted == num_workers:
+        return None
+    if data_for is None:
+        raise ConfigError(
+            f"{name}: min_workers={wanted} (elastic recovery) needs data that can be re-dealt over fewer workers, "
+            "which this route cannot do (a one-shot stream, averaging_via='spark', a Spark Connect session or "
+            "shuffle_scope='global' on Spark); leave min_workers=None, or pass a DataSet, batch files or an RDD"
+        )
+    return Elastic(num_workers, wanted, data_for, capacity)

@@ -27,31 +27,24 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from torchspark._io import join
 from torchspark.errors import WorkerLost
 from torchspark.nn import Network, NetworkBlueprint
 from torchspark.stats import StatsCollector, TrainingStats
 from torchspark.training.checkpoint import plan_for
 from torchspark.training.config.masters import TrainingMaster
+from torchspark.training.driver.context import FitContext
+from torchspark.training.driver.elastic import Elastic, WorldChange, WorldTracker
 from torchspark.training.driver.recovery import Decision, FailureRecord, decide, exhausted_error, record_failure
 from torchspark.training.driver.resume import open_run, resume_task
 from torchspark.training.driver.runner import InProcessRunner, Runner
 from torchspark.training.driver.stats import build_training_stats
 from torchspark.training.hooks import PhaseRecorder, ProgressUpdate, ScoreReport
-from torchspark.training.progress import (
-    DirectoryProgressReader,
-    ProgressBar,
-    ProgressDirectory,
-    ProgressEndpoint,
-    ProgressServer,
-)
-from torchspark.training.rendezvous.ports import listen_in_range
+from torchspark.training.progress import ProgressBar
 from torchspark.training.task import WorkerResult, WorkerTask, merge_results
 
 __all__ = ["FitContext", "FitEvents", "FitOutcome", "build_task", "run_fit", "restart_task"]
@@ -71,6 +64,8 @@ class FitOutcome:
     stats: TrainingStats | None
     #: the failed attempts the fit recovered from (empty when nothing failed)
     failures: list[FailureRecord] | None = None
+    #: each change of the world size (elastic recovery: ``min_workers`` on the master)
+    world_changes: list[WorldChange] = field(default_factory=list)
 
 
 class FitEvents(Protocol):
@@ -93,123 +88,6 @@ class FitEvents(Protocol):
     def end(self, network: Network, score: float, stats: Any = None, error: BaseException | None = None) -> None:
         """The fit ended: with its score and stats, or with the ``error`` it raises."""
         ...
-
-
-class FitContext:
-    """The driver's side of one fit, offered to the runner (the :class:`~torchspark.training.driver.runner.RunContext`).
-
-    The progress server opens only when a runner asks for its address: the rounds route reports progress from the
-    driver (:meth:`notify`) and needs no port.
-
-    Args:
-        network: the driver's network.
-        recorder: the driver's stats recorder.
-        description: names the fit in job descriptions.
-        listeners: progress listeners (the caller's and the bar's), called on driver threads.
-        score_listeners: called with each :class:`ScoreReport` workers send.
-        attempt: which launch of the workers this is (0 first; each recovery adds one). Runners name everything
-            an attempt's workers read by it (rendezvous keys, job descriptions), and each attempt has its own
-            progress server and token, so nothing a failed attempt left behind is read by the next.
-    """
-
-    def __init__(
-        self,
-        network: Network,
-        recorder: PhaseRecorder,
-        description: str,
-        listeners: Sequence[Callable[[ProgressUpdate], None]] = (),
-        score_listeners: Sequence[Callable[[ScoreReport], None]] = (),
-        attempt: int = 0,
-    ) -> None:
-        self.network = network
-        self.recorder = recorder
-        self.attempt = attempt
-        self.description = description if attempt == 0 else f"{description} (attempt {attempt})"
-        self._listeners = list(listeners)
-        self._score_listeners = list(score_listeners)
-        self._server: ProgressServer | DirectoryProgressReader | None = None
-
-    def progress_address(
-        self, host: str = "127.0.0.1", advertise_host: str | None = None, port_range: tuple[int, int] | None = None
-    ) -> ProgressEndpoint:
-        """Start the progress server on ``host`` (once per fit; on a port inside ``port_range`` when set, the mesh
-        option) and return the address workers dial."""
-        if self._server is None:
-            self._server = listen_in_range(
-                lambda port: ProgressServer(
-                    host=host,
-                    port=port,
-                    advertise_host=advertise_host,
-                    listeners=self._listeners,
-                    score_listeners=self._score_listeners,
-                ).start(),
-                port_range,
-                "the driver's progress server",
-            )
-        assert isinstance(self._server, ProgressServer), "one progress channel per fit"
-        return self._server.endpoint
-
-    def progress_directory(self, base: str, poll_s: float = 1.0, flush_s: float = 1.0) -> ProgressDirectory:
-        """Start polling a fresh directory under ``base`` (once per attempt: ``base/fit-<id>-a<attempt>``) and return
-        where workers write (:mod:`torchspark.training.progress.files`): the channel for a driver the executors
-        cannot connect to. After a fit that succeeded the directory is removed; after a failure it stays."""
-        if self._server is None:
-            url = join(base, f"fit-{uuid.uuid4().hex[:12]}-a{self.attempt}")
-            self._server = DirectoryProgressReader(
-                url, poll_s, flush_s, listeners=self._listeners, score_listeners=self._score_listeners
-            ).start()
-        assert isinstance(self._server, DirectoryProgressReader), "one progress channel per fit"
-        return self._server.target
-
-    def reported_errors(self) -> list[tuple[int, str]]:
-        return self._server.errors() if self._server is not None else []
-
-    def stalled(self, world_size: int, timeout_s: float) -> WorkerLost | None:
-        """The watchdog: a :class:`WorkerLost` when a rank stopped sending heartbeats for ``timeout_s``, or every
-        rank finished but the runner still waits ``timeout_s`` later (:mod:`torchspark.training.progress.liveness`);
-        None while all is well or without a progress server."""
-        return self._server.liveness.stalled(world_size, timeout_s) if self._server is not None else None
-
-    def worker_pids(self) -> dict[int, int | None]:
-        """Each rank's process id as its progress connection reported it (ranks not heard from are missing)."""
-        if self._server is None:
-            return {}
-        return {rank: state.pid for rank, state in self._server.liveness.snapshot().items()}
-
-    def suspect(self) -> int | None:
-        """The rank most likely lost when the error does not say: of the ranks that reported no error, the one
-        whose progress connection closed first (a killed process's socket closes at once); on the directory
-        channel, the one whose files stopped first without a ``closed`` line."""
-        if self._server is None:
-            return None
-        reporting = {rank for rank, _ in self._server.errors()}
-        states = self._server.liveness.snapshot().items()
-        if isinstance(self._server, DirectoryProgressReader):  # a killed worker never writes "closed": the rank
-            # that went silent first is the lost one
-            silent = [(s.last_seen, r) for r, s in states if not s.ended and r not in reporting]
-            return min(silent)[1] if silent else None
-        ended = [(s.last_seen, r) for r, s in states if s.ended and r not in reporting]
-        return min(ended)[1] if ended else None
-
-    def reached(self) -> tuple[int, int] | None:
-        """``(epoch, iteration within it)`` the furthest worker reported (None: no progress heard)."""
-        latest = self._server.latest() if self._server is not None else {}
-        return max(((u.epoch, u.iteration) for u in latest.values()), default=None)
-
-    def notify(self, update: ProgressUpdate) -> None:
-        for fn in self._listeners:
-            try:
-                fn(update)
-            except Exception:  # a broken display must never stop training
-                log.warning("a progress listener failed", exc_info=True)
-
-    def close(self, drain_s: float = 0.0, succeeded: bool = False) -> None:
-        """Close the progress channel; ``drain_s`` > 0 first reads what workers that have ended sent last.
-        ``succeeded`` removes a directory channel's files (a failed attempt's stay for reading)."""
-        if isinstance(self._server, DirectoryProgressReader):
-            self._server.close(drain_s=drain_s, remove=succeeded)
-        elif self._server is not None:
-            self._server.close(drain_s=drain_s)
 
 
 def build_task(
@@ -286,6 +164,7 @@ def run_fit(
     events: FitEvents | None = None,
     max_failures: int = 0,
     total_examples: int | None = None,
+    elastic: Elastic | None = None,
 ) -> FitOutcome:
     """Steps 2-6 of the module docstring: run ``task`` on ``data`` through ``runner`` and update ``network``.
 
@@ -304,6 +183,8 @@ def run_fit(
         max_failures: lost workers the fit recovers from (the master's ``max_failures``); 0 = none.
         total_examples: examples the whole fit trains (all epochs), when known: the bar then shows the total, the
             percentage and the time left.
+        elastic: lets a recovery attempt run with fewer workers (down to ``min_workers``) and grow back
+            (:mod:`~torchspark.training.driver.elastic`); None: every attempt runs ``data``'s workers.
     Raises:
         ConfigError: a checkpointing fit whose storage is unusable or whose run another live fit holds
             (:func:`~torchspark.training.driver.resume.open_run`), found before any worker starts.
@@ -326,6 +207,7 @@ def run_fit(
             events=events,
             max_failures=max_failures,
             total_examples=total_examples,
+            world=WorldTracker(elastic, data),
         )
     finally:
         if lock is not None:
@@ -346,6 +228,7 @@ def _run_fit(
     events: FitEvents | None,
     max_failures: int,
     total_examples: int | None,
+    world: WorldTracker,
 ) -> FitOutcome:
     bar = ProgressBar(total_examples=total_examples, desc=f"fit x{task.epochs}", enabled=progress)
     if events is not None:
@@ -377,7 +260,7 @@ def _run_fit(
                 )
                 started = time.time()
                 try:
-                    results = runner.run(attempt_task, data, context)
+                    results = runner.run(attempt_task, world.data, context)
                     recovered_from = restart
                 except WorkerLost as error:
                     reached = context.reached()
@@ -394,6 +277,7 @@ def _run_fit(
                         max_failures + 1,
                     )
                     _restore(network, start, start_state)  # runners that train the driver's network in place
+                    world.after_failure(failures[-1].rank, attempt + 1, task)
                     attempt += 1
                     continue
                 finally:
@@ -415,9 +299,10 @@ def _run_fit(
     if stats is not None:
         stats.set_summary("failures", [f.to_dict() for f in failures])
         stats.set_summary("recovered_from", recovered_from)
+        stats.set_summary("world_changes", [c.to_dict() for c in world.changes])
     if events is not None:
         events.end(network, score, stats)
-    return FitOutcome(results, score, stats, failures)
+    return FitOutcome(results, score, stats, failures, world.changes)
 
 
 def _network_state(network: Network) -> tuple[Any, Any, Any, Any]:

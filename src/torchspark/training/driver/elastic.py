@@ -1,0 +1,258 @@
+"""Elastic recovery: a fit that goes on with fewer workers when an attempt cannot get them all back, and grows back
+when capacity returns.
+
+With ``min_workers`` below ``num_workers`` on the training master, the driver's recovery
+(:func:`torchspark.training.driver.fit.run_fit`) chooses the world size of each new attempt (:func:`next_world`, a
+pure policy):
+
+1. **shrink** when the runner reports fewer free worker slots than the failed attempt had (an executor gone for
+   good, dynamic allocation taking executors away: :class:`Elastic` ``capacity``), or when the same rank was lost in
+   two attempts in a row at this size (a slot that keeps dying: a bad host, a device that keeps failing); never
+   below ``min_workers``;
+2. **grow back** to ``num_workers`` (or as many as the runner can start) at the next attempt after a shrink;
+3. otherwise keep the size (today's recovery).
+
+A new size restarts from the newest checkpoint, **re-sharded** for the new world by :func:`reshard_checkpoint`
+(a new checkpoint written next to it, so the workers' resume is the one they always run), and the adapter re-deals
+the data over the new number of workers (:class:`Elastic` ``data_for``). Each change is a :class:`WorldChange` in
+``summary()["world_changes"]``.
+
+What the re-sharding does with each rank's state (new rank ``r`` of ``n``, old world ``N``):
+
+* parameters: rank 0's (identical on every rank at a checkpoint's cut, for both masters);
+* updater state, buffers, random streams, counters: old rank ``r``'s (``r % N`` for a new rank when growing);
+  parameter averaging averages them at every round anyway, gradient sharing at the end of the fit;
+* gradient sharing's **residuals** (the update mass each rank still owes the parameters): shrinking, new rank ``r``
+  gets the **sum** of the old ranks ``j`` with ``j % n == r``, and a rank's pending message (encoded at the cut but
+  not sent) is decoded back into its residual first, so no update is lost or applied twice; growing, the new ranks
+  start with zero residuals. The **threshold state** of every new rank is the mean over the old ranks
+  (:func:`~torchspark.encoding.threshold.average_states`, as the end of a fit reconciles it);
+* the data position inside an interrupted epoch: the minibatches the old ranks had consumed, in total, are dealt
+  evenly over the new ranks (each skips its share of the re-dealt epoch). The re-dealt epoch holds the same
+  examples over other workers, so the examples skipped are not exactly those trained before the cut: the count of
+  work is kept (nothing trained twice in bulk, nothing lost beyond the checkpoint interval), not the identity of
+  each example. A checkpoint at an epoch's end (the default ``checkpoint_every=None``) has nothing to deal;
+* the fit's totals (examples, iterations): summed over the merged ranks, so the fit's totals stay right.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from torchspark.encoding.threshold import ThresholdState, average_states
+from torchspark.training.algorithms.sharing.rounds import dense_sum, parse_gathered
+from torchspark.training.checkpoint import store
+from torchspark.training.checkpoint.config import ResumePoint
+from torchspark.training.driver.resume import find_resume_point
+from torchspark.training.task import WorkerTask
+
+__all__ = ["Elastic", "WorldChange", "WorldTracker", "next_world", "repeated_rank", "reshard_checkpoint"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WorldChange:
+    """One change of a fit's world size, as ``summary()["world_changes"]`` lists it (JSON through :meth:`to_dict`).
+
+    Attributes:
+        attempt: the attempt that runs at the new size.
+        epoch: the epoch of the fit it restarts in (0-based, from its checkpoint; 0 without one).
+        old, new: the world sizes before and after.
+        reason: why (the capacity the runner reported, the rank that kept dying, capacity returned).
+        time: wall-clock time of the decision (the driver's ``time.time()``).
+    """
+
+    attempt: int
+    epoch: int
+    old: int
+    new: int
+    reason: str
+    time: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Elastic:
+    """What an adapter hands :func:`~torchspark.training.driver.fit.run_fit` so a fit can change its world size.
+
+    Args:
+        num_workers: the size the fit asks for (and grows back to).
+        min_workers: the fewest workers it goes on with (``min_workers`` of the master).
+        data_for: the workers' data re-dealt over ``n`` workers, in the form the runner takes.
+        capacity: how many workers the runner can start now (free task slots); None: the runner cannot tell
+            (local processes), then only a rank that keeps dying shrinks the world.
+    """
+
+    num_workers: int
+    min_workers: int
+    data_for: Callable[[int], Any]
+    capacity: Callable[[], int | None] | None = None
+
+    def free_slots(self) -> int | None:
+        """The runner's capacity now (None: unknown)."""
+        return None if self.capacity is None else self.capacity()
+
+
+def repeated_rank(lost: Sequence[tuple[int | None, int]], world: int) -> int | None:
+    """The rank lost in each of the last two attempts when both ran with ``world`` workers (``lost``: each failed
+    attempt's ``(rank, world size)``, oldest first), else None."""
+    if len(lost) < 2:
+        return None
+    (a, wa), (b, wb) = lost[-2], lost[-1]
+    return b if a is not None and a == b and wa == wb == world else None
+
+
+def next_world(
+    current: int, target: int, min_workers: int, capacity: int | None, repeated: int | None
+) -> tuple[int, str]:
+    """The world size of the next attempt and why (``""``: unchanged). Steps 1-3 of the module docstring.
+
+    Args:
+        current: the failed attempt's world size.
+        target: ``num_workers``.
+        min_workers: the floor.
+        capacity: workers the runner can start now (None: unknown).
+        repeated: the rank lost in the last two attempts at this size (:func:`repeated_rank`), or None.
+    """
+    if capacity is not None and capacity < current:
+        if capacity >= min_workers:
+            return capacity, f"only {capacity} worker slot(s) left after the failure"
+        return current, ""  # below the floor: retry at this size as a fit without min_workers would
+    if repeated is not None:  # a slot that keeps dying: one fewer, never more
+        if current > min_workers:
+            return current - 1, f"worker {repeated} was lost in two attempts in a row"
+        return current, ""
+    if current < target:
+        grown = target if capacity is None else min(target, capacity)
+        if grown > current:
+            return grown, "capacity returned"
+    return current, ""
+
+
+def _members(new_rank: int, old: int, new: int) -> list[int]:
+    """The old ranks whose state new rank ``new_rank`` takes over: shrinking, every ``j`` with ``j % new == new_rank``;
+    growing, its own (none for a rank the old world did not have)."""
+    if new <= old:
+        return [j for j in range(old) if j % new == new_rank]
+    return [new_rank] if new_rank < old else []
+
+
+def _residual(tensors: dict[str, torch.Tensor], length: int) -> torch.Tensor:
+    """An old rank's residual with its pending message (encoded, not sent) decoded back into it."""
+    residual = tensors["algo.residual"].reshape(-1).to(torch.float32).clone()
+    pending = tensors.get("algo.pending")
+    if pending is not None:
+        _, messages = parse_gathered([bytes(pending.numpy().tobytes())], length)
+        owed = dense_sum(messages, length, "cpu")
+        if owed is not None:
+            residual += owed
+    return residual
+
+
+def _merged_rank(
+    rank: int, old_files: list[tuple[dict[str, torch.Tensor], dict[str, Any]]], new: int, done: int
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """New rank ``rank``'s file from the old ranks' files (the module docstring's rules)."""
+    old = len(old_files)
+    members = _members(rank, old, new)
+    tensors, meta = old_files[rank % old]
+    tensors = {k: v for k, v in tensors.items() if not k.startswith("algo.") and (k != "params" or rank == 0)}
+    meta = {**meta, "rank": rank, "done": done, "epoch_length": None}
+    meta["examples"] = sum(int(old_files[j][1]["examples"]) for j in members)
+    meta["iterations"] = sum(int(old_files[j][1]["iterations"]) for j in members)
+    if "algo.residual" in old_files[0][0]:  # gradient sharing
+        length = old_files[0][0]["algo.residual"].numel()
+        residual = torch.zeros(length, dtype=torch.float32)
+        for j in members:
+            residual += _residual(old_files[j][0], length)
+        states = [ThresholdState.from_tensor(f[0]["algo.threshold_state"]) for f in old_files]
+        tensors["algo.residual"] = residual
+        tensors["algo.threshold_state"] = average_states(states).to_tensor()
+        algo = dict(meta.get("algo") or {})
+        for key in ("bytes_sent", "dense_bytes", "steps"):
+            algo[key] = sum(int((old_files[j][1].get("algo") or {}).get(key, 0)) for j in members)
+        meta["algo"] = algo
+    return tensors, meta
+
+
+def reshard_checkpoint(point: ResumePoint, new: int) -> int:
+    """Write checkpoint ``point`` again for ``new`` workers, as the next step of its run; returns that step.
+
+    The re-sharded checkpoint is a complete checkpoint of the run (rank files, then the manifest, which records
+    ``resharded_from``), numbered after every step directory the run has (an incomplete newer one included), so
+    the next attempt's resume finds it as the newest and its writers continue after it.
+
+    Raises:
+        CheckpointDamaged: an old rank file cannot be read (the caller's resume then falls back as usual).
+    """
+    found = store.load_checkpoint(point.step, point.path)
+    if found is None:
+        raise FileNotFoundError(f"checkpoint {point.path} is no longer complete")
+    old_files = [store.read_rank_file(point.path, r) for r in range(point.world_size)]
+    total_done = sum(int(m["done"]) for _, m in old_files)
+    directory, run_id = point.path.rstrip("/").rsplit("/", 2)[0], point.run_id
+    step = max(s for s, _ in store.step_directories(directory, run_id)) + 1
+    path = store.step_directory(directory, run_id, step)
+    for rank in range(new):
+        done = total_done // new + (1 if rank < total_done % new else 0)
+        tensors, meta = _merged_rank(rank, old_files, new, done)
+        store.write_rank_file(path, rank, tensors, {**meta, "step": step})
+    manifest = {k: v for k, v in found.manifest.items() if k not in ("format", "version")}
+    manifest.update(
+        step=step,
+        world_size=new,
+        files=[f"rank-{r}.safetensors" for r in range(new)],
+        written_at=time.time(),
+        resharded_from={"step": point.step, "world_size": point.world_size},
+    )
+    store.write_manifest(path, manifest)
+    log.info("re-sharded checkpoint %s (%d workers) for %d workers as %s", point.path, point.world_size, new, path)
+    return step
+
+
+class WorldTracker:
+    """The world size of a fit's attempts, and the data for it (the driver's recovery loop holds one per fit).
+
+    Args:
+        elastic: the fit's :class:`Elastic` (None: the world never changes).
+        data: the workers' data the fit starts with (``elastic.num_workers`` workers).
+    """
+
+    def __init__(self, elastic: Elastic | None, data: Any) -> None:
+        self.elastic = elastic
+        #: the data the next attempt runs on
+        self.data = data
+        #: the next attempt's world size (None: not elastic)
+        self.world = None if elastic is None else elastic.num_workers
+        #: every change so far, oldest first
+        self.changes: list[WorldChange] = []
+        self._lost: list[tuple[int | None, int]] = []
+
+    def after_failure(self, rank: int | None, attempt: int, task: WorkerTask) -> None:
+        """Attempt ``attempt - 1`` lost rank ``rank`` (None: unknown): choose attempt ``attempt``'s world size
+        (:func:`next_world`); on a change re-shard the run's newest checkpoint (:func:`reshard_checkpoint`) and re-deal
+        the data."""
+        if self.elastic is None or self.world is None:
+            return
+        e, old = self.elastic, self.world
+        self._lost.append((rank, old))
+        new, reason = next_world(old, e.num_workers, e.min_workers, e.free_slots(), repeated_rank(self._lost, old))
+        if new == old:
+            return
+        point = find_resume_point(task)
+        if point is not None and point.world_size != new:
+            reshard_checkpoint(point, new)
+        self.data = e.data_for(new)
+        self.world = new
+        change = WorldChange(attempt, 0 if point is None else point.fit_epoch, old, new, reason, time.time())
+        self.changes.append(change)
+        log.warning("elastic recovery: attempt %d runs %d workers instead of %d (%s)", attempt, new, old, reason)
