@@ -9,10 +9,19 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from torchspark.encoding import fast_path_status, fastpath, threshold_encode, to_bytes
+from torchspark.encoding import (
+    EncoderConfig,
+    EncoderState,
+    FixedThreshold,
+    encode_step,
+    fast_path_status,
+    fastpath,
+    threshold_encode,
+    to_bytes,
+)
 from torchspark.errors import EncodingError
 
-pytest.importorskip("numba")  # the [test] extra installs it (the [fast] extra); the fallback test needs none
+pytest.importorskip("numba")  # the [test] extra installs it; without numba every CPU encode is the numpy path
 
 BLOCK = 64  # the kernel's block: sizes around it and its multiples
 
@@ -98,9 +107,12 @@ def test_encodes_run_on_the_kernel_when_it_is_available() -> None:
     update = torch.randn(1000)
     threshold_encode(update, torch.zeros(1000), 1.0)
     assert fast_path_status().encodes == before + 1
+    state = EncoderState.create(EncoderConfig(threshold_policy=FixedThreshold(1.0)), 1000)
+    encode_step(update, state, 0)  # what a sharing worker calls every step
+    assert fast_path_status().encodes == before + 2
     threshold_encode(update, torch.zeros(1000), 1.0, _one_pass=False)  # the numpy path
     threshold_encode(update, torch.zeros(1000), 1.0, _force_torch=True)  # the torch path (CUDA's)
-    assert fast_path_status().encodes == before + 1
+    assert fast_path_status().encodes == before + 2
 
 
 @pytest.fixture

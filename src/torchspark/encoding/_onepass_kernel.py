@@ -23,7 +23,7 @@ BLOCK = 64
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _add_count(r, u, t):  # type: ignore[no-untyped-def]
+def _add_count(r: np.ndarray, u: np.ndarray, t: np.float32) -> int:
     """``r += u`` (block views); returns how many entries reach ``|r| >= t``. Vectorised: no branch on the data."""
     hits = 0
     for j in range(r.shape[0]):
@@ -35,7 +35,7 @@ def _add_count(r, u, t):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _count(r, t):  # type: ignore[no-untyped-def]
+def _count(r: np.ndarray, t: np.float32) -> int:
     hits = 0
     for j in range(r.shape[0]):
         if abs(r[j]) >= t:
@@ -44,7 +44,7 @@ def _count(r, t):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _sparse_block(r, start, t, sparse, count):  # type: ignore[no-untyped-def]
+def _sparse_block(r: np.ndarray, start: int, t: np.float32, sparse: np.ndarray, count: int) -> int:
     """Every entry of the block view ``r`` (at ``start``) into the sparse message, without a branch on the data:
     ``sparse[count]`` is written for every element and kept only for entries (``sparse`` has one spare slot)."""
     for j in range(r.shape[0]):
@@ -58,7 +58,7 @@ def _sparse_block(r, start, t, sparse, count):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _bitmap_block(r, start, t, bitmap, codes):  # type: ignore[no-untyped-def]
+def _bitmap_block(r: np.ndarray, start: int, t: np.float32, bitmap: np.ndarray, codes: np.ndarray) -> None:
     """Every entry of the block view ``r`` (at ``start``, a multiple of 4) into the bitmap, without a branch on the
     data (a bitmap means many entries: branches would mispredict): the 2-bit codes into ``codes`` (BLOCK uint8) and
     the residual in one vector loop, then 4 codes per byte."""
@@ -78,7 +78,7 @@ def _bitmap_block(r, start, t, bitmap, codes):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True)
-def _to_bitmap(sparse, count, nbytes):  # type: ignore[no-untyped-def]
+def _to_bitmap(sparse: np.ndarray, count: int, nbytes: int) -> np.ndarray:
     """The packed 2-bit bitmap of the first ``count`` signed 1-based entries (the sparse message so far)."""
     bitmap = np.zeros(nbytes, dtype=np.uint8)
     for k in range(count):
@@ -89,7 +89,19 @@ def _to_bitmap(sparse, count, nbytes):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True)
-def _careful_block(r, start, end, t, limit, cap, count, sparse, bitmap, saved_pos, saved_val):  # type: ignore[no-untyped-def]
+def _careful_block(
+    r: np.ndarray,
+    start: int,
+    end: int,
+    t: np.float32,
+    limit: int,
+    cap: int,
+    count: int,
+    sparse: np.ndarray,
+    bitmap: np.ndarray,
+    saved_pos: np.ndarray,
+    saved_val: np.ndarray,
+) -> tuple[int, np.ndarray]:
     """Element by element: the block where the message switches to a bitmap, reaches the cap, or must save values."""
     n_saved = saved_pos.shape[0]
     for j in range(start, end):
@@ -110,7 +122,17 @@ def _careful_block(r, start, end, t, limit, cap, count, sparse, bitmap, saved_po
 
 
 @njit(cache=True, nogil=True)
-def encode(r, u, has_update, t, limit, cap, sparse, saved_pos, saved_val):  # type: ignore[no-untyped-def]
+def encode(
+    r: np.ndarray,
+    u: np.ndarray,
+    has_update: bool,
+    t: np.float32,
+    limit: int,
+    cap: int,
+    sparse: np.ndarray,
+    saved_pos: np.ndarray,
+    saved_val: np.ndarray,
+) -> tuple[int, np.ndarray]:
     """One pass: ``r += u`` (when ``has_update``), and each of the first ``cap`` entries with ``|r| >= t`` is sent
     as ``sign(r)*t`` and subtracted.
 

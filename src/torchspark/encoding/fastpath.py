@@ -94,8 +94,13 @@ def load_kernel() -> OnePassKernel | str:
     naming the fix). Uncached: :func:`kernel` is the per-process accessor."""
     try:
         numba = importlib.import_module("numba")
-    except ImportError as e:
+    except ModuleNotFoundError as e:
         return f"numba is not installed ({e}); pip install 'torchspark[fast]' for the one-pass CPU encode"
+    except Exception as e:  # noqa: BLE001 - e.g. numba refusing this numpy version: fall back, say why
+        return (
+            f"numba cannot be imported ({type(e).__name__}: {e}); "
+            "pip install -c constraints.txt 'torchspark[fast]' installs versions that work together"
+        )
     try:
         module = importlib.import_module("torchspark.encoding._onepass_kernel")
         found = OnePassKernel(module, f"numba {numba.__version__}")
