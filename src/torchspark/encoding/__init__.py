@@ -1,7 +1,8 @@
 """Gradient-sharing codec: Strom 2015 threshold encoding with residuals.
 
 Split as in GRACE: :mod:`.codec` (compressor: encode/decode), :mod:`.residual` (memory post-processing),
-:mod:`.threshold` (policies), :mod:`.wire` (bytes), :mod:`.encoder` (one step per minibatch), :mod:`.stats`.
+:mod:`.threshold` (policies), :mod:`.wire` (bytes), :mod:`.encoder` (one step per minibatch), :mod:`.stats`,
+:mod:`.fastpath` (the one-pass CPU encode of ``torchspark[fast]``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from torchspark.encoding.codec import (
     threshold_encode,
 )
 from torchspark.encoding.encoder import EncoderConfig, EncoderState, encode_step, local_calibration, with_calibration
+from torchspark.encoding.fastpath import FastPathStatus, fast_path_status
 from torchspark.encoding.residual import (
     RESIDUAL_POST_PROCESSORS,
     NoResidualPostProcessing,
@@ -52,6 +54,8 @@ __all__ = [
     "float32_update",
     "to_bytes",
     "from_bytes",
+    "FastPathStatus",
+    "fast_path_status",
     "EncodingStats",
     "ThresholdState",
     "ThresholdPolicy",

@@ -31,7 +31,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from torchspark.encoding import _kernels
+from torchspark.encoding import _kernels, fastpath
 from torchspark.errors import ConfigError, EncodingError
 
 __all__ = [
@@ -140,6 +140,7 @@ def threshold_encode(
     min_entries: int = 1,
     boundary: int | None = None,
     _force_torch: bool = False,
+    _one_pass: bool = True,
 ) -> EncodedUpdate:
     """Encode ``residual + update`` with threshold ``threshold``; mutates ``residual`` in place.
 
@@ -164,6 +165,9 @@ def threshold_encode(
 
     Returns:
         The :class:`EncodedUpdate`; its payload lives on the residual's device.
+
+    On the CPU, with ``torchspark[fast]`` installed, steps 1-3 run in one pass of a compiled kernel (the same
+    message and residual, bit for bit; see :mod:`torchspark.encoding.fastpath`).
 
     Raises:
         ConfigError: ``threshold`` is not a finite positive float32, ``min_entries < 1`` or ``boundary < 1``.
@@ -191,6 +195,10 @@ def threshold_encode(
         raise EncodingError(f"cannot encode {n} elements, the limit is {MAX_LENGTH}; split the update")
     with torch.no_grad():
         upd = None if update is None else update.detach()
+        one_pass = fastpath.kernel() if _one_pass and _kernels.use_numpy(residual, _force_torch) else None
+        if one_pass is not None:
+            fmt, payload, count = one_pass.encode(residual, upd, t, min_entries, n if boundary is None else boundary)
+            return EncodedUpdate(fmt, n, t, payload, count)
         limit = _sparse_limit(n)
         # 1 + 2: accumulate and count, no subtraction yet
         count, indices = _kernels.accumulate_and_find(residual, upd, t, limit, _force_torch)
