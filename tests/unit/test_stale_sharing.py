@@ -19,13 +19,13 @@ import torch
 from helpers import assert_replicas_identical, classification_batches, fit_in_process, mlp_net
 from torchspark import DataSet, optim
 from torchspark.encoding import AdaptiveThreshold, EncoderConfig
-from torchspark.errors import ConfigError, TrainingError, WaitTimeout, WorkerError
+from torchspark.errors import ConfigError, PeerLost, TrainingError, WaitTimeout, WorkerError
 from torchspark.training import ALGORITHMS, ThreadGroup
 from torchspark.training.algorithms.sharing.ledger import PeerLedger
 from torchspark.training.algorithms.sharing.loop import SharingAlgorithm
 from torchspark.training.algorithms.sharing.settings import SharingSettings
 from torchspark.training.algorithms.sharing.stale import StaleSharingAlgorithm
-from torchspark.training.comm.mailbox import END, MESSAGE, Envelope, ThreadMailbox
+from torchspark.training.comm.mailbox import ABORT, END, MESSAGE, Envelope, ThreadMailbox
 from torchspark.training.config.masters import master_from_json
 from torchspark.training.config.shared_master import SharedTrainingMaster
 from torchspark.training.hooks import WorkerHooks
@@ -181,6 +181,13 @@ def test_sequence_gap_and_duplicate_are_detected() -> None:
     assert ledger.complete()
     with pytest.raises(TrainingError, match="after its end marker"):
         ledger.accept(0, Envelope(1, 0, MESSAGE))
+
+
+def test_a_peers_abort_marker_is_a_peer_lost_naming_it() -> None:
+    ledger = PeerLedger([0, 2], epoch=3)
+    ledger.accept(2, Envelope(0, 3, MESSAGE))
+    with pytest.raises(PeerLost, match="worker 2 failed during epoch 3"):
+        ledger.accept(2, Envelope(0, 3, ABORT))  # whatever its seq: the sender failed
 
 
 def test_a_stuck_peer_times_out_naming_the_setting() -> None:
