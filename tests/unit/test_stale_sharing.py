@@ -226,8 +226,9 @@ def test_max_staleness_values_are_validated(value) -> None:
 def test_max_staleness_refuses_combinations_that_cannot_work(tmp_path) -> None:
     with pytest.raises(ConfigError, match="max_staleness=1 is the asynchronous mode and overlap=False"):
         SharedTrainingMaster(max_staleness=1, overlap=False)
-    with pytest.raises(ConfigError, match="max_staleness=2 cannot checkpoint"):
-        SharedTrainingMaster(max_staleness=2, checkpoint_directory=str(tmp_path))
+    with pytest.raises(ConfigError, match="max_staleness=2 checkpoints at epoch ends only.*checkpoint_every=3"):
+        SharedTrainingMaster(max_staleness=2, checkpoint_directory=str(tmp_path), checkpoint_every=3)
+    assert SharedTrainingMaster(max_staleness=2, checkpoint_directory=str(tmp_path)).max_staleness == 2
     master = SharedTrainingMaster(max_staleness=3)
     assert master.algorithm_settings()["max_staleness"] == 3
     assert SharedTrainingMaster().algorithm_settings()["max_staleness"] is None
