@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -49,4 +50,41 @@ def run(rank: int, world: int, port: int, epochs: int) -> None:
             dist.all_reduce(total)  # the group is free for collectives between epochs
             assert total.item() == world
     finally:
+        dist.destroy_process_group()
+
+
+def run_failing(rank: int, world: int, port: int, out: Any) -> None:
+    """Rank 1 fails after 3 messages (``close(failed=True)``); its peers learn it from its ABORT marker through the
+    ledger (PeerLost), fail in turn, and every receiver thread of every rank ends before the group is destroyed."""
+    import threading
+
+    from torchspark.errors import PeerLost
+    from torchspark.training.algorithms.sharing.ledger import PeerLedger
+    from torchspark.training.waiting import Deadline
+
+    store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+    report: dict[str, Any] = {"rank": rank}
+    try:
+        box = TorchDistMailbox(rank, world, 0)
+        for i in range(3):
+            box.post(Envelope(i, 0, MESSAGE, payload(rank, i)))
+        if rank != 1:
+            ledger = PeerLedger([p for p in range(world) if p != rank], epoch=0)
+            try:
+                while True:
+                    item = box.receive(set(ledger.received) - set(ledger.ended), 60.0)
+                    assert item is not None, f"rank {rank}: no ABORT from rank 1 within 60 s"
+                    ledger.accept(*item)
+            except PeerLost as e:
+                report["error"] = str(e)
+        box.close(failed=True)
+        deadline = Deadline.after(60.0)  # every rank sends ABORT; every receiver thread ends well within this
+        for t in [t for t in threading.enumerate() if t.name.startswith("torchspark-mailbox-recv")]:
+            t.join(deadline.left())
+        report["receivers_alive"] = [
+            t.name for t in threading.enumerate() if t.name.startswith("torchspark-mailbox-recv") and t.is_alive()
+        ]
+    finally:
+        out.put(report)
         dist.destroy_process_group()

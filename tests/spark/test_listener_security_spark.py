@@ -193,7 +193,8 @@ def test_a_strangers_relay_key_and_fake_errors_do_not_change_the_fit(spark, sc, 
     undisturbed = _fit(spark, sc, shards)
     with Stranger() as stranger:
         disturbed = _fit(spark, sc, shards)
-    assert {"store", "progress"} <= stranger.kinds(), stranger.attacked  # the relay and the progress server
+    # the relay (our own authenticated store now, no TCPStore on the driver) and the progress server
+    assert len(stranger.attacked) >= 2 and "progress" in stranger.kinds(), stranger.attacked
     torch.testing.assert_close(disturbed.params(), undisturbed.params(), rtol=0, atol=0)
     assert not stranger.wildcard, f"listening on every interface during the fit: {stranger.wildcard}"
     assert PLANTED not in caplog.text

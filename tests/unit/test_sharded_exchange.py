@@ -254,3 +254,38 @@ def test_sharded_topology_refuses_the_asynchronous_mode() -> None:
     with pytest.raises(ConfigError, match="topology='sharded'"):
         SharingSettings(topology="sharded", max_staleness=1)
     assert SharingSettings(topology="auto", max_staleness=1).topology == "auto"
+
+
+class _CorruptShardSumsFor:
+    """A communicator that corrupts, for one rank only, the shard sum rank 0 sends it (as a bad link or memory would
+    between the all-gather and the decode): only that rank can see it."""
+
+    def __init__(self, comm, victim: int) -> None:
+        self._comm, self._victim = comm, victim
+        self.rank, self.world_size = comm.rank, comm.world_size
+
+    def all_to_all_bytes(self, payloads: list[bytes]) -> list[bytes]:
+        return self._comm.all_to_all_bytes(payloads)
+
+    def all_gather_bytes(self, payload: bytes) -> list[bytes]:
+        got = self._comm.all_gather_bytes(payload)
+        if self.rank == self._victim:
+            got[0] = b"S" + b"\xff" * 8  # one index far outside rank 0's shard
+        return got
+
+
+def test_a_shard_sum_corrupt_on_one_rank_is_an_encoding_error_on_every_rank() -> None:
+    """Rank 2 alone sees rank 0's shard sum corrupt: every rank raises EncodingError naming rank 2 and the shard at
+    the next exchange (the loop always runs one more), none waits for rank 2 until its timeout (WaitTimeout)."""
+    length, world = 400, 3
+    payloads = [_payload("sparse", length, np.random.default_rng(r)) for r in range(world)]
+
+    def two_steps(comm) -> object:
+        comm = _CorruptShardSumsFor(comm, victim=2)
+        sharded_exchange(comm, payloads[comm.rank], length, "cpu")
+        return sharded_exchange(comm, b"\x00", length, "cpu")  # the next step (the epoch's last, all inactive)
+
+    outcomes = _run(world, lambda c: _catch(lambda: two_steps(c)), timeout_s=20.0)
+    for outcome in outcomes:
+        assert isinstance(outcome, EncodingError), outcomes
+        assert "worker 2 received a corrupt shard sum" in str(outcome) and "elements [0, 136)" in str(outcome)

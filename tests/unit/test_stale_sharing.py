@@ -19,13 +19,13 @@ import torch
 from helpers import assert_replicas_identical, classification_batches, fit_in_process, mlp_net
 from torchspark import DataSet, optim
 from torchspark.encoding import AdaptiveThreshold, EncoderConfig
-from torchspark.errors import ConfigError, TrainingError, WaitTimeout, WorkerError
+from torchspark.errors import ConfigError, PeerLost, TrainingError, WaitTimeout, WorkerError
 from torchspark.training import ALGORITHMS, ThreadGroup
 from torchspark.training.algorithms.sharing.ledger import PeerLedger
 from torchspark.training.algorithms.sharing.loop import SharingAlgorithm
 from torchspark.training.algorithms.sharing.settings import SharingSettings
 from torchspark.training.algorithms.sharing.stale import StaleSharingAlgorithm
-from torchspark.training.comm.mailbox import END, MESSAGE, Envelope, ThreadMailbox
+from torchspark.training.comm.mailbox import ABORT, END, MESSAGE, Envelope, ThreadMailbox
 from torchspark.training.config.masters import master_from_json
 from torchspark.training.config.shared_master import SharedTrainingMaster
 from torchspark.training.hooks import WorkerHooks
@@ -183,6 +183,13 @@ def test_sequence_gap_and_duplicate_are_detected() -> None:
         ledger.accept(0, Envelope(1, 0, MESSAGE))
 
 
+def test_a_peers_abort_marker_is_a_peer_lost_naming_it() -> None:
+    ledger = PeerLedger([0, 2], epoch=3)
+    ledger.accept(2, Envelope(0, 3, MESSAGE))
+    with pytest.raises(PeerLost, match="worker 2 failed during epoch 3"):
+        ledger.accept(2, Envelope(0, 3, ABORT))  # whatever its seq: the sender failed
+
+
 def test_a_stuck_peer_times_out_naming_the_setting() -> None:
     """A worker that never sends: its peer waits the communicator's timeout, then names rendezvous_timeout_s."""
     group = ThreadGroup(2, 1.0)
@@ -219,8 +226,9 @@ def test_max_staleness_values_are_validated(value) -> None:
 def test_max_staleness_refuses_combinations_that_cannot_work(tmp_path) -> None:
     with pytest.raises(ConfigError, match="max_staleness=1 is the asynchronous mode and overlap=False"):
         SharedTrainingMaster(max_staleness=1, overlap=False)
-    with pytest.raises(ConfigError, match="max_staleness=2 cannot checkpoint"):
-        SharedTrainingMaster(max_staleness=2, checkpoint_directory=str(tmp_path))
+    with pytest.raises(ConfigError, match="max_staleness=2 checkpoints at epoch ends only.*checkpoint_every=3"):
+        SharedTrainingMaster(max_staleness=2, checkpoint_directory=str(tmp_path), checkpoint_every=3)
+    assert SharedTrainingMaster(max_staleness=2, checkpoint_directory=str(tmp_path)).max_staleness == 2
     master = SharedTrainingMaster(max_staleness=3)
     assert master.algorithm_settings()["max_staleness"] == 3
     assert SharedTrainingMaster().algorithm_settings()["max_staleness"] is None

@@ -2,8 +2,8 @@
 
 Worker side (:func:`barrier_task`): each task takes its device and cores (:mod:`torchspark.spark.task_bootstrap`);
 task 0 hosts a ``TCPStore`` on a free port and publishes its address through a relay store on the driver
-(:func:`open_relay`; ``BarrierTaskContext.allGather`` without one, bounded by ``rendezvous_timeout_s`` on any
-session: :mod:`torchspark.spark.barrier_wait`); the workers gather their devices through that store and agree on
+(:func:`open_relay`, an authenticated store of our own; ``BarrierTaskContext.allGather`` without one, bounded by
+``rendezvous_timeout_s`` on any session: :mod:`torchspark.spark.barrier_wait`); the workers gather their devices through that store and agree on
 a backend (nccl when every worker has a GPU of its own, else gloo:
 :func:`~torchspark.training.worker.devices.choose_backend`), and all of them build a torch.distributed group with
 ``rendezvous_timeout_s`` as the collective timeout.
@@ -28,7 +28,9 @@ from torchspark.training.config.mesh import MeshConfig
 from torchspark.training.progress import ProgressEndpoint
 from torchspark.training.rendezvous.netif import LOCAL_ADDRESS_ENV, Endpoint, choose_endpoint, socket_interface
 from torchspark.training.rendezvous.ports import listen_in_range
-from torchspark.training.rendezvous.stores import fetch, listening_store, private_store, publish
+from torchspark.training.rendezvous.relay import RelayLimits, RelayServer
+from torchspark.training.rendezvous.relay_client import relay_get, relay_set
+from torchspark.training.rendezvous.stores import listening_store, private_store
 from torchspark.training.task import WorkerResult, WorkerTask
 from torchspark.training.worker.devices import agree_backend, gpu_identity
 from torchspark.training.worker.loop import ItemSource, run_worker
@@ -37,10 +39,6 @@ from torchspark.training.worker.reporting import open_worker_hooks
 __all__ = ["RendezvousSettings", "barrier_task", "open_relay", "relay_key", "rendezvous", "LOCAL_ADDRESS_ENV"]
 
 log = logging.getLogger(__name__)
-
-#: How long a worker tries to connect to the driver's rendezvous store before failing with advice.
-RELAY_CONNECT_TIMEOUT_S = 60.0
-
 
 #: How workers find each other: the master's :class:`~torchspark.training.config.mesh.MeshConfig` (the old name
 #: stays).
@@ -56,23 +54,30 @@ def _store_address(local: Endpoint, settings: MeshConfig) -> str:
 
 
 def open_relay(
-    advertise_host: str, timeout_s: float, port_range: tuple[int, int] | None = None, bind_host: str | None = None
-) -> tuple[Any, tuple[str, int]]:
+    advertise_host: str,
+    timeout_s: float,
+    port_range: tuple[int, int] | None = None,
+    bind_host: str | None = None,
+    *,
+    token: bytes,
+) -> tuple[RelayServer, tuple[str, int]]:
     """A small key-value store on the driver through which task 0 tells its peers where its store listens.
 
     Spark's ``BarrierTaskContext.allGather`` would do, but it polls once a second on the JVM side, which costs
-    about one second per fit; a ``TCPStore`` ``get`` returns the moment the key is set. Executors must reach the
+    about one second per fit; a relay ``get`` returns the moment the key is set. Executors must reach the
     driver on this port, as they already must for the progress channel. It listens on ``bind_host`` (default
-    ``advertise_host``) only; the key and value are derived from and signed with the fit's token
-    (:mod:`torchspark.training.rendezvous.stores`). Keep the returned store referenced for the whole fit; dropping
-    it closes the port.
+    ``advertise_host``) only and serves only clients that prove ``token`` (the fit's), with capped values and
+    no wait without a deadline (:class:`~torchspark.training.rendezvous.relay.RelayServer`). Close the returned
+    server when the stage ends. ``timeout_s`` (``rendezvous_timeout_s``) bounds how long a connection may take to
+    authenticate.
     """
-    store = listen_in_range(
-        lambda port: listening_store(bind_host or advertise_host, port, None, timeout_s),
+    limits = RelayLimits(hello_timeout_s=min(timeout_s, RelayLimits().hello_timeout_s))
+    server = listen_in_range(
+        lambda port: RelayServer(bind_host or advertise_host, port, token=token, limits=limits).start(),
         port_range,
         "the driver's rendezvous relay",
     )
-    return store, (advertise_host, int(store.port))
+    return server, (advertise_host, server.port)
 
 
 def _publish_address(
@@ -86,10 +91,6 @@ def _publish_address(
     attempt: int = 0,
 ) -> str:
     """Task 0's ``host:port`` on every task: through the driver's relay store, else Spark's allGather."""
-    import datetime
-
-    import torch.distributed as dist
-
     if relay_address is None:
         # bounded here: Spark's own limit (spark.barrier.sync.timeout) is a session setting, 365 days by default
         try:
@@ -106,31 +107,20 @@ def _publish_address(
                 "task slots and raise spark.barrier.sync.timeout / rendezvous_timeout_s if executors start slowly"
             ) from e
         return str(gathered[0])
-    host, port = relay_address
-    connect_s = min(timeout.total_seconds(), RELAY_CONNECT_TIMEOUT_S)
+    key = relay_key(attempt, int(ctx.stageId()))
+    if rank == 0:
+        relay_set(relay_address, token, key, message, timeout.total_seconds())
+        return message
     try:
-        relay = dist.TCPStore(host, int(port), None, is_master=False, timeout=datetime.timedelta(seconds=connect_s))
-    except (RuntimeError, OSError) as e:
+        return relay_get(relay_address, token, key, timeout.total_seconds())
+    except WaitTimeout as e:
         raise WaitTimeout(
-            f"worker {rank} could not reach the driver's rendezvous store at {host}:{port} within {connect_s:.0f} s "
-            f"({e}). Open that port from the executors to the driver (spark.driver.host), or set "
-            "rendezvous_via='barrier' on the training master to rendezvous through Spark instead"
-        ) from e
-    relay.set_timeout(timeout)
-    try:
-        key = relay_key(attempt, int(ctx.stageId()))
-        if rank == 0:
-            publish(relay, token, key, message)
-            return message
-        return fetch(relay, token, key)
-    except (RuntimeError, OSError) as e:
-        raise WaitTimeout(
-            f"worker 0 did not publish its address on the driver within rendezvous_timeout_s="
-            f"{timeout.total_seconds():.0f} ({e}); it failed to start or is very slow to start"
+            f"worker {rank} of {world}: worker 0 did not publish its address on the driver's rendezvous relay within "
+            f"rendezvous_timeout_s={timeout.total_seconds():.0f}; it failed to start or is very slow to start ({e})"
         ) from e
 
 
-#: what the relay holds: worker 0's store address (the key is derived from this and the fit's token)
+#: what the relay holds: worker 0's store address
 _STORE_ADDRESS = "worker-0-store"
 
 
@@ -153,7 +143,7 @@ def rendezvous(
     source, the backend the workers agreed on: nccl when every worker has a GPU of its own, else gloo).
 
     Task 0 hosts a ``TCPStore`` and publishes its address through the driver's relay store at ``relay_address``
-    (signed with ``token``), or, with ``relay_address=None``, through Spark's ``BarrierTaskContext.allGather`` (then
+    (its clients prove ``token``), or, with ``relay_address=None``, through Spark's ``BarrierTaskContext.allGather`` (then
     worker 0 draws the token and the gather carries it: no connection to the driver at all, as the Spark Connect
     route needs). ``attempt`` names the relay keys of a recovery attempt."""
     import datetime

@@ -26,6 +26,8 @@ from torchspark.spark.rounds import SparkRoundsRunner
 from torchspark.training.config.masters import TrainingMaster
 from torchspark.training.config.mesh import MeshConfig
 from torchspark.training.driver.runner import RunContext
+from torchspark.training.rendezvous.auth import new_token
+from torchspark.training.rendezvous.relay import RelayServer
 from torchspark.training.task import EpochSource, WorkerResult, WorkerTask
 from torchspark.training.worker.loop import ItemSource
 
@@ -91,15 +93,16 @@ class SparkBarrierRunner:
     def run(self, task: WorkerTask, data: SparkWorkerData, context: RunContext) -> list[WorkerResult]:
         bind, host = driver_listen_address(self.sc)
         task_bc = self.sc.broadcast(task)
-        relay: Any = None
+        relay: RelayServer | None = None
         try:
             progress = context.progress_address(host=bind, advertise_host=host, port_range=self.mesh.port_range)
             relay_address = None
+            token = progress.token if progress is not None else new_token()
             if self.mesh.rendezvous_via == "driver":
                 relay, relay_address = open_relay(
-                    host, self.mesh.rendezvous_timeout_s, self.mesh.port_range, bind_host=bind
+                    host, self.mesh.rendezvous_timeout_s, self.mesh.port_range, bind_host=bind, token=token
                 )
-            fn = barrier_task(task_bc, self.mesh, progress, relay_address, gpu_dry_run=self.gpus.dry_run)
+            fn = barrier_task(task_bc, self.mesh, progress, relay_address, token, gpu_dry_run=self.gpus.dry_run)
             world, timeout_s = data.workers, self.mesh.rendezvous_timeout_s
             with context.recorder.phase("fit"):
                 return run_barrier_stage(
@@ -112,7 +115,8 @@ class SparkBarrierRunner:
                     profile=self.gpus.profile,
                 )
         finally:
-            del relay  # closes the driver's rendezvous port
+            if relay is not None:
+                relay.close()  # returns within its timeout whatever a client holds open
             task_bc.unpersist()
 
 

@@ -38,13 +38,15 @@ from torchspark.errors import ConfigError, TrainingError, WaitTimeout
 from torchspark.training.comm.communicators import SoloCommunicator, ThreadCommunicator, TorchDistCommunicator
 from torchspark.training.waiting import Deadline, join_within
 
-__all__ = ["Envelope", "Mailbox", "ThreadMailbox", "TorchDistMailbox", "open_mailbox", "END", "MESSAGE"]
+__all__ = ["Envelope", "Mailbox", "ThreadMailbox", "TorchDistMailbox", "open_mailbox", "END", "MESSAGE", "ABORT"]
 
 log = logging.getLogger(__name__)
 
 #: ``Envelope.flags``: an update message, or the end-of-epoch marker (``seq`` = the number of messages sent)
 MESSAGE = 0
 END = 1
+#: ``Envelope.flags``: the sender failed and sends nothing more this epoch (its receivers may stop waiting for it)
+ABORT = 2
 _HEADER_TAG = 7_100
 _PAYLOAD_TAG = 7_101
 # how long close() waits for the transport thread after an error (the process is failing anyway)
@@ -187,8 +189,11 @@ class TorchDistMailbox:
     threads of a process are not documented as safe; they work in torch 2.13 under test
     (``tests/multiprocess/test_mailbox_gloo.py``: three processes, each a sender and two receiver threads, payloads
     up to 240 kB, a collective between epochs). Distinct tags keep them apart from collectives. A gloo receive
-    cannot be cancelled (``Work`` has no ``abort``): after an error the receiver threads (daemons) end when the
-    process group is destroyed, which the worker does on its way out.
+    cannot be cancelled (``Work`` has no ``abort``), so a failing worker ends its peers' waits instead: its
+    ``close(failed=True)`` sends every peer an ``ABORT`` marker, which ends that peer's receiver thread for it (the
+    peer's ledger raises :class:`~torchspark.errors.PeerLost`, and the peer, failing in turn, sends its own). Once
+    every worker has failed, every receiver thread has ended; ``close(failed=True)`` waits up to 2 s for this
+    worker's, and any still blocked (a peer that died without a word) end when the process group is destroyed.
     """
 
     def __init__(self, rank: int, world_size: int, epoch: int) -> None:
@@ -225,10 +230,11 @@ class TorchDistMailbox:
 
     def close(self, failed: bool = False, timeout_s: float = 300.0) -> None:
         """Normal end (every peer's END received): wait up to ``timeout_s`` until the peers received all we sent.
-        After an error: give the sender up to 2 s, leave the receivers (daemons) to the group's teardown."""
+        After an error: send every peer ``ABORT`` and wait up to 2 s for the threads (see the class docstring)."""
+        if failed:
+            self._outgoing.put(Envelope(0, self.epoch, ABORT))
         self._outgoing.put(None)
-        # after an error a receiver may wait for a peer that will never send: only the sender is waited for
-        join_within(self._threads[:1] if failed else self._threads, _ERROR_JOIN_S if failed else timeout_s)
+        join_within(self._threads, _ERROR_JOIN_S if failed else timeout_s)
         alive = [t.name for t in self._threads if t.is_alive()]
         if failed:
             if alive:
@@ -279,5 +285,5 @@ class TorchDistMailbox:
                 dist.recv(body, peer, tag=_PAYLOAD_TAG)
                 payload = body.numpy().tobytes()
             self._inbox.put(peer, Envelope(seq, epoch, flags, payload))
-            if flags == END:
+            if flags in (END, ABORT):
                 return

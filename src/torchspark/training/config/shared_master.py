@@ -89,9 +89,9 @@ class SharedTrainingMaster(TrainingMaster):
             slow worker stalls the others only after ``k`` steps (``k = 0``: wait for every peer's previous step).
             The replicas drift apart by the messages in flight and are averaged at the end of the fit;
             ``extra_config`` reports ``sharing.max_lag_steps``, ``sharing.replica_divergence`` (before that
-            average), ``sharing.messages_sent`` / ``sharing.messages_applied``. Not with ``overlap=False``,
-            ``checkpoint_directory`` or ``topology="sharded"`` (ConfigError); see
-            :mod:`torchspark.training.algorithms.sharing.stale`.
+            average), ``sharing.messages_sent`` / ``sharing.messages_applied``. With ``checkpoint_directory`` it
+            checkpoints at each epoch's end (not ``checkpoint_every``). Not with ``overlap=False`` or
+            ``topology="sharded"`` (ConfigError); see :mod:`torchspark.training.algorithms.sharing.stale`.
         topology: how the workers exchange messages: ``"all_gather"`` (every worker receives and decodes every
             message: receive bytes and decode work grow with the worker count N), ``"sharded"`` (reduce-scatter by
             parameter-index shards, then all-gather of the summed shards: receive bytes ~ ``min(N*m, dense)``
@@ -159,11 +159,11 @@ class SharedTrainingMaster(TrainingMaster):
         check_bool("overlap", self.overlap, owner=name)
         check_on_divergence(name, self.on_divergence)
         check_max_staleness(name, self.max_staleness, self.overlap)
-        if self.max_staleness is not None and self.checkpoint_directory is not None:
+        if self.max_staleness is not None and self.checkpoint_every is not None:
             raise ConfigError(
-                f"{name}: max_staleness={self.max_staleness} cannot checkpoint (a cut would have to "
-                f"capture every message in flight); set checkpoint_directory=None or "
-                "max_staleness=None"
+                f"{name}: max_staleness={self.max_staleness} checkpoints at epoch ends only (the one point with no "
+                f"message in flight), so checkpoint_every={self.checkpoint_every} cannot apply; set "
+                "checkpoint_every=None (a checkpoint per epoch) or max_staleness=None"
             )
         if self.max_staleness is not None and getattr(self, "topology", None) == "sharded":
             raise ConfigError(

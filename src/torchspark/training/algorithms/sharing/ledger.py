@@ -21,8 +21,8 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from torchspark.errors import TrainingError
-from torchspark.training.comm.mailbox import END, MESSAGE, Envelope
+from torchspark.errors import PeerLost, TrainingError
+from torchspark.training.comm.mailbox import ABORT, END, MESSAGE, Envelope
 
 __all__ = ["StaleStats", "PeerLedger"]
 
@@ -63,9 +63,15 @@ class PeerLedger:
         """Check ``env`` from ``sender``; True when it is an update message to apply, False for its END marker.
 
         Raises:
+            PeerLost: the sender failed (its ``ABORT`` marker).
             TrainingError: the message belongs to another epoch, its ``seq`` skips one (a message was lost) or
                 repeats one (it would be applied twice), or the marker's count disagrees with what arrived.
         """
+        if env.flags == ABORT:
+            raise PeerLost(
+                f"gradient sharing: worker {sender} failed during epoch {env.epoch} and sends nothing more; its own "
+                "error is the cause"
+            )
         if sender not in self.received or sender in self.ended:
             raise TrainingError(
                 f"gradient sharing: unexpected message from worker {sender} (epoch {self.epoch}, "

@@ -21,7 +21,10 @@ rank raises :class:`EncodingError` naming it), or ``[flag | marker | length u64 
 marker 0 = the sender had no message (format ``"empty"``), 1 = nothing in this shard, 2 = sparse piece (shard-local
 signed 1-based int32 indices), 3 = bitmap piece. Phase 2 runs only when some worker sent a message (so ``total`` is
 None exactly when the all-gather exchange's would be); a shard is ``b"D" + float32s``, ``b"S" + int32 indices +
-float32 values`` or ``b"E" + reason`` (its owner found a corrupt piece: every rank raises).
+float32 values`` or ``b"E" + reason`` (its owner found a corrupt piece: every rank raises). A shard sum that
+arrives corrupt at one rank only is handed on in the next exchange's first collective as ``[0xFE | reason]``
+(:func:`_tell_peers`), so every rank raises :class:`EncodingError` naming that rank and the shard, none waits for
+it until the timeout.
 
 Example::
 
@@ -37,13 +40,14 @@ import torch
 
 from torchspark.encoding import EncodedUpdate, decode, from_bytes
 from torchspark.encoding.wire import MAGIC, VERSION
-from torchspark.errors import EncodingError
+from torchspark.errors import EncodingError, WaitTimeout
 from torchspark.training.algorithms.sharing.rounds import ACTIVE, INACTIVE, Round
 from torchspark.training.comm import Communicator
 
 __all__ = ["shard_bounds", "split_message", "shard_sum_bytes", "sharded_exchange"]
 
 _MALFORMED = 0xFF
+_REPORTED = 0xFE  # a peer's phase-2 error, handed on by :func:`_tell_peers`
 _NO_MESSAGE, _NOTHING_HERE, _SPARSE, _BITMAP = 0, 1, 2, 3
 _PIECE = struct.Struct("<BBQf")  # flag, marker, message length, threshold
 _WIRE = struct.Struct("<4sBBHQQf")  # the wire header of torchspark.encoding.wire (to validate pieces with from_bytes)
@@ -119,6 +123,8 @@ def _sum_pieces(
     any_message = False
     shard: torch.Tensor | None = None
     for rank, piece in enumerate(pieces):
+        if piece[:1] == bytes([_REPORTED]):
+            raise EncodingError(f"{piece[1:].decode(errors='replace')} (reported by worker {rank})")
         if piece[:1] == bytes([_MALFORMED]):
             raise EncodingError(
                 f"worker {rank} sent a malformed gradient-sharing payload "
@@ -251,12 +257,36 @@ def sharded_exchange(comm: Communicator, payload: bytes, length: int, device: to
     try:
         active, any_message, shard = _sum_pieces(received, length, lo, hi, device)
     except EncodingError as e:
-        if any(p[:1] == bytes([_MALFORMED]) for p in received):
+        if any(p[:1] in (bytes([_MALFORMED]), bytes([_REPORTED])) for p in received):
             raise  # every rank received the same reason: all raise here, before phase 2
         error = str(e)
         active, any_message, shard = 0, True, None
     if not any_message:
         return Round(active, None)
     mine = b"E" + error.encode() if error is not None else shard_sum_bytes(shard, hi - lo)
-    total, indices = _assemble(comm.all_gather_bytes(mine), bounds, length, device)
+    shards = comm.all_gather_bytes(mine)
+    try:
+        total, indices = _assemble(shards, bounds, length, device)
+    except EncodingError as e:
+        if error is not None or any(data[:1] == b"E" for data in shards):
+            raise  # an owner's report: every rank got the same bytes and raises here
+        reason = f"worker {rank} received a corrupt shard sum ({e})"
+        _tell_peers(comm, reason)  # this rank may be the only one that saw it
+        raise EncodingError(reason) from e
     return Round(active, total, indices)
+
+
+def _tell_peers(comm: Communicator, reason: str) -> None:
+    """Hand a phase-2 error only this rank may have seen (a shard sum corrupt on its way here) to every peer.
+
+    A peer that assembled its round joins the next exchange's reduce-scatter (an exchange that carried messages is
+    always followed by another one in the epoch: it ends after a round in which every worker was inactive); this
+    rank joins it with ``[0xFE | reason]`` pieces, so every peer raises the same EncodingError there instead of
+    waiting for this rank until the communicator's timeout. Peers that saw the error too tell theirs in the same
+    collective. A checkpoint cut between the two rounds is the one case the message cannot pass (the peers' next
+    collective is the checkpoint's barrier): they end in WaitTimeout then, this rank in the EncodingError.
+    """
+    try:
+        comm.all_to_all_bytes([bytes([_REPORTED]) + reason.encode()] * comm.world_size)
+    except WaitTimeout:
+        pass  # the peers went elsewhere (see above); this rank's own EncodingError is raised by the caller
