@@ -278,14 +278,19 @@ class ParallelWrapperMethod(Method):
         from torchspark.encoding import AdaptiveThreshold
         from torchspark.parallel import ParallelWrapper
 
+        # each mode takes only its own master's options
+        mode_options: dict[str, Any] = (
+            {"averaging_frequency": 5}
+            if self.mode == "averaging"
+            else {"threshold_algorithm": AdaptiveThreshold(initial=SHARING_INITIAL_THRESHOLD)}
+        )
         self.pw = ParallelWrapper(
             make_network(model),
             num_workers=2,
             training_mode=self.mode,
-            averaging_frequency=5,
-            threshold_algorithm=AdaptiveThreshold(initial=SHARING_INITIAL_THRESHOLD),
             progress=False,
             flush_denormal=flush_denormal(),
+            **mode_options,
             **({} if self.max_staleness is None else {"max_staleness": self.max_staleness}),
         )
 

@@ -155,6 +155,13 @@ class FlatState:
                 idx = indices.to(self.flat.device)
                 self.flat[idx] = self.flat[idx] - values
 
+    def clear_grads(self) -> None:
+        """``optimizer.zero_grad(set_to_none=True)`` for the parameters (the optimizer's own), without the profiler
+        record that call opens: a measurable share of a small network's step (BENCHMARKS.md, "Where the step
+        goes"), paid twice per step."""
+        for p in self.parameters:
+            p.grad = None
+
     # -- updater state
     def updater_state_tensors(self) -> list[torch.Tensor]:
         """The live optimizer state tensors, in :meth:`updater_state` order (no copy; writes change the updater)."""

@@ -79,9 +79,11 @@ def _looks_like_input_mismatch(message: str) -> bool:
 def _check_label_shape(k: int, out: torch.Tensor, lab: torch.Tensor, loss: Loss) -> None:
     """Labels whose shape the built-in loss cannot take: a DataError naming the loss, both shapes and the fix
     (instead of torch's "0D or 1D target tensor expected" or "shape ... is invalid")."""
-    got = f"labels of shape {tuple(lab.shape)} ({str(lab.dtype).replace('torch.', '')})"
     if loss.name == "cross_entropy" and out.dim() == 2:
         indices = lab.dim() == 1 and not lab.is_floating_point()
+        if indices:  # the usual case, decided without building the message (this runs every training step)
+            return
+        got = _labels_text(lab)
         dense = lab.dim() == 2 and lab.is_floating_point() and lab.shape[1] == out.shape[1]
         if not (indices or dense) and lab.dim() == 2 and lab.shape[1] == 1:
             raise DataError(
@@ -95,6 +97,7 @@ def _check_label_shape(k: int, out: torch.Tensor, lab: torch.Tensor, loss: Loss)
                 f"or class indices (N,), got {got}; match the number of classes or rebuild the model"
             )
     elif loss.name in ("mse", "bce_with_logits") and lab.numel() != out.numel():
+        got = _labels_text(lab)
         fix = (
             (
                 f"one-hot encode class indices (torch.nn.functional.one_hot(labels, {out.shape[1]})) or use "
@@ -106,6 +109,10 @@ def _check_label_shape(k: int, out: torch.Tensor, lab: torch.Tensor, loss: Loss)
         raise DataError(
             f"loss {loss.name!r} (output {k}) needs labels shaped like the outputs {tuple(out.shape)}, got {got}; {fix}"
         )
+
+
+def _labels_text(lab: torch.Tensor) -> str:
+    return f"labels of shape {tuple(lab.shape)} ({str(lab.dtype).replace('torch.', '')})"
 
 
 def unpack(net: ForwardNetwork, batch: Batch) -> Unpacked:
@@ -199,7 +206,7 @@ def check_labels(net: ForwardNetwork, outputs: list[torch.Tensor], labels: list[
     for k, (out, lab, loss) in enumerate(zip(outputs, labels, losses_for(net, len(outputs)))):
         _check_label_shape(k, out, lab, loss)
         if loss.classification and not lab.is_floating_point() and out.dim() >= 2 and lab.numel():
-            lo, hi = int(lab.min()), int(lab.max())
+            lo, hi = (int(v) for v in torch.aminmax(lab))  # one pass over the labels, not two
             if lo < 0 or hi >= out.shape[1]:
                 bad = hi if hi >= out.shape[1] else lo
                 raise DataError(
@@ -241,6 +248,20 @@ def batch_loss(net: ForwardNetwork, batch: Batch, validate: bool) -> tuple[torch
         batch.check_finite("training features")
     outputs = forward(net, feats, fmask)
     check_labels(net, outputs, labels)
-    per, weight = per_example_losses(net, outputs, labels, lmasks)
-    loss = per.sum() / weight.sum().clamp(min=1.0)
-    return loss, outputs[0].shape[0]
+    examples = outputs[0].shape[0]
+    if lmasks is None:  # every weight is 1: their sum is the example count, no weight tensor to build and reduce
+        loss = _summed_losses(net, outputs, labels).sum() / max(examples, 1)
+    else:
+        per, weight = per_example_losses(net, outputs, labels, lmasks)
+        loss = per.sum() / weight.sum().clamp(min=1.0)
+    return loss, examples
+
+
+def _summed_losses(net: ForwardNetwork, outputs: list[torch.Tensor], labels: list[torch.Tensor]) -> torch.Tensor:
+    """:func:`per_example_losses` without label masks: the per-example loss summed over outputs ``(N,)``."""
+    total: torch.Tensor | None = None
+    for out, lab, loss in zip(outputs, labels, losses_for(net, len(outputs))):
+        per = loss.per_example(out, lab)
+        total = per if total is None else total + per
+    assert total is not None
+    return total

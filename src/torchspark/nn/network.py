@@ -237,7 +237,7 @@ class Network:
     def train_step(self, batch: Batch, validate: bool = False) -> float:
         """One minibatch: forward (under ``precision``'s autocast), backward, optional clipping, one updater step
         (fp16: unless its scaler skips it). Returns the loss."""
-        self.optimizer.zero_grad(set_to_none=True)
+        self._state.clear_grads()
         value, _ = self._forward_backward(batch, validate)
         self._optimizer_step()
         self.iteration += 1
@@ -257,7 +257,7 @@ class Network:
         total = sum(len(b) for b in batches)
         if total == 0:
             raise DataError("train_group needs at least one micro-batch with examples, got none")
-        self.optimizer.zero_grad(set_to_none=True)
+        self._state.clear_grads()
         loss_sum = 0.0
         for i, batch in enumerate(batches):
             value, n = self._forward_backward(batch, validate and i == 0, loss_scale=len(batch) / total)
@@ -298,7 +298,7 @@ class Network:
             self._add_l1_gradient()
         self._apply_lr_schedule()
         taken = self.amp.step(self.optimizer)
-        self.optimizer.zero_grad(set_to_none=True)
+        self._state.clear_grads()
         return taken
 
     def _add_l1_gradient(self) -> None:

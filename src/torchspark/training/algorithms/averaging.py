@@ -102,7 +102,7 @@ def averaging_epoch(
             score_w = round_score * w if n_round else 0.0
             packer.pack(w, score_w, 0.0 if upcoming is None else 1.0)
             total = packer.reduce()
-            total_w, total_score, active = (float(v) for v in total[-3:])
+            total_w, total_score, active = total[-3:].tolist()  # one read of the bookkeeping tail, not three
             # 3. example-weighted mean
             if total_w > 0:
                 packer.unpack(total, total_w)
@@ -202,11 +202,33 @@ class RoundBuffer:
         n_buffers = net.buffer_size()
         numel = self.n_params + n_state + n_buffers + 3
         self._sum: StagedSum = staged_sum(comm, numel, net.device)
+        self._live: list[torch.Tensor] = []
+        self._flat: list[torch.Tensor] | None = None
+
+    def _flat_views(self) -> list[torch.Tensor] | None:
+        """The live tensors after the parameters (:func:`_live`) as flat views, kept while the network keeps the
+        same tensors (building them is a few dispatcher calls per tensor and round); None when one is not a
+        contiguous float32 tensor (then the general :func:`pack_weighted` / :func:`apply_weighted_mean` run)."""
+        live = _live(self.net, self.save_updater)
+        if len(live) != len(self._live) or any(a is not b for a, b in zip(live, self._live)):
+            self._live = live
+            usable = all(t.dtype == torch.float32 and t.is_contiguous() for t in live)
+            self._flat = [t.detach().view(-1) for t in live] if usable else None
+        return self._flat
 
     def pack(self, w: float, score_w: float, active: float) -> torch.Tensor:
         """Write ``[params * w | ... | w, score_w, active]`` into the sum's input; returns it."""
         buf = self._sum.buffer()
-        pack_weighted(self.net, w, self.save_updater, out=buf[:-3])
+        flat = self._flat_views()
+        params = self.net.params_view()
+        if flat is None or params.dtype != torch.float32:
+            pack_weighted(self.net, w, self.save_updater, out=buf[:-3])
+        else:  # pack_weighted's arithmetic, element for element, on the cached views
+            offset = self.n_params
+            torch.mul(params, w, out=buf[:offset])
+            for t in flat:
+                torch.mul(t, w, out=buf[offset : offset + t.numel()])
+                offset += t.numel()
         buf[-3:] = torch.tensor([w, score_w, active], dtype=torch.float32)
         return buf
 
@@ -217,7 +239,19 @@ class RoundBuffer:
 
     def unpack(self, buf: torch.Tensor, total_w: float) -> None:
         """Set the network's params (updater state, buffers) to ``buf / total_w`` (:func:`apply_weighted_mean`)."""
-        apply_weighted_mean(self.net, buf, total_w, self.save_updater)
+        flat = self._flat_views()
+        params = self.net.params_view()
+        if flat is None or params.dtype != torch.float32:
+            apply_weighted_mean(self.net, buf, total_w, self.save_updater)
+            return
+        with torch.no_grad():  # apply_weighted_mean's arithmetic, element for element, on the cached views
+            offset = self.n_params
+            torch.div(buf[:offset], total_w, out=params)
+            for t in flat:
+                torch.div(buf[offset : offset + t.numel()], total_w, out=t)
+                offset += t.numel()
+            if not self.save_updater:
+                self.net.reset_updater_state()
 
 
 @dataclass(frozen=True)
