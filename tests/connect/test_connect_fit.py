@@ -23,7 +23,7 @@ from helpers import mlp_net, onehot_rule_data
 from interrupting import InterruptingMLP
 from torchspark import DataSet, Network, datasets, optim
 from torchspark.encoding import AdaptiveThreshold
-from torchspark.errors import ConfigError, DataError, WorkerError, WorkerLost
+from torchspark.errors import ConfigError, DataError, SetupError, WorkerError, WorkerLost
 from torchspark.parallel import ParallelWrapper
 from torchspark.spark import ParameterAveragingTrainingMaster, SharedTrainingMaster, SparkNetwork
 from torchspark.training.checkpoint import newest_checkpoint, store
@@ -107,6 +107,17 @@ def test_settings_a_connect_session_cannot_run_are_refused(connect_spark, master
     data = datasets.synthetic_classification(16, 12, 3, seed=1)
     with pytest.raises(ConfigError, match=words):
         SparkNetwork(connect_spark, _network(), master).fit(frame(connect_spark, data))
+
+
+@pytest.mark.timeout(180)  # without the pre-check Spark re-checks the slots for ~10 minutes (SPARK-24819)
+def test_more_workers_than_slots_fails_fast_as_on_a_classic_session(connect_spark) -> None:
+    """The server is ``local[2]``: three workers cannot run as one barrier stage; the classic pre-check's error."""
+    data = datasets.synthetic_classification(24, 12, 3, seed=1)
+    master = ParameterAveragingTrainingMaster(num_workers=3, batch_size_per_worker=4)
+    with pytest.raises(
+        SetupError, match=r"num_workers=3 but the Spark session has only 2 task slot.*Lower num_workers"
+    ):
+        SparkNetwork(connect_spark, _network(), master, progress=False).fit(frame(connect_spark, data))
 
 
 @pytest.mark.parametrize(

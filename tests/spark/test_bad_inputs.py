@@ -117,6 +117,27 @@ def _spark_fit(ctx: Ctx, data: Any, **master: Any) -> Any:
     return SparkNetwork(ctx.spark, _net(), ParameterAveragingTrainingMaster(**options), progress=False).fit(data)
 
 
+def _shard_files(ctx: Ctx) -> str:
+    shards = ctx.work / "shards"
+    shards.mkdir()
+    for name in ("a.txt", "b.txt"):
+        (shards / name).write_text("8 examples")
+    return str(shards)
+
+
+def _loader_fit(ctx: Ctx, wide: str) -> Any:
+    """fit_paths with a loader that gives 7 features per example for files whose name is in ``wide`` (the
+    network takes 6)."""
+    from torchspark.spark import SparkNetwork
+
+    def shard_loader(path: str) -> DataSet:
+        width = 7 if os.path.basename(path) in wide else 6
+        return DataSet(np.ones((8, width), dtype=np.float32), np.zeros(8, dtype=np.int64))
+
+    master = ParameterAveragingTrainingMaster(batch_size_per_worker=4, num_workers=2)
+    return SparkNetwork(ctx.spark, _net(), master, progress=False).fit_paths(ctx.made, loader=shard_loader)
+
+
 def _rows(n: int = 8, width: int = 6) -> list[tuple[list[float], int]]:
     return [([float(i + j) for j in range(width)], i % 3) for i in range(n)]
 
@@ -546,6 +567,22 @@ CASES = [
         lambda c: _spark_fit(c, c.spark.sparkContext.parallelize([DataSet(X, Y)], 1), num_workers=9),
         SetupError,
         ("num_workers=9", "Lower num_workers"),
+        spark=True,
+    ),
+    Case(
+        "spark-loader-wrong-shape-for-one-file",
+        lambda c: _loader_fit(c, "b.txt"),
+        DataError,
+        ("shard_loader", "b.txt", "expected features (6,) float32", "got features (7,) float32", "fix the loader"),
+        setup=_shard_files,
+        spark=True,
+    ),
+    Case(
+        "spark-loader-wrong-shape-for-the-network",
+        lambda c: _loader_fit(c, "a.txt b.txt"),
+        DataError,
+        ("shard_loader", "a.txt", "features (7,) float32", "does not take", "check the feature shape"),
+        setup=_shard_files,
         spark=True,
     ),
     Case(

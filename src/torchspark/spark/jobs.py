@@ -19,9 +19,10 @@ import re
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from torchspark.errors import TorchSparkError, WorkerLost
+from torchspark.errors import TorchSparkError, TrainingError, WorkerLost
 from torchspark.training.driver.failures import (
     is_peer_failure,
     last_line,
@@ -33,6 +34,9 @@ from torchspark.training.task import WorkerResult
 from torchspark.training.waiting import call_on_thread
 
 __all__ = [
+    "jvm_gone",
+    "jvm_died",
+    "jvm_guard",
     "run_job",
     "run_in_job_group",
     "run_barrier_stage",
@@ -198,6 +202,52 @@ def task_error(
 WATCH_S = 0.5
 
 
+def jvm_gone(sc: Any) -> str | None:
+    """``None`` while the driver's JVM answers; else how it ended (``"exit code 137 (signal SIGKILL)"``, or
+    ``"exit code unknown"`` when this process did not start it)."""
+    try:
+        sc._jsc.sc().isStopped()
+        return None
+    except Exception:  # noqa: BLE001 - any failure to reach the JVM (py4j, a refused or reset connection)
+        proc = getattr(getattr(sc, "_gateway", None), "proc", None)
+        code = proc.poll() if proc is not None else None
+        return (
+            "exit code unknown" if code is None else _exit_status(f"exit code {abs(code) + (128 if code < 0 else 0)}")
+        )
+
+
+def jvm_died(description: str, how: str) -> TrainingError:
+    """The error of a fit whose Spark driver JVM died (``how``: from :func:`jvm_gone`)."""
+    return TrainingError(
+        f"{description}: the Spark driver JVM died ({how}); this Spark session cannot run anything more. Start "
+        "a new SparkSession (if the JVM ran out of memory, raise spark.driver.memory; its log says why it "
+        "ended) and fit again, with the same run_id to resume from the newest checkpoint"
+    )
+
+
+@contextmanager
+def jvm_guard(sc: Any, description: str) -> Iterator[None]:
+    """Turn py4j's raw errors of a dead driver JVM (``ConnectionRefusedError``, ``Py4JNetworkError``) raised
+    inside the block into :func:`jvm_died`'s TrainingError; any other error passes unchanged."""
+    from py4j.protocol import Py4JError
+
+    try:
+        yield
+    except (Py4JError, ConnectionError) as e:
+        how = jvm_gone(sc)
+        if how is None:
+            raise
+        raise jvm_died(description, how) from e
+
+
+def _cancel(sc: Any, group: str) -> None:
+    """Cancel the job group, unless the JVM is gone (then there is nothing left to cancel)."""
+    try:
+        sc.cancelJobGroup(group)
+    except Exception as e:  # noqa: BLE001 - a dead JVM refuses the connection; the caller reports that
+        log.debug("could not cancel job group %s: %s", group, e)
+
+
 def run_in_job_group(
     sc: Any,
     description: str,
@@ -223,7 +273,7 @@ def run_in_job_group(
             if found is not None:
                 log.warning("cancelling %r: %s", description, found)
                 tripped.append(found)
-                sc.cancelJobGroup(group)
+                _cancel(sc, group)
                 return
 
     if watchdog is not None:
@@ -237,9 +287,9 @@ def run_in_job_group(
             sc.setLocalProperty("spark.jobGroup.id", None)
 
     try:
-        return call_on_thread(in_group, thread_name, on_interrupt=lambda: sc.cancelJobGroup(group))
+        return call_on_thread(in_group, thread_name, on_interrupt=lambda: _cancel(sc, group))
     except BaseException as e:
-        sc.cancelJobGroup(group)  # a failed action may leave sibling jobs of the group running
+        _cancel(sc, group)  # a failed action may leave sibling jobs of the group running
         if tripped:
             raise tripped[0] from e
         raise
@@ -261,15 +311,21 @@ def run_job(
     Raises:
         TorchSparkError: what :func:`task_error` makes of a failed task; our own errors raised by ``job`` on the
             driver pass unchanged.
+        TrainingError: the Spark driver JVM died (:func:`jvm_died`).
     """
-    from py4j.protocol import Py4JJavaError
+    from py4j.protocol import Py4JError
     from pyspark.errors import PySparkException
 
     try:
         return run_in_job_group(sc, description, job, thread_name, watchdog)
     except TorchSparkError:
         raise
-    except (PySparkException, Py4JJavaError) as e:
+    except (PySparkException, Py4JError, ConnectionError) as e:
+        how = jvm_gone(sc)
+        if how is not None:
+            raise jvm_died(description, how) from e
+        if isinstance(e, ConnectionError):
+            raise
         raise task_error(e, description, reported_errors) from e
 
 

@@ -25,7 +25,7 @@ from torchspark.spark.dataframes import network_batches
 from torchspark.spark.evaluation_methods import EvaluationMethods
 from torchspark.spark.gpus import GpuPlan, dry_run_requested, plan_gpus
 from torchspark.spark.inference_methods import InferenceMethods
-from torchspark.spark.jobs import run_job
+from torchspark.spark.jobs import jvm_guard, run_job
 from torchspark.spark.preflight import executors_for_workers_per_node, preflight
 from torchspark.spark.preparation import DataPreparation, first_item, planned_epochs
 from torchspark.spark.runners import SparkBarrierRunner, SparkRoundsRunner, SparkWorkerData, elastic_route
@@ -333,6 +333,20 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
                 worker_rdd.coalesce(n) if worker_rdd.getNumPartitions() > n else spread_round_robin(worker_rdd, n)
             )
         examples = self.preparation.epoch_examples
+        with jvm_guard(self.sc, f"torchspark fit: {n} workers"):  # a dead driver JVM: say so, not py4j's words
+            self._fit_rdd(worker_rdd, master, n, epochs, run_id, gpus, examples)
+        return self.network
+
+    def _fit_rdd(
+        self,
+        worker_rdd: Any,
+        master: TrainingMaster,
+        n: int,
+        epochs: int,
+        run_id: str | None,
+        gpus: GpuPlan | None,
+        examples: int | None,
+    ) -> None:
         data = SparkWorkerData(self.sc, worker_rdd)
         data_for = elastic_route(data, master)
         self._fits.fit(
@@ -350,7 +364,6 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
             total_examples=None if examples is None else examples * epochs,
             data_for=data_for,
         )
-        return self.network
 
     def _fit_connect(
         self,

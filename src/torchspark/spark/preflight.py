@@ -25,6 +25,8 @@ __all__ = [
     "cuda_problems",
     "check_executor_cuda",
     "preflight",
+    "DYNAMIC_ALLOCATION_REFUSED",
+    "too_few_slots",
 ]
 
 log = logging.getLogger(__name__)
@@ -242,6 +244,23 @@ def check_executor_cuda(sc: Any, gpus: GpuPlan) -> None:
         )
 
 
+#: why a session with dynamic allocation cannot run the training stage (classic and Connect say the same)
+DYNAMIC_ALLOCATION_REFUSED = (
+    "spark.dynamicAllocation.enabled=true, but barrier stages need a fixed set of executors; "
+    "start the session with spark.dynamicAllocation.enabled=false"
+)
+
+
+def too_few_slots(num_workers: int, slots: int, task_cpus: int, per_task: str = "") -> SetupError:
+    """The error of a barrier stage of ``num_workers`` tasks on a cluster of ``slots`` task slots (classic and
+    Connect say the same); ``per_task``: the GPU request of a task, when there is one."""
+    return SetupError(
+        f"num_workers={num_workers} but the Spark session has only {slots} task slot(s) "
+        f"(spark.task.cpus={task_cpus}{per_task}); a barrier stage needs one free slot per worker. "
+        "Lower num_workers or add executors/cores" + (" / GPUs." if per_task else ".")
+    )
+
+
 def preflight(
     sc: Any,
     num_workers: int,
@@ -261,10 +280,7 @@ def preflight(
     """
     conf = sc.getConf()
     if conf.get("spark.dynamicAllocation.enabled", "false").lower() == "true":
-        raise SetupError(
-            "spark.dynamicAllocation.enabled=true, but barrier stages need a fixed set of executors; "
-            "start the session with spark.dynamicAllocation.enabled=false"
-        )
+        raise SetupError(DYNAMIC_ALLOCATION_REFUSED)
     local = conf.get("spark.master", "").startswith("local[")  # no executor registers later
     # executors of a fresh cluster register over a few seconds; nothing to hand-shake with
     profile = gpus.profile if gpus is not None else None
@@ -272,11 +288,7 @@ def preflight(
     slots = task_slots(sc, profile)
     if slots < num_workers:
         per_task = f", {gpus.request.source}" if gpus is not None and gpus.requested else ""
-        raise SetupError(
-            f"num_workers={num_workers} but the Spark session has only {slots} task slot(s) "
-            f"(spark.task.cpus={_task_cpus(sc)}{per_task}); a barrier stage needs one free slot per worker. "
-            "Lower num_workers or add executors/cores" + (" / GPUs." if per_task else ".")
-        )
+        raise too_few_slots(num_workers, slots, _task_cpus(sc), per_task)
     if check_imports:
         probe_executors(sc)
     if gpus is not None and check_cuda:

@@ -30,6 +30,7 @@ from typing import Any
 
 from torchspark._io import filesystem, join
 from torchspark.data import batch_num_examples, resolve_paths
+from torchspark.data.loaders import check_same_shapes, example_shapes
 from torchspark.errors import ConfigError, DataError
 from torchspark.nn import Network
 from torchspark.spark.data import (
@@ -370,11 +371,14 @@ class DataPreparation:
         return worker_rdd_from_paths(self.sc, groups)
 
     def _count_files(self, paths: Any, loader: Callable[[str], Any] | None) -> list[tuple[int, str, int]]:
-        return run_job(
+        rows = run_job(
             self.sc,
             "torchspark: count the examples of every file",
             paths.mapPartitionsWithIndex(partial(_count_files, loader)).collect,
         )
+        if loader is not None:  # a file of another shape fails here, naming the loader and the file
+            check_same_shapes(loader, [(path, shapes) for _, path, _, shapes in rows])
+        return [(index, path, count) for index, path, count, _ in rows]
 
 
 def _count(sc: Any, rdd: Any) -> list[int]:
@@ -384,11 +388,15 @@ def _count(sc: Any, rdd: Any) -> list[int]:
 
 
 def _count_files(loader: Callable[[str], Any] | None, index: int, paths: Any) -> Any:
-    """``mapPartitionsWithIndex`` function: ``(partition, path, examples)`` of every file, from the batch-file
-    header, or by running the user's loader."""
+    """``mapPartitionsWithIndex`` function: ``(partition, path, examples, shapes)`` of every file, from the
+    batch-file header, or by running the user's loader (``shapes``: its per-example shapes, ``""`` without one)."""
     for p in paths:
         path = str(p)
-        yield index, path, batch_num_examples(path) if loader is None else len(load_with(loader, path))
+        if loader is None:
+            yield index, path, batch_num_examples(path), ""
+        else:
+            batch = load_with(loader, path)
+            yield index, path, len(batch), example_shapes(batch)
 
 
 def first_item(sc: Any, rdd: Any) -> Any:

@@ -20,11 +20,12 @@ import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from torchspark.errors import TorchSparkError
+from torchspark.errors import SetupError, TorchSparkError
 from torchspark.spark.jobs import task_error
+from torchspark.spark.preflight import DYNAMIC_ALLOCATION_REFUSED, too_few_slots
 from torchspark.training.waiting import call_on_thread
 
-__all__ = ["run_tagged", "default_parallelism", "client_is_local", "WATCH_S"]
+__all__ = ["run_tagged", "default_parallelism", "client_is_local", "connect_preflight", "WATCH_S"]
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +114,31 @@ def default_parallelism(spark: Any) -> int:
 
     row = spark.range(0, 1 << 16).select(F.spark_partition_id().alias("p")).agg(F.max("p").alias("m")).collect()
     return int(row[0]["m"]) + 1
+
+
+def connect_preflight(spark: Any, num_workers: int) -> None:
+    """The classic :func:`~torchspark.spark.preflight.preflight` as far as a Connect client can see, with the same
+    errors: dynamic allocation is off, and the cluster has ``num_workers`` task slots (its default parallelism --
+    the cores of its executors -- over ``spark.task.cpus``). Without it a barrier stage of too many tasks waits
+    for slots Spark re-checks for ~10 minutes and then fails with SPARK-24819.
+
+    The slot count is skipped when the server sets ``spark.default.parallelism`` (then not its cores).
+
+    Raises:
+        SetupError: dynamic allocation is on, or fewer slots than ``num_workers`` (naming both and the fix).
+    """
+    conf = spark.conf
+    if str(conf.get("spark.dynamicAllocation.enabled", "false")).lower() == "true":
+        raise SetupError(DYNAMIC_ALLOCATION_REFUSED)
+    if conf.get("spark.default.parallelism", None) is not None:
+        return
+    try:
+        cpus = max(1, int(conf.get("spark.task.cpus", "1") or 1))
+    except ValueError:
+        cpus = 1
+    slots = max(1, default_parallelism(spark) // cpus)
+    if slots < num_workers:
+        raise too_few_slots(num_workers, slots, cpus)
 
 
 def client_is_local(spark: Any) -> bool:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from torchspark.data import batch_num_examples, resolve_paths
+from torchspark.data.loaders import check_same_shapes, example_shapes
 from torchspark.errors import ConfigError, DataError
 from torchspark.nn import Network
 from torchspark.spark.connect.feeding import ConnectWorkerData
@@ -36,7 +37,7 @@ from torchspark.training.worker.loop import load_item
 
 __all__ = ["PathFeed", "connect_path_data", "count_files"]
 
-_COUNT_SCHEMA = "path string, examples long"
+_COUNT_SCHEMA = "path string, examples long, shapes string"
 
 
 @dataclass(frozen=True)
@@ -58,8 +59,9 @@ def _count_partition(loader: Callable[[str], Any], batches: Iterable[Any]) -> It
 
     for batch in batches:
         paths = [str(p) for p in batch.column(0).to_pylist()]
-        counts = [len(load_with(loader, p)) for p in paths]
-        yield pa.RecordBatch.from_pydict({"path": paths, "examples": counts})
+        loaded = [load_with(loader, p) for p in paths]
+        counts, shapes = [len(b) for b in loaded], [example_shapes(b) for b in loaded]
+        yield pa.RecordBatch.from_pydict({"path": paths, "examples": counts, "shapes": shapes})
 
 
 def count_files(
@@ -69,7 +71,8 @@ def count_files(
     with a ``loader`` by running it on the executors (in ``parallelism`` tasks at most).
 
     Raises:
-        DataError: a file that is not a batch file, or a loader that fails or returns something else.
+        DataError: a file that is not a batch file, or a loader that fails, returns something else, or returns
+            another per-example shape for some file than for the first.
     """
     if loader is None:
         return [(0, p, batch_num_examples(p)) for p in paths]
@@ -82,6 +85,8 @@ def count_files(
         lambda: frame.mapInArrow(lambda it: _count_partition(loader, it), _COUNT_SCHEMA).toArrow(),
     )
     counted = dict(zip(table.column("path").to_pylist(), table.column("examples").to_pylist()))
+    shapes = dict(zip(table.column("path").to_pylist(), table.column("shapes").to_pylist()))
+    check_same_shapes(loader, [(p, shapes[p]) for p in paths])  # a file of another shape fails here, named
     return [(0, p, int(counted[p])) for p in paths]
 
 

@@ -37,7 +37,7 @@ from torchspark.errors import WorkerError
 from torchspark.spark.barrier import rendezvous
 from torchspark.spark.connect.chunks import PAYLOAD_SCHEMA, gather_payloads, payload_batches
 from torchspark.spark.connect.feeding import ConnectWorkerData
-from torchspark.spark.connect.jobs import client_is_local, run_tagged
+from torchspark.spark.connect.jobs import client_is_local, connect_preflight, run_tagged
 from torchspark.spark.connect.progress import ConnectProgress, choose_channel, open_channel, progress_base
 from torchspark.spark.connect.results import decode_result, encode_result
 from torchspark.spark.connect.shipping import Shipment, ship_bytes
@@ -148,6 +148,7 @@ class ConnectBarrierRunner:
 
     def run(self, task: WorkerTask, data: ConnectWorkerData, context: RunContext) -> list[WorkerResult]:
         if is_connect_session(self.spark):
+            connect_preflight(self.spark, data.workers)  # too many workers fails now, not after ~10 min of re-checks
             base = progress_base(self.channel, task.checkpoint)
             local = self.channel.channel == "auto" and client_is_local(self.spark)
             kind = choose_channel(self.channel, local, base)

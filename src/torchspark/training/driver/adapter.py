@@ -21,7 +21,8 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from torchspark.errors import ConfigError
+from torchspark.data.loaders import example_shapes, loader_name
+from torchspark.errors import ConfigError, DataError
 from torchspark.nn import Network
 from torchspark.stats import StatsCollector, TrainingStats
 from torchspark.training.config.masters import TrainingMaster
@@ -61,12 +62,22 @@ def check_first_batch(network: Network, item: Any) -> None:
     serialized batch, a batch-file path or a file slice).
 
     Raises:
-        DataError: non-finite features, or data the network cannot take (the message of ``network.score``).
+        DataError: non-finite features, or data the network cannot take (the message of ``network.score``; for
+            the file of a user ``loader``, naming the loader, the file and the shape it returned).
     """
     batch = load_item(os.fspath(item) if isinstance(item, os.PathLike) else item)
     sample = batch.slice(0, min(4, len(batch)))
     sample.check_finite("training features")
-    network.score(sample)
+    loader = getattr(item, "loader", None)
+    try:
+        network.score(sample)
+    except DataError as e:
+        if loader is None:
+            raise
+        raise DataError(
+            f"the loader {loader_name(loader)} returned {example_shapes(sample)} per example for "
+            f"{item.slices[0][0]}, which the network does not take: {e}"
+        ) from e
 
 
 class FitAdapter:
