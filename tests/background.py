@@ -116,15 +116,18 @@ class BackgroundLane:
     """Runs named child runs one after the other on a daemon thread; :meth:`result` waits for one.
 
     ``snapshot`` is called just before each child starts; its value travels in :attr:`ChildResult.before`.
+    ``runs``: the runs by name (default :data:`CHILD_RUNS`).
     """
 
-    def __init__(self, snapshot: Callable[[], Any] = lambda: None) -> None:
+    def __init__(self, snapshot: Callable[[], Any] = lambda: None, runs: dict[str, ChildRun] | None = None) -> None:
         self._snapshot = snapshot
+        self._runs = CHILD_RUNS if runs is None else runs
         self._queued: list[str] = []
         self._results: dict[str, ChildResult | BaseException] = {}
         self._done: dict[str, threading.Event] = {}
         self._running: subprocess.Popen | None = None
         self._closed = threading.Event()
+        self._child_started = threading.Event()
         self._thread: threading.Thread | None = None
 
     @property
@@ -133,7 +136,7 @@ class BackgroundLane:
         return list(self._queued)
 
     def start(self, names: list[str]) -> None:
-        """Start ``names`` (keys of :data:`CHILD_RUNS`) in this order on the lane's thread."""
+        """Start ``names`` (keys of the lane's runs) in this order on the lane's thread."""
         self._queued = list(dict.fromkeys(names))
         self._done = {name: threading.Event() for name in self._queued}
         if self._queued:
@@ -147,11 +150,15 @@ class BackgroundLane:
             else:
                 self._results[name] = self._run(name)
             self._done[name].set()
+        # the thread stays until close(): tests that compare the threads alive before and after their body must not
+        # see it end in between (close() sets the event; the timeout only bounds each wait)
+        while not self._closed.wait(timeout=60):
+            pass
 
     def _run(self, name: str) -> ChildResult | BaseException:
         try:
             before = self._snapshot()
-            done = run_child(CHILD_RUNS[name], started=self._started)
+            done = run_child(self._runs[name], started=self._started)
             return ChildResult(done.returncode, done.stdout, done.stderr, before)
         except BaseException as error:  # handed to the test that asks for this run
             return error
@@ -160,17 +167,22 @@ class BackgroundLane:
 
     def _started(self, proc: subprocess.Popen) -> None:
         self._running = proc
+        self._child_started.set()
         if self._closed.is_set():
             _end(proc)
+
+    def wait_started(self, timeout_s: float) -> bool:
+        """Whether the lane's first child has started (waiting up to ``timeout_s``)."""
+        return self._child_started.wait(timeout=timeout_s)
 
     def result(self, name: str) -> ChildResult:
         """``name``'s finished run: waited for when the lane started it, else run here and now."""
         if name not in self._done:
             before = self._snapshot()
-            done = run_child(CHILD_RUNS[name])
+            done = run_child(self._runs[name])
             return ChildResult(done.returncode, done.stdout, done.stderr, before)
         # bounded: every run ahead of it in the lane and itself end by their own timeouts (their kill included)
-        limit = sum(CHILD_RUNS[n].timeout_s + 60 for n in self._queued[: self._queued.index(name) + 1])
+        limit = sum(self._runs[n].timeout_s + 60 for n in self._queued[: self._queued.index(name) + 1])
         if not self._done[name].wait(timeout=limit):
             raise TimeoutError(f"the background run {name!r} did not finish in {limit:.0f} s")
         found = self._results[name]
