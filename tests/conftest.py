@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from background import BackgroundLane, ChildResult
+
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 #: every test under these folders carries the folder's marker (``-m "not spark"`` deselects a whole tier)
@@ -20,35 +22,61 @@ CONNECT_TIER_ENV = "TORCHSPARK_CONNECT_TESTS"
 collect_ignore = [] if os.environ.get(CONNECT_TIER_ENV) == "1" else ["connect"]
 
 
-#: pytest-xdist groups (``--dist loadgroup`` in pyproject's addopts: a group runs on one worker). Tests that use one
-#: of these session fixtures share that fixture's group, so what it starts starts once per run, not once per worker.
-#: Every local-cluster tier (separate executor JVMs, seconds-long timeouts) is one group: those never run at the same
-#: time as each other, only beside in-process tests.
-GROUP_OF_FIXTURE = {
+#: the session's long child runs (``tests/background.py``): the fixture that hands out each run's result -> the run.
+#: The lane starts the runs the selected tests need when the session starts, in the order their tests come (this
+#: order); in one process those tests' modules move to the end of the run, so the runs overlap all the rest.
+BACKGROUND_OF_FIXTURE = {
+    "connect_tier_run": "connect-tier",
+    "gpu_runs": "gpu-scheduling",
     "local_cluster_runs": "local-cluster",
-    "shipped_archive": "local-cluster",
-    "netns_cluster": "netns-cluster",
-}
-GROUP_OF_MODULE = {
-    "spark/test_recovery_cluster.py": "local-cluster",
-    "spark/test_elastic_cluster.py": "local-cluster",
-    "spark/test_gpu_scheduling.py": "local-cluster",
+    "recovery_cluster_runs": "recovery-cluster",
+    "elastic_run": "elastic-cluster",
+    "session_settings_run": "session-settings",
+    "thread_settings_run": "worker-thread-settings",
+    "mypy_run": "mypy",
 }
 
-#: the groups that take longest (measured with ``--durations=0``), started first under ``--dist`` so that no worker
-#: is left with a long one at the end while the other idles; every other group follows in collection order
-SLOW_FIRST = ("spark/test_connect_tier.py", "local-cluster", "netns-cluster")
+#: pytest-xdist groups (``--dist loadgroup``: a group runs on one worker, in collection order). The tests that mostly
+#: wait (child processes, JVMs starting, peers' timeouts) form one group, ``side``, started first: one worker runs
+#: it, and with it the background lane, while the other workers take the in-process groups. Every local-cluster and
+#: the namespace cluster are in it, so two of them never run at the same time. Side: the tests using one of these
+#: session fixtures (and those of ``BACKGROUND_OF_FIXTURE``) and these modules.
+SIDE = "side"
+SIDE_FIXTURES = ("shipped_archive", "netns_cluster", *BACKGROUND_OF_FIXTURE)
+SIDE_MODULES = {
+    "spark/test_recovery_cluster.py",  # a module fixture of the whole module
+    "spark/test_gpu_scheduling.py",
+    "spark/test_driver_jvm.py",  # a session in a child process whose JVM is killed
+    "spark/test_session_settings.py",
+    "spark/test_shipping.py",
+    "spark/test_private_exports_spark.py",  # drivers in child processes, killed
+    "spark/test_cli_spark.py",  # the command in child processes
+    "spark/test_preflight.py",  # sessions in a child process
+    "multiprocess/test_parallel_resume.py",  # driver processes
+    "packaging/test_package.py",  # a build, a fresh venv, a fit from the wheel
+    "unit/test_lint.py",  # mypy
+}
+
+
+def _background_runs(item) -> list[str]:
+    return [run for fixture, run in BACKGROUND_OF_FIXTURE.items() if fixture in getattr(item, "fixturenames", ())]
 
 
 def _xdist_group(item) -> str:
-    """The pytest-xdist group of a test: the group of the shared session fixture it uses, else of its module (its
-    path under tests/ unless :data:`GROUP_OF_MODULE` names one), so module-scoped fixtures (one fit shared by a
-    module's tests) also run once."""
-    for fixture, group in GROUP_OF_FIXTURE.items():
-        if fixture in getattr(item, "fixturenames", ()):
-            return group
+    """The pytest-xdist group of a test: :data:`SIDE` for the waiting tests, else its module (its path under
+    tests/), so module-scoped fixtures (one fit shared by a module's tests) also run once."""
     module = os.path.relpath(str(item.path), _TESTS).replace(os.sep, "/")
-    return GROUP_OF_MODULE.get(module, module)
+    if module.startswith("connect/"):
+        return "connect"  # run alone (TORCHSPARK_CONNECT_TESTS=1): one group, so one Connect server
+    if module in SIDE_MODULES or module.startswith("multihost/"):
+        return SIDE
+    if any(fixture in getattr(item, "fixturenames", ()) for fixture in SIDE_FIXTURES):
+        return SIDE
+    return module
+
+
+def _group(item) -> str:
+    return item.get_closest_marker("xdist_group").args[0]
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the xdist_group marks
@@ -59,10 +87,15 @@ def pytest_collection_modifyitems(config, items) -> None:
             item.add_marker(getattr(pytest.mark, FOLDER_MARKERS[folder]))
         if item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(_xdist_group(item)))
-    if config.getoption("dist", "no") == "no":
-        return  # one process: collection order
-    rank = {group: i for i, group in enumerate(SLOW_FIRST)}
-    items.sort(key=lambda item: rank.get(item.get_closest_marker("xdist_group").args[0], len(rank)))  # stable
+    # collection order, except: the modules waiting for a background run go last (the lane has the whole run to
+    # finish their runs), and under pytest-xdist the side group goes first (its worker starts the lane at once)
+    distributed = config.getoption("dist", "no") != "no"
+    late = {item.path for item in items if _background_runs(item)}
+
+    def order(item) -> tuple[bool, bool]:
+        return distributed and _group(item) != SIDE, item.path in late
+
+    items.sort(key=order)  # stable
 
 
 @pytest.fixture(scope="session")
@@ -77,6 +110,56 @@ def spark():
 @pytest.fixture(scope="session")
 def sc(spark):
     return spark.sparkContext
+
+
+#: the first test this process runs (``pytest_runtest_protocol``): under pytest-xdist it tells a worker its group
+FIRST_TEST = pytest.StashKey[pytest.Item]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item, nextitem) -> None:
+    item.config.stash.setdefault(FIRST_TEST, item)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def background_lane(request):
+    """The background lane (``tests/background.py``), started with the runs the selected tests need. Under
+    pytest-xdist only the worker that starts with the :data:`SIDE` group starts it, for that group's runs; in any
+    other worker a run runs in its first test."""
+    items = request.session.items
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        first = request.config.stash.get(FIRST_TEST, None)
+        side = first is not None and _group(first) == SIDE
+        items = [item for item in items if _group(item) == SIDE] if side else []
+    runs = {run for item in items for run in _background_runs(item)}
+    lane = BackgroundLane(snapshot=Leftovers)
+    lane.start([run for run in BACKGROUND_OF_FIXTURE.values() if run in runs])
+    yield lane
+    lane.close()
+
+
+@pytest.fixture(scope="session")
+def connect_tier_run(background_lane) -> ChildResult:
+    """The Spark Connect tier (tests/connect) run in its own pytest process (``tests/spark/test_connect_tier.py``)."""
+    return background_lane.result("connect-tier")
+
+
+@pytest.fixture(scope="session")
+def mypy_run(background_lane) -> ChildResult:
+    """mypy over ``src/`` (``tests/unit/test_lint.py``)."""
+    return background_lane.result("mypy")
+
+
+@pytest.fixture(scope="session")
+def session_settings_run(background_lane) -> ChildResult:
+    """``scripts/session_settings.py`` (``tests/spark/test_session_settings.py``)."""
+    return background_lane.result("session-settings")
+
+
+@pytest.fixture(scope="session")
+def thread_settings_run(background_lane) -> ChildResult:
+    """``scripts/worker_thread_settings.py torch spark`` (``tests/spark/test_worker_thread_settings_spark.py``)."""
+    return background_lane.result("worker-thread-settings")
 
 
 class Leftovers:

@@ -6,9 +6,6 @@ Runs in a child process (its own local-cluster session)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,19 +16,17 @@ SCRIPT = Path(__file__).parent / "scripts" / "elastic_cluster_fit.py"
 
 
 @pytest.fixture(scope="module")
-def elastic_run(module_leftovers, tmp_path_factory) -> dict:
-    env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
-    base = tmp_path_factory.mktemp("elastic-cluster")
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), str(base)], capture_output=True, text=True, timeout=900, env=env
-    )
+def elastic_run(background_lane) -> dict:
+    """The child's result (``scripts/elastic_cluster_fit.py``, run by the background lane of ``tests/background.py``),
+    with ``"leftovers"``: the :class:`Leftovers` snapshot taken just before the child started."""
+    proc = background_lane.result("elastic-cluster")
     assert proc.returncode == 0, proc.stderr[-4000:]
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     assert lines, proc.stdout[-2000:] + proc.stderr[-2000:]
-    return json.loads(lines[-1])
+    return {**json.loads(lines[-1]), "leftovers": proc.before}
 
 
-def test_an_executor_gone_for_good_shrinks_the_world_and_the_fit_completes(elastic_run, module_leftovers) -> None:
+def test_an_executor_gone_for_good_shrinks_the_world_and_the_fit_completes(elastic_run) -> None:
     result = elastic_run
     assert "error" not in result, result.get("error")
     assert len(result["jvms"]) == 1 and result["executors_after"] == 1  # killed, and not replaced
@@ -43,4 +38,4 @@ def test_an_executor_gone_for_good_shrinks_the_world_and_the_fit_completes(elast
     assert result["epoch"] == 3 and result["results"] == 1 and result["examples"] == 3 * 1437
     # at most 1 pp below the undisturbed fit (one worker takes twice the optimizer steps per epoch: it may be better)
     assert result["accuracy"] >= result["undisturbed_accuracy"] - 0.01, result
-    module_leftovers.assert_clean(gone=[*result["jvms"], *result["workers"]], pids=result["all_pids"])
+    result["leftovers"].assert_clean(gone=[*result["jvms"], *result["workers"]], pids=result["all_pids"])

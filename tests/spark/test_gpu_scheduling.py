@@ -7,25 +7,19 @@ process on one session (``scripts/gpu_cluster_fit.py``); the decisions themselve
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.cluster  # and spark, as every test of this folder
 
-SCRIPT = Path(__file__).parent / "scripts" / "gpu_cluster_fit.py"
 FIT = "torchspark fit: "  # the training stage's job description (the barrier route)
 ROUND = "torchspark averaging: "  # each round's (averaging_via="spark")
 
 
 @pytest.fixture(scope="module")
-def gpu_runs() -> dict:
-    env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
-    env.pop("TORCHSPARK_GPU_DRY_RUN", None)  # the script sets it per fit
-    proc = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=900, env=env)
+def gpu_runs(background_lane) -> dict:
+    """``scripts/gpu_cluster_fit.py``'s results (the background lane of ``tests/background.py`` runs it)."""
+    proc = background_lane.result("gpu-scheduling")
     assert proc.returncode == 0, proc.stderr[-4000:]
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     assert lines, proc.stdout[-2000:] + proc.stderr[-2000:]

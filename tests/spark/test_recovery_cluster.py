@@ -6,30 +6,22 @@ modes run in one child process, on one session, after one undisturbed reference 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.cluster  # and spark, as every test of this folder
 
-SCRIPT = Path(__file__).parent / "scripts" / "recovery_cluster_fit.py"
-
 
 @pytest.fixture(scope="module")
-def cluster_runs(module_leftovers) -> dict:
-    """Both fault modes (and the undisturbed reference fit) in one child process: one local-cluster session.
-    ``module_leftovers`` first: its snapshot must predate the child."""
-    env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "kill", "stop"], capture_output=True, text=True, timeout=900, env=env
-    )
+def recovery_cluster_runs(background_lane) -> dict:
+    """Both fault modes (and the undisturbed reference fit) in one child process, ``scripts/recovery_cluster_fit.py``
+    (one local-cluster session; the background lane of ``tests/background.py`` runs it). ``"leftovers"``: the
+    :class:`Leftovers` snapshot taken just before the child started."""
+    proc = background_lane.result("recovery-cluster")
     assert proc.returncode == 0, proc.stderr[-4000:]
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     assert lines, proc.stdout[-2000:] + proc.stderr[-2000:]
-    return json.loads(lines[-1])
+    return {**json.loads(lines[-1]), "leftovers": proc.before}
 
 
 def _run(runs: dict, mode: str) -> dict:
@@ -37,8 +29,8 @@ def _run(runs: dict, mode: str) -> dict:
     return {**runs[mode], "undisturbed_accuracy": runs["undisturbed_accuracy"], "driver_pid": runs["driver_pid"]}
 
 
-def test_a_killed_executor_is_replaced_and_the_fit_completes(cluster_runs, module_leftovers) -> None:
-    result = _run(cluster_runs, "kill")
+def test_a_killed_executor_is_replaced_and_the_fit_completes(recovery_cluster_runs) -> None:
+    result = _run(recovery_cluster_runs, "kill")
     assert "error" not in result, result.get("error")
     assert len(result["jvms"]) == 1 and result["jvms"][0] != result["driver_pid"]
     assert abs(result["accuracy"] - result["undisturbed_accuracy"]) <= 0.02, result
@@ -46,15 +38,15 @@ def test_a_killed_executor_is_replaced_and_the_fit_completes(cluster_runs, modul
     assert failure["rank"] == 1 and failure["attempt"] == 0, failure
     assert failure["executor"] is not None, failure  # Spark's executor id
     assert result["recovered_from"]["attempt"] == 1
-    module_leftovers.assert_clean(gone=[*result["jvms"], *result["workers"]], pids=result["all_pids"])
+    recovery_cluster_runs["leftovers"].assert_clean(gone=[*result["jvms"], *result["workers"]], pids=result["all_pids"])
 
 
-def test_a_stopped_executor_is_noticed_within_the_rendezvous_timeout(cluster_runs, module_leftovers) -> None:
-    result = _run(cluster_runs, "stop")
+def test_a_stopped_executor_is_noticed_within_the_rendezvous_timeout(recovery_cluster_runs) -> None:
+    result = _run(recovery_cluster_runs, "stop")
     assert "error" not in result, result.get("error")
     assert abs(result["accuracy"] - result["undisturbed_accuracy"]) <= 0.02, result
     [failure] = result["failures"]
     assert failure["attempt"] == 0, failure
     # noticed by the peers' timeout or the driver's watchdog (20 s), not by Spark's 120 s heartbeat timeout
     assert failure["time"] - failure["started"] < 120, failure
-    module_leftovers.assert_clean(gone=result["workers"], pids=result["all_pids"])
+    recovery_cluster_runs["leftovers"].assert_clean(gone=result["workers"], pids=result["all_pids"])

@@ -5,20 +5,14 @@ training worker runs torch with as many threads as its task has cpus (``spark.ta
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).parent / "scripts" / "session_settings.py"
-
 
 @pytest.fixture(scope="module")
-def report() -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")}
-    proc = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=600, env=env)
+def report(session_settings_run) -> dict:
+    proc = session_settings_run  # scripts/session_settings.py, run by tests/background.py's lane
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1])
 

@@ -5,15 +5,10 @@ inherit the training task's settings). In its own Spark process: it changes its 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
-
-SCRIPT = Path(__file__).parent / "scripts" / "worker_thread_settings.py"
 
 
-def test_a_reused_python_worker_gets_its_thread_count_and_flush_mode_back() -> None:
-    proc = subprocess.run([sys.executable, str(SCRIPT), "torch", "spark"], capture_output=True, text=True, timeout=600)
+def test_a_reused_python_worker_gets_its_thread_count_and_flush_mode_back(thread_settings_run) -> None:
+    proc = thread_settings_run  # scripts/worker_thread_settings.py torch spark, run by tests/background.py's lane
     assert proc.returncode == 0, proc.stderr[-3000:]
     reports = {r["via"]: r for r in map(json.loads, proc.stdout.strip().splitlines()[-2:])}
     assert sorted(reports) == ["spark", "torch"]

@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import sys
+import tempfile
 import time
 import traceback
 
@@ -64,8 +65,7 @@ def gone_for_good(sc):
     return target
 
 
-if __name__ == "__main__":
-    base = sys.argv[1]
+def main(base: str) -> None:
     spark = local_session(master="local-cluster[2,1,1024]", app_name="torchspark-elastic", rendezvous_timeout_s=120)
     result: dict = {"driver_pid": os.getpid()}
     try:
@@ -93,3 +93,11 @@ if __name__ == "__main__":
     finally:
         spark.stop()
     print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1:
+        main(sys.argv[1])
+    else:  # the background lane of tests/background.py: a directory of its own, removed after
+        with tempfile.TemporaryDirectory(prefix="torchspark-elastic-") as tmp:
+            main(tmp)
