@@ -30,7 +30,9 @@ __all__ = ["main", "build_parser", "version_line"]
 
 log = logging.getLogger("torchspark.cli")
 
-MODELS = ("lenet", "mlp")
+MODELS = ("lenet", "mlp", "vgg", "text_transformer")
+#: --dataset -> the models that take its examples (images: the convolutional and dense ones; tokens: the transformer)
+DATASET_MODELS = {"digits": ("lenet", "mlp", "vgg"), "keywords": ("text_transformer",)}
 UPDATERS = ("adam", "sgd", "adamw", "rmsprop", "adagrad")
 
 
@@ -65,7 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
                            description="Train a zoo model on the built-in digits dataset with Spark (or --parallel "
                            "without Spark), print the evaluation on the test split, and write the model, "
                            "metrics.json, stats.json and stats.html to --output.")
-    train.add_argument("--dataset", default="digits", choices=["digits"], help="built-in training dataset")
+    train.add_argument("--dataset", default="digits", choices=list(DATASET_MODELS),
+                       help="built-in training dataset: digits (8x8 images) or keywords (token sequences of "
+                            "datasets.synthetic_keywords, for --model text_transformer)")
     train.add_argument("--model", default="lenet", choices=MODELS, help="zoo model to train")
     train.add_argument("--epochs", type=positive_int, default=8, help="passes over the training data")
     train.add_argument("--training-mode", default="sharing", choices=master_kinds(),
@@ -161,10 +165,30 @@ def _updater(name: str, lr: float) -> Any:
 def _model(name: str, sample_shape: Sequence[int], n_classes: int) -> Any:
     from torchspark import models
 
+    if name == "text_transformer":  # keywords: (seq_len,) token ids from a 20,000-token vocabulary
+        return models.text_transformer(20000, n_classes, max_len=sample_shape[0])
     c, h, w = sample_shape
     if name == "lenet":
         return models.lenet(c, n_classes, h, w)
+    if name == "vgg":
+        return models.vgg(c, n_classes)
     return models.mlp(c * h * w, 128, n_classes)
+
+
+def _train_test(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The ``--dataset``'s training and test splits; ConfigError when ``--model`` cannot take its examples."""
+    from torchspark import datasets
+    from torchspark.data import DataSet
+
+    if args.model not in DATASET_MODELS[args.dataset]:
+        takes = next(d for d, names in DATASET_MODELS.items() if args.model in names)
+        raise ConfigError(f"--model {args.model} does not take the examples of --dataset {args.dataset}; use "
+                          f"--dataset {takes}, or one of {list(DATASET_MODELS[args.dataset])} as --model")
+    if args.dataset == "digits":
+        return datasets.digits("train"), datasets.digits("test")
+    both = datasets.synthetic_keywords(2560, seed=args.seed)  # one task (the same keywords), split 2048 / 512
+    return (DataSet(both.features[:2048].clone(), both.labels[:2048].clone()),
+            DataSet(both.features[2048:].clone(), both.labels[2048:].clone()))
 
 
 def _write_json(path: str, obj: Any) -> None:
@@ -218,11 +242,12 @@ def _read_parquet(spark: Any, path: str) -> Any:
 
 # ------------------------------------------------------------------ commands
 def cmd_train(args: argparse.Namespace) -> int:
-    from torchspark import Network, datasets
+    from torchspark import Network
     from torchspark.encoding import AdaptiveThreshold
 
-    train_data, test_data = datasets.digits("train"), datasets.digits("test")
-    net = Network(_model(args.model, tuple(train_data.features.shape[1:]), 10),
+    train_data, test_data = _train_test(args)
+    n_classes = int(train_data.labels.max()) + 1
+    net = Network(_model(args.model, tuple(train_data.features.shape[1:]), n_classes),
                   updater=_updater(args.updater, args.lr), seed=args.seed, memory_format=args.memory_format,
                   precision=args.precision, compile=args.compile)
     threshold = AdaptiveThreshold(initial=args.threshold_algorithm)
@@ -263,7 +288,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         _write_json(os.path.join(args.output, "stats.json"), json.loads(stats.to_json()))
         stats.export_html(os.path.join(args.output, "stats.html"))
         written += [os.path.join(args.output, "stats.json"), os.path.join(args.output, "stats.html")]
-    print(f"accuracy {evaluation.accuracy():.4f} on {len(test_data)} test digits ({args.training_mode}, {runner}); wrote "
+    print(f"accuracy {evaluation.accuracy():.4f} on {len(test_data)} test {args.dataset} ({args.training_mode}, {runner}); wrote "
           + ", ".join(written))
     return 0
 
