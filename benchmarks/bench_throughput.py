@@ -750,7 +750,10 @@ def main() -> None:
     from torchspark.spark import local_session
 
     C.log("starting local[2] Spark session (not timed)")
-    t_session, spark = C.timed(lambda: local_session(cores=2, app_name="torchspark-bench"))
+    # real-size results (rank 0: parameters and Adam's two moments, 162 MB for the VGG) stalled a local[2] driver
+    # with Spark's default 1 GB heap (the workers finished; the results never arrived): give it room
+    conf = {"spark.driver.memory": "4g"} if set(models_) & set(WORKLOADS) else None
+    t_session, spark = C.timed(lambda: local_session(cores=2, app_name="torchspark-bench", conf=conf))
     C.log(f"session started in {t_session:.1f}s")
     results: dict[str, dict[str, Measurement]] = {}
     watch = C.SourceWatch()

@@ -187,8 +187,9 @@ def _train_test(args: argparse.Namespace) -> tuple[Any, Any]:
     if args.dataset == "digits":
         return datasets.digits("train"), datasets.digits("test")
     both = datasets.synthetic_keywords(2560, seed=args.seed)  # one task (the same keywords), split 2048 / 512
-    return (DataSet(both.features[:2048].clone(), both.labels[:2048].clone()),
-            DataSet(both.features[2048:].clone(), both.labels[2048:].clone()))
+    x, y = both.features, both.labels
+    assert y is not None  # synthetic_keywords is labelled
+    return DataSet(x[:2048].clone(), y[:2048].clone()), DataSet(x[2048:].clone(), y[2048:].clone())
 
 
 def _write_json(path: str, obj: Any) -> None:
