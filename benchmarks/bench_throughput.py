@@ -300,8 +300,12 @@ class ParallelWrapperMethod(Method):
             make_network(model),
             num_workers=2,
             training_mode=self.mode,
-            averaging_frequency=5,
-            threshold_algorithm=AdaptiveThreshold(initial=SHARING_INITIAL_THRESHOLD),
+            # each mode takes its own options only (ParallelWrapper refuses the other mode's)
+            **(
+                {"averaging_frequency": 5}
+                if self.mode == "averaging"
+                else {"threshold_algorithm": AdaptiveThreshold(initial=SHARING_INITIAL_THRESHOLD)}
+            ),
             progress=False,
             flush_denormal=flush_denormal(),
             **({} if self.max_staleness is None else {"max_staleness": self.max_staleness}),

@@ -13,7 +13,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import _workloads as W  # noqa: E402
 import bench_cluster as B  # noqa: E402
 import bench_throughput as T  # noqa: E402
-
 from torchspark.data import load_batch  # noqa: E402
 
 
