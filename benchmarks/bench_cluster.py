@@ -1,7 +1,7 @@
 """Time to a target test accuracy on a shaped multi-host cluster: gradient sharing vs parameter averaging vs DDP.
 
 Run (root, ``ip netns``): ``.venv/bin/python benchmarks/bench_cluster.py [--quick] [--links 100mbit,1gbit]
-[--methods sharing,avg5,avg1,ddp] [--budget-s 240] [--target 0.9] [--no-write]``
+[--methods sharing,avg5,avg1,ddp] [--budget-s 240] [--target 0.9] [--workload mlp|transformer] [--no-write]``
 
 A Spark standalone cluster of 2 namespace hosts x 1 core (``cluster_harness.NetnsCluster``), every host link shaped
 with ``tc`` (netem delay, then tbf rate; both directions) to
@@ -19,7 +19,12 @@ examples per step for every method:
   CPU settings; gloo needs ``GLOO_SOCKET_IFNAME`` there (the hosts' names resolve to loopback), passed with
   ``spark.executorEnv``. torchspark finds the interface itself.
 
-Data (generated, no download): "MNIST-like" digits, scikit-learn's 8x8 digits upscaled to 20x20 and placed at a
+``--workload transformer`` trains the zoo's ``text_transformer`` instead (6.2 M parameters, 5.1 M of them the
+20,000 x 256 token embedding, whose gradient is mostly zero rows in a step: the sparse update threshold encoding
+sends cheaply) on ``datasets.synthetic_keywords`` (64 tokens, 4 classes; the test set: 1,024 more examples of the
+same task), and writes the section ``cluster_transformer``.
+
+Data of the MLP (generated, no download): "MNIST-like" digits, scikit-learn's 8x8 digits upscaled to 20x20 and placed at a
 random offset (+-3 px) in a 28x28 frame with pixel noise (8,192 training examples drawn from the 1,437 training
 digits; the 360 test digits, same transform, are the test set). Written once as minibatch files of 32 on a
 directory every host sees; every method reads the same files (torchspark: ``fit_paths``; DDP: rank r takes files
@@ -63,6 +68,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import _common as C  # noqa: E402
+from _workloads import WORKLOADS, zoo_module  # noqa: E402
 
 LR = 1e-3
 BATCH_PER_WORKER = 32
@@ -80,6 +86,13 @@ METHOD_TITLES = {
 }
 #: targets: DDP time to target / sharing time to target, per link
 TARGET_SPEEDUP = {"100mbit": 3.0, "1gbit": 1.5}
+#: --workload -> the zoo model every method trains (the MLP: the network this benchmark was written for)
+WORKLOAD_MODELS: dict[str, tuple[str, dict[str, Any]]] = {
+    "mlp": ("mlp", {"n_in": 784, "hidden": HIDDEN, "n_out": 10}),
+    "transformer": (WORKLOADS["transformer"].model, WORKLOADS["transformer"].kwargs),
+}
+#: test examples of the transformer workload (the MLP's test set: the 360 test digits)
+N_TEST_KEYWORDS = 1024
 
 
 # ---------------------------------------------------------------------------------------------------- data
@@ -108,12 +121,14 @@ def mnist_like(split: str, n: int | None, seed: int) -> Any:
     return DataSet(frame.reshape(count, 784).contiguous(), base.labels[idx].clone())
 
 
-def prepare_data(directory: str, n_train: int) -> dict[str, Any]:
+def prepare_data(directory: str, n_train: int, workload: str = "mlp") -> dict[str, Any]:
     """Write the training minibatch files and the test set; returns their paths."""
     from torchspark.data import save_batches
 
-    train = mnist_like("train", n_train, SEED)
-    test = mnist_like("test", None, SEED + 1)
+    if workload == "mlp":
+        train, test = mnist_like("train", n_train, SEED), mnist_like("test", None, SEED + 1)
+    else:
+        train, test = WORKLOADS[workload].split(n_train, N_TEST_KEYWORDS, SEED)
     paths = save_batches(train.split(BATCH_PER_WORKER), os.path.join(directory, "train"))
     test_path = save_batches([test], os.path.join(directory, "test"), prefix="test")[0]
     for root, dirs, files in os.walk(directory):  # executors may run as another user
@@ -177,11 +192,12 @@ class LinkSampler:
 
 
 # ---------------------------------------------------------------------------------------------------- methods
-def make_network() -> Any:
+def make_network(workload: str = "mlp") -> Any:
     import torchspark as ts
-    from torchspark import models, optim
+    from torchspark import optim
 
-    return ts.Network(models.mlp(784, HIDDEN, 10), loss="cross_entropy", updater=optim.Adam(lr=LR), seed=SEED)
+    module = zoo_module(*WORKLOAD_MODELS[workload])
+    return ts.Network(module, loss="cross_entropy", updater=optim.Adam(lr=LR), seed=SEED)
 
 
 def make_master(method: str) -> Any:
@@ -202,7 +218,7 @@ def run_torchspark(
     test = load_batch(data["test"])
     out: dict[str, Any] = {"method": method, "curve": [], "reached": False}
     # 1. the accuracy curve, one fit per epoch, within the budget
-    net = make_network()
+    net = make_network(args.workload)
     snet = SparkNetwork(spark, net, make_master(method), progress=False)
     spent = 0.0
     for epoch in range(1, args.max_epochs + 1):
@@ -224,7 +240,7 @@ def run_torchspark(
     if not out["reached"]:
         return out
     # 2. the time to target: a fresh network, one fit call of that many epochs
-    net = make_network()
+    net = make_network(args.workload)
     snet = SparkNetwork(spark, net, make_master(method), progress=False)
     t0 = time.time()
     if not _fit_or_stop(snet, data["train"], out["epochs_to_target"], out):
@@ -264,10 +280,11 @@ def _ddp_train(
     max_epochs: int,
     lr: float,
     seed: int,
-    hidden: list[int],
+    model: tuple[str, dict[str, Any]],
     flush: bool = True,
 ) -> dict[str, Any]:
-    """The TorchDistributor training function (runs under torchrun on the hosts; pickled by value)."""
+    """The TorchDistributor training function (runs under torchrun on the hosts; pickled by value); ``model``: the
+    zoo name and arguments of the network (:data:`WORKLOAD_MODELS`)."""
     import time as _time
 
     import torch as _torch
@@ -284,7 +301,7 @@ def _ddp_train(
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     _torch.manual_seed(seed)
-    module = _models.mlp(784, hidden, 10)
+    module = _models.ZOO[model[0]](**model[1])
     ddp = DistributedDataParallel(module, gradient_as_bucket_view=True)
     opt = _torch.optim.Adam(ddp.parameters(), lr=lr, fused=True)
     batches = [load_batch(p) for p in paths[rank::world]]
@@ -329,7 +346,15 @@ def run_ddp(
         # TorchDistributor copies the ranks' output to stdout: keep it in a log next to the results
         with open(args.out + ".ranks.log", "w") as ranks_log, contextlib.redirect_stdout(ranks_log):
             res = distributor.run(
-                _ddp_train, data["train"], data["test"], args.target, args.budget_s, args.max_epochs, LR, SEED, HIDDEN
+                _ddp_train,
+                data["train"],
+                data["test"],
+                args.target,
+                args.budget_s,
+                args.max_epochs,
+                LR,
+                SEED,
+                WORKLOAD_MODELS[args.workload],
             )
     except Exception as e:  # noqa: BLE001
         if not _STOPPED.is_set():
@@ -445,6 +470,8 @@ def run_method(
         str(args.budget_s),
         "--max-epochs",
         str(args.max_epochs),
+        "--workload",
+        args.workload,
         "--veths",
         ",".join(h.root_veth for h in cluster.hosts),
         "--bridge",
@@ -487,7 +514,7 @@ def orchestrate(args: argparse.Namespace) -> None:
         C.log(f"cluster benchmark skipped: {reason}")
         if not args.no_write:
             C.write_section(
-                "cluster",
+                section_name(args),
                 f"## Cluster: time to accuracy on shaped links\n\n_Skipped: {reason} (needs root and `ip netns`)._\n",
                 {"skipped": reason, "targets": []},
             )
@@ -504,7 +531,7 @@ def orchestrate(args: argparse.Namespace) -> None:
     os.chmod(workdir, 0o755)
     try:  # the generated data set is removed however the run ends
         C.log(f"writing {args.n_train} training examples as minibatch files under {workdir}")
-        data = prepare_data(os.path.join(workdir, "data"), args.n_train)
+        data = prepare_data(os.path.join(workdir, "data"), args.n_train, args.workload)
         data_file = os.path.join(workdir, "data.json")
         with open(data_file, "w") as f:
             json.dump(data, f)
@@ -692,7 +719,9 @@ def report(
     )
     errors = [f"- {link} / {m}: {r['error']}" for link in links for m, r in results[link].items() if r.get("error")]
     md = [
-        "## Cluster: time to accuracy on shaped links\n",
+        "## Cluster: time to accuracy on shaped links"
+        + ("" if args.workload == "mlp" else f" ({args.workload})")
+        + "\n",
         C.stamp() + f" Run time {elapsed / 60:.1f} min{' (--quick)' if args.quick else ''}. {source_note}\n",
         f"Machine: {machine}.\n",
         "`benchmarks/bench_cluster.py`: a Spark standalone cluster of 2 hosts x 1 core built from network "
@@ -701,10 +730,8 @@ def report(
         "then netem delay when the kernel has it). Links as shaped in this run: "
         + "; ".join(f"`{k}`: {link_settings.get(k, 'not run')}" for k in links)
         + ".\n",
-        f"Network: MLP 784-{'-'.join(map(str, HIDDEN))}-10 (3.7 M parameters, 14.9 MB float32), Adam lr {LR:g}, "
-        f"2 workers x {BATCH_PER_WORKER} examples per step. Data: {data['n_train']:,} MNIST-like training images "
-        "(scikit-learn digits upscaled to 20x20 at a random offset in 28x28, plus noise; generated, no download), "
-        f"test set the {data['n_test']} test digits transformed the same way; target **{args.target:.0%}** test "
+        workload_text(args.workload, data),
+        f"Adam lr {LR:g}, 2 workers x {BATCH_PER_WORKER} examples per step; target **{args.target:.0%}** test "
         f"accuracy; time budget {args.budget_s:.0f} s per method (accuracy curve), at most {args.max_epochs} "
         "epochs.\n",
         "Time to target: torchspark methods are trained once per epoch to find the epochs E needed (test accuracy "
@@ -725,7 +752,7 @@ def report(
     C.log(f"cluster benchmark done in {elapsed / 60:.1f} min")
     if not args.no_write:
         C.write_section(
-            "cluster",
+            section_name(args),
             "\n".join(md),
             {
                 "results": results,
@@ -739,6 +766,28 @@ def report(
         )
 
 
+def section_name(args: argparse.Namespace) -> str:
+    """The MLP writes ``cluster``, another workload ``cluster_<workload>``."""
+    return "cluster" if args.workload == "mlp" else f"cluster_{args.workload}"
+
+
+def workload_text(workload: str, data: dict[str, Any]) -> str:
+    """The report's sentence on the network and the data."""
+    if workload == "mlp":
+        return (
+            f"Network: MLP 784-{'-'.join(map(str, HIDDEN))}-10 (3.7 M parameters, 14.9 MB float32). Data: "
+            f"{data['n_train']:,} MNIST-like training images (scikit-learn digits upscaled to 20x20 at a random "
+            "offset in 28x28, plus noise; generated, no download), test set the "
+            f"{data['n_test']} test digits transformed the same way. "
+        )
+    return (
+        f"Network: {WORKLOADS[workload].title}; 24.8 MB float32, 20.5 MB of it the token embedding, of which a "
+        "minibatch of 32 x 64 tokens touches at most 2,048 rows of 20,000. Data: "
+        f"{data['n_train']:,} training sequences of `datasets.synthetic_keywords` (class = which class's keywords "
+        f"a sequence contains), test set {data['n_test']:,} more sequences of the same task. "
+    )
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="one link (100mbit), fewer examples, short budget")
@@ -749,6 +798,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-epochs", type=int, default=None)
     parser.add_argument("--n-train", type=int, default=None, help="training examples (default 8192)")
     parser.add_argument("--startup-s", type=float, default=300.0, help="driver start-up allowance on top of budgets")
+    parser.add_argument(
+        "--workload",
+        default="mlp",
+        choices=list(WORKLOAD_MODELS),
+        help="the network and data: mlp (MNIST-like digits) or transformer (keyword sequences)",
+    )
     parser.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md alone")
     # internal: one method as a driver process on the cluster
     parser.add_argument("--role", default="orchestrator", choices=["orchestrator", "driver"], help=argparse.SUPPRESS)

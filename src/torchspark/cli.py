@@ -20,7 +20,7 @@ from typing import Any
 from torchspark.cli_args import version_line
 from torchspark.cli_checks import check_arguments
 from torchspark.cli_limits import check_scale, save_model
-from torchspark.cli_parser import build_parser
+from torchspark.cli_parser import DATASET_MODELS, build_parser
 from torchspark.cli_spark import digits_frame, train_on_spark
 from torchspark.errors import ConfigError, SetupError, TorchSparkError
 from torchspark.training.algorithms.sharing.topology import DEFAULT_SHARD_ABOVE_WORKERS
@@ -48,10 +48,33 @@ def _updater(name: str, lr: float) -> Any:
 def _model(name: str, sample_shape: Sequence[int], n_classes: int) -> Any:
     from torchspark import models
 
+    if name == "text_transformer":  # keywords: (seq_len,) token ids from a 20,000-token vocabulary
+        return models.text_transformer(20000, n_classes, max_len=sample_shape[0])
     c, h, w = sample_shape
     if name == "lenet":
         return models.lenet(c, n_classes, h, w)
+    if name == "vgg":
+        return models.vgg(c, n_classes)
     return models.mlp(c * h * w, 128, n_classes)
+
+
+def _train_test(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The ``--dataset``'s training and test splits; ConfigError when ``--model`` cannot take its examples."""
+    from torchspark import datasets
+    from torchspark.data import DataSet
+
+    if args.model not in DATASET_MODELS[args.dataset]:
+        takes = next(d for d, names in DATASET_MODELS.items() if args.model in names)
+        raise ConfigError(
+            f"--model {args.model} does not take the examples of --dataset {args.dataset}; use "
+            f"--dataset {takes}, or one of {list(DATASET_MODELS[args.dataset])} as --model"
+        )
+    if args.dataset == "digits":
+        return datasets.digits("train"), datasets.digits("test")
+    both = datasets.synthetic_keywords(2560, seed=args.seed)  # one task (the same keywords), split 2048 / 512
+    x, y = both.features, both.labels
+    assert y is not None  # synthetic_keywords is labelled
+    return DataSet(x[:2048].clone(), y[:2048].clone()), DataSet(x[2048:].clone(), y[2048:].clone())
 
 
 def _write_json(path: str, obj: Any) -> None:
@@ -108,12 +131,13 @@ def _read_parquet(spark: Any, path: str) -> Any:
 
 # ------------------------------------------------------------------ commands
 def cmd_train(args: argparse.Namespace) -> int:
-    from torchspark import Network, datasets
+    from torchspark import Network
     from torchspark.encoding import AdaptiveThreshold
 
-    train_data, test_data = datasets.digits("train"), datasets.digits("test")
+    train_data, test_data = _train_test(args)
+    n_classes = int(train_data.labels.max()) + 1
     net = Network(
-        _model(args.model, tuple(train_data.features.shape[1:]), 10),
+        _model(args.model, tuple(train_data.features.shape[1:]), n_classes),
         updater=_updater(args.updater, args.lr),
         seed=args.seed,
         memory_format=args.memory_format,
@@ -165,7 +189,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         stats.export_html(os.path.join(args.output, "stats.html"))
         written += [os.path.join(args.output, "stats.json"), os.path.join(args.output, "stats.html")]
     print(
-        f"accuracy {evaluation.accuracy():.4f} on {len(test_data)} test digits ({args.training_mode}, {runner}); wrote "
+        f"accuracy {evaluation.accuracy():.4f} on {len(test_data)} test {args.dataset} ({args.training_mode}, {runner}); wrote "
         + ", ".join(written)
     )
     return 0

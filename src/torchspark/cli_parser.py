@@ -18,9 +18,11 @@ from torchspark.training.algorithms.sharing.topology import DEFAULT_SHARD_ABOVE_
 from torchspark.training.config import master_kinds
 from torchspark.training.config.masters import SHUFFLE_SCOPES
 
-__all__ = ["build_parser", "MODELS", "UPDATERS"]
+__all__ = ["build_parser", "DATASET_MODELS", "MODELS", "UPDATERS"]
 
-MODELS = ("lenet", "mlp")
+MODELS = ("lenet", "mlp", "vgg", "text_transformer")
+#: --dataset -> the models that take its examples (images: the convolutional and dense ones; tokens: the transformer)
+DATASET_MODELS = {"digits": ("lenet", "mlp", "vgg"), "keywords": ("text_transformer",)}
 UPDATERS = ("adam", "sgd", "adamw", "rmsprop", "adagrad")
 
 
@@ -91,7 +93,13 @@ def _add_train(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
 def _add_run_options(train: argparse.ArgumentParser) -> None:
     """What to train and where: the dataset, the model, the epochs, the mode, and the route (Spark, Connect,
     local processes)."""
-    train.add_argument("--dataset", default="digits", choices=["digits"], help="built-in training dataset")
+    train.add_argument(
+        "--dataset",
+        default="digits",
+        choices=list(DATASET_MODELS),
+        help="built-in training dataset: digits (8x8 images) or keywords (token sequences of "
+        "datasets.synthetic_keywords, for --model text_transformer)",
+    )
     train.add_argument("--model", default="lenet", choices=MODELS, help="zoo model to train")
     train.add_argument("--epochs", type=positive_int, default=8, help="passes over the training data")
     train.add_argument(

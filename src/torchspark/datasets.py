@@ -2,6 +2,7 @@
 
 - :func:`digits`: scikit-learn's bundled 8x8 handwritten digits, a fixed stratified train/test split.
 - :func:`synthetic_classification` / :func:`synthetic_images`: learnable random data of any size, seeded.
+- :func:`synthetic_keywords`: token sequences whose class is which keywords they contain (text classification).
 - :func:`read_idx`: MNIST-style IDX files the user already has (local path or fsspec URL, optionally gzipped).
 """
 
@@ -19,7 +20,7 @@ import torch
 from torchspark.data.dataset import DataSet
 from torchspark.errors import ConfigError, DataError
 
-__all__ = ["DIGITS_SPLITS", "digits", "synthetic_classification", "synthetic_images", "read_idx"]
+__all__ = ["DIGITS_SPLITS", "digits", "synthetic_classification", "synthetic_images", "synthetic_keywords", "read_idx"]
 
 DIGITS_SPLITS = ("train", "test")
 
@@ -130,6 +131,72 @@ def synthetic_images(
         block += 0.25 * torch.randn(block.shape, generator=generator)
         features[start:stop] = block.clamp_(0.0, 1.0)
     return DataSet(features, labels)
+
+
+def synthetic_keywords(
+    n: int,
+    seq_len: int = 64,
+    vocab_size: int = 20000,
+    n_classes: int = 4,
+    keywords_per_class: int = 16,
+    keywords_per_example: int = 4,
+    seed: int = 0,
+) -> DataSet:
+    """Token sequences of a bag-of-keywords task: an example's class is the class of the keywords it contains.
+
+    Each class owns ``keywords_per_class`` token ids (disjoint sets, drawn at random from the vocabulary). An example
+    is ``seq_len`` background tokens, uniform over the non-keyword ids, with ``keywords_per_example`` of its class's
+    keywords written at random positions. The class is a function of the tokens (no label noise), but not of any one
+    position, so a model must look at the whole sequence: :func:`torchspark.models.text_transformer` learns it in a
+    few epochs. With a large vocabulary most embedding rows are untouched by a minibatch (sparse gradients).
+
+    Args:
+        n: number of examples (classes balanced).
+        seq_len: tokens per example (at most the model's ``max_len``).
+        vocab_size: token ids are in ``[0, vocab_size)``; must leave room for the keywords.
+        n_classes: number of classes (>= 2).
+        keywords_per_class: keyword ids per class; more makes the task harder (each keyword is seen less often).
+        keywords_per_example: keywords written into each example (<= ``seq_len``); fewer makes it harder.
+        seed: same seed, same data.
+
+    Returns:
+        int64 tokens ``(n, seq_len)`` and int64 labels ``(n,)``.
+
+    Raises:
+        ConfigError: a non-positive size, fewer than 2 classes, more keywords per example than positions, or a
+            vocabulary too small for ``n_classes * keywords_per_class`` keywords plus background tokens.
+
+    Example: ``synthetic_keywords(4096)`` with ``models.text_transformer(20000, 4)``.
+    """
+    _check_positive(
+        n=n,
+        seq_len=seq_len,
+        vocab_size=vocab_size,
+        n_classes=n_classes,
+        keywords_per_class=keywords_per_class,
+        keywords_per_example=keywords_per_example,
+    )
+    if n_classes < 2:
+        raise ConfigError(f"n_classes must be >= 2 for classification, got {n_classes}")
+    if keywords_per_example > seq_len:
+        raise ConfigError(f"keywords_per_example must be <= seq_len ({seq_len}), got {keywords_per_example}")
+    n_keywords = n_classes * keywords_per_class
+    if vocab_size <= n_keywords:
+        raise ConfigError(
+            f"vocab_size must exceed n_classes * keywords_per_class = {n_keywords} (background tokens "
+            f"need ids of their own), got {vocab_size}; raise vocab_size or lower keywords_per_class"
+        )
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randperm(vocab_size, generator=generator)
+    keywords = ids[:n_keywords].reshape(n_classes, keywords_per_class)  # (C, K)
+    background = ids[n_keywords:]  # (V - C*K,)
+    labels = _balanced_labels(n, n_classes, generator)  # (n,)
+    tokens = background[torch.randint(len(background), (n, seq_len), generator=generator)]  # (n, T)
+    # keywords_per_example distinct positions per example: the first k of a random permutation of the positions
+    positions = torch.rand(n, seq_len, generator=generator).argsort(dim=1)[:, :keywords_per_example]  # (n, k)
+    which = torch.randint(keywords_per_class, (n, keywords_per_example), generator=generator)  # (n, k)
+    tokens.scatter_(1, positions, keywords[labels.unsqueeze(1), which])
+    return DataSet(tokens, labels)
 
 
 def _read_bytes(path: str) -> bytes:
