@@ -59,6 +59,7 @@ def test_a_killed_python_worker_is_relaunched_and_the_fit_completes(spark, sc, n
     summary = spark_net.training_stats.summary()
     [failure] = summary["failures"]
     assert failure["attempt"] == 0 and failure["rank"] == 1 and failure["pid"] == fault.hit[0]
+    assert failure["exit_status"] is not None, failure  # Spark gives no code for a killed Python worker: "crashed"
     _assert_sparks_words(failure["reason"])
     assert summary["recovered_from"]["attempt"] == 1
     assert summary["examples"] == EPOCHS * 1437

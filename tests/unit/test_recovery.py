@@ -90,7 +90,8 @@ def test_sparks_reason_names_the_worker_and_what_happened() -> None:
     assert "Thread.run" not in reason and "EOFException" not in reason
     error = task_error(Exception(KILLED_PYTHON), "fit")
     assert isinstance(error, WorkerLost) and error.rank == 1
-    assert str(error).startswith("fit: worker 1 was lost: Stage failed because barrier task")
+    assert str(error).startswith("fit: worker 1 was lost (crashed (the Python worker ended without an exit code")
+    assert error.exit_status is not None and error.exit_status.startswith("crashed")  # not None: the record says so
 
     lost = lost_worker(Exception(LOST_EXECUTOR), "fit", None)
     assert lost is not None and lost.executor == "2" and lost.rank == 1
@@ -235,3 +236,14 @@ def test_the_users_error_is_raised_at_once() -> None:
     with pytest.raises(WorkerError, match="bad input"):
         _fit(runner, max_failures=3)
     assert len(runner.tasks) == 1
+
+
+def test_a_rank_the_driver_infers_gets_an_exit_status_saying_what_is_known() -> None:
+    from torchspark.training.driver.recovery import SILENT_END, record_failure
+
+    inferred = record_failure(WorkerLost("a peer saw it", reason="peer"), 0, 0.0, None, {1: 4242}, suspect=1)
+    assert (inferred.rank, inferred.pid, inferred.exit_status) == (1, 4242, SILENT_END)
+    named = record_failure(WorkerLost("lost", rank=1, exit_status="signal SIGKILL"), 0, 0.0, None, suspect=0)
+    assert (named.rank, named.exit_status) == (1, "signal SIGKILL")  # what the error knows wins
+    unknown = record_failure(WorkerLost("lost", reason="?"), 0, 0.0, None)
+    assert unknown.exit_status is None  # no rank, no suspect: nothing is claimed

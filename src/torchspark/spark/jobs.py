@@ -34,6 +34,7 @@ from torchspark.training.task import WorkerResult
 from torchspark.training.waiting import call_on_thread
 
 __all__ = [
+    "CRASHED",
     "jvm_gone",
     "jvm_died",
     "jvm_guard",
@@ -93,10 +94,15 @@ def spark_reason(error: BaseException | str, max_chars: int = 600) -> str:
     return reason[:max_chars] + ("..." if len(reason) > max_chars else "")
 
 
+#: a Python worker process that ended without a word: the daemon that forked it ignores SIGCHLD, so neither it nor
+#: Spark ever learns the exit code or signal (SIGKILL, the OOM killer, a segfault all read the same)
+CRASHED = "crashed (the Python worker ended without an exit code: Spark does not learn it)"
+
+
 def _exit_status(reason: str) -> str | None:
     match = _EXIT_CODE.search(reason)
     if match is None:
-        return None
+        return CRASHED if "Python worker exited unexpectedly" in reason else None
     code = int(match.group(1))
     if code > 128:  # a shell's / Spark's way of saying "killed by signal code - 128"
         import signal

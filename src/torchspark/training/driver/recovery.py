@@ -19,7 +19,7 @@ from typing import Any
 
 from torchspark.errors import WorkerError, WorkerLost
 
-__all__ = ["FailureRecord", "Decision", "decide", "record_failure", "exhausted_error"]
+__all__ = ["FailureRecord", "Decision", "SILENT_END", "decide", "record_failure", "exhausted_error"]
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,11 @@ def decide(error: BaseException, failures_so_far: int, max_failures: int) -> Dec
     return Decision.RETRY if failures_so_far <= max_failures else Decision.EXHAUSTED
 
 
+#: the exit status of a rank the driver found lost by its progress connection closing without an error: no exit
+#: code or signal reaches the driver from another process (SIGKILL, the OOM killer and a segfault read the same)
+SILENT_END = "ended without a word (its progress connection closed; no exit code reaches the driver)"
+
+
 def record_failure(
     error: WorkerLost,
     attempt: int,
@@ -92,11 +97,14 @@ def record_failure(
     the error names none (the first whose progress connection closed without an error)."""
     reason = error.reason or (str(error).splitlines() or ["unknown"])[0]
     rank = error.rank if error.rank is not None else suspect
+    status = error.exit_status
+    if status is None and error.rank is None and suspect is not None:
+        status = SILENT_END  # the driver inferred the rank: its process ended without reporting an error
     return FailureRecord(
         attempt=attempt,
         rank=rank,
         executor=error.executor,
-        exit_status=error.exit_status,
+        exit_status=status,
         reason=reason,
         time=time.time(),
         started=started,
