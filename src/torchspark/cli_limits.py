@@ -1,7 +1,7 @@
 """What the ``torchspark train`` command refuses for its size, and how it keeps a trained model it cannot write.
 
-* :func:`check_scale`: ``--epochs`` at most :data:`MAX_EPOCHS` (a fit plans its epochs up front: ``--epochs 1e8``
-  ran out of memory after 44 s), and on this machine (``--parallel`` or a ``local`` master) ``--num-workers`` at
+* :func:`check_scale`: ``--epochs`` at most :data:`MAX_EPOCHS` (``--epochs 1e8`` is a typo, not a plan; it once
+  ran out of memory after 44 s; the library now refuses only ``shuffle_scope="global"`` plans that large), and on this machine (``--parallel`` or a ``local`` master) ``--num-workers`` at
   most :func:`max_local_workers` (each worker holds a process or task, sockets and files open on the driver:
   ``--num-workers 100000`` ended in "too many open files");
 * :func:`save_model`: the final model is written atomically (``Network.save``: a temporary directory renamed into
@@ -51,8 +51,8 @@ def check_scale(args: argparse.Namespace) -> None:
     epochs = getattr(args, "epochs", None)
     if epochs is not None and epochs > MAX_EPOCHS:
         raise ConfigError(
-            f"--epochs must be at most {MAX_EPOCHS}, got {epochs}: a fit plans every epoch up front; "
-            "train in several runs (each continues the saved model's counters)"
+            f"--epochs must be at most {MAX_EPOCHS}, got {epochs}: train in several runs (each continues the "
+            "saved model's counters)"
         )
     workers = getattr(args, "num_workers", None)
     master = getattr(args, "master", None)

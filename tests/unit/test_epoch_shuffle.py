@@ -172,3 +172,25 @@ def test_split_examples_epoch_plans_differ(seed: int) -> None:
     first = [[tuple(b.features[:, 0].tolist()) for b in w] for w in plans[0]]
     second = [[tuple(b.features[:, 0].tolist()) for b in w] for w in plans[1]]
     assert first != second
+
+
+def test_a_global_scope_fit_of_countless_epochs_is_refused_before_planning_them() -> None:
+    from torchspark.spark.connect.feeding import plan_epochs
+    from torchspark.training.assignment import MAX_GLOBAL_PLAN_ITEMS
+
+    calls: list[int | None] = []
+
+    def plan(seed: int | None) -> list[list[int]]:
+        calls.append(seed)
+        return [[0, 1], [2, 3]]
+
+    with pytest.raises(ConfigError, match=r"epochs=100000000 x 4 items.*shuffle_scope='worker'"):
+        per_epoch(plan, 2, 7, 0, 10**8, scope="global")
+    assert len(calls) == 1  # one epoch planned, then refused (it built all 10**8 and ran out of memory)
+    assert len(per_epoch(plan, 2, 7, 0, MAX_GLOBAL_PLAN_ITEMS // 4, scope="worker")) == 2  # one plan: no limit
+    with pytest.raises(ConfigError, match="epochs=100000000"):  # the direct route's and Connect's plans
+        plan_epochs([40], BATCH, WORKERS, 7, 10**8, 0, scope="global")
+    net = Network(Recorder(), updater=optim.SGD(lr=0.1))
+    wrapper = ParallelWrapper(net, num_workers=2, rng_seed=7, shuffle_scope="global", batch_size_per_worker=BATCH)
+    with pytest.raises(ConfigError, match="epochs=100000000"):
+        wrapper.fit([indexed_data(N)], epochs=10**8)

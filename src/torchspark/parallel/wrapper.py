@@ -31,7 +31,13 @@ from torchspark.parallel.feeding import WorkerShares
 from torchspark.parallel.options import SPARK_ONLY, check_local_master, master_from_options
 from torchspark.parallel.runner import LocalProcessRunner
 from torchspark.stats import DRIVER_ID, StatsCollector, TrainingStats
-from torchspark.training.assignment import epoch_seed, per_epoch, plan_files, split_examples
+from torchspark.training.assignment import (
+    check_global_plan_size,
+    epoch_seed,
+    per_epoch,
+    plan_files,
+    split_examples,
+)
 from torchspark.training.config.masters import TrainingMaster
 from torchspark.training.driver.adapter import FitAdapter, check_first_batch, check_runner
 from torchspark.training.hooks import ProgressUpdate, ScoreReport
@@ -161,8 +167,10 @@ def _feeds(items: Sequence[Any], workers: int, batch_size: int, rng_seed: int | 
         feeds = split_examples(items, batch_size, workers, rng_seed, drop_last)
         return _DataPlan(next(b for feed in feeds for b in feed), WorkerShares(workers, feeds=feeds),
                          sum(len(b) for feed in feeds for b in feed))
-    plans = [split_examples(items, batch_size, workers, epoch_seed(rng_seed, first_epoch + e), drop_last)
-             for e in range(epochs)]
+    first = split_examples(items, batch_size, workers, epoch_seed(rng_seed, first_epoch), drop_last)
+    check_global_plan_size(sum(len(feed) for feed in first), epochs)
+    plans = [first] + [split_examples(items, batch_size, workers, epoch_seed(rng_seed, first_epoch + e), drop_last)
+                       for e in range(1, epochs)]
     sample = next(b for feed in plans[0] for b in feed)
     return _DataPlan(sample, WorkerShares(workers, epoch_feeds=plans, first_epoch=first_epoch),
                      sum(len(b) for feed in plans[0] for b in feed))

@@ -55,7 +55,15 @@ from torchspark.spark.export import (
 )
 from torchspark.spark.jobs import run_job
 from torchspark.spark.private_dirs import make_private_dir, remove_dirs
-from torchspark.training.assignment import epoch_seed, file_items, grid_heads, load_with, per_epoch, plan_balanced
+from torchspark.training.assignment import (
+    check_global_plan_size,
+    epoch_seed,
+    file_items,
+    grid_heads,
+    load_with,
+    per_epoch,
+    plan_balanced,
+)
 from torchspark.training.config.masters import TrainingMaster
 from torchspark.training.hooks import NullRecorder, PhaseRecorder
 
@@ -286,7 +294,11 @@ class DataPreparation:
         assert seed is not None
         with recorder.phase("count"):
             sizes = _count(self.sc, rdd)
-        plans = [plan_balanced(sizes, bsz, n, epoch_seed(seed, first + e), master.drop_last) for e in range(epochs)]
+        head = plan_balanced(sizes, bsz, n, epoch_seed(seed, first), master.drop_last)
+        check_global_plan_size(len(head.worker), epochs)
+        plans = [head] + [
+            plan_balanced(sizes, bsz, n, epoch_seed(seed, first + e), master.drop_last) for e in range(1, epochs)
+        ]
         self.epoch_examples = sum(plans[0].examples_per_worker())
         with recorder.phase("repartition"):
             return worker_rdd_balanced_epochs(rdd, plans, first)

@@ -69,6 +69,8 @@ __all__ = [
     "file_items",
     "plan_files",
     "per_epoch",
+    "check_global_plan_size",
+    "MAX_GLOBAL_PLAN_ITEMS",
     "assign_balanced",
     "split_for_workers",
 ]
@@ -370,6 +372,24 @@ def plan_files(
     return file_items(plan, [(k, path, n) for k, (path, n) in enumerate(files)], loader)
 
 
+#: the most items (minibatches or files, over all workers and epochs) one ``shuffle_scope="global"`` fit plans up
+#: front: about 100 bytes each on the driver and in the task closures, so 2 M is ~200 MB
+MAX_GLOBAL_PLAN_ITEMS = 2_000_000
+
+
+def check_global_plan_size(items_per_epoch: int, epochs: int) -> None:
+    """ConfigError when a ``shuffle_scope="global"`` fit would plan more than :data:`MAX_GLOBAL_PLAN_ITEMS` items:
+    that scope deals every epoch's items to the workers before the fit starts (``epochs=10**8`` ran the driver out
+    of memory after a minute instead of saying so)."""
+    if items_per_epoch * epochs > MAX_GLOBAL_PLAN_ITEMS:
+        raise ConfigError(
+            f"shuffle_scope='global' plans every epoch of a fit up front: epochs={epochs} x {items_per_epoch} items "
+            f"per epoch = {items_per_epoch * epochs:,} planned items, more than {MAX_GLOBAL_PLAN_ITEMS:,}; use "
+            "shuffle_scope='worker' (the default: one plan per fit, each worker reorders its items every epoch), or "
+            "fit fewer epochs per call (fit(data, epochs=k) in a loop continues the epoch count and the shuffle)"
+        )
+
+
 def per_epoch(
     plan: Callable[[int | None], list[list[T]]],
     num_workers: int,
@@ -394,7 +414,9 @@ def per_epoch(
         return plan(rng_seed)
     if epochs is None:
         return plan(epoch_seed(rng_seed, first_epoch))
-    plans = [plan(epoch_seed(rng_seed, first_epoch + e)) for e in range(epochs)]
+    first = plan(epoch_seed(rng_seed, first_epoch))
+    check_global_plan_size(sum(len(items) for items in first), epochs)
+    plans = [first] + [plan(epoch_seed(rng_seed, first_epoch + e)) for e in range(1, epochs)]
     return [[EpochItems(first_epoch + e, tuple(plans[e][w])) for e in range(epochs)] for w in range(num_workers)]
 
 

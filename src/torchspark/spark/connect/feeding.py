@@ -33,7 +33,13 @@ import numpy as np
 from torchspark.errors import DataError, SetupError
 from torchspark.spark.connect.shipping import Shipment, ship_bytes
 from torchspark.spark.dataframes import arrow_to_batch, column_names
-from torchspark.training.assignment import BalancedPlan, EpochItems, epoch_seed, plan_balanced
+from torchspark.training.assignment import (
+    BalancedPlan,
+    EpochItems,
+    check_global_plan_size,
+    epoch_seed,
+    plan_balanced,
+)
 from torchspark.training.task import EpochSource
 from torchspark.training.worker.loop import ItemSource
 
@@ -189,9 +195,11 @@ def plan_epochs(
     :func:`~torchspark.training.assignment.epoch_seed`."""
     if rng_seed is None or scope == "worker" or (epochs == 1 and first_epoch == 0):
         return [plan_balanced(sizes, batch_size, num_workers, rng_seed, drop_last)]
-    return [
+    first = plan_balanced(sizes, batch_size, num_workers, epoch_seed(rng_seed, first_epoch), drop_last)
+    check_global_plan_size(len(first.worker), epochs)
+    return [first] + [
         plan_balanced(sizes, batch_size, num_workers, epoch_seed(rng_seed, first_epoch + e), drop_last)
-        for e in range(epochs)
+        for e in range(1, epochs)
     ]
 
 
