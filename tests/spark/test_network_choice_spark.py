@@ -6,7 +6,7 @@ from __future__ import annotations
 import socket
 
 import torchspark.spark.barrier as barrier_module
-import torchspark.training.driver.fit as driver_module
+import torchspark.training.driver.context as driver_module
 from helpers import mlp_net
 from torchspark import datasets, optim
 from torchspark.spark import ParameterAveragingTrainingMaster, SparkNetwork

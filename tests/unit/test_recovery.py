@@ -15,7 +15,7 @@ from torchspark.stats import StatsCollector
 from torchspark.training.config.masters import ParameterAveragingTrainingMaster, master_from_json
 from torchspark.training.config.shared_master import SharedTrainingMaster
 from torchspark.training.driver.fit import build_task, run_fit
-from torchspark.training.driver.recovery import Decision, decide
+from torchspark.training.driver.recovery import Decision, FailureRecord, decide
 from torchspark.training.driver.runner import InProcessRunner
 from torchspark.training.progress import ProgressClient
 from torchspark.training.progress.liveness import Liveness
@@ -247,3 +247,27 @@ def test_a_rank_the_driver_infers_gets_an_exit_status_saying_what_is_known() -> 
     assert (named.rank, named.exit_status) == (1, "signal SIGKILL")  # what the error knows wins
     unknown = record_failure(WorkerLost("lost", reason="?"), 0, 0.0, None)
     assert unknown.exit_status is None  # no rank, no suspect: nothing is claimed
+
+
+def _failure(attempt: int, point: tuple[int, int] | None, status: str | None, reason: str) -> FailureRecord:
+    epoch, iteration = point if point is not None else (None, None)
+    return FailureRecord(attempt, 1, None, status, reason, 0.0, 0.0, epoch, iteration)
+
+
+def test_two_timeouts_at_the_same_step_are_a_hang_and_end_the_retries() -> None:
+    from torchspark.training.driver.recovery import hang_error, repeated_hang
+
+    wait = "worker 0 saw: torchspark.errors.WaitTimeout: the averaging allreduce timed out waiting for a peer"
+    hang = [_failure(0, (0, 4), None, wait), _failure(1, (0, 4), "no heartbeat", "no heartbeat from worker 1")]
+    assert repeated_hang(hang)
+    error = hang_error(hang, WorkerLost("lost"))
+    assert not isinstance(error, WorkerLost)  # not retried, not "lost"
+    assert str(error).startswith("attempts 0 and 1 both stopped at epoch 0, minibatch 4 and timed out")
+    assert "raise rendezvous_timeout_s" in str(error)
+    assert not repeated_hang(hang[:1])  # one hang may be a frozen machine: retried
+    assert not repeated_hang([hang[0], _failure(1, (1, 2), None, wait)])  # a different step: a machine, retried
+    killed = [_failure(0, (0, 4), "signal SIGKILL", "killed"), _failure(1, (0, 4), "signal SIGKILL", "killed")]
+    assert not repeated_hang(killed)  # processes that died are lost machines (elastic recovery shrinks on them)
+    peer = "worker 0 saw: torchspark.errors.PeerLost: a peer worker left (timed out waiting)"
+    assert not repeated_hang([_failure(0, (0, 4), None, peer), _failure(1, (0, 4), None, peer)])
+    assert not repeated_hang([_failure(0, None, "no heartbeat", "x"), _failure(1, None, "no heartbeat", "x")])

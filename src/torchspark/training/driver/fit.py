@@ -39,7 +39,15 @@ from torchspark.training.checkpoint import plan_for
 from torchspark.training.config.masters import TrainingMaster
 from torchspark.training.driver.context import FitContext
 from torchspark.training.driver.elastic import Elastic, WorldChange, WorldTracker
-from torchspark.training.driver.recovery import Decision, FailureRecord, decide, exhausted_error, record_failure
+from torchspark.training.driver.recovery import (
+    Decision,
+    FailureRecord,
+    decide,
+    exhausted_error,
+    hang_error,
+    record_failure,
+    repeated_hang,
+)
 from torchspark.training.driver.resume import open_run, resume_task
 from torchspark.training.driver.runner import InProcessRunner, Runner
 from torchspark.training.driver.stats import build_training_stats
@@ -267,6 +275,8 @@ def _run_fit(
                     failures.append(
                         record_failure(error, attempt, started, reached, context.worker_pids(), context.suspect())
                     )
+                    if repeated_hang(failures):
+                        raise hang_error(failures, error) from error
                     verdict = decide(error, len(failures), max_failures)
                     if verdict is Decision.EXHAUSTED:
                         raise exhausted_error(failures, max_failures, error) from error

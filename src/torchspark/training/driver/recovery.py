@@ -19,7 +19,16 @@ from typing import Any
 
 from torchspark.errors import WorkerError, WorkerLost
 
-__all__ = ["FailureRecord", "Decision", "SILENT_END", "decide", "record_failure", "exhausted_error"]
+__all__ = [
+    "FailureRecord",
+    "Decision",
+    "SILENT_END",
+    "decide",
+    "record_failure",
+    "exhausted_error",
+    "repeated_hang",
+    "hang_error",
+]
 
 
 @dataclass(frozen=True)
@@ -128,3 +137,47 @@ def exhausted_error(failures: Sequence[FailureRecord], max_failures: int, last: 
         reason=final.reason,
     )
     return error
+
+
+#: exit statuses of a worker found silent by the watchdog (alive, but stuck), and words of a wait that ran out
+_SILENT = ("no heartbeat", "no response")
+_WAIT_WORDS = ("WaitTimeout", "timed out waiting", "did not arrive within")
+
+
+def _timed_out(failure: FailureRecord) -> bool:
+    """A stuck worker (the watchdog's verdict, or a peer's wait that ran out), not a process or machine that died
+    (a peer that saw its neighbour leave says ``PeerLost``; Spark's lost executor says "Executor heartbeat timed
+    out" and names no wait of ours)."""
+    if failure.exit_status in _SILENT:
+        return True
+    return "PeerLost" not in failure.reason and any(word in failure.reason for word in _WAIT_WORDS)
+
+
+def repeated_hang(failures: Sequence[FailureRecord]) -> bool:
+    """Whether the last two failed attempts both timed out with the furthest worker at the same step.
+
+    A lost machine fails an attempt wherever it happens to be; a hang in the model's code or data (a deadlock in
+    ``forward``, a loader that never returns, a batch that makes a custom op spin) stops every attempt at the same
+    minibatch. Retrying that costs ``max_failures`` x ``rendezvous_timeout_s`` and ends in the same place, so the
+    driver stops after the second identical hang (:func:`hang_error`).
+    """
+    if len(failures) < 2:
+        return False
+    last, before = failures[-1], failures[-2]
+    point = (last.reached_epoch, last.reached_iteration)
+    same = point == (before.reached_epoch, before.reached_iteration) and point[0] is not None
+    return same and _timed_out(last) and _timed_out(before)
+
+
+def hang_error(failures: Sequence[FailureRecord], last: WorkerLost) -> WorkerError:
+    """The (not retried) error of a fit whose attempts hang at the same step: names the step and what to look at."""
+    final = failures[-1]
+    listed = "\n".join(f"  {f.describe()}" for f in failures)
+    return WorkerError(
+        f"attempts {failures[-2].attempt} and {final.attempt} both stopped at epoch {final.reached_epoch}, "
+        f"minibatch {final.reached_iteration} and timed out: a hang at that step in the model or the data (a "
+        "deadlock or endless loop in forward/backward, a loader or transform that never returns), not a lost "
+        "machine, so it is not retried again. Train that step on one machine (Network.fit on the same minibatch) "
+        "to find it; if the step is merely slower than the timeout, raise rendezvous_timeout_s.\n"
+        f"{listed}\n--- the last failure ---\n{last}"
+    )
