@@ -12,7 +12,7 @@ from functools import partial
 
 import pytest
 import torch
-from _faulty import FailingForward
+from _faulty import FailingForward, HangingForward
 
 from helpers import lenet_net
 from torchspark import Network, datasets, optim
@@ -185,3 +185,18 @@ class _CountingRunner(LocalProcessRunner):
     def run(self, *args, **kwargs):
         self.runs += 1
         return super().run(*args, **kwargs)
+
+
+def test_a_hang_at_the_same_step_in_two_attempts_is_not_retried_again(leftovers) -> None:
+    data = datasets.synthetic_classification(400, 12, 3, seed=1)  # 50 steps per worker: progress at 10, 20, ...
+    net = Network(HangingForward(12, 3, after=25, rank=1), updater=optim.SGD(lr=0.1), seed=0)
+    master = ParameterAveragingTrainingMaster(averaging_frequency=1, rendezvous_timeout_s=3)  # max_failures=3
+    wrapper = ParallelWrapper(net, num_workers=2, master=master, progress=False)
+    with pytest.raises(WorkerError) as info:
+        wrapper.fit(data, epochs=1, batch_size=4)
+    assert not isinstance(info.value, WorkerLost)  # the user's code hangs: not a lost machine
+    message = str(info.value)
+    # stopped after the second attempt, not after max_failures + 1 = 4
+    assert message.startswith("attempts 0 and 1 both stopped at epoch 0, minibatch 20 (the furthest"), message
+    assert "attempt 2" not in message
+    assert not _worker_children()

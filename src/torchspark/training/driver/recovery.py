@@ -175,7 +175,8 @@ def hang_error(failures: Sequence[FailureRecord], last: WorkerLost) -> WorkerErr
     listed = "\n".join(f"  {f.describe()}" for f in failures)
     return WorkerError(
         f"attempts {failures[-2].attempt} and {final.attempt} both stopped at epoch {final.reached_epoch}, "
-        f"minibatch {final.reached_iteration} and timed out: a hang at that step in the model or the data (a "
+        f"minibatch {final.reached_iteration} (the furthest progress reported) and timed out: a hang at or just "
+        "after that step in the model or the data (a "
         "deadlock or endless loop in forward/backward, a loader or transform that never returns), not a lost "
         "machine, so it is not retried again. Train that step on one machine (Network.fit on the same minibatch) "
         "to find it; if the step is merely slower than the timeout, raise rendezvous_timeout_s.\n"
