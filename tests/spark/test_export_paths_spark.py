@@ -3,6 +3,7 @@ paths on any fsspec URL; clear errors for empty or missing locations."""
 
 from __future__ import annotations
 
+import gc
 import glob
 import os
 from collections.abc import Callable
@@ -294,3 +295,6 @@ def test_fits_of_one_dataframe_reuse_its_export_and_a_new_dataframe_is_exported_
         assert spark_net.preparation.exports == first  # the second fit trained from the first fit's files
         spark_net.fit(df.select("label", "features"), epochs=1)  # a new DataFrame object: new data, new export
         assert len(spark_net.preparation.exports) == 2
+        gc.collect()
+        spark_net.fit(df.select("features", "label"), epochs=1)
+        assert len(spark_net.preparation.frames) == 2  # df's and the newest: the collected frame's RDD is let go

@@ -165,6 +165,8 @@ class DataPreparation:
         if held is not None and held[0]() is data:
             return held[1]
         rdd = build()
+        # forget the RDDs of DataFrames that are gone (a loop over new DataFrames must not keep every lineage)
+        self.frames = {k: v for k, v in self.frames.items() if v[0]() is not None}
         self.frames[key] = (weakref.ref(data), rdd)
         return rdd
 
