@@ -1,15 +1,16 @@
 """``Network``: a PyTorch module bundled with its loss, its updater and flat views for distributed training.
 
-The pieces live beside it: the flat parameter and updater state (:mod:`torchspark.nn.flat`), the forward pass and
-its label checks (:mod:`torchspark.nn.forward`), saving, loading and copying (:mod:`torchspark.nn.portable`) and
-the evaluation of several outputs (:mod:`torchspark.nn.outputs`) and mixed precision (:mod:`torchspark.nn.precision`).
+The pieces live beside it: building the module and the optimizer (:mod:`torchspark.nn.construction`), the flat
+parameter and updater state (:mod:`torchspark.nn.flat`), the forward pass and its label checks
+(:mod:`torchspark.nn.forward`), saving, loading and copying (:mod:`torchspark.nn.portable`) and the evaluation of
+several outputs (:mod:`torchspark.nn.outputs`) and mixed precision (:mod:`torchspark.nn.precision`).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Union
 
 import torch
@@ -18,6 +19,7 @@ from torchspark.data import DataSet, MultiDataSet, as_group, group_batches, iter
 from torchspark.errors import ConfigError, DataError, TrainingError
 from torchspark.nn import inference
 from torchspark.nn.compiled import check_compile, forward_module
+from torchspark.nn.construction import ModuleLike, build_module, build_optimizer
 from torchspark.nn.divergence import diverged_message
 from torchspark.nn.flat import FlatState
 from torchspark.nn.forward import Batch, as_list, batch_loss
@@ -32,7 +34,6 @@ __all__ = ["Network", "Batch", "MEMORY_FORMATS"]
 
 log = logging.getLogger(__name__)
 
-ModuleLike = Union[torch.nn.Module, Callable[[], torch.nn.Module]]
 Tensors = Union[torch.Tensor, Sequence[torch.Tensor]]
 
 
@@ -113,7 +114,7 @@ class Network:
         self.precision = precision
         #: the autocast dtype and (fp16) the gradient scaler of ``precision`` (validates it)
         self.amp = Precision(precision, self.device)
-        self.module = self._build_module(module, seed).to(self.device)
+        self.module = build_module(module, seed).to(self.device)
         if memory_format == "channels_last":
             # the stubs lack Module.to(memory_format=...), which torch documents and implements
             self.module = self.module.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
@@ -135,35 +136,9 @@ class Network:
         #: JSON-serialisable companions of :attr:`extra_state`.
         self.extra_config: dict[str, Any] = {}
 
-    # ------------------------------------------------------------------ construction
-    @staticmethod
-    def _build_module(module: ModuleLike, seed: int | None) -> torch.nn.Module:
-        if isinstance(module, torch.nn.Module):
-            if seed is not None:
-                with torch.random.fork_rng(devices=[]):
-                    torch.manual_seed(seed)
-                    for sub in module.modules():
-                        reset = getattr(sub, "reset_parameters", None)
-                        if callable(reset):
-                            reset()
-            return module
-        if callable(module):
-            with torch.random.fork_rng(devices=[]):
-                if seed is not None:
-                    torch.manual_seed(seed)
-                built = module()
-            if not isinstance(built, torch.nn.Module):
-                raise ConfigError(f"module factory returned {type(built).__name__}, expected a torch.nn.Module")
-            return built
-        raise ConfigError(f"module must be a torch.nn.Module or a zero-argument factory, got {module!r}")
-
+    # ------------------------------------------------------------------ construction (see torchspark.nn.construction)
     def _make_optimizer(self, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
-        if isinstance(self.updater, UpdaterSpec):
-            return self.updater.build(params, weight_decay=self.weight_decay)
-        opt = self.updater(params)
-        if not isinstance(opt, torch.optim.Optimizer):
-            raise ConfigError(f"updater callable returned {type(opt).__name__}, expected a torch.optim.Optimizer")
-        return opt
+        return build_optimizer(self.updater, params, self.weight_decay)
 
     # ------------------------------------------------------------------ flat views (see FlatState)
     def num_params(self) -> int:
@@ -346,8 +321,9 @@ class Network:
         (unique int64 indices). Bit-identical to it (``x - 0`` is ``x``), but touches only those elements."""
         self._state.apply_update_at(indices, values)
 
-    def fit(self, data: Batch | Iterable[Batch], epochs: int = 1, batch_size: int = 32,
-            accumulate_steps: int = 1) -> Network:
+    def fit(
+        self, data: Batch | Iterable[Batch], epochs: int = 1, batch_size: int = 32, accumulate_steps: int = 1
+    ) -> Network:
         """Train on one process.
 
         Args:
@@ -374,8 +350,10 @@ class Network:
                 self.train_group(as_group(group), validate=(seen == 0))
                 seen += 1
             if seen == 0:
-                raise DataError("fit got no data: the DataSet or iterable is empty (0 examples); pass data with at "
-                                "least one example")
+                raise DataError(
+                    "fit got no data: the DataSet or iterable is empty (0 examples); pass data with at "
+                    "least one example"
+                )
             self.epoch += 1
         return self
 
@@ -402,8 +380,9 @@ class Network:
         """The evaluation that fits the loss of output ``output_index``: classification, binary or regression."""
         return default_evaluation(self, output_index)
 
-    def evaluate(self, data: Batch | Iterable[Batch], *evaluations: Any, batch_size: int = 256,
-                 output_index: int | None = None) -> Any:
+    def evaluate(
+        self, data: Batch | Iterable[Batch], *evaluations: Any, batch_size: int = 256, output_index: int | None = None
+    ) -> Any:
         """Fill evaluations with this network's outputs on ``data``: the given ones from output ``output_index``
         (0 when None), else the one that fits the loss (one per output, as a list, for a network with one loss per
         output and ``output_index=None``). See :func:`torchspark.nn.outputs.evaluate`."""
@@ -420,8 +399,7 @@ class Network:
         return save_network(self, path, save_updater=save_updater, allow_pickle=allow_pickle)
 
     @classmethod
-    def load(cls, path: str, allow_pickle: bool = False, factories: Any = None,
-             trust_code: bool = False) -> Network:
+    def load(cls, path: str, allow_pickle: bool = False, factories: Any = None, trust_code: bool = False) -> Network:
         """Load a network written by :meth:`save`.
 
         No code runs because a file names it: ``config.json`` may name torchspark's zoo models and built-in

@@ -1,0 +1,69 @@
+"""How a :class:`~torchspark.nn.network.Network` is put together: its module (an instance re-initialised under a
+seed, or a factory run under it) and its optimizer (from the updater spec or the user's callable).
+
+Both run once, in ``Network.__init__``; the optimizer factory is also what
+:class:`~torchspark.nn.flat.FlatState` calls to materialise the updater state. Example::
+
+    module = build_module(models.mlp(4, 8, 2), seed=0)   # same weights on every replica
+    optimizer = build_optimizer(optim.Adam(lr=1e-3), list(module.parameters()), weight_decay=0.0)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Union
+
+import torch
+
+from torchspark.errors import ConfigError
+from torchspark.optim import UpdaterSpec
+
+__all__ = ["ModuleLike", "build_module", "build_optimizer"]
+
+#: what ``Network(module=...)`` takes: a module, or a zero-argument factory returning one
+ModuleLike = Union[torch.nn.Module, Callable[[], torch.nn.Module]]
+
+
+def build_module(module: ModuleLike, seed: int | None) -> torch.nn.Module:
+    """The network's module: ``module`` itself (its layers re-initialised with ``reset_parameters`` under ``seed``
+    when one is given), or what the factory ``module`` returns when run under ``seed``. The global RNG is left as
+    it was either way.
+
+    Raises:
+        ConfigError: ``module`` is neither a module nor a callable, or the factory returned something else.
+    """
+    if isinstance(module, torch.nn.Module):
+        if seed is not None:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                for sub in module.modules():
+                    reset = getattr(sub, "reset_parameters", None)
+                    if callable(reset):
+                        reset()
+        return module
+    if callable(module):
+        with torch.random.fork_rng(devices=[]):
+            if seed is not None:
+                torch.manual_seed(seed)
+            built = module()
+        if not isinstance(built, torch.nn.Module):
+            raise ConfigError(f"module factory returned {type(built).__name__}, expected a torch.nn.Module")
+        return built
+    raise ConfigError(f"module must be a torch.nn.Module or a zero-argument factory, got {module!r}")
+
+
+def build_optimizer(
+    updater: UpdaterSpec | Callable[..., torch.optim.Optimizer], params: list[torch.nn.Parameter], weight_decay: float
+) -> torch.optim.Optimizer:
+    """The optimizer over ``params``: an updater spec builds it with ``weight_decay``; a callable is called with
+    ``params`` (its own weight decay, if any, is the callable's business).
+
+    Raises:
+        ConfigError: the callable returned something other than a ``torch.optim.Optimizer``.
+    """
+    if isinstance(updater, UpdaterSpec):
+        return updater.build(params, weight_decay=weight_decay)
+    opt = updater(params)
+    if not isinstance(opt, torch.optim.Optimizer):
+        raise ConfigError(f"updater callable returned {type(opt).__name__}, expected a torch.optim.Optimizer")
+    return opt
