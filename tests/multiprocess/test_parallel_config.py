@@ -15,8 +15,9 @@ from torchspark.data import save_batches
 from torchspark.encoding import FixedThreshold
 from torchspark.errors import ConfigError, DataError
 from torchspark.parallel import ParallelWrapper, plan_devices
-from torchspark.parallel import wrapper as wrapper_module
+from torchspark.parallel import devices as devices_module
 from torchspark.parallel.bootstrap import backend_for_devices
+from torchspark.parallel.routing import route_data
 from torchspark.training.assignment import plan_files, split_examples
 from torchspark.training.worker.loop import load_item
 
@@ -151,9 +152,9 @@ def test_default_devices_follow_the_machine(monkeypatch: pytest.MonkeyPatch, gpu
     # pure-logic test: pretend about the GPU count; nothing touches a GPU
     monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
-    monkeypatch.setattr(wrapper_module.os, "cpu_count", lambda: 3)
+    monkeypatch.setattr(devices_module.os, "cpu_count", lambda: 3)
     expected = ["cuda:0", "cuda:1"] if gpus else ["cpu"] * 3
-    assert wrapper_module._default_devices(None) == expected
+    assert devices_module.default_devices(None) == expected
     assert ParallelWrapper(_net()).worker_devices == expected
     assert ParallelWrapper(_net(), num_workers=3).worker_devices == (
         ["cuda:0", "cuda:1", "cuda:0"] if gpus else ["cpu"] * 3
@@ -179,7 +180,7 @@ def _rows(batches) -> list[list[float]]:
 
 def test_a_dataset_is_split_with_sparks_plan() -> None:
     data = datasets.synthetic_classification(50, 4, 2, seed=3)
-    plan = wrapper_module._route(data, 2, 8, 1, rng_seed=5)
+    plan = route_data(data, 2, 8, 1, rng_seed=5)
     expected = split_examples([data], 8, 2, 5)
     assert [_rows(f) for f in plan.shares.feeds] == [_rows(f) for f in expected]
     assert [sum(len(b) for b in f) for f in plan.shares.feeds] == [25, 25]  # equal examples, not only minibatches
@@ -189,7 +190,7 @@ def test_a_dataset_is_split_with_sparks_plan() -> None:
 def test_a_list_of_odd_sized_datasets_is_cut_like_one_dataset() -> None:
     data = datasets.synthetic_classification(50, 4, 2, seed=3)
     pieces = data.split(7)  # SparkNetwork cuts what it gets on one grid over the whole data, in order
-    plan = wrapper_module._route(pieces, 2, 8, 1, rng_seed=None)
+    plan = route_data(pieces, 2, 8, 1, rng_seed=None)
     assert [[len(b) for b in f] for f in plan.shares.feeds] == [[8, 8, 9], [7, 8, 8, 2]]  # no 1-example minibatch
     assert [_rows(f) for f in plan.shares.feeds] == [_rows(f) for f in split_examples([data], 8, 2, None)]
 
@@ -197,7 +198,7 @@ def test_a_list_of_odd_sized_datasets_is_cut_like_one_dataset() -> None:
 def test_a_list_mixing_dataset_kinds_is_refused() -> None:
     data = datasets.synthetic_classification(16, 4, 2, seed=3)
     with pytest.raises(DataError, match="mixes"):
-        wrapper_module._route([data, data.to_multi()], 2, 8, 1, rng_seed=None)
+        route_data([data, data.to_multi()], 2, 8, 1, rng_seed=None)
 
 
 def test_paths_are_rebatched_with_sparks_plan(tmp_path) -> None:
@@ -205,9 +206,9 @@ def test_paths_are_rebatched_with_sparks_plan(tmp_path) -> None:
     paths = save_batches(
         [data.slice(0, 5), data.slice(5, 25), data.slice(25, 27), data.slice(27, 45)], str(tmp_path)
     )  # files of 5, 20, 2 and 18 examples
-    kept = wrapper_module._route([Path(p) for p in paths], 2, 8, 3, rng_seed=1)  # shuffle_scope="worker"
+    kept = route_data([Path(p) for p in paths], 2, 8, 3, rng_seed=1)  # shuffle_scope="worker"
     assert kept.shares.paths == plan_files(list(zip(paths, [5, 20, 2, 18])), 8, 2, 1)  # one plan, reordered per epoch
-    plan = wrapper_module._route([Path(p) for p in paths], 2, 8, 3, rng_seed=1, scope="global")
+    plan = route_data([Path(p) for p in paths], 2, 8, 3, rng_seed=1, scope="global")
     # with shuffle_scope="global", every epoch has its own plan (epoch 0's is the seed's plan, as in Spark's fit_paths)
     assert [[e.epoch for e in worker] for worker in plan.shares.paths] == [[0, 1, 2], [0, 1, 2]]
     first = [list(worker[0].items) for worker in plan.shares.paths]
@@ -219,5 +220,5 @@ def test_paths_are_rebatched_with_sparks_plan(tmp_path) -> None:
 
 def test_a_one_shot_iterable_streams_rebatched_minibatches() -> None:
     data = datasets.synthetic_classification(20, 4, 2, seed=3)
-    plan = wrapper_module._route((d for d in data.split(3)), 2, 8, 1, rng_seed=None)
+    plan = route_data((d for d in data.split(3)), 2, 8, 1, rng_seed=None)
     assert plan.shares.feeds is None and [len(b) for b in plan.shares.stream] == [8, 8, 4]

@@ -5,7 +5,8 @@ worker loop as ``SparkNetwork`` with the matching master, so a configuration tri
 cluster (identical parameters for the same seed, data order and settings).
 """
 
+from torchspark.parallel.devices import plan_devices
 from torchspark.parallel.runner import LocalProcessRunner
-from torchspark.parallel.wrapper import ParallelWrapper, plan_devices
+from torchspark.parallel.wrapper import ParallelWrapper
 
 __all__ = ["ParallelWrapper", "LocalProcessRunner", "plan_devices"]

@@ -9,189 +9,59 @@ Workers are started by a fork server with torch preloaded (``spawn`` where the p
 forked from the calling process, so its threads, CUDA context and locks are not inherited. Like ``spawn``, this
 means a script that calls :meth:`ParallelWrapper.fit` at top level needs the ``if __name__ == "__main__":`` guard,
 and custom modules must be importable (defined in a module, not in ``__main__`` of an interactive session).
+
+Beside it: which device each worker gets (:mod:`torchspark.parallel.devices`) and how the data is split over the
+workers (:mod:`torchspark.parallel.routing`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import logging
 import os
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import Any
 
-import torch
-
-from torchspark.data import DataSet, MultiDataSet, batch_num_examples, rebatch, resolve_paths
-from torchspark.errors import ConfigError, DataError
+from torchspark.errors import ConfigError
 from torchspark.listeners import TrainingEvents, TrainingListener
 from torchspark.nn import Network
+from torchspark.parallel.devices import default_devices, plan_devices
 from torchspark.parallel.feeding import WorkerShares
 from torchspark.parallel.options import SPARK_ONLY, check_local_master, master_from_options
+from torchspark.parallel.routing import BATCH_TYPES, PATH_TYPES, DataPlan, route_data
 from torchspark.parallel.runner import LocalProcessRunner
 from torchspark.stats import DRIVER_ID, StatsCollector, TrainingStats
-from torchspark.training.assignment import (
-    check_global_plan_size,
-    epoch_seed,
-    per_epoch,
-    plan_files,
-    split_examples,
-)
 from torchspark.training.config.masters import TrainingMaster
 from torchspark.training.driver.adapter import FitAdapter, check_first_batch, check_runner
 from torchspark.training.hooks import ProgressUpdate, ScoreReport
 from torchspark.training.task import WorkerResult
 from torchspark.validation import check_bool, check_int
 
+# plan_devices is re-exported: users import it from here and from torchspark.parallel
 __all__ = ["ParallelWrapper", "plan_devices"]
 
 log = logging.getLogger(__name__)
-
-_BATCH_TYPES = (DataSet, MultiDataSet)
-_PATH_TYPES = (str, os.PathLike)
-
-
-# ------------------------------------------------------------------ devices
-def _parse_device(value: Any, gpu_count: int, index: int) -> str:
-    text = str(value).strip() if isinstance(value, (str, torch.device)) else None
-    if text == "cpu":
-        return "cpu"
-    if text is not None and (text == "cuda" or text.startswith("cuda:")):
-        gpu = text.partition(":")[2] or "0"
-        if not gpu.isdigit():
-            raise ConfigError(f"devices[{index}]={value!r} is not a device; use 'cuda:<index>', e.g. 'cuda:0'")
-        if int(gpu) >= gpu_count:
-            fix = f"use cuda:0..cuda:{gpu_count - 1}" if gpu_count else "use devices=['cpu']"
-            raise ConfigError(f"devices[{index}]={value!r} but torch sees {gpu_count} CUDA GPU(s) here; {fix}")
-        return f"cuda:{int(gpu)}"
-    raise ConfigError(f"devices[{index}]={value!r} is not a device ParallelWrapper can train on; use 'cpu' or "
-                      "'cuda:<index>'")
-
-
-def plan_devices(num_workers: int | None, devices: Sequence[Any] | None, gpu_count: int, cpu_count: int) -> list[str]:
-    """One device per worker (a pure function of the machine's counts, so it is testable anywhere).
-
-    Args:
-        num_workers: worker count; None = one per listed device, else one per GPU, else one per CPU core.
-        devices: devices to deal round-robin (``"cpu"``, ``"cuda"``, ``"cuda:1"``); None = every GPU, else CPU.
-        gpu_count, cpu_count: what this machine has.
-    Returns:
-        ``num_workers`` device strings, e.g. ``["cuda:0", "cuda:1", "cuda:0"]`` for 3 workers on 2 GPUs.
-    Raises:
-        ConfigError: an unknown device name, a GPU index this machine lacks, or an empty ``devices`` list.
-    """
-    if devices is not None:
-        if isinstance(devices, (str, torch.device)) or len(devices) == 0:
-            raise ConfigError(f"devices must be a non-empty list such as ['cpu'] or ['cuda:0', 'cuda:1'], got "
-                              f"{devices!r}")
-        pool = [_parse_device(d, gpu_count, i) for i, d in enumerate(devices)]
-    else:
-        pool = [f"cuda:{i}" for i in range(gpu_count)] or ["cpu"]
-    n = num_workers
-    if n is None:
-        n = len(pool) if devices is not None or gpu_count else max(1, cpu_count)
-    return [pool[i % len(pool)] for i in range(n)]
-
-
-def _default_devices(num_workers: int | None, devices: Sequence[Any] | None = None) -> list[str]:
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return plan_devices(num_workers, devices, gpus, os.cpu_count() or 1)
-
-
-# ------------------------------------------------------------------ data routing
-@dataclass
-class _DataPlan:
-    """The workers' shares of the data, a first minibatch to check the network against, and the examples one
-    epoch trains when known (the progress bar's total)."""
-
-    sample: Any
-    shares: WorkerShares
-    examples: int | None = None
-
-
-def _route(data: Any, workers: int, batch_size: int, epochs: int, rng_seed: int | None,
-           first_epoch: int = 0, drop_last: bool = False, scope: str = "worker") -> _DataPlan:
-    """Split ``data`` over the workers with the plans Spark uses: in-memory data exactly balanced by examples
-    (:func:`split_examples`, Spark's ``repartition_strategy="balanced"``), batch files of any size re-batched to
-    ``batch_size`` (:func:`plan_files`, Spark's ``fit_paths``)."""
-    if isinstance(data, _BATCH_TYPES):
-        if len(data) == 0:
-            raise DataError("fit got an empty DataSet (0 examples)")
-        return _feeds([data], workers, batch_size, rng_seed, epochs, first_epoch, drop_last, scope)
-    if isinstance(data, _PATH_TYPES):  # a directory, a glob or one batch file
-        data = resolve_paths(data)
-    if isinstance(data, bytes):
-        raise DataError("data is bytes; pass a DataSet, a list of them, or batch-file paths (load the bytes with "
-                        "torchspark.data.dataset_from_bytes)")
-    if not isinstance(data, Iterable):
-        raise DataError(f"cannot train on a {type(data).__name__}; pass a DataSet, a list of DataSets or a list of "
-                        "batch-file paths (for Spark RDDs and DataFrames use SparkNetwork)")
-    items = iter(data)
-    first = next(items, None)
-    if first is None:
-        raise DataError("fit got no data: the list or iterable is empty")
-    if isinstance(first, _PATH_TYPES):  # paths are cheap: always materialised, so any epochs work
-        paths = _checked(itertools.chain([first], items), _PATH_TYPES, "batch-file path")
-        files = [(os.fspath(p), batch_num_examples(os.fspath(p))) for p in paths]  # re-batched, as fit_paths
-        shares = per_epoch(lambda s: plan_files(files, batch_size, workers, s, drop_last=drop_last), workers, rng_seed,
-                           first_epoch, epochs, scope)
-        total = sum(n for _, n in files)
-        return _DataPlan(paths[0], WorkerShares(workers, paths=shares),
-                         total // batch_size * batch_size if drop_last else total)
-    if isinstance(data, (list, tuple)):
-        batches = _checked(data, _BATCH_TYPES, "DataSet or MultiDataSet")
-        if len({type(item) for item in batches}) > 1:
-            raise DataError("data mixes DataSets and MultiDataSets; pass one kind (DataSet.to_multi converts)")
-        if not any(len(item) for item in batches):
-            raise DataError("fit got no data: every DataSet in the list is empty")
-        return _feeds(batches, workers, batch_size, rng_seed, epochs, first_epoch, drop_last, scope)
-    if epochs != 1:
-        raise ConfigError(f"a one-shot iterable ({type(data).__name__}) trains one epoch only, got epochs={epochs}; "
-                          "pass a list (e.g. list(data)) or a DataSet to train several epochs")
-    if drop_last:
-        raise ConfigError(f"drop_last=True needs data whose size is known before training (a DataSet, a list of them "
-                          f"or of batch-file paths), got a one-shot {type(data).__name__}; pass list(data)")
-    if not isinstance(first, _BATCH_TYPES):
-        raise DataError(f"data[0] is a {type(first).__name__}; expected a DataSet, MultiDataSet or batch-file path")
-    return _DataPlan(first, WorkerShares(workers, stream=rebatch(itertools.chain([first], items), batch_size)))
-
-
-def _feeds(items: Sequence[Any], workers: int, batch_size: int, rng_seed: int | None, epochs: int = 1,
-           first_epoch: int = 0, drop_last: bool = False, scope: str = "worker") -> _DataPlan:
-    """In-memory data: one plan replayed every epoch (each worker reorders its share every epoch with
-    ``rng_seed``), or with ``scope="global"`` and ``rng_seed`` (past the network's first epoch, or over several) a new
-    plan per epoch, as Spark's routes give them (:func:`~torchspark.training.assignment.per_epoch`), fed to the
-    workers epoch by epoch."""
-    if rng_seed is None or scope == "worker" or (epochs == 1 and first_epoch == 0):
-        feeds = split_examples(items, batch_size, workers, rng_seed, drop_last)
-        return _DataPlan(next(b for feed in feeds for b in feed), WorkerShares(workers, feeds=feeds),
-                         sum(len(b) for feed in feeds for b in feed))
-    first = split_examples(items, batch_size, workers, epoch_seed(rng_seed, first_epoch), drop_last)
-    check_global_plan_size(sum(len(feed) for feed in first), epochs)
-    plans = [first] + [split_examples(items, batch_size, workers, epoch_seed(rng_seed, first_epoch + e), drop_last)
-                       for e in range(1, epochs)]
-    sample = next(b for feed in plans[0] for b in feed)
-    return _DataPlan(sample, WorkerShares(workers, epoch_feeds=plans, first_epoch=first_epoch),
-                     sum(len(b) for feed in plans[0] for b in feed))
-
-
-def _checked(items: Iterable[Any], types: tuple[type, ...], what: str) -> list[Any]:
-    out = list(items)
-    for i, item in enumerate(out):
-        if not isinstance(item, types):
-            raise DataError(f"data[{i}] is a {type(item).__name__}; every item must be a {what} (do not mix them)")
-    return out
 
 
 def _log_score(report: ScoreReport) -> None:
     """The ``report_score_after_averaging`` log line (a progress-server listener, on this process)."""
     if report.round is None:
-        log.info("epoch %d: mean score over all workers' minibatches %.6f (%d examples)", report.epoch,
-                 report.score, report.examples, extra={"score_report": report})
+        log.info(
+            "epoch %d: mean score over all workers' minibatches %.6f (%d examples)",
+            report.epoch,
+            report.score,
+            report.examples,
+            extra={"score_report": report},
+        )
     else:
-        log.info("epoch %d, averaging round %d: averaged score %.6f (%d examples)", report.epoch, report.round,
-                 report.score, report.examples, extra={"score_report": report})
+        log.info(
+            "epoch %d, averaging round %d: averaged score %.6f (%d examples)",
+            report.epoch,
+            report.round,
+            report.score,
+            report.examples,
+            extra={"score_report": report},
+        )
 
 
 # ------------------------------------------------------------------ the wrapper
@@ -244,10 +114,20 @@ class ParallelWrapper:
         ConfigError: a bad value, an unknown option, or ``master=`` together with options.
     """
 
-    def __init__(self, network: Network, num_workers: int | None = None, training_mode: str | None = None,
-                 master: TrainingMaster | None = None, *, devices: Sequence[str] | None = None,
-                 progress: bool | None = True, threads_per_worker: int | None = None,
-                 report_score_after_averaging: bool = False, runner: Any = None, **master_options: Any) -> None:
+    def __init__(
+        self,
+        network: Network,
+        num_workers: int | None = None,
+        training_mode: str | None = None,
+        master: TrainingMaster | None = None,
+        *,
+        devices: Sequence[str] | None = None,
+        progress: bool | None = True,
+        threads_per_worker: int | None = None,
+        report_score_after_averaging: bool = False,
+        runner: Any = None,
+        **master_options: Any,
+    ) -> None:
         if not isinstance(network, Network):
             raise ConfigError(f"network must be a torchspark.Network, got {type(network).__name__}")
         check_int("num_workers", num_workers, 1, allow_none=True)
@@ -257,24 +137,32 @@ class ParallelWrapper:
         check_bool("report_score_after_averaging", report_score_after_averaging)
         check_runner(runner)
         own = self.__dict__
-        own.update(network=network, num_workers=num_workers, training_mode=training_mode, devices=devices,
-                   progress=progress, threads_per_worker=threads_per_worker,
-                   report_score_after_averaging=report_score_after_averaging, runner=runner,
-                   _options_master=master is None,
-                   _fits=FitAdapter("ParallelWrapper", TrainingListener, TrainingEvents))
+        own.update(
+            network=network,
+            num_workers=num_workers,
+            training_mode=training_mode,
+            devices=devices,
+            progress=progress,
+            threads_per_worker=threads_per_worker,
+            report_score_after_averaging=report_score_after_averaging,
+            runner=runner,
+            _options_master=master is None,
+            _fits=FitAdapter("ParallelWrapper", TrainingListener, TrainingEvents),
+        )
         if master is None:
             if num_workers is not None:
                 master_options = {"num_workers": num_workers, **master_options}
             master = master_from_options("averaging" if training_mode is None else training_mode, master_options)
         else:
-            check_local_master(master, master_options if training_mode is None else
-                               {"training_mode": training_mode, **master_options})
+            check_local_master(
+                master, master_options if training_mode is None else {"training_mode": training_mode, **master_options}
+            )
         own["training_mode"] = master.kind
         wanted = master.num_workers
         if num_workers is not None and wanted is not None and num_workers != wanted:
             raise ConfigError(f"num_workers={num_workers} but the master's num_workers={wanted}; set one of them")
         own["master"] = master
-        own["_devices"] = _default_devices(num_workers if num_workers is not None else wanted, devices)
+        own["_devices"] = default_devices(num_workers if num_workers is not None else wanted, devices)
 
     def __getattr__(self, name: str) -> Any:
         """The master's options read through the wrapper (``pw.averaging_frequency``)."""
@@ -292,16 +180,21 @@ class ParallelWrapper:
             object.__setattr__(self, name, value)
             return
         if not self.__dict__["_options_master"]:
-            raise ConfigError(f"this ParallelWrapper trains with a master of your own: set {name} on that master "
-                              f"(its options are the ones used), not on the wrapper")
+            raise ConfigError(
+                f"this ParallelWrapper trains with a master of your own: set {name} on that master "
+                f"(its options are the ones used), not on the wrapper"
+            )
         if name in SPARK_ONLY:
-            raise ConfigError(f"{name} only means something on Spark (workers here are local processes); train "
-                              "with SparkNetwork")
+            raise ConfigError(
+                f"{name} only means something on Spark (workers here are local processes); train with SparkNetwork"
+            )
         self.__dict__["master"] = dataclasses.replace(master, **{name: value})  # validates before anything changes
 
     def __repr__(self) -> str:
-        return (f"ParallelWrapper(num_workers={len(self._devices)}, training_mode={self.training_mode!r}, "
-                f"master={self.master!r})")
+        return (
+            f"ParallelWrapper(num_workers={len(self._devices)}, training_mode={self.training_mode!r}, "
+            f"master={self.master!r})"
+        )
 
     # ------------------------------------------------------------------ public API
     @property
@@ -360,13 +253,30 @@ class ParallelWrapper:
         batch_size = self.master.batch_size_per_worker if batch_size is None else batch_size
         check_int("epochs", epochs, 1)
         check_int("batch_size", batch_size, 1)
-        plan = _route(data, len(self._devices), batch_size, epochs, self.master.rng_seed, self.network.epoch,
-                      self.master.drop_last, self.master.shuffle_scope)
+        plan = route_data(
+            data,
+            len(self._devices),
+            batch_size,
+            epochs,
+            self.master.rng_seed,
+            self.network.epoch,
+            self.master.drop_last,
+            self.master.shuffle_scope,
+        )
         check_first_batch(self.network, plan.sample)  # before any process starts
         master, first = self.master, self.network.epoch
-        replayable = plan.shares.stream is None and isinstance(data, (*_BATCH_TYPES, *_PATH_TYPES, list, tuple))
-        data_for = (lambda n: _route(data, n, batch_size, epochs, master.rng_seed, first, master.drop_last,
-                                     master.shuffle_scope).shares) if replayable else None
+        replayable = plan.shares.stream is None and isinstance(data, (*BATCH_TYPES, *PATH_TYPES, list, tuple))
+        data_for = (
+            (
+                lambda n: (
+                    route_data(
+                        data, n, batch_size, epochs, master.rng_seed, first, master.drop_last, master.shuffle_scope
+                    ).shares
+                )
+            )
+            if replayable
+            else None
+        )
         return self._run(plan, epochs, run_id, data_for)
 
     # ------------------------------------------------------------------ internals
@@ -375,19 +285,35 @@ class ParallelWrapper:
             return self.runner
         assert self.master is not None
         threads = self.threads_per_worker or max(1, (os.cpu_count() or 1) // len(self._devices))
-        return LocalProcessRunner(self._devices, threads, self.master.rendezvous_timeout_s,
-                                  shared_memory=self.master.shared_memory_allreduce)
+        return LocalProcessRunner(
+            self._devices, threads, self.master.rendezvous_timeout_s, shared_memory=self.master.shared_memory_allreduce
+        )
 
-    def _run(self, plan: _DataPlan, epochs: int, run_id: str | None = None,
-             data_for: Callable[[int], WorkerShares] | None = None) -> Network:
+    def _run(
+        self,
+        plan: DataPlan,
+        epochs: int,
+        run_id: str | None = None,
+        data_for: Callable[[int], WorkerShares] | None = None,
+    ) -> Network:
         master = self.master
         assert master is not None
         n = len(self._devices)
-        self._fits.fit(self.network, master, self._runner(), plan.shares, epochs=epochs, num_workers=n,
-                       collect_stats=master.collect_training_stats,
-                       recorder=StatsCollector(DRIVER_ID, enabled=master.collect_training_stats),
-                       description=f"ParallelWrapper fit: {n} workers, {epochs} epoch(s)", run_id=run_id,
-                       progress=self.progress, report_scores=self.report_score_after_averaging,
-                       score_listeners=[_log_score] if self.report_score_after_averaging else [],
-                       total_examples=None if plan.examples is None else plan.examples * epochs, data_for=data_for)
+        self._fits.fit(
+            self.network,
+            master,
+            self._runner(),
+            plan.shares,
+            epochs=epochs,
+            num_workers=n,
+            collect_stats=master.collect_training_stats,
+            recorder=StatsCollector(DRIVER_ID, enabled=master.collect_training_stats),
+            description=f"ParallelWrapper fit: {n} workers, {epochs} epoch(s)",
+            run_id=run_id,
+            progress=self.progress,
+            report_scores=self.report_score_after_averaging,
+            score_listeners=[_log_score] if self.report_score_after_averaging else [],
+            total_examples=None if plan.examples is None else plan.examples * epochs,
+            data_for=data_for,
+        )
         return self.network

@@ -1,0 +1,157 @@
+"""How ``ParallelWrapper.fit`` splits its data over the workers, with the plans Spark uses.
+
+In-memory data (a DataSet, a list of them) is balanced by examples (:func:`split_examples`, Spark's
+``repartition_strategy="balanced"``); batch files of any size are re-batched to ``batch_size`` and balanced
+(:func:`plan_files`, Spark's ``fit_paths``); a one-shot iterable is re-batched and dealt round-robin (one epoch only).
+:func:`route_data` returns a :class:`DataPlan`: the workers' shares, a first minibatch to check the network against,
+and the examples of one epoch. Example: ``route_data(train, workers=2, batch_size=32, epochs=1, rng_seed=0)``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from torchspark.data import DataSet, MultiDataSet, batch_num_examples, rebatch, resolve_paths
+from torchspark.errors import ConfigError, DataError
+from torchspark.parallel.feeding import WorkerShares
+from torchspark.training.assignment import (
+    check_global_plan_size,
+    epoch_seed,
+    per_epoch,
+    plan_files,
+    split_examples,
+)
+
+__all__ = ["DataPlan", "route_data", "BATCH_TYPES", "PATH_TYPES"]
+
+#: the in-memory data types a worker trains on
+BATCH_TYPES = (DataSet, MultiDataSet)
+#: what names batch files: a path, a directory or a glob
+PATH_TYPES = (str, os.PathLike)
+
+
+@dataclass
+class DataPlan:
+    """The workers' shares of the data, a first minibatch to check the network against, and the examples one
+    epoch trains when known (the progress bar's total)."""
+
+    sample: Any
+    shares: WorkerShares
+    examples: int | None = None
+
+
+def route_data(
+    data: Any,
+    workers: int,
+    batch_size: int,
+    epochs: int,
+    rng_seed: int | None,
+    first_epoch: int = 0,
+    drop_last: bool = False,
+    scope: str = "worker",
+) -> DataPlan:
+    """Split ``data`` over the workers with the plans Spark uses: in-memory data exactly balanced by examples
+    (:func:`split_examples`, Spark's ``repartition_strategy="balanced"``), batch files of any size re-batched to
+    ``batch_size`` (:func:`plan_files`, Spark's ``fit_paths``)."""
+    if isinstance(data, BATCH_TYPES):
+        if len(data) == 0:
+            raise DataError("fit got an empty DataSet (0 examples)")
+        return _feeds([data], workers, batch_size, rng_seed, epochs, first_epoch, drop_last, scope)
+    if isinstance(data, PATH_TYPES):  # a directory, a glob or one batch file
+        data = resolve_paths(data)
+    if isinstance(data, bytes):
+        raise DataError(
+            "data is bytes; pass a DataSet, a list of them, or batch-file paths (load the bytes with "
+            "torchspark.data.dataset_from_bytes)"
+        )
+    if not isinstance(data, Iterable):
+        raise DataError(
+            f"cannot train on a {type(data).__name__}; pass a DataSet, a list of DataSets or a list of "
+            "batch-file paths (for Spark RDDs and DataFrames use SparkNetwork)"
+        )
+    items = iter(data)
+    first = next(items, None)
+    if first is None:
+        raise DataError("fit got no data: the list or iterable is empty")
+    if isinstance(first, PATH_TYPES):  # paths are cheap: always materialised, so any epochs work
+        paths = _checked(itertools.chain([first], items), PATH_TYPES, "batch-file path")
+        files = [(os.fspath(p), batch_num_examples(os.fspath(p))) for p in paths]  # re-batched, as fit_paths
+        shares = per_epoch(
+            lambda s: plan_files(files, batch_size, workers, s, drop_last=drop_last),
+            workers,
+            rng_seed,
+            first_epoch,
+            epochs,
+            scope,
+        )
+        total = sum(n for _, n in files)
+        return DataPlan(
+            paths[0], WorkerShares(workers, paths=shares), total // batch_size * batch_size if drop_last else total
+        )
+    if isinstance(data, (list, tuple)):
+        batches = _checked(data, BATCH_TYPES, "DataSet or MultiDataSet")
+        if len({type(item) for item in batches}) > 1:
+            raise DataError("data mixes DataSets and MultiDataSets; pass one kind (DataSet.to_multi converts)")
+        if not any(len(item) for item in batches):
+            raise DataError("fit got no data: every DataSet in the list is empty")
+        return _feeds(batches, workers, batch_size, rng_seed, epochs, first_epoch, drop_last, scope)
+    if epochs != 1:
+        raise ConfigError(
+            f"a one-shot iterable ({type(data).__name__}) trains one epoch only, got epochs={epochs}; "
+            "pass a list (e.g. list(data)) or a DataSet to train several epochs"
+        )
+    if drop_last:
+        raise ConfigError(
+            f"drop_last=True needs data whose size is known before training (a DataSet, a list of them "
+            f"or of batch-file paths), got a one-shot {type(data).__name__}; pass list(data)"
+        )
+    if not isinstance(first, BATCH_TYPES):
+        raise DataError(f"data[0] is a {type(first).__name__}; expected a DataSet, MultiDataSet or batch-file path")
+    return DataPlan(first, WorkerShares(workers, stream=rebatch(itertools.chain([first], items), batch_size)))
+
+
+def _feeds(
+    items: Sequence[Any],
+    workers: int,
+    batch_size: int,
+    rng_seed: int | None,
+    epochs: int = 1,
+    first_epoch: int = 0,
+    drop_last: bool = False,
+    scope: str = "worker",
+) -> DataPlan:
+    """In-memory data: one plan replayed every epoch (each worker reorders its share every epoch with
+    ``rng_seed``), or with ``scope="global"`` and ``rng_seed`` (past the network's first epoch, or over several) a new
+    plan per epoch, as Spark's routes give them (:func:`~torchspark.training.assignment.per_epoch`), fed to the
+    workers epoch by epoch."""
+    if rng_seed is None or scope == "worker" or (epochs == 1 and first_epoch == 0):
+        feeds = split_examples(items, batch_size, workers, rng_seed, drop_last)
+        return DataPlan(
+            next(b for feed in feeds for b in feed),
+            WorkerShares(workers, feeds=feeds),
+            sum(len(b) for feed in feeds for b in feed),
+        )
+    first = split_examples(items, batch_size, workers, epoch_seed(rng_seed, first_epoch), drop_last)
+    check_global_plan_size(sum(len(feed) for feed in first), epochs)
+    plans = [first] + [
+        split_examples(items, batch_size, workers, epoch_seed(rng_seed, first_epoch + e), drop_last)
+        for e in range(1, epochs)
+    ]
+    sample = next(b for feed in plans[0] for b in feed)
+    return DataPlan(
+        sample,
+        WorkerShares(workers, epoch_feeds=plans, first_epoch=first_epoch),
+        sum(len(b) for feed in plans[0] for b in feed),
+    )
+
+
+def _checked(items: Iterable[Any], types: tuple[type, ...], what: str) -> list[Any]:
+    out = list(items)
+    for i, item in enumerate(out):
+        if not isinstance(item, types):
+            raise DataError(f"data[{i}] is a {type(item).__name__}; every item must be a {what} (do not mix them)")
+    return out
