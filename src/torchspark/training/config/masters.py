@@ -4,7 +4,8 @@
 :mod:`torchspark.training.config.shared_master`) is threshold-encoded gradient sharing. Both round-trip through JSON, and
 both are plain training configuration: ``SparkNetwork`` and ``ParallelWrapper`` take the same objects
 (``torchspark.spark`` re-exports them). The worker-mesh options are validated once, by
-:class:`~torchspark.training.config.mesh.MeshConfig` (``master.mesh``).
+:class:`~torchspark.training.config.mesh.MeshConfig` (``master.mesh``); the values the shared options take and the
+checks that span several of them are in :mod:`torchspark.training.config.shared_options`.
 """
 
 from __future__ import annotations
@@ -18,25 +19,38 @@ from torchspark._io import dump_mapping, load_mapping
 from torchspark.errors import ConfigError
 from torchspark.training.checkpoint.config import DEFAULT_KEEP, check_options
 from torchspark.training.config.mesh import MESH_FIELDS, RENDEZVOUS_ROUTES, MeshConfig
+from torchspark.training.config.shared_options import (
+    APPROACHES,
+    AVERAGING_ROUTES,
+    DATAFRAME_ROUTES,
+    REPARTITION,
+    SHUFFLE_SCOPES,
+    STORAGE_LEVELS,
+    STRATEGIES,
+    check_connect_route_settings,
+    check_drop_last,
+    check_gpu_amount,
+    check_shuffle_scope,
+)
 from torchspark.validation import check_bool, check_choice, check_float, check_int
 
-__all__ = ["TrainingMaster", "ParameterAveragingTrainingMaster", "master_from_json", "register_master", "master_class", "master_kinds",
-           "REPARTITION", "STRATEGIES", "APPROACHES", "SHUFFLE_SCOPES", "DATAFRAME_ROUTES", "AVERAGING_ROUTES",
-           "RENDEZVOUS_ROUTES", "STORAGE_LEVELS"]
-
-REPARTITION = ("always", "never", "num_partitions_workers_differs")
-STRATEGIES = ("balanced", "spark_default")
-APPROACHES = ("export", "direct")
-#: ``shuffle_scope``: "worker" reorders each worker's own minibatches every epoch (no data moves); "global" deals the
-#: minibatches to the workers anew every epoch (data moves between workers every epoch)
-SHUFFLE_SCOPES = ("worker", "global")
-#: how a classic session trains a DataFrame: RDD routes (``rdd_training_approach``) or the Connect route's stage
-DATAFRAME_ROUTES = ("rdd", "barrier_arrow")
-AVERAGING_ROUTES = ("torch", "spark")
-#: the names of ``pyspark.StorageLevel``'s levels, spelled out so masters validate without importing pyspark (a test
-#: checks this equals pyspark's own set)
-STORAGE_LEVELS = ("DISK_ONLY", "DISK_ONLY_2", "DISK_ONLY_3", "MEMORY_AND_DISK", "MEMORY_AND_DISK_2",
-                  "MEMORY_AND_DISK_DESER", "MEMORY_ONLY", "MEMORY_ONLY_2", "NONE", "OFF_HEAP")
+# the value sets (shared_options) and RENDEZVOUS_ROUTES (mesh) are re-exported: users and the CLI import them from here
+__all__ = [
+    "TrainingMaster",
+    "ParameterAveragingTrainingMaster",
+    "master_from_json",
+    "register_master",
+    "master_class",
+    "master_kinds",
+    "REPARTITION",
+    "STRATEGIES",
+    "APPROACHES",
+    "SHUFFLE_SCOPES",
+    "DATAFRAME_ROUTES",
+    "AVERAGING_ROUTES",
+    "RENDEZVOUS_ROUTES",
+    "STORAGE_LEVELS",
+]
 
 
 @dataclass(frozen=True)
@@ -225,24 +239,24 @@ class TrainingMaster:
         check_choice("storage_level", self.storage_level, STORAGE_LEVELS, owner=name)
         check_choice("dataframe_route", self.dataframe_route, DATAFRAME_ROUTES, owner=name)
         check_bool("drop_last", self.drop_last, owner=name)
-        if self.drop_last and (self.repartition_strategy != "balanced" or self.repartition == "never"):
-            raise ConfigError(f"{name}: drop_last=True needs repartition_strategy='balanced' and a repartition, got "
-                              f"repartition_strategy={self.repartition_strategy!r}, repartition={self.repartition!r}; "
-                              "use the defaults or set drop_last=False")
+        check_drop_last(name, self.drop_last, self.repartition_strategy, self.repartition)
         check_bool("flush_denormal", self.flush_denormal, owner=name)
         check_int("rng_seed", self.rng_seed, 0, allow_none=True, owner=name)
         check_choice("shuffle_scope", self.shuffle_scope, SHUFFLE_SCOPES, owner=name)
-        if self.shuffle_scope == "global" and (self.rng_seed is None or self.repartition_strategy != "balanced"
-                                               or self.repartition == "never"):
-            raise ConfigError(f"{name}: shuffle_scope='global' deals the minibatches anew every epoch with rng_seed "
-                              f"over the balanced split, got rng_seed={self.rng_seed!r}, repartition_strategy="
-                              f"{self.repartition_strategy!r}, repartition={self.repartition!r}; set rng_seed=<int> "
-                              "and keep the balanced split, or use shuffle_scope='worker'")
+        check_shuffle_scope(name, self.shuffle_scope, self.rng_seed, self.repartition_strategy, self.repartition)
         check_int("max_failures", self.max_failures, 0, owner=name)
-        check_int("min_workers", self.min_workers, 1, self.num_workers, allow_none=True, owner=name,
-                  none_means="num_workers: never fewer", fix="set min_workers <= num_workers, or None")
+        check_int(
+            "min_workers",
+            self.min_workers,
+            1,
+            self.num_workers,
+            allow_none=True,
+            owner=name,
+            none_means="num_workers: never fewer",
+            fix="set min_workers <= num_workers, or None",
+        )
         check_float("data_timeout_s", self.data_timeout_s, above=0, unit="seconds", owner=name)
-        _check_gpu_amount(name, self.gpus_per_worker)
+        check_gpu_amount(name, self.gpus_per_worker)
         self._check_dataframe_route(name)
         try:
             self.mesh  # noqa: B018 - builds the MeshConfig: the one place the mesh options are checked
@@ -253,18 +267,14 @@ class TrainingMaster:
         """``dataframe_route="barrier_arrow"`` takes the Connect route's settings only (the field's docstring)."""
         if self.dataframe_route != "barrier_arrow":
             return
-        settings = {"repartition": (self.repartition, "always"),
-                    "repartition_strategy": (self.repartition_strategy, "balanced"),
-                    "averaging_via": ("spark" if self.spark_rounds else "torch", "torch"),
-                    "gpus_per_worker": (self.gpus_per_worker, None),
-                    "workers_per_node": (self.workers_per_executor, None)}
-        refused = [f"{k}={v!r}" for k, (v, fine) in settings.items() if v != fine]
-        if refused:
-            raise ConfigError(f"{name}: dataframe_route='barrier_arrow' (the Spark Connect route's one barrier "
-                              f"stage, balanced split) cannot run with {', '.join(refused)}; use "
-                              "dataframe_route='rdd' (the default) for those, or the defaults "
-                              "repartition='always', repartition_strategy='balanced', averaging_via='torch', "
-                              "num_workers instead of workers_per_node, no gpus_per_worker")
+        settings = {
+            "repartition": (self.repartition, "always"),
+            "repartition_strategy": (self.repartition_strategy, "balanced"),
+            "averaging_via": ("spark" if self.spark_rounds else "torch", "torch"),
+            "gpus_per_worker": (self.gpus_per_worker, None),
+            "workers_per_node": (self.workers_per_executor, None),
+        }
+        check_connect_route_settings(name, settings)
 
     @property
     def spark_rounds(self) -> bool:
@@ -379,16 +389,6 @@ class ParameterAveragingTrainingMaster(TrainingMaster):
 
 
 _MASTERS: dict[str, type[TrainingMaster]] = {ParameterAveragingTrainingMaster.kind: ParameterAveragingTrainingMaster}
-
-
-def _check_gpu_amount(owner: str, amount: Any) -> None:
-    """``gpus_per_worker``: None, or a number > 0 that Spark accepts as a task's GPU amount (at most 0.5, or a
-    whole number: Spark shares a GPU between ``1/amount`` tasks only for such fractions)."""
-    check_float("gpus_per_worker", amount, above=0, finite=True, allow_none=True, owner=owner,
-                none_means="the session's spark.task.resource.gpu.amount")
-    if amount is not None and amount > 0.5 and float(amount) != int(amount):
-        raise ConfigError(f"{owner}: gpus_per_worker must be at most 0.5 or a whole number (Spark's rule for a "
-                          f"task's GPU amount), got {amount!r}; use 1 for a GPU per worker or 0.5 to share one by two")
 
 
 def register_master(cls: type[TrainingMaster]) -> type[TrainingMaster]:
