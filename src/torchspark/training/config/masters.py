@@ -22,7 +22,7 @@ from torchspark.validation import check_bool, check_choice, check_float, check_i
 
 __all__ = ["TrainingMaster", "ParameterAveragingTrainingMaster", "master_from_json", "register_master", "master_class", "master_kinds",
            "REPARTITION", "STRATEGIES", "APPROACHES", "SHUFFLE_SCOPES", "DATAFRAME_ROUTES", "AVERAGING_ROUTES",
-           "RENDEZVOUS_ROUTES", "STORAGE_LEVELS"]
+           "RENDEZVOUS_ROUTES", "STORAGE_LEVELS", "REGROW"]
 
 REPARTITION = ("always", "never", "num_partitions_workers_differs")
 STRATEGIES = ("balanced", "spark_default")
@@ -33,6 +33,8 @@ SHUFFLE_SCOPES = ("worker", "global")
 #: how a classic session trains a DataFrame: RDD routes (``rdd_training_approach``) or the Connect route's stage
 DATAFRAME_ROUTES = ("rdd", "barrier_arrow")
 AVERAGING_ROUTES = ("torch", "spark")
+#: when a fit that shrank grows back (``regrow``; :mod:`torchspark.training.driver.elastic`)
+REGROW = ("epoch", "attempt", "never")
 #: the names of ``pyspark.StorageLevel``'s levels, spelled out so masters validate without importing pyspark (a test
 #: checks this equals pyspark's own set)
 STORAGE_LEVELS = ("DISK_ONLY", "DISK_ONLY_2", "DISK_ONLY_3", "MEMORY_AND_DISK", "MEMORY_AND_DISK_2",
@@ -146,6 +148,13 @@ class TrainingMaster:
             change. Use it with a ``checkpoint_directory`` (else a smaller attempt restarts the fit) on clusters
             that lose nodes. Example: ``SharedTrainingMaster(num_workers=8, min_workers=4)``. See
             :mod:`torchspark.training.driver.elastic` and docs/guides/recovery.md.
+        regrow: when a fit that shrank (``min_workers``) grows back to ``num_workers``: ``"epoch"`` at the first
+            epoch boundary where the capacity is back (free task slots on Spark; the devices it was given on
+            ``ParallelWrapper``), the workers ending their attempt there with a checkpoint, no failure needed;
+            ``"attempt"`` only when the smaller world fails too; ``"never"``: the rest of the fit stays smaller.
+            None (default): ``"epoch"`` with a ``checkpoint_directory`` (it needs one), else ``"attempt"``. Each
+            epoch of a smaller world is then its own launch of the workers (a barrier stage: well under a second).
+            Example: ``SharedTrainingMaster(num_workers=8, min_workers=4, regrow="attempt")``.
         checkpoint_directory: where the fit writes checkpoints (any fsspec URL; on a cluster shared storage every
             executor can write and the driver can read, e.g. ``hdfs://...``/``s3://...``); None (default): no
             checkpoints. Each fit writes under ``<checkpoint_directory>/<run_id>/``; ``fit(..., run_id="r1")``
@@ -200,6 +209,7 @@ class TrainingMaster:
     flush_denormal: bool = True
     max_failures: int = 3
     min_workers: int | None = None
+    regrow: str | None = None
     port: int = 0
     network_mask: str | None = None
     controller_address: str | None = None
@@ -241,6 +251,10 @@ class TrainingMaster:
         check_int("max_failures", self.max_failures, 0, owner=name)
         check_int("min_workers", self.min_workers, 1, self.num_workers, allow_none=True, owner=name,
                   none_means="num_workers: never fewer", fix="set min_workers <= num_workers, or None")
+        check_choice("regrow", self.regrow, (None, *REGROW), owner=name)
+        if self.regrow == "epoch" and self.checkpoint_directory is None:
+            raise ConfigError(f"{name}: regrow='epoch' grows a smaller world back from the checkpoint at an epoch "
+                              "boundary, but checkpoint_directory=None; set a checkpoint_directory, or regrow='attempt'")
         check_float("data_timeout_s", self.data_timeout_s, above=0, unit="seconds", owner=name)
         _check_gpu_amount(name, self.gpus_per_worker)
         self._check_dataframe_route(name)

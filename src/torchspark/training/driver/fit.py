@@ -256,6 +256,7 @@ def _run_fit(
         start = (point.fit_start_iteration, point.fit_start_epoch)
     start_state = _network_state(network)
     failures: list[FailureRecord] = []
+    counted = 0  # the failures that count against max_failures (not a growth that did not hold: elastic.py)
     recovered_from: dict[str, Any] | None = None
     results: list[WorkerResult] | None = None
     try:
@@ -263,6 +264,7 @@ def _run_fit(
             attempt = 0
             while results is None:
                 attempt_task, restart = (task, None) if attempt == 0 else restart_task(task, attempt)
+                attempt_task = world.bounded(attempt_task)  # a smaller world that may grow: to the epoch's end
                 context = FitContext(
                     network, recorder, description, [*listeners, bar.update], score_listeners, attempt=attempt
                 )
@@ -277,14 +279,17 @@ def _run_fit(
                     )
                     if repeated_hang(failures):
                         raise hang_error(failures, error) from error
-                    verdict = decide(error, len(failures), max_failures)
+                    counts = world.counts_failure(attempt + 1)
+                    verdict = decide(error, counted + counts, max_failures)
                     if verdict is Decision.EXHAUSTED:
                         raise exhausted_error(failures, max_failures, error) from error
+                    counted += counts
                     log.warning(
-                        "%s; recovering: attempt %d of at most %d",
+                        "%s; recovering: attempt %d (failure %d of at most %d)",
                         failures[-1].describe(),
                         attempt + 1,
-                        max_failures + 1,
+                        counted,
+                        max_failures,
                     )
                     _restore(network, start, start_state)  # runners that train the driver's network in place
                     world.after_failure(failures[-1].rank, attempt + 1, task)
@@ -292,6 +297,11 @@ def _run_fit(
                     continue
                 finally:
                     context.close(drain_s=DRAIN_S if results is not None else 0.0, succeeded=results is not None)
+                if attempt_task.epochs < task.epochs:  # a bounded attempt ended cleanly at its epoch boundary
+                    results = None
+                    _restore(network, start, start_state)
+                    world.at_boundary(attempt + 1, task)
+                    attempt += 1
         finally:
             bar.close()
     except BaseException as e:
