@@ -273,24 +273,12 @@ def _run_fit(
                     results = runner.run(attempt_task, world.data, context)
                     recovered_from = restart
                 except WorkerLost as error:
-                    reached = context.reached()
                     failures.append(
-                        record_failure(error, attempt, started, reached, context.worker_pids(), context.suspect())
+                        record_failure(
+                            error, attempt, started, context.reached(), context.worker_pids(), context.suspect()
+                        )
                     )
-                    if repeated_hang(failures):
-                        raise hang_error(failures, error) from error
-                    counts = world.counts_failure(attempt + 1)
-                    verdict = decide(error, counted + counts, max_failures)
-                    if verdict is Decision.EXHAUSTED:
-                        raise exhausted_error(failures, max_failures, error) from error
-                    counted += counts
-                    log.warning(
-                        "%s; recovering: attempt %d (failure %d of at most %d)",
-                        failures[-1].describe(),
-                        attempt + 1,
-                        counted,
-                        max_failures,
-                    )
+                    counted = _retry_or_raise(error, failures, counted, max_failures, world.counts_failure(attempt + 1))
                     _restore(network, start, start_state)  # runners that train the driver's network in place
                     world.after_failure(failures[-1].rank, attempt + 1, task)
                     attempt += 1
@@ -323,6 +311,26 @@ def _run_fit(
     if events is not None:
         events.end(network, score, stats)
     return FitOutcome(results, score, stats, failures, world.changes)
+
+
+def _retry_or_raise(
+    error: WorkerLost, failures: list[FailureRecord], counted: int, max_failures: int, counts: int
+) -> int:
+    """After the lost attempt ``failures[-1]``: raise when the fit ends there (the same hang twice, or
+    ``max_failures`` exhausted), else return the failures counted so far (``counts``: 0 for a growth at an epoch
+    boundary that did not hold, :mod:`~torchspark.training.driver.elastic`)."""
+    if repeated_hang(failures):
+        raise hang_error(failures, error) from error
+    if decide(error, counted + counts, max_failures) is Decision.EXHAUSTED:
+        raise exhausted_error(failures, max_failures, error) from error
+    log.warning(
+        "%s; recovering: attempt %d (failure %d of at most %d)",
+        failures[-1].describe(),
+        failures[-1].attempt + 1,
+        counted + counts,
+        max_failures,
+    )
+    return counted + counts
 
 
 def _network_state(network: Network) -> tuple[Any, Any, Any, Any]:
