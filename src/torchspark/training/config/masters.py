@@ -144,7 +144,7 @@ class TrainingMaster:
             ``num_workers`` back (an executor gone for good, a worker slot that keeps dying). None (default):
             ``num_workers``, every attempt runs all of them. Below it, the attempt continues from the newest
             checkpoint on fewer workers (the data re-dealt, gradient sharing's residuals summed into the remaining
-            ranks) and a later attempt grows back when capacity returns; ``summary()["world_changes"]`` lists each
+            ranks) and it grows back when capacity returns (``regrow``); ``summary()["world_changes"]`` lists each
             change. Use it with a ``checkpoint_directory`` (else a smaller attempt restarts the fit) on clusters
             that lose nodes. Example: ``SharedTrainingMaster(num_workers=8, min_workers=4)``. See
             :mod:`torchspark.training.driver.elastic` and docs/guides/recovery.md.
