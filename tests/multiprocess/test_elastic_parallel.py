@@ -1,6 +1,7 @@
 """Elastic recovery with real worker processes (ParallelWrapper): a worker slot whose process keeps dying
 (SIGKILL from outside, every time) shrinks the world to the workers that survive, down to ``min_workers``, and the
-fit completes from the newest checkpoint; a later failure grows the world back to ``num_workers``."""
+fit completes from the newest checkpoint; the world grows back to ``num_workers`` at the next epoch boundary (once
+only when the slot still dies), or at a later failure with ``regrow="attempt"``."""
 
 from __future__ import annotations
 
@@ -97,11 +98,15 @@ def test_a_worker_that_keeps_dying_shrinks_the_world_and_the_fit_completes(
     wrapper.fit(train, epochs=EPOCHS, batch_size=16)
     leftovers.assert_clean(gone=fault.all_pids)
 
-    assert [rank for rank, _ in fault.hit] == [1, 1]  # killed in attempts 0 and 1; attempt 2 has no rank 1
+    # killed in attempts 0 and 1; attempt 2 has no rank 1 and ends at the boundary of epoch 2, where the world grows
+    # back (attempt 3); its rank 1 dies again: the growth did not hold, is not counted, and is not tried again
+    assert [rank for rank, _ in fault.hit] == [1, 1, 1]
     summary = wrapper.training_stats.summary()
-    [change] = summary["world_changes"]
-    assert (change["attempt"], change["epoch"], change["old"], change["new"]) == (2, 1, 2, 1), change
-    assert summary["recovered_from"]["epoch"] == 1  # from the checkpoint of epoch 1, not the fit's start
+    changes = [(c["attempt"], c["epoch"], c["old"], c["new"]) for c in summary["world_changes"]]
+    assert changes == [(2, 1, 2, 1), (3, 2, 1, 2), (4, 2, 2, 1)], summary["world_changes"]
+    assert summary["world_changes"][2]["reason"] == "capacity did not hold: worker 1 lost after growing back"
+    assert len(summary["failures"]) == 3 and len(wrapper.last_results) == 1
+    assert summary["recovered_from"]["epoch"] == 2  # from the checkpoint of epoch 2, not the fit's start
     assert net.epoch == EPOCHS and summary["examples"] == EPOCHS * 1437
     accuracy = net.evaluate(test).accuracy()
     # at most 1 pp worse; it may be better: one worker takes twice the optimizer steps per epoch (sharing measured
@@ -109,11 +114,42 @@ def test_a_worker_that_keeps_dying_shrinks_the_world_and_the_fit_completes(
     assert accuracy >= undisturbed[name] - 0.01, (accuracy, undisturbed[name])
 
 
+@pytest.mark.parametrize("name", sorted(MASTERS))
+def test_the_world_grows_back_at_the_epoch_boundary_when_the_slot_stops_dying(
+    name, tmp_path, leftovers, undisturbed
+) -> None:
+    train, test = datasets.digits("train"), datasets.digits("test")
+    net = _lenet()
+    fault = KeepsDying(rank1=2)  # rank 1 dies in attempts 0 and 1 only: then its slot works again
+    master = dataclasses.replace(MASTERS[name], checkpoint_directory=str(tmp_path), min_workers=1)
+    wrapper = ParallelWrapper(net, num_workers=2, master=master, progress=False)
+    wrapper.add_progress_listener(fault)
+    wrapper.fit(train, epochs=EPOCHS, batch_size=16)
+    leftovers.assert_clean(gone=fault.all_pids)
+
+    summary = wrapper.training_stats.summary()
+    changes = [(c["attempt"], c["epoch"], c["old"], c["new"], c["reason"]) for c in summary["world_changes"]]
+    assert changes == [
+        (2, 1, 2, 1, "worker 1 was lost in two attempts in a row"),
+        (3, 2, 1, 2, "capacity returned"),  # attempt 2 ended at the boundary of epoch 2 without a failure
+    ]
+    assert len(summary["failures"]) == 2 and len(wrapper.last_results) == 2  # the fit ends with both workers
+    assert net.epoch == EPOCHS and summary["examples"] == EPOCHS * 1437
+    accuracy = net.evaluate(test).accuracy()
+    # averaging: at most 1 pp worse. Sharing: the recovery tests' 2 pp band (measured 0.858 against 0.869, as in
+    # test_a_later_attempt_grows_the_world_back: epochs of one and two workers mixed, LeNet not converged after 3
+    # epochs; the growth itself equals a new fit on more workers exactly, tests/unit/test_elastic.py)
+    band = 0.01 if name == "averaging" else 0.02
+    assert accuracy >= undisturbed[name] - band, (accuracy, undisturbed[name])
+
+
 def test_a_later_attempt_grows_the_world_back(tmp_path, leftovers, undisturbed) -> None:
     train, test = datasets.digits("train"), datasets.digits("test")
     net = _lenet()
     fault = KeepsDying(rank1=2, rank0_at=2)  # rank 1 dies twice (shrink to 1), then the lone rank 0 once
-    master = dataclasses.replace(MASTERS["sharing"], checkpoint_directory=str(tmp_path), min_workers=1)
+    master = dataclasses.replace(
+        MASTERS["sharing"], checkpoint_directory=str(tmp_path), min_workers=1, regrow="attempt"
+    )
     wrapper = ParallelWrapper(net, num_workers=2, master=master, progress=False)
     wrapper.add_progress_listener(fault)
     wrapper.fit(train, epochs=EPOCHS, batch_size=16)

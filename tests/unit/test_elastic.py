@@ -19,7 +19,8 @@ from torchspark.training.checkpoint import store
 from torchspark.training.checkpoint.config import CheckpointPlan
 from torchspark.training.config.masters import ParameterAveragingTrainingMaster
 from torchspark.training.config.shared_master import SharedTrainingMaster
-from torchspark.training.driver.elastic import next_world, repeated_rank, reshard_checkpoint
+from torchspark.training.driver.adapter import elastic_plan
+from torchspark.training.driver.elastic import grow_at_boundary, next_world, repeated_rank, reshard_checkpoint
 from torchspark.training.driver.resume import find_resume_point
 from torchspark.training.driver.runner import InProcessRunner
 from torchspark.training.task import WorkerTask
@@ -44,6 +45,43 @@ def test_next_world(current, capacity, repeated, expected) -> None:
     new, reason = next_world(current, 4, 2, capacity, repeated)
     assert new == expected
     assert (reason == "") == (new == current)
+
+
+def test_regrow_never_keeps_a_smaller_world() -> None:
+    assert next_world(3, 4, 2, None, None, regrow=False) == (3, "")
+    assert next_world(3, 4, 2, 4, None, regrow=False) == (3, "")
+    assert next_world(4, 4, 2, 3, None, regrow=False)[0] == 3  # shrinking still happens
+
+
+@pytest.mark.parametrize(
+    ("current", "capacity", "expected"),
+    [
+        (1, None, 4),  # the runner cannot tell (ParallelWrapper): every worker it was given
+        (1, 4, 4),  # the slots are back
+        (1, 2, 2),  # some of them: as many as there are
+        (2, 2, 2),  # none came back: the next epoch at this size
+        (2, 1, 2),  # fewer than now: never shrinks at a boundary (a failure does that)
+    ],
+)
+def test_grow_at_boundary(current, capacity, expected) -> None:
+    new, reason = grow_at_boundary(current, 4, capacity)
+    assert new == expected
+    assert reason == ("capacity returned" if new > current else "")
+
+
+@pytest.mark.parametrize(
+    ("regrow", "directory", "expected"),
+    [(None, "d", "epoch"), (None, None, "attempt"), ("attempt", "d", "attempt"), ("never", None, "never")],
+)
+def test_regrow_is_resolved_and_validated(regrow, directory, expected) -> None:
+    master = SharedTrainingMaster(min_workers=1, regrow=regrow, checkpoint_directory=directory)
+    plan = elastic_plan("fit", master, 2, lambda n: n)
+    assert plan is not None and plan.regrow == expected
+    assert SharedTrainingMaster.from_json(master.to_json()).regrow == regrow
+    with pytest.raises(ConfigError, match=r"regrow must be one of \[None, 'epoch', 'attempt', 'never'\].*'sometimes'"):
+        SharedTrainingMaster(regrow="sometimes")
+    with pytest.raises(ConfigError, match="regrow='epoch' .*checkpoint_directory=None; set a checkpoint_directory"):
+        ParameterAveragingTrainingMaster(min_workers=1, regrow="epoch")
 
 
 def test_repeated_rank_needs_the_same_rank_twice_at_the_same_size() -> None:
@@ -117,13 +155,18 @@ def _fit(name: str, tmp_path, runner, **options):
 def test_a_slot_that_keeps_dying_shrinks_the_world_instead_of_failing_the_fit(name, tmp_path) -> None:
     with pytest.raises(WorkerLost, match="more than max_failures=2"):  # without min_workers: the fit fails
         _fit(name, tmp_path / "rigid", LosingRunner({0: 1, 1: 0, 2: 0}), max_failures=2)
-    runner = LosingRunner({0: 1, 1: 0})
+    # the slot dies in attempts 0 and 1 (shrink), and again in attempt 3, which grew back at the epoch boundary
+    runner = LosingRunner({0: 1, 1: 0, 3: 0})
     net, pw = _fit(name, tmp_path / "elastic", runner, max_failures=2, min_workers=1)
-    assert runner.worlds == [2, 2, 1]
+    assert runner.worlds == [2, 2, 1, 2, 1]  # the growth that did not hold is tried once, and not counted
     summary = pw.training_stats.summary()
-    [change] = summary["world_changes"]
-    assert (change["attempt"], change["epoch"], change["old"], change["new"]) == (2, 1, 2, 1)
-    assert "worker 1 was lost in two attempts in a row" in change["reason"]
+    changes = [(c["attempt"], c["epoch"], c["old"], c["new"], c["reason"]) for c in summary["world_changes"]]
+    assert changes == [
+        (2, 1, 2, 1, "worker 1 was lost in two attempts in a row"),
+        (3, 2, 1, 2, "capacity returned"),
+        (4, 2, 2, 1, "capacity did not hold: worker 1 lost after growing back"),
+    ]
+    assert len(summary["failures"]) == 3 and len(pw.last_results) == 1
     assert net.epoch == EPOCHS and summary["examples"] == EPOCHS * 192
     undisturbed, _ = _fit(name, tmp_path / "undisturbed", InProcessRunner(60.0))
     data = onehot_rule_data(192)
@@ -133,7 +176,7 @@ def test_a_slot_that_keeps_dying_shrinks_the_world_instead_of_failing_the_fit(na
 
 def test_averaging_on_fewer_workers_continues_as_a_one_worker_fit_from_the_checkpoint(tmp_path) -> None:
     """The elastic fit equals its reference: 1 epoch on 2 workers, then the rest on 1 worker from that state."""
-    net, _ = _fit("averaging", tmp_path / "a", LosingRunner({0: 1, 1: 0}), min_workers=1)
+    net, _ = _fit("averaging", tmp_path / "a", LosingRunner({0: 1, 1: 0}), min_workers=1, regrow="attempt")
     ref = mlp_net(12, 16, 3, updater=optim.Adam(lr=1e-2))
     master = _master("averaging", tmp_path / "b")
     ParallelWrapper(ref, num_workers=2, master=master, progress=False, runner=InProcessRunner(60)).fit(
@@ -152,6 +195,62 @@ def test_capacity_shrinks_at_once_and_a_later_attempt_grows_back(tmp_path) -> No
     changes = [(c["old"], c["new"], c["reason"]) for c in pw.training_stats.summary()["world_changes"]]
     assert changes == [(2, 1, "only 1 worker slot(s) left after the failure"), (1, 2, "capacity returned")]
     assert net.epoch == EPOCHS and pw.training_stats.summary()["examples"] == EPOCHS * 192
+
+
+def test_averaging_grown_back_at_an_epoch_boundary_continues_as_the_fits_of_each_size(tmp_path) -> None:
+    """Epoch 0 on 2 workers, epoch 1 on 1 (a slot lost twice), epoch 2 on 2 again (grown at the boundary, no
+    failure): the same as three fits of those sizes in a row. (Gradient sharing is not compared: a fit's end
+    averages the updater states, a re-sharded checkpoint keeps each rank's own; its residuals are checked in
+    test_resharding_keeps_every_update_owed_and_deals_the_position.)"""
+    net, pw = _fit("averaging", tmp_path / "a", LosingRunner({0: 1, 1: 0}), min_workers=1)
+    assert [(c["old"], c["new"]) for c in pw.training_stats.summary()["world_changes"]] == [(2, 1), (1, 2)]
+    ref = mlp_net(12, 16, 3, updater=optim.Adam(lr=1e-2))
+    master = _master("averaging", tmp_path / "b")
+    for workers in (2, 1, 2):
+        ParallelWrapper(ref, num_workers=workers, master=master, progress=False, runner=InProcessRunner(60)).fit(
+            onehot_rule_data(192), epochs=1, batch_size=16
+        )
+    torch.testing.assert_close(net.params(), ref.params())
+
+
+def test_sharing_grown_back_at_an_epoch_boundary_continues_as_a_fit_on_more_workers(tmp_path) -> None:
+    """A slot missing from the start (no checkpoint yet), back at the first boundary: epoch 0 on 1 worker, then 2
+    workers; the same as a 1-worker fit followed by a 2-worker fit (the lone worker's residual goes to rank 0, the
+    returning rank owes nothing and starts from rank 0's updater state, as a new fit deals them)."""
+    net, pw = _fit("sharing", tmp_path / "a", LosingRunner({0: 0}, slots=[1, 2]), min_workers=1)
+    assert [(c["old"], c["new"]) for c in pw.training_stats.summary()["world_changes"]] == [(2, 1), (1, 2)]
+    ref = mlp_net(12, 16, 3, updater=optim.Adam(lr=1e-2))
+    master = _master("sharing", tmp_path / "b")
+    for workers, epochs in ((1, 1), (2, EPOCHS - 1)):
+        ParallelWrapper(ref, num_workers=workers, master=master, progress=False, runner=InProcessRunner(60)).fit(
+            onehot_rule_data(192), epochs=epochs, batch_size=16
+        )
+    torch.testing.assert_close(net.params(), ref.params())
+
+
+def test_capacity_back_at_an_epoch_boundary_grows_the_world_without_a_failure(tmp_path) -> None:
+    # one failure; the slots: 1 after it, 2 at the boundary of epoch 2
+    runner = LosingRunner({0: 1}, slots=[1, 2])
+    net, pw = _fit("sharing", tmp_path / "epoch", runner, min_workers=1)
+    assert runner.worlds == [2, 1, 2]
+    summary = pw.training_stats.summary()
+    changes = [(c["attempt"], c["epoch"], c["old"], c["new"], c["reason"]) for c in summary["world_changes"]]
+    assert changes == [(1, 1, 2, 1, "only 1 worker slot(s) left after the failure"), (2, 2, 1, 2, "capacity returned")]
+    assert len(summary["failures"]) == 1 and len(pw.last_results) == 2
+    assert net.epoch == EPOCHS and summary["examples"] == EPOCHS * 192
+    assert summary["recovered_from"]["epoch"] == 2
+    # the same fit without growing at epoch boundaries ends on the one worker it shrank to
+    for regrow in ("attempt", "never"):
+        runner = LosingRunner({0: 1}, slots=[1, 2])
+        _, pw = _fit("sharing", tmp_path / regrow, runner, min_workers=1, regrow=regrow)
+        assert runner.worlds == [2, 1] and len(pw.last_results) == 1
+
+
+def test_regrow_never_stays_smaller_after_another_failure(tmp_path) -> None:
+    runner = LosingRunner({0: 1, 1: 0}, slots=[1, 2])
+    _, pw = _fit("sharing", tmp_path, runner, min_workers=1, regrow="never")
+    assert runner.worlds == [2, 1, 1]  # "attempt" grows here (test_capacity_shrinks_at_once_...)
+    assert [(c["old"], c["new"]) for c in pw.training_stats.summary()["world_changes"]] == [(2, 1)]
 
 
 def _mid_epoch_checkpoint(tmp_path):
@@ -200,6 +299,15 @@ def test_resharding_keeps_every_update_owed_and_deals_the_position(tmp_path) -> 
     torch.testing.assert_close(tensors["params"], old[0][0]["params"])
     thresholds = [t["algo.threshold_state"][0].item() for t, _ in old]
     assert tensors["algo.threshold_state"][0].item() == pytest.approx(sum(thresholds) / 2)
+
+    # growing back: rank 0 keeps the merged residual, the returning rank owes nothing (no update lost or doubled)
+    grown = reshard_checkpoint(dataclasses.replace(point, step=new_step, path=new_path, world_size=1), 2)
+    grown_path = store.step_directory(str(tmp_path), "r", grown)
+    (t0, m0), (t1, m1) = (store.read_rank_file(grown_path, r) for r in range(2))
+    torch.testing.assert_close(t0["algo.residual"].double(), owed, rtol=0, atol=1e-6)
+    assert not t1["algo.residual"].any() and "params" not in t1
+    torch.testing.assert_close(t1["updater_state"], t0["updater_state"])
+    assert m0["done"] + m1["done"] == meta["done"] and m0["examples"] + m1["examples"] == meta["examples"]
 
 
 def find_resume_point_of(tmp_path):

@@ -23,6 +23,7 @@ from torchspark.training.config.shared_options import (
     APPROACHES,
     AVERAGING_ROUTES,
     DATAFRAME_ROUTES,
+    REGROW,
     REPARTITION,
     SHUFFLE_SCOPES,
     STORAGE_LEVELS,
@@ -30,6 +31,7 @@ from torchspark.training.config.shared_options import (
     check_connect_route_settings,
     check_drop_last,
     check_gpu_amount,
+    check_regrow,
     check_shuffle_scope,
 )
 from torchspark.validation import check_bool, check_choice, check_float, check_int
@@ -50,6 +52,7 @@ __all__ = [
     "AVERAGING_ROUTES",
     "RENDEZVOUS_ROUTES",
     "STORAGE_LEVELS",
+    "REGROW",
 ]
 
 
@@ -156,10 +159,17 @@ class TrainingMaster:
             ``num_workers`` back (an executor gone for good, a worker slot that keeps dying). None (default):
             ``num_workers``, every attempt runs all of them. Below it, the attempt continues from the newest
             checkpoint on fewer workers (the data re-dealt, gradient sharing's residuals summed into the remaining
-            ranks) and a later attempt grows back when capacity returns; ``summary()["world_changes"]`` lists each
+            ranks) and it grows back when capacity returns (``regrow``); ``summary()["world_changes"]`` lists each
             change. Use it with a ``checkpoint_directory`` (else a smaller attempt restarts the fit) on clusters
             that lose nodes. Example: ``SharedTrainingMaster(num_workers=8, min_workers=4)``. See
             :mod:`torchspark.training.driver.elastic` and docs/guides/recovery.md.
+        regrow: when a fit that shrank (``min_workers``) grows back to ``num_workers``: ``"epoch"`` at the first
+            epoch boundary where the capacity is back (free task slots on Spark; the devices it was given on
+            ``ParallelWrapper``), the workers ending their attempt there with a checkpoint, no failure needed;
+            ``"attempt"`` only when the smaller world fails too; ``"never"``: the rest of the fit stays smaller.
+            None (default): ``"epoch"`` with a ``checkpoint_directory`` (it needs one), else ``"attempt"``. Each
+            epoch of a smaller world is then its own launch of the workers (a barrier stage: well under a second).
+            Example: ``SharedTrainingMaster(num_workers=8, min_workers=4, regrow="attempt")``.
         checkpoint_directory: where the fit writes checkpoints (any fsspec URL; on a cluster shared storage every
             executor can write and the driver can read, e.g. ``hdfs://...``/``s3://...``); None (default): no
             checkpoints. Each fit writes under ``<checkpoint_directory>/<run_id>/``; ``fit(..., run_id="r1")``
@@ -214,6 +224,7 @@ class TrainingMaster:
     flush_denormal: bool = True
     max_failures: int = 3
     min_workers: int | None = None
+    regrow: str | None = None
     port: int = 0
     network_mask: str | None = None
     controller_address: str | None = None
@@ -255,6 +266,7 @@ class TrainingMaster:
             none_means="num_workers: never fewer",
             fix="set min_workers <= num_workers, or None",
         )
+        check_regrow(name, self.regrow, self.checkpoint_directory)
         check_float("data_timeout_s", self.data_timeout_s, above=0, unit="seconds", owner=name)
         check_gpu_amount(name, self.gpus_per_worker)
         self._check_dataframe_route(name)

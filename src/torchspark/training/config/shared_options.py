@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from torchspark.errors import ConfigError
-from torchspark.validation import check_float
+from torchspark.validation import check_choice, check_float
 
 __all__ = [
     "REPARTITION",
@@ -21,7 +21,9 @@ __all__ = [
     "DATAFRAME_ROUTES",
     "AVERAGING_ROUTES",
     "STORAGE_LEVELS",
+    "REGROW",
     "check_drop_last",
+    "check_regrow",
     "check_shuffle_scope",
     "check_gpu_amount",
 ]
@@ -35,6 +37,8 @@ SHUFFLE_SCOPES = ("worker", "global")
 #: how a classic session trains a DataFrame: RDD routes (``rdd_training_approach``) or the Connect route's stage
 DATAFRAME_ROUTES = ("rdd", "barrier_arrow")
 AVERAGING_ROUTES = ("torch", "spark")
+#: when a fit that shrank grows back (``regrow``; :mod:`torchspark.training.driver.elastic`)
+REGROW = ("epoch", "attempt", "never")
 #: the names of ``pyspark.StorageLevel``'s levels, spelled out so masters validate without importing pyspark (a test
 #: checks this equals pyspark's own set)
 STORAGE_LEVELS = (
@@ -62,6 +66,20 @@ def check_drop_last(owner: str, drop_last: bool, repartition_strategy: str, repa
             f"{owner}: drop_last=True needs repartition_strategy='balanced' and a repartition, got "
             f"repartition_strategy={repartition_strategy!r}, repartition={repartition!r}; "
             "use the defaults or set drop_last=False"
+        )
+
+
+def check_regrow(owner: str, regrow: str | None, checkpoint_directory: str | None) -> None:
+    """``regrow`` is one of :data:`REGROW` or None; ``"epoch"`` grows back from a checkpoint, so it needs a directory.
+
+    Raises:
+        ConfigError: an unknown value, or ``regrow="epoch"`` with ``checkpoint_directory=None``.
+    """
+    check_choice("regrow", regrow, (None, *REGROW), owner=owner)
+    if regrow == "epoch" and checkpoint_directory is None:
+        raise ConfigError(
+            f"{owner}: regrow='epoch' grows a smaller world back from the checkpoint at an epoch boundary, but "
+            "checkpoint_directory=None; set a checkpoint_directory, or regrow='attempt'"
         )
 
 

@@ -218,7 +218,8 @@ def elastic_plan(
     capacity: Callable[[], int | None] | None = None,
 ) -> Elastic | None:
     """The fit's :class:`~torchspark.training.driver.elastic.Elastic` when the master's ``min_workers`` is below the
-    fit's ``num_workers`` (None otherwise: every attempt runs every worker).
+    fit's ``num_workers`` (None otherwise: every attempt runs every worker); the master's ``regrow`` resolved (None:
+    ``"epoch"`` with a ``checkpoint_directory``, else ``"attempt"``).
 
     Raises:
         ConfigError: ``min_workers`` above ``num_workers``; or below it while ``data_for`` is None (a route whose
@@ -236,4 +237,5 @@ def elastic_plan(
             "which this route cannot do (a one-shot stream, averaging_via='spark', a Spark Connect session or "
             "shuffle_scope='global' on Spark); leave min_workers=None, or pass a DataSet, batch files or an RDD"
         )
-    return Elastic(num_workers, wanted, data_for, capacity)
+    regrow = master.regrow or ("epoch" if master.checkpoint_directory is not None else "attempt")
+    return Elastic(num_workers, wanted, data_for, capacity, regrow)

@@ -9,8 +9,20 @@ pure policy):
    good, dynamic allocation taking executors away: :class:`Elastic` ``capacity``), or when the same rank was lost in
    two attempts in a row at this size (a slot that keeps dying: a bad host, a device that keeps failing); never
    below ``min_workers``;
-2. **grow back** to ``num_workers`` (or as many as the runner can start) at the next attempt after a shrink;
+2. **grow back** to ``num_workers`` (or as many as the runner can start) at the next attempt after a shrink
+   (``regrow`` ``"epoch"`` or ``"attempt"``; ``"never"`` keeps the smaller world);
 3. otherwise keep the size (today's recovery).
+
+**Growing back at an epoch boundary** (``regrow="epoch"``, the default with a ``checkpoint_directory``): while the
+world is smaller than ``num_workers``, each attempt runs to the next epoch boundary only (its task's ``epochs``
+end there, so the workers finish cleanly with the epoch's checkpoint, and no failure is recorded); the driver then
+asks the runner for its capacity (:func:`grow_at_boundary`: Spark's free task slots; ``ParallelWrapper`` cannot
+tell, and takes the devices it was given as there) and either grows (re-sharding that checkpoint, re-dealing the
+data) or runs the next epoch at the same size. If the attempt right after such a growth loses a worker, the capacity
+did not hold (a slot that still dies): the world goes back to its size before, that failure does not count against
+``max_failures`` (it was the driver's try, not a new fault), and the fit stops growing at epoch boundaries (a later
+failure may still grow it, as ``"attempt"`` does). So a slot that is bad for good costs one failed attempt, not one
+per epoch.
 
 A new size restarts from the newest checkpoint, **re-sharded** for the new world by :func:`reshard_checkpoint`
 (a new checkpoint written next to it, so the workers' resume is the one they always run), and the adapter re-deals
@@ -25,7 +37,9 @@ What the re-sharding does with each rank's state (new rank ``r`` of ``n``, old w
 * gradient sharing's **residuals** (the update mass each rank still owes the parameters): shrinking, new rank ``r``
   gets the **sum** of the old ranks ``j`` with ``j % n == r``, and a rank's pending message (encoded at the cut but
   not sent) is decoded back into its residual first, so no update is lost or applied twice; growing, the new ranks
-  start with zero residuals. The **threshold state** of every new rank is the mean over the old ranks
+  start with zero residuals: old rank ``r`` keeps its own residual as new rank ``r`` (growing back after a shrink,
+  new rank 0 holds the merged residual of every rank it took over; the ranks that return start owing nothing), so
+  every update still owed is owed exactly once. The **threshold state** of every new rank is the mean over the old ranks
   (:func:`~torchspark.encoding.threshold.average_states`, as the end of a fit reconciles it);
 * the data position inside an interrupted epoch: the minibatches the old ranks had consumed, in total, are dealt
   evenly over the new ranks (each skips its share of the re-dealt epoch). The re-dealt epoch holds the same
@@ -40,7 +54,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
@@ -52,7 +66,15 @@ from torchspark.training.checkpoint.config import ResumePoint
 from torchspark.training.driver.resume import find_resume_point
 from torchspark.training.task import WorkerTask
 
-__all__ = ["Elastic", "WorldChange", "WorldTracker", "next_world", "repeated_rank", "reshard_checkpoint"]
+__all__ = [
+    "Elastic",
+    "WorldChange",
+    "WorldTracker",
+    "grow_at_boundary",
+    "next_world",
+    "repeated_rank",
+    "reshard_checkpoint",
+]
 
 log = logging.getLogger(__name__)
 
@@ -89,13 +111,18 @@ class Elastic:
         min_workers: the fewest workers it goes on with (``min_workers`` of the master).
         data_for: the workers' data re-dealt over ``n`` workers, in the form the runner takes.
         capacity: how many workers the runner can start now (free task slots); None: the runner cannot tell
-            (local processes), then only a rank that keeps dying shrinks the world.
+            (local processes), then only a rank that keeps dying shrinks the world, and growing back takes every
+            worker it was given as there.
+        regrow: when a smaller world grows back: ``"epoch"`` (at the next epoch boundary with the capacity back;
+            needs checkpoints), ``"attempt"`` (at its next failure) or ``"never"`` (the master's ``regrow``,
+            resolved: never None here).
     """
 
     num_workers: int
     min_workers: int
     data_for: Callable[[int], Any]
     capacity: Callable[[], int | None] | None = None
+    regrow: str = "attempt"
 
     def free_slots(self) -> int | None:
         """The runner's capacity now (None: unknown)."""
@@ -111,8 +138,20 @@ def repeated_rank(lost: Sequence[tuple[int | None, int]], world: int) -> int | N
     return b if a is not None and a == b and wa == wb == world else None
 
 
+def grow_at_boundary(current: int, target: int, capacity: int | None) -> tuple[int, str]:
+    """The world size after an epoch boundary (or a failure) of a world of ``current`` workers, and why (``""``:
+    unchanged): as many as ``capacity`` allows up to ``target`` (None: the runner cannot tell, so all of them)."""
+    grown = target if capacity is None else min(target, capacity)
+    return (grown, "capacity returned") if grown > current else (current, "")
+
+
 def next_world(
-    current: int, target: int, min_workers: int, capacity: int | None, repeated: int | None
+    current: int,
+    target: int,
+    min_workers: int,
+    capacity: int | None,
+    repeated: int | None,
+    regrow: bool = True,
 ) -> tuple[int, str]:
     """The world size of the next attempt and why (``""``: unchanged). Steps 1-3 of the module docstring.
 
@@ -122,6 +161,7 @@ def next_world(
         min_workers: the floor.
         capacity: workers the runner can start now (None: unknown).
         repeated: the rank lost in the last two attempts at this size (:func:`repeated_rank`), or None.
+        regrow: whether a smaller world may grow back (False: ``regrow="never"``).
     """
     if capacity is not None and capacity < current:
         if capacity >= min_workers:
@@ -131,11 +171,7 @@ def next_world(
         if current > min_workers:
             return current - 1, f"worker {repeated} was lost in two attempts in a row"
         return current, ""
-    if current < target:
-        grown = target if capacity is None else min(target, capacity)
-        if grown > current:
-            return grown, "capacity returned"
-    return current, ""
+    return grow_at_boundary(current, target, capacity) if regrow else (current, "")
 
 
 def _members(new_rank: int, old: int, new: int) -> list[int]:
@@ -236,22 +272,65 @@ class WorldTracker:
         #: every change so far, oldest first
         self.changes: list[WorldChange] = []
         self._lost: list[tuple[int | None, int]] = []
+        #: the attempt that starts with a growth at an epoch boundary (None: none pending)
+        self._grown_for: int | None = None
+        #: whether the world may still grow at epoch boundaries (False after a growth that did not hold)
+        self._epoch_growth = elastic is not None and elastic.regrow == "epoch"
+
+    def bounded(self, task: WorkerTask) -> WorkerTask:
+        """Attempt task ``task``, ending at the next epoch boundary when the world may grow there (a smaller world,
+        ``regrow="epoch"``); else unchanged."""
+        e = self.elastic
+        if e is None or self.world is None or self.world >= e.num_workers or not self._epoch_growth:
+            return task
+        boundary = (0 if task.resume is None else task.resume.fit_epoch) + 1
+        return replace(task, epochs=min(task.epochs, boundary))
+
+    def at_boundary(self, attempt: int, task: WorkerTask) -> None:
+        """A bounded attempt (:meth:`bounded`) ended cleanly at an epoch boundary: grow attempt ``attempt``'s world
+        when the capacity is back (:func:`grow_at_boundary`)."""
+        assert self.elastic is not None and self.world is not None
+        new, reason = grow_at_boundary(self.world, self.elastic.num_workers, self.elastic.free_slots())
+        if new != self.world:
+            self._change(attempt, task, new, reason)
+            self._grown_for = attempt
+
+    def counts_failure(self, attempt: int) -> int:
+        """1 when the failure of attempt ``attempt - 1`` counts against ``max_failures``; 0 when that attempt was the
+        first after a growth at an epoch boundary (the growth did not hold: the module docstring)."""
+        return 0 if self._grown_for is not None and self._grown_for == attempt - 1 else 1
 
     def after_failure(self, rank: int | None, attempt: int, task: WorkerTask) -> None:
         """Attempt ``attempt - 1`` lost rank ``rank`` (None: unknown): choose attempt ``attempt``'s world size
-        (:func:`next_world`); on a change re-shard the run's newest checkpoint (:func:`reshard_checkpoint`) and re-deal
-        the data."""
+        (:func:`next_world`; after a growth that did not hold, the size before it, and no more growth at epoch
+        boundaries); on a change re-shard the run's newest checkpoint (:func:`reshard_checkpoint`) and re-deal the
+        data."""
         if self.elastic is None or self.world is None:
             return
         e, old = self.elastic, self.world
         self._lost.append((rank, old))
-        new, reason = next_world(old, e.num_workers, e.min_workers, e.free_slots(), repeated_rank(self._lost, old))
-        if new == old:
+        if not self.counts_failure(attempt):
+            self._grown_for, self._epoch_growth = None, False
+            back, slots = self.changes[-1].old, e.free_slots()
+            if slots is not None and e.min_workers <= slots < back:  # and fewer slots than before the growth
+                back = slots
+            who = "a worker" if rank is None else f"worker {rank}"
+            self._change(attempt, task, back, f"capacity did not hold: {who} lost after growing back")
             return
+        self._grown_for = None
+        repeated = repeated_rank(self._lost, old)
+        new, reason = next_world(old, e.num_workers, e.min_workers, e.free_slots(), repeated, e.regrow != "never")
+        if new != old:
+            self._change(attempt, task, new, reason)
+
+    def _change(self, attempt: int, task: WorkerTask, new: int, reason: str) -> None:
+        """Attempt ``attempt`` runs ``new`` workers: re-shard the newest checkpoint, re-deal the data, record it."""
+        assert self.elastic is not None and self.world is not None
+        old = self.world
         point = find_resume_point(task)
         if point is not None and point.world_size != new:
             reshard_checkpoint(point, new)
-        self.data = e.data_for(new)
+        self.data = self.elastic.data_for(new)
         self.world = new
         change = WorldChange(attempt, 0 if point is None else point.fit_epoch, old, new, reason, time.time())
         self.changes.append(change)

@@ -256,6 +256,7 @@ def _run_fit(
         start = (point.fit_start_iteration, point.fit_start_epoch)
     start_state = _network_state(network)
     failures: list[FailureRecord] = []
+    counted = 0  # the failures that count against max_failures (not a growth that did not hold: elastic.py)
     recovered_from: dict[str, Any] | None = None
     results: list[WorkerResult] | None = None
     try:
@@ -263,6 +264,7 @@ def _run_fit(
             attempt = 0
             while results is None:
                 attempt_task, restart = (task, None) if attempt == 0 else restart_task(task, attempt)
+                attempt_task = world.bounded(attempt_task)  # a smaller world that may grow: to the epoch's end
                 context = FitContext(
                     network, recorder, description, [*listeners, bar.update], score_listeners, attempt=attempt
                 )
@@ -271,27 +273,23 @@ def _run_fit(
                     results = runner.run(attempt_task, world.data, context)
                     recovered_from = restart
                 except WorkerLost as error:
-                    reached = context.reached()
                     failures.append(
-                        record_failure(error, attempt, started, reached, context.worker_pids(), context.suspect())
+                        record_failure(
+                            error, attempt, started, context.reached(), context.worker_pids(), context.suspect()
+                        )
                     )
-                    if repeated_hang(failures):
-                        raise hang_error(failures, error) from error
-                    verdict = decide(error, len(failures), max_failures)
-                    if verdict is Decision.EXHAUSTED:
-                        raise exhausted_error(failures, max_failures, error) from error
-                    log.warning(
-                        "%s; recovering: attempt %d of at most %d",
-                        failures[-1].describe(),
-                        attempt + 1,
-                        max_failures + 1,
-                    )
+                    counted = _retry_or_raise(error, failures, counted, max_failures, world.counts_failure(attempt + 1))
                     _restore(network, start, start_state)  # runners that train the driver's network in place
                     world.after_failure(failures[-1].rank, attempt + 1, task)
                     attempt += 1
                     continue
                 finally:
                     context.close(drain_s=DRAIN_S if results is not None else 0.0, succeeded=results is not None)
+                if attempt_task.epochs < task.epochs:  # a bounded attempt ended cleanly at its epoch boundary
+                    results = None
+                    _restore(network, start, start_state)
+                    world.at_boundary(attempt + 1, task)
+                    attempt += 1
         finally:
             bar.close()
     except BaseException as e:
@@ -313,6 +311,26 @@ def _run_fit(
     if events is not None:
         events.end(network, score, stats)
     return FitOutcome(results, score, stats, failures, world.changes)
+
+
+def _retry_or_raise(
+    error: WorkerLost, failures: list[FailureRecord], counted: int, max_failures: int, counts: int
+) -> int:
+    """After the lost attempt ``failures[-1]``: raise when the fit ends there (the same hang twice, or
+    ``max_failures`` exhausted), else return the failures counted so far (``counts``: 0 for a growth at an epoch
+    boundary that did not hold, :mod:`~torchspark.training.driver.elastic`)."""
+    if repeated_hang(failures):
+        raise hang_error(failures, error) from error
+    if decide(error, counted + counts, max_failures) is Decision.EXHAUSTED:
+        raise exhausted_error(failures, max_failures, error) from error
+    log.warning(
+        "%s; recovering: attempt %d (failure %d of at most %d)",
+        failures[-1].describe(),
+        failures[-1].attempt + 1,
+        counted + counts,
+        max_failures,
+    )
+    return counted + counts
 
 
 def _network_state(network: Network) -> tuple[Any, Any, Any, Any]:
