@@ -211,6 +211,20 @@ def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
+def _verdicts(rows: list[dict[str, Any]]) -> str:
+    """The targets met or missed, and the one-pass kernel against the previous one, as a paragraph."""
+    lines = [
+        f"- {t['target']}: {t['measured']}: **{'met' if t['met'] else 'not met'}**."
+        for t in targets(rows)
+        if t["met"] is not None
+    ]
+    ab = [r for r in rows if r["path"] == "one-pass" and r["enc_vs_v1"] is not None]
+    if ab:
+        speed = ", ".join(f"{r['enc_vs_v1']:.2f}x at {100 * r['target_density']:g}%" for r in ab)
+        lines.append(f"- One-pass encode against the previous kernel (v1), same run: {speed} (median times).")
+    return "\n".join(lines) + "\n" if lines else ""
+
+
 def write_report(
     args: argparse.Namespace, copy_gbs: float, rows: list[dict[str, Any]], backend: str, elapsed: float
 ) -> None:
@@ -264,6 +278,7 @@ def write_report(
         '"torch path" = the generic torch kernels (what CUDA uses) forced on CPU.\n',
         C.markdown_table(headers, table) + "\n",
         f"Per core ({main_path}): {summary}.\n",
+        _verdicts(rows),
         IMPLEMENTATION,
     ]
     C.write_section(
