@@ -92,6 +92,69 @@ def test_one_pass_handles_nan_inf_and_signed_zeros_like_the_numpy_path() -> None
             assert_bit_equal(residual, upd, t)
 
 
+def _pattern(n: int, entries: list[int], t: float = 1.0) -> torch.Tensor:
+    """A residual with entries (alternating signs, some exactly at ``±t``) at ``entries`` and small values elsewhere."""
+    g = torch.Generator().manual_seed(n + len(entries))
+    residual = (torch.rand(n, generator=g) - 0.5) * t  # |r| < t/2: no entry
+    for k, i in enumerate(entries):
+        sign = 1.0 if k % 2 == 0 else -1.0
+        residual[i] = sign * (t if k % 3 == 0 else 1.5 * t)
+    return residual
+
+
+@pytest.mark.parametrize("n", [BLOCK * 3 - 1, BLOCK * 3, BLOCK * 3 + 1, BLOCK * 5 + 17])
+@pytest.mark.parametrize(
+    "where",
+    ["none", "all", "first of each block", "last of each block", "whole middle block", "last element"],
+)
+def test_one_pass_matches_the_numpy_path_at_block_boundaries(n: int, where: str) -> None:
+    """The kernel works on 64-element blocks (a 64-bit mask each) and a shorter last block: entries on the first and
+    last bit of blocks, a full block, every element, none, and the very last element."""
+    entries = {
+        "none": [],
+        "all": list(range(n)),
+        "first of each block": list(range(0, n, BLOCK)),
+        "last of each block": list(range(BLOCK - 1, n, BLOCK)) + [n - 1],
+        "whole middle block": list(range(BLOCK, 2 * BLOCK)),
+        "last element": [n - 1],
+    }[where]
+    residual = _pattern(n, sorted(set(entries)))
+    for min_entries in (1, 2):
+        assert_bit_equal(residual, None, 1.0, min_entries=min_entries)
+        assert_bit_equal(residual * 0.5, residual * 0.5, 1.0, min_entries=min_entries)  # the add makes them
+
+
+@pytest.mark.parametrize("extra", [0, 1, 2, BLOCK - 1, BLOCK, 3 * BLOCK + 5])
+def test_one_pass_switches_from_sparse_to_bitmap_anywhere_like_the_numpy_path(extra: int) -> None:
+    """A message that passes the sparse limit (N/16 entries) in some block: the sparse entries so far become the
+    bitmap mid-pass. ``extra`` entries beyond the limit, spread over the rest of the update."""
+    n = 64 * BLOCK + 9
+    limit = (n + 3) // 4 // 4
+    first = list(range(0, 8 * (limit - 1), 8))  # limit - 1 entries, every 8th element of the first half
+    rest = torch.linspace(8 * limit, n - 1, extra + 1).long().tolist()  # extra + 1 entries in the second half
+    residual = _pattern(n, sorted(set(first + rest)))
+    assert threshold_encode(None, residual.clone(), 1.0).format == ("sparse" if extra == 0 else "bitmap")
+    assert_bit_equal(residual, None, 1.0)
+    for boundary in (limit, limit + 1, limit + extra):
+        assert_bit_equal(residual, None, 1.0, boundary=boundary)
+
+
+@pytest.mark.parametrize("n", [BLOCK + 3, 4 * BLOCK])
+def test_one_pass_handles_special_values_on_block_edges_like_the_numpy_path(n: int) -> None:
+    """NaN (both signs), ±inf, ±0 and values exactly at ``±t`` on the first and last bit of blocks and in the tail."""
+    specials = [float("nan"), -float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1.0, -1.0]
+    edges = sorted({0, BLOCK - 1, BLOCK, n - 1, n - 2, n - 3, n - 4, n - 5})
+    for shift in range(len(specials)):
+        residual = _pattern(n, [])
+        for k, i in enumerate(edges):
+            residual[i] = specials[(k + shift) % len(specials)]
+        update = torch.zeros(n)
+        update[edges[::2]] = 0.75
+        for upd in (update, None):
+            for t in (1.0, 0.5):
+                assert_bit_equal(residual, upd, t)
+
+
 def test_non_contiguous_input_is_refused_on_both_paths() -> None:
     update = torch.randn(200)[::2]
     for one_pass in (True, False):
