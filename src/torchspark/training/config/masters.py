@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 from torchspark._io import dump_mapping, load_mapping
 from torchspark.errors import ConfigError
 from torchspark.training.checkpoint.config import DEFAULT_KEEP, check_options
-from torchspark.training.config.mesh import MESH_FIELDS, RENDEZVOUS_ROUTES, MeshConfig
+from torchspark.training.config.mesh import MAX_TIMEOUT_S, MESH_FIELDS, RENDEZVOUS_ROUTES, MeshConfig
 from torchspark.validation import check_bool, check_choice, check_float, check_int
 
 __all__ = ["TrainingMaster", "ParameterAveragingTrainingMaster", "master_from_json", "register_master", "master_class", "master_kinds",
@@ -146,6 +146,13 @@ class TrainingMaster:
             change. Use it with a ``checkpoint_directory`` (else a smaller attempt restarts the fit) on clusters
             that lose nodes. Example: ``SharedTrainingMaster(num_workers=8, min_workers=4)``. See
             :mod:`torchspark.training.driver.elastic` and docs/guides/recovery.md.
+        stall_timeout_s: the progress watchdog (default 1800 s, torch.distributed's default collective timeout; None
+            = off): an attempt in which no worker reports a new step for this long fails as a hang naming each rank's
+            step, which the heartbeats and ``rendezvous_timeout_s`` cannot see when every worker hangs in the model's
+            code at once; two such hangs at one step end the fit (not retried). Progress is reported every 10
+            optimizer steps, and the first report of an attempt (rendezvous, first data, ``torch.compile``) may take
+            twice as long. Raise it for very slow steps (huge minibatches or ``accumulate_steps``, a long compile);
+            lower it (e.g. 120) to catch hangs of a fast model sooner. See :mod:`torchspark.training.driver.stall`.
         checkpoint_directory: where the fit writes checkpoints (any fsspec URL; on a cluster shared storage every
             executor can write and the driver can read, e.g. ``hdfs://...``/``s3://...``); None (default): no
             checkpoints. Each fit writes under ``<checkpoint_directory>/<run_id>/``; ``fit(..., run_id="r1")``
@@ -200,6 +207,7 @@ class TrainingMaster:
     flush_denormal: bool = True
     max_failures: int = 3
     min_workers: int | None = None
+    stall_timeout_s: float | None = 1800.0
     port: int = 0
     network_mask: str | None = None
     controller_address: str | None = None
@@ -242,6 +250,8 @@ class TrainingMaster:
         check_int("min_workers", self.min_workers, 1, self.num_workers, allow_none=True, owner=name,
                   none_means="num_workers: never fewer", fix="set min_workers <= num_workers, or None")
         check_float("data_timeout_s", self.data_timeout_s, above=0, unit="seconds", owner=name)
+        check_float("stall_timeout_s", self.stall_timeout_s, above=0, maximum=MAX_TIMEOUT_S, finite=True, allow_none=True,
+                    unit="seconds", owner=name, none_means="no progress watchdog")
         _check_gpu_amount(name, self.gpus_per_worker)
         self._check_dataframe_route(name)
         try:
