@@ -14,6 +14,7 @@ import pytest
 import torch
 from _faulty import FailingForward, HangingForward
 
+from hanging import HangingMLP
 from helpers import lenet_net
 from torchspark import Network, datasets, optim
 from torchspark.errors import WorkerError, WorkerLost
@@ -191,12 +192,36 @@ def test_a_hang_at_the_same_step_in_two_attempts_is_not_retried_again(leftovers)
     data = datasets.synthetic_classification(400, 12, 3, seed=1)  # 50 steps per worker: progress at 10, 20, ...
     net = Network(HangingForward(12, 3, after=25, rank=1), updater=optim.SGD(lr=0.1), seed=0)
     master = ParameterAveragingTrainingMaster(averaging_frequency=1, rendezvous_timeout_s=3)  # max_failures=3
-    wrapper = ParallelWrapper(net, num_workers=2, master=master, progress=False)
+    # a runner of our own, without a timeout_s: it takes the master's 3 s (with its own 300 s the 15 s hang would
+    # simply pass and the fit succeed)
+    runner = _CountingRunner(["cpu", "cpu"])
+    wrapper = ParallelWrapper(net, num_workers=2, master=master, progress=False, runner=runner)
     with pytest.raises(WorkerError) as info:
         wrapper.fit(data, epochs=1, batch_size=4)
     assert not isinstance(info.value, WorkerLost)  # the user's code hangs: not a lost machine
     message = str(info.value)
     # stopped after the second attempt, not after max_failures + 1 = 4
     assert message.startswith("attempts 0 and 1 both stopped at epoch 0, minibatch 20 (the furthest"), message
-    assert "attempt 2" not in message
+    assert "raise rendezvous_timeout_s" in message
+    assert "attempt 2" not in message and runner.runs == 2
+    assert not _worker_children()
+
+
+def test_every_worker_hanging_at_once_is_found_by_the_progress_watchdog(tmp_path, leftovers) -> None:
+    """Both ranks sleep in forward at step 26: heartbeats go on and nobody waits in a collective, so only the
+    progress watchdog (stall_timeout_s) sees it; two stalls at one step end the fit. Without the watchdog the fit
+    would wait limit_s in each of the 25 steps left (then pytest's timeout fails the test)."""
+    data = datasets.synthetic_classification(400, 12, 3, seed=1)  # 50 steps per worker: progress at 10, 20, ...
+    hang = HangingMLP(12, 8, 3, marker=str(tmp_path / "never"), after=25, limit_s=60)
+    net = Network(hang, updater=optim.SGD(lr=0.1), seed=0)
+    master = ParameterAveragingTrainingMaster(averaging_frequency=1, rendezvous_timeout_s=60, stall_timeout_s=4)
+    wrapper = ParallelWrapper(net, num_workers=2, master=master, progress=False)
+    with pytest.raises(WorkerError) as info:
+        wrapper.fit(data, epochs=1, batch_size=4)
+    assert not isinstance(info.value, WorkerLost)
+    message = str(info.value)
+    assert message.startswith("attempts 0 and 1 both stopped at epoch 0, minibatch 20 (the furthest"), message
+    assert "raise stall_timeout_s" in message and "attempt 2" not in message
+    assert "[worker 0: epoch 0, minibatch 20; worker 1: epoch 0, minibatch 20]" in message
+    assert "attempt 1: every worker stuck (no progress)" in message
     assert not _worker_children()

@@ -18,17 +18,23 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from torchspark.errors import ConfigError
 from torchspark.parallel.bootstrap import ChildArgs, backend_for_devices, child_main, worker_context
 from torchspark.parallel.feeding import WorkerShares, initial_items, put_item, start_feeders
 from torchspark.parallel.supervision import Supervisor
+from torchspark.training.config.mesh import MAX_TIMEOUT_S
 from torchspark.training.driver.runner import NULL_CONTEXT, RunContext
 from torchspark.training.progress import ProgressEndpoint
 from torchspark.training.rendezvous.auth import new_token
 from torchspark.training.rendezvous.stores import listening_store
 from torchspark.training.task import WorkerResult, WorkerTask
 from torchspark.training.waiting import join_within
+from torchspark.validation import check_float
 
-__all__ = ["LocalProcessRunner"]
+__all__ = ["LocalProcessRunner", "DEFAULT_TIMEOUT_S"]
+
+#: the rendezvous and collective timeout of a runner run on its own, without a master (the masters' default)
+DEFAULT_TIMEOUT_S = 300.0
 
 #: how long a stopped feeder thread gets to notice before the run ends without it (it is a daemon)
 _FEEDER_JOIN_S = 10.0
@@ -41,7 +47,13 @@ class LocalProcessRunner:
     Args:
         devices: one device string per worker (``"cpu"``, ``"cuda:0"``...).
         threads_per_worker: torch intra-op threads in each worker (cores / workers is right for CPU training).
-        timeout_s: rendezvous and collective timeout (``rendezvous_timeout_s``).
+        timeout_s: rendezvous and collective timeout, and the watchdog's limit for a silent worker. None (default):
+            the training master's ``rendezvous_timeout_s`` when ``ParallelWrapper`` runs it (its default,
+            :data:`DEFAULT_TIMEOUT_S`, when the runner runs on its own). A number: the runner's own limit, which
+            must equal the master's ``rendezvous_timeout_s`` in a ``ParallelWrapper`` fit (two limits for one wait
+            are a ConfigError, :meth:`use_master_timeout`). Example: ``LocalProcessRunner(["cpu"] * 2)`` with
+            ``ParallelWrapper(net, master=ParameterAveragingTrainingMaster(rendezvous_timeout_s=30), runner=...)``
+            waits 30 s for a hung worker.
         prefetch: queued minibatches per worker for a one-shot stream; None (default): the task's ``prefetch``
             (the master's ``worker_prefetch_num_batches``, ParallelWrapper's ``worker_prefetch_num_batches``), at least 1.
         progress_address: the parent's ``ProgressServer.endpoint`` (address and the fit's token), for progress
@@ -55,7 +67,7 @@ class LocalProcessRunner:
         self,
         devices: Sequence[str],
         threads_per_worker: int = 1,
-        timeout_s: float = 300.0,
+        timeout_s: float | None = None,
         prefetch: int | None = None,
         progress_address: ProgressEndpoint | None = None,
         exit_timeout_s: float = 30.0,
@@ -63,13 +75,48 @@ class LocalProcessRunner:
     ) -> None:
         self.devices = list(devices)
         self.threads_per_worker = threads_per_worker
-        self.timeout_s = timeout_s
+        self.timeout_s: float | None = check_float(
+            "timeout_s",
+            timeout_s,
+            above=0,
+            maximum=MAX_TIMEOUT_S,
+            finite=True,
+            allow_none=True,
+            unit="seconds",
+            owner="LocalProcessRunner",
+            none_means="the training master's rendezvous_timeout_s",
+        )
+        self._master_timeout_s: float | None = None
         self.prefetch = prefetch
         self.progress_address = progress_address
         self.exit_timeout_s = exit_timeout_s
         self.shared_memory = shared_memory
         #: the worker processes of the last run (all joined when :meth:`run` returns or raises)
         self.children: list[Any] = []
+
+    def use_master_timeout(self, rendezvous_timeout_s: float) -> None:
+        """Take the training master's ``rendezvous_timeout_s`` for the next runs (``ParallelWrapper`` calls it before
+        each fit), unless ``timeout_s`` was set on the runner.
+
+        Raises:
+            ConfigError: the runner's own ``timeout_s`` differs from ``rendezvous_timeout_s`` (naming both values).
+        """
+        if self.timeout_s is not None and self.timeout_s != rendezvous_timeout_s:
+            raise ConfigError(
+                f"LocalProcessRunner(timeout_s={self.timeout_s:g}) and the training master's "
+                f"rendezvous_timeout_s={rendezvous_timeout_s:g} disagree, and both bound the same waits; set "
+                "rendezvous_timeout_s on the master and leave the runner's timeout_s=None (it then takes the "
+                "master's), or make them equal"
+            )
+        self._master_timeout_s = rendezvous_timeout_s
+
+    @property
+    def effective_timeout_s(self) -> float:
+        """The limit the next run uses: ``timeout_s``, else the master's (:meth:`use_master_timeout`), else
+        :data:`DEFAULT_TIMEOUT_S`."""
+        if self.timeout_s is not None:
+            return float(self.timeout_s)
+        return self._master_timeout_s if self._master_timeout_s is not None else DEFAULT_TIMEOUT_S
 
     def run(self, task: WorkerTask, data: WorkerShares, context: RunContext = NULL_CONTEXT) -> list[WorkerResult]:
         """Run one worker per share of ``data`` on the first ``data.workers`` devices (all of them, unless an
@@ -86,7 +133,8 @@ class LocalProcessRunner:
         if progress_address is None:  # no driver context: the caller's own progress server, if any
             progress_address = self.progress_address
         with context.recorder.phase("fit"):
-            return self._run(task, data, progress_address, Supervisor(self.timeout_s, self.exit_timeout_s, context))
+            supervisor = Supervisor(self.effective_timeout_s, self.exit_timeout_s, context)
+            return self._run(task, data, progress_address, supervisor)
 
     def _put(self, q: Any, item: Any, stop: threading.Event) -> bool:
         """How the feeders put one item into a worker's queue (:func:`~torchspark.parallel.feeding.put_item`; a
@@ -104,7 +152,8 @@ class LocalProcessRunner:
             task, num_threads=self.threads_per_worker, prefetch=task.prefetch if not data.queued else 0
         )  # the queue already prefetches
         backend = backend_for_devices(devices)
-        store = listening_store("127.0.0.1", 0, n + 1, self.timeout_s)  # loopback only: the workers are local
+        timeout_s = supervisor.timeout_s
+        store = listening_store("127.0.0.1", 0, n + 1, timeout_s)  # loopback only: the workers are local
         token = new_token()
         depth = max(1, task.prefetch if self.prefetch is None else self.prefetch)
         queues = [ctx.Queue(maxsize=depth) for _ in range(n)]
@@ -125,7 +174,7 @@ class LocalProcessRunner:
                     child_task,
                     initial_items(data, rank),
                     progress_address,
-                    self.timeout_s,
+                    timeout_s,
                     token,
                     self.shared_memory,
                 )

@@ -6,7 +6,8 @@
 2. a worker that dies without a word (killed, out of memory, native crash) is noticed by polling and raises
    :class:`~torchspark.errors.WorkerLost` (name, pid, signal or exit code), as does a worker that stops responding:
    its peers time out after ``rendezvous_timeout_s`` and report only that symptom, or (with a driver context) its
-   heartbeats stop; the driver's recovery then relaunches the workers;
+   heartbeats stop, or no worker reports a new step for the master's ``stall_timeout_s`` (every worker hung at once:
+   :mod:`~torchspark.training.driver.stall`); the driver's recovery then relaunches the workers;
 3. on any failure, or Ctrl-C in the parent, every worker is terminated and joined (:meth:`Supervisor.shutdown`, in
    the runner's ``finally``) before the error propagates, so no process is left behind.
 """
@@ -43,7 +44,8 @@ class Supervisor:
         timeout_s: the workers' ``rendezvous_timeout_s`` (named in the "stopped responding" error, and the
             watchdog's limit for silent heartbeats).
         exit_timeout_s: how long finished workers get to exit before they are terminated.
-        context: the driver's context (its ``stalled`` watchdog).
+        context: the driver's context (its ``stalled`` watchdog: silent heartbeats, and no progress for the
+            master's ``stall_timeout_s``).
     """
 
     def __init__(self, timeout_s: float, exit_timeout_s: float = 30.0, context: RunContext = NULL_CONTEXT) -> None:

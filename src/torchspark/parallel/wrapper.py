@@ -106,6 +106,8 @@ class ParallelWrapper:
         runner: how workers run (a :class:`~torchspark.training.driver.runner.Runner`); default: a
             :class:`~torchspark.parallel.runner.LocalProcessRunner` on :attr:`worker_devices` with
             ``threads_per_worker``. Tests pass :class:`~torchspark.training.driver.runner.InProcessRunner` (threads).
+            A ``LocalProcessRunner`` of your own takes the master's ``rendezvous_timeout_s`` (its ``timeout_s``, if
+            set, must equal it: ConfigError otherwise).
         **master_options: the options of ``training_mode``'s master (e.g. ``averaging_frequency``,
             ``save_updater``, ``worker_prefetch_num_batches``, ``overlap``, ``collect_training_stats``,
             ``rng_seed``, ``checkpoint_directory``, ``max_failures``). An option of the other mode's master, or a
@@ -163,6 +165,8 @@ class ParallelWrapper:
             raise ConfigError(f"num_workers={num_workers} but the master's num_workers={wanted}; set one of them")
         own["master"] = master
         own["_devices"] = default_devices(num_workers if num_workers is not None else wanted, devices)
+        if isinstance(runner, LocalProcessRunner):  # its own timeout_s against the master's: refused now, not at fit
+            runner.use_master_timeout(master.rendezvous_timeout_s)
 
     def __getattr__(self, name: str) -> Any:
         """The master's options read through the wrapper (``pw.averaging_frequency``)."""
@@ -281,9 +285,11 @@ class ParallelWrapper:
 
     # ------------------------------------------------------------------ internals
     def _runner(self) -> Any:
+        assert self.master is not None
+        if isinstance(self.runner, LocalProcessRunner):  # the master's rendezvous_timeout_s, or a ConfigError
+            self.runner.use_master_timeout(self.master.rendezvous_timeout_s)
         if self.runner is not None:
             return self.runner
-        assert self.master is not None
         threads = self.threads_per_worker or max(1, (os.cpu_count() or 1) // len(self._devices))
         return LocalProcessRunner(
             self._devices, threads, self.master.rendezvous_timeout_s, shared_memory=self.master.shared_memory_allreduce

@@ -30,9 +30,10 @@ from torchspark.training.config.shared_options import (
     STRATEGIES,
     check_connect_route_settings,
     check_drop_last,
+    check_elastic,
     check_gpu_amount,
-    check_regrow,
     check_shuffle_scope,
+    check_stall_timeout,
 )
 from torchspark.validation import check_bool, check_choice, check_float, check_int
 
@@ -170,6 +171,13 @@ class TrainingMaster:
             None (default): ``"epoch"`` with a ``checkpoint_directory`` (it needs one), else ``"attempt"``. Each
             epoch of a smaller world is then its own launch of the workers (a barrier stage: well under a second).
             Example: ``SharedTrainingMaster(num_workers=8, min_workers=4, regrow="attempt")``.
+        stall_timeout_s: the progress watchdog (default 1800 s, torch.distributed's default collective timeout; None
+            = off): an attempt in which no worker reports a new step for this long fails as a hang naming each rank's
+            step, which the heartbeats and ``rendezvous_timeout_s`` cannot see when every worker hangs in the model's
+            code at once; two such hangs at one step end the fit (not retried). Progress is reported every 10
+            optimizer steps, and the first report of an attempt (rendezvous, first data, ``torch.compile``) may take
+            twice as long. Raise it for very slow steps (huge minibatches or ``accumulate_steps``, a long compile);
+            lower it (e.g. 120) to catch hangs of a fast model sooner. See :mod:`torchspark.training.driver.stall`.
         checkpoint_directory: where the fit writes checkpoints (any fsspec URL; on a cluster shared storage every
             executor can write and the driver can read, e.g. ``hdfs://...``/``s3://...``); None (default): no
             checkpoints. Each fit writes under ``<checkpoint_directory>/<run_id>/``; ``fit(..., run_id="r1")``
@@ -225,6 +233,7 @@ class TrainingMaster:
     max_failures: int = 3
     min_workers: int | None = None
     regrow: str | None = None
+    stall_timeout_s: float | None = 1800.0
     port: int = 0
     network_mask: str | None = None
     controller_address: str | None = None
@@ -256,18 +265,9 @@ class TrainingMaster:
         check_choice("shuffle_scope", self.shuffle_scope, SHUFFLE_SCOPES, owner=name)
         check_shuffle_scope(name, self.shuffle_scope, self.rng_seed, self.repartition_strategy, self.repartition)
         check_int("max_failures", self.max_failures, 0, owner=name)
-        check_int(
-            "min_workers",
-            self.min_workers,
-            1,
-            self.num_workers,
-            allow_none=True,
-            owner=name,
-            none_means="num_workers: never fewer",
-            fix="set min_workers <= num_workers, or None",
-        )
-        check_regrow(name, self.regrow, self.checkpoint_directory)
+        check_elastic(name, self.min_workers, self.num_workers, self.regrow, self.checkpoint_directory)
         check_float("data_timeout_s", self.data_timeout_s, above=0, unit="seconds", owner=name)
+        check_stall_timeout(name, self.stall_timeout_s)
         check_gpu_amount(name, self.gpus_per_worker)
         self._check_dataframe_route(name)
         try:

@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from torchspark.errors import ConfigError
-from torchspark.validation import check_choice, check_float
+from torchspark.training.config.mesh import MAX_TIMEOUT_S
+from torchspark.validation import check_choice, check_float, check_int
 
 __all__ = [
     "REPARTITION",
@@ -23,7 +24,8 @@ __all__ = [
     "STORAGE_LEVELS",
     "REGROW",
     "check_drop_last",
-    "check_regrow",
+    "check_elastic",
+    "check_stall_timeout",
     "check_shuffle_scope",
     "check_gpu_amount",
 ]
@@ -69,18 +71,51 @@ def check_drop_last(owner: str, drop_last: bool, repartition_strategy: str, repa
         )
 
 
-def check_regrow(owner: str, regrow: str | None, checkpoint_directory: str | None) -> None:
-    """``regrow`` is one of :data:`REGROW` or None; ``"epoch"`` grows back from a checkpoint, so it needs a directory.
+def check_elastic(
+    owner: str, min_workers: int | None, num_workers: int | None, regrow: str | None, checkpoint_directory: str | None
+) -> None:
+    """``min_workers`` is in 1..``num_workers`` or None; ``regrow`` is one of :data:`REGROW` or None, and ``"epoch"``
+    grows back from a checkpoint, so it needs a directory.
 
     Raises:
-        ConfigError: an unknown value, or ``regrow="epoch"`` with ``checkpoint_directory=None``.
+        ConfigError: ``min_workers`` out of range, an unknown ``regrow``, or ``regrow="epoch"`` with
+            ``checkpoint_directory=None``.
     """
+    check_int(
+        "min_workers",
+        min_workers,
+        1,
+        num_workers,
+        allow_none=True,
+        owner=owner,
+        none_means="num_workers: never fewer",
+        fix="set min_workers <= num_workers, or None",
+    )
     check_choice("regrow", regrow, (None, *REGROW), owner=owner)
     if regrow == "epoch" and checkpoint_directory is None:
         raise ConfigError(
             f"{owner}: regrow='epoch' grows a smaller world back from the checkpoint at an epoch boundary, but "
             "checkpoint_directory=None; set a checkpoint_directory, or regrow='attempt'"
         )
+
+
+def check_stall_timeout(owner: str, stall_timeout_s: float | None) -> None:
+    """``stall_timeout_s`` is a finite number of seconds above 0 and at most ``MAX_TIMEOUT_S``, or None (no watchdog).
+
+    Raises:
+        ConfigError: any other value, naming it and the range.
+    """
+    check_float(
+        "stall_timeout_s",
+        stall_timeout_s,
+        above=0,
+        maximum=MAX_TIMEOUT_S,
+        finite=True,
+        allow_none=True,
+        unit="seconds",
+        owner=owner,
+        none_means="no progress watchdog",
+    )
 
 
 def check_shuffle_scope(

@@ -205,6 +205,7 @@ class FitAdapter:
             max_failures=master.max_failures,
             total_examples=total_examples,
             elastic=elastic,
+            stall_timeout_s=master.stall_timeout_s,
         )
         self.score, self.results, self.stats = outcome.score, outcome.results, outcome.stats
         return outcome

@@ -1,6 +1,7 @@
 """The driver's side of one attempt of a fit, offered to the runner: :class:`FitContext` (the
 :class:`~torchspark.training.driver.runner.RunContext` of :func:`~torchspark.training.driver.fit.run_fit`): the progress
-channel (server or directory), the watchdog, the workers' reported errors and pids, the furthest progress heard."""
+channel (server or directory), the watchdogs (silent workers; no progress: :mod:`~torchspark.training.driver.stall`),
+the workers' reported errors and pids, the furthest progress heard."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from collections.abc import Callable, Sequence
 from torchspark._io import join
 from torchspark.errors import WorkerLost
 from torchspark.nn import Network
+from torchspark.training.driver.stall import ProgressStall
 from torchspark.training.hooks import PhaseRecorder, ProgressUpdate, ScoreReport
 from torchspark.training.progress import (
     DirectoryProgressReader,
@@ -40,6 +42,8 @@ class FitContext:
         attempt: which launch of the workers this is (0 first; each recovery adds one). Runners name everything
             an attempt's workers read by it (rendezvous keys, job descriptions), and each attempt has its own
             progress server and token, so nothing a failed attempt left behind is read by the next.
+        stall_timeout_s: the master's ``stall_timeout_s``: the watchdog fails the attempt when no worker reported a
+            new step for this long (:mod:`~torchspark.training.driver.stall`); None: no progress watchdog.
     """
 
     def __init__(
@@ -50,6 +54,7 @@ class FitContext:
         listeners: Sequence[Callable[[ProgressUpdate], None]] = (),
         score_listeners: Sequence[Callable[[ScoreReport], None]] = (),
         attempt: int = 0,
+        stall_timeout_s: float | None = None,
     ) -> None:
         self.network = network
         self.recorder = recorder
@@ -58,6 +63,7 @@ class FitContext:
         self._listeners = list(listeners)
         self._score_listeners = list(score_listeners)
         self._server: ProgressServer | DirectoryProgressReader | None = None
+        self._stall = ProgressStall(stall_timeout_s)
 
     def progress_address(
         self, host: str = "127.0.0.1", advertise_host: str | None = None, port_range: tuple[int, int] | None = None
@@ -96,9 +102,15 @@ class FitContext:
 
     def stalled(self, world_size: int, timeout_s: float) -> WorkerLost | None:
         """The watchdog: a :class:`WorkerLost` when a rank stopped sending heartbeats for ``timeout_s``, or every
-        rank finished but the runner still waits ``timeout_s`` later (:mod:`torchspark.training.progress.liveness`);
-        None while all is well or without a progress server."""
-        return self._server.liveness.stalled(world_size, timeout_s) if self._server is not None else None
+        rank finished but the runner still waits ``timeout_s`` later (:mod:`torchspark.training.progress.liveness`),
+        or no rank reported a new step for ``stall_timeout_s`` (:mod:`~torchspark.training.driver.stall`); None while
+        all is well or without a progress server."""
+        if self._server is None:
+            return None
+        lost = self._server.liveness.stalled(world_size, timeout_s)
+        if lost is not None:  # one silent rank is the more precise verdict
+            return lost
+        return self._stall.check(world_size, self._server.latest(), self._server.liveness.snapshot())
 
     def worker_pids(self) -> dict[int, int | None]:
         """Each rank's process id as its progress connection reported it (ranks not heard from are missing)."""

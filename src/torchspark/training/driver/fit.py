@@ -173,6 +173,7 @@ def run_fit(
     max_failures: int = 0,
     total_examples: int | None = None,
     elastic: Elastic | None = None,
+    stall_timeout_s: float | None = None,
 ) -> FitOutcome:
     """Steps 2-6 of the module docstring: run ``task`` on ``data`` through ``runner`` and update ``network``.
 
@@ -193,6 +194,8 @@ def run_fit(
             percentage and the time left.
         elastic: lets a recovery attempt run with fewer workers (down to ``min_workers``) and grow back
             (:mod:`~torchspark.training.driver.elastic`); None: every attempt runs ``data``'s workers.
+        stall_timeout_s: the progress watchdog (the master's ``stall_timeout_s``): an attempt in which no worker
+            reports a new step for this long fails as a hang (:mod:`~torchspark.training.driver.stall`); None: off.
     Raises:
         ConfigError: a checkpointing fit whose storage is unusable or whose run another live fit holds
             (:func:`~torchspark.training.driver.resume.open_run`), found before any worker starts.
@@ -216,6 +219,7 @@ def run_fit(
             max_failures=max_failures,
             total_examples=total_examples,
             world=WorldTracker(elastic, data),
+            stall_timeout_s=stall_timeout_s,
         )
     finally:
         if lock is not None:
@@ -237,6 +241,7 @@ def _run_fit(
     max_failures: int,
     total_examples: int | None,
     world: WorldTracker,
+    stall_timeout_s: float | None,
 ) -> FitOutcome:
     bar = ProgressBar(total_examples=total_examples, desc=f"fit x{task.epochs}", enabled=progress)
     if events is not None:
@@ -266,7 +271,13 @@ def _run_fit(
                 attempt_task, restart = (task, None) if attempt == 0 else restart_task(task, attempt)
                 attempt_task = world.bounded(attempt_task)  # a smaller world that may grow: to the epoch's end
                 context = FitContext(
-                    network, recorder, description, [*listeners, bar.update], score_listeners, attempt=attempt
+                    network,
+                    recorder,
+                    description,
+                    [*listeners, bar.update],
+                    score_listeners,
+                    attempt=attempt,
+                    stall_timeout_s=stall_timeout_s,
                 )
                 started = time.time()
                 try:

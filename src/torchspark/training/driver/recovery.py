@@ -18,6 +18,7 @@ from enum import Enum
 from typing import Any
 
 from torchspark.errors import WorkerError, WorkerLost
+from torchspark.training.driver.stall import NO_PROGRESS
 
 __all__ = [
     "FailureRecord",
@@ -65,6 +66,8 @@ class FailureRecord:
         return asdict(self)
 
     def describe(self) -> str:
+        if self.exit_status == NO_PROGRESS:  # every worker alive but stuck: none was lost
+            return f"attempt {self.attempt}: every worker stuck ({NO_PROGRESS}): {self.reason}"
         who = "a worker" if self.rank is None else f"worker {self.rank}"
         where = f" on executor {self.executor}" if self.executor else ""
         where += f" (pid {self.pid})" if self.pid is not None and f"pid {self.pid}" not in where else ""
@@ -105,6 +108,8 @@ def record_failure(
     ``(epoch, iteration)``, ``pids`` each rank's process id, ``suspect`` the rank the driver believes lost when
     the error names none (the first whose progress connection closed without an error)."""
     reason = error.reason or (str(error).splitlines() or ["unknown"])[0]
+    if error.exit_status == NO_PROGRESS:
+        suspect = None  # every rank stalled: a rank that ended first is not the culprit
     rank = error.rank if error.rank is not None else suspect
     status = error.exit_status
     if status is None and error.rank is None and suspect is not None:
@@ -140,7 +145,7 @@ def exhausted_error(failures: Sequence[FailureRecord], max_failures: int, last: 
 
 
 #: exit statuses of a worker found silent by the watchdog (alive, but stuck), and words of a wait that ran out
-_SILENT = ("no heartbeat", "no response")
+_SILENT = ("no heartbeat", "no response", NO_PROGRESS)
 _WAIT_WORDS = ("WaitTimeout", "timed out waiting", "did not arrive within")
 
 
@@ -159,13 +164,16 @@ def repeated_hang(failures: Sequence[FailureRecord]) -> bool:
     A lost machine fails an attempt wherever it happens to be; a hang in the model's code or data (a deadlock in
     ``forward``, a loader that never returns, a batch that makes a custom op spin) stops every attempt at the same
     minibatch. Retrying that costs ``max_failures`` x ``rendezvous_timeout_s`` and ends in the same place, so the
-    driver stops after the second identical hang (:func:`hang_error`).
+    driver stops after the second identical hang (:func:`hang_error`). Two attempts that the progress watchdog
+    stopped before any worker's first report (``exit_status`` ``"no progress"``: every rank had connected) stopped at
+    the same place too.
     """
     if len(failures) < 2:
         return False
     last, before = failures[-1], failures[-2]
     point = (last.reached_epoch, last.reached_iteration)
-    same = point == (before.reached_epoch, before.reached_iteration) and point[0] is not None
+    known = point[0] is not None or last.exit_status == before.exit_status == NO_PROGRESS
+    same = point == (before.reached_epoch, before.reached_iteration) and known
     return same and _timed_out(last) and _timed_out(before)
 
 
@@ -173,12 +181,17 @@ def hang_error(failures: Sequence[FailureRecord], last: WorkerLost) -> WorkerErr
     """The (not retried) error of a fit whose attempts hang at the same step: names the step and what to look at."""
     final = failures[-1]
     listed = "\n".join(f"  {f.describe()}" for f in failures)
+    where = (
+        f"at epoch {final.reached_epoch}, minibatch {final.reached_iteration} (the furthest progress reported)"
+        if final.reached_epoch is not None
+        else "before any worker's first progress report"
+    )
+    knob = "stall_timeout_s" if final.exit_status == NO_PROGRESS else "rendezvous_timeout_s"
     return WorkerError(
-        f"attempts {failures[-2].attempt} and {final.attempt} both stopped at epoch {final.reached_epoch}, "
-        f"minibatch {final.reached_iteration} (the furthest progress reported) and timed out: a hang at or just "
+        f"attempts {failures[-2].attempt} and {final.attempt} both stopped {where} and timed out: a hang at or just "
         "after that step in the model or the data (a "
         "deadlock or endless loop in forward/backward, a loader or transform that never returns), not a lost "
         "machine, so it is not retried again. Train that step on one machine (Network.fit on the same minibatch) "
-        "to find it; if the step is merely slower than the timeout, raise rendezvous_timeout_s.\n"
+        f"to find it; if the step is merely slower than the timeout, raise {knob}.\n"
         f"{listed}\n--- the last failure ---\n{last}"
     )

@@ -80,7 +80,8 @@ class RunContext(Protocol):
     def stalled(self, world_size: int, timeout_s: float) -> WorkerLost | None:
         """The watchdog runners poll while workers run: a :class:`~torchspark.errors.WorkerLost` when a rank
         stopped sending heartbeats for ``timeout_s`` (or the runner still waits ``timeout_s`` after every rank
-        finished), else None."""
+        finished), or when no rank reported a new step for the master's ``stall_timeout_s`` (every worker hung at
+        once: :mod:`~torchspark.training.driver.stall`), else None. A runner that polls it gets both."""
         ...
 
 

@@ -1,0 +1,103 @@
+"""The progress watchdog: a fit whose workers all stop making progress at once fails as a hang, not a wait forever.
+
+The heartbeat watchdog (:mod:`torchspark.training.progress.liveness`) notices one silent worker; the rendezvous
+timeout notices a worker its peers wait for in a collective. Neither fires when **every** worker hangs in the
+model's code at the same time (a deadlock in ``forward``, a loader that never returns, a custom op that spins):
+their heartbeats come from a thread and go on, and nobody enters a collective that could time out. The master's
+``stall_timeout_s`` bounds that case: :class:`ProgressStall` fails the attempt when no worker reported a new step
+for that long.
+
+1. The clock starts once every rank of the attempt has connected to the driver's progress channel (process start
+   and imports are not counted; a worker that never connects is the rendezvous timeout's case).
+2. Before any worker's first progress report (the rendezvous, loading the first data, ``torch.compile`` and the
+   first ``progress_every`` = 10 optimizer steps) the watchdog allows :data:`FIRST_REPORT_FACTOR` x
+   ``stall_timeout_s``; after it, ``stall_timeout_s`` between two reports of any rank (a report of one rank is
+   progress of the fit).
+3. It says nothing once every rank has ended (the heartbeat watchdog's rule 2 covers a stage that never reports its
+   finished tasks).
+
+The verdict is a :class:`~torchspark.errors.WorkerLost` (``exit_status`` :data:`NO_PROGRESS`) naming the step each
+rank is at; the driver retries it as any lost worker, and two such failures at the same step end the fit
+(:func:`~torchspark.training.driver.recovery.repeated_hang`): a deterministic hang is not retried ``max_failures``
+times. Every route whose runner polls the driver's watchdog gets it (``ParallelWrapper``'s local processes, the
+Spark barrier stage, the Spark Connect stage); the rounds route (``averaging_via="spark"``) and the in-process
+runner do not poll it.
+
+Example::
+
+    stall = ProgressStall(timeout_s=1800.0)
+    stall.check(world_size=2, latest=server.latest(), ranks=server.liveness.snapshot())  # None while all is well
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+
+from torchspark.errors import WorkerLost
+from torchspark.training.hooks import ProgressUpdate
+from torchspark.training.progress.liveness import RankState
+
+__all__ = ["ProgressStall", "NO_PROGRESS", "FIRST_REPORT_FACTOR"]
+
+#: the ``exit_status`` of an attempt failed by the progress watchdog (every worker alive, none progressing)
+NO_PROGRESS = "no progress"
+#: how many ``stall_timeout_s`` the first progress report of an attempt may take (rendezvous, first data, compile)
+FIRST_REPORT_FACTOR = 2.0
+
+
+class ProgressStall:
+    """Watches one attempt's progress reports (polled by the runner's watchdog, from one thread at a time).
+
+    Args:
+        timeout_s: the master's ``stall_timeout_s`` (None: never a verdict).
+        clock: the monotonic clock (tests pass a fake one).
+    """
+
+    def __init__(self, timeout_s: float | None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.timeout_s = timeout_s
+        self._clock = clock
+        self._steps: dict[int, tuple[int, int]] = {}
+        self._since: float | None = None  # when the steps last changed, or every rank had connected
+
+    def check(
+        self, world_size: int, latest: Mapping[int, ProgressUpdate], ranks: Mapping[int, RankState]
+    ) -> WorkerLost | None:
+        """The verdict of steps 1-3 of the module docstring for the reports heard so far: ``latest`` (each rank's
+        last progress update) and ``ranks`` (each rank's liveness), or None while all is well."""
+        if self.timeout_s is None or len(ranks) < world_size:
+            return None
+        now = self._clock()
+        steps = {rank: (u.epoch, u.iteration) for rank, u in latest.items()}
+        if self._since is None or steps != self._steps:
+            self._steps, self._since = steps, now
+            return None
+        limit = self.timeout_s if steps else FIRST_REPORT_FACTOR * self.timeout_s
+        if now - self._since <= limit or all(state.ended for state in ranks.values()):
+            return None
+        return _stalled(now - self._since, self.timeout_s, steps, ranks)
+
+
+def _stalled(
+    silent_s: float, timeout_s: float, steps: Mapping[int, tuple[int, int]], ranks: Mapping[int, RankState]
+) -> WorkerLost:
+    """The error of an attempt whose workers made no progress for ``silent_s``, naming where each rank is."""
+    where = "; ".join(_where(rank, steps.get(rank), ranks[rank]) for rank in sorted(ranks))
+    since = "since the last progress report" if steps else "and none has reported progress yet"
+    return WorkerLost(
+        f"no worker reported a new step for {silent_s:.0f} s {since} (stall_timeout_s={timeout_s:g}), while their "
+        f"heartbeats go on: every worker is stuck in the model's code or its data (a deadlock or endless loop in "
+        f"forward/backward, a loader that never returns) [{where}]. If the steps are merely slow (a first step that "
+        "compiles, huge minibatches or accumulate_steps), raise stall_timeout_s on the training master "
+        "(None turns this watchdog off)",
+        exit_status=NO_PROGRESS,
+        reason=f"no worker progressed for {timeout_s:g} s (stall_timeout_s)",
+    )
+
+
+def _where(rank: int, step: tuple[int, int] | None, state: RankState) -> str:
+    if state.ended:
+        return f"worker {rank}: finished"
+    if step is None:
+        return f"worker {rank}: before its first progress report"
+    return f"worker {rank}: epoch {step[0]}, minibatch {step[1]}"
