@@ -54,6 +54,7 @@ from torchspark.data import as_group, group_batches, group_examples
 from torchspark.errors import ConfigError, TorchSparkError
 from torchspark.nn import Network, NetworkBlueprint
 from torchspark.nn.cache import NetworkCache
+from torchspark.spark.broadcasts import destroy_broadcast
 from torchspark.spark.data import storage_level_by_name
 from torchspark.spark.gpus import GpuPlan, with_training_resources
 from torchspark.spark.jobs import run_job
@@ -345,7 +346,7 @@ class SparkRoundsRunner:
                 checkpoints.epoch_end(network, epoch + 1, epoch + 1 == task.epochs, tally, rec)
         finally:
             if spec_bc is not None:
-                _destroy(spec_bc)
+                destroy_broadcast(spec_bc)
             if owned:
                 worker_rdd.unpersist()
         return tally.results(network)
@@ -367,7 +368,7 @@ class SparkRoundsRunner:
                                        self.gpus),
                                "torchspark-round-job")
         finally:
-            _destroy(round_bc)
+            destroy_broadcast(round_bc)
 
 
 def _count_all(worker_rdd: Any, n: int) -> list[int]:
@@ -397,9 +398,3 @@ def _apply_average(network: Network, record: RoundRecord, save_updater: bool) ->
 def _int_buffers(network: Network) -> dict[str, torch.Tensor]:
     return {k: v for k, v in network.buffer_state().items() if not v.is_floating_point()}
 
-
-def _destroy(bc: Any) -> None:
-    try:
-        bc.destroy()
-    except Exception:  # the context may already be gone; nothing is left to free then
-        log.debug("could not destroy a broadcast", exc_info=True)
