@@ -190,6 +190,7 @@ def _live(*classes: type) -> int:
 
 
 def _driver_state(sc) -> dict:
+    gc.collect()  # what only garbage held (a py4j connection of an ended thread) is released first
     return {
         "broadcast files": driver_broadcast_files(sc),
         "persisted RDDs": sc._jsc.getPersistentRDDs().size(),

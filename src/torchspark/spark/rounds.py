@@ -397,4 +397,3 @@ def _apply_average(network: Network, record: RoundRecord, save_updater: bool) ->
 
 def _int_buffers(network: Network) -> dict[str, torch.Tensor]:
     return {k: v for k, v in network.buffer_state().items() if not v.is_floating_point()}
-
