@@ -23,7 +23,16 @@ worker process of rank 0 and rank 1 in turn every ``--kill-every-s`` seconds. Me
   checkpoint directory's size after the temporary directory was removed, sockets this process still listens on
   (target: none).
 
-Writes ``benchmarks/results/soak.json`` and prints the Markdown table for BENCHMARKS.md ("Faults").
+``--route spark`` runs the same soak through ``SparkNetwork`` on a ``local[2]`` session (one session for every fit;
+the killer SIGKILLs the Spark Python worker that trains the rank) and also samples the driver JVM's RSS every 10 s,
+then reads its heap after a full GC against the heap it committed, what the driver still holds for Spark
+(broadcasts, persisted RDDs) and the JVM's RSS after ``--idle-s`` of quiet (``_soak_spark.py``). Issue 31's
+"driver RSS grows 544->711 MB and JVM 338->498 MB over 7 recoveries" is this route:
+
+    .venv/bin/python benchmarks/bench_soak.py --route spark --masters averaging --duration-s 180 --kill-every-s 30
+
+Writes ``benchmarks/results/soak.json`` (``--route spark``: ``soak_spark.json``) and prints the Markdown table for
+BENCHMARKS.md ("Faults").
 """
 
 from __future__ import annotations
@@ -37,25 +46,30 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import _common as C  # noqa: E402
+from _soak_spark import SparkRoute  # noqa: E402
 from torchspark import Network, datasets, models, optim  # noqa: E402
 from torchspark.parallel import ParallelWrapper  # noqa: E402
 from torchspark.training.config.masters import ParameterAveragingTrainingMaster  # noqa: E402
 from torchspark.training.config.shared_master import SharedTrainingMaster  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "soak.json")
+RESULTS_SPARK = os.path.join(os.path.dirname(RESULTS), "soak_spark.json")
 BATCH = 16
 
 
 class Soak:
     """The progress listener (every report, with the time) and the killer thread of one disturbed fit."""
 
-    def __init__(self, kill_every_s: float) -> None:
+    def __init__(self, kill_every_s: float, jvm_rss: Callable[[], float | None] | None = None) -> None:
         self.kill_every_s = kill_every_s
+        self.jvm_rss = jvm_rss  # the Spark route: the driver JVM's RSS, sampled beside this process's
+        self.jvm: list[tuple[float, float | None]] = []  # (time, MiB)
         self.updates: list[tuple[float, int, int, int, int]] = []  # (time, rank, pid, epoch, iteration)
         self.kills: list[tuple[float, int, int]] = []  # (time, rank, pid)
         self.rss: list[tuple[float, float]] = []  # (time, MiB)
@@ -88,6 +102,8 @@ class Soak:
     def run_sampler(self) -> None:
         while True:
             self.rss.append((time.time(), _rss_mib()))
+            if self.jvm_rss is not None:
+                self.jvm.append((time.time(), self.jvm_rss()))
             if self.stop.wait(10.0):
                 return
 
@@ -111,8 +127,9 @@ def _rss_mib() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def _master(kind: str, directory: str | None, every: int | None, max_failures: int) -> Any:
+def _master(kind: str, directory: str | None, every: int | None, max_failures: int, route: SparkRoute | None) -> Any:
     common: dict[str, Any] = dict(
+        **(route.master_options(BATCH) if route is not None else {}),
         rng_seed=0,
         collect_training_stats=True,
         rendezvous_timeout_s=30,
@@ -125,9 +142,22 @@ def _master(kind: str, directory: str | None, every: int | None, max_failures: i
     return SharedTrainingMaster(**common)
 
 
-def _fit(kind: str, epochs: int, directory: str | None, every: int | None, listener: Any = None, failures: int = 0):
+def _fit(
+    kind: str,
+    epochs: int,
+    directory: str | None,
+    every: int | None,
+    listener: Any = None,
+    failures: int = 0,
+    route: SparkRoute | None = None,
+):
     net = Network(models.lenet(1, 10, 8, 8), updater=optim.Adam(lr=1e-3), seed=0)
-    pw = ParallelWrapper(net, num_workers=2, master=_master(kind, directory, every, failures), progress=False)
+    master = _master(kind, directory, every, failures, route)
+    if route is not None:
+        start = time.perf_counter()
+        spark_net = route.fit(net, master, epochs, listener)
+        return net, spark_net, time.perf_counter() - start
+    pw = ParallelWrapper(net, num_workers=2, master=master, progress=False)
     if listener is not None:
         pw.add_progress_listener(listener)
     start = time.perf_counter()
@@ -149,9 +179,15 @@ def _lost_per_kill(soak: Soak, failures: list[dict[str, Any]], steps_per_epoch: 
     return lost
 
 
-def _leftovers(pids: set[int], before: set[str]) -> dict[str, Any]:
+def _leftovers(pids: set[int], before: set[str], gone: set[int] | None = None) -> dict[str, Any]:
+    """What the run left: processes of ``gone`` (default: every worker pid) alive, new files naming a worker pid,
+    and this process's listening ports (Spark's idle Python workers are reused: only the killed ones must end)."""
     time.sleep(2.0)
-    alive = [p for p in pids if os.path.exists(f"/proc/{p}") and open(f"/proc/{p}/stat").read().split()[2] != "Z"]
+    alive = [
+        p
+        for p in (pids if gone is None else gone)
+        if os.path.exists(f"/proc/{p}") and open(f"/proc/{p}/stat").read().split()[2] != "Z"
+    ]
     entries = set()
     for directory in ("/dev/shm", tempfile.gettempdir()):
         entries |= {os.path.join(directory, n) for n in os.listdir(directory)}
@@ -181,27 +217,28 @@ def _listening_ports() -> list[int]:
     return sorted(ports)
 
 
-def _flat(rss: list[tuple[float, float]]) -> tuple[float, float]:
-    values = [v for _, v in rss]
+def _flat(rss: list[tuple[float, float | None]]) -> tuple[float, float]:
+    values = [v for _, v in rss if v is not None]
     third = max(1, len(values) // 3)
     return statistics.median(values[:third]), statistics.median(values[-third:])
 
 
-def soak_one(kind: str, args: argparse.Namespace) -> dict[str, Any]:
+def soak_one(kind: str, args: argparse.Namespace, route: SparkRoute | None = None) -> dict[str, Any]:
     test = datasets.digits("test")
     steps_per_epoch = -(-1437 // 2 // BATCH)
-    _fit(kind, 1, None, None)  # warm-up: the fork server, imports
+    _fit(kind, 1, None, None, route=route)  # warm-up: the fork server (Spark: the Python workers), imports
     clock = EpochClock()
-    _, _, three = _fit(kind, 3, None, None, clock)
+    _, _, three = _fit(kind, 3, None, None, clock, route=route)
     per_epoch = clock.per_epoch()
     epochs = max(2, round((args.duration_s - (three - 3 * per_epoch)) / per_epoch))
     C.log(f"{kind}: one epoch {per_epoch:.2f} s (3 epochs {three:.1f} s) -> {epochs} epochs")
-    ref, _, ref_s = _fit(kind, epochs, None, None)
+    ref, _, ref_s = _fit(kind, epochs, None, None, route=route)
     before = set()
     for directory in ("/dev/shm", tempfile.gettempdir()):
         before |= {os.path.join(directory, n) for n in os.listdir(directory)}
     ports_before = set(_listening_ports())
-    soak = Soak(args.kill_every_s)
+    held_before = route.held() if route is not None else {}
+    soak = Soak(args.kill_every_s, route.jvm_rss if route is not None else None)
     threads = [threading.Thread(target=soak.run_killer, daemon=True), threading.Thread(target=soak.run_sampler)]
     with tempfile.TemporaryDirectory(prefix="soak-ck-") as ck:
         for t in threads:
@@ -214,6 +251,7 @@ def soak_one(kind: str, args: argparse.Namespace) -> dict[str, Any]:
                 args.checkpoint_every,
                 soak,
                 failures=10 + 2 * int(args.duration_s * 3 / args.kill_every_s),
+                route=route,
             )
         finally:
             soak.stop.set()
@@ -225,7 +263,9 @@ def soak_one(kind: str, args: argparse.Namespace) -> dict[str, Any]:
     interval = args.checkpoint_every or steps_per_epoch  # averaging counts rounds of 5 steps
     interval_steps = interval * (5 if kind == "averaging" and args.checkpoint_every else 1)
     first, last = _flat(soak.rss)
-    left = _leftovers({u[2] for u in soak.updates}, before)
+    jvm = route.after_run(held_before, args.idle_s) if route is not None else {}
+    killed = {pid for _, _, pid in soak.kills} if route is not None else None
+    left = _leftovers({u[2] for u in soak.updates}, before, killed)
     left["listening_ports"] = sorted(set(left["listening_ports"]) - ports_before)
     acc, ref_acc = net.evaluate(test).accuracy(), ref.evaluate(test).accuracy()
     return {
@@ -245,7 +285,22 @@ def soak_one(kind: str, args: argparse.Namespace) -> dict[str, Any]:
         "rss_last_third_mib": last,
         "rss_flat": last <= first * 1.10,
         "leftovers": left,
-        "clean": not any(left.values()),
+        "clean": not any(left.values()) and not any(jvm.get("driver_held_after_fit", {}).values()),
+        **_jvm_fields(soak, jvm),
+    }
+
+
+def _jvm_fields(soak: Soak, jvm: dict[str, Any]) -> dict[str, Any]:
+    """The Spark route's JVM figures: its RSS samples, first and last third, and :meth:`SparkRoute.after_run`."""
+    if not soak.jvm:
+        return {}
+    first, last = _flat(soak.jvm)
+    return {
+        "jvm_rss_mib": [None if v is None else round(v, 1) for _, v in soak.jvm],
+        "jvm_rss_first_third_mib": first,
+        "jvm_rss_last_third_mib": last,
+        "jvm_rss_flat": last <= first * 1.10,
+        **jvm,
     }
 
 
@@ -260,12 +315,31 @@ def main() -> None:
         help="checkpoint interval (averaging rounds / sharing steps); default once per epoch",
     )
     parser.add_argument("--masters", default="averaging,sharing")
-    parser.add_argument("--out", default=RESULTS)
+    parser.add_argument(
+        "--route",
+        choices=["parallel", "spark"],
+        default="parallel",
+        help="parallel: ParallelWrapper, 2 processes (default); spark: SparkNetwork on local[2], the JVM measured too",
+    )
+    parser.add_argument(
+        "--idle-s",
+        type=float,
+        default=70.0,
+        help="spark route: quiet seconds before the JVM's RSS is read again (Spark's idle pools end after 60 s)",
+    )
+    parser.add_argument("--out", default=None, help="default: results/soak.json (spark route: soak_spark.json)")
     args = parser.parse_args()
+    args.out = args.out or (RESULTS_SPARK if args.route == "spark" else RESULTS)
+    route = SparkRoute() if args.route == "spark" else None
     results: dict[str, Any] = {"machine": C.machine_info(), "args": vars(args), "masters": {}}
-    for kind in args.masters.split(","):
-        results["masters"][kind] = soak_one(kind, args)
-        C.log(f"{kind}: {json.dumps({k: v for k, v in results['masters'][kind].items() if k != 'rss_mib'})}")
+    try:
+        for kind in args.masters.split(","):
+            results["masters"][kind] = soak_one(kind, args, route)
+            shown = {k: v for k, v in results["masters"][kind].items() if k not in ("rss_mib", "jvm_rss_mib")}
+            C.log(f"{kind}: {json.dumps(shown)}")
+    finally:
+        if route is not None:
+            route.stop()
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=2)
@@ -279,6 +353,7 @@ def main() -> None:
             f"{max(r['lost_minibatches_per_kill'], default=0)} / {r['checkpoint_interval_minibatches']}",
             f"{r['accuracy']:.3f} vs {r['accuracy_undisturbed']:.3f}",
             f"{r['rss_first_third_mib']:.0f} -> {r['rss_last_third_mib']:.0f} MiB",
+            *_jvm_cells(r),
             "none" if r["clean"] else "SOME",
         ]
         for kind, r in results["masters"].items()
@@ -294,10 +369,25 @@ def main() -> None:
             "max lost per kill / interval (minibatches)",
             "accuracy vs undisturbed",
             "driver RSS (first -> last third)",
+            *(JVM_HEADERS if route is not None else []),
             "leftovers",
         ],
         rows,
     )
+
+
+JVM_HEADERS = ["JVM RSS (first -> last third; after idle)", "JVM heap after GC / committed"]
+
+
+def _jvm_cells(r: dict[str, Any]) -> list[str]:
+    if "jvm_rss_first_third_mib" not in r:
+        return []
+    idle = r["jvm_rss_after_idle_mib"]
+    return [
+        f"{r['jvm_rss_first_third_mib']:.0f} -> {r['jvm_rss_last_third_mib']:.0f} MiB; "
+        f"{'?' if idle is None else f'{idle:.0f}'} MiB",
+        f"{r['jvm_heap_used_after_gc_mib']:.0f} / {r['jvm_heap_committed_mib']:.0f} MiB",
+    ]
 
 
 if __name__ == "__main__":

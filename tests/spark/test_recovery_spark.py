@@ -4,15 +4,23 @@
 
 from __future__ import annotations
 
+import gc
+import json
+import os
 import signal
+import threading
 
 import pytest
 from _faults import Fault
+from py4j.protocol import Py4JError
+from pyspark.errors import PySparkException
 
 from helpers import lenet_net
-from torchspark import datasets, optim
-from torchspark.errors import WorkerLost
+from torchspark import Network, datasets, models, optim
+from torchspark.errors import TorchSparkError, WorkerLost
 from torchspark.spark import ParameterAveragingTrainingMaster, SharedTrainingMaster, SparkNetwork
+from torchspark.spark.broadcasts import driver_broadcast_files
+from torchspark.training.waiting import join_within, wait_until
 
 EPOCHS = 3
 
@@ -87,3 +95,106 @@ def _assert_sparks_words(text: str) -> None:
     assert "Stage failed because barrier task ResultTask(" in text, text
     assert "Python worker exited unexpectedly" in text or " saw: " in text, text
     assert "\tat " not in text.split("--- a peer's traceback")[0], text
+
+
+#: an MLP of about 300k parameters: a task broadcast of about 1.2 MB, far above Spark's own small blocks
+LEAK_HIDDEN = [512, 512]
+
+
+def test_recoveries_leave_nothing_behind_on_the_driver(spark, sc, undisturbed, leftovers) -> None:
+    """Issue 31 ("driver and JVM memory grow over 7 recoveries"): each attempt broadcasts its task (the weights),
+    opens a progress server and a relay and runs a barrier stage under its own job group and watchdog; after a fit
+    that recovered twice the driver is back where it was (``undisturbed``'s fits were the warm-up): no broadcast
+    held (PySpark's files, the JVM's blocks), no persisted RDD, no thread, socket or listening port of the fit, no
+    exception kept (a traceback holds frames, frames hold tensors), failure records as plain JSON. Counts only."""
+    kills = 2
+    before, storage_before = _driver_state(sc), _storage_used(sc)
+    threads_before = set(threading.enumerate())
+    fault = Fault(signal.SIGKILL, epoch=0, times=kills)
+    master = ParameterAveragingTrainingMaster(
+        averaging_frequency=5,
+        batch_size_per_worker=32,
+        num_workers=2,
+        rng_seed=0,
+        collect_training_stats=True,
+        rendezvous_timeout_s=20,
+        max_failures=kills,
+    )
+    spark_net = SparkNetwork(spark, Network(models.mlp(64, LEAK_HIDDEN, 10), seed=0), master, progress=False)
+    spark_net.add_progress_listener(fault)
+    try:
+        spark_net.fit(sc.parallelize(datasets.digits("train").split(64), 2), epochs=1)
+    finally:
+        spark_net.delete_temp_files()
+    leftovers.assert_clean(gone=fault.hit, pids=fault.all_pids)
+    failures = spark_net.training_stats.summary()["failures"]
+    assert len(failures) == kills, failures
+
+    new_threads = [t for t in set(threading.enumerate()) - threads_before if t.name != "background-lane"]
+    assert not [t.name for t in join_within(new_threads, 10.0)]  # the fit's threads have ended
+    assert _driver_state(sc) == before
+    blueprint = 4 * sum(w.numel() for w in models.mlp(64, LEAK_HIDDEN, 10).parameters())
+    assert _storage_back(sc, storage_before + blueprint // 2), (_storage_used(sc), storage_before)  # JVM's copies
+    assert json.loads(json.dumps(failures)) == failures  # plain data: no exception, traceback or tensor
+
+
+def _socket_inodes() -> set[str]:
+    found = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            found.add(target[8:-1])
+    return found
+
+
+def _listening_ports() -> list[int]:
+    """TCP ports this process listens on (its socket inodes matched against /proc/net/tcp*)."""
+    inodes, ports = _socket_inodes(), []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        if os.path.exists(table):
+            for line in open(table).read().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                    ports.append(int(fields[1].rsplit(":", 1)[1], 16))
+    return sorted(ports)
+
+
+def _storage_used(sc) -> int:
+    """Bytes of the driver's block-manager storage in use (local mode: the only one): broadcast and RDD blocks."""
+    status = sc._jsc.sc().getExecutorMemoryStatus().iterator()
+    used = 0
+    while status.hasNext():
+        limits = status.next()._2()
+        used += limits._1() - limits._2()
+    return used
+
+
+def _storage_back(sc, at_most: int) -> bool:
+    """Whether the driver's storage in use falls to ``at_most`` within 30 s (Spark removes a destroyed broadcast's
+    blocks in the background; a JVM collection lets its ContextCleaner drop the stages' own task binaries)."""
+
+    def back() -> bool:
+        sc._jvm.java.lang.System.gc()
+        return _storage_used(sc) <= at_most
+
+    return wait_until(back, 30.0, poll_s=0.2)
+
+
+def _live(*classes: type) -> int:
+    """Objects of ``classes`` alive now (by ``type``: an ``isinstance`` hook of a scanned object never runs)."""
+    gc.collect()
+    return sum(1 for o in gc.get_objects() if issubclass(type(o), classes))
+
+
+def _driver_state(sc) -> dict:
+    gc.collect()  # what only garbage held (a py4j connection of an ended thread) is released first
+    return {
+        "broadcast files": driver_broadcast_files(sc),
+        "persisted RDDs": sc._jsc.getPersistentRDDs().size(),
+        "sockets": len(_socket_inodes()),
+        "listening ports": _listening_ports(),
+        "errors of the attempts": _live(TorchSparkError, Py4JError, PySparkException),
+    }

@@ -52,6 +52,7 @@ import torch
 
 from torchspark.errors import ConfigError, TorchSparkError
 from torchspark.nn import Network
+from torchspark.spark.broadcasts import destroy_broadcast
 from torchspark.spark.data import storage_level_by_name
 from torchspark.spark.gpus import GpuPlan, with_training_resources
 from torchspark.spark.jobs import run_job
@@ -179,7 +180,7 @@ class SparkRoundsRunner:
                 checkpoints.epoch_end(network, epoch + 1, epoch + 1 == task.epochs, tally, rec)
         finally:
             if spec_bc is not None:
-                _destroy(spec_bc)
+                destroy_broadcast(spec_bc)
             if owned:
                 worker_rdd.unpersist()
         return tally.results(network)
@@ -220,7 +221,7 @@ class SparkRoundsRunner:
                     "torchspark-round-job",
                 )
         finally:
-            _destroy(round_bc)
+            destroy_broadcast(round_bc)
 
 
 def _count_all(worker_rdd: Any, n: int) -> list[int]:
@@ -249,10 +250,3 @@ def _apply_average(network: Network, record: RoundRecord, save_updater: bool) ->
 
 def _int_buffers(network: Network) -> dict[str, torch.Tensor]:
     return {k: v for k, v in network.buffer_state().items() if not v.is_floating_point()}
-
-
-def _destroy(bc: Any) -> None:
-    try:
-        bc.destroy()
-    except Exception:  # the context may already be gone; nothing is left to free then
-        log.debug("could not destroy a broadcast", exc_info=True)

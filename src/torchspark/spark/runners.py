@@ -18,6 +18,7 @@ from functools import partial
 from typing import Any
 
 from torchspark.spark.barrier import barrier_task, open_relay
+from torchspark.spark.broadcasts import destroy_broadcast
 from torchspark.spark.driver_address import driver_listen_address
 from torchspark.spark.gpus import GpuPlan
 from torchspark.spark.jobs import run_barrier_stage, run_job
@@ -117,7 +118,7 @@ class SparkBarrierRunner:
         finally:
             if relay is not None:
                 relay.close()  # returns within its timeout whatever a client holds open
-            task_bc.unpersist()
+            destroy_broadcast(task_bc)  # not only unpersist: the driver would keep each attempt's weights
 
 
 def elastic_route(data: SparkWorkerData, master: TrainingMaster) -> Callable[[int], SparkWorkerData] | None:

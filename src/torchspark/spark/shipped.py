@@ -27,6 +27,7 @@ from typing import Any, Protocol
 from torchspark.errors import ConfigError
 from torchspark.nn import Network, NetworkBlueprint
 from torchspark.nn.cache import NetworkCache
+from torchspark.spark.broadcasts import destroy_broadcast
 from torchspark.spark.connect.shipping import Shipment, ship_bytes
 from torchspark.spark.session import spark_context
 from torchspark.spark.session_kinds import is_connect_session
@@ -71,8 +72,8 @@ class ShippedNetwork:
         return NetworkBlueprint.from_bytes(self.broadcast.value).build()
 
     def release(self) -> None:
-        """Drop the broadcast from the executors (call only after every job that uses it has run)."""
-        self.broadcast.unpersist()
+        """Drop the broadcast from the executors and the driver (call only after every job that uses it has run)."""
+        destroy_broadcast(self.broadcast)
 
 
 @dataclass(frozen=True)
