@@ -11,6 +11,18 @@ from background import BackgroundLane, ChildResult
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
+#: The suite's JVMs compile with C1 only (``-XX:TieredStopAtLevel=1``). They live seconds to minutes, where C2's
+#: compiler threads cost more CPU than their faster code saves, and CPU is what bounds the suite on 2 cores. Measured
+#: with cgroup CPU accounting (the JVMs and Python workers included): a local session started, used and stopped,
+#: 27.2 -> 18.3 CPU-s; tests/spark/test_averaging_spark.py on the shared session, 117 -> 99 CPU-s. It reaches every
+#: JVM the tests start: drivers through spark-submit (``SPARK_SUBMIT_OPTS``, inherited by child processes: the
+#: Connect tier's server, scripts, the CLI), their executors (``spark.executor.defaultJavaOptions`` as a system
+#: property of the driver, which Spark reads into every SparkConf), and the standalone daemons of the namespace
+#: cluster (``SPARK_DAEMON_JAVA_OPTS``). Production sessions are untouched: only this file sets them.
+TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
+os.environ.setdefault("SPARK_SUBMIT_OPTS", f"{TEST_JVM_OPTIONS} -Dspark.executor.defaultJavaOptions={TEST_JVM_OPTIONS}")
+os.environ.setdefault("SPARK_DAEMON_JAVA_OPTS", TEST_JVM_OPTIONS)
+
 #: every test under these folders carries the folder's marker (``-m "not spark"`` deselects a whole tier)
 FOLDER_MARKERS = {"spark": "spark", "multiprocess": "multiprocess", "multihost": "multihost", "connect": "connect"}
 _TESTS = os.path.dirname(os.path.abspath(__file__))

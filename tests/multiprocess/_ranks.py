@@ -1,11 +1,17 @@
-"""Start ``world`` real processes (spawn) that each run one rank of a torch.distributed group, and collect them."""
+"""Start ``world`` real processes that each run one rank of a torch.distributed group, and collect them.
+
+The processes come from the workers' own context (:func:`torchspark.parallel.bootstrap.worker_context`: forked from
+a fork server that imported torch once), not ``spawn``: a spawned rank imports torch afresh, 2-3 CPU-s each, which
+made these tests CPU-bound on a 2-core machine.
+"""
 
 from __future__ import annotations
 
-import multiprocessing
 import socket
 from collections.abc import Callable
 from typing import Any
+
+from torchspark.parallel.bootstrap import worker_context
 
 
 def free_port() -> int:
@@ -27,7 +33,7 @@ def run_ranks(
     With ``reports`` each rank puts one dict (with its ``"rank"``) on the queue passed last; they come back sorted
     by rank. Without, the ranks' exit codes must all be 0. ``check_exit`` also demands exit code 0 with reports.
     """
-    ctx = multiprocessing.get_context("spawn")
+    ctx = worker_context()
     out = ctx.Queue() if reports else None
     port = free_port()
     extra = (out,) if reports else ()
