@@ -7,21 +7,14 @@ import sys
 
 import pytest
 
+import jvm_archive
 from background import BackgroundLane, ChildResult
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
-#: The suite's JVMs compile with C1 only (``-XX:TieredStopAtLevel=1``). They live seconds to minutes, where C2's
-#: compiler threads cost more CPU than their faster code saves, and CPU is what bounds the suite on 2 cores. Measured
-#: with cgroup CPU accounting (the JVMs and Python workers included): a local session started, used and stopped,
-#: 27.2 -> 18.3 CPU-s; tests/spark/test_averaging_spark.py on the shared session, 117 -> 99 CPU-s. It reaches every
-#: JVM the tests start: drivers through spark-submit (``SPARK_SUBMIT_OPTS``, inherited by child processes: the
-#: Connect tier's server, scripts, the CLI), their executors (``spark.executor.defaultJavaOptions`` as a system
-#: property of the driver, which Spark reads into every SparkConf), and the standalone daemons of the namespace
-#: cluster (``SPARK_DAEMON_JAVA_OPTS``). Production sessions are untouched: only this file sets them.
-TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
-os.environ.setdefault("SPARK_SUBMIT_OPTS", f"{TEST_JVM_OPTIONS} -Dspark.executor.defaultJavaOptions={TEST_JVM_OPTIONS}")
-os.environ.setdefault("SPARK_DAEMON_JAVA_OPTS", TEST_JVM_OPTIONS)
+#: the suite's JVMs: C1 only and a shared class-data archive (``tests/jvm_archive.py`` says why and what it saves)
+os.environ.setdefault("SPARK_SUBMIT_OPTS", jvm_archive.driver_options())
+os.environ.setdefault("SPARK_DAEMON_JAVA_OPTS", f"{jvm_archive.C1_ONLY} {jvm_archive.QUIET_CDS}")
 
 #: every test under these folders carries the folder's marker (``-m "not spark"`` deselects a whole tier)
 FOLDER_MARKERS = {"spark": "spark", "multiprocess": "multiprocess", "multihost": "multihost", "connect": "connect"}
@@ -126,6 +119,23 @@ def sc(spark):
 
 #: the first test this process runs (``pytest_runtest_protocol``): under pytest-xdist it tells a worker its group
 FIRST_TEST = pytest.StashKey[pytest.Item]()
+
+
+#: what :func:`jvm_archive.ensure_archive` did this run (printed at the end)
+ARCHIVE_NOTE = pytest.StashKey[str]()
+
+
+def pytest_collection_finish(session) -> None:
+    """Write the JVMs' class-data archive before the first test that starts a JVM (none for tests/unit alone)."""
+    unit = os.path.join(_TESTS, "unit")
+    if any(not str(item.path).startswith(unit) for item in session.items):
+        session.config.stash[ARCHIVE_NOTE] = jvm_archive.ensure_archive()
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    note = terminalreporter.config.stash.get(ARCHIVE_NOTE, None)
+    if note is not None:
+        terminalreporter.write_line(f"JVM class-data archive: {note}")
 
 
 @pytest.hookimpl(tryfirst=True)
