@@ -165,3 +165,20 @@ def test_a_runner_timeout_other_than_the_masters_is_refused_naming_both() -> Non
 
 def test_a_hang_error_is_a_worker_error() -> None:
     assert issubclass(type(hang_error([_stalled(0, None), _stalled(1, None)], WorkerLost("x"))), WorkerError)
+
+
+def test_an_injected_runner_takes_the_masters_shared_memory_allreduce() -> None:
+    runner = LocalProcessRunner(["cpu", "cpu"])
+    assert runner.effective_shared_memory is True  # on its own: the masters' default
+    master = ParameterAveragingTrainingMaster(shared_memory_allreduce=False)
+    ParallelWrapper(_net(), master=master, runner=runner)
+    assert runner.effective_shared_memory is False  # the master's switch reaches the workers (run() passes this)
+    own = LocalProcessRunner(["cpu", "cpu"], shared_memory=True)
+    with pytest.raises(
+        ConfigError,
+        match=r"LocalProcessRunner\(shared_memory=True\) and the training master's "
+        r"shared_memory_allreduce=False disagree",
+    ):
+        ParallelWrapper(_net(), master=master, runner=own)
+    with pytest.raises(ConfigError, match=r"shared_memory must be True or False.*got 'yes'"):
+        LocalProcessRunner(["cpu"], shared_memory="yes")

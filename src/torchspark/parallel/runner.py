@@ -29,7 +29,7 @@ from torchspark.training.rendezvous.auth import new_token
 from torchspark.training.rendezvous.stores import listening_store
 from torchspark.training.task import WorkerResult, WorkerTask
 from torchspark.training.waiting import join_within
-from torchspark.validation import check_float
+from torchspark.validation import check_bool, check_float
 
 __all__ = ["LocalProcessRunner", "DEFAULT_TIMEOUT_S"]
 
@@ -60,7 +60,9 @@ class LocalProcessRunner:
             and clock alignment, when the runner is used without a driver context (the driver's context opens
             one on 127.0.0.1 otherwise).
         exit_timeout_s: how long finished workers get to exit before they are terminated.
-        shared_memory: let the workers sum through ``/dev/shm`` (the master's ``shared_memory_allreduce``).
+        shared_memory: let the workers sum through ``/dev/shm``. None (default): the training master's
+            ``shared_memory_allreduce`` when ``ParallelWrapper`` runs it (True on its own); a bool set here must
+            equal the master's in a ``ParallelWrapper`` fit (a ConfigError otherwise, :meth:`use_master_timeout`).
     """
 
     def __init__(
@@ -71,7 +73,7 @@ class LocalProcessRunner:
         prefetch: int | None = None,
         progress_address: ProgressEndpoint | None = None,
         exit_timeout_s: float = 30.0,
-        shared_memory: bool = True,
+        shared_memory: bool | None = None,
     ) -> None:
         self.devices = list(devices)
         self.threads_per_worker = threads_per_worker
@@ -90,17 +92,33 @@ class LocalProcessRunner:
         self.prefetch = prefetch
         self.progress_address = progress_address
         self.exit_timeout_s = exit_timeout_s
-        self.shared_memory = shared_memory
+        self.shared_memory = check_bool(
+            "shared_memory",
+            shared_memory,
+            allow_none=True,
+            owner="LocalProcessRunner",
+            none_means="the training master's shared_memory_allreduce",
+        )
+        self._master_shared_memory: bool | None = None
         #: the worker processes of the last run (all joined when :meth:`run` returns or raises)
         self.children: list[Any] = []
 
-    def use_master_timeout(self, rendezvous_timeout_s: float) -> None:
-        """Take the training master's ``rendezvous_timeout_s`` for the next runs (``ParallelWrapper`` calls it before
-        each fit), unless ``timeout_s`` was set on the runner.
+    def use_master_timeout(self, rendezvous_timeout_s: float, shared_memory_allreduce: bool | None = None) -> None:
+        """Take the training master's ``rendezvous_timeout_s`` (and ``shared_memory_allreduce``) for the next runs
+        (``ParallelWrapper`` calls it before each fit), unless ``timeout_s`` (``shared_memory``) was set on the runner.
 
         Raises:
-            ConfigError: the runner's own ``timeout_s`` differs from ``rendezvous_timeout_s`` (naming both values).
+            ConfigError: the runner's own ``timeout_s`` differs from ``rendezvous_timeout_s``, or its own
+                ``shared_memory`` from ``shared_memory_allreduce`` (naming both values).
         """
+        if shared_memory_allreduce is not None:
+            if self.shared_memory is not None and self.shared_memory != shared_memory_allreduce:
+                raise ConfigError(
+                    f"LocalProcessRunner(shared_memory={self.shared_memory}) and the training master's "
+                    f"shared_memory_allreduce={shared_memory_allreduce} disagree; set shared_memory_allreduce on the "
+                    "master and leave the runner's shared_memory=None (it then takes the master's), or make them equal"
+                )
+            self._master_shared_memory = shared_memory_allreduce
         if self.timeout_s is not None and self.timeout_s != rendezvous_timeout_s:
             raise ConfigError(
                 f"LocalProcessRunner(timeout_s={self.timeout_s:g}) and the training master's "
@@ -117,6 +135,13 @@ class LocalProcessRunner:
         if self.timeout_s is not None:
             return float(self.timeout_s)
         return self._master_timeout_s if self._master_timeout_s is not None else DEFAULT_TIMEOUT_S
+
+    @property
+    def effective_shared_memory(self) -> bool:
+        """Whether the next run sums through ``/dev/shm``: ``shared_memory``, else the master's, else True."""
+        if self.shared_memory is not None:
+            return self.shared_memory
+        return self._master_shared_memory if self._master_shared_memory is not None else True
 
     def run(self, task: WorkerTask, data: WorkerShares, context: RunContext = NULL_CONTEXT) -> list[WorkerResult]:
         """Run one worker per share of ``data`` on the first ``data.workers`` devices (all of them, unless an
@@ -176,7 +201,7 @@ class LocalProcessRunner:
                     progress_address,
                     timeout_s,
                     token,
-                    self.shared_memory,
+                    self.effective_shared_memory,
                 )
                 proc = ctx.Process(
                     target=child_main,
