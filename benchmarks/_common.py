@@ -200,7 +200,7 @@ machine is small (2 cores) and shared, so read ratios, not absolute samples/s, a
 .venv/bin/python benchmarks/run_all.py --quick    # smaller sizes and fewer repetitions (about 4 minutes)
 .venv/bin/python benchmarks/bench_throughput.py [--quick] [--models mlp,lenet] [--methods ...] [--memory-format channels_last] [--no-write]
 .venv/bin/python benchmarks/bench_sharing.py [--quick]
-.venv/bin/python benchmarks/bench_codec.py [--quick] [--n 10000000] [--reps 7]
+.venv/bin/python benchmarks/bench_codec.py [--quick] [--n 10000000] [--reps 15]
 .venv/bin/python benchmarks/bench_cluster.py [--quick] [--links 1gbit,100mbit] [--methods sharing,avg5,avg1,ddp] [--budget-s 300]
 .venv/bin/python benchmarks/bench_checkpoint.py [--quick] [--methods spark_avg,spark_shared,pw_avg] [--reps 5]
 ```
