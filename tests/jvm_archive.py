@@ -85,5 +85,5 @@ def ensure_archive(timeout_s: float = 300.0) -> str:
             return f"no archive ({type(e).__name__}: {e})"
         if done.returncode != 0 or not partial.is_file():
             return f"no archive (exit {done.returncode}): {done.stderr[-500:]}"
-        os.replace(partial, target)  # same file system? the temp directory is under gettempdir() too
+        os.replace(partial, target)  # atomic: the scratch directory is under gettempdir() too
     return f"wrote {target}"

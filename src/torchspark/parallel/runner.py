@@ -40,6 +40,17 @@ DEFAULT_TIMEOUT_S = 300.0
 _FEEDER_JOIN_S = 10.0
 
 
+def _check_agree(own_name: str, own: Any, master_name: str, master: Any) -> None:
+    """A runner option set by the user (not None) must equal the master's option bounding the same thing."""
+    if own is not None and own != master:
+        mine, theirs = (v if isinstance(v, bool) else f"{v:g}" for v in (own, master))
+        raise ConfigError(
+            f"LocalProcessRunner({own_name}={mine}) and the training master's {master_name}={theirs} disagree, "
+            f"and both set the same thing; set {master_name} on the master and leave the runner's {own_name}=None "
+            "(it then takes the master's), or make them equal"
+        )
+
+
 class LocalProcessRunner:
     """Run one worker per device in fresh processes (:func:`~torchspark.parallel.bootstrap.worker_context`) and
     supervise them.
@@ -51,7 +62,7 @@ class LocalProcessRunner:
             the training master's ``rendezvous_timeout_s`` when ``ParallelWrapper`` runs it (its default,
             :data:`DEFAULT_TIMEOUT_S`, when the runner runs on its own). A number: the runner's own limit, which
             must equal the master's ``rendezvous_timeout_s`` in a ``ParallelWrapper`` fit (two limits for one wait
-            are a ConfigError, :meth:`use_master_timeout`). Example: ``LocalProcessRunner(["cpu"] * 2)`` with
+            are a ConfigError, :meth:`use_master`). Example: ``LocalProcessRunner(["cpu"] * 2)`` with
             ``ParallelWrapper(net, master=ParameterAveragingTrainingMaster(rendezvous_timeout_s=30), runner=...)``
             waits 30 s for a hung worker.
         prefetch: queued minibatches per worker for a one-shot stream; None (default): the task's ``prefetch``
@@ -62,7 +73,7 @@ class LocalProcessRunner:
         exit_timeout_s: how long finished workers get to exit before they are terminated.
         shared_memory: let the workers sum through ``/dev/shm``. None (default): the training master's
             ``shared_memory_allreduce`` when ``ParallelWrapper`` runs it (True on its own); a bool set here must
-            equal the master's in a ``ParallelWrapper`` fit (a ConfigError otherwise, :meth:`use_master_timeout`).
+            equal the master's in a ``ParallelWrapper`` fit (a ConfigError otherwise, :meth:`use_master`).
     """
 
     def __init__(
@@ -103,34 +114,21 @@ class LocalProcessRunner:
         #: the worker processes of the last run (all joined when :meth:`run` returns or raises)
         self.children: list[Any] = []
 
-    def use_master_timeout(self, rendezvous_timeout_s: float, shared_memory_allreduce: bool | None = None) -> None:
-        """Take the training master's ``rendezvous_timeout_s`` (and ``shared_memory_allreduce``) for the next runs
-        (``ParallelWrapper`` calls it before each fit), unless ``timeout_s`` (``shared_memory``) was set on the runner.
+    def use_master(self, rendezvous_timeout_s: float, shared_memory_allreduce: bool) -> None:
+        """Take the training master's ``rendezvous_timeout_s`` and ``shared_memory_allreduce`` for the next runs
+        (``ParallelWrapper`` calls it before each fit) where the runner's own ``timeout_s``/``shared_memory`` is None.
 
         Raises:
-            ConfigError: the runner's own ``timeout_s`` differs from ``rendezvous_timeout_s``, or its own
-                ``shared_memory`` from ``shared_memory_allreduce`` (naming both values).
+            ConfigError: a value set on the runner differs from the master's (naming both).
         """
-        if shared_memory_allreduce is not None:
-            if self.shared_memory is not None and self.shared_memory != shared_memory_allreduce:
-                raise ConfigError(
-                    f"LocalProcessRunner(shared_memory={self.shared_memory}) and the training master's "
-                    f"shared_memory_allreduce={shared_memory_allreduce} disagree; set shared_memory_allreduce on the "
-                    "master and leave the runner's shared_memory=None (it then takes the master's), or make them equal"
-                )
-            self._master_shared_memory = shared_memory_allreduce
-        if self.timeout_s is not None and self.timeout_s != rendezvous_timeout_s:
-            raise ConfigError(
-                f"LocalProcessRunner(timeout_s={self.timeout_s:g}) and the training master's "
-                f"rendezvous_timeout_s={rendezvous_timeout_s:g} disagree, and both bound the same waits; set "
-                "rendezvous_timeout_s on the master and leave the runner's timeout_s=None (it then takes the "
-                "master's), or make them equal"
-            )
+        _check_agree("timeout_s", self.timeout_s, "rendezvous_timeout_s", rendezvous_timeout_s)
+        _check_agree("shared_memory", self.shared_memory, "shared_memory_allreduce", shared_memory_allreduce)
         self._master_timeout_s = rendezvous_timeout_s
+        self._master_shared_memory = shared_memory_allreduce
 
     @property
     def effective_timeout_s(self) -> float:
-        """The limit the next run uses: ``timeout_s``, else the master's (:meth:`use_master_timeout`), else
+        """The limit the next run uses: ``timeout_s``, else the master's (:meth:`use_master`), else
         :data:`DEFAULT_TIMEOUT_S`."""
         if self.timeout_s is not None:
             return float(self.timeout_s)

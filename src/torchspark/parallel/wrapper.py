@@ -166,7 +166,7 @@ class ParallelWrapper:
         own["master"] = master
         own["_devices"] = default_devices(num_workers if num_workers is not None else wanted, devices)
         if isinstance(runner, LocalProcessRunner):  # its own timeout_s against the master's: refused now, not at fit
-            runner.use_master_timeout(master.rendezvous_timeout_s, master.shared_memory_allreduce)
+            runner.use_master(master.rendezvous_timeout_s, master.shared_memory_allreduce)
 
     def __getattr__(self, name: str) -> Any:
         """The master's options read through the wrapper (``pw.averaging_frequency``)."""
@@ -287,7 +287,7 @@ class ParallelWrapper:
     def _runner(self) -> Any:
         assert self.master is not None
         if isinstance(self.runner, LocalProcessRunner):  # the master's rendezvous_timeout_s, or a ConfigError
-            self.runner.use_master_timeout(self.master.rendezvous_timeout_s, self.master.shared_memory_allreduce)
+            self.runner.use_master(self.master.rendezvous_timeout_s, self.master.shared_memory_allreduce)
         if self.runner is not None:
             return self.runner
         threads = self.threads_per_worker or max(1, (os.cpu_count() or 1) // len(self._devices))
