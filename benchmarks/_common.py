@@ -29,6 +29,8 @@ BENCHMARKS_MD = ROOT / "BENCHMARKS.md"
 
 #: Order of the sections in BENCHMARKS.md.
 SECTIONS = ("throughput", "throughput_channels_last", "shuffle", "sharing", "codec", "cluster", "checkpoint")
+#: generated sections that run_all runs only when named (``--only``): the real-size runs take 40 and 20 minutes
+LONG_SECTIONS = ("throughput_real_size", "cluster_transformer")
 #: results files that hold targets of a hand-written part of BENCHMARKS.md (no generated section)
 TARGET_RESULTS = ("small_networks",)
 
@@ -199,6 +201,9 @@ machine is small (2 cores) and shared, so read ratios, not absolute samples/s, a
 .venv/bin/python benchmarks/run_all.py            # everything, about 15 minutes on 2 cores; rewrites this file
 .venv/bin/python benchmarks/run_all.py --quick    # smaller sizes and fewer repetitions (about 4 minutes)
 .venv/bin/python benchmarks/bench_throughput.py [--quick] [--models mlp,lenet] [--methods ...] [--memory-format channels_last] [--no-write]
+.venv/bin/python benchmarks/bench_throughput.py --models vgg,transformer   # the real-size rows (~40 minutes)
+sudo .venv/bin/python benchmarks/bench_cluster.py --workload transformer --links 1gbit   # time to accuracy (~20 minutes)
+.venv/bin/python benchmarks/run_all.py --only throughput_real_size,cluster_transformer   # both, in one run
 .venv/bin/python benchmarks/bench_sharing.py [--quick]
 .venv/bin/python benchmarks/bench_codec.py [--quick] [--n 10000000] [--reps 15]
 .venv/bin/python benchmarks/bench_cluster.py [--quick] [--links 1gbit,100mbit] [--methods sharing,avg5,avg1,ddp] [--budget-s 300]
@@ -294,7 +299,7 @@ def write_section(name: str, body: str, results: dict[str, Any]) -> None:
 
 def _with_targets(text: str) -> str:
     rows: list[list[Any]] = []
-    for name in SECTIONS + TARGET_RESULTS:
+    for name in SECTIONS + LONG_SECTIONS + TARGET_RESULTS:
         path = RESULTS_DIR / f"{name}.json"
         if not path.exists():
             continue

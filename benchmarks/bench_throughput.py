@@ -860,7 +860,13 @@ def report(
         errors = [(m, results[model][m].error) for m in methods if results[model][m].error]
         for m, err in errors:
             body.append(f"- **{LABELS[m]} failed**: `{err}`\n")
-    targets = evaluate_targets(ratios, models_)
+    overheads = {
+        (model, m): C.median(results[model][m].overhead)
+        for model in models_
+        for m in methods
+        if m != "plain" and results[model][m].overhead
+    }
+    targets = evaluate_targets(ratios, models_, overheads)
     json_out["targets"] = targets
     diag = diagnostics_markdown(results, models_, args)
     fmt_note = (
@@ -873,6 +879,7 @@ def report(
     )
     md = [
         "## Training throughput"
+        + (": real-size networks" if section_name(args) == "throughput_real_size" else "")
         + ("" if args.memory_format == "contiguous" else f' with `memory_format="{args.memory_format}"`')
         + "\n",
         fmt_note,
@@ -952,7 +959,15 @@ def real_size_note(models_: list[str]) -> str:
     )
 
 
-def evaluate_targets(ratios: dict[tuple[str, str], float], models_: list[str]) -> list[dict[str, Any]]:
+def evaluate_targets(
+    ratios: dict[tuple[str, str], float],
+    models_: list[str],
+    overheads: dict[tuple[str, str], float] | None = None,
+) -> list[dict[str, Any]]:
+    """The targets of the throughput issues: ratios against the plain loop (row a) and, issue 29's, against the
+    fused plain loop (row a2: what a careful user writes) and the warm per-call overhead on LeNet."""
+    overheads = overheads or {}
+
     def get(model: str, m: str) -> float:
         return ratios.get((model, m), float("nan"))
 
@@ -988,6 +1003,27 @@ def evaluate_targets(ratios: dict[tuple[str, str], float], models_: list[str]) -
                 "met": (v >= 1.0) if ok(v) else None,
             }
         )
+    if "mlp" in models_:  # issue 29: against the fused plain loop (a2), ceiling = the independent processes
+        fused, ceiling = get("mlp", "plain_fused"), get("mlp", "independent")
+        for m, name, bound in (("spark_avg", "averaging", 0.9), ("spark_shared", "sharing", 0.8)):
+            v = get("mlp", m) / fused if ok(fused) and fused > 0 else float("nan")
+            out.append(
+                {
+                    "target": f"MLP: SparkNetwork {name} >= {bound}x the fused plain loop (a2)",
+                    "measured": f"{v:.2f}x (ceiling: 2 independent processes {ceiling / fused:.2f}x)",
+                    "met": (v >= bound) if ok(v) else None,
+                }
+            )
+    if "lenet" in models_:  # issue 29: warm per-call overhead, T(1) - slope
+        for m, name in (("spark_avg", "SparkNetwork averaging"), ("pw_avg", "ParallelWrapper averaging")):
+            o = overheads.get(("lenet", m), float("nan"))
+            out.append(
+                {
+                    "target": f"LeNet: per-call overhead <= 0.3 s warm ({name})",
+                    "measured": f"{o:.2f} s",
+                    "met": (o <= 0.3) if ok(o) else None,
+                }
+            )
     return out
 
 

@@ -29,6 +29,9 @@ SCRIPTS = {
     # optional: runs only as root with `ip netns` (a namespace cluster); otherwise it writes a "skipped" section
     "cluster": ("bench_cluster.py", []),
     "checkpoint": ("bench_checkpoint.py", []),
+    # not in the default run (C.LONG_SECTIONS): name them with --only
+    "throughput_real_size": ("bench_throughput.py", ["--models", "vgg,transformer"]),
+    "cluster_transformer": ("bench_cluster.py", ["--workload", "transformer", "--links", "1gbit"]),
 }
 
 
@@ -36,7 +39,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="pass --quick to every benchmark")
     parser.add_argument(
-        "--only", default=",".join(C.SECTIONS), help="comma-separated subset of " + ", ".join(C.SECTIONS)
+        "--only",
+        default=",".join(C.SECTIONS),
+        help="comma-separated subset of "
+        + ", ".join(C.SECTIONS + C.LONG_SECTIONS)
+        + " (default: all but the last two)",
     )
     args = parser.parse_args()
     names = [n.strip() for n in args.only.split(",") if n.strip()]

@@ -34,3 +34,16 @@ def test_sections_of_the_real_size_runs() -> None:
     args.models = "mlp,lenet"
     assert T.section_name(args) == "throughput"
     assert T.module_spec("transformer") == ("text_transformer", W.WORKLOADS["transformer"].kwargs)
+
+
+def test_issue_29_targets_read_the_fused_loop_and_the_per_call_overhead() -> None:
+    ratios = {("mlp", "plain_fused"): 1.2, ("mlp", "spark_avg"): 1.2, ("mlp", "spark_shared"): 0.6}
+    ratios[("mlp", "independent")] = 1.44
+    overheads = {("lenet", "spark_avg"): 0.39, ("lenet", "pw_avg"): 0.25}
+    targets = {t["target"]: t for t in T.evaluate_targets(ratios, ["mlp", "lenet"], overheads)}
+    avg = targets["MLP: SparkNetwork averaging >= 0.9x the fused plain loop (a2)"]
+    assert avg["met"] is True and avg["measured"] == "1.00x (ceiling: 2 independent processes 1.20x)"
+    assert targets["MLP: SparkNetwork sharing >= 0.8x the fused plain loop (a2)"]["met"] is False  # 0.5x
+    assert targets["LeNet: per-call overhead <= 0.3 s warm (SparkNetwork averaging)"]["met"] is False
+    pw = targets["LeNet: per-call overhead <= 0.3 s warm (ParallelWrapper averaging)"]
+    assert pw["met"] is True and pw["measured"] == "0.25 s"
