@@ -97,12 +97,20 @@ def test_explicit_export_directory_is_kept_until_close(spark, sc, tmp_path: Path
     assert _private(tmp_path) == []
 
 
+@pytest.fixture(scope="module")
+def killed_driver(tmp_path_factory) -> tuple[Path, dict]:
+    """One driver process that fits into a default export (under its temp directory, ``base``) and into an explicit
+    ``base/exports``, then is killed with SIGKILL; (``base``, its report). Both killed-driver tests read it."""
+    base = tmp_path_factory.mktemp("killed-driver")
+    return base, _killed_after_its_fit(_run("hang", base, base / "exports"))
+
+
 def test_a_killed_drivers_export_in_an_explicit_export_directory_is_removed_by_the_next_export(
-    spark, sc, tmp_path: Path
+    spark, sc, killed_driver: tuple[Path, dict]
 ) -> None:
-    exports = tmp_path / "exports"
-    report = _killed_after_its_fit(_run("hang-explicit", tmp_path, exports))
-    leftover = Path(report["directory"])
+    base, report = killed_driver
+    exports = base / "exports"
+    leftover = Path(report["explicit"])
     assert leftover.parent == exports and any(leftover.rglob("*.safetensors"))  # SIGKILL: nothing cleaned up
     unmarked = exports / "0123456789ab-rdd1"  # an export without an owner record (an older version's): kept
     unmarked.mkdir()
@@ -143,10 +151,15 @@ def test_interpreter_exit_removes_the_export(tmp_path: Path) -> None:
     assert not os.path.exists(report["directory"]) and _private(tmp_path) == []
 
 
-def test_a_killed_drivers_export_is_removed_by_the_next_run(spark, sc, temp_base: Path) -> None:
-    report = _killed_after_its_fit(_run("hang", temp_base))
+def test_a_killed_drivers_export_is_removed_by_the_next_run(
+    spark, sc, killed_driver: tuple[Path, dict], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    temp_base, report = killed_driver
+    if sc.getConf().get("spark.local.dir", None):
+        pytest.skip("the session sets spark.local.dir; this test steers the base through the temp directory")
+    monkeypatch.setattr(tempfile, "tempdir", str(temp_base))
     leftover = Path(report["directory"])
-    assert leftover.is_dir() and any(leftover.rglob("*.safetensors"))  # SIGKILL: nothing could clean up
+    assert leftover.parent == temp_base and any(leftover.rglob("*.safetensors"))  # SIGKILL: nothing cleaned up
     alive = make_private_dir(str(temp_base))  # a live owner's directory (this process) is never taken
     snet = SparkNetwork(spark, _net(), _master(), progress=False)
     snet.fit(_rdd(sc), epochs=1)  # the next run
