@@ -95,3 +95,12 @@ def test_a_data_error_a_worker_meets_stays_a_data_error(in_process: bool) -> Non
     with pytest.raises(DataError, match="label index 9") as info:
         wrapper.fit(DataSet(DATA.features, labels), batch_size=8)
     assert isinstance(info.value, WorkerError) and "--- worker traceback ---" in str(info.value)
+
+
+def test_an_injected_local_process_runner_trains_with_the_wrappers_thread_count() -> None:
+    from torchspark.parallel import LocalProcessRunner
+
+    runner = LocalProcessRunner(["cpu", "cpu"])  # its own threads_per_worker left None
+    wrapper = ParallelWrapper(_net(), num_workers=2, progress=False, runner=runner, threads_per_worker=2)
+    wrapper.fit(DATA, batch_size=8)
+    assert [r.threads for r in wrapper.last_results] == [2, 2]  # the runner's own default would be 1

@@ -182,3 +182,39 @@ def test_an_injected_runner_takes_the_masters_shared_memory_allreduce() -> None:
         ParallelWrapper(_net(), master=master, runner=own)
     with pytest.raises(ConfigError, match=r"shared_memory must be True or False.*got 'yes'"):
         LocalProcessRunner(["cpu"], shared_memory="yes")
+
+
+def test_an_injected_runner_takes_the_wrappers_threads_per_worker_and_refuses_another() -> None:
+    runner = LocalProcessRunner(["cpu", "cpu"])
+    assert runner.effective_threads == 1  # on its own
+    ParallelWrapper(_net(), num_workers=2, runner=runner, threads_per_worker=3)
+    assert runner.effective_threads == 3  # the wrapper's (run() gives the workers this count)
+    own = LocalProcessRunner(["cpu", "cpu"], threads_per_worker=2)
+    ParallelWrapper(_net(), num_workers=2, runner=own)  # only the runner sets it: its own
+    assert own.effective_threads == 2
+    with pytest.raises(
+        ConfigError,
+        match=r"LocalProcessRunner\(threads_per_worker=2\) and ParallelWrapper's threads_per_worker=3 disagree, "
+        r"and both set the same thing; set threads_per_worker on ParallelWrapper",
+    ):
+        ParallelWrapper(_net(), num_workers=2, runner=own, threads_per_worker=3)
+    with pytest.raises(ConfigError, match="threads_per_worker must be an integer >= 1 or None, got 0"):
+        LocalProcessRunner(["cpu"], threads_per_worker=0)
+
+
+def test_the_rounds_route_watch_fails_a_round_past_stall_timeout_and_allows_twice_for_the_first() -> None:
+    from torchspark.training.driver.stall import round_watch
+
+    now = [100.0]
+    assert round_watch(None, False, "epoch 1, round 1/4", clock=lambda: now[0]) is None  # watchdog off
+    later = round_watch(10.0, False, "epoch 1, round 3/4", clock=lambda: now[0])
+    first = round_watch(10.0, True, "epoch 1, round 1/4", clock=lambda: now[0])
+    now[0] += 10.0
+    assert later() is None and first() is None  # not past its limit yet
+    now[0] += 0.5
+    lost = later()
+    assert isinstance(lost, WorkerLost) and lost.exit_status == "no progress"
+    assert "the averaging round epoch 1, round 3/4 has run for 10 s, longer than stall_timeout_s=10:" in str(lost)
+    assert first() is None  # the attempt's first round gets twice the limit
+    now[0] += 10.0
+    assert "(2 x for an attempt's first round)" in str(first())

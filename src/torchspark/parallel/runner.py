@@ -13,6 +13,7 @@ One run (:meth:`LocalProcessRunner.run`):
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Sequence
 from dataclasses import replace
@@ -29,7 +30,7 @@ from torchspark.training.rendezvous.auth import new_token
 from torchspark.training.rendezvous.stores import listening_store
 from torchspark.training.task import WorkerResult, WorkerTask
 from torchspark.training.waiting import join_within
-from torchspark.validation import check_bool, check_float
+from torchspark.validation import check_bool, check_float, check_int
 
 __all__ = ["LocalProcessRunner", "DEFAULT_TIMEOUT_S"]
 
@@ -40,14 +41,16 @@ DEFAULT_TIMEOUT_S = 300.0
 _FEEDER_JOIN_S = 10.0
 
 
-def _check_agree(own_name: str, own: Any, master_name: str, master: Any) -> None:
-    """A runner option set by the user (not None) must equal the master's option bounding the same thing."""
-    if own is not None and own != master:
+def _check_agree(own_name: str, own: Any, master_name: str, master: Any, owner: str = "the training master") -> None:
+    """A runner option set by the user (not None) must equal the option of ``owner`` (the training master, or
+    ``ParallelWrapper``) that sets the same thing, when that one is set too."""
+    if own is not None and master is not None and own != master:
         mine, theirs = (v if isinstance(v, bool) else f"{v:g}" for v in (own, master))
+        on = "the master" if owner == "the training master" else owner
         raise ConfigError(
-            f"LocalProcessRunner({own_name}={mine}) and the training master's {master_name}={theirs} disagree, "
-            f"and both set the same thing; set {master_name} on the master and leave the runner's {own_name}=None "
-            "(it then takes the master's), or make them equal"
+            f"LocalProcessRunner({own_name}={mine}) and {owner}'s {master_name}={theirs} disagree, "
+            f"and both set the same thing; set {master_name} on {on} and leave the runner's {own_name}=None "
+            f"(it then takes {owner}'s), or make them equal"
         )
 
 
@@ -58,6 +61,10 @@ class LocalProcessRunner:
     Args:
         devices: one device string per worker (``"cpu"``, ``"cuda:0"``...).
         threads_per_worker: torch intra-op threads in each worker (cores / workers is right for CPU training).
+            None (default): ``ParallelWrapper``'s ``threads_per_worker`` when it runs the runner (its default: this
+            machine's cores // the runner's devices), 1 on its own. A number set here must equal
+            ``ParallelWrapper``'s ``threads_per_worker`` when that is set too (a ConfigError otherwise,
+            :meth:`use_master`).
         timeout_s: rendezvous and collective timeout, and the watchdog's limit for a silent worker. None (default):
             the training master's ``rendezvous_timeout_s`` when ``ParallelWrapper`` runs it (its default,
             :data:`DEFAULT_TIMEOUT_S`, when the runner runs on its own). A number: the runner's own limit, which
@@ -79,7 +86,7 @@ class LocalProcessRunner:
     def __init__(
         self,
         devices: Sequence[str],
-        threads_per_worker: int = 1,
+        threads_per_worker: int | None = None,
         timeout_s: float | None = None,
         prefetch: int | None = None,
         progress_address: ProgressEndpoint | None = None,
@@ -87,7 +94,8 @@ class LocalProcessRunner:
         shared_memory: bool | None = None,
     ) -> None:
         self.devices = list(devices)
-        self.threads_per_worker = threads_per_worker
+        self.threads_per_worker: int | None = check_int("threads_per_worker", threads_per_worker, 1, allow_none=True)
+        self._wrapper_threads: int | None = None
         self.timeout_s: float | None = check_float(
             "timeout_s",
             timeout_s,
@@ -114,17 +122,33 @@ class LocalProcessRunner:
         #: the worker processes of the last run (all joined when :meth:`run` returns or raises)
         self.children: list[Any] = []
 
-    def use_master(self, rendezvous_timeout_s: float, shared_memory_allreduce: bool) -> None:
-        """Take the training master's ``rendezvous_timeout_s`` and ``shared_memory_allreduce`` for the next runs
-        (``ParallelWrapper`` calls it before each fit) where the runner's own ``timeout_s``/``shared_memory`` is None.
+    def use_master(
+        self, rendezvous_timeout_s: float, shared_memory_allreduce: bool, threads_per_worker: int | None = None
+    ) -> None:
+        """Take the training master's ``rendezvous_timeout_s`` and ``shared_memory_allreduce``, and
+        ``ParallelWrapper``'s ``threads_per_worker`` (None: cores // devices, as ``ParallelWrapper``'s own runner),
+        for the next runs (``ParallelWrapper`` calls it before each fit) where the runner's own ``timeout_s``,
+        ``shared_memory`` or ``threads_per_worker`` is None.
 
         Raises:
-            ConfigError: a value set on the runner differs from the master's (naming both).
+            ConfigError: a value set on the runner differs from the master's or the wrapper's (naming both).
         """
         _check_agree("timeout_s", self.timeout_s, "rendezvous_timeout_s", rendezvous_timeout_s)
         _check_agree("shared_memory", self.shared_memory, "shared_memory_allreduce", shared_memory_allreduce)
+        _check_agree(
+            "threads_per_worker", self.threads_per_worker, "threads_per_worker", threads_per_worker, "ParallelWrapper"
+        )
         self._master_timeout_s = rendezvous_timeout_s
         self._master_shared_memory = shared_memory_allreduce
+        self._wrapper_threads = threads_per_worker or max(1, (os.cpu_count() or 1) // max(1, len(self.devices)))
+
+    @property
+    def effective_threads(self) -> int:
+        """Torch threads per worker in the next run: ``threads_per_worker``, else ``ParallelWrapper``'s
+        (:meth:`use_master`), else 1."""
+        if self.threads_per_worker is not None:
+            return self.threads_per_worker
+        return self._wrapper_threads if self._wrapper_threads is not None else 1
 
     @property
     def effective_timeout_s(self) -> float:
@@ -172,7 +196,7 @@ class LocalProcessRunner:
         n = len(devices)
         ctx = worker_context()
         child_task = replace(
-            task, num_threads=self.threads_per_worker, prefetch=task.prefetch if not data.queued else 0
+            task, num_threads=self.effective_threads, prefetch=task.prefetch if not data.queued else 0
         )  # the queue already prefetches
         backend = backend_for_devices(devices)
         timeout_s = supervisor.timeout_s

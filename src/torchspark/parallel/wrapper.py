@@ -106,8 +106,10 @@ class ParallelWrapper:
         runner: how workers run (a :class:`~torchspark.training.driver.runner.Runner`); default: a
             :class:`~torchspark.parallel.runner.LocalProcessRunner` on :attr:`worker_devices` with
             ``threads_per_worker``. Tests pass :class:`~torchspark.training.driver.runner.InProcessRunner` (threads).
-            A ``LocalProcessRunner`` of your own takes the master's ``rendezvous_timeout_s`` (its ``timeout_s``, if
-            set, must equal it: ConfigError otherwise).
+            A ``LocalProcessRunner`` of your own takes the master's ``rendezvous_timeout_s`` and
+            ``shared_memory_allreduce`` and this wrapper's ``threads_per_worker`` where it leaves its own
+            ``timeout_s``, ``shared_memory``, ``threads_per_worker`` None (set on both: they must be equal,
+            ConfigError otherwise).
         **master_options: the options of ``training_mode``'s master (e.g. ``averaging_frequency``,
             ``save_updater``, ``worker_prefetch_num_batches``, ``overlap``, ``collect_training_stats``,
             ``rng_seed``, ``checkpoint_directory``, ``max_failures``). An option of the other mode's master, or a
@@ -166,7 +168,7 @@ class ParallelWrapper:
         own["master"] = master
         own["_devices"] = default_devices(num_workers if num_workers is not None else wanted, devices)
         if isinstance(runner, LocalProcessRunner):  # its own timeout_s against the master's: refused now, not at fit
-            runner.use_master(master.rendezvous_timeout_s, master.shared_memory_allreduce)
+            runner.use_master(master.rendezvous_timeout_s, master.shared_memory_allreduce, threads_per_worker)
 
     def __getattr__(self, name: str) -> Any:
         """The master's options read through the wrapper (``pw.averaging_frequency``)."""
@@ -287,7 +289,9 @@ class ParallelWrapper:
     def _runner(self) -> Any:
         assert self.master is not None
         if isinstance(self.runner, LocalProcessRunner):  # the master's rendezvous_timeout_s, or a ConfigError
-            self.runner.use_master(self.master.rendezvous_timeout_s, self.master.shared_memory_allreduce)
+            self.runner.use_master(
+                self.master.rendezvous_timeout_s, self.master.shared_memory_allreduce, self.threads_per_worker
+            )
         if self.runner is not None:
             return self.runner
         threads = self.threads_per_worker or max(1, (os.cpu_count() or 1) // len(self._devices))

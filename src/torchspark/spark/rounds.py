@@ -45,12 +45,13 @@ from __future__ import annotations
 import logging
 import math
 import uuid
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
 import torch
 
-from torchspark.errors import ConfigError, TorchSparkError
+from torchspark.errors import ConfigError, TorchSparkError, WorkerLost
 from torchspark.nn import Network
 from torchspark.spark.broadcasts import destroy_broadcast
 from torchspark.spark.data import storage_level_by_name
@@ -68,6 +69,7 @@ from torchspark.spark.rounds_worker import (
 )
 from torchspark.training.algorithms.averaging import AveragingSettings, apply_weighted_mean
 from torchspark.training.driver.runner import RunContext
+from torchspark.training.driver.stall import round_watch
 from torchspark.training.hooks import PhaseRecorder
 from torchspark.training.task import WorkerResult, WorkerTask
 
@@ -163,12 +165,15 @@ class SparkRoundsRunner:
             )
             checkpoints = RoundsCheckpoints(task, n, rounds)  # a resumed fit: its state, epoch and round
             first_epoch, first_round = checkpoints.start(network, tally)
+            first = True  # the attempt's first round: it loads the first data and builds the network
             for epoch in range(first_epoch, task.epochs):
                 start = first_round if epoch == first_epoch else 0
                 if not start:
                     tally.start_epoch()
                 for r in range(start, rounds):
-                    record = self._round(network, worker_rdd, spec_bc, settings, epoch, r, rounds, rec)
+                    watch = round_watch(context.stall_timeout_s, first, f"epoch {epoch + 1}, round {r + 1}/{rounds}")
+                    first = False
+                    record = self._round(network, worker_rdd, spec_bc, settings, epoch, r, rounds, rec, watch)
                     with rec.phase("aggregation"):
                         round_score = _apply_average(network, record, settings.save_updater)
                     log.debug("epoch %d, round %d/%d: example-weighted score %.6f", epoch, r + 1, rounds, round_score)
@@ -195,6 +200,7 @@ class SparkRoundsRunner:
         r: int,
         rounds: int,
         rec: PhaseRecorder,
+        watch: Callable[[], WorkerLost | None] | None = None,
     ) -> RoundRecord:
         # 3. the state the round starts from (the fit's first round also carries the driver's updater state, which
         # the torch route's workers get from the blueprint)
@@ -219,6 +225,7 @@ class SparkRoundsRunner:
                     f"torchspark averaging: epoch {epoch + 1}, round {r + 1}/{rounds}",
                     partial(_fit_and_sum, worker_rdd, spec_bc, round_bc, self.aggregation_depth, self.gpus),
                     "torchspark-round-job",
+                    watchdog=watch,  # stall_timeout_s: a round whose tasks hang is cancelled, not waited on forever
                 )
         finally:
             destroy_broadcast(round_bc)

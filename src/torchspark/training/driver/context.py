@@ -59,6 +59,7 @@ class FitContext:
         self.network = network
         self.recorder = recorder
         self.attempt = attempt
+        self.stall_timeout_s = stall_timeout_s
         self.description = description if attempt == 0 else f"{description} (attempt {attempt})"
         self._listeners = list(listeners)
         self._score_listeners = list(score_listeners)

@@ -46,11 +46,14 @@ class RunContext(Protocol):
         recorder: the driver's stats recorder; a runner times the workers' run as its ``fit`` phase.
         description: a short name of the fit for job descriptions and messages.
         attempt: which launch of the workers this is (0 first; each recovery adds one).
+        stall_timeout_s: the master's ``stall_timeout_s`` (None: off), for runners that watch progress themselves
+            (the rounds route: :func:`~torchspark.training.driver.stall.round_watch`).
     """
 
     recorder: PhaseRecorder
     description: str
     attempt: int
+    stall_timeout_s: float | None
 
     @property
     def network(self) -> Network:  # read-only: runners update the network in place, never replace it
@@ -96,6 +99,7 @@ class NullContext:
     recorder: PhaseRecorder = NullRecorder()
     description = "torchspark fit"
     attempt = 0
+    stall_timeout_s: float | None = None
 
     @property
     def network(self) -> Network:

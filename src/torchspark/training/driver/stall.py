@@ -20,8 +20,10 @@ The verdict is a :class:`~torchspark.errors.WorkerLost` (``exit_status`` :data:`
 rank is at; the driver retries it as any lost worker, and two such failures at the same step end the fit
 (:func:`~torchspark.training.driver.recovery.repeated_hang`): a deterministic hang is not retried ``max_failures``
 times. Every route whose runner polls the driver's watchdog gets it (``ParallelWrapper``'s local processes, the
-Spark barrier stage, the Spark Connect stage); the rounds route (``averaging_via="spark"``) and the in-process
-runner do not poll it.
+Spark barrier stage, the Spark Connect stage). The rounds route (``averaging_via="spark"``) has no live progress
+(one Spark job per averaging round, progress reported by the driver after each): :func:`round_watch` fails a round
+that runs longer than ``stall_timeout_s`` (its attempt's first round: :data:`FIRST_REPORT_FACTOR` x) the same way.
+The in-process runner does not poll a watchdog.
 
 Example::
 
@@ -38,7 +40,7 @@ from torchspark.errors import WorkerLost
 from torchspark.training.hooks import ProgressUpdate
 from torchspark.training.progress.liveness import RankState
 
-__all__ = ["ProgressStall", "NO_PROGRESS", "FIRST_REPORT_FACTOR"]
+__all__ = ["ProgressStall", "NO_PROGRESS", "FIRST_REPORT_FACTOR", "round_watch"]
 
 #: the ``exit_status`` of an attempt failed by the progress watchdog (every worker alive, none progressing)
 NO_PROGRESS = "no progress"
@@ -101,3 +103,34 @@ def _where(rank: int, step: tuple[int, int] | None, state: RankState) -> str:
     if step is None:
         return f"worker {rank}: before its first progress report"
     return f"worker {rank}: epoch {step[0]}, minibatch {step[1]}"
+
+
+def round_watch(
+    timeout_s: float | None, first: bool, where: str, clock: Callable[[], float] = time.monotonic
+) -> Callable[[], WorkerLost | None] | None:
+    """The rounds route's watchdog for one averaging round (a Spark job) starting now: it returns a
+    :class:`WorkerLost` (``exit_status`` :data:`NO_PROGRESS`) once the round has run longer than ``timeout_s``
+    (the master's ``stall_timeout_s``; ``first``, the attempt's first round, which loads the first data and builds
+    the network: :data:`FIRST_REPORT_FACTOR` x), else None; no watchdog (None) when ``timeout_s`` is None.
+    ``where`` names the round (``"epoch 1, round 3/8"``)."""
+    if timeout_s is None:
+        return None
+    limit = timeout_s * (FIRST_REPORT_FACTOR if first else 1.0)
+    started = clock()
+
+    def check() -> WorkerLost | None:
+        running = clock() - started
+        if running <= limit:
+            return None
+        allowance = f" ({FIRST_REPORT_FACTOR:g} x for an attempt's first round)" if first else ""
+        return WorkerLost(
+            f"the averaging round {where} has run for {running:.0f} s, longer than stall_timeout_s={timeout_s:g}"
+            f"{allowance}: its tasks are stuck in the model's code or their data (a deadlock or endless loop in "
+            "forward/backward, a loader that never returns). If the rounds are merely slow (huge minibatches, a "
+            "large averaging_frequency or accumulate_steps), raise stall_timeout_s on the training master (None "
+            "turns this watchdog off)",
+            exit_status=NO_PROGRESS,
+            reason=f"an averaging round ran longer than {limit:g} s (stall_timeout_s)",
+        )
+
+    return check
