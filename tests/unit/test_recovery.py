@@ -111,6 +111,33 @@ def test_sparks_reason_names_the_worker_and_what_happened() -> None:
     assert "ValueError: bad input in layer 2" in str(user) and "Spark's reason" in str(user)
 
 
+#: what Spark said when a real-size fit (13.5 M parameters, Adam) ran on local[2] with the default 1g driver heap
+JVM_OOM = (
+    "An error occurred while calling o123.collectAndServe.\n: org.apache.spark.SparkException: Job aborted due to "
+    "stage failure: Could not recover from a failed barrier ResultStage. Most recent failure reason: Stage failed "
+    "because barrier task ResultTask(5, 0) finished unsuccessfully.\njava.lang.OutOfMemoryError: Java heap space\n"
+    "\tat java.base/java.util.Arrays.copyOf(Arrays.java:3537)\n\tat java.base/java.lang.Thread.run(Thread.java:840)"
+)
+
+
+def test_a_jvm_out_of_memory_is_not_retried_and_names_the_setting_to_raise() -> None:
+    from torchspark.errors import TrainingError
+    from torchspark.spark.jobs import task_error
+
+    error = task_error(Exception(JVM_OOM), "torchspark fit: 2 workers")
+    assert isinstance(error, TrainingError) and not isinstance(error, WorkerLost)  # the retry would fail the same
+    message = str(error)
+    assert message.startswith(
+        "torchspark fit: 2 workers: a Spark JVM ran out of memory (java.lang.OutOfMemoryError: Java heap space)"
+    )
+    assert "Raise spark.driver.memory" in message and "local_session(conf={'spark.driver.memory': '4g'})" in message
+    assert "barrier task ResultTask(5, 0) finished unsuccessfully" in message  # Spark's reason, without Java frames
+    assert "Arrays.copyOf" not in message
+    # a Python MemoryError in the worker is the user's (or the data's): not this error
+    python_oom = task_error(Exception(USER_ERROR.replace("ValueError: bad input in layer 2", "MemoryError")), "fit")
+    assert not isinstance(python_oom, TrainingError) or "spark.driver.memory" not in str(python_oom)
+
+
 def test_the_watchdog_names_a_silent_rank_and_a_stage_that_never_ends() -> None:
     now = [100.0]
     live = Liveness(clock=lambda: now[0])
@@ -126,7 +153,8 @@ def test_the_watchdog_names_a_silent_rank_and_a_stage_that_never_ends() -> None:
     live.ended(1)  # both finished: fine for now ...
     assert live.stalled(2, timeout_s=20) is None
     now[0] = 150.0  # ... but the cluster has not delivered their results 25 s later
-    assert "an executor stopped responding" in str(live.stalled(2, timeout_s=20))
+    late = str(live.stalled(2, timeout_s=20))
+    assert "an executor stopped responding" in late and "raise spark.driver.memory" in late
 
 
 def test_the_rendezvous_key_is_named_by_the_attempt() -> None:

@@ -74,7 +74,9 @@ class Liveness:
                 return WorkerLost(
                     f"all {world_size} workers finished training {now - last:.0f} s ago but the cluster has not "
                     f"delivered their results (rendezvous_timeout_s={timeout_s:g}): an executor stopped "
-                    "responding",
+                    "responding, or a JVM is short of memory for the results (rank 0 returns the network's "
+                    "parameters and updater state; for a large network raise spark.driver.memory, and "
+                    "spark.executor.memory on a cluster)",
                     exit_status="no heartbeat",
                     reason="workers finished but an executor did not report its task",
                 )
