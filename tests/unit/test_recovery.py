@@ -4,6 +4,7 @@ driver's attempt loop (with the in-process runner and a runner that loses its fi
 from __future__ import annotations
 
 import datetime
+import os
 
 import pytest
 import torch
@@ -299,3 +300,22 @@ def test_two_timeouts_at_the_same_step_are_a_hang_and_end_the_retries() -> None:
     peer = "worker 0 saw: torchspark.errors.PeerLost: a peer worker left (timed out waiting)"
     assert not repeated_hang([_failure(0, (0, 4), None, peer), _failure(1, (0, 4), None, peer)])
     assert not repeated_hang([_failure(0, None, "no heartbeat", "x"), _failure(1, None, "no heartbeat", "x")])
+
+
+def test_a_killed_jvms_exit_code_is_read_even_before_it_has_finished_exiting(monkeypatch) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    from torchspark.spark import jobs
+
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    killed, alive = subprocess.Popen(sleeper), subprocess.Popen(sleeper)
+    try:
+        os.kill(killed.pid, signal.SIGKILL)
+        assert jobs._exit_code(killed) == -signal.SIGKILL  # waited for: poll() alone may still say "running"
+        monkeypatch.setattr(jobs, "JVM_EXIT_WAIT_S", 0.2)
+        assert jobs._exit_code(alive) is None  # still running after the wait: unknown, not a made-up code
+    finally:
+        alive.kill()
+        alive.wait()

@@ -236,10 +236,24 @@ def jvm_gone(sc: Any) -> str | None:
         return None
     except Exception:  # noqa: BLE001 - any failure to reach the JVM (py4j, a refused or reset connection)
         proc = getattr(getattr(sc, "_gateway", None), "proc", None)
-        code = proc.poll() if proc is not None else None
+        code = _exit_code(proc) if proc is not None else None
         return (
             "exit code unknown" if code is None else _exit_status(f"exit code {abs(code) + (128 if code < 0 else 0)}")
         )
+
+
+#: how long a JVM whose connection broke gets to finish exiting before its exit code is read
+JVM_EXIT_WAIT_S = 5.0
+
+
+def _exit_code(proc: Any) -> int | None:
+    """The JVM process's exit code, waiting up to :data:`JVM_EXIT_WAIT_S` for it: a killed process closes its
+    sockets before it has finished exiting (a large heap takes a moment to unmap), so py4j can see the connection
+    drop while ``poll()`` still says "running"; None when it really is still running."""
+    try:
+        return proc.wait(timeout=JVM_EXIT_WAIT_S)
+    except Exception:  # noqa: BLE001 - subprocess.TimeoutExpired: alive (py4j broke for another reason)
+        return proc.poll()
 
 
 def jvm_died(description: str, how: str) -> TrainingError:
