@@ -93,15 +93,12 @@ def pytest_collection_modifyitems(config, items) -> None:
         if item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(_xdist_group(item)))
     # collection order, except: the modules waiting for a background run go last (the lane has the whole run to
-    # finish their runs), tests/unit goes first, and under pytest-xdist the side group goes first (its worker starts
-    # the lane at once). Unit first: the unit tests use about one core, so they fill the cores beside the lane's
-    # first runs; last, after the lane had finished, they left one core idle for minutes (docs/contributing.md).
+    # finish their runs), and under pytest-xdist the side group goes first (its worker starts the lane at once)
     distributed = config.getoption("dist", "no") != "no"
     late = {item.path for item in items if _background_runs(item)}
-    unit = os.path.join(_TESTS, "unit") + os.sep
 
-    def order(item) -> tuple[bool, bool, bool]:
-        return distributed and _group(item) != SIDE, item.path in late, not str(item.path).startswith(unit)
+    def order(item) -> tuple[bool, bool]:
+        return distributed and _group(item) != SIDE, item.path in late
 
     items.sort(key=order)  # stable
 
