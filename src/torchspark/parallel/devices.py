@@ -15,7 +15,7 @@ import torch
 
 from torchspark.errors import ConfigError
 
-__all__ = ["plan_devices", "default_devices"]
+__all__ = ["plan_devices", "default_devices", "default_threads"]
 
 
 def _parse_device(value: Any, gpu_count: int, index: int) -> str:
@@ -65,3 +65,9 @@ def default_devices(num_workers: int | None, devices: Sequence[Any] | None = Non
     """:func:`plan_devices` on this machine: the GPUs torch sees and the CPU cores the OS reports."""
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     return plan_devices(num_workers, devices, gpus, os.cpu_count() or 1)
+
+
+def default_threads(workers: int) -> int:
+    """Torch threads per worker when nobody set ``threads_per_worker``: this machine's cores shared among
+    ``workers`` worker processes (at least 1)."""
+    return max(1, (os.cpu_count() or 1) // max(1, workers))

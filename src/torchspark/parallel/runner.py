@@ -13,7 +13,6 @@ One run (:meth:`LocalProcessRunner.run`):
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Sequence
 from dataclasses import replace
@@ -21,6 +20,7 @@ from typing import Any
 
 from torchspark.errors import ConfigError
 from torchspark.parallel.bootstrap import ChildArgs, backend_for_devices, child_main, worker_context
+from torchspark.parallel.devices import default_threads
 from torchspark.parallel.feeding import WorkerShares, initial_items, put_item, start_feeders
 from torchspark.parallel.supervision import Supervisor
 from torchspark.training.config.mesh import MAX_TIMEOUT_S
@@ -140,7 +140,7 @@ class LocalProcessRunner:
         )
         self._master_timeout_s = rendezvous_timeout_s
         self._master_shared_memory = shared_memory_allreduce
-        self._wrapper_threads = threads_per_worker or max(1, (os.cpu_count() or 1) // max(1, len(self.devices)))
+        self._wrapper_threads = threads_per_worker or default_threads(len(self.devices))
 
     @property
     def effective_threads(self) -> int:

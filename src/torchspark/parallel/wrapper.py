@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from torchspark.errors import ConfigError
 from torchspark.listeners import TrainingEvents, TrainingListener
 from torchspark.nn import Network
-from torchspark.parallel.devices import default_devices, plan_devices
+from torchspark.parallel.devices import default_devices, default_threads, plan_devices
 from torchspark.parallel.feeding import WorkerShares
 from torchspark.parallel.options import SPARK_ONLY, check_local_master, master_from_options
 from torchspark.parallel.routing import BATCH_TYPES, PATH_TYPES, DataPlan, route_data
@@ -294,7 +293,7 @@ class ParallelWrapper:
             )
         if self.runner is not None:
             return self.runner
-        threads = self.threads_per_worker or max(1, (os.cpu_count() or 1) // len(self._devices))
+        threads = self.threads_per_worker or default_threads(len(self._devices))
         return LocalProcessRunner(
             self._devices, threads, self.master.rendezvous_timeout_s, shared_memory=self.master.shared_memory_allreduce
         )
