@@ -149,7 +149,9 @@ def test_a_workers_error_comes_back_as_the_root_cause_and_its_files_stay(connect
         for line in Path(p).read_text().splitlines()
         if '"error"' in line
     ]
-    assert errors and all("Interrupted: worker stopped after 3 minibatches" in e["traceback"] for e in errors)
+    # the worker that stopped reports its error; a peer may report first what it saw of that (PeerLost)
+    assert any("Interrupted: worker stopped after 3 minibatches" in e["traceback"] for e in errors), errors
+    assert all("Interrupted" in e["traceback"] or "PeerLost" in e["traceback"] for e in errors), errors
 
 
 @pytest.mark.parametrize(
