@@ -95,13 +95,28 @@ def test_a_bare_spark_context_trains_like_the_session(spark, sc) -> None:
 
 
 def test_python_workers_fork_from_the_preloading_daemon(sc) -> None:
-    def probe(_: object) -> tuple[str, bool]:
+    """Workers fork from torchspark's daemon, which imported torch (and the numba kernel of the codec) and froze
+    those objects out of the garbage collector's reach: PySpark's daemon collects after every task, and without the
+    freeze each collection walks torch's few hundred thousand objects (~0.1 CPU-s per task)."""
+
+    def probe(_: object) -> tuple[str, bool, bool, bool, int]:
+        import gc
+
         main = sys.modules["__main__"]
         spec = getattr(main, "__spec__", None)
-        return (spec.name if spec is not None else "", "torch" in sys.modules)
+        tracked = {id(o) for o in gc.get_objects()}  # every generation; frozen objects are in none of them
+        kernel = sys.modules.get("torchspark.encoding._onepass_kernel")
+        return (
+            spec.name if spec is not None else "",
+            "torch" in sys.modules,
+            id(vars(sys.modules["torch"])) not in tracked,  # imported before the fork, then frozen
+            kernel is not None and id(vars(kernel)) not in tracked,  # the same for the optional numba kernel
+            gc.get_freeze_count(),
+        )
 
-    seen = set(sc.parallelize(range(2), 2).map(probe).collect())
-    assert seen == {("torchspark.spark._daemon", True)}
+    found = sc.parallelize(range(2), 2).map(probe).collect()
+    assert {f[:4] for f in found} == {("torchspark.spark._daemon", True, True, True)}, found
+    assert all(f[4] > 50_000 for f in found), found  # torch alone is ~300k objects
 
 
 def test_direct_route_reuses_its_prepared_rdd_and_releases_it(spark, sc) -> None:
