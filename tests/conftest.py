@@ -8,6 +8,7 @@ import sys
 import pytest
 
 import jvm_archive
+import split_run
 from background import BackgroundLane, ChildResult
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -101,6 +102,9 @@ def pytest_collection_modifyitems(config, items) -> None:
         return distributed and _group(item) != SIDE, item.path in late
 
     items.sort(key=order)  # stable
+    proxied = split_run.plan_split(config, items)
+    if proxied:
+        config.stash[SPLIT_CHILD] = split_run.UnitChild(proxied)
 
 
 @pytest.fixture(scope="session")
@@ -124,9 +128,16 @@ FIRST_TEST = pytest.StashKey[pytest.Item]()
 #: what :func:`jvm_archive.ensure_archive` did this run (printed at the end)
 ARCHIVE_NOTE = pytest.StashKey[str]()
 
+#: the unit tier's child process in a split run (``tests/split_run.py``)
+SPLIT_CHILD = pytest.StashKey[split_run.UnitChild]()
+
 
 def pytest_collection_finish(session) -> None:
-    """Write the JVMs' class-data archive before the first test that starts a JVM (none for tests/unit alone)."""
+    """Start the unit tier's child in a split run; write the JVMs' class-data archive before the first test that
+    starts a JVM (none for tests/unit alone)."""
+    child = session.config.stash.get(SPLIT_CHILD, None)
+    if child is not None:
+        child.start()
     unit = os.path.join(_TESTS, "unit")
     if any(not str(item.path).startswith(unit) for item in session.items):
         session.config.stash[ARCHIVE_NOTE] = jvm_archive.ensure_archive()
@@ -139,8 +150,19 @@ def pytest_terminal_summary(terminalreporter) -> None:
 
 
 @pytest.hookimpl(tryfirst=True)
-def pytest_runtest_protocol(item, nextitem) -> None:
+def pytest_runtest_protocol(item, nextitem) -> bool | None:
     item.config.stash.setdefault(FIRST_TEST, item)
+    child = item.config.stash.get(SPLIT_CHILD, None)
+    if child is not None and item.nodeid in child.ids:
+        split_run.replay(item, child)
+        return True
+    return None
+
+
+def pytest_sessionfinish(session) -> None:
+    child = session.config.stash.get(SPLIT_CHILD, None)
+    if child is not None:
+        child.close()
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -153,6 +175,9 @@ def background_lane(request):
         first = request.config.stash.get(FIRST_TEST, None)
         side = first is not None and _group(first) == SIDE
         items = [item for item in items if _group(item) == SIDE] if side else []
+    child = request.config.stash.get(SPLIT_CHILD, None)
+    if child is not None:  # the child's own lane starts what its tests need
+        items = [item for item in items if item.nodeid not in child.ids]
     runs = {run for item in items for run in _background_runs(item)}
     lane = BackgroundLane(snapshot=Leftovers)
     lane.start([run for run in BACKGROUND_OF_FIXTURE.values() if run in runs])

@@ -36,6 +36,7 @@ OUT = os.environ.get("CPU_PROFILE_OUT", "cpu_profile.jsonl")
 #: a substring of a lane child's command line -> its run's name
 LANE_RUNS = {
     "tests/connect": "connect-tier",
+    "-p split_run": "unit-tier",
     "-m mypy": "mypy",
     "session_settings": "session-settings",
     "worker_thread_settings": "worker-thread-settings",

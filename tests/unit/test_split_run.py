@@ -1,0 +1,93 @@
+"""The split run (``tests/split_run.py``): the unit tier of a mixed run goes to a child pytest process and its
+reports come back as this session's own."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+import split_run
+
+TESTS = Path(__file__).resolve().parents[1]
+ROOT = TESTS.parent
+
+PROBE = """
+import os
+import pytest
+
+
+def test_records_its_process():
+    with open(os.environ["SPLIT_PROBE_PID_FILE"], "w") as f:
+        f.write(str(os.getpid()))
+
+
+def test_fails():
+    assert 1 == 2, "one is not two"
+
+
+def test_skips():
+    pytest.skip("not here")
+"""
+
+
+def _item(folder: str) -> SimpleNamespace:
+    return SimpleNamespace(path=TESTS / folder / "test_x.py", nodeid=f"tests/{folder}/test_x.py::t")
+
+
+class _Config:
+    def __init__(self, **options: object) -> None:
+        self.options = {"usepdb": False, "maxfail": 0, "dist": "no", **options}
+
+    def getoption(self, name: str, default: object = None) -> object:
+        return self.options.get(name, default)
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    for name in (split_run.SPLIT_ENV, split_run.CHILD_ENV, "PYTEST_XDIST_WORKER"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_only_a_mixed_run_splits_and_only_its_unit_tests_leave(clean_env, monkeypatch) -> None:
+    unit, spark = _item("unit"), _item("spark")
+    assert split_run.plan_split(_Config(), [spark, unit]) == [unit]
+    assert split_run.plan_split(_Config(), [unit]) == []  # pytest tests/unit: nothing to overlap
+    assert split_run.plan_split(_Config(), [spark]) == []
+    for options in ({"usepdb": True}, {"maxfail": 1}, {"dist": "loadgroup"}):
+        assert split_run.plan_split(_Config(**options), [spark, unit]) == [], options
+    monkeypatch.setenv(split_run.SPLIT_ENV, "0")
+    assert split_run.plan_split(_Config(), [spark, unit]) == []
+    monkeypatch.delenv(split_run.SPLIT_ENV)
+    monkeypatch.setenv(split_run.CHILD_ENV, "ids:reports")  # the child itself never splits again
+    assert split_run.plan_split(_Config(), [spark, unit]) == []
+
+
+@pytest.mark.parametrize("split", [True, False])
+def test_the_childs_results_are_this_runs_results(tmp_path, split: bool) -> None:
+    """A run of a unit module and a multiprocess test: split, the unit tests run in another process, and their
+    failure, skip and pass are reported by the parent (exit code, summary lines) as if they had run there."""
+    probe = TESTS / "unit" / f"test_zz_split_probe_{secrets.token_hex(4)}.py"
+    pid_file = tmp_path / "pid"
+    env = {k: v for k, v in os.environ.items() if k not in (split_run.CHILD_ENV, "PYTEST_XDIST_WORKER")}
+    env.update({"SPLIT_PROBE_PID_FILE": str(pid_file), split_run.SPLIT_ENV: "1" if split else "0", "COLUMNS": "250"})
+    other = "tests/multiprocess/test_parallel_config.py::test_backend_for_devices"
+    probe.write_text(PROBE)
+    try:
+        cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rfs", str(probe), other]
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        probe.unlink()
+    name = f"tests/unit/{probe.name}"
+    assert proc.returncode == 1, out[-3000:]
+    assert f"FAILED {name}::test_fails - AssertionError: one is not two" in out, out[-3000:]
+    assert f"SKIPPED [1] {name}:" in out and "not here" in out, out[-3000:]
+    assert "1 failed, 5 passed, 1 skipped" in out, out[-3000:]  # the probe's 3 and test_backend_for_devices' 4
+    ran_in = int(pid_file.read_text())
+    assert (ran_in != proc.pid) is split, (ran_in, proc.pid)
