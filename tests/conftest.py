@@ -94,17 +94,18 @@ def pytest_collection_modifyitems(config, items) -> None:
         if item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(_xdist_group(item)))
     # collection order, except: the modules waiting for a background run go last (the lane has the whole run to
-    # finish their runs), and under pytest-xdist the side group goes first (its worker starts the lane at once)
+    # finish their runs), under pytest-xdist the side group goes first (its worker starts the lane at once), and in
+    # a split run the tests of the child's tiers come after the others, whose time the child runs beside
     distributed = config.getoption("dist", "no") != "no"
     late = {item.path for item in items if _background_runs(item)}
+    proxied = {item.nodeid for item in split_run.plan_split(config, items)}
 
-    def order(item) -> tuple[bool, bool]:
-        return distributed and _group(item) != SIDE, item.path in late
+    def order(item) -> tuple[bool, bool, bool]:
+        return distributed and _group(item) != SIDE, item.path in late, item.nodeid in proxied
 
     items.sort(key=order)  # stable
-    proxied = split_run.plan_split(config, items)
     if proxied:
-        config.stash[SPLIT_CHILD] = split_run.UnitChild(proxied)
+        config.stash[SPLIT_CHILD] = split_run.SplitChild([item for item in items if item.nodeid in proxied])
 
 
 @pytest.fixture(scope="session")
@@ -128,12 +129,12 @@ FIRST_TEST = pytest.StashKey[pytest.Item]()
 #: what :func:`jvm_archive.ensure_archive` did this run (printed at the end)
 ARCHIVE_NOTE = pytest.StashKey[str]()
 
-#: the unit tier's child process in a split run (``tests/split_run.py``)
-SPLIT_CHILD = pytest.StashKey[split_run.UnitChild]()
+#: the child process of a split run (``tests/split_run.py``)
+SPLIT_CHILD = pytest.StashKey[split_run.SplitChild]()
 
 
 def pytest_collection_finish(session) -> None:
-    """Start the unit tier's child in a split run; write the JVMs' class-data archive before the first test that
+    """Start the child of a split run; write the JVMs' class-data archive before the first test that
     starts a JVM (none for tests/unit alone)."""
     child = session.config.stash.get(SPLIT_CHILD, None)
     if child is not None:

@@ -1,15 +1,17 @@
-"""The unit tier in a child pytest process beside the rest of a full run, its reports replayed here test by test.
+"""The Spark-free tiers in a child pytest process beside the rest of a full run, their reports replayed here.
 
-The suite is CPU-bound on a 2-core machine, yet one of the cores idles for a good part of a full run: the Spark
-tier keeps about 1.5 cores busy (its fits have serial driver phases), the multiprocess tier waits for peers'
-timeouts, and the unit tier, last, runs on one core alone (about 2 minutes). Run in a second pytest process at a
-low CPU priority (``nice 10``) from the start of the session, the unit tests take the CPU the other tiers leave
-idle and are done before their turn comes. Their items stay in this session in their place: when one comes up,
-this process waits for the child's reports of that test and replays them (``pytest_report_to_serializable`` in
-the child, ``pytest_report_from_serializable`` here, the way pytest-xdist relays its workers' reports), so the
-terminal, ``-ra``, ``--durations``, ``-x`` and the exit code see every unit test as if it had run here.
+A full run in one process is a queue: every test waits for the one before it, and on a 2-core machine about 40% of
+the CPU idled in it (the Spark tier keeps about one core busy, its fits have serial driver phases; the
+multiprocess tier mostly waits for worker processes and peers' timeouts; the unit tier runs on one core). The
+tiers that need no Spark session, ``tests/multiprocess`` and ``tests/unit`` (:data:`TIERS`), run instead in a
+second pytest process started with the session, beside the Spark, multihost and packaging tiers of this one.
+Their items stay in this session, moved after the others (before the modules waiting for the background lane):
+when one comes up, this process waits for the child's reports of that test and replays them
+(``pytest_report_to_serializable`` in the child, ``pytest_report_from_serializable`` here, the way pytest-xdist
+relays its workers' reports), so the terminal, ``-ra``, ``--durations`` and the exit code see every test as if it
+had run here.
 
-A run splits only when it holds unit tests and others, under no debugger, no pytest-xdist and no ``-x``
+A run splits only when it holds tests of those tiers and others, under no debugger, no pytest-xdist and no ``-x``
 (``TORCHSPARK_SPLIT_RUN=0`` turns it off). A test the child did not report (it crashed or timed out) fails here
 with the child's output. ``pytest tests/unit`` alone never splits.
 """
@@ -29,7 +31,7 @@ from typing import Any
 
 import pytest
 
-__all__ = ["CHILD_ENV", "SPLIT_ENV", "UnitChild", "plan_split"]
+__all__ = ["CHILD_ENV", "SPLIT_ENV", "SplitChild", "plan_split"]
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
@@ -39,12 +41,13 @@ SPLIT_ENV = "TORCHSPARK_SPLIT_RUN"
 CHILD_ENV = "TORCHSPARK_SPLIT_CHILD"
 #: the child's whole run (its own tests carry pytest-timeout's limits)
 CHILD_TIMEOUT_S = 1800.0
-#: the child's CPU priority: it takes what the other tiers leave idle
-NICE = 10
+#: the folders of tests/ whose tests run in the child: none of them uses the shared Spark session
+TIERS = ("multiprocess", "unit")
 
 
-def _in_unit_tier(item: pytest.Item) -> bool:
-    return os.path.relpath(str(item.path), TESTS).split(os.sep)[0] == "unit"
+def in_child_tiers(item: pytest.Item) -> bool:
+    """Whether ``item`` belongs to one of :data:`TIERS`."""
+    return os.path.relpath(str(item.path), TESTS).split(os.sep)[0] in TIERS
 
 
 def plan_split(config: pytest.Config, items: list[pytest.Item]) -> list[pytest.Item]:
@@ -53,11 +56,11 @@ def plan_split(config: pytest.Config, items: list[pytest.Item]) -> list[pytest.I
         return []
     if config.getoption("usepdb", False) or config.getoption("maxfail", 0) or config.getoption("dist", "no") != "no":
         return []
-    unit = [item for item in items if _in_unit_tier(item)]
-    return unit if unit and len(unit) < len(items) else []
+    moved = [item for item in items if in_child_tiers(item)]
+    return moved if moved and len(moved) < len(items) else []
 
 
-class UnitChild:
+class SplitChild:
     """The child pytest process of a split run and the reports it has written so far."""
 
     def __init__(self, items: list[pytest.Item]) -> None:
@@ -79,7 +82,7 @@ class UnitChild:
         path = os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH", "")) if p)  # for -p split_run
         env = {**os.environ, CHILD_ENV: f"{ids}{os.pathsep}{self.reports_path}", "PYTHONPATH": path}
         cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "split_run", "-q"]
-        cmd += ["--basetemp", str(self.dir / "tmp"), str(TESTS / "unit")]
+        cmd += ["--basetemp", str(self.dir / "tmp"), *(str(TESTS / tier) for tier in TIERS)]
         with open(self.output_path, "wb") as out:
             self._proc = subprocess.Popen(
                 cmd,
@@ -88,7 +91,6 @@ class UnitChild:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own process group: ended as a whole in close()
-                preexec_fn=lambda: os.nice(NICE),
             )
         self._started = time.monotonic()
 
@@ -120,10 +122,7 @@ class UnitChild:
             if time.monotonic() - self._started > CHILD_TIMEOUT_S:
                 self._end()
                 return None
-            if self._proc.poll() is None:
-                # the child's CPU priority stays low while other tests run; once this process waits for it, it
-                # has the machine to itself
-                time.sleep(0.05)
+            time.sleep(0.05)
 
     def output_tail(self, chars: int = 6000) -> str:
         try:
@@ -153,14 +152,14 @@ class UnitChild:
             shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def replay(item: pytest.Item, child: UnitChild) -> None:
+def replay(item: pytest.Item, child: SplitChild) -> None:
     """Report ``item`` from the child's reports (a failure naming the child's output if it has none)."""
     ihook = item.ihook
     ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
     found = child.reports_for(item.nodeid)
     if found is None:
         reason = (
-            f"the unit-tier child process (tests/split_run.py) ended without reporting this test; its output "
+            f"the split run's child process (tests/split_run.py) ended without reporting this test; its output "
             f"({child.output_path}) ends with:\n{child.output_tail()}"
         )
         found = [

@@ -1,5 +1,5 @@
-"""The split run (``tests/split_run.py``): the unit tier of a mixed run goes to a child pytest process and its
-reports come back as this session's own."""
+"""The split run (``tests/split_run.py``): the Spark-free tiers of a mixed run go to a child pytest process and
+their reports come back as this session's own."""
 
 from __future__ import annotations
 
@@ -54,11 +54,11 @@ def clean_env(monkeypatch):
         monkeypatch.delenv(name, raising=False)
 
 
-def test_only_a_mixed_run_splits_and_only_its_unit_tests_leave(clean_env, monkeypatch) -> None:
-    unit, spark = _item("unit"), _item("spark")
-    assert split_run.plan_split(_Config(), [spark, unit]) == [unit]
-    assert split_run.plan_split(_Config(), [unit]) == []  # pytest tests/unit: nothing to overlap
-    assert split_run.plan_split(_Config(), [spark]) == []
+def test_only_a_mixed_run_splits_and_only_the_spark_free_tiers_leave(clean_env, monkeypatch) -> None:
+    unit, multiprocess, spark, multihost = _item("unit"), _item("multiprocess"), _item("spark"), _item("multihost")
+    assert split_run.plan_split(_Config(), [multihost, multiprocess, spark, unit]) == [multiprocess, unit]
+    assert split_run.plan_split(_Config(), [multiprocess, unit]) == []  # nothing left to overlap
+    assert split_run.plan_split(_Config(), [spark, multihost]) == []
     for options in ({"usepdb": True}, {"maxfail": 1}, {"dist": "loadgroup"}):
         assert split_run.plan_split(_Config(**options), [spark, unit]) == [], options
     monkeypatch.setenv(split_run.SPLIT_ENV, "0")
@@ -70,13 +70,13 @@ def test_only_a_mixed_run_splits_and_only_its_unit_tests_leave(clean_env, monkey
 
 @pytest.mark.parametrize("split", [True, False])
 def test_the_childs_results_are_this_runs_results(tmp_path, split: bool) -> None:
-    """A run of a unit module and a multiprocess test: split, the unit tests run in another process, and their
-    failure, skip and pass are reported by the parent (exit code, summary lines) as if they had run there."""
+    """A run of a unit module and a Spark test: split, the unit tests run in another process, and their failure,
+    skip and pass are reported by the parent (exit code, summary lines) as if they had run there."""
     probe = TESTS / "unit" / f"test_zz_split_probe_{secrets.token_hex(4)}.py"
     pid_file = tmp_path / "pid"
     env = {k: v for k, v in os.environ.items() if k not in (split_run.CHILD_ENV, "PYTEST_XDIST_WORKER")}
     env.update({"SPLIT_PROBE_PID_FILE": str(pid_file), split_run.SPLIT_ENV: "1" if split else "0", "COLUMNS": "250"})
-    other = "tests/multiprocess/test_parallel_config.py::test_backend_for_devices"
+    other = "tests/spark/test_master_options_spark.py::test_storage_level_names_are_pysparks"  # no session needed
     probe.write_text(PROBE)
     try:
         cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rfs", str(probe), other]
@@ -88,6 +88,6 @@ def test_the_childs_results_are_this_runs_results(tmp_path, split: bool) -> None
     assert proc.returncode == 1, out[-3000:]
     assert f"FAILED {name}::test_fails - AssertionError: one is not two" in out, out[-3000:]
     assert f"SKIPPED [1] {name}:" in out and "not here" in out, out[-3000:]
-    assert "1 failed, 5 passed, 1 skipped" in out, out[-3000:]  # the probe's 3 and test_backend_for_devices' 4
+    assert "1 failed, 2 passed, 1 skipped" in out, out[-3000:]
     ran_in = int(pid_file.read_text())
     assert (ran_in != proc.pid) is split, (ran_in, proc.pid)
