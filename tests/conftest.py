@@ -134,14 +134,14 @@ SPLIT_CHILD = pytest.StashKey[split_run.SplitChild]()
 
 
 def pytest_collection_finish(session) -> None:
-    """Start the child of a split run; write the JVMs' class-data archive before the first test that
-    starts a JVM (none for tests/unit alone)."""
-    child = session.config.stash.get(SPLIT_CHILD, None)
-    if child is not None:
-        child.start()
+    """Write the JVMs' class-data archive before the first test that starts a JVM (none for tests/unit alone),
+    then start the child of a split run (which finds the archive written)."""
     unit = os.path.join(_TESTS, "unit")
     if any(not str(item.path).startswith(unit) for item in session.items):
         session.config.stash[ARCHIVE_NOTE] = jvm_archive.ensure_archive()
+    child = session.config.stash.get(SPLIT_CHILD, None)
+    if child is not None:
+        child.start()
 
 
 def pytest_terminal_summary(terminalreporter) -> None:

@@ -4,8 +4,8 @@ A full run in one process is a queue: every test waits for the one before it, an
 the CPU idled in it (the Spark tier keeps about one core busy, its fits have serial driver phases; the
 multiprocess tier mostly waits for worker processes and peers' timeouts; the unit tier runs on one core). The
 tiers that need no Spark session, ``tests/multiprocess``, ``tests/packaging`` and ``tests/unit`` (:data:`TIERS`),
-run instead in a second pytest process started with the session, beside the Spark and multihost tiers of this
-one. Their items stay in this session, moved after the others (before the modules waiting for the background lane):
+and the Spark modules whose sessions run in child processes of their own (:data:`MODULES`), run instead in a second
+pytest process started with the session, beside the Spark and multihost tests of this one. Their items stay in this session, moved after the others (before the modules waiting for the background lane):
 when one comes up, this process waits for the child's reports of that test and replays them
 (``pytest_report_to_serializable`` in the child, ``pytest_report_from_serializable`` here, the way pytest-xdist
 relays its workers' reports), so the terminal, ``-ra``, ``--durations`` and the exit code see every test as if it
@@ -43,6 +43,9 @@ CHILD_ENV = "TORCHSPARK_SPLIT_CHILD"
 CHILD_TIMEOUT_S = 1800.0
 #: the folders of tests/ whose tests run in the child: none of them uses the shared Spark session
 TIERS = ("multiprocess", "packaging", "unit")
+#: modules of other folders that run in the child too: they never use the shared session (their Spark runs in child
+#: processes of their own) and take about a minute and a half of the main process's queue otherwise
+MODULES = {"spark/test_shipping.py", "spark/test_driver_jvm.py", "spark/test_preflight.py"}
 #: modules of those folders that stay here. test_parallel_shutdown.py's Ctrl-C test failed in the child of two full
 #: runs (the fit ran to its end: no KeyboardInterrupt) and passed alone, in the child of a smaller split run, in the
 #: background and under load: not understood yet, so it runs in the main process, where it always passed.
@@ -50,9 +53,9 @@ STAY = {"multiprocess/test_parallel_shutdown.py"}
 
 
 def in_child_tiers(item: pytest.Item) -> bool:
-    """Whether ``item`` belongs to one of :data:`TIERS` (and not to a module of :data:`STAY`)."""
+    """Whether ``item`` belongs to one of :data:`TIERS` (and not to a module of :data:`STAY`) or :data:`MODULES`."""
     module = os.path.relpath(str(item.path), TESTS).replace(os.sep, "/")
-    return module.split("/")[0] in TIERS and module not in STAY
+    return (module.split("/")[0] in TIERS and module not in STAY) or module in MODULES
 
 
 def plan_split(config: pytest.Config, items: list[pytest.Item]) -> list[pytest.Item]:
@@ -88,8 +91,8 @@ class SplitChild:
         path = os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH", "")) if p)  # for -p split_run
         env = {**os.environ, CHILD_ENV: f"{ids}{os.pathsep}{self.reports_path}", "PYTHONPATH": path}
         cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "split_run", "-q"]
-        tiers = sorted({os.path.relpath(str(p), TESTS).split(os.sep)[0] for p in self.paths})
-        cmd += ["--basetemp", str(self.dir / "tmp"), *(str(TESTS / tier) for tier in tiers)]
+        folders = sorted({os.path.relpath(str(p), TESTS).split(os.sep)[0] for p in self.paths})
+        cmd += ["--basetemp", str(self.dir / "tmp"), *(str(TESTS / folder) for folder in folders)]
         with open(self.output_path, "wb") as out:
             self._proc = subprocess.Popen(
                 cmd,

@@ -61,6 +61,8 @@ def test_only_a_mixed_run_splits_and_only_the_spark_free_tiers_leave(clean_env, 
     assert split_run.plan_split(_Config(), [spark, multihost]) == []
     stays = SimpleNamespace(path=TESTS / "multiprocess" / "test_parallel_shutdown.py", nodeid="stays")
     assert split_run.plan_split(_Config(), [spark, stays, unit]) == [unit]
+    shipping = SimpleNamespace(path=TESTS / "spark" / "test_shipping.py", nodeid="moves")
+    assert split_run.plan_split(_Config(), [spark, shipping]) == [shipping]
     for options in ({"usepdb": True}, {"maxfail": 1}, {"dist": "loadgroup"}):
         assert split_run.plan_split(_Config(**options), [spark, unit]) == [], options
     monkeypatch.setenv(split_run.SPLIT_ENV, "0")
