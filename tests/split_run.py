@@ -151,15 +151,16 @@ class SplitChild:
 
     def close(self) -> None:
         """End the child (given a minute to finish its summary once every test is reported, else at once); remove
-        its files unless it failed (they are named in the failures)."""
-        if self._proc is not None and self._done >= self.ids:
+        its files unless some test went unreported (the failure that says so names them; a test that failed in the
+        child was reported in full)."""
+        complete = self._done >= self.ids
+        if self._proc is not None and complete:
             try:
                 self._proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 pass
         self._end()
-        failed = any(r["outcome"] == "failed" for reports in self._reports.values() for r in reports)
-        if self._proc is not None and self._proc.returncode == 0 and not failed:
+        if complete:
             shutil.rmtree(self.dir, ignore_errors=True)
 
 

@@ -7,6 +7,7 @@ import os
 import secrets
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -81,6 +82,7 @@ def test_the_childs_results_are_this_runs_results(tmp_path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in (split_run.CHILD_ENV, "PYTEST_XDIST_WORKER")}
     env.update({"SPLIT_PROBE_PID_FILE": str(pid_file), split_run.SPLIT_ENV: "1", "COLUMNS": "250"})
     other = "tests/spark/test_master_options_spark.py::test_storage_level_names_are_pysparks"  # no session needed
+    before = {d.name for d in Path(tempfile.gettempdir()).glob("torchspark-split-*")}
     probe.write_text(PROBE)
     try:
         cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rfs", str(probe), other]
@@ -93,5 +95,8 @@ def test_the_childs_results_are_this_runs_results(tmp_path) -> None:
     assert f"FAILED {name}::test_fails - AssertionError: one is not two" in out, out[-3000:]
     assert f"SKIPPED [1] {name}:" in out and "not here" in out, out[-3000:]
     assert "1 failed, 2 passed, 1 skipped" in out, out[-3000:]
+    assert not [d for d in Path(tempfile.gettempdir()).glob("torchspark-split-*") if d.name not in before], (
+        "a child that reported every test leaves no files"
+    )
     ran_in = int(pid_file.read_text())
     assert ran_in != proc.pid, (ran_in, proc.pid)
