@@ -36,7 +36,7 @@ OUT = os.environ.get("CPU_PROFILE_OUT", "cpu_profile.jsonl")
 #: a substring of a lane child's command line -> its run's name
 LANE_RUNS = {
     "tests/connect": "connect-tier",
-    "-p split_run": "unit-tier",
+    "-p split_run": "split-child",  # tests/split_run.py's second pytest
     "-m mypy": "mypy",
     "session_settings": "session-settings",
     "worker_thread_settings": "worker-thread-settings",

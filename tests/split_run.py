@@ -5,8 +5,9 @@ the CPU idled in it (the Spark tier keeps about one core busy, its fits have ser
 multiprocess tier mostly waits for worker processes and peers' timeouts; the unit tier runs on one core). The
 tiers that need no Spark session, ``tests/multiprocess``, ``tests/packaging`` and ``tests/unit`` (:data:`TIERS`),
 and the Spark modules whose sessions run in child processes of their own (:data:`MODULES`), run instead in a second
-pytest process started with the session, beside the Spark and multihost tests of this one. Their items stay in this session, moved after the others (before the modules waiting for the background lane):
-when one comes up, this process waits for the child's reports of that test and replays them
+pytest process started with the session, beside the Spark and multihost tests of this one. Their items stay in
+this session, moved after the others (before the modules waiting for the background lane): when one comes up,
+this process waits for the child's reports of that test and replays them
 (``pytest_report_to_serializable`` in the child, ``pytest_report_from_serializable`` here, the way pytest-xdist
 relays its workers' reports), so the terminal, ``-ra``, ``--durations`` and the exit code see every test as if it
 had run here.
