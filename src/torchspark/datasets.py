@@ -1,6 +1,7 @@
 """Built-in datasets for examples, tests and benchmarks. None of them touches the network.
 
-- :func:`digits`: scikit-learn's bundled 8x8 handwritten digits, a fixed stratified train/test split.
+- :func:`digits`: the 1,797 8x8 handwritten digits scikit-learn bundles, shipped with torchspark (117 KB of safetensors,
+  no scikit-learn needed), in a fixed stratified train/test split.
 - :func:`synthetic_classification` / :func:`synthetic_images`: learnable random data of any size, seeded.
 - :func:`synthetic_keywords`: token sequences whose class is which keywords they contain (text classification).
 - :func:`read_idx`: MNIST-style IDX files the user already has (local path or fsspec URL, optionally gzipped).
@@ -25,21 +26,30 @@ __all__ = ["DIGITS_SPLITS", "digits", "synthetic_classification", "synthetic_ima
 DIGITS_SPLITS = ("train", "test")
 
 
+#: The digits, shipped as package data: uint8 pixels 0..16 and uint8 labels per split, in the order scikit-learn 1.9's
+#: ``train_test_split(load_digits(), test_size=0.2, stratify=y, random_state=0)`` gives them (a test checks it against
+#: scikit-learn where it is installed). Source: the UCI "Optical Recognition of Handwritten Digits" data set (Alpaydin
+#: and Kaynak, 1998; CC BY 4.0), as scikit-learn bundles it.
+_DIGITS_FILE = "digits.safetensors"
+
+
 @functools.lru_cache(maxsize=1)
 def _digits_arrays() -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    # Imported lazily: scikit-learn is slow to import and only this function needs it.
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
+    from importlib import resources
 
-    bunch = load_digits()
-    x = (bunch.data.astype(np.float32) / 16.0).reshape(-1, 1, 8, 8)  # (1797, 1, 8, 8) in [0, 1]
-    y = bunch.target.astype(np.int64)  # (1797,)
-    x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.2, stratify=y, random_state=0)
-    return {"train": (x_train, y_train), "test": (x_test, y_test)}
+    from safetensors.numpy import load
+
+    raw = load(resources.files("torchspark._data").joinpath(_DIGITS_FILE).read_bytes())
+    out = {}
+    for split in DIGITS_SPLITS:
+        x = raw[f"{split}_pixels"].astype(np.float32) / 16.0  # (N, 1, 8, 8) in [0, 1]
+        out[split] = (x, raw[f"{split}_labels"].astype(np.int64))  # labels (N,) int64
+    return out
 
 
 def digits(split: str = "train") -> DataSet:
-    """scikit-learn's 1,797 handwritten 8x8 digits (bundled with scikit-learn, no download).
+    """The 1,797 handwritten 8x8 digits that scikit-learn bundles, shipped with torchspark (no download, no
+    scikit-learn needed).
 
     Features are float32 in [0, 1] shaped ``(N, 1, 8, 8)``; labels are int64 classes 0-9. The split is fixed
     (stratified 80/20, ``random_state=0``), so results are comparable across runs and machines.

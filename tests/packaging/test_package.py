@@ -78,6 +78,12 @@ def test_the_wheel_carries_types_version_and_dependencies(dist) -> None:
     # PyYAML is a core dependency: `--print-config` and `--config run.yaml` work on the base install
     assert any(r.lower().startswith("pyyaml") for r in core), core
     assert any(r.startswith("torch") for r in core) and any(r.startswith("pyspark") for r in core), core
+    # the digits data ships in the wheel, so scikit-learn is not a core dependency (only the tests' parity checks use it)
+    assert "torchspark/_data/digits.safetensors" in names
+    assert not any(r.lower().startswith(("scikit-learn", "sklearn")) for r in core), core
+    # the codec's one-pass kernel comes with the default install where numba has wheels, behind a marker
+    numba = [r for r in core if r.startswith("numba")]
+    assert len(numba) == 1 and "platform_machine" in numba[0] and "python_version" in numba[0], numba
 
 
 def test_the_wheel_and_sdist_carry_the_apache_license(dist) -> None:

@@ -1,8 +1,10 @@
-"""Built-in datasets: scikit-learn digits, synthetic data, MNIST IDX files."""
+"""Built-in datasets: the shipped digits, synthetic data, MNIST IDX files."""
 
 from __future__ import annotations
 
 import gzip
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +39,32 @@ def test_digits_split_is_fixed_stratified_and_disjoint() -> None:
     train_rows = {tuple(r) for r in train.features.reshape(len(train), -1).tolist()}
     test_rows = [tuple(r) for r in test.features.reshape(len(test), -1).tolist()]
     assert sum(r in train_rows for r in test_rows) < 5  # (digits has a few duplicate images)
+
+
+def test_shipped_digits_equal_scikit_learns_split() -> None:
+    # The package ships the arrays; they must be exactly what scikit-learn's load_digits + the documented split give.
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    bunch = load_digits()
+    x = (bunch.data.astype(np.float32) / 16.0).reshape(-1, 1, 8, 8)
+    y = bunch.target.astype(np.int64)
+    x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.2, stratify=y, random_state=0)
+    for split, (xs, ys) in {"train": (x_train, y_train), "test": (x_test, y_test)}.items():
+        ds = digits(split)
+        assert ds.labels is not None
+        assert np.array_equal(ds.features.numpy(), xs) and np.array_equal(ds.labels.numpy(), ys), split
+
+
+def test_digits_load_without_scikit_learn() -> None:
+    # scikit-learn is a test dependency only: digits() must not import it.
+    code = (
+        "import sys; sys.modules['sklearn'] = None\n"
+        "from torchspark.datasets import digits\n"
+        "d = digits('test'); print(len(d), int(d.labels.sum()))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split() == ["360", str(int(digits("test").labels.sum()))]  # type: ignore[union-attr]
 
 
 def test_digits_returns_copies_of_the_cache() -> None:
