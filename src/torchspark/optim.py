@@ -23,15 +23,16 @@ rounding; pass ``fused=False`` for bit-for-bit agreement with a default ``torch.
 from __future__ import annotations
 
 import dataclasses
-import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, ClassVar, Union
 
 import torch
 
 from torchspark.errors import ConfigError
 from torchspark.schedules import Schedule, schedule_from_dict
+from torchspark.validation import check_bool, check_float
 
 __all__ = [
     "UpdaterSpec",
@@ -41,6 +42,7 @@ __all__ = [
     "RMSprop",
     "AdaGrad",
     "updater_from_dict",
+    "UPDATERS",
     "UpdaterLike",
     "LearningRate",
 ]
@@ -49,9 +51,8 @@ __all__ = [
 LearningRate = Union[float, Schedule]
 
 
-def _check_positive(name: str, value: float, cls: str) -> None:
-    if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ConfigError(f"{cls}: {name} must be a finite number > 0, got {value!r}")
+def _check_positive(name: str, value: Any, cls: str) -> None:
+    check_float(name, value, above=0, finite=True, owner=cls)
 
 
 def _check_lr(value: Any, cls: str) -> None:
@@ -65,8 +66,7 @@ def _lr(value: LearningRate) -> float:
 
 
 def _check_fused(value: Any, cls: str) -> None:
-    if value is not None and not isinstance(value, bool):
-        raise ConfigError(f"{cls}: fused must be None (automatic), True or False, got {value!r}")
+    check_bool("fused", value, allow_none=True, owner=cls, none_means="automatic")
 
 
 def _fused_devices() -> frozenset[str]:
@@ -88,9 +88,8 @@ def _use_fused(requested: bool | None, params: list[torch.nn.Parameter]) -> bool
     return bool(params) and all(p.device.type in devices and p.dtype.is_floating_point for p in params)
 
 
-def _check_range(name: str, value: float, lo: float, hi: float, cls: str) -> None:
-    if not isinstance(value, (int, float)) or not (lo <= value < hi):
-        raise ConfigError(f"{cls}: {name} must be in [{lo}, {hi}), got {value!r}")
+def _check_range(name: str, value: Any, lo: float, hi: float, cls: str) -> None:
+    check_float(name, value, minimum=lo, below=hi, owner=cls)
 
 
 @dataclass(frozen=True)
@@ -138,6 +137,7 @@ class SGD(UpdaterSpec):
         _check_fused(self.fused, "SGD")
         _check_lr(self.lr, "SGD")
         _check_range("momentum", self.momentum, 0.0, 1.0, "SGD")
+        check_bool("nesterov", self.nesterov, owner="SGD")
         if self.nesterov and self.momentum <= 0:
             raise ConfigError("SGD: nesterov=True needs momentum > 0 (try momentum=0.9)")
 
@@ -176,8 +176,7 @@ class Adam(UpdaterSpec):
 
     def __post_init__(self) -> None:
         _check_fused(self.fused, type(self).__name__)
-        if not isinstance(self.amsgrad, bool):
-            raise ConfigError(f"{type(self).__name__}: amsgrad must be True or False, got {self.amsgrad!r}")
+        check_bool("amsgrad", self.amsgrad, owner=type(self).__name__)
         _check_lr(self.lr, type(self).__name__)
         _check_positive("eps", self.eps, type(self).__name__)
         betas = tuple(self.betas)
@@ -267,6 +266,11 @@ class AdaGrad(UpdaterSpec):
 
 
 _REGISTRY: dict[str, type[UpdaterSpec]] = {c.name: c for c in (SGD, Adam, AdamW, RMSprop, AdaGrad)}
+
+#: The updaters by name (``"sgd"``, ``"adam"``, ...), read-only: the one list that specs' JSON, string updaters
+#: (``Network(updater="adam")``) and the CLI's ``--updater`` choices are read from. A new updater is a spec class
+#: above and one entry in ``_REGISTRY``.
+UPDATERS: Mapping[str, type[UpdaterSpec]] = MappingProxyType(_REGISTRY)
 
 #: What ``Network(updater=...)`` accepts: a spec, a registered name ("adam"), or a callable params -> optimizer.
 UpdaterLike = Union[UpdaterSpec, str, Callable[..., torch.optim.Optimizer]]

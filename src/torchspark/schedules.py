@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from torchspark.errors import ConfigError
+from torchspark.validation import check_choice, check_float, check_int
 
 __all__ = [
     "Schedule",
@@ -48,14 +49,7 @@ UNITS = ("iteration", "epoch")
 
 
 def _check_number(cls: str, name: str, value: Any, *, positive: bool = False, minimum: float | None = None) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if ok and positive:
-        ok = value > 0
-    if ok and minimum is not None:
-        ok = value >= minimum
-    if not ok:
-        need = "> 0" if positive else f">= {minimum}" if minimum is not None else "finite"
-        raise ConfigError(f"{cls}: {name} must be a finite number {need}, got {value!r}")
+    check_float(name, value, above=0 if positive else None, minimum=minimum, finite=True, owner=cls)
 
 
 @dataclass(frozen=True)
@@ -67,8 +61,7 @@ class Schedule:
     def _check_base(self, initial: float, unit: str) -> None:
         cls = type(self).__name__
         _check_number(cls, "initial", initial, positive=True)
-        if unit not in UNITS:
-            raise ConfigError(f"{cls}: unit must be one of {list(UNITS)}, got {unit!r}")
+        check_choice("unit", unit, UNITS, owner=cls)
 
     def value(self, iteration: int, epoch: int) -> float:
         """The scheduled value for the step after ``iteration`` minibatches and ``epoch`` finished epochs."""
@@ -159,8 +152,7 @@ class PolySchedule(Schedule):
     def __post_init__(self) -> None:
         self._check_base(self.initial, self.unit)
         _check_number("PolySchedule", "power", self.power, positive=True)
-        if isinstance(self.max_iter, bool) or not isinstance(self.max_iter, int) or self.max_iter < 1:
-            raise ConfigError(f"PolySchedule: max_iter must be an int >= 1, got {self.max_iter!r}")
+        check_int("max_iter", self.max_iter, 1, owner="PolySchedule")
 
     def _at(self, t: int) -> float:
         return self.initial * max(0.0, 1.0 - t / self.max_iter) ** self.power

@@ -143,3 +143,58 @@ def test_parse_messages_leave_the_option_name_to_the_caller(call, message) -> No
 def test_parse_float_reads_numbers_typed_as_text() -> None:
     assert parse_float("1e-3", 0) == 1e-3
     assert parse_float("-1") == -1.0
+
+
+# --- the specs' own options go through these checks (one rule: a bool is never a number) -------------------------
+
+
+def _spec_cases() -> list[tuple[object, str]]:
+    from torchspark import optim, schedules
+    from torchspark.encoding import threshold
+
+    return [
+        (lambda: optim.SGD(lr=True), "SGD: lr must be a finite number > 0, got True"),
+        (lambda: optim.SGD(lr=float("nan")), "SGD: lr must be a finite number > 0, got nan"),
+        (lambda: optim.SGD(momentum=True), "SGD: momentum must be a number in [0.0, 1.0), got True"),
+        (lambda: optim.SGD(momentum=0.9, nesterov="yes"), "SGD: nesterov must be True or False, got 'yes'"),
+        (lambda: optim.Adam(eps=True), "Adam: eps must be a finite number > 0, got True"),
+        (lambda: optim.Adam(betas=(0.9, 1.0)), "Adam: betas must be a number in [0.0, 1.0), got 1.0"),
+        (lambda: optim.AdamW(amsgrad=1), "AdamW: amsgrad must be True or False, got 1"),
+        (lambda: optim.AdaGrad(fused="auto"), "AdaGrad: fused must be True or False or None (automatic), got 'auto'"),
+        (lambda: optim.RMSprop(alpha=False), "RMSprop: alpha must be a number in [0.0, 1.0), got False"),
+        (
+            lambda: schedules.StepSchedule(True, 0.5, 10),
+            "StepSchedule: initial must be a finite number > 0, got True",
+        ),
+        (
+            lambda: schedules.PolySchedule(0.1, 2.0, True),
+            "PolySchedule: max_iter must be an integer >= 1, got True",
+        ),
+        (
+            lambda: schedules.ExponentialSchedule(0.1, 0.9, unit="step"),
+            "ExponentialSchedule: unit must be one of ['iteration', 'epoch'], got 'step'",
+        ),
+        (lambda: threshold.FixedThreshold(True), "threshold must be a finite number > 0, got True; try 1e-3"),
+        (
+            lambda: threshold.AdaptiveThreshold(decay_rate=True),
+            "decay_rate must be a number in [0.5, 1), got True; the default",
+        ),
+    ]
+
+
+@pytest.mark.parametrize("case", range(len(_spec_cases())))
+def test_updater_schedule_and_threshold_options_use_the_shared_checks(case: int) -> None:
+    call, message = _spec_cases()[case]
+    with pytest.raises(ConfigError, match="^" + __import__("re").escape(message)):
+        call()  # type: ignore[operator]
+
+
+def test_the_updater_registry_is_public_read_only_and_what_strings_resolve_to() -> None:
+    from torchspark import optim
+
+    assert sorted(optim.UPDATERS) == ["adagrad", "adam", "adamw", "rmsprop", "sgd"]
+    with pytest.raises(TypeError):
+        optim.UPDATERS["mine"] = optim.SGD  # type: ignore[index]
+    for name, cls in optim.UPDATERS.items():
+        spec = optim.resolve_updater(name)
+        assert type(spec) is cls and optim.updater_from_dict(spec.to_dict()) == spec

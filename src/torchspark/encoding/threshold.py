@@ -30,6 +30,7 @@ from typing import Any, ClassVar, Protocol
 import torch
 
 from torchspark.errors import ConfigError
+from torchspark.validation import check_float
 
 __all__ = [
     "ThresholdState",
@@ -112,16 +113,17 @@ class ThresholdPolicy(Protocol):
 
 
 def _check_positive(name: str, value: float, hint: str) -> None:
-    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-        raise ConfigError(f"{name} must be a finite number > 0, got {value!r}; {hint}")
+    check_float(name, value, above=0, finite=True, fix=hint)
 
 
 def _check_decay(value: float) -> None:
-    if not (isinstance(value, (int, float)) and 0.5 <= value < 1):
-        raise ConfigError(
-            f"decay_rate must be in [0.5, 1), got {value!r}; the default 0.5**(1/20) ~ 0.966 "
-            "changes the threshold by at most x2 per 20 steps"
-        )
+    check_float(
+        "decay_rate",
+        value,
+        minimum=0.5,
+        below=1,
+        fix="the default 0.5**(1/20) ~ 0.966 changes the threshold by at most x2 per 20 steps",
+    )
 
 
 def _check_initial(value: float | str) -> None:
