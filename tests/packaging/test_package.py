@@ -84,6 +84,9 @@ def test_the_wheel_carries_types_version_and_dependencies(dist) -> None:
     # the codec's one-pass kernel comes with the default install where numba has wheels, behind a marker
     numba = [r for r in core if r.startswith("numba")]
     assert len(numba) == 1 and "platform_machine" in numba[0] and "python_version" in numba[0], numba
+    # the [connect] extra is pyspark's own (no hand copy of its client packages to drift)
+    connect = [r for r in meta.get_all("Requires-Dist") if 'extra == "connect"' in r]
+    assert [r.split(";")[0].replace(" ", "") for r in connect] == ["pyspark[connect]<5,>=4.0"], connect
 
 
 def test_the_wheel_and_sdist_carry_the_apache_license(dist) -> None:
