@@ -227,21 +227,25 @@ def report(results: dict[str, Any], args: argparse.Namespace, load_start: str, e
             noisy = C.median(foreign) > NOISY_FOREIGN
             # on a loaded machine the throughput difference is noise; the in-run share is not
             verdict = res["share"] if noisy else pooled
-            targets.append(
-                {
-                    "target": "checkpointing once per epoch costs <= 5% of LeNet throughput (SparkNetwork averaging)",
-                    "measured": f"throughput overhead {100 * pooled:+.1f}% (pooled medians; per-repetition "
-                    f"median "
-                    f"{100 * med:+.1f}%), workers writing "
-                    f"checkpoints {100 * res['share']:.2f}% of the fit"
-                    + (
-                        f"; machine loaded (foreign CPU {C.median(foreign):.2f} cores): verdict from the in-run share"
-                        if noisy
-                        else ""
-                    ),
-                    "met": bool(verdict <= TARGET),
-                }
-            )
+            target = {
+                "target": "checkpointing once per epoch costs <= 5% of LeNet throughput (SparkNetwork averaging)",
+                "measured": f"throughput overhead {100 * pooled:+.1f}% (pooled medians; per-repetition "
+                f"median {100 * med:+.1f}%, range {100 * min(over):+.1f}% .. {100 * max(over):+.1f}% over "
+                f"{len(over)} repetitions), workers writing checkpoints {100 * res['share']:.2f}% of the fit"
+                + (
+                    f"; machine loaded (foreign CPU {C.median(foreign):.2f} cores): verdict from the in-run share"
+                    if noisy
+                    else ""
+                ),
+                "met": bool(verdict <= TARGET),
+            }
+            if verdict <= TARGET and max(over) - min(over) > TARGET:
+                # repetitions spread wider than the target cannot show it met, only not shown exceeded
+                target["verdict"] = (
+                    f"**not shown to exceed {100 * TARGET:.0f}%** (the repetitions spread wider than the "
+                    f"{100 * TARGET:.0f}% tested)"
+                )
+            targets.append(target)
     headers = [
         "method",
         "baseline samples/s",

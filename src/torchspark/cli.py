@@ -1,7 +1,7 @@
 """The ``torchspark`` command: train, evaluate and predict with Spark (or ParallelWrapper) from the shell.
 
-``torchspark train`` trains a zoo model on the built-in digits dataset (gradient sharing by default, as the seeds
-recommend) and writes the model, ``metrics.json`` (on Spark also the ``spark_master`` and ``master`` settings it
+``torchspark train`` trains a zoo model on the built-in digits dataset (gradient sharing by default, as DL4J's
+guidance recommends) and writes the model, ``metrics.json`` (on Spark also the ``spark_master`` and ``master`` settings it
 used), ``stats.json`` and the ``stats.html`` timeline; ``evaluate``/``predict``: distributed evaluation and inference.
 """
 

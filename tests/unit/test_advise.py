@@ -1,4 +1,4 @@
-"""`torchspark advise`: the cost model, the seeds' guidance as a decision, the measurement and the command."""
+"""`torchspark advise`: the cost model, DL4J's guidance as a decision, the measurement and the command."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def test_estimates_follow_the_model() -> None:
 @pytest.mark.parametrize(
     "workload, num_workers, link, verdict, frequency",
     [
-        # 200 ms per iteration, small messages, fast links: the seeds' default, gradient sharing
+        # 200 ms per iteration, small messages, fast links: DL4J's default, gradient sharing
         (Workload(0.2, 1_000_000, 2_000_000, 2_000, 0.001), 8, Link(1e10), Verdict.GRADIENT_SHARING, None),
         # 0.5 ms per iteration, 40 MB of parameters on 100 Mbit/s: nothing pays
         (Workload(0.0005, 40_000_000, 80_000_000, 40_000, 0.02), 4, Link(1e8), Verdict.STAY_ON_ONE_MACHINE, None),
@@ -82,14 +82,14 @@ def test_advice_decisions(workload, num_workers, link, verdict, frequency) -> No
         assert estimates[frequency].speedup / num_workers >= TARGET_EFFICIENCY
         smaller = [f for f in AVERAGING_FREQUENCIES if f < frequency]
         assert all(estimates[f].speedup / num_workers < TARGET_EFFICIENCY for f in smaller)
-    assert advice.reasons and advice.seed_band
+    assert advice.reasons and advice.dl4j_guidance
 
 
 @pytest.mark.parametrize(
     "ms, band", [(200, ">= 150 ms"), (120, "100-150 ms"), (20, "10-100 ms"), (5, "1-10 ms"), (0.5, "<= 1 ms")]
 )
-def test_the_seeds_band_of_the_measured_iteration_time(ms, band) -> None:
-    assert advise(Workload(ms / 1e3, 1000), 2, GBIT).seed_band.startswith(band)
+def test_dl4j_guidance_for_the_measured_iteration_time(ms, band) -> None:
+    assert advise(Workload(ms / 1e3, 1000), 2, GBIT).dl4j_guidance.startswith(band)
 
 
 @pytest.mark.parametrize(
@@ -210,7 +210,7 @@ def test_the_command_text_and_a_saved_model(tmp_path, capsys) -> None:
     text = capsys.readouterr().out
     assert f"{_net().num_params():,} parameters" in text and "ms per iteration" in text
     assert "at sparsity 0.01" in text and "2 workers" in text
-    assert "advice: " in text and "seeds: " in text
+    assert "advice: " in text and "DL4J's guidance: " in text and "seeds" not in text
     assert main(["advise", "--model-path", path, "--input-shape", "1,28,28", "--iterations", "1"]) == 2
     assert "--input-shape" in capsys.readouterr().err
     assert main(["advise", "--link", "fast"]) == 2

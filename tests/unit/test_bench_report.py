@@ -46,3 +46,16 @@ def test_a_file_without_a_machine_block_starts_from_the_skeleton_keeping_the_not
     common.reset_benchmarks_md({"date": "now"})
     text = common.BENCHMARKS_MD.read_text()
     assert "junk" not in text and "my note" in text and "## Targets" in text
+
+
+def test_a_target_that_words_its_own_verdict_keeps_it_in_the_targets_table(common: ModuleType) -> None:
+    common.reset_benchmarks_md({"date": "now"})
+    worded = {"target": "costs <= 5%", "measured": "-18.5% within -40.8% .. +4.5%", "met": True}
+    worded["verdict"] = "**not shown to exceed 5%** (noise wider than the target)"
+    common.write_section("checkpoint", "## Checkpoint\n\nfigures", {"targets": [worded]})
+    common.write_section(
+        "codec", "## Codec\n\nfigures", {"targets": [{"target": "fast", "measured": "1x", "met": True}]}
+    )
+    text = common.BENCHMARKS_MD.read_text()
+    assert "| costs <= 5% | -18.5% within -40.8% .. +4.5% | **not shown to exceed 5%** (noise wider" in text
+    assert "| fast | 1x | **met** |" in text

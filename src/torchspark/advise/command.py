@@ -145,7 +145,7 @@ def report(m: Measurement, advice: Advice, link: Link, name: str, save_updater: 
             f"  {label:<40} exchange {e.exchange_seconds_per_iteration * 1e3:9.3g} ms   speedup {e.speedup:5.2f}x"
         )
     lines += [
-        f"seeds: {advice.seed_band}",
+        f"DL4J's guidance: {advice.dl4j_guidance}",
         f"advice: {advice.verdict.value}",
         f"  {_master_line(advice, m.batch_size)}",
     ]
@@ -164,7 +164,7 @@ def to_json(m: Measurement, advice: Advice, link: Link, save_updater: bool) -> d
             "verdict": advice.verdict.name,
             "text": advice.verdict.value,
             "averaging_frequency": advice.averaging_frequency,
-            "seed_band": advice.seed_band,
+            "dl4j_guidance": advice.dl4j_guidance,
             "reasons": advice.reasons,
         },
     }

@@ -1,6 +1,6 @@
-"""Is Spark worth it? A cost model of one iteration on ``N`` workers, and the seeds' guidance as a decision.
+"""Is Spark worth it? A cost model of one iteration on ``N`` workers, and DL4J's guidance as a decision.
 
-The seeds' rule of thumb (DL4J's "When to use Spark"): at >= 100 ms per iteration distributed training scales
+DL4J's rule of thumb (its guide "When to use Spark"): at >= 100 ms per iteration distributed training scales
 well; at ~10 ms expect sub-linear scaling; at ~1 ms or less a cluster may be no faster than one machine; and for
 gradient sharing, at <= 150 ms per iteration "Spark may not be worth it". What decides is the ratio of exchange time
 to compute time, which this module estimates from measured numbers (:mod:`torchspark.advise.measurement`):
@@ -76,7 +76,7 @@ class Link:
     """The network between workers.
 
     Args:
-        bits_per_second: each worker's link speed (1 Gbit/s is the seeds' "absolute minimum", 10 Gbit/s better).
+        bits_per_second: each worker's link speed (1 Gbit/s is DL4J's "absolute minimum", 10 Gbit/s better).
         latency_s: one message's latency (~0.1 ms on a LAN, 0.5-1 ms across a cloud zone).
     """
 
@@ -185,24 +185,24 @@ class Advice:
     shared: Estimate
     averaging: Estimate
     dense: Estimate
-    #: the seeds' band for the measured iteration time
-    seed_band: str
+    #: what DL4J's guidance ("When to use Spark") expects for the measured iteration time
+    dl4j_guidance: str
     reasons: list[str] = field(default_factory=list)
 
 
-def _seed_band(ms: float) -> str:
+def _dl4j_guidance(ms: float) -> str:
     if ms >= 150:
-        return ">= 150 ms per iteration: the seeds expect distributed training, gradient sharing too, to scale well"
+        return ">= 150 ms per iteration: distributed training, gradient sharing too, scales well"
     if ms >= 100:
         return (
-            "100-150 ms per iteration: the seeds expect parameter averaging to scale well; for gradient "
+            "100-150 ms per iteration: parameter averaging scales well; for gradient "
             'sharing, "<= 150 ms: Spark may not be worth it"'
         )
     if ms >= 10:
-        return "10-100 ms per iteration: the seeds expect sub-linear scaling"
+        return "10-100 ms per iteration: expect sub-linear scaling"
     if ms > 1:
-        return "1-10 ms per iteration: the seeds expect poor scaling; the exchange must be small"
-    return "<= 1 ms per iteration: the seeds expect a cluster to be no faster than one machine"
+        return "1-10 ms per iteration: expect poor scaling; the exchange must be small"
+    return "<= 1 ms per iteration: a cluster may be no faster than one machine"
 
 
 def _averaging_choice(averaging: list[Estimate], num_workers: int) -> Estimate:
@@ -215,7 +215,7 @@ def _averaging_choice(averaging: list[Estimate], num_workers: int) -> Estimate:
 
 def advise(workload: Workload, num_workers: int, link: Link, save_updater: bool = True) -> Advice:
     """Step 5: "stay on one machine" when neither sharing nor averaging reaches :data:`MIN_SPEEDUP`; else gradient
-    sharing (the seeds' default: every worker applies every worker's update every step, where averaging lets
+    sharing (DL4J's default: every worker applies every worker's update every step, where averaging lets
     replicas drift for ``f`` steps, which the speedup does not count) when it reaches :data:`TARGET_EFFICIENCY` or
     is estimated at least as fast as averaging; else averaging at the smallest frequency reaching
     :data:`TARGET_EFFICIENCY` (the fastest one when none does)."""
@@ -251,4 +251,4 @@ def advise(workload: Workload, num_workers: int, link: Link, save_updater: bool 
             f"on {num_workers} workers, ahead of gradient sharing ({shared.speedup:.2f}x, whose encoding "
             f"and messages cost {shared.exchange_seconds_per_iteration * 1e3:.3g} ms per iteration)"
         )
-    return Advice(verdict, num_workers, frequency, shared, averaging, dense, _seed_band(ms), reasons)
+    return Advice(verdict, num_workers, frequency, shared, averaging, dense, _dl4j_guidance(ms), reasons)

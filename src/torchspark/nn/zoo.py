@@ -61,7 +61,7 @@ def mlp(n_in: int, hidden: int | Sequence[int], n_out: int) -> nn.Module:
 
 
 def lenet(in_channels: int = 1, n_classes: int = 10, height: int = 28, width: int = 28) -> nn.Module:
-    """The seeds' LeNet: conv 5x5 x20, max-pool 2, conv 5x5 x50, max-pool 2, dense 500 (ReLU), output layer.
+    """DL4J's LeNet example: conv 5x5 x20, max-pool 2, conv 5x5 x50, max-pool 2, dense 500 (ReLU), output layer.
 
     Inputs smaller than 16 pixels a side (the 8x8 digits) get 'same' padding on the convolutions so the two
     poolings still leave a 2x2 map; 28x28 inputs use DL4J's unpadded layout (28 -> 24 -> 12 -> 8 -> 4).

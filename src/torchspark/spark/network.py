@@ -223,7 +223,7 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         """Train from files: batch files (``export_batches`` / ``save_batches`` output), or any files a ``loader``
         turns into DataSets.
 
-        The seeds' recommended route: preprocess once (:func:`~torchspark.spark.export_batches`), keep the batch
+        DL4J's recommended route: preprocess once (:func:`~torchspark.spark.export_batches`), keep the batch
         files on HDFS/S3, train many times from the paths. Files of any size are re-batched to
         ``batch_size_per_worker`` (as DL4J does), balanced by examples over the workers (with
         ``repartition="never"``: within each input partition). With ``rng_seed`` every epoch trains the

@@ -74,7 +74,7 @@ def local_session(
             (use :func:`torchspark.spark.connect.start_connect_server` for a server in its own process).
     Settings applied: executors use this interpreter (``PYSPARK_PYTHON=sys.executable``), Python worker reuse on,
     Python workers forked from a daemon that has imported torch already (``torchspark.spark._daemon``),
-    ``spark.locality.wait=0`` (the seeds' advice: do not wait for data-local slots), Arrow for pandas conversions,
+    ``spark.locality.wait=0`` (DL4J's guidance: do not wait for data-local slots), Arrow for pandas conversions,
     Spark's console progress bar off (torchspark draws its own).
     """
     if cores is not None and (isinstance(cores, bool) or not isinstance(cores, int) or cores < 1):

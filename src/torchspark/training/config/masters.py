@@ -90,7 +90,7 @@ class TrainingMaster:
             minibatches dealt round-robin over the workers in one shuffle, like Scala's ``rdd.repartition``: no
             counting pass; worker shares differ by up to one minibatch per input partition).
         rdd_training_approach: ``"export"`` (write the data once as batch files under ``export_directory`` and
-            train from the paths; reused across fits of the same RDD; the seeds' recommendation) or ``"direct"``
+            train from the paths; reused across fits of the same RDD; DL4J's recommendation) or ``"direct"``
             (train from the RDD, persisted at ``storage_level``).
         export_directory: where ``export`` writes (any fsspec URL). On a cluster it must be storage every executor
             can read: an ``hdfs://`` or ``s3://`` URL or a directory mounted on all hosts. Default (None): for
