@@ -232,6 +232,30 @@ def test_save_batches_validates_items_and_prefix(memdir: str) -> None:
             save_batches([make(2)], memdir, prefix=prefix)
 
 
+def test_save_batches_into_a_directory_with_an_earlier_export_is_refused(tmp_path: Path, memdir: str) -> None:
+    directory = str(tmp_path / "batches")
+    first = save_batches(make(9).split(4), directory)
+    (tmp_path / "batches" / "notes.txt").write_text("not a batch")
+    for prefix in ("batch", "other"):  # same names or not: both exports would be listed and trained on
+        with pytest.raises(
+            DataError,
+            match=r"save_batches: '.*batches' already holds 3 batch file\(s\) \(e.g. 'batch_000000.safetensors'\)"
+            r".*earlier export.*Export into an empty \(or new\) directory, or delete the old files first",
+        ):
+            save_batches(make(3, offset=50).split(2), directory, prefix=prefix)
+    assert list_batches(directory) == first  # nothing replaced or added
+    assert [len(load_batch(p)) for p in first] == [4, 4, 1]
+    # only batch files count: other files and a hidden temp file of a crashed write do not
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "readme.txt").write_text("x")
+    (other / ".rest-1a2b_000000.safetensors").write_bytes(b"")
+    assert len(save_batches([make(2)], str(other))) == 1
+    save_batches([make(2)], memdir)
+    with pytest.raises(DataError, match="already holds 1 batch file"):  # any fsspec filesystem
+        save_batches([make(2)], memdir)
+
+
 def test_save_onto_a_directory_is_refused(tmp_path: Path) -> None:
     (tmp_path / "d.safetensors").mkdir()
     with pytest.raises(DataError, match="a directory has that name"):

@@ -39,6 +39,7 @@ __all__ = [
     "load_batch",
     "batch_num_examples",
     "list_batches",
+    "refuse_earlier_export",
 ]
 
 logger = logging.getLogger(__name__)
@@ -209,18 +210,23 @@ def save_batches(datasets: Iterable[DataSet | MultiDataSet], directory: str, pre
 
     Args:
         datasets: the batches, e.g. ``rebatch(stream, batch_size)``; one file each, in order.
-        directory: local path or fsspec URL; created if missing. Existing files of the same names are replaced.
-        prefix: file name prefix; use a distinct one per writer (e.g. per Spark partition) sharing a directory.
+        directory: local path or fsspec URL; created if missing. It must hold no batch files yet: an earlier
+            export there would be read together with this one (``fit_paths(directory)`` trains on both), so it is
+            refused, as :func:`~torchspark.spark.export_batches` refuses it.
+        prefix: file name prefix (``part-00003_000000.safetensors``). Several writers filling one directory
+            write their files with :func:`save_batch` under distinct names, as ``export_batches`` does.
 
     Returns:
         The paths/URLs written, in order (``directory`` joined with the file name).
 
     Raises:
-        DataError: bad ``prefix``, an item that is not a DataSet/MultiDataSet, or an unwritable directory.
+        DataError: bad ``prefix``, a directory that already holds batch files, an item that is not a
+            DataSet/MultiDataSet, or an unwritable directory.
     """
     if not isinstance(prefix, str) or not prefix or "/" in prefix or prefix.startswith("."):
         raise DataError(f"prefix must be a non-empty file name part without '/' or a leading '.', got {prefix!r}")
     fs, fs_path = filesystem(directory)
+    refuse_earlier_export(directory, "save_batches")
     _makedirs(fs, fs_path, directory)
     paths = []
     for i, ds in enumerate(datasets):
@@ -229,6 +235,33 @@ def save_batches(datasets: Iterable[DataSet | MultiDataSet], directory: str, pre
         paths.append(save_batch(ds, _join(directory, f"{prefix}_{i:06d}{BATCH_SUFFIX}")))
     logger.debug("wrote %d batch files to %s", len(paths), directory)
     return paths
+
+
+def refuse_earlier_export(directory: str, caller: str) -> None:
+    """Refuse a ``directory`` that already holds batch files (``*.safetensors``, not hidden temp files).
+
+    A second export into it would leave both exports there, and ``fit_paths(directory)`` /
+    ``evaluate(directory)`` would read both (every example counted twice, stale batches trained on). A directory
+    that does not exist yet, or holds other files only, passes.
+
+    Args:
+        directory: local path or fsspec URL.
+        caller: the function named in the message (``save_batches``, ``export_batches``).
+
+    Raises:
+        DataError: naming the directory, how many batch files it holds and one of them, and the fix.
+    """
+    fs, fs_path = filesystem(directory)
+    if not fs.isdir(fs_path):
+        return
+    names = sorted(posixpath.basename(p.rstrip("/")) for p in fs.ls(fs_path, detail=False))
+    existing = [n for n in names if n.endswith(BATCH_SUFFIX) and not n.startswith(".")]
+    if existing:
+        raise DataError(
+            f"{caller}: {directory!r} already holds {len(existing)} batch file(s) (e.g. {existing[0]!r}), from an "
+            "earlier export: a second export there would be read together with it. Export into an empty (or new) "
+            "directory, or delete the old files first"
+        )
 
 
 def load_batch(path: str) -> DataSet | MultiDataSet:

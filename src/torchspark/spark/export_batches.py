@@ -26,6 +26,7 @@ from typing import Any
 
 from torchspark._io import filesystem, join
 from torchspark.data import DataSet, MultiDataSet, load_batch, rebatch, save_batch
+from torchspark.data.batchfiles import refuse_earlier_export
 from torchspark.errors import ConfigError, DataError
 from torchspark.spark.data import as_batch
 from torchspark.spark.dataframes import to_batch_rdd, training_frame
@@ -112,15 +113,7 @@ def _check_target(directory: str) -> None:
     """The directory is writable and holds no batch files yet: a second export into it would leave both exports
     there, and ``evaluate(directory)`` / ``fit_paths(directory)`` would read both (every example counted twice)."""
     check_export_directory(directory)
-    fs, path = filesystem(directory)
-    existing = [p for p in fs.glob(path.rstrip("/") + "/*.safetensors") if not p.rsplit("/", 1)[-1].startswith(".")]
-    if existing:
-        raise DataError(
-            f"export_batches: {directory!r} already holds {len(existing)} batch file(s) (e.g. "
-            f"{existing[0].rsplit('/', 1)[-1]!r}), from an earlier export: a second export there would "
-            "be read together with it. Export into an empty (or new) directory, or delete the old files "
-            "first"
-        )
+    refuse_earlier_export(directory, "export_batches")
 
 
 def _active_session() -> Any:

@@ -1,4 +1,11 @@
-"""Tiny hand-written SVG charts (no JavaScript, no CDN) for the offline stats report.
+"""Tiny hand-written SVG charts (no JavaScript, no CDN) for the offline stats report, and the markup builder every
+byte of the report goes through.
+
+HTML safety by construction: markup is made only by :func:`el` (one element; its text children and every attribute
+value are escaped, attribute names are checked, event-handler and URL attributes refused) and :func:`page` (the
+document around the body). Anything that is not a :class:`Markup` -- a worker id, a phase name, a failure's reason,
+a number formatted from data -- is escaped wherever it is placed, so a stats document shared by someone else cannot
+put an element or an attribute into the report. ``Markup(...)`` by hand is for constants of this package only.
 
 Coordinates are rounded to 0.1 px to keep the file small.
 """
@@ -8,11 +15,27 @@ from __future__ import annotations
 import colorsys
 import html
 import math
-from collections.abc import Sequence
+import re
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["esc", "fmt", "nice_ticks", "line_chart", "histogram_chart", "PHASE_COLORS", "phase_color", "series_color"]
+__all__ = [
+    "Markup",
+    "esc",
+    "el",
+    "join",
+    "page",
+    "css_color",
+    "fmt",
+    "nice_ticks",
+    "line_chart",
+    "histogram_chart",
+    "PHASE_COLORS",
+    "phase_color",
+    "series_color",
+    "svg",
+]
 
 #: Fixed colours for the standard phases, so reports from different runs look alike.
 PHASE_COLORS = {
@@ -46,8 +69,104 @@ _EXTRA = [
 FONT = "font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif"
 
 
-def esc(text: object) -> str:
-    return html.escape(str(text), quote=True)
+class Markup(str):
+    """Text that already is markup: :func:`el`, :func:`join` and :func:`page` place it as it is.
+
+    Only this module's helpers make one from data (always escaped); ``Markup("...")`` by hand is for constants.
+    Concatenating a Markup with ``+`` or ``str.join`` gives a plain ``str`` again, which is escaped when placed:
+    a slip shows as visible ``&lt;`` in the report, never as a live element.
+    """
+
+    __slots__ = ()
+
+
+#: element and attribute names the builder writes (letters, digits, ``-``; a namespace prefix for ``xmlns:*``)
+_NAME = re.compile(r"[A-Za-z][A-Za-z0-9-]*(:[A-Za-z][A-Za-z0-9-]*)?\Z")
+#: attributes never written: event handlers (``on*``) run script, URLs fetch or navigate (the report does neither)
+_REFUSED_ATTRS = frozenset({"href", "xlink:href", "src", "srcset", "action", "formaction", "data", "srcdoc"})
+#: elements whose content is not parsed as markup (raw text): made only by :func:`page` (``style``) or never
+_RAW_TEXT = frozenset({"script", "style", "iframe", "object", "embed", "textarea", "xmp", "noscript"})
+#: empty elements written as ``<tag .../>`` (SVG shapes; HTML's void ``meta``); others always get a closing tag
+_SELF_CLOSING = frozenset({"rect", "line", "path", "polyline", "circle", "meta"})
+_HEX_COLOR = re.compile(r"#[0-9a-fA-F]{3}([0-9a-fA-F]{3})?\Z")
+
+
+def esc(value: object) -> Markup:
+    """``value`` as text safe inside an element or a quoted attribute: a :class:`Markup` as it is, anything else
+    ``str()``-ed with ``& < > " '`` escaped."""
+    if isinstance(value, Markup):
+        return value
+    return Markup(html.escape(str(value), quote=True))
+
+
+def join(parts: Iterable[object]) -> Markup:
+    """``parts`` one after another, each through :func:`esc` (so Markup stays markup and text stays text)."""
+    return Markup("".join(esc(p) for p in parts))
+
+
+def _checked_name(name: str, what: str) -> str:
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ValueError(f"not a valid {what} name for the report: {name!r}")
+    return name
+
+
+def _attributes(attrs: Mapping[str, object]) -> str:
+    out = []
+    for name, value in attrs.items():
+        if value is None:
+            continue
+        _checked_name(name, "attribute")
+        if name.lower().startswith("on") or name.lower() in _REFUSED_ATTRS:
+            raise ValueError(f"the report writes no {name!r} attribute (event handlers and URLs are refused)")
+        out.append(f' {name}="{esc(value)}"')
+    return "".join(out)
+
+
+def el(tag: str, attrs: Mapping[str, object] | None = None, *children: object) -> Markup:
+    """One element: ``<tag attrs>children</tag>`` (``<tag attrs/>`` for an empty SVG shape).
+
+    Args:
+        tag: element name (letters, digits, ``-``); ``script``, ``style`` and the other raw-text elements are
+            refused (the page's one ``<style>`` comes from :func:`page`).
+        attrs: attribute name -> value; a None value leaves the attribute out; every value is escaped
+            (``str()`` of numbers included), ``on*`` and URL attributes (``href``, ``src``...) are refused.
+        children: text or :class:`Markup`; text is escaped.
+
+    Raises:
+        ValueError: a bad or refused element or attribute name (a bug in the report, never caused by data).
+    """
+    _checked_name(tag, "element")
+    if tag.lower() in _RAW_TEXT:
+        raise ValueError(f"the report builds no <{tag}> element")
+    opening = f"<{tag}{_attributes(attrs or {})}"
+    if not children and tag in _SELF_CLOSING:
+        return Markup(opening + "/>")
+    return Markup(f"{opening}>{join(children)}</{tag}>")
+
+
+def page(title: object, css: str, body: Iterable[object], lang: str = "en") -> str:
+    """The whole HTML document: ``<!DOCTYPE html>``, a head with ``title`` (escaped) and the page's own ``css``,
+    then ``body`` (each part through :func:`esc`). No script anywhere.
+
+    Raises:
+        ValueError: ``css`` could end its ``<style>`` element (holds ``</``); it is this package's constant.
+    """
+    if "</" in css or "<!--" in css:
+        raise ValueError("the report's CSS must not hold '</' or '<!--' (it would end the <style> element)")
+    style = Markup(f"<style>{css}</style>")  # the package's constant, checked above: it cannot end the element
+    head = el("head", None, el("meta", {"charset": "utf-8"}), el("title", None, title), style)
+    return "<!DOCTYPE html>\n" + el("html", {"lang": lang}, head, el("body", None, *body)) + "\n"
+
+
+def css_color(value: object) -> str:
+    """``value`` when it is a hex colour (``#rgb`` / ``#rrggbb``), the only colours the report writes into CSS.
+
+    Raises:
+        ValueError: anything else (a colour is never taken from data unchecked).
+    """
+    if not isinstance(value, str) or not _HEX_COLOR.match(value):
+        raise ValueError(f"not a hex colour: {value!r:.80}")
+    return value
 
 
 def fmt(x: float, digits: int = 4) -> str:
@@ -89,28 +208,44 @@ def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
     return [first + i * step for i in range(int((hi - first) / step + 1e-9) + 1)]
 
 
-def _frame(width: int, height: int, title: str, xlabel: str, ylabel: str, body: str) -> str:
-    return (
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" style="{FONT};font-size:11px">'
-        f'<text x="{width / 2:.0f}" y="16" text-anchor="middle" font-size="13" font-weight="600">{esc(title)}</text>'
-        f'<text x="{width / 2:.0f}" y="{height - 4}" text-anchor="middle">{esc(xlabel)}</text>'
-        f'<text transform="translate(12,{height / 2:.0f}) rotate(-90)" text-anchor="middle">{esc(ylabel)}</text>'
-        f"{body}</svg>"
+def svg(width: float, height: float, *children: object, view_box: bool = False) -> Markup:
+    """An ``<svg>`` root of the report's font, ``width`` x ``height`` px, holding ``children``."""
+    attrs: dict[str, object] = {"xmlns": "http://www.w3.org/2000/svg", "width": width, "height": height}
+    if view_box:
+        attrs["viewBox"] = f"0 0 {width} {height}"
+    attrs["style"] = f"{FONT};font-size:11px"
+    return el("svg", attrs, *children)
+
+
+def _frame(width: int, height: int, title: object, xlabel: object, ylabel: object, body: object) -> Markup:
+    return svg(
+        width,
+        height,
+        el(
+            "text",
+            {"x": f"{width / 2:.0f}", "y": 16, "text-anchor": "middle", "font-size": 13, "font-weight": 600},
+            title,
+        ),
+        el("text", {"x": f"{width / 2:.0f}", "y": height - 4, "text-anchor": "middle"}, xlabel),
+        el("text", {"transform": f"translate(12,{height / 2:.0f}) rotate(-90)", "text-anchor": "middle"}, ylabel),
+        body,
+        view_box=True,
     )
 
 
-def _axes(x0: float, y0: float, w: float, h: float, xt: list[tuple[float, str]], yt: list[tuple[float, str]]) -> str:
+def _axes(
+    x0: float, y0: float, w: float, h: float, xt: Sequence[tuple[float, object]], yt: Sequence[tuple[float, object]]
+) -> Markup:
     """Axis lines, grid and tick labels; ticks given as (pixel, label)."""
-    parts = [
-        '<g stroke="#ddd">'
-        + "".join(f'<line x1="{x0}" x2="{x0 + w}" y1="{y:.1f}" y2="{y:.1f}"/>' for y, _ in yt)
-        + "</g>",
-        f'<path d="M{x0},{y0} V{y0 + h} H{x0 + w}" fill="none" stroke="#333"/>',
-    ]
-    parts += [f'<text x="{x:.1f}" y="{y0 + h + 13}" text-anchor="middle">{esc(lab)}</text>' for x, lab in xt]
-    parts += [f'<text x="{x0 - 4}" y="{y + 3:.1f}" text-anchor="end">{esc(lab)}</text>' for y, lab in yt]
-    return "".join(parts)
+    grid = el(
+        "g",
+        {"stroke": "#ddd"},
+        *(el("line", {"x1": x0, "x2": x0 + w, "y1": f"{y:.1f}", "y2": f"{y:.1f}"}) for y, _ in yt),
+    )
+    parts = [grid, el("path", {"d": f"M{x0},{y0} V{y0 + h} H{x0 + w}", "fill": "none", "stroke": "#333"})]
+    parts += [el("text", {"x": f"{x:.1f}", "y": y0 + h + 13, "text-anchor": "middle"}, lab) for x, lab in xt]
+    parts += [el("text", {"x": x0 - 4, "y": f"{y + 3:.1f}", "text-anchor": "end"}, lab) for y, lab in yt]
+    return join(parts)
 
 
 def line_chart(
@@ -123,7 +258,7 @@ def line_chart(
     height: int = 280,
     log_y: bool = False,
     legend: bool = True,
-) -> str:
+) -> Markup:
     """An SVG line chart; ``series`` is a list of ``(label, x, y, colour)``."""
     left, right, top, bottom = 64, 16 + (120 if legend and len(series) > 1 else 0), 26, 34
     pw, ph = width - left - right, height - top - bottom
@@ -131,14 +266,8 @@ def line_chart(
     ys = np.concatenate([s[2] for s in series]) if series else np.zeros(0)
     ok = np.isfinite(ys) & ((ys > 0) if log_y else True)
     if not ok.any():
-        return _frame(
-            width,
-            height,
-            title,
-            xlabel,
-            ylabel,
-            f'<text x="{width / 2}" y="{height / 2}" text-anchor="middle">no data</text>',
-        )
+        no_data = el("text", {"x": width / 2, "y": height / 2, "text-anchor": "middle"}, "no data")
+        return _frame(width, height, title, xlabel, ylabel, no_data)
     tf = np.log10 if log_y else (lambda v: v)
     xlo, xhi = float(xs[ok].min()), float(xs[ok].max())
     ylo, yhi = float(tf(ys[ok]).min()), float(tf(ys[ok]).max())
@@ -158,24 +287,18 @@ def line_chart(
         good = np.isfinite(y) & ((y > 0) if log_y else True)
         px, py = sx(x[good]), sy(tf(y[good]))
         pts = " ".join(f"{a:.1f},{b:.1f}" for a, b in zip(px.tolist(), py.tolist()))
-        body.append(
-            f'<polyline fill="none" stroke="{color}" stroke-width="{width_px}" stroke-opacity="0.85" '
-            f'points="{pts}"><title>{esc(label)}</title></polyline>'
-        )
+        line = {"fill": "none", "stroke": color, "stroke-width": width_px, "stroke-opacity": 0.85, "points": pts}
+        body.append(el("polyline", line, el("title", None, label)))
     if legend and len(series) > 1:
         shown = series[: max(1, (height - top - 24) // 12)]
         for i, (label, _, _, color) in enumerate(shown):
             row_y = top + 4 + i * 12
-            body.append(
-                f'<rect x="{width - right + 10}" y="{row_y}" width="10" height="3" fill="{color}"/>'
-                f'<text x="{width - right + 24}" y="{row_y + 5}">{esc(label)}</text>'
-            )
+            body.append(el("rect", {"x": width - right + 10, "y": row_y, "width": 10, "height": 3, "fill": color}))
+            body.append(el("text", {"x": width - right + 24, "y": row_y + 5}, label))
         if len(series) > len(shown):
-            body.append(
-                f'<text x="{width - right + 10}" y="{top + 8 + len(shown) * 12}">'
-                f"+{len(series) - len(shown)} more</text>"
-            )
-    return _frame(width, height, title, xlabel, ylabel, "".join(body))
+            more = f"+{len(series) - len(shown)} more"
+            body.append(el("text", {"x": width - right + 10, "y": top + 8 + len(shown) * 12}, more))
+    return _frame(width, height, title, xlabel, ylabel, join(body))
 
 
 def histogram_chart(
@@ -188,7 +311,7 @@ def histogram_chart(
     width: int = 370,
     height: int = 200,
     scale: float = 1.0,
-) -> str:
+) -> Markup:
     """Bars of ``counts`` over log-spaced ``edges`` (drawn equally wide; ticks show the edge values x ``scale``)."""
     left, right, top, bottom = 52, 10, 26, 34
     pw, ph = width - left - right, height - top - bottom
@@ -199,12 +322,15 @@ def histogram_chart(
     for i, c in enumerate(counts.tolist()):
         if c:
             h = c / cmax * ph
-            body.append(
-                f'<rect x="{left + i * bw:.1f}" y="{top + ph - h:.1f}" width="{max(bw - 1, 0.5):.1f}" '
-                f'height="{h:.1f}" fill="{color}"><title>{fmt(edges[i] * scale)}-'
-                f"{fmt(edges[i + 1] * scale)}: {c}</title></rect>"
-            )
+            bar = {
+                "x": f"{left + i * bw:.1f}",
+                "y": f"{top + ph - h:.1f}",
+                "width": f"{max(bw - 1, 0.5):.1f}",
+                "height": f"{h:.1f}",
+                "fill": color,
+            }
+            body.append(el("rect", bar, el("title", None, f"{fmt(edges[i] * scale)}-{fmt(edges[i + 1] * scale)}: {c}")))
     step = max(1, n // 4)
     xt = [(left + i * bw, fmt(edges[i] * scale, 3)) for i in range(0, n + 1, step)]
     yt = [(top + ph - t / cmax * ph, fmt(t)) for t in nice_ticks(0, cmax, 4) if t == int(t)]  # counts are whole
-    return _frame(width, height, title, xlabel, "events", _axes(left, top, pw, ph, xt, yt) + "".join(body))
+    return _frame(width, height, title, xlabel, "events", join([_axes(left, top, pw, ph, xt, yt), *body]))

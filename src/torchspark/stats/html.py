@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import logging
+import math
 import os
 from typing import Any, Protocol
 
@@ -16,7 +17,21 @@ import numpy as np
 
 from torchspark._io import atomic_write_text
 from torchspark.errors import ConfigError
-from torchspark.stats._svg import FONT, esc, fmt, histogram_chart, line_chart, nice_ticks, phase_color, series_color
+from torchspark.stats._svg import (
+    FONT,
+    Markup,
+    css_color,
+    el,
+    fmt,
+    histogram_chart,
+    join,
+    line_chart,
+    nice_ticks,
+    page,
+    phase_color,
+    series_color,
+    svg,
+)
 from torchspark.stats.aggregate import (
     downsample_series,
     log_histogram,
@@ -32,7 +47,7 @@ log = logging.getLogger(__name__)
 
 _CSS = (
     f"body{{{FONT};margin:24px;color:#222;max-width:1200px}}h1{{font-size:22px}}h2{{font-size:17px;"
-    "margin-top:32px;border-bottom:1px solid #ddd}}table{border-collapse:collapse;font-size:13px}"
+    "margin-top:32px;border-bottom:1px solid #ddd}table{border-collapse:collapse;font-size:13px}"
     "td,th{padding:3px 10px;border-bottom:1px solid #eee;text-align:right}td:first-child,th:first-child"
     "{text-align:left}.sw{display:inline-block;width:11px;height:11px;margin-right:5px;vertical-align:-1px}"
     ".legend span{margin-right:14px;font-size:13px;white-space:nowrap}.grid{display:flex;flex-wrap:wrap;gap:8px}"
@@ -66,6 +81,10 @@ def render_html(
 ) -> str:
     """The report as one HTML string.
 
+    Every value from ``stats`` (worker ids, phase names, summary fields, failures...) is escaped: the page is built
+    only with the escaping builder of ``torchspark.stats._svg``, so a stats document from someone else cannot add an element, an
+    attribute or a script (the page has none of its own).
+
     Args:
         stats: the merged stats.
         title: page title.
@@ -82,28 +101,29 @@ def render_html(
     workers = stats.worker_ids
     colors = {p: phase_color(p, i) for i, p in enumerate(phases)}
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    note = (
+        f"Generated {stamp}. {summary.get('workers')} workers, {summary.get('events')} events, "
+        f"{_number(summary.get('wall_seconds'))} s wall time. Times are on the driver's clock."
+    )
     parts = [
-        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{esc(title)}</title>'
-        f"<style>{_CSS}</style></head><body><h1>{esc(title)}</h1>"
-        f'<p class="note">Generated {stamp}. {esc(summary["workers"])} workers, {esc(summary["events"])} '
-        f"events, {esc(_number(summary['wall_seconds']))} s wall time. Times are on the driver's clock.</p>",
-        "<h2>Summary</h2>",
+        el("h1", None, title),
+        el("p", {"class": "note"}, note),
+        el("h2", None, "Summary"),
         _summary_table(summary),
         _phase_table(stats, phases, colors),
-        "<h2>Timeline</h2>",
+        el("h2", None, "Timeline"),
         _legend(phases, colors),
         _timeline(stats, workers, phases, colors, buckets),
-        "<h2>Time per phase per worker</h2>",
+        el("h2", None, "Time per phase per worker"),
         _shares(stats, workers, phases, colors),
-        "<h2>Phase durations</h2>",
+        el("h2", None, "Phase durations"),
         _histograms(stats, phases, colors),
-        "<h2>Score</h2>",
+        el("h2", None, "Score"),
         _scores(stats, workers, max_points),
     ]
     if len(stats.encoding()):
-        parts += ["<h2>Gradient encoding</h2>", _encoding(stats, max_points)]
-    parts.append("</body></html>\n")
-    return "".join(parts)
+        parts += [el("h2", None, "Gradient encoding"), _encoding(stats, max_points)]
+    return page(title, _CSS, parts)
 
 
 def write_html(stats: ReportSource, path: str | os.PathLike[str], **kwargs: Any) -> None:
@@ -120,32 +140,39 @@ def _number(value: Any) -> str:
     return fmt(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
 
 
-def _legend(phases: list[str], colors: dict[str, str]) -> str:
-    items = "".join(f'<span><i class="sw" style="background:{colors[p]}"></i>{esc(p)}</span>' for p in phases)
-    return f'<div class="legend">{items}</div>'
+def _seconds(value: Any, default: float) -> float:
+    """``value`` as a finite number of seconds, else ``default`` (a hand-made summary may hold anything)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return default
 
 
-def _summary_table(summary: dict[str, Any]) -> str:
+def _swatch(color: str) -> Markup:
+    return el("i", {"class": "sw", "style": f"background:{css_color(color)}"})
+
+
+def _legend(phases: list[str], colors: dict[str, str]) -> Markup:
+    return el("div", {"class": "legend"}, *(el("span", None, _swatch(colors[p]), p) for p in phases))
+
+
+def _failure_text(f: dict[str, Any]) -> str:
+    who = "a worker" if f.get("rank") is None else f"worker {f.get('rank')}"
+    return f"attempt {f.get('attempt')}: {who} lost ({f.get('exit_status') or 'unknown'}): {f.get('reason', '')}"
+
+
+def _summary_table(summary: dict[str, Any]) -> Markup:
     rows = []
     for key, value in summary.items():
         if key in ("seconds", "counts", "driver_seconds", "driver_counts"):
             continue
         if key == "failures" and isinstance(value, list):
-            value = (
-                "; ".join(
-                    f"attempt {f.get('attempt')}: worker {f.get('rank')} lost "
-                    f"({f.get('exit_status') or 'unknown'}): {f.get('reason', '')}"
-                    for f in value
-                    if isinstance(f, dict)
-                )
-                or "none"
-            )
+            value = "; ".join(_failure_text(f) for f in value if isinstance(f, dict)) or "none"
         if key == "worker_ids" and isinstance(value, list):
             value = ", ".join(map(str, value))
         elif isinstance(value, float):
             value = fmt(value)
-        rows.append(f"<tr><td>{esc(key)}</td><td>{esc(value)}</td></tr>")
-    return f"<table>{''.join(rows)}</table>"
+        rows.append(el("tr", None, el("td", None, key), el("td", None, value)))
+    return el("table", None, *rows)
 
 
 def _phase_groups(stats: ReportSource, phases: list[str]) -> list[tuple[str, str, np.ndarray]]:
@@ -163,27 +190,35 @@ def _phase_groups(stats: ReportSource, phases: list[str]) -> list[tuple[str, str
     return groups
 
 
-def _phase_table(stats: ReportSource, phases: list[str], colors: dict[str, str]) -> str:
+def _phase_table(stats: ReportSource, phases: list[str], colors: dict[str, str]) -> Markup:
     grand = float(stats.events().duration.sum()) or 1.0
-    rows = [
-        "<tr><th>phase</th><th>events</th><th>total s</th><th>share</th><th>mean ms</th><th>p50 ms</th>"
-        "<th>p95 ms</th><th>max ms</th></tr>"
-    ]
+    heads = ("phase", "events", "total s", "share", "mean ms", "p50 ms", "p95 ms", "max ms")
+    rows = [el("tr", None, *(el("th", None, h) for h in heads))]
     for label, p, d in _phase_groups(stats, phases):
         p50, p95 = np.percentile(d, [50, 95]) * 1e3
-        rows.append(
-            f'<tr><td><i class="sw" style="background:{colors[p]}"></i>{esc(label)}</td><td>{d.size}</td>'
-            f"<td>{fmt(float(d.sum()))}</td><td>{100 * d.sum() / grand:.1f}%</td>"
-            f"<td>{fmt(float(d.mean()) * 1e3)}</td><td>{fmt(p50)}</td><td>{fmt(p95)}</td>"
-            f"<td>{fmt(float(d.max()) * 1e3)}</td></tr>"
+        cells = (
+            d.size,
+            fmt(float(d.sum())),
+            f"{100 * d.sum() / grand:.1f}%",
+            fmt(float(d.mean()) * 1e3),
+            fmt(p50),
+            fmt(p95),
+            fmt(float(d.max()) * 1e3),
         )
-    return f"<h3>Phases (workers, then driver)</h3><table>{''.join(rows)}</table>"
+        rows.append(el("tr", None, el("td", None, _swatch(colors[p]), label), *(el("td", None, c) for c in cells)))
+    return join([el("h3", None, "Phases (workers, then driver)"), el("table", None, *rows)])
 
 
-def _timeline(stats: ReportSource, workers: list[str], phases: list[str], colors: dict[str, str], buckets: int) -> str:
+def _note(text: str) -> Markup:
+    return el("p", {"class": "note"}, text)
+
+
+def _timeline(
+    stats: ReportSource, workers: list[str], phases: list[str], colors: dict[str, str], buckets: int
+) -> Markup:
     ev = stats.events()
     if not len(ev):
-        return '<p class="note">No phase events recorded.</p>'
+        return _note("No phase events recorded.")
     t0 = float(ev.start.min())
     t1 = max(float((ev.start + ev.duration).max()), t0 + 1e-6)
     # Rows and phases in display order, so colours and stacking match the legend.
@@ -200,62 +235,68 @@ def _timeline(stats: ReportSource, workers: list[str], phases: list[str], colors
     body = []
     for r, wid in enumerate(workers):
         base = top + r * row_h + bar_h
-        body.append(
-            f'<text x="{label_w - 6}" y="{base - 4}" text-anchor="end">{esc(wid)}</text>'
-            f'<rect x="{label_w}" y="{base - bar_h}" width="{plot_w}" height="{bar_h}" fill="#f2f2f2"/>'
-        )
+        body.append(el("text", {"x": label_w - 6, "y": base - 4, "text-anchor": "end"}, wid))
+        body.append(el("rect", {"x": label_w, "y": base - bar_h, "width": plot_w, "height": bar_h, "fill": "#f2f2f2"}))
         # Draw the tallest cumulative band first; each later (lower) band covers it, leaving phase p's own slice.
         for p in range(len(phases) - 1, -1, -1):
             below = cum[r, p - 1] if p else 0.0
             if not (cum[r, p] - below > 1e-9).any():
                 continue
-            body.append(
-                f'<path fill="{colors[phases[p]]}" d="{_step_path(cum[r, p] * bar_h, label_w, bw, base)}">'
-                f"<title>{esc(wid)}: {esc(phases[p])}</title></path>"
-            )
+            band = {"fill": colors[phases[p]], "d": _step_path(cum[r, p] * bar_h, label_w, bw, base)}
+            body.append(el("path", band, el("title", None, f"{wid}: {phases[p]}")))
     axis_y = top + row_h * len(workers) + 2
-    body += _failure_marks(stats.summary().get("failures") or [], t0, t1, label_w, plot_w, top, axis_y)
+    body += _failure_marks(stats.summary().get("failures"), t0, t1, label_w, plot_w, top, axis_y)
     for t in nice_ticks(0.0, t1 - t0, 8):
-        x = label_w + t / (t1 - t0) * plot_w
-        body.append(
-            f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{top}" y2="{axis_y}" stroke="#000" stroke-opacity="0.15"/>'
-            f'<text x="{x:.1f}" y="{axis_y + 12}" text-anchor="middle">{fmt(t)}</text>'
-        )
+        x = f"{label_w + t / (t1 - t0) * plot_w:.1f}"
+        tick = {"x1": x, "x2": x, "y1": top, "y2": axis_y, "stroke": "#000", "stroke-opacity": 0.15}
+        body.append(el("line", tick))
+        body.append(el("text", {"x": x, "y": axis_y + 12, "text-anchor": "middle"}, fmt(t)))
     body.append(
-        f'<text x="{label_w + plot_w / 2}" y="{axis_y + 28}" text-anchor="middle">seconds since first event '
-        f"(one column = {fmt(bsec, 3)} s)</text>"
-        f'<text x="{width / 2}" y="16" text-anchor="middle" font-size="13" font-weight="600">'
-        f"Worker timeline: share of each time column spent in each phase</text>"
+        el(
+            "text",
+            {"x": label_w + plot_w / 2, "y": axis_y + 28, "text-anchor": "middle"},
+            f"seconds since first event (one column = {fmt(bsec, 3)} s)",
+        )
     )
-    return (
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'style="{FONT};font-size:11px">{"".join(body)}</svg>'
+    body.append(
+        el(
+            "text",
+            {"x": width / 2, "y": 16, "text-anchor": "middle", "font-size": 13, "font-weight": 600},
+            "Worker timeline: share of each time column spent in each phase",
+        )
     )
+    return svg(width, height, *body)
 
 
 def _failure_marks(
-    failures: list[dict[str, Any]], t0: float, t1: float, label_w: int, plot_w: int, top: int, bottom: int
-) -> list[str]:
+    failures: Any, t0: float, t1: float, label_w: int, plot_w: int, top: int, bottom: int
+) -> list[Markup]:
     """Each failed attempt (``summary()["failures"]``) on the timeline: its lost interval (from the attempt's start
-    to the failure: the work recovery trained again) shaded red, the failure itself a red line."""
+    to the failure: the work recovery trained again) shaded red, the failure itself a red line. A time that is
+    not a finite number (a hand-made summary) draws at the timeline's start or end."""
     marks = []
 
     def x(t: float) -> float:
         return label_w + min(max(t - t0, 0.0), t1 - t0) / (t1 - t0) * plot_w
 
-    for f in failures:
-        start, end = x(float(f.get("started", t0))), x(float(f.get("time", t1)))
-        who = "a worker" if f.get("rank") is None else f"worker {f['rank']}"
-        label = esc(
-            f"attempt {f.get('attempt')}: {who} lost ({f.get('exit_status') or 'unknown'}): "
-            f"{f.get('reason', '')}; the shaded work was lost and trained again"
-        )
+    for f in failures if isinstance(failures, list) else ():
+        if not isinstance(f, dict):
+            continue
+        start, end = x(_seconds(f.get("started"), t0)), x(_seconds(f.get("time"), t1))
+        label = f"{_failure_text(f)}; the shaded work was lost and trained again"
+        span = {
+            "x": f"{start:.1f}",
+            "y": top,
+            "width": f"{max(end - start, 1.0):.1f}",
+            "height": bottom - top,
+            "fill": "#d62728",
+            "fill-opacity": 0.12,
+        }
+        line = {"x1": f"{end:.1f}", "x2": f"{end:.1f}", "y1": top, "y2": bottom, "stroke": "#d62728"}
+        marks.append(el("rect", span, el("title", None, label)))
+        marks.append(el("line", {**line, "stroke-width": 2, "class": "failure"}, el("title", None, label)))
         marks.append(
-            f'<rect x="{start:.1f}" y="{top}" width="{max(end - start, 1.0):.1f}" height="{bottom - top}" '
-            f'fill="#d62728" fill-opacity="0.12"><title>{label}</title></rect>'
-            f'<line x1="{end:.1f}" x2="{end:.1f}" y1="{top}" y2="{bottom}" stroke="#d62728" '
-            f'stroke-width="2" class="failure"><title>{label}</title></line>'
-            f'<text x="{end + 2:.1f}" y="{top - 2}" fill="#d62728">lost: attempt {f.get("attempt")}</text>'
+            el("text", {"x": f"{end + 2:.1f}", "y": top - 2, "fill": "#d62728"}, f"lost: attempt {f.get('attempt')}")
         )
     return marks
 
@@ -273,37 +314,37 @@ def _step_path(heights: np.ndarray, x0: int, bw: int, base: float) -> str:
     return "".join(parts)
 
 
-def _shares(stats: ReportSource, workers: list[str], phases: list[str], colors: dict[str, str]) -> str:
+def _shares(stats: ReportSource, workers: list[str], phases: list[str], colors: dict[str, str]) -> Markup:
     ev = stats.events()
     if not len(ev):
-        return ""
+        return Markup()
     wmap = np.array([workers.index(w) for w in ev.worker_names], dtype=np.int64)
     pmap = np.array([phases.index(p) for p in ev.phase_names], dtype=np.int64)
     tot = np.zeros((len(workers), len(phases)))
     np.add.at(tot, (wmap[ev.worker], pmap[ev.phase]), ev.duration)
     label_w, plot_w, row_h, top = 110, 600, 16, 24
-    body = []
+    body = [
+        el(
+            "text",
+            {"x": label_w, "y": 14, "font-size": 13, "font-weight": 600},
+            "Share of recorded phase time per worker (total seconds at right)",
+        )
+    ]
     for r, wid in enumerate(workers):
         y, x, s = top + r * row_h, float(label_w), tot[r].sum() or 1.0
-        body.append(f'<text x="{label_w - 6}" y="{y + 11}" text-anchor="end">{esc(wid)}</text>')
+        body.append(el("text", {"x": label_w - 6, "y": y + 11, "text-anchor": "end"}, wid))
         for p, sec in enumerate(tot[r]):
             if sec > 0:
                 w = sec / s * plot_w
-                body.append(
-                    f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{row_h - 3}" fill="{colors[phases[p]]}">'
-                    f"<title>{esc(wid)} {esc(phases[p])}: {fmt(sec)} s ({100 * sec / s:.1f}%)</title></rect>"
-                )
+                bar = {"x": f"{x:.1f}", "y": y, "width": f"{w:.1f}", "height": row_h - 3, "fill": colors[phases[p]]}
+                tip = f"{wid} {phases[p]}: {fmt(sec)} s ({100 * sec / s:.1f}%)"
+                body.append(el("rect", bar, el("title", None, tip)))
                 x += w
-        body.append(f'<text x="{label_w + plot_w + 6}" y="{y + 11}">{fmt(s)} s</text>')
-    height = top + row_h * len(workers) + 8
-    return (
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{label_w + plot_w + 80}" height="{height}" '
-        f'style="{FONT};font-size:11px"><text x="{label_w}" y="14" font-size="13" font-weight="600">'
-        f"Share of recorded phase time per worker (total seconds at right)</text>{''.join(body)}</svg>"
-    )
+        body.append(el("text", {"x": label_w + plot_w + 6, "y": y + 11}, f"{fmt(s)} s"))
+    return svg(label_w + plot_w + 80, top + row_h * len(workers) + 8, *body)
 
 
-def _histograms(stats: ReportSource, phases: list[str], colors: dict[str, str]) -> str:
+def _histograms(stats: ReportSource, phases: list[str], colors: dict[str, str]) -> Markup:
     charts = []
     for label, p, d in _phase_groups(stats, phases):
         edges, counts = log_histogram(d)
@@ -312,13 +353,13 @@ def _histograms(stats: ReportSource, phases: list[str], colors: dict[str, str]) 
                 edges, counts, title=f"{label} duration", xlabel="milliseconds (log bins)", color=colors[p], scale=1e3
             )
         )
-    return f'<div class="grid">{"".join(charts)}</div>' if charts else '<p class="note">No phase events.</p>'
+    return el("div", {"class": "grid"}, *charts) if charts else _note("No phase events.")
 
 
-def _scores(stats: ReportSource, workers: list[str], max_points: int) -> str:
+def _scores(stats: ReportSource, workers: list[str], max_points: int) -> Markup:
     sc = stats.scores()
     if not len(sc):
-        return '<p class="note">No scores recorded.</p>'
+        return _note("No scores recorded.")
     present = [w for w in workers if w in sc.worker_names and (sc.worker == sc.worker_names.index(w)).any()]
     per_series = min(max_points, max(200, 4 * max_points // len(present)))
     series = []
@@ -329,7 +370,7 @@ def _scores(stats: ReportSource, workers: list[str], max_points: int) -> str:
     return line_chart(series, title="Score vs iteration", xlabel="iteration", ylabel="score", width=900, height=320)
 
 
-def _encoding(stats: ReportSource, max_points: int) -> str:
+def _encoding(stats: ReportSource, max_points: int) -> Markup:
     enc = stats.encoding()
     steps, sent = mean_by_key(enc.step, enc.bytes_sent, "sum")
     _, dense = mean_by_key(enc.step, enc.dense_bytes, "sum")
@@ -362,5 +403,5 @@ def _encoding(stats: ReportSource, max_points: int) -> str:
         ),
     ]
     counts = np.bincount(enc.format, minlength=len(enc.format_names))
-    fmts = ", ".join(f"{esc(n)}: {c}" for n, c in zip(enc.format_names, counts.tolist()))
-    return f'<p class="note">Message formats (steps x workers): {fmts}</p><div class="grid">{"".join(charts)}</div>'
+    fmts = ", ".join(f"{n}: {c}" for n, c in zip(enc.format_names, counts.tolist()))
+    return join([_note(f"Message formats (steps x workers): {fmts}"), el("div", {"class": "grid"}, *charts)])

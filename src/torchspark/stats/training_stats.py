@@ -19,8 +19,7 @@ from torchspark.errors import ConfigError, DataError, SerializationError
 from torchspark.stats.document import (
     ENCODING_FLOAT_COLUMNS,
     ENCODING_INT_COLUMNS,
-    checked_summary,
-    payload_from_json,
+    checked_document,
     payload_to_json,
 )
 from torchspark.stats.events import DRIVER_ID, PAYLOAD_FORMAT, STANDARD_PHASES, EncodingTable, EventTable, ScoreTable
@@ -313,35 +312,56 @@ class TrainingStats:
         )
 
     @classmethod
-    def from_json(cls, text: str) -> TrainingStats:
-        """Rebuild from :meth:`to_json` output.
+    def from_json(cls, text: str, source: str | None = None) -> TrainingStats:
+        """Rebuild from :meth:`to_json` output, checked field by field before anything is built: the types and
+        ranges of every field :meth:`summary` and :meth:`export_html` read (a stats document shared by someone
+        else fails here, naming the field, not later in the report).
+
+        Args:
+            text: the JSON text.
+            source: where ``text`` came from (a path), named in errors; :meth:`load_json` passes the file's.
 
         Raises:
-            SerializationError: not JSON, or not written by :meth:`to_json`.
+            SerializationError: not JSON, not written by :meth:`to_json`, or a field of the wrong type or range
+                (``... 'stats.json' is damaged: summary_fields.failures[0].started = None, expected a finite
+                number of seconds ...``).
         """
+        what = "training stats JSON" + (f" {source!r}" if source else "")
         try:
             doc = json.loads(text)
         except json.JSONDecodeError as err:
-            raise SerializationError(f"training stats JSON does not parse ({err}); pass what to_json() wrote") from err
+            raise SerializationError(f"{what} does not parse ({err}); pass what to_json() wrote") from err
         if not isinstance(doc, dict) or doc.get("format") != PAYLOAD_FORMAT:
             raise SerializationError(
-                f"not a training stats document (format {doc.get('format') if isinstance(doc, dict) else None!r}, "
-                f"expected {PAYLOAD_FORMAT!r})"
+                f"{what} is not a training stats document (format "
+                f"{doc.get('format') if isinstance(doc, dict) else None!r}, expected {PAYLOAD_FORMAT!r})"
             )
         stats = cls()
         try:
-            stats._workers = [str(w) for w in doc["workers"]]
-            stats._phases = [str(p) for p in doc["phases"]]
-            stats._formats = [str(f) for f in doc["formats"]]
+            doc = checked_document(doc)
+            stats._workers, stats._phases, stats._formats = doc["workers"], doc["phases"], doc["formats"]
             for p in doc["payloads"]:
-                stats.add_worker_payload(p["worker"], payload_from_json(p))
-            stats._summary = checked_summary(doc["summary_fields"])
-        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:
+                stats.add_worker_payload(p["worker"], p)
+            stats._summary = doc["summary_fields"]
+        except ValueError as err:  # DataError too (a ValueError)
             raise SerializationError(
-                f"training stats JSON is incomplete or damaged ({type(err).__name__}: {err}); "
-                "write it again with TrainingStats.to_json()"
+                f"{what} is damaged: {err}; write it again with TrainingStats.save_json() (or ask for a new copy)"
             ) from err
         return stats
+
+    @classmethod
+    def load_json(cls, path: str | os.PathLike[str]) -> TrainingStats:
+        """Read a ``stats.json`` (:meth:`save_json` output) with :meth:`from_json`, errors naming the file.
+
+        Raises:
+            SerializationError: the file cannot be read, or as :meth:`from_json`.
+        """
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError) as err:
+            raise SerializationError(f"cannot read training stats JSON {os.fspath(path)!r} ({err})") from err
+        return cls.from_json(text, source=os.fspath(path))
 
     def save_json(self, path: str | os.PathLike[str]) -> None:
         """Write :meth:`to_json` to ``path`` atomically (temporary name, then rename)."""
