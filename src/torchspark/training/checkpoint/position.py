@@ -161,8 +161,8 @@ def position_mismatch(saved: Position, now: Position, done: int, complete: bool)
         )
     if saved.first_batch != now.first_batch:
         return (
-            f"the batch size changed: the epoch's first minibatch had {saved.first_batch} examples then and has "
-            f"{now.first_batch} now"
+            f"the batch size or the data size changed: the epoch's first minibatch had {saved.first_batch} examples "
+            f"then and has {now.first_batch} now"
         )
     if saved.examples != now.examples:
         return (
