@@ -32,7 +32,15 @@ def data() -> DataSet:
     return DataSet(x, y)
 
 
-def fit(mode: str, directory: str | None, run_id: str | None, after: int | None) -> Network:
+def fit(
+    mode: str,
+    directory: str | None,
+    run_id: str | None,
+    after: int | None,
+    train: DataSet | None = None,
+    batch_size: int = BATCH,
+    epochs: int = EPOCHS,
+) -> Network:
     net = Network(InterruptingMLP(12, 16, 3, after=after), updater=optim.Adam(lr=0.01), seed=0)
     checkpoints = (
         {}
@@ -47,7 +55,7 @@ def fit(mode: str, directory: str | None, run_id: str | None, after: int | None)
         threads_per_worker=1,
         progress=False,
         **checkpoints,
-    ).fit(data(), epochs=EPOCHS, batch_size=BATCH, run_id=run_id)
+    ).fit(data() if train is None else train, epochs=epochs, batch_size=batch_size, run_id=run_id)
     return net
 
 

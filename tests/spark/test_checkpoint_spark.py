@@ -33,7 +33,7 @@ def _net(after: int | None = None) -> Network:
 
 
 def _master(mode: str, **checkpoints):
-    common = dict(batch_size_per_worker=BATCH, num_workers=2, rng_seed=5, **checkpoints)
+    common = dict(batch_size_per_worker=BATCH, num_workers=2, rng_seed=5) | checkpoints
     if mode == "averaging":
         return ParameterAveragingTrainingMaster(averaging_frequency=3, **common)
     return SharedTrainingMaster(**common)
@@ -80,3 +80,43 @@ def test_run_id_without_a_checkpoint_directory_fails_before_any_job(spark, sc) -
         spark_net.fit(sc.parallelize(_data().split(BATCH), 2), run_id="r1")
     with pytest.raises(ConfigError, match="run_id='r1'.*no checkpoint_directory"):
         spark_net.fit_paths(["never-read.safetensors"], run_id="r1")
+
+
+def _frame(spark, data):
+    rows = [(data.features[i].tolist(), data.labels[i].tolist()) for i in range(len(data))]
+    return spark.createDataFrame(rows, "features array<float>, label array<float>").coalesce(2)
+
+
+@pytest.mark.parametrize("route", ["rdd", "dataframe", "paths"])
+def test_a_mid_epoch_resume_whose_data_changed_is_refused_on_every_spark_route(spark, sc, tmp_path, route) -> None:
+    """A cut inside the first epoch, whose minibatches the workers read once (no length up front): the issue's
+    1,437 -> 1,000 examples was resumed silently. Another data size or order is refused by the workers, naming what
+    changed (another batch_size_per_worker is the master's, refused by the driver); the same data resumes, also
+    from batch files of other names."""
+    written = iter(range(100))
+
+    def fit(net: Network, data, run_id: str = "r1", **options) -> None:
+        master = _master("averaging", checkpoint_directory=str(tmp_path / "ckpt"), checkpoint_every=1, **options)
+        spark_net = SparkNetwork(spark, net, master, progress=False)
+        try:
+            if route == "rdd":
+                spark_net.fit(sc.parallelize(data.split(BATCH), 2), epochs=1, run_id=run_id)
+            elif route == "dataframe":
+                spark_net.fit(_frame(spark, data), epochs=1, run_id=run_id)
+            else:
+                spark_net.fit_paths(save_batches(data.split(BATCH), str(tmp_path / f"b{next(written)}")), run_id=run_id)
+        finally:
+            spark_net.delete_temp_files()
+
+    with pytest.raises(WorkerError, match="worker stopped after 3 minibatches"):
+        fit(_net(after=3), _data())
+    cut = newest_checkpoint(str(tmp_path / "ckpt"), "r1")
+    assert (cut.manifest["fit_epoch"], store.read_rank_file(cut.path, 0)[1]["done"]) == (0, 3)
+
+    for changed in (_data().slice(2, 96), _data().shuffle(7)):  # 94 examples; the same 96 in another order
+        with pytest.raises(ConfigError, match="cut after 3 minibatches of epoch 0.*changed.*restart_epoch=True"):
+            fit(_net(), changed)
+    with pytest.raises(ConfigError, match="batch_size_per_worker: 8 then, 12 now"):
+        fit(_net(), _data(), batch_size_per_worker=12)
+    assert newest_checkpoint(str(tmp_path / "ckpt"), "r1").path == cut.path  # nothing trained meanwhile
+    fit(_net(after=PER_WORKER - 3), _data())  # the same data: only the minibatches left are trained

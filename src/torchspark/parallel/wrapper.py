@@ -30,6 +30,7 @@ from torchspark.parallel.options import SPARK_ONLY, check_local_master, master_f
 from torchspark.parallel.routing import BATCH_TYPES, PATH_TYPES, DataPlan, route_data
 from torchspark.parallel.runner import LocalProcessRunner
 from torchspark.stats import DRIVER_ID, StatsCollector, TrainingStats
+from torchspark.training.checkpoint import check_restart_epoch
 from torchspark.training.config.masters import TrainingMaster
 from torchspark.training.driver.adapter import FitAdapter, check_first_batch, check_runner
 from torchspark.training.hooks import ProgressUpdate, ScoreReport
@@ -232,7 +233,14 @@ class ParallelWrapper:
         """Mean over workers of their last minibatch loss in the last fit (NaN before any fit)."""
         return self._fits.score
 
-    def fit(self, data: Any, epochs: int = 1, batch_size: int | None = None, run_id: str | None = None) -> Network:
+    def fit(
+        self,
+        data: Any,
+        epochs: int = 1,
+        batch_size: int | None = None,
+        run_id: str | None = None,
+        restart_epoch: bool = False,
+    ) -> Network:
         """Train for ``epochs`` epochs; returns the (updated in place) network.
 
         Args:
@@ -249,8 +257,13 @@ class ParallelWrapper:
             run_id: with a ``checkpoint_directory``: the run this fit continues (from its newest checkpoint, skipping
                 the epochs and minibatches already done) or starts; None: a fresh run id. Resume with the same data,
                 options and number of workers.
+            restart_epoch: when the run resumes from a checkpoint cut inside an epoch and the data no longer matches
+                it (another batch size, data size or order, which the resume checks), train that epoch again from
+                its start instead of refusing (the examples it trained before the cut are trained twice). Default
+                False: such a resume is refused with a ``ConfigError`` naming what changed.
         Raises:
-            ConfigError: bad ``epochs`` / ``batch_size``; ``run_id`` without ``checkpoint_directory``.
+            ConfigError: bad ``epochs`` / ``batch_size``; ``run_id`` without ``checkpoint_directory``; a resume whose
+                data no longer matches the checkpoint (without ``restart_epoch``).
             DataError: empty or malformed data.
             WorkerError: a worker failed; the message holds its traceback (the root cause, not a peer's symptom).
         """
@@ -258,6 +271,7 @@ class ParallelWrapper:
         batch_size = self.master.batch_size_per_worker if batch_size is None else batch_size
         check_int("epochs", epochs, 1)
         check_int("batch_size", batch_size, 1)
+        check_restart_epoch(restart_epoch, run_id)
         plan = route_data(
             data,
             len(self._devices),
@@ -282,7 +296,7 @@ class ParallelWrapper:
             if replayable
             else None
         )
-        return self._run(plan, epochs, run_id, data_for)
+        return self._run(plan, epochs, run_id, data_for, restart_epoch)
 
     # ------------------------------------------------------------------ internals
     def _runner(self) -> Any:
@@ -304,6 +318,7 @@ class ParallelWrapper:
         epochs: int,
         run_id: str | None = None,
         data_for: Callable[[int], WorkerShares] | None = None,
+        restart_epoch: bool = False,
     ) -> Network:
         master = self.master
         assert master is not None
@@ -319,6 +334,7 @@ class ParallelWrapper:
             recorder=StatsCollector(DRIVER_ID, enabled=master.collect_training_stats),
             description=f"ParallelWrapper fit: {n} workers, {epochs} epoch(s)",
             run_id=run_id,
+            restart_epoch=restart_epoch,
             progress=self.progress,
             report_scores=self.report_score_after_averaging,
             score_listeners=[_log_score] if self.report_score_after_averaging else [],

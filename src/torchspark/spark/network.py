@@ -27,7 +27,7 @@ from torchspark.spark.gpus import GpuPlan, dry_run_requested, plan_gpus
 from torchspark.spark.inference_methods import InferenceMethods
 from torchspark.spark.jobs import jvm_guard, run_job
 from torchspark.spark.preflight import executors_for_workers_per_node, preflight
-from torchspark.spark.preparation import DataPreparation, first_item, planned_epochs
+from torchspark.spark.preparation import DataPreparation, first_item, planned_epochs, sample_key
 from torchspark.spark.runners import SparkBarrierRunner, SparkRoundsRunner, SparkWorkerData, elastic_route
 from torchspark.spark.session import spark_context
 from torchspark.spark.session_kinds import is_connect_session
@@ -114,7 +114,7 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         self.network = network
         self.master = master
         self._preflight_done: set[tuple[str, int]] = set()  # (check, id(sc)): the once-per-session checks run
-        self._sampled: Any = None  # what the last first-minibatch check passed for (_sample_key)
+        self._sampled: Any = None  # what the last first-minibatch check passed for (sample_key)
         self.progress = progress
         check_runner(runner)
         self.runner = runner
@@ -185,6 +185,7 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         label_col: str | None = "label",
         feature_shape: Sequence[int] | None = None,
         run_id: str | None = None,
+        restart_epoch: bool = False,
     ) -> Network:
         """Train on an ``RDD[DataSet | MultiDataSet]`` or a DataFrame for ``epochs`` epochs; returns the network.
 
@@ -193,7 +194,9 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         rows stream to the workers through Arrow and are never collected on the driver.
         With the master's ``checkpoint_directory``, ``run_id`` names the run: a fit with the id of an interrupted
         run (in this or a new driver process) continues from its newest checkpoint, skipping the epochs and
-        minibatches already done; resume with the same data, master and number of workers.
+        minibatches already done; resume with the same data, master and number of workers (checked, see
+        docs/guides/recovery.md), or pass ``restart_epoch=True`` to train an interrupted epoch whose data changed
+        again from its start.
 
         On a Spark Connect session ``data`` must be a DataFrame (an RDD or a list raises ``ConfigError``); its rows
         stream to the workers of one barrier stage, split and batched as on a classic session
@@ -201,8 +204,9 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         """
         master = self._require_master()
         check_int("epochs", epochs, 1)
-        plan_for(master, run_id, 0, 0)  # a run_id without checkpoint_directory fails before any Spark job
+        plan_for(master, run_id, 0, 0, restart_epoch)  # a run_id without checkpoint_directory: before any job
         self._driver_stats = StatsCollector(DRIVER_ID, enabled=self._collect_stats)
+        self._restart_epoch = restart_epoch
         if takes_arrow_route(self.spark, master, data):
             if self.sc is None:
                 check_channel(self.progress_channel, master.checkpoint_directory)
@@ -215,10 +219,17 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         )  # before any job
         gpus = self._preflight(master, n)
         worker_rdd = self.preparation.from_rdd(rdd, master, n, base, planned_epochs(master, epochs), self._driver_stats)
-        return self._train(worker_rdd, master, n, epochs, run_id, gpus, _sample_key(self, rdd, master, n))
+        return self._train(
+            worker_rdd, master, n, epochs, run_id, gpus, sample_key(self.sc, self.network, rdd, master, n)
+        )
 
     def fit_paths(
-        self, paths: Any, epochs: int = 1, loader: Callable[[str], Any] | None = None, run_id: str | None = None
+        self,
+        paths: Any,
+        epochs: int = 1,
+        loader: Callable[[str], Any] | None = None,
+        run_id: str | None = None,
+        restart_epoch: bool = False,
     ) -> Network:
         """Train from files: batch files (``export_batches`` / ``save_batches`` output), or any files a ``loader``
         turns into DataSets.
@@ -238,7 +249,7 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
                 every time a minibatch needs the file, so a loader should be cheap next to a training step (one
                 file per minibatch or a few examples per file). It must be picklable (a module-level function, or
                 a closure Spark's cloudpickle can ship). A directory then means every non-hidden file in it.
-            run_id: as in :meth:`fit`.
+            run_id, restart_epoch: as in :meth:`fit`.
 
         On a Spark Connect session the client resolves and plans the files (a path, a glob or a list: no RDD) and
         each worker of one barrier ``mapInArrow`` stage reads its own files (:mod:`torchspark.spark.connect.paths`);
@@ -251,9 +262,10 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         """
         master = self._require_master()
         check_int("epochs", epochs, 1)
-        plan_for(master, run_id, 0, 0)
+        plan_for(master, run_id, 0, 0, restart_epoch)
         check_loader(loader)
         self._driver_stats = StatsCollector(DRIVER_ID, enabled=self._collect_stats)
+        self._restart_epoch = restart_epoch
         if self.sc is None:
             check_channel(self.progress_channel, master.checkpoint_directory)
             shares = connect_path_data(self.spark, self.network, paths, loader, master, epochs, self._driver_stats)
@@ -307,7 +319,7 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
 
     def _validate_sample(self, worker_rdd: Any, key: Any = None) -> None:
         """Fail fast on the driver: run the network on a few examples of the first minibatch. A Spark job per fit
-        (0.2-0.9 s of a warm call's fixed cost), so skipped when ``key`` (:func:`_sample_key`: the same input RDD,
+        (0.2-0.9 s of a warm call's fixed cost), so skipped when ``key`` (:func:`sample_key`: the same input RDD,
         master, worker count and network shape) equals the last check's: its outcome would be the same."""
         if key is not None and key == self._sampled:
             return
@@ -360,6 +372,7 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
             recorder=self._driver_stats,
             description=f"torchspark fit: {n} workers, {epochs} epoch(s)",
             run_id=run_id,
+            restart_epoch=self._restart_epoch,
             progress=self.progress,
             total_examples=None if examples is None else examples * epochs,
             data_for=data_for,
@@ -412,6 +425,7 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
             recorder=self._driver_stats,
             description=f"torchspark fit: {n} workers, {epochs} epoch(s)",
             run_id=run_id,
+            restart_epoch=self._restart_epoch,
             progress=self.progress,
             total_examples=None if examples is None else examples * epochs,
         )
@@ -430,13 +444,3 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
                 gpus,
             )
         return SparkBarrierRunner(self.sc, master.mesh, gpus)
-
-
-def _sample_key(snet: SparkNetwork, rdd: Any, master: TrainingMaster, n: int) -> tuple[Any, ...]:
-    """What the first-minibatch check depends on: the input RDD (immutable: its id names its data), the master and
-    worker count (how it is cut into minibatches) and the network's shape (module, parameter shapes and dtypes,
-    precision, layout, losses). The same key means the same minibatch through the same network."""
-    net = snet.network
-    shapes = tuple((tuple(p.shape), p.dtype) for p in net.module.parameters())
-    losses = tuple(loss.name for loss in net.losses)
-    return (id(snet.sc), rdd.id(), master, n, id(net), id(net.module), shapes, net.precision, net.memory_format, losses)

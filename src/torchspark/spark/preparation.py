@@ -67,7 +67,7 @@ from torchspark.training.assignment import (
 from torchspark.training.config.masters import TrainingMaster
 from torchspark.training.hooks import NullRecorder, PhaseRecorder
 
-__all__ = ["DataPreparation", "Export", "keep_partitions", "planned_epochs", "first_item"]
+__all__ = ["DataPreparation", "Export", "keep_partitions", "planned_epochs", "first_item", "sample_key"]
 
 
 @dataclass(frozen=True)
@@ -424,6 +424,15 @@ def first_item(sc: Any, rdd: Any) -> Any:
         if found:
             return found[0]
     return None
+
+
+def sample_key(sc: Any, net: Network, rdd: Any, master: TrainingMaster, n: int) -> tuple[Any, ...]:
+    """What the first-minibatch check (:func:`first_item`) depends on: the input RDD (immutable: its id names its
+    data), the master and worker count (how it is cut into minibatches) and the network's shape (module, parameter
+    shapes and dtypes, precision, layout, losses). The same key means the same minibatch through the same network."""
+    shapes = tuple((tuple(p.shape), p.dtype) for p in net.module.parameters())
+    losses = tuple(loss.name for loss in net.losses)
+    return (id(sc), rdd.id(), master, n, id(net), id(net.module), shapes, net.precision, net.memory_format, losses)
 
 
 def _first_and_drain(items: Any) -> list[Any]:

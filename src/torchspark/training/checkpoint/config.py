@@ -22,7 +22,16 @@ from typing import Any
 from torchspark.errors import ConfigError
 from torchspark.validation import check_int
 
-__all__ = ["CheckpointPlan", "ResumePoint", "check_options", "check_run_id", "new_run_id", "plan_for", "DEFAULT_KEEP"]
+__all__ = [
+    "CheckpointPlan",
+    "ResumePoint",
+    "check_options",
+    "check_run_id",
+    "check_restart_epoch",
+    "new_run_id",
+    "plan_for",
+    "DEFAULT_KEEP",
+]
 
 #: checkpoints kept per run by default: the newest, and one more in case the newest is being written when a fault
 #: hits
@@ -68,6 +77,17 @@ def check_run_id(run_id: Any) -> str:
     return run_id
 
 
+def check_restart_epoch(restart_epoch: Any, run_id: str | None) -> None:
+    """ConfigError unless ``restart_epoch`` is a bool, and True only with a ``run_id`` (it applies to a resume)."""
+    if not isinstance(restart_epoch, bool):
+        raise ConfigError(f"restart_epoch must be True or False, got {restart_epoch!r}")
+    if restart_epoch and run_id is None:
+        raise ConfigError(
+            "restart_epoch=True applies to a resumed run, but no run_id was given; pass the run_id of the run to "
+            "resume, or leave restart_epoch=False"
+        )
+
+
 def new_run_id() -> str:
     """A fresh run id (UTC time + random suffix) for a fit that checkpoints without a user-given ``run_id``."""
     return time.strftime("fit-%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + uuid.uuid4().hex[:8]
@@ -86,6 +106,9 @@ class CheckpointPlan:
         fit_start_iteration: the network's iteration counter when the fit (the first attempt) started.
         fit_start_epoch: the network's epoch counter when the fit started.
         master_json: the training master's JSON (written into each manifest, for the record).
+        restart_epoch: a rank whose data no longer matches the position of the checkpoint it resumes from (a cut
+            inside an epoch: another batch size, data size or order) trains that epoch again from its start instead
+            of refusing the resume (``fit(..., restart_epoch=True)``).
     """
 
     directory: str
@@ -95,10 +118,12 @@ class CheckpointPlan:
     fit_start_iteration: int = 0
     fit_start_epoch: int = 0
     master_json: str = "{}"
+    restart_epoch: bool = False
 
     def __post_init__(self) -> None:
         check_options("CheckpointPlan", self.directory, self.every, self.keep)
         check_run_id(self.run_id)
+        check_restart_epoch(self.restart_epoch, self.run_id)
 
 
 @dataclass(frozen=True)
@@ -130,12 +155,16 @@ class ResumePoint:
     fit_start_epoch: int = 0
 
 
-def plan_for(master: Any, run_id: str | None, iteration: int, epoch: int) -> CheckpointPlan | None:
+def plan_for(
+    master: Any, run_id: str | None, iteration: int, epoch: int, restart_epoch: bool = False
+) -> CheckpointPlan | None:
     """The fit's :class:`CheckpointPlan` from a training master's options (None when it does not checkpoint).
 
     Raises:
-        ConfigError: ``run_id`` without a ``checkpoint_directory`` on the master, or a malformed ``run_id``.
+        ConfigError: ``run_id`` without a ``checkpoint_directory`` on the master, or a malformed ``run_id``;
+            ``restart_epoch`` not a bool, or True without a ``run_id``.
     """
+    check_restart_epoch(restart_epoch, run_id)
     directory = getattr(master, "checkpoint_directory", None)
     if directory is None:
         if run_id is not None:
@@ -153,4 +182,5 @@ def plan_for(master: Any, run_id: str | None, iteration: int, epoch: int) -> Che
         fit_start_iteration=iteration,
         fit_start_epoch=epoch,
         master_json=master.to_json(),
+        restart_epoch=restart_epoch,
     )

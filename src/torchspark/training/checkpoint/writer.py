@@ -21,7 +21,10 @@ Each rank also saves its random streams (torch's CPU generator, the CUDA generat
 Python's global ones: tensors and JSON, never pickle) and restores them on resume, so dropout and any other random
 layer draw after a resume exactly what the uninterrupted fit drew. A mid-epoch cut also records how many minibatches
 the rank's epoch has (``epoch_length``): a resume whose data gives that epoch another count (another batch size or
-dataset) is refused, since skipping ``done`` of them would skip or repeat examples.
+dataset) is refused, since skipping ``done`` of them would skip or repeat examples; and it records a fingerprint of
+the ``done`` minibatches themselves (:mod:`.position`), which the resume checks against the minibatches it skips, so
+another batch size, data size or order is refused on every route, also where the epoch's length is not known up
+front.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from torchspark.errors import ConfigError
 from torchspark.nn import Network
 from torchspark.training.checkpoint import store
 from torchspark.training.checkpoint.config import CheckpointPlan, ResumePoint
+from torchspark.training.checkpoint.position import Position
 
 __all__ = ["CheckpointWriter", "RankProgress", "RestoredRank", "restore_rank", "check_position"]
 
@@ -107,12 +111,14 @@ class CheckpointWriter:
         algo_tensors: dict[str, torch.Tensor],
         algo_meta: dict[str, Any],
         epoch_length: int | None = None,
+        position: Position | None = None,
     ) -> None:
         """A round (averaging) / exchange (sharing) inside an epoch ended: write when the interval says so
-        (``epoch_length``: the minibatches of this rank's epoch, when its source knows them)."""
+        (``epoch_length``: the minibatches of this rank's epoch, when its source knows them; ``position``: the
+        fingerprint of the ``done`` minibatches)."""
         self.step += 1
         if self.plan.every is not None and self.step % self.plan.every == 0:
-            self.write(net, fit_epoch, done, progress, algo_tensors, algo_meta, epoch_length)
+            self.write(net, fit_epoch, done, progress, algo_tensors, algo_meta, epoch_length, position)
 
     def epoch_end(
         self,
@@ -139,6 +145,7 @@ class CheckpointWriter:
         algo_tensors: dict[str, torch.Tensor],
         algo_meta: dict[str, Any],
         epoch_length: int | None = None,
+        position: Position | None = None,
     ) -> None:
         """Write this rank's file of checkpoint ``self.step``; then (all ranks meet) rank 0 writes the manifest,
         (all meet again) and prunes."""
@@ -164,6 +171,7 @@ class CheckpointWriter:
             "algo": algo_meta,
             "rng": rng_meta,
             "epoch_length": epoch_length,
+            "position": None if position is None or not done else position.to_json(),
         }
         store.write_rank_file(path, self.rank, tensors, meta)
         if self.barrier is not None:  # 1. every rank's file is written before the manifest makes it count
@@ -250,6 +258,8 @@ class RestoredRank:
         algo_meta: the algorithm's record.
         epoch_length: the minibatches the rank's epoch had when the checkpoint was cut (None: not recorded).
         where: the rank file, for messages.
+        position: the fingerprint of the ``done`` minibatches (None: not recorded: an older version, or a
+            checkpoint re-sharded for another number of workers).
     """
 
     done: int
@@ -258,6 +268,7 @@ class RestoredRank:
     algo_meta: dict[str, Any] = field(default_factory=dict)
     epoch_length: int | None = None
     where: str = ""
+    position: Position | None = None
 
 
 def check_position(restored: RestoredRank, epoch: int, length: int | None) -> None:
@@ -320,4 +331,5 @@ def restore_rank(point: ResumePoint, rank: int, world_size: int, net: Network) -
         dict(meta.get("algo") or {}),
         length if isinstance(length, int) else None,
         repr(store.rank_file(point.path, rank)),
+        Position.from_json(meta.get("position")),
     )

@@ -140,6 +140,7 @@ class FitAdapter:
         recorder: StatsCollector,
         description: str,
         run_id: str | None = None,
+        restart_epoch: bool = False,
         progress: bool | None = None,
         report_scores: bool = False,
         score_listeners: Sequence[Callable[[ScoreReport], None]] = (),
@@ -155,6 +156,8 @@ class FitAdapter:
             collect_stats, recorder: stats collection and the driver's collector.
             description: names the fit in job descriptions, messages and the progress bar.
             run_id: the checkpointed run the fit continues or starts.
+            restart_epoch: on resuming ``run_id``, a rank whose data no longer matches the checkpoint's position
+                trains the interrupted epoch again from its start instead of refusing.
             progress: draw a progress bar (None: only on a terminal).
             report_scores: workers report their agreed score even without a training listener.
             score_listeners: called with each agreed score.
@@ -176,6 +179,7 @@ class FitAdapter:
             recorder,
             report_scores=report_scores or bool(self.training_listeners),
             run_id=run_id,
+            restart_epoch=restart_epoch,
         )
         events = (
             self._open_events(

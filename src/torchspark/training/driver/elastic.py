@@ -202,7 +202,7 @@ def _merged_rank(
     members = _members(rank, old, new)
     tensors, meta = old_files[rank % old]
     tensors = {k: v for k, v in tensors.items() if not k.startswith("algo.") and (k != "params" or rank == 0)}
-    meta = {**meta, "rank": rank, "done": done, "epoch_length": None}
+    meta = {**meta, "rank": rank, "done": done, "epoch_length": None, "position": None}  # re-dealt: no fingerprint
     meta["examples"] = sum(int(old_files[j][1]["examples"]) for j in members)
     meta["iterations"] = sum(int(old_files[j][1]["iterations"]) for j in members)
     if "algo.residual" in old_files[0][0]:  # gradient sharing

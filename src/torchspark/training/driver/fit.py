@@ -107,17 +107,21 @@ def build_task(
     *,
     report_scores: bool = False,
     run_id: str | None = None,
+    restart_epoch: bool = False,
 ) -> WorkerTask:
     """Step 1: the task every worker receives (timed as the driver's ``broadcast`` phase: the blueprint is the
     network's weights).
 
     With a ``checkpoint_directory`` on the master the task carries the fit's
-    :class:`~torchspark.training.checkpoint.CheckpointPlan`: run ``run_id`` (a fresh id when None).
+    :class:`~torchspark.training.checkpoint.CheckpointPlan`: run ``run_id`` (a fresh id when None);
+    ``restart_epoch``: a resumed rank whose data no longer matches its checkpoint's position trains the interrupted
+    epoch again from its start instead of refusing.
 
     Raises:
-        ConfigError: ``run_id`` without a ``checkpoint_directory``, or a malformed ``run_id``.
+        ConfigError: ``run_id`` without a ``checkpoint_directory``, or a malformed ``run_id``; ``restart_epoch``
+            without a ``run_id``.
     """
-    plan = plan_for(master, run_id, network.iteration, network.epoch)
+    plan = plan_for(master, run_id, network.iteration, network.epoch, restart_epoch)
     with recorder.phase("broadcast"):
         return WorkerTask(
             mode=master.mode,  # type: ignore[attr-defined]

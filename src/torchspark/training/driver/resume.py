@@ -8,7 +8,10 @@ regularisation, precision) and the same data order (``rng_seed``, ``accumulate_s
 ``batch_size_per_worker`` of the master). A damaged checkpoint is skipped with a warning naming it, and the resume
 falls back to the previous complete one; when every checkpoint of the run is damaged the fit is refused (never a
 silent fresh start that would prune them). A checkpoint of another fit is refused with a
-:class:`~torchspark.errors.ConfigError` saying what differs.
+:class:`~torchspark.errors.ConfigError` saying what differs, and so is a checkpoint whose manifest names another
+``run_id`` (copied or moved into this run's directory): resuming it would continue another run under this name.
+Whether the data still matches a checkpoint cut inside an epoch is the workers' to check, on the minibatches they
+skip (:mod:`torchspark.training.checkpoint.position`).
 """
 
 from __future__ import annotations
@@ -70,6 +73,13 @@ def _differences(saved: dict[str, Any], now: dict[str, Any], keys: tuple[str, ..
 
 def _check_same_fit(task: WorkerTask, plan: CheckpointPlan, m: dict[str, Any], where: str) -> None:
     """ConfigError when checkpoint manifest ``m`` was written by another fit than ``task``'s."""
+    if m.get("run_id") != plan.run_id:  # copied or moved here from another run's directory
+        raise ConfigError(
+            f"{where} was written by run {m.get('run_id')!r}, not by run {plan.run_id!r}: it was copied or moved "
+            "into this run's directory, and a resume would continue another run's training under this name. "
+            f"Resume that run with run_id={m.get('run_id')!r} from its own directory, or remove the checkpoint "
+            f"from {store.run_directory(plan.directory, plan.run_id)!r} (or use a new run_id) to start this run"
+        )
     if m.get("mode") != task.mode:
         raise ConfigError(
             f"{where} was trained with {m.get('mode')!r}, this fit uses {task.mode!r}; use the same "
@@ -140,8 +150,8 @@ def find_resume_point(task: WorkerTask) -> ResumePoint | None:
 
     Raises:
         ConfigError: the checkpoint belongs to a different fit (another algorithm, other algorithm settings, another
-            network, updater or learning rate, another data order) or to a run that already trained more epochs
-            than asked.
+            network, updater or learning rate, another data order), to another run (its manifest's ``run_id``), or
+            to a run that already trained more epochs than asked.
         SerializationError: every checkpoint of the run is damaged (the message names each).
     """
     found = _resolve(dataclasses.replace(task, resume=None))

@@ -21,12 +21,14 @@ from torchspark.errors import DataError
 from torchspark.nn import Network, NetworkBlueprint
 from torchspark.training.algorithms import ALGORITHMS
 from torchspark.training.assignment import EpochItems, FileSlices, epoch_seed
-from torchspark.training.checkpoint import CheckpointWriter, RankProgress, check_position, restore_rank
+from torchspark.training.checkpoint import CheckpointWriter, RankProgress, restore_rank
+from torchspark.training.checkpoint.position import Position, PositionTap
 from torchspark.training.comm import Communicator
 from torchspark.training.hooks import WorkerHooks
 from torchspark.training.task import EpochSource, WorkerResult, WorkerTask, param_checksum
 from torchspark.training.worker.devices import pins_memory, task_thread_settings
 from torchspark.training.worker.prefetch import prefetch
+from torchspark.training.worker.resuming import resume_epoch
 
 __all__ = ["epoch_order", "ItemSource", "run_worker", "load_item", "batch_loader"]
 
@@ -203,20 +205,20 @@ def _train(
     for e in range(first_epoch, task.epochs):
         items = _epoch_items(task, source, e, comm.rank)
         length = len(items) if isinstance(items, (list, tuple)) else None
-        if restored is not None and e == first_epoch:
-            check_position(restored, e, length)  # the data must still match the checkpoint's position
-        if skip:  # the minibatches of this epoch the checkpoint says are done (skipped before loading)
-            items = items[skip:] if isinstance(items, (list, tuple)) else itertools.islice(items, skip, None)
-        batches = group_batches(
-            _batches(task, source, items, batch_loader(task.pin_memory, str(net.device))), task.accumulate_steps
-        )
+        start: Position | None = None
+        if restored is not None and e == first_epoch:  # skip what the checkpoint says is done, once it is checked
+            restart = task.checkpoint is not None and task.checkpoint.restart_epoch
+            items, skip, start = resume_epoch(restored, e, items, load_item, restart)
+        loaded = _batches(task, source, items, batch_loader(task.pin_memory, str(net.device)))
+        tap = None if writer is None else PositionTap(start)  # fingerprints what a cut inside the epoch trained
+        batches = group_batches(loaded if tap is None else tap(loaded), task.accumulate_steps)
         epoch_hooks = (
             hooks
-            if writer is None
+            if writer is None or tap is None
             else dataclasses.replace(
                 hooks,
                 checkpoint=_round_checkpoint(
-                    writer, net, e, skip, progress, hooks.recorder, task.accumulate_steps, length
+                    writer, net, e, skip, progress, hooks.recorder, task.accumulate_steps, length, tap
                 ),
             )
         )
@@ -265,12 +267,14 @@ def _round_checkpoint(
     recorder: Any,
     accumulate_steps: int,
     epoch_length: int | None = None,
+    tap: PositionTap | None = None,
 ) -> Callable[[Any, dict[str, Any], dict[str, Any]], None]:
     """The ``hooks.checkpoint`` of one epoch: the fit's totals and the data position at a cut inside the epoch
     (``skipped``: minibatches of this epoch done before a resume, which the loop's own count does not include).
 
     The loop counts optimizer steps, each ``accumulate_steps`` minibatches: only an epoch's last group can be
-    shorter, and past it nothing is left to skip, so ``steps * accumulate_steps`` is the minibatches done."""
+    shorter, and past it nothing is left to skip, so ``steps * accumulate_steps`` is the minibatches done.
+    ``tap`` fingerprints the epoch's minibatches: the cut records the fingerprint of those done."""
 
     def checkpoint(outcome: Any, algo_tensors: dict[str, Any], algo_meta: dict[str, Any]) -> None:
         totals = RankProgress(
@@ -278,15 +282,19 @@ def _round_checkpoint(
             progress.iterations + outcome.iterations,
             outcome.last_score if outcome.iterations else progress.score,
         )
+        done = skipped + outcome.iterations * accumulate_steps
+        if tap is not None:  # past a short last group: the epoch's stream ended at what the tap saw
+            done = min(done, tap.seen)
         with recorder.phase("checkpoint"):
             writer.round_end(
                 net,
                 fit_epoch,
-                skipped + outcome.iterations * accumulate_steps,
+                done,
                 totals,
                 algo_tensors,
                 algo_meta,
                 epoch_length,
+                None if tap is None else tap.at(done),
             )
 
     return checkpoint
