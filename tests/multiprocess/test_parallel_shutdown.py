@@ -7,6 +7,8 @@ import multiprocessing
 import os
 import queue
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -162,3 +164,54 @@ def test_the_root_cause_wins_over_a_peer_error_that_arrives_first() -> None:
         supervisor.raise_worker_error(later, [(0, peer)], wait_s=5.0)
     assert str(info.value).startswith("worker 1 failed: ValueError: bad input in layer 2")
     assert 'File "model.py", line 3' in str(info.value)
+
+
+@pytest.mark.timeout(300)
+def test_sigterm_of_a_driver_mid_fit_leaves_no_pymp_directory_and_no_worker(tmp_path: Path) -> None:
+    """SIGTERM of the driver mid-fit shuts the workers down and lets multiprocessing remove its ``pymp-*``
+    directory (the fork server's socket), as a Ctrl-C does: nothing is left in the temp directory."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    driver = Path(__file__).with_name("_sigterm_driver.py")
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    proc = subprocess.Popen([sys.executable, str(driver)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while not _worker_pids(proc.pid) and proc.poll() is None:  # the workers are training
+            assert time.monotonic() < deadline, "the driver's workers did not start"
+            time.sleep(0.1)
+        assert list(tmp.glob("pymp-*")), "multiprocessing made no pymp-* directory: nothing to check"
+        workers = _worker_pids(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 128 + signal.SIGTERM, stderr.decode()[-2000:]
+    assert not list(tmp.glob("pymp-*")), sorted(p.name for p in tmp.iterdir())
+    deadline = time.monotonic() + 10.0  # the fork server reaps its children asynchronously
+    while any(_running(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [pid for pid in workers if _running(pid)], "a worker process outlived its driver"
+
+
+def _worker_pids(driver: int) -> list[int]:
+    """Pids of the worker processes of ``driver``: the children of its fork server (a child of the driver)."""
+
+    def parent(pid: int | str) -> int:
+        return int((Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
+
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            server = Path("/proc") / str(parent(entry.name)) if entry.name.isdigit() else None
+            if (
+                server is not None
+                and parent(server.name) == driver
+                and b"forkserver" in (server / "cmdline").read_bytes()
+            ):
+                found.append(int(entry.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return found

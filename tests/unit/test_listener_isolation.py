@@ -11,6 +11,7 @@ import pytest
 from torchspark import Network, datasets, models, optim
 from torchspark.errors import ConfigError
 from torchspark.listeners import FitEnded, IterationEvent, TrainingEvents, TrainingListener
+from torchspark.listeners.hub import HUNG_CALL_S
 from torchspark.spark import SharedTrainingMaster
 from torchspark.training.hooks import ProgressUpdate
 from torchspark.training.progress import ProgressClient, ProgressServer
@@ -89,6 +90,72 @@ def test_a_stuck_training_listener_neither_blocks_the_others_nor_the_end_of_the_
         assert [type(e).__name__ for e in rec.events] == ["IterationEvent", "FitEnded"]
     finally:
         stuck.release.set()
+
+
+class _HungServer(TrainingListener):
+    """A listener whose tracking server stopped answering: its first call of a fit blocks until released."""
+
+    end_timeout_s = 3600.0  # the full wait: never reached when the listener is known hung
+    hung_end_timeout_s = 0.2
+
+    def __init__(self) -> None:
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def on_fit_start(self, event: object) -> None:
+        self.entered.set()
+        self.release.wait(120)
+
+
+def _hung_fit(listener: TrainingListener, stuck_for_s: float, caplog: pytest.LogCaptureFixture) -> bool:
+    """One fit's events on a fake clock: the listener's first call has run ``stuck_for_s`` when the fit ends.
+    True when end() returned (within 60 s, far below the listener's end_timeout_s)."""
+    now = [0.0]
+    net = Network(models.mlp(4, 4, 2), updater=optim.Adam(lr=1e-3), seed=0)
+    events = TrainingEvents(
+        [listener],
+        runner="test",
+        master=SharedTrainingMaster(num_workers=1),
+        network=net,
+        epochs=1,
+        num_workers=1,
+        clock=lambda: now[0],
+    )
+    events.start()
+    assert listener.entered.wait(30)  # type: ignore[attr-defined]
+    now[0] += stuck_for_s
+    done = threading.Event()
+    with caplog.at_level("WARNING", logger="torchspark.listeners.hub"):
+        threading.Thread(target=lambda: (events.end(net, 1.0), done.set()), daemon=True).start()
+        return done.wait(60)
+
+
+def test_a_listener_seen_hung_is_waited_for_hung_end_timeout_s_not_end_timeout_s(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A listener stuck since the start of the fit in one call (an MLflow server that stopped answering) is seen
+    hung: the end waits its hung_end_timeout_s, not its end_timeout_s; the next fit, which it hangs in again, is
+    not waited for in full either, however short it was."""
+    listener = _HungServer()
+    try:
+        assert _hung_fit(listener, HUNG_CALL_S + 1.0, caplog), "end() waited the full end_timeout_s for a hung listener"
+        assert "waits hung_end_timeout_s=0.2 s for it, not end_timeout_s=3600 s" in caplog.text
+        caplog.clear()
+        listener.entered.clear()
+        assert _hung_fit(listener, 1.0, caplog), "the next fit's end waited the full end_timeout_s again"
+        assert "hung_end_timeout_s=0.2" in caplog.text
+    finally:
+        listener.release.set()
+
+
+def test_a_listener_merely_slow_at_the_end_gets_its_full_end_timeout_s(caplog: pytest.LogCaptureFixture) -> None:
+    listener = _HungServer()
+    listener.end_timeout_s = 0.3
+    try:
+        assert _hung_fit(listener, 1.0, caplog)  # one call of 1 s when the fit ends: not seen hung
+        assert "hung_end_timeout_s" not in caplog.text
+        assert "a listener was still running" in caplog.text  # given up after its whole end_timeout_s
+    finally:
+        listener.release.set()
 
 
 def _closed_port() -> int:

@@ -124,6 +124,47 @@ def test_a_thousand_connections_make_no_threads_and_workers_still_get_through() 
     assert abs(offset) < 5.0
 
 
+def test_a_draining_close_does_not_wait_for_a_stranger_holding_one_byte(caplog: pytest.LogCaptureFixture) -> None:
+    """The end of a fit drains the workers' connections; a stranger's connection (owing its hello) holds nothing of
+    theirs, so the drain returns once the worker's closed, and closes the stranger's without waiting for it."""
+    updates: list[ProgressUpdate] = []
+    server = ProgressServer(listeners=[updates.append], limits=ChannelLimits(hello_timeout_s=60.0)).start()
+    with socket.create_connection(server.address, timeout=WAIT_S) as stranger:
+        stranger.settimeout(WAIT_S)
+        _challenge(stranger)
+        stranger.sendall(b"T")  # one byte of a hello, held
+        with ProgressClient.to(server.endpoint, 0, timeout_s=WAIT_S) as client:
+            client.send(ProgressUpdate(0, 0, 1, 8, 0.5))
+        _eventually("the worker's update arrives", lambda: bool(updates))
+        assert server.open_connections() >= 1  # the stranger (the worker's may still be closing)
+        with caplog.at_level("DEBUG", logger="torchspark.training.progress.server"):
+            server.close(drain_s=30.0)
+        assert not [r for r in caplog.records if "still open after" in r.getMessage()]
+        assert "1 connection(s) owing their hello closed without waiting" in caplog.text
+        assert stranger.recv(1) == b""  # the server closed it
+    assert server.open_connections() == 0 and server.authenticated_connections() == 0
+
+
+def test_a_flood_of_strangers_holding_part_of_a_hello_never_evicts_a_workers_pending_connection() -> None:
+    """Over ``max_pending`` connections owing their hello, the ones holding part of a hello (strangers) are
+    evicted before a silent one (a worker within its round trip), which then authenticates."""
+    with ProgressServer(limits=ChannelLimits(max_pending=4, hello_timeout_s=60.0)) as server:
+        worker = socket.create_connection(server.address, timeout=WAIT_S)
+        worker.settimeout(WAIT_S)
+        nonce = _challenge(worker)
+        strangers = []
+        for _ in range(12):
+            stranger = socket.create_connection(server.address, timeout=WAIT_S)
+            stranger.sendall(b"T")
+            strangers.append(stranger)
+        _eventually("the strangers over max_pending are dropped", lambda: server.rejected_count() == 9)
+        worker.sendall(auth.hello(server.token, nonce) + b'{"kind": "clock", "id": 1}\n')
+        assert b'"id":1' in worker.makefile("rb").readline()  # authenticated: its clock probe is answered
+        assert server.authenticated_connections() == 1
+        for sock in (worker, *strangers):
+            sock.close()
+
+
 def _challenge(sock: socket.socket) -> bytes:
     nonce = b""
     while len(nonce) < auth.NONCE_BYTES:

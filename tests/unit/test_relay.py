@@ -93,8 +93,9 @@ def test_a_stranger_cannot_store_anything(relay: RelayServer, token: bytes) -> N
                 pass
     _eventually("the three strangers are dropped", lambda: relay.rejected_count() == 3)
     assert relay.held_bytes() == 0
-    # a client that proves another fit's token is told so by a WaitTimeout, not a hang
-    assert isinstance(_in_thread(lambda: relay_get(relay.address, auth.new_token(), "k", WAIT_S)), WaitTimeout)
+    # a client that proves another fit's token is told so, at once (not a hang, not a timeout)
+    refused = _in_thread(lambda: relay_get(relay.address, auth.new_token(), "k", WAIT_S))
+    assert isinstance(refused, SetupError) and "does not prove this fit's token" in str(refused)
     relay_set(relay.address, token, "k", "v", WAIT_S)
     assert relay_get(relay.address, token, "k", WAIT_S) == "v"
 
@@ -128,3 +129,89 @@ def test_a_silent_connection_is_dropped_after_the_hello_timeout(relay: RelayServ
 def test_relay_limits_are_validated(field: str, value: float, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         RelayLimits(**{field: value})
+
+
+def test_a_token_holders_100_mb_set_is_refused_naming_max_value_bytes(token: bytes) -> None:
+    """The relay stops reading past its request cap and answers; the client, still sending, reads that answer (its
+    send fails on the closed connection) instead of reporting a relay that gave no answer."""
+    with RelayServer("127.0.0.1", token=token) as relay:
+        _refuses_100_mb(relay, token)
+
+
+def _refuses_100_mb(relay: RelayServer, token: bytes) -> None:
+    for _ in range(3):
+        error = _in_thread(lambda: relay_set(relay.address, token, "k", "x" * (100 << 20), WAIT_S))
+        assert isinstance(error, SetupError), error
+        assert "max_value_bytes=4096" in str(error) and "raise RelayLimits.max_value_bytes" in str(error)
+    assert relay.held_bytes() == 0
+
+
+def test_a_flood_of_strangers_evicts_strangers_not_a_workers_pending_connection(token: bytes) -> None:
+    """A worker's connection still owing its hello (its round trip) survives ``max_pending`` times more strangers
+    holding part of a hello: they are evicted first, and the worker's get is answered."""
+    pending = 4
+    limits = RelayLimits(max_pending=pending, hello_timeout_s=60.0)
+    with RelayServer("127.0.0.1", token=token, limits=limits) as relay:
+        worker = socket.create_connection(relay.address, timeout=WAIT_S)
+        nonce = worker.recv(auth.NONCE_BYTES)  # accepted: pending until its hello
+        assert len(nonce) == auth.NONCE_BYTES
+        strangers = []
+        for _ in range(3 * pending):
+            stranger = socket.create_connection(relay.address, timeout=WAIT_S)
+            stranger.sendall(b"T")  # one byte of a hello, held
+            strangers.append(stranger)
+        _eventually(
+            "the relay dropped the strangers over max_pending", lambda: relay.rejected_count() == 2 * pending + 1
+        )
+        worker.sendall(auth.hello(token, nonce) + b'{"op": "get", "key": "k"}\n')
+        relay_set(relay.address, token, "k", "10.0.0.7:40017", WAIT_S)
+        assert worker.makefile("rb").readline() == b'{"value": "10.0.0.7:40017"}\n'
+        assert relay.evicted_count() == 2 * pending + 1  # strangers only: the worker's was never evicted
+        for sock in (worker, *strangers):
+            sock.close()
+
+
+def _cutting_relay(before_nonce: bool) -> tuple[socket.socket, list[int], threading.Thread]:
+    """A listener that cuts off every connection (after sending a nonce, unless ``before_nonce``), as the relay
+    does to the connections it evicts; it counts them."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    seen: list[int] = []
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            seen.append(1)
+            if not before_nonce:
+                conn.sendall(auth.new_nonce())
+                conn.recv(auth.HELLO_BYTES)
+            conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return listener, seen, thread
+
+
+@pytest.mark.parametrize(("before_nonce", "cause"), [(False, "max_pending"), (True, "max_connections")])
+def test_a_worker_cut_off_retries_once_then_names_the_flood_not_the_token(
+    token: bytes, before_nonce: bool, cause: str
+) -> None:
+    listener, seen, thread = _cutting_relay(before_nonce)
+    try:
+        error = _in_thread(lambda: relay_get(listener.getsockname()[:2], token, "k", WAIT_S))
+    finally:
+        listener.close()
+    assert isinstance(error, WaitTimeout), error
+    assert len(seen) == 2  # the first cut is retried once
+    assert "twice" in str(error) and cause in str(error) and "flooding" in str(error)
+    assert "token" not in str(error)
+
+
+def test_a_token_holder_that_never_sends_its_request_is_told_the_hello_timeout(
+    relay: RelayServer, token: bytes
+) -> None:
+    with socket.create_connection(relay.address, timeout=WAIT_S) as sock:
+        sock.sendall(auth.hello(token, sock.recv(auth.NONCE_BYTES)))  # and no request line
+        assert b"hello_timeout_s=0.5" in sock.makefile("rb").readline()

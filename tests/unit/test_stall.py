@@ -15,7 +15,7 @@ from torchspark.parallel import LocalProcessRunner, ParallelWrapper
 from torchspark.training.config.masters import ParameterAveragingTrainingMaster, master_from_json
 from torchspark.training.config.shared_master import SharedTrainingMaster
 from torchspark.training.driver.recovery import FailureRecord, hang_error, record_failure, repeated_hang
-from torchspark.training.driver.stall import FIRST_REPORT_FACTOR, NO_PROGRESS, ProgressStall
+from torchspark.training.driver.stall import FIRST_REPORT_FACTOR, NO_PROGRESS, SILENT_S, ProgressStall
 from torchspark.training.hooks import ProgressUpdate
 from torchspark.training.progress.liveness import Liveness
 
@@ -38,8 +38,12 @@ class _Fit:
         self.latest[rank] = ProgressUpdate(rank, epoch, iteration, examples=iteration * 4, score=1.0)
         self.live.seen(rank)
 
-    def at(self, t: float) -> WorkerLost | None:
+    def at(self, t: float, stopped: tuple[int, ...] = ()) -> WorkerLost | None:
+        """The verdict at ``t``; every connected rank not ended sent a heartbeat just before, except ``stopped``."""
         self.now = t
+        for rank, state in self.live.snapshot().items():
+            if not state.ended and rank not in stopped:
+                self.live.seen(rank)
         return self.stall.check(self.world, self.latest, self.live.snapshot())
 
 
@@ -89,6 +93,37 @@ def test_stall_timeout_none_never_fails_and_finished_workers_are_not_stalled() -
     assert "worker 0: finished; worker 1: epoch 0, minibatch 10" in str(fit.at(6.0))
     fit.live.ended(1)  # every rank ended: the heartbeat watchdog's rule 2 decides, not this one
     assert fit.at(60.0) is None
+
+
+def test_one_stopped_worker_among_live_ones_is_named_by_rank_not_every_worker_stuck() -> None:
+    """A SIGSTOPped worker: its peers wait for it in a collective (no new step anywhere), but only its heartbeats
+    stop. The verdict names its rank (waiting while its heartbeat is merely late); every worker stuck only when
+    every live worker still beats, every worker stopped only when none does."""
+    fit = _Fit(timeout_s=3.0, world=3)
+    fit.connect(0, 1, 2)
+    for rank in range(3):
+        fit.report(rank, 0, 10)
+    assert fit.at(1.0) is None  # the clock starts; worker 1 is stopped from here on
+    assert fit.at(4.5, stopped=(1,)) is None  # past stall_timeout_s, but worker 1's heartbeat is only late
+    lost = fit.at(1.0 + SILENT_S + 0.5, stopped=(1,))
+    assert isinstance(lost, WorkerLost) and lost.rank == 1 and lost.exit_status == "no heartbeat", lost
+    assert "worker 1 (pid 101) sent no heartbeat for 10 s while the others' go on" in str(lost)
+    assert "every worker" not in str(lost)
+    record = record_failure(lost, 0, 0.0, (0, 10), {0: 100, 1: 101, 2: 102})
+    assert (record.rank, record.pid) == (1, 101)
+
+    every = _Fit(timeout_s=3.0, world=2)
+    every.connect(0, 1)
+    assert every.at(1.0) is None
+    lost = every.at(1.0 + SILENT_S + 0.5, stopped=(0, 1))
+    assert lost is not None and lost.rank is None and "every worker process stopped responding" in str(lost)
+
+    stuck = _Fit(timeout_s=3.0, world=2)
+    stuck.connect(0, 1)
+    assert stuck.at(1.0) is None
+    lost = stuck.at(7.5)  # both beat (and no first report within 2 x 3 s): every worker is stuck
+    assert lost is not None and lost.rank is None and lost.exit_status == NO_PROGRESS
+    assert "every worker is stuck" in str(lost)
 
 
 def _stalled(attempt: int, point: tuple[int, int] | None) -> FailureRecord:

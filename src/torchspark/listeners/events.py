@@ -100,9 +100,19 @@ class TrainingListener:
 
                 listener = MyListener()
                 listener.end_timeout_s = 300.0
+
+        hung_end_timeout_s: how long the end waits instead when the listener was seen hung: it is still in a call
+            that began before the end and has run for :data:`~torchspark.listeners.hub.HUNG_CALL_S` seconds or
+            more (an MLflow server that stopped answering: MLflow retries each request for minutes), or in any
+            call begun before the end after the previous fit's end gave up on it. Its queued
+            events then end behind that call, and waiting ``end_timeout_s`` would only delay ``fit()``. The
+            trade-off: a server that merely paused for that long and would have recovered loses the fit's last
+            metrics, model and status (the listener's thread, a daemon, may still write them while the process
+            runs on). Set it to ``end_timeout_s`` or more to always wait the full time.
     """
 
     end_timeout_s: float = 60.0
+    hung_end_timeout_s: float = 10.0
 
     def on_fit_start(self, event: FitStarted) -> None:
         """Called once before the workers start."""

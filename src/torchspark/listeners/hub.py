@@ -9,7 +9,10 @@ within the epoch, the latest loss, sharing traffic so far) and, when asked, the 
      ``e`` arrived: an all-reduce every worker joined), or at the end of a successful fit, and emits an
      :class:`EpochEvent` per epoch, in order;
   3. at the end, emits :class:`FitEnded` and waits for each listener to finish, at most its
-     :attr:`~torchspark.listeners.events.TrainingListener.end_timeout_s`.
+     :attr:`~torchspark.listeners.events.TrainingListener.end_timeout_s`; for a listener seen hung (still in a
+     call begun before the end that has run :data:`HUNG_CALL_S` or more: its server stopped answering; or, for a
+     listener the previous fit's end gave up on, still in any call begun before the end), at most its
+     :attr:`~torchspark.listeners.events.TrainingListener.hung_end_timeout_s` (10 s by default) instead.
 The events are built under one lock, so listeners see them in order whichever thread delivers the messages; each
 listener is then called on a thread of its own (a bounded queue,
 :class:`~torchspark.training.progress.dispatch.CallQueue`), so a stuck listener holds up neither the progress
@@ -18,10 +21,12 @@ channel (heartbeats) nor the other listeners, and cannot keep ``fit()`` from ret
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -29,9 +34,16 @@ from torchspark.listeners.events import EpochEvent, FitEnded, FitStarted, Iterat
 from torchspark.training.hooks import ProgressUpdate, ScoreReport
 from torchspark.training.progress.dispatch import CallQueue
 
-__all__ = ["TrainingEvents", "network_params"]
+__all__ = ["TrainingEvents", "network_params", "HUNG_CALL_S"]
 
 log = logging.getLogger(__name__)
+
+#: a listener call that has run this long when the fit ends is a listener seen hung (step 3): a tracking call to a
+#: server that answers takes well under a second
+HUNG_CALL_S = 10.0
+#: listeners the end of a fit gave up on (still running after their wait): seen hung at the next end as soon as they
+#: are in a call again then (a hung server makes every fit's first call hang)
+_ABANDONED: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def network_params(network: Any) -> dict[str, Any]:
@@ -55,6 +67,30 @@ def _deliver(listener: TrainingListener, method: str, event: Any) -> None:
         getattr(listener, method)(event)
     except Exception:  # a broken listener must never stop the fit or the other listeners
         log.warning("training listener %r failed in %s; ignored", listener, method, exc_info=True)
+
+
+def _end_wait(listener: TrainingListener, calls: CallQueue | None) -> float:
+    """Step 3 (before ``on_fit_end`` is queued): the listener's ``end_timeout_s``, or its ``hung_end_timeout_s``
+    when it was seen hung."""
+    wait = float(getattr(listener, "end_timeout_s", 60.0))
+    running = calls.running_s() if calls is not None else 0.0
+    try:
+        abandoned = listener in _ABANDONED
+    except TypeError:  # unhashable
+        abandoned = False
+    if running >= HUNG_CALL_S or (running > 0 and abandoned):
+        hung = float(getattr(listener, "hung_end_timeout_s", 10.0))
+        if hung < wait:
+            log.warning(
+                "training listener %r has been stuck in one call for %.0f s (its server stopped answering?); the "
+                "end of the fit waits hung_end_timeout_s=%g s for it, not end_timeout_s=%g s",
+                listener,
+                running,
+                hung,
+                wait,
+            )
+            return hung
+    return wait
 
 
 class TrainingEvents:
@@ -140,6 +176,7 @@ class TrainingEvents:
                 while self._next_epoch < self._started.epochs:
                     self._close_epoch()
             seconds = self._clock() - self._t0
+            waits = [_end_wait(listener, calls) for listener, calls in zip(self.listeners, self._queues)]
             self._call(
                 "on_fit_end",
                 FitEnded(
@@ -153,9 +190,11 @@ class TrainingEvents:
             )
             queues, self._queues = self._queues, [None] * len(self.listeners)
         started = time.monotonic()
-        for listener, calls in zip(self.listeners, queues):  # they finish in parallel: one deadline each
+        for listener, calls, wait in zip(self.listeners, queues, waits):  # in parallel: one deadline each
             if calls is not None:
-                calls.close(getattr(listener, "end_timeout_s", 60.0) - (time.monotonic() - started))
+                finished = calls.close(wait - (time.monotonic() - started))
+                with contextlib.suppress(TypeError):  # an unhashable listener is not remembered
+                    _ABANDONED.discard(listener) if finished else _ABANDONED.add(listener)
 
     def flush(self, timeout_s: float = 10.0) -> bool:
         """Wait until every listener handled the events emitted so far (at most ``timeout_s``); False if one had
@@ -172,7 +211,7 @@ class TrainingEvents:
         for i, listener in enumerate(self.listeners):
             calls = self._queues[i]
             if calls is None:
-                calls = self._queues[i] = CallQueue(f"torchspark-listener-{type(listener).__name__}")
+                calls = self._queues[i] = CallQueue(f"torchspark-listener-{type(listener).__name__}", clock=self._clock)
             calls.submit(_deliver, listener, method, event)
 
     def _total_examples(self) -> int:

@@ -85,8 +85,10 @@ class MlflowListener(TrainingListener):
             0 or >= 10 against a remote server.
         tags: extra tags for every run.
         end_timeout_s: how long the end of a fit waits for the final metrics, the model upload and the run's
-            status (:attr:`TrainingListener.end_timeout_s`); a server that stops answering delays ``fit()`` by at
-            most this. Raise it for large models on a slow link (e.g. ``600.0``).
+            status (:attr:`TrainingListener.end_timeout_s`). Raise it for large models on a slow link (e.g.
+            ``600.0``). A server seen hung (a call stuck for :data:`~torchspark.listeners.hub.HUNG_CALL_S` when the
+            fit ends, or again after an earlier fit's end gave up on it) delays ``fit()`` by at most
+            :attr:`TrainingListener.hung_end_timeout_s` (10 s) instead.
 
     Raises:
         ConfigError: an ``http(s)://`` tracking server that does not accept a connection within

@@ -22,7 +22,7 @@ from torchspark.errors import ConfigError
 from torchspark.parallel.bootstrap import ChildArgs, backend_for_devices, child_main, worker_context
 from torchspark.parallel.devices import default_threads
 from torchspark.parallel.feeding import WorkerShares, initial_items, put_item, start_feeders
-from torchspark.parallel.supervision import Supervisor
+from torchspark.parallel.supervision import Supervisor, sigterm_as_exit
 from torchspark.training.config.mesh import MAX_TIMEOUT_S
 from torchspark.training.driver.runner import NULL_CONTEXT, RunContext
 from torchspark.training.progress import ProgressEndpoint
@@ -179,7 +179,7 @@ class LocalProcessRunner:
         progress_address = context.progress_address("127.0.0.1")
         if progress_address is None:  # no driver context: the caller's own progress server, if any
             progress_address = self.progress_address
-        with context.recorder.phase("fit"):
+        with context.recorder.phase("fit"), sigterm_as_exit():
             supervisor = Supervisor(self.effective_timeout_s, self.exit_timeout_s, context)
             return self._run(task, data, progress_address, supervisor)
 

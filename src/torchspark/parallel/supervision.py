@@ -9,7 +9,10 @@
    heartbeats stop, or no worker reports a new step for the master's ``stall_timeout_s`` (every worker hung at once:
    :mod:`~torchspark.training.driver.stall`); the driver's recovery then relaunches the workers;
 3. on any failure, or Ctrl-C in the parent, every worker is terminated and joined (:meth:`Supervisor.shutdown`, in
-   the runner's ``finally``) before the error propagates, so no process is left behind.
+   the runner's ``finally``) before the error propagates, so no process is left behind;
+4. SIGTERM of the driver during a run is handled as Ctrl-C is (:func:`sigterm_as_exit`): it raises
+   ``SystemExit(143)``, so step 3 runs and then the interpreter's exit handlers, which remove multiprocessing's
+   ``pymp-*`` temporary directory (the default action of SIGTERM kills the driver at once and leaves it behind).
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ import logging
 import os
 import queue
 import signal
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from torchspark.errors import WorkerLost
@@ -29,7 +33,7 @@ from torchspark.training.driver.runner import NULL_CONTEXT, RunContext
 from torchspark.training.task import WorkerResult
 from torchspark.training.waiting import join_within
 
-__all__ = ["Supervisor", "exit_status", "rank_of"]
+__all__ = ["Supervisor", "exit_status", "rank_of", "sigterm_as_exit"]
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +151,28 @@ class Supervisor:
                 p.join(timeout=5.0)
             if p.is_alive():
                 log.error("worker process %s (pid %s) survived SIGKILL", p.name, p.pid)
+
+
+@contextlib.contextmanager
+def sigterm_as_exit() -> Iterator[None]:
+    """Step 4: within the block, SIGTERM raises ``SystemExit(128 + SIGTERM)`` in the main thread (exit code 143, as
+    a shell reports a terminated process). Nothing changes off the main thread or when the program installed a
+    SIGTERM handler of its own."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) not in (
+        signal.SIG_DFL,
+        None,
+    ):
+        yield
+        return
+
+    def terminate(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def exit_status(code: int) -> str:

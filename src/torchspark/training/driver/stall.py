@@ -15,9 +15,16 @@ for that long.
    progress of the fit).
 3. It says nothing once every rank has ended (the heartbeat watchdog's rule 2 covers a stage that never reports its
    finished tasks).
+4. It names the stalled rank when there is one: when no step was reported for the limit but some live ranks sent
+   no heartbeat for :data:`SILENT_S` while the others' go on, those ranks are stopped (SIGSTOP, a debugger) or
+   wedged where their heartbeat thread cannot run, and their peers wait for them in a collective: the verdict
+   names the first such rank (``rank``, ``exit_status`` ``"no heartbeat"``), as the heartbeat watchdog would after
+   ``rendezvous_timeout_s``. A rank whose heartbeat is late but not yet :data:`SILENT_S` old defers the verdict
+   until it either beats or falls silent (at most :data:`SILENT_S` more), so one stopped worker is not reported as
+   every worker stuck.
 
-The verdict is a :class:`~torchspark.errors.WorkerLost` (``exit_status`` :data:`NO_PROGRESS`) naming the step each
-rank is at; the driver retries it as any lost worker, and two such failures at the same step end the fit
+The verdict of every worker stuck is a :class:`~torchspark.errors.WorkerLost` (``exit_status`` :data:`NO_PROGRESS`,
+no ``rank``) naming the step each rank is at; the driver retries it as any lost worker, and two such failures at the same step end the fit
 (:func:`~torchspark.training.driver.recovery.repeated_hang`): a deterministic hang is not retried ``max_failures``
 times. Every route whose runner polls the driver's watchdog gets it (``ParallelWrapper``'s local processes, the
 Spark barrier stage, the Spark Connect stage). The rounds route (``averaging_via="spark"``) has no live progress
@@ -38,14 +45,19 @@ from collections.abc import Callable, Mapping
 
 from torchspark.errors import WorkerLost
 from torchspark.training.hooks import ProgressUpdate
+from torchspark.training.progress.client import HEARTBEAT_S
 from torchspark.training.progress.liveness import RankState
 
-__all__ = ["ProgressStall", "NO_PROGRESS", "FIRST_REPORT_FACTOR", "round_watch"]
+__all__ = ["ProgressStall", "NO_PROGRESS", "FIRST_REPORT_FACTOR", "SILENT_S", "round_watch"]
 
 #: the ``exit_status`` of an attempt failed by the progress watchdog (every worker alive, none progressing)
 NO_PROGRESS = "no progress"
 #: how many ``stall_timeout_s`` the first progress report of an attempt may take (rendezvous, first data, compile)
 FIRST_REPORT_FACTOR = 2.0
+#: a live rank whose last heartbeat is older than this is silent (step 4); workers beat every ``HEARTBEAT_S`` = 2 s
+SILENT_S = 5 * HEARTBEAT_S
+#: a live rank whose last heartbeat is older than this (but not yet silent) defers the verdict (step 4)
+_LATE_S = 1.5 * HEARTBEAT_S
 
 
 class ProgressStall:
@@ -77,7 +89,52 @@ class ProgressStall:
         limit = self.timeout_s if steps else FIRST_REPORT_FACTOR * self.timeout_s
         if now - self._since <= limit or all(state.ended for state in ranks.values()):
             return None
+        quiet = {rank: now - state.last_seen for rank, state in ranks.items() if not state.ended}
+        if now - self._since <= limit + SILENT_S and any(_LATE_S < q <= SILENT_S for q in quiet.values()):
+            return None  # step 4: a heartbeat is late; wait (at most SILENT_S) until that rank beats or falls silent
+        silent = sorted(rank for rank, q in quiet.items() if q > SILENT_S)
+        if silent:
+            return _silent(now - self._since, self.timeout_s, silent, len(silent) == len(quiet), steps, ranks, now)
         return _stalled(now - self._since, self.timeout_s, steps, ranks)
+
+
+def _silent(
+    stalled_s: float,
+    timeout_s: float,
+    silent: list[int],
+    every: bool,
+    steps: Mapping[int, tuple[int, int]],
+    ranks: Mapping[int, RankState],
+    now: float,
+) -> WorkerLost:
+    """Step 4's verdict: the live ranks in ``silent`` sent no heartbeat for :data:`SILENT_S` (``every``: no live
+    rank did)."""
+    where = "; ".join(_where(rank, steps.get(rank), ranks[rank]) for rank in sorted(ranks))
+    first = silent[0]
+    quiet = now - ranks[first].last_seen
+    who = ", ".join(f"worker {rank} (pid {ranks[rank].pid})" for rank in silent)
+    if every:
+        what = (
+            f"and no worker has sent a heartbeat for {SILENT_S:g} s either ({who}): every worker process stopped "
+            "responding (stopped with SIGSTOP or a debugger, or its machine froze)"
+        )
+    else:
+        what = (
+            f"and {who} sent no heartbeat for {quiet:.0f} s while the others' go on: "
+            f"{'it is' if len(silent) == 1 else 'they are'} stopped (SIGSTOP, a debugger) or wedged where the "
+            "heartbeat thread cannot run (native code holding the GIL), and the other workers wait for "
+            f"{'it' if len(silent) == 1 else 'them'} in a collective"
+        )
+    return WorkerLost(
+        f"no worker reported a new step for {stalled_s:.0f} s (stall_timeout_s={timeout_s:g}), {what} [{where}]",
+        rank=None if every else first,
+        exit_status="no heartbeat",
+        reason=(
+            "no heartbeat from any worker"
+            if every
+            else f"no heartbeat from worker {first} for {quiet:.0f} s; the others wait for it"
+        ),
+    )
 
 
 def _stalled(

@@ -43,10 +43,15 @@ class CallQueue:
         name: the thread's name (shown in logs and thread dumps).
         max_pending: calls waiting at most; later ones are dropped (and counted in :attr:`dropped`) until the
             thread catches up.
+        clock: seconds, monotonic, for :meth:`running_s` (injectable for tests).
     """
 
-    def __init__(self, name: str, max_pending: int = DEFAULT_MAX_PENDING) -> None:
+    def __init__(
+        self, name: str, max_pending: int = DEFAULT_MAX_PENDING, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.name = name
+        self._clock = clock
+        self._call_started: float | None = None  # when the call running now started (None: idle)
         self._queue: queue.Queue[Any] = queue.Queue(max_pending)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._lock = threading.Lock()
@@ -73,6 +78,12 @@ class CallQueue:
                         self._queue.maxsize,
                     )
                 return False
+
+    def running_s(self) -> float:
+        """How long the call running now has been running (0.0 when the thread is idle): a call that runs for
+        long is a listener stuck on something, such as a tracking server that stopped answering."""
+        started = self._call_started
+        return 0.0 if started is None else max(self._clock() - started, 0.0)
 
     def flush(self, timeout_s: float) -> bool:
         """Wait until every call queued so far ran; False when they had not after ``timeout_s`` (or closed)."""
@@ -110,7 +121,10 @@ class CallQueue:
             if item is _STOP:
                 return
             fn, args = item
+            self._call_started = self._clock()
             try:
                 fn(*args)
             except Exception:  # a broken listener must never stop the others or the fit
                 log.warning("%s: listener call %r failed; ignored", self.name, fn, exc_info=True)
+            finally:
+                self._call_started = None

@@ -4,9 +4,10 @@ Who may talk: the server sends every connection a fresh nonce, and the connectio
 for that nonce (:func:`torchspark.training.rendezvous.auth.hello`); the server
 reads exactly that many bytes, with a deadline, and drops the connection unless it proves the token, so a
 stranger's bytes never reach a listener and never take more memory than one hello. How much: no thread per
-connection (one selector thread serves them all), at most ``max_pending`` connections owing their hello (the
-oldest is dropped first) and ``max_connections`` authenticated ones, lines and kept tracebacks bounded by
-:class:`ChannelLimits`.
+connection (one selector thread serves them all), at most ``max_pending`` connections owing their hello (over it,
+one that sent part of a hello is dropped before a silent one, the oldest first) and ``max_connections``
+authenticated ones, lines and kept tracebacks bounded by :class:`ChannelLimits`. A stranger costs the end of a
+fit nothing either: a draining :meth:`ProgressServer.close` waits for authenticated connections only.
 """
 
 from __future__ import annotations
@@ -99,6 +100,7 @@ class ProgressServer(ProgressInbox):
         self._rejected = 0
         self._conns: dict[socket.socket, _Conn] = {}  # touched only by the serving thread (count read under lock)
         self._open = 0
+        self._authed = 0  # of them authenticated: the connections a draining close waits for
         self._listener: socket.socket | None = None
         self._selector: selectors.BaseSelector | None = None
         self._thread: threading.Thread | None = None
@@ -179,13 +181,22 @@ class ProgressServer(ProgressInbox):
                 still busy after it is logged (both are daemons).
             drain_s: first wait up to this long for the workers to disconnect on their own, so everything they
                 sent before exiting is read (0 = cut them off at once). Use it once the workers have ended: it
-                returns as soon as their connections close.
+                returns as soon as their connections close. It waits for authenticated connections only: a
+                stranger's connection (still owing its hello) has nothing of the workers' to read, so one held
+                open on the port costs the end of a fit nothing.
         """
         if drain_s > 0 and self._thread is not None:
             with self._idle:
-                if not self._idle.wait_for(lambda: self._open == 0 or self._closed, timeout=drain_s):
+                if not self._idle.wait_for(lambda: self._authed == 0 or self._closed, timeout=drain_s):
                     logger.warning(
-                        "progress server: %d connection(s) still open after %.1f s; closing them", self._open, drain_s
+                        "progress server: %d worker connection(s) still open after %.1f s; closing them",
+                        self._authed,
+                        drain_s,
+                    )
+                elif self._open > self._authed:
+                    logger.debug(
+                        "progress server: drained; %d connection(s) owing their hello closed without waiting",
+                        self._open - self._authed,
                     )
         with self._lock:
             if self._closed:
@@ -220,6 +231,11 @@ class ProgressServer(ProgressInbox):
         with self._lock:
             return self._open
 
+    def authenticated_connections(self) -> int:
+        """Connections currently open that proved the fit's token (the ones a draining :meth:`close` waits for)."""
+        with self._lock:
+            return self._authed
+
     # the serving thread
     def _serve(self) -> None:
         assert self._selector is not None
@@ -248,9 +264,7 @@ class ProgressServer(ProgressInbox):
             except OSError as e:  # e.g. out of file descriptors: leave the rest in the backlog for now
                 logger.warning("progress server: accept failed (%s)", e)
                 return
-            pending = [c for c in self._conns.values() if not c.authed]
-            if len(pending) >= limits.max_pending:
-                self._drop(min(pending, key=lambda c: c.deadline), rejected=True)
+            self._make_room()
             sock.setblocking(False)
             conn = _Conn(sock, peer, time.monotonic() + limits.hello_timeout_s, limits.max_line_bytes)
             try:
@@ -263,6 +277,20 @@ class ProgressServer(ProgressInbox):
             self._selector.register(sock, selectors.EVENT_READ, conn)
             with self._lock:
                 self._open = len(self._conns)
+
+    def _make_room(self) -> None:
+        """At most ``max_pending`` connections owing their hello: first read what they sent (a worker's whole hello
+        authenticates it), then evict one that sent part of a hello (a stranger) before one that sent nothing yet
+        (perhaps a worker within its round trip), the oldest first."""
+        assert self._selector is not None
+        if sum(not c.authed for c in self._conns.values()) < self._limits.max_pending:
+            return
+        for key, _ in self._selector.select(timeout=0):
+            if key.data is not None and not key.data.authed and key.data.sock in self._conns:
+                self._read(key.data)
+        pending = [c for c in self._conns.values() if not c.authed]
+        if len(pending) >= self._limits.max_pending:
+            self._drop(min(pending, key=lambda c: (not c.hello, c.deadline)), rejected=True)
 
     def _expire_hellos(self) -> None:
         now = time.monotonic()
@@ -282,6 +310,7 @@ class ProgressServer(ProgressInbox):
         with self._idle:
             self._rejected += rejected
             self._open = len(self._conns)
+            self._authed -= conn.authed
             self._idle.notify_all()
 
     def _close_all(self) -> None:
@@ -323,6 +352,8 @@ class ProgressServer(ProgressInbox):
                 self._drop(conn, rejected=True)
                 return
             conn.authed = True
+            with self._lock:
+                self._authed += 1
             return
         for line in conn.lines.feed(chunk):
             if line.strip():

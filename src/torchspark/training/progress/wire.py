@@ -55,8 +55,9 @@ class ChannelLimits:
             dropped (the first errors hold the root cause). 1 MiB keeps at least 16 full tracebacks.
         max_errors: error entries kept at most.
         max_connections: open authenticated connections at most (one per worker; a new one over it is closed).
-        max_pending: connections still owing their hello at most; over it the oldest is dropped, so a flood of
-            strangers cannot lock a worker out for longer than its hello takes.
+        max_pending: connections still owing their hello at most; over it one is dropped (one that sent part of
+            a hello before a silent one, the oldest first), so a flood of strangers cannot lock a worker out for
+            longer than its hello takes.
         hello_timeout_s: a connection that has not sent a valid hello within this is dropped.
     """
 

@@ -10,9 +10,16 @@ thread, and with it the driver's shutdown of the relay, with no time limit. Here
    ``hello_timeout_s``, else it is dropped; exactly that many bytes are read before, so a stranger's bytes never
    reach the store;
 2. **never stuck**: one selector thread serves every connection without blocking on any of them, connections
-   owing their hello are capped (the oldest dropped first) and expire, and :meth:`RelayServer.close` returns
-   within its timeout whatever clients do;
-3. **bounded**: a request line, a key, a value and the store's total size are capped (:class:`RelayLimits`); a
+   owing their hello are capped and expire, and :meth:`RelayServer.close` returns within its timeout whatever
+   clients do;
+3. **strangers cost the workers nothing**: over ``max_pending`` connections owing their hello, the relay first
+   reads every one that sent something (a worker's whole hello arrives in one segment, so it authenticates then
+   and is no longer pending), then evicts a connection that sent part of a hello (only a stranger does that)
+   before one that sent nothing yet, the oldest first. A worker's connection is evicted only when
+   ``max_pending`` silent connections arrived within its round trip; it then retries once
+   (:mod:`~torchspark.training.rendezvous.relay_client`), and a second eviction fails with a message naming the
+   flood. A hello that does not prove the fit's token is answered with an error line saying so;
+4. **bounded**: a request line, a key, a value and the store's total size are capped (:class:`RelayLimits`); a
    request over a cap gets an error reply naming it.
 
 One request per connection, one JSON line each way (:mod:`torchspark.training.rendezvous.relay_client` is the
@@ -48,6 +55,9 @@ log = logging.getLogger(__name__)
 
 _POLL_S = 0.1  # how often the selector thread expires hellos and checks for shutdown
 _REPLY_TIMEOUT_S = 1.0  # a reply is one short line; a client that does not take it within this is cut off
+_DRAIN_READS = 4  # reads of 64 KiB at most of what a client sent past its request, before its connection closes
+#: the relay's answer to a hello that does not prove the fit's token (the client names it)
+BAD_HELLO = "the hello does not prove this fit's token"
 
 
 @dataclass(frozen=True)
@@ -61,7 +71,8 @@ class RelayLimits:
         max_key_bytes: a longer key is refused.
         max_value_bytes: a longer value is refused (bounds one request line too).
         max_total_bytes: keys and values held at most, over the fit; a ``set`` past it is refused.
-        max_pending: connections owing their hello at most; over it the oldest is dropped, so a flood of
+        max_pending: connections owing their hello at most; over it one is evicted (a connection that sent part
+            of a hello first, then the oldest silent one; see the module docstring, step 3), so a flood of
             strangers cannot lock a worker out for longer than its hello takes.
         max_connections: open connections at most (a worker holds one while it waits for worker 0's address).
         hello_timeout_s: a connection without a valid hello and request line within this is dropped.
@@ -96,6 +107,11 @@ class _Conn:
         self.request = bytearray()
         self.waiting_for: str | None = None  # the key of a ``get`` not set yet
 
+    def eviction_order(self) -> tuple[bool, float]:
+        """Sort key of the pending connections to evict: part of a hello (a stranger) before nothing yet (perhaps
+        a worker within its round trip), the oldest first."""
+        return (not self.hello, self.deadline)
+
 
 class RelayServer:
     """The relay store (see the module docstring). Use as a context manager, or :meth:`start` then :meth:`close`.
@@ -115,6 +131,7 @@ class RelayServer:
         self._held = 0  # bytes of keys and values in _values
         self._conns: dict[socket.socket, _Conn] = {}
         self._rejected = 0
+        self._evicted = 0
         self._lock = threading.Lock()  # guards the counters read from other threads
         self._listener: socket.socket | None = None
         self._selector: selectors.BaseSelector | None = None
@@ -158,6 +175,12 @@ class RelayServer:
         """Connections dropped without a valid hello (wrong token, too slow, or over ``max_pending``)."""
         with self._lock:
             return self._rejected
+
+    def evicted_count(self) -> int:
+        """Connections owing their hello that were evicted to make room (over ``max_pending``; also counted in
+        :meth:`rejected_count`)."""
+        with self._lock:
+            return self._evicted
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop serving and close every connection; returns within about ``timeout_s`` whatever clients do."""
@@ -204,9 +227,7 @@ class RelayServer:
             except OSError as e:  # e.g. out of descriptors: leave the rest in the backlog for now
                 log.warning("rendezvous relay: accept failed (%s)", e)
                 return
-            pending = [c for c in self._conns.values() if not c.authed]
-            if len(pending) >= self._limits.max_pending:
-                self._drop(min(pending, key=lambda c: c.deadline), rejected=True)
+            self._make_room()
             if len(self._conns) >= self._limits.max_connections:
                 sock.close()
                 continue
@@ -220,10 +241,38 @@ class RelayServer:
             self._conns[sock] = conn
             self._selector.register(sock, selectors.EVENT_READ, conn)
 
+    def _make_room(self) -> None:
+        """Step 3 of the module docstring: under ``max_pending`` connections owing their hello, evicting if need be."""
+        assert self._selector is not None
+        if sum(not c.authed for c in self._conns.values()) < self._limits.max_pending:
+            return
+        # read what the pending connections sent before choosing: a worker's hello that arrived authenticates it
+        for key, _ in self._selector.select(timeout=0):
+            if key.data is not None and not key.data.authed and key.data.sock in self._conns:
+                self._read(key.data)
+        pending = [c for c in self._conns.values() if not c.authed]
+        if len(pending) >= self._limits.max_pending:
+            victim = min(pending, key=_Conn.eviction_order)
+            log.debug("rendezvous relay: over max_pending=%d; evicted a connection owing its hello", len(pending))
+            with self._lock:
+                self._evicted += 1
+            self._drop(victim, rejected=True)
+
     def _expire(self) -> None:
         now = time.monotonic()
         for conn in [c for c in self._conns.values() if c.waiting_for is None and c.deadline <= now]:
-            self._drop(conn, rejected=not conn.authed)
+            if conn.authed:  # it proved the token: tell it why (a request line not sent whole in time)
+                with self._lock:
+                    self._rejected += 1
+                self._reply(
+                    conn,
+                    {
+                        "error": f"the request line did not arrive within hello_timeout_s="
+                        f"{self._limits.hello_timeout_s:g} s of connecting; raise RelayLimits.hello_timeout_s"
+                    },
+                )
+            else:
+                self._drop(conn, rejected=True)
 
     def _drop(self, conn: _Conn, rejected: bool = False) -> None:
         if self._conns.pop(conn.sock, None) is None:
@@ -259,14 +308,25 @@ class RelayServer:
                 conn.authed = auth.check_hello(self._token, bytes(conn.hello), conn.nonce)
                 if not conn.authed:
                     log.debug("rendezvous relay: dropped a connection without the fit's token")
-                    self._drop(conn, rejected=True)
+                    with self._lock:
+                        self._rejected += 1
+                    self._reply(conn, {"error": BAD_HELLO})
             return
         conn.request += chunk
         line, newline, _ = bytes(conn.request).partition(b"\n")
         if newline:
             self._handle(conn, line)
         elif len(conn.request) > self._limits.max_request_bytes:
-            self._reply(conn, {"error": f"request longer than {self._limits.max_request_bytes} bytes"})
+            self._reply(conn, {"error": self._too_long()})
+
+    def _too_long(self) -> str:
+        limits = self._limits
+        return (
+            f"the request is longer than {limits.max_request_bytes} bytes: the value must be a string of at most "
+            f"max_value_bytes={limits.max_value_bytes} bytes (and the key at most max_key_bytes="
+            f"{limits.max_key_bytes}); store a reference (a path, a host:port) instead, or raise "
+            "RelayLimits.max_value_bytes"
+        )
 
     def _handle(self, conn: _Conn, line: bytes) -> None:
         try:
@@ -289,7 +349,10 @@ class RelayServer:
     def _set(self, key: str, value: Any) -> dict[str, Any]:
         limits = self._limits
         if not isinstance(value, str) or len(value.encode()) > limits.max_value_bytes:
-            return {"error": f"the value must be a string of at most max_value_bytes={limits.max_value_bytes} bytes"}
+            return {
+                "error": f"the value must be a string of at most max_value_bytes={limits.max_value_bytes} bytes; "
+                "store a reference (a path, a host:port) instead, or raise RelayLimits.max_value_bytes"
+            }
         old = len(key.encode()) + len(self._values[key].encode()) if key in self._values else 0
         size = len(key.encode()) + len(value.encode())
         if self._held - old + size > limits.max_total_bytes:
@@ -305,6 +368,14 @@ class RelayServer:
         try:
             conn.sock.settimeout(_REPLY_TIMEOUT_S)
             conn.sock.sendall(json.dumps(reply).encode() + b"\n")
+            # read what the client sent past its request (bounded, without waiting), so the close is a FIN that
+            # lets it read the reply, not a reset (a client still sending a refused value reads it after its send
+            # fails)
+            conn.sock.setblocking(False)
+            with contextlib.suppress(OSError):
+                for _ in range(_DRAIN_READS):
+                    if not conn.sock.recv(1 << 16):
+                        break
         except OSError as e:
             log.debug("rendezvous relay: cannot answer a client (%s)", e)
         self._drop(conn)

@@ -2,7 +2,9 @@
 
 Every call has one deadline for all of it (connecting, the challenge, the request, the reply), so a relay that
 does not answer, or answers slowly byte by byte, ends in :class:`~torchspark.errors.WaitTimeout` naming the relay
-and the knob, never in a hang.
+and the knob, never in a hang. A connection the relay cuts off before answering (evicted by a flood of
+connections on its port) is retried once; a refusal (a value over ``max_value_bytes``, another fit's token) is a
+:class:`~torchspark.errors.SetupError` naming it, also when it arrives while the request is still being sent.
 
 Example::
 
@@ -19,6 +21,7 @@ from typing import Any
 
 from torchspark.errors import SetupError, WaitTimeout
 from torchspark.training.rendezvous import auth
+from torchspark.training.rendezvous.relay import BAD_HELLO
 
 __all__ = ["relay_get", "relay_set"]
 
@@ -31,7 +34,8 @@ def relay_set(address: tuple[str, int], token: bytes, key: str, value: str, time
 
     Raises:
         WaitTimeout: the relay was not reachable, or did not answer, within ``timeout_s``.
-        SetupError: the relay refused the request (a cap of :class:`~torchspark.training.rendezvous.relay.RelayLimits`).
+        SetupError: the relay refused the request (a cap of :class:`~torchspark.training.rendezvous.relay.RelayLimits`,
+            ``max_value_bytes`` for a value too long), or this worker's hello (another fit's token).
     """
     _request(address, token, {"op": "set", "key": key, "value": value}, timeout_s)
 
@@ -41,7 +45,7 @@ def relay_get(address: tuple[str, int], token: bytes, key: str, timeout_s: float
 
     Raises:
         WaitTimeout: nobody set ``key`` within ``timeout_s``, or the relay was not reachable or did not answer.
-        SetupError: the relay refused the request.
+        SetupError: the relay refused the request, or this worker's hello (another fit's token).
     """
     reply = _request(address, token, {"op": "get", "key": key}, timeout_s)
     value = reply.get("value")
@@ -55,27 +59,76 @@ def _where(address: tuple[str, int]) -> str:
 
 
 def _request(address: tuple[str, int], token: bytes, msg: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    """One request, retried once when the relay cuts the connection off before answering (step 3 of
+    :mod:`~torchspark.training.rendezvous.relay`: a flood of connections on its port evicted this one)."""
     deadline = time.monotonic() + timeout_s
-    with _connect(address, deadline, timeout_s) as sock:
+    request = json.dumps(msg).encode() + b"\n"  # before connecting: the relay times a request from its connection
+    for attempt in range(2):
         try:
-            nonce = _read_exactly(sock, auth.NONCE_BYTES, deadline)
-            sock.sendall(auth.hello(token, nonce) + json.dumps(msg).encode() + b"\n")
-            line = _read_line(sock, deadline)
-        except (TimeoutError, OSError, EOFError) as e:
+            line = _exchange(address, token, request, deadline, timeout_s)
+            break
+        except _CutOff as e:
+            if attempt == 0 and time.monotonic() < deadline:
+                continue
+            why = (
+                "it closes a new connection at once while RelayLimits.max_connections are open"
+                if e.before_nonce
+                else "it evicts connections still owing their hello when more than RelayLimits.max_pending of "
+                "them arrive at once"
+            )
+            raise WaitTimeout(
+                f"the driver's rendezvous relay at {_where(address)} cut off a {msg['op']} of {msg['key']!r} "
+                f"twice before answering ({e.cause!r}): {why}, so another process is flooding that port (a port "
+                "scanner, a misconfigured client). Find what connects to it, or keep the relay's port out of its "
+                "reach (port_range sets it)"
+            ) from e.cause
+        except (TimeoutError, OSError) as e:
             what = "no value was set for it" if msg["op"] == "get" else "it did not answer"
             raise WaitTimeout(
                 f"the driver's rendezvous relay at {_where(address)} gave no answer to a {msg['op']} of "
                 f"{msg['key']!r} within {timeout_s:.0f} s ({what}: {e!r}). With a get, worker 0 failed or was slow "
-                "to start: see its error; raise rendezvous_timeout_s if executors start slowly. A relay that drops "
-                "every connection at once: the worker lacks the fit's token (another process holds this port)"
+                "to start: see its error; raise rendezvous_timeout_s if executors start slowly"
             ) from e
     try:
         reply = json.loads(line)
     except ValueError as e:
         raise SetupError(f"the rendezvous relay at {_where(address)} sent a malformed reply {line!r:.200}") from e
+    if isinstance(reply, dict) and reply.get("error") == BAD_HELLO:
+        raise SetupError(
+            f"the rendezvous relay at {_where(address)} refused this worker's hello: {BAD_HELLO}. The worker holds "
+            "another fit's token (a task of an earlier fit or attempt still running), or another fit's relay listens "
+            "on this address: let that fit end, or give the fits different port_range values"
+        )
     if not isinstance(reply, dict) or "error" in reply:
-        raise SetupError(f"the rendezvous relay at {_where(address)} refused a {msg['op']}: {reply!r:.300}")
+        raise SetupError(f"the rendezvous relay at {_where(address)} refused a {msg['op']}: {reply!r:.400}")
     return reply
+
+
+class _CutOff(Exception):
+    """The relay closed the connection before its answer (``cause``: what the socket said)."""
+
+    def __init__(self, cause: BaseException, before_nonce: bool = False) -> None:
+        super().__init__(repr(cause))
+        self.cause, self.before_nonce = cause, before_nonce
+
+
+def _exchange(address: tuple[str, int], token: bytes, request: bytes, deadline: float, timeout_s: float) -> bytes:
+    """The relay's reply line to ``request`` (one JSON line). Raises :class:`_CutOff` when the relay closed the connection without
+    one, ``TimeoutError`` when ``deadline`` passed first."""
+    with _connect(address, deadline, timeout_s) as sock:
+        try:
+            nonce = _read_exactly(sock, auth.NONCE_BYTES, deadline)
+        except (EOFError, ConnectionError) as e:
+            raise _CutOff(e, before_nonce=True) from e
+        sent: OSError | None = None
+        try:
+            sock.sendall(auth.hello(token, nonce) + request)
+        except (ConnectionError, BrokenPipeError) as e:  # the relay answered (a refusal) or cut us off: read on
+            sent = e
+        try:
+            return _read_line(sock, deadline)
+        except (EOFError, ConnectionError) as e:
+            raise _CutOff(sent or e) from e
 
 
 def _connect(address: tuple[str, int], deadline: float, timeout_s: float) -> socket.socket:
