@@ -3,6 +3,7 @@
 ``torchspark train`` trains a zoo model on the built-in digits dataset (gradient sharing by default, as DL4J's
 guidance recommends) and writes the model, ``metrics.json`` (on Spark also the ``spark_master`` and ``master`` settings it
 used), ``stats.json`` and the ``stats.html`` timeline; ``evaluate``/``predict``: distributed evaluation and inference.
+The exit codes (0 done, 1 runtime failure, 2 usage error, 130 interrupted) are :mod:`torchspark.cli_exit`'s.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from typing import Any
 
 from torchspark.cli_args import version_line
 from torchspark.cli_checks import check_arguments
+from torchspark.cli_exit import EXIT_INTERRUPTED, EXIT_OK, exit_code
 from torchspark.cli_limits import check_scale, save_model
-from torchspark.cli_parser import DATASET_MODELS, build_parser
+from torchspark.cli_parser import DATASET_MODELS, LOG_LEVELS, build_parser
 from torchspark.cli_spark import digits_frame, train_on_spark
 from torchspark.errors import ConfigError, SetupError, TorchSparkError
 from torchspark.training.algorithms.sharing.topology import DEFAULT_SHARD_ABOVE_WORKERS
@@ -80,7 +82,8 @@ def _train_test(args: argparse.Namespace) -> tuple[Any, Any]:
 def _write_json(path: str, obj: Any) -> None:
     from torchspark._io import atomic_write_bytes
 
-    atomic_write_bytes(path, json.dumps(obj, indent=2, sort_keys=True, default=str).encode("utf-8"), ConfigError)
+    # checked writable before the run (cli_checks): failing now is the environment's (a full disk), exit code 1
+    atomic_write_bytes(path, json.dumps(obj, indent=2, sort_keys=True, default=str).encode("utf-8"), SetupError)
 
 
 def _load_model(path: str, trust_code: bool = False) -> Any:
@@ -122,11 +125,13 @@ def _batch_files(spec: str) -> list[str]:
 
 
 def _read_parquet(spark: Any, path: str) -> Any:
+    from torchspark.spark.predict import read_parquet
+
     if not os.path.exists(path) and "://" not in path:
         raise ConfigError(
             f"--data {path!r} does not exist; pass digits:test, a directory of batch files or a Parquet path"
         )
-    return spark.read.parquet(path)
+    return read_parquet(spark, path)
 
 
 # ------------------------------------------------------------------ commands
@@ -302,19 +307,60 @@ def cmd_predict(args: argparse.Namespace) -> int:
             batch_size=args.batch_size,
             output="class" if args.as_class else "probabilities",
         )
-        out.write.mode("overwrite").parquet(args.output)
+        _write_predictions(out, args.output, args.overwrite)
         rows = spark.read.parquet(args.output).count()
     print(f"wrote {rows} rows with column {args.output_col!r} to {args.output}")
     return 0
 
 
-def _with_config(
-    parser: argparse.ArgumentParser, argv: Sequence[str] | None, args: argparse.Namespace
-) -> argparse.Namespace:
-    """``train --config FILE``: the file's settings under the command line's (:mod:`torchspark.config_files`)."""
-    from torchspark.config_files import apply_train_config
+def _write_predictions(frame: Any, output: str, overwrite: bool) -> None:
+    """Write ``frame`` as Parquet to ``output`` without deleting anything this command did not write: a local path
+    through a temporary sibling renamed into place (:func:`torchspark.cli_output.write_directory`); a URL
+    (``hdfs://``, ``s3a://``) directly, refused by Spark when it exists unless ``overwrite``."""
+    from torchspark.cli_output import write_directory
+    from torchspark.spark.predict import write_parquet
 
-    return apply_train_config(parser, None if argv is None else list(argv), args)
+    if "://" in output and not output.startswith("file://"):
+        write_parquet(frame, output, "overwrite" if overwrite else "errorifexists")
+        return
+    write_directory(output, overwrite, lambda tmp: write_parquet(frame, tmp))
+
+
+def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """The command line with its ``--config`` file's settings under it (any subcommand:
+    :func:`torchspark.config_files.parse_with_config`)."""
+    from torchspark.config_files import parse_with_config
+
+    return parse_with_config(parser, None if argv is None else list(argv))
+
+
+def log_level(args: argparse.Namespace) -> int:
+    """The logging level ``-v``/``--verbose`` (info), ``-q``/``--quiet`` (error) or ``--log-level`` ask for
+    (warning by default).
+
+    Raises:
+        ConfigError: more than one of them (a ``--config`` file setting two; argparse refuses two on the command
+            line).
+    """
+    chosen = [
+        f"{flag} {value}" if flag == "--log-level" else flag
+        for flag, value in (
+            ("--verbose", getattr(args, "verbose", False)),
+            ("--quiet", getattr(args, "quiet", False)),
+            ("--log-level", getattr(args, "log_level", None)),
+        )
+        if value
+    ]
+    if len(chosen) > 1:
+        raise ConfigError(f"{' and '.join(chosen)} set the same thing (how much is logged); use one of them")
+    level = getattr(args, "log_level", None)
+    if level is not None:
+        if level not in LOG_LEVELS:
+            raise ConfigError(f"--log-level must be one of {list(LOG_LEVELS)}, got {level!r}")
+        return int(getattr(logging, level.upper()))
+    if getattr(args, "quiet", False):
+        return logging.ERROR
+    return logging.INFO if getattr(args, "verbose", False) else logging.WARNING
 
 
 def cmd_advise(args: argparse.Namespace) -> int:
@@ -327,26 +373,32 @@ COMMANDS = {"train": cmd_train, "evaluate": cmd_evaluate, "predict": cmd_predict
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``torchspark`` command; returns its exit code (:mod:`torchspark.cli_exit`): 0 done, 1 a runtime
+    failure, 2 a usage error (argparse's own errors raise SystemExit(2)), 130 interrupted. An error is printed as
+    ``torchspark: error: MESSAGE`` on stderr."""
     parser = build_parser()
-    args = parser.parse_args(argv)
     try:
-        args = _with_config(parser, argv, args)
-        logging.basicConfig(
-            level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
-            format="%(levelname)s %(name)s: %(message)s",
-        )
+        args = _parse(parser, argv)
+        level = log_level(args)
+        logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
         if getattr(args, "print_config", None):
             from torchspark.config_files import dump_mapping, train_settings
 
             print(dump_mapping(train_settings(parser, args), args.print_config), end="")
-            return 0
+            return EXIT_OK
+        args.verbose = level <= logging.INFO  # the JVM's own log too
+        if getattr(args, "quiet", False) and hasattr(args, "no_progress"):
+            args.no_progress = True
         check_mode_options(args)
         check_scale(args)
         check_arguments(args)  # outputs and master first: fail in a second, not after training
         return COMMANDS[args.command](args)
     except TorchSparkError as e:
         print(f"torchspark: error: {e}", file=sys.stderr)
-        return 2
+        return exit_code(e)
+    except KeyboardInterrupt:
+        print("torchspark: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -121,14 +121,87 @@ def check_output_file(value: str, option: str = "--output") -> None:
         _check_creatable(parent, option, value)
 
 
-def check_parquet_output(value: str, data: str | None, option: str = "--output") -> None:
-    """A Parquet output directory: not a file, writable, and not the input (overwriting it would delete the data
-    while Spark still reads it)."""
-    if data and not data.startswith("digits") and os.path.abspath(_local(data)) == os.path.abspath(_local(value)):
+def _overlap(path: str, other: str) -> str | None:
+    """How the real path ``path`` and the real path ``other`` overlap: ``"is"``, ``"holds"`` (``other`` lies inside
+    ``path``), ``"lies inside"``, or None."""
+    if path == other:
+        return "is"
+    common = os.path.commonpath([path, other])
+    if common == path:
+        return "holds"
+    if common == other:
+        return "lies inside"
+    return None
+
+
+def _url_overlap(value: str, other: str) -> str | None:
+    a, b = value.rstrip("/"), other.rstrip("/")
+    if a == b:
+        return "is"
+    if b.startswith(a + "/"):
+        return "holds"
+    if a.startswith(b + "/"):
+        return "lies inside"
+    return None
+
+
+def check_parquet_output(
+    value: str,
+    data: str | None,
+    option: str = "--output",
+    *,
+    model: str | None = None,
+    overwrite: bool = False,
+) -> None:
+    """``predict``'s Parquet output directory: never one that is, holds or lies inside the input ``data``, the
+    ``model`` directory, the working directory or the home directory (replacing it would delete them); an existing
+    non-empty directory only with ``overwrite``; not a file or a symbolic link; and writable, with its parent
+    (the predictions are written to a temporary sibling and renamed into place).
+
+    Raises:
+        ConfigError: naming the option, the value, what it would delete and the fix.
+    """
+    inputs = [("--data", data if data and not data.startswith("digits") else None), ("--model", model)]
+    if _is_remote(value):  # a URL: compared as text; Spark refuses an existing one unless --overwrite
+        for name, other in inputs:
+            relation = _url_overlap(value, other) if other and _is_remote(other) else None
+            if relation is not None:
+                raise ConfigError(
+                    f"{option} {value!r} {relation} {name} {other!r}: writing the predictions there would delete "
+                    f"it{' (even with --overwrite)' if overwrite else ''}; write them to a directory outside it"
+                )
+        return
+    path = os.path.realpath(_local(value))
+    for name, other in inputs:
+        if other is None or _is_remote(other):
+            continue
+        relation = _overlap(path, os.path.realpath(_local(other)))
+        if relation is not None:
+            raise ConfigError(
+                f"{option} {value!r} {relation} {name} {other!r}: writing the predictions there would delete "
+                f"it{' (even with --overwrite)' if overwrite else ''}; write them to a directory outside it"
+            )
+    for name, directory in (("the working directory", os.getcwd()), ("the home directory", os.path.expanduser("~"))):
+        if _overlap(path, os.path.realpath(directory)) in ("is", "holds"):
+            raise ConfigError(
+                f"{option} {value!r} {_overlap(path, os.path.realpath(directory))} {name} {directory!r}: replacing "
+                "it would delete it; write the predictions to a new directory"
+            )
+    local = _local(value)
+    if os.path.islink(local):
         raise ConfigError(
-            f"{option} {value!r} is the input --data; writing would delete the data while it is read. "
-            "Write to another directory"
+            f"{option} {value!r} is a symbolic link (to {os.path.realpath(local)!r}); pass the directory itself or "
+            "a new path"
         )
+    if os.path.isdir(local):
+        entries = sorted(os.listdir(local))
+        if entries and not overwrite:
+            raise ConfigError(
+                f"{option} {value!r} already exists and holds {len(entries)} entr{'y' if len(entries) == 1 else 'ies'} "
+                f"(e.g. {entries[0]!r}); pass --overwrite to replace it and everything in it, or choose a new "
+                "directory"
+            )
+        _probe(os.path.dirname(path), option, value)  # the temporary sibling
     check_output_directory(value, option)
 
 
@@ -283,7 +356,8 @@ def check_arguments(args: argparse.Namespace) -> None:
     """Everything the command can check before it loads data, starts Spark or trains.
 
     Raises:
-        ConfigError: the first problem found (the CLI prints it as one line and exits with code 2).
+        ConfigError: the first problem found (the CLI prints it as one line and exits with code 2, a usage error:
+            :mod:`torchspark.cli_exit`).
     """
     command = args.command
     if command == "train":
@@ -298,4 +372,9 @@ def check_arguments(args: argparse.Namespace) -> None:
     elif command == "evaluate" and output:
         check_output_file(output)
     elif command == "predict" and output is not None:  # predict's --output is required
-        check_parquet_output(output, getattr(args, "data", None))
+        check_parquet_output(
+            output,
+            getattr(args, "data", None),
+            model=getattr(args, "model", None),
+            overwrite=bool(getattr(args, "overwrite", False)),
+        )

@@ -18,7 +18,7 @@ from torchspark.training.algorithms.sharing.topology import DEFAULT_SHARD_ABOVE_
 from torchspark.training.config import master_kinds
 from torchspark.training.config.masters import SHUFFLE_SCOPES
 
-__all__ = ["build_parser", "DATASET_MODELS", "MODELS", "UPDATERS"]
+__all__ = ["build_parser", "DATASET_MODELS", "MODELS", "UPDATERS", "LOG_LEVELS"]
 
 MODELS = ("lenet", "mlp", "vgg", "text_transformer")
 #: --dataset -> the models that take its examples (images: the convolutional and dense ones; tokens: the transformer)
@@ -33,11 +33,42 @@ def _add_spark_options(p: argparse.ArgumentParser) -> None:
         help="Spark master URL (default local[WORKERS]); e.g. local-cluster[2,1,1024], spark://h:7077, yarn",
     )
     p.add_argument("--num-workers", type=positive_int, default=2, help="Spark task slots / training workers")
-    p.add_argument(
+
+
+#: ``--log-level``'s choices, quietest last
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+def _add_logging_options(p: argparse.ArgumentParser) -> None:
+    """``-v``/``--verbose``, ``-q``/``--quiet`` and ``--log-level`` (one of them) on every subcommand."""
+    group = p.add_mutually_exclusive_group()
+    group.add_argument(
         "-v",
         "--verbose",
         action="store_true",
-        help="log what happens, and show the JVM's own start-up warnings and log (hidden otherwise)",
+        help="log what happens (--log-level info), and show the JVM's own start-up warnings and log (hidden otherwise)",
+    )
+    group.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="log errors only (--log-level error) and show no progress bar; the results are still printed",
+    )
+    group.add_argument(
+        "--log-level",
+        default=None,
+        choices=LOG_LEVELS,
+        help="the level of torchspark's log (default: warning); info and debug also show the JVM's own log",
+    )
+
+
+def _add_config_option(p: argparse.ArgumentParser, command: str) -> None:
+    p.add_argument(
+        "--config",
+        default=None,
+        metavar="FILE",
+        help=f"YAML (.yaml/.yml) or JSON file of {command} settings by option name (dashes or underscores); "
+        "options on the command line override it",
     )
 
 
@@ -70,6 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     from torchspark.advise.command import add_parser as add_advise_parser
 
     add_advise_parser(sub, fmt, positive_int, positive_float, shape)
+    advise = sub.choices["advise"]
+    _add_config_option(advise, "advise")
+    _add_logging_options(advise)
     return parser
 
 
@@ -88,6 +122,7 @@ def _add_train(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
     _add_network_options(train)
     _add_output_options(train)
     _add_spark_options(train)
+    _add_logging_options(train)
 
 
 def _add_run_options(train: argparse.ArgumentParser) -> None:
@@ -245,6 +280,7 @@ def _add_output_options(train: argparse.ArgumentParser) -> None:
     train.add_argument(
         "--config",
         default=None,
+        metavar="FILE",
         help="YAML (.yaml/.yml) or JSON file of train settings by option name (epochs: 4, training_mode: "
         "averaging, ...); options on the command line override it",
     )
@@ -274,7 +310,9 @@ def _add_evaluate(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
     )
     _add_data_options(evaluate)
     evaluate.add_argument("--output", default=None, help="also write the evaluation as JSON to this file")
+    _add_config_option(evaluate, "evaluate")
     _add_spark_options(evaluate)
+    _add_logging_options(evaluate)
 
 
 def _add_predict(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
@@ -293,7 +331,18 @@ def _add_predict(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
         help="let the model's config.json name your own module factory or loss (imports it)",
     )
     _add_data_options(predict)
-    predict.add_argument("--output", required=True, help="Parquet directory to write")
+    predict.add_argument(
+        "--output",
+        required=True,
+        help="Parquet directory to write (written to a temporary sibling, then renamed into place); an existing "
+        "non-empty directory is refused unless --overwrite",
+    )
+    predict.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing --output directory and everything in it (never one that is, holds or lies "
+        "inside --data, --model or the working directory)",
+    )
     predict.add_argument("--output-col", default="prediction", help="name of the new column")
     predict.add_argument(
         "--class",
@@ -301,4 +350,6 @@ def _add_predict(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
         action="store_true",
         help="write the predicted class index instead of the output probabilities",
     )
+    _add_config_option(predict, "predict")
     _add_spark_options(predict)
+    _add_logging_options(predict)

@@ -36,6 +36,9 @@ __all__ = [
     "train_settings",
     "load_train_settings",
     "apply_train_config",
+    "command_settings",
+    "load_command_settings",
+    "parse_with_config",
 ]
 
 YAML_SUFFIXES = (".yaml", ".yml")
@@ -120,8 +123,14 @@ def _settable(sub: argparse.ArgumentParser) -> dict[str, argparse.Action]:
 
 def train_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
     """The settings of a parsed ``train`` command as a plain mapping (what ``--config`` reads back)."""
+    return command_settings(parser, "train", args)
+
+
+def command_settings(parser: argparse.ArgumentParser, command: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The settings of a parsed ``command`` (``train``, ``evaluate``, ...) as a plain mapping (what ``--config``
+    reads back)."""
     out: dict[str, Any] = {}
-    for dest in _settable(_subparser(parser, "train")):
+    for dest in _settable(_subparser(parser, command)):
         value = getattr(args, dest)
         out[dest] = list(value) if isinstance(value, tuple) else value
     return out
@@ -154,13 +163,23 @@ def load_train_settings(parser: argparse.ArgumentParser, path: str) -> dict[str,
         ConfigError: unreadable file, an unknown option (the message lists the known ones) or a bad value (the
             message names the option and what it takes).
     """
+    return load_command_settings(parser, "train", path)
+
+
+def load_command_settings(parser: argparse.ArgumentParser, command: str, path: str) -> dict[str, Any]:
+    """Read and validate a ``--config`` file against the options of ``command`` (``train``, ``evaluate``, ...).
+
+    Raises:
+        ConfigError: unreadable file, an unknown option (the message lists the known ones) or a bad value (the
+            message names the option and what it takes).
+    """
     data = load_mapping(_read(path), "yaml" if _is_yaml(path) else "json", path)
-    actions = _settable(_subparser(parser, "train"))
+    actions = _settable(_subparser(parser, command))
     out: dict[str, Any] = {}
     for raw_key, value in data.items():
         key = str(raw_key).replace("-", "_")
         if key not in actions:
-            raise ConfigError(f"{path}: unknown train option {raw_key!r}; known: {sorted(actions)}")
+            raise ConfigError(f"{path}: unknown {command} option {raw_key!r}; known: {sorted(actions)}")
         out[key] = _convert(actions[key], key, value, path)
     return out
 
@@ -174,3 +193,51 @@ def apply_train_config(
         return args
     _subparser(parser, "train").set_defaults(**load_train_settings(parser, args.config))
     return parser.parse_args(argv)
+
+
+def parse_with_config(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """Parse ``argv`` with the settings of its ``--config`` file (any subcommand that has the option) under the
+    command line's: the file's values become the subcommand's defaults and ``argv`` is parsed again, so an option
+    typed on the command line wins. A required option (``predict --model``) may come from the file. Options of a
+    mutually exclusive group (``--verbose``/``--quiet``/``--log-level``) count as one: when the command line sets
+    any of them, the file's values for the group are dropped.
+
+    Raises:
+        ConfigError: the file cannot be read, or names an unknown option or a bad value.
+        SystemExit: argparse's own usage errors (code 2), ``--help``.
+    """
+    subs = _subparsers(parser)
+    required = [a for sub in subs.values() for a in sub._actions if a.required]
+    for action in required:  # the first pass only finds --config: a required option may be in the file
+        action.required = False
+    try:
+        first = parser.parse_args(argv)
+    finally:
+        for action in required:
+            action.required = True
+    path = getattr(first, "config", None)
+    command = getattr(first, "command", None)
+    if not path or command not in subs:
+        return parser.parse_args(argv)
+    sub = subs[command]
+    settings = load_command_settings(parser, command, path)
+    for group in sub._mutually_exclusive_groups:
+        dests = [a.dest for a in group._group_actions]
+        if any(getattr(first, d) != sub.get_default(d) for d in dests):
+            settings = {k: v for k, v in settings.items() if k not in dests}
+    sub.set_defaults(**settings)
+    restore = [a for a in sub._actions if a.required and a.dest in settings]
+    for action in restore:
+        action.required = False
+    try:
+        return parser.parse_args(argv)
+    finally:
+        for action in restore:
+            action.required = True
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:  # argparse keeps subcommands only in its private list of actions
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}

@@ -129,3 +129,68 @@ def test_verbose_shows_what_the_jvm_prints(tmp_path) -> None:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "log4j" in proc.stderr or "WARN" in proc.stderr, proc.stderr[:2000]
+
+
+def _untrained_model(path) -> str:
+    from torchspark import models, optim
+
+    Network(models.lenet(1, 10, 8, 8), updater=optim.Adam(lr=1e-3), seed=0).save(str(path))
+    return str(path)
+
+
+def _one_line_error(err: str, fragment: str) -> None:
+    assert err.startswith("torchspark: error: ") and err.count("\n") == 1, err[-3000:]
+    assert fragment in err and "Traceback" not in err and "py4j" not in err.lower(), err[-3000:]
+
+
+def test_predict_never_deletes_what_it_did_not_write(spark, tmp_path, capsys) -> None:
+    """The issue's three deletions (a directory of the user's files, the parent of --data, the --model directory):
+    each refused with exit 2 and one line, nothing touched; --overwrite replaces a directory of the user's files
+    (and only with it), through a temporary sibling that does not stay behind."""
+    model = _untrained_model(tmp_path / "model")
+    data_dir = tmp_path / "data"
+    data = str(data_dir / "in.parquet")
+    assert main(["predict", "--model", model, "--output", data]) == 0  # a new path, under a new directory
+    (data_dir / "README").write_text("the data")
+    shape = ["--feature-shape", "1,8,8"]
+    for output, fragment in ((data_dir, "holds --data"), (tmp_path / "model", "is --model")):
+        argv = ["predict", "--model", model, "--data", data, *shape, "--output", str(output), "--overwrite"]
+        capsys.readouterr()
+        assert main(argv) == 2
+        _one_line_error(capsys.readouterr().err, fragment)
+    assert sorted(p.name for p in data_dir.iterdir()) == ["README", "in.parquet"]
+    assert spark.read.parquet(data).count() == 360 and (data_dir / "README").read_text() == "the data"
+    assert Network.load(model).num_params() > 0  # the model is still the model
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    argv = ["predict", "--model", model, "--data", data, *shape, "--output", str(mine), "--class"]
+    capsys.readouterr()
+    assert main(argv) == 2
+    _one_line_error(capsys.readouterr().err, "already exists and holds 1 entry (e.g. 'notes.txt'); pass --overwrite")
+    assert (mine / "notes.txt").read_text() == "mine"
+    assert main([*argv, "--overwrite"]) == 0
+    assert not (mine / "notes.txt").exists()
+    rows = spark.read.parquet(str(mine)).collect()
+    assert len(rows) == 360 and all(0 <= r["prediction"] < 10 for r in rows)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "mine", "model"]  # no temporary sibling left
+    assert not spark.sparkContext._jsc.sc().isStopped()
+
+
+def test_predict_input_errors_are_one_line_and_leave_nothing(spark, tmp_path, capsys) -> None:
+    """--data that is not Parquet, and rows the network cannot take (null features, found while Spark writes):
+    one line, exit 2, no output and no temporary sibling (was a Py4J trace of 162 lines)."""
+    model = _untrained_model(tmp_path / "model")
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "a.txt").write_text("not parquet\n")
+    out = tmp_path / "out"
+    assert main(["predict", "--model", model, "--data", str(notes), "--output", str(out)]) == 2
+    _one_line_error(capsys.readouterr().err, f"--data {str(notes)!r} cannot be read as Parquet")
+    nulls = str(tmp_path / "nulls.parquet")
+    spark.createDataFrame([([0.5] * 64, 0), (None, 1)], "features array<double>, label long").write.parquet(nulls)
+    argv = ["predict", "--model", model, "--data", nulls, "--feature-shape", "1,8,8", "--output", str(out)]
+    assert main(argv) == 2
+    _one_line_error(capsys.readouterr().err, "predict: the features column has 1 null rows")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "notes", "nulls.parquet"]

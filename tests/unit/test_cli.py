@@ -274,3 +274,170 @@ def test_compile_and_accumulation_train_and_reach_the_saved_network(tmp_path) ->
     assert saved.compile == "aot_eager"
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["accuracy"] > 0.3
+
+
+# ------------------------------------------------------------------ exit codes, logging, --config, predict's output
+def _cli_page() -> object:
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "docs" / "hooks" / "cli_page.py"
+    spec = importlib.util.spec_from_file_location("cli_page", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_cli_guide_is_generated_from_the_parser_and_the_exit_codes() -> None:
+    """docs/guides/cli.md's synopsis and exit-code table are what the parser and EXIT_CODES give today; a new
+    option, command or error class fails this test until `python docs/hooks/cli_page.py` is run."""
+    from pathlib import Path
+
+    page = _cli_page()
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "guides" / "cli.md").read_text()
+    assert page.refresh(guide) == guide, "docs/guides/cli.md drifted: run python docs/hooks/cli_page.py"  # type: ignore[attr-defined]
+    for name, sub in build_parser()._subparsers._group_actions[0].choices.items():  # type: ignore[union-attr]
+        for action in sub._actions:
+            for option in action.option_strings:
+                assert option in guide, f"torchspark {name} {option} is missing from the guide's synopsis"
+    from torchspark import errors
+    from torchspark.cli_exit import exit_code
+
+    for cls in [c for c in vars(errors).values() if isinstance(c, type) and issubclass(c, errors.TorchSparkError)]:
+        assert f"| `{cls.__name__}` | {exit_code(cls('x'))} (" in guide, cls
+
+
+def test_a_runtime_failure_exits_1_not_argparses_2(tmp_path, capsys) -> None:
+    """A training that diverges (a worker's TrainingError) is a runtime failure: 1, which a scheduler can tell
+    from a typo (2)."""
+    argv = ["train", "--parallel", "--training-mode", "averaging", "--model", "mlp", "--epochs", "1"]
+    argv += ["--updater", "sgd", "--lr", "1e30", "--no-progress", "--output", str(tmp_path / "o")]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("torchspark: error: ") and "TrainingError: loss turned nan" in err
+    assert main(["train", "--parallel", "--epochs", "100000000", "--output", str(tmp_path / "o")]) == 2  # usage
+
+
+@pytest.mark.timeout(900)
+def test_ctrl_c_exits_130_with_one_line_and_log_level_debug_logs(tmp_path) -> None:
+    """Ctrl-C (SIGINT to the process group, as a terminal sends it) in the middle of a --parallel fit: exit 130,
+    one line, no traceback from the command, its fork server or its workers. --log-level debug logged the fit's
+    start (at the default level nothing is logged)."""
+    import os
+    import signal
+
+    cmd = [sys.executable, "-m", "torchspark.cli", "train", "--parallel", "--training-mode", "averaging"]
+    cmd += ["--model", "mlp", "--epochs", "100000", "--log-level", "debug", "--output", str(tmp_path / "o")]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    assert proc.stderr is not None
+    seen = ""
+    try:
+        while "score=" not in seen:  # the progress bar's score: the workers are training
+            char = proc.stderr.read(1)
+            assert char, seen[-3000:]
+            seen += char
+        os.killpg(proc.pid, signal.SIGINT)
+        rest = proc.stderr.read()
+        assert proc.wait(timeout=300) == 130, rest[-3000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert "DEBUG torchspark." in seen
+    assert rest.strip().splitlines()[-1] == "torchspark: interrupted" and "Traceback" not in rest, rest[-3000:]
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.timeout(900)
+def test_quiet_shows_no_progress_bar_and_no_log_but_the_results(tmp_path) -> None:
+    cmd = [sys.executable, "-m", "torchspark.cli", "train", "--parallel", "--training-mode", "averaging", "-q"]
+    cmd += ["--model", "mlp", "--epochs", "1", "--output", str(tmp_path / "o")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr == ""  # without -q: the progress bar ("fit x1 ... ex/s")
+    assert "accuracy" in proc.stdout and (tmp_path / "o" / "model").is_dir()
+
+
+def test_verbose_quiet_and_log_level_are_one_choice(tmp_path, capsys) -> None:
+    from torchspark.cli import _parse, log_level
+
+    with pytest.raises(SystemExit) as info:
+        main(["train", "-q", "--log-level", "debug"])
+    assert info.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
+    both = tmp_path / "both.yaml"
+    both.write_text("quiet: true\nlog_level: debug\n")
+    assert main(["evaluate", "--model", "m", "--config", str(both)]) == 2
+    assert "--quiet and --log-level debug set the same thing" in capsys.readouterr().err
+    quiet = tmp_path / "quiet.yaml"
+    quiet.write_text("quiet: true\n")
+    parser = build_parser()
+    args = _parse(parser, ["evaluate", "--model", "m", "--config", str(quiet), "-v"])  # the command line wins
+    assert (args.quiet, args.verbose, log_level(args)) == (False, True, 20)
+    assert log_level(_parse(build_parser(), ["evaluate", "--model", "m", "--config", str(quiet)])) == 40
+
+
+def test_config_on_every_subcommand(tmp_path, capsys) -> None:
+    """evaluate, predict and advise read --config too; a required option (predict --model, --output) may come
+    from the file, and the command line wins over it."""
+    users = tmp_path / "mine"
+    users.mkdir()
+    (users / "notes.txt").write_text("keep me")
+    predict = tmp_path / "predict.yaml"
+    predict.write_text(f"model: {tmp_path / 'model'}\noutput: {users}\nclass: true\n")
+    assert main(["predict", "--config", str(predict)]) == 2
+    assert "unknown predict option 'class'" in capsys.readouterr().err  # its name is as_class
+    predict.write_text(f"model: {tmp_path / 'model'}\noutput: {users}\nas_class: true\n")
+    assert main(["predict", "--config", str(predict)]) == 2
+    assert f"--output {str(users)!r} already exists and holds 1 entry" in capsys.readouterr().err
+    assert (users / "notes.txt").read_text() == "keep me"
+    assert main(["evaluate", "--config", str(predict)]) == 2
+    assert "unknown evaluate option 'as_class'" in capsys.readouterr().err
+    evaluate = tmp_path / "evaluate.json"
+    evaluate.write_text(json.dumps({"model": str(tmp_path / "missing"), "batch-size": 7}))
+    assert main(["evaluate", "--config", str(evaluate)]) == 2
+    assert f"--model {str(tmp_path / 'missing')!r} is not a directory" in capsys.readouterr().err
+    advise = tmp_path / "advise.yaml"
+    advise.write_text("model: mlp\ninput_shape: 64\nbatch_size: 8\niterations: 2\nwarmup: 0\njson: true\n")
+    assert main(["advise", "--config", str(advise), "--num-workers", "3"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["measurement"]["batch_size"], report["num_workers"]) == (8, 3), report
+
+
+@pytest.mark.parametrize(
+    ("case", "overwrite", "fragment"),
+    [
+        ("user files", False, "already exists and holds 2 entries (e.g. 'a.txt'); pass --overwrite"),
+        ("model", True, "is --model"),
+        ("inside model", True, "lies inside --model"),
+        ("parent of data", True, "holds --data"),
+        ("data", False, "is --data"),
+        ("working directory", True, "is the working directory"),
+    ],
+)
+def test_predict_refuses_an_output_it_would_delete_before_spark_starts(
+    case: str, overwrite: bool, fragment: str, tmp_path, capsys, monkeypatch
+) -> None:
+    """What `predict --output` deleted (a directory of the user's files, the parent of --data, the --model
+    directory): refused in one line with exit 2, before anything loads or starts, whatever is in them."""
+    model, data_dir, mine, cwd = tmp_path / "model", tmp_path / "data", tmp_path / "mine", tmp_path / "cwd"
+    for d in (model, data_dir, mine, cwd):
+        d.mkdir()
+    (model / "config.json").write_text("{}")
+    (data_dir / "in.parquet").write_text("x")
+    (mine / "a.txt").write_text("a")
+    (mine / "b.txt").write_text("b")
+    monkeypatch.chdir(cwd)
+    output = {
+        "user files": mine,
+        "model": model,
+        "inside model": model / "preds",
+        "parent of data": data_dir,
+        "data": data_dir / "in.parquet",
+        "working directory": cwd,
+    }[case]
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    argv = ["predict", "--model", str(model), "--data", str(data_dir / "in.parquet"), "--output", str(output)]
+    assert main(argv + (["--overwrite"] if overwrite else [])) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("torchspark: error: --output") and err.count("\n") == 1 and fragment in err, err
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before

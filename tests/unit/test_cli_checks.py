@@ -65,7 +65,7 @@ CASES: list[tuple[str, list[str], str]] = [
     (
         "predict output is the input",
         ["predict", "--model", "{tmp}/model", "--data", "{tmp}/data.parquet", "--output", "{tmp}/data.parquet"],
-        "is the input --data",
+        "is --data '{tmp}/data.parquet'",
     ),
     (
         "predict output is a file",

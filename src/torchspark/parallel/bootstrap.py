@@ -50,8 +50,26 @@ def worker_context() -> Any:
     if "forkserver" in mp.get_all_start_methods():
         ctx = mp.get_context("forkserver")
         ctx.set_forkserver_preload(PRELOAD)
+        _start_fork_server()
         return ctx
     return mp.get_context("spawn")
+
+
+def _start_fork_server() -> None:
+    """Start the fork server (if it is not running) with SIGINT ignored: Ctrl-C reaches the whole process group,
+    and Python's fork server ignores it only once its preload (``import torch``, seconds) is done, so a Ctrl-C in
+    that window printed its KeyboardInterrupt traceback next to the parent's own message. Python keeps an inherited
+    SIG_IGN for SIGINT; the parent decides what a Ctrl-C does. Only the main thread may change signal handlers;
+    elsewhere the server starts as multiprocessing starts it."""
+    from multiprocessing import forkserver
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @dataclass(frozen=True)

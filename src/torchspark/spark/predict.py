@@ -8,13 +8,14 @@ or a session artifact on Spark Connect), and each Python worker builds it once.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-from torchspark.errors import ConfigError, DataError
+from torchspark.errors import ConfigError, DataError, SetupError
 from torchspark.nn import Network
 from torchspark.nn.outputs import check_output_index
 from torchspark.spark.dataframes import feature_shapes
@@ -22,7 +23,7 @@ from torchspark.spark.frames import is_dataframe
 from torchspark.spark.shipped import DEFAULT_EVAL_WORKERS, Shipped, ship_to_session
 from torchspark.validation import check_int
 
-__all__ = ["predict", "PREDICT_OUTPUTS"]
+__all__ = ["predict", "PREDICT_OUTPUTS", "read_parquet", "write_parquet"]
 
 #: what :func:`predict` writes: ``"probabilities"`` -> ``array<float>``, ``"class"`` -> ``bigint``
 PREDICT_OUTPUTS = ("probabilities", "class")
@@ -150,3 +151,60 @@ def predict(
     ]
     udf = _predict_udf(shipped, shapes, batch_size, output, output_index)
     return dataframe.withColumn(output_col, udf(*features))
+
+
+#: a torchspark error raised in a Python worker, as Spark's error text quotes it
+_WORKER_ERROR = re.compile(r"torchspark\.errors\.(DataError|ConfigError): (.+)")
+
+
+def _first_line(error: BaseException) -> str:
+    """The first non-empty line of Spark's error (the JVM's stack trace and the Python worker's traceback left
+    out)."""
+    for line in str(error).splitlines():
+        if line.strip():
+            return line.strip()
+    return type(error).__name__
+
+
+def _spark_errors() -> tuple[type[BaseException], ...]:
+    from py4j.protocol import Py4JError
+    from pyspark.errors import PySparkException
+
+    return (PySparkException, Py4JError)
+
+
+def read_parquet(spark: Any, path: str, option: str = "--data") -> Any:
+    """``spark.read.parquet(path)``, with Spark's error (a missing path, a file that is not Parquet) as one line.
+
+    Raises:
+        DataError: naming ``option``, the path and Spark's first line.
+    """
+    try:
+        return spark.read.parquet(path)
+    except _spark_errors() as e:
+        raise DataError(
+            f"{option} {path!r} cannot be read as Parquet ({_first_line(e)}); pass a Parquet file or a directory "
+            "of Parquet files"
+        ) from None
+
+
+def write_parquet(dataframe: Any, path: str, mode: str = "errorifexists", option: str = "--output") -> None:
+    """``dataframe.write.mode(mode).parquet(path)``, with Spark's error as one line.
+
+    Raises:
+        DataError: a row the network cannot take (a null or misshapen features value: the worker's message).
+        ConfigError: ``path`` exists and ``mode`` is ``"errorifexists"``.
+        SetupError: any other failure of the write (Spark's first line).
+    """
+    try:
+        dataframe.write.mode(mode).parquet(path)
+    except _spark_errors() as e:
+        text = str(e)
+        found = _WORKER_ERROR.search(text)
+        if found is not None:
+            raise DataError(found.group(2).strip()) from None
+        if "PATH_ALREADY_EXISTS" in text or "already exists" in text:
+            raise ConfigError(
+                f"{option} {path!r} already exists; pass --overwrite to replace it, or choose a new directory"
+            ) from None
+        raise SetupError(f"{option} {path!r}: Spark could not write the predictions ({_first_line(e)})") from None
