@@ -35,16 +35,9 @@ log = logging.getLogger("torchspark.cli")
 
 # ------------------------------------------------------------------ helpers
 def _updater(name: str, lr: float) -> Any:
-    from torchspark import optim
+    from torchspark.optim import UPDATERS
 
-    specs = {
-        "adam": optim.Adam,
-        "sgd": optim.SGD,
-        "adamw": optim.AdamW,
-        "rmsprop": optim.RMSprop,
-        "adagrad": optim.AdaGrad,
-    }
-    return specs[name](lr=lr)
+    return UPDATERS[name](lr=lr)  # type: ignore[call-arg]
 
 
 def _model(name: str, sample_shape: Sequence[int], n_classes: int) -> Any:

@@ -14,6 +14,7 @@ from typing import Any
 from torchspark.cli_args import non_negative_int, positive_float, positive_int, shape, threshold, version_line
 from torchspark.cli_checks import compile_setting
 from torchspark.nn.precision import PRECISIONS
+from torchspark.optim import UPDATERS as optim_updaters
 from torchspark.training.algorithms.sharing.topology import DEFAULT_SHARD_ABOVE_WORKERS
 from torchspark.training.config import master_kinds
 from torchspark.training.config.masters import SHUFFLE_SCOPES
@@ -23,7 +24,8 @@ __all__ = ["build_parser", "DATASET_MODELS", "MODELS", "UPDATERS", "LOG_LEVELS"]
 MODELS = ("lenet", "mlp", "vgg", "text_transformer")
 #: --dataset -> the models that take its examples (images: the convolutional and dense ones; tokens: the transformer)
 DATASET_MODELS = {"digits": ("lenet", "mlp", "vgg"), "keywords": ("text_transformer",)}
-UPDATERS = ("adam", "sgd", "adamw", "rmsprop", "adagrad")
+#: --updater's choices: the updater registry's names (torchspark.optim.UPDATERS), the default first
+UPDATERS = ("adam", *sorted(set(optim_updaters) - {"adam"}))
 
 
 def _add_spark_options(p: argparse.ArgumentParser) -> None:

@@ -198,3 +198,9 @@ def test_the_updater_registry_is_public_read_only_and_what_strings_resolve_to() 
     for name, cls in optim.UPDATERS.items():
         spec = optim.resolve_updater(name)
         assert type(spec) is cls and optim.updater_from_dict(spec.to_dict()) == spec
+    # the CLI's --updater choices are the registry's names (one list), and each builds its registry class
+    from torchspark.cli import _updater
+    from torchspark.cli_parser import UPDATERS as CLI_UPDATERS
+
+    assert sorted(CLI_UPDATERS) == sorted(optim.UPDATERS) and CLI_UPDATERS[0] == "adam"
+    assert all(type(_updater(name, 0.5)) is optim.UPDATERS[name] for name in CLI_UPDATERS)
