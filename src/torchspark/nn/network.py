@@ -20,7 +20,7 @@ from torchspark.errors import ConfigError, DataError, TrainingError
 from torchspark.nn import inference
 from torchspark.nn.compiled import check_compile, forward_module
 from torchspark.nn.construction import ModuleLike, build_module, build_optimizer
-from torchspark.nn.divergence import diverged_message
+from torchspark.nn.divergence import NonFiniteGradient, diverged_message, non_finite_gradient_message
 from torchspark.nn.flat import FlatState
 from torchspark.nn.forward import Batch, as_list, batch_loss
 from torchspark.nn.losses import Loss, LossLike, resolve_loss
@@ -214,7 +214,7 @@ class Network:
         (fp16: unless its scaler skips it). Returns the loss."""
         self._state.clear_grads()
         value, _ = self._forward_backward(batch, validate)
-        self._optimizer_step()
+        self._optimizer_step(value, (batch,))
         self.iteration += 1
         self.last_score = value
         return value
@@ -237,8 +237,8 @@ class Network:
         for i, batch in enumerate(batches):
             value, n = self._forward_backward(batch, validate and i == 0, loss_scale=len(batch) / total)
             loss_sum += value * n
-        self._optimizer_step()
         value = loss_sum / total
+        self._optimizer_step(value, batches)
         self.iteration += 1
         self.last_score = value
         return value
@@ -263,10 +263,17 @@ class Network:
         self.amp.backward(loss if loss_scale == 1.0 else loss * loss_scale)
         return value, examples
 
-    def _optimizer_step(self) -> bool:
-        """Unscale (fp16), clip, l1, the learning rate of this step, the updater's step, zero the gradients.
-        Returns whether the step was taken (False: fp16's scaler skipped it for inf/NaN gradients)."""
+    def _optimizer_step(self, loss: float, batches: Sequence[Batch]) -> bool:
+        """Unscale (fp16), check the gradient, clip, l1, the learning rate of this step, the updater's step, zero
+        the gradients. Returns whether the step was taken (False: fp16's scaler skipped it for inf/NaN gradients).
+
+        Raises:
+            NonFiniteGradient: a gradient entry is NaN or inf (not under fp16, whose scaler skips those steps);
+                the gradients are cleared and the updater and its state are left as they were.
+        """
         self.amp.unscale(self.optimizer)
+        if self.amp.scaler is None:
+            self._check_gradient(loss, batches)
         if self.gradient_clip is not None:
             torch.nn.utils.clip_grad_norm_(self._params, self.gradient_clip)
         if self.l1:
@@ -275,6 +282,29 @@ class Network:
         taken = self.amp.step(self.optimizer)
         self._state.clear_grads()
         return taken
+
+    def _check_gradient(self, loss: float, batches: Sequence[Batch]) -> None:
+        """Raise :class:`~torchspark.nn.divergence.NonFiniteGradient` (gradients cleared) when a gradient entry is
+        NaN or inf. One max-abs pass over the gradients (it cannot overflow, and NaN propagates through it); the
+        entries are counted, and the batches checked, only when it fails."""
+        grads = [p.grad for p in self._params if p.grad is not None]
+        if not grads or math.isfinite(float(torch.nn.utils.get_total_norm(grads, norm_type=math.inf))):
+            return
+        bad = sum(int((~torch.isfinite(g)).sum()) for g in grads)
+        if bad == 0:
+            return
+        total = sum(g.numel() for g in grads)
+        self._state.clear_grads()
+        problem = None
+        for batch in batches:
+            try:
+                batch.check_finite("training data")
+            except DataError as e:
+                problem = str(e)
+                break
+        raise NonFiniteGradient(
+            non_finite_gradient_message(bad, total, loss, self.iteration, problem), self.iteration, loss, bad
+        )
 
     def _add_l1_gradient(self) -> None:
         """grad += l1 * sign(w): the gradient of ``l1 * sum(|w|)`` (0 at w = 0, as autograd's abs)."""
@@ -358,10 +388,14 @@ class Network:
         return self
 
     # ------------------------------------------------------------------ inference and scoring
-    def output(self, features: Tensors | Any, train: bool = False, batch_size: int | None = None) -> Any:
+    def output(
+        self, features: Tensors | Any, train: bool = False, batch_size: int | None = None, non_finite: str = "error"
+    ) -> Any:
         """Network outputs with the loss's output activation (softmax / sigmoid / identity), as a CPU tensor (a tuple
-        for several outputs); ``batch_size`` evaluates in chunks. See :func:`torchspark.nn.inference.output`."""
-        return inference.output(self, features, train, batch_size)
+        for several outputs); ``batch_size`` evaluates in chunks. An example with NaN/inf features is a DataError
+        (``non_finite="error"``, default) or gets NaN outputs (``"null"``). See
+        :func:`torchspark.nn.inference.output`."""
+        return inference.output(self, features, train, batch_size, non_finite)
 
     def batch_losses(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """``(per_example_loss, weight)`` of one batch in the current mode, without gradients being required:
