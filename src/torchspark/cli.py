@@ -301,6 +301,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
             feature_shape=shape,
             batch_size=args.batch_size,
             output="class" if args.as_class else "probabilities",
+            non_finite=args.non_finite,
         )
         out.write.mode("overwrite").parquet(args.output)
         rows = spark.read.parquet(args.output).count()
