@@ -22,15 +22,19 @@ fit, the fit goes on, and the driver warns with the same text after the fit.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from torchspark.errors import TrainingError
+import torch
+
+from torchspark.errors import DataError, TrainingError
 from torchspark.validation import check_choice
 
 __all__ = [
     "DIVERGENCE_ACTIONS",
     "MAX_UPDATE_RATIO",
     "NonFiniteGradient",
+    "check_gradient",
     "diverged_message",
     "non_finite_gradient_message",
     "update_divergence",
@@ -82,6 +86,34 @@ def non_finite_gradient_message(bad: int, total: int, loss: float, iteration: in
         f"is finite ({loss:.4g}), so the learning rate is not the cause; {cause}. Fix the data (drop or repair the "
         "rows) or the model (torch.clamp before log/sqrt, an epsilon in divisions)"
     )
+
+
+def check_gradient(
+    params: Sequence[torch.nn.Parameter],
+    loss: float,
+    iteration: int,
+    batches: Sequence[Any],
+    clear_grads: Callable[[], None],
+) -> None:
+    """Raise :class:`NonFiniteGradient` (after ``clear_grads()``) when a gradient entry of ``params`` is NaN or
+    inf, before the updater steps. One max-abs pass over the gradients (it cannot overflow, and NaN propagates
+    through it); the entries are counted, and ``batches`` checked for NaN/inf values, only when it fails."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads or math.isfinite(float(torch.nn.utils.get_total_norm(grads, norm_type=math.inf))):
+        return
+    bad = sum(int((~torch.isfinite(g)).sum()) for g in grads)
+    if bad == 0:
+        return
+    total = sum(g.numel() for g in grads)
+    clear_grads()
+    problem = None
+    for batch in batches:
+        try:
+            batch.check_finite("training data")
+        except DataError as e:
+            problem = str(e)
+            break
+    raise NonFiniteGradient(non_finite_gradient_message(bad, total, loss, iteration, problem), iteration, loss, bad)
 
 
 def update_divergence(update_norm: float, param_norm: float, loss: float, iteration: int, updater: Any) -> str | None:

@@ -20,7 +20,7 @@ from torchspark.errors import ConfigError, DataError, TrainingError
 from torchspark.nn import inference
 from torchspark.nn.compiled import check_compile, forward_module
 from torchspark.nn.construction import ModuleLike, build_module, build_optimizer
-from torchspark.nn.divergence import NonFiniteGradient, diverged_message, non_finite_gradient_message
+from torchspark.nn.divergence import check_gradient, diverged_message
 from torchspark.nn.flat import FlatState
 from torchspark.nn.forward import Batch, as_list, batch_loss
 from torchspark.nn.losses import Loss, LossLike, resolve_loss
@@ -273,7 +273,7 @@ class Network:
         """
         self.amp.unscale(self.optimizer)
         if self.amp.scaler is None:
-            self._check_gradient(loss, batches)
+            check_gradient(self._params, loss, self.iteration, batches, self._state.clear_grads)
         if self.gradient_clip is not None:
             torch.nn.utils.clip_grad_norm_(self._params, self.gradient_clip)
         if self.l1:
@@ -282,29 +282,6 @@ class Network:
         taken = self.amp.step(self.optimizer)
         self._state.clear_grads()
         return taken
-
-    def _check_gradient(self, loss: float, batches: Sequence[Batch]) -> None:
-        """Raise :class:`~torchspark.nn.divergence.NonFiniteGradient` (gradients cleared) when a gradient entry is
-        NaN or inf. One max-abs pass over the gradients (it cannot overflow, and NaN propagates through it); the
-        entries are counted, and the batches checked, only when it fails."""
-        grads = [p.grad for p in self._params if p.grad is not None]
-        if not grads or math.isfinite(float(torch.nn.utils.get_total_norm(grads, norm_type=math.inf))):
-            return
-        bad = sum(int((~torch.isfinite(g)).sum()) for g in grads)
-        if bad == 0:
-            return
-        total = sum(g.numel() for g in grads)
-        self._state.clear_grads()
-        problem = None
-        for batch in batches:
-            try:
-                batch.check_finite("training data")
-            except DataError as e:
-                problem = str(e)
-                break
-        raise NonFiniteGradient(
-            non_finite_gradient_message(bad, total, loss, self.iteration, problem), self.iteration, loss, bad
-        )
 
     def _add_l1_gradient(self) -> None:
         """grad += l1 * sign(w): the gradient of ``l1 * sum(|w|)`` (0 at w = 0, as autograd's abs)."""
