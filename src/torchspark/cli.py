@@ -299,6 +299,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
             feature_shape=shape,
             batch_size=args.batch_size,
             output="class" if args.as_class else "probabilities",
+            non_finite=args.non_finite,
         )
         _write_predictions(out, args.output, args.overwrite)
         rows = spark.read.parquet(args.output).count()

@@ -352,6 +352,12 @@ def _add_predict(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
         action="store_true",
         help="write the predicted class index instead of the output probabilities",
     )
+    predict.add_argument(
+        "--non-finite",
+        choices=("error", "null"),
+        default="error",
+        help="a row with NaN or inf features: fail naming it (error), or write a null prediction for it (null)",
+    )
     _add_config_option(predict, "predict")
     _add_spark_options(predict)
     _add_logging_options(predict)

@@ -97,3 +97,23 @@ def test_bad_rows_and_missing_columns_say_what_is_wrong(connect_spark, net, df) 
     ragged = connect_spark.createDataFrame([([0.0] * F, 1), ([0.0] * (F - 1), 0)], "features array<double>, label long")
     with pytest.raises(Exception, match="arrays of different lengths"):  # lazy: raised by the user's action
         snet.score_examples(ragged.coalesce(1)).collect()
+
+
+def test_predict_refuses_or_nulls_rows_with_nan_features(connect_spark, net, data) -> None:
+    """A NaN row used to get class 0 silently on Connect too: now DataError (default) or a null prediction."""
+    rows = [(i, data.features[i].tolist()) for i in range(12)]
+    rows[7] = (7, [float("nan")] * F)
+    df = connect_spark.createDataFrame(rows, "id long, features array<double>").coalesce(1)
+    snet = SparkNetwork(connect_spark, net)
+    for output in ("class", "probabilities"):
+        with pytest.raises(Exception, match=r"features column 'features'.*have NaN or inf features.*non_finite='null'"):
+            snet.predict(df, output=output).collect()
+    want = net.output(data.features[:12])
+    kept = [i for i in range(12) if i != 7]
+    classes = {r["id"]: r["prediction"] for r in snet.predict(df, output="class", non_finite="null").collect()}
+    assert classes[7] is None and [classes[i] for i in kept] == want[kept].argmax(1).tolist()
+    probs = {r["id"]: r["prediction"] for r in snet.predict(df, non_finite="null").collect()}
+    assert probs[7] is None
+    torch.testing.assert_close(torch.tensor([probs[i] for i in kept]), want[kept])
+    keyed = {r["id"]: r["output"] for r in snet.feed_forward_with_key(df, key_col="id", non_finite="null").collect()}
+    assert keyed[7] is None and len(keyed) == 12

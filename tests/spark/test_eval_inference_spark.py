@@ -172,6 +172,36 @@ def test_predict_vector_column_and_feature_shape(spark) -> None:
 
 
 # ------------------------------------------------------------------ bad input
+def test_predict_refuses_or_nulls_rows_with_nan_features(spark, sc, net, data) -> None:
+    """A NaN/inf row used to get class 0 silently: now DataError (default) or a null prediction, every output."""
+    rows = [(i, data.features[i].tolist()) for i in range(20)]
+    rows[5] = (5, [float("nan")] + rows[5][1][1:])
+    rows[11] = (11, rows[11][1][:3] + [float("inf")] + rows[11][1][4:])
+    df = spark.createDataFrame(rows, "id int, features array<float>").coalesce(1)
+    for output in ("class", "probabilities"):
+        with pytest.raises(Exception, match=r"features column 'features'.*have NaN or inf features.*non_finite='null'"):
+            inference.predict(spark, net, df, output=output).collect()
+    want = net.output(data.features[:20])
+    kept = [i for i in range(20) if i not in (5, 11)]
+    probs = {r["id"]: r["prediction"] for r in inference.predict(spark, net, df, non_finite="null").collect()}
+    assert probs[5] is None and probs[11] is None
+    torch.testing.assert_close(torch.tensor([probs[i] for i in kept]), want[kept])
+    classes = {
+        r["id"]: r["c"]
+        for r in inference.predict(spark, net, df, "features", "c", output="class", non_finite="null").collect()
+    }
+    assert classes[5] is None and classes[11] is None
+    assert [classes[i] for i in kept] == want[kept].argmax(dim=1).tolist()
+    with pytest.raises(ConfigError, match=r"non_finite must be one of \['error', 'null'\], got 'drop'"):
+        inference.predict(spark, net, df, non_finite="drop")
+    keyed = sc.parallelize([(f"k{i}", data.features[i].clone()) for i in range(6)], 1)
+    poisoned = keyed.map(lambda kv: (kv[0], kv[1] * float("nan")) if kv[0] == "k4" else kv)
+    with pytest.raises(Exception, match=r"the first is key .k4."):
+        inference.feed_forward_with_key(sc, net, poisoned).collect()
+    outs = dict(inference.feed_forward_with_key(sc, net, poisoned, non_finite="null").collect())
+    assert bool(outs["k4"].isnan().all()) and bool(torch.isfinite(outs["k3"]).all())
+
+
 def test_empty_data_is_a_data_error(sc, net) -> None:
     empty = sc.parallelize([], 2)
     with pytest.raises(DataError, match="no data"):

@@ -8,6 +8,12 @@ stays finite and the fit ends at chance accuracy. So the sharing loop also check
 the parameters' norm (at least 1), is divergence. Healthy training moves the parameters by ~1e-3 of their norm
 per step; a step a thousand times larger than the parameters themselves is never learning.
 
+A gradient that is not finite while the loss is (:class:`NonFiniteGradient`, raised by the network's step before
+the updater sees it) is not divergence but a fault of the data or the model: a log or a division of 0, a sqrt at 0,
+NaN/inf in the features or labels. Its message (:func:`non_finite_gradient_message`) says so, not "lower the
+learning rate"; gradient sharing with ``"warn"`` skips such a step (nothing enters the residual or the updater
+state) and counts it.
+
 What happens then is ``on_divergence`` (:data:`DIVERGENCE_ACTIONS`): ``"fail"`` (default) raises
 :class:`~torchspark.errors.TrainingError` with :func:`diverged_message`; ``"warn"`` logs it once per worker and
 fit, the fit goes on, and the driver warns with the same text after the fit.
@@ -16,11 +22,24 @@ fit, the fit goes on, and the driver warns with the same text after the fit.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import torch
+
+from torchspark.errors import DataError, TrainingError
 from torchspark.validation import check_choice
 
-__all__ = ["DIVERGENCE_ACTIONS", "MAX_UPDATE_RATIO", "diverged_message", "update_divergence", "check_on_divergence"]
+__all__ = [
+    "DIVERGENCE_ACTIONS",
+    "MAX_UPDATE_RATIO",
+    "NonFiniteGradient",
+    "check_gradient",
+    "diverged_message",
+    "non_finite_gradient_message",
+    "update_divergence",
+    "check_on_divergence",
+]
 
 #: what a fit does when training diverges: raise (default) or warn and go on
 DIVERGENCE_ACTIONS = ("fail", "warn")
@@ -35,6 +54,66 @@ def diverged_message(what: str, iteration: int, updater: Any) -> str:
         f"{what} at iteration {iteration}; the updater diverged. Lower the learning rate (updater={updater!r}) "
         "or set gradient_clip."
     )
+
+
+class NonFiniteGradient(TrainingError):
+    """A training step's gradient holds NaN or inf while its loss is finite; the updater did not step.
+
+    Attributes:
+        iteration: the network's iteration counter at the step.
+        loss: the step's (finite) loss.
+        bad: how many gradient entries are NaN or inf.
+    """
+
+    def __init__(self, message: str, iteration: int, loss: float, bad: int) -> None:
+        super().__init__(message)
+        self.iteration = iteration
+        self.loss = loss
+        self.bad = bad
+
+
+def non_finite_gradient_message(bad: int, total: int, loss: float, iteration: int, data_problem: str | None) -> str:
+    """The advice for a gradient with ``bad`` of ``total`` entries NaN/inf at a finite ``loss``: the data or the
+    model made it (``data_problem``: what a check of the batch found, None when its values are finite)."""
+    cause = (
+        f"look at the data: {data_problem}"
+        if data_problem
+        else "look at the model or the loss (the batch's features and labels are finite): a log or a division of 0, "
+        "a sqrt at 0, a pow or exp that overflows"
+    )
+    return (
+        f"the gradient is not finite ({bad} of {total} entries NaN or inf) at iteration {iteration} while the loss "
+        f"is finite ({loss:.4g}), so the learning rate is not the cause; {cause}. Fix the data (drop or repair the "
+        "rows) or the model (torch.clamp before log/sqrt, an epsilon in divisions)"
+    )
+
+
+def check_gradient(
+    params: Sequence[torch.nn.Parameter],
+    loss: float,
+    iteration: int,
+    batches: Sequence[Any],
+    clear_grads: Callable[[], None],
+) -> None:
+    """Raise :class:`NonFiniteGradient` (after ``clear_grads()``) when a gradient entry of ``params`` is NaN or
+    inf, before the updater steps. One max-abs pass over the gradients (it cannot overflow, and NaN propagates
+    through it); the entries are counted, and ``batches`` checked for NaN/inf values, only when it fails."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads or math.isfinite(float(torch.nn.utils.get_total_norm(grads, norm_type=math.inf))):
+        return
+    bad = sum(int((~torch.isfinite(g)).sum()) for g in grads)
+    if bad == 0:
+        return
+    total = sum(g.numel() for g in grads)
+    clear_grads()
+    problem = None
+    for batch in batches:
+        try:
+            batch.check_finite("training data")
+        except DataError as e:
+            problem = str(e)
+            break
+    raise NonFiniteGradient(non_finite_gradient_message(bad, total, loss, iteration, problem), iteration, loss, bad)
 
 
 def update_divergence(update_norm: float, param_norm: float, loss: float, iteration: int, updater: Any) -> str | None:

@@ -6,7 +6,7 @@ functions; they read the network through :class:`~torchspark.nn.forward.ForwardN
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -23,11 +23,68 @@ from torchspark.nn.forward import (
     per_example_losses,
     unpack,
 )
+from torchspark.validation import check_choice
 
-__all__ = ["output", "batch_losses", "score_examples", "score"]
+__all__ = [
+    "NON_FINITE_ACTIONS",
+    "check_non_finite",
+    "non_finite_rows",
+    "non_finite_message",
+    "output",
+    "batch_losses",
+    "score_examples",
+    "score",
+]
+
+#: what inference does with an example whose features hold NaN or inf: refuse the data (DataError, the default)
+#: or give that example a null output (NaN rows of a tensor; null values of a Spark column)
+NON_FINITE_ACTIONS = ("error", "null")
 
 
-def output(net: ForwardNetwork, features: Any, train: bool = False, batch_size: int | None = None) -> Any:
+def check_non_finite(owner: str, value: Any) -> None:
+    """Raise ConfigError unless ``value`` is one of :data:`NON_FINITE_ACTIONS`."""
+    check_choice("non_finite", value, NON_FINITE_ACTIONS, owner=owner)
+
+
+def non_finite_rows(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """A ``(N,)`` bool tensor: the examples (rows along dimension 0) with a NaN or inf value in any of the
+    floating-point ``tensors`` (integer ones, such as token ids, cannot hold either)."""
+    bad = torch.zeros(tensors[0].shape[0], dtype=torch.bool, device=tensors[0].device)
+    for t in tensors:
+        if t.is_floating_point() and t.numel():
+            bad |= ~torch.isfinite(t).reshape(t.shape[0], -1).all(dim=1)
+    return bad
+
+
+def non_finite_message(
+    what: str, tensors: list[torch.Tensor], bad: torch.Tensor, row_name: Callable[[int], str]
+) -> str:
+    """The DataError text for rows ``bad`` of ``tensors`` holding NaN/inf: how many, the first one
+    (``row_name(index)`` names it: ``"example 3"``, ``"key 'a'"``), its input and value, and the two fixes."""
+    first = int(torch.nonzero(bad).flatten()[0])
+    for k, t in enumerate(tensors):
+        if t.is_floating_point():
+            row = t[first].reshape(-1)
+            cols = torch.nonzero(~torch.isfinite(row)).flatten()
+            if cols.numel():
+                col = int(cols[0])
+                value = float(row[col])
+                source = f"input {k} " if len(tensors) > 1 else ""
+                return (
+                    f"{what}: {int(bad.sum())} of {bad.numel()} examples have NaN or inf features; the first is "
+                    f"{row_name(first)}, {source}value {col} (of {row.numel()}) is {value}. Drop or repair "
+                    "those rows, or pass non_finite='null' to get a null output for them"
+                )
+    return f"{what}: {int(bad.sum())} examples have NaN or inf features; drop or repair them"
+
+
+def output(
+    net: ForwardNetwork,
+    features: Any,
+    train: bool = False,
+    batch_size: int | None = None,
+    non_finite: str = "error",
+) -> Any:
     """Network outputs with the loss's output activation (softmax / sigmoid / identity).
 
     Args:
@@ -35,12 +92,38 @@ def output(net: ForwardNetwork, features: Any, train: bool = False, batch_size: 
         features: a tensor (or numpy array) of examples, or a list of them for several inputs.
         train: run in training mode (dropout active, batch-norm batch statistics) when True.
         batch_size: evaluate in chunks of this many examples to bound memory (None: all at once).
+        non_finite: an example whose features hold NaN or inf: ``"error"`` (default) raises DataError naming
+            it; ``"null"`` gives it NaN outputs (its features never reach the network: the other examples'
+            outputs are what they would be without it).
     Returns:
         a tensor on the CPU, or a tuple of tensors for several outputs.
+    Raises:
+        ConfigError: an unknown ``non_finite``. DataError: NaN/inf features with ``non_finite="error"``.
 
     Example: ``probs = output(net, x_test, batch_size=1024)`` (``net.output(x_test, batch_size=1024)``).
     """
+    check_non_finite("output", non_finite)
     feats = [torch.as_tensor(f) for f in as_list(features)]
+    bad = non_finite_rows(feats)
+    nulls = bool(bad.any())
+    if nulls:
+        if non_finite == "error":
+            raise DataError(non_finite_message("output", feats, bad, lambda i: f"example {i}"))
+        keep = ~bad
+        feats = [
+            torch.where(keep.reshape(-1, *([1] * (f.dim() - 1))), f, torch.zeros((), dtype=f.dtype))
+            if f.is_floating_point()
+            else f
+            for f in feats
+        ]
+    merged = _output(net, feats, train, batch_size)
+    if nulls:
+        merged = [m.masked_fill(bad.to(m.device).reshape(-1, *([1] * (m.dim() - 1))), float("nan")) for m in merged]
+    return merged[0] if len(merged) == 1 else tuple(merged)
+
+
+def _output(net: ForwardNetwork, feats: list[torch.Tensor], train: bool, batch_size: int | None) -> list[torch.Tensor]:
+    """:func:`output` of finite features, one CPU tensor per network output."""
     n = feats[0].shape[0]
     step = batch_size if batch_size else n
     if step <= 0:
@@ -56,8 +139,7 @@ def output(net: ForwardNetwork, features: Any, train: bool = False, batch_size: 
             outs = forward(net, part)
             acts = [lo.activation(o) for lo, o in zip(losses_for(net, len(outs)), outs)]
             chunks.append([a.detach().cpu() for a in acts])
-    merged = [torch.cat([c[k] for c in chunks]) for k in range(len(chunks[0]))]
-    return merged[0] if len(merged) == 1 else tuple(merged)
+    return [torch.cat([c[k] for c in chunks]) for k in range(len(chunks[0]))]
 
 
 def batch_losses(net: ForwardNetwork, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:

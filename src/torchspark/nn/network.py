@@ -20,7 +20,7 @@ from torchspark.errors import ConfigError, DataError, TrainingError
 from torchspark.nn import inference
 from torchspark.nn.compiled import check_compile, forward_module
 from torchspark.nn.construction import ModuleLike, build_module, build_optimizer
-from torchspark.nn.divergence import diverged_message
+from torchspark.nn.divergence import check_gradient, diverged_message
 from torchspark.nn.flat import FlatState
 from torchspark.nn.forward import Batch, as_list, batch_loss
 from torchspark.nn.losses import Loss, LossLike, resolve_loss
@@ -214,7 +214,7 @@ class Network:
         (fp16: unless its scaler skips it). Returns the loss."""
         self._state.clear_grads()
         value, _ = self._forward_backward(batch, validate)
-        self._optimizer_step()
+        self._optimizer_step(value, (batch,))
         self.iteration += 1
         self.last_score = value
         return value
@@ -237,8 +237,8 @@ class Network:
         for i, batch in enumerate(batches):
             value, n = self._forward_backward(batch, validate and i == 0, loss_scale=len(batch) / total)
             loss_sum += value * n
-        self._optimizer_step()
         value = loss_sum / total
+        self._optimizer_step(value, batches)
         self.iteration += 1
         self.last_score = value
         return value
@@ -263,10 +263,17 @@ class Network:
         self.amp.backward(loss if loss_scale == 1.0 else loss * loss_scale)
         return value, examples
 
-    def _optimizer_step(self) -> bool:
-        """Unscale (fp16), clip, l1, the learning rate of this step, the updater's step, zero the gradients.
-        Returns whether the step was taken (False: fp16's scaler skipped it for inf/NaN gradients)."""
+    def _optimizer_step(self, loss: float, batches: Sequence[Batch]) -> bool:
+        """Unscale (fp16), check the gradient, clip, l1, the learning rate of this step, the updater's step, zero
+        the gradients. Returns whether the step was taken (False: fp16's scaler skipped it for inf/NaN gradients).
+
+        Raises:
+            NonFiniteGradient: a gradient entry is NaN or inf (not under fp16, whose scaler skips those steps);
+                the gradients are cleared and the updater and its state are left as they were.
+        """
         self.amp.unscale(self.optimizer)
+        if self.amp.scaler is None:
+            check_gradient(self._params, loss, self.iteration, batches, self._state.clear_grads)
         if self.gradient_clip is not None:
             torch.nn.utils.clip_grad_norm_(self._params, self.gradient_clip)
         if self.l1:
@@ -358,10 +365,14 @@ class Network:
         return self
 
     # ------------------------------------------------------------------ inference and scoring
-    def output(self, features: Tensors | Any, train: bool = False, batch_size: int | None = None) -> Any:
+    def output(
+        self, features: Tensors | Any, train: bool = False, batch_size: int | None = None, non_finite: str = "error"
+    ) -> Any:
         """Network outputs with the loss's output activation (softmax / sigmoid / identity), as a CPU tensor (a tuple
-        for several outputs); ``batch_size`` evaluates in chunks. See :func:`torchspark.nn.inference.output`."""
-        return inference.output(self, features, train, batch_size)
+        for several outputs); ``batch_size`` evaluates in chunks. An example with NaN/inf features is a DataError
+        (``non_finite="error"``, default) or gets NaN outputs (``"null"``). See
+        :func:`torchspark.nn.inference.output`."""
+        return inference.output(self, features, train, batch_size, non_finite)
 
     def batch_losses(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """``(per_example_loss, weight)`` of one batch in the current mode, without gradients being required:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from functools import partial
 from itertools import islice
 from typing import Any
 
@@ -26,6 +27,7 @@ from torchspark.data import rebatch
 from torchspark.data.batching import merge_batches
 from torchspark.errors import DataError
 from torchspark.nn import Network
+from torchspark.nn.inference import check_non_finite, non_finite_message, non_finite_rows
 from torchspark.spark.dataframes import classification_outputs
 from torchspark.spark.eval_inputs import batch_items, check_positive, load_batch_item, peek_nonempty
 from torchspark.spark.evaluation import DEFAULT_BATCH_SIZE
@@ -90,8 +92,12 @@ def _stack(values: Sequence[Any], keys: Sequence[Any], dtype: torch.dtype) -> li
     return stacked
 
 
+def _key_name(keys: Sequence[Any], index: int) -> str:
+    return f"key {keys[index]!r}"
+
+
 def _feed_forward_partition(
-    shipped: Shipped, batch_size: int
+    shipped: Shipped, batch_size: int, non_finite: str = "error"
 ) -> Callable[[Iterable[tuple[Any, Any]]], Iterator[tuple[Any, Any]]]:
     def run(pairs: Iterable[tuple[Any, Any]]) -> Iterator[tuple[Any, Any]]:
         stream = peek_nonempty(pairs)
@@ -102,7 +108,10 @@ def _feed_forward_partition(
             for chunk in _chunks(stream, batch_size):
                 keys = [k for k, _ in chunk]
                 feats = _stack([v for _, v in chunk], keys, dtype)
-                out = net.output(feats if len(feats) > 1 else feats[0])
+                bad = non_finite_rows(feats)
+                if non_finite == "error" and bool(bad.any()):
+                    raise DataError(non_finite_message("feed_forward_with_key", feats, bad, partial(_key_name, keys)))
+                out = net.output(feats if len(feats) > 1 else feats[0], non_finite="null")
                 outs = out if isinstance(out, tuple) else (out,)
                 for i, key in enumerate(keys):
                     # clone: a row view would pickle the whole batch's storage
@@ -122,6 +131,7 @@ def feed_forward_with_key(
     feature_shape: Any = None,
     output_col: str = "output",
     output_index: int = 0,
+    non_finite: str = "error",
 ) -> Any:
     """Network outputs for keyed examples: ``RDD[(key, features)] -> RDD[(key, output)]``, or a DataFrame's
     ``key_col`` and features -> a DataFrame ``key_col, output_col``.
@@ -137,6 +147,8 @@ def feed_forward_with_key(
         key_col, features_col, feature_shape, output_col, output_index: DataFrame input only. ``feature_shape``
             reshapes each row (``(1, 28, 28)``); ``output_index`` picks the output of a several-output network;
             ``output_col`` names the result column.
+        non_finite: an example whose features hold NaN or inf: ``"error"`` (default) fails the action with
+            DataError naming its key; ``"null"`` gives it NaN outputs (RDD) or a null ``output_col`` (DataFrame).
     Returns:
         for an RDD, a lazy ``RDD[(key, output)]`` with every key once; ``output`` is that example's CPU tensor
         (no batch dimension), or a tuple of tensors for a multi-output network. For a DataFrame, a lazy
@@ -147,6 +159,7 @@ def feed_forward_with_key(
         DataError: a missing DataFrame column. Bad rows (mismatched shapes, nulls) surface when an action runs.
     """
     check_positive(batch_size=batch_size)
+    check_non_finite("feed_forward_with_key", non_finite)
     if is_dataframe(data):
         cols = [features_col] if isinstance(features_col, str) else list(features_col)
         if key_col not in data.columns:
@@ -162,12 +175,13 @@ def feed_forward_with_key(
             batch_size,
             "probabilities",
             output_index,
+            non_finite,
         )
         return out.select(key_col, output_col)
     require_classic(sc, f"feed_forward_with_key on a {type(data).__name__}", KEYED_ROUTE)
     sc = spark_context(sc)
     shipped = ship_network(sc, network)
-    return data.mapPartitions(_feed_forward_partition(shipped, batch_size), preservesPartitioning=True)
+    return data.mapPartitions(_feed_forward_partition(shipped, batch_size, non_finite), preservesPartitioning=True)
 
 
 # ------------------------------------------------------------------ scoring

@@ -37,13 +37,24 @@ class InferenceMethods:
         feature_shape: Any = None,
         output_col: str = "output",
         output_index: int = 0,
+        non_finite: str = "error",
     ) -> Any:
         """``RDD[(key, features)] -> RDD[(key, output)]``, one example each (no batch dimension), computed in
         batches of ``batch_size`` on the executors. A DataFrame with ``key_col`` and ``features_col`` gives a
         DataFrame ``key_col, output_col`` (the output flattened to ``array<float>``; ``output_index`` picks the
-        output of a several-output network)."""
+        output of a several-output network). An example with NaN/inf features fails the action with DataError
+        naming its key (``non_finite="error"``, default) or gets a null/NaN output (``"null"``)."""
         return _inf.feed_forward_with_key(
-            self.spark, self.network, data, batch_size, key_col, features_col, feature_shape, output_col, output_index
+            self.spark,
+            self.network,
+            data,
+            batch_size,
+            key_col,
+            features_col,
+            feature_shape,
+            output_col,
+            output_index,
+            non_finite,
         )
 
     def score_examples(
@@ -122,10 +133,14 @@ class InferenceMethods:
         batch_size: int = 1024,
         output: str = "probabilities",
         output_index: int = 0,
+        non_finite: str = "error",
     ) -> Any:
         """``dataframe`` plus ``output_col`` from a batched Arrow UDF that builds the network once per Python
         worker. ``output="probabilities"`` gives ``array<float>``; ``"class"`` gives the argmax as ``bigint``.
-        A list of ``features_col`` feeds a network with several inputs; ``output_index`` picks the output."""
+        A list of ``features_col`` feeds a network with several inputs; ``output_index`` picks the output.
+        A row whose features (or outputs) hold NaN or inf never gets a prediction silently: ``non_finite="error"``
+        (default) fails the action with DataError naming the column and the row, ``"null"`` writes a null
+        prediction for it (see :func:`torchspark.spark.inference.predict`)."""
         return _inf.predict(
             self.spark,
             self.network,
@@ -136,4 +151,5 @@ class InferenceMethods:
             batch_size,
             output,
             output_index,
+            non_finite,
         )

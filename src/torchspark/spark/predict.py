@@ -17,13 +17,14 @@ import torch
 
 from torchspark.errors import ConfigError, DataError, SetupError
 from torchspark.nn import Network
+from torchspark.nn.inference import check_non_finite, non_finite_message, non_finite_rows
 from torchspark.nn.outputs import check_output_index
 from torchspark.spark.dataframes import feature_shapes
 from torchspark.spark.frames import is_dataframe
 from torchspark.spark.shipped import DEFAULT_EVAL_WORKERS, Shipped, ship_to_session
 from torchspark.validation import check_int
 
-__all__ = ["predict", "PREDICT_OUTPUTS", "read_parquet", "write_parquet"]
+__all__ = ["predict", "PREDICT_OUTPUTS", "predictions", "read_parquet", "write_parquet"]
 
 #: what :func:`predict` writes: ``"probabilities"`` -> ``array<float>``, ``"class"`` -> ``bigint``
 PREDICT_OUTPUTS = ("probabilities", "class")
@@ -55,8 +56,62 @@ def _to_classes(probs: torch.Tensor) -> np.ndarray:
     return flat.argmax(dim=1).numpy()
 
 
+def predictions(
+    net: Network,
+    feats: list[torch.Tensor],
+    columns: Sequence[str],
+    batch_size: int,
+    output: str,
+    output_index: int,
+    non_finite: str,
+) -> Any:
+    """One Arrow batch's prediction Series: ``output`` of network output ``output_index`` for the features
+    ``feats`` (one tensor per features column, named ``columns``).
+
+    A row whose features hold NaN or inf, or whose output does (a network with non-finite parameters, or an
+    overflow), never gets a class or probabilities silently: ``non_finite="error"`` raises DataError naming the
+    column and the row, ``"null"`` gives that row a null (the other rows are what they would be without it).
+    """
+    import pandas as pd
+
+    bad = non_finite_rows(feats)
+    if non_finite == "error" and bool(bad.any()):
+        named = columns[0] if len(columns) == 1 else list(columns)
+        raise DataError(
+            non_finite_message(
+                f"predict (features column {named!r})", feats, bad, lambda i: f"row {i} of its Arrow batch"
+            )
+            + "; find them with F.exists(col, lambda v: F.isnan(v) | (F.abs(v) == float('inf')))"
+        )
+    out = net.output(feats if len(feats) > 1 else feats[0], batch_size=batch_size, non_finite="null")
+    outs = out if isinstance(out, tuple) else (out,)
+    if output_index >= len(outs):
+        raise DataError(f"predict: output_index={output_index} but the network gives {len(outs)} output(s)")
+    probs = outs[output_index]
+    nulls = non_finite_rows([probs])
+    if non_finite == "error" and bool(nulls.any()):
+        first = int(torch.nonzero(nulls).flatten()[0])
+        raise DataError(
+            f"predict: the network's output is NaN or inf for {int(nulls.sum())} of {len(nulls)} rows whose "
+            f"features are finite (the first: row {first} of its Arrow batch); its parameters are not finite or "
+            "its forward overflows: check torch.isfinite(net.params()).all() and retrain, or pass "
+            "non_finite='null' to get null predictions for those rows"
+        )
+    if output == "class":
+        classes = pd.Series(_to_classes(probs), dtype="Int64")
+        return classes.mask(pd.Series(nulls.numpy()), pd.NA) if bool(nulls.any()) else classes
+    rows = list(probs.reshape(probs.shape[0], -1).float().numpy())
+    return pd.Series([None if null else row for row, null in zip(rows, nulls.tolist())] if bool(nulls.any()) else rows)
+
+
 def _predict_udf(
-    shipped: Shipped, shapes: Sequence[Sequence[int] | None], batch_size: int, output: str, output_index: int = 0
+    shipped: Shipped,
+    shapes: Sequence[Sequence[int] | None],
+    batch_size: int,
+    output: str,
+    output_index: int,
+    columns: Sequence[str],
+    non_finite: str,
 ) -> Any:
     from collections.abc import Iterator as TypingIterator
 
@@ -70,17 +125,9 @@ def _predict_udf(
         with shipped.lease(DEFAULT_EVAL_WORKERS) as net:
             dtype = net.params_view().dtype
             for batch in batches:
-                columns = list(batch) if several else [batch]
-                feats = [_series_to_tensor(c, shape, dtype) for c, shape in zip(columns, shapes)]
-                out = net.output(feats if several else feats[0], batch_size=batch_size)
-                outs = out if isinstance(out, tuple) else (out,)
-                if output_index >= len(outs):
-                    raise DataError(f"predict: output_index={output_index} but the network gives {len(outs)} output(s)")
-                probs = outs[output_index]
-                if output == "class":
-                    yield pd.Series(_to_classes(probs))
-                else:
-                    yield pd.Series(list(probs.reshape(probs.shape[0], -1).float().numpy()))
+                series = list(batch) if several else [batch]
+                feats = [_series_to_tensor(c, shape, dtype) for c, shape in zip(series, shapes)]
+                yield predictions(net, feats, columns, batch_size, output, output_index, non_finite)
 
     # real objects, not strings: Spark reads these hints to pick the iterator-of-Series UDF type
     arg = TypingIterator[tuple[(pd.Series,) * len(shapes)]] if several else TypingIterator[pd.Series]
@@ -99,6 +146,7 @@ def predict(
     batch_size: int = 1024,
     output: str = "probabilities",
     output_index: int = 0,
+    non_finite: str = "error",
 ) -> Any:
     """``dataframe`` with a prediction column, computed by a batched Arrow (pandas iterator) UDF.
 
@@ -121,11 +169,14 @@ def predict(
         output: ``"probabilities"`` -> ``array<float>`` of the output activations (softmax probabilities for
             classifiers; take the argmax with ``F.array_position(col, F.array_max(col)) - 1``), or ``"class"`` ->
             ``bigint`` class index (argmax; a single sigmoid output is thresholded at 0.5).
+        non_finite: a row whose features hold NaN or inf (after the cast to the network's dtype), or whose output
+            does: ``"error"`` (default) fails the action with DataError naming the column and the row; ``"null"``
+            writes a null prediction for it (class and probabilities alike), the other rows unchanged.
     Returns:
         a new DataFrame (lazy).
     Raises:
-        ConfigError: bad ``output`` or ``batch_size``. DataError: no such column; bad rows surface when an action
-        runs.
+        ConfigError: bad ``output``, ``batch_size`` or ``non_finite``. DataError: no such column; bad rows
+        surface when an action runs.
     """
     from pyspark.ml.functions import vector_to_array
     from pyspark.ml.linalg import VectorUDT
@@ -134,6 +185,7 @@ def predict(
     check_int("batch_size", batch_size, 1)
     if output not in PREDICT_OUTPUTS:
         raise ConfigError(f"output must be one of {PREDICT_OUTPUTS}, got {output!r}")
+    check_non_finite("predict", non_finite)
     if not is_dataframe(dataframe):
         raise DataError(f"predict needs a Spark DataFrame, got {type(dataframe).__name__}")
     check_output_index(network, output_index)
@@ -149,7 +201,7 @@ def predict(
         vector_to_array(col(c), "float32") if isinstance(dataframe.schema[c].dataType, VectorUDT) else col(c)
         for c in cols
     ]
-    udf = _predict_udf(shipped, shapes, batch_size, output, output_index)
+    udf = _predict_udf(shipped, shapes, batch_size, output, output_index, cols, non_finite)
     return dataframe.withColumn(output_col, udf(*features))
 
 

@@ -317,7 +317,8 @@ def _run_fit(
     network.epoch += task.epochs
     diverged = network.extra_config.get("sharing.divergence")
     if diverged:  # a worker only warned (on_divergence="warn"): say it where the user is
-        warnings.warn(f"training diverged: {diverged}", RuntimeWarning, stacklevel=3)
+        what = "training diverged" if "diverged" in diverged else "gradient sharing skipped steps"
+        warnings.warn(f"{what}: {diverged}", RuntimeWarning, stacklevel=3)
     stats = build_training_stats(recorder, results, task.epochs, network.extra_config) if task.collect_stats else None
     if stats is not None:
         stats.set_summary("failures", [f.to_dict() for f in failures])

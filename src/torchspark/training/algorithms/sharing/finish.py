@@ -39,7 +39,7 @@ def finish_fit(state: SharingState, net: Network, comm: Communicator) -> tuple[d
         world size; ``extra_config``: world size, the fit's summed ``bytes_sent`` /
         ``dense_bytes`` over all workers, the averaged end ``threshold``, the ``start_threshold`` (calibrated or
         configured), ``divergence`` (the first worker's divergence message with ``on_divergence="warn"``, else
-        None) and ``replica_sha256`` (hex SHA-256 of every replica's float32 parameters followed by its averaged
+        None), ``skipped_steps`` (steps skipped over all workers for a gradient that was not finite) and ``replica_sha256`` (hex SHA-256 of every replica's float32 parameters followed by its averaged
         buffers, equal on all ranks); all ranks return the same config, the driver keeps rank 0's.
 
     Raises:
@@ -47,7 +47,7 @@ def finish_fit(state: SharingState, net: Network, comm: Communicator) -> tuple[d
             averaged buffers do (the communicator returned different sums).
     """
     world = comm.world_size
-    averaged, bytes_sent, dense_bytes = _average_local_state(state, net, comm)  # 1, 1b, 2
+    averaged, bytes_sent, dense_bytes, skipped = _average_local_state(state, net, comm)  # 1, 1b, 2
     # 3. the replicas must be bit-identical: the parameters, and the buffers just averaged (all-reduce results
     # are identical on every rank, so a difference there means a broken transport; empty without buffers)
     digest = hashlib.sha256(net.params().cpu().numpy().tobytes())
@@ -62,6 +62,11 @@ def finish_fit(state: SharingState, net: Network, comm: Communicator) -> tuple[d
         )
     # 4. divergence a worker only warned about (on_divergence="warn"): every rank learns the first one
     warned = [d.decode() for d in comm.all_gather_bytes((state.divergence or "").encode()) if d]
+    if warned and skipped:
+        warned[0] += (
+            f" ({int(skipped)} step(s) skipped over all workers for a gradient that was not finite; "
+            "net.extra_config['sharing.skipped_steps'])"
+        )
     extra_state = {
         RESIDUAL_KEY.format(rank=comm.rank): state.encoder.residual.detach().cpu().clone(),
         THRESHOLD_KEY: averaged.to_tensor(),
@@ -75,13 +80,17 @@ def finish_fit(state: SharingState, net: Network, comm: Communicator) -> tuple[d
         "sharing.start_threshold": state.start_threshold,
         "sharing.replica_sha256": digests[0].hex(),
         "sharing.divergence": warned[0] if warned else None,
+        "sharing.skipped_steps": int(skipped),
     }
     return extra_state, extra_config
 
 
-def _average_local_state(state: SharingState, net: Network, comm: Communicator) -> tuple[ThresholdState, float, float]:
+def _average_local_state(
+    state: SharingState, net: Network, comm: Communicator
+) -> tuple[ThresholdState, float, float, float]:
     """Steps 1, 1b and 2 of :func:`finish_fit`: the updater state and float buffers averaged in place; returns the
-    averaged threshold state and the fit's ``bytes_sent`` / ``dense_bytes`` summed over all workers."""
+    averaged threshold state and the fit's ``bytes_sent`` / ``dense_bytes`` / ``skipped_steps`` summed over all
+    workers."""
     world = comm.world_size
     # 1. updater state: local during the fit, averaged now (DL4J)
     updater = net.updater_state().to(net.device)
@@ -101,12 +110,17 @@ def _average_local_state(state: SharingState, net: Network, comm: Communicator) 
     # 2. threshold state, average_states semantics: means over the workers that stepped in this fit (those
     # with a sparsity); the plain mean of the unchanged thresholds when none did
     summary = torch.tensor(
-        [*state_summands(state.encoder.threshold_state), float(state.bytes_sent), float(state.dense_bytes)],
+        [
+            *state_summands(state.encoder.threshold_state),
+            float(state.bytes_sent),
+            float(state.dense_bytes),
+            float(state.skipped_steps),
+        ],
         dtype=torch.float64,
         device=net.device,
     )
     comm.all_reduce_sum(summary)
     totals = [float(v) for v in summary.cpu()]
     averaged = average_from_sums(totals[:NUM_SUMMANDS], world)
-    bytes_sent, dense_bytes = totals[NUM_SUMMANDS:]
-    return averaged, bytes_sent, dense_bytes
+    bytes_sent, dense_bytes, skipped = totals[NUM_SUMMANDS:]
+    return averaged, bytes_sent, dense_bytes, skipped

@@ -57,6 +57,7 @@ class SharingState:
         pending_payload: a payload encoded but not yet exchanged when a checkpoint was taken (``overlap=True``);
             set by :func:`restore_state`, exchanged first by the next epoch.
         divergence: the first divergence message of this fit on this worker (``on_divergence="warn"``), or None.
+        skipped_steps: steps this worker skipped because their gradient was not finite (``on_divergence="warn"``).
         step_buffers: ``(before, update)``, two parameter-sized buffers reused by every step (see
             :func:`~torchspark.training.algorithms.sharing.fused.step_into_residual`); None until the first step.
         residual_views: ``(residual, views)``: the residual cut into one view per parameter, for
@@ -77,6 +78,8 @@ class SharingState:
     start_threshold: float | None = None
     pending_payload: bytes | None = None
     divergence: str | None = None
+    #: steps this worker skipped because their gradient was not finite (``on_divergence="warn"``)
+    skipped_steps: int = 0
     #: the bounded-staleness loop's counters (:class:`~torchspark.training.algorithms.sharing.ledger.StaleStats`),
     #: else None
     staleness: Any = None
@@ -150,6 +153,7 @@ def cut_state(state: SharingState, pending: bytes | None) -> tuple[dict[str, tor
         "bytes_sent": state.bytes_sent,
         "dense_bytes": state.dense_bytes,
         "steps": state.steps,
+        "skipped_steps": state.skipped_steps,
         "start_threshold": state.start_threshold,
     }
     return tensors, record
@@ -163,6 +167,7 @@ def restore_state(state: SharingState, tensors: dict[str, torch.Tensor], record:
     state.bytes_sent = int(record.get("bytes_sent", 0))
     state.dense_bytes = int(record.get("dense_bytes", 0))
     state.steps = int(record.get("steps", 0))
+    state.skipped_steps = int(record.get("skipped_steps", 0))
     state.start_threshold = record.get("start_threshold")
     pending = tensors.get("pending")
     state.pending_payload = bytes(pending.numpy().tobytes()) if pending is not None else None

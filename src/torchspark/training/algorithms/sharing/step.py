@@ -4,7 +4,11 @@ Shared by the synchronous loop and bounded staleness. Once the threshold is cali
 into the residual (:mod:`~torchspark.training.algorithms.sharing.fused`); on the first round of an uncalibrated fit
 the update is computed apart, the start threshold agreed from it
 (:func:`~torchspark.training.algorithms.sharing.collectives.calibrate`), then encoded. Every update passes the
-divergence check (``on_divergence``: raise, or warn once).
+divergence check (``on_divergence``: raise, or warn once). A gradient that is not finite never gets that far: the
+network refuses the updater step (:class:`~torchspark.nn.divergence.NonFiniteGradient`), so nothing enters the
+residual or the updater state; with ``"warn"`` this worker sends an empty message for the step (the parameters
+move by the other workers' messages alone, identically on every replica) and counts it in
+``SharingState.skipped_steps``; with ``"fail"`` the fit ends with that error, which names the data or the model.
 
 Example::
 
@@ -16,11 +20,13 @@ from __future__ import annotations
 
 import logging
 
+import torch
+
 from torchspark.data import Trainable, group_examples
-from torchspark.encoding import encode_step
+from torchspark.encoding import EncodedUpdate, encode_step
 from torchspark.errors import TrainingError
 from torchspark.nn import Network
-from torchspark.nn.divergence import update_divergence
+from torchspark.nn.divergence import NonFiniteGradient, update_divergence
 from torchspark.training.algorithms.base import EpochOutcome
 from torchspark.training.algorithms.sharing.collectives import calibrate as calibrate_threshold
 from torchspark.training.algorithms.sharing.fused import can_fuse, step_into_residual
@@ -29,7 +35,7 @@ from torchspark.training.algorithms.sharing.state import SharingState
 from torchspark.training.comm import Communicator
 from torchspark.training.hooks import ProgressUpdate, WorkerHooks
 
-__all__ = ["compute_and_encode", "report_divergence"]
+__all__ = ["compute_and_encode", "report_divergence", "skip_step"]
 
 log = logging.getLogger(__name__)
 
@@ -60,16 +66,22 @@ def compute_and_encode(
     validate = epoch == 0 and out.iterations == 0
     examples = group_examples(batch)
     with rec.phase("fit", examples=examples):
-        if calibrate or not can_fuse(state, net):
-            update = net.compute_update(batch, validate=validate)
-            report_divergence(state, net, float(update.norm()), float(net.params_view().norm()), step, on_divergence)
-            if calibrate:
-                calibrate_threshold(state, update, comm)
-            message, state.encoder = encode_step(update, state.encoder, step)
-        else:  # the same steps, the update moved into the residual while the parameters are restored
-            update_norm, param_norm = step_into_residual(state, net, batch, validate)
-            report_divergence(state, net, update_norm, param_norm, step, on_divergence)
-            message, state.encoder = encode_step(None, state.encoder, step)
+        try:
+            if calibrate or not can_fuse(state, net):
+                update = net.compute_update(batch, validate=validate)
+                norms = float(update.norm()), float(net.params_view().norm())
+                report_divergence(state, net, *norms, step, on_divergence)
+                if calibrate:
+                    calibrate_threshold(state, update, comm)
+                message, state.encoder = encode_step(update, state.encoder, step)
+            else:  # the same steps, the update moved into the residual while the parameters are restored
+                update_norm, param_norm = step_into_residual(state, net, batch, validate)
+                report_divergence(state, net, update_norm, param_norm, step, on_divergence)
+                message, state.encoder = encode_step(None, state.encoder, step)
+        except NonFiniteGradient as e:  # raised before the updater stepped: residual and updater state untouched
+            message = skip_step(state, net, e, on_divergence)
+            if calibrate:  # a collective: join it as a worker without an update does
+                calibrate_threshold(state, None, comm)
     payload = pack(message)
     dense = 4 * net.num_params()
     state.dense_bytes += dense
@@ -93,6 +105,25 @@ def compute_and_encode(
             )
         )
     return payload
+
+
+def skip_step(state: SharingState, net: Network, error: NonFiniteGradient, on_divergence: str) -> EncodedUpdate:
+    """A step whose gradient was not finite: re-raise it (``on_divergence="fail"``), or count it in
+    ``state.skipped_steps``, log the first one (kept in ``state.divergence`` for the driver's warning) and return
+    the empty message this worker sends for the step. The network's counters advance as for a step fp16's scaler
+    skips, so every replica keeps the same iteration count (learning-rate schedules, clipping steps)."""
+    if on_divergence == "fail":
+        raise NonFiniteGradient(
+            f"{error} (on_divergence='warn' skips such steps and counts them)", error.iteration, error.loss, error.bad
+        ) from error
+    state.skipped_steps += 1
+    if state.divergence is None:
+        state.divergence = f"{error}; the step was skipped"
+        log.warning("gradient sharing: %s; the step was skipped (on_divergence='warn').", error)
+    net.iteration += 1
+    net.last_score = error.loss
+    residual = state.encoder.residual
+    return EncodedUpdate("empty", residual.numel(), 0.0, torch.empty(0, dtype=torch.int32, device=residual.device), 0)
 
 
 def report_divergence(
