@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from torchspark._bounded import load_json
 from torchspark._io import atomic_write_text
 from torchspark.errors import ConfigError, DataError, SerializationError
 from torchspark.stats.document import (
@@ -319,10 +320,7 @@ class TrainingStats:
         Raises:
             SerializationError: not JSON, or not written by :meth:`to_json`.
         """
-        try:
-            doc = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise SerializationError(f"training stats JSON does not parse ({err}); pass what to_json() wrote") from err
+        doc = load_json(text, "the training stats JSON (pass what to_json() wrote)", SerializationError)
         if not isinstance(doc, dict) or doc.get("format") != PAYLOAD_FORMAT:
             raise SerializationError(
                 f"not a training stats document (format {doc.get('format') if isinstance(doc, dict) else None!r}, "
