@@ -128,16 +128,19 @@ _KINDS = {
 }
 
 
-def check_regular_file(path: str | os.PathLike[str], error: type[Exception], what: str = "file") -> None:
-    """Raise ``error`` naming ``path`` when it exists on local storage and is not a regular file (a FIFO would block
-    the read forever, a device would never end). A missing file is left to the read that follows."""
+def check_regular_file(
+    path: str | os.PathLike[str], error: type[Exception], what: str = "file", fix: str = "pass the path of a file"
+) -> None:
+    """Raise ``error`` naming ``path`` (and ending with ``fix``) when it exists on local storage and is not a regular
+    file (a FIFO would block the read forever, a device would never end). A missing file is left to the read that
+    follows."""
     try:
         mode = os.stat(path).st_mode
     except OSError:
         return
     if not stat.S_ISREG(mode):
         kind = _KINDS.get(stat.S_IFMT(mode), "not a regular file")
-        raise error(f"the {what} {os.fspath(path)!r} is {kind}, not a regular file: pass the path of a file")
+        raise error(f"the {what} {os.fspath(path)!r} is {kind}, not a regular file: {fix}")
 
 
 def read_bytes(url: str, error: type[Exception]) -> bytes:

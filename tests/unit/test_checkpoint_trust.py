@@ -101,6 +101,11 @@ def _flip(path: str, rank: int, tensor: str) -> None:
         f.write(blob)
 
 
+def _fifo(path: str, name: str) -> None:
+    os.remove(os.path.join(path, name))
+    os.mkfifo(os.path.join(path, name), 0o600)
+
+
 def _deep_manifest(path: str) -> None:
     url = os.path.join(path, "manifest.json")
     text = open(url).read()
@@ -131,6 +136,8 @@ DAMAGE = {
         lambda p: _flip(p, 1, "updater_state"),
         "rank-1.safetensors' does not match the checksum written with it",
     ),
+    "rank file replaced by a FIFO": (lambda p: _fifo(p, "rank-1.safetensors"), "is a FIFO (named pipe)"),
+    "manifest replaced by a FIFO": (lambda p: _fifo(p, "manifest.json"), "is a FIFO (named pipe)"),
     "manifest nested 100,000 deep": (_deep_manifest, "manifest.json' nests lists or mappings deeper than 64 levels"),
     "rank file of another rank": (lambda p: _edit_rank(p, 1, rank=0), "rank must be an integer in [1, 1]"),
     "NaN parameters": (_nan_params, "non-finite (NaN/inf) parameters"),

@@ -195,3 +195,32 @@ def test_a_fifo_directory_or_device_as_config_is_a_one_line_error_not_a_hang(tmp
     err = capsys.readouterr().err
     what = {"fifo": "a FIFO (named pipe)", "directory": "a directory", "device": "a character device"}[kind]
     assert f"{str(path)!r} is {what}, not a regular file" in err and "Traceback" not in err, err
+
+
+def test_a_fifo_as_a_models_config_json_is_refused_not_waited_on(tmp_path) -> None:
+    import os
+    import threading
+
+    from torchspark import Network
+    from torchspark.models import mlp
+
+    path = tmp_path / "m"
+    Network(mlp(n_in=2, hidden=2, n_out=2), seed=0).save(str(path))
+    os.remove(path / "config.json")
+    os.mkfifo(path / "config.json")
+    errors: list[Exception] = []
+
+    def load() -> None:
+        try:
+            Network.load(str(path))
+        except Exception as e:  # the test inspects it
+            errors.append(e)
+
+    runner = threading.Thread(target=load, daemon=True)
+    runner.start()
+    runner.join(timeout=30)
+    if runner.is_alive():  # it blocked: unblock the read (a writer that closes at once)
+        os.close(os.open(path / "config.json", os.O_WRONLY | os.O_NONBLOCK))
+        runner.join(timeout=10)
+    assert len(errors) == 1 and isinstance(errors[0], SerializationError), errors
+    assert "config.json' is a FIFO (named pipe), not a regular file" in str(errors[0])

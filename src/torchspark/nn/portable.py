@@ -84,8 +84,8 @@ MODEL_FILES = frozenset(
 def checksum(blob: bytes) -> str:
     """The content hash a saved network records for one of its files: ``"sha256:<hex>"``.
 
-    SHA-256 rather than BLAKE2b: with the CPU's SHA extensions (OpenSSL uses them) it hashed 1.15 GB/s on the
-    development VM against BLAKE2b's 0.51 GB/s (BENCHMARKS.md, "Checkpoint overhead")."""
+    SHA-256 rather than BLAKE2b: OpenSSL runs it on the CPU's SHA extensions, about twice BLAKE2b's speed where
+    they exist (BENCHMARKS.md, "Measurements behind design choices")."""
     return "sha256:" + hashlib.sha256(blob).hexdigest()
 
 

@@ -39,7 +39,7 @@ from typing import Any
 from fsspec.implementations.local import LocalFileSystem
 
 from torchspark._bounded import load_json
-from torchspark._io import filesystem, join
+from torchspark._io import check_regular_file, filesystem, join
 from torchspark.errors import ConfigError, SerializationError
 
 __all__ = [
@@ -130,6 +130,8 @@ def _read_header(url: str) -> tuple[dict[str, Any], int, int]:
     """The safetensors header of ``url`` (read alone), the bytes of tensor data the file holds after it, and where
     that data starts."""
     fs, local = filesystem(url)
+    if isinstance(fs, LocalFileSystem):  # a FIFO would block the read below, a device never end
+        check_regular_file(local, CheckpointDamaged, "checkpoint file", FIX)
     try:
         size = int(fs.size(local))
         with fs.open(local, "rb") as f:
@@ -183,8 +185,8 @@ def rank_checksum(record: str, data: Iterable[bytes | memoryview]) -> str:
     """The checksum of a rank file: SHA-256 (hex) of its record (the JSON string in its metadata) and then its
     tensor data (everything after the safetensors header), fed as ``data``'s chunks.
 
-    SHA-256 rather than BLAKE2b: with the CPU's SHA extensions (OpenSSL uses them) it hashed 1.15 GB/s on the
-    development VM against BLAKE2b's 0.51 GB/s (BENCHMARKS.md, "Checkpoint overhead")."""
+    SHA-256 rather than BLAKE2b: OpenSSL runs it on the CPU's SHA extensions, about twice BLAKE2b's speed where
+    they exist (BENCHMARKS.md, "Measurements behind design choices")."""
     h = hashlib.sha256(record.encode("utf-8"))
     for chunk in data:
         h.update(chunk)
