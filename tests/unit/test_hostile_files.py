@@ -156,7 +156,7 @@ def test_the_limits_hold_in_every_json_torchspark_parses(tmp_path) -> None:
 
     with pytest.raises(ConfigError, match="network spec nests lists or mappings deeper than 64"):
         NetworkSpec.from_json('{"model": "mlp", "kwargs": ' + "[" * DEEP + "]" * DEEP + "}")
-    with pytest.raises(ConfigError, match="training master JSON holds an integer of 5000 digits"):
+    with pytest.raises(ConfigError, match="training master JSON is invalid: the text holds an integer of 5000 digits"):
         master_from_json('{"type": "sharing", "rng_seed": ' + "1" * 5000 + "}")
     Network(mlp(n_in=2, hidden=2, n_out=2), seed=0).save(str(tmp_path / "m"))
     config = (tmp_path / "m" / "config.json").read_text()

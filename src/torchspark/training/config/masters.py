@@ -430,7 +430,10 @@ def master_kinds() -> list[str]:
 
 def master_from_json(text: str) -> TrainingMaster:
     """Rebuild any training master from its ``to_json()`` output."""
-    d = load_json(text, "the training master JSON", ConfigError)
+    try:
+        d = load_json(text, "the text", ConfigError)
+    except ConfigError as e:
+        raise ConfigError(f"training master JSON is invalid: {e}") from e.__cause__
     if not isinstance(d, dict):
         raise ConfigError(f"training master JSON must be an object with a 'type' field, got {type(d).__name__}")
     cls = master_class(d.pop("type", None))
