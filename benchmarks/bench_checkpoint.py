@@ -14,6 +14,15 @@ repetition, median over repetitions. Because the per-repetition ratio divides tw
 median ``T(1)`` and the median ``T(k+1)`` over all repetitions, overhead = ``1 - pooled(ckpt) / pooled(baseline)``.
 The table also gives the size of one checkpoint and the CPU other processes
 used during the measurements (the machine is shared).
+
+``--hashing`` measures instead what the checksums of rank files cost (section ``checkpoint_hashing``, under
+"Checkpoint overhead"): for rank files of a few sizes, writing one with and without its SHA-256
+(``store.write_rank_file(checksum=...)``), a rank reading its file back with and without the in-memory check
+(``store.read_rank_file``), and the driver's streamed check (``trust.check_rank_data``) against its header-only check,
+each pair measured back to back in every repetition (order alternating), medians reported with their ratio; and the
+throughput of SHA-256 and BLAKE2b on the same machine in the same run (why SHA-256). Files go to a local temp
+directory and are read back from the page cache, so the figures are the CPU cost of hashing (what remains on any
+storage), not the disk's.
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ import _common as C  # noqa: E402
 import bench_throughput as BT  # noqa: E402
 
 SECTION = "checkpoint"
+HASH_SECTION = "checkpoint_hashing"
 TARGET = 0.05
 #: foreign CPU (cores) above which the back-to-back throughput difference is treated as noise
 NOISY_FOREIGN = 0.5
@@ -163,15 +173,118 @@ def _pooled(reps: list[dict[str, Any]], arm: str, args: argparse.Namespace) -> f
     return args.epochs * args.n / (tk - t1) if tk > t1 else float("nan")
 
 
+def _timed(fn: Any) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def _hash_speed(name: str, blob: bytes, reps: int) -> float:
+    """GB/s of hashlib's ``name`` over ``blob``, best of ``reps``."""
+    import hashlib
+
+    return len(blob) / 1e9 / min(_timed(lambda: hashlib.new(name, blob).hexdigest()) for _ in range(reps))
+
+
+def hashing(args: argparse.Namespace) -> None:
+    """The ``--hashing`` measurement (see the module docstring)."""
+    from torchspark.training.checkpoint import store, trust
+
+    load_start = C.load_average()
+    t0 = time.perf_counter()
+    sizes = [int(x) for x in args.hash_sizes.split(",")]
+    probe = os.urandom(64 << 20)
+    speeds = {name: _hash_speed(name, probe, 5) for name in ("sha256", "blake2b")}
+    del probe
+    C.log(f"hash throughput: {speeds}")
+    results: dict[str, Any] = {"hash_gbps": speeds, "sizes": {}}
+    rows = []
+    root = tempfile.mkdtemp(prefix="torchspark-bench-hash-")
+    try:
+        for mb in sizes:
+            n = (mb << 20) // 4
+            tensors = {"params": torch.randn(n // 3), "updater_state": torch.randn(n - n // 3)}
+            meta = {"rank": 0, "step": 1, "fit_epoch": 1, "done": 0, "iteration": 10, "epoch": 1, "examples": 640}
+            meta["iterations"] = 10
+            paths = {flag: os.path.join(root, f"{mb}-{flag}") for flag in (False, True)}
+            times: dict[str, list[float]] = {k: [] for k in ("write0", "write1", "read0", "read1", "head", "stream")}
+            for r in range(args.hash_reps):
+                for flag in (False, True) if r % 2 == 0 else (True, False):
+                    times[f"write{int(flag)}"].append(
+                        _timed(lambda: store.write_rank_file(paths[flag], 0, tensors, meta, checksum=flag))
+                    )
+                for flag in (False, True) if r % 2 == 0 else (True, False):
+                    times[f"read{int(flag)}"].append(_timed(lambda: store.read_rank_file(paths[flag], 0)))
+                manifest = {"step": 1, "fit_epoch": 1}
+                times["head"].append(_timed(lambda: trust.check_rank_header(paths[True], 0, manifest)))
+                times["stream"].append(_timed(lambda: trust.check_rank_data(paths[True], 0)))
+            med = {k: C.median(v) for k, v in times.items()}
+            size = os.path.getsize(store.rank_file(paths[True], 0))
+            results["sizes"][str(mb)] = {"times": times, "medians": med, "file_bytes": size}
+            C.log(f"{mb} MB: {med}")
+            rows.append(
+                [
+                    f"{size / 1e6:.1f}",
+                    f"{1000 * med['write0']:.1f}",
+                    f"{1000 * med['write1']:.1f}",
+                    f"{med['write1'] / med['write0']:.2f}x",
+                    f"{1000 * med['read0']:.1f}",
+                    f"{1000 * med['read1']:.1f}",
+                    f"{med['read1'] / med['read0']:.2f}x",
+                    f"{1000 * med['head']:.2f}",
+                    f"{1000 * med['stream']:.1f} ({size / 1e9 / med['stream']:.2f} GB/s)",
+                ]
+            )
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    headers = [
+        "rank file MB",
+        "write, no hash (ms)",
+        "write + SHA-256 (ms)",
+        "write ratio",
+        "rank read, unchecked (ms)",
+        "rank read + check (ms)",
+        "read ratio",
+        "driver: header check (ms)",
+        "driver: streamed SHA-256 check (ms)",
+    ]
+    body = "\n".join(
+        [
+            "#### Checksums of rank files (write and verify)",
+            "",
+            f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; load average (1/5/15 min) at the start "
+            f"{load_start}, at the end {C.load_average()}; run time {(time.perf_counter() - t0) / 60:.1f} min. "
+            f"`benchmarks/bench_checkpoint.py --hashing` (its docstring has the details): each pair back to back in "
+            f"each of {args.hash_reps} repetitions (order alternating), medians; local temp directory, read back from "
+            "the page cache (the CPU cost of hashing, not the disk's). Hash throughput in the same run: SHA-256 "
+            f"{speeds['sha256']:.2f} GB/s, BLAKE2b {speeds['blake2b']:.2f} GB/s (SHA-256 is used: OpenSSL runs it "
+            "on the CPU's SHA extensions). A rank's *write* adds one SHA-256 pass over its file; its *read* on resume "
+            "another; the driver streams every rank file through SHA-256 once before it resumes (8 MiB at a time), "
+            "instead of reading its header alone.",
+            "",
+            C.markdown_table(headers, rows),
+        ]
+    )
+    print(body)
+    if args.write:
+        C.write_section(HASH_SECTION, body, results)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--hashing", action="store_true", help="measure the checksums' cost instead (see above)")
+    parser.add_argument("--hash-sizes", default="4,64,256", help="rank file sizes for --hashing, MB")
+    parser.add_argument("--hash-reps", type=int, default=7)
     parser.add_argument("--methods", default="spark_avg,spark_shared,pw_avg")
     parser.add_argument("--reps", type=int, default=None)
     parser.add_argument("--epochs", type=int, default=2, help="k: epochs in the difference T(k+1) - T(1)")
     parser.add_argument("--quiet-wait-s", type=float, default=10.0)
     parser.add_argument("--no-write", dest="write", action="store_false", default=True)
     args = parser.parse_args()
+    if args.hashing:
+        hashing(args)
+        return
     args.reps = args.reps or (1 if args.quick else 5)
     args.n = 1024 if args.quick else 6144
     args.batch = 64

@@ -12,11 +12,14 @@ import json
 import os
 import posixpath
 import re
+import stat
 import struct
+from collections.abc import Sequence
 from typing import Any
 
 import fsspec
 
+from torchspark._bounded import MAX_DEPTH, MAX_INT_DIGITS, depth_message, int_message, load_json
 from torchspark._tmpnames import remove_abandoned, temp_name
 from torchspark.errors import ConfigError
 
@@ -24,6 +27,7 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_text",
     "read_bytes",
+    "check_regular_file",
     "make_dirs",
     "join",
     "filesystem",
@@ -81,8 +85,9 @@ def make_dirs(url: str, error: type[Exception], what: str = "directory") -> None
         raise error(f"{what} {url!r} exists and is not a directory. Choose another location.")
 
 
-def atomic_write_bytes(url: str, data: bytes, error: type[Exception]) -> str:
-    """Write ``data`` to ``url`` atomically (temp name, then rename). Raises ``error`` naming the path.
+def atomic_write_bytes(url: str, data: bytes | Sequence[bytes | memoryview], error: type[Exception]) -> str:
+    """Write ``data`` (bytes, or a sequence of chunks written one after the other) to ``url`` atomically (temp name,
+    then rename). Raises ``error`` naming the path.
 
     The temporary name records the writing process (:mod:`torchspark._tmpnames`), so a write killed half-way leaves
     debris the next write of ``url`` removes."""
@@ -92,7 +97,8 @@ def atomic_write_bytes(url: str, data: bytes, error: type[Exception]) -> str:
     tmp = posixpath.join(parent, temp_name(name))
     try:
         with fs.open(tmp, "wb") as f:
-            f.write(data)
+            for chunk in [data] if isinstance(data, (bytes, bytearray, memoryview)) else data:
+                f.write(chunk)
         fs.mv(tmp, path)
     except (OSError, ValueError) as e:
         try:
@@ -113,9 +119,36 @@ def atomic_write_text(path: str | os.PathLike[str], text: str, error: type[Excep
     return atomic_write_bytes(os.fspath(path), text.encode("utf-8"), error)
 
 
+_KINDS = {
+    stat.S_IFIFO: "a FIFO (named pipe)",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFDIR: "a directory",
+}
+
+
+def check_regular_file(
+    path: str | os.PathLike[str], error: type[Exception], what: str = "file", fix: str = "pass the path of a file"
+) -> None:
+    """Raise ``error`` naming ``path`` (and ending with ``fix``) when it exists on local storage and is not a regular
+    file (a FIFO would block the read forever, a device would never end). A missing file is left to the read that
+    follows."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return
+    if not stat.S_ISREG(mode):
+        kind = _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+        raise error(f"the {what} {os.fspath(path)!r} is {kind}, not a regular file: {fix}")
+
+
 def read_bytes(url: str, error: type[Exception]) -> bytes:
-    """Read a whole file; a missing or unreadable file raises ``error`` naming it."""
+    """Read a whole file; a missing or unreadable file raises ``error`` naming it, and so does (local storage) a
+    FIFO, device or directory in its place (reading one would block or never end)."""
     fs, path = filesystem(url)
+    if isinstance(fs, fsspec.implementations.local.LocalFileSystem):
+        check_regular_file(path, error)
     try:
         with fs.open(path, "rb") as f:
             return f.read()
@@ -130,7 +163,7 @@ def read_safetensors_metadata(blob: bytes) -> dict[str, str]:
     (n,) = struct.unpack("<Q", blob[:8])
     if n > len(blob) - 8:
         raise ValueError(f"safetensors header claims {n} bytes but only {len(blob) - 8} follow (truncated?)")
-    header = json.loads(blob[8 : 8 + n])
+    header = load_json(blob[8 : 8 + n], "the safetensors header", ValueError)
     if not isinstance(header, dict):
         raise ValueError("safetensors header is not a JSON object")
     return dict(header.get("__metadata__") or {})
@@ -164,7 +197,22 @@ def _safe_loader() -> Any:
                 f"YAML aliases (*name) are not accepted in configuration files (line {mark.line + 1},"
                 f" column {mark.column + 1}): write the value out in full"
             )
-        return yaml.SafeLoader.compose_node(self, parent, index)
+        # the composer recurses once per level: bounded here, before Python's stack is (a RecursionError traceback)
+        depth = getattr(self, "_torchspark_depth", 0)
+        if depth >= MAX_DEPTH and not self.check_event(yaml.events.ScalarEvent):
+            mark = self.peek_event().start_mark
+            raise ConfigError(depth_message(f"the YAML (line {mark.line + 1})"))
+        self._torchspark_depth = depth + 1
+        try:
+            return yaml.SafeLoader.compose_node(self, parent, index)
+        finally:
+            self._torchspark_depth = depth
+
+    def construct_int(self: Any, node: Any) -> Any:
+        digits = len(re.sub(r"[^0-9a-fA-F]", "", str(node.value)))
+        if digits > MAX_INT_DIGITS:  # int() would raise a raw ValueError past 4,300 digits, and be slow before
+            raise ConfigError(int_message(f"the YAML (line {node.start_mark.line + 1})", digits))
+        return yaml.SafeLoader.construct_yaml_int(self, node)
 
     def construct_mapping(self: Any, node: Any, deep: bool = False) -> Any:
         seen: set[Any] = set()
@@ -178,6 +226,7 @@ def _safe_loader() -> Any:
 
     Loader.compose_node = compose_node
     Loader.construct_mapping = construct_mapping
+    Loader.add_constructor("tag:yaml.org,2002:int", construct_int)
     Loader.add_implicit_resolver(
         "tag:yaml.org,2002:float",
         re.compile(
@@ -207,7 +256,9 @@ def load_mapping(text: str, fmt: str, source: str = "the configuration") -> dict
 
     Raises:
         ConfigError: not valid YAML/JSON, or not a mapping at the top; a key given twice in one mapping; a YAML
-            alias (``*name``: refused, so an "anchor bomb" never expands). The message names ``source``.
+            alias (``*name``: refused, so an "anchor bomb" never expands); lists and mappings nested deeper than
+            :data:`~torchspark._bounded.MAX_DEPTH` levels or an integer longer than
+            :data:`~torchspark._bounded.MAX_INT_DIGITS` digits. The message names ``source``.
 
     Example: ``load_mapping("epochs: 4\nlr: 1e-3\n", "yaml") == {"epochs": 4, "lr": 0.001}``.
     """
@@ -223,11 +274,10 @@ def load_mapping(text: str, fmt: str, source: str = "the configuration") -> dict
             ) from e
     elif fmt == "json":
         try:
-            data = json.loads(text, object_pairs_hook=_unique_keys)
+            data = load_json(text, source, ConfigError, object_pairs_hook=_unique_keys)
         except ConfigError as e:
-            raise ConfigError(f"{source}: {e}") from None
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{source} is not valid JSON: {e}") from e
+            message = str(e)
+            raise ConfigError(message if message.startswith(source) else f"{source}: {message}") from None
     else:
         raise ConfigError(f"configuration format must be 'yaml' or 'json', got {fmt!r}")
     if not isinstance(data, dict):

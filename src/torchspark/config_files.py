@@ -19,9 +19,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import stat
 from typing import Any
 
-from torchspark._io import atomic_write_bytes, dump_mapping, load_mapping
+from torchspark._io import atomic_write_bytes, check_regular_file, dump_mapping, load_mapping
 from torchspark.errors import ConfigError
 from torchspark.training.config.masters import TrainingMaster, master_from_json
 
@@ -55,12 +56,22 @@ MAX_CONFIG_BYTES = 1 << 20
 
 
 def _read(path: str) -> str:
-    """The file's text, read at most :data:`MAX_CONFIG_BYTES` (``/dev/zero`` or a huge file is never slurped)."""
+    """The file's text, read at most :data:`MAX_CONFIG_BYTES` (``/dev/zero`` or a huge file is never slurped); a
+    FIFO, device or directory is refused before it is read (a FIFO would block the read until a writer comes)."""
     try:
-        with open(path, "rb") as f:
-            blob = f.read(MAX_CONFIG_BYTES + 1)
+        # O_NONBLOCK: opening a FIFO without a writer returns at once, and fstat then refuses it (no race with a stat)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError as e:
         raise ConfigError(f"cannot read the configuration file {path!r}: {e}") from e
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        check_regular_file(path, ConfigError, "configuration file")  # names what it is
+        raise ConfigError(f"the configuration file {path!r} is not a regular file: pass the path of a file")
+    with os.fdopen(fd, "rb") as f:
+        try:
+            blob = f.read(MAX_CONFIG_BYTES + 1)
+        except OSError as e:
+            raise ConfigError(f"cannot read the configuration file {path!r}: {e}") from e
     if len(blob) > MAX_CONFIG_BYTES:
         raise ConfigError(
             f"the configuration file {path!r} is larger than {MAX_CONFIG_BYTES >> 20} MiB: a "

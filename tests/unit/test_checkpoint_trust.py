@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import stat
+import struct
 import subprocess
 from functools import partial
 
@@ -88,6 +89,30 @@ def _truncate(path: str, rank: int) -> None:
         f.write(blob[: len(blob) - 7])
 
 
+def _flip(path: str, rank: int, tensor: str) -> None:
+    """Flip one exponent bit of a float of ``tensor`` in rank ``rank``'s file: the tensor data, not the header."""
+    url = os.path.join(path, f"rank-{rank}.safetensors")
+    blob = bytearray(open(url, "rb").read())
+    (n,) = struct.unpack("<Q", blob[:8])
+    begin, end = json.loads(blob[8 : 8 + n])[tensor]["data_offsets"]
+    at = 8 + n + begin + ((end - begin) // 8) * 4 + 3  # the high byte of a float32 in the middle
+    blob[at] ^= 0x20
+    with open(url, "wb") as f:
+        f.write(blob)
+
+
+def _fifo(path: str, name: str) -> None:
+    os.remove(os.path.join(path, name))
+    os.mkfifo(os.path.join(path, name), 0o600)
+
+
+def _deep_manifest(path: str) -> None:
+    url = os.path.join(path, "manifest.json")
+    text = open(url).read()
+    with open(url, "w") as f:
+        f.write(text.replace('"settings": {', '"deep": ' + "[" * 100_000 + "]" * 100_000 + ', "settings": {', 1))
+
+
 def _nan_params(path: str) -> None:
     tensors, _ = store.read_rank_file(path, 0)
     _edit_rank(path, 0, {"params": torch.full_like(tensors["params"], float("nan"))})
@@ -103,6 +128,17 @@ DAMAGE = {
     ),
     "manifest without fit_epoch": (lambda p: _edit_manifest(p, fit_epoch=None), "fit_epoch must be an integer"),
     "truncated rank file": (lambda p: _truncate(p, 1), "rank-1.safetensors"),
+    "flipped bit in rank 0's parameters": (
+        lambda p: _flip(p, 0, "params"),
+        "rank-0.safetensors' does not match the checksum written with it",
+    ),
+    "flipped bit in rank 1's updater state": (
+        lambda p: _flip(p, 1, "updater_state"),
+        "rank-1.safetensors' does not match the checksum written with it",
+    ),
+    "rank file replaced by a FIFO": (lambda p: _fifo(p, "rank-1.safetensors"), "is a FIFO (named pipe)"),
+    "manifest replaced by a FIFO": (lambda p: _fifo(p, "manifest.json"), "is a FIFO (named pipe)"),
+    "manifest nested 100,000 deep": (_deep_manifest, "manifest.json' nests lists or mappings deeper than 64 levels"),
     "rank file of another rank": (lambda p: _edit_rank(p, 1, rank=0), "rank must be an integer in [1, 1]"),
     "NaN parameters": (_nan_params, "non-finite (NaN/inf) parameters"),
     "group-writable (planted)": (lambda p: os.chmod(p, 0o777), "belongs to uid"),
@@ -121,6 +157,25 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one_with_a_warni
     assert point is not None and point.path == older.path and point.fit_epoch == 1
     warned = " ".join(r.getMessage() for r in caplog.records)
     assert os.path.basename(newest.path) in warned and message in warned, warned
+
+
+def test_a_rank_reading_its_flipped_file_refuses_it(tmp_path) -> None:
+    _, (_, newest) = _two_checkpoints(tmp_path)
+    store.read_rank_file(newest.path, 1)  # intact: read
+    _flip(newest.path, 1, "updater_state")
+    with pytest.raises(SerializationError, match="rank-1.safetensors' does not match the checksum written with it"):
+        store.read_rank_file(newest.path, 1)
+
+
+def test_a_checkpoint_written_without_checksums_resumes_with_a_warning(tmp_path, caplog) -> None:
+    wrapper, (_, newest) = _two_checkpoints(tmp_path)
+    for rank in (0, 1):
+        _edit_rank(newest.path, rank)  # rewritten as a torchspark before checksums wrote it: no checksum
+    with caplog.at_level(logging.WARNING, logger="torchspark.training.checkpoint.store"):
+        _, point = _resume(wrapper)
+    assert point is not None and point.path == newest.path
+    warned = " ".join(r.getMessage() for r in caplog.records)
+    assert "rank-0.safetensors, rank-1.safetensors carry no checksum" in warned and newest.path in warned
 
 
 def test_every_checkpoint_damaged_is_refused_naming_them_not_a_silent_fresh_start(tmp_path) -> None:
@@ -284,6 +339,61 @@ def test_dropout_draws_after_a_resume_what_the_uninterrupted_fit_drew(tmp_path) 
     resumed = _net(dropout=0.5)
     _wrapper(resumed, tmp_path, workers=1, checkpoint_every=1).fit(data, epochs=2, batch_size=16, run_id="r1")
     assert torch.equal(resumed.params(), reference.params())
+
+
+def _zoo_net() -> Network:
+    from torchspark.models import mlp
+
+    return Network(mlp(n_in=4, hidden=8, n_out=3), updater=optim.Adam(lr=0.01), seed=0)
+
+
+def _flip_bytes(url, count: int) -> None:
+    """Flip ``count`` bytes of the tensor data of a safetensors file (its header stays intact)."""
+    blob = bytearray(open(url, "rb").read())
+    (n,) = struct.unpack("<Q", blob[:8])
+    for i in range(count):
+        blob[8 + n + (i * 7919) % (len(blob) - 8 - n)] ^= 0x01
+    with open(url, "wb") as f:
+        f.write(blob)
+
+
+@pytest.mark.parametrize(
+    "name, count", [("weights.safetensors", 100), ("weights.safetensors", 1), ("updater.safetensors", 1)]
+)
+def test_a_saved_network_with_flipped_bytes_is_refused_naming_the_file(tmp_path, name, count) -> None:
+    net = _zoo_net()
+    path = tmp_path / "model"
+    net.save(str(path))
+    _flip_bytes(path / name, count)
+    with pytest.raises(SerializationError, match=f"{name}' does not match the checksum recorded when it was saved"):
+        Network.load(str(path))
+
+
+def test_a_saved_network_without_checksums_loads_with_a_warning(tmp_path, caplog) -> None:
+    net = _zoo_net()
+    path = tmp_path / "model"
+    net.save(str(path))
+    config = json.loads((path / "config.json").read_text())
+    del config["checksums"]  # as a torchspark before checksums saved it
+    (path / "config.json").write_text(json.dumps(config))
+    with caplog.at_level(logging.WARNING, logger="torchspark.nn.portable"):
+        loaded = Network.load(str(path))
+    assert torch.equal(loaded.params(), net.params())
+    assert "saved without checksums" in caplog.text and str(path) in caplog.text
+
+
+def test_a_config_asking_for_a_network_far_larger_than_its_weights_is_refused_before_building(tmp_path) -> None:
+    path = tmp_path / "model"
+    _zoo_net().save(str(path))
+    config = json.loads((path / "config.json").read_text())
+    config["module"]["kwargs"]["hidden"] = 10**6  # 32 MB of weights asked of a file holding 268 bytes
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(
+        SerializationError,
+        match=r"config.json' describes a network whose weights take 32,000,012 bytes, but .*weights.safetensors' "
+        r"holds 268 bytes of tensors.*refused before allocating",
+    ):
+        Network.load(str(path))
 
 
 def test_a_saved_network_with_nan_weights_is_refused_at_load(tmp_path) -> None:

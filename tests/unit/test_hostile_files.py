@@ -52,7 +52,7 @@ def test_binary_and_endless_config_files_are_refused_after_a_bounded_read(tmp_pa
     big.write_bytes(b"0" * (2 << 20))
     with pytest.raises(ConfigError, match="huge.json.*larger than 1 MiB"):
         load_master(str(big))
-    with pytest.raises(ConfigError, match="/dev/zero.*larger than 1 MiB"):  # never slurped
+    with pytest.raises(ConfigError, match="/dev/zero' is a character device, not a regular file"):  # never read
         load_master("/dev/zero")
     nul = tmp_path / "nul.json"
     nul.write_bytes(b'{"type": "sharing"}\x00\x00')
@@ -113,3 +113,114 @@ def test_a_stats_json_with_wrong_shapes_is_a_serialization_error() -> None:
     doc["summary_fields"] = [1, 2]
     with pytest.raises(SerializationError, match=r"summary_fields = \[1, 2\], expected an object"):
         TrainingStats.from_json(json.dumps(doc))
+
+
+DEEP = 100_000  # far past Python's recursion limit: a RecursionError traceback before the limits
+
+
+def _deep_json() -> str:
+    return '{"type": "sharing", "extra": ' + "[" * DEEP + "]" * DEEP + "}"
+
+
+def _deep_yaml() -> str:
+    return "type: sharing\nextra: " + "[" * DEEP + "]" * DEEP + "\n"
+
+
+@pytest.mark.parametrize(
+    "name, text, message",
+    [
+        ("deep.json", _deep_json(), "nests lists or mappings deeper than 64 levels"),
+        ("deep.yaml", _deep_yaml(), "nests lists or mappings deeper than 64 levels"),
+        ("big.json", '{"epochs": ' + "9" * 5000 + "}", "an integer of 5000 digits, more than the limit of 100"),
+        ("big.yaml", "epochs: " + "9" * 5000 + "\n", "an integer of 5000 digits, more than the limit of 100"),
+    ],
+    ids=["deep-json", "deep-yaml", "big-int-json", "big-int-yaml"],
+)
+def test_deep_nesting_and_huge_integers_in_a_config_are_one_line_errors(tmp_path, capsys, name, text, message) -> None:
+    from torchspark.cli import main
+
+    path = tmp_path / name
+    path.write_text(text)
+    assert main(["train", "--config", str(path), "--print-config"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and name in err and "Traceback" not in err and len(err.splitlines()) <= 2, err
+    with pytest.raises(ConfigError, match=f"{name}.*{message}"):  # a training master file: the same limits
+        load_master(str(path))
+
+
+def test_the_limits_hold_in_every_json_torchspark_parses(tmp_path) -> None:
+    from torchspark import Network
+    from torchspark.models import mlp
+    from torchspark.nn.network_spec import NetworkSpec
+    from torchspark.training.config.masters import master_from_json
+
+    with pytest.raises(ConfigError, match="network spec nests lists or mappings deeper than 64"):
+        NetworkSpec.from_json('{"model": "mlp", "kwargs": ' + "[" * DEEP + "]" * DEEP + "}")
+    with pytest.raises(ConfigError, match="training master JSON is invalid: the text holds an integer of 5000 digits"):
+        master_from_json('{"type": "sharing", "rng_seed": ' + "1" * 5000 + "}")
+    Network(mlp(n_in=2, hidden=2, n_out=2), seed=0).save(str(tmp_path / "m"))
+    config = (tmp_path / "m" / "config.json").read_text()
+    for bad, message in (("[" * DEEP + "]" * DEEP, "deeper than 64 levels"), ("7" * 5000, "5000 digits")):
+        (tmp_path / "m" / "config.json").write_text(config.replace('"seed": 0', f'"seed": {bad}'))
+        with pytest.raises(SerializationError, match=f"config.json.*{message}"):
+            Network.load(str(tmp_path / "m"))
+
+
+def test_nesting_within_the_limit_is_read() -> None:
+    from torchspark._io import load_mapping
+
+    ok = "[" * 60 + "]" * 60
+    assert load_mapping(f'{{"a": {ok}}}', "json")["a"] == load_mapping(f"a: {ok}\n", "yaml")["a"]
+    assert load_mapping('{"seed": ' + "9" * 100 + "}", "json")["seed"] == int("9" * 100)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "device"])
+def test_a_fifo_directory_or_device_as_config_is_a_one_line_error_not_a_hang(tmp_path, capsys, kind) -> None:
+    import os
+    import threading
+
+    from torchspark.cli import main
+
+    path = {"fifo": tmp_path / "run.yaml", "directory": tmp_path, "device": "/dev/null"}[kind]
+    if kind == "fifo":
+        os.mkfifo(path)
+    result: list[int] = []
+    runner = threading.Thread(target=lambda: result.append(main(["train", "--config", str(path)])), daemon=True)
+    runner.start()
+    runner.join(timeout=30)
+    if runner.is_alive() and kind == "fifo":  # it blocked: unblock the read (a writer that closes at once)
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+        runner.join(timeout=10)
+    assert result == [2], "the --config read blocked or did not fail"
+    err = capsys.readouterr().err
+    what = {"fifo": "a FIFO (named pipe)", "directory": "a directory", "device": "a character device"}[kind]
+    assert f"{str(path)!r} is {what}, not a regular file" in err and "Traceback" not in err, err
+
+
+def test_a_fifo_as_a_models_config_json_is_refused_not_waited_on(tmp_path) -> None:
+    import os
+    import threading
+
+    from torchspark import Network
+    from torchspark.models import mlp
+
+    path = tmp_path / "m"
+    Network(mlp(n_in=2, hidden=2, n_out=2), seed=0).save(str(path))
+    os.remove(path / "config.json")
+    os.mkfifo(path / "config.json")
+    errors: list[Exception] = []
+
+    def load() -> None:
+        try:
+            Network.load(str(path))
+        except Exception as e:  # the test inspects it
+            errors.append(e)
+
+    runner = threading.Thread(target=load, daemon=True)
+    runner.start()
+    runner.join(timeout=30)
+    if runner.is_alive():  # it blocked: unblock the read (a writer that closes at once)
+        os.close(os.open(path / "config.json", os.O_WRONLY | os.O_NONBLOCK))
+        runner.join(timeout=10)
+    assert len(errors) == 1 and isinstance(errors[0], SerializationError), errors
+    assert "config.json' is a FIFO (named pipe), not a regular file" in str(errors[0])

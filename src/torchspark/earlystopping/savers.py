@@ -15,6 +15,7 @@ import math
 import uuid
 from typing import Any, Protocol
 
+from torchspark._bounded import load_json
 from torchspark._io import atomic_write_bytes, filesystem, join, make_dirs, read_bytes
 from torchspark.errors import ConfigError, SerializationError
 from torchspark.nn import Network, module_spec
@@ -126,7 +127,11 @@ class DirectoryModelSaver:
         fs, path = filesystem(join(self.directory, f"{name}.json"))
         if not fs.exists(path):
             return None
-        return json.loads(read_bytes(join(self.directory, f"{name}.json"), SerializationError))
+        url = join(self.directory, f"{name}.json")
+        record = load_json(read_bytes(url, SerializationError), repr(url), SerializationError)
+        if not isinstance(record, dict):
+            raise SerializationError(f"{url!r} is not a JSON object: the file is damaged; delete it or save again")
+        return record
 
     def _save(self, name: str, network: Network, epoch: int, score: float) -> None:
         old = self.pointer(name)

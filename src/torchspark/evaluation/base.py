@@ -18,6 +18,7 @@ import abc
 import json
 from typing import Any, ClassVar, TypeVar
 
+from torchspark._bounded import load_json
 from torchspark.errors import ConfigError, DataError, SerializationError
 
 __all__ = ["BaseEvaluation", "parse_evaluation_json"]
@@ -126,12 +127,16 @@ class BaseEvaluation(abc.ABC):
 
 def parse_evaluation_json(text: str) -> dict[str, Any]:
     """Decode and sanity-check the envelope written by :meth:`BaseEvaluation.to_json`."""
+    if not isinstance(text, (str, bytes, bytearray)):
+        raise SerializationError(
+            f"evaluation JSON must be a string, got {type(text).__name__}; pass the string to_json() wrote"
+        )
     try:
-        payload = json.loads(text)
-    except (TypeError, json.JSONDecodeError) as exc:
+        payload = load_json(text, "the text", SerializationError)
+    except SerializationError as exc:
         raise SerializationError(
             f"evaluation JSON could not be decoded: {exc}; pass the string to_json() wrote"
-        ) from exc
+        ) from exc.__cause__
     if not isinstance(payload, dict) or not {"type", "config", "state"} <= payload.keys():
         raise SerializationError("evaluation JSON must be an object with 'type', 'config' and 'state' fields")
     version = payload.get("format_version", FORMAT_VERSION)

@@ -16,6 +16,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from torchspark._bounded import load_json
 from torchspark.errors import ConfigError
 from torchspark.nn.losses import LOSSES
 from torchspark.nn.network import Network
@@ -88,10 +89,7 @@ class NetworkSpec:
 
     @classmethod
     def from_json(cls, text: str) -> NetworkSpec:
-        try:
-            d = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"network spec is not valid JSON: {e}") from e
+        d = load_json(text, "the network spec", ConfigError)
         if not isinstance(d, dict):
             raise ConfigError(f"network spec must be a JSON object, got {text!r}")
         unknown = sorted(set(d) - {f.name for f in dataclasses.fields(cls)})

@@ -9,6 +9,14 @@ On disk a network is a directory:
 - ``extra.safetensors``: training-master state such as gradient-sharing residuals (when present);
 - ``objects.pkl``: only with ``allow_pickle=True``, the parts that have no JSON form.
 
+``config.json`` records the SHA-256 of every other file (``"checksums"``), verified when the network is loaded: a
+flipped bit in the weights is refused with a :class:`~torchspark.errors.SerializationError` naming the file, never
+loaded as a silently different network (and ``objects.pkl`` is checked before it is unpickled). A model saved
+before checksums were recorded loads with a warning that it was not verified. Before the network is built, the
+size of the network ``config.json`` describes is checked against the weights file (the module is sized on PyTorch's
+``meta`` device, which allocates nothing): a config asking for a network far larger than its weights is refused
+rather than allocated.
+
 In memory the same parts travel as a :class:`Blueprint`. Both build networks of a class they are handed
 (:func:`~torchspark.nn.parts.build_network`, :mod:`torchspark.nn.parts`), so :class:`~torchspark.nn.Network` saves, loads and copies itself through it without this
 module importing it; :mod:`torchspark.nn.serialization` holds the entry points for ``Network``
@@ -18,8 +26,11 @@ module importing it; :mod:`torchspark.nn.serialization` holds the entry points f
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
+import logging
 import posixpath
+import struct
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -29,6 +40,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from torchspark._atomic_dir import write_directory
+from torchspark._bounded import load_json
 from torchspark._io import filesystem, join, read_bytes, read_safetensors_metadata
 from torchspark.errors import SerializationError
 from torchspark.nn.parts import (
@@ -43,7 +55,7 @@ from torchspark.nn.parts import (
     rebuild,
     weights_of,
 )
-from torchspark.nn.trust import CodePolicy, Factories, code_policy
+from torchspark.nn.trust import CodePolicy, Factories, build_from_spec, code_policy
 
 # the parts (:mod:`torchspark.nn.parts`) are re-exported: this module is where saving and rebuilding are imported from
 __all__ = [
@@ -58,12 +70,94 @@ __all__ = [
     "save_network",
     "read_network",
     "check_save_target",
+    "checksum",
 ]
+
+log = logging.getLogger(__name__)
 
 #: every file a saved network directory may hold; saving replaces a directory only when it holds nothing else
 MODEL_FILES = frozenset(
     {"config.json", "weights.safetensors", "updater.safetensors", "extra.safetensors", "objects.pkl"}
 )
+
+
+def checksum(blob: bytes) -> str:
+    """The content hash a saved network records for one of its files: ``"sha256:<hex>"``.
+
+    SHA-256 rather than BLAKE2b: OpenSSL runs it on the CPU's SHA extensions, about twice BLAKE2b's speed where
+    they exist (BENCHMARKS.md, "Measurements behind design choices")."""
+    return "sha256:" + hashlib.sha256(blob).hexdigest()
+
+
+def _checksums(config: dict[str, Any], path: str) -> dict[str, str] | None:
+    """The ``"checksums"`` ``config.json`` records (None: a model saved before they were, loaded with a warning)."""
+    found = config.get("checksums")
+    if found is None:
+        log.warning(
+            "%r was saved without checksums (by an older torchspark): its files are loaded unverified; save it "
+            "again to record them",
+            path,
+        )
+        return None
+    if not isinstance(found, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in found.items()):
+        raise SerializationError(
+            f"{join(path, 'config.json')!r} has checksums that are not a mapping of file names to hashes: the file "
+            "is damaged; load an earlier save or save the network again"
+        )
+    return found
+
+
+def _read_checked(path: str, name: str, checksums: dict[str, str] | None) -> bytes:
+    """File ``name`` of the saved network at ``path``, verified against its recorded checksum."""
+    url = join(path, name)
+    blob = read_bytes(url, SerializationError)
+    if checksums is None:
+        return blob
+    expected = checksums.get(name)
+    if expected is None:
+        raise SerializationError(
+            f"{join(path, 'config.json')!r} records no checksum for {name!r}: the config is damaged or was edited; "
+            "load an earlier save or save the network again"
+        )
+    actual = checksum(blob)
+    if actual != expected:
+        raise SerializationError(
+            f"{url!r} does not match the checksum recorded when it was saved ({expected[:23]}..., the file now "
+            f"hashes to {actual[:23]}...): the file is damaged; load an earlier save or retrain"
+        )
+    return blob
+
+
+def _tensor_bytes(blob: bytes) -> int | None:
+    """The bytes of tensor data a safetensors blob holds after its header (None: too damaged to tell)."""
+    if len(blob) < 8:
+        return None
+    (n,) = struct.unpack("<Q", blob[:8])
+    return len(blob) - 8 - n if n <= len(blob) - 8 else None
+
+
+def _check_size(config: dict[str, Any], policy: CodePolicy, weights: bytes, path: str) -> None:
+    """Refuse a ``config.json`` describing a network much larger than its weights file, before anything is built.
+
+    The module is built on PyTorch's ``meta`` device (shapes only, no memory); a factory that cannot build there is
+    not sized (loading the weights into it still checks every shape)."""
+    have = _tensor_bytes(weights)
+    spec = config.get("module")
+    if have is None or not isinstance(spec, dict):
+        return
+    try:
+        with torch.device("meta"):
+            module = build_from_spec(spec, policy, repr(join(path, "config.json")))
+        needed = sum(t.numel() * t.element_size() for t in module.state_dict().values())
+    except Exception as e:  # any factory error surfaces when the network is built for real
+        log.debug("could not size %r on the meta device: %s", path, e)
+        return
+    if needed > have + max(have, 1 << 20):
+        raise SerializationError(
+            f"{join(path, 'config.json')!r} describes a network whose weights take {needed:,} bytes, but "
+            f"{join(path, 'weights.safetensors')!r} holds {have:,} bytes of tensors: the config is damaged or "
+            "belongs to another model (refused before allocating it); load an earlier save or the matching config"
+        )
 
 
 def _check_finite(weights: dict[str, torch.Tensor], url: str) -> None:
@@ -133,12 +227,12 @@ def save_network(net: PortableNetwork, path: str, save_updater: bool = True, all
         files["objects.pkl"] = cloudpickle.dumps(objects)
         config["pickled"] = sorted(objects)
     config["files"] = list(files)
+    config["checksums"] = {name: checksum(blob) for name, blob in files.items()}
     files["config.json"] = json.dumps(config, indent=2).encode()
     return write_directory(path, files, SerializationError, _check_replaceable)
 
 
-def _load_tensors(url: str) -> dict[str, torch.Tensor]:
-    raw = read_bytes(url, SerializationError)
+def _load_tensors(url: str, raw: bytes) -> dict[str, torch.Tensor]:
     try:
         return st_load(raw)
     except Exception as e:  # safetensors raises its own error types for corrupt files
@@ -148,12 +242,7 @@ def _load_tensors(url: str) -> dict[str, torch.Tensor]:
 def _read_config(path: str) -> dict[str, Any]:
     url = join(path, "config.json")
     raw = read_bytes(url, SerializationError)
-    try:
-        config = json.loads(raw)
-    except ValueError as e:  # JSONDecodeError, and UnicodeDecodeError for bytes that are not text
-        raise SerializationError(
-            f"{url!r} is not valid JSON ({type(e).__name__}: {e}); it is damaged or not a torchspark model's config"
-        ) from e
+    config = load_json(raw, f"{url!r} (damaged, or not a torchspark model's config)", SerializationError)
     if not isinstance(config, dict) or config.get("format") != FORMAT:
         raise SerializationError(f"{path!r} does not hold a torchspark network (config.json has no format marker)")
     version = config.get("version", 0)
@@ -183,6 +272,7 @@ def read_network(
     if not fs.exists(root):
         raise SerializationError(f"no saved network at {path!r} (the directory does not exist)")
     config = _read_config(path)
+    checksums = _checksums(config, path)
     objects: dict[str, Any] = {}
     if config.get("pickled"):
         if not allow_pickle:
@@ -190,18 +280,24 @@ def read_network(
                 f"{path!r} stores {config['pickled']} as pickle, which can run arbitrary code; "
                 "pass allow_pickle=True only if you trust this file"
             )
-        objects = cloudpickle.loads(read_bytes(join(path, "objects.pkl"), SerializationError))
-    net = rebuild(network_class, config, objects, None, policy, repr(join(path, "config.json")))
+        objects = cloudpickle.loads(_read_checked(path, "objects.pkl", checksums))  # verified before unpickling
     files = config.get("files", [])
-    weights = _load_tensors(join(path, "weights.safetensors"))
+    weights_blob = _read_checked(path, "weights.safetensors", checksums)
+    _check_size(config, policy, weights_blob, path)
+    net = rebuild(network_class, config, objects, None, policy, repr(join(path, "config.json")))
+    weights = _load_tensors(join(path, "weights.safetensors"), weights_blob)
+    del weights_blob
     _check_finite(weights, join(path, "weights.safetensors"))
     load_weights(net, weights, path)
     if "updater.safetensors" in files:
-        updater = _load_tensors(join(path, "updater.safetensors"))
+        updater = _load_tensors(
+            join(path, "updater.safetensors"), _read_checked(path, "updater.safetensors", checksums)
+        )
         net.set_updater_state(updater["updater_state"])
         net.amp.load_state_tensors(updater)
     if "extra.safetensors" in files:
-        net.extra_state = dict(_load_tensors(join(path, "extra.safetensors")))
+        extra = _read_checked(path, "extra.safetensors", checksums)
+        net.extra_state = dict(_load_tensors(join(path, "extra.safetensors"), extra))
     return net
 
 
@@ -275,7 +371,7 @@ class Blueprint:
         tensors = st_load(blob)
         meta = read_safetensors_metadata(blob)
         return cls(
-            config=json.loads(meta["config"]),
+            config=load_json(meta["config"], "the blueprint's config", SerializationError),
             weights={k[2:]: v for k, v in tensors.items() if k.startswith("w.")},
             updater_state=tensors["updater_state"],
             extra_state={k[2:]: v for k, v in tensors.items() if k.startswith("x.")},

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from torchspark._bounded import load_json
 from torchspark._io import atomic_write_text
 from torchspark.errors import ConfigError, DataError, SerializationError
 from torchspark.stats.document import (
@@ -327,10 +328,7 @@ class TrainingStats:
                 number of seconds ...``).
         """
         what = "training stats JSON" + (f" {source!r}" if source else "")
-        try:
-            doc = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise SerializationError(f"{what} does not parse ({err}); pass what to_json() wrote") from err
+        doc = load_json(text, f"{what} (pass what to_json() wrote)", SerializationError)
         if not isinstance(doc, dict) or doc.get("format") != PAYLOAD_FORMAT:
             raise SerializationError(
                 f"{what} is not a training stats document (format "

@@ -20,7 +20,8 @@ The workers commit a checkpoint together (:class:`~torchspark.training.checkpoin
 rank writes its file, all meet, rank 0 writes the manifest, all meet again; so no worker trains on (and none can
 fail) before the checkpoint is complete, and a fault after it always finds it whole. Directories are created 0700
 and files 0600 on local storage. What the resume trusts of a checkpoint is :mod:`.trust`'s to check
-(:func:`load_checkpoint`).
+(:func:`load_checkpoint`). Each rank file carries the SHA-256 of its record and tensor data in its safetensors
+metadata (:func:`~torchspark.training.checkpoint.trust.rank_checksum`), verified before a resume uses it.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import struct
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,15 +37,21 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from torchspark._bounded import load_json
 from torchspark._io import atomic_write_bytes, filesystem, join, make_dirs, read_bytes, read_safetensors_metadata
 from torchspark.errors import SerializationError
 from torchspark.training.checkpoint.trust import (
+    CHECKSUM_KEY,
     FIX,
+    RECORD_KEY,
     CheckpointDamaged,
     check_manifest,
     check_owner,
+    check_rank_blob,
+    check_rank_data,
     check_rank_header,
     make_private,
+    rank_checksum,
 )
 
 __all__ = [
@@ -68,7 +76,7 @@ log = logging.getLogger(__name__)
 FORMAT = "torchspark.checkpoint"
 VERSION = 1
 MANIFEST = "manifest.json"
-_META_KEY = "torchspark.checkpoint"
+_META_KEY = RECORD_KEY
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
@@ -96,13 +104,31 @@ def rank_file(path: str, rank: int) -> str:
     return join(path, f"rank-{rank}.safetensors")
 
 
-def write_rank_file(path: str, rank: int, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
-    """Write one rank's state (tensors + a JSON record in the safetensors metadata) atomically into ``path``."""
+def write_rank_file(
+    path: str, rank: int, tensors: dict[str, torch.Tensor], meta: dict[str, Any], checksum: bool = True
+) -> None:
+    """Write one rank's state (tensors + a JSON record in the safetensors metadata) atomically into ``path``, with
+    the checksum of its record and tensor data in the metadata (``checksum=False``: without, as a torchspark before
+    checksums wrote it; for tests and the overhead benchmark)."""
     make_dirs(path, SerializationError, "checkpoint directory")
     make_private(path.rstrip("/").rsplit("/", 1)[0], directory=True)  # the run's directory
     make_private(path, directory=True)
-    blob = st_save({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, {_META_KEY: json.dumps(meta)})
-    make_private(atomic_write_bytes(rank_file(path, rank), blob, SerializationError), directory=False)
+    record = json.dumps(meta)
+    blob = st_save({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, {_META_KEY: record})
+    chunks = _with_checksum(blob, record) if checksum else [blob]
+    make_private(atomic_write_bytes(rank_file(path, rank), chunks, SerializationError), directory=False)
+
+
+def _with_checksum(blob: bytes, record: str) -> list[bytes | memoryview]:
+    """``blob`` (safetensors bytes) with the checksum of ``record`` and its tensor data added to its metadata, as
+    the chunks to write: a new header, then the data unchanged (its offsets are relative to the header's end)."""
+    (n,) = struct.unpack("<Q", blob[:8])
+    data = memoryview(blob)[8 + n :]
+    header = json.loads(blob[8 : 8 + n])
+    header["__metadata__"][CHECKSUM_KEY] = rank_checksum(record, [data])
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)  # safetensors pads its header with spaces to keep the data 8-byte aligned
+    return [struct.pack("<Q", len(head)), head, data]
 
 
 def write_manifest(path: str, manifest: dict[str, Any]) -> None:
@@ -126,10 +152,14 @@ def read_rank_file(path: str, rank: int) -> tuple[dict[str, torch.Tensor], dict[
     url = rank_file(path, rank)
     blob = read_bytes(url, CheckpointDamaged)
     try:
-        meta = json.loads(read_safetensors_metadata(blob)[_META_KEY])
+        metadata = read_safetensors_metadata(blob)
+        meta = load_json(metadata[_META_KEY], "its record", ValueError)
         if not isinstance(meta, dict):
             raise ValueError("its record is not a JSON object")
+        check_rank_blob(url, blob, metadata)
         return dict(st_load(blob)), meta
+    except CheckpointDamaged:
+        raise
     except Exception as e:  # safetensors raises its own error types (SafetensorError) for damaged files
         raise CheckpointDamaged(
             f"{url!r} is not a readable torchspark checkpoint file ({type(e).__name__}: {e}); {FIX}"
@@ -148,8 +178,12 @@ def read_manifest(path: str, step: int) -> dict[str, Any] | None:
     if not fs.exists(local):
         return None
     try:
-        manifest = json.loads(read_bytes(url, CheckpointDamaged))
-    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+        manifest = load_json(read_bytes(url, CheckpointDamaged), repr(url), ValueError)
+    except CheckpointDamaged:
+        raise
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, too deep or too long a number
+        if str(e).startswith(repr(url)):
+            raise CheckpointDamaged(f"{e}; {FIX}") from None
         raise CheckpointDamaged(f"{url!r} is not valid JSON ({type(e).__name__}: {e}); {FIX}") from e
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise CheckpointDamaged(f"{url!r} is not a torchspark checkpoint manifest (no format marker); {FIX}")
@@ -162,11 +196,15 @@ def read_manifest(path: str, step: int) -> dict[str, Any] | None:
     return check_manifest(manifest, path, step)
 
 
-def load_checkpoint(step: int, path: str) -> StoredCheckpoint | None:
-    """The checkpoint in step directory ``path`` when it is complete, checked as far as the driver can without
-    reading the tensors: its manifest, every rank file's header, and (local storage) that they are this user's
-    alone. None: incomplete (no manifest yet, or a rank file missing: a writer was stopped).
+def load_checkpoint(step: int, path: str, verify: bool = True) -> StoredCheckpoint | None:
+    """The checkpoint in step directory ``path`` when it is complete and checked: its manifest, every rank file's
+    header, (local storage) that they are this user's alone, and (``verify``) every rank file's checksum, each file
+    streamed through SHA-256 once. None: incomplete (no manifest yet, or a rank file missing: a writer was stopped).
 
+    A checkpoint written before checksums has none: it is returned, with a warning that it was not verified.
+
+    Args:
+        verify: check the checksums (False: headers only, no tensor data read; for listing and pruning).
     Raises:
         CheckpointDamaged: a damaged or untrusted part (the message names it).
     """
@@ -177,6 +215,15 @@ def load_checkpoint(step: int, path: str) -> StoredCheckpoint | None:
     for rank in range(manifest["world_size"]):
         check_owner(rank_file(path, rank))
         check_rank_header(path, rank, manifest)
+    if verify:
+        unverified = [rank for rank in range(manifest["world_size"]) if not check_rank_data(path, rank)]
+        if unverified:
+            log.warning(
+                "checkpoint %s: rank file(s) %s carry no checksum (written by an older torchspark); resuming from "
+                "them unverified",
+                path,
+                ", ".join(f"rank-{r}.safetensors" for r in unverified),
+            )
     return StoredCheckpoint(step, path, manifest)
 
 
@@ -209,7 +256,7 @@ def step_directories(directory: str, run_id: str) -> list[tuple[int, str]]:
 def _complete(step: int, path: str) -> dict[str, Any] | None:
     """The manifest of a complete, undamaged checkpoint (listing and pruning: a damaged one never counts)."""
     try:
-        found = load_checkpoint(step, path)
+        found = load_checkpoint(step, path, verify=False)  # every write prunes: headers only, no tensor data read
     except CheckpointDamaged as e:
         log.debug("ignoring a damaged checkpoint: %s", e)
         return None

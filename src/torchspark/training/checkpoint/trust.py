@@ -2,7 +2,7 @@
 
 Everything read from disk is bounded before it is used: a damaged or planted file must cost a clear error or a fall
 back to the previous checkpoint, never memory in proportion to a number it claims, a hang or a silently wrong
-resume. Three checks, each raising :class:`CheckpointDamaged` (a :class:`~torchspark.errors.SerializationError`
+resume. Four checks, each raising :class:`CheckpointDamaged` (a :class:`~torchspark.errors.SerializationError`
 naming the file and the fix), which the driver's resume turns into a fall back to the previous complete checkpoint:
 
 1. :func:`check_manifest`: every count in ``manifest.json`` is an integer within bounds (``world_size`` at most
@@ -11,7 +11,13 @@ naming the file and the fix), which the driver's resume turns into a fall back t
    is well formed, its record belongs to this rank, step and epoch, and the file is as long as the header says;
 3. :func:`check_owner` (local storage only): the step directory and its files belong to this user and nobody else
    may write them, so another user's ``step-9999999999`` planted in a shared (1777) ``checkpoint_directory`` is
-   never resumed from. Checkpoints are written private (files 0600, directories 0700), as exports are.
+   never resumed from. Checkpoints are written private (files 0600, directories 0700), as exports are;
+4. :func:`check_rank_data`: each rank file's SHA-256 (:func:`rank_checksum`, over its record and all its tensor
+   data, written into its safetensors metadata as ``torchspark.sha256``) matches, so a flipped bit in a weight or
+   in an updater's moments is a fall back, not a silently different resume. The driver streams every rank file
+   through it before it resumes (:func:`~torchspark.training.checkpoint.store.load_checkpoint`), and each rank
+   checks its own file again when it reads it (:func:`check_rank_blob`). A file written before checksums has none:
+   it is resumed with a warning that it was not verified.
 
 Example::
 
@@ -22,16 +28,18 @@ Example::
 
 from __future__ import annotations
 
-import json
+import hashlib
 import os
 import re
 import stat
 import struct
+from collections.abc import Iterable
 from typing import Any
 
 from fsspec.implementations.local import LocalFileSystem
 
-from torchspark._io import filesystem, join
+from torchspark._bounded import load_json
+from torchspark._io import check_regular_file, filesystem, join
 from torchspark.errors import ConfigError, SerializationError
 
 __all__ = [
@@ -43,6 +51,10 @@ __all__ = [
     "MAX_HEADER",
     "check_manifest",
     "check_rank_header",
+    "CHECKSUM_KEY",
+    "rank_checksum",
+    "check_rank_data",
+    "check_rank_blob",
     "check_owner",
     "check_run_directory",
     "make_private",
@@ -54,6 +66,13 @@ MAX_WORLD_SIZE = 1 << 16
 MAX_COUNT = 1 << 53
 #: the largest safetensors header of a rank file read (the header is JSON: names, shapes, the rank's record)
 MAX_HEADER = 64 << 20
+
+#: the safetensors metadata key of a rank file's checksum (:func:`rank_checksum`)
+CHECKSUM_KEY = "torchspark.sha256"
+#: the metadata key of a rank file's record (JSON)
+RECORD_KEY = "torchspark.checkpoint"
+#: bytes read at a time when the driver verifies a rank file (memory stays bounded for any checkpoint size)
+_CHUNK = 8 << 20
 
 #: the advice every :class:`CheckpointDamaged` message ends with
 FIX = "delete that step directory (the fit then resumes from the one before) or use a new run_id"
@@ -107,9 +126,12 @@ def check_manifest(manifest: Any, path: str, step: int) -> dict[str, Any]:
     return manifest
 
 
-def _read_header(url: str) -> tuple[dict[str, Any], int]:
-    """The safetensors header of ``url`` (read alone) and the bytes of tensor data the file holds after it."""
+def _read_header(url: str) -> tuple[dict[str, Any], int, int]:
+    """The safetensors header of ``url`` (read alone), the bytes of tensor data the file holds after it, and where
+    that data starts."""
     fs, local = filesystem(url)
+    if isinstance(fs, LocalFileSystem):  # a FIFO would block the read below, a device never end
+        check_regular_file(local, CheckpointDamaged, "checkpoint file", FIX)
     try:
         size = int(fs.size(local))
         with fs.open(local, "rb") as f:
@@ -122,12 +144,12 @@ def _read_header(url: str) -> tuple[dict[str, Any], int]:
                     f"{url!r} claims a {n}-byte header in a {size}-byte file (at most "
                     f"{MAX_HEADER}): the file is truncated or damaged: {FIX}"
                 )
-            header = json.loads(f.read(n))
+            header = load_json(f.read(n), "the header", ValueError)
     except (OSError, ValueError) as e:
         raise CheckpointDamaged(f"cannot read the header of {url!r} ({type(e).__name__}: {e}): {FIX}") from e
     if not isinstance(header, dict):
         raise CheckpointDamaged(f"{url!r} has a header that is not a JSON object: {FIX}")
-    return header, size - 8 - n
+    return header, size - 8 - n, 8 + n
 
 
 def check_rank_header(path: str, rank: int, manifest: dict[str, Any]) -> dict[str, Any]:
@@ -138,9 +160,9 @@ def check_rank_header(path: str, rank: int, manifest: dict[str, Any]) -> dict[st
         CheckpointDamaged: naming the file and what is wrong.
     """
     url = join(path, f"rank-{rank}.safetensors")
-    header, data_bytes = _read_header(url)
+    header, data_bytes, _ = _read_header(url)
     try:
-        record = json.loads((header.get("__metadata__") or {})["torchspark.checkpoint"])
+        record = load_json((header.get("__metadata__") or {})[RECORD_KEY], f"the record in {url!r}", ValueError)
         ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"]
     except (KeyError, TypeError, ValueError, IndexError) as e:
         raise CheckpointDamaged(f"{url!r} is not a torchspark checkpoint file ({type(e).__name__}: {e}): {FIX}") from e
@@ -157,6 +179,70 @@ def check_rank_header(path: str, rank: int, manifest: dict[str, Any]) -> dict[st
     for key in ("done", "iteration", "epoch", "examples", "iterations"):
         _count(record, key, repr(url))
     return record
+
+
+def rank_checksum(record: str, data: Iterable[bytes | memoryview]) -> str:
+    """The checksum of a rank file: SHA-256 (hex) of its record (the JSON string in its metadata) and then its
+    tensor data (everything after the safetensors header), fed as ``data``'s chunks.
+
+    SHA-256 rather than BLAKE2b: OpenSSL runs it on the CPU's SHA extensions, about twice BLAKE2b's speed where
+    they exist (BENCHMARKS.md, "Measurements behind design choices")."""
+    h = hashlib.sha256(record.encode("utf-8"))
+    for chunk in data:
+        h.update(chunk)
+    return h.hexdigest()
+
+
+def _compare(url: str, expected: Any, actual: str) -> None:
+    if expected != actual:
+        raise CheckpointDamaged(
+            f"{url!r} does not match the checksum written with it (sha256 {str(expected)[:16]}..., its data now "
+            f"hashes to {actual[:16]}...): the file is damaged: {FIX}"
+        )
+
+
+def check_rank_data(path: str, rank: int) -> bool:
+    """Verify rank ``rank``'s file of checkpoint ``path`` against its checksum, streaming it (bounded memory).
+
+    Returns:
+        True when verified; False when the file has no checksum (written by a torchspark before checksums).
+    Raises:
+        CheckpointDamaged: the data or record does not match the checksum, or the file cannot be read.
+    """
+    url = join(path, f"rank-{rank}.safetensors")
+    header, _, start = _read_header(url)
+    metadata = header.get("__metadata__") or {}
+    expected = metadata.get(CHECKSUM_KEY)
+    if expected is None:
+        return False
+    record = metadata.get(RECORD_KEY)
+    if not isinstance(record, str):
+        raise CheckpointDamaged(f"{url!r} has a checksum but no record: the file is damaged: {FIX}")
+    fs, local = filesystem(url)
+    try:
+        with fs.open(local, "rb") as f:
+            f.seek(start)
+            actual = rank_checksum(record, iter(lambda: f.read(_CHUNK), b""))
+    except OSError as e:
+        raise CheckpointDamaged(f"cannot read {url!r} ({type(e).__name__}: {e}): {FIX}") from e
+    _compare(url, expected, actual)
+    return True
+
+
+def check_rank_blob(url: str, blob: bytes, metadata: dict[str, str]) -> bool:
+    """:func:`check_rank_data` for a rank file already read whole (``blob``, its safetensors ``metadata``).
+
+    Returns:
+        True when verified; False when the file has no checksum.
+    Raises:
+        CheckpointDamaged: the file does not match its checksum.
+    """
+    expected = metadata.get(CHECKSUM_KEY)
+    if expected is None:
+        return False
+    (n,) = struct.unpack("<Q", blob[:8])
+    _compare(url, expected, rank_checksum(metadata.get(RECORD_KEY, ""), [memoryview(blob)[8 + n :]]))
+    return True
 
 
 def _local(url: str) -> str | None:

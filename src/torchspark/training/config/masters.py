@@ -15,6 +15,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from torchspark._bounded import load_json
 from torchspark._io import dump_mapping, load_mapping
 from torchspark.errors import ConfigError
 from torchspark.training.checkpoint.config import DEFAULT_KEEP, check_options
@@ -430,9 +431,9 @@ def master_kinds() -> list[str]:
 def master_from_json(text: str) -> TrainingMaster:
     """Rebuild any training master from its ``to_json()`` output."""
     try:
-        d = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"training master JSON is invalid: {e}") from e
+        d = load_json(text, "the text", ConfigError)
+    except ConfigError as e:
+        raise ConfigError(f"training master JSON is invalid: {e}") from e.__cause__
     if not isinstance(d, dict):
         raise ConfigError(f"training master JSON must be an object with a 'type' field, got {type(d).__name__}")
     cls = master_class(d.pop("type", None))
