@@ -2,13 +2,13 @@
 
 * :mod:`.measurement` -- :func:`measure`: ms per iteration, parameter / updater-state bytes and our encoded
   gradient-sharing message size, on this process;
-* :mod:`.estimate` -- the cost model (ring all-reduce for averaging, all-gather of encoded messages for sharing)
+* :mod:`.cost_model` -- the cost model (ring all-reduce for averaging, all-gather of encoded messages for sharing)
   and :func:`advise`, DL4J's guidance as a decision: which master, which averaging frequency, or "stay on one
   machine";
 * :mod:`.command` -- the ``torchspark advise`` command.
 """
 
-from torchspark.advise.estimate import (
+from torchspark.advise.cost_model import (
     Advice,
     Estimate,
     Link,

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from torchspark.advise.estimate import Workload
+from torchspark.advise.cost_model import Workload
 from torchspark.encoding import decode, threshold_encode, to_bytes
 from torchspark.errors import ConfigError
 from torchspark.nn import NetworkBlueprint
@@ -32,7 +32,7 @@ __all__ = ["Measurement", "measure"]
 
 @dataclass(frozen=True)
 class Measurement:
-    """What :func:`measure` found; :meth:`workload` feeds :func:`torchspark.advise.estimate.advise`."""
+    """What :func:`measure` found; :meth:`workload` feeds :func:`torchspark.advise.advise`."""
 
     batch_size: int
     iterations: int
