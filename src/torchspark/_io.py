@@ -84,7 +84,7 @@ def make_dirs(url: str, error: type[Exception], what: str = "directory") -> None
 def atomic_write_bytes(url: str, data: bytes, error: type[Exception]) -> str:
     """Write ``data`` to ``url`` atomically (temp name, then rename). Raises ``error`` naming the path.
 
-    The temporary name records the writing process (:mod:`torchspark._tmpnames`), so a write killed half-way leaves
+    The temporary name records the writing process (`torchspark._tmpnames`), so a write killed half-way leaves
     debris the next write of ``url`` removes."""
     fs, path = filesystem(url)
     parent, name = posixpath.split(path)
@@ -105,7 +105,7 @@ def atomic_write_bytes(url: str, data: bytes, error: type[Exception]) -> str:
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str, error: type[Exception] = OSError) -> str:
-    """Write ``text`` (UTF-8) to ``path`` (a local path or fsspec URL) as :func:`atomic_write_bytes` does: readers
+    """Write ``text`` (UTF-8) to ``path`` (a local path or fsspec URL) as `atomic_write_bytes` does: readers
     never see a half-written file; on failure the temporary file is removed and ``error`` names the path.
 
     Example: ``atomic_write_text("stats.json", stats.to_json())``.
@@ -236,7 +236,7 @@ def load_mapping(text: str, fmt: str, source: str = "the configuration") -> dict
 
 
 def dump_mapping(data: dict[str, Any], fmt: str) -> str:
-    """``data`` as YAML (keys in the given order) or indented JSON; :func:`load_mapping` reads it back.
+    """``data`` as YAML (keys in the given order) or indented JSON; [`load_mapping`][torchspark._io.load_mapping] reads it back.
 
     Example: ``dump_mapping({"epochs": 4}, "yaml") == "epochs: 4\n"``.
     """

@@ -216,7 +216,7 @@ def master_from_args(args: argparse.Namespace, threshold: Any) -> Any:
 
 def _sharing_options(args: argparse.Namespace) -> dict[str, Any]:
     """``--topology``, ``--shard-above-workers`` and ``--max-staleness`` for the sharing master (nothing in averaging
-    mode, where :func:`check_mode_options` refused them)."""
+    mode, where `check_mode_options` refused them)."""
     if args.training_mode != "sharing":
         return {}
     return {
@@ -251,7 +251,7 @@ def check_mode_options(args: argparse.Namespace) -> None:
 
 
 def _spark() -> Any:
-    """:mod:`torchspark.spark`, imported when a command takes a Spark route; without pyspark a SetupError that says
+    """[`torchspark.spark`][torchspark.spark], imported when a command takes a Spark route; without pyspark a SetupError that says
     what to install (``train --parallel`` and ``advise`` need no Spark)."""
     try:
         import torchspark.spark as spark
@@ -311,7 +311,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 def _with_config(
     parser: argparse.ArgumentParser, argv: Sequence[str] | None, args: argparse.Namespace
 ) -> argparse.Namespace:
-    """``train --config FILE``: the file's settings under the command line's (:mod:`torchspark.config_files`)."""
+    """``train --config FILE``: the file's settings under the command line's ([`torchspark.config_files`][torchspark.config_files])."""
     from torchspark.config_files import apply_train_config
 
     return apply_train_config(parser, None if argv is None else list(argv), args)

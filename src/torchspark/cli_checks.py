@@ -41,8 +41,7 @@ _FORMS = "local, local[N], local[*], local-cluster[N,CORES,MB], spark://HOST:POR
 
 
 def compile_setting(text: str) -> bool | str:
-    """An argparse type: ``--compile``'s value, a torch.compile backend or mode (:func:`~torchspark.nn.compiled.
-    check_compile`; ``true``/``false`` too, as a ``--config`` file writes them)."""
+    """An argparse type: ``--compile``'s value, a torch.compile backend or mode (`check_compile`; ``true``/``false`` too, as a ``--config`` file writes them)."""
     if text.lower() in ("true", "false"):
         return text.lower() == "true"
     try:

@@ -114,7 +114,7 @@ def _read_header(data: bytes, source: str) -> dict[str, Any]:
 
 
 def dataset_from_bytes(data: bytes, source: str = "<bytes>") -> DataSet | MultiDataSet:
-    """Deserialize bytes written by :func:`dataset_to_bytes`.
+    """Deserialize bytes written by [`dataset_to_bytes`][torchspark.data.dataset_to_bytes].
 
     Args:
         data: the file's bytes.
@@ -232,7 +232,7 @@ def save_batches(datasets: Iterable[DataSet | MultiDataSet], directory: str, pre
 
 
 def load_batch(path: str) -> DataSet | MultiDataSet:
-    """Read one batch file written by :func:`save_batch`.
+    """Read one batch file written by [`save_batch`][torchspark.data.save_batch].
 
     Raises:
         DataError: the file is missing, unreadable, empty, truncated or foreign; the message names ``path``.

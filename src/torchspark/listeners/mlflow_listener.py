@@ -85,12 +85,12 @@ class MlflowListener(TrainingListener):
             0 or >= 10 against a remote server.
         tags: extra tags for every run.
         end_timeout_s: how long the end of a fit waits for the final metrics, the model upload and the run's
-            status (:attr:`TrainingListener.end_timeout_s`); a server that stops answering delays ``fit()`` by at
+            status ([`TrainingListener.end_timeout_s`][torchspark.listeners.TrainingListener.end_timeout_s]); a server that stops answering delays ``fit()`` by at
             most this. Raise it for large models on a slow link (e.g. ``600.0``).
 
     Raises:
         ConfigError: an ``http(s)://`` tracking server that does not accept a connection within
-            :data:`~torchspark.listeners.places.CONNECT_TIMEOUT_S` seconds, or a local store (``file://`` or a
+            `CONNECT_TIMEOUT_S` seconds, or a local store (``file://`` or a
             path) that cannot be created; checked here, so a fit never starts against them.
     """
 

@@ -1,7 +1,7 @@
 """Inference and scoring of a network: activated outputs, per-example losses and the mean loss over data.
 
-:class:`~torchspark.nn.Network`'s ``output``, ``batch_losses``, ``score_examples`` and ``score`` are these
-functions; they read the network through :class:`~torchspark.nn.forward.ForwardNetwork`.
+[`Network`][torchspark.Network]'s ``output``, ``batch_losses``, ``score_examples`` and ``score`` are these
+functions; they read the network through `ForwardNetwork`.
 """
 
 from __future__ import annotations

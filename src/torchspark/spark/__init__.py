@@ -1,5 +1,5 @@
 """Spark integration: sessions and ``SparkNetwork``; re-exports the training masters (which live in
-:mod:`torchspark.training`). The only package importing pyspark."""
+[`torchspark.training`][torchspark.training]). The only package importing pyspark."""
 
 try:  # the rest of torchspark works without pyspark (a GPU box, a laptop); this package does not
     import pyspark  # noqa: F401

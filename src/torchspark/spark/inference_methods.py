@@ -1,8 +1,8 @@
-"""The inference methods of :class:`~torchspark.spark.SparkNetwork` (scoring and prediction).
+"""The inference methods of [`SparkNetwork`][torchspark.spark.SparkNetwork] (scoring and prediction).
 
-Thin methods over :mod:`torchspark.spark.inference`, bound to the object's session and network, so
+Thin methods over `torchspark.spark.inference`, bound to the object's session and network, so
 ``spark_net.predict(df)`` reads like DL4J's ``sparkNet`` calls. The evaluation methods are in
-:mod:`torchspark.spark.evaluation_methods`. An RDD in gives an RDD out (classic sessions only); a DataFrame in gives
+`torchspark.spark.evaluation_methods`. An RDD in gives an RDD out (classic sessions only); a DataFrame in gives
 a DataFrame out, on any session (the route on Spark Connect).
 """
 

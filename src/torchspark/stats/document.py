@@ -1,10 +1,10 @@
-"""The JSON document of :class:`~torchspark.stats.TrainingStats`: payloads to JSON and back, and the checks of
+"""The JSON document of [`TrainingStats`][torchspark.stats.TrainingStats]: payloads to JSON and back, and the checks of
 its summary fields.
 
 A document is ``{"format", "summary_fields", "workers", "phases", "formats", "payloads"}``; each payload is a
-collector payload (:meth:`~torchspark.stats.StatsCollector.drain`) whose arrays are JSON lists. JSON has no NaN
+collector payload ([`drain`][torchspark.stats.StatsCollector.drain]) whose arrays are JSON lists. JSON has no NaN
 and no infinity, so NaN is written as null and +-inf as ``"inf"``/``"-inf"``; a document read back is checked
-field by field (:func:`checked_summary`), so a damaged file fails when it is read, not when the report is drawn.
+field by field (`checked_summary`), so a damaged file fails when it is read, not when the report is drawn.
 
 Example::
 
@@ -50,7 +50,7 @@ def payload_to_json(obj: Any) -> Any:
 
 
 def payload_from_json(p: dict[str, Any]) -> dict[str, Any]:
-    """The collector-style payload :func:`payload_to_json` wrote, its lists as typed arrays again (null -> NaN)."""
+    """The collector-style payload `payload_to_json` wrote, its lists as typed arrays again (null -> NaN)."""
     floats = lambda v: np.array([math.nan if x is None else float(x) for x in v], dtype=np.float64)  # noqa: E731
     ph, sc, enc = p["phases"], p["scores"], p["encoding"]
     return {

@@ -16,11 +16,11 @@ incomplete ones (a rank killed mid-write leaves none of its file, and a peer may
 counts only complete ones, so the newest complete checkpoint is never deleted. (So while a peer is still writing,
 one checkpoint more than ``keep_checkpoints`` may exist until rank 0's next write or the end of the fit.)
 
-The workers commit a checkpoint together (:class:`~torchspark.training.checkpoint.writer.CheckpointWriter`): every
+The workers commit a checkpoint together (`CheckpointWriter`): every
 rank writes its file, all meet, rank 0 writes the manifest, all meet again; so no worker trains on (and none can
 fail) before the checkpoint is complete, and a fault after it always finds it whole. Directories are created 0700
-and files 0600 on local storage. What the resume trusts of a checkpoint is :mod:`.trust`'s to check
-(:func:`load_checkpoint`).
+and files 0600 on local storage. What the resume trusts of a checkpoint is `trust`'s to check
+(`load_checkpoint`).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The worker side of checkpoints: when to write (:class:`CheckpointWriter`) and how a rank restores its state
-(:func:`restore_rank`).
+"""The worker side of checkpoints: when to write (`CheckpointWriter`) and how a rank restores its state
+(`restore_rank`).
 
 A checkpoint is taken at a *consistent cut*: a point every worker reaches after the same collective, where no
 update is half-applied.
@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class RankProgress:
-    """One rank's running totals for the fit (what its :class:`~torchspark.training.task.WorkerResult` reports),
+    """One rank's running totals for the fit (what its [`WorkerResult`][torchspark.training.WorkerResult] reports),
     restored on resume so a resumed fit reports what one uninterrupted fit would."""
 
     examples: int = 0
@@ -69,7 +69,7 @@ class CheckpointWriter:
         mode: the algorithm (written to the manifest; a resume with another algorithm is refused).
         settings: the algorithm's settings (likewise).
         blueprint: the task's network blueprint (its JSON config goes into the manifest).
-        step: the step counter to continue from (a resumed fit's :attr:`ResumePoint.step`).
+        step: the step counter to continue from (a resumed fit's `ResumePoint.step`).
         barrier: waits until every rank called it (a tiny collective with the communicator's timeout); with it the
             ranks commit each checkpoint together (all files, then the manifest), so a checkpoint is complete or
             absent when any rank trains on. None: no commit (one worker, or tests of the writer alone).
@@ -225,7 +225,7 @@ def _rng_state(device: torch.device) -> tuple[dict[str, torch.Tensor], dict[str,
 
 
 def _set_rng_state(tensors: dict[str, torch.Tensor], meta: dict[str, Any], device: torch.device) -> None:
-    """Restore what :func:`_rng_state` saved (a checkpoint without it, from an older version: left alone)."""
+    """Restore what `_rng_state` saved (a checkpoint without it, from an older version: left alone)."""
     if "rng.torch" in tensors:
         torch.set_rng_state(tensors["rng.torch"].to(torch.uint8))
     if "rng.cuda" in tensors and device.type == "cuda":
@@ -241,7 +241,7 @@ def _set_rng_state(tensors: dict[str, torch.Tensor], meta: dict[str, Any], devic
 
 @dataclass
 class RestoredRank:
-    """What :func:`restore_rank` read of this rank's file besides the network's state.
+    """What `restore_rank` read of this rank's file besides the network's state.
 
     Attributes:
         done: minibatches of epoch ``ResumePoint.fit_epoch`` already consumed (skipped on resume).
@@ -285,7 +285,7 @@ def check_position(restored: RestoredRank, epoch: int, length: int | None) -> No
 
 def restore_rank(point: ResumePoint, rank: int, world_size: int, net: Network) -> RestoredRank:
     """Restore this rank's network state and random streams from checkpoint ``point``; returns the rest of its
-    record (:class:`RestoredRank`): the data position, the fit's totals so far, the algorithm's part.
+    record (`RestoredRank`): the data position, the fit's totals so far, the algorithm's part.
 
     The parameters come with the task's blueprint (rank 0's, equal on all ranks at the cut); this sets the rank's
     own updater state (and fp16's scaler state), buffers, counters and random streams.

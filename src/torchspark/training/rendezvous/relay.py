@@ -1,21 +1,21 @@
 """The driver's rendezvous relay: a small key-value store that only the fit's workers can use.
 
 Task 0 of a barrier stage publishes where its own store listens, and its peers read it here
-(:mod:`torchspark.spark.barrier`). It replaces torch's ``TCPStore`` on the driver, which authenticates nobody:
+(`torchspark.spark.barrier`). It replaces torch's ``TCPStore`` on the driver, which authenticates nobody:
 any local process could store hundreds of megabytes in it, and one byte held open on it stalled its serving
 thread, and with it the driver's shutdown of the relay, with no time limit. Here:
 
 1. **who may talk**: every connection gets a fresh nonce and must answer with the fit's hello for it
-   (:func:`torchspark.training.rendezvous.auth.hello`, the progress channel's HMAC challenge-response) within
+   (`torchspark.training.rendezvous.auth.hello`, the progress channel's HMAC challenge-response) within
    ``hello_timeout_s``, else it is dropped; exactly that many bytes are read before, so a stranger's bytes never
    reach the store;
 2. **never stuck**: one selector thread serves every connection without blocking on any of them, connections
-   owing their hello are capped (the oldest dropped first) and expire, and :meth:`RelayServer.close` returns
+   owing their hello are capped (the oldest dropped first) and expire, and `RelayServer.close` returns
    within its timeout whatever clients do;
-3. **bounded**: a request line, a key, a value and the store's total size are capped (:class:`RelayLimits`); a
+3. **bounded**: a request line, a key, a value and the store's total size are capped (`RelayLimits`); a
    request over a cap gets an error reply naming it.
 
-One request per connection, one JSON line each way (:mod:`torchspark.training.rendezvous.relay_client` is the
+One request per connection, one JSON line each way (`torchspark.training.rendezvous.relay_client` is the
 client): ``{"op": "set", "key": k, "value": v}`` -> ``{"ok": true}``; ``{"op": "get", "key": k}`` ->
 ``{"value": v}`` once ``k`` is set (the client's deadline bounds the wait); ``{"error": why}`` otherwise.
 
@@ -98,13 +98,13 @@ class _Conn:
 
 
 class RelayServer:
-    """The relay store (see the module docstring). Use as a context manager, or :meth:`start` then :meth:`close`.
+    """The relay store (see the module docstring). Use as a context manager, or `start` then `close`.
 
     Args:
         host: the address to listen on (the one executors reach the driver at, ``spark.driver.host``).
         port: TCP port; 0 picks a free one.
-        token: the fit's secret (:func:`~torchspark.training.rendezvous.auth.new_token`); clients must hold it.
-        limits: the caps (:class:`RelayLimits`).
+        token: the fit's secret (`new_token`); clients must hold it.
+        limits: the caps (`RelayLimits`).
     """
 
     def __init__(self, host: str, port: int = 0, *, token: bytes, limits: RelayLimits = RelayLimits()) -> None:

@@ -1,7 +1,7 @@
-"""A worker's side of the driver's rendezvous relay (:mod:`torchspark.training.rendezvous.relay`).
+"""A worker's side of the driver's rendezvous relay (`torchspark.training.rendezvous.relay`).
 
 Every call has one deadline for all of it (connecting, the challenge, the request, the reply), so a relay that
-does not answer, or answers slowly byte by byte, ends in :class:`~torchspark.errors.WaitTimeout` naming the relay
+does not answer, or answers slowly byte by byte, ends in [`WaitTimeout`][torchspark.errors.WaitTimeout] naming the relay
 and the knob, never in a hang.
 
 Example::
@@ -31,7 +31,7 @@ def relay_set(address: tuple[str, int], token: bytes, key: str, value: str, time
 
     Raises:
         WaitTimeout: the relay was not reachable, or did not answer, within ``timeout_s``.
-        SetupError: the relay refused the request (a cap of :class:`~torchspark.training.rendezvous.relay.RelayLimits`).
+        SetupError: the relay refused the request (a cap of `RelayLimits`).
     """
     _request(address, token, {"op": "set", "key": key, "value": value}, timeout_s)
 
