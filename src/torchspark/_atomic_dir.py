@@ -6,7 +6,7 @@ under the old config, which loads without error. Here a reader sees the old dire
 1. every file is written into ``.<name>.tmp-<writer>-<random>`` next to the destination (same filesystem, so step 2
    is a rename, not a copy); any failure removes that directory and leaves the old one untouched. A killed save
    cannot remove it: the next save of the same destination removes those whose writing process is gone
-   (:mod:`torchspark._tmpnames`);
+   (`torchspark._tmpnames`);
 2. on a local filesystem the two directories are exchanged in one step (Linux ``renameat2(RENAME_EXCHANGE)``),
    else the old one is renamed aside and the new one renamed into place (a crash between the two renames leaves
    the old model at ``.<name>.old-<random>``);

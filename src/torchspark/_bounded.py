@@ -4,7 +4,7 @@ or a raw ``ValueError`` from Python's integer conversion.
 
 Every JSON document torchspark reads from a file (``torchspark train --config``, training masters, network specs,
 a saved model's ``config.json``, checkpoint manifests and rank-file records, safetensors headers) goes through
-:func:`load_json`; YAML configuration files get the same two limits in :func:`torchspark._io.load_mapping`'s loader.
+`load_json`; YAML configuration files get the same two limits in [`torchspark._io.load_mapping`][torchspark._io.load_mapping]'s loader.
 
 Example::
 
@@ -29,7 +29,7 @@ MAX_INT_DIGITS = 100
 
 
 def depth_message(source: str) -> str:
-    """The message of a file nested deeper than :data:`MAX_DEPTH`."""
+    """The message of a file nested deeper than `MAX_DEPTH`."""
     return (
         f"{source} nests lists or mappings deeper than {MAX_DEPTH} levels (the limit for configuration, model and "
         "checkpoint files): the file is damaged or not one torchspark wrote"
@@ -37,7 +37,7 @@ def depth_message(source: str) -> str:
 
 
 def int_message(source: str, digits: int) -> str:
-    """The message of an integer longer than :data:`MAX_INT_DIGITS` digits."""
+    """The message of an integer longer than `MAX_INT_DIGITS` digits."""
     return (
         f"{source} holds an integer of {digits} digits, more than the limit of {MAX_INT_DIGITS} digits for "
         "configuration, model and checkpoint files: the file is damaged or not one torchspark wrote"
@@ -45,7 +45,7 @@ def int_message(source: str, digits: int) -> str:
 
 
 def check_depth(value: Any, source: str, error: type[Exception] = ConfigError) -> None:
-    """Raise ``error`` when ``value`` (parsed JSON/YAML) nests lists and mappings deeper than :data:`MAX_DEPTH`.
+    """Raise ``error`` when ``value`` (parsed JSON/YAML) nests lists and mappings deeper than `MAX_DEPTH`.
 
     Walks iteratively, so a value too deep for Python's recursion is measured without recursing."""
     stack: list[tuple[Any, int]] = [(value, 1)]
@@ -65,7 +65,7 @@ def load_json(
     error: type[Exception] = ConfigError,
     object_pairs_hook: Callable[[list[tuple[str, Any]]], Any] | None = None,
 ) -> Any:
-    """``json.loads(text)`` within :data:`MAX_DEPTH` and :data:`MAX_INT_DIGITS`.
+    """``json.loads(text)`` within `MAX_DEPTH` and `MAX_INT_DIGITS`.
 
     Args:
         text: the JSON document (bytes are decoded as UTF-8, as ``json.loads`` does).

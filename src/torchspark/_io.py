@@ -89,7 +89,7 @@ def atomic_write_bytes(url: str, data: bytes | Sequence[bytes | memoryview], err
     """Write ``data`` (bytes, or a sequence of chunks written one after the other) to ``url`` atomically (temp name,
     then rename). Raises ``error`` naming the path.
 
-    The temporary name records the writing process (:mod:`torchspark._tmpnames`), so a write killed half-way leaves
+    The temporary name records the writing process (`torchspark._tmpnames`), so a write killed half-way leaves
     debris the next write of ``url`` removes."""
     fs, path = filesystem(url)
     parent, name = posixpath.split(path)
@@ -111,7 +111,7 @@ def atomic_write_bytes(url: str, data: bytes | Sequence[bytes | memoryview], err
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str, error: type[Exception] = OSError) -> str:
-    """Write ``text`` (UTF-8) to ``path`` (a local path or fsspec URL) as :func:`atomic_write_bytes` does: readers
+    """Write ``text`` (UTF-8) to ``path`` (a local path or fsspec URL) as `atomic_write_bytes` does: readers
     never see a half-written file; on failure the temporary file is removed and ``error`` names the path.
 
     Example: ``atomic_write_text("stats.json", stats.to_json())``.
@@ -257,8 +257,8 @@ def load_mapping(text: str, fmt: str, source: str = "the configuration") -> dict
     Raises:
         ConfigError: not valid YAML/JSON, or not a mapping at the top; a key given twice in one mapping; a YAML
             alias (``*name``: refused, so an "anchor bomb" never expands); lists and mappings nested deeper than
-            :data:`~torchspark._bounded.MAX_DEPTH` levels or an integer longer than
-            :data:`~torchspark._bounded.MAX_INT_DIGITS` digits. The message names ``source``.
+            `MAX_DEPTH` levels or an integer longer than
+            `MAX_INT_DIGITS` digits. The message names ``source``.
 
     Example: ``load_mapping("epochs: 4\nlr: 1e-3\n", "yaml") == {"epochs": 4, "lr": 0.001}``.
     """
@@ -286,7 +286,7 @@ def load_mapping(text: str, fmt: str, source: str = "the configuration") -> dict
 
 
 def dump_mapping(data: dict[str, Any], fmt: str) -> str:
-    """``data`` as YAML (keys in the given order) or indented JSON; :func:`load_mapping` reads it back.
+    """``data`` as YAML (keys in the given order) or indented JSON; [`load_mapping`][torchspark._io.load_mapping] reads it back.
 
     Example: ``dump_mapping({"epochs": 4}, "yaml") == "epochs: 4\n"``.
     """

@@ -3,7 +3,7 @@
 A crashed writer leaves files that only it could finish (temporary names of atomic writes, default export
 directories); removing them is safe once its process is gone. A pid alone is not enough: pids are reused (the start
 time tells the owner from a newcomer) and a container with its own pid namespace sees other pids (the namespace id,
-in :func:`host_identity`, keeps each namespace to judging its own processes).
+in `host_identity`, keeps each namespace to judging its own processes).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Temporary names of atomic writes, and the removal of those a crashed writer left behind.
 
-Every atomic write (:func:`torchspark._io.atomic_write_bytes`, :func:`torchspark._atomic_dir.write_directory`)
+Every atomic write (`torchspark._io.atomic_write_bytes`, `torchspark._atomic_dir.write_directory`)
 goes to a hidden sibling of its target and is then renamed over it::
 
     .<name>.tmp-<where>-<pid>-<start>-<random>     e.g. .rank-0.safetensors.tmp-3fa2c1d09b-4121-88231-9c0e...

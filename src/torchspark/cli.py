@@ -3,7 +3,7 @@
 ``torchspark train`` trains a zoo model on the built-in digits dataset (gradient sharing by default, as DL4J's
 guidance recommends) and writes the model, ``metrics.json`` (on Spark also the ``spark_master`` and ``master`` settings it
 used), ``stats.json`` and the ``stats.html`` timeline; ``evaluate``/``predict``: distributed evaluation and inference.
-The exit codes (0 done, 1 runtime failure, 2 usage error, 130 interrupted) are :mod:`torchspark.cli_exit`'s.
+The exit codes (0 done, 1 runtime failure, 2 usage error, 130 interrupted) are `torchspark.cli_exit`'s.
 """
 
 from __future__ import annotations
@@ -214,7 +214,7 @@ def master_from_args(args: argparse.Namespace, threshold: Any) -> Any:
 
 def _sharing_options(args: argparse.Namespace) -> dict[str, Any]:
     """``--topology``, ``--shard-above-workers`` and ``--max-staleness`` for the sharing master (nothing in averaging
-    mode, where :func:`check_mode_options` refused them)."""
+    mode, where `check_mode_options` refused them)."""
     if args.training_mode != "sharing":
         return {}
     return {
@@ -249,7 +249,7 @@ def check_mode_options(args: argparse.Namespace) -> None:
 
 
 def _spark() -> Any:
-    """:mod:`torchspark.spark`, imported when a command takes a Spark route; without pyspark a SetupError that says
+    """[`torchspark.spark`][torchspark.spark], imported when a command takes a Spark route; without pyspark a SetupError that says
     what to install (``train --parallel`` and ``advise`` need no Spark)."""
     try:
         import torchspark.spark as spark
@@ -309,7 +309,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 def _write_predictions(frame: Any, output: str, overwrite: bool) -> None:
     """Write ``frame`` as Parquet to ``output`` without deleting anything this command did not write: a local path
-    through a temporary sibling renamed into place (:func:`torchspark.cli_output.write_directory`); a URL
+    through a temporary sibling renamed into place (`torchspark.cli_output.write_directory`); a URL
     (``hdfs://``, ``s3a://``) directly, refused by Spark when it exists unless ``overwrite``."""
     from torchspark.cli_output import write_directory
     from torchspark.spark.predict import write_parquet
@@ -322,7 +322,7 @@ def _write_predictions(frame: Any, output: str, overwrite: bool) -> None:
 
 def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
     """The command line with its ``--config`` file's settings under it (any subcommand:
-    :func:`torchspark.config_files.parse_with_config`)."""
+    [`torchspark.config_files.parse_with_config`][torchspark.config_files.parse_with_config])."""
     from torchspark.config_files import parse_with_config
 
     return parse_with_config(parser, None if argv is None else list(argv))
@@ -367,7 +367,7 @@ COMMANDS = {"train": cmd_train, "evaluate": cmd_evaluate, "predict": cmd_predict
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the ``torchspark`` command; returns its exit code (:mod:`torchspark.cli_exit`): 0 done, 1 a runtime
+    """Run the ``torchspark`` command; returns its exit code (`torchspark.cli_exit`): 0 done, 1 a runtime
     failure, 2 a usage error (argparse's own errors raise SystemExit(2)), 130 interrupted. An error is printed as
     ``torchspark: error: MESSAGE`` on stderr."""
     parser = build_parser()

@@ -15,7 +15,7 @@ __all__ = ["int_at_least", "positive_int", "non_negative_int", "positive_float",
 
 
 def int_at_least(minimum: int) -> Any:
-    """An argparse type: an integer >= ``minimum`` (:func:`torchspark.validation.parse_int`), with a message naming
+    """An argparse type: an integer >= ``minimum`` (`torchspark.validation.parse_int`), with a message naming
     the value."""
 
     def parse(text: str) -> int:

@@ -41,8 +41,7 @@ _FORMS = "local, local[N], local[*], local-cluster[N,CORES,MB], spark://HOST:POR
 
 
 def compile_setting(text: str) -> bool | str:
-    """An argparse type: ``--compile``'s value, a torch.compile backend or mode (:func:`~torchspark.nn.compiled.
-    check_compile`; ``true``/``false`` too, as a ``--config`` file writes them)."""
+    """An argparse type: ``--compile``'s value, a torch.compile backend or mode (`check_compile`; ``true``/``false`` too, as a ``--config`` file writes them)."""
     if text.lower() in ("true", "false"):
         return text.lower() == "true"
     try:
@@ -357,7 +356,7 @@ def check_arguments(args: argparse.Namespace) -> None:
 
     Raises:
         ConfigError: the first problem found (the CLI prints it as one line and exits with code 2, a usage error:
-            :mod:`torchspark.cli_exit`).
+            `torchspark.cli_exit`).
     """
     command = args.command
     if command == "train":

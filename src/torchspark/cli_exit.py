@@ -12,8 +12,8 @@ code   meaning
 130    interrupted (Ctrl-C, SIGINT): 128 + the signal's number, as a shell reports it
 =====  ==========================================================================================================
 
-:data:`EXIT_CODES` maps each :class:`~torchspark.errors.TorchSparkError` class to its code; a subclass not listed
-takes the code of its nearest listed ancestor (:func:`exit_code`). argparse's own errors (an unknown option, a
+`EXIT_CODES` maps each [`TorchSparkError`][torchspark.cli.TorchSparkError] class to its code; a subclass not listed
+takes the code of its nearest listed ancestor (`exit_code`). argparse's own errors (an unknown option, a
 value of the wrong type) exit 2 before any of this runs.
 """
 
@@ -61,8 +61,8 @@ EXIT_CODES: dict[type[BaseException], int] = {
 
 
 def exit_code(error: BaseException) -> int:
-    """The exit code for a command that ended with ``error``: :data:`EXIT_INTERRUPTED` for a KeyboardInterrupt,
-    else the code :data:`EXIT_CODES` gives the nearest listed class of ``error`` (:data:`EXIT_FAILURE` for an error
+    """The exit code for a command that ended with ``error``: `EXIT_INTERRUPTED` for a KeyboardInterrupt,
+    else the code `EXIT_CODES` gives the nearest listed class of ``error`` (`EXIT_FAILURE` for an error
     that is not torchspark's)."""
     if isinstance(error, KeyboardInterrupt):
         return EXIT_INTERRUPTED

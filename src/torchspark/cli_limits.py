@@ -1,10 +1,10 @@
 """What the ``torchspark train`` command refuses for its size, and how it keeps a trained model it cannot write.
 
-* :func:`check_scale`: ``--epochs`` at most :data:`MAX_EPOCHS` (``--epochs 1e8`` is a typo, not a plan; it once
+* `check_scale`: ``--epochs`` at most `MAX_EPOCHS` (``--epochs 1e8`` is a typo, not a plan; it once
   ran out of memory after 44 s; the library now refuses only ``shuffle_scope="global"`` plans that large), and on this machine (``--parallel`` or a ``local`` master) ``--num-workers`` at
-  most :func:`max_local_workers` (each worker holds a process or task, sockets and files open on the driver:
+  most `max_local_workers` (each worker holds a process or task, sockets and files open on the driver:
   ``--num-workers 100000`` ended in "too many open files");
-* :func:`save_model`: the final model is written atomically (``Network.save``: a temporary directory renamed into
+* `save_model`: the final model is written atomically (``Network.save``: a temporary directory renamed into
   place), so a full disk never leaves half a model; when it cannot be written there it is saved under the system's
   temporary directory instead and the error says where (the training is not lost).
 
@@ -36,7 +36,7 @@ _LOCAL = re.compile(r"local(\[.*\])?$")
 
 
 def max_local_workers() -> int:
-    """Workers this machine can run at once: its open-file limit divided by :data:`FDS_PER_WORKER`."""
+    """Workers this machine can run at once: its open-file limit divided by `FDS_PER_WORKER`."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     limit = soft if soft != resource.RLIM_INFINITY else 1 << 20
     return max(1, limit // FDS_PER_WORKER)

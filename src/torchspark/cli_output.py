@@ -4,7 +4,7 @@ The writer fills a temporary sibling of the output (``.NAME.torchspark-XXXX.tmp`
 rename stays on one file system), which is then renamed into place. A new path or an empty directory is simply
 replaced; an existing non-empty directory only with ``overwrite`` (moved aside first, put back if the rename fails,
 and deleted once the new one is in place). When the writer fails, only the temporary sibling is removed.
-:func:`torchspark.cli_checks.check_parquet_output` has already refused an output that is, holds or lies inside the
+`torchspark.cli_checks.check_parquet_output` has already refused an output that is, holds or lies inside the
 input, the model or the working directory.
 
 Example::

@@ -2,8 +2,8 @@
 generated from it: docs/hooks/cli_page.py).
 
 A new ``train`` option is one ``add_argument`` here, read where the command builds the master
-(:func:`torchspark.cli.master_from_args`) or the session (:mod:`torchspark.cli_spark`), checked before anything
-starts (:mod:`torchspark.cli_checks`); ``--config`` files and ``--print-config`` pick it up by its name.
+(`torchspark.cli.master_from_args`) or the session (`torchspark.cli_spark`), checked before anything
+starts (`torchspark.cli_checks`); ``--config`` files and ``--print-config`` pick it up by its name.
 """
 
 from __future__ import annotations
@@ -177,7 +177,7 @@ def _add_run_options(train: argparse.ArgumentParser) -> None:
 
 
 def _add_master_options(train: argparse.ArgumentParser) -> None:
-    """The training master's options (:mod:`torchspark.training.config`)."""
+    """The training master's options (`torchspark.training.config`)."""
     train.add_argument("--batch-size-per-worker", type=positive_int, default=16, help="minibatch size per worker")
     train.add_argument(
         "--accumulate-steps",

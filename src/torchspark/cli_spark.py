@@ -25,7 +25,7 @@ def train_on_spark(
 ) -> tuple[Any, float, dict[str, Any]]:
     """``torchspark train`` on Spark with ``master``; returns the training stats, the score, and what was used (for
     metrics.json): the seconds the session took to start and the fit took, the session's ``spark_master`` and the
-    ``master``'s settings. ``--connect`` / ``--remote`` go through :func:`train_on_connect`."""
+    ``master``'s settings. ``--connect`` / ``--remote`` go through `train_on_connect`."""
     from torchspark.spark import (
         SparkNetwork,
         check_java,
@@ -57,7 +57,7 @@ def connect_progress(args: argparse.Namespace) -> dict[str, Any]:
     """``SparkNetwork``'s progress settings for ``--progress-directory URL``: the ``"directory"`` channel under
     ``URL`` (the workers write files this command polls, whether or not they could reach it), or none (the
     session's default, ``"auto"``). Only a Connect session takes them
-    (:func:`torchspark.cli_checks.check_session_options` refuses the flag on the other routes)."""
+    (`torchspark.cli_checks.check_session_options` refuses the flag on the other routes)."""
     if args.progress_directory is None:
         return {}
     return {"progress_channel": "directory", "progress_directory": args.progress_directory}
@@ -66,7 +66,7 @@ def connect_progress(args: argparse.Namespace) -> dict[str, Any]:
 def train_on_connect(
     args: argparse.Namespace, net: Any, train_data: Any, master: Any
 ) -> tuple[Any, float, dict[str, Any]]:
-    """:func:`train_on_spark` through a Spark Connect session: a local Connect server (``--connect``) or the
+    """`train_on_spark` through a Spark Connect session: a local Connect server (``--connect``) or the
     server at ``--remote``; the digits go to the workers as a DataFrame."""
     from torchspark.spark import SparkNetwork
     from torchspark.spark.session import local_session, remote_session

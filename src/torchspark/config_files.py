@@ -1,8 +1,8 @@
 """Configuration files: training masters and ``torchspark train`` settings as YAML or JSON.
 
-* Masters: :func:`master_to_yaml` / :func:`master_from_yaml` (and ``master.to_yaml()`` /
-  ``TrainingMaster.from_yaml``) write and read the same mapping as ``to_json()``; :func:`save_master` /
-  :func:`load_master` pick the format from the file name (``.yaml``/``.yml`` or ``.json``).
+* Masters: [`master_to_yaml`][torchspark.config_files.master_to_yaml] / [`master_from_yaml`][torchspark.config_files.master_from_yaml] (and ``master.to_yaml()`` /
+  ``TrainingMaster.from_yaml``) write and read the same mapping as ``to_json()``; [`save_master`][torchspark.config_files.save_master] /
+  [`load_master`][torchspark.config_files.load_master] pick the format from the file name (``.yaml``/``.yml`` or ``.json``).
 * ``torchspark train --config run.yaml``: the file holds the train options by name (``epochs: 4``,
   ``training_mode: averaging``, ``batch_size_per_worker: 32``; dashes or underscores); options given on the command line
   override it. ``--print-config`` prints the settings a command would train with, to start such a file.
@@ -10,7 +10,7 @@
 YAML needs the ``[yaml]`` extra (PyYAML). Files are read with PyYAML's *safe* loader: plain mappings, lists,
 strings and numbers only; a tag that would build a Python object (``!!python/object``) is refused. The loader
 also reads ``1e-4`` as a number (YAML 1.2; PyYAML's YAML 1.1 would read it as a string). Parsing and writing the
-mappings is :func:`torchspark._io.load_mapping` / :func:`~torchspark._io.dump_mapping` (the masters' YAML
+mappings is [`torchspark._io.load_mapping`][torchspark._io.load_mapping] / [`dump_mapping`][torchspark._io.dump_mapping] (the masters' YAML
 methods use them too), re-exported here.
 """
 
@@ -56,7 +56,7 @@ MAX_CONFIG_BYTES = 1 << 20
 
 
 def _read(path: str) -> str:
-    """The file's text, read at most :data:`MAX_CONFIG_BYTES` (``/dev/zero`` or a huge file is never slurped); a
+    """The file's text, read at most [`MAX_CONFIG_BYTES`][torchspark.config_files.MAX_CONFIG_BYTES] (``/dev/zero`` or a huge file is never slurped); a
     FIFO, device or directory is refused before it is read (a FIFO would block the read until a writer comes)."""
     try:
         # O_NONBLOCK: opening a FIFO without a writer returns at once, and fstat then refuses it (no race with a stat)
@@ -93,7 +93,7 @@ def _read(path: str) -> str:
 
 # ------------------------------------------------------------------ training masters
 def master_to_yaml(master: TrainingMaster) -> str:
-    """The master's ``to_dict()`` (with its ``type``) as YAML; :func:`master_from_yaml` reads it back
+    """The master's ``to_dict()`` (with its ``type``) as YAML; [`master_from_yaml`][torchspark.config_files.master_from_yaml] reads it back
     (``master.to_yaml()``)."""
     return master.to_yaml()
 
@@ -111,7 +111,7 @@ def save_master(master: TrainingMaster, path: str) -> None:
 
 
 def load_master(path: str) -> TrainingMaster:
-    """Read a master written by :func:`save_master` (or by hand): YAML for ``.yaml``/``.yml``, else JSON."""
+    """Read a master written by [`save_master`][torchspark.config_files.save_master] (or by hand): YAML for ``.yaml``/``.yml``, else JSON."""
     text = _read(path)
     return master_from_json(json.dumps(load_mapping(text, "yaml" if _is_yaml(path) else "json", path)))
 

@@ -1,10 +1,10 @@
 """Built-in datasets for examples, tests and benchmarks. None of them touches the network.
 
-- :func:`digits`: the 1,797 8x8 handwritten digits scikit-learn bundles, shipped with torchspark (117 KB of safetensors,
+- [`digits`][torchspark.datasets.digits]: the 1,797 8x8 handwritten digits scikit-learn bundles, shipped with torchspark (117 KB of safetensors,
   no scikit-learn needed), in a fixed stratified train/test split.
-- :func:`synthetic_classification` / :func:`synthetic_images`: learnable random data of any size, seeded.
-- :func:`synthetic_keywords`: token sequences whose class is which keywords they contain (text classification).
-- :func:`read_idx`: MNIST-style IDX files the user already has (local path or fsspec URL, optionally gzipped).
+- [`synthetic_classification`][torchspark.datasets.synthetic_classification] / [`synthetic_images`][torchspark.datasets.synthetic_images]: learnable random data of any size, seeded.
+- [`synthetic_keywords`][torchspark.datasets.synthetic_keywords]: token sequences whose class is which keywords they contain (text classification).
+- [`read_idx`][torchspark.datasets.read_idx]: MNIST-style IDX files the user already has (local path or fsspec URL, optionally gzipped).
 """
 
 from __future__ import annotations
@@ -157,7 +157,7 @@ def synthetic_keywords(
     Each class owns ``keywords_per_class`` token ids (disjoint sets, drawn at random from the vocabulary). An example
     is ``seq_len`` background tokens, uniform over the non-keyword ids, with ``keywords_per_example`` of its class's
     keywords written at random positions. The class is a function of the tokens (no label noise), but not of any one
-    position, so a model must look at the whole sequence: :func:`torchspark.models.text_transformer` learns it in a
+    position, so a model must look at the whole sequence: [`torchspark.models.text_transformer`][torchspark.models.text_transformer] learns it in a
     few epochs. With a large vocabulary most embedding rows are untouched by a minibatch (sparse gradients).
 
     Args:

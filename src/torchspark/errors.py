@@ -1,6 +1,6 @@
 """The exceptions torchspark raises.
 
-Every error names the bad value and says what to change. Catch :class:`TorchSparkError` to catch them all.
+Every error names the bad value and says what to change. Catch [`TorchSparkError`][torchspark.cli.TorchSparkError] to catch them all.
 """
 
 from __future__ import annotations

@@ -7,12 +7,12 @@ Tuning, in short: start with ``Adam(lr=1e-3)``; with plain ``SGD`` use ``lr`` ar
 ``momentum=0.9`` once training is stable. Under gradient sharing the updater runs on each worker *before*
 encoding, so the encoded values are steps (lr already applied), as in DL4J.
 
-Learning rates: every spec's ``lr`` is a number or a :mod:`torchspark.schedules` schedule (step, exponential,
+Learning rates: every spec's ``lr`` is a number or a [`torchspark.schedules`][torchspark.schedules] schedule (step, exponential,
 inverse, poly, sigmoid, map; by iteration or epoch), e.g. ``Adam(lr=ExponentialSchedule(1e-3, gamma=0.9999))``.
 The network sets the optimizer's learning rate from the schedule before every step; the schedule is part of the
 spec's JSON, so it survives save/load and reaches every worker.
 
-Regularisation: L2 is the network's ``weight_decay`` and L1 its ``l1`` (see :class:`~torchspark.nn.Network`).
+Regularisation: L2 is the network's ``weight_decay`` and L1 its ``l1`` (see [`Network`][torchspark.Network]).
 
 Speed: ``SGD``, ``Adam``, ``AdamW`` and ``AdaGrad`` use PyTorch's *fused* kernels by default where PyTorch has one
 for the parameters' device (CPU, CUDA, ...): one vectorized pass per parameter tensor instead of about ten tensor
@@ -202,7 +202,7 @@ class Adam(UpdaterSpec):
 @dataclass(frozen=True)
 class AdamW(Adam):
     """Adam with decoupled weight decay: the decay is the network's ``weight_decay`` (``Network(weight_decay=0.01)``
-    is AdamW's usual value; with the network's default 0 this equals :class:`Adam`)."""
+    is AdamW's usual value; with the network's default 0 this equals [`Adam`][torchspark.optim.Adam])."""
 
     name: ClassVar[str] = "adamw"
 
@@ -277,7 +277,7 @@ UpdaterLike = Union[UpdaterSpec, str, Callable[..., torch.optim.Optimizer]]
 
 
 def updater_from_dict(d: dict[str, Any]) -> UpdaterSpec:
-    """Rebuild a spec from :meth:`UpdaterSpec.to_dict` output (a registry lookup by ``"type"``: nothing is
+    """Rebuild a spec from [`UpdaterSpec.to_dict`][torchspark.optim.UpdaterSpec.to_dict] output (a registry lookup by ``"type"``: nothing is
     imported)."""
     if not isinstance(d, dict):
         raise ConfigError(f"an updater spec must be an object with a 'type' field, got {d!r}")

@@ -73,7 +73,7 @@ class Schedule:
         raise NotImplementedError
 
     def to_dict(self) -> dict[str, Any]:
-        """``{"type": <name>, **fields}``; inverse of :func:`schedule_from_dict`."""
+        """``{"type": <name>, **fields}``; inverse of [`schedule_from_dict`][torchspark.optim.schedule_from_dict]."""
         return {"type": self.name, **dataclasses.asdict(self)}
 
 
@@ -225,7 +225,7 @@ SCHEDULES: dict[str, type[Schedule]] = {
 
 
 def schedule_from_dict(data: dict[str, Any]) -> Schedule:
-    """Rebuild a schedule from :meth:`Schedule.to_dict` output.
+    """Rebuild a schedule from [`Schedule.to_dict`][torchspark.schedules.Schedule.to_dict] output.
 
     Raises:
         ConfigError: unknown ``type`` (the message lists the known ones) or bad fields.

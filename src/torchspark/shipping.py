@@ -3,13 +3,13 @@
 Spark's "Python Package Management" guide gives three routes: a packed conda env (conda-pack), a packed
 virtualenv (venv-pack) or a PEX file. torchspark uses the venv route, in three steps:
 
-1. :func:`build_environment` makes a fresh venv holding the installed distributions that ``torchspark`` (or any
+1. [`build_environment`][torchspark.shipping.build_environment] makes a fresh venv holding the installed distributions that ``torchspark`` (or any
    ``roots``) needs, copied from the running interpreter's environment — no download, and editable installs
    (``pip install -e``, which venv-pack refuses) become ordinary copies. ``pyspark`` is left out by default:
    Spark puts its own ``pyspark.zip`` first on every Python worker's ``PYTHONPATH``, so a pyspark inside the
    archive is never imported there and would only add ~500 MB.
-2. :func:`pack_environment` packs it with venv-pack into a ``.tar.gz``.
-3. :func:`archive_conf` gives the Spark settings that ship the archive and make executors run its interpreter.
+2. [`pack_environment`][torchspark.shipping.pack_environment] packs it with venv-pack into a ``.tar.gz``.
+3. [`archive_conf`][torchspark.shipping.archive_conf] gives the Spark settings that ship the archive and make executors run its interpreter.
 
 What travels and what does not (venv-pack's rule): the archive holds every installed package, but not the
 Python interpreter itself — ``bin/python`` is a symlink to the base interpreter this venv was made from. Every
@@ -49,7 +49,7 @@ TORCH_BUILD_ONLY = ("lib/python*/site-packages/torch/include/*", "lib/python*/si
 
 @dataclasses.dataclass(frozen=True)
 class BuiltEnvironment:
-    """A venv made by :func:`build_environment`.
+    """A venv made by [`build_environment`][torchspark.shipping.build_environment].
 
     Attributes:
         prefix: the venv's directory.
@@ -168,7 +168,7 @@ def build_environment(
         exclude: distributions to leave out, with what only they need. ``pyspark`` by default (the cluster's
             Spark provides it to every Python worker); pass ``()`` to keep it.
     Returns:
-        the :class:`BuiltEnvironment`. Files are hard links into this environment where the file system allows,
+        the [`BuiltEnvironment`][torchspark.shipping.BuiltEnvironment]. Files are hard links into this environment where the file system allows,
         so building costs seconds and little disk.
     Raises:
         ConfigError: ``prefix`` exists. SetupError: a required distribution is not installed here.
@@ -194,14 +194,14 @@ def pack_environment(
     """Pack the venv at ``prefix`` into ``output`` (``.tar.gz``/``.tgz``/``.zip``) with venv-pack.
 
     Args:
-        prefix: a venv without editable installs (e.g. from :func:`build_environment`).
+        prefix: a venv without editable installs (e.g. from [`build_environment`][torchspark.shipping.build_environment]).
         output: the archive to write (written under a temporary name, then renamed).
         compress_level: gzip level 0-9. 1 packs a torch environment several times faster than venv-pack's
             default 4 for an archive only a little larger; the archive is compressed once and unpacked on every
             executor, so raise it when the upload link is slow.
         python_prefix: where the executors' Python lives when not at this base interpreter's path (``"/usr"``).
         exclude: venv-pack file patterns (relative to ``prefix``, shell wildcards) to leave out, e.g.
-            :data:`TORCH_BUILD_ONLY`: C++ headers and test binaries torch does not need at run time (~150 MB).
+            [`TORCH_BUILD_ONLY`][torchspark.shipping.TORCH_BUILD_ONLY]: C++ headers and test binaries torch does not need at run time (~150 MB).
     Raises:
         ConfigError: a bad suffix or level. SetupError: venv-pack is not installed.
     """

@@ -1,6 +1,6 @@
 """Checks of configuration values, written once: integers, numbers, booleans and choices.
 
-Every check raises :class:`~torchspark.errors.ConfigError` with one message shape, naming the option, what it takes
+Every check raises [`ConfigError`][torchspark._io.ConfigError] with one message shape, naming the option, what it takes
 and the value it got::
 
     check_int("epochs", 0, 1)
@@ -10,7 +10,7 @@ and the value it got::
 
 ``bool`` is never an integer or a number here (``True`` for ``epochs`` is a mistake, not 1). Each check returns the
 value it accepted, so a constructor can check and assign in one line. The CLI's text options go through
-:func:`parse_int` / :func:`parse_float`, whose messages leave the option's name to argparse.
+`parse_int` / `parse_float`, whose messages leave the option's name to argparse.
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ def check_float(
     """``value`` if it is a number (``int`` or ``float``, not ``bool``) within the bounds, else ConfigError.
 
     Args:
-        name, owner, allow_none, none_means, fix: as for :func:`check_int`.
+        name, owner, allow_none, none_means, fix: as for `check_int`.
         minimum, maximum: inclusive bounds; ``above``, ``below``: exclusive ones (None: unbounded).
         finite: refuse NaN and infinities (any bound refuses NaN already).
         unit: what the number counts, in the message (``"seconds"``: "a number of seconds > 0").

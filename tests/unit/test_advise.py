@@ -21,7 +21,7 @@ from torchspark.advise import (
     measure,
     parse_link,
 )
-from torchspark.advise.estimate import AVERAGING_FREQUENCIES, TARGET_EFFICIENCY
+from torchspark.advise.cost_model import AVERAGING_FREQUENCIES, TARGET_EFFICIENCY
 from torchspark.cli import main
 from torchspark.errors import ConfigError
 

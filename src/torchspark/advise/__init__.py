@@ -1,14 +1,14 @@
 """Is Spark worth it for this model? Measure one worker, estimate the exchange on a cluster, advise.
 
-* :mod:`.measurement` -- :func:`measure`: ms per iteration, parameter / updater-state bytes and our encoded
+* `measurement` -- [`measure`][torchspark.advise.measure]: ms per iteration, parameter / updater-state bytes and our encoded
   gradient-sharing message size, on this process;
-* :mod:`.estimate` -- the cost model (ring all-reduce for averaging, all-gather of encoded messages for sharing)
-  and :func:`advise`, DL4J's guidance as a decision: which master, which averaging frequency, or "stay on one
+* `cost_model` -- the cost model (ring all-reduce for averaging, all-gather of encoded messages for sharing)
+  and [`advise`][torchspark.advise.advise], DL4J's guidance as a decision: which master, which averaging frequency, or "stay on one
   machine";
-* :mod:`.command` -- the ``torchspark advise`` command.
+* `command` -- the ``torchspark advise`` command.
 """
 
-from torchspark.advise.estimate import (
+from torchspark.advise.cost_model import (
     Advice,
     Estimate,
     Link,

@@ -8,7 +8,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from torchspark.advise.estimate import Advice, Link, Verdict, advise, estimate, parse_link
+from torchspark.advise.cost_model import Advice, Link, Verdict, advise, estimate, parse_link
 from torchspark.advise.measurement import Measurement, measure
 from torchspark.errors import ConfigError
 

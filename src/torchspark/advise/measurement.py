@@ -1,11 +1,11 @@
 """Measure one worker: milliseconds per iteration, parameter and updater-state bytes, encoded message size.
 
-:func:`measure` trains a copy of the network on one minibatch shape, on this process, as one worker would:
+[`measure`][torchspark.advise.measure] trains a copy of the network on one minibatch shape, on this process, as one worker would:
 
   1. ``warmup`` plain iterations (first-call costs: allocation, kernel selection) are not timed;
   2. ``iterations`` timed ``train_step`` calls give the median seconds per iteration;
   3. ``iterations`` gradient-sharing steps at the steady-state ``sparsity``: ``compute_update``, then our codec
-     (:func:`~torchspark.encoding.threshold_encode`, the wire format, decode) at the threshold that sends that
+     ([`threshold_encode`][torchspark.encoding.threshold_encode], the wire format, decode) at the threshold that sends that
      fraction of the update's entries; they give the mean message size (the codec picks sparse or bitmap by size)
      and the encode + decode time. A real fit starts quieter: the residual first has to grow to the threshold, so
      its first messages are smaller; the default ``AdaptiveThreshold`` then holds the sparsity inside
@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from torchspark.advise.estimate import Workload
+from torchspark.advise.cost_model import Workload
 from torchspark.encoding import decode, threshold_encode, to_bytes
 from torchspark.errors import ConfigError
 from torchspark.nn import NetworkBlueprint
@@ -32,7 +32,7 @@ __all__ = ["Measurement", "measure"]
 
 @dataclass(frozen=True)
 class Measurement:
-    """What :func:`measure` found; :meth:`workload` feeds :func:`torchspark.advise.estimate.advise`."""
+    """What [`measure`][torchspark.advise.measure] found; [`workload`][torchspark.advise.Measurement.workload] feeds [`torchspark.advise.advise`][torchspark.advise.advise]."""
 
     batch_size: int
     iterations: int
@@ -60,7 +60,7 @@ def measure(network: Any, batch: Any, iterations: int = 20, warmup: int = 3, spa
     """Steps 1-3 of the module docstring on a copy of ``network``.
 
     Args:
-        network: a :class:`~torchspark.Network` (not modified).
+        network: a [`Network`][torchspark.Network] (not modified).
         batch: one minibatch (``DataSet``) of the size a worker would train.
         iterations: timed iterations (the median is robust to a few slow ones); 20 is enough for >= 1 ms steps.
         warmup: untimed iterations first.

@@ -1,6 +1,6 @@
-"""Training data: :class:`DataSet`/:class:`MultiDataSet`, minibatching, and safetensors batch files.
+"""Training data: [`DataSet`][torchspark.DataSet]/[`MultiDataSet`][torchspark.MultiDataSet], minibatching, and safetensors batch files.
 
-Built-in datasets (scikit-learn digits, synthetic data, MNIST IDX files) live in :mod:`torchspark.datasets`.
+Built-in datasets (scikit-learn digits, synthetic data, MNIST IDX files) live in [`torchspark.datasets`][torchspark.datasets].
 """
 
 from __future__ import annotations

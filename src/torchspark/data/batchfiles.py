@@ -115,7 +115,7 @@ def _read_header(data: bytes, source: str) -> dict[str, Any]:
 
 
 def dataset_from_bytes(data: bytes, source: str = "<bytes>") -> DataSet | MultiDataSet:
-    """Deserialize bytes written by :func:`dataset_to_bytes`.
+    """Deserialize bytes written by [`dataset_to_bytes`][torchspark.data.dataset_to_bytes].
 
     Args:
         data: the file's bytes.
@@ -212,9 +212,9 @@ def save_batches(datasets: Iterable[DataSet | MultiDataSet], directory: str, pre
         datasets: the batches, e.g. ``rebatch(stream, batch_size)``; one file each, in order.
         directory: local path or fsspec URL; created if missing. It must hold no batch files yet: an earlier
             export there would be read together with this one (``fit_paths(directory)`` trains on both), so it is
-            refused, as :func:`~torchspark.spark.export_batches` refuses it.
+            refused, as [`export_batches`][torchspark.spark.export_batches] refuses it.
         prefix: file name prefix (``part-00003_000000.safetensors``). Several writers filling one directory
-            write their files with :func:`save_batch` under distinct names, as ``export_batches`` does.
+            write their files with [`save_batch`][torchspark.data.save_batch] under distinct names, as ``export_batches`` does.
 
     Returns:
         The paths/URLs written, in order (``directory`` joined with the file name).
@@ -265,7 +265,7 @@ def refuse_earlier_export(directory: str, caller: str) -> None:
 
 
 def load_batch(path: str) -> DataSet | MultiDataSet:
-    """Read one batch file written by :func:`save_batch`.
+    """Read one batch file written by [`save_batch`][torchspark.data.save_batch].
 
     Raises:
         DataError: the file is missing, unreadable, empty, truncated or foreign; the message names ``path``.

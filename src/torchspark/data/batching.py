@@ -1,9 +1,9 @@
 """Turning data into minibatches: split one dataset, or re-batch a stream of datasets of any sizes.
 
-:func:`rebatch` is what the Spark export step runs on each partition (DL4J's BatchAndExportDataSetsFunction):
+[`rebatch`][torchspark.data.rebatch] is what the Spark export step runs on each partition (DL4J's BatchAndExportDataSetsFunction):
 partitions hold DataSets of whatever size the user produced; workers want files of exactly ``batch_size``.
-:func:`recut` is the general form (pieces of given sizes) that the balanced routes use to cut a partition where
-the plan of :mod:`torchspark.training.assignment` says.
+[`recut`][torchspark.data.recut] is the general form (pieces of given sizes) that the balanced routes use to cut a partition where
+the plan of `torchspark.training.assignment` says.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def iterate_minibatches(data: Batch | Iterable[Batch], batch_size: int) -> Itera
     Args:
         data: a DataSet/MultiDataSet, split into consecutive minibatches of ``batch_size`` (last may be
             smaller); or any iterable of DataSets/MultiDataSets (e.g. a generator reading batch files), whose
-            items are used as they come (``batch_size`` is then only validated; use :func:`rebatch` to resize).
+            items are used as they come (``batch_size`` is then only validated; use [`rebatch`][torchspark.data.rebatch] to resize).
         batch_size: examples per minibatch, >= 1.
 
     Raises:
@@ -92,8 +92,8 @@ def rebatch(stream: Iterable[Batch], batch_size: int) -> Iterator[Batch]:
 def recut(stream: Iterable[Batch], sizes: Iterable[int]) -> Iterator[Batch]:
     """Re-cut a stream of datasets into consecutive pieces of ``sizes[0]``, ``sizes[1]``, ... examples, in order.
 
-    :func:`rebatch` is ``recut(stream, repeat(batch_size))``; the balanced Spark routes cut each input partition at
-    the places their plan says (:mod:`torchspark.training.assignment`).
+    [`rebatch`][torchspark.data.rebatch] is ``recut(stream, repeat(batch_size))``; the balanced Spark routes cut each input partition at
+    the places their plan says (`torchspark.training.assignment`).
 
     Steps: (1) take examples from the current item until the pending piece is full; (2) when full, merge the
     pending parts and yield them, then move to the next size; (3) keep an incomplete tail as a copy so the big item

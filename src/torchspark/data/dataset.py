@@ -1,4 +1,4 @@
-"""In-memory training data: :class:`DataSet` (one input, one output) and :class:`MultiDataSet` (several of each).
+"""In-memory training data: [`DataSet`][torchspark.DataSet] (one input, one output) and [`MultiDataSet`][torchspark.MultiDataSet] (several of each).
 
 Both hold torch tensors whose first dimension indexes examples, validated once at construction. They are
 treated as immutable: every method returns a new object (often sharing memory with the old one through views),
@@ -289,7 +289,7 @@ class DataSet(_Examples):
         return cls(named["features"], named.get("labels"), named.get("features_mask"), named.get("labels_mask"))
 
     def to_multi(self) -> MultiDataSet:
-        """This data as a :class:`MultiDataSet` with one input and one output (or none, if unlabelled)."""
+        """This data as a [`MultiDataSet`][torchspark.MultiDataSet] with one input and one output (or none, if unlabelled)."""
         return MultiDataSet(
             [self.features],
             None if self.labels is None else [self.labels],
@@ -326,7 +326,7 @@ class MultiDataSet(_Examples):
 
     Args:
         features: non-empty list of ``(N, ...)`` arrays, one per network input.
-        labels: list of label arrays (same rules as :class:`DataSet` labels), one per output; None or ``[]``
+        labels: list of label arrays (same rules as [`DataSet`][torchspark.DataSet] labels), one per output; None or ``[]``
             for unlabelled data.
         features_masks: None, or a list with one mask or None per features array (all None becomes None).
         labels_masks: None, or a list with one mask or None per labels array.

@@ -4,9 +4,9 @@ one optimizer step.
 With ``accumulate_steps=k`` a worker (or ``Network.fit``) trains its minibatches of ``batch_size`` in groups of
 ``k``: the gradients of the group's micro-batches add up in ``.grad`` and the updater steps once, as if it had
 trained one batch of ``k * batch_size`` examples (``Network.train_group``), while only one micro-batch's
-activations are held at a time. :func:`group_batches` cuts the stream; an epoch whose minibatch count is not a
+activations are held at a time. [`group_batches`][torchspark.data.group_batches] cuts the stream; an epoch whose minibatch count is not a
 multiple of ``k`` ends with one shorter group (its step then averages over fewer examples, as a short last
-minibatch does). With ``k = 1`` the stream passes through unchanged, and :func:`as_group` lets a training loop treat
+minibatch does). With ``k = 1`` the stream passes through unchanged, and [`as_group`][torchspark.data.as_group] lets a training loop treat
 either kind of item the same way.
 
 Example::
@@ -30,8 +30,8 @@ __all__ = ["BatchGroup", "Trainable", "group_batches", "as_group", "group_exampl
 class BatchGroup(tuple):
     """Consecutive minibatches trained as one optimizer step: a tuple of batches that knows its example count.
 
-    ``len(group)`` is the number of micro-batches (it is a tuple of them); :attr:`examples` (and
-    :func:`group_examples`) the examples they hold together.
+    ``len(group)`` is the number of micro-batches (it is a tuple of them); [`examples`][torchspark.data.BatchGroup.examples] (and
+    [`group_examples`][torchspark.data.group_examples]) the examples they hold together.
     """
 
     @property

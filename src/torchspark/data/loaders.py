@@ -1,7 +1,7 @@
 """Checks on what a user's ``loader`` (``fit_paths(loader=...)``: a function ``path -> DataSet``) returns.
 
 A network takes one shape per example, so every file a loader reads must give the same per-example shapes.
-The path methods run the loader on every file to count its examples; :func:`check_same_shapes` compares what
+The path methods run the loader on every file to count its examples; `check_same_shapes` compares what
 each call returned there, so a loader that returns a wrong shape for one file fails before any worker starts,
 with a message naming the loader, the file, the shape expected (that of the first file) and the shape it got.
 """

@@ -12,7 +12,7 @@ and stop on the first termination condition that fires::
     result.best_model, result.best_epoch, result.termination_reason, result.score_vs_epoch
 
 This package has no Spark dependency: the Spark trainer and calculators are in
-:mod:`torchspark.spark.earlystopping`, the ParallelWrapper trainer in :mod:`torchspark.parallel.earlystopping`.
+[`torchspark.spark.earlystopping`][torchspark.spark.earlystopping], the ParallelWrapper trainer in [`torchspark.parallel.earlystopping`][torchspark.parallel.earlystopping].
 """
 
 from torchspark.earlystopping.conditions import (

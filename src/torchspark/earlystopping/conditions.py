@@ -68,7 +68,7 @@ def best_epoch(history: Mapping[int, float], minimize: bool, min_improvement: fl
 
 @dataclass(frozen=True)
 class EpochTerminationCondition:
-    """Asked after every epoch: stop now? Subclasses register a ``kind`` for :func:`condition_from_dict`."""
+    """Asked after every epoch: stop now? Subclasses register a ``kind`` for [`condition_from_dict`][torchspark.earlystopping.condition_from_dict]."""
 
     kind: ClassVar[str] = ""
 

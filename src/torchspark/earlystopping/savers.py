@@ -40,7 +40,7 @@ class ModelSaver(Protocol):
 
 class InMemoryModelSaver:
     """Copies of the networks in driver memory (the default). Costs one copy of the weights and updater state
-    per kept model; use :class:`DirectoryModelSaver` for large models or to keep the best model after a crash."""
+    per kept model; use [`DirectoryModelSaver`][torchspark.earlystopping.DirectoryModelSaver] for large models or to keep the best model after a crash."""
 
     def __init__(self) -> None:
         self._best: Network | None = None
@@ -80,7 +80,7 @@ class DirectoryModelSaver:
 
     Layout: ``best_model.json`` ``{"path": ..., "epoch": ..., "score": ...}`` points to the current best model's
     subdirectory (``best_model-<id>/``, loadable with ``Network.load``); the same for ``latest_model``.
-    :meth:`load_best` reads a finished run's best model back.
+    [`load_best`][torchspark.earlystopping.DirectoryModelSaver.load_best] reads a finished run's best model back.
 
     Args:
         directory: where to write; created when missing. Point it at durable storage to keep the best model

@@ -1,10 +1,10 @@
 """Score calculators: what early stopping measures after an epoch (DL4J's ``ScoreCalculator``).
 
 A calculator has ``minimize`` (is lower better?) and ``calculate(network) -> float``. The ones here run on the
-calling process and suit :class:`~torchspark.parallel.ParallelWrapper`; the Spark ones
-(:mod:`torchspark.spark.earlystopping`) compute the same numbers over a validation RDD or DataFrame on the cluster.
+calling process and suit [`ParallelWrapper`][torchspark.parallel.ParallelWrapper]; the Spark ones
+([`torchspark.spark.earlystopping`][torchspark.spark.earlystopping]) compute the same numbers over a validation RDD or DataFrame on the cluster.
 
-Metrics are a registry (:data:`METRICS`): a name maps to the evaluation that computes it, how to read it, and its
+Metrics are a registry ([`METRICS`][torchspark.earlystopping.METRICS]): a name maps to the evaluation that computes it, how to read it, and its
 direction. ``"loss"`` is not a metric: use a loss calculator.
 """
 
@@ -71,7 +71,7 @@ METRICS: dict[str, Metric] = {
 
 
 def metric_by_name(metric: str | Metric) -> Metric:
-    """A :class:`Metric` from its name (or the Metric itself, for a custom one)."""
+    """A [`Metric`][torchspark.earlystopping.Metric] from its name (or the Metric itself, for a custom one)."""
     if isinstance(metric, Metric):
         return metric
     found = METRICS.get(metric) if isinstance(metric, str) else None
@@ -119,7 +119,7 @@ class LossCalculator:
 
 
 class EvaluationCalculator:
-    """Any metric of :data:`METRICS` (or a custom :class:`Metric`) on validation data held by this process (DL4J's
+    """Any metric of [`METRICS`][torchspark.earlystopping.METRICS] (or a custom [`Metric`][torchspark.earlystopping.Metric]) on validation data held by this process (DL4J's
     ClassificationScoreCalculator, RegressionScoreCalculator, ROCScoreCalculator)."""
 
     def __init__(

@@ -1,6 +1,6 @@
 """The early-stopping loop (DL4J's ``BaseEarlyStoppingTrainer``), the same for Spark and ParallelWrapper.
 
-:func:`run_early_stopping` trains one epoch at a time through a ``fit_epoch`` callable (one
+[`run_early_stopping`][torchspark.earlystopping.run_early_stopping] trains one epoch at a time through a ``fit_epoch`` callable (one
 ``SparkNetwork.fit(data, epochs=1)`` or ``ParallelWrapper.fit(data, epochs=1)``) and after each epoch
 
   1. asks the iteration conditions about the epoch's training score and the elapsed time (live worker reports
@@ -70,15 +70,15 @@ class EarlyStoppingConfiguration:
 
     Args:
         score_calculator: what to measure after an epoch: a loss or a metric on validation data
-            (:class:`~torchspark.earlystopping.LossCalculator`, ``EvaluationCalculator``; on Spark
+            ([`LossCalculator`][torchspark.earlystopping.LossCalculator], ``EvaluationCalculator``; on Spark
             ``SparkLossCalculator`` / ``SparkEvaluationCalculator``). Required: the training score is a poor guide,
             it is measured on the data being fitted.
         epoch_conditions: checked after every epoch (``MaxEpochs``, ``NoImprovement``, ``ScoreTarget``).
         iteration_conditions: checked on training scores and elapsed time (``MaxTime``, ``MaxScore``,
             ``InvalidScore``). At least one condition of either kind is required; include ``MaxEpochs`` or
             ``MaxTime`` so that the run is bounded: without either it stops after
-            :data:`UNBOUNDED_EPOCH_LIMIT` epochs (reason ``EPOCH_CONDITION``, the details say why).
-        model_saver: where the best model goes (default: :class:`InMemoryModelSaver`).
+            `UNBOUNDED_EPOCH_LIMIT` epochs (reason ``EPOCH_CONDITION``, the details say why).
+        model_saver: where the best model goes (default: [`InMemoryModelSaver`][torchspark.earlystopping.InMemoryModelSaver]).
         save_last_model: also save the model after every evaluated epoch (``saver.latest()``).
         evaluate_every_n_epochs: compute the score every N epochs (1 = every epoch). Raise it when validation is
             costly compared with an epoch; score-based conditions then decide every N epochs.
@@ -279,7 +279,7 @@ def run_early_stopping(
 class EpochByEpochTrainer(abc.ABC):
     """What an adapter's early-stopping trainer shares with the others (``SparkEarlyStoppingTrainer``,
     ``EarlyStoppingParallelTrainer``): one progress listener, registered on the adapter once, that feeds the running
-    fit's :class:`LiveChecks`, and :meth:`fit`. A subclass says which network it trains and how one epoch runs.
+    fit's `LiveChecks`, and [`fit`][torchspark.earlystopping.trainer.EpochByEpochTrainer.fit]. A subclass says which network it trains and how one epoch runs.
 
     Args:
         config: the early-stopping configuration.

@@ -1,8 +1,8 @@
 """Gradient-sharing codec: Strom 2015 threshold encoding with residuals.
 
-Split as in GRACE: :mod:`.codec` (compressor: encode/decode), :mod:`.residual` (memory post-processing),
-:mod:`.threshold` (policies), :mod:`.wire` (bytes), :mod:`.encoder` (one step per minibatch), :mod:`.stats`,
-:mod:`.fastpath` (the one-pass CPU encode of ``torchspark[fast]``).
+Split as in GRACE: `codec` (compressor: encode/decode), `residual` (memory post-processing),
+`threshold` (policies), `wire` (bytes), `encoder` (one step per minibatch), `stats`,
+`fastpath` (the one-pass CPU encode of ``torchspark[fast]``).
 """
 
 from __future__ import annotations

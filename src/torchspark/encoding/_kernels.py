@@ -11,7 +11,7 @@ Layouts shared by both paths:
 * bitmap payload: uint8, 4 elements per byte; element ``i`` sits in byte ``i // 4`` at bits ``2*(i % 4)`` (value)
   and ``2*(i % 4) + 1`` (negative): code 0 = nothing, 1 = ``+t``, 2 = ``-t``; code 3 never occurs. Pad bits are 0.
 
-Every function here takes already-validated arguments; the public entry points live in :mod:`.codec`.
+Every function here takes already-validated arguments; the public entry points live in `codec`.
 """
 
 from __future__ import annotations
@@ -279,7 +279,7 @@ def sparse_sum(payloads: list[torch.Tensor], thresholds: list[float]) -> tuple[t
 
 
 def sparse_sum_np(arrays: list[np.ndarray], thresholds: list[float]) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`sparse_sum` on int32 numpy payloads (read-only views are fine): ``(indices, sums)`` as numpy arrays."""
+    """`sparse_sum` on int32 numpy payloads (read-only views are fine): ``(indices, sums)`` as numpy arrays."""
     if len(arrays) == 1:  # one message: its indices are already ascending and unique, and 0 + v == v
         p = arrays[0]
         return (np.abs(p).astype(np.int64) - 1, np.where(p > 0, np.float32(thresholds[0]), np.float32(-thresholds[0])))

@@ -1,11 +1,11 @@
 """The one-pass threshold encode, compiled with numba (the ``torchspark[fast]`` extra).
 
-Imported only by :mod:`torchspark.encoding.fastpath` (lazily, on the first CPU encode), never by ``import
+Imported only by `torchspark.encoding.fastpath` (lazily, on the first CPU encode), never by ``import
 torchspark``: importing numba and loading the compiled code costs ~0.3 s, compiling it the first time a few seconds.
 ``cache=True`` keeps the machine code on disk (numba's ``__pycache__`` next to this file when writable, else the
 user's cache directory, or ``NUMBA_CACHE_DIR``), so only the very first process on a machine pays the compile.
 
-Same float32 arithmetic, element by element, as the numpy path of :mod:`._kernels` (``r + u``, ``|r| >= t``,
+Same float32 arithmetic, element by element, as the numpy path of `_kernels` (``r + u``, ``|r| >= t``,
 ``r - t`` / ``r + t``), so the message and the residual are bit-identical; the tests compare them. No ``fastmath``:
 it lets LLVM assume there is no NaN, and ``|NaN| >= t`` must stay False.
 

@@ -1,6 +1,6 @@
 """Calibrating a threshold from the first update (the start of a ``initial="calibrated"`` policy): the threshold
-at which updates like the first would be sent at the policy's target sparsity (:func:`calibrated_threshold`), and
-one value all workers agree on (:func:`agree_threshold`).
+at which updates like the first would be sent at the policy's target sparsity ([`calibrated_threshold`][torchspark.encoding.calibrated_threshold]), and
+one value all workers agree on ([`agree_threshold`][torchspark.encoding.agree_threshold]).
 
 Example::
 

@@ -18,7 +18,7 @@ Unlike DL4J, the format is chosen after counting and before the residual is touc
 loses residual mass, and the bitmap has no "half threshold" state.
 
 A bf16/fp16 update (mixed-precision training) is widened to float32 before it meets the residual, which is always
-float32 (:func:`float32_update`); decoding always yields float32.
+float32 ([`float32_update`][torchspark.encoding.float32_update]); decoding always yields float32.
 """
 
 from __future__ import annotations
@@ -154,7 +154,7 @@ def threshold_encode(
 
     Args:
         update: flat update (what the optimizer would subtract from the parameters), or None. float32, or
-            bf16/fp16 (widened to float32 first: :func:`float32_update`).
+            bf16/fp16 (widened to float32 first: [`float32_update`][torchspark.encoding.float32_update]).
         residual: flat float32 residual, same length and device as ``update``; changed in place.
         threshold: step size ``t`` (> 0, rounded to float32). Larger = fewer, coarser entries per message.
         min_entries: send nothing unless at least this many entries reach ``t`` (DL4J used 2). Default 1.
@@ -164,15 +164,15 @@ def threshold_encode(
             so a small boundary delays high-index entries until the low ones fall below ``t``.
 
     Returns:
-        The :class:`EncodedUpdate`; its payload lives on the residual's device.
+        The [`EncodedUpdate`][torchspark.encoding.EncodedUpdate]; its payload lives on the residual's device.
 
     On the CPU, with ``torchspark[fast]`` installed, steps 1-3 run in one pass of a compiled kernel (the same
-    message and residual, bit for bit; see :mod:`torchspark.encoding.fastpath`).
+    message and residual, bit for bit; see `torchspark.encoding.fastpath`).
 
     Raises:
         ConfigError: ``threshold`` is not a finite positive float32, ``min_entries < 1`` or ``boundary < 1``.
         EncodingError: the tensors are not contiguous 1-D float32 of equal length on one device, or longer than
-            :data:`MAX_LENGTH`.
+            `MAX_LENGTH`.
     """
     t = _check_threshold(threshold)
     if min_entries < 1:
@@ -224,7 +224,7 @@ def decode(message: EncodedUpdate, out: torch.Tensor, *, _force_torch: bool = Fa
     """Add the ``±t`` steps of ``message`` into ``out`` (in place) and return ``out``.
 
     Args:
-        message: an encoded update (from :func:`threshold_encode` or :func:`torchspark.encoding.from_bytes`).
+        message: an encoded update (from [`threshold_encode`][torchspark.encoding.threshold_encode] or [`torchspark.encoding.from_bytes`][torchspark.encoding.from_bytes]).
         out: contiguous 1-D float32 tensor of length ``message.length``, on any device.
 
     Returns:
@@ -251,7 +251,7 @@ def decode_sum(messages: Iterable[EncodedUpdate], out: torch.Tensor) -> torch.Te
     """Add every message into ``out`` (in place) and return it; messages may carry different thresholds.
 
     Raises:
-        EncodingError: as :func:`decode`, for the first message whose length differs from ``out``'s.
+        EncodingError: as [`decode`][torchspark.encoding.decode], for the first message whose length differs from ``out``'s.
     """
     for message in messages:
         decode(message, out)
@@ -262,7 +262,7 @@ def sparse_decode_sum(messages: Iterable[EncodedUpdate]) -> tuple[torch.Tensor, 
     """The sum of sparse messages where it can be non-zero: ``(indices, sums)``.
 
     ``indices`` (int64, ascending, unique) is the union of the messages' entries; ``sums[j]`` is exactly what
-    :func:`decode_sum` into a zeroed buffer leaves at ``indices[j]`` (the ``±t`` values added from 0 in message
+    [`decode_sum`][torchspark.encoding.decode_sum] into a zeroed buffer leaves at ``indices[j]`` (the ``±t`` values added from 0 in message
     order), and every other element of that buffer would stay 0. So ``x[indices] -= sums`` is bit-identical to
     ``x -= decode_sum(messages, zeros)`` while touching only the sent entries. CPU payloads.
 
@@ -282,8 +282,8 @@ def sparse_decode_sum(messages: Iterable[EncodedUpdate]) -> tuple[torch.Tensor, 
 
 
 def sparse_sum_entries(entries: list[np.ndarray], thresholds: list[float]) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`sparse_decode_sum` of sparse payloads given as int32 numpy arrays of signed 1-based indices (e.g. the
-    read-only views of :func:`~torchspark.encoding.wire.sparse_view`) and their thresholds: ``(indices, sums)`` as
+    """[`sparse_decode_sum`][torchspark.encoding.sparse_decode_sum] of sparse payloads given as int32 numpy arrays of signed 1-based indices (e.g. the
+    read-only views of `sparse_view`) and their thresholds: ``(indices, sums)`` as
     int64 / float32 numpy arrays, the same values. Validated payloads only."""
     return _kernels.sparse_sum_np(entries, thresholds)
 
@@ -300,7 +300,7 @@ def accumulate_step(
     ``after[:] = before`` (the parameters are restored), ``residual += update``.
 
     Bit-identical to ``update = before - after; after.copy_(before); residual.add_(update)`` (so to encoding
-    ``update`` with :func:`threshold_encode`, whose step 1 is that add: call it with ``update=None`` afterwards),
+    ``update`` with [`threshold_encode`][torchspark.encoding.threshold_encode], whose step 1 is that add: call it with ``update=None`` afterwards),
     without a temporary per step; on CPU each cache-sized chunk is read once.
 
     Args:

@@ -42,16 +42,16 @@ class EncoderConfig:
     """Knobs of the per-worker encoder.
 
     Args:
-        threshold_policy: how the threshold moves; default :class:`AdaptiveThreshold` (DL4J's default policy,
+        threshold_policy: how the threshold moves; default [`AdaptiveThreshold`][torchspark.encoding.AdaptiveThreshold] (DL4J's default policy,
             with a start calibrated from the first update; ``AdaptiveThreshold(initial=1e-4)`` is DL4J's start).
         residual_post_processor: what happens to the residual after each encode; default
-            :class:`ResidualClipping` (clip to ±5t every 5 steps). Use ``NoResidualPostProcessing()`` to never
+            [`ResidualClipping`][torchspark.encoding.ResidualClipping] (clip to ±5t every 5 steps). Use ``NoResidualPostProcessing()`` to never
             drop update mass.
         shake_frequency: every this many steps encode with ``t/3`` to flush small residuals; 0 (default) = never.
             Try 50..500 if many parameters never reach the threshold.
         min_entries: send nothing unless at least this many entries reach the threshold (DL4J: 2).
         boundary: at most this many entries per message, the rest stay in the residual (DL4J's ``boundary``;
-            see :func:`~torchspark.encoding.threshold_encode`). None (default) = no cap.
+            see [`threshold_encode`][torchspark.encoding.threshold_encode]). None (default) = no cap.
     """
 
     threshold_policy: ThresholdPolicy = field(default_factory=AdaptiveThreshold)
@@ -96,7 +96,7 @@ class EncoderState:
 
     Attributes:
         config: the encoder's knobs.
-        residual: flat float32 residual (N,), mutated in place by :func:`encode_step`.
+        residual: flat float32 residual (N,), mutated in place by [`encode_step`][torchspark.encoding.encode_step].
         threshold_state: threshold for the next step and the last step's sparsity.
     """
 
@@ -127,7 +127,7 @@ class EncoderState:
     def load_state_tensors(
         cls, config: EncoderConfig, tensors: dict[str, torch.Tensor], device: torch.device | str | None = None
     ) -> EncoderState:
-        """Inverse of :meth:`state_tensors`.
+        """Inverse of [`state_tensors`][torchspark.encoding.EncoderState.state_tensors].
 
         Raises:
             EncodingError: a tensor is missing or the residual is not flat float32.
@@ -146,7 +146,7 @@ class EncoderState:
 def local_calibration(update: torch.Tensor | None, state: EncoderState) -> float | None:
     """This worker's calibrated threshold for ``update``, or None (already calibrated, fixed start, no update,
     or an all-zero update). Workers then agree on one value with
-    :func:`~torchspark.encoding.agree_threshold` and apply it with :func:`with_calibration`."""
+    [`agree_threshold`][torchspark.encoding.agree_threshold] and apply it with [`with_calibration`][torchspark.encoding.with_calibration]."""
     target = state.config.threshold_policy.calibration_target()
     if state.threshold_state.calibrated or target is None or update is None:
         return None
@@ -164,12 +164,12 @@ def encode_step(update: torch.Tensor | None, state: EncoderState, step: int) -> 
     """Encode one update and advance the threshold state.
 
     Steps:
-        0. Not calibrated yet (a calibrated start, see :mod:`torchspark.encoding.threshold`): calibrate from this
-           update alone. Several workers calibrate together beforehand instead (:func:`local_calibration`, agree,
-           :func:`with_calibration`), so they start from one threshold. Nothing to calibrate from (no update or an
+        0. Not calibrated yet (a calibrated start, see `torchspark.encoding.threshold`): calibrate from this
+           update alone. Several workers calibrate together beforehand instead ([`local_calibration`][torchspark.encoding.local_calibration], agree,
+           [`with_calibration`][torchspark.encoding.with_calibration]), so they start from one threshold. Nothing to calibrate from (no update or an
            all-zero one): send nothing and stay uncalibrated.
         1. ``t`` = the state's threshold; on shake-up steps encode with ``t/3`` instead.
-        2. :func:`threshold_encode` (``residual += update``; send every ``|r| >= t`` entry as ``±t``).
+        2. [`threshold_encode`][torchspark.encoding.threshold_encode] (``residual += update``; send every ``|r| >= t`` entry as ``±t``).
         3. Post-process the residual with ``t`` (default: clip to ±5t when ``step % 5 == 0``).
         4. Next threshold from this step's sparsity; shake-up steps leave the threshold state alone, since their
            sparsity (measured at ``t/3``) would wrongly push the threshold up.
@@ -177,7 +177,7 @@ def encode_step(update: torch.Tensor | None, state: EncoderState, step: int) -> 
     Args:
         update: flat update of the residual's length and device, or None to flush the residual only; float32, or
             bf16/fp16 (widened to float32 before it meets the float32 residual: the residual keeps full precision).
-        state: from :meth:`EncoderState.create` or a previous call.
+        state: from [`EncoderState.create`][torchspark.encoding.EncoderState.create] or a previous call.
         step: the worker's iteration counter (0-based); drives clipping and shake-up schedules.
 
     Returns:

@@ -1,6 +1,6 @@
 """The one-pass CPU encode: a compiled kernel when ``torchspark[fast]`` (numba) is installed, else the numpy path.
 
-:func:`~torchspark.encoding.threshold_encode` on a CPU residual runs steps 1-3 (add the update, find the entries at
+[`threshold_encode`][torchspark.encoding.threshold_encode] on a CPU residual runs steps 1-3 (add the update, find the entries at
 or above the threshold, subtract their ``±t`` and write the message) in **one pass** over the update with the
 compiled kernel: about 12 bytes moved per element (read residual and update, write residual), where the numpy path
 makes several passes. Same message bytes and same residual, bit for bit. CUDA tensors keep the torch kernels.
@@ -47,7 +47,7 @@ class FastPathStatus:
         backend: ``"numba <version>"`` or ``"numpy"`` (the multi-pass fallback).
         reason: why the kernel is not used (None when it is): what to install or fix.
         encodes: how many encodes the kernel has run in this process (grows with every CPU
-            :func:`~torchspark.encoding.threshold_encode`; a check that the fast path really runs).
+            [`threshold_encode`][torchspark.encoding.threshold_encode]; a check that the fast path really runs).
     """
 
     available: bool
@@ -57,7 +57,7 @@ class FastPathStatus:
 
 
 class OnePassKernel:
-    """The loaded kernel (see :func:`load_kernel`); ``encodes`` counts its calls."""
+    """The loaded kernel (see `load_kernel`); ``encodes`` counts its calls."""
 
     def __init__(self, module: ModuleType, version: str) -> None:
         self._module = module
@@ -67,7 +67,7 @@ class OnePassKernel:
     def encode(
         self, residual: torch.Tensor, update: torch.Tensor | None, threshold: float, min_entries: int, cap: int
     ) -> tuple[Format, torch.Tensor, int]:
-        """Steps 1-3 of :func:`~torchspark.encoding.threshold_encode` on validated CPU tensors, in one pass:
+        """Steps 1-3 of [`threshold_encode`][torchspark.encoding.threshold_encode] on validated CPU tensors, in one pass:
         ``(format, payload, count)``; ``residual`` changed in place exactly as the numpy path changes it."""
         self.encodes += 1
         r = residual.detach().numpy()
@@ -91,7 +91,7 @@ class OnePassKernel:
 
 def load_kernel() -> OnePassKernel | str:
     """Import, compile (or load from numba's cache) and self-check the kernel: the kernel, or why not (a reason
-    naming the fix). Uncached: :func:`kernel` is the per-process accessor."""
+    naming the fix). Uncached: `kernel` is the per-process accessor."""
     try:
         numba = importlib.import_module("numba")
     except ModuleNotFoundError as e:
@@ -135,7 +135,7 @@ def _self_check(found: OnePassKernel) -> None:
 
 @functools.cache
 def loaded_kernel() -> OnePassKernel | str:
-    """This process's :func:`load_kernel`, loaded on the first call; the reason is logged once when unavailable
+    """This process's `load_kernel`, loaded on the first call; the reason is logged once when unavailable
     (``loaded_kernel.cache_clear()`` loads it again)."""
     found = load_kernel()
     if isinstance(found, str):

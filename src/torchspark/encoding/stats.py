@@ -33,7 +33,7 @@ class EncodingStats:
 
     @classmethod
     def from_message(cls, message: EncodedUpdate) -> EncodingStats:
-        """Stats of one :class:`EncodedUpdate`."""
+        """Stats of one [`EncodedUpdate`][torchspark.encoding.EncodedUpdate]."""
         return cls(
             entries=message.num_entries,
             length=message.length,

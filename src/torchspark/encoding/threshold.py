@@ -7,15 +7,15 @@ Each policy is a frozen, validated config with two methods:
   elements the last step sent (``EncodedUpdate.density``; 0 for an empty message).
 
 The state is tiny (threshold and last sparsity), JSON- and tensor-serialisable, and can be averaged across workers
-with :func:`average_states` at the end of a fit (DL4J's reducer) and carried into the next fit.
+with [`average_states`][torchspark.encoding.average_states] at the end of a fit (DL4J's reducer) and carried into the next fit.
 
-Calibrated start (the default of :class:`AdaptiveThreshold` and :class:`TargetSparsityThreshold`). DL4J starts at
+Calibrated start (the default of [`AdaptiveThreshold`][torchspark.encoding.AdaptiveThreshold] and [`TargetSparsityThreshold`][torchspark.encoding.TargetSparsityThreshold]). DL4J starts at
 a fixed 1e-4, which is 10-100x too small for typical Adam/SGD steps: the first ~150 messages are dense bitmaps and
 dominate the traffic of a short fit. With ``initial="calibrated"`` the policy's initial state has no threshold yet
-(``threshold=None``); the first update picks it: :func:`~torchspark.encoding.calibration.calibrated_threshold` finds the ``t`` at which that
+(``threshold=None``); the first update picks it: [`calibrated_threshold`][torchspark.encoding.calibrated_threshold] finds the ``t`` at which that
 update's magnitudes would give the policy's target sparsity, the workers agree on one value
-(:func:`~torchspark.encoding.calibration.agree_threshold`, the gradient-sharing loop gathers every worker's value once) and
-:meth:`calibrated_state` clamps it to the policy's bounds. Pass a float as ``initial`` for DL4J's fixed start.
+([`agree_threshold`][torchspark.encoding.agree_threshold], the gradient-sharing loop gathers every worker's value once) and
+`calibrated_state` clamps it to the policy's bounds. Pass a float as ``initial`` for DL4J's fixed start.
 
 Unlike DL4J, a bitmap step is not assumed to have sparsity 1/16: the encoder always knows the real count.
 """
@@ -153,7 +153,7 @@ class _Serialisable:
     name: ClassVar[str]
 
     def to_dict(self) -> dict[str, Any]:
-        """``{"type": <registry name>, **fields}``; inverse of :func:`threshold_policy_from_dict`."""
+        """``{"type": <registry name>, **fields}``; inverse of [`threshold_policy_from_dict`][torchspark.encoding.threshold_policy_from_dict]."""
         return {"type": self.name, **asdict(self)}  # type: ignore[call-overload]
 
     @classmethod
@@ -228,7 +228,7 @@ class AdaptiveThreshold(_StartMixin, _Serialisable):
     Args:
         initial: first threshold. ``"calibrated"`` (default): chosen from the first update so that its magnitudes
             give the middle of the band, ``sqrt(min_target_sparsity * max_target_sparsity)`` (1e-3 with the
-            defaults), agreed across workers (see :func:`calibrated_threshold`). A float is DL4J's fixed start
+            defaults), agreed across workers (see [`calibrated_threshold`][torchspark.encoding.calibrated_threshold]). A float is DL4J's fixed start
             (DL4J: 1e-4): the policy then moves x2 per 20 steps, so a start 100x too small costs ~130 dense steps
             (LeNet on digits with Adam at lr=1e-3, 2 workers, 15 epochs: 1e-4 sent 54x fewer bytes than averaging
             every 5 steps where the calibrated start sent 362x fewer; BENCHMARKS.md, "Gradient sharing vs dense
@@ -283,7 +283,7 @@ class TargetSparsityThreshold(_StartMixin, _Serialisable):
         target: fraction of elements to send per message, in (0, 1/16) so messages stay sparse. 1e-3 is a good
             start; Strom 2015 reports no accuracy loss at ~1e-3..1e-4 for speech models.
         decay_rate: multiplicative step in [0.5, 1).
-        min_threshold, max_threshold: hard bounds, as in :class:`AdaptiveThreshold`.
+        min_threshold, max_threshold: hard bounds, as in [`AdaptiveThreshold`][torchspark.encoding.AdaptiveThreshold].
     """
 
     name: ClassVar[str] = "target_sparsity"
@@ -330,7 +330,7 @@ THRESHOLD_POLICIES: dict[str, type[Any]] = {
 
 
 def threshold_policy_from_dict(data: dict[str, Any]) -> ThresholdPolicy:
-    """Rebuild a policy from its :meth:`to_dict` form.
+    """Rebuild a policy from its `to_dict` form.
 
     Raises:
         ConfigError: unknown ``type`` (the message lists the known ones) or bad fields.
@@ -365,7 +365,7 @@ def state_summands(state: ThresholdState) -> tuple[float, float, float, float, f
     """One worker's ``(threshold if stepped else 0, last sparsity if stepped else 0, 1 if stepped else 0,
     threshold if set else 0, 1 if set else 0)``, where "stepped" means it has a last sparsity and "set" that its
     threshold is not None (a calibrated start before its first update): summed over workers (by a list sum or an
-    all-reduce), :func:`average_from_sums` turns them into :func:`average_states`' result."""
+    all-reduce), [`average_from_sums`][torchspark.encoding.average_from_sums] turns them into [`average_states`][torchspark.encoding.average_states]' result."""
     threshold, sparsity = state.threshold, state.last_sparsity
     if threshold is None:
         return (0.0, 0.0, 0.0, 0.0, 0.0)
@@ -374,12 +374,12 @@ def state_summands(state: ThresholdState) -> tuple[float, float, float, float, f
     return (threshold, sparsity, 1.0, threshold, 1.0)
 
 
-#: how many values :func:`state_summands` returns (the width of the all-reduced threshold summary)
+#: how many values [`state_summands`][torchspark.encoding.state_summands] returns (the width of the all-reduced threshold summary)
 NUM_SUMMANDS = 5
 
 
 def average_from_sums(sums: Sequence[float], workers: int) -> ThresholdState:
-    """:func:`average_states` from the sums over ``workers`` workers of their :func:`state_summands`: the means
+    """[`average_states`][torchspark.encoding.average_states] from the sums over ``workers`` workers of their [`state_summands`][torchspark.encoding.state_summands]: the means
     over the workers that stepped, or the mean of the thresholds that are set when none did (None if none is)."""
     threshold, sparsity, stepped, threshold_all, with_threshold = (float(v) for v in sums)
     if not stepped:

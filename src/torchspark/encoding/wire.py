@@ -1,4 +1,4 @@
-"""Versioned byte format of an :class:`~torchspark.encoding.codec.EncodedUpdate` (no pickle).
+"""Versioned byte format of an [`EncodedUpdate`][torchspark.encoding.EncodedUpdate] (no pickle).
 
 Layout, little-endian, 28-byte header then payload::
 
@@ -12,7 +12,7 @@ Layout, little-endian, 28-byte header then payload::
     24      4     threshold (f32)
     28      ...   payload: sparse = count x int32 signed 1-based indices; bitmap = ceil(N/4) bytes; empty = nothing
 
-Every reader check raises :class:`~torchspark.errors.EncodingError` naming what was wrong, so a corrupted or
+Every reader check raises [`EncodingError`][torchspark.errors.EncodingError] naming what was wrong, so a corrupted or
 foreign message is refused instead of being decoded into garbage updates.
 """
 
@@ -52,7 +52,7 @@ def to_bytes(message: EncodedUpdate) -> bytes:
 
 
 def from_bytes(data: bytes | bytearray | memoryview) -> EncodedUpdate:
-    """Parse bytes written by :func:`to_bytes`; the payload comes back as a CPU tensor.
+    """Parse bytes written by [`to_bytes`][torchspark.encoding.to_bytes]; the payload comes back as a CPU tensor.
 
     Raises:
         EncodingError: bad magic (not a torchspark message), unsupported version, unknown format byte, truncated
@@ -78,8 +78,8 @@ def from_bytes(data: bytes | bytearray | memoryview) -> EncodedUpdate:
 
 def sparse_view(data: bytes | bytearray | memoryview) -> tuple[int, float, np.ndarray] | None:
     """``(length, threshold, entries)`` of a sparse (or empty) message without building an
-    :class:`EncodedUpdate`: ``entries`` is a read-only int32 view of the signed 1-based indices inside ``data``
-    (empty for an empty message). None for a bitmap message. The same checks as :func:`from_bytes` (and the same
+    [`EncodedUpdate`][torchspark.encoding.EncodedUpdate]: ``entries`` is a read-only int32 view of the signed 1-based indices inside ``data``
+    (empty for an empty message). None for a bitmap message. The same checks as [`from_bytes`][torchspark.encoding.from_bytes] (and the same
     errors), for the per-step decoding of gradient sharing, where the messages are few and small and the fixed
     cost per message is what counts.
     """

@@ -2,10 +2,10 @@
 
 Logits vs probabilities (the one rule every evaluation class uses, decided per ``eval`` call):
 
-* softmax-type classes (:class:`Evaluation`, :class:`ROCMultiClass`, :class:`EvaluationCalibration`, 2-column
-  :class:`ROC`): predictions of shape (N, C>1) are taken as probabilities when every value lies in [0, 1] **and**
+* softmax-type classes ([`Evaluation`][torchspark.Evaluation], [`ROCMultiClass`][torchspark.evaluation.ROCMultiClass], [`EvaluationCalibration`][torchspark.evaluation.EvaluationCalibration], 2-column
+  [`ROC`][torchspark.evaluation.ROC]): predictions of shape (N, C>1) are taken as probabilities when every value lies in [0, 1] **and**
   every row sums to 1 within ``ROW_SUM_TOLERANCE``; otherwise a softmax is applied to each row.
-* per-output (sigmoid) classes (:class:`EvaluationBinary`, :class:`ROCBinary`, single-column :class:`ROC`) and
+* per-output (sigmoid) classes ([`EvaluationBinary`][torchspark.evaluation.EvaluationBinary], [`ROCBinary`][torchspark.evaluation.ROCBinary], single-column [`ROC`][torchspark.evaluation.ROC]) and
   single-column predictions anywhere: taken as probabilities when every value lies in [0, 1]; otherwise a
   sigmoid is applied element-wise.
 

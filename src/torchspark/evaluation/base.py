@@ -44,7 +44,7 @@ class BaseEvaluation(abc.ABC):
             labels: torch tensor or numpy array; shape depends on the class (class indices (N,) or one-hot /
                 dense (N, C) for multi-class evaluations, 0/1 (N, C) for per-output ones, targets for regression).
             predictions: probabilities or logits, (N, C) or (N,) for a single column; see
-                :mod:`torchspark.evaluation` for how logits are told from probabilities.
+                [`torchspark.evaluation`][torchspark.evaluation] for how logits are told from probabilities.
             mask: optional (N,) or (N, C) array; 0 excludes the example (or the single output).
 
         Raises:
@@ -73,7 +73,7 @@ class BaseEvaluation(abc.ABC):
 
     @abc.abstractmethod
     def _load_state(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`_state` produced."""
+        """Restore what `_state` produced."""
 
     def merge(self: _E, other: _E) -> _E:
         """Add another evaluation's examples into this one (in place) and return ``self``.
@@ -102,7 +102,7 @@ class BaseEvaluation(abc.ABC):
 
     @classmethod
     def from_json(cls: type[_E], text: str) -> _E:
-        """Rebuild an evaluation written by :meth:`to_json`.
+        """Rebuild an evaluation written by [`to_json`][torchspark.evaluation.BaseEvaluation.to_json].
 
         Raises:
             SerializationError: not valid JSON, or written by a different evaluation type.
@@ -126,7 +126,7 @@ class BaseEvaluation(abc.ABC):
 
 
 def parse_evaluation_json(text: str) -> dict[str, Any]:
-    """Decode and sanity-check the envelope written by :meth:`BaseEvaluation.to_json`."""
+    """Decode and sanity-check the envelope written by [`BaseEvaluation.to_json`][torchspark.evaluation.BaseEvaluation.to_json]."""
     if not isinstance(text, (str, bytes, bytearray)):
         raise SerializationError(
             f"evaluation JSON must be a string, got {type(text).__name__}; pass the string to_json() wrote"

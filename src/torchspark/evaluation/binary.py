@@ -175,23 +175,23 @@ class EvaluationBinary(BaseEvaluation):
         return float(np.mean([per_output(i) for i in range(int(self._num_outputs or 0))]))
 
     def average_accuracy(self) -> float:
-        """Mean of :meth:`accuracy` over outputs."""
+        """Mean of [`accuracy`][torchspark.evaluation.EvaluationBinary.accuracy] over outputs."""
         return self._average(self.accuracy)
 
     def average_precision(self) -> float:
-        """Mean of :meth:`precision` over outputs (scikit-learn multilabel ``average="macro"``)."""
+        """Mean of [`precision`][torchspark.evaluation.EvaluationBinary.precision] over outputs (scikit-learn multilabel ``average="macro"``)."""
         return self._average(self.precision)
 
     def average_recall(self) -> float:
-        """Mean of :meth:`recall` over outputs."""
+        """Mean of [`recall`][torchspark.evaluation.EvaluationBinary.recall] over outputs."""
         return self._average(self.recall)
 
     def average_f1(self) -> float:
-        """Mean of :meth:`f1` over outputs."""
+        """Mean of [`f1`][torchspark.evaluation.EvaluationBinary.f1] over outputs."""
         return self._average(self.f1)
 
     def average_false_alarm_rate(self) -> float:
-        """Mean of :meth:`false_alarm_rate` over outputs."""
+        """Mean of [`false_alarm_rate`][torchspark.evaluation.EvaluationBinary.false_alarm_rate] over outputs."""
         return self._average(self.false_alarm_rate)
 
     def stats(self) -> str:

@@ -112,13 +112,13 @@ class Evaluation(BaseEvaluation):
     Args:
         num_classes: number of classes; ``None`` infers it from the first batch's prediction width (or from
             ``cost_array``). Set it when early batches may lack columns, e.g. a reader that trims unused classes.
-        top_n: also count an example correct for :meth:`top_n_accuracy` when its true class is among the ``top_n``
+        top_n: also count an example correct for [`top_n_accuracy`][torchspark.Evaluation.top_n_accuracy] when its true class is among the ``top_n``
             highest scores (ties count in the example's favour). 1 makes it equal to accuracy; 5 is common for
             ImageNet-style problems. Ranks use the plain probabilities, whatever the decision rule.
-        labels: optional class names used by :meth:`stats`; its length must equal ``num_classes``.
+        labels: optional class names used by [`stats`][torchspark.Evaluation.stats]; its length must equal ``num_classes``.
         binary_decision_threshold: two classes only: predict class 1 when its probability is strictly greater than
             this, instead of argmax. Lower it (e.g. 0.3) to catch more positives at the cost of precision; pick it
-            from :meth:`ROC.precision_recall_curve`. ``None`` (default) = argmax.
+            from [`ROC.precision_recall_curve`][torchspark.evaluation.ROC.precision_recall_curve]. ``None`` (default) = argmax.
         cost_array: one non-negative weight per class; the prediction is ``argmax(cost * probability)``. Weight a
             class above 1 when missing it costs more than a false alarm. ``None`` (default) = plain argmax.
 
@@ -306,7 +306,7 @@ class Evaluation(BaseEvaluation):
         return self._score(tp, tp + self.false_positives(), label, average)
 
     def recall(self, label: int | None = None, average: str | None = None) -> float:
-        """TP / (TP + FN) of class ``label``, or over classes (``average`` as for :meth:`precision`)."""
+        """TP / (TP + FN) of class ``label``, or over classes (``average`` as for [`precision`][torchspark.Evaluation.precision])."""
         tp = self.true_positives()
         return self._score(tp, tp + self.false_negatives(), label, average)
 
@@ -316,7 +316,7 @@ class Evaluation(BaseEvaluation):
 
     def f_beta(self, beta: float, label: int | None = None, average: str | None = None) -> float:
         """F-beta: ``(1 + b^2) P R / (b^2 P + R)`` of class ``label``, or over classes (``average`` as for
-        :meth:`precision`; equals ``sklearn.metrics.fbeta_score``).
+        [`precision`][torchspark.Evaluation.precision]; equals ``sklearn.metrics.fbeta_score``).
 
         Args:
             beta: weight of recall against precision; 1 is F1, 2 favours recall (missed positives cost more), 0.5

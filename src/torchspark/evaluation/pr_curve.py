@@ -1,7 +1,7 @@
 """Precision-recall curve of one binary problem, with lookups by threshold, precision and recall (DL4J's
 ``PrecisionRecallCurve``).
 
-Get one from :meth:`ROC.precision_recall_curve` (or the per-column ROC classes). An example is predicted
+Get one from [`ROC.precision_recall_curve`][torchspark.evaluation.ROC.precision_recall_curve] (or the per-column ROC classes). An example is predicted
 positive at threshold ``t`` when its score is ``>= t``. The curve has one point per distinct threshold in
 **increasing** order - every distinct score (exact ROC) or every grid value ``k/K`` (binned ROC) - plus a final
 point at ``t = +inf`` where nothing is predicted positive (precision 1, recall 0). So its thresholds, precision and
@@ -28,7 +28,7 @@ __all__ = ["PrecisionRecallCurve", "CurvePoint", "BinaryConfusion"]
 
 @dataclass(frozen=True)
 class CurvePoint:
-    """One point of a :class:`PrecisionRecallCurve`: its index, threshold, precision and recall."""
+    """One point of a [`PrecisionRecallCurve`][torchspark.evaluation.PrecisionRecallCurve]: its index, threshold, precision and recall."""
 
     index: int
     threshold: float
@@ -100,7 +100,7 @@ class PrecisionRecallCurve:
         return self.true_positives / float(self.num_positives)
 
     def auprc(self) -> float:
-        """Average precision ``sum_k (R_k - R_{k+1}) * P_k`` (equals :meth:`ROC.auprc`; NaN without positives)."""
+        """Average precision ``sum_k (R_k - R_{k+1}) * P_k`` (equals [`ROC.auprc`][torchspark.evaluation.ROC.auprc]; NaN without positives)."""
         if self.num_positives == 0:
             return float("nan")
         recall, precision = self.recall, self.precision
@@ -146,6 +146,6 @@ class PrecisionRecallCurve:
         return BinaryConfusion(point.threshold, tp, fp, self.num_negatives - fp, self.num_positives - tp)
 
     def confusion_at_threshold(self, threshold: float) -> BinaryConfusion:
-        """Counts at :meth:`point_at_threshold` ``(threshold)``: exact when ``threshold`` is one of the curve's
+        """Counts at [`point_at_threshold`][torchspark.evaluation.PrecisionRecallCurve.point_at_threshold] ``(threshold)``: exact when ``threshold`` is one of the curve's
         thresholds, else at the next higher one (the same decisions as any threshold in between)."""
         return self.confusion_at_point(self.point_at_threshold(threshold).index)

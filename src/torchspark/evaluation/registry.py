@@ -28,7 +28,7 @@ EVALUATION_TYPES: dict[str, type[BaseEvaluation]] = {
 
 
 def evaluation_from_json(text: str) -> BaseEvaluation:
-    """Rebuild whichever evaluation :meth:`BaseEvaluation.to_json` wrote.
+    """Rebuild whichever evaluation [`BaseEvaluation.to_json`][torchspark.evaluation.BaseEvaluation.to_json] wrote.
 
     Raises:
         SerializationError: malformed JSON or an unknown ``"type"`` (the message lists the known ones).

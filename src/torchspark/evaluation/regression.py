@@ -158,7 +158,7 @@ class RegressionEvaluation(BaseEvaluation):
         return self._per_count("sae", column)
 
     def root_mean_squared_error(self, column: int) -> float:
-        """Square root of :meth:`mean_squared_error`."""
+        """Square root of [`mean_squared_error`][torchspark.RegressionEvaluation.mean_squared_error]."""
         return float(np.sqrt(self.mean_squared_error(column)))
 
     def relative_squared_error(self, column: int) -> float:
@@ -182,27 +182,27 @@ class RegressionEvaluation(BaseEvaluation):
         return float(np.mean([per_column(c) for c in range(int(self._num_columns or 0))]))
 
     def average_mean_squared_error(self) -> float:
-        """Mean over columns of :meth:`mean_squared_error`."""
+        """Mean over columns of [`mean_squared_error`][torchspark.RegressionEvaluation.mean_squared_error]."""
         return self._average(self.mean_squared_error)
 
     def average_mean_absolute_error(self) -> float:
-        """Mean over columns of :meth:`mean_absolute_error`."""
+        """Mean over columns of [`mean_absolute_error`][torchspark.RegressionEvaluation.mean_absolute_error]."""
         return self._average(self.mean_absolute_error)
 
     def average_root_mean_squared_error(self) -> float:
-        """Mean over columns of :meth:`root_mean_squared_error`."""
+        """Mean over columns of [`root_mean_squared_error`][torchspark.RegressionEvaluation.root_mean_squared_error]."""
         return self._average(self.root_mean_squared_error)
 
     def average_relative_squared_error(self) -> float:
-        """Mean over columns of :meth:`relative_squared_error`."""
+        """Mean over columns of [`relative_squared_error`][torchspark.RegressionEvaluation.relative_squared_error]."""
         return self._average(self.relative_squared_error)
 
     def average_r_squared(self) -> float:
-        """Mean over columns of :meth:`r_squared` (``r2_score(multioutput="uniform_average")``)."""
+        """Mean over columns of [`r_squared`][torchspark.RegressionEvaluation.r_squared] (``r2_score(multioutput="uniform_average")``)."""
         return self._average(self.r_squared)
 
     def average_pearson_correlation(self) -> float:
-        """Mean over columns of :meth:`pearson_correlation`."""
+        """Mean over columns of [`pearson_correlation`][torchspark.RegressionEvaluation.pearson_correlation]."""
         return self._average(self.pearson_correlation)
 
     def stats(self) -> str:

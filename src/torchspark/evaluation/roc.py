@@ -1,11 +1,11 @@
-"""ROC curves, AUC and AUPRC: binary (:class:`ROC`), per output (:class:`ROCBinary`), one-vs-all
-(:class:`ROCMultiClass`).
+"""ROC curves, AUC and AUPRC: binary ([`ROC`][torchspark.evaluation.ROC]), per output ([`ROCBinary`][torchspark.evaluation.ROCBinary]), one-vs-all
+([`ROCMultiClass`][torchspark.evaluation.ROCMultiClass]).
 
 ``threshold_steps`` chooses exact (0: keeps every score, equals scikit-learn's ``roc_auc_score`` and
 ``average_precision_score``; merging concatenates) or binned (K > 0: constant memory, scores rounded down to a
 grid of K steps). AUPRC is average precision - the step-wise ``sum_k (R_k - R_{k-1}) * P_k`` that
 ``sklearn.metrics.average_precision_score`` uses. AUC/AUPRC are NaN for a column that lacks positives (or, for
-AUC, negatives); averages skip NaN columns. See :mod:`torchspark.evaluation.roc_state` for details.
+AUC, negatives); averages skip NaN columns. See `torchspark.evaluation.roc_state` for details.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ __all__ = ["ROC", "ROCBinary", "ROCMultiClass"]
 
 
 class _ROCColumns(BaseEvaluation):
-    """Shared machinery: one :class:`ScoreAccumulator` per column (output or class)."""
+    """Shared machinery: one `ScoreAccumulator` per column (output or class)."""
 
     _unit = "column"
 
@@ -92,7 +92,7 @@ class _ROCColumns(BaseEvaluation):
 
     def precision_recall_curve(self, index: int) -> PrecisionRecallCurve:
         """The precision-recall curve of ``index`` with lookups by threshold, precision and recall (DL4J's
-        ``getPrecisionRecallCurve``); see :class:`~torchspark.evaluation.PrecisionRecallCurve`."""
+        ``getPrecisionRecallCurve``); see [`PrecisionRecallCurve`][torchspark.evaluation.PrecisionRecallCurve]."""
         return PrecisionRecallCurve.from_counts(*self._column(index).counts())
 
     def num_positives(self, index: int) -> int:
@@ -204,7 +204,7 @@ class ROCBinary(_ROCColumns):
     output (N, C). ``auc(i)``, ``auprc(i)``, ``average_auc()``, ``average_auprc()``.
 
     Args:
-        threshold_steps: as for :class:`ROC`.
+        threshold_steps: as for [`ROC`][torchspark.evaluation.ROC].
     """
 
     type_name = "ROCBinary"
@@ -228,7 +228,7 @@ class ROCMultiClass(_ROCColumns):
     equals ``roc_auc_score(y, p, multi_class="ovr", average="macro")`` when every class occurs.
 
     Args:
-        threshold_steps: as for :class:`ROC`.
+        threshold_steps: as for [`ROC`][torchspark.evaluation.ROC].
     """
 
     type_name = "ROCMultiClass"

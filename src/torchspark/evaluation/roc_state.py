@@ -1,6 +1,6 @@
-"""Score accumulators and curve math behind :mod:`torchspark.evaluation.roc`.
+"""Score accumulators and curve math behind `torchspark.evaluation.roc`.
 
-A :class:`ScoreAccumulator` holds the (score, is_positive) pairs of one binary problem, in one of two modes:
+A `ScoreAccumulator` holds the (score, is_positive) pairs of one binary problem, in one of two modes:
 
 * exact (``threshold_steps=0``): every score and label is kept; merging concatenates. Memory grows with the
   data (16 bytes per example) but AUC/AUPRC equal scikit-learn's exactly.
@@ -163,7 +163,7 @@ class ScoreAccumulator:
 
     @classmethod
     def from_state(cls, threshold_steps: int, state: dict[str, Any]) -> ScoreAccumulator:
-        """Rebuild from :meth:`state`."""
+        """Rebuild from `state`."""
         accumulator = cls(threshold_steps)
         if threshold_steps > 0:
             accumulator._pos_hist = np.asarray(state["positives"], dtype=np.int64)

@@ -1,8 +1,8 @@
 """What a training listener hears: the start of a fit, its progress, each finished epoch and the end.
 
-A :class:`TrainingListener` is called on the driver; the events come from the fit's progress channel (the
-workers' :class:`~torchspark.training.hooks.ProgressUpdate` and :class:`~torchspark.training.hooks.ScoreReport`
-messages), summed over workers by :class:`~torchspark.listeners.hub.TrainingEvents`. Override only the methods
+A [`TrainingListener`][torchspark.listeners.TrainingListener] is called on the driver; the events come from the fit's progress channel (the
+workers' [`ProgressUpdate`][torchspark.training.ProgressUpdate] and [`ScoreReport`][torchspark.training.ScoreReport]
+messages), summed over workers by [`TrainingEvents`][torchspark.listeners.TrainingEvents]. Override only the methods
 you need; the others do nothing.
 """
 
@@ -19,7 +19,7 @@ class FitStarted:
     """A fit begins.
 
     ``master`` is the training master's ``to_dict()`` (JSON-ready, with its ``type``); ``network`` describes the
-    network (module class, parameter count, updater, loss, seed...: :func:`~torchspark.listeners.hub.network_params`).
+    network (module class, parameter count, updater, loss, seed...: [`network_params`][torchspark.listeners.network_params]).
     """
 
     runner: str
@@ -74,7 +74,7 @@ class EpochEvent:
 @dataclass(frozen=True)
 class FitEnded:
     """A fit ended. ``network`` is the driver's network (trained, or as the failed fit left it); ``stats`` the
-    fit's :class:`~torchspark.stats.TrainingStats` (None when not collected); ``error`` what failed, if anything."""
+    fit's [`TrainingStats`][torchspark.stats.TrainingStats] (None when not collected); ``error`` what failed, if anything."""
 
     network: Any
     score: float
@@ -102,7 +102,7 @@ class TrainingListener:
                 listener.end_timeout_s = 300.0
 
         hung_end_timeout_s: how long the end waits instead when the listener was seen hung: it is still in a call
-            that began before the end and has run for :data:`~torchspark.listeners.hub.HUNG_CALL_S` seconds or
+            that began before the end and has run for `HUNG_CALL_S` seconds or
             more (an MLflow server that stopped answering: MLflow retries each request for minutes), or in any
             call begun before the end after the previous fit's end gave up on it. Its queued
             events then end behind that call, and waiting ``end_timeout_s`` would only delay ``fit()``. The

@@ -1,21 +1,21 @@
-"""Turns the progress channel's per-worker messages into fit-wide events for :class:`TrainingListener` objects.
+"""Turns the progress channel's per-worker messages into fit-wide events for [`TrainingListener`][torchspark.listeners.TrainingListener] objects.
 
-Workers report every ``progress_every`` minibatches (:class:`~torchspark.training.hooks.ProgressUpdate`: counts
+Workers report every ``progress_every`` minibatches ([`ProgressUpdate`][torchspark.training.ProgressUpdate]: counts
 within the epoch, the latest loss, sharing traffic so far) and, when asked, the score they all agree on
-(:class:`~torchspark.training.hooks.ScoreReport`). :class:`TrainingEvents` keeps the latest of each per worker and
+([`ScoreReport`][torchspark.training.ScoreReport]). [`TrainingEvents`][torchspark.listeners.TrainingEvents] keeps the latest of each per worker and
 
-  1. on every progress report, sums them into an :class:`IterationEvent` (examples/s since the fit started);
+  1. on every progress report, sums them into an [`IterationEvent`][torchspark.listeners.IterationEvent] (examples/s since the fit started);
   2. closes epoch ``e`` once every worker reported an epoch after ``e`` (or gradient sharing's epoch score for
      ``e`` arrived: an all-reduce every worker joined), or at the end of a successful fit, and emits an
-     :class:`EpochEvent` per epoch, in order;
-  3. at the end, emits :class:`FitEnded` and waits for each listener to finish, at most its
-     :attr:`~torchspark.listeners.events.TrainingListener.end_timeout_s`; for a listener seen hung (still in a
-     call begun before the end that has run :data:`HUNG_CALL_S` or more: its server stopped answering; or, for a
+     [`EpochEvent`][torchspark.listeners.EpochEvent] per epoch, in order;
+  3. at the end, emits [`FitEnded`][torchspark.listeners.FitEnded] and waits for each listener to finish, at most its
+     [`end_timeout_s`][torchspark.listeners.TrainingListener.end_timeout_s]; for a listener seen hung (still in a
+     call begun before the end that has run `HUNG_CALL_S` or more: its server stopped answering; or, for a
      listener the previous fit's end gave up on, still in any call begun before the end), at most its
-     :attr:`~torchspark.listeners.events.TrainingListener.hung_end_timeout_s` (10 s by default) instead.
+     [`hung_end_timeout_s`][torchspark.listeners.TrainingListener.hung_end_timeout_s] (10 s by default) instead.
 The events are built under one lock, so listeners see them in order whichever thread delivers the messages; each
 listener is then called on a thread of its own (a bounded queue,
-:class:`~torchspark.training.progress.dispatch.CallQueue`), so a stuck listener holds up neither the progress
+`CallQueue`), so a stuck listener holds up neither the progress
 channel (heartbeats) nor the other listeners, and cannot keep ``fit()`` from returning.
 """
 
@@ -97,10 +97,10 @@ class TrainingEvents:
     """One fit's event source: feed it the channel's messages, it calls the listeners.
 
     Args:
-        listeners: the :class:`TrainingListener` objects to call.
+        listeners: the [`TrainingListener`][torchspark.listeners.TrainingListener] objects to call.
         runner: names the route (``"SparkNetwork"``, ``"ParallelWrapper"``).
-        master: the training master (its ``to_dict()`` goes into :class:`FitStarted`).
-        network: the driver's network (its counters at the start and :func:`network_params`).
+        master: the training master (its ``to_dict()`` goes into [`FitStarted`][torchspark.listeners.FitStarted]).
+        network: the driver's network (its counters at the start and [`network_params`][torchspark.listeners.network_params]).
         epochs: epochs of this fit.
         num_workers: workers of this fit; epochs close as every one of them moves on.
         clock: seconds, monotonic (injectable for tests).
@@ -144,13 +144,13 @@ class TrainingEvents:
 
     # ------------------------------------------------------------------ feeding
     def start(self) -> None:
-        """Emit :class:`FitStarted` (before the workers start)."""
+        """Emit [`FitStarted`][torchspark.listeners.FitStarted] (before the workers start)."""
         with self._lock:
             self._t0 = self._last_close = self._clock()
             self._call("on_fit_start", self._started)
 
     def on_progress(self, update: ProgressUpdate) -> None:
-        """A :class:`ProgressUpdate` listener: step 1, then step 2."""
+        """A [`ProgressUpdate`][torchspark.training.ProgressUpdate] listener: step 1, then step 2."""
         with self._lock:
             key = (update.rank, update.epoch)
             self._iters[key] = max(self._iters.get(key, 0), update.iteration)
@@ -164,13 +164,13 @@ class TrainingEvents:
             self._close_ready()
 
     def on_score(self, report: ScoreReport) -> None:
-        """A :class:`ScoreReport` listener (the score every worker agrees on)."""
+        """A [`ScoreReport`][torchspark.training.ScoreReport] listener (the score every worker agrees on)."""
         with self._lock:
             self._reports.setdefault(report.epoch, []).append(report)
             self._close_ready()
 
     def end(self, network: Any, score: float, stats: Any = None, error: BaseException | None = None) -> None:
-        """Close the remaining epochs (only after a successful fit) and emit :class:`FitEnded`."""
+        """Close the remaining epochs (only after a successful fit) and emit [`FitEnded`][torchspark.listeners.FitEnded]."""
         with self._lock:
             if error is None:
                 while self._next_epoch < self._started.epochs:

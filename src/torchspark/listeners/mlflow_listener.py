@@ -85,14 +85,14 @@ class MlflowListener(TrainingListener):
             0 or >= 10 against a remote server.
         tags: extra tags for every run.
         end_timeout_s: how long the end of a fit waits for the final metrics, the model upload and the run's
-            status (:attr:`TrainingListener.end_timeout_s`). Raise it for large models on a slow link (e.g.
-            ``600.0``). A server seen hung (a call stuck for :data:`~torchspark.listeners.hub.HUNG_CALL_S` when the
+            status ([`TrainingListener.end_timeout_s`][torchspark.listeners.TrainingListener.end_timeout_s]). Raise it for large models on a slow link (e.g.
+            ``600.0``). A server seen hung (a call stuck for `HUNG_CALL_S` when the
             fit ends, or again after an earlier fit's end gave up on it) delays ``fit()`` by at most
-            :attr:`TrainingListener.hung_end_timeout_s` (10 s) instead.
+            [`TrainingListener.hung_end_timeout_s`][torchspark.listeners.TrainingListener.hung_end_timeout_s] (10 s) instead.
 
     Raises:
         ConfigError: an ``http(s)://`` tracking server that does not accept a connection within
-            :data:`~torchspark.listeners.places.CONNECT_TIMEOUT_S` seconds, or a local store (``file://`` or a
+            `CONNECT_TIMEOUT_S` seconds, or a local store (``file://`` or a
             path) that cannot be created; checked here, so a fit never starts against them.
     """
 

@@ -1,8 +1,8 @@
 """Checks that a listener's destination can be used, made when the listener is built (not an epoch into a fit).
 
-* :func:`check_directory`: a local directory that exists or can be created (a file in the way, a read-only
-  parent or a full disk is a :class:`~torchspark.errors.ConfigError` naming the path);
-* :func:`check_reachable`: an ``http(s)://`` server that accepts a TCP connection within a few seconds (an
+* `check_directory`: a local directory that exists or can be created (a file in the way, a read-only
+  parent or a full disk is a [`ConfigError`][torchspark._io.ConfigError] naming the path);
+* `check_reachable`: an ``http(s)://`` server that accepts a TCP connection within a few seconds (an
   unreachable MLflow server would otherwise be retried inside every call for minutes).
 
 Example::

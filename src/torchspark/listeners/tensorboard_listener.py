@@ -9,7 +9,7 @@ needed to write): ``tensorboard --logdir LOGDIR`` shows them. Tags:
   ``epoch/bytes_sent``;
 * at the start, the master's and network's settings as the text ``config/master`` / ``config/network``.
 
-:func:`read_scalars` reads the scalars of an event directory back (no TensorBoard install needed).
+[`read_scalars`][torchspark.listeners.tensorboard_listener.read_scalars] reads the scalars of an event directory back (no TensorBoard install needed).
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ class NetworkCache:
     """Networks rebuilt from broadcast blueprints, kept per Python process and leased to tasks.
 
     PySpark runs each task in a Python worker process and, with ``spark.python.worker.reuse`` (on in
-    :func:`~torchspark.spark.local_session`), later tasks run in the same processes. A task leases a copy for
+    [`local_session`][torchspark.spark.local_session]), later tasks run in the same processes. A task leases a copy for
     a broadcast key; the copy goes back to the pool afterwards, so the next task in that process reuses it
     instead of deserialising the network again. A ``BoundedSemaphore(limit)`` per key caps how many leases -
     and so how many copies - exist at once in the process (threads beyond it wait).

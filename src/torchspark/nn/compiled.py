@@ -1,7 +1,7 @@
-"""``torch.compile`` for a network's forward pass: the ``compile`` option of :class:`~torchspark.nn.Network`.
+"""``torch.compile`` for a network's forward pass: the ``compile`` option of [`Network`][torchspark.Network].
 
 Only the forward pass is compiled: ``Network.module`` stays the plain module, so the flat parameter views
-(:mod:`torchspark.nn.flat`), ``state_dict`` keys (no ``_orig_mod.`` prefix), saving and loading are the same with
+(`torchspark.nn.flat`), ``state_dict`` keys (no ``_orig_mod.`` prefix), saving and loading are the same with
 or without compilation, and ``params()``/``set_params()``/``apply_update()`` read and write the very tensors the
 compiled forward uses (they change parameter values in place, never the tensors themselves).
 
@@ -10,9 +10,9 @@ The setting:
 * ``False``: no compilation (the default);
 * ``True``: ``torch.compile(module)``, PyTorch's default backend (``"inductor"``: generated kernels, needs a C++
   compiler on CPU, Triton on GPU);
-* a mode name (:data:`COMPILE_MODES`: ``"default"``, ``"reduce-overhead"``, ``"max-autotune"``,
+* a mode name (`COMPILE_MODES`: ``"default"``, ``"reduce-overhead"``, ``"max-autotune"``,
   ``"max-autotune-no-cudagraphs"``): the default backend with that mode;
-* a backend name (one of :func:`compile_backends`, e.g. ``"inductor"``, ``"aot_eager"``, ``"eager"``).
+* a backend name (one of `compile_backends`, e.g. ``"inductor"``, ``"aot_eager"``, ``"eager"``).
 
 When it helps: GPU training of mid-sized and large models, where fused kernels cut memory traffic and Python
 overhead (often 1.3-2x per step). It costs a compilation at the first step (seconds to a minute, on every worker
@@ -86,14 +86,14 @@ def compile_options(value: CompileSetting) -> dict[str, Any] | None:
 
 
 class CompiledForward:
-    """``torch.compile(module)`` whose backend failures are a :class:`~torchspark.errors.SetupError` naming the
+    """``torch.compile(module)`` whose backend failures are a [`SetupError`][torchspark.cli.SetupError] naming the
     backend and the fix (instead of dynamo's ``BackendCompilerFailed`` deep in the first training step).
 
     Compilation happens at the first call (and again for a new input shape or train/eval mode), not here.
 
     Args:
         module: the network's module; its parameters stay its own (no copy).
-        setting: a :func:`check_compile`-ed setting other than False.
+        setting: a `check_compile`-ed setting other than False.
     """
 
     def __init__(self, module: torch.nn.Module, setting: CompileSetting) -> None:
@@ -136,7 +136,7 @@ def _reason(error: Exception) -> str:
 
 
 def forward_module(module: torch.nn.Module, setting: CompileSetting) -> Callable[..., Any]:
-    """What the forward pass calls: ``module`` itself when ``setting`` is False, else a :class:`CompiledForward`."""
+    """What the forward pass calls: ``module`` itself when ``setting`` is False, else a `CompiledForward`."""
     if setting is False:
         return module
     return CompiledForward(module, setting)

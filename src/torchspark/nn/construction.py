@@ -1,8 +1,8 @@
-"""How a :class:`~torchspark.nn.network.Network` is put together: its module (an instance re-initialised under a
+"""How a [`Network`][torchspark.Network] is put together: its module (an instance re-initialised under a
 seed, or a factory run under it) and its optimizer (from the updater spec or the user's callable).
 
 Both run once, in ``Network.__init__``; the optimizer factory is also what
-:class:`~torchspark.nn.flat.FlatState` calls to materialise the updater state. Example::
+`FlatState` calls to materialise the updater state. Example::
 
     module = build_module(models.mlp(4, 8, 2), seed=0)   # same weights on every replica
     optimizer = build_optimizer(optim.Adam(lr=1e-3), list(module.parameters()), weight_decay=0.0)

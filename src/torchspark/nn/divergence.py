@@ -4,18 +4,18 @@ Parameter averaging notices divergence when a worker's loss turns NaN or infinit
 it). Gradient sharing can diverge without ever seeing a NaN loss: threshold encoding sends at most ``±threshold``
 per parameter and step, so a huge learning rate blows the parameters up by a large but finite amount, the loss
 stays finite and the fit ends at chance accuracy. So the sharing loop also checks every update it encodes
-(:func:`update_divergence`): an update that is not finite, or whose norm exceeds :data:`MAX_UPDATE_RATIO` times
+(`update_divergence`): an update that is not finite, or whose norm exceeds `MAX_UPDATE_RATIO` times
 the parameters' norm (at least 1), is divergence. Healthy training moves the parameters by ~1e-3 of their norm
 per step; a step a thousand times larger than the parameters themselves is never learning.
 
-A gradient that is not finite while the loss is (:class:`NonFiniteGradient`, raised by the network's step before
+A gradient that is not finite while the loss is (`NonFiniteGradient`, raised by the network's step before
 the updater sees it) is not divergence but a fault of the data or the model: a log or a division of 0, a sqrt at 0,
-NaN/inf in the features or labels. Its message (:func:`non_finite_gradient_message`) says so, not "lower the
+NaN/inf in the features or labels. Its message (`non_finite_gradient_message`) says so, not "lower the
 learning rate"; gradient sharing with ``"warn"`` skips such a step (nothing enters the residual or the updater
 state) and counts it.
 
-What happens then is ``on_divergence`` (:data:`DIVERGENCE_ACTIONS`): ``"fail"`` (default) raises
-:class:`~torchspark.errors.TrainingError` with :func:`diverged_message`; ``"warn"`` logs it once per worker and
+What happens then is ``on_divergence`` (`DIVERGENCE_ACTIONS`): ``"fail"`` (default) raises
+[`TrainingError`][torchspark.errors.TrainingError] with `diverged_message`; ``"warn"`` logs it once per worker and
 fit, the fit goes on, and the driver warns with the same text after the fit.
 """
 
@@ -95,7 +95,7 @@ def check_gradient(
     batches: Sequence[Any],
     clear_grads: Callable[[], None],
 ) -> None:
-    """Raise :class:`NonFiniteGradient` (after ``clear_grads()``) when a gradient entry of ``params`` is NaN or
+    """Raise `NonFiniteGradient` (after ``clear_grads()``) when a gradient entry of ``params`` is NaN or
     inf, before the updater steps. One max-abs pass over the gradients (it cannot overflow, and NaN propagates
     through it); the entries are counted, and ``batches`` checked for NaN/inf values, only when it fails."""
     grads = [p.grad for p in params if p.grad is not None]
@@ -133,5 +133,5 @@ def update_divergence(update_norm: float, param_norm: float, loss: float, iterat
 
 
 def check_on_divergence(owner: str, value: Any) -> None:
-    """Raise ConfigError unless ``value`` is one of :data:`DIVERGENCE_ACTIONS`."""
+    """Raise ConfigError unless ``value`` is one of `DIVERGENCE_ACTIONS`."""
     check_choice("on_divergence", value, DIVERGENCE_ACTIONS, owner=owner)

@@ -1,9 +1,9 @@
 """A network's flat state: every parameter a view into one contiguous 1-D buffer, and the optimizer's state and the
 module's floating-point buffers read and written as flat vectors.
 
-DL4J's MultiLayerNetwork and ComputationGraph kept all parameters in one flat array; so does :class:`FlatState`:
+DL4J's MultiLayerNetwork and ComputationGraph kept all parameters in one flat array; so does `FlatState`:
 ``params()``, ``set_params()`` and the all-reduces of the training masters touch a single tensor instead of one per
-layer. :class:`~torchspark.nn.Network` holds one and offers its methods under the same names.
+layer. [`Network`][torchspark.Network] holds one and offers its methods under the same names.
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ class FlatState:
 
     def __init__(self, module: torch.nn.Module, channels_last: bool, make_optimizer: OptimizerFactory) -> None:
         self.module = module
-        #: the module's parameters, in ``module.parameters()`` order; each one's data is a view into :attr:`flat`
+        #: the module's parameters, in ``module.parameters()`` order; each one's data is a view into `flat`
         self.parameters: list[torch.nn.Parameter] = list(module.parameters())
         if not self.parameters:
             raise ConfigError(f"module {type(module).__name__} has no parameters to train")
@@ -112,7 +112,7 @@ class FlatState:
 
     # -- parameters
     def num_params(self) -> int:
-        """Number of trainable scalars (the length of :meth:`params`)."""
+        """Number of trainable scalars (the length of `params`)."""
         return self.flat.numel()
 
     def params(self) -> torch.Tensor:
@@ -120,7 +120,7 @@ class FlatState:
         return self.flat.detach().clone()
 
     def set_params(self, flat: torch.Tensor) -> None:
-        """Overwrite all parameters from a 1-D tensor of length :meth:`num_params`."""
+        """Overwrite all parameters from a 1-D tensor of length `num_params`."""
         flat = torch.as_tensor(flat)
         if flat.dim() != 1 or flat.numel() != self.flat.numel():
             raise DataError(
@@ -130,7 +130,7 @@ class FlatState:
             self.flat.copy_(flat)
 
     def apply_update(self, update: torch.Tensor) -> None:
-        """``params -= update`` (a flat tensor of length :meth:`num_params`)."""
+        """``params -= update`` (a flat tensor of length `num_params`)."""
         if update.dim() != 1 or update.numel() != self.flat.numel():
             raise DataError(
                 f"apply_update needs a 1-D tensor of {self.flat.numel()} values, got shape {tuple(update.shape)}"
@@ -139,7 +139,7 @@ class FlatState:
             self.flat.sub_(update.to(self.flat.device, self.flat.dtype))
 
     def apply_update_at(self, indices: torch.Tensor, values: torch.Tensor) -> None:
-        """``params[indices] -= values``: :meth:`apply_update` of an update that is zero except at ``indices``
+        """``params[indices] -= values``: `apply_update` of an update that is zero except at ``indices``
         (unique int64 indices). Bit-identical to it (``x - 0`` is ``x``), but touches only those elements."""
         if indices.dim() != 1 or indices.shape != values.shape:
             raise DataError(
@@ -164,7 +164,7 @@ class FlatState:
 
     # -- updater state
     def updater_state_tensors(self) -> list[torch.Tensor]:
-        """The live optimizer state tensors, in :meth:`updater_state` order (no copy; writes change the updater)."""
+        """The live optimizer state tensors, in `updater_state` order (no copy; writes change the updater)."""
         out: list[torch.Tensor] = []
         for p in self.parameters:
             state = self.optimizer.state.get(p, {})
@@ -172,7 +172,7 @@ class FlatState:
         return out
 
     def updater_state_size(self) -> int:
-        """Length of :meth:`updater_state` (0 for plain SGD)."""
+        """Length of `updater_state` (0 for plain SGD)."""
         return sum(t.numel() for t in self.updater_state_tensors())
 
     def updater_state(self) -> torch.Tensor:
@@ -180,7 +180,7 @@ class FlatState:
         return _gather(self.updater_state_tensors(), self.flat.device)
 
     def set_updater_state(self, flat: torch.Tensor) -> None:
-        """Overwrite all optimizer state from :meth:`updater_state` output."""
+        """Overwrite all optimizer state from `updater_state` output."""
         _scatter(self.updater_state_tensors(), flat, "set_updater_state")
 
     def reset_updater_state(self) -> None:
@@ -195,11 +195,11 @@ class FlatState:
 
         Training masters average these with the parameters (DL4J kept them in its parameter vector). Integer
         buffers such as ``num_batches_tracked`` are not in this list: they count steps, which all workers take in
-        lockstep, and the driver takes worker 0's (see :meth:`buffer_state`)."""
+        lockstep, and the driver takes worker 0's (see `buffer_state`)."""
         return [b for b in self.module.buffers() if b.is_floating_point()]
 
     def buffer_size(self) -> int:
-        """Length of :meth:`buffers` (0 for modules without floating-point buffers)."""
+        """Length of `buffers` (0 for modules without floating-point buffers)."""
         return sum(b.numel() for b in self.buffer_tensors())
 
     def buffers(self) -> torch.Tensor:
@@ -207,7 +207,7 @@ class FlatState:
         return _gather(self.buffer_tensors(), self.flat.device)
 
     def set_buffers(self, flat: torch.Tensor) -> None:
-        """Overwrite the floating-point buffers from :meth:`buffers` output."""
+        """Overwrite the floating-point buffers from `buffers` output."""
         _scatter(self.buffer_tensors(), flat, "set_buffers")
 
     def buffer_state(self) -> dict[str, torch.Tensor]:
@@ -215,7 +215,7 @@ class FlatState:
         return {name: b.detach().cpu().clone() for name, b in self.module.named_buffers()}
 
     def load_buffer_state(self, state: dict[str, torch.Tensor]) -> None:
-        """Copy :meth:`buffer_state` output into this network's buffers (names it does not have are ignored)."""
+        """Copy `buffer_state` output into this network's buffers (names it does not have are ignored)."""
         with torch.no_grad():
             for name, b in self.module.named_buffers():
                 if name in state:

@@ -1,9 +1,9 @@
 """A network's forward pass: a batch in, outputs and per-example losses out, and the checks that turn PyTorch's
 shape and dtype errors into messages naming the data and the fix.
 
-:class:`~torchspark.nn.Network` trains, scores and predicts through these functions, and
-:mod:`torchspark.nn.outputs` evaluates several outputs through them; both hand in the network, read through
-:class:`ForwardNetwork` (what this module needs of it).
+[`Network`][torchspark.Network] trains, scores and predicts through these functions, and
+`torchspark.nn.outputs` evaluates several outputs through them; both hand in the network, read through
+`ForwardNetwork` (what this module needs of it).
 """
 
 from __future__ import annotations
@@ -37,10 +37,10 @@ Unpacked = tuple[list[torch.Tensor], Union[list[torch.Tensor], None], Any, Any]
 
 
 class ForwardNetwork(Protocol):
-    """What the forward pass reads of a network (:class:`~torchspark.nn.Network` provides it)."""
+    """What the forward pass reads of a network ([`Network`][torchspark.Network] provides it)."""
 
     module: torch.nn.Module
-    #: what the forward pass calls: ``module``, or its compiled form (:mod:`torchspark.nn.compiled`)
+    #: what the forward pass calls: ``module``, or its compiled form (`torchspark.nn.compiled`)
     forward_module: Callable[..., Any]
     losses: list[Loss]
     device: torch.device
@@ -147,7 +147,7 @@ def unpack(net: ForwardNetwork, batch: Batch) -> Unpacked:
 
 
 def forward(net: ForwardNetwork, feats: list[torch.Tensor], fmask: Any = None) -> list[torch.Tensor]:
-    """The module's outputs (logits) as a list, one per output, for the :func:`unpack`-ed features.
+    """The module's outputs (logits) as a list, one per output, for the `unpack`-ed features.
 
     The module runs under the network's autocast (``precision``); outputs are float32 whatever the precision, so
     losses, evaluations and predictions are computed in float32.
@@ -258,7 +258,7 @@ def batch_loss(net: ForwardNetwork, batch: Batch, validate: bool) -> tuple[torch
 
 
 def _summed_losses(net: ForwardNetwork, outputs: list[torch.Tensor], labels: list[torch.Tensor]) -> torch.Tensor:
-    """:func:`per_example_losses` without label masks: the per-example loss summed over outputs ``(N,)``."""
+    """`per_example_losses` without label masks: the per-example loss summed over outputs ``(N,)``."""
     total: torch.Tensor | None = None
     for out, lab, loss in zip(outputs, labels, losses_for(net, len(outputs))):
         per = loss.per_example(out, lab)

@@ -1,7 +1,7 @@
 """Inference and scoring of a network: activated outputs, per-example losses and the mean loss over data.
 
-:class:`~torchspark.nn.Network`'s ``output``, ``batch_losses``, ``score_examples`` and ``score`` are these
-functions; they read the network through :class:`~torchspark.nn.forward.ForwardNetwork`.
+[`Network`][torchspark.Network]'s ``output``, ``batch_losses``, ``score_examples`` and ``score`` are these
+functions; they read the network through `ForwardNetwork`.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ NON_FINITE_ACTIONS = ("error", "null")
 
 
 def check_non_finite(owner: str, value: Any) -> None:
-    """Raise ConfigError unless ``value`` is one of :data:`NON_FINITE_ACTIONS`."""
+    """Raise ConfigError unless ``value`` is one of `NON_FINITE_ACTIONS`."""
     check_choice("non_finite", value, NON_FINITE_ACTIONS, owner=owner)
 
 
@@ -123,7 +123,7 @@ def output(
 
 
 def _output(net: ForwardNetwork, feats: list[torch.Tensor], train: bool, batch_size: int | None) -> list[torch.Tensor]:
-    """:func:`output` of finite features, one CPU tensor per network output."""
+    """`output` of finite features, one CPU tensor per network output."""
     n = feats[0].shape[0]
     step = batch_size if batch_size else n
     if step <= 0:

@@ -81,10 +81,10 @@ def _wrap_callable(name: str, fn: LossFn) -> Loss:
 
 
 def resolve_loss(loss: LossLike, importer: Callable[[str], Any] = import_object) -> Loss:
-    """A registered name, an import path, a callable, or a :class:`Loss`.
+    """A registered name, an import path, a callable, or a [`Loss`][torchspark.nn.Loss].
 
     ``importer`` turns an import path into the function; loading a saved network passes one that only allows
-    what the caller trusts (:class:`~torchspark.nn.trust.CodePolicy`) instead of importing whatever a file names.
+    what the caller trusts (`CodePolicy`) instead of importing whatever a file names.
     """
     if isinstance(loss, Loss):
         return loss

@@ -1,9 +1,9 @@
 """``Network``: a PyTorch module bundled with its loss, its updater and flat views for distributed training.
 
-The pieces live beside it: building the module and the optimizer (:mod:`torchspark.nn.construction`), the flat
-parameter and updater state (:mod:`torchspark.nn.flat`), the forward pass and its label checks
-(:mod:`torchspark.nn.forward`), saving, loading and copying (:mod:`torchspark.nn.portable`) and the evaluation of
-several outputs (:mod:`torchspark.nn.outputs`) and mixed precision (:mod:`torchspark.nn.precision`).
+The pieces live beside it: building the module and the optimizer (`torchspark.nn.construction`), the flat
+parameter and updater state (`torchspark.nn.flat`), the forward pass and its label checks
+(`torchspark.nn.forward`), saving, loading and copying (`torchspark.nn.portable`) and the evaluation of
+several outputs (`torchspark.nn.outputs`) and mixed precision (`torchspark.nn.precision`).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 Tensors = Union[torch.Tensor, Sequence[torch.Tensor]]
 
 
-#: parameter layouts a Network can keep; see the ``memory_format`` argument of :class:`Network`
+#: parameter layouts a Network can keep; see the ``memory_format`` argument of [`Network`][torchspark.Network]
 MEMORY_FORMATS = ("contiguous", "channels_last")
 
 
@@ -46,11 +46,11 @@ class Network:
 
     Args:
         module: a ``torch.nn.Module`` or a zero-argument factory returning one. Modules return logits.
-            Zoo models (:mod:`torchspark.models`) and :func:`torchspark.nn.from_factory` modules save as JSON.
+            Zoo models ([`torchspark.models`][torchspark.models]) and [`torchspark.nn.from_factory`][torchspark.from_factory] modules save as JSON.
         loss: ``"cross_entropy"`` (class-index or one-hot labels, softmax outputs), ``"mse"``,
             ``"bce_with_logits"`` (multi-label, sigmoid outputs), a callable ``(outputs, labels) -> loss``, an import
             path ``"pkg.mod:fn"``, or for several outputs a list of those (summed).
-        updater: a :mod:`torchspark.optim` spec (``SGD(lr=0.01)`` by default), a name such as ``"adam"``, or a
+        updater: a [`torchspark.optim`][torchspark.optim] spec (``SGD(lr=0.01)`` by default), a name such as ``"adam"``, or a
             callable ``params -> torch.optim.Optimizer``.
         seed: seeds weight initialisation. With a factory, the factory runs under this seed; with a module
             instance, its layers are re-initialised (``reset_parameters``) under this seed. ``None`` keeps the
@@ -66,7 +66,7 @@ class Network:
             convolutions and pooling take their faster channels-last kernels: faster training for
             small CNNs such as LeNet on CPU (see BENCHMARKS.md), and the layout tensor cores want on GPU. Results
             equal ``"contiguous"`` up to float rounding. The module's ``forward`` must not ``.view()`` a
-            convolution output (use ``flatten``/``reshape``). Each 4-D weight then sits in :meth:`params` in its
+            convolution output (use ``flatten``/``reshape``). Each 4-D weight then sits in [`params`][torchspark.Network.params] in its
             memory order (N, H, W, C); every replica of the network uses the same layout, and saved weights are
             stored in the logical layout either way.
         precision: ``"fp32"`` (default), ``"bf16"`` or ``"fp16"``: the forward pass runs under ``torch.autocast``
@@ -74,11 +74,11 @@ class Network:
             (float32's range, no loss scaling) on CPUs (emulated on older ones: it saves memory more than time)
             and Ampere+ GPUs; ``"fp16"`` on GPUs without bf16 (V100, T4): a gradient scaler skips (never fails) a
             step whose gradients overflow, ``iteration`` still counts it, and its state is saved with the updater
-            and in checkpoints (:mod:`torchspark.nn.precision`). Both masters and ``ParallelWrapper`` train at it.
+            and in checkpoints (`torchspark.nn.precision`). Both masters and ``ParallelWrapper`` train at it.
             Example: ``Network(models.lenet(), precision="bf16")``.
         compile: ``torch.compile`` the forward pass: False (default), True (the default backend), a mode
             (``"max-autotune"``, ...) or a backend (``"aot_eager"``, ...). Helps on GPU and for larger models; each
-            worker replica's first step pays the compilation. See :mod:`torchspark.nn.compiled`.
+            worker replica's first step pays the compilation. See `torchspark.nn.compiled`.
     Raises:
         ConfigError: a knob out of range (the message names it and the fix), a module without parameters.
 
@@ -131,9 +131,9 @@ class Network:
         self.epoch = 0
         self.last_score = float("nan")
         #: Tensors that training masters attach to the model (gradient-sharing residuals, threshold state);
-        #: saved with the model and restored by :meth:`load`.
+        #: saved with the model and restored by [`load`][torchspark.Network.load].
         self.extra_state: dict[str, torch.Tensor] = {}
-        #: JSON-serialisable companions of :attr:`extra_state`.
+        #: JSON-serialisable companions of [`extra_state`][torchspark.Network.extra_state].
         self.extra_config: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ construction (see torchspark.nn.construction)
@@ -142,7 +142,7 @@ class Network:
 
     # ------------------------------------------------------------------ flat views (see FlatState)
     def num_params(self) -> int:
-        """Number of trainable scalars (the length of :meth:`params`)."""
+        """Number of trainable scalars (the length of [`params`][torchspark.Network.params])."""
         return self._state.num_params()
 
     def params(self) -> torch.Tensor:
@@ -154,15 +154,15 @@ class Network:
         return self._flat
 
     def set_params(self, flat: torch.Tensor) -> None:
-        """Overwrite all parameters from a 1-D tensor of length :meth:`num_params`."""
+        """Overwrite all parameters from a 1-D tensor of length [`num_params`][torchspark.Network.num_params]."""
         self._state.set_params(flat)
 
     def updater_state_tensors(self) -> list[torch.Tensor]:
-        """The live optimizer state tensors, in :meth:`updater_state` order (no copy; writes change the updater)."""
+        """The live optimizer state tensors, in [`updater_state`][torchspark.Network.updater_state] order (no copy; writes change the updater)."""
         return self._state.updater_state_tensors()
 
     def updater_state_size(self) -> int:
-        """Length of :meth:`updater_state` (0 for plain SGD)."""
+        """Length of [`updater_state`][torchspark.Network.updater_state] (0 for plain SGD)."""
         return self._state.updater_state_size()
 
     def updater_state(self) -> torch.Tensor:
@@ -170,7 +170,7 @@ class Network:
         return self._state.updater_state()
 
     def set_updater_state(self, flat: torch.Tensor) -> None:
-        """Overwrite all optimizer state from :meth:`updater_state` output."""
+        """Overwrite all optimizer state from [`updater_state`][torchspark.Network.updater_state] output."""
         self._state.set_updater_state(flat)
 
     def reset_updater_state(self) -> None:
@@ -179,11 +179,11 @@ class Network:
 
     def buffer_tensors(self) -> list[torch.Tensor]:
         """The live floating-point buffers (BatchNorm running mean/var), which training masters average with the
-        parameters; integer ones are not among them (see :meth:`~torchspark.nn.flat.FlatState.buffer_tensors`)."""
+        parameters; integer ones are not among them (see `buffer_tensors`)."""
         return self._state.buffer_tensors()
 
     def buffer_size(self) -> int:
-        """Length of :meth:`buffers` (0 for modules without floating-point buffers)."""
+        """Length of [`buffers`][torchspark.Network.buffers] (0 for modules without floating-point buffers)."""
         return self._state.buffer_size()
 
     def buffers(self) -> torch.Tensor:
@@ -191,7 +191,7 @@ class Network:
         return self._state.buffers()
 
     def set_buffers(self, flat: torch.Tensor) -> None:
-        """Overwrite the floating-point buffers from :meth:`buffers` output."""
+        """Overwrite the floating-point buffers from [`buffers`][torchspark.Network.buffers] output."""
         self._state.set_buffers(flat)
 
     def buffer_state(self) -> dict[str, torch.Tensor]:
@@ -199,12 +199,12 @@ class Network:
         return self._state.buffer_state()
 
     def load_buffer_state(self, state: dict[str, torch.Tensor]) -> None:
-        """Copy :meth:`buffer_state` output into this network's buffers (names it does not have are ignored)."""
+        """Copy [`buffer_state`][torchspark.Network.buffer_state] output into this network's buffers (names it does not have are ignored)."""
         self._state.load_buffer_state(state)
 
     # ------------------------------------------------------------------ forward / loss (see torchspark.nn.forward)
     def _batch_loss(self, batch: Batch, validate: bool) -> tuple[torch.Tensor, int]:
-        """``(mean loss, examples)`` of one labelled batch, with its autograd graph (what :meth:`train_step`
+        """``(mean loss, examples)`` of one labelled batch, with its autograd graph (what [`train_step`][torchspark.Network.train_step]
         differentiates)."""
         return batch_loss(self, batch, validate)
 
@@ -223,7 +223,7 @@ class Network:
         """One updater step over several micro-batches (gradient accumulation): the step one batch of all their
         examples would take (the gradient of their example-weighted mean loss; equal to it up to float rounding
         with SGD and no BatchNorm, which sees each micro-batch's statistics), holding one micro-batch's activations
-        at a time. Use it when the batch you want does not fit in memory (``accumulate_steps`` of :meth:`fit` and the
+        at a time. Use it when the batch you want does not fit in memory (``accumulate_steps`` of [`fit`][torchspark.Network.fit] and the
         masters). Label masks weigh a micro-batch by its examples. ``validate`` checks the first one's features.
         Returns the example-weighted mean loss; the iteration counter advances by one.
         """
@@ -308,9 +308,9 @@ class Network:
     def compute_update(self, batch: Batch | Sequence[Batch], validate: bool = False) -> torch.Tensor:
         """The step the updater would take on ``batch`` (``params_before - params_after``), without taking it.
 
-        ``batch`` may be a group of micro-batches (one accumulated step, :meth:`train_group`). The updater's own
+        ``batch`` may be a group of micro-batches (one accumulated step, [`train_group`][torchspark.Network.train_group]). The updater's own
         state (momentum, Adam moments) does advance, as it would on a real step. This is what gradient sharing
-        encodes; :meth:`apply_update` applies such a step.
+        encodes; [`apply_update`][torchspark.Network.apply_update] applies such a step.
         """
         before = self._flat.detach().clone()
         self.train_group(as_group(batch), validate)
@@ -320,11 +320,11 @@ class Network:
         return update
 
     def apply_update(self, update: torch.Tensor) -> None:
-        """``params -= update`` (a flat tensor of length :meth:`num_params`)."""
+        """``params -= update`` (a flat tensor of length [`num_params`][torchspark.Network.num_params])."""
         self._state.apply_update(update)
 
     def apply_update_at(self, indices: torch.Tensor, values: torch.Tensor) -> None:
-        """``params[indices] -= values``: :meth:`apply_update` of an update that is zero except at ``indices``
+        """``params[indices] -= values``: [`apply_update`][torchspark.Network.apply_update] of an update that is zero except at ``indices``
         (unique int64 indices). Bit-identical to it (``x - 0`` is ``x``), but touches only those elements."""
         self._state.apply_update_at(indices, values)
 
@@ -340,7 +340,7 @@ class Network:
                 integer features are passed as they are (token ids for an embedding).
             epochs: passes over the data.
             batch_size: minibatch size when ``data`` is a single DataSet/MultiDataSet.
-            accumulate_steps: minibatches per updater step (gradient accumulation, :meth:`train_group`): the
+            accumulate_steps: minibatches per updater step (gradient accumulation, [`train_group`][torchspark.Network.train_group]): the
                 step of ``accumulate_steps * batch_size`` examples with the memory of one minibatch. 1 (default)
                 steps after every minibatch; an epoch whose minibatch count is not a multiple ends with a shorter
                 group. The iteration counter counts updater steps.
@@ -371,7 +371,7 @@ class Network:
         """Network outputs with the loss's output activation (softmax / sigmoid / identity), as a CPU tensor (a tuple
         for several outputs); ``batch_size`` evaluates in chunks. An example with NaN/inf features is a DataError
         (``non_finite="error"``, default) or gets NaN outputs (``"null"``). See
-        :func:`torchspark.nn.inference.output`."""
+        `torchspark.nn.inference.output`."""
         return inference.output(self, features, train, batch_size, non_finite)
 
     def batch_losses(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -396,7 +396,7 @@ class Network:
     ) -> Any:
         """Fill evaluations with this network's outputs on ``data``: the given ones from output ``output_index``
         (0 when None), else the one that fits the loss (one per output, as a list, for a network with one loss per
-        output and ``output_index=None``). See :func:`torchspark.nn.outputs.evaluate`."""
+        output and ``output_index=None``). See `torchspark.nn.outputs.evaluate`."""
         return evaluate(self, data, evaluations, batch_size, output_index)
 
     # ------------------------------------------------------------------ persistence
@@ -411,11 +411,11 @@ class Network:
 
     @classmethod
     def load(cls, path: str, allow_pickle: bool = False, factories: Any = None, trust_code: bool = False) -> Network:
-        """Load a network written by :meth:`save`.
+        """Load a network written by [`save`][torchspark.Network.save].
 
         No code runs because a file names it: ``config.json`` may name torchspark's zoo models and built-in
         losses; a module factory or loss function of yours must be passed (``factories=[build]``), or the file
-        trusted as code (``trust_code=True``). See :func:`torchspark.nn.load_network`.
+        trusted as code (``trust_code=True``). See [`torchspark.nn.load_network`][torchspark.nn.load_network].
         """
         return read_network(cls, path, allow_pickle=allow_pickle, factories=factories, trust_code=trust_code)
 
@@ -424,7 +424,7 @@ class Network:
         return Blueprint.of(self).build_as(type(self))
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Network:
-        """``copy.deepcopy(net)`` is :meth:`copy`: a field-by-field deep copy would give the module parameters their
+        """``copy.deepcopy(net)`` is [`copy`][torchspark.Network.copy]: a field-by-field deep copy would give the module parameters their
         own storage, detached from the flat buffer the network trains through (``compute_update`` would then return
         zeros)."""
         twin = self.copy()

@@ -5,7 +5,7 @@ What a Spark ML ``TorchEstimator`` stores in its ``network`` param, what a confi
     {"model": "mlp", "kwargs": {"n_in": 4, "hidden": 16, "n_out": 3},
      "loss": "cross_entropy", "updater": {"type": "adam", "lr": 0.001}, "seed": 0}
 
-``model`` must be a zoo name (:data:`ZOO`): the spec names architectures, it never names a module to import, so a
+``model`` must be a zoo name ([`ZOO`][torchspark.models.ZOO]): the spec names architectures, it never names a module to import, so a
 spec from an untrusted file cannot run code. Losses are limited to the named ones for the same reason.
 """
 
@@ -33,12 +33,12 @@ class NetworkSpec:
     """A zoo network with its loss and updater.
 
     Args:
-        model: a :data:`ZOO` name (``"mlp"``, ``"lenet"``).
+        model: a [`ZOO`][torchspark.models.ZOO] name (``"mlp"``, ``"lenet"``).
         kwargs: the zoo factory's arguments (``torchspark.models.mlp(n_in, hidden, n_out)`` ...).
         loss: a named loss (``"cross_entropy"``, ``"mse"``, ``"bce_with_logits"``).
-        updater: a :mod:`torchspark.optim` spec as its ``to_dict()`` (default SGD(lr=0.01)).
+        updater: a [`torchspark.optim`][torchspark.optim] spec as its ``to_dict()`` (default SGD(lr=0.01)).
         seed: weight initialisation seed (None: random each build).
-        weight_decay, l1, gradient_clip, precision: as for :class:`~torchspark.Network` (``precision``:
+        weight_decay, l1, gradient_clip, precision: as for [`Network`][torchspark.Network] (``precision``:
             ``"fp32"``, ``"bf16"`` or ``"fp16"``).
     """
 

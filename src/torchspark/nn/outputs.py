@@ -29,7 +29,7 @@ __all__ = [
 
 
 class EvaluatedNetwork(ForwardNetwork, Protocol):
-    """What evaluation reads of a network (:class:`~torchspark.nn.Network` provides it)."""
+    """What evaluation reads of a network ([`Network`][torchspark.Network] provides it)."""
 
     def default_evaluation(self, output_index: int = 0) -> Any: ...
 

@@ -1,11 +1,11 @@
 """A network as portable parts: its JSON config, the objects only pickle can hold, its weights; and a network
 built back from them.
 
-:func:`portable_parts` splits a network's description into JSON (architecture spec, loss, updater, knobs and
-counters) and the objects without a JSON form; :func:`build_network` makes a network of the class it is handed
-from those parts, weights and state. Both the saved directory (:mod:`torchspark.nn.portable`) and the in-memory
-:class:`~torchspark.nn.portable.Blueprint` go through these two, so a saved network and a shipped one are built
-the same way, by names the :mod:`torchspark.nn.trust` policy allows.
+`portable_parts` splits a network's description into JSON (architecture spec, loss, updater, knobs and
+counters) and the objects without a JSON form; `build_network` makes a network of the class it is handed
+from those parts, weights and state. Both the saved directory (`torchspark.nn.portable`) and the in-memory
+`Blueprint` go through these two, so a saved network and a shipped one are built
+the same way, by names the `torchspark.nn.trust` policy allows.
 
 Example: ``build_network(Network, *portable_parts(net), weights_of(net), net.updater_state(), {})`` is a copy
 of a network whose parts are all JSON.
@@ -42,7 +42,7 @@ VERSION = 1
 
 
 class PortableNetwork(Protocol):
-    """What saving and rebuilding read and write of a network (:class:`~torchspark.nn.Network` provides it)."""
+    """What saving and rebuilding read and write of a network ([`Network`][torchspark.Network] provides it)."""
 
     module: torch.nn.Module
     losses: list[Loss]
@@ -140,7 +140,7 @@ def rebuild(
     policy: CodePolicy,
     source: str,
 ) -> N:
-    """A network from its JSON config (names resolved through ``policy``: see :mod:`torchspark.nn.trust`)."""
+    """A network from its JSON config (names resolved through ``policy``: see `torchspark.nn.trust`)."""
     try:
         module = objects["module"] if "module" in objects else build_from_spec(config["module"], policy, source)
         loss = objects["loss"] if "loss" in objects else _losses(config["loss"], policy, source)
@@ -200,15 +200,15 @@ def build_network(
     """A ``network_class`` instance from portable parts, with these weights, updater and extra state.
 
     Args:
-        network_class: the class to build (:class:`~torchspark.nn.Network`).
-        config, objects: :func:`portable_parts` output (``objects`` unpickled).
-        weights: a ``state_dict`` (:func:`weights_of`).
+        network_class: the class to build ([`Network`][torchspark.Network]).
+        config, objects: `portable_parts` output (``objects`` unpickled).
+        weights: a ``state_dict`` (`weights_of`).
         updater_state: the flat optimizer state, or None to keep the fresh (zero) state.
         extra_state: training-master tensors, copied onto the network's device.
         device: where the network lives (None: CPU).
         policy: which functions ``config`` may name (default: only torchspark's zoo and losses).
         source: where the parts came from, in messages.
-        scaler_state: fp16's gradient-scaler state (:meth:`~torchspark.nn.precision.Precision.state_tensors`), or
+        scaler_state: fp16's gradient-scaler state ([`state_tensors`][torchspark.nn.Precision.state_tensors]), or
             None to keep the fresh one.
     Raises:
         SerializationError: a damaged config, a name the policy does not allow, or weights that do not fit.

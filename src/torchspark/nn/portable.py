@@ -10,17 +10,17 @@ On disk a network is a directory:
 - ``objects.pkl``: only with ``allow_pickle=True``, the parts that have no JSON form.
 
 ``config.json`` records the SHA-256 of every other file (``"checksums"``), verified when the network is loaded: a
-flipped bit in the weights is refused with a :class:`~torchspark.errors.SerializationError` naming the file, never
+flipped bit in the weights is refused with a [`SerializationError`][torchspark.errors.SerializationError] naming the file, never
 loaded as a silently different network (and ``objects.pkl`` is checked before it is unpickled). A model saved
 before checksums were recorded loads with a warning that it was not verified. Before the network is built, the
 size of the network ``config.json`` describes is checked against the weights file (the module is sized on PyTorch's
 ``meta`` device, which allocates nothing): a config asking for a network far larger than its weights is refused
 rather than allocated.
 
-In memory the same parts travel as a :class:`Blueprint`. Both build networks of a class they are handed
-(:func:`~torchspark.nn.parts.build_network`, :mod:`torchspark.nn.parts`), so :class:`~torchspark.nn.Network` saves, loads and copies itself through it without this
-module importing it; :mod:`torchspark.nn.serialization` holds the entry points for ``Network``
-(:func:`~torchspark.nn.serialization.load_network`, :class:`~torchspark.nn.serialization.NetworkBlueprint`).
+In memory the same parts travel as a `Blueprint`. Both build networks of a class they are handed
+(`build_network`, `torchspark.nn.parts`), so [`Network`][torchspark.Network] saves, loads and copies itself through it without this
+module importing it; `torchspark.nn.serialization` holds the entry points for ``Network``
+([`load_network`][torchspark.nn.load_network], [`NetworkBlueprint`][torchspark.nn.NetworkBlueprint]).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ from torchspark.nn.parts import (
 )
 from torchspark.nn.trust import CodePolicy, Factories, build_from_spec, code_policy
 
-# the parts (:mod:`torchspark.nn.parts`) are re-exported: this module is where saving and rebuilding are imported from
+# the parts (`torchspark.nn.parts`) are re-exported: this module is where saving and rebuilding are imported from
 __all__ = [
     "PortableNetwork",
     "Blueprint",
@@ -185,7 +185,7 @@ def _check_replaceable(names: list[str]) -> str | None:
 
 
 def check_save_target(path: str, error: type[Exception] = SerializationError) -> None:
-    """Raise ``error`` now if :func:`save_network` would refuse ``path`` (a file, or a directory holding other
+    """Raise ``error`` now if [`save_network`][torchspark.nn.save_network] would refuse ``path`` (a file, or a directory holding other
     things than a saved network), so a long run can check its destination before it starts.
 
     Example: ``check_save_target("out/model", ConfigError)`` before a fit that saves there."""
@@ -203,7 +203,7 @@ def save_network(net: PortableNetwork, path: str, save_updater: bool = True, all
     """Write ``net`` to the directory ``path`` (see the module docstring). Returns ``path``.
 
     The whole directory is written under a temporary name and then swapped in (see
-    :func:`torchspark._atomic_dir.write_directory`): a failed save (a full disk) leaves any model already at
+    `torchspark._atomic_dir.write_directory`): a failed save (a full disk) leaves any model already at
     ``path`` unchanged, never new weights under an old config. An existing ``path`` is replaced only when it holds
     a saved network or nothing.
 
@@ -262,8 +262,8 @@ def read_network(
     factories: Factories = None,
     trust_code: bool = False,
 ) -> N:
-    """A ``network_class`` instance from a directory written by :func:`save_network`; the arguments and errors are
-    :func:`torchspark.nn.load_network`'s.
+    """A ``network_class`` instance from a directory written by [`save_network`][torchspark.nn.save_network]; the arguments and errors are
+    [`torchspark.nn.load_network`][torchspark.nn.load_network]'s.
 
     Example: ``read_network(Network, "models/m1", factories=[build])``.
     """
@@ -309,8 +309,8 @@ class Blueprint:
     """Everything needed to rebuild a network elsewhere: JSON config, weights, updater and extra state.
 
     Parts without a JSON form (a plain module instance, a lambda loss) travel cloudpickled *in memory* (as
-    Spark itself ships closures); nothing pickled is written to disk. :class:`~torchspark.nn.NetworkBlueprint`
-    is this for :class:`~torchspark.nn.Network` (its ``build()`` needs no class).
+    Spark itself ships closures); nothing pickled is written to disk. [`NetworkBlueprint`][torchspark.nn.NetworkBlueprint]
+    is this for [`Network`][torchspark.Network] (its ``build()`` needs no class).
 
     Example: ``Blueprint.of(net).build_as(Network)`` is a deep copy of ``net`` on the CPU.
     """
@@ -367,7 +367,7 @@ class Blueprint:
 
     @classmethod
     def from_bytes(cls: type[B], blob: bytes) -> B:
-        """The blueprint :meth:`to_bytes` wrote."""
+        """The blueprint [`to_bytes`][torchspark.nn.portable.Blueprint.to_bytes] wrote."""
         tensors = st_load(blob)
         meta = read_safetensors_metadata(blob)
         return cls(

@@ -1,4 +1,4 @@
-"""Mixed precision for a :class:`~torchspark.nn.Network`: the autocast dtype of the forward pass and, for fp16,
+"""Mixed precision for a [`Network`][torchspark.Network]: the autocast dtype of the forward pass and, for fp16,
 the gradient scaler (torch's AMP recipe).
 
 The master weights, their gradients and the updater stay float32 whatever the precision; only the module's forward
@@ -7,7 +7,7 @@ float32), and its outputs come back as float32. So everything downstream (losses
 views, gradient sharing's update and residual) sees float32.
 
 fp16's narrow range (largest value 65504, smallest normal 6e-5) makes small gradients underflow, so fp16 scales
-the loss before ``backward`` (:class:`torch.amp.GradScaler`) and one step is::
+the loss before ``backward`` (`torch.amp.GradScaler`) and one step is::
 
     1. backward(loss * scale)            gradients are scale x too large, so they survive fp16
     2. unscale: grads /= scale           before gradient_clip and l1 see them
@@ -17,8 +17,8 @@ the loss before ``backward`` (:class:`torch.amp.GradScaler`) and one step is::
 
 A skipped step is not divergence: it is how the scaler finds a scale that fits. The network's ``iteration`` still
 advances (it counts the minibatches trained, which every worker of a distributed fit must agree on); the number of
-skipped steps is :attr:`Precision.skipped_steps`. The scaler's state (scale, growth tracker) is saved with the
-updater and in checkpoints (:meth:`Precision.state_tensors`).
+skipped steps is [`Precision.skipped_steps`][torchspark.nn.Precision.skipped_steps]. The scaler's state (scale, growth tracker) is saved with the
+updater and in checkpoints ([`Precision.state_tensors`][torchspark.nn.Precision.state_tensors]).
 
 Example::
 
@@ -52,7 +52,7 @@ class Precision:
     """The autocast dtype of one network's forward pass and, for ``"fp16"``, its gradient scaler.
 
     Args:
-        name: ``"fp32"`` (no autocast), ``"bf16"`` or ``"fp16"`` (see :class:`~torchspark.nn.Network`'s
+        name: ``"fp32"`` (no autocast), ``"bf16"`` or ``"fp16"`` (see [`Network`][torchspark.Network]'s
             ``precision``).
         device: the network's device; autocast and the scaler run for its device type.
     Raises:
@@ -120,7 +120,7 @@ class Precision:
         return taken
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
-        """fp16's scaler state as CPU tensors (:data:`SCALER_KEYS`); empty for fp32 and bf16."""
+        """fp16's scaler state as CPU tensors (`SCALER_KEYS`); empty for fp32 and bf16."""
         if self.scaler is None:
             return {}
         state = self.scaler.state_dict()
@@ -130,7 +130,7 @@ class Precision:
         }
 
     def load_state_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
-        """Restore :meth:`state_tensors` output (other keys of ``tensors`` are ignored; without the scaler's keys,
+        """Restore [`state_tensors`][torchspark.nn.Precision.state_tensors] output (other keys of ``tensors`` are ignored; without the scaler's keys,
         or without a scaler, nothing changes)."""
         if self.scaler is None or not all(k in tensors for k in SCALER_KEYS):
             return

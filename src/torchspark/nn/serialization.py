@@ -1,8 +1,8 @@
-"""Saving and loading :class:`~torchspark.nn.Network`, and the in-memory blueprint that ships one to workers.
+"""Saving and loading [`Network`][torchspark.Network], and the in-memory blueprint that ships one to workers.
 
 The format (a directory of ``config.json`` and safetensors files) and the building are
-:mod:`torchspark.nn.portable`'s; this module binds them to ``Network``: :func:`load_network` returns one and
-:meth:`NetworkBlueprint.build` builds one.
+`torchspark.nn.portable`'s; this module binds them to ``Network``: [`load_network`][torchspark.nn.load_network] returns one and
+[`NetworkBlueprint.build`][torchspark.nn.NetworkBlueprint.build] builds one.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ __all__ = ["save_network", "load_network", "check_save_target", "NetworkBlueprin
 def load_network(
     path: str, allow_pickle: bool = False, factories: Factories = None, trust_code: bool = False
 ) -> Network:
-    """Load a network written by :func:`save_network`.
+    """Load a network written by [`save_network`][torchspark.nn.save_network].
 
     Args:
         path: the model directory (local path or fsspec URL).
@@ -41,8 +41,8 @@ def load_network(
 
 
 class NetworkBlueprint(Blueprint):
-    """Everything needed to rebuild a :class:`~torchspark.nn.Network` on a worker: JSON config, weights, updater
-    and extra state (see :class:`~torchspark.nn.portable.Blueprint`).
+    """Everything needed to rebuild a [`Network`][torchspark.Network] on a worker: JSON config, weights, updater
+    and extra state (see `Blueprint`).
 
     Example: ``blob = NetworkBlueprint.of(net).to_bytes()`` on the driver,
     ``NetworkBlueprint.from_bytes(blob).build("cuda:0")`` on a worker.

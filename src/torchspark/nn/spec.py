@@ -1,8 +1,8 @@
 """Module specs: how a network's architecture is written to JSON, so it can be rebuilt without pickle.
 
 A spec is ``{"factory": "package.module:function", "kwargs": {...}}``. Zoo models attach their spec to the
-module they return; :func:`from_factory` does the same for any importable factory of yours. Rebuilding a module
-from a spec read from a file goes through a code policy: :func:`torchspark.nn.trust.build_from_spec`.
+module they return; [`from_factory`][torchspark.from_factory] does the same for any importable factory of yours. Rebuilding a module
+from a spec read from a file goes through a code policy: `torchspark.nn.trust.build_from_spec`.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def import_object(path: str) -> Any:
 
 
 def attach_spec(module: torch.nn.Module, factory: str, kwargs: dict[str, Any]) -> torch.nn.Module:
-    """Record how ``module`` was built so :meth:`Network.save` can write it as JSON."""
+    """Record how ``module`` was built so [`Network.save`][torchspark.Network.save] can write it as JSON."""
     try:
         json.dumps(kwargs)
     except TypeError as e:
@@ -64,7 +64,7 @@ def from_factory(path: str, **kwargs: Any) -> torch.nn.Module:
 
 
 def module_spec(module: torch.nn.Module) -> dict[str, Any] | None:
-    """The JSON spec of a module built by the zoo or :func:`from_factory`, else None."""
+    """The JSON spec of a module built by the zoo or [`from_factory`][torchspark.from_factory], else None."""
     spec = getattr(module, SPEC_ATTR, None)
     return dict(spec) if isinstance(spec, dict) else None
 

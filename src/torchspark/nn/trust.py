@@ -2,11 +2,11 @@
 
 A saved network's ``config.json`` names its module factory (``"torchspark.models:lenet"``) and may name custom
 loss functions (``"mypkg.losses:focal"``). Importing and calling whatever a file names would let a downloaded model
-run ``"os:system"``, so loading resolves names through a :class:`CodePolicy`:
+run ``"os:system"``, so loading resolves names through a `CodePolicy`:
 
-1. torchspark's own zoo (:data:`ZOO_FACTORIES`, the paths of :data:`torchspark.nn.zoo.ZOO`) is always allowed;
+1. torchspark's own zoo (`ZOO_FACTORIES`, the paths of [`torchspark.nn.zoo.ZOO`][torchspark.models.ZOO]) is always allowed;
 2. functions the caller passes (``Network.load(path, factories=[build])``) are allowed under their import path
-   (``f"{fn.__module__}:{fn.__qualname__}"``, exactly what :func:`~torchspark.nn.from_factory` records), or under
+   (``f"{fn.__module__}:{fn.__qualname__}"``, exactly what [`from_factory`][torchspark.from_factory] records), or under
    the names of a ``{"pkg.mod:build": build}`` mapping;
 3. anything else is imported only with ``trust_code=True`` (the caller vouches for the file).
 
@@ -36,7 +36,7 @@ Factories = Union[Iterable[Callable[..., Any]], Mapping[str, Callable[..., Any]]
 
 
 def import_path_of(fn: Callable[..., Any]) -> str:
-    """``"package.module:qualname"`` of a function: the name :func:`~torchspark.nn.from_factory` records."""
+    """``"package.module:qualname"`` of a function: the name [`from_factory`][torchspark.from_factory] records."""
     module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
     if not module or not qualname:
         raise ConfigError(f"factories must be functions with an import path (a module and a name), got {fn!r}")
@@ -53,7 +53,7 @@ class CodePolicy:
     """What a file may make us call: the zoo, the caller's ``factories``, or anything with ``trust_code``.
 
     Args:
-        factories: import path -> function the caller allows (build it with :func:`code_policy`).
+        factories: import path -> function the caller allows (build it with `code_policy`).
         trust_code: import and call any ``"pkg.mod:fn"`` a file names. Only for files you trust as you trust
             code: a hostile file could name ``"os:system"``.
     """
@@ -97,7 +97,7 @@ class CodePolicy:
 
 
 def code_policy(factories: Factories = None, trust_code: bool = False) -> CodePolicy:
-    """A :class:`CodePolicy` from what ``Network.load`` accepts: a list of functions (named by their import
+    """A `CodePolicy` from what ``Network.load`` accepts: a list of functions (named by their import
     path) or a ``{"pkg.mod:fn": fn}`` mapping, and ``trust_code``."""
     if factories is None:
         allowed: dict[str, Callable[..., Any]] = {}
@@ -120,11 +120,11 @@ def code_policy(factories: Factories = None, trust_code: bool = False) -> CodePo
 def build_from_spec(
     spec: dict[str, Any], policy: CodePolicy | None = None, source: str = "the module spec"
 ) -> torch.nn.Module:
-    """Rebuild a module from :func:`~torchspark.nn.spec.module_spec` output, calling only what ``policy`` allows.
+    """Rebuild a module from [`module_spec`][torchspark.nn.module_spec] output, calling only what ``policy`` allows.
 
     Args:
         spec: ``{"factory": "pkg.mod:fn", "kwargs": {...}}``.
-        policy: which factories may be called (:class:`CodePolicy`); default: only
+        policy: which factories may be called (`CodePolicy`); default: only
             torchspark's zoo. A spec read from a file must never import what the file names unchecked.
         source: where the spec came from, in messages.
     Raises:

@@ -1,11 +1,11 @@
 """The model zoo: small reference networks that remember their spec (so they save as JSON, not pickle).
 
-:data:`ZOO` is the zoo's one registry. :mod:`torchspark.models` re-exports its factories for users,
-:class:`~torchspark.nn.network_spec.NetworkSpec` names them, and :mod:`torchspark.nn.trust` lets a saved file name
+[`ZOO`][torchspark.models.ZOO] is the zoo's one registry. [`torchspark.models`][torchspark.models] re-exports its factories for users,
+[`NetworkSpec`][torchspark.spark.ml.NetworkSpec] names them, and `torchspark.nn.trust` lets a saved file name
 them as ``"torchspark.models:<name>"`` (the path their spec records) without importing anything. A new zoo model is a
-factory here, an entry in :data:`ZOO` and a re-export in :mod:`torchspark.models`.
+factory here, an entry in [`ZOO`][torchspark.models.ZOO] and a re-export in [`torchspark.models`][torchspark.models].
 
-Modules return logits; :meth:`torchspark.Network.output` applies the loss's output activation.
+Modules return logits; [`torchspark.Network.output`][torchspark.Network.output] applies the loss's output activation.
 """
 
 from __future__ import annotations
@@ -165,7 +165,7 @@ class TextTransformer(nn.Module):
     """Token embedding + learned positions, pre-norm transformer encoder layers, mean pooling, a linear head.
 
     Input: token ids ``(N, T)`` (int64, ``T <= max_len``); output: logits ``(N, n_classes)``. Build it with
-    :func:`text_transformer`, which records the spec.
+    [`text_transformer`][torchspark.models.text_transformer], which records the spec.
     """
 
     def __init__(
@@ -190,7 +190,7 @@ class TextTransformer(nn.Module):
 
     def reset_parameters(self) -> None:
         """Re-draw the attention's input projections (the one part no submodule's ``reset_parameters`` covers), so
-        :class:`~torchspark.Network`'s ``seed`` re-initialises every parameter (it calls each module's reset)."""
+        [`Network`][torchspark.Network]'s ``seed`` re-initialises every parameter (it calls each module's reset)."""
         for layer in self.encoder.layers:
             nn.init.xavier_uniform_(layer.self_attn.in_proj_weight)
             nn.init.zeros_(layer.self_attn.in_proj_bias)
@@ -222,12 +222,12 @@ def text_transformer(
     d_ff: int = 512,
     dropout: float = 0.0,
 ) -> nn.Module:
-    """A small transformer text classifier (:class:`TextTransformer`): embeddings, encoder layers, mean pooling.
+    """A small transformer text classifier ([`TextTransformer`][torchspark.models.TextTransformer]): embeddings, encoder layers, mean pooling.
 
     The defaults make a 6.2 M-parameter network whose token embedding (20,000 x 256 = 5.1 M) dominates: a minibatch
     touches only the rows of the tokens it contains, so most of the embedding's gradient is zero in a step, the
     sparse update that threshold encoding (gradient sharing) sends cheaply. Pair it with
-    :func:`torchspark.datasets.synthetic_keywords`.
+    [`torchspark.datasets.synthetic_keywords`][torchspark.datasets.synthetic_keywords].
 
     Args:
         vocab_size: token ids are in ``[0, vocab_size)``.

@@ -1,10 +1,10 @@
 """Starting a worker process: the multiprocessing context, what a worker receives, and its entry point.
 
-Workers start from a fork server with torch preloaded (:func:`worker_context`; ``spawn`` where there is none),
-never by forking the caller. Each gets a :class:`ChildArgs` and runs :func:`child_main`: it joins the rendezvous
-store the parent hosts, builds its communicator, runs :func:`~torchspark.training.worker.loop.run_worker` on its
-share (sent with its start arguments, or fed through its queue: :mod:`torchspark.parallel.feeding`) and puts its
-result or its traceback on the results queue (:mod:`torchspark.parallel.results`). Workers ignore SIGINT (the
+Workers start from a fork server with torch preloaded (`worker_context`; ``spawn`` where there is none),
+never by forking the caller. Each gets a `ChildArgs` and runs `child_main`: it joins the rendezvous
+store the parent hosts, builds its communicator, runs [`run_worker`][torchspark.training.run_worker] on its
+share (sent with its start arguments, or fed through its queue: `torchspark.parallel.feeding`) and puts its
+result or its traceback on the results queue (`torchspark.parallel.results`). Workers ignore SIGINT (the
 parent decides) and exit on their own if the parent dies.
 """
 

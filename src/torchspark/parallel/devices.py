@@ -1,6 +1,6 @@
 """Which device each ``ParallelWrapper`` worker trains on: the ``devices`` option parsed and dealt round-robin.
 
-:func:`plan_devices` is a pure function of the machine's counts (testable anywhere); :func:`default_devices` asks
+[`plan_devices`][torchspark.parallel.plan_devices] is a pure function of the machine's counts (testable anywhere); `default_devices` asks
 torch and the OS for them. Example: ``plan_devices(3, None, gpu_count=2, cpu_count=8)`` is
 ``["cuda:0", "cuda:1", "cuda:0"]``.
 """
@@ -62,7 +62,7 @@ def plan_devices(num_workers: int | None, devices: Sequence[Any] | None, gpu_cou
 
 
 def default_devices(num_workers: int | None, devices: Sequence[Any] | None = None) -> list[str]:
-    """:func:`plan_devices` on this machine: the GPUs torch sees and the CPU cores the OS reports."""
+    """[`plan_devices`][torchspark.parallel.plan_devices] on this machine: the GPUs torch sees and the CPU cores the OS reports."""
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     return plan_devices(num_workers, devices, gpus, os.cpu_count() or 1)
 

@@ -1,9 +1,9 @@
-"""Early stopping with :class:`~torchspark.parallel.ParallelWrapper` (DL4J's ``EarlyStoppingParallelTrainer``).
+"""Early stopping with [`ParallelWrapper`][torchspark.parallel.ParallelWrapper] (DL4J's ``EarlyStoppingParallelTrainer``).
 
 One epoch is one ``wrapper.fit(train, epochs=1)`` (the worker processes start once per epoch); the score is
-computed on this process with the local calculators (:class:`~torchspark.earlystopping.LossCalculator`,
-:class:`~torchspark.earlystopping.EvaluationCalculator`). The loop, conditions and savers are
-:mod:`torchspark.earlystopping`.
+computed on this process with the local calculators ([`LossCalculator`][torchspark.earlystopping.LossCalculator],
+[`EvaluationCalculator`][torchspark.earlystopping.EvaluationCalculator]). The loop, conditions and savers are
+[`torchspark.earlystopping`][torchspark.earlystopping].
 """
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ class EarlyStoppingParallelTrainer(EpochByEpochTrainer):
     """Train ``wrapper.network`` epoch by epoch with ``wrapper`` until the configuration says stop.
 
     Args:
-        wrapper: the :class:`~torchspark.parallel.ParallelWrapper`; its network is trained in place (after the run
+        wrapper: the [`ParallelWrapper`][torchspark.parallel.ParallelWrapper]; its network is trained in place (after the run
             it holds the last epoch's weights; ``result.best_model`` the best).
-        config: the :class:`~torchspark.earlystopping.EarlyStoppingConfiguration`.
+        config: the [`EarlyStoppingConfiguration`][torchspark.earlystopping.EarlyStoppingConfiguration].
         train_data: what ``ParallelWrapper.fit`` takes, re-readable (a DataSet, a list of DataSets or of batch-file
             paths; a one-shot iterator would be empty after the first epoch and is refused).
         batch_size: as for ``ParallelWrapper.fit`` (None: the master's).
-        listener: an :class:`~torchspark.earlystopping.EarlyStoppingListener`.
+        listener: an [`EarlyStoppingListener`][torchspark.earlystopping.EarlyStoppingListener].
     """
 
     def __init__(

@@ -2,8 +2,8 @@
 
 A list of minibatches is serialized once and sent with the worker's start arguments, then replayed every epoch
 (like Spark's direct route); batch-file paths are read by the workers; per-epoch plans and a one-shot iterable
-stream through one bounded queue per worker, fed by threads of the parent (:func:`start_feeders`), each epoch closed
-by :data:`EPOCH_END`.
+stream through one bounded queue per worker, fed by threads of the parent (`start_feeders`), each epoch closed
+by `EPOCH_END`.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ Put = Callable[[Any, Any, threading.Event], bool]
 
 
 def put_item(q: Any, item: Any, stop: threading.Event) -> bool:
-    """The feeders' :data:`Put`: wait for room in the bounded queue, give up (False) once ``stop`` is set."""
+    """The feeders' `Put`: wait for room in the bounded queue, give up (False) once ``stop`` is set."""
     return put_until_stopped(q, item, stop, _POLL_S)
 
 

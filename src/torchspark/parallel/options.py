@@ -3,7 +3,7 @@ master names them, and which master options work on one machine.
 
 ``ParallelWrapper(net, master=SharedTrainingMaster(...))`` takes the same master a ``SparkNetwork`` takes;
 ``ParallelWrapper(net, training_mode="sharing", overlap=False)`` builds it from the master's own option names, with
-the master's own defaults and validation (:func:`master_from_options`): there is no second list of options here.
+the master's own defaults and validation (`master_from_options`): there is no second list of options here.
 
 Example::
 
@@ -52,7 +52,7 @@ def master_options(cls: type[TrainingMaster]) -> list[str]:
 
 def master_from_options(training_mode: str, options: dict[str, Any]) -> TrainingMaster:
     """The master of ``training_mode`` (``"averaging"`` or ``"sharing"``) with ``options`` set; every other option
-    keeps the master's default (``batch_size_per_worker``: :data:`DEFAULT_BATCH_SIZE`).
+    keeps the master's default (``batch_size_per_worker``: `DEFAULT_BATCH_SIZE`).
 
     Raises:
         ConfigError: an unknown ``training_mode``; an option that is not the master's (the message lists its

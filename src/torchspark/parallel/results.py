@@ -1,8 +1,8 @@
 """How a worker's result crosses the process boundary: its tensors as numpy arrays.
 
 Torch shares a tensor put on a multiprocessing queue through a file descriptor of the sending process, which
-dangles once that worker exits; numpy arrays are pickled by value. The worker sends :func:`to_numpy`, the parent
-reads :func:`to_torch`.
+dangles once that worker exits; numpy arrays are pickled by value. The worker sends `to_numpy`, the parent
+reads `to_torch`.
 """
 
 from __future__ import annotations
@@ -35,5 +35,5 @@ def to_numpy(result: WorkerResult) -> WorkerResult:
 
 
 def to_torch(result: WorkerResult) -> WorkerResult:
-    """``result`` with every numpy array back as a tensor (the parent's side of :func:`to_numpy`)."""
+    """``result`` with every numpy array back as a tensor (the parent's side of `to_numpy`)."""
     return _map_tensors(result, torch.from_numpy)

@@ -1,9 +1,9 @@
 """How ``ParallelWrapper.fit`` splits its data over the workers, with the plans Spark uses.
 
-In-memory data (a DataSet, a list of them) is balanced by examples (:func:`split_examples`, Spark's
+In-memory data (a DataSet, a list of them) is balanced by examples (`split_examples`, Spark's
 ``repartition_strategy="balanced"``); batch files of any size are re-batched to ``batch_size`` and balanced
-(:func:`plan_files`, Spark's ``fit_paths``); a one-shot iterable is re-batched and dealt round-robin (one epoch only).
-:func:`route_data` returns a :class:`DataPlan`: the workers' shares, a first minibatch to check the network against,
+(`plan_files`, Spark's ``fit_paths``); a one-shot iterable is re-batched and dealt round-robin (one epoch only).
+`route_data` returns a `DataPlan`: the workers' shares, a first minibatch to check the network against,
 and the examples of one epoch. Example: ``route_data(train, workers=2, batch_size=32, epochs=1, rng_seed=0)``.
 """
 
@@ -55,8 +55,8 @@ def route_data(
     scope: str = "worker",
 ) -> DataPlan:
     """Split ``data`` over the workers with the plans Spark uses: in-memory data exactly balanced by examples
-    (:func:`split_examples`, Spark's ``repartition_strategy="balanced"``), batch files of any size re-batched to
-    ``batch_size`` (:func:`plan_files`, Spark's ``fit_paths``)."""
+    (`split_examples`, Spark's ``repartition_strategy="balanced"``), batch files of any size re-batched to
+    ``batch_size`` (`plan_files`, Spark's ``fit_paths``)."""
     if isinstance(data, BATCH_TYPES):
         if len(data) == 0:
             raise DataError("fit got an empty DataSet (0 examples)")
@@ -126,7 +126,7 @@ def _feeds(
 ) -> DataPlan:
     """In-memory data: one plan replayed every epoch (each worker reorders its share every epoch with
     ``rng_seed``), or with ``scope="global"`` and ``rng_seed`` (past the network's first epoch, or over several) a new
-    plan per epoch, as Spark's routes give them (:func:`~torchspark.training.assignment.per_epoch`), fed to the
+    plan per epoch, as Spark's routes give them (`per_epoch`), fed to the
     workers epoch by epoch."""
     if rng_seed is None or scope == "worker" or (epochs == 1 and first_epoch == 0):
         feeds = split_examples(items, batch_size, workers, rng_seed, drop_last)

@@ -1,12 +1,12 @@
 """The local-process runner: ``run_worker`` in worker processes on this machine, talking over torch.distributed.
 
-One run (:meth:`LocalProcessRunner.run`):
+One run ([`LocalProcessRunner.run`][torchspark.parallel.LocalProcessRunner.run]):
 
 1. host the ``TCPStore`` of the rendezvous on loopback, draw the run's token;
-2. start one worker process per device (:mod:`torchspark.parallel.bootstrap`: from a fork server with torch
+2. start one worker process per device (`torchspark.parallel.bootstrap`: from a fork server with torch
    preloaded, never by forking the caller), each with its share when it is known up front;
-3. feed the workers whose data streams (:mod:`torchspark.parallel.feeding`);
-4. collect the results, or raise the root cause of a failure (:mod:`torchspark.parallel.supervision`);
+3. feed the workers whose data streams (`torchspark.parallel.feeding`);
+4. collect the results, or raise the root cause of a failure (`torchspark.parallel.supervision`);
 5. always: stop the feeders, shut every worker down (terminate after a failure or Ctrl-C) and join it, close the
    queues.
 """
@@ -55,7 +55,7 @@ def _check_agree(own_name: str, own: Any, master_name: str, master: Any, owner: 
 
 
 class LocalProcessRunner:
-    """Run one worker per device in fresh processes (:func:`~torchspark.parallel.bootstrap.worker_context`) and
+    """Run one worker per device in fresh processes (`worker_context`) and
     supervise them.
 
     Args:
@@ -64,12 +64,12 @@ class LocalProcessRunner:
             None (default): ``ParallelWrapper``'s ``threads_per_worker`` when it runs the runner (its default: this
             machine's cores // the runner's devices), 1 on its own. A number set here must equal
             ``ParallelWrapper``'s ``threads_per_worker`` when that is set too (a ConfigError otherwise,
-            :meth:`use_master`).
+            [`use_master`][torchspark.parallel.LocalProcessRunner.use_master]).
         timeout_s: rendezvous and collective timeout, and the watchdog's limit for a silent worker. None (default):
             the training master's ``rendezvous_timeout_s`` when ``ParallelWrapper`` runs it (its default,
-            :data:`DEFAULT_TIMEOUT_S`, when the runner runs on its own). A number: the runner's own limit, which
+            `DEFAULT_TIMEOUT_S`, when the runner runs on its own). A number: the runner's own limit, which
             must equal the master's ``rendezvous_timeout_s`` in a ``ParallelWrapper`` fit (two limits for one wait
-            are a ConfigError, :meth:`use_master`). Example: ``LocalProcessRunner(["cpu"] * 2)`` with
+            are a ConfigError, [`use_master`][torchspark.parallel.LocalProcessRunner.use_master]). Example: ``LocalProcessRunner(["cpu"] * 2)`` with
             ``ParallelWrapper(net, master=ParameterAveragingTrainingMaster(rendezvous_timeout_s=30), runner=...)``
             waits 30 s for a hung worker.
         prefetch: queued minibatches per worker for a one-shot stream; None (default): the task's ``prefetch``
@@ -80,7 +80,7 @@ class LocalProcessRunner:
         exit_timeout_s: how long finished workers get to exit before they are terminated.
         shared_memory: let the workers sum through ``/dev/shm``. None (default): the training master's
             ``shared_memory_allreduce`` when ``ParallelWrapper`` runs it (True on its own); a bool set here must
-            equal the master's in a ``ParallelWrapper`` fit (a ConfigError otherwise, :meth:`use_master`).
+            equal the master's in a ``ParallelWrapper`` fit (a ConfigError otherwise, [`use_master`][torchspark.parallel.LocalProcessRunner.use_master]).
     """
 
     def __init__(
@@ -119,7 +119,7 @@ class LocalProcessRunner:
             none_means="the training master's shared_memory_allreduce",
         )
         self._master_shared_memory: bool | None = None
-        #: the worker processes of the last run (all joined when :meth:`run` returns or raises)
+        #: the worker processes of the last run (all joined when [`run`][torchspark.parallel.LocalProcessRunner.run] returns or raises)
         self.children: list[Any] = []
 
     def use_master(
@@ -145,15 +145,15 @@ class LocalProcessRunner:
     @property
     def effective_threads(self) -> int:
         """Torch threads per worker in the next run: ``threads_per_worker``, else ``ParallelWrapper``'s
-        (:meth:`use_master`), else 1."""
+        ([`use_master`][torchspark.parallel.LocalProcessRunner.use_master]), else 1."""
         if self.threads_per_worker is not None:
             return self.threads_per_worker
         return self._wrapper_threads if self._wrapper_threads is not None else 1
 
     @property
     def effective_timeout_s(self) -> float:
-        """The limit the next run uses: ``timeout_s``, else the master's (:meth:`use_master`), else
-        :data:`DEFAULT_TIMEOUT_S`."""
+        """The limit the next run uses: ``timeout_s``, else the master's ([`use_master`][torchspark.parallel.LocalProcessRunner.use_master]), else
+        `DEFAULT_TIMEOUT_S`."""
         if self.timeout_s is not None:
             return float(self.timeout_s)
         return self._master_timeout_s if self._master_timeout_s is not None else DEFAULT_TIMEOUT_S
@@ -168,7 +168,7 @@ class LocalProcessRunner:
     def run(self, task: WorkerTask, data: WorkerShares, context: RunContext = NULL_CONTEXT) -> list[WorkerResult]:
         """Run one worker per share of ``data`` on the first ``data.workers`` devices (all of them, unless an
         elastic fit runs fewer workers) and return their results by rank (the
-        :class:`~torchspark.training.driver.runner.Runner` protocol; ``context`` gives the progress channel, the
+        [`Runner`][torchspark.training.Runner] protocol; ``context`` gives the progress channel, the
         watchdog and the driver's ``fit`` phase)."""
         if data.workers > len(self.devices):
             raise ValueError(
@@ -184,7 +184,7 @@ class LocalProcessRunner:
             return self._run(task, data, progress_address, supervisor)
 
     def _put(self, q: Any, item: Any, stop: threading.Event) -> bool:
-        """How the feeders put one item into a worker's queue (:func:`~torchspark.parallel.feeding.put_item`; a
+        """How the feeders put one item into a worker's queue (`put_item`; a
         subclass may watch it)."""
         return put_item(q, item, stop)
 

@@ -1,16 +1,16 @@
 """Watching the worker processes of one local run: results, errors, deaths, hangs, and the shutdown.
 
 1. a worker that raises sends its traceback; the supervisor waits briefly for the other workers' errors and raises
-   :class:`~torchspark.errors.WorkerError` with the root cause (not a peer's "Connection reset"):
-   :func:`~torchspark.training.driver.failures.wait_for_root_cause`;
+   [`WorkerError`][torchspark.errors.WorkerError] with the root cause (not a peer's "Connection reset"):
+   `wait_for_root_cause`;
 2. a worker that dies without a word (killed, out of memory, native crash) is noticed by polling and raises
-   :class:`~torchspark.errors.WorkerLost` (name, pid, signal or exit code), as does a worker that stops responding:
+   [`WorkerLost`][torchspark.errors.WorkerLost] (name, pid, signal or exit code), as does a worker that stops responding:
    its peers time out after ``rendezvous_timeout_s`` and report only that symptom, or (with a driver context) its
    heartbeats stop, or no worker reports a new step for the master's ``stall_timeout_s`` (every worker hung at once:
-   :mod:`~torchspark.training.driver.stall`); the driver's recovery then relaunches the workers;
-3. on any failure, or Ctrl-C in the parent, every worker is terminated and joined (:meth:`Supervisor.shutdown`, in
+   [`stall`][torchspark.training.driver.stall]); the driver's recovery then relaunches the workers;
+3. on any failure, or Ctrl-C in the parent, every worker is terminated and joined (`Supervisor.shutdown`, in
    the runner's ``finally``) before the error propagates, so no process is left behind;
-4. SIGTERM of the driver during a run is handled as Ctrl-C is (:func:`sigterm_as_exit`): it raises
+4. SIGTERM of the driver during a run is handled as Ctrl-C is (`sigterm_as_exit`): it raises
    ``SystemExit(143)``, so step 3 runs and then the interpreter's exit handlers, which remove multiprocessing's
    ``pymp-*`` temporary directory (the default action of SIGTERM kills the driver at once and leaves it behind).
 """
@@ -56,7 +56,7 @@ class Supervisor:
         self.timeout_s = timeout_s
         self.exit_timeout_s = exit_timeout_s
         self.context = context
-        #: the started worker processes, by rank (:meth:`shutdown` joins every one of them)
+        #: the started worker processes, by rank (`shutdown` joins every one of them)
         self.children: list[Any] = []
 
     def collect(self, results_q: Any, n: int, feeder_errors: Sequence[BaseException]) -> list[WorkerResult]:

@@ -2,16 +2,16 @@
 
 DL4J sent single-box users (many cores, several GPUs) to ParallelWrapper: the same algorithms with less overhead,
 and a way to try on a laptop the configuration that will run on the cluster. Workers are separate processes that
-run the very same worker loop, codec and averaging code as the Spark masters (:func:`run_worker`), connected by
-``torch.distributed`` (gloo on CPU, nccl on distinct GPUs); :class:`LocalProcessRunner` supervises them.
+run the very same worker loop, codec and averaging code as the Spark masters ([`run_worker`][torchspark.training.run_worker]), connected by
+``torch.distributed`` (gloo on CPU, nccl on distinct GPUs); [`LocalProcessRunner`][torchspark.parallel.LocalProcessRunner] supervises them.
 
 Workers are started by a fork server with torch preloaded (``spawn`` where the platform has no fork server): never
 forked from the calling process, so its threads, CUDA context and locks are not inherited. Like ``spawn``, this
-means a script that calls :meth:`ParallelWrapper.fit` at top level needs the ``if __name__ == "__main__":`` guard,
+means a script that calls [`ParallelWrapper.fit`][torchspark.parallel.ParallelWrapper.fit] at top level needs the ``if __name__ == "__main__":`` guard,
 and custom modules must be importable (defined in a module, not in ``__main__`` of an interactive session).
 
-Beside it: which device each worker gets (:mod:`torchspark.parallel.devices`) and how the data is split over the
-workers (:mod:`torchspark.parallel.routing`).
+Beside it: which device each worker gets (`torchspark.parallel.devices`) and how the data is split over the
+workers (`torchspark.parallel.routing`).
 """
 
 from __future__ import annotations
@@ -69,13 +69,13 @@ class ParallelWrapper:
     """Train a network with several local worker processes, the Spark masters' algorithms without Spark.
 
     How to train is a training master, the object ``SparkNetwork`` takes: ``master=SharedTrainingMaster(...)`` or
-    ``ParameterAveragingTrainingMaster(...)`` (its ``batch_size_per_worker`` is :meth:`fit`'s default batch size;
+    ``ParameterAveragingTrainingMaster(...)`` (its ``batch_size_per_worker`` is [`fit`][torchspark.parallel.ParallelWrapper.fit]'s default batch size;
     Spark-only options such as ``export_directory`` or ``averaging_via="spark"`` are refused). Without one,
     ``training_mode`` names the master and the other keyword options are that master's own options, by the master's
-    own names, defaults and documentation (:class:`~torchspark.training.config.masters.TrainingMaster`,
-    :class:`~torchspark.training.config.masters.ParameterAveragingTrainingMaster`,
-    :class:`~torchspark.training.config.shared_master.SharedTrainingMaster`; ``batch_size_per_worker`` defaults to
-    32 here). The effective master is :attr:`master`; its options read through the wrapper (``pw.rng_seed``), and
+    own names, defaults and documentation ([`TrainingMaster`][torchspark.TrainingMaster],
+    [`ParameterAveragingTrainingMaster`][torchspark.ParameterAveragingTrainingMaster],
+    [`SharedTrainingMaster`][torchspark.SharedTrainingMaster]; ``batch_size_per_worker`` defaults to
+    32 here). The effective master is `master`; its options read through the wrapper (``pw.rng_seed``), and
     setting one on a wrapper whose options built the master rebuilds it (validated). Passing ``master=`` and options
     is a ConfigError.
 
@@ -85,13 +85,13 @@ class ParallelWrapper:
         pw.fit(train, epochs=3, batch_size=32)
 
     Args:
-        network: the :class:`~torchspark.Network` to train (updated in place by :meth:`fit`).
+        network: the [`Network`][torchspark.Network] to train (updated in place by [`fit`][torchspark.parallel.ParallelWrapper.fit]).
         num_workers: worker processes. None = the master's ``num_workers``, else one per listed device, else one per
             GPU, else one per CPU core. Each CPU worker gets cores // workers torch threads, and every extra worker
             adds synchronisation, so on CPU try 2-4 workers before one per core.
         training_mode: ``"averaging"`` (default: synchronous parameter averaging, ParameterAveragingTrainingMaster)
             or ``"sharing"`` (threshold-encoded gradient sharing, SharedTrainingMaster); with ``master=``, the
-            master's (:attr:`training_mode` reads it).
+            master's (`training_mode` reads it).
         master: the training master (instead of ``training_mode`` and its options).
         devices: devices dealt round-robin to the workers (``["cuda:0", "cuda:1"]``); default: every GPU, else
             CPU. GPUs shared by several workers, or mixed CPU/GPU, talk over gloo instead of nccl.
@@ -102,10 +102,10 @@ class ParallelWrapper:
             all workers agree on, live: averaging logs after every round the example-weighted mean over workers of
             their last minibatch loss in the round; gradient sharing has no averaging rounds and logs once per epoch
             the example-weighted mean loss of every minibatch of every worker (one extra small all-reduce per
-            epoch). Each record carries the :class:`~torchspark.training.hooks.ScoreReport` as ``score_report``.
-        runner: how workers run (a :class:`~torchspark.training.driver.runner.Runner`); default: a
-            :class:`~torchspark.parallel.runner.LocalProcessRunner` on :attr:`worker_devices` with
-            ``threads_per_worker``. Tests pass :class:`~torchspark.training.driver.runner.InProcessRunner` (threads).
+            epoch). Each record carries the [`ScoreReport`][torchspark.training.ScoreReport] as ``score_report``.
+        runner: how workers run (a [`Runner`][torchspark.training.Runner]); default: a
+            [`LocalProcessRunner`][torchspark.parallel.LocalProcessRunner] on [`worker_devices`][torchspark.parallel.ParallelWrapper.worker_devices] with
+            ``threads_per_worker``. Tests pass [`InProcessRunner`][torchspark.training.InProcessRunner] (threads).
             A ``LocalProcessRunner`` of your own takes the master's ``rendezvous_timeout_s`` and
             ``shared_memory_allreduce`` and this wrapper's ``threads_per_worker`` where it leaves its own
             ``timeout_s``, ``shared_memory``, ``threads_per_worker`` None (set on both: they must be equal,
@@ -223,7 +223,7 @@ class ParallelWrapper:
         self._fits.add_progress_listener(listener)
 
     def add_training_listener(self, listener: TrainingListener) -> None:
-        """Tell ``listener`` (a :class:`~torchspark.listeners.TrainingListener`, e.g. ``MlflowListener`` or
+        """Tell ``listener`` (a [`TrainingListener`][torchspark.listeners.TrainingListener], e.g. ``MlflowListener`` or
         ``TensorBoardListener``) about every later fit: its start, progress, epochs and end. With a listener the
         workers also report the score they agree on (as ``report_score_after_averaging`` does)."""
         self._fits.add_training_listener(listener)
@@ -247,7 +247,7 @@ class ParallelWrapper:
             data: a DataSet/MultiDataSet, or a list of them (read in order as one sequence of examples): every
                 worker gets an equal share of the examples (+-1) in minibatches of ``batch_size``, as SparkNetwork
                 with ``repartition_strategy="balanced"`` gives them; a list of batch-file paths
-                (:func:`~torchspark.data.save_batches` output, files of any size re-batched to ``batch_size`` and
+                ([`save_batches`][torchspark.save_batches] output, files of any size re-batched to ``batch_size`` and
                 balanced by examples as ``SparkNetwork.fit_paths`` does, read by the workers; a directory or a
                 glob names them too); or a
                 one-shot iterable of DataSets (re-batched and dealt round-robin; one epoch only).

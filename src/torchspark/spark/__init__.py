@@ -1,5 +1,5 @@
 """Spark integration: sessions and ``SparkNetwork``; re-exports the training masters (which live in
-:mod:`torchspark.training`). The only package importing pyspark."""
+[`torchspark.training`][torchspark.training]). The only package importing pyspark."""
 
 try:  # the rest of torchspark works without pyspark (a GPU box, a laptop); this package does not
     import pyspark  # noqa: F401
@@ -11,9 +11,9 @@ except ImportError as _missing:
         name=_missing.name,
     ) from _missing
 
-from torchspark.spark.export_batches import export_batches
+from torchspark.spark.batch_export import export_batches
 from torchspark.spark.network import SparkNetwork
-from torchspark.spark.session import check_java, local_session, session_scope
+from torchspark.spark.session import check_java, local_session, remote_session, session_scope
 from torchspark.training.config.masters import ParameterAveragingTrainingMaster, TrainingMaster, master_from_json
 from torchspark.training.config.mesh import MeshConfig
 from torchspark.training.config.shared_master import SharedTrainingMaster
@@ -27,6 +27,7 @@ __all__ = [
     "master_from_json",
     "MeshConfig",
     "local_session",
+    "remote_session",
     "session_scope",
     "check_java",
 ]

@@ -9,7 +9,7 @@ cluster session can set the same option (the executors need torchspark installed
 Only imports happen here: no torch op runs in the daemon, so no thread pool exists to be broken by ``fork``.
 Import errors are ignored: the training preflight reports a missing package with a clear message.
 
-The imported objects are then frozen (:func:`gc.freeze`): PySpark's daemon runs a full ``gc.collect()`` in a
+The imported objects are then frozen (`gc.freeze`): PySpark's daemon runs a full ``gc.collect()`` in a
 reused worker after every task, and with torch imported that collection walks a few hundred thousand objects
 (about 0.1 CPU-s per task, most of a small task's cost: a 2-task job took 0.25 CPU-s of the workers, 0.01 after;
 a small fit's 6 tasks 0.8, 0.1 after). Frozen objects are skipped by every later collection and their pages are
@@ -24,7 +24,7 @@ import sys
 
 
 def prepare() -> None:
-    """:func:`preload`, then freeze what it imported out of the garbage collector's reach (see the module)."""
+    """`preload`, then freeze what it imported out of the garbage collector's reach (see the module)."""
     preload()
     gc.freeze()
 

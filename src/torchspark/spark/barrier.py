@@ -1,15 +1,15 @@
 """The worker side of the Spark barrier stage: device choice, rendezvous, then ``run_worker``.
 
-Worker side (:func:`barrier_task`): each task takes its device and cores (:mod:`torchspark.spark.task_bootstrap`);
+Worker side (`barrier_task`): each task takes its device and cores (`torchspark.spark.task_bootstrap`);
 task 0 hosts a ``TCPStore`` on a free port and publishes its address through a relay store on the driver
-(:func:`open_relay`, an authenticated store of our own; ``BarrierTaskContext.allGather`` without one, bounded by
-``rendezvous_timeout_s`` on any session: :mod:`torchspark.spark.barrier_wait`); the workers gather their devices through that store and agree on
+(`open_relay`, an authenticated store of our own; ``BarrierTaskContext.allGather`` without one, bounded by
+``rendezvous_timeout_s`` on any session: `torchspark.spark.barrier_wait`); the workers gather their devices through that store and agree on
 a backend (nccl when every worker has a GPU of its own, else gloo:
-:func:`~torchspark.training.worker.devices.choose_backend`), and all of them build a torch.distributed group with
+`choose_backend`), and all of them build a torch.distributed group with
 ``rendezvous_timeout_s`` as the collective timeout.
 
 The driver side (running the stage under its own job group, turning a worker's exception into our error) is
-:func:`torchspark.spark.jobs.run_barrier_stage`.
+`torchspark.spark.jobs.run_barrier_stage`.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ __all__ = ["RendezvousSettings", "barrier_task", "open_relay", "relay_key", "ren
 
 log = logging.getLogger(__name__)
 
-#: How workers find each other: the master's :class:`~torchspark.training.config.mesh.MeshConfig` (the old name
+#: How workers find each other: the master's [`MeshConfig`][torchspark.MeshConfig] (the old name
 #: stays).
 RendezvousSettings = MeshConfig
 
@@ -67,7 +67,7 @@ def open_relay(
     about one second per fit; a relay ``get`` returns the moment the key is set. Executors must reach the
     driver on this port, as they already must for the progress channel. It listens on ``bind_host`` (default
     ``advertise_host``) only and serves only clients that prove ``token`` (the fit's), with capped values and
-    no wait without a deadline (:class:`~torchspark.training.rendezvous.relay.RelayServer`). Close the returned
+    no wait without a deadline (`RelayServer`). Close the returned
     server when the stage ends. ``timeout_s`` (``rendezvous_timeout_s``) bounds how long a connection may take to
     authenticate.
     """
@@ -227,9 +227,9 @@ def barrier_task(
 ) -> Callable[[Iterable[Any]], Iterator[WorkerResult]]:
     """The ``mapPartitions`` function of the training stage (module level: nothing hidden in a closure).
 
-    ``relay_address`` is the driver's :func:`open_relay` store (None: rendezvous through Spark's allGather);
+    ``relay_address`` is the driver's `open_relay` store (None: rendezvous through Spark's allGather);
     ``token`` the fit's secret (default: the progress endpoint's), which names and signs the rendezvous keys;
-    ``gpu_dry_run`` the testing aid of :func:`~torchspark.spark.gpus.dry_run_requested`. Each result carries the
+    ``gpu_dry_run`` the testing aid of `dry_run_requested`. Each result carries the
     worker's device, the GPU addresses Spark assigned to its task and its executor.
     Environment variables the task sets are restored when it ends (PySpark reuses Python workers)."""
     if token is None and progress_address is not None:

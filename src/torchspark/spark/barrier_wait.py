@@ -2,11 +2,11 @@
 
 ``BarrierTaskContext.allGather`` (and ``barrier``) block until every task of the stage arrives or until
 ``spark.barrier.sync.timeout`` runs out. That limit belongs to the session, not to the fit: Spark's default is
-365 days, and only :func:`torchspark.spark.local_session` sets it to ``rendezvous_timeout_s``. On a session built
+365 days, and only [`torchspark.spark.local_session`][torchspark.spark.local_session] sets it to ``rendezvous_timeout_s``. On a session built
 elsewhere a task whose peers never start would wait for a year.
 
-:func:`wait_bounded` runs the blocking call on a helper thread
-(:func:`~torchspark.training.waiting.call_on_thread`) and stops waiting after ``timeout_s``, so the
+`wait_bounded` runs the blocking call on a helper thread
+(`call_on_thread`) and stops waiting after ``timeout_s``, so the
 master's timeout holds on any session; whichever of the two limits is shorter ends the wait. The helper thread
 cannot be interrupted and stays blocked in Spark's socket read, which is harmless: the timeout fails the task,
 Spark then fails the whole barrier stage and ends the task's Python worker, thread included.
@@ -28,7 +28,7 @@ BARRIER_WAIT_THREAD = "torchspark-barrier-wait"
 
 
 def wait_bounded(call: Callable[[], T], timeout_s: float, what: str) -> T:
-    """``call()``, or :class:`WaitTimeout` when it has not returned within ``timeout_s`` seconds.
+    """``call()``, or [`WaitTimeout`][torchspark.errors.WaitTimeout] when it has not returned within ``timeout_s`` seconds.
 
     Args:
         call: the blocking call, e.g. ``lambda: ctx.allGather(message)``.

@@ -5,7 +5,7 @@
 keeps the pickled value in a file under the SparkContext's temporary directory until the session stops. A fit
 broadcasts its task (the network's weights) once per attempt, and evaluation broadcasts the network once per call,
 so a long session with recoveries or early stopping would grow the driver by one copy of the weights each time.
-:func:`destroy_broadcast` frees all three at once; :func:`driver_broadcast_files` counts what is left (tests and
+`destroy_broadcast` frees all three at once; `driver_broadcast_files` counts what is left (tests and
 the soak benchmark check it returns to its value before a fit).
 """
 

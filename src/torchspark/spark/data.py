@@ -1,21 +1,21 @@
 """Turning Spark data into the workers' minibatches: re-batching, counting, and the balanced repartition
-(DataFrames become batches in :mod:`torchspark.spark.dataframes`, the export to batch files is in
-:mod:`torchspark.spark.export`).
+(DataFrames become batches in `torchspark.spark.dataframes`, the export to batch files is in
+`torchspark.spark.export`).
 
 Balanced (``repartition_strategy="balanced"``): a cheap job counts the examples of every input partition
-(:func:`count_examples`), the driver plans every worker's minibatches with
-:func:`torchspark.training.assignment.plan_balanced` (only counts and the plan live on the driver), then
+(`count_examples`), the driver plans every worker's minibatches with
+`torchspark.training.assignment.plan_balanced` (only counts and the plan live on the driver), then
 
 * ``export`` writes each partition as batch files cut on the plan's grid (``export_rdd`` with ``grid_heads``),
   independent of the worker count and seed so later fits reuse them, and hands every worker its minibatches as
-  paths or file slices (:func:`~torchspark.training.assignment.file_items`);
+  paths or file slices (`file_items`);
 * ``direct`` cuts each partition into the plan's pieces on the executors, shuffles them to their workers and
-  joins the few minibatches made of several pieces (:func:`worker_rdd_balanced`).
+  joins the few minibatches made of several pieces (`worker_rdd_balanced`).
 
 Both give the same per-worker minibatch sequences. With ``repartition="never"`` (or matching partition and worker
-counts) and with ``"spark_default"``, every partition is re-batched on its own instead (:func:`rebatch_partition`);
-an ``rng_seed`` then shuffles the order of each worker's minibatches (:func:`shuffle_partitions`,
-:func:`group_paths`, :func:`spread_round_robin`), the same way on every run.
+counts) and with ``"spark_default"``, every partition is re-batched on its own instead (`rebatch_partition`);
+an ``rng_seed`` then shuffles the order of each worker's minibatches (`shuffle_partitions`,
+`group_paths`, `spread_round_robin`), the same way on every run.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def group_paths(
     paths: Sequence[tuple[int, str]], num_workers: int, rng_seed: int | None, by_partition: bool
 ) -> list[list[str]]:
     """Split batch-file paths into per-worker lists, each file one minibatch: one input partition per worker
-    (``by_partition``), or whole files balanced by count (:func:`~torchspark.training.assignment.split_for_workers`).
+    (``by_partition``), or whole files balanced by count (`split_for_workers`).
     For files cut to the batch size already (the export route's)."""
     if by_partition:
         groups: list[list[str]] = [[] for _ in range(num_workers)]
@@ -123,7 +123,7 @@ def seeded_order(length: int, rng_seed: int, stream: int) -> list[int]:
 
 
 def shuffle_partitions(rdd: Any, rng_seed: int | None) -> Any:
-    """``rdd`` with every partition's items in the order :func:`seeded_order` gives (``rng_seed=None``: as is).
+    """``rdd`` with every partition's items in the order `seeded_order` gives (``rng_seed=None``: as is).
     A partition is held in memory while it is reordered (the workers keep theirs in memory anyway)."""
     if rng_seed is None:
         return rdd
@@ -145,7 +145,7 @@ def plan_path_files(
     drop_last: bool = False,
 ) -> list[list[str | FileSlices]]:
     """``fit_paths``: the user's files ``(partition, path, examples)`` of any size re-batched to ``batch_size``
-    (:func:`~torchspark.training.assignment.plan_files`): over all files, balanced by examples; or with
+    (`plan_files`): over all files, balanced by examples; or with
     ``by_partition`` within each input partition, which stays one worker's data (in order; in a seeded order with
     ``rng_seed``)."""
     if not by_partition:
@@ -216,8 +216,8 @@ def _join_pieces(pairs: Iterable[tuple[tuple[int, int, int], bytes]]) -> Iterato
 
 def worker_rdd_balanced_epochs(rdd: Any, plans: Sequence[BalancedPlan], first_epoch: int) -> Any:
     """The direct route with a new plan every epoch (``rng_seed`` and several epochs): as
-    :func:`worker_rdd_balanced`, with every piece keyed ``(worker, epoch, position, begin)`` so each worker's
-    partition streams its epochs in turn, one :class:`~torchspark.training.assignment.EpochItems` per minibatch.
+    `worker_rdd_balanced`, with every piece keyed ``(worker, epoch, position, begin)`` so each worker's
+    partition streams its epochs in turn, one `EpochItems` per minibatch.
 
     Each input partition is held in memory while it is cut (once per epoch's plan). Not persisted: the epochs
     stay in Spark's shuffle files (on disk) and a worker reads each epoch's minibatches when it gets there.

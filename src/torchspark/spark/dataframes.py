@@ -1,8 +1,8 @@
 """DataFrames as training data: each Arrow record batch becomes one serialized minibatch on the executors
 (``mapInArrow``), nothing collected on the driver.
 
-:func:`to_batch_rdd` takes an RDD of DataSets as it is and turns a DataFrame's features and label columns into
-batches; :func:`network_batches` does so with one label flag per output of a network (class indices for a
+`to_batch_rdd` takes an RDD of DataSets as it is and turns a DataFrame's features and label columns into
+batches; `network_batches` does so with one label flag per output of a network (class indices for a
 classification loss, floats for a regression loss), as training, evaluation and inference read a DataFrame.
 """
 
@@ -148,7 +148,7 @@ def arrow_to_batch(
     integer_labels: bool | Sequence[bool],
 ) -> Callable[[Any], DataSet | MultiDataSet]:
     """A function turning one Arrow record batch (or table) of a DataFrame's rows into one DataSet or MultiDataSet
-    (the conversion :func:`dataframe_to_batches` applies to every record batch; the Spark Connect route applies it
+    (the conversion `dataframe_to_batches` applies to every record batch; the Spark Connect route applies it
     to each minibatch's rows).
 
     One features column and at most one label column (given as plain names) give a DataSet; lists of columns give
@@ -266,8 +266,8 @@ def network_batches(
     label_col: str | Sequence[str] | None = "label",
     feature_shape: Any = None,
 ) -> Any:
-    """:func:`to_batch_rdd` with each label column read as its output's loss wants it
-    (:func:`classification_outputs`).
+    """`to_batch_rdd` with each label column read as its output's loss wants it
+    (`classification_outputs`).
 
     Example: for a network with a ``cross_entropy`` and an ``mse`` output, ``label_col=["cls", "reg"]`` gives
     integer class indices for ``cls`` and float targets for ``reg``.

@@ -31,6 +31,6 @@ def listen_address_for(master: str, get: Callable[[str], str | None]) -> tuple[s
 
 
 def driver_listen_address(sc: Any) -> tuple[str, str]:
-    """:func:`listen_address_for` of a live SparkContext."""
+    """`listen_address_for` of a live SparkContext."""
     conf = sc.getConf()
     return listen_address_for(sc.master, lambda key: conf.get(key, None))

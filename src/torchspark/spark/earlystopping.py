@@ -1,9 +1,9 @@
 """Early stopping on Spark (DL4J's ``SparkEarlyStoppingTrainer`` and its distributed score calculators).
 
 One epoch is one ``SparkNetwork.fit(train, epochs=1)``; after it the score is computed over the validation RDD or
-DataFrame on the cluster (:class:`SparkLossCalculator`, :class:`SparkEvaluationCalculator`: partial results merged
+DataFrame on the cluster ([`SparkLossCalculator`][torchspark.spark.earlystopping.SparkLossCalculator], [`SparkEvaluationCalculator`][torchspark.spark.earlystopping.SparkEvaluationCalculator]: partial results merged
 with ``treeAggregate``, nothing but the totals reaches the driver). The loop itself, the conditions and the savers
-are :mod:`torchspark.earlystopping`.
+are [`torchspark.earlystopping`][torchspark.earlystopping].
 """
 
 from __future__ import annotations
@@ -91,9 +91,9 @@ class SparkLossCalculator(_DataArgs):
 
 
 class SparkEvaluationCalculator(_DataArgs):
-    """A metric of :data:`torchspark.earlystopping.METRICS` (accuracy, f1, auc, mse, r2 ...) or a custom
-    :class:`~torchspark.earlystopping.Metric` over validation data, computed on the cluster with mergeable
-    evaluations (exact: equals one local pass). Arguments as for :class:`SparkLossCalculator`."""
+    """A metric of [`torchspark.earlystopping.METRICS`][torchspark.earlystopping.METRICS] (accuracy, f1, auc, mse, r2 ...) or a custom
+    [`Metric`][torchspark.earlystopping.Metric] over validation data, computed on the cluster with mergeable
+    evaluations (exact: equals one local pass). Arguments as for [`SparkLossCalculator`][torchspark.spark.earlystopping.SparkLossCalculator]."""
 
     def __init__(
         self,
@@ -127,19 +127,19 @@ class SparkEarlyStoppingTrainer(EpochByEpochTrainer):
     """Train ``spark_network`` epoch by epoch on ``train_data`` until the configuration says stop.
 
     Args:
-        spark_network: a :class:`~torchspark.spark.SparkNetwork` with its training master; its network is trained
+        spark_network: a [`SparkNetwork`][torchspark.spark.SparkNetwork] with its training master; its network is trained
             in place (after the run it holds the *last* epoch's weights; ``result.best_model`` the best).
-        config: the :class:`~torchspark.earlystopping.EarlyStoppingConfiguration`.
+        config: the [`EarlyStoppingConfiguration`][torchspark.earlystopping.EarlyStoppingConfiguration].
         train_data: what ``SparkNetwork.fit`` takes: an RDD of DataSet/MultiDataSet or a DataFrame (``fit_paths``
             data: pass ``paths=`` instead).
         features_col, label_col, feature_shape: DataFrame columns, as for ``SparkNetwork.fit``.
         paths: batch-file paths (a list or an RDD of str) trained with ``fit_paths`` instead of ``train_data``.
-        listener: an :class:`~torchspark.earlystopping.EarlyStoppingListener`.
+        listener: an [`EarlyStoppingListener`][torchspark.earlystopping.EarlyStoppingListener].
 
     Each epoch is its own fit (a new barrier stage). A DataFrame is turned into one RDD of Arrow-built minibatches
     up front, so that every epoch fits the same RDD: ``SparkNetwork`` then prepares it (export or repartition) once
     and later epochs reuse that. On a Spark Connect session every epoch streams the DataFrame (cache it when it is
-    costly to compute); :class:`SparkLossCalculator` and :class:`SparkEvaluationCalculator` score a DataFrame or batch
+    costly to compute); [`SparkLossCalculator`][torchspark.spark.earlystopping.SparkLossCalculator] and [`SparkEvaluationCalculator`][torchspark.spark.earlystopping.SparkEvaluationCalculator] score a DataFrame or batch
     files there (not an RDD).
     """
 

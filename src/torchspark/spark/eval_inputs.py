@@ -1,9 +1,9 @@
 """What distributed evaluation and inference read: the data's items, and the checks of their options.
 
-Both run over an RDD whose items an executor turns into batches: :func:`batch_items` makes that RDD from what the
-user passed (an RDD, a DataFrame, batch files, or paths with a ``loader``), and :func:`load_evaluation_item` /
-:func:`load_batch_item` turn one item into a batch on the executor. :func:`peek_nonempty` lets an empty partition
-return before it builds a network; :func:`check_positive` and :func:`refuse_eval_workers` check the options both
+Both run over an RDD whose items an executor turns into batches: `batch_items` makes that RDD from what the
+user passed (an RDD, a DataFrame, batch files, or paths with a ``loader``), and `load_evaluation_item` /
+`load_batch_item` turn one item into a batch on the executor. `peek_nonempty` lets an empty partition
+return before it builds a network; `check_positive` and `refuse_eval_workers` check the options both
 take.
 
 Example::
@@ -47,7 +47,7 @@ def load_batch_item(item: Any) -> DataSet | MultiDataSet:
 
 
 def load_evaluation_item(item: Any, loader: Callable[[str], Any] | None = None) -> DataSet | MultiDataSet:
-    """:func:`load_batch_item`, or with a user ``loader`` the batch it makes of the file path ``item``.
+    """`load_batch_item`, or with a user ``loader`` the batch it makes of the file path ``item``.
 
     Raises:
         DataError: with ``loader``, an item that is not a path (the data must then be paths), or a loader that
@@ -72,7 +72,7 @@ def batch_items(
     integer_labels: bool = True,
     loader: Callable[[str], Any] | None = None,
 ) -> Any:
-    """An RDD whose items :func:`load_evaluation_item` (with the same ``loader``) turns into batches.
+    """An RDD whose items `load_evaluation_item` (with the same ``loader``) turns into batches.
 
     Args:
         data: an RDD of DataSet/MultiDataSet (or batch bytes, or batch-file paths), a DataFrame (columns as for

@@ -2,22 +2,22 @@
 
 DL4J's ``SparkDl4jMultiLayer.doEvaluation`` / ``evaluate*`` in Python:
 
-1. the network travels to the executors once, as a blueprint (:mod:`torchspark.spark.shipped`: a broadcast on a
+1. the network travels to the executors once, as a blueprint (`torchspark.spark.shipped`: a broadcast on a
    classic session; the task's closure or a session artifact on Spark Connect);
 2. each partition is re-batched to ``batch_size`` examples and fills fresh, empty copies of the evaluations with
-   a network leased from the executor process's :class:`NetworkCache` (one copy per Python worker, reused by
+   a network leased from the executor process's `NetworkCache` (one copy per Python worker, reused by
    later tasks in the same process; DL4J's ``evalNumWorkers`` has no PySpark equivalent, see
-   :func:`refuse_eval_workers`);
+   `refuse_eval_workers`);
 3. each partition returns its evaluations as JSON (no pickle), merged with
-   :meth:`~torchspark.evaluation.BaseEvaluation.merge`, which is exact for counts (accuracy, confusion matrix,
+   [`merge`][torchspark.evaluation.BaseEvaluation.merge], which is exact for counts (accuracy, confusion matrix,
    binned ROC), so the result equals one local pass over the same data;
 4. the merged result is added into the evaluation objects the caller passed, which are returned.
 
 Two routes: an RDD (of DataSets, batch bytes or paths) and batch files on a classic session run ``mapPartitions``
 and ``treeAggregate``; a DataFrame (on any session) and batch files on a Spark Connect session run one
-``mapInArrow`` job whose rows are the partial evaluations (:mod:`torchspark.spark.frame_jobs`), so no RDD is needed.
-The executor-side helpers (:func:`batch_items`, :func:`load_batch_item`) live in :mod:`torchspark.spark.eval_inputs`,
-shared with :mod:`torchspark.spark.inference`, and are re-exported here.
+``mapInArrow`` job whose rows are the partial evaluations (`torchspark.spark.frame_jobs`), so no RDD is needed.
+The executor-side helpers (`batch_items`, `load_batch_item`) live in `torchspark.spark.eval_inputs`,
+shared with `torchspark.spark.inference`, and are re-exported here.
 """
 
 from __future__ import annotations
@@ -129,13 +129,13 @@ def do_evaluation(
             made from their settings, and the merged result is added into these objects.
         batch_size: examples per forward pass on the executors; bigger is faster until memory runs out. 64 is
             DL4J's default; 256-1024 suits small networks.
-        eval_workers: removed; any value raises ConfigError (see :func:`refuse_eval_workers`). Network copies per
+        eval_workers: removed; any value raises ConfigError (see `refuse_eval_workers`). Network copies per
             executor equal its running tasks (``spark.executor.cores / spark.task.cpus``): raise
             ``spark.task.cpus`` to run fewer, larger evaluation tasks when networks are big.
         features_col, label_col, feature_shape: DataFrame input only (lists of columns give several inputs /
             outputs).
         output_index: which output of a several-output network every evaluation looks at (DL4J's
-            ``evaluate(data, outputIndex)``); :func:`evaluate` without it fills one evaluation per output.
+            ``evaluate(data, outputIndex)``); `evaluate` without it fills one evaluation per output.
         loader: ``fn(path) -> DataSet | MultiDataSet`` for files that are not batch files (images, CSV shards), as
             in ``fit_paths``: ``data`` must be paths (a directory then means every non-hidden file in it) or an
             RDD of paths. It runs on the executors, once per file (evaluation needs no example counts first), and
@@ -270,7 +270,7 @@ def evaluate(
         labels: class names for ``Evaluation.stats()`` (classification networks only).
         output_index: evaluate this output only; None with a network of one loss per output (several losses)
             fills one evaluation per output in one pass and returns them as a list (``evals[k]``: output ``k``).
-        Other arguments: as for :func:`do_evaluation`.
+        Other arguments: as for `do_evaluation`.
     """
     evs, targets = default_targets(network, (), output_index)
     if labels is not None:
@@ -307,7 +307,7 @@ def evaluate_regression(
     feature_shape: Sequence[int] | None = None,
     loader: Callable[[str], Any] | None = None,
 ) -> RegressionEvaluation:
-    """MSE, MAE, RMSE, RSE, R^2 and Pearson per output column (see :func:`do_evaluation` for the arguments)."""
+    """MSE, MAE, RMSE, RSE, R^2 and Pearson per output column (see `do_evaluation` for the arguments)."""
     return do_evaluation(
         sc,
         network,
@@ -340,7 +340,7 @@ def evaluate_roc(
         threshold_steps: bins of the ROC curve. 32 (DL4J's Spark default) keeps each partition's state tiny but
             approximates the AUC; 0 is exact but ships every score to the driver - use 0 only for modest data,
             or 200-1000 for a close approximation at any size.
-        Other arguments: as for :func:`do_evaluation`.
+        Other arguments: as for `do_evaluation`.
     """
     return do_evaluation(
         sc,
@@ -368,7 +368,7 @@ def evaluate_roc_multi_class(
     feature_shape: Sequence[int] | None = None,
     loader: Callable[[str], Any] | None = None,
 ) -> ROCMultiClass:
-    """One-vs-all ROC per class (``auc(c)``, ``average_auc()``); ``threshold_steps`` as for :func:`evaluate_roc`."""
+    """One-vs-all ROC per class (``auc(c)``, ``average_auc()``); ``threshold_steps`` as for `evaluate_roc`."""
     return do_evaluation(
         sc,
         network,

@@ -1,6 +1,6 @@
-"""The evaluation methods of :class:`~torchspark.spark.SparkNetwork`.
+"""The evaluation methods of [`SparkNetwork`][torchspark.spark.SparkNetwork].
 
-Thin methods over :mod:`torchspark.spark.evaluation`, bound to the object's session and network, so
+Thin methods over `torchspark.spark.evaluation`, bound to the object's session and network, so
 ``spark_net.evaluate(test_rdd)`` reads like DL4J's ``sparkNet.evaluate(rdd)``. Every method accepts what ``fit``
 accepts: an RDD of DataSet/MultiDataSet, a DataFrame (``features_col``, ``label_col``, ``feature_shape``) or
 batch-file paths (a directory, a glob, a list or an RDD of str), and with ``loader=fn`` (``fn(path) -> DataSet``,

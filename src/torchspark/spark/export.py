@@ -1,18 +1,18 @@
 """The ``export`` approach: write the training RDD once as batch files, then train from their names.
 
-Where the files go (:func:`export_base`): ``export_directory`` when set, which must be storage every executor can
+Where the files go (`export_base`): ``export_directory`` when set, which must be storage every executor can
 read (``hdfs://``, ``s3://``, a mount shared by all hosts); its exports stay until ``delete_temp_files()``/``close()``.
-Each holds an owner record (:func:`mark_export`), so that the next export to the same ``export_directory`` removes
-those a killed driver left (:func:`remove_dead_exports`: this host's drivers that no longer run, nothing else).
+Each holds an owner record (`mark_export`), so that the next export to the same ``export_directory`` removes
+those a killed driver left (`remove_dead_exports`: this host's drivers that no longer run, nothing else).
 Without it only local masters (``local``, ``local[N]``, ``local-cluster[...]``) work: all executors share one host,
 so a private directory under Spark's local directory (``spark.local.dir``, else the temp directory) is readable by
-all of them (see :mod:`torchspark.spark.private_dirs`: 0700, a fresh ``mkdtemp`` name, removed on close, garbage
+all of them (see `torchspark.spark.private_dirs`: 0700, a fresh ``mkdtemp`` name, removed on close, garbage
 collection and interpreter exit, and by the next run if the driver was killed). Any other master fails before the
 first job instead of handing workers paths that exist only on another host.
 
-How the files are cut (:func:`export_rdd`): each partition on its own grid of ``batch_size`` (for
+How the files are cut (`export_rdd`): each partition on its own grid of ``batch_size`` (for
 ``repartition="never"`` and ``"spark_default"``), or on the balanced plan's global grid when given the partitions'
-``heads`` (:func:`torchspark.training.assignment.grid_heads`).
+``heads`` (`torchspark.training.assignment.grid_heads`).
 """
 
 from __future__ import annotations

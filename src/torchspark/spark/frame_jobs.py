@@ -1,15 +1,15 @@
-"""Evaluation and scoring over a :class:`~torchspark.spark.frames.FrameData`: one ``mapInArrow`` job whose rows are
+"""Evaluation and scoring over a `FrameData`: one ``mapInArrow`` job whose rows are
 the results, merged on the client (Spark Connect and classic DataFrames).
 
-1. each partition's Arrow batches become batches (:attr:`FrameData.to_batches`), re-batched to ``batch_size``;
-2. a network copy leased from the executor process's cache (see :mod:`torchspark.spark.shipped`) fills fresh
+1. each partition's Arrow batches become batches (`FrameData.to_batches`), re-batched to ``batch_size``;
+2. a network copy leased from the executor process's cache (see `torchspark.spark.shipped`) fills fresh
    copies of the evaluations, or sums the losses;
 3. the partition yields ONE small row: its example count and its evaluations as JSON (no pickle), or its loss sums;
-4. the client merges the rows with :meth:`~torchspark.evaluation.BaseEvaluation.merge` (exact for counts, so the
+4. the client merges the rows with [`merge`][torchspark.evaluation.BaseEvaluation.merge] (exact for counts, so the
    result equals a local pass over the same data) or adds the sums.
 
-Per-example scores (:func:`score_column`, :func:`score_files`) are lazy DataFrames instead: every row keeps its
-columns (its key) and gains its loss. The partition cores (:func:`evaluate_batches`, :func:`loss_sums`) are shared
+Per-example scores (`score_column`, `score_files`) are lazy DataFrames instead: every row keeps its
+columns (its key) and gains its loss. The partition cores (`evaluate_batches`, `loss_sums`) are shared
 with the classic RDD route.
 """
 
@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 
 Batch = DataSet | MultiDataSet
 
-#: the rows of :func:`score_files`: each example of each file and its loss
+#: the rows of `score_files`: each example of each file and its loss
 SCORE_FILES_SCHEMA = f"{PATH_COLUMN} string, example long, score double"
 
 
@@ -123,7 +123,7 @@ def evaluate_frame(
     targets: Sequence[int],
     description: str,
 ) -> tuple[int, list[str] | None]:
-    """Every partition's :func:`evaluate_batches` as a row, merged on the client: ``(examples, evaluations as
+    """Every partition's `evaluate_batches` as a row, merged on the client: ``(examples, evaluations as
     JSON)``, ``(0, None)`` when no partition held data."""
     rows = collect_rows(
         data,
@@ -162,7 +162,7 @@ def _evaluate_partition(
 
 
 def loss_sums_frame(shipped: Shipped, data: FrameData, batch_size: int, description: str) -> tuple[float, float]:
-    """Every partition's :func:`loss_sums` as a row, added on the client: ``(total loss, unmasked examples)``."""
+    """Every partition's `loss_sums` as a row, added on the client: ``(total loss, unmasked examples)``."""
     rows = collect_rows(
         data, _sums_partition(shipped, data.to_batches, batch_size), "total double, weight double", description
     )

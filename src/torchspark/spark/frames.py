@@ -1,11 +1,11 @@
 """Evaluation and inference data as a DataFrame the executors read: the route that needs no RDD, so it runs on a
 Spark Connect session (and serves DataFrames on a classic one too).
 
-:func:`frame_data` turns the user's data into a :class:`FrameData`: a DataFrame plus the function that turns its
+`frame_data` turns the user's data into a `FrameData`: a DataFrame plus the function that turns its
 Arrow record batches into batches on an executor.
 
-* a DataFrame -> its features and label columns (:func:`~torchspark.spark.dataframes.training_frame`), each Arrow
-  record batch one batch (:func:`~torchspark.spark.dataframes.arrow_to_batch`);
+* a DataFrame -> its features and label columns (`training_frame`), each Arrow
+  record batch one batch (`arrow_to_batch`);
 * batch files (a directory, a glob, one file, a list of paths) -> a DataFrame with one ``path`` row per file
   (``spark.createDataFrame``: Spark spreads the rows over ``min(files, default parallelism)`` partitions), each
   file read by an executor (``load_batch``, or the user's ``loader``). The client lists a directory or a glob, as a
@@ -13,7 +13,7 @@ Arrow record batches into batches on an executor.
 
 A job then runs one function over the frame's partitions with ``mapInArrow`` (not a barrier stage: partitions run
 whenever slots free up) and returns small rows: partial evaluations as JSON, loss sums, written file names. The
-network reaches the function as :mod:`torchspark.spark.shipped` decides (a broadcast on a classic session, the
+network reaches the function as `torchspark.spark.shipped` decides (a broadcast on a classic session, the
 closure or a session artifact under Connect).
 """
 
@@ -88,7 +88,7 @@ def frame_data(
     integer_labels: bool | Sequence[bool] = True,
     loader: Callable[[str], Any] | None = None,
 ) -> FrameData:
-    """``data`` as a :class:`FrameData` of ``spark`` (a DataFrame keeps its own session).
+    """``data`` as a `FrameData` of ``spark`` (a DataFrame keeps its own session).
 
     Args:
         data: a DataFrame (columns as for ``fit``), or batch files: a directory, a glob, one file or a list of
@@ -123,7 +123,7 @@ def dataframe_batches(
     feature_shape: Any,
     integer_labels: bool | Sequence[bool],
 ) -> Callable[[Iterable[Any]], Iterator[Batch]]:
-    """On an executor: the Arrow record batches of :func:`~torchspark.spark.dataframes.training_frame`'s columns
+    """On an executor: the Arrow record batches of `training_frame`'s columns
     -> one batch per non-empty record batch (a null or a ragged array raises ``DataError`` naming the column)."""
     return partial(_record_batches_to_batches, arrow_to_batch(features_col, label_col, feature_shape, integer_labels))
 
@@ -151,9 +151,9 @@ def run_session_job(
     spark: Any, description: str, action: Callable[[], Any], thread_name: str = "torchspark-job"
 ) -> Any:
     """Run ``action`` (DataFrame actions of ``spark``, a session of either kind) so that Ctrl-C cancels it and a
-    failed task raises :func:`~torchspark.spark.jobs.task_error` (an executor's ``DataError`` as a ``DataError``):
+    failed task raises `task_error` (an executor's ``DataError`` as a ``DataError``):
     under a job group on a classic session, under an operation tag on Spark Connect
-    (:func:`~torchspark.spark.connect.jobs.run_tagged`).
+    (`run_tagged`).
 
     Example: ``rows = run_session_job(df.sparkSession, "torchspark evaluate", df.mapInArrow(fn, schema).collect)``.
     """
@@ -166,7 +166,7 @@ def collect_rows(
     data: FrameData, fn: Callable[[Iterable[Any]], Iterator[Any]], schema: str, description: str
 ) -> list[Any]:
     """Run ``fn`` (record batches -> record batches of ``schema``) over every partition of ``data`` with
-    ``mapInArrow`` and collect its rows on the client (:func:`run_session_job`: Ctrl-C cancels it, an executor's
+    ``mapInArrow`` and collect its rows on the client (`run_session_job`: Ctrl-C cancels it, an executor's
     ``DataError`` is raised here)."""
     frame = data.frame.mapInArrow(fn, schema)
     return run_session_job(data.frame.sparkSession, description, frame.collect, "torchspark-eval-job")

@@ -3,14 +3,14 @@
 Spark hands GPUs to tasks, not to processes: an executor owns the GPUs its discovery script reported
 (``spark.executor.resource.gpu.amount``), and a task gets ``spark.task.resource.gpu.amount`` of them, by address
 (``TaskContext.resources()["gpu"].addresses``); Spark never gives one address to two tasks at once unless the
-amount is a fraction. A worker trains on the GPU of its task (:mod:`torchspark.spark.task_bootstrap`).
+amount is a fraction. A worker trains on the GPU of its task (`torchspark.spark.task_bootstrap`).
 
 Two ways to ask:
 
 * the session's defaults (``spark.task.resource.gpu.amount``): every task of the session holds a GPU, also the
   data preparation and evaluation ones;
 * the master's ``gpus_per_worker`` (defaults CPU-only): only the training stage runs under a stage-level task
-  ``ResourceProfile`` (:func:`plan_gpus`) asking that many GPUs per task, so other stages leave the GPUs free. Spark
+  ``ResourceProfile`` (`plan_gpus`) asking that many GPUs per task, so other stages leave the GPUs free. Spark
   supports such task profiles without dynamic allocation on standalone (and ``local-cluster``), YARN and
   Kubernetes, not in local mode; the executors must already own GPUs.
 """
@@ -59,10 +59,10 @@ class GpuPlan:
     """The training stage's GPUs, as the runners apply them.
 
     Args:
-        request: what the tasks ask (:func:`gpu_request`).
+        request: what the tasks ask (`gpu_request`).
         profile: the ``pyspark.resource.ResourceProfile`` attached to the training stage (None: the session's
             defaults apply).
-        dry_run: a testing aid (:func:`dry_run_requested`): tasks record the GPU addresses Spark assigned and train
+        dry_run: a testing aid (`dry_run_requested`): tasks record the GPU addresses Spark assigned and train
             on the CPU; the preflight's CUDA check is skipped.
     """
 
@@ -137,11 +137,11 @@ def dry_run_requested(env: Mapping[str, str] | None = None) -> bool:
 
 
 def plan_gpus(sc: Any, gpus_per_worker: float | None, dry_run: bool = False) -> GpuPlan:
-    """The training stage's :class:`GpuPlan` on session ``sc``; builds (and registers with Spark, so that its task
-    slots can be counted) the stage-level profile when :func:`gpu_request` says so.
+    """The training stage's `GpuPlan` on session ``sc``; builds (and registers with Spark, so that its task
+    slots can be counted) the stage-level profile when `gpu_request` says so.
 
     Raises:
-        ConfigError: as :func:`gpu_request`.
+        ConfigError: as `gpu_request`.
         SetupError: Spark refused the profile (its reason is quoted).
     """
     request = gpu_request(dict(sc.getConf().getAll()), sc.master, gpus_per_worker)

@@ -1,9 +1,9 @@
 """Distributed inference and scoring: outputs by key, per-example losses, total score, and a prediction column.
 
 DL4J's ``feedForwardWithKey``, ``scoreExamples``, ``calculateScore`` and MLlib ``predict`` in Python. Every
-function ships the network once (:mod:`torchspark.spark.shipped`: a broadcast on a classic session, the closure or
+function ships the network once (`torchspark.spark.shipped`: a broadcast on a classic session, the closure or
 a session artifact on Spark Connect); each executor Python process builds one copy and reuses it for every
-partition it runs (see :class:`~torchspark.nn.cache.NetworkCache`), so the network is deserialised once per
+partition it runs (see `NetworkCache`), so the network is deserialised once per
 Python worker, never once per row.
 
 What comes back follows what goes in: an RDD gives a lazy RDD (classic sessions only); a DataFrame gives a lazy
@@ -218,7 +218,7 @@ def score_examples(
         sc: SparkContext, SparkSession or Spark Connect session (a DataFrame runs on its own session).
         data: an RDD of DataSet/MultiDataSet (or batch bytes / batch-file paths), a DataFrame (columns as for
             ``fit``) or batch-file paths (a directory, a glob, a file or a list).
-        include_regularization: add :func:`regularization_score` (the L2 and L1 penalties) to each
+        include_regularization: add `regularization_score` (the L2 and L1 penalties) to each
             example's loss, as DL4J does; False gives the pure data loss (summed over outputs).
         batch_size: examples per forward pass.
         features_col, label_col, feature_shape: DataFrame input only, as for ``fit``.
@@ -226,7 +226,7 @@ def score_examples(
     Returns:
         for a DataFrame, the DataFrame (every column kept: keep an id column to tell rows apart) plus
         ``score_col`` (double), lazy. For an RDD or paths on a classic session, a lazy RDD of floats in the data's
-        order within each partition (``.zipWithIndex()`` or :func:`score_examples_with_key` tell examples apart);
+        order within each partition (``.zipWithIndex()`` or `score_examples_with_key` tell examples apart);
         for paths on Spark Connect, a lazy DataFrame ``path, example, score`` (``example``: the index in its file).
     Raises:
         ConfigError: bad ``batch_size``; an RDD or a list of batches on a Spark Connect session.
@@ -292,7 +292,7 @@ def score_examples_with_key(
         data: an RDD of pairs ``(key, DataSet | MultiDataSet)`` each holding exactly ONE example (as in DL4J);
             batch bytes or a batch-file path work in place of the DataSet. Or a DataFrame (the route on Spark
             Connect) with ``key_col`` and the features and label columns, one example per row.
-        include_regularization: as for :func:`score_examples`.
+        include_regularization: as for `score_examples`.
         batch_size: examples merged per forward pass.
         key_col, features_col, label_col, feature_shape, score_col: DataFrame input only.
     Returns:
@@ -343,7 +343,7 @@ def calculate_score(
     """The loss over all of ``data``: the mean per example (``average=True``, as ``Network.score``) or the sum.
 
     Label-masked examples count as ``Network.score`` counts them (excluded from the mean). No regularization
-    term is added (see :func:`regularization_score`). ``data`` as for :func:`score_examples`; a DataFrame (any
+    term is added (see `regularization_score`). ``data`` as for `score_examples`; a DataFrame (any
     session) and batch files on Spark Connect are summed by one ``mapInArrow`` job whose rows are the partitions'
     sums.
 

@@ -1,8 +1,8 @@
-"""The inference methods of :class:`~torchspark.spark.SparkNetwork` (scoring and prediction).
+"""The inference methods of [`SparkNetwork`][torchspark.spark.SparkNetwork] (scoring and prediction).
 
-Thin methods over :mod:`torchspark.spark.inference`, bound to the object's session and network, so
+Thin methods over `torchspark.spark.inference`, bound to the object's session and network, so
 ``spark_net.predict(df)`` reads like DL4J's ``sparkNet`` calls. The evaluation methods are in
-:mod:`torchspark.spark.evaluation_methods`. An RDD in gives an RDD out (classic sessions only); a DataFrame in gives
+`torchspark.spark.evaluation_methods`. An RDD in gives an RDD out (classic sessions only); a DataFrame in gives
 a DataFrame out, on any session (the route on Spark Connect).
 """
 
@@ -140,7 +140,7 @@ class InferenceMethods:
         A list of ``features_col`` feeds a network with several inputs; ``output_index`` picks the output.
         A row whose features (or outputs) hold NaN or inf never gets a prediction silently: ``non_finite="error"``
         (default) fails the action with DataError naming the column and the row, ``"null"`` writes a null
-        prediction for it (see :func:`torchspark.spark.inference.predict`)."""
+        prediction for it (see `torchspark.spark.inference.predict`)."""
         return _inf.predict(
             self.spark,
             self.network,

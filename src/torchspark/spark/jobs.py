@@ -1,15 +1,15 @@
 """Running Spark jobs from the driver, and turning a failed task into our error: the one place for both.
 
 Every job torchspark submits (counting, exporting, the training barrier stage, each averaging round, evaluation)
-runs through :func:`run_job`: on a helper thread under its own job group, so Ctrl-C (or an error) on the driver
+runs through `run_job`: on a helper thread under its own job group, so Ctrl-C (or an error) on the driver
 cancels it, and a failed task becomes a torchspark error carrying the end of the executor's Python traceback
-(:func:`task_error`), or, when no Python code failed (the Python worker was killed, the executor was lost or
-stopped responding) a :class:`~torchspark.errors.WorkerLost` naming the worker, the executor, the exit code and
-Spark's own reason (:func:`spark_reason`), which the driver's recovery retries. A task that raised one of our
+(`task_error`), or, when no Python code failed (the Python worker was killed, the executor was lost or
+stopped responding) a [`WorkerLost`][torchspark.errors.WorkerLost] naming the worker, the executor, the exit code and
+Spark's own reason (`spark_reason`), which the driver's recovery retries. A task that raised one of our
 errors keeps its class: an executor ``DataError`` (a bad
 feature shape, a non-DataSet RDD item, a label out of range found mid-training) is caught by ``except DataError``
 whichever job found it. When it happened inside training it is also a
-:class:`~torchspark.errors.WorkerError` (:func:`~torchspark.training.driver.failures.worker_error_type`).
+[`WorkerError`][torchspark.errors.WorkerError] (`worker_error_type`).
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ def _exit_status(reason: str) -> str | None:
 
 
 def lost_worker(error: BaseException, description: str, tb: str | None) -> WorkerLost | None:
-    """A :class:`WorkerLost` when Spark says the worker's process or executor went away (``tb`` is None: no
+    """A [`WorkerLost`][torchspark.errors.WorkerLost] when Spark says the worker's process or executor went away (``tb`` is None: no
     Python traceback) or the only Python error is a peer's symptom (``tb``, a hung or lost peer); else None."""
     text = str(error)
     if tb is not None and not is_peer_failure(tb):
@@ -181,7 +181,7 @@ def task_error(
             cause wins over such a symptom, and so does it when Spark's text carries no Python traceback at all (a
             Spark Connect client may get the error message cut short).
     Returns:
-        :func:`lost_worker`'s WorkerLost when the worker's process or executor was lost; the executor's own class
+        `lost_worker`'s WorkerLost when the worker's process or executor was lost; the executor's own class
         when it raised one of ours (as a WorkerError as well); else a WorkerError.
     """
     oom = _JVM_OOM.search(str(error))
@@ -247,7 +247,7 @@ JVM_EXIT_WAIT_S = 5.0
 
 
 def _exit_code(proc: Any) -> int | None:
-    """The JVM process's exit code, waiting up to :data:`JVM_EXIT_WAIT_S` for it: a killed process closes its
+    """The JVM process's exit code, waiting up to `JVM_EXIT_WAIT_S` for it: a killed process closes its
     sockets before it has finished exiting (a large heap takes a moment to unmap), so py4j can see the connection
     drop while ``poll()`` still says "running"; None when it really is still running."""
     try:
@@ -257,7 +257,7 @@ def _exit_code(proc: Any) -> int | None:
 
 
 def jvm_died(description: str, how: str) -> TrainingError:
-    """The error of a fit whose Spark driver JVM died (``how``: from :func:`jvm_gone`)."""
+    """The error of a fit whose Spark driver JVM died (``how``: from `jvm_gone`)."""
     return TrainingError(
         f"{description}: the Spark driver JVM died ({how}); this Spark session cannot run anything more. Start "
         "a new SparkSession (if the JVM ran out of memory, raise spark.driver.memory; its log says why it "
@@ -268,7 +268,7 @@ def jvm_died(description: str, how: str) -> TrainingError:
 @contextmanager
 def jvm_guard(sc: Any, description: str) -> Iterator[None]:
     """Turn py4j's raw errors of a dead driver JVM (``ConnectionRefusedError``, ``Py4JNetworkError``) raised
-    inside the block into :func:`jvm_died`'s TrainingError; any other error passes unchanged."""
+    inside the block into `jvm_died`'s TrainingError; any other error passes unchanged."""
     from py4j.protocol import Py4JError
 
     try:
@@ -299,7 +299,7 @@ def run_in_job_group(
 
     Ctrl-C (or any exception) on the calling thread cancels the group and waits up to 60 s for the thread; an
     exception raised by ``action`` cancels the group and is re-raised unchanged on the calling thread.
-    ``watchdog`` (polled every :data:`WATCH_S` while the job runs) returns an error when the job will never
+    ``watchdog`` (polled every `WATCH_S` while the job runs) returns an error when the job will never
     finish well (a worker stopped responding): the group is cancelled and that error raised instead of Spark's.
     """
     group = f"torchspark-{uuid.uuid4().hex[:12]}"
@@ -346,12 +346,12 @@ def run_job(
     watchdog: Callable[[], BaseException | None] | None = None,
 ) -> _T:
     """Run ``job`` (a callable that submits Spark actions) under its own job group: Ctrl-C (or any error) on the
-    caller cancels it; a failed task raises :func:`task_error`.
+    caller cancels it; a failed task raises `task_error`.
 
     Raises:
-        TorchSparkError: what :func:`task_error` makes of a failed task; our own errors raised by ``job`` on the
+        TorchSparkError: what `task_error` makes of a failed task; our own errors raised by ``job`` on the
             driver pass unchanged.
-        TrainingError: the Spark driver JVM died (:func:`jvm_died`).
+        TrainingError: the Spark driver JVM died (`jvm_died`).
     """
     from py4j.protocol import Py4JError
     from pyspark.errors import PySparkException
@@ -378,8 +378,8 @@ def run_barrier_stage(
     watchdog: Callable[[], BaseException | None] | None = None,
     profile: Any = None,
 ) -> list[WorkerResult]:
-    """Run ``fn`` as a barrier stage over ``rdd`` (:func:`run_job`, ``watchdog`` as there), under the stage-level
-    ``profile`` when one is given (the training stage's GPUs: :mod:`torchspark.spark.gpus`); the workers' results
+    """Run ``fn`` as a barrier stage over ``rdd`` (`run_job`, ``watchdog`` as there), under the stage-level
+    ``profile`` when one is given (the training stage's GPUs: `torchspark.spark.gpus`); the workers' results
     by rank."""
 
     def stage() -> list[WorkerResult]:

@@ -1,10 +1,10 @@
-"""``SparkNetwork``: train, evaluate and run a :class:`~torchspark.Network` on data that lives in Spark.
+"""``SparkNetwork``: train, evaluate and run a [`Network`][torchspark.Network] on data that lives in Spark.
 
 DL4J's SparkDl4jMultiLayer and SparkComputationGraph in one class: the training master decides how workers
 synchronise; Spark moves the data and runs the workers; PyTorch does the math.
 
-A thin adapter: :class:`~torchspark.spark.preparation.DataPreparation` turns the data into one partition per worker,
-the master's route picks the runner, and :class:`~torchspark.training.driver.adapter.FitAdapter` runs the fit.
+A thin adapter: `DataPreparation` turns the data into one partition per worker,
+the master's route picks the runner, and `FitAdapter` runs the fit.
 """
 
 from __future__ import annotations
@@ -51,21 +51,21 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
 
     Args:
         spark: a SparkSession or SparkContext (``torchspark.spark.local_session()`` for one machine), or a Spark
-            Connect session (``SparkSession.builder.remote("sc://host:15002").getOrCreate()``): then :meth:`fit`
+            Connect session (``SparkSession.builder.remote("sc://host:15002").getOrCreate()``): then [`fit`][torchspark.spark.SparkNetwork.fit]
             takes a DataFrame and trains in one barrier ``mapInArrow`` stage
-            (:class:`~torchspark.spark.connect.runner.ConnectBarrierRunner`), and :attr:`sc` is None.
-        network: the :class:`~torchspark.Network` to train; it is updated in place by :meth:`fit`.
+            (`ConnectBarrierRunner`), and [`sc`][torchspark.spark.SparkNetwork.sc] is None.
+        network: the [`Network`][torchspark.Network] to train; it is updated in place by [`fit`][torchspark.spark.SparkNetwork.fit].
         master: how to train (``ParameterAveragingTrainingMaster`` or ``SharedTrainingMaster``); may be
             None when the object is used only for evaluation or inference.
         progress: draw a progress bar (examples/s, latest score) while training: None = only when stderr is a
             terminal, False = never. Workers stream progress and errors to the driver either way; see
-            :meth:`add_progress_listener`.
-        runner: how workers run (a :class:`~torchspark.training.driver.runner.Runner`); default (None): the master's
-            route, one Spark barrier stage (:class:`~torchspark.spark.runners.SparkBarrierRunner`) or one Spark job
+            [`add_progress_listener`][torchspark.spark.SparkNetwork.add_progress_listener].
+        runner: how workers run (a [`Runner`][torchspark.training.Runner]); default (None): the master's
+            route, one Spark barrier stage (`SparkBarrierRunner`) or one Spark job
             per averaging round (``averaging_via="spark"``). Tests pass
-            :class:`~torchspark.training.driver.runner.InProcessRunner` to train the prepared partitions in threads.
+            [`InProcessRunner`][torchspark.training.InProcessRunner] to train the prepared partitions in threads.
         progress_channel: on a Spark Connect session, how progress, heartbeats, scores and worker tracebacks reach
-            this client (:mod:`torchspark.spark.connect.progress`): ``"auto"`` (default: TCP when the Connect
+            this client (`torchspark.spark.connect.progress`): ``"auto"`` (default: TCP when the Connect
             server runs on this machine, else the directory below when there is one), ``"tcp"``, ``"directory"``
             (workers write files the client polls: for a client the executors cannot connect to), ``"none"``.
             A classic session always uses TCP (its driver is in the cluster).
@@ -122,7 +122,7 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         self._collect_stats = bool(master and master.collect_training_stats)
         self._driver_stats = StatsCollector(DRIVER_ID, enabled=False)
         #: the fit's data on the workers: the routes, their caches and this object's export files
-        #: (:mod:`torchspark.spark.private_dirs`: removed on close, garbage collection and interpreter exit)
+        #: (`torchspark.spark.private_dirs`: removed on close, garbage collection and interpreter exit)
         self.preparation = DataPreparation(self.sc, network)
 
     def __enter__(self) -> SparkNetwork:
@@ -132,17 +132,17 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         self.close()
 
     def close(self) -> None:
-        """Remove this object's exported batch files and unpersist its prepared RDDs (:meth:`delete_temp_files`).
+        """Remove this object's exported batch files and unpersist its prepared RDDs ([`delete_temp_files`][torchspark.spark.SparkNetwork.delete_temp_files]).
 
         ``with SparkNetwork(...) as spark_net:`` calls it at the end of the block. Default exports (no
         ``export_directory``) are also removed when the object is garbage-collected and at interpreter exit;
-        exports under an explicit ``export_directory`` only here or by :meth:`delete_temp_files`."""
+        exports under an explicit ``export_directory`` only here or by [`delete_temp_files`][torchspark.spark.SparkNetwork.delete_temp_files]."""
         self.delete_temp_files()
 
     # ------------------------------------------------------------------ stats and progress
     @property
     def collect_training_stats(self) -> bool:
-        """Whether the next fits record per-phase timings (see :attr:`training_stats`); starts as the master's
+        """Whether the next fits record per-phase timings (see [`training_stats`][torchspark.spark.SparkNetwork.training_stats]); starts as the master's
         ``collect_training_stats``, and may be set (``spark_net.collect_training_stats = True``)."""
         return self._collect_stats
 
@@ -166,7 +166,7 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         self._fits.add_progress_listener(listener)
 
     def add_training_listener(self, listener: TrainingListener) -> None:
-        """Tell ``listener`` (a :class:`~torchspark.listeners.TrainingListener`, e.g. ``MlflowListener`` or
+        """Tell ``listener`` (a [`TrainingListener`][torchspark.listeners.TrainingListener], e.g. ``MlflowListener`` or
         ``TensorBoardListener``) about every later fit: its start, progress, epochs and end. With a listener the
         workers also report the score they agree on each epoch (gradient sharing: one small all-reduce per epoch)."""
         self._fits.add_training_listener(listener)
@@ -200,7 +200,7 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
 
         On a Spark Connect session ``data`` must be a DataFrame (an RDD or a list raises ``ConfigError``); its rows
         stream to the workers of one barrier stage, split and batched as on a classic session
-        (:mod:`torchspark.spark.connect.fit` says which master settings apply there).
+        (`torchspark.spark.connect.fit` says which master settings apply there).
         """
         master = self._require_master()
         check_int("epochs", epochs, 1)
@@ -234,7 +234,7 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         """Train from files: batch files (``export_batches`` / ``save_batches`` output), or any files a ``loader``
         turns into DataSets.
 
-        DL4J's recommended route: preprocess once (:func:`~torchspark.spark.export_batches`), keep the batch
+        DL4J's recommended route: preprocess once ([`export_batches`][torchspark.spark.export_batches]), keep the batch
         files on HDFS/S3, train many times from the paths. Files of any size are re-batched to
         ``batch_size_per_worker`` (as DL4J does), balanced by examples over the workers (with
         ``repartition="never"``: within each input partition). With ``rng_seed`` every epoch trains the
@@ -249,10 +249,10 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
                 every time a minibatch needs the file, so a loader should be cheap next to a training step (one
                 file per minibatch or a few examples per file). It must be picklable (a module-level function, or
                 a closure Spark's cloudpickle can ship). A directory then means every non-hidden file in it.
-            run_id, restart_epoch: as in :meth:`fit`.
+            run_id, restart_epoch: as in [`fit`][torchspark.spark.SparkNetwork.fit].
 
         On a Spark Connect session the client resolves and plans the files (a path, a glob or a list: no RDD) and
-        each worker of one barrier ``mapInArrow`` stage reads its own files (:mod:`torchspark.spark.connect.paths`);
+        each worker of one barrier ``mapInArrow`` stage reads its own files (`torchspark.spark.connect.paths`);
         the client and every executor must reach them.
 
         Raises:
@@ -287,7 +287,7 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         return self.master
 
     def _preflight(self, master: TrainingMaster, n: int) -> GpuPlan:
-        """Before any job touches the executors: the training stage's GPUs (:mod:`torchspark.spark.gpus`), slots,
+        """Before any job touches the executors: the training stage's GPUs (`torchspark.spark.gpus`), slots,
         dynamic allocation, and (once per session) imports and, with GPUs, the executors' CUDA."""
         gpus = plan_gpus(self.sc, master.gpus_per_worker, dry_run_requested())
         imports, cuda = ("imports", id(self.sc)), ("cuda", id(self.sc))
@@ -305,7 +305,7 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
 
     def _batches(self, data: Any, features_col: Any, label_col: Any, feature_shape: Any) -> Any:
         """The batch RDD of ``data``: an RDD as it is; a DataFrame's made once per DataFrame and columns
-        (:meth:`~torchspark.spark.preparation.DataPreparation.frame_batches`), so later fits reuse its export."""
+        (`frame_batches`), so later fits reuse its export."""
         columns = (repr(features_col), repr(label_col), repr(feature_shape))
         return self.preparation.frame_batches(
             data, columns, lambda: network_batches(self.network, data, features_col, label_col, feature_shape)
@@ -319,7 +319,7 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
 
     def _validate_sample(self, worker_rdd: Any, key: Any = None) -> None:
         """Fail fast on the driver: run the network on a few examples of the first minibatch. A Spark job per fit
-        (0.2-0.9 s of a warm call's fixed cost), so skipped when ``key`` (:func:`sample_key`: the same input RDD,
+        (0.2-0.9 s of a warm call's fixed cost), so skipped when ``key`` (`sample_key`: the same input RDD,
         master, worker count and network shape) equals the last check's: its outcome would be the same."""
         if key is not None and key == self._sampled:
             return
@@ -388,7 +388,7 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         feature_shape: Any,
         run_id: str | None,
     ) -> Network:
-        """:meth:`fit` on a Spark Connect session, or of a DataFrame with ``dataframe_route="barrier_arrow"``: the
+        """[`fit`][torchspark.spark.SparkNetwork.fit] on a Spark Connect session, or of a DataFrame with ``dataframe_route="barrier_arrow"``: the
         rows streamed into one barrier ``mapInArrow`` stage."""
         check_connect_data(self.spark, data)
         spark = self.spark if self.sc is None else data.sparkSession

@@ -2,7 +2,7 @@
 
 MLlib's ``predict`` for torchspark, and what ``TorchModel.transform`` and keyed inference on DataFrames use. A
 batched Arrow (pandas iterator) UDF runs the network on whole Arrow batches; the network reaches it as
-:mod:`torchspark.spark.shipped` decides for the DataFrame's session (a broadcast on a classic session, the closure
+`torchspark.spark.shipped` decides for the DataFrame's session (a broadcast on a classic session, the closure
 or a session artifact on Spark Connect), and each Python worker builds it once.
 """
 
@@ -26,7 +26,7 @@ from torchspark.validation import check_int
 
 __all__ = ["predict", "PREDICT_OUTPUTS", "predictions", "read_parquet", "write_parquet"]
 
-#: what :func:`predict` writes: ``"probabilities"`` -> ``array<float>``, ``"class"`` -> ``bigint``
+#: what `predict` writes: ``"probabilities"`` -> ``array<float>``, ``"class"`` -> ``bigint``
 PREDICT_OUTPUTS = ("probabilities", "class")
 
 

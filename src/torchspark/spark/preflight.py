@@ -106,7 +106,7 @@ def executors_for_workers_per_node(sc: Any, workers_per_node: int, wait_s: float
 
 def _probe(_: Any) -> tuple[str, str]:
     """Runs on an executor: (which executor, what it imported). Executors are told apart by host and the absolute
-    ``SparkFiles`` directory (:func:`~torchspark.spark.task_bootstrap.executor_name`): an executor's working
+    ``SparkFiles`` directory (`executor_name`): an executor's working
     directory (relative ``"."``; one per executor on standalone, YARN and Kubernetes, shared by its Python
     workers), the driver's temporary directory in local mode."""
     import torch
@@ -190,7 +190,7 @@ def cuda_problems(executors: dict[str, ExecutorCuda], driver_cuda: str | None) -
     """One line per executor whose torch cannot train on the GPUs Spark will give its tasks (a pure function).
 
     Args:
-        executors: :class:`ExecutorCuda` by executor name.
+        executors: `ExecutorCuda` by executor name.
         driver_cuda: the driver's ``torch.version.cuda`` (None: the driver has no CUDA build, so any CUDA version
             on the executors will do).
     Returns:
@@ -274,9 +274,9 @@ def preflight(
     Checks: dynamic allocation is off (barrier stages cannot use it); the cluster has ``num_workers`` free task
     slots (of the training stage's resource profile with ``gpus``: a task needs its GPUs free too; waiting up to
     ``wait_s`` for executors that are still registering); executors import torch and torchspark, every one of
-    them (:func:`probe_executors`); with GPUs requested and ``check_cuda``, torch on every executor has CUDA, of
+    them (`probe_executors`); with GPUs requested and ``check_cuda``, torch on every executor has CUDA, of
     the driver's version when the driver has one
-    (:func:`check_executor_cuda`).
+    (`check_executor_cuda`).
     """
     conf = sc.getConf()
     if conf.get("spark.dynamicAllocation.enabled", "false").lower() == "true":

@@ -1,20 +1,20 @@
 """A fit's data on Spark, prepared for the workers: one partition per worker holding that worker's minibatches in
 order, on the route the master picks, and what the routes keep between fits.
 
-The routes (:class:`DataPreparation`):
+The routes (`DataPreparation`):
 
-* ``rdd_training_approach="export"`` (:meth:`~DataPreparation.from_rdd`): the RDD is written once as batch files
+* ``rdd_training_approach="export"`` (`from_rdd`): the RDD is written once as batch files
   (on the balanced plan's grid, or each partition on its own), kept for later fits of the same RDD, and only the
   files' names (or slices of them) travel to the workers;
 * ``"direct"``: the RDD is re-batched and repartitioned to the workers, persisted and reused by later fits of the
   same RDD with the same settings (only the latest data stays persisted);
 * ``"direct"`` with ``rng_seed`` over several epochs: a new seeded plan every epoch (not kept: the plans depend on
   the network's epoch counter);
-* batch files or a loader's files (:meth:`~DataPreparation.from_paths`, ``fit_paths``): counted (headers, or the
+* batch files or a loader's files (`from_paths`, ``fit_paths``): counted (headers, or the
   loader on the executors), planned on the driver, read by the workers.
 
-Exports without ``export_directory`` go to a private directory of this object (:mod:`torchspark.spark.private_dirs`);
-:meth:`~DataPreparation.delete_temp_files` removes the exports and unpersists the kept RDDs, and the private
+Exports without ``export_directory`` go to a private directory of this object (`torchspark.spark.private_dirs`);
+`delete_temp_files` removes the exports and unpersists the kept RDDs, and the private
 directory also goes when the object is garbage-collected and at interpreter exit.
 """
 
@@ -114,7 +114,7 @@ class DataPreparation:
     Attributes:
         epoch_examples: examples one epoch trains, when the last preparation knew it (the progress bar's total).
         exports: the batch files written per ``(rdd id, batch size, on the balanced grid)``.
-        frames: the batch RDD made of each DataFrame (:meth:`frame_batches`), by the DataFrame and its columns.
+        frames: the batch RDD made of each DataFrame (`frame_batches`), by the DataFrame and its columns.
         persisted: the direct route's persisted worker RDD, by its settings.
         private_dirs: this object's private export directory (at most one), removed with it.
 
@@ -185,7 +185,7 @@ class DataPreparation:
 
         Args:
             rdd: the training batches (an RDD of DataSets or serialized batches).
-            base: :meth:`export_base` for the export route (taken before any job), else None.
+            base: `export_base` for the export route (taken before any job), else None.
             recorder: times the driver's ``count``, ``export`` and ``repartition`` phases.
         Raises:
             ConfigError: ``drop_last`` without the balanced split; DataError: an empty RDD.
@@ -354,7 +354,7 @@ class DataPreparation:
         within each input partition), a new seeded order every epoch with ``rng_seed``.
 
         Raises:
-            DataError: no paths, or what :func:`~torchspark.data.resolve_paths` and the loader refuse.
+            DataError: no paths, or what [`resolve_paths`][torchspark.data.resolve_paths] and the loader refuse.
         """
         from pyspark import RDD
 
@@ -396,8 +396,8 @@ class DataPreparation:
 
 
 def _count(sc: Any, rdd: Any) -> list[int]:
-    """:func:`count_examples` as a job whose bad data (a wrong ``feature_shape``, a non-DataSet item) raises
-    :class:`DataError` on the driver."""
+    """`count_examples` as a job whose bad data (a wrong ``feature_shape``, a non-DataSet item) raises
+    [`DataError`][torchspark.errors.DataError] on the driver."""
     return run_job(sc, "torchspark: count the training examples", lambda: count_examples(rdd))
 
 
@@ -427,7 +427,7 @@ def first_item(sc: Any, rdd: Any) -> Any:
 
 
 def sample_key(sc: Any, net: Network, rdd: Any, master: TrainingMaster, n: int) -> tuple[Any, ...]:
-    """What the first-minibatch check (:func:`first_item`) depends on: the input RDD (immutable: its id names its
+    """What the first-minibatch check (`first_item`) depends on: the input RDD (immutable: its id names its
     data), the master and worker count (how it is cut into minibatches) and the network's shape (module, parameter
     shapes and dtypes, precision, layout, losses). The same key means the same minibatch through the same network."""
     shapes = tuple((tuple(p.shape), p.dtype) for p in net.module.parameters())

@@ -3,18 +3,18 @@
 Without ``export_directory`` the training data is written as batch files on the driver's host. Those files are the
 user's whole training set, so the directory that holds them is:
 
-1. created with :func:`tempfile.mkdtemp` (a fresh, unpredictable name, mode 0700, created with ``O_EXCL``
+1. created with `tempfile.mkdtemp` (a fresh, unpredictable name, mode 0700, created with ``O_EXCL``
    semantics: a symlink or directory planted at that name makes creation fail instead of being followed);
 2. marked with an owner file (driver pid, its start time, host, pid namespace) so that
 3. the next run on the host removes directories whose driver is gone (killed with SIGKILL, out of memory, power
-   loss): :func:`remove_stale`;
-4. removed by its :class:`~torchspark.spark.SparkNetwork` on ``close()``/``delete_temp_files()``, when the object is
-   garbage-collected, and at interpreter exit (:func:`remove_dirs` through ``weakref.finalize``).
+   loss): `remove_stale`;
+4. removed by its [`SparkNetwork`][torchspark.spark.SparkNetwork] on ``close()``/``delete_temp_files()``, when the object is
+   garbage-collected, and at interpreter exit (`remove_dirs` through ``weakref.finalize``).
 
 Versions before these private directories exported into one shared folder, ``<base>/torchspark-export/`` (one
 ``<12 hex>-rdd<N>`` directory per export, no owner record), and a killed driver left its export there for good.
-Having no owner to ask, :func:`remove_legacy_exports` (also run when a private directory is made) removes this
-user's such exports once nothing in them has changed for :data:`LEGACY_MAX_AGE_S` (7 days): an old driver still
+Having no owner to ask, `remove_legacy_exports` (also run when a private directory is made) removes this
+user's such exports once nothing in them has changed for `LEGACY_MAX_AGE_S` (7 days): an old driver still
 training writes nothing there after its export, so the age is the only sign left, and a week is far beyond a fit.
 
 Nothing here imports pyspark.
@@ -119,7 +119,7 @@ def _read_owner(path: str) -> dict[str, object] | None:
 def remove_stale(base: str) -> list[str]:
     """Remove this user's default export directories under ``base`` whose driver process is gone.
 
-    Only real directories (not symlinks) named :data:`PREFIX`\\*, owned by this user, with an owner record from this
+    Only real directories (not symlinks) named `PREFIX`\\*, owned by this user, with an owner record from this
     host naming a process that no longer runs, are removed. Returns the removed paths.
     """
     removed: list[str] = []

@@ -7,37 +7,37 @@ records and the driver averages. It pays one Spark job and one broadcast per rou
 milliseconds of scheduling each, whatever the model), but works wherever Spark jobs work, and since a round only
 reads broadcasts and its own data, Spark may simply retry a failed task.
 
-Per fit (driver, :class:`SparkRoundsRunner`, run by :func:`torchspark.training.driver.fit.run_fit`):
+Per fit (driver, `SparkRoundsRunner`, run by `torchspark.training.driver.fit.run_fit`):
   1. count the minibatches of every worker partition (one small job); rounds per epoch = ceil(max count / (f * k))
      (``k`` = ``accumulate_steps``, minibatches per optimizer step; 1 without gradient accumulation);
   2. broadcast the task's network blueprint once (each Python worker builds the network once per fit and keeps it
-     in its :class:`~torchspark.nn.cache.NetworkCache`).
+     in its `NetworkCache`).
 Per round ``r`` of every epoch (the rounds and arithmetic of
-:func:`torchspark.training.algorithms.averaging.averaging_epoch`):
+[`torchspark.training.algorithms.averaging.averaging_epoch`][torchspark.training.averaging_epoch]):
   3. broadcast the current parameters and module buffers (the averaged floating-point ones, worker 0's integer
      ones), plus the updater state when ``save_updater`` (and in the fit's first round, which starts from the
      driver's updater state like the torch route's blueprint does);
   4. one job: each partition sets them (resetting the updater when no state came), fits its minibatches
-     ``[r*f*k, (r+1)*f*k)`` (``f`` optimizer steps) and yields one :class:`RoundRecord` ``(params*n | updater_state*n | buffers*n, n, score*n)``; a
+     ``[r*f*k, (r+1)*f*k)`` (``f`` optimizer steps) and yields one `RoundRecord` ``(params*n | updater_state*n | buffers*n, n, score*n)``; a
      partition with no minibatch left yields ``n = 0``; ``treeAggregate(depth=aggregation_depth)`` sums them;
   5. the driver sets ``params = sum(params*n) / sum(n)`` (likewise the floating-point buffers, and the updater
      state when ``save_updater``, else it resets it) --
-     :func:`~torchspark.training.algorithms.averaging.apply_weighted_mean`, the all-reduce route's rule --, takes
+     `apply_weighted_mean`, the all-reduce route's rule --, takes
      partition 0's integer buffers when it trained, and advances ``iteration`` by the round's most optimizer steps on
      one worker.
 If a round fails or is interrupted, the driver's network holds the result of the last completed round. With a
 ``checkpoint_directory`` the driver checkpoints its network (once per epoch, or every ``checkpoint_every`` rounds;
-:mod:`torchspark.spark.rounds_state`), so a retry after a lost executor, or a later fit with the same ``run_id``,
+`torchspark.spark.rounds_state`), so a retry after a lost executor, or a later fit with the same ``run_id``,
 resumes from the newest checkpoint instead of the fit's start.
 
-Progress listeners get one :class:`ProgressUpdate` per worker and round from the driver (no connection from the
-executors to the driver is needed). ``last_results`` holds one :class:`WorkerResult` per worker with its totals
+Progress listeners get one [`ProgressUpdate`][torchspark.training.ProgressUpdate] per worker and round from the driver (no connection from the
+executors to the driver is needed). ``last_results`` holds one [`WorkerResult`][torchspark.training.WorkerResult] per worker with its totals
 and its own last minibatch loss; rank 0 carries the final parameters. With ``collect_training_stats`` the workers'
 ``network_init`` / ``data_wait`` / ``fit`` phases are shipped in the round records, timed on the executors' own
 clocks (this route has no channel to align them with the driver's clock).
 
 This module is the driver side; what travels and what one task does in a round (steps 1 and 4 on the executors)
-are in :mod:`torchspark.spark.rounds_worker`.
+are in `torchspark.spark.rounds_worker`.
 """
 
 from __future__ import annotations
@@ -89,20 +89,20 @@ log = logging.getLogger(__name__)
 
 # ------------------------------------------------------------------ driver side
 class SparkRoundsRunner:
-    """The :class:`~torchspark.training.driver.runner.Runner` of ``averaging_via="spark"``: a driver loop of Spark jobs,
+    """The [`Runner`][torchspark.training.Runner] of ``averaging_via="spark"``: a driver loop of Spark jobs,
     one per averaging round (the module docstring's steps).
 
     It keeps the fit's state in the driver's network (``context.network``), which holds the latest average after
     every round: a failed or interrupted fit leaves the last completed round. Progress goes to the listeners from
     the driver (``context.notify``, one update per worker and round; no connection from the executors is needed).
-    Returns one :class:`WorkerResult` per worker with its totals, its own last minibatch loss and, with stats, its
+    Returns one [`WorkerResult`][torchspark.training.WorkerResult] per worker with its totals, its own last minibatch loss and, with stats, its
     per-round payloads; rank 0 carries the final parameters.
 
     Args:
         sc: the SparkContext.
         aggregation_depth: ``treeAggregate`` depth (the master's ``aggregation_depth``).
         storage_level: persistence of the worker RDD across rounds when it is not cached yet.
-        gpus: the training stage's GPUs (:func:`~torchspark.spark.gpus.plan_gpus`): every round's stage runs under
+        gpus: the training stage's GPUs (`plan_gpus`): every round's stage runs under
             its stage-level resource profile, if any. None: the session's defaults.
     """
 
@@ -116,7 +116,7 @@ class SparkRoundsRunner:
 
     def run(self, task: WorkerTask, data: Any, context: RunContext) -> list[WorkerResult]:
         """Train ``context.network`` in place for ``task.epochs`` epochs on ``data`` (a
-        :class:`~torchspark.spark.runners.SparkWorkerData`: one partition per worker, its minibatches in order).
+        `SparkWorkerData`: one partition per worker, its minibatches in order).
 
         Raises:
             ConfigError: the task is not parameter averaging (only averaging has rounds).

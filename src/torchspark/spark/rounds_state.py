@@ -1,9 +1,9 @@
-"""The driver's state of an ``averaging_via="spark"`` fit between rounds: the per-worker totals (:class:`Tally`) and
-its checkpoints (:class:`RoundsCheckpoints`).
+"""The driver's state of an ``averaging_via="spark"`` fit between rounds: the per-worker totals (`Tally`) and
+its checkpoints (`RoundsCheckpoints`).
 
 On this route the fit's whole state lives in the driver's network between rounds (every round starts from the
 broadcast average), so the driver alone writes each checkpoint, as one "rank" with the parameters, the updater state,
-the buffers and the totals, in the layout of :mod:`torchspark.training.checkpoint` (``world_size`` 1, ``done``
+the buffers and the totals, in the layout of `torchspark.training.checkpoint` (``world_size`` 1, ``done``
 counting the rounds of the epoch). Once per epoch by default, every ``checkpoint_every`` rounds otherwise; a retry
 after a lost executor (``max_failures``) or a later fit with the same ``run_id`` then continues from the newest
 checkpoint: its epoch, its round, its totals. Resuming with another number of workers or rounds per epoch is
@@ -125,7 +125,7 @@ class Tally:
         }
 
     def restore(self, state: dict[str, Any]) -> None:
-        """Continue from :meth:`state` (a resumed fit reports the totals one uninterrupted fit would)."""
+        """Continue from `state` (a resumed fit reports the totals one uninterrupted fit would)."""
         for key in ("examples", "iterations", "epoch_examples", "epoch_iterations"):
             setattr(self, key, [int(v) for v in state[key]])
         self.scores = [math.nan if s is None else float(s) for s in state["scores"]]

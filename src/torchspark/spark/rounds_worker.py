@@ -1,11 +1,11 @@
 """The executor side of parameter averaging with one Spark job per round (``averaging_via="spark"``): what
 travels between the driver and the tasks, and what one task does in a round.
 
-The driver side and the steps of a fit are in :mod:`torchspark.spark.rounds`. Here: the fit's :class:`FitSpec`
-(broadcast once per fit), a round's :class:`RoundInput` (broadcast every round), :func:`count_items` (step 1: the
-minibatches of every partition), :func:`fit_round_partition` (step 4: fit this partition's share of the round from
-the broadcast state) and the :class:`RoundRecord` it yields, which ``treeAggregate`` sums with
-:func:`merge_records`. Every function is module-level, so Spark ships it by reference.
+The driver side and the steps of a fit are in `torchspark.spark.rounds`. Here: the fit's `FitSpec`
+(broadcast once per fit), a round's `RoundInput` (broadcast every round), `count_items` (step 1: the
+minibatches of every partition), `fit_round_partition` (step 4: fit this partition's share of the round from
+the broadcast state) and the `RoundRecord` it yields, which ``treeAggregate`` sums with
+`merge_records`. Every function is module-level, so Spark ships it by reference.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class FitSpec:
         collect_stats: record the workers' phases.
         flush_denormal: flush denormal floats to zero while the partition trains (the master's option).
         gpu_dry_run: record the GPUs Spark assigns but train on the CPU (a testing aid:
-            :func:`torchspark.spark.gpus.dry_run_requested`).
+            `torchspark.spark.gpus.dry_run_requested`).
     """
 
     fit_id: str
@@ -167,7 +167,7 @@ def fit_round_partition(spec_bc: Any, round_bc: Any, index: int, items: Iterable
 def _fit_round(
     spec: FitSpec, rnd: RoundInput, index: int, chunk: list[Any], device: str, recorder: StatsCollector
 ) -> RoundRecord:
-    """Step 4 of :mod:`torchspark.spark.rounds` on this partition: set the round's state, fit ``chunk``, weigh the
+    """Step 4 of `torchspark.spark.rounds` on this partition: set the round's state, fit ``chunk``, weigh the
     result."""
     with _NETWORKS.lease(f"{spec.fit_id}/{device}", 1, partial(_build, spec, device, recorder)) as net:
         return _fit_leased(net, spec, rnd, index, chunk, recorder)

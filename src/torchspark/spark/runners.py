@@ -1,11 +1,11 @@
-"""The Spark runners of :func:`torchspark.training.driver.fit.run_fit`, and the workers' data as ``SparkNetwork``
+"""The Spark runners of `torchspark.training.driver.fit.run_fit`, and the workers' data as ``SparkNetwork``
 prepares it.
 
-* :class:`SparkBarrierRunner`: the whole fit inside one barrier stage whose tasks find each other
-  (:mod:`torchspark.spark.barrier`) and all-reduce or share gradients over ``torch.distributed``;
-* :class:`~torchspark.spark.rounds.SparkRoundsRunner`: one Spark job per averaging round (``averaging_via="spark"``).
+* `SparkBarrierRunner`: the whole fit inside one barrier stage whose tasks find each other
+  (`torchspark.spark.barrier`) and all-reduce or share gradients over ``torch.distributed``;
+* `SparkRoundsRunner`: one Spark job per averaging round (``averaging_via="spark"``).
 
-Both take a :class:`SparkWorkerData`; so does :class:`~torchspark.training.driver.runner.InProcessRunner`, which
+Both take a `SparkWorkerData`; so does [`InProcessRunner`][torchspark.training.InProcessRunner], which
 reads the partitions on the driver and trains them in threads (tests: ``SparkNetwork(..., runner=InProcessRunner())``).
 """
 
@@ -69,15 +69,15 @@ class SparkBarrierRunner:
     (bound to ``spark.driver.bindAddress`` / ``spark.driver.host``, loopback for a local master; advertised as
     ``spark.driver.host``; workers get the fit's token inside the task) and find worker 0 through the driver's relay
     store (``rendezvous_via="driver"``) or Spark's allGather. A failed stage raises the failing worker's own error
-    (:func:`~torchspark.spark.jobs.run_barrier_stage`), not a peer's symptom; a lost Python worker or executor,
+    (`run_barrier_stage`), not a peer's symptom; a lost Python worker or executor,
     or a worker whose heartbeats stop for ``rendezvous_timeout_s`` (the driver's watchdog cancels the stage then,
-    without waiting for Spark's 120 s executor heartbeat timeout), raises :class:`~torchspark.errors.WorkerLost`,
+    without waiting for Spark's 120 s executor heartbeat timeout), raises [`WorkerLost`][torchspark.errors.WorkerLost],
     which the driver's recovery retries as a new attempt (a new stage, relay and progress token).
 
     Args:
         sc: the SparkContext.
         mesh: how workers find and talk to each other (the master's ``mesh``).
-        gpus: the training stage's GPUs (:func:`~torchspark.spark.gpus.plan_gpus`): its stage-level resource
+        gpus: the training stage's GPUs (`plan_gpus`): its stage-level resource
             profile, if any, is attached to the barrier stage. None: the session's defaults.
     """
 
@@ -88,7 +88,7 @@ class SparkBarrierRunner:
 
     def capacity(self) -> int:
         """The task slots the training stage can have now (an executor lost for good no longer counts): how many
-        workers an elastic fit's next attempt can run (:mod:`torchspark.training.driver.elastic`)."""
+        workers an elastic fit's next attempt can run ([`torchspark.training.driver.elastic`][torchspark.training.driver.elastic])."""
         return task_slots(self.sc, self.gpus.profile)
 
     def run(self, task: WorkerTask, data: SparkWorkerData, context: RunContext) -> list[WorkerResult]:
@@ -129,7 +129,7 @@ def elastic_route(data: SparkWorkerData, master: TrainingMaster) -> Callable[[in
 
     None where the data cannot be re-dealt: the rounds route (``averaging_via="spark"``) and
     ``shuffle_scope="global"`` (the partitions hold every epoch's plan for their worker); a fit with ``min_workers``
-    below its workers is then refused (:func:`~torchspark.training.driver.adapter.elastic_plan`).
+    below its workers is then refused (`elastic_plan`).
     """
     if master.spark_rounds or master.shuffle_scope == "global":
         return None

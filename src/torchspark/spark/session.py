@@ -29,7 +29,7 @@ JAVA_HINT = (
 
 
 def check_java() -> str:
-    """The ``java -version`` banner; raises :class:`SetupError` with install instructions when Java is missing."""
+    """The ``java -version`` banner; raises [`SetupError`][torchspark.cli.SetupError] with install instructions when Java is missing."""
     java_home = os.environ.get("JAVA_HOME")
     java = os.path.join(java_home, "bin", "java") if java_home else shutil.which("java")
     if not java or not os.path.exists(java):
@@ -71,7 +71,7 @@ def local_session(
         connect: a Spark Connect session instead of a classic one: ``SparkSession.builder.remote("local[N]")``
             starts a Connect server inside this process (needs ``pip install 'torchspark[connect]'``); the same
             settings apply. A process holds one kind: a classic session and a local Connect one cannot coexist
-            (use :func:`torchspark.spark.connect.start_connect_server` for a server in its own process).
+            (use [`torchspark.spark.connect.start_connect_server`][torchspark.spark.connect.start_connect_server] for a server in its own process).
     Settings applied: executors use this interpreter (``PYSPARK_PYTHON=sys.executable``), Python worker reuse on,
     Python workers forked from a daemon that has imported torch already (``torchspark.spark._daemon``),
     ``spark.locality.wait=0`` (DL4J's guidance: do not wait for data-local slots), Arrow for pandas conversions,
@@ -189,7 +189,7 @@ def session_scope(
     cores: int | None = None, master: str | None = None, app_name: str = "torchspark", quiet: bool = False
 ) -> Iterator[Any]:
     """A session for the duration of a block: the active one when there is one (left running), else a new
-    :func:`local_session` (stopped at the end; ``quiet``: see there)."""
+    [`local_session`][torchspark.spark.local_session] (stopped at the end; ``quiet``: see there)."""
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()

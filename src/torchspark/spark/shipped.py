@@ -1,18 +1,18 @@
 """How a network reaches the executors for evaluation and inference, on a classic or a Spark Connect session.
 
 The network always travels as its blueprint: one safetensors blob whose metadata holds the JSON config
-(:meth:`~torchspark.nn.NetworkBlueprint.to_bytes`, no pickle of the weights). What carries the blob depends on the
+([`to_bytes`][torchspark.nn.NetworkBlueprint.to_bytes], no pickle of the weights). What carries the blob depends on the
 session:
 
-* classic: a broadcast (:class:`ShippedNetwork`), one copy per executor, fetched on first use;
-* Spark Connect (no ``broadcast``): :class:`ConnectNetwork`, through the Connect route's shipping
-  (:func:`~torchspark.spark.connect.shipping.ship_bytes`, shared with training): inside the task's closure while
+* classic: a broadcast (`ShippedNetwork`), one copy per executor, fetched on first use;
+* Spark Connect (no ``broadcast``): `ConnectNetwork`, through the Connect route's shipping
+  (`ship_bytes`, shared with training): inside the task's closure while
   the blob is small, else uploaded as session artifacts (``spark.addArtifacts(..., file=True)``, streamed in
   chunks, so no size cap) whose names the closure carries. Connect refuses any single message over
   ``spark.connect.grpc.maxInboundMessageSize`` (128 MiB by default), and the closure rides in the plan message,
   hence the split.
 
-Each executor Python process builds one copy per key, leased from its :class:`~torchspark.nn.cache.NetworkCache`
+Each executor Python process builds one copy per key, leased from its `NetworkCache`
 and reused by later tasks.
 """
 
@@ -64,7 +64,7 @@ class ShippedNetwork:
     broadcast: Any
 
     def lease(self, limit: int = DEFAULT_EVAL_WORKERS) -> Any:
-        """Context manager yielding this process's copy of the network (see :class:`NetworkCache`)."""
+        """Context manager yielding this process's copy of the network (see `NetworkCache`)."""
         return _CACHE.lease(self.key, limit, self._build)
 
     def _build(self) -> Network:
@@ -78,7 +78,7 @@ class ShippedNetwork:
 
 @dataclass(frozen=True)
 class ConnectNetwork:
-    """A network shipped to a Spark Connect session's executors (:func:`~torchspark.spark.connect.shipping.ship_bytes`):
+    """A network shipped to a Spark Connect session's executors (`ship_bytes`):
     its blueprint inside the closure, or in session artifacts the closure names; ``key`` is its content hash, so the
     same weights shipped again reuse the executors' copies."""
 
@@ -110,8 +110,7 @@ def ship_to_session(spark: Any, network: Network, inline_limit: int | None = Non
 
     Args:
         inline_limit: the largest blueprint (bytes) sent inside the closure under Connect; None: a quarter of the
-            server's ``spark.connect.grpc.maxInboundMessageSize`` (:func:`~torchspark.spark.connect.shipping.
-            inline_limit`, 32 MiB by default), so the plan message stays under the cap. 0 always uploads
+            server's ``spark.connect.grpc.maxInboundMessageSize`` (`inline_limit`, 32 MiB by default), so the plan message stays under the cap. 0 always uploads
             artifacts. Ignored on classic sessions.
     Example: ``shipped = ship_to_session(df.sparkSession, net)``, then ``with shipped.lease() as copy:`` in the
         function a ``mapInArrow`` runs.

@@ -40,12 +40,12 @@ def set_up_task(ctx: Any | None, gpu_dry_run: bool = False) -> TaskSetup:
     """Pick the task's device and make it this process's current CUDA device; count its cores.
 
     The device is the first GPU Spark assigned to the task (``ctx.resources()["gpu"]``), re-indexed through the
-    executor's ``CUDA_VISIBLE_DEVICES`` (:func:`~torchspark.training.worker.devices.device_for_task`), else the CPU.
+    executor's ``CUDA_VISIBLE_DEVICES`` ([`device_for_task`][torchspark.training.device_for_task]), else the CPU.
     Without a context (code run outside a Spark task) or a context without ``cpus()`` the task gets the CPU / one core.
 
     Args:
         ctx: the task's ``TaskContext`` / ``BarrierTaskContext`` (None outside Spark).
-        gpu_dry_run: a testing aid (:func:`torchspark.spark.gpus.dry_run_requested`): record the assigned GPU
+        gpu_dry_run: a testing aid (`torchspark.spark.gpus.dry_run_requested`): record the assigned GPU
             addresses but train on the CPU, so GPU scheduling can be checked where torch has no CUDA.
 
     Example: in a barrier task, ``setup = set_up_task(BarrierTaskContext.get())`` ->

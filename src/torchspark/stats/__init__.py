@@ -1,8 +1,8 @@
 """Training statistics: timed phases per worker, score and encoding series, and an offline HTML timeline report.
 
-Workers (and the driver) record with a :class:`StatsCollector`; its :meth:`~StatsCollector.drain` payload travels
-to the driver, which merges payloads into :class:`TrainingStats` for ``summary()``, JSON and ``export_html()``.
-Worker clocks are put on the driver's time axis with the ping math of :mod:`torchspark.stats.clock`.
+Workers (and the driver) record with a [`StatsCollector`][torchspark.stats.StatsCollector]; its [`drain`][torchspark.stats.StatsCollector.drain] payload travels
+to the driver, which merges payloads into [`TrainingStats`][torchspark.stats.TrainingStats] for ``summary()``, JSON and ``export_html()``.
+Worker clocks are put on the driver's time axis with the ping math of `torchspark.stats.clock`.
 This package does not import pyspark, so a local-process ParallelWrapper uses it too.
 """
 

@@ -1,9 +1,9 @@
 """Tiny hand-written SVG charts (no JavaScript, no CDN) for the offline stats report, and the markup builder every
 byte of the report goes through.
 
-HTML safety by construction: markup is made only by :func:`el` (one element; its text children and every attribute
-value are escaped, attribute names are checked, event-handler and URL attributes refused) and :func:`page` (the
-document around the body). Anything that is not a :class:`Markup` -- a worker id, a phase name, a failure's reason,
+HTML safety by construction: markup is made only by `el` (one element; its text children and every attribute
+value are escaped, attribute names are checked, event-handler and URL attributes refused) and `page` (the
+document around the body). Anything that is not a `Markup` -- a worker id, a phase name, a failure's reason,
 a number formatted from data -- is escaped wherever it is placed, so a stats document shared by someone else cannot
 put an element or an attribute into the report. ``Markup(...)`` by hand is for constants of this package only.
 
@@ -70,7 +70,7 @@ FONT = "font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif"
 
 
 class Markup(str):
-    """Text that already is markup: :func:`el`, :func:`join` and :func:`page` place it as it is.
+    """Text that already is markup: `el`, `join` and `page` place it as it is.
 
     Only this module's helpers make one from data (always escaped); ``Markup("...")`` by hand is for constants.
     Concatenating a Markup with ``+`` or ``str.join`` gives a plain ``str`` again, which is escaped when placed:
@@ -84,7 +84,7 @@ class Markup(str):
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9-]*(:[A-Za-z][A-Za-z0-9-]*)?\Z")
 #: attributes never written: event handlers (``on*``) run script, URLs fetch or navigate (the report does neither)
 _REFUSED_ATTRS = frozenset({"href", "xlink:href", "src", "srcset", "action", "formaction", "data", "srcdoc"})
-#: elements whose content is not parsed as markup (raw text): made only by :func:`page` (``style``) or never
+#: elements whose content is not parsed as markup (raw text): made only by `page` (``style``) or never
 _RAW_TEXT = frozenset({"script", "style", "iframe", "object", "embed", "textarea", "xmp", "noscript"})
 #: empty elements written as ``<tag .../>`` (SVG shapes; HTML's void ``meta``); others always get a closing tag
 _SELF_CLOSING = frozenset({"rect", "line", "path", "polyline", "circle", "meta"})
@@ -92,7 +92,7 @@ _HEX_COLOR = re.compile(r"#[0-9a-fA-F]{3}([0-9a-fA-F]{3})?\Z")
 
 
 def esc(value: object) -> Markup:
-    """``value`` as text safe inside an element or a quoted attribute: a :class:`Markup` as it is, anything else
+    """``value`` as text safe inside an element or a quoted attribute: a `Markup` as it is, anything else
     ``str()``-ed with ``& < > " '`` escaped."""
     if isinstance(value, Markup):
         return value
@@ -100,7 +100,7 @@ def esc(value: object) -> Markup:
 
 
 def join(parts: Iterable[object]) -> Markup:
-    """``parts`` one after another, each through :func:`esc` (so Markup stays markup and text stays text)."""
+    """``parts`` one after another, each through `esc` (so Markup stays markup and text stays text)."""
     return Markup("".join(esc(p) for p in parts))
 
 
@@ -127,10 +127,10 @@ def el(tag: str, attrs: Mapping[str, object] | None = None, *children: object) -
 
     Args:
         tag: element name (letters, digits, ``-``); ``script``, ``style`` and the other raw-text elements are
-            refused (the page's one ``<style>`` comes from :func:`page`).
+            refused (the page's one ``<style>`` comes from `page`).
         attrs: attribute name -> value; a None value leaves the attribute out; every value is escaped
             (``str()`` of numbers included), ``on*`` and URL attributes (``href``, ``src``...) are refused.
-        children: text or :class:`Markup`; text is escaped.
+        children: text or `Markup`; text is escaped.
 
     Raises:
         ValueError: a bad or refused element or attribute name (a bug in the report, never caused by data).
@@ -146,7 +146,7 @@ def el(tag: str, attrs: Mapping[str, object] | None = None, *children: object) -
 
 def page(title: object, css: str, body: Iterable[object], lang: str = "en") -> str:
     """The whole HTML document: ``<!DOCTYPE html>``, a head with ``title`` (escaped) and the page's own ``css``,
-    then ``body`` (each part through :func:`esc`). No script anywhere.
+    then ``body`` (each part through `esc`). No script anywhere.
 
     Raises:
         ValueError: ``css`` could end its ``<style>`` element (holds ``</``); it is this package's constant.

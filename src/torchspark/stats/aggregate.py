@@ -1,6 +1,6 @@
 """Reducing millions of events to what a report can draw: time buckets, binned durations, downsampled series.
 
-Pure numpy functions; the HTML report (:mod:`torchspark.stats.html`) draws their results.
+Pure numpy functions; the HTML report (`torchspark.stats.html`) draws their results.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def stacked_fractions(occupancy: np.ndarray, bucket_seconds: float) -> np.ndarra
     """Cumulative per-phase busy fractions per bucket, for a stacked timeline.
 
     Args:
-        occupancy: (workers, phases, buckets) seconds from :func:`timeline_occupancy`.
+        occupancy: (workers, phases, buckets) seconds from `timeline_occupancy`.
         bucket_seconds: bucket width in seconds.
 
     Returns:

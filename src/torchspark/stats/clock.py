@@ -8,7 +8,7 @@ driver time ``(t0 + t1) / 2``, so::
     driver_time = worker_time - offset
 
 The error is at most half the round trip ``(t1 - t0) / 2`` (when one leg took all of it), so with several pings the
-one with the smallest round trip gives the tightest bound (:func:`best_clock_sample`). The transport (Spark barrier
+one with the smallest round trip gives the tightest bound ([`best_clock_sample`][torchspark.stats.best_clock_sample]). The transport (Spark barrier
 messages, a socket) is wired elsewhere; this module only does the arithmetic.
 """
 
@@ -36,7 +36,7 @@ class ClockSample:
 
     @property
     def max_error(self) -> float:
-        """Worst-case error of :attr:`offset` (half the round trip)."""
+        """Worst-case error of [`offset`][torchspark.stats.ClockSample.offset] (half the round trip)."""
         return self.round_trip / 2.0
 
 
@@ -58,7 +58,7 @@ def clock_offset(t0: float, tw: float, t1: float) -> float:
 
 
 def clock_sample(t0: float, tw: float, t1: float) -> ClockSample:
-    """Offset and round trip of one ping (see :func:`clock_offset` for the arguments)."""
+    """Offset and round trip of one ping (see [`clock_offset`][torchspark.stats.clock_offset] for the arguments)."""
     if not t1 >= t0:
         raise DataError(
             f"clock ping receive time t1={t1!r} is before send time t0={t0!r}; pass the driver's send "
@@ -71,11 +71,11 @@ def best_clock_sample(samples: Iterable[ClockSample | tuple[float, float, float]
     """The sample with the smallest round trip (the tightest error bound).
 
     Args:
-        samples: :class:`ClockSample` objects or raw ``(t0, tw, t1)`` pings. Three to five pings are usually enough;
+        samples: [`ClockSample`][torchspark.stats.ClockSample] objects or raw ``(t0, tw, t1)`` pings. Three to five pings are usually enough;
             the first ping is often slow (connection setup), which is why taking the minimum beats averaging.
 
     Returns:
-        The best :class:`ClockSample`.
+        The best [`ClockSample`][torchspark.stats.ClockSample].
 
     Raises:
         DataError: no samples, or a raw ping with ``t1 < t0``.

@@ -2,8 +2,8 @@
 
 The hot path is one ``time.perf_counter()`` pair and one ``list.append`` of a tuple per phase: appends are atomic
 under the GIL, so several threads (e.g. a prefetch thread and the training loop) can record without a lock.
-:meth:`StatsCollector.drain` turns the records into a compact column-wise *payload* (numpy arrays plus name tables)
-that travels to the driver in a task result and is merged with :meth:`TrainingStats.add_worker_payload`.
+[`StatsCollector.drain`][torchspark.stats.StatsCollector.drain] turns the records into a compact column-wise *payload* (numpy arrays plus name tables)
+that travels to the driver in a task result and is merged with [`TrainingStats.add_worker_payload`][torchspark.stats.TrainingStats.add_worker_payload].
 
 Payload layout (``PAYLOAD_FORMAT``)::
 
@@ -32,7 +32,7 @@ __all__ = ["StatsCollector"]
 
 
 class _PhaseTimer:
-    """Context manager returned by :meth:`StatsCollector.phase`; yields its mutable attribute dict."""
+    """Context manager returned by [`StatsCollector.phase`][torchspark.stats.StatsCollector.phase]; yields its mutable attribute dict."""
 
     __slots__ = ("_collector", "_name", "_attrs", "_t0")
 
@@ -62,7 +62,7 @@ class StatsCollector:
     Args:
         worker_id: who recorded the events, e.g. ``"driver"`` or ``"worker-3"``; it names the timeline row.
         clock_offset: this process's clock minus the driver's clock in seconds (see
-            :func:`torchspark.stats.clock.clock_offset`); subtracted from every start time. Leave 0.0 on the driver
+            [`torchspark.stats.clock.clock_offset`][torchspark.stats.clock_offset]); subtracted from every start time. Leave 0.0 on the driver
             and when the offset is applied later by ``TrainingStats.add_worker_payload(..., clock_offset=...)``
             (apply it in exactly one of the two places).
         enabled: False makes every call a cheap no-op (stats collection off).

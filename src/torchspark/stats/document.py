@@ -1,10 +1,10 @@
-"""The JSON document of :class:`~torchspark.stats.TrainingStats`: payloads to JSON and back, and the checks of
+"""The JSON document of [`TrainingStats`][torchspark.stats.TrainingStats]: payloads to JSON and back, and the checks of
 its summary fields.
 
 A document is ``{"format", "summary_fields", "workers", "phases", "formats", "payloads"}``; each payload is a
-collector payload (:meth:`~torchspark.stats.StatsCollector.drain`) whose arrays are JSON lists. JSON has no NaN
+collector payload ([`drain`][torchspark.stats.StatsCollector.drain]) whose arrays are JSON lists. JSON has no NaN
 and no infinity, so NaN is written as null and +-inf as ``"inf"``/``"-inf"``; a document read back is checked
-field by field (:func:`checked_summary`), so a damaged file fails when it is read, not when the report is drawn.
+field by field (`checked_summary`), so a damaged file fails when it is read, not when the report is drawn.
 
 Example::
 
@@ -51,7 +51,7 @@ def payload_to_json(obj: Any) -> Any:
 
 
 def payload_from_json(p: Any, where: str = "payload") -> dict[str, Any]:
-    """The collector-style payload :func:`payload_to_json` wrote, its lists as typed arrays again (null -> NaN),
+    """The collector-style payload `payload_to_json` wrote, its lists as typed arrays again (null -> NaN),
     checked field by field first: the types, and the ranges the report relies on (finite starts, durations >= 0,
     phase and format codes that index their names, columns of one length).
 
@@ -174,7 +174,7 @@ _INF = {"inf": math.inf, "-inf": -math.inf}
 def _float_column(
     values: Any, where: str, *, finite: bool = False, finite_or_null: bool = False, minimum: float | None = None
 ) -> np.ndarray:
-    """A list of numbers as float64: null is NaN, ``"inf"``/``"-inf"`` infinities (how :func:`payload_to_json`
+    """A list of numbers as float64: null is NaN, ``"inf"``/``"-inf"`` infinities (how `payload_to_json`
     writes them); ``finite`` refuses all three, ``finite_or_null`` the infinities."""
     if finite:
         expected = "a finite number"
@@ -218,9 +218,9 @@ def _int_column(values: Any, where: str, lo: int | None, hi: int | None, expecte
 
 
 def checked_document(doc: dict[str, Any]) -> dict[str, Any]:
-    """A whole stats document (:meth:`~torchspark.stats.TrainingStats.to_json`) checked: ``workers``, ``phases``
-    and ``formats`` lists of distinct strings, every payload (:func:`payload_from_json`, returned as arrays) and
-    ``summary_fields`` (:func:`checked_summary`).
+    """A whole stats document ([`to_json`][torchspark.stats.TrainingStats.to_json]) checked: ``workers``, ``phases``
+    and ``formats`` lists of distinct strings, every payload (`payload_from_json`, returned as arrays) and
+    ``summary_fields`` (`checked_summary`).
 
     Raises:
         ValueError: the first bad field, named as a path (``payloads[0].phases.start[3]``) with its value.
@@ -280,7 +280,7 @@ def checked_summary(fields: Any, where: str = "summary_fields") -> dict[str, Any
     return dict(fields)
 
 
-#: a failure record's fields (:class:`~torchspark.training.driver.recovery.FailureRecord`): (check, may be null)
+#: a failure record's fields (`FailureRecord`): (check, may be null)
 _FAILURE_FIELDS: dict[str, tuple[str, bool]] = {
     "attempt": ("count", False),
     "rank": ("count", True),

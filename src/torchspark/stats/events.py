@@ -2,7 +2,7 @@
 
 A *phase event* is one timed interval on one worker: ``(worker, phase, start, duration, attrs)``. Starts are wall-clock
 seconds (epoch time) on the **driver's** clock (worker clocks are shifted by their measured offset, see
-:mod:`torchspark.stats.clock`). Millions of events are held column-wise (numpy arrays plus a name table) so that a
+`torchspark.stats.clock`). Millions of events are held column-wise (numpy arrays plus a name table) so that a
 payload from a worker stays compact and the driver can aggregate them quickly.
 """
 
@@ -53,7 +53,7 @@ STANDARD_PHASES: tuple[str, ...] = tuple(p.value for p in Phase)
 
 
 def phase_name(name: str | Phase) -> str:
-    """The plain string name of a phase (a :class:`Phase` member or any string)."""
+    """The plain string name of a phase (a [`Phase`][torchspark.stats.Phase] member or any string)."""
     return name.value if isinstance(name, Phase) else str(name)
 
 
@@ -63,7 +63,7 @@ class PhaseEvent:
 
     Attributes:
         worker: worker id, e.g. ``"driver"`` or ``"worker-0"``.
-        phase: phase name (see :class:`Phase`).
+        phase: phase name (see [`Phase`][torchspark.stats.Phase]).
         start: start time, seconds since the epoch on the driver's clock.
         duration: seconds.
         attrs: numeric attributes, e.g. ``{"examples": 32.0, "iteration": 7.0}``.
@@ -102,7 +102,7 @@ class EventTable:
         return int(self.start.shape[0])
 
     def events(self) -> list[PhaseEvent]:
-        """The rows as :class:`PhaseEvent` objects (for inspection and tests; slow for millions of events)."""
+        """The rows as [`PhaseEvent`][torchspark.stats.PhaseEvent] objects (for inspection and tests; slow for millions of events)."""
         out = []
         for i in range(len(self)):
             attrs = {k: float(v[i]) for k, v in self.attrs.items() if not np.isnan(v[i])}

@@ -56,7 +56,7 @@ _CSS = (
 
 
 class ReportSource(Protocol):
-    """What the report reads: :class:`~torchspark.stats.TrainingStats` (which calls :func:`write_html` for its
+    """What the report reads: [`TrainingStats`][torchspark.stats.TrainingStats] (which calls `write_html` for its
     ``export_html``) provides it; this module does not import it."""
 
     @property
@@ -127,7 +127,7 @@ def render_html(
 
 
 def write_html(stats: ReportSource, path: str | os.PathLike[str], **kwargs: Any) -> None:
-    """Render with :func:`render_html` (``kwargs`` passed on) and write ``path`` atomically."""
+    """Render with `render_html` (``kwargs`` passed on) and write ``path`` atomically."""
     text = render_html(stats, **kwargs)
     atomic_write_text(path, text)
     log.info("wrote training stats report %s (%.1f kB)", os.fspath(path), len(text) / 1024)

@@ -1,8 +1,8 @@
 """The merged statistics of one fit: events of every worker and of the driver, score and encoding series, summary.
 
-Build it on the driver from the payloads the workers return (:meth:`TrainingStats.add_worker_payload`), let the
-master set what only it knows (``set_summary("epochs", 3)``), then read :meth:`summary`, save :meth:`to_json` or
-write the offline HTML report with :meth:`export_html`.
+Build it on the driver from the payloads the workers return ([`TrainingStats.add_worker_payload`][torchspark.stats.TrainingStats.add_worker_payload]), let the
+master set what only it knows (``set_summary("epochs", 3)``), then read `summary`, save `to_json` or
+write the offline HTML report with [`export_html`][torchspark.stats.TrainingStats.export_html].
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class TrainingStats:
         return cls().merge(payloads)
 
     def merge(self, payloads: Iterable[dict[str, Any] | TrainingStats]) -> TrainingStats:
-        """Add collector payloads (or other :class:`TrainingStats`) to this object; returns ``self``."""
+        """Add collector payloads (or other [`TrainingStats`][torchspark.stats.TrainingStats]) to this object; returns ``self``."""
         for item in payloads:
             if isinstance(item, TrainingStats):
                 self._merge_stats(item)
@@ -63,7 +63,7 @@ class TrainingStats:
         return self
 
     def add_worker_payload(self, worker_id: str, payload: dict[str, Any], clock_offset: float = 0.0) -> None:
-        """Add one :meth:`StatsCollector.drain` payload.
+        """Add one [`StatsCollector.drain`][torchspark.stats.StatsCollector.drain] payload.
 
         Args:
             worker_id: timeline row the events go to (overrides ``payload["worker"]``).
@@ -120,7 +120,7 @@ class TrainingStats:
 
     def set_summary(self, key: str, value: Any) -> None:
         """Set a summary field only the master knows (``examples``, ``epochs``, ``replicas_identical``, or any
-        other JSON-serialisable value); it overrides the value :meth:`summary` would compute.
+        other JSON-serialisable value); it overrides the value [`summary`][torchspark.stats.TrainingStats.summary] would compute.
 
         Raises:
             ConfigError: the value is not JSON-serialisable.
@@ -166,7 +166,7 @@ class TrainingStats:
         ]
 
     def events(self) -> EventTable:
-        """All phase events, column-wise (see :class:`EventTable`)."""
+        """All phase events, column-wise (see [`EventTable`][torchspark.stats.EventTable])."""
         if "events" not in self._cache:
             chunks = self._event_chunks
             keys = sorted({k for c in chunks for k in c["attrs"]})
@@ -189,7 +189,7 @@ class TrainingStats:
         return self._cache["events"]
 
     def scores(self) -> ScoreTable:
-        """Score vs iteration of every worker (see :class:`ScoreTable`)."""
+        """Score vs iteration of every worker (see [`ScoreTable`][torchspark.stats.ScoreTable])."""
         if "scores" not in self._cache:
             c = self._score_chunks
 
@@ -202,7 +202,7 @@ class TrainingStats:
         return self._cache["scores"]
 
     def encoding(self) -> EncodingTable:
-        """Per-step encoding stats of every worker (see :class:`EncodingTable`)."""
+        """Per-step encoding stats of every worker (see [`EncodingTable`][torchspark.stats.EncodingTable])."""
         if "encoding" not in self._cache:
             c = self._enc_chunks
 
@@ -257,7 +257,7 @@ class TrainingStats:
             (phase -> total seconds over all workers), ``counts`` (phase -> events on the workers),
             ``driver_seconds`` and ``driver_counts`` (the same for the driver), ``wall_seconds`` (first start to
             last end), and when encoding stats exist ``bytes_sent``, ``dense_bytes``, ``compression_ratio``
-            (dense / sent) and ``mean_sparsity``. Fields set with :meth:`set_summary` override the computed ones.
+            (dense / sent) and ``mean_sparsity``. Fields set with [`set_summary`][torchspark.stats.TrainingStats.set_summary] override the computed ones.
         """
         ev = self.events()
         codes = {name: i for i, name in enumerate(ev.phase_names)}
@@ -298,7 +298,7 @@ class TrainingStats:
     # ---- persistence --------------------------------------------------------------------------------------------
 
     def to_json(self) -> str:
-        """The whole object as a JSON string (exact round trip through :meth:`from_json`; NaN is written as null)."""
+        """The whole object as a JSON string (exact round trip through [`from_json`][torchspark.stats.TrainingStats.from_json]; NaN is written as null)."""
         return json.dumps(
             {
                 "format": PAYLOAD_FORMAT,
@@ -314,16 +314,16 @@ class TrainingStats:
 
     @classmethod
     def from_json(cls, text: str, source: str | None = None) -> TrainingStats:
-        """Rebuild from :meth:`to_json` output, checked field by field before anything is built: the types and
-        ranges of every field :meth:`summary` and :meth:`export_html` read (a stats document shared by someone
+        """Rebuild from [`to_json`][torchspark.stats.TrainingStats.to_json] output, checked field by field before anything is built: the types and
+        ranges of every field [`summary`][torchspark.stats.TrainingStats.summary] and [`export_html`][torchspark.stats.TrainingStats.export_html] read (a stats document shared by someone
         else fails here, naming the field, not later in the report).
 
         Args:
             text: the JSON text.
-            source: where ``text`` came from (a path), named in errors; :meth:`load_json` passes the file's.
+            source: where ``text`` came from (a path), named in errors; [`load_json`][torchspark.stats.TrainingStats.load_json] passes the file's.
 
         Raises:
-            SerializationError: not JSON, not written by :meth:`to_json`, or a field of the wrong type or range
+            SerializationError: not JSON, not written by [`to_json`][torchspark.stats.TrainingStats.to_json], or a field of the wrong type or range
                 (``... 'stats.json' is damaged: summary_fields.failures[0].started = None, expected a finite
                 number of seconds ...``).
         """
@@ -349,10 +349,10 @@ class TrainingStats:
 
     @classmethod
     def load_json(cls, path: str | os.PathLike[str]) -> TrainingStats:
-        """Read a ``stats.json`` (:meth:`save_json` output) with :meth:`from_json`, errors naming the file.
+        """Read a ``stats.json`` ([`save_json`][torchspark.stats.TrainingStats.save_json] output) with [`from_json`][torchspark.stats.TrainingStats.from_json], errors naming the file.
 
         Raises:
-            SerializationError: the file cannot be read, or as :meth:`from_json`.
+            SerializationError: the file cannot be read, or as [`from_json`][torchspark.stats.TrainingStats.from_json].
         """
         try:
             with open(path, encoding="utf-8") as f:
@@ -362,14 +362,14 @@ class TrainingStats:
         return cls.from_json(text, source=os.fspath(path))
 
     def save_json(self, path: str | os.PathLike[str]) -> None:
-        """Write :meth:`to_json` to ``path`` atomically (temporary name, then rename)."""
+        """Write [`to_json`][torchspark.stats.TrainingStats.to_json] to ``path`` atomically (temporary name, then rename)."""
         atomic_write_text(path, self.to_json())
 
     def export_html(self, path: str | os.PathLike[str]) -> None:
         """Write the self-contained offline HTML report (timeline, histograms, series, summary) to ``path``.
 
         The file is written atomically and stays a few MB at most even for millions of events; see
-        :func:`torchspark.stats.html.render_html`.
+        `torchspark.stats.html.render_html`.
         """
         write_html(self, path)
 

@@ -2,7 +2,7 @@
 
 Two plans live here.
 
-**Exact balance** (:func:`plan_balanced`, used by ``repartition_strategy="balanced"`` on both Spark routes and by
+**Exact balance** (`plan_balanced`, used by ``repartition_strategy="balanced"`` on both Spark routes and by
 ParallelWrapper for in-memory data). It gives every one of ``n`` workers ``floor(N/n)`` or ``ceil(N/n)`` of the
 ``N`` examples, in minibatches of ``batch_size`` except at most a short first and a short last one per worker:
 
@@ -28,18 +28,18 @@ The ``N % batch_size`` examples of the short grid remainder are not trained, and
 to the workers (``floor`` or ``ceil`` of ``N // batch_size`` over ``n`` each), so no cut falls inside one.
 
 Consumers turn pieces into data where the data lives: the ``direct`` route cuts each partition into its pieces on
-the executors and shuffles them to their workers (:func:`torchspark.spark.data.worker_rdd_balanced`); the
-``export`` route writes files cut on the grid and partition boundaries (:func:`grid_heads`), and a worker loads a
-minibatch as a whole file or as :class:`FileSlices`; ParallelWrapper slices its in-memory data
-(:func:`split_examples`). All three give identical per-worker minibatch sequences for the same seed.
+the executors and shuffles them to their workers (`torchspark.spark.data.worker_rdd_balanced`); the
+``export`` route writes files cut on the grid and partition boundaries (`grid_heads`), and a worker loads a
+minibatch as a whole file or as `FileSlices`; ParallelWrapper slices its in-memory data
+(`split_examples`). All three give identical per-worker minibatch sequences for the same seed.
 
-**User batch files** (:func:`plan_files`, Spark's ``fit_paths`` and ParallelWrapper's path route): files of any
+**User batch files** (`plan_files`, Spark's ``fit_paths`` and ParallelWrapper's path route): files of any
 size are re-batched to ``batch_size`` as DL4J does, by the exact-balance plan with every file taken as one input
 partition, so ``batch_size_per_worker`` means the same on every route. Workers read whole files or
-:class:`FileSlices` (a file larger than the batch size is read once per minibatch cut from it, so files of
+`FileSlices` (a file larger than the batch size is read once per minibatch cut from it, so files of
 ``batch_size`` examples, e.g. ``save_batches(data.split(batch_size))``, are read once per epoch).
 
-**Whole items** (:func:`assign_balanced`, :func:`split_for_workers`): items trained as they are, one minibatch
+**Whole items** (`assign_balanced`, `split_for_workers`): items trained as they are, one minibatch
 each, so only their count can be balanced: minibatch ``p`` of ``L`` (after an optional seeded permutation) goes to
 worker ``p * n // L``.
 """
@@ -91,7 +91,7 @@ def epoch_seed(rng_seed: int, epoch: int) -> int:
 
 @dataclass(frozen=True)
 class EpochItems:
-    """One epoch's minibatch items of one worker (paths or :class:`FileSlices`): the routes that can give every
+    """One epoch's minibatch items of one worker (paths or `FileSlices`): the routes that can give every
     epoch a new order across workers (files: only names travel) hand each worker one of these per epoch."""
 
     epoch: int
@@ -247,7 +247,7 @@ def grid_heads(sizes: Sequence[int], batch_size: int) -> list[int]:
 
     Cutting partition ``p`` into ``heads[p]`` (when > 0), then ``batch_size``, ``batch_size``, ... examples cuts
     the data exactly on the grid and on partition boundaries: the export route's batch files. Every piece of any
-    :func:`plan_balanced` plan over these sizes lies inside one such file, whatever the seed or worker count.
+    `plan_balanced` plan over these sizes lies inside one such file, whatever the seed or worker count.
     """
     offsets = np.concatenate([[0], np.cumsum(np.asarray(list(sizes), dtype=np.int64))[:-1]])
     return [int(h) for h in (-offsets) % batch_size]
@@ -256,7 +256,7 @@ def grid_heads(sizes: Sequence[int], batch_size: int) -> list[int]:
 def split_examples(
     batches: Sequence[Batch], batch_size: int, num_workers: int, rng_seed: int | None, drop_last: bool = False
 ) -> list[list[Batch]]:
-    """In-memory data cut into per-worker minibatches by :func:`plan_balanced`, each item of ``batches`` taken as
+    """In-memory data cut into per-worker minibatches by `plan_balanced`, each item of ``batches`` taken as
     one input partition (ParallelWrapper's route: the same minibatches as Spark for the same data and seed)."""
     plan = plan_balanced([len(b) for b in batches], batch_size, num_workers, rng_seed, drop_last)
     out: list[list[Batch]] = []
@@ -316,8 +316,8 @@ def file_items(
     """Every worker's minibatches as export items: a path when the minibatch is one whole file, else FileSlices.
 
     Args:
-        plan: from :func:`plan_balanced` over the partition sizes the files were cut with.
-        files: ``(partition, path, examples)`` of every batch file in data order, cut as :func:`grid_heads` says.
+        plan: from `plan_balanced` over the partition sizes the files were cut with.
+        files: ``(partition, path, examples)`` of every batch file in data order, cut as `grid_heads` says.
         loader: read the files with this ``path -> DataSet`` function (every item is then a FileSlices).
     Raises:
         DataError: the files do not cover the plan's examples (the data changed between counting and export).
@@ -358,13 +358,13 @@ def plan_files(
     """User batch files of any size re-batched to ``batch_size``: every worker's minibatches as export items.
 
     Args:
-        files: ``(path, examples)`` of every file, in data order (:func:`torchspark.data.batch_num_examples`
+        files: ``(path, examples)`` of every file, in data order ([`torchspark.data.batch_num_examples`][torchspark.data.batch_num_examples]
             reads the count from a file's header).
         batch_size: examples per minibatch (``batch_size_per_worker``).
         num_workers: ``n``; workers get ``floor`` or ``ceil`` of the examples over ``n``.
         rng_seed: seeds the order of the full minibatches; None keeps data order.
         loader: the user's ``path -> DataSet`` function when the files are not batch files.
-        drop_last: only full minibatches (see :func:`plan_balanced`).
+        drop_last: only full minibatches (see `plan_balanced`).
     Raises:
         DataError: the files hold no examples at all.
     """
@@ -378,7 +378,7 @@ MAX_GLOBAL_PLAN_ITEMS = 2_000_000
 
 
 def check_global_plan_size(items_per_epoch: int, epochs: int) -> None:
-    """ConfigError when a ``shuffle_scope="global"`` fit would plan more than :data:`MAX_GLOBAL_PLAN_ITEMS` items:
+    """ConfigError when a ``shuffle_scope="global"`` fit would plan more than `MAX_GLOBAL_PLAN_ITEMS` items:
     that scope deals every epoch's items to the workers before the fit starts (``epochs=10**8`` ran the driver out
     of memory after a minute instead of saying so)."""
     if items_per_epoch * epochs > MAX_GLOBAL_PLAN_ITEMS:
@@ -403,9 +403,9 @@ def per_epoch(
     ``plan(seed)`` gives the per-worker items for one seed. Without ``rng_seed`` that is the fit's single plan,
     trained every epoch. With it and ``scope="worker"`` (the masters' default ``shuffle_scope``), the plan of
     ``rng_seed`` itself for every fit and epoch (each worker reorders its own items every epoch:
-    :func:`~torchspark.training.worker.loop.epoch_order`). With ``scope="global"``, every epoch gets the plan of
-    :func:`epoch_seed` ``(rng_seed, epoch)`` -- a new order across workers each epoch -- as one
-    :class:`EpochItems` per epoch and worker. ``epochs=None``: a route that cannot take per-epoch items (one Spark
+    `epoch_order`). With ``scope="global"``, every epoch gets the plan of
+    `epoch_seed` ``(rng_seed, epoch)`` -- a new order across workers each epoch -- as one
+    `EpochItems` per epoch and worker. ``epochs=None``: a route that cannot take per-epoch items (one Spark
     job per round) gets the first epoch's plan, plain.
     """
     if rng_seed is None:
@@ -435,7 +435,7 @@ def assign_balanced(total: int, num_workers: int, rng_seed: int | None) -> np.nd
 
 
 def split_for_workers(items: Sequence[T], num_workers: int, rng_seed: int | None) -> list[list[T]]:
-    """``items`` split into per-worker lists following :func:`assign_balanced`."""
+    """``items`` split into per-worker lists following `assign_balanced`."""
     plan = assign_balanced(len(items), num_workers, rng_seed)
     buckets: list[list[tuple[int, T]]] = [[] for _ in range(num_workers)]
     for item, (w, pos) in zip(items, plan):

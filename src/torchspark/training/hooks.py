@@ -1,7 +1,7 @@
 """What a training loop reports while it runs: timed phases, scores and progress.
 
-Loops talk to a :class:`WorkerHooks` object; the runner decides where it goes (the stats collector of
-:mod:`torchspark.stats`, a progress channel to the driver, or nowhere).
+Loops talk to a [`WorkerHooks`][torchspark.training.WorkerHooks] object; the runner decides where it goes (the stats collector of
+[`torchspark.stats`][torchspark.stats], a progress channel to the driver, or nowhere).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ __all__ = ["PhaseRecorder", "NullRecorder", "WorkerHooks", "ProgressUpdate", "Sc
 
 
 class PhaseRecorder(Protocol):
-    """The slice of :class:`torchspark.stats.StatsCollector` the loops use."""
+    """The slice of [`torchspark.stats.StatsCollector`][torchspark.stats.StatsCollector] the loops use."""
 
     def phase(self, name: str, **attrs: Any) -> AbstractContextManager[Any]: ...
 
@@ -27,7 +27,7 @@ class PhaseRecorder(Protocol):
     ) -> None: ...
 
 
-#: the one context manager every :meth:`NullRecorder.phase` returns: ``nullcontext`` is reusable and costs a tenth of
+#: the one context manager every [`NullRecorder.phase`][torchspark.training.NullRecorder.phase] returns: ``nullcontext`` is reusable and costs a tenth of
 #: a generator-based context manager, and a loop enters two or three phases per step
 _NO_PHASE: AbstractContextManager[None] = contextlib.nullcontext()
 
@@ -87,10 +87,10 @@ class WorkerHooks:
     """Where a loop's reports go.
 
     Args:
-        recorder: timed phases and series (a :class:`torchspark.stats.StatsCollector` or :class:`NullRecorder`).
-        progress: called with a :class:`ProgressUpdate` every ``progress_every`` minibatches (None = off).
+        recorder: timed phases and series (a [`torchspark.stats.StatsCollector`][torchspark.stats.StatsCollector] or [`NullRecorder`][torchspark.training.NullRecorder]).
+        progress: called with a [`ProgressUpdate`][torchspark.training.ProgressUpdate] every ``progress_every`` minibatches (None = off).
         progress_every: how often to report; each report is one small message to the driver.
-        report_score: called on rank 0 with a :class:`ScoreReport` after every averaging round / sharing epoch
+        report_score: called on rank 0 with a [`ScoreReport`][torchspark.training.ScoreReport] after every averaging round / sharing epoch
             (None = off). Set it on every rank or on none: with it, gradient sharing runs one extra small
             all-reduce per epoch, which all ranks must join.
     """

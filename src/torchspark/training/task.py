@@ -1,6 +1,6 @@
-"""The contract between the driver and its workers: the :class:`WorkerTask` a driver hands every worker, the
-:class:`WorkerResult` each hands back, the :class:`EpochSource` a worker reads its data from, and how the driver
-applies the results (:func:`merge_results`). A leaf: the driver, the runners and the worker loop all import it.
+"""The contract between the driver and its workers: the [`WorkerTask`][torchspark.training.WorkerTask] a driver hands every worker, the
+[`WorkerResult`][torchspark.training.WorkerResult] each hands back, the `EpochSource` a worker reads its data from, and how the driver
+applies the results ([`merge_results`][torchspark.training.merge_results]). A leaf: the driver, the runners and the worker loop all import it.
 """
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ class WorkerTask:
     """Everything a worker needs besides its data and its peers (small; broadcast once per fit).
 
     Args:
-        mode: the algorithm (``"averaging"``, ``"sharing"`` or ``"stale_sharing"``), a key of :data:`ALGORITHMS`.
+        mode: the algorithm (``"averaging"``, ``"sharing"`` or ``"stale_sharing"``), a key of [`ALGORITHMS`][torchspark.training.ALGORITHMS].
         settings: the algorithm's settings as a JSON-able dict.
         blueprint: ``NetworkBlueprint.to_bytes()`` of the driver's network.
         epochs: passes over the data inside this one stage.
         prefetch: minibatches loaded ahead on a background thread (0 = none).
         pin_memory: the master's ``pin_memory``: None or True pins minibatches in host memory on the loading
-            thread when the worker trains on CUDA (:func:`~torchspark.training.worker.devices.pins_memory`).
+            thread when the worker trains on CUDA (`pins_memory`).
         data_timeout_s: how long to wait for one minibatch before failing.
         num_threads: torch intra-op threads (the cores the task owns); None leaves torch's default.
         collect_stats: record phases for the training stats.
@@ -38,12 +38,12 @@ class WorkerTask:
             with gradient sharing, at the cost of one small all-reduce); the runner wires it into the hooks.
         attempt: which launch of the workers this is (0 first; the driver's recovery adds one per relaunch).
         flush_denormal: flush denormal floats to zero on the worker's CPU threads (why: the ``flush_denormal``
-            option of :class:`~torchspark.spark.TrainingMaster`); restored to IEEE mode for the calling thread when
+            option of [`TrainingMaster`][torchspark.TrainingMaster]); restored to IEEE mode for the calling thread when
             the worker returns.
         checkpoint: where and how often the workers checkpoint the fit (None: never); see
-            :mod:`torchspark.training.checkpoint`.
+            `torchspark.training.checkpoint`.
         resume: the checkpoint this launch continues from (set by
-            :func:`~torchspark.training.driver.resume.resume_task`; None: start from the blueprint, epoch 0).
+            `resume_task`; None: start from the blueprint, epoch 0).
     """
 
     mode: str
@@ -63,11 +63,11 @@ class WorkerTask:
     #: the network's epoch counter when the fit starts: epoch ``e`` of this fit is epoch ``first_epoch + e``
     first_epoch: int = 0
     #: minibatches per optimizer step (the master's ``accumulate_steps``): the worker trains its stream in groups of
-    #: this many (:func:`~torchspark.data.group_batches`); every count an algorithm keeps is then in optimizer steps
+    #: this many ([`group_batches`][torchspark.data.group_batches]); every count an algorithm keeps is then in optimizer steps
     accumulate_steps: int = 1
     #: the master's ``rng_seed``: with it, every epoch after the first trains this worker's minibatches in a new
     #: order, a pure function of ``(shuffle_seed, epoch, rank)`` (routes that plan every epoch across workers hand
-    #: :class:`~torchspark.training.assignment.EpochItems` instead, which are trained as planned)
+    #: `EpochItems` instead, which are trained as planned)
     shuffle_seed: int | None = None
 
 
@@ -91,7 +91,7 @@ class WorkerResult:
     #: torch intra-op threads the worker trained with (``torch.get_num_threads()``; on Spark the task's
     #: ``spark.task.cpus``); None when the runner does not report it
     threads: int | None = None
-    #: :func:`param_checksum` of this rank's replica after the fit (every rank): equal on all ranks when the
+    #: [`param_checksum`][torchspark.training.WorkerResult.param_checksum] of this rank's replica after the fit (every rank): equal on all ranks when the
     #: replicas are identical; None when the route keeps no replicas (``averaging_via="spark"``)
     param_checksum: str | None = None
     #: how this worker reached its peers on a Spark barrier stage (address, interface, which rule chose them,
@@ -122,7 +122,7 @@ def param_checksum(net: Network) -> str:
 
 
 def merge_results(net: Network, results: Sequence[WorkerResult]) -> float:
-    """Apply the workers' results to the driver's network; returns :func:`mean_score` of the results."""
+    """Apply the workers' results to the driver's network; returns [`mean_score`][torchspark.training.mean_score] of the results."""
     lead = next((r for r in results if r.rank == 0), None)
     if lead is None or lead.params is None:
         raise RuntimeError("no result from worker rank 0")

@@ -3,14 +3,14 @@
 Every blocking wait in torchspark goes through one of these, so each has a timeout (or a way out) and a message
 naming the knob that sets it:
 
-* :func:`call_on_thread` runs a call that cannot be interrupted (Spark's ``allGather``, a Spark action) on a
+* `call_on_thread` runs a call that cannot be interrupted (Spark's ``allGather``, a Spark action) on a
   daemon thread and waits on an ``Event`` (not ``Thread.join``: a Ctrl-C inside ``join()`` marks the running thread
   as stopped, CPython bpo-45274, after which ``join()`` no longer waits for it);
-* :func:`get_within` reads one item from a queue or fails with :class:`WaitTimeout`;
-* :func:`put_until_stopped` writes to a bounded queue, giving up when a stop flag is set;
-* :class:`Deadline` is the one way to spread one timeout over several waits (``left()`` for each), and
-  :func:`wait_until` polls a condition that has nothing to hand-shake with (executors registering) until a deadline;
-* :func:`join_within` joins threads or processes against one shared deadline.
+* `get_within` reads one item from a queue or fails with [`WaitTimeout`][torchspark.errors.WaitTimeout];
+* `put_until_stopped` writes to a bounded queue, giving up when a stop flag is set;
+* `Deadline` is the one way to spread one timeout over several waits (``left()`` for each), and
+  `wait_until` polls a condition that has nothing to hand-shake with (executors registering) until a deadline;
+* `join_within` joins threads or processes against one shared deadline.
 
 Example::
 
@@ -56,7 +56,7 @@ def call_on_thread(
     Args:
         call: the blocking call.
         name: the helper thread's name (``torchspark-...``).
-        timeout_s: stop waiting after this long and raise :class:`WaitTimeout` (None: wait until it returns). The
+        timeout_s: stop waiting after this long and raise [`WaitTimeout`][torchspark.errors.WaitTimeout] (None: wait until it returns). The
             thread cannot be interrupted and stays blocked; the caller must make that harmless (a failed Spark
             task ends its Python worker, thread included).
         timeout_message: the message of that WaitTimeout; it must name the knob to raise.
@@ -101,7 +101,7 @@ def call_on_thread(
 
 
 def get_within(q: Any, timeout_s: float, what: Callable[[], str]) -> Any:
-    """One item of ``q`` (a ``queue.Queue`` or multiprocessing queue), or :class:`WaitTimeout` with ``what()``
+    """One item of ``q`` (a ``queue.Queue`` or multiprocessing queue), or [`WaitTimeout`][torchspark.errors.WaitTimeout] with ``what()``
     as its message after ``timeout_s``."""
     try:
         return q.get(timeout=timeout_s)

@@ -3,10 +3,10 @@
 A Connect client and server exchange gRPC messages of at most ``spark.connect.grpc.maxInboundMessageSize`` (128 MiB
 by default), and the server streams a query's result in Arrow batches of about
 ``spark.connect.grpc.arrow.maxBatchSize`` (4 MiB). A task that hands back a network's weights therefore returns them
-as several rows of :data:`PAYLOAD_SCHEMA`, one part each, and the client joins them again:
+as several rows of `PAYLOAD_SCHEMA`, one part each, and the client joins them again:
 
 * task side: ``yield from payload_batches(rank, "result", blob)`` inside a ``mapInArrow`` function whose output
-  schema is :data:`PAYLOAD_SCHEMA`;
+  schema is `PAYLOAD_SCHEMA`;
 * client side: ``payloads = gather_payloads(frame.mapInArrow(fn, PAYLOAD_SCHEMA).toArrow())`` ->
   ``{(rank, kind): bytes}``.
 
@@ -39,12 +39,12 @@ def to_chunks(payload: bytes, chunk_bytes: int = CHUNK_BYTES) -> list[bytes]:
 
 
 def from_chunks(parts: Sequence[bytes]) -> bytes:
-    """The payload :func:`to_chunks` cut, from its parts in order."""
+    """The payload `to_chunks` cut, from its parts in order."""
     return b"".join(bytes(p) for p in parts)
 
 
 def payload_batches(rank: int, kind: str, payload: bytes, chunk_bytes: int = CHUNK_BYTES) -> Iterator[Any]:
-    """Arrow record batches of :data:`PAYLOAD_SCHEMA` carrying ``payload`` (one row per part, one part per batch,
+    """Arrow record batches of `PAYLOAD_SCHEMA` carrying ``payload`` (one row per part, one part per batch,
     so no batch outgrows the server's Arrow batch size)."""
     import pyarrow as pa
 
@@ -63,7 +63,7 @@ def payload_batches(rank: int, kind: str, payload: bytes, chunk_bytes: int = CHU
 
 
 def gather_payloads(table: Any) -> dict[tuple[int, str], bytes]:
-    """Every ``(rank, kind)`` payload of a :data:`PAYLOAD_SCHEMA` result, joined from its parts (a ``pyarrow.Table``
+    """Every ``(rank, kind)`` payload of a `PAYLOAD_SCHEMA` result, joined from its parts (a ``pyarrow.Table``
     from ``DataFrame.toArrow()``, or Rows from ``collect()``).
 
     Raises:

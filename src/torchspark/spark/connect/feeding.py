@@ -1,22 +1,22 @@
 """A DataFrame's rows streamed into each worker's minibatches on a Spark Connect session: no RDD, nothing
 collected on the client, no intermediate files.
 
-The classic route's balanced split (:func:`~torchspark.training.assignment.plan_balanced`), done with DataFrame
+The classic route's balanced split (`plan_balanced`), done with DataFrame
 operations a Connect client has:
 
 1. *survey* (one small query): the rows of every input partition, and the checks a worker would otherwise fail on
-   mid-fit (null rows, nulls inside arrays, arrays of different lengths) -> :class:`~torchspark.errors.DataError`
+   mid-fit (null rows, nulls inside arrays, arrays of different lengths) -> [`DataError`][torchspark.errors.DataError]
    before training;
 2. *plan* on the client, as the classic route and ``ParallelWrapper`` plan the same data: one plan for the fit, or
-   with ``rng_seed`` over several epochs one plan per epoch (:func:`plan_epochs`); the plan travels to the executors
-   in the closure or as session artifacts (:mod:`torchspark.spark.connect.shipping`);
-3. *tag* (:class:`RowTagger`, a ``mapInArrow`` over the input partitions): every row gets its worker (as a
+   with ``rng_seed`` over several epochs one plan per epoch (`plan_epochs`); the plan travels to the executors
+   in the closure or as session artifacts (`torchspark.spark.connect.shipping`);
+3. *tag* (`RowTagger`, a ``mapInArrow`` over the input partitions): every row gets its worker (as a
    partition key), epoch, minibatch position and global row number;
 4. ``repartition(n, key)`` sends each worker's rows to partition ``rank`` (the key of worker ``w`` is a number
-   Spark's hash partitioning maps to ``w``: :func:`partition_keys`), ``sortWithinPartitions`` puts them in training
+   Spark's hash partitioning maps to ``w``: `partition_keys`), ``sortWithinPartitions`` puts them in training
    order;
-5. in the barrier task, :class:`RowFeed` cuts the sorted rows into minibatches as they stream in (Arrow -> tensors
-   with :func:`~torchspark.spark.dataframes.arrow_to_batch`) and hands them to the worker loop.
+5. in the barrier task, `RowFeed` cuts the sorted rows into minibatches as they stream in (Arrow -> tensors
+   with `arrow_to_batch`) and hands them to the worker loop.
 
 Every worker then trains the minibatches the classic route and ``ParallelWrapper`` give it for the same data and
 seed (row counts differ by at most one between workers).
@@ -54,7 +54,7 @@ __all__ = [
     "TAG_COLUMNS",
 ]
 
-#: the columns :class:`RowTagger` adds: partition key, epoch, minibatch position, global row number
+#: the columns `RowTagger` adds: partition key, epoch, minibatch position, global row number
 TAG_COLUMNS = ("_ts_key", "_ts_epoch", "_ts_pos", "_ts_row")
 
 # one plan row per piece: epoch, partition, start, stop, worker, position, begin
@@ -70,7 +70,7 @@ class ConnectWorkerData:
             barrier ``mapInArrow``.
         workers: the number of workers.
         feed: ``feed(rank, record_batches) -> items`` in the task: the partition's Arrow batches as the worker's
-            minibatch items (DataSets, or :class:`~torchspark.training.assignment.EpochItems` for per-epoch plans).
+            minibatch items (DataSets, or `EpochItems` for per-epoch plans).
         epoch_examples: examples one epoch trains (the progress bar's total), when known.
     """
 
@@ -192,7 +192,7 @@ def plan_epochs(
     """The fit's plans as the classic direct route and ``ParallelWrapper`` make them: one plan (seeded by
     ``rng_seed``) trained every epoch (each worker reorders its share every epoch), or, with ``scope="global"`` and
     ``rng_seed`` past the network's first epoch or over several, one plan per epoch seeded by
-    :func:`~torchspark.training.assignment.epoch_seed`."""
+    `epoch_seed`."""
     if rng_seed is None or scope == "worker" or (epochs == 1 and first_epoch == 0):
         return [plan_balanced(sizes, batch_size, num_workers, rng_seed, drop_last)]
     first = plan_balanced(sizes, batch_size, num_workers, epoch_seed(rng_seed, first_epoch), drop_last)
@@ -293,11 +293,11 @@ class RowTagger:
 # ------------------------------------------------------------------ 5. feed (task side)
 class RowFeed:
     """Step 5: a worker partition's rows, sorted by (epoch, position, row), cut into its minibatches as they stream
-    in; ``planned``: one :class:`~torchspark.training.assignment.EpochItems` per minibatch (per-epoch plans).
+    in; ``planned``: one `EpochItems` per minibatch (per-epoch plans).
 
     Raises (in the task):
         SetupError: a row of another worker reached this partition (Spark's hash partitioning changed).
-        DataError: what :func:`~torchspark.spark.dataframes.arrow_to_batch` refuses.
+        DataError: what `arrow_to_batch` refuses.
     """
 
     def __init__(
@@ -367,11 +367,11 @@ def frame_data(
     drop_last: bool = False,
     shuffle_scope: str = "worker",
 ) -> ConnectWorkerData:
-    """Steps 1-4 for ``frame`` (the checked columns, :func:`~torchspark.spark.dataframes.training_frame`): the
+    """Steps 1-4 for ``frame`` (the checked columns, `training_frame`): the
     workers' data, one partition per worker in training order, and the task side's feed.
 
     Raises:
-        DataError: what :func:`survey` finds.
+        DataError: what `survey` finds.
     """
     from pyspark.sql.types import LongType, StructField, StructType
 

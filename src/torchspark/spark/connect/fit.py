@@ -6,7 +6,7 @@ one barrier stage (``averaging_via="torch"``) with the balanced split (``reparti
 ``repartition_strategy="balanced"``, the defaults) and a worker count that needs no executor inventory
 (``num_workers``, or the cluster's default parallelism). ``rdd_training_approach``, ``export_directory`` and
 ``storage_level`` do not apply: the rows stream from the DataFrame to the workers
-(:mod:`torchspark.spark.connect.feeding`). Workers always meet through Spark's ``allGather``
+(`torchspark.spark.connect.feeding`). Workers always meet through Spark's ``allGather``
 (``rendezvous_via`` does not apply: the executors may not reach the client).
 """
 
@@ -120,11 +120,11 @@ def connect_fit_data(
     recorder: PhaseRecorder | None = None,
 ) -> ConnectWorkerData:
     """The workers' data of a fit on a Connect session: the checks above, the DataFrame's checked columns, the
-    balanced plan (:func:`~torchspark.spark.connect.feeding.frame_data`) and a check of the first rows on the
+    balanced plan (`frame_data`) and a check of the first rows on the
     client (a wrong shape fails here, before any worker starts).
 
     Raises:
-        ConfigError: what :func:`check_connect_master` and :func:`check_connect_data` refuse.
+        ConfigError: what `check_connect_master` and `check_connect_data` refuse.
         DataError: missing or mistyped columns, nulls, ragged arrays, no rows, data the network cannot take.
     """
     recorder = NullRecorder() if recorder is None else recorder

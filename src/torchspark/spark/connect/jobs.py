@@ -1,13 +1,13 @@
-"""Running a query of a Connect session the way :mod:`torchspark.spark.jobs` runs a classic job: on a helper
+"""Running a query of a Connect session the way `torchspark.spark.jobs` runs a classic job: on a helper
 thread, under a tag that Ctrl-C, an error or a watchdog interrupts, with a failed task turned into our error.
 
 A Connect session has no job groups; its operations carry *tags* (``spark.addTag``, per thread) and
 ``spark.interruptTag(tag)`` stops every operation of a tag on the server. A failed task reaches the client as a
 ``SparkConnectGrpcException`` whose text is Spark's own (``Job aborted due to stage failure ...``, with the Python
-traceback of the task), so :func:`~torchspark.spark.jobs.task_error` reads it as on a classic session.
+traceback of the task), so `task_error` reads it as on a classic session.
 
-Also here: what the client can learn about the cluster without a SparkContext (:func:`default_parallelism`) and
-whether the executors can reach the client (:func:`client_is_local`).
+Also here: what the client can learn about the cluster without a SparkContext (`default_parallelism`) and
+whether the executors can reach the client (`client_is_local`).
 """
 
 from __future__ import annotations
@@ -50,13 +50,13 @@ def run_tagged(
 ) -> _T:
     """Run ``action`` (which runs queries on ``spark``) on a helper thread under a fresh tag; its value.
 
-    Ctrl-C on the calling thread interrupts the tag's operations; ``watchdog`` (polled every :data:`WATCH_S`)
+    Ctrl-C on the calling thread interrupts the tag's operations; ``watchdog`` (polled every `WATCH_S`)
     returns an error when the query will never finish well, which interrupts them and is raised instead of
-    Spark's. A failed task raises :func:`~torchspark.spark.jobs.task_error` (``reported_errors`` as there).
+    Spark's. A failed task raises `task_error` (``reported_errors`` as there).
 
     Raises:
-        TorchSparkError: the task's own error class, :class:`~torchspark.errors.WorkerError` or
-            :class:`~torchspark.errors.WorkerLost`; our errors raised by ``action`` on the client pass unchanged.
+        TorchSparkError: the task's own error class, [`WorkerError`][torchspark.errors.WorkerError] or
+            [`WorkerLost`][torchspark.errors.WorkerLost]; our errors raised by ``action`` on the client pass unchanged.
     """
     from pyspark.errors import PySparkException
 
@@ -117,7 +117,7 @@ def default_parallelism(spark: Any) -> int:
 
 
 def connect_preflight(spark: Any, num_workers: int) -> None:
-    """The classic :func:`~torchspark.spark.preflight.preflight` as far as a Connect client can see, with the same
+    """The classic `preflight` as far as a Connect client can see, with the same
     errors: dynamic allocation is off, and the cluster has ``num_workers`` task slots (its default parallelism --
     the cores of its executors -- over ``spark.task.cpus``). Without it a barrier stage of too many tasks waits
     for slots Spark re-checks for ~10 minutes and then fails with SPARK-24819.

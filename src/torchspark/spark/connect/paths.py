@@ -5,7 +5,7 @@ files directly (no RDD, no broadcast, nothing of the data through the client).
    of every file: batch files from their headers on the client; with a ``loader``, by running it on the executors
    (one ``mapInArrow`` over a small DataFrame of the paths);
 2. the client plans every worker's minibatches exactly as the classic ``fit_paths`` does
-   (:func:`~torchspark.spark.data.plan_path_files`, a new seeded order every epoch with ``rng_seed``): file names
+   (`plan_path_files`, a new seeded order every epoch with ``rng_seed``): file names
    and example ranges only;
 3. the plan travels inside the training task's closure; the barrier stage runs over ``spark.range(n)`` in ``n``
    partitions (one row each: partition ``w`` is worker ``w``), and each worker reads the files of its plan.
@@ -43,7 +43,7 @@ _COUNT_SCHEMA = "path string, examples long, shapes string"
 @dataclass(frozen=True)
 class PathFeed:
     """The ``feed`` of a ``fit_paths`` stage: worker ``rank``'s planned items (batch-file paths, file slices, or
-    one :class:`~torchspark.training.assignment.EpochItems` per epoch); the partition's one placeholder row is
+    one `EpochItems` per epoch); the partition's one placeholder row is
     read and dropped."""
 
     groups: Sequence[Sequence[Any]]
@@ -102,7 +102,7 @@ def connect_path_data(
     """The workers' data of ``fit_paths`` on a Connect session (steps 1-3 of the module docstring).
 
     Raises:
-        ConfigError: what :func:`~torchspark.spark.connect.fit.check_connect_master` refuses, or paths given as
+        ConfigError: what `check_connect_master` refuses, or paths given as
             an RDD or DataFrame (give a path, a glob or a list of paths).
         DataError: no files, a location that does not exist, a file that is not a batch file (without
             ``loader``), or files without examples.

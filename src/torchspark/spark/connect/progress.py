@@ -3,7 +3,7 @@
 A classic driver runs inside the cluster, so workers stream progress to a TCP port on it. A Connect client may sit
 outside the cluster's network (a laptop, a notebook service); executors cannot connect to it. Then the workers
 write their progress, heartbeats, scores and tracebacks as files into a directory every executor and the client
-can reach, and the client polls it (:mod:`torchspark.training.progress.files`). Both channels feed the same
+can reach, and the client polls it (`torchspark.training.progress.files`). Both channels feed the same
 progress bar, progress and training listeners (MLflow, TensorBoard) and liveness watchdog.
 
 =============  ============================================================================================
@@ -101,7 +101,7 @@ def check_channel(setting: ConnectProgress, checkpoint_directory: str | None) ->
     ``checkpoint_directory`` is the other place).
 
     Raises:
-        ConfigError: as :func:`choose_channel` does.
+        ConfigError: as `choose_channel` does.
     """
     if setting.channel == "directory" and setting.directory is None and checkpoint_directory is None:
         choose_channel(setting, False, None)
@@ -109,7 +109,7 @@ def check_channel(setting: ConnectProgress, checkpoint_directory: str | None) ->
 
 def choose_channel(setting: ConnectProgress, client_local: bool, base: str | None) -> str:
     """The channel a fit uses (``"tcp"``, ``"directory"`` or ``"none"``), from the setting, whether the Connect
-    server runs on this machine and the directory :func:`progress_base` found.
+    server runs on this machine and the directory `progress_base` found.
 
     Raises:
         ConfigError: ``"directory"`` without a directory (names ``progress_directory`` and the checkpoint option).

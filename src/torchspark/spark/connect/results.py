@@ -1,8 +1,8 @@
-"""A :class:`~torchspark.training.task.WorkerResult` as bytes without pickle: safetensors for its tensors and
+"""A [`WorkerResult`][torchspark.training.WorkerResult] as bytes without pickle: safetensors for its tensors and
 arrays, JSON (in the safetensors metadata) for everything else.
 
 The Connect route sends every worker's result back to the client as output rows
-(:mod:`torchspark.spark.connect.chunks`); weights never travel as pickle. Any nesting of dicts (string keys), lists,
+(`torchspark.spark.connect.chunks`); weights never travel as pickle. Any nesting of dicts (string keys), lists,
 numbers, strings, torch tensors and numpy arrays round-trips: a tensor or array is stored under its path
 (``params``, ``stats/phases/start``) and named in the JSON by ``{"__tensor__": path}`` or ``{"__array__": path}``.
 
@@ -70,7 +70,7 @@ def encode_tree(value: Any) -> bytes:
 
 
 def decode_tree(blob: bytes) -> Any:
-    """The value :func:`encode_tree` wrote.
+    """The value `encode_tree` wrote.
 
     Raises:
         DataError: ``blob`` is not such a payload.
@@ -93,11 +93,11 @@ def _metadata(blob: bytes) -> dict[str, str]:
 
 
 def encode_result(result: WorkerResult) -> bytes:
-    """``result`` as bytes (:func:`encode_tree` of its fields)."""
+    """``result`` as bytes (`encode_tree` of its fields)."""
     return encode_tree({f.name: getattr(result, f.name) for f in dataclasses.fields(result)})
 
 
 def decode_result(blob: bytes) -> WorkerResult:
-    """The :class:`WorkerResult` :func:`encode_result` wrote."""
+    """The [`WorkerResult`][torchspark.training.WorkerResult] `encode_result` wrote."""
     fields = decode_tree(blob)
     return WorkerResult(**fields)

@@ -1,28 +1,28 @@
-"""The Spark Connect runner of :func:`torchspark.training.driver.fit.run_fit`: the whole fit as one barrier
+"""The Spark Connect runner of `torchspark.training.driver.fit.run_fit`: the whole fit as one barrier
 ``mapInArrow`` stage over the workers' DataFrame, with everything a classic fit gets from a SparkContext replaced.
 
 =========================  ===============================  ==============================================
-what                       classic (``SparkBarrierRunner``)  Connect (:class:`ConnectBarrierRunner`)
+what                       classic (``SparkBarrierRunner``)  Connect (`ConnectBarrierRunner`)
 =========================  ===============================  ==============================================
 the stage                  ``rdd.barrier().mapPartitions``   ``frame.mapInArrow(fn, schema, barrier=True)``
 the task and weights       ``sc.broadcast``                  the closure, or session artifacts when large
-                                                             (:mod:`~torchspark.spark.connect.shipping`)
+                                                             (`shipping`)
 rendezvous                 the driver's relay store          ``BarrierTaskContext.allGather`` (executors
                                                              never connect to the client)
 results                    pickled ``collect()``             output rows, safetensors + JSON, chunked
-                                                             (:mod:`~torchspark.spark.connect.results`)
-cancelling                 job groups                        tags (:func:`~torchspark.spark.connect.jobs.run_tagged`)
+                                                             (`results`)
+cancelling                 job groups                        tags (`run_tagged`)
 progress, worker errors    the driver's progress server      the same when the server is on this machine
-                                                             (:func:`~torchspark.spark.connect.jobs.client_is_local`);
+                                                             (`client_is_local`);
                                                              else files in a directory the client polls
-                                                             (:mod:`~torchspark.spark.connect.progress`)
+                                                             (`progress`)
 =========================  ===============================  ==============================================
 
 A worker that raises fails the stage, so Spark stops its peers at once (a task that returned its error as a row
 would leave them blocked in a collective until ``rendezvous_timeout_s``); the client reads the worker's own
-traceback out of Spark's error (:func:`~torchspark.spark.jobs.task_error`), preferring what the worker reported
+traceback out of Spark's error (`task_error`), preferring what the worker reported
 over the progress channel when a peer's symptom came first. A lost Python worker or executor raises
-:class:`~torchspark.errors.WorkerLost`, which the driver's recovery retries as a new stage.
+[`WorkerLost`][torchspark.errors.WorkerLost], which the driver's recovery retries as a new stage.
 """
 
 from __future__ import annotations
@@ -69,11 +69,11 @@ def connect_barrier_task(
 ) -> Callable[[Iterable[Any]], Iterator[Any]]:
     """The ``mapInArrow`` function of the training stage: set up the task (device, cores), read the weights, meet
     the peers through ``allGather``, train on ``feed(rank, record_batches)``, return the
-    :class:`~torchspark.training.task.WorkerResult` as :data:`~torchspark.spark.connect.chunks.PAYLOAD_SCHEMA` rows.
+    [`WorkerResult`][torchspark.training.WorkerResult] as `PAYLOAD_SCHEMA` rows.
 
     Args:
         task: the worker task without its blueprint (``blueprint=b""``: it travels in ``blueprint``).
-        blueprint: the network's blueprint bytes, shipped (:func:`~torchspark.spark.connect.shipping.ship_bytes`).
+        blueprint: the network's blueprint bytes, shipped (`ship_bytes`).
         mesh: the master's mesh settings (timeouts, ports, network mask); workers always meet through Spark's
             ``allGather``, whatever ``rendezvous_via`` says.
         feed: turns the partition's Arrow batches into the worker's minibatch items.
@@ -129,7 +129,7 @@ class ConnectBarrierRunner:
         inline_limit: the largest blueprint sent inside the task's closure (None: a quarter of the server's
             ``spark.connect.grpc.maxInboundMessageSize``; 0: always as session artifacts).
         channel: how progress, heartbeats, scores and tracebacks reach this client
-            (:class:`~torchspark.spark.connect.progress.ConnectProgress`: TCP, a polled directory, or none).
+            (`ConnectProgress`: TCP, a polled directory, or none).
     """
 
     def __init__(

@@ -1,10 +1,10 @@
 """A Spark Connect server in its own process, for one machine, tests and benchmarks.
 
 ``SparkSession.builder.remote("local[2]")`` also starts a local Connect server, but inside this Python process's
-JVM, which cannot coexist with a classic session (``SESSION_ALREADY_EXIST``). :func:`start_connect_server` runs
+JVM, which cannot coexist with a classic session (``SESSION_ALREADY_EXIST``). [`start_connect_server`][torchspark.spark.connect.start_connect_server] runs
 ``org.apache.spark.sql.connect.service.SparkConnectServer`` with ``spark-submit`` from the pyspark wheel instead
 (the same class a cluster runs: ``sbin/start-connect-server.sh``), on loopback, with executors on this interpreter;
-clients connect to :attr:`ConnectServer.url`.
+clients connect to [`ConnectServer.url`][torchspark.spark.connect.ConnectServer.url].
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 
 @dataclass
 class ConnectServer:
-    """A running Connect server process; :meth:`stop` (or ``with``) ends it.
+    """A running Connect server process; [`stop`][torchspark.spark.connect.ConnectServer.stop] (or ``with``) ends it.
 
     Attributes:
         url: what a client passes to ``SparkSession.builder.remote(...)``, e.g. ``"sc://127.0.0.1:41234"``.
@@ -59,7 +59,7 @@ class ConnectServer:
             return ""
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        """Close the client sessions made by :meth:`session`, then end the server (SIGTERM, then SIGKILL)."""
+        """Close the client sessions made by [`session`][torchspark.spark.connect.ConnectServer.session], then end the server (SIGTERM, then SIGKILL)."""
         for spark in self._sessions:
             try:
                 spark.stop()

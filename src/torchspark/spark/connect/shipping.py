@@ -3,10 +3,10 @@ as files of the Connect session's artifacts.
 
 A Connect session has no ``SparkContext.broadcast``; a ``mapInArrow`` function travels inside the query plan, one
 gRPC message capped by the server's ``spark.connect.grpc.maxInboundMessageSize`` (128 MiB by default). So
-:func:`ship_bytes` keeps a payload (a network's weights, a data plan) in the closure while it is well under the cap
-(:func:`inline_limit`), and otherwise uploads it with ``spark.addArtifacts(path, file=True)`` (the client streams
-artifacts in small chunks, so no message outgrows the cap), cut into files of at most :data:`ARTIFACT_PART_BYTES`.
-A task reads it back with :meth:`Shipment.read` (``SparkFiles.get`` finds a session's files on every executor) and
+`ship_bytes` keeps a payload (a network's weights, a data plan) in the closure while it is well under the cap
+(`inline_limit`), and otherwise uploads it with ``spark.addArtifacts(path, file=True)`` (the client streams
+artifacts in small chunks, so no message outgrows the cap), cut into files of at most `ARTIFACT_PART_BYTES`.
+A task reads it back with `Shipment.read` (``SparkFiles.get`` finds a session's files on every executor) and
 checks its SHA-256.
 
 Artifacts stay in the session's artifact directory on the server until the session ends (Connect has no call to
@@ -62,7 +62,7 @@ def message_cap(spark: Any) -> int:
 
 
 def inline_limit(spark: Any) -> int:
-    """The largest payload kept in a function's closure: a quarter of :func:`message_cap`, leaving the rest of the
+    """The largest payload kept in a function's closure: a quarter of `message_cap`, leaving the rest of the
     message to the plan, the function's code and the other captured values. A classic session
     (``dataframe_route="barrier_arrow"``) has no cap: PySpark broadcasts a large pickled function itself."""
     if not is_connect_session(spark):
@@ -122,7 +122,7 @@ def ship_bytes(spark: Any, payload: bytes, label: str, limit: int | None = None)
         spark: the Connect session.
         payload: the bytes.
         label: names the artifact files (``torchspark-<label>-<random>-<part>.bin``).
-        limit: the largest payload kept inline (default :func:`inline_limit`); 0 ships everything as artifacts.
+        limit: the largest payload kept inline (default `inline_limit`); 0 ships everything as artifacts.
     """
     digest = hashlib.sha256(payload).hexdigest()
     if len(payload) <= (inline_limit(spark) if limit is None else limit):

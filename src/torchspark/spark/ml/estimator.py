@@ -1,9 +1,9 @@
 """``TorchEstimator`` / ``TorchModel``: torchspark training as a Spark ML Estimator and Model.
 
 ``fit(df)`` builds the network (a zoo spec or a saved network, see the ``network`` param), trains it with
-:class:`~torchspark.spark.SparkNetwork` and the training master of the ``trainingMaster`` param (rows stream to the
-workers through Arrow; nothing is collected on the driver) and returns a :class:`TorchModel`. ``transform(df)`` runs
-the network in a batched Arrow UDF (:func:`torchspark.spark.inference.predict`) and adds the Spark ML columns:
+[`SparkNetwork`][torchspark.spark.SparkNetwork] and the training master of the ``trainingMaster`` param (rows stream to the
+workers through Arrow; nothing is collected on the driver) and returns a [`TorchModel`][torchspark.spark.ml.TorchModel]. ``transform(df)`` runs
+the network in a batched Arrow UDF (`torchspark.spark.inference.predict`) and adds the Spark ML columns:
 
 * classifiers (``cross_entropy``): ``predictionCol`` the argmax class as a double, ``probabilityCol`` the softmax
   as an ML Vector (what ``MulticlassClassificationEvaluator`` and ``BinaryClassificationEvaluator`` read);
@@ -18,7 +18,7 @@ TorchEstimator saves and loads like any other.
 
 On a Spark Connect session both work in ``pyspark.ml.Pipeline`` (and ``PipelineModel``) as they are: they are
 Python stages, which pyspark runs on the client without the JVM. ``fit`` trains through
-:meth:`SparkNetwork.fit <torchspark.spark.SparkNetwork.fit>`'s Connect route, ``transform`` adds the columns with
+[`SparkNetwork.fit`][torchspark.spark.SparkNetwork.fit]'s Connect route, ``transform`` adds the columns with
 the same Arrow UDF, and ``save``/``write().overwrite()``/``load`` work: Spark writes and reads the params metadata on
 the server (``overwrite`` clears the path there, as Connect's own writers do), the client writes and reads the
 network through fsspec. So the path must name the same storage for both (an object store or a shared file system);
@@ -168,7 +168,7 @@ class TorchEstimator(Estimator, TorchEstimatorParams, DefaultParamsWritable, Def
 
 class TorchModel(Model, TorchModelParams, MLWritable, MLReadable):
     """A trained network as a Spark ML Model (see the module docstring). ``model.network`` is the
-    :class:`~torchspark.Network` itself (evaluate it with ``SparkNetwork(spark, model.network).evaluate(df)``)."""
+    [`Network`][torchspark.Network] itself (evaluate it with ``SparkNetwork(spark, model.network).evaluate(df)``)."""
 
     def __init__(self, network: Network | None = None) -> None:
         super().__init__()

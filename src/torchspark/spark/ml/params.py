@@ -1,6 +1,6 @@
 """The Spark ML Params of ``TorchEstimator`` / ``TorchModel``, and the plain settings they turn into.
 
-Params live only at the edge (pyspark's convention): ``_fit`` reads them once into a frozen :class:`FitSettings`
+Params live only at the edge (pyspark's convention): ``_fit`` reads them once into a frozen `FitSettings`
 (validated there, with messages naming the param) and the training code never sees a Param.
 """
 

@@ -1,12 +1,12 @@
 """The training algorithms a worker can run (what one epoch of a worker does), as a registry from mode name to
 algorithm.
 
-* :mod:`~torchspark.training.algorithms.averaging`: synchronous parameter averaging;
-* :mod:`~torchspark.training.algorithms.sharing`: threshold-encoded gradient sharing (Strom 2015), synchronous
+* `averaging`: synchronous parameter averaging;
+* `sharing`: threshold-encoded gradient sharing (Strom 2015), synchronous
   (``"sharing"``, all-gather or sharded exchange) or with bounded staleness (``"stale_sharing"``).
 
-Every algorithm implements :class:`~torchspark.training.algorithms.base.Algorithm`; a new one is a module here and
-a line in :data:`ALGORITHMS`.
+Every algorithm implements `Algorithm`; a new one is a module here and
+a line in [`ALGORITHMS`][torchspark.training.ALGORITHMS].
 """
 
 from __future__ import annotations

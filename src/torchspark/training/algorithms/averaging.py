@@ -2,14 +2,14 @@
 
 Each round:
   1. every worker takes up to ``averaging_frequency`` optimizer steps on its own data, from the common parameters
-     (one per minibatch, or per group of ``accumulate_steps`` minibatches: :mod:`torchspark.data.groups`);
+     (one per minibatch, or per group of ``accumulate_steps`` minibatches: `torchspark.data.groups`);
   2. one all-reduce sums ``[params * n, updater_state * n, buffers * n, n, score * n, active]`` over workers,
      where ``n`` is the number of examples the worker fitted this round and ``buffers`` the module's
      floating-point buffers (BatchNorm running statistics);
   3. every worker sets ``params = sum(params * n) / sum(n)`` (likewise the buffers, and the updater state when
      ``save_updater``, else resets it): the example-weighted mean, so uneven rounds are weighted fairly.
 Integer buffers (BatchNorm's ``num_batches_tracked``) are not averaged: they count a worker's own steps, so each
-worker keeps its count and the driver takes worker 0's (:class:`~torchspark.training.task.WorkerResult`).
+worker keeps its count and the driver takes worker 0's ([`WorkerResult`][torchspark.training.WorkerResult]).
 ``active`` is 1 while the worker has data left *after* this round: it reads one minibatch ahead, so the round that
 fits its last minibatch already says so, and an epoch has exactly ``ceil(most minibatches / averaging_frequency)``
 rounds (as DL4J), never a trailing empty one. A worker whose data ran out keeps joining rounds with ``n = 0``; the
@@ -127,7 +127,7 @@ def pack_weighted(net: Network, w: float, save_updater: bool, out: torch.Tensor 
     """Step 2's contribution of one worker: ``[params * w | updater_state * w | buffers * w]`` as float32.
 
     The one packing rule of both averaging routes: the all-reduce route writes it into its sum's input (``out``),
-    the treeAggregate route (:mod:`torchspark.spark.rounds`) ships it in its round record.
+    the treeAggregate route (`torchspark.spark.rounds`) ships it in its round record.
 
     Args:
         net: the worker's network.
@@ -151,7 +151,7 @@ def pack_weighted(net: Network, w: float, save_updater: bool, out: torch.Tensor 
 
 def apply_weighted_mean(net: Network, total: torch.Tensor, total_w: float, save_updater: bool) -> None:
     """Step 3: set the network's params (updater state, buffers) to ``total / total_w``, the example-weighted mean
-    of every worker's :func:`pack_weighted`; without ``save_updater`` the updater state is reset instead.
+    of every worker's `pack_weighted`; without ``save_updater`` the updater state is reset instead.
 
     The one averaging rule of both routes: every worker applies it after the all-reduce, the driver after
     ``treeAggregate``. ``total`` may be longer than the packed part (the all-reduce's bookkeeping tail).
@@ -181,7 +181,7 @@ class RoundBuffer:
 
     Packing writes straight from the network's live tensors into the sum's input and unpacking divides straight
     from the sum's result back into them. With a shared-memory communicator the input is this worker's slot of the
-    shared segment and the result its result area (:func:`~torchspark.training.comm.staged_sum`), so a round
+    shared segment and the result its result area (`staged_sum`), so a round
     touches the parameters' bytes only four times (pack, sum, unpack) instead of six: this matters when a round's
     compute is only a few milliseconds. With ``save_updater=False`` the updater state is not sent and is reset
     after every average. ``buffers`` are the floating-point module buffers (BatchNorm running statistics),
@@ -190,7 +190,7 @@ class RoundBuffer:
     Args:
         net: the worker's network.
         save_updater: whether the updater state is part of the sum.
-        comm: the communicator (its fastest :func:`~torchspark.training.comm.staged_sum`; building one is
+        comm: the communicator (its fastest `staged_sum`; building one is
             collective).
     """
 
@@ -206,9 +206,9 @@ class RoundBuffer:
         self._flat: list[torch.Tensor] | None = None
 
     def _flat_views(self) -> list[torch.Tensor] | None:
-        """The live tensors after the parameters (:func:`_live`) as flat views, kept while the network keeps the
+        """The live tensors after the parameters (`_live`) as flat views, kept while the network keeps the
         same tensors (building them is a few dispatcher calls per tensor and round); None when one is not a
-        contiguous float32 tensor (then the general :func:`pack_weighted` / :func:`apply_weighted_mean` run)."""
+        contiguous float32 tensor (then the general `pack_weighted` / `apply_weighted_mean` run)."""
         live = _live(self.net, self.save_updater)
         if len(live) != len(self._live) or any(a is not b for a, b in zip(live, self._live)):
             self._live = live
@@ -238,7 +238,7 @@ class RoundBuffer:
         return self._sum.reduce()
 
     def unpack(self, buf: torch.Tensor, total_w: float) -> None:
-        """Set the network's params (updater state, buffers) to ``buf / total_w`` (:func:`apply_weighted_mean`)."""
+        """Set the network's params (updater state, buffers) to ``buf / total_w`` (`apply_weighted_mean`)."""
         flat = self._flat_views()
         params = self.net.params_view()
         if flat is None or params.dtype != torch.float32:
@@ -256,7 +256,7 @@ class RoundBuffer:
 
 @dataclass(frozen=True)
 class AveragingAlgorithm:
-    """Synchronous parameter averaging (:mod:`torchspark.training.algorithms.averaging`)."""
+    """Synchronous parameter averaging (`torchspark.training.algorithms.averaging`)."""
 
     settings: AveragingSettings
 

@@ -1,4 +1,4 @@
-"""What every training algorithm implements: the :class:`Algorithm` protocol and the :class:`EpochOutcome` an epoch
+"""What every training algorithm implements: the `Algorithm` protocol and the `EpochOutcome` an epoch
 returns.
 
 An algorithm has three steps around the epochs: ``start`` (per-fit state, e.g. gradient-sharing residuals),
@@ -41,7 +41,7 @@ class Algorithm(Protocol):
         ...
 
     def restore(self, state: Any, net: Network, tensors: dict[str, torch.Tensor], record: dict[str, Any]) -> None:
-        """Inverse of :meth:`rank_state`, applied to the state :meth:`start` returned."""
+        """Inverse of `rank_state`, applied to the state `start` returned."""
         ...
 
 

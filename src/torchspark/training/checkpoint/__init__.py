@@ -1,10 +1,10 @@
-"""Checkpoints of a fit and resuming from them (see :mod:`.store` for the layout, :mod:`.writer` for when and what
-each worker writes; the driver's side of resuming is :mod:`torchspark.training.driver.resume`).
+"""Checkpoints of a fit and resuming from them (see `store` for the layout, `writer` for when and what
+each worker writes; the driver's side of resuming is `torchspark.training.driver.resume`).
 
 Options (on both training masters and ``ParallelWrapper``): ``checkpoint_directory`` (any fsspec URL; on a cluster
 shared storage), ``checkpoint_every`` (averaging rounds / sharing iterations; default: once per epoch) and
 ``keep_checkpoints`` (default 2). ``fit(..., run_id="r1")`` continues run ``r1`` from its newest checkpoint.
-What a resume trusts of a checkpoint is :mod:`.trust`'s to check; one fit per run at a time holds :mod:`.lock`.
+What a resume trusts of a checkpoint is `trust`'s to check; one fit per run at a time holds `lock`.
 """
 
 from torchspark.training.checkpoint.config import (

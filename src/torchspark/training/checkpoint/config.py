@@ -1,14 +1,14 @@
 """What a fit checkpoints and where it resumes: two small frozen values carried by the
-:class:`~torchspark.training.task.WorkerTask`.
+[`WorkerTask`][torchspark.training.WorkerTask].
 
-* :class:`CheckpointPlan` -- the fit's checkpoint options (directory, interval, how many to keep), its run id and
+* `CheckpointPlan` -- the fit's checkpoint options (directory, interval, how many to keep), its run id and
   the network counters at the start of the fit. Built by the driver from the training master
-  (:func:`plan_for`); every worker receives it and writes its part of each checkpoint.
-* :class:`ResumePoint` -- the checkpoint a (re)started fit continues from; built by
-  :func:`~torchspark.training.driver.resume.resume_task`.
+  (`plan_for`); every worker receives it and writes its part of each checkpoint.
+* `ResumePoint` -- the checkpoint a (re)started fit continues from; built by
+  `resume_task`.
 
 The options themselves live on the masters (``checkpoint_directory``, ``checkpoint_every``, ``keep_checkpoints``) and
-are validated once, by :func:`check_options`.
+are validated once, by `check_options`.
 """
 
 from __future__ import annotations
@@ -158,7 +158,7 @@ class ResumePoint:
 def plan_for(
     master: Any, run_id: str | None, iteration: int, epoch: int, restart_epoch: bool = False
 ) -> CheckpointPlan | None:
-    """The fit's :class:`CheckpointPlan` from a training master's options (None when it does not checkpoint).
+    """The fit's `CheckpointPlan` from a training master's options (None when it does not checkpoint).
 
     Raises:
         ConfigError: ``run_id`` without a ``checkpoint_directory`` on the master, or a malformed ``run_id``;

@@ -3,7 +3,7 @@
 Two fits with the same ``run_id`` at once would interleave their checkpoints (each resuming from, and pruning, the
 other's). The driver therefore holds ``<checkpoint_directory>/<run_id>/run.lock`` for the whole fit: a JSON record
 of who holds it (host, pid and the process's start time). A second fit of the run is refused with a
-:class:`~torchspark.errors.ConfigError` naming the holder. A lock whose holder is gone (the same host, a process
+[`ConfigError`][torchspark._io.ConfigError] naming the holder. A lock whose holder is gone (the same host, a process
 that no longer runs: a driver killed with ``kill -9``) is stale and taken over; one held on another host cannot be
 checked from here, so the message says which file to delete once that fit is known to be gone.
 
@@ -45,7 +45,7 @@ LOCK_FILE = "run.lock"
 
 @dataclass
 class RunLock:
-    """A held run lock; :meth:`release` deletes its file (only if it is still ours)."""
+    """A held run lock; `release` deletes its file (only if it is still ours)."""
 
     url: str
     record: dict[str, Any]

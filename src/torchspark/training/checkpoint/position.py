@@ -4,8 +4,8 @@ A checkpoint cut inside an epoch says "this rank has trained the first ``done`` 
 skips the first ``done`` minibatches of that epoch's data *as the resumed fit gives it*. That is only right when
 they are the same examples: another batch size, more or fewer examples, or the same examples in another order would
 make the resume skip examples never trained and train others twice. So each cut also records a fingerprint of what
-was trained (:class:`Position`), and the resume checks the minibatches it is about to skip against it
-(:func:`verify_prefix`) before training anything:
+was trained (`Position`), and the resume checks the minibatches it is about to skip against it
+(`verify_prefix`) before training anything:
 
 * ``first_batch``: the examples of the epoch's first minibatch (the batch size, as the data gives it);
 * ``examples``: the examples of the ``done`` minibatches trained before the cut;
@@ -17,7 +17,7 @@ was trained (:class:`Position`), and the resume checks the minibatches it is abo
 The fingerprint is taken of the *loaded* minibatches, the same on every route (in-memory batches, serialized
 batches, batch files, slices of exported files, per-epoch plans, queues), so a resume from a new driver process,
 whose export files have other names, still matches. Checking costs one read of the skipped minibatches, once per
-resume. A mismatch raises :class:`~torchspark.errors.ConfigError` naming what changed, unless the fit was asked to
+resume. A mismatch raises [`ConfigError`][torchspark._io.ConfigError] naming what changed, unless the fit was asked to
 ``restart_epoch``: then the rank trains the interrupted epoch again from its start.
 """
 
@@ -113,7 +113,7 @@ class Position:
 
 
 class PositionTap:
-    """Fingerprints one epoch's minibatches as they pass to training; :meth:`at` gives the position after any
+    """Fingerprints one epoch's minibatches as they pass to training; `at` gives the position after any
     number of them (the cut may come while the loader has read ahead).
 
     Args:
@@ -184,7 +184,7 @@ def verify_prefix(
     compare with ``saved``.
 
     Returns:
-        ``(position, problem)``: the position after the items read, and :func:`position_mismatch`'s words.
+        ``(position, problem)``: the position after the items read, and `position_mismatch`'s words.
     """
     now = Position()
     for item in itertools.islice(items, done):

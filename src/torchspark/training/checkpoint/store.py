@@ -16,12 +16,12 @@ incomplete ones (a rank killed mid-write leaves none of its file, and a peer may
 counts only complete ones, so the newest complete checkpoint is never deleted. (So while a peer is still writing,
 one checkpoint more than ``keep_checkpoints`` may exist until rank 0's next write or the end of the fit.)
 
-The workers commit a checkpoint together (:class:`~torchspark.training.checkpoint.writer.CheckpointWriter`): every
+The workers commit a checkpoint together (`CheckpointWriter`): every
 rank writes its file, all meet, rank 0 writes the manifest, all meet again; so no worker trains on (and none can
 fail) before the checkpoint is complete, and a fault after it always finds it whole. Directories are created 0700
-and files 0600 on local storage. What the resume trusts of a checkpoint is :mod:`.trust`'s to check
-(:func:`load_checkpoint`). Each rank file carries the SHA-256 of its record and tensor data in its safetensors
-metadata (:func:`~torchspark.training.checkpoint.trust.rank_checksum`), verified before a resume uses it.
+and files 0600 on local storage. What the resume trusts of a checkpoint is `trust`'s to check
+(`load_checkpoint`). Each rank file carries the SHA-256 of its record and tensor data in its safetensors
+metadata (`rank_checksum`), verified before a resume uses it.
 """
 
 from __future__ import annotations

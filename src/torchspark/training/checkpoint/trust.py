@@ -2,21 +2,21 @@
 
 Everything read from disk is bounded before it is used: a damaged or planted file must cost a clear error or a fall
 back to the previous checkpoint, never memory in proportion to a number it claims, a hang or a silently wrong
-resume. Four checks, each raising :class:`CheckpointDamaged` (a :class:`~torchspark.errors.SerializationError`
+resume. Four checks, each raising `CheckpointDamaged` (a [`SerializationError`][torchspark.errors.SerializationError]
 naming the file and the fix), which the driver's resume turns into a fall back to the previous complete checkpoint:
 
-1. :func:`check_manifest`: every count in ``manifest.json`` is an integer within bounds (``world_size`` at most
-   :data:`MAX_WORLD_SIZE`, counters and epochs >= 0), its step matches its directory, its ``files`` are the ranks';
-2. :func:`check_rank_header`: each rank file's safetensors header (read alone, at most :data:`MAX_HEADER` bytes)
+1. `check_manifest`: every count in ``manifest.json`` is an integer within bounds (``world_size`` at most
+   `MAX_WORLD_SIZE`, counters and epochs >= 0), its step matches its directory, its ``files`` are the ranks';
+2. `check_rank_header`: each rank file's safetensors header (read alone, at most `MAX_HEADER` bytes)
    is well formed, its record belongs to this rank, step and epoch, and the file is as long as the header says;
-3. :func:`check_owner` (local storage only): the step directory and its files belong to this user and nobody else
+3. `check_owner` (local storage only): the step directory and its files belong to this user and nobody else
    may write them, so another user's ``step-9999999999`` planted in a shared (1777) ``checkpoint_directory`` is
    never resumed from. Checkpoints are written private (files 0600, directories 0700), as exports are;
-4. :func:`check_rank_data`: each rank file's SHA-256 (:func:`rank_checksum`, over its record and all its tensor
+4. `check_rank_data`: each rank file's SHA-256 (`rank_checksum`, over its record and all its tensor
    data, written into its safetensors metadata as ``torchspark.sha256``) matches, so a flipped bit in a weight or
    in an updater's moments is a fall back, not a silently different resume. The driver streams every rank file
-   through it before it resumes (:func:`~torchspark.training.checkpoint.store.load_checkpoint`), and each rank
-   checks its own file again when it reads it (:func:`check_rank_blob`). A file written before checksums has none:
+   through it before it resumes (`load_checkpoint`), and each rank
+   checks its own file again when it reads it (`check_rank_blob`). A file written before checksums has none:
    it is resumed with a warning that it was not verified.
 
 Example::
@@ -67,14 +67,14 @@ MAX_COUNT = 1 << 53
 #: the largest safetensors header of a rank file read (the header is JSON: names, shapes, the rank's record)
 MAX_HEADER = 64 << 20
 
-#: the safetensors metadata key of a rank file's checksum (:func:`rank_checksum`)
+#: the safetensors metadata key of a rank file's checksum (`rank_checksum`)
 CHECKSUM_KEY = "torchspark.sha256"
 #: the metadata key of a rank file's record (JSON)
 RECORD_KEY = "torchspark.checkpoint"
 #: bytes read at a time when the driver verifies a rank file (memory stays bounded for any checkpoint size)
 _CHUNK = 8 << 20
 
-#: the advice every :class:`CheckpointDamaged` message ends with
+#: the advice every `CheckpointDamaged` message ends with
 FIX = "delete that step directory (the fit then resumes from the one before) or use a new run_id"
 
 
@@ -84,7 +84,7 @@ class CheckpointDamaged(SerializationError):
 
 
 def problem(error: CheckpointDamaged) -> str:
-    """``error``'s message without the advice (:data:`FIX`), for a list of several damaged checkpoints."""
+    """``error``'s message without the advice (`FIX`), for a list of several damaged checkpoints."""
     return re.sub(r"[:;] " + re.escape(FIX) + "$", "", str(error))
 
 
@@ -230,7 +230,7 @@ def check_rank_data(path: str, rank: int) -> bool:
 
 
 def check_rank_blob(url: str, blob: bytes, metadata: dict[str, str]) -> bool:
-    """:func:`check_rank_data` for a rank file already read whole (``blob``, its safetensors ``metadata``).
+    """`check_rank_data` for a rank file already read whole (``blob``, its safetensors ``metadata``).
 
     Returns:
         True when verified; False when the file has no checksum.

@@ -1,5 +1,5 @@
-"""The worker side of checkpoints: when to write (:class:`CheckpointWriter`) and how a rank restores its state
-(:func:`restore_rank`).
+"""The worker side of checkpoints: when to write (`CheckpointWriter`) and how a rank restores its state
+(`restore_rank`).
 
 A checkpoint is taken at a *consistent cut*: a point every worker reaches after the same collective, where no
 update is half-applied.
@@ -22,7 +22,7 @@ Python's global ones: tensors and JSON, never pickle) and restores them on resum
 layer draw after a resume exactly what the uninterrupted fit drew. A mid-epoch cut also records how many minibatches
 the rank's epoch has (``epoch_length``): a resume whose data gives that epoch another count (another batch size or
 dataset) is refused, since skipping ``done`` of them would skip or repeat examples; and it records a fingerprint of
-the ``done`` minibatches themselves (:mod:`.position`), which the resume checks against the minibatches it skips, so
+the ``done`` minibatches themselves (`position`), which the resume checks against the minibatches it skips, so
 another batch size, data size or order is refused on every route, also where the epoch's length is not known up
 front.
 """
@@ -55,7 +55,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class RankProgress:
-    """One rank's running totals for the fit (what its :class:`~torchspark.training.task.WorkerResult` reports),
+    """One rank's running totals for the fit (what its [`WorkerResult`][torchspark.training.WorkerResult] reports),
     restored on resume so a resumed fit reports what one uninterrupted fit would."""
 
     examples: int = 0
@@ -73,7 +73,7 @@ class CheckpointWriter:
         mode: the algorithm (written to the manifest; a resume with another algorithm is refused).
         settings: the algorithm's settings (likewise).
         blueprint: the task's network blueprint (its JSON config goes into the manifest).
-        step: the step counter to continue from (a resumed fit's :attr:`ResumePoint.step`).
+        step: the step counter to continue from (a resumed fit's `ResumePoint.step`).
         barrier: waits until every rank called it (a tiny collective with the communicator's timeout); with it the
             ranks commit each checkpoint together (all files, then the manifest), so a checkpoint is complete or
             absent when any rank trains on. None: no commit (one worker, or tests of the writer alone).
@@ -233,7 +233,7 @@ def _rng_state(device: torch.device) -> tuple[dict[str, torch.Tensor], dict[str,
 
 
 def _set_rng_state(tensors: dict[str, torch.Tensor], meta: dict[str, Any], device: torch.device) -> None:
-    """Restore what :func:`_rng_state` saved (a checkpoint without it, from an older version: left alone)."""
+    """Restore what `_rng_state` saved (a checkpoint without it, from an older version: left alone)."""
     if "rng.torch" in tensors:
         torch.set_rng_state(tensors["rng.torch"].to(torch.uint8))
     if "rng.cuda" in tensors and device.type == "cuda":
@@ -249,7 +249,7 @@ def _set_rng_state(tensors: dict[str, torch.Tensor], meta: dict[str, Any], devic
 
 @dataclass
 class RestoredRank:
-    """What :func:`restore_rank` read of this rank's file besides the network's state.
+    """What `restore_rank` read of this rank's file besides the network's state.
 
     Attributes:
         done: minibatches of epoch ``ResumePoint.fit_epoch`` already consumed (skipped on resume).
@@ -296,7 +296,7 @@ def check_position(restored: RestoredRank, epoch: int, length: int | None) -> No
 
 def restore_rank(point: ResumePoint, rank: int, world_size: int, net: Network) -> RestoredRank:
     """Restore this rank's network state and random streams from checkpoint ``point``; returns the rest of its
-    record (:class:`RestoredRank`): the data position, the fit's totals so far, the algorithm's part.
+    record (`RestoredRank`): the data position, the fit's totals so far, the algorithm's part.
 
     The parameters come with the task's blueprint (rank 0's, equal on all ranks at the cut); this sets the rank's
     own updater state (and fp16's scaler state), buffers, counters and random streams.

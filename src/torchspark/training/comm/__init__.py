@@ -1,9 +1,9 @@
-"""How workers talk during a fit: the :class:`Communicator` protocol (collectives with a timeout) and its
+"""How workers talk during a fit: the [`Communicator`][torchspark.training.Communicator] protocol (collectives with a timeout) and its
 implementations -- ``torch.distributed`` (gloo/nccl) across processes and hosts, threads in one process for tests,
-shared memory between processes of one host (:mod:`~torchspark.training.comm.shm`, with its FIFO barrier), and the
-point-to-point :mod:`~torchspark.training.comm.mailbox` that bounded-staleness sharing posts to.
+shared memory between processes of one host (`shm`, with its FIFO barrier), and the
+point-to-point `mailbox` that bounded-staleness sharing posts to.
 
-Finding the peers in the first place (stores, tokens, ports, interfaces) is :mod:`torchspark.training.rendezvous`.
+Finding the peers in the first place (stores, tokens, ports, interfaces) is `torchspark.training.rendezvous`.
 """
 
 from torchspark.training.comm.communicators import (

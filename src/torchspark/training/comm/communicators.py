@@ -61,9 +61,9 @@ class StagedSum:
     """A float32 sum over ranks whose input is written in place and whose result is read in place.
 
     For callers that pack many tensors into one sum every round (parameter averaging): ``buf = s.buffer()``, fill
-    all of it, ``total = s.reduce()``. Through shared memory (:meth:`TorchDistCommunicator.staged_sum`) ``buffer``
+    all of it, ``total = s.reduce()``. Through shared memory ([`TorchDistCommunicator.staged_sum`][torchspark.training.TorchDistCommunicator.staged_sum]) ``buffer``
     is this rank's slot of the shared segment and ``total`` its result area, which saves the copy in and the copy
-    out of :meth:`Communicator.all_reduce_sum` (half the memory traffic of a round). This base class is the
+    out of [`Communicator.all_reduce_sum`][torchspark.training.Communicator.all_reduce_sum] (half the memory traffic of a round). This base class is the
     portable version: a private buffer summed in place by ``all_reduce_sum``.
 
     Rules: fetch ``buffer()`` anew before every sum (a later, larger sum may move it); treat ``total`` as read-only
@@ -95,7 +95,7 @@ class _SharedMemoryStagedSum(StagedSum):
 
 
 def staged_sum(comm: Communicator, numel: int, device: torch.device | str = "cpu") -> StagedSum:
-    """The fastest :class:`StagedSum` ``comm`` offers for ``numel`` float32 values on ``device`` (collective: every
+    """The fastest `StagedSum` ``comm`` offers for ``numel`` float32 values on ``device`` (collective: every
     rank calls it with the same ``numel``)."""
     make = getattr(comm, "staged_sum", None)
     return make(numel, device) if make is not None else StagedSum(comm, numel, device)
@@ -126,7 +126,7 @@ class ThreadGroup:
 
     Args:
         world_size: number of threads that will call the collectives.
-        timeout_s: how long one collective waits for the slowest thread before raising :class:`WaitTimeout`.
+        timeout_s: how long one collective waits for the slowest thread before raising [`WaitTimeout`][torchspark.errors.WaitTimeout].
     """
 
     def __init__(self, world_size: int, timeout_s: float = 300.0) -> None:
@@ -165,7 +165,7 @@ class ThreadGroup:
 
 
 class ThreadCommunicator:
-    """One thread's view of a :class:`ThreadGroup`."""
+    """One thread's view of a [`ThreadGroup`][torchspark.training.ThreadGroup]."""
 
     def __init__(self, group: ThreadGroup, rank: int) -> None:
         self.group = group
@@ -203,7 +203,7 @@ class TorchDistCommunicator:
         timeout_s: the collective timeout (``rendezvous_timeout_s``); a peer that never arrives fails the job
             after this long instead of hanging it.
         shared_memory: with gloo, sum large float32 tensors and gather byte messages through ``/dev/shm`` when
-            every rank is on the same host (:mod:`torchspark.training.comm.shm`; faster than loopback TCP, most of all for
+            every rank is on the same host (`torchspark.training.comm.shm`; faster than loopback TCP, most of all for
             small gathers). Ranks on different hosts, or without a usable ``/dev/shm``, agree to
             stay on gloo.
         host_address: the address this worker advertises to its peers; with the network namespace it tells
@@ -251,7 +251,7 @@ class TorchDistCommunicator:
         return self._shm is not None and not self._shm.disabled
 
     def posted_gathers(self) -> PostedGathers | None:
-        """Split-phase byte gathers (:class:`~torchspark.training.comm.shm.PostedGathers`) when every rank shares this
+        """Split-phase byte gathers (`PostedGathers`) when every rank shares this
         host and its barriers go through FIFOs, else None (on every rank). Collective."""
         if self._shm is None or self._fifo is None:
             return None
@@ -267,7 +267,7 @@ class TorchDistCommunicator:
         return int(flag.item()) == self.world_size
 
     def staged_sum(self, numel: int, device: torch.device | str = "cpu") -> StagedSum:
-        """A :class:`StagedSum` through the shared segment when this group uses shared memory and the sum is large
+        """A `StagedSum` through the shared segment when this group uses shared memory and the sum is large
         enough to gain from it, else the portable one (collective: every rank calls it with the same ``numel``)."""
         if (
             self._shm is not None

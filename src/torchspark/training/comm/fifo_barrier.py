@@ -1,6 +1,6 @@
 """A barrier for processes of one host through named pipes, an order of magnitude cheaper than a gloo barrier.
 
-The shared-memory sum (:mod:`torchspark.training.comm.shm`) needs two barriers per sum. Over gloo each is a tiny
+The shared-memory sum (`torchspark.training.comm.shm`) needs two barriers per sum. Over gloo each is a tiny
 all-reduce through loopback TCP, a noticeable part of an averaging round of a small model (BENCHMARKS.md, "Measurements behind design choices"). Here every rank owns a FIFO in ``/dev/shm``; arriving at the
 barrier writes one byte into every peer's FIFO, then reads ``world - 1`` bytes from its own (a counting barrier:
 no rank can be more than one barrier ahead, so the bytes of consecutive barriers never mix up).
@@ -8,9 +8,8 @@ no rank can be more than one barrier ahead, so the bytes of consecutive barriers
 Ordering: the slot data a rank wrote before arriving is visible to a peer that has left the barrier, because the
 kernel orders the pipe write before the peer's read (the pipe's lock is a release/acquire pair).
 
-Split phase (:meth:`FifoBarrier.arrive` now, :meth:`FifoBarrier.depart` later): a rank can do its own work between
-announcing its arrival and waiting for the others (gradient sharing's posted gathers, :class:`~torchspark.training.
-shm.PostedGathers`). The counting argument still holds: a rank arrives at barrier ``b + 1`` only after departing
+Split phase (`FifoBarrier.arrive` now, `FifoBarrier.depart` later): a rank can do its own work between
+announcing its arrival and waiting for the others (gradient sharing's posted gathers, `PostedGathers`). The counting argument still holds: a rank arrives at barrier ``b + 1`` only after departing
 from ``b``, so no rank is more than one barrier ahead of any peer.
 
 Waits have the collective timeout (``rendezvous_timeout_s``). When every peer has exited the FIFO reports end of
@@ -38,7 +37,7 @@ _KEY = "torchspark/fifo"
 
 
 class FifoBarrier:
-    """``wait()`` returns when every rank has called it; created collectively by :meth:`create`."""
+    """``wait()`` returns when every rank has called it; created collectively by `create`."""
 
     def __init__(self, read_fd: int, write_fds: list[int], world_size: int, timeout_s: float) -> None:
         self._read_fd = read_fd
@@ -90,13 +89,13 @@ class FifoBarrier:
         return cls(read_fd, write_fds, world_size, timeout_s)
 
     def wait(self) -> None:
-        """Arrive and wait for every peer: :meth:`arrive` then :meth:`depart`."""
+        """Arrive and wait for every peer: `arrive` then `depart`."""
         self.arrive()
         self.depart()
 
     def arrive(self) -> None:
         """Tell every peer this rank has arrived (never blocks: a pipe holds far more than the one byte per barrier
-        a peer can be behind). Pair every call with one :meth:`depart`, with no other barrier in between."""
+        a peer can be behind). Pair every call with one `depart`, with no other barrier in between."""
         for fd in self._write_fds:
             try:
                 os.write(fd, b"\x01")
@@ -104,7 +103,7 @@ class FifoBarrier:
                 raise PeerLost(f"a peer worker left the shared-memory barrier ({e}); it has failed or exited") from e
 
     def depart(self) -> None:
-        """Wait until every peer has arrived at the barrier this rank last :meth:`arrive`-d at (timeout:
+        """Wait until every peer has arrived at the barrier this rank last `arrive`-d at (timeout:
         ``rendezvous_timeout_s``). Work done between the two calls overlaps the wait for the slowest peer."""
         need = self.world_size - 1
         while need:

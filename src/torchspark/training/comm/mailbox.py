@@ -1,23 +1,23 @@
 """Asynchronous point-to-point mailboxes for the bounded-staleness gradient-sharing loop.
 
-A :class:`Mailbox` sends one worker's messages to every peer without waiting for anyone, and hands over the peers'
-messages as they arrive. It is the transport of :mod:`torchspark.training.algorithms.sharing.stale`; the
-synchronous loop uses collectives instead. Every message is an :class:`Envelope`: a fixed header
+A `Mailbox` sends one worker's messages to every peer without waiting for anyone, and hands over the peers'
+messages as they arrive. It is the transport of `torchspark.training.algorithms.sharing.stale`; the
+synchronous loop uses collectives instead. Every message is an `Envelope`: a fixed header
 ``[seq, epoch, length, flags]`` and a payload of ``length`` bytes. The mailbox only moves bytes, in order per
 sender; checking the sequence numbers is the loop's job (so a lost or repeated message is detected whatever the
 transport).
 
-Two transports (:func:`open_mailbox` picks the one of the communicator):
+Two transports (`open_mailbox` picks the one of the communicator):
 
-* :class:`ThreadMailbox` -- workers that are threads of one process (:class:`~torchspark.training.comm.ThreadGroup`):
+* `ThreadMailbox` -- workers that are threads of one process ([`ThreadGroup`][torchspark.training.ThreadGroup]):
   one queue per (receiver, sender) pair, kept on the group across epochs.
-* :class:`TorchDistMailbox` -- a torch.distributed (gloo) process group: per epoch one sender thread
+* `TorchDistMailbox` -- a torch.distributed (gloo) process group: per epoch one sender thread
   (``dist.isend`` to every peer) and one receiver thread per peer (blocking ``dist.recv``), which stops after that
   peer's end-of-epoch marker: at the end of an epoch nothing is left posted, and the group is free for
   collectives.
 
-Rules for the caller: open one mailbox per epoch (:func:`open_mailbox`), run no collective on the communicator while
-it is open, and always :meth:`Mailbox.close` it (normal end: after every peer's end marker was received; it then
+Rules for the caller: open one mailbox per epoch (`open_mailbox`), run no collective on the communicator while
+it is open, and always `Mailbox.close` it (normal end: after every peer's end marker was received; it then
 waits until the peers received ours). Every wait carries the communicator's timeout (``rendezvous_timeout_s``).
 """
 
@@ -143,7 +143,7 @@ class _Inbox:
 class ThreadMailbox:
     """Mailbox between threads of one process: ``post`` appends to every peer's queue for this sender.
 
-    The queues belong to the :class:`~torchspark.training.comm.ThreadGroup` (created by whichever rank comes first),
+    The queues belong to the [`ThreadGroup`][torchspark.training.ThreadGroup] (created by whichever rank comes first),
     so messages a fast peer posts for its next epoch wait there until this worker opens its next mailbox.
     """
 
@@ -191,7 +191,7 @@ class TorchDistMailbox:
     up to 240 kB, a collective between epochs). Distinct tags keep them apart from collectives. A gloo receive
     cannot be cancelled (``Work`` has no ``abort``), so a failing worker ends its peers' waits instead: its
     ``close(failed=True)`` sends every peer an ``ABORT`` marker, which ends that peer's receiver thread for it (the
-    peer's ledger raises :class:`~torchspark.errors.PeerLost`, and the peer, failing in turn, sends its own). Once
+    peer's ledger raises [`PeerLost`][torchspark.errors.PeerLost], and the peer, failing in turn, sends its own). Once
     every worker has failed, every receiver thread has ended; ``close(failed=True)`` waits up to 2 s for this
     worker's, and any still blocked (a peer that died without a word) end when the process group is destroyed.
     """

@@ -3,19 +3,19 @@
 Workers on one machine (``local[N]``, several executors per node, ``ParallelWrapper``) do not need TCP to sum a
 tensor: each copies its tensor into its own slot of a shared segment, then each sums one chunk over all slots
 into the result area, then each copies the result out. Two tiny gloo barriers order the steps (so every wait
-keeps the process group's timeout; FIFOs replace them when they can, :mod:`~torchspark.training.comm.fifo_barrier`).
+keeps the process group's timeout; FIFOs replace them when they can, `fifo_barrier`).
 This is much faster than gloo over loopback TCP, whose sums
 are most of the averaging cost of small models (BENCHMARKS.md, "Measurements behind design choices").
 
-Byte gathers (gradient sharing's per-step messages, :meth:`SharedMemoryReducer.all_gather_bytes`) use the same
+Byte gathers (gradient sharing's per-step messages, `SharedMemoryReducer.all_gather_bytes`) use the same
 slots: each rank writes ``[length][payload]`` into its slot, and every rank reads every slot between two barriers
 (one write and one read instead of two gloo all-gathers).
 
 Every element is summed by exactly one rank, in rank order, and every rank copies the same result: results are
-bit-identical across ranks, as the :class:`~torchspark.training.comm.Communicator` contract requires.
+bit-identical across ranks, as the [`Communicator`][torchspark.training.Communicator] contract requires.
 
 Safety:
-  * the segment is a file in ``/dev/shm`` (:data:`SHM_DIR`) created by rank 0 with ``posix_fallocate`` (a full
+  * the segment is a file in ``/dev/shm`` (`SHM_DIR`) created by rank 0 with ``posix_fallocate`` (a full
     tmpfs fails here with ENOSPC instead of killing a worker with SIGBUS later) and unlinked as soon as every
     rank has mapped it, so a crashed worker leaves nothing behind;
   * ranks that cannot see rank 0's file (different hosts, different IPC namespaces such as two containers) or a
@@ -53,7 +53,7 @@ _LEN = struct.Struct("<q")
 
 def host_id(address: str | None = None) -> str:
     """Who shares a host: the worker's advertised address (None: the hostname), network namespace and boot id
-    (:func:`torchspark.training.rendezvous.netif.host_identity`). Network namespaces and containers of one machine often
+    (`torchspark.training.rendezvous.netif.host_identity`). Network namespaces and containers of one machine often
     share ``/dev/shm`` but are different hosts to their peers, so a shared directory alone proves nothing."""
     return host_identity(address)
 
@@ -71,7 +71,7 @@ class _Segment:
 
     def write_message(self, rank: int, payload: bytes, with_body: bool, half: int | None = None) -> None:
         """Slot ``rank`` := ``[len(payload)][payload]`` (the body only when ``with_body``); with ``half`` (0 or 1)
-        into that half of the slot instead (:class:`PostedGathers`)."""
+        into that half of the slot instead (`PostedGathers`)."""
         base = self._base(rank, half)
         _LEN.pack_into(self.raw, base, len(payload))
         if with_body:
@@ -133,7 +133,7 @@ class SharedMemoryReducer:
         agree: Callable[[bool], bool],
         address: str | None = None,
     ) -> SharedMemoryReducer | None:
-        """A reducer when every rank reports the same :func:`host_id` (of its advertised ``address``) and
+        """A reducer when every rank reports the same `host_id` (of its advertised ``address``) and
         ``/dev/shm`` exists, else None."""
         if world_size < 2:
             return None
@@ -150,21 +150,21 @@ class SharedMemoryReducer:
         arrive: Callable[[], None] | None = None,
         depart: Callable[[], None] | None = None,
     ) -> None:
-        """Order the sums with a faster barrier (:class:`~torchspark.training.comm.fifo_barrier.FifoBarrier`); every rank
+        """Order the sums with a faster barrier (`FifoBarrier`); every rank
         must switch at the same point. With its two halves (``arrive``, ``depart``: ``barrier`` is both in turn)
-        :meth:`posted_gathers` becomes available."""
+        `posted_gathers` becomes available."""
         self._barrier = barrier
         self._split = (arrive, depart) if arrive is not None and depart is not None else None
 
     def posted_gathers(self) -> PostedGathers | None:
-        """Collectively open split-phase byte gathers (:class:`PostedGathers`); None (on every rank) without a split
-        barrier or without a usable segment. Nothing else may use this reducer until :meth:`PostedGathers.close`."""
+        """Collectively open split-phase byte gathers (`PostedGathers`); None (on every rank) without a split
+        barrier or without a usable segment. Nothing else may use this reducer until `PostedGathers.close`."""
         if self._split is None or not self.stage(2 * GATHER_MIN_BYTES // 4):  # same decision on every rank
             return None
         return PostedGathers(self, *self._split)
 
     def accepts(self, tensor: torch.Tensor) -> bool:
-        """Whether :meth:`all_reduce_sum` handles this tensor (same answer on every rank for the same call)."""
+        """Whether `all_reduce_sum` handles this tensor (same answer on every rank for the same call)."""
         return (
             not self.disabled
             and tensor.device.type == "cpu"
@@ -199,7 +199,7 @@ class SharedMemoryReducer:
         return True
 
     def slot(self, numel: int) -> torch.Tensor:
-        """This rank's input slot (its first ``numel`` elements; :meth:`stage` first). Fetch it anew for every
+        """This rank's input slot (its first ``numel`` elements; `stage` first). Fetch it anew for every
         sum: a later, larger sum replaces the segment."""
         assert self._segment is not None and self._segment.capacity >= numel, "stage(numel) first"
         return self._segment.slots[self.rank, :numel]
@@ -291,7 +291,7 @@ class PostedGathers:
     Why two halves and one barrier per round are enough: a rank posts round ``t + 2`` into the half of round ``t``
     only after collecting round ``t + 1``, i.e. after every peer posted ``t + 1``, which each did after reading round
     ``t``. So the overlap needs no exchange thread (no hand-off, no GIL contention) and half the barriers of
-    :meth:`SharedMemoryReducer.all_gather_bytes`.
+    `SharedMemoryReducer.all_gather_bytes`.
 
     A payload longer than a half makes every rank (all see the lengths) grow the segment and repeat the round
     synchronously. Every wait carries the barrier's timeout. Collective like any gather: every rank posts and
@@ -349,7 +349,7 @@ class PostedGathers:
         return out
 
     def close(self) -> None:
-        """After the last :meth:`collect` (collective): one barrier, so nobody reads a half any more when the
+        """After the last `collect` (collective): one barrier, so nobody reads a half any more when the
         segment is used for something else."""
         if self._posted is not None:
             raise RuntimeError("PostedGathers.close with a posted round not collected")

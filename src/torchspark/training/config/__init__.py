@@ -1,10 +1,10 @@
 """The training masters: the user's configuration of a distributed fit (which algorithm, its knobs, checkpoints,
 recovery, how workers meet), validated at construction and round-tripping through JSON/YAML. Plain data: the driver
-turns a master into a :class:`~torchspark.training.task.WorkerTask`.
+turns a master into a [`WorkerTask`][torchspark.training.WorkerTask].
 
-* :class:`ParameterAveragingTrainingMaster` (:mod:`~torchspark.training.config.masters`, with the common base);
-* :class:`SharedTrainingMaster` (:mod:`~torchspark.training.config.shared_master`);
-* :class:`MeshConfig` (:mod:`~torchspark.training.config.mesh`): addresses, ports and timeouts of the workers' mesh.
+* [`ParameterAveragingTrainingMaster`][torchspark.ParameterAveragingTrainingMaster] (`masters`, with the common base);
+* [`SharedTrainingMaster`][torchspark.SharedTrainingMaster] (`shared_master`);
+* [`MeshConfig`][torchspark.MeshConfig] (`mesh`): addresses, ports and timeouts of the workers' mesh.
 """
 
 from torchspark.training.config.masters import (

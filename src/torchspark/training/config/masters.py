@@ -1,11 +1,11 @@
 """Training masters: frozen, validated configurations that say *how* a fit trains, on Spark or on one machine.
 
 ``ParameterAveragingTrainingMaster`` is DL4J's synchronous parameter averaging; ``SharedTrainingMaster`` (in
-:mod:`torchspark.training.config.shared_master`) is threshold-encoded gradient sharing. Both round-trip through JSON, and
+`torchspark.training.config.shared_master`) is threshold-encoded gradient sharing. Both round-trip through JSON, and
 both are plain training configuration: ``SparkNetwork`` and ``ParallelWrapper`` take the same objects
 (``torchspark.spark`` re-exports them). The worker-mesh options are validated once, by
-:class:`~torchspark.training.config.mesh.MeshConfig` (``master.mesh``); the values the shared options take and the
-checks that span several of them are in :mod:`torchspark.training.config.shared_options`.
+[`MeshConfig`][torchspark.MeshConfig] (``master.mesh``); the values the shared options take and the
+checks that span several of them are in `torchspark.training.config.shared_options`.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ class TrainingMaster:
         repartition_strategy: ``"balanced"`` (every worker trains ``floor(N/n)`` or ``ceil(N/n)`` of the ``N``
             examples, in minibatches of ``batch_size_per_worker`` except at most a short first and last one each;
             costs one extra pass that counts the examples of every partition, once per RDD with ``export``; see
-            :mod:`torchspark.training.assignment`) or ``"spark_default"`` (every partition's own
+            `torchspark.training.assignment`) or ``"spark_default"`` (every partition's own
             minibatches dealt round-robin over the workers in one shuffle, like Scala's ``rdd.repartition``: no
             counting pass; worker shares differ by up to one minibatch per input partition).
         rdd_training_approach: ``"export"`` (write the data once as batch files under ``export_directory`` and
@@ -117,7 +117,7 @@ class TrainingMaster:
             default. RDD inputs always take the RDD routes; a Connect session always takes the Arrow route.
             Example: ``ParameterAveragingTrainingMaster(num_workers=2, dataframe_route="barrier_arrow")``.
         storage_level: persistence of the prepared RDD with ``direct``: a ``pyspark.StorageLevel`` name
-            (:data:`STORAGE_LEVELS`, e.g. ``"MEMORY_AND_DISK"`` when the data does not fit in executor memory).
+            (`STORAGE_LEVELS`, e.g. ``"MEMORY_AND_DISK"`` when the data does not fit in executor memory).
         drop_last: train only full minibatches of ``batch_size_per_worker`` (as ``DataLoader(drop_last=True)``):
             the ``N % batch_size_per_worker`` remainder is not trained and workers get whole minibatches (their
             example counts then differ by up to one minibatch). Default False trains every example; either way the
@@ -130,7 +130,7 @@ class TrainingMaster:
             deal starts at a seeded worker and each worker's minibatches are in a seeded random order.
             ``repartition="never"`` (or a kept partition): each worker's own minibatches in a seeded random order.
             Every epoch after the network's first gets a new order, a pure function of the seed and the network's
-            epoch counter (:func:`torchspark.training.assignment.epoch_seed`), as ``shuffle_scope`` says;
+            epoch counter (`torchspark.training.assignment.epoch_seed`), as ``shuffle_scope`` says;
             ``averaging_via="spark"`` keeps one order per fit.
         shuffle_scope: what the per-epoch shuffle of ``rng_seed`` moves. ``"worker"`` (default): the seeded split
             of the minibatches over the workers is made once and kept for the whole run (every fit of the network);
@@ -156,7 +156,7 @@ class TrainingMaster:
             responding for ``rendezvous_timeout_s`` fails the running attempt; the driver then relaunches all
             workers (new processes / a new barrier stage) from the newest state it holds and the fit goes on.
             Errors in the user's code or data (``DataError``, a diverged loss, an exception in the model) are
-            never retried. See :mod:`torchspark.training.driver.recovery`.
+            never retried. See `torchspark.training.driver.recovery`.
         min_workers: elastic recovery: the fewest workers a fit goes on with when a recovery attempt cannot get all
             ``num_workers`` back (an executor gone for good, a worker slot that keeps dying). None (default):
             ``num_workers``, every attempt runs all of them. Below it, the attempt continues from the newest
@@ -164,7 +164,7 @@ class TrainingMaster:
             ranks) and it grows back when capacity returns (``regrow``); ``summary()["world_changes"]`` lists each
             change. Use it with a ``checkpoint_directory`` (else a smaller attempt restarts the fit) on clusters
             that lose nodes. Example: ``SharedTrainingMaster(num_workers=8, min_workers=4)``. See
-            :mod:`torchspark.training.driver.elastic` and docs/guides/recovery.md.
+            [`torchspark.training.driver.elastic`][torchspark.training.driver.elastic] and docs/guides/recovery.md.
         regrow: when a fit that shrank (``min_workers``) grows back to ``num_workers``: ``"epoch"`` at the first
             epoch boundary where the capacity is back (free task slots on Spark; the devices it was given on
             ``ParallelWrapper``), the workers ending their attempt there with a checkpoint, no failure needed;
@@ -178,7 +178,7 @@ class TrainingMaster:
             code at once; two such hangs at one step end the fit (not retried). Progress is reported every 10
             optimizer steps, and the first report of an attempt (rendezvous, first data, ``torch.compile``) may take
             twice as long. Raise it for very slow steps (huge minibatches or ``accumulate_steps``, a long compile);
-            lower it (e.g. 120) to catch hangs of a fast model sooner. See :mod:`torchspark.training.driver.stall`.
+            lower it (e.g. 120) to catch hangs of a fast model sooner. See [`torchspark.training.driver.stall`][torchspark.training.driver.stall].
         checkpoint_directory: where the fit writes checkpoints (any fsspec URL; on a cluster shared storage every
             executor can write and the driver can read, e.g. ``hdfs://...``/``s3://...``); None (default): no
             checkpoints. Each fit writes under ``<checkpoint_directory>/<run_id>/``; ``fit(..., run_id="r1")``
@@ -186,7 +186,7 @@ class TrainingMaster:
             updater and data order (else ConfigError), skipping damaged checkpoints. One fit per run at a time (a
             ``run.lock``); on local storage checkpoints are private (0600/0700) and the driver and workers must run
             as one user; ``memory://`` only with workers in this process. See
-            :mod:`torchspark.training.checkpoint` and :mod:`torchspark.training.driver.resume`.
+            `torchspark.training.checkpoint` and `torchspark.training.driver.resume`.
         checkpoint_every: averaging rounds (parameter averaging) or exchange iterations, one per optimizer step
             (gradient sharing) between checkpoints; None (default): once per epoch. Work lost to a fault is at most one interval; each
             checkpoint writes every rank's state (parameters, updater state, residuals) once, so an interval of a
@@ -206,8 +206,8 @@ class TrainingMaster:
         port, port_range, network_mask, controller_address, rendezvous_via, rendezvous_timeout_s: with
             shared_memory_allreduce, the worker-mesh options (how workers find and talk to each other), validated and
             documented by
-            :class:`~torchspark.training.config.mesh.MeshConfig`; :attr:`mesh` returns them as one frozen object and
-            :meth:`with_mesh` sets them all from one.
+            [`MeshConfig`][torchspark.MeshConfig]; [`mesh`][torchspark.TrainingMaster.mesh] returns them as one frozen object and
+            [`with_mesh`][torchspark.TrainingMaster.with_mesh] sets them all from one.
     """
 
     kind: ClassVar[str] = ""
@@ -331,12 +331,12 @@ class TrainingMaster:
         return master
 
     def to_yaml(self) -> str:
-        """:meth:`to_json`'s mapping as YAML (needs the ``[yaml]`` extra); :meth:`from_yaml` reads it back."""
+        """[`to_json`][torchspark.TrainingMaster.to_json]'s mapping as YAML (needs the ``[yaml]`` extra); [`from_yaml`][torchspark.TrainingMaster.from_yaml] reads it back."""
         return dump_mapping(json.loads(self.to_json()), "yaml")
 
     @classmethod
     def from_yaml(cls, text: str) -> TrainingMaster:
-        """Rebuild a master from :meth:`to_yaml` output (read with PyYAML's safe loader); on
+        """Rebuild a master from [`to_yaml`][torchspark.TrainingMaster.to_yaml] output (read with PyYAML's safe loader); on
         ``TrainingMaster`` any master, on a subclass only that kind (else ConfigError)."""
         master = master_from_json(json.dumps(load_mapping(text, "yaml", "the training master YAML")))
         if not isinstance(master, cls):
@@ -362,7 +362,7 @@ class ParameterAveragingTrainingMaster(TrainingMaster):
       driver averages. Nothing but Spark traffic, and a failed task is simply retried by Spark; but every round
       pays a job (tens to hundreds of milliseconds of scheduling) and a broadcast of the parameters, so use a
       larger ``averaging_frequency`` (10-20) and ``rdd_training_approach="export"`` (with ``"direct"`` every round
-      streams the worker's whole cached partition to Python). See :mod:`torchspark.spark.rounds`.
+      streams the worker's whole cached partition to Python). See `torchspark.spark.rounds`.
 
     Args:
         averaging_frequency: optimizer steps between averages (DL4J default 5; each step is ``accumulate_steps``
@@ -375,7 +375,7 @@ class ParameterAveragingTrainingMaster(TrainingMaster):
         aggregation_depth: ``treeAggregate`` depth for ``averaging_via="spark"`` (DL4J default 2). Each level
             sums partial results on executors before the driver receives them: 2 suits up to a few hundred
             workers; raise it to 3 when the driver's network or memory is the bottleneck with very many workers.
-    See :class:`TrainingMaster` for the shared options.
+    See [`TrainingMaster`][torchspark.TrainingMaster] for the shared options.
     """
 
     kind: ClassVar[str] = "averaging"

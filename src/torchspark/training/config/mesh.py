@@ -1,7 +1,7 @@
 """How the workers of one fit find and talk to each other: the worker-mesh options, validated in one place.
 
 Both training masters carry these options as flat keyword arguments (``port=``, ``network_mask=`` ...) and hand
-them to the runners as one :class:`MeshConfig` (``master.mesh``), which is where they are checked.
+them to the runners as one [`MeshConfig`][torchspark.MeshConfig] (``master.mesh``), which is where they are checked.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class MeshConfig:
             concurrent fits). Set it only when a firewall opens one fixed port between executors.
         network_mask: CIDR such as ``"10.0.0.0/16"``: workers advertise the local interface address inside it
             and gloo/NCCL use that interface. Default (None): the address each executor reaches the driver with,
-            which is right on almost every cluster (:mod:`torchspark.training.rendezvous.netif`); set a mask when executors
+            which is right on almost every cluster (`torchspark.training.rendezvous.netif`); set a mask when executors
             talk to each other on another network than to the driver. The environment variable
             ``TORCHSPARK_LOCAL_IP`` on an executor overrides both (DL4J's ``DL4J_VOID_IP``).
         controller_address: fixed address worker 0 advertises (overrides the mask).

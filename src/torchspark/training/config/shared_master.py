@@ -5,8 +5,8 @@ threshold-encodes it against a residual and
 exchanges the sparse message with all workers over ``torch.distributed`` (inside one Spark barrier stage, or
 between ``ParallelWrapper``'s worker processes); every
 replica applies the same sum of messages, so the replicas stay identical without averaging parameters. The worker
-loop is :mod:`torchspark.training.algorithms.sharing.loop` (with ``max_staleness``:
-:mod:`torchspark.training.algorithms.sharing.stale`); this module is only its validated, JSON-serialisable
+loop is `torchspark.training.algorithms.sharing.loop` (with ``max_staleness``:
+`torchspark.training.algorithms.sharing.stale`); this module is only its validated, JSON-serialisable
 configuration.
 """
 
@@ -58,8 +58,8 @@ class SharedTrainingMaster(TrainingMaster):
     latency dominates instead.
 
     Args:
-        threshold_algorithm: how the encoding threshold moves (:class:`~torchspark.encoding.AdaptiveThreshold`,
-            :class:`~torchspark.encoding.FixedThreshold`, :class:`~torchspark.encoding.TargetSparsityThreshold`, or
+        threshold_algorithm: how the encoding threshold moves ([`AdaptiveThreshold`][torchspark.encoding.AdaptiveThreshold],
+            [`FixedThreshold`][torchspark.encoding.FixedThreshold], [`TargetSparsityThreshold`][torchspark.encoding.TargetSparsityThreshold], or
             their ``to_dict()`` form). Default ``AdaptiveThreshold()``: sparsity band [1e-4, 1e-2] and a start
             calibrated from the workers' first updates (aiming at 1e-3, one value agreed by all workers), so it
             needs no tuning. ``AdaptiveThreshold(initial=1e-4)`` is DL4J's fixed start; with Adam at lr=1e-3 its
@@ -81,7 +81,7 @@ class SharedTrainingMaster(TrainingMaster):
             of one host overlap through shared memory without an exchange thread
             (``extra_config["sharing.overlap_via"]``).
         on_divergence: ``"fail"`` (default): a worker whose update is not finite or explodes (norm over 1000x the
-            parameters', :mod:`torchspark.nn.divergence`) ends the fit with TrainingError, "... the updater
+            parameters', `torchspark.nn.divergence`) ends the fit with TrainingError, "... the updater
             diverged. Lower the learning rate ...", as a NaN loss does under parameter averaging. ``"warn"``: log
             it and train on; the fit then warns (RuntimeWarning) and ``net.extra_config["sharing.divergence"]``
             holds the message. Threshold encoding keeps a diverged fit's loss finite, so without this check it
@@ -94,22 +94,22 @@ class SharedTrainingMaster(TrainingMaster):
             ``extra_config`` reports ``sharing.max_lag_steps``, ``sharing.replica_divergence`` (before that
             average), ``sharing.messages_sent`` / ``sharing.messages_applied``. With ``checkpoint_directory`` it
             checkpoints at each epoch's end (not ``checkpoint_every``). Not with ``overlap=False`` or
-            ``topology="sharded"`` (ConfigError); see :mod:`torchspark.training.algorithms.sharing.stale`.
+            ``topology="sharded"`` (ConfigError); see `torchspark.training.algorithms.sharing.stale`.
         topology: how the workers exchange messages: ``"all_gather"`` (every worker receives and decodes every
             message: receive bytes and decode work grow with the worker count N), ``"sharded"`` (reduce-scatter by
             parameter-index shards, then all-gather of the summed shards: receive bytes ~ ``min(N*m, dense)``
             instead of ``N*m``, which pays once the union of the workers' messages nears a dense update (many
             workers, or dense bitmap messages), at the price of about three times the per-step latency;
-            :mod:`torchspark.training.algorithms.sharing.sharded`) or ``"auto"`` (default: sharded when there are more than ``shard_above_workers``
+            `torchspark.training.algorithms.sharing.sharded`) or ``"auto"`` (default: sharded when there are more than ``shard_above_workers``
             workers). Results are bit-identical either way; ``net.extra_config["sharing.topology"]`` says which
             one a fit used.
         shard_above_workers: the worker count above which ``topology="auto"`` shards (default 128, from the cost
             model in ``docs/scaling.md``).
 
-    See :class:`~torchspark.training.config.masters.TrainingMaster` for the shared options (``batch_size_per_worker``,
+    See [`TrainingMaster`][torchspark.TrainingMaster] for the shared options (``batch_size_per_worker``,
     ``rdd_training_approach``, ``export_directory`` and ``rng_seed`` -- both honoured, unlike in DL4J --,
     ``repartition``, ``worker_prefetch_num_batches``, ``collect_training_stats``, timeouts) and the worker-mesh
-    options (``port``, ``network_mask``, ``controller_address``, ...: :class:`~torchspark.training.config.mesh.MeshConfig`).
+    options (``port``, ``network_mask``, ``controller_address``, ...: [`MeshConfig`][torchspark.MeshConfig]).
     """
 
     kind: ClassVar[str] = "sharing"
@@ -180,7 +180,7 @@ class SharedTrainingMaster(TrainingMaster):
 
     @property
     def mode(self) -> str:
-        """The workers' algorithm, a key of :data:`~torchspark.training.algorithms.ALGORITHMS`: ``"sharing"``
+        """The workers' algorithm, a key of [`ALGORITHMS`][torchspark.training.ALGORITHMS]: ``"sharing"``
         (synchronous), or ``"stale_sharing"`` when ``max_staleness`` is set."""
         return "sharing" if self.max_staleness is None else "stale_sharing"
 
@@ -193,8 +193,8 @@ class SharedTrainingMaster(TrainingMaster):
         )
 
     def algorithm_settings(self) -> dict[str, Any]:
-        """JSON-able settings of the algorithm :attr:`mode` names
-        (:class:`~torchspark.training.algorithms.sharing.settings.SharingSettings`)."""
+        """JSON-able settings of the algorithm [`mode`][torchspark.SharedTrainingMaster.mode] names
+        (`SharingSettings`)."""
         return SharingSettings(
             encoder=self.encoder_config(),
             overlap=self.overlap,

@@ -1,7 +1,7 @@
 """The values the options every training master shares can take, and the checks that span several options.
 
-:class:`~torchspark.training.config.masters.TrainingMaster` validates its options once, at construction: one option
-at a time through :mod:`torchspark.validation`, and the combinations through the functions here, whose messages name
+[`TrainingMaster`][torchspark.TrainingMaster] validates its options once, at construction: one option
+at a time through `torchspark.validation`, and the combinations through the functions here, whose messages name
 the option, the values that clash and the fix. Example: ``check_drop_last("MyMaster", True, "spark_default",
 "always")`` raises ConfigError.
 """
@@ -39,7 +39,7 @@ SHUFFLE_SCOPES = ("worker", "global")
 #: how a classic session trains a DataFrame: RDD routes (``rdd_training_approach``) or the Connect route's stage
 DATAFRAME_ROUTES = ("rdd", "barrier_arrow")
 AVERAGING_ROUTES = ("torch", "spark")
-#: when a fit that shrank grows back (``regrow``; :mod:`torchspark.training.driver.elastic`)
+#: when a fit that shrank grows back (``regrow``; [`torchspark.training.driver.elastic`][torchspark.training.driver.elastic])
 REGROW = ("epoch", "attempt", "never")
 #: the names of ``pyspark.StorageLevel``'s levels, spelled out so masters validate without importing pyspark (a test
 #: checks this equals pyspark's own set)
@@ -74,7 +74,7 @@ def check_drop_last(owner: str, drop_last: bool, repartition_strategy: str, repa
 def check_elastic(
     owner: str, min_workers: int | None, num_workers: int | None, regrow: str | None, checkpoint_directory: str | None
 ) -> None:
-    """``min_workers`` is in 1..``num_workers`` or None; ``regrow`` is one of :data:`REGROW` or None, and ``"epoch"``
+    """``min_workers`` is in 1..``num_workers`` or None; ``regrow`` is one of `REGROW` or None, and ``"epoch"``
     grows back from a checkpoint, so it needs a directory.
 
     Raises:

@@ -1,15 +1,15 @@
 """What every adapter (``SparkNetwork``, ``ParallelWrapper``) does around
-:func:`~torchspark.training.driver.fit.run_fit`, written once: its listeners, the checks before a fit, the fit itself
+`run_fit`, written once: its listeners, the checks before a fit, the fit itself
 and what the last fit left.
 
-An adapter turns the user's data into the workers' shares and picks a runner; :class:`FitAdapter` does the rest:
+An adapter turns the user's data into the workers' shares and picks a runner; `FitAdapter` does the rest:
 
   1. keeps the progress listeners (plain callables) and the training listeners (``TrainingListener`` objects);
-  2. before a fit, :func:`check_first_batch` runs the network on a few examples of the first minibatch, so a wrong
+  2. before a fit, `check_first_batch` runs the network on a few examples of the first minibatch, so a wrong
      shape or a NaN fails on the driver before any worker starts;
-  3. :meth:`FitAdapter.fit` builds the task (workers report their agreed scores when a training listener listens),
-     wires the training listeners to the fit's events, runs :func:`run_fit`;
-  4. keeps the outcome: :attr:`FitAdapter.score`, :attr:`FitAdapter.results`, :attr:`FitAdapter.stats`.
+  3. `FitAdapter.fit` builds the task (workers report their agreed scores when a training listener listens),
+     wires the training listeners to the fit's events, runs `run_fit`;
+  4. keeps the outcome: `FitAdapter.score`, `FitAdapter.results`, `FitAdapter.stats`.
 ``training`` never imports ``listeners``: the adapter passes the listener class and the event source it uses
 (``TrainingListener``, ``TrainingEvents``).
 """
@@ -38,8 +38,8 @@ __all__ = ["FitAdapter", "OpenEvents", "check_runner", "check_first_batch", "ela
 
 
 class OpenEvents(Protocol):
-    """Builds one fit's :class:`~torchspark.training.driver.fit.FitEvents` for its training listeners (the
-    signature of :class:`torchspark.listeners.TrainingEvents`)."""
+    """Builds one fit's `FitEvents` for its training listeners (the
+    signature of [`torchspark.listeners.TrainingEvents`][torchspark.listeners.TrainingEvents])."""
 
     def __call__(
         self, listeners: Sequence[Any], *, runner: str, master: Any, network: Any, epochs: int, num_workers: int
@@ -47,7 +47,7 @@ class OpenEvents(Protocol):
 
 
 def check_runner(runner: Any) -> None:
-    """Refuse a ``runner=`` that is not a :class:`~torchspark.training.driver.runner.Runner` (None: the adapter's
+    """Refuse a ``runner=`` that is not a [`Runner`][torchspark.training.Runner] (None: the adapter's
     own).
 
     Raises:
@@ -118,7 +118,7 @@ class FitAdapter:
 
         Raises:
             ConfigError: ``listener`` is not a ``TrainingListener`` (a plain callable goes to
-                :meth:`add_progress_listener`).
+                `add_progress_listener`).
         """
         if not isinstance(listener, self._listener_type):
             raise ConfigError(
@@ -148,7 +148,7 @@ class FitAdapter:
         data_for: Callable[[int], Any] | None = None,
         capacity: Callable[[], int | None] | None = None,
     ) -> FitOutcome:
-        """Train ``network`` in place on ``data`` through ``runner`` (:func:`run_fit`) and keep the outcome.
+        """Train ``network`` in place on ``data`` through ``runner`` (`run_fit`) and keep the outcome.
 
         Args:
             network, master, runner, data: the fit (``data`` in the form ``runner`` takes).
@@ -165,11 +165,11 @@ class FitAdapter:
             data_for: ``data`` re-dealt over ``n`` workers (elastic recovery, the master's ``min_workers``); None:
                 this route cannot re-deal its data.
             capacity: how many workers the runner can start now; None: the runner's own ``capacity()`` method
-                when it has one (:class:`~torchspark.spark.runners.SparkBarrierRunner`: free task slots), else
+                when it has one (`SparkBarrierRunner`: free task slots), else
                 unknown.
         Raises:
             ConfigError: ``min_workers`` above ``num_workers``, or below it on a route that cannot re-deal its data.
-            WorkerError: as :func:`run_fit`; the outcome of the previous fit is kept then.
+            WorkerError: as `run_fit`; the outcome of the previous fit is kept then.
         """
         task = build_task(
             network,
@@ -222,7 +222,7 @@ def elastic_plan(
     data_for: Callable[[int], Any] | None,
     capacity: Callable[[], int | None] | None = None,
 ) -> Elastic | None:
-    """The fit's :class:`~torchspark.training.driver.elastic.Elastic` when the master's ``min_workers`` is below the
+    """The fit's [`Elastic`][torchspark.training.driver.elastic.Elastic] when the master's ``min_workers`` is below the
     fit's ``num_workers`` (None otherwise: every attempt runs every worker); the master's ``regrow`` resolved (None:
     ``"epoch"`` with a ``checkpoint_directory``, else ``"attempt"``).
 

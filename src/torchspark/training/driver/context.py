@@ -1,6 +1,6 @@
-"""The driver's side of one attempt of a fit, offered to the runner: :class:`FitContext` (the
-:class:`~torchspark.training.driver.runner.RunContext` of :func:`~torchspark.training.driver.fit.run_fit`): the progress
-channel (server or directory), the watchdogs (silent workers; no progress: :mod:`~torchspark.training.driver.stall`),
+"""The driver's side of one attempt of a fit, offered to the runner: `FitContext` (the
+`RunContext` of `run_fit`): the progress
+channel (server or directory), the watchdogs (silent workers; no progress: [`stall`][torchspark.training.driver.stall]),
 the workers' reported errors and pids, the furthest progress heard."""
 
 from __future__ import annotations
@@ -28,22 +28,22 @@ log = logging.getLogger(__name__)
 
 
 class FitContext:
-    """The driver's side of one fit, offered to the runner (the :class:`~torchspark.training.driver.runner.RunContext`).
+    """The driver's side of one fit, offered to the runner (the `RunContext`).
 
     The progress server opens only when a runner asks for its address: the rounds route reports progress from the
-    driver (:meth:`notify`) and needs no port.
+    driver (`notify`) and needs no port.
 
     Args:
         network: the driver's network.
         recorder: the driver's stats recorder.
         description: names the fit in job descriptions.
         listeners: progress listeners (the caller's and the bar's), called on driver threads.
-        score_listeners: called with each :class:`ScoreReport` workers send.
+        score_listeners: called with each [`ScoreReport`][torchspark.training.ScoreReport] workers send.
         attempt: which launch of the workers this is (0 first; each recovery adds one). Runners name everything
             an attempt's workers read by it (rendezvous keys, job descriptions), and each attempt has its own
             progress server and token, so nothing a failed attempt left behind is read by the next.
         stall_timeout_s: the master's ``stall_timeout_s``: the watchdog fails the attempt when no worker reported a
-            new step for this long (:mod:`~torchspark.training.driver.stall`); None: no progress watchdog.
+            new step for this long ([`stall`][torchspark.training.driver.stall]); None: no progress watchdog.
     """
 
     def __init__(
@@ -88,7 +88,7 @@ class FitContext:
 
     def progress_directory(self, base: str, poll_s: float = 1.0, flush_s: float = 1.0) -> ProgressDirectory:
         """Start polling a fresh directory under ``base`` (once per attempt: ``base/fit-<id>-a<attempt>``) and return
-        where workers write (:mod:`torchspark.training.progress.files`): the channel for a driver the executors
+        where workers write (`torchspark.training.progress.files`): the channel for a driver the executors
         cannot connect to. After a fit that succeeded the directory is removed; after a failure it stays."""
         if self._server is None:
             url = join(base, f"fit-{uuid.uuid4().hex[:12]}-a{self.attempt}")
@@ -102,9 +102,9 @@ class FitContext:
         return self._server.errors() if self._server is not None else []
 
     def stalled(self, world_size: int, timeout_s: float) -> WorkerLost | None:
-        """The watchdog: a :class:`WorkerLost` when a rank stopped sending heartbeats for ``timeout_s``, or every
-        rank finished but the runner still waits ``timeout_s`` later (:mod:`torchspark.training.progress.liveness`),
-        or no rank reported a new step for ``stall_timeout_s`` (:mod:`~torchspark.training.driver.stall`); None while
+        """The watchdog: a [`WorkerLost`][torchspark.errors.WorkerLost] when a rank stopped sending heartbeats for ``timeout_s``, or every
+        rank finished but the runner still waits ``timeout_s`` later (`torchspark.training.progress.liveness`),
+        or no rank reported a new step for ``stall_timeout_s`` ([`stall`][torchspark.training.driver.stall]); None while
         all is well or without a progress server."""
         if self._server is None:
             return None

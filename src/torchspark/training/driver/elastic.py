@@ -2,11 +2,11 @@
 when capacity returns.
 
 With ``min_workers`` below ``num_workers`` on the training master, the driver's recovery
-(:func:`torchspark.training.driver.fit.run_fit`) chooses the world size of each new attempt (:func:`next_world`, a
+(`torchspark.training.driver.fit.run_fit`) chooses the world size of each new attempt ([`next_world`][torchspark.training.driver.elastic.next_world], a
 pure policy):
 
 1. **shrink** when the runner reports fewer free worker slots than the failed attempt had (an executor gone for
-   good, dynamic allocation taking executors away: :class:`Elastic` ``capacity``), or when the same rank was lost in
+   good, dynamic allocation taking executors away: [`Elastic`][torchspark.training.driver.elastic.Elastic] ``capacity``), or when the same rank was lost in
    two attempts in a row at this size (a slot that keeps dying: a bad host, a device that keeps failing); never
    below ``min_workers``;
 2. **grow back** to ``num_workers`` (or as many as the runner can start) at the next attempt after a shrink
@@ -16,7 +16,7 @@ pure policy):
 **Growing back at an epoch boundary** (``regrow="epoch"``, the default with a ``checkpoint_directory``): while the
 world is smaller than ``num_workers``, each attempt runs to the next epoch boundary only (its task's ``epochs``
 end there, so the workers finish cleanly with the epoch's checkpoint, and no failure is recorded); the driver then
-asks the runner for its capacity (:func:`grow_at_boundary`: Spark's free task slots; ``ParallelWrapper`` cannot
+asks the runner for its capacity ([`grow_at_boundary`][torchspark.training.driver.elastic.grow_at_boundary]: Spark's free task slots; ``ParallelWrapper`` cannot
 tell, and takes the devices it was given as there) and either grows (re-sharding that checkpoint, re-dealing the
 data) or runs the next epoch at the same size. If the attempt right after such a growth loses a worker, the capacity
 did not hold (a slot that still dies): the world goes back to its size before, that failure does not count against
@@ -24,9 +24,9 @@ did not hold (a slot that still dies): the world goes back to its size before, t
 failure may still grow it, as ``"attempt"`` does). So a slot that is bad for good costs one failed attempt, not one
 per epoch.
 
-A new size restarts from the newest checkpoint, **re-sharded** for the new world by :func:`reshard_checkpoint`
+A new size restarts from the newest checkpoint, **re-sharded** for the new world by [`reshard_checkpoint`][torchspark.training.driver.elastic.reshard_checkpoint]
 (a new checkpoint written next to it, so the workers' resume is the one they always run), and the adapter re-deals
-the data over the new number of workers (:class:`Elastic` ``data_for``). Each change is a :class:`WorldChange` in
+the data over the new number of workers ([`Elastic`][torchspark.training.driver.elastic.Elastic] ``data_for``). Each change is a [`WorldChange`][torchspark.training.driver.elastic.WorldChange] in
 ``summary()["world_changes"]``.
 
 What the re-sharding does with each rank's state (new rank ``r`` of ``n``, old world ``N``):
@@ -40,7 +40,7 @@ What the re-sharding does with each rank's state (new rank ``r`` of ``n``, old w
   start with zero residuals: old rank ``r`` keeps its own residual as new rank ``r`` (growing back after a shrink,
   new rank 0 holds the merged residual of every rank it took over; the ranks that return start owing nothing), so
   every update still owed is owed exactly once. The **threshold state** of every new rank is the mean over the old ranks
-  (:func:`~torchspark.encoding.threshold.average_states`, as the end of a fit reconciles it);
+  ([`average_states`][torchspark.encoding.average_states], as the end of a fit reconciles it);
 * the data position inside an interrupted epoch: the minibatches the old ranks had consumed, in total, are dealt
   evenly over the new ranks (each skips its share of the re-dealt epoch). The re-dealt epoch holds the same
   examples over other workers, so the examples skipped are not exactly those trained before the cut: the count of
@@ -81,7 +81,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class WorldChange:
-    """One change of a fit's world size, as ``summary()["world_changes"]`` lists it (JSON through :meth:`to_dict`).
+    """One change of a fit's world size, as ``summary()["world_changes"]`` lists it (JSON through [`to_dict`][torchspark.training.driver.elastic.WorldChange.to_dict]).
 
     Attributes:
         attempt: the attempt that runs at the new size.
@@ -104,7 +104,7 @@ class WorldChange:
 
 @dataclass(frozen=True)
 class Elastic:
-    """What an adapter hands :func:`~torchspark.training.driver.fit.run_fit` so a fit can change its world size.
+    """What an adapter hands `run_fit` so a fit can change its world size.
 
     Args:
         num_workers: the size the fit asks for (and grows back to).
@@ -160,7 +160,7 @@ def next_world(
         target: ``num_workers``.
         min_workers: the floor.
         capacity: workers the runner can start now (None: unknown).
-        repeated: the rank lost in the last two attempts at this size (:func:`repeated_rank`), or None.
+        repeated: the rank lost in the last two attempts at this size ([`repeated_rank`][torchspark.training.driver.elastic.repeated_rank]), or None.
         regrow: whether a smaller world may grow back (False: ``regrow="never"``).
     """
     if capacity is not None and capacity < current:
@@ -259,7 +259,7 @@ class WorldTracker:
     """The world size of a fit's attempts, and the data for it (the driver's recovery loop holds one per fit).
 
     Args:
-        elastic: the fit's :class:`Elastic` (None: the world never changes).
+        elastic: the fit's [`Elastic`][torchspark.training.driver.elastic.Elastic] (None: the world never changes).
         data: the workers' data the fit starts with (``elastic.num_workers`` workers).
     """
 
@@ -287,8 +287,8 @@ class WorldTracker:
         return replace(task, epochs=min(task.epochs, boundary))
 
     def at_boundary(self, attempt: int, task: WorkerTask) -> None:
-        """A bounded attempt (:meth:`bounded`) ended cleanly at an epoch boundary: grow attempt ``attempt``'s world
-        when the capacity is back (:func:`grow_at_boundary`)."""
+        """A bounded attempt ([`bounded`][torchspark.training.driver.elastic.WorldTracker.bounded]) ended cleanly at an epoch boundary: grow attempt ``attempt``'s world
+        when the capacity is back ([`grow_at_boundary`][torchspark.training.driver.elastic.grow_at_boundary])."""
         assert self.elastic is not None and self.world is not None
         new, reason = grow_at_boundary(self.world, self.elastic.num_workers, self.elastic.free_slots())
         if new != self.world:
@@ -302,8 +302,8 @@ class WorldTracker:
 
     def after_failure(self, rank: int | None, attempt: int, task: WorkerTask) -> None:
         """Attempt ``attempt - 1`` lost rank ``rank`` (None: unknown): choose attempt ``attempt``'s world size
-        (:func:`next_world`; after a growth that did not hold, the size before it, and no more growth at epoch
-        boundaries); on a change re-shard the run's newest checkpoint (:func:`reshard_checkpoint`) and re-deal the
+        ([`next_world`][torchspark.training.driver.elastic.next_world]; after a growth that did not hold, the size before it, and no more growth at epoch
+        boundaries); on a change re-shard the run's newest checkpoint ([`reshard_checkpoint`][torchspark.training.driver.elastic.reshard_checkpoint]) and re-deal the
         data."""
         if self.elastic is None or self.world is None:
             return

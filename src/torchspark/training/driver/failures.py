@@ -2,11 +2,11 @@
 which worker's error is the cause (not a peer's reaction to it), the end of its traceback, and the error the driver
 raises.
 
-A worker's failure becomes a :class:`~torchspark.errors.WorkerError` carrying the end of its traceback
-(:func:`worker_failure`: ``worker 1 failed: ValueError: bad input`` then ``--- worker traceback ---``); when the
+A worker's failure becomes a [`WorkerError`][torchspark.errors.WorkerError] carrying the end of its traceback
+(`worker_failure`: ``worker 1 failed: ValueError: bad input`` then ``--- worker traceback ---``); when the
 worker raised one of our errors (a ``DataError`` found mid-training) the error is that class too
-(:func:`worker_error_type`). The first error to arrive is often a peer's symptom ("Connection closed by peer"), so
-the routes give the failing worker a moment to report its own (:func:`wait_for_root_cause`).
+(`worker_error_type`). The first error to arrive is often a peer's symptom ("Connection closed by peer"), so
+the routes give the failing worker a moment to report its own (`wait_for_root_cause`).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def wait_for_root_cause(
     receive: Callable[[float], bool] | None = None,
     poll_s: float = 0.05,
 ) -> tuple[int, str] | None:
-    """:func:`root_cause` of ``errors()`` once one of them is a cause, or when ``wait_s`` has passed.
+    """`root_cause` of ``errors()`` once one of them is a cause, or when ``wait_s`` has passed.
 
     Args:
         errors: the ``(rank, traceback)`` reports so far (re-read after every wait).
@@ -93,7 +93,7 @@ def last_line(tb: str, default: str = "unknown error") -> str:
 
 def worker_failure(rank: int, tb: str) -> WorkerError:
     """The error the driver raises for worker ``rank`` that failed with traceback ``tb``: its last line, then the
-    end of the traceback, as :func:`worker_error_type`'s class.
+    end of the traceback, as `worker_error_type`'s class.
 
     Example: ``raise worker_failure(1, tb)`` -> ``WorkerError: worker 1 failed: ValueError: bad input`` followed
     by ``--- worker traceback ---`` and the traceback's last 20 lines.
@@ -117,7 +117,7 @@ _MIXED: dict[type, type[WorkerError]] = {}
 def worker_error_type(tb: str) -> type[WorkerError]:
     """The class of the error the driver raises for a worker that failed with traceback ``tb``.
 
-    :class:`WorkerError`, or, when the worker raised one of our errors ``X`` (``DataError``, ``ConfigError``...), a
+    [`WorkerError`][torchspark.errors.WorkerError], or, when the worker raised one of our errors ``X`` (``DataError``, ``ConfigError``...), a
     subclass of both (``WorkerDataError``), so ``except DataError`` catches bad data whether the driver or a worker
     found it, and ``except WorkerError`` still catches every worker failure.
     """

@@ -1,25 +1,25 @@
 """One fit's life cycle on the driver, the same for every way of running workers.
 
 ``SparkNetwork`` and ``ParallelWrapper`` are thin adapters: they turn the user's data into the workers' shares and
-pick a :class:`~torchspark.training.driver.runner.Runner`; then :func:`run_fit`
+pick a [`Runner`][torchspark.training.Runner]; then `run_fit`
 
-  1. builds the :class:`WorkerTask` from the network and the training master (:func:`build_task`);
+  1. builds the [`WorkerTask`][torchspark.training.WorkerTask] from the network and the training master (`build_task`);
   2. opens the fit's progress side: the progress bar, the caller's listeners, and (when the runner asks for it) the
-     progress server workers stream to (:class:`FitContext`);
+     progress server workers stream to (`FitContext`);
   3. runs the workers through the runner (which times the driver's ``fit`` phase: the rounds route has one per
      round, between its ``broadcast`` and ``aggregation`` phases); the runner maps a worker's failure to
-     :class:`~torchspark.errors.WorkerError` (the root cause, with its traceback), and a lost worker, process,
-     executor or hung peer to :class:`~torchspark.errors.WorkerLost`;
-  3a. on ``WorkerLost``, while ``max_failures`` allows (:func:`torchspark.training.driver.recovery.decide`), records the
+     [`WorkerError`][torchspark.errors.WorkerError] (the root cause, with its traceback), and a lost worker, process,
+     executor or hung peer to [`WorkerLost`][torchspark.errors.WorkerLost];
+  3a. on ``WorkerLost``, while ``max_failures`` allows (`torchspark.training.driver.recovery.decide`), records the
      failure and runs the workers again as a new *attempt* (new processes / barrier stage, a new progress server
      and token, rendezvous keys named by the attempt) from the newest state the driver can reach: the fit's newest
-     checkpoint, else the task the fit started with (:func:`restart_task`);
+     checkpoint, else the task the fit started with (`restart_task`);
   4. always closes the bar and each attempt's progress server, reading what finished workers sent last;
   5. merges the results into the driver's network (rank 0's parameters, updater state and buffers; the iteration
      and epoch counters advance by the fit's totals, whatever a runner did to them in between);
-  6. builds the fit's :class:`~torchspark.stats.TrainingStats` when stats are collected.
+  6. builds the fit's [`TrainingStats`][torchspark.stats.TrainingStats] when stats are collected.
 A change to "what happens when a worker dies" (retry, checkpoint) belongs here, once for every route. Before the
-workers start, :func:`~torchspark.training.driver.resume.resume_task` turns the task into the one that continues the
+workers start, `resume_task` turns the task into the one that continues the
 run's newest checkpoint, when the fit checkpoints and its run has one (``fit(..., run_id=...)``).
 """
 
@@ -77,8 +77,8 @@ class FitOutcome:
 
 
 class FitEvents(Protocol):
-    """What :func:`run_fit` tells a fit's training listeners (implemented by
-    :class:`torchspark.listeners.TrainingEvents`, which the adapters pass in: ``training`` never imports
+    """What `run_fit` tells a fit's training listeners (implemented by
+    [`torchspark.listeners.TrainingEvents`][torchspark.listeners.TrainingEvents], which the adapters pass in: ``training`` never imports
     ``listeners``)."""
 
     def start(self) -> None:
@@ -113,7 +113,7 @@ def build_task(
     network's weights).
 
     With a ``checkpoint_directory`` on the master the task carries the fit's
-    :class:`~torchspark.training.checkpoint.CheckpointPlan`: run ``run_id`` (a fresh id when None);
+    `CheckpointPlan`: run ``run_id`` (a fresh id when None);
     ``restart_epoch``: a resumed rank whose data no longer matches its checkpoint's position trains the interrupted
     epoch again from its start instead of refusing.
 
@@ -145,7 +145,7 @@ def restart_task(task: WorkerTask, attempt: int) -> tuple[WorkerTask, dict[str, 
     """The task attempt ``attempt`` runs and where it restarts from (``summary()["recovered_from"]``).
 
     The newest state the driver can reach: the fit's newest complete checkpoint
-    (:func:`~torchspark.training.driver.resume.resume_task`; the lost work is then at most one ``checkpoint_every``
+    (`resume_task`; the lost work is then at most one ``checkpoint_every``
     interval), else the state the fit started with (the original task: all of the failed attempt's work is lost).
     ``recovered_from`` says which: ``checkpoint`` (its path, or None), ``epoch`` (epochs of the fit done there) and
     ``iteration`` (the fit's iterations done there).
@@ -183,28 +183,28 @@ def run_fit(
 
     Args:
         network: the driver's network, updated in place.
-        task: from :func:`build_task`.
-        runner: how workers run (any :class:`~torchspark.training.driver.runner.Runner`).
+        task: from `build_task`.
+        runner: how workers run (any [`Runner`][torchspark.training.Runner]).
         data: the workers' shares in the form ``runner`` takes.
         recorder: the driver's stats collector (its phases become the ``driver`` row of the stats).
         description: names the fit in Spark's UI and in messages.
         listeners: the caller's progress listeners.
         score_listeners: called with the scores workers report (``task.report_scores``).
         progress: draw a progress bar (None: only when stderr is a terminal).
-        events: the fit's training listeners (:class:`FitEvents`, e.g. :class:`~torchspark.listeners.TrainingEvents`):
+        events: the fit's training listeners (`FitEvents`, e.g. [`TrainingEvents`][torchspark.listeners.TrainingEvents]):
             fed by the progress channel, told when the fit starts and ends (also when it fails).
         max_failures: lost workers the fit recovers from (the master's ``max_failures``); 0 = none.
         total_examples: examples the whole fit trains (all epochs), when known: the bar then shows the total, the
             percentage and the time left.
         elastic: lets a recovery attempt run with fewer workers (down to ``min_workers``) and grow back
-            (:mod:`~torchspark.training.driver.elastic`); None: every attempt runs ``data``'s workers.
+            ([`elastic`][torchspark.training.driver.elastic]); None: every attempt runs ``data``'s workers.
         stall_timeout_s: the progress watchdog (the master's ``stall_timeout_s``): an attempt in which no worker
-            reports a new step for this long fails as a hang (:mod:`~torchspark.training.driver.stall`); None: off.
+            reports a new step for this long fails as a hang ([`stall`][torchspark.training.driver.stall]); None: off.
     Raises:
         ConfigError: a checkpointing fit whose storage is unusable or whose run another live fit holds
-            (:func:`~torchspark.training.driver.resume.open_run`), found before any worker starts.
+            (`open_run`), found before any worker starts.
         WorkerError: a worker failed (the user's error, never retried), or ``max_failures`` was exhausted (then a
-            :class:`WorkerLost` listing every failure); the network keeps what it had (the rounds route: the last
+            [`WorkerLost`][torchspark.errors.WorkerLost] listing every failure); the network keeps what it had (the rounds route: the last
             completed round).
     """
     lock = open_run(task.checkpoint, isinstance(runner, InProcessRunner))
@@ -334,7 +334,7 @@ def _retry_or_raise(
 ) -> int:
     """After the lost attempt ``failures[-1]``: raise when the fit ends there (the same hang twice, or
     ``max_failures`` exhausted), else return the failures counted so far (``counts``: 0 for a growth at an epoch
-    boundary that did not hold, :mod:`~torchspark.training.driver.elastic`)."""
+    boundary that did not hold, [`elastic`][torchspark.training.driver.elastic])."""
     if repeated_hang(failures):
         raise hang_error(failures, error) from error
     if decide(error, counted + counts, max_failures) is Decision.EXHAUSTED:

@@ -1,8 +1,8 @@
 """Automatic recovery: what a failed attempt was, and whether the driver starts another one.
 
-The driver (:func:`torchspark.training.driver.fit.run_fit`) runs the workers as *attempts*: attempt 0 first; when the
-runner raises :class:`~torchspark.errors.WorkerLost` (a worker, its process or its executor lost, or a peer that
-stopped responding), it records a :class:`FailureRecord` and, while :func:`decide` says so, starts the next attempt
+The driver (`torchspark.training.driver.fit.run_fit`) runs the workers as *attempts*: attempt 0 first; when the
+runner raises [`WorkerLost`][torchspark.errors.WorkerLost] (a worker, its process or its executor lost, or a peer that
+stopped responding), it records a `FailureRecord` and, while `decide` says so, starts the next attempt
 (new processes / a new barrier stage, a new progress token and rendezvous keys) from the newest state it holds.
 
 Errors that are the user's (a ``DataError`` or ``ConfigError`` a worker raised, a diverged loss, an exception in
@@ -34,7 +34,7 @@ __all__ = [
 
 @dataclass(frozen=True)
 class FailureRecord:
-    """One failed attempt, as ``summary()["failures"]`` lists it (JSON-able through :meth:`to_dict`).
+    """One failed attempt, as ``summary()["failures"]`` lists it (JSON-able through `to_dict`).
 
     Args:
         attempt: the attempt that failed (0 = the first launch).
@@ -104,7 +104,7 @@ def record_failure(
     pids: dict[int, int | None] | None = None,
     suspect: int | None = None,
 ) -> FailureRecord:
-    """The :class:`FailureRecord` of ``error``, seen now; ``reached`` is the attempt's furthest
+    """The `FailureRecord` of ``error``, seen now; ``reached`` is the attempt's furthest
     ``(epoch, iteration)``, ``pids`` each rank's process id, ``suspect`` the rank the driver believes lost when
     the error names none (the first whose progress connection closed without an error)."""
     reason = error.reason or (str(error).splitlines() or ["unknown"])[0]
@@ -164,7 +164,7 @@ def repeated_hang(failures: Sequence[FailureRecord]) -> bool:
     A lost machine fails an attempt wherever it happens to be; a hang in the model's code or data (a deadlock in
     ``forward``, a loader that never returns, a batch that makes a custom op spin) stops every attempt at the same
     minibatch. Retrying that costs ``max_failures`` x ``rendezvous_timeout_s`` and ends in the same place, so the
-    driver stops after the second identical hang (:func:`hang_error`). Two attempts that the progress watchdog
+    driver stops after the second identical hang (`hang_error`). Two attempts that the progress watchdog
     stopped before any worker's first report (``exit_status`` ``"no progress"``: every rank had connected) stopped at
     the same place too.
     """

@@ -1,17 +1,17 @@
 """The driver side of resuming: turn a fit's task into the task that continues from its run's newest usable
-checkpoint, and open the run for a fit (:func:`open_run`: its lock, checked before any worker starts).
+checkpoint, and open the run for a fit (`open_run`: its lock, checked before any worker starts).
 
-What is trusted of a checkpoint (:mod:`torchspark.training.checkpoint.trust`): every count of its manifest and rank
+What is trusted of a checkpoint (`torchspark.training.checkpoint.trust`): every count of its manifest and rank
 files is bounded and consistent, its files are this user's alone (local storage), its parameters are finite, and
 it was written by the same fit: the same algorithm and settings, the same network (updater, learning rate, losses,
 regularisation, precision) and the same data order (``rng_seed``, ``accumulate_steps``, ``drop_last``,
 ``batch_size_per_worker`` of the master). A damaged checkpoint is skipped with a warning naming it, and the resume
 falls back to the previous complete one; when every checkpoint of the run is damaged the fit is refused (never a
 silent fresh start that would prune them). A checkpoint of another fit is refused with a
-:class:`~torchspark.errors.ConfigError` saying what differs, and so is a checkpoint whose manifest names another
+[`ConfigError`][torchspark._io.ConfigError] saying what differs, and so is a checkpoint whose manifest names another
 ``run_id`` (copied or moved into this run's directory): resuming it would continue another run under this name.
 Whether the data still matches a checkpoint cut inside an epoch is the workers' to check, on the minibatches they
-skip (:mod:`torchspark.training.checkpoint.position`).
+skip (`torchspark.training.checkpoint.position`).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def open_run(plan: CheckpointPlan | None, in_process: bool) -> RunLock | None:
     Raises:
         ConfigError: ``memory://`` with workers in other processes; a checkpoint directory that cannot be created
             or written (read-only, a file in the way); a run directory another user owns; another live fit of the
-            same run (:func:`~torchspark.training.checkpoint.lock.acquire_run_lock`).
+            same run (`acquire_run_lock`).
     """
     if plan is None:
         return None
@@ -145,7 +145,7 @@ def _candidates(task: WorkerTask) -> list[tuple[ResumePoint, bytes] | str]:
 
 
 def find_resume_point(task: WorkerTask) -> ResumePoint | None:
-    """The newest usable checkpoint of ``task``'s run as a :class:`ResumePoint` (None: none, or the task does not
+    """The newest usable checkpoint of ``task``'s run as a `ResumePoint` (None: none, or the task does not
     checkpoint).
 
     Raises:
@@ -220,12 +220,12 @@ def resume_task(task: WorkerTask) -> tuple[WorkerTask, ResumePoint | None]:
     newest checkpoint of this very fit). Cheap when there is no checkpoint (one directory listing).
 
     Args:
-        task: the fit's task as :func:`~torchspark.training.driver.fit.build_task` made it (any earlier ``resume`` is
+        task: the fit's task as `build_task` made it (any earlier ``resume`` is
             replaced).
     Returns:
         ``(task, point)``: ``point`` is None when the fit starts from ``task``'s own blueprint.
     Raises:
-        ConfigError: the run's checkpoint does not fit this task (see :func:`find_resume_point`).
+        ConfigError: the run's checkpoint does not fit this task (see `find_resume_point`).
         SerializationError: every checkpoint of the run is damaged.
     """
     base = dataclasses.replace(task, resume=None)

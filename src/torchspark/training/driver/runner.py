@@ -1,19 +1,19 @@
 """Runners launch ``run_worker`` on N workers and collect their results: the one protocol every route implements.
 
-The driver (:mod:`torchspark.training.driver`) hands a runner the :class:`WorkerTask`, the workers' data and a
-:class:`RunContext` (the fit's progress channel, stats and network); the runner starts the workers, supervises them
+The driver (`torchspark.training.driver`) hands a runner the [`WorkerTask`][torchspark.training.WorkerTask], the workers' data and a
+`RunContext` (the fit's progress channel, stats and network); the runner starts the workers, supervises them
 and returns their results by rank. Implementations:
 
-* :class:`InProcessRunner` (here): threads of this process with an in-memory communicator; any adapter's data
+* [`InProcessRunner`][torchspark.training.InProcessRunner] (here): threads of this process with an in-memory communicator; any adapter's data
   (``SparkNetwork(..., runner=InProcessRunner())`` too), so tests check a master's logic without processes;
-* :class:`~torchspark.parallel.runner.LocalProcessRunner`: worker processes on this machine (``ParallelWrapper``);
-* :class:`~torchspark.spark.runners.SparkBarrierRunner`: one Spark barrier stage whose tasks all-reduce;
-* :class:`~torchspark.spark.runners.SparkRoundsRunner`: one Spark job per averaging round (``averaging_via="spark"``).
-* :class:`~torchspark.spark.connect.runner.ConnectBarrierRunner`: one barrier ``mapInArrow`` stage of a Spark Connect
+* [`LocalProcessRunner`][torchspark.parallel.LocalProcessRunner]: worker processes on this machine (``ParallelWrapper``);
+* `SparkBarrierRunner`: one Spark barrier stage whose tasks all-reduce;
+* `SparkRoundsRunner`: one Spark job per averaging round (``averaging_via="spark"``).
+* `ConnectBarrierRunner`: one barrier ``mapInArrow`` stage of a Spark Connect
   session (no SparkContext: weights in the closure or as artifacts, results as rows).
 
-A worker's failure becomes a :class:`~torchspark.errors.WorkerError` carrying the end of its traceback, on every
-route (:mod:`~torchspark.training.driver.failures`).
+A worker's failure becomes a [`WorkerError`][torchspark.errors.WorkerError] carrying the end of its traceback, on every
+route (`failures`).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ __all__ = ["Runner", "RunContext", "NullContext", "NULL_CONTEXT", "WorkerData", 
 
 class RunContext(Protocol):
     """What the driver offers a runner during one fit: implemented by
-    :class:`~torchspark.training.driver.fit.FitContext`, and by :data:`NULL_CONTEXT` for a runner used on its own.
+    `FitContext`, and by `NULL_CONTEXT` for a runner used on its own.
 
     Attributes:
         network: the driver's network. Runners that keep the fit's state on the driver between jobs (the rounds
@@ -47,7 +47,7 @@ class RunContext(Protocol):
         description: a short name of the fit for job descriptions and messages.
         attempt: which launch of the workers this is (0 first; each recovery adds one).
         stall_timeout_s: the master's ``stall_timeout_s`` (None: off), for runners that watch progress themselves
-            (the rounds route: :func:`~torchspark.training.driver.stall.round_watch`).
+            (the rounds route: [`round_watch`][torchspark.spark.rounds.round_watch]).
     """
 
     recorder: PhaseRecorder
@@ -63,13 +63,13 @@ class RunContext(Protocol):
         self, host: str = "127.0.0.1", advertise_host: str | None = None, port_range: tuple[int, int] | None = None
     ) -> ProgressEndpoint | None:
         """Open the fit's progress channel (once, on a port inside ``port_range`` when set) and return the
-        address workers connect to, with the fit's token; None when the fit has no channel (:data:`NULL_CONTEXT`)."""
+        address workers connect to, with the fit's token; None when the fit has no channel (`NULL_CONTEXT`)."""
         ...
 
     def progress_directory(self, base: str, poll_s: float = 1.0, flush_s: float = 1.0) -> ProgressDirectory | None:
         """Open the fit's progress channel as a directory under ``base`` that the driver polls every ``poll_s``
-        (:mod:`torchspark.training.progress.files`: workers need no connection to the driver) and return where
-        workers write; None when the fit has no channel (:data:`NULL_CONTEXT`)."""
+        (`torchspark.training.progress.files`: workers need no connection to the driver) and return where
+        workers write; None when the fit has no channel (`NULL_CONTEXT`)."""
         ...
 
     def reported_errors(self) -> list[tuple[int, str]]:
@@ -81,19 +81,19 @@ class RunContext(Protocol):
         ...
 
     def stalled(self, world_size: int, timeout_s: float) -> WorkerLost | None:
-        """The watchdog runners poll while workers run: a :class:`~torchspark.errors.WorkerLost` when a rank
+        """The watchdog runners poll while workers run: a [`WorkerLost`][torchspark.errors.WorkerLost] when a rank
         stopped sending heartbeats for ``timeout_s`` (or the runner still waits ``timeout_s`` after every rank
         finished), or when no rank reported a new step for the master's ``stall_timeout_s`` (every worker hung at
-        once: :mod:`~torchspark.training.driver.stall`), else None. A runner that polls it gets both."""
+        once: [`stall`][torchspark.training.driver.stall]), else None. A runner that polls it gets both."""
         ...
 
 
 class NullContext:
     """The context of a runner run on its own (tests, benchmarks): no progress channel, no stats, nothing
     reported, no watchdog. It has no network: a runner that trains the driver's network in place (the rounds
-    route) needs :func:`~torchspark.training.driver.fit.run_fit`'s context.
+    route) needs `run_fit`'s context.
 
-    Example: ``InProcessRunner().run(task, shards)`` runs with :data:`NULL_CONTEXT`.
+    Example: ``InProcessRunner().run(task, shards)`` runs with `NULL_CONTEXT`.
     """
 
     recorder: PhaseRecorder = NullRecorder()
@@ -125,7 +125,7 @@ class NullContext:
         return None
 
 
-#: the one :class:`NullContext` (it holds no state): the default of runners' ``context``
+#: the one `NullContext` (it holds no state): the default of runners' ``context``
 NULL_CONTEXT: RunContext = NullContext()
 
 
@@ -133,7 +133,7 @@ NULL_CONTEXT: RunContext = NullContext()
 class WorkerData(Protocol):
     """The workers' data as an adapter prepared it for its runner (a Spark RDD, per-worker lists, a stream).
 
-    Every kind can also give plain per-worker sources, which is how :class:`InProcessRunner` runs any adapter's
+    Every kind can also give plain per-worker sources, which is how [`InProcessRunner`][torchspark.training.InProcessRunner] runs any adapter's
     data in this process.
     """
 
@@ -141,7 +141,7 @@ class WorkerData(Protocol):
     def workers(self) -> int: ...
 
     def local_sources(self) -> list[EpochSource]:
-        """One :class:`EpochSource` per worker, in rank order, readable in this process."""
+        """One `EpochSource` per worker, in rank order, readable in this process."""
         ...
 
 
@@ -162,7 +162,7 @@ class InProcessRunner:
         timeout_s: collective timeout; a worker that fails aborts the others, which then raise.
         hooks_factory: builds each rank's hooks (stats recorder, progress). Default: with a driver context, the
             real progress channel (progress, errors, stats on the driver's clock), as worker processes get it;
-            with :data:`NULL_CONTEXT`, none.
+            with `NULL_CONTEXT`, none.
     """
 
     def __init__(self, timeout_s: float = 300.0, hooks_factory: Callable[[int], WorkerHooks] | None = None) -> None:
@@ -172,7 +172,7 @@ class InProcessRunner:
     def run(
         self, task: WorkerTask, data: Sequence[EpochSource] | WorkerData, context: RunContext = NULL_CONTEXT
     ) -> list[WorkerResult]:
-        """Run the workers on ``data`` (per-worker sources, or any adapter's :class:`WorkerData`)."""
+        """Run the workers on ``data`` (per-worker sources, or any adapter's `WorkerData`)."""
         sources = data.local_sources() if isinstance(data, WorkerData) else list(data)
         address = context.progress_address()
 

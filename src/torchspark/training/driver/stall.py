@@ -1,35 +1,35 @@
 """The progress watchdog: a fit whose workers all stop making progress at once fails as a hang, not a wait forever.
 
-The heartbeat watchdog (:mod:`torchspark.training.progress.liveness`) notices one silent worker; the rendezvous
+The heartbeat watchdog (`torchspark.training.progress.liveness`) notices one silent worker; the rendezvous
 timeout notices a worker its peers wait for in a collective. Neither fires when **every** worker hangs in the
 model's code at the same time (a deadlock in ``forward``, a loader that never returns, a custom op that spins):
 their heartbeats come from a thread and go on, and nobody enters a collective that could time out. The master's
-``stall_timeout_s`` bounds that case: :class:`ProgressStall` fails the attempt when no worker reported a new step
+``stall_timeout_s`` bounds that case: [`ProgressStall`][torchspark.training.driver.stall.ProgressStall] fails the attempt when no worker reported a new step
 for that long.
 
 1. The clock starts once every rank of the attempt has connected to the driver's progress channel (process start
    and imports are not counted; a worker that never connects is the rendezvous timeout's case).
 2. Before any worker's first progress report (the rendezvous, loading the first data, ``torch.compile`` and the
-   first ``progress_every`` = 10 optimizer steps) the watchdog allows :data:`FIRST_REPORT_FACTOR` x
+   first ``progress_every`` = 10 optimizer steps) the watchdog allows [`FIRST_REPORT_FACTOR`][torchspark.training.driver.stall.FIRST_REPORT_FACTOR] x
    ``stall_timeout_s``; after it, ``stall_timeout_s`` between two reports of any rank (a report of one rank is
    progress of the fit).
 3. It says nothing once every rank has ended (the heartbeat watchdog's rule 2 covers a stage that never reports its
    finished tasks).
 4. It names the stalled rank when there is one: when no step was reported for the limit but some live ranks sent
-   no heartbeat for :data:`SILENT_S` while the others' go on, those ranks are stopped (SIGSTOP, a debugger) or
+   no heartbeat for [`SILENT_S`][torchspark.training.driver.stall.SILENT_S] while the others' go on, those ranks are stopped (SIGSTOP, a debugger) or
    wedged where their heartbeat thread cannot run, and their peers wait for them in a collective: the verdict
    names the first such rank (``rank``, ``exit_status`` ``"no heartbeat"``), as the heartbeat watchdog would after
-   ``rendezvous_timeout_s``. A rank whose heartbeat is late but not yet :data:`SILENT_S` old defers the verdict
-   until it either beats or falls silent (at most :data:`SILENT_S` more), so one stopped worker is not reported as
+   ``rendezvous_timeout_s``. A rank whose heartbeat is late but not yet [`SILENT_S`][torchspark.training.driver.stall.SILENT_S] old defers the verdict
+   until it either beats or falls silent (at most [`SILENT_S`][torchspark.training.driver.stall.SILENT_S] more), so one stopped worker is not reported as
    every worker stuck.
 
-The verdict of every worker stuck is a :class:`~torchspark.errors.WorkerLost` (``exit_status`` :data:`NO_PROGRESS`,
+The verdict of every worker stuck is a [`WorkerLost`][torchspark.errors.WorkerLost] (``exit_status`` [`NO_PROGRESS`][torchspark.training.driver.stall.NO_PROGRESS],
 no ``rank``) naming the step each rank is at; the driver retries it as any lost worker, and two such failures at the same step end the fit
-(:func:`~torchspark.training.driver.recovery.repeated_hang`): a deterministic hang is not retried ``max_failures``
+(`repeated_hang`): a deterministic hang is not retried ``max_failures``
 times. Every route whose runner polls the driver's watchdog gets it (``ParallelWrapper``'s local processes, the
 Spark barrier stage, the Spark Connect stage). The rounds route (``averaging_via="spark"``) has no live progress
-(one Spark job per averaging round, progress reported by the driver after each): :func:`round_watch` fails a round
-that runs longer than ``stall_timeout_s`` (its attempt's first round: :data:`FIRST_REPORT_FACTOR` x) the same way.
+(one Spark job per averaging round, progress reported by the driver after each): [`round_watch`][torchspark.spark.rounds.round_watch] fails a round
+that runs longer than ``stall_timeout_s`` (its attempt's first round: [`FIRST_REPORT_FACTOR`][torchspark.training.driver.stall.FIRST_REPORT_FACTOR] x) the same way.
 The in-process runner does not poll a watchdog.
 
 Example::
@@ -107,7 +107,7 @@ def _silent(
     ranks: Mapping[int, RankState],
     now: float,
 ) -> WorkerLost:
-    """Step 4's verdict: the live ranks in ``silent`` sent no heartbeat for :data:`SILENT_S` (``every``: no live
+    """Step 4's verdict: the live ranks in ``silent`` sent no heartbeat for [`SILENT_S`][torchspark.training.driver.stall.SILENT_S] (``every``: no live
     rank did)."""
     where = "; ".join(_where(rank, steps.get(rank), ranks[rank]) for rank in sorted(ranks))
     first = silent[0]
@@ -166,9 +166,9 @@ def round_watch(
     timeout_s: float | None, first: bool, where: str, clock: Callable[[], float] = time.monotonic
 ) -> Callable[[], WorkerLost | None] | None:
     """The rounds route's watchdog for one averaging round (a Spark job) starting now: it returns a
-    :class:`WorkerLost` (``exit_status`` :data:`NO_PROGRESS`) once the round has run longer than ``timeout_s``
+    [`WorkerLost`][torchspark.errors.WorkerLost] (``exit_status`` [`NO_PROGRESS`][torchspark.training.driver.stall.NO_PROGRESS]) once the round has run longer than ``timeout_s``
     (the master's ``stall_timeout_s``; ``first``, the attempt's first round, which loads the first data and builds
-    the network: :data:`FIRST_REPORT_FACTOR` x), else None; no watchdog (None) when ``timeout_s`` is None.
+    the network: [`FIRST_REPORT_FACTOR`][torchspark.training.driver.stall.FIRST_REPORT_FACTOR] x), else None; no watchdog (None) when ``timeout_s`` is None.
     ``where`` names the round (``"epoch 1, round 3/8"``)."""
     if timeout_s is None:
         return None

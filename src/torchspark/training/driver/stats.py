@@ -22,7 +22,7 @@ def build_training_stats(
     any scalar in ``extra`` such as gradient sharing's byte counts -- the headline ones under their short name only,
     ``bytes_sent`` not also ``sharing.bytes_sent`` --, and every rank's ``param_checksums`` with
     ``replicas_identical`` computed from them -- a measurement, not the workers' word), and where every rank ran
-    when its runner reports it (:func:`worker_placements`: ``devices``, ``gpu_addresses``, ``executors``). A
+    when its runner reports it (`worker_placements`: ``devices``, ``gpu_addresses``, ``executors``). A
     result's ``stats`` is one payload, or a list of them (the rounds route ships one per round)."""
     stats = TrainingStats()
     stats.add_worker_payload(DRIVER_ID, driver.drain())

@@ -2,17 +2,17 @@
 
 Spark hides what executors do until a stage ends; this package lets workers stream to the driver while they train.
 
-* :mod:`.wire` -- the format: a fixed-size hello proving the fit's token, then one JSON message per line.
-* :mod:`.server` -- :class:`ProgressServer`, on the driver: one selector thread, bound to the address workers use,
+* `wire` -- the format: a fixed-size hello proving the fit's token, then one JSON message per line.
+* `server` -- `ProgressServer`, on the driver: one selector thread, bound to the address workers use,
   drops connections without the token before reading anything else, bounds connections and kept error text.
-* :mod:`.client` -- :class:`ProgressClient`, in each worker: a ``WorkerHooks.progress`` callable that never blocks
-  training; clock probes align the worker's stats to the driver's clock (:mod:`torchspark.stats.clock`).
-* :mod:`.inbox` -- :class:`ProgressInbox`, what the driver does with each message whichever channel brought it
+* `client` -- `ProgressClient`, in each worker: a ``WorkerHooks.progress`` callable that never blocks
+  training; clock probes align the worker's stats to the driver's clock (`torchspark.stats.clock`).
+* `inbox` -- `ProgressInbox`, what the driver does with each message whichever channel brought it
   (latest updates, kept tracebacks, liveness, listeners): the server and the directory reader both extend it.
-* :mod:`.bar` -- :class:`ProgressBar`, the driver's ``tqdm`` display fed by a server listener.
-* :mod:`.files` and :mod:`.poller` -- the same messages through a directory (any fsspec URL) for a driver the
+* `bar` -- `ProgressBar`, the driver's ``tqdm`` display fed by a server listener.
+* `files` and `poller` -- the same messages through a directory (any fsspec URL) for a driver the
   executors cannot connect to (a remote Spark Connect client): workers write chunk files
-  (:class:`DirectoryProgressWriter`), the driver polls them (:class:`DirectoryProgressReader`).
+  (`DirectoryProgressWriter`), the driver polls them (`DirectoryProgressReader`).
 
 Progress is best-effort by design: a worker never blocks on the driver and never fails because the driver
 is unreachable. Score reports are never dropped to make room (a few per epoch); a driver that wants all of them

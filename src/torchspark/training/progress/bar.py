@@ -23,7 +23,7 @@ class ProgressBar:
         total_examples: examples expected over the whole fit (all epochs, all workers); None = no total.
         desc: label; the latest epoch number is appended.
         enabled: True/False force the display on/off; None = on only when ``file`` is a terminal. A disabled
-            bar renders nothing but still counts (:attr:`examples`, :attr:`score`).
+            bar renders nothing but still counts (`examples`, `score`).
         file: where to draw; default ``sys.stderr``.
         mininterval: minimum seconds between redraws; raise it if the bar floods a slow terminal.
     """

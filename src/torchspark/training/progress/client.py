@@ -32,7 +32,7 @@ HEARTBEAT_S = 2.0
 
 
 class ProgressEndpoint(NamedTuple):
-    """Where a worker sends progress and the fit's token that lets it in (:attr:`ProgressServer.endpoint`)."""
+    """Where a worker sends progress and the fit's token that lets it in (`ProgressServer.endpoint`)."""
 
     host: str
     port: int
@@ -43,7 +43,7 @@ def estimate_clock_offset(probes: Sequence[tuple[float, float, float]]) -> float
     """``driver_time - worker_time`` from ``(t_send, t_driver, t_recv)`` probes sent by the worker (Cristian's
     algorithm: the probe with the smallest round trip wins; its error is at most half that round trip).
 
-    This is :func:`torchspark.stats.best_clock_sample` seen from the worker's side: the worker is the pinging end.
+    This is [`torchspark.stats.best_clock_sample`][torchspark.stats.best_clock_sample] seen from the worker's side: the worker is the pinging end.
 
     Raises:
         ConfigError: ``probes`` is empty.
@@ -67,15 +67,15 @@ def _recv_exactly(sock: socket.socket, n: int) -> bytes:
 class ProgressClient:
     """Worker-side sender; use it directly as ``WorkerHooks(progress=client)``.
 
-    Progress goes through a bounded queue drained by one background thread, so :meth:`send` never blocks
+    Progress goes through a bounded queue drained by one background thread, so `send` never blocks
     training; when the queue is full the oldest update is dropped (only the newest matter for a display).
-    Score reports (:meth:`send_score`) go through the same thread but are never dropped.
+    Score reports (`send_score`) go through the same thread but are never dropped.
     If the driver cannot be reached the client logs one warning and does nothing from then on.
 
     Args:
-        host, port: the driver's :attr:`ProgressServer.address`.
+        host, port: the driver's `ProgressServer.address`.
         rank: this worker's rank (put on error messages).
-        token: the fit's token (:attr:`ProgressServer.token`); the server drops a connection without it.
+        token: the fit's token (`ProgressServer.token`); the server drops a connection without it.
         timeout_s: bound on every blocking step (connect, each send, each clock probe, the flush at close).
             Short keeps a dead driver from delaying a worker; 10 s is ample on a cluster network.
         queue_size: progress updates buffered while the sender is busy; 256 is plenty at one report per
@@ -210,7 +210,7 @@ class ProgressClient:
             raise
 
     def measure_clock_offset(self, samples: int = 5) -> float:
-        """Estimate ``driver_time - worker_time`` in seconds (see :func:`estimate_clock_offset`).
+        """Estimate ``driver_time - worker_time`` in seconds (see `estimate_clock_offset`).
 
         Args:
             samples: probes to send; more probes make a low-latency one likelier. 5 suits a quiet network.

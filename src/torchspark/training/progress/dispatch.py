@@ -2,12 +2,12 @@
 
 Why: the progress server's one thread also reads the workers' heartbeats. A listener that blocks there (an MLflow
 server that stopped answering, a listener that sleeps) would starve the heartbeats and the driver's watchdog would
-report a healthy worker as lost. A :class:`CallQueue` takes the call instead and returns at once:
+report a healthy worker as lost. A `CallQueue` takes the call instead and returns at once:
 
-  1. :meth:`CallQueue.submit` puts ``(fn, args)`` on a bounded queue; when the queue is full (the listener is far
+  1. `CallQueue.submit` puts ``(fn, args)`` on a bounded queue; when the queue is full (the listener is far
      behind) the call is dropped and counted, never waited for;
   2. the queue's thread makes the calls in order; a call that raises is logged and skipped;
-  3. :meth:`CallQueue.close` lets the thread finish what is queued within ``timeout_s`` and gives up after it
+  3. `CallQueue.close` lets the thread finish what is queued within ``timeout_s`` and gives up after it
      (logged; the thread is a daemon), so a stuck listener never keeps a fit from returning.
 
 Example::
@@ -41,9 +41,9 @@ class CallQueue:
 
     Args:
         name: the thread's name (shown in logs and thread dumps).
-        max_pending: calls waiting at most; later ones are dropped (and counted in :attr:`dropped`) until the
+        max_pending: calls waiting at most; later ones are dropped (and counted in `dropped`) until the
             thread catches up.
-        clock: seconds, monotonic, for :meth:`running_s` (injectable for tests).
+        clock: seconds, monotonic, for `running_s` (injectable for tests).
     """
 
     def __init__(

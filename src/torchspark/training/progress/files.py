@@ -2,18 +2,18 @@
 progress, heartbeats, scores and tracebacks reach a driver that no executor can connect to (a Spark Connect client
 on a laptop).
 
-Each worker writes *chunks*: files named ``rank-<rank>-<seq>.jsonl`` (:func:`chunk_name`), each holding the same
-JSON lines the TCP channel sends (:mod:`~torchspark.training.progress.wire`), written atomically (a temporary name,
-then a rename, :func:`torchspark._io.atomic_write_bytes`), so the driver never reads half a chunk. The driver reads
-every chunk it has not read yet, in ``seq`` order per rank (:mod:`~torchspark.training.progress.poller`).
+Each worker writes *chunks*: files named ``rank-<rank>-<seq>.jsonl`` (`chunk_name`), each holding the same
+JSON lines the TCP channel sends (`wire`), written atomically (a temporary name,
+then a rename, `torchspark._io.atomic_write_bytes`), so the driver never reads half a chunk. The driver reads
+every chunk it has not read yet, in ``seq`` order per rank (`poller`).
 
 1. progress updates and score reports are buffered and written as one chunk every ``flush_s`` seconds (at most one
    file per rank per ``flush_s``; only the newest ``queue_size`` progress updates of a chunk are kept, scores all);
-2. a heartbeat (``{"kind": "alive"}``) goes into the next chunk every :data:`HEARTBEAT_S` seconds, so the driver's
+2. a heartbeat (``{"kind": "alive"}``) goes into the next chunk every `HEARTBEAT_S` seconds, so the driver's
    watchdog sees a wedged worker as on the TCP channel;
 3. a traceback is written at once, as its own chunk (the stage is about to fail; the driver reads it before it
    reads Spark's error);
-4. :meth:`DirectoryProgressWriter.close` writes what is left and a last ``{"kind": "closed"}`` line: the rank
+4. `DirectoryProgressWriter.close` writes what is left and a last ``{"kind": "closed"}`` line: the rank
    ended (the TCP channel's closed connection).
 
 Like the TCP channel this is best effort: a write that fails logs one warning and turns the writer off; training
@@ -48,7 +48,7 @@ _CHUNK = re.compile(r"^rank-(\d+)-(\d+)\.jsonl$")
 
 class ProgressDirectory(NamedTuple):
     """Where a fit's workers write their progress chunks (shipped inside the task, like
-    :class:`~torchspark.training.progress.client.ProgressEndpoint` is for the TCP channel).
+    `ProgressEndpoint` is for the TCP channel).
 
     Attributes:
         url: the attempt's directory, any fsspec URL every executor can write and the driver can list
@@ -74,10 +74,10 @@ def parse_chunk_name(name: str) -> tuple[int, int] | None:
 
 class DirectoryProgressWriter:
     """Worker-side writer of the directory channel; use it as ``WorkerHooks(progress=writer)`` (the same calls
-    as :class:`~torchspark.training.progress.client.ProgressClient`).
+    as `ProgressClient`).
 
     Args:
-        target: the fit's :class:`ProgressDirectory`.
+        target: the fit's `ProgressDirectory`.
         rank: this worker's rank.
         queue_size: progress updates kept per chunk (the oldest are dropped first: only the newest matter).
         clock: the worker's monotonic clock (injectable for tests).

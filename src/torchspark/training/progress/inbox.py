@@ -1,11 +1,11 @@
 """What the driver does with a worker's message, whichever channel brought it: one place for both readers.
 
-The TCP :class:`~torchspark.training.progress.server.ProgressServer` and the directory
-:class:`~torchspark.training.progress.poller.DirectoryProgressReader` receive the same lines (:mod:`.wire`) and
+The TCP `ProgressServer` and the directory
+`DirectoryProgressReader` receive the same lines (`wire`) and
 feed the same state: each rank's latest update, the example tally, the kept tracebacks, the liveness watchdog and
-the listeners. :class:`ProgressInbox` is that state and the handling of the message kinds both channels carry
+the listeners. `ProgressInbox` is that state and the handling of the message kinds both channels carry
 (``progress``, ``alive``, ``error``, ``score``); each reader adds the kinds only it has (the server answers
-``clock`` probes, the directory carries ``closed``) through ``extra`` handlers of :meth:`ProgressInbox.receive`.
+``clock`` probes, the directory carries ``closed``) through ``extra`` handlers of `ProgressInbox.receive`.
 
 Example (what a reader does with each line it reads)::
 
@@ -53,12 +53,12 @@ COMMON_KINDS = ("progress", "alive", "error", "score")
 class ProgressInbox:
     """The driver's state of a fit's progress channel and the handling of each worker message.
 
-    Listeners are called through :meth:`notify`: directly here; the TCP server overrides it to run them on a
+    Listeners are called through `notify`: directly here; the TCP server overrides it to run them on a
     thread of their own. Every method is safe to call from any thread.
 
     Args:
-        listeners: progress listeners, called with each :class:`ProgressUpdate`.
-        score_listeners: called with each :class:`~torchspark.training.hooks.ScoreReport`.
+        listeners: progress listeners, called with each [`ProgressUpdate`][torchspark.training.ProgressUpdate].
+        score_listeners: called with each [`ScoreReport`][torchspark.training.ScoreReport].
         error_listeners: called with ``(rank, traceback_text)`` for each worker error kept.
         limits: bounds on the kept tracebacks (``max_error_chars``, ``max_error_bytes``, ``max_errors``).
         liveness: the watchdog's record of every rank's last message (default: a fresh one on the monotonic clock).
@@ -141,7 +141,7 @@ class ProgressInbox:
         """Parse one line and act on it; returns the rank a ``progress`` or ``alive`` message names, else None.
 
         Args:
-            line: one line of the wire format (:mod:`.wire`).
+            line: one line of the wire format (`wire`).
             origin: where it came from, for the warning about a malformed line (a peer address, a directory).
             extra: the reader's own message kinds and their handlers (tried before the common ones).
 

@@ -69,7 +69,7 @@ class ErrorLog:
         self.dropped = 0
 
     def add(self, rank: int, tb: str) -> str | None:
-        """Keep ``tb`` (cut, control characters escaped: :func:`printable`) and return the kept text, or None when
+        """Keep ``tb`` (cut, control characters escaped: `printable`) and return the kept text, or None when
         it was over the limits and only counted."""
         tb = printable(tb)
         if len(tb) > self.max_chars:

@@ -1,9 +1,9 @@
 """Which workers of a fit are alive, as their progress connections tell the driver (heartbeats and closes).
 
 Workers send an ``alive`` message (rank, process id) when they connect and every
-:data:`~torchspark.training.progress.client.HEARTBEAT_S` seconds; a connection that closes marks its rank
-``ended``. The driver's watchdog (:meth:`Liveness.stalled`) turns two symptoms into a
-:class:`~torchspark.errors.WorkerLost` long before Spark's own executor heartbeat timeout (120 s):
+`HEARTBEAT_S` seconds; a connection that closes marks its rank
+``ended``. The driver's watchdog (`Liveness.stalled`) turns two symptoms into a
+[`WorkerLost`][torchspark.errors.WorkerLost] long before Spark's own executor heartbeat timeout (120 s):
 
 1. a rank whose connection is open but silent for ``timeout_s`` (a stopped or wedged worker process);
 2. every rank ended (the workers finished) but the runner is still waiting ``timeout_s`` later for the cluster to

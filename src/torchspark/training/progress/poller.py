@@ -1,14 +1,14 @@
-"""The driver's side of the directory channel (:mod:`~torchspark.training.progress.files`): a thread that lists the
+"""The driver's side of the directory channel (`files`): a thread that lists the
 fit's progress directory every ``poll_s`` seconds, reads the chunks it has not read yet and feeds the same
-listeners, bar, error log and liveness watchdog the TCP :class:`~torchspark.training.progress.server.ProgressServer`
+listeners, bar, error log and liveness watchdog the TCP `ProgressServer`
 feeds.
 
-What it offers the driver is what the server offers (:meth:`errors`, :meth:`latest`, :attr:`liveness`,
-:meth:`close`), so :class:`~torchspark.training.driver.fit.FitContext` treats both channels alike. :meth:`errors`
+What it offers the driver is what the server offers (`errors`, `latest`, `liveness`,
+`close`), so `FitContext` treats both channels alike. `errors`
 reads the directory once more before it answers: a worker writes its traceback just before its task fails, and
 the driver asks right after Spark reports the failure.
 
-After a fit that succeeded :meth:`close` with ``remove=True`` deletes the directory; after a failure it stays, so
+After a fit that succeeded `close` with ``remove=True`` deletes the directory; after a failure it stays, so
 the workers' last messages and tracebacks can be read there (it is named in the log).
 """
 
@@ -36,16 +36,16 @@ logger = logging.getLogger(__name__)
 class DirectoryProgressReader(ProgressInbox):
     """Reads a fit's progress directory and dispatches what workers wrote, in each rank's write order.
 
-    What it keeps and offers is the :class:`~torchspark.training.progress.inbox.ProgressInbox` the TCP server
+    What it keeps and offers is the `ProgressInbox` the TCP server
     shares; the directory adds the ``closed`` message (a worker that ended), which a TCP connection tells by closing.
 
     Args:
         url: the directory (any fsspec URL the driver can list and read); created when missing.
         poll_s: seconds between two listings. 1 s keeps the bar live at one ``LIST`` request per second on an
             object store; raise it for very many workers or a costly store.
-        flush_s: how often workers write (shipped to them in :attr:`target`).
+        flush_s: how often workers write (shipped to them in `target`).
         listeners, score_listeners, error_listeners: as for the
-            :class:`~torchspark.training.progress.server.ProgressServer`.
+            `ProgressServer`.
         limits: bounds on the kept tracebacks (``max_error_chars``, ``max_error_bytes``, ``max_errors``).
         clock: the driver's monotonic clock, stamped on every rank's last message (injectable for tests).
 

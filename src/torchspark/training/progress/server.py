@@ -1,13 +1,13 @@
 """The driver's side of the progress channel: one thread serving every worker connection through a selector.
 
 Who may talk: the server sends every connection a fresh nonce, and the connection must answer with the fit's hello
-for that nonce (:func:`torchspark.training.rendezvous.auth.hello`); the server
+for that nonce (`torchspark.training.rendezvous.auth.hello`); the server
 reads exactly that many bytes, with a deadline, and drops the connection unless it proves the token, so a
 stranger's bytes never reach a listener and never take more memory than one hello. How much: no thread per
 connection (one selector thread serves them all), at most ``max_pending`` connections owing their hello (over it,
 one that sent part of a hello is dropped before a silent one, the oldest first) and ``max_connections``
-authenticated ones, lines and kept tracebacks bounded by :class:`ChannelLimits`. A stranger costs the end of a
-fit nothing either: a draining :meth:`ProgressServer.close` waits for authenticated connections only.
+authenticated ones, lines and kept tracebacks bounded by `ChannelLimits`. A stranger costs the end of a
+fit nothing either: a draining `ProgressServer.close` waits for authenticated connections only.
 """
 
 from __future__ import annotations
@@ -56,9 +56,9 @@ class _Conn:
 class ProgressServer(ProgressInbox):
     """Driver-side receiver of worker progress, clock probes, scores and tracebacks.
 
-    What it keeps and offers (:meth:`latest`, :meth:`errors`, :attr:`liveness`, the listeners) is the
-    :class:`~torchspark.training.progress.inbox.ProgressInbox` both channels share. Listeners run on a thread of
-    their own (:class:`~torchspark.training.progress.dispatch.CallQueue`), never on the thread that reads the
+    What it keeps and offers (`latest`, `errors`, `liveness`, the listeners) is the
+    `ProgressInbox` both channels share. Listeners run on a thread of
+    their own (`CallQueue`), never on the thread that reads the
     workers, so a slow listener cannot hold up heartbeats; a listener that raises is logged and skipped. Updates of
     one rank arrive in the order the worker sent them.
 
@@ -67,14 +67,14 @@ class ProgressServer(ProgressInbox):
             ``"127.0.0.1"`` (the default) when the workers run on this machine. Avoid ``"0.0.0.0"``: it also
             listens where no worker is.
         port: TCP port; 0 picks a free ephemeral port (recommended: no clashes between concurrent jobs).
-        listeners: progress listeners, called with each :class:`ProgressUpdate`.
+        listeners: progress listeners, called with each [`ProgressUpdate`][torchspark.training.ProgressUpdate].
         error_listeners: called with ``(rank, traceback_text)`` for each worker error kept.
         clock: the driver's time function used to answer clock probes (injectable for tests).
         advertise_host: the host name workers should dial; default ``host``.
-        score_listeners: called with each :class:`ScoreReport`.
-        token: the fit's secret (:func:`torchspark.training.rendezvous.auth.new_token`); default: a fresh one. Workers need
-            it: ship :attr:`endpoint` to them inside the task.
-        limits: bounds on connections, lines and kept error text (:class:`ChannelLimits`).
+        score_listeners: called with each [`ScoreReport`][torchspark.training.ScoreReport].
+        token: the fit's secret (`torchspark.training.rendezvous.auth.new_token`); default: a fresh one. Workers need
+            it: ship `endpoint` to them inside the task.
+        limits: bounds on connections, lines and kept error text (`ChannelLimits`).
     """
 
     def __init__(
@@ -169,7 +169,7 @@ class ProgressServer(ProgressInbox):
 
     @property
     def endpoint(self) -> ProgressEndpoint:
-        """What a worker needs to connect: :attr:`address` and :attr:`token` (ship it inside the task)."""
+        """What a worker needs to connect: `address` and `token` (ship it inside the task)."""
         host, port = self.address
         return ProgressEndpoint(host, port, self._token)
 
@@ -232,7 +232,7 @@ class ProgressServer(ProgressInbox):
             return self._open
 
     def authenticated_connections(self) -> int:
-        """Connections currently open that proved the fit's token (the ones a draining :meth:`close` waits for)."""
+        """Connections currently open that proved the fit's token (the ones a draining `close` waits for)."""
         with self._lock:
             return self._authed
 

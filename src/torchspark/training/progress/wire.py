@@ -1,18 +1,17 @@
 """The progress channel's wire format: a fixed-size hello, then newline-delimited JSON messages, and its limits.
 
-A connection starts with :func:`torchspark.training.rendezvous.auth.hello` (``HELLO_BYTES`` bytes); the server reads exactly
+A connection starts with `torchspark.training.rendezvous.auth.hello` (``HELLO_BYTES`` bytes); the server reads exactly
 that much and drops the connection unless it proves the fit's token. Then one JSON object per line (UTF-8),
 worker -> driver:
 
 1. ``{"kind": "progress", "rank", "epoch", "iteration", "examples", "score"}`` (optionally ``"bytes_sent"`` and
-   ``"dense_bytes"``, gradient sharing's traffic so far; 0 when absent) -> a :class:`ProgressUpdate`;
+   ``"dense_bytes"``, gradient sharing's traffic so far; 0 when absent) -> a [`ProgressUpdate`][torchspark.training.ProgressUpdate];
 2. ``{"kind": "clock", "t_worker": float, "id": int}`` -> the driver replies at once with one line
    ``{"t_driver": float, "id": int}`` (``id`` echoed so a late reply is never mistaken for the next one);
 3. ``{"kind": "error", "rank", "traceback": str}`` -> a worker's traceback;
-4. ``{"kind": "score", "epoch", "round", "examples", "score"}`` -> a :class:`ScoreReport`;
+4. ``{"kind": "score", "epoch", "round", "examples", "score"}`` -> a [`ScoreReport`][torchspark.training.ScoreReport];
 5. ``{"kind": "alive", "rank", "pid"}`` -> a heartbeat, sent on connect and every few seconds while the worker
-   lives (the driver's watchdog names a rank that stops sending them, :class:`~torchspark.training.progress.server.
-   ProgressServer.liveness`). Progress messages carry ``"pid"`` too.
+   lives (the driver's watchdog names a rank that stops sending them, `liveness`). Progress messages carry ``"pid"`` too.
 """
 
 from __future__ import annotations
@@ -94,7 +93,7 @@ def encode(msg: dict[str, Any]) -> bytes:
 
 
 def progress_line(update: ProgressUpdate, pid: int) -> bytes:
-    """The wire line of ``update`` from worker process ``pid`` (read back by :func:`progress_from_msg`): the same
+    """The wire line of ``update`` from worker process ``pid`` (read back by `progress_from_msg`): the same
     on the TCP channel and in a progress directory's chunks."""
     return encode(
         {
@@ -112,7 +111,7 @@ def progress_line(update: ProgressUpdate, pid: int) -> bytes:
 
 
 def score_line(report: ScoreReport) -> bytes:
-    """The wire line of ``report`` (read back by :func:`score_from_msg`)."""
+    """The wire line of ``report`` (read back by `score_from_msg`)."""
     return encode(
         {
             "kind": "score",

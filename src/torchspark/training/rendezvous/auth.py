@@ -4,13 +4,13 @@ Every listener a fit opens (the driver's progress server, the driver's rendezvou
 reachable by any process that can reach its address. The driver draws a fresh random token per fit and ships it
 to the workers inside the task; with it:
 
-1. a progress connection is challenged: the server sends a fresh random nonce (:data:`NONCE_BYTES`), the client
-   answers with :func:`hello` (an HMAC of the token and that nonce, never the token itself), and the connection is
-   dropped unless :func:`check_hello` accepts it. A hello is good for its own connection only: one captured on
+1. a progress connection is challenged: the server sends a fresh random nonce (`NONCE_BYTES`), the client
+   answers with `hello` (an HMAC of the token and that nonce, never the token itself), and the connection is
+   dropped unless `check_hello` accepts it. A hello is good for its own connection only: one captured on
    the wire does not replay on another;
-2. keys in torch's ``TCPStore`` (which has no authentication) are named by :func:`derive_key`, so nobody can
+2. keys in torch's ``TCPStore`` (which has no authentication) are named by `derive_key`, so nobody can
    write a key before its owner does without the token;
-3. values there carry an HMAC tag (:func:`sign` / :func:`verify`), so a value a stranger wrote is detected, never
+3. values there carry an HMAC tag (`sign` / `verify`), so a value a stranger wrote is detected, never
    followed.
 """
 
@@ -61,12 +61,12 @@ def _tag(token: bytes, purpose: bytes, data: bytes = b"") -> bytes:
 
 
 def new_nonce() -> bytes:
-    """A fresh random challenge for one progress connection (:data:`NONCE_BYTES` bytes)."""
+    """A fresh random challenge for one progress connection (`NONCE_BYTES` bytes)."""
     return secrets.token_bytes(NONCE_BYTES)
 
 
 def hello(token: bytes, nonce: bytes = b"") -> bytes:
-    """The :data:`HELLO_BYTES` a progress client answers the server's ``nonce`` with (proves it holds ``token``
+    """The `HELLO_BYTES` a progress client answers the server's ``nonce`` with (proves it holds ``token``
     without revealing it, for this connection only)."""
     return _MAGIC + _tag(token, b"progress-hello", nonce)
 

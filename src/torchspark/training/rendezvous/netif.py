@@ -4,7 +4,7 @@ A worker's hostname is a poor guide on real clusters: many hosts map it to loopb
 entry), and multi-homed hosts (YARN, EC2, Kubernetes nodes) have several interfaces of which only one reaches
 the other executors. Gloo, left alone, advertises whatever the hostname resolves to, so peers dial
 ``127.0.1.1`` and the fit fails with ``Connection refused``. torchspark therefore picks one address per worker
-(:func:`choose_endpoint`), in this order:
+(`choose_endpoint`), in this order:
 
 1. ``TORCHSPARK_LOCAL_IP`` in the executor's environment (DL4J's ``DL4J_VOID_IP``);
 2. the local address inside ``network_mask`` (the mesh option);
@@ -13,9 +13,9 @@ the other executors. Gloo, left alone, advertises whatever the hostname resolves
 4. the executor address Spark reports for the task.
 
 The same address is what worker 0's store listens on, and its interface is handed to gloo and NCCL
-(``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME``, :func:`socket_interface`) unless the user set those.
+(``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME``, `socket_interface`) unless the user set those.
 
-Host identity (:func:`host_identity`) for the shared-memory exchange comes from that address plus the network
+Host identity (`host_identity`) for the shared-memory exchange comes from that address plus the network
 namespace and boot id, not from a shared directory: containers and network namespaces on one machine often
 share ``/dev/shm`` while being different hosts to the network.
 """
@@ -144,7 +144,7 @@ def choose_endpoint(
     interfaces: Mapping[str, list[str]] | None = None,
     route: Callable[[str], str | None] = route_address,
 ) -> Endpoint:
-    """This worker's :class:`Endpoint` by the rules in the module docstring.
+    """This worker's `Endpoint` by the rules in the module docstring.
 
     Args:
         driver_host: the host executors reach the driver with (``spark.driver.host``); None skips rule 3.

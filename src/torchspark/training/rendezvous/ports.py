@@ -1,7 +1,7 @@
 """Opening a listener on a port from a configured range (``port_range`` of the mesh options).
 
 Firewalled clusters open a known range between executors and to the driver; every listener torchspark starts
-(the driver's rendezvous relay and progress server, worker 0's store) goes through :func:`listen_in_range`.
+(the driver's rendezvous relay and progress server, worker 0's store) goes through `listen_in_range`.
 """
 
 from __future__ import annotations

@@ -1,28 +1,28 @@
 """The driver's rendezvous relay: a small key-value store that only the fit's workers can use.
 
 Task 0 of a barrier stage publishes where its own store listens, and its peers read it here
-(:mod:`torchspark.spark.barrier`). It replaces torch's ``TCPStore`` on the driver, which authenticates nobody:
+(`torchspark.spark.barrier`). It replaces torch's ``TCPStore`` on the driver, which authenticates nobody:
 any local process could store hundreds of megabytes in it, and one byte held open on it stalled its serving
 thread, and with it the driver's shutdown of the relay, with no time limit. Here:
 
 1. **who may talk**: every connection gets a fresh nonce and must answer with the fit's hello for it
-   (:func:`torchspark.training.rendezvous.auth.hello`, the progress channel's HMAC challenge-response) within
+   (`torchspark.training.rendezvous.auth.hello`, the progress channel's HMAC challenge-response) within
    ``hello_timeout_s``, else it is dropped; exactly that many bytes are read before, so a stranger's bytes never
    reach the store;
 2. **never stuck**: one selector thread serves every connection without blocking on any of them, connections
-   owing their hello are capped and expire, and :meth:`RelayServer.close` returns within its timeout whatever
+   owing their hello are capped and expire, and `RelayServer.close` returns within its timeout whatever
    clients do;
 3. **strangers cost the workers nothing**: over ``max_pending`` connections owing their hello, the relay first
    reads every one that sent something (a worker's whole hello arrives in one segment, so it authenticates then
    and is no longer pending), then evicts a connection that sent part of a hello (only a stranger does that)
    before one that sent nothing yet, the oldest first. A worker's connection is evicted only when
    ``max_pending`` silent connections arrived within its round trip; it then retries once
-   (:mod:`~torchspark.training.rendezvous.relay_client`), and a second eviction fails with a message naming the
+   (`relay_client`), and a second eviction fails with a message naming the
    flood. A hello that does not prove the fit's token is answered with an error line saying so;
-4. **bounded**: a request line, a key, a value and the store's total size are capped (:class:`RelayLimits`); a
+4. **bounded**: a request line, a key, a value and the store's total size are capped (`RelayLimits`); a
    request over a cap gets an error reply naming it.
 
-One request per connection, one JSON line each way (:mod:`torchspark.training.rendezvous.relay_client` is the
+One request per connection, one JSON line each way (`torchspark.training.rendezvous.relay_client` is the
 client): ``{"op": "set", "key": k, "value": v}`` -> ``{"ok": true}``; ``{"op": "get", "key": k}`` ->
 ``{"value": v}`` once ``k`` is set (the client's deadline bounds the wait); ``{"error": why}`` otherwise.
 
@@ -114,13 +114,13 @@ class _Conn:
 
 
 class RelayServer:
-    """The relay store (see the module docstring). Use as a context manager, or :meth:`start` then :meth:`close`.
+    """The relay store (see the module docstring). Use as a context manager, or `start` then `close`.
 
     Args:
         host: the address to listen on (the one executors reach the driver at, ``spark.driver.host``).
         port: TCP port; 0 picks a free one.
-        token: the fit's secret (:func:`~torchspark.training.rendezvous.auth.new_token`); clients must hold it.
-        limits: the caps (:class:`RelayLimits`).
+        token: the fit's secret (`new_token`); clients must hold it.
+        limits: the caps (`RelayLimits`).
     """
 
     def __init__(self, host: str, port: int = 0, *, token: bytes, limits: RelayLimits = RelayLimits()) -> None:
@@ -178,7 +178,7 @@ class RelayServer:
 
     def evicted_count(self) -> int:
         """Connections owing their hello that were evicted to make room (over ``max_pending``; also counted in
-        :meth:`rejected_count`)."""
+        `rejected_count`)."""
         with self._lock:
             return self._evicted
 

@@ -1,10 +1,10 @@
-"""A worker's side of the driver's rendezvous relay (:mod:`torchspark.training.rendezvous.relay`).
+"""A worker's side of the driver's rendezvous relay (`torchspark.training.rendezvous.relay`).
 
 Every call has one deadline for all of it (connecting, the challenge, the request, the reply), so a relay that
-does not answer, or answers slowly byte by byte, ends in :class:`~torchspark.errors.WaitTimeout` naming the relay
+does not answer, or answers slowly byte by byte, ends in [`WaitTimeout`][torchspark.errors.WaitTimeout] naming the relay
 and the knob, never in a hang. A connection the relay cuts off before answering (evicted by a flood of
 connections on its port) is retried once; a refusal (a value over ``max_value_bytes``, another fit's token) is a
-:class:`~torchspark.errors.SetupError` naming it, also when it arrives while the request is still being sent.
+[`SetupError`][torchspark.cli.SetupError] naming it, also when it arrives while the request is still being sent.
 
 Example::
 
@@ -34,7 +34,7 @@ def relay_set(address: tuple[str, int], token: bytes, key: str, value: str, time
 
     Raises:
         WaitTimeout: the relay was not reachable, or did not answer, within ``timeout_s``.
-        SetupError: the relay refused the request (a cap of :class:`~torchspark.training.rendezvous.relay.RelayLimits`,
+        SetupError: the relay refused the request (a cap of `RelayLimits`,
             ``max_value_bytes`` for a value too long), or this worker's hello (another fit's token).
     """
     _request(address, token, {"op": "set", "key": key, "value": value}, timeout_s)
@@ -60,7 +60,7 @@ def _where(address: tuple[str, int]) -> str:
 
 def _request(address: tuple[str, int], token: bytes, msg: dict[str, Any], timeout_s: float) -> dict[str, Any]:
     """One request, retried once when the relay cuts the connection off before answering (step 3 of
-    :mod:`~torchspark.training.rendezvous.relay`: a flood of connections on its port evicted this one)."""
+    `relay`: a flood of connections on its port evicted this one)."""
     deadline = time.monotonic() + timeout_s
     request = json.dumps(msg).encode() + b"\n"  # before connecting: the relay times a request from its connection
     for attempt in range(2):
@@ -113,7 +113,7 @@ class _CutOff(Exception):
 
 
 def _exchange(address: tuple[str, int], token: bytes, request: bytes, deadline: float, timeout_s: float) -> bytes:
-    """The relay's reply line to ``request`` (one JSON line). Raises :class:`_CutOff` when the relay closed the connection without
+    """The relay's reply line to ``request`` (one JSON line). Raises `_CutOff` when the relay closed the connection without
     one, ``TimeoutError`` when ``deadline`` passed first."""
     with _connect(address, deadline, timeout_s) as sock:
         try:

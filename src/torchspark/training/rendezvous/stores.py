@@ -3,13 +3,13 @@
 torch's ``TCPStore`` accepts anyone who can reach its port and has no authentication, so a rendezvous through it is
 only as safe as its keys and values:
 
-1. :func:`listening_store` binds the store's port to the address its clients use (torch's own server listens on
+1. `listening_store` binds the store's port to the address its clients use (torch's own server listens on
    every interface whatever host it is given; a socket bound here and handed over as ``master_listen_fd`` with
    the non-libuv server is the one way torch 2.x keeps it to one address);
-2. :func:`private_store` puts every key (torch.distributed's own included) under a prefix derived from the fit's
+2. `private_store` puts every key (torch.distributed's own included) under a prefix derived from the fit's
    token, so nobody can write a key before its owner without the token;
-3. :func:`publish` / :func:`fetch` sign and check a value with the token, so a value a stranger wrote is detected
-   (:class:`SetupError`), never followed.
+3. `publish` / `fetch` sign and check a value with the token, so a value a stranger wrote is detected
+   ([`SetupError`][torchspark.cli.SetupError]), never followed.
 """
 
 from __future__ import annotations

@@ -73,7 +73,7 @@ def device_for_task(
 
 def backend_for_device(device: str) -> str:
     """gloo for a CPU worker, nccl for a CUDA worker (one worker's view; a group decides with
-    :func:`choose_backend`)."""
+    `choose_backend`)."""
     return "nccl" if device.startswith("cuda") else "gloo"
 
 
@@ -96,7 +96,7 @@ def choose_backend(devices: Sequence[str], gpus: Sequence[str] | None = None) ->
 
     Args:
         devices: every rank's torch device, in rank order (``"cpu"``, ``"cuda:0"``...).
-        gpus: every rank's physical GPU (:func:`gpu_identity`: host and UUID), where device names alone do not say
+        gpus: every rank's physical GPU (`gpu_identity`: host and UUID), where device names alone do not say
             which GPU it is (``"cuda:0"`` on two hosts are two GPUs); default: the device names (one host).
     Example: ``choose_backend(["cuda:0", "cpu"]).backend == "gloo"``.
     """
@@ -122,7 +122,7 @@ def choose_backend(devices: Sequence[str], gpus: Sequence[str] | None = None) ->
 
 
 def backend_for_devices(devices: Sequence[str], gpus: Sequence[str] | None = None) -> str:
-    """:func:`choose_backend`'s backend: nccl when every worker has its own GPU; gloo otherwise (CPU, mixed, or a
+    """`choose_backend`'s backend: nccl when every worker has its own GPU; gloo otherwise (CPU, mixed, or a
     GPU shared by several workers, which nccl refuses)."""
     return choose_backend(devices, gpus).backend
 
@@ -133,8 +133,8 @@ DEVICES_KEY = "torchspark-devices"
 
 def agree_backend(store: Any, rank: int, world: int, device: str, gpu: str | None = None) -> BackendChoice:
     """The group's backend, the same on every rank: each rank posts its device and physical GPU (``gpu``,
-    :func:`gpu_identity`; default ``device``) to the rendezvous store and reads everyone's (one set and one
-    multi-get each, bounded by the store's timeout), then :func:`choose_backend`. Collective: every rank of the
+    `gpu_identity`; default ``device``) to the rendezvous store and reads everyone's (one set and one
+    multi-get each, bounded by the store's timeout), then `choose_backend`. Collective: every rank of the
     group calls it once, before building the process group. Rank 0 logs the decision, as a warning when GPU
     workers are held back to gloo.
 
@@ -219,7 +219,7 @@ def task_thread_settings(num_threads: int | None, flush_denormal: bool) -> Itera
     Spark reuses its Python workers (``spark.python.worker.reuse``, on by default): without the restore, the next
     task in the process (an evaluation, or the user's own ``mapPartitions``) would run with this task's thread count
     and floating-point mode. Threads of torch's pool started during the task keep the mode they were born with
-    (see :func:`flush_denormals`); the calling thread and the thread count are restored. The thread count is put
+    (see `flush_denormals`); the calling thread and the thread count are restored. The thread count is put
     back only if it is still the one set here (a concurrent task in the process may have set its own since).
     """
     import torch

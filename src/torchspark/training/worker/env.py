@@ -2,7 +2,7 @@
 
 PySpark reuses Python workers between tasks (``spark.python.worker.reuse``), so a variable one fit's task sets
 (``GLOO_SOCKET_IFNAME`` for a loopback rendezvous) would otherwise leak into every later task on that worker.
-Tasks set variables only through a :class:`TaskEnvironment`, which puts back the previous values on exit.
+Tasks set variables only through a `TaskEnvironment`, which puts back the previous values on exit.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 GLOO_SOCKET_IFNAME = "GLOO_SOCKET_IFNAME"
 #: a testing aid, read on the driver when a Spark fit starts: ``1`` makes tasks Spark gave a GPU record its address
 #: and train on the CPU (GPU scheduling tested with a fake discovery script on a machine without CUDA); see
-#: :func:`torchspark.spark.gpus.dry_run_requested`
+#: `torchspark.spark.gpus.dry_run_requested`
 GPU_DRY_RUN = "TORCHSPARK_GPU_DRY_RUN"
 
 

@@ -2,7 +2,7 @@
 
 ``run_worker`` builds the network once per fit from the broadcast blueprint, pins torch's thread count, then
 runs the master's algorithm for every epoch over the worker's data and returns a
-:class:`~torchspark.training.task.WorkerResult`.
+[`WorkerResult`][torchspark.training.WorkerResult].
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def _barrier(comm: Communicator, device: Any) -> None:
 
 def load_item(item: Any) -> Batch:
     """A batch from whatever a data source yields: a batch, a batch-file path, slices of batch files
-    (:class:`~torchspark.training.assignment.FileSlices`, the balanced export route), or serialized batch bytes."""
+    (`FileSlices`, the balanced export route), or serialized batch bytes."""
     if isinstance(item, (DataSet, MultiDataSet)):
         return item
     if isinstance(item, str):
@@ -65,10 +65,10 @@ def load_item(item: Any) -> Batch:
 
 
 def batch_loader(pin_memory: bool | None, device: str) -> Callable[[Any], Batch]:
-    """What the loading thread does to each item: :func:`load_item`, then, when the worker pins
-    (:func:`~torchspark.training.worker.devices.pins_memory`: a CUDA device and ``pin_memory`` not False), a copy
+    """What the loading thread does to each item: `load_item`, then, when the worker pins
+    (`pins_memory`: a CUDA device and ``pin_memory`` not False), a copy
     into pinned host memory, so that the training thread's ``.to(device, non_blocking=True)`` runs beside compute.
-    On a CPU device this is :func:`load_item` itself (pinning needs CUDA)."""
+    On a CPU device this is `load_item` itself (pinning needs CUDA)."""
     if not pins_memory(pin_memory, device):
         return load_item
     return _load_pinned
@@ -106,7 +106,7 @@ class ItemSource:
 
     @property
     def planned(self) -> bool:
-        """Whether every epoch's items were planned by the driver (:class:`EpochItems`), already in order."""
+        """Whether every epoch's items were planned by the driver (`EpochItems`), already in order."""
         return self._planned is not None
 
     def epoch(self, index: int, order: Callable[[int], Sequence[int]] | None = None) -> Iterable[Any]:
@@ -122,7 +122,7 @@ class ItemSource:
         return self._first_pass()
 
     def _planned_epoch(self, epoch: int) -> Iterator[Any]:
-        """The items of the :class:`EpochItems` numbered ``epoch`` (consecutive in the stream; none: an epoch
+        """The items of the `EpochItems` numbered ``epoch`` (consecutive in the stream; none: an epoch
         without minibatches for this worker). Streamed: the direct route's minibatches of later epochs stay in
         Spark's shuffle files until their epoch."""
         assert self._planned is not None
@@ -312,7 +312,7 @@ def _epoch_items(task: WorkerTask, source: EpochSource, e: int, rank: int) -> It
 def _batches(
     task: WorkerTask, source: EpochSource, items: Iterable[Any], load: Callable[[Any], Batch] = load_item
 ) -> Iterator[Batch]:
-    """The epoch's minibatches, each through ``load`` (:func:`batch_loader`): ready ones as they are when ``load``
+    """The epoch's minibatches, each through ``load`` (`batch_loader`): ready ones as they are when ``load``
     has nothing to do (pinning them goes through the prefetcher: the copy runs on its thread); without prefetch,
     straight from a source whose waits are already bounded by ``data_timeout_s`` (``bounded_wait``: a queue fed by
     the parent); else through the prefetcher, which bounds every wait by ``data_timeout_s`` (with ``prefetch=0``

@@ -114,7 +114,7 @@ def prefetch(
         depth: how many items may wait ready; 2 (the default of the masters) hides most I/O; more only helps with
             bursty storage and costs memory. 0 loads each item only when it is asked for (no read-ahead), on a
             loader thread so that ``timeout_s`` still bounds the wait.
-        timeout_s: how long the consumer waits for one item before :class:`WaitTimeout`.
+        timeout_s: how long the consumer waits for one item before [`WaitTimeout`][torchspark.errors.WaitTimeout].
         transform: applied on the prefetch thread (e.g. ``load_batch``).
     Exceptions raised by the source or the transform are re-raised in the consumer.
     """

@@ -25,10 +25,10 @@ def open_worker_hooks(
     report_scores: bool = False,
 ) -> WorkerHooks:
     """Hooks for one worker: progress and errors stream to ``progress_address`` (the driver's
-    :class:`~torchspark.training.progress.ProgressServer`: its ``endpoint``, with the fit's token), phases go to a :class:`StatsCollector` whose clock
+    `ProgressServer`: its ``endpoint``, with the fit's token), phases go to a [`StatsCollector`][torchspark.stats.StatsCollector] whose clock
     is aligned to the driver's by pinging that server (no NTP needed). With ``report_scores`` (pass the same value
     on every rank) the score after each averaging round / sharing epoch goes there too (sent by rank 0).
-    A :class:`~torchspark.training.progress.ProgressDirectory` instead of an endpoint writes the same messages to
+    A `ProgressDirectory` instead of an endpoint writes the same messages to
     files there (the directory channel: no connection to the driver; stats stay on the worker's clock)."""
     client: ProgressClient | DirectoryProgressWriter | None = None
     if isinstance(progress_address, ProgressDirectory):

@@ -1,5 +1,5 @@
 """Where a resumed worker's first epoch continues: the minibatches its checkpoint says are done are skipped only
-after they are checked to be the ones trained before the cut (:mod:`torchspark.training.checkpoint.position`).
+after they are checked to be the ones trained before the cut (`torchspark.training.checkpoint.position`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def resume_epoch(
         ``(items, skipped, start)``: what to train, how many minibatches were skipped (0: the epoch restarts), and
         the position the training stream starts at (None: from the epoch's start).
     Raises:
-        ConfigError: the data no longer matches the checkpoint (:func:`~.position.refusal` names what changed).
+        ConfigError: the data no longer matches the checkpoint (`refusal` names what changed).
     """
     done = restored.done
     length = len(items) if isinstance(items, (list, tuple)) else None

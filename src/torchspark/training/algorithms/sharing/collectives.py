@@ -1,10 +1,10 @@
 """The two small collectives every sharing loop runs besides its exchange: the agreed start threshold and the
 epoch's score.
 
-* :func:`calibrate`: before the first encode of a fit whose threshold is not calibrated yet, every worker
+* `calibrate`: before the first encode of a fit whose threshold is not calibrated yet, every worker
   calibrates a threshold from its first update and all start from the geometric mean of the values (one all-gather
   of 8 bytes per worker), as if one process had calibrated;
-* :func:`report_epoch_score`: after an epoch, one all-reduce of ``[sum(loss * examples), examples]``; rank 0
+* `report_epoch_score`: after an epoch, one all-reduce of ``[sum(loss * examples), examples]``; rank 0
   reports the example-weighted mean loss.
 
 Both are collectives: every rank calls them at the same point (never while a mailbox is open).

@@ -2,10 +2,10 @@
 what persists.
 
 During a fit each worker keeps its own updater state, floating-point module buffers (BatchNorm running
-statistics) and threshold state; :func:`finish_fit` averages them over the workers (DL4J does the same), checks
+statistics) and threshold state; `finish_fit` averages them over the workers (DL4J does the same), checks
 that every replica's parameters and averaged buffers are bit-identical (SHA-256 of each, all-gathered), and returns
 this rank's residual and the averaged threshold state for ``net.extra_state`` (the next fit starts from them, see
-:func:`~torchspark.training.algorithms.sharing.state.start_state`) plus the fit's ``sharing.*`` report. A
+`start_state`) plus the fit's ``sharing.*`` report. A
 collective: every rank calls it once, after its last epoch.
 
 Example::
@@ -88,7 +88,7 @@ def finish_fit(state: SharingState, net: Network, comm: Communicator) -> tuple[d
 def _average_local_state(
     state: SharingState, net: Network, comm: Communicator
 ) -> tuple[ThresholdState, float, float, float]:
-    """Steps 1, 1b and 2 of :func:`finish_fit`: the updater state and float buffers averaged in place; returns the
+    """Steps 1, 1b and 2 of `finish_fit`: the updater state and float buffers averaged in place; returns the
     averaged threshold state and the fit's ``bytes_sent`` / ``dense_bytes`` / ``skipped_steps`` summed over all
     workers."""
     world = comm.world_size

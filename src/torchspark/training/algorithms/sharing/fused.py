@@ -1,10 +1,10 @@
 """The fused hot path of gradient sharing: the updater's step lands in the residual instead of the parameters.
 
 Steps 1 + 2a of a round (compute the update, add it to the residual) in one pass over the parameters:
-:func:`step_into_residual` either lets the updater step straight into the residual (:func:`train_step_into`,
-when :func:`can_step_into`), or takes one updater step and moves it into the residual while restoring the
-parameters (:func:`~torchspark.encoding.accumulate_step`). Then ``encode_step(None, ...)`` encodes the residual as
-it stands. :func:`can_fuse` says when this does exactly what ``compute_update`` + ``encode_step(update, ...)``
+`step_into_residual` either lets the updater step straight into the residual (`train_step_into`,
+when `can_step_into`), or takes one updater step and moves it into the residual while restoring the
+parameters ([`accumulate_step`][torchspark.encoding.accumulate_step]). Then ``encode_step(None, ...)`` encodes the residual as
+it stands. `can_fuse` says when this does exactly what ``compute_update`` + ``encode_step(update, ...)``
 would.
 
 Example::
@@ -36,7 +36,7 @@ PARAM_NORM_EVERY = 16
 
 
 def can_step_into(net: Network) -> bool:
-    """Whether :func:`train_step_into` may be used on ``net``: one of torchspark's updaters (their step never reads
+    """Whether `train_step_into` may be used on ``net``: one of torchspark's updaters (their step never reads
     the parameter values), no ``weight_decay`` (the decay term does), float32 parameters in the contiguous
     layout."""
     return (
@@ -58,8 +58,8 @@ def parameter_views(net: Network, target: torch.Tensor) -> list[torch.Tensor]:
 
 
 class _StepInto:
-    """The optimizer hooks of :func:`train_step_into`: for the duration of the updater's step every parameter's data
-    is its view of the target and the learning rate is negated; :meth:`undo` puts both back."""
+    """The optimizer hooks of `train_step_into`: for the duration of the updater's step every parameter's data
+    is its view of the target and the learning rate is negated; `undo` puts both back."""
 
     def __init__(self, params: list[torch.nn.Parameter], views: list[torch.Tensor]) -> None:
         self.params = params
@@ -105,7 +105,7 @@ def train_step_into(
 
     How: for the duration of the updater's step every parameter's data is the matching view of ``target`` and the
     learning rate is negated (``target -= (-lr) * direction``), which is exact for updaters whose step does not
-    read the parameter values (:func:`can_step_into`).
+    read the parameter values (`can_step_into`).
 
     Mixed precision (``net.precision``) needs nothing here: the forward pass runs under the network's autocast,
     the parameters and ``target`` stay float32, and a step fp16's scaler skips (overflowing gradients) never calls
@@ -116,7 +116,7 @@ def train_step_into(
             step: a sharing residual); built here when None.
 
     Raises:
-        ConfigError: :func:`can_step_into` is False, or ``target`` is not a float32 tensor of ``num_params()``
+        ConfigError: `can_step_into` is False, or ``target`` is not a float32 tensor of ``num_params()``
             values on the network's device.
     """
     if not can_step_into(net):
@@ -147,7 +147,7 @@ def train_step_into(
 
 
 def can_fuse(state: SharingState, net: Network) -> bool:
-    """Whether :func:`step_into_residual` + ``encode_step(None, ...)`` does exactly what ``compute_update`` +
+    """Whether `step_into_residual` + ``encode_step(None, ...)`` does exactly what ``compute_update`` +
     ``encode_step(update, ...)`` would: the encoder will not calibrate from this update, and float32 parameters."""
     encoder = state.encoder
     return net.params_view().dtype == torch.float32 and (
@@ -158,10 +158,10 @@ def can_fuse(state: SharingState, net: Network) -> bool:
 def step_into_residual(
     state: SharingState, net: Network, batch: Batch | Sequence[Batch], validate: bool
 ) -> tuple[float, float]:
-    """Steps 1 + 2a fused. When the network can (:func:`can_step_into`) the updater steps straight into the
+    """Steps 1 + 2a fused. When the network can (`can_step_into`) the updater steps straight into the
     residual and ``(norm(residual), norm(params))`` is returned for the divergence check; otherwise one updater
     step, then in one pass ``u = before - after``, the parameters restored and ``residual += u``
-    (:func:`~torchspark.encoding.accumulate_step`, bit-identical to ``compute_update`` followed by the encoder's
+    ([`accumulate_step`][torchspark.encoding.accumulate_step], bit-identical to ``compute_update`` followed by the encoder's
     add), returning ``(norm(u), norm(params))``. Exact torch norms when one is not finite, so the message is the
     unfused path's."""
     flat = net.params_view()

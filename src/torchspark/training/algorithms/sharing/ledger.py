@@ -1,11 +1,11 @@
 """The bookkeeping of bounded-staleness sharing: what a worker received from each peer, and its counters over a fit.
 
 Every message between two workers carries ``[seq, epoch, length, flags]``
-(:class:`~torchspark.training.comm.mailbox.Envelope`); ``seq`` counts a sender's messages of the epoch from 0.
-:class:`PeerLedger` checks every arrival: a gap (a lost message), a repeat (it would be applied twice), a message
+(`Envelope`); ``seq`` counts a sender's messages of the epoch from 0.
+`PeerLedger` checks every arrival: a gap (a lost message), a repeat (it would be applied twice), a message
 of another epoch or after the sender's end marker raise TrainingError. It also answers the loop's two questions:
-does some peer still owe a message this worker must wait for (:meth:`PeerLedger.owed`), and how far ahead of its
-slowest peer is it (:meth:`PeerLedger.lag`). :class:`StaleStats` keeps a worker's counters over a fit.
+does some peer still owe a message this worker must wait for (`PeerLedger.owed`), and how far ahead of its
+slowest peer is it (`PeerLedger.lag`). `StaleStats` keeps a worker's counters over a fit.
 
 Example::
 
@@ -50,7 +50,7 @@ class PeerLedger:
     """What this worker received from its peers in one epoch; rejects lost, repeated or foreign messages.
 
     ``received[p]`` counts ``p``'s messages taken in (and applied, see
-    :func:`~torchspark.training.algorithms.sharing.stale.stale_epoch`), ``ended[p]`` is the count ``p``'s END
+    `stale_epoch`), ``ended[p]`` is the count ``p``'s END
     marker announced.
     """
 

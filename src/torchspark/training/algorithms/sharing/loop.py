@@ -1,9 +1,9 @@
-"""The synchronous gradient-sharing loop (Strom 2015, DL4J's SharedTrainingMaster): :class:`SharingAlgorithm`.
+"""The synchronous gradient-sharing loop (Strom 2015, DL4J's SharedTrainingMaster): `SharingAlgorithm`.
 
 Per minibatch ``t`` on every worker: (1) compute the updater's step ``u_t`` and (2) threshold-encode it against
-the residual (:mod:`~torchspark.training.algorithms.sharing.step`); (3) exchange every worker's payload
-(:mod:`~torchspark.training.algorithms.sharing.rounds`, over the fit's
-:mod:`~torchspark.training.algorithms.sharing.topology`); (4) decode all messages in rank order into one sum
+the residual (`step`); (3) exchange every worker's payload
+(`rounds`, over the fit's
+`topology`); (4) decode all messages in rank order into one sum
 ``S_t`` and apply ``params -= S_t``. Every replica applies the same sequence ``S_0, S_1, ...``, so all stay
 bit-identical (checked at the end of the fit). With ``overlap=True`` (the default) the exchange of step ``t`` runs
 while step ``t+1`` computes: every update misses exactly the most recent step (staleness one step). The epoch ends
@@ -63,7 +63,7 @@ class SharingAlgorithm(SharingAlgorithmBase):
 
     Raises:
         ConfigError: ``settings.max_staleness`` is set: that is the ``"stale_sharing"`` algorithm
-            (:class:`~torchspark.training.algorithms.sharing.stale.StaleSharingAlgorithm`).
+            (`StaleSharingAlgorithm`).
     """
 
     def __post_init__(self) -> None:
@@ -158,7 +158,7 @@ class SharingAlgorithm(SharingAlgorithmBase):
     def finish(
         self, state: SharingState, net: Network, comm: Communicator
     ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-        """End of fit (:func:`~torchspark.training.algorithms.sharing.finish.finish_fit`), plus
+        """End of fit (`finish_fit`), plus
         ``sharing.topology`` (the exchange this fit used) and ``sharing.overlap_via`` in ``extra_config``."""
         extra_state, extra_config = finish_fit(state, net, comm)
         extra_config["sharing.topology"] = resolve_topology(
@@ -169,7 +169,7 @@ class SharingAlgorithm(SharingAlgorithmBase):
 
 
 class _Posted:
-    """A round posted through :class:`~torchspark.training.comm.shm.PostedGathers`: ``result()`` collects it (the
+    """A round posted through `PostedGathers`: ``result()`` collects it (the
     gathered payloads, as the exchange thread's future would return them)."""
 
     __slots__ = ("_gathers",)

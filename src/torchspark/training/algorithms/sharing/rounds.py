@@ -3,7 +3,7 @@
 A worker's payload for a round is one flag byte, then its threshold-encoded message when it has one:
 ``INACTIVE`` (its data ran out; nothing follows), ``ACTIVE`` alone (it stepped but sent nothing: an ``"empty"``
 message), or ``ACTIVE + to_bytes(message)``. After the exchange every worker turns the gathered payloads, in rank
-order, into one :class:`Round`: how many workers were active and the sum of their messages.
+order, into one `Round`: how many workers were active and the sum of their messages.
 
 Example::
 
@@ -38,7 +38,7 @@ class Round:
     """The outcome of one exchange: how many workers were active and the decoded sum (None: nothing sent).
 
     ``indices`` None: ``total`` is the dense sum (N,). Otherwise ``total`` holds the sum at these int64 indices only
-    (ascending, unique; zero elsewhere), as :func:`round_from_gathered` returns it for sparse rounds.
+    (ascending, unique; zero elsewhere), as `round_from_gathered` returns it for sparse rounds.
     """
 
     active: int
@@ -55,7 +55,7 @@ def round_from_gathered(gathered: list[bytes], length: int, device: torch.device
     """The round of the gathered payloads (rank order). When every message is sparse (or empty) and the parameters
     live on the CPU, the sum is kept at the union of the messages' indices only (``Round.indices``), so no
     parameter-sized buffer is zeroed, decoded into and subtracted; same values, same order of additions as
-    :func:`dense_sum`."""
+    `dense_sum`."""
     if torch.device(device).type == "cpu":
         fast = sparse_round(gathered, length)
         if fast is not None:
@@ -71,10 +71,10 @@ def round_from_gathered(gathered: list[bytes], length: int, device: torch.device
 
 
 def sparse_round(gathered: list[bytes], length: int) -> Round | None:
-    """:func:`round_from_gathered` for the usual round, where every message is sparse or empty: the entries are
-    read in place (:func:`~torchspark.encoding.wire.sparse_view`, the same checks as ``from_bytes``) and summed
+    """`round_from_gathered` for the usual round, where every message is sparse or empty: the entries are
+    read in place (`sparse_view`, the same checks as ``from_bytes``) and summed
     without building message objects; the same indices and sums. None when some message is a bitmap (or a payload
-    is malformed: :func:`parse_gathered` raises the error)."""
+    is malformed: `parse_gathered` raises the error)."""
     active = 0
     arrays: list[Any] = []
     thresholds: list[float] = []

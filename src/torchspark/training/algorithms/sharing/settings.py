@@ -1,9 +1,9 @@
-"""The knobs of gradient sharing: :class:`SharingSettings` and its validation.
+"""The knobs of gradient sharing: `SharingSettings` and its validation.
 
 One frozen settings object serves both sharing algorithms: the synchronous loop
-(:class:`~torchspark.training.algorithms.sharing.loop.SharingAlgorithm`, ``max_staleness=None``) and bounded
-staleness (:class:`~torchspark.training.algorithms.sharing.stale.StaleSharingAlgorithm`, ``max_staleness=k``). The
-master builds them; they travel to the workers as :meth:`SharingSettings.to_dict`.
+(`SharingAlgorithm`, ``max_staleness=None``) and bounded
+staleness (`StaleSharingAlgorithm`, ``max_staleness=k``). The
+master builds them; they travel to the workers as `SharingSettings.to_dict`.
 
 Example::
 
@@ -30,21 +30,21 @@ class SharingSettings:
 
     Args:
         encoder: threshold policy, residual post-processor, shake-up frequency (see
-            :class:`~torchspark.encoding.EncoderConfig`).
+            [`EncoderConfig`][torchspark.encoding.EncoderConfig]).
         overlap: exchange step ``t`` in the background while step ``t+1`` computes (staleness one step). False
             gives the synchronous loop: no staleness, but computation waits for every exchange.
         on_divergence: ``"fail"`` (raise TrainingError when an update is not finite or explodes, see
-            :mod:`torchspark.nn.divergence`) or ``"warn"`` (log it once, keep training, the driver warns).
+            `torchspark.nn.divergence`) or ``"warn"`` (log it once, keep training, the driver warns).
         topology: how messages travel: ``"all_gather"`` (every worker receives and decodes every message),
             ``"sharded"`` (reduce-scatter by index shards then all-gather of the sums, see
-            :mod:`torchspark.training.algorithms.sharing.sharded`; receive bytes ~ ``min(N*m, dense)`` instead of
+            `torchspark.training.algorithms.sharing.sharded`; receive bytes ~ ``min(N*m, dense)`` instead of
             ``N*m``, decode work / N, one more round trip) or ``"auto"`` (sharded above ``shard_above_workers``
             workers). Both give bit-identical results.
         shard_above_workers: ``"auto"`` shards when the number of workers is larger than this.
         max_staleness: None (default): the synchronous loop (algorithm ``"sharing"``). An integer ``k >= 0``:
             bounded-staleness asynchronous sharing (algorithm ``"stale_sharing"``), where a worker applies its
             peers' messages as they arrive and waits only when it is more than ``k`` steps ahead of its slowest
-            peer (:mod:`torchspark.training.algorithms.sharing.stale`; needs ``overlap=True``).
+            peer (`torchspark.training.algorithms.sharing.stale`; needs ``overlap=True``).
     """
 
     encoder: EncoderConfig = field(default_factory=EncoderConfig)

@@ -1,29 +1,29 @@
 """The sharded exchange for many workers: sparse reduce-scatter by index shards, then all-gather of the sums.
 
-The parameter index range is cut into N contiguous shards (:func:`shard_bounds`) and rank ``j`` owns shard ``j``:
+The parameter index range is cut into N contiguous shards (`shard_bounds`) and rank ``j`` owns shard ``j``:
 
-1. **Reduce-scatter** (:meth:`Communicator.all_to_all_bytes`): every worker cuts its encoded message into N
-   pieces, one per shard, without decoding it (:func:`split_message`: sparse indices by range, bitmap bytes by
+1. **Reduce-scatter** ([`Communicator.all_to_all_bytes`][torchspark.training.Communicator.all_to_all_bytes]): every worker cuts its encoded message into N
+   pieces, one per shard, without decoding it (`split_message`: sparse indices by range, bitmap bytes by
    4-element blocks) and sends piece ``j`` to rank ``j``. Rank ``j`` decodes the N pieces it received **in rank
    order into a zeroed shard buffer**: per element exactly the additions of the all-gather exchange, so the sum is
    bit-identical.
-2. **All-gather** of the summed shards: each owner sends its shard sum losslessly (:func:`shard_sum_bytes`: the
+2. **All-gather** of the summed shards: each owner sends its shard sum losslessly (`shard_sum_bytes`: the
    indices and float32 values of its non-zero elements, or the dense float32 shard, whichever is smaller) and
    every worker assembles ``S_t`` from the N shards.
 
-:func:`sharded_exchange` has the contract of the all-gather exchange (same flag-byte payload, same
-:class:`~torchspark.training.algorithms.sharing.rounds.Round` bit for bit, same EncodingError on malformed input).
+`sharded_exchange` has the contract of the all-gather exchange (same flag-byte payload, same
+`Round` bit for bit, same EncodingError on malformed input).
 When it pays and what it costs: docs/design.md ("Topologies") and docs/scaling.md.
 
 Protocol (all ranks take identical decisions from exchanged bytes, so nobody waits on a collective its peers skip):
 a phase-1 piece is ``[flag]`` (inactive worker), ``[0xFF | reason]`` (the sender's payload was malformed: every
-rank raises :class:`EncodingError` naming it), or ``[flag | marker | length u64 | threshold f32 | body]`` with
+rank raises [`EncodingError`][torchspark.errors.EncodingError] naming it), or ``[flag | marker | length u64 | threshold f32 | body]`` with
 marker 0 = the sender had no message (format ``"empty"``), 1 = nothing in this shard, 2 = sparse piece (shard-local
 signed 1-based int32 indices), 3 = bitmap piece. Phase 2 runs only when some worker sent a message (so ``total`` is
 None exactly when the all-gather exchange's would be); a shard is ``b"D" + float32s``, ``b"S" + int32 indices +
 float32 values`` or ``b"E" + reason`` (its owner found a corrupt piece: every rank raises). A shard sum that
 arrives corrupt at one rank only is handed on in the next exchange's first collective as ``[0xFE | reason]``
-(:func:`_tell_peers`), so every rank raises :class:`EncodingError` naming that rank and the shard, none waits for
+(`_tell_peers`), so every rank raises [`EncodingError`][torchspark.errors.EncodingError] naming that rank and the shard, none waits for
 it until the timeout.
 
 Example::
@@ -47,7 +47,7 @@ from torchspark.training.comm import Communicator
 __all__ = ["shard_bounds", "split_message", "shard_sum_bytes", "sharded_exchange"]
 
 _MALFORMED = 0xFF
-_REPORTED = 0xFE  # a peer's phase-2 error, handed on by :func:`_tell_peers`
+_REPORTED = 0xFE  # a peer's phase-2 error, handed on by `_tell_peers`
 _NO_MESSAGE, _NOTHING_HERE, _SPARSE, _BITMAP = 0, 1, 2, 3
 _PIECE = struct.Struct("<BBQf")  # flag, marker, message length, threshold
 _WIRE = struct.Struct("<4sBBHQQf")  # the wire header of torchspark.encoding.wire (to validate pieces with from_bytes)
@@ -185,9 +185,9 @@ SPARSE_APPLY_MAX_FRACTION = 1 / 8
 def _assemble(
     shards: list[bytes], bounds: list[tuple[int, int]], length: int, device: torch.device | str
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Phase 2: S_t from every owner's :func:`shard_sum_bytes` (or raise the error an owner reported), as
+    """Phase 2: S_t from every owner's `shard_sum_bytes` (or raise the error an owner reported), as
     ``(values, indices)``: when every shard sum is sparse, the parameters live on the CPU and S_t has at most
-    :data:`SPARSE_APPLY_MAX_FRACTION` of them non-zero, only those entries (ascending indices, so
+    `SPARSE_APPLY_MAX_FRACTION` of them non-zero, only those entries (ascending indices, so
     ``params[indices] -= values`` is the loop's dense subtraction restricted to where it changes anything: no
     parameter-sized buffer per step); else ``(dense S_t, None)``."""
     _check_shards(shards, bounds)
@@ -245,7 +245,7 @@ def _check_shards(shards: list[bytes], bounds: list[tuple[int, int]]) -> None:
 
 
 def sharded_exchange(comm: Communicator, payload: bytes, length: int, device: torch.device | str) -> Round:
-    """Every worker's ``payload`` summed into one :class:`~torchspark.training.algorithms.sharing.rounds.Round`,
+    """Every worker's ``payload`` summed into one `Round`,
     bit-identical to the all-gather exchange's (same flag-byte payload, same EncodingError on malformed input),
     over a reduce-scatter by index shards and an all-gather of the shard sums. Every wait is a collective with the
     communicator's timeout."""

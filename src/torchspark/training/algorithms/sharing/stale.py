@@ -1,14 +1,14 @@
-"""Bounded-staleness gradient sharing (``max_staleness=k``): :class:`StaleSharingAlgorithm`, mode
+"""Bounded-staleness gradient sharing (``max_staleness=k``): `StaleSharingAlgorithm`, mode
 ``"stale_sharing"``.
 
 Asynchronous SGD with a bound on how far ahead a worker may run. Per minibatch ``t`` of an epoch, on every worker:
 (1) wait until every peer's messages of steps ``<= t-k-1`` of this epoch are applied (a peer that sent its
 end-of-epoch marker with fewer messages only owes those), applying whatever already arrived; (2) compute and
-encode the update exactly as the synchronous loop does (:mod:`~torchspark.training.algorithms.sharing.step`);
+encode the update exactly as the synchronous loop does (`step`);
 (3) apply its own message at once and post it to every peer without waiting
-(:mod:`torchspark.training.comm.mailbox`). Every arrival is checked by a
-:class:`~torchspark.training.algorithms.sharing.ledger.PeerLedger` (no message lost or applied twice). At the end
-of the fit the replicas, which drifted apart by the messages in flight, are averaged (:func:`reconcile`), then the
+(`torchspark.training.comm.mailbox`). Every arrival is checked by a
+`PeerLedger` (no message lost or applied twice). At the end
+of the fit the replicas, which drifted apart by the messages in flight, are averaged (`reconcile`), then the
 fit ends as the synchronous one does. The design (why, termination, what is not supported) is in docs/design.md,
 "Bounded staleness".
 
@@ -77,15 +77,15 @@ class StaleSharingAlgorithm(SharingAlgorithmBase):
         hooks: WorkerHooks,
         epoch: int,
     ) -> EpochOutcome:
-        """One pass over this worker's batches (:func:`stale_epoch`)."""
+        """One pass over this worker's batches (`stale_epoch`)."""
         return stale_epoch(self.settings, state, net, batches, comm, hooks, epoch)
 
     def finish(
         self, state: SharingState, net: Network, comm: Communicator
     ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-        """End of fit: :func:`reconcile` (the replicas averaged), then
-        :func:`~torchspark.training.algorithms.sharing.finish.finish_fit`; ``extra_config`` adds the
-        ``sharing.*`` entries of :func:`reconcile`."""
+        """End of fit: `reconcile` (the replicas averaged), then
+        `finish_fit`; ``extra_config`` adds the
+        ``sharing.*`` entries of `reconcile`."""
         stale = reconcile(state, net, comm, int(self.settings.max_staleness))  # type: ignore[arg-type]
         extra_state, extra_config = finish_fit(state, net, comm)
         extra_config.update(stale)

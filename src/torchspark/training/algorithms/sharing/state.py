@@ -1,9 +1,9 @@
 """One worker's gradient-sharing state for a fit, and how it starts, checkpoints and persists.
 
-:class:`SharingState` holds the residual and threshold state (the encoder's memory) and the fit's traffic counters.
-Both sharing algorithms build it with :func:`start_state`, write it into checkpoints with :func:`cut_state` and read
-it back with :func:`restore_state`. At the end of a fit the residuals and the averaged threshold state persist in
-``net.extra_state`` under :data:`RESIDUAL_KEY`, :data:`THRESHOLD_KEY` and :data:`WORLD_KEY`, and the next fit
+`SharingState` holds the residual and threshold state (the encoder's memory) and the fit's traffic counters.
+Both sharing algorithms build it with `start_state`, write it into checkpoints with `cut_state` and read
+it back with `restore_state`. At the end of a fit the residuals and the averaged threshold state persist in
+``net.extra_state`` under `RESIDUAL_KEY`, `THRESHOLD_KEY` and `WORLD_KEY`, and the next fit
 starts from them.
 
 Example::
@@ -55,16 +55,16 @@ class SharingState:
         steps: updates encoded in this fit.
         start_threshold: the threshold the fit started from (calibrated, restored or configured; None until known).
         pending_payload: a payload encoded but not yet exchanged when a checkpoint was taken (``overlap=True``);
-            set by :func:`restore_state`, exchanged first by the next epoch.
+            set by `restore_state`, exchanged first by the next epoch.
         divergence: the first divergence message of this fit on this worker (``on_divergence="warn"``), or None.
         skipped_steps: steps this worker skipped because their gradient was not finite (``on_divergence="warn"``).
         step_buffers: ``(before, update)``, two parameter-sized buffers reused by every step (see
-            :func:`~torchspark.training.algorithms.sharing.fused.step_into_residual`); None until the first step.
+            `step_into_residual`); None until the first step.
         residual_views: ``(residual, views)``: the residual cut into one view per parameter, for
-            :func:`~torchspark.training.algorithms.sharing.fused.train_step_into` (rebuilt when the residual
+            `train_step_into` (rebuilt when the residual
             tensor changes); None until the first direct step.
         param_norm: the parameters' norm for the divergence check, refreshed every
-            :data:`~torchspark.training.algorithms.sharing.fused.PARAM_NORM_EVERY` steps of the direct path (None
+            `PARAM_NORM_EVERY` steps of the direct path (None
             until the first).
         overlap_via: how the last epoch overlapped its exchange (``extra_config["sharing.overlap_via"]``):
             ``"shared_memory"`` (every worker on one host: posted gathers, no exchange thread), ``"thread"`` (the
@@ -80,7 +80,7 @@ class SharingState:
     divergence: str | None = None
     #: steps this worker skipped because their gradient was not finite (``on_divergence="warn"``)
     skipped_steps: int = 0
-    #: the bounded-staleness loop's counters (:class:`~torchspark.training.algorithms.sharing.ledger.StaleStats`),
+    #: the bounded-staleness loop's counters (`StaleStats`),
     #: else None
     staleness: Any = None
     step_buffers: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -127,9 +127,9 @@ def restore_residual(
 def start_state(settings: SharingSettings, net: Network, comm: Communicator) -> SharingState:
     """Per-fit state: the residual and threshold state of a previous fit when ``net.extra_state`` has them.
 
-    The threshold state is the averaged one of the previous fit, except with :class:`FixedThreshold` (stateless:
+    The threshold state is the averaged one of the previous fit, except with [`FixedThreshold`][torchspark.encoding.FixedThreshold] (stateless:
     the configured value wins) or when that fit never calibrated one (then the policy's initial state, calibrated
-    in the first epoch for a calibrated start). Residuals: see :func:`restore_residual`.
+    in the first epoch for a calibrated start). Residuals: see `restore_residual`.
     """
     config = settings.encoder
     residual = restore_residual(net.extra_state, comm.rank, comm.world_size, net.num_params(), net.device)
@@ -160,7 +160,7 @@ def cut_state(state: SharingState, pending: bytes | None) -> tuple[dict[str, tor
 
 
 def restore_state(state: SharingState, tensors: dict[str, torch.Tensor], record: dict[str, Any]) -> None:
-    """Inverse of :func:`cut_state`, applied to the state :func:`start_state` returned."""
+    """Inverse of `cut_state`, applied to the state `start_state` returned."""
     with torch.no_grad():
         state.encoder.residual.copy_(tensors["residual"].reshape(-1).to(state.encoder.residual.device))
     state.encoder = replace(state.encoder, threshold_state=ThresholdState.from_tensor(tensors["threshold_state"]))
@@ -176,7 +176,7 @@ def restore_state(state: SharingState, tensors: dict[str, torch.Tensor], record:
 @dataclass(frozen=True)
 class SharingAlgorithmBase:
     """What the synchronous and the bounded-staleness sharing algorithms share: their settings, per-fit state
-    (:func:`start_state`) and this rank's checkpoint state (:func:`cut_state` / :func:`restore_state`); each
+    (`start_state`) and this rank's checkpoint state (`cut_state` / `restore_state`); each
     subclass brings its own ``epoch`` and ``finish``."""
 
     settings: SharingSettings
@@ -189,7 +189,7 @@ class SharingAlgorithmBase:
         return self.settings.to_dict()
 
     def start(self, net: Network, comm: Communicator) -> SharingState:
-        """Per-fit state (:func:`start_state`)."""
+        """Per-fit state (`start_state`)."""
         return start_state(self.settings, net, comm)
 
     def rank_state(self, state: SharingState) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -199,5 +199,5 @@ class SharingAlgorithmBase:
     def restore(
         self, state: SharingState, net: Network, tensors: dict[str, torch.Tensor], record: dict[str, Any]
     ) -> None:
-        """Inverse of :meth:`rank_state` (and of a cut's state with its pending payload)."""
+        """Inverse of `rank_state` (and of a cut's state with its pending payload)."""
         restore_state(state, tensors, record)

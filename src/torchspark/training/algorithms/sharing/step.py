@@ -1,11 +1,11 @@
 """Steps 1 + 2 of a sharing round on one worker: compute the update, check it, encode it into the round's payload.
 
 Shared by the synchronous loop and bounded staleness. Once the threshold is calibrated the update goes straight
-into the residual (:mod:`~torchspark.training.algorithms.sharing.fused`); on the first round of an uncalibrated fit
+into the residual (`fused`); on the first round of an uncalibrated fit
 the update is computed apart, the start threshold agreed from it
-(:func:`~torchspark.training.algorithms.sharing.collectives.calibrate`), then encoded. Every update passes the
+(`calibrate`), then encoded. Every update passes the
 divergence check (``on_divergence``: raise, or warn once). A gradient that is not finite never gets that far: the
-network refuses the updater step (:class:`~torchspark.nn.divergence.NonFiniteGradient`), so nothing enters the
+network refuses the updater step (`NonFiniteGradient`), so nothing enters the
 residual or the updater state; with ``"warn"`` this worker sends an empty message for the step (the parameters
 move by the other workers' messages alone, identically on every replica) and counts it in
 ``SharingState.skipped_steps``; with ``"fail"`` the fit ends with that error, which names the data or the model.
@@ -51,14 +51,14 @@ def compute_and_encode(
     calibrate: bool,
     on_divergence: str,
 ) -> bytes:
-    """This worker's payload for one round (:func:`~torchspark.training.algorithms.sharing.rounds.pack`): one
+    """This worker's payload for one round (`pack`): one
     updater step on ``batch`` (a minibatch, or a group of them with gradient accumulation) encoded against the
     residual. Counts the step in ``out`` and ``state``, records it
     (phase ``fit``, ``record_encoding``, ``record_score``) and reports progress every ``hooks.progress_every``.
 
     Args:
         calibrate: agree on the start threshold from this update first (a collective: every rank passes the same).
-        on_divergence: ``"fail"`` or ``"warn"`` (see :func:`report_divergence`).
+        on_divergence: ``"fail"`` or ``"warn"`` (see `report_divergence`).
     """
     rec = hooks.recorder
     rank = comm.rank

@@ -2,9 +2,9 @@
 names.
 
 ``"all_gather"``: every worker receives and decodes every worker's message
-(:func:`~torchspark.training.algorithms.sharing.rounds.round_from_gathered` of an all-gather); ``"sharded"``:
+(`round_from_gathered` of an all-gather); ``"sharded"``:
 reduce-scatter by parameter-index shards then all-gather of the summed shards
-(:mod:`torchspark.training.algorithms.sharing.sharded`); ``"auto"``: sharded when the fit has more than
+(`torchspark.training.algorithms.sharing.sharded`); ``"auto"``: sharded when the fit has more than
 ``shard_above_workers`` workers. The choice depends on the world size only, so every rank makes the same. When
 each one pays: docs/scaling.md.
 
@@ -63,7 +63,7 @@ def exchange_phases(
     topology: str, length: int, device: torch.device | str
 ) -> tuple[Callable[[Communicator, bytes], Any], Callable[[Any], Round]]:
     """The exchange of a resolved ``topology`` as ``(transport, finish)``: ``finish(transport(comm, payload))`` is
-    the :class:`~torchspark.training.algorithms.sharing.rounds.Round` of every worker's ``payload``, the same on
+    the `Round` of every worker's ``payload``, the same on
     every rank and bit-identical for both topologies. With overlap the transport runs on the exchange thread and
     ``finish`` on the training thread: for all-gather the transport is the all-gather alone (the thread only waits
     on the wire, where it does not hold the GIL) and the parsing and summing run on the training thread between

@@ -3,7 +3,7 @@
 DL4J's rule of thumb (its guide "When to use Spark"): at >= 100 ms per iteration distributed training scales
 well; at ~10 ms expect sub-linear scaling; at ~1 ms or less a cluster may be no faster than one machine; and for
 gradient sharing, at <= 150 ms per iteration "Spark may not be worth it". What decides is the ratio of exchange time
-to compute time, which this module estimates from measured numbers (:mod:`torchspark.advise.measurement`):
+to compute time, which this module estimates from measured numbers (`torchspark.advise.measurement`):
 
   1. **compute**: ``t`` = seconds per iteration of one worker at its minibatch size (measured);
   2. **dense exchange** (parameter averaging, every ``f`` minibatches): a ring all-reduce of the parameters (and,
@@ -13,7 +13,7 @@ to compute time, which this module estimates from measured numbers (:mod:`torchs
      ``N-1`` workers' encoded messages (measured size) plus ``N-1`` latencies, and pays the encode time (measured);
   4. **speedup** over one machine training the same examples: ``N * t / (t + exchange per iteration)``, assuming
      no overlap of exchange and compute (conservative: sharing's ``overlap=True`` can hide up to ``t`` of it).
-Step 5, :func:`advise`, turns the estimates into a :class:`Advice`: which master, which averaging frequency, or
+Step 5, [`advise`][torchspark.advise.advise], turns the estimates into a [`Advice`][torchspark.advise.Advice]: which master, which averaging frequency, or
 "stay on one machine".
 """
 
@@ -96,7 +96,7 @@ class Link:
 
 @dataclass(frozen=True)
 class Workload:
-    """What one worker measured (see :func:`torchspark.advise.measurement.measure`).
+    """What one worker measured (see [`torchspark.advise.measurement.measure`][torchspark.advise.measure]).
 
     Args:
         seconds_per_iteration: forward, backward and updater step of one minibatch.
@@ -152,7 +152,7 @@ def _speedup(workload: Workload, num_workers: int, exchange: float) -> float:
 
 def estimate(workload: Workload, num_workers: int, link: Link, save_updater: bool = True) -> list[Estimate]:
     """Steps 2-4 for gradient sharing, dense synchronous SGD (an all-reduce every step, as DDP does) and parameter
-    averaging at each of :data:`AVERAGING_FREQUENCIES`."""
+    averaging at each of `AVERAGING_FREQUENCIES`."""
     if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
         raise ConfigError(f"num_workers must be an integer >= 1, got {num_workers!r}")
     shared = allgather_seconds(workload.shared_bytes_per_step, num_workers, link) + workload.encode_seconds
@@ -206,7 +206,7 @@ def _dl4j_guidance(ms: float) -> str:
 
 
 def _averaging_choice(averaging: list[Estimate], num_workers: int) -> Estimate:
-    """The smallest frequency reaching :data:`TARGET_EFFICIENCY`, else the one with the best speedup."""
+    """The smallest frequency reaching `TARGET_EFFICIENCY`, else the one with the best speedup."""
     for e in averaging:
         if e.speedup / num_workers >= TARGET_EFFICIENCY:
             return e
@@ -214,11 +214,11 @@ def _averaging_choice(averaging: list[Estimate], num_workers: int) -> Estimate:
 
 
 def advise(workload: Workload, num_workers: int, link: Link, save_updater: bool = True) -> Advice:
-    """Step 5: "stay on one machine" when neither sharing nor averaging reaches :data:`MIN_SPEEDUP`; else gradient
+    """Step 5: "stay on one machine" when neither sharing nor averaging reaches `MIN_SPEEDUP`; else gradient
     sharing (DL4J's default: every worker applies every worker's update every step, where averaging lets
-    replicas drift for ``f`` steps, which the speedup does not count) when it reaches :data:`TARGET_EFFICIENCY` or
+    replicas drift for ``f`` steps, which the speedup does not count) when it reaches `TARGET_EFFICIENCY` or
     is estimated at least as fast as averaging; else averaging at the smallest frequency reaching
-    :data:`TARGET_EFFICIENCY` (the fastest one when none does)."""
+    `TARGET_EFFICIENCY` (the fastest one when none does)."""
     estimates = estimate(workload, num_workers, link, save_updater)
     shared = next(e for e in estimates if e.name == "shared")
     dense = next(e for e in estimates if e.name == "dense_every_step")
