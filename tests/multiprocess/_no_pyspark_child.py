@@ -66,7 +66,7 @@ def cli_parallel() -> None:
 
 
 def cli_spark_route() -> str:
-    """``torchspark train`` without --parallel is the Spark route: exit code 2 and a message naming the fix."""
+    """``torchspark train`` without --parallel is the Spark route: exit code 1 (a SetupError: the environment lacks pyspark; 2 is for usage errors) and a message naming the fix."""
     from torchspark import cli
 
     err = io.StringIO()
@@ -76,7 +76,7 @@ def cli_spark_route() -> str:
         contextlib.redirect_stdout(io.StringIO()),
     ):
         rc = cli.main(["train", "--model", "mlp", "--epochs", "1", "--num-workers", "2", "--output", out])
-    assert rc == 2, rc
+    assert rc == 1, rc
     return err.getvalue()
 
 
