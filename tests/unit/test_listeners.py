@@ -262,6 +262,17 @@ def test_mlflow_tracking_uris_go_to_mlflow_and_only_paths_are_directories(tmp_pa
     assert local_store_path((tmp_path / "m r").as_uri()) == str(tmp_path / "m r")
     assert local_store_path("runs/mlruns") == "runs/mlruns" and local_store_path("C:\\mlruns") == "C:\\mlruns"
 
+    # mlflow-skinny alone (no SQLAlchemy): a sqlite store is refused with the install that brings it
+    import importlib.util
+
+    from torchspark.errors import ConfigError
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "sqlalchemy" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"needs sqlalchemy .*pip install 'torchspark\[mlflow\]'"):
+        MlflowListener(tracking_uri="sqlite:///mlflow.db")
+    assert os.listdir(tmp_path) == []
+
 
 def test_mlflow_local_stores_work_as_documented_or_fail_at_construction_with_the_fix(tmp_path, monkeypatch) -> None:
     """The [mlflow] extra's sqlite store works with no settings; a file store without MLflow 3's opt-in fails
