@@ -59,10 +59,11 @@ def test_mlflow_and_tensorboard_follow_a_sharing_fit_then_an_averaging_fit(spark
     assert all(v > 0 for _, v in sent) and sum(v for _, v in sent) < sum(v for _, v in dense)
     assert sum(v for _, v in sent) <= net.extra_config["sharing.bytes_sent"]
     assert client.get_metric_history(mlf.run_id, "score"), "log_every=1 logs every progress report"
-    # artifacts: the trained model (it loads and equals the driver's network) and the stats report
+    # artifacts: the MLflow model, torchspark's save (it loads and equals the driver's network), the stats report
     names = {a.path for a in client.list_artifacts(mlf.run_id)}
-    assert {"model", "stats.html", "stats.json"} <= names
-    local = client.download_artifacts(mlf.run_id, "model", str(tmp_path / "dl"))
+    assert {"model", "torchspark-network", "stats.html", "stats.json"} <= names
+    assert "MLmodel" in {os.path.basename(a.path) for a in client.list_artifacts(mlf.run_id, "model")}
+    local = client.download_artifacts(mlf.run_id, "torchspark-network", str(tmp_path / "dl"))
     assert torch.equal(Network.load(local).params(), net.params())
     html = client.download_artifacts(mlf.run_id, "stats.html", str(tmp_path / "dl"))
     assert "worker-1" in open(html, encoding="utf-8").read()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
@@ -242,3 +243,64 @@ def test_tensorboard_every_option_thins_the_iteration_scalars(tmp_path) -> None:
     assert [s for s, _ in a["epoch/score"]] == [0, 1]
     with pytest.raises(ConfigError, match="every"):
         TensorBoardListener(tmp_path / "c", every=0)
+
+
+def test_mlflow_tracking_uris_go_to_mlflow_and_only_paths_are_directories(tmp_path, monkeypatch) -> None:
+    """``databricks`` (the docstring's own example) once became a ./databricks directory; URIs MLflow resolves are
+    passed through untouched, and only a plain path or a file: URI is made as a directory."""
+    pytest.importorskip("mlflow")
+    from torchspark.listeners.mlflow_listener import MlflowListener, local_store_path, uri_scheme
+
+    monkeypatch.chdir(tmp_path)
+    for uri in ["databricks", "databricks://my-profile"]:
+        listener = MlflowListener(tracking_uri=uri)
+        assert listener.client._tracking_client.tracking_uri == uri
+        assert local_store_path(uri) is None
+    assert os.listdir(tmp_path) == []  # nothing was created for them
+    assert uri_scheme("sqlite:///x.db") == "sqlite" and uri_scheme("postgresql+psycopg2://h/db") == "postgresql"
+    assert local_store_path("sqlite:///x.db") is None and local_store_path("https://h:5000") is None
+    assert local_store_path((tmp_path / "m r").as_uri()) == str(tmp_path / "m r")
+    assert local_store_path("runs/mlruns") == "runs/mlruns" and local_store_path("C:\\mlruns") == "C:\\mlruns"
+
+    # mlflow-skinny alone (no SQLAlchemy): a sqlite store is refused with the install that brings it
+    import importlib.util
+
+    from torchspark.errors import ConfigError
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "sqlalchemy" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"needs sqlalchemy .*pip install 'torchspark\[mlflow\]'"):
+        MlflowListener(tracking_uri="sqlite:///mlflow.db")
+    assert os.listdir(tmp_path) == []
+
+
+def test_mlflow_local_stores_work_as_documented_or_fail_at_construction_with_the_fix(tmp_path, monkeypatch) -> None:
+    """The [mlflow] extra's sqlite store works with no settings; a file store without MLflow 3's opt-in fails
+    when the listener is built, naming the variable and the sqlite alternative, not after the fit."""
+    pytest.importorskip("mlflow")
+    pytest.importorskip("sqlalchemy")
+    from mlflow.tracking import MlflowClient
+
+    from torchspark.errors import ConfigError
+    from torchspark.listeners.mlflow_listener import MlflowListener
+
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    monkeypatch.chdir(tmp_path)  # a sqlite store's artifacts go to ./mlruns (MLflow's default artifact root)
+    with pytest.raises(ConfigError, match="MLFLOW_ALLOW_FILE_STORE=true.*sqlite:///mlflow.db"):
+        MlflowListener(tracking_uri=(tmp_path / "mlruns").as_uri())
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    listener = MlflowListener(tracking_uri=uri, experiment="local", log_stats=False)
+    net = Network(models.mlp(3, 4, 2), seed=0)
+    from torchspark.parallel import ParallelWrapper
+    from torchspark.training import InProcessRunner
+
+    wrapper = ParallelWrapper(net, num_workers=1, progress=False, runner=InProcessRunner(timeout_s=60))
+    wrapper.add_training_listener(listener)
+    from torchspark import datasets
+
+    wrapper.fit(datasets.synthetic_classification(32, 3, 2, seed=1), epochs=1, batch_size=8)
+    client = MlflowClient(tracking_uri=uri)
+    run = client.get_run(listener.run_id)
+    assert run.info.status == "FINISHED" and "mlflow.parentRunId" not in run.data.tags  # no active run: top level
+    assert {a.path for a in client.list_artifacts(listener.run_id)} == {"model", "torchspark-network"}
+    assert (tmp_path / "mlruns").is_dir()

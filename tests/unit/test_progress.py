@@ -419,6 +419,57 @@ def test_bar_explicitly_disabled_even_on_a_tty() -> None:
     assert bar.examples == 3
 
 
+def test_bar_in_a_notebook_draws_without_a_terminal_and_stays_quiet_elsewhere(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A notebook kernel's stderr is no terminal, yet the bar shows there (a widget with ipywidgets, else text
+    in the cell); a script writing to a log gets nothing; an explicit file or enabled=False wins."""
+    import importlib.util
+
+    from torchspark.training.progress.bar import choose_display
+
+    assert choose_display(None, None, notebook=True, widgets=True) == ("widget", True)
+    assert choose_display(None, None, notebook=True, widgets=False) == ("text", True)
+    assert choose_display(False, None, notebook=True, widgets=True) == ("text", False)
+    assert choose_display(None, io.StringIO(), notebook=True, widgets=True) == ("text", False)  # a log file
+    assert choose_display(None, None, notebook=False, widgets=True) == ("text", False)  # pytest's stderr: no tty
+
+    widgets = importlib.util.find_spec("ipywidgets") is not None
+    with ProgressBar(total_examples=10, desc="nb", mininterval=0.0, detect_notebook=lambda: True) as bar:
+        assert bar.enabled and bar.kind == ("widget" if widgets else "text")
+        bar.update(ProgressUpdate(0, 0, 1, 10, 0.5))
+    if not widgets:
+        assert "nb 0" in capsys.readouterr().err  # the cell's output shows the text bar
+    with ProgressBar(total_examples=10, detect_notebook=lambda: False) as quiet:
+        quiet.update(ProgressUpdate(0, 0, 1, 10, 0.5))
+    assert not quiet.enabled and capsys.readouterr().err == ""
+
+
+def test_in_notebook_recognises_a_kernel_but_not_a_terminal_ipython(monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    from torchspark.training.progress.bar import in_notebook
+
+    monkeypatch.delitem(__import__("sys").modules, "IPython", raising=False)
+    monkeypatch.delenv("DATABRICKS_RUNTIME_VERSION", raising=False)
+    assert not in_notebook()  # IPython never imported: a script
+
+    class Kernel:  # what Jupyter's ZMQInteractiveShell carries: the kernel app's config
+        config = {"IPKernelApp": {"connection_file": "kernel-1.json"}}
+
+    class TerminalInteractiveShell:
+        config: dict = {}
+
+    fake = types.ModuleType("IPython")
+    monkeypatch.setitem(__import__("sys").modules, "IPython", fake)
+    for shell, expected in [(Kernel(), True), (TerminalInteractiveShell(), False), (None, False)]:
+        fake.get_ipython = lambda shell=shell: shell  # type: ignore[attr-defined]
+        assert in_notebook() is expected, shell
+    fake.get_ipython = lambda: TerminalInteractiveShell()  # type: ignore[attr-defined]
+    monkeypatch.setenv("DATABRICKS_RUNTIME_VERSION", "17.3")  # a Databricks notebook's shell
+    assert in_notebook()
+
+
 def test_bar_fed_by_the_server_counts_all_workers(server: ProgressServer) -> None:
     bar = ProgressBar(enabled=False)
     done = _Collector()

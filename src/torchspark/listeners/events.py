@@ -114,6 +114,11 @@ class TrainingListener:
     end_timeout_s: float = 60.0
     hung_end_timeout_s: float = 10.0
 
+    def on_fit_called(self, event: FitStarted) -> None:
+        """Called once on the thread that called ``fit()``, just before [`on_fit_start`][torchspark.listeners.TrainingListener.on_fit_start] is queued: read the
+        caller's thread-local state here (MLflow's active run). Keep it instant (no I/O): it runs on the fit's
+        own thread; an exception is logged and ignored."""
+
     def on_fit_start(self, event: FitStarted) -> None:
         """Called once before the workers start."""
 

@@ -145,6 +145,9 @@ class TrainingEvents:
     # ------------------------------------------------------------------ feeding
     def start(self) -> None:
         """Emit [`FitStarted`][torchspark.listeners.FitStarted] (before the workers start)."""
+        for listener in self.listeners:  # on the caller's thread: its thread-local state (an active MLflow run)
+            if callable(getattr(listener, "on_fit_called", None)):
+                _deliver(listener, "on_fit_called", self._started)
         with self._lock:
             self._t0 = self._last_close = self._clock()
             self._call("on_fit_start", self._started)

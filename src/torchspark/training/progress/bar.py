@@ -1,17 +1,60 @@
-"""The driver's ``tqdm`` display of a fit, fed by a progress-server listener."""
+"""The driver's ``tqdm`` display of a fit, fed by a progress-server listener.
+
+Where it draws (`choose_display`): in a notebook kernel (Jupyter, JupyterLab, VS Code, Colab, Databricks) a
+``tqdm.notebook`` widget when ipywidgets is installed, else text bars in the cell's output; on a terminal a text
+bar; anywhere else (logs, CI, ``nohup``, a Spark driver's stdout) nothing, unless asked for with ``enabled=True``.
+"""
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import os
 import sys
 import threading
-from typing import TextIO
+from collections.abc import Callable
+from typing import Any, TextIO
 
 from torchspark.errors import ConfigError
 from torchspark.training.hooks import ProgressUpdate
 from torchspark.training.progress.listeners import ExampleTally
 
-__all__ = ["ProgressBar"]
+__all__ = ["ProgressBar", "choose_display", "in_notebook"]
+
+
+def in_notebook() -> bool:
+    """True inside an IPython kernel that renders cell output: Jupyter, JupyterLab, VS Code, Colab and Databricks
+    notebooks. False in a script, a terminal IPython, or a process where IPython was never imported."""
+    ipython = sys.modules.get("IPython")  # a notebook kernel has imported it; never import it here
+    get = getattr(ipython, "get_ipython", None)
+    if not callable(get):
+        return False
+    try:
+        shell = get()
+    except Exception:
+        return False
+    if shell is None:
+        return False
+    if "IPKernelApp" in (getattr(shell, "config", None) or {}):
+        return True
+    return "DATABRICKS_RUNTIME_VERSION" in os.environ or type(shell).__name__ in ("ZMQInteractiveShell", "Shell")
+
+
+def choose_display(enabled: bool | None, file: TextIO | None, notebook: bool, widgets: bool) -> tuple[str, bool]:
+    """Where a bar draws: ``("widget" | "text", enabled)``.
+
+    ``enabled`` False: nothing. A notebook (``notebook``) with no explicit ``file``: a widget when ipywidgets is
+    installed (``widgets``), else text in the cell's output. Otherwise a text bar on ``file`` (default stderr),
+    with ``enabled=None`` meaning only when that file is a terminal (so logs and CI stay quiet).
+    """
+    if enabled is False:
+        return "text", False
+    if notebook and file is None:
+        return ("widget" if widgets else "text"), True
+    if enabled is None:
+        isatty = getattr(sys.stderr if file is None else file, "isatty", None)
+        enabled = bool(isatty()) if callable(isatty) else False
+    return "text", enabled
 
 
 class ProgressBar:
@@ -22,10 +65,12 @@ class ProgressBar:
     Args:
         total_examples: examples expected over the whole fit (all epochs, all workers); None = no total.
         desc: label; the latest epoch number is appended.
-        enabled: True/False force the display on/off; None = on only when ``file`` is a terminal. A disabled
-            bar renders nothing but still counts (`examples`, `score`).
-        file: where to draw; default ``sys.stderr``.
+        enabled: True/False force the display on/off; None = on in a notebook or when ``file`` is a terminal
+            (`choose_display`). A disabled bar renders nothing but still counts (`examples`,
+            `score`).
+        file: where to draw; default ``sys.stderr`` (or the notebook widget). An explicit file always gets text.
         mininterval: minimum seconds between redraws; raise it if the bar floods a slow terminal.
+        detect_notebook: tells whether this process is a notebook kernel (default `in_notebook`).
     """
 
     def __init__(
@@ -35,16 +80,14 @@ class ProgressBar:
         enabled: bool | None = None,
         file: TextIO | None = None,
         mininterval: float = 0.5,
+        detect_notebook: Callable[[], bool] = in_notebook,
     ) -> None:
-        # plain tqdm, not tqdm.auto: a notebook widget would ignore ``file`` and ``enabled``
-        from tqdm import tqdm  # imported lazily: only the driver draws
-
         if total_examples is not None and total_examples < 0:
             raise ConfigError(f"ProgressBar total_examples must be >= 0 or None, got {total_examples}")
         out = sys.stderr if file is None else file
-        if enabled is None:
-            isatty = getattr(out, "isatty", None)
-            enabled = bool(isatty()) if callable(isatty) else False
+        widgets = importlib.util.find_spec("ipywidgets") is not None
+        #: "widget" (``tqdm.notebook``) or "text" (``tqdm`` on ``file``)
+        self.kind, enabled = choose_display(enabled, file, detect_notebook(), widgets)
         self.enabled = enabled
         self._desc = desc
         self._lock = threading.Lock()
@@ -52,16 +95,17 @@ class ProgressBar:
         self._scores: dict[int, float] = {}
         self._epoch = -1
         self._closed = False
-        self._bar = tqdm(
-            total=total_examples,
-            desc=desc,
-            unit="ex",
-            unit_scale=True,
-            file=out,
-            disable=not enabled,
-            mininterval=mininterval,
-            dynamic_ncols=True,
+        options: dict[str, Any] = dict(
+            total=total_examples, desc=desc, unit="ex", unit_scale=True, disable=not enabled, mininterval=mininterval
         )
+        if self.kind == "widget":
+            from tqdm.notebook import tqdm as notebook_tqdm  # imported lazily: only the driver draws
+
+            self._bar = notebook_tqdm(**options)
+        else:
+            from tqdm import tqdm
+
+            self._bar = tqdm(file=out, dynamic_ncols=True, **options)
 
     @property
     def examples(self) -> int:
