@@ -279,18 +279,11 @@ class ProgressServer(ProgressInbox):
                 self._open = len(self._conns)
 
     def _make_room(self) -> None:
-        """At most ``max_pending`` connections owing their hello: first read what they sent (a worker's whole hello
-        authenticates it), then evict one that sent part of a hello (a stranger) before one that sent nothing yet
-        (perhaps a worker within its round trip), the oldest first."""
+        """At most ``max_pending`` connections owing their hello (`auth.eviction_victim`: strangers go first)."""
         assert self._selector is not None
-        if sum(not c.authed for c in self._conns.values()) < self._limits.max_pending:
-            return
-        for key, _ in self._selector.select(timeout=0):
-            if key.data is not None and not key.data.authed and key.data.sock in self._conns:
-                self._read(key.data)
-        pending = [c for c in self._conns.values() if not c.authed]
-        if len(pending) >= self._limits.max_pending:
-            self._drop(min(pending, key=lambda c: (not c.hello, c.deadline)), rejected=True)
+        victim = auth.eviction_victim(self._conns.values(), self._selector, self._limits.max_pending, self._read)
+        if victim is not None:
+            self._drop(victim, rejected=True)
 
     def _expire_hellos(self) -> None:
         now = time.monotonic()

@@ -19,10 +19,14 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+import selectors
+from collections.abc import Callable, Collection
+from typing import Protocol, TypeVar
 
 from torchspark.errors import ConfigError
 
 __all__ = [
+    "eviction_victim",
     "TOKEN_BYTES",
     "HELLO_BYTES",
     "NONCE_BYTES",
@@ -92,3 +96,40 @@ def verify(token: bytes, purpose: str, signed: str) -> str | None:
     if len(tag) != _TAG_HEX or not hmac.compare_digest(tag, _tag(token, purpose.encode(), value.encode()).hex()):
         return None
     return value
+
+
+class PendingConnection(Protocol):
+    """What :func:`eviction_victim` reads of a server's connection."""
+
+    authed: bool  # its hello was checked
+    hello: bytearray  # what it has sent of its hello so far
+    deadline: float  # when its hello is due (time.monotonic())
+
+
+C = TypeVar("C", bound=PendingConnection)
+
+
+def eviction_victim(
+    conns: Collection[C], selector: selectors.BaseSelector, max_pending: int, read: Callable[[C], None]
+) -> C | None:
+    """The connection to close so that at most ``max_pending`` owe their hello (None: there is room), for the
+    driver's servers that authenticate with :func:`hello` (the rendezvous relay and the progress server).
+
+    1. Under ``max_pending`` pending connections: nothing to do.
+    2. Read what the pending connections already sent (``read``): a worker whose whole hello arrived is
+       authenticated by it and no longer pending, so a flood of strangers cannot push it out.
+    3. Still at the limit: the victim is one that sent part of a hello (only a stranger does) before one that sent
+       nothing yet (perhaps a worker within its round trip), the oldest first.
+
+    ``conns`` is a live view (``dict.values()``): a connection that ``read`` closes leaves it.
+    """
+    if sum(not c.authed for c in conns) < max_pending:  # 1.
+        return None
+    for key, _ in selector.select(timeout=0):  # 2.
+        conn = key.data
+        if conn is not None and not conn.authed and conn in conns:
+            read(conn)
+    pending = [c for c in conns if not c.authed]
+    if len(pending) < max_pending:
+        return None
+    return min(pending, key=lambda c: (not c.hello, c.deadline))  # 3.

@@ -107,11 +107,6 @@ class _Conn:
         self.request = bytearray()
         self.waiting_for: str | None = None  # the key of a ``get`` not set yet
 
-    def eviction_order(self) -> tuple[bool, float]:
-        """Sort key of the pending connections to evict: part of a hello (a stranger) before nothing yet (perhaps
-        a worker within its round trip), the oldest first."""
-        return (not self.hello, self.deadline)
-
 
 class RelayServer:
     """The relay store (see the module docstring). Use as a context manager, or `start` then `close`.
@@ -242,18 +237,14 @@ class RelayServer:
             self._selector.register(sock, selectors.EVENT_READ, conn)
 
     def _make_room(self) -> None:
-        """Step 3 of the module docstring: under ``max_pending`` connections owing their hello, evicting if need be."""
+        """Step 3 of the module docstring: under ``max_pending`` connections owing their hello, evicting if need be
+        (`auth.eviction_victim`: strangers go first)."""
         assert self._selector is not None
-        if sum(not c.authed for c in self._conns.values()) < self._limits.max_pending:
-            return
-        # read what the pending connections sent before choosing: a worker's hello that arrived authenticates it
-        for key, _ in self._selector.select(timeout=0):
-            if key.data is not None and not key.data.authed and key.data.sock in self._conns:
-                self._read(key.data)
-        pending = [c for c in self._conns.values() if not c.authed]
-        if len(pending) >= self._limits.max_pending:
-            victim = min(pending, key=_Conn.eviction_order)
-            log.debug("rendezvous relay: over max_pending=%d; evicted a connection owing its hello", len(pending))
+        victim = auth.eviction_victim(self._conns.values(), self._selector, self._limits.max_pending, self._read)
+        if victim is not None:
+            log.debug(
+                "rendezvous relay: at max_pending=%d; evicted a connection owing its hello", self._limits.max_pending
+            )
             with self._lock:
                 self._evicted += 1
             self._drop(victim, rejected=True)
