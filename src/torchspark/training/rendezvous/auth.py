@@ -99,7 +99,7 @@ def verify(token: bytes, purpose: str, signed: str) -> str | None:
 
 
 class PendingConnection(Protocol):
-    """What :func:`eviction_victim` reads of a server's connection."""
+    """What `eviction_victim` reads of a server's connection."""
 
     authed: bool  # its hello was checked
     hello: bytearray  # what it has sent of its hello so far
@@ -113,7 +113,7 @@ def eviction_victim(
     conns: Collection[C], selector: selectors.BaseSelector, max_pending: int, read: Callable[[C], None]
 ) -> C | None:
     """The connection to close so that at most ``max_pending`` owe their hello (None: there is room), for the
-    driver's servers that authenticate with :func:`hello` (the rendezvous relay and the progress server).
+    driver's servers that authenticate with `hello` (the rendezvous relay and the progress server).
 
     1. Under ``max_pending`` pending connections: nothing to do.
     2. Read what the pending connections already sent (``read``): a worker whose whole hello arrived is
