@@ -170,7 +170,10 @@ def test_worker_prefetch_num_batches_bounds_how_far_a_one_shot_iterable_is_read_
     wrapper.fit(one_shot(), batch_size=BATCH)
 
     assert at_first_full, f"no worker queue was ever full; the iterable was read {len(drawn)} minibatches ahead"
-    assert prefetch * WORKERS + 1 <= at_first_full[0] <= (prefetch + 2) * WORKERS
+    # the upper end allows one more: multiprocessing's Queue.full() reads its semaphore, which a worker's get()
+    # releases only after the item has left the pipe, so one item can be in flight when the feeder sees "full"
+    # (13 for prefetch 4 in 2 of 3 full runs on a loaded machine). The ranges stay disjoint: [3, 7] and [9, 13].
+    assert prefetch * WORKERS + 1 <= at_first_full[0] <= (prefetch + 2) * WORKERS + 1
     assert len(drawn) == 40 and sum(r.examples for r in wrapper.last_results) == 40 * BATCH
 
 

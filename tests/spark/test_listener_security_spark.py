@@ -142,8 +142,9 @@ class Stranger:
                 t.start()
 
     def _attack(self, port: int) -> None:
-        """A real TCPStore answers a client within milliseconds; a port that has not after 0.5 s gets the fake
-        error lines (the fit may be short, so the store attempt keeps running on its own thread meanwhile)."""
+        """At once, on two threads: the fake error lines (attack b: a connection the moment the port listens, so a
+        short fit cannot close it first), and a ``TCPStore`` client (attack a: only a real store answers it; the
+        driver has none since the relay became torchspark's own authenticated store)."""
         is_store = threading.Event()
 
         def try_store() -> None:
@@ -159,14 +160,12 @@ class Stranger:
 
         attempt = threading.Thread(target=try_store, name=f"stranger-store-{port}", daemon=True)
         attempt.start()
-        kind = "store"
-        if not is_store.wait(0.5):
-            kind = "progress"
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=2) as sock:
-                    sock.sendall(FAKE_ERROR * 5)
-            except OSError:
-                kind = "unreachable"
+        kind = "progress"
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=2) as sock:
+                sock.sendall(FAKE_ERROR * 5)
+        except OSError:
+            kind = "unreachable"
         attempt.join(30)
         with self._lock:
             self.attacked[port] = "store" if is_store.is_set() else kind
