@@ -1,7 +1,7 @@
 """The ``torchspark`` command: train, evaluate and predict with Spark (or ParallelWrapper) from the shell.
 
-``torchspark train`` trains a zoo model on the built-in digits dataset (gradient sharing by default, as DL4J's
-guidance recommends) and writes the model, ``metrics.json`` (on Spark also the ``spark_master`` and ``master`` settings it
+``torchspark train`` trains a zoo model on a built-in dataset or on your own data (``--data``: a Parquet path or a
+catalog table, `torchspark.cli_data`; gradient sharing by default, as DL4J's guidance recommends) and writes the model, ``metrics.json`` (on Spark also the ``spark_master`` and ``master`` settings it
 used), ``stats.json`` and the ``stats.html`` timeline; ``evaluate``/``predict``: distributed evaluation and inference.
 The exit codes (0 done, 1 runtime failure, 2 usage error, 130 interrupted) are `torchspark.cli_exit`'s.
 """
@@ -9,9 +9,11 @@ The exit codes (0 done, 1 runtime failure, 2 usage error, 130 interrupted) are `
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import glob
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -45,12 +47,19 @@ def _model(name: str, sample_shape: Sequence[int], n_classes: int) -> Any:
 
     if name == "text_transformer":  # keywords: (seq_len,) token ids from a 20,000-token vocabulary
         return models.text_transformer(20000, n_classes, max_len=sample_shape[0])
+    if name == "mlp":
+        return models.mlp(math.prod(sample_shape), 128, n_classes)
+    if len(sample_shape) != 3:
+        raise ConfigError(
+            f"--model {name} takes images, but each example has shape {tuple(sample_shape)}; pass --feature-shape "
+            "C,H,W (e.g. 1,28,28) or train --model mlp"
+        )
     c, h, w = sample_shape
     if name == "lenet":
         return models.lenet(c, n_classes, h, w)
     if name == "vgg":
         return models.vgg(c, n_classes)
-    return models.mlp(c * h * w, 128, n_classes)
+    raise ConfigError(f"--model {name!r} is not a model of train; use one of lenet, mlp, vgg, text_transformer")
 
 
 def _train_test(args: argparse.Namespace) -> tuple[Any, Any]:
@@ -128,66 +137,133 @@ def _read_parquet(spark: Any, path: str) -> Any:
 
 
 # ------------------------------------------------------------------ commands
-def cmd_train(args: argparse.Namespace) -> int:
+def _network(args: argparse.Namespace, sample_shape: Sequence[int], n_classes: int) -> Any:
+    """The ``--model`` network for examples of ``sample_shape`` and ``n_classes`` classes, with the network options."""
     from torchspark import Network
-    from torchspark.encoding import AdaptiveThreshold
 
-    train_data, test_data = _train_test(args)
-    n_classes = int(train_data.labels.max()) + 1
-    net = Network(
-        _model(args.model, tuple(train_data.features.shape[1:]), n_classes),
+    return Network(
+        _model(args.model, tuple(sample_shape), n_classes),
         updater=_updater(args.updater, args.lr),
         seed=args.seed,
         memory_format=args.memory_format,
         precision=args.precision,
         compile=args.compile,
     )
-    threshold = AdaptiveThreshold(initial=args.threshold_algorithm)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from torchspark.encoding import AdaptiveThreshold
+
+    master = master_from_args(args, AdaptiveThreshold(initial=args.threshold_algorithm))
+    if args.data is not None:
+        return _train_user_data(args, master)
+    train_data, test_data = _train_test(args)
+    net = _network(args, tuple(train_data.features.shape[1:]), int(train_data.labels.max()) + 1)
     start = time.time()
     if args.parallel:
         from torchspark.parallel import ParallelWrapper
 
-        wrapper = ParallelWrapper(net, master=master_from_args(args, threshold), progress=not args.no_progress)
+        wrapper = ParallelWrapper(net, master=master, progress=not args.no_progress)
         wrapper.fit(train_data, epochs=args.epochs)
         stats, score, runner = wrapper.training_stats, wrapper.score, "ParallelWrapper"
         used: dict[str, Any] = {"startup_seconds": 0.0, "fit_seconds": time.time() - start}
     else:
         _spark()  # without pyspark: a SetupError that says what to install
-        stats, score, used = train_on_spark(args, net, train_data, master_from_args(args, threshold))
+        stats, score, used = train_on_spark(args, net, train_data, master)
         runner = "SparkNetwork"
     seconds = time.time() - start
     evaluation = net.evaluate(test_data)
+    trained = _Trained(net, evaluation, stats, score, runner, seconds, len(train_data), len(test_data), used)
+    return _report(args, trained, f"test {args.dataset}")
+
+
+def _train_user_data(args: argparse.Namespace, master: Any) -> int:
+    """``train --data``: read, train and evaluate on the session (`torchspark.cli_data`)."""
+    from torchspark.cli_data import fit_user_data, user_data
+    from torchspark.cli_spark import connect_progress, train_session
+
+    _spark()
+    start = time.time()
+    with train_session(args) as (spark, where):
+        started = time.time()
+        data = user_data(spark, args)
+        spark_net, evaluation = fit_user_data(
+            spark, args, data, lambda shape, k: _network(args, shape, k), master, connect_progress(args)
+        )
+        used = {
+            "startup_seconds": started - start,
+            "fit_seconds": time.time() - started,
+            "spark_master": where,
+            "master": master.to_dict(),
+            "data": args.data,
+            "sample_shape": list(data.sample_shape),
+            "num_classes": data.n_classes,
+        }
+    trained = _Trained(
+        spark_net.network,
+        evaluation,
+        spark_net.training_stats,
+        spark_net.score,
+        "SparkNetwork",
+        time.time() - start,
+        data.n_train,
+        data.n_test,
+        used,
+    )
+    return _report(args, trained, "test rows" if args.test_data is None else f"rows of {args.test_data}")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Trained:
+    """What a ``train`` run produced, for `_report`."""
+
+    net: Any
+    evaluation: Any
+    stats: Any
+    score: float
+    runner: str
+    seconds: float
+    n_train: int
+    n_test: int
+    used: dict[str, Any]
+
+
+def _report(args: argparse.Namespace, t: _Trained, tested_on: str) -> int:
+    """Print the evaluation and write the model, metrics.json, stats.json and stats.html to ``--output``."""
+    evaluation = t.evaluation
     print(evaluation.stats())
     model_dir = os.path.join(args.output, "model")
     try:
         os.makedirs(args.output, exist_ok=True)
     except OSError:
         pass  # save_model says where the model went instead
-    save_model(net, model_dir)
-    summary = stats.summary() if stats is not None else {}
+    save_model(t.net, model_dir)
+    summary = t.stats.summary() if t.stats is not None else {}
     metrics: dict[str, Any] = {
         "accuracy": evaluation.accuracy(),
         "f1_macro": evaluation.f1(average="macro"),
-        "score": score,
+        "score": t.score,
         "epochs": args.epochs,
         "num_workers": args.num_workers,
         "training_mode": args.training_mode,
-        "runner": runner,
-        "train_seconds": seconds,
+        "runner": t.runner,
+        "train_seconds": t.seconds,
         "precision": args.precision,
+        "train_examples": t.n_train,
+        "test_examples": t.n_test,
         # training throughput: the fit alone, not the Spark session's start (startup_seconds)
-        "examples_per_second": len(train_data) * args.epochs / used["fit_seconds"],
+        "examples_per_second": t.n_train * args.epochs / t.used["fit_seconds"],
         **{k: summary[k] for k in ("bytes_sent", "dense_bytes", "replicas_identical") if k in summary},
-        **used,
+        **t.used,
     }
     _write_json(os.path.join(args.output, "metrics.json"), metrics)
     written = [model_dir, os.path.join(args.output, "metrics.json")]
-    if stats is not None:
-        _write_json(os.path.join(args.output, "stats.json"), json.loads(stats.to_json()))
-        stats.export_html(os.path.join(args.output, "stats.html"))
+    if t.stats is not None:
+        _write_json(os.path.join(args.output, "stats.json"), json.loads(t.stats.to_json()))
+        t.stats.export_html(os.path.join(args.output, "stats.html"))
         written += [os.path.join(args.output, "stats.json"), os.path.join(args.output, "stats.html")]
     print(
-        f"accuracy {evaluation.accuracy():.4f} on {len(test_data)} test {args.dataset} ({args.training_mode}, {runner}); wrote "
+        f"accuracy {evaluation.accuracy():.4f} on {t.n_test} {tested_on} ({args.training_mode}, {t.runner}); wrote "
         + ", ".join(written)
     )
     return 0

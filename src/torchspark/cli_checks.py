@@ -360,6 +360,9 @@ def check_arguments(args: argparse.Namespace) -> None:
     """
     command = args.command
     if command == "train":
+        from torchspark.cli_data import check_user_data_options
+
+        check_user_data_options(args)
         check_session_options(args)
         check_route_options(args)
         check_remote(getattr(args, "remote", None))

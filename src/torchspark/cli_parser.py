@@ -112,12 +112,13 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_train(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
     train = sub.add_parser(
         "train",
-        help="train a zoo model on a built-in dataset",
+        help="train a zoo model on a built-in dataset or your own data (--data)",
         formatter_class=fmt,
         allow_abbrev=False,
-        description="Train a zoo model on the built-in digits dataset with Spark (or --parallel "
-        "without Spark), print the evaluation on the test split, and write the model, "
-        "metrics.json, stats.json and stats.html to --output.",
+        description="Train a zoo model on a built-in dataset (--dataset) or on your own data (--data: a "
+        "Parquet path or a catalog table) with Spark (or --parallel without Spark, built-in data only), print "
+        "the evaluation on the test split, and write the model, metrics.json, stats.json and stats.html to "
+        "--output.",
     )
     _add_run_options(train)
     _add_master_options(train)
@@ -138,6 +139,7 @@ def _add_run_options(train: argparse.ArgumentParser) -> None:
         "datasets.synthetic_keywords, for --model text_transformer)",
     )
     train.add_argument("--model", default="lenet", choices=MODELS, help="zoo model to train")
+    _add_user_data_options(train)
     train.add_argument("--epochs", type=positive_int, default=8, help="passes over the training data")
     train.add_argument(
         "--training-mode",
@@ -173,6 +175,47 @@ def _add_run_options(train: argparse.ArgumentParser) -> None:
         "machine can read, e.g. s3://bucket/progress), which the command polls: for a client "
         "the executors cannot connect to (SparkNetwork's progress_channel='directory'); each fit "
         "uses a fresh subdirectory, removed when it succeeds",
+    )
+
+
+def _add_user_data_options(train: argparse.ArgumentParser) -> None:
+    """``--data``: train on your own data instead of a built-in ``--dataset`` (`torchspark.cli_data`)."""
+    train.add_argument(
+        "--data",
+        default=None,
+        metavar="PATH|table:NAME",
+        help="train on your own data: a Parquet file or directory (any URL Spark reads, e.g. s3a://bucket/train or "
+        "/Volumes/catalog/schema/volume/train) or table:NAME, a table of the session's catalog; with "
+        "--features-col, --label-col (class indices 0..K-1) and, for images, --feature-shape. Trains on Spark "
+        "(not with --parallel)",
+    )
+    train.add_argument(
+        "--test-data",
+        default=None,
+        metavar="PATH|table:NAME",
+        help="with --data: evaluate on this data (same columns) instead of a held-out part of --data",
+    )
+    train.add_argument(
+        "--test-fraction",
+        type=positive_float,
+        default=None,
+        metavar="F",
+        help="with --data: the part of --data held out for the evaluation, chosen with --seed (default 0.2)",
+    )
+    train.add_argument("--features-col", default="features", help="with --data: features column (array or ML Vector)")
+    train.add_argument("--label-col", default="label", help="with --data: label column (class indices 0..K-1)")
+    train.add_argument(
+        "--feature-shape",
+        type=shape,
+        default=None,
+        help="with --data: reshape each row, e.g. 1,28,28 (lenet and vgg need C,H,W; default: the row as a vector)",
+    )
+    train.add_argument(
+        "--num-classes",
+        type=positive_int,
+        default=None,
+        metavar="K",
+        help="with --data: the number of classes (default: the largest label + 1)",
     )
 
 

@@ -5,10 +5,12 @@ digits travel as a DataFrame."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
+from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["train_on_spark", "train_on_connect", "connect_progress", "digits_frame"]
+__all__ = ["train_on_spark", "train_on_connect", "train_session", "connect_progress", "digits_frame"]
 
 
 def digits_frame(spark: Any, split: str) -> Any:
@@ -63,25 +65,44 @@ def connect_progress(args: argparse.Namespace) -> dict[str, Any]:
     return {"progress_channel": "directory", "progress_directory": args.progress_directory}
 
 
-def train_on_connect(
-    args: argparse.Namespace, net: Any, train_data: Any, master: Any
-) -> tuple[Any, float, dict[str, Any]]:
-    """`train_on_spark` through a Spark Connect session: a local Connect server (``--connect``) or the
-    server at ``--remote``; the digits go to the workers as a DataFrame."""
-    from torchspark.spark import SparkNetwork
+@contextlib.contextmanager
+def train_session(args: argparse.Namespace) -> Iterator[tuple[Any, str]]:
+    """``train``'s session and where it runs: the server at ``--remote``, a Connect server started here
+    (``--connect``), or a classic session (``local[--num-workers]`` or ``--master``; the active one when there is
+    one). A session this opens is stopped at the end."""
+    from torchspark.spark import check_java, session_scope
     from torchspark.spark.session import local_session, remote_session
 
-    progress = connect_progress(args)
-    start = time.time()
+    if args.remote is None and not args.connect:
+        check_java()
+        with session_scope(cores=args.num_workers, master=args.master, quiet=not args.verbose) as spark:
+            yield spark, spark.sparkContext.master
+        return
     if args.remote is not None:
         spark, where = remote_session(args.remote), args.remote
     else:
         spark = local_session(cores=args.num_workers, master=args.master, quiet=not args.verbose, connect=True)
         where = f"connect:{args.master or f'local[{args.num_workers}]'}"
     try:
+        yield spark, where
+    finally:
+        spark.stop()
+
+
+def train_on_connect(
+    args: argparse.Namespace, net: Any, train_data: Any, master: Any
+) -> tuple[Any, float, dict[str, Any]]:
+    """`train_on_spark` through a Spark Connect session: a local Connect server (``--connect``) or the
+    server at ``--remote``; the digits go to the workers as a DataFrame."""
+    from torchspark.spark import SparkNetwork
+
+    start = time.time()
+    with train_session(args) as (spark, where):
         started = time.time()
         frame = digits_frame(spark, "train")
-        spark_net = SparkNetwork(spark, net, master, progress=False if args.no_progress else None, **progress)
+        spark_net = SparkNetwork(
+            spark, net, master, progress=False if args.no_progress else None, **connect_progress(args)
+        )
         spark_net.fit(frame, epochs=args.epochs, feature_shape=tuple(train_data.features.shape[1:]))
         used = {
             "startup_seconds": started - start,
@@ -90,5 +111,3 @@ def train_on_connect(
             "master": master.to_dict(),
         }
         return spark_net.training_stats, spark_net.score, used
-    finally:
-        spark.stop()

@@ -100,3 +100,37 @@ def test_a_gpu_amount_spark_cannot_schedule_is_refused_by_the_master() -> None:
     args = build_parser().parse_args(["train", "--gpus-per-worker", "0.75"])
     with pytest.raises(ConfigError, match="gpus_per_worker must be at most 0.5 or a whole number"):
         master_from_args(args, AdaptiveThreshold())
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["--test-fraction", "0.3"], "--test-fraction applies to your own data only; add --data"),
+        (["--test-data", "t.parquet"], "--test-data applies to your own data only"),
+        (["--num-classes", "4"], "--num-classes applies to your own data only"),
+        (["--data", "x.parquet", "--dataset", "keywords"], "--data 'x.parquet' and --dataset keywords both name"),
+        (["--data", "x.parquet", "--parallel"], "--parallel trains local processes without Spark; drop --parallel"),
+        (["--data", "x.parquet", "--model", "text_transformer"], "--model text_transformer takes token ids"),
+        (["--data", "x", "--test-data", "y", "--test-fraction", "0.1"], "--test-fraction 0.1 holds out part"),
+        (["--data", "x.parquet", "--test-fraction", "1.5"], "--test-fraction 1.5 must lie between 0 and 1"),
+    ],
+    ids=["fraction", "test-data", "classes", "dataset", "parallel", "transformer", "both-tests", "fraction-range"],
+)
+def test_train_data_options_that_cannot_work_exit_2_before_working(
+    argv: list[str], fragment: str, tmp_path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started: list[str] = []
+    monkeypatch.setattr(cli, "COMMANDS", {k: (lambda args, k=k: started.append(k) or 0) for k in cli.COMMANDS})
+    assert cli.main(["train", *argv, "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("torchspark: error: ") and err.count("\n") == 1 and fragment in err, err
+    assert started == []
+
+
+def test_train_data_options_round_trip_through_a_config_file() -> None:
+    parser = build_parser()
+    args = parser.parse_args(
+        ["train", "--data", "table:main.ml.digits", "--num-classes", "10", "--test-fraction", "0.1"]
+    )
+    settings = train_settings(parser, args)
+    assert (settings["data"], settings["num_classes"], settings["test_fraction"]) == ("table:main.ml.digits", 10, 0.1)

@@ -24,7 +24,7 @@ from torchspark.spark.frames import is_dataframe
 from torchspark.spark.shipped import DEFAULT_EVAL_WORKERS, Shipped, ship_to_session
 from torchspark.validation import check_int
 
-__all__ = ["predict", "PREDICT_OUTPUTS", "predictions", "read_parquet", "write_parquet"]
+__all__ = ["predict", "PREDICT_OUTPUTS", "predictions", "read_parquet", "read_table", "column_range", "write_parquet"]
 
 #: what `predict` writes: ``"probabilities"`` -> ``array<float>``, ``"class"`` -> ``bigint``
 PREDICT_OUTPUTS = ("probabilities", "class")
@@ -238,6 +238,30 @@ def read_parquet(spark: Any, path: str, option: str = "--data") -> Any:
             f"{option} {path!r} cannot be read as Parquet ({_first_line(e)}); pass a Parquet file or a directory "
             "of Parquet files"
         ) from None
+
+
+def read_table(spark: Any, name: str, option: str = "--data") -> Any:
+    """``spark.read.table(name)``: a table or view of the session's catalog (Hive metastore, Unity Catalog's
+    ``catalog.schema.table``), with Spark's error as one line.
+
+    Raises:
+        DataError: naming ``option``, the table and Spark's first line.
+    """
+    try:
+        return spark.read.table(name)
+    except _spark_errors() as e:
+        raise DataError(
+            f"{option} table:{name}: the session's catalog has no such table ({_first_line(e)}); check the name "
+            "(catalog.schema.table where the catalog has three levels) or pass a Parquet path"
+        ) from None
+
+
+def column_range(frame: Any, column: str) -> tuple[Any, Any]:
+    """The smallest and largest value of ``column`` (one aggregation job; ``(None, None)`` when it has no values)."""
+    from pyspark.sql import functions as F
+
+    row = frame.agg(F.min(column).alias("lo"), F.max(column).alias("hi")).head()
+    return row["lo"], row["hi"]
 
 
 def write_parquet(dataframe: Any, path: str, mode: str = "errorifexists", option: str = "--output") -> None:
