@@ -2,7 +2,7 @@
 ``sitecustomize`` makes every import of pyspark or py4j fail trains with both masters through ParallelWrapper (its
 worker processes inherit the block), encodes and decodes with the codec, evaluates, and runs
 ``torchspark train --parallel``; nothing tries to import pyspark until a Spark route is asked for, which then fails
-with a message naming ``pip install pyspark``."""
+with a message naming ``pip install 'torchspark[spark]'`` (and the Connect client's extra)."""
 
 from __future__ import annotations
 
@@ -44,6 +44,9 @@ def test_the_core_trains_encodes_and_evaluates_without_pyspark(tmp_path: pathlib
     lines = dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line)
     assert lines["TRIED_BEFORE_SPARK_ROUTE"] == "[]", "something imported pyspark (or tried to) in the core"
     assert lines["LEAKED"] == "[]"
-    assert "pip install pyspark" in lines["SPARK_ROUTE_ERROR"]
+    assert (
+        "pip install 'torchspark[spark]'" in lines["SPARK_ROUTE_ERROR"]
+        and "torchspark[connect-client]" in lines["SPARK_ROUTE_ERROR"]
+    )
     assert lines["SPARK_ROUTE_ERROR"].startswith("torchspark: error: torchspark.spark needs pyspark")
     assert lines["TRIED_ON_SPARK_ROUTE"].split(",")[0] == "pyspark"

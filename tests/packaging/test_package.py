@@ -77,7 +77,14 @@ def test_the_wheel_carries_types_version_and_dependencies(dist) -> None:
     core = [r for r in meta.get_all("Requires-Dist") if "extra ==" not in r]
     # PyYAML is a core dependency: `--print-config` and `--config run.yaml` work on the base install
     assert any(r.lower().startswith("pyyaml") for r in core), core
-    assert any(r.startswith("torch") for r in core) and any(r.startswith("pyspark") for r in core), core
+    assert any(r.startswith("torch") for r in core), core
+    # Spark is an extra (a Connect client needs no jars; the core trains on one machine without it)
+    assert not any(r.startswith("pyspark") for r in core), core
+    extras = {
+        name: [r.split(";")[0].replace(" ", "") for r in meta.get_all("Requires-Dist") if f'extra == "{name}"' in r]
+        for name in ("spark", "connect-client")
+    }
+    assert extras == {"spark": ["pyspark<5,>=4.0"], "connect-client": ["pyspark-client<5,>=4.0"]}, extras
     # the digits data ships in the wheel, so scikit-learn is not a core dependency (only the tests' parity checks use it)
     assert "torchspark/_data/digits.safetensors" in names
     assert not any(r.lower().startswith(("scikit-learn", "sklearn")) for r in core), core
@@ -193,3 +200,63 @@ def test_train_runs_from_the_installed_wheel(fresh, tmp_path) -> None:
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics, metrics
     assert (out / "model").is_dir() and (out / "stats.html").is_file()
+
+
+#: what a Connect-only user has not: pyspark's jars and py4j (pyspark-client brings the ``pyspark`` module alone)
+_CLASSIC_ONLY = ("pyspark", "py4j", "torchspark", "_torchspark", "__editable__")
+
+
+@pytest.fixture(scope="module")
+def connect_client(dist, tmp_path_factory) -> Path:
+    """A fresh environment as ``pip install 'torchspark[connect-client]'`` makes it: the wheel, pyspark-client from the
+    package index (``--no-deps``), and the other dependencies from this run's environment without pyspark and py4j
+    (a directory of links on a ``.pth`` line). Skipped, saying so, when the index has no pyspark-client."""
+    venv = tmp_path_factory.mktemp("client-venv")
+    _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], timeout=120)
+    python = venv / "bin" / "python"
+    site = Path(
+        _run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], timeout=60
+        ).stdout.strip()
+    )
+    deps = tmp_path_factory.mktemp("client-deps")
+    for ours in {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}:
+        for entry in Path(ours).iterdir():
+            if not entry.name.startswith(_CLASSIC_ONLY) and not (deps / entry.name).exists():
+                (deps / entry.name).symlink_to(entry)
+    (site / "torchspark_test_deps.pth").write_text(f"{deps}\n")
+    pip = [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q"]
+    client = subprocess.run(
+        [*pip, "pyspark-client>=4.0,<5"], capture_output=True, text=True, timeout=600, env=_fresh_env()
+    )
+    if client.returncode != 0:
+        pytest.skip(f"the package index has no pyspark-client for the Connect-only install: {client.stderr[-500:]}")
+    _run([*pip, "--no-index", "--force-reinstall", str(dist["wheel"])], timeout=300, env=_fresh_env())
+    return venv
+
+
+@pytest.mark.timeout(1200)  # a Connect server's start and one epoch on a loaded machine
+def test_a_connect_only_install_trains_through_a_connect_server(connect_client, tmp_path) -> None:
+    """``torchspark[connect-client]``: no jars, no py4j, the wheel's requirements met (``pip check``), and ``train
+    --remote`` trains through a Spark Connect server (started here with this run's full pyspark, as a cluster's
+    server would be; its executors run this run's interpreter)."""
+    from torchspark.spark.connect import start_connect_server
+
+    python = str(connect_client / "bin" / "python")
+    probe = "import importlib.util, os, pyspark; print(importlib.util.find_spec('py4j') is None, "
+    probe += "os.path.isdir(os.path.join(os.path.dirname(pyspark.__file__), 'jars')), pyspark.__file__)"
+    found = _run([python, "-c", probe], timeout=120, env=_fresh_env()).stdout.split()
+    assert found[:2] == ["True", "False"] and Path(found[2]).is_relative_to(connect_client), found
+    _run([python, "-m", "pip", "check"], timeout=120, env=_fresh_env())
+    out = tmp_path / "out"
+    with start_connect_server("local[2]") as server:
+        done = _run(
+            [str(connect_client / "bin" / "torchspark"), "train", "--remote", server.url, "--model", "mlp"]
+            + ["--epochs", "1", "--no-progress", "--output", str(out)],
+            timeout=1100,
+            env=_fresh_env(),
+            cwd=tmp_path,
+        )
+    assert "accuracy" in done.stdout, done.stdout
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["spark_master"] == server.url and metrics["accuracy"] > 0.3, metrics

@@ -5,8 +5,9 @@ try:  # the rest of torchspark works without pyspark (a GPU box, a laptop); this
     import pyspark  # noqa: F401
 except ImportError as _missing:
     raise ModuleNotFoundError(
-        f"torchspark.spark needs pyspark, which this Python cannot import ({_missing}): `pip install pyspark` "
-        "(Spark also needs Java 17 or newer), or train on one machine without Spark with "
+        f"torchspark.spark needs pyspark, which this Python cannot import ({_missing}): `pip install "
+        "'torchspark[spark]'` (classic Spark; it needs Java 17 or newer), or `pip install "
+        "'torchspark[connect-client]'` (a client of a Spark Connect server), or train on one machine without Spark with "
         "torchspark.parallel.ParallelWrapper (`torchspark train --parallel`)",
         name=_missing.name,
     ) from _missing

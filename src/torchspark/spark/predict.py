@@ -219,9 +219,12 @@ def _first_line(error: BaseException) -> str:
 
 
 def _spark_errors() -> tuple[type[BaseException], ...]:
-    from py4j.protocol import Py4JError
     from pyspark.errors import PySparkException
 
+    try:
+        from py4j.protocol import Py4JError
+    except ImportError:  # a Spark Connect client (pyspark-client, torchspark[connect-client]) has no py4j
+        return (PySparkException,)
     return (PySparkException, Py4JError)
 
 
