@@ -24,6 +24,7 @@ from torchspark.nn.divergence import check_gradient, diverged_message
 from torchspark.nn.flat import FlatState
 from torchspark.nn.forward import Batch, as_list, batch_loss
 from torchspark.nn.losses import Loss, LossLike, resolve_loss
+from torchspark.nn.lr_scheduler import LrSchedulerLike, make_lr_scheduling
 from torchspark.nn.outputs import default_evaluation, evaluate
 from torchspark.nn.portable import Blueprint, read_network, save_network
 from torchspark.nn.precision import Precision
@@ -51,7 +52,19 @@ class Network:
             ``"bce_with_logits"`` (multi-label, sigmoid outputs), a callable ``(outputs, labels) -> loss``, an import
             path ``"pkg.mod:fn"``, or for several outputs a list of those (summed).
         updater: a [`torchspark.optim`][torchspark.optim] spec (``SGD(lr=0.01)`` by default), a name such as ``"adam"``, or a
-            callable ``params -> torch.optim.Optimizer``.
+            callable ``params -> torch.optim.Optimizer`` such as ``functools.partial(torch.optim.AdamW, lr=1e-3)``
+            (any ``torch.optim`` optimizer but ``LBFGS``, which needs a closure; the network's ``weight_decay``
+            is then not applied: give the optimizer its own). A ``functools.partial`` of a ``torch.optim`` class
+            with JSON arguments saves as JSON; another callable only with ``allow_pickle=True``.
+        lr_scheduler: a learning-rate schedule for any updater: a [`torchspark.schedules`][torchspark.schedules]
+            schedule (``CosineSchedule(1e-3, t_max=10_000)``; it sets the learning rate itself) or a factory
+            ``optimizer -> torch.optim.lr_scheduler`` scheduler (``lambda opt: CosineAnnealingLR(opt,
+            T_max=10_000)``), called once here (a factory that raises is a ConfigError now, not mid-fit). Its
+            position is the network's ``iteration`` (or ``epoch``), so it is the same on every worker and survives
+            save/load, checkpoints and resume (`torchspark.nn.lr_scheduler`). Not together with a schedule as the
+            updater's ``lr``.
+        lr_scheduler_interval: when a torch scheduler steps: ``"step"`` (after every updater step, the default) or
+            ``"epoch"`` (after every epoch). Only with a factory ``lr_scheduler``.
         seed: seeds weight initialisation. With a factory, the factory runs under this seed; with a module
             instance, its layers are re-initialised (``reset_parameters``) under this seed. ``None`` keeps the
             weights as they are.
@@ -98,6 +111,8 @@ class Network:
         l1: float = 0.0,
         precision: str = "fp32",
         compile: bool | str = False,
+        lr_scheduler: LrSchedulerLike | None = None,
+        lr_scheduler_interval: str | None = None,
     ) -> None:
         check_choice("memory_format", memory_format, MEMORY_FORMATS)
         check_float("weight_decay", weight_decay, minimum=0, finite=True)
@@ -127,6 +142,15 @@ class Network:
         self._params: list[torch.nn.Parameter] = self._state.parameters
         self._flat = self._state.flat
         self.optimizer = self._state.optimizer
+        if lr_scheduler is not None and isinstance(self.updater, UpdaterSpec) and self.updater.lr_schedule is not None:
+            raise ConfigError(
+                f"the updater's lr is a schedule ({type(self.updater.lr_schedule).__name__}) and lr_scheduler is "
+                "given too; use one: a number as the updater's lr with lr_scheduler, or no lr_scheduler"
+            )
+        #: what ``lr_scheduler`` was given as (a Schedule or a factory), and its interval (None: the default)
+        self.lr_scheduler = lr_scheduler
+        self.lr_scheduler_interval = lr_scheduler_interval
+        self._lr = make_lr_scheduling(lr_scheduler, lr_scheduler_interval, self.optimizer)
         self.iteration = 0
         self.epoch = 0
         self.last_score = float("nan")
@@ -174,7 +198,7 @@ class Network:
         self._state.set_updater_state(flat)
 
     def reset_updater_state(self) -> None:
-        """Zero the optimizer state (as before the first step)."""
+        """Put the optimizer state back as before the first step (zeros, or where an optimizer starts elsewhere)."""
         self._state.reset_updater_state()
 
     def buffer_tensors(self) -> list[torch.Tensor]:
@@ -201,6 +225,17 @@ class Network:
     def load_buffer_state(self, state: dict[str, torch.Tensor]) -> None:
         """Copy [`buffer_state`][torchspark.Network.buffer_state] output into this network's buffers (names it does not have are ignored)."""
         self._state.load_buffer_state(state)
+
+    def lr_scheduler_state(self) -> dict[str, Any] | None:
+        """A torch ``lr_scheduler``'s state at the current counters as JSON values (saved with the network; None
+        without one or when JSON cannot hold it exactly, then a loaded network replays it)."""
+        return None if self._lr is None else self._lr.state(self.iteration, self.epoch)
+
+    def restore_lr_scheduler_state(self, state: dict[str, Any] | None) -> None:
+        """Take [`lr_scheduler_state`][torchspark.Network.lr_scheduler_state] output back (set the counters
+        first: it is used only if it is for their position)."""
+        if self._lr is not None:
+            self._lr.restore(state)
 
     # ------------------------------------------------------------------ forward / loss (see torchspark.nn.forward)
     def _batch_loss(self, batch: Batch, validate: bool) -> tuple[torch.Tensor, int]:
@@ -291,7 +326,11 @@ class Network:
                     p.grad.add_(torch.sign(p), alpha=self.l1)
 
     def _apply_lr_schedule(self) -> None:
-        """Set the optimizer's learning rate from the updater's schedule for this step (no-op for a fixed rate)."""
+        """Set the optimizer's learning rate from ``lr_scheduler`` or the updater's schedule for this step (no-op
+        for a fixed rate): the schedule's position is the network's counters (see `torchspark.nn.lr_scheduler`)."""
+        if self._lr is not None:
+            self._lr.sync(self.iteration, self.epoch)
+            return
         schedule = self.updater.lr_schedule if isinstance(self.updater, UpdaterSpec) else None
         if schedule is not None:
             lr = schedule.value(self.iteration, self.epoch)
@@ -299,7 +338,11 @@ class Network:
                 group["lr"] = lr
 
     def current_lr(self) -> float:
-        """The learning rate the next step will use (the schedule's value at the current counters)."""
+        """The learning rate the next step will use (the schedule's value at the current counters; the first
+        parameter group's)."""
+        if self._lr is not None:
+            self._lr.sync(self.iteration, self.epoch)
+            return float(self.optimizer.param_groups[0]["lr"])
         schedule = self.updater.lr_schedule if isinstance(self.updater, UpdaterSpec) else None
         if schedule is not None:
             return schedule.value(self.iteration, self.epoch)
