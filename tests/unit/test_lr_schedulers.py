@@ -220,3 +220,38 @@ def test_bad_schedulers_and_optimizers_are_config_errors_at_construction() -> No
         Network(_module(), updater=functools.partial(torch.optim.Adam, lr=-1.0))
     with pytest.raises(ConfigError, match="LBFGS, whose step needs a closure"):
         Network(_module(), updater=torch.optim.LBFGS)
+
+
+@pytest.mark.parametrize("mode", ["averaging", "sharing"])
+def test_every_worker_steps_the_scheduler_as_the_reference_replicas(mode: str) -> None:
+    """Worker threads running the real worker loop (both masters' algorithms) end where the reference loops' replicas
+    do, whose schedulers follow their own step count; the driver's network continues the schedule."""
+    from helpers import classification_batches, fit_in_process
+    from reference_loops import averaging_reference, sharing_reference
+
+    from torchspark.encoding import AdaptiveThreshold, EncoderConfig
+    from torchspark.training.algorithms.sharing.settings import SharingSettings
+
+    def network(scheduler) -> Network:
+        return Network(models.mlp(12, 16, 3), updater=SGD, seed=0, lr_scheduler=scheduler)
+
+    scheduler = lambda opt: L.OneCycleLR(opt, max_lr=0.5, total_steps=8)  # noqa: E731 (a lambda: travels pickled)
+    shards = [classification_batches(4, seed=3), classification_batches(4, seed=4)]
+    net, fixed = network(scheduler), network(None)
+    if mode == "averaging":
+        settings = {"averaging_frequency": 1, "save_updater": True}
+        want = averaging_reference(net, shards, epochs=2, frequency=1, save_updater=True)
+        unscheduled = averaging_reference(fixed, shards, epochs=2, frequency=1, save_updater=True)
+    else:
+        encoder = EncoderConfig(threshold_policy=AdaptiveThreshold(initial=1e-3), shake_frequency=4)
+        settings = SharingSettings(encoder, overlap=False).to_dict()
+        want = sharing_reference(net, shards, epochs=2, overlap=False, encoder=encoder)[0][0]
+        unscheduled = sharing_reference(fixed, shards, epochs=2, overlap=False, encoder=encoder)[0][0]
+    fit_in_process(net, mode, settings, shards, epochs=2)
+    torch.testing.assert_close(net.params(), want.params(), rtol=0, atol=1e-6)
+    assert not torch.allclose(net.params(), unscheduled.params(), atol=1e-3), "the schedule must matter"
+    assert net.iteration == 8 and net.current_lr() == want.current_lr()
+
+    with pytest.raises(ConfigError, match=r"OneCycleLR.*step 9.*ValueError"):
+        net.iteration = 9  # one step past the cycle: PyTorch's scheduler refuses it
+        net.current_lr()

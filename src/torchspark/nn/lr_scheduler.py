@@ -168,8 +168,17 @@ class LrScheduling:
             self._rebuild()
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=_ORDER_WARNING)
-            for _ in range(t - self.torch_scheduler.last_epoch):
-                self.torch_scheduler.step()
+            while self.torch_scheduler.last_epoch < t:
+                position = self.torch_scheduler.last_epoch + 1
+                try:
+                    self.torch_scheduler.step()
+                except Exception as e:
+                    raise ConfigError(
+                        f"lr_scheduler {type(self.torch_scheduler).__name__} (from {_describe(self.spec)}) failed at "
+                        f"{self.interval} {position}: {type(e).__name__}: {e}; the "
+                        "schedule is shorter than the training (OneCycleLR's total_steps, ...): make it cover "
+                        "every step (epochs x steps per epoch per worker)"
+                    ) from e
 
     def _rebuild(self) -> None:
         for group, initial in zip(self.optimizer.param_groups, self._initial):
