@@ -309,7 +309,13 @@ class WarmupSchedule(Schedule):
 
     def to_dict(self) -> dict[str, Any]:
         then = self.then.to_dict() if isinstance(self.then, Schedule) else self.then
-        return {"type": self.name, "warmup": self.warmup, "then": then, "start_factor": self.start_factor, "unit": self.unit}
+        return {
+            "type": self.name,
+            "warmup": self.warmup,
+            "then": then,
+            "start_factor": self.start_factor,
+            "unit": self.unit,
+        }
 
 
 @dataclass(frozen=True)

@@ -218,6 +218,8 @@ def test_bad_schedulers_and_optimizers_are_config_errors_at_construction() -> No
         Network(_module(), updater=optim.SGD(lr=StepSchedule(0.1, 0.5, 2)), lr_scheduler=COSINE)
     with pytest.raises(ConfigError, match=r"updater factory .*Adam.* raised ValueError: Invalid learning rate"):
         Network(_module(), updater=functools.partial(torch.optim.Adam, lr=-1.0))
+    with pytest.raises(ConfigError, match=r"weight_decay=0.01 is handed to torchspark's updater specs only"):
+        Network(_module(), updater=SGD, weight_decay=0.01)
     with pytest.raises(ConfigError, match="LBFGS, whose step needs a closure"):
         Network(_module(), updater=torch.optim.LBFGS)
 
@@ -228,7 +230,6 @@ def test_every_worker_steps_the_scheduler_as_the_reference_replicas(mode: str) -
     do, whose schedulers follow their own step count; the driver's network continues the schedule."""
     from helpers import classification_batches, fit_in_process
     from reference_loops import averaging_reference, sharing_reference
-
     from torchspark.encoding import AdaptiveThreshold, EncoderConfig
     from torchspark.training.algorithms.sharing.settings import SharingSettings
 

@@ -53,8 +53,8 @@ class Network:
             path ``"pkg.mod:fn"``, or for several outputs a list of those (summed).
         updater: a [`torchspark.optim`][torchspark.optim] spec (``SGD(lr=0.01)`` by default), a name such as ``"adam"``, or a
             callable ``params -> torch.optim.Optimizer`` such as ``functools.partial(torch.optim.AdamW, lr=1e-3)``
-            (any ``torch.optim`` optimizer but ``LBFGS``, which needs a closure; the network's ``weight_decay``
-            is then not applied: give the optimizer its own). A ``functools.partial`` of a ``torch.optim`` class
+            (any ``torch.optim`` optimizer but ``LBFGS``, which needs a closure; give it its own weight decay:
+            the network's ``weight_decay`` must stay 0). A ``functools.partial`` of a ``torch.optim`` class
             with JSON arguments saves as JSON; another callable only with ``allow_pickle=True``.
         lr_scheduler: a learning-rate schedule for any updater: a [`torchspark.schedules`][torchspark.schedules]
             schedule (``CosineSchedule(1e-3, t_max=10_000)``; it sets the learning rate itself) or a factory
@@ -137,6 +137,11 @@ class Network:
         self.forward_module = forward_module(self.module, self.compile)
         self.losses: list[Loss] = [resolve_loss(lo) for lo in as_list(loss)]
         self.updater = resolve_updater(updater if updater is not None else SGD(lr=0.01))
+        if self.weight_decay and not isinstance(self.updater, UpdaterSpec):
+            raise ConfigError(
+                f"weight_decay={weight_decay} is handed to torchspark's updater specs only; an optimizer factory "
+                "takes its own: functools.partial(torch.optim.AdamW, lr=1e-3, weight_decay=0.01)"
+            )
         self._state = FlatState(self.module, memory_format == "channels_last", self._make_optimizer)
         #: the parameters (each one's data a view into the flat buffer) and that buffer, as the step reads them
         self._params: list[torch.nn.Parameter] = self._state.parameters

@@ -20,10 +20,10 @@ import torch
 
 from torchspark.errors import ConfigError, SerializationError
 from torchspark.nn.losses import LOSSES, Loss, resolve_loss
+from torchspark.nn.lr_scheduler import LrSchedulerLike, lr_scheduler_from_json, lr_scheduler_to_json
 from torchspark.nn.precision import Precision
 from torchspark.nn.spec import module_spec
 from torchspark.nn.trust import CodePolicy, build_from_spec
-from torchspark.nn.lr_scheduler import LrSchedulerLike, lr_scheduler_from_json, lr_scheduler_to_json
 from torchspark.optim import UpdaterLike, updater_from_dict, updater_to_json
 
 __all__ = [
