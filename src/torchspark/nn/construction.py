@@ -58,13 +58,19 @@ def build_optimizer(
     updater: UpdaterSpec | Callable[..., torch.optim.Optimizer], params: list[torch.nn.Parameter], weight_decay: float
 ) -> torch.optim.Optimizer:
     """The optimizer over ``params``: an updater spec builds it with ``weight_decay``; a callable is called with
-    ``params`` (its own weight decay, if any, is the callable's business).
+    ``params`` (it takes its own weight decay: ``weight_decay`` must be 0).
 
     Raises:
-        ConfigError: the callable returned something other than a ``torch.optim.Optimizer``.
+        ConfigError: ``weight_decay`` with a callable; the callable raised (the message names it and its error),
+            returned something other than a ``torch.optim.Optimizer``, or one whose step needs a closure (LBFGS).
     """
     if isinstance(updater, UpdaterSpec):
         return updater.build(params, weight_decay=weight_decay)
+    if weight_decay:
+        raise ConfigError(
+            f"weight_decay={weight_decay} is handed to torchspark's updater specs only; an optimizer factory takes "
+            "its own: functools.partial(torch.optim.AdamW, lr=1e-3, weight_decay=0.01)"
+        )
     name = repr(updater) if isinstance(updater, functools.partial) else getattr(updater, "__qualname__", repr(updater))
     try:
         opt = updater(params)

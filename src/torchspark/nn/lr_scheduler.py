@@ -36,7 +36,7 @@ import torch
 from torch.optim import lr_scheduler as torch_schedulers
 
 from torchspark.errors import ConfigError, SerializationError
-from torchspark.optim import exact_json
+from torchspark.optim import UpdaterSpec, exact_json
 from torchspark.schedules import Schedule, schedule_from_dict
 from torchspark.validation import check_choice
 
@@ -219,16 +219,27 @@ class LrScheduling:
 
 
 def make_lr_scheduling(
-    scheduler: LrSchedulerLike | None, interval: str | None, optimizer: torch.optim.Optimizer
+    scheduler: LrSchedulerLike | None, interval: str | None, optimizer: torch.optim.Optimizer, updater: Any = None
 ) -> LrScheduling | None:
-    """`LrScheduling` for ``scheduler``, or None (no scheduler; an interval without one is a ConfigError)."""
+    """`LrScheduling` for ``scheduler``, else for the schedule that is ``updater``'s ``lr``, else None.
+
+    Raises:
+        ConfigError: see `LrScheduling`; an interval without a scheduler; a scheduler and an updater whose ``lr`` is
+            a schedule.
+    """
+    own = getattr(updater, "lr_schedule", None) if isinstance(updater, UpdaterSpec) else None
     if scheduler is None:
         if interval is not None:
             raise ConfigError(
                 f"lr_scheduler_interval={interval!r} without an lr_scheduler; pass lr_scheduler=... or leave the "
                 "interval out"
             )
-        return None
+        return None if own is None else LrScheduling(own, None, optimizer)
+    if own is not None:
+        raise ConfigError(
+            f"the updater's lr is a schedule ({type(own).__name__}) and lr_scheduler is given too; use one: a "
+            "number as the updater's lr with lr_scheduler, or no lr_scheduler"
+        )
     return LrScheduling(scheduler, interval, optimizer)
 
 

@@ -28,7 +28,7 @@ from torchspark.nn.lr_scheduler import LrSchedulerLike, make_lr_scheduling
 from torchspark.nn.outputs import default_evaluation, evaluate
 from torchspark.nn.portable import Blueprint, read_network, save_network
 from torchspark.nn.precision import Precision
-from torchspark.optim import SGD, UpdaterLike, UpdaterSpec, resolve_updater
+from torchspark.optim import SGD, UpdaterLike, resolve_updater
 from torchspark.validation import check_choice, check_float, check_int
 
 __all__ = ["Network", "Batch", "MEMORY_FORMATS"]
@@ -52,19 +52,12 @@ class Network:
             ``"bce_with_logits"`` (multi-label, sigmoid outputs), a callable ``(outputs, labels) -> loss``, an import
             path ``"pkg.mod:fn"``, or for several outputs a list of those (summed).
         updater: a [`torchspark.optim`][torchspark.optim] spec (``SGD(lr=0.01)`` by default), a name such as ``"adam"``, or a
-            callable ``params -> torch.optim.Optimizer`` such as ``functools.partial(torch.optim.AdamW, lr=1e-3)``
-            (any ``torch.optim`` optimizer but ``LBFGS``, which needs a closure; give it its own weight decay:
-            the network's ``weight_decay`` must stay 0). A ``functools.partial`` of a ``torch.optim`` class
-            with JSON arguments saves as JSON; another callable only with ``allow_pickle=True``.
-        lr_scheduler: a learning-rate schedule for any updater: a [`torchspark.schedules`][torchspark.schedules]
-            schedule (``CosineSchedule(1e-3, t_max=10_000)``; it sets the learning rate itself) or a factory
-            ``optimizer -> torch.optim.lr_scheduler`` scheduler (``lambda opt: CosineAnnealingLR(opt,
-            T_max=10_000)``), called once here (a factory that raises is a ConfigError now, not mid-fit). Its
-            position is the network's ``iteration`` (or ``epoch``), so it is the same on every worker and survives
-            save/load, checkpoints and resume (`torchspark.nn.lr_scheduler`). Not together with a schedule as the
-            updater's ``lr``.
-        lr_scheduler_interval: when a torch scheduler steps: ``"step"`` (after every updater step, the default) or
-            ``"epoch"`` (after every epoch). Only with a factory ``lr_scheduler``.
+            callable ``params -> torch.optim.Optimizer``: any but ``LBFGS``, with its own weight decay
+            (``functools.partial(torch.optim.AdamW, lr=1e-3, weight_decay=0.01)``; ``weight_decay`` stays 0).
+        lr_scheduler: a [`torchspark.schedules`][torchspark.schedules] schedule or a factory ``optimizer ->
+            torch.optim.lr_scheduler`` scheduler, positioned by ``iteration`` (or ``epoch``) on every worker and
+            through save/load and resume (`torchspark.nn.lr_scheduler`); ``lr_scheduler_interval``: ``"step"``
+            (default) or ``"epoch"``, for a factory.
         seed: seeds weight initialisation. With a factory, the factory runs under this seed; with a module
             instance, its layers are re-initialised (``reset_parameters``) under this seed. ``None`` keeps the
             weights as they are.
@@ -137,25 +130,14 @@ class Network:
         self.forward_module = forward_module(self.module, self.compile)
         self.losses: list[Loss] = [resolve_loss(lo) for lo in as_list(loss)]
         self.updater = resolve_updater(updater if updater is not None else SGD(lr=0.01))
-        if self.weight_decay and not isinstance(self.updater, UpdaterSpec):
-            raise ConfigError(
-                f"weight_decay={weight_decay} is handed to torchspark's updater specs only; an optimizer factory "
-                "takes its own: functools.partial(torch.optim.AdamW, lr=1e-3, weight_decay=0.01)"
-            )
         self._state = FlatState(self.module, memory_format == "channels_last", self._make_optimizer)
         #: the parameters (each one's data a view into the flat buffer) and that buffer, as the step reads them
         self._params: list[torch.nn.Parameter] = self._state.parameters
         self._flat = self._state.flat
         self.optimizer = self._state.optimizer
-        if lr_scheduler is not None and isinstance(self.updater, UpdaterSpec) and self.updater.lr_schedule is not None:
-            raise ConfigError(
-                f"the updater's lr is a schedule ({type(self.updater.lr_schedule).__name__}) and lr_scheduler is "
-                "given too; use one: a number as the updater's lr with lr_scheduler, or no lr_scheduler"
-            )
-        #: what ``lr_scheduler`` was given as (a Schedule or a factory), and its interval (None: the default)
-        self.lr_scheduler = lr_scheduler
-        self.lr_scheduler_interval = lr_scheduler_interval
-        self._lr = make_lr_scheduling(lr_scheduler, lr_scheduler_interval, self.optimizer)
+        self.lr_scheduler, self.lr_scheduler_interval = lr_scheduler, lr_scheduler_interval
+        #: the schedule brought to the counters before each step (`torchspark.nn.lr_scheduler`; None: a fixed rate)
+        self.lr_scheduling = make_lr_scheduling(lr_scheduler, lr_scheduler_interval, self.optimizer, self.updater)
         self.iteration = 0
         self.epoch = 0
         self.last_score = float("nan")
@@ -230,17 +212,6 @@ class Network:
     def load_buffer_state(self, state: dict[str, torch.Tensor]) -> None:
         """Copy [`buffer_state`][torchspark.Network.buffer_state] output into this network's buffers (names it does not have are ignored)."""
         self._state.load_buffer_state(state)
-
-    def lr_scheduler_state(self) -> dict[str, Any] | None:
-        """A torch ``lr_scheduler``'s state at the current counters as JSON values (saved with the network; None
-        without one or when JSON cannot hold it exactly, then a loaded network replays it)."""
-        return None if self._lr is None else self._lr.state(self.iteration, self.epoch)
-
-    def restore_lr_scheduler_state(self, state: dict[str, Any] | None) -> None:
-        """Take [`lr_scheduler_state`][torchspark.Network.lr_scheduler_state] output back (set the counters
-        first: it is used only if it is for their position)."""
-        if self._lr is not None:
-            self._lr.restore(state)
 
     # ------------------------------------------------------------------ forward / loss (see torchspark.nn.forward)
     def _batch_loss(self, batch: Batch, validate: bool) -> tuple[torch.Tensor, int]:
@@ -331,26 +302,14 @@ class Network:
                     p.grad.add_(torch.sign(p), alpha=self.l1)
 
     def _apply_lr_schedule(self) -> None:
-        """Set the optimizer's learning rate from ``lr_scheduler`` or the updater's schedule for this step (no-op
-        for a fixed rate): the schedule's position is the network's counters (see `torchspark.nn.lr_scheduler`)."""
-        if self._lr is not None:
-            self._lr.sync(self.iteration, self.epoch)
-            return
-        schedule = self.updater.lr_schedule if isinstance(self.updater, UpdaterSpec) else None
-        if schedule is not None:
-            lr = schedule.value(self.iteration, self.epoch)
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
+        """Set the optimizer's learning rate for this step from the schedule at the counters (no-op for a fixed
+        rate; see `torchspark.nn.lr_scheduler`)."""
+        if self.lr_scheduling is not None:
+            self.lr_scheduling.sync(self.iteration, self.epoch)
 
     def current_lr(self) -> float:
-        """The learning rate the next step will use (the schedule's value at the current counters; the first
-        parameter group's)."""
-        if self._lr is not None:
-            self._lr.sync(self.iteration, self.epoch)
-            return float(self.optimizer.param_groups[0]["lr"])
-        schedule = self.updater.lr_schedule if isinstance(self.updater, UpdaterSpec) else None
-        if schedule is not None:
-            return schedule.value(self.iteration, self.epoch)
+        """The learning rate the next step will use (the first parameter group's, the schedule's at the counters)."""
+        self._apply_lr_schedule()
         return float(self.optimizer.param_groups[0]["lr"])
 
     def compute_update(self, batch: Batch | Sequence[Batch], validate: bool = False) -> torch.Tensor:

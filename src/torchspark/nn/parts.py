@@ -20,7 +20,7 @@ import torch
 
 from torchspark.errors import ConfigError, SerializationError
 from torchspark.nn.losses import LOSSES, Loss, resolve_loss
-from torchspark.nn.lr_scheduler import LrSchedulerLike, lr_scheduler_from_json, lr_scheduler_to_json
+from torchspark.nn.lr_scheduler import LrSchedulerLike, LrScheduling, lr_scheduler_from_json, lr_scheduler_to_json
 from torchspark.nn.precision import Precision
 from torchspark.nn.spec import module_spec
 from torchspark.nn.trust import CodePolicy, build_from_spec
@@ -62,10 +62,7 @@ class PortableNetwork(Protocol):
     extra_state: dict[str, torch.Tensor]
     lr_scheduler: LrSchedulerLike | None
     lr_scheduler_interval: str | None
-
-    def lr_scheduler_state(self) -> dict[str, Any] | None: ...
-
-    def restore_lr_scheduler_state(self, state: dict[str, Any] | None) -> None: ...
+    lr_scheduling: LrScheduling | None
 
     @property
     def updater(self) -> UpdaterLike:  # read-only here: Network holds a resolved spec, a narrower type
@@ -123,7 +120,8 @@ def portable_parts(net: PortableNetwork) -> tuple[dict[str, Any], dict[str, Any]
         else:
             objects["lr_scheduler"] = net.lr_scheduler
         config["lr_scheduler_interval"] = net.lr_scheduler_interval
-        config["lr_scheduler_state"] = net.lr_scheduler_state()
+        scheduling = net.lr_scheduling
+        config["lr_scheduler_state"] = None if scheduling is None else scheduling.state(net.iteration, net.epoch)
     return config, objects
 
 
@@ -182,7 +180,8 @@ def rebuild(
         net.seed = config.get("seed")
         net.iteration = int(config.get("iteration", 0))
         net.epoch = int(config.get("epoch", 0))
-        net.restore_lr_scheduler_state(config.get("lr_scheduler_state"))
+        if net.lr_scheduling is not None:
+            net.lr_scheduling.restore(config.get("lr_scheduler_state"))
         net.extra_config = dict(config.get("extra_config") or {})
     except SerializationError:
         raise
