@@ -23,6 +23,8 @@ rounding; pass ``fused=False`` for bit-for-bit agreement with a default ``torch.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -42,6 +44,8 @@ __all__ = [
     "RMSprop",
     "AdaGrad",
     "updater_from_dict",
+    "updater_to_json",
+    "exact_json",
     "UPDATERS",
     "UpdaterLike",
     "LearningRate",
@@ -276,13 +280,67 @@ UPDATERS: Mapping[str, type[UpdaterSpec]] = MappingProxyType(_REGISTRY)
 UpdaterLike = Union[UpdaterSpec, str, Callable[..., torch.optim.Optimizer]]
 
 
-def updater_from_dict(d: dict[str, Any]) -> UpdaterSpec:
-    """Rebuild a spec from [`UpdaterSpec.to_dict`][torchspark.optim.UpdaterSpec.to_dict] output (a registry lookup by ``"type"``: nothing is
-    imported)."""
+def _plain(value: Any) -> Any:
+    """``value`` as JSON would give it back (tuples as lists), to compare with a JSON round trip."""
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def exact_json(value: Any) -> Any | None:
+    """``value`` through a JSON round trip when that gives it back exactly (tuples turn into lists), else None
+    (a tensor, an integer dict key, an object)."""
+    try:
+        back = json.loads(json.dumps(value))
+    except (TypeError, ValueError):
+        return None
+    return back if back == _plain(value) else None
+
+
+#: the ``"type"`` of a ``torch.optim`` optimizer factory's JSON form (see `updater_to_json`)
+TORCH_UPDATER = "torch"
+
+
+def updater_to_json(updater: Any) -> dict[str, Any] | None:
+    """The JSON form of an updater: a spec's [`to_dict`][torchspark.optim.UpdaterSpec.to_dict], or for a
+    ``functools.partial`` of a ``torch.optim`` optimizer class with JSON keyword arguments
+    (``partial(torch.optim.AdamW, lr=1e-3)``) ``{"type": "torch", "optimizer": "AdamW", "kwargs": {...}}``;
+    None for any other callable (it travels pickled in memory and is saved only with ``allow_pickle=True``)."""
+    if isinstance(updater, UpdaterSpec):
+        return updater.to_dict()
+    if isinstance(updater, functools.partial) and not updater.args:
+        func = updater.func
+        name = getattr(func, "__name__", "")
+        kwargs = exact_json(dict(updater.keywords))
+        if (
+            isinstance(func, type)
+            and issubclass(func, torch.optim.Optimizer)
+            and getattr(torch.optim, name, None) is func
+            and kwargs is not None
+        ):
+            return {"type": TORCH_UPDATER, "optimizer": name, "kwargs": kwargs}
+    return None
+
+
+def updater_from_dict(d: dict[str, Any]) -> UpdaterSpec | Callable[..., torch.optim.Optimizer]:
+    """Rebuild an updater from [`updater_to_json`][torchspark.optim.updater_to_json] output: a spec (a registry
+    lookup by ``"type"``), or for ``"type": "torch"`` a ``functools.partial`` of the ``torch.optim`` class it names
+    (looked up in ``torch.optim`` only: nothing is imported)."""
     if not isinstance(d, dict):
         raise ConfigError(f"an updater spec must be an object with a 'type' field, got {d!r}")
     d = dict(d)
     kind = d.pop("type", None)
+    if kind == TORCH_UPDATER:
+        name, kwargs = d.get("optimizer"), d.get("kwargs")
+        cls = getattr(torch.optim, name, None) if isinstance(name, str) else None
+        if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)) or not isinstance(kwargs, dict):
+            raise ConfigError(
+                f"a 'torch' updater must name a torch.optim optimizer class and its kwargs, got {d!r}; this torch "
+                "may not have it"
+            )
+        return functools.partial(cls, **kwargs)
     cls = _REGISTRY.get(str(kind))
     if cls is None:
         raise ConfigError(f"unknown updater {kind!r}; choose one of {sorted(_REGISTRY)}")

@@ -9,6 +9,7 @@ The errors guide (docs/guides/errors.md) lists these cases. Cases marked ``spark
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import socket
@@ -20,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 from helpers import mlp_net
 from torchspark import DataSet, Network, models, optim
@@ -186,6 +188,10 @@ def _cli_check(*argv: str) -> None:
     from torchspark.cli_checks import check_arguments
 
     check_arguments(cli.build_parser().parse_args(list(argv)))
+
+
+def _scheduler_without_t_max(optimizer: torch.optim.Optimizer) -> Any:
+    return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer)  # T_max forgotten: torch raises TypeError
 
 
 def _closed_port() -> int:
@@ -384,6 +390,24 @@ CASES = [
     ),
     Case(
         "updater-unknown", lambda c: Network(models.mlp(6, 8, 3), updater="adamw2"), ConfigError, ("'adamw2'", "adam")
+    ),
+    Case(
+        "updater-factory-raises",
+        lambda c: Network(models.mlp(6, 8, 3), updater=functools.partial(torch.optim.Adam, lr=-1.0)),
+        ConfigError,
+        ("updater factory", "Adam'>, lr=-1.0", "Invalid learning rate", "functools.partial(torch.optim.AdamW"),
+    ),
+    Case(
+        "lr-scheduler-factory-raises",
+        lambda c: Network(models.mlp(6, 8, 3), lr_scheduler=_scheduler_without_t_max),
+        ConfigError,
+        ("_scheduler_without_t_max", "raised TypeError", "T_max", "must return a torch.optim.lr_scheduler"),
+    ),
+    Case(
+        "lr-scheduler-not-a-scheduler",
+        lambda c: Network(models.mlp(6, 8, 3), lr_scheduler=lambda opt: opt),
+        ConfigError,
+        ("returned SGD", "expected a torch.optim.lr_scheduler scheduler"),
     ),
     Case("master-json-invalid", lambda c: master_from_json("{not json"), ConfigError, ("invalid",)),
     Case(

@@ -178,7 +178,7 @@ def test_schedules_are_validated() -> None:
     with pytest.raises(ConfigError, match="max_iter"):
         PolySchedule(0.1, power=1.0, max_iter=0)
     with pytest.raises(ConfigError, match="unknown schedule"):
-        schedule_from_dict({"type": "cosine"})
+        schedule_from_dict({"type": "triangular"})
     with pytest.raises(ConfigError, match="lr must be"):
         optim.SGD(lr=-1.0)
 

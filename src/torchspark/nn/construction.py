@@ -10,6 +10,8 @@ Both run once, in ``Network.__init__``; the optimizer factory is also what
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable
 from typing import Union
 
@@ -56,14 +58,35 @@ def build_optimizer(
     updater: UpdaterSpec | Callable[..., torch.optim.Optimizer], params: list[torch.nn.Parameter], weight_decay: float
 ) -> torch.optim.Optimizer:
     """The optimizer over ``params``: an updater spec builds it with ``weight_decay``; a callable is called with
-    ``params`` (its own weight decay, if any, is the callable's business).
+    ``params`` (it takes its own weight decay: ``weight_decay`` must be 0).
 
     Raises:
-        ConfigError: the callable returned something other than a ``torch.optim.Optimizer``.
+        ConfigError: ``weight_decay`` with a callable; the callable raised (the message names it and its error),
+            returned something other than a ``torch.optim.Optimizer``, or one whose step needs a closure (LBFGS).
     """
     if isinstance(updater, UpdaterSpec):
         return updater.build(params, weight_decay=weight_decay)
-    opt = updater(params)
+    if weight_decay:
+        raise ConfigError(
+            f"weight_decay={weight_decay} is handed to torchspark's updater specs only; an optimizer factory takes "
+            "its own: functools.partial(torch.optim.AdamW, lr=1e-3, weight_decay=0.01)"
+        )
+    name = repr(updater) if isinstance(updater, functools.partial) else getattr(updater, "__qualname__", repr(updater))
+    try:
+        opt = updater(params)
+    except Exception as e:
+        raise ConfigError(
+            f"updater factory {name} raised {type(e).__name__}: {e}; it is called with the list of the "
+            "network's parameters and must return a torch.optim optimizer over them, e.g. "
+            "functools.partial(torch.optim.AdamW, lr=1e-3)"
+        ) from e
     if not isinstance(opt, torch.optim.Optimizer):
         raise ConfigError(f"updater callable returned {type(opt).__name__}, expected a torch.optim.Optimizer")
+    closure = inspect.signature(opt.step).parameters.get("closure")
+    if closure is not None and closure.default is inspect.Parameter.empty:
+        raise ConfigError(
+            f"updater factory {name} returned {type(opt).__name__}, whose step needs a closure (it re-evaluates the "
+            "loss several times per step); torchspark steps once per minibatch: use another optimizer "
+            "(torch.optim.Adam, SGD, ...)"
+        )
     return opt

@@ -8,6 +8,8 @@ layer. [`Network`][torchspark.Network] holds one and offers its methods under th
 
 from __future__ import annotations
 
+import inspect
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +18,8 @@ import torch
 from torchspark.errors import ConfigError, DataError
 
 __all__ = ["FlatState", "OptimizerFactory"]
+
+log = logging.getLogger(__name__)
 
 #: builds the optimizer over a list of parameters (the network's updater with its weight decay)
 OptimizerFactory = Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer]
@@ -48,9 +52,13 @@ def _materialize_updater_state(
 ) -> None:
     """Create every optimizer state tensor now (zeros), so the flat updater view has a fixed layout.
 
-    The layout is discovered by stepping a throw-away optimizer once with zero gradients on zero-filled
-    clones; zero state is exactly "before the first step" for SGD momentum, Adam(W), RMSprop and AdaGrad.
+    First the optimizer's own lazy initialisation (``_init_group``, which every ``torch.optim`` optimizer but SGD
+    has) creates the state a first step would start from: zeros for Adam(W), RMSprop, AdaGrad, but also NAdam's
+    ``mu_product`` of 1, ASGD's ``eta``/``mu`` and Rprop's step sizes. What is still missing (SGD's momentum, an
+    optimizer without ``_init_group``) is discovered by stepping a throw-away optimizer once with zero gradients on
+    zero-filled clones, and created as zeros: "before the first step" for SGD momentum.
     """
+    _init_groups(optimizer, params)
     missing = [i for i, p in enumerate(params) if not optimizer.state.get(p)]
     if not missing:
         return
@@ -62,6 +70,30 @@ def _materialize_updater_state(
     for i in missing:
         state = probe.state.get(clones[i], {})
         optimizer.state[params[i]] = {k: torch.zeros_like(v) for k, v in state.items() if isinstance(v, torch.Tensor)}
+
+
+def _init_groups(optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter]) -> None:
+    """Run the optimizer's ``_init_group(group, *lists)`` (torch's private lazy state initialisation) with zero
+    gradients, when it has one; an optimizer whose ``_init_group`` takes other arguments is left as it is."""
+    init = getattr(optimizer, "_init_group", None)
+    if init is None:
+        return
+    try:
+        lists = len(inspect.signature(init).parameters) - 1
+    except (TypeError, ValueError):
+        return
+    saved = [p.grad for p in params]
+    try:
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        for group in optimizer.param_groups:
+            init(group, *[[] for _ in range(lists)])
+    except Exception as e:  # a signature this does not know: fall back to the probe
+        log.debug("%s._init_group could not be called (%s); probing the state layout", type(optimizer).__name__, e)
+        optimizer.state.clear()
+    finally:
+        for p, g in zip(params, saved):
+            p.grad = g
 
 
 def _scatter(tensors: list[torch.Tensor], flat: Any, what: str) -> None:
@@ -109,6 +141,11 @@ class FlatState:
         self.flat = _flatten(self.parameters, channels_last)
         self.optimizer = make_optimizer(self.parameters)
         _materialize_updater_state(self.optimizer, self.parameters, make_optimizer)
+        #: the state tensors that do not start at zero (NAdam's ``mu_product``, Rprop's step sizes), by position
+        #: in `updater_state_tensors`, as they start: what `reset_updater_state` puts back
+        self._initial_state = {
+            i: t.detach().clone() for i, t in enumerate(self.updater_state_tensors()) if bool(t.any())
+        }
 
     # -- parameters
     def num_params(self) -> int:
@@ -184,10 +221,14 @@ class FlatState:
         _scatter(self.updater_state_tensors(), flat, "set_updater_state")
 
     def reset_updater_state(self) -> None:
-        """Zero the optimizer state (as before the first step)."""
+        """Put the optimizer state back as before the first step (zeros, except what starts elsewhere)."""
         with torch.no_grad():
-            for t in self.updater_state_tensors():
-                t.zero_()
+            for i, t in enumerate(self.updater_state_tensors()):
+                initial = self._initial_state.get(i)
+                if initial is None:
+                    t.zero_()
+                else:
+                    t.copy_(initial)
 
     # -- buffers
     def buffer_tensors(self) -> list[torch.Tensor]:

@@ -24,10 +24,11 @@ from torchspark.nn.divergence import check_gradient, diverged_message
 from torchspark.nn.flat import FlatState
 from torchspark.nn.forward import Batch, as_list, batch_loss
 from torchspark.nn.losses import Loss, LossLike, resolve_loss
+from torchspark.nn.lr_scheduler import LrSchedulerLike, make_lr_scheduling
 from torchspark.nn.outputs import default_evaluation, evaluate
 from torchspark.nn.portable import Blueprint, read_network, save_network
 from torchspark.nn.precision import Precision
-from torchspark.optim import SGD, UpdaterLike, UpdaterSpec, resolve_updater
+from torchspark.optim import SGD, UpdaterLike, resolve_updater
 from torchspark.validation import check_choice, check_float, check_int
 
 __all__ = ["Network", "Batch", "MEMORY_FORMATS"]
@@ -51,7 +52,12 @@ class Network:
             ``"bce_with_logits"`` (multi-label, sigmoid outputs), a callable ``(outputs, labels) -> loss``, an import
             path ``"pkg.mod:fn"``, or for several outputs a list of those (summed).
         updater: a [`torchspark.optim`][torchspark.optim] spec (``SGD(lr=0.01)`` by default), a name such as ``"adam"``, or a
-            callable ``params -> torch.optim.Optimizer``.
+            callable ``params -> torch.optim.Optimizer``: any but ``LBFGS``, with its own weight decay
+            (``functools.partial(torch.optim.AdamW, lr=1e-3, weight_decay=0.01)``; ``weight_decay`` stays 0).
+        lr_scheduler: a [`torchspark.schedules`][torchspark.schedules] schedule or a factory ``optimizer ->
+            torch.optim.lr_scheduler`` scheduler, positioned by ``iteration`` (or ``epoch``) on every worker and
+            through save/load and resume (`torchspark.nn.lr_scheduler`); ``lr_scheduler_interval``: ``"step"``
+            (default) or ``"epoch"``, for a factory.
         seed: seeds weight initialisation. With a factory, the factory runs under this seed; with a module
             instance, its layers are re-initialised (``reset_parameters``) under this seed. ``None`` keeps the
             weights as they are.
@@ -98,6 +104,8 @@ class Network:
         l1: float = 0.0,
         precision: str = "fp32",
         compile: bool | str = False,
+        lr_scheduler: LrSchedulerLike | None = None,
+        lr_scheduler_interval: str | None = None,
     ) -> None:
         check_choice("memory_format", memory_format, MEMORY_FORMATS)
         check_float("weight_decay", weight_decay, minimum=0, finite=True)
@@ -127,6 +135,9 @@ class Network:
         self._params: list[torch.nn.Parameter] = self._state.parameters
         self._flat = self._state.flat
         self.optimizer = self._state.optimizer
+        self.lr_scheduler, self.lr_scheduler_interval = lr_scheduler, lr_scheduler_interval
+        #: the schedule brought to the counters before each step (`torchspark.nn.lr_scheduler`; None: a fixed rate)
+        self.lr_scheduling = make_lr_scheduling(lr_scheduler, lr_scheduler_interval, self.optimizer, self.updater)
         self.iteration = 0
         self.epoch = 0
         self.last_score = float("nan")
@@ -174,7 +185,7 @@ class Network:
         self._state.set_updater_state(flat)
 
     def reset_updater_state(self) -> None:
-        """Zero the optimizer state (as before the first step)."""
+        """Put the optimizer state back as before the first step (zeros, or where an optimizer starts elsewhere)."""
         self._state.reset_updater_state()
 
     def buffer_tensors(self) -> list[torch.Tensor]:
@@ -291,18 +302,14 @@ class Network:
                     p.grad.add_(torch.sign(p), alpha=self.l1)
 
     def _apply_lr_schedule(self) -> None:
-        """Set the optimizer's learning rate from the updater's schedule for this step (no-op for a fixed rate)."""
-        schedule = self.updater.lr_schedule if isinstance(self.updater, UpdaterSpec) else None
-        if schedule is not None:
-            lr = schedule.value(self.iteration, self.epoch)
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
+        """Set the optimizer's learning rate for this step from the schedule at the counters (no-op for a fixed
+        rate; see `torchspark.nn.lr_scheduler`)."""
+        if self.lr_scheduling is not None:
+            self.lr_scheduling.sync(self.iteration, self.epoch)
 
     def current_lr(self) -> float:
-        """The learning rate the next step will use (the schedule's value at the current counters)."""
-        schedule = self.updater.lr_schedule if isinstance(self.updater, UpdaterSpec) else None
-        if schedule is not None:
-            return schedule.value(self.iteration, self.epoch)
+        """The learning rate the next step will use (the first parameter group's, the schedule's at the counters)."""
+        self._apply_lr_schedule()
         return float(self.optimizer.param_groups[0]["lr"])
 
     def compute_update(self, batch: Batch | Sequence[Batch], validate: bool = False) -> torch.Tensor:

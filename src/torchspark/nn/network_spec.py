@@ -12,6 +12,7 @@ spec from an untrusted file cannot run code. Losses are limited to the named one
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -72,7 +73,10 @@ class NetworkSpec:
         updater = updater_from_dict(self.updater)
         if learning_rate is not None:
             check_float("learning rate", learning_rate, above=0, finite=True)
-            updater = dataclasses.replace(updater, lr=float(learning_rate))  # type: ignore[call-arg]
+            if isinstance(updater, functools.partial):  # a torch.optim optimizer's factory
+                updater = functools.partial(updater.func, **{**updater.keywords, "lr": float(learning_rate)})
+            else:
+                updater = dataclasses.replace(updater, lr=float(learning_rate))  # type: ignore[type-var]
         return Network(
             module,
             loss=self.loss,

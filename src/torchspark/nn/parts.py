@@ -20,10 +20,11 @@ import torch
 
 from torchspark.errors import ConfigError, SerializationError
 from torchspark.nn.losses import LOSSES, Loss, resolve_loss
+from torchspark.nn.lr_scheduler import LrSchedulerLike, LrScheduling, lr_scheduler_from_json, lr_scheduler_to_json
 from torchspark.nn.precision import Precision
 from torchspark.nn.spec import module_spec
 from torchspark.nn.trust import CodePolicy, build_from_spec
-from torchspark.optim import UpdaterLike, UpdaterSpec, updater_from_dict
+from torchspark.optim import UpdaterLike, updater_from_dict, updater_to_json
 
 __all__ = [
     "FORMAT",
@@ -59,6 +60,9 @@ class PortableNetwork(Protocol):
     epoch: int
     extra_config: dict[str, Any]
     extra_state: dict[str, torch.Tensor]
+    lr_scheduler: LrSchedulerLike | None
+    lr_scheduler_interval: str | None
+    lr_scheduling: LrScheduling | None
 
     @property
     def updater(self) -> UpdaterLike:  # read-only here: Network holds a resolved spec, a narrower type
@@ -104,10 +108,20 @@ def portable_parts(net: PortableNetwork) -> tuple[dict[str, Any], dict[str, Any]
         config["loss"] = loss_names
     else:
         objects["loss"] = net.losses
-    if isinstance(net.updater, UpdaterSpec):
-        config["updater"] = net.updater.to_dict()
+    updater = updater_to_json(net.updater)
+    if updater is not None:
+        config["updater"] = updater
     else:
         objects["updater"] = net.updater
+    if net.lr_scheduler is not None:  # a schedule or torch scheduler factory, its interval and its position
+        scheduler = lr_scheduler_to_json(net.lr_scheduler)
+        if scheduler is not None:
+            config["lr_scheduler"] = scheduler
+        else:
+            objects["lr_scheduler"] = net.lr_scheduler
+        config["lr_scheduler_interval"] = net.lr_scheduler_interval
+        scheduling = net.lr_scheduling
+        config["lr_scheduler_state"] = None if scheduling is None else scheduling.state(net.iteration, net.epoch)
     return config, objects
 
 
@@ -145,6 +159,9 @@ def rebuild(
         module = objects["module"] if "module" in objects else build_from_spec(config["module"], policy, source)
         loss = objects["loss"] if "loss" in objects else _losses(config["loss"], policy, source)
         updater = objects["updater"] if "updater" in objects else updater_from_dict(config["updater"])
+        scheduler = objects.get("lr_scheduler")
+        if scheduler is None and config.get("lr_scheduler") is not None:
+            scheduler = lr_scheduler_from_json(config["lr_scheduler"], source)
         net = network_class(
             module,
             loss=loss if len(loss) > 1 else loss[0],
@@ -157,10 +174,14 @@ def rebuild(
             l1=float(config.get("l1", 0.0)),
             precision=config.get("precision", "fp32"),
             compile=config.get("compile", False),
+            lr_scheduler=scheduler,
+            lr_scheduler_interval=config.get("lr_scheduler_interval"),
         )
         net.seed = config.get("seed")
         net.iteration = int(config.get("iteration", 0))
         net.epoch = int(config.get("epoch", 0))
+        if net.lr_scheduling is not None:
+            net.lr_scheduling.restore(config.get("lr_scheduler_state"))
         net.extra_config = dict(config.get("extra_config") or {})
     except SerializationError:
         raise
