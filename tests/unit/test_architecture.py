@@ -1,5 +1,5 @@
-"""The layout's rules, checked on the source: import-linter's contracts (pyproject.toml), no module over 450 lines,
-no private name imported across modules. A broken rule fails the build like any other test."""
+"""The layout's rules, checked on the source: import-linter's contracts (pyproject.toml), no module over 600 lines
+(split along seams, never to meet a number: a module of ~600 lines that holds one idea is fine), no private name imported across modules. A broken rule fails the build like any other test."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src" / "torchspark"
-MAX_LINES = 450
+MAX_LINES = 600
 
 
 def _modules() -> list[Path]:
@@ -72,7 +72,7 @@ def test_an_import_against_the_layout_breaks_its_contract(tmp_path, edit, contra
 
 
 @pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(SRC)))
-def test_no_module_is_over_450_lines(path: Path) -> None:
+def test_no_module_is_over_600_lines(path: Path) -> None:
     lines = len(path.read_text().splitlines())
     assert lines <= MAX_LINES, f"{path.relative_to(ROOT)} has {lines} lines (limit {MAX_LINES}): split it at a seam"
 
