@@ -4,6 +4,7 @@ every scenario in turn, one report per rank."""
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import hashlib
 import os
 import tempfile
@@ -78,6 +79,7 @@ def accuracy(model: torch.nn.Module) -> float:
 
 def run(rank: int, world: int, port: int, epochs: int, queue: Any) -> None:
     report: dict[str, Any] = {"rank": rank}
+    faulthandler.dump_traceback_later(240)  # a rank still running then shows where it is (stderr)
     try:
         store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=datetime.timedelta(seconds=30))
         dist.init_process_group(
