@@ -23,8 +23,9 @@ from torchspark.training.config import (
     master_from_json,
 )
 
-# imported on first use: ``spark`` needs pyspark, ``parallel`` starts nothing but is not needed by most users
-_LAZY = ("spark", "parallel")
+# imported on first use: ``spark`` needs pyspark, ``parallel`` starts nothing but is not needed by most users,
+# ``ddp`` (the DDP communication hook) only by users of their own training loop
+_LAZY = ("spark", "parallel", "ddp")
 
 
 def __getattr__(name: str) -> Any:
@@ -46,6 +47,7 @@ __all__ = [
     "MultiDataSet",
     "Network",
     "datasets",
+    "ddp",
     "encoding",
     "errors",
     "evaluation",

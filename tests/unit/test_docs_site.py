@@ -48,6 +48,7 @@ REFERENCE = {
     "torchspark.parallel.earlystopping": "parallel-earlystopping",
     "torchspark.earlystopping": "earlystopping",
     "torchspark.encoding": "encoding",
+    "torchspark.ddp": "ddp",
     "torchspark.evaluation": "evaluation",
     "torchspark.listeners": "listeners",
     "torchspark.stats": "stats",

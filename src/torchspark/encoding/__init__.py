@@ -2,7 +2,8 @@
 
 Split as in GRACE: `codec` (compressor: encode/decode), `residual` (memory post-processing),
 `threshold` (policies), `wire` (bytes), `encoder` (one step per minibatch), `stats`,
-`fastpath` (the one-pass CPU encode of ``torchspark[fast]``).
+`fastpath` (the one-pass CPU encode of ``torchspark[fast]``); `compressor` is the codec slot of gradient
+sharing (the protocol, the threshold codec behind it, the registry) and `topk` its second codec.
 """
 
 from __future__ import annotations
@@ -16,6 +17,13 @@ from torchspark.encoding.codec import (
     float32_update,
     sparse_decode_sum,
     threshold_encode,
+)
+from torchspark.encoding.compressor import (
+    COMPRESSORS,
+    CompressedMessage,
+    Compressor,
+    ThresholdCompressor,
+    compressor_from_dict,
 )
 from torchspark.encoding.encoder import EncoderConfig, EncoderState, encode_step, local_calibration, with_calibration
 from torchspark.encoding.fastpath import FastPathStatus, fast_path_status
@@ -42,9 +50,17 @@ from torchspark.encoding.threshold import (
     state_summands,
     threshold_policy_from_dict,
 )
+from torchspark.encoding.topk import TopKCompressor, TopKMessage
 from torchspark.encoding.wire import from_bytes, to_bytes
 
 __all__ = [
+    "Compressor",
+    "CompressedMessage",
+    "ThresholdCompressor",
+    "TopKCompressor",
+    "TopKMessage",
+    "COMPRESSORS",
+    "compressor_from_dict",
     "EncodedUpdate",
     "threshold_encode",
     "decode",

@@ -17,11 +17,14 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from torchspark.encoding import (
+    COMPRESSORS,
     AdaptiveThreshold,
     EncoderConfig,
     ResidualClipping,
     ResidualPostProcessor,
+    ThresholdCompressor,
     ThresholdPolicy,
+    compressor_from_dict,
     residual_post_processor_from_dict,
     threshold_policy_from_dict,
 )
@@ -30,7 +33,7 @@ from torchspark.nn.divergence import check_on_divergence
 from torchspark.training.algorithms.sharing.settings import SharingSettings, check_max_staleness
 from torchspark.training.algorithms.sharing.topology import DEFAULT_SHARD_ABOVE_WORKERS, check_topology
 from torchspark.training.config.masters import TrainingMaster, register_master
-from torchspark.validation import check_bool, check_int, is_int
+from torchspark.validation import check_bool, check_choice, check_int, is_int
 
 __all__ = ["SharedTrainingMaster"]
 
@@ -43,6 +46,24 @@ def _policy(name: str, value: Any, from_dict: Any, methods: tuple[str, ...], exa
     raise ConfigError(
         f"SharedTrainingMaster: {name} must be a policy object such as {example} or its to_dict() form, got {value!r}"
     )
+
+
+def _codec(owner: str, value: Any) -> Any:
+    """``"threshold"`` (threshold encoding, configured by the master's own options), or the other codec ``value``
+    names or describes (a name: default parameters; a ``to_dict()`` form; a codec object)."""
+    if isinstance(value, str):
+        check_choice("codec", value, sorted(COMPRESSORS), owner=owner, fix="a new codec is registered in COMPRESSORS")
+        return value if value == "threshold" else compressor_from_dict(value)
+    if isinstance(value, dict):
+        value = compressor_from_dict(value)
+    if isinstance(value, ThresholdCompressor):
+        raise ConfigError(
+            f"{owner}: pass codec='threshold' and the threshold options (threshold_algorithm, "
+            "residual_post_processor, shake_frequency) instead of a ThresholdCompressor"
+        )
+    if getattr(type(value), "name", None) not in COMPRESSORS:
+        raise ConfigError(f"{owner}: codec must be one of {sorted(COMPRESSORS)} or a codec object, got {value!r}")
+    return value
 
 
 @register_master
@@ -105,6 +126,11 @@ class SharedTrainingMaster(TrainingMaster):
             one a fit used.
         shard_above_workers: the worker count above which ``topology="auto"`` shards (default 128, from the cost
             model in ``docs/scaling.md``).
+        codec: the gradient codec, by name (``"threshold"``, the default, configured by the options above;
+            ``"topk"``: the largest 1% of each update's entries at full precision, with error feedback) or as a
+            codec object with its parameters, e.g. [`TopKCompressor(k=1000)`][torchspark.encoding.TopKCompressor]
+            (or its ``to_dict()`` form). Codecs other than threshold encoding are exchanged by all-gather, so
+            not with ``topology="sharded"`` or ``max_staleness``. See `torchspark.encoding.compressor`.
 
     See [`TrainingMaster`][torchspark.TrainingMaster] for the shared options (``batch_size_per_worker``,
     ``rdd_training_approach``, ``export_directory`` and ``rng_seed`` -- both honoured, unlike in DL4J --,
@@ -122,6 +148,7 @@ class SharedTrainingMaster(TrainingMaster):
     max_staleness: int | None = None
     topology: str = "auto"
     shard_above_workers: int = DEFAULT_SHARD_ABOVE_WORKERS
+    codec: Any = "threshold"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -175,8 +202,10 @@ class SharedTrainingMaster(TrainingMaster):
                 "max_staleness=None"
             )
         check_topology(name, self.topology, self.shard_above_workers)
-        # builds (and so validates) the encoder config once, here, not on the workers
-        self.encoder_config()
+        object.__setattr__(self, "codec", _codec(name, self.codec))
+        # builds (and so validates) the encoder config and the codec's combination with the other options once,
+        # here, not on the workers
+        self.algorithm_settings()
 
     @property
     def mode(self) -> str:
@@ -202,6 +231,7 @@ class SharedTrainingMaster(TrainingMaster):
             max_staleness=self.max_staleness,
             topology=self.topology,
             shard_above_workers=self.shard_above_workers,
+            codec=None if self.codec == "threshold" else self.codec,
         ).to_dict()
 
     @property
@@ -219,5 +249,7 @@ class SharedTrainingMaster(TrainingMaster):
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         d["threshold_algorithm"] = self.threshold_algorithm.to_dict()
         d["residual_post_processor"] = self.residual_post_processor.to_dict()
+        if not isinstance(self.codec, str):
+            d["codec"] = self.codec.to_dict()
         d["type"] = self.kind
         return d

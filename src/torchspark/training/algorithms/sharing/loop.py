@@ -88,8 +88,10 @@ class SharingAlgorithm(SharingAlgorithmBase):
         it = iter(batches)
         exhausted = False
         rec = hooks.recorder
-        topology = resolve_topology(self.settings.topology, self.settings.shard_above_workers, comm.world_size)
-        transport, finish = exchange_phases(topology, net.num_params(), net.device)
+        topology = resolve_topology(
+            self.settings.topology, self.settings.shard_above_workers, comm.world_size, self.settings.codec
+        )
+        transport, finish = exchange_phases(topology, net.num_params(), net.device, self.settings.codec)
         posted = _posted_gathers(self.settings, comm, topology)
         executor = (
             ThreadPoolExecutor(1, thread_name_prefix="torchspark-sharing-exchange")
@@ -162,8 +164,9 @@ class SharingAlgorithm(SharingAlgorithmBase):
         ``sharing.topology`` (the exchange this fit used) and ``sharing.overlap_via`` in ``extra_config``."""
         extra_state, extra_config = finish_fit(state, net, comm)
         extra_config["sharing.topology"] = resolve_topology(
-            self.settings.topology, self.settings.shard_above_workers, comm.world_size
+            self.settings.topology, self.settings.shard_above_workers, comm.world_size, self.settings.codec
         )
+        extra_config["sharing.codec"] = state.compressor.name
         extra_config["sharing.overlap_via"] = state.overlap_via
         return extra_state, extra_config
 

@@ -22,10 +22,21 @@ import torch
 
 from torchspark.encoding import EncodedUpdate, decode, from_bytes, sparse_decode_sum, to_bytes
 from torchspark.encoding.codec import sparse_sum_entries
+from torchspark.encoding.compressor import Compressor
 from torchspark.encoding.wire import sparse_view
 from torchspark.errors import EncodingError
 
-__all__ = ["ACTIVE", "INACTIVE", "Round", "pack", "parse_gathered", "dense_sum", "sparse_round", "round_from_gathered"]
+__all__ = [
+    "ACTIVE",
+    "INACTIVE",
+    "Round",
+    "pack",
+    "codec_round",
+    "parse_gathered",
+    "dense_sum",
+    "sparse_round",
+    "round_from_gathered",
+]
 
 #: the flag byte of a worker whose data ran out (nothing follows it)
 INACTIVE = b"\x00"
@@ -46,9 +57,35 @@ class Round:
     indices: torch.Tensor | None = None
 
 
-def pack(message: EncodedUpdate) -> bytes:
-    """An active worker's payload for ``message``: the flag alone for an empty message, else flag + its bytes."""
-    return ACTIVE if message.format == "empty" else ACTIVE + to_bytes(message)
+def pack(message: Any, codec: Compressor | None = None) -> bytes:
+    """An active worker's payload for ``message``: the flag alone for an empty message, else flag + its bytes
+    (``codec.to_bytes``; None: threshold encoding's `to_bytes`)."""
+    if message.format == "empty":
+        return ACTIVE
+    return ACTIVE + (to_bytes(message) if codec is None else codec.to_bytes(message))
+
+
+def codec_round(gathered: list[bytes], length: int, device: torch.device | str, codec: Compressor) -> Round:
+    """The round of the gathered payloads of any codec: each message decoded by ``codec`` in rank order into one
+    zeroed buffer (so every rank adds the same values in the same order: bit-identical sums).
+
+    Raises:
+        EncodingError: a payload with an unknown flag, or a message ``codec`` cannot read or of another length.
+    """
+    active, total = 0, None
+    for rank, data in enumerate(gathered):
+        flag, body = data[:1], memoryview(data)[1:]
+        if flag not in (ACTIVE, INACTIVE) or (flag == INACTIVE and len(body)):
+            raise EncodingError(
+                f"worker {rank} sent a malformed gradient-sharing payload (flag {flag!r}, "
+                f"{len(body)} body bytes); all workers must run the same torchspark version"
+            )
+        active += flag == ACTIVE
+        if len(body):
+            if total is None:
+                total = torch.zeros(length, dtype=torch.float32, device=device)
+            codec.decode(body, total)
+    return Round(active, total)
 
 
 def round_from_gathered(gathered: list[bytes], length: int, device: torch.device | str) -> Round:

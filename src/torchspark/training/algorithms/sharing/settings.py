@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchspark.encoding import EncoderConfig
+from torchspark.encoding.compressor import COMPRESSORS, Compressor, ThresholdCompressor, compressor_from_dict
 from torchspark.errors import ConfigError
 from torchspark.nn.divergence import check_on_divergence
 from torchspark.training.algorithms.sharing.topology import DEFAULT_SHARD_ABOVE_WORKERS, check_topology
@@ -45,6 +46,11 @@ class SharingSettings:
             bounded-staleness asynchronous sharing (algorithm ``"stale_sharing"``), where a worker applies its
             peers' messages as they arrive and waits only when it is more than ``k`` steps ahead of its slowest
             peer (`torchspark.training.algorithms.sharing.stale`; needs ``overlap=True``).
+        codec: None (default): threshold encoding with ``encoder``. Another
+            [`Compressor`][torchspark.encoding.Compressor] (e.g. [`TopKCompressor`][torchspark.encoding.TopKCompressor])
+            or its ``to_dict()`` form: that codec, exchanged by all-gather (not with ``topology="sharded"`` or
+            ``max_staleness``, which are threshold encoding's own exchanges). A
+            [`ThresholdCompressor`][torchspark.encoding.ThresholdCompressor] becomes ``encoder``.
     """
 
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
@@ -53,8 +59,27 @@ class SharingSettings:
     topology: str = "auto"
     shard_above_workers: int = DEFAULT_SHARD_ABOVE_WORKERS
     max_staleness: int | None = None
+    codec: Any = None
 
     def __post_init__(self) -> None:
+        codec = self.codec
+        if isinstance(codec, (str, dict)):
+            codec = compressor_from_dict(codec)
+        if isinstance(codec, ThresholdCompressor):  # the threshold codec is the default path: its knobs are `encoder`
+            object.__setattr__(self, "encoder", codec.config)
+            codec = None
+        if codec is not None and getattr(type(codec), "name", None) not in COMPRESSORS:
+            raise ConfigError(
+                f"codec must be None (threshold encoding), a codec name in {sorted(COMPRESSORS)} or one of their "
+                f"objects, got {codec!r}"
+            )
+        object.__setattr__(self, "codec", codec)
+        if codec is not None and (self.topology == "sharded" or self.max_staleness is not None):
+            raise ConfigError(
+                f"SharingSettings: codec={codec.name!r} is exchanged by all-gather; topology='sharded' and "
+                "max_staleness are threshold encoding's own exchanges. Use topology='auto' or 'all_gather' and "
+                "max_staleness=None, or codec='threshold'"
+            )
         if not isinstance(self.encoder, EncoderConfig):
             raise ConfigError(
                 f"encoder must be an EncoderConfig, got {type(self.encoder).__name__}; build it with "
@@ -74,8 +99,8 @@ class SharingSettings:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form: ``{"encoder": EncoderConfig.to_dict(), "overlap": bool, "on_divergence": str,
-        "max_staleness": int | None, "topology": str, "shard_above_workers": int}``."""
-        return {
+        "max_staleness": int | None, "topology": str, "shard_above_workers": int}``, plus ``"codec": dict`` for a codec other than threshold encoding."""
+        data = {
             "encoder": self.encoder.to_dict(),
             "overlap": self.overlap,
             "on_divergence": self.on_divergence,
@@ -83,6 +108,13 @@ class SharingSettings:
             "topology": self.topology,
             "shard_above_workers": self.shard_above_workers,
         }
+        if self.codec is not None:  # threshold encoding's settings keep the form they always had
+            data["codec"] = self.codec.to_dict()
+        return data
+
+    def compressor(self) -> Compressor:
+        """The codec of this fit: ``codec``, or threshold encoding with ``encoder`` when it is None."""
+        return ThresholdCompressor(self.encoder) if self.codec is None else self.codec
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SharingSettings:
@@ -99,6 +131,7 @@ class SharingSettings:
             max_staleness=data.get("max_staleness"),
             topology=data.get("topology", "auto"),
             shard_above_workers=data.get("shard_above_workers", DEFAULT_SHARD_ABOVE_WORKERS),
+            codec=data.get("codec"),
         )
 
 

@@ -20,7 +20,8 @@ from typing import Any
 
 import torch
 
-from torchspark.encoding import EncoderState, FixedThreshold, ThresholdState
+from torchspark.encoding import EncoderState, ThresholdState
+from torchspark.encoding.compressor import Compressor, ThresholdCompressor
 from torchspark.errors import TrainingError
 from torchspark.nn import Network
 from torchspark.training.algorithms.sharing.settings import SharingSettings
@@ -88,6 +89,13 @@ class SharingState:
     param_norm: float | None = None
     #: how the last epoch overlapped its exchange: "shared_memory" (posted gathers), "thread" or "off"
     overlap_via: str | None = None
+    #: the fit's codec (`Compressor`); None: threshold encoding with ``encoder.config``
+    codec: Compressor | None = None
+
+    @property
+    def compressor(self) -> Compressor:
+        """The codec that encodes this worker's steps and decodes every worker's messages."""
+        return ThresholdCompressor(self.encoder.config) if self.codec is None else self.codec
 
 
 def restore_residual(
@@ -131,16 +139,15 @@ def start_state(settings: SharingSettings, net: Network, comm: Communicator) -> 
     the configured value wins) or when that fit never calibrated one (then the policy's initial state, calibrated
     in the first epoch for a calibrated start). Residuals: see `restore_residual`.
     """
-    config = settings.encoder
     residual = restore_residual(net.extra_state, comm.rank, comm.world_size, net.num_params(), net.device)
-    threshold_state = None
-    if THRESHOLD_KEY in net.extra_state and not isinstance(config.threshold_policy, FixedThreshold):
-        # the threshold carries over; the sparsity does not, so "no sparsity" means "not stepped in this fit"
-        # and the end-of-fit average skips a worker that got no data (average_states)
-        threshold_state = ThresholdState(ThresholdState.from_tensor(net.extra_state[THRESHOLD_KEY].cpu()).threshold)
-    if threshold_state is None or not threshold_state.calibrated:  # nothing saved, or saved before calibrating
-        threshold_state = config.threshold_policy.initial_state()
-    return SharingState(EncoderState(config, residual, threshold_state), start_threshold=threshold_state.threshold)
+    saved = (
+        ThresholdState.from_tensor(net.extra_state[THRESHOLD_KEY].cpu()) if THRESHOLD_KEY in net.extra_state else None
+    )
+    codec = settings.compressor()
+    encoder = codec.start(residual, saved)
+    return SharingState(
+        encoder, start_threshold=encoder.threshold_state.threshold, codec=None if settings.codec is None else codec
+    )
 
 
 def cut_state(state: SharingState, pending: bytes | None) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

@@ -23,7 +23,7 @@ import logging
 import torch
 
 from torchspark.data import Trainable, group_examples
-from torchspark.encoding import EncodedUpdate, encode_step
+from torchspark.encoding import EncodedUpdate
 from torchspark.errors import TrainingError
 from torchspark.nn import Network
 from torchspark.nn.divergence import NonFiniteGradient, update_divergence
@@ -73,16 +73,16 @@ def compute_and_encode(
                 report_divergence(state, net, *norms, step, on_divergence)
                 if calibrate:
                     calibrate_threshold(state, update, comm)
-                message, state.encoder = encode_step(update, state.encoder, step)
+                message, state.encoder = state.compressor.encode(update, state.encoder, step)
             else:  # the same steps, the update moved into the residual while the parameters are restored
                 update_norm, param_norm = step_into_residual(state, net, batch, validate)
                 report_divergence(state, net, update_norm, param_norm, step, on_divergence)
-                message, state.encoder = encode_step(None, state.encoder, step)
+                message, state.encoder = state.compressor.encode(None, state.encoder, step)
         except NonFiniteGradient as e:  # raised before the updater stepped: residual and updater state untouched
             message = skip_step(state, net, e, on_divergence)
             if calibrate:  # a collective: join it as a worker without an update does
                 calibrate_threshold(state, None, comm)
-    payload = pack(message)
+    payload = pack(message, state.codec)
     dense = 4 * net.num_params()
     state.dense_bytes += dense
     state.steps += 1

@@ -22,8 +22,9 @@ from typing import Any
 
 import torch
 
+from torchspark.encoding.compressor import Compressor
 from torchspark.errors import ConfigError
-from torchspark.training.algorithms.sharing.rounds import Round, round_from_gathered
+from torchspark.training.algorithms.sharing.rounds import Round, codec_round, round_from_gathered
 from torchspark.training.algorithms.sharing.sharded import sharded_exchange
 from torchspark.training.comm import Communicator
 
@@ -52,15 +53,18 @@ def check_topology(owner: str, topology: object, shard_above_workers: object) ->
         )
 
 
-def resolve_topology(topology: str, shard_above_workers: int, world_size: int) -> str:
-    """The topology a fit of ``world_size`` workers uses: ``"sharded"`` or ``"all_gather"`` (same on every rank)."""
+def resolve_topology(topology: str, shard_above_workers: int, world_size: int, codec: object = None) -> str:
+    """The topology a fit of ``world_size`` workers uses: ``"sharded"`` or ``"all_gather"`` (same on every rank);
+    always ``"all_gather"`` for a ``codec`` other than threshold encoding (None)."""
+    if codec is not None:
+        return "all_gather"
     if topology == "auto":
         return "sharded" if world_size > shard_above_workers else "all_gather"
     return topology
 
 
 def exchange_phases(
-    topology: str, length: int, device: torch.device | str
+    topology: str, length: int, device: torch.device | str, codec: Compressor | None = None
 ) -> tuple[Callable[[Communicator, bytes], Any], Callable[[Any], Round]]:
     """The exchange of a resolved ``topology`` as ``(transport, finish)``: ``finish(transport(comm, payload))`` is
     the `Round` of every worker's ``payload``, the same on
@@ -68,7 +72,12 @@ def exchange_phases(
     ``finish`` on the training thread: for all-gather the transport is the all-gather alone (the thread only waits
     on the wire, where it does not hold the GIL) and the parsing and summing run on the training thread between
     steps, instead of competing with it for the GIL (BENCHMARKS.md, "Small networks"). The sharded exchange
-    interleaves its decoding with two collectives, so it runs whole on the thread."""
+    interleaves its decoding with two collectives, so it runs whole on the thread. A ``codec`` other than threshold
+    encoding (None) is exchanged by all-gather and summed by `codec_round`."""
+    if codec is not None:
+        return (lambda comm, payload: comm.all_gather_bytes(payload)), (
+            lambda gathered: codec_round(gathered, length, device, codec)
+        )
     if topology == "sharded":
         return (lambda comm, payload: sharded_exchange(comm, payload, length, device)), (lambda result: result)
     return (lambda comm, payload: comm.all_gather_bytes(payload)), (
