@@ -49,8 +49,6 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-import torch
-
 from torchspark.errors import ConfigError, TorchSparkError, WorkerLost
 from torchspark.nn import Network
 from torchspark.spark.broadcasts import destroy_broadcast
@@ -65,6 +63,7 @@ from torchspark.spark.rounds_worker import (
     WorkerRound,
     count_items,
     fit_round_partition,
+    integer_buffers,
     merge_records,
 )
 from torchspark.training.algorithms.averaging import AveragingSettings, apply_weighted_mean
@@ -148,21 +147,7 @@ class SparkRoundsRunner:
                 )
             rounds = math.ceil(max(counts) / (settings.averaging_frequency * task.accumulate_steps))
             # 2. the network, once per fit (the driver timed building the blueprint as its broadcast phase)
-            spec_bc = sc.broadcast(
-                FitSpec(
-                    fit_id=uuid.uuid4().hex,
-                    blueprint=task.blueprint,
-                    averaging_frequency=settings.averaging_frequency,
-                    accumulate_steps=task.accumulate_steps,
-                    save_updater=settings.save_updater,
-                    prefetch=task.prefetch,
-                    pin_memory=task.pin_memory,
-                    data_timeout_s=task.data_timeout_s,
-                    collect_stats=task.collect_stats,
-                    flush_denormal=task.flush_denormal,
-                    gpu_dry_run=self.gpus.dry_run,
-                )
-            )
+            spec_bc = sc.broadcast(FitSpec(uuid.uuid4().hex, task, self.gpus.dry_run))
             checkpoints = RoundsCheckpoints(task, n, rounds)  # a resumed fit: its state, epoch and round
             first_epoch, first_round = checkpoints.start(network, tally)
             first = True  # the attempt's first round: it loads the first data and builds the network
@@ -214,7 +199,7 @@ class SparkRoundsRunner:
                     network.params().cpu(),
                     network.updater_state().cpu() if send_state else None,
                     network.buffers().cpu(),
-                    _int_buffers(network),
+                    integer_buffers(network),
                 )
             )
         # 4. one job: every partition fits from it, treeAggregate sums the records
@@ -253,7 +238,3 @@ def _apply_average(network: Network, record: RoundRecord, save_updater: bool) ->
         network.load_buffer_state(record.int_buffers)
     network.iteration += max(w.iterations for w in record.workers.values())
     return record.score_sum / record.examples
-
-
-def _int_buffers(network: Network) -> dict[str, torch.Tensor]:
-    return {k: v for k, v in network.buffer_state().items() if not v.is_floating_point()}
