@@ -1,16 +1,10 @@
-"""The worker side of the Spark barrier stage: device choice and rendezvous for the one worker body
-(`torchspark.training.worker.body.worker_main`).
+"""The worker side of the Spark barrier stage: the task's `WorkerEnv` (`barrier_env`) and its rendezvous, for the
+one worker body (`torchspark.training.worker.body.worker_main`).
 
-Worker side (`barrier_task`): each task takes its device and cores (`torchspark.spark.task_bootstrap`);
-task 0 hosts a ``TCPStore`` on a free port and publishes its address through a relay store on the driver
-(`open_relay`, an authenticated store of our own; ``BarrierTaskContext.allGather`` without one, bounded by
-``rendezvous_timeout_s`` on any session: `torchspark.spark.barrier_wait`); the workers gather their devices through that store and agree on
-a backend (nccl when every worker has a GPU of its own, else gloo:
-`choose_backend`), and all of them build a torch.distributed group with
-``rendezvous_timeout_s`` as the collective timeout.
-
-The driver side (running the stage under its own job group, turning a worker's exception into our error) is
-`torchspark.spark.jobs.run_barrier_stage`.
+Task 0 hosts a ``TCPStore`` and publishes its address through the driver's relay store (`open_relay`) or Spark's
+``allGather`` (bounded by ``rendezvous_timeout_s`` on any session: `torchspark.spark.barrier_wait`); the workers
+agree on a backend through that store (`choose_backend`) and build a torch.distributed group (`rendezvous`). The
+driver side (the stage's job group, a worker's exception as our error) is `torchspark.spark.jobs.run_barrier_stage`.
 """
 
 from __future__ import annotations

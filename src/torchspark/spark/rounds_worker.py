@@ -4,7 +4,7 @@ travels between the driver and the tasks, and what one task does in a round.
 The driver side and the steps of a fit are in `torchspark.spark.rounds`. Here: the fit's `FitSpec`
 (broadcast once per fit), a round's `RoundInput` (broadcast every round), `count_items` (step 1: the
 minibatches of every partition), `fit_round_partition` (step 4: fit this partition's share of the round from
-the broadcast state) and the `RoundRecord` it yields, which ``treeAggregate`` sums with
+the broadcast state, through the one worker body `worker_main`) and the `RoundRecord` it yields, which ``treeAggregate`` sums with
 `merge_records`. Every function is module-level, so Spark ships it by reference.
 """
 
@@ -88,8 +88,8 @@ class WorkerRound:
     iterations: int = 0
     score: float = math.nan  # loss of its last minibatch in the round
     stats: dict[str, Any] | None = None  # StatsCollector payload when collecting stats
-    #: where the round's task ran: (device, the GPU addresses Spark assigned to it, executor)
-    placement: tuple[str, tuple[str, ...], str] | None = None
+    #: where the round's task ran (`WorkerEnv.where`: device, the GPU addresses Spark assigned to it, executor)
+    placement: dict[str, Any] | None = None
 
 
 @dataclass
@@ -158,8 +158,7 @@ def _fit_round(spec: FitSpec, rnd: RoundInput, chunk: list[Any], rank: RankSetup
     env, recorder = rank.env, rank.hooks.recorder
     with _NETWORKS.lease(f"{spec.fit_id}/{env.device}", 1, partial(_build, spec, env.device, recorder)) as net:
         record = _fit_leased(net, spec, rnd, env.rank, chunk, rank.hooks)
-    gpus, executor = env.placement or ((), "")
-    record.workers[env.rank].placement = (env.device, gpus, executor)
+    record.workers[env.rank].placement = env.where()
     return record
 
 

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from torchspark.data import Trainable, as_group, group_examples
 from torchspark.nn import Network
@@ -145,19 +146,17 @@ def train_round(
     return upcoming, n_round, round_score
 
 
+#: the tensors after the parameters as flat contiguous float32 views (`RoundBuffer` keeps them between rounds)
+Views = list[torch.Tensor] | None
+
+
 def _live(net: Network, save_updater: bool) -> list[torch.Tensor]:
     """The tensors after the parameters in an averaging buffer, in order: updater state (when saved), buffers."""
     state = net.updater_state_tensors() if save_updater else []
     return [*state, *net.buffer_tensors()]
 
 
-def pack_weighted(
-    net: Network,
-    w: float,
-    save_updater: bool,
-    out: torch.Tensor | None = None,
-    views: list[torch.Tensor] | None = None,
-) -> torch.Tensor:
+def pack_weighted(net: Network, w: float, save_updater: bool, out: Tensor | None = None, views: Views = None) -> Tensor:
     """Step 2's contribution of one worker: ``[params * w | updater_state * w | buffers * w]`` as float32.
 
     The one packing rule of both averaging routes: the all-reduce route writes it into its sum's input (``out``),
@@ -168,8 +167,7 @@ def pack_weighted(
         w: its weight, the examples it fitted this round.
         save_updater: include the updater state.
         out: ``(P + S + B,)`` float32 to write into (None: a new tensor).
-        views: the tensors after the parameters as flat contiguous float32 views (`RoundBuffer` keeps them
-            between rounds); None: taken from the network.
+        views: the tensors after the parameters as `Views`; None: taken from the network.
     """
     n = net.num_params()
     buf = out
@@ -186,13 +184,7 @@ def pack_weighted(
     return buf
 
 
-def apply_weighted_mean(
-    net: Network,
-    total: torch.Tensor,
-    total_w: float,
-    save_updater: bool,
-    views: list[torch.Tensor] | None = None,
-) -> None:
+def apply_weighted_mean(net: Network, total: Tensor, total_w: float, save_updater: bool, views: Views = None) -> None:
     """Step 3: set the network's params (updater state, buffers) to ``total / total_w``, the example-weighted mean
     of every worker's `pack_weighted`; without ``save_updater`` the updater state is reset instead.
 

@@ -1,4 +1,5 @@
-"""Runners launch ``run_worker`` on N workers and collect their results: the one protocol every route implements.
+"""Runners start N workers (each runs the one worker body, `torchspark.training.worker.body.worker_main`) and
+collect their results: the one protocol every route implements.
 
 The driver (`torchspark.training.driver`) hands a runner the [`WorkerTask`][torchspark.training.WorkerTask], the workers' data and a
 `RunContext` (the fit's progress channel, stats and network); the runner starts the workers, supervises them

@@ -13,15 +13,15 @@ from typing import Any, TypeVar
 
 import torch
 
+from torchspark.stats import StatsCollector
 from torchspark.training.comm import Communicator, SoloCommunicator
-from torchspark.training.hooks import WorkerHooks
-from torchspark.training.progress import ProgressDirectory, ProgressEndpoint
+from torchspark.training.hooks import NullRecorder, WorkerHooks
+from torchspark.training.progress import DirectoryProgressWriter, ProgressClient, ProgressDirectory, ProgressEndpoint
 from torchspark.training.task import EpochSource, WorkerResult, WorkerTask
 from torchspark.training.worker.devices import task_thread_settings
 from torchspark.training.worker.loop import run_worker
-from torchspark.training.worker.reporting import open_worker_hooks
 
-__all__ = ["WorkerEnv", "RankSetup", "Rendezvous", "worker_main", "train", "solo"]
+__all__ = ["WorkerEnv", "RankSetup", "Rendezvous", "worker_main", "train", "solo", "open_worker_hooks", "worker_id"]
 
 R = TypeVar("R")
 
@@ -69,6 +69,13 @@ class WorkerEnv:
     hooks: Callable[[int], WorkerHooks] | None = None
     on_error: Callable[[int, str], None] | None = None
     placement: tuple[tuple[str, ...], str] | None = None
+
+    def where(self) -> dict[str, Any]:
+        """Where the rank ran, as `WorkerResult` fields (``device``, ``gpu_addresses``, ``executor``); empty when
+        the runner reports no placement."""
+        if self.placement is None:
+            return {}
+        return {"device": self.device, "gpu_addresses": self.placement[0], "executor": self.placement[1]}
 
 
 @dataclass(frozen=True)
@@ -135,11 +142,46 @@ def train(task: WorkerTask, source: EpochSource) -> Callable[[RankSetup], Worker
     Example: ``worker_main(WorkerEnv(0), train(task, ItemSource(batches)))`` trains one rank alone."""
 
     def run(rank: RankSetup) -> WorkerResult:
-        env = rank.env
-        result = run_worker(task, source, rank.comm, env.device, rank.hooks)
-        if env.placement is None:
-            return result
-        gpus, executor = env.placement
-        return replace(result, network=rank.network, device=env.device, gpu_addresses=gpus, executor=executor)
+        result = run_worker(task, source, rank.comm, rank.env.device, rank.hooks)
+        where = rank.env.where()
+        return replace(result, network=rank.network, **where) if where else result
 
     return run
+
+
+def worker_id(rank: int) -> str:
+    """The name a worker has in stats and reports."""
+    return f"worker-{rank}"
+
+
+def open_worker_hooks(
+    rank: int,
+    collect_stats: bool,
+    progress_address: ProgressEndpoint | ProgressDirectory | None,
+    progress_every: int = 10,
+    timeout_s: float = 10.0,
+    report_scores: bool = False,
+) -> WorkerHooks:
+    """Hooks for one worker: progress and errors stream to ``progress_address`` (the driver's
+    `ProgressServer`: its ``endpoint``, with the fit's token), phases go to a [`StatsCollector`][torchspark.stats.StatsCollector] whose clock
+    is aligned to the driver's by pinging that server (no NTP needed). With ``report_scores`` (pass the same value
+    on every rank) the score after each averaging round / sharing epoch goes there too (sent by rank 0).
+    A `ProgressDirectory` instead of an endpoint writes the same messages to
+    files there (the directory channel: no connection to the driver; stats stay on the worker's clock)."""
+    client: ProgressClient | DirectoryProgressWriter | None = None
+    if isinstance(progress_address, ProgressDirectory):
+        client = DirectoryProgressWriter(progress_address, rank).connect()
+    elif progress_address is not None:
+        client = ProgressClient.to(progress_address, rank, timeout_s=timeout_s).connect()
+    recorder: Any = NullRecorder()
+    if collect_stats:
+        driver_minus_worker = client.measure_clock_offset() if client is not None else 0.0
+        recorder = StatsCollector(worker_id(rank), clock_offset=-driver_minus_worker)
+    return WorkerHooks(
+        recorder=recorder,
+        progress=client,
+        progress_every=progress_every,
+        report_score=client.send_score if client is not None and report_scores else None,
+        report_error=client.send_error if client is not None else None,
+        close=client.close if client is not None else None,
+    )
