@@ -1,10 +1,11 @@
 """Starting a worker process: the multiprocessing context, what a worker receives, and its entry point.
 
 Workers start from a fork server with torch preloaded (`worker_context`; ``spawn`` where there is none),
-never by forking the caller. Each gets a `ChildArgs` and runs `child_main`: it joins the rendezvous
-store the parent hosts, builds its communicator, runs [`run_worker`][torchspark.training.run_worker] (through the
-one worker body, `torchspark.training.worker.body.worker_main`) on its share (sent with its start arguments, or fed through its queue: `torchspark.parallel.feeding`) and puts its
-result or its traceback on the results queue (`torchspark.parallel.results`). Workers ignore SIGINT (the
+never by forking the caller. Each gets a `ChildArgs` and runs `child_main`, the one worker body
+(`torchspark.training.worker.body.worker_main`) with this route's rendezvous: it joins the store the parent hosts,
+builds its communicator, runs [`run_worker`][torchspark.training.run_worker] on its share (sent with its start
+arguments, or fed through its queue: `torchspark.parallel.feeding`) and puts its result or its traceback on the
+results queue (`torchspark.parallel.results`). Workers ignore SIGINT (the
 parent decides) and exit on their own if the parent dies.
 """
 

@@ -4,8 +4,8 @@ travels between the driver and the tasks, and what one task does in a round.
 The driver side and the steps of a fit are in `torchspark.spark.rounds`. Here: the fit's `FitSpec`
 (broadcast once per fit), a round's `RoundInput` (broadcast every round), `count_items` (step 1: the
 minibatches of every partition), `fit_round_partition` (step 4: fit this partition's share of the round from
-the broadcast state, through the one worker body `worker_main`) and the `RoundRecord` it yields, which ``treeAggregate`` sums with
-`merge_records`. Every function is module-level, so Spark ships it by reference.
+the broadcast state, through the one worker body `worker_main`) and the `RoundRecord` it yields, which
+``treeAggregate`` sums with `merge_records`. Every function is module-level, so Spark ships it by reference.
 """
 
 from __future__ import annotations

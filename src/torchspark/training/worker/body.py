@@ -162,9 +162,9 @@ def open_worker_hooks(
     timeout_s: float = 10.0,
     report_scores: bool = False,
 ) -> WorkerHooks:
-    """Hooks for one worker: progress and errors stream to ``progress_address`` (the driver's
-    `ProgressServer`: its ``endpoint``, with the fit's token), phases go to a [`StatsCollector`][torchspark.stats.StatsCollector] whose clock
-    is aligned to the driver's by pinging that server (no NTP needed). With ``report_scores`` (pass the same value
+    """Hooks for one worker: progress and errors stream to ``progress_address`` (the driver's `ProgressServer`: its
+    ``endpoint``, with the fit's token), phases go to a [`StatsCollector`][torchspark.stats.StatsCollector] whose
+    clock is aligned to the driver's by pinging that server (no NTP needed). With ``report_scores`` (pass the same value
     on every rank) the score after each averaging round / sharing epoch goes there too (sent by rank 0).
     A `ProgressDirectory` instead of an endpoint writes the same messages to
     files there (the directory channel: no connection to the driver; stats stay on the worker's clock)."""
