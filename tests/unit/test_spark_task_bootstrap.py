@@ -41,11 +41,6 @@ def test_device_and_cores_of_a_task(ctx: Any, expected: TaskSetup) -> None:
     assert set_up_task(ctx) == expected
 
 
-def test_threads_are_the_requested_count_else_one_per_core() -> None:
-    setup = TaskSetup("cpu", 3)
-    assert setup.threads() == 3 and setup.threads(None) == 3 and setup.threads(0) == 3 and setup.threads(5) == 5
-
-
 def test_an_assigned_gpu_without_cuda_is_a_setup_error(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 

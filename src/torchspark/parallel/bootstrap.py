@@ -1,10 +1,11 @@
 """Starting a worker process: the multiprocessing context, what a worker receives, and its entry point.
 
 Workers start from a fork server with torch preloaded (`worker_context`; ``spawn`` where there is none),
-never by forking the caller. Each gets a `ChildArgs` and runs `child_main`: it joins the rendezvous
-store the parent hosts, builds its communicator, runs [`run_worker`][torchspark.training.run_worker] on its
-share (sent with its start arguments, or fed through its queue: `torchspark.parallel.feeding`) and puts its
-result or its traceback on the results queue (`torchspark.parallel.results`). Workers ignore SIGINT (the
+never by forking the caller. Each gets a `ChildArgs` and runs `child_main`, the one worker body
+(`torchspark.training.worker.body.worker_main`) with this route's rendezvous: it joins the store the parent hosts,
+builds its communicator, runs [`run_worker`][torchspark.training.run_worker] on its share (sent with its start
+arguments, or fed through its queue: `torchspark.parallel.feeding`) and puts its result or its traceback on the
+results queue (`torchspark.parallel.results`). Workers ignore SIGINT (the
 parent decides) and exit on their own if the parent dies.
 """
 
@@ -15,11 +16,10 @@ import multiprocessing
 import os
 import signal
 import threading
-import traceback
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
-import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
@@ -29,9 +29,9 @@ from torchspark.training.comm import TorchDistCommunicator
 from torchspark.training.progress import ProgressEndpoint
 from torchspark.training.rendezvous.stores import private_store
 from torchspark.training.task import WorkerTask
+from torchspark.training.worker.body import WorkerEnv, train, worker_main
 from torchspark.training.worker.devices import backend_for_devices
-from torchspark.training.worker.loop import ItemSource, run_worker
-from torchspark.training.worker.reporting import open_worker_hooks
+from torchspark.training.worker.loop import ItemSource
 
 __all__ = ["PRELOAD", "worker_context", "backend_for_devices", "ChildArgs", "child_main"]
 
@@ -109,38 +109,35 @@ def child_main(args: ChildArgs, data_queue: Any, results: Any) -> None:
     or ``("error", rank, traceback)`` on ``results``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group; the parent decides
     _exit_with_parent()
-    comm: TorchDistCommunicator | None = None
-    hooks = None
-    try:
-        if args.device.startswith("cuda"):
-            torch.cuda.set_device(torch.device(args.device))
-        hooks = open_worker_hooks(
-            args.rank, args.task.collect_stats, args.progress_address, report_scores=args.task.report_scores
-        )
-        store = private_store(
-            dist.TCPStore(
-                "127.0.0.1",
-                args.store_port,
-                args.world_size,
-                is_master=False,
-                timeout=datetime.timedelta(seconds=args.timeout_s),
-            ),
-            args.token,
-        )
-        comm_device = args.device if args.backend == "nccl" else "cpu"  # gloo collectives run on host copies
-        comm = TorchDistCommunicator(
-            store, args.rank, args.world_size, args.backend, comm_device, args.timeout_s, args.shared_memory
-        )
-        source: Any = (
-            ItemSource(args.items) if args.items is not None else QueueSource(data_queue, args.task.data_timeout_s)
-        )
-        result = run_worker(args.task, source, comm, args.device, hooks)
-        # tensors travel as numpy: torch's fd sharing would dangle once this process exits
-        results.put(("ok", args.rank, to_numpy(result)))
-    except BaseException:  # noqa: BLE001 - the parent re-raises it with this traceback
-        results.put(("error", args.rank, traceback.format_exc()))
-    finally:
-        if comm is not None:
-            comm.close()
-        if hooks is not None and hooks.close is not None:
-            hooks.close()
+    env = WorkerEnv(
+        args.rank,
+        args.device,
+        rendezvous=partial(_join_store, args),
+        progress=args.progress_address,
+        collect_stats=args.task.collect_stats,
+        report_scores=args.task.report_scores,
+        on_error=lambda rank, trace: results.put(("error", rank, trace)),
+    )
+    source: Any = (
+        ItemSource(args.items) if args.items is not None else QueueSource(data_queue, args.task.data_timeout_s)
+    )
+    train_rank = train(args.task, source)
+    # tensors travel as numpy: torch's fd sharing would dangle once this process exits
+    worker_main(env, lambda rank: results.put(("ok", args.rank, to_numpy(train_rank(rank)))))
+
+
+def _join_store(args: ChildArgs, device: str) -> tuple[TorchDistCommunicator, None]:
+    """The rendezvous of a local worker: join the store the parent hosts on loopback, build the communicator."""
+    timeout = datetime.timedelta(seconds=args.timeout_s)
+    store = dist.TCPStore("127.0.0.1", args.store_port, args.world_size, is_master=False, timeout=timeout)
+    comm_device = device if args.backend == "nccl" else "cpu"  # gloo collectives run on host copies
+    comm = TorchDistCommunicator(
+        private_store(store, args.token),
+        args.rank,
+        args.world_size,
+        args.backend,
+        comm_device,
+        args.timeout_s,
+        args.shared_memory,
+    )
+    return comm, None

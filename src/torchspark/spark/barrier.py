@@ -1,42 +1,43 @@
-"""The worker side of the Spark barrier stage: device choice, rendezvous, then ``run_worker``.
+"""The worker side of the Spark barrier stage: the task's `WorkerEnv` (`barrier_env`) and its rendezvous, for the
+one worker body (`torchspark.training.worker.body.worker_main`).
 
-Worker side (`barrier_task`): each task takes its device and cores (`torchspark.spark.task_bootstrap`);
-task 0 hosts a ``TCPStore`` on a free port and publishes its address through a relay store on the driver
-(`open_relay`, an authenticated store of our own; ``BarrierTaskContext.allGather`` without one, bounded by
-``rendezvous_timeout_s`` on any session: `torchspark.spark.barrier_wait`); the workers gather their devices through that store and agree on
-a backend (nccl when every worker has a GPU of its own, else gloo:
-`choose_backend`), and all of them build a torch.distributed group with
-``rendezvous_timeout_s`` as the collective timeout.
-
-The driver side (running the stage under its own job group, turning a worker's exception into our error) is
-`torchspark.spark.jobs.run_barrier_stage`.
+Task 0 hosts a ``TCPStore`` and publishes its address through the driver's relay store (`open_relay`) or Spark's
+``allGather`` (bounded by ``rendezvous_timeout_s`` on any session: `torchspark.spark.barrier_wait`); the workers
+agree on a backend through that store (`choose_backend`) and build a torch.distributed group (`rendezvous`). The
+driver side (the stage's job group, a worker's exception as our error) is `torchspark.spark.jobs.run_barrier_stage`.
 """
 
 from __future__ import annotations
 
 import logging
-import traceback
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 from torchspark.errors import SetupError, WaitTimeout
 from torchspark.spark.barrier_wait import wait_bounded
-from torchspark.spark.task_bootstrap import executor_name, set_up_task
+from torchspark.spark.task_bootstrap import set_up_task
 from torchspark.training.comm import TorchDistCommunicator
 from torchspark.training.config.mesh import MeshConfig
-from torchspark.training.progress import ProgressEndpoint
+from torchspark.training.progress import ProgressDirectory, ProgressEndpoint
 from torchspark.training.rendezvous.netif import LOCAL_ADDRESS_ENV, Endpoint, choose_endpoint, socket_interface
 from torchspark.training.rendezvous.ports import listen_in_range
 from torchspark.training.rendezvous.relay import RelayLimits, RelayServer
 from torchspark.training.rendezvous.relay_client import relay_get, relay_set
 from torchspark.training.rendezvous.stores import listening_store, private_store
 from torchspark.training.task import WorkerResult, WorkerTask
+from torchspark.training.worker.body import WorkerEnv, train, worker_main
 from torchspark.training.worker.devices import agree_backend, gpu_identity
-from torchspark.training.worker.loop import ItemSource, run_worker
-from torchspark.training.worker.reporting import open_worker_hooks
+from torchspark.training.worker.loop import ItemSource
 
-__all__ = ["RendezvousSettings", "barrier_task", "open_relay", "relay_key", "rendezvous", "LOCAL_ADDRESS_ENV"]
+__all__ = [
+    "RendezvousSettings",
+    "barrier_task",
+    "barrier_env",
+    "open_relay",
+    "relay_key",
+    "rendezvous",
+    "LOCAL_ADDRESS_ENV",
+]
 
 log = logging.getLogger(__name__)
 
@@ -234,42 +235,37 @@ def barrier_task(
     Environment variables the task sets are restored when it ends (PySpark reuses Python workers)."""
     if token is None and progress_address is not None:
         token = progress_address.token
+    driver_host = _driver_host(relay_address, progress_address)
 
     def run(items: Iterable[Any]) -> Iterator[WorkerResult]:
         from pyspark import BarrierTaskContext
 
-        ctx = BarrierTaskContext.get()
-        setup = set_up_task(ctx, gpu_dry_run)
-        device = setup.device
-        task: WorkerTask = task_bc.value
-        task = replace(task, num_threads=setup.threads(task.num_threads))
-        hooks = open_worker_hooks(
-            ctx.partitionId(), task.collect_stats, progress_address, report_scores=task.report_scores
-        )
-        comm: TorchDistCommunicator | None = None
-        try:
-            comm, chosen = rendezvous(
-                ctx, settings, device, relay_address, _driver_host(relay_address, progress_address), token, task.attempt
-            )
-            result = replace(
-                run_worker(task, ItemSource(items), comm, device, hooks),
-                network=chosen,
-                device=device,
-                gpu_addresses=setup.gpu_addresses,
-                executor=executor_name(),
-            )
-        except BaseException:
-            if hooks.report_error is not None:
-                hooks.report_error(traceback.format_exc())
-            raise
-        finally:
-            if comm is not None:
-                comm.close()
-            if hooks.close is not None:
-                hooks.close()
-        yield result
+        ctx, task = BarrierTaskContext.get(), task_bc.value
+        env = barrier_env(ctx, task, settings, progress_address, gpu_dry_run, relay_address, driver_host, token)
+        yield cast(WorkerResult, worker_main(env, train(task, ItemSource(items))))
 
     return run
+
+
+def barrier_env(
+    ctx: Any,
+    task: WorkerTask,
+    settings: MeshConfig,
+    progress: ProgressEndpoint | ProgressDirectory | None,
+    gpu_dry_run: bool = False,
+    relay_address: tuple[str, int] | None = None,
+    driver_host: str | None = None,
+    token: bytes | None = None,
+) -> WorkerEnv:
+    """The `WorkerEnv` of a barrier task (classic or Connect): the task's device, cores and placement, `rendezvous`
+    as its strategy, the fit's progress channel; errors go over that channel and fail the stage."""
+    return set_up_task(ctx, gpu_dry_run).worker_env(
+        ctx.partitionId(),
+        rendezvous=lambda device: rendezvous(ctx, settings, device, relay_address, driver_host, token, task.attempt),
+        progress=progress,
+        collect_stats=task.collect_stats,
+        report_scores=task.report_scores,
+    )
 
 
 def _driver_host(*addresses: tuple[Any, ...] | None) -> str | None:

@@ -1,43 +1,33 @@
 """Parameter averaging with one Spark job per round (``averaging_via="spark"``): DL4J's original route.
 
-The default route (``averaging_via="torch"``) runs a whole fit inside one barrier stage whose tasks all-reduce
-over ``torch.distributed``, so executors must reach each other on a port. This route needs nothing but Spark: the
-driver broadcasts the parameters, every task trains from them and returns one record, ``treeAggregate`` sums the
-records and the driver averages. It pays one Spark job and one broadcast per round (tens to hundreds of
-milliseconds of scheduling each, whatever the model), but works wherever Spark jobs work, and since a round only
-reads broadcasts and its own data, Spark may simply retry a failed task.
+Unlike the default route (one barrier stage whose tasks all-reduce over ``torch.distributed``, so executors must
+reach each other on a port), this route needs nothing but Spark: per round the driver broadcasts the parameters,
+every task trains from them and returns one record, ``treeAggregate`` sums the records and the driver averages.
+It pays one Spark job and one broadcast per round (tens to hundreds of milliseconds each), but works wherever Spark
+jobs work, and Spark may simply retry a failed task (a round reads only broadcasts and its own data).
 
 Per fit (driver, `SparkRoundsRunner`, run by `torchspark.training.driver.fit.run_fit`):
   1. count the minibatches of every worker partition (one small job); rounds per epoch = ceil(max count / (f * k))
-     (``k`` = ``accumulate_steps``, minibatches per optimizer step; 1 without gradient accumulation);
-  2. broadcast the task's network blueprint once (each Python worker builds the network once per fit and keeps it
-     in its `NetworkCache`).
+     (``k`` = ``accumulate_steps``);
+  2. broadcast the fit's task once (each Python worker builds the network once per fit: `NetworkCache`).
 Per round ``r`` of every epoch (the rounds and arithmetic of
 [`torchspark.training.algorithms.averaging.averaging_epoch`][torchspark.training.averaging_epoch]):
-  3. broadcast the current parameters and module buffers (the averaged floating-point ones, worker 0's integer
-     ones), plus the updater state when ``save_updater`` (and in the fit's first round, which starts from the
-     driver's updater state like the torch route's blueprint does);
+  3. broadcast the current parameters and buffers (averaged floating-point ones, worker 0's integer ones), plus the
+     updater state when ``save_updater`` (and in the fit's first round);
   4. one job: each partition sets them (resetting the updater when no state came), fits its minibatches
-     ``[r*f*k, (r+1)*f*k)`` (``f`` optimizer steps) and yields one `RoundRecord` ``(params*n | updater_state*n | buffers*n, n, score*n)``; a
-     partition with no minibatch left yields ``n = 0``; ``treeAggregate(depth=aggregation_depth)`` sums them;
-  5. the driver sets ``params = sum(params*n) / sum(n)`` (likewise the floating-point buffers, and the updater
-     state when ``save_updater``, else it resets it) --
-     `apply_weighted_mean`, the all-reduce route's rule --, takes
-     partition 0's integer buffers when it trained, and advances ``iteration`` by the round's most optimizer steps on
-     one worker.
-If a round fails or is interrupted, the driver's network holds the result of the last completed round. With a
-``checkpoint_directory`` the driver checkpoints its network (once per epoch, or every ``checkpoint_every`` rounds;
-`torchspark.spark.rounds_state`), so a retry after a lost executor, or a later fit with the same ``run_id``,
-resumes from the newest checkpoint instead of the fit's start.
+     ``[r*f*k, (r+1)*f*k)`` with the averaging loop's `train_round` and yields one `RoundRecord`
+     ``(params*n | updater_state*n | buffers*n, n, score*n)`` (`pack_weighted`; ``n = 0`` when its data ran out);
+     ``treeAggregate(depth=aggregation_depth)`` sums them;
+  5. the driver applies `apply_weighted_mean` (the all-reduce route's rule), takes partition 0's integer buffers
+     and advances ``iteration`` by the round's most optimizer steps on one worker.
+A failed or interrupted fit leaves the driver's network at the last completed round; with a
+``checkpoint_directory`` the driver checkpoints it (`torchspark.spark.rounds_state`), so a retry or a later fit
+with the same ``run_id`` resumes from the newest checkpoint.
 
-Progress listeners get one [`ProgressUpdate`][torchspark.training.ProgressUpdate] per worker and round from the driver (no connection from the
-executors to the driver is needed). ``last_results`` holds one [`WorkerResult`][torchspark.training.WorkerResult] per worker with its totals
-and its own last minibatch loss; rank 0 carries the final parameters. With ``collect_training_stats`` the workers'
-``network_init`` / ``data_wait`` / ``fit`` phases are shipped in the round records, timed on the executors' own
-clocks (this route has no channel to align them with the driver's clock).
-
-This module is the driver side; what travels and what one task does in a round (steps 1 and 4 on the executors)
-are in `torchspark.spark.rounds_worker`.
+Progress listeners get one [`ProgressUpdate`][torchspark.training.ProgressUpdate] per worker and round from the
+driver. ``last_results`` holds one [`WorkerResult`][torchspark.training.WorkerResult] per worker (totals, its own
+last minibatch loss; rank 0 the final parameters). With ``collect_training_stats`` the workers' phases travel in
+the round records, timed on the executors' own clocks. The executor side is `torchspark.spark.rounds_worker`.
 """
 
 from __future__ import annotations
@@ -48,8 +38,6 @@ import uuid
 from collections.abc import Callable
 from functools import partial
 from typing import Any
-
-import torch
 
 from torchspark.errors import ConfigError, TorchSparkError, WorkerLost
 from torchspark.nn import Network
@@ -65,6 +53,7 @@ from torchspark.spark.rounds_worker import (
     WorkerRound,
     count_items,
     fit_round_partition,
+    integer_buffers,
     merge_records,
 )
 from torchspark.training.algorithms.averaging import AveragingSettings, apply_weighted_mean
@@ -148,21 +137,7 @@ class SparkRoundsRunner:
                 )
             rounds = math.ceil(max(counts) / (settings.averaging_frequency * task.accumulate_steps))
             # 2. the network, once per fit (the driver timed building the blueprint as its broadcast phase)
-            spec_bc = sc.broadcast(
-                FitSpec(
-                    fit_id=uuid.uuid4().hex,
-                    blueprint=task.blueprint,
-                    averaging_frequency=settings.averaging_frequency,
-                    accumulate_steps=task.accumulate_steps,
-                    save_updater=settings.save_updater,
-                    prefetch=task.prefetch,
-                    pin_memory=task.pin_memory,
-                    data_timeout_s=task.data_timeout_s,
-                    collect_stats=task.collect_stats,
-                    flush_denormal=task.flush_denormal,
-                    gpu_dry_run=self.gpus.dry_run,
-                )
-            )
+            spec_bc = sc.broadcast(FitSpec(uuid.uuid4().hex, task, self.gpus.dry_run))
             checkpoints = RoundsCheckpoints(task, n, rounds)  # a resumed fit: its state, epoch and round
             first_epoch, first_round = checkpoints.start(network, tally)
             first = True  # the attempt's first round: it loads the first data and builds the network
@@ -214,7 +189,7 @@ class SparkRoundsRunner:
                     network.params().cpu(),
                     network.updater_state().cpu() if send_state else None,
                     network.buffers().cpu(),
-                    _int_buffers(network),
+                    integer_buffers(network),
                 )
             )
         # 4. one job: every partition fits from it, treeAggregate sums the records
@@ -253,7 +228,3 @@ def _apply_average(network: Network, record: RoundRecord, save_updater: bool) ->
         network.load_buffer_state(record.int_buffers)
     network.iteration += max(w.iterations for w in record.workers.values())
     return record.score_sum / record.examples
-
-
-def _int_buffers(network: Network) -> dict[str, torch.Tensor]:
-    return {k: v for k, v in network.buffer_state().items() if not v.is_floating_point()}

@@ -25,7 +25,7 @@ from torchspark.training.checkpoint.store import read_rank_file
 from torchspark.training.hooks import PhaseRecorder, ProgressUpdate
 from torchspark.training.task import WorkerResult, WorkerTask
 
-__all__ = ["Tally", "RoundsCheckpoints", "placement"]
+__all__ = ["Tally", "RoundsCheckpoints"]
 
 
 class RoundsCheckpoints:
@@ -112,7 +112,7 @@ class Tally:
         self.epoch_examples = [0] * workers
         self.epoch_iterations = [0] * workers
         self.payloads: list[list[dict[str, Any]]] = [[] for _ in range(workers)]
-        self.placements: list[tuple[str, tuple[str, ...], str] | None] = [None] * workers  # the last round's
+        self.placements: list[dict[str, Any] | None] = [None] * workers  # the last round's
 
     def state(self) -> dict[str, Any]:
         """The totals as JSON (for a checkpoint; the stats payloads and placements are not kept)."""
@@ -162,14 +162,7 @@ class Tally:
                 updater_state=network.updater_state() if rank == 0 else None,
                 buffers=network.buffer_state() if rank == 0 else None,
                 stats=self.payloads[rank] or None,
-                **placement(self.placements[rank]),
+                **(self.placements[rank] or {}),
             )
             for rank in range(len(self.examples))
         ]
-
-
-def placement(found: tuple[str, tuple[str, ...], str] | None) -> dict[str, Any]:
-    if found is None:
-        return {}
-    device, addresses, executor = found
-    return {"device": device, "gpu_addresses": addresses, "executor": executor}

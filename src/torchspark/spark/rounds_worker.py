@@ -4,8 +4,8 @@ travels between the driver and the tasks, and what one task does in a round.
 The driver side and the steps of a fit are in `torchspark.spark.rounds`. Here: the fit's `FitSpec`
 (broadcast once per fit), a round's `RoundInput` (broadcast every round), `count_items` (step 1: the
 minibatches of every partition), `fit_round_partition` (step 4: fit this partition's share of the round from
-the broadcast state) and the `RoundRecord` it yields, which ``treeAggregate`` sums with
-`merge_records`. Every function is module-level, so Spark ships it by reference.
+the broadcast state, through the one worker body `worker_main`) and the `RoundRecord` it yields, which
+``treeAggregate`` sums with `merge_records`. Every function is module-level, so Spark ships it by reference.
 """
 
 from __future__ import annotations
@@ -15,21 +15,21 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import islice
-from typing import Any
+from typing import Any, cast
 
 import torch
 
-from torchspark.data import as_group, group_batches, group_examples
+from torchspark.data import group_batches
 from torchspark.nn import Network, NetworkBlueprint
 from torchspark.nn.cache import NetworkCache
-from torchspark.spark.task_bootstrap import executor_name, set_up_task
-from torchspark.stats import StatsCollector
-from torchspark.training.algorithms.averaging import pack_weighted
-from torchspark.training.hooks import PhaseRecorder
-from torchspark.training.worker.devices import task_thread_settings
+from torchspark.spark.task_bootstrap import set_up_task
+from torchspark.training.algorithms.averaging import AveragingSettings, pack_weighted, train_round
+from torchspark.training.algorithms.base import EpochOutcome
+from torchspark.training.hooks import PhaseRecorder, WorkerHooks
+from torchspark.training.task import WorkerTask
+from torchspark.training.worker.body import RankSetup, worker_main
 from torchspark.training.worker.loop import batch_loader
 from torchspark.training.worker.prefetch import prefetch
-from torchspark.training.worker.reporting import worker_id
 
 __all__ = ["FitSpec", "RoundInput", "RoundRecord", "WorkerRound", "count_items", "fit_round_partition", "merge_records"]
 
@@ -41,30 +41,19 @@ class FitSpec:
 
     Args:
         fit_id: names this fit in the workers' network cache.
-        blueprint: ``NetworkBlueprint.to_bytes()`` of the driver's network at the start of the fit.
-        averaging_frequency: optimizer steps per worker and round (``f``).
-        accumulate_steps: minibatches per optimizer step (``k``): a round fits ``f * k`` minibatches.
-        save_updater: return the updater state for averaging (else the driver resets it after every round).
-        prefetch: minibatches loaded ahead on a background thread (0 = none).
-        pin_memory: the master's ``pin_memory`` (pinned host memory for CUDA workers' minibatches).
-        data_timeout_s: how long to wait for one minibatch before failing.
-        collect_stats: record the workers' phases.
-        flush_denormal: flush denormal floats to zero while the partition trains (the master's option).
+        task: the fit's task: the network's blueprint at the start of the fit, the data and thread options, the
+            averaging settings (a round fits ``averaging_frequency * accumulate_steps`` minibatches).
         gpu_dry_run: record the GPUs Spark assigns but train on the CPU (a testing aid:
             `torchspark.spark.gpus.dry_run_requested`).
     """
 
     fit_id: str
-    blueprint: bytes
-    averaging_frequency: int
-    accumulate_steps: int = 1
-    save_updater: bool = True
-    prefetch: int = 0
-    pin_memory: bool | None = None
-    data_timeout_s: float = 600.0
-    collect_stats: bool = False
-    flush_denormal: bool = True
+    task: WorkerTask
     gpu_dry_run: bool = False
+
+    @property
+    def averaging(self) -> AveragingSettings:
+        return AveragingSettings(**self.task.settings)
 
 
 @dataclass(frozen=True)
@@ -99,8 +88,8 @@ class WorkerRound:
     iterations: int = 0
     score: float = math.nan  # loss of its last minibatch in the round
     stats: dict[str, Any] | None = None  # StatsCollector payload when collecting stats
-    #: where the round's task ran: (device, the GPU addresses Spark assigned to it, executor)
-    placement: tuple[str, tuple[str, ...], str] | None = None
+    #: where the round's task ran (`WorkerEnv.where`: device, the GPU addresses Spark assigned to it, executor)
+    placement: dict[str, Any] | None = None
 
 
 @dataclass
@@ -145,7 +134,9 @@ def fit_round_partition(spec_bc: Any, round_bc: Any, index: int, items: Iterable
     """``mapPartitionsWithIndex`` function of one round (step 4): fit this partition's share, yield one record."""
     spec: FitSpec = spec_bc.value
     rnd: RoundInput = round_bc.value
-    per_round = spec.averaging_frequency * spec.accumulate_steps  # f optimizer steps of k minibatches each
+    per_round = (
+        spec.averaging.averaging_frequency * spec.task.accumulate_steps
+    )  # f optimizer steps of k minibatches each
     it = iter(items)
     chunk = list(islice(it, rnd.round * per_round, (rnd.round + 1) * per_round))  # paths or serialized batches
     for _ in it:  # read to the end: a Python worker that leaves input unread is not reused (and would rebuild)
@@ -156,25 +147,23 @@ def fit_round_partition(spec_bc: Any, round_bc: Any, index: int, items: Iterable
     from pyspark import TaskContext
 
     setup = set_up_task(TaskContext.get(), spec.gpu_dry_run)
-    recorder = StatsCollector(worker_id(index), enabled=spec.collect_stats)
-    # the task's cores and flush mode before any torch work of it; the reused Python worker gets its own back after
-    with task_thread_settings(setup.threads(), spec.flush_denormal):
-        record = _fit_round(spec, rnd, index, chunk, setup.device, recorder)
-    record.workers[index].placement = (setup.device, setup.gpu_addresses, executor_name())
-    yield record
+    # no rendezvous (the driver averages); the task's cores and flush mode while it trains, restored after
+    env = setup.worker_env(index, flush_denormal=spec.task.flush_denormal, collect_stats=spec.task.collect_stats)
+    yield cast(RoundRecord, worker_main(env, partial(_fit_round, spec, rnd, chunk)))
 
 
-def _fit_round(
-    spec: FitSpec, rnd: RoundInput, index: int, chunk: list[Any], device: str, recorder: StatsCollector
-) -> RoundRecord:
+def _fit_round(spec: FitSpec, rnd: RoundInput, chunk: list[Any], rank: RankSetup) -> RoundRecord:
     """Step 4 of `torchspark.spark.rounds` on this partition: set the round's state, fit ``chunk``, weigh the
     result."""
-    with _NETWORKS.lease(f"{spec.fit_id}/{device}", 1, partial(_build, spec, device, recorder)) as net:
-        return _fit_leased(net, spec, rnd, index, chunk, recorder)
+    env, recorder = rank.env, rank.hooks.recorder
+    with _NETWORKS.lease(f"{spec.fit_id}/{env.device}", 1, partial(_build, spec, env.device, recorder)) as net:
+        record = _fit_leased(net, spec, rnd, env.rank, chunk, rank.hooks)
+    record.workers[env.rank].placement = env.where()
+    return record
 
 
 def _fit_leased(
-    net: Network, spec: FitSpec, rnd: RoundInput, index: int, chunk: list[Any], recorder: StatsCollector
+    net: Network, spec: FitSpec, rnd: RoundInput, index: int, chunk: list[Any], hooks: WorkerHooks
 ) -> RoundRecord:
     net.set_params(rnd.params)
     if rnd.int_buffers:
@@ -186,11 +175,12 @@ def _fit_leased(
     else:
         net.reset_updater_state()
     net.iteration = rnd.iteration
-    done = _fit_chunk(net, chunk, spec, validate_first=(rnd.epoch == 0 and rnd.round == 0), recorder=recorder)
+    done = _fit_chunk(net, chunk, spec, rnd, index, hooks)
     w = float(done.examples)
-    weighted = pack_weighted(net, w, spec.save_updater).cpu()  # (P + S + B,): the all-reduce route's packing
-    done.stats = recorder.drain() if spec.collect_stats else None
-    int_buffers = {k: v for k, v in net.buffer_state().items() if not v.is_floating_point()} if index == 0 else None
+    weighted = pack_weighted(net, w, spec.averaging.save_updater).cpu()  # (P + S + B,): the all-reduce route's packing
+    drain = getattr(hooks.recorder, "drain", None)
+    done.stats = drain() if drain is not None else None
+    int_buffers = integer_buffers(net) if index == 0 else None
     return RoundRecord(
         weighted=weighted,
         examples=done.examples,
@@ -200,32 +190,32 @@ def _fit_leased(
     )
 
 
+def integer_buffers(net: Network) -> dict[str, torch.Tensor]:
+    """The network's integer buffers by name (BatchNorm's ``num_batches_tracked``): not averaged, worker 0's kept."""
+    return {k: v for k, v in net.buffer_state().items() if not v.is_floating_point()}
+
+
 def _build(spec: FitSpec, device: str, recorder: PhaseRecorder) -> Network:
     with recorder.phase("network_init"):
-        return NetworkBlueprint.from_bytes(spec.blueprint).build(device)
+        return NetworkBlueprint.from_bytes(spec.task.blueprint).build(device)
 
 
 def _fit_chunk(
-    net: Network, chunk: Sequence[Any], spec: FitSpec, validate_first: bool, recorder: PhaseRecorder
+    net: Network, chunk: Sequence[Any], spec: FitSpec, rnd: RoundInput, index: int, hooks: WorkerHooks
 ) -> WorkerRound:
-    """Fit the round's minibatches in order, one optimizer step per ``accumulate_steps`` of them (the first step of
-    the fit validates its input)."""
-    out = WorkerRound()
-    load = batch_loader(spec.pin_memory, str(net.device))
-    batches = prefetch(chunk, spec.prefetch, spec.data_timeout_s, transform=load)
-    groups = iter(group_batches(batches, spec.accumulate_steps))
+    """Fit the round's minibatches in order with the averaging loop's step loop (`train_round`), one optimizer
+    step per ``accumulate_steps`` of them (the fit's first step validates its input)."""
+    task = spec.task
+    load = batch_loader(task.pin_memory, str(net.device))
+    batches = prefetch(chunk, task.prefetch, task.data_timeout_s, transform=load)
+    groups = iter(group_batches(batches, task.accumulate_steps))
+    out = EpochOutcome()
     try:
-        while True:
-            with recorder.phase("data_wait"):
-                batch = next(groups, None)
-            if batch is None:
-                return out
-            examples = group_examples(batch)
-            with recorder.phase("fit", examples=examples):
-                out.score = net.train_group(as_group(batch), validate=validate_first and out.iterations == 0)
-            out.examples += examples
-            out.iterations += 1
-            recorder.record_score(net.iteration, out.score)
+        with hooks.recorder.phase("data_wait"):
+            upcoming = next(groups, None)
+        first = rnd.epoch == 0 and rnd.round == 0
+        train_round(net, groups, upcoming, spec.averaging.averaging_frequency, out, hooks, index, rnd.epoch, first)
+        return WorkerRound(examples=out.examples, iterations=out.iterations, score=out.last_score)
     finally:
         close = getattr(batches, "close", None)
         if close is not None:

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from torchspark.training.worker import env as task_env
+from torchspark.training.worker.body import WorkerEnv
 from torchspark.training.worker.devices import device_for_task, gpu_addresses
 
 __all__ = ["TaskSetup", "set_up_task", "executor_name"]
@@ -31,13 +32,14 @@ class TaskSetup:
     cpus: int
     gpu_addresses: tuple[str, ...] = ()
 
-    def threads(self, requested: int | None = None) -> int:
-        """Torch threads for the task: ``requested`` when set, else one per core of the task."""
-        return requested or self.cpus
+    def worker_env(self, rank: int, **kwargs: Any) -> WorkerEnv:
+        """The `WorkerEnv` of this task as rank ``rank``: its device, one torch thread per core, and its placement
+        (GPU addresses, executor); ``kwargs`` are the runner's other `WorkerEnv` fields (rendezvous, progress...)."""
+        return WorkerEnv(rank, self.device, self.cpus, placement=(self.gpu_addresses, executor_name()), **kwargs)
 
 
 def set_up_task(ctx: Any | None, gpu_dry_run: bool = False) -> TaskSetup:
-    """Pick the task's device and make it this process's current CUDA device; count its cores.
+    """Pick the task's device (`worker_main` makes it this process's current CUDA device); count its cores.
 
     The device is the first GPU Spark assigned to the task (``ctx.resources()["gpu"]``), re-indexed through the
     executor's ``CUDA_VISIBLE_DEVICES`` ([`device_for_task`][torchspark.training.device_for_task]), else the CPU.
@@ -62,8 +64,6 @@ def set_up_task(ctx: Any | None, gpu_dry_run: bool = False) -> TaskSetup:
         log.warning("GPU dry run: Spark assigned GPU(s) %s to this task; it trains on the CPU", list(addresses))
         return TaskSetup("cpu", cpus, addresses)
     device = device_for_task(addresses, task_env.read(task_env.CUDA_VISIBLE_DEVICES), torch.cuda.is_available())
-    if device.startswith("cuda"):
-        torch.cuda.set_device(torch.device(device))
     return TaskSetup(device, cpus, addresses)
 
 

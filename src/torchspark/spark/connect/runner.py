@@ -1,22 +1,9 @@
 """The Spark Connect runner of `torchspark.training.driver.fit.run_fit`: the whole fit as one barrier
 ``mapInArrow`` stage over the workers' DataFrame, with everything a classic fit gets from a SparkContext replaced.
 
-=========================  ===============================  ==============================================
-what                       classic (``SparkBarrierRunner``)  Connect (`ConnectBarrierRunner`)
-=========================  ===============================  ==============================================
-the stage                  ``rdd.barrier().mapPartitions``   ``frame.mapInArrow(fn, schema, barrier=True)``
-the task and weights       ``sc.broadcast``                  the closure, or session artifacts when large
-                                                             (`shipping`)
-rendezvous                 the driver's relay store          ``BarrierTaskContext.allGather`` (executors
-                                                             never connect to the client)
-results                    pickled ``collect()``             output rows, safetensors + JSON, chunked
-                                                             (`results`)
-cancelling                 job groups                        tags (`run_tagged`)
-progress, worker errors    the driver's progress server      the same when the server is on this machine
-                                                             (`client_is_local`);
-                                                             else files in a directory the client polls
-                                                             (`progress`)
-=========================  ===============================  ==============================================
+How it differs from the classic barrier runner (the stage, the task and weights, rendezvous, results, cancelling,
+progress): the table in docs/design.md, "Where a worker runs"; both tasks run the one worker body
+(`torchspark.training.worker.body.worker_main`).
 
 A worker that raises fails the stage, so Spark stops its peers at once (a task that returned its error as a row
 would leave them blocked in a collective until ``rendezvous_timeout_s``); the client reads the worker's own
@@ -28,13 +15,12 @@ over the progress channel when a peer's symptom came first. A lost Python worker
 from __future__ import annotations
 
 import logging
-import traceback
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 from torchspark.errors import WorkerError
-from torchspark.spark.barrier import rendezvous
+from torchspark.spark.barrier import barrier_env
 from torchspark.spark.connect.chunks import PAYLOAD_SCHEMA, gather_payloads, payload_batches
 from torchspark.spark.connect.feeding import ConnectWorkerData
 from torchspark.spark.connect.jobs import client_is_local, connect_preflight, run_tagged
@@ -43,14 +29,12 @@ from torchspark.spark.connect.results import decode_result, encode_result
 from torchspark.spark.connect.shipping import Shipment, ship_bytes
 from torchspark.spark.driver_address import driver_listen_address
 from torchspark.spark.session_kinds import is_connect_session
-from torchspark.spark.task_bootstrap import executor_name, set_up_task
-from torchspark.training.comm import TorchDistCommunicator
 from torchspark.training.config.mesh import MeshConfig
 from torchspark.training.driver.runner import RunContext
 from torchspark.training.progress import ProgressDirectory, ProgressEndpoint
 from torchspark.training.task import WorkerResult, WorkerTask
-from torchspark.training.worker.loop import ItemSource, run_worker
-from torchspark.training.worker.reporting import open_worker_hooks
+from torchspark.training.worker.body import RankSetup, train, worker_main
+from torchspark.training.worker.loop import ItemSource
 
 __all__ = ["ConnectBarrierRunner", "connect_barrier_task"]
 
@@ -85,33 +69,15 @@ def connect_barrier_task(
         from pyspark import BarrierTaskContext
 
         ctx = BarrierTaskContext.get()
-        setup = set_up_task(ctx)
         rank = ctx.partitionId()
-        hooks = open_worker_hooks(rank, task.collect_stats, progress, report_scores=task.report_scores)
-        comm: TorchDistCommunicator | None = None
-        try:
-            worker_task = replace(task, blueprint=blueprint.read(), num_threads=setup.threads(task.num_threads))
-            comm, chosen = rendezvous(ctx, mesh, setup.device, attempt=task.attempt)
-            result = run_worker(worker_task, ItemSource(feed(rank, batches)), comm, setup.device, hooks)
-            payload = encode_result(
-                replace(
-                    result,
-                    network=chosen,
-                    device=setup.device,
-                    gpu_addresses=setup.gpu_addresses,
-                    executor=executor_name(),
-                )
+        env = barrier_env(ctx, task, mesh, progress)
+
+        def work(setup: RankSetup) -> bytes:  # the blueprint is read (and the result encoded) inside the body
+            return encode_result(
+                train(replace(task, blueprint=blueprint.read()), ItemSource(feed(rank, batches)))(setup)
             )
-        except BaseException:
-            if hooks.report_error is not None:
-                hooks.report_error(traceback.format_exc())
-            raise
-        finally:
-            if comm is not None:
-                comm.close()
-            if hooks.close is not None:
-                hooks.close()
-        yield from payload_batches(rank, "result", payload)
+
+        yield from payload_batches(rank, "result", cast(bytes, worker_main(env, work)))
 
     return run
 

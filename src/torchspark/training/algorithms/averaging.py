@@ -21,11 +21,12 @@ where ``score`` is the worker's last minibatch loss of the round) after every ro
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from torchspark.data import Trainable, as_group, group_examples
 from torchspark.nn import Network
@@ -37,6 +38,7 @@ __all__ = [
     "AveragingSettings",
     "AveragingAlgorithm",
     "averaging_epoch",
+    "train_round",
     "RoundBuffer",
     "pack_weighted",
     "apply_weighted_mean",
@@ -76,26 +78,10 @@ def averaging_epoch(
     with rec.phase("data_wait"):
         upcoming = next(it, None)  # one minibatch ahead: "is this my last round?" is known from the data position
     while True:
-        n_round = 0
-        round_score = float("nan")
         # 1. fit up to averaging_frequency minibatches
-        for _ in range(settings.averaging_frequency):
-            if upcoming is None:
-                break
-            batch = upcoming
-            with rec.phase("data_wait"):
-                upcoming = next(it, None)
-            examples = group_examples(batch)
-            with rec.phase("fit", examples=examples):
-                round_score = net.train_group(as_group(batch), validate=validate_first and out.iterations == 0)
-            n_round += examples
-            out.last_score = round_score
-            out.score_sum += round_score * examples
-            out.iterations += 1
-            out.examples += examples
-            rec.record_score(net.iteration, round_score)
-            if hooks.progress is not None and out.iterations % hooks.progress_every == 0:
-                hooks.progress(ProgressUpdate(comm.rank, epoch, out.iterations, out.examples, round_score))
+        upcoming, n_round, round_score = train_round(
+            net, it, upcoming, settings.averaging_frequency, out, hooks, comm.rank, epoch, validate_first
+        )
         # 2. one all-reduce of weighted params, updater state and bookkeeping
         with rec.phase("averaging"):
             w = float(n_round)
@@ -117,13 +103,60 @@ def averaging_epoch(
             hooks.checkpoint(out, {}, {})
 
 
+def train_round(
+    net: Network,
+    batches: Iterator[Trainable],
+    upcoming: Trainable | None,
+    steps: int,
+    out: EpochOutcome,
+    hooks: WorkerHooks,
+    rank: int = 0,
+    epoch: int = 0,
+    validate_first: bool = True,
+) -> tuple[Trainable | None, int, float]:
+    """Step 1 of a round: up to ``steps`` optimizer steps, one per minibatch group, from ``upcoming`` on (the group
+    already read), reading one group ahead from ``batches``; adds to ``out`` (the first step of ``out`` validates
+    its input when ``validate_first``). The one step loop of both averaging routes: the all-reduce route runs it
+    every round of an epoch, the treeAggregate route (`torchspark.spark.rounds`) once per task.
+
+    Returns:
+        the next unread group (None: the data ran out), the round's examples and its last minibatch loss (NaN when
+        it fitted none).
+    """
+    rec = hooks.recorder
+    n_round = 0
+    round_score = float("nan")
+    for _ in range(steps):
+        if upcoming is None:
+            break
+        batch = upcoming
+        with rec.phase("data_wait"):
+            upcoming = next(batches, None)
+        examples = group_examples(batch)
+        with rec.phase("fit", examples=examples):
+            round_score = net.train_group(as_group(batch), validate=validate_first and out.iterations == 0)
+        n_round += examples
+        out.last_score = round_score
+        out.score_sum += round_score * examples
+        out.iterations += 1
+        out.examples += examples
+        rec.record_score(net.iteration, round_score)
+        if hooks.progress is not None and out.iterations % hooks.progress_every == 0:
+            hooks.progress(ProgressUpdate(rank, epoch, out.iterations, out.examples, round_score))
+    return upcoming, n_round, round_score
+
+
+#: the tensors after the parameters as flat contiguous float32 views (`RoundBuffer` keeps them between rounds)
+Views = list[torch.Tensor] | None
+
+
 def _live(net: Network, save_updater: bool) -> list[torch.Tensor]:
     """The tensors after the parameters in an averaging buffer, in order: updater state (when saved), buffers."""
     state = net.updater_state_tensors() if save_updater else []
     return [*state, *net.buffer_tensors()]
 
 
-def pack_weighted(net: Network, w: float, save_updater: bool, out: torch.Tensor | None = None) -> torch.Tensor:
+def pack_weighted(net: Network, w: float, save_updater: bool, out: Tensor | None = None, views: Views = None) -> Tensor:
     """Step 2's contribution of one worker: ``[params * w | updater_state * w | buffers * w]`` as float32.
 
     The one packing rule of both averaging routes: the all-reduce route writes it into its sum's input (``out``),
@@ -134,27 +167,30 @@ def pack_weighted(net: Network, w: float, save_updater: bool, out: torch.Tensor 
         w: its weight, the examples it fitted this round.
         save_updater: include the updater state.
         out: ``(P + S + B,)`` float32 to write into (None: a new tensor).
+        views: the tensors after the parameters as `Views`; None: taken from the network.
     """
     n = net.num_params()
     buf = out
     if buf is None:
         size = n + (net.updater_state_size() if save_updater else 0) + net.buffer_size()
         buf = torch.empty(size, dtype=torch.float32, device=net.device)
-    torch.mul(net.params_view().to(torch.float32), w, out=buf[:n])
+    params = net.params_view()
+    torch.mul(params if params.dtype == torch.float32 else params.to(torch.float32), w, out=buf[:n])
     offset = n
-    for t in _live(net, save_updater):
+    for t in views if views is not None else _live(net, save_updater):
         k = t.numel()
-        torch.mul(t.detach().reshape(-1).to(torch.float32), w, out=buf[offset : offset + k])
+        torch.mul(t if views is not None else t.detach().reshape(-1).to(torch.float32), w, out=buf[offset : offset + k])
         offset += k
     return buf
 
 
-def apply_weighted_mean(net: Network, total: torch.Tensor, total_w: float, save_updater: bool) -> None:
+def apply_weighted_mean(net: Network, total: Tensor, total_w: float, save_updater: bool, views: Views = None) -> None:
     """Step 3: set the network's params (updater state, buffers) to ``total / total_w``, the example-weighted mean
     of every worker's `pack_weighted`; without ``save_updater`` the updater state is reset instead.
 
     The one averaging rule of both routes: every worker applies it after the all-reduce, the driver after
     ``treeAggregate``. ``total`` may be longer than the packed part (the all-reduce's bookkeeping tail).
+    ``views`` as in `pack_weighted`.
     """
     n = net.num_params()
     with torch.no_grad():
@@ -164,7 +200,7 @@ def apply_weighted_mean(net: Network, total: torch.Tensor, total_w: float, save_
         else:
             params.copy_(total[:n] / total_w)
         offset = n
-        for t in _live(net, save_updater):
+        for t in views if views is not None else _live(net, save_updater):
             k = t.numel()
             part = total[offset : offset + k].view_as(t)
             if t.dtype == torch.float32:
@@ -217,18 +253,9 @@ class RoundBuffer:
         return self._flat
 
     def pack(self, w: float, score_w: float, active: float) -> torch.Tensor:
-        """Write ``[params * w | ... | w, score_w, active]`` into the sum's input; returns it."""
+        """Write ``[params * w | ... | w, score_w, active]`` into the sum's input (`pack_weighted`); returns it."""
         buf = self._sum.buffer()
-        flat = self._flat_views()
-        params = self.net.params_view()
-        if flat is None or params.dtype != torch.float32:
-            pack_weighted(self.net, w, self.save_updater, out=buf[:-3])
-        else:  # pack_weighted's arithmetic, element for element, on the cached views
-            offset = self.n_params
-            torch.mul(params, w, out=buf[:offset])
-            for t in flat:
-                torch.mul(t, w, out=buf[offset : offset + t.numel()])
-                offset += t.numel()
+        pack_weighted(self.net, w, self.save_updater, out=buf[:-3], views=self._flat_views())
         buf[-3:] = torch.tensor([w, score_w, active], dtype=torch.float32)
         return buf
 
@@ -239,19 +266,7 @@ class RoundBuffer:
 
     def unpack(self, buf: torch.Tensor, total_w: float) -> None:
         """Set the network's params (updater state, buffers) to ``buf / total_w`` (`apply_weighted_mean`)."""
-        flat = self._flat_views()
-        params = self.net.params_view()
-        if flat is None or params.dtype != torch.float32:
-            apply_weighted_mean(self.net, buf, total_w, self.save_updater)
-            return
-        with torch.no_grad():  # apply_weighted_mean's arithmetic, element for element, on the cached views
-            offset = self.n_params
-            torch.div(buf[:offset], total_w, out=params)
-            for t in flat:
-                torch.div(buf[offset : offset + t.numel()], total_w, out=t)
-                offset += t.numel()
-            if not self.save_updater:
-                self.net.reset_updater_state()
+        apply_weighted_mean(self.net, buf, total_w, self.save_updater, views=self._flat_views())
 
 
 @dataclass(frozen=True)

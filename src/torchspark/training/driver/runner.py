@@ -1,4 +1,5 @@
-"""Runners launch ``run_worker`` on N workers and collect their results: the one protocol every route implements.
+"""Runners start N workers (each runs the one worker body, `torchspark.training.worker.body.worker_main`) and
+collect their results: the one protocol every route implements.
 
 The driver (`torchspark.training.driver`) hands a runner the [`WorkerTask`][torchspark.training.WorkerTask], the workers' data and a
 `RunContext` (the fit's progress channel, stats and network); the runner starts the workers, supervises them
@@ -19,19 +20,17 @@ route (`failures`).
 from __future__ import annotations
 
 import threading
-import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from torchspark.errors import ConfigError, WorkerLost
 from torchspark.nn import Network
-from torchspark.training.comm import SoloCommunicator, ThreadGroup
+from torchspark.training.comm import ThreadGroup
 from torchspark.training.driver.failures import root_cause, worker_failure
 from torchspark.training.hooks import NullRecorder, PhaseRecorder, ProgressUpdate, WorkerHooks
 from torchspark.training.progress import ProgressDirectory, ProgressEndpoint
 from torchspark.training.task import EpochSource, WorkerResult, WorkerTask
-from torchspark.training.worker.loop import run_worker
-from torchspark.training.worker.reporting import open_worker_hooks
+from torchspark.training.worker.body import WorkerEnv, solo, train, worker_main
 
 __all__ = ["Runner", "RunContext", "NullContext", "NULL_CONTEXT", "WorkerData", "InProcessRunner"]
 
@@ -175,32 +174,28 @@ class InProcessRunner:
         """Run the workers on ``data`` (per-worker sources, or any adapter's `WorkerData`)."""
         sources = data.local_sources() if isinstance(data, WorkerData) else list(data)
         address = context.progress_address()
-
-        def hooks_for(rank: int) -> WorkerHooks:
-            if self.hooks_factory is not None:
-                return self.hooks_factory(rank)
-            if address is not None:
-                return open_worker_hooks(rank, task.collect_stats, address, report_scores=task.report_scores)
-            return WorkerHooks()
-
         n = len(sources)
         group = ThreadGroup(n, self.timeout_s) if n > 1 else None
         results: list[WorkerResult | None] = [None] * n
         failures: list[tuple[int, str]] = []
 
+        def failed(rank: int, trace: str) -> None:
+            failures.append((rank, trace))
+            if group is not None:
+                group.abort()
+
         def target(rank: int) -> None:
-            hooks = None
-            try:
-                hooks = hooks_for(rank)
-                comm = group.communicator(rank) if group is not None else SoloCommunicator()
-                results[rank] = run_worker(task, sources[rank], comm, hooks=hooks)
-            except BaseException:  # noqa: BLE001 - reported below with the traceback
-                failures.append((rank, traceback.format_exc()))
-                if group is not None:
-                    group.abort()
-            finally:
-                if hooks is not None and hooks.close is not None:
-                    hooks.close()
+            env = WorkerEnv(
+                rank,
+                rendezvous=solo if group is None else lambda device: (group.communicator(rank), None),
+                progress=address,
+                collect_stats=task.collect_stats,
+                report_scores=task.report_scores,
+                # no driver channel (NULL_CONTEXT): no hooks, unless the caller builds them
+                hooks=self.hooks_factory or (None if address is not None else lambda rank: WorkerHooks()),
+                on_error=failed,
+            )
+            results[rank] = worker_main(env, train(task, sources[rank]))
 
         threads = [threading.Thread(target=target, args=(r,), name=f"torchspark-worker-{r}") for r in range(n)]
         with context.recorder.phase("fit"):
