@@ -21,6 +21,7 @@ from torchspark.nn.compiled import check_compile
 
 __all__ = [
     "check_arguments",
+    "check_user_data_options",
     "compile_setting",
     "check_master",
     "check_remote",
@@ -280,6 +281,50 @@ def check_remote(url: str | None, option: str = "--remote", timeout_s: float = M
         )
 
 
+#: the options that only ``--data`` uses, as (flag, attribute)
+_DATA_ONLY = (("--test-data", "test_data"), ("--test-fraction", "test_fraction"), ("--num-classes", "num_classes"))
+
+
+def check_user_data_options(args: argparse.Namespace) -> None:
+    """``train``'s data options agree: ``--data``'s own options only with ``--data``; ``--data`` not with a
+    built-in ``--dataset``, ``--parallel`` or the token model; ``--test-fraction`` in (0, 1) and not beside
+    ``--test-data``.
+
+    Raises:
+        ConfigError: naming the options and the fix.
+    """
+    data = getattr(args, "data", None)
+    if data is None:
+        for flag, name in _DATA_ONLY:
+            if getattr(args, name, None) is not None:
+                raise ConfigError(
+                    f"{flag} applies to your own data only; add --data PATH (Parquet) or --data table:NAME, or drop "
+                    f"{flag}"
+                )
+        return
+    if args.dataset != "digits":
+        raise ConfigError(f"--data {data!r} and --dataset {args.dataset} both name the training data; drop one of them")
+    if getattr(args, "parallel", False):
+        raise ConfigError(
+            f"--data {data!r} is read by Spark, but --parallel trains local processes without Spark; drop "
+            "--parallel (the session is local[--num-workers] unless --master says otherwise)"
+        )
+    if args.model == "text_transformer":
+        raise ConfigError(
+            "--model text_transformer takes token ids, which --data does not carry yet; train lenet, mlp or vgg on "
+            "--data, or the transformer on --dataset keywords"
+        )
+    fraction = getattr(args, "test_fraction", None)
+    if fraction is not None:
+        if getattr(args, "test_data", None) is not None:
+            raise ConfigError(
+                f"--test-fraction {fraction:g} holds out part of --data, but --test-data {args.test_data!r} is "
+                "the test set; drop one of them"
+            )
+        if not 0.0 < fraction < 1.0:
+            raise ConfigError(f"--test-fraction {fraction:g} must lie between 0 and 1 (exclusive), e.g. 0.2")
+
+
 def check_session_options(args: argparse.Namespace) -> None:
     """``train``'s ``--parallel``, ``--connect`` and ``--remote`` pick different ways to run: at most one; and
     ``--master`` names the cluster of a session torchspark starts, which ``--remote`` does not.
@@ -360,8 +405,6 @@ def check_arguments(args: argparse.Namespace) -> None:
     """
     command = args.command
     if command == "train":
-        from torchspark.cli_data import check_user_data_options
-
         check_user_data_options(args)
         check_session_options(args)
         check_route_options(args)
