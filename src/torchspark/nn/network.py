@@ -16,6 +16,7 @@ from typing import Any, Union
 import torch
 
 from torchspark.data import DataSet, MultiDataSet, as_group, group_batches, iterate_minibatches
+from torchspark.data.torchdata import is_torch_data
 from torchspark.errors import ConfigError, DataError, TrainingError
 from torchspark.nn import inference
 from torchspark.nn.compiled import check_compile, forward_module
@@ -23,7 +24,7 @@ from torchspark.nn.construction import ModuleLike, build_module, build_optimizer
 from torchspark.nn.divergence import check_gradient, diverged_message
 from torchspark.nn.flat import FlatState
 from torchspark.nn.forward import Batch, as_list, batch_loss
-from torchspark.nn.losses import Loss, LossLike, resolve_loss
+from torchspark.nn.losses import Loss, LossLike, resolve_loss, uses_model_loss
 from torchspark.nn.outputs import default_evaluation, evaluate
 from torchspark.nn.portable import Blueprint, read_network, save_network
 from torchspark.nn.precision import Precision
@@ -45,11 +46,15 @@ class Network:
     """A trainable network: module + loss + updater, with flat parameter and updater-state views.
 
     Args:
-        module: a ``torch.nn.Module`` or a zero-argument factory returning one. Modules return logits.
+        module: a ``torch.nn.Module`` or a zero-argument factory returning one. It returns logits: a tensor, a
+            tuple of tensors (one per output), a dict with ``"logits"`` or an object with a ``logits`` attribute
+            (a Hugging Face ``ModelOutput``); dict batches are passed as keywords (``module(**features)``).
             Zoo models ([`torchspark.models`][torchspark.models]) and [`torchspark.nn.from_factory`][torchspark.from_factory] modules save as JSON.
         loss: ``"cross_entropy"`` (class-index or one-hot labels, softmax outputs), ``"mse"``,
             ``"bce_with_logits"`` (multi-label, sigmoid outputs), a callable ``(outputs, labels) -> loss``, an import
-            path ``"pkg.mod:fn"``, or for several outputs a list of those (summed).
+            path ``"pkg.mod:fn"``, or for several outputs a list of those (summed). ``None``: the model's own
+            loss, Hugging Face style (the labels go in as ``labels=``, the module returns ``loss`` with its
+            ``logits``; evaluation reads the logits as classes).
         updater: a [`torchspark.optim`][torchspark.optim] spec (``SGD(lr=0.01)`` by default), a name such as ``"adam"``, or a
             callable ``params -> torch.optim.Optimizer``.
         seed: seeds weight initialisation. With a factory, the factory runs under this seed; with a module
@@ -121,6 +126,7 @@ class Network:
         #: what the forward pass calls: the module, or its compiled form (which uses the module's own parameters)
         self.forward_module = forward_module(self.module, self.compile)
         self.losses: list[Loss] = [resolve_loss(lo) for lo in as_list(loss)]
+        uses_model_loss(self.losses)  # ConfigError: the model's own loss mixed with others
         self.updater = resolve_updater(updater if updater is not None else SGD(lr=0.01))
         self._state = FlatState(self.module, memory_format == "channels_last", self._make_optimizer)
         #: the parameters (each one's data a view into the flat buffer) and that buffer, as the step reads them
@@ -335,11 +341,14 @@ class Network:
 
         Args:
             data: a DataSet/MultiDataSet (split into minibatches of ``batch_size``, in order) or an iterable of
-                them (used as they come; must be re-iterable, such as a list, when ``epochs > 1``). Floating-point
-                features are cast to the parameters' dtype (numpy's float64 default trains a float32 network);
-                integer features are passed as they are (token ids for an embedding).
+                them (used as they come; must be re-iterable, such as a list, when ``epochs > 1``); or PyTorch
+                data: a ``DataLoader`` (its batches as they come: tensors, ``(x, y)`` tuples or dicts such as
+                ``{"input_ids": ..., "attention_mask": ..., "labels": ...}``, see `torchspark.data.torchdata`), a
+                map-style ``Dataset`` or an ``IterableDataset`` (read in ``batch_size`` batches, in order).
+                Floating-point features are cast to the parameters' dtype (numpy's float64 default trains a float32
+                network); integer features are passed as they are (token ids for an embedding).
             epochs: passes over the data.
-            batch_size: minibatch size when ``data`` is a single DataSet/MultiDataSet.
+            batch_size: minibatch size when ``data`` is a single DataSet/MultiDataSet or a torch ``Dataset``.
             accumulate_steps: minibatches per updater step (gradient accumulation, [`train_group`][torchspark.Network.train_group]): the
                 step of ``accumulate_steps * batch_size`` examples with the memory of one minibatch. 1 (default)
                 steps after every minibatch; an epoch whose minibatch count is not a multiple ends with a shorter
@@ -349,7 +358,12 @@ class Network:
         """
         check_int("epochs", epochs, 1)
         check_int("accumulate_steps", accumulate_steps, 1, fix="1 steps after every minibatch")
-        if epochs > 1 and not isinstance(data, (DataSet, MultiDataSet)) and iter(data) is data:
+        if (
+            epochs > 1
+            and not isinstance(data, (DataSet, MultiDataSet))
+            and not is_torch_data(data)
+            and iter(data) is data
+        ):
             raise ConfigError("data is a one-shot iterator but epochs > 1; pass a list or a DataSet instead")
         for _ in range(epochs):
             seen = 0
@@ -373,6 +387,16 @@ class Network:
         (``non_finite="error"``, default) or gets NaN outputs (``"null"``). See
         `torchspark.nn.inference.output`."""
         return inference.output(self, features, train, batch_size, non_finite)
+
+    def predict(
+        self, data: Any, batch_size: int = 256, output: str = "probabilities"
+    ) -> torch.Tensor | tuple[Any, ...]:
+        """Outputs on every example of ``data``, in order: a DataSet/MultiDataSet, an iterable of them, or PyTorch
+        data (a ``DataLoader``, ``Dataset`` or ``IterableDataset``; labels in the batches are ignored).
+        ``output="probabilities"`` (default) gives what [`output`][torchspark.Network.output] gives (the loss's
+        activation of the logits), ``"class"`` the argmax per example (int64), as ``SparkNetwork.predict``. See
+        `torchspark.nn.inference.predict`."""
+        return inference.predict(self, data, batch_size, output)
 
     def batch_losses(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """``(per_example_loss, weight)`` of one batch in the current mode, without gradients being required:
