@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from keyword_model import KeywordDataset, PairStream, TinySequenceClassifier, keyword_task
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset, WeightedRandomSampler
 
+from keyword_model import KeywordDataset, PairStream, TinySequenceClassifier, keyword_task
 from torchspark import DataSet, MultiDataSet, Network, optim
 from torchspark.data import dataset_from_bytes, dataset_to_bytes, iterate_minibatches
 from torchspark.errors import ConfigError, DataError
