@@ -227,10 +227,19 @@ def test_a_model_with_its_own_loss_needs_labels_named_labels() -> None:
     assert net.iteration == 0
     # prediction needs none
     assert net.predict(unlabelled).shape == (8, 2)
-    with pytest.raises(
-        DataError, match=r"cannot take the keyword features \['input_ids', 'attention_mask'\] and labels="
-    ):
-        Network(lambda: _NoLabels(), loss=None, seed=0).fit(DataLoader(KeywordDataset(8), batch_size=4))
+    with pytest.raises(ConfigError, match="_NoLabels.forward takes no labels .*pass loss='cross_entropy'"):
+        Network(_NoLabels(), loss=None, seed=0).fit(DataLoader(KeywordDataset(8), batch_size=4))
+    with pytest.raises(DataError, match=r"cannot take the keyword features \['input_ids', 'attention_mask'\]"):
+        Network(_Positional(), seed=0).fit(DataLoader(KeywordDataset(8), batch_size=4))
+
+
+class _Positional(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(10, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x.float())
 
 
 class _NoLabels(TinySequenceClassifier):

@@ -269,11 +269,17 @@ def forward_with_loss(
                 f"{shapes}); its parameters are {param_dtype}: {text.splitlines()[0]}. "
                 "Cast the features (e.g. features.astype('float32')) or embed integer inputs in the model"
             ) from e
+        if labels is not None and isinstance(e, TypeError) and "'labels'" in text:
+            raise ConfigError(
+                f"loss=None trains on the model's own loss, passing the labels as labels=..., but "
+                f"{type(net.module).__name__}.forward takes no labels ({text.splitlines()[0]}); pass "
+                "loss='cross_entropy' (or another loss) to Network to compute the loss from the logits, or "
+                "give forward a labels argument and return the loss"
+            ) from e
         if names is not None and isinstance(e, TypeError) and "argument" in text:
             raise DataError(
-                f"the network ({type(net.module).__name__}) cannot take the keyword features {list(names)}"
-                + (" and labels=" if labels is not None else "")
-                + f": {text.splitlines()[0]}. Name the batch's dict keys after the arguments of its forward"
+                f"the network ({type(net.module).__name__}) cannot take the keyword features {list(names)}: "
+                f"{text.splitlines()[0]}. Name the batch's dict keys after the arguments of its forward"
             ) from e
         raise DataError(
             f"the network ({type(net.module).__name__}) cannot take features of shape {shapes}: {e}. "
