@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader, Dataset
 from torchspark.data.dataset import DataSet, MultiDataSet
 from torchspark.errors import DataError
 
-__all__ = ["ACCEPTED_BATCHES", "LABEL_KEYS", "is_torch_data", "loader_for", "to_batch", "torch_batches"]
+__all__ = ["ACCEPTED_BATCHES", "LABEL_KEYS", "TORCH_DATA", "is_torch_data", "loader_for", "to_batch", "torch_batches"]
 
 #: the batch forms `to_batch` takes, as error messages list them
 ACCEPTED_BATCHES = (
@@ -40,9 +40,13 @@ ACCEPTED_BATCHES = (
 LABEL_KEYS = ("labels", "label")
 
 
+#: the PyTorch data types (a map-style or iterable ``Dataset``, a ``DataLoader``)
+TORCH_DATA = (Dataset, DataLoader)
+
+
 def is_torch_data(data: Any) -> bool:
     """Whether ``data`` is PyTorch data: a ``torch.utils.data.Dataset`` (map-style or iterable) or a ``DataLoader``."""
-    return isinstance(data, (Dataset, DataLoader))
+    return isinstance(data, TORCH_DATA)
 
 
 def loader_for(data: Any, batch_size: int) -> DataLoader[Any]:

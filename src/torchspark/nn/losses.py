@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torchspark.errors import ConfigError
 from torchspark.nn.spec import import_object
 
-__all__ = ["Loss", "resolve_loss", "LOSSES", "MODEL_LOSS", "uses_model_loss"]
+__all__ = ["Loss", "resolve_loss", "LOSSES", "MODEL_LOSS", "uses_model_loss", "resolve_losses"]
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -131,3 +131,10 @@ def resolve_loss(loss: LossLike, importer: Callable[[str], Any] = import_object)
     if callable(loss):
         return _wrap_callable("callable " + getattr(loss, "__qualname__", "loss"), loss)
     raise ConfigError(f"loss must be a name, an import path or a callable, got {loss!r}")
+
+
+def resolve_losses(losses: list[LossLike]) -> list[Loss]:
+    """`resolve_loss` of each; ConfigError when the model's own loss (None) is mixed with others."""
+    resolved = [resolve_loss(lo) for lo in losses]
+    uses_model_loss(resolved)
+    return resolved
