@@ -395,8 +395,9 @@ class MultiDataSet(_Examples):
         for prefix, tensors in groups:
             for i, tensor in enumerate(tensors or []):
                 if tensor is not None:
-                    key = i if prefix != "features" or self.feature_names is None else self.feature_names[i]
-                    named[f"{prefix}.{key}"] = tensor
+                    # keyword features as features.<i>.<name>: the name and the order (batch files sort keys)
+                    name = "" if prefix != "features" or self.feature_names is None else f".{self.feature_names[i]}"
+                    named[f"{prefix}.{i}{name}"] = tensor
         return named
 
     @classmethod
@@ -408,10 +409,11 @@ class MultiDataSet(_Examples):
                     count += 1
             return [named.get(f"{prefix}.{i}") for i in range(count)]
 
-        keywords = [k[len("features.") :] for k in named if k.startswith("features.") and not k[9:].isdigit()]
-        features: Any = {name: named[f"features.{name}"] for name in keywords} if keywords else group("features", None)
+        keyed = sorted((int(p[1]), p[2], k) for k in named if len(p := k.split(".", 2)) == 3 and p[1].isdigit())
+        keywords = [(name, k) for _, name, k in keyed if k.startswith("features.")]
+        features: Any = {name: named[k] for name, k in keywords} if keywords else group("features", None)
         labels = group("labels", None)
-        used = {f"features.{name}" for name in keywords} | {
+        used = {k for _, k in keywords} | {
             f"{p}.{i}"
             for p, c in (
                 ("features", len(features)),
