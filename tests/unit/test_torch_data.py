@@ -138,10 +138,11 @@ class _Out:
 class _Returns(nn.Module):
     """A linear classifier returning its logits in the form ``kind`` names (and its loss, given labels)."""
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, own_loss: bool = False) -> None:
         super().__init__()
         self.linear = nn.Linear(6, 2)
         self.kind = kind
+        self.own_loss = own_loss
 
     def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> object:
         logits = self.linear(x)
@@ -152,7 +153,10 @@ class _Returns(nn.Module):
             return {"logits": logits} if loss is None else {"loss": loss, "logits": logits}
         if self.kind == "object":
             return _Out(logits, loss)
-        return (logits,) if loss is None else (loss, logits, logits.detach() * 0)  # (loss, logits, hidden)
+        hidden = logits.detach() * 0
+        if labels is None:  # Hugging Face's return_dict=False: (logits, hidden...) or (loss, logits, hidden...)
+            return (logits, hidden) if self.own_loss else (logits,)
+        return (loss, logits, hidden)
 
 
 @pytest.mark.parametrize("kind", ["tensor", "dict", "object", "tuple"])
@@ -164,7 +168,7 @@ def test_every_output_form_trains_evaluates_and_predicts_alike(kind: str, loss: 
             Network(_Returns(kind), loss=None, seed=0).fit(DataSet(x, y))
         return
     reference = Network(_Returns("tensor"), updater=optim.Adam(lr=1e-2), seed=0)
-    net = Network(_Returns(kind), loss=loss, updater=optim.Adam(lr=1e-2), seed=0)
+    net = Network(_Returns(kind, own_loss=loss is None), loss=loss, updater=optim.Adam(lr=1e-2), seed=0)
     loader = DataLoader(TensorDataset(x, y), batch_size=16)
     reference.fit(loader, epochs=2)
     net.fit(loader, epochs=2)

@@ -190,6 +190,8 @@ def read_outputs(module: torch.nn.Module, out: Any, own_loss: bool) -> tuple[lis
                 f"{name}.forward returned a dict with keys {sorted(map(str, out))} and no 'logits'; {_OUTPUT_FORMS}"
             )
         logits, loss = out["logits"], out.get("loss")
+    elif hasattr(out, "logits"):
+        logits, loss = out.logits, getattr(out, "loss", None)
     elif isinstance(out, (tuple, list)):
         items = list(out)
         if own_loss:
@@ -197,8 +199,6 @@ def read_outputs(module: torch.nn.Module, out: Any, own_loss: bool) -> tuple[lis
                 loss, items = items[0], items[1:]
             items = items[:1]
         logits = items
-    elif hasattr(out, "logits"):
-        logits, loss = out.logits, getattr(out, "loss", None)
     else:
         raise ConfigError(f"{name}.forward returned a {type(out).__name__}; {_OUTPUT_FORMS}")
     outputs = as_list(logits)
@@ -285,7 +285,7 @@ def forward_with_loss(
             f"the network ({type(net.module).__name__}) cannot take features of shape {shapes}: {e}. "
             "Check the feature shape (reshape the data or build the model for this input size)."
         ) from e
-    outputs, loss = read_outputs(net.module, out, labels is not None)
+    outputs, loss = read_outputs(net.module, out, uses_model_loss(net.losses))
     return net.amp.to_float32(outputs), (None if loss is None else net.amp.to_float32([loss])[0])
 
 
