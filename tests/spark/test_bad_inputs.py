@@ -22,9 +22,11 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from torch.utils.data import DataLoader, TensorDataset, WeightedRandomSampler
 
 from helpers import mlp_net
-from torchspark import DataSet, Network, models, optim
+from keyword_model import TinySequenceClassifier
+from torchspark import DataSet, MultiDataSet, Network, models, optim
 from torchspark.data import load_batch, save_batch, save_batches
 from torchspark.errors import ConfigError, DataError, SerializationError, SetupError, TrainingError
 from torchspark.parallel import ParallelWrapper
@@ -294,6 +296,49 @@ CASES = [
         "empty-dataset", lambda c: _net().fit(DataSet(X[:0], Y[:0])), DataError, ("0 examples", "at least one example")
     ),
     Case("strings-as-batches", lambda c: _net().fit(["a", "b"]), DataError, ("a str", "DataSet(features, labels)")),
+    # -- PyTorch data and models (a DataLoader's batches, a model computing its own loss)
+    Case(
+        "dataloader-yields-strings",
+        lambda c: _net().fit(DataLoader(["a", "b"], batch_size=2, collate_fn="".join)),
+        DataError,
+        ("batch 0", "a str", "a tuple/list (features, labels)", "a dict of named tensors"),
+    ),
+    Case(
+        "dataloader-three-tensors",
+        lambda c: _net().fit(DataLoader(TensorDataset(torch.tensor(X), torch.tensor(X), torch.tensor(Y)), 4)),
+        DataError,
+        ("batch 0", "list of 3 items", "((x1, x2), y)"),
+    ),
+    Case(
+        "dataloader-text-column",
+        lambda c: _net().fit(DataLoader([{"text": "a b", "labels": 1}] * 4, batch_size=2)),
+        DataError,
+        ("batch 0", "entry 'text' is a list of str", "not a tensor"),
+    ),
+    Case(
+        "own-loss-without-labels",
+        lambda c: Network(TinySequenceClassifier(), loss=None).fit(
+            MultiDataSet({"input_ids": np.ones((4, 5), dtype=np.int64), "attention_mask": np.ones((4, 5))})
+        ),
+        DataError,
+        ("loss=None", "no labels", "'labels' entry"),
+    ),
+    Case(
+        "own-loss-model-takes-no-labels",
+        lambda c: Network(torch.nn.Linear(6, 3), loss=None).fit(DataSet(X, Y)),
+        ConfigError,
+        ("Linear.forward takes no labels", "pass loss='cross_entropy'"),
+    ),
+    Case(
+        "wrapper-dataloader-with-sampler",
+        lambda c: _pw().fit(
+            DataLoader(
+                TensorDataset(torch.tensor(X), torch.tensor(Y)), 4, sampler=WeightedRandomSampler([1.0] * 20, 20)
+            )
+        ),
+        ConfigError,
+        ("WeightedRandomSampler", "pass the dataset"),
+    ),
     Case(
         "wrapper-single-path",
         lambda c: _pw().fit("x.safetensors"),

@@ -15,6 +15,7 @@ from typing import Any, Union, cast
 import numpy as np
 
 from torchspark.data.dataset import DataSet, MultiDataSet
+from torchspark.data.torchdata import is_torch_data, torch_batches
 from torchspark.errors import DataError
 
 __all__ = ["Batch", "iterate_minibatches", "rebatch", "recut", "merge_batches"]
@@ -47,7 +48,8 @@ def _checked_items(stream: Iterable[Batch], what: str) -> Iterator[Batch]:
         if not isinstance(item, (DataSet, MultiDataSet)):
             raise DataError(
                 f"{what}: item {position} of the stream is a {type(item).__name__}, expected a DataSet or "
-                f"MultiDataSet; wrap arrays with DataSet(features, labels)"
+                f"MultiDataSet; wrap arrays with DataSet(features, labels), or pass the torch Dataset or "
+                f"DataLoader itself (its tensor, tuple and dict batches are converted)"
             )
         yield item
 
@@ -57,17 +59,21 @@ def iterate_minibatches(data: Batch | Iterable[Batch], batch_size: int) -> Itera
 
     Args:
         data: a DataSet/MultiDataSet, split into consecutive minibatches of ``batch_size`` (last may be
-            smaller); or any iterable of DataSets/MultiDataSets (e.g. a generator reading batch files), whose
-            items are used as they come (``batch_size`` is then only validated; use [`rebatch`][torchspark.data.rebatch] to resize).
+            smaller); a PyTorch ``DataLoader`` (its batches, converted by `torchspark.data.torchdata`), map-style
+            ``Dataset`` or ``IterableDataset`` (read in ``batch_size`` batches, in order); or any iterable of
+            DataSets/MultiDataSets (e.g. a generator reading batch files), whose items are used as they come
+            (``batch_size`` is then only validated; use [`rebatch`][torchspark.data.rebatch] to resize).
         batch_size: examples per minibatch, >= 1.
 
     Raises:
-        DataError: bad ``batch_size``; ``data`` is not iterable; an item is not a DataSet/MultiDataSet (the
-            message names its type and position).
+        DataError: bad ``batch_size``; ``data`` is not iterable; an item is not a DataSet/MultiDataSet, or a
+            PyTorch batch of a form not taken (the message names its type and position).
     """
     _check_batch_size(batch_size)
     if isinstance(data, (DataSet, MultiDataSet)):
         yield from data.split(batch_size)
+    elif is_torch_data(data):
+        yield from torch_batches(data, batch_size, "iterate_minibatches")
     else:
         yield from _checked_items(data, "iterate_minibatches")
 

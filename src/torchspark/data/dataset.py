@@ -321,11 +321,28 @@ def _mask_list(values: Any, name: str, expected: int, of: str) -> list[torch.Ten
     return None if all(m is None for m in masks) else masks
 
 
+def _feature_names(features: Any) -> tuple[list[Any], tuple[str, ...] | None]:
+    """``features`` as a list, and the keyword names when it is a mapping (``{"input_ids": ids, ...}``)."""
+    if not isinstance(features, Mapping):
+        return features, None
+    names = tuple(features)
+    for name in names:
+        if not isinstance(name, str) or not name.isidentifier():
+            raise DataError(
+                f"features key {name!r} is not a Python identifier; keyword features are passed to the module as "
+                "module(**features), so name them like arguments (e.g. 'input_ids')"
+            )
+    return [features[name] for name in names], names
+
+
 class MultiDataSet(_Examples):
     """Data for a network with several inputs and/or outputs; every array shares the first dimension N.
 
     Args:
-        features: non-empty list of ``(N, ...)`` arrays, one per network input.
+        features: non-empty list of ``(N, ...)`` arrays, one per network input (the module is called as
+            ``module(*features)``); or a dict of named arrays, keyword features (called as
+            ``module(**features)``, e.g. ``{"input_ids": ids, "attention_mask": mask}``; integer token ids stay
+            integers). Their names are in ``feature_names`` (None for positional features).
         labels: list of label arrays (same rules as [`DataSet`][torchspark.DataSet] labels), one per output; None or ``[]``
             for unlabelled data.
         features_masks: None, or a list with one mask or None per features array (all None becomes None).
@@ -335,16 +352,23 @@ class MultiDataSet(_Examples):
         DataError: an empty features list, mask lists of the wrong length, or mismatched first dimensions.
     """
 
-    __slots__ = ("features", "labels", "features_masks", "labels_masks")
+    __slots__ = ("features", "labels", "features_masks", "labels_masks", "feature_names")
 
     def __init__(
         self,
-        features: Sequence[Any],
+        features: Sequence[Any] | Mapping[str, Any],
         labels: Sequence[Any] | None = None,
         features_masks: Sequence[Any] | None = None,
         labels_masks: Sequence[Any] | None = None,
     ) -> None:
-        self.features: list[torch.Tensor] = _tensor_list(features, "features", _as_tensor)
+        values, names = _feature_names(features)
+        #: the keyword name of each features array (``module(**dict(zip(feature_names, features)))``), or None
+        self.feature_names: tuple[str, ...] | None = names
+        self.features: list[torch.Tensor] = (
+            _tensor_list(values, "features", _as_tensor)
+            if names is None
+            else [_as_tensor(v, f"features[{name!r}]") for name, v in zip(names, values)]
+        )
         if not self.features:
             raise DataError("MultiDataSet features is an empty list; give at least one features array")
         label_list = None if labels is None else _tensor_list(labels, "labels", _as_labels)
@@ -371,7 +395,9 @@ class MultiDataSet(_Examples):
         for prefix, tensors in groups:
             for i, tensor in enumerate(tensors or []):
                 if tensor is not None:
-                    named[f"{prefix}.{i}"] = tensor
+                    # keyword features as features.<i>.<name>: the name and the order (batch files sort keys)
+                    name = "" if prefix != "features" or self.feature_names is None else f".{self.feature_names[i]}"
+                    named[f"{prefix}.{i}{name}"] = tensor
         return named
 
     @classmethod
@@ -383,9 +409,11 @@ class MultiDataSet(_Examples):
                     count += 1
             return [named.get(f"{prefix}.{i}") for i in range(count)]
 
-        features = group("features", None)
+        keyed = sorted((int(p[1]), p[2], k) for k in named if len(p := k.split(".", 2)) == 3 and p[1].isdigit())
+        keywords = [(name, k) for _, name, k in keyed if k.startswith("features.")]
+        features: Any = {name: named[k] for name, k in keywords} if keywords else group("features", None)
         labels = group("labels", None)
-        used = {
+        used = {k for _, k in keywords} | {
             f"{p}.{i}"
             for p, c in (
                 ("features", len(features)),
@@ -411,7 +439,12 @@ class MultiDataSet(_Examples):
         def many(tensors: Sequence[torch.Tensor | None] | None) -> str:
             return "None" if tensors is None else "[" + ", ".join(_describe(t) for t in tensors) + "]"
 
+        feats = (
+            many(self.features)
+            if self.feature_names is None
+            else "{" + ", ".join(f"{k}: {_describe(t)}" for k, t in zip(self.feature_names, self.features)) + "}"
+        )
         return (
-            f"MultiDataSet(n={self._n}, features={many(self.features)}, labels={many(self.labels)}, "
+            f"MultiDataSet(n={self._n}, features={feats}, labels={many(self.labels)}, "
             f"features_masks={many(self.features_masks)}, labels_masks={many(self.labels_masks)})"
         )

@@ -6,23 +6,27 @@ functions; they read the network through `ForwardNetwork`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
 
 from torchspark.data import iterate_minibatches
-from torchspark.errors import DataError
+from torchspark.data.torchdata import is_torch_data
+from torchspark.errors import ConfigError, DataError
 from torchspark.nn.forward import (
     Batch,
     ForwardNetwork,
     as_list,
     check_labels,
+    feature_names,
     forward,
     losses_for,
+    model_loss,
     per_example_losses,
     unpack,
 )
+from torchspark.nn.losses import uses_model_loss
 from torchspark.validation import check_choice
 
 __all__ = [
@@ -31,6 +35,8 @@ __all__ = [
     "non_finite_rows",
     "non_finite_message",
     "output",
+    "PREDICT_OUTPUTS",
+    "predict",
     "batch_losses",
     "score_examples",
     "score",
@@ -89,7 +95,9 @@ def output(
 
     Args:
         net: the network.
-        features: a tensor (or numpy array) of examples, or a list of them for several inputs.
+        features: a tensor (or numpy array) of examples, a list of them for several inputs, or a dict of them
+            for keyword inputs (``module(**features)``, e.g. ``{"input_ids": ids, "attention_mask": mask}``).
+            PyTorch data (a ``DataLoader`` or ``Dataset``) goes through `predict` (``batch_size`` or 256 a batch).
         train: run in training mode (dropout active, batch-norm batch statistics) when True.
         batch_size: evaluate in chunks of this many examples to bound memory (None: all at once).
         non_finite: an example whose features hold NaN or inf: ``"error"`` (default) raises DataError naming
@@ -103,7 +111,15 @@ def output(
     Example: ``probs = output(net, x_test, batch_size=1024)`` (``net.output(x_test, batch_size=1024)``).
     """
     check_non_finite("output", non_finite)
-    feats = [torch.as_tensor(f) for f in as_list(features)]
+    if is_torch_data(features):
+        if train or non_finite != "error":
+            raise ConfigError(
+                "output(train=True) and non_finite='null' take tensors, not a DataLoader or Dataset; "
+                "predict over batches with net.predict(data) or pass the features as tensors"
+            )
+        return predict(net, features, batch_size or 256)
+    names = tuple(features) if isinstance(features, Mapping) else None
+    feats = [torch.as_tensor(f) for f in (list(features.values()) if names is not None else as_list(features))]
     bad = non_finite_rows(feats)
     nulls = bool(bad.any())
     if nulls:
@@ -116,13 +132,19 @@ def output(
             else f
             for f in feats
         ]
-    merged = _output(net, feats, train, batch_size)
+    merged = _output(net, feats, train, batch_size, names)
     if nulls:
         merged = [m.masked_fill(bad.to(m.device).reshape(-1, *([1] * (m.dim() - 1))), float("nan")) for m in merged]
     return merged[0] if len(merged) == 1 else tuple(merged)
 
 
-def _output(net: ForwardNetwork, feats: list[torch.Tensor], train: bool, batch_size: int | None) -> list[torch.Tensor]:
+def _output(
+    net: ForwardNetwork,
+    feats: list[torch.Tensor],
+    train: bool,
+    batch_size: int | None,
+    names: tuple[str, ...] | None = None,
+) -> list[torch.Tensor]:
     """`output` of finite features, one CPU tensor per network output."""
     n = feats[0].shape[0]
     step = batch_size if batch_size else n
@@ -136,10 +158,46 @@ def _output(net: ForwardNetwork, feats: list[torch.Tensor], train: bool, batch_s
             part = [
                 f[start : start + step].to(net.device, dtype=dtype if f.is_floating_point() else f.dtype) for f in feats
             ]
-            outs = forward(net, part)
+            outs = forward(net, part, None, names)
             acts = [lo.activation(o) for lo, o in zip(losses_for(net, len(outs)), outs)]
             chunks.append([a.detach().cpu() for a in acts])
     return [torch.cat([c[k] for c in chunks]) for k in range(len(chunks[0]))]
+
+
+#: what `predict` gives per example: the activated outputs, or the argmax class
+PREDICT_OUTPUTS = ("probabilities", "class")
+
+
+def predict(net: ForwardNetwork, data: Any, batch_size: int = 256, output: str = "probabilities") -> Any:
+    """The network's outputs on every example of ``data``, in order, in evaluation mode without gradients.
+
+    Args:
+        data: a DataSet/MultiDataSet (in ``batch_size`` chunks), an iterable of them, or PyTorch data (a
+            ``DataLoader``, ``Dataset`` or ``IterableDataset``, `torchspark.data.torchdata`); labels are ignored.
+        output: ``"probabilities"`` (the loss's activation of the logits, as `output`) or ``"class"`` (the argmax
+            over dimension 1 as int64; 0/1 at 0.5 for a 1-D output).
+    Returns:
+        a CPU tensor, or a tuple of them for several outputs.
+    Raises:
+        ConfigError: an unknown ``output``. DataError: no data, NaN/inf features, or a batch of a form not taken.
+
+    Example: ``classes = predict(net, DataLoader(test_set, batch_size=64), output="class")``.
+    """
+    check_choice("output", output, PREDICT_OUTPUTS, owner="predict")
+    net.module.eval()
+    chunks: list[list[torch.Tensor]] = []
+    with torch.no_grad():
+        for batch in iterate_minibatches(data, batch_size):
+            batch.check_finite("predict features")
+            feats, _, fmask, _ = unpack(net, batch)
+            outs = forward(net, feats, fmask, feature_names(batch))
+            chunks.append([lo.activation(o).cpu() for lo, o in zip(losses_for(net, len(outs)), outs)])
+    if not chunks:
+        raise DataError("predict got no data: the DataSet or iterable is empty")
+    merged = [torch.cat([c[k] for c in chunks]) for k in range(len(chunks[0]))]
+    if output == "class":
+        merged = [m.argmax(dim=1) if m.dim() > 1 else (m >= 0.5).to(torch.int64) for m in merged]
+    return merged[0] if len(merged) == 1 else tuple(merged)
 
 
 def batch_losses(net: ForwardNetwork, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -150,9 +208,13 @@ def batch_losses(net: ForwardNetwork, batch: Batch) -> tuple[torch.Tensor, torch
         DataError: a batch without labels, or labels that do not fit the outputs.
     """
     feats, labels, fmask, lmasks = unpack(net, batch)
+    if uses_model_loss(net.losses):  # the module's mean loss, spread over the batch's examples
+        outputs, own = model_loss(net, batch, feats, labels, fmask, lmasks)
+        n = outputs[0].shape[0]
+        return own.detach().expand(n), torch.ones(n, device=own.device)
     if labels is None:
         raise DataError("scoring needs labels, but the batch has labels=None")
-    outputs = forward(net, feats, fmask)
+    outputs = forward(net, feats, fmask, feature_names(batch))
     check_labels(net, outputs, labels)
     return per_example_losses(net, outputs, labels, lmasks)
 

@@ -16,6 +16,7 @@ from typing import Any, Union
 import torch
 
 from torchspark.data import DataSet, MultiDataSet, as_group, group_batches, iterate_minibatches
+from torchspark.data.torchdata import TORCH_DATA
 from torchspark.errors import ConfigError, DataError, TrainingError
 from torchspark.nn import inference
 from torchspark.nn.compiled import check_compile, forward_module
@@ -23,7 +24,7 @@ from torchspark.nn.construction import ModuleLike, build_module, build_optimizer
 from torchspark.nn.divergence import check_gradient, diverged_message
 from torchspark.nn.flat import FlatState
 from torchspark.nn.forward import Batch, as_list, batch_loss
-from torchspark.nn.losses import Loss, LossLike, resolve_loss
+from torchspark.nn.losses import Loss, LossLike, resolve_losses
 from torchspark.nn.lr_scheduler import LrSchedulerLike, make_lr_scheduling
 from torchspark.nn.outputs import default_evaluation, evaluate
 from torchspark.nn.portable import Blueprint, read_network, save_network
@@ -46,11 +47,13 @@ class Network:
     """A trainable network: module + loss + updater, with flat parameter and updater-state views.
 
     Args:
-        module: a ``torch.nn.Module`` or a zero-argument factory returning one. Modules return logits.
+        module: a ``torch.nn.Module`` or a zero-argument factory returning one. Modules return logits (forms:
+            `torchspark.nn.forward.read_outputs`); dict batches are passed as keywords (``module(**features)``).
             Zoo models ([`torchspark.models`][torchspark.models]) and [`torchspark.nn.from_factory`][torchspark.from_factory] modules save as JSON.
         loss: ``"cross_entropy"`` (class-index or one-hot labels, softmax outputs), ``"mse"``,
             ``"bce_with_logits"`` (multi-label, sigmoid outputs), a callable ``(outputs, labels) -> loss``, an import
-            path ``"pkg.mod:fn"``, or for several outputs a list of those (summed).
+            path ``"pkg.mod:fn"``, or for several outputs a list of those (summed). ``None``: the model's own
+            loss, Hugging Face style (labels passed as ``labels=``, its ``loss`` read back).
         updater: a [`torchspark.optim`][torchspark.optim] spec (``SGD(lr=0.01)`` by default), a name such as ``"adam"``, or a
             callable ``params -> torch.optim.Optimizer``: any but ``LBFGS``, with its own weight decay
             (``functools.partial(torch.optim.AdamW, lr=1e-3, weight_decay=0.01)``; ``weight_decay`` stays 0).
@@ -128,7 +131,7 @@ class Network:
             self.module = self.module.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
         #: what the forward pass calls: the module, or its compiled form (which uses the module's own parameters)
         self.forward_module = forward_module(self.module, self.compile)
-        self.losses: list[Loss] = [resolve_loss(lo) for lo in as_list(loss)]
+        self.losses: list[Loss] = resolve_losses(as_list(loss))
         self.updater = resolve_updater(updater if updater is not None else SGD(lr=0.01))
         self._state = FlatState(self.module, memory_format == "channels_last", self._make_optimizer)
         #: the parameters (each one's data a view into the flat buffer) and that buffer, as the step reads them
@@ -342,11 +345,12 @@ class Network:
 
         Args:
             data: a DataSet/MultiDataSet (split into minibatches of ``batch_size``, in order) or an iterable of
-                them (used as they come; must be re-iterable, such as a list, when ``epochs > 1``). Floating-point
-                features are cast to the parameters' dtype (numpy's float64 default trains a float32 network);
-                integer features are passed as they are (token ids for an embedding).
+                them (used as they come; must be re-iterable, such as a list, when ``epochs > 1``); or a torch
+                ``DataLoader``, ``Dataset`` or ``IterableDataset`` (tensor, tuple or dict batches: `torchspark.data.torchdata`).
+                Floating-point features are cast to the parameters' dtype (numpy's float64 default trains a float32
+                network); integer features are passed as they are (token ids for an embedding).
             epochs: passes over the data.
-            batch_size: minibatch size when ``data`` is a single DataSet/MultiDataSet.
+            batch_size: minibatch size when ``data`` is a single DataSet/MultiDataSet or a torch ``Dataset``.
             accumulate_steps: minibatches per updater step (gradient accumulation, [`train_group`][torchspark.Network.train_group]): the
                 step of ``accumulate_steps * batch_size`` examples with the memory of one minibatch. 1 (default)
                 steps after every minibatch; an epoch whose minibatch count is not a multiple ends with a shorter
@@ -356,7 +360,7 @@ class Network:
         """
         check_int("epochs", epochs, 1)
         check_int("accumulate_steps", accumulate_steps, 1, fix="1 steps after every minibatch")
-        if epochs > 1 and not isinstance(data, (DataSet, MultiDataSet)) and iter(data) is data:
+        if epochs > 1 and not isinstance(data, (DataSet, MultiDataSet, *TORCH_DATA)) and iter(data) is data:
             raise ConfigError("data is a one-shot iterator but epochs > 1; pass a list or a DataSet instead")
         for _ in range(epochs):
             seen = 0
@@ -380,6 +384,11 @@ class Network:
         (``non_finite="error"``, default) or gets NaN outputs (``"null"``). See
         `torchspark.nn.inference.output`."""
         return inference.output(self, features, train, batch_size, non_finite)
+
+    def predict(self, data: Any, batch_size: int = 256, output: str = "probabilities") -> Any:
+        """Outputs (``"probabilities"``, as [`output`][torchspark.Network.output]) or argmax ``"class"`` per example of any
+        data [`fit`][torchspark.Network.fit] takes (labels ignored). See `torchspark.nn.inference.predict`."""
+        return inference.predict(self, data, batch_size, output)
 
     def batch_losses(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """``(per_example_loss, weight)`` of one batch in the current mode, without gradients being required:

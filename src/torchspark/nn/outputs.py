@@ -15,7 +15,7 @@ import torch
 from torchspark.data import iterate_minibatches
 from torchspark.errors import ConfigError, DataError
 from torchspark.evaluation import Evaluation, EvaluationBinary, RegressionEvaluation
-from torchspark.nn.forward import Batch, ForwardNetwork, check_labels, forward, losses_for, unpack
+from torchspark.nn.forward import Batch, ForwardNetwork, check_labels, feature_names, forward, losses_for, unpack
 from torchspark.validation import check_int
 
 __all__ = [
@@ -41,7 +41,7 @@ def default_evaluation(network: ForwardNetwork, output_index: int = 0) -> Any:
     """
     losses = network.losses
     name = losses[output_index if output_index < len(losses) else 0].name
-    if name == "cross_entropy":
+    if name in ("cross_entropy", "model"):  # loss=None (the model's own loss) reads the logits as classes
         return Evaluation()
     if name == "bce_with_logits":
         return EvaluationBinary()
@@ -95,7 +95,7 @@ def fill_evaluations(
             feats, labels, fmask, lmasks = unpack(network, batch)
             if labels is None:
                 raise DataError("evaluation needs labels, but the batch has labels=None")
-            outputs = forward(network, feats, fmask)
+            outputs = forward(network, feats, fmask, feature_names(batch))
             check_labels(network, outputs, labels)
             losses = losses_for(network, len(outputs))
             for ev, k in zip(evaluations, targets):

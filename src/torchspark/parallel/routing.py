@@ -3,7 +3,9 @@
 In-memory data (a DataSet, a list of them) is balanced by examples (`split_examples`, Spark's
 ``repartition_strategy="balanced"``); batch files of any size are re-batched to ``batch_size`` and balanced
 (`plan_files`, Spark's ``fit_paths``); a one-shot iterable is re-batched and dealt round-robin (one epoch only).
-`route_data` returns a `DataPlan`: the workers' shares, a first minibatch to check the network against,
+PyTorch data is first turned into one of those by `from_torch_data`: a map-style ``Dataset`` (or a ``DataLoader``
+over one) is read once, in index order, into in-memory data, so each worker gets its own seeded shard; an
+``IterableDataset`` is a one-shot stream. `route_data` returns a `DataPlan`: the workers' shares, a first minibatch to check the network against,
 and the examples of one epoch. Example: ``route_data(train, workers=2, batch_size=32, epochs=1, rng_seed=0)``.
 """
 
@@ -15,7 +17,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler
+
 from torchspark.data import DataSet, MultiDataSet, batch_num_examples, rebatch, resolve_paths
+from torchspark.data.batching import merge_batches
+from torchspark.data.torchdata import is_torch_data, torch_batches
 from torchspark.errors import ConfigError, DataError
 from torchspark.parallel.feeding import WorkerShares
 from torchspark.training.assignment import (
@@ -26,7 +32,7 @@ from torchspark.training.assignment import (
     split_examples,
 )
 
-__all__ = ["DataPlan", "route_data", "BATCH_TYPES", "PATH_TYPES"]
+__all__ = ["DataPlan", "route_data", "from_torch_data", "BATCH_TYPES", "PATH_TYPES"]
 
 #: the in-memory data types a worker trains on
 BATCH_TYPES = (DataSet, MultiDataSet)
@@ -42,6 +48,53 @@ class DataPlan:
     sample: Any
     shares: WorkerShares
     examples: int | None = None
+
+
+def from_torch_data(data: Any, batch_size: int, epochs: int) -> Any:
+    """PyTorch data as the data `route_data` takes; anything else unchanged.
+
+    * a map-style ``Dataset``, or a ``DataLoader`` over one: every example read once in index order (through the
+      loader's ``collate_fn``) into one in-memory DataSet/MultiDataSet. `route_data` then gives each worker its own
+      disjoint shard, whose union is the dataset, as ``DistributedSampler`` does: balanced by examples, reshuffled
+      every epoch with the master's ``rng_seed`` (within each worker's shard with ``shuffle_scope="worker"``, across
+      workers with ``"global"``). The loader's own shuffling and batching are replaced by this; a loader with a
+      custom ``sampler`` or ``batch_sampler`` is refused (the workers could not honour it);
+    * an ``IterableDataset``, or a ``DataLoader`` over one: a one-shot stream of its batches, re-batched to
+      ``batch_size`` and dealt round-robin to the workers (one epoch a fit).
+
+    Raises:
+        ConfigError: a DataLoader with a custom sampler; an IterableDataset with ``epochs > 1``.
+        DataError: a batch of a form `torchspark.data.torchdata.to_batch` does not take, or no examples.
+    """
+    if not is_torch_data(data):
+        return data
+    dataset = data.dataset if isinstance(data, DataLoader) else data
+    what = f"ParallelWrapper.fit({type(data).__name__})"
+    if isinstance(dataset, IterableDataset):
+        if epochs != 1:
+            raise ConfigError(
+                f"an IterableDataset ({type(dataset).__name__}) is streamed to the workers once, round-robin, so a "
+                f"fit trains one epoch, got epochs={epochs}; call fit once per epoch, or pass a map-style Dataset"
+            )
+        return torch_batches(data, batch_size, what)
+    collate = None
+    if isinstance(data, DataLoader):
+        batcher = data.batch_sampler
+        sampler = data.sampler if batcher is None else getattr(batcher, "sampler", batcher)
+        if type(batcher) not in (BatchSampler, type(None)) or type(sampler) not in (SequentialSampler, RandomSampler):
+            raise ConfigError(
+                f"ParallelWrapper shards the DataLoader's dataset over the workers itself (seeded by rng_seed), so "
+                f"it cannot honour the loader's {type(sampler).__name__}; pass the dataset, or a DataLoader "
+                "without a sampler or batch_sampler (its collate_fn is used)"
+            )
+        collate = data.collate_fn if data.batch_size is not None else None  # batch_size=None: per-item convert
+    reader = DataLoader(dataset, batch_size=batch_size, shuffle=False, collate_fn=collate)
+    batches = list(torch_batches(reader, batch_size, what))
+    if not batches or not sum(len(b) for b in batches):
+        raise DataError(f"fit got no data: the {type(dataset).__name__} is empty")
+    if len({type(b) for b in batches}) > 1:
+        raise DataError(f"the {type(dataset).__name__}'s batches mix forms (DataSets and MultiDataSets); give one form")
+    return merge_batches(batches)
 
 
 def route_data(

@@ -21,13 +21,15 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from torch.utils.data import DataLoader
+
 from torchspark.errors import ConfigError
 from torchspark.listeners import TrainingEvents, TrainingListener
 from torchspark.nn import Network
 from torchspark.parallel.devices import default_devices, default_threads, plan_devices
 from torchspark.parallel.feeding import WorkerShares
 from torchspark.parallel.options import SPARK_ONLY, check_local_master, master_from_options
-from torchspark.parallel.routing import BATCH_TYPES, PATH_TYPES, DataPlan, route_data
+from torchspark.parallel.routing import BATCH_TYPES, PATH_TYPES, DataPlan, from_torch_data, route_data
 from torchspark.parallel.runner import LocalProcessRunner
 from torchspark.stats import DRIVER_ID, StatsCollector, TrainingStats
 from torchspark.training.checkpoint import check_restart_epoch
@@ -250,10 +252,15 @@ class ParallelWrapper:
                 ([`save_batches`][torchspark.save_batches] output, files of any size re-batched to ``batch_size`` and
                 balanced by examples as ``SparkNetwork.fit_paths`` does, read by the workers; a directory or a
                 glob names them too); or a
-                one-shot iterable of DataSets (re-batched and dealt round-robin; one epoch only).
+                one-shot iterable of DataSets (re-batched and dealt round-robin; one epoch only). PyTorch data
+                (`torchspark.parallel.routing.from_torch_data`): a map-style ``Dataset``, or a ``DataLoader`` over
+                one (its ``collate_fn`` used; a custom sampler refused), is read once in index order and sharded
+                as a DataSet is (each worker its own seeded shard, like ``DistributedSampler``); an
+                ``IterableDataset`` (or a loader over one) is streamed round-robin, one epoch a fit. Batches may be
+                tensors, ``(x, y)`` tuples or dicts of named tensors (keyword inputs).
             epochs: passes over the data, all inside one launch of the workers.
-            batch_size: examples per minibatch on each worker; None = the master's ``batch_size_per_worker`` (32
-                when the keyword options built the master).
+            batch_size: examples per minibatch on each worker; None = a ``DataLoader``'s ``batch_size``, else the
+                master's ``batch_size_per_worker`` (32 when the keyword options built the master).
             run_id: with a ``checkpoint_directory``: the run this fit continues (from its newest checkpoint, skipping
                 the epochs and minibatches already done) or starts; None: a fresh run id. Resume with the same data,
                 options and number of workers.
@@ -268,10 +275,13 @@ class ParallelWrapper:
             WorkerError: a worker failed; the message holds its traceback (the root cause, not a peer's symptom).
         """
         assert self.master is not None
+        if batch_size is None and isinstance(data, DataLoader) and data.batch_size is not None:
+            batch_size = data.batch_size
         batch_size = self.master.batch_size_per_worker if batch_size is None else batch_size
         check_int("epochs", epochs, 1)
         check_int("batch_size", batch_size, 1)
         check_restart_epoch(restart_epoch, run_id)
+        data = from_torch_data(data, batch_size, epochs)
         plan = route_data(
             data,
             len(self._devices),
