@@ -403,21 +403,35 @@ class Network:
     def save(self, path: str, save_updater: bool = True, allow_pickle: bool = False) -> str:
         """Save to a directory (any fsspec URL): ``config.json``, ``weights.safetensors``, ``updater.safetensors``.
 
-        Zoo models, ``from_factory`` modules, named losses and updater specs are written as JSON. A module
-        instance without a spec, a custom callable loss or updater can only be stored with
+        Never pickled by default. Zoo models and ``from_factory`` modules are written as their factory and
+        arguments; any other module (your own ``nn.Module``) as its class's import path, the constructor
+        arguments [`torchspark.nn.capture`][torchspark.nn.capture] recorded (if it did), and whether a load can
+        rebuild it from the file alone (``config.json``'s ``module.rebuild``; else load it with ``module=``).
+        Named losses and updater specs are JSON; a custom callable loss or updater can only be stored with
         ``allow_pickle=True`` (and then loaded only with ``allow_pickle=True``).
         """
         return save_network(self, path, save_updater=save_updater, allow_pickle=allow_pickle)
 
     @classmethod
-    def load(cls, path: str, allow_pickle: bool = False, factories: Any = None, trust_code: bool = False) -> Network:
+    def load(
+        cls,
+        path: str,
+        allow_pickle: bool = False,
+        factories: Any = None,
+        trust_code: bool = False,
+        module: torch.nn.Module | None = None,
+    ) -> Network:
         """Load a network written by [`save`][torchspark.Network.save].
 
         No code runs because a file names it: ``config.json`` may name torchspark's zoo models and built-in
-        losses; a module factory or loss function of yours must be passed (``factories=[build]``), or the file
-        trusted as code (``trust_code=True``). See [`torchspark.nn.load_network`][torchspark.nn.load_network].
+        losses; a module class, factory or loss function of yours must be passed (``factories=[MyNet]``), or the
+        file trusted as code (``trust_code=True``). ``module=MyNet(...)`` loads the weights into a module you
+        built (always possible, nothing imported; every tensor's name and shape checked). See
+        [`torchspark.nn.load_network`][torchspark.nn.load_network].
         """
-        return read_network(cls, path, allow_pickle=allow_pickle, factories=factories, trust_code=trust_code)
+        return read_network(
+            cls, path, allow_pickle=allow_pickle, factories=factories, trust_code=trust_code, module=module
+        )
 
     def copy(self) -> Network:
         """A deep copy with the same weights, updater state and counters (through the in-memory blueprint)."""
