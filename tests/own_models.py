@@ -57,3 +57,17 @@ def mlp_factory(n_in: int = 4, hidden: int = 8, n_out: int = 3) -> nn.Module:
     """A factory function returning a plain module: what ``TorchEstimator(network="own_models:mlp_factory")`` and
     ``torchspark train --model own_models:mlp_factory`` call."""
     return DefaultMLP(n_in, hidden, n_out)
+
+
+@torchspark.nn.capture
+class DigitsNet(nn.Module):
+    """A classifier of the built-in digits ((1, 8, 8) images, 10 classes): what ``torchspark train --model
+    own_models:DigitsNet --trust-code`` trains."""
+
+    def __init__(self, hidden: int = 32) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(64, hidden)
+        self.fc2 = nn.Linear(hidden, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(x.flatten(1))))

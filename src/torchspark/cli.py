@@ -22,7 +22,7 @@ from torchspark.cli_args import version_line
 from torchspark.cli_checks import check_arguments
 from torchspark.cli_exit import EXIT_INTERRUPTED, EXIT_OK, exit_code
 from torchspark.cli_limits import check_scale, save_model
-from torchspark.cli_parser import DATASET_MODELS, LOG_LEVELS, build_parser
+from torchspark.cli_parser import DATASET_MODELS, LOG_LEVELS, MODELS, build_parser
 from torchspark.cli_spark import digits_frame, train_on_spark
 from torchspark.errors import ConfigError, SetupError, TorchSparkError
 from torchspark.training.algorithms.sharing.topology import DEFAULT_SHARD_ABOVE_WORKERS
@@ -38,6 +38,32 @@ def _updater(name: str, lr: float) -> Any:
     from torchspark.optim import UPDATERS
 
     return UPDATERS[name](lr=lr)  # type: ignore[call-arg]
+
+
+def _own_model(args: argparse.Namespace) -> Any:
+    """The module ``--model pkg.mod:factory`` names, called with ``--model-kwargs`` (imported only with
+    ``--trust-code``)."""
+    from torchspark.nn.network_spec import resolve_factory
+
+    factory = resolve_factory(
+        args.model,
+        trust_code=args.trust_code,
+        owner="--model",
+        fix="pass --trust-code to let torchspark import and run it (only code you trust), or --model one of "
+        + ", ".join(MODELS),
+    )
+    try:
+        module = factory(**(args.model_kwargs or {}))
+    except TypeError as e:
+        raise ConfigError(
+            f"--model {args.model} refused --model-kwargs {args.model_kwargs or {}}: {e}; pass its arguments "
+            "as --model-kwargs '{\"name\": value}'"
+        ) from e
+    import torch
+
+    if not isinstance(module, torch.nn.Module):
+        raise ConfigError(f"--model {args.model} returned {type(module).__name__}, expected a torch.nn.Module")
+    return module
 
 
 def _model(name: str, sample_shape: Sequence[int], n_classes: int) -> Any:
@@ -58,7 +84,7 @@ def _train_test(args: argparse.Namespace) -> tuple[Any, Any]:
     from torchspark import datasets
     from torchspark.data import DataSet
 
-    if args.model not in DATASET_MODELS[args.dataset]:
+    if args.model in MODELS and args.model not in DATASET_MODELS[args.dataset]:
         takes = next(d for d, names in DATASET_MODELS.items() if args.model in names)
         raise ConfigError(
             f"--model {args.model} does not take the examples of --dataset {args.dataset}; use "
@@ -132,10 +158,16 @@ def cmd_train(args: argparse.Namespace) -> int:
     from torchspark import Network
     from torchspark.encoding import AdaptiveThreshold
 
+    if args.model_kwargs is not None and args.model in MODELS:
+        raise ConfigError(
+            f"--model-kwargs is for a --model pkg.mod:factory of yours; the zoo's --model {args.model} is sized "
+            "from the dataset: drop --model-kwargs"
+        )
+    own = _own_model(args) if args.model not in MODELS else None  # refused before the data is read
     train_data, test_data = _train_test(args)
     n_classes = int(train_data.labels.max()) + 1
     net = Network(
-        _model(args.model, tuple(train_data.features.shape[1:]), n_classes),
+        own if own is not None else _model(args.model, tuple(train_data.features.shape[1:]), n_classes),
         updater=_updater(args.updater, args.lr),
         seed=args.seed,
         memory_format=args.memory_format,

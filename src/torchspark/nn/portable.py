@@ -315,7 +315,8 @@ def read_network(
 
 def _mismatch_hint(config: dict[str, Any], module: torch.nn.Module | None) -> str:
     """What to do when the saved weights do not fit the module they are loaded into."""
-    spec = config.get("module") if isinstance(config.get("module"), dict) else {}
+    found = config.get("module")
+    spec: dict[str, Any] = found if isinstance(found, dict) else {}
     saved = spec.get("class") or spec.get("factory") or "the saved module"
     if module is not None:
         return f"module= must be the architecture the file was saved from ({saved}), built with the same arguments"

@@ -176,7 +176,7 @@ def _required_arguments(cls: type) -> list[str] | None:
     """The names ``cls.__init__`` requires (None: its signature cannot be read, or it takes ``*args`` or
     ``**kwargs``, as ``nn.Sequential`` does: what it was built from is unknown)."""
     try:
-        params = list(inspect.signature(cls.__init__).parameters.values())[1:]
+        params = list(inspect.signature(cls.__init__).parameters.values())[1:]  # type: ignore[misc]
     except (TypeError, ValueError):
         return None
     if any(p.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD) for p in params):
