@@ -348,7 +348,7 @@ def _add_evaluate(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
     evaluate.add_argument(
         "--trust-code",
         action="store_true",
-        help="let the model's config.json name your own module factory or loss (imports it)",
+        help="let the model's config.json name your own module class, factory or loss (imports it)",
     )
     _add_data_options(evaluate)
     evaluate.add_argument("--output", default=None, help="also write the evaluation as JSON to this file")
@@ -370,7 +370,7 @@ def _add_predict(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
     predict.add_argument(
         "--trust-code",
         action="store_true",
-        help="let the model's config.json name your own module factory or loss (imports it)",
+        help="let the model's config.json name your own module class, factory or loss (imports it)",
     )
     _add_data_options(predict)
     predict.add_argument(

@@ -196,6 +196,9 @@ def test_plain_module_saves_without_pickle(tmp_path) -> None:
         Network.load(str(tmp_path / "p"))
     loaded = Network.load(str(tmp_path / "p"), allow_pickle=True)
     assert torch.equal(loaded.params(), net.params())
+    # module= replaces the pickled module: nothing is unpickled, so allow_pickle is not needed
+    into = Network.load(str(tmp_path / "p"), module=nn.Sequential(nn.Flatten(), nn.Linear(64, 10)))
+    assert torch.equal(into.params(), net.params())
 
 
 def test_load_errors(tmp_path) -> None:

@@ -283,7 +283,8 @@ def read_network(
     config = _read_config(path)
     checksums = _checksums(config, path)
     objects: dict[str, Any] = {}
-    if config.get("pickled"):
+    pickled = config.get("pickled")
+    if pickled and not (module is not None and pickled == ["module"]):  # module= replaces a pickled module
         if not allow_pickle:
             raise SerializationError(
                 f"{path!r} stores {config['pickled']} as pickle, which can run arbitrary code; "
