@@ -217,3 +217,19 @@ def test_fit_data_of_your_module_is_unchanged_by_a_save(tmp_path: Path) -> None:
     a.fit(data, batch_size=8)
     b.fit(data, batch_size=8)
     assert torch.equal(a.params(), b.params())
+
+
+def test_a_network_spec_names_your_class_only_when_allowed() -> None:
+    """NetworkSpec's model may be an import path: built only with the class handed over or trust_code."""
+    from torchspark.nn.network_spec import NetworkSpec, is_import_path
+
+    assert is_import_path("own_models:CapturedMLP") and not is_import_path("s3://bucket/model")
+    spec = NetworkSpec("own_models:CapturedMLP", {"n_in": 4, "hidden": 5}, seed=0)
+    with pytest.raises(ConfigError, match=r"names code to import.*factories=\[CapturedMLP\].*trust_code=True"):
+        spec.build()
+    allowed = spec.build(factories=[CapturedMLP])
+    assert type(allowed.module) is CapturedMLP and allowed.module.fc1.out_features == 5
+    trusted = NetworkSpec.from_json(spec.to_json()).build(trust_code=True)
+    assert torch.equal(trusted.params(), allowed.params())  # the same seed
+    with pytest.raises(ConfigError, match="bad kwargs"):
+        NetworkSpec("own_models:CapturedMLP", {"width": 3}).build(factories=[CapturedMLP])
