@@ -24,7 +24,7 @@ from torchspark.cli_args import version_line
 from torchspark.cli_checks import check_arguments
 from torchspark.cli_exit import EXIT_INTERRUPTED, EXIT_OK, exit_code
 from torchspark.cli_limits import check_scale, save_model
-from torchspark.cli_parser import DATASET_MODELS, LOG_LEVELS, build_parser
+from torchspark.cli_parser import DATASET_MODELS, LOG_LEVELS, MODELS, build_parser
 from torchspark.cli_spark import digits_frame, train_on_spark
 from torchspark.errors import ConfigError, SetupError, TorchSparkError
 from torchspark.training.algorithms.sharing.topology import DEFAULT_SHARD_ABOVE_WORKERS
@@ -40,6 +40,32 @@ def _updater(name: str, lr: float) -> Any:
     from torchspark.optim import UPDATERS
 
     return UPDATERS[name](lr=lr)  # type: ignore[call-arg]
+
+
+def _own_model(args: argparse.Namespace) -> Any:
+    """The module ``--model pkg.mod:factory`` names, called with ``--model-kwargs`` (imported only with
+    ``--trust-code``)."""
+    from torchspark.nn.network_spec import resolve_factory
+
+    factory = resolve_factory(
+        args.model,
+        trust_code=args.trust_code,
+        owner="--model",
+        fix="pass --trust-code to let torchspark import and run it (only code you trust), or --model one of "
+        + ", ".join(MODELS),
+    )
+    try:
+        module = factory(**(args.model_kwargs or {}))
+    except TypeError as e:
+        raise ConfigError(
+            f"--model {args.model} refused --model-kwargs {args.model_kwargs or {}}: {e}; pass its arguments "
+            "as --model-kwargs '{\"name\": value}'"
+        ) from e
+    import torch
+
+    if not isinstance(module, torch.nn.Module):
+        raise ConfigError(f"--model {args.model} returned {type(module).__name__}, expected a torch.nn.Module")
+    return module
 
 
 def _model(name: str, sample_shape: Sequence[int], n_classes: int) -> Any:
@@ -67,7 +93,7 @@ def _train_test(args: argparse.Namespace) -> tuple[Any, Any]:
     from torchspark import datasets
     from torchspark.data import DataSet
 
-    if args.model not in DATASET_MODELS[args.dataset]:
+    if args.model in MODELS and args.model not in DATASET_MODELS[args.dataset]:
         takes = next(d for d, names in DATASET_MODELS.items() if args.model in names)
         raise ConfigError(
             f"--model {args.model} does not take the examples of --dataset {args.dataset}; use "
@@ -137,12 +163,13 @@ def _read_parquet(spark: Any, path: str) -> Any:
 
 
 # ------------------------------------------------------------------ commands
-def _network(args: argparse.Namespace, sample_shape: Sequence[int], n_classes: int) -> Any:
-    """The ``--model`` network for examples of ``sample_shape`` and ``n_classes`` classes, with the network options."""
+def _network(args: argparse.Namespace, sample_shape: Sequence[int], n_classes: int, own: Any = None) -> Any:
+    """The network of ``own`` (the module ``--model pkg.mod:factory`` built) or of the zoo ``--model`` for examples
+    of ``sample_shape`` and ``n_classes`` classes, with the network options."""
     from torchspark import Network
 
     return Network(
-        _model(args.model, tuple(sample_shape), n_classes),
+        own if own is not None else _model(args.model, tuple(sample_shape), n_classes),
         updater=_updater(args.updater, args.lr),
         seed=args.seed,
         memory_format=args.memory_format,
@@ -154,11 +181,17 @@ def _network(args: argparse.Namespace, sample_shape: Sequence[int], n_classes: i
 def cmd_train(args: argparse.Namespace) -> int:
     from torchspark.encoding import AdaptiveThreshold
 
+    if args.model_kwargs is not None and args.model in MODELS:
+        raise ConfigError(
+            f"--model-kwargs is for a --model pkg.mod:factory of yours; the zoo's --model {args.model} is sized "
+            "from the dataset: drop --model-kwargs"
+        )
+    own = _own_model(args) if args.model not in MODELS else None  # refused before the data is read
     master = master_from_args(args, AdaptiveThreshold(initial=args.threshold_algorithm))
     if args.data is not None:
-        return _train_user_data(args, master)
+        return _train_user_data(args, master, own)
     train_data, test_data = _train_test(args)
-    net = _network(args, tuple(train_data.features.shape[1:]), int(train_data.labels.max()) + 1)
+    net = _network(args, tuple(train_data.features.shape[1:]), int(train_data.labels.max()) + 1, own)
     start = time.time()
     if args.parallel:
         from torchspark.parallel import ParallelWrapper
@@ -177,7 +210,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     return _report(args, trained, f"test {args.dataset}")
 
 
-def _train_user_data(args: argparse.Namespace, master: Any) -> int:
+def _train_user_data(args: argparse.Namespace, master: Any, own: Any = None) -> int:
     """``train --data``: read, train and evaluate on the session (`torchspark.cli_data`)."""
     from torchspark.cli_data import fit_user_data, user_data
     from torchspark.cli_spark import connect_progress, train_session
@@ -188,7 +221,7 @@ def _train_user_data(args: argparse.Namespace, master: Any) -> int:
         started = time.time()
         data = user_data(spark, args)
         spark_net, evaluation = fit_user_data(
-            spark, args, data, lambda shape, k: _network(args, shape, k), master, connect_progress(args)
+            spark, args, data, lambda shape, k: _network(args, shape, k, own), master, connect_progress(args)
         )
         used = {
             "startup_seconds": started - start,

@@ -5,13 +5,34 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import json
 import platform
 from typing import Any
 
 from torchspark.errors import ConfigError
 from torchspark.validation import parse_float, parse_int
 
-__all__ = ["int_at_least", "positive_int", "non_negative_int", "positive_float", "threshold", "shape", "version_line"]
+__all__ = [
+    "int_at_least",
+    "positive_int",
+    "non_negative_int",
+    "positive_float",
+    "threshold",
+    "shape",
+    "json_object",
+    "version_line",
+]
+
+
+def json_object(text: str) -> dict[str, Any]:
+    """An argparse type: a JSON object (``'{"hidden": 64}'``), with a message naming the bad value."""
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{text!r} is not JSON: {e}") from e
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a JSON object such as '{{\"hidden\": 64}}'")
+    return value
 
 
 def int_at_least(minimum: int) -> Any:

@@ -11,7 +11,15 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from torchspark.cli_args import non_negative_int, positive_float, positive_int, shape, threshold, version_line
+from torchspark.cli_args import (
+    json_object,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    shape,
+    threshold,
+    version_line,
+)
 from torchspark.cli_checks import compile_setting
 from torchspark.nn.precision import PRECISIONS
 from torchspark.optim import UPDATERS as optim_updaters
@@ -26,6 +34,18 @@ MODELS = ("lenet", "mlp", "vgg", "text_transformer")
 DATASET_MODELS = {"digits": ("lenet", "mlp", "vgg"), "keywords": ("text_transformer",)}
 #: --updater's choices: the updater registry's names (torchspark.optim.UPDATERS), the default first
 UPDATERS = ("adam", *sorted(set(optim_updaters) - {"adam"}))
+
+
+def model_choice(text: str) -> str:
+    """An argparse type: a zoo model name (`MODELS`) or an import path ``"pkg.mod:factory"``."""
+    from torchspark.nn.network_spec import is_import_path
+
+    if text in MODELS or is_import_path(text):
+        return text
+    raise argparse.ArgumentTypeError(
+        f"invalid choice: {text!r} (choose from {', '.join(MODELS)}, or your own module class or factory as "
+        "'pkg.mod:factory' with --trust-code)"
+    )
 
 
 def _add_spark_options(p: argparse.ArgumentParser) -> None:
@@ -138,7 +158,27 @@ def _add_run_options(train: argparse.ArgumentParser) -> None:
         help="built-in training dataset: digits (8x8 images) or keywords (token sequences of "
         "datasets.synthetic_keywords, for --model text_transformer)",
     )
-    train.add_argument("--model", default="lenet", choices=MODELS, help="zoo model to train")
+    train.add_argument(
+        "--model",
+        default="lenet",
+        type=model_choice,
+        metavar="{" + ",".join(MODELS) + "} or pkg.mod:factory",
+        help="zoo model to train, or your own module class or factory 'pkg.mod:factory' (with --trust-code; "
+        "called with --model-kwargs, it must take the dataset's examples: digits are (1, 8, 8) images of 10 "
+        "classes, keywords (32,) int64 token ids of 2 classes)",
+    )
+    train.add_argument(
+        "--trust-code",
+        action="store_true",
+        help="let --model name your own module class or factory (imports and calls it)",
+    )
+    train.add_argument(
+        "--model-kwargs",
+        type=json_object,
+        default=None,
+        metavar="JSON",
+        help="keyword arguments of a --model pkg.mod:factory, as a JSON object (e.g. '{\"hidden\": 64}')",
+    )
     _add_user_data_options(train)
     train.add_argument("--epochs", type=positive_int, default=8, help="passes over the training data")
     train.add_argument(
@@ -351,7 +391,7 @@ def _add_evaluate(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
     evaluate.add_argument(
         "--trust-code",
         action="store_true",
-        help="let the model's config.json name your own module factory or loss (imports it)",
+        help="let the model's config.json name your own module class, factory or loss (imports it)",
     )
     _add_data_options(evaluate)
     evaluate.add_argument("--output", default=None, help="also write the evaluation as JSON to this file")
@@ -373,7 +413,7 @@ def _add_predict(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
     predict.add_argument(
         "--trust-code",
         action="store_true",
-        help="let the model's config.json name your own module factory or loss (imports it)",
+        help="let the model's config.json name your own module class, factory or loss (imports it)",
     )
     _add_data_options(predict)
     predict.add_argument(

@@ -24,6 +24,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset, WeightedRandomSampler
 
+import own_models
 from helpers import mlp_net
 from keyword_model import TinySequenceClassifier
 from torchspark import DataSet, MultiDataSet, Network, models, optim
@@ -158,6 +159,17 @@ def _hostile_factory(ctx: Ctx) -> str:
     config = json.loads(Path(path, "config.json").read_text())
     config["module"] = {"factory": "os:system", "kwargs": {"command": f"touch {ctx.work / 'pwned'}"}}
     Path(path, "config.json").write_text(json.dumps(config))
+    return path
+
+
+def _own_saved(ctx: Ctx, module: Any, edit: Callable[[dict[str, Any]], None] | None = None) -> str:
+    """A network of a user-defined module (tests/own_models.py) saved, its config.json then edited by ``edit``."""
+    path = str(ctx.work / "own")
+    Network(module, seed=0).save(path)
+    if edit is not None:
+        config = json.loads(Path(path, "config.json").read_text())
+        edit(config)
+        Path(path, "config.json").write_text(json.dumps(config))
     return path
 
 
@@ -520,6 +532,42 @@ CASES = [
         SerializationError,
         ("'os:system'", "factories=[system]", "trust_code=True"),
         setup=_hostile_factory,
+    ),
+    Case(
+        "model-class-not-allowed",
+        lambda c: Network.load(c.made),
+        SerializationError,
+        ("'own_models:CapturedMLP'", "factories=[CapturedMLP]", "trust_code=True", "module=CapturedMLP(...)"),
+        setup=lambda c: _own_saved(c, own_models.CapturedMLP(4, hidden=8)),
+    ),
+    Case(
+        "model-class-that-no-longer-imports",
+        lambda c: Network.load(c.made, trust_code=True),
+        SerializationError,
+        ("'gone_package.models:CapturedMLP'", "cannot import", "module=CapturedMLP(...)"),
+        setup=lambda c: _own_saved(
+            c,
+            own_models.CapturedMLP(4, hidden=8),
+            lambda config: config["module"].update(factory="gone_package.models:CapturedMLP"),
+        ),
+    ),
+    Case(
+        "model-class-saved-without-its-arguments",
+        lambda c: Network.load(c.made, trust_code=True),
+        SerializationError,
+        ("'own_models:MLP'", "requires n_in, hidden, n_out", "@torchspark.nn.capture", "module=MLP(...)"),
+        setup=lambda c: _own_saved(c, own_models.MLP(4, 8, 3)),
+    ),
+    Case(
+        "model-module-of-the-wrong-architecture",
+        lambda c: Network.load(c.made, module=own_models.MLP(4, 6, 3)),
+        SerializationError,
+        (
+            "fc1.weight: saved [8, 4], the module has [6, 4]",
+            "fc2.weight: saved [3, 8], the module has [3, 6]",
+            "module= must be the architecture the file was saved from (own_models:MLP)",
+        ),
+        setup=lambda c: _own_saved(c, own_models.MLP(4, 8, 3)),
     ),
     Case(
         "model-config-not-json",

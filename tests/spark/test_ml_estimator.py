@@ -16,7 +16,7 @@ from pyspark.ml.tuning import CrossValidator, ParamGridBuilder
 from pyspark.sql.types import DoubleType
 
 from torchspark import Network, datasets, models, optim
-from torchspark.errors import ConfigError
+from torchspark.errors import ConfigError, SerializationError
 from torchspark.nn.network_spec import NetworkSpec
 from torchspark.spark import ParameterAveragingTrainingMaster
 from torchspark.spark.ml import TorchEstimator, TorchModel
@@ -121,6 +121,42 @@ def test_saved_network_path_learning_rate_and_batch_size_params(array_df, tmp_pa
     torch.testing.assert_close(model.network.params(), start.params(), atol=1e-6, rtol=0)
     fresh = SPEC.build()
     assert not torch.allclose(model.network.params(), fresh.params(), atol=1e-3)
+
+
+def test_a_module_of_your_own_trains_by_factory_saves_and_loads(array_df, tmp_path) -> None:
+    """network= a factory of yours (its import path in the param), or a spec naming your class with kwargs
+    (trustCode); the TorchModel saves without pickle and loads back with the class allowed."""
+    import json
+
+    import cloudpickle
+
+    import own_models
+
+    # the executors here do not have tests/ on their path: ship the module's classes by value (a real
+    # deployment installs its package on the executors instead)
+    cloudpickle.register_pickle_by_value(own_models)
+    try:
+        est = _estimator(network=own_models.mlp_factory)
+        assert est.getNetwork() == "own_models:mlp_factory"
+        model = est.fit(array_df)
+        assert type(model.network.module) is own_models.DefaultMLP and model.network.epoch == 4
+        assert _accuracy(model.transform(array_df)) > 0.5
+        model.save(str(tmp_path / "model"))
+        with pytest.raises(SerializationError, match=r"factories=\[DefaultMLP\]"):
+            TorchModel.load(str(tmp_path / "model"))
+        back = TorchModel.read().factories([own_models.DefaultMLP]).load(str(tmp_path / "model"))
+        assert torch.equal(back.network.params(), model.network.params())
+        into = TorchModel.read().module(own_models.DefaultMLP()).load(str(tmp_path / "model"))
+        assert torch.equal(into.network.params(), model.network.params())
+
+        # a path as a string (as a saved estimator holds it): imported only with trustCode
+        spec = json.dumps({"model": "own_models:CapturedMLP", "kwargs": {"n_in": F, "hidden": 6, "n_out": C}})
+        with pytest.raises(ConfigError, match=r"setNetwork\(MyNet\).*setTrustCode\(True\)"):
+            _estimator(network=spec, epochs=1).fit(array_df)
+        trusted = _estimator(network=spec, epochs=1, trustCode=True).fit(array_df)
+        assert trusted.network.module.fc1.out_features == 6
+    finally:
+        cloudpickle.unregister_pickle_by_value(own_models)
 
 
 def test_estimator_params_save_and_load(tmp_path) -> None:

@@ -441,3 +441,38 @@ def test_predict_refuses_an_output_it_would_delete_before_spark_starts(
     err = capsys.readouterr().err
     assert err.startswith("torchspark: error: --output") and err.count("\n") == 1 and fragment in err, err
     assert sorted(str(p) for p in tmp_path.rglob("*")) == before
+
+
+def test_train_takes_your_own_module_by_import_path_under_trust_code(tmp_path, capsys) -> None:
+    """``--model pkg.mod:factory`` imports your class only with --trust-code (refused before anything is read or
+    written otherwise), calls it with --model-kwargs, and the saved model rebuilds from its recorded arguments."""
+    from own_models import DigitsNet
+    from torchspark import Network
+
+    out = tmp_path / "own"
+    base = ["train", "--parallel", "--training-mode", "averaging", "--epochs", "1", "--no-progress"]
+    own = ["--model", "own_models:DigitsNet", "--model-kwargs", '{"hidden": 24}', "--output", str(out)]
+    assert main([*base, *own]) == 2
+    assert "pass --trust-code" in capsys.readouterr().err and not out.exists()
+    assert main([*base, *own, "--trust-code"]) == 0
+    net = Network.load(str(out / "model"), factories=[DigitsNet])
+    assert type(net.module) is DigitsNet and net.module.fc1.out_features == 24
+    assert json.loads((out / "metrics.json").read_text())["accuracy"] > 0.15  # trained: chance is 0.1
+    assert (
+        main(
+            [
+                *base,
+                "--model",
+                "own_models:DigitsNet",
+                "--model-kwargs",
+                '{"width": 3}',
+                "--trust-code",
+                "--output",
+                str(tmp_path / "bad"),
+            ]
+        )
+        == 2
+    )
+    assert "refused --model-kwargs {'width': 3}" in capsys.readouterr().err
+    assert main([*base, "--model-kwargs", '{"hidden": 3}', "--output", str(tmp_path / "zoo")]) == 2
+    assert "drop --model-kwargs" in capsys.readouterr().err

@@ -32,7 +32,7 @@ from torchspark.earlystopping import (
     run_early_stopping,
 )
 from torchspark.earlystopping.conditions import best_epoch
-from torchspark.errors import ConfigError
+from torchspark.errors import ConfigError, SerializationError
 from torchspark.evaluation import Evaluation
 from torchspark.nn import Network
 
@@ -288,9 +288,28 @@ def test_directory_saver_refuses_a_pointer_outside_its_directory(tmp_path) -> No
 
 
 def test_directory_saver_refuses_an_unsaveable_network_up_front(tmp_path) -> None:
-    net = Network(torch.nn.Linear(4, 3))  # a module without a spec: only pickle could store it
-    with pytest.raises(ConfigError, match="InMemoryModelSaver"):
+    net = Network(torch.nn.Linear(4, 3), loss=lambda out, y: out.sum())  # a callable loss: only pickle stores it
+    with pytest.raises(ConfigError, match="its loss is a callable.*InMemoryModelSaver"):
         DirectoryModelSaver(str(tmp_path)).check(net)
+
+
+def test_directory_saver_keeps_a_network_of_your_own_module(tmp_path) -> None:
+    """A plain module (nn.Linear: no spec, its sizes not recorded) saves; the saver reads it back into a copy of
+    the module it saved; another process's load_best needs module= (the error says so) and then matches."""
+    net = Network(torch.nn.Linear(4, 3), updater=optim.Adam(lr=1e-2), seed=0)
+    saver = DirectoryModelSaver(str(tmp_path))
+    saver.check(net)
+    saver.save_best(net, epoch=0, score=0.5)
+    saved = net.params()
+    with torch.no_grad():
+        net.params_view().add_(1.0)  # training moves on; the saved best must not follow
+    best = saver.best()
+    assert best is not None and best.module is not net.module
+    assert torch.equal(best.params(), saved) and not torch.equal(best.params(), net.params())
+    with pytest.raises(SerializationError, match=r"module=Linear\(\.\.\.\)"):
+        DirectoryModelSaver.load_best(str(tmp_path))
+    again = DirectoryModelSaver.load_best(str(tmp_path), module=torch.nn.Linear(4, 3))
+    assert torch.equal(again.params(), best.params()) and torch.equal(again.updater_state(), best.updater_state())
 
 
 # ------------------------------------------------------------------ configuration

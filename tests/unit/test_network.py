@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -178,16 +179,26 @@ def test_from_factory_saves_as_json(tmp_path) -> None:
     assert torch.equal(Network.load(str(tmp_path / "m")).params(), net.params())
 
 
-def test_plain_module_needs_allow_pickle(tmp_path) -> None:
+def test_plain_module_saves_without_pickle(tmp_path) -> None:
+    """A module with no spec (here an nn.Sequential) saves as safetensors + its class, never pickled; loading it
+    needs module= (its layers are not recorded); allow_pickle=True still pickles it when asked."""
     net = Network(nn.Sequential(nn.Flatten(), nn.Linear(64, 10)), seed=0)
-    with pytest.raises(SerializationError, match="allow_pickle"):
-        net.save(str(tmp_path / "m"))
-    assert not (tmp_path / "m" / "config.json").exists()
-    net.save(str(tmp_path / "m"), allow_pickle=True)
-    with pytest.raises(SerializationError, match="allow_pickle"):
-        Network.load(str(tmp_path / "m"))
-    loaded = Network.load(str(tmp_path / "m"), allow_pickle=True)
+    net.save(str(tmp_path / "m"))
+    assert not (tmp_path / "m" / "objects.pkl").exists()
+    spec = json.loads((tmp_path / "m" / "config.json").read_text())["module"]
+    assert spec["class"] == "torch.nn.modules.container:Sequential" and spec["rebuild"] == "none"
+    with pytest.raises(SerializationError, match=r"module=Sequential\(\.\.\.\)"):
+        Network.load(str(tmp_path / "m"), trust_code=True)
+    loaded = Network.load(str(tmp_path / "m"), module=nn.Sequential(nn.Flatten(), nn.Linear(64, 10)))
     assert torch.equal(loaded.params(), net.params())
+    net.save(str(tmp_path / "p"), allow_pickle=True)
+    with pytest.raises(SerializationError, match="allow_pickle"):
+        Network.load(str(tmp_path / "p"))
+    loaded = Network.load(str(tmp_path / "p"), allow_pickle=True)
+    assert torch.equal(loaded.params(), net.params())
+    # module= replaces the pickled module: nothing is unpickled, so allow_pickle is not needed
+    into = Network.load(str(tmp_path / "p"), module=nn.Sequential(nn.Flatten(), nn.Linear(64, 10)))
+    assert torch.equal(into.params(), net.params())
 
 
 def test_load_errors(tmp_path) -> None:

@@ -139,7 +139,7 @@ def test_trust_code_does_run_the_named_factory(tmp_path: Path, evil: Path) -> No
     path = _saved_model(tmp_path)
     _edit_config(path, _set("module", {"factory": f"{EVIL}:run", "kwargs": {}}))
     assert not _ran(evil)
-    with pytest.raises(SerializationError, match="do not fit the network architecture"):
+    with pytest.raises(SerializationError, match="do not fit the"):
         Network.load(str(path), trust_code=True)  # the planted factory builds another architecture
     assert (tmp_path / "marker.called").exists()
 

@@ -9,11 +9,14 @@ or the new one, never a mix.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import math
 import uuid
 from typing import Any, Protocol
+
+import torch
 
 from torchspark._bounded import load_json
 from torchspark._io import atomic_write_bytes, filesystem, join, make_dirs, read_bytes
@@ -60,11 +63,9 @@ class InMemoryModelSaver:
 
 
 def check_saveable(network: Network) -> None:
-    """Refuse, before training, a network that cannot be written without pickle (module without a spec,
-    callable loss or updater)."""
+    """Refuse, before training, a network that cannot be written without pickle (a callable loss or updater).
+    Every module can: your own is saved by its class (see [`Network.save`][torchspark.Network.save])."""
     problems = []
-    if module_spec(network.module) is None:
-        problems.append("its module has no spec (build it with torchspark.models or torchspark.nn.from_factory)")
     if any(loss.to_json_value() is None for loss in network.losses):
         problems.append("its loss is a callable (use a named loss or an import path 'pkg.mod:fn')")
     if not isinstance(network.updater, UpdaterSpec):
@@ -82,6 +83,11 @@ class DirectoryModelSaver:
     subdirectory (``best_model-<id>/``, loadable with ``Network.load``); the same for ``latest_model``.
     [`load_best`][torchspark.earlystopping.DirectoryModelSaver.load_best] reads a finished run's best model back.
 
+    A network of your own module reads back in the process that saved it into a copy of that module (the
+    architecture it trained; no code is imported); [`load_best`][torchspark.earlystopping.DirectoryModelSaver.load_best]
+    in another process takes ``module=``, ``factories`` or ``trust_code`` as
+    [`Network.load`][torchspark.Network.load] does.
+
     Args:
         directory: where to write; created when missing. Point it at durable storage to keep the best model
             if the driver dies.
@@ -96,6 +102,8 @@ class DirectoryModelSaver:
             raise ConfigError(f"DirectoryModelSaver: save_updater must be True or False, got {save_updater!r}")
         self.directory = directory
         self.save_updater = save_updater
+        #: the module of the last network saved, when it is the user's own (a copy of it is what a read builds)
+        self._template: torch.nn.Module | None = None
 
     def check(self, network: Network) -> None:
         """Fail before training when ``network`` cannot be saved here."""
@@ -115,9 +123,16 @@ class DirectoryModelSaver:
         return self._load("latest_model")
 
     @classmethod
-    def load_best(cls, directory: str) -> Network:
-        """The best model a run saved in ``directory``."""
-        net = cls(directory)._load("best_model")
+    def load_best(
+        cls,
+        directory: str,
+        module: torch.nn.Module | None = None,
+        factories: Any = None,
+        trust_code: bool = False,
+    ) -> Network:
+        """The best model a run saved in ``directory``; ``module``, ``factories`` and ``trust_code`` as for
+        [`Network.load`][torchspark.Network.load] (a module of your own: ``module=MyNet(...)``)."""
+        net = cls(directory)._load("best_model", module, factories, trust_code)
         if net is None:
             raise SerializationError(f"no best model saved in {directory!r} (best_model.json is missing)")
         return net
@@ -137,6 +152,7 @@ class DirectoryModelSaver:
         old = self.pointer(name)
         sub = f"{name}-{uuid.uuid4().hex[:12]}"
         network.save(join(self.directory, sub), save_updater=self.save_updater)  # 1. the new model, complete
+        self._template = network.module if module_spec(network.module) is None else None
         record = {"path": sub, "epoch": epoch, "score": score if math.isfinite(score) else str(score)}
         atomic_write_bytes(
             join(self.directory, f"{name}.json"),
@@ -151,11 +167,20 @@ class DirectoryModelSaver:
             except OSError:  # a leftover directory wastes space but is harmless
                 log.warning("could not remove the replaced model %s", path, exc_info=True)
 
-    def _load(self, name: str) -> Network | None:
+    def _load(
+        self,
+        name: str,
+        module: torch.nn.Module | None = None,
+        factories: Any = None,
+        trust_code: bool = False,
+    ) -> Network | None:
         record = self.pointer(name)
         if record is None:
             return None
         sub = str(record.get("path", ""))
         if not sub.startswith(f"{name}-") or "/" in sub or ".." in sub:
             raise SerializationError(f"{name}.json in {self.directory!r} points outside its directory: {sub!r}")
-        return Network.load(join(self.directory, sub))
+        if module is None and self._template is not None:
+            # this process saved it from its own module: read it into a copy of that (its weights are overwritten)
+            module = copy.deepcopy(self._template)
+        return Network.load(join(self.directory, sub), factories=factories, trust_code=trust_code, module=module)

@@ -4,7 +4,7 @@ from torchspark.nn.losses import LOSSES, Loss
 from torchspark.nn.network import Network
 from torchspark.nn.precision import PRECISIONS, Precision
 from torchspark.nn.serialization import NetworkBlueprint, load_network, save_network
-from torchspark.nn.spec import from_factory, module_spec
+from torchspark.nn.spec import capture, from_factory, module_spec
 
 __all__ = [
     "Network",
@@ -14,6 +14,7 @@ __all__ = [
     "Precision",
     "PRECISIONS",
     "from_factory",
+    "capture",
     "module_spec",
     "save_network",
     "load_network",

@@ -419,21 +419,25 @@ class Network:
     def save(self, path: str, save_updater: bool = True, allow_pickle: bool = False) -> str:
         """Save to a directory (any fsspec URL): ``config.json``, ``weights.safetensors``, ``updater.safetensors``.
 
-        Zoo models, ``from_factory`` modules, named losses and updater specs are written as JSON. A module
-        instance without a spec, a custom callable loss or updater can only be stored with
-        ``allow_pickle=True`` (and then loaded only with ``allow_pickle=True``).
+        Never pickled by default: a module of yours is written as its class's import path and the arguments
+        [`torchspark.nn.capture`][torchspark.nn.capture] recorded (``config.json``'s ``module.rebuild`` says
+        whether a load can rebuild it; else load with ``module=``). A callable loss or updater needs
+        ``allow_pickle=True`` (and then loads only with it).
         """
         return save_network(self, path, save_updater=save_updater, allow_pickle=allow_pickle)
 
     @classmethod
-    def load(cls, path: str, allow_pickle: bool = False, factories: Any = None, trust_code: bool = False) -> Network:
+    def load(
+        cls, path: str, allow_pickle: bool = False, factories: Any = None, trust_code: bool = False, module: Any = None
+    ) -> Network:
         """Load a network written by [`save`][torchspark.Network.save].
 
         No code runs because a file names it: ``config.json`` may name torchspark's zoo models and built-in
-        losses; a module factory or loss function of yours must be passed (``factories=[build]``), or the file
-        trusted as code (``trust_code=True``). See [`torchspark.nn.load_network`][torchspark.nn.load_network].
+        losses; a class, factory or loss of yours must be passed (``factories=[MyNet]``) or the file trusted as code
+        (``trust_code=True``); ``module=MyNet(...)`` loads into a module you built, importing nothing. See
+        [`torchspark.nn.load_network`][torchspark.nn.load_network].
         """
-        return read_network(cls, path, allow_pickle=allow_pickle, factories=factories, trust_code=trust_code)
+        return read_network(cls, path, allow_pickle, factories, trust_code, module)
 
     def copy(self) -> Network:
         """A deep copy with the same weights, updater state and counters (through the in-memory blueprint)."""

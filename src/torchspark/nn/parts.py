@@ -35,6 +35,7 @@ __all__ = [
     "weights_of",
     "rebuild",
     "load_weights",
+    "weight_mismatches",
     "build_network",
 ]
 
@@ -194,12 +195,48 @@ def rebuild(
     return net
 
 
-def load_weights(net: PortableNetwork, weights: dict[str, torch.Tensor], source: str) -> None:
-    """Load ``weights`` (a ``state_dict``) into the network's module.
+#: how many tensors a mismatch message lists by name before it counts the rest
+LISTED_TENSORS = 100
 
+
+def weight_mismatches(expected: dict[str, torch.Tensor], weights: dict[str, torch.Tensor]) -> list[str]:
+    """Each tensor where ``weights`` (a saved ``state_dict``) does not fit ``expected`` (a module's): missing,
+    unexpected, or of another shape, named with its shapes. Empty when they fit."""
+
+    def shape(t: torch.Tensor) -> list[int]:
+        return list(t.shape)
+
+    found = [
+        f"{k}: saved {shape(weights[k])}, the module has {shape(v)}"
+        for k, v in expected.items()
+        if k in weights and weights[k].shape != v.shape
+    ]
+    found += [
+        f"{k}: missing from the file (the module has {shape(v)})" for k, v in expected.items() if k not in weights
+    ]
+    found += [f"{k}: saved {shape(v)}, not in the module" for k, v in weights.items() if k not in expected]
+    return found
+
+
+def load_weights(net: PortableNetwork, weights: dict[str, torch.Tensor], source: str, hint: str = "") -> None:
+    """Load ``weights`` (a ``state_dict``) into the network's module, every name and shape checked first.
+
+    Args:
+        hint: what to do about a mismatch, appended to the message (default: load with the module it was saved
+            from).
     Raises:
-        SerializationError: they do not fit its architecture (the message names ``source``).
+        SerializationError: they do not fit its architecture: the message names ``source`` and each missing,
+            unexpected and differently shaped tensor with its shapes.
     """
+    problems = weight_mismatches(net.module.state_dict(), weights)
+    if problems:
+        listed = "; ".join(problems[:LISTED_TENSORS])
+        more = f"; and {len(problems) - LISTED_TENSORS} more" if len(problems) > LISTED_TENSORS else ""
+        raise SerializationError(
+            f"weights in {source} do not fit the {type(net.module).__name__} module ({len(problems)} "
+            f"tensor(s)): {listed}{more}. "
+            + (hint or "Load them into the architecture they were saved from (module=... built as it was saved)")
+        )
     try:
         net.module.load_state_dict(weights)
     except RuntimeError as e:

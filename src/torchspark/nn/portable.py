@@ -55,6 +55,7 @@ from torchspark.nn.parts import (
     rebuild,
     weights_of,
 )
+from torchspark.nn.spec import class_spec
 from torchspark.nn.trust import CodePolicy, Factories, build_from_spec, code_policy
 
 # the parts (`torchspark.nn.parts`) are re-exported: this module is where saving and rebuilding are imported from
@@ -210,11 +211,14 @@ def save_network(net: PortableNetwork, path: str, save_updater: bool = True, all
     Example: ``save_network(net, "s3://bucket/models/m1")``.
     """
     config, objects = portable_parts(net)
+    if "module" in objects and not allow_pickle:
+        # your own module: its class's import path (and captured arguments), never the pickled module
+        config["module"] = class_spec(objects.pop("module"))
     if objects and not allow_pickle:
         raise SerializationError(
-            f"cannot save {sorted(objects)} of this network as JSON: build the module with a zoo model or "
-            "torchspark.nn.from_factory('pkg.mod:factory', ...), use a named loss/updater spec or an import path, "
-            "or pass allow_pickle=True (then only trusted code should load it)"
+            f"cannot save {sorted(objects)} of this network as JSON: use a named loss ('cross_entropy', 'mse', "
+            "'bce_with_logits') or an import path 'pkg.mod:fn' for the loss, a torchspark.optim spec (such as "
+            "Adam(lr=1e-3)) for the updater, or pass allow_pickle=True (then only trusted code should load it)"
         )
     files: dict[str, bytes] = {"weights.safetensors": st_save(weights_of(net), {"format": FORMAT})}
     if save_updater:
@@ -261,12 +265,17 @@ def read_network(
     allow_pickle: bool = False,
     factories: Factories = None,
     trust_code: bool = False,
+    module: torch.nn.Module | None = None,
 ) -> N:
     """A ``network_class`` instance from a directory written by [`save_network`][torchspark.nn.save_network]; the arguments and errors are
     [`torchspark.nn.load_network`][torchspark.nn.load_network]'s.
 
     Example: ``read_network(Network, "models/m1", factories=[build])``.
     """
+    if module is not None and not isinstance(module, torch.nn.Module):
+        raise SerializationError(
+            f"module= must be a torch.nn.Module built as the saved one was (module=MyNet(...)), got {module!r}"
+        )
     policy = code_policy(factories, trust_code=bool(trust_code) or allow_pickle is True)
     fs, root = filesystem(path)
     if not fs.exists(root):
@@ -274,7 +283,8 @@ def read_network(
     config = _read_config(path)
     checksums = _checksums(config, path)
     objects: dict[str, Any] = {}
-    if config.get("pickled"):
+    pickled = config.get("pickled")
+    if pickled and not (module is not None and pickled == ["module"]):  # module= replaces a pickled module
         if not allow_pickle:
             raise SerializationError(
                 f"{path!r} stores {config['pickled']} as pickle, which can run arbitrary code; "
@@ -283,12 +293,15 @@ def read_network(
         objects = cloudpickle.loads(_read_checked(path, "objects.pkl", checksums))  # verified before unpickling
     files = config.get("files", [])
     weights_blob = _read_checked(path, "weights.safetensors", checksums)
-    _check_size(config, policy, weights_blob, path)
+    if module is None:
+        _check_size(config, policy, weights_blob, path)
+    else:
+        objects["module"] = module  # the caller's module: nothing the file names is built
     net = rebuild(network_class, config, objects, None, policy, repr(join(path, "config.json")))
     weights = _load_tensors(join(path, "weights.safetensors"), weights_blob)
     del weights_blob
     _check_finite(weights, join(path, "weights.safetensors"))
-    load_weights(net, weights, path)
+    load_weights(net, weights, path, _mismatch_hint(config, module))
     if "updater.safetensors" in files:
         updater = _load_tensors(
             join(path, "updater.safetensors"), _read_checked(path, "updater.safetensors", checksums)
@@ -299,6 +312,21 @@ def read_network(
         extra = _read_checked(path, "extra.safetensors", checksums)
         net.extra_state = dict(_load_tensors(join(path, "extra.safetensors"), extra))
     return net
+
+
+def _mismatch_hint(config: dict[str, Any], module: torch.nn.Module | None) -> str:
+    """What to do when the saved weights do not fit the module they are loaded into."""
+    found = config.get("module")
+    spec: dict[str, Any] = found if isinstance(found, dict) else {}
+    saved = spec.get("class") or spec.get("factory") or "the saved module"
+    if module is not None:
+        return f"module= must be the architecture the file was saved from ({saved}), built with the same arguments"
+    if spec.get("rebuild") == "defaults":
+        return (
+            f"{saved} was rebuilt with its constructor's defaults (its arguments were not recorded): pass "
+            "module=... built as it was saved, or decorate the class with @torchspark.nn.capture before saving"
+        )
+    return "The file is damaged or its config belongs to another model; load an earlier save"
 
 
 B = TypeVar("B", bound="Blueprint")

@@ -17,7 +17,11 @@ __all__ = ["save_network", "load_network", "check_save_target", "NetworkBlueprin
 
 
 def load_network(
-    path: str, allow_pickle: bool = False, factories: Factories = None, trust_code: bool = False
+    path: str,
+    allow_pickle: bool = False,
+    factories: Factories = None,
+    trust_code: bool = False,
+    module: torch.nn.Module | None = None,
 ) -> Network:
     """Load a network written by [`save_network`][torchspark.nn.save_network].
 
@@ -26,18 +30,26 @@ def load_network(
         allow_pickle: also load ``objects.pkl`` (parts saved with ``allow_pickle=True``). Unpickling runs code, so
             this trusts the file completely and implies ``trust_code``.
         factories: functions ``config.json`` may name besides torchspark's zoo: module factories you built the
-            network with (``from_factory("mypkg.models:build", ...)`` -> ``factories=[build]``) and custom loss
+            network with (``from_factory("mypkg.models:build", ...)`` -> ``factories=[build]``), module classes of
+            yours saved by their import path (``factories=[MyNet]``) and custom loss
             functions saved by import path. A list (each named by its ``module:qualname``) or a
             ``{"pkg.mod:fn": fn}`` mapping.
         trust_code: import and call any function ``config.json`` names. Only for files you trust as you trust
             code: a hostile ``config.json`` could name ``"os:system"``.
+        module: a module you built (``MyNet(...)``, as it was when saved) to load the weights into, instead of
+            building the one ``config.json`` names: needs no trust and works for every saved network.
     Raises:
-        SerializationError: missing or damaged files, pickle not allowed, or a name ``config.json`` gives that is
-            not allowed (nothing is imported then).
+        SerializationError: missing or damaged files, pickle not allowed, a name ``config.json`` gives that is
+            not allowed (nothing is imported then), a module class that cannot be imported or was saved without
+            the arguments it needs (pass ``module=``), or weights that do not fit the module (each missing,
+            unexpected or differently shaped tensor named with its shapes).
 
-    Example: ``net = load_network("models/m1", factories=[build])``.
+    Example: ``net = load_network("models/m1", factories=[MyNet])``, or
+    ``load_network("models/m1", module=MyNet(4, hidden=16))``.
     """
-    return read_network(Network, path, allow_pickle=allow_pickle, factories=factories, trust_code=trust_code)
+    return read_network(
+        Network, path, allow_pickle=allow_pickle, factories=factories, trust_code=trust_code, module=module
+    )
 
 
 class NetworkBlueprint(Blueprint):

@@ -122,14 +122,19 @@ def build_from_spec(
 ) -> torch.nn.Module:
     """Rebuild a module from [`module_spec`][torchspark.nn.module_spec] output, calling only what ``policy`` allows.
 
+    A module saved by its class (`torchspark.nn.spec.class_spec`: a ``"rebuild"`` entry) is built as
+    ``Class(**kwargs)`` under the same policy, unless its ``"rebuild"`` is ``"none"`` (arguments not recorded).
+
     Args:
         spec: ``{"factory": "pkg.mod:fn", "kwargs": {...}}``.
         policy: which factories may be called (`CodePolicy`); default: only
             torchspark's zoo. A spec read from a file must never import what the file names unchecked.
         source: where the spec came from, in messages.
+
     Raises:
-        SerializationError: no factory entry, a factory the policy does not allow, or kwargs that are not an
-            object.
+        SerializationError: no factory entry, a factory the policy does not allow (or that cannot be imported), a
+            class saved without the arguments it needs, or kwargs that are not an object; the message says to pass
+            ``module=`` where the module is a class of the user's.
 
     Example: ``build_from_spec({"factory": "torchspark.models:mlp", "kwargs": {"n_in": 4, "hidden": 8,
     "n_out": 3}})`` builds the zoo's MLP; ``{"factory": "os:system", ...}`` raises SerializationError.
@@ -141,7 +146,19 @@ def build_from_spec(
         raise SerializationError(
             f"{source}: the kwargs of module factory {spec['factory']!r} must be a JSON object, got {kwargs!r}"
         )
-    factory = (policy or CodePolicy()).resolve(spec["factory"], "module factory", source)
+    name = str(spec["factory"]).rpartition(":")[2] or "MyNet"
+    instead = f"pass the module yourself, built as it was saved: Network.load(path, module={name}(...))"
+    if spec.get("rebuild") == "none":
+        raise SerializationError(
+            f"{source}: the module {spec['factory']!r} cannot be rebuilt from the file alone: "
+            f"{spec.get('reason', 'its constructor arguments were not recorded')}. To load these weights, {instead}"
+        )
+    try:
+        factory = (policy or CodePolicy()).resolve(spec["factory"], "module factory", source)
+    except SerializationError as e:
+        if "rebuild" not in spec:  # a zoo or from_factory spec: the message says what to pass
+            raise
+        raise SerializationError(f"{e}; or {instead}") from e
     try:
         module = factory(**kwargs)
     except (TypeError, ConfigError) as e:
@@ -152,4 +169,6 @@ def build_from_spec(
         raise SerializationError(
             f"{source}: factory {spec['factory']!r} returned {type(module).__name__}, expected a torch.nn.Module"
         )
+    if "rebuild" in spec:  # a class saved by its import path: it records its own call (or not), as it did
+        return module
     return attach_spec(module, spec["factory"], kwargs)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from pyspark import keyword_only
@@ -49,7 +50,7 @@ from torchspark._io import join
 from torchspark.errors import ConfigError, DataError
 from torchspark.nn import Network
 from torchspark.spark.inference import predict
-from torchspark.spark.ml.params import FitSettings, TorchEstimatorParams, TorchModelParams
+from torchspark.spark.ml.params import FitSettings, TorchEstimatorParams, TorchModelParams, network_param
 from torchspark.spark.network import SparkNetwork
 from torchspark.spark.session_kinds import is_connect_session
 
@@ -89,15 +90,23 @@ class TorchEstimator(Estimator, TorchEstimatorParams, DefaultParamsWritable, Def
 
     ``featuresCol`` may be an ``array<float|double>`` or an ML Vector column; labels are class indices (ints or
     integral doubles, as ``StringIndexer`` writes) for ``cross_entropy``.
+
+    Your own module: ``TorchEstimator(network=MyNet)`` (a class or a factory taking no arguments; the param holds
+    its import path ``"pkg.mod:MyNet"``, and the executors must import it, as for any Spark job). A path given as
+    a string, or read back from a saved estimator, is imported only with ``trustCode=True`` (or after
+    ``setNetwork(MyNet)``). For arguments, a spec: ``network='{"model": "pkg.mod:MyNet", "kwargs": {...}}'``.
     """
 
     _input_kwargs: dict[str, Any]  # set by pyspark's @keyword_only on each call
+    #: module classes and factories handed over as callables, by import path (allowed at fit without trustCode)
+    _factories: dict[str, Any]
+    _trust_code: bool = False
 
     @keyword_only
     def __init__(
         self,
         *,
-        network: str | None = None,
+        network: str | Callable[..., Any] | None = None,
         trainingMaster: str | None = None,
         epochs: int | None = None,
         learningRate: float | None = None,
@@ -108,15 +117,27 @@ class TorchEstimator(Estimator, TorchEstimatorParams, DefaultParamsWritable, Def
         probabilityCol: str | None = None,
         featureShape: list[int] | None = None,
         inferenceBatchSize: int | None = None,
+        trustCode: bool = False,
     ) -> None:
         super().__init__()
-        self._set(**self._input_kwargs)
+        self._factories = {}
+        self._set(**self._own_kwargs(self._input_kwargs))
+
+    def _own_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The Params among ``kwargs``, ``network`` as a string; ``trustCode`` (no Param: never saved, so a file
+        cannot turn it on) set aside."""
+        kwargs = dict(kwargs)
+        if "trustCode" in kwargs:
+            self.setTrustCode(kwargs.pop("trustCode"))
+        if "network" in kwargs:
+            kwargs["network"] = network_param(kwargs["network"], self._factories)
+        return kwargs
 
     @keyword_only
     def setParams(
         self,
         *,
-        network: str | None = None,
+        network: str | Callable[..., Any] | None = None,
         trainingMaster: str | None = None,
         epochs: int | None = None,
         learningRate: float | None = None,
@@ -127,11 +148,21 @@ class TorchEstimator(Estimator, TorchEstimatorParams, DefaultParamsWritable, Def
         probabilityCol: str | None = None,
         featureShape: list[int] | None = None,
         inferenceBatchSize: int | None = None,
+        trustCode: bool | None = None,
     ) -> TorchEstimator:
-        return self._set(**self._input_kwargs)
+        return self._set(**self._own_kwargs(self._input_kwargs))
 
-    def setNetwork(self, value: str) -> TorchEstimator:
-        return self._set(network=value)
+    def setNetwork(self, value: str | Callable[..., Any]) -> TorchEstimator:
+        """The network: a spec JSON, a saved network's path, or a module class or factory (see the class)."""
+        return self._set(network=network_param(value, self._factories))
+
+    def setTrustCode(self, value: bool) -> TorchEstimator:
+        """Let the ``network`` param name any module class or factory path (imported at fit). Not a Param: it is
+        never saved with the estimator, so a saved pipeline cannot turn it on."""
+        if not isinstance(value, bool):
+            raise ConfigError(f"TorchEstimator: trustCode must be True or False, got {value!r}")
+        self._trust_code = value
+        return self
 
     def setTrainingMaster(self, value: str) -> TorchEstimator:
         return self._set(trainingMaster=value)
@@ -214,7 +245,8 @@ class TorchModel(Model, TorchModelParams, MLWritable, MLReadable):
         return _TorchModelWriter(self)
 
     @classmethod
-    def read(cls) -> MLReader:
+    def read(cls) -> _TorchModelReader:
+        """The reader; ``TorchModel.read().module(MyNet(...)).load(path)`` for a network of your own module."""
         return _TorchModelReader()
 
 
@@ -240,9 +272,31 @@ class _TorchModelWriter(_OverwriteOnEitherSession):
 
 
 class _TorchModelReader(MLReader):
+    """Reads a saved TorchModel; a network of your own module takes ``TorchModel.read().module(MyNet(...))``,
+    ``.factories([MyNet])`` or ``.trustCode()`` first (as [`Network.load`][torchspark.Network.load]'s arguments)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._load_options: dict[str, Any] = {}
+
+    def module(self, module: Any) -> _TorchModelReader:
+        """Load the weights into ``module`` (built as it was saved) instead of building the one the file names."""
+        self._load_options["module"] = module
+        return self
+
+    def factories(self, factories: Any) -> _TorchModelReader:
+        """Module classes or factories the saved network may name (``[MyNet]``)."""
+        self._load_options["factories"] = factories
+        return self
+
+    def trustCode(self, value: bool = True) -> _TorchModelReader:
+        """Import any module class the saved network names (only for files you trust as code)."""
+        self._load_options["trust_code"] = value
+        return self
+
     def load(self, path: str) -> TorchModel:
         metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession)
-        model = TorchModel(Network.load(join(path, NETWORK_DIR)))
+        model = TorchModel(Network.load(join(path, NETWORK_DIR), **self._load_options))
         model._resetUid(metadata["uid"])
         DefaultParamsReader.getAndSetParams(model, metadata)
         return model

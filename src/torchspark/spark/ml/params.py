@@ -7,6 +7,7 @@ Params live only at the edge (pyspark's convention): ``_fit`` reads them once in
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,12 +16,13 @@ from pyspark.ml.param.shared import HasFeaturesCol, HasLabelCol, HasPredictionCo
 
 from torchspark.errors import ConfigError
 from torchspark.nn import Network
-from torchspark.nn.network_spec import NetworkSpec
+from torchspark.nn.network_spec import NetworkSpec, is_import_path
+from torchspark.nn.trust import import_path_of
 from torchspark.optim import UpdaterSpec
 from torchspark.training.config.masters import ParameterAveragingTrainingMaster, TrainingMaster, master_from_json
 from torchspark.validation import check_int
 
-__all__ = ["TorchModelParams", "TorchEstimatorParams", "FitSettings", "DEFAULT_MASTER_JSON"]
+__all__ = ["TorchModelParams", "TorchEstimatorParams", "FitSettings", "DEFAULT_MASTER_JSON", "network_param"]
 
 #: the default ``trainingMaster``: synchronous parameter averaging with DL4J's defaults
 DEFAULT_MASTER_JSON = ParameterAveragingTrainingMaster().to_json()
@@ -59,8 +61,9 @@ class TorchEstimatorParams(TorchModelParams, HasLabelCol):
     network: Param[str] = Param(
         Params._dummy(),
         "network",
-        'the network: a zoo spec as JSON ({"model": "mlp", "kwargs": {...}, "loss": ..., "updater": ...}) '
-        "or the path of a saved torchspark network (Network.save)",
+        'the network: a spec as JSON ({"model": "mlp", "kwargs": {...}, "loss": ..., "updater": ...}; "model" '
+        "is a zoo name or a module class/factory path 'pkg.mod:MyNet'), a module class or factory's import path "
+        "'pkg.mod:factory' (built with no arguments), or the path of a saved torchspark network (Network.save)",
         typeConverter=TypeConverters.toString,
     )
     trainingMaster: Param[str] = Param(
@@ -117,14 +120,18 @@ class FitSettings:
     features_col: str
     label_col: str
     feature_shape: tuple[int, ...] | None
+    #: import path -> module class or factory the estimator was handed as a callable (allowed without trust_code)
+    factories: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: import any module class or factory path the network param names
+    trust_code: bool = False
 
     @classmethod
     def of(cls, params: TorchEstimatorParams) -> FitSettings:
         if not params.isDefined(params.network):
             raise ConfigError(
                 "TorchEstimator: set the network param: a zoo spec JSON such as "
-                '\'{"model": "mlp", "kwargs": {"n_in": 4, "hidden": 16, "n_out": 3}}\' or '
-                "a saved network's path"
+                '\'{"model": "mlp", "kwargs": {"n_in": 4, "hidden": 16, "n_out": 3}}\', a module class or '
+                "factory (network=MyNet), or a saved network's path"
             )
         master = master_from_json(params.getTrainingMaster())
         if params.isDefined(params.batchSize):
@@ -133,15 +140,56 @@ class FitSettings:
         epochs = check_int("epochs", params.getEpochs(), 1, owner="TorchEstimator")
         lr = params.getLearningRate() if params.isDefined(params.learningRate) else None
         shape = tuple(params.getFeatureShape()) or None
-        return cls(params.getNetwork(), master, epochs, lr, params.getFeaturesCol(), params.getLabelCol(), shape)
+        return cls(
+            params.getNetwork(),
+            master,
+            epochs,
+            lr,
+            params.getFeaturesCol(),
+            params.getLabelCol(),
+            shape,
+            factories=dict(getattr(params, "_factories", {})),
+            trust_code=bool(getattr(params, "_trust_code", False)),
+        )
 
     def build_network(self) -> Network:
-        """A fresh network: the zoo spec built (seeded), or the saved network loaded; ``learning_rate`` applied."""
+        """A fresh network: the spec built (seeded), the module class or factory path called with no arguments, or
+        the saved network loaded; ``learning_rate`` applied. A path of your code is imported only when it was
+        handed over as a callable or with ``trustCode``.
+
+        Raises:
+            ConfigError: a bad spec, or code the estimator may not import (the message says what to pass).
+        """
         text = self.network.strip()
+        fix = (
+            "hand the class or factory itself to the estimator (TorchEstimator(network=MyNet) or "
+            "est.setNetwork(MyNet)), or est.setTrustCode(True) if you trust this param as you trust code"
+        )
         if text.startswith("{"):
-            return NetworkSpec.from_json(text).build(self.learning_rate)
-        net = Network.load(text)
+            return NetworkSpec.from_json(text).build(self.learning_rate, self.factories, self.trust_code, fix)
+        if is_import_path(text) and not os.path.exists(text):
+            return NetworkSpec(text).build(self.learning_rate, self.factories, self.trust_code, fix)
+        net = Network.load(text, factories=self.factories, trust_code=self.trust_code)
         return net if self.learning_rate is None else _with_learning_rate(net, self.learning_rate)
+
+
+def network_param(value: Any, factories: dict[str, Any]) -> Any:
+    """The ``network`` param's value for ``value``: a module class or factory (a callable) becomes its import path,
+    remembered in ``factories`` (allowed at fit without trustCode); anything else is returned as it is.
+
+    Raises:
+        ConfigError: a callable without an import path (a lambda, a function defined inside another).
+    """
+    if isinstance(value, str) or not callable(value):
+        return value
+    path = import_path_of(value)
+    if "<" in path:
+        raise ConfigError(
+            f"TorchEstimator: network {path!r} cannot be named by an import path (a lambda or a function defined "
+            "inside another); define the class or factory at the top level of a module the executors can import"
+        )
+    factories[path] = value
+    return path
 
 
 def _with_learning_rate(net: Network, lr: float) -> Network:
