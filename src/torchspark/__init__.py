@@ -23,8 +23,9 @@ from torchspark.training.config import (
     master_from_json,
 )
 
-# imported on first use: ``spark`` needs pyspark, ``parallel`` starts nothing but is not needed by most users
-_LAZY = ("spark", "parallel")
+# imported on first use: ``spark`` needs pyspark, ``parallel`` starts nothing but is not needed by most users,
+# ``launch`` is ``run(fn)`` for your own training loop
+_LAZY = ("spark", "parallel", "launch")
 
 
 def __getattr__(name: str) -> Any:
@@ -50,6 +51,7 @@ __all__ = [
     "errors",
     "evaluation",
     "from_factory",
+    "launch",
     "load_batch",
     "models",
     "optim",

@@ -8,7 +8,7 @@ starts the next attempt while ``max_failures`` allows, with the function restart
 it reported (``get_checkpoint()``); the same hang twice, or a failure more than ``max_failures``, ends the run;
 a rank's own error is never retried and comes back with its traceback as a
 [`WorkerError`][torchspark.errors.WorkerError]. Each attempt has its own progress server (the driver's
-[`FitContext`][torchspark.training.driver.context.FitContext]), which feeds the progress bar and the listeners.
+`FitContext`), which feeds the progress bar and the listeners.
 """
 
 from __future__ import annotations
