@@ -35,7 +35,7 @@ from torchspark.spark.connect.jobs import client_is_local, connect_preflight, ru
 from torchspark.spark.driver_address import driver_listen_address
 from torchspark.spark.gpus import TASK_GPUS, GpuPlan, dry_run_requested, plan_gpus
 from torchspark.spark.jobs import run_job
-from torchspark.spark.preflight import DYNAMIC_ALLOCATION_REFUSED, task_slots, too_few_slots
+from torchspark.spark.preflight import preflight, task_slots
 from torchspark.spark.session_kinds import is_connect_session
 from torchspark.spark.task_bootstrap import set_up_task
 from torchspark.training.rendezvous.netif import choose_endpoint, socket_interface
@@ -210,13 +210,9 @@ class SparkLauncher:
         if self.connect:
             connect_preflight(self.spark, workers)
             return
-        sc = self.spark.sparkContext
-        if sc.getConf().get("spark.dynamicAllocation.enabled", "false").lower() == "true":
-            raise SetupError(DYNAMIC_ALLOCATION_REFUSED)
-        slots = task_slots(sc, self.gpus.profile)
-        if slots < workers:
-            per_task = f", {self.gpus.request.source}" if self.gpus.requested else ""
-            raise too_few_slots(workers, slots, max(1, int(sc.getConf().get("spark.task.cpus", "1"))), per_task)
+        # the masters' preflight: dynamic allocation off, executors of a fresh cluster waited for, the slots of
+        # the stage's resource profile counted, and with GPUs the executors' CUDA checked
+        preflight(self.spark.sparkContext, workers, check_imports=False, gpus=self.gpus)
 
     def capacity(self) -> int:
         """Task slots free for the stage now (what a smaller relaunch can use)."""
