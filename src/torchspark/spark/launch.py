@@ -173,7 +173,6 @@ class SparkLauncher:
             ``spark.task.resource.gpu.amount``, else (classic, not local mode) a stage-level profile of one GPU per
             task (`plan_gpus`).
         data: the DataFrame the ranks share (repartitioned to one partition per rank), or None.
-        port_range: the driver's progress port range (None: any).
     """
 
     def __init__(self, spark: Any, use_gpu: bool = False, data: Any = None) -> None:
