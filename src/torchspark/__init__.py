@@ -24,8 +24,8 @@ from torchspark.training.config import (
 )
 
 # imported on first use: ``spark`` needs pyspark, ``parallel`` starts nothing but is not needed by most users,
-# ``ddp`` (the DDP communication hook) only by users of their own training loop
-_LAZY = ("spark", "parallel", "ddp")
+# ``ddp`` (the DDP communication hook) and ``launch`` (``run(fn)``) only by users of their own training loop
+_LAZY = ("spark", "parallel", "ddp", "launch")
 
 
 def __getattr__(name: str) -> Any:
@@ -52,6 +52,7 @@ __all__ = [
     "errors",
     "evaluation",
     "from_factory",
+    "launch",
     "load_batch",
     "models",
     "optim",

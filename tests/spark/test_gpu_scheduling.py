@@ -87,3 +87,13 @@ def test_executors_without_cuda_fail_the_fit_before_its_training_stage(gpu_runs)
 def test_more_gpus_per_worker_than_an_executor_owns_is_refused(gpu_runs) -> None:
     message = _run(gpu_runs, "too_many")["message"]
     assert "gpus_per_worker=4 but every executor owns spark.executor.resource.gpu.amount=2" in message
+
+
+def test_run_fn_gives_each_rank_the_gpu_spark_assigned_to_its_task(gpu_runs) -> None:
+    result = _run(gpu_runs, "run_fn")
+    gpus = [rank["gpus"] for rank in result["ranks"]]
+    assert all(len(g) == 1 for g in gpus) and sorted(g[0] for g in gpus) == ["0", "1"], gpus  # one GPU each
+    # the dry run trains on the CPU (torch here has no CUDA): the context says gloo
+    assert {(r["device"], r["backend"], r["local_rank"]) for r in result["ranks"]} == {("cpu", "gloo", "0")}
+    stages = [s for s in result["stages"] if s["description"] == "torchspark run"]
+    assert stages and all(s["profile"] != 0 and s["tasks"] == 2 for s in stages)  # under the stage-level profile

@@ -55,10 +55,12 @@ REFERENCE = {
     "torchspark.advise": "advise",
     "torchspark.config_files": "config-files",
     "torchspark.shipping": "shipping",
+    "torchspark.launch": "launch",
 }
 #: public modules rendered as a section of another module's page: the optional extras' listeners (not imported by
 #: ``torchspark.listeners``, so that MLflow and TensorBoard stay optional)
 SECTIONS = {
+    "torchspark.ranks": "launch",
     "torchspark.listeners.mlflow_listener": "listeners",
     "torchspark.listeners.tensorboard_listener": "listeners",
     "torchspark.training.driver.elastic": "training",

@@ -144,6 +144,42 @@ def too_many(spark) -> dict:
         return {"message": str(e)}
 
 
+def _ranks_gpus() -> list:
+    """Inside ``run(fn)``: every rank's GPU addresses (as Spark assigned them to its task), device and backend."""
+    import torch.distributed as dist
+    from pyspark import TaskContext
+
+    from torchspark.launch import get_context
+
+    dist.init_process_group("gloo")
+    resources = TaskContext.get().resources()
+    ctx = get_context()
+    mine = {
+        "gpus": list(resources["gpu"].addresses) if "gpu" in resources else [],
+        "device": ctx.device,
+        "backend": ctx.backend,
+        "local_rank": os.environ["LOCAL_RANK"],
+    }
+    every: list = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    dist.destroy_process_group()
+    return every
+
+
+def run_fn(spark) -> dict:
+    """``torchspark.launch.run(fn, use_gpu=True)``: the session gives tasks no GPU, so a stage-level profile does."""
+    from torchspark.launch import run
+
+    sc = spark.sparkContext
+    before = len(_stages(sc))
+    os.environ[GPU_DRY_RUN] = "1"
+    try:
+        ranks = run(_ranks_gpus, num_workers=2, use_gpu=True, spark=spark)
+    finally:
+        os.environ.pop(GPU_DRY_RUN, None)
+    return {"ranks": ranks, "stages": _stages(sc)[before:]}
+
+
 #: in this order (the first fit's preflight waits for the executor to register)
 CHECKS = {
     "barrier": barrier,
@@ -151,6 +187,7 @@ CHECKS = {
     "rounds": rounds,
     "preflight": preflight,
     "too_many": too_many,
+    "run_fn": run_fn,
 }
 
 if __name__ == "__main__":
