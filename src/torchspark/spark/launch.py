@@ -140,7 +140,7 @@ def rank_stage(
             fn, args, kwargs = unship_function(blob)
             import torch
 
-            torch.set_num_threads(setup.threads())
+            torch.set_num_threads(setup.cpus)
             with socket_interface(me.interface):
                 value = run_rank(spec, fn, args, kwargs, progress, share)
         finally:
