@@ -46,6 +46,7 @@ from pyspark.ml.util import (
 from pyspark.sql import DataFrame
 
 from torchspark._io import join
+from torchspark.data import Columns
 from torchspark.errors import ConfigError, DataError
 from torchspark.nn import Network
 from torchspark.spark.inference import predict
@@ -189,9 +190,8 @@ class TorchModel(Model, TorchModelParams, MLWritable, MLReadable):
             dataset.sparkSession,
             net,
             dataset,
-            self.getFeaturesCol(),
+            Columns(self.getFeaturesCol(), None, shape),
             raw,
-            shape,
             self.getInferenceBatchSize(),
             output="probabilities",
         )
