@@ -15,6 +15,7 @@ def test_defaults_and_readers() -> None:
     img = Columns("img", "digit", [1, 28, 28])
     assert img.feature_shape == (1, 28, 28) and img.shapes == [(1, 28, 28)]
     assert img.without_label().label_names == [] and img.without_label().shapes == [(1, 28, 28)]
+    assert Columns(feature_shape=()).feature_shape is None  # () keeps the rows flat, as None does
 
 
 def test_lists_become_tuples_and_make_several_inputs() -> None:

@@ -39,7 +39,7 @@ class Columns:
         label: the label column, a list of them for a network with several outputs (one output each), or None
             for inference without labels.
         feature_shape: reshapes each row's features, e.g. ``(1, 28, 28)`` for a CNN; with several features
-            columns, a list with one shape (or None) per column. None keeps each row flat.
+            columns, a list with one shape (or None) per column. None (or ``()``) keeps each row flat.
 
     Lists are stored as tuples (the value is hashable and compares by content).
 
@@ -157,8 +157,8 @@ def _dims(value: Any) -> Shape | None:
 
 
 def _shape(value: Any, count: int) -> Shape | tuple[Shape | None, ...] | None:
-    if value is None:
-        return None
+    if value is None or (isinstance(value, (list, tuple)) and not value):
+        return None  # () keeps the rows flat, as None does
     one = _dims(value)
     if one is not None:
         if count != 1:
