@@ -20,6 +20,7 @@ import torch
 
 from torchspark.data.dataset import DataSet
 from torchspark.errors import ConfigError, DataError
+from torchspark.validation import check_float, check_int
 
 __all__ = ["DIGITS_SPLITS", "digits", "synthetic_classification", "synthetic_images", "synthetic_keywords", "read_idx"]
 
@@ -69,8 +70,7 @@ def digits(split: str = "train") -> DataSet:
 
 def _check_positive(**values: Any) -> None:
     for name, value in values.items():
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
+        check_int(name, value, 1)
 
 
 def _balanced_labels(n: int, n_classes: int, generator: torch.Generator) -> torch.Tensor:
@@ -99,8 +99,7 @@ def synthetic_classification(n: int, n_features: int, n_classes: int, seed: int 
     _check_positive(n=n, n_features=n_features, n_classes=n_classes)
     if n_classes < 2:
         raise ConfigError(f"n_classes must be >= 2 for classification, got {n_classes}")
-    if not isinstance(noise, (int, float)) or not math.isfinite(noise) or noise < 0:
-        raise ConfigError(f"noise must be a finite number >= 0, got {noise!r}")
+    check_float("noise", noise, minimum=0, finite=True)
     generator = torch.Generator().manual_seed(seed)
     centroids = torch.randn(n_classes, n_features, generator=generator) * 3.0  # (C, F)
     labels = _balanced_labels(n, n_classes, generator)  # (n,)

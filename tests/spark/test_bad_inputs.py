@@ -28,7 +28,7 @@ import own_models
 from helpers import mlp_net
 from keyword_model import TinySequenceClassifier
 from torchspark import DataSet, MultiDataSet, Network, models, optim
-from torchspark.data import load_batch, save_batch, save_batches
+from torchspark.data import Columns, load_batch, save_batch, save_batches
 from torchspark.errors import ConfigError, DataError, SerializationError, SetupError, TrainingError
 from torchspark.parallel import ParallelWrapper
 from torchspark.training.assignment import plan_balanced
@@ -120,6 +120,14 @@ def _spark_fit(ctx: Ctx, data: Any, **master: Any) -> Any:
     options = dict(batch_size_per_worker=4, num_workers=2, export_directory=str(ctx.work / "export"))
     options.update(master)
     return SparkNetwork(ctx.spark, _net(), ParameterAveragingTrainingMaster(**options), progress=False).fit(data)
+
+
+def _spark_fit_columns(ctx: Ctx, **columns: Any) -> Any:
+    from torchspark.spark import SparkNetwork
+
+    master = ParameterAveragingTrainingMaster(batch_size_per_worker=4, num_workers=2)
+    frame = _frame(ctx, _rows(), "x array<double>, label long")
+    return SparkNetwork(ctx.spark, _net(), master, progress=False).fit(frame, **columns)
 
 
 def _shard_files(ctx: Ctx) -> str:
@@ -641,6 +649,13 @@ CASES = [
         lambda c: _spark_fit(c, _frame(c, _rows(), "x array<double>, label long")),
         DataError,
         ("['features']", "features_col="),
+        spark=True,
+    ),
+    Case(
+        "dataframe-columns-given-twice",
+        lambda c: _spark_fit_columns(c, features_col="x", columns=Columns("x", "label")),
+        ConfigError,
+        ("columns=Columns(", "features_col='x'", "pass one"),
         spark=True,
     ),
     Case(

@@ -10,11 +10,12 @@ import pytest
 import torch
 
 from torchspark import DataSet, Network, datasets, models, optim
+from torchspark.data import Columns
 from torchspark.errors import ConfigError, DataError
 from torchspark.evaluation import ROC, Evaluation, RegressionEvaluation, ROCMultiClass
+from torchspark.nn.cache import NetworkCache
+from torchspark.spark import SparkNetwork, inference
 from torchspark.spark import evaluation as spark_eval
-from torchspark.spark import inference
-from torchspark.spark.evaluation import NetworkCache
 
 N, F, C = 300, 6, 3
 
@@ -49,7 +50,7 @@ def test_evaluation_equals_local_exactly(sc, net, data, rdd) -> None:
 
 def test_roc_equals_local_exactly(sc, net, data, rdd) -> None:
     local = net.evaluate(data, ROCMultiClass(threshold_steps=32), batch_size=50)
-    dist = spark_eval.evaluate_roc_multi_class(sc, net, rdd, batch_size=50)
+    dist = spark_eval.do_evaluation(sc, net, rdd, ROCMultiClass(32), batch_size=50)
     assert dist.threshold_steps == 32
     for c in range(C):
         assert dist.auc(c) == local.auc(c)
@@ -58,7 +59,7 @@ def test_roc_equals_local_exactly(sc, net, data, rdd) -> None:
     binary = datasets.synthetic_classification(120, F, 2, seed=3, noise=3.0)
     bnet = Network(models.mlp(F, 8, 2), seed=1)
     roc_local = bnet.evaluate(binary, ROC(32), batch_size=40)
-    roc_dist = spark_eval.evaluate_roc(sc, bnet, sc.parallelize(binary.split(40), 2), batch_size=40)
+    roc_dist = spark_eval.do_evaluation(sc, bnet, sc.parallelize(binary.split(40), 2), ROC(32), batch_size=40)
     assert roc_dist.auc() == roc_local.auc()
     assert 0.0 < roc_dist.auc() < 1.0
 
@@ -88,8 +89,15 @@ def test_dataframe_and_path_inputs_equal_rdd_input(spark, sc, net, data, rdd, tm
     reference = spark_eval.evaluate(sc, net, rdd, batch_size=50).confusion_matrix()
     rows = [(data.features[i].tolist(), int(data.labels[i])) for i in range(N)]
     df = spark.createDataFrame(rows, "x array<float>, y int")
-    from_df = spark_eval.evaluate(sc, net, df, batch_size=50, features_col="x", label_col="y")
+    from_df = spark_eval.evaluate(sc, net, df, batch_size=50, columns=Columns("x", "y"))
     np.testing.assert_array_equal(from_df.confusion_matrix(), reference)
+    # the public methods take the flat keywords or one Columns value, not both
+    snet = SparkNetwork(spark, net)
+    flat = snet.evaluate(df, batch_size=50, features_col="x", label_col="y")
+    np.testing.assert_array_equal(flat.confusion_matrix(), reference)
+    np.testing.assert_array_equal(snet.evaluate(df, 50, columns=Columns("x", "y")).confusion_matrix(), reference)
+    with pytest.raises(ConfigError, match=r"evaluate: columns=.*and features_col='x' both name the columns"):
+        snet.evaluate(df, features_col="x", columns=Columns("x", "y"))
 
     paths = save_batches(data.split(50), str(tmp_path / "batches"))
     np.testing.assert_array_equal(spark_eval.evaluate(sc, net, paths, batch_size=50).confusion_matrix(), reference)
@@ -105,7 +113,7 @@ def test_regression_evaluation_matches_local(sc) -> None:
     reg = DataSet(x, y)
     rnet = Network(models.mlp(4, 8, 2), loss="mse", seed=0)
     local = rnet.evaluate(reg, RegressionEvaluation(), batch_size=30)
-    dist = spark_eval.evaluate_regression(sc, rnet, sc.parallelize(reg.split(30), 2), batch_size=30)
+    dist = spark_eval.do_evaluation(sc, rnet, sc.parallelize(reg.split(30), 2), RegressionEvaluation(), batch_size=30)
     for col in range(2):
         assert dist.mean_squared_error(col) == pytest.approx(local.mean_squared_error(col), rel=1e-12)
 
@@ -167,8 +175,10 @@ def test_predict_vector_column_and_feature_shape(spark) -> None:
     cnn = Network(models.lenet(1, 4, 8, 8), seed=0)
     rows = [(Vectors.dense(images.features[i].reshape(-1).tolist()),) for i in range(40)]
     df = spark.createDataFrame(rows, ["img"]).coalesce(1)
-    out = inference.predict(spark, cnn, df, features_col="img", feature_shape=(1, 8, 8)).collect()
+    out = inference.predict(spark, cnn, df, Columns("img", None, (1, 8, 8))).collect()
     torch.testing.assert_close(torch.tensor([r["prediction"] for r in out]), cnn.output(images.features))
+    flat = SparkNetwork(spark, cnn).predict(df, features_col="img", feature_shape=(1, 8, 8)).collect()
+    torch.testing.assert_close(torch.tensor([r["prediction"] for r in flat]), cnn.output(images.features))
 
 
 # ------------------------------------------------------------------ bad input
@@ -188,7 +198,7 @@ def test_predict_refuses_or_nulls_rows_with_nan_features(spark, sc, net, data) -
     torch.testing.assert_close(torch.tensor([probs[i] for i in kept]), want[kept])
     classes = {
         r["id"]: r["c"]
-        for r in inference.predict(spark, net, df, "features", "c", output="class", non_finite="null").collect()
+        for r in inference.predict(spark, net, df, Columns(), "c", output="class", non_finite="null").collect()
     }
     assert classes[5] is None and classes[11] is None
     assert [classes[i] for i in kept] == want[kept].argmax(dim=1).tolist()
@@ -217,9 +227,9 @@ def test_wrong_columns_name_the_column(spark, sc, net) -> None:
     with pytest.raises(DataError, match="'features'"):
         spark_eval.evaluate(sc, net, df)
     with pytest.raises(DataError, match="'nope'"):
-        inference.predict(spark, net, df, features_col="nope")
+        inference.predict(spark, net, df, Columns("nope"))
     with pytest.raises(ConfigError, match="output must be one of"):
-        inference.predict(spark, net, df, features_col="x", output="logits")
+        inference.predict(spark, net, df, Columns("x"), output="logits")
 
 
 def test_executor_data_errors_come_back_as_data_errors(sc, net) -> None:
@@ -227,8 +237,6 @@ def test_executor_data_errors_come_back_as_data_errors(sc, net) -> None:
     with pytest.raises(DataError, match="label index 7") as info:
         spark_eval.evaluate(sc, net, sc.parallelize([bad], 1))
     assert "executor traceback" in str(info.value)
-    with pytest.raises(ConfigError, match="eval_workers=0 is no longer supported"):
-        spark_eval.evaluate(sc, net, sc.parallelize([bad], 1), eval_workers=0)
     with pytest.raises(ConfigError, match="at least one evaluation"):
         spark_eval.do_evaluation(sc, net, sc.parallelize([bad], 1))
     two = sc.parallelize([(0, DataSet(torch.rand(2, F), torch.zeros(2, dtype=torch.long)))], 1)
@@ -269,7 +277,7 @@ def test_network_cache_bounds_copies_and_reuses_them() -> None:
     for t in threads:
         t.join()
     assert peak[0] <= 2
-    assert 1 <= cache.copies("b") <= 2  # never more copies than eval_workers
+    assert 1 <= cache.copies("b") <= 2  # never more copies than the cache's limit
 
     with cache.lease("c", 2, build):
         pass
@@ -283,7 +291,7 @@ def test_executor_processes_build_one_copy_each(sc, net) -> None:
     """With Python worker reuse, later tasks in a process lease the copy an earlier task built."""
     import os
 
-    from torchspark.spark.evaluation import ship_network
+    from torchspark.spark.shipped import ship_network
 
     shipped = ship_network(sc, net)
 
@@ -305,8 +313,6 @@ def test_executor_processes_build_one_copy_each(sc, net) -> None:
 
 # ------------------------------------------------------------------ the same API on SparkNetwork
 def test_spark_network_methods_equal_local_results(spark, net, data, rdd) -> None:
-    from torchspark.spark import SparkNetwork
-
     snet = SparkNetwork(spark, net)
     local = net.evaluate(data, batch_size=50)
     np.testing.assert_array_equal(snet.evaluate(rdd, batch_size=50).confusion_matrix(), local.confusion_matrix())

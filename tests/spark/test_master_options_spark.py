@@ -1,6 +1,6 @@
 """Every option of the masters and SparkNetwork works or is refused, on a real local[2] session: rng_seed with the
 routes that used to ignore it, storage_level names, workers_per_node against the session's executors, the import
-check on every executor, eval_workers, and the replicas' checksums measured after a fit.
+check on every executor, and the replicas' checksums measured after a fit.
 
 local-cluster checks (two executor JVMs) run in a child process: ``scripts/local_cluster_fit.py``, through the
 ``local_cluster_runs`` fixture shared with test_local_cluster.py."""
@@ -14,7 +14,7 @@ import torch
 
 from helpers import mlp_net
 from torchspark import datasets, optim
-from torchspark.errors import ConfigError, SetupError
+from torchspark.errors import SetupError
 from torchspark.spark import ParameterAveragingTrainingMaster, SharedTrainingMaster, SparkNetwork
 from torchspark.spark.preflight import probe_executors
 from torchspark.training.config.masters import STORAGE_LEVELS
@@ -119,21 +119,6 @@ def test_import_check_reaches_the_local_executor(sc) -> None:
     assert len(probed) == 1
     (versions,) = probed.values()
     assert versions.startswith(f"torch {torch.__version__}, torchspark ")
-
-
-def test_eval_workers_is_refused_on_every_evaluation_method(spark, sc) -> None:
-    spark_net = SparkNetwork(spark, _net(), progress=False)
-    data = _data(sc)
-    for call in (
-        lambda: spark_net.evaluate(data, eval_workers=2),
-        lambda: spark_net.evaluate(data, 64, 2),
-        lambda: spark_net.evaluate_regression(data, eval_workers=1),
-        lambda: spark_net.evaluate_roc_multi_class(data, eval_workers=1),
-        lambda: spark_net.do_evaluation(data, spark_net.network.default_evaluation(), eval_workers=4),
-    ):
-        with pytest.raises(ConfigError, match="eval_workers=.*no longer supported"):
-            call()
-    assert spark_net.evaluate(data).accuracy() >= 0  # without it, evaluation runs
 
 
 @pytest.mark.parametrize(

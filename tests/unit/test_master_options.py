@@ -15,7 +15,6 @@ from torchspark.errors import ConfigError, WaitTimeout
 from torchspark.nn import NetworkBlueprint
 from torchspark.spark import ParameterAveragingTrainingMaster, SharedTrainingMaster
 from torchspark.spark.data import _RoundRobinKeys, group_paths, seeded_order
-from torchspark.spark.evaluation import refuse_eval_workers
 from torchspark.stats import DRIVER_ID, StatsCollector
 from torchspark.training import InProcessRunner, WorkerTask
 from torchspark.training.algorithms.sharing.settings import SharingSettings
@@ -47,13 +46,6 @@ def test_workers_per_node_with_num_workers_is_refused() -> None:
         SharedTrainingMaster(num_workers=4, workers_per_node=2)
     assert SharedTrainingMaster(workers_per_node=2).resolve_num_workers(8, executors=3) == 6
     assert SharedTrainingMaster(num_workers=4).resolve_num_workers(8, executors=3) == 4
-
-
-@pytest.mark.parametrize("value", [1, 4, 0])
-def test_eval_workers_is_refused_with_what_to_use_instead(value) -> None:
-    with pytest.raises(ConfigError, match=r"eval_workers=.* no longer supported.*spark\.task\.cpus"):
-        refuse_eval_workers(value)
-    refuse_eval_workers(None)
 
 
 # ------------------------------------------------------------------ data_timeout_s without prefetch

@@ -85,7 +85,7 @@ def test_synthetic_keywords_class_is_the_keywords_it_contains() -> None:
         ({"seq_len": 3, "keywords_per_example": 4}, r"keywords_per_example must be <= seq_len \(3\), got 4"),
         ({"vocab_size": 8, "n_classes": 2, "keywords_per_class": 4}, r"vocab_size must exceed .* = 8 .* got 8"),
         ({"n_classes": 1}, r"n_classes must be >= 2"),
-        ({"seq_len": 0}, r"seq_len must be an int >= 1, got 0"),
+        ({"seq_len": 0}, r"seq_len must be an integer >= 1, got 0"),
     ],
 )
 def test_synthetic_keywords_refuses_impossible_settings(kwargs, message: str) -> None:

@@ -15,6 +15,7 @@ from torchspark.data.batchfiles import (
     save_batches,
 )
 from torchspark.data.batching import Batch, iterate_minibatches, rebatch, recut
+from torchspark.data.columns import Columns
 from torchspark.data.dataset import DataSet, MultiDataSet
 from torchspark.data.groups import BatchGroup, Trainable, as_group, group_batches, group_examples
 from torchspark.data.paths import resolve_paths
@@ -22,6 +23,7 @@ from torchspark.data.paths import resolve_paths
 __all__ = [
     "Batch",
     "BatchGroup",
+    "Columns",
     "as_group",
     "DataSet",
     "batch_num_examples",

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from torchspark.errors import ConfigError
+from torchspark.validation import check_float, check_int
 
 __all__ = [
     "EpochTerminationCondition",
@@ -37,12 +38,10 @@ __all__ = [
 
 
 def _check_number(cls: str, name: str, value: Any, minimum: float | None = None, integer: bool = False) -> None:
-    kinds = (int,) if integer else (int, float)
-    bad = isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(value)
-    if bad or (minimum is not None and value < minimum):
-        what = "an integer" if integer else "a finite number"
-        bound = "" if minimum is None else f" >= {minimum}"
-        raise ConfigError(f"{cls}: {name} must be {what}{bound}, got {value!r}")
+    if integer:
+        check_int(name, value, None if minimum is None else int(minimum), owner=cls)
+    else:
+        check_float(name, value, minimum=minimum, finite=True, owner=cls)
 
 
 def _better(score: float, than: float, minimize: bool, by: float = 0.0) -> bool:

@@ -18,6 +18,7 @@ from torchspark.data import DataSet, MultiDataSet
 from torchspark.errors import ConfigError
 from torchspark.evaluation import ROC, BaseEvaluation, Evaluation, EvaluationBinary, RegressionEvaluation, ROCMultiClass
 from torchspark.nn import Network
+from torchspark.validation import check_int
 
 __all__ = ["ScoreCalculator", "Metric", "METRICS", "metric_by_name", "LossCalculator", "EvaluationCalculator"]
 
@@ -81,11 +82,6 @@ def metric_by_name(metric: str | Metric) -> Metric:
     return found
 
 
-def _check_batch_size(owner: str, batch_size: Any) -> None:
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ConfigError(f"{owner}: batch_size must be an integer >= 1, got {batch_size!r}")
-
-
 def _check_data(owner: str, data: Any) -> None:
     if not isinstance(data, (DataSet, MultiDataSet, list, tuple)):
         raise ConfigError(
@@ -109,7 +105,7 @@ class LossCalculator:
         self, data: DataSet | MultiDataSet | Iterable[Any], average: bool = True, batch_size: int = 256
     ) -> None:
         _check_data("LossCalculator", data)
-        _check_batch_size("LossCalculator", batch_size)
+        check_int("batch_size", batch_size, 1, owner="LossCalculator")
         self.data, self.average, self.batch_size = data, bool(average), batch_size
 
     def calculate(self, network: Network) -> float:
@@ -126,7 +122,7 @@ class EvaluationCalculator:
         self, data: DataSet | MultiDataSet | Iterable[Any], metric: str | Metric = "accuracy", batch_size: int = 256
     ) -> None:
         _check_data("EvaluationCalculator", data)
-        _check_batch_size("EvaluationCalculator", batch_size)
+        check_int("batch_size", batch_size, 1, owner="EvaluationCalculator")
         self.data, self.metric, self.batch_size = data, metric_by_name(metric), batch_size
         self.minimize = self.metric.minimize
 

@@ -25,7 +25,7 @@ from functools import partial
 from typing import Any
 
 from torchspark._io import filesystem, join
-from torchspark.data import DataSet, MultiDataSet, load_batch, rebatch, save_batch
+from torchspark.data import Columns, DataSet, MultiDataSet, load_batch, rebatch, save_batch
 from torchspark.data.batchfiles import refuse_earlier_export
 from torchspark.errors import ConfigError, DataError
 from torchspark.spark.data import as_batch
@@ -34,6 +34,7 @@ from torchspark.spark.export import check_export_directory
 from torchspark.spark.frames import dataframe_batches, is_dataframe, run_session_job
 from torchspark.spark.jobs import run_job
 from torchspark.spark.session_kinds import require_classic
+from torchspark.validation import check_int
 
 __all__ = ["export_batches"]
 
@@ -47,8 +48,9 @@ def export_batches(
     record_fn: Callable[[Any], DataSet | MultiDataSet] | None = None,
     features_col: str | Sequence[str] = "features",
     label_col: str | Sequence[str] | None = "label",
-    feature_shape: Sequence[int] | None = None,
+    feature_shape: Any = None,
     integer_labels: bool = True,
+    columns: Columns | None = None,
 ) -> list[str]:
     """Write ``data`` as batch files of exactly ``batch_size`` examples under ``directory``; returns their paths.
 
@@ -63,6 +65,8 @@ def export_batches(
             into examples; runs on the executors.
         features_col, label_col, feature_shape, integer_labels: DataFrame input only (``integer_labels``: labels
             are class indices; False keeps them as float targets).
+        columns: the three column options in one [`Columns`][torchspark.data.Columns] value (giving both is a
+            ConfigError).
     Returns:
         The paths/URLs of the batch files, full ones in partition order, then the merged remainders; only the
         last file may hold fewer than ``batch_size`` examples.
@@ -73,8 +77,8 @@ def export_batches(
             would be read as one), or data an executor could not turn into batches (the message names
             the record's type or the column; nulls and ragged arrays in a DataFrame too).
     """
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ConfigError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    check_int("batch_size", batch_size, 1)
+    cols = Columns.of(columns, features_col, label_col, feature_shape, owner="export_batches")
     if record_fn is not None and not callable(record_fn):
         raise ConfigError(f"record_fn must be a function record -> DataSet, got {type(record_fn).__name__}")
     if is_dataframe(data):
@@ -83,9 +87,9 @@ def export_batches(
                 "record_fn turns the raw records of an RDD into DataSets; a DataFrame's features and "
                 "label columns are read directly: drop record_fn (or compute the columns first)"
             )
-        return _export_dataframe(data, directory, batch_size, features_col, label_col, feature_shape, integer_labels)
+        return _export_dataframe(data, directory, batch_size, cols, integer_labels)
     require_classic(_active_session(), f"export_batches of a {type(data).__name__}", "pass a DataFrame")
-    rdd = to_batch_rdd(data, features_col, label_col, feature_shape, integer_labels)
+    rdd = to_batch_rdd(data, cols, integer_labels)
     if record_fn is not None:
         rdd = rdd.map(partial(_apply_record_fn, record_fn))
     _check_target(directory)
@@ -163,14 +167,12 @@ def _export_dataframe(
     data: Any,
     directory: str,
     batch_size: int,
-    features_col: Any,
-    label_col: Any,
-    feature_shape: Any,
+    columns: Columns,
     integer_labels: Any,
 ) -> list[str]:
     """Steps (1) and (2) as ``mapInArrow`` jobs of the DataFrame's own session."""
-    frame = training_frame(data, features_col, label_col, feature_shape)
-    to_batches = dataframe_batches(features_col, label_col, feature_shape, integer_labels)
+    frame = training_frame(data, columns)
+    to_batches = dataframe_batches(columns, integer_labels)
     _check_target(directory)
     spark = data.sparkSession
     token = uuid.uuid4().hex[:8]

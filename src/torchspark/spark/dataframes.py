@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from torchspark.data import DataSet, MultiDataSet, dataset_to_bytes
+from torchspark.data import Columns, DataSet, MultiDataSet, dataset_to_bytes
+from torchspark.data.columns import DEFAULT_COLUMNS
 from torchspark.errors import DataError
 from torchspark.nn import Network
 
@@ -24,8 +25,6 @@ __all__ = [
     "arrow_to_batch",
     "training_frame",
     "to_batch_rdd",
-    "feature_shapes",
-    "column_names",
     "classification_outputs",
     "network_batches",
 ]
@@ -82,44 +81,8 @@ def _column_to_tensor(col: Any, shape: Sequence[int] | None, integer_labels: boo
     return t
 
 
-def column_names(value: str | Sequence[str] | None, what: str) -> list[str]:
-    """``features_col`` / ``label_col`` as a list of names (None: none; one name: a list of one)."""
-    if value is None:
-        return []
-    if isinstance(value, str):
-        return [value]
-    cols = list(value)
-    if not cols or not all(isinstance(c, str) for c in cols):
-        raise DataError(f"{what} must be a column name or a non-empty list of column names, got {value!r}")
-    return cols
-
-
-def feature_shapes(feature_shape: Any, count: int) -> list[Sequence[int] | None]:
-    """One shape (or None) per features column: a shape like ``(1, 28, 28)`` for one column, or a list with one
-    shape or None per column."""
-    if feature_shape is None:
-        return [None] * count
-    items = list(feature_shape)
-    if all(isinstance(d, int) for d in items):
-        if count != 1:
-            raise DataError(
-                f"feature_shape={tuple(items)} is one shape but there are {count} features columns; "
-                "pass a list with one shape (or None) per column"
-            )
-        return [items]
-    if len(items) != count:
-        raise DataError(
-            f"feature_shape has {len(items)} entries but there are {count} features columns; give one "
-            "shape (or None) per column"
-        )
-    return items
-
-
 def dataframe_to_batches(
-    features_col: str | Sequence[str],
-    label_col: str | Sequence[str] | None,
-    feature_shape: Any,
-    integer_labels: bool | Sequence[bool],
+    columns: Columns, integer_labels: bool | Sequence[bool]
 ) -> Callable[[Iterable[Any]], Iterator[Any]]:
     """A ``mapInArrow`` function: Arrow record batches -> one serialized batch per record batch.
 
@@ -129,7 +92,7 @@ def dataframe_to_batches(
     """
     import pyarrow as pa
 
-    to_batch = arrow_to_batch(features_col, label_col, feature_shape, integer_labels)
+    to_batch = arrow_to_batch(columns, integer_labels)
 
     def convert(batches: Iterable[Any]) -> Iterator[Any]:
         for rb in batches:
@@ -141,12 +104,7 @@ def dataframe_to_batches(
     return convert
 
 
-def arrow_to_batch(
-    features_col: str | Sequence[str],
-    label_col: str | Sequence[str] | None,
-    feature_shape: Any,
-    integer_labels: bool | Sequence[bool],
-) -> Callable[[Any], DataSet | MultiDataSet]:
+def arrow_to_batch(columns: Columns, integer_labels: bool | Sequence[bool]) -> Callable[[Any], DataSet | MultiDataSet]:
     """A function turning one Arrow record batch (or table) of a DataFrame's rows into one DataSet or MultiDataSet
     (the conversion `dataframe_to_batches` applies to every record batch; the Spark Connect route applies it
     to each minibatch's rows).
@@ -155,11 +113,9 @@ def arrow_to_batch(
     a MultiDataSet. ``integer_labels``: one flag per label column (class indices, else float targets), or one for
     all. Raises DataError (from the returned function) on nulls, ragged arrays or a shape that does not fit.
 
-    Example: ``arrow_to_batch("features", "label", (1, 8, 8), True)(record_batch)`` -> a DataSet.
+    Example: ``arrow_to_batch(Columns(feature_shape=(1, 8, 8)), True)(record_batch)`` -> a DataSet.
     """
-    fcols, lcols = column_names(features_col, "features_col"), column_names(label_col, "label_col")
-    shapes = feature_shapes(feature_shape, len(fcols))
-    multi = not isinstance(features_col, str) or (label_col is not None and not isinstance(label_col, str))
+    fcols, lcols, shapes, multi = columns.feature_names, columns.label_names, columns.shapes, columns.several
     # one flag per label column (a network's losses differ per output); a single flag applies to every column
     flags = list(integer_labels) if isinstance(integer_labels, (list, tuple)) else [integer_labels]
     ints = [bool(flags[k] if k < len(flags) else flags[-1]) for k in range(len(lcols))]
@@ -179,13 +135,7 @@ def _array(col: Any) -> Any:
     return col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
 
 
-def to_batch_rdd(
-    data: Any,
-    features_col: str | Sequence[str] = "features",
-    label_col: str | Sequence[str] | None = "label",
-    feature_shape: Any = None,
-    integer_labels: bool | Sequence[bool] = True,
-) -> Any:
+def to_batch_rdd(data: Any, columns: Columns = DEFAULT_COLUMNS, integer_labels: bool | Sequence[bool] = True) -> Any:
     """An RDD of DataSet/MultiDataSet (or serialized batches) from an RDD or a DataFrame.
 
     DataFrames stream through Arrow (``mapInArrow``) on the executors; nothing is collected on the driver.
@@ -198,38 +148,32 @@ def to_batch_rdd(
     if isinstance(data, RDD):
         return data
     if isinstance(data, DataFrame):
-        df = training_frame(data, features_col, label_col, feature_shape)
-        fn = dataframe_to_batches(features_col, label_col, feature_shape, integer_labels)
+        df = training_frame(data, columns)
+        fn = dataframe_to_batches(columns, integer_labels)
         return df.mapInArrow(fn, ARROW_SCHEMA).rdd.map(lambda row: bytes(row[0]))
     raise DataError(
         f"training data must be an RDD of DataSet/MultiDataSet or a Spark DataFrame, got {type(data).__name__}"
     )
 
 
-def training_frame(
-    data: Any,
-    features_col: str | Sequence[str] = "features",
-    label_col: str | Sequence[str] | None = "label",
-    feature_shape: Any = None,
-) -> Any:
+def training_frame(data: Any, columns: Columns = DEFAULT_COLUMNS) -> Any:
     """The DataFrame's features and label columns, checked (they exist, hold numbers, arrays of numbers or ML
-    Vectors; ``feature_shape`` has one entry per features column) and with ML Vectors turned into float32 arrays:
+    Vectors) and with ML Vectors turned into float32 arrays:
     what every DataFrame route (classic and Spark Connect) reads, before any job runs.
 
     Raises:
-        DataError: a missing column, a column of another type, or a ``feature_shape`` that does not match.
+        DataError: a missing column or a column of another type.
     """
     from pyspark.ml.functions import vector_to_array
     from pyspark.ml.linalg import VectorUDT
 
-    cols = column_names(features_col, "features_col") + column_names(label_col, "label_col")
+    cols = columns.names
     missing = [c for c in cols if c not in data.columns]
     if missing:
         raise DataError(f"DataFrame has no column(s) {missing}; it has {data.columns}. Pass features_col= / label_col=")
-    feature_shapes(feature_shape, len(column_names(features_col, "features_col")))  # on the driver: a clear error
-    df = data.select(*dict.fromkeys(cols))
+    df = data.select(*cols)
     schema = df.schema
-    for c in dict.fromkeys(cols):
+    for c in cols:
         _check_column_type(c, schema[c].dataType)
         if isinstance(schema[c].dataType, VectorUDT):
             df = df.withColumn(c, vector_to_array(c, "float32"))
@@ -259,17 +203,11 @@ def classification_outputs(network: Network) -> list[bool]:
     return [loss.classification for loss in network.losses]
 
 
-def network_batches(
-    network: Network,
-    data: Any,
-    features_col: str | Sequence[str] = "features",
-    label_col: str | Sequence[str] | None = "label",
-    feature_shape: Any = None,
-) -> Any:
+def network_batches(network: Network, data: Any, columns: Columns = DEFAULT_COLUMNS) -> Any:
     """`to_batch_rdd` with each label column read as its output's loss wants it
     (`classification_outputs`).
 
-    Example: for a network with a ``cross_entropy`` and an ``mse`` output, ``label_col=["cls", "reg"]`` gives
+    Example: for a network with a ``cross_entropy`` and an ``mse`` output, ``Columns(label=["cls", "reg"])`` gives
     integer class indices for ``cls`` and float targets for ``reg``.
     """
-    return to_batch_rdd(data, features_col, label_col, feature_shape, classification_outputs(network))
+    return to_batch_rdd(data, columns, classification_outputs(network))

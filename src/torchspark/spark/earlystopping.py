@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from torchspark.data import Columns
 from torchspark.earlystopping.scores import Metric, metric_by_name
 from torchspark.earlystopping.trainer import EarlyStoppingConfiguration, EarlyStoppingListener, EpochByEpochTrainer
 from torchspark.errors import ConfigError
@@ -21,6 +22,7 @@ from torchspark.spark.inference import calculate_score
 from torchspark.spark.network import SparkNetwork
 from torchspark.spark.session import spark_context
 from torchspark.spark.session_kinds import is_connect_session
+from torchspark.validation import check_int
 
 __all__ = ["SparkLossCalculator", "SparkEvaluationCalculator", "SparkEarlyStoppingTrainer"]
 
@@ -33,19 +35,14 @@ class _DataArgs:
         spark: Any,
         data: Any,
         batch_size: int,
-        features_col: str,
-        label_col: str | None,
-        feature_shape: Sequence[int] | None,
+        columns: Columns,
     ) -> None:
         #: where the scores are computed: the SparkContext, or the Spark Connect session itself (no SparkContext)
         self.sc = spark if is_connect_session(spark) else spark_context(spark)
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ConfigError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+        check_int("batch_size", batch_size, 1)
         if data is None:
             raise ConfigError("validation data is None; pass an RDD of DataSets, a DataFrame or batch-file paths")
-        self.data, self.batch_size = data, batch_size
-        self.features_col, self.label_col = features_col, label_col
-        self.feature_shape = tuple(feature_shape) if feature_shape else None
+        self.data, self.batch_size, self.columns = data, batch_size, columns
 
 
 class SparkLossCalculator(_DataArgs):
@@ -53,8 +50,8 @@ class SparkLossCalculator(_DataArgs):
 
     Args:
         spark: SparkSession or SparkContext.
-        data: an RDD of DataSet/MultiDataSet, a DataFrame (``features_col``, ``label_col``, ``feature_shape`` as for
-            ``SparkNetwork.fit``) or batch-file paths. Persist an RDD or DataFrame that is costly to recompute: it is
+        data: an RDD of DataSet/MultiDataSet, a DataFrame (``features_col``, ``label_col``, ``feature_shape`` or
+            ``columns`` as for ``SparkNetwork.fit``) or batch-file paths. Persist an RDD or DataFrame that is costly to recompute: it is
             read once per evaluated epoch.
         average: mean loss per example (True) or the sum.
         batch_size: examples per forward pass on the executors.
@@ -68,11 +65,13 @@ class SparkLossCalculator(_DataArgs):
         data: Any,
         average: bool = True,
         batch_size: int = DEFAULT_BATCH_SIZE,
-        features_col: str = "features",
-        label_col: str | None = "label",
-        feature_shape: Sequence[int] | None = None,
+        features_col: str | Sequence[str] = "features",
+        label_col: str | Sequence[str] | None = "label",
+        feature_shape: Any = None,
+        columns: Columns | None = None,
     ) -> None:
-        super().__init__(spark, data, batch_size, features_col, label_col, feature_shape)
+        cols = Columns.of(columns, features_col, label_col, feature_shape, owner=type(self).__name__)
+        super().__init__(spark, data, batch_size, cols)
         self.average = bool(average)
 
     def calculate(self, network: Network) -> float:
@@ -83,9 +82,7 @@ class SparkLossCalculator(_DataArgs):
                 self.data,
                 self.average,
                 self.batch_size,
-                self.features_col,
-                self.label_col,
-                self.feature_shape,
+                self.columns,
             )
         )
 
@@ -101,11 +98,13 @@ class SparkEvaluationCalculator(_DataArgs):
         data: Any,
         metric: str | Metric = "accuracy",
         batch_size: int = DEFAULT_BATCH_SIZE,
-        features_col: str = "features",
-        label_col: str | None = "label",
-        feature_shape: Sequence[int] | None = None,
+        features_col: str | Sequence[str] = "features",
+        label_col: str | Sequence[str] | None = "label",
+        feature_shape: Any = None,
+        columns: Columns | None = None,
     ) -> None:
-        super().__init__(spark, data, batch_size, features_col, label_col, feature_shape)
+        cols = Columns.of(columns, features_col, label_col, feature_shape, owner=type(self).__name__)
+        super().__init__(spark, data, batch_size, cols)
         self.metric = metric_by_name(metric)
         self.minimize = self.metric.minimize
 
@@ -116,9 +115,7 @@ class SparkEvaluationCalculator(_DataArgs):
             self.data,
             self.metric.evaluation(),
             batch_size=self.batch_size,
-            features_col=self.features_col,
-            label_col=self.label_col,
-            feature_shape=self.feature_shape,
+            columns=self.columns,
         )
         return self.metric.value(ev)
 
@@ -132,7 +129,7 @@ class SparkEarlyStoppingTrainer(EpochByEpochTrainer):
         config: the [`EarlyStoppingConfiguration`][torchspark.earlystopping.EarlyStoppingConfiguration].
         train_data: what ``SparkNetwork.fit`` takes: an RDD of DataSet/MultiDataSet or a DataFrame (``fit_paths``
             data: pass ``paths=`` instead).
-        features_col, label_col, feature_shape: DataFrame columns, as for ``SparkNetwork.fit``.
+        features_col, label_col, feature_shape, columns: DataFrame columns, as for ``SparkNetwork.fit``.
         paths: batch-file paths (a list or an RDD of str) trained with ``fit_paths`` instead of ``train_data``.
         listener: an [`EarlyStoppingListener`][torchspark.earlystopping.EarlyStoppingListener].
 
@@ -148,11 +145,12 @@ class SparkEarlyStoppingTrainer(EpochByEpochTrainer):
         spark_network: SparkNetwork,
         config: EarlyStoppingConfiguration,
         train_data: Any = None,
-        features_col: str = "features",
-        label_col: str | None = "label",
-        feature_shape: Sequence[int] | None = None,
+        features_col: str | Sequence[str] = "features",
+        label_col: str | Sequence[str] | None = "label",
+        feature_shape: Any = None,
         paths: Any = None,
         listener: EarlyStoppingListener | None = None,
+        columns: Columns | None = None,
     ) -> None:
         if not isinstance(spark_network, SparkNetwork):
             raise ConfigError(f"spark_network must be a SparkNetwork, got {type(spark_network).__name__}")
@@ -164,14 +162,13 @@ class SparkEarlyStoppingTrainer(EpochByEpochTrainer):
             raise ConfigError("pass exactly one of train_data (an RDD or DataFrame) and paths (batch files)")
         self.spark_network = spark_network
         self.paths = paths
-        self.feature_shape = tuple(feature_shape) if feature_shape else None
-        self.columns = {"features_col": features_col, "label_col": label_col, "feature_shape": self.feature_shape}
+        self.columns = Columns.of(columns, features_col, label_col, feature_shape, owner="SparkEarlyStoppingTrainer")
         # one RDD for every epoch (a DataFrame would become a new RDD, exported again, at every fit); a Spark
         # Connect session has no RDDs: each epoch streams the DataFrame itself
         self.train_data = (
             train_data
             if train_data is None or spark_network.sc is None
-            else network_batches(spark_network.network, train_data, features_col, label_col, self.feature_shape)
+            else network_batches(spark_network.network, train_data, self.columns)
         )
         super().__init__(config, listener, spark_network.add_progress_listener)
 
@@ -184,5 +181,5 @@ class SparkEarlyStoppingTrainer(EpochByEpochTrainer):
         if self.paths is not None:
             net.fit_paths(self.paths, epochs=1)
         else:
-            net.fit(self.train_data, epochs=1, **self.columns)
+            net.fit(self.train_data, epochs=1, columns=self.columns)
         return net.score

@@ -3,8 +3,7 @@
 Both run over an RDD whose items an executor turns into batches: `batch_items` makes that RDD from what the
 user passed (an RDD, a DataFrame, batch files, or paths with a ``loader``), and `load_evaluation_item` /
 `load_batch_item` turn one item into a batch on the executor. `peek_nonempty` lets an empty partition
-return before it builds a network; `check_positive` and `refuse_eval_workers` check the options both
-take.
+return before it builds a network.
 
 Example::
 
@@ -19,7 +18,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import chain
 from typing import Any
 
-from torchspark.data import DataSet, MultiDataSet, resolve_paths
+from torchspark.data import Columns, DataSet, MultiDataSet, resolve_paths
+from torchspark.data.columns import DEFAULT_COLUMNS
 from torchspark.errors import ConfigError, DataError
 from torchspark.spark.dataframes import to_batch_rdd
 from torchspark.training.assignment import check_loader, load_with
@@ -29,8 +29,6 @@ __all__ = [
     "load_evaluation_item",
     "batch_items",
     "peek_nonempty",
-    "check_positive",
-    "refuse_eval_workers",
 ]
 
 
@@ -66,17 +64,15 @@ def load_evaluation_item(item: Any, loader: Callable[[str], Any] | None = None) 
 def batch_items(
     sc: Any,
     data: Any,
-    features_col: str = "features",
-    label_col: str | None = "label",
-    feature_shape: Sequence[int] | None = None,
-    integer_labels: bool = True,
+    columns: Columns = DEFAULT_COLUMNS,
+    integer_labels: bool | Sequence[bool] = True,
     loader: Callable[[str], Any] | None = None,
 ) -> Any:
     """An RDD whose items `load_evaluation_item` (with the same ``loader``) turns into batches.
 
     Args:
-        data: an RDD of DataSet/MultiDataSet (or batch bytes, or batch-file paths), a DataFrame (columns as for
-            ``fit``), or batch files (``export_batches`` / ``save_batches`` output): a directory, a glob, one file
+        data: an RDD of DataSet/MultiDataSet (or batch bytes, or batch-file paths), a DataFrame (its ``columns``
+            read), or batch files (``export_batches`` / ``save_batches`` output): a directory, a glob, one file
             or a list of paths/URLs.
         loader: ``fn(path) -> DataSet`` for files that are not batch files (as in ``fit_paths``); ``data`` must
             then be paths (a directory then means every non-hidden file in it) or an RDD of paths.
@@ -98,7 +94,7 @@ def batch_items(
                 f"paths), not a {type(data).__name__}; drop loader= to evaluate it"
             )
         return data
-    return to_batch_rdd(data, features_col, label_col, feature_shape, integer_labels)
+    return to_batch_rdd(data, columns, integer_labels)
 
 
 def peek_nonempty(items: Iterable[Any]) -> Iterator[Any] | None:
@@ -109,27 +105,3 @@ def peek_nonempty(items: Iterable[Any]) -> Iterator[Any] | None:
 
 
 _EMPTY = object()
-
-
-def check_positive(**values: Any) -> None:
-    """ConfigError unless every value is an integer >= 1."""
-    for name, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
-
-
-def refuse_eval_workers(eval_workers: Any) -> None:
-    """ConfigError for any ``eval_workers`` value (DL4J's ``evalNumWorkers``, removed).
-
-    In DL4J the tasks of one executor JVM share ``evalNumWorkers`` network copies. PySpark runs every task in its
-    own Python worker process, so a running task always holds exactly one copy and a cap per process never binds;
-    the copies per executor are its concurrently running tasks, which Spark's own settings control.
-    """
-    if eval_workers is not None:
-        raise ConfigError(
-            f"eval_workers={eval_workers!r} is no longer supported: PySpark runs each task in its own Python worker, "
-            "so every running evaluation task holds one network copy and a per-executor cap cannot be enforced "
-            "from Python. Drop the argument; to hold fewer copies per executor run fewer tasks at once "
-            "(spark.task.cpus=2 halves them on executors with spark.executor.cores cores), or repartition the data "
-            "to fewer partitions."
-        )

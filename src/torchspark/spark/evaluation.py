@@ -6,8 +6,7 @@ DL4J's ``SparkDl4jMultiLayer.doEvaluation`` / ``evaluate*`` in Python:
    classic session; the task's closure or a session artifact on Spark Connect);
 2. each partition is re-batched to ``batch_size`` examples and fills fresh, empty copies of the evaluations with
    a network leased from the executor process's `NetworkCache` (one copy per Python worker, reused by
-   later tasks in the same process; DL4J's ``evalNumWorkers`` has no PySpark equivalent, see
-   `refuse_eval_workers`);
+   later tasks in the same process);
 3. each partition returns its evaluations as JSON (no pickle), merged with
    [`merge`][torchspark.evaluation.BaseEvaluation.merge], which is exact for counts (accuracy, confusion matrix,
    binned ROC), so the result equals one local pass over the same data;
@@ -16,8 +15,9 @@ DL4J's ``SparkDl4jMultiLayer.doEvaluation`` / ``evaluate*`` in Python:
 Two routes: an RDD (of DataSets, batch bytes or paths) and batch files on a classic session run ``mapPartitions``
 and ``treeAggregate``; a DataFrame (on any session) and batch files on a Spark Connect session run one
 ``mapInArrow`` job whose rows are the partial evaluations (`torchspark.spark.frame_jobs`), so no RDD is needed.
-The executor-side helpers (`batch_items`, `load_batch_item`) live in `torchspark.spark.eval_inputs`,
-shared with `torchspark.spark.inference`, and are re-exported here.
+The executor-side helpers (`batch_items`, `load_evaluation_item`) live in `torchspark.spark.eval_inputs`,
+shared with `torchspark.spark.inference`. The public methods are `SparkNetwork`'s
+(`torchspark.spark.evaluation_methods`).
 """
 
 from __future__ import annotations
@@ -26,46 +26,21 @@ import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
+from torchspark.data import Columns
+from torchspark.data.columns import DEFAULT_COLUMNS
 from torchspark.errors import ConfigError, DataError
-from torchspark.evaluation import ROC, BaseEvaluation, RegressionEvaluation, ROCMultiClass, evaluation_from_json
+from torchspark.evaluation import BaseEvaluation, evaluation_from_json
 from torchspark.nn import Network
-from torchspark.nn.cache import NetworkCache
 from torchspark.nn.outputs import check_output_index, default_targets
 from torchspark.spark import jobs
 from torchspark.spark.dataframes import classification_outputs
-from torchspark.spark.eval_inputs import (
-    batch_items,
-    check_positive,
-    load_batch_item,
-    load_evaluation_item,
-    peek_nonempty,
-    refuse_eval_workers,
-)
+from torchspark.spark.eval_inputs import batch_items, load_evaluation_item
 from torchspark.spark.frame_jobs import evaluate_batches, evaluate_frame, merge_jsons
 from torchspark.spark.frames import frame_data, is_dataframe
 from torchspark.spark.session import spark_context
 from torchspark.spark.session_kinds import is_connect_session
-from torchspark.spark.shipped import DEFAULT_EVAL_WORKERS, ShippedNetwork, ship_network, ship_to_session
-
-__all__ = [
-    "DEFAULT_BATCH_SIZE",
-    "DEFAULT_EVAL_WORKERS",
-    "DEFAULT_ROC_THRESHOLD_STEPS",
-    "NetworkCache",
-    "ShippedNetwork",
-    "ship_network",
-    "batch_items",
-    "load_batch_item",
-    "load_evaluation_item",
-    "check_positive",
-    "refuse_eval_workers",
-    "peek_nonempty",
-    "do_evaluation",
-    "evaluate",
-    "evaluate_regression",
-    "evaluate_roc",
-    "evaluate_roc_multi_class",
-]
+from torchspark.spark.shipped import ShippedNetwork, ship_network, ship_to_session
+from torchspark.validation import check_int
 
 log = logging.getLogger(__name__)
 
@@ -108,10 +83,7 @@ def do_evaluation(
     data: Any,
     *evaluations: BaseEvaluation,
     batch_size: int = DEFAULT_BATCH_SIZE,
-    eval_workers: int | None = None,
-    features_col: str = "features",
-    label_col: str | None = "label",
-    feature_shape: Sequence[int] | None = None,
+    columns: Columns = DEFAULT_COLUMNS,
     output_index: int = 0,
     loader: Callable[[str], Any] | None = None,
     _targets: Sequence[int] | None = None,
@@ -121,19 +93,16 @@ def do_evaluation(
     Args:
         sc: SparkContext, SparkSession or Spark Connect session (a DataFrame is evaluated on its own session).
         network: the network to evaluate (output ``output_index`` against the labels of that index).
-        data: an RDD of DataSet/MultiDataSet (any sizes), a DataFrame (``features_col`` / ``label_col`` /
-            ``feature_shape`` as for ``fit``), or batch-file paths (a directory, a glob, a list of str, or an RDD
-            of str). On a Spark Connect session: a DataFrame or batch-file paths (not an RDD); the evaluations
+        data: an RDD of DataSet/MultiDataSet (any sizes), a DataFrame (its ``columns`` read), or batch-file paths
+            (a directory, a glob, a list of str, or an RDD of str). On a Spark Connect session: a DataFrame or batch-file paths (not an RDD); the evaluations
             come back as one JSON row per partition.
         *evaluations: evaluation objects such as ``Evaluation()``, ``ROC(32)``; each partition fills fresh copies
             made from their settings, and the merged result is added into these objects.
         batch_size: examples per forward pass on the executors; bigger is faster until memory runs out. 64 is
             DL4J's default; 256-1024 suits small networks.
-        eval_workers: removed; any value raises ConfigError (see `refuse_eval_workers`). Network copies per
-            executor equal its running tasks (``spark.executor.cores / spark.task.cpus``): raise
-            ``spark.task.cpus`` to run fewer, larger evaluation tasks when networks are big.
-        features_col, label_col, feature_shape: DataFrame input only (lists of columns give several inputs /
-            outputs).
+            Network copies per executor equal its running tasks (``spark.executor.cores / spark.task.cpus``):
+            raise ``spark.task.cpus`` to run fewer, larger evaluation tasks when networks are big.
+        columns: the DataFrame's columns (DataFrame input only; lists of columns give several inputs / outputs).
         output_index: which output of a several-output network every evaluation looks at (DL4J's
             ``evaluate(data, outputIndex)``); `evaluate` without it fills one evaluation per output.
         loader: ``fn(path) -> DataSet | MultiDataSet`` for files that are not batch files (images, CSV shards), as
@@ -143,14 +112,13 @@ def do_evaluation(
     Returns:
         the evaluation when one is given, else a tuple in the order given.
     Raises:
-        ConfigError: no evaluations, a non-evaluation argument, a bad ``batch_size``, ``eval_workers``, or a
-            ``loader`` that is not a function or comes with a DataFrame.
+        ConfigError: no evaluations, a non-evaluation argument, a bad ``batch_size``, or a ``loader`` that is not
+            a function or comes with a DataFrame.
         DataError: the data is empty, a DataFrame column is missing, or an executor found bad data (the message
             carries the executor's traceback), e.g. a loader that returned something other than a DataSet.
         WorkerError: any other executor failure.
     """
-    refuse_eval_workers(eval_workers)
-    check_positive(batch_size=batch_size)
+    check_int("batch_size", batch_size, 1)
     if not evaluations:
         raise ConfigError(
             "do_evaluation needs at least one evaluation, e.g. do_evaluation(sc, net, data, "
@@ -171,9 +139,7 @@ def do_evaluation(
             templates,
             batch_size,
             targets,
-            features_col,
-            label_col,
-            feature_shape,
+            columns,
             loader,
             f"torchspark evaluate: {names}",
         )
@@ -185,9 +151,7 @@ def do_evaluation(
             templates,
             batch_size,
             targets,
-            features_col,
-            label_col,
-            feature_shape,
+            columns,
             loader,
             f"torchspark evaluate: {names}",
         )
@@ -206,14 +170,12 @@ def _evaluate_rdd(
     templates: list[str],
     batch_size: int,
     targets: list[int],
-    features_col: Any,
-    label_col: Any,
-    feature_shape: Any,
+    columns: Columns,
     loader: Callable[[str], Any] | None,
     description: str,
 ) -> _Partial:
     """The classic route: an RDD (or paths parallelized) through ``mapPartitions`` and ``treeAggregate``."""
-    rdd = batch_items(sc, data, features_col, label_col, feature_shape, classification_outputs(network), loader)
+    rdd = batch_items(sc, data, columns, classification_outputs(network), loader)
     shipped = ship_network(sc, network)
     try:
         return jobs.run_job(
@@ -235,15 +197,13 @@ def _evaluate_frame(
     templates: list[str],
     batch_size: int,
     targets: list[int],
-    features_col: Any,
-    label_col: Any,
-    feature_shape: Any,
+    columns: Columns,
     loader: Callable[[str], Any] | None,
     description: str,
 ) -> _Partial:
     """The DataFrame route (any session; batch files too on Spark Connect): one ``mapInArrow`` job."""
     session = data.sparkSession if is_dataframe(data) else spark
-    frame = frame_data(session, data, features_col, label_col, feature_shape, classification_outputs(network), loader)
+    frame = frame_data(session, data, columns, classification_outputs(network), loader)
     shipped = ship_to_session(session, network)
     try:
         return evaluate_frame(shipped, frame, templates, batch_size, targets, description)
@@ -256,10 +216,7 @@ def evaluate(
     network: Network,
     data: Any,
     batch_size: int = DEFAULT_BATCH_SIZE,
-    eval_workers: int | None = None,
-    features_col: str | Sequence[str] = "features",
-    label_col: str | Sequence[str] | None = "label",
-    feature_shape: Any = None,
+    columns: Columns = DEFAULT_COLUMNS,
     labels: Sequence[str] | None = None,
     output_index: int | None = None,
     loader: Callable[[str], Any] | None = None,
@@ -286,98 +243,8 @@ def evaluate(
         data,
         *evs,
         batch_size=batch_size,
-        eval_workers=eval_workers,
-        features_col=features_col,
-        label_col=label_col,
-        feature_shape=feature_shape,
+        columns=columns,
         loader=loader,
         _targets=targets,
     )
     return list(out) if len(evs) > 1 else out
-
-
-def evaluate_regression(
-    sc: Any,
-    network: Network,
-    data: Any,
-    batch_size: int = DEFAULT_BATCH_SIZE,
-    eval_workers: int | None = None,
-    features_col: str = "features",
-    label_col: str | None = "label",
-    feature_shape: Sequence[int] | None = None,
-    loader: Callable[[str], Any] | None = None,
-) -> RegressionEvaluation:
-    """MSE, MAE, RMSE, RSE, R^2 and Pearson per output column (see `do_evaluation` for the arguments)."""
-    return do_evaluation(
-        sc,
-        network,
-        data,
-        RegressionEvaluation(),
-        batch_size=batch_size,
-        eval_workers=eval_workers,
-        features_col=features_col,
-        label_col=label_col,
-        feature_shape=feature_shape,
-        loader=loader,
-    )
-
-
-def evaluate_roc(
-    sc: Any,
-    network: Network,
-    data: Any,
-    threshold_steps: int = DEFAULT_ROC_THRESHOLD_STEPS,
-    batch_size: int = DEFAULT_BATCH_SIZE,
-    eval_workers: int | None = None,
-    features_col: str = "features",
-    label_col: str | None = "label",
-    feature_shape: Sequence[int] | None = None,
-    loader: Callable[[str], Any] | None = None,
-) -> ROC:
-    """ROC / AUC of a binary classifier (1 sigmoid or 2 softmax outputs).
-
-    Args:
-        threshold_steps: bins of the ROC curve. 32 (DL4J's Spark default) keeps each partition's state tiny but
-            approximates the AUC; 0 is exact but ships every score to the driver - use 0 only for modest data,
-            or 200-1000 for a close approximation at any size.
-        Other arguments: as for `do_evaluation`.
-    """
-    return do_evaluation(
-        sc,
-        network,
-        data,
-        ROC(threshold_steps),
-        batch_size=batch_size,
-        eval_workers=eval_workers,
-        features_col=features_col,
-        label_col=label_col,
-        feature_shape=feature_shape,
-        loader=loader,
-    )
-
-
-def evaluate_roc_multi_class(
-    sc: Any,
-    network: Network,
-    data: Any,
-    threshold_steps: int = DEFAULT_ROC_THRESHOLD_STEPS,
-    batch_size: int = DEFAULT_BATCH_SIZE,
-    eval_workers: int | None = None,
-    features_col: str = "features",
-    label_col: str | None = "label",
-    feature_shape: Sequence[int] | None = None,
-    loader: Callable[[str], Any] | None = None,
-) -> ROCMultiClass:
-    """One-vs-all ROC per class (``auc(c)``, ``average_auc()``); ``threshold_steps`` as for `evaluate_roc`."""
-    return do_evaluation(
-        sc,
-        network,
-        data,
-        ROCMultiClass(threshold_steps),
-        batch_size=batch_size,
-        eval_workers=eval_workers,
-        features_col=features_col,
-        label_col=label_col,
-        feature_shape=feature_shape,
-        loader=loader,
-    )

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from torchspark.data import DataSet, MultiDataSet, rebatch
+from torchspark.data import Columns, DataSet, MultiDataSet, rebatch
 from torchspark.errors import DataError
 from torchspark.evaluation import evaluation_from_json
 from torchspark.nn import Network
@@ -191,9 +191,7 @@ def score_column(
     score_col: str,
     include_regularization: bool,
     batch_size: int,
-    features_col: str | Sequence[str],
-    label_col: str | Sequence[str],
-    feature_shape: Any,
+    columns: Columns,
     integer_labels: Sequence[bool],
 ) -> Any:
     """``dataframe`` (every column kept) plus ``score_col``: each row's loss, from a batched Arrow UDF over its
@@ -203,15 +201,15 @@ def score_column(
     from pyspark.sql import functions as F
     from pyspark.sql.functions import arrow_udf
 
-    columns = training_frame(dataframe, features_col, label_col, feature_shape).columns  # checked here
-    to_batches = dataframe_batches(features_col, label_col, feature_shape, list(integer_labels))
+    names = training_frame(dataframe, columns).columns  # checked here
+    to_batches = dataframe_batches(columns, list(integer_labels))
     scores = arrow_udf(_score_rows(shipped, to_batches, batch_size, include_regularization), "double")
     # the features and labels (Vectors as arrays) as one struct argument: the UDF reads them by name
     schema = dataframe.schema
     packed = F.struct(
         *[
             (vector_to_array(F.col(c), "float32") if isinstance(schema[c].dataType, VectorUDT) else F.col(c)).alias(c)
-            for c in columns
+            for c in names
         ]
     )
     return dataframe.withColumn(score_col, scores(packed))

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from torchspark.data import DataSet, MultiDataSet, load_batch, resolve_paths
+from torchspark.data import Columns, DataSet, MultiDataSet, load_batch, resolve_paths
+from torchspark.data.columns import DEFAULT_COLUMNS
 from torchspark.errors import ConfigError, DataError
 from torchspark.spark.connect.jobs import run_tagged
 from torchspark.spark.dataframes import arrow_to_batch, training_frame
@@ -50,7 +51,7 @@ PATH_COLUMN = "path"
 
 #: what works on a Spark Connect session, for the messages refusing the rest
 DATAFRAME_ROUTE = (
-    "pass a DataFrame (features_col=, label_col=, feature_shape=) or batch files (a directory, a glob, "
+    "pass a DataFrame (features_col=, label_col=, feature_shape= or columns=) or batch files (a directory, a glob, "
     "a file or a list of paths, e.g. export_batches' output)"
 )
 
@@ -82,16 +83,14 @@ def is_dataframe(data: Any) -> bool:
 def frame_data(
     spark: Any,
     data: Any,
-    features_col: str | Sequence[str] = "features",
-    label_col: str | Sequence[str] | None = "label",
-    feature_shape: Any = None,
+    columns: Columns = DEFAULT_COLUMNS,
     integer_labels: bool | Sequence[bool] = True,
     loader: Callable[[str], Any] | None = None,
 ) -> FrameData:
     """``data`` as a `FrameData` of ``spark`` (a DataFrame keeps its own session).
 
     Args:
-        data: a DataFrame (columns as for ``fit``), or batch files: a directory, a glob, one file or a list of
+        data: a DataFrame (its ``columns`` read), or batch files: a directory, a glob, one file or a list of
             paths/URLs the executors can read.
         integer_labels: per label column, whether labels are class indices (see ``network_batches``).
         loader: ``fn(path) -> DataSet`` for files that are not batch files (``data`` must then be paths).
@@ -107,8 +106,8 @@ def frame_data(
                 "loader= reads files: pass paths (a directory, a glob, a file or a list of paths), not "
                 "a DataFrame; drop loader= to evaluate the DataFrame's columns"
             )
-        df = training_frame(data, features_col, label_col, feature_shape)
-        return FrameData(df, dataframe_batches(features_col, label_col, feature_shape, integer_labels), "the DataFrame")
+        df = training_frame(data, columns)
+        return FrameData(df, dataframe_batches(columns, integer_labels), "the DataFrame")
     if _is_paths(data):
         paths = resolve_paths(data, any_file=loader is not None)
         frame = spark.createDataFrame([(p,) for p in paths], f"{PATH_COLUMN} string")
@@ -118,14 +117,11 @@ def frame_data(
 
 
 def dataframe_batches(
-    features_col: str | Sequence[str],
-    label_col: str | Sequence[str] | None,
-    feature_shape: Any,
-    integer_labels: bool | Sequence[bool],
+    columns: Columns, integer_labels: bool | Sequence[bool]
 ) -> Callable[[Iterable[Any]], Iterator[Batch]]:
     """On an executor: the Arrow record batches of `training_frame`'s columns
     -> one batch per non-empty record batch (a null or a ragged array raises ``DataError`` naming the column)."""
-    return partial(_record_batches_to_batches, arrow_to_batch(features_col, label_col, feature_shape, integer_labels))
+    return partial(_record_batches_to_batches, arrow_to_batch(columns, integer_labels))
 
 
 def _record_batches_to_batches(to_batch: Callable[[Any], Batch], record_batches: Iterable[Any]) -> Iterator[Batch]:

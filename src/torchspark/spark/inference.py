@@ -23,13 +23,14 @@ from typing import Any
 
 import torch
 
-from torchspark.data import rebatch
+from torchspark.data import Columns, rebatch
 from torchspark.data.batching import merge_batches
+from torchspark.data.columns import DEFAULT_COLUMNS
 from torchspark.errors import DataError
 from torchspark.nn import Network
 from torchspark.nn.inference import check_non_finite, non_finite_message, non_finite_rows
 from torchspark.spark.dataframes import classification_outputs
-from torchspark.spark.eval_inputs import batch_items, check_positive, load_batch_item, peek_nonempty
+from torchspark.spark.eval_inputs import batch_items, load_batch_item, peek_nonempty
 from torchspark.spark.evaluation import DEFAULT_BATCH_SIZE
 from torchspark.spark.frame_jobs import (
     loss_sums,
@@ -44,6 +45,7 @@ from torchspark.spark.predict import PREDICT_OUTPUTS, predict
 from torchspark.spark.session import spark_context
 from torchspark.spark.session_kinds import is_connect_session, require_classic
 from torchspark.spark.shipped import DEFAULT_EVAL_WORKERS, Shipped, ship_network, ship_to_session
+from torchspark.validation import check_int
 
 __all__ = [
     "feed_forward_with_key",
@@ -127,8 +129,7 @@ def feed_forward_with_key(
     data: Any,
     batch_size: int = DEFAULT_BATCH_SIZE,
     key_col: str = "key",
-    features_col: str | Sequence[str] = "features",
-    feature_shape: Any = None,
+    columns: Columns = DEFAULT_COLUMNS,
     output_col: str = "output",
     output_index: int = 0,
     non_finite: str = "error",
@@ -144,9 +145,9 @@ def feed_forward_with_key(
             Or a DataFrame (the route on Spark Connect, which has no RDDs) with a ``key_col`` column of any type
             and ``features_col`` (array or ML Vector columns; a list of them for several inputs).
         batch_size: examples stacked per forward pass; 64 is DL4J's suggestion, raise it for small networks.
-        key_col, features_col, feature_shape, output_col, output_index: DataFrame input only. ``feature_shape``
-            reshapes each row (``(1, 28, 28)``); ``output_index`` picks the output of a several-output network;
-            ``output_col`` names the result column.
+        key_col, columns, output_col, output_index: DataFrame input only. ``columns`` names the features
+            columns and their shapes (the label is not read); ``output_index`` picks the output of a
+            several-output network; ``output_col`` names the result column.
         non_finite: an example whose features hold NaN or inf: ``"error"`` (default) fails the action with
             DataError naming its key; ``"null"`` gives it NaN outputs (RDD) or a null ``output_col`` (DataFrame).
     Returns:
@@ -158,10 +159,10 @@ def feed_forward_with_key(
         ConfigError: bad ``batch_size``; a non-DataFrame input on a Spark Connect session.
         DataError: a missing DataFrame column. Bad rows (mismatched shapes, nulls) surface when an action runs.
     """
-    check_positive(batch_size=batch_size)
+    check_int("batch_size", batch_size, 1)
     check_non_finite("feed_forward_with_key", non_finite)
     if is_dataframe(data):
-        cols = [features_col] if isinstance(features_col, str) else list(features_col)
+        cols = columns.feature_names
         if key_col not in data.columns:
             raise DataError(f"DataFrame has no key column {key_col!r}; it has {data.columns}. Pass key_col=")
         frame = data.select(key_col, *[c for c in dict.fromkeys(cols) if c != key_col and c in data.columns])
@@ -169,9 +170,8 @@ def feed_forward_with_key(
             frame.sparkSession,
             network,
             frame,
-            features_col,
+            columns,
             output_col,
-            feature_shape,
             batch_size,
             "probabilities",
             output_index,
@@ -207,9 +207,7 @@ def score_examples(
     data: Any,
     include_regularization: bool = False,
     batch_size: int = DEFAULT_BATCH_SIZE,
-    features_col: str | Sequence[str] = "features",
-    label_col: str | Sequence[str] | None = "label",
-    feature_shape: Any = None,
+    columns: Columns = DEFAULT_COLUMNS,
     score_col: str = "score",
 ) -> Any:
     """The loss of every example.
@@ -221,7 +219,7 @@ def score_examples(
         include_regularization: add `regularization_score` (the L2 and L1 penalties) to each
             example's loss, as DL4J does; False gives the pure data loss (summed over outputs).
         batch_size: examples per forward pass.
-        features_col, label_col, feature_shape: DataFrame input only, as for ``fit``.
+        columns: the DataFrame's columns (DataFrame input only), as for ``fit``.
         score_col: the new column of a DataFrame input.
     Returns:
         for a DataFrame, the DataFrame (every column kept: keep an id column to tell rows apart) plus
@@ -232,18 +230,16 @@ def score_examples(
         ConfigError: bad ``batch_size``; an RDD or a list of batches on a Spark Connect session.
         DataError: missing DataFrame columns; bad rows (nulls, ragged arrays) when an action runs.
     """
-    check_positive(batch_size=batch_size)
+    check_int("batch_size", batch_size, 1)
     flags = classification_outputs(network)
     if is_dataframe(data):
         shipped = ship_to_session(data.sparkSession, network)
-        return score_column(
-            shipped, data, score_col, include_regularization, batch_size, features_col, label_col, feature_shape, flags
-        )
+        return score_column(shipped, data, score_col, include_regularization, batch_size, columns, flags)
     if is_connect_session(sc):
-        frame = frame_data(sc, data, features_col, label_col, feature_shape, flags)
+        frame = frame_data(sc, data, columns, flags)
         return score_files(ship_to_session(sc, network), frame, batch_size, include_regularization)
     sc = spark_context(sc)
-    rdd = batch_items(sc, data, features_col, label_col, feature_shape, flags)
+    rdd = batch_items(sc, data, columns, flags)
     shipped = ship_network(sc, network)
     return rdd.mapPartitions(_score_partition(shipped, batch_size, include_regularization))
 
@@ -280,9 +276,7 @@ def score_examples_with_key(
     include_regularization: bool = False,
     batch_size: int = DEFAULT_BATCH_SIZE,
     key_col: str = "key",
-    features_col: str | Sequence[str] = "features",
-    label_col: str | Sequence[str] | None = "label",
-    feature_shape: Any = None,
+    columns: Columns = DEFAULT_COLUMNS,
     score_col: str = "score",
 ) -> Any:
     """Per-example loss by key: ``RDD[(key, DataSet)] -> RDD[(key, float)]``, or a DataFrame's rows -> a DataFrame
@@ -294,20 +288,18 @@ def score_examples_with_key(
             Connect) with ``key_col`` and the features and label columns, one example per row.
         include_regularization: as for `score_examples`.
         batch_size: examples merged per forward pass.
-        key_col, features_col, label_col, feature_shape, score_col: DataFrame input only.
+        key_col, columns, score_col: DataFrame input only.
     Returns:
         a lazy ``RDD[(key, float)]``, or for a DataFrame a lazy DataFrame ``key_col, score_col``.
     Raises:
         ConfigError: a non-DataFrame input on a Spark Connect session.
         DataError (when an action runs): a value with more or fewer than one example, naming its key; bad rows.
     """
-    check_positive(batch_size=batch_size)
+    check_int("batch_size", batch_size, 1)
     if is_dataframe(data):
         if key_col not in data.columns:
             raise DataError(f"DataFrame has no key column {key_col!r}; it has {data.columns}. Pass key_col=")
-        scored = score_examples(
-            sc, network, data, include_regularization, batch_size, features_col, label_col, feature_shape, score_col
-        )
+        scored = score_examples(sc, network, data, include_regularization, batch_size, columns, score_col)
         return scored.select(key_col, score_col)
     require_classic(sc, f"score_examples_with_key on a {type(data).__name__}", KEYED_ROUTE + " and label_col=")
     sc = spark_context(sc)
@@ -336,9 +328,7 @@ def calculate_score(
     data: Any,
     average: bool = True,
     batch_size: int = DEFAULT_BATCH_SIZE,
-    features_col: str | Sequence[str] = "features",
-    label_col: str | Sequence[str] | None = "label",
-    feature_shape: Any = None,
+    columns: Columns = DEFAULT_COLUMNS,
 ) -> float:
     """The loss over all of ``data``: the mean per example (``average=True``, as ``Network.score``) or the sum.
 
@@ -351,11 +341,11 @@ def calculate_score(
         ConfigError: an RDD or a list of batches on a Spark Connect session.
         DataError: empty data, missing DataFrame columns, or bad data on an executor.
     """
-    check_positive(batch_size=batch_size)
+    check_int("batch_size", batch_size, 1)
     flags = classification_outputs(network)
     if is_dataframe(data) or is_connect_session(sc):
         session = data.sparkSession if is_dataframe(data) else sc
-        frame = frame_data(session, data, features_col, label_col, feature_shape, flags)
+        frame = frame_data(session, data, columns, flags)
         shipped = ship_to_session(session, network)
         try:
             total, count = loss_sums_frame(shipped, frame, batch_size, "torchspark calculate_score")
@@ -363,7 +353,7 @@ def calculate_score(
             shipped.release()
     else:
         sc = spark_context(sc)
-        rdd = batch_items(sc, data, features_col, label_col, feature_shape, flags)
+        rdd = batch_items(sc, data, columns, flags)
         shipped = ship_network(sc, network)
         try:
             total, count = run_job(

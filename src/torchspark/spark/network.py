@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from torchspark.data import Columns
 from torchspark.errors import ConfigError, DataError
 from torchspark.listeners import TrainingEvents, TrainingListener
 from torchspark.nn import Network
@@ -181,17 +182,20 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         self,
         data: Any,
         epochs: int = 1,
-        features_col: str = "features",
-        label_col: str | None = "label",
-        feature_shape: Sequence[int] | None = None,
+        features_col: str | Sequence[str] = "features",
+        label_col: str | Sequence[str] | None = "label",
+        feature_shape: Any = None,
         run_id: str | None = None,
         restart_epoch: bool = False,
+        columns: Columns | None = None,
     ) -> Network:
         """Train on an ``RDD[DataSet | MultiDataSet]`` or a DataFrame for ``epochs`` epochs; returns the network.
 
         DataSets of any size are re-batched to ``batch_size_per_worker``. A DataFrame's ``features_col`` /
-        ``label_col`` may be array or ML Vector columns; ``feature_shape`` reshapes each row (e.g. ``(1, 28, 28)``);
-        rows stream to the workers through Arrow and are never collected on the driver.
+        ``label_col`` may be array or ML Vector columns (lists of them for several inputs / outputs);
+        ``feature_shape`` reshapes each row (e.g. ``(1, 28, 28)``); ``columns=Columns(...)`` says all three in one
+        value (giving both is a ConfigError). Rows stream to the workers through Arrow and are never collected on
+        the driver.
         With the master's ``checkpoint_directory``, ``run_id`` names the run: a fit with the id of an interrupted
         run (in this or a new driver process) continues from its newest checkpoint, skipping the epochs and
         minibatches already done; resume with the same data, master and number of workers (checked, see
@@ -202,6 +206,7 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         stream to the workers of one barrier stage, split and batched as on a classic session
         (`torchspark.spark.connect.fit` says which master settings apply there).
         """
+        cols = Columns.of(columns, features_col, label_col, feature_shape, owner="fit")
         master = self._require_master()
         check_int("epochs", epochs, 1)
         plan_for(master, run_id, 0, 0, restart_epoch)  # a run_id without checkpoint_directory: before any job
@@ -210,9 +215,9 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         if takes_arrow_route(self.spark, master, data):
             if self.sc is None:
                 check_channel(self.progress_channel, master.checkpoint_directory)
-            return self._fit_connect(data, master, epochs, features_col, label_col, feature_shape, run_id)
+            return self._fit_connect(data, master, epochs, cols, run_id)
         self.preparation.epoch_examples = None
-        rdd = self._batches(data, features_col, label_col, feature_shape)
+        rdd = self._batches(data, cols)
         n = self._num_workers(master)
         base = (
             self.preparation.export_base(master) if master.rdd_training_approach == "export" else None
@@ -303,13 +308,10 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         self._preflight_done.update([imports, cuda] if check_cuda else [imports])
         return gpus
 
-    def _batches(self, data: Any, features_col: Any, label_col: Any, feature_shape: Any) -> Any:
+    def _batches(self, data: Any, columns: Columns) -> Any:
         """The batch RDD of ``data``: an RDD as it is; a DataFrame's made once per DataFrame and columns
         (`frame_batches`), so later fits reuse its export."""
-        columns = (repr(features_col), repr(label_col), repr(feature_shape))
-        return self.preparation.frame_batches(
-            data, columns, lambda: network_batches(self.network, data, features_col, label_col, feature_shape)
-        )
+        return self.preparation.frame_batches(data, (columns,), lambda: network_batches(self.network, data, columns))
 
     def _num_workers(self, master: TrainingMaster) -> int:
         per_node = master.workers_per_executor
@@ -383,9 +385,7 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         data: Any,
         master: TrainingMaster,
         epochs: int,
-        features_col: Any,
-        label_col: Any,
-        feature_shape: Any,
+        columns: Columns,
         run_id: str | None,
     ) -> Network:
         """[`fit`][torchspark.spark.SparkNetwork.fit] on a Spark Connect session, or of a DataFrame with ``dataframe_route="barrier_arrow"``: the
@@ -398,9 +398,7 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
             data,
             master,
             epochs,
-            features_col=features_col,
-            label_col=label_col,
-            feature_shape=feature_shape,
+            columns=columns,
             recorder=self._driver_stats,
         )
         return self._train_connect(shares, master, epochs, run_id, spark)

@@ -15,11 +15,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from torchspark.data import Columns
+from torchspark.data.columns import DEFAULT_COLUMNS
 from torchspark.errors import ConfigError, DataError, SetupError
 from torchspark.nn import Network
 from torchspark.nn.inference import check_non_finite, non_finite_message, non_finite_rows
 from torchspark.nn.outputs import check_output_index
-from torchspark.spark.dataframes import feature_shapes
 from torchspark.spark.frames import is_dataframe
 from torchspark.spark.shipped import DEFAULT_EVAL_WORKERS, Shipped, ship_to_session
 from torchspark.validation import check_int
@@ -140,9 +141,8 @@ def predict(
     spark: Any,
     network: Network,
     dataframe: Any,
-    features_col: str | Sequence[str] = "features",
+    columns: Columns = DEFAULT_COLUMNS,
     output_col: str = "prediction",
-    feature_shape: Any = None,
     batch_size: int = 1024,
     output: str = "probabilities",
     output_index: int = 0,
@@ -158,11 +158,9 @@ def predict(
             and decides how the network ships.
         network: the network to run; output ``output_index`` is used.
         dataframe: a Spark DataFrame; every column is kept.
-        features_col: an ``array<float>``/``array<double>``, ML ``Vector`` or numeric column; a list of them for
-            a network with several inputs (one column per input, in order).
+        columns: the features columns (``array<float>``/``array<double>``, ML ``Vector`` or numeric; one per
+            network input) and their shapes; the label is not read.
         output_col: the new column's name (replaces a column of that name).
-        feature_shape: reshape each row's values, e.g. ``(1, 28, 28)`` for a CNN; with several features columns,
-            a list with one shape (or None) per column.
         output_index: which output of a several-output network fills the column (call once per output for
             several columns).
         batch_size: examples per forward pass; 1024 suits small networks, lower it for large ones.
@@ -189,13 +187,10 @@ def predict(
     if not is_dataframe(dataframe):
         raise DataError(f"predict needs a Spark DataFrame, got {type(dataframe).__name__}")
     check_output_index(network, output_index)
-    cols = [features_col] if isinstance(features_col, str) else list(features_col)
+    cols, shapes = columns.feature_names, columns.shapes
     missing = [c for c in cols if c not in dataframe.columns]
-    if not cols or missing:
-        raise DataError(
-            f"DataFrame has no column(s) {missing or cols!r}; it has {dataframe.columns}. Pass features_col="
-        )
-    shapes = feature_shapes(feature_shape, len(cols))
+    if missing:
+        raise DataError(f"DataFrame has no column(s) {missing!r}; it has {dataframe.columns}. Pass features_col=")
     shipped = ship_to_session(dataframe.sparkSession, network)
     features = [
         vector_to_array(col(c), "float32") if isinstance(dataframe.schema[c].dataType, VectorUDT) else col(c)

@@ -30,9 +30,10 @@ from typing import Any
 
 import numpy as np
 
+from torchspark.data import Columns
 from torchspark.errors import DataError, SetupError
 from torchspark.spark.connect.shipping import Shipment, ship_bytes
-from torchspark.spark.dataframes import arrow_to_batch, column_names
+from torchspark.spark.dataframes import arrow_to_batch
 from torchspark.training.assignment import (
     BalancedPlan,
     EpochItems,
@@ -137,7 +138,7 @@ class _Survey:
         )
 
 
-def survey(frame: Any, features_col: Any, label_col: Any) -> list[int]:
+def survey(frame: Any, columns: Columns) -> list[int]:
     """Rows in each input partition of ``frame`` (in partition order), with the rows' checks, in one query.
 
     Raises:
@@ -145,7 +146,7 @@ def survey(frame: Any, features_col: Any, label_col: Any) -> list[int]:
     """
     import json
 
-    cols = list(dict.fromkeys(column_names(features_col, "features_col") + column_names(label_col, "label_col")))
+    cols = columns.names
     rows = frame.select(*cols).mapInArrow(_Survey(cols), "p long, rows long, stats string").collect()
     _check_rows([json.loads(r["stats"]) for r in rows], cols)
     sizes = [0] * (max((int(r["p"]) for r in rows), default=-1) + 1)
@@ -302,15 +303,13 @@ class RowFeed:
 
     def __init__(
         self,
-        features_col: Any,
-        label_col: Any,
-        feature_shape: Any,
+        columns: Columns,
         integer_labels: Any,
         keys: Sequence[int],
         planned: bool,
     ) -> None:
-        self.to_batch = arrow_to_batch(features_col, label_col, feature_shape, integer_labels)
-        self.columns = [*column_names(features_col, "features_col"), *column_names(label_col, "label_col")]
+        self.to_batch = arrow_to_batch(columns, integer_labels)
+        self.columns = [*columns.feature_names, *columns.label_names]
         self.keys = tuple(int(k) for k in keys)
         self.planned = planned
 
@@ -355,9 +354,7 @@ def frame_data(
     spark: Any,
     frame: Any,
     *,
-    features_col: Any,
-    label_col: Any,
-    feature_shape: Any,
+    columns: Columns,
     integer_labels: Any,
     batch_size: int,
     num_workers: int,
@@ -375,7 +372,7 @@ def frame_data(
     """
     from pyspark.sql.types import LongType, StructField, StructType
 
-    sizes = survey(frame, features_col, label_col)
+    sizes = survey(frame, columns)
     plans = plan_epochs(sizes, batch_size, num_workers, rng_seed, epochs, first_epoch, drop_last, shuffle_scope)
     keys = partition_keys(spark, num_workers)
     tagger = RowTagger(ship_bytes(spark, _plan_table(plans, first_epoch).tobytes(), "plan"), sizes, keys)
@@ -383,5 +380,5 @@ def frame_data(
     tagged = (
         frame.mapInArrow(tagger, schema).repartition(num_workers, TAG_COLUMNS[0]).sortWithinPartitions(*TAG_COLUMNS[1:])
     )
-    feed = RowFeed(features_col, label_col, feature_shape, integer_labels, keys, planned=len(plans) > 1)
+    feed = RowFeed(columns, integer_labels, keys, planned=len(plans) > 1)
     return ConnectWorkerData(tagged, num_workers, feed, sum(plans[0].examples_per_worker()))

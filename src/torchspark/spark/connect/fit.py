@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from torchspark.data import Columns
 from torchspark.errors import ConfigError
 from torchspark.nn import Network
 from torchspark.spark.connect.feeding import ConnectWorkerData, frame_data
@@ -114,9 +115,7 @@ def connect_fit_data(
     master: TrainingMaster,
     epochs: int,
     *,
-    features_col: Any,
-    label_col: Any,
-    feature_shape: Any,
+    columns: Columns,
     recorder: PhaseRecorder | None = None,
 ) -> ConnectWorkerData:
     """The workers' data of a fit on a Connect session: the checks above, the DataFrame's checked columns, the
@@ -130,16 +129,14 @@ def connect_fit_data(
     recorder = NullRecorder() if recorder is None else recorder
     check_connect_master(master)
     check_connect_data(spark, data)
-    frame = training_frame(data, features_col, label_col, feature_shape)
+    frame = training_frame(data, columns)
     n = connect_num_workers(spark, master)
     labels = classification_outputs(network)
     with recorder.phase("count"):
         prepared = frame_data(
             spark,
             frame,
-            features_col=features_col,
-            label_col=label_col,
-            feature_shape=feature_shape,
+            columns=columns,
             integer_labels=labels,
             batch_size=master.batch_size_per_worker,
             num_workers=n,
@@ -151,5 +148,5 @@ def connect_fit_data(
         )
     sample = frame.limit(4).toArrow()
     if sample.num_rows:
-        check_first_batch(network, arrow_to_batch(features_col, label_col, feature_shape, labels)(sample))
+        check_first_batch(network, arrow_to_batch(columns, labels)(sample))
     return prepared

@@ -47,6 +47,7 @@ from pyspark.ml.util import (
 from pyspark.sql import DataFrame
 
 from torchspark._io import join
+from torchspark.data import Columns
 from torchspark.errors import ConfigError, DataError
 from torchspark.nn import Network
 from torchspark.spark.inference import predict
@@ -220,9 +221,8 @@ class TorchModel(Model, TorchModelParams, MLWritable, MLReadable):
             dataset.sparkSession,
             net,
             dataset,
-            self.getFeaturesCol(),
+            Columns(self.getFeaturesCol(), None, shape),
             raw,
-            shape,
             self.getInferenceBatchSize(),
             output="probabilities",
         )

@@ -185,8 +185,7 @@ def rank_checksum(record: str, data: Iterable[bytes | memoryview]) -> str:
     """The checksum of a rank file: SHA-256 (hex) of its record (the JSON string in its metadata) and then its
     tensor data (everything after the safetensors header), fed as ``data``'s chunks.
 
-    SHA-256 rather than BLAKE2b: OpenSSL runs it on the CPU's SHA extensions, about twice BLAKE2b's speed where
-    they exist (BENCHMARKS.md, "Measurements behind design choices")."""
+    SHA-256 rather than BLAKE2b: OpenSSL runs it on the CPU's SHA extensions where they exist."""
     h = hashlib.sha256(record.encode("utf-8"))
     for chunk in data:
         h.update(chunk)

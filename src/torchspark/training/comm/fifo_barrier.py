@@ -1,7 +1,8 @@
-"""A barrier for processes of one host through named pipes, an order of magnitude cheaper than a gloo barrier.
+"""A barrier for processes of one host through named pipes, cheaper than a gloo barrier.
 
 The shared-memory sum (`torchspark.training.comm.shm`) needs two barriers per sum. Over gloo each is a tiny
-all-reduce through loopback TCP, a noticeable part of an averaging round of a small model (BENCHMARKS.md, "Measurements behind design choices"). Here every rank owns a FIFO in ``/dev/shm``; arriving at the
+all-reduce through loopback TCP, a noticeable part of an averaging round of a small model. Here every rank owns a
+FIFO in ``/dev/shm``; arriving at the
 barrier writes one byte into every peer's FIFO, then reads ``world - 1`` bytes from its own (a counting barrier:
 no rank can be more than one barrier ahead, so the bytes of consecutive barriers never mix up).
 

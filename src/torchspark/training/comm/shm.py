@@ -4,8 +4,8 @@ Workers on one machine (``local[N]``, several executors per node, ``ParallelWrap
 tensor: each copies its tensor into its own slot of a shared segment, then each sums one chunk over all slots
 into the result area, then each copies the result out. Two tiny gloo barriers order the steps (so every wait
 keeps the process group's timeout; FIFOs replace them when they can, `fifo_barrier`).
-This is much faster than gloo over loopback TCP, whose sums
-are most of the averaging cost of small models (BENCHMARKS.md, "Measurements behind design choices").
+This is faster than gloo over loopback TCP, whose sums
+are most of the averaging cost of small models.
 
 Byte gathers (gradient sharing's per-step messages, `SharedMemoryReducer.all_gather_bytes`) use the same
 slots: each rank writes ``[length][payload]`` into its slot, and every rank reads every slot between two barriers

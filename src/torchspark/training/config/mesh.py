@@ -26,33 +26,17 @@ MAX_TIMEOUT_S = 7 * 24 * 3600.0
 
 @dataclass(frozen=True)
 class MeshConfig:
-    """The worker-mesh options of a fit.
+    """The worker-mesh options of a fit: how workers find worker 0 (``rendezvous_via``, ``port``, ``port_range``,
+    ``controller_address``), which interface they advertise (``network_mask``; ``TORCHSPARK_LOCAL_IP`` on an
+    executor overrides it), how long any wait may last (``rendezvous_timeout_s``) and whether workers of one host
+    sum through ``/dev/shm`` (``shared_memory_allreduce``).
 
-    Args:
-        port: TCP port of the rendezvous store on worker 0 (0 = any free port, the default: no clashes between
-            concurrent fits). Set it only when a firewall opens one fixed port between executors.
-        network_mask: CIDR such as ``"10.0.0.0/16"``: workers advertise the local interface address inside it
-            and gloo/NCCL use that interface. Default (None): the address each executor reaches the driver with,
-            which is right on almost every cluster (`torchspark.training.rendezvous.netif`); set a mask when executors
-            talk to each other on another network than to the driver. The environment variable
-            ``TORCHSPARK_LOCAL_IP`` on an executor overrides both (DL4J's ``DL4J_VOID_IP``).
-        controller_address: fixed address worker 0 advertises (overrides the mask).
-        rendezvous_via: how the workers of a barrier stage learn worker 0's address: ``"driver"`` (a small store
-            on the driver; executors must reach the driver on one extra port, as for the progress bar) or
-            ``"barrier"`` (Spark's ``BarrierTaskContext.allGather``: no extra port, about 1 s slower per fit).
-        rendezvous_timeout_s: limit for every barrier/rendezvous/collective wait; a stuck peer fails the fit
-            after this long (default 300 s; raise it when executors are slow to start).
-        port_range: ``(first, last)`` inclusive, e.g. ``(40000, 40100)``: every port torchspark listens on (the
-            driver's rendezvous relay and progress server, worker 0's store) is taken from this range, for clusters
-            whose firewalls open only a known range. Gloo's own data connections use the OS's ephemeral ports,
-            which torch cannot pin: confine them with the executors' ``net.ipv4.ip_local_port_range``
-            (docs/guides/cluster.md, "Firewalls").
-            Give the range room for concurrent fits (three ports per fit). Exclusive with ``port``.
-        shared_memory_allreduce: workers that all run on one host (``local[N]``, one big executor,
-            ``ParallelWrapper``) sum through ``/dev/shm`` instead of loopback TCP (faster all-reduces);
-            workers on several hosts always use gloo/nccl. Turn off only to rule it out when debugging.
+    Each option is documented once, in docs/guides/masters.md (the option table; the masters carry them as flat
+    keywords), and firewalls and interfaces in docs/guides/cluster.md.
+
     Raises:
-        ConfigError: a value out of range, naming it and the fix.
+        ConfigError: a value out of range (a port outside ``[0, 65535]``, a mask that is not a CIDR, a timeout not
+            in ``(0, one week]``), or ``port`` together with ``port_range``, naming it and the fix.
     """
 
     port: int = 0

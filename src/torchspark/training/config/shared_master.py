@@ -71,71 +71,21 @@ def _codec(owner: str, value: Any) -> Any:
 class SharedTrainingMaster(TrainingMaster):
     """Gradient sharing with threshold-encoded sparse updates and residuals (Strom 2015).
 
-    Traffic per worker and step is a few bytes per parameter that changed by more than the threshold, instead of
-    4 bytes per parameter. Measured with the defaults on LeNet and digits (2 workers, 15 epochs): 362x fewer bytes
-    than parameter averaging every 5 steps, 550x fewer than sending every step's update densely (BENCHMARKS.md,
-    "Gradient sharing vs dense averaging"); the ratio depends on the model, the updater and the run's length. Use it
-    when communication dominates (big models, slow networks); for tiny models on one machine the per-step exchange
-    latency dominates instead.
+    Every step each worker sends only the entries of its update that reached the threshold (a few bytes each) and
+    keeps the rest as a residual; every replica applies the same sum of messages, so the replicas stay identical
+    (with ``max_staleness``: they are averaged at the end of the fit). The threshold moves by
+    ``threshold_algorithm``; ``residual_post_processor`` and ``shake_frequency`` treat the residual; ``overlap``
+    and ``max_staleness`` trade staleness for waiting; ``topology`` / ``shard_above_workers`` choose how messages
+    travel; ``workers_per_node`` places k workers on every executor; ``on_divergence`` says what a diverged update
+    does; ``codec`` swaps the threshold codec for another compressor (``"topk"``, `torchspark.encoding.compressor`).
 
-    Args:
-        threshold_algorithm: how the encoding threshold moves ([`AdaptiveThreshold`][torchspark.encoding.AdaptiveThreshold],
-            [`FixedThreshold`][torchspark.encoding.FixedThreshold], [`TargetSparsityThreshold`][torchspark.encoding.TargetSparsityThreshold], or
-            their ``to_dict()`` form). Default ``AdaptiveThreshold()``: sparsity band [1e-4, 1e-2] and a start
-            calibrated from the workers' first updates (aiming at 1e-3, one value agreed by all workers), so it
-            needs no tuning. ``AdaptiveThreshold(initial=1e-4)`` is DL4J's fixed start; with Adam at lr=1e-3 its
-            first ~130 steps go out dense.
-        residual_post_processor: what happens to unsent residuals; default ``ResidualClipping()`` (clip to ±5t every
-            5 steps). ``NoResidualPostProcessing()`` never drops update mass but lets stale residuals pile up.
-        shake_frequency: every this many steps also flush residual entries above t/3 (0 = off, the default). Try
-            50-500 when many parameters never reach the threshold.
-        workers_per_node: -1 (default): ``num_workers`` workers (default: one per task slot), and when Spark
-            schedules GPUs (``spark.task.resource.gpu.amount=1``) each task trains on the GPU Spark assigned it, i.e.
-            one worker per GPU of the executor. A value k >= 1 means k workers on every executor the session has
-            when the fit starts: ``k * executors`` workers (executors still registering are waited for); each worker
-            is one task slot, so a fit whose executors have fewer than k slots each fails with SetupError. Set
-            either this or ``num_workers``, not both.
-        overlap: exchange step t in the background while step t+1 computes (updates one step stale); False waits
-            for every exchange (no staleness, slower when the exchange is slow). The staleness can cost accuracy
-            per step: the 3.7 M-parameter benchmark MLP with Adam reached 0.20-0.30 test accuracy after its first
-            epoch with True, 0.50-0.61 with False (BENCHMARKS.md, "Stragglers"); compare time to accuracy. Workers
-            of one host overlap through shared memory without an exchange thread
-            (``extra_config["sharing.overlap_via"]``).
-        on_divergence: ``"fail"`` (default): a worker whose update is not finite or explodes (norm over 1000x the
-            parameters', `torchspark.nn.divergence`) ends the fit with TrainingError, "... the updater
-            diverged. Lower the learning rate ...", as a NaN loss does under parameter averaging. ``"warn"``: log
-            it and train on; the fit then warns (RuntimeWarning) and ``net.extra_config["sharing.divergence"]``
-            holds the message. Threshold encoding keeps a diverged fit's loss finite, so without this check it
-            would end normally at chance accuracy.
-        max_staleness: None (default): synchronous sharing as above, replicas identical at every step. An integer
-            ``k >= 0``: bounded-staleness asynchronous sharing: each worker applies its own update at once and its
-            peers' as they arrive, and waits only when it is more than ``k`` steps ahead of its slowest peer, so a
-            slow worker stalls the others only after ``k`` steps (``k = 0``: wait for every peer's previous step).
-            The replicas drift apart by the messages in flight and are averaged at the end of the fit;
-            ``extra_config`` reports ``sharing.max_lag_steps``, ``sharing.replica_divergence`` (before that
-            average), ``sharing.messages_sent`` / ``sharing.messages_applied``. With ``checkpoint_directory`` it
-            checkpoints at each epoch's end (not ``checkpoint_every``). Not with ``overlap=False`` or
-            ``topology="sharded"`` (ConfigError); see `torchspark.training.algorithms.sharing.stale`.
-        topology: how the workers exchange messages: ``"all_gather"`` (every worker receives and decodes every
-            message: receive bytes and decode work grow with the worker count N), ``"sharded"`` (reduce-scatter by
-            parameter-index shards, then all-gather of the summed shards: receive bytes ~ ``min(N*m, dense)``
-            instead of ``N*m``, which pays once the union of the workers' messages nears a dense update (many
-            workers, or dense bitmap messages), at the price of about three times the per-step latency;
-            `torchspark.training.algorithms.sharing.sharded`) or ``"auto"`` (default: sharded when there are more than ``shard_above_workers``
-            workers). Results are bit-identical either way; ``net.extra_config["sharing.topology"]`` says which
-            one a fit used.
-        shard_above_workers: the worker count above which ``topology="auto"`` shards (default 128, from the cost
-            model in ``docs/scaling.md``).
-        codec: the gradient codec, by name (``"threshold"``, the default, configured by the options above;
-            ``"topk"``: the largest 1% of each update's entries at full precision, with error feedback) or as a
-            codec object with its parameters, e.g. [`TopKCompressor(k=1000)`][torchspark.encoding.TopKCompressor]
-            (or its ``to_dict()`` form). Codecs other than threshold encoding are exchanged by all-gather, so
-            not with ``topology="sharded"`` or ``max_staleness``. See `torchspark.encoding.compressor`.
+    Each option is documented in docs/guides/masters.md (the gradient-sharing table), with the shared ones of
+    [`TrainingMaster`][torchspark.TrainingMaster]; how the exchange works: docs/guides/gradient-sharing.md.
 
-    See [`TrainingMaster`][torchspark.TrainingMaster] for the shared options (``batch_size_per_worker``,
-    ``rdd_training_approach``, ``export_directory`` and ``rng_seed`` -- both honoured, unlike in DL4J --,
-    ``repartition``, ``worker_prefetch_num_batches``, ``collect_training_stats``, timeouts) and the worker-mesh
-    options (``port``, ``network_mask``, ``controller_address``, ...: [`MeshConfig`][torchspark.MeshConfig]).
+    Raises:
+        ConfigError: a value out of range, a policy that is not one, ``workers_per_node`` with ``num_workers``,
+            ``max_staleness`` with ``overlap=False``, ``topology="sharded"`` or ``checkpoint_every``; an unknown
+            ``codec``, or a codec other than threshold encoding with ``topology="sharded"`` or ``max_staleness``.
     """
 
     kind: ClassVar[str] = "sharing"
