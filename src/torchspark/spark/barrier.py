@@ -30,7 +30,6 @@ from torchspark.training.worker.devices import agree_backend, gpu_identity
 from torchspark.training.worker.loop import ItemSource
 
 __all__ = [
-    "RendezvousSettings",
     "barrier_task",
     "barrier_env",
     "open_relay",
@@ -40,10 +39,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-#: How workers find each other: the master's [`MeshConfig`][torchspark.MeshConfig] (the old name
-#: stays).
-RendezvousSettings = MeshConfig
 
 
 def _store_address(local: Endpoint, settings: MeshConfig) -> str:
@@ -133,7 +128,7 @@ def relay_key(attempt: int, stage_id: int) -> str:
 
 def rendezvous(
     ctx: Any,
-    settings: RendezvousSettings,
+    settings: MeshConfig,
     device: str,
     relay_address: tuple[str, int] | None = None,
     driver_host: str | None = None,
@@ -220,7 +215,7 @@ def rendezvous(
 
 def barrier_task(
     task_bc: Any,
-    settings: RendezvousSettings,
+    settings: MeshConfig,
     progress_address: ProgressEndpoint | None = None,
     relay_address: tuple[str, int] | None = None,
     token: bytes | None = None,
