@@ -54,12 +54,19 @@ def checksums(model: torch.nn.Module) -> list[str]:
     return out
 
 
-def train(model: torch.nn.Module, ddp: torch.nn.Module, rank: int, world: int, epochs: int, step=None) -> None:
+def train(
+    model: torch.nn.Module, ddp: torch.nn.Module, rank: int, world: int, epochs: int, step=None, sgd_lr=None
+) -> list[float]:
+    """Train ``epochs`` epochs (Adam at 3e-3, or plain SGD at ``sgd_lr``); the test accuracy after each."""
     data = datasets.digits("train")
     shard = slice(rank, None, world)
     x, y = data.features[shard], data.labels[shard]
-    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    if sgd_lr is None:
+        optimizer: torch.optim.Optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    else:
+        optimizer = torch.optim.SGD(model.parameters(), lr=sgd_lr)
     g = torch.Generator().manual_seed(1)
+    accuracies = []
     for _ in range(epochs):
         order = torch.randperm(x.shape[0], generator=g)
         for i in range(0, x.shape[0] - BATCH + 1, BATCH):
@@ -69,6 +76,8 @@ def train(model: torch.nn.Module, ddp: torch.nn.Module, rank: int, world: int, e
             if step is not None:
                 step()
             optimizer.step()
+        accuracies.append(accuracy(model))
+    return accuracies
 
 
 def accuracy(model: torch.nn.Module) -> float:
@@ -77,7 +86,7 @@ def accuracy(model: torch.nn.Module) -> float:
         return float((model(test.features).argmax(1) == test.labels).float().mean())
 
 
-def run(rank: int, world: int, port: int, epochs: int, queue: Any) -> None:
+def run(rank: int, world: int, port: int, epochs: int, sgd_epochs: int, queue: Any) -> None:
     report: dict[str, Any] = {"rank": rank}
     faulthandler.dump_traceback_later(240)  # a rank still running then shows where it is (stderr)
     try:
@@ -103,6 +112,18 @@ def run(rank: int, world: int, port: int, epochs: int, queue: Any) -> None:
         plain = mlp()
         train(plain, DDP(plain), rank, world, epochs)
         report["allreduce_accuracy"] = accuracy(plain)
+        # (c) plain SGD at lr 0.3, long enough to converge: the hook at its defaults against all-reduce
+        sgd_model = mlp()
+        sgd_ddp = DDP(sgd_model)
+        sgd_state = ThresholdHookState(sgd_model)
+        sgd_ddp.register_comm_hook(sgd_state, threshold_hook)
+        sgd_plain = mlp()
+        report["sgd"] = {
+            "hook": train(sgd_model, sgd_ddp, rank, world, sgd_epochs, sgd_lr=0.3),
+            "allreduce": train(sgd_plain, DDP(sgd_plain), rank, world, sgd_epochs, sgd_lr=0.3),
+            "compression": sgd_state.compression,
+            "checksums": checksums(sgd_model),
+        }
         # (a) LeNet-like CNN
         cnn = lenet()
         cnn_ddp = DDP(cnn)
