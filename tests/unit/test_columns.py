@@ -85,7 +85,9 @@ def test_a_mapping_names_keyword_inputs_with_a_shape_each() -> None:
     assert hash(cols) == hash(Columns(cols.features, "y", [(2, 4), None]))  # stored as pairs: hashable, round-trips
     assert cols.without_label().keywords == cols.keywords and cols.without_label().label_names == []
     assert Columns({"input_ids": "ids"}).shapes == [None] and Columns("x").keywords is None
-    assert Columns.of(None, {"input_ids": "ids"}, None, {"input_ids": (8,)}) == Columns({"input_ids": "ids"}, None, [(8,)])
+    assert Columns.of(None, {"input_ids": "ids"}, None, {"input_ids": (8,)}) == Columns(
+        {"input_ids": "ids"}, None, [(8,)]
+    )
 
 
 @pytest.mark.parametrize(
@@ -95,7 +97,10 @@ def test_a_mapping_names_keyword_inputs_with_a_shape_each() -> None:
         ({"features": {"input ids": "ids"}}, r"keyword 'input ids' is not a Python identifier"),
         ({"features": {"input_ids": ""}}, r"both non-empty strings"),
         ({"features": {"input_ids": "ids"}, "feature_shape": {"ids": (4,)}}, r"feature_shape names \['ids'\] but"),
-        ({"features": "ids", "feature_shape": {"input_ids": (4,)}}, r"is a mapping but features='ids' names no keyword"),
+        (
+            {"features": "ids", "feature_shape": {"input_ids": (4,)}},
+            r"is a mapping but features='ids' names no keyword",
+        ),
     ],
 )
 def test_bad_keyword_features_are_refused_when_made(kwargs, message) -> None:
