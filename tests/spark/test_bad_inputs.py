@@ -114,12 +114,13 @@ def _frame(ctx: Ctx, rows: list[tuple[Any, Any]], schema: str) -> Any:
     return ctx.spark.createDataFrame(rows, schema)
 
 
-def _spark_fit(ctx: Ctx, data: Any, **master: Any) -> Any:
+def _spark_fit(ctx: Ctx, data: Any, features_col: Any = "features", **master: Any) -> Any:
     from torchspark.spark import SparkNetwork
 
     options = dict(batch_size_per_worker=4, num_workers=2, export_directory=str(ctx.work / "export"))
     options.update(master)
-    return SparkNetwork(ctx.spark, _net(), ParameterAveragingTrainingMaster(**options), progress=False).fit(data)
+    net = SparkNetwork(ctx.spark, _net(), ParameterAveragingTrainingMaster(**options), progress=False)
+    return net.fit(data, features_col=features_col)
 
 
 def _spark_fit_columns(ctx: Ctx, **columns: Any) -> Any:
@@ -656,6 +657,22 @@ CASES = [
         lambda c: _spark_fit_columns(c, features_col="x", columns=Columns("x", "label")),
         ConfigError,
         ("columns=Columns(", "features_col='x'", "pass one"),
+        spark=True,
+    ),
+    Case(
+        "dataframe-keyword-column-missing",
+        lambda c: _spark_fit_columns(c, features_col={"input_ids": "x", "attention_mask": "attn"}),
+        ConfigError,
+        ("attention_mask='attn'", "no column(s) ['attn']", "['x', 'label']", "Map each keyword input"),
+        spark=True,
+    ),
+    Case(
+        "dataframe-keyword-column-not-numeric",
+        lambda c: _spark_fit(
+            c, _frame(c, [("a b", 0)] * 8, "text string, label long"), features_col={"input_ids": "text"}
+        ),
+        DataError,
+        ("'text'", "type string", "cast('double')"),
         spark=True,
     ),
     Case(

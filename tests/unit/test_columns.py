@@ -75,3 +75,34 @@ def test_columns_and_flat_keywords_together_are_refused(flat, named) -> None:
 def test_columns_of_another_type_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"predict: columns must be a torchspark.data.Columns, got dict"):
         Columns.of({"features": "x"}, owner="predict")  # type: ignore[arg-type]
+
+
+def test_a_mapping_names_keyword_inputs_with_a_shape_each() -> None:
+    cols = Columns({"input_ids": "ids", "attention_mask": "mask"}, "y", {"input_ids": (2, 4)})
+    assert cols.keywords == ("input_ids", "attention_mask")
+    assert cols.feature_names == ["ids", "mask"] and cols.names == ["ids", "mask", "y"]
+    assert cols.shapes == [(2, 4), None] and cols.several
+    assert hash(cols) == hash(Columns(cols.features, "y", [(2, 4), None]))  # stored as pairs: hashable, round-trips
+    assert cols.without_label().keywords == cols.keywords and cols.without_label().label_names == []
+    assert Columns({"input_ids": "ids"}).shapes == [None] and Columns("x").keywords is None
+    assert Columns.of(None, {"input_ids": "ids"}, None, {"input_ids": (8,)}) == Columns(
+        {"input_ids": "ids"}, None, [(8,)]
+    )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"features": {}}, "got an empty mapping"),
+        ({"features": {"input ids": "ids"}}, r"keyword 'input ids' is not a Python identifier"),
+        ({"features": {"input_ids": ""}}, r"both non-empty strings"),
+        ({"features": {"input_ids": "ids"}, "feature_shape": {"ids": (4,)}}, r"feature_shape names \['ids'\] but"),
+        (
+            {"features": "ids", "feature_shape": {"input_ids": (4,)}},
+            r"is a mapping but features='ids' names no keyword",
+        ),
+    ],
+)
+def test_bad_keyword_features_are_refused_when_made(kwargs, message) -> None:
+    with pytest.raises(ConfigError, match=message):
+        Columns(**kwargs)

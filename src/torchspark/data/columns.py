@@ -6,27 +6,34 @@ Example::
     Columns()                                              # "features" -> the input, "label" -> the target
     Columns(features="img", label="digit", feature_shape=(1, 28, 28))
     Columns(features=["img", "meta"], label=["cls", "reg"], feature_shape=[(1, 28, 28), None])
+    Columns(features={"input_ids": "ids", "attention_mask": "mask"}, feature_shape={"input_ids": (32,)})
 
-The readers (`feature_names`, `label_names`, `shapes`, `several`) are what the library reads, never the fields
-themselves, so a later kind of ``features`` (a mapping of keyword inputs to columns, each with its own shape and
-dtype) changes this module only.
+The readers (`feature_names`, `keywords`, `label_names`, `shapes`, `several`) are what the library reads, never the
+fields themselves. A mapping of keyword inputs to columns (``{"input_ids": "ids", ...}``, a Hugging Face style model
+called as ``module(input_ids=..., attention_mask=...)``) makes batches whose features carry those names, each column
+with its own shape and its own dtype (integer columns stay int64 token ids).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import keyword as _keyword
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from torchspark.errors import ConfigError
 
-__all__ = ["Columns", "DEFAULT_COLUMNS", "FEATURES", "LABEL"]
+__all__ = ["Columns", "DEFAULT_COLUMNS", "FEATURES", "LABEL", "FeaturesCol"]
 
 #: the default features and label column names
 FEATURES = "features"
 LABEL = "label"
 
 Shape = tuple[int, ...]
+
+#: what ``features_col=`` takes: a column, a list of columns (positional inputs) or a mapping of keyword inputs to
+#: columns
+FeaturesCol = str | Sequence[str] | Mapping[str, str]
 
 
 @dataclass(frozen=True)
@@ -35,33 +42,63 @@ class Columns:
 
     Attributes:
         features: the features column, or a list of them for a network with several inputs (one input each, in
-            order). Array, ML ``Vector`` or numeric columns.
+            order), or a mapping of keyword inputs to columns (``{"input_ids": "ids", "attention_mask": "mask"}``:
+            the module is called as ``module(input_ids=..., attention_mask=...)``). Array, ML ``Vector`` or numeric
+            columns. Keyword features keep their column's dtype (an ``array<bigint>`` column gives int64 tensors,
+            an ``array<float>`` one float32); positional ones are read as floats. A mapping is stored as a tuple
+            of ``(keyword, column)`` pairs.
         label: the label column, a list of them for a network with several outputs (one output each), or None
             for inference without labels.
         feature_shape: reshapes each row's features, e.g. ``(1, 28, 28)`` for a CNN; with several features
-            columns, a list with one shape (or None) per column. None (or ``()``) keeps each row flat.
+            columns, a list with one shape (or None) per column; with keyword features, a mapping from keyword to
+            shape (keywords left out stay flat) or a list in the mapping's order. None (or ``()``) keeps each row
+            flat: its shape is the array's length.
 
     Lists are stored as tuples (the value is hashable and compares by content).
 
     Raises:
-        ConfigError: an empty or non-string column name, an empty list of columns, a shape with a dimension that
-            is not an integer >= 1, or a ``feature_shape`` whose entries do not match the features columns.
+        ConfigError: an empty or non-string column name, an empty list of columns, a keyword that is not a Python
+            identifier, a shape with a dimension that is not an integer >= 1, or a ``feature_shape`` whose entries
+            do not match the features columns (or name a keyword the mapping does not have).
     """
 
-    features: str | tuple[str, ...] = FEATURES
+    features: str | tuple[str, ...] | tuple[tuple[str, str], ...] = FEATURES
     label: str | tuple[str, ...] | None = LABEL
     feature_shape: Shape | tuple[Shape | None, ...] | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "features", _names("features", self.features))
+        pairs = _pairs(self.features)
+        if pairs is not None:
+            object.__setattr__(self, "features", pairs)
+            shape: Any = self.feature_shape
+            if isinstance(shape, Mapping):
+                shape = _shape_map(shape, [k for k, _ in pairs])
+        else:
+            object.__setattr__(self, "features", _names("features", self.features))
+            shape = self.feature_shape
+            if isinstance(shape, Mapping):
+                raise ConfigError(
+                    f"Columns: feature_shape={dict(shape)!r} is a mapping but features={self.features!r} names no "
+                    "keyword inputs; pass features as a mapping {keyword: column}, or feature_shape as a shape"
+                )
         if self.label is not None:
             object.__setattr__(self, "label", _names("label", self.label))
-        object.__setattr__(self, "feature_shape", _shape(self.feature_shape, len(self.feature_names)))
+        object.__setattr__(self, "feature_shape", _shape(shape, len(self.feature_names)))
 
     @property
     def feature_names(self) -> list[str]:
         """The features columns, one per network input, in order."""
-        return [self.features] if isinstance(self.features, str) else list(self.features)
+        if isinstance(self.features, str):
+            return [self.features]
+        return [item[1] if isinstance(item, tuple) else item for item in self.features]
+
+    @property
+    def keywords(self) -> tuple[str, ...] | None:
+        """The keyword input of each features column (``module(**dict(zip(keywords, tensors)))``), or None for
+        positional inputs."""
+        if isinstance(self.features, str) or not isinstance(self.features[0], tuple):
+            return None
+        return tuple(item[0] for item in self.features)  # pairs (checked when made)
 
     @property
     def label_names(self) -> list[str]:
@@ -72,7 +109,7 @@ class Columns:
 
     @property
     def names(self) -> list[str]:
-        """Every column read, features first, each once."""
+        """Every column read, features first, each once (a column feeding two keywords is read once)."""
         return list(dict.fromkeys(self.feature_names + self.label_names))
 
     @property
@@ -87,7 +124,8 @@ class Columns:
 
     @property
     def several(self) -> bool:
-        """Whether the rows make MultiDataSets (a list of features or of label columns), not DataSets."""
+        """Whether the rows make MultiDataSets (a list or mapping of features, or a list of label columns), not
+        DataSets."""
         return not isinstance(self.features, str) or isinstance(self.label, tuple)
 
     def without_label(self) -> Columns:
@@ -98,7 +136,7 @@ class Columns:
     def of(
         cls,
         columns: Columns | None = None,
-        features_col: str | Sequence[str] = FEATURES,
+        features_col: FeaturesCol = FEATURES,
         label_col: str | Sequence[str] | None = LABEL,
         feature_shape: Any = None,
         *,
@@ -134,6 +172,42 @@ class Columns:
                 "either columns=Columns(...) or the features_col=/label_col=/feature_shape= keywords"
             )
         return columns
+
+
+def _pairs(value: Any) -> tuple[tuple[str, str], ...] | None:
+    """A mapping of keyword inputs to columns (or the pairs it is stored as) as ``(keyword, column)`` pairs; None
+    for a column or a list of columns."""
+    if isinstance(value, Mapping):
+        items = list(value.items())
+        if not items:
+            raise ConfigError("Columns: features must map keyword inputs to columns, got an empty mapping")
+    elif isinstance(value, tuple) and value and all(isinstance(v, tuple) for v in value):
+        items = list(value)
+    else:
+        return None
+    for item in items:
+        if len(item) != 2 or not all(isinstance(s, str) and s for s in item):
+            raise ConfigError(
+                f"Columns: features must map keyword names to column names (both non-empty strings), got {item!r} "
+                f"in {value!r}"
+            )
+        if not item[0].isidentifier() or _keyword.iskeyword(item[0]):
+            raise ConfigError(
+                f"Columns: features keyword {item[0]!r} is not a Python identifier, so the module cannot take it as "
+                "a keyword argument; use the name of the forward() parameter, e.g. 'input_ids'"
+            )
+    return tuple((k, c) for k, c in items)
+
+
+def _shape_map(value: Mapping[Any, Any], keywords: list[str]) -> list[Any]:
+    """A ``{keyword: shape}`` mapping as a list in the keywords' order (left-out keywords stay flat)."""
+    unknown = [k for k in value if k not in keywords]
+    if unknown:
+        raise ConfigError(
+            f"Columns: feature_shape names {unknown} but the features mapping has the keywords {keywords}; key "
+            "feature_shape by those keywords"
+        )
+    return [value.get(k) for k in keywords]
 
 
 def _names(what: str, value: Any) -> str | tuple[str, ...]:

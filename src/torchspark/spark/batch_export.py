@@ -27,6 +27,7 @@ from typing import Any
 from torchspark._io import filesystem, join
 from torchspark.data import Columns, DataSet, MultiDataSet, load_batch, rebatch, save_batch
 from torchspark.data.batchfiles import refuse_earlier_export
+from torchspark.data.columns import FeaturesCol
 from torchspark.errors import ConfigError, DataError
 from torchspark.spark.data import as_batch
 from torchspark.spark.dataframes import to_batch_rdd, training_frame
@@ -46,7 +47,7 @@ def export_batches(
     directory: str,
     batch_size: int,
     record_fn: Callable[[Any], DataSet | MultiDataSet] | None = None,
-    features_col: str | Sequence[str] = "features",
+    features_col: FeaturesCol = "features",
     label_col: str | Sequence[str] | None = "label",
     feature_shape: Any = None,
     integer_labels: bool = True,

@@ -16,7 +16,7 @@ import torch
 
 from torchspark.data import Columns, DataSet, MultiDataSet, dataset_to_bytes
 from torchspark.data.columns import DEFAULT_COLUMNS
-from torchspark.errors import DataError
+from torchspark.errors import ConfigError, DataError
 from torchspark.nn import Network
 
 __all__ = [
@@ -24,6 +24,8 @@ __all__ = [
     "dataframe_to_batches",
     "arrow_to_batch",
     "training_frame",
+    "check_columns_present",
+    "check_column_type",
     "to_batch_rdd",
     "classification_outputs",
     "network_batches",
@@ -33,7 +35,11 @@ ARROW_SCHEMA = "batch binary"
 
 
 # ------------------------------------------------------------------ DataFrame -> serialized DataSets (Arrow)
-def _column_to_tensor(col: Any, shape: Sequence[int] | None, integer_labels: bool, name: str) -> torch.Tensor:
+def _column_to_tensor(
+    col: Any, shape: Sequence[int] | None, integer_labels: bool, name: str, keep_dtype: bool = False
+) -> torch.Tensor:
+    """One column of a record batch as a tensor: class indices (``integer_labels``), else float32 values, or with
+    ``keep_dtype`` (keyword features) int64 for integer and boolean columns, float32 for the others."""
     import pyarrow as pa
 
     n = len(col)
@@ -68,7 +74,8 @@ def _column_to_tensor(col: Any, shape: Sequence[int] | None, integer_labels: boo
                 "indices; cast the column to integers, or train a regression loss (loss='mse')"
             )
         return torch.as_tensor(arr.astype(np.int64)) if arr.ndim == 1 else torch.as_tensor(arr.astype(np.float32))
-    arr = np.ascontiguousarray(arr, dtype=np.float32)
+    integer = keep_dtype and (np.issubdtype(arr.dtype, np.integer) or arr.dtype == np.bool_)
+    arr = np.ascontiguousarray(arr, dtype=np.int64 if integer else np.float32)
     t = torch.from_numpy(arr if arr.flags.writeable else arr.copy())  # Arrow buffers are read-only
     if shape:
         try:
@@ -110,19 +117,24 @@ def arrow_to_batch(columns: Columns, integer_labels: bool | Sequence[bool]) -> C
     to each minibatch's rows).
 
     One features column and at most one label column (given as plain names) give a DataSet; lists of columns give
-    a MultiDataSet. ``integer_labels``: one flag per label column (class indices, else float targets), or one for
+    a MultiDataSet; a mapping of keyword inputs to columns gives a MultiDataSet whose features carry those names
+    (``module(**features)``), integer columns as int64 tensors. ``integer_labels``: one flag per label column (class indices, else float targets), or one for
     all. Raises DataError (from the returned function) on nulls, ragged arrays or a shape that does not fit.
 
     Example: ``arrow_to_batch(Columns(feature_shape=(1, 8, 8)), True)(record_batch)`` -> a DataSet.
     """
     fcols, lcols, shapes, multi = columns.feature_names, columns.label_names, columns.shapes, columns.several
+    keywords = columns.keywords
     # one flag per label column (a network's losses differ per output); a single flag applies to every column
     flags = list(integer_labels) if isinstance(integer_labels, (list, tuple)) else [integer_labels]
     ints = [bool(flags[k] if k < len(flags) else flags[-1]) for k in range(len(lcols))]
 
     def to_batch(rb: Any) -> DataSet | MultiDataSet:
-        xs = [_column_to_tensor(_array(rb.column(c)), shape, False, c) for c, shape in zip(fcols, shapes)]
+        keep = keywords is not None
+        xs = [_column_to_tensor(_array(rb.column(c)), shape, False, c, keep) for c, shape in zip(fcols, shapes)]
         ys = [_column_to_tensor(_array(rb.column(c)), None, ints[k], c) for k, c in enumerate(lcols)]
+        if keywords is not None:
+            return MultiDataSet(dict(zip(keywords, xs)), ys or None)
         return MultiDataSet(xs, ys or None) if multi else DataSet(xs[0], ys[0] if ys else None)
 
     return to_batch
@@ -168,19 +180,40 @@ def training_frame(data: Any, columns: Columns = DEFAULT_COLUMNS) -> Any:
     from pyspark.ml.linalg import VectorUDT
 
     cols = columns.names
-    missing = [c for c in cols if c not in data.columns]
-    if missing:
-        raise DataError(f"DataFrame has no column(s) {missing}; it has {data.columns}. Pass features_col= / label_col=")
+    check_columns_present(columns, cols, data.columns)
     df = data.select(*cols)
     schema = df.schema
     for c in cols:
-        _check_column_type(c, schema[c].dataType)
+        check_column_type(c, schema[c].dataType)
         if isinstance(schema[c].dataType, VectorUDT):
             df = df.withColumn(c, vector_to_array(c, "float32"))
     return df
 
 
-def _check_column_type(name: str, data_type: Any) -> None:
+def check_columns_present(columns: Columns, wanted: Sequence[str], available: Sequence[str]) -> None:
+    """Every column of ``wanted`` (read through ``columns``) is among the DataFrame's ``available`` columns.
+
+    Raises:
+        ConfigError: a features mapping (``features_col={"input_ids": "ids"}``) naming a missing column, with its
+            keyword and the DataFrame's columns.
+        DataError: another missing column.
+    """
+    missing = [c for c in wanted if c not in available]
+    if not missing:
+        return
+    keywords = columns.keywords
+    if keywords is not None:
+        named = [f"{k}={c!r}" for k, c in zip(keywords, columns.feature_names) if c in missing]
+        if named:
+            raise ConfigError(
+                f"features_col maps {', '.join(named)} but the DataFrame has no column(s) "
+                f"{[c for c in missing if c in columns.feature_names]}; it has {list(available)}. Map each "
+                "keyword input to one of those columns"
+            )
+    raise DataError(f"DataFrame has no column(s) {missing}; it has {list(available)}. Pass features_col= / label_col=")
+
+
+def check_column_type(name: str, data_type: Any) -> None:
     """Features and labels must be numbers, arrays of numbers or ML Vectors: say which column is not, before any
     job runs."""
     from pyspark.ml.linalg import VectorUDT

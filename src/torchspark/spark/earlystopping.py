@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from torchspark.data import Columns
+from torchspark.data.columns import FeaturesCol
 from torchspark.earlystopping.scores import Metric, metric_by_name
 from torchspark.earlystopping.trainer import EarlyStoppingConfiguration, EarlyStoppingListener, EpochByEpochTrainer
 from torchspark.errors import ConfigError
@@ -65,7 +66,7 @@ class SparkLossCalculator(_DataArgs):
         data: Any,
         average: bool = True,
         batch_size: int = DEFAULT_BATCH_SIZE,
-        features_col: str | Sequence[str] = "features",
+        features_col: FeaturesCol = "features",
         label_col: str | Sequence[str] | None = "label",
         feature_shape: Any = None,
         columns: Columns | None = None,
@@ -98,7 +99,7 @@ class SparkEvaluationCalculator(_DataArgs):
         data: Any,
         metric: str | Metric = "accuracy",
         batch_size: int = DEFAULT_BATCH_SIZE,
-        features_col: str | Sequence[str] = "features",
+        features_col: FeaturesCol = "features",
         label_col: str | Sequence[str] | None = "label",
         feature_shape: Any = None,
         columns: Columns | None = None,
@@ -145,7 +146,7 @@ class SparkEarlyStoppingTrainer(EpochByEpochTrainer):
         spark_network: SparkNetwork,
         config: EarlyStoppingConfiguration,
         train_data: Any = None,
-        features_col: str | Sequence[str] = "features",
+        features_col: FeaturesCol = "features",
         label_col: str | Sequence[str] | None = "label",
         feature_shape: Any = None,
         paths: Any = None,

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from torchspark.data import Columns
+from torchspark.data.columns import FeaturesCol
 from torchspark.evaluation import ROC, BaseEvaluation, RegressionEvaluation, ROCMultiClass
 from torchspark.nn import Network
 from torchspark.spark import evaluation as _ev
@@ -38,7 +39,7 @@ class EvaluationMethods:
         self,
         data: Any,
         batch_size: int = _ev.DEFAULT_BATCH_SIZE,
-        features_col: str | Sequence[str] = "features",
+        features_col: FeaturesCol = "features",
         label_col: str | Sequence[str] | None = "label",
         feature_shape: Any = None,
         labels: Sequence[str] | None = None,
@@ -59,7 +60,7 @@ class EvaluationMethods:
         self,
         data: Any,
         batch_size: int = _ev.DEFAULT_BATCH_SIZE,
-        features_col: str | Sequence[str] = "features",
+        features_col: FeaturesCol = "features",
         label_col: str | Sequence[str] | None = "label",
         feature_shape: Any = None,
         loader: Callable[[str], Any] | None = None,
@@ -74,7 +75,7 @@ class EvaluationMethods:
         data: Any,
         threshold_steps: int = _ev.DEFAULT_ROC_THRESHOLD_STEPS,
         batch_size: int = _ev.DEFAULT_BATCH_SIZE,
-        features_col: str | Sequence[str] = "features",
+        features_col: FeaturesCol = "features",
         label_col: str | Sequence[str] | None = "label",
         feature_shape: Any = None,
         loader: Callable[[str], Any] | None = None,
@@ -91,7 +92,7 @@ class EvaluationMethods:
         data: Any,
         threshold_steps: int = _ev.DEFAULT_ROC_THRESHOLD_STEPS,
         batch_size: int = _ev.DEFAULT_BATCH_SIZE,
-        features_col: str | Sequence[str] = "features",
+        features_col: FeaturesCol = "features",
         label_col: str | Sequence[str] | None = "label",
         feature_shape: Any = None,
         loader: Callable[[str], Any] | None = None,
@@ -106,7 +107,7 @@ class EvaluationMethods:
         data: Any,
         *evaluations: BaseEvaluation,
         batch_size: int = _ev.DEFAULT_BATCH_SIZE,
-        features_col: str | Sequence[str] = "features",
+        features_col: FeaturesCol = "features",
         label_col: str | Sequence[str] | None = "label",
         feature_shape: Any = None,
         output_index: int = 0,

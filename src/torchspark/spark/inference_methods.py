@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from torchspark.data import Columns
+from torchspark.data.columns import FeaturesCol
 from torchspark.nn import Network
 from torchspark.spark import evaluation as _ev
 from torchspark.spark import inference as _inf
@@ -38,7 +39,7 @@ class InferenceMethods:
         data: Any,
         batch_size: int = _ev.DEFAULT_BATCH_SIZE,
         key_col: str = "key",
-        features_col: str | Sequence[str] = "features",
+        features_col: FeaturesCol = "features",
         feature_shape: Any = None,
         output_col: str = "output",
         output_index: int = 0,
@@ -60,7 +61,7 @@ class InferenceMethods:
         data: Any,
         include_regularization: bool = False,
         batch_size: int = _ev.DEFAULT_BATCH_SIZE,
-        features_col: str | Sequence[str] = "features",
+        features_col: FeaturesCol = "features",
         label_col: str | Sequence[str] | None = "label",
         feature_shape: Any = None,
         score_col: str = "score",
@@ -78,7 +79,7 @@ class InferenceMethods:
         include_regularization: bool = False,
         batch_size: int = _ev.DEFAULT_BATCH_SIZE,
         key_col: str = "key",
-        features_col: str | Sequence[str] = "features",
+        features_col: FeaturesCol = "features",
         label_col: str | Sequence[str] | None = "label",
         feature_shape: Any = None,
         score_col: str = "score",
@@ -96,7 +97,7 @@ class InferenceMethods:
         data: Any,
         average: bool = True,
         batch_size: int = _ev.DEFAULT_BATCH_SIZE,
-        features_col: str | Sequence[str] = "features",
+        features_col: FeaturesCol = "features",
         label_col: str | Sequence[str] | None = "label",
         feature_shape: Any = None,
         columns: Columns | None = None,
@@ -108,7 +109,7 @@ class InferenceMethods:
     def predict(
         self,
         dataframe: Any,
-        features_col: str | Sequence[str] = "features",
+        features_col: FeaturesCol = "features",
         output_col: str = "prediction",
         feature_shape: Any = None,
         batch_size: int = 1024,

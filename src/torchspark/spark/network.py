@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from torchspark.data import Columns
+from torchspark.data.columns import FeaturesCol
 from torchspark.errors import ConfigError, DataError
 from torchspark.listeners import TrainingEvents, TrainingListener
 from torchspark.nn import Network
@@ -182,7 +183,7 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
         self,
         data: Any,
         epochs: int = 1,
-        features_col: str | Sequence[str] = "features",
+        features_col: FeaturesCol = "features",
         label_col: str | Sequence[str] | None = "label",
         feature_shape: Any = None,
         run_id: str | None = None,
@@ -193,7 +194,10 @@ class SparkNetwork(EvaluationMethods, InferenceMethods):
 
         DataSets of any size are re-batched to ``batch_size_per_worker``. A DataFrame's ``features_col`` /
         ``label_col`` may be array or ML Vector columns (lists of them for several inputs / outputs);
-        ``feature_shape`` reshapes each row (e.g. ``(1, 28, 28)``); ``columns=Columns(...)`` says all three in one
+        ``features_col`` may map keyword inputs to columns (``{"input_ids": "ids", "attention_mask": "mask"}``:
+        the module is called as ``module(input_ids=..., attention_mask=...)``, integer columns arrive as int64);
+        ``feature_shape`` reshapes each row (e.g. ``(1, 28, 28)``, or ``{"input_ids": (32,)}`` per keyword);
+        ``columns=Columns(...)`` says all three in one
         value (giving both is a ConfigError). Rows stream to the workers through Arrow and are never collected on
         the driver.
         With the master's ``checkpoint_directory``, ``run_id`` names the run: a fit with the id of an interrupted

@@ -21,6 +21,7 @@ from torchspark.errors import ConfigError, DataError, SetupError
 from torchspark.nn import Network
 from torchspark.nn.inference import check_non_finite, non_finite_message, non_finite_rows
 from torchspark.nn.outputs import check_output_index
+from torchspark.spark.dataframes import check_column_type, check_columns_present
 from torchspark.spark.frames import is_dataframe
 from torchspark.spark.shipped import DEFAULT_EVAL_WORKERS, Shipped, ship_to_session
 from torchspark.validation import check_int
@@ -31,12 +32,18 @@ __all__ = ["predict", "PREDICT_OUTPUTS", "predictions", "read_parquet", "read_ta
 PREDICT_OUTPUTS = ("probabilities", "class")
 
 
-def _series_to_tensor(series: Any, feature_shape: Sequence[int] | None, dtype: torch.dtype) -> torch.Tensor:
+def _series_to_tensor(
+    series: Any, feature_shape: Sequence[int] | None, dtype: torch.dtype, keep_dtype: bool = False
+) -> torch.Tensor:
+    """One features column of an Arrow batch as a tensor of the network's ``dtype``, or with ``keep_dtype``
+    (keyword features) int64 for an integer or boolean column."""
     n = len(series)
     if series.isna().any():
         raise DataError(f"predict: the features column has {int(series.isna().sum())} null rows; fill or drop them")
     values = series.to_numpy()
-    arr = np.stack(values).astype(np.float32) if values.dtype == object else values.astype(np.float32)
+    arr = np.stack(values) if values.dtype == object and n else values
+    integer = keep_dtype and (np.issubdtype(arr.dtype, np.integer) or arr.dtype == np.bool_)
+    arr = arr.astype(np.int64 if integer else np.float32)
     x = torch.from_numpy(np.ascontiguousarray(arr.reshape(n, -1)))
     if feature_shape:
         try:
@@ -46,7 +53,7 @@ def _series_to_tensor(series: Any, feature_shape: Sequence[int] | None, dtype: t
                 f"predict: cannot reshape rows of {x.shape[1]} values to feature_shape="
                 f"{tuple(feature_shape)}; fix feature_shape"
             ) from e
-    return x.to(dtype)
+    return x if integer else x.to(dtype)
 
 
 def _to_classes(probs: torch.Tensor) -> np.ndarray:
@@ -65,9 +72,11 @@ def predictions(
     output: str,
     output_index: int,
     non_finite: str,
+    keywords: Sequence[str] | None = None,
 ) -> Any:
     """One Arrow batch's prediction Series: ``output`` of network output ``output_index`` for the features
-    ``feats`` (one tensor per features column, named ``columns``).
+    ``feats`` (one tensor per features column, named ``columns``; passed as the keyword inputs ``keywords`` when
+    given).
 
     A row whose features hold NaN or inf, or whose output does (a network with non-finite parameters, or an
     overflow), never gets a class or probabilities silently: ``non_finite="error"`` raises DataError naming the
@@ -84,7 +93,8 @@ def predictions(
             )
             + "; find them with F.exists(col, lambda v: F.isnan(v) | (F.abs(v) == float('inf')))"
         )
-    out = net.output(feats if len(feats) > 1 else feats[0], batch_size=batch_size, non_finite="null")
+    inputs: Any = dict(zip(keywords, feats)) if keywords is not None else feats if len(feats) > 1 else feats[0]
+    out = net.output(inputs, batch_size=batch_size, non_finite="null")
     outs = out if isinstance(out, tuple) else (out,)
     if output_index >= len(outs):
         raise DataError(f"predict: output_index={output_index} but the network gives {len(outs)} output(s)")
@@ -113,6 +123,7 @@ def _predict_udf(
     output_index: int,
     columns: Sequence[str],
     non_finite: str,
+    keywords: Sequence[str] | None = None,
 ) -> Any:
     from collections.abc import Iterator as TypingIterator
 
@@ -127,8 +138,9 @@ def _predict_udf(
             dtype = net.params_view().dtype
             for batch in batches:
                 series = list(batch) if several else [batch]
-                feats = [_series_to_tensor(c, shape, dtype) for c, shape in zip(series, shapes)]
-                yield predictions(net, feats, columns, batch_size, output, output_index, non_finite)
+                keep = keywords is not None
+                feats = [_series_to_tensor(c, shape, dtype, keep) for c, shape in zip(series, shapes)]
+                yield predictions(net, feats, columns, batch_size, output, output_index, non_finite, keywords)
 
     # real objects, not strings: Spark reads these hints to pick the iterator-of-Series UDF type
     arg = TypingIterator[tuple[(pd.Series,) * len(shapes)]] if several else TypingIterator[pd.Series]
@@ -159,7 +171,8 @@ def predict(
         network: the network to run; output ``output_index`` is used.
         dataframe: a Spark DataFrame; every column is kept.
         columns: the features columns (``array<float>``/``array<double>``, ML ``Vector`` or numeric; one per
-            network input) and their shapes; the label is not read.
+            network input, or a mapping of keyword inputs to columns, whose integer columns stay int64) and their
+            shapes; the label is not read.
         output_col: the new column's name (replaces a column of that name).
         output_index: which output of a several-output network fills the column (call once per output for
             several columns).
@@ -173,8 +186,9 @@ def predict(
     Returns:
         a new DataFrame (lazy).
     Raises:
-        ConfigError: bad ``output``, ``batch_size`` or ``non_finite``. DataError: no such column; bad rows
-        surface when an action runs.
+        ConfigError: bad ``output``, ``batch_size`` or ``non_finite``; a features mapping naming a missing
+        column. DataError: no such column; a keyword features column that is not numeric; bad rows surface when an
+        action runs.
     """
     from pyspark.ml.functions import vector_to_array
     from pyspark.ml.linalg import VectorUDT
@@ -188,15 +202,16 @@ def predict(
         raise DataError(f"predict needs a Spark DataFrame, got {type(dataframe).__name__}")
     check_output_index(network, output_index)
     cols, shapes = columns.feature_names, columns.shapes
-    missing = [c for c in cols if c not in dataframe.columns]
-    if missing:
-        raise DataError(f"DataFrame has no column(s) {missing!r}; it has {dataframe.columns}. Pass features_col=")
+    check_columns_present(columns, cols, dataframe.columns)
+    if columns.keywords is not None:
+        for c in dict.fromkeys(cols):
+            check_column_type(c, dataframe.schema[c].dataType)
     shipped = ship_to_session(dataframe.sparkSession, network)
     features = [
         vector_to_array(col(c), "float32") if isinstance(dataframe.schema[c].dataType, VectorUDT) else col(c)
         for c in cols
     ]
-    udf = _predict_udf(shipped, shapes, batch_size, output, output_index, cols, non_finite)
+    udf = _predict_udf(shipped, shapes, batch_size, output, output_index, cols, non_finite, columns.keywords)
     return dataframe.withColumn(output_col, udf(*features))
 
 
