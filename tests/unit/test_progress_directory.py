@@ -15,7 +15,7 @@ from torchspark.training.driver.fit import FitContext
 from torchspark.training.hooks import NullRecorder, ProgressUpdate, ScoreReport
 from torchspark.training.progress import DirectoryProgressReader, DirectoryProgressWriter, ProgressDirectory
 from torchspark.training.progress.files import chunk_name, parse_chunk_name
-from torchspark.training.worker.body import open_worker_hooks
+from torchspark.training.worker.reporting import open_worker_hooks
 
 
 def _update(rank: int, epoch: int, examples: int) -> ProgressUpdate:

@@ -20,7 +20,7 @@ from typing import Any
 from torchspark.errors import SerializationError
 from torchspark.ranks.context import TrainContext, activate
 from torchspark.ranks.shares import DataShare
-from torchspark.training.worker.body import open_worker_hooks
+from torchspark.training.worker.reporting import open_worker_hooks
 
 __all__ = ["RankSpec", "run_rank", "ship_function", "unship_function", "result_parts", "load_result", "PART_BYTES"]
 

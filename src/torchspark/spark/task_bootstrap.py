@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from torchspark.training.worker import env as task_env
-from torchspark.training.worker.body import WorkerEnv
 from torchspark.training.worker.devices import device_for_task, gpu_addresses
+
+if TYPE_CHECKING:  # the body (and the training loop it imports) loads when a runner builds a WorkerEnv
+    from torchspark.training.worker.body import WorkerEnv
 
 __all__ = ["TaskSetup", "set_up_task", "executor_name"]
 
@@ -35,6 +37,8 @@ class TaskSetup:
     def worker_env(self, rank: int, **kwargs: Any) -> WorkerEnv:
         """The `WorkerEnv` of this task as rank ``rank``: its device, one torch thread per core, and its placement
         (GPU addresses, executor); ``kwargs`` are the runner's other `WorkerEnv` fields (rendezvous, progress...)."""
+        from torchspark.training.worker.body import WorkerEnv
+
         return WorkerEnv(rank, self.device, self.cpus, placement=(self.gpu_addresses, executor_name()), **kwargs)
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from torchspark.stats import DRIVER_ID, StatsCollector, TrainingStats
 from torchspark.training.task import WorkerResult
-from torchspark.training.worker.body import worker_id
+from torchspark.training.worker.reporting import worker_id
 
 __all__ = ["build_training_stats", "replica_checksums", "worker_placements"]
 
