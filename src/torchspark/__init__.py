@@ -6,7 +6,7 @@ training-stats timelines, and a single-machine ParallelWrapper — the Deeplearn
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+__version__ = "0.2.0.dev0"
 
 import importlib
 from typing import Any
